@@ -1,0 +1,7 @@
+#!/usr/bin/env python3
+"""Thin entry point: `python cli.py ...` is the same as the installed `tracekit ...` command."""
+
+from tracekit.cli.main import entry
+
+if __name__ == "__main__":
+    entry()

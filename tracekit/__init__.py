@@ -1,0 +1,11 @@
+"""tracekit: where the per-token shortfall of a tensor-parallel decode loop goes.
+
+Pipeline, one sub-package per stage (nothing flows backwards):
+
+    capture  -> read  -> model -> classify -> analyse -> report
+    (torch)     (Kineto JSON, nsys SQLite -> one event table)
+
+`read`, `model`, `classify`, `analyse` and `report` never import torch.
+"""
+
+__version__ = "0.1.0"

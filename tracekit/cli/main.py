@@ -1,0 +1,84 @@
+"""The `tracekit` command. Each sub-command lives in its own module `tracekit/cli/<name>.py`
+exposing a click command named `command`; modules are imported only when their command runs, so
+`tracekit breakdown` never imports torch.
+
+Errors: a `TracekitError` (bad input, impossible request) becomes one line on stderr and exit 2;
+anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+
+import click
+
+from tracekit import __version__
+from tracekit.errors import TracekitError
+
+#: command name -> module under tracekit.cli. Order is the order in `tracekit --help`.
+COMMANDS: dict[str, str] = {
+    "study": "study",
+    "capture": "capture",
+    "breakdown": "breakdown",
+    "shortfall": "shortfall",
+    "report": "report",
+    "probe": "probe",
+    "compare-links": "compare_links",
+    "dilation": "dilation",
+}
+
+
+def _module_exists(module: str) -> bool:
+    return importlib.util.find_spec(f"tracekit.cli.{module}") is not None
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [name for name, module in COMMANDS.items() if _module_exists(module)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None or not _module_exists(module):
+            return None
+        return importlib.import_module(f"tracekit.cli.{module}").command  # type: ignore[no-any-return]
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tracekit")
+def cli() -> None:
+    """tracekit: where the per-token shortfall of a tensor-parallel decode loop goes.
+
+    \b
+    Typical use:
+      tracekit study                      # capture TP=1 and TP=2, analyse, write the report
+      tracekit breakdown traces/cpu-tp2   # per-step compute/memory/collective/sync/idle
+      tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2
+    """
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input / TracekitError, 1 usage error)."""
+    try:
+        cli.main(args=argv, prog_name="tracekit", standalone_mode=False)
+    except TracekitError as exc:
+        click.echo(f"tracekit: error: {exc}", err=True)
+        return 2
+    except click.exceptions.Abort:
+        click.echo("tracekit: aborted", err=True)
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    return 0
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -1,0 +1,46 @@
+"""The package's own errors. The CLI turns each into one line and a non-zero exit."""
+
+from __future__ import annotations
+
+
+class TracekitError(Exception):
+    """Base of every error tracekit raises on purpose (bad input, impossible request)."""
+
+
+class TraceFormatError(TracekitError):
+    """A trace file cannot be read. Names the file and, where known, the byte offset or event index."""
+
+    def __init__(self, path: object, message: str, *, offset: int | None = None, event_index: int | None = None):
+        self.path = str(path)
+        self.offset = offset
+        self.event_index = event_index
+        where = self.path
+        if offset is not None:
+            where += f" at byte {offset}"
+        if event_index is not None:
+            where += f" at event #{event_index}"
+        super().__init__(f"{where}: {message}")
+
+
+class NoTracesError(TracekitError):
+    """A path names no trace files."""
+
+
+class RankError(TracekitError):
+    """The rank of a trace cannot be determined, or ranks collide / are missing."""
+
+
+class MatchError(TracekitError):
+    """Collectives cannot be matched across ranks (counts differ, groups disagree)."""
+
+
+class StepError(TracekitError):
+    """No steps found with the step pattern, or steps disagree across ranks."""
+
+
+class CaptureError(TracekitError):
+    """A capture run failed (a rank died, the profiler could not start, nsys not found...)."""
+
+
+class ProbeError(TracekitError):
+    """A bandwidth probe failed or gave a wrong result."""
