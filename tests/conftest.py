@@ -1,0 +1,29 @@
+"""Shared test fixtures.
+
+`shared_traces` is the path of the real traces in ../shared/traces (relative to the repo root);
+tests using it are skipped with a reason when that folder is absent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """Path of ../shared/traces; skips the test when it is absent."""
+    if not SHARED_TRACES.is_dir():
+        pytest.skip(f"real traces not found at {SHARED_TRACES} (../shared/traces relative to the repo root)")
+    return SHARED_TRACES
+
+
+def shared_trace(shared_traces: Path, rel: str) -> Path:
+    """One file under ../shared/traces; skips when it is absent."""
+    p = shared_traces / rel
+    if not p.exists():
+        pytest.skip(f"real trace {rel} not found under {shared_traces}")
+    return p
