@@ -1,0 +1,778 @@
+"""Nsight Systems reader: an `nsys export --type sqlite` database -> the event table (docs/NSYS.md).
+
+`read_nsys(path, rank=None)` reads a `.sqlite` export (or a `.nsys-rep`, exported first with the
+`nsys` binary found on PATH or in the `NSYS` variable) with the standard library's sqlite3, one
+query per table, straight into numpy columns. No torch.
+
+What becomes rows (kind):
+- CUPTI_ACTIVITY_KIND_KERNEL -> kernel; name = demangledName (as Kineto shows it), else shortName,
+  else mangledName; NCCL kernels get `coll_name` / `coll_op` from their name.
+- CUPTI_ACTIVITY_KIND_MEMCPY / _MEMSET -> memcpy / memset, named as Kineto names them
+  ("Memcpy HtoD (Pageable -> Device)", "Memset (Device)"); bytes are totalled in `rank_info`.
+- CUPTI_ACTIVITY_KIND_RUNTIME (+ _DRIVER where present) -> runtime; the `_v3020`-style version
+  suffix is dropped ("cudaDeviceSynchronize_v3020" -> "cudaDeviceSynchronize", Kineto's name).
+- CUPTI_ACTIVITY_KIND_SYNCHRONIZATION -> sync, named like Kineto's `cuda_sync` events
+  ("Event Sync", "Stream Wait Event", "Stream Sync", "Context Sync").
+- NVTX_EVENTS push/pop (eventType 59) and start/end (60) ranges -> annotation on the host thread;
+  marks (34) are counted, not rows; domain names come from the NvtxDomainCreate rows (75).
+
+Times stay as nsys writes them: integer ns since the session start (one clock for every process of
+one report); the session start (UTC ns) is in `rank_info[r]["session_start_utc_ns"]`.
+Ranks: the `rank` argument, else `rank-N` / `rankN` in the file name, else `RANK=` in the profiled
+environment, else 0; a report holding several CUDA processes gives one rank per process, by pid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+
+T_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
+T_MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
+T_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
+T_RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
+T_DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
+T_SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+T_NVTX = "NVTX_EVENTS"
+T_STRINGS = "StringIds"
+EVENT_TABLES = (T_KERNEL, T_MEMCPY, T_MEMSET, T_RUNTIME, T_DRIVER, T_SYNC, T_NVTX)
+
+#: NVTX_EVENTS.eventType codes (ENUM_NSYS_EVENT_TYPE in every export checked: 2024.5, 2025.3).
+NVTX_MARK = 34
+NVTX_PUSH_POP_RANGE = 59
+NVTX_START_END_RANGE = 60
+NVTX_DOMAIN_CREATE = 75
+NVTX_CATEGORY = 33
+
+#: CUpti_ActivityMemcpyKind -> Kineto's memcpyKindString (nsys copyKind uses the CUPTI numbering).
+MEMCPY_KIND = {
+    0: "Unknown",
+    1: "HtoD",
+    2: "DtoH",
+    3: "HtoA",
+    4: "AtoH",
+    5: "AtoA",
+    6: "AtoD",
+    7: "DtoA",
+    8: "DtoD",
+    9: "HtoH",
+    10: "PtoP",
+    11: "HtoD",  # unified memory migrations (nsys-only kinds)
+    12: "DtoH",
+    13: "DtoD",
+}
+#: nsys ENUM_CUDA_MEM_KIND (NOT the CUPTI numbering: nsys starts at Pageable=0) -> Kineto's words.
+MEMORY_KIND = {
+    0: "Pageable",
+    1: "Pinned",
+    2: "Device",
+    3: "Array",
+    4: "Managed",
+    5: "Device Static",
+    6: "Managed Static",
+    7: "Unknown",
+}
+#: CUpti_ActivitySynchronizationType -> Kineto's syncTypeString (the `cuda_sync` event names).
+SYNC_TYPE = {1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
+
+#: NCCL kernel / NVTX op token -> normalised collective (tracekit.model.events.COLLECTIVE_OPS).
+NCCL_OPS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "bcast": "broadcast",
+    "reduce": "reduce",
+    "sendrecv": "send_recv",
+    "send": "send",
+    "recv": "recv",
+    "alltoall": "all_to_all",
+    "gather": "gather",
+    "scatter": "scatter",
+}
+_NCCL_KERNEL = re.compile(r"^(?:void\s+)?nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_NCCL_NVTX = re.compile(r"^(?:nccl)?([A-Za-z]+)$")
+_RUNTIME_VERSION = re.compile(r"_v\d+$")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_UINT32_MAX = 0xFFFFFFFF
+NCCL_NVTX_DOMAIN = "NCCL"
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+
+def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
+    """Read an Nsight Systems SQLite export (or a `.nsys-rep`, exported first) into a `Run`.
+
+    `rank` names the rank of a one-process report; without it the rank comes from the file name
+    (`rank-3`, `rank3`), else from `RANK=` in the profiled environment, else 0 (noted in
+    data_quality). A report with several CUDA processes yields one rank per process, in pid order.
+    Raises TraceFormatError (not SQLite, not an nsys export, no events) or RankError.
+    """
+    given = Path(path)
+    db = export_sqlite(given) if given.suffix in (".nsys-rep", ".qdrep") else given
+    _check_header(db)
+    try:
+        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise TraceFormatError(db, f"cannot open as SQLite: {exc}") from exc
+    try:
+        return _read(con, db, given, rank)
+    except sqlite3.DatabaseError as exc:
+        raise TraceFormatError(db, f"SQLite error while reading: {exc}") from exc
+    finally:
+        con.close()
+
+
+def find_nsys() -> str | None:
+    """The `nsys` binary: $NSYS (a file, or a folder holding `nsys`), else `nsys` on PATH."""
+    env = os.environ.get("NSYS")
+    if env:
+        p = Path(env)
+        if p.is_dir():
+            p = p / "nsys"
+        if p.is_file() and os.access(p, os.X_OK):
+            return str(p)
+    return shutil.which("nsys")
+
+
+def export_sqlite(rep: Path) -> Path:
+    """The SQLite export of `rep` (a `.nsys-rep`): `X.sqlite` next to it when that exists and is not
+    older than the report, else made with `nsys export --type sqlite` (next to the report, or in
+    $XDG_CACHE_HOME/tracekit/nsys when that folder is not writable). Written to a temporary name
+    and renamed. TraceFormatError when the report is missing or no `nsys` is found."""
+    if not rep.is_file():
+        raise TraceFormatError(rep, "no such file")
+    beside = rep.with_suffix(".sqlite")
+    rep_mtime = rep.stat().st_mtime
+    if beside.is_file() and beside.stat().st_mtime >= rep_mtime:
+        return beside
+    if os.access(rep.parent, os.W_OK):
+        target = beside
+    else:
+        st = rep.stat()
+        key = hashlib.sha1(f"{rep.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tracekit" / "nsys"
+        target = cache / f"{rep.stem}-{key}.sqlite"
+        if target.is_file():
+            return target
+    nsys = find_nsys()
+    if nsys is None:
+        raise TraceFormatError(
+            rep,
+            "is an Nsight Systems report and no `nsys` was found (PATH or the NSYS variable); "
+            f"export it first: nsys export --type sqlite -o {beside.name} {rep.name}",
+        )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.stem}.tmp-{os.getpid()}.sqlite")
+    cmd = [nsys, "export", "--type", "sqlite", "-o", str(tmp), str(rep)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise TraceFormatError(rep, f"`{' '.join(cmd)}` failed: {exc}") from exc
+    if proc.returncode != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+        raise TraceFormatError(rep, f"`{' '.join(cmd)}` failed (exit {proc.returncode}): {' | '.join(tail)}")
+    os.replace(tmp, target)
+    return target
+
+
+# --------------------------------------------------------------------------------------------------
+# reading
+
+
+def _check_header(db: Path) -> None:
+    try:
+        with open(db, "rb") as fh:
+            head = fh.read(len(_SQLITE_MAGIC))
+    except OSError as exc:
+        raise TraceFormatError(db, f"cannot read: {exc.strerror or exc}") from exc
+    if len(head) == 0:
+        raise TraceFormatError(db, "empty file, not an Nsight Systems SQLite export", offset=0)
+    if head != _SQLITE_MAGIC:
+        raise TraceFormatError(
+            db,
+            f"not a SQLite database (expected an `nsys export --type sqlite` file; header {head[:16]!r})",
+            offset=0,
+        )
+
+
+def _columns(con: sqlite3.Connection, table: str) -> list[str]:
+    return [row[1] for row in con.execute(f'PRAGMA table_info("{table}")')]
+
+
+def _int_matrix(con: sqlite3.Connection, sql: str, ncols: int) -> np.ndarray:
+    """Rows of an all-integer query (NULLs coalesced in SQL) as an (n, ncols) int64 array."""
+    rows = con.execute(sql).fetchall()
+    if not rows:
+        return np.empty((0, ncols), dtype=np.int64)
+    return np.array(rows, dtype=np.int64)
+
+
+def _lookup(strings: dict[int, str], ids: np.ndarray, dq: DataQuality, what: str) -> np.ndarray:
+    """StringIds ids -> object array of strings, one dictionary lookup per distinct id."""
+    if len(ids) == 0:
+        return np.empty(0, dtype=object)
+    uniq, inv = np.unique(ids, return_inverse=True)
+    vals = np.empty(len(uniq), dtype=object)
+    missing = 0
+    for i, sid in enumerate(uniq.tolist()):
+        s = strings.get(sid)
+        if s is None:
+            missing += int((inv == i).sum())
+            s = ""
+        vals[i] = s
+    if missing:
+        dq.add(
+            "nsys_missing_string_id",
+            missing,
+            f"{missing} {what} name ids not found in StringIds (left blank)",
+        )
+    return vals[inv]
+
+
+def _pid(global_id: np.ndarray) -> np.ndarray:
+    """nsys serialised globalTid / globalPid -> OS pid: (id >> 24) & 0xFFFFFF (NVIDIA's export docs:
+    `globalTid / 0x1000000 % 0x1000000 AS PID`, `globalTid % 0x1000000 AS TID`)."""
+    return (global_id >> 24) & 0xFFFFFF
+
+
+def _tid(global_tid: np.ndarray) -> np.ndarray:
+    return global_tid & 0xFFFFFF
+
+
+def _stream(raw: np.ndarray) -> np.ndarray:
+    out = raw.copy()
+    out[(raw == _UINT32_MAX) | (raw < 0)] = -1
+    return out
+
+
+class _Part:
+    """Columns of one event kind, before ranks are assigned (`pid` decides the rank)."""
+
+    def __init__(self, kind: str, pid: np.ndarray, cols: dict[str, Any]):
+        self.kind = kind
+        self.pid = pid
+        self.cols = cols
+
+
+def _nccl_ops(names: np.ndarray, pattern: re.Pattern[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(coll_name, coll_op) per name for NCCL names, "" elsewhere; regex once per distinct name."""
+    coll_name = np.full(len(names), "", dtype=object)
+    coll_op = np.full(len(names), "", dtype=object)
+    if len(names) == 0:
+        return coll_name, coll_op
+    uniq, inv = np.unique(names.astype(str), return_inverse=True)
+    for i, name in enumerate(uniq.tolist()):
+        m = pattern.match(name)
+        if not m:
+            continue
+        token = m.group(1)
+        op = NCCL_OPS.get(token.lower(), "")
+        mask = inv == i
+        coll_name[mask] = token
+        coll_op[mask] = op
+    return coll_name, coll_op
+
+
+def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> Run:
+    tables = {row[0] for row in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    present = [t for t in EVENT_TABLES if t in tables]
+    if not present:
+        raise TraceFormatError(
+            db,
+            f"not an Nsight Systems export with CUDA or NVTX data: none of the tables {T_KERNEL}, "
+            f"{T_RUNTIME}, {T_NVTX} is there (profile with `nsys profile -t cuda,nvtx`, then "
+            "`nsys export --type sqlite`)",
+        )
+    if T_STRINGS not in tables:
+        raise TraceFormatError(db, f"missing table {T_STRINGS} (names of kernels, API calls and NVTX ranges)")
+    strings: dict[int, str] = dict(con.execute(f"SELECT id, value FROM {T_STRINGS}").fetchall())
+    dq = DataQuality()
+    parts: list[_Part] = []
+    per_pid: dict[int, Counter[str]] = {}
+
+    def tally(pid: np.ndarray, key: str, weights: np.ndarray | None = None) -> None:
+        if len(pid) == 0:
+            return
+        uniq, inv = np.unique(pid, return_inverse=True)
+        sums = np.bincount(inv, weights=weights, minlength=len(uniq))
+        for p, s in zip(uniq.tolist(), sums.tolist(), strict=True):
+            per_pid.setdefault(p, Counter())[key] += int(s)
+
+    # ---- kernels
+    if T_KERNEL in tables:
+        cols = set(_columns(con, T_KERNEL))
+        name_cols = [c for c in ("demangledName", "shortName", "mangledName") if c in cols]
+        if not name_cols:
+            raise TraceFormatError(db, f"table {T_KERNEL} has no demangledName/shortName/mangledName column")
+        name_sql = f"COALESCE({', '.join(name_cols)}, -1)"
+        m = _int_matrix(
+            con,
+            f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {name_sql} FROM {T_KERNEL}",
+            7,
+        )
+        names = _lookup(strings, m[:, 6], dq, "kernel")
+        coll_name, coll_op = _nccl_ops(names, _NCCL_KERNEL)
+        pid = _pid(m[:, 5])
+        parts.append(
+            _Part(
+                "kernel",
+                pid,
+                {
+                    "device": m[:, 2],
+                    "stream": _stream(m[:, 3]),
+                    "name": names,
+                    "start_ns": m[:, 0],
+                    "end_ns": m[:, 1],
+                    "correlation": m[:, 4],
+                    "coll_name": coll_name,
+                    "coll_op": coll_op,
+                },
+            )
+        )
+        tally(pid, "kernels")
+        nccl = coll_name != ""
+        tally(pid[nccl], "nccl_kernels")
+
+    # ---- memcpy
+    if T_MEMCPY in tables:
+        m = _int_matrix(
+            con,
+            "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
+            f"COALESCE(copyKind, 0), COALESCE(srcKind, 7), COALESCE(dstKind, 7) FROM {T_MEMCPY}",
+            10,
+        )
+        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
+        names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
+        pid = _pid(m[:, 5])
+        parts.append(
+            _Part(
+                "memcpy",
+                pid,
+                {
+                    "device": m[:, 2],
+                    "stream": _stream(m[:, 3]),
+                    "name": names,
+                    "start_ns": m[:, 0],
+                    "end_ns": m[:, 1],
+                    "correlation": m[:, 4],
+                },
+            )
+        )
+        tally(pid, "memcpys")
+        tally(pid, "memcpy_bytes", m[:, 6].astype(np.float64))
+
+    # ---- memset
+    if T_MEMSET in tables:
+        cols = set(_columns(con, T_MEMSET))
+        kind_sql = "COALESCE(memKind, 7)" if "memKind" in cols else "7"
+        m = _int_matrix(
+            con,
+            "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
+            f"{kind_sql} FROM {T_MEMSET}",
+            8,
+        )
+        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
+        kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
+        names = kinds[np.clip(m[:, 7], 0, 7)]
+        pid = _pid(m[:, 5])
+        parts.append(
+            _Part(
+                "memset",
+                pid,
+                {
+                    "device": m[:, 2],
+                    "stream": _stream(m[:, 3]),
+                    "name": names,
+                    "start_ns": m[:, 0],
+                    "end_ns": m[:, 1],
+                    "correlation": m[:, 4],
+                },
+            )
+        )
+        tally(pid, "memsets")
+        tally(pid, "memset_bytes", m[:, 6].astype(np.float64))
+
+    # ---- runtime and driver API calls
+    for table in (T_RUNTIME, T_DRIVER):
+        if table not in tables:
+            continue
+        m = _int_matrix(
+            con,
+            f"SELECT start, end, globalTid, COALESCE(correlationId, -1), COALESCE(nameId, -1) FROM {table}",
+            5,
+        )
+        raw = _lookup(strings, m[:, 4], dq, "API call")
+        names = _strip_versions(raw)
+        pid = _pid(m[:, 2])
+        parts.append(
+            _Part(
+                "runtime",
+                pid,
+                {
+                    "stream": _tid(m[:, 2]),
+                    "name": names,
+                    "start_ns": m[:, 0],
+                    "end_ns": m[:, 1],
+                    "correlation": m[:, 3],
+                },
+            )
+        )
+        tally(pid, "api_calls")
+
+    # ---- CUPTI synchronisation records (host blocked on the device) -> kind sync
+    if T_SYNC in tables:
+        cols = set(_columns(con, T_SYNC))
+        type_col = "syncType" if "syncType" in cols else "deprecatedSyncType"
+        m = _int_matrix(
+            con,
+            "SELECT start, end, deviceId, COALESCE(streamId, -1), COALESCE(correlationId, -1), globalPid, "
+            f"COALESCE({type_col}, 0) FROM {T_SYNC}",
+            7,
+        )
+        lut = np.array(["Unknown Sync"] + [SYNC_TYPE[k] for k in (1, 2, 3, 4)], dtype=object)
+        t = m[:, 6]
+        names = lut[np.where((t >= 1) & (t <= 4), t, 0)]
+        pid = _pid(m[:, 5])
+        parts.append(
+            _Part(
+                "sync",
+                pid,
+                {
+                    "device": m[:, 2],
+                    "stream": _stream(m[:, 3]),
+                    "name": names,
+                    "start_ns": m[:, 0],
+                    "end_ns": m[:, 1],
+                    "correlation": m[:, 4],
+                },
+            )
+        )
+        tally(pid, "sync_records")
+
+    # ---- NVTX
+    domains: dict[int, Counter[str]] = {}
+    if T_NVTX in tables:
+        _read_nvtx(con, strings, dq, parts, tally, domains)
+
+    # ---- which processes are ranks
+    cuda_pids = sorted({int(p) for part in parts if part.kind != "annotation" for p in np.unique(part.pid)})
+    all_pids = sorted({int(p) for part in parts for p in np.unique(part.pid)})
+    rank_pids = cuda_pids or all_pids
+    if not rank_pids:
+        raise TraceFormatError(
+            db, f"empty report: no kernels, memcpys, API calls or NVTX ranges in {', '.join(present)}"
+        )
+    meta = _meta(con, tables)
+    proc_names = _process_names(con, tables)
+    ranks, rank_source = _assign_ranks(rank_pids, rank, given, meta, db, dq)
+    pid_to_rank = dict(zip(rank_pids, ranks, strict=True))
+
+    # ---- assemble
+    cols_out: dict[str, list[np.ndarray]] = {c: [] for c in COLUMNS}
+    dropped = 0
+    for part in parts:
+        keep = np.isin(part.pid, rank_pids)
+        dropped += int((~keep).sum())
+        n = int(keep.sum())
+        rank_col = np.array([pid_to_rank[p] for p in part.pid[keep].tolist()], dtype=np.int32)
+        for c, dtype in COLUMNS.items():
+            if c == "rank":
+                cols_out[c].append(rank_col)
+            elif c == "kind":
+                cols_out[c].append(np.full(n, part.kind, dtype=object))
+            elif c in part.cols:
+                cols_out[c].append(np.asarray(part.cols[c])[keep])
+            elif dtype == "category":
+                cols_out[c].append(np.full(n, "", dtype=object))
+            else:
+                cols_out[c].append(np.full(n, -1, dtype=np.int64))
+    if dropped:
+        dq.add(
+            "nsys_events_other_processes",
+            dropped,
+            f"{dropped} NVTX events from processes without CUDA activity were left out",
+        )
+    merged = {c: np.concatenate(v) if v else np.empty(0) for c, v in cols_out.items()}
+    start = merged["start_ns"].astype(np.int64)
+    end = merged["end_ns"].astype(np.int64)
+    bad = end < start
+    if bad.any():
+        dq.add("nsys_end_before_start", int(bad.sum()), "events ending before they start were left out")
+        merged = {c: v[~bad] for c, v in merged.items()}
+        start = start[~bad]
+    order = np.lexsort((start, merged["rank"]))
+    merged = {c: v[order] for c, v in merged.items()}
+    events = make_events(merged)
+
+    sources = {r: str(given) for r in ranks}
+    rank_info: dict[int, dict[str, Any]] = {}
+    for proc_id, r in pid_to_rank.items():
+        counts = per_pid.get(proc_id, Counter())
+        rank_events = events[events["rank"] == r]
+        devices = sorted(int(d) for d in rank_events["device"].unique() if d >= 0)
+        info: dict[str, Any] = {
+            "source": "nsys",
+            "path": str(given),
+            "sqlite": str(db),
+            "pid": proc_id,
+            "process_name": proc_names.get(proc_id, ""),
+            "rank_source": rank_source,
+            "time_base": "ns since the nsys session start (session_start_utc_ns)",
+            "session_start_utc_ns": meta.get("session_start_utc_ns"),
+            "nsys_version": meta.get("nsys_version"),
+            "export_schema_version": meta.get("schema_version"),
+            "devices": [{"id": d, "name": meta.get("gpus", {}).get(d, "")} for d in devices],
+            "memcpy_bytes": counts.get("memcpy_bytes", 0),
+            "memset_bytes": counts.get("memset_bytes", 0),
+            "nvtx_marks": counts.get("nvtx_marks", 0),
+            "nvtx_domains": dict(sorted(domains.get(proc_id, Counter()).items())),
+            "counts": {
+                k: v
+                for k, v in sorted(counts.items())
+                if k not in ("memcpy_bytes", "memset_bytes", "nvtx_marks")
+            },
+        }
+        rank_info[r] = info
+    return Run(events=events, sources=sources, rank_info=rank_info, data_quality=dq)
+
+
+def _read_nvtx(
+    con: sqlite3.Connection,
+    strings: dict[int, str],
+    dq: DataQuality,
+    parts: list[_Part],
+    tally: Any,
+    domains: dict[int, Counter[str]],
+) -> None:
+    cols = set(_columns(con, T_NVTX))
+    opt = [c if c in cols else "NULL" for c in ("textId", "domainId", "jsonText", "endGlobalTid")]
+    rows = con.execute(
+        f"SELECT start, end, eventType, globalTid, text, {', '.join(opt)} FROM {T_NVTX}"
+    ).fetchall()
+    if not rows:
+        return
+    arr = np.array(rows, dtype=object)
+    etype = arr[:, 2].astype(np.int64)
+    gtid_raw = arr[:, 3]
+    no_tid = np.array([g is None for g in gtid_raw])
+    gtid = np.where(no_tid, 0, gtid_raw).astype(np.int64)
+    pid = _pid(gtid)
+    domain_id = np.array([0 if d is None else d for d in arr[:, 6]], dtype=np.int64)
+
+    # names: inline text, else the registered string (textId -> StringIds)
+    text = arr[:, 4]
+    text_id = arr[:, 5]
+    names = np.empty(len(arr), dtype=object)
+    has_text = np.array([t is not None for t in text])
+    names[has_text] = text[has_text]
+    need = ~has_text
+    ids = np.array([-1 if t is None else t for t in text_id[need]], dtype=np.int64)
+    names[need] = _lookup(strings, ids, dq, "NVTX")
+
+    # domains: NvtxDomainCreate rows name (pid, domainId); domain 0 is the default domain ("")
+    dom_rows = etype == NVTX_DOMAIN_CREATE
+    dom_name: dict[tuple[int, int], str] = {
+        (int(p), int(d)): str(n)
+        for p, d, n in zip(pid[dom_rows], domain_id[dom_rows], names[dom_rows], strict=True)
+    }
+
+    is_mark = etype == NVTX_MARK
+    tally(pid[is_mark], "nvtx_marks")
+    is_range = (etype == NVTX_PUSH_POP_RANGE) | (etype == NVTX_START_END_RANGE)
+    known = is_range | is_mark | dom_rows | (etype == NVTX_CATEGORY)
+    if (~known).any():
+        dq.add(
+            "nvtx_other_event_types",
+            int((~known).sum()),
+            "NVTX events of other types (not ranges) were skipped",
+        )
+    end_null = np.array([e is None for e in arr[:, 1]])
+    unclosed = is_range & end_null
+    if unclosed.any():
+        dq.add("nvtx_unclosed_ranges", int(unclosed.sum()), "NVTX ranges without an end were left out")
+    sel = is_range & ~end_null & ~no_tid
+    if (is_range & no_tid).any():
+        dq.add(
+            "nvtx_ranges_without_thread",
+            int((is_range & no_tid).sum()),
+            "NVTX ranges without a thread were left out",
+        )
+    if not sel.any():
+        return
+    pid_s = pid[sel]
+    dom_s = domain_id[sel]
+    dom_names = np.array(
+        [
+            dom_name.get((int(p), int(d)), "" if d == 0 else f"domain#{d}")
+            for p, d in zip(pid_s, dom_s, strict=True)
+        ],
+        dtype=object,
+    )
+    for p, d in zip(pid_s.tolist(), dom_names.tolist(), strict=True):
+        domains.setdefault(p, Counter())[d] += 1
+    names_s = names[sel]
+    # NCCL's own NVTX domain: collective ranges ("AllReduce" / "ncclAllReduce") with a payload.
+    coll_name = np.full(int(sel.sum()), "", dtype=object)
+    coll_op = np.full(int(sel.sum()), "", dtype=object)
+    coll_bytes = np.full(int(sel.sum()), -1, dtype=np.int64)
+    nccl = dom_names == NCCL_NVTX_DOMAIN
+    if nccl.any():
+        cn, co = _nccl_ops(names_s[nccl], _NCCL_NVTX)
+        coll_name[nccl] = cn
+        coll_op[nccl] = co
+        json_s = arr[sel, 7][nccl]
+        sizes = np.array([_payload_bytes(j) for j in json_s], dtype=np.int64)
+        coll_bytes[nccl] = sizes
+        unknown = int((sizes < 0).sum())
+        if unknown:
+            dq.add(
+                "nccl_nvtx_bytes_unread",
+                unknown,
+                "NCCL NVTX ranges whose payload (message size) is not in a readable form: bytes left -1",
+            )
+    parts.append(
+        _Part(
+            "annotation",
+            pid_s,
+            {
+                "stream": _tid(gtid[sel]),
+                "name": names_s,
+                "start_ns": arr[sel, 0].astype(np.int64),
+                "end_ns": arr[sel, 1].astype(np.int64),
+                "coll_name": coll_name,
+                "coll_op": coll_op,
+                "coll_in_bytes": coll_bytes,
+            },
+        )
+    )
+    tally(pid_s, "nvtx_ranges")
+
+
+_SIZE_IN_JSON = re.compile(r'"[^"]*(?:[Mm]essage size|[Ss]ize)[^"]*"\s*:\s*(\d+)')
+
+
+def _payload_bytes(json_text: object) -> int:
+    """Message size from an NVTX payload exported as JSON text (NCCL's "Message size [bytes]"), else -1."""
+    if not isinstance(json_text, str):
+        return -1
+    m = _SIZE_IN_JSON.search(json_text)
+    return int(m.group(1)) if m else -1
+
+
+def _strip_versions(raw: np.ndarray) -> np.ndarray:
+    if len(raw) == 0:
+        return raw
+    uniq, inv = np.unique(raw.astype(str), return_inverse=True)
+    stripped = np.array([_RUNTIME_VERSION.sub("", s) for s in uniq.tolist()], dtype=object)
+    return stripped[inv]
+
+
+def _enum(con: sqlite3.Connection, tables: set[str], table: str, fallback: dict[int, str]) -> dict[int, str]:
+    """An nsys ENUM_* table as {id: label}; the fixed map where the export lacks it."""
+    if table not in tables:
+        return dict(fallback)
+    try:
+        rows = con.execute(f"SELECT id, label FROM {table}").fetchall()
+    except sqlite3.Error:
+        return dict(fallback)
+    return {int(i): str(label) for i, label in rows} or dict(fallback)
+
+
+def _memcpy_names(
+    copy_kind: np.ndarray, src: np.ndarray, dst: np.ndarray, mem_kind: dict[int, str]
+) -> np.ndarray:
+    if len(copy_kind) == 0:
+        return np.empty(0, dtype=object)
+    key = np.stack([copy_kind, src, dst], axis=1)
+    uniq, inv = np.unique(key, axis=0, return_inverse=True)
+    labels = np.array(
+        [
+            f"Memcpy {MEMCPY_KIND.get(int(k), 'Unknown')} ({mem_kind.get(int(s), 'Unknown')} -> "
+            f"{mem_kind.get(int(d), 'Unknown')})"
+            for k, s, d in uniq.tolist()
+        ],
+        dtype=object,
+    )
+    return labels[np.asarray(inv).reshape(-1)]
+
+
+def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    if "TARGET_INFO_SESSION_START_TIME" in tables:
+        row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
+        if row and row[0] is not None:
+            meta["session_start_utc_ns"] = int(row[0])
+    if "META_DATA_EXPORT" in tables:
+        kv = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall())
+        meta["nsys_version"] = kv.get("EXPORT_PRODUCT_VERSION")
+        meta["schema_version"] = kv.get("EXPORT_SCHEMA_VERSION")
+    if "TARGET_INFO_GPU" in tables and "name" in _columns(con, "TARGET_INFO_GPU"):
+        meta["gpus"] = {
+            int(i): str(n) for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if i is not None
+        }
+    if "TARGET_INFO_SYSTEM_ENV" in tables:
+        env_rank = None
+        for (value,) in con.execute(
+            "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'"
+        ):
+            for item in str(value).split(";"):
+                if item.startswith("RANK=") and item[5:].strip().isdigit():
+                    env_rank = int(item[5:].strip())
+        if env_rank is not None:
+            meta["env_rank"] = env_rank
+    return meta
+
+
+def _process_names(con: sqlite3.Connection, tables: set[str]) -> dict[int, str]:
+    if "PROCESSES" not in tables:
+        return {}
+    return {int(p): str(n) for p, n in con.execute("SELECT pid, name FROM PROCESSES") if p is not None}
+
+
+def _assign_ranks(
+    pids: list[int], rank: int | None, given: Path, meta: dict[str, Any], db: Path, dq: DataQuality
+) -> tuple[list[int], str]:
+    if len(pids) > 1:
+        if rank is not None:
+            raise RankError(
+                f"{db}: rank={rank} was given but the report holds {len(pids)} CUDA processes "
+                f"(pids {pids}); they are read as ranks 0..{len(pids) - 1} in pid order when no rank is given"
+            )
+        dq.add(
+            "nsys_ranks_from_processes",
+            len(pids),
+            f"{given.name}: one report with {len(pids)} CUDA processes: read as ranks 0..{len(pids) - 1} "
+            "in pid order (nsys does not record torch.distributed ranks)",
+        )
+        return list(range(len(pids))), "process order"
+    if rank is not None:
+        return [int(rank)], "argument"
+    m = _RANK_IN_NAME.search(given.name)
+    if m:
+        return [int(m.group(1))], "file name"
+    if "env_rank" in meta:
+        return [int(meta["env_rank"])], "environment RANK"
+    dq.add(
+        "nsys_rank_assumed",
+        1,
+        f"{given.name}: no rank in the file name or the profiled environment; one process, read as rank 0",
+    )
+    return [0], "default"
