@@ -1,0 +1,215 @@
+"""Analysis outputs shaped exactly like docs/JSON.md (breakdown, shortfall, compare-links, manifest),
+built in code with known numbers, for the report tests. Not a test module itself.
+
+The numbers are chosen so the answers are known independently: the per-token times are
+T1 = 10 ms, T2 = 7 ms, ideal T1/2 = 5 ms, so S = 2 ms = 0.4 + 0.1 + 0.3 + (0.8 + 0.2 + 0.2) ms.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+HOSTILE = "<script>alert(1)</script>"
+MS = 1_000_000
+PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+
+
+def manifest(tp: int, dilation: float = 1.05) -> dict[str, Any]:
+    return {
+        "schema_version": "1.0",
+        "kind": "tracekit.capture",
+        "complete": True,
+        "errors": [],
+        "created": "2026-11-29T16:00:00Z",
+        "versions": {"tracekit": "0.1.0", "python": "3.11.9", "torch": "2.13.0", "cuda": None, "nccl": None},
+        "host": {"hostname": "ci-host", "cpu": "Test CPU", "cpu_count": 2},
+        "devices": [],
+        "topology": {"nvidia_smi_topo": None, "nvml_links": None},
+        "nccl_env": {},
+        "workload": {
+            "preset": "tiny",
+            "tp": tp,
+            "tokens": 4,
+            "prompt": 16,
+            "batch": 1,
+            "backend": "gloo",
+            "device": "cpu",
+            "dtype": "float32",
+            "seed": 0,
+            "layers": 2,
+            "inject_delay": None,
+            "inject_sync": False,
+            "mode": "full",
+            "step_pattern": "decode_step",
+        },
+        "unprofiled": {"per_token_ns": {str(r): [7 * MS] * 4 for r in range(tp)}},
+        "profiled": {"per_token_ns": {str(r): [int(7 * MS * dilation)] * 4 for r in range(tp)}},
+        "dilation": dilation,
+        "tokens_generated": [[1, 2, 3, 4]],
+        "files": {},
+        "command": f"tracekit capture --tp {tp}",
+    }
+
+
+def breakdown(n_ranks: int, step_ms: float, *, kernel_name: str = "my_kernel") -> dict[str, Any]:
+    steps = []
+    for r in range(n_ranks):
+        for s in range(4):
+            parts = {
+                "compute": int(step_ms * 0.5 * MS),
+                "memory": int(step_ms * 0.1 * MS),
+                "collective": int(step_ms * 0.2 * MS) if n_ranks > 1 else 0,
+                "unknown": 1000,
+                "sync": int(step_ms * 0.05 * MS),
+            }
+            window = int(step_ms * MS) + s * 1000
+            parts["idle"] = window - sum(parts.values())
+            steps.append(
+                {
+                    "rank": r,
+                    "step": s,
+                    "name": f"decode_step#{s}",
+                    "start_ns": s * 20 * MS,
+                    "window_ns": window,
+                    "parts_ns": {p: parts[p] for p in PARTS},
+                    "overlapped_collective_ns": 0,
+                }
+            )
+    med = {p: steps[1]["parts_ns"][p] for p in PARTS}
+    return {
+        "schema_version": "1.0",
+        "kind": "tracekit.breakdown",
+        "source": {
+            "paths": ["x"],
+            "ranks": list(range(n_ranks)),
+            "step_pattern": "decode_step",
+            "timeline": "host",
+        },
+        "steps": steps,
+        "per_token": {
+            "step_ns": {
+                "median": int(step_ms * MS),
+                "p10": int(step_ms * MS),
+                "p90": int(step_ms * MS) + 3000,
+                "n": 4,
+            },
+            "parts_ns": {p: {"median": med[p], "p10": med[p], "p90": med[p], "mean": med[p]} for p in PARTS},
+        },
+        "per_rank": [
+            {"rank": r, "steps": 4, "step_ns_median": int(step_ms * MS), "parts_ns_median": med}
+            for r in range(n_ranks)
+        ],
+        "kernels_by_class": {
+            "compute": {"count": 40, "total_ns": 20 * MS},
+            "unknown": {"count": 4, "total_ns": 4000},
+        },
+        "kernels_by_subclass": {"matrix": {"count": 40, "total_ns": 20 * MS}},
+        "unknown_kernels": [{"name": kernel_name, "count": 4, "total_ns": 4000}],
+        "data_quality": {"counts": {}, "notes": []},
+        "dilation": 1.05,
+    }
+
+
+def shortfall(dilation_sharded: float = 1.05) -> dict[str, Any]:
+    terms = {"compute": 400_000, "memory": 100_000, "transfer": 300_000, "coordination": 1_200_000}
+    coord = {"wait": 800_000, "sync": 200_000, "idle": 200_000}
+    S = 2 * MS
+    return {
+        "schema_version": "1.0",
+        "kind": "tracekit.shortfall",
+        "n_ranks": 2,
+        "per_token_ns": {"baseline": 10 * MS, "sharded": 7 * MS, "ideal": 5 * MS},
+        "per_token_source": "unprofiled",
+        "shortfall_ns": S,
+        "terms_ns": terms,
+        "coordination_ns": coord,
+        "shares": {k: v / S for k, v in terms.items()},
+        "spread_ns": {k: {"p10": v - 1000, "p90": v + 1000} for k, v in {**terms, **coord}.items()},
+        "verdict": "Coordination dominates the shortfall: 60.0% of S = 2.000 ms per token at TP=2.",
+        "dilation": {
+            "baseline": 1.02,
+            "sharded": dilation_sharded,
+            "threshold": 0.10,
+            "inflated": dilation_sharded > 1.10,
+            "reconciliation": "traced parts scaled to the unprofiled per-token times",
+        },
+        "uncorrected": {
+            "per_token_ns": {"baseline": 10_200_000, "sharded": 7_350_000, "ideal": 5_100_000},
+            "shortfall_ns": 2_250_000,
+            "terms_ns": terms,
+            "coordination_ns": coord,
+        },
+        "stragglers": [
+            {"rank": 0, "last_count": 6, "instances": 32, "share": 6 / 32},
+            {"rank": 1, "last_count": 26, "instances": 32, "share": 26 / 32},
+        ],
+        "collectives": {
+            "instances": 32,
+            "per_token": 8,
+            "by_op": [
+                {
+                    "op": "all_reduce",
+                    "bytes": 8192,
+                    "count": 32,
+                    "wait_ns_median": 100_000,
+                    "transfer_ns_median": 37_500,
+                    "skew_ns_median": 110_000,
+                    "busbw_gbps_median": 8192 / 37_500,
+                }
+            ],
+        },
+        "clock": {"aligned": False, "offsets_ns": {"0": 0, "1": 0}},
+        "data_quality": {"counts": {}, "notes": []},
+    }
+
+
+def links() -> dict[str, Any]:
+    rows = []
+    for mode, scale in (("nvlink", 100.0), ("pcie", 20.0)):
+        for k in range(3, 24, 2):
+            b = 1 << k
+            bus = scale * b / (b + 65536)
+            rows.append(
+                {
+                    "op": "all_reduce",
+                    "ranks": 2,
+                    "backend": "nccl",
+                    "dtype": "float32",
+                    "bytes": b,
+                    "count": b // 4,
+                    "in_place": False,
+                    "time_us": b / bus / 1e3,
+                    "time_us_min": 1.0,
+                    "time_us_max": 2.0,
+                    "host_time_us": 2.0,
+                    "algbw_gbps": bus,
+                    "busbw_gbps": bus,
+                    "correct": True,
+                    "mode": mode,
+                    "transport": "P2P/CUMEM" if mode == "nvlink" else "SHM",
+                }
+            )
+    return {
+        "rows": rows,
+        "modes": ["nvlink", "pcie"],
+        "transports": {"nvlink": "P2P/CUMEM", "pcie": "SHM"},
+        "verdict": "At the decode's 8 KiB all-reduces both links realise under 15% of their peak: the link does not explain the transfer time.",
+    }
+
+
+def full_inputs(**kw: Any) -> dict[str, Any]:
+    """Keyword arguments for build_report_data: TP=1 vs TP=2 with links."""
+    base = dict(
+        breakdown=breakdown(2, 7.0, kernel_name=kw.pop("kernel_name", "my_kernel")),
+        baseline_breakdown=breakdown(1, 10.0),
+        shortfall=shortfall(kw.pop("dilation_sharded", 1.05)),
+        links=links(),
+        manifest=manifest(2),
+        baseline_manifest=manifest(1, 1.02),
+        run_path="traces/tp2",
+        baseline_path="traces/tp1",
+        created="2026-11-29T16:00:00Z",
+    )
+    base.update(kw)
+    return copy.deepcopy(base)

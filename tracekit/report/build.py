@@ -1,0 +1,149 @@
+"""From run folders to a `ReportData`, and from a `ReportData` to files.
+
+`analyse_dirs` is the only place the report layer calls the analyses (reader, breakdown,
+shortfall); it keeps only their JSON dicts, so everything after it works on plain data.
+`write_report` picks the format from each output's suffix (.html, .md, .json).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracekit.errors import TracekitError
+from tracekit.report.data import ReportData, build_report_data
+
+FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".json": "json"}
+
+
+class ReportError(TracekitError):
+    """A report cannot be written (unknown output suffix, unreadable links file)."""
+
+
+@dataclass
+class AnalysedRuns:
+    """The analyses' JSON dicts for one report."""
+
+    breakdown: dict[str, Any]
+    manifest: dict[str, Any] | None
+    baseline_breakdown: dict[str, Any] | None = None
+    baseline_manifest: dict[str, Any] | None = None
+    shortfall: dict[str, Any] | None = None
+
+
+def analyse_dirs(
+    run_dir: str | Path, baseline_dir: str | Path | None = None, *, step_pattern: str | None = None
+) -> AnalysedRuns:
+    """Read the run (and the baseline), run breakdown (and shortfall); keep only their JSON."""
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
+    run = read_run([Path(run_dir)])
+    out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
+    if baseline_dir is not None:
+        from tracekit.analyse.shortfall import shortfall
+
+        base = read_run([Path(baseline_dir)])
+        out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))
+        out.baseline_manifest = base.manifest
+        out.shortfall = _to_json(shortfall(base, run))
+    return out
+
+
+def _to_json(result: Any) -> dict[str, Any]:
+    d = result.to_json() if hasattr(result, "to_json") else result
+    # round-trip through JSON so only JSON-able data reaches the report (numpy scalars -> numbers)
+    return json.loads(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY))  # type: ignore[no-any-return]
+
+
+def load_links(path: str | Path) -> dict[str, Any] | list[dict[str, Any]]:
+    """A compare-links result (dict with `rows`) or a probe JSON (list of rows)."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text())
+    except OSError as exc:
+        raise ReportError(f"{p}: cannot read the links file: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ReportError(f"{p} at byte {exc.pos}: not JSON: {exc.msg}") from None
+    if isinstance(obj, list) or (isinstance(obj, dict) and "rows" in obj):
+        return obj
+    raise ReportError(f"{p}: expected a compare-links result (an object with 'rows') or a list of probe rows")
+
+
+def report_from_dirs(
+    run_dir: str | Path,
+    baseline_dir: str | Path | None = None,
+    *,
+    links: dict[str, Any] | list[dict[str, Any]] | None = None,
+    links_note: str | None = None,
+    step_pattern: str | None = None,
+    title: str | None = None,
+) -> ReportData:
+    a = analyse_dirs(run_dir, baseline_dir, step_pattern=step_pattern)
+    return report_from_analyses(
+        a, run_path=str(run_dir), baseline_path=None if baseline_dir is None else str(baseline_dir),
+        links=links, links_note=links_note, title=title,
+    )  # fmt: skip
+
+
+def report_from_analyses(
+    a: AnalysedRuns,
+    *,
+    run_path: str | None,
+    baseline_path: str | None,
+    links: dict[str, Any] | list[dict[str, Any]] | None = None,
+    links_note: str | None = None,
+    title: str | None = None,
+) -> ReportData:
+    return build_report_data(
+        breakdown=a.breakdown,
+        baseline_breakdown=a.baseline_breakdown,
+        shortfall=a.shortfall,
+        links=links,
+        manifest=a.manifest,
+        baseline_manifest=a.baseline_manifest,
+        run_path=run_path,
+        baseline_path=baseline_path,
+        links_note=links_note,
+        title=title,
+    )
+
+
+def format_of(path: str | Path) -> str:
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise ReportError(f"{path}: unknown report format; the suffix picks it: {', '.join(sorted(FORMATS))}")
+    return fmt
+
+
+def render(data: ReportData, fmt: str, *, offline: bool = False) -> str:
+    if fmt == "html":
+        from tracekit.report.html import render_html
+
+        return render_html(data, offline=offline)
+    if fmt == "markdown":
+        from tracekit.report.markdown import render_markdown
+
+        return render_markdown(data)
+    if fmt == "json":
+        return (
+            orjson.dumps(data.to_json(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode()
+            + "\n"
+        )
+    raise ReportError(f"unknown report format {fmt!r}")
+
+
+def write_report(data: ReportData, outputs: Sequence[str | Path], *, offline: bool = False) -> list[Path]:
+    """Write each output (format by suffix); returns the paths written."""
+    fmts = [(Path(o), format_of(o)) for o in outputs]  # check every suffix before writing any
+    written = []
+    for path, fmt in fmts:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render(data, fmt, offline=offline), encoding="utf-8")
+        written.append(path)
+    return written

@@ -1,0 +1,538 @@
+"""The HTML report: one self-contained page rendered from a `ReportData`.
+
+The plotly figures are built here and only here. Every string that came from a trace or a
+manifest is HTML-escaped before it reaches the page or a figure (plotly renders entities in its
+labels and hover text back to the characters, so a kernel named `<script>` shows as text); the
+figures' JSON is embedded in a `<script type="application/json">` block with `<`, `>` and `&`
+written as `\\u003c`, `\\u003e`, `\\u0026`, so no name can close the script element.
+
+plotly.js comes from the CDN (with its subresource-integrity hash) unless `offline=True`, which
+inlines it (about 4.8 MB) for machines without internet.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html
+import json
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+
+from tracekit.report.data import (
+    PARTS,
+    ReportData,
+    fmt_bytes,
+    fmt_gbps,
+    fmt_ms,
+    fmt_pct,
+    fmt_us,
+    fmt_x,
+)
+
+#: colours per part, shared by every figure so a part has one colour on the page
+PART_COLOURS = {
+    "compute": "#4C78A8",
+    "memory": "#72B7B2",
+    "collective": "#F58518",
+    "transfer": "#F58518",
+    "wait": "#E45756",
+    "unknown": "#B279A2",
+    "sync": "#9D755D",
+    "idle": "#BAB0AC",
+}
+
+_CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
+h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+.verdict{font-size:1.25em;font-weight:600;background:#f3f6fa;border-left:5px solid #4C78A8;padding:.6em 1em;margin:.8em 0 .3em}
+.dilation{margin:.2em 0 .2em 1.2em;color:#444}
+.warning{margin:.3em 0;padding:.4em 1em;background:#fff3cd;border-left:5px solid #e0a800;font-weight:600}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f6f6f6}
+.fig{width:100%;min-height:380px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
+.meta{color:#666;font-size:.85em}
+"""
+
+
+def esc(value: Any) -> str:
+    """HTML-escape any value (quotes too)."""
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def safe_json(obj: Any) -> str:
+    """JSON for embedding inside a <script> element: `<`, `>`, `&` and U+2028/9 escaped."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False, default=_json_default)
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"not JSON-serialisable: {type(o)}")
+
+
+def _clean(obj: Any) -> Any:
+    """Replace non-finite floats (not valid JSON) by None, recursively."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+# figures
+
+
+def _layout(title: str, **kw: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "title": {"text": title},
+        "template": "plotly_white",
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
+        "height": 400,
+    }
+    base.update(kw)
+    return base
+
+
+def fig_per_token(data: ReportData) -> go.Figure | None:
+    pt = data.per_token_ns
+    n = data.n_ranks
+    bars: list[tuple[str, int, str]] = []
+    if pt.get("baseline") is not None:
+        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), "#4C78A8"))
+    if pt.get("sharded") is not None:
+        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), "#F58518"))
+    if pt.get("ideal") is not None:
+        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), "#54A24B"))
+    if not bars:
+        return None
+    fig = go.Figure(
+        go.Bar(
+            x=[b[0] for b in bars],
+            y=[b[1] / 1e6 for b in bars],
+            marker_color=[b[2] for b in bars],
+            text=[fmt_ms(b[1]) for b in bars],
+            textposition="outside",
+            hovertemplate="%{x}: %{text}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        **_layout("Per-token time (median over steps)", yaxis_title="ms per token", showlegend=False)
+    )
+    return fig
+
+
+def fig_waterfall(data: ReportData) -> go.Figure | None:
+    a = data.attribution
+    if a is None:
+        return None
+    steps = a["waterfall"]
+    s_ns = a["shortfall_ns"]
+    labels = [esc(w["label"]) for w in steps] + ["shortfall S"]
+    values = [w["ns"] / 1e6 for w in steps] + [s_ns / 1e6]
+    texts = [fmt_ms(w["ns"]) for w in steps] + [fmt_ms(s_ns)]
+    fig = go.Figure(
+        go.Waterfall(
+            x=labels,
+            y=values,
+            measure=["relative"] * len(steps) + ["total"],
+            text=texts,
+            textposition="outside",
+            hovertemplate="%{x}: %{text}<extra></extra>",
+            connector={"line": {"color": "#999"}},
+        )
+    )
+    fig.update_layout(
+        **_layout(
+            f"Where the shortfall S = T{data.n_ranks} - T1/{data.n_ranks} goes (terms sum to S)",
+            yaxis_title="ms per token",
+            showlegend=False,
+        )
+    )
+    return fig
+
+
+def fig_steps(run: dict[str, Any]) -> go.Figure | None:
+    steps = sorted(run["steps"], key=lambda s: (s["rank"], s["step"]))
+    if not steps:
+        return None
+    x = [[f"rank {s['rank']}" for s in steps], [str(s["step"]) for s in steps]]
+    fig = go.Figure()
+    for part in PARTS:
+        ys = [s["parts_ns"].get(part, 0) / 1e6 for s in steps]
+        if not any(ys):
+            continue
+        fig.add_trace(
+            go.Bar(
+                name=part,
+                x=x,
+                y=ys,
+                marker_color=PART_COLOURS.get(part),
+                customdata=[esc(s["name"]) for s in steps],
+                hovertemplate=part + " %{y:.3f} ms<br>%{customdata}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        **_layout(
+            f"Per-step parts per rank, {esc(run['role'])} run (rank, step)",
+            barmode="stack",
+            yaxis_title="ms",
+            legend={"orientation": "h", "y": -0.2},
+            height=440,
+        )
+    )
+    return fig
+
+
+def fig_collectives(data: ReportData) -> go.Figure | None:
+    c = data.collectives
+    if not c or not c["by_op"]:
+        return None
+    labels = [f"{esc(o['op'])} {fmt_bytes(o['bytes'])}" for o in c["by_op"]]
+    fig = go.Figure()
+    for key, name in (("wait_ns_median", "wait"), ("transfer_ns_median", "transfer")):
+        ys = [(o[key] or 0) / 1e3 for o in c["by_op"]]
+        fig.add_trace(
+            go.Bar(
+                name=name,
+                x=labels,
+                y=ys,
+                marker_color=PART_COLOURS[name],
+                hovertemplate=name + " %{y:.1f} us<br>%{x}<extra></extra>",
+            )
+        )
+    fig.update_layout(
+        **_layout(
+            "Per collective (op, message size): median wait vs transfer per instance",
+            barmode="stack",
+            yaxis_title="us per instance",
+            legend={"orientation": "h", "y": -0.2},
+        )
+    )
+    return fig
+
+
+def fig_busbw(data: ReportData) -> go.Figure | None:
+    b = data.busbw
+    if not b["trace"] and not b["probes"]:
+        return None
+    fig = go.Figure()
+    for curve in b["probes"]:
+        pts = curve["points"]
+        label = esc(curve["label"]) + (f" via {esc(curve['transport'])}" if curve.get("transport") else "")
+        fig.add_trace(
+            go.Scatter(
+                name=label,
+                x=[p["bytes"] for p in pts],
+                y=[p["busbw_gbps"] for p in pts],
+                mode="lines+markers",
+                hovertemplate=label + "<br>%{x} B: %{y:.3f} GB/s<extra></extra>",
+            )
+        )
+    if b["trace"]:
+        ops = sorted({p["op"] for p in b["trace"]})
+        for op in ops:
+            pts = [p for p in b["trace"] if p["op"] == op]
+            fig.add_trace(
+                go.Scatter(
+                    name=f"trace {esc(op)} (realised)",
+                    x=[p["bytes"] for p in pts],
+                    y=[p["busbw_gbps"] for p in pts],
+                    mode="markers",
+                    marker={"size": 13, "symbol": "diamond", "line": {"width": 1, "color": "#000"}},
+                    hovertemplate="trace " + esc(op) + "<br>%{x} B: %{y:.3f} GB/s<extra></extra>",
+                )
+            )
+    fig.update_layout(
+        **_layout(
+            "Realised bus bandwidth vs message size (trace collectives over probe curves)",
+            xaxis={"type": "log", "title": {"text": "message size (bytes, nccl-tests' size)"}},
+            yaxis={"type": "log", "title": {"text": "busbw (GB/s)"}},
+            legend={"orientation": "h", "y": -0.25},
+            height=440,
+        )
+    )
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------
+# tables
+
+
+def _table(headers: list[str], rows: list[list[tuple[str, bool]]], attrs: str = "") -> str:
+    """rows: cells as (escaped html, numeric?)."""
+    head = "".join(f"<th>{h}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td{' class=num' if num else ''}>{cell}</td>" for cell, num in row) + "</tr>"
+        for row in rows
+    )
+    return f"<table{attrs}><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _key_figures_table(data: ReportData) -> str:
+    rows = "".join(
+        f'<tr><td>{esc(k["label"])}</td><td class=num data-key="{esc(k["key"])}">{esc(k["text"])}</td></tr>'
+        for k in data.key_figures
+    )
+    return f'<table id="key-figures"><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
+
+
+def _attribution_table(data: ReportData) -> str:
+    a = data.attribution
+    if a is None:
+        return ""
+    rows = []
+    for w in a["waterfall"]:
+        term = w["term"]
+        spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
+        share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
+        rows.append(
+            [
+                (esc(w["label"]), False),
+                (esc(fmt_ms(w["ns"])), True),
+                (esc(fmt_pct(share)), True),
+                (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True),
+            ]
+        )
+    rows.append(
+        [("<b>shortfall S</b>", False), (esc(fmt_ms(a["shortfall_ns"])), True), ("100.0%", True), ("", True)]
+    )
+    return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+
+
+def _collectives_tables(data: ReportData) -> str:
+    out = []
+    c = data.collectives
+    if c and c["by_op"]:
+        rows = [
+            [
+                (esc(o["op"]), False),
+                (esc(fmt_bytes(o["bytes"])), True),
+                (esc(o["count"]), True),
+                (esc(fmt_us(o["wait_ns_median"])), True),
+                (esc(fmt_us(o["transfer_ns_median"])), True),
+                (esc(fmt_us(o["skew_ns_median"])), True),
+                (esc(fmt_gbps(o["busbw_gbps_median"])), True),
+            ]
+            for o in c["by_op"]
+        ]
+        out.append(
+            f"<p>{esc(c['instances'])} collective instances matched across ranks"
+            + (f", {esc(round(c['per_token'], 2))} per token" if c.get("per_token") is not None else "")
+            + ".</p>"
+        )
+        out.append(
+            _table(
+                [
+                    "op",
+                    "message",
+                    "count",
+                    "wait (median)",
+                    "transfer (median)",
+                    "skew (median)",
+                    "busbw (median)",
+                ],
+                rows,
+            )
+        )
+    if data.stragglers:
+        rows = [
+            [
+                (esc(s["rank"]), True),
+                (esc(s["last_count"]), True),
+                (esc(s["instances"]), True),
+                (esc(fmt_pct(s["share"])), True),
+            ]
+            for s in data.stragglers
+        ]
+        out.append("<h3>Stragglers: how often each rank arrives last</h3>")
+        out.append(_table(["rank", "last", "of instances", "share"], rows, ' id="stragglers"'))
+    return "\n".join(out)
+
+
+def _kernels_tables(data: ReportData) -> str:
+    out = []
+    for run in data.runs:
+        if run["kernels_by_class"]:
+            rows = [
+                [(esc(k), False), (esc(v["count"]), True), (esc(fmt_ms(v["total_ns"])), True)]
+                for k, v in run["kernels_by_class"].items()
+            ]
+            out.append(f"<h3>{esc(run['role'])} run: GPU activity by class</h3>")
+            out.append(_table(["class", "count", "total"], rows))
+        if run["unknown_kernels"]:
+            rows = [
+                [
+                    (f"<code>{esc(k['name'])}</code>", False),
+                    (esc(k["count"]), True),
+                    (esc(fmt_ms(k["total_ns"])), True),
+                ]
+                for k in run["unknown_kernels"]
+            ]
+            out.append(f"<h3>{esc(run['role'])} run: unclassified kernels (top by time)</h3>")
+            out.append(_table(["name", "count", "total"], rows, ' class="unknown-kernels"'))
+    return "\n".join(out)
+
+
+def _links_section(data: ReportData) -> str:
+    L = data.links
+    if L is None:
+        return ""
+    out = []
+    if L.get("verdict"):
+        out.append(f'<p class="links-verdict"><b>{esc(L["verdict"])}</b></p>')
+    if L.get("modes"):
+        out.append(f"<p>Modes: {esc(', '.join(str(m) for m in L['modes']))}</p>")
+    transports = L.get("transports") or {}
+    if isinstance(transports, dict) and transports:
+        rows = [
+            [(esc(k), False), (esc(v if isinstance(v, str) else json.dumps(v)), False)]
+            for k, v in transports.items()
+        ]
+        out.append(_table(["mode", "transport NCCL used"], rows))
+    if L.get("note"):
+        out.append(f'<p class="note">{esc(L["note"])}</p>')
+    return "\n".join(out)
+
+
+def _manifest_section(data: ReportData) -> str:
+    out = []
+    for m in data.manifests:
+        out.append(
+            f"<h3>{esc(m['role'])} run{(': <code>' + esc(m['path']) + '</code>') if m.get('path') else ''}</h3>"
+        )
+        if not m["present"]:
+            out.append('<p class="note">No manifest.json: what ran and where is unknown.</p>')
+            continue
+        rows: list[list[tuple[str, bool]]] = []
+
+        def add(k: str, v: Any, rows: list[list[tuple[str, bool]]] = rows) -> None:
+            if v is None or v == {} or v == []:
+                return
+            text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+            rows.append([(esc(k), False), (esc(text), False)])
+
+        for k, v in m["workload"].items():
+            add(k, v)
+        add("complete", m.get("complete"))
+        add("errors", m.get("errors"))
+        add("created", m.get("created"))
+        for k, v in m["host"].items():
+            add(f"host.{k}", v)
+        for d in m["devices"]:
+            add(f"device {d.get('index')}", f"{d.get('name')} ({fmt_bytes(d.get('memory_bytes'))})")
+        for k, v in m["versions"].items():
+            add(f"version.{k}", v)
+        add("nccl_env", m.get("nccl_env"))
+        add("dilation", fmt_x(m.get("dilation")) if m.get("dilation") is not None else None)
+        add("command", m.get("command"))
+        out.append(_table(["field", "value"], rows, ' class="manifest"'))
+    return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------------------------
+# the page
+
+
+def _plotly_script(offline: bool) -> str:
+    from plotly.io._utils import plotly_cdn_url
+    from plotly.offline import get_plotlyjs
+
+    js = get_plotlyjs()
+    if offline:
+        return f'<script charset="utf-8">{js}</script>'
+    sri = "sha384-" + base64.b64encode(hashlib.sha384(js.encode("utf-8")).digest()).decode()
+    return f'<script charset="utf-8" src="{esc(plotly_cdn_url())}" integrity="{sri}" crossorigin="anonymous"></script>'
+
+
+_BOOT = """
+(function(){
+  var figs = JSON.parse(document.getElementById('tk-figures').textContent);
+  if (typeof Plotly === 'undefined') {
+    var els = document.querySelectorAll('.fig');
+    for (var i = 0; i < els.length; i++) { els[i].textContent = 'plotly.js could not be loaded (no internet?): re-render with --offline.'; }
+    return;
+  }
+  Object.keys(figs).forEach(function(id){
+    var f = figs[id];
+    Plotly.newPlot(id, f.data, f.layout, {responsive: true, displaylogo: false});
+  });
+})();
+"""
+
+
+def render_html(data: ReportData, *, offline: bool = False) -> str:
+    """The whole page as a string."""
+    figures: dict[str, go.Figure | None] = {
+        "fig-per-token": fig_per_token(data),
+        "fig-waterfall": fig_waterfall(data),
+    }
+    for i, run in enumerate(data.runs):
+        figures[f"fig-steps-{i}"] = fig_steps(run)
+    figures["fig-collectives"] = fig_collectives(data)
+    figures["fig-busbw"] = fig_busbw(data)
+    fig_json = {k: _clean(f.to_plotly_json()) for k, f in figures.items() if f is not None}
+
+    def div(fid: str) -> str:
+        return f'<div id="{fid}" class="fig"></div>' if fid in fig_json else ""
+
+    d = data.dilation
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{esc(data.title)}</title><style>{_CSS}</style>",
+        _plotly_script(offline),
+        "</head><body>",
+        f"<h1>{esc(data.title)}</h1>",
+        f'<p class="meta">{esc(data.generator)}, {esc(data.created)}; report schema {esc(data.kind)} {esc(data.schema_version)}</p>',
+        f'<p class="verdict" id="verdict">{esc(data.verdict)}</p>',
+        f'<p class="dilation" id="dilation">{esc(d["sentence"])}</p>',
+    ]
+    if d.get("warning"):
+        parts.append(f'<p class="warning" id="dilation-warning">{esc(d["warning"])}</p>')
+    if d.get("reconciliation"):
+        parts.append(f'<p class="dilation">Reconciliation: {esc(d["reconciliation"])}</p>')
+    parts += ["<h2>Key figures</h2>", _key_figures_table(data)]
+    parts += ["<h2>Per-token time</h2>", div("fig-per-token")]
+    if data.attribution is not None:
+        parts += ["<h2>Shortfall attribution</h2>", div("fig-waterfall"), _attribution_table(data)]
+        unc = data.attribution.get("uncorrected")
+        src = data.attribution.get("per_token_source")
+        if src:
+            parts.append(f'<p class="note">Per-token times from the {esc(src)} pass.</p>')
+        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
+            parts.append(
+                f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(unc.get("shortfall_ns")))} per token.</p>'
+            )
+    parts.append("<h2>Per-step parts per rank</h2>")
+    for i, _run in enumerate(data.runs):
+        parts.append(div(f"fig-steps-{i}"))
+    if data.collectives is not None:
+        parts += ["<h2>Collectives: wait vs transfer</h2>", div("fig-collectives"), _collectives_tables(data)]
+    if "fig-busbw" in fig_json or data.links is not None:
+        parts += ["<h2>Realised bandwidth and link probes</h2>", div("fig-busbw"), _links_section(data)]
+    kern = _kernels_tables(data)
+    if kern:
+        parts += ["<h2>Kernels</h2>", kern]
+    parts += ["<h2>What ran, where (manifest)</h2>", _manifest_section(data)]
+    if data.notes:
+        parts.append(
+            "<h2>Notes</h2><ul>" + "".join(f'<li class="note">{esc(n)}</li>' for n in data.notes) + "</ul>"
+        )
+    parts.append(f'<script type="application/json" id="tk-figures">{safe_json(fig_json)}</script>')
+    parts.append(f"<script>{_BOOT}</script>")
+    parts.append("</body></html>")
+    return "\n".join(p for p in parts if p)
