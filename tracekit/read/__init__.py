@@ -1,1 +1,238 @@
+"""Readers: trace files -> one `Run` (the event table of all ranks).
 
+`read_run(paths)` takes files and/or folders. A folder is read as the set of its trace files
+(`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`; `manifest.json` is loaded into
+`Run.manifest`, not read as a trace). Each file goes to the reader registered for its suffix
+(`READERS`, imported lazily): Kineto JSON -> `tracekit.read.kineto.read_kineto`, Nsight Systems
+SQLite -> `tracekit.read.nsys.read_nsys`. Several files are read in parallel with a process pool,
+each through the Parquet cache (`tracekit.read.cache`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.errors import NoTracesError, RankError, TraceFormatError
+from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+
+__all__ = ["READERS", "find_trace_files", "read_file", "read_run"]
+
+#: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
+READERS: dict[str, str] = {
+    ".json.gz": "tracekit.read.kineto:read_kineto",
+    ".json": "tracekit.read.kineto:read_kineto",
+    ".sqlite": "tracekit.read.nsys:read_nsys",
+}
+
+_NOT_TRACES = {"manifest.json"}
+
+
+def _reader_for(path: Path) -> tuple[Callable[..., Run], str] | None:
+    name = path.name.lower()
+    for suffix, target in READERS.items():
+        if name.endswith(suffix):
+            mod_name, func_name = target.split(":")
+            mod = importlib.import_module(mod_name)
+            version = str(getattr(mod, "READER_VERSION", mod_name))
+            return getattr(mod, func_name), version
+    return None
+
+
+def _is_trace_name(name: str) -> bool:
+    low = name.lower()
+    return low not in _NOT_TRACES and any(low.endswith(s) for s in READERS) and not low.startswith(".")
+
+
+def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], dict[str, Any] | None]:
+    """Expand files and folders into trace files (sorted per folder) and the first manifest found."""
+    files: list[Path] = []
+    manifest: dict[str, Any] | None = None
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            found = sorted(c for c in p.iterdir() if c.is_file() and _is_trace_name(c.name))
+            mf = p / "manifest.json"
+            if manifest is None and mf.is_file():
+                try:
+                    manifest = json.loads(mf.read_text())
+                except (OSError, ValueError) as exc:
+                    raise TraceFormatError(mf, f"manifest is not valid JSON ({exc})") from None
+            if not found:
+                raise NoTracesError(
+                    f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz or *.sqlite)"
+                )
+            files.extend(found)
+        elif p.is_file():
+            if _reader_for(p) is None:
+                raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz or .sqlite)")
+            files.append(p)
+            mf = p.parent / "manifest.json"
+            if manifest is None and p.name != "manifest.json" and mf.is_file():
+                try:
+                    manifest = json.loads(mf.read_text())
+                except (OSError, ValueError):
+                    manifest = None
+        else:
+            raise NoTracesError(f"{p}: no such file or folder")
+    if not files:
+        raise NoTracesError("no trace paths given")
+    return files, manifest
+
+
+def read_file(
+    path: str | os.PathLike[str], *, rank: int | None = None, cache: bool = True, on_progress: Any = None
+) -> Run:
+    """Read one trace file with its registered reader, through the Parquet cache."""
+    from tracekit.read import cache as cache_mod
+
+    p = Path(path)
+    found = _reader_for(p)
+    if found is None:
+        raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz or .sqlite)")
+    reader, version = found
+    use_cache = cache and cache_mod.cache_enabled()
+    if use_cache:
+        hit = cache_mod.load(p, version, rank)
+        if hit is not None:
+            return hit
+    if on_progress is not None and reader.__module__ == "tracekit.read.kineto":
+        run = reader(p, rank=rank, on_progress=on_progress)
+    else:
+        run = reader(p, rank=rank)
+    if use_cache:
+        cache_mod.store(p, version, run, rank)
+    return run
+
+
+def _read_worker(args: tuple[str, int | None, bool]) -> Run:
+    path, rank, cache = args
+    return read_file(path, rank=rank, cache=cache)
+
+
+def concat_runs(runs: Sequence[Run]) -> Run:
+    """One Run from per-file Runs; RankError when two files hold the same rank."""
+    sources: dict[int, str] = {}
+    rank_info: dict[int, dict[str, Any]] = {}
+    dq = DataQuality()
+    for run in runs:
+        for r, src in run.sources.items():
+            if r in sources:
+                raise RankError(
+                    f"rank {r} appears in two files: {sources[r]} and {src} "
+                    "(one file per rank; pass a single file with --rank to override)"
+                )
+            sources[r] = src
+        rank_info.update(run.rank_info)
+        dq.merge(run.data_quality)
+    if len(runs) == 1:
+        events = runs[0].events
+    else:
+        order = sorted(range(len(runs)), key=lambda i: min(runs[i].sources) if runs[i].sources else 0)
+        frames = [runs[i].events for i in order]
+        cols: dict[str, Any] = {}
+        for col, dtype in COLUMNS.items():
+            if dtype == "category":
+                cols[col] = pd.api.types.union_categoricals(
+                    [pd.Categorical(f[col]) for f in frames], ignore_order=True
+                )
+            else:
+                cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
+        events = make_events(cols)
+    return Run(
+        events=events,
+        sources=dict(sorted(sources.items())),
+        rank_info=dict(sorted(rank_info.items())),
+        data_quality=dq,
+    )
+
+
+def read_run(
+    paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
+    *,
+    rank: int | None = None,
+    cache: bool = True,
+    progress: bool = False,
+    jobs: int | None = None,
+) -> Run:
+    """Read trace files and/or folders of rank files as one run.
+
+    - `rank` overrides the rank of a single trace file (RankError with several files).
+    - `cache`: use the Parquet cache (also off with TRACEKIT_NO_CACHE=1).
+    - `progress`: a rich progress bar on stderr.
+    - `jobs`: processes for reading several files (default min(files, CPUs); 1 = in this process).
+    Raises NoTracesError (a path with no traces), RankError (duplicate or unknown ranks),
+    TraceFormatError (a bad file: path + byte offset or event index).
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    files, manifest = find_trace_files(paths)
+    if rank is not None and len(files) > 1:
+        raise RankError(f"--rank applies to one trace file, but {len(files)} were given")
+    n_jobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1)
+    n_jobs = max(1, min(n_jobs, len(files)))
+
+    bar: Any = None
+    task: Any = None
+    if progress:
+        from rich.console import Console
+        from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+
+        total = sum(f.stat().st_size for f in files)
+        bar = Progress(
+            "[progress.description]{task.description}",
+            BarColumn(),
+            DownloadColumn(),
+            TransferSpeedColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
+        bar.start()
+        task = bar.add_task(f"reading {len(files)} trace file(s)", total=total)
+
+    runs: list[Run] = []
+    try:
+        if n_jobs == 1:
+            for f in files:
+                size = f.stat().st_size
+                done_before = bar.tasks[0].completed if bar is not None else 0
+
+                def _cb(done: int, _total: int, _base: float = done_before) -> None:
+                    if bar is not None:
+                        bar.update(task, completed=_base + done)
+
+                runs.append(read_file(f, rank=rank, cache=cache, on_progress=_cb if bar else None))
+                if bar is not None:
+                    bar.update(task, completed=done_before + size)
+        else:
+            with ProcessPoolExecutor(max_workers=n_jobs) as pool:
+                futures = [pool.submit(_read_worker, (str(f), rank, cache)) for f in files]
+                for f, fut in zip(files, futures, strict=True):
+                    runs.append(fut.result())
+                    if bar is not None:
+                        bar.advance(task, f.stat().st_size)
+    finally:
+        if bar is not None:
+            bar.stop()
+    run = concat_runs(runs)
+    run.manifest = manifest
+    return run
+
+
+def _main(argv: list[str]) -> None:  # pragma: no cover - a debugging aid: python -m tracekit.read PATH
+    run = read_run(argv, progress=True)
+    print(run.events.groupby(["rank", "kind"], observed=True).size())
+
+
+if __name__ == "__main__":  # pragma: no cover
+    _main(sys.argv[1:])

@@ -1,0 +1,152 @@
+"""Parquet cache of parsed traces: a second read of the same file is near-instant and identical.
+
+Where: `$TRACEKIT_CACHE_DIR` when set, else `.tracekit-cache/` beside the trace, else (the trace's
+folder is not writable, e.g. ../shared) the user cache dir `$XDG_CACHE_HOME/tracekit` or
+`~/.cache/tracekit`.
+
+Key: absolute path + size + mtime_ns + reader version + the event-model columns + the rank
+argument. One cache file per (trace path, rank argument); the rest of the key is stored inside and
+checked on load, so a changed trace is re-read and its entry rewritten.
+
+Stored: the event table (categoricals stay categoricals) + rank_info + sources + data_quality in the
+Parquet schema metadata. Written atomically (temp file + os.replace). A corrupt or unreadable entry
+is ignored (and rewritten by the next store), never an error. Disabled with `TRACEKIT_NO_CACHE=1`
+(or `cache=False` in `read_run`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tracekit.model.events import COLUMNS, DataQuality, Run, check_events
+
+_META_KEY = b"tracekit"
+_FORMAT = "tracekit-cache-1"
+
+
+def cache_enabled() -> bool:
+    """False when TRACEKIT_NO_CACHE is set to a true value."""
+    return os.environ.get("TRACEKIT_NO_CACHE", "").strip().lower() not in {"1", "true", "yes", "on"}
+
+
+def _user_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tracekit"
+
+
+def _writable_dir(d: Path) -> bool:
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(d, os.W_OK | os.X_OK)
+
+
+def cache_dir_for(trace: Path) -> Path | None:
+    """The folder the cache entry of `trace` lives in, or None when nowhere is writable."""
+    env = os.environ.get("TRACEKIT_CACHE_DIR")
+    candidates = [Path(env)] if env else []
+    if not env:
+        parent = trace.resolve().parent
+        if os.access(parent, os.W_OK | os.X_OK):
+            candidates.append(parent / ".tracekit-cache")
+        candidates.append(_user_cache_dir())
+    for d in candidates:
+        if _writable_dir(d):
+            return d
+    return None
+
+
+def _key(trace: Path, reader_version: str, rank: int | None) -> dict[str, Any]:
+    st = trace.stat()
+    return {
+        "format": _FORMAT,
+        "path": str(trace.resolve()),
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "reader": reader_version,
+        "columns": hashlib.sha1(json.dumps(COLUMNS).encode()).hexdigest()[:12],
+        "rank_arg": rank,
+    }
+
+
+def cache_path_for(trace: Path, rank: int | None = None) -> Path | None:
+    """The cache file of `trace` (whether or not it exists yet)."""
+    d = cache_dir_for(trace)
+    if d is None:
+        return None
+    h = hashlib.sha1(f"{trace.resolve()}\0{rank}".encode()).hexdigest()[:16]
+    stem = trace.name.split(".")[0][:60] or "trace"
+    return d / f"{stem}-{h}.parquet"
+
+
+def load(trace: Path, reader_version: str, rank: int | None = None) -> Run | None:
+    """The cached Run of `trace`, or None (absent, stale, corrupt)."""
+    try:
+        cp = cache_path_for(trace, rank)
+        if cp is None or not cp.exists():
+            return None
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(cp)
+        meta_raw = (table.schema.metadata or {}).get(_META_KEY)
+        if meta_raw is None:
+            return None
+        meta = json.loads(meta_raw)
+        if meta.get("key") != _key(trace, reader_version, rank):
+            return None
+        df = table.to_pandas()
+        check_events(df)
+        dq = DataQuality(
+            counts=Counter(meta["data_quality"]["counts"]), notes=list(meta["data_quality"]["notes"])
+        )
+        return Run(
+            events=df,
+            sources={int(k): v for k, v in meta["sources"].items()},
+            rank_info={int(k): v for k, v in meta["rank_info"].items()},
+            data_quality=dq,
+        )
+    except Exception:  # a broken cache entry is never an error: read the trace again
+        return None
+
+
+def store(trace: Path, reader_version: str, run: Run, rank: int | None = None) -> Path | None:
+    """Write `run` as the cache entry of `trace`, atomically. Returns the path, or None if it could not."""
+    tmp_name = None
+    try:
+        cp = cache_path_for(trace, rank)
+        if cp is None:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        meta = {
+            "key": _key(trace, reader_version, rank),
+            "sources": {str(k): v for k, v in run.sources.items()},
+            "rank_info": {str(k): v for k, v in run.rank_info.items()},
+            "data_quality": run.data_quality.to_dict(),
+        }
+        table = pa.Table.from_pandas(run.events, preserve_index=False)
+        md = dict(table.schema.metadata or {})
+        md[_META_KEY] = json.dumps(meta, default=str).encode()
+        table = table.replace_schema_metadata(md)
+        fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=cp.parent)
+        os.close(fd)
+        pq.write_table(table, tmp_name, compression="zstd")
+        os.replace(tmp_name, cp)
+        tmp_name = None
+        return cp
+    except Exception:
+        return None
+    finally:
+        if tmp_name is not None:
+            try:
+                os.unlink(tmp_name)
+            except OSError:
+                pass

@@ -1,0 +1,958 @@
+"""Kineto (torch.profiler) Chrome-trace reader: `.json` and `.json.gz` -> the event table.
+
+Design (issue 7): the file is streamed (gzip decompressed incrementally), the `traceEvents` array is
+cut into chunks of whole events at top-level boundaries, and each chunk is decoded by msgspec into
+small typed Structs holding only the fields needed (ph, cat, name, ts, dur, pid, tid and an args
+subset); each chunk is turned into numpy columns at once and its Structs are dropped. Peak memory
+is one chunk plus the columns, whatever the file size. Names are interned (categorical codes).
+
+Timestamps: `ts` is decoded as the raw JSON number text and parsed exactly into integer ns with
+integer arithmetic (no float rounding), so a fractional-microsecond trace keeps every ns digit:
+- without `baseTimeNanoseconds`, `ts` is microseconds since the epoch (integer or fractional);
+- with `baseTimeNanoseconds`, `ts` is microseconds relative to it: start_ns = base + ts * 1000.
+`dur` is decoded as a float and rounded to ns: exact for any duration below ~9e9 us with at most
+three decimals (a double has 53 bits; dur * 1000 < 2**53 / 1000 leaves rounding error < 1e-3 ns).
+
+Rows: only complete events (`"ph": "X"`) become rows. Everything else is counted in data quality,
+by phase: `skipped_metadata_events` (M), `skipped_flow_events` (s/t/f), `skipped_instant_events`
+(i/I), `skipped_counter_events` (C), `skipped_other_phase_events`. An X event without `ts` or `dur`
+is skipped and counted as `events_without_ts` / `events_without_dur`; a file in which *every* X
+event lacks `ts` is an error (TraceFormatError), as is a file with no events at all, a file without
+`traceEvents`, truncated or invalid JSON (byte offset given) and a truncated gzip stream.
+
+Kinds from `cat`: kernel->kernel, gpu_memcpy->memcpy, gpu_memset->memset,
+cuda_runtime/cuda_driver->runtime, cuda_sync->sync, cpu_op->cpu_op, user_annotation->annotation,
+gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, Trace...)->other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+
+#: Bumped whenever the reader's output for the same file could change (invalidates the cache).
+READER_VERSION = "kineto-1"
+
+#: Bytes of decompressed JSON decoded at a time (one chunk of whole events).
+CHUNK_BYTES = 16 * 1024 * 1024
+_READ_BLOCK = 4 * 1024 * 1024
+
+_EMPTY_RAW = msgspec.Raw(b"")
+
+KIND_OF_CAT: dict[str, str] = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "cuda_sync": "sync",
+    "cpu_op": "cpu_op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+}
+_GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
+
+#: torch dtype names (c10::toString(ScalarType)) -> bytes per element.
+DTYPE_BYTES: dict[str, int] = {
+    "Byte": 1,
+    "Char": 1,
+    "Bool": 1,
+    "Short": 2,
+    "Int": 4,
+    "Long": 8,
+    "Half": 2,
+    "Float": 4,
+    "Double": 8,
+    "ComplexHalf": 4,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+    "BFloat16": 2,
+    "QInt8": 1,
+    "QUInt8": 1,
+    "QInt32": 4,
+    "QUInt4x2": 1,
+    "QUInt2x4": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2fnuz": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e8m0fnu": 1,
+    "UInt16": 2,
+    "UInt32": 4,
+    "UInt64": 8,
+    "Bits8": 1,
+    "Bits16": 2,
+}
+
+#: Raw collective names (lower-cased) -> normalised op (see tracekit.model.events.COLLECTIVE_OPS).
+_COLL_OP: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "all_reduce": "all_reduce",
+    "_allreduce_base": "all_reduce",
+    "allreduce_coalesced": "all_reduce",
+    "allreduce_sparse": "all_reduce",
+    "all_reduce_coalesced": "all_reduce",
+    "allgather": "all_gather",
+    "all_gather": "all_gather",
+    "_allgather_base": "all_gather",
+    "all_gather_into_tensor": "all_gather",
+    "allgather_into_tensor_coalesced": "all_gather",
+    "allgather_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "reducescatter": "reduce_scatter",
+    "_reduce_scatter_base": "reduce_scatter",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "broadcast": "broadcast",
+    "_broadcast_oop": "broadcast",
+    "broadcast_oop": "broadcast",
+    "reduce": "reduce",
+    "_reduce_oop": "reduce",
+    "all_to_all": "all_to_all",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all",
+    "all_to_all_single": "all_to_all",
+    "alltoallv": "all_to_all",
+    "sendrecv": "send_recv",
+    "send_recv": "send_recv",
+    "send": "send",
+    "recv": "recv",
+    "recvanysource": "recv",
+    "barrier": "barrier",
+    "gather": "gather",
+    "scatter": "scatter",
+}
+
+
+def normalise_coll_op(name: str) -> str:
+    """Normalise a raw collective name ("allreduce", "_allgather_base", "nccl:all_reduce"...) -> op or ""."""
+    n = name.strip().lower()
+    for prefix in ("nccl:", "gloo:", "c10d::", "rccl:", "c10d_functional::", "_c10d_functional::"):
+        if n.startswith(prefix):
+            n = n[len(prefix) :]
+    n = n.rstrip("_")
+    return _COLL_OP.get(n, "")
+
+
+# NCCL/RCCL kernel names: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_RING_LL,
+# ncclDevKernel_SendRecv, ncclDevKernel_ReduceScatter_Sum_f32_RING_LL, ncclKernel_Broadcast_...
+_NCCL_KERNEL_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+_NCCL_KERNEL_OP: dict[str, str] = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "sendrecv": "send_recv",
+    "send": "send",
+    "recv": "recv",
+    "alltoall": "all_to_all",
+    "alltoallpivot": "all_to_all",
+}
+
+
+def coll_op_from_kernel_name(name: str) -> str:
+    """The collective an NCCL/RCCL kernel performs, from its name alone ("" when not one)."""
+    m = _NCCL_KERNEL_RE.search(name)
+    if not m:
+        return ""
+    return _NCCL_KERNEL_OP.get(m.group(1).lower(), "")
+
+
+# ----------------------------------------------------------------------------------------------
+# Typed decode structs: only the fields we need; msgspec skips the rest without building objects.
+
+
+class _Args(msgspec.Struct):
+    device: Any = -1
+    stream: Any = -1
+    correlation: Any = -1
+    coll_name: Any = msgspec.field(default=None, name="Collective name")
+    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
+    in_size: Any = msgspec.field(default=None, name="In msg size")
+    out_size: Any = msgspec.field(default=None, name="Out msg size")
+    dtype: Any = None
+    group_size: Any = msgspec.field(default=None, name="Group size")
+    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
+    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
+    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
+    seq: Any = msgspec.field(default=None, name="Seq")
+
+
+class _Ev(msgspec.Struct):
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    ts: msgspec.Raw = _EMPTY_RAW
+    dur: float = float("nan")
+    pid: int | str = -1
+    tid: int | str = -1
+    args: _Args | None = None
+
+
+class _EvLenient(msgspec.Struct):
+    """Fallback when a chunk has unexpected types (e.g. a string `dur`): slower, accepts anything."""
+
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    ts: msgspec.Raw = _EMPTY_RAW
+    dur: Any = None
+    pid: Any = -1
+    tid: Any = -1
+    args: _Args | Any = None
+
+
+_DECODER = msgspec.json.Decoder(list[_Ev])
+_DECODER_LENIENT = msgspec.json.Decoder(list[_EvLenient])
+_ANY_DECODER = msgspec.json.Decoder()
+
+_BYTE_RE = re.compile(r"\(byte (\d+)\)")
+
+
+def _error_byte(exc: Exception) -> int | None:
+    m = _BYTE_RE.search(str(exc))
+    return int(m.group(1)) if m else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Streaming input: decompressed blocks -> header / chunks of whole events / tail
+
+
+class _FileProgress:
+    """Bytes of the file on disk consumed so far (for a progress display)."""
+
+    def __init__(self) -> None:
+        self.done = 0
+
+
+def _iter_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
+    """Decompressed bytes of the file, block by block. Raises TraceFormatError on a bad gzip stream."""
+    with open(path, "rb") as f:
+        head = f.read(2)
+        f.seek(0)
+        if head != b"\x1f\x8b":
+            while True:
+                block = f.read(_READ_BLOCK)
+                if not block:
+                    return
+                progress.done += len(block)
+                yield block
+        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        member_started = False
+        consumed = 0
+        while True:
+            block = f.read(_READ_BLOCK)
+            if not block:
+                break
+            progress.done += len(block)
+            data = block
+            while data:
+                member_started = True
+                try:
+                    out = d.decompress(data)
+                except zlib.error as exc:
+                    raise TraceFormatError(path, f"corrupt gzip stream ({exc})", offset=consumed) from None
+                used = len(data) - len(d.unused_data)
+                consumed += used
+                if out:
+                    yield out
+                if d.eof:
+                    data = d.unused_data
+                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                    member_started = False
+                    if data and not data.strip(b"\x00"):
+                        data = b""  # zero padding after the last member
+                else:
+                    data = b""
+        if member_started and not d.eof:
+            rest = d.flush()
+            if rest:
+                yield rest
+            raise TraceFormatError(
+                path, "truncated gzip stream (the file ends before the gzip end marker)", offset=consumed
+            )
+
+
+_WS = frozenset(b" \t\r\n")
+
+
+def _skip_ws(buf: bytearray | bytes, i: int) -> int:
+    n = len(buf)
+    while i < n and buf[i] in _WS:
+        i += 1
+    return i
+
+
+def _to_int(v: Any) -> int:
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        try:
+            return int(float(v))
+        except (TypeError, ValueError):
+            return -1
+
+
+def _ints(values: list[Any]) -> np.ndarray:
+    try:
+        return np.array(values, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        return np.array([_to_int(v) for v in values], dtype=np.int64)
+
+
+def _to_float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _coerce_lenient(evs: list[Any]) -> list[_Ev]:
+    out = []
+    for e in evs:
+        args = e.args if isinstance(e.args, _Args) else None
+        pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else -1
+        tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else -1
+        out.append(
+            _Ev(
+                ph=str(e.ph),
+                cat=str(e.cat),
+                name=str(e.name),
+                ts=e.ts,
+                dur=_to_float(e.dur) if e.dur is not None else float("nan"),
+                pid=pid,
+                tid=tid,
+                args=args,
+            )
+        )
+    return out
+
+
+class _EvLenientArgs(msgspec.Struct):
+    ph: Any = ""
+    cat: Any = ""
+    name: Any = ""
+    ts: msgspec.Raw = _EMPTY_RAW
+    dur: Any = None
+    pid: Any = -1
+    tid: Any = -1
+    args: Any = None
+
+
+_DECODER_LENIENT_ARGS = msgspec.json.Decoder(list[_EvLenientArgs])
+
+
+class _Stream:
+    """Splits the decompressed byte stream into the header, decoded chunks of whole events and the tail."""
+
+    def __init__(self, path: Path, chunk_bytes: int, progress: _FileProgress):
+        self.path = path
+        self.blocks = _iter_blocks(path, progress)
+        self.buf = bytearray()
+        self.base = 0  # stream offset of buf[0]
+        self.eof = False
+        self.chunk_bytes = chunk_bytes
+        self.meta: dict[str, Any] = {}
+        self.total_bytes = 0
+        self.events_seen = 0
+
+    def _fill(self, want: int) -> None:
+        while not self.eof and len(self.buf) < want:
+            try:
+                block = next(self.blocks)
+            except StopIteration:
+                self.eof = True
+                break
+            self.buf += block
+            self.total_bytes += len(block)
+
+    def _consume(self, n: int) -> None:
+        del self.buf[:n]
+        self.base += n
+
+    def _parse_object_text(self, text: bytes, offset: int) -> dict[str, Any]:
+        try:
+            obj = _ANY_DECODER.decode(text)
+        except msgspec.DecodeError as exc:
+            pos = _error_byte(exc)
+            if pos is None:
+                raise TraceFormatError(self.path, "truncated JSON", offset=offset + len(text) - 1) from None
+            raise TraceFormatError(
+                self.path, f"invalid JSON: {str(exc).split(' (byte')[0]}", offset=offset + pos
+            ) from None
+        return obj if isinstance(obj, dict) else {}
+
+    def whole_document_error(self) -> TraceFormatError:
+        """The file has no `"traceEvents": [`: say whether it is invalid JSON or lacks the key."""
+        self._fill(1 << 62)
+        text = bytes(self.buf)
+        if not text.strip():
+            return TraceFormatError(self.path, "empty file (no JSON at all)", offset=0)
+        try:
+            obj = _ANY_DECODER.decode(text)
+        except msgspec.DecodeError as exc:
+            pos = _error_byte(exc)
+            if pos is None:
+                return TraceFormatError(self.path, "truncated JSON (the file ends early)", offset=len(text))
+            return TraceFormatError(self.path, f"invalid JSON: {str(exc).split(' (byte')[0]}", offset=pos)
+        if isinstance(obj, dict) and "traceEvents" in obj:
+            return TraceFormatError(self.path, "traceEvents is not a list of events", offset=None)
+        return TraceFormatError(self.path, "no traceEvents: not a Kineto/Chrome trace", offset=None)
+
+    def header(self) -> bool:
+        """Find `"traceEvents": [` and parse what precedes it. False when not found."""
+        key = b'"traceEvents"'
+        searched = 0
+        while True:
+            idx = self.buf.find(key, max(searched - len(key), 0))
+            if idx >= 0:
+                break
+            if self.eof:
+                return False
+            searched = len(self.buf)
+            self._fill(len(self.buf) + _READ_BLOCK)
+        self._fill(idx + len(key) + 4096)
+        j = _skip_ws(self.buf, idx + len(key))
+        if j >= len(self.buf) or self.buf[j] != ord(":"):
+            return False
+        j = _skip_ws(self.buf, j + 1)
+        if j >= len(self.buf) or self.buf[j] != ord("["):
+            return False
+        prefix = bytes(self.buf[:idx]).rstrip()
+        if prefix.endswith(b","):
+            prefix = prefix[:-1]
+        if not prefix.lstrip().startswith(b"{"):
+            return False
+        self.meta.update(self._parse_object_text(prefix + b"}", self.base))
+        self._consume(j + 1)
+        return True
+
+    def _decode(self, doc: bytes) -> list[_Ev]:
+        try:
+            return _DECODER.decode(doc)
+        except msgspec.ValidationError:
+            pass
+        try:
+            return _coerce_lenient(_DECODER_LENIENT.decode(doc))
+        except msgspec.ValidationError:
+            pass
+        try:
+            return _coerce_lenient(_DECODER_LENIENT_ARGS.decode(doc))
+        except msgspec.ValidationError as exc:
+            raise TraceFormatError(
+                self.path, f"unexpected event layout: {exc}", event_index=self.events_seen
+            ) from None
+
+    def chunks(self) -> Iterator[list[_Ev]]:
+        """Yield decoded lists of whole events until the end of the traceEvents array."""
+        while True:
+            self._fill(self.chunk_bytes)
+            i = _skip_ws(self.buf, 0)
+            if i < len(self.buf) and self.buf[i] == ord(","):
+                i = _skip_ws(self.buf, i + 1)
+            if i >= len(self.buf):
+                if self.eof:
+                    raise TraceFormatError(
+                        self.path,
+                        f"truncated JSON: the file ends inside traceEvents (after event #{self.events_seen})",
+                        offset=self.base + i,
+                    )
+                self._consume(i)
+                continue
+            if self.buf[i] == ord("]"):
+                self._consume(i + 1)
+                return
+            self._consume(i)
+            cut = self._last_cut(len(self.buf))
+            while True:
+                final = False
+                if cut is None:
+                    if not self.eof:
+                        self._fill(len(self.buf) + self.chunk_bytes)
+                        cut = self._last_cut(len(self.buf))
+                        continue
+                    cut = len(self.buf)
+                    final = True
+                doc = b"[" + bytes(self.buf[:cut]) + b"]"
+                try:
+                    evs = self._decode(doc)
+                except msgspec.DecodeError as exc:
+                    msg = str(exc)
+                    pos = _error_byte(exc)
+                    if "trailing characters" in msg and pos is not None:
+                        # the traceEvents array closed inside doc; doc[:pos] is the array
+                        # (msgspec reports one past the first trailing character; find the ']')
+                        end = doc.rfind(b"]", 0, pos) + 1
+                        evs = self._decode(doc[:end])
+                        self.events_seen += len(evs)
+                        yield evs
+                        self._consume(end - 1)
+                        return
+                    at_end = pos is None or pos >= len(doc) - 1
+                    if at_end and not final:
+                        # a '}' inside a string or a nested object: step back to an earlier cut
+                        cut = self._last_cut(cut - 1)
+                        continue
+                    if pos is None or pos >= len(doc) - 1:
+                        raise TraceFormatError(
+                            self.path,
+                            f"truncated JSON: the file ends inside event #{self.events_seen}",
+                            offset=self.base + len(self.buf),
+                        ) from None
+                    raise TraceFormatError(
+                        self.path,
+                        f"invalid JSON near event #{self.events_seen}: {msg.split(' (byte')[0]}",
+                        offset=self.base + pos - 1,
+                    ) from None
+                self.events_seen += len(evs)
+                yield evs
+                self._consume(cut)
+                break
+
+    def _last_cut(self, end: int) -> int | None:
+        buf = self.buf
+        j = end
+        while j > 0:
+            k = buf.rfind(b"}", 0, j)
+            if k < 0:
+                return None
+            m = _skip_ws(buf, k + 1)
+            if m < len(buf):
+                if buf[m] in b",]":
+                    return k + 1
+            elif self.eof:
+                return k + 1
+            j = k
+        return None
+
+    def tail(self) -> None:
+        """Parse what follows the traceEvents array (`, "key": value ... }`)."""
+        self._fill(1 << 62)
+        rest = bytes(self.buf)
+        i = _skip_ws(rest, 0)
+        if i < len(rest) and rest[i] == ord(","):
+            self.meta.update(self._parse_object_text(b"{" + rest[i + 1 :], self.base + i))
+        elif i >= len(rest) or rest[i] != ord("}"):
+            raise TraceFormatError(
+                self.path, "truncated JSON: the file ends after traceEvents", offset=self.base + i
+            )
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact timestamp parsing: JSON number text (microseconds) -> integer nanoseconds
+
+
+def parse_us_to_ns(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Parse JSON number texts in microseconds into exact integer ns.
+
+    Returns (ns int64, valid bool, sub_ns) where `valid` is False for empty/non-numeric text and
+    `sub_ns` counts values with more than 3 decimals (digits below 1 ns are dropped, truncating).
+    Exponent notation (1.5e3) is handled exactly through Decimal for those rows.
+    """
+    n = len(texts)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool), 0
+    arr = np.array(texts, dtype="S")
+    w = arr.dtype.itemsize
+    m = arr.view(np.uint8).reshape(n, w)
+    acc = np.zeros(n, np.int64)
+    frac = np.zeros(n, np.int64)
+    nfrac = np.zeros(n, np.int64)
+    seen_dot = np.zeros(n, bool)
+    ndig = np.zeros(n, np.int64)
+    odd = np.zeros(n, bool)
+    sub_ns = np.zeros(n, bool)
+    for j in range(w):
+        c = m[:, j]
+        d = (c - np.uint8(48)).astype(np.int64)
+        isdig = d < 10
+        d[~isdig] = 0
+        ip = isdig & ~seen_dot
+        acc = np.where(ip, acc * 10 + d, acc)
+        fd = isdig & seen_dot
+        keep = fd & (nfrac < 3)
+        frac = np.where(keep, frac * 10 + d, frac)
+        nfrac += keep
+        sub_ns |= fd & ~keep & (d != 0)
+        ndig += isdig
+        seen_dot |= c == 46
+        odd |= ~isdig & (c != 46) & (c != 0) & (c != 45) & (c != 43) & (c != 34)
+    ns = acc * 1000 + frac * (10 ** (3 - nfrac))
+    neg = m[:, 0] == 45
+    if neg.any():
+        ns = np.where(neg, -ns, ns)
+    valid = ndig > 0
+    if odd.any():
+        from decimal import Decimal, InvalidOperation
+
+        for i in np.flatnonzero(odd):
+            try:
+                v = Decimal(texts[i].decode().strip('"')) * 1000
+                ns[i] = int(v)
+                valid[i] = v.is_finite()
+            except (InvalidOperation, ValueError, OverflowError):
+                valid[i] = False
+    return ns, valid, int(sub_ns.sum())
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk -> columns
+
+
+class _Columns:
+    """Accumulates per-chunk numpy columns and interned strings."""
+
+    def __init__(self) -> None:
+        self.start: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.kind: list[np.ndarray] = []
+        self.name: list[np.ndarray] = []
+        self.device: list[np.ndarray] = []
+        self.stream: list[np.ndarray] = []
+        self.corr: list[np.ndarray] = []
+        self.names: dict[str, int] = {}
+        self.kind_codes = {k: i for i, k in enumerate(_KIND_CATEGORIES)}
+        self.rows = 0
+        # sparse collective metadata: global row -> tuple
+        self.coll_rows: list[int] = []
+        self.coll_vals: list[tuple[Any, ...]] = []
+        self.dq = DataQuality()
+        self.events_total = 0
+
+    def add(self, evs: list[_Ev]) -> None:
+        self.events_total += len(evs)
+        xs = [e for e in evs if e.ph == "X"]
+        if len(xs) != len(evs):
+            for ph, cnt in Counter(e.ph for e in evs if e.ph != "X").items():
+                self.dq.add(_PHASE_KEY.get(ph, "skipped_other_phase_events"), cnt)
+        if not xs:
+            return
+        ts_ns, ts_ok, sub_ns = parse_us_to_ns([bytes(e.ts) for e in xs])
+        if sub_ns:
+            self.dq.add(
+                "ts_sub_ns_digits_dropped", sub_ns, "some timestamps had digits below 1 ns; they were dropped"
+            )
+        dur_us = np.fromiter((e.dur for e in xs), np.float64, len(xs))
+        dur_ok = np.isfinite(dur_us)
+        dur_ns = np.zeros(len(xs), np.int64)
+        dur_ns[dur_ok] = np.rint(dur_us[dur_ok] * 1000.0).astype(np.int64)
+        neg = dur_ok & (dur_ns < 0)
+        keep = ts_ok & dur_ok & ~neg
+        if not keep.all():
+            self.dq.add(
+                "events_without_ts",
+                int((~ts_ok).sum()),
+                "complete (X) events without a usable ts were skipped",
+            )
+            self.dq.add(
+                "events_without_dur",
+                int((ts_ok & ~dur_ok).sum()),
+                "complete (X) events without a usable dur were skipped",
+            )
+            self.dq.add(
+                "events_negative_dur", int((ts_ok & neg).sum()), "events with a negative dur were skipped"
+            )
+            idx = np.flatnonzero(keep)
+            xs = [xs[i] for i in idx]
+            ts_ns = ts_ns[idx]
+            dur_ns = dur_ns[idx]
+            if not xs:
+                return
+        n = len(xs)
+        # kinds
+        cat_codes, cat_uniques = pd.factorize(np.array([e.cat for e in xs], dtype=object))
+        kind_lut = np.array([self.kind_codes[KIND_OF_CAT.get(c, "other")] for c in cat_uniques], np.int8)
+        kind = kind_lut[cat_codes]
+        # names
+        name_codes, name_uniques = pd.factorize(np.array([e.name for e in xs], dtype=object))
+        names = self.names
+        lut = np.empty(len(name_uniques), np.int32)
+        for i, s in enumerate(name_uniques):
+            code = names.get(s)
+            if code is None:
+                code = names[s] = len(names)
+            lut[i] = code
+        name = lut[name_codes]
+        # device / stream / correlation
+        no_args = _Args()
+        args: list[_Args] = [e.args if e.args is not None else no_args for e in xs]
+        is_gpu = np.isin(kind, self._gpu_codes)
+        dev_arg = _ints([a.device for a in args])
+        pid = _ints([e.pid for e in xs])
+        device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
+        str_arg = _ints([a.stream for a in args])
+        tid = _ints([e.tid for e in xs])
+        stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
+        corr = _ints([a.correlation for a in args])
+        # collective metadata (sparse)
+        base = self.rows
+        for i, a in enumerate(args):
+            if a.coll_name is not None or a.in_nelems is not None or a.in_size is not None:
+                self.coll_rows.append(base + i)
+                self.coll_vals.append(
+                    (
+                        a.coll_name,
+                        a.in_nelems if a.in_nelems is not None else a.in_size,
+                        a.out_nelems if a.out_nelems is not None else a.out_size,
+                        a.dtype,
+                        a.group_size,
+                        a.pg_name,
+                        a.pg_ranks,
+                        a.seq,
+                    )
+                )
+        self.start.append(ts_ns)
+        self.dur.append(dur_ns)
+        self.kind.append(kind)
+        self.name.append(name)
+        self.device.append(device.astype(np.int32))
+        self.stream.append(stream)
+        self.corr.append(corr)
+        self.rows += n
+
+    @property
+    def _gpu_codes(self) -> list[int]:
+        return [self.kind_codes[k] for k in _GPU_KINDS]
+
+
+_KIND_CATEGORIES: tuple[str, ...] = (
+    "kernel",
+    "memcpy",
+    "memset",
+    "runtime",
+    "sync",
+    "cpu_op",
+    "annotation",
+    "gpu_annotation",
+    "other",
+)
+
+_PHASE_KEY = {
+    "M": "skipped_metadata_events",
+    "s": "skipped_flow_events",
+    "t": "skipped_flow_events",
+    "f": "skipped_flow_events",
+    "i": "skipped_instant_events",
+    "I": "skipped_instant_events",
+    "C": "skipped_counter_events",
+    "B": "skipped_begin_end_events",
+    "E": "skipped_begin_end_events",
+    "b": "skipped_async_events",
+    "e": "skipped_async_events",
+    "n": "skipped_async_events",
+}
+
+
+def _cat(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
+
+
+def _str_or_empty(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    return msgspec.json.encode(v).decode()
+
+
+def _sparse_cat(n: int, rows: list[int], values: list[str]) -> pd.Categorical:
+    codes = np.zeros(n, np.int32)
+    cats: dict[str, int] = {"": 0}
+    if rows:
+        vc = np.array([cats.setdefault(v, len(cats)) for v in values], np.int32)
+        codes[np.asarray(rows, np.int64)] = vc
+    return _cat(codes, list(cats))
+
+
+def _build_table(cols: _Columns, rank: int, base_ns: int) -> pd.DataFrame:
+    n = cols.rows
+
+    def cat_arrays(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+    start = cat_arrays(cols.start, np.int64)
+    if base_ns:
+        start += base_ns
+    end = start + cat_arrays(cols.dur, np.int64)
+    kind = _cat(cat_arrays(cols.kind, np.int8), list(_KIND_CATEGORIES))
+    name_codes = cat_arrays(cols.name, np.int32)
+    name = _cat(name_codes, list(cols.names))
+    device = cat_arrays(cols.device, np.int32)
+    stream = cat_arrays(cols.stream, np.int64)
+    corr = cat_arrays(cols.corr, np.int64)
+
+    # collective columns
+    rows = cols.coll_rows
+    coll_name_v = [_str_or_empty(v[0]) for v in cols.coll_vals]
+    dtype_v = [_str_or_empty(v[3]) for v in cols.coll_vals]
+    pg_name_v = [_str_or_empty(v[5]) for v in cols.coll_vals]
+    pg_ranks_v = [_str_or_empty(v[6]) for v in cols.coll_vals]
+    in_b = np.full(n, -1, np.int64)
+    out_b = np.full(n, -1, np.int64)
+    gsize = np.full(n, -1, np.int32)
+    seq = np.full(n, -1, np.int64)
+    op_rows: list[int] = []
+    op_vals: list[str] = []
+    for r, v, cname, dt in zip(rows, cols.coll_vals, coll_name_v, dtype_v, strict=True):
+        size = DTYPE_BYTES.get(dt)
+        if size is not None:
+            if v[1] is not None and _to_int(v[1]) >= 0:
+                in_b[r] = _to_int(v[1]) * size
+            if v[2] is not None and _to_int(v[2]) >= 0:
+                out_b[r] = _to_int(v[2]) * size
+        if v[4] is not None:
+            gsize[r] = _to_int(v[4])
+        if v[7] is not None:
+            seq[r] = _to_int(v[7])
+        op = normalise_coll_op(cname) if cname else ""
+        if op:
+            op_rows.append(r)
+            op_vals.append(op)
+    # NCCL kernels without (or with unrecognised) collective args: the op from the kernel name
+    name_ops = {code: coll_op_from_kernel_name(s) for s, code in cols.names.items() if "ernel_" in s}
+    name_ops = {c: op for c, op in name_ops.items() if op}
+    if name_ops and n:
+        have = np.zeros(n, bool)
+        if op_rows:
+            have[np.asarray(op_rows)] = True
+        kernel_code = _KIND_CATEGORIES.index("kernel")
+        is_kernel = kind.codes == kernel_code
+        cand = np.flatnonzero(is_kernel & ~have & np.isin(name_codes, list(name_ops)))
+        for r in cand.tolist():
+            op_rows.append(r)
+            op_vals.append(name_ops[int(name_codes[r])])
+    table = {
+        "rank": np.full(n, rank, np.int32),
+        "device": device,
+        "stream": stream,
+        "kind": kind,
+        "name": name,
+        "start_ns": start,
+        "end_ns": end,
+        "correlation": corr,
+        "coll_name": _sparse_cat(n, rows, coll_name_v),
+        "coll_op": _sparse_cat(n, op_rows, op_vals),
+        "coll_in_bytes": in_b,
+        "coll_out_bytes": out_b,
+        "coll_dtype": _sparse_cat(n, rows, dtype_v),
+        "coll_group_size": gsize,
+        "coll_pg_name": _sparse_cat(n, rows, pg_name_v),
+        "coll_pg_ranks": _sparse_cat(n, rows, pg_ranks_v),
+        "coll_seq": seq,
+    }
+    assert list(table) == list(COLUMNS)
+    return make_events(table)
+
+
+# ----------------------------------------------------------------------------------------------
+# Rank
+
+
+_RANK_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
+
+
+def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
+    """Rank from a file name: `rank-3`, `rank3`, `_rank_3`, `rank-3.pt.trace.json.gz` -> 3; None if absent."""
+    m = _RANK_RE.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> tuple[int, str]:
+    if rank is not None:
+        return int(rank), "argument"
+    di = meta.get("distributedInfo")
+    if isinstance(di, dict) and di.get("rank") is not None:
+        r = _to_int(di.get("rank"))
+        if r >= 0:
+            return r, "distributedInfo"
+    r2 = rank_from_filename(path)
+    if r2 is not None:
+        return r2, "file name"
+    raise RankError(
+        f"{path}: cannot tell the rank (no distributedInfo.rank in the trace, no rank-N in the file name); "
+        "pass it with --rank N (rank= in Python) or name the file rank-N.json[.gz]"
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+
+
+def read_kineto(
+    path: str | os.PathLike[str],
+    *,
+    rank: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    on_progress: Any = None,
+) -> Run:
+    """Read one Kineto trace (`.json` or `.json.gz`) into a Run with one rank.
+
+    `rank` overrides the rank found in the trace (`distributedInfo.rank`) or in the file name
+    (`rank-3`, `rank3`, `_rank_3`); without any of these, RankError says how to pass it.
+    Streams the file in chunks of about `chunk_bytes` of JSON, so memory stays bounded.
+    `on_progress(bytes_done_on_disk, file_size)` is called after each chunk when given.
+    Errors: TraceFormatError (file + byte offset / event index) for a truncated gzip, truncated or
+    invalid JSON, no `traceEvents`, a trace with no events, or one where no X event has a `ts`.
+    X events lacking `ts`/`dur` among good ones are skipped and counted in data_quality.
+    """
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as exc:
+        raise TraceFormatError(p, f"cannot read: {exc.strerror}") from None
+    prog = _FileProgress()
+    stream = _Stream(p, chunk_bytes, prog)
+    cols = _Columns()
+    if not stream.header():
+        raise stream.whole_document_error()
+    for evs in stream.chunks():
+        cols.add(evs)
+        if on_progress is not None:
+            on_progress(prog.done, size)
+    stream.tail()
+    meta = stream.meta
+    if cols.events_total == 0:
+        raise TraceFormatError(p, "empty trace: traceEvents has no events")
+    if cols.rows == 0 and cols.dq.counts.get("events_without_ts", 0):
+        raise TraceFormatError(p, "no complete (X) event has a ts: cannot place anything in time")
+    r, rank_source = _resolve_rank(p, meta, rank)
+    base_raw = meta.get("baseTimeNanoseconds")
+    base_ns = _to_int(base_raw) if base_raw is not None else 0
+    events = _build_table(cols, r, max(base_ns, 0))
+    if cols.rows == 0:
+        cols.dq.add("traces_without_complete_events", 1, f"{p.name}: no complete (X) events")
+    info: dict[str, Any] = {k: v for k, v in meta.items() if k != "traceEvents"}
+    info.update(
+        {
+            "source": str(p),
+            "reader": READER_VERSION,
+            "rank_source": rank_source,
+            "ts_convention": "us relative to baseTimeNanoseconds"
+            if base_raw is not None
+            else "us since epoch",
+            "events_total": cols.events_total,
+            "events_kept": cols.rows,
+            "json_bytes": stream.total_bytes,
+            "file_bytes": size,
+        }
+    )
+    return Run(events=events, sources={r: str(p)}, rank_info={r: info}, data_quality=cols.dq)
