@@ -1,0 +1,739 @@
+"""One collective across ranks: matching, clock alignment, wait vs transfer (METHOD.md section 5).
+
+`match_collectives(events)` takes a (classified or not) event table of one run and returns
+`CollectiveInstances`:
+
+- which events are the collective intervals (`level`): GPU collective kernels when the run has
+  any; otherwise, on CPU-only (gloo) runs, the `gloo:<op>` ranges the gloo worker threads record
+  around the actual exchange (the caller's `c10d::allreduce_` op only enqueues the work and
+  returns); otherwise the outermost host collective ops (`c10d::*`, `record_param_comms`,
+  `nccl:*`), nested ones dropped. One interval per rank per collective call.
+- matching across ranks within a process group (`coll_pg_name`, else `coll_pg_ranks`, else one
+  `default` group): by `coll_seq` when every event of the group has one, else by order of start
+  time on each rank. Different counts -> `MatchError` naming the groups, ranks and counts.
+  A group whose known size (process-group ranks, group size, or distributedInfo world size) names
+  ranks that are not in the run is refused too: the last arrival cannot be known without them
+  (`allow_partial=True` matches the ranks present anyway and says so in `data_quality`).
+- clock: ranks known to run on one host share a clock and are left as they are; otherwise each
+  rank's offset is estimated as the median over instances of (end_r - end_ref) (collectives
+  finish together), subtracted, and reported.
+- per instance: a = max_r s_r (last arrival), the last-arriving rank, skew = max s - min s;
+  per rank wait = min(e_r, a) - s_r and transfer = e_r - max(s_r, a); bytes (nccl-tests size),
+  realised algbw / busbw from the mean transfer time (`tracekit.analyse.bandwidth`).
+  A rank whose collective ends before the last arrival (an inconsistent trace) gets transfer 0 and
+  is counted in `data_quality` (`collective_end_before_last_arrival`): nothing is clamped silently.
+- `stragglers`: per rank, how often it arrived last.
+
+`split_exposed(...)` splits the exposed collective time of each (rank, step) window exactly into
+wait and transfer (`collective_ns == wait_ns + transfer_ns`, integer ns), with the same priority as
+the step partition (compute > memory > collective): see its doc.
+
+Everything is vectorised over the table (numpy / pandas groupby); no Python loop per event.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.bandwidth import bus_factor, nccl_tests_size
+from tracekit.errors import MatchError
+from tracekit.model.events import DataQuality
+
+#: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.
+_OP_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"reduce_?scatter", "reduce_scatter"),
+    (r"all_?gather", "all_gather"),
+    (r"all_?reduce", "all_reduce"),
+    (r"all_?to_?all", "all_to_all"),
+    (r"send_?recv", "send_recv"),
+    (r"broadcast", "broadcast"),
+    (r"barrier", "barrier"),
+    (r"(?<![a-z])reduce", "reduce"),
+    (r"gather", "gather"),
+    (r"scatter", "scatter"),
+    (r"(?<![a-z])send", "send"),
+    (r"(?<![a-z])recv", "recv"),
+)
+
+_GPU_COLLECTIVE_NAME = re.compile(
+    r"nccl|rccl|cross_device_reduce|multimem_all_reduce|allreduce", re.IGNORECASE
+)
+_HOST_COLLECTIVE_NAME = re.compile(r"^(?:c10d::|record_param_comms$|nccl:|gloo:)")
+_GPU_KINDS = ("kernel",)
+
+#: Columns of `CollectiveInstances.per_rank`.
+PER_RANK_COLUMNS = (
+    "instance",
+    "group",
+    "rank",
+    "op",
+    "start_ns",
+    "end_ns",
+    "raw_start_ns",
+    "raw_end_ns",
+    "wait_ns",
+    "transfer_ns",
+    "in_bytes",
+    "out_bytes",
+    "event_index",
+)
+
+
+@dataclass
+class ClockAlignment:
+    """How the ranks' clocks were put on one time line.
+
+    `shared_clock`: the ranks are known to run on one host (hostname in the rank metadata or the
+    manifest), so their timestamps are used as they are. Otherwise `offsets_ns[r]` was estimated
+    as median(end_r - end_ref) over matched instances and subtracted from rank r's times.
+    """
+
+    shared_clock: bool
+    offsets_ns: dict[int, int]
+    method: str
+    hosts: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "aligned": self.shared_clock,
+            "offsets_applied": not self.shared_clock and any(v != 0 for v in self.offsets_ns.values()),
+            "offsets_ns": {str(r): int(v) for r, v in sorted(self.offsets_ns.items())},
+            "method": self.method,
+            "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
+        }
+
+
+@dataclass
+class CollectiveInstances:
+    """Matched collective instances of one run.
+
+    - `per_rank`: one row per (instance, rank), columns `PER_RANK_COLUMNS`; times aligned to one
+      clock (`raw_*` as the trace had them); `event_index` is the row label in the event table.
+    - `instances`: one row per instance: instance, group, seq (the sequence number or the order
+      within the group), op, n_ranks, last_rank, arrival_ns (a), first_start_ns, skew_ns,
+      end_ns (max e), size_bytes (nccl-tests size), transfer_ns_mean, wait_ns_max,
+      algbw_gbps, busbw_gbps, last_tie (more than one rank started at a).
+    - `stragglers`: per rank: rank, last_count, instances, share.
+    """
+
+    per_rank: pd.DataFrame
+    instances: pd.DataFrame
+    stragglers: pd.DataFrame
+    clock: ClockAlignment
+    level: str  # "gpu_kernel" | "gloo" | "host_op" | "none"
+    match_by: dict[str, str]  # group -> "seq" | "order"
+    data_quality: DataQuality = field(default_factory=DataQuality)
+
+    @property
+    def n_instances(self) -> int:
+        return len(self.instances)
+
+    def stragglers_json(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "rank": int(r.rank),
+                "last_count": int(r.last_count),
+                "instances": int(r.instances),
+                "share": float(r.share),
+            }
+            for r in self.stragglers.itertuples(index=False)
+        ]
+
+
+# --------------------------------------------------------------------------------------------
+# selecting one interval per rank per collective call
+
+
+def normalise_op(names: pd.Series, coll_op: pd.Series | None = None) -> np.ndarray:
+    """The normalised op per row: `coll_op` where set, else parsed from the name ("" if none)."""
+    names_l = names.astype(str).str.lower()
+    out = np.full(len(names), "", dtype=object)
+    todo = np.ones(len(names), dtype=bool)
+    if coll_op is not None:
+        given = coll_op.astype(str).to_numpy()
+        has = given != ""
+        out[has] = given[has]
+        todo &= ~has
+    for pattern, op in _OP_PATTERNS:
+        if not todo.any():
+            break
+        hit = todo & names_l.str.contains(pattern, regex=True).to_numpy()
+        out[hit] = op
+        todo &= ~hit
+    return out
+
+
+def _outermost(df: pd.DataFrame) -> np.ndarray:
+    """Mask of rows not contained in an earlier row of the same (rank, stream). `df` sorted by
+    rank, stream, start_ns, -end_ns."""
+    if df.empty:
+        return np.zeros(0, dtype=bool)
+    keys = df["rank"].astype(np.int64).to_numpy() * (1 << 40) + pd.factorize(df["stream"])[0]
+    end = pd.Series(df["end_ns"].to_numpy(np.int64))
+    # the latest end among the earlier rows of the same (rank, stream); a row ending no later is
+    # inside one of them (sorted by start, so that row started no later either)
+    prev_max = end.groupby(keys).cummax().groupby(keys).shift(1)
+    nested = (prev_max.notna() & (end <= prev_max.fillna(-1))).to_numpy()
+    return ~nested
+
+
+def select_collective_events(events: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The collective intervals of a run, one per rank per collective call, and the level used.
+
+    Returns a frame with columns rank, stream, name, op, start_ns, end_ns, coll_* and `event_index`.
+    """
+    cls = events["cls"].astype(str) if "cls" in events.columns else None
+    kind = events["kind"].astype(str)
+    name = events["name"].astype(str)
+
+    gpu = events["device"].to_numpy() >= 0
+    gpu &= kind.isin(_GPU_KINDS).to_numpy()
+    if cls is not None:
+        gpu &= (cls == "collective").to_numpy()
+    else:
+        gpu &= name.str.contains(_GPU_COLLECTIVE_NAME).to_numpy()
+    host = events["device"].to_numpy() < 0
+    gloo = host & name.str.startswith("gloo:").to_numpy()
+    hostop = host & name.str.contains(_HOST_COLLECTIVE_NAME).to_numpy() & ~gloo
+
+    if gpu.any():
+        sel, level = events[gpu], "gpu_kernel"
+    elif gloo.any():
+        sel, level = events[gloo], "gloo"
+    elif hostop.any():
+        sel = events[hostop].sort_values(
+            ["rank", "stream", "start_ns", "end_ns"], ascending=[True, True, True, False]
+        )
+        sel, level = sel[_outermost(sel)], "host_op"
+    else:
+        sel, level = events.iloc[0:0], "none"
+    out = sel.copy()
+    out["event_index"] = out.index.to_numpy()
+    out["op"] = normalise_op(out["name"], out["coll_op"])
+    return out.reset_index(drop=True), level
+
+
+# --------------------------------------------------------------------------------------------
+# groups, expected ranks, matching
+
+
+def _parse_ranks(text: str) -> tuple[int, ...] | None:
+    nums = re.findall(r"-?\d+", text or "")
+    return tuple(int(n) for n in nums) if nums else None
+
+
+def _world_size(rank_info: Mapping[int, Mapping[str, Any]] | None) -> int | None:
+    if not rank_info:
+        return None
+    sizes = set()
+    for info in rank_info.values():
+        for src in (info, info.get("distributedInfo") or {}, info.get("distributed_info") or {}):
+            ws = src.get("world_size") if isinstance(src, Mapping) else None
+            if isinstance(ws, int) and ws > 0:
+                sizes.add(ws)
+    return max(sizes) if sizes else None
+
+
+def _group_keys(sel: pd.DataFrame) -> np.ndarray:
+    pg_name = sel["coll_pg_name"].astype(str).to_numpy()
+    pg_ranks = sel["coll_pg_ranks"].astype(str).to_numpy()
+    return np.where(
+        pg_name != "",
+        "pg:" + pg_name.astype(object),
+        np.where(pg_ranks != "", "ranks:" + pg_ranks.astype(object), "default"),
+    )
+
+
+def _expected_ranks(
+    group: str, rows: pd.DataFrame, run_ranks: list[int], world_size: int | None
+) -> tuple[tuple[int, ...] | None, str]:
+    """The ranks a group should have and where that came from (None when nothing says)."""
+    pg_ranks = [p for p in rows["coll_pg_ranks"].astype(str).unique() if p]
+    if pg_ranks:
+        parsed = _parse_ranks(pg_ranks[0])
+        if parsed:
+            return parsed, "process-group ranks"
+    sizes = rows["coll_group_size"].to_numpy()
+    sizes = sizes[sizes > 0]
+    if sizes.size:
+        size = int(sizes.max())
+        if size > len(run_ranks):
+            return tuple(range(size)), "group size"
+        return None, "group size"
+    if group == "default" and world_size is not None and world_size > len(run_ranks):
+        return tuple(range(world_size)), "distributedInfo world_size"
+    return None, ""
+
+
+def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Instance key within the group for each row: the seq number or the order on its rank."""
+    seq = rows["coll_seq"].to_numpy()
+    if (seq >= 0).all():
+        dup = rows.duplicated(["rank", "coll_seq"]).any()
+        if not dup:
+            per_rank = rows.groupby("rank")["coll_seq"].apply(lambda s: frozenset(s.tolist()))
+            all_seqs = frozenset().union(*per_rank.tolist())
+            missing = {int(r): sorted(all_seqs - s) for r, s in per_rank.items() if s != all_seqs}
+            if missing:
+                parts = "; ".join(
+                    f"rank {r} lacks {len(m)} (e.g. seq {', '.join(map(str, m[:5]))})"
+                    for r, m in sorted(missing.items())
+                )
+                raise MatchError(
+                    f"collectives of group {group!r} cannot be matched by sequence number: "
+                    f"{len(all_seqs)} sequence numbers in all, but {parts}"
+                )
+            return pd.Series(seq, index=rows.index), "seq"
+    counts = rows.groupby("rank").size()
+    if counts.nunique() > 1:
+        detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in counts.items())
+        raise MatchError(
+            f"collectives of group {group!r} cannot be matched by order: the ranks recorded different "
+            f"counts ({detail}); refusing to guess which calls correspond"
+        )
+    order = rows.sort_values(["rank", "start_ns", "end_ns"]).groupby("rank").cumcount()
+    return order.reindex(rows.index), "order"
+
+
+# --------------------------------------------------------------------------------------------
+# clocks
+
+
+def _hosts(
+    rank_info: Mapping[int, Mapping[str, Any]] | None, manifest: Mapping[str, Any] | None
+) -> dict[int, str]:
+    hosts: dict[int, str] = {}
+    for r, info in (rank_info or {}).items():
+        for key in ("host_name", "hostname", "host"):
+            v = info.get(key)
+            if isinstance(v, str) and v:
+                hosts[int(r)] = v
+                break
+    return hosts
+
+
+def _clock(
+    per_rank: pd.DataFrame,
+    ranks: list[int],
+    rank_info: Mapping[int, Mapping[str, Any]] | None,
+    manifest: Mapping[str, Any] | None,
+    dq: DataQuality,
+    clock: str = "auto",
+) -> ClockAlignment:
+    hosts = _hosts(rank_info, manifest)
+    if len(ranks) <= 1:
+        return ClockAlignment(True, {r: 0 for r in ranks}, "single rank", hosts)
+    if manifest is not None and clock == "auto":
+        # one capture writes one manifest: its ranks ran on the host it names
+        mhost = (
+            (manifest.get("host") or {}).get("hostname")
+            if isinstance(manifest.get("host"), Mapping)
+            else None
+        )
+        return ClockAlignment(
+            True,
+            {r: 0 for r in ranks},
+            f"one host (manifest: {mhost or 'unnamed'})",
+            hosts or {r: str(mhost) for r in ranks},
+        )
+    if clock == "shared":
+        return ClockAlignment(True, {r: 0 for r in ranks}, "one clock (as asked)", hosts)
+    if clock == "auto":
+        if len(hosts) == len(ranks) and len(set(hosts.values())) == 1:
+            return ClockAlignment(
+                True, {r: 0 for r in ranks}, f"one host ({next(iter(hosts.values()))})", hosts
+            )
+        if len(set(hosts.values())) <= 1:
+            # tensor parallelism runs inside one node; with no host names there is nothing to say otherwise
+            dq.add(
+                "clock_hosts_unknown",
+                1,
+                "the traces do not name their hosts; the ranks are assumed to share one clock (one node)",
+            )
+            return ClockAlignment(True, {r: 0 for r in ranks}, "assumed one host (host names unknown)", hosts)
+    if per_rank.empty:
+        dq.add(
+            "clock_unaligned",
+            1,
+            "ranks may be on different hosts and there are no collectives to align their clocks with",
+        )
+        return ClockAlignment(False, {r: 0 for r in ranks}, "none (no collectives)", hosts)
+    ref = min(ranks)
+    ends = per_rank.pivot_table(index="instance", columns="rank", values="raw_end_ns", aggfunc="first")
+    offsets: dict[int, int] = {}
+    for r in ranks:
+        if r == ref or r not in ends.columns or ref not in ends.columns:
+            offsets[r] = 0
+            continue
+        diff = (ends[r] - ends[ref]).dropna().to_numpy()
+        offsets[r] = int(np.rint(np.median(diff))) if diff.size else 0
+    why = "hosts differ" if hosts else "hosts unknown"
+    dq.add(
+        "clock_offsets_estimated",
+        1,
+        f"rank clocks aligned by offsets estimated from collective end times ({why}): "
+        + ", ".join(f"rank {r}: {v} ns" for r, v in sorted(offsets.items())),
+    )
+    return ClockAlignment(
+        False, offsets, f"median of collective end-time differences to rank {ref} ({why})", hosts
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the main entry
+
+
+def _empty_per_rank() -> pd.DataFrame:
+    return pd.DataFrame(
+        {c: pd.Series(dtype="object" if c in ("group", "op") else "int64") for c in PER_RANK_COLUMNS}
+    )
+
+
+def match_collectives(
+    events: pd.DataFrame,
+    *,
+    ranks: list[int] | None = None,
+    rank_info: Mapping[int, Mapping[str, Any]] | None = None,
+    manifest: Mapping[str, Any] | None = None,
+    allow_partial: bool = False,
+    clock: str = "auto",
+) -> CollectiveInstances:
+    """Match the collectives of one run across its ranks and compute wait/transfer per rank.
+
+    `ranks`: the run's ranks (default: those in the table); `rank_info` / `manifest`: the Run's,
+    used for the hosts (clock) and the world size. `clock`: "auto" (one host when the manifest or
+    the rank metadata say so, or when no host is named; else estimate offsets), "shared", "estimate". Raises MatchError when counts differ or a
+    group names ranks that are not in the run (unless `allow_partial`).
+    """
+    dq = DataQuality()
+    run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
+    sel, level = select_collective_events(events)
+    sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
+    world = _world_size(rank_info)
+
+    parts = []
+    match_by: dict[str, str] = {}
+    for gi, (group, rows) in enumerate(sel.groupby("group", sort=True, observed=True)):
+        expected, source = _expected_ranks(str(group), rows, run_ranks, world)
+        present = sorted(int(r) for r in rows["rank"].unique())
+        if expected is not None:
+            absent = sorted(set(expected) - set(run_ranks))
+            if absent:
+                msg = (
+                    f"collectives of group {group!r} span {len(expected)} ranks ({source}) but the run has only "
+                    f"ranks {run_ranks}; the last arrival of a collective cannot be known without the other "
+                    f"{len(absent)} ranks"
+                )
+                if not allow_partial:
+                    raise MatchError(msg + " (allow_partial=True matches the ranks present)")
+                dq.add("collective_group_partial", 1, msg + "; matched the ranks present anyway")
+        key, how = _match_group(str(group), rows)
+        match_by[str(group)] = how
+        rows = rows.assign(seq=key.to_numpy(), group_index=gi)
+        missing_ranks = sorted(set(run_ranks) - set(present))
+        if missing_ranks and (expected is None or set(missing_ranks) & set(expected)):
+            dq.add(
+                "collective_group_ranks_without_events",
+                len(missing_ranks),
+                f"group {group!r}: ranks {missing_ranks} recorded none of its {len(rows) // max(len(present), 1)} collectives",
+            )
+        parts.append(rows)
+
+    if parts:
+        m = pd.concat(parts, ignore_index=True)
+        m["instance_key"] = m["group_index"].astype(np.int64) * (1 << 40) + m["seq"].astype(np.int64)
+        # instances numbered by the earliest start (raw) of the instance
+        first = m.groupby("instance_key")["start_ns"].transform("min")
+        m["_first"] = first
+        order = m.drop_duplicates("instance_key").sort_values(["_first", "instance_key"])["instance_key"]
+        m["instance"] = (
+            m["instance_key"].map(pd.Series(np.arange(len(order)), index=order.to_numpy())).astype(np.int64)
+        )
+        per_rank = pd.DataFrame(
+            {
+                "instance": m["instance"].to_numpy(np.int64),
+                "group": m["group"].astype(str).to_numpy(object),
+                "rank": m["rank"].to_numpy(np.int64),
+                "op": m["op"].to_numpy(object),
+                "raw_start_ns": m["start_ns"].to_numpy(np.int64),
+                "raw_end_ns": m["end_ns"].to_numpy(np.int64),
+                "in_bytes": m["coll_in_bytes"].to_numpy(np.int64),
+                "out_bytes": m["coll_out_bytes"].to_numpy(np.int64),
+                "event_index": m["event_index"].to_numpy(np.int64),
+                "seq": m["seq"].to_numpy(np.int64),
+            }
+        )
+    else:
+        per_rank = _empty_per_rank().drop(columns=["start_ns", "end_ns", "wait_ns", "transfer_ns"])
+        per_rank["seq"] = pd.Series(dtype="int64")
+
+    if clock not in ("auto", "shared", "estimate"):
+        raise ValueError(f"clock must be 'auto', 'shared' or 'estimate', got {clock!r}")
+    clock_alignment = _clock(per_rank, run_ranks, rank_info, manifest, dq, clock)
+    offset = (
+        per_rank["rank"].map(clock_alignment.offsets_ns).fillna(0).astype(np.int64).to_numpy()
+        if len(per_rank)
+        else 0
+    )
+    per_rank["start_ns"] = per_rank["raw_start_ns"].to_numpy(np.int64) - offset
+    per_rank["end_ns"] = per_rank["raw_end_ns"].to_numpy(np.int64) - offset
+
+    g = per_rank.groupby("instance", sort=True)
+    a = g["start_ns"].transform("max").to_numpy(np.int64)
+    s = per_rank["start_ns"].to_numpy(np.int64)
+    e = per_rank["end_ns"].to_numpy(np.int64)
+    per_rank["wait_ns"] = np.minimum(e, a) - s
+    transfer = e - np.maximum(s, a)
+    bad = transfer < 0
+    if bad.any():
+        dq.add(
+            "collective_end_before_last_arrival",
+            int(bad.sum()),
+            f"{int(bad.sum())} collective intervals end before the last rank arrived (inconsistent trace or "
+            "clocks); their transfer is counted as 0 and their whole interval as wait",
+        )
+    per_rank["transfer_ns"] = np.where(bad, 0, transfer).astype(np.int64)
+    per_rank = per_rank.sort_values(["instance", "rank"], ignore_index=True)
+
+    instances = _instances_table(per_rank, dq)
+    stragglers = _stragglers(instances, per_rank, run_ranks)
+    cols = list(PER_RANK_COLUMNS) + ["seq"]
+    return CollectiveInstances(
+        per_rank=per_rank[cols],
+        instances=instances,
+        stragglers=stragglers,
+        clock=clock_alignment,
+        level=level,
+        match_by=match_by,
+        data_quality=dq,
+    )
+
+
+def _instances_table(per_rank: pd.DataFrame, dq: DataQuality) -> pd.DataFrame:
+    cols = [
+        "instance",
+        "group",
+        "seq",
+        "op",
+        "n_ranks",
+        "last_rank",
+        "last_tie",
+        "arrival_ns",
+        "first_start_ns",
+        "skew_ns",
+        "end_ns",
+        "size_bytes",
+        "transfer_ns_mean",
+        "wait_ns_max",
+        "algbw_gbps",
+        "busbw_gbps",
+    ]
+    if per_rank.empty:
+        return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
+    g = per_rank.groupby("instance", sort=True)
+    # the last-arriving rank: the row with the latest start; ties -> the lowest rank, counted
+    srt = per_rank.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True])
+    last = srt.drop_duplicates("instance").set_index("instance")
+    n_at_max = (per_rank["start_ns"] == g["start_ns"].transform("max")).groupby(per_rank["instance"]).sum()
+    ops = g["op"].agg(lambda x: x.iloc[0])
+    if (g["op"].nunique() > 1).any():
+        dq.add(
+            "collective_op_mismatch",
+            int((g["op"].nunique() > 1).sum()),
+            "matched instances whose ranks disagree on the op",
+        )
+    in_b = g["in_bytes"].max()
+    out_b = g["out_bytes"].max()
+    size = np.array(
+        [nccl_tests_size(op, int(i), int(o)) for op, i, o in zip(ops, in_b, out_b, strict=True)],
+        dtype=np.int64,
+    )
+    n = g["rank"].nunique()
+    tmean = g["transfer_ns"].mean()
+    algbw = np.where((tmean > 0) & (size > 0), size / tmean.replace(0, np.nan), np.nan)
+    factor = np.array(
+        [_safe_factor(op, int(k)) for op, k in zip(ops, n, strict=True)],
+        dtype=float,
+    )
+    ties = n_at_max > 1
+    if ties.any():
+        dq.add(
+            "collective_arrival_ties",
+            int(ties.sum()),
+            "instances where several ranks arrived last at the same ns (the lowest rank is named)",
+        )
+    inst = pd.DataFrame(
+        {
+            "instance": g["instance"].first().index.to_numpy(np.int64),
+            "group": g["group"].first().to_numpy(object),
+            "seq": g["seq"].first().to_numpy(np.int64),
+            "op": ops.to_numpy(object),
+            "n_ranks": n.to_numpy(np.int64),
+            "last_rank": last["rank"].reindex(ops.index).to_numpy(np.int64),
+            "last_tie": ties.reindex(ops.index).to_numpy(bool),
+            "arrival_ns": g["start_ns"].max().to_numpy(np.int64),
+            "first_start_ns": g["start_ns"].min().to_numpy(np.int64),
+            "skew_ns": (g["start_ns"].max() - g["start_ns"].min()).to_numpy(np.int64),
+            "end_ns": g["end_ns"].max().to_numpy(np.int64),
+            "size_bytes": size,
+            "transfer_ns_mean": tmean.to_numpy(float),
+            "wait_ns_max": g["wait_ns"].max().to_numpy(np.int64),
+            "algbw_gbps": algbw,
+            "busbw_gbps": algbw * factor,
+        }
+    )
+    return inst
+
+
+def _safe_factor(op: str, n: int) -> float:
+    try:
+        return bus_factor(op, n)
+    except ValueError:
+        return float("nan")
+
+
+def _stragglers(instances: pd.DataFrame, per_rank: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:
+    if instances.empty:
+        return pd.DataFrame({"rank": ranks, "last_count": 0, "instances": 0, "share": 0.0})
+    # only instances with more than one rank can have a straggler
+    multi = instances[instances["n_ranks"] > 1]
+    last = multi["last_rank"].value_counts()
+    in_rank = per_rank[per_rank["instance"].isin(multi["instance"])].groupby("rank")["instance"].nunique()
+    out = pd.DataFrame({"rank": ranks})
+    out["last_count"] = out["rank"].map(last).fillna(0).astype(np.int64)
+    out["instances"] = out["rank"].map(in_rank).fillna(0).astype(np.int64)
+    out["share"] = np.where(out["instances"] > 0, out["last_count"] / out["instances"].clip(lower=1), 0.0)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# steps and the exact wait / transfer split of the exposed collective time
+
+
+def assign_steps(per_rank: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
+    """The step index of each per-rank collective row: the window of its rank that contains its
+    start (windows: rank, step, start_ns, end_ns; half-open [start, end)); -1 when none."""
+    out = np.full(len(per_rank), -1, dtype=np.int64)
+    if per_rank.empty or windows.empty:
+        return pd.Series(out, index=per_rank.index)
+    for r, w in windows.sort_values(["rank", "start_ns"]).groupby("rank"):
+        mask = (per_rank["rank"] == r).to_numpy()
+        if not mask.any():
+            continue
+        s = per_rank.loc[mask, "start_ns"].to_numpy(np.int64)
+        ws = w["start_ns"].to_numpy(np.int64)
+        we = w["end_ns"].to_numpy(np.int64)
+        i = np.searchsorted(ws, s, side="right") - 1
+        ok = (i >= 0) & (s < we[np.clip(i, 0, None)])
+        out[np.flatnonzero(mask)[ok]] = w["step"].to_numpy(np.int64)[i[ok]]
+    return pd.Series(out, index=per_rank.index)
+
+
+def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge [start, end) intervals into sorted disjoint ones (empty intervals dropped)."""
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if starts.size == 0:
+        return starts, ends
+    o = np.argsort(starts, kind="stable")
+    starts, ends = starts[o], ends[o]
+    run_max = np.maximum.accumulate(ends)
+    new = np.empty(starts.size, dtype=bool)
+    new[0] = True
+    new[1:] = starts[1:] > run_max[:-1]
+    idx = np.flatnonzero(new)
+    return starts[idx], np.maximum.reduceat(ends, idx)
+
+
+def _inside(us: np.ndarray, ue: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For disjoint sorted [us, ue): is each point x inside one of them?"""
+    return np.searchsorted(us, x, side="right") > np.searchsorted(ue, x, side="right")
+
+
+def split_exposed(
+    windows: pd.DataFrame,
+    higher: pd.DataFrame,
+    per_rank: pd.DataFrame,
+    collective: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """Exact exposed wait / transfer of the collective part, per (rank, step) window.
+
+    - `windows`: rank, step, start_ns, end_ns (the step windows of the partition).
+    - `higher`: rank, start_ns, end_ns: the intervals of the classes that outrank the collective
+      in the partition (compute, memory) on each rank's timeline.
+    - `per_rank`: `CollectiveInstances.per_rank` (times on the run's clock; for offsets != 0 the
+      caller passes raw times back, see shortfall).
+    - `collective`: rank, start_ns, end_ns: the collective-class intervals of the partition's
+      timeline; default: the matched collective intervals. Time under a collective interval but
+      under no wait/transfer piece (a collective the matching did not cover) counts as wait.
+
+    Each collective interval is cut at a (the last arrival) into a wait piece [s, min(e, a)) and a
+    transfer piece [max(s, a), e). Within a window, a nanosecond is exposed collective when it is
+    under a collective interval and under no `higher` interval; it is transfer when it is also under
+    a transfer piece (a transfer on one stream outranks a wait on another), else wait. So
+    `collective_ns == wait_ns + transfer_ns` exactly. Returns rank, step, collective_ns, wait_ns,
+    transfer_ns (int64), one row per window.
+    """
+    rows = []
+    a = (
+        per_rank.groupby("instance")["start_ns"].transform("max").to_numpy(np.int64)
+        if len(per_rank)
+        else np.zeros(0, np.int64)
+    )
+    pr = per_rank.assign(_a=a) if len(per_rank) else per_rank.assign(_a=np.zeros(0, np.int64))
+    coll_src = collective if collective is not None else per_rank[["rank", "start_ns", "end_ns"]]
+    for r, w in windows.groupby("rank", sort=True):
+        w = w.sort_values("start_ns")
+        ws = w["start_ns"].to_numpy(np.int64)
+        we = w["end_ns"].to_numpy(np.int64)
+        h = higher[higher["rank"] == r]
+        hs, he = union_intervals(h["start_ns"].to_numpy(), h["end_ns"].to_numpy())
+        c = coll_src[coll_src["rank"] == r]
+        cs, ce = union_intervals(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
+        p = pr[pr["rank"] == r]
+        s = p["start_ns"].to_numpy(np.int64)
+        e = p["end_ns"].to_numpy(np.int64)
+        aa = p["_a"].to_numpy(np.int64)
+        ts, te = union_intervals(np.maximum(s, aa), e)
+        pts = np.unique(np.concatenate([ws, we, hs, he, cs, ce, ts, te]))
+        if pts.size < 2:
+            seg_len = np.zeros(0, np.int64)
+            x = np.zeros(0, np.int64)
+        else:
+            x = pts[:-1]
+            seg_len = np.diff(pts)
+        widx = np.searchsorted(ws, x, side="right") - 1
+        in_w = (widx >= 0) & (x < we[np.clip(widx, 0, None)]) if x.size else np.zeros(0, bool)
+        exposed = in_w & _inside(cs, ce, x) & ~_inside(hs, he, x)
+        tr = exposed & _inside(ts, te, x)
+        wt = exposed & ~tr
+        n = len(w)
+        coll_ns = np.bincount(widx[exposed], weights=seg_len[exposed], minlength=n).astype(np.int64)
+        tr_ns = np.bincount(widx[tr], weights=seg_len[tr], minlength=n).astype(np.int64)
+        wt_ns = np.bincount(widx[wt], weights=seg_len[wt], minlength=n).astype(np.int64)
+        rows.append(
+            pd.DataFrame(
+                {
+                    "rank": np.full(n, r, dtype=np.int64),
+                    "step": w["step"].to_numpy(np.int64),
+                    "collective_ns": coll_ns,
+                    "wait_ns": wt_ns,
+                    "transfer_ns": tr_ns,
+                }
+            )
+        )
+    if not rows:
+        return pd.DataFrame(
+            {c: pd.Series(dtype="int64") for c in ("rank", "step", "collective_ns", "wait_ns", "transfer_ns")}
+        )
+    out = pd.concat(rows, ignore_index=True)
+    assert (out["collective_ns"] == out["wait_ns"] + out["transfer_ns"]).all()
+    return out
