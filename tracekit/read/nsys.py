@@ -39,6 +39,9 @@ import numpy as np
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
+#: Bumped when the reader's output changes (keys the Parquet cache of tracekit.read).
+READER_VERSION = "nsys-1"
+
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
 T_KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
