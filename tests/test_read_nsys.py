@@ -14,7 +14,6 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from tests.conftest import shared_trace
@@ -501,18 +500,52 @@ def test_read_run_dispatches_sqlite(shared_traces: Path) -> None:
     assert sorted(run.events["name"].astype(str)) == sorted(direct.events["name"].astype(str))
 
 
+def test_h200_steps_partition_with_classifier(shared_traces: Path) -> None:
+    """classify + steps on the nsys read: 20 decode_step windows from the NVTX ranges; each window's
+    compute part is exactly its matmul kernel's duration (one kernel per step, queried here with
+    sqlite3), and the parts sum to the window."""
+    path = shared_trace(shared_traces, H200)
+    try:
+        from tracekit.analyse.steps import find_steps, partition_steps
+        from tracekit.classify import classify
+    except ImportError as exc:
+        pytest.skip(f"classifier / steps not there yet: {exc}")
+    events = classify(read_nsys(path).events)
+    table = partition_steps(events, find_steps(events))
+    with _ro(path) as con:
+        oracle = con.execute(
+            """SELECT n.start, k.end - k.start
+               FROM NVTX_EVENTS n
+               JOIN CUPTI_ACTIVITY_KIND_RUNTIME r
+                 ON r.globalTid = n.globalTid AND r.start >= n.start AND r.end <= n.end
+               JOIN CUPTI_ACTIVITY_KIND_KERNEL k ON k.correlationId = r.correlationId
+               WHERE n.eventType = 59 ORDER BY n.start"""
+        ).fetchall()
+    assert len(table) == len(oracle) == 20
+    assert table["name"].tolist() == [f"decode_step {i}" for i in range(20)]
+    assert table["start_ns"].tolist() == [r[0] for r in oracle]
+    assert table["compute_ns"].tolist() == [r[1] for r in oracle]
+    parts = table[["compute_ns", "memory_ns", "collective_ns", "unknown_ns", "sync_ns", "idle_ns"]].sum(
+        axis=1
+    )
+    assert (parts == table["window_ns"]).all()
+    assert (table["sync_ns"] > 0).all()  # cudaDeviceSynchronize returns after the kernel ends
+    assert (table["collective_ns"] == 0).all() and (table["memory_ns"] == 0).all()
+
+
 def test_breakdown_finds_the_20_decode_steps(shared_traces: Path) -> None:
+    """`breakdown` (default step pattern) on the nsys read: the JSON contract lists the 20
+    decode_step windows, parts summing to each window exactly, and 21 GPU kernels by class."""
     path = shared_trace(shared_traces, H200)
     try:
         from tracekit.analyse.breakdown import breakdown
     except ImportError as exc:
         pytest.skip(f"tracekit.analyse.breakdown is not there yet: {exc}")
-    result = breakdown(read_nsys(path))
-    steps = result["steps"] if isinstance(result, dict) else getattr(result, "steps", None)
-    if isinstance(steps, pd.DataFrame):
-        steps = steps.to_dict("records")
-    assert steps is not None
-    assert len(steps) == 20
+    doc = breakdown(read_nsys(path)).to_json()
+    steps = doc["steps"]
+    assert [s["name"] for s in steps] == [f"decode_step {i}" for i in range(20)]
+    assert {s["rank"] for s in steps} == {0}
     for s in steps:
         assert sum(s["parts_ns"].values()) == s["window_ns"]
         assert s["parts_ns"]["compute"] > 0
+    assert sum(c["count"] for c in doc["kernels_by_class"].values()) == 21
