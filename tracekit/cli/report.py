@@ -1,0 +1,65 @@
+"""`tracekit report`: the HTML / Markdown / JSON report of one run (and its shortfall vs a baseline)."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("report")
+@click.argument("run_dir", type=click.Path(exists=True, path_type=str))
+@click.option(
+    "--baseline", type=click.Path(exists=True, path_type=str), help="TP=1 run folder: adds the shortfall."
+)
+@click.option(
+    "--links",
+    type=click.Path(exists=True, dir_okay=False, path_type=str),
+    help="compare-links JSON result (or a probe JSON): probe curves under the trace's busbw.",
+)
+@click.option(
+    "--offline", is_flag=True, help="Inline plotly.js (~4.8 MB) instead of loading it from the CDN."
+)
+@click.option(
+    "-o",
+    "--output",
+    "outputs",
+    multiple=True,
+    required=True,
+    help="Output file; the suffix picks the format (.html, .md, .json). May be given several times.",
+)
+@click.option(
+    "--step-pattern",
+    default=None,
+    help="Regex of the step annotations (default decode_step, then ProfilerStep#N).",
+)
+@click.option("--title", default=None, help="Page title.")
+def command(
+    run_dir: str,
+    baseline: str | None,
+    links: str | None,
+    offline: bool,
+    outputs: tuple[str, ...],
+    step_pattern: str | None,
+    title: str | None,
+) -> None:
+    """Write the report of RUN_DIR: the verdict on top, per-token times, the shortfall waterfall,
+    per-step parts per rank, collectives (wait vs transfer, stragglers), realised busbw over probe
+    curves, and the manifest. With only RUN_DIR it reports the breakdown; --baseline adds the shortfall.
+
+    \b
+    Example:
+      tracekit report traces/cpu-tp2 --baseline traces/cpu-tp1 \\
+          -o reports/cpu.html -o reports/cpu.md -o reports/cpu.json
+    """
+    from tracekit.report.build import format_of, load_links, report_from_dirs, write_report
+
+    for o in outputs:
+        format_of(o)  # refuse a bad suffix before any analysis runs
+    links_data = load_links(links) if links else None
+    data = report_from_dirs(run_dir, baseline, links=links_data, step_pattern=step_pattern, title=title)
+    written = write_report(data, outputs, offline=offline)
+    click.echo(data.verdict)
+    click.echo(data.dilation["sentence"])
+    if data.dilation.get("warning"):
+        click.echo(data.dilation["warning"])
+    for p in written:
+        click.echo(f"wrote {p}")
