@@ -2,8 +2,8 @@
 
 `classify(events)` returns a copy of the event table with three more categorical columns:
 `cls`, `subclass` and `rule` (see docs/ARCHITECTURE.md). Each distinct (kind, name) pair is
-classified once and the result mapped back through the categorical codes, so the cost is the
-number of distinct names, not the number of events.
+classified once and the result mapped back through the categorical codes, so the regex cost is the
+number of distinct names, and the per-event cost a few array lookups.
 """
 
 from __future__ import annotations
@@ -38,18 +38,21 @@ def classify(events: pd.DataFrame) -> pd.DataFrame:
     name_codes = name.cat.codes.to_numpy().astype(np.int64)
     kind_cats = list(kind.cat.categories)
     name_cats = list(name.cat.categories)
-    n_names = max(len(name_cats), 1) + 1
-    # -1 codes (NaN) shift to 0 and read as ""
-    pair = (kind_codes + 1) * n_names + (name_codes + 1)
-    uniq, inverse = (
-        np.unique(pair, return_inverse=True) if n else (np.empty(0, np.int64), np.empty(0, np.int64))
-    )
+    # a (kind, name) grid: mark the pairs present, classify each once, then look every event up
+    # (O(events), no sort). Code -1 (missing) is shifted to 0 and reads as "".
+    k_idx = kind_codes + 1
+    n_idx = name_codes + 1
+    present = np.zeros((len(kind_cats) + 1, len(name_cats) + 1), dtype=bool)
+    present[k_idx, n_idx] = True
+    pairs = np.argwhere(present)
+    lut = np.zeros(present.shape, dtype=np.int64)
+    lut[pairs[:, 0], pairs[:, 1]] = np.arange(len(pairs))
+    inverse = lut[k_idx, n_idx] if n else np.empty(0, dtype=np.int64)
 
     cls_labels: list[str] = []
     sub_labels: list[str] = []
     rule_labels: list[str] = []
-    for key in uniq.tolist():
-        k, nm = divmod(int(key), n_names)
+    for k, nm in pairs.tolist():
         k_str = str(kind_cats[k - 1]) if k > 0 else ""
         n_str = str(name_cats[nm - 1]) if nm > 0 else ""
         c, s, r = classify_name(k_str, n_str)

@@ -1,0 +1,286 @@
+"""The per-step breakdown of a run: classify, find steps, partition them, summarise (METHOD.md 3-4).
+
+`breakdown(run)` returns a frozen `Breakdown`: the per-(rank, step) partition table, a per-token
+summary (per step index the slowest rank's window and that rank's parts; median, p10, p90, mean
+over steps), a per-rank summary, GPU time by class and subclass, the unknown kernels, data quality
+and the capture's dilation. `to_json()` is the documented contract docs/JSON.md#breakdown;
+`to_csv()` has one row per rank and step.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.steps import PARTS, find_steps_detailed, partition_steps
+from tracekit.classify import classify
+from tracekit.classify.rules import GPU_KINDS
+from tracekit.errors import StepError
+from tracekit.model.events import DataQuality, Run
+
+SCHEMA_VERSION = "1.0"
+KIND = "tracekit.breakdown"
+
+#: The classes GPU activity can have (kernels_by_class always lists all four).
+GPU_CLASSES: tuple[str, ...] = ("compute", "memory", "collective", "unknown")
+UNKNOWN_TOP = 20
+
+CSV_COLUMNS: tuple[str, ...] = (
+    "rank",
+    "step",
+    "name",
+    "start_ns",
+    "end_ns",
+    "window_ns",
+    *(f"{p}_ns" for p in PARTS),
+    "overlapped_collective_ns",
+    "timeline",
+)
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """Result of `breakdown`. Times are integer ns."""
+
+    steps: pd.DataFrame  # one row per (rank, step): see CSV_COLUMNS
+    step_pattern: str  # the pattern that found the steps
+    per_token: dict[
+        str, Any
+    ]  # {"step_ns": {median, p10, p90, mean, n}, "parts_ns": {part: {median, p10, p90, mean}}, ...}
+    per_rank: list[dict[str, Any]]  # per rank: steps, step_ns_median, parts_ns_median, timeline
+    kernels_by_class: dict[str, dict[str, int]]  # class -> {count, total_ns} over GPU activity
+    kernels_by_subclass: dict[str, dict[str, int]]  # subclass -> {count, total_ns}
+    unknown_kernels: list[dict[str, Any]]  # top UNKNOWN_TOP by total_ns: {name, count, total_ns}
+    data_quality: DataQuality
+    dilation: float | None  # from the capture manifest, when there is one
+    paths: list[str] = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)
+    skipped_steps: int = 0  # per rank, from skip_first
+
+    @property
+    def timeline(self) -> str:
+        """'gpu', 'host', or 'mixed' when some ranks have GPU activity and others not."""
+        kinds = sorted(set(self.steps["timeline"])) if len(self.steps) else ["gpu"]
+        return kinds[0] if len(kinds) == 1 else "mixed"
+
+    def to_json(self) -> dict[str, Any]:
+        """The document of docs/JSON.md#breakdown."""
+        steps_out = []
+        for row in self.steps.itertuples(index=False):
+            steps_out.append(
+                {
+                    "rank": int(row.rank),
+                    "step": int(row.step),
+                    "name": str(row.name),
+                    "start_ns": int(row.start_ns),
+                    "window_ns": int(row.window_ns),
+                    "parts_ns": {p: int(getattr(row, f"{p}_ns")) for p in PARTS},
+                    "overlapped_collective_ns": int(row.overlapped_collective_ns),
+                    "timeline": str(row.timeline),
+                }
+            )
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": KIND,
+            "source": {
+                "paths": list(self.paths),
+                "ranks": list(self.ranks),
+                "step_pattern": self.step_pattern,
+                "timeline": self.timeline,
+                "skipped_steps_per_rank": self.skipped_steps,
+            },
+            "steps": steps_out,
+            "per_token": self.per_token,
+            "per_rank": self.per_rank,
+            "kernels_by_class": self.kernels_by_class,
+            "kernels_by_subclass": self.kernels_by_subclass,
+            "unknown_kernels": self.unknown_kernels,
+            "data_quality": self.data_quality.to_dict(),
+            "dilation": self.dilation,
+        }
+
+    def to_csv(self) -> str:
+        """One row per rank and step, columns CSV_COLUMNS."""
+        buf = io.StringIO()
+        self.steps.loc[:, list(CSV_COLUMNS)].to_csv(buf, index=False)
+        return buf.getvalue()
+
+
+def _stats(values: np.ndarray, with_n: bool = False) -> dict[str, Any]:
+    """median, p10, p90, mean of integer ns values (rounded to integer ns); None when empty."""
+    if not len(values):
+        out: dict[str, Any] = {"median": None, "p10": None, "p90": None, "mean": None}
+    else:
+        v = values.astype(np.float64)
+        out = {
+            "median": int(round(float(np.median(v)))),
+            "p10": int(round(float(np.percentile(v, 10)))),
+            "p90": int(round(float(np.percentile(v, 90)))),
+            "mean": int(round(float(v.mean()))),
+        }
+    if with_n:
+        out["n"] = int(len(values))
+    return out
+
+
+def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
+    """Per step index, the slowest rank's window and that rank's parts; stats over step indices."""
+    if not len(steps):
+        return {
+            "step_ns": _stats(np.empty(0), with_n=True),
+            "parts_ns": {p: _stats(np.empty(0)) for p in PARTS},
+            "overlapped_collective_ns": _stats(np.empty(0)),
+            "slowest_rank_counts": {},
+        }
+    order = steps.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True], kind="stable")
+    slowest = order.drop_duplicates("step", keep="first")
+    counts = slowest["rank"].value_counts().sort_index()
+    return {
+        "step_ns": _stats(slowest["window_ns"].to_numpy(np.int64), with_n=True),
+        "parts_ns": {p: _stats(slowest[f"{p}_ns"].to_numpy(np.int64)) for p in PARTS},
+        "overlapped_collective_ns": _stats(slowest["overlapped_collective_ns"].to_numpy(np.int64)),
+        "slowest_rank_counts": {str(int(r)): int(c) for r, c in counts.items()},
+    }
+
+
+def per_rank_summary(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    out = []
+    for r, g in steps.groupby("rank", sort=True):
+        out.append(
+            {
+                "rank": int(r),  # type: ignore[call-overload]
+                "steps": int(len(g)),
+                "timeline": str(g["timeline"].iloc[0]),
+                "step_ns_median": _stats(g["window_ns"].to_numpy(np.int64))["median"],
+                "parts_ns_median": {p: _stats(g[f"{p}_ns"].to_numpy(np.int64))["median"] for p in PARTS},
+                "overlapped_collective_ns_median": _stats(g["overlapped_collective_ns"].to_numpy(np.int64))[
+                    "median"
+                ],
+            }
+        )
+    return out
+
+
+def gpu_time_by(events: pd.DataFrame, column: str) -> dict[str, dict[str, int]]:
+    """Count and summed duration of GPU activity (kernel, memcpy, memset) per value of `column`."""
+    gpu = events[events["kind"].isin(list(GPU_KINDS))]
+    dur = (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64)
+    keys = gpu[column].astype(str).to_numpy()
+    out: dict[str, dict[str, int]] = {}
+    if column == "cls":
+        out = {c: {"count": 0, "total_ns": 0} for c in GPU_CLASSES}
+    if len(keys):
+        frame = pd.DataFrame({"key": keys, "dur": dur})
+        agg = frame.groupby("key", sort=True)["dur"].agg(["count", "sum"])
+        for key, row in agg.iterrows():
+            out[str(key)] = {"count": int(row["count"]), "total_ns": int(row["sum"])}
+    return out
+
+
+def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.DataFrame:
+    """GPU activity no rule matched, per name: count and total_ns, largest total first."""
+    gpu = events[events["kind"].isin(list(GPU_KINDS)) & (events["cls"] == "unknown")]
+    frame = pd.DataFrame(
+        {
+            "name": gpu["name"].astype(str).to_numpy(),
+            "dur": (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64),
+        }
+    )
+    agg = frame.groupby("name", sort=False)["dur"].agg(["count", "sum"]).rename(columns={"sum": "total_ns"})
+    agg = agg.sort_values(["total_ns", "count"], ascending=False, kind="stable").head(top)
+    return agg.reset_index()
+
+
+def breakdown(
+    run: Run, step_pattern: str | None = None, skip_first: int = 0, *, rank: int | None = None
+) -> Breakdown:
+    """Classify the run, find its steps, partition every step window and summarise.
+
+    `skip_first` drops the first N steps of each rank (warm-up) from the table and the summaries;
+    `rank` restricts everything to one rank. Raises StepError when no step is found.
+    """
+    if skip_first < 0:
+        raise StepError(f"skip_first must be >= 0, not {skip_first}")
+    events = run.events
+    if rank is not None:
+        events = events[events["rank"] == rank]
+        if not len(events):
+            have = ", ".join(str(r) for r in run.ranks) or "none"
+            raise StepError(f"rank {rank} is not in this run (ranks: {have})")
+    if "cls" not in events.columns:
+        events = classify(events)
+
+    found = find_steps_detailed(events, step_pattern)
+    dq = DataQuality()
+    dq.merge(run.data_quality)
+    dq.merge(found.data_quality)
+
+    steps = found.steps
+    if skip_first:
+        order_in_rank = steps.groupby("rank").cumcount()
+        dropped = int((order_in_rank < skip_first).sum())
+        steps = steps[order_in_rank >= skip_first].reset_index(drop=True)
+        dq.add(
+            "skipped_warmup_steps",
+            dropped,
+            f"the first {skip_first} steps of each rank were skipped (warm-up)",
+        )
+        if not len(steps):
+            raise StepError(f"all {dropped} steps were skipped by skip_first={skip_first}")
+    table = partition_steps(events, steps)
+
+    host_ranks = sorted(int(r) for r in table.loc[table["timeline"] == "host", "rank"].unique())
+    if host_ranks:
+        dq.add(
+            "ranks_on_host_timeline",
+            len(host_ranks),
+            f"rank(s) {', '.join(map(str, host_ranks))} have no GPU activity: their steps are partitioned on "
+            "the host timeline (CPU ops = compute, gloo/c10d ops = collective)",
+        )
+    per_step_counts = table.groupby("step")["rank"].nunique()
+    n_ranks = table["rank"].nunique()
+    partial = int((per_step_counts < n_ranks).sum())
+    if partial:
+        dq.add("steps_missing_on_some_ranks", partial, f"{partial} step indices are missing on some ranks")
+
+    unknown = unknown_kernel_table(events)
+    gpu = events["kind"].isin(list(GPU_KINDS))
+    unknown_mask = gpu & (events["cls"] == "unknown")
+    n_unknown = int(unknown_mask.sum())
+    if n_unknown:
+        unknown_ns = int((events.loc[unknown_mask, "end_ns"] - events.loc[unknown_mask, "start_ns"]).sum())
+        n_names = int(events.loc[unknown_mask, "name"].astype(str).nunique())
+        dq.add(
+            "unknown_kernel_events",
+            n_unknown,
+            f"{n_unknown} GPU events ({n_names} distinct names, {unknown_ns} ns) matched no classifier rule: "
+            "counted as 'unknown', see unknown_kernels",
+        )
+
+    dilation = None
+    if run.manifest and run.manifest.get("dilation") is not None:
+        dilation = float(run.manifest["dilation"])
+
+    ranks = sorted(int(r) for r in table["rank"].unique())
+    paths = [str(run.sources[r]) for r in sorted(run.sources) if rank is None or r == rank]
+    return Breakdown(
+        steps=table,
+        step_pattern=found.pattern,
+        per_token=per_token_summary(table),
+        per_rank=per_rank_summary(table),
+        kernels_by_class=gpu_time_by(events, "cls"),
+        kernels_by_subclass=gpu_time_by(events, "subclass"),
+        unknown_kernels=[
+            {"name": str(r.name), "count": int(r.count), "total_ns": int(r.total_ns)}  # type: ignore[call-overload]
+            for r in unknown.itertuples(index=False)
+        ],
+        data_quality=dq,
+        dilation=dilation,
+        paths=paths,
+        ranks=ranks,
+        skipped_steps=skip_first,
+    )

@@ -1,0 +1,227 @@
+"""`tracekit breakdown`: per-step compute / memory / collective / sync / idle of a run (METHOD.md 3-4)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from tracekit.analyse.breakdown import Breakdown
+
+_PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+#: Steps listed in the terminal table (the per-rank and per-token summaries cover all of them).
+MAX_STEP_ROWS = 40
+
+
+def _ms(ns: int | float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def _pct(ns: int | float | None, total: int | float | None) -> str:
+    if ns is None or not total:
+        return "-"
+    return f"{100.0 * ns / total:.1f}%"
+
+
+def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> str:
+    """The human-readable report (rich tables) as text."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(
+        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
+    )
+    doc = b.to_json()
+    src = doc["source"]
+    console.print(
+        f"[bold]tracekit breakdown[/bold]  ranks {src['ranks']}  steps matched by {src['step_pattern']!r}  "
+        f"timeline {src['timeline']}"
+        + (
+            f"  (first {src['skipped_steps_per_rank']} steps per rank skipped)"
+            if src["skipped_steps_per_rank"]
+            else ""
+        )
+    )
+
+    steps = Table(title="Steps (ms)", title_justify="left")
+    for col in ("rank", "step", "window", *_PARTS, "overlapped coll."):
+        steps.add_column(col, justify="right")
+    shown = doc["steps"][:MAX_STEP_ROWS]
+    for s in shown:
+        steps.add_row(
+            str(s["rank"]),
+            str(s["step"]),
+            _ms(s["window_ns"]),
+            *(_ms(s["parts_ns"][p]) for p in _PARTS),
+            _ms(s["overlapped_collective_ns"]),
+        )
+    console.print(steps)
+    if len(doc["steps"]) > len(shown):
+        console.print(
+            f"  ... {len(doc['steps']) - len(shown)} more steps (all of them with --format csv or json)"
+        )
+
+    per_rank = Table(
+        title="Per rank: median over steps, ms and share of the median step", title_justify="left"
+    )
+    for col in ("rank", "steps", "timeline", "step", *_PARTS):
+        per_rank.add_column(col, justify="right", no_wrap=True)
+    for r in doc["per_rank"]:
+        total = r["step_ns_median"]
+        med = r["parts_ns_median"]
+        per_rank.add_row(
+            str(r["rank"]), str(r["steps"]), r["timeline"], _ms(total), *(_ms(med[p]) for p in _PARTS)
+        )
+        per_rank.add_row("", "", "", "", *(_pct(med[p], total) for p in _PARTS))
+    console.print(per_rank)
+
+    pt = doc["per_token"]
+    tok = Table(title="Per token (each step: the slowest rank), ms", title_justify="left")
+    for col in ("", "median", "p10", "p90", "mean", "share of median step"):
+        tok.add_column(col, justify="right")
+    step_med = pt["step_ns"]["median"]
+    tok.add_row(
+        f"step (n={pt['step_ns']['n']})",
+        _ms(step_med),
+        _ms(pt["step_ns"]["p10"]),
+        _ms(pt["step_ns"]["p90"]),
+        _ms(pt["step_ns"]["mean"]),
+        "",
+    )
+    for p in _PARTS:
+        st = pt["parts_ns"][p]
+        tok.add_row(
+            p,
+            _ms(st["median"]),
+            _ms(st["p10"]),
+            _ms(st["p90"]),
+            _ms(st["mean"]),
+            _pct(st["median"], step_med),
+        )
+    ov = pt["overlapped_collective_ns"]
+    tok.add_row(
+        "overlapped collective", _ms(ov["median"]), _ms(ov["p10"]), _ms(ov["p90"]), _ms(ov["mean"]), ""
+    )
+    console.print(tok)
+
+    kc = Table(title="GPU activity by class (whole trace)", title_justify="left")
+    for col in ("class", "count", "total ms"):
+        kc.add_column(col, justify="right")
+    for cls, v in doc["kernels_by_class"].items():
+        kc.add_row(cls, str(v["count"]), _ms(v["total_ns"]))
+    kc.add_row("", "", "")
+    for sub, v in sorted(doc["kernels_by_subclass"].items(), key=lambda kv: -kv[1]["total_ns"]):
+        kc.add_row(f"  {sub}", str(v["count"]), _ms(v["total_ns"]))
+    console.print(kc)
+
+    if doc["unknown_kernels"]:
+        uk = Table(title="Unknown kernels (no classifier rule matched; top by time)", title_justify="left")
+        uk.add_column("count", justify="right")
+        uk.add_column("total ms", justify="right")
+        uk.add_column("name", overflow="fold")
+        for u in doc["unknown_kernels"]:
+            uk.add_row(str(u["count"]), _ms(u["total_ns"]), u["name"][:200])
+        console.print(uk)
+
+    dq = doc["data_quality"]
+    console.print("[bold]Data quality[/bold]")
+    for key, count in dq["counts"].items():
+        console.print(f"  {key}: {count}")
+    for note in dq["notes"]:
+        console.print(f"  - {note}")
+    if not dq["counts"] and not dq["notes"]:
+        console.print("  nothing skipped or suspicious")
+    if doc["dilation"] is not None:
+        console.print(f"Profiler dilation (profiled / unprofiled per-token time): {doc['dilation']:.2f}x")
+    return console.export_text(styles=color)
+
+
+@click.command("breakdown")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
+@click.option(
+    "--step-pattern",
+    default=None,
+    metavar="REGEX",
+    help="Regex of the step annotations (default: decode_step, then ProfilerStep#N).",
+)
+@click.option(
+    "--rank",
+    type=int,
+    default=None,
+    metavar="N",
+    help="With one trace file: its rank, when the file does not say it. With several: show only rank N.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="table for people; json (docs/JSON.md#breakdown) or csv (one row per rank and step) for machines.",
+)
+@click.option(
+    "--out",
+    "out",
+    type=click.Path(dir_okay=False, path_type=str),
+    default=None,
+    help="Write to FILE instead of stdout.",
+)
+@click.option(
+    "--skip-first",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Drop the first N steps of each rank (warm-up).",
+)
+@click.option("--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces.")
+def command(
+    paths: tuple[str, ...],
+    step_pattern: str | None,
+    rank: int | None,
+    fmt: str,
+    out: str | None,
+    skip_first: int,
+    no_cache: bool,
+) -> None:
+    """Split every step of a run into compute, memory, collective (exposed), unknown, sync and idle
+    time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
+    per-token summary (median, p10, p90 of the slowest rank per step), GPU time by class and the
+    kernels no rule knows. PATHS are Kineto traces (.json / .json.gz), Nsight Systems SQLite
+    exports, or folders of rank files.
+
+    \b
+    Examples:
+      tracekit breakdown ../shared/traces/h200/kineto_decode_ws1.pt.trace.json.gz
+      tracekit breakdown traces/cpu-tp2 --format json --out breakdown.json
+      tracekit breakdown trace.json.gz --step-pattern 'step\\[DECODE' --format csv
+    """
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
+    single_file = len(paths) == 1 and Path(paths[0]).is_file()
+    run = read_run(
+        list(paths), rank=rank if single_file else None, cache=not no_cache, progress=sys.stderr.isatty()
+    )
+    result = breakdown(
+        run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank
+    )
+
+    text: str
+    if fmt == "json":
+        doc: dict[str, Any] = result.to_json()
+        text = json.dumps(doc, indent=1) + "\n"
+    elif fmt == "csv":
+        text = result.to_csv()
+    else:
+        to_terminal = out is None and sys.stdout.isatty()
+        text = render_table(result, width=None if out is None else 120, color=to_terminal)
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        Path(out).write_text(text)
+        click.echo(f"wrote {out}", err=True)
