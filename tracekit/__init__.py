@@ -9,3 +9,11 @@ Pipeline, one sub-package per stage (nothing flows backwards):
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):  # lazy: `tracekit.profile` without importing torch at `import tracekit`
+    if name == "profile":
+        from tracekit.capture.profile import profile
+
+        return profile
+    raise AttributeError(f"module 'tracekit' has no attribute {name!r}")

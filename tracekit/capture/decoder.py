@@ -1,0 +1,346 @@
+"""The reference decoder: a Llama-style stack with Megatron-style tensor parallelism.
+
+RMSNorm, rotary embeddings, grouped-query attention with a KV cache, SwiGLU MLP; random weights
+from a seed (no downloads). Over N ranks: QKV and gate/up are column-parallel (each rank holds
+heads/N query heads, kv_heads/N KV heads, intermediate/N MLP columns), o_proj and down are
+row-parallel with one all-reduce each, and the LM head is vocabulary-parallel (vocab/N rows per
+rank) followed by an all-gather of the logits. The embedding is replicated.
+
+Every rank generates the *full* weights of each layer from the seed (same generator, same order)
+and keeps its slice, so TP=N computes the same function as TP=1 up to the order of the
+floating-point sums in the all-reduce: greedy tokens agree (tests/test_decoder.py).
+
+Each decode step runs inside `annotate.step(i)`, with regions "attention", "mlp", "all_reduce"
+(TP > 1 only) and "lm_head".
+
+This module imports torch; import it only from capture code.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from tracekit.capture import annotate
+from tracekit.errors import CaptureError
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """Model dimensions (Llama naming)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    layers: int
+    vocab: int
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+#: Presets. `tiny` runs in seconds on a CPU; `7b` has the per-layer shape of a 7B-class model
+#: (Mistral-7B-like: 32 query heads, 8 KV heads) with a configurable number of layers.
+PRESETS: dict[str, DecoderShape] = {
+    "tiny": DecoderShape(hidden=256, heads=4, kv_heads=2, intermediate=512, layers=2, vocab=1024),
+    "small": DecoderShape(hidden=1024, heads=16, kv_heads=4, intermediate=2816, layers=4, vocab=8192),
+    "7b": DecoderShape(hidden=4096, heads=32, kv_heads=8, intermediate=14336, layers=8, vocab=32000),
+}
+
+
+def preset(name: str, layers: int | None = None) -> DecoderShape:
+    """The shape of preset `name`, with `layers` overriding its layer count."""
+    if name not in PRESETS:
+        raise CaptureError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    shape = PRESETS[name]
+    if layers is not None:
+        if layers < 1:
+            raise CaptureError(f"--layers must be at least 1, got {layers}")
+        shape = replace(shape, layers=layers)
+    return shape
+
+
+def check_tp(shape: DecoderShape, tp: int) -> None:
+    """Refuse a TP degree that does not divide the heads, KV heads, intermediate and vocabulary."""
+    for what, n in (
+        ("heads", shape.heads),
+        ("kv_heads", shape.kv_heads),
+        ("intermediate", shape.intermediate),
+        ("vocab", shape.vocab),
+    ):
+        if tp < 1 or n % tp:
+            raise CaptureError(f"tensor-parallel degree {tp} does not divide {what}={n}")
+
+
+@dataclass
+class Comm:
+    """The collectives the decoder needs. World size 1: no communication at all."""
+
+    world_size: int = 1
+    rank: int = 0
+    backend: str = "none"
+    #: Called on the host right before each all-reduce (the straggler knob: a sleep).
+    before_all_reduce: Callable[[], None] | None = None
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        import torch.distributed as dist
+
+        if self.before_all_reduce is not None:
+            self.before_all_reduce()
+        with annotate.region("all_reduce"):
+            dist.all_reduce(t)
+        return t
+
+    def all_gather_last(self, t: torch.Tensor) -> torch.Tensor:
+        """Concatenate every rank's `t` along the last dimension (rank order)."""
+        if self.world_size == 1:
+            return t
+        import torch.distributed as dist
+
+        t = t.contiguous()
+        if self.backend == "nccl":
+            out = torch.empty((self.world_size, *t.shape), dtype=t.dtype, device=t.device)
+            dist.all_gather_into_tensor(out, t)
+            parts = list(out.unbind(0))
+        else:  # gloo: the list form works on every version
+            parts = [torch.empty_like(t) for _ in range(self.world_size)]
+            dist.all_gather(parts, t)
+        return torch.cat(parts, dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * weight.float()).to(x.dtype)
+
+
+def _rope_tables(
+    head_dim: int, max_len: int, theta: float, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+    pos = torch.arange(max_len, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv)  # [max_len, head_dim/2]
+    return freqs.cos(), freqs.sin()
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, H, S, D]; cos/sin: [S, D/2] (rotate-half form)."""
+    d2 = x.shape[-1] // 2
+    x1, x2 = x[..., :d2].float(), x[..., d2:].float()
+    c, s = cos[None, None], sin[None, None]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
+
+
+@dataclass
+class _Layer:
+    """One layer's weights on this rank."""
+
+    attn_norm: torch.Tensor
+    mlp_norm: torch.Tensor
+    qkv: torch.Tensor  # [local (q+k+v) rows, hidden]: column-parallel
+    o: torch.Tensor  # [hidden, local heads*head_dim]: row-parallel
+    gate_up: torch.Tensor  # [2*local intermediate, hidden]: column-parallel
+    down: torch.Tensor  # [hidden, local intermediate]: row-parallel
+
+
+class TPDecoder:
+    """One rank's shard of the decoder. `generate()` runs prefill + greedy decode."""
+
+    def __init__(
+        self,
+        shape: DecoderShape,
+        comm: Comm,
+        *,
+        seed: int = 0,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_len: int = 512,
+        sync_per_layer: bool = False,
+    ):
+        check_tp(shape, comm.world_size)
+        self.shape, self.comm = shape, comm
+        self.device = torch.device(device)
+        self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
+        self.max_len = max_len
+        self.sync_per_layer = sync_per_layer
+        self.sync_count = 0
+        n, r = comm.world_size, comm.rank
+        s = shape
+        self.local_heads, self.local_kv = s.heads // n, s.kv_heads // n
+        self.local_inter, self.local_vocab = s.intermediate // n, s.vocab // n
+        hd = s.head_dim
+
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(seed)
+
+        def full(rows: int, cols: int) -> torch.Tensor:
+            # identical on every rank: same generator state, same order of draws
+            w = torch.randn(rows, cols, generator=gen, device=self.device, dtype=torch.float32)
+            return w.mul_(1.0 / math.sqrt(cols))
+
+        def rows_of(w: torch.Tensor, per: int, k: int = 1) -> torch.Tensor:
+            # rank r's rows of `w`, seen as k stacked blocks (q|k|v or gate|up) each split n ways
+            blocks = w.chunk(k, dim=0)
+            return torch.cat([b[r * per : (r + 1) * per] for b in blocks], 0)
+
+        def cast(w: torch.Tensor) -> torch.Tensor:
+            return w.to(self.dtype).contiguous()
+
+        self.embed = cast(torch.randn(s.vocab, s.hidden, generator=gen, device=self.device))
+        self.layers: list[_Layer] = []
+        for _ in range(s.layers):
+            wq, wk, wv = (
+                full(s.heads * hd, s.hidden),
+                full(s.kv_heads * hd, s.hidden),
+                full(s.kv_heads * hd, s.hidden),
+            )
+            wo = full(s.hidden, s.heads * hd)
+            wg, wu = full(s.intermediate, s.hidden), full(s.intermediate, s.hidden)
+            wd = full(s.hidden, s.intermediate)
+            qkv = torch.cat(
+                (
+                    wq[r * self.local_heads * hd : (r + 1) * self.local_heads * hd],
+                    wk[r * self.local_kv * hd : (r + 1) * self.local_kv * hd],
+                    wv[r * self.local_kv * hd : (r + 1) * self.local_kv * hd],
+                ),
+                0,
+            )
+            gate_up = rows_of(torch.cat((wg, wu), 0), self.local_inter, k=2)
+            self.layers.append(
+                _Layer(
+                    attn_norm=torch.ones(s.hidden, device=self.device, dtype=self.dtype),
+                    mlp_norm=torch.ones(s.hidden, device=self.device, dtype=self.dtype),
+                    qkv=cast(qkv),  # [local (q+k+v) rows, hidden]: column-parallel
+                    o=cast(
+                        wo[:, r * self.local_heads * hd : (r + 1) * self.local_heads * hd]
+                    ),  # row-parallel
+                    gate_up=cast(gate_up),  # column-parallel
+                    down=cast(wd[:, r * self.local_inter : (r + 1) * self.local_inter]),  # row-parallel
+                )
+            )
+            del wq, wk, wv, wo, wg, wu, wd
+        self.final_norm = torch.ones(s.hidden, device=self.device, dtype=self.dtype)
+        head = full(s.vocab, s.hidden)
+        self.lm_head = cast(head[r * self.local_vocab : (r + 1) * self.local_vocab])  # vocab-parallel
+        del head
+        self.cos, self.sin = _rope_tables(hd, max_len, s.rope_theta, self.device)
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
+
+    # -- forward ---------------------------------------------------------------------------------
+    def _reset_cache(self, batch: int) -> None:
+        shape = (batch, self.local_kv, self.max_len, self.shape.head_dim)
+        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+
+    def _device_sync(self) -> None:
+        self.sync_count += 1
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _attention(self, i: int, layer: _Layer, h: torch.Tensor, pos: int) -> torch.Tensor:
+        b, seq, _ = h.shape
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        qkv = h @ layer.qkv.t()
+        q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+        q = q.view(b, seq, nh, hd).transpose(1, 2)
+        k = k.view(b, seq, nkv, hd).transpose(1, 2)
+        v = v.view(b, seq, nkv, hd).transpose(1, 2)
+        cos, sin = self.cos[pos : pos + seq], self.sin[pos : pos + seq]
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        self.k_cache[i][:, :, pos : pos + seq] = k
+        self.v_cache[i][:, :, pos : pos + seq] = v
+        keys = self.k_cache[i][:, :, : pos + seq]
+        values = self.v_cache[i][:, :, : pos + seq]
+        if nh != nkv:
+            keys = keys.repeat_interleave(nh // nkv, dim=1)
+            values = values.repeat_interleave(nh // nkv, dim=1)
+        att = F.scaled_dot_product_attention(q, keys, values, is_causal=seq > 1)
+        att = att.transpose(1, 2).reshape(b, seq, nh * hd)
+        return att @ layer.o.t()  # partial sum over this rank's heads
+
+    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+        gate, up = (h @ layer.gate_up.t()).chunk(2, dim=-1)
+        return (F.silu(gate) * up) @ layer.down.t()  # partial sum over this rank's columns
+
+    def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
+        """tokens [B, S] at positions pos..pos+S-1 -> full-vocabulary logits of the last position [B, V]."""
+        x = self.embed[tokens]
+        eps = self.shape.norm_eps
+        for i, layer in enumerate(self.layers):
+            with annotate.region("attention"):
+                a = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
+            x = x + self.comm.all_reduce(a)
+            with annotate.region("mlp"):
+                m = self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps))
+            x = x + self.comm.all_reduce(m)
+            if self.sync_per_layer:
+                self._device_sync()
+        with annotate.region("lm_head"):
+            h = _rms_norm(x[:, -1], self.final_norm, eps)
+            local = (h @ self.lm_head.t()).float()  # [B, V/N]
+            return self.comm.all_gather_last(local)
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        prompt: torch.Tensor,
+        tokens: int,
+        *,
+        on_token: Callable[[int, int], None] | None = None,
+        before_step: Callable[[int], None] | None = None,
+    ) -> tuple[torch.Tensor, list[int]]:
+        """Prefill `prompt` [B, P], then greedy-decode `tokens` tokens.
+
+        Returns (generated ids [B, tokens], host wall ns per decode step). Each step's time runs
+        from before its range opens to after its token exists (a device sync on CUDA).
+        `before_step(i)` runs before step i is timed (the profiler's schedule step goes there);
+        `on_token(i, ns)` after it (progress).
+        """
+        b, p = prompt.shape
+        if p + tokens > self.max_len:
+            raise CaptureError(f"prompt {p} + tokens {tokens} exceeds the KV cache length {self.max_len}")
+        self._reset_cache(b)
+        prompt = prompt.to(self.device)
+        logits = self.forward(prompt, 0)
+        nxt = logits.argmax(-1)
+        out: list[torch.Tensor] = []
+        times_ns: list[int] = []
+        cuda = self.device.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        for i in range(tokens):
+            if before_step is not None:
+                before_step(i)
+            t0 = time.perf_counter_ns()
+            with annotate.step(i):
+                out.append(nxt)
+                logits = self.forward(nxt[:, None], p + i)
+                nxt = logits.argmax(-1)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            dt = time.perf_counter_ns() - t0
+            times_ns.append(dt)
+            if on_token is not None:
+                on_token(i, dt)
+        return torch.stack(out, 1).cpu(), times_ns
+
+
+def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
+    """A deterministic random prompt [batch, length] (the same on every rank)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    return torch.randint(0, vocab, (batch, length), generator=g)
+
+
+__all__ = ["PRESETS", "Comm", "DecoderShape", "TPDecoder", "check_tp", "make_prompt", "preset"]

@@ -1,0 +1,229 @@
+"""What a capture records about where it ran, and how its files are written.
+
+Versions, host, devices, topology (`nvidia-smi topo -m`, NVML links), the NCCL_* environment,
+checksums, atomic writes, and the per-token statistics the manifest carries (docs/JSON.md#manifest).
+Torch and NVML are imported inside functions, and only where present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+MANIFEST_NAME = "manifest.json"
+SCHEMA_VERSION = "1.0"
+
+
+def trace_name(rank: int) -> str:
+    """File name of rank `rank`'s Kineto trace."""
+    return f"rank-{rank}.pt.trace.json.gz"
+
+
+def result_name(rank: int) -> str:
+    """Per-rank side file (timings, tokens, errors) the manifest is assembled from."""
+    return f".rank-{rank}.result.json"
+
+
+# -- files ---------------------------------------------------------------------------------------
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write `data` to `path` through a temporary name in the same folder and one rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def atomic_write_json(path: Path, doc: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(doc, indent=1, sort_keys=False) + "\n").encode())
+
+
+def gzip_file_atomic(src: Path, dest: Path) -> None:
+    """gzip `src` into `dest` (temporary name, then rename) and remove `src`."""
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    with open(src, "rb") as fin, open(tmp, "wb") as raw:
+        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
+            shutil.copyfileobj(fin, gz, 1 << 20)
+        raw.flush()
+        os.fsync(raw.fileno())
+    os.replace(tmp, dest)
+    src.unlink()
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path, rank: int | None) -> dict[str, Any]:
+    return {"rank": rank, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def slowest_rank_per_step(per_token_ns: Mapping[str, Sequence[int]]) -> list[int]:
+    """Per step index, the largest time over ranks (steps every rank has)."""
+    lists = [list(v) for v in per_token_ns.values() if v]
+    if not lists:
+        return []
+    n = min(len(v) for v in lists)
+    return [max(v[i] for v in lists) for i in range(n)]
+
+
+def dilation(unprofiled: Mapping[str, Sequence[int]], profiled: Mapping[str, Sequence[int]]) -> float | None:
+    """Median profiled / median unprofiled step time, each the slowest rank per step."""
+    u, p = slowest_rank_per_step(unprofiled), slowest_rank_per_step(profiled)
+    if not u or not p:
+        return None
+    mu = statistics.median(u)
+    return round(statistics.median(p) / mu, 4) if mu > 0 else None
+
+
+# -- environment ---------------------------------------------------------------------------------
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def host_info() -> dict[str, Any]:
+    return {
+        "hostname": socket.gethostname(),
+        "cpu": _cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def versions() -> dict[str, Any]:
+    from tracekit import __version__
+
+    out: dict[str, Any] = {
+        "tracekit": __version__,
+        "python": platform.python_version(),
+        "torch": None,
+        "cuda": None,
+        "nccl": None,
+    }
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            with contextlib.suppress(Exception):
+                v = torch.cuda.nccl.version()
+                out["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+    except ImportError:
+        pass
+    return out
+
+
+def devices() -> list[dict[str, Any]]:
+    """The CUDA devices this process sees ([] on a CPU-only host)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        out.append(
+            {
+                "index": i,
+                "name": p.name,
+                "memory_bytes": int(p.total_memory),
+                "capability": f"{p.major}.{p.minor}",
+                "multiprocessors": int(p.multi_processor_count),
+            }
+        )
+    return out
+
+
+def nvidia_smi_topo() -> str | None:
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def nvml_links() -> list[dict[str, Any]] | None:
+    """Per GPU pair: P2P status over NVLink, and active NVLink count per GPU. None without NVML."""
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        n = pynvml.nvmlDeviceGetCount()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
+        rows: list[dict[str, Any]] = []
+        for i, h in enumerate(handles):
+            active = 0
+            for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
+                try:
+                    if pynvml.nvmlDeviceGetNvLinkState(h, link):
+                        active += 1
+                except Exception:
+                    break
+            rows.append({"gpu": i, "nvlink_active_links": active})
+        for i in range(n):
+            for j in range(i + 1, n):
+                row: dict[str, Any] = {"gpu_a": i, "gpu_b": j}
+                for key, idx in (
+                    ("p2p_nvlink", getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)),
+                    ("p2p_read", getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", None)),
+                ):
+                    if idx is None:
+                        continue
+                    try:
+                        st = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], idx)
+                        row[key] = "ok" if st == pynvml.NVML_P2P_STATUS_OK else f"status {st}"
+                    except Exception as exc:  # not supported on this driver
+                        row[key] = f"error: {exc}"
+                rows.append(row)
+        return rows
+    finally:
+        with contextlib.suppress(Exception):
+            pynvml.nvmlShutdown()
+
+
+def topology() -> dict[str, Any]:
+    return {"nvidia_smi_topo": nvidia_smi_topo(), "nvml_links": nvml_links()}
+
+
+def nccl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = os.environ if env is None else env
+    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
+
+
+def now_utc() -> str:
+    import datetime as _dt
+
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,292 @@
+"""Profiler modes, the per-rank tracer, and `tracekit.profile()` for users' own decode loops.
+
+Modes (the `--mode` of `tracekit capture`; docs in MODES):
+
+| mode     | torch.profiler activities            | host ops traced     | steps visible as |
+| -------- | ------------------------------------ | ------------------- | ---------------- |
+| `full`   | CPU + CUDA, record_shapes, cuda_sync | every aten/c10d op  | user_annotation + gpu_user_annotation |
+| `cuda`   | CUDA + user ranges only              | none (USER_SCOPE)   | user_annotation + gpu_user_annotation |
+| `cpu`    | CPU, record_shapes                   | every op            | user_annotation |
+| `ranges` | user ranges only                     | none (USER_SCOPE)   | user_annotation (gloo:/nccl: comm ranges too) |
+| `nvtx`   | no torch.profiler (NVTX only, for nsys) | -                | NVTX ranges |
+
+Why `cuda` keeps the user ranges: with `activities=[CUDA]` alone, torch registers no
+RecordFunction callbacks at all (profiler_kineto.cpp `enableProfiler`: callbacks only
+`if (activities.count(ActivityType::CPU))`), so `record_function` ranges, `ProfilerStep#N` and
+their `gpu_user_annotation` projections are all missing and the steps cannot be found. tracekit
+instead enables CPU activity restricted to the USER_SCOPE RecordFunction scope (the `scopes`
+argument of `torch._C._autograd._enable_profiler`): the per-op callbacks that dilate an eager,
+host-bound decode step never fire, while the step/region ranges and the process-group comm
+ranges (`gloo:all_reduce`, `nccl:all_reduce`) are kept.
+
+`auto` picks the lowest-dilation mode that still marks steps: `cuda` on a CUDA device, `cpu` on a
+CPU-only run (there the collectives are the gloo/c10d CPU ops, which only `cpu`/`full` record).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from tracekit.capture import annotate as _annotate
+from tracekit.capture.environment import (
+    atomic_write_json,
+    file_entry,
+    gzip_file_atomic,
+    result_name,
+    trace_name,
+)
+from tracekit.errors import CaptureError
+
+MODES: dict[str, str] = {
+    "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",
+    "full": "CPU+CUDA activities, every op, record_shapes, cuda sync events (structure pass; dilates)",
+    "cuda": "CUDA kernels/runtime + user ranges only: low dilation (needs --device cuda)",
+    "cpu": "CPU activity only, every op, record_shapes (the mode for CPU/gloo runs)",
+    "ranges": "user ranges only (steps, regions, comm ranges): no op tracing",
+    "nvtx": "no torch.profiler, NVTX ranges only (used under nsys)",
+}
+
+#: Environment variables tracekit sets for `tracekit capture -- python my_decode.py`.
+ENV_DIR = "TRACEKIT_CAPTURE_DIR"
+ENV_MODE = "TRACEKIT_CAPTURE_MODE"
+ENV_WARMUP = "TRACEKIT_CAPTURE_WARMUP"
+
+
+def resolve_mode(mode: str, device_type: str) -> str:
+    """The concrete mode for `mode` on a `device_type` ("cpu" or "cuda") run."""
+    if mode not in MODES:
+        raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "auto":
+        return "cuda" if device_type == "cuda" else "cpu"
+    if mode == "cuda" and device_type != "cuda":
+        raise CaptureError(
+            "mode 'cuda' traces CUDA activity and needs a CUDA device (use --mode cpu or ranges)"
+        )
+    return mode
+
+
+@contextlib.contextmanager
+def _user_scope_only() -> Iterator[None]:
+    """While active, torch profilers enabled from Python record only USER_SCOPE RecordFunctions."""
+    import torch.autograd.profiler as ap
+    from torch._C._profiler import RecordScope
+
+    orig = ap._enable_profiler
+
+    def enable(config: Any, activities: Any, scopes: Any = None) -> Any:
+        return orig(config, activities, {RecordScope.USER_SCOPE})  # type: ignore[call-arg]
+
+    ap._enable_profiler = enable  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        ap._enable_profiler = orig
+
+
+class Tracer:
+    """torch.profiler for one rank: `warmup` steps not recorded, then the rest until `stop()`.
+
+    Call `start()` before the first step, `step()` at the start of every later step, and `stop()`
+    after the last; the trace lands at out_dir/rank-<r>.pt.trace.json.gz (temporary name, then
+    rename). Mode "nvtx" makes every call a no-op.
+    """
+
+    def __init__(
+        self, mode: str, device_type: str, out_dir: Path, rank: int, warmup: int = 1, active: int = 0
+    ):
+        self.mode = resolve_mode(mode, device_type)
+        self.device_type, self.out_dir, self.rank = device_type, Path(out_dir), rank
+        self.warmup, self.active = max(int(warmup), 0), int(active)
+        self.prof: Any = None
+        self.trace_path: Path | None = None
+        self._user_scope = self.mode in ("cuda", "ranges")
+
+    def _scope(self) -> contextlib.AbstractContextManager[None]:
+        return _user_scope_only() if self._user_scope else contextlib.nullcontext()
+
+    def _on_ready(self, prof: Any) -> None:
+        final = self.out_dir / trace_name(self.rank)
+        tmp = self.out_dir / f".rank-{self.rank}.{os.getpid()}.pt.trace.json"
+        prof.export_chrome_trace(str(tmp))
+        gzip_file_atomic(tmp, final)
+        self.trace_path = final
+
+    def start(self) -> None:
+        if self.mode == "nvtx":
+            return
+        import torch
+        from torch.profiler import ProfilerActivity
+
+        cuda = self.device_type == "cuda"
+        acts = []
+        if self.mode in ("full", "cpu", "ranges") or (self.mode == "cuda"):
+            acts.append(ProfilerActivity.CPU)  # in "cuda"/"ranges": user ranges only (see _user_scope_only)
+        if cuda and self.mode in ("full", "cuda"):
+            acts.append(ProfilerActivity.CUDA)
+        kwargs: dict[str, Any] = {"activities": acts, "record_shapes": self.mode in ("full", "cpu")}
+        if self.mode == "full" and cuda and hasattr(torch.profiler, "_ExperimentalConfig"):
+            with contextlib.suppress(TypeError):
+                kwargs["experimental_config"] = torch.profiler._ExperimentalConfig(
+                    enable_cuda_sync_events=True
+                )
+        if self.warmup > 0:
+            active = self.active if self.active > 0 else 1 << 30
+            kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=self.warmup, active=active, repeat=1)
+        kwargs["on_trace_ready"] = self._on_ready
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.prof = torch.profiler.profile(**kwargs)
+        with self._scope():
+            self.prof.start()
+
+    def step(self) -> None:
+        if self.prof is not None:
+            with self._scope():
+                self.prof.step()
+
+    def stop(self) -> Path | None:
+        if self.prof is not None:
+            prof, self.prof = self.prof, None
+            with self._scope():
+                prof.stop()
+            if self.trace_path is None:  # stopped before any recorded step: nothing was saved
+                raise CaptureError(
+                    f"rank {self.rank}: the profiler recorded no step (warm-up {self.warmup} steps "
+                    "covered the whole loop); run more steps or lower the warm-up"
+                )
+        return self.trace_path
+
+
+# -- per-rank result files -----------------------------------------------------------------------
+def write_result(out_dir: Path, rank: int, **fields: Any) -> None:
+    """Merge `fields` into out_dir/.rank-<r>.result.json (atomically)."""
+    path = Path(out_dir) / result_name(rank)
+    doc: dict[str, Any] = {"rank": rank}
+    if path.exists():
+        with contextlib.suppress(ValueError, OSError):
+            doc.update(json.loads(path.read_text()))
+    doc.update(fields)
+    atomic_write_json(path, doc)
+
+
+def error_fields(exc: BaseException) -> dict[str, Any]:
+    lines = [ln for ln in traceback.format_exception_only(type(exc), exc) if ln.strip()]
+    return {
+        "error": {"message": lines[-1].strip() if lines else repr(exc), "traceback": traceback.format_exc()}
+    }
+
+
+def _current_rank() -> int:
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    with contextlib.suppress(Exception):
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    return 0
+
+
+class Session:
+    """One `tracekit.profile()` block: times each `annotate.step` and drives the tracer's schedule."""
+
+    def __init__(self, out_dir: Path, rank: int, mode: str, warmup: int, profiled: bool, sync: bool):
+        import torch
+
+        self.out_dir, self.rank, self.profiled, self.sync = out_dir, rank, profiled, sync
+        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._synchronize: Callable[[], None] | None = (
+            torch.cuda.synchronize if (sync and self.cuda) else None
+        )
+        self.tracer = (
+            Tracer(mode, "cuda" if self.cuda else "cpu", out_dir, rank, warmup=warmup) if profiled else None
+        )
+        self.mode = self.tracer.mode if self.tracer else "unprofiled"
+        self.warmup = warmup if profiled else 0
+        self.steps_seen = 0
+        self.step_ns: list[int] = []
+        self._t0 = 0
+
+    def step_begin(self, i: int) -> None:
+        if self.steps_seen > 0 and self.tracer is not None:
+            self.tracer.step()
+        self.steps_seen += 1
+        self._t0 = time.perf_counter_ns()
+
+    def step_end(self, i: int) -> None:
+        if self._synchronize is not None:
+            self._synchronize()
+        self.step_ns.append(time.perf_counter_ns() - self._t0)
+
+
+@contextlib.contextmanager
+def profile(
+    out_dir: str | Path | None = None,
+    *,
+    mode: str | None = None,
+    warmup: int | None = None,
+    profiled: bool = True,
+    rank: int | None = None,
+    sync: bool = True,
+) -> Iterator[Session]:
+    """Profile a decode loop whose steps are marked with `tracekit.annotate.step(i)`.
+
+        import tracekit
+        from tracekit import annotate
+        with tracekit.profile(profiled=False):      # per-token times, no profiler
+            for i in range(32):
+                with annotate.step(i): decode_one()
+        with tracekit.profile():                    # the trace (first `warmup` steps not recorded)
+            for i in range(32):
+                with annotate.step(i): decode_one()
+
+    Under `tracekit capture --out DIR -- python script.py`, the folder, mode and warm-up come from
+    the environment tracekit sets (TRACEKIT_CAPTURE_DIR/MODE/WARMUP); otherwise from the arguments
+    (defaults: ./tracekit-trace, auto, 1). Each rank (RANK, or torch.distributed's rank) writes
+    rank-<r>.pt.trace.json.gz and a result file that `tracekit capture` turns into manifest.json.
+    `sync=True` synchronises the CUDA device at the end of each step so step times are real.
+    """
+    out = Path(out_dir or os.environ.get(ENV_DIR) or "tracekit-trace")
+    out.mkdir(parents=True, exist_ok=True)
+    mode = mode or os.environ.get(ENV_MODE) or "auto"
+    warm = int(warmup if warmup is not None else os.environ.get(ENV_WARMUP, "1"))
+    r = _current_rank() if rank is None else rank
+    if _annotate._session is not None:
+        raise CaptureError("tracekit.profile() blocks cannot be nested")
+    session = Session(out, r, mode, warm, profiled, sync)
+    if session.tracer is not None:
+        session.tracer.start()
+    _annotate._session = session
+    try:
+        yield session
+    except BaseException as exc:
+        write_result(out, r, **error_fields(exc))
+        if session.tracer is not None:
+            with contextlib.suppress(Exception):
+                session.tracer.stop()
+        raise
+    finally:
+        _annotate._session = None
+    if session.tracer is not None:
+        path = session.tracer.stop()
+        entry = file_entry(path, r) if path is not None else None
+        write_result(
+            out,
+            r,
+            profiled_ns=session.step_ns[session.warmup :],
+            mode=session.mode,
+            trace=path.name if path else None,
+            file=entry,
+            device="cuda" if session.cuda else "cpu",
+        )
+    else:
+        write_result(out, r, unprofiled_ns=session.step_ns)
+
+
+__all__ = ["MODES", "Session", "Tracer", "profile", "resolve_mode", "write_result"]

@@ -1,0 +1,699 @@
+"""`tracekit capture`: run the reference decoder over N ranks and write traces + manifest.json.
+
+    from pathlib import Path
+    from tracekit.capture.runner import CaptureConfig, capture
+    run_dir = capture(CaptureConfig(tp=2, preset="tiny", tokens=8), Path("traces/cpu-tp2"))
+
+Per rank: build the shard (weights from the seed), a warm-up pass, an unprofiled pass (host wall
+ns per token, a device sync per token on CUDA), and a profiled pass (torch.profiler in the chosen
+mode, its schedule skipping one warm-up step, then `tokens` recorded steps, timed the same way).
+Ranks run as spawned processes on this host, or in-process when launched by torchrun (RANK and
+WORLD_SIZE set). Each rank writes rank-<r>.pt.trace.json.gz and a small result file; the
+manifest (docs/JSON.md#manifest) is assembled from those. A failing rank: the others' traces are
+kept, the manifest says `complete: false` with the errors, and CaptureError names the rank.
+
+Importing this module is cheap: torch is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from tracekit.capture import environment as env
+from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_WARMUP, MODES
+from tracekit.errors import CaptureError
+
+#: progress(phase, done, total): phase is "warmup", "unprofiled" or "profiled" (rank 0's tokens).
+Progress = Callable[[str, int, int], None]
+
+ENV_CONFIG = "TRACEKIT_CAPTURE_CONFIG"
+ENV_NSYS = "NSYS"
+
+
+@dataclass(frozen=True)
+class CaptureConfig:
+    """The options of `tracekit capture` (one field per option)."""
+
+    tp: int = 1  # ranks (tensor-parallel degree)
+    tokens: int = 16  # decode steps per pass (recorded steps in the profiled pass)
+    prompt: int = 16  # prompt length P (prefill, not a step)
+    batch: int = 1  # sequences decoded together
+    preset: str = "tiny"  # model shape: tiny, small, 7b (tracekit.capture.decoder.PRESETS)
+    layers: int | None = None  # override the preset's layer count
+    backend: str = "auto"  # auto (nccl on cuda, gloo on cpu), nccl, gloo
+    device: str = "auto"  # auto (cuda when available), cpu, cuda
+    mode: str = "auto"  # profiler mode, see tracekit.capture.profile.MODES
+    seed: int = 0  # weights and prompt
+    warmup: int = 4  # decode steps of the warm-up pass
+    inject_delay: tuple[int, float] | None = None  # (rank, ms): host sleep before each all-reduce
+    inject_sync: bool = False  # an extra device synchronisation per layer
+    nsys: bool = False  # run under Nsight Systems (NVTX ranges, no torch.profiler)
+    timeout_s: float = 300.0  # collective timeout, and how long to wait for ranks after one fails
+    fail_rank: int | None = None  # testing: this rank raises at the end of its profiled pass
+    command: str | None = None  # the command line recorded in the manifest
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """What `auto` became on this host."""
+
+    device: str  # "cpu" | "cuda"
+    backend: str  # "gloo" | "nccl" | "none"
+    dtype: str  # "float32" | "bfloat16"
+    mode: str
+
+
+def parse_inject_delay(text: str | None) -> tuple[int, float] | None:
+    """ "RANK:MS" -> (rank, ms)."""
+    if not text:
+        return None
+    try:
+        rank_s, ms_s = text.split(":", 1)
+        rank, ms = int(rank_s), float(ms_s)
+    except ValueError:
+        raise CaptureError(f"--inject-delay wants RANK:MS (e.g. 1:20), got {text!r}") from None
+    if rank < 0 or ms < 0:
+        raise CaptureError(f"--inject-delay wants a rank >= 0 and MS >= 0, got {text!r}")
+    return rank, ms
+
+
+def _cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
+    """Check the config and decide device, backend, dtype and profiler mode. Raises CaptureError."""
+    from tracekit.capture.decoder import check_tp, preset
+    from tracekit.capture.profile import resolve_mode
+
+    n = world or config.tp
+    if n < 1:
+        raise CaptureError(f"--tp must be at least 1, got {n}")
+    if config.tokens < 1 or config.prompt < 1 or config.batch < 1:
+        raise CaptureError("--tokens, --prompt and --batch must be at least 1")
+    check_tp(preset(config.preset, config.layers), n)
+    if config.device not in ("auto", "cpu", "cuda"):
+        raise CaptureError(f"--device must be auto, cpu or cuda, got {config.device!r}")
+    if config.backend not in ("auto", "gloo", "nccl"):
+        raise CaptureError(f"--backend must be auto, gloo or nccl, got {config.backend!r}")
+    if config.inject_delay is not None and config.inject_delay[0] >= n:
+        raise CaptureError(f"--inject-delay names rank {config.inject_delay[0]} but there are {n} ranks")
+    if config.fail_rank is not None and config.fail_rank >= n:
+        raise CaptureError(f"fail_rank {config.fail_rank} but there are {n} ranks")
+    local_n = int(os.environ.get("LOCAL_WORLD_SIZE", n))
+    device = config.device
+    if device == "auto":
+        device = "cuda" if _cuda_count() > 0 else "cpu"
+    if device == "cuda":
+        count = _cuda_count()
+        if count == 0:
+            raise CaptureError(
+                "--device cuda but no CUDA device is visible (torch.cuda.is_available() is False)"
+            )
+        if local_n > count:
+            raise CaptureError(
+                f"{local_n} ranks on this host need {local_n} GPUs but {count} are visible "
+                "(one rank per GPU; lower --tp or use --device cpu)"
+            )
+    backend = config.backend
+    if backend == "auto":
+        backend = "nccl" if device == "cuda" else "gloo"
+    if backend == "nccl" and device != "cuda":
+        raise CaptureError("--backend nccl needs --device cuda (use gloo on CPU)")
+    if n == 1:
+        backend = "none"
+    mode = config.mode
+    if config.nsys:
+        if mode not in ("auto", "nvtx"):
+            raise CaptureError(
+                "--nsys records NVTX ranges under Nsight Systems; torch.profiler and nsys cannot share "
+                "CUPTI, so --mode must be auto or nvtx with --nsys"
+            )
+        mode = "nvtx"
+    mode = resolve_mode(mode, device)
+    return Resolved(
+        device=device, backend=backend, dtype="bfloat16" if device == "cuda" else "float32", mode=mode
+    )
+
+
+def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]:
+    from tracekit.capture.decoder import preset
+
+    shape = preset(config.preset, config.layers)
+    return {
+        "preset": config.preset,
+        "tp": world,
+        "tokens": config.tokens,
+        "prompt": config.prompt,
+        "batch": config.batch,
+        "backend": res.backend,
+        "device": res.device,
+        "dtype": res.dtype,
+        "seed": config.seed,
+        "layers": shape.layers,
+        "shape": asdict(shape),
+        "warmup_tokens": config.warmup,
+        "profiler_warmup_steps": 1,
+        "inject_delay": None
+        if config.inject_delay is None
+        else {"rank": config.inject_delay[0], "ms": config.inject_delay[1]},
+        "inject_sync": config.inject_sync,
+        "mode": res.mode,
+        "step_pattern": "decode_step",
+    }
+
+
+# -- one rank --------------------------------------------------------------------------------------
+def _rank_main(
+    rank: int,
+    world: int,
+    local_rank: int,
+    config: CaptureConfig,
+    res: Resolved,
+    out_dir: Path,
+    init_method: str | None,
+    progress_queue: Any = None,
+    destroy: bool = True,
+) -> dict[str, Any]:
+    """Run one rank; returns its result fields (also written to its result file)."""
+    import datetime
+
+    import torch
+
+    from tracekit.capture import annotate
+    from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
+    from tracekit.capture.profile import Tracer, write_result
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)
+    if res.device == "cpu":
+        torch.set_num_threads(
+            max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
+        )
+        device = torch.device("cpu")
+    else:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    dist: Any = None
+    if world > 1:
+        import torch.distributed
+
+        dist = torch.distributed
+        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=config.timeout_s)}
+        if init_method is not None:
+            kwargs.update(init_method=init_method, rank=rank, world_size=world)
+        dist.init_process_group(res.backend, **kwargs)
+
+    def report(phase: str) -> Callable[[int, int], None] | None:
+        if progress_queue is None or rank != 0:
+            return None
+        total = {"warmup": config.warmup, "unprofiled": config.tokens, "profiled": config.tokens + 1}[phase]
+        return lambda i, ns: progress_queue.put((phase, i + 1, total))
+
+    def barrier() -> None:
+        if dist is not None:
+            if res.backend == "nccl":
+                dist.barrier(device_ids=[local_rank])
+            else:
+                dist.barrier()
+
+    before_ar = None
+    if config.inject_delay is not None and config.inject_delay[0] == rank:
+        delay_s = config.inject_delay[1] / 1000.0
+        before_ar = lambda: time.sleep(delay_s)  # noqa: E731
+    comm = Comm(world, rank, res.backend, before_all_reduce=before_ar)
+    shape = preset(config.preset, config.layers)
+    max_len = config.prompt + max(config.tokens + 1, config.warmup) + 1
+    model = TPDecoder(
+        shape,
+        comm,
+        seed=config.seed,
+        device=device,
+        dtype=torch.bfloat16 if res.dtype == "bfloat16" else torch.float32,
+        max_len=max_len,
+        sync_per_layer=config.inject_sync,
+    )
+    prompt = make_prompt(shape.vocab, config.batch, config.prompt, config.seed)
+
+    barrier()
+    if config.warmup > 0:
+        model.generate(prompt, config.warmup, on_token=report("warmup"))
+    barrier()
+    tokens, unprofiled_ns = model.generate(prompt, config.tokens, on_token=report("unprofiled"))
+    write_result(out_dir, rank, unprofiled_ns=unprofiled_ns, device=str(device), nvtx=annotate.nvtx_source())
+    barrier()
+
+    tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=1, active=config.tokens)
+    tracer.start()
+    _, profiled_all = model.generate(
+        prompt,
+        config.tokens + 1,
+        before_step=lambda i: tracer.step() if i > 0 else None,
+        on_token=report("profiled"),
+    )
+    if config.fail_rank == rank:
+        raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
+    tracer.step()  # ends the last recorded step: the trace is written
+    path = tracer.stop()
+    fields: dict[str, Any] = {
+        "profiled_ns": profiled_all[1:],
+        "mode": res.mode,
+        "trace": path.name if path else None,
+        "file": env.file_entry(path, rank) if path else None,
+        "inject_sync_count": model.sync_count,
+        "nccl_env": env.nccl_env(),
+    }
+    if rank == 0:
+        fields["tokens_generated"] = tokens.tolist()
+    write_result(out_dir, rank, **fields)
+    if dist is not None and destroy:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+    return fields
+
+
+def _spawned_rank(
+    rank: int, world: int, config: CaptureConfig, res: Resolved, out_dir: str, init_method: str, queue: Any
+) -> None:
+    """Entry of a spawned rank process: errors go to its result file and exit code 1."""
+    from tracekit.capture.profile import error_fields, write_result
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
+    )
+    try:
+        _rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
+    except BaseException as exc:
+        fields = error_fields(exc)
+        with contextlib.suppress(Exception):
+            write_result(Path(out_dir), rank, **fields)
+        sys.stderr.write(f"tracekit capture: rank {rank} failed: {fields['error']['message']}\n")
+        sys.exit(1)
+
+
+# -- the manifest ----------------------------------------------------------------------------------
+def read_results(out_dir: Path) -> dict[int, dict[str, Any]]:
+    out: dict[int, dict[str, Any]] = {}
+    for p in sorted(out_dir.glob(".rank-*.result.json")):
+        try:
+            doc = json.loads(p.read_text())
+            out[int(doc["rank"])] = doc
+        except (ValueError, KeyError, OSError):
+            continue
+    return out
+
+
+def build_manifest(
+    *,
+    world: int,
+    results: dict[int, dict[str, Any]],
+    workload_doc: dict[str, Any],
+    command: str | None,
+    errors: Sequence[dict[str, Any]] = (),
+    extra_files: dict[str, dict[str, Any]] | None = None,
+    needs_traces: bool = True,
+    nccl: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The manifest document (docs/JSON.md#manifest) from the per-rank results."""
+    errs = [dict(e) for e in errors]
+    seen = {e.get("rank") for e in errs}
+    for r in range(world):
+        res = results.get(r, {})
+        if res.get("error") and r not in seen:
+            errs.append({"rank": r, "message": res["error"]["message"]})
+            seen.add(r)
+    files: dict[str, dict[str, Any]] = {}
+    for r in range(world):
+        fe = results.get(r, {}).get("file")
+        if fe:
+            files[env.trace_name(r)] = fe
+        elif needs_traces and r not in seen:
+            errs.append({"rank": r, "message": "no trace written"})
+    files.update(extra_files or {})
+    unprof = {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
+    prof = {str(r): results[r]["profiled_ns"] for r in sorted(results) if results[r].get("profiled_ns")}
+    return {
+        "schema_version": env.SCHEMA_VERSION,
+        "kind": "tracekit.capture",
+        "complete": not errs,
+        "errors": sorted(errs, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)),
+        "created": env.now_utc(),
+        "versions": env.versions(),
+        "host": env.host_info(),
+        "devices": env.devices(),
+        "topology": env.topology(),
+        "nccl_env": nccl
+        if nccl is not None
+        else next(
+            (results[r]["nccl_env"] for r in sorted(results) if "nccl_env" in results[r]), env.nccl_env()
+        ),
+        "workload": workload_doc,
+        "unprofiled": {"per_token_ns": unprof},
+        "profiled": {"per_token_ns": prof},
+        "dilation": env.dilation(unprof, prof),
+        "tokens_generated": results.get(0, {}).get("tokens_generated"),
+        "nvtx": results.get(0, {}).get("nvtx"),
+        "inject_sync_count": {
+            str(r): results[r]["inject_sync_count"]
+            for r in sorted(results)
+            if "inject_sync_count" in results[r]
+        },
+        "files": files,
+        "command": command,
+    }
+
+
+def _finish(out_dir: Path, manifest: dict[str, Any]) -> Path:
+    env.atomic_write_json(out_dir / env.MANIFEST_NAME, manifest)
+    if not manifest["complete"]:
+        parts = "; ".join(
+            f"rank {e['rank']}: {e['message']}" if e.get("rank") is not None else e["message"]
+            for e in manifest["errors"]
+        )
+        raise CaptureError(f"capture incomplete ({parts}); kept traces and manifest in {out_dir}")
+    for p in out_dir.glob(".rank-*.result.json"):
+        p.unlink()
+    return out_dir
+
+
+def _command(config: CaptureConfig) -> str:
+    return config.command or "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _clear_outputs(out_dir: Path) -> None:
+    for p in list(out_dir.glob(".rank-*.result.json")) + list(out_dir.glob("rank-*.pt.trace.json.gz")):
+        p.unlink()
+    with contextlib.suppress(FileNotFoundError):
+        (out_dir / env.MANIFEST_NAME).unlink()
+
+
+# -- entry points ----------------------------------------------------------------------------------
+def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = None) -> Path:
+    """Run the capture described by `config` into `out_dir` (created); returns `out_dir`.
+
+    Under torchrun (RANK and WORLD_SIZE in the environment) every process runs its own rank and
+    rank 0 writes the manifest. Raises CaptureError on bad options or a failed rank (after writing
+    the manifest with `complete: false`).
+    """
+    out_dir = Path(out_dir)
+    if config.nsys and os.environ.get("TRACEKIT_UNDER_NSYS") != "1":
+        return _capture_under_nsys(config, out_dir, progress)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and os.environ.get("TRACEKIT_SPAWNED") != "1":
+        return _capture_torchrun(config, out_dir)
+    res = resolve(config)
+    world = config.tp
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_outputs(out_dir)
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue() if progress is not None else None
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    procs = []
+    old = os.environ.get("TRACEKIT_SPAWNED")
+    os.environ["TRACEKIT_SPAWNED"] = "1"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    try:
+        for r in range(world):
+            p = ctx.Process(
+                target=_spawned_rank, args=(r, world, config, res, str(out_dir), init, queue), daemon=False
+            )
+            p.start()
+            procs.append(p)
+    finally:
+        if old is None:
+            os.environ.pop("TRACEKIT_SPAWNED", None)
+        else:
+            os.environ["TRACEKIT_SPAWNED"] = old
+    errors: list[dict[str, Any]] = []
+    first_fail: float | None = None
+    while any(p.is_alive() for p in procs):
+        if queue is not None:
+            with contextlib.suppress(Exception):
+                while True:
+                    phase, done, total = queue.get(timeout=0.05)
+                    progress(phase, done, total)  # type: ignore[misc]
+        else:
+            time.sleep(0.05)
+        if first_fail is None and any(p.exitcode not in (None, 0) for p in procs):
+            first_fail = time.monotonic()
+        if first_fail is not None and time.monotonic() - first_fail > min(config.timeout_s, 60.0):
+            for r, p in enumerate(procs):
+                if p.is_alive():
+                    p.terminate()
+                    errors.append(
+                        {"rank": r, "message": "terminated: still waiting after another rank failed"}
+                    )
+            break
+    for p in procs:
+        p.join(timeout=10)
+    if queue is not None:
+        with contextlib.suppress(Exception):
+            while True:
+                progress(*queue.get_nowait())  # type: ignore[misc]
+    results = read_results(out_dir)
+    for r, p in enumerate(procs):
+        if (
+            p.exitcode not in (0, None)
+            and not results.get(r, {}).get("error")
+            and not any(e["rank"] == r for e in errors)
+        ):
+            errors.append({"rank": r, "message": f"process exited with code {p.exitcode}"})
+    manifest = build_manifest(
+        world=world,
+        results=results,
+        workload_doc=workload(config, res, world),
+        command=_command(config),
+        errors=errors,
+        needs_traces=res.mode != "nvtx",
+    )
+    return _finish(out_dir, manifest)
+
+
+def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
+    """One rank of a torchrun launch; rank 0 gathers the results and writes the manifest."""
+    from tracekit.capture.profile import error_fields, write_result
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    if config.tp not in (1, world):
+        raise CaptureError(f"--tp {config.tp} but torchrun started WORLD_SIZE={world} ranks")
+    res = resolve(config, world)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fields = _rank_main(
+            rank, world, local_rank, config, res, out_dir, "env://" if world > 1 else None, destroy=False
+        )
+    except BaseException as exc:
+        write_result(out_dir, rank, **error_fields(exc))
+        raise CaptureError(f"rank {rank} failed: {error_fields(exc)['error']['message']}") from exc
+    if world > 1:  # the result files may live on other hosts: gather them to rank 0
+        import torch.distributed as dist
+
+        gathered: list[Any] = [None] * world if rank == 0 else []
+        mine = dict(fields, unprofiled_ns=read_results(out_dir).get(rank, {}).get("unprofiled_ns"), rank=rank)
+        dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+        dist.destroy_process_group()
+        if rank != 0:
+            return out_dir
+        results = {int(g["rank"]): g for g in gathered if g}
+    else:
+        results = read_results(out_dir)
+    manifest = build_manifest(
+        world=world,
+        results=results,
+        workload_doc=workload(config, res, world),
+        command=_command(config),
+        needs_traces=res.mode != "nvtx",
+    )
+    return _finish(out_dir, manifest)
+
+
+def find_nsys() -> str:
+    """The nsys executable: $NSYS, else `nsys` on PATH. CaptureError when neither exists."""
+    cand = os.environ.get(ENV_NSYS)
+    if cand:
+        if Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+        raise CaptureError(f"NSYS={cand} is not an executable file")
+    found = shutil.which("nsys")
+    if found is None:
+        raise CaptureError(
+            "nsys (Nsight Systems) not found: put it on PATH or set NSYS=/path/to/nsys "
+            "(on the H200 machine see ../shared/gpu/NSYS.md)"
+        )
+    return found
+
+
+def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Run argv under `nsys profile -t cuda,nvtx`, export SQLite; returns their manifest file entries."""
+    nsys = find_nsys()
+    rep = out_dir / "nsys"
+    cmd = [
+        nsys,
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "-o",
+        str(rep),
+        "-f",
+        "true",
+        *argv,
+    ]
+    r = subprocess.run(cmd, env=child_env)
+    rep_file = out_dir / "nsys.nsys-rep"
+    if not rep_file.exists():
+        hint = ""
+        if (out_dir / "nsys.qdstrm").exists():
+            hint = " (only nsys.qdstrm was left: the nsys importer is missing a library, see ../shared/gpu/NSYS.md)"
+        raise CaptureError(f"nsys profile exited with {r.returncode} and wrote no {rep_file}{hint}")
+    sqlite = out_dir / "nsys.sqlite"
+    e = subprocess.run(
+        [nsys, "export", "--type", "sqlite", "-f", "true", "-o", str(sqlite), str(rep_file)],
+        capture_output=True,
+        text=True,
+    )
+    if e.returncode != 0 or not sqlite.exists():
+        raise CaptureError(
+            f"nsys export --type sqlite failed ({e.returncode}): {(e.stderr or e.stdout).strip()[-300:]}"
+        )
+    files = {p.name: env.file_entry(p, None) for p in (rep_file, sqlite)}
+    if r.returncode != 0:
+        raise CaptureError(f"the command under nsys exited with {r.returncode}; nsys files kept in {out_dir}")
+    return files
+
+
+def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress | None) -> Path:
+    resolve(config)  # check options before starting nsys
+    find_nsys()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    child_env = dict(
+        os.environ, TRACEKIT_UNDER_NSYS="1", NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0")
+    )
+    cfg = replace(config, command=_command(config), inject_delay=config.inject_delay)
+    child_env[ENV_CONFIG] = json.dumps(asdict(cfg))
+    argv = [sys.executable, "-m", "tracekit.capture.runner", str(out_dir)]
+    files = _run_nsys(argv, out_dir, child_env)
+    manifest_path = out_dir / env.MANIFEST_NAME
+    if not manifest_path.exists():
+        raise CaptureError(f"the capture under nsys wrote no manifest in {out_dir}")
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"].update(files)
+    manifest["workload"]["nsys"] = True
+    env.atomic_write_json(manifest_path, manifest)
+    return out_dir
+
+
+def capture_script(
+    argv: Sequence[str],
+    out_dir: Path,
+    *,
+    mode: str = "auto",
+    warmup: int = 1,
+    nsys: bool = False,
+    command: str | None = None,
+) -> Path:
+    """Run a user's script (`python my_decode.py ...`, or `torchrun ... my_decode.py`) that uses
+    `tracekit.profile()`; assemble manifest.json from what its ranks wrote. Returns `out_dir`."""
+    if not argv:
+        raise CaptureError(
+            "no command given after `--` (e.g. tracekit capture --out DIR -- python my_decode.py)"
+        )
+    if mode not in MODES:
+        raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if nsys and mode not in ("auto", "nvtx"):
+        raise CaptureError("--nsys records NVTX ranges; use --mode auto or nvtx with it")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _clear_outputs(out_dir)
+    child_env = dict(os.environ)
+    child_env.update(
+        {ENV_DIR: str(out_dir.resolve()), ENV_MODE: "nvtx" if nsys else mode, ENV_WARMUP: str(warmup)}
+    )
+    child_env.setdefault("NCCL_NVLS_ENABLE", "0")
+    extra: dict[str, dict[str, Any]] = {}
+    errors: list[dict[str, Any]] = []
+    if nsys:
+        extra = _run_nsys(list(argv), out_dir, child_env)
+        rc = 0
+    else:
+        try:
+            rc = subprocess.run(list(argv), env=child_env).returncode
+        except OSError as exc:
+            raise CaptureError(f"cannot run {argv[0]!r}: {exc}") from exc
+    if rc != 0:
+        errors.append({"rank": None, "message": f"{' '.join(argv)} exited with code {rc}"})
+    results = read_results(out_dir)
+    if not results and rc == 0:
+        raise CaptureError(
+            "the script ran but wrote no results: wrap its loop in `with tracekit.profile():` and mark steps "
+            "with `tracekit.annotate.step(i)`"
+        )
+    world = max(results) + 1 if results else 0
+    modes = sorted({str(r.get("mode")) for r in results.values() if r.get("mode")})
+    doc = {
+        "script": list(argv),
+        "tp": world,
+        "mode": modes[0] if len(modes) == 1 else modes,
+        "step_pattern": "decode_step",
+    }
+    manifest = build_manifest(
+        world=world,
+        results=results,
+        workload_doc=doc,
+        command=command or "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        errors=errors,
+        extra_files=extra,
+        needs_traces=not nsys and any(r.get("mode") for r in results.values()),
+    )
+    return _finish(out_dir, manifest)
+
+
+def _main_under_nsys(argv: list[str]) -> int:
+    """`python -m tracekit.capture.runner OUT_DIR` with the config in $TRACEKIT_CAPTURE_CONFIG."""
+    doc = json.loads(os.environ[ENV_CONFIG])
+    if doc.get("inject_delay") is not None:
+        doc["inject_delay"] = tuple(doc["inject_delay"])
+    config = CaptureConfig(**doc)
+    try:
+        capture(config, Path(argv[0]))
+    except CaptureError as exc:
+        print(f"tracekit: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main_under_nsys(sys.argv[1:]))
+
+
+__all__ = [
+    "CaptureConfig",
+    "Resolved",
+    "capture",
+    "capture_script",
+    "find_nsys",
+    "parse_inject_delay",
+    "resolve",
+]

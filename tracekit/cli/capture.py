@@ -1,0 +1,143 @@
+"""`tracekit capture`: record per-rank Kineto traces and manifest.json from a decode run."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from tracekit.capture.profile import MODES
+
+_MODE_HELP = "; ".join(f"{k}: {v}" for k, v in MODES.items())
+
+
+@click.command(
+    "capture",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+Examples:
+  tracekit capture --tp 2 --preset tiny --tokens 8 --out traces/cpu-tp2
+  tracekit capture --tp 2 --preset tiny --tokens 16 --inject-delay 1:20 --out traces/cpu-tp2-straggler
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda --out runs/h200-tp1
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys --out runs/h200-tp1-nsys
+  tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
+  tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
+""",
+)
+@click.option(
+    "--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks (processes on this host)."
+)
+@click.option("--tokens", type=int, default=16, show_default=True, help="Decode steps per pass.")
+@click.option(
+    "--prompt", type=int, default=16, show_default=True, help="Prompt length (prefill, not a step)."
+)
+@click.option("--batch", type=int, default=1, show_default=True, help="Sequences decoded together.")
+@click.option("--preset", default="tiny", show_default=True, help="Model shape: tiny, small, 7b.")
+@click.option("--layers", type=int, default=None, help="Override the preset's number of layers.")
+@click.option("--backend", type=click.Choice(["auto", "nccl", "gloo"]), default="auto", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--mode", type=click.Choice(list(MODES)), default="auto", show_default=True, help=_MODE_HELP)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the prompt.")
+@click.option("--warmup", type=int, default=4, show_default=True, help="Decode steps of the warm-up pass.")
+@click.option(
+    "--inject-delay", default=None, metavar="RANK:MS", help="Sleep MS ms on RANK before each all-reduce."
+)
+@click.option("--inject-sync", is_flag=True, help="An extra device synchronisation per layer.")
+@click.option(
+    "--nsys", is_flag=True, help="Run under Nsight Systems (nsys on PATH or $NSYS), export SQLite too."
+)
+@click.option(
+    "--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Collective timeout (s)."
+)
+@click.option(
+    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="Run folder."
+)
+@click.option("--quiet", is_flag=True, help="No progress display.")
+@click.argument("script", nargs=-1, type=click.UNPROCESSED)
+def command(
+    tp: int,
+    tokens: int,
+    prompt: int,
+    batch: int,
+    preset: str,
+    layers: int | None,
+    backend: str,
+    device: str,
+    mode: str,
+    seed: int,
+    warmup: int,
+    inject_delay: str | None,
+    inject_sync: bool,
+    nsys: bool,
+    timeout_s: float,
+    out_dir: Path,
+    quiet: bool,
+    script: tuple[str, ...],
+) -> None:
+    """Capture per-rank traces of a tensor-parallel decode loop, with per-token times unprofiled
+    and profiled (the dilation) in OUT/manifest.json.
+
+    Without SCRIPT: the reference decoder (Llama-style, random weights) over --tp ranks, a warm-up,
+    an unprofiled pass and a profiled pass. With `-- SCRIPT...`: runs your own script, whose loop
+    uses `tracekit.profile()` and `tracekit.annotate.step(i)`; tracekit tells it where to write.
+    """
+    from tracekit.capture import runner
+
+    cmdline = "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else None
+    if script:
+        run_dir = runner.capture_script(list(script), out_dir, mode=mode, nsys=nsys, command=cmdline)
+        click.echo(f"wrote {run_dir}/manifest.json")
+        return
+    config = runner.CaptureConfig(
+        tp=tp,
+        tokens=tokens,
+        prompt=prompt,
+        batch=batch,
+        preset=preset,
+        layers=layers,
+        backend=backend,
+        device=device,
+        mode=mode,
+        seed=seed,
+        warmup=warmup,
+        inject_delay=runner.parse_inject_delay(inject_delay),
+        inject_sync=inject_sync,
+        nsys=nsys,
+        timeout_s=timeout_s,
+        command=cmdline,
+    )
+    if quiet or not sys.stderr.isatty():
+        run_dir = runner.capture(config, out_dir)
+    else:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            transient=True,
+        ) as bar:
+            tasks: dict[str, object] = {}
+
+            def progress(phase: str, done: int, total: int) -> None:
+                if phase not in tasks:
+                    tasks[phase] = bar.add_task(f"rank 0 {phase}", total=total)
+                bar.update(tasks[phase], completed=done)  # type: ignore[arg-type]
+
+            run_dir = runner.capture(config, out_dir, progress=progress)
+    _summary(run_dir)
+
+
+def _summary(run_dir: Path) -> None:
+    import json
+
+    m = json.loads((run_dir / "manifest.json").read_text())
+    w = m["workload"]
+    d = m.get("dilation")
+    click.echo(
+        f"wrote {run_dir}: {len(m['files'])} files, tp={w['tp']} {w['device']}/{w['backend']} mode={w['mode']}, "
+        f"dilation={'n/a' if d is None else f'{d:.2f}'}"
+    )
