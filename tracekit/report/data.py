@@ -572,5 +572,6 @@ def key_figures(data: ReportData) -> list[dict[str, Any]]:
         for p in PARTS:
             add(f"parts.{p}", f"median part: {p}", main["parts_ns_median"].get(p), "ns")
     for d in data.dilation["runs"]:
-        add(f"dilation.{d['run']}", f"dilation, {d['run']} run", d["dilation"], "ratio")
+        label = "profiler dilation" if d["run"] == "run" else f"profiler dilation, {d['run']} run"
+        add(f"dilation.{d['run']}", label, d["dilation"], "ratio")
     return rows

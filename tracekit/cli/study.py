@@ -1,0 +1,100 @@
+"""`tracekit study`: the main job in one command (capture TP=1 and TP=N, analyse, report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+def _parse_tp(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        tps = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers like 1,2, got {text!r}") from None
+    if not tps or min(tps) < 1:
+        raise click.BadParameter(f"TP degrees must be positive, got {text!r}")
+    return tps
+
+
+@click.command("study")
+@click.option("--tp", "tp_text", default=None, help="TP degrees, comma-separated (default 1,2).")
+@click.option(
+    "--preset", default=None, help="Decoder preset: tiny (default on CPU), small, 7b (default on GPUs)."
+)
+@click.option(
+    "--tokens", default=16, show_default=True, type=click.IntRange(1), help="Decode steps per pass."
+)
+@click.option("--layers", default=None, type=click.IntRange(1), help="Override the preset's layer count.")
+@click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "gloo", "nccl"]))
+@click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
+@click.option("--mode", default="auto", show_default=True, help="Profiler mode for the traced pass.")
+@click.option(
+    "-o", "--out", "out_dir", default="reports/study", show_default=True, type=click.Path(path_type=Path),
+    help="Output folder: run folders, analyses and report.html/.md/.json.",
+)  # fmt: skip
+@click.option("--offline", is_flag=True, help="Inline plotly.js in the HTML (no internet needed to view it).")
+@click.option(
+    "--links/--no-links", default=None,
+    help="Run the NVLink/PCIe link comparison (default: only where there are two GPUs).",
+)  # fmt: skip
+@click.option("--quiet", is_flag=True, help="No progress display.")
+def command(
+    tp_text: str | None,
+    preset: str | None,
+    tokens: int,
+    layers: int | None,
+    backend: str,
+    device: str,
+    mode: str,
+    out_dir: Path,
+    offline: bool,
+    links: bool | None,
+    quiet: bool,
+) -> None:
+    """Capture each TP degree, run breakdown and shortfall (and the link comparison where there
+    are GPUs), and write the report. With no arguments on a CPU machine: the tiny preset over
+    gloo, TP=1 and TP=2 (well under 2 minutes on 2 cores); with GPUs: NCCL and the 7b preset.
+
+    \b
+    Examples:
+      tracekit study                                  # -> reports/study/report.html
+      tracekit study --tp 1,2 --tokens 32 -o reports/cpu-study --offline
+      tracekit study --tp 1,2,4 --preset 7b --device cuda -o reports/h200-study
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+    from tracekit.report.study import StudyConfig, run_study
+
+    config = StudyConfig(
+        tp=_parse_tp(tp_text), preset=preset, tokens=tokens, backend=backend, device=device, mode=mode,
+        links=links, offline=offline, layers=layers,
+    )  # fmt: skip
+    console = Console(stderr=True)
+    if quiet:
+        result = run_study(config, out_dir)
+    else:
+        with Progress(
+            TextColumn("[bold]{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[detail]}"), TimeElapsedColumn(), console=console, transient=False,
+        ) as bar:  # fmt: skip
+            tasks: dict[str, TaskID] = {}
+
+            def hook(stage: str, done: int, total: int, detail: str) -> None:
+                if stage not in tasks:
+                    tasks[stage] = bar.add_task(stage, total=max(total, 1), detail=detail)
+                bar.update(tasks[stage], completed=done, total=max(total, 1), detail=detail)
+
+            result = run_study(config, out_dir, progress=hook)
+    click.echo("")
+    click.echo(result.verdict)
+    click.echo(result.dilation_sentence)
+    if result.dilation_warning:
+        click.echo(result.dilation_warning)
+    for note in result.notes:
+        click.echo(f"note: {note}")
+    for p in result.reports:
+        click.echo(f"report: {p}")

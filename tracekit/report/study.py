@@ -1,0 +1,262 @@
+"""The main job in one call: capture each TP degree, breakdown, shortfall, link comparison where
+there are GPUs, and the report (HTML, Markdown, JSON) with the run folders beside it.
+
+    from tracekit.report.study import StudyConfig, run_study
+    result = run_study(StudyConfig(), Path("reports/study"))
+    print(result.verdict, result.reports)
+
+Layout of the output folder:
+    tp1/, tp2/ ...                 capture folders (rank-<r>.pt.trace.json.gz + manifest.json)
+    breakdown-tp<N>.json           the breakdown of each run (docs/JSON.md#breakdown)
+    shortfall-tp<N>.json           the shortfall of each TP=N>1 against TP=1 (docs/JSON.md#shortfall)
+    links.json                     the compare-links result, when it ran
+    report.html/.md/.json          the report of the largest TP (report-tp<N>.* for the others)
+
+torch is imported only inside the capture (and the link probes); `study` itself imports it
+lazily to count GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tracekit.errors import TracekitError
+from tracekit.report.build import AnalysedRuns, report_from_analyses, write_report
+
+#: presets used when --preset is not given
+CPU_PRESET = "tiny"
+GPU_PRESET = "7b"
+
+#: hook(stage, done, total, detail): stage names a step of the study for a progress display
+StudyProgress = Callable[[str, int, int, str], None]
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """What `tracekit study` runs. None means: decided from the machine (GPUs or not)."""
+
+    tp: tuple[int, ...] | None = None  # TP degrees; default (1, 2) (on GPUs capped by the GPU count)
+    preset: str | None = None  # decoder preset; default tiny on CPU, 7b on GPUs
+    tokens: int = 16  # decode steps per pass
+    backend: str = "auto"  # auto: nccl on GPUs, gloo on CPU
+    device: str = "auto"  # auto: cuda when a GPU is visible
+    mode: str = "auto"  # profiler mode (tracekit.capture.profile.MODES)
+    links: bool | None = None  # compare-links: None = only where there are >= 2 GPUs
+    offline: bool = False  # inline plotly.js in the HTML
+    layers: int | None = None  # override the preset's layer count
+    step_pattern: str | None = None
+
+
+@dataclass
+class StudyResult:
+    out_dir: Path
+    verdict: str
+    dilation_sentence: str
+    dilation_warning: str | None
+    run_dirs: dict[int, Path]
+    reports: list[Path]
+    analyses: dict[str, Path] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def plan(config: StudyConfig) -> tuple[str, str, tuple[int, ...], list[str]]:
+    """Device, preset, TP degrees and notes, decided from the config and the machine."""
+    notes: list[str] = []
+    gpus = _gpu_count() if config.device in ("auto", "cuda") else 0
+    device = config.device if config.device != "auto" else ("cuda" if gpus else "cpu")
+    preset = config.preset or (GPU_PRESET if device == "cuda" else CPU_PRESET)
+    if config.tp is not None:
+        tps = tuple(sorted(set(config.tp)))
+    else:
+        tps = (1, 2)
+        if device == "cuda" and gpus < 2:
+            tps = (1,)
+            notes.append(
+                f"only {gpus} GPU visible: TP=1 only (no shortfall); give --device cpu for a gloo TP=2 study"
+            )
+    if not tps or min(tps) < 1:
+        raise TracekitError(f"--tp needs positive degrees, got {config.tp}")
+    return device, preset, tps, notes
+
+
+def _dump(obj: Any, path: Path) -> Path:
+    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
+    return path
+
+
+def _to_json(result: Any) -> dict[str, Any]:
+    d = result.to_json() if hasattr(result, "to_json") else result
+    return json.loads(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY))  # type: ignore[no-any-return]
+
+
+def _compare_links(
+    device: str, tps: tuple[int, ...], trace_dir: Path | None, out_dir: Path
+) -> tuple[Any, str | None]:
+    """Run the link comparison through its API; (result or None, note)."""
+    try:
+        from tracekit.probe import compare as compare_mod  # type: ignore[attr-defined]
+    except ImportError:
+        return (
+            None,
+            "link comparison skipped: tracekit.probe.compare (the compare-links API) is not available.",
+        )
+    fn = getattr(compare_mod, "compare_links", None)
+    if fn is None:
+        return None, "link comparison skipped: tracekit.probe.compare has no compare_links()."
+    kwargs: dict[str, Any] = {}
+    if device != "cuda":
+        kwargs.update(backend="gloo", ranks=max(2, max(tps)))
+    if trace_dir is not None:
+        kwargs["trace"] = trace_dir
+    try:
+        result = fn(**kwargs)
+    except TypeError:
+        result = fn()
+    doc = result.to_json() if hasattr(result, "to_json") else result
+    _dump(doc, out_dir / "links.json")
+    return doc, None
+
+
+def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None) -> StudyResult:
+    """Capture, analyse and report; returns where everything went and the verdict."""
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.capture.runner import CaptureConfig, capture
+    from tracekit.read import read_run
+
+    def tell(stage: str, done: int, total: int, detail: str = "") -> None:
+        if progress is not None:
+            progress(stage, done, total, detail)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device, preset, tps, notes = plan(config)
+
+    run_dirs: dict[int, Path] = {}
+    for tp in tps:
+        run_dir = out_dir / f"tp{tp}"
+        cc = CaptureConfig(
+            tp=tp,
+            preset=preset,
+            tokens=config.tokens,
+            backend=config.backend,
+            device=device,
+            mode=config.mode,
+            layers=config.layers,
+            command=f"tracekit study (TP={tp}, preset {preset}, {config.tokens} tokens)",
+        )
+        stage = f"capture TP={tp}"
+        tell(stage, 0, 1, "starting ranks")
+
+        def cap_progress(phase: str, done: int, total: int, stage: str = stage) -> None:
+            tell(stage, done, total, phase)
+
+        capture(cc, run_dir, progress=cap_progress)
+        run_dirs[tp] = run_dir
+        tell(stage, 1, 1, "done")
+
+    analyses: dict[str, Path] = {}
+    breakdowns: dict[int, dict[str, Any]] = {}
+    manifests: dict[int, dict[str, Any] | None] = {}
+    runs: dict[int, Any] = {}
+    for i, tp in enumerate(tps):
+        tell("breakdown", i, len(tps), f"TP={tp}")
+        run = read_run([run_dirs[tp]])
+        runs[tp] = run
+        breakdowns[tp] = _to_json(breakdown(run, step_pattern=config.step_pattern))
+        manifests[tp] = run.manifest
+        analyses[f"breakdown-tp{tp}"] = _dump(breakdowns[tp], out_dir / f"breakdown-tp{tp}.json")
+    tell("breakdown", len(tps), len(tps), "done")
+
+    shortfalls: dict[int, dict[str, Any]] = {}
+    sharded = [tp for tp in tps if tp > 1]
+    if 1 in tps and sharded:
+        from tracekit.analyse.shortfall import shortfall
+
+        for i, tp in enumerate(sharded):
+            tell("shortfall", i, len(sharded), f"TP=1 vs TP={tp}")
+            shortfalls[tp] = _to_json(shortfall(runs[1], runs[tp]))
+            analyses[f"shortfall-tp{tp}"] = _dump(shortfalls[tp], out_dir / f"shortfall-tp{tp}.json")
+        tell("shortfall", len(sharded), len(sharded), "done")
+    elif sharded:
+        notes.append("no TP=1 run: the shortfall needs a TP=1 baseline, so only breakdowns are reported.")
+
+    links_doc = None
+    links_note: str | None = None
+    want_links = config.links if config.links is not None else (device == "cuda" and _gpu_count() >= 2)
+    if want_links:
+        tell("links", 0, 1, "compare-links")
+        links_doc, links_note = _compare_links(device, tps, run_dirs[max(tps)], out_dir)
+        if links_doc is not None:
+            analyses["links"] = out_dir / "links.json"
+        tell("links", 1, 1, "done")
+    elif config.links is None:
+        links_note = (
+            "link comparison skipped: no GPUs here (it compares NVLink and PCIe between GPUs); "
+            "run `tracekit compare-links` on a multi-GPU machine and pass its JSON to `tracekit report --links`."
+            if device != "cuda"
+            else "link comparison skipped: it needs two GPUs."
+        )
+    else:
+        links_note = "link comparison skipped (--no-links)."
+
+    reports: list[Path] = []
+    main_tp = max(tps)
+    verdict, dil_sentence, dil_warning = "", "", None
+    for tp in tps if len(tps) > 1 else [main_tp]:
+        if tp == 1 and len(tps) > 1:
+            continue
+        tell("report", 0, 1, f"TP={tp}")
+        base = 1 if (1 in tps and tp > 1) else None
+        analysed = AnalysedRuns(
+            breakdown=breakdowns[tp],
+            manifest=manifests[tp],
+            baseline_breakdown=breakdowns[1] if base else None,
+            baseline_manifest=manifests[1] if base else None,
+            shortfall=shortfalls.get(tp),
+        )
+        data = report_from_analyses(
+            analysed,
+            run_path=str(run_dirs[tp]),
+            baseline_path=str(run_dirs[1]) if base else None,
+            links=links_doc,
+            links_note=links_note,
+            title=f"tracekit study: TP=1 vs TP={tp}, preset {preset}, {device}"
+            if base
+            else f"tracekit study: TP={tp}, preset {preset}, {device}",
+        )
+        data.notes[:0] = notes
+        stem = "report" if tp == main_tp else f"report-tp{tp}"
+        reports += write_report(
+            data,
+            [out_dir / f"{stem}.html", out_dir / f"{stem}.md", out_dir / f"{stem}.json"],
+            offline=config.offline,
+        )
+        if tp == main_tp:
+            verdict = data.verdict
+            dil_sentence = data.dilation["sentence"]
+            dil_warning = data.dilation.get("warning")
+        tell("report", 1, 1, "done")
+    return StudyResult(
+        out_dir=out_dir,
+        verdict=verdict,
+        dilation_sentence=dil_sentence,
+        dilation_warning=dil_warning,
+        run_dirs=run_dirs,
+        reports=reports,
+        analyses=analyses,
+        notes=notes + ([links_note] if links_note else []),
+    )
