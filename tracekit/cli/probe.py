@@ -1,0 +1,286 @@
+"""`tracekit probe`: collective bandwidth sweeps (nccl-tests' method) and copy-engine probes."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from tracekit.errors import ProbeError
+from tracekit.probe import spec
+
+
+def _ops(text: str) -> tuple[str, ...]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if items == ["all"]:
+        return spec.COLLECTIVE_OPS
+    return tuple(spec.normalise_op(t) for t in items)
+
+
+def _gpus(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ProbeError(f"--gpus wants GPU indices like 0,1; got {text!r}") from None
+
+
+def _json_default(v: Any) -> Any:
+    raise TypeError(f"cannot write {type(v).__name__} as JSON")
+
+
+def _clean(v: Any) -> Any:
+    """NaN/inf -> None so the JSON is valid."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _clean(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_clean(x) for x in v]
+    return v
+
+
+def dumps_json(obj: Any) -> bytes:
+    return orjson.dumps(_clean(obj), option=orjson.OPT_INDENT_2, default=_json_default) + b"\n"
+
+
+def _format_from(out: Path | None, fmt: str | None) -> str:
+    if fmt:
+        return fmt
+    if out is not None and out.suffix.lower() in (".json", ".csv"):
+        return out.suffix.lower()[1:]
+    return "table"
+
+
+def _transport_notes(result: Any) -> list[str]:
+    t = result.transport
+    notes = []
+    if t:
+        notes.append(
+            f"NCCL {t.get('nccl_version') or '?'}: transport {t.get('transport') or 'none logged'}"
+            f" {dict(t.get('transports') or {})}, planned path {', '.join(t.get('graph_types') or []) or '?'},"
+            f" wire {t.get('wire')}, NVLS used: {'yes' if t.get('nvls_used') else 'no'}"
+        )
+    if result.log_dir:
+        notes.append(f"NCCL logs: {result.log_dir}")
+    return notes
+
+
+@click.command("probe")
+@click.option(
+    "--op",
+    "op_text",
+    default="all_reduce",
+    show_default=True,
+    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv (comma list or 'all'), or copy.",
+)
+@click.option("--min", "min_text", default=None, help="Smallest size, bytes with K/M/G suffix [8; copy: 1M].")
+@click.option(
+    "--max", "max_text", default=None, help="Largest size [1G on CUDA, 16M on CPU; copy: 1G / 64M]."
+)
+@click.option("--factor", default=2, show_default=True, type=int, help="Size multiplier between steps.")
+@click.option("--iters", default=20, show_default=True, type=int, help="Timed iterations per size.")
+@click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up iterations per size.")
+@click.option(
+    "--dtype",
+    default="float32",
+    show_default=True,
+    help="float32, float16, bfloat16, float64, int32, int64, int8, uint8.",
+)
+@click.option("--ranks", default=None, type=int, help="Ranks (processes) [GPUs visible on CUDA, 2 on CPU].")
+@click.option(
+    "--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="[nccl on CUDA, gloo on CPU]"
+)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--gpus", default=None, help="GPU of each rank, e.g. 0,1 (default: rank r on GPU r).")
+@click.option(
+    "--nccl-debug",
+    type=click.Choice(["tuning", "init", "off"]),
+    default="tuning",
+    show_default=True,
+    help="NCCL_DEBUG_SUBSYS for the ranks: INIT,GRAPH,TUNING / INIT,GRAPH / no NCCL logging.",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Where each rank's NCCL log goes [a temporary folder].",
+)
+@click.option(
+    "--check/--no-check", default=True, show_default=True, help="Check every result (nccl-tests' #wrong)."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default=None,
+    help="Output format [table; or from --out's suffix].",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the output here.",
+)
+@click.option(
+    "--progress/--no-progress", default=None, help="Progress bar over sizes [on when stderr is a terminal]."
+)
+def command(
+    op_text: str,
+    min_text: str | None,
+    max_text: str | None,
+    factor: int,
+    iters: int,
+    warmup: int,
+    dtype: str,
+    ranks: int | None,
+    backend: str | None,
+    device: str,
+    gpus: str | None,
+    nccl_debug: str,
+    log_dir: Path | None,
+    check: bool,
+    fmt: str | None,
+    out: Path | None,
+    progress: bool | None,
+) -> None:
+    """Measure collective bandwidth the way NVIDIA's nccl-tests does, or copy-engine bandwidth.
+
+    \b
+    For each size: warm-up, then timed iterations (CUDA events around the loop and a host-clock
+    loop closed by a stream sync), out-of-place and in-place, a correctness check, algbw and busbw
+    with nccl-tests' byte counts and factors; time = average over ranks (nccl-tests' default),
+    min and max in JSON/CSV. The transport NCCL used is read from its NCCL_DEBUG=INFO logs;
+    NCCL_NVLS_ENABLE=0 always.
+
+    \b
+    Examples:
+      tracekit probe --op all_reduce --min 8 --max 1G --ranks 2          # 2 GPUs, NCCL
+      tracekit probe --op all_reduce,all_gather --device cpu --ranks 3 --max 1M -o rows.json
+      tracekit probe --op copy --min 64M --max 1G                         # copy engine + ceiling
+    """
+    import sys
+
+    fmt = _format_from(out, fmt)
+    show_progress = sys.stderr.isatty() if progress is None else progress
+    if op_text.strip().lower() == "copy":
+        _copy(min_text, max_text, factor, iters, warmup, device, gpus, fmt, out)
+        return
+    from tracekit.probe.sweep import SweepConfig, resolve_device, run_sweep_detailed
+
+    where = resolve_device(device, backend)
+    cfg = SweepConfig(
+        ops=_ops(op_text),
+        min_bytes=spec.parse_size(min_text or "8"),
+        max_bytes=spec.parse_size(max_text or ("1G" if where == "cuda" else "16M")),
+        factor=factor,
+        iters=iters,
+        warmup=warmup,
+        dtype=dtype,
+        ranks=ranks,
+        backend=backend,
+        device=device,
+        devices=_gpus(gpus),
+        check=check,
+        nccl_debug=nccl_debug,
+        log_dir=str(log_dir) if log_dir else None,
+        progress=show_progress,
+    )
+    result = run_sweep_detailed(cfg)
+    if not result.rows:  # a torchrun rank other than 0
+        return
+    text = render_rows(result.rows, fmt, _transport_notes(result) + _header(result))
+    _emit(text, out, fmt, result.rows)
+
+
+def _header(result: Any) -> list[str]:
+    c = result.config
+    return [
+        f"tracekit probe: ops {','.join(c['ops'])}, ranks {c['ranks']}, backend {c['backend']}, device {c['device']}"
+        f" {c['devices'] or ''}, dtype {c['dtype']}, iters {c['iters']}, warmup {c['warmup']}",
+        "time = average over ranks of per-iteration time ("
+        + (
+            "CUDA events around the loop; host clock in JSON/CSV host_time_us"
+            if c["device"] == "cuda"
+            else "host clock"
+        )
+        + "); all_reduce/broadcast/reduce are in-place only in torch.distributed; alltoall/sendrecv out-of-place only",
+    ]
+
+
+def render_rows(rows: list[dict[str, Any]], fmt: str, notes: list[str]) -> str:
+    from tracekit.probe.results import format_table, rows_to_csv
+
+    if fmt == "json":
+        return dumps_json(rows).decode()
+    if fmt == "csv":
+        return rows_to_csv(rows)
+    return format_table(rows, notes)
+
+
+def _emit(text: str, out: Path | None, fmt: str, rows: list[dict[str, Any]]) -> None:
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        if fmt != "table":
+            from tracekit.probe.results import format_table
+
+            click.echo(format_table(rows), nl=False)
+        click.echo(f"# wrote {out}")
+    else:
+        click.echo(text, nl=False)
+
+
+def _copy(
+    min_text: str | None,
+    max_text: str | None,
+    factor: int,
+    iters: int,
+    warmup: int,
+    device: str,
+    gpus: str | None,
+    fmt: str,
+    out: Path | None,
+) -> None:
+    from tracekit.probe.copy import CopyConfig, format_copy_table, run_copy_probe
+    from tracekit.probe.sweep import resolve_device
+
+    cuda = resolve_device(device, None) == "cuda"
+    cfg = CopyConfig(
+        min_bytes=spec.parse_size(min_text or "1M"),
+        max_bytes=spec.parse_size(max_text or ("1G" if cuda else "64M")),
+        factor=factor,
+        iters=iters,
+        warmup=warmup,
+        device=device,
+        devices=_gpus(gpus),
+    )
+    rows = run_copy_probe(cfg)
+    if fmt == "json":
+        text = dumps_json(rows).decode()
+    elif fmt == "csv":
+        import csv
+        import io
+
+        from tracekit.probe.copy import COPY_FIELDS
+
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=list(COPY_FIELDS), lineterminator="\n")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COPY_FIELDS})
+        text = buf.getvalue()
+    else:
+        text = format_copy_table(rows)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        click.echo(format_copy_table(rows), nl=False)
+        click.echo(f"# wrote {out}")
+    else:
+        click.echo(text, nl=False)

@@ -1,0 +1,562 @@
+"""Collective bandwidth sweeps, the nccl-tests way (METHOD.md section 7; nccl-tests src/common.cu).
+
+For every op, every size (min, min*factor, ... max) and every form (out-of-place, in-place):
+1. `warmup` iterations, then a stream synchronise and a barrier;
+2. `iters` timed iterations in one loop: on CUDA a CUDA event is recorded before and after the loop
+   on the current stream (torch's NCCL stream is ordered with it), and the host clock runs from
+   before the first launch until a stream synchronise after the last (nccl-tests' own timer);
+   on CPU (gloo) the host clock only. Buffers rotate through offsets of one large allocation per
+   iteration, as nccl-tests shifts its pointers, so caches do not flatter mid sizes;
+3. a separate check iteration on freshly filled buffers, compared on the device with the value every
+   element must have (`tracekit.probe.spec`), counting wrong elements (nccl-tests' `#wrong`).
+Per-rank per-iteration times are gathered and reduced to min / average / max over ranks; the row's
+`time_us` is the average (nccl-tests' default) and algbw / busbw use nccl-tests' byte counts and
+factors (`tracekit.probe.results`).
+
+Ranks: N processes on one host through torch.multiprocessing (spawn), rank r on GPU
+`devices[r]` (default r), or the processes torchrun started (RANK / WORLD_SIZE / LOCAL_RANK in the
+environment: every rank calls `run_sweep`, rank 0 gets the rows, the others []).
+
+NCCL's own account of the transport: each rank runs with NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS
+(INIT,GRAPH,TUNING by default) and NCCL_DEBUG_FILE=<log_dir>/nccl-rank<r>.log; the logs are parsed
+(`tracekit.probe.nccl_log`) into the rows' `transport`, `algo`, `proto`. NCCL_NVLS_ENABLE=0 is
+always set: NVLink multicast (NVLS) stays off.
+
+torch is imported only inside the functions that run ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tracekit.errors import ProbeError
+from tracekit.probe import nccl_log, spec
+from tracekit.probe.results import make_row
+
+#: NCCL_DEBUG_SUBSYS per `nccl_debug` setting ("off" sets no NCCL_DEBUG at all).
+NCCL_DEBUG_SUBSYS = {"tuning": "INIT,GRAPH,TUNING", "init": "INIT,GRAPH"}
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep. Sizes are nccl-tests' swept sizes in bytes."""
+
+    ops: tuple[str, ...] = ("all_reduce",)
+    min_bytes: int = 8
+    max_bytes: int = 128 * 1024 * 1024
+    factor: int = 2
+    iters: int = 20  # timed iterations per size (nccl-tests -n, default 20)
+    warmup: int = 5  # warm-up iterations per size (nccl-tests -w, default 5)
+    dtype: str = "float32"
+    ranks: int | None = None  # None: number of GPUs on CUDA, 2 on CPU
+    backend: str | None = None  # "nccl" / "gloo"; None: nccl on CUDA, gloo on CPU
+    device: str = "auto"  # "auto", "cuda", "cpu"
+    devices: tuple[int, ...] | None = None  # GPU of each rank; None: rank r -> GPU r
+    check: bool = True  # run the correctness check per size
+    mode: str = "default"  # label for rows ("nvlink", "pcie", "default")
+    env: dict[str, str] = field(default_factory=dict)  # extra environment for every rank
+    nccl_debug: str = "tuning"  # "tuning" (INIT,GRAPH,TUNING), "init" (INIT,GRAPH), "off"
+    log_dir: str | None = None  # where NCCL logs go; None: a temporary folder (kept in the result)
+    progress: bool = False  # rich progress bar over sizes on rank 0's stderr
+    timeout_s: float = 900.0  # whole sweep
+
+    def resolved(self) -> SweepConfig:
+        """Config with auto choices made (device, backend, ranks, names normalised)."""
+        ops = tuple(spec.normalise_op(op) for op in self.ops)
+        dtype = spec.normalise_dtype(self.dtype)
+        device = self.device
+        if device not in ("auto", "cuda", "cpu"):
+            raise ProbeError(f"--device must be auto, cuda or cpu, got {device!r}")
+        n_gpus = _cuda_device_count() if device in ("auto", "cuda") else 0
+        if device == "auto":
+            device = "cuda" if n_gpus > 0 and self.backend != "gloo" else "cpu"
+        if device == "cuda" and n_gpus == 0:
+            raise ProbeError("--device cuda but no CUDA device is visible (torch.cuda.device_count() == 0)")
+        backend = self.backend or ("nccl" if device == "cuda" else "gloo")
+        if backend not in ("nccl", "gloo"):
+            raise ProbeError(f"--backend must be nccl or gloo, got {backend!r}")
+        if backend == "nccl" and device != "cuda":
+            raise ProbeError("the nccl backend needs --device cuda (use --backend gloo on CPU)")
+        ranks = self.ranks
+        if ranks is None:
+            ranks = (len(self.devices) if self.devices else n_gpus) if device == "cuda" else 2
+        if ranks < 1:
+            raise ProbeError(f"--ranks must be >= 1, got {ranks}")
+        devices = self.devices
+        if device == "cuda":
+            devices = tuple(devices) if devices else tuple(range(ranks))
+            if len(devices) < ranks:
+                raise ProbeError(f"{ranks} ranks but only GPUs {list(devices)} were given")
+            devices = devices[:ranks]
+            bad = [d for d in devices if d >= n_gpus]
+            if bad:
+                raise ProbeError(f"GPU(s) {bad} requested but only {n_gpus} visible")
+            if backend == "nccl" and len(set(devices)) < len(devices):
+                raise ProbeError(f"NCCL needs one GPU per rank; devices {list(devices)} repeat one")
+        else:
+            devices = None
+        if self.nccl_debug not in ("tuning", "init", "off"):
+            raise ProbeError(f"nccl_debug must be tuning, init or off, got {self.nccl_debug!r}")
+        if "sendrecv" in ops and ranks == 1 and backend == "gloo":
+            raise ProbeError("sendrecv needs at least 2 ranks on gloo")
+        spec.sweep_sizes(self.min_bytes, self.max_bytes, self.factor)  # validates
+        if self.iters < 1 or self.warmup < 0:
+            raise ProbeError(f"--iters must be >= 1 and --warmup >= 0 (got {self.iters}, {self.warmup})")
+        return replace(
+            self, ops=ops, dtype=dtype, device=device, backend=backend, ranks=ranks, devices=devices
+        )
+
+
+@dataclass
+class SweepResult:
+    rows: list[dict[str, Any]]
+    transport: dict[str, Any]  # nccl_log.summarize(...) of all ranks' logs ({} on gloo)
+    log_dir: str | None
+    meta: dict[str, Any]
+    notes: list[str]
+    config: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "transport": self.transport,
+            "log_dir": self.log_dir,
+            "meta": self.meta,
+            "notes": self.notes,
+            "config": self.config,
+        }
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    try:
+        return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+    except Exception:
+        return 0
+
+
+def resolve_device(device: str, backend: str | None) -> str:
+    """ "cuda" or "cpu" for --device auto|cuda|cpu (auto: cuda when a GPU is visible and the backend
+    is not gloo)."""
+    if device in ("cuda", "cpu"):
+        return device
+    return "cuda" if backend != "gloo" and _cuda_device_count() > 0 else "cpu"
+
+
+def _under_torchrun() -> bool:
+    return (
+        all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
+        and "TRACEKIT_PROBE_CHILD" not in os.environ
+    )
+
+
+def rank_env(cfg: SweepConfig, rank: int, log_dir: str | None) -> dict[str, str]:
+    """The environment one rank runs with (NCCL logging, NVLS off, the mode's variables)."""
+    env = {"NCCL_NVLS_ENABLE": "0"}
+    if cfg.backend == "nccl" and cfg.nccl_debug != "off" and log_dir:
+        env.update(
+            NCCL_DEBUG="INFO",
+            NCCL_DEBUG_SUBSYS=NCCL_DEBUG_SUBSYS[cfg.nccl_debug],
+            NCCL_DEBUG_FILE=str(Path(log_dir) / f"nccl-rank{rank}.log"),
+        )
+    env.update(cfg.env)
+    env["NCCL_NVLS_ENABLE"] = "0"  # never NVLink multicast, whatever the mode says
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# The rank side (torch)
+
+
+def _torch_dtype(torch: Any, name: str) -> Any:
+    return getattr(torch, name)
+
+
+class _Rank:
+    """One rank's state: torch modules, device, process group."""
+
+    def __init__(self, cfg: SweepConfig, rank: int, world: int, init_method: str):
+        import torch
+        import torch.distributed as dist
+
+        self.torch, self.dist = torch, dist
+        self.cfg, self.rank, self.world = cfg, rank, world
+        self.cuda = cfg.device == "cuda"
+        if self.cuda:
+            assert cfg.devices is not None
+            self.dev = torch.device("cuda", cfg.devices[rank])
+            torch.cuda.set_device(self.dev)
+        else:
+            self.dev = torch.device("cpu")
+        kwargs: dict[str, Any] = {}
+        if cfg.backend == "nccl":
+            kwargs["device_id"] = self.dev
+        dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
+        self.dtype = _torch_dtype(torch, cfg.dtype)
+        self.elem = spec.DTYPES[cfg.dtype][1]
+
+    def barrier(self) -> None:
+        if self.cuda:
+            self.dist.barrier(device_ids=[self.dev.index])
+            self.torch.cuda.synchronize(self.dev)
+        else:
+            self.dist.barrier()
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.current_stream(self.dev).synchronize()
+
+    def _call(self, op: str, send: Any, recv: Any, buf: Any, in_place: bool, lay: spec.Layout) -> None:
+        dist, r, n = self.dist, self.rank, self.world
+        c = lay.chunk
+        if op == "all_reduce":
+            dist.all_reduce(buf)
+        elif op == "broadcast":
+            dist.broadcast(buf, src=0)
+        elif op == "reduce":
+            dist.reduce(buf, dst=0)
+        elif op == "all_gather":
+            if in_place:
+                dist.all_gather_into_tensor(buf, buf[r * c : (r + 1) * c])
+            else:
+                dist.all_gather_into_tensor(recv, send)
+        elif op == "reduce_scatter":
+            if in_place:
+                dist.reduce_scatter_tensor(buf[r * c : (r + 1) * c], buf)
+            else:
+                dist.reduce_scatter_tensor(recv, send)
+        elif op == "alltoall":
+            dist.all_to_all_single(recv, send)
+        elif op == "sendrecv":
+            ops = [dist.P2POp(dist.isend, send, (r + 1) % n), dist.P2POp(dist.irecv, recv, (r - 1) % n)]
+            for req in dist.batch_isend_irecv(ops):
+                req.wait()
+        else:  # pragma: no cover - normalise_op guards
+            raise ProbeError(f"unknown op {op}")
+
+    def measure(self, op: str, lay: spec.Layout, in_place: bool, pool: dict[str, Any]) -> dict[str, Any]:
+        """Time one (op, size, form) and check it; returns this rank's record."""
+        torch = self.torch
+        cfg = self.cfg
+        send_pool, recv_pool = pool["send"], pool["recv"]
+        # nccl-tests rotates buffers: iteration i uses offset (i % steps) * size
+        n_iter = max(cfg.iters, cfg.warmup, 1)
+        if in_place:
+            span = lay.shared_count
+            steps = max(1, recv_pool.numel() // max(span, 1))
+            views = [(None, None, recv_pool[k * span : (k + 1) * span]) for k in range(min(steps, n_iter))]
+        else:
+            steps = max(
+                1,
+                min(send_pool.numel() // max(lay.send_count, 1), recv_pool.numel() // max(lay.recv_count, 1)),
+            )
+            views = [
+                (
+                    send_pool[k * lay.send_count : (k + 1) * lay.send_count],
+                    recv_pool[k * lay.recv_count : (k + 1) * lay.recv_count],
+                    None,
+                )
+                for k in range(min(steps, n_iter))
+            ]
+        nv = len(views)
+        for i in range(cfg.warmup):
+            s, r, b = views[i % nv]
+            self._call(op, s, r, b, in_place, lay)
+        self.sync()
+        self.barrier()
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            stream = torch.cuda.current_stream(self.dev)
+            start.record(stream)
+            t0 = time.perf_counter_ns()
+            for i in range(cfg.iters):
+                s, r, b = views[i % nv]
+                self._call(op, s, r, b, in_place, lay)
+            end.record(stream)
+            stream.synchronize()
+            t1 = time.perf_counter_ns()
+            time_us = start.elapsed_time(end) * 1e3 / cfg.iters
+        else:
+            t0 = time.perf_counter_ns()
+            for i in range(cfg.iters):
+                s, r, b = views[i % nv]
+                self._call(op, s, r, b, in_place, lay)
+            t1 = time.perf_counter_ns()
+            time_us = (t1 - t0) / 1e3 / cfg.iters
+        host_us = (t1 - t0) / 1e3 / cfg.iters
+        wrong = self.check(op, lay, in_place, views[0]) if cfg.check else None
+        return {
+            "op": op,
+            "bytes": lay.size_bytes,
+            "in_place": in_place,
+            "time_us": time_us,
+            "host_time_us": host_us,
+            "wrong": wrong,
+        }
+
+    def check(self, op: str, lay: spec.Layout, in_place: bool, view: tuple[Any, Any, Any]) -> int:
+        """nccl-tests' check iteration: fill, run once, count wrong elements on this rank."""
+        torch = self.torch
+
+        def arange(a: int, b: int) -> Any:
+            return torch.arange(a, b, device=self.dev, dtype=torch.int64)
+
+        inp = spec.input_values(op, self.rank, lay, arange).to(self.dtype)
+        send, recv, buf = view
+        if in_place:
+            in_off, out_off = lay.in_place_offsets(self.rank)
+            buf.zero_()
+            buf[in_off : in_off + lay.send_count].copy_(inp)
+            out = buf[out_off : out_off + lay.recv_count]
+        else:
+            send.copy_(inp)
+            recv.zero_()
+            out = recv
+        self._call(op, send, recv, buf, in_place, lay)
+        self.sync()
+        expected = spec.expected_output(op, self.rank, lay, arange)
+        if expected is None:
+            return 0
+        return int((out.to(torch.float64) != expected.to(torch.float64)).sum().item())
+
+    def pool_for(self, op: str, sizes: list[int]) -> dict[str, Any]:
+        torch = self.torch
+        lays = [spec.layout(op, s, self.world, self.elem) for s in sizes]
+        send_n = max(max(lay.send_count, lay.shared_count) for lay in lays)
+        recv_n = max(max(lay.recv_count, lay.shared_count) for lay in lays)
+        return {
+            "send": torch.empty(send_n, dtype=self.dtype, device=self.dev),
+            "recv": torch.empty(recv_n, dtype=self.dtype, device=self.dev),
+        }
+
+    def close(self) -> None:
+        try:
+            self.dist.destroy_process_group()
+        except Exception:
+            pass
+
+
+def _plan(cfg: SweepConfig, world: int) -> list[tuple[str, spec.Layout, bool]]:
+    elem = spec.DTYPES[cfg.dtype][1]
+    plan = []
+    for op in cfg.ops:
+        for size in spec.sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor):
+            lay = spec.layout(op, size, world, elem)
+            if lay.param_count == 0:
+                continue  # fewer elements than ranks: nothing to move
+            for in_place in spec.variants(op):
+                plan.append((op, lay, in_place))
+    return plan
+
+
+def _rank_main(
+    rank: int, world: int, cfg: SweepConfig, init_method: str, log_dir: str | None
+) -> list[dict[str, Any]]:
+    """Run the whole sweep on one rank; returns the rows on rank 0, [] elsewhere."""
+    os.environ.update(rank_env(cfg, rank, log_dir))
+    state = _Rank(cfg, rank, world, init_method)
+    try:
+        plan = _plan(cfg, world)
+        records: list[dict[str, Any]] = []
+        progress = None
+        task = None
+        if cfg.progress and rank == 0:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TimeElapsedColumn(),
+                transient=True,
+                console=Console(stderr=True),
+            )
+            progress.start()
+            task = progress.add_task("probe", total=len(plan))
+        current_op = None
+        pool: dict[str, Any] = {}
+        sizes = spec.sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor)
+        for op, lay, in_place in plan:
+            if op != current_op:
+                pool = state.pool_for(op, sizes)
+                current_op = op
+            if progress is not None and task is not None:
+                progress.update(
+                    task,
+                    description=f"{op} {spec.format_size(lay.size_bytes)}B {'in' if in_place else 'out-of'}-place",
+                )
+            records.append(state.measure(op, lay, in_place, pool))
+            if progress is not None and task is not None:
+                progress.advance(task)
+        if progress is not None:
+            progress.stop()
+        gathered: list[Any] = [None] * world
+        state.dist.all_gather_object(gathered, records)
+        if rank != 0:
+            return []
+        rows = []
+        for i, (op, lay, in_place) in enumerate(plan):
+            per_rank = [g[i] for g in gathered]
+            wrongs = [p["wrong"] for p in per_rank]
+            rows.append(
+                make_row(
+                    op=op,
+                    lay=lay,
+                    backend=str(cfg.backend),
+                    device=cfg.device,
+                    dtype=cfg.dtype,
+                    in_place=in_place,
+                    time_us_per_rank=[p["time_us"] for p in per_rank],
+                    host_time_us_per_rank=[p["host_time_us"] for p in per_rank],
+                    timer="cuda_event" if cfg.device == "cuda" else "host",
+                    wrong=None if any(w is None for w in wrongs) else int(sum(wrongs)),
+                    iters=cfg.iters,
+                    warmup=cfg.warmup,
+                    mode=cfg.mode,
+                )
+            )
+        return rows
+    finally:
+        state.close()
+
+
+def _spawn_entry(
+    rank: int, world: int, cfg: SweepConfig, init_method: str, log_dir: str | None, result_path: str
+) -> None:
+    os.environ["TRACEKIT_PROBE_CHILD"] = "1"
+    try:
+        rows = _rank_main(rank, world, cfg, init_method, log_dir)
+        if rank == 0:
+            Path(result_path).write_text(json.dumps({"rows": rows, "meta": _meta(cfg)}))
+    except BaseException:
+        Path(f"{result_path}.rank{rank}.err").write_text(traceback.format_exc())
+        raise
+
+
+def _meta(cfg: SweepConfig) -> dict[str, Any]:
+    import torch
+
+    meta: dict[str, Any] = {
+        "torch": torch.__version__,
+        "python": sys.version.split()[0],
+        "cuda": torch.version.cuda,
+    }
+    if cfg.device == "cuda":
+        try:
+            v = torch.cuda.nccl.version()
+            meta["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception:
+            meta["nccl"] = None
+        meta["gpus"] = [{"index": d, "name": torch.cuda.get_device_name(d)} for d in (cfg.devices or ())]
+    return meta
+
+
+def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    assert cfg.ranks is not None
+    with tempfile.TemporaryDirectory(prefix="tracekit-probe-") as tmp:
+        init_method = f"file://{Path(tmp) / 'store'}"
+        result_path = str(Path(tmp) / "result.json")
+        ctx = mp.start_processes(
+            _spawn_entry,
+            args=(cfg.ranks, cfg, init_method, log_dir, result_path),
+            nprocs=cfg.ranks,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + cfg.timeout_s
+        try:
+            while not ctx.join(timeout=1.0):
+                if time.monotonic() > deadline:
+                    for p in ctx.processes:
+                        if p.is_alive():
+                            p.kill()
+                    raise ProbeError(
+                        f"probe timed out after {cfg.timeout_s:.0f} s ({cfg.ranks} ranks, {cfg.backend})"
+                    )
+        except ProbeError:
+            raise
+        except Exception as exc:
+            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
+            detail = (
+                errs[0].read_text().strip().splitlines()[-1] if errs else str(exc).strip().splitlines()[-1]
+            )
+            raise ProbeError(f"a probe rank failed: {detail}") from exc
+        if not Path(result_path).is_file():
+            raise ProbeError("the probe's rank 0 wrote no result")
+        data = json.loads(Path(result_path).read_text())
+        return data["rows"], data["meta"]
+
+
+def run_sweep_detailed(config: SweepConfig) -> SweepResult:
+    """Run the sweep (spawning ranks, or as this torchrun rank) and read NCCL's logs."""
+    cfg = config.resolved()
+    notes: list[str] = []
+    log_dir = cfg.log_dir
+    if cfg.backend == "nccl" and cfg.nccl_debug != "off":
+        if log_dir is None:
+            log_dir = tempfile.mkdtemp(prefix="tracekit-nccl-log-")
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        for old in Path(log_dir).glob("nccl-rank*.log"):
+            old.unlink()
+    if _under_torchrun():
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ["LOCAL_RANK"])
+        if cfg.device == "cuda":
+            devs = list(cfg.devices or ())
+            while len(devs) < world:
+                devs.append(len(devs))
+            devs[rank] = local if config.devices is None else devs[rank]
+            cfg = replace(cfg, devices=tuple(devs), ranks=world)
+        else:
+            cfg = replace(cfg, ranks=world)
+        rows = _rank_main(rank, world, cfg, "env://", log_dir)
+        meta = _meta(cfg) if rank == 0 else {}
+        notes.append(f"ran as torchrun rank {rank} of {world}")
+        if rank != 0:
+            return SweepResult([], {}, log_dir, meta, notes, _config_dict(cfg))
+    else:
+        rows, meta = _spawn(cfg, log_dir)
+    transport: dict[str, Any] = {}
+    if cfg.backend == "nccl" and log_dir:
+        log = nccl_log.parse_files(sorted(Path(log_dir).glob("nccl-rank*.log")))
+        transport = nccl_log.summarize(log)
+        label = transport["transport"] or ("none (1 rank)" if cfg.ranks == 1 else "unknown")
+        for row in rows:
+            row["transport"] = label
+            lay_sizes = {int(row["bytes"]), int(row["count"]) * spec.DTYPES[cfg.dtype][1]}
+            choice = nccl_log.choice_for(log, row["op"], lay_sizes)
+            if choice is not None:
+                row["algo"], row["proto"] = choice.algo, choice.proto
+        if not log.lines:
+            notes.append(f"no NCCL log lines found in {log_dir} (NCCL_DEBUG_FILE not honoured?)")
+    elif cfg.backend == "gloo":
+        for row in rows:
+            row["transport"] = "gloo/tcp"
+    return SweepResult(rows, transport, log_dir, meta, notes, _config_dict(cfg))
+
+
+def _config_dict(cfg: SweepConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["ops"] = list(cfg.ops)
+    d["devices"] = list(cfg.devices) if cfg.devices else None
+    return d
+
+
+def run_sweep(config: SweepConfig) -> list[dict[str, Any]]:
+    """The rows of a sweep (see docs/JSON.md#probe); [] on torchrun ranks other than 0."""
+    return run_sweep_detailed(config).rows
