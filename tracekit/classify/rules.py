@@ -92,9 +92,17 @@ RULES: tuple[Rule, ...] = (
         "copies a reader emitted as kernels, 'Memcpy DtoH (Device -> Pageable)'",
     ),
     _r(
+        "rocclr_blit",
+        _KERNEL,
+        r"^__amd_rocclr_copy",
+        "memory",
+        "memcpy",
+        "ROCm runtime blit kernels behind hipMemcpy: __amd_rocclr_copyBuffer, __amd_rocclr_copyBufferRect",
+    ),
+    _r(
         "memset_named",
         _KERNEL,
-        r"^(?:Memset|memset)\b",
+        r"^(?:Memset|memset)\b|^__amd_rocclr_fill",
         "memory",
         "memset",
         "memsets a reader emitted as kernels, 'Memset (Device)'",
@@ -161,7 +169,7 @@ RULES: tuple[Rule, ...] = (
         "attention",
         _KERNEL,
         r"attention|attn|flash_?(?:fwd|bwd|decod|mla)|flashinfer|fmha|\bmha_|_mha_|flashmla|\bmla_|_mla_"
-        r"|BatchDecode|BatchPrefill|sdpa|xformers",
+        r"|BatchDecode|BatchPrefill|sdpa|xformers|\bgqa_|_gqa_|\bmqa_",
         "compute",
         "matrix",
         "attention kernels, incl. their split-K combine: paged_attention_ll4mi_QKV_mfma16_kernel, "
