@@ -82,6 +82,9 @@ PER_RANK_COLUMNS = (
     "in_bytes",
     "out_bytes",
     "event_index",
+    "seq",
+    "arrival_ns",
+    "arrival_raw_ns",
 )
 
 
@@ -471,7 +474,7 @@ def match_collectives(
         )
     else:
         per_rank = _empty_per_rank().drop(columns=["start_ns", "end_ns", "wait_ns", "transfer_ns"])
-        per_rank["seq"] = pd.Series(dtype="int64")
+        per_rank = per_rank.drop(columns=["arrival_ns", "arrival_raw_ns"])
 
     if clock not in ("auto", "shared", "estimate"):
         raise ValueError(f"clock must be 'auto', 'shared' or 'estimate', got {clock!r}")
@@ -499,11 +502,14 @@ def match_collectives(
             "clocks); their transfer is counted as 0 and their whole interval as wait",
         )
     per_rank["transfer_ns"] = np.where(bad, 0, transfer).astype(np.int64)
+    per_rank["arrival_ns"] = a
+    # the last arrival on each rank's own (raw) clock, where the partition of that rank lives
+    per_rank["arrival_raw_ns"] = a + offset
     per_rank = per_rank.sort_values(["instance", "rank"], ignore_index=True)
 
     instances = _instances_table(per_rank, dq)
     stragglers = _stragglers(instances, per_rank, run_ranks)
-    cols = list(PER_RANK_COLUMNS) + ["seq"]
+    cols = list(PER_RANK_COLUMNS)
     return CollectiveInstances(
         per_rank=per_rank[cols],
         instances=instances,
@@ -669,8 +675,8 @@ def split_exposed(
     - `windows`: rank, step, start_ns, end_ns (the step windows of the partition).
     - `higher`: rank, start_ns, end_ns: the intervals of the classes that outrank the collective
       in the partition (compute, memory) on each rank's timeline.
-    - `per_rank`: `CollectiveInstances.per_rank` (times on the run's clock; for offsets != 0 the
-      caller passes raw times back, see shortfall).
+    - `per_rank`: `CollectiveInstances.per_rank`; the pieces are cut on each rank's own clock
+      (`raw_*_ns`, `arrival_raw_ns`), where `windows`, `higher` and `collective` live.
     - `collective`: rank, start_ns, end_ns: the collective-class intervals of the partition's
       timeline; default: the matched collective intervals. Time under a collective interval but
       under no wait/transfer piece (a collective the matching did not cover) counts as wait.
@@ -683,13 +689,18 @@ def split_exposed(
     transfer_ns (int64), one row per window.
     """
     rows = []
-    a = (
-        per_rank.groupby("instance")["start_ns"].transform("max").to_numpy(np.int64)
-        if len(per_rank)
-        else np.zeros(0, np.int64)
+    pr = per_rank
+    if "arrival_raw_ns" not in pr.columns:  # a bare table: compute a on its clock
+        pr = pr.assign(
+            arrival_raw_ns=pr.groupby("instance")["start_ns"].transform("max") if len(pr) else pr["start_ns"],
+            raw_start_ns=pr["start_ns"],
+            raw_end_ns=pr["end_ns"],
+        )
+    coll_src = (
+        collective
+        if collective is not None
+        else pd.DataFrame({"rank": pr["rank"], "start_ns": pr["raw_start_ns"], "end_ns": pr["raw_end_ns"]})
     )
-    pr = per_rank.assign(_a=a) if len(per_rank) else per_rank.assign(_a=np.zeros(0, np.int64))
-    coll_src = collective if collective is not None else per_rank[["rank", "start_ns", "end_ns"]]
     for r, w in windows.groupby("rank", sort=True):
         w = w.sort_values("start_ns")
         ws = w["start_ns"].to_numpy(np.int64)
@@ -699,9 +710,9 @@ def split_exposed(
         c = coll_src[coll_src["rank"] == r]
         cs, ce = union_intervals(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
         p = pr[pr["rank"] == r]
-        s = p["start_ns"].to_numpy(np.int64)
-        e = p["end_ns"].to_numpy(np.int64)
-        aa = p["_a"].to_numpy(np.int64)
+        s = p["raw_start_ns"].to_numpy(np.int64)
+        e = p["raw_end_ns"].to_numpy(np.int64)
+        aa = p["arrival_raw_ns"].to_numpy(np.int64)
         ts, te = union_intervals(np.maximum(s, aa), e)
         pts = np.unique(np.concatenate([ws, we, hs, he, cs, ce, ts, te]))
         if pts.size < 2:
