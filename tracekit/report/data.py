@@ -251,9 +251,16 @@ def _run_section(
 
 
 def _dilation_section(
-    runs: list[tuple[str, float | None]], threshold: float, reconciliation: str | None
+    runs: list[tuple[str, float | None]],
+    threshold: float,
+    reconciliation: str | None,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    per_run = [{"run": role, "dilation": d} for role, d in runs]
+    per_run: list[dict[str, Any]] = [{"run": role, "dilation": d} for role, d in runs]
+    for entry in per_run:
+        det = (details or {}).get(entry["run"]) or {}
+        entry["unprofiled_median_ns"] = _int_or_none((det.get("unprofiled") or {}).get("median_ns"))
+        entry["profiled_median_ns"] = _int_or_none((det.get("profiled") or {}).get("median_ns"))
     known = [(role, d) for role, d in runs if d is not None]
     over = [(role, d) for role, d in known if d > 1.0 + threshold]
     if known:
@@ -395,7 +402,12 @@ def build_report_data(
     if shortfall is not None or baseline_breakdown is not None:
         dil_runs.append(("baseline", base_dil))
     dil_runs.append((role, run_dil))
-    dilation = _dilation_section(dil_runs, threshold, sf_dil.get("reconciliation") if sf_dil else None)
+    dilation = _dilation_section(
+        dil_runs,
+        threshold,
+        sf_dil.get("reconciliation") if sf_dil else None,
+        sf_dil.get("runs") if isinstance(sf_dil.get("runs"), dict) else None,
+    )
 
     # per-token times and the attribution
     attribution: dict[str, Any] | None = None

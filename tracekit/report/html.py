@@ -289,6 +289,22 @@ def _key_figures_table(data: ReportData) -> str:
     return f'<table id="key-figures"><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
 
 
+def _dilation_table(data: ReportData) -> str:
+    runs = [d for d in data.dilation["runs"] if d.get("unprofiled_median_ns") is not None]
+    if not runs:
+        return ""
+    rows = [
+        [
+            (esc(d["run"]), False),
+            (esc(fmt_ms(d["unprofiled_median_ns"])), True),
+            (esc(fmt_ms(d.get("profiled_median_ns"))), True),
+            (esc(fmt_x(d["dilation"])), True),
+        ]
+        for d in runs
+    ]
+    return _table(["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation"], rows)
+
+
 def _attribution_table(data: ReportData) -> str:
     a = data.attribution
     if a is None:
@@ -365,7 +381,7 @@ def _collectives_tables(data: ReportData) -> str:
 def _kernels_tables(data: ReportData) -> str:
     out = []
     for run in data.runs:
-        if run["kernels_by_class"]:
+        if any(v["count"] for v in run["kernels_by_class"].values()):
             rows = [
                 [(esc(k), False), (esc(v["count"]), True), (esc(fmt_ms(v["total_ns"])), True)]
                 for k, v in run["kernels_by_class"].items()
@@ -505,7 +521,7 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
         parts.append(f'<p class="warning" id="dilation-warning">{esc(d["warning"])}</p>')
     if d.get("reconciliation"):
         parts.append(f'<p class="dilation">Reconciliation: {esc(d["reconciliation"])}</p>')
-    parts += ["<h2>Key figures</h2>", _key_figures_table(data)]
+    parts += ["<h2>Key figures</h2>", _key_figures_table(data), _dilation_table(data)]
     parts += ["<h2>Per-token time</h2>", div("fig-per-token")]
     if data.attribution is not None:
         parts += ["<h2>Shortfall attribution</h2>", div("fig-waterfall"), _attribution_table(data)]

@@ -55,6 +55,21 @@ def render_markdown(data: ReportData) -> str:
         [[md_esc(k["label"]), md_esc(k["text"]), f"`{k['key']}`"] for k in data.key_figures],
     )
 
+    dil_runs = [r for r in d["runs"] if r.get("unprofiled_median_ns") is not None]
+    if dil_runs:
+        lines += _table(
+            ["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation"],
+            [
+                [
+                    md_esc(r["run"]),
+                    fmt_ms(r["unprofiled_median_ns"]),
+                    fmt_ms(r.get("profiled_median_ns")),
+                    fmt_x(r["dilation"]),
+                ]
+                for r in dil_runs
+            ],
+        )
+
     a = data.attribution
     if a is not None:
         lines += ["## Shortfall attribution", ""]
