@@ -27,13 +27,15 @@ gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, T
 
 from __future__ import annotations
 
+import gc
+import operator
 import os
 import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -176,7 +178,7 @@ def coll_op_from_kernel_name(name: str) -> str:
 # Typed decode structs: only the fields we need; msgspec skips the rest without building objects.
 
 
-class _Args(msgspec.Struct):
+class _Args(msgspec.Struct, gc=False):
     device: Any = -1
     stream: Any = -1
     correlation: Any = -1
@@ -193,18 +195,29 @@ class _Args(msgspec.Struct):
     seq: Any = msgspec.field(default=None, name="Seq")
 
 
-class _Ev(msgspec.Struct):
-    ph: str = ""
+class _Ev(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
+    """A complete event ("ph": "X"), the only kind that becomes a row."""
+
     cat: str = ""
     name: str = ""
     ts: msgspec.Raw = _EMPTY_RAW
     dur: float = float("nan")
     pid: int | str = -1
     tid: int | str = -1
-    args: _Args | None = None
+    args: _Args = msgspec.field(default_factory=_Args)
 
 
-class _EvLenient(msgspec.Struct):
+# Every other Chrome-trace phase decodes into an empty struct (its fields are skipped unparsed).
+_OTHER_PHASES = "BEiICbneNODstfPMVvRc()"
+_OTHER_TYPES: dict[str, type] = {
+    ph: msgspec.defstruct(f"_Ph{ord(ph)}", [], tag_field="ph", tag=ph, gc=False) for ph in _OTHER_PHASES
+}
+_PhUnknown = msgspec.defstruct("_PhUnknown", [], gc=False)
+_PHASE_OF_TYPE: dict[type, str] = {t: ph for ph, t in _OTHER_TYPES.items()}
+_PHASE_OF_TYPE[_PhUnknown] = "?"
+
+
+class _EvLenient(msgspec.Struct, gc=False):
     """Fallback when a chunk has unexpected types (e.g. a string `dur`): slower, accepts anything."""
 
     ph: Any = ""
@@ -217,7 +230,8 @@ class _EvLenient(msgspec.Struct):
     args: _Args | Any = None
 
 
-_DECODER = msgspec.json.Decoder(list[_Ev])
+_EVENT_UNION: Any = Union[(_Ev, *_OTHER_TYPES.values())]  # noqa: UP007
+_DECODER = msgspec.json.Decoder(list[_EVENT_UNION])
 _DECODER_LENIENT = msgspec.json.Decoder(list[_EvLenient])
 _ANY_DECODER = msgspec.json.Decoder()
 
@@ -326,15 +340,17 @@ def _to_float(v: Any) -> float:
         return float("nan")
 
 
-def _coerce_lenient(evs: list[Any]) -> list[_Ev]:
-    out = []
+def _coerce_lenient(evs: list[Any]) -> list[Any]:
+    out: list[Any] = []
     for e in evs:
-        args = e.args if isinstance(e.args, _Args) else None
+        if e.ph != "X":
+            out.append(_OTHER_TYPES.get(str(e.ph), _PhUnknown)())
+            continue
+        args = e.args if isinstance(e.args, _Args) else _Args()
         pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else -1
         tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else -1
         out.append(
             _Ev(
-                ph=str(e.ph),
                 cat=str(e.cat),
                 name=str(e.name),
                 ts=e.ts,
@@ -347,7 +363,7 @@ def _coerce_lenient(evs: list[Any]) -> list[_Ev]:
     return out
 
 
-class _EvLenientArgs(msgspec.Struct):
+class _EvLenientArgs(msgspec.Struct, gc=False):
     ph: Any = ""
     cat: Any = ""
     name: Any = ""
@@ -446,7 +462,7 @@ class _Stream:
         self._consume(j + 1)
         return True
 
-    def _decode(self, doc: bytes) -> list[_Ev]:
+    def _decode(self, doc: bytes) -> list[Any]:
         try:
             return _DECODER.decode(doc)
         except msgspec.ValidationError:
@@ -462,7 +478,7 @@ class _Stream:
                 self.path, f"unexpected event layout: {exc}", event_index=self.events_seen
             ) from None
 
-    def chunks(self) -> Iterator[list[_Ev]]:
+    def chunks(self) -> Iterator[list[Any]]:
         """Yield decoded lists of whole events until the end of the traceEvents array."""
         while True:
             self._fill(self.chunk_bytes)
@@ -492,7 +508,8 @@ class _Stream:
                         continue
                     cut = len(self.buf)
                     final = True
-                doc = b"[" + bytes(self.buf[:cut]) + b"]"
+                with memoryview(self.buf) as mv:
+                    doc = b"".join((b"[", mv[:cut], b"]"))
                 try:
                     evs = self._decode(doc)
                 except msgspec.DecodeError as exc:
@@ -618,6 +635,38 @@ def parse_us_to_ns(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
 # Chunk -> columns
 
 
+_get_ts = operator.attrgetter("ts")
+_get_dur = operator.attrgetter("dur")
+_get_cat = operator.attrgetter("cat")
+_get_name = operator.attrgetter("name")
+_get_args = operator.attrgetter("args")
+_get_pid = operator.attrgetter("pid")
+_get_tid = operator.attrgetter("tid")
+_get_device = operator.attrgetter("device")
+_get_stream = operator.attrgetter("stream")
+_get_corr = operator.attrgetter("correlation")
+
+
+class _Interner(dict):  # type: ignore[type-arg]
+    """str -> code, a new code on first sight (C-speed lookups through map(d.__getitem__, ...))."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _CatKinds(dict):  # type: ignore[type-arg]
+    """Kineto `cat` -> kind code."""
+
+    def __init__(self, kind_codes: dict[str, int]):
+        super().__init__()
+        self.kind_codes = kind_codes
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = self.kind_codes[KIND_OF_CAT.get(key, "other")]
+        return code
+
+
 class _Columns:
     """Accumulates per-chunk numpy columns and interned strings."""
 
@@ -629,8 +678,9 @@ class _Columns:
         self.device: list[np.ndarray] = []
         self.stream: list[np.ndarray] = []
         self.corr: list[np.ndarray] = []
-        self.names: dict[str, int] = {}
+        self.names: dict[str, int] = _Interner()
         self.kind_codes = {k: i for i, k in enumerate(_KIND_CATEGORIES)}
+        self.cat_codes = _CatKinds(self.kind_codes)
         self.rows = 0
         # sparse collective metadata: global row -> tuple
         self.coll_rows: list[int] = []
@@ -638,22 +688,24 @@ class _Columns:
         self.dq = DataQuality()
         self.events_total = 0
 
-    def add(self, evs: list[_Ev]) -> None:
+    def add(self, evs: list[Any]) -> None:
         self.events_total += len(evs)
-        xs = [e for e in evs if e.ph == "X"]
-        if len(xs) != len(evs):
-            for ph, cnt in Counter(e.ph for e in evs if e.ph != "X").items():
-                self.dq.add(_PHASE_KEY.get(ph, "skipped_other_phase_events"), cnt)
-        if not xs:
+        types = Counter(map(type, evs))
+        n_x = types.pop(_Ev, 0)
+        for t, cnt in types.items():
+            self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
+        if not n_x:
             return
-        ts_ns, ts_ok, sub_ns = parse_us_to_ns([bytes(e.ts) for e in xs])
+        xs: list[_Ev] = evs if not types else [e for e in evs if e.__class__ is _Ev]
+        n = len(xs)
+        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(bytes, map(_get_ts, xs))))
         if sub_ns:
             self.dq.add(
                 "ts_sub_ns_digits_dropped", sub_ns, "some timestamps had digits below 1 ns; they were dropped"
             )
-        dur_us = np.fromiter((e.dur for e in xs), np.float64, len(xs))
+        dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
         dur_ok = np.isfinite(dur_us)
-        dur_ns = np.zeros(len(xs), np.int64)
+        dur_ns = np.zeros(n, np.int64)
         dur_ns[dur_ok] = np.rint(dur_us[dur_ok] * 1000.0).astype(np.int64)
         neg = dur_ok & (dur_ns < 0)
         keep = ts_ok & dur_ok & ~neg
@@ -675,34 +727,22 @@ class _Columns:
             xs = [xs[i] for i in idx]
             ts_ns = ts_ns[idx]
             dur_ns = dur_ns[idx]
+            n = len(xs)
             if not xs:
                 return
-        n = len(xs)
-        # kinds
-        cat_codes, cat_uniques = pd.factorize(np.array([e.cat for e in xs], dtype=object))
-        kind_lut = np.array([self.kind_codes[KIND_OF_CAT.get(c, "other")] for c in cat_uniques], np.int8)
-        kind = kind_lut[cat_codes]
-        # names
-        name_codes, name_uniques = pd.factorize(np.array([e.name for e in xs], dtype=object))
-        names = self.names
-        lut = np.empty(len(name_uniques), np.int32)
-        for i, s in enumerate(name_uniques):
-            code = names.get(s)
-            if code is None:
-                code = names[s] = len(names)
-            lut[i] = code
-        name = lut[name_codes]
+        # kinds and names: interned through dicts (codes assigned on first sight)
+        kind = np.fromiter(map(self.cat_codes.__getitem__, map(_get_cat, xs)), np.int8, n)
+        name = np.fromiter(map(self.names.__getitem__, map(_get_name, xs)), np.int32, n)
         # device / stream / correlation
-        no_args = _Args()
-        args: list[_Args] = [e.args if e.args is not None else no_args for e in xs]
+        args: list[_Args] = list(map(_get_args, xs))
         is_gpu = np.isin(kind, self._gpu_codes)
-        dev_arg = _ints([a.device for a in args])
-        pid = _ints([e.pid for e in xs])
+        dev_arg = _ints(list(map(_get_device, args)))
+        pid = _ints(list(map(_get_pid, xs)))
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
-        str_arg = _ints([a.stream for a in args])
-        tid = _ints([e.tid for e in xs])
+        str_arg = _ints(list(map(_get_stream, args)))
+        tid = _ints(list(map(_get_tid, xs)))
         stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
-        corr = _ints([a.correlation for a in args])
+        corr = _ints(list(map(_get_corr, args)))
         # collective metadata (sparse)
         base = self.rows
         for i, a in enumerate(args):
@@ -922,13 +962,21 @@ def read_kineto(
     prog = _FileProgress()
     stream = _Stream(p, chunk_bytes, prog)
     cols = _Columns()
-    if not stream.header():
-        raise stream.whole_document_error()
-    for evs in stream.chunks():
-        cols.add(evs)
-        if on_progress is not None:
-            on_progress(prog.done, size)
-    stream.tail()
+    # The decoded events are acyclic (JSON cannot make cycles): the cyclic GC only costs time here.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if not stream.header():
+            raise stream.whole_document_error()
+        for evs in stream.chunks():
+            cols.add(evs)
+            del evs
+            if on_progress is not None:
+                on_progress(prog.done, size)
+        stream.tail()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     meta = stream.meta
     if cols.events_total == 0:
         raise TraceFormatError(p, "empty trace: traceEvents has no events")
