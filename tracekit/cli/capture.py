@@ -85,7 +85,7 @@ def command(
     """
     from tracekit.capture import runner
 
-    cmdline = "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:]) if sys.argv else None
+    cmdline = _canonical_command(click.get_current_context())
     if script:
         run_dir = runner.capture_script(list(script), out_dir, mode=mode, nsys=nsys, command=cmdline)
         click.echo(f"wrote {run_dir}/manifest.json")
@@ -129,6 +129,22 @@ def command(
 
             run_dir = runner.capture(config, out_dir, progress=progress)
     _summary(run_dir)
+
+
+def _canonical_command(ctx: click.Context) -> str:
+    """The command as it ran: every option that differs from its default, then `-- SCRIPT`."""
+    words = ["tracekit", "capture"]
+    for p in ctx.command.params:
+        if not isinstance(p, click.Option) or p.name in (None, "quiet"):
+            continue
+        value = ctx.params.get(p.name)
+        if value == p.default or value is None or value is False:
+            continue
+        words.append(p.opts[0] if value is True else f"{p.opts[0]} {shlex.quote(str(value))}")
+    script = ctx.params.get("script") or ()
+    if script:
+        words += ["--", *(shlex.quote(a) for a in script)]
+    return " ".join(words)
 
 
 def _summary(run_dir: Path) -> None:

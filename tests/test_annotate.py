@@ -1,0 +1,124 @@
+"""tracekit.annotate: names, NVTX push/pop pairing, record_function only under a profiler, cost."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tracekit import annotate  # noqa: E402
+from tracekit.capture import annotate as impl  # noqa: E402
+
+
+def _trace_names(prof: object, tmp_path: Path) -> list[str]:
+    path = tmp_path / "t.json"
+    prof.export_chrome_trace(str(path))  # type: ignore[attr-defined]
+    return [e["name"] for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+
+
+def test_names_follow_the_default_step_pattern() -> None:
+    assert annotate.step(7).name == "decode_step#7"
+    assert annotate.region("attention").name == "attention"
+    assert annotate is not impl and annotate.step is impl.step  # thin re-export
+
+
+def test_nvtx_push_pop_pair_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    impl._resolve()
+    log: list[str] = []
+    monkeypatch.setattr(impl._Backend, "push", lambda name: log.append(f"push {name}"))
+    monkeypatch.setattr(impl._Backend, "pop", lambda: log.append("pop"))
+    with annotate.step(3):
+        with annotate.region("mlp"):
+            pass
+    assert log == ["push decode_step#3", "push mlp", "pop", "pop"]
+
+
+def test_no_record_function_without_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+    impl._resolve()
+    entered: list[str] = []
+
+    class Spy:
+        def __init__(self, name: str):
+            entered.append(name)
+
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *a: object) -> None:
+            return None
+
+    monkeypatch.setattr(impl._Backend, "record_function", Spy)
+    with annotate.step(0):
+        pass
+    assert entered == []
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        with annotate.step(1):
+            pass
+    assert entered == ["decode_step#1"]
+
+
+def test_ranges_land_in_a_torch_profiler_trace(tmp_path: Path) -> None:
+    @annotate.region("mlp")
+    def mlp(x: object) -> object:
+        return torch.relu(x)  # type: ignore[arg-type]
+
+    x = torch.ones(4)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for i in range(3):
+            with annotate.step(i):
+                mlp(x)
+                mlp(x)
+    names = _trace_names(prof, tmp_path)
+    assert sorted(n for n in names if n.startswith("decode_step")) == [f"decode_step#{i}" for i in range(3)]
+    assert names.count("mlp") == 6  # the decorator opens a fresh range per call
+
+
+def test_cost_without_profiler_is_small() -> None:
+    impl._resolve()
+    n = 20000
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for i in range(n):
+            with annotate.step(i):
+                pass
+        best = min(best, (time.perf_counter_ns() - t0) / n / 1000)
+    # issue 9 asks < 2 us per range with no profiler (measured ~0.5 us here); the bound has slack
+    # for a loaded CI runner but fails if record_function (~6 us here) were entered.
+    assert best < 3.0, f"{best:.2f} us per range"
+
+
+def test_profile_session_times_each_step(tmp_path: Path) -> None:
+    import tracekit
+
+    with tracekit.profile(tmp_path, profiled=False, rank=0) as s:
+        for i in range(4):
+            with annotate.step(i):
+                time.sleep(0.002)
+    assert len(s.step_ns) == 4 and all(2_000_000 <= ns < 200_000_000 for ns in s.step_ns)
+    with tracekit.profile(tmp_path, mode="cpu", warmup=1, rank=0):
+        for i in range(4):
+            with annotate.step(i):
+                torch.ones(8).sum()
+    doc = json.loads((tmp_path / ".rank-0.result.json").read_text())
+    assert len(doc["unprofiled_ns"]) == 4 and len(doc["profiled_ns"]) == 3  # one warm-up step
+    with gzip.open(tmp_path / "rank-0.pt.trace.json.gz", "rt") as f:
+        names = [e["name"] for e in json.load(f)["traceEvents"] if e.get("cat") == "user_annotation"]
+    assert sorted(n for n in names if n.startswith("decode_step")) == [
+        "decode_step#1",
+        "decode_step#2",
+        "decode_step#3",
+    ]
+
+
+def test_import_annotate_does_not_import_torch() -> None:
+    code = "import sys; from tracekit import annotate; import tracekit.capture.runner; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

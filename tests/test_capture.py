@@ -1,0 +1,256 @@
+"""`tracekit capture` on CPU/gloo: real Kineto traces, the manifest, failures, knobs, user scripts.
+
+The traces are parsed here with plain gzip + json (not tracekit's reader), so these tests check
+the capture side on its own.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tracekit.capture.runner import CaptureConfig, capture, parse_inject_delay  # noqa: E402
+from tracekit.cli.main import main  # noqa: E402
+from tracekit.errors import CaptureError  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _events(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+
+
+def _steps(events: list[dict[str, Any]]) -> list[str]:
+    return [
+        e["name"]
+        for e in events
+        if e.get("cat") == "user_annotation" and e["name"].startswith("decode_step#")
+    ]
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cap") / "cpu-tp2"
+    rc = main(
+        [
+            "capture",
+            "--tp",
+            "2",
+            "--preset",
+            "tiny",
+            "--tokens",
+            "8",
+            "--warmup",
+            "2",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
+    assert rc == 0
+    return out
+
+
+@pytest.mark.slow
+def test_tp2_capture_writes_two_kineto_traces_with_8_steps_and_gloo_all_reduces(tp2_run: Path) -> None:
+    for r in (0, 1):
+        ev = _events(tp2_run / f"rank-{r}.pt.trace.json.gz")
+        steps = _steps(ev)
+        assert len(steps) == 8 and len(set(steps)) == 8
+        names = Counter(e["name"] for e in ev)
+        # 2 layers x 2 all-reduces x 8 steps, as c10d ops and as gloo's own ranges
+        assert names["c10d::allreduce_"] == 32 and names["gloo:all_reduce"] == 32
+        assert names["c10d::allgather_"] == 8  # the vocabulary-parallel head, once per step
+        # every all-reduce lies inside a step window on this rank
+        wins = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] in steps]
+        inside = [
+            e for e in ev if e["name"] == "c10d::allreduce_" and any(a <= e["ts"] <= b for a, b in wins)
+        ]
+        assert len(inside) == 32
+
+
+@pytest.mark.slow
+def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
+    m = json.loads((tp2_run / "manifest.json").read_text())
+    assert m["kind"] == "tracekit.capture" and m["schema_version"] == "1.0"
+    assert m["complete"] is True and m["errors"] == []
+    assert set(m["files"]) == {"rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz"}
+    for name, entry in m["files"].items():
+        data = (tp2_run / name).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["bytes"] == len(data)
+        assert entry["rank"] == int(name.split("-")[1].split(".")[0])
+    w = m["workload"]
+    assert (w["tp"], w["tokens"], w["backend"], w["device"], w["dtype"], w["mode"]) == (
+        2,
+        8,
+        "gloo",
+        "cpu",
+        "float32",
+        "cpu",
+    )
+    assert w["step_pattern"] == "decode_step" and w["inject_delay"] is None
+    for part in ("unprofiled", "profiled"):
+        per = m[part]["per_token_ns"]
+        assert set(per) == {"0", "1"} and all(len(v) == 8 and min(v) > 0 for v in per.values())
+    # dilation recomputed independently: median over steps of the slowest rank, profiled / unprofiled
+    slow = {
+        p: [max(a, b) for a, b in zip(*m[p]["per_token_ns"].values(), strict=True)]
+        for p in ("unprofiled", "profiled")
+    }
+    assert m["dilation"] == pytest.approx(
+        statistics.median(slow["profiled"]) / statistics.median(slow["unprofiled"]), rel=1e-3
+    )
+    assert len(m["tokens_generated"]) == 1 and len(m["tokens_generated"][0]) == 8
+    assert m["versions"]["torch"] and m["host"]["cpu_count"] >= 1 and m["devices"] == []
+    assert "tracekit capture --tp 2" in m["command"]
+    assert not [p.name for p in tp2_run.iterdir() if p.name.startswith(".")]  # no temp/result files left
+
+
+@pytest.mark.slow
+def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
+    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, fail_rank=1, timeout_s=60)
+    with pytest.raises(CaptureError, match=r"rank 1: RuntimeError: injected failure on rank 1"):
+        capture(cfg, tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["complete"] is False
+    assert [e["rank"] for e in m["errors"]] == [1] and "injected failure" in m["errors"][0]["message"]
+    assert list(m["files"]) == ["rank-0.pt.trace.json.gz"]
+    assert len(_steps(_events(tmp_path / "rank-0.pt.trace.json.gz"))) == 3
+    assert not (tmp_path / "rank-1.pt.trace.json.gz").exists()
+
+
+@pytest.mark.slow
+def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(tmp_path: Path) -> None:
+    """Rank 1 sleeps 30 ms before each all-reduce: rank 0's all-reduces last about that long
+    (waiting), rank 1's stay short; every token costs 4 x 30 ms more. On gloo the c10d op on the
+    main thread only enqueues; the collective itself is `gloo:all_reduce` on gloo's worker thread,
+    and the main thread's blocking wait lies in the decoder's `all_reduce` region."""
+    capture(CaptureConfig(tp=2, tokens=3, warmup=1, inject_delay=(1, 30.0)), tmp_path)
+    for name in ("gloo:all_reduce", "all_reduce"):
+        dur = {}
+        for r in (0, 1):
+            ev = _events(tmp_path / f"rank-{r}.pt.trace.json.gz")
+            durs = [e["dur"] for e in ev if e["name"] == name]
+            assert len(durs) == 12  # 2 layers x 2 all-reduces x 3 steps
+            dur[r] = statistics.median(durs)  # us
+        assert dur[0] > 20_000 and dur[1] < 10_000, name
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["workload"]["inject_delay"] == {"rank": 1, "ms": 30.0}
+    assert min(m["unprofiled"]["per_token_ns"]["0"]) > 4 * 30e6 * 0.9
+
+
+@pytest.mark.slow
+def test_ranges_mode_keeps_steps_and_drops_op_tracing(tmp_path: Path) -> None:
+    capture(CaptureConfig(tp=1, tokens=3, warmup=1, mode="ranges", inject_sync=True), tmp_path)
+    ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
+    assert len(_steps(ev)) == 3
+    assert {e["name"] for e in ev if e.get("cat") == "user_annotation"} >= {"attention", "mlp", "lm_head"}
+    assert not [e for e in ev if e.get("cat") == "cpu_op"]
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["workload"]["mode"] == "ranges" and m["workload"]["inject_sync"] is True
+    # --inject-sync: one extra sync per layer per forward (a no-op on CPU, but counted):
+    # 2 layers x (warm-up 1+1, unprofiled 1+3, profiled 1+4 forwards)
+    assert m["inject_sync_count"] == {"0": 2 * (2 + 4 + 5)}
+
+
+@pytest.mark.slow
+def test_users_own_script_under_capture(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    rc = main(
+        [
+            "capture",
+            "--out",
+            str(out),
+            "--",
+            sys.executable,
+            str(REPO / "examples" / "my_decode.py"),
+            "--tokens",
+            "4",
+        ]
+    )
+    assert rc == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["workload"]["mode"] == "cpu"
+    assert len(m["unprofiled"]["per_token_ns"]["0"]) == 4 and len(m["profiled"]["per_token_ns"]["0"]) == 3
+    assert len(_steps(_events(out / "rank-0.pt.trace.json.gz"))) == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--device", "cpu", "--mode", "cuda"], "needs a CUDA device"),
+        (["--tp", "3"], "does not divide"),
+        (["--backend", "nccl", "--device", "cpu"], "nccl needs --device cuda"),
+        (["--inject-delay", "5:20", "--tp", "2"], "names rank 5"),
+        (["--inject-delay", "1-20"], "RANK:MS"),
+    ],
+)
+def test_bad_options_give_one_line_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    assert main(["capture", "--out", str(tmp_path), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cuda_request_without_enough_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert (
+        main(["capture", "--device", "cuda", "--tp", str(n + 1), "--preset", "7b", "--out", str(tmp_path)])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert ("no CUDA device" in err) if n == 0 else (f"{n} are visible" in err)
+
+
+def test_nsys_not_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("NSYS", raising=False)
+    assert main(["capture", "--nsys", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    assert "nsys (Nsight Systems) not found" in capsys.readouterr().err
+    monkeypatch.setenv("NSYS", str(tmp_path / "nope"))
+    assert main(["capture", "--nsys", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    assert "is not an executable file" in capsys.readouterr().err
+
+
+def test_parse_inject_delay() -> None:
+    assert parse_inject_delay("1:20") == (1, 20.0) and parse_inject_delay(None) is None
+    with pytest.raises(CaptureError):
+        parse_inject_delay("x:1")
+
+
+def test_capture_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["capture", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "tracekit capture --tp 2 --preset tiny --tokens 8" in out and "--inject-delay" in out
+
+
+def test_committed_cpu_traces_are_consistent() -> None:
+    """traces/cpu-* (committed): every file in each manifest exists with its checksum, under 2 MB."""
+    folders = sorted((REPO / "traces").glob("cpu-*"))
+    if not folders:
+        pytest.skip("no committed CPU traces")
+    for d in folders:
+        m = json.loads((d / "manifest.json").read_text())
+        assert m["complete"], d
+        for name, entry in m["files"].items():
+            data = (d / name).read_bytes()
+            assert hashlib.sha256(data).hexdigest() == entry["sha256"], f"{d.name}/{name}"
+            assert len(data) < 2_000_000
+        assert os.path.getsize(d / "manifest.json") < 200_000
