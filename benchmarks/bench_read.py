@@ -141,7 +141,9 @@ def build_tiled(out: Path, factor: int, keep_all_steps: bool, rank: int = 0) -> 
                 s = "".join(out_parts)
                 if is_step and k > 0 and nsteps:
                     s = re.sub(
-                        r'"ProfilerStep#(\d+)"', lambda m: f'"ProfilerStep#{int(m.group(1)) + k * nsteps}"', s
+                        r'"ProfilerStep#(\d+)"',
+                        lambda m, k=k: f'"ProfilerStep#{int(m.group(1)) + k * nsteps}"',
+                        s,
                     )
                 chunk.append(s)
             if chunk:
@@ -201,8 +203,8 @@ def _child(kind: str, target: str, jobs: int) -> None:
         info["read_s"] = time.perf_counter() - t0
         info["stage"] = "read"
         try:
-            from tracekit.classify import classify  # type: ignore[attr-defined]
             from tracekit.analyse.breakdown import breakdown  # type: ignore[import-not-found]
+            from tracekit.classify import classify  # type: ignore[attr-defined]
         except ImportError as exc:
             info["note"] = f"read only (classify/breakdown not importable: {exc})"
         else:
@@ -356,7 +358,9 @@ def main() -> None:
             lo, hi = min(factors), max(factors)
             t_lo, t_hi = times.get(("tracekit", lo, variant)), times.get(("tracekit", hi, variant))
             if t_lo and t_hi:
-                print(f"tracekit time({hi}x)/time({lo}x) variant {variant}: {t_hi / t_lo:.1f} (linear = {hi / lo:.0f})")
+                print(
+                    f"tracekit time({hi}x)/time({lo}x) variant {variant}: {t_hi / t_lo:.1f} (linear = {hi / lo:.0f})"
+                )
     if a.clean:
         shutil.rmtree(wd, ignore_errors=True)
 
@@ -367,7 +371,9 @@ def _copy_with_rank(src: Path, dst: Path, rank: int) -> None:
         head = f.read(1 << 20)
         idx = head.index(b'"traceEvents"')
         header, rest_start = head[:idx], idx
-        new_header = re.sub(rb'("rank"\s*:\s*)\d+', lambda m: m.group(1) + str(rank).encode(), header, count=1)
+        new_header = re.sub(
+            rb'("rank"\s*:\s*)\d+', lambda m: m.group(1) + str(rank).encode(), header, count=1
+        )
         with open(dst, "wb") as g:
             g.write(new_header)
             g.write(head[rest_start:])

@@ -40,12 +40,31 @@ def _user_cache_dir() -> Path:
     return Path(base) / "tracekit"
 
 
-def _writable_dir(d: Path) -> bool:
+def folder_writable(d: Path) -> bool:
+    """True when `d` may be written: os.access says so AND its mode has a write bit.
+
+    The mode check matters when running as root, where os.access is always true: a folder marked
+    read-only (dr-xr-xr-x, like ../shared) is left alone.
+    """
     try:
-        d.mkdir(parents=True, exist_ok=True)
+        st = d.stat()
     except OSError:
         return False
-    return os.access(d, os.W_OK | os.X_OK)
+    return bool(st.st_mode & 0o222) and os.access(d, os.W_OK | os.X_OK)
+
+
+def _writable_dir(d: Path) -> bool:
+    if not d.exists():
+        parent = d.parent
+        while not parent.exists() and parent != parent.parent:
+            parent = parent.parent
+        if not folder_writable(parent):
+            return False
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            return False
+    return folder_writable(d)
 
 
 def cache_dir_for(trace: Path) -> Path | None:
@@ -54,7 +73,7 @@ def cache_dir_for(trace: Path) -> Path | None:
     candidates = [Path(env)] if env else []
     if not env:
         parent = trace.resolve().parent
-        if os.access(parent, os.W_OK | os.X_OK):
+        if folder_writable(parent):
             candidates.append(parent / ".tracekit-cache")
         candidates.append(_user_cache_dir())
     for d in candidates:

@@ -1,0 +1,286 @@
+"""The Kineto reader on the real shared traces, checked against independent counts made here with
+plain `json` / `gzip` (and the exact decimal text of timestamps), plus error cases built in tmp_path
+from the real files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from collections import Counter
+from decimal import Decimal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.events import check_events
+from tracekit.read.kineto import parse_us_to_ns, rank_from_filename, read_kineto
+
+KINETO_TRACES = [
+    "h200/kineto_decode_ws1.pt.trace.json.gz",
+    "external/hta/cpu_only_rank-34.pt.trace.json.gz",
+    "external/hta/cuda_event_sync_trace.json.gz",
+    "external/hta/distributed_info_not_found.json.gz",
+    "external/hta/mi250_minitoy_rocm.json.gz",
+    "external/hta/nccl_data.json.gz",
+    "external/hta/ns_resolution_rank-0.pt.trace.json.gz",
+    "external/hta/sampled_rank-0.json.gz",
+    "external/hta/sampled_rank-1.json.gz",
+    "external/tracelens/sglang_qwen3-8b_decode.json.gz",
+]
+
+# Independent of the reader: Kineto `cat` -> our kind (the documented mapping).
+_KIND = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "cuda_sync": "sync",
+    "cpu_op": "cpu_op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+}
+
+
+def _load(path: Path) -> dict:
+    with gzip.open(path, "rt") as f:
+        return json.load(f)
+
+
+def _trace(shared_traces: Path, rel: str) -> Path:
+    p = shared_traces / rel
+    if not p.exists():
+        pytest.skip(f"{rel} not in {shared_traces}")
+    return p
+
+
+@pytest.mark.parametrize("rel", KINETO_TRACES)
+def test_counts_match_plain_json(shared_traces: Path, rel: str) -> None:
+    path = _trace(shared_traces, rel)
+    doc = _load(path)
+    events = doc["traceEvents"]
+    want = Counter(_KIND.get(e.get("cat"), "other") for e in events if e.get("ph") == "X")
+    run = read_kineto(path, rank=0 if "rank" not in path.name and "distributedInfo" not in doc else None)
+    check_events(run.events)
+    got = Counter(run.events["kind"].astype(str))
+    assert {k: v for k, v in got.items() if v} == dict(want)
+    # non-X events are counted, never silently dropped
+    skipped = sum(v for k, v in run.data_quality.counts.items() if k.startswith("skipped_"))
+    assert skipped == sum(1 for e in events if e.get("ph") != "X")
+    assert (run.events["end_ns"] >= run.events["start_ns"]).all()
+
+
+def _exact_ns(text: str, base_ns: int) -> int:
+    return base_ns + int(Decimal(text) * 1000)
+
+
+def test_ns_resolution_keeps_sub_microsecond_digits(shared_traces: Path) -> None:
+    path = _trace(shared_traces, "external/hta/ns_resolution_rank-0.pt.trace.json.gz")
+    text = gzip.open(path, "rt").read()
+    # the exact decimal text of the first X events' ts / dur, straight from the file
+    xs = re.findall(r'"ph": "X".*?"ts": ([0-9.]+), "dur": ([0-9.]+)', text[:200_000], flags=re.S)
+    assert len(xs) > 20
+    run = read_kineto(path)
+    ev = run.events
+    starts = set(ev["start_ns"].tolist())
+    spans = set(zip(ev["start_ns"].tolist(), ev["end_ns"].tolist(), strict=True))
+    fractional = 0
+    for ts, dur in xs:
+        s = _exact_ns(ts, 0)
+        assert s in starts
+        assert (s, s + int(Decimal(dur) * 1000)) in spans
+        fractional += s % 1000 != 0
+    assert fractional > 10  # the trace really has sub-us digits, and they survived
+    # float64 would have lost them: 1712195495519695.812 us is not representable
+    assert int(float("1712195495519695.812") * 1000) != 1712195495519695812
+
+
+def test_base_time_convention(shared_traces: Path) -> None:
+    path = _trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+    doc = _load(path)
+    text = gzip.open(path, "rt").read()
+    base = int(doc["baseTimeNanoseconds"])
+    first_ts = re.search(
+        r'"ph": "X", "cat": "[a-z_]+", "name": "[^"]*", "pid": \d+, "tid": \d+,\s*"ts": ([0-9.]+)', text
+    )
+    assert first_ts
+    run = read_kineto(path)
+    assert _exact_ns(first_ts.group(1), base) in set(run.events["start_ns"].tolist())
+    assert run.rank_info[0]["baseTimeNanoseconds"] == base
+
+
+def test_nccl_allreduce_kernel_bytes(shared_traces: Path) -> None:
+    path = _trace(shared_traces, "external/hta/nccl_data.json.gz")
+    doc = _load(path)
+    want = [
+        (e["ts"], e["args"]["In msg nelems"], e["args"]["dtype"])
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e["name"].startswith("ncclKernel_AllReduce_RING_LL_Sum_float")
+    ]
+    assert want and all(d == "Float" for _, _, d in want)
+    run = read_kineto(path)
+    ev = run.events
+    k = ev[ev["name"].astype(str).str.startswith("ncclKernel_AllReduce_RING_LL_Sum_float")]
+    assert len(k) == len(want)
+    assert set(k["coll_op"].astype(str)) == {"all_reduce"}
+    assert sorted(k["coll_in_bytes"].tolist()) == sorted(n * 4 for _, n, _ in want)
+    assert set(k["coll_group_size"].tolist()) == {2}
+    assert set(k["coll_pg_ranks"].astype(str)) == {"[0, 1]"}
+    assert (k["device"] == 0).all()
+
+
+def test_nccl_kernel_without_args_gets_op_from_name(shared_traces: Path) -> None:
+    path = _trace(shared_traces, "external/hta/sampled_rank-0.json.gz")
+    doc = _load(path)
+    sendrecv = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "X" and e.get("cat") == "kernel" and "SendRecv" in e["name"]
+    ]
+    assert sendrecv and not any("Collective name" in e.get("args", {}) for e in sendrecv)
+    ev = read_kineto(path).events
+    k = ev[(ev["kind"] == "kernel") & ev["name"].astype(str).str.contains("SendRecv")]
+    assert len(k) == len(sendrecv)
+    assert set(k["coll_op"].astype(str)) == {"send_recv"}
+
+
+def test_rank_sources(shared_traces: Path) -> None:
+    di = read_kineto(_trace(shared_traces, "external/hta/cpu_only_rank-34.pt.trace.json.gz"))
+    assert di.ranks == [34] and di.rank_info[34]["rank_source"] == "distributedInfo"
+    missing = _trace(shared_traces, "external/hta/distributed_info_not_found.json.gz")
+    with pytest.raises(RankError, match="--rank"):
+        read_kineto(missing)
+    assert read_kineto(missing, rank=5).ranks == [5]
+    assert (read_kineto(missing, rank=5).events["rank"] == 5).all()
+
+
+def test_rank_from_file_name(shared_traces: Path, tmp_path: Path) -> None:
+    src = _trace(shared_traces, "external/hta/distributed_info_not_found.json.gz")
+    dst = tmp_path / "job_rank-3.pt.trace.json.gz"
+    dst.write_bytes(src.read_bytes())
+    run = read_kineto(dst)
+    assert run.ranks == [3] and run.rank_info[3]["rank_source"] == "file name"
+    assert read_kineto(dst, rank=7).ranks == [7]  # an explicit rank overrides
+
+
+@pytest.mark.parametrize(
+    ("name", "rank"),
+    [
+        ("rank-3.pt.trace.json.gz", 3),
+        ("rank3.json", 3),
+        ("x_rank_12.json", 12),
+        ("trace.json", None),
+        ("frank9.json", None),
+    ],
+)
+def test_rank_from_filename_patterns(name: str, rank: int | None) -> None:
+    assert rank_from_filename(name) == rank
+
+
+def test_parse_us_to_ns_exact() -> None:
+    texts = [b"1234.567", b"1712195495519695.8", b"1682725898236567", b"0.001", b"-2.5", b"", b"1.5e3"]
+    ns, ok, sub = parse_us_to_ns(texts)
+    assert ns[:5].tolist() == [1234567, 1712195495519695800, 1682725898236567000, 1, -2500]
+    assert ok.tolist() == [True] * 5 + [False, True]
+    assert ns[6] == 1_500_000 and sub == 0
+
+
+def test_chunked_equals_whole(shared_traces: Path) -> None:
+    """Tiny chunks (many cuts, including inside nested args) give the same table as one big chunk."""
+    path = _trace(shared_traces, "external/hta/nccl_data.json.gz")
+    a = read_kineto(path).events
+    b = read_kineto(path, chunk_bytes=4096).events
+    assert a.equals(b)
+
+
+# ------------------------------------------------------------------------------------------------
+# errors, built from the real files
+
+
+def _raw(shared_traces: Path) -> bytes:
+    return gzip.decompress(_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz").read_bytes())
+
+
+def test_truncated_gzip(shared_traces: Path, tmp_path: Path) -> None:
+    data = _trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz").read_bytes()
+    bad = tmp_path / "rank-0.json.gz"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceFormatError, match=r"rank-0.json.gz at byte \d+: truncated gzip") as exc:
+        read_kineto(bad)
+    assert exc.value.offset is not None and exc.value.offset <= len(data) // 2
+
+
+def test_truncated_json(shared_traces: Path, tmp_path: Path) -> None:
+    raw = _raw(shared_traces)
+    bad = tmp_path / "rank-0.json"
+    bad.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(TraceFormatError, match=r"truncated JSON") as exc:
+        read_kineto(bad)
+    assert exc.value.offset is not None and len(raw) // 4 < exc.value.offset <= len(raw) // 2
+
+
+def test_invalid_json_offset(shared_traces: Path, tmp_path: Path) -> None:
+    raw = _raw(shared_traces)
+    i = raw.index(b'"ph": "X"', len(raw) // 2)
+    bad = tmp_path / "rank-0.json"
+    bad.write_bytes(raw[:i] + b"@@" + raw[i:])
+    with pytest.raises(TraceFormatError, match="invalid JSON") as exc:
+        read_kineto(bad)
+    assert exc.value.offset is not None and abs(exc.value.offset - i) <= 2
+
+
+def test_no_trace_events(shared_traces: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(shared_traces))
+    del doc["traceEvents"]
+    bad = tmp_path / "rank-0.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError, match="no traceEvents"):
+        read_kineto(bad)
+
+
+def test_empty_trace(shared_traces: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(shared_traces))
+    doc["traceEvents"] = []
+    bad = tmp_path / "rank-0.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError, match="empty trace"):
+        read_kineto(bad)
+    empty = tmp_path / "rank-1.json"
+    empty.write_bytes(b"")
+    with pytest.raises(TraceFormatError, match="empty file"):
+        read_kineto(empty)
+
+
+def test_events_without_ts(shared_traces: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(shared_traces))
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    for e in xs[:3]:
+        del e["ts"]
+    f = tmp_path / "rank-0.json"
+    f.write_text(json.dumps(doc))
+    run = read_kineto(f)
+    assert len(run.events) == len(xs) - 3
+    assert run.data_quality.counts["events_without_ts"] == 3
+    for e in xs:
+        e.pop("ts", None)
+    f.write_text(json.dumps(doc))
+    with pytest.raises(TraceFormatError, match="no complete .X. event has a ts"):
+        read_kineto(f)
+
+
+def test_unexpected_types_fall_back(shared_traces: Path, tmp_path: Path) -> None:
+    """A string dur or device still reads (slow path), with the same numbers."""
+    doc = json.loads(_raw(shared_traces))
+    good = tmp_path / "rank-0.json"
+    good.write_text(json.dumps(doc))
+    for e in doc["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "kernel":
+            e["dur"] = str(e["dur"])
+            e["args"]["device"] = str(e["args"]["device"])
+    odd = tmp_path / "rank-1.json"
+    odd.write_text(json.dumps(doc))
+    a, b = read_kineto(good).events, read_kineto(odd, rank=0).events
+    assert np.array_equal(a["end_ns"], b["end_ns"]) and np.array_equal(a["device"], b["device"])

@@ -1,0 +1,198 @@
+"""read_run: folders of rank files as one run, manifest, duplicate ranks, no traces, the Parquet
+cache (hit identical, invalidated on change, corrupt entry ignored, never written into a read-only
+folder), and the parallel path."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tracekit.errors import NoTracesError, RankError, TraceFormatError
+from tracekit.read import cache as cache_mod
+from tracekit.read import read_run
+
+HTA = "external/hta"
+
+
+@pytest.fixture(autouse=True)
+def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("TRACEKIT_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRACEKIT_NO_CACHE", raising=False)
+
+
+def _sampled(shared_traces: Path, tmp_path: Path) -> Path:
+    d = tmp_path / "run"
+    d.mkdir()
+    for r in (0, 1):
+        src = shared_traces / HTA / f"sampled_rank-{r}.json.gz"
+        if not src.exists():
+            pytest.skip(f"{src} missing")
+        shutil.copy(src, d / src.name)
+    return d
+
+
+def _x_kernels(path: Path) -> int:
+    with gzip.open(path, "rt") as f:
+        return sum(1 for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel")
+
+
+def test_two_ranks_one_run(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    (d / "manifest.json").write_text(json.dumps({"world_size": 2, "note": "test"}))
+    run = read_run([d], cache=False, jobs=1)
+    assert run.ranks == [0, 1]
+    assert run.manifest == {"world_size": 2, "note": "test"}
+    ev = run.events
+    for r in (0, 1):
+        assert int(((ev["rank"] == r) & (ev["kind"] == "kernel")).sum()) == _x_kernels(
+            d / f"sampled_rank-{r}.json.gz"
+        )
+    assert str(ev["name"].dtype) == "category" and str(ev["kind"].dtype) == "category"
+    # the same files given one by one
+    again = read_run(sorted(d.glob("*.json.gz")), cache=False, jobs=1)
+    pd.testing.assert_frame_equal(run.events, again.events)
+
+
+@pytest.mark.slow
+def test_parallel_equals_sequential(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    seq = read_run([d], cache=False, jobs=1)
+    par = read_run([d], cache=False, jobs=2)
+    pd.testing.assert_frame_equal(seq.events, par.events)
+    assert seq.data_quality.to_dict() == par.data_quality.to_dict()
+
+
+def test_duplicate_ranks(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    shutil.copy(d / "sampled_rank-0.json.gz", d / "copy_of_rank0.json.gz")
+    with pytest.raises(
+        RankError,
+        match=r"rank 0 appears in two files: .*copy_of_rank0.*sampled_rank-0|rank 0 appears in two files: .*sampled_rank-0.*copy_of_rank0",
+    ):
+        read_run([d], cache=False, jobs=1)
+
+
+def test_no_traces(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("nothing")
+    with pytest.raises(NoTracesError, match="empty: no trace files"):
+        read_run([empty])
+    with pytest.raises(NoTracesError, match="no such file"):
+        read_run([tmp_path / "absent"])
+
+
+def test_rank_argument_needs_one_file(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    with pytest.raises(RankError, match="one trace file"):
+        read_run([d], rank=3)
+    assert read_run([d / "sampled_rank-1.json.gz"], rank=3, cache=False).ranks == [3]
+
+
+def test_bad_file_in_folder(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    data = (d / "sampled_rank-1.json.gz").read_bytes()
+    (d / "sampled_rank-1.json.gz").write_bytes(data[:1000])
+    with pytest.raises(TraceFormatError, match="sampled_rank-1.json.gz"):
+        read_run([d], cache=False, jobs=1)
+
+
+# ------------------------------------------------------------------------------------------------
+# cache
+
+
+def test_cache_hit_identical_and_invalidated(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    f = d / "sampled_rank-0.json.gz"
+    first = read_run([f])
+    entry = cache_mod.cache_path_for(f)
+    assert entry is not None and entry.exists() and entry.parent == d / ".tracekit-cache"
+    stamp = entry.stat().st_mtime_ns
+    hit = read_run([f])
+    assert entry.stat().st_mtime_ns == stamp  # served from the cache, not rewritten
+    pd.testing.assert_frame_equal(first.events, hit.events)
+    for col in ("kind", "name", "coll_op"):
+        assert list(first.events[col].cat.categories) == list(hit.events[col].cat.categories)
+    assert hit.rank_info == first.rank_info and hit.data_quality.to_dict() == first.data_quality.to_dict()
+    uncached = read_run([f], cache=False)
+    pd.testing.assert_frame_equal(first.events, uncached.events)
+
+    # modify the trace: drop the kernels -> the cache must not answer with the old table
+    with gzip.open(f, "rt") as fh:
+        doc = json.load(fh)
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("cat") != "kernel"]
+    with gzip.open(f, "wt") as fh:
+        json.dump(doc, fh)
+    changed = read_run([f])
+    assert int((changed.events["kind"] == "kernel").sum()) == 0
+    assert len(changed.events) == len(first.events) - int((first.events["kind"] == "kernel").sum())
+
+    # touching alone (same content, new mtime) also re-reads: the entry is rewritten
+    before = entry.stat().st_mtime_ns
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))
+    read_run([f])
+    assert entry.stat().st_mtime_ns != before
+
+
+def test_cache_corrupt_entry_ignored(shared_traces: Path, tmp_path: Path) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    f = d / "sampled_rank-1.json.gz"
+    good = read_run([f])
+    entry = cache_mod.cache_path_for(f)
+    assert entry is not None
+    entry.write_bytes(b"PAR1 this is not parquet")
+    again = read_run([f])
+    pd.testing.assert_frame_equal(good.events, again.events)
+    assert entry.read_bytes()[:4] == b"PAR1" and entry.stat().st_size > 1000  # rewritten
+
+
+def test_cache_disabled(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    monkeypatch.setenv("TRACEKIT_NO_CACHE", "1")
+    read_run([d / "sampled_rank-0.json.gz"])
+    assert not (d / ".tracekit-cache").exists()
+    monkeypatch.delenv("TRACEKIT_NO_CACHE")
+    read_run([d / "sampled_rank-0.json.gz"], cache=False)
+    assert not (d / ".tracekit-cache").exists()
+
+
+def test_cache_never_in_read_only_folder(shared_traces: Path, tmp_path: Path) -> None:
+    f = shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
+    if not f.exists():
+        pytest.skip("h200 trace missing")
+    if f.parent.stat().st_mode & 0o222:
+        pytest.skip("../shared is not marked read-only here; the fallback cannot be shown")
+    read_run([f])
+    entry = cache_mod.cache_path_for(f)
+    assert entry is not None and entry.exists()
+    assert entry.parent == tmp_path / "xdg" / "tracekit"
+    assert not (f.parent / ".tracekit-cache").exists()
+
+
+def test_cache_fallback_for_read_only_folder(shared_traces: Path, tmp_path: Path) -> None:
+    """A folder marked read-only (even to root, who may write anywhere) gets no cache folder."""
+    d = _sampled(shared_traces, tmp_path)
+    f = d / "sampled_rank-0.json.gz"
+    d.chmod(0o555)
+    try:
+        read_run([f])
+        entry = cache_mod.cache_path_for(f)
+        assert entry is not None and entry.exists() and entry.parent == tmp_path / "xdg" / "tracekit"
+        assert not (d / ".tracekit-cache").exists()
+    finally:
+        d.chmod(0o755)
+
+
+def test_cache_dir_env(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _sampled(shared_traces, tmp_path)
+    monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(tmp_path / "cc"))
+    read_run([d / "sampled_rank-0.json.gz"])
+    assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
+    assert not (d / ".tracekit-cache").exists()
