@@ -1,0 +1,223 @@
+"""breakdown(): summaries with known answers, the JSON contract, and the `tracekit breakdown` CLI."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tracekit.analyse.breakdown import CSV_COLUMNS, breakdown
+from tracekit.cli.main import main
+from tracekit.errors import StepError
+from tracekit.model.events import DataQuality, Run, make_events
+
+PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+GEMM = "ampere_sgemm_32x128_nt"
+NCCL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+H200 = "h200/kineto_decode_ws1.pt.trace.json.gz"
+
+
+def _two_rank_run() -> Run:
+    """Two ranks, 4 steps each. Rank r, step i: window [1000 i, 1000 i + w) with w = 100 + 10 i + 50 r
+    (rank 1 is always slower), one GEMM [start, start + 20 + r) and one NCCL kernel right after it
+    lasting 30 ns. So per step the slowest rank is rank 1: windows 150, 160, 170, 180."""
+    rows: dict[str, list] = {k: [] for k in ("rank", "kind", "name", "start_ns", "end_ns", "stream")}
+
+    def add(rank: int, kind: str, name: str, s: int, e: int) -> None:
+        for k, v in zip(rows, (rank, kind, name, s, e, 7 if kind == "kernel" else 1), strict=True):
+            rows[k].append(v)
+
+    for r in (0, 1):
+        for i in range(4):
+            s = 1000 * i
+            add(r, "annotation", f"decode_step#{i}", s, s + 100 + 10 * i + 50 * r)
+            add(r, "kernel", GEMM, s, s + 20 + r)
+            add(r, "kernel", NCCL, s + 20 + r, s + 50 + r)
+        add(r, "kernel", "weird_kernel", 5000, 5007)
+    dq = DataQuality()
+    dq.add("events_without_ts", 3, "3 events had no ts")
+    return Run(
+        events=make_events(rows),
+        sources={0: "rank-0.json", 1: "rank-1.json"},
+        data_quality=dq,
+        manifest={"dilation": 1.5},
+    )
+
+
+def test_per_token_is_the_slowest_rank_per_step() -> None:
+    b = breakdown(_two_rank_run())
+    assert len(b.steps) == 8
+    pt = b.per_token
+    # slowest rank per step: rank 1, windows 150..180
+    windows = [150, 160, 170, 180]
+    assert pt["step_ns"]["n"] == 4
+    assert pt["step_ns"]["median"] == 165
+    assert pt["step_ns"]["p10"] == round(float(np.percentile(windows, 10)))
+    assert pt["step_ns"]["p90"] == round(float(np.percentile(windows, 90)))
+    assert pt["step_ns"]["mean"] == 165
+    assert pt["parts_ns"]["compute"]["median"] == 21  # rank 1's GEMM
+    assert pt["parts_ns"]["collective"]["median"] == 30
+    assert pt["parts_ns"]["idle"]["median"] == 165 - 51
+    assert pt["slowest_rank_counts"] == {"1": 4}
+    per_rank = {r["rank"]: r for r in b.per_rank}
+    assert per_rank[0]["step_ns_median"] == 115 and per_rank[1]["step_ns_median"] == 165
+    assert per_rank[0]["parts_ns_median"]["compute"] == 20
+
+
+def test_kernels_by_class_unknown_dq_and_dilation() -> None:
+    b = breakdown(_two_rank_run())
+    assert b.kernels_by_class["compute"] == {"count": 8, "total_ns": 4 * 20 + 4 * 21}
+    assert b.kernels_by_class["collective"] == {"count": 8, "total_ns": 8 * 30}
+    assert b.kernels_by_class["memory"] == {"count": 0, "total_ns": 0}
+    assert b.kernels_by_class["unknown"] == {"count": 2, "total_ns": 14}
+    assert b.kernels_by_subclass["matrix"]["count"] == 8 and b.kernels_by_subclass["nccl"]["count"] == 8
+    assert b.unknown_kernels == [{"name": "weird_kernel", "count": 2, "total_ns": 14}]
+    assert b.data_quality.counts["events_without_ts"] == 3  # merged from the run
+    assert b.data_quality.counts["unknown_kernel_events"] == 2
+    assert b.dilation == 1.5
+
+
+def test_skip_first_and_rank_filter() -> None:
+    b = breakdown(_two_rank_run(), skip_first=1)
+    assert sorted(b.steps["step"].unique()) == [1, 2, 3]
+    assert b.per_token["step_ns"]["median"] == 170
+    assert b.data_quality.counts["skipped_warmup_steps"] == 2
+    one = breakdown(_two_rank_run(), rank=0)
+    assert set(one.steps["rank"]) == {0} and one.ranks == [0] and one.paths == ["rank-0.json"]
+    with pytest.raises(StepError, match="rank 5 is not in this run"):
+        breakdown(_two_rank_run(), rank=5)
+    with pytest.raises(StepError, match="skipped"):
+        breakdown(_two_rank_run(), skip_first=10)
+
+
+def test_json_contract_and_csv() -> None:
+    b = breakdown(_two_rank_run())
+    doc = json.loads(json.dumps(b.to_json()))  # JSON-serialisable
+    assert doc["schema_version"] == "1.0" and doc["kind"] == "tracekit.breakdown"
+    assert doc["source"]["ranks"] == [0, 1] and doc["source"]["timeline"] == "gpu"
+    assert doc["source"]["step_pattern"] == "decode_step"
+    for key in (
+        "steps",
+        "per_token",
+        "per_rank",
+        "kernels_by_class",
+        "kernels_by_subclass",
+        "unknown_kernels",
+        "data_quality",
+        "dilation",
+    ):
+        assert key in doc
+    for s in doc["steps"]:
+        assert set(s) >= {
+            "rank",
+            "step",
+            "name",
+            "start_ns",
+            "window_ns",
+            "parts_ns",
+            "overlapped_collective_ns",
+        }
+        assert set(s["parts_ns"]) == set(PARTS)
+        assert sum(s["parts_ns"].values()) == s["window_ns"]
+    assert set(doc["kernels_by_class"]) == {"compute", "memory", "collective", "unknown"}
+    assert set(doc["data_quality"]) == {"counts", "notes"}
+    rows = list(csv.DictReader(io.StringIO(b.to_csv())))
+    assert len(rows) == 8 and tuple(rows[0]) == CSV_COLUMNS
+    for r in rows:
+        assert sum(int(r[f"{p}_ns"]) for p in PARTS) == int(r["window_ns"])
+
+
+# ------------------------------------------------------------------ the CLI on the real H200 trace
+
+
+def _h200(shared_traces: Path) -> Path:
+    p = shared_traces / H200
+    if not p.exists():
+        pytest.skip(f"{H200} absent")
+    return p
+
+
+def test_cli_table_shows_five_decode_steps(shared_traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _h200(shared_traces)
+    assert main(["breakdown", str(path), "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "'decode_step'" in out
+    steps_table = out[out.index("Steps (ms)") : out.index("Per rank")]
+    step_rows = [line.split("│")[1:4] for line in steps_table.splitlines() if line.startswith("│")]
+    # rank 0, steps 0..4, windows 4.623 1.508 1.738 1.654 2.150 ms (the annotations, see the JSON test)
+    assert [(int(r), int(s), w.strip()) for r, s, w in step_rows] == [
+        (0, 0, "4.623"),
+        (0, 1, "1.508"),
+        (0, 2, "1.738"),
+        (0, 3, "1.654"),
+        (0, 4, "2.150"),
+    ]
+    assert "Per token" in out and "p10" in out and "Data quality" in out
+
+
+def test_cli_json_parts_sum_to_step_times(
+    shared_traces: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    import gzip
+    from decimal import Decimal
+
+    path = _h200(shared_traces)
+    out_file = tmp_path / "b.json"
+    assert main(["breakdown", str(path), "--format", "json", "--out", str(out_file), "--no-cache"]) == 0
+    doc = json.loads(out_file.read_text())
+    assert len(doc["steps"]) == 5 and doc["source"]["step_pattern"] == "decode_step"
+    for s in doc["steps"]:
+        assert sum(s["parts_ns"].values()) == s["window_ns"]
+    # independent: the decode_step annotations with plain json (the GPU work ends inside them here)
+    with gzip.open(path) as f:
+        raw = json.load(f, parse_float=Decimal)
+    base = int(raw["baseTimeNanoseconds"])
+    anns = sorted(
+        (base + int(Decimal(e["ts"]) * 1000), int((Decimal(e["dur"]) * 1000).to_integral_value()))
+        for e in raw["traceEvents"]
+        if e.get("cat") == "user_annotation" and e.get("name") == "decode_step"
+    )
+    assert [(s["start_ns"], s["window_ns"]) for s in doc["steps"]] == anns
+    assert doc["per_token"]["step_ns"]["median"] == statistics.median(w for _, w in anns)
+    # no NCCL kernel runs with world_size 1, and the GEMMs are matrix compute
+    assert doc["kernels_by_class"]["collective"]["count"] == 0
+    assert doc["kernels_by_subclass"]["matrix"]["count"] == 60
+
+
+def test_cli_csv(shared_traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _h200(shared_traces)
+    assert main(["breakdown", str(path), "--format", "csv", "--no-cache"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 5
+    assert all(sum(int(r[f"{p}_ns"]) for p in PARTS) == int(r["window_ns"]) for r in rows)
+
+
+def test_cli_errors_are_one_line(
+    shared_traces: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    sglang = shared_traces / "external/tracelens/sglang_qwen3-8b_decode.json.gz"
+    if not sglang.exists():
+        pytest.skip("sglang trace absent")
+    assert main(["breakdown", str(sglang), "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error: no step annotations match") and "step[DECODE bs=32]" in err
+    assert err.count("\n") == 1
+    assert (
+        main(["breakdown", str(sglang), "--step-pattern", r"step\[DECODE", "--format", "json", "--no-cache"])
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert len(doc["steps"]) == 1
+    assert main(["breakdown", str(tmp_path / "nothing-here"), "--no-cache"]) == 2
+    assert capsys.readouterr().err.startswith("tracekit: error:")
+
+
+def test_cli_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["breakdown", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "Example" in out and "tracekit breakdown" in out and "--step-pattern" in out
