@@ -190,10 +190,34 @@ def links() -> dict[str, Any]:
                     "transport": "P2P/CUMEM" if mode == "nvlink" else "SHM",
                 }
             )
-    return {
+    transports = {
+        "nvlink": {
+            "transport": "P2P/CUMEM",
+            "wire": "nvlink",
+            "nvls_used": False,
+            "uses_nvlink": True,
+            "notes": [],
+        },
+        "pcie": {
+            "transport": "SHM",
+            "wire": "host_memory",
+            "nvls_used": False,
+            "uses_nvlink": False,
+            "notes": ["pcie: NCCL_P2P_DISABLE=1: SHM through host memory"],
+        },
+    }
+    trace_sizes = [
+        {"op": "allreduce", "coll_op": "all_reduce", "bytes": 8192, "count": 32, "busbw_gbps": 0.5},
+        {"op": "allgather", "coll_op": "all_gather", "bytes": 4096, "count": 8, "busbw_gbps": 0.25},
+    ]
+    return {  # the shape of tracekit.probe.compare.compare_links()
+        "schema_version": "1.0",
+        "kind": "tracekit.compare_links",
         "rows": rows,
-        "modes": ["nvlink", "pcie"],
-        "transports": {"nvlink": "P2P/CUMEM", "pcie": "SHM"},
+        "modes": [{"mode": "nvlink", "env": {}}, {"mode": "pcie", "env": {"NCCL_P2P_DISABLE": "1"}}],
+        "transports": transports,
+        "trace": {"sizes": trace_sizes},
+        "notes": ["pcie: NCCL_P2P_DISABLE=1: SHM through host memory"],
         "verdict": "At the decode's 8 KiB all-reduces both links realise under 15% of their peak: the link does not explain the transfer time.",
     }
 

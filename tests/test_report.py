@@ -93,9 +93,15 @@ def test_report_json_is_versioned_and_self_describing():
     assert [r["role"] for r in doc["runs"]] == ["baseline", "sharded"]
     assert [s["rank"] for s in doc["stragglers"]] == [0, 1]
     assert {c["mode"] for c in doc["busbw"]["probes"]} == {"nvlink", "pcie"}
+    # the shortfall's realised busbw wins; compare-links' trace sizes add what the shortfall lacks
     assert doc["busbw"]["trace"] == [
-        {"op": "all_reduce", "bytes": 8192, "busbw_gbps": pytest.approx(8192 / 37_500), "count": 32}
+        {"op": "all_reduce", "bytes": 8192, "busbw_gbps": pytest.approx(8192 / 37_500), "count": 32},
+        {"op": "all_gather", "bytes": 4096, "busbw_gbps": 0.25, "count": 8},
     ]
+    assert doc["links"]["modes"] == ["nvlink", "pcie"]
+    assert doc["links"]["transports"]["pcie"].startswith(
+        "transport SHM; wire host_memory; NVLS off; no NVLink"
+    )
     # per-step per-rank parts survive, and each step's parts sum to its window
     steps = doc["runs"][1]["steps"]
     assert len(steps) == 8

@@ -336,6 +336,23 @@ def _probe_curves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [groups[k] for k in sorted(groups)]
 
 
+def _transport_summary(v: Any) -> str:
+    """One line for what a mode's run really used (compare-links `transports[mode]`)."""
+    if not isinstance(v, dict):
+        return "" if v is None else str(v)
+    parts = []
+    if v.get("transport"):
+        parts.append(f"transport {v['transport']}")
+    if v.get("wire"):
+        parts.append(f"wire {v['wire']}")
+    if v.get("nvls_used") is not None:
+        parts.append("NVLS used" if v["nvls_used"] else "NVLS off")
+    if v.get("uses_nvlink") is not None:
+        parts.append("uses NVLink" if v["uses_nvlink"] else "no NVLink")
+    parts += [str(n) for n in v.get("notes") or []]
+    return "; ".join(parts)
+
+
 def _verdict_from_breakdown(run: dict[str, Any]) -> str:
     med = run["step_ns"].get("median")
     parts = {p: v for p, v in run["parts_ns_median"].items() if v is not None}
@@ -505,10 +522,22 @@ def build_report_data(
     elif isinstance(links, dict):
         probe_rows = list(links.get("rows") or [])
         links_section = {
-            "modes": links.get("modes"),
-            "transports": links.get("transports") or {},
+            "modes": [
+                str(m.get("mode")) if isinstance(m, dict) else str(m) for m in links.get("modes") or []
+            ],
+            "transports": {str(k): _transport_summary(v) for k, v in (links.get("transports") or {}).items()},
             "verdict": links.get("verdict"),
+            "notes": [str(n) for n in links.get("notes") or []],
         }
+        # the realised busbw compare-links measured in the decode trace, where the shortfall had none
+        have = {(p["op"], p["bytes"]) for p in trace_points}
+        for z in (links.get("trace") or {}).get("sizes") or []:
+            op = str(z.get("coll_op") or z.get("op") or "")
+            nbytes, busbw_z = _int_or_none(z.get("bytes")), _num(z.get("busbw_gbps"))
+            if busbw_z is not None and nbytes and (op, nbytes) not in have:
+                trace_points.append(
+                    {"op": op, "bytes": nbytes, "busbw_gbps": busbw_z, "count": int(z.get("count", 0) or 0)}
+                )
     if links_section is not None:
         links_section["note"] = links_note
     elif links_note:

@@ -238,6 +238,7 @@ def fig_busbw(data: ReportData) -> go.Figure | None:
                 x=[p["bytes"] for p in pts],
                 y=[p["busbw_gbps"] for p in pts],
                 mode="lines+markers",
+                line={"dash": "dot" if curve.get("in_place") else "solid"},
                 hovertemplate=label + "<br>%{x} B: %{y:.3f} GB/s<extra></extra>",
             )
         )
@@ -417,7 +418,9 @@ def _links_section(data: ReportData) -> str:
             [(esc(k), False), (esc(v if isinstance(v, str) else json.dumps(v)), False)]
             for k, v in transports.items()
         ]
-        out.append(_table(["mode", "transport NCCL used"], rows))
+        out.append(_table(["mode", "what the run used"], rows))
+    for n in L.get("notes") or []:
+        out.append(f'<p class="note">{esc(n)}</p>')
     if L.get("note"):
         out.append(f'<p class="note">{esc(L["note"])}</p>')
     return "\n".join(out)

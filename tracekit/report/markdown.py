@@ -145,12 +145,16 @@ def render_markdown(data: ReportData) -> str:
         L = data.links or {}
         if L.get("verdict"):
             lines += [f"**{md_esc(L['verdict'])}**", ""]
+        for n in L.get("notes") or []:
+            lines += [f"- {md_esc(n)}"]
+        if L.get("notes"):
+            lines += [""]
         if L.get("note"):
             lines += [md_esc(L["note"]), ""]
         transports = L.get("transports") or {}
         if isinstance(transports, dict) and transports:
             lines += _table(
-                ["mode", "transport NCCL used"],
+                ["mode", "what the run used"],
                 [
                     [md_esc(k), md_esc(v if isinstance(v, str) else json.dumps(v))]
                     for k, v in transports.items()

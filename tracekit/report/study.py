@@ -106,29 +106,31 @@ def _to_json(result: Any) -> dict[str, Any]:
 def _compare_links(
     device: str, tps: tuple[int, ...], trace_dir: Path | None, out_dir: Path
 ) -> tuple[Any, str | None]:
-    """Run the link comparison through its API; (result or None, note)."""
-    try:
-        from tracekit.probe import compare as compare_mod  # type: ignore[attr-defined]
-    except ImportError:
-        return (
-            None,
-            "link comparison skipped: tracekit.probe.compare (the compare-links API) is not available.",
+    """Run the link comparison (tracekit.probe.compare) against the largest-TP trace; (result, note).
+
+    On GPUs: NVLink vs PCIe (P2P disabled), all_reduce and all_gather up to 64 MiB (the decode's
+    messages are far smaller). On CPU (only with --links): the gloo path, quickly (up to 64 KiB)."""
+    from tracekit.probe.compare import CompareConfig, compare_links
+
+    if device == "cuda":
+        cfg = CompareConfig(
+            ops=("all_reduce", "all_gather"),
+            max_bytes=64 << 20,
+            trace_dir=str(trace_dir) if trace_dir else None,
         )
-    fn = getattr(compare_mod, "compare_links", None)
-    if fn is None:
-        return None, "link comparison skipped: tracekit.probe.compare has no compare_links()."
-    kwargs: dict[str, Any] = {}
-    if device != "cuda":
-        kwargs.update(backend="gloo", ranks=max(2, max(tps)))
-    if trace_dir is not None:
-        kwargs["trace"] = trace_dir
-    try:
-        result = fn(**kwargs)
-    except TypeError:
-        result = fn()
-    doc = result.to_json() if hasattr(result, "to_json") else result
+    else:
+        cfg = CompareConfig(
+            ops=("all_reduce",), device="cpu", ranks=max(2, max(tps)), max_bytes=64 << 10, iters=3, warmup=1,
+            trace_dir=str(trace_dir) if trace_dir else None,
+        )  # fmt: skip
+    doc = _to_json(compare_links(cfg))
     _dump(doc, out_dir / "links.json")
-    return doc, None
+    note = (
+        None
+        if device == "cuda"
+        else "link comparison on CPU: the gloo path only, there are no GPU links here."
+    )
+    return doc, note
 
 
 def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None) -> StudyResult:
