@@ -630,7 +630,23 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     uncorrected = attribute(base.per_token, sharded.per_token, factor)
 
     ub, us = base.dilation.unprofiled, sharded.dilation.unprofiled
-    if ub is not None and us is not None:
+    # a profiler cannot make a run faster: a profiled pass clearly faster than the unprofiled one
+    # means the two passes ran under different conditions (a noisy host), and the unprofiled
+    # figure is then no better a per-token time than the traced one
+    faster = [
+        (lbl, r.dilation.dilation)
+        for lbl, r in (("baseline", base), ("sharded", sharded))
+        if r.dilation.dilation is not None and r.dilation.dilation < 1.0 / (1.0 + r.dilation.threshold)
+    ]
+    if faster:
+        dq.add(
+            "unprofiled_slower_than_profiled",
+            len(faster),
+            "the unprofiled pass was slower than the profiled one ("
+            + ", ".join(f"{lbl} dilation {d:.2f}x" for lbl, d in faster)
+            + "): the host was noisy; the attribution is not corrected",
+        )
+    if ub is not None and us is not None and not faster:
         pb, rb = reconcile(base.per_token, ub.mean_ns, base.timeline)
         ps, rs = reconcile(sharded.per_token, us.mean_ns, sharded.timeline)
         corrected = attribute(pb, ps, factor)
@@ -644,15 +660,21 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         corrected = uncorrected
         source = "trace"
         missing = [lbl for lbl, t in (("baseline", ub), ("sharded", us)) if t is None]
-        reconciliation = (
-            f"not corrected: no unprofiled per-token times for the {' and '.join(missing)} run "
-            "(capture with `tracekit capture`); T1, TN and the parts are the traced ones"
-        )
-        dq.add(
-            "dilation_unknown",
-            1,
-            "per-token times come from the trace; the profiler's dilation is not removed",
-        )
+        if missing:
+            reconciliation = (
+                f"not corrected: no unprofiled per-token times for the {' and '.join(missing)} run "
+                "(capture with `tracekit capture`); T1, TN and the parts are the traced ones"
+            )
+            dq.add(
+                "dilation_unknown",
+                1,
+                "per-token times come from the trace; the profiler's dilation is not removed",
+            )
+        else:
+            reconciliation = (
+                "not corrected: the unprofiled pass was slower than the profiled one (a noisy host), so it is no "
+                "better a per-token time than the trace; T1, TN and the parts are the traced ones"
+            )
         shift = {p: Fraction(0) for p in LEAF_PARTS}
     spread = _spread(base, sharded, factor, shift)
     return Shortfall(
