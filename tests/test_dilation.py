@@ -1,0 +1,168 @@
+"""Profiler dilation (METHOD.md 9, issue 9): the figure, the threshold, and the correction.
+
+The correction test builds a GPU-timeline run twice in code: the "unprofiled" world, where the
+host leaves a gap of H_TRUE ns before each kernel launch, and the "profiled" world, where the
+profiler's host work widens every gap to H_PROF (device work unchanged). Rank 1 has an injected
+host delay D before its all-reduce. The truth is the attribution of the unprofiled world, computed
+by hand below; the attribution of the profiled trace must come closer to it with the correction
+(T from the unprofiled pass, excess out of idle) than without.
+"""
+
+from __future__ import annotations
+
+import json
+from fractions import Fraction
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit.analyse.dilation import dilation_of, token_times
+from tracekit.analyse.shortfall import shortfall
+from tracekit.cli.dilation import command as dilation_command
+from tracekit.model.events import Run, make_events
+
+GEMM = "ampere_sgemm_128x64_nn"
+AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+
+C = 1_000  # each GEMM
+X = 300  # all-reduce transfer (from the last arrival to the end)
+D = 2_000  # injected host delay on rank 1 before its all-reduce
+H_TRUE = 50  # host gap before each launch, unprofiled
+H_PROF = 400  # the same gap under the profiler
+STEPS = 5
+
+
+def test_token_times_slowest_rank_and_warmup():
+    tt = token_times({"per_token_ns": {"0": [9, 10, 30, 10], "1": [8, 12, 10, 20]}}, skip_first=1)
+    assert tt is not None and tt.per_token_ns == (12, 30, 20) and tt.skipped == 1
+    assert tt.median_ns == 20 and tt.mean_ns == Fraction(62, 3)
+
+
+def test_dilation_and_threshold():
+    m = {
+        "unprofiled": {"per_token_ns": {"0": [1, 100, 100, 100]}},
+        "profiled": {"per_token_ns": {"0": [1, 105, 105, 130]}},
+    }
+    d = dilation_of(m)
+    assert d.dilation == pytest.approx(1.05) and d.inflated is False
+    m["profiled"] = {"per_token_ns": {"0": [1, 190, 200, 210]}}
+    d = dilation_of(m, threshold=0.10)
+    assert d.dilation == pytest.approx(2.0) and d.inflated is True
+    assert "inflated" in d.sentence()
+    none = dilation_of(None)
+    assert none.dilation is None and none.inflated is None and none.to_json()["dilation"] is None
+
+
+def test_dilation_cli(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {
+                "workload": {"mode": "cpu"},
+                "unprofiled": {"per_token_ns": {"0": [5_000_000, 1_000_000, 1_000_000, 1_000_000]}},
+                "profiled": {"per_token_ns": {"0": [5_000_000, 1_500_000, 1_500_000, 1_500_000]}},
+            }
+        )
+    )
+    res = CliRunner().invoke(dilation_command, [str(run)])
+    assert res.exit_code == 0, res.output
+    assert "1.50x" in res.output and "INFLATED" in res.output
+    res = CliRunner().invoke(dilation_command, [str(run), "--format", "json"])
+    assert json.loads(res.output)[0]["dilation"] == pytest.approx(1.5)
+
+
+def _rows(rank: int, t0: int, h: int, delay: int, ar_start_other: int | None) -> tuple[list[tuple], int]:
+    """One step on one rank of the TP=2 run; returns rows and the all-reduce start."""
+    k1 = t0 + h
+    k2 = k1 + C + h
+    ar = k2 + C + h + delay
+    return [(rank, "kernel", GEMM, k1, k1 + C), (rank, "kernel", GEMM, k2, k2 + C)], ar
+
+
+def sharded(h: int, manifest=None) -> Run:
+    rows = []
+    for k in range(STEPS):
+        t0 = k * 100_000
+        r0, a0 = _rows(0, t0, h, 0, None)
+        r1, a1 = _rows(1, t0, h, D, None)
+        end = max(a0, a1) + X
+        for r, ar in ((0, a0), (1, a1)):
+            rows.append((r, "kernel", AR, ar, end))
+            rows.append((r, "annotation", f"decode_step#{k}", t0, end + h))
+        rows += r0 + r1
+    return Run(events=_ev(rows), sources={0: "r0", 1: "r1"}, manifest=manifest)
+
+
+def baseline(h: int, manifest=None) -> Run:
+    rows = []
+    for k in range(STEPS):
+        t0 = k * 100_000
+        t = t0
+        for _ in range(4):  # the whole model: 4 GEMMs
+            t += h
+            rows.append((0, "kernel", GEMM, t, t + C))
+            t += C
+        rows.append((0, "annotation", f"decode_step#{k}", t0, t + h))
+    return Run(events=_ev(rows), sources={0: "r0"}, manifest=manifest)
+
+
+def _ev(rows):
+    return make_events(
+        {
+            "rank": [r[0] for r in rows],
+            "device": [r[0] if r[1] == "kernel" else -1 for r in rows],
+            "stream": [7 if r[1] == "kernel" else 1 for r in rows],
+            "kind": [r[1] for r in rows],
+            "name": [r[2] for r in rows],
+            "start_ns": [r[3] for r in rows],
+            "end_ns": [r[4] for r in rows],
+        }
+    )
+
+
+def _manifest(tp: int, unprof: int, prof: int) -> dict:
+    return {
+        "workload": {"tp": tp},
+        "unprofiled": {"per_token_ns": {str(r): [unprof] * STEPS for r in range(tp)}},
+        "profiled": {"per_token_ns": {str(r): [prof] * STEPS for r in range(tp)}},
+    }
+
+
+def test_corrected_attribution_of_an_injected_delay_is_closer_to_the_truth():
+    # by hand: sharded window = 3h + 2C + D + X + h (rank 0 waits D; windows equal -> rank 0)
+    #          baseline window = 4C + 5h
+    def tn(h: int) -> int:
+        return 4 * h + 2 * C + D + X
+
+    def t1(h: int) -> int:
+        return 4 * C + 5 * h
+
+    # truth (unprofiled world): coordination = WN + IN - I1/2 = D + 4h - 5h/2
+    truth_coord = Fraction(D) + 4 * H_TRUE - Fraction(5 * H_TRUE, 2)
+    truth_s = tn(H_TRUE) - Fraction(t1(H_TRUE), 2)
+    # the truth really is what the attribution of the unprofiled world gives (same code, no profiler)
+    sf_truth = shortfall(baseline(H_TRUE), sharded(H_TRUE))
+    assert sf_truth.corrected.terms()["coordination"] == truth_coord
+
+    # the profiled traces, with the unprofiled per-token times in their manifests
+    b = baseline(H_PROF, _manifest(1, t1(H_TRUE), t1(H_PROF)))
+    s = sharded(H_PROF, _manifest(2, tn(H_TRUE), tn(H_PROF)))
+    sf = shortfall(b, s)
+    doc = sf.to_json()
+    assert doc["per_token_source"] == "unprofiled"
+    assert doc["dilation"]["sharded"] == pytest.approx(tn(H_PROF) / tn(H_TRUE))
+    assert doc["dilation"]["inflated"] is True
+    corrected = sf.corrected.terms()["coordination"]
+    uncorrected = sf.uncorrected.terms()["coordination"]
+    # the uncorrected attribution books the profiler's host time as coordination
+    assert uncorrected == Fraction(D) + 4 * H_PROF - Fraction(5 * H_PROF, 2)
+    assert abs(corrected - truth_coord) < abs(uncorrected - truth_coord)
+    assert corrected == truth_coord  # here the excess is all idle, so the correction is exact
+    assert sf.corrected.shortfall_ns == truth_s
+    # shares: the truth's coordination share vs the two attributions'
+    share_truth = float(truth_coord / truth_s)
+    share_c = float(corrected / sf.corrected.shortfall_ns)
+    share_u = float(uncorrected / sf.uncorrected.shortfall_ns)
+    assert abs(share_c - share_truth) < abs(share_u - share_truth)
+    assert "Profiler dilation" in doc["verdict"]
