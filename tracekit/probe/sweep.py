@@ -227,10 +227,12 @@ class _Rank:
         elif op == "reduce":
             dist.reduce(buf, dst=0)
         elif op == "all_gather":
+            # all_gather_single is all_gather_into_tensor's newer name (torch >= 2.12)
+            gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
             if in_place:
-                dist.all_gather_into_tensor(buf, buf[r * c : (r + 1) * c])
+                gather(buf, buf[r * c : (r + 1) * c])
             else:
-                dist.all_gather_into_tensor(recv, send)
+                gather(recv, send)
         elif op == "reduce_scatter":
             if in_place:
                 dist.reduce_scatter_tensor(buf[r * c : (r + 1) * c], buf)
@@ -443,7 +445,7 @@ def _spawn_entry(
             Path(result_path).write_text(json.dumps({"rows": rows, "meta": _meta(cfg)}))
     except BaseException:
         Path(f"{result_path}.rank{rank}.err").write_text(traceback.format_exc())
-        raise
+        sys.exit(1)
 
 
 def _meta(cfg: SweepConfig) -> dict[str, Any]:
@@ -465,39 +467,55 @@ def _meta(cfg: SweepConfig) -> dict[str, Any]:
 
 
 def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    import torch.multiprocessing as mp
+    """Start one process per rank (multiprocessing, spawn: fresh interpreters, so each rank's
+    environment is its own) and wait for them; the parent does not import torch here."""
+    import multiprocessing as mp
 
     assert cfg.ranks is not None
+    ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tracekit-probe-") as tmp:
         init_method = f"file://{Path(tmp) / 'store'}"
         result_path = str(Path(tmp) / "result.json")
-        ctx = mp.start_processes(
-            _spawn_entry,
-            args=(cfg.ranks, cfg, init_method, log_dir, result_path),
-            nprocs=cfg.ranks,
-            join=False,
-            start_method="spawn",
-        )
-        deadline = time.monotonic() + cfg.timeout_s
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > deadline:
-                    for p in ctx.processes:
-                        if p.is_alive():
-                            p.kill()
-                    raise ProbeError(
-                        f"probe timed out after {cfg.timeout_s:.0f} s ({cfg.ranks} ranks, {cfg.backend})"
-                    )
-        except ProbeError:
-            raise
-        except Exception as exc:
-            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
-            detail = (
-                errs[0].read_text().strip().splitlines()[-1] if errs else str(exc).strip().splitlines()[-1]
+        procs = [
+            ctx.Process(
+                target=_spawn_entry, args=(r, cfg.ranks, cfg, init_method, log_dir, result_path), daemon=True
             )
-            raise ProbeError(f"a probe rank failed: {detail}") from exc
+            for r in range(cfg.ranks)
+        ]
+        for p in procs:
+            p.start()
+        deadline = time.monotonic() + cfg.timeout_s
+        failed = None
+        while any(p.is_alive() for p in procs):
+            for p in procs:
+                p.join(timeout=0.2)
+            bad = [i for i, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if bad:
+                failed = bad[0]
+                break
+            if time.monotonic() > deadline:
+                failed = -1
+                break
+        if failed is not None:
+            time.sleep(0.5)  # let the others write their error
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=5)
+            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
+            if failed == -1:
+                raise ProbeError(
+                    f"probe timed out after {cfg.timeout_s:.0f} s ({cfg.ranks} ranks, {cfg.backend})"
+                )
+            detail = (
+                errs[0].read_text().strip().splitlines()[-1]
+                if errs
+                else f"rank {failed} exited with code {procs[failed].exitcode}"
+            )
+            raise ProbeError(f"a probe rank failed: {detail}")
         if not Path(result_path).is_file():
-            raise ProbeError("the probe's rank 0 wrote no result")
+            codes = [p.exitcode for p in procs]
+            raise ProbeError(f"the probe's rank 0 wrote no result (exit codes {codes})")
         data = json.loads(Path(result_path).read_text())
         return data["rows"], data["meta"]
 

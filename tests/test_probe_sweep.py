@@ -1,0 +1,219 @@
+"""Real gloo sweeps (2 and 3 ranks) through `tracekit probe`, the copy probe on CPU, and
+compare-links on CPU: results checked, output parsed back and checked against nccl-tests' formulas."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import SHARED_TRACES
+from tracekit.cli.main import main
+from tracekit.probe import spec
+from tracekit.probe.results import rows_from_csv
+
+FACTOR = {  # doc/PERFORMANCE.md
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+    "alltoall": lambda n: (n - 1) / n,
+    "broadcast": lambda n: 1.0,
+    "reduce": lambda n: 1.0,
+    "sendrecv": lambda n: 1.0,
+}
+GATHERS = ("all_gather", "reduce_scatter", "alltoall")
+
+
+def expected_bytes(op: str, size: int, n: int) -> int | None:
+    """nccl-tests' size column for swept size `size` (float32): per-rank count x 4 x n for the
+    gathers (count rounded down to a multiple of n), else the size; None when nothing moves."""
+    count = size // 4
+    if op in GATHERS:
+        per = count // n
+        return per * 4 * n if per else None
+    return count * 4
+
+
+def check_rows(rows: list[dict], n: int, sizes: list[int]) -> None:
+    assert rows
+    for r in rows:
+        assert r["ranks"] == n and r["backend"] == "gloo" and r["device"] == "cpu"
+        assert r["correct"] is True and r["wrong"] == 0, r
+        assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
+        assert r["timer"] == "host" and r["time_us"] == r["host_time_us"]
+        alg = r["bytes"] / (r["time_us"] * 1e3)
+        assert r["algbw_gbps"] == pytest.approx(alg, rel=1e-9)
+        assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * FACTOR[r["op"]](n), rel=1e-9)
+        assert r["transport"] == "gloo/tcp"
+    for op in {r["op"] for r in rows}:
+        want = sorted({b for b in (expected_bytes(op, s, n) for s in sizes) if b})
+        got = sorted({r["bytes"] for r in rows if r["op"] == op})
+        assert got == want, op
+        forms = {r["in_place"] for r in rows if r["op"] == op}
+        assert forms == set(spec.variants(op)), op
+
+
+@pytest.mark.slow
+def test_probe_cli_gloo_two_ranks_all_ops_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "rows.json"
+    rc = main(
+        [
+            "probe",
+            "--op",
+            "all",
+            "--device",
+            "cpu",
+            "--ranks",
+            "2",
+            "--min",
+            "8",
+            "--max",
+            "4K",
+            "--factor",
+            "8",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--no-progress",
+            "-o",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    check_rows(rows, 2, [8, 64, 512, 4096])
+    assert {r["op"] for r in rows} == set(spec.COLLECTIVE_OPS)
+    printed = capsys.readouterr().out
+    assert "# Out of bounds values : 0 OK" in printed and f"# wrote {out}" in printed
+
+
+@pytest.mark.slow
+def test_probe_cli_gloo_three_ranks_csv(tmp_path: Path) -> None:
+    out = tmp_path / "rows.csv"
+    rc = main(
+        [
+            "probe",
+            "--op",
+            "all_reduce,all_gather,reduce_scatter,alltoall,sendrecv",
+            "--device",
+            "cpu",
+            "--ranks",
+            "3",
+            "--min",
+            "8",
+            "--max",
+            "4K",
+            "--factor",
+            "8",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--no-progress",
+            "-o",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    rows = rows_from_csv(out.read_text())
+    check_rows(rows, 3, [8, 64, 512, 4096])
+    # 3 ranks do not divide 64 B of floats: all_gather's size is 5 x 4 x 3 = 60 B, as nccl-tests prints
+    assert 60 in {r["bytes"] for r in rows if r["op"] == "all_gather"}
+
+
+def test_probe_cli_bad_input_is_one_line() -> None:
+    assert main(["probe", "--op", "allscatter", "--device", "cpu"]) == 2
+    assert main(["probe", "--device", "cpu", "--min", "1T"]) == 2
+    assert main(["probe", "--device", "cpu", "--backend", "nccl"]) == 2
+
+
+def test_copy_probe_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "copy.json"
+    rc = main(
+        [
+            "probe",
+            "--op",
+            "copy",
+            "--device",
+            "cpu",
+            "--min",
+            "1M",
+            "--max",
+            "4M",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "-o",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    rows = json.loads(out.read_text())
+    assert [r["bytes"] for r in rows] == [1 << 20, 2 << 20, 4 << 20]
+    for r in rows:
+        assert r["kind"] == "local" and r["correct"] is True
+        assert r["gbps"] == pytest.approx(r["bytes"] / (r["time_us"] * 1e3), rel=1e-9)
+        assert r["rw_gbps"] == pytest.approx(2 * r["gbps"])
+        assert r["ratio"] == pytest.approx(r["gbps"] / r["baseline_gbps"])
+    assert "# check: local D2D copy at 4194304 B on CPU" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_compare_links_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "links.json"
+    # a real NCCL trace (A100, rank 0 of 2) when ../shared is there: its message sizes get marked
+    nccl_trace = SHARED_TRACES / "external" / "hta" / "nccl_data.json.gz"
+    extra = ["--trace", str(nccl_trace)] if nccl_trace.is_file() else []
+    rc = main(
+        [
+            "compare-links",
+            "--device",
+            "cpu",
+            "--ranks",
+            "2",
+            "--op",
+            "all_reduce",
+            "--min",
+            "1K",
+            "--max",
+            "16K",
+            "--factor",
+            "4",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--no-progress",
+            "-o",
+            str(out),
+            *extra,
+        ]
+    )
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert res["kind"] == "tracekit.compare_links"
+    assert [m["mode"] for m in res["modes"]] == ["nvlink", "pcie"]
+    assert res["modes"][1]["env"] == {"NCCL_P2P_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+    assert res["modes"][0]["env"] == {"NCCL_NVLS_ENABLE": "0"}
+    assert {r["mode"] for r in res["rows"]} == {"nvlink", "pcie"}
+    check_rows([r for r in res["rows"] if r["mode"] == "pcie"], 2, [1024, 4096, 16384])
+    for mode in ("nvlink", "pcie"):
+        assert res["transports"][mode]["uses_nvlink"] is None
+        assert any("gloo" in n for n in res["transports"][mode]["notes"])
+    by = {(r["mode"], r["bytes"]): r["busbw_gbps"] for r in res["rows"]}
+    for e in res["side_by_side"]:
+        assert e["ratio"] == pytest.approx(by[("nvlink", e["bytes"])] / by[("pcie", e["bytes"])])
+        assert e["decode"] is False
+    assert res["verdict"].startswith("CPU only (gloo)")
+    assert isinstance(res["links"]["links"], list)
+    if extra:
+        assert res["trace"]["sizes"] and res["trace"]["source"] == "duration"
+        assert "above the sweep" in json.dumps(res["verdict_details"])  # 8 MB+ messages vs a 16 KiB sweep
+        assert "could remove at most" in res["verdict"]
+    else:
+        assert res["trace"] is None
+    assert all(math.isfinite(r["busbw_gbps"]) for r in res["rows"])

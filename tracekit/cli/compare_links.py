@@ -1,0 +1,156 @@
+"""`tracekit compare-links`: NVLink vs PCIe (P2P disabled) on the same GPUs, side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from tracekit.errors import ProbeError
+from tracekit.probe import spec
+
+
+@click.command("compare-links")
+@click.option("--gpus", default=None, help="GPUs to use, e.g. 0,1 [all visible; on CPU: --ranks gloo ranks].")
+@click.option(
+    "--modes",
+    default="nvlink,pcie",
+    show_default=True,
+    help="Comma list of nvlink (NCCL default, P2P allowed), pcie (NCCL_P2P_DISABLE=1), default.",
+)
+@click.option(
+    "--op",
+    "op_text",
+    default="all_reduce,all_gather",
+    show_default=True,
+    help="Ops to sweep (comma list or 'all').",
+)
+@click.option("--min", "min_text", default="8", show_default=True, help="Smallest size (K/M/G suffixes).")
+@click.option("--max", "max_text", default=None, help="Largest size [1G on CUDA, 1M on CPU].")
+@click.option("--factor", default=2, show_default=True, type=int)
+@click.option("--iters", default=20, show_default=True, type=int)
+@click.option("--warmup", default=5, show_default=True, type=int)
+@click.option("--dtype", default="float32", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--ranks", default=None, type=int, help="Ranks on CPU (gloo) [2].")
+@click.option(
+    "--pcie-p2p-level",
+    default=None,
+    help="For the pcie mode set NCCL_P2P_LEVEL=<LEVEL> (e.g. PHB) instead of NCCL_P2P_DISABLE=1.",
+)
+@click.option(
+    "--trace",
+    "trace_dir",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="A decode trace run (folder of rank traces): mark its message sizes, compare its realised busbw.",
+)
+@click.option(
+    "--nccl-debug",
+    type=click.Choice(["tuning", "init"]),
+    default="tuning",
+    show_default=True,
+    help="NCCL_DEBUG_SUBSYS: INIT,GRAPH,TUNING or INIT,GRAPH (the transport is read from these logs).",
+)
+@click.option(
+    "--log-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep NCCL's logs here (one subfolder per mode).",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default=None,
+    help="[table; json when --out ends .json]",
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write the result here.",
+)
+@click.option("--progress/--no-progress", default=None, help="Progress bar [on when stderr is a terminal].")
+def command(
+    gpus: str | None,
+    modes: str,
+    op_text: str,
+    min_text: str,
+    max_text: str | None,
+    factor: int,
+    iters: int,
+    warmup: int,
+    dtype: str,
+    device: str,
+    ranks: int | None,
+    pcie_p2p_level: str | None,
+    trace_dir: Path | None,
+    nccl_debug: str,
+    log_dir: Path | None,
+    fmt: str | None,
+    out: Path | None,
+    progress: bool | None,
+) -> None:
+    """Run the same nccl-tests-style sweep with NVLink allowed and with P2P disabled, record the
+    transport NCCL really used in each, and show busbw side by side with the ratio per size.
+
+    \b
+    NCCL_NVLS_ENABLE=0 in every mode. With --trace, the decode's message sizes are marked (*) and
+    the verdict says whether link bandwidth can explain its transfer time (METHOD.md section 7).
+    On a CPU-only machine every mode runs the gloo path (nothing to compare; it says so).
+
+    \b
+    Examples:
+      tracekit compare-links --gpus 0,1 --op all_reduce,all_gather -o reports/links.json
+      tracekit compare-links --gpus 0,1 --trace traces/h200-tp2 --max 64M
+      tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
+    """
+    import sys
+
+    from tracekit.cli.probe import dumps_json
+    from tracekit.probe.compare import MODES, CompareConfig, compare_links, format_compare
+
+    mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
+    bad = [m for m in mode_list if m not in MODES]
+    if bad or not mode_list:
+        raise ProbeError(f"unknown mode(s) {bad or modes!r}; known: {', '.join(MODES)}")
+    ops = (
+        spec.COLLECTIVE_OPS
+        if op_text.strip() == "all"
+        else tuple(spec.normalise_op(o) for o in op_text.split(",") if o.strip())
+    )
+    try:
+        gpu_list = tuple(int(g) for g in gpus.split(",") if g.strip()) if gpus else None
+    except ValueError:
+        raise ProbeError(f"--gpus wants GPU indices like 0,1; got {gpus!r}") from None
+    cfg = CompareConfig(
+        ops=ops,
+        modes=mode_list,
+        gpus=gpu_list,
+        min_bytes=spec.parse_size(min_text),
+        max_bytes=spec.parse_size(max_text) if max_text else None,
+        factor=factor,
+        iters=iters,
+        warmup=warmup,
+        dtype=dtype,
+        device=device,
+        ranks=ranks,
+        pcie_p2p_level=pcie_p2p_level,
+        trace_dir=str(trace_dir) if trace_dir else None,
+        nccl_debug=nccl_debug,
+        log_dir=str(log_dir) if log_dir else None,
+        progress=sys.stderr.isatty() if progress is None else progress,
+    )
+    result = compare_links(cfg)
+    fmt = fmt or ("json" if out is not None and out.suffix.lower() == ".json" else "table")
+    table = format_compare(result)
+    text = dumps_json(result).decode() if fmt == "json" else table
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+        click.echo(table, nl=False)
+        click.echo(f"# wrote {out}")
+    else:
+        click.echo(text, nl=False)
