@@ -445,7 +445,12 @@ class Shortfall:
             parts.append(f"{label} {d:.2f}x" if d is not None else f"{label} unknown")
         corrected = self.per_token_source == "unprofiled"
         inflated = any(r.dilation.inflated for r in (self.baseline, self.sharded))
-        state = "corrected to the unprofiled times" if corrected else "uncorrected: no unprofiled timing"
+        if corrected:
+            state = "corrected to the unprofiled times"
+        elif all(r.dilation.unprofiled is not None for r in (self.baseline, self.sharded)):
+            state = "uncorrected: the unprofiled pass was slower than the profiled one (noisy host)"
+        else:
+            state = "uncorrected: no unprofiled timing"
         tail = ""
         if inflated and not corrected:
             tail = "; the coordination share is inflated by the profiler"
