@@ -123,7 +123,7 @@ class Range:
 
 def step(i: int) -> Range:
     """The range of decode step `i`, named "decode_step#<i>" (context manager or decorator)."""
-    return Range(f"{STEP_PREFIX}#{i}", int(i))
+    return Range(f"{STEP_PREFIX}#{i}", i)
 
 
 def region(name: str) -> Range:

@@ -39,6 +39,7 @@ from tracekit.errors import CaptureError
 Progress = Callable[[str, int, int], None]
 
 ENV_CONFIG = "TRACEKIT_CAPTURE_CONFIG"
+CPU_THREADS_PER_RANK = 1
 ENV_NSYS = "NSYS"
 
 
@@ -174,6 +175,7 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         "inject_sync": config.inject_sync,
         "mode": res.mode,
         "step_pattern": "decode_step",
+        "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
     }
 
 
@@ -200,9 +202,9 @@ def _rank_main(
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)
     if res.device == "cpu":
-        torch.set_num_threads(
-            max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-        )
+        # one intra-op thread per rank: with more, OpenMP spinning on a shared or loaded host
+        # turned a 0.7 ms tiny-preset step into 40 ms (measured on the 2-core CI-like VM)
+        torch.set_num_threads(CPU_THREADS_PER_RANK)
         device = torch.device("cpu")
     else:
         torch.cuda.set_device(local_rank)

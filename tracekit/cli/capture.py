@@ -134,11 +134,13 @@ def command(
 def _canonical_command(ctx: click.Context) -> str:
     """The command as it ran: every option that differs from its default, then `-- SCRIPT`."""
     words = ["tracekit", "capture"]
+    script_given = bool(ctx.params.get("script"))
     for p in ctx.command.params:
         if not isinstance(p, click.Option) or p.name in (None, "quiet"):
             continue
         value = ctx.params.get(p.name)
-        if value == p.default or value is None or value is False:
+        always = p.name in ("tp", "preset", "tokens") and not script_given
+        if (value == p.default and not always) or value is None or value is False:
             continue
         words.append(p.opts[0] if value is True else f"{p.opts[0]} {shlex.quote(str(value))}")
     script = ctx.params.get("script") or ()
