@@ -217,3 +217,25 @@ def test_compare_links_cpu(tmp_path: Path) -> None:
     else:
         assert res["trace"] is None
     assert all(math.isfinite(r["busbw_gbps"]) for r in res["rows"])
+
+
+def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check iteration is not a formality: one in-process gloo rank, and a collective that does
+    nothing leaves the zeroed output wrong in every element."""
+    import torch.distributed as dist
+
+    from tracekit.probe.sweep import SweepConfig, _Rank
+
+    cfg = SweepConfig(ops=("all_gather",), min_bytes=64, max_bytes=64, iters=2, warmup=1, ranks=1, device="cpu").resolved()
+    state = _Rank(cfg, 0, 1, f"file://{tmp_path / 'store'}")
+    try:
+        lay = spec.layout("all_gather", 64, 1, 4)
+        pool = state.pool_for("all_gather", [64])
+        ok = state.measure("all_gather", lay, False, pool)
+        assert ok["wrong"] == 0
+        monkeypatch.setattr(state, "_call", lambda *a, **k: None)
+        bad = state.measure("all_gather", lay, False, pool)
+        assert bad["wrong"] == lay.recv_count == 16
+    finally:
+        state.close()
+        assert not dist.is_initialized()

@@ -93,8 +93,15 @@ def _row(
     }
 
 
+def _pattern(torch: Any, size: int, dev: Any, seed: int) -> Any:
+    """`size` random bytes on `dev` (no int64 temporary: 1 GiB stays 1 GiB)."""
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(seed)
+    return torch.randint(0, 256, (size,), dtype=torch.uint8, device=dev, generator=gen)
+
+
 def _local(torch: Any, dev: Any, size: int, cfg: CopyConfig, cuda: bool) -> dict[str, Any]:
-    src = (torch.arange(size, device=dev, dtype=torch.int64) % 251).to(torch.uint8)
+    src = _pattern(torch, size, dev, 1)
     dst = torch.empty_like(src)
     ref = torch.empty_like(src)
 
@@ -154,8 +161,8 @@ def _local(torch: Any, dev: Any, size: int, cfg: CopyConfig, cuda: bool) -> dict
 def _peer(torch: Any, a: int, b: int, size: int, cfg: CopyConfig) -> list[dict[str, Any]]:
     da, db = torch.device("cuda", a), torch.device("cuda", b)
     p2p = bool(torch.cuda.can_device_access_peer(a, b))
-    src_a = (torch.arange(size, device=da, dtype=torch.int64) % 251).to(torch.uint8)
-    src_b = (torch.arange(size, device=db, dtype=torch.int64) % 241).to(torch.uint8)
+    src_a = _pattern(torch, size, da, 2)
+    src_b = _pattern(torch, size, db, 3)
     dst_b = torch.empty(size, dtype=torch.uint8, device=db)
     dst_a = torch.empty(size, dtype=torch.uint8, device=da)
     # two stream pairs: a->b runs on s_ab (device a) with s_ab_dst as b's current stream, b->a on
