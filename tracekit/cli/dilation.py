@@ -58,8 +58,8 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
         return
     console = Console(record=True, width=120, force_terminal=sys.stdout.isatty(), file=io.StringIO())
     t = Table(title="Per-token time, ms (each token: the slowest rank)", title_justify="left")
+    t.add_column("run", overflow="fold")
     for col in (
-        "run",
         "mode",
         "tokens",
         "unprofiled median",
@@ -89,10 +89,14 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
             *q(u),
             *q(p),
             "-" if dil.dilation is None else f"{dil.dilation:.2f}x",
-            "INFLATED" if dil.inflated else "",
+            "INFLATED"
+            if dil.inflated
+            else ("NOISY" if dil.dilation is not None and dil.dilation < 1 / (1 + threshold) else ""),
         )
     console.print(t)
     console.print(
-        f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler."
+        f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler. "
+        "NOISY: the profiled pass was faster than the unprofiled one (a profiler cannot speed a run up: the host "
+        "was loaded); tracekit shortfall then does not correct."
     )
     click.echo(console.export_text(styles=sys.stdout.isatty()), nl=False)
