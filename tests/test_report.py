@@ -157,6 +157,18 @@ def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(shar
     assert ("coordination share is inflated" in md) is warned
 
 
+def test_dilation_below_one_is_a_caution_not_a_warning():
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["dilation"]["sharded"] = 0.85  # profiled faster than unprofiled: a noisy host
+    data = build_report_data(**inputs)
+    assert data.dilation["warning"] is None and not data.dilation["inflated"]
+    assert data.dilation["caution"].startswith("Caution: dilation below 1 (sharded 0.85x)")
+    assert 'id="dilation-caution"' in render_html(data) and "Caution: dilation below 1" in render_markdown(
+        data
+    )
+    assert build_report_data(**rs.full_inputs()).dilation["caution"] is None
+
+
 def test_breakdown_only_report_has_a_verdict_from_the_breakdown_and_no_shortfall():
     data = build_report_data(breakdown=rs.breakdown(2, 7.0), manifest=rs.manifest(2), run_path="tp2")
     assert data.attribution is None and data.collectives is None

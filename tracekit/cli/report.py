@@ -55,7 +55,14 @@ def command(
     for o in outputs:
         format_of(o)  # refuse a bad suffix before any analysis runs
     links_data = load_links(links) if links else None
-    data = report_from_dirs(run_dir, baseline, links=links_data, step_pattern=step_pattern, title=title)
+    note = (
+        None
+        if links
+        else "no link probes given: pass a `tracekit compare-links -o FILE.json` result with --links FILE."
+    )
+    data = report_from_dirs(
+        run_dir, baseline, links=links_data, links_note=note, step_pattern=step_pattern, title=title
+    )
     written = write_report(data, outputs, offline=offline)
     click.echo(data.verdict)
     click.echo(data.dilation["sentence"])

@@ -275,10 +275,19 @@ def _dilation_section(
             f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time that lands "
             "in idle/coordination, so the coordination share is inflated by it."
         )
+    under = [(role, d) for role, d in known if d < 1.0 - threshold]
+    caution = None
+    if under:
+        which = ", ".join(f"{role} {fmt_x(d)}" for role, d in under)
+        caution = (
+            f"Caution: dilation below 1 ({which}): the unprofiled pass was slower than the profiled one, "
+            "so the host was noisy and the per-token times are uncertain; capture again on a quiet machine."
+        )
     return {
         "runs": per_run,
         "threshold": threshold,
         "inflated": bool(over),
+        "caution": caution,
         "sentence": sentence,
         "warning": warning,
         "reconciliation": reconciliation,

@@ -522,6 +522,8 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
     ]
     if d.get("warning"):
         parts.append(f'<p class="warning" id="dilation-warning">{esc(d["warning"])}</p>')
+    if d.get("caution"):
+        parts.append(f'<p class="warning" id="dilation-caution">{esc(d["caution"])}</p>')
     if d.get("reconciliation"):
         parts.append(f'<p class="dilation">Reconciliation: {esc(d["reconciliation"])}</p>')
     parts += ["<h2>Key figures</h2>", _key_figures_table(data), _dilation_table(data)]

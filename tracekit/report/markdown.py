@@ -46,6 +46,8 @@ def render_markdown(data: ReportData) -> str:
     lines += [md_esc(d["sentence"]), ""]
     if d.get("warning"):
         lines += [f"> **{md_esc(d['warning'])}**", ""]
+    if d.get("caution"):
+        lines += [f"> **{md_esc(d['caution'])}**", ""]
     if d.get("reconciliation"):
         lines += [f"Reconciliation: {md_esc(d['reconciliation'])}", ""]
 
