@@ -266,11 +266,12 @@ def _rank_layers(ev: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray, np.ndar
     stream = ev["stream"].to_numpy(np.int64)
     cls_s = np.asarray(cls.astype(str))
     coll = (cls_s == "collective") & np.isin(kinds, ["cpu_op", "annotation", "other"])
-    cpu = (kinds == "cpu_op") & (cls_s == "host")
+    # a CPU op is host work; `aten::item` on a CPU tensor does not wait for any device
+    cpu = (kinds == "cpu_op") & np.isin(cls_s, ["host", "sync"])
     host_layer = np.full(len(ev), -1, dtype=np.int64)
     host_layer[cpu] = layer_of["compute"]
     host_layer[coll] = layer_of["collective"]
-    host_layer[sync] = layer_of["sync"]
+    host_layer[sync & (kinds != "cpu_op")] = layer_of["sync"]
     # CPU ops nested inside a collective op on the same thread are part of the collective
     for t in np.unique(stream[coll]):
         on_t = coll & (stream == t)
