@@ -226,7 +226,9 @@ def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
     from tracekit.probe.sweep import SweepConfig, _Rank
 
-    cfg = SweepConfig(ops=("all_gather",), min_bytes=64, max_bytes=64, iters=2, warmup=1, ranks=1, device="cpu").resolved()
+    cfg = SweepConfig(
+        ops=("all_gather",), min_bytes=64, max_bytes=64, iters=2, warmup=1, ranks=1, device="cpu"
+    ).resolved()
     state = _Rank(cfg, 0, 1, f"file://{tmp_path / 'store'}")
     try:
         lay = spec.layout("all_gather", 64, 1, 4)
@@ -239,3 +241,51 @@ def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyP
     finally:
         state.close()
         assert not dist.is_initialized()
+
+
+@pytest.mark.slow
+def test_probe_under_torchrun(tmp_path: Path) -> None:
+    """`tracekit probe` launched by torchrun: every rank runs it, rank 0 writes the rows."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "rows.json"
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "tracekit.cli.main",
+        "--",
+        "probe",
+        "--op",
+        "all_reduce,sendrecv",
+        "--device",
+        "cpu",
+        "--min",
+        "8",
+        "--max",
+        "512",
+        "--factor",
+        "8",
+        "--iters",
+        "2",
+        "--warmup",
+        "1",
+        "--no-progress",
+        "-o",
+        str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    check_rows(rows, 2, [8, 64, 512])
+    assert proc.stdout.count("# wrote") == 1  # only rank 0 prints

@@ -464,7 +464,9 @@ def _meta(cfg: SweepConfig) -> dict[str, Any]:
             meta["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
         except Exception:
             meta["nccl"] = None
-        meta["gpus"] = [{"index": d, "name": torch.cuda.get_device_name(d)} for d in (cfg.devices or ())]
+        meta["gpus"] = [
+            {"index": d, "name": torch.cuda.get_device_name(d)} for d in (cfg.devices or ()) if d >= 0
+        ]
     return meta
 
 
@@ -524,29 +526,35 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
 
 def run_sweep_detailed(config: SweepConfig) -> SweepResult:
     """Run the sweep (spawning ranks, or as this torchrun rank) and read NCCL's logs."""
-    cfg = config.resolved()
     notes: list[str] = []
+    torchrun = _under_torchrun()
+    if torchrun:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local = int(os.environ["LOCAL_RANK"])
+        # validate as one rank on this process's GPU, then widen: rank r only reads devices[r]
+        mine = config.devices[local] if config.devices else local
+        one = replace(config, ranks=1, devices=(mine,) if config.device != "cpu" else None).resolved()
+        devices = tuple(mine if r == rank else -1 for r in range(world)) if one.device == "cuda" else None
+        cfg = replace(one, ranks=world, devices=devices)
+    else:
+        cfg = config.resolved()
     log_dir = cfg.log_dir
     if cfg.backend == "nccl" and cfg.nccl_debug != "off":
         if log_dir is None:
-            log_dir = tempfile.mkdtemp(prefix="tracekit-nccl-log-")
+            run_id = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("MASTER_PORT") or "x"
+            log_dir = (
+                str(Path(tempfile.gettempdir()) / f"tracekit-nccl-log-{run_id}")
+                if torchrun
+                else tempfile.mkdtemp(prefix="tracekit-nccl-log-")
+            )
         Path(log_dir).mkdir(parents=True, exist_ok=True)
-        for old in Path(log_dir).glob("nccl-rank*.log"):
-            old.unlink()
-    if _under_torchrun():
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(os.environ["LOCAL_RANK"])
-        if cfg.device == "cuda":
-            devs = list(cfg.devices or ())
-            while len(devs) < world:
-                devs.append(len(devs))
-            devs[rank] = local if config.devices is None else devs[rank]
-            cfg = replace(cfg, devices=tuple(devs), ranks=world)
-        else:
-            cfg = replace(cfg, ranks=world)
+        if not torchrun:  # under torchrun the other ranks may already be writing theirs
+            for old in Path(log_dir).glob("nccl-rank*.log"):
+                old.unlink()
+    if torchrun:
         rows = _rank_main(rank, world, cfg, "env://", log_dir)
         meta = _meta(cfg) if rank == 0 else {}
-        notes.append(f"ran as torchrun rank {rank} of {world}")
+        notes.append(f"ran as torchrun rank {rank} of {world}; NCCL logs read from this host only")
         if rank != 0:
             return SweepResult([], {}, log_dir, meta, notes, _config_dict(cfg))
     else:
