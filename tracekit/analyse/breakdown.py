@@ -166,19 +166,26 @@ def per_rank_summary(steps: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def gpu_time_by(events: pd.DataFrame, column: str) -> dict[str, dict[str, int]]:
-    """Count and summed duration of GPU activity (kernel, memcpy, memset) per value of `column`."""
+    """Count and summed duration of GPU activity (kernel, memcpy, memset) per value of a categorical
+    `column` (grouped on the category codes: no per-event strings)."""
     gpu = events[events["kind"].isin(list(GPU_KINDS))]
-    dur = (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64)
-    keys = gpu[column].astype(str).to_numpy()
     out: dict[str, dict[str, int]] = {}
     if column == "cls":
         out = {c: {"count": 0, "total_ns": 0} for c in GPU_CLASSES}
-    if len(keys):
-        frame = pd.DataFrame({"key": keys, "dur": dur})
-        agg = frame.groupby("key", sort=True)["dur"].agg(["count", "sum"])
-        for key, row in agg.iterrows():
-            out[str(key)] = {"count": int(row["count"]), "total_ns": int(row["sum"])}
-    return out
+    col = gpu[column]
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        col = col.astype("category")
+    codes = col.cat.codes.to_numpy()
+    dur = (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64)
+    ok = codes >= 0
+    n_cats = len(col.cat.categories)
+    counts = np.bincount(codes[ok], minlength=n_cats)
+    totals = np.zeros(n_cats, dtype=np.int64)
+    np.add.at(totals, codes[ok], dur[ok])
+    for i, cat in enumerate(col.cat.categories):
+        if counts[i]:
+            out[str(cat)] = {"count": int(counts[i]), "total_ns": int(totals[i])}
+    return dict(sorted(out.items())) if column != "cls" else out
 
 
 def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.DataFrame:
