@@ -153,3 +153,14 @@ def test_no_gpu_gives_empty_list_and_note() -> None:
     assert topo.links == [] and topo.source == ""
     assert any("no GPU" in n for n in topo.notes)
     assert detect_links() == []
+
+
+def test_probe_links_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from tracekit.cli.main import main
+
+    assert main(["probe", "--op", "links", "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"source", "gpus", "links", "notes", "nvidia_smi_topo"}
+    assert isinstance(doc["links"], list) and (doc["links"] or doc["notes"])

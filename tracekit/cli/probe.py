@@ -76,7 +76,8 @@ def _transport_notes(result: Any) -> list[str]:
     "op_text",
     default="all_reduce",
     show_default=True,
-    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv (comma list or 'all'), or copy.",
+    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv (comma list or 'all'); "
+    "copy (copy-engine probes); links (which link joins each GPU pair).",
 )
 @click.option("--min", "min_text", default=None, help="Smallest size, bytes with K/M/G suffix [8; copy: 1M].")
 @click.option(
@@ -102,7 +103,8 @@ def _transport_notes(result: Any) -> list[str]:
     type=click.Choice(["tuning", "init", "off"]),
     default="tuning",
     show_default=True,
-    help="NCCL_DEBUG_SUBSYS for the ranks: INIT,GRAPH,TUNING / INIT,GRAPH / no NCCL logging.",
+    help="NCCL_DEBUG_SUBSYS for the ranks: INIT,GRAPH,TUNING (a log line per call: algorithm/protocol per size) / "
+    "INIT,GRAPH (transport only, no per-call logging) / no NCCL logging.",
 )
 @click.option(
     "--log-dir",
@@ -163,11 +165,15 @@ def command(
       tracekit probe --op all_reduce --min 8 --max 1G --ranks 2          # 2 GPUs, NCCL
       tracekit probe --op all_reduce,all_gather --device cpu --ranks 3 --max 1M -o rows.json
       tracekit probe --op copy --min 64M --max 1G                         # copy engine + ceiling
+      tracekit probe --op links                                           # NVLink / PCIe per GPU pair
     """
     import sys
 
     fmt = _format_from(out, fmt)
     show_progress = sys.stderr.isatty() if progress is None else progress
+    if op_text.strip().lower() == "links":
+        _links(fmt, out)
+        return
     if op_text.strip().lower() == "copy":
         _copy(min_text, max_text, factor, iters, warmup, device, gpus, fmt, out)
         return
@@ -231,6 +237,32 @@ def _emit(text: str, out: Path | None, fmt: str, rows: list[dict[str, Any]]) -> 
             from tracekit.probe.results import format_table
 
             click.echo(format_table(rows), nl=False)
+        click.echo(f"# wrote {out}")
+    else:
+        click.echo(text, nl=False)
+
+
+def _links(fmt: str, out: Path | None) -> None:
+    from tracekit.probe.links import detect_topology
+
+    topo = detect_topology()
+    if fmt == "json":
+        text = dumps_json(topo.to_dict()).decode()
+    else:
+        lines = [f"# links per GPU pair (source: {topo.source or 'none'})"]
+        lines += [f"# note: {n}" for n in topo.notes]
+        lines.append(
+            f"# {'pair':<8} {'link':<7} {'nvlinks':>7} {'nvlink_p2p':>10} {'nvswitch':>8} {'pcie_path':>10} {'pcie_p2p':>8}"
+        )
+        for x in topo.links:
+            lines.append(
+                f"  {x.gpu_a}-{x.gpu_b:<6} {x.link:<7} {x.nvlinks if x.nvlinks is not None else '?':>7} "
+                f"{str(x.nvlink_p2p):>10} {str(x.nvswitch):>8} {x.pcie_path or '?':>10} {str(x.pcie_p2p):>8}"
+            )
+        text = "\n".join(lines) + "\n"
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
         click.echo(f"# wrote {out}")
     else:
         click.echo(text, nl=False)
