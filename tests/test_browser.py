@@ -148,3 +148,21 @@ def test_screenshot_is_not_blank(page, tmp_path: Path):
     # the figures' colours are on screen: the TP=2 bar's orange (#F58518) and the TP=1 blue (#4C78A8)
     colours = {px[i : i + 3] for i in range(0, len(px), channels)}
     assert bytes((0xF5, 0x85, 0x18)) in colours and bytes((0x4C, 0x78, 0xA8)) in colours
+
+
+def test_report_of_the_committed_cpu_traces_renders(tmp_path: Path):
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    if not (traces / "cpu-tp1").is_dir() or not (traces / "cpu-tp2").is_dir():
+        pytest.skip("committed CPU traces traces/cpu-tp1, traces/cpu-tp2 not found")
+    from tracekit.report.build import report_from_dirs
+
+    data = report_from_dirs(traces / "cpu-tp2", traces / "cpu-tp1")
+    path = tmp_path / "cpu.html"
+    path.write_text(render_html(data, offline=True), encoding="utf-8")
+    res = chromium(tmp_path, path, "--dump-dom")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
+    figs = re.findall(r'<div id="(fig-[\w-]+)" class="fig[^"]*"', res.stdout)
+    assert {"fig-per-token", "fig-waterfall", "fig-steps-0", "fig-steps-1", "fig-collectives"} <= set(figs)
+    assert res.stdout.count('class="main-svg"') >= 2 * len(figs)
+    assert html.escape(data.verdict) in res.stdout

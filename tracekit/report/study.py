@@ -207,7 +207,7 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
         tell("links", 1, 1, "done")
     elif config.links is None:
         links_note = (
-            "link comparison skipped: no GPUs here (it compares NVLink and PCIe between GPUs); "
+            "link comparison skipped: the study ran on CPU (it compares NVLink and PCIe between GPUs; --links runs the gloo path); "
             "run `tracekit compare-links` on a multi-GPU machine and pass its JSON to `tracekit report --links`."
             if device != "cuda"
             else "link comparison skipped: it needs two GPUs."
