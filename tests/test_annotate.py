@@ -119,6 +119,6 @@ def test_profile_session_times_each_step(tmp_path: Path) -> None:
 
 
 def test_import_annotate_does_not_import_torch() -> None:
-    code = "import sys; from tracekit import annotate; import tracekit.capture.runner; print('torch' in sys.modules)"
+    code = "import sys; from tracekit import annotate; import tracekit.capture.runner, tracekit.cli.capture; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

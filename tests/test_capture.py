@@ -254,3 +254,63 @@ def test_committed_cpu_traces_are_consistent() -> None:
             assert hashlib.sha256(data).hexdigest() == entry["sha256"], f"{d.name}/{name}"
             assert len(data) < 2_000_000
         assert os.path.getsize(d / "manifest.json") < 200_000
+
+
+_FAKE_NSYS = """#!{python}
+# A stand-in for nsys: `profile ... -o REP -f true CMD...` runs CMD and writes REP.nsys-rep;
+# `export --type sqlite -f true -o OUT REP` writes OUT. Records its argv for the test.
+import subprocess, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(" ".join(args) + "\\n")
+if args[0] == "profile":
+    i = 1
+    while args[i].startswith("-"):
+        i += 1 if "=" in args[i] else 2
+    rep = args[args.index("-o") + 1]
+    rc = subprocess.run(args[i:]).returncode
+    open(rep + ".nsys-rep", "wb").write(b"fake report")
+    sys.exit(rc)
+if args[0] == "export":
+    open(args[args.index("-o") + 1], "wb").write(b"fake sqlite")
+"""
+
+
+@pytest.mark.slow
+def test_nsys_path_runs_the_capture_under_nsys_with_nvtx_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "nsys.log"
+    fake = tmp_path / "nsys"
+    fake.write_text(_FAKE_NSYS.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    monkeypatch.setenv("NSYS", str(fake))
+    out = tmp_path / "run"
+    assert (
+        main(
+            [
+                "capture",
+                "--nsys",
+                "--device",
+                "cpu",
+                "--tokens",
+                "3",
+                "--warmup",
+                "1",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    calls = log.read_text().splitlines()
+    assert calls[0].startswith("profile -t cuda,nvtx ") and calls[1].startswith("export --type sqlite")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["workload"]["mode"] == "nvtx" and m["workload"]["nsys"] is True
+    assert set(m["files"]) == {"nsys.nsys-rep", "nsys.sqlite"}  # no Kineto trace under nsys
+    assert (
+        hashlib.sha256((out / "nsys.sqlite").read_bytes()).hexdigest() == m["files"]["nsys.sqlite"]["sha256"]
+    )
+    assert len(m["profiled"]["per_token_ns"]["0"]) == 3 and m["dilation"] is not None
+    assert main(["capture", "--nsys", "--mode", "full", "--device", "cpu", "--out", str(out)]) == 2

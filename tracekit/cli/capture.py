@@ -151,6 +151,10 @@ def _canonical_command(ctx: click.Context) -> str:
 
 def _summary(run_dir: Path) -> None:
     import json
+    import os
+
+    if os.environ.get("RANK", "0") != "0" and os.environ.get("TRACEKIT_SPAWNED") != "1":
+        return  # under torchrun only rank 0 writes (and reports) the manifest
 
     m = json.loads((run_dir / "manifest.json").read_text())
     w = m["workload"]
