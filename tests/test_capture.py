@@ -314,3 +314,47 @@ def test_nsys_path_runs_the_capture_under_nsys_with_nvtx_only(
     )
     assert len(m["profiled"]["per_token_ns"]["0"]) == 3 and m["dilation"] is not None
     assert main(["capture", "--nsys", "--mode", "full", "--device", "cpu", "--out", str(out)]) == 2
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["cuda", "full"])
+def test_gpu_modes_keep_steps_on_the_gpu_timeline(tmp_path: Path, mode: str) -> None:
+    """On a CUDA device, both modes keep the step ranges on the host and projected on the GPU
+    stream (gpu_user_annotation), with kernels inside; only `full` traces aten ops and cuda_sync."""
+    if _gpus() < 1:
+        pytest.skip("needs a CUDA GPU")
+    capture(CaptureConfig(tp=1, tokens=4, warmup=2, device="cuda", mode=mode), tmp_path)
+    ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
+    cats = Counter(e.get("cat") for e in ev)
+    assert len(_steps(ev)) == 4
+    gpu_steps = [
+        e for e in ev if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("decode_step#")
+    ]
+    assert len(gpu_steps) == 4
+    assert cats["kernel"] > 0
+    assert (cats["cpu_op"] > 0) == (mode == "full")
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["workload"]["dtype"] == "bfloat16" and m["devices"] and m["dilation"] > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_gpu_tp2_nccl_has_nccl_kernels(tmp_path: Path) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 CUDA GPUs (NCCL refuses two ranks on one GPU)")
+    capture(CaptureConfig(tp=2, tokens=4, warmup=2, device="cuda"), tmp_path)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert (
+        m["complete"] and m["workload"]["backend"] == "nccl" and m["nccl_env"].get("NCCL_NVLS_ENABLE") == "0"
+    )
+    for r in (0, 1):
+        ev = _events(tmp_path / f"rank-{r}.pt.trace.json.gz")
+        assert len(_steps(ev)) == 4
+        assert any(e.get("cat") == "kernel" and "nccl" in e["name"].lower() for e in ev)
