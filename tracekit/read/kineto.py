@@ -28,12 +28,13 @@ gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, T
 from __future__ import annotations
 
 import gc
+import math
 import operator
 import os
 import re
 import zlib
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Union
 
@@ -45,7 +46,7 @@ from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
 #: Bumped whenever the reader's output for the same file could change (invalidates the cache).
-READER_VERSION = "kineto-1"
+READER_VERSION = "kineto-2"  # 2: bytes of gloo:/nccl: ranges from their shapes; enqueue join
 
 #: Bytes of decompressed JSON decoded at a time (one chunk of whole events).
 CHUNK_BYTES = 16 * 1024 * 1024
@@ -193,6 +194,9 @@ class _Args(msgspec.Struct, gc=False):
     pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
     pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
     seq: Any = msgspec.field(default=None, name="Seq")
+    # record_shapes (`cpu`/`full` modes): kept as raw JSON text, parsed only for collective ops
+    in_dims: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input Dims")
+    in_types: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input type")
 
 
 class _Ev(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
@@ -685,8 +689,21 @@ class _Columns:
         # sparse collective metadata: global row -> tuple
         self.coll_rows: list[int] = []
         self.coll_vals: list[tuple[Any, ...]] = []
+        # record_shapes of host collective ops (gloo:, nccl:, c10d::): global row -> raw JSON texts
+        self.shape_rows: list[int] = []
+        self.shape_vals: list[tuple[bytes, bytes]] = []
+        self._coll_codes: list[int] = []
+        self._names_checked = 0
         self.dq = DataQuality()
         self.events_total = 0
+
+    def host_collective_codes(self) -> np.ndarray:
+        """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`), names seen so far."""
+        if self._names_checked < len(self.names):
+            new = list(self.names)[self._names_checked :]
+            self._coll_codes.extend(self.names[n] for n in new if _HOST_COLL_PREFIX.match(n))
+            self._names_checked = len(self.names)
+        return np.asarray(self._coll_codes, np.int32)
 
     def add(self, evs: list[Any]) -> None:
         self.events_total += len(evs)
@@ -760,6 +777,14 @@ class _Columns:
                         a.seq,
                     )
                 )
+        # record_shapes of host collective ops (their byte counts when the op has no comm args)
+        codes = self.host_collective_codes()
+        if codes.size:
+            for i in np.flatnonzero(np.isin(name, codes)).tolist():
+                a = args[i]
+                if len(a.in_dims):
+                    self.shape_rows.append(base + i)
+                    self.shape_vals.append((bytes(a.in_dims), bytes(a.in_types)))
         self.start.append(ts_ns)
         self.dur.append(dur_ns)
         self.kind.append(kind)
@@ -823,7 +848,311 @@ def _sparse_cat(n: int, rows: list[int], values: list[str]) -> pd.Categorical:
     return _cat(codes, list(cats))
 
 
-def _build_table(cols: _Columns, rank: int, base_ns: int) -> pd.DataFrame:
+# ----------------------------------------------------------------------------------------------
+# Collective metadata of host ops: bytes from record_shapes, and the gloo enqueue -> worker join
+#
+# On gloo, `c10d::allreduce_` (and `record_param_comms`, where torch emits it) runs on the calling
+# thread and only enqueues the work; the exchange is the `gloo:all_reduce` range a gloo worker
+# thread records when it runs the work, and that range is the collective interval the analysis
+# uses. It carries no comm args, only (in `cpu`/`full` modes) its record_shapes. Two post-passes,
+# per rank file, fill its columns where they are missing:
+# 1. bytes from its own shapes (`Input Dims` x the element size of `Input type`);
+# 2. the k-th enqueue on a calling thread <-> the k-th gloo op on the worker threads (one rank,
+#    start order; by `Seq` when every enqueue has one in one process group): every field the
+#    enqueue carries (bytes, dtype, group, seq, collective name) is copied where the worker op has
+#    none. The pairing is refused (counted, nothing copied) unless ops agree pair by pair, every
+#    worker op starts after its enqueue, and element counts agree where both sides have shapes.
+# Both are per file facts of the trace (no other rank, no manifest), so they live in the reader:
+# every consumer (breakdown, shortfall, compare-links, report) sees the same table.
+
+_HOST_COLL_PREFIX = re.compile(r"^(?:gloo:|nccl:|c10d::)")
+_PARAM_COMMS = "record_param_comms"
+
+#: record_shapes' `Input type` spellings (C++ type names) -> torch dtype names (DTYPE_BYTES keys).
+_SHAPE_DTYPE: dict[str, str] = {
+    "float": "Float",
+    "double": "Double",
+    "c10::Half": "Half",
+    "c10::BFloat16": "BFloat16",
+    "long int": "Long",
+    "long": "Long",
+    "int64_t": "Long",
+    "int": "Int",
+    "short int": "Short",
+    "short": "Short",
+    "signed char": "Char",
+    "unsigned char": "Byte",
+    "bool": "Bool",
+    "unsigned short": "UInt16",
+    "unsigned int": "UInt32",
+    "unsigned long": "UInt64",
+    "c10::complex<c10::Half>": "ComplexHalf",
+    "c10::complex<float>": "ComplexFloat",
+    "c10::complex<double>": "ComplexDouble",
+    "c10::qint8": "QInt8",
+    "c10::quint8": "QUInt8",
+    "c10::qint32": "QInt32",
+}
+
+
+def shape_dtype(type_name: str) -> str:
+    """The torch dtype name of a record_shapes `Input type` ("float" -> "Float"); "" when not a dtype."""
+    if type_name in _SHAPE_DTYPE:
+        return _SHAPE_DTYPE[type_name]
+    bare = type_name[5:] if type_name.startswith("c10::") else type_name
+    return bare if bare in DTYPE_BYTES else ""
+
+
+def shape_tensors(dims: Any, types: Any) -> list[tuple[int, str]]:
+    """(elements, dtype name or "") of each tensor argument in record_shapes `Input Dims` /
+    `Input type`; a TensorList argument gives one entry per tensor, its dtype unknown ("")."""
+    out: list[tuple[int, str]] = []
+    if not isinstance(dims, list):
+        return out
+    types_l = types if isinstance(types, list) else []
+    for i, d in enumerate(dims):
+        t = types_l[i] if i < len(types_l) and isinstance(types_l[i], str) else ""
+        if isinstance(d, list) and d and all(isinstance(x, int) for x in d):
+            out.append((math.prod(d), shape_dtype(t)))
+        elif isinstance(d, list) and d and all(isinstance(x, list) for x in d):  # TensorList
+            for inner in d:
+                if inner and all(isinstance(x, int) for x in inner):
+                    out.append((math.prod(inner), ""))
+        elif isinstance(d, list) and not d and shape_dtype(t):  # a 0-d tensor
+            out.append((1, shape_dtype(t)))
+    return out
+
+
+def single_process_group(meta: dict[str, Any]) -> tuple[int, str, str] | None:
+    """(size, name, ranks text) of the only process group the trace's distributedInfo names, or
+    None when it names several or none (then a gloo op's group cannot be known from this file)."""
+    di = meta.get("distributedInfo")
+    if not isinstance(di, dict):
+        return None
+    cfg = di.get("pg_config")
+    if isinstance(cfg, list):
+        if len(cfg) != 1 or not isinstance(cfg[0], dict):
+            return None
+        size = _to_int(cfg[0].get("pg_size"))
+        ranks = cfg[0].get("ranks")
+        ranks_text = "[" + ", ".join(str(_to_int(x)) for x in ranks) + "]" if isinstance(ranks, list) else ""
+        return (size, str(cfg[0].get("pg_name", "")), ranks_text) if size > 0 else None
+    if _to_int(di.get("pg_count", 1)) == 1 and _to_int(di.get("world_size")) > 0:
+        return _to_int(di.get("world_size")), "", ""
+    return None
+
+
+def out_bytes_for(op: str, in_bytes: int, group_size: int) -> int:
+    """Per-rank output bytes of `op` given its per-rank input bytes (record_param_comms'
+    convention: all_gather out = n x in, reduce_scatter out = in / n, the others out = in);
+    -1 when it depends on an unknown group size or the op has no fixed relation."""
+    if in_bytes < 0:
+        return -1
+    if op in ("all_reduce", "broadcast", "reduce", "all_to_all", "send", "recv", "send_recv"):
+        return in_bytes
+    if op == "all_gather":
+        return in_bytes * group_size if group_size > 0 else -1
+    if op == "reduce_scatter":
+        return in_bytes // group_size if group_size > 0 else -1
+    return -1
+
+
+class _CollMeta:
+    """The collective columns while they are built: int arrays plus sparse row -> str dicts."""
+
+    def __init__(self, n: int):
+        self.n = n
+        self.in_b = np.full(n, -1, np.int64)
+        self.out_b = np.full(n, -1, np.int64)
+        self.gsize = np.full(n, -1, np.int32)
+        self.seq = np.full(n, -1, np.int64)
+        self.strs: dict[str, dict[int, str]] = {k: {} for k in ("name", "op", "dtype", "pg_name", "pg_ranks")}
+        self.nelems: dict[int, int] = {}  # from record_shapes, for the join's check
+
+    def cat(self, key: str) -> pd.Categorical:
+        d = self.strs[key]
+        return _sparse_cat(self.n, list(d), list(d.values()))
+
+
+def _fill_from_shapes(
+    cm: _CollMeta,
+    cols: _Columns,
+    names: list[str],
+    name_codes: np.ndarray,
+    device: np.ndarray,
+    meta: dict[str, Any],
+) -> None:
+    """Bytes / dtype / op of host `gloo:` and `nccl:` ranges from their own record_shapes."""
+    if not cols.shape_rows:
+        return
+    pg = single_process_group(meta)
+    for r, (dims_raw, types_raw) in zip(cols.shape_rows, cols.shape_vals, strict=True):
+        if device[r] >= 0:
+            continue
+        try:
+            dims = _ANY_DECODER.decode(dims_raw)
+            types = _ANY_DECODER.decode(types_raw) if types_raw else []
+        except msgspec.DecodeError:
+            continue
+        tensors = shape_tensors(dims, types)
+        if not tensors:
+            continue
+        cm.nelems[r] = sum(k for k, _ in tensors)
+        nm = names[int(name_codes[r])]
+        if not (nm.startswith("gloo:") or nm.startswith("nccl:")):
+            continue  # c10d:: ops: TensorList shapes carry no dtype (nelems kept for the join)
+        op = normalise_coll_op(nm)
+        if not op:
+            continue
+        cm.strs["op"].setdefault(r, op)
+        dtypes = {dt for _, dt in tensors}
+        if cm.in_b[r] < 0 and len(dtypes) == 1 and "" not in dtypes:
+            dt = dtypes.pop()
+            cm.in_b[r] = sum(k for k, _ in tensors) * DTYPE_BYTES[dt]
+            cm.strs["dtype"].setdefault(r, dt)
+            gs = int(cm.gsize[r]) if cm.gsize[r] > 0 else (pg[0] if pg else -1)
+            if cm.out_b[r] < 0:
+                cm.out_b[r] = out_bytes_for(op, int(cm.in_b[r]), gs)
+            if cm.gsize[r] < 0 and pg is not None:
+                cm.gsize[r] = pg[0]
+
+
+def pair_enqueued(
+    enq_ops: Sequence[str],
+    enq_start: Sequence[int],
+    wk_ops: Sequence[str],
+    wk_start: Sequence[int],
+    enq_nelems: Sequence[int] | None = None,
+    wk_nelems: Sequence[int] | None = None,
+) -> tuple[list[tuple[int, int]], str]:
+    """Pair the enqueues of one rank (calling threads, in call order) with the worker-thread ops
+    (in start order): the k-th with the k-th. Returns (pairs of positions, "") or ([], why not).
+
+    Trace edges: worker ops that start before the first enqueue (enqueued before the trace
+    began) and enqueues after the last worker op's start (not run before it ended) are left out.
+    Refused when the counts still differ, an op differs, a worker op starts before its enqueue, or
+    element counts (-1 = unknown) differ."""
+    wk = [i for i in range(len(wk_ops)) if not enq_start or wk_start[i] >= enq_start[0]]
+    last_wk = max((wk_start[i] for i in wk), default=None)
+    enq = [j for j in range(len(enq_ops)) if last_wk is not None and enq_start[j] <= last_wk]
+    if len(enq) != len(wk):
+        return [], f"{len(enq)} enqueued collectives but {len(wk)} ran on the gloo worker threads"
+    pairs = list(zip(enq, wk, strict=True))
+    for k, (j, i) in enumerate(pairs):
+        if enq_ops[j] != wk_ops[i]:
+            return [], f"call #{k}: enqueued {enq_ops[j]} but the worker ran {wk_ops[i]}"
+        if wk_start[i] < enq_start[j]:
+            return [], f"call #{k}: the worker op starts before its enqueue"
+        if enq_nelems is not None and wk_nelems is not None:
+            a, b = enq_nelems[j], wk_nelems[i]
+            if a >= 0 and b >= 0 and a != b:
+                return [], f"call #{k}: {a} elements enqueued but {b} on the worker"
+    return pairs, ""
+
+
+def _outermost_rows(rows: list[int], stream: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[int]:
+    """The rows not inside an earlier row of the same thread."""
+    out: list[int] = []
+    last_end: dict[int, int] = {}
+    for r in sorted(rows, key=lambda x: (int(stream[x]), int(start[x]), -int(end[x]))):
+        t = int(stream[r])
+        if t in last_end and int(end[r]) <= last_end[t]:
+            continue
+        out.append(r)
+        last_end[t] = max(last_end.get(t, int(end[r])), int(end[r]))
+    return out
+
+
+def _join_enqueued(
+    cm: _CollMeta,
+    cols: _Columns,
+    names: list[str],
+    name_codes: np.ndarray,
+    device: np.ndarray,
+    stream: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    dq: DataQuality,
+) -> None:
+    """Copy the enqueue's collective metadata onto the gloo worker-thread op it ran as."""
+    coll_codes = [c for c, nm in enumerate(names) if nm.startswith("gloo:")]
+    if not coll_codes or not cm.n:
+        return
+    host = device < 0
+    wk_rows = [
+        int(r)
+        for r in np.flatnonzero(host & np.isin(name_codes, coll_codes))
+        if normalise_coll_op(names[int(name_codes[r])])
+    ]
+    if not wk_rows:
+        return
+    wk_threads = {int(stream[r]) for r in wk_rows}
+    off_worker = host & ~np.isin(stream, list(wk_threads))
+    pc_codes = [c for c, nm in enumerate(names) if nm == _PARAM_COMMS]
+    enq_rows = [
+        int(r)
+        for r in np.flatnonzero(off_worker & np.isin(name_codes, pc_codes))
+        if cm.strs["op"].get(int(r))
+    ]
+    if enq_rows:
+        enq_op = {r: cm.strs["op"][r] for r in enq_rows}
+    else:
+        c10d_codes = [c for c, nm in enumerate(names) if nm.startswith("c10d::") and normalise_coll_op(nm)]
+        cand = [int(r) for r in np.flatnonzero(off_worker & np.isin(name_codes, c10d_codes))]
+        enq_rows = _outermost_rows(cand, stream, start, end)
+        enq_op = {r: normalise_coll_op(names[int(name_codes[r])]) for r in enq_rows}
+    if not enq_rows:
+        return  # e.g. `ranges` mode: no op on the calling thread is traced
+    pgs = {cm.strs["pg_name"].get(r, "") for r in enq_rows}
+    if len(pgs) == 1 and all(cm.seq[r] >= 0 for r in enq_rows):
+        enq_rows.sort(key=lambda r: (int(cm.seq[r]), int(start[r])))
+    else:
+        enq_rows.sort(key=lambda r: int(start[r]))
+    wk_rows.sort(key=lambda r: int(start[r]))
+    wk_op = {r: cm.strs["op"].get(r) or normalise_coll_op(names[int(name_codes[r])]) for r in wk_rows}
+    pairs, why = pair_enqueued(
+        [enq_op[r] for r in enq_rows],
+        [int(start[r]) for r in enq_rows],
+        [wk_op[r] for r in wk_rows],
+        [int(start[r]) for r in wk_rows],
+        [cm.nelems.get(r, -1) for r in enq_rows],
+        [cm.nelems.get(r, -1) for r in wk_rows],
+    )
+    if why:
+        dq.add(
+            "collective_enqueue_join_refused",
+            len(wk_rows),
+            f"gloo worker-thread collectives not joined to their enqueues ({why}); their bytes come from "
+            "their own shapes only",
+        )
+        return
+    copied = 0
+    for j, i in pairs:
+        e, w = enq_rows[j], wk_rows[i]
+        got = False
+        for arr in (cm.in_b, cm.out_b, cm.gsize, cm.seq):
+            if arr[w] < 0 <= arr[e]:
+                arr[w] = arr[e]
+                got = True
+        for key in ("name", "dtype", "pg_name", "pg_ranks"):
+            if key in cm.strs and e in cm.strs[key] and w not in cm.strs[key]:
+                cm.strs[key][w] = cm.strs[key][e]
+                got = True
+        cm.strs["op"].setdefault(w, wk_op[w])
+        copied += got
+    if copied:
+        dq.add(
+            "collective_metadata_from_enqueue",
+            copied,
+            "gloo worker-thread collectives took their metadata (bytes, group, seq) from the enqueueing op",
+        )
+
+
+def _build_table(
+    cols: _Columns, rank: int, base_ns: int, meta: dict[str, Any] | None = None, dq: DataQuality | None = None
+) -> pd.DataFrame:
+    meta = meta or {}
+    dq = dq if dq is not None else cols.dq
     n = cols.rows
 
     def cat_arrays(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -841,45 +1170,53 @@ def _build_table(cols: _Columns, rank: int, base_ns: int) -> pd.DataFrame:
     corr = cat_arrays(cols.corr, np.int64)
 
     # collective columns
-    rows = cols.coll_rows
-    coll_name_v = [_str_or_empty(v[0]) for v in cols.coll_vals]
-    dtype_v = [_str_or_empty(v[3]) for v in cols.coll_vals]
-    pg_name_v = [_str_or_empty(v[5]) for v in cols.coll_vals]
-    pg_ranks_v = [_str_or_empty(v[6]) for v in cols.coll_vals]
-    in_b = np.full(n, -1, np.int64)
-    out_b = np.full(n, -1, np.int64)
-    gsize = np.full(n, -1, np.int32)
-    seq = np.full(n, -1, np.int64)
-    op_rows: list[int] = []
-    op_vals: list[str] = []
-    for r, v, cname, dt in zip(rows, cols.coll_vals, coll_name_v, dtype_v, strict=True):
+    cm = _CollMeta(n)
+    for r, v in zip(cols.coll_rows, cols.coll_vals, strict=True):
+        cname, dt = _str_or_empty(v[0]), _str_or_empty(v[3])
         size = DTYPE_BYTES.get(dt)
         if size is not None:
             if v[1] is not None and _to_int(v[1]) >= 0:
-                in_b[r] = _to_int(v[1]) * size
+                cm.in_b[r] = _to_int(v[1]) * size
             if v[2] is not None and _to_int(v[2]) >= 0:
-                out_b[r] = _to_int(v[2]) * size
+                cm.out_b[r] = _to_int(v[2]) * size
         if v[4] is not None:
-            gsize[r] = _to_int(v[4])
+            cm.gsize[r] = _to_int(v[4])
         if v[7] is not None:
-            seq[r] = _to_int(v[7])
+            cm.seq[r] = _to_int(v[7])
+        for col, val in (
+            ("name", cname),
+            ("dtype", dt),
+            ("pg_name", _str_or_empty(v[5])),
+            ("pg_ranks", _str_or_empty(v[6])),
+        ):
+            if val:
+                cm.strs[col][r] = val
         op = normalise_coll_op(cname) if cname else ""
         if op:
-            op_rows.append(r)
-            op_vals.append(op)
+            cm.strs["op"][r] = op
+    names_list = list(cols.names)
+    _fill_from_shapes(cm, cols, names_list, name_codes, device, meta)
+    _join_enqueued(cm, cols, names_list, name_codes, device, stream, start, end, dq)
+    # host comm ranges (gloo:*, nccl:*) without shapes (`ranges`/`cuda` modes): the op from the name
+    range_ops = {
+        c: normalise_coll_op(nm) for c, nm in enumerate(names_list) if nm.startswith(("gloo:", "nccl:"))
+    }
+    range_ops = {c: op for c, op in range_ops.items() if op}
+    if range_ops and n:
+        for r in np.flatnonzero((device < 0) & np.isin(name_codes, list(range_ops))).tolist():
+            cm.strs["op"].setdefault(r, range_ops[int(name_codes[r])])
     # NCCL kernels without (or with unrecognised) collective args: the op from the kernel name
     name_ops = {code: coll_op_from_kernel_name(s) for s, code in cols.names.items() if "ernel_" in s}
     name_ops = {c: op for c, op in name_ops.items() if op}
     if name_ops and n:
         have = np.zeros(n, bool)
-        if op_rows:
-            have[np.asarray(op_rows)] = True
+        if cm.strs["op"]:
+            have[np.fromiter(cm.strs["op"], np.int64)] = True
         kernel_code = _KIND_CATEGORIES.index("kernel")
         is_kernel = kind.codes == kernel_code
         cand = np.flatnonzero(is_kernel & ~have & np.isin(name_codes, list(name_ops)))
         for r in cand.tolist():
-            op_rows.append(r)
-            op_vals.append(name_ops[int(name_codes[r])])
+            cm.strs["op"][r] = name_ops[int(name_codes[r])]
     table = {
         "rank": np.full(n, rank, np.int32),
         "device": device,
@@ -889,15 +1226,15 @@ def _build_table(cols: _Columns, rank: int, base_ns: int) -> pd.DataFrame:
         "start_ns": start,
         "end_ns": end,
         "correlation": corr,
-        "coll_name": _sparse_cat(n, rows, coll_name_v),
-        "coll_op": _sparse_cat(n, op_rows, op_vals),
-        "coll_in_bytes": in_b,
-        "coll_out_bytes": out_b,
-        "coll_dtype": _sparse_cat(n, rows, dtype_v),
-        "coll_group_size": gsize,
-        "coll_pg_name": _sparse_cat(n, rows, pg_name_v),
-        "coll_pg_ranks": _sparse_cat(n, rows, pg_ranks_v),
-        "coll_seq": seq,
+        "coll_name": cm.cat("name"),
+        "coll_op": cm.cat("op"),
+        "coll_in_bytes": cm.in_b,
+        "coll_out_bytes": cm.out_b,
+        "coll_dtype": cm.cat("dtype"),
+        "coll_group_size": cm.gsize,
+        "coll_pg_name": cm.cat("pg_name"),
+        "coll_pg_ranks": cm.cat("pg_ranks"),
+        "coll_seq": cm.seq,
     }
     assert list(table) == list(COLUMNS)
     return make_events(table)
@@ -985,7 +1322,7 @@ def read_kineto(
     r, rank_source = _resolve_rank(p, meta, rank)
     base_raw = meta.get("baseTimeNanoseconds")
     base_ns = _to_int(base_raw) if base_raw is not None else 0
-    events = _build_table(cols, r, max(base_ns, 0))
+    events = _build_table(cols, r, max(base_ns, 0), meta)
     if cols.rows == 0:
         cols.dq.add("traces_without_complete_events", 1, f"{p.name}: no complete (X) events")
     info: dict[str, Any] = {k: v for k, v in meta.items() if k != "traceEvents"}
