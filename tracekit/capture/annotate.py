@@ -46,6 +46,13 @@ class _Backend:
 #: The active tracekit.profile() session (set by tracekit.capture.profile), or None.
 _session: Any = None
 
+#: Set by a `kernels`-mode tracer (tracekit.capture.profile): called when a step range opens and
+#: when it closes (a CUDA runtime call that the CUDA-only trace keeps), or None.
+_step_marker: Callable[[str, bool], None] | None = None
+#: False while a tracer records no host ranges (`kernels` mode): `record_function` is skipped even
+#: though a torch profiler is active, since nothing would record it.
+_record_ranges = True
+
 
 def _resolve() -> None:
     b = _Backend
@@ -89,11 +96,14 @@ class Range:
         b = _Backend
         if not b.resolved:
             _resolve()
-        if self._step is not None and _session is not None:
-            _session.step_begin(self._step)
+        if self._step is not None:
+            if _session is not None:
+                _session.step_begin(self._step)
+            if _step_marker is not None:
+                _step_marker(self.name, True)
         if b.push is not None:
             b.push(self.name)
-        if b.record_function is not None and b.profiler_enabled():
+        if b.record_function is not None and _record_ranges and b.profiler_enabled():
             rf = b.record_function(self.name)
             rf.__enter__()
             self._rf = rf
@@ -107,8 +117,11 @@ class Range:
         b = _Backend
         if b.pop is not None:
             b.pop()
-        if self._step is not None and _session is not None:
-            _session.step_end(self._step)
+        if self._step is not None:
+            if _step_marker is not None:
+                _step_marker(self.name, False)
+            if _session is not None:
+                _session.step_end(self._step)
 
     def __call__(self, fn: F) -> F:
         name, step = self.name, self._step

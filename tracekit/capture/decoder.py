@@ -18,6 +18,7 @@ This module imports torch; import it only from capture code.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Callable
@@ -300,13 +301,15 @@ class TPDecoder:
         *,
         on_token: Callable[[int, int], None] | None = None,
         before_step: Callable[[int], None] | None = None,
+        annotate_step: Callable[[int], bool] | None = None,
     ) -> tuple[torch.Tensor, list[int]]:
         """Prefill `prompt` [B, P], then greedy-decode `tokens` tokens.
 
         Returns (generated ids [B, tokens], host wall ns per decode step). Each step's time runs
         from before its range opens to after its token exists (a device sync on CUDA).
         `before_step(i)` runs before step i is timed (the profiler's schedule step goes there);
-        `on_token(i, ns)` after it (progress).
+        `on_token(i, ns)` after it (progress). `annotate_step(i)` says whether step i runs inside
+        `annotate.step(i)` (default: every step); the others run without a step range.
         """
         b, p = prompt.shape
         if p + tokens > self.max_len:
@@ -324,7 +327,7 @@ class TPDecoder:
             if before_step is not None:
                 before_step(i)
             t0 = time.perf_counter_ns()
-            with annotate.step(i):
+            with annotate.step(i) if annotate_step is None or annotate_step(i) else _NO_RANGE:
                 out.append(nxt)
                 logits = self.forward(nxt[:, None], p + i)
                 nxt = logits.argmax(-1)
@@ -337,10 +340,63 @@ class TPDecoder:
         return torch.stack(out, 1).cpu(), times_ns
 
 
+_NO_RANGE = contextlib.nullcontext()
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, object]]:
+    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace).
+
+    Per layer: the row-parallel o_proj and down_proj outputs [batch, 1, hidden] in the model dtype
+    are all-reduced in place (in_bytes == out_bytes). Once per step: the vocabulary-parallel head's
+    logits [batch, vocab/tp], cast to float32 before the gather, are all-gathered (out_bytes =
+    tp x in_bytes). Sizes are per rank, as the collective call sees them (NCCL's count x type size
+    for in_bytes). Empty at tp=1 (no communication).
+    """
+    if tp <= 1:
+        return []
+    if dtype not in _DTYPE_BYTES:
+        raise CaptureError(f"no byte size known for dtype {dtype!r}")
+    ar_bytes = batch * shape.hidden * _DTYPE_BYTES[dtype]
+    gather_in = batch * (shape.vocab // tp) * _DTYPE_BYTES["float32"]
+    return [
+        {
+            "op": "all_reduce",
+            "name": name,
+            "in_bytes": ar_bytes,
+            "out_bytes": ar_bytes,
+            "dtype": dtype,
+            "per_token": shape.layers,
+            "group_size": tp,
+        }
+        for name in ("o_proj", "down_proj")
+    ] + [
+        {
+            "op": "all_gather",
+            "name": "lm_head",
+            "in_bytes": gather_in,
+            "out_bytes": gather_in * tp,
+            "dtype": "float32",
+            "per_token": 1,
+            "group_size": tp,
+        }
+    ]
+
+
 def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
     """A deterministic random prompt [batch, length] (the same on every rank)."""
     g = torch.Generator().manual_seed(seed + 1)
     return torch.randint(0, vocab, (batch, length), generator=g)
 
 
-__all__ = ["PRESETS", "Comm", "DecoderShape", "TPDecoder", "check_tp", "make_prompt", "preset"]
+__all__ = [
+    "PRESETS",
+    "Comm",
+    "DecoderShape",
+    "TPDecoder",
+    "check_tp",
+    "collectives",
+    "make_prompt",
+    "preset",
+]

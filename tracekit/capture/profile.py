@@ -6,6 +6,7 @@ Modes (the `--mode` of `tracekit capture`; docs in MODES):
 | -------- | ------------------------------------ | ------------------- | ---------------- |
 | `full`   | CPU + CUDA, record_shapes, cuda_sync | every aten/c10d op  | user_annotation + gpu_user_annotation |
 | `cuda`   | CUDA + user ranges only              | none (USER_SCOPE)   | user_annotation + gpu_user_annotation |
+| `kernels`| CUDA only (kernels, memcpy, runtime) | none, no ranges     | user_annotation rebuilt from marker runtime calls |
 | `cpu`    | CPU, record_shapes                   | every op            | user_annotation |
 | `ranges` | user ranges only                     | none (USER_SCOPE)   | user_annotation (gloo:/nccl: comm ranges too) |
 | `nvtx`   | no torch.profiler (NVTX only, for nsys) | -                | NVTX ranges |
@@ -18,6 +19,16 @@ instead enables CPU activity restricted to the USER_SCOPE RecordFunction scope (
 argument of `torch._C._autograd._enable_profiler`): the per-op callbacks that dilate an eager,
 host-bound decode step never fire, while the step/region ranges and the process-group comm
 ranges (`gloo:all_reduce`, `nccl:all_reduce`) are kept.
+
+`kernels` is torch.profiler with `activities=[CUDA]` and nothing else: no RecordFunction callback
+is registered, so no host range survives. Steps are marked instead by one cheap CUDA runtime call
+at each step range's open and close (`cudaStreamQuery` on the current stream, see `MARKER_API`),
+which the CUDA activity keeps as a `cuda_runtime` event on the host thread's clock (Kineto
+filters only cudaGetDevice/SetDevice/GetLastError/EventCreate*/EventDestroy). After export,
+`inject_marker_steps` turns each (open, close) pair into a `user_annotation` "decode_step#<i>"
+event with the same pid/tid/ts, so every reader (tracekit, HTA, Perfetto) sees ordinary steps;
+the analysis extends each window to the end of the last kernel launched inside it, as in `cuda`.
+While such a tracer runs, `record_function` is not entered at all (nothing would record it).
 
 `auto` picks the lowest-dilation mode that still marks steps: `cuda` on a CUDA device, `cpu` on a
 CPU-only run (there the collectives are the gloo/c10d CPU ops, which only `cpu`/`full` record).
@@ -48,6 +59,7 @@ MODES: dict[str, str] = {
     "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",
     "full": "CPU+CUDA activities, every op, record_shapes, cuda sync events (structure pass; dilates)",
     "cuda": "CUDA kernels/runtime + user ranges only: low dilation (needs --device cuda)",
+    "kernels": "CUDA kernels/runtime only; steps from marker runtime calls: lowest dilation (needs --device cuda)",
     "cpu": "CPU activity only, every op, record_shapes (the mode for CPU/gloo runs)",
     "ranges": "user ranges only (steps, regions, comm ranges): no op tracing",
     "nvtx": "no torch.profiler, NVTX ranges only (used under nsys)",
@@ -65,11 +77,65 @@ def resolve_mode(mode: str, device_type: str) -> str:
         raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if mode == "auto":
         return "cuda" if device_type == "cuda" else "cpu"
-    if mode == "cuda" and device_type != "cuda":
+    if mode in ("cuda", "kernels") and device_type != "cuda":
         raise CaptureError(
-            "mode 'cuda' traces CUDA activity and needs a CUDA device (use --mode cpu or ranges)"
+            f"mode {mode!r} traces CUDA activity and needs a CUDA device (use --mode cpu or ranges)"
         )
     return mode
+
+
+#: The runtime call a `kernels`-mode step marker makes, as its name appears in the trace.
+MARKER_API = "cudaStreamQuery"
+#: args of the step annotations `inject_marker_steps` adds.
+MARKER_SOURCE = "tracekit step markers (cudaStreamQuery at step open/close)"
+
+
+def inject_marker_steps(doc: dict[str, Any], names: list[str], marker: str = MARKER_API) -> int:
+    """Add a `user_annotation` event per step to a Kineto trace document `doc` (in place).
+
+    `names` are the step names in the order their markers were made (each step: one marker call
+    when its range opened, one when it closed). The trace holds the marker calls as `cuda_runtime`
+    events named `marker`; on the thread with the most of them, consecutive pairs (open, close)
+    become step annotations from the open's `ts` to the close's end. Pairs are matched from the
+    end, so markers lost at the start of the recording (the profiler's warm-up) drop whole steps,
+    never shift names. Returns the number of steps added.
+    """
+    events = doc.get("traceEvents") or []
+    marks = [
+        e
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and e.get("name") == marker and "ts" in e
+    ]
+    if not marks or not names:
+        return 0
+    by_tid: dict[Any, list[dict[str, Any]]] = {}
+    for e in marks:
+        by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
+    thread = max(by_tid.values(), key=len)
+    thread.sort(key=lambda e: float(e["ts"]))
+    if len(thread) % 2:
+        thread = thread[1:]  # a close whose open fell before the recording started
+    pairs = [(thread[i], thread[i + 1]) for i in range(0, len(thread), 2)]
+    n = min(len(pairs), len(names))
+    added = []
+    for (a, b), name in zip(pairs[len(pairs) - n :], names[len(names) - n :], strict=True):
+        ts = float(a["ts"])
+        end = float(b["ts"]) + float(b.get("dur", 0))
+        added.append(
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": name,
+                "pid": a.get("pid"),
+                "tid": a.get("tid"),
+                "ts": a["ts"],
+                "dur": round(end - ts, 3),
+                "args": {"source": MARKER_SOURCE},
+            }
+        )
+    events.extend(added)
+    doc["traceEvents"] = events
+    return len(added)
 
 
 @contextlib.contextmanager
@@ -107,6 +173,9 @@ class Tracer:
         self.prof: Any = None
         self.trace_path: Path | None = None
         self._user_scope = self.mode in ("cuda", "ranges")
+        self.marked_steps: list[str] = []  # kernels mode: step names in marker order
+        self.injected_steps = 0
+        self._marker_fn: Callable[[], Any] | None = None
 
     def _scope(self) -> contextlib.AbstractContextManager[None]:
         return _user_scope_only() if self._user_scope else contextlib.nullcontext()
@@ -115,8 +184,33 @@ class Tracer:
         final = self.out_dir / trace_name(self.rank)
         tmp = self.out_dir / f".rank-{self.rank}.{os.getpid()}.pt.trace.json"
         prof.export_chrome_trace(str(tmp))
+        if self.mode == "kernels":
+            self._unhook()
+            doc = json.loads(tmp.read_text())
+            self.injected_steps = inject_marker_steps(doc, self.marked_steps)
+            tmp.write_text(json.dumps(doc))
         gzip_file_atomic(tmp, final)
         self.trace_path = final
+
+    def _mark(self, name: str, opening: bool) -> None:
+        if opening:
+            self.marked_steps.append(name)
+        if self._marker_fn is not None:
+            self._marker_fn()
+
+    def _hook(self) -> None:
+        """kernels mode: step ranges make marker calls; record_function is skipped."""
+        import torch
+
+        stream = torch.cuda.current_stream()
+        self._marker_fn = stream.query
+        _annotate._step_marker = self._mark
+        _annotate._record_ranges = False
+
+    def _unhook(self) -> None:
+        if _annotate._step_marker == self._mark:
+            _annotate._step_marker = None
+            _annotate._record_ranges = True
 
     def start(self) -> None:
         if self.mode == "nvtx":
@@ -126,9 +220,9 @@ class Tracer:
 
         cuda = self.device_type == "cuda"
         acts = []
-        if self.mode in ("full", "cpu", "ranges") or (self.mode == "cuda"):
+        if self.mode in ("full", "cpu", "ranges", "cuda"):
             acts.append(ProfilerActivity.CPU)  # in "cuda"/"ranges": user ranges only (see _user_scope_only)
-        if cuda and self.mode in ("full", "cuda"):
+        if cuda and self.mode in ("full", "cuda", "kernels"):
             acts.append(ProfilerActivity.CUDA)
         kwargs: dict[str, Any] = {"activities": acts, "record_shapes": self.mode in ("full", "cpu")}
         if self.mode == "full" and cuda and hasattr(torch.profiler, "_ExperimentalConfig"):
@@ -142,6 +236,8 @@ class Tracer:
         kwargs["on_trace_ready"] = self._on_ready
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.prof = torch.profiler.profile(**kwargs)
+        if self.mode == "kernels":
+            self._hook()
         with self._scope():
             self.prof.start()
 
@@ -153,8 +249,11 @@ class Tracer:
     def stop(self) -> Path | None:
         if self.prof is not None:
             prof, self.prof = self.prof, None
-            with self._scope():
-                prof.stop()
+            try:
+                with self._scope():
+                    prof.stop()
+            finally:
+                self._unhook()
             if self.trace_path is None:  # stopped before any recorded step: nothing was saved
                 raise CaptureError(
                     f"rank {self.rank}: the profiler recorded no step (warm-up {self.warmup} steps "
@@ -289,4 +388,13 @@ def profile(
         write_result(out, r, unprofiled_ns=session.step_ns)
 
 
-__all__ = ["MODES", "Session", "Tracer", "profile", "resolve_mode", "write_result"]
+__all__ = [
+    "MARKER_API",
+    "MODES",
+    "Session",
+    "Tracer",
+    "inject_marker_steps",
+    "profile",
+    "resolve_mode",
+    "write_result",
+]

@@ -7,6 +7,16 @@
 Per rank: build the shard (weights from the seed), a warm-up pass, an unprofiled pass (host wall
 ns per token, a device sync per token on CUDA), and a profiled pass (torch.profiler in the chosen
 mode, its schedule skipping one warm-up step, then `tokens` recorded steps, timed the same way).
+
+Both measured passes run `LEAD + tokens + TAIL` steps at the same positions and keep the middle
+`tokens`: the lead step is the profiler schedule's warm-up, and the tail step is where the
+profiler stops and exports (its `step()` runs between steps, outside every timed step and every
+`decode_step` range). The warm-up pass covers at least every position the measured passes use:
+on the H200 smoke run, a decode step at a KV length never seen before took ~65 ms instead of ~3
+(cuDNN attention builds a plan per new shape, then lazy-loads its kernel), which made the last
+profiled step (one position further than the warm-up had gone) a 20x outlier. Only the recorded
+steps open a `decode_step` range, so under nsys (which records every pass) exactly those steps
+are found.
 Ranks run as spawned processes on this host, or in-process when launched by torchrun (RANK and
 WORLD_SIZE set). Each rank writes rank-<r>.pt.trace.json.gz and a small result file; the
 manifest (docs/JSON.md#manifest) is assembled from those. A failing rank: the others' traces are
@@ -39,6 +49,10 @@ from tracekit.errors import CaptureError
 Progress = Callable[[str, int, int], None]
 
 ENV_CONFIG = "TRACEKIT_CAPTURE_CONFIG"
+ENV_RESOLVED = "TRACEKIT_CAPTURE_RESOLVED"  # under nsys: the outer process' Resolved (no CUDA calls)
+#: Untimed steps of each measured pass before and after the `tokens` kept ones.
+LEAD_STEPS = 1
+TAIL_STEPS = 1
 CPU_THREADS_PER_RANK = 1
 ENV_NSYS = "NSYS"
 
@@ -101,6 +115,9 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
     from tracekit.capture.decoder import check_tp, preset
     from tracekit.capture.profile import resolve_mode
 
+    given = os.environ.get(ENV_RESOLVED)
+    if given:  # decided by the process that started nsys: no CUDA call in this (non-rank) process
+        return Resolved(**json.loads(given))
     n = world or config.tp
     if n < 1:
         raise CaptureError(f"--tp must be at least 1, got {n}")
@@ -151,8 +168,13 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
     )
 
 
+def warmup_steps(config: CaptureConfig) -> int:
+    """Steps of the warm-up pass: --warmup, and at least every position a measured pass reaches."""
+    return max(config.warmup, LEAD_STEPS + config.tokens + TAIL_STEPS)
+
+
 def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]:
-    from tracekit.capture.decoder import preset
+    from tracekit.capture.decoder import collectives, preset
 
     shape = preset(config.preset, config.layers)
     return {
@@ -167,8 +189,10 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         "seed": config.seed,
         "layers": shape.layers,
         "shape": asdict(shape),
-        "warmup_tokens": config.warmup,
-        "profiler_warmup_steps": 1,
+        "warmup_tokens": warmup_steps(config),
+        "profiler_warmup_steps": LEAD_STEPS,
+        "untimed_tail_steps": TAIL_STEPS,
+        "collectives": collectives(shape, world, config.batch, res.dtype),
         "inject_delay": None
         if config.inject_delay is None
         else {"rank": config.inject_delay[0], "ms": config.inject_delay[1]},
@@ -219,10 +243,13 @@ def _rank_main(
             kwargs.update(init_method=init_method, rank=rank, world_size=world)
         dist.init_process_group(res.backend, **kwargs)
 
+    steps = LEAD_STEPS + config.tokens + TAIL_STEPS  # per measured pass
+    n_warm = warmup_steps(config)
+
     def report(phase: str) -> Callable[[int, int], None] | None:
         if progress_queue is None or rank != 0:
             return None
-        total = {"warmup": config.warmup, "unprofiled": config.tokens, "profiled": config.tokens + 1}[phase]
+        total = n_warm if phase == "warmup" else steps
         return lambda i, ns: progress_queue.put((phase, i + 1, total))
 
     def barrier() -> None:
@@ -238,7 +265,7 @@ def _rank_main(
         before_ar = lambda: time.sleep(delay_s)  # noqa: E731
     comm = Comm(world, rank, res.backend, before_all_reduce=before_ar)
     shape = preset(config.preset, config.layers)
-    max_len = config.prompt + max(config.tokens + 1, config.warmup) + 1
+    max_len = config.prompt + n_warm + 1
     model = TPDecoder(
         shape,
         comm,
@@ -251,40 +278,84 @@ def _rank_main(
     prompt = make_prompt(shape.vocab, config.batch, config.prompt, config.seed)
 
     barrier()
-    if config.warmup > 0:
-        model.generate(prompt, config.warmup, on_token=report("warmup"))
+    model.generate(prompt, n_warm, on_token=report("warmup"), annotate_step=_never)
     barrier()
-    tokens, unprofiled_ns = model.generate(prompt, config.tokens, on_token=report("unprofiled"))
-    write_result(out_dir, rank, unprofiled_ns=unprofiled_ns, device=str(device), nvtx=annotate.nvtx_source())
+    tokens, unprofiled_all = run_pass(model, prompt, config.tokens, on_token=report("unprofiled"))
+    unprofiled_ns = unprofiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens]
+    write_result(
+        out_dir,
+        rank,
+        unprofiled_ns=unprofiled_ns,
+        device=str(device),
+        nvtx=annotate.nvtx_source(),
+        pid=os.getpid(),
+    )
     barrier()
 
-    tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=1, active=config.tokens)
-    tracer.start()
-    _, profiled_all = model.generate(
-        prompt,
-        config.tokens + 1,
-        before_step=lambda i: tracer.step() if i > 0 else None,
-        on_token=report("profiled"),
-    )
-    if config.fail_rank == rank:
+    tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens)
+    _, profiled_all = run_pass(model, prompt, config.tokens, tracer=tracer, on_token=report("profiled"))
+    if config.fail_rank == rank:  # after the pass (its trace is written but not listed)
         raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
-    tracer.step()  # ends the last recorded step: the trace is written
     path = tracer.stop()
     fields: dict[str, Any] = {
-        "profiled_ns": profiled_all[1:],
+        "profiled_ns": profiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens],
         "mode": res.mode,
         "trace": path.name if path else None,
         "file": env.file_entry(path, rank) if path else None,
         "inject_sync_count": model.sync_count,
         "nccl_env": env.nccl_env(),
+        "pid": os.getpid(),
     }
+    if tracer.mode == "kernels":
+        fields["marker_steps"] = tracer.injected_steps
     if rank == 0:
-        fields["tokens_generated"] = tokens.tolist()
+        fields["tokens_generated"] = tokens[:, : config.tokens].tolist()
+        # the ranks read versions and devices, so the parent makes no CUDA call (see ENV_RESOLVED)
+        fields["versions"] = env.versions()
+        fields["devices"] = env.devices()
     write_result(out_dir, rank, **fields)
     if dist is not None and destroy:
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     return fields
+
+
+def _never(i: int) -> bool:
+    return False
+
+
+def run_pass(
+    model: Any,
+    prompt: Any,
+    tokens: int,
+    *,
+    tracer: Any = None,
+    on_token: Callable[[int, int], None] | None = None,
+) -> tuple[Any, list[int]]:
+    """One measured pass: LEAD_STEPS + tokens + TAIL_STEPS steps; returns (ids, ns of every step).
+
+    Keep `times[LEAD_STEPS : LEAD_STEPS + tokens]`. Only those steps open a `decode_step` range.
+    With a `tracer` (a tracekit.capture.profile.Tracer built with warmup=LEAD_STEPS,
+    active=tokens): it starts before the first step, and its schedule step runs before each later
+    step, outside the timing; the one before the first tail step ends the recording and writes
+    the trace, so no stop/flush/export lands in a kept step.
+    """
+    first, last = LEAD_STEPS, LEAD_STEPS + tokens  # kept: first <= i < last
+    before = None
+    if tracer is not None:
+        tracer.start()
+
+        def before(i: int) -> None:
+            if 0 < i <= last:
+                tracer.step()
+
+    return model.generate(
+        prompt,
+        LEAD_STEPS + tokens + TAIL_STEPS,
+        before_step=before,
+        on_token=on_token,
+        annotate_step=lambda i: first <= i < last,
+    )
 
 
 def _spawned_rank(
@@ -353,9 +424,9 @@ def build_manifest(
         "complete": not errs,
         "errors": sorted(errs, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)),
         "created": env.now_utc(),
-        "versions": env.versions(),
+        "versions": results.get(0, {}).get("versions") or env.versions(),
         "host": env.host_info(),
-        "devices": env.devices(),
+        "devices": results[0]["devices"] if "devices" in results.get(0, {}) else env.devices(),
         "topology": env.topology(),
         "nccl_env": nccl
         if nccl is not None
@@ -373,6 +444,19 @@ def build_manifest(
             for r in sorted(results)
             if "inject_sync_count" in results[r]
         },
+        # OS process id per rank: names the ranks of a one-file multi-process nsys report
+        "rank_pids": {str(r): results[r]["pid"] for r in sorted(results) if "pid" in results[r]},
+        **(
+            {
+                "marker_steps": {
+                    str(r): results[r]["marker_steps"]
+                    for r in sorted(results)
+                    if "marker_steps" in results[r]
+                }
+            }
+            if any("marker_steps" in results[r] for r in results)
+            else {}
+        ),
         "files": files,
         "command": command,
     }
@@ -587,7 +671,7 @@ def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict
 
 
 def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress | None) -> Path:
-    resolve(config)  # check options before starting nsys
+    res = resolve(config)  # check options before starting nsys
     find_nsys()
     out_dir.mkdir(parents=True, exist_ok=True)
     child_env = dict(
@@ -595,6 +679,9 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
     )
     cfg = replace(config, command=_command(config), inject_delay=config.inject_delay)
     child_env[ENV_CONFIG] = json.dumps(asdict(cfg))
+    # the process nsys starts is not a rank: it must make no CUDA call, or a multi-process report
+    # holds one more CUDA process than there are ranks (the H200 smoke run: 3 processes for tp=2)
+    child_env[ENV_RESOLVED] = json.dumps(asdict(res))
     argv = [sys.executable, "-m", "tracekit.capture.runner", str(out_dir)]
     files = _run_nsys(argv, out_dir, child_env)
     manifest_path = out_dir / env.MANIFEST_NAME
