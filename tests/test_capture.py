@@ -361,3 +361,188 @@ def test_gpu_tp2_nccl_has_nccl_kernels(tmp_path: Path) -> None:
         ev = _events(tmp_path / f"rank-{r}.pt.trace.json.gz")
         assert len(_steps(ev)) == 4
         assert any(e.get("cat") == "kernel" and "nccl" in e["name"].lower() for e in ev)
+
+
+# -- the last profiled step is a steady-state step ---------------------------------------------------
+_FIRST_SEEN_PENALTY_S = 0.15
+
+
+@pytest.mark.slow
+def test_last_profiled_step_is_not_an_outlier_when_new_kv_lengths_are_slow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The H200 smoke run's last profiled step took 66 ms instead of ~4.5: it decoded at a KV
+    length the warm-up had never reached, and cuDNN attention builds a plan (then lazy-loads a
+    kernel) the first time it sees a shape. Here the decoder is made to pay 150 ms the first time
+    it attends at a new length (on every pass); the capture's warm-up must cover every position
+    of both measured passes, so no kept step pays it: the last step, in the manifest and in the
+    trace, stays near the median (3x the median, or 50 ms when the median is tiny and the host
+    noisy), and no kept step pays the penalty (>= 135 ms)."""
+    import time as _time
+
+    from tracekit.capture import decoder, runner
+
+    seen: set[int] = set()
+    orig = decoder.TPDecoder._attention
+
+    def slow_first_time(self: Any, i: int, layer: Any, h: Any, pos: int) -> Any:
+        length = pos + h.shape[1]
+        if length not in seen:
+            seen.add(length)
+            _time.sleep(_FIRST_SEEN_PENALTY_S)
+        return orig(self, i, layer, h, pos)
+
+    monkeypatch.setattr(decoder.TPDecoder, "_attention", slow_first_time)
+    cfg = CaptureConfig(tp=1, tokens=6, warmup=1, device="cpu", mode="cpu")
+    res = runner.resolve(cfg)
+    runner._rank_main(0, 1, 0, cfg, res, tmp_path, None)
+    results = runner.read_results(tmp_path)[0]
+
+    def check(times_ns: list[float], what: str) -> None:
+        med = statistics.median(times_ns)
+        limit = max(3 * med, _FIRST_SEEN_PENALTY_S * 1e9 / 3)
+        assert times_ns[-1] < limit, f"{what}: last step {times_ns[-1]:.0f} vs median {med:.0f}"
+        paid = [i for i, t in enumerate(times_ns) if t >= 0.9 * _FIRST_SEEN_PENALTY_S * 1e9]
+        assert not paid, f"{what}: steps {paid} met a new KV length: {times_ns}"
+
+    assert len(results["profiled_ns"]) == 6 and len(results["unprofiled_ns"]) == 6
+    check(results["profiled_ns"], "profiled per-token")
+    check(results["unprofiled_ns"], "unprofiled per-token")
+    ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
+    steps = sorted(
+        (e for e in ev if e.get("cat") == "user_annotation" and e["name"].startswith("decode_step#")),
+        key=lambda e: float(e["ts"]),
+    )
+    # the kept steps only (lead and tail steps open no range), in order
+    assert [e["name"] for e in steps] == [f"decode_step#{i}" for i in range(1, 7)]
+    check([float(e["dur"]) * 1000 for e in steps], "trace window")
+    # and the harness is able to fail: a pass reaching one position further pays the penalty
+    m = decoder.TPDecoder(decoder.PRESETS["tiny"], decoder.Comm(), max_len=64)
+    _, times = m.generate(decoder.make_prompt(1024, 1, 16, 0), 1 + 6 + 1 + 1)
+    assert times[-1] >= _FIRST_SEEN_PENALTY_S * 1e9
+
+
+# -- workload.collectives against the trace's own collective arguments ------------------------------
+_TRACE_DTYPE_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+
+
+def _prod(dims: list[int]) -> int:
+    out = 1
+    for d in dims:
+        out *= int(d)
+    return out
+
+
+@pytest.mark.slow
+def test_manifest_collectives_agree_with_the_traced_collectives(tp2_run: Path) -> None:
+    """workload.collectives comes from the decoder's shapes; the CPU trace (mode cpu,
+    record_shapes) carries each collective's input shape and type: gloo:all_reduce's `Input Dims`
+    and c10d::allgather_'s input tensor list. Per step window, the count of each (op, bytes)
+    equals the manifest's per_token and its bytes the manifest's in_bytes."""
+    m = json.loads((tp2_run / "manifest.json").read_text())
+    colls = m["workload"]["collectives"]
+    want: Counter[tuple[str, int, str]] = Counter()
+    for c in colls:
+        assert c["group_size"] == 2 and c["out_bytes"] == c["in_bytes"] * (
+            2 if c["op"] == "all_gather" else 1
+        )
+        want[(c["op"], c["in_bytes"], c["dtype"])] += c["per_token"]
+    assert {c["name"] for c in colls} == {"o_proj", "down_proj", "lm_head"}
+    dtype_name = {"float": "float32", "c10::BFloat16": "bfloat16"}
+    for r in (0, 1):
+        ev = _events(tp2_run / f"rank-{r}.pt.trace.json.gz")
+        wins = [
+            (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+            for e in ev
+            if e.get("cat") == "user_annotation" and e["name"].startswith("decode_step#")
+        ]
+        assert len(wins) == 8
+        for a, b in wins:
+            got: Counter[tuple[str, int, str]] = Counter()
+            for e in ev:
+                if not a <= float(e["ts"]) <= b:
+                    continue
+                args = e.get("args", {})
+                if e["name"] == "gloo:all_reduce":
+                    dims, typ = args["Input Dims"][0], args["Input type"][0]
+                    got[("all_reduce", _prod(dims) * _TRACE_DTYPE_BYTES[typ], dtype_name[typ])] += 1
+                elif e["name"] == "c10d::allgather_":
+                    dims = args["Input Dims"][1][0]  # (output lists, input tensors, ...): the input
+                    typ = args["Input type"][1] if args["Input type"][1] != "TensorList" else "float"
+                    got[("all_gather", _prod(dims) * _TRACE_DTYPE_BYTES[typ], dtype_name[typ])] += 1
+            assert got == want, (r, a)
+
+
+def test_collectives_from_the_7b_shapes_by_hand() -> None:
+    from tracekit.capture.decoder import collectives, preset
+
+    got = collectives(preset("7b", 2), tp=2, batch=1, dtype="bfloat16")
+    # all-reduce of [1, 1, 4096] bf16 = 8192 B, twice per layer; gather of [1, 16000] fp32 logits
+    assert got == [
+        {
+            "op": "all_reduce",
+            "name": "o_proj",
+            "in_bytes": 8192,
+            "out_bytes": 8192,
+            "dtype": "bfloat16",
+            "per_token": 2,
+            "group_size": 2,
+        },
+        {
+            "op": "all_reduce",
+            "name": "down_proj",
+            "in_bytes": 8192,
+            "out_bytes": 8192,
+            "dtype": "bfloat16",
+            "per_token": 2,
+            "group_size": 2,
+        },
+        {
+            "op": "all_gather",
+            "name": "lm_head",
+            "in_bytes": 64000,
+            "out_bytes": 128000,
+            "dtype": "float32",
+            "per_token": 1,
+            "group_size": 2,
+        },
+    ]
+    assert collectives(preset("7b", 2), tp=1, batch=4, dtype="bfloat16") == []
+    assert collectives(preset("tiny"), tp=4, batch=3, dtype="float32")[0]["in_bytes"] == 3 * 256 * 4
+
+
+# -- kernels mode: steps rebuilt from marker runtime calls -------------------------------------------
+def _rt(name: str, ts: float, dur: float = 2.0, tid: int = 7) -> dict[str, Any]:
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+
+def test_inject_marker_steps_pairs_markers_from_the_end() -> None:
+    from tracekit.capture.profile import MARKER_API, inject_marker_steps
+
+    events = [
+        _rt(MARKER_API, 90.0),  # a close whose open fell before the recording: dropped
+        _rt(MARKER_API, 100.0),
+        _rt("cudaLaunchKernel", 105.0),
+        _rt(MARKER_API, 150.0, dur=3.0),
+        _rt(MARKER_API, 200.0),
+        _rt("cudaLaunchKernel", 210.0),
+        _rt(MARKER_API, 260.5, dur=1.5),
+        _rt(MARKER_API, 230.0, tid=99),  # another thread's query: not a marker thread
+    ]
+    doc = {"traceEvents": list(events)}
+    # three steps were marked; the first one's open fell before the recording
+    n = inject_marker_steps(doc, ["decode_step#0", "decode_step#1", "decode_step#2"])
+    assert n == 2
+    added = [e for e in doc["traceEvents"] if e["cat"] == "user_annotation"]
+    assert [(e["name"], e["ts"], e["dur"], e["tid"]) for e in added] == [
+        ("decode_step#1", 100.0, 53.0, 7),
+        ("decode_step#2", 200.0, 62.0, 7),
+    ]
+    assert inject_marker_steps({"traceEvents": [_rt("cudaLaunchKernel", 1.0)]}, ["decode_step#0"]) == 0
+
+
+def test_kernels_mode_needs_cuda_and_is_listed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["capture", "--device", "cpu", "--mode", "kernels", "--out", str(tmp_path)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert main(["capture", "--help"]) == 0
+    assert "kernels:" in capsys.readouterr().out
