@@ -345,7 +345,7 @@ _NO_RANGE = contextlib.nullcontext()
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, object]]:
+def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, int | str]]:
     """The collectives of one decode step on each rank, from the decoder's shapes (not a trace).
 
     Per layer: the row-parallel o_proj and down_proj outputs [batch, 1, hidden] in the model dtype
