@@ -40,7 +40,7 @@ from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
 #: Bumped when the reader's output changes (keys the Parquet cache of tracekit.read).
-READER_VERSION = "nsys-1"
+READER_VERSION = "nsys-2"  # nsys-2: ranks are the processes with GPU activity
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -476,9 +476,15 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         _read_nvtx(con, strings, dq, parts, tally, domains)
 
     # ---- which processes are ranks
+    # processes with GPU activity first: a launcher that only queried the device count (a few
+    # runtime calls, no kernel) is not a rank (tracekit capture --nsys before 2026-11-29: 3
+    # "CUDA processes" for tp=2)
+    gpu_pids = sorted(
+        {int(p) for part in parts if part.kind in ("kernel", "memcpy", "memset") for p in np.unique(part.pid)}
+    )
     cuda_pids = sorted({int(p) for part in parts if part.kind != "annotation" for p in np.unique(part.pid)})
     all_pids = sorted({int(p) for part in parts for p in np.unique(part.pid)})
-    rank_pids = cuda_pids or all_pids
+    rank_pids = gpu_pids or cuda_pids or all_pids
     if not rank_pids:
         raise TraceFormatError(
             db, f"empty report: no kernels, memcpys, API calls or NVTX ranges in {', '.join(present)}"
