@@ -327,22 +327,36 @@ def _gpus() -> int:
 
 @pytest.mark.gpu
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["cuda", "full"])
+@pytest.mark.parametrize("mode", ["cuda", "full", "kernels"])
 def test_gpu_modes_keep_steps_on_the_gpu_timeline(tmp_path: Path, mode: str) -> None:
-    """On a CUDA device, both modes keep the step ranges on the host and projected on the GPU
-    stream (gpu_user_annotation), with kernels inside; only `full` traces aten ops and cuda_sync."""
+    """On a CUDA device, cuda and full keep the step ranges on the host and projected on the GPU
+    stream (gpu_user_annotation), with kernels inside; only `full` traces aten ops and cuda_sync.
+    kernels: no host range at all, the steps rebuilt from the marker runtime calls, each with the
+    kernels its launches started inside it."""
     if _gpus() < 1:
         pytest.skip("needs a CUDA GPU")
     capture(CaptureConfig(tp=1, tokens=4, warmup=2, device="cuda", mode=mode), tmp_path)
     ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
     cats = Counter(e.get("cat") for e in ev)
-    assert len(_steps(ev)) == 4
+    assert _steps(ev) == [f"decode_step#{i}" for i in range(1, 5)]
     gpu_steps = [
         e for e in ev if e.get("cat") == "gpu_user_annotation" and e["name"].startswith("decode_step#")
     ]
-    assert len(gpu_steps) == 4
+    assert len(gpu_steps) == (0 if mode == "kernels" else 4)
     assert cats["kernel"] > 0
     assert (cats["cpu_op"] > 0) == (mode == "full")
+    if mode == "kernels":
+        kernels = {e["args"]["correlation"] for e in ev if e.get("cat") == "kernel"}
+        for st in (e for e in ev if e.get("cat") == "user_annotation"):
+            a, b = float(st["ts"]), float(st["ts"]) + float(st["dur"])
+            launched = [
+                e
+                for e in ev
+                if e.get("cat") == "cuda_runtime"
+                and a <= float(e["ts"]) <= b
+                and e.get("args", {}).get("correlation") in kernels
+            ]
+            assert len(launched) > 10, st["name"]
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["workload"]["dtype"] == "bfloat16" and m["devices"] and m["dilation"] > 0
 

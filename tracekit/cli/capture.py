@@ -21,6 +21,7 @@ Examples:
   tracekit capture --tp 2 --preset tiny --tokens 8 --out traces/cpu-tp2
   tracekit capture --tp 2 --preset tiny --tokens 16 --inject-delay 1:20 --out traces/cpu-tp2-straggler
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda --out runs/h200-tp1
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels --out runs/h200-tp1-k
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys --out runs/h200-tp1-nsys
   tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
   tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
@@ -40,7 +41,13 @@ Examples:
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--mode", type=click.Choice(list(MODES)), default="auto", show_default=True, help=_MODE_HELP)
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the weights and the prompt.")
-@click.option("--warmup", type=int, default=4, show_default=True, help="Decode steps of the warm-up pass.")
+@click.option(
+    "--warmup",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Decode steps of the warm-up pass (raised to cover every position the measured passes reach).",
+)
 @click.option(
     "--inject-delay", default=None, metavar="RANK:MS", help="Sleep MS ms on RANK before each all-reduce."
 )
