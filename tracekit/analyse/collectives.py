@@ -23,6 +23,11 @@
   A rank whose collective ends before the last arrival (an inconsistent trace) gets transfer 0 and
   is counted in `data_quality` (`collective_end_before_last_arrival`): nothing is clamped silently.
 - `stragglers`: per rank, how often it arrived last.
+- bytes: from the trace where the collective interval carries them (NCCL kernel args, the gloo
+  op's own shapes or its enqueue's `record_param_comms`: see `tracekit.read.kineto`); else, when
+  the run's manifest lists the decoder's collectives (`workload.collectives`), from that list
+  (`fill_bytes_from_manifest`); `instances.bytes_source` says which ("trace" | "manifest" |
+  "unknown").
 
 `split_exposed(...)` splits the exposed collective time of each (rank, step) window exactly into
 wait and transfer (`collective_ns == wait_ns + transfer_ns`, integer ns), with the same priority as
@@ -43,7 +48,7 @@ import pandas as pd
 
 from tracekit.analyse.bandwidth import bus_factor, nccl_tests_size
 from tracekit.errors import MatchError
-from tracekit.model.events import DataQuality
+from tracekit.model.events import COLLECTIVE_OPS, DataQuality
 
 #: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.
 _OP_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -66,6 +71,10 @@ _GPU_COLLECTIVE_NAME = re.compile(
 )
 _HOST_COLLECTIVE_NAME = re.compile(r"^(?:c10d::|record_param_comms$|nccl:|gloo:)")
 _GPU_KINDS = ("kernel",)
+_KNOWN_OPS = frozenset(COLLECTIVE_OPS)
+
+#: Where an instance's message size came from (`CollectiveInstances.instances.bytes_source`).
+BYTES_SOURCES = ("trace", "manifest", "unknown")
 
 #: Columns of `CollectiveInstances.per_rank`.
 PER_RANK_COLUMNS = (
@@ -120,8 +129,9 @@ class CollectiveInstances:
       clock (`raw_*` as the trace had them); `event_index` is the row label in the event table.
     - `instances`: one row per instance: instance, group, seq (the sequence number or the order
       within the group), op, n_ranks, last_rank, arrival_ns (a), first_start_ns, skew_ns,
-      end_ns (max e), size_bytes (nccl-tests size), transfer_ns_mean, wait_ns_max,
-      algbw_gbps, busbw_gbps, last_tie (more than one rank started at a).
+      end_ns (max e), size_bytes (nccl-tests size), bytes_source ("trace" | "manifest" |
+      "unknown"), transfer_ns_mean, wait_ns_max, algbw_gbps, busbw_gbps, last_tie (more than one
+      rank started at a).
     - `stragglers`: per rank: rank, last_count, instances, share.
     """
 
@@ -406,13 +416,17 @@ def match_collectives(
     manifest: Mapping[str, Any] | None = None,
     allow_partial: bool = False,
     clock: str = "auto",
+    steps: pd.DataFrame | None = None,
 ) -> CollectiveInstances:
     """Match the collectives of one run across its ranks and compute wait/transfer per rank.
 
     `ranks`: the run's ranks (default: those in the table); `rank_info` / `manifest`: the Run's,
-    used for the hosts (clock) and the world size. `clock`: "auto" (one host when the manifest or
-    the rank metadata say so, or when no host is named; else estimate offsets), "shared", "estimate". Raises MatchError when counts differ or a
-    group names ranks that are not in the run (unless `allow_partial`).
+    used for the hosts (clock), the world size and the decoder's collectives (bytes the trace
+    lacks, `fill_bytes_from_manifest`). `clock`: "auto" (one host when the manifest or the rank
+    metadata say so, or when no host is named; else estimate offsets), "shared", "estimate".
+    `steps`: the step windows (rank, step, start_ns, end_ns) when the caller has them; found in
+    `events` when the manifest fill needs them. Raises MatchError when counts differ or a group
+    names ranks that are not in the run (unless `allow_partial`).
     """
     dq = DataQuality()
     run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
@@ -476,6 +490,8 @@ def match_collectives(
         per_rank = _empty_per_rank().drop(columns=["start_ns", "end_ns", "wait_ns", "transfer_ns"])
         per_rank = per_rank.drop(columns=["arrival_ns", "arrival_raw_ns"])
 
+    bytes_source = fill_bytes_from_manifest(per_rank, manifest, events, steps, dq)
+
     if clock not in ("auto", "shared", "estimate"):
         raise ValueError(f"clock must be 'auto', 'shared' or 'estimate', got {clock!r}")
     clock_alignment = _clock(per_rank, run_ranks, rank_info, manifest, dq, clock)
@@ -508,6 +524,22 @@ def match_collectives(
     per_rank = per_rank.sort_values(["instance", "rank"], ignore_index=True)
 
     instances = _instances_table(per_rank, dq)
+    instances.insert(
+        instances.columns.get_loc("size_bytes") + 1,
+        "bytes_source",
+        instances["instance"].map(bytes_source).fillna("unknown").astype(object).to_numpy()
+        if len(instances)
+        else np.zeros(0, dtype=object),
+    )
+    unknown = int((instances["bytes_source"] == "unknown").sum()) if len(instances) else 0
+    if unknown:
+        ops = sorted(set(instances.loc[instances["bytes_source"] == "unknown", "op"].astype(str)))
+        dq.add(
+            "collective_bytes_unknown",
+            unknown,
+            f"{unknown} collective instance(s) ({', '.join(ops)}) carry no message size in the trace and the "
+            "manifest gives none: no realised bandwidth for them",
+        )
     stragglers = _stragglers(instances, per_rank, run_ranks)
     cols = list(PER_RANK_COLUMNS)
     return CollectiveInstances(
@@ -616,6 +648,161 @@ def _stragglers(instances: pd.DataFrame, per_rank: pd.DataFrame, ranks: list[int
     out["instances"] = out["rank"].map(in_rank).fillna(0).astype(np.int64)
     out["share"] = np.where(out["instances"] > 0, out["last_count"] / out["instances"].clip(lower=1), 0.0)
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# message sizes from the capture manifest (the decoder's shapes) where the trace has none
+
+
+@dataclass(frozen=True)
+class ManifestCollective:
+    """One entry of the manifest's `workload.collectives`: a collective the decoder makes
+    `per_token` times per decode step, with its per-rank input / output bytes."""
+
+    op: str
+    name: str
+    in_bytes: int
+    out_bytes: int
+    per_token: int
+
+
+def manifest_collectives(manifest: Mapping[str, Any] | None) -> list[ManifestCollective]:
+    """The `workload.collectives` list of a capture manifest ([] when absent); entries without a
+    known op or with no byte count are left out."""
+    wl = (manifest or {}).get("workload")
+    raw = wl.get("collectives") if isinstance(wl, Mapping) else None
+    out: list[ManifestCollective] = []
+    for e in raw if isinstance(raw, list) else []:
+        if not isinstance(e, Mapping):
+            continue
+        op = str(e.get("op") or "")
+        op = op if op in _KNOWN_OPS else normalise_op(pd.Series([op])).tolist()[0]
+        try:
+            in_b, out_b = int(e.get("in_bytes", -1)), int(e.get("out_bytes", -1))
+            per_token = int(e.get("per_token", 1))
+        except (TypeError, ValueError):
+            continue
+        if op and (in_b >= 0 or out_b >= 0) and per_token >= 1:
+            out.append(ManifestCollective(op, str(e.get("name") or ""), in_b, out_b, per_token))
+    return out
+
+
+def step_sequence(entries: list[ManifestCollective]) -> list[ManifestCollective]:
+    """The calls of one decode step, in order, for entries of one op: round by round (round i holds,
+    in list order, every entry whose per_token > i), i.e. layer-major for per-layer entries
+    (o_proj, down_proj, o_proj, down_proj, ...)."""
+    rounds = max((e.per_token for e in entries), default=0)
+    return [e for i in range(rounds) for e in entries if e.per_token > i]
+
+
+def fill_bytes_from_manifest(
+    per_rank: pd.DataFrame,
+    manifest: Mapping[str, Any] | None,
+    events: pd.DataFrame | None,
+    steps: pd.DataFrame | None,
+    dq: DataQuality,
+) -> dict[int, str]:
+    """Fill `in_bytes` / `out_bytes` of the per-rank rows (in place) of instances the trace left
+    without a size, from the manifest's `workload.collectives`; returns instance -> bytes source.
+
+    Only instances inside a step window are filled (the list describes one decode step; a
+    prefill's collectives differ). Per op: when the list has exactly one size for it, every such
+    instance takes it; otherwise the op's instances of each step, in order (on the lowest rank),
+    take the sizes of `step_sequence` position by position, and a step whose count differs from
+    the list is left unknown. Instances that do have trace bytes are checked against the same
+    expectation (`collective_bytes_manifest_disagrees`), never overwritten.
+    """
+    source: dict[int, str] = {}
+    if per_rank.empty:
+        return source
+    has = (per_rank["in_bytes"].to_numpy(np.int64) >= 0) | (per_rank["out_bytes"].to_numpy(np.int64) >= 0)
+    inst_has = pd.Series(has, index=per_rank.index).groupby(per_rank["instance"]).any()
+    source = {int(i): ("trace" if h else "unknown") for i, h in inst_has.items()}
+    entries = manifest_collectives(manifest)
+    if not entries:
+        return source
+    if steps is None and events is not None:
+        from tracekit.analyse.steps import find_steps
+        from tracekit.errors import StepError
+
+        pattern = ((manifest or {}).get("workload") or {}).get("step_pattern") or None
+        try:
+            steps = find_steps(events, pattern)
+        except StepError:
+            steps = None
+    if steps is None or steps.empty:
+        dq.add(
+            "collective_manifest_without_steps",
+            1,
+            "the manifest lists the decoder's collectives but the trace has no step windows to place "
+            "them in: message sizes not filled from the manifest",
+        )
+        return source
+    # one row per instance: its op and its step / start on the lowest rank of the instance
+    first = per_rank.sort_values(["instance", "rank"]).drop_duplicates("instance")
+    first = first.assign(start_ns=first["raw_start_ns"].to_numpy(np.int64))
+    windows = steps[["rank", "step", "start_ns", "end_ns"]]
+    first = first.assign(step=assign_steps(first, windows).to_numpy(np.int64))
+    first = first.sort_values(["step", "raw_start_ns", "instance"])
+    inst_max = per_rank.groupby("instance")[["in_bytes", "out_bytes"]].max()
+
+    expected: dict[int, tuple[int, int]] = {}
+    by_op: dict[str, list[ManifestCollective]] = {}
+    for e in entries:
+        by_op.setdefault(e.op, []).append(e)
+    count_mismatch = 0
+    for op, ents in by_op.items():
+        rows = first[(first["op"].astype(str) == op) & (first["step"] >= 0)]
+        if rows.empty:
+            continue
+        sizes = {(e.in_bytes, e.out_bytes) for e in ents}
+        seq = step_sequence(ents)
+        for _, g in rows.groupby("step", sort=True):
+            same_count = len(g) == len(seq)
+            count_mismatch += not same_count
+            if len(sizes) == 1:
+                size = next(iter(sizes))
+                for i in g["instance"].tolist():
+                    expected[int(i)] = size
+            elif same_count:
+                for i, e in zip(g["instance"].tolist(), seq, strict=True):
+                    expected[int(i)] = (e.in_bytes, e.out_bytes)
+    if count_mismatch:
+        dq.add(
+            "collective_manifest_count_mismatch",
+            count_mismatch,
+            "steps whose number of collectives of an op differs from the manifest's per-token list (sizes "
+            "filled only where the op has one size)",
+        )
+    filled, disagree = [], 0
+    for i, (in_b, out_b) in expected.items():
+        if source.get(i) == "trace":
+            t_in, t_out = (int(x) for x in inst_max.loc[i])
+            if (t_in >= 0 and in_b >= 0 and t_in != in_b) or (t_out >= 0 and out_b >= 0 and t_out != out_b):
+                disagree += 1
+            continue
+        filled.append((i, in_b, out_b))
+        source[i] = "manifest"
+    if disagree:
+        dq.add(
+            "collective_bytes_manifest_disagrees",
+            disagree,
+            f"{disagree} collective instance(s) carry bytes in the trace that differ from the manifest's "
+            "list; the trace's are kept",
+        )
+    if filled:
+        fill = pd.DataFrame(filled, columns=["instance", "in_b", "out_b"]).set_index("instance")
+        hit = per_rank["instance"].isin(fill.index).to_numpy()
+        inst = per_rank.loc[hit, "instance"]
+        per_rank.loc[hit, "in_bytes"] = fill["in_b"].reindex(inst).to_numpy(np.int64)
+        per_rank.loc[hit, "out_bytes"] = fill["out_b"].reindex(inst).to_numpy(np.int64)
+        dq.add(
+            "collective_bytes_from_manifest",
+            len(filled),
+            f"{len(filled)} collective instance(s) without message sizes in the trace took them from the "
+            "manifest's workload.collectives (the decoder's shapes)",
+        )
+    return source
 
 
 # --------------------------------------------------------------------------------------------

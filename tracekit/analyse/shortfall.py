@@ -47,7 +47,7 @@ from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.errors import RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"  # 1.2: collectives.by_op[].bytes_source
 
 #: The leaf parts of a step window, after the collective part is split (they sum to the window).
 LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
@@ -162,6 +162,7 @@ def attribute_run(
         rank_info=run.rank_info,
         manifest=run.manifest,
         allow_partial=allow_partial,
+        steps=found.steps,
     )
     dq.merge(coll.data_quality)
     higher, coll_iv, timeline = _host_layers(classified, ranks)
@@ -557,18 +558,21 @@ def _collectives_json(run: RunParts) -> dict[str, Any]:
     n_steady = max(len(steady_steps), 1)
     by_op = []
     if len(inst):
+        src_col = inst["bytes_source"] if "bytes_source" in inst.columns else "unknown"
+        inst = inst.assign(bytes_source=src_col)
         pr_i = pr.merge(
-            inst[["instance", "op", "size_bytes", "skew_ns", "busbw_gbps"]],
+            inst[["instance", "op", "size_bytes", "bytes_source", "skew_ns", "busbw_gbps"]],
             on="instance",
             suffixes=("", "_i"),
         )
-        for (op, size), g in pr_i.groupby(["op_i", "size_bytes"], sort=True):
-            ig = inst[(inst["op"] == op) & (inst["size_bytes"] == size)]
+        for (op, size, src), g in pr_i.groupby(["op_i", "size_bytes", "bytes_source"], sort=True):
+            ig = inst[(inst["op"] == op) & (inst["size_bytes"] == size) & (inst["bytes_source"] == src)]
             bw = ig["busbw_gbps"].dropna()
             by_op.append(
                 {
                     "op": str(op),
                     "bytes": int(size),
+                    "bytes_source": str(src),  # "trace" | "manifest" | "unknown"
                     "count": int(len(ig)),
                     "wait_ns_median": int(round(float(g["wait_ns"].median()))),
                     "transfer_ns_median": int(round(float(g["transfer_ns"].median()))),

@@ -107,12 +107,13 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         for o in coll["by_op"]:
             ct.add_row(
                 o["op"],
-                str(o["bytes"]) if o["bytes"] >= 0 else "?",
+                (str(o["bytes"]) if o["bytes"] >= 0 else "?")
+                + (" (manifest)" if o.get("bytes_source") == "manifest" else ""),
                 str(o["count"]),
                 _ms(o["wait_ns_median"]),
                 _ms(o["transfer_ns_median"]),
                 _ms(o["skew_ns_median"]),
-                "-" if o["busbw_gbps_median"] is None else f"{o['busbw_gbps_median']:.2f}",
+                "-" if o["busbw_gbps_median"] is None else f"{o['busbw_gbps_median']:.3g}",
             )
         console.print(ct)
     else:
