@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.steps import PARTS, find_steps_detailed, partition_steps
+from tracekit.analyse.steps import PARTS, cat_mask, find_steps_detailed, partition_steps
 from tracekit.classify import classify
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
@@ -168,15 +168,15 @@ def per_rank_summary(steps: pd.DataFrame) -> list[dict[str, Any]]:
 def gpu_time_by(events: pd.DataFrame, column: str) -> dict[str, dict[str, int]]:
     """Count and summed duration of GPU activity (kernel, memcpy, memset) per value of a categorical
     `column` (grouped on the category codes: no per-event strings)."""
-    gpu = events[events["kind"].isin(list(GPU_KINDS))]
+    gpu = cat_mask(events["kind"], GPU_KINDS)
     out: dict[str, dict[str, int]] = {}
     if column == "cls":
         out = {c: {"count": 0, "total_ns": 0} for c in GPU_CLASSES}
-    col = gpu[column]
+    col = events[column]
     if not isinstance(col.dtype, pd.CategoricalDtype):
         col = col.astype("category")
-    codes = col.cat.codes.to_numpy()
-    dur = (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64)
+    codes = col.cat.codes.to_numpy()[gpu]
+    dur = events["end_ns"].to_numpy(np.int64)[gpu] - events["start_ns"].to_numpy(np.int64)[gpu]
     ok = codes >= 0
     n_cats = len(col.cat.categories)
     counts = np.bincount(codes[ok], minlength=n_cats)
@@ -188,15 +188,23 @@ def gpu_time_by(events: pd.DataFrame, column: str) -> dict[str, dict[str, int]]:
     return dict(sorted(out.items())) if column != "cls" else out
 
 
+def _unknown_gpu_mask(events: pd.DataFrame) -> np.ndarray:
+    """GPU activity (kernel, memcpy, memset) that no rule classified."""
+    return cat_mask(events["kind"], GPU_KINDS) & cat_mask(events["cls"], ("unknown",))
+
+
 def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.DataFrame:
     """GPU activity no rule matched, per name: count and total_ns, largest total first."""
-    gpu = events[events["kind"].isin(list(GPU_KINDS)) & (events["cls"] == "unknown")]
-    frame = pd.DataFrame(
-        {
-            "name": gpu["name"].astype(str).to_numpy(),
-            "dur": (gpu["end_ns"] - gpu["start_ns"]).to_numpy(np.int64),
-        }
-    )
+    mask = _unknown_gpu_mask(events)
+    names = events["name"]
+    dur = events["end_ns"].to_numpy(np.int64)[mask] - events["start_ns"].to_numpy(np.int64)[mask]
+    if isinstance(names.dtype, pd.CategoricalDtype):  # names from the codes: one string per distinct name
+        cats = np.asarray(names.cat.categories.astype(str), dtype=object)
+        codes = names.cat.codes.to_numpy()[mask]
+        name_arr = np.where(codes >= 0, cats[np.maximum(codes, 0)] if len(cats) else "", "")
+    else:
+        name_arr = names.astype(str).to_numpy()[mask]
+    frame = pd.DataFrame({"name": name_arr, "dur": dur})
     agg = frame.groupby("name", sort=False)["dur"].agg(["count", "sum"]).rename(columns={"sum": "total_ns"})
     agg = agg.sort_values(["total_ns", "count"], ascending=False, kind="stable").head(top)
     return agg.reset_index()
@@ -255,12 +263,16 @@ def breakdown(
         dq.add("steps_missing_on_some_ranks", partial, f"{partial} step indices are missing on some ranks")
 
     unknown = unknown_kernel_table(events)
-    gpu = events["kind"].isin(list(GPU_KINDS))
-    unknown_mask = gpu & (events["cls"] == "unknown")
+    unknown_mask = _unknown_gpu_mask(events)
     n_unknown = int(unknown_mask.sum())
     if n_unknown:
-        unknown_ns = int((events.loc[unknown_mask, "end_ns"] - events.loc[unknown_mask, "start_ns"]).sum())
-        n_names = int(events.loc[unknown_mask, "name"].astype(str).nunique())
+        unknown_ns = int(
+            (
+                events["end_ns"].to_numpy(np.int64)[unknown_mask]
+                - events["start_ns"].to_numpy(np.int64)[unknown_mask]
+            ).sum()
+        )
+        n_names = int(events["name"][unknown_mask].astype(str).nunique())
         dq.add(
             "unknown_kernel_events",
             n_unknown,

@@ -44,6 +44,35 @@ _STEP_NUMBER = re.compile(r"(\d+)\s*$")
 STEP_COLUMNS: tuple[str, ...] = ("rank", "step", "name", "start_ns", "end_ns", "annotation_end_ns")
 
 
+def cat_mask(col: pd.Series, values: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:
+    """Boolean array: `col` is one of `values`; for a categorical, computed on the codes (no
+    per-event strings or hashing)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        hit = np.zeros(len(cats) + 1, dtype=bool)  # the extra last entry: code -1 (missing) -> False
+        hit[: len(cats)] = [str(c) in values for c in cats]
+        return hit[col.cat.codes.to_numpy()]
+    return col.isin(list(values)).to_numpy()
+
+
+def rank_selectors(ev_rank: np.ndarray) -> dict[int, slice | np.ndarray]:
+    """rank -> the rows of that rank: a slice when the table is grouped by rank (readers and
+    concat_runs write it so), else an index array (one stable argsort). O(n), not O(n x ranks)."""
+    if not len(ev_rank):
+        return {}
+    if bool((ev_rank[1:] >= ev_rank[:-1]).all()):
+        ranks = np.unique(ev_rank)
+        lo = np.searchsorted(ev_rank, ranks, side="left")
+        hi = np.searchsorted(ev_rank, ranks, side="right")
+        return {int(r): slice(int(a), int(b)) for r, a, b in zip(ranks, lo, hi, strict=True)}
+    order = np.argsort(ev_rank, kind="stable")
+    sr = ev_rank[order]
+    ranks = np.unique(sr)
+    lo = np.searchsorted(sr, ranks, side="left")
+    hi = np.searchsorted(sr, ranks, side="right")
+    return {int(r): order[a:b] for r, a, b in zip(ranks, lo, hi, strict=True)}
+
+
 @dataclass
 class StepsResult:
     """find_steps' table plus what it noticed (for Breakdown.data_quality)."""
@@ -173,23 +202,25 @@ def _extend_by_gpu_work(
     window_end = end.copy()
     if not len(rank):
         return window_end
-    kind = events["kind"]
-    ev_rank = events["rank"].to_numpy(np.int64)
     corr = events["correlation"].to_numpy(np.int64)
-    is_launch = ((kind == "runtime").to_numpy()) & (corr >= 0)
-    is_gpu = (kind.isin(list(GPU_KINDS)).to_numpy()) & (corr >= 0)
+    is_launch = cat_mask(events["kind"], ("runtime",)) & (corr >= 0)
+    is_gpu = cat_mask(events["kind"], GPU_KINDS) & (corr >= 0)
     if not is_launch.any() or not is_gpu.any():
         return window_end
     ev_start = events["start_ns"].to_numpy(np.int64)
     ev_end = events["end_ns"].to_numpy(np.int64)
+    selectors = rank_selectors(events["rank"].to_numpy(np.int64))
     for r in np.unique(rank):
+        sel = selectors.get(int(r))
+        if sel is None:
+            continue
         s_idx = np.flatnonzero(rank == r)  # sorted by start within the rank
         s_start, s_end = start[s_idx], end[s_idx]
-        lm = is_launch & (ev_rank == r)
-        gm = is_gpu & (ev_rank == r)
-        if not lm.any() or not gm.any():
+        r_launch, r_gpu = is_launch[sel], is_gpu[sel]
+        if not r_launch.any() or not r_gpu.any():
             continue
-        l_start, l_corr = ev_start[lm], corr[lm]
+        r_start, r_end, r_corr = ev_start[sel], ev_end[sel], corr[sel]
+        l_start, l_corr = r_start[r_launch], r_corr[r_launch]
         k = np.searchsorted(s_start, l_start, side="right") - 1
         inside = k >= 0
         inside[inside] = l_start[inside] < s_end[k[inside]]
@@ -198,7 +229,7 @@ def _extend_by_gpu_work(
         l_corr, k = l_corr[inside], k[inside]
         o = np.argsort(l_corr, kind="stable")
         l_corr, k = l_corr[o], k[o]
-        g_corr, g_end = corr[gm], ev_end[gm]
+        g_corr, g_end = r_corr[r_gpu], r_end[r_gpu]
         pos = np.searchsorted(l_corr, g_corr)
         pos_ok = pos < len(l_corr)
         pos_ok[pos_ok] = l_corr[pos[pos_ok]] == g_corr[pos_ok]
@@ -248,7 +279,7 @@ def _measure(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> np
 
 def _rank_layers(ev: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
     """(timeline, start, end, layer) of one rank's activity; layer indexes _LAYERS."""
-    is_gpu = ev["kind"].isin(list(GPU_KINDS)).to_numpy()
+    is_gpu = cat_mask(ev["kind"], GPU_KINDS)
     cls = ev["cls"]
     layer_of = {c: i for i, c in enumerate(_LAYERS)}
     cls_codes = cls.cat.codes.to_numpy()
@@ -294,13 +325,17 @@ def partition_steps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
     if "cls" not in events.columns:
         raise ValueError("partition_steps needs a classified event table (tracekit.classify.classify)")
     rows: list[pd.DataFrame] = []
-    ev_rank = events["rank"].to_numpy(np.int64)
+    # only the columns the layers need, and each rank's rows as a slice: no copy of the whole table
+    cols = events[["kind", "cls", "start_ns", "end_ns", "stream"]]
+    selectors = rank_selectors(events["rank"].to_numpy(np.int64))
+    empty = np.zeros(0, dtype=np.int64)
     for r in sorted(int(x) for x in pd.unique(steps["rank"])):
         st = steps[steps["rank"] == r]
         a = st["start_ns"].to_numpy(np.int64)
         b = st["end_ns"].to_numpy(np.int64)
         window = b - a
-        timeline, s, e, layer = _rank_layers(events[ev_rank == r])
+        sel = selectors.get(r, empty)
+        timeline, s, e, layer = _rank_layers(cols.iloc[sel])
         order = np.argsort(s, kind="stable")
         s, e, layer = s[order], e[order], layer[order]
         parts: dict[str, np.ndarray] = {}

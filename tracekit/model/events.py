@@ -110,10 +110,14 @@ def make_events(columns: Mapping[str, Any], n: int | None = None) -> pd.DataFram
         else:
             values = np.full(rows, _INT_MISSING, dtype=dtype)
         if dtype == "category":
-            data[col] = pd.Categorical(values if isinstance(values, pd.Categorical) else np.asarray(values, dtype=object))
+            data[col] = pd.Categorical(
+                values if isinstance(values, pd.Categorical) else np.asarray(values, dtype=object)
+            )
         else:
             data[col] = np.asarray(values, dtype=dtype)
-    df = pd.DataFrame(data, columns=list(COLUMNS))
+    # copy=False: one block per column, no consolidation into 2-D blocks (which copies every
+    # column and took ~0.7 s for 5 M rows); the columns are the arrays built above.
+    df = pd.DataFrame(data, columns=list(COLUMNS), copy=False)
     return df
 
 

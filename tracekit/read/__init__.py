@@ -142,9 +142,7 @@ def concat_runs(runs: Sequence[Run]) -> Run:
         cols: dict[str, Any] = {}
         for col, dtype in COLUMNS.items():
             if dtype == "category":
-                cols[col] = pd.api.types.union_categoricals(
-                    [pd.Categorical(f[col]) for f in frames], ignore_order=True
-                )
+                cols[col] = _union_categoricals([f[col] for f in frames])
             else:
                 cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
         events = make_events(cols)
@@ -154,6 +152,19 @@ def concat_runs(runs: Sequence[Run]) -> Run:
         rank_info=dict(sorted(rank_info.items())),
         data_quality=dq,
     )
+
+
+def _union_categoricals(parts: Sequence[pd.Series]) -> pd.Categorical:
+    """Concatenate categorical columns: categories in order of first appearance, every part's
+    codes remapped through a small lookup array (no per-row hashing)."""
+    index: dict[Any, int] = {}
+    codes: list[np.ndarray] = []
+    for part in parts:
+        cat = part if isinstance(part.dtype, pd.CategoricalDtype) else part.astype("category")
+        lut = np.array([index.setdefault(c, len(index)) for c in cat.cat.categories] + [-1], dtype=np.int32)
+        codes.append(lut[cat.cat.codes.to_numpy()])  # code -1 (missing) -> the last entry, -1
+    all_codes = np.concatenate(codes) if codes else np.zeros(0, np.int32)
+    return pd.Categorical.from_codes(all_codes, categories=pd.Index(list(index)))
 
 
 def read_run(

@@ -120,7 +120,9 @@ def load(trace: Path, reader_version: str, rank: int | None = None) -> Run | Non
         meta = json.loads(meta_raw)
         if meta.get("key") != _key(trace, reader_version, rank):
             return None
-        df = table.to_pandas()
+        # one block per column (no consolidation copy); Arrow buffers are released as they convert
+        df = table.to_pandas(split_blocks=True, self_destruct=True)
+        del table
         check_events(df)
         dq = DataQuality(
             counts=Counter(meta["data_quality"]["counts"]), notes=list(meta["data_quality"]["notes"])

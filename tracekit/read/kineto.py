@@ -35,6 +35,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from itertools import filterfalse
 from pathlib import Path
 from typing import Any, Union
 
@@ -337,6 +338,14 @@ def _ints(values: list[Any]) -> np.ndarray:
         return np.array([_to_int(v) for v in values], dtype=np.int64)
 
 
+def _int_column(getter: Any, items: list[Any], n: int) -> np.ndarray:
+    """getter(item) for every item as int64, straight from the iterator (no list) when all are ints."""
+    try:
+        return np.fromiter(map(getter, items), np.int64, n)
+    except (TypeError, ValueError, OverflowError):
+        return _ints(list(map(getter, items)))
+
+
 def _to_float(v: Any) -> float:
     try:
         return float(v)
@@ -582,63 +591,116 @@ class _Stream:
 # Exact timestamp parsing: JSON number text (microseconds) -> integer nanoseconds
 
 
-def parse_us_to_ns(texts: list[bytes]) -> tuple[np.ndarray, np.ndarray, int]:
-    """Parse JSON number texts in microseconds into exact integer ns.
+_POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
+
+
+def _text_matrix(texts: Sequence[Any], n: int) -> tuple[np.ndarray, bool]:
+    """The texts as an (n, width) uint8 matrix, right-padded with NUL (one join, no object per row),
+    and whether every text has the same length."""
+    lengths = np.fromiter(map(len, texts), np.int64, n)
+    w = int(lengths.max())
+    flat = np.frombuffer(b"".join(texts), np.uint8)
+    if w == 0:
+        return np.zeros((n, 1), np.uint8), True
+    if int(lengths.min()) == w:
+        return flat.reshape(n, w), True
+    m = np.zeros((n, w), np.uint8)
+    row = np.repeat(np.arange(n), lengths)
+    col = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    m[row, col] = flat
+    return m, False
+
+
+def _parse_fixed(m: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Fast path: every row is digits with the point in one column (Kineto's fixed-decimals ts)."""
+    n, w = m.shape
+    first = bytes(m[0])
+    d0 = first.find(b".")
+    cols = np.arange(w)
+    other = cols != d0
+    if not other.any():
+        return None
+    if d0 >= 0 and not (m[:, d0] == 46).all():
+        return None
+    if not ((m[:, other] - np.uint8(48)) <= 9).all():  # uint8 wrap-around: non-digits are > 9
+        return None
+    if d0 < 0:
+        d0 = w
+    pw = np.where(cols < d0, d0 - cols + 2, d0 - cols + 3)[other]  # power of ten in ns
+    if (pw > 18).any():
+        return None
+    digits = m[:, other]
+    if (pw == 18).any() and (digits[:, pw == 18] >= 57).any():  # >= 9e18 ns: may not fit int64
+        return None
+    keep = pw >= 0
+    ns = (digits[:, keep].astype(np.int64) - 48) @ _POW10[pw[keep]]
+    sub = int((digits[:, ~keep] != 48).any(axis=1).sum()) if (~keep).any() else 0
+    return ns, sub
+
+
+def parse_us_to_ns(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+    """Parse JSON number texts (bytes or msgspec.Raw) in microseconds into exact integer ns.
 
     Returns (ns int64, valid bool, sub_ns) where `valid` is False for empty/non-numeric text and
     `sub_ns` counts values with more than 3 decimals (digits below 1 ns are dropped, truncating).
     Exponent notation (1.5e3) is handled exactly through Decimal for those rows.
+
+    Vectorised over a (rows, characters) byte matrix: each digit's power of ten comes from its
+    distance to the row's decimal point, and a row's value is the integer sum of digit x 10**power
+    (no float anywhere). When all rows share one layout (the usual case: Kineto writes a fixed
+    number of decimals) this is one integer matrix product (`_parse_fixed`).
     """
     n = len(texts)
     if n == 0:
         return np.zeros(0, np.int64), np.zeros(0, bool), 0
-    arr = np.array(texts, dtype="S")
-    w = arr.dtype.itemsize
-    m = arr.view(np.uint8).reshape(n, w)
-    acc = np.zeros(n, np.int64)
-    frac = np.zeros(n, np.int64)
-    nfrac = np.zeros(n, np.int64)
-    seen_dot = np.zeros(n, bool)
-    ndig = np.zeros(n, np.int64)
-    odd = np.zeros(n, bool)
-    sub_ns = np.zeros(n, bool)
-    for j in range(w):
-        c = m[:, j]
-        d = (c - np.uint8(48)).astype(np.int64)
-        isdig = d < 10
-        d[~isdig] = 0
-        ip = isdig & ~seen_dot
-        acc = np.where(ip, acc * 10 + d, acc)
-        fd = isdig & seen_dot
-        keep = fd & (nfrac < 3)
-        frac = np.where(keep, frac * 10 + d, frac)
-        nfrac += keep
-        sub_ns |= fd & ~keep & (d != 0)
-        ndig += isdig
-        seen_dot |= c == 46
-        odd |= ~isdig & (c != 46) & (c != 0) & (c != 45) & (c != 43) & (c != 34)
-    ns = acc * 1000 + frac * (10 ** (3 - nfrac))
-    neg = m[:, 0] == 45
+    m, same_length = _text_matrix(texts, n)
+    if same_length:
+        fixed = _parse_fixed(m)
+        if fixed is not None:
+            return fixed[0], np.ones(n, bool), fixed[1]
+    w = m.shape[1]
+    isdig = (m >= 48) & (m <= 57)
+    isdot = m == 46
+    # allowed non-digits: the point, NUL padding, a sign, the quotes of a string value
+    odd_rows = ~(isdig | isdot | (m == 0) | (m == 45) | (m == 43) | (m == 34))
+    odd = odd_rows.any(axis=1) | (isdot.sum(axis=1) > 1)
+    has_dot = isdot.any(axis=1)
+    any_dig: np.ndarray = np.asarray(isdig.any(axis=1))
+    last_dig = w - 1 - np.argmax(isdig[:, ::-1], axis=1)
+    dot = np.where(has_dot, np.argmax(isdot, axis=1), last_dig + 1)
+    cols = np.arange(w)
+    pw = np.where(
+        cols[None, :] < dot[:, None], dot[:, None] - cols[None, :] + 2, dot[:, None] - cols[None, :] + 3
+    )
+    sub: np.ndarray = np.asarray((isdig & (pw < 0) & (m != 48)).any(axis=1))
+    odd = odd | (isdig & ((pw > 18) | ((pw == 18) & (m >= 57)))).any(axis=1)  # may not fit int64
+    use = isdig & (pw >= 0) & (pw <= 18)
+    ns = np.where(use, (m.astype(np.int64) - 48) * _POW10[np.clip(pw, 0, 18)], 0).sum(axis=1)
+    first = m[:, 0]
+    neg = (first == 45) | ((first == 34) & (m[:, 1] == 45) if w > 1 else False)
     if neg.any():
         ns = np.where(neg, -ns, ns)
-    valid = ndig > 0
+    valid = any_dig.copy()
     if odd.any():
         from decimal import Decimal, InvalidOperation
 
-        for i in np.flatnonzero(odd):
+        for i in np.flatnonzero(odd).tolist():
             try:
-                v = Decimal(texts[i].decode().strip('"')) * 1000
-                ns[i] = int(v)
+                v = Decimal(bytes(texts[i]).decode().strip('"')) * 1000
                 valid[i] = v.is_finite()
+                ns[i] = int(v) if valid[i] else 0
+                sub[i] = bool(valid[i]) and v != v.to_integral_value()
             except (InvalidOperation, ValueError, OverflowError):
                 valid[i] = False
-    return ns, valid, int(sub_ns.sum())
+                sub[i] = False
+    return ns, valid, int(sub.sum())
 
 
 # ----------------------------------------------------------------------------------------------
 # Chunk -> columns
 
 
+_is_complete = _Ev.__instancecheck__
 _get_ts = operator.attrgetter("ts")
 _get_dur = operator.attrgetter("dur")
 _get_cat = operator.attrgetter("cat")
@@ -707,15 +769,14 @@ class _Columns:
 
     def add(self, evs: list[Any]) -> None:
         self.events_total += len(evs)
-        types = Counter(map(type, evs))
-        n_x = types.pop(_Ev, 0)
-        for t, cnt in types.items():
-            self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
-        if not n_x:
+        xs: list[_Ev] = list(filter(_is_complete, evs))
+        if len(xs) != len(evs):
+            for t, cnt in Counter(map(type, filterfalse(_is_complete, evs))).items():
+                self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
+        if not xs:
             return
-        xs: list[_Ev] = evs if not types else [e for e in evs if e.__class__ is _Ev]
         n = len(xs)
-        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(bytes, map(_get_ts, xs))))
+        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(_get_ts, xs)))
         if sub_ns:
             self.dq.add(
                 "ts_sub_ns_digits_dropped", sub_ns, "some timestamps had digits below 1 ns; they were dropped"
@@ -753,13 +814,13 @@ class _Columns:
         # device / stream / correlation
         args: list[_Args] = list(map(_get_args, xs))
         is_gpu = np.isin(kind, self._gpu_codes)
-        dev_arg = _ints(list(map(_get_device, args)))
-        pid = _ints(list(map(_get_pid, xs)))
+        dev_arg = _int_column(_get_device, args, n)
+        pid = _int_column(_get_pid, xs, n)
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
-        str_arg = _ints(list(map(_get_stream, args)))
-        tid = _ints(list(map(_get_tid, xs)))
+        str_arg = _int_column(_get_stream, args, n)
+        tid = _int_column(_get_tid, xs, n)
         stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
-        corr = _ints(list(map(_get_corr, args)))
+        corr = _int_column(_get_corr, args, n)
         # collective metadata (sparse)
         base = self.rows
         for i, a in enumerate(args):
