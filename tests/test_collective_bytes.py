@@ -235,6 +235,12 @@ def ranges_run(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("cap") / "ranges-tp2"
     capture(CaptureConfig(tp=2, tokens=4, preset="tiny", mode="ranges"), out)
+    # a capture that predates `workload.collectives` gets the list from its shapes
+    mpath = out / "manifest.json"
+    m = json.loads(mpath.read_text())
+    if not m["workload"].get("collectives"):
+        m["workload"]["collectives"] = _decoder_list(m)
+        mpath.write_text(json.dumps(m))
     return out
 
 
@@ -276,3 +282,92 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
     assert "collective_bytes_manifest_disagrees" not in ci_chk.data_quality.counts
     assert "collective_manifest_count_mismatch" not in ci_chk.data_quality.counts
     assert json.dumps(lst)  # the list is plain JSON
+
+
+@pytest.mark.slow
+def test_compare_links_trace_sizes_from_the_manifest(ranges_run):
+    """`compare-links --trace` on a run whose trace has no bytes: the decode's sizes come from the
+    manifest and say so."""
+    from tracekit.probe.compare import trace_collectives
+
+    tr = trace_collectives(ranges_run)
+    got = {(z["coll_op"], z["bytes"], z["bytes_source"], z["count"]) for z in tr["sizes"]}
+    # 4 tokens x (2 layers x 2 all-reduces, 1 all-gather)
+    assert got == {("all_reduce", 1024, "manifest", 16), ("all_gather", 4096, "manifest", 4)}
+    assert tr["source"] == "transfer" and all(z["busbw_gbps"] > 0 for z in tr["sizes"])
+
+
+# ---------------------------------------------------------------------------------------------
+# the GPU smoke run (2 x H200, NCCL, mode `cuda`): NCCL kernels without args
+
+
+def _smoke_dir() -> Path:
+    import os
+
+    for cand in (
+        os.environ.get("TRACEKIT_SMOKE_TP2"),
+        REPO.parent / "shared" / "traces" / "h200" / "smoke-tp2",
+    ):
+        if cand and (Path(cand) / "rank-1.pt.trace.json.gz").exists():
+            return Path(cand)
+    pytest.skip("GPU smoke traces not found (../shared/traces/h200/smoke-tp2 or $TRACEKIT_SMOKE_TP2)")
+
+
+def test_gpu_smoke_nccl_kernels_pair_and_take_manifest_bytes(tmp_path):
+    import gzip
+    import shutil
+
+    from tracekit.classify import classify
+    from tracekit.read import read_run
+
+    src = _smoke_dir()
+    # independently, from the raw JSON: each rank's NCCL kernels in start order
+    raw = {}
+    for r in (0, 1):
+        doc = json.load(gzip.open(src / f"rank-{r}.pt.trace.json.gz"))
+        ks = sorted(
+            (
+                e
+                for e in doc["traceEvents"]
+                if e.get("cat") == "kernel" and e["name"].startswith("ncclDevKernel")
+            ),
+            key=lambda e: e["ts"],
+        )
+        raw[r] = ks
+    assert len(raw[0]) == len(raw[1]) > 0
+    for a, b in zip(raw[0], raw[1], strict=True):
+        assert a["name"].split("(")[0] == b["name"].split("(")[0]
+        # a collective finishes on both ranks together: the k-th kernels end within 2 us
+        assert abs((a["ts"] + a["dur"]) - (b["ts"] + b["dur"])) < 2.0
+
+    for f in src.iterdir():
+        if f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    m["workload"]["collectives"] = _decoder_list(m)
+    (tmp_path / "manifest.json").write_text(json.dumps(m))
+    run = read_run(tmp_path, cache=False)
+    ci = match_collectives(
+        classify(run.events), ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest
+    )
+    assert ci.level == "gpu_kernel" and ci.n_instances == len(raw[0])
+    # the pairing is the raw k-th <-> k-th one: instance k holds each rank's k-th kernel
+    base = {
+        r: json.load(gzip.open(src / f"rank-{r}.pt.trace.json.gz"))["baseTimeNanoseconds"] for r in (0, 1)
+    }
+    for r in (0, 1):
+        ends = [base[r] + round(e["ts"] * 1000) + round(e["dur"] * 1000) for e in raw[r]]
+        got = ci.per_rank[ci.per_rank["rank"] == r].sort_values("instance")["raw_end_ns"].tolist()
+        assert len(got) == len(ends) and all(abs(g - x) <= 2 for g, x in zip(got, ends, strict=True))
+    inst = ci.instances
+    wl = m["workload"]
+    ar = wl["batch"] * wl["shape"]["hidden"] * 2  # bf16
+    ag_out = wl["batch"] * wl["shape"]["vocab"] * 4  # float32 logits, gathered
+    assert set(inst["bytes_source"]) == {"manifest"}
+    assert set(zip(inst["op"], inst["size_bytes"], strict=True)) == {
+        ("all_reduce", ar),
+        ("all_gather", ag_out),
+    }
+    # wait / transfer: every rank's interval splits exactly; the transfer is the common tail
+    assert (ci.per_rank["wait_ns"] >= 0).all() and (ci.per_rank["transfer_ns"] > 0).all()
+    assert "collective_end_before_last_arrival" not in ci.data_quality.counts

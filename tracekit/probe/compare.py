@@ -239,6 +239,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
                 "bytes": int(r.size_bytes),
                 "n_ranks": max(int(r.n_ranks), group_size.get(int(r.instance), -1)),
                 "time_ns": float(r.transfer_ns_mean),
+                "bytes_source": str(getattr(r, "bytes_source", "trace")),  # "trace" | "manifest"
             }
             for r in inst.itertuples(index=False)
         ]
@@ -271,10 +272,12 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
     from tracekit.analyse.bandwidth import algbw_gbps, bus_factor
 
     groups: dict[tuple[str, int, int], list[float]] = {}
+    sources: dict[tuple[str, int, int], set[str]] = {}
     for p in per:
         if p["op"] not in spec.PROBE_OP or p["bytes"] <= 0:
             continue
         groups.setdefault((p["op"], p["bytes"], p["n_ranks"]), []).append(p["time_ns"])
+        sources.setdefault((p["op"], p["bytes"], p["n_ranks"]), set()).add(p.get("bytes_source", "trace"))
     sizes = []
     total_ns = 0.0
     for (op, size, n), times in sorted(groups.items()):
@@ -295,6 +298,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
                 "per_token": len(times) / n_steps if n_steps else None,
                 "time_ns_median": med,
                 "busbw_gbps": algbw_gbps(size, med) * factor if n > 1 else float("nan"),
+                "bytes_source": "/".join(sorted(sources.get((op, size, n), {"trace"}))),
             }
         )
     skipped = sum(1 for p in per if p["op"] not in spec.PROBE_OP)
