@@ -316,6 +316,8 @@ def test_nsys_path_runs_the_capture_under_nsys_with_nvtx_only(
         hashlib.sha256((out / "nsys.sqlite").read_bytes()).hexdigest() == m["files"]["nsys.sqlite"]["sha256"]
     )
     assert len(m["profiled"]["per_token_ns"]["0"]) == 3 and m["dilation"] is not None
+    # the rank ran in its own process, not in the one nsys started (which makes no CUDA call)
+    assert isinstance(m["rank_pids"]["0"], int) and m["rank_pids"]["0"] != os.getpid()
     assert main(["capture", "--nsys", "--mode", "full", "--device", "cpu", "--out", str(out)]) == 2
 
 
