@@ -27,6 +27,7 @@ gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, T
 
 from __future__ import annotations
 
+import functools
 import gc
 import math
 import operator
@@ -141,6 +142,7 @@ _COLL_OP: dict[str, str] = {
 }
 
 
+@functools.lru_cache(maxsize=8192)  # pure; called per event row by the collective joins
 def normalise_coll_op(name: str) -> str:
     """Normalise a raw collective name ("allreduce", "_allgather_base", "nccl:all_reduce"...) -> op or ""."""
     n = name.strip().lower()
@@ -342,8 +344,8 @@ def _int_column(getter: Any, items: list[Any], n: int) -> np.ndarray:
     """getter(item) for every item as int64, straight from the iterator (no list) when all are ints."""
     try:
         return np.fromiter(map(getter, items), np.int64, n)
-    except (TypeError, ValueError, OverflowError):
-        return _ints(list(map(getter, items)))
+    except (TypeError, ValueError, OverflowError):  # e.g. the one "Trace" span with pid "Spans"
+        return np.array([v if v.__class__ is int else _to_int(v) for v in map(getter, items)], np.int64)
 
 
 def _to_float(v: Any) -> float:
@@ -1047,29 +1049,42 @@ def _fill_from_shapes(
     if not cols.shape_rows:
         return
     pg = single_process_group(meta)
-    for r, (dims_raw, types_raw) in zip(cols.shape_rows, cols.shape_vals, strict=True):
+    # a decode loop repeats the same few shapes every token: decode each distinct text once;
+    # per text: (total elements, the one dtype of all its tensors or "") or None without tensors
+    shape_of: dict[tuple[bytes, bytes], tuple[int, str] | None] = {}
+    op_of: dict[int, str] = {}  # name code -> op of a gloo:/nccl: range, "" otherwise
+    for r, key in zip(cols.shape_rows, cols.shape_vals, strict=True):
         if device[r] >= 0:
             continue
-        try:
-            dims = _ANY_DECODER.decode(dims_raw)
-            types = _ANY_DECODER.decode(types_raw) if types_raw else []
-        except msgspec.DecodeError:
+        if key in shape_of:
+            shape = shape_of[key]
+        else:
+            dims_raw, types_raw = key
+            try:
+                dims = _ANY_DECODER.decode(dims_raw)
+                types = _ANY_DECODER.decode(types_raw) if types_raw else []
+            except msgspec.DecodeError:
+                dims, types = None, None
+            tensors = shape_tensors(dims, types)
+            dtypes = {dt for _, dt in tensors}
+            one_dt = next(iter(dtypes)) if len(dtypes) == 1 else ""
+            shape = shape_of[key] = (sum(k for k, _ in tensors), one_dt) if tensors else None
+        if shape is None:
             continue
-        tensors = shape_tensors(dims, types)
-        if not tensors:
-            continue
-        cm.nelems[r] = sum(k for k, _ in tensors)
-        nm = names[int(name_codes[r])]
-        if not (nm.startswith("gloo:") or nm.startswith("nccl:")):
-            continue  # c10d:: ops: TensorList shapes carry no dtype (nelems kept for the join)
-        op = normalise_coll_op(nm)
+        nelems, one_dt = shape
+        cm.nelems[r] = nelems
+        code = int(name_codes[r])
+        op = op_of.get(code)
+        if op is None:
+            nm = names[code]
+            # c10d:: ops: TensorList shapes carry no dtype (nelems kept for the join)
+            op = op_of[code] = normalise_coll_op(nm) if nm.startswith(("gloo:", "nccl:")) else ""
         if not op:
             continue
         cm.strs["op"].setdefault(r, op)
-        dtypes = {dt for _, dt in tensors}
-        if cm.in_b[r] < 0 and len(dtypes) == 1 and "" not in dtypes:
-            dt = dtypes.pop()
-            cm.in_b[r] = sum(k for k, _ in tensors) * DTYPE_BYTES[dt]
+        if cm.in_b[r] < 0 and one_dt:
+            dt = one_dt
+            cm.in_b[r] = nelems * DTYPE_BYTES[dt]
             cm.strs["dtype"].setdefault(r, dt)
             gs = int(cm.gsize[r]) if cm.gsize[r] > 0 else (pg[0] if pg else -1)
             if cm.out_b[r] < 0:
