@@ -51,7 +51,7 @@ from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 READER_VERSION = "kineto-2"  # 2: bytes of gloo:/nccl: ranges from their shapes; enqueue join
 
 #: Bytes of decompressed JSON decoded at a time (one chunk of whole events).
-CHUNK_BYTES = 16 * 1024 * 1024
+CHUNK_BYTES = 4 * 1024 * 1024  # measured (issue 7): 4 MB is as fast as 16 MB on 290 MB, 20% faster on 29 MB
 _READ_BLOCK = 4 * 1024 * 1024
 
 _EMPTY_RAW = msgspec.Raw(b"")
