@@ -6,12 +6,16 @@
 - `partition_steps` / `breakdown` do not depend on the row order of the event table (the
   per-rank slices are only a shortcut).
 - `concat_runs` keeps every string of every rank when the ranks' categories differ.
+- gzip inflated in a helper thread: several members + padding, early stop, errors in order.
 """
 
 from __future__ import annotations
 
+import gzip
 import random
+import threading
 from decimal import Decimal
+from pathlib import Path
 
 import msgspec
 import numpy as np
@@ -21,9 +25,10 @@ import pytest
 from tracekit.analyse.breakdown import breakdown
 from tracekit.analyse.steps import cat_mask, find_steps, partition_steps, rank_selectors
 from tracekit.classify import classify
+from tracekit.errors import TraceFormatError
 from tracekit.model.events import Run, make_events
 from tracekit.read import concat_runs
-from tracekit.read.kineto import parse_us_to_ns
+from tracekit.read.kineto import _FileProgress, _iter_blocks, parse_us_to_ns, read_kineto
 
 INT64_MAX = 2**63 - 1
 _TsStruct = msgspec.defstruct("_TsStruct", [("ts", msgspec.Raw)])
@@ -181,3 +186,61 @@ def test_concat_runs_keeps_strings_across_different_categories() -> None:
     assert out["name"].astype(str).tolist() == ["a", "b", "b", "c", "b"]
     assert out["coll_op"].astype(str).tolist() == ["all_gather", "", "", "all_reduce", ""]
     assert str(out["name"].dtype) == "category"
+
+
+# ------------------------------------------------------------------------------------------------
+# gzip inflated in a helper thread
+
+
+SHARED = Path(__file__).parents[1].parent / "shared" / "traces"
+H200 = SHARED / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
+
+
+@pytest.fixture
+def h200() -> Path:
+    if not H200.exists():
+        pytest.skip(f"shared trace absent: {H200}")
+    return H200
+
+
+def test_gzip_members_and_padding_equal_plain_json(h200: Path, tmp_path: Path) -> None:
+    """The same JSON as plain text, as one gzip member, and split over three members + zero
+    padding (what concatenated / padded .gz files look like) gives the same table."""
+    raw = gzip.decompress(h200.read_bytes())
+    plain = tmp_path / "rank-0.json"
+    plain.write_bytes(raw)
+    multi = tmp_path / "rank-0.json.gz"
+    third = len(raw) // 3
+    multi.write_bytes(
+        gzip.compress(raw[:third])
+        + gzip.compress(raw[third : 2 * third])
+        + gzip.compress(raw[2 * third :])
+        + b"\0" * 512
+    )
+    a = read_kineto(plain)
+    b = read_kineto(multi, chunk_bytes=8192)
+    pd.testing.assert_frame_equal(a.events, b.events)
+    assert a.data_quality.counts == b.data_quality.counts
+
+
+def test_gunzip_thread_stops_when_the_reader_stops(h200: Path) -> None:
+    """Closing the block iterator early (an error in the reader) ends the helper thread."""
+    before = {t.ident for t in threading.enumerate()}
+    blocks = _iter_blocks(h200, _FileProgress())
+    first = next(blocks)
+    assert first.lstrip().startswith(b"{")
+    blocks.close()
+    left = [t for t in threading.enumerate() if t.ident not in before and t.name == "tracekit-gunzip"]
+    assert not left
+
+
+def test_gunzip_thread_raises_in_order(h200: Path, tmp_path: Path) -> None:
+    """A truncated gzip: the blocks before the cut arrive, then the TraceFormatError."""
+    data = h200.read_bytes()
+    bad = tmp_path / "rank-0.json.gz"
+    bad.write_bytes(data[: len(data) // 2])
+    got = bytearray()
+    with pytest.raises(TraceFormatError, match="truncated gzip"):
+        for block in _iter_blocks(bad, _FileProgress()):
+            got += block
+    assert len(got) > 0 and gzip.decompress(data).startswith(bytes(got))

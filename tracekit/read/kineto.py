@@ -32,7 +32,9 @@ import gc
 import math
 import operator
 import os
+import queue
 import re
+import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -262,22 +264,79 @@ class _FileProgress:
 
 
 def _iter_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
-    """Decompressed bytes of the file, block by block. Raises TraceFormatError on a bad gzip stream."""
+    """Decompressed bytes of the file, block by block. Raises TraceFormatError on a bad gzip stream.
+
+    A gzip file is inflated in a helper thread (zlib releases the GIL), so with a second core the
+    decompression overlaps the JSON decoding; at most `_GZ_QUEUE` blocks wait, so memory stays bounded.
+    """
     with open(path, "rb") as f:
-        head = f.read(2)
-        f.seek(0)
-        if head != b"\x1f\x8b":
+        gz = f.read(2) == b"\x1f\x8b"
+        if not gz:
+            f.seek(0)
             while True:
                 block = f.read(_READ_BLOCK)
                 if not block:
                     return
                 progress.done += len(block)
                 yield block
+    yield from _in_thread(_gunzip_blocks(path, progress))
+
+
+_GZ_READ_BLOCK = 512 * 1024  # compressed bytes per inflate call (a few MB out)
+_GZ_QUEUE = 4
+_END = object()
+
+
+def _in_thread(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """The blocks of `blocks`, produced in a daemon thread; its exception is raised here, in order."""
+    q: queue.Queue[Any] = queue.Queue(maxsize=_GZ_QUEUE)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for block in blocks:
+                if not put(block):
+                    return
+            put(_END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(exc)
+        finally:
+            close = getattr(blocks, "close", None)
+            if close is not None:
+                close()
+
+    t = threading.Thread(target=run, name="tracekit-gunzip", daemon=True)
+    t.start()
+    try:
+        while True:
+            item = q.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        t.join()
+
+
+def _gunzip_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
+    """Inflated blocks of a gzip file (several members allowed, zero padding after the last)."""
+    with open(path, "rb") as f:
         d = zlib.decompressobj(16 + zlib.MAX_WBITS)
         member_started = False
         consumed = 0
         while True:
-            block = f.read(_READ_BLOCK)
+            block = f.read(_GZ_READ_BLOCK)
             if not block:
                 break
             progress.done += len(block)
