@@ -208,16 +208,53 @@ def test_bad_options_give_one_line_errors(
     assert err.startswith("tracekit: error: ") and message in err and err.count("\n") == 1
 
 
-def test_cuda_request_without_enough_gpus(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def _tp_above(n: int) -> int:
+    """The smallest power of two above n: a TP degree the 7b preset accepts (it divides 32 heads,
+    8 KV heads, 14336 and 32000 up to 8), so the GPU count, not the model shape, refuses it."""
+    tp = 1
+    while tp <= n:
+        tp *= 2
+    return tp
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4])
+def test_cuda_request_without_enough_gpus(
+    n: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """n GPUs visible (simulated in-process), TP above n asked for: the message names both counts."""
     import torch
 
-    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    tp = _tp_above(n)
     assert (
-        main(["capture", "--device", "cuda", "--tp", str(n + 1), "--preset", "7b", "--out", str(tmp_path)])
-        == 2
+        main(["capture", "--device", "cuda", "--tp", str(tp), "--preset", "7b", "--out", str(tmp_path)]) == 2
     )
     err = capsys.readouterr().err
-    assert ("no CUDA device" in err) if n == 0 else (f"{n} are visible" in err)
+    if n == 0:
+        assert "no CUDA device is visible" in err
+    else:
+        assert f"need {tp} GPUs but {n} are visible" in err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_cuda_request_without_enough_gpus_on_this_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same on the real device count (0 on CPU machines, 2 on the H200 pair)."""
+    import torch
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    tp = _tp_above(n)
+    if tp > 8:
+        pytest.skip(f"{n} GPUs visible: no TP above it that the 7b preset divides")
+    assert (
+        main(["capture", "--device", "cuda", "--tp", str(tp), "--preset", "7b", "--out", str(tmp_path)]) == 2
+    )
+    err = capsys.readouterr().err
+    assert ("no CUDA device is visible" in err) if n == 0 else (f"need {tp} GPUs but {n} are visible" in err)
 
 
 def test_nsys_not_found(
