@@ -85,6 +85,9 @@ def test_injected_delay_is_coordination_on_the_injected_rank(runs):
     # rank 1 is named the straggler
     st = {s["rank"]: s for s in results["inj"].to_json()["stragglers"]}
     assert st[1]["share"] > 0.75 and st[1]["last_count"] > st[0]["last_count"]
+    # and the diagnosis sends the user to that rank when it is last nearly always
+    if st[1]["share"] >= 0.8:
+        assert results["inj"].diagnosis().startswith("Rank 1 arrives last")
 
     # the delay is not booked as compute: the compute term moves by less than the spread of the
     # per-step compute term over the two uninjected runs, or at most 5% of the injected delay

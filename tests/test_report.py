@@ -86,7 +86,7 @@ def test_markdown_and_json_carry_the_html_numbers():
 def test_report_json_is_versioned_and_self_describing():
     doc = json.loads(render(build_report_data(**rs.full_inputs()), "json"))
     assert list(doc)[:2] == ["kind", "schema_version"]
-    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.0"
+    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.1"
     for key in ("verdict", "dilation", "per_token_ns", "attribution", "runs", "collectives", "stragglers",
                 "busbw", "links", "manifests", "notes"):  # fmt: skip
         assert key in doc, key

@@ -172,3 +172,29 @@ def test_tp1_baseline_without_collectives_and_transfer_term_from_sharded_only():
     sf = shortfall(baseline_run(), sharded_run())
     assert sf.baseline.collectives.n_instances == 0
     assert sf.baseline.per_token["transfer"] == 0 and sf.baseline.per_token["wait"] == 0
+
+
+def test_h200_diagnosis_names_the_host_bound_baseline() -> None:
+    """On the committed H200 runs the TP=1 GPU is busy a small share of each token; the diagnosis says
+    so with the share computed from the baseline's own breakdown and unprofiled per-token times."""
+    import json
+    import re
+    from pathlib import Path
+
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.shortfall import shortfall
+    from tracekit.read import read_run
+
+    root = Path(__file__).resolve().parents[1] / "traces"
+    base, sharded = read_run([root / "h200-tp1"]), read_run([root / "h200-tp2"])
+    text = shortfall(base, sharded).diagnosis()
+    m = re.search(r"busy only (\d+)% of a token", text)
+    assert m, text
+    # independent figure: GPU compute+memory per steady step (trace) over the unprofiled mean token
+    bd = breakdown(base, skip_first=1).to_json()
+    busy_ns = [s["parts_ns"]["compute"] + s["parts_ns"]["memory"] for s in bd["steps"]]
+    manifest = json.loads((root / "h200-tp1" / "manifest.json").read_text())
+    unprof = manifest["unprofiled"]["per_token_ns"]["0"][1:]
+    share = (sum(busy_ns) / len(busy_ns)) / (sum(unprof) / len(unprof))
+    assert abs(int(m.group(1)) - round(share * 100)) <= 2
+    assert share < 0.5 and "host" in text

@@ -67,7 +67,10 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     for run, d in dil.items():
         assert f"{run} {d:.2f}x" in rep["dilation"]["sentence"]
     assert rep["dilation"]["sentence"] in md
-    assert re.search(r'id="verdict">[^<]*</p>\s*<p class="dilation"', page)
+    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or sf["diagnosis"] in md)
+    assert re.search(
+        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?<p class="dilation"', page
+    )
     # both runs' per-step parts, rank by rank, each step's parts summing to its window
     assert [r["role"] for r in rep["runs"]] == ["baseline", "sharded"]
     assert {s["rank"] for s in rep["runs"][1]["steps"]} == {0, 1}

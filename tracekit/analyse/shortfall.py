@@ -47,7 +47,7 @@ from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.errors import RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
-SCHEMA_VERSION = "1.2"  # 1.2: collectives.by_op[].bytes_source
+SCHEMA_VERSION = "1.3"  # 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis
 
 #: The leaf parts of a step window, after the collective part is split (they sum to the window).
 LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
@@ -439,6 +439,56 @@ class Shortfall:
             f"({head}) is {_TERM_WORDS[top]}; {rest}. {dil}"
         )
 
+    def diagnosis(self) -> str:
+        """What to look at next, from the dominant term and the evidence behind it (one sentence)."""
+        ints = self.corrected.integers()
+        s = ints["shortfall_ns"]
+        terms = ints["terms_ns"]
+        if s <= 0:
+            return "Nothing to recover at this TP degree."
+        top = max(terms, key=lambda k: terms[k])
+        n = self.n_ranks
+        # GPU busy share of a TP=1 token: device work as traced (the reconciliation keeps it as
+        # measured on a GPU timeline) over the per-token time T1 the attribution uses
+        base = self.baseline.per_token
+        t1 = self.corrected.baseline_ns
+        busy = (
+            float((base.get("compute", 0) + base.get("memory", 0)) / t1)
+            if t1 and self.baseline.timeline == "gpu"
+            else None
+        )
+        if top == "coordination":
+            st = self.sharded.collectives.stragglers
+            if len(st) and float(st["share"].max()) >= 0.8 and n > 1:
+                r = st.loc[st["share"].idxmax()]
+                return (
+                    f"Rank {int(r['rank'])} arrives last at {float(r['share']):.0%} of the collectives: "
+                    "look at what that rank does on the host before each collective (a straggler)."
+                )
+            if busy is not None and busy < 0.5:
+                return (
+                    f"The TP=1 baseline keeps its GPU busy only {busy:.0%} of a token: the loop is bound by "
+                    f"the host launching kernels, and at TP={n} every collective waits for the slower rank's "
+                    "host; cut host time (CUDA graphs, torch.compile, fewer launches) before adding ranks."
+                )
+            return (
+                "Ranks wait for each other at collectives: look for host work between collectives "
+                "(Python, synchronisations, data-dependent control flow) that differs across ranks."
+            )
+        if top == "transfer":
+            return (
+                "Bytes on the link dominate: compare the realised busbw with the link's "
+                "(`tracekit compare-links --trace ... --baseline ...`) and consider fewer or larger collectives."
+            )
+        if top == "compute":
+            return (
+                f"Compute did not shrink {n}-fold: per-rank kernels at this size may be too small to fill "
+                "the GPU; compare matrix vs vector time in `tracekit breakdown`."
+            )
+        if top == "memory":
+            return "Memory copies did not shrink: look for host-device copies inside the step."
+        return "Unclassified kernels dominate: see the unknown kernels in `tracekit breakdown`."
+
     def _dilation_clause(self) -> str:
         parts = []
         for label, run in (("baseline", self.baseline), ("sharded", self.sharded)):
@@ -484,6 +534,7 @@ class Shortfall:
             "shares": {k: (v / s if s else None) for k, v in ints["terms_ns"].items()},
             "spread_ns": self.spread_ns,
             "verdict": self.verdict(),
+            "diagnosis": self.diagnosis(),
             "dilation": {
                 "baseline": d_b.dilation,
                 "sharded": d_s.dilation,

@@ -32,6 +32,8 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     )
     doc = sf.to_json()
     console.print(f"[bold]{doc['verdict']}[/bold]")
+    if doc.get("diagnosis"):
+        console.print(f"Next: {doc['diagnosis']}")
     console.print()
 
     pt = doc["per_token_ns"]

@@ -19,7 +19,7 @@ from typing import Any
 from tracekit import __version__
 
 KIND = "tracekit.report"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: diagnosis
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
@@ -83,6 +83,7 @@ class ReportData:
     """Everything a report shows, as plain JSON-able values (see docs/JSON.md#report).
 
     - `verdict`: the one sentence on top (from the shortfall, or built from the breakdown alone).
+    - `diagnosis`: what to look at next (the shortfall's `diagnosis`), or "" without a baseline.
     - `dilation`: per run profiled/unprofiled per-token time, the threshold, whether it is exceeded,
       the sentence to print beside the verdict and the warning line (None when within threshold).
     - `key_figures`: ordered rows {key, label, value, unit, text}: the numbers every format prints.
@@ -112,6 +113,7 @@ class ReportData:
     links: dict[str, Any] | None
     manifests: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    diagnosis: str = ""
     title: str = "tracekit report"
     created: str = ""
     generator: str = f"tracekit {__version__}"
@@ -465,7 +467,9 @@ def build_report_data(
             "clock": shortfall.get("clock"),
         }
         verdict = str(shortfall.get("verdict") or "")
+        diagnosis = str(shortfall.get("diagnosis") or "")
     else:
+        diagnosis = ""
         per_token_ns = {"baseline": None, "sharded": main["step_ns"].get("median"), "ideal": None}
         n_ranks = main["n_ranks"]
         verdict = _verdict_from_breakdown(main)
@@ -565,6 +569,7 @@ def build_report_data(
 
     data = ReportData(
         verdict=verdict,
+        diagnosis=diagnosis,
         dilation=dilation,
         key_figures=[],
         per_token_ns=per_token_ns,

@@ -518,6 +518,7 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
         f"<h1>{esc(data.title)}</h1>",
         f'<p class="meta">{esc(data.generator)}, {esc(data.created)}; report schema {esc(data.kind)} {esc(data.schema_version)}</p>',
         f'<p class="verdict" id="verdict">{esc(data.verdict)}</p>',
+        (f'<p class="diagnosis" id="diagnosis">Next: {esc(data.diagnosis)}</p>' if data.diagnosis else ""),
         f'<p class="dilation" id="dilation">{esc(d["sentence"])}</p>',
     ]
     if d.get("warning"):

@@ -42,6 +42,8 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
 def render_markdown(data: ReportData) -> str:
     lines: list[str] = [f"# {md_esc(data.title)}", ""]
     lines += [f"**{md_esc(data.verdict)}**", ""]
+    if data.diagnosis:
+        lines += [f"Next: {md_esc(data.diagnosis)}", ""]
     d = data.dilation
     lines += [md_esc(d["sentence"]), ""]
     if d.get("warning"):
