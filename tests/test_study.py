@@ -67,7 +67,7 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     for run, d in dil.items():
         assert f"{run} {d:.2f}x" in rep["dilation"]["sentence"]
     assert rep["dilation"]["sentence"] in md
-    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or sf["diagnosis"] in md)
+    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or sf["diagnosis"] in md_text)
     assert re.search(
         r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?<p class="dilation"', page
     )
