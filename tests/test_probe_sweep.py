@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -213,10 +214,18 @@ def test_compare_links_cpu(tmp_path: Path) -> None:
     if extra:
         assert res["trace"]["sizes"] and res["trace"]["source"] == "duration"
         assert "above the sweep" in json.dumps(res["verdict_details"])  # 8 MB+ messages vs a 16 KiB sweep
-        assert "could remove at most" in res["verdict"]
+        assert "removes at most" in res["verdict"] and "Give --baseline" in res["verdict"]
     else:
         assert res["trace"] is None
     assert all(math.isfinite(r["busbw_gbps"]) for r in res["rows"])
+    # --load: the saved rows give the same verdict again, without a sweep
+    again = tmp_path / "again.json"
+    assert main(["compare-links", "--load", str(out), *extra, "-o", str(again)]) == 0
+    res2 = json.loads(again.read_text())
+    assert res2["loaded_from"] == str(out) and res2["rows"] == res["rows"]
+    assert res2["verdict"] == res["verdict"]
+    assert res2["side_by_side"] == res["side_by_side"]
+    assert any("loaded from" in n for n in res2["notes"])
 
 
 def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -289,3 +298,72 @@ def test_probe_under_torchrun(tmp_path: Path) -> None:
     rows = json.loads(out.read_text())
     check_rows(rows, 2, [8, 64, 512])
     assert proc.stdout.count("# wrote") == 1  # only rank 0 prints
+
+
+def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NCCL path without GPUs: ranks are stood in for by a fake `_spawn` that writes what NCCL
+    would log under each NCCL_DEBUG_SUBSYS. The timed sweep runs with INIT,GRAPH (no per-call
+    TUNING lines); a second, un-timed pass (1 call per size, no warm-up, no check) logs TUNING, and
+    algo/proto per row come from it."""
+    from tracekit.probe import sweep
+    from tracekit.probe.results import make_row
+
+    calls: list[tuple[sweep.SweepConfig, str | None]] = []
+
+    def fake_spawn(cfg: sweep.SweepConfig, log_dir: str | None) -> tuple[list[dict], dict]:
+        calls.append((cfg, log_dir))
+        env = sweep.rank_env(cfg, 0, log_dir)
+        lines = ["host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"]
+        if "TUNING" in env["NCCL_DEBUG_SUBSYS"]:
+            lines += [
+                f"host:1:1 [0] NCCL INFO AllReduce: {b} Bytes -> Algo RING proto LL" for b in (1024, 4096)
+            ]
+        assert log_dir is not None
+        Path(env["NCCL_DEBUG_FILE"]).write_text("\n".join(lines) + "\n")
+        rows = [
+            make_row(
+                op="all_reduce",
+                lay=spec.layout("all_reduce", b, 2, 4),
+                backend="nccl",
+                device="cuda",
+                dtype="float32",
+                in_place=True,
+                time_us_per_rank=[10.0, 10.0],
+                host_time_us_per_rank=[10.0, 10.0],
+                timer="cuda_event",
+                wrong=0,
+                iters=cfg.iters,
+                warmup=cfg.warmup,
+                mode=cfg.mode,
+            )
+            for b in (1024, 4096)
+        ]
+        return rows, {}
+
+    monkeypatch.setattr(sweep, "_cuda_device_count", lambda: 2)
+    monkeypatch.setattr(sweep, "_spawn", fake_spawn)
+    cfg = sweep.SweepConfig(ops=("all_reduce",), min_bytes=1024, max_bytes=4096, factor=4, device="cuda")
+    assert cfg.nccl_debug == "init" and cfg.algo_pass  # the defaults
+    res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "logs")))
+    (timed, timed_dir), (untimed, untimed_dir) = calls
+    assert sweep.rank_env(timed, 0, timed_dir)["NCCL_DEBUG_SUBSYS"] == "INIT,GRAPH"
+    assert (timed.iters, timed.warmup, timed.check) == (20, 5, True)
+    assert sweep.rank_env(untimed, 0, untimed_dir)["NCCL_DEBUG_SUBSYS"] == "INIT,GRAPH,TUNING"
+    assert (untimed.iters, untimed.warmup, untimed.check, untimed.algo_pass) == (1, 0, False, False)
+    assert untimed_dir == str(tmp_path / "logs" / "tuning")
+    assert [(r["algo"], r["proto"], r["transport"]) for r in res.rows] == [("RING", "LL", "P2P/CUMEM")] * 2
+    assert res.transport["algo_source"] == "un-timed TUNING pass"
+    assert res.transport["nccl_debug_subsys"] == "INIT,GRAPH"
+    assert res.transport["algos"] == {"all_reduce": {"RING/LL": 2}}
+
+    calls.clear()  # without the pass: one spawn, no algo
+    res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "l2"), algo_pass=False))
+    assert len(calls) == 1 and all(r["algo"] == "" for r in res.rows)
+    assert res.transport["algo_source"] is None
+
+    calls.clear()  # --nccl-debug tuning: the timed run logs it, no second pass
+    res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "l3"), nccl_debug="tuning"))
+    assert len(calls) == 1 and res.transport["algo_source"] == "timed run"
+    assert all(r["algo"] == "RING" for r in res.rows)

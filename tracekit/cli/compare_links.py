@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -46,11 +47,33 @@ from tracekit.probe import spec
     help="A decode trace run (folder of rank traces): mark its message sizes, compare its realised busbw.",
 )
 @click.option(
+    "--baseline",
+    "baseline_dir",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="The --trace run's baseline (TP=1 run): the verdict sets the link bound against its shortfall S.",
+)
+@click.option(
+    "--load",
+    "load_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Re-use a saved compare-links JSON instead of running sweeps (no GPU needed); the sweep options "
+    "are then ignored, --trace/--baseline recompute the trace part and the verdict.",
+)
+@click.option(
     "--nccl-debug",
-    type=click.Choice(["tuning", "init"]),
-    default="tuning",
+    type=click.Choice(["init", "tuning"]),
+    default="init",
     show_default=True,
-    help="NCCL_DEBUG_SUBSYS: INIT,GRAPH,TUNING or INIT,GRAPH (the transport is read from these logs).",
+    help="NCCL logging in the timed sweeps: init = INIT,GRAPH (the transport, nothing per call); "
+    "tuning = INIT,GRAPH,TUNING (a host log line per call, which inflates small-size times).",
+)
+@click.option(
+    "--algo-pass/--no-algo-pass",
+    default=True,
+    show_default=True,
+    help="Read NCCL's algorithm/protocol per size from a separate un-timed TUNING pass per mode.",
 )
 @click.option(
     "--log-dir",
@@ -87,7 +110,10 @@ def command(
     ranks: int | None,
     pcie_p2p_level: str | None,
     trace_dir: Path | None,
+    baseline_dir: Path | None,
+    load_path: Path | None,
     nccl_debug: str,
+    algo_pass: bool,
     log_dir: Path | None,
     fmt: str | None,
     out: Path | None,
@@ -98,19 +124,33 @@ def command(
 
     \b
     NCCL_NVLS_ENABLE=0 in every mode. With --trace, the decode's message sizes are marked (*) and
-    the verdict says whether link bandwidth can explain its transfer time (METHOD.md section 7).
-    On a CPU-only machine every mode runs the gloo path (nothing to compare; it says so).
+    the verdict answers "would a faster link shrink my per-token shortfall?" (METHOD.md section 7):
+    probe busbw per mode at the decode's sizes (latency- or bandwidth-bound), the busbw the trace
+    realised, and the bound XN (1 - 1/k) per token, as a share of S with --baseline.
+    --load re-uses a saved result (no sweeps, no GPU). On a CPU-only machine every mode runs the
+    gloo path (nothing to compare; it says so).
 
     \b
     Examples:
       tracekit compare-links --gpus 0,1 --op all_reduce,all_gather -o reports/links.json
-      tracekit compare-links --gpus 0,1 --trace traces/h200-tp2 --max 64M
+      tracekit compare-links --gpus 0,1 --trace traces/h200-tp2 --baseline traces/h200-tp1 --max 64M
+      tracekit compare-links --load reports/h200/links.json --trace traces/h200-tp2 \\
+          --baseline traces/h200-tp1 -o reports/h200/links-verdict.json
       tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
     """
     import sys
 
-    from tracekit.cli.probe import dumps_json
-    from tracekit.probe.compare import MODES, CompareConfig, compare_links, format_compare
+    from tracekit.probe.compare import MODES, CompareConfig, compare_links, load_compare, recompute
+
+    if baseline_dir is not None and trace_dir is None:
+        raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
+    fmt = fmt or ("json" if out is not None and out.suffix.lower() == ".json" else "table")
+    if load_path is not None:
+        result = recompute(
+            load_compare(load_path), trace_dir=trace_dir, baseline_dir=baseline_dir, loaded_from=load_path
+        )
+        _emit(result, fmt, out)
+        return
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     bad = [m for m in mode_list if m not in MODES]
@@ -139,12 +179,20 @@ def command(
         ranks=ranks,
         pcie_p2p_level=pcie_p2p_level,
         trace_dir=str(trace_dir) if trace_dir else None,
+        baseline_dir=str(baseline_dir) if baseline_dir else None,
         nccl_debug=nccl_debug,
+        algo_pass=algo_pass,
         log_dir=str(log_dir) if log_dir else None,
         progress=sys.stderr.isatty() if progress is None else progress,
     )
     result = compare_links(cfg)
-    fmt = fmt or ("json" if out is not None and out.suffix.lower() == ".json" else "table")
+    _emit(result, fmt, out)
+
+
+def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
+    from tracekit.cli.probe import dumps_json
+    from tracekit.probe.compare import format_compare
+
     table = format_compare(result)
     text = dumps_json(result).decode() if fmt == "json" else table
     if out is not None:

@@ -65,6 +65,8 @@ def _transport_notes(result: Any) -> list[str]:
             f" {dict(t.get('transports') or {})}, planned path {', '.join(t.get('graph_types') or []) or '?'},"
             f" wire {t.get('wire')}, NVLS used: {'yes' if t.get('nvls_used') else 'no'}"
         )
+        if t.get("algo_source"):
+            notes.append(f"algorithm/protocol per size from the {t['algo_source']}")
     if result.log_dir:
         notes.append(f"NCCL logs: {result.log_dir}")
     return notes
@@ -100,11 +102,17 @@ def _transport_notes(result: Any) -> list[str]:
 @click.option("--gpus", default=None, help="GPU of each rank, e.g. 0,1 (default: rank r on GPU r).")
 @click.option(
     "--nccl-debug",
-    type=click.Choice(["tuning", "init", "off"]),
-    default="tuning",
+    type=click.Choice(["init", "tuning", "off"]),
+    default="init",
     show_default=True,
-    help="NCCL_DEBUG_SUBSYS for the ranks: INIT,GRAPH,TUNING (a log line per call: algorithm/protocol per size) / "
-    "INIT,GRAPH (transport only, no per-call logging) / no NCCL logging.",
+    help="NCCL logging in the timed sweep: init = INIT,GRAPH (the transport; nothing per call), "
+    "tuning = INIT,GRAPH,TUNING (a host log line per call: inflates small-size times), off.",
+)
+@click.option(
+    "--algo-pass/--no-algo-pass",
+    default=True,
+    show_default=True,
+    help="NCCL: read algorithm/protocol per size from a separate un-timed TUNING pass (one call per size).",
 )
 @click.option(
     "--log-dir",
@@ -145,6 +153,7 @@ def command(
     device: str,
     gpus: str | None,
     nccl_debug: str,
+    algo_pass: bool,
     log_dir: Path | None,
     check: bool,
     fmt: str | None,
@@ -157,8 +166,9 @@ def command(
     For each size: warm-up, then timed iterations (CUDA events around the loop and a host-clock
     loop closed by a stream sync), out-of-place and in-place, a correctness check, algbw and busbw
     with nccl-tests' byte counts and factors; time = average over ranks (nccl-tests' default),
-    min and max in JSON/CSV. The transport NCCL used is read from its NCCL_DEBUG=INFO logs;
-    NCCL_NVLS_ENABLE=0 always.
+    min and max in JSON/CSV. The transport NCCL used is read from its NCCL_DEBUG=INFO logs
+    (INIT,GRAPH: no per-call logging in the timed loop); algorithm/protocol per size from a
+    separate un-timed TUNING pass. NCCL_NVLS_ENABLE=0 always.
 
     \b
     Examples:
@@ -194,6 +204,7 @@ def command(
         devices=_gpus(gpus),
         check=check,
         nccl_debug=nccl_debug,
+        algo_pass=algo_pass,
         log_dir=str(log_dir) if log_dir else None,
         progress=show_progress,
     )

@@ -10,17 +10,29 @@ Modes (each a separate set of rank processes with its own environment; NCCL_NVLS
 What each run really used is read from NCCL's log and said plainly (a "pcie" run that still used
 P2P over NVLink, a machine without NVLink).
 
-With a decode trace (`trace_dir`), the verdict compares (a) the probe's busbw per mode at the
-message sizes the decode used, (b) the busbw the trace realised (transfer time from
-`tracekit.analyse.collectives`: wait removed; kernel duration when it cannot match ranks, said so),
-(c) the most a k-times faster link could remove per token: XN (1 - 1/k), k = fast / slow busbw.
+The question the verdict answers: would a faster link (NVLink vs PCIe) shrink the decode's
+per-token shortfall S? With a decode trace (`trace_dir`) and, for S, its baseline run
+(`baseline_dir`), it sets side by side
+(a) the probe's busbw per mode at the message sizes the decode used, and whether those sizes are
+    latency-bound (the probe's per-call time there is under twice its floor: the fixed cost, not
+    the bytes, sets it) or bandwidth-bound;
+(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives`: wait removed;
+    kernel duration when ranks cannot be matched, said so). The trace's transfer time leaves out
+    the launch latency that the probe's per-iteration time includes, so at small sizes the trace
+    can exceed the probe; that is said, not read as "the link explains it";
+(c) the bound: a link k times faster removes at most XN (1 - 1/k) per token, k the fast/slow busbw
+    ratio at the decode's sizes (per size, weighted by each size's transfer time), and even an
+    infinitely fast link at most XN; XN is the shortfall's transfer term when a baseline is given
+    (then also as a share of S), else the trace's collective transfer per token.
 
+`recompute(saved, ...)` redoes the trace part and the verdict from a saved result (no GPU needed).
 The result is a plain dict (see docs/JSON.md#probe, `tracekit.compare_links`). No torch here
 except through `run_sweep_detailed`.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -32,11 +44,19 @@ from tracekit.probe import spec
 from tracekit.probe.links import Topology, detect_topology
 from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: verdict from the shortfall (baseline), regimes, bounds; probe_notes, config
+KIND = "tracekit.compare_links"
 MODES = ("nvlink", "pcie", "default")
 
 #: realised / probe busbw at or above which the link's bandwidth is what sets the transfer time
 LINK_BOUND_SHARE = 0.7
+#: a size is latency-bound when the probe's per-call time there is under this many times its floor
+#: (the least time at any size): t = t0 + bytes / bw, so below 2 t0 the fixed cost dominates
+LATENCY_TIME_FACTOR = 2.0
+#: fast / slow busbw within this factor (either way) reads as "similar"
+SIMILAR_RATIO = 1.2
+#: a share of S below this is "does not explain"
+SMALL_SHARE = 0.10
 
 
 @dataclass(frozen=True)
@@ -54,7 +74,9 @@ class CompareConfig:
     ranks: int | None = None  # CPU only (on CUDA: one rank per GPU)
     pcie_p2p_level: str | None = None  # use NCCL_P2P_LEVEL=<this> for "pcie" instead of NCCL_P2P_DISABLE=1
     trace_dir: str | None = None
-    nccl_debug: str = "tuning"
+    baseline_dir: str | None = None  # the trace's baseline run (TP=1): S and its transfer term
+    nccl_debug: str = "init"  # timed sweeps log INIT,GRAPH only (TUNING costs host time per call)
+    algo_pass: bool = True  # algo/proto per size from a separate un-timed TUNING pass
     log_dir: str | None = None  # per-mode subfolders
     progress: bool = False
 
@@ -137,19 +159,24 @@ def judge_transport(
 # probe curves
 
 
-def _curve(rows: Sequence[dict[str, Any]], op: str, mode: str) -> list[tuple[int, float]]:
-    """(bytes, busbw) for one op and mode: out-of-place where it exists, else in-place."""
+def _curve(
+    rows: Sequence[dict[str, Any]], op: str, mode: str, field: str = "busbw_gbps"
+) -> list[tuple[int, float]]:
+    """(bytes, value of `field`) for one op and mode: out-of-place where it exists, else in-place."""
     sel = [r for r in rows if r["op"] == op and r["mode"] == mode]
     forms = {bool(r["in_place"]) for r in sel}
-    want = False if False in forms else True
-    pts = sorted((int(r["bytes"]), float(r["busbw_gbps"])) for r in sel if bool(r["in_place"]) == want)
-    return pts
+    want = False not in forms
+    pts = [
+        (int(r["bytes"]), float(r[field]))
+        for r in sel
+        if bool(r["in_place"]) == want and r.get(field) is not None
+    ]
+    return sorted(pts)
 
 
-def busbw_at(rows: Sequence[dict[str, Any]], op: str, mode: str, size: int) -> tuple[float, str]:
-    """The probe's busbw for `op` in `mode` at `size` bytes: interpolated linearly in log2(size)
-    between the two nearest probe sizes; the nearest end outside the sweep (said in the second value)."""
-    pts = [(b, v) for b, v in _curve(rows, op, mode) if b > 0 and math.isfinite(v)]
+def _interp(pts: Sequence[tuple[int, float]], size: int) -> tuple[float, str]:
+    """Linear in log2(size) between the two nearest points; the nearest end outside them."""
+    pts = [(b, v) for b, v in pts if b > 0 and math.isfinite(v)]
     if not pts:
         return float("nan"), "no probe rows"
     if size <= pts[0][0]:
@@ -165,6 +192,42 @@ def busbw_at(rows: Sequence[dict[str, Any]], op: str, mode: str, size: int) -> t
             t = (math.log2(size) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
             return v0 + t * (v1 - v0), f"interpolated between {b0} and {b1} B"
     return pts[-1][1], "nearest"  # pragma: no cover
+
+
+def busbw_at(rows: Sequence[dict[str, Any]], op: str, mode: str, size: int) -> tuple[float, str]:
+    """The probe's busbw for `op` in `mode` at `size` bytes: interpolated linearly in log2(size)
+    between the two nearest probe sizes; the nearest end outside the sweep (said in the second value)."""
+    return _interp(_curve(rows, op, mode), size)
+
+
+def time_at(rows: Sequence[dict[str, Any]], op: str, mode: str, size: int) -> float:
+    """The probe's per-call time (us) for `op` in `mode` at `size` bytes (interpolated as busbw)."""
+    return _interp(_curve(rows, op, mode, "time_us"), size)[0]
+
+
+def latency_floor_us(rows: Sequence[dict[str, Any]], op: str, mode: str) -> float:
+    """The least per-call time the probe saw for `op` in `mode` at any size: its fixed cost."""
+    times = [t for _, t in _curve(rows, op, mode, "time_us") if math.isfinite(t) and t > 0]
+    return min(times) if times else float("nan")
+
+
+def regime_at(rows: Sequence[dict[str, Any]], op: str, modes: Sequence[str], size: int) -> str:
+    """ "latency" when, in every mode, the probe's time at `size` is under LATENCY_TIME_FACTOR x its
+    floor (the fixed per-call cost dominates, so bandwidth barely matters); "bandwidth" when it is
+    not in some mode; "unknown" without probe times or above the sweep (the curve beyond it is not
+    known)."""
+    verdicts = []
+    for m in modes:
+        sizes = [b for b, _ in _curve(rows, op, m, "time_us")]
+        if sizes and size > max(sizes):
+            return "unknown"
+        t, floor = time_at(rows, op, m, size), latency_floor_us(rows, op, m)
+        if not (math.isfinite(t) and math.isfinite(floor) and floor > 0):
+            continue
+        verdicts.append(t < LATENCY_TIME_FACTOR * floor)
+    if not verdicts:
+        return "unknown"
+    return "latency" if all(verdicts) else "bandwidth"
 
 
 def side_by_side(
@@ -297,6 +360,8 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
                 "count": len(times),
                 "per_token": len(times) / n_steps if n_steps else None,
                 "time_ns_median": med,
+                "time_ns_total": float(sum(times)),  # transfer (or duration) summed over instances
+                "transfer_ns_per_token": float(sum(times)) / n_steps if n_steps else None,
                 "busbw_gbps": algbw_gbps(size, med) * factor if n > 1 else float("nan"),
                 "bytes_source": "/".join(sorted(sources.get((op, size, n), {"trace"}))),
             }
@@ -306,9 +371,12 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
         notes.append(f"{skipped} collective instances of ops the probe does not sweep were left out")
     if not sizes:
         notes.append("the trace has no collective with a message size the probe can compare")
+    mode, mode_source = trace_mode(run.manifest)
     return {
         "path": str(trace_dir),
         "ranks": run.ranks,
+        "mode": mode,  # the compare-links mode the decode ran in, from its manifest's NCCL variables
+        "mode_source": mode_source,
         "level": level,
         "source": source,  # "transfer" (wait removed) or "duration" (includes wait)
         "steps": n_steps,
@@ -316,6 +384,50 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
         "transfer_ns_total": total_ns,
         "transfer_ns_per_token": total_ns / n_steps if n_steps else None,
         "notes": notes,
+    }
+
+
+def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
+    """The compare-links mode a captured run's NCCL ran in, from its manifest (`nccl_env`):
+    "pcie" when P2P was disabled or limited, "nvlink" (NCCL's default) otherwise; None for a
+    non-NCCL run or without a manifest. The second value says how it was decided."""
+    if not manifest:
+        return None, "no manifest"
+    backend = str((manifest.get("workload") or {}).get("backend") or "")
+    if backend and backend != "nccl":
+        return None, f"backend {backend}: no GPU link"
+    env = manifest.get("nccl_env")
+    if not isinstance(env, dict):
+        return None, "the manifest records no NCCL variables"
+    if str(env.get("NCCL_P2P_DISABLE", "0")).strip() not in ("", "0"):
+        return "pcie", "manifest nccl_env NCCL_P2P_DISABLE"
+    if env.get("NCCL_P2P_LEVEL"):
+        return "pcie", f"manifest nccl_env NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']}"
+    return "nvlink", "manifest nccl_env: NCCL's default (P2P allowed)"
+
+
+# ---------------------------------------------------------------------------------------------
+# the shortfall of the decode (with its baseline)
+
+
+def shortfall_context(baseline_dir: str | Path, sharded_dir: str | Path) -> dict[str, Any]:
+    """S and its transfer term for the decode trace against its baseline run
+    (`tracekit.analyse.shortfall.shortfall`): the figures the verdict sets the link bound against."""
+    from tracekit.analyse.shortfall import shortfall
+    from tracekit.read import read_run
+
+    doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).to_json()
+    return {
+        "baseline": str(baseline_dir),
+        "sharded": str(sharded_dir),
+        "n_ranks": doc["n_ranks"],
+        "per_token_ns": doc["per_token_ns"],
+        "per_token_source": doc["per_token_source"],
+        "shortfall_ns": doc["shortfall_ns"],
+        "terms_ns": doc["terms_ns"],
+        "transfer_ns": doc["terms_ns"]["transfer"],  # XN - f X1: what the link's speed acts on
+        "shares": doc["shares"],
+        "verdict": doc["verdict"],
     }
 
 
@@ -330,160 +442,424 @@ def _fmt_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def verdict(
-    rows: Sequence[dict[str, Any]], modes: Sequence[str], trace: dict[str, Any] | None, cpu_only: bool
-) -> tuple[str, dict[str, Any]]:
-    """The METHOD.md section 7 verdict, and the numbers behind it."""
-    details: dict[str, Any] = {"per_size": []}
-    if cpu_only:
-        prefix = "CPU only (gloo): there are no GPU links to compare; "
-    else:
-        prefix = ""
-    ops = sorted({r["op"] for r in rows})
-    if not trace or not trace.get("sizes"):
-        # probe-only verdict: the ratio of the first two modes at the largest and smallest sizes
-        parts = []
-        for op in ops:
-            if len(modes) < 2:
-                break
-            a, b = _curve(rows, op, modes[0]), _curve(rows, op, modes[1])
-            if not a or not b:
-                continue
-            big, small = a[-1][0], a[0][0]
-            va, vb = busbw_at(rows, op, modes[0], big)[0], busbw_at(rows, op, modes[1], big)[0]
-            la = next(
-                (
-                    r["time_us"]
-                    for r in rows
-                    if r["op"] == op and r["mode"] == modes[0] and r["bytes"] == small
-                ),
-                None,
-            )
-            lb = next(
-                (
-                    r["time_us"]
-                    for r in rows
-                    if r["op"] == op and r["mode"] == modes[1] and r["bytes"] == small
-                ),
-                None,
-            )
-            ratio = va / vb if vb and math.isfinite(vb) and vb > 0 else float("nan")
-            lat = (
-                f"; latency at {_fmt_bytes(small)}: {la:.1f} vs {lb:.1f} us"
-                if la is not None and lb is not None
-                else ""
-            )
-            parts.append(
-                f"{op} busbw at {_fmt_bytes(big)}: {modes[0]} {va:.2f} GB/s vs {modes[1]} {vb:.2f} GB/s "
-                f"(x{ratio:.2f}){lat}"
-            )
-            details["per_size"].append(
-                {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
-            )
-        body = "; ".join(parts) if parts else "no two modes to compare"
-        return (
-            prefix
-            + body
-            + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time.",
-            details,
-        )
+def _fmt_ns(ns: float) -> str:
+    """Per-token times: ms at 0.1 ms and above (2 decimals), else us (1 decimal)."""
+    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
 
-    fast_mode, slow_mode = (modes[0], modes[1]) if len(modes) >= 2 else (modes[0], None)
-    per_size = []
-    for s in trace["sizes"]:
-        op, size = s["op"], int(s["bytes"])
-        if op not in ops:
+
+def _fmt_share(x: float) -> str:
+    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
+
+
+def _fmt_gbps(v: float) -> str:
+    if not math.isfinite(v):
+        return "n/a"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 1:
+        return f"{v:.3g}"
+    return f"{v:.2f}"
+
+
+def _fmt_ratio(k: float) -> str:
+    return f"{k:.0f}x" if k >= 10 else f"{k:.1f}x" if k >= 2 else f"{k:.2f}x"
+
+
+def mode_labels(modes: Sequence[str], transports: dict[str, Any] | None) -> dict[str, str]:
+    """What each mode really was, in words, from NCCL's log: "NVLink", "the PCIe/SHM path",
+    "PCIe P2P"; the mode's own name when its transport is unknown (CPU, no logs)."""
+    out = {}
+    for m in modes:
+        t = (transports or {}).get(m) or {}
+        if t.get("uses_nvlink") is True:
+            out[m] = "NVLink"
+        elif t.get("wire") == "host_memory":
+            out[m] = "the PCIe/SHM path"
+        elif t.get("p2p"):
+            out[m] = "PCIe P2P"
+        else:
+            out[m] = m
+    return out
+
+
+def tuning_in_timed_loop(transports: dict[str, Any] | None) -> list[str]:
+    """Modes whose timed sweep logged NCCL TUNING (a host log line per call, which inflates small
+    sizes): said by `nccl_debug_subsys`, or, in results written before it existed, by tuning
+    choices in the (then only) timed log."""
+    out = []
+    for m, t in (transports or {}).items():
+        if not isinstance(t, dict):
             continue
-        probe = {m: busbw_at(rows, op, m, size) for m in modes}
-        fast = probe[fast_mode][0]
-        slow = probe[slow_mode][0] if slow_mode else float("nan")
-        if slow_mode and math.isfinite(slow) and math.isfinite(fast) and slow > fast:
-            fast, slow = slow, fast
-        realised = s["busbw_gbps"]
-        share = (
-            realised / fast
-            if fast and math.isfinite(fast) and fast > 0 and math.isfinite(realised)
-            else float("nan")
+        subsys = t.get("nccl_debug_subsys")
+        if subsys is not None:
+            if "TUNING" in str(subsys):
+                out.append(m)
+        elif "algo_source" not in t and any((t.get("algos") or {}).values()):
+            out.append(m)
+    return out
+
+
+def _order_modes(
+    rows: Sequence[dict[str, Any]], modes: Sequence[str], op: str
+) -> tuple[str, str | None, dict[str, Any] | None]:
+    """(fast, slow, largest-size figures): the faster link is the mode with the higher busbw at the
+    largest size both modes swept for `op` (where the link's bandwidth, not latency, sets the time)."""
+    if len(modes) < 2:
+        return modes[0], None, None
+    a, b = modes[0], modes[1]
+    ca, cb = dict(_curve(rows, op, a)), dict(_curve(rows, op, b))
+    common = sorted(set(ca) & set(cb))
+    if not common:
+        return a, b, None
+    big = common[-1]
+    va, vb = ca[big], cb[big]
+    fast, slow = (b, a) if math.isfinite(va) and math.isfinite(vb) and vb > va else (a, b)
+    large = {
+        "op": op,
+        "bytes": big,
+        "busbw_gbps": {a: va, b: vb},
+        "k": (ca[big] if fast == a else cb[big]) / (cb[big] if fast == a else ca[big])
+        if min(va, vb) > 0
+        else float("nan"),
+    }
+    return fast, slow, large
+
+
+def _probe_only_verdict(
+    rows: Sequence[dict[str, Any]], modes: Sequence[str], prefix: str, details: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Without a decode trace: the ratio of the first two modes at the largest and smallest sizes."""
+    parts = []
+    for op in sorted({r["op"] for r in rows}):
+        if len(modes) < 2:
+            break
+        a, b = _curve(rows, op, modes[0]), _curve(rows, op, modes[1])
+        if not a or not b:
+            continue
+        big, small = a[-1][0], a[0][0]
+        va, vb = busbw_at(rows, op, modes[0], big)[0], busbw_at(rows, op, modes[1], big)[0]
+        la, lb = time_at(rows, op, modes[0], small), time_at(rows, op, modes[1], small)
+        ratio = va / vb if vb and math.isfinite(vb) and vb > 0 else float("nan")
+        lat = (
+            f"; latency at {_fmt_bytes(small)}: {la:.1f} vs {lb:.1f} us"
+            if math.isfinite(la) and math.isfinite(lb)
+            else ""
         )
-        k = fast / slow if slow and math.isfinite(slow) and slow > 0 else float("nan")
-        per_size.append(
-            {
-                "op": op,
-                "bytes": size,
-                "count": s["count"],
-                "per_token": s["per_token"],
-                "probe_busbw_gbps": {m: v for m, (v, _) in probe.items()},
-                "probe_how": {m: how for m, (_, how) in probe.items()},
-                "realised_busbw_gbps": realised,
-                "realised_share": share,
-                "k": k,
-            }
+        parts.append(
+            f"{op} busbw at {_fmt_bytes(big)}: {modes[0]} {va:.2f} GB/s vs {modes[1]} {vb:.2f} GB/s "
+            f"(x{ratio:.2f}){lat}"
         )
-    details["per_size"] = per_size
-    if not per_size:
-        return prefix + "the decode trace used no op the probe swept; sweep its ops (--op).", details
-    xn = trace.get("transfer_ns_per_token")
-    ks = [p["k"] for p in per_size if math.isfinite(p["k"])]
-    # weight k by how often each size occurs
-    k_eff = (
-        (
-            sum(p["k"] * p["count"] for p in per_size if math.isfinite(p["k"]))
-            / sum(p["count"] for p in per_size if math.isfinite(p["k"]))
+        details["per_size"].append(
+            {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
         )
-        if ks
-        else float("nan")
+    body = "; ".join(parts) if parts else "no two modes to compare"
+    return (
+        prefix
+        + body
+        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time.",
+        details,
     )
-    bound_ns = xn * (1 - 1 / k_eff) if xn is not None and math.isfinite(k_eff) and k_eff > 0 else None
-    details.update(k=k_eff, transfer_ns_per_token=xn, bound_ns_per_token=bound_ns, source=trace["source"])
-    shares = [p["realised_share"] for p in per_size if math.isfinite(p["realised_share"])]
-    main = max(per_size, key=lambda p: p["count"])
-    size_text = ", ".join(f"{p['op']} {_fmt_bytes(p['bytes'])} x{p['count']}" for p in per_size[:4])
+
+
+def verdict(
+    rows: Sequence[dict[str, Any]],
+    modes: Sequence[str],
+    trace: dict[str, Any] | None,
+    cpu_only: bool,
+    *,
+    shortfall: dict[str, Any] | None = None,
+    transports: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The METHOD.md section 7 verdict, and the numbers behind it (see the module doc).
+
+    `trace`: `trace_collectives(...)` of the decode; `shortfall`: `shortfall_context(...)` against
+    its baseline (S known, XN = its transfer term); `transports`: per mode, NCCL's account (labels
+    the modes, and says whether the timed loops logged TUNING)."""
+    details: dict[str, Any] = {"per_size": []}
+    prefix = "CPU only (gloo): there are no GPU links to compare; " if cpu_only else ""
+    if not trace or not trace.get("sizes"):
+        return _probe_only_verdict(rows, modes, prefix, details)
+
+    swept = {r["op"] for r in rows}
+    labels = mode_labels(modes, transports)
+    sizes = list(trace["sizes"])
+
+    def weight(s: dict[str, Any]) -> float:
+        tot = s.get("time_ns_total")
+        if tot is None:  # results written before time_ns_total: count x median
+            tot = float(s.get("count") or 0) * float(s.get("time_ns_median") or 0.0)
+        return max(float(tot), 0.0)
+
+    total_w = sum(weight(s) for s in sizes)
+    main_op = max(sizes, key=weight)["op"] if sizes else None
+    main_probe_op = main_op if main_op in swept else next((s["op"] for s in sizes if s["op"] in swept), None)
+    if main_probe_op is None:
+        return prefix + "the decode trace used no op the probe swept; sweep its ops (--op).", details
+    fast, slow, large = _order_modes(rows, modes, main_probe_op)
+    pair = [m for m in (fast, slow) if m]
+    ref_mode: str = str(trace["mode"]) if trace.get("mode") in modes else fast
+
+    # XN: what the link's speed acts on, per token
+    if shortfall is not None:
+        xn: float | None = float(shortfall["transfer_ns"])
+        xn_source = "shortfall"
+    else:
+        xn = trace.get("transfer_ns_per_token")
+        xn = float(xn) if xn is not None else None
+        xn_source = "trace"
+    s_ns = float(shortfall["shortfall_ns"]) if shortfall is not None else None
+
+    per_size = []
+    for s in sizes:
+        op, size = s["op"], int(s["bytes"])
+        w = weight(s) / total_w if total_w > 0 else 1.0 / len(sizes)
+        xn_i = xn * w if xn is not None else None
+        entry: dict[str, Any] = {
+            "op": op,
+            "bytes": size,
+            "count": s.get("count"),
+            "per_token": s.get("per_token"),
+            "transfer_weight": w,  # this size's share of the trace's collective transfer time
+            "transfer_ns_per_token": xn_i,
+            "realised_busbw_gbps": s["busbw_gbps"],
+            "swept": op in swept,
+        }
+        if op in swept:
+            probe = {m: busbw_at(rows, op, m, size) for m in modes}
+            realised = s["busbw_gbps"]
+            fv = probe[fast][0]
+            sv = probe[slow][0] if slow else float("nan")
+            k = fv / sv if slow and math.isfinite(sv) and sv > 0 and math.isfinite(fv) else float("nan")
+            entry.update(
+                probe_busbw_gbps={m: v for m, (v, _) in probe.items()},
+                probe_time_us={m: time_at(rows, op, m, size) for m in modes},
+                probe_how={m: how for m, (_, how) in probe.items()},
+                regime=regime_at(rows, op, pair, size),
+                realised_vs_probe={
+                    m: realised / v
+                    if math.isfinite(realised) and math.isfinite(v) and v > 0
+                    else float("nan")
+                    for m, (v, _) in probe.items()
+                },
+                k=k,
+            )
+            if xn_i is not None:
+                # a k-times faster link: this size's transfer shrinks to 1/k of it (at most)
+                entry["bound_ns_per_token"] = (
+                    max(0.0, xn_i * (1 - 1 / k)) if math.isfinite(k) and k > 0 else xn_i
+                )
+        else:
+            entry.update(regime="unknown", k=float("nan"), bound_ns_per_token=xn_i)
+        per_size.append(entry)
+    per_size.sort(key=lambda e: -e["transfer_weight"])
+    main = next(e for e in per_size if e["swept"])
+
+    bound = (
+        max(0.0, sum(e["bound_ns_per_token"] for e in per_size if e.get("bound_ns_per_token") is not None))
+        if xn is not None
+        else None
+    )
+    # one k for the decode: the k for which XN (1 - 1/k) is the bound (each size's transfer shrinks
+    # by its own k, never below zero); without per-token figures the transfer-weighted harmonic mean
+    finite = [e for e in per_size if e["swept"] and math.isfinite(e["k"]) and e["k"] > 0]
+    k_eff = float("nan")
+    if finite and xn is not None and xn > 0 and bound is not None and bound < xn:
+        k_eff = xn / (xn - bound)
+    elif finite:
+        wsum = sum(e["transfer_weight"] for e in finite)
+        inv = sum(e["transfer_weight"] / e["k"] for e in finite)
+        k_eff = wsum / inv if inv > 0 else float("nan")
+    bound_inf = max(0.0, xn) if xn is not None else None
+    regimes = {e["regime"] for e in per_size if e["swept"]}
+    regime = regimes.pop() if len(regimes) == 1 else "mixed"
+    tuning_modes = tuning_in_timed_loop(transports)
+    details.update(
+        per_size=per_size,
+        modes={"fast": fast, "slow": slow},
+        labels=labels,
+        trace_mode=trace.get("mode"),
+        reference_mode=ref_mode,
+        k=k_eff,
+        regime=regime,
+        large=large,
+        transfer_ns_per_token=xn,
+        xn_source=xn_source,
+        bound_ns_per_token=bound,
+        bound_inf_ns_per_token=bound_inf,
+        shortfall_ns=s_ns,
+        transfer_share_of_shortfall=(xn / s_ns if xn is not None and s_ns else None),
+        bound_share_of_shortfall=(bound / s_ns if bound is not None and s_ns else None),
+        tuning_in_timed_loop=tuning_modes,
+        source=trace.get("source"),
+    )
+
+    fl, sl = labels[fast], (labels[slow] if slow else None)
+    have_k = math.isfinite(k_eff) and slow is not None
+    k_clause = ""
+    if have_k and bound is not None:
+        if k_eff > 1:
+            k_clause = (
+                f"{fl} is {_fmt_ratio(k_eff)} faster than {sl} at these sizes, so moving from {sl} to {fl} "
+                f"removes at most {_fmt_ns(bound)} per token"
+            )
+        else:
+            k_clause = (
+                f"at these sizes {sl} is as fast as or faster than {fl} ({_fmt_ratio(1 / k_eff)}), so moving "
+                f"to {fl} removes nothing (bound {_fmt_ns(bound)})"
+            )
+
+    # lead: the answer to "would a faster link shrink my per-token shortfall?"
+    if s_ns is not None and xn is not None:
+        assert shortfall is not None
+        if s_ns <= 0:
+            answer = "no"
+            lead = (
+                f"There is no per-token shortfall to explain: TP={shortfall['n_ranks']} meets its ideal "
+                f"(S = {_fmt_ns(s_ns)}); collective transfer is {_fmt_ns(xn)} per token."
+            )
+        else:
+            share_inf = max(0.0, xn) / s_ns
+            share_k = (bound or 0.0) / s_ns
+            head = (
+                f"collective transfer is {_fmt_ns(xn)} of the {_fmt_ns(s_ns)} per-token shortfall "
+                f"({_fmt_share(xn / s_ns)})"
+            )
+            if share_inf < SMALL_SHARE:
+                answer = "no"
+                lead = (
+                    f"Link bandwidth does not explain this run's shortfall: {head}; even an infinitely fast link "
+                    f"would remove at most {_fmt_ns(bound_inf or 0.0)}."
+                )
+                if k_clause:
+                    lead += f" {k_clause[0].upper()}{k_clause[1:]} ({_fmt_share(share_k)} of S)."
+            elif have_k and share_k < SMALL_SHARE:
+                answer = "little"
+                lead = (
+                    f"A faster link would barely shrink this run's shortfall: {head}, but {k_clause} "
+                    f"({_fmt_share(share_k)} of S); an infinitely fast link at most {_fmt_ns(bound_inf or 0.0)}."
+                )
+            else:
+                answer = "yes"
+                lead = (
+                    f"Link bandwidth explains part of this run's shortfall: {head}; "
+                    + (f"{k_clause} ({_fmt_share(share_k)} of S); " if k_clause else "")
+                    + f"an infinitely fast link at most {_fmt_ns(bound_inf or 0.0)}."
+                )
+    elif xn is not None:
+        answer = "unknown"
+        lead = (
+            f"Collective transfer is {_fmt_ns(xn)} per token in this trace"
+            + (f"; {k_clause}" if k_clause else "")
+            + f", and even an infinitely fast link at most {_fmt_ns(bound_inf or 0.0)}. Give --baseline "
+            "(the TP=1 run) to set this against the per-token shortfall."
+        )
+    else:
+        answer = "unknown"
+        lead = (
+            "Per-token transfer is unknown (the trace has no step annotations), so the bound on the shortfall "
+            "cannot be given"
+            + (f"; the faster mode is {_fmt_ratio(k_eff)} the slower at these sizes." if have_k else ".")
+        )
+    details["answer"] = answer
+
+    # the sizes: probe busbw per mode at the decode's sizes, regime, and the large-size contrast
+    def count_text(e: dict[str, Any]) -> str:
+        if e.get("per_token") is not None:
+            pt = float(e["per_token"])
+            return f"x{pt:.0f} per token" if pt == round(pt) else f"x{pt:.2f} per token"
+        return f"x{e.get('count')} in the trace"
+
+    listed = per_size[:4]
+    size_text = ", ".join(f"{e['op']} {_fmt_bytes(e['bytes'])} {count_text(e)}" for e in listed)
     if len(per_size) > 4:
         size_text += f" and {len(per_size) - 4} more"
-    probe_text = ", ".join(f"{m} {main['probe_busbw_gbps'][m]:.2f}" for m in modes)
-    realised_text = (
-        f"{main['realised_busbw_gbps']:.2f}" if math.isfinite(main["realised_busbw_gbps"]) else "n/a"
-    )
-    how = (
-        "transfer time (wait removed)"
-        if trace["source"] == "transfer"
-        else "kernel duration (includes wait: a lower bound)"
-    )
-    if shares:
-        link_bound = max(shares) >= LINK_BOUND_SHARE
-        lead = (
-            "Link bandwidth can explain the transfer time"
-            if link_bound
-            else "Link bandwidth does not explain the transfer time"
-        )
-        why = (
-            f"the decode's collectives realise {max(shares) * 100:.0f}% of the busbw the probe reaches at the same sizes"
-            if link_bound
-            else f"at the decode's message sizes the collectives realise only {max(shares) * 100:.0f}% of the busbw the "
-            "probe reaches at the same sizes, so latency, launch and synchronisation, not the link's bandwidth, set it"
-        )
+    body = f" At the decode's sizes ({size_text})"
+    if slow is not None and math.isfinite(main["k"]):
+        fv, sv = main["probe_busbw_gbps"][fast], main["probe_busbw_gbps"][slow]
+        at = f"{_fmt_gbps(fv)} vs {_fmt_gbps(sv)} GB/s at {_fmt_bytes(main['bytes'])}"
+        reg = f": {main['regime']}-bound" if main["regime"] in ("latency", "bandwidth") else ""
+        if 1 / SIMILAR_RATIO < main["k"] < SIMILAR_RATIO:
+            body += f" {fl} and {sl} realise similar busbw ({at}{reg})"
+        else:
+            body += f" {fl} reaches {_fmt_ratio(main['k'])} the busbw of {sl} ({at}{reg})"
+        if large is not None and large["bytes"] > main["bytes"] and math.isfinite(large["k"]):
+            joint = "while" if main["regime"] == "latency" or main["k"] < SIMILAR_RATIO else "and"
+            body += (
+                f", {joint} at {_fmt_bytes(large['bytes'])} {fl} is {_fmt_ratio(large['k'])} faster "
+                f"({_fmt_gbps(large['busbw_gbps'][fast])} vs {_fmt_gbps(large['busbw_gbps'][slow])} GB/s)"
+            )
+        body += "."
     else:
-        lead, why = "The realised busbw is unknown", "the trace gave no usable transfer time"
-    text = (
-        f"{prefix}{lead}: {why}. Sizes used: {size_text}. At {main['op']} {_fmt_bytes(main['bytes'])} the probe's busbw is "
-        f"{probe_text} GB/s; the trace realised {realised_text} GB/s ({how})."
+        pv = main["probe_busbw_gbps"][fast]
+        body += f" the probe reaches {_fmt_gbps(pv)} GB/s at {_fmt_bytes(main['bytes'])} ({labels[fast]})."
+
+    # realised in the trace against the probe
+    realised = main["realised_busbw_gbps"]
+    pref = main["probe_busbw_gbps"].get(ref_mode, float("nan"))
+    transfer = trace.get("source") == "transfer"
+    how = (
+        "transfer time, wait removed"
+        if transfer
+        else "kernel duration, which includes waiting: a lower bound"
     )
-    if bound_ns is not None and xn is not None:
-        text += (
-            f" A {k_eff:.2f}x faster link could remove at most {bound_ns / 1e3:.1f} us per token "
-            f"(XN {xn / 1e3:.1f} us x (1 - 1/k))."
+    trace_time = "transfer time" if transfer else "kernel time"
+    ref_words = labels[ref_mode] + (" (the mode the decode ran in)" if trace.get("mode") == ref_mode else "")
+    where = f"{main['op']} {_fmt_bytes(main['bytes'])}"
+    tail = ""
+    if math.isfinite(realised) and math.isfinite(pref) and pref > 0:
+        ratio = realised / pref
+        if ratio > 1 and main["regime"] == "bandwidth" and ratio <= 1 / LINK_BOUND_SHARE:
+            tail = (
+                f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_share(ratio)} of the "
+                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: its transfers run at what the link gives at "
+                f"this size (the trace's {trace_time} leaves out the launch latency the probe's time includes)."
+            )
+        elif ratio > 1 and main["regime"] == "bandwidth":
+            tail = (
+                f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_ratio(ratio)} the "
+                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}, more than the link gave the probe at this "
+                "bandwidth-bound size: check the message size (bytes_source) and that the probe ran on the same link."
+            )
+        elif ratio > 1:
+            tail = (
+                f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_ratio(ratio)} the "
+                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: the trace's {trace_time} leaves out the launch "
+                "latency that the probe's per-iteration time includes, so at "
+                + ("these latency-bound sizes" if main["regime"] == "latency" else "small sizes")
+                + " the trace can exceed the probe; that is not the link running at its limit."
+            )
+        elif ratio >= LINK_BOUND_SHARE:
+            tail = (
+                f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_share(ratio)} of the "
+                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: its transfers run near what the link gives "
+                "at this size."
+            )
+        else:
+            tail = (
+                f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), only {_fmt_share(ratio)} of "
+                f"the probe's {_fmt_gbps(pref)} GB/s over {ref_words}: something other than the link's bandwidth "
+                "(e.g. contention with concurrent kernels) slows these transfers."
+            )
+    caveats = ""
+    if tuning_modes and any(e["regime"] == "latency" for e in per_size if e["swept"]):
+        caveats += (
+            f" The probe's timed loops ({', '.join(tuning_modes)}) logged NCCL TUNING, a host log line per call, "
+            "which inflates small-size times: its busbw at these latency-bound sizes is a lower bound."
         )
-    elif math.isfinite(k_eff):
-        text += f" The faster mode is {k_eff:.2f}x the slower at these sizes; per-token transfer is unknown (no steps)."
-    if math.isfinite(k_eff) and k_eff < 1.2:
-        text += " At these sizes the two modes realise similar bandwidth."
-    outside = sorted({p["bytes"] for p in per_size for how in p["probe_how"].values() if "sweep" in how})
+    outside = sorted(
+        {e["bytes"] for e in per_size if e["swept"] for h in e["probe_how"].values() if "sweep" in h}
+    )
     if outside:
-        text += (
+        caveats += (
             f" ({len(outside)} decode size(s) lie outside the probe's sweep; the nearest probe size stands in: "
             "widen --min/--max.)"
         )
-    return text, details
+    unswept = sorted({e["op"] for e in per_size if not e["swept"]})
+    if unswept:
+        caveats += f" ({', '.join(unswept)} not swept: its transfer counts in full towards the bound; add it to --op.)"
+    if prefix:
+        lead = lead[0].lower() + lead[1:]
+    return prefix + lead + body + tail + caveats, details
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,6 +870,8 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
     """Run the sweep once per mode and put the results side by side (see module doc)."""
     from tracekit.probe.sweep import resolve_device
 
+    if config.baseline_dir and not config.trace_dir:
+        raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
     where = resolve_device(config.device, None)
     cpu_only = where == "cpu"
     topo = topology if topology is not None else detect_topology()
@@ -519,6 +897,7 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         ranks=config.ranks if cpu_only else (len(config.gpus) if config.gpus else None),
         devices=None if cpu_only else config.gpus,
         nccl_debug=config.nccl_debug,
+        algo_pass=config.algo_pass,
         progress=config.progress,
     )
     rows: list[dict[str, Any]] = []
@@ -552,35 +931,117 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
             }
         )
         notes.extend(tnotes)
-    trace = None
-    if config.trace_dir:
-        trace = trace_collectives(config.trace_dir)
-        notes.extend(trace["notes"])
-    decode_sizes: dict[str, set[int]] = {}
-    for s in (trace or {}).get("sizes", []):
-        decode_sizes.setdefault(s["op"], set()).add(int(s["bytes"]))
-    text, details = verdict(rows, list(config.modes), trace, cpu_only)
+        notes.extend(res.notes)
     first = next(iter(results.values()), None)
-    return {
+    probed = {
         "schema_version": SCHEMA_VERSION,
-        "kind": "tracekit.compare_links",
+        "kind": KIND,
+        "config": {
+            "ops": list(config.ops),
+            "modes": list(config.modes),
+            "min_bytes": config.min_bytes,
+            "max_bytes": max_bytes,
+            "factor": config.factor,
+            "iters": config.iters,
+            "warmup": config.warmup,
+            "dtype": config.dtype,
+            "nccl_debug": config.nccl_debug,
+            "algo_pass": config.algo_pass,
+            "pcie_p2p_level": config.pcie_p2p_level,
+        },
         "modes": modes_out,
         "rows": rows,
         "transports": transports,
-        "side_by_side": side_by_side(rows, list(config.modes), decode_sizes),
         "links": topo.to_dict(),
-        "trace": trace,
-        "verdict": text,
-        "verdict_details": details,
-        "notes": notes,
+        "probe_notes": notes,
         "meta": first.meta if first else {},
     }
+    return recompute(probed, trace_dir=config.trace_dir, baseline_dir=config.baseline_dir)
+
+
+def load_compare(path: str | Path) -> dict[str, Any]:
+    """A saved `tracekit compare-links` JSON result (ProbeError naming the file when it is not one)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise ProbeError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ProbeError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        got = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        raise ProbeError(f"{p}: not a compare-links result (kind {got!r}, want {KIND!r})")
+    for key, typ in (("rows", list), ("modes", list)):
+        if not isinstance(doc.get(key), typ):
+            raise ProbeError(f"{p}: compare-links result without a {key!r} list")
+    for i, r in enumerate(doc["rows"]):
+        missing = [k for k in ("op", "mode", "bytes", "in_place", "time_us", "busbw_gbps") if k not in r]
+        if missing:
+            raise ProbeError(f"{p}: row {i} lacks {', '.join(missing)}")
+    for r in doc["rows"]:  # JSON null is how NaN was written
+        for k in ("busbw_gbps", "time_us"):
+            if r[k] is None:
+                r[k] = float("nan")
+    return doc
+
+
+def recompute(
+    saved: dict[str, Any],
+    *,
+    trace_dir: str | Path | None = None,
+    baseline_dir: str | Path | None = None,
+    loaded_from: str | Path | None = None,
+) -> dict[str, Any]:
+    """The trace part, side-by-side marks and verdict for probe results (`compare_links`'s own, or a
+    saved result's: no sweep, no GPU). With `trace_dir` the trace is read again; without it a saved
+    trace part is reused. `baseline_dir` (needs `trace_dir`) gives S through the shortfall."""
+    if baseline_dir and not trace_dir:
+        raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
+    result = dict(saved)
+    modes = [m["mode"] for m in saved["modes"]]
+    cpu_only = bool(saved["modes"]) and all(m.get("device") == "cpu" for m in saved["modes"])
+    probe_notes = saved.get("probe_notes")
+    if probe_notes is None:  # schema 1.0: notes = the sweep's notes + the trace's
+        old_trace_notes = set((saved.get("trace") or {}).get("notes") or [])
+        probe_notes = [n for n in saved.get("notes") or [] if n not in old_trace_notes]
+    notes = list(probe_notes)
+    if loaded_from is not None:
+        notes.append(
+            f"probe rows loaded from {loaded_from} (schema {saved.get('schema_version')}); "
+            + ("trace, " if trace_dir else "")
+            + "verdict recomputed"
+        )
+    trace = trace_collectives(trace_dir) if trace_dir else saved.get("trace")
+    if trace:
+        notes.extend(trace.get("notes") or [])
+    sf = shortfall_context(baseline_dir, trace_dir) if baseline_dir and trace_dir else None
+    decode_sizes: dict[str, set[int]] = {}
+    for s in (trace or {}).get("sizes", []):
+        decode_sizes.setdefault(s["op"], set()).add(int(s["bytes"]))
+    text, details = verdict(
+        saved["rows"], modes, trace, cpu_only, shortfall=sf, transports=saved.get("transports")
+    )
+    result.update(
+        schema_version=SCHEMA_VERSION,
+        side_by_side=side_by_side(saved["rows"], modes, decode_sizes),
+        trace=trace,
+        shortfall=sf,
+        verdict=text,
+        verdict_details=details,
+        probe_notes=probe_notes,
+        notes=notes,
+    )
+    if loaded_from is not None:
+        result["loaded_from"] = str(loaded_from)
+    return result
 
 
 def format_compare(result: dict[str, Any]) -> str:
     """Side-by-side table: busbw per mode and the ratio per size; decode sizes marked with *."""
     modes = [m["mode"] for m in result["modes"]]
     out = ["# tracekit compare-links"]
+    if result.get("loaded_from"):
+        out.append(f"# probe results from {result['loaded_from']}")
     for m in result["modes"]:
         env = " ".join(f"{k}={v}" for k, v in m["env"].items())
         out.append(
@@ -598,21 +1059,38 @@ def format_compare(result: dict[str, Any]) -> str:
         for m in modes:
             bw, t = e["busbw_gbps"].get(m), e["time_us"].get(m)
             line += f" {bw:>14.2f}" if bw is not None and math.isfinite(bw) else f" {'-':>14}"
-            line += f" {t:>11.2f}" if t is not None else f" {'-':>11}"
+            line += f" {t:>11.2f}" if t is not None and math.isfinite(t) else f" {'-':>11}"
         line += f" {e['ratio']:>7.2f}" if e["ratio"] is not None else f" {'-':>7}"
         line += "  *" if e["decode"] else ""
         out.append(line)
     tr = result.get("trace")
     if tr:
+        mode = f", mode {tr['mode']}" if tr.get("mode") else ""
         out.append(
-            f"# decode trace {tr['path']}: ranks {tr['ranks']}, steps {tr['steps']}, source {tr['source']}"
+            f"# decode trace {tr['path']}: ranks {tr['ranks']}, steps {tr['steps']}, source {tr['source']}{mode}"
         )
-        for s in tr["sizes"]:
-            bw = s["busbw_gbps"]
-            out.append(
-                f"#   {s['op']:<15} {s['bytes']:>12} B x{s['count']}: realised busbw {bw:.2f} GB/s"
-                if math.isfinite(bw)
-                else f"#   {s['op']:<15} {s['bytes']:>12} B x{s['count']}"
-            )
+    sf = result.get("shortfall")
+    if sf:
+        pt = sf["per_token_ns"]
+        out.append(
+            f"# shortfall vs {sf['baseline']}: S = {_fmt_ns(sf['shortfall_ns'])} per token "
+            f"(TP={sf['n_ranks']} {_fmt_ns(pt['sharded'])} vs ideal {_fmt_ns(pt['ideal'])}, {sf['per_token_source']}); "
+            f"transfer term {_fmt_ns(sf['transfer_ns'])}"
+        )
+    d = result.get("verdict_details") or {}
+    if tr and d.get("per_size") and "transfer_weight" in d["per_size"][0]:
+        for e in d["per_size"]:
+            bw = e["realised_busbw_gbps"]
+            n = f"{e['per_token']:.3g}/token" if e.get("per_token") is not None else str(e["count"])
+            line = f"#   {e['op']:<15} {e['bytes']:>12} B x{n}: realised {_fmt_gbps(bw)} GB/s"
+            if e.get("swept"):
+                probe = ", ".join(f"{m} {_fmt_gbps(v)}" for m, v in e["probe_busbw_gbps"].items())
+                k = f", k {e['k']:.2f}" if math.isfinite(e["k"]) else ""
+                line += f"; probe {probe} GB/s ({e['regime']}-bound{k})"
+            if e.get("transfer_ns_per_token") is not None:
+                line += f"; transfer {_fmt_ns(e['transfer_ns_per_token'])}/token"
+                if e.get("bound_ns_per_token") is not None:
+                    line += f", bound {_fmt_ns(e['bound_ns_per_token'])}"
+            out.append(line)
     out.append(f"# verdict: {result['verdict']}")
     return "\n".join(out) + "\n"

@@ -18,9 +18,15 @@ Ranks: N processes on one host through torch.multiprocessing (spawn), rank r on 
 environment: every rank calls `run_sweep`, rank 0 gets the rows, the others []).
 
 NCCL's own account of the transport: each rank runs with NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS
-(INIT,GRAPH,TUNING by default) and NCCL_DEBUG_FILE=<log_dir>/nccl-rank<r>.log; the logs are parsed
-(`tracekit.probe.nccl_log`) into the rows' `transport`, `algo`, `proto`. NCCL_NVLS_ENABLE=0 is
-always set: NVLink multicast (NVLS) stays off.
+(INIT,GRAPH by default: the connection lines, nothing per call) and
+NCCL_DEBUG_FILE=<log_dir>/nccl-rank<r>.log; the logs are parsed (`tracekit.probe.nccl_log`) into
+the rows' `transport`. NCCL's algorithm/protocol per size (`algo`, `proto`) come from the TUNING
+subsystem, which writes one log line per collective call: on the host, inside the timed loop, that
+costs as much as a small collective (an 8 KiB all_reduce on two H200s read ~36 us/iter with it).
+So the timed sweep does not log it; a separate short pass (`algo_pass`: fresh ranks, one un-timed
+call per size, no check, NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING, logs in <log_dir>/tuning) does.
+`nccl_debug="tuning"` still logs TUNING in the timed run itself (small-size times then include
+that cost). NCCL_NVLS_ENABLE=0 is always set: NVLink multicast (NVLS) stays off.
 
 torch is imported only inside the functions that run ranks.
 """
@@ -63,7 +69,10 @@ class SweepConfig:
     check: bool = True  # run the correctness check per size
     mode: str = "default"  # label for rows ("nvlink", "pcie", "default")
     env: dict[str, str] = field(default_factory=dict)  # extra environment for every rank
-    nccl_debug: str = "tuning"  # "tuning" (INIT,GRAPH,TUNING), "init" (INIT,GRAPH), "off"
+    nccl_debug: str = (
+        "init"  # "init" (INIT,GRAPH), "tuning" (INIT,GRAPH,TUNING: a host log line per call), "off"
+    )
+    algo_pass: bool = True  # NCCL only: algo/proto per size from a separate un-timed TUNING pass
     log_dir: str | None = None  # where NCCL logs go; None: a temporary folder (kept in the result)
     progress: bool = False  # rich progress bar over sizes on rank 0's stderr
     timeout_s: float = 900.0  # whole sweep
@@ -524,8 +533,15 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
         return data["rows"], data["meta"]
 
 
+def algo_pass_config(cfg: SweepConfig) -> SweepConfig:
+    """The un-timed pass that reads NCCL's algorithm/protocol per size: the same ops, sizes, ranks,
+    GPUs and environment, one call per size, no warm-up, no check, TUNING logged."""
+    return replace(cfg, iters=1, warmup=0, check=False, nccl_debug="tuning", progress=False, algo_pass=False)
+
+
 def run_sweep_detailed(config: SweepConfig) -> SweepResult:
-    """Run the sweep (spawning ranks, or as this torchrun rank) and read NCCL's logs."""
+    """Run the sweep (spawning ranks, or as this torchrun rank) and read NCCL's logs; on NCCL,
+    then the un-timed TUNING pass for algo/proto (`algo_pass`, see the module doc)."""
     notes: list[str] = []
     torchrun = _under_torchrun()
     if torchrun:
@@ -565,11 +581,32 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
     if cfg.backend == "nccl" and log_dir:
         log = nccl_log.parse_files(sorted(Path(log_dir).glob("nccl-rank*.log")))
         transport = nccl_log.summarize(log)
+        tuning_log, algo_source = (log, "timed run") if cfg.nccl_debug == "tuning" else (None, None)
+        if cfg.algo_pass and cfg.nccl_debug != "tuning":
+            if torchrun:
+                notes.append(
+                    "algo/proto not read: the un-timed TUNING pass needs spawned ranks (not torchrun)"
+                )
+            else:
+                tuning_dir = Path(log_dir) / "tuning"
+                tuning_dir.mkdir(parents=True, exist_ok=True)
+                for old in tuning_dir.glob("nccl-rank*.log"):
+                    old.unlink()
+                _spawn(algo_pass_config(cfg), str(tuning_dir))
+                tuning_log = nccl_log.parse_files(sorted(tuning_dir.glob("nccl-rank*.log")))
+                algo_source = "un-timed TUNING pass"
+                transport["algos"] = nccl_log.summarize(tuning_log)["algos"]
+                if not tuning_log.tuning:
+                    notes.append(f"the TUNING pass logged no algorithm choices ({tuning_dir})")
+        transport["nccl_debug_subsys"] = NCCL_DEBUG_SUBSYS.get(cfg.nccl_debug, "")
+        transport["algo_source"] = algo_source
         label = transport["transport"] or ("none (1 rank)" if cfg.ranks == 1 else "unknown")
         for row in rows:
             row["transport"] = label
+            if tuning_log is None:
+                continue
             lay_sizes = {int(row["bytes"]), int(row["count"]) * spec.DTYPES[cfg.dtype][1]}
-            choice = nccl_log.choice_for(log, row["op"], lay_sizes)
+            choice = nccl_log.choice_for(tuning_log, row["op"], lay_sizes)
             if choice is not None:
                 row["algo"], row["proto"] = choice.algo, choice.proto
         if not log.lines:
