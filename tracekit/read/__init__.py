@@ -1,10 +1,10 @@
 """Readers: trace files -> one `Run` (the event table of all ranks).
 
 `read_run(paths)` takes files and/or folders. A folder is read as the set of its trace files
-(`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`; `manifest.json` is loaded into
-`Run.manifest`, not read as a trace). Each file goes to the reader registered for its suffix
+(`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`, `*.sqlite.gz`; `manifest.json` is loaded
+into `Run.manifest`, not read as a trace). Each file goes to the reader registered for its suffix
 (`READERS`, imported lazily): Kineto JSON -> `tracekit.read.kineto.read_kineto`, Nsight Systems
-SQLite -> `tracekit.read.nsys.read_nsys`. Several files are read in parallel with a process pool,
+SQLite (plain or gzipped) -> `tracekit.read.nsys.read_nsys`. Several files are read in parallel with a process pool,
 each through the Parquet cache (`tracekit.read.cache`).
 """
 
@@ -32,6 +32,7 @@ READERS: dict[str, str] = {
     ".json.gz": "tracekit.read.kineto:read_kineto",
     ".json": "tracekit.read.kineto:read_kineto",
     ".sqlite": "tracekit.read.nsys:read_nsys",
+    ".sqlite.gz": "tracekit.read.nsys:read_nsys",
 }
 
 _NOT_TRACES = {"manifest.json"}
@@ -69,12 +70,14 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
                     raise TraceFormatError(mf, f"manifest is not valid JSON ({exc})") from None
             if not found:
                 raise NoTracesError(
-                    f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz or *.sqlite)"
+                    f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite or *.sqlite.gz)"
                 )
             files.extend(found)
         elif p.is_file():
             if _reader_for(p) is None:
-                raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz or .sqlite)")
+                raise NoTracesError(
+                    f"{p}: not a trace file (expected .json, .json.gz, .sqlite or .sqlite.gz)"
+                )
             files.append(p)
             mf = p.parent / "manifest.json"
             if manifest is None and p.name != "manifest.json" and mf.is_file():
@@ -98,7 +101,7 @@ def read_file(
     p = Path(path)
     found = _reader_for(p)
     if found is None:
-        raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz or .sqlite)")
+        raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz, .sqlite or .sqlite.gz)")
     reader, version = found
     use_cache = cache and cache_mod.cache_enabled()
     if use_cache:

@@ -1,8 +1,9 @@
 """Nsight Systems reader: an `nsys export --type sqlite` database -> the event table (docs/NSYS.md).
 
-`read_nsys(path, rank=None)` reads a `.sqlite` export (or a `.nsys-rep`, exported first with the
-`nsys` binary found on PATH or in the `NSYS` variable) with the standard library's sqlite3, one
-query per table, straight into numpy columns. No torch.
+`read_nsys(path, rank=None)` reads a `.sqlite` export (or a `.sqlite.gz`, decompressed once into
+the cache folder of `tracekit.read.cache`, keyed by path + size + mtime; or a `.nsys-rep`, exported
+first with the `nsys` binary found on PATH or in the `NSYS` variable) with the standard library's
+sqlite3, one query per table, straight into numpy columns. No torch.
 
 What becomes rows (kind):
 - CUPTI_ACTIVITY_KIND_KERNEL -> kernel; name = demangledName (as Kineto shows it), else shortName,
@@ -24,12 +25,15 @@ environment, else 0; a report holding several CUDA processes gives one rank per 
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import re
 import shutil
 import sqlite3
 import subprocess
+import tempfile
+import zlib
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -128,18 +132,88 @@ def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
     Raises TraceFormatError (not SQLite, not an nsys export, no events) or RankError.
     """
     given = Path(path)
-    db = export_sqlite(given) if given.suffix in (".nsys-rep", ".qdrep") else given
-    _check_header(db)
+    scratch: Path | None = None
+    if given.name.lower().endswith(".sqlite.gz"):
+        db, scratch = decompress_sqlite(given)
+    elif given.suffix in (".nsys-rep", ".qdrep"):
+        db = export_sqlite(given)
+    else:
+        db = given
     try:
-        con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise TraceFormatError(db, f"cannot open as SQLite: {exc}") from exc
-    try:
-        return _read(con, db, given, rank)
-    except sqlite3.DatabaseError as exc:
-        raise TraceFormatError(db, f"SQLite error while reading: {exc}") from exc
+        _check_header(db, given if db != given else None)
+        try:
+            con = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro", uri=True)
+        except sqlite3.Error as exc:
+            raise TraceFormatError(given, f"cannot open as SQLite: {exc}") from exc
+        try:
+            return _read(con, db, given, rank)
+        except sqlite3.DatabaseError as exc:
+            raise TraceFormatError(given, f"SQLite error while reading: {exc}") from exc
+        finally:
+            con.close()
     finally:
-        con.close()
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
+    """The SQLite database inside `gz` (a gzipped export), decompressed once into the cache folder
+    (`tracekit.read.cache.cache_dir_for`: $TRACEKIT_CACHE_DIR, `.tracekit-cache/` beside the file,
+    else the user cache) as `<stem>-<path hash>-<size+mtime hash>.sqlite`; a copy of an older
+    version of the same path is removed. Written to a temporary name and renamed. With the cache
+    off (TRACEKIT_NO_CACHE) or nowhere writable, into a temporary folder, returned second so the
+    caller removes it. TraceFormatError when the file is not gzip or is truncated."""
+    from tracekit.read import cache as cache_mod
+
+    try:
+        st = gz.stat()
+        with open(gz, "rb") as fh:
+            magic = fh.read(2)
+    except OSError as exc:
+        raise TraceFormatError(gz, f"cannot read: {exc.strerror or exc}") from exc
+    if magic != b"\x1f\x8b":
+        raise TraceFormatError(gz, f"not a gzip file (header {magic!r})", offset=0)
+    resolved = str(gz.resolve())
+    path_key = hashlib.sha1(resolved.encode()).hexdigest()[:12]
+    version_key = hashlib.sha1(f"{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:8]
+    stem = gz.name[: -len(".sqlite.gz")][:60] or "nsys"
+    folder = cache_mod.cache_dir_for(gz) if cache_mod.cache_enabled() else None
+    scratch = None
+    if folder is None:
+        scratch = Path(tempfile.mkdtemp(prefix="tracekit-nsys-"))
+        folder = scratch
+    target = folder / f"{stem}-{path_key}-{version_key}.sqlite"
+    if target.is_file():
+        return target, scratch
+    fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as out, open(gz, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as src:
+            while True:
+                try:
+                    chunk = src.read(1 << 22)
+                except (OSError, EOFError, zlib.error) as exc:
+                    raise TraceFormatError(
+                        gz, f"gzip data is corrupt or truncated ({exc})", offset=raw.tell()
+                    ) from None
+                if not chunk:
+                    break
+                out.write(chunk)
+        os.replace(tmp_name, target)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except OSError:
+            pass
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    for old in folder.glob(f"{stem}-{path_key}-*.sqlite"):
+        if old != target:
+            try:
+                old.unlink()
+            except OSError:
+                pass
+    return target, scratch
 
 
 def find_nsys() -> str | None:
@@ -200,17 +274,19 @@ def export_sqlite(rep: Path) -> Path:
 # reading
 
 
-def _check_header(db: Path) -> None:
+def _check_header(db: Path, shown: Path | None = None) -> None:
+    """SQLite's magic at byte 0 of `db`; errors name `shown` (the file the user gave) when set."""
+    name = shown or db
     try:
         with open(db, "rb") as fh:
             head = fh.read(len(_SQLITE_MAGIC))
     except OSError as exc:
-        raise TraceFormatError(db, f"cannot read: {exc.strerror or exc}") from exc
+        raise TraceFormatError(name, f"cannot read: {exc.strerror or exc}") from exc
     if len(head) == 0:
-        raise TraceFormatError(db, "empty file, not an Nsight Systems SQLite export", offset=0)
+        raise TraceFormatError(name, "empty file, not an Nsight Systems SQLite export", offset=0)
     if head != _SQLITE_MAGIC:
         raise TraceFormatError(
-            db,
+            name,
             f"not a SQLite database (expected an `nsys export --type sqlite` file; header {head[:16]!r})",
             offset=0,
         )
