@@ -286,6 +286,24 @@ def test_verdict_says_when_timed_loops_logged_tuning() -> None:
     assert d["tuning_in_timed_loop"] == []
 
 
+def test_verdict_cpu_only_makes_no_link_claim() -> None:
+    """Two gloo 'modes' are the same path: no k, no 'faster link', the k->inf bound only."""
+    rows = model_rows()
+    text, d = verdict(
+        rows,
+        ["nvlink", "pcie"],
+        decode([(8192, 16, 6000.0)]),
+        cpu_only=True,
+        shortfall=shortfall_of(1e6, 96000.0),
+    )
+    assert text.startswith(
+        "CPU only (gloo): there are no GPU links to compare; the modes ran the same gloo path"
+    )
+    assert "faster than" not in text and "infinitely fast interconnect would remove at most 96.0 us" in text
+    assert d["modes"]["slow"] is None and d["bound_ns_per_token"] == pytest.approx(96000.0)
+    assert d["answer"] == "no"  # 9.6% of S
+
+
 def test_verdict_without_trace_compares_modes() -> None:
     text, d = verdict(ROWS, ["nvlink", "pcie"], None, cpu_only=True)
     assert text.startswith("CPU only (gloo)")

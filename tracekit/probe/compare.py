@@ -458,7 +458,7 @@ def _fmt_gbps(v: float) -> str:
         return f"{v:.0f}"
     if v >= 1:
         return f"{v:.3g}"
-    return f"{v:.2f}"
+    return f"{v:.2f}" if v >= 0.1 else f"{v:.2g}"
 
 
 def _fmt_ratio(k: float) -> str:
@@ -596,6 +596,8 @@ def verdict(
     if main_probe_op is None:
         return prefix + "the decode trace used no op the probe swept; sweep its ops (--op).", details
     fast, slow, large = _order_modes(rows, modes, main_probe_op)
+    if cpu_only:  # every mode ran the same gloo path: their ratio is noise, not a link
+        slow, large = None, None
     pair = [m for m in (fast, slow) if m]
     ref_mode: str = str(trace["mode"]) if trace.get("mode") in modes else fast
 
@@ -709,7 +711,16 @@ def verdict(
             )
 
     # lead: the answer to "would a faster link shrink my per-token shortfall?"
-    if s_ns is not None and xn is not None:
+    if cpu_only and xn is not None:
+        answer = (
+            "unknown" if s_ns is None else ("no" if s_ns <= 0 or max(0.0, xn) / s_ns < SMALL_SHARE else "yes")
+        )
+        lead = (
+            f"the modes ran the same gloo path (their ratio is noise). Collective transfer is {_fmt_ns(xn)} per token"
+            + (f" of the {_fmt_ns(s_ns)} per-token shortfall ({_fmt_share(xn / s_ns)})" if s_ns else "")
+            + f"; even an infinitely fast interconnect would remove at most {_fmt_ns(bound_inf or 0.0)}."
+        )
+    elif s_ns is not None and xn is not None:
         assert shortfall is not None
         if s_ns <= 0:
             answer = "no"

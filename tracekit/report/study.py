@@ -104,7 +104,7 @@ def _to_json(result: Any) -> dict[str, Any]:
 
 
 def _compare_links(
-    device: str, tps: tuple[int, ...], trace_dir: Path | None, out_dir: Path
+    device: str, tps: tuple[int, ...], trace_dir: Path | None, out_dir: Path, baseline_dir: Path | None = None
 ) -> tuple[Any, str | None]:
     """Run the link comparison (tracekit.probe.compare) against the largest-TP trace; (result, note).
 
@@ -117,11 +117,13 @@ def _compare_links(
             ops=("all_reduce", "all_gather"),
             max_bytes=64 << 20,
             trace_dir=str(trace_dir) if trace_dir else None,
+            baseline_dir=str(baseline_dir) if baseline_dir and trace_dir else None,
         )
     else:
         cfg = CompareConfig(
             ops=("all_reduce",), device="cpu", ranks=max(2, max(tps)), max_bytes=64 << 10, iters=3, warmup=1,
             trace_dir=str(trace_dir) if trace_dir else None,
+            baseline_dir=str(baseline_dir) if baseline_dir and trace_dir else None,
         )  # fmt: skip
     doc = _to_json(compare_links(cfg))
     _dump(doc, out_dir / "links.json")
@@ -201,7 +203,8 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
     want_links = config.links if config.links is not None else (device == "cuda" and _gpu_count() >= 2)
     if want_links:
         tell("links", 0, 1, "compare-links")
-        links_doc, links_note = _compare_links(device, tps, run_dirs[max(tps)], out_dir)
+        base_dir = run_dirs[1] if 1 in tps and max(tps) > 1 else None  # S for the link verdict
+        links_doc, links_note = _compare_links(device, tps, run_dirs[max(tps)], out_dir, base_dir)
         if links_doc is not None:
             analyses["links"] = out_dir / "links.json"
         tell("links", 1, 1, "done")
