@@ -1,6 +1,7 @@
 # The H200 campaign (issues 5, 8, 9), run through the device tool on nvidia-h200-x2:
 #   bash scripts/gpu_campaign.sh captures   # dilation per mode + TP=1/2 captures (torch.profiler, nsys)
 #   bash scripts/gpu_campaign.sh links      # NVLink vs P2P-disabled sweeps, copy probes, GPU tests
+#   bash scripts/gpu_campaign.sh redo       # second pass: nsys captures, sweeps without per-call NCCL logging
 # Everything lands under $OUT (runs.tgz etc.); NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -31,4 +32,13 @@ if [ "$stage" = links ]; then
   tk probe --op copy --min 64M --max 1G --factor 4 --no-progress >> $OUT/copy.txt 2>&1
   timeout 240 python3 -m pytest -q -k "gpu or cuda" tests/test_capture.py tests/test_probe_sweep.py -p no:cacheprovider 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
   tar czf $OUT/nccl-logs.tgz -C $R nccl-logs
+fi
+if [ "$stage" = redo ]; then
+  tk capture $W --tp 1 --tokens 8 --nsys --out $R/h200-tp1-nsys --quiet
+  tk capture $W --tp 2 --tokens 8 --nsys --out $R/h200-tp2-nsys --quiet
+  tar czf $OUT/nsys-runs.tgz --exclude=.tracekit-cache --exclude='*.nsys-rep' -C $R h200-tp1-nsys h200-tp2-nsys
+  tk compare-links --gpus 0,1 --op all_reduce,all_gather --min 8 --max 1G --trace traces/h200-tp2 \
+     --baseline traces/h200-tp1 --log-dir $R/nccl-logs -o $OUT/links.json --no-progress 2>&1 | tee $OUT/links.txt
+  tar czf $OUT/nccl-logs.tgz -C $R nccl-logs
+  timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_probe_sweep.py tests/test_capture.py 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
 fi
