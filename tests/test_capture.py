@@ -84,7 +84,7 @@ def test_tp2_capture_writes_two_kineto_traces_with_8_steps_and_gloo_all_reduces(
 @pytest.mark.slow
 def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     m = json.loads((tp2_run / "manifest.json").read_text())
-    assert m["kind"] == "tracekit.capture" and m["schema_version"] == "1.0"
+    assert m["kind"] == "tracekit.capture" and m["schema_version"] == "1.1"
     assert m["complete"] is True and m["errors"] == []
     assert set(m["files"]) == {"rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz"}
     for name, entry in m["files"].items():
@@ -304,9 +304,10 @@ def test_committed_traces_are_consistent() -> None:
 
 
 _FAKE_NSYS = """#!{python}
-# A stand-in for nsys: `profile ... -o REP -f true CMD...` runs CMD and writes REP.nsys-rep;
-# `export --type sqlite -f true -o OUT REP` writes OUT. Records its argv for the test.
-import subprocess, sys
+# A stand-in for nsys: `profile ... -o REP -f true CMD...` runs CMD with FAKE_NSYS_ACTIVE=1 (what
+# runs under it) and writes REP.nsys-rep; `export --type sqlite -f true -o OUT REP` writes OUT.
+# Records its argv for the test.
+import os, subprocess, sys
 args = sys.argv[1:]
 with open({log!r}, "a") as f:
     f.write(" ".join(args) + "\\n")
@@ -315,53 +316,90 @@ if args[0] == "profile":
     while args[i].startswith("-"):
         i += 1 if "=" in args[i] else 2
     rep = args[args.index("-o") + 1]
-    rc = subprocess.run(args[i:]).returncode
+    rc = subprocess.run(args[i:], env=dict(os.environ, FAKE_NSYS_ACTIVE="1")).returncode
     open(rep + ".nsys-rep", "wb").write(b"fake report")
     sys.exit(rc)
 if args[0] == "export":
     open(args[args.index("-o") + 1], "wb").write(b"fake sqlite")
 """
 
+# Loaded by every Python process the capture starts (PYTHONPATH): logs each NVTX range pushed whose
+# name matches the default step pattern, with the process id and whether it ran under the stand-in
+# nsys. That is what a real nsys report would hold for the processes it traces.
+_NVTX_SPY = """
+import os, re
+_log = os.environ.get("FAKE_NVTX_LOG")
+if _log:
+    import nvtx
+    _push = nvtx.push_range
+    def _spy(message=None, *a, **k):
+        if message is not None and re.search("decode_step", message):
+            with open(_log, "a") as f:
+                f.write(f"{os.getpid()} {os.environ.get('FAKE_NSYS_ACTIVE', '0')} {message}\\n")
+        return _push(message, *a, **k)
+    nvtx.push_range = _spy
+"""
+
 
 @pytest.mark.slow
-def test_nsys_path_runs_the_capture_under_nsys_with_nvtx_only(
+def test_nsys_path_traces_exactly_the_traced_pass_and_times_the_unprofiled_one_without_nsys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    pytest.importorskip("nvtx")
     log = tmp_path / "nsys.log"
     fake = tmp_path / "nsys"
     fake.write_text(_FAKE_NSYS.format(python=sys.executable, log=str(log)))
     fake.chmod(0o755)
+    spy_dir = tmp_path / "spy"
+    spy_dir.mkdir()
+    (spy_dir / "sitecustomize.py").write_text(_NVTX_SPY)
+    ranges = tmp_path / "ranges.log"
     monkeypatch.setenv("NSYS", str(fake))
+    monkeypatch.setenv("FAKE_NVTX_LOG", str(ranges))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(spy_dir), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FAKE_NSYS_ACTIVE", raising=False)
     out = tmp_path / "run"
-    assert (
-        main(
-            [
-                "capture",
-                "--nsys",
-                "--device",
-                "cpu",
-                "--tokens",
-                "3",
-                "--warmup",
-                "1",
-                "--out",
-                str(out),
-                "--quiet",
-            ]
-        )
-        == 0
-    )
+    tokens = 3
+    argv = ["capture", "--nsys", "--device", "cpu", "--tp", "2", "--tokens", str(tokens)]
+    assert main([*argv, "--warmup", "1", "--out", str(out), "--quiet"]) == 0
     calls = log.read_text().splitlines()
+    assert len(calls) == 2  # one run under nsys, one export
     assert calls[0].startswith("profile -t cuda,nvtx ") and calls[1].startswith("export --type sqlite")
     m = json.loads((out / "manifest.json").read_text())
-    assert m["complete"] and m["workload"]["mode"] == "nvtx" and m["workload"]["nsys"] is True
+    assert m["complete"] and m["workload"]["mode"] == "nvtx"
     assert set(m["files"]) == {"nsys.nsys-rep", "nsys.sqlite"}  # no Kineto trace under nsys
     assert (
         hashlib.sha256((out / "nsys.sqlite").read_bytes()).hexdigest() == m["files"]["nsys.sqlite"]["sha256"]
     )
-    assert len(m["profiled"]["per_token_ns"]["0"]) == 3 and m["dilation"] is not None
+    assert not list(out.glob(".rank-*.result.json"))
+
+    seen: dict[int, list[tuple[str, str]]] = {}
+    for line in ranges.read_text().splitlines():
+        pid, under, name = line.split(" ", 2)
+        seen.setdefault(int(pid), []).append((under, name))
+    traced_pids = {int(p) for p in m["rank_pids"].values()}
+    plain_pids = {int(p) for p in m["workload"]["nsys"]["unprofiled_rank_pids"].values()}
+    assert len(traced_pids) == 2 and len(plain_pids) == 2 and not traced_pids & plain_pids
+    under_nsys = {pid: [n for u, n in v if u == "1"] for pid, v in seen.items()}
+    # what nsys would record: per rank exactly `tokens` step ranges (the kept steps of the traced
+    # pass, after one lead step), none from the warm-up or an unprofiled pass
+    want = [f"decode_step#{i}" for i in range(1, tokens + 1)]
+    assert {pid: names for pid, names in under_nsys.items() if names} == {p: want for p in traced_pids}
+    # the unprofiled pass ran in other processes, none of them under the stand-in nsys
+    for pid in plain_pids:
+        assert seen[pid] == [("0", n) for n in want]
+    assert set(seen) == traced_pids | plain_pids
+
+    assert m["workload"]["nsys"]["unprofiled"] == "separate run without nsys"
+    assert m["workload"]["nsys"]["tokens_match"] is True
+    unprof, prof = m["unprofiled"]["per_token_ns"], m["profiled"]["per_token_ns"]
+    assert set(unprof) == set(prof) == {"0", "1"}
+    assert all(len(unprof[r]) == len(prof[r]) == tokens for r in unprof)
+    slowest = [max(unprof[r][i] for r in unprof) for i in range(tokens)]
+    slowest_p = [max(prof[r][i] for r in prof) for i in range(tokens)]
+    assert m["dilation"] == round(statistics.median(slowest_p) / statistics.median(slowest), 4)
     # the rank ran in its own process, not in the one nsys started (which makes no CUDA call)
-    assert isinstance(m["rank_pids"]["0"], int) and m["rank_pids"]["0"] != os.getpid()
+    assert os.getpid() not in traced_pids
     assert main(["capture", "--nsys", "--mode", "full", "--device", "cpu", "--out", str(out)]) == 2
 
 

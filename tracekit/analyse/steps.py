@@ -149,7 +149,21 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
         )
     rank, start, end, name = rank[keep], start[keep], end[keep], name[keep]
 
-    step = _step_indices(rank, name)
+    step, duplicates = _step_indices(rank, name)
+    if duplicates:
+        per_rank = ", ".join(
+            f"rank {r}: {int((rank == r).sum())} steps, {len(np.unique(name[rank == r]))} distinct names"
+            for r in np.unique(rank)
+        )
+        dq.add(
+            "duplicate_step_numbers",
+            duplicates,
+            f"{duplicates} step annotations matching {chosen!r} repeat a step number already seen on the "
+            f"same rank ({per_rank}); they are kept as separate steps, numbered in time order on each "
+            "rank. The trace probably holds more than one pass (e.g. an nsys report from a capture "
+            "before the --nsys fix, which recorded the unprofiled and the traced pass): its steps mix "
+            "passes and its dilation is not meaningful; re-capture, or choose steps with --step-pattern",
+        )
     window_end = _extend_by_gpu_work(events, rank, start, end)
     steps = pd.DataFrame(
         {
@@ -171,9 +185,12 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
     return StepsResult(steps.reset_index(drop=True), chosen, dq)
 
 
-def _step_indices(rank: np.ndarray, name: np.ndarray) -> np.ndarray:
+def _step_indices(rank: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, int]:
     """The number at the end of each name (`decode_step#3`, `decode_step 3`, `ProfilerStep#12`)
-    when every name has one and they are unique per rank; else the order on the rank."""
+    when every name has one and they are unique per rank; else the order on the rank.
+
+    Also returns how many annotations repeat a number already seen on their rank (0 when some
+    name has no number)."""
     numbers = np.full(len(name), -1, dtype=np.int64)
     all_numbered = True
     for i, n in enumerate(name):
@@ -182,17 +199,16 @@ def _step_indices(rank: np.ndarray, name: np.ndarray) -> np.ndarray:
             all_numbered = False
             break
         numbers[i] = int(m.group(1))
+    duplicates = 0
     if all_numbered and len(name):
-        unique_per_rank = all(
-            len(np.unique(numbers[rank == r])) == int((rank == r).sum()) for r in np.unique(rank)
-        )
-        if unique_per_rank:
-            return numbers
+        duplicates = sum(int((rank == r).sum()) - len(np.unique(numbers[rank == r])) for r in np.unique(rank))
+        if not duplicates:
+            return numbers, 0
     order = np.zeros(len(name), dtype=np.int64)
     for r in np.unique(rank):
         idx = np.flatnonzero(rank == r)
         order[idx] = np.arange(len(idx))
-    return order
+    return order, duplicates
 
 
 def _extend_by_gpu_work(

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"  # 1.1: workload.nsys (how an --nsys capture was made)
 
 
 def trace_name(rank: int) -> str:

@@ -14,9 +14,15 @@ profiler stops and exports (its `step()` runs between steps, outside every timed
 `decode_step` range). The warm-up pass covers at least every position the measured passes use:
 on the H200 smoke run, a decode step at a KV length never seen before took ~65 ms instead of ~3
 (cuDNN attention builds a plan per new shape, then lazy-loads its kernel), which made the last
-profiled step (one position further than the warm-up had gone) a 20x outlier. Only the recorded
-steps open a `decode_step` range, so under nsys (which records every pass) exactly those steps
-are found.
+profiled step (one position further than the warm-up had gone) a 20x outlier. Only the kept
+steps of a pass open a `decode_step` range (warm-up, lead and tail steps open none).
+
+`--nsys`: nsys records every pass of the processes it starts, so the unprofiled pass must not run
+under it (the first H200 nsys reports held 2T steps per rank, and a "dilation" between two passes
+that both ran under nsys). A plain run without nsys (same workload and ranks, `passes="unprofiled"`)
+records the unprofiled times; then the run under nsys (`passes="traced"`) warms up and runs only
+the traced pass, so its report holds exactly `tokens` decode_step ranges per rank. The manifest
+is the nsys run's, with the plain run's `unprofiled` times, and says so in `workload.nsys`.
 Ranks run as spawned processes on this host, or in-process when launched by torchrun (RANK and
 WORLD_SIZE set). Each rank writes rank-<r>.pt.trace.json.gz and a small result file; the
 manifest (docs/JSON.md#manifest) is assembled from those. A failing rank: the others' traces are
@@ -78,6 +84,9 @@ class CaptureConfig:
     timeout_s: float = 300.0  # collective timeout, and how long to wait for ranks after one fails
     fail_rank: int | None = None  # testing: this rank raises at the end of its profiled pass
     command: str | None = None  # the command line recorded in the manifest
+    #: which measured passes the ranks run: "both"; "unprofiled" (the plain run of --nsys) or
+    #: "traced" (the run under nsys: warm-up and the traced pass only). Set by --nsys, not a CLI option.
+    passes: str = "both"
 
 
 @dataclass(frozen=True)
@@ -130,6 +139,8 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         raise CaptureError(f"--backend must be auto, gloo or nccl, got {config.backend!r}")
     if config.inject_delay is not None and config.inject_delay[0] >= n:
         raise CaptureError(f"--inject-delay names rank {config.inject_delay[0]} but there are {n} ranks")
+    if config.passes not in ("both", "unprofiled", "traced"):
+        raise CaptureError(f"passes must be both, unprofiled or traced, got {config.passes!r}")
     if config.fail_rank is not None and config.fail_rank >= n:
         raise CaptureError(f"fail_rank {config.fail_rank} but there are {n} ranks")
     local_n = int(os.environ.get("LOCAL_WORLD_SIZE", n))
@@ -280,36 +291,40 @@ def _rank_main(
     barrier()
     model.generate(prompt, n_warm, on_token=report("warmup"), annotate_step=_never)
     barrier()
-    tokens, unprofiled_all = run_pass(model, prompt, config.tokens, on_token=report("unprofiled"))
-    unprofiled_ns = unprofiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens]
-    write_result(
-        out_dir,
-        rank,
-        unprofiled_ns=unprofiled_ns,
-        device=str(device),
-        nvtx=annotate.nvtx_source(),
-        pid=os.getpid(),
-    )
-    barrier()
+    write_result(out_dir, rank, device=str(device), nvtx=annotate.nvtx_source(), pid=os.getpid())
+    tokens = None
+    if config.passes != "traced":  # under nsys this pass runs in a separate plain run instead
+        tokens, unprofiled_all = run_pass(model, prompt, config.tokens, on_token=report("unprofiled"))
+        write_result(out_dir, rank, unprofiled_ns=unprofiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens])
+        barrier()
 
-    tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens)
-    _, profiled_all = run_pass(model, prompt, config.tokens, tracer=tracer, on_token=report("profiled"))
-    if config.fail_rank == rank:  # after the pass (its trace is written but not listed)
-        raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
-    path = tracer.stop()
     fields: dict[str, Any] = {
-        "profiled_ns": profiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens],
-        "mode": res.mode,
-        "trace": path.name if path else None,
-        "file": env.file_entry(path, rank) if path else None,
         "inject_sync_count": model.sync_count,
         "nccl_env": env.nccl_env(),
         "pid": os.getpid(),
     }
-    if tracer.mode == "kernels":
-        fields["marker_steps"] = tracer.injected_steps
+    if config.passes != "unprofiled":
+        tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens)
+        traced, profiled_all = run_pass(
+            model, prompt, config.tokens, tracer=tracer, on_token=report("profiled")
+        )
+        tokens = traced if tokens is None else tokens
+        if config.fail_rank == rank:  # after the pass (its trace is written but not listed)
+            raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
+        path = tracer.stop()
+        fields.update(
+            {
+                "profiled_ns": profiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens],
+                "mode": res.mode,
+                "trace": path.name if path else None,
+                "file": env.file_entry(path, rank) if path else None,
+                "inject_sync_count": model.sync_count,
+            }
+        )
+        if tracer.mode == "kernels":
+            fields["marker_steps"] = tracer.injected_steps
     if rank == 0:
-        fields["tokens_generated"] = tokens[:, : config.tokens].tolist()
+        fields["tokens_generated"] = tokens[:, : config.tokens].tolist() if tokens is not None else None
         # the ranks read versions and devices, so the parent makes no CUDA call (see ENV_RESOLVED)
         fields["versions"] = env.versions()
         fields["devices"] = env.devices()
@@ -670,28 +685,63 @@ def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict
     return files
 
 
+#: manifest workload.nsys: how a --nsys capture was made (docs/JSON.md#manifest)
+NSYS_UNPROFILED = "separate run without nsys"
+NSYS_TRACED = "run under nsys: warm-up and the traced pass only; only its kept steps open decode_step ranges"
+
+
 def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress | None) -> Path:
-    res = resolve(config)  # check options before starting nsys
+    """--nsys: two runs of the same workload and process layout. First a plain run (no nsys) that
+    records the unprofiled per-token times; then the run under nsys, whose ranks warm up and run
+    only the traced pass, so the report holds exactly `tokens` decode_step ranges per rank. The
+    manifest is the nsys run's, with `unprofiled` from the plain run and the dilation between them.
+    """
+    res = resolve(config)  # check options before starting anything
     find_nsys()
     out_dir.mkdir(parents=True, exist_ok=True)
+    cmd = _command(config)
+    plain_cfg = replace(config, nsys=False, mode=res.mode, passes="unprofiled", fail_rank=None, command=cmd)
+    capture(plain_cfg, out_dir, progress)  # raises CaptureError (its manifest kept) when a rank fails
+    manifest_path = out_dir / env.MANIFEST_NAME
+    plain = json.loads(manifest_path.read_text())
+    _clear_outputs(out_dir)
+
     child_env = dict(
         os.environ, TRACEKIT_UNDER_NSYS="1", NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0")
     )
-    cfg = replace(config, command=_command(config), inject_delay=config.inject_delay)
+    cfg = replace(config, command=cmd, passes="traced")
     child_env[ENV_CONFIG] = json.dumps(asdict(cfg))
     # the process nsys starts is not a rank: it must make no CUDA call, or a multi-process report
     # holds one more CUDA process than there are ranks (the H200 smoke run: 3 processes for tp=2)
     child_env[ENV_RESOLVED] = json.dumps(asdict(res))
     argv = [sys.executable, "-m", "tracekit.capture.runner", str(out_dir)]
-    files = _run_nsys(argv, out_dir, child_env)
-    manifest_path = out_dir / env.MANIFEST_NAME
+    try:
+        files = _run_nsys(argv, out_dir, child_env)
+    finally:  # also when the run under nsys failed: its manifest gets the plain run's times
+        if manifest_path.exists():
+            manifest = json.loads(manifest_path.read_text())
+            _merge_plain_run(manifest, plain)
+            env.atomic_write_json(manifest_path, manifest)
     if not manifest_path.exists():
         raise CaptureError(f"the capture under nsys wrote no manifest in {out_dir}")
-    manifest = json.loads(manifest_path.read_text())
     manifest["files"].update(files)
-    manifest["workload"]["nsys"] = True
     env.atomic_write_json(manifest_path, manifest)
     return out_dir
+
+
+def _merge_plain_run(manifest: dict[str, Any], plain: dict[str, Any]) -> None:
+    """Put the plain run's unprofiled times into the nsys run's manifest (in place)."""
+    unprof = plain["unprofiled"]["per_token_ns"]
+    manifest["unprofiled"] = {"per_token_ns": unprof}
+    manifest["dilation"] = env.dilation(unprof, manifest["profiled"]["per_token_ns"])
+    traced_tokens = manifest.get("tokens_generated")
+    manifest["workload"]["nsys"] = {
+        "unprofiled": NSYS_UNPROFILED,
+        "traced": NSYS_TRACED,
+        "unprofiled_rank_pids": plain.get("rank_pids", {}),
+        # greedy tokens of the plain run equal to the traced run's (same weights, prompt, layout)
+        "tokens_match": None if traced_tokens is None else plain.get("tokens_generated") == traced_tokens,
+    }
 
 
 def capture_script(

@@ -23,6 +23,7 @@ Examples:
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda --out runs/h200-tp1
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels --out runs/h200-tp1-k
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys --out runs/h200-tp1-nsys
+  tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys --out runs/h200-tp2-nsys
   tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
   tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
 """,
@@ -53,7 +54,10 @@ Examples:
 )
 @click.option("--inject-sync", is_flag=True, help="An extra device synchronisation per layer.")
 @click.option(
-    "--nsys", is_flag=True, help="Run under Nsight Systems (nsys on PATH or $NSYS), export SQLite too."
+    "--nsys",
+    is_flag=True,
+    help="Trace under Nsight Systems (nsys on PATH or $NSYS), export SQLite too: a plain run times the "
+    "unprofiled pass, then the run under nsys warms up and records only the traced pass.",
 )
 @click.option(
     "--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Collective timeout (s)."
