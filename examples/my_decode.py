@@ -28,10 +28,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--prompt", type=int, default=16)
     ap.add_argument("--preset", default="tiny")
+    ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     args = ap.parse_args()
 
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    cuda = torch.cuda.is_available()
+    cuda = torch.cuda.is_available() if args.device == "auto" else args.device == "cuda"
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if world > 1:
         import torch.distributed as dist

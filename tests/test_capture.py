@@ -54,6 +54,8 @@ def tp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
             "8",
             "--warmup",
             "2",
+            "--device",
+            "cpu",
             "--out",
             str(out),
             "--quiet",
@@ -120,7 +122,7 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
 
 @pytest.mark.slow
 def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
-    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, fail_rank=1, timeout_s=60)
+    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60)
     with pytest.raises(CaptureError, match=r"rank 1: RuntimeError: injected failure on rank 1"):
         capture(cfg, tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
@@ -138,7 +140,7 @@ def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(tmp_path: Path) ->
     (waiting), rank 1's stay short; every token costs 4 x 30 ms more. On gloo the c10d op on the
     main thread only enqueues; the collective itself is `gloo:all_reduce` on gloo's worker thread,
     and the main thread's blocking wait lies in the decoder's `all_reduce` region."""
-    capture(CaptureConfig(tp=2, tokens=3, warmup=1, inject_delay=(1, 30.0)), tmp_path)
+    capture(CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", inject_delay=(1, 30.0)), tmp_path)
     for name in ("gloo:all_reduce", "all_reduce"):
         dur = {}
         for r in (0, 1):
@@ -154,7 +156,7 @@ def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(tmp_path: Path) ->
 
 @pytest.mark.slow
 def test_ranges_mode_keeps_steps_and_drops_op_tracing(tmp_path: Path) -> None:
-    capture(CaptureConfig(tp=1, tokens=3, warmup=1, mode="ranges", inject_sync=True), tmp_path)
+    capture(CaptureConfig(tp=1, tokens=3, warmup=1, device="cpu", mode="ranges", inject_sync=True), tmp_path)
     ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
     assert len(_steps(ev)) == 3
     assert {e["name"] for e in ev if e.get("cat") == "user_annotation"} >= {"attention", "mlp", "lm_head"}
@@ -181,6 +183,8 @@ def test_users_own_script_under_capture(tmp_path: Path) -> None:
             str(REPO / "examples" / "my_decode.py"),
             "--tokens",
             "4",
+            "--device",
+            "cpu",
         ]
     )
     assert rc == 0
