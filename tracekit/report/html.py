@@ -128,9 +128,12 @@ def fig_per_token(data: ReportData) -> go.Figure | None:
             hovertemplate="%{x}: %{text}<extra></extra>",
         )
     )
-    fig.update_layout(
-        **_layout("Per-token time (median over steps)", yaxis_title="ms per token", showlegend=False)
-    )
+    if data.attribution:  # the shortfall's figures: exact means over the steady steps
+        source = data.attribution.get("per_token_source") or "trace"
+        title = f"Per-token time (mean over steady steps, {source} pass)"
+    else:
+        title = "Per-token time (median over steps)"
+    fig.update_layout(**_layout(title, yaxis_title="ms per token", showlegend=False))
     return fig
 
 
