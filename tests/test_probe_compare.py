@@ -377,7 +377,11 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
     assert d["answer"] == "no" and d["trace_mode"] == "nvlink"
     assert all(e["regime"] == "latency" for e in d["per_size"])
     assert res["verdict"].startswith("Link bandwidth does not explain this run's shortfall")
-    assert "can exceed the probe" in res["verdict"] and "logged NCCL TUNING" in res["verdict"]
+    assert "can exceed the probe" in res["verdict"]
+    # the caveat about per-call TUNING logging appears exactly when the saved sweep's timed loops logged it
+    saved = json.loads(links.read_text())
+    logged = [m for m, t in saved["transports"].items() if "TUNING" in str(t.get("nccl_debug_subsys", ""))]
+    assert ("logged NCCL TUNING" in res["verdict"]) == bool(logged)
     # the rows are the saved ones, the decode sizes marked
     assert res["rows"] == json.loads(links.read_text())["rows"]
     assert {(e["op"], e["bytes"]) for e in res["side_by_side"] if e["decode"]} == {("all_reduce", 8192)}
