@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.steps import PARTS, cat_mask, find_steps_detailed, partition_steps
+from tracekit.analyse.steps import PARTITION_COLUMNS, PARTS, cat_mask, find_steps_detailed, partition_steps
 from tracekit.classify import classify
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
@@ -29,17 +29,7 @@ KIND = "tracekit.breakdown"
 GPU_CLASSES: tuple[str, ...] = ("compute", "memory", "collective", "unknown")
 UNKNOWN_TOP = 20
 
-CSV_COLUMNS: tuple[str, ...] = (
-    "rank",
-    "step",
-    "name",
-    "start_ns",
-    "end_ns",
-    "window_ns",
-    *(f"{p}_ns" for p in PARTS),
-    "overlapped_collective_ns",
-    "timeline",
-)
+CSV_COLUMNS: tuple[str, ...] = PARTITION_COLUMNS
 
 
 @dataclass(frozen=True)

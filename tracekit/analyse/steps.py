@@ -37,6 +37,18 @@ DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"decode_step", r"ProfilerStep#\d+")
 
 #: Parts of a step window, in priority order, then idle.
 PARTS: tuple[str, ...] = ("compute", "memory", "collective", "unknown", "sync", "idle")
+#: The columns of partition_steps' table, in order (also the breakdown's CSV columns).
+PARTITION_COLUMNS: tuple[str, ...] = (
+    "rank",
+    "step",
+    "name",
+    "start_ns",
+    "end_ns",
+    "window_ns",
+    *(f"{p}_ns" for p in PARTS),
+    "overlapped_collective_ns",
+    "timeline",
+)
 _LAYERS: tuple[str, ...] = PARTS[:-1]
 
 _STEP_NUMBER = re.compile(r"(\d+)\s*$")
@@ -382,19 +394,7 @@ def partition_steps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append(out)
     if not rows:
-        table = pd.DataFrame(
-            columns=[
-                "rank",
-                "step",
-                "name",
-                "start_ns",
-                "end_ns",
-                "window_ns",
-                *[f"{p}_ns" for p in PARTS],
-                "overlapped_collective_ns",
-                "timeline",
-            ]
-        )
+        table = pd.DataFrame(columns=list(PARTITION_COLUMNS))
         return table
     table = pd.concat(rows, ignore_index=True)
     check_partition(table)

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option
+
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
 
@@ -143,12 +145,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
 
 @click.command("breakdown")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@click.option(
-    "--step-pattern",
-    default=None,
-    metavar="REGEX",
-    help="Regex of the step annotations (default: decode_step, then ProfilerStep#N).",
-)
+@step_pattern_option
 @click.option(
     "--rank",
     type=int,
@@ -164,13 +161,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     show_default=True,
     help="table for people; json (docs/JSON.md#breakdown) or csv (one row per rank and step) for machines.",
 )
-@click.option(
-    "--out",
-    "out",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="Write to FILE instead of stdout.",
-)
+@out_file_option
 @click.option(
     "--skip-first",
     type=int,
@@ -178,7 +169,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     show_default=True,
     help="Drop the first N steps of each rank (warm-up).",
 )
-@click.option("--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces.")
+@no_cache_option
 def command(
     paths: tuple[str, ...],
     step_pattern: str | None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from tracekit.cli.options import step_pattern_option
+
 
 @click.command("report")
 @click.argument("run_dir", type=click.Path(exists=True, path_type=str))
@@ -26,11 +28,7 @@ import click
     required=True,
     help="Output file; the suffix picks the format (.html, .md, .json). May be given several times.",
 )
-@click.option(
-    "--step-pattern",
-    default=None,
-    help="Regex of the step annotations (default decode_step, then ProfilerStep#N).",
-)
+@step_pattern_option
 @click.option("--title", default=None, help="Page title.")
 def command(
     run_dir: str,

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tracekit.cli.options import no_cache_option, out_file_option
+
 if TYPE_CHECKING:
     from tracekit.analyse.shortfall import Shortfall
 
@@ -195,14 +197,8 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     is_flag=True,
     help="Match collectives even when their group names ranks that are not in the run.",
 )
-@click.option(
-    "--out",
-    "out",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="Write to FILE instead of stdout.",
-)
-@click.option("--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces.")
+@out_file_option
+@no_cache_option
 def command(
     baseline: str,
     sharded: str,
