@@ -198,3 +198,15 @@ def test_h200_diagnosis_names_the_host_bound_baseline() -> None:
     share = (sum(busy_ns) / len(busy_ns)) / (sum(unprof) / len(unprof))
     assert abs(int(m.group(1)) - round(share * 100)) <= 2
     assert share < 0.5 and "host" in text
+
+
+def test_swapped_baseline_and_sharded_is_refused_with_a_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    from pathlib import Path
+
+    from tracekit.cli.main import main
+
+    root = Path(__file__).resolve().parents[1] / "traces"
+    rc = main(["shortfall", "--baseline", str(root / "cpu-tp2"), "--sharded", str(root / "cpu-tp1")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error:") and "swapped" in err and err.count("\n") == 1

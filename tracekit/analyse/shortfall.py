@@ -684,6 +684,11 @@ def _spread(
 def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     """The attribution from two attributed runs (see `shortfall`)."""
     n = sharded.n_ranks
+    if base.n_ranks > n:
+        raise RankError(
+            f"the baseline has {base.n_ranks} ranks and the sharded run {n}: the baseline must be the "
+            "run on fewer ranks (TP=1); were --baseline and --sharded swapped?"
+        )
     factor = Fraction(base.n_ranks, n)
     dq = DataQuality()
     dq.merge(base.data_quality).merge(sharded.data_quality)
