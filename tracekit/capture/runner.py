@@ -327,7 +327,8 @@ def _rank_main(
         fields["tokens_generated"] = tokens[:, : config.tokens].tolist() if tokens is not None else None
         # the ranks read versions and devices, so the parent makes no CUDA call (see ENV_RESOLVED)
         fields["versions"] = env.versions()
-        fields["devices"] = env.devices()
+        # the devices the run used: [] for a CPU run, also on a host that has GPUs
+        fields["devices"] = env.devices() if device.type == "cuda" else []
     write_result(out_dir, rank, **fields)
     if dist is not None and destroy:
         with contextlib.suppress(Exception):
