@@ -10,7 +10,9 @@ class TracekitError(Exception):
 class TraceFormatError(TracekitError):
     """A trace file cannot be read. Names the file and, where known, the byte offset or event index."""
 
-    def __init__(self, path: object, message: str, *, offset: int | None = None, event_index: int | None = None):
+    def __init__(
+        self, path: object, message: str, *, offset: int | None = None, event_index: int | None = None
+    ):
         self.path = str(path)
         self.offset = offset
         self.event_index = event_index

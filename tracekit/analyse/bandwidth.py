@@ -34,7 +34,9 @@ def bus_factor(op: str, n_ranks: int) -> float:
     try:
         return _FACTORS[op](n_ranks)
     except KeyError:
-        raise ValueError(f"no bus-bandwidth factor for collective {op!r}; known: {sorted(_FACTORS)}") from None
+        raise ValueError(
+            f"no bus-bandwidth factor for collective {op!r}; known: {sorted(_FACTORS)}"
+        ) from None
 
 
 def nccl_tests_size(op: str, in_bytes: int, out_bytes: int) -> int:
