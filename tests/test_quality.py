@@ -23,3 +23,8 @@ def test_ruff_finds_nothing() -> None:
 def test_mypy_finds_nothing() -> None:
     result = _run("mypy", "--no-error-summary")
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_code_is_ruff_formatted() -> None:
+    result = _run("ruff", "format", "--check", "tracekit", "tests", "benchmarks", "examples", "cli.py")
+    assert result.returncode == 0, result.stdout + result.stderr
