@@ -223,3 +223,23 @@ def test_cli_refuses_bad_suffix_and_bad_links_in_one_line(tmp_path: Path, capsys
     assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "links.json at byte 15" in err
+
+
+def test_without_plotly_the_other_formats_are_written_and_the_error_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GPU box without plotly must not lose the Markdown/JSON of a long study to the HTML."""
+    import sys
+
+    from tracekit.report.build import ReportError
+
+    data = build_report_data(**rs.full_inputs())
+    monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
+    monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
+    monkeypatch.delitem(sys.modules, "tracekit.report.html", raising=False)
+    outs = [tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json"]
+    with pytest.raises(ReportError, match=r"r\.html: the HTML report needs plotly") as err:
+        write_report(data, outs)
+    assert "r.md" in str(err.value) and "r.json" in str(err.value)
+    assert (tmp_path / "r.md").read_text() and json.loads((tmp_path / "r.json").read_text())
+    assert not (tmp_path / "r.html").exists()

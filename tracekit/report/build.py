@@ -141,9 +141,17 @@ def render(data: ReportData, fmt: str, *, offline: bool = False) -> str:
 def write_report(data: ReportData, outputs: Sequence[str | Path], *, offline: bool = False) -> list[Path]:
     """Write each output (format by suffix); returns the paths written."""
     fmts = [(Path(o), format_of(o)) for o in outputs]  # check every suffix before writing any
-    written = []
-    for path, fmt in fmts:
+    written: list[Path] = []
+    # HTML last: it alone needs plotly, and a machine without it still gets the other formats
+    for path, fmt in sorted(fmts, key=lambda pf: pf[1] == "html"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render(data, fmt, offline=offline), encoding="utf-8")
+        try:
+            text = render(data, fmt, offline=offline)
+        except ModuleNotFoundError as exc:
+            done = ", ".join(str(p) for p in written) or "nothing"
+            raise ReportError(
+                f"{path}: the HTML report needs {exc.name} (pip install {exc.name}); written: {done}"
+            ) from None
+        path.write_text(text, encoding="utf-8")
         written.append(path)
-    return written
+    return [path for path, _ in fmts]  # in the order asked for
