@@ -19,8 +19,10 @@ from tracekit.probe.compare import (
     judge_transport,
     load_compare,
     mode_env,
+    probe_timing,
     regime_at,
     side_by_side,
+    timing_sentence,
     trace_collectives,
     trace_mode,
     verdict,
@@ -378,6 +380,8 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
     assert all(e["regime"] == "latency" for e in d["per_size"])
     assert res["verdict"].startswith("Link bandwidth does not explain this run's shortfall")
     assert "can exceed the probe" in res["verdict"]
+    # that sweep predates --graph: one Python call per iteration, so the verdict says so
+    assert "Probe timing: eager" in res["verdict"] and d["timing"] == {"nvlink": "eager", "pcie": "eager"}
     # the caveat about per-call TUNING logging appears exactly when the saved sweep's timed loops logged it
     saved = json.loads(links.read_text())
     logged = [m for m, t in saved["transports"].items() if "TUNING" in str(t.get("nccl_debug_subsys", ""))]
@@ -456,3 +460,65 @@ def test_trace_sizes_from_real_nccl_trace(shared_traces: Path) -> None:
         assert s["busbw_gbps"] == pytest.approx(
             s["bytes"] / s["time_ns_median"] * 1.0
         )  # all_reduce, n=2: factor 1
+
+
+# ---------------------------------------------------------------------------------------------
+# --graph: which timing the probe used, in the verdict
+
+
+def graph_rows(graph_modes: set[str], iters: int = 20) -> list[dict]:
+    """model_rows() with `graph`/`iters` set per mode as the sweep writes them."""
+    rows = model_rows()
+    for r in rows:
+        r["graph"] = r["mode"] in graph_modes
+        r["iters"] = iters
+    return rows
+
+
+def test_probe_timing_per_mode() -> None:
+    modes = ["nvlink", "pcie"]
+    assert probe_timing(graph_rows({"nvlink", "pcie"}), modes) == {"nvlink": "graph", "pcie": "graph"}
+    assert probe_timing(graph_rows(set()), modes) == {"nvlink": "eager", "pcie": "eager"}
+    assert probe_timing(graph_rows({"pcie"}), modes) == {"nvlink": "eager", "pcie": "graph"}
+    # rows written before the field existed are eager; gloo rows are the host clock
+    old = [{k: v for k, v in r.items() if k != "graph"} for r in model_rows()]
+    assert probe_timing(old, modes) == {"nvlink": "eager", "pcie": "eager"}
+    cpu = [{**r, "device": "cpu", "timer": "host", "graph": False} for r in model_rows()]
+    assert probe_timing(cpu, modes)["nvlink"] == "host"
+    mixed = graph_rows({"nvlink"}) + [{**graph_rows(set())[0], "mode": "nvlink"}]
+    assert probe_timing(mixed, ["nvlink", "other"]) == {"nvlink": "mixed", "other": "none"}
+
+
+def test_timing_sentence() -> None:
+    assert "CUDA-graph replay of 20 collectives" in timing_sentence({"a": "graph", "b": "graph"}, 20)
+    assert "host launch overhead" not in timing_sentence({"a": "graph"}, 20)
+    eager = timing_sentence({"a": "eager", "b": "eager"})
+    assert "eager" in eager and "small-size times include host launch overhead" in eager
+    assert "differs between modes (a graph, b eager)" in timing_sentence({"a": "graph", "b": "eager"})
+    assert timing_sentence({"a": "none"}) == ""
+
+
+def test_verdict_says_which_timing_and_drops_the_launch_caveat_under_graph() -> None:
+    tr = decode([(8192, 16, 6000.0)])
+    args = (["nvlink", "pcie"], tr)
+    sf = shortfall_of(8e6, 16 * 6000.0)
+    eager_text, d = verdict(graph_rows(set()), *args, cpu_only=False, shortfall=sf, transports=TRANSPORTS)
+    assert d["timing"] == {"nvlink": "eager", "pcie": "eager"}
+    assert "Probe timing: eager" in eager_text and "host launch overhead" in eager_text
+    assert "leaves out the launch latency" in eager_text
+    graph_text, d = verdict(
+        graph_rows({"nvlink", "pcie"}), *args, cpu_only=False, shortfall=sf, transports=TRANSPORTS
+    )
+    assert d["timing"] == {"nvlink": "graph", "pcie": "graph"}
+    assert "Probe timing: CUDA-graph replay of 20 collectives" in graph_text
+    assert "host launch" not in graph_text.replace("no host launch per call", "")
+    assert "launch latency" not in graph_text and "gap between back-to-back kernels" in graph_text
+    # TUNING logged under --graph goes to the capture, not the timed replay: no TUNING caveat
+    tuning = {m: {**t, "nccl_debug_subsys": "INIT,GRAPH,TUNING"} for m, t in TRANSPORTS.items()}
+    text, d = verdict(graph_rows({"nvlink", "pcie"}), *args, cpu_only=False, transports=tuning)
+    assert d["tuning_in_timed_loop"] == [] and "logged NCCL TUNING" not in text
+    text, d = verdict(graph_rows({"pcie"}), *args, cpu_only=False, transports=tuning)
+    assert d["tuning_in_timed_loop"] == ["nvlink"] and "logged NCCL TUNING" in text
+    # without a trace the probe-only verdict says it too
+    text, d = verdict(graph_rows({"nvlink", "pcie"}), ["nvlink", "pcie"], None, cpu_only=False)
+    assert "Probe timing: CUDA-graph replay" in text and d["timing"]["pcie"] == "graph"

@@ -44,6 +44,7 @@ def check_rows(rows: list[dict], n: int, sizes: list[int]) -> None:
         assert r["correct"] is True and r["wrong"] == 0, r
         assert r["time_us_min"] <= r["time_us"] <= r["time_us_max"]
         assert r["timer"] == "host" and r["time_us"] == r["host_time_us"]
+        assert r["graph"] is False  # gloo/CPU never runs --graph (JSON and CSV alike)
         alg = r["bytes"] / (r["time_us"] * 1e3)
         assert r["algbw_gbps"] == pytest.approx(alg, rel=1e-9)
         assert r["busbw_gbps"] == pytest.approx(r["algbw_gbps"] * FACTOR[r["op"]](n), rel=1e-9)
@@ -368,3 +369,49 @@ def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(
     res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "l3"), nccl_debug="tuning"))
     assert len(calls) == 1 and res.transport["algo_source"] == "timed run"
     assert all(r["algo"] == "RING" for r in res.rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# --graph (CUDA-graph timing): the CPU error, and the option's path to the ranks and the rows
+
+
+def test_graph_on_cpu_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    from tracekit.errors import ProbeError
+    from tracekit.probe.sweep import SweepConfig
+
+    assert main(["probe", "--device", "cpu", "--graph"]) == 2
+    assert main(["probe", "--device", "auto", "--backend", "gloo", "--graph"]) == 2
+    assert main(["compare-links", "--device", "cpu", "--graph"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(e.startswith("tracekit: error: --graph needs CUDA/NCCL") for e in err)
+    with pytest.raises(ProbeError, match="--graph needs CUDA/NCCL"):
+        SweepConfig(device="cpu", graph=True).resolved()
+    assert SweepConfig(device="cpu").resolved().graph is False
+
+
+def test_graph_reaches_the_rank_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--graph` on the CLI sets SweepConfig.graph for the timed sweep (as the ranks receive it:
+    the config object is pickled to each spawned rank whole), while the un-timed algo pass stays eager."""
+    import tracekit.probe.compare as compare
+    import tracekit.probe.sweep as sweep
+    from tracekit.probe.links import Topology
+
+    seen: list[sweep.SweepConfig] = []
+
+    def fake_run(cfg: sweep.SweepConfig) -> sweep.SweepResult:
+        seen.append(cfg)
+        return sweep.SweepResult([], {}, None, {}, [], sweep._config_dict(cfg))
+
+    monkeypatch.setattr(sweep, "run_sweep_detailed", fake_run)
+    assert main(["probe", "--device", "cpu", "--no-progress"]) == 0  # no rows: a torchrun rank's path
+    assert main(["probe", "--gpus", "0,1", "--graph", "--no-progress"]) == 0
+    assert [c.graph for c in seen] == [False, True]
+    assert sweep.algo_pass_config(seen[1]).graph is False
+    # compare-links: every mode's sweep gets it, and the result's config records it
+    monkeypatch.setattr(sweep, "resolve_device", lambda device, backend: "cuda")
+    monkeypatch.setattr(compare, "run_sweep_detailed", fake_run)
+    seen.clear()
+    cfg = compare.CompareConfig(ops=("all_reduce",), gpus=(0, 1), graph=True)
+    res = compare.compare_links(cfg, topology=Topology(links=[], gpus=[], source="", notes=[]))
+    assert [(c.mode, c.graph) for c in seen] == [("nvlink", True), ("pcie", True)]
+    assert res["config"]["graph"] is True

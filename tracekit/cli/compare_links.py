@@ -76,6 +76,13 @@ from tracekit.probe import spec
     help="Read NCCL's algorithm/protocol per size from a separate un-timed TUNING pass per mode.",
 )
 @click.option(
+    "--graph/--no-graph",
+    default=False,
+    show_default=True,
+    help="CUDA/NCCL: time a CUDA-graph replay of the iterations (nccl-tests -G), so small sizes show the "
+    "link's latency rather than the host's launch rate (~35-45 us per Python call).",
+)
+@click.option(
     "--log-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -114,6 +121,7 @@ def command(
     load_path: Path | None,
     nccl_debug: str,
     algo_pass: bool,
+    graph: bool,
     log_dir: Path | None,
     fmt: str | None,
     out: Path | None,
@@ -128,12 +136,15 @@ def command(
     probe busbw per mode at the decode's sizes (latency- or bandwidth-bound), the busbw the trace
     realised, and the bound XN (1 - 1/k) per token, as a share of S with --baseline.
     --load re-uses a saved result (no sweeps, no GPU). On a CPU-only machine every mode runs the
-    gloo path (nothing to compare; it says so).
+    gloo path (nothing to compare; it says so). --graph (CUDA only) times CUDA-graph replays
+    instead of one Python call per iteration; the verdict says which timing was used.
 
     \b
     Examples:
       tracekit compare-links --gpus 0,1 --op all_reduce,all_gather -o reports/links.json
       tracekit compare-links --gpus 0,1 --trace traces/h200-tp2 --baseline traces/h200-tp1 --max 64M
+      tracekit compare-links --gpus 0,1 --op all_reduce --max 64M --graph --trace traces/h200-tp2 \\
+          --baseline traces/h200-tp1 -o reports/h200/links-graph.json
       tracekit compare-links --load reports/h200/links.json --trace traces/h200-tp2 \\
           --baseline traces/h200-tp1 -o reports/h200/links-verdict.json
       tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
@@ -182,6 +193,7 @@ def command(
         baseline_dir=str(baseline_dir) if baseline_dir else None,
         nccl_debug=nccl_debug,
         algo_pass=algo_pass,
+        graph=graph,
         log_dir=str(log_dir) if log_dir else None,
         progress=sys.stderr.isatty() if progress is None else progress,
     )

@@ -121,6 +121,13 @@ def _transport_notes(result: Any) -> list[str]:
     help="Where each rank's NCCL log goes [a temporary folder].",
 )
 @click.option(
+    "--graph/--no-graph",
+    default=False,
+    show_default=True,
+    help="CUDA/NCCL: capture the timed iterations in a CUDA graph and time its replay (nccl-tests -G): "
+    "no host launch per call, so small sizes show the link's latency, not Python's launch rate.",
+)
+@click.option(
     "--check/--no-check", default=True, show_default=True, help="Check every result (nccl-tests' #wrong)."
 )
 @click.option(
@@ -155,6 +162,7 @@ def command(
     nccl_debug: str,
     algo_pass: bool,
     log_dir: Path | None,
+    graph: bool,
     check: bool,
     fmt: str | None,
     out: Path | None,
@@ -168,11 +176,14 @@ def command(
     with nccl-tests' byte counts and factors; time = average over ranks (nccl-tests' default),
     min and max in JSON/CSV. The transport NCCL used is read from its NCCL_DEBUG=INFO logs
     (INIT,GRAPH: no per-call logging in the timed loop); algorithm/protocol per size from a
-    separate un-timed TUNING pass. NCCL_NVLS_ENABLE=0 always.
+    separate un-timed TUNING pass. NCCL_NVLS_ENABLE=0 always. Without --graph every iteration is
+    one Python call, so small sizes measure the host's launch rate (~35-45 us a call); --graph
+    times one CUDA-graph replay of the iterations instead (rows carry "graph": true).
 
     \b
     Examples:
       tracekit probe --op all_reduce --min 8 --max 1G --ranks 2          # 2 GPUs, NCCL
+      tracekit probe --op all_reduce --min 8 --max 64M --gpus 0,1 --graph # CUDA-graph timing
       tracekit probe --op all_reduce,all_gather --device cpu --ranks 3 --max 1M -o rows.json
       tracekit probe --op copy --min 64M --max 1G                         # copy engine + ceiling
       tracekit probe --op links                                           # NVLink / PCIe per GPU pair
@@ -181,6 +192,8 @@ def command(
 
     fmt = _format_from(out, fmt)
     show_progress = sys.stderr.isatty() if progress is None else progress
+    if graph and op_text.strip().lower() in ("links", "copy"):
+        raise ProbeError("--graph applies to collective sweeps, not --op links/copy")
     if op_text.strip().lower() == "links":
         _links(fmt, out)
         return
@@ -203,6 +216,7 @@ def command(
         device=device,
         devices=_gpus(gpus),
         check=check,
+        graph=graph,
         nccl_debug=nccl_debug,
         algo_pass=algo_pass,
         log_dir=str(log_dir) if log_dir else None,
@@ -222,7 +236,9 @@ def _header(result: Any) -> list[str]:
         f" {c['devices'] or ''}, dtype {c['dtype']}, iters {c['iters']}, warmup {c['warmup']}",
         "time = average over ranks of per-iteration time ("
         + (
-            "CUDA events around the loop; host clock in JSON/CSV host_time_us"
+            "CUDA events around one CUDA-graph replay of the iterations / iters; host clock in JSON/CSV host_time_us"
+            if c.get("graph")
+            else "CUDA events around the loop; host clock in JSON/CSV host_time_us"
             if c["device"] == "cuda"
             else "host clock"
         )

@@ -79,6 +79,7 @@ class CompareConfig:
     algo_pass: bool = True  # algo/proto per size from a separate un-timed TUNING pass
     log_dir: str | None = None  # per-mode subfolders
     progress: bool = False
+    graph: bool = False  # CUDA/NCCL: time CUDA-graph replays (no host launch per call)
 
 
 def mode_env(mode: str, pcie_p2p_level: str | None = None) -> dict[str, str]:
@@ -499,6 +500,45 @@ def tuning_in_timed_loop(transports: dict[str, Any] | None) -> list[str]:
     return out
 
 
+def probe_timing(rows: Sequence[dict[str, Any]], modes: Sequence[str]) -> dict[str, str]:
+    """How each mode's probe rows were timed: "graph" (CUDA-graph replay, no host launch per call),
+    "eager" (one host call per iteration; rows without a `graph` field, written before it existed,
+    count as eager), "host" (the CPU/gloo host clock), "mixed", or "none" (no rows)."""
+    out = {}
+    for m in modes:
+        kinds = set()
+        for r in rows:
+            if r.get("mode") != m:
+                continue
+            if r.get("graph"):
+                kinds.add("graph")
+            elif r.get("device") == "cpu" or r.get("timer") == "host":
+                kinds.add("host")
+            else:
+                kinds.add("eager")
+        out[m] = kinds.pop() if len(kinds) == 1 else ("mixed" if kinds else "none")
+    return out
+
+
+def timing_sentence(timing: dict[str, str], iters: int | None = None) -> str:
+    """One sentence on how the probe was timed; for eager timing, the host-launch caveat."""
+    kinds = set(timing.values()) - {"none"}
+    if not kinds:
+        return ""
+    if kinds == {"graph"}:
+        per = f" of {iters} collectives" if iters else ""
+        return f" Probe timing: CUDA-graph replay{per} (--graph): no host launch per call."
+    if kinds == {"host"}:
+        return " Probe timing: host clock around the gloo calls."
+    if kinds == {"eager"}:
+        return (
+            " Probe timing: eager, one host launch per call: small-size times include host launch "
+            "overhead (--graph removes it)."
+        )
+    parts = ", ".join(f"{m} {k}" for m, k in timing.items())
+    return f" Probe timing differs between modes ({parts}): compare small sizes with care."
+
+
 def _order_modes(
     rows: Sequence[dict[str, Any]], modes: Sequence[str], op: str
 ) -> tuple[str, str | None, dict[str, Any] | None]:
@@ -553,12 +593,21 @@ def _probe_only_verdict(
             {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
         )
     body = "; ".join(parts) if parts else "no two modes to compare"
+    timing = probe_timing(rows, modes)
+    details["timing"] = timing
     return (
         prefix
         + body
-        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time.",
+        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time."
+        + timing_sentence(timing, _iters_of(rows)),
         details,
     )
+
+
+def _iters_of(rows: Sequence[dict[str, Any]]) -> int | None:
+    its = {r.get("iters") for r in rows if r.get("graph")}
+    it = its.pop() if len(its) == 1 else None
+    return int(it) if it is not None else None
 
 
 def verdict(
@@ -674,7 +723,9 @@ def verdict(
     bound_inf = max(0.0, xn) if xn is not None else None
     regimes = {e["regime"] for e in per_size if e["swept"]}
     regime = regimes.pop() if len(regimes) == 1 else "mixed"
-    tuning_modes = tuning_in_timed_loop(transports)
+    timing = probe_timing(rows, modes)
+    # under --graph NCCL logs TUNING at capture, not in the timed replay: no inflation there
+    tuning_modes = [m for m in tuning_in_timed_loop(transports) if timing.get(m) != "graph"]
     details.update(
         per_size=per_size,
         modes={"fast": fast, "slow": slow},
@@ -692,6 +743,7 @@ def verdict(
         transfer_share_of_shortfall=(xn / s_ns if xn is not None and s_ns else None),
         bound_share_of_shortfall=(bound / s_ns if bound is not None and s_ns else None),
         tuning_in_timed_loop=tuning_modes,
+        timing=timing,
         source=trace.get("source"),
     )
 
@@ -816,6 +868,10 @@ def verdict(
     trace_time = "transfer time" if transfer else "kernel time"
     ref_words = labels[ref_mode] + (" (the mode the decode ran in)" if trace.get("mode") == ref_mode else "")
     where = f"{main['op']} {_fmt_bytes(main['bytes'])}"
+    # what the probe's per-iteration time holds that the trace's transfer time does not
+    launch = (
+        "the gap between back-to-back kernels" if timing.get(ref_mode) == "graph" else "the launch latency"
+    )
     tail = ""
     if math.isfinite(realised) and math.isfinite(pref) and pref > 0:
         ratio = realised / pref
@@ -823,7 +879,7 @@ def verdict(
             tail = (
                 f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_share(ratio)} of the "
                 f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: its transfers run at what the link gives at "
-                f"this size (the trace's {trace_time} leaves out the launch latency the probe's time includes)."
+                f"this size (the trace's {trace_time} leaves out {launch} the probe's time includes)."
             )
         elif ratio > 1 and main["regime"] == "bandwidth":
             tail = (
@@ -834,8 +890,8 @@ def verdict(
         elif ratio > 1:
             tail = (
                 f" The trace realised {_fmt_gbps(realised)} GB/s at {where} ({how}), {_fmt_ratio(ratio)} the "
-                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: the trace's {trace_time} leaves out the launch "
-                "latency that the probe's per-iteration time includes, so at "
+                f"probe's {_fmt_gbps(pref)} GB/s over {ref_words}: the trace's {trace_time} leaves out {launch} "
+                "that the probe's per-iteration time includes, so at "
                 + ("these latency-bound sizes" if main["regime"] == "latency" else "small sizes")
                 + " the trace can exceed the probe; that is not the link running at its limit."
             )
@@ -851,7 +907,7 @@ def verdict(
                 f"the probe's {_fmt_gbps(pref)} GB/s over {ref_words}: something other than the link's bandwidth "
                 "(e.g. contention with concurrent kernels) slows these transfers."
             )
-    caveats = ""
+    caveats = timing_sentence(timing, _iters_of(rows))
     if tuning_modes and any(e["regime"] == "latency" for e in per_size if e["swept"]):
         caveats += (
             f" The probe's timed loops ({', '.join(tuning_modes)}) logged NCCL TUNING, a host log line per call, "
@@ -885,6 +941,8 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
     where = resolve_device(config.device, None)
     cpu_only = where == "cpu"
+    if config.graph and cpu_only:
+        raise ProbeError("--graph needs CUDA/NCCL (this run would use gloo on the CPU)")
     topo = topology if topology is not None else detect_topology()
     max_bytes = config.max_bytes if config.max_bytes is not None else (1024**3 if not cpu_only else 1024**2)
     notes: list[str] = []
@@ -910,6 +968,7 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         nccl_debug=config.nccl_debug,
         algo_pass=config.algo_pass,
         progress=config.progress,
+        graph=config.graph,
     )
     rows: list[dict[str, Any]] = []
     modes_out = []
@@ -958,6 +1017,7 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
             "dtype": config.dtype,
             "nccl_debug": config.nccl_debug,
             "algo_pass": config.algo_pass,
+            "graph": config.graph,
             "pcie_p2p_level": config.pcie_p2p_level,
         },
         "modes": modes_out,

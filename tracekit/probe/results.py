@@ -33,6 +33,7 @@ ROW_FIELDS: tuple[str, ...] = (
     "iters",
     "warmup",
     "timer",
+    "graph",
     "time_us",
     "time_us_min",
     "time_us_max",
@@ -74,9 +75,11 @@ def make_row(
     warmup: int,
     mode: str = "default",
     transport: str = "",
+    graph: bool = False,
 ) -> dict[str, Any]:
     """One row from every rank's per-iteration times (µs). `wrong` is the number of wrong
-    elements summed over ranks, or None when the result was not checked."""
+    elements summed over ranks, or None when the result was not checked. `graph`: the times are a
+    CUDA-graph replay of the iterations (no host launch per call)."""
     t_min, t_avg, t_max = _stats(time_us_per_rank)
     h_min, h_avg, h_max = _stats(host_time_us_per_rank)
     factor = probe_factor(op, lay.n_ranks)
@@ -96,6 +99,7 @@ def make_row(
         "iters": iters,
         "warmup": warmup,
         "timer": timer,
+        "graph": bool(graph),
         "time_us": t_avg,
         "time_us_min": t_min,
         "time_us_max": t_max,
@@ -235,7 +239,7 @@ def rows_from_csv(text: str) -> list[dict[str, Any]]:
     for rec in csv.DictReader(io.StringIO(text)):
         row: dict[str, Any] = {}
         for k, v in rec.items():
-            if k in ("in_place", "correct"):
+            if k in ("in_place", "correct", "graph"):
                 row[k] = None if v == "" else v == "true"
             elif k in ints:
                 row[k] = None if v == "" else int(v)

@@ -7,6 +7,12 @@ For every op, every size (min, min*factor, ... max) and every form (out-of-place
    before the first launch until a stream synchronise after the last (nccl-tests' own timer);
    on CPU (gloo) the host clock only. Buffers rotate through offsets of one large allocation per
    iteration, as nccl-tests shifts its pointers, so caches do not flatter mid sizes;
+   With `graph` (CUDA/NCCL only; nccl-tests' `-G`): after the warm-up, one more call of the op on a
+   side stream (torch's rule before a capture), then the `iters` collectives of the timed form are
+   captured into one `torch.cuda.CUDAGraph` on that stream, replayed once un-timed (the upload),
+   and one `replay()` is timed the same way (events, host clock closed by a stream synchronise);
+   per-iteration time = replay time / iters. That removes the host's launch cost per call (one
+   Python `dist.*` call costs ~35-45 us, more than a small collective on NVLink);
 3. a separate check iteration on freshly filled buffers, compared on the device with the value every
    element must have (`tracekit.probe.spec`), counting wrong elements (nccl-tests' `#wrong`).
 Per-rank per-iteration times are gathered and reduced to min / average / max over ranks; the row's
@@ -76,6 +82,7 @@ class SweepConfig:
     log_dir: str | None = None  # where NCCL logs go; None: a temporary folder (kept in the result)
     progress: bool = False  # rich progress bar over sizes on rank 0's stderr
     timeout_s: float = 900.0  # whole sweep
+    graph: bool = False  # CUDA/NCCL: time a CUDA-graph replay of the iters (nccl-tests -G)
 
     def resolved(self) -> SweepConfig:
         """Config with auto choices made (device, backend, ranks, names normalised)."""
@@ -112,6 +119,8 @@ class SweepConfig:
                 raise ProbeError(f"NCCL needs one GPU per rank; devices {list(devices)} repeat one")
         else:
             devices = None
+        if self.graph and (device != "cuda" or backend != "nccl"):
+            raise ProbeError(f"--graph needs CUDA/NCCL (this sweep would run {backend} on {device})")
         if self.nccl_debug not in ("tuning", "init", "off"):
             raise ProbeError(f"nccl_debug must be tuning, init or off, got {self.nccl_debug!r}")
         spec.sweep_sizes(self.min_bytes, self.max_bytes, self.factor)  # validates
@@ -212,6 +221,7 @@ class _Rank:
         dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
         self.dtype = _torch_dtype(torch, cfg.dtype)
         self.elem = spec.DTYPES[cfg.dtype][1]
+        self._capture_stream: Any = None
 
     def barrier(self) -> None:
         if self.cuda:
@@ -284,7 +294,9 @@ class _Rank:
             self._call(op, s, r, b, in_place, lay)
         self.sync()
         self.barrier()
-        if self.cuda:
+        if cfg.graph:
+            time_us, host_us = self._time_graph(op, lay, in_place, views)
+        elif self.cuda:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             stream = torch.cuda.current_stream(self.dev)
@@ -297,6 +309,7 @@ class _Rank:
             stream.synchronize()
             t1 = time.perf_counter_ns()
             time_us = start.elapsed_time(end) * 1e3 / cfg.iters
+            host_us = (t1 - t0) / 1e3 / cfg.iters
         else:
             t0 = time.perf_counter_ns()
             for i in range(cfg.iters):
@@ -304,7 +317,7 @@ class _Rank:
                 self._call(op, s, r, b, in_place, lay)
             t1 = time.perf_counter_ns()
             time_us = (t1 - t0) / 1e3 / cfg.iters
-        host_us = (t1 - t0) / 1e3 / cfg.iters
+            host_us = time_us
         wrong = self.check(op, lay, in_place, views[0]) if cfg.check else None
         return {
             "op": op,
@@ -314,6 +327,48 @@ class _Rank:
             "host_time_us": host_us,
             "wrong": wrong,
         }
+
+    def _time_graph(
+        self, op: str, lay: spec.Layout, in_place: bool, views: list[tuple[Any, Any, Any]]
+    ) -> tuple[float, float]:
+        """(device us, host us) per iteration of one timed CUDA-graph replay of `iters` collectives
+        (the module doc's step 2 with `graph`). Called after the eager warm-up, sync and barrier."""
+        torch, cfg = self.torch, self.cfg
+        nv = len(views)
+        cur = torch.cuda.current_stream(self.dev)
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(device=self.dev)
+        cap = self._capture_stream
+        # torch: warm up on the side stream the capture will use
+        cap.wait_stream(cur)
+        with torch.cuda.stream(cap):
+            s, r, b = views[0]
+            self._call(op, s, r, b, in_place, lay)
+        cur.wait_stream(cap)
+        cap.synchronize()
+        self.barrier()  # every rank enters the capture together (NCCL may register buffers there)
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads' CUDA calls (torch's NCCL watchdog, NCCL's proxy) do not
+        # invalidate the capture
+        with torch.cuda.graph(graph, stream=cap, capture_error_mode="thread_local"):
+            for i in range(cfg.iters):
+                s, r, b = views[i % nv]
+                self._call(op, s, r, b, in_place, lay)
+        try:
+            graph.replay()  # un-timed: the first launch uploads the graph
+            cur.synchronize()
+            self.barrier()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record(cur)
+            t0 = time.perf_counter_ns()
+            graph.replay()
+            end.record(cur)
+            cur.synchronize()
+            t1 = time.perf_counter_ns()
+        finally:
+            graph.reset()
+        return start.elapsed_time(end) * 1e3 / cfg.iters, (t1 - t0) / 1e3 / cfg.iters
 
     def check(self, op: str, lay: spec.Layout, in_place: bool, view: tuple[Any, Any, Any]) -> int:
         """nccl-tests' check iteration: fill, run once, count wrong elements on this rank."""
@@ -439,6 +494,7 @@ def _rank_main(
                     iters=cfg.iters,
                     warmup=cfg.warmup,
                     mode=cfg.mode,
+                    graph=cfg.graph,
                 )
             )
         return rows
@@ -536,7 +592,9 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
 def algo_pass_config(cfg: SweepConfig) -> SweepConfig:
     """The un-timed pass that reads NCCL's algorithm/protocol per size: the same ops, sizes, ranks,
     GPUs and environment, one call per size, no warm-up, no check, TUNING logged."""
-    return replace(cfg, iters=1, warmup=0, check=False, nccl_debug="tuning", progress=False, algo_pass=False)
+    return replace(
+        cfg, iters=1, warmup=0, check=False, nccl_debug="tuning", progress=False, algo_pass=False, graph=False
+    )
 
 
 def run_sweep_detailed(config: SweepConfig) -> SweepResult:
@@ -575,6 +633,8 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
             return SweepResult([], {}, log_dir, meta, notes, _config_dict(cfg))
     else:
         rows, meta = _spawn(cfg, log_dir)
+    if cfg.graph:
+        notes.append(graph_note(cfg.iters))
     if "sendrecv" in cfg.ops and cfg.ranks == 1:
         notes.append("sendrecv skipped: it needs at least 2 ranks")
     transport: dict[str, Any] = {}
@@ -615,6 +675,14 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
         for row in rows:
             row["transport"] = "gloo/tcp"
     return SweepResult(rows, transport, log_dir, meta, notes, _config_dict(cfg))
+
+
+def graph_note(iters: int) -> str:
+    """The sweep's note on CUDA-graph timing."""
+    return (
+        f"timed by CUDA-graph replay: {iters} collectives captured per (size, form), one un-timed replay, "
+        "then one timed replay (no host launch per call); the check and the algo pass run eagerly"
+    )
 
 
 def _config_dict(cfg: SweepConfig) -> dict[str, Any]:
