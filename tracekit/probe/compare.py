@@ -1001,7 +1001,7 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
             }
         )
         notes.extend(tnotes)
-        notes.extend(res.notes)
+        notes.extend(n for n in res.notes if n not in notes)  # the graph note once, not per mode
     first = next(iter(results.values()), None)
     probed = {
         "schema_version": SCHEMA_VERSION,
