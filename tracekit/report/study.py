@@ -116,6 +116,7 @@ def _compare_links(
         cfg = CompareConfig(
             ops=("all_reduce", "all_gather"),
             max_bytes=64 << 20,
+            graph=True,  # CUDA-graph timing: small sizes show the link's latency, not the host's launch
             trace_dir=str(trace_dir) if trace_dir else None,
             baseline_dir=str(baseline_dir) if baseline_dir and trace_dir else None,
         )
