@@ -221,3 +221,115 @@ def test_cli_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["breakdown", "--help"]) == 0
     out = capsys.readouterr().out
     assert "Example" in out and "tracekit breakdown" in out and "--step-pattern" in out
+
+
+# ------------------------------------------------------------------ review fixes
+
+
+def _gpu_behind_host_run() -> Run:
+    """One rank, three 10 us decode_step annotations each launching one 25 us kernel that runs after
+    the annotation ends: kernels [5,30), [30,55), [55,80) us; annotations at 0, 10, 20 us."""
+    rows: dict[str, list] = {
+        k: [] for k in ("rank", "kind", "name", "start_ns", "end_ns", "correlation", "stream")
+    }
+
+    def add(kind: str, name: str, s: int, e: int, corr: int, stream: int) -> None:
+        for k, v in zip(rows, (0, kind, name, s, e, corr, stream), strict=True):
+            rows[k].append(v)
+
+    for i, k_start in enumerate((5_000, 30_000, 55_000)):
+        add("annotation", f"decode_step#{i}", 10_000 * i, 10_000 * i + 10_000, -1, 1)
+        add("runtime", "cudaLaunchKernel", 10_000 * i + 1_000, 10_000 * i + 2_000, 100 + i, 1)
+        add("kernel", GEMM, k_start, k_start + 25_000, 100 + i, 7)
+    return Run(events=make_events(rows), sources={0: "rank-0.json"})
+
+
+def test_gpu_behind_host_is_not_double_counted() -> None:
+    b = breakdown(_gpu_behind_host_run())
+    # windows tile [0, 80) us: [0,10) [10,20) [20,80); the GPU's 75 us are counted once
+    assert list(b.steps["window_ns"]) == [10_000, 10_000, 60_000]
+    assert list(b.steps["compute_ns"]) == [5_000, 10_000, 60_000]
+    assert int(b.steps["compute_ns"].sum()) == 3 * 25_000
+    assert b.per_token["step_ns"]["mean"] == round(80_000 / 3)
+    assert b.data_quality.counts["step_windows_clipped"] == 2
+    assert b.data_quality.counts["step_window_spill_ns"] == (30_000 - 10_000) + (55_000 - 20_000)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "want", "noted"),
+    [
+        ({"dilation": 1.5}, 1.5, None),
+        ({"dilation": 2}, 2.0, None),
+        ({"dilation": None}, None, None),
+        ({}, None, None),
+        ({"dilation": "fast"}, None, "manifest_dilation_not_a_number"),
+        ({"dilation": "1.5"}, None, "manifest_dilation_not_a_number"),
+        ({"dilation": True}, None, "manifest_dilation_not_a_number"),
+        ({"dilation": float("nan")}, None, "manifest_dilation_not_a_number"),
+        ({"dilation": [1.5]}, None, "manifest_dilation_not_a_number"),
+        ([1, 2], None, "manifest_not_an_object"),
+        ("x", None, "manifest_not_an_object"),
+    ],
+)
+def test_manifest_dilation_only_a_real_number(
+    manifest: object, want: float | None, noted: str | None
+) -> None:
+    run = _two_rank_run()
+    run.manifest = manifest  # type: ignore[assignment]
+    b = breakdown(run)
+    assert b.dilation == want
+    if noted is None:
+        assert not any(k.startswith("manifest_") for k in b.data_quality.counts)
+    else:
+        assert b.data_quality.counts[noted] == 1
+    json.dumps(b.to_json(), allow_nan=False)
+
+
+def _copy_cpu_tp2(tmp_path: Path) -> Path:
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "traces" / "cpu-tp2"
+    if not (src / "manifest.json").exists():
+        pytest.skip("traces/cpu-tp2 absent")
+    dst = tmp_path / "cpu-tp2"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_cli_manifest_with_a_string_dilation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = _copy_cpu_tp2(tmp_path)
+    m = json.loads((run_dir / "manifest.json").read_text())
+    m["dilation"] = "fast"
+    (run_dir / "manifest.json").write_text(json.dumps(m))
+    assert main(["breakdown", str(run_dir), "--format", "json", "--no-cache"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["dilation"] is None
+    assert doc["data_quality"]["counts"]["manifest_dilation_not_a_number"] == 1
+    assert any("'fast'" in n for n in doc["data_quality"]["notes"])
+
+
+def test_cli_rank_overrides_the_file_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    import gzip
+
+    f = Path(__file__).resolve().parents[1] / "traces" / "cpu-tp2" / "rank-1.pt.trace.json.gz"
+    if not f.exists():
+        pytest.skip("traces/cpu-tp2 absent")
+    with gzip.open(f) as fh:
+        own = json.load(fh)["distributedInfo"]["rank"]
+    assert own == 1
+    assert main(["breakdown", str(f), "--rank", "0", "--format", "json", "--no-cache"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"]["ranks"] == [0]
+    assert doc["data_quality"]["counts"]["rank_overridden"] == 1
+    assert any("says rank 1" in n and "rank 0 was given" in n for n in doc["data_quality"]["notes"])
+    # the same rank as the file's: nothing to say
+    assert main(["breakdown", str(f), "--rank", "1", "--format", "json", "--no-cache"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["source"]["ranks"] == [1] and "rank_overridden" not in doc["data_quality"]["counts"]
+
+
+def test_cli_help_says_rank_overrides_and_skip_first_default(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["breakdown", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "overriding the rank the file says" in out
+    assert "per-token figures include the first step unless --skip-first 1" in out

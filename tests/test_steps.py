@@ -4,6 +4,7 @@ real trace, a CPU gloo capture, and speed."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import time
 from decimal import Decimal
@@ -370,3 +371,109 @@ def test_partition_of_a_million_events_is_fast() -> None:
     elapsed = time.perf_counter() - t0
     assert len(p) == 2 * per_rank_steps
     assert elapsed < 2.0, f"classify + steps + partition of {len(ev)} events took {elapsed:.2f} s"
+
+
+# ------------------------------------------------------------------ windows never overlap
+
+
+def _gpu_behind_host() -> pd.DataFrame:
+    # rank 0: three 10 ns annotations, each launching one 25 ns kernel that runs after it ends
+    #   decode_step#0 [0,10)  -> GEMM [5,30)    (gpu end 30, next step starts at 10: clipped, 20 spill)
+    #   decode_step#1 [10,20) -> NCCL [30,55)   (gpu end 55, next step starts at 20: clipped, 35 spill)
+    #   decode_step#2 [20,30) -> GEMM [55,80)   (last step: not clipped, window [20,80))
+    # rank 1: no overlap: decode_step#0 [0,50) -> GEMM [10,60) (window [0,60), next step at 100);
+    #   decode_step#1 [100,150) -> GEMM [110,120)
+    return _table(
+        [
+            (0, "annotation", "decode_step#0", 0, 10, -1),
+            (0, "runtime", "cudaLaunchKernel", 1, 2, 1),
+            (0, "kernel", GEMM, 5, 30, 1),
+            (0, "annotation", "decode_step#1", 10, 20, -1),
+            (0, "runtime", "cudaLaunchKernel", 11, 12, 2),
+            (0, "kernel", NCCL, 30, 55, 2),
+            (0, "annotation", "decode_step#2", 20, 30, -1),
+            (0, "runtime", "cudaLaunchKernel", 21, 22, 3),
+            (0, "kernel", GEMM, 55, 80, 3),
+            (1, "annotation", "decode_step#0", 0, 50, -1),
+            (1, "runtime", "cudaLaunchKernel", 5, 6, 4),
+            (1, "kernel", GEMM, 10, 60, 4),
+            (1, "annotation", "decode_step#1", 100, 150, -1),
+            (1, "runtime", "cudaLaunchKernel", 105, 106, 5),
+            (1, "kernel", GEMM, 110, 120, 5),
+        ]
+    )
+
+
+def test_windows_are_clipped_at_the_next_step_and_never_double_count() -> None:
+    ev = classify(_gpu_behind_host())
+    d = find_steps_detailed(ev)
+    s = d.steps
+    r0, r1 = s[s["rank"] == 0], s[s["rank"] == 1]
+    assert list(zip(r0["start_ns"], r0["end_ns"], strict=True)) == [(0, 10), (10, 20), (20, 80)]
+    assert list(r0["gpu_end_ns"]) == [30, 55, 80] and list(r0["annotation_end_ns"]) == [10, 20, 30]
+    assert list(zip(r1["start_ns"], r1["end_ns"], strict=True)) == [(0, 60), (100, 150)]  # extended, no clip
+    assert d.data_quality.counts["step_windows_clipped"] == 2
+    assert d.data_quality.counts["step_window_spill_ns"] == 20 + 35
+    assert any("clipped at the next step's start" in n for n in d.data_quality.notes)
+
+    p = partition_steps(ev, s)
+    got = {
+        (int(r.rank), int(r.step)): (
+            int(r.window_ns),
+            int(r.compute_ns),
+            int(r.collective_ns),
+            int(r.idle_ns),
+        )
+        for r in p.itertuples()
+    }
+    assert got == {
+        (0, 0): (10, 5, 0, 5),  # GEMM [5,10)
+        (0, 1): (10, 10, 0, 0),  # the first GEMM's spill [10,20) runs here
+        (0, 2): (60, 10 + 25, 25, 0),  # GEMM [20,30), NCCL [30,55), GEMM [55,80)
+        (1, 0): (60, 50, 0, 10),
+        (1, 1): (50, 10, 0, 40),
+    }
+    # no double counting, checked nanosecond by nanosecond: the busy time summed over the windows of
+    # a rank equals the kernel time inside the union of its windows, and no window overlaps another
+    kernels = ev[ev["kind"] == "kernel"]
+    for r in (0, 1):
+        win = [(int(a), int(b)) for a, b in p.loc[p["rank"] == r, ["start_ns", "end_ns"]].to_numpy()]
+        assert all(b1 <= a2 for (_, b1), (a2, _) in zip(win, win[1:], strict=False))
+        in_windows = {t for a, b in win for t in range(a, b)}
+        k = kernels[kernels["rank"] == r]
+        busy = {t for a, b in zip(k["start_ns"], k["end_ns"], strict=True) for t in range(int(a), int(b))}
+        rp = p[p["rank"] == r]
+        assert int((rp["compute_ns"] + rp["collective_ns"]).sum()) == len(busy & in_windows)
+        assert int(rp["window_ns"].sum()) == len(in_windows)
+
+
+def test_windows_of_the_shared_traces_do_not_overlap(shared_traces: Path) -> None:
+    from tracekit.read import read_run
+
+    for rel in ("h200/kineto_decode_ws1.pt.trace.json.gz", "external/hta/nccl_data.json.gz"):
+        path = shared_traces / rel
+        if not path.exists():
+            continue
+        steps = find_steps(read_run([path], cache=False).events)
+        for _, g in steps.groupby("rank"):
+            assert (g["end_ns"].to_numpy()[:-1] <= g["start_ns"].to_numpy()[1:]).all()
+
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+BEFORE_CLIP = Path(__file__).resolve().parent / "data" / "breakdown_before_clip"
+
+
+@pytest.mark.parametrize("name", ["h200-tp2", "cpu-tp2"])
+def test_committed_traces_unchanged_by_the_clip(name: str) -> None:
+    """These runs' windows never overlapped: every window and part equals the breakdown computed
+    before the clip existed (tests/data/breakdown_before_clip, commit 0ea6933), and nothing is clipped."""
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
+    if not (TRACES / name / "manifest.json").exists():
+        pytest.skip(f"traces/{name} absent")
+    b = breakdown(read_run([TRACES / name], cache=False))
+    assert "step_windows_clipped" not in b.data_quality.counts
+    before = pd.read_csv(BEFORE_CLIP / f"{name}.csv")
+    now = pd.read_csv(io.StringIO(b.to_csv()))
+    pd.testing.assert_frame_equal(now, before)

@@ -10,6 +10,7 @@ and the capture's dilation. `to_json()` is the documented contract docs/JSON.md#
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +201,32 @@ def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.Dat
     return agg.reset_index()
 
 
+def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
+    """The manifest's `dilation` when it is a real, finite number; else None, with a data-quality
+    note when the manifest or its `dilation` is there but unusable (never raises)."""
+    if manifest is None:
+        return None
+    if not isinstance(manifest, dict):
+        dq.add(
+            "manifest_not_an_object",
+            1,
+            f"the capture manifest is a JSON {type(manifest).__name__}, not an object: it was ignored "
+            "(no dilation)",
+        )
+        return None
+    value = manifest.get("dilation")
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    dq.add(
+        "manifest_dilation_not_a_number",
+        1,
+        f"the capture manifest's dilation is {value!r}, not a number: it was ignored (no dilation)",
+    )
+    return None
+
+
 def breakdown(
     run: Run, step_pattern: str | None = None, skip_first: int = 0, *, rank: int | None = None
 ) -> Breakdown:
@@ -270,9 +297,7 @@ def breakdown(
             "counted as 'unknown', see unknown_kernels",
         )
 
-    dilation = None
-    if run.manifest and run.manifest.get("dilation") is not None:
-        dilation = float(run.manifest["dilation"])
+    dilation = manifest_dilation(run.manifest, dq)
 
     ranks = sorted(int(r) for r in table["rank"].unique())
     paths = [str(run.sources[r]) for r in sorted(run.sources) if rank is None or r == rank]

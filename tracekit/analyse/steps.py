@@ -4,7 +4,11 @@
 pattern (default `decode_step`, then `ProfilerStep#N`), one window per annotation and rank. A
 window starts at its annotation and ends at the later of the annotation's end and the end of the
 last GPU operation launched inside it (runtime calls within the annotation joined to GPU activity
-by `correlation`).
+by `correlation`), but never after the next step's annotation starts on the same rank: the windows
+of a rank do not overlap, so no nanosecond is counted in two steps. When the GPU runs behind the
+host, the work of a step that spills past the next annotation's start is counted in the next
+window (it occupies the device then); data quality counts the clipped windows
+(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`).
 
 `partition_steps(classified_events, steps)` splits every window, nanosecond by nanosecond, into
 compute / memory / collective / unknown / sync / idle by priority
@@ -53,7 +57,15 @@ _LAYERS: tuple[str, ...] = PARTS[:-1]
 
 _STEP_NUMBER = re.compile(r"(\d+)\s*$")
 
-STEP_COLUMNS: tuple[str, ...] = ("rank", "step", "name", "start_ns", "end_ns", "annotation_end_ns")
+STEP_COLUMNS: tuple[str, ...] = (
+    "rank",
+    "step",
+    "name",
+    "start_ns",
+    "end_ns",
+    "annotation_end_ns",
+    "gpu_end_ns",
+)
 
 
 def cat_mask(col: pd.Series, values: frozenset[str] | set[str] | tuple[str, ...]) -> np.ndarray:
@@ -95,8 +107,10 @@ class StepsResult:
 
 
 def find_steps(events: pd.DataFrame, pattern: str | None = None) -> pd.DataFrame:
-    """Step windows: columns rank, step, name, start_ns, end_ns, annotation_end_ns (one row per
-    rank and step, sorted by rank then start). Raises StepError when no annotation matches."""
+    """Step windows: columns STEP_COLUMNS (one row per rank and step, sorted by rank then start).
+    `end_ns` is the window's end; `annotation_end_ns` the annotation's; `gpu_end_ns` the later of
+    that and the end of the GPU work launched inside the annotation, before the clip at the next
+    step's start. Raises StepError when no annotation matches."""
     return find_steps_detailed(events, pattern).steps
 
 
@@ -176,7 +190,19 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
             "before the --nsys fix, which recorded the unprofiled and the traced pass): its steps mix "
             "passes and its dilation is not meaningful; re-capture, or choose steps with --step-pattern",
         )
-    window_end = _extend_by_gpu_work(events, rank, start, end)
+    gpu_end = _extend_by_gpu_work(events, rank, start, end)
+    window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)
+    if clipped:
+        dq.add("step_window_spill_ns", spill_ns)
+        dq.add(
+            "step_windows_clipped",
+            clipped,
+            f"{clipped} step windows were clipped at the next step's start on the same rank: the GPU "
+            f"ran behind the host, and {spill_ns} ns of work launched in a step ran after the next step's "
+            "annotation began. That time is counted in the window where it ran (windows of a rank never "
+            "overlap), so a step window follows the host's annotations and the last step carries the "
+            "backlog; per-token figures from such windows describe the host's pace, not the device's",
+        )
     steps = pd.DataFrame(
         {
             "rank": rank.astype(np.int32),
@@ -185,6 +211,7 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
             "start_ns": start,
             "end_ns": window_end,
             "annotation_end_ns": end,
+            "gpu_end_ns": gpu_end,
         }
     )
     counts = steps.groupby("rank").size()
@@ -268,6 +295,23 @@ def _extend_by_gpu_work(
         np.maximum.at(last_end, step_of_gpu, g_end[pos_ok])
         window_end[s_idx] = np.maximum(s_end, last_end)
     return window_end
+
+
+def _clip_at_next_step(
+    rank: np.ndarray, start: np.ndarray, window_end: np.ndarray
+) -> tuple[np.ndarray, int, int]:
+    """Clip each window's end at the start of the next step on the same rank (rows sorted by rank
+    then start, nested steps already dropped, so the next start is never before this annotation's
+    end). Returns (clipped ends, how many windows were clipped, total ns cut off)."""
+    out = window_end.copy()
+    if len(rank) < 2:
+        return out, 0, 0
+    same_rank = rank[1:] == rank[:-1]
+    limit = np.where(same_rank, start[1:], np.iinfo(np.int64).max)
+    cut = np.flatnonzero(out[:-1] > limit)
+    spill = int((out[:-1][cut] - limit[cut]).sum())
+    out[cut] = limit[cut]
+    return out, len(cut), spill
 
 
 # ----------------------------------------------------------------------------- the partition

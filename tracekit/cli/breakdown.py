@@ -151,7 +151,8 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     type=int,
     default=None,
     metavar="N",
-    help="With one trace file: its rank, when the file does not say it. With several: show only rank N.",
+    help="With one trace file: read it as rank N, overriding the rank the file says (distributedInfo; "
+    "a differing one is noted in data quality). With several: show only rank N.",
 )
 @click.option(
     "--format",
@@ -167,7 +168,8 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     type=int,
     default=0,
     show_default=True,
-    help="Drop the first N steps of each rank (warm-up).",
+    help="Drop the first N steps of each rank (warm-up). Default 0 (shortfall's is 1): per-token "
+    "figures include the first step unless --skip-first 1.",
 )
 @no_cache_option
 def command(
