@@ -65,6 +65,8 @@ def test_wait_transfer_skew_exact_to_the_ns():
         inst.loc[0, "skew_ns"] == 200 and inst.loc[0, "last_rank"] == 1 and inst.loc[0, "arrival_ns"] == 300
     )
     assert inst.loc[1, "skew_ns"] == 100 and inst.loc[1, "last_rank"] == 0
+    # the wait of the rank that waited (what the shortfall's wait_ns_median takes the median of)
+    assert inst.loc[0, "wait_ns_max"] == 200 and inst.loc[1, "wait_ns_max"] == 100
     assert ci.level == "gpu_kernel" and ci.match_by == {"default": "order"}
     assert ci.clock.shared_clock is False or ci.clock.offsets_ns == {0: 0, 1: 0}
     st = ci.stragglers.set_index("rank")

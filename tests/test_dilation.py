@@ -166,3 +166,80 @@ def test_corrected_attribution_of_an_injected_delay_is_closer_to_the_truth():
     share_u = float(uncorrected / sf.uncorrected.shortfall_ns)
     assert abs(share_c - share_truth) < abs(share_u - share_truth)
     assert "Profiler dilation" in doc["verdict"]
+
+
+# ------------------------------------------------------------------------------------------
+# malformed manifest fields (review finding 2): treated as missing, with a note naming the field
+
+GOOD = {"per_token_ns": {"0": [5, 100, 100, 100], "1": [5, 90, 90, 90]}}
+
+
+@pytest.mark.parametrize(
+    ("block", "says"),
+    [
+        ([1, 2], "'unprofiled' is a JSON array, not an object"),
+        ({"per_token_ns": [1, 2]}, "per_token_ns is a JSON array"),
+        ({"per_token_ns": {"0": "abc", "1": [1, 2, 3]}}, "per_token_ns['0'] is a JSON string"),
+        ({"per_token_ns": {"0": [None, None, None], "1": [1, 2, 3]}}, "3 value(s) that are not"),
+        ({"per_token_ns": {"0": [1, "a", 3]}}, "first: 'a'"),
+        ({"per_token_ns": {"0": [1, True, 3]}}, "first: True"),
+        ({"per_token_ns": {"0": [1, -4, 3]}}, "first: -4"),
+    ],
+)
+def test_malformed_times_are_missing_with_a_note(block, says):
+    from tracekit.analyse.dilation import MalformedTimes
+
+    with pytest.raises(MalformedTimes):
+        token_times(block)
+    d = dilation_of({"unprofiled": block, "profiled": GOOD, "dilation": 1.25})
+    assert d.unprofiled is None and d.profiled is not None
+    # the capture's own figure is kept when the times cannot be used
+    assert d.dilation == 1.25 and d.source == "manifest"
+    (note,) = d.notes
+    assert (
+        note.startswith("manifest.json field 'unprofiled'") and says in note and "treated as missing" in note
+    )
+    assert d.to_json()["notes"] == [note]
+
+
+def test_well_formed_times_have_no_notes_and_empty_blocks_are_just_missing():
+    d = dilation_of({"unprofiled": GOOD, "profiled": GOOD})
+    assert d.dilation == pytest.approx(1.0) and d.notes == ()
+    assert token_times({"per_token_ns": {}}) is None and token_times({"per_token_ns": {"0": []}}) is None
+    assert token_times(None) is None and token_times({}) is None
+
+
+def test_manifest_dilation_not_a_number_is_ignored_with_a_note():
+    d = dilation_of({"dilation": "fast"})
+    assert d.dilation is None and d.manifest_dilation is None
+    assert d.notes == ("manifest.json field 'dilation' is 'fast', not a positive number; ignored",)
+
+
+@pytest.mark.parametrize(
+    "unprofiled",
+    [[1, 2], {"per_token_ns": {"0": "abc"}}, {"per_token_ns": {"0": [None] * 4}}],
+)
+def test_dilation_cli_on_malformed_times_runs_clean_with_a_note(tmp_path, unprofiled):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(
+        json.dumps(
+            {"workload": "x", "unprofiled": unprofiled, "profiled": {"per_token_ns": {"0": [1, 2, 3]}}}
+        )
+    )
+    res = CliRunner().invoke(dilation_command, [str(run)])
+    assert res.exit_code == 0 and res.exception is None, res.output
+    assert "manifest.json field 'unprofiled'" in " ".join(res.output.split())
+    res = CliRunner().invoke(dilation_command, [str(run), "--format", "json"])
+    doc = json.loads(res.output)[0]
+    assert doc["dilation"] is None and doc["unprofiled"] is None and len(doc["notes"]) == 1
+
+
+def test_dilation_cli_manifest_not_an_object_is_one_error(tmp_path):
+    from tracekit.errors import TraceFormatError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text("[1, 2]")
+    res = CliRunner().invoke(dilation_command, [str(run)])
+    assert isinstance(res.exception, TraceFormatError) and "manifest.json" in str(res.exception)

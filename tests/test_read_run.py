@@ -196,3 +196,80 @@ def test_cache_dir_env(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.
     read_run([d / "sampled_rank-0.json.gz"])
     assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
     assert not (d / ".tracekit-cache").exists()
+
+
+# ------------------------------------------------------------------------------------------
+# malformed manifest.json (review finding 2): one TraceFormatError naming the file
+
+_TINY_TRACE = {
+    "traceEvents": [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "decode_step#0",
+            "pid": 1,
+            "tid": 1,
+            "ts": 100,
+            "dur": 50,
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "gemm",
+            "pid": 0,
+            "tid": 7,
+            "ts": 110,
+            "dur": 10,
+            "args": {"device": 0, "stream": 7},
+        },
+    ]
+}
+
+
+def _run_with_manifest(tmp_path: Path, manifest: bytes) -> Path:
+    d = tmp_path / "m"
+    d.mkdir()
+    (d / "rank-0.pt.trace.json").write_text(json.dumps(_TINY_TRACE))
+    (d / "manifest.json").write_bytes(manifest)
+    return d
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [(b"[1, 2]", "array"), (b'"x"', "string"), (b"null", "null"), (b"3", "number")],
+)
+def test_manifest_not_an_object_is_a_format_error(tmp_path: Path, text: bytes, what: str) -> None:
+    d = _run_with_manifest(tmp_path, text)
+    for paths in ([d], [d / "rank-0.pt.trace.json"]):  # a folder, or one file beside its manifest
+        with pytest.raises(TraceFormatError, match=f"top level is a JSON {what}, not an object") as ei:
+            read_run(paths, cache=False, jobs=1)
+        assert ei.value.path == str(d / "manifest.json")
+
+
+def test_manifest_invalid_json_names_the_byte_offset(tmp_path: Path) -> None:
+    # 'é' is two bytes in UTF-8: the stray second comma is at character 14 but byte 15
+    text = '{"note": "é", , "x": 1}'
+    assert text.index(", ,") + 2 == 14 and len(text[:14].encode("utf-8")) == 15
+    d = _run_with_manifest(tmp_path, text.encode("utf-8"))
+    with pytest.raises(TraceFormatError, match="not valid JSON") as ei:
+        read_run([d], cache=False, jobs=1)
+    assert ei.value.offset == 15 and ei.value.path == str(d / "manifest.json")
+    assert str(ei.value).startswith(f"{d / 'manifest.json'} at byte 15:")
+
+
+def test_manifest_not_utf8_names_the_byte_offset(tmp_path: Path) -> None:
+    d = _run_with_manifest(tmp_path, b'{"a": "\xff"}')
+    with pytest.raises(TraceFormatError, match="not UTF-8") as ei:
+        read_run([d], cache=False, jobs=1)
+    assert ei.value.offset == 7
+
+
+def test_malformed_manifest_is_one_cli_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tracekit.cli.main import main
+
+    d = _run_with_manifest(tmp_path, b"[1, 2]")
+    for argv in (["breakdown", str(d)], ["dilation", str(d)]):
+        rc = main(argv)
+        err = capsys.readouterr().err
+        assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1, err
+        assert "manifest.json" in err

@@ -86,7 +86,7 @@ def test_markdown_and_json_carry_the_html_numbers():
 def test_report_json_is_versioned_and_self_describing():
     doc = json.loads(render(build_report_data(**rs.full_inputs()), "json"))
     assert list(doc)[:2] == ["kind", "schema_version"]
-    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.1"
+    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.2"
     for key in ("verdict", "dilation", "per_token_ns", "attribution", "runs", "collectives", "stragglers",
                 "busbw", "links", "manifests", "notes"):  # fmt: skip
         assert key in doc, key
@@ -243,3 +243,18 @@ def test_without_plotly_the_other_formats_are_written_and_the_error_is_one_line(
     assert "r.md" in str(err.value) and "r.json" in str(err.value)
     assert (tmp_path / "r.md").read_text() and json.loads((tmp_path / "r.json").read_text())
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_collective_wait_is_the_waiting_ranks_wait_on_h200() -> None:
+    """The report carries the shortfall's wait (median of the per-instance max wait, schema 1.4): on
+    the committed H200 TP=2 run the early rank waits the whole skew (every all_reduce ends after its
+    last arrival), so the reported wait is the skew, not the ~0 of a median over every rank's row."""
+    from tracekit.report.build import report_from_dirs
+
+    root = Path(__file__).resolve().parents[1] / "traces"
+    if not (root / "h200-tp2").is_dir():
+        pytest.skip("traces/h200-tp2 not in this checkout")
+    doc = report_from_dirs(root / "h200-tp2", root / "h200-tp1").to_json()
+    ar = next(o for o in doc["collectives"]["by_op"] if o["op"] == "all_reduce")
+    assert ar["skew_ns_median"] > 100_000
+    assert abs(ar["wait_ns_median"] - ar["skew_ns_median"]) <= 0.2 * ar["skew_ns_median"]

@@ -7,6 +7,7 @@ the code's output.
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
 
@@ -210,3 +211,170 @@ def test_swapped_baseline_and_sharded_is_refused_with_a_hint(capsys: pytest.Capt
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("tracekit: error:") and "swapped" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------
+# the collectives table: the wait of the rank that waited (review finding 1)
+
+#: rank 1's all-reduce start per step; rank 0 starts at +360 and both end at +800, so rank 0 waits
+#: (start - 360) = 2, 300, 300, 300 and rank 1 (the last arriver) waits 0 in every instance
+R1_LATE_START = [362, 660, 660, 660]
+
+
+def _late_rank_run() -> Run:
+    rows = []
+    for k, o in enumerate(R1_LATE_START):
+        t = k * 10_000
+        rows += [
+            (0, "annotation", f"decode_step#{k}", t, t + 1000),
+            (0, "kernel", GEMM, t + 50, t + 350),
+            (0, "kernel", AR, t + 360, t + 800),
+            (1, "annotation", f"decode_step#{k}", t, t + 1000),
+            (1, "kernel", GEMM, t + 50, t + o - 10),
+            (1, "kernel", AR, t + o, t + 800),
+        ]
+    return Run(events=_events(rows), sources={0: "r0", 1: "r1"})
+
+
+def test_collective_wait_median_is_the_median_of_per_instance_max_wait():
+    doc = shortfall(baseline_run(), _late_rank_run(), skip_first=1).to_json()
+    assert doc["schema_version"] == "1.4"
+    (op,) = doc["collectives"]["by_op"]
+    assert op["op"] == "all_reduce" and op["count"] == 4
+    # by hand: per instance the largest wait is rank 0's: 2, 300, 300, 300 -> median 300. The old
+    # figure, the median over the 8 (instance, rank) rows [0, 0, 0, 0, 2, 300, 300, 300], was 1.
+    assert op["wait_ns_median"] == 300
+    # the skew (last start - first start) is the same 2, 300, 300, 300: rank 0 waits the whole skew
+    assert op["skew_ns_median"] == 300
+    # transfer per row: 800 - last start = 438, 140, 140, 140 on both ranks -> median 140
+    assert op["transfer_ns_median"] == 140
+
+
+def test_cli_table_header_says_what_the_wait_column_is():
+    from tracekit.cli.shortfall import render_table
+
+    text = render_table(shortfall(baseline_run(), _late_rank_run()), width=200, color=False)
+    assert "wait ms (median of per-collective max)" in text
+
+
+H200 = Path(__file__).resolve().parents[1] / "traces"
+
+
+def test_h200_tp2_all_reduce_wait_tracks_the_skew() -> None:
+    """At TP=2 the early rank waits from its start to the late rank's start, i.e. the whole skew,
+    as long as every rank's kernel ends after the last arrival (checked here on the trace first).
+    The reported wait median then equals the skew median; the old per-row median was ~0."""
+    import numpy as np
+
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.read import read_run
+
+    if not (H200 / "h200-tp2").is_dir():
+        pytest.skip("traces/h200-tp2 not in this checkout")
+    base, sharded = read_run([H200 / "h200-tp1"]), read_run([H200 / "h200-tp2"])
+    parts = attribute_run(sharded, label="sharded")
+    pr = parts.collectives.per_rank
+    ar = pr[pr["op"] == "all_reduce"]
+    last = ar.groupby("instance")["start_ns"].transform("max")
+    assert (ar["end_ns"] >= last).all(), "premise: every all_reduce ends after its last arrival"
+    # independent: per instance, the first rank's start to the last rank's start
+    first = ar.groupby("instance")["start_ns"].min()
+    skew_median = float(np.median((ar.groupby("instance")["start_ns"].max() - first).to_numpy()))
+    doc = shortfall(base, sharded).to_json()
+    op = next(o for o in doc["collectives"]["by_op"] if o["op"] == "all_reduce")
+    assert skew_median > 100_000  # ~0.7 ms on this capture
+    assert abs(op["wait_ns_median"] - skew_median) <= 0.2 * skew_median
+    assert abs(op["skew_ns_median"] - skew_median) <= 1
+    # the old figure (median over every (instance, rank) row) is far below: the last arriver waits 0
+    assert float(ar["wait_ns"].median()) < 0.1 * skew_median
+
+
+# ------------------------------------------------------------------------------------------
+# malformed manifests and kernel-less traces (review findings 2, 3)
+
+
+def test_workload_not_an_object_is_a_note_not_a_crash():
+    m = _manifest(2, [600] * 4, [620] * 4)
+    m["workload"] = "x"
+    sf = shortfall(baseline_run(), sharded_run(m))
+    dq = sf.to_json()["data_quality"]
+    assert dq["counts"]["manifest_field_malformed"] == 1
+    assert any("'workload' is not an object" in n for n in dq["notes"])
+    # the pattern falls back to the default (decode_step) and the figures are those without a manifest
+    assert sf.uncorrected.shortfall_ns == 120
+
+
+def test_malformed_unprofiled_block_is_treated_as_missing():
+    m = _manifest(2, [600] * 4, [620] * 4)
+    m["unprofiled"] = {"per_token_ns": {"0": "abc", "1": [600] * 4}}
+    doc = shortfall(baseline_run(_manifest(1, [1000] * 4, [1000] * 4)), sharded_run(m)).to_json()
+    assert doc["per_token_source"] == "trace" and doc["shortfall_ns"] == 120
+    assert doc["data_quality"]["counts"]["manifest_field_malformed"] == 1
+    assert any("'unprofiled'" in n and "treated as missing" in n for n in doc["data_quality"]["notes"])
+
+
+def _host_run(n_ranks: int, op_ns: int) -> Run:
+    """CPU-only steps: one host op per step and rank, no GPU events, no collectives."""
+    rows = []
+    for k in range(4):
+        t = k * 10_000
+        for r in range(n_ranks):
+            rows += [
+                (r, "annotation", f"decode_step#{k}", t, t + 1000),
+                (r, "cpu_op", "aten::mm", t + 100, t + 100 + op_ns),
+            ]
+    ev = _events(rows)
+    return Run(events=ev, sources={r: f"cpu-r{r}" for r in range(n_ranks)})
+
+
+def test_host_timeline_run_without_collectives_is_not_refused():
+    sf = shortfall(_host_run(1, 600), _host_run(2, 300))
+    assert sf.sharded.timeline == "host" and sf.sharded.collectives.n_instances == 0
+    assert "ranks_without_kernels" not in sf.data_quality.counts
+
+
+def _nsys_without_kernels(tmp_path: Path) -> Path:
+    import gzip
+    import shutil
+    import sqlite3
+
+    src = H200 / "h200-tp2-nsys" / "nsys.sqlite.gz"
+    if not src.is_file():
+        pytest.skip("traces/h200-tp2-nsys not in this checkout")
+    d = tmp_path / "nokern"
+    d.mkdir()
+    with gzip.open(src) as f, open(d / "nsys.sqlite", "wb") as o:
+        shutil.copyfileobj(f, o)
+    shutil.copy(H200 / "h200-tp2-nsys" / "manifest.json", d / "manifest.json")
+    con = sqlite3.connect(d / "nsys.sqlite")
+    n = con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL").rowcount
+    con.commit()
+    con.close()
+    assert n > 0
+    return d
+
+
+def test_nsys_run_without_kernels_is_refused_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.cli.main import main
+    from tracekit.errors import MatchError
+    from tracekit.read import read_run
+
+    monkeypatch.setenv("TRACEKIT_NO_CACHE", "1")
+    nokern = _nsys_without_kernels(tmp_path)
+    run = read_run([nokern])
+    assert run.ranks == [0, 1]
+    parts = attribute_run(run, label="sharded")
+    # both ranks keep their copies and sets (a GPU timeline) but lost every kernel
+    assert parts.timeline == "gpu" and parts.collectives.n_instances == 0
+    assert parts.data_quality.counts["ranks_without_kernels"] == 2
+    base = read_run([H200 / "h200-tp1-nsys"])
+    with pytest.raises(MatchError, match=r"no collectives \(kernels missing from the trace\?\)"):
+        shortfall(base, run)
+    rc = main(["shortfall", "--baseline", str(H200 / "h200-tp1-nsys"), "--sharded", str(nokern)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1
+    # a TP=1 baseline has no collectives by nature and is still attributed
+    assert shortfall(base, read_run([H200 / "h200-tp2-nsys"])).baseline.collectives.n_instances == 0

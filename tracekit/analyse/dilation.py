@@ -16,6 +16,7 @@ docs/METHOD-NOTES.md), `*_median_ns` is what the report quotes as the per-token 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -63,6 +64,7 @@ class Dilation:
     profiled: TokenTimes | None
     manifest_dilation: float | None  # what the capture itself wrote, for comparison
     source: str  # "manifest" | "none"
+    notes: tuple[str, ...] = ()  # malformed manifest fields that were treated as missing
 
     @property
     def inflated(self) -> bool | None:
@@ -103,19 +105,63 @@ class Dilation:
             "profiled": tt(self.profiled),
             "manifest_dilation": self.manifest_dilation,
             "source": self.source,
+            "notes": list(self.notes),
         }
+
+
+class MalformedTimes(ValueError):
+    """A manifest's per-token times block is not `{"per_token_ns": {rank: [ns, ...]}}`."""
+
+
+def _json_type(x: Any) -> str:
+    if isinstance(x, Mapping):
+        return "object"
+    if isinstance(x, (list, tuple)):
+        return "array"
+    if isinstance(x, str):
+        return "string"
+    if isinstance(x, bool):
+        return "boolean"
+    if isinstance(x, (int, float)):
+        return "number"
+    return "null" if x is None else type(x).__name__
+
+
+def _is_ns(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> TokenTimes | None:
     """Per token, the slowest rank's time, from a manifest `{"per_token_ns": {"0": [...], ...}}`
     block (or the inner mapping itself). Tokens missing on some rank are dropped (the shortest
-    rank's count is used). None when there is nothing."""
+    rank's count is used). None when there is nothing. MalformedTimes (a ValueError saying what
+    is wrong) when the block is not an object of rank -> list of non-negative numbers."""
+    if per_rank is None:
+        return None
+    if not isinstance(per_rank, Mapping):
+        raise MalformedTimes(f"is a JSON {_json_type(per_rank)}, not an object")
     if not per_rank:
         return None
     inner = per_rank.get("per_token_ns", per_rank)
-    if not isinstance(inner, Mapping) or not inner:
+    if inner is None:
         return None
-    lists = [list(v) for v in inner.values() if v]
+    if not isinstance(inner, Mapping):
+        raise MalformedTimes(
+            f"per_token_ns is a JSON {_json_type(inner)}, not an object of rank -> list of ns"
+        )
+    lists: list[list[int]] = []
+    for rank, v in inner.items():
+        if v is None or (isinstance(v, list) and not v):
+            continue
+        if not isinstance(v, list):
+            raise MalformedTimes(f"per_token_ns[{rank!r}] is a JSON {_json_type(v)}, not a list of ns")
+        bad = [x for x in v if not _is_ns(x)]
+        if bad:
+            raise MalformedTimes(
+                f"per_token_ns[{rank!r}] holds {len(bad)} value(s) that are not non-negative numbers "
+                f"(first: {bad[0]!r})"
+            )
+        lists.append([int(round(x)) for x in v])
     if not lists:
         return None
     n = min(len(v) for v in lists)
@@ -129,13 +175,37 @@ def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> T
 def dilation_of(
     manifest: Mapping[str, Any] | None, *, skip_first: int = 1, threshold: float = DEFAULT_THRESHOLD
 ) -> Dilation:
-    """Dilation of one run from its capture manifest (None figures when there is none)."""
-    if not manifest:
+    """Dilation of one run from its capture manifest (None figures when there is none).
+
+    A malformed `unprofiled` / `profiled` block (not rank -> list of ns) is treated as missing, and
+    `notes` says which field of manifest.json and what is wrong with it."""
+    if not manifest or not isinstance(manifest, Mapping):
         return Dilation(None, threshold, None, None, None, "none")
-    unprof = token_times(manifest.get("unprofiled"), skip_first=skip_first)
-    prof = token_times(manifest.get("profiled"), skip_first=skip_first)
+    notes: list[str] = []
+
+    def times(key: str) -> TokenTimes | None:
+        try:
+            return token_times(manifest.get(key), skip_first=skip_first)
+        except MalformedTimes as exc:
+            notes.append(
+                f"manifest.json field {key!r} {exc}; the {key} per-token times are treated as missing"
+            )
+            return None
+
+    unprof = times("unprofiled")
+    prof = times("profiled")
     md = manifest.get("dilation")
-    md_f = float(md) if isinstance(md, (int, float)) else None
+    md_f = (
+        float(md)
+        if isinstance(md, (int, float)) and not isinstance(md, bool) and math.isfinite(md) and md > 0
+        else None
+    )
+    if md is not None and md_f is None:
+        notes.append(f"manifest.json field 'dilation' is {md!r}, not a positive number; ignored")
     if unprof is None or prof is None or unprof.median_ns <= 0:
-        return Dilation(md_f, threshold, unprof, prof, md_f, "manifest" if md_f is not None else "none")
-    return Dilation(prof.median_ns / unprof.median_ns, threshold, unprof, prof, md_f, "manifest")
+        return Dilation(
+            md_f, threshold, unprof, prof, md_f, "manifest" if md_f is not None else "none", tuple(notes)
+        )
+    return Dilation(
+        prof.median_ns / unprof.median_ns, threshold, unprof, prof, md_f, "manifest", tuple(notes)
+    )

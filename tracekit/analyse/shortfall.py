@@ -44,10 +44,12 @@ import pandas as pd
 
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
-from tracekit.errors import RankError, StepError
+from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
-SCHEMA_VERSION = "1.3"  # 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis
+#: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
+#: median over instances of the per-instance max wait (was: over every (instance, rank) row)
+SCHEMA_VERSION = "1.4"
 
 #: The leaf parts of a step window, after the collective part is split (they sum to the window).
 LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
@@ -109,6 +111,22 @@ def check_ranks(run: Run, label: str) -> None:
             )
 
 
+def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
+    """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
+    from tracekit.analyse.steps import cat_mask
+    from tracekit.classify.rules import GPU_KINDS
+
+    ev_rank = classified["rank"].to_numpy(np.int64)
+    gpu = cat_mask(classified["kind"], GPU_KINDS)
+    kern = cat_mask(classified["kind"], {"kernel"})
+    out = []
+    for r in ranks:
+        on = ev_rank == r
+        if gpu[on].any() and not kern[on].any():
+            out.append(int(r))
+    return out
+
+
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
@@ -146,8 +164,17 @@ def attribute_run(
     check_ranks(run, label)
     dq = DataQuality()
     classified = run.events if "cls" in run.events.columns else classify(run.events)
+    if run.manifest and "workload" in run.manifest and not isinstance(run.manifest["workload"], Mapping):
+        dq.add(
+            "manifest_field_malformed",
+            1,
+            f"{label}: manifest.json field 'workload' is not an object; its tp, step pattern and "
+            "collectives are ignored",
+        )
     if step_pattern is None and run.manifest:
-        step_pattern = (run.manifest.get("workload") or {}).get("step_pattern") or None
+        wl = run.manifest.get("workload")
+        sp = wl.get("step_pattern") if isinstance(wl, Mapping) else None
+        step_pattern = sp if isinstance(sp, str) and sp else None
     try:
         found = find_steps_detailed(classified, step_pattern)
     except StepError as exc:
@@ -166,6 +193,14 @@ def attribute_run(
     )
     dq.merge(coll.data_quality)
     higher, coll_iv, timeline = _host_layers(classified, ranks)
+    no_kernels = ranks_without_kernels(classified, ranks)
+    if no_kernels:
+        dq.add(
+            "ranks_without_kernels",
+            len(no_kernels),
+            f"{label}: rank(s) {', '.join(map(str, no_kernels))} have GPU activity (copies, sets) but no kernels: "
+            "were kernels left out of the trace?",
+        )
     windows = table[["rank", "step", "start_ns", "end_ns"]]
     split = split_exposed(windows, higher, coll.per_rank, collective=coll_iv)
     table = table.merge(
@@ -215,6 +250,9 @@ def attribute_run(
     per_token["window"] = Fraction(int(steady["window_ns"].sum()), n)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
 
+    dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
+    for note in dil.notes:
+        dq.add("manifest_field_malformed", 1, f"{label}: {note}")
     return RunParts(
         n_ranks=len(run.ranks),
         ranks=list(run.ranks),
@@ -223,7 +261,7 @@ def attribute_run(
         slowest=slowest,
         per_token=per_token,
         collectives=coll,
-        dilation=dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold),
+        dilation=dil,
         step_pattern=found.pattern,
         data_quality=dq,
     )
@@ -625,7 +663,9 @@ def _collectives_json(run: RunParts) -> dict[str, Any]:
                     "bytes": int(size),
                     "bytes_source": str(src),  # "trace" | "manifest" | "unknown"
                     "count": int(len(ig)),
-                    "wait_ns_median": int(round(float(g["wait_ns"].median()))),
+                    # per instance the wait of the ranks that waited (the last arriver waits 0 by
+                    # definition), then the median over instances
+                    "wait_ns_median": int(round(float(ig["wait_ns_max"].median()))),
                     "transfer_ns_median": int(round(float(g["transfer_ns"].median()))),
                     "skew_ns_median": int(round(float(ig["skew_ns"].median()))),
                     "busbw_gbps_median": float(bw.median()) if len(bw) else None,
@@ -688,6 +728,11 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         raise RankError(
             f"the baseline has {base.n_ranks} ranks and the sharded run {n}: the baseline must be the "
             "run on fewer ranks (TP=1); were --baseline and --sharded swapped?"
+        )
+    if n > 1 and sharded.timeline == "gpu" and sharded.collectives.n_instances == 0:
+        raise MatchError(
+            f"the sharded run has {n} ranks on the GPU timeline but no collectives "
+            "(kernels missing from the trace?): the wait and transfer between ranks cannot be attributed"
         )
     factor = Fraction(base.n_ranks, n)
     dq = DataQuality()

@@ -14,17 +14,13 @@ from tracekit.errors import NoTracesError
 
 
 def _load_manifest(path: str) -> dict[str, Any]:
+    from tracekit.read import load_manifest
+
     p = Path(path)
     m = p / "manifest.json" if p.is_dir() else p
     if not m.is_file():
         raise NoTracesError(f"{path}: no manifest.json (dilation needs a run captured by `tracekit capture`)")
-    try:
-        doc = json.loads(m.read_text())
-    except ValueError as exc:
-        raise NoTracesError(f"{m}: not a JSON manifest ({exc})") from None
-    if not isinstance(doc, dict):
-        raise NoTracesError(f"{m}: not a JSON manifest (top level is not an object)")
-    return doc
+    return load_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
 
 
 @click.command("dilation")
@@ -81,7 +77,8 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
                 f"{x.quantile_ns(0.1) / 1e6:.3f}-{x.quantile_ns(0.9) / 1e6:.3f}",
             )
 
-        mode = str((m.get("workload") or {}).get("mode", "?"))
+        wl = m.get("workload")
+        mode = str(wl.get("mode", "?")) if isinstance(wl, dict) else "?"
         t.add_row(
             d,
             mode,
@@ -94,6 +91,9 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
             else ("NOISY" if dil.dilation is not None and dil.dilation < 1 / (1 + threshold) else ""),
         )
     console.print(t)
+    for d, _, dil in rows:
+        for note in dil.notes:
+            console.print(f"{d}: {note}")
     console.print(
         f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler. "
         "NOISY: the profiled pass was faster than the unprofiled one (a profiler cannot speed a run up: the host "

@@ -102,7 +102,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
             "op",
             "bytes",
             "count",
-            "wait ms (median)",
+            "wait ms (median of per-collective max)",
             "transfer ms (median)",
             "skew ms (median)",
             "busbw GB/s",

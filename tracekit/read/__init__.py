@@ -25,7 +25,7 @@ import pandas as pd
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
-__all__ = ["READERS", "find_trace_files", "read_file", "read_run"]
+__all__ = ["READERS", "find_trace_files", "load_manifest", "read_file", "read_run"]
 
 #: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
 READERS: dict[str, str] = {
@@ -54,6 +54,44 @@ def _is_trace_name(name: str) -> bool:
     return low not in _NOT_TRACES and any(low.endswith(s) for s in READERS) and not low.startswith(".")
 
 
+def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A capture manifest (docs/JSON.md#manifest) as a dict. TraceFormatError naming the file when
+    it cannot be read, is not UTF-8 or JSON (with the byte offset), or its top level is not an object."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise TraceFormatError(p, f"manifest cannot be read ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(p, "manifest is not UTF-8 text", offset=exc.start) from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        offset = len(text[: exc.pos].encode("utf-8"))
+        raise TraceFormatError(p, f"manifest is not valid JSON ({exc.msg})", offset=offset) from None
+    except ValueError as exc:  # e.g. a number too long to convert
+        raise TraceFormatError(p, f"manifest is not valid JSON ({exc})") from None
+    if not isinstance(doc, dict):
+        raise TraceFormatError(
+            p, f"manifest's top level is a JSON {_json_type(doc)}, not an object (docs/JSON.md#manifest)"
+        )
+    return doc
+
+
+def _json_type(x: Any) -> str:
+    if isinstance(x, list):
+        return "array"
+    if isinstance(x, str):
+        return "string"
+    if isinstance(x, bool):
+        return "boolean"
+    if isinstance(x, (int, float)):
+        return "number"
+    return "null" if x is None else type(x).__name__
+
+
 def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], dict[str, Any] | None]:
     """Expand files and folders into trace files (sorted per folder) and the first manifest found."""
     files: list[Path] = []
@@ -64,10 +102,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
             found = sorted(c for c in p.iterdir() if c.is_file() and _is_trace_name(c.name))
             mf = p / "manifest.json"
             if manifest is None and mf.is_file():
-                try:
-                    manifest = json.loads(mf.read_text())
-                except (OSError, ValueError) as exc:
-                    raise TraceFormatError(mf, f"manifest is not valid JSON ({exc})") from None
+                manifest = load_manifest(mf)
             if not found:
                 raise NoTracesError(
                     f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite or *.sqlite.gz)"
@@ -81,10 +116,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
             files.append(p)
             mf = p.parent / "manifest.json"
             if manifest is None and p.name != "manifest.json" and mf.is_file():
-                try:
-                    manifest = json.loads(mf.read_text())
-                except (OSError, ValueError):
-                    manifest = None
+                manifest = load_manifest(mf)
         else:
             raise NoTracesError(f"{p}: no such file or folder")
     if not files:

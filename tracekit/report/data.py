@@ -2,7 +2,7 @@
 
 `build_report_data(...)` takes the breakdown / shortfall / compare-links dicts (docs/JSON.md) and
 the capture manifests, never raw events, and returns a `ReportData` (kind `tracekit.report`,
-schema 1.0, documented in docs/JSON.md#report). The renderers (`html.py`, `markdown.py`) read
+schema 1.2, documented in docs/JSON.md#report). The renderers (`html.py`, `markdown.py`) read
 only this; the JSON output *is* this. Figures are not built here.
 
 Times stay integer nanoseconds; formatting to milliseconds happens in `fmt_ms`, which both
@@ -19,7 +19,9 @@ from typing import Any
 from tracekit import __version__
 
 KIND = "tracekit.report"
-SCHEMA_VERSION = "1.1"  # 1.1: diagnosis
+#: 1.1: diagnosis; 1.2: collectives.by_op[].wait_ns_median is the shortfall's (schema 1.4): the median
+#: over instances of the per-instance max wait, i.e. the wait of the rank(s) that waited
+SCHEMA_VERSION = "1.2"
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
@@ -92,7 +94,9 @@ class ReportData:
       spread_ns and `waterfall` (ordered {label, ns}, summing to shortfall_ns exactly).
     - `runs`: per run (baseline first, then sharded): role, path, n_ranks, per-token step stats,
       per-step per-rank parts, per-rank medians, kernels by class, top unknown kernels, dilation.
-    - `collectives`: per (op, bytes) wait vs transfer medians, skew, realised busbw; `stragglers`.
+    - `collectives`: per (op, bytes): the median over instances of the per-instance max wait (the
+      rank that waited; the last arriver waits 0), the median transfer, skew, realised busbw;
+      `stragglers`.
     - `busbw`: trace points {op, bytes, busbw_gbps} and probe curves {label, mode, op, in_place,
       transport, points [{bytes, busbw_gbps}]}.
     - `links`: the compare-links summary (modes, transports, verdict) or None, with `note`.
@@ -492,6 +496,7 @@ def build_report_data(
                 "op": str(c.get("op", "")),
                 "bytes": _int_or_none(c.get("bytes")),
                 "count": int(c.get("count", 0) or 0),
+                # median over instances of the per-instance max wait (shortfall schema >= 1.4)
                 "wait_ns_median": _int_or_none(c.get("wait_ns_median")),
                 "transfer_ns_median": _int_or_none(c.get("transfer_ns_median")),
                 "skew_ns_median": _int_or_none(c.get("skew_ns_median")),
