@@ -300,7 +300,8 @@ def breakdown(
     dilation = manifest_dilation(run.manifest, dq)
 
     ranks = sorted(int(r) for r in table["rank"].unique())
-    paths = [str(run.sources[r]) for r in sorted(run.sources) if rank is None or r == rank]
+    # one file can hold several ranks (an nsys report): list each file once
+    paths = list(dict.fromkeys(str(run.sources[r]) for r in sorted(run.sources) if rank is None or r == rank))
     return Breakdown(
         steps=table,
         step_pattern=found.pattern,

@@ -218,7 +218,7 @@ def fig_collectives(data: ReportData) -> go.Figure | None:
         )
     fig.update_layout(
         **_layout(
-            "Per collective (op, message size): median wait vs transfer per instance",
+            "Per collective (op, message size): wait of the rank that waited vs transfer (medians)",
             barmode="stack",
             yaxis_title="us per instance",
             legend={"orientation": "h", "y": -0.2},
@@ -359,7 +359,7 @@ def _collectives_tables(data: ReportData) -> str:
                     "op",
                     "message",
                     "count",
-                    "wait (median)",
+                    "wait (median of per-collective max)",
                     "transfer (median)",
                     "skew (median)",
                     "busbw (median)",

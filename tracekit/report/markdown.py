@@ -115,7 +115,7 @@ def render_markdown(data: ReportData) -> str:
                     "op",
                     "message",
                     "count",
-                    "wait (median)",
+                    "wait (median of per-collective max)",
                     "transfer (median)",
                     "skew (median)",
                     "busbw (median)",
