@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Regenerate every committed report under reports/ from the committed traces (no GPU needed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tk() { tracekit "$@" >/dev/null; }
+tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
+   -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json
+tk report traces/cpu-tp2-straggler --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=2 with a 20 ms straggler on rank 1 (tiny preset, gloo)" \
+   -o reports/cpu-study/straggler.html -o reports/cpu-study/straggler.md -o reports/cpu-study/straggler.json
+tk report traces/h200-tp2 --baseline traces/h200-tp1 --links reports/h200/links-graph.json \
+   --title "2x H200 (NVLink): TP=1 vs TP=2, 7b shape (8 layers), NCCL, mode cuda" \
+   -o reports/h200/report.html -o reports/h200/report.md -o reports/h200/report.json
+tk report traces/h200-tp2-straggler --baseline traces/h200-tp1 --title "2x H200: TP=2 with a 2 ms host delay on rank 1 before every all-reduce" \
+   -o reports/h200/straggler.html -o reports/h200/straggler.md -o reports/h200/straggler.json
+tk report traces/h200-tp2-full --baseline traces/h200-tp1-full \
+   --title "2x H200: TP=1 vs TP=2 captured in full mode (CPU+CUDA, every op): the profiler's dilation at its highest" \
+   -o reports/h200/full-mode.html -o reports/h200/full-mode.md -o reports/h200/full-mode.json
+tk report reports/h200-study/tp2 --baseline reports/h200-study/tp1 --links reports/h200-study/links.json \
+   --title "tracekit study on 2x H200: TP=1 vs TP=2, 7b shape (8 layers), 16 tokens (a second, independent run)" \
+   -o reports/h200-study/report.html -o reports/h200-study/report.md -o reports/h200-study/report.json
+find traces reports -name .tracekit-cache -type d -prune -exec rm -rf {} +
+echo "reports regenerated"
