@@ -296,6 +296,21 @@ def _columns(con: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in con.execute(f'PRAGMA table_info("{table}")')]
 
 
+def _gpu_part(kind: str, m: np.ndarray, names: np.ndarray, **extra: np.ndarray) -> _Part:
+    """A GPU activity part from rows whose first six columns are
+    start, end, deviceId, streamId, correlationId, globalPid (kernels, memcpy, memset)."""
+    columns = {
+        "device": m[:, 2],
+        "stream": _stream(m[:, 3]),
+        "name": names,
+        "start_ns": m[:, 0],
+        "end_ns": m[:, 1],
+        "correlation": m[:, 4],
+        **extra,
+    }
+    return _Part(kind, _pid(m[:, 5]), columns)
+
+
 def _int_matrix(con: sqlite3.Connection, sql: str, ncols: int) -> np.ndarray:
     """Rows of an all-integer query (NULLs coalesced in SQL) as an (n, ncols) int64 array."""
     rows = con.execute(sql).fetchall()
@@ -410,22 +425,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         names = _lookup(strings, m[:, 6], dq, "kernel")
         coll_name, coll_op = _nccl_ops(names, _NCCL_KERNEL)
         pid = _pid(m[:, 5])
-        parts.append(
-            _Part(
-                "kernel",
-                pid,
-                {
-                    "device": m[:, 2],
-                    "stream": _stream(m[:, 3]),
-                    "name": names,
-                    "start_ns": m[:, 0],
-                    "end_ns": m[:, 1],
-                    "correlation": m[:, 4],
-                    "coll_name": coll_name,
-                    "coll_op": coll_op,
-                },
-            )
-        )
+        parts.append(_gpu_part("kernel", m, names, coll_name=coll_name, coll_op=coll_op))
         tally(pid, "kernels")
         nccl = coll_name != ""
         tally(pid[nccl], "nccl_kernels")
@@ -441,20 +441,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
         pid = _pid(m[:, 5])
-        parts.append(
-            _Part(
-                "memcpy",
-                pid,
-                {
-                    "device": m[:, 2],
-                    "stream": _stream(m[:, 3]),
-                    "name": names,
-                    "start_ns": m[:, 0],
-                    "end_ns": m[:, 1],
-                    "correlation": m[:, 4],
-                },
-            )
-        )
+        parts.append(_gpu_part("memcpy", m, names))
         tally(pid, "memcpys")
         tally(pid, "memcpy_bytes", m[:, 6].astype(np.float64))
 
@@ -472,20 +459,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
         names = kinds[np.clip(m[:, 7], 0, 7)]
         pid = _pid(m[:, 5])
-        parts.append(
-            _Part(
-                "memset",
-                pid,
-                {
-                    "device": m[:, 2],
-                    "stream": _stream(m[:, 3]),
-                    "name": names,
-                    "start_ns": m[:, 0],
-                    "end_ns": m[:, 1],
-                    "correlation": m[:, 4],
-                },
-            )
-        )
+        parts.append(_gpu_part("memset", m, names))
         tally(pid, "memsets")
         tally(pid, "memset_bytes", m[:, 6].astype(np.float64))
 
