@@ -2,11 +2,16 @@
 
     tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
     tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
+    tracekit capture --nsys --out runs/mine-nsys -- python examples/my_decode.py --device cuda
 
 The pattern: mark each decode step with `annotate.step(i)` (and optionally regions), run the loop
 once inside `tracekit.profile(profiled=False)` for the unprofiled per-token times and once inside
 `tracekit.profile()` for the trace. Under `tracekit capture` the output folder and profiler mode
 come from tracekit; run alone, this writes ./tracekit-trace/.
+
+With `--nsys` tracekit runs the script twice: plain, where only the `profiled=False` block
+records, then under Nsight Systems, where only the profiled block opens NVTX ranges (the warm-up
+loop and the other block open none, so the report holds only the traced steps).
 
 The model here is tracekit's reference decoder, but any loop works the same way.
 """

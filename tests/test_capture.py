@@ -648,3 +648,151 @@ def test_kernels_mode_needs_cuda_and_is_listed(tmp_path: Path, capsys: pytest.Ca
     assert "needs a CUDA device" in capsys.readouterr().err
     assert main(["capture", "--help"]) == 0
     assert "kernels:" in capsys.readouterr().out
+
+
+# -- --nsys with a user's own script: two runs, like the reference decoder ---------------------------
+def _fake_nsys_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """The stand-in nsys on $NSYS and the NVTX spy on PYTHONPATH; returns (nsys call log, ranges log)."""
+    pytest.importorskip("nvtx")
+    log = tmp_path / "nsys.log"
+    fake = tmp_path / "nsys"
+    fake.write_text(_FAKE_NSYS.format(python=sys.executable, log=str(log)))
+    fake.chmod(0o755)
+    spy_dir = tmp_path / "spy"
+    spy_dir.mkdir()
+    (spy_dir / "sitecustomize.py").write_text(_NVTX_SPY)
+    ranges = tmp_path / "ranges.log"
+    monkeypatch.setenv("NSYS", str(fake))
+    monkeypatch.setenv("FAKE_NVTX_LOG", str(ranges))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(spy_dir), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.delenv("FAKE_NSYS_ACTIVE", raising=False)
+    monkeypatch.delenv("TRACEKIT_CAPTURE_PASSES", raising=False)
+    return log, ranges
+
+
+def _ranges_by_pid(ranges: Path) -> dict[int, list[tuple[str, str]]]:
+    seen: dict[int, list[tuple[str, str]]] = {}
+    if ranges.exists():
+        for line in ranges.read_text().splitlines():
+            pid, under, name = line.split(" ", 2)
+            seen.setdefault(int(pid), []).append((under, name))
+    return seen
+
+
+@pytest.mark.slow
+def test_nsys_user_script_runs_plain_for_the_unprofiled_pass_and_traces_only_the_profiled_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """examples/my_decode.py decodes 4 tokens three times, every step annotated: a warm-up loop
+    outside any profile block, a `profiled=False` block and a profiled block (warm-up 1). Run once
+    under nsys (the old path) nsys saw all 12 decode_step ranges. Now: the plain run pushes only
+    the unprofiled block's 4, the run under nsys only the profiled block's 3 recorded steps."""
+    log, ranges = _fake_nsys_env(tmp_path, monkeypatch)
+    out = tmp_path / "mine"
+    script = [sys.executable, str(REPO / "examples" / "my_decode.py"), "--tokens", "4", "--device", "cpu"]
+    assert main(["capture", "--nsys", "--out", str(out), "--", *script]) == 0
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and calls[0].startswith("profile -t cuda,nvtx ") and "my_decode.py" in calls[0]
+    assert calls[1].startswith("export --type sqlite")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["workload"]["mode"] == "nvtx" and m["workload"]["tp"] == 1
+    assert set(m["files"]) == {"nsys.nsys-rep", "nsys.sqlite"}
+    assert not list(out.glob(".rank-*.result.json"))
+
+    seen = _ranges_by_pid(ranges)
+    traced_pid, plain_pid = m["rank_pids"]["0"], m["workload"]["nsys"]["unprofiled_rank_pids"]["0"]
+    assert traced_pid != plain_pid and set(seen) == {traced_pid, plain_pid}
+    assert seen[traced_pid] == [("1", f"decode_step#{i}") for i in (1, 2, 3)]
+    assert seen[plain_pid] == [("0", f"decode_step#{i}") for i in range(4)]
+
+    assert m["workload"]["nsys"]["unprofiled"].startswith("separate run of the script without nsys")
+    unprof, prof = m["unprofiled"]["per_token_ns"], m["profiled"]["per_token_ns"]
+    assert len(unprof["0"]) == 4 and len(prof["0"]) == 3 and min(unprof["0"] + prof["0"]) > 0
+    assert m["dilation"] == round(statistics.median(prof["0"]) / statistics.median(unprof["0"]), 4)
+
+
+_ONLY_PROFILED = """
+import os, sys
+import tracekit
+from tracekit import annotate
+with open(sys.argv[1], "a") as f:
+    f.write(f"{os.getpid()} {os.environ.get('FAKE_NSYS_ACTIVE', '0')}\\n")
+for i in range(2):  # an annotated warm-up loop outside any profile block
+    with annotate.step(i):
+        sum(range(1000))
+with tracekit.profile(warmup=1):  # the only block: no unprofiled pass
+    for i in range(3):
+        with annotate.step(i):
+            sum(range(1000))
+"""
+
+
+@pytest.mark.slow
+def test_nsys_user_script_without_an_unprofiled_pass_has_null_dilation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, ranges = _fake_nsys_env(tmp_path, monkeypatch)
+    runs = tmp_path / "runs.log"
+    script = tmp_path / "only_profiled.py"
+    script.write_text(_ONLY_PROFILED)
+    out = tmp_path / "run"
+    assert main(["capture", "--nsys", "--out", str(out), "--", sys.executable, str(script), str(runs)]) == 0
+    # the script ran twice: once plain, once under the stand-in nsys
+    assert sorted(line.split()[1] for line in runs.read_text().splitlines()) == ["0", "1"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["complete"] and m["dilation"] is None
+    assert m["unprofiled"]["per_token_ns"] == {} and len(m["profiled"]["per_token_ns"]["0"]) == 2
+    assert m["workload"]["nsys"]["unprofiled"].startswith("none: the script made no unprofiled pass")
+    assert m["workload"]["nsys"]["unprofiled_rank_pids"] == {}
+    # only the traced block's recorded steps were pushed, and only under nsys
+    assert _ranges_by_pid(ranges) == {m["rank_pids"]["0"]: [("1", "decode_step#1"), ("1", "decode_step#2")]}
+
+
+def test_profile_blocks_follow_the_capture_passes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-process, with a recording NVTX backend: under TRACEKIT_CAPTURE_PASSES=traced an
+    unprofiled block and steps outside any block push nothing and write nothing; an nvtx-mode
+    profiled block pushes its steps after the warm-up only (balanced pops); unset: all push."""
+    import tracekit
+    from tracekit.capture import annotate
+    from tracekit.capture.profile import ENV_PASSES
+
+    annotate._resolve()
+    log: list[str] = []
+    monkeypatch.setattr(annotate._Backend, "push", lambda name: log.append(name))
+    monkeypatch.setattr(annotate._Backend, "pop", lambda: log.append("pop"))
+    monkeypatch.setattr(annotate._Backend, "record_function", None)
+
+    def loop(n: int = 3) -> None:
+        for i in range(n):
+            with annotate.step(i), annotate.region("mlp"):
+                pass
+
+    monkeypatch.setenv(ENV_PASSES, "traced")
+    monkeypatch.setattr(annotate, "_muted_outside", True)
+    monkeypatch.setattr(annotate, "_muted", True)
+    loop()
+    with tracekit.profile(tmp_path, profiled=False, rank=0) as s:
+        loop()
+    assert s.recording is False and log == [] and not (tmp_path / ".rank-0.result.json").exists()
+    with tracekit.profile(tmp_path, mode="nvtx", warmup=1, rank=0) as s:
+        loop()
+    assert s.recording is True
+    assert log == ["decode_step#1", "mlp", "pop", "pop", "decode_step#2", "mlp", "pop", "pop"]
+    doc = json.loads((tmp_path / ".rank-0.result.json").read_text())
+    assert len(doc["profiled_ns"]) == 2 and "unprofiled_ns" not in doc and annotate._muted is True
+
+    log.clear()
+    monkeypatch.setenv(ENV_PASSES, "unprofiled")
+    with tracekit.profile(tmp_path, mode="nvtx", rank=1) as s:
+        loop()
+    assert s.recording is False and log == [] and not (tmp_path / ".rank-1.result.json").exists()
+
+    monkeypatch.delenv(ENV_PASSES)
+    monkeypatch.setattr(annotate, "_muted_outside", False)
+    monkeypatch.setattr(annotate, "_muted", False)
+    loop(1)
+    assert log == ["decode_step#0", "mlp", "pop", "pop"]
+    monkeypatch.setenv(ENV_PASSES, "bogus")
+    with pytest.raises(CaptureError, match="TRACEKIT_CAPTURE_PASSES"):
+        with tracekit.profile(tmp_path, rank=2):
+            pass

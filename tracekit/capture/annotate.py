@@ -17,12 +17,14 @@ torch profiler is active, because it alone costs several microseconds per range 
 records it (ISSUE 9: 9-12 us on the H200 host).
 
 Under a `tracekit.profile()` session, `step(i)` also tells the session where each step begins and
-ends (host wall time per token, and the profiler schedule's step boundary).
+ends (host wall time per token, and the profiler schedule's step boundary). Under
+`tracekit capture --nsys -- SCRIPT` ranges open only inside the block being recorded (`_muted`).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -49,6 +51,16 @@ _session: Any = None
 #: Set by a `kernels`-mode tracer (tracekit.capture.profile): called when a step range opens and
 #: when it closes (a CUDA runtime call that the CUDA-only trace keeps), or None.
 _step_marker: Callable[[str, bool], None] | None = None
+#: Set by `tracekit capture --nsys -- SCRIPT` (see tracekit.capture.profile.profile): which
+#: tracekit.profile() blocks record ("unprofiled" or "traced"; unset: all).
+ENV_PASSES = "TRACEKIT_CAPTURE_PASSES"
+#: While the capture picks the passes, ranges open only inside a recording tracekit.profile()
+#: block: a script's own warm-up loop, also annotated, would otherwise land in the nsys report.
+_muted_outside = os.environ.get(ENV_PASSES) in ("unprofiled", "traced")
+#: True while ranges must not open at all (no NVTX push, no record_function): outside a recording
+#: block as above, inside a block the capture told this process not to record, or during an
+#: `nvtx`-mode warm-up step. Under nsys every NVTX range a process pushes lands in the report.
+_muted = _muted_outside
 #: False while a tracer records no host ranges (`kernels` mode): `record_function` is skipped even
 #: though a torch profiler is active, since nothing would record it.
 _record_ranges = True
@@ -85,12 +97,13 @@ def _resolve() -> None:
 class Range:
     """One open-able range. Re-entrant use of one object is not supported; decorators make a new one."""
 
-    __slots__ = ("name", "_rf", "_step")
+    __slots__ = ("name", "_rf", "_step", "_pushed")
 
     def __init__(self, name: str, step: int | None = None):
         self.name = name
         self._rf: Any = None
         self._step = step
+        self._pushed = False
 
     def __enter__(self) -> Range:
         b = _Backend
@@ -101,8 +114,11 @@ class Range:
                 _session.step_begin(self._step)
             if _step_marker is not None:
                 _step_marker(self.name, True)
+        if _muted:  # nothing records here (see _muted): no NVTX range, no record_function
+            return self
         if b.push is not None:
             b.push(self.name)
+            self._pushed = True
         if b.record_function is not None and _record_ranges and b.profiler_enabled():
             rf = b.record_function(self.name)
             rf.__enter__()
@@ -114,9 +130,9 @@ class Range:
         if rf is not None:
             self._rf = None
             rf.__exit__(None, None, None)
-        b = _Backend
-        if b.pop is not None:
-            b.pop()
+        if self._pushed:
+            self._pushed = False
+            _Backend.pop()  # type: ignore[misc]
         if self._step is not None:
             if _step_marker is not None:
                 _step_marker(self.name, False)

@@ -69,6 +69,12 @@ MODES: dict[str, str] = {
 ENV_DIR = "TRACEKIT_CAPTURE_DIR"
 ENV_MODE = "TRACEKIT_CAPTURE_MODE"
 ENV_WARMUP = "TRACEKIT_CAPTURE_WARMUP"
+#: Which `tracekit.profile()` blocks record: "unprofiled" (only `profiled=False` blocks), "traced"
+#: (only profiled blocks), unset or "both" (all). `tracekit capture --nsys -- SCRIPT` runs the script
+#: twice: a plain run with "unprofiled", then the run under nsys with "traced" (see runner.capture_script).
+#: While it is set, annotate ranges outside a recording block open nothing.
+ENV_PASSES = _annotate.ENV_PASSES
+PASSES = ("both", "unprofiled", "traced")
 
 
 def resolve_mode(mode: str, device_type: str) -> str:
@@ -293,35 +299,71 @@ def _current_rank() -> int:
 
 
 class Session:
-    """One `tracekit.profile()` block: times each `annotate.step` and drives the tracer's schedule."""
+    """One `tracekit.profile()` block: times each `annotate.step` and drives the tracer's schedule.
 
-    def __init__(self, out_dir: Path, rank: int, mode: str, warmup: int, profiled: bool, sync: bool):
+    `recording` is False for a block the capture told this process to skip (TRACEKIT_CAPTURE_PASSES):
+    its body still runs (a with-block cannot be skipped) but opens no ranges, times nothing and
+    writes nothing; a script may test `session.recording` to skip the work itself.
+    """
+
+    def __init__(
+        self,
+        out_dir: Path,
+        rank: int,
+        mode: str,
+        warmup: int,
+        profiled: bool,
+        sync: bool,
+        recording: bool = True,
+    ):
         import torch
 
         self.out_dir, self.rank, self.profiled, self.sync = out_dir, rank, profiled, sync
+        self.recording = recording
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self._synchronize: Callable[[], None] | None = (
-            torch.cuda.synchronize if (sync and self.cuda) else None
+            torch.cuda.synchronize if (sync and self.cuda and recording) else None
         )
         self.tracer = (
-            Tracer(mode, "cuda" if self.cuda else "cpu", out_dir, rank, warmup=warmup) if profiled else None
+            Tracer(mode, "cuda" if self.cuda else "cpu", out_dir, rank, warmup=warmup)
+            if profiled and recording
+            else None
         )
         self.mode = self.tracer.mode if self.tracer else "unprofiled"
         self.warmup = warmup if profiled else 0
+        # nvtx mode (under nsys): no profiler schedule hides the warm-up steps, so they open no
+        # range; the report then holds exactly the steps whose times are in `profiled_ns`
+        self._mute_warmup = self.mode == "nvtx"
         self.steps_seen = 0
         self.step_ns: list[int] = []
         self._t0 = 0
 
     def step_begin(self, i: int) -> None:
+        if not self.recording:
+            return
         if self.steps_seen > 0 and self.tracer is not None:
             self.tracer.step()
+        if self._mute_warmup:
+            _annotate._muted = self.steps_seen < self.warmup
         self.steps_seen += 1
         self._t0 = time.perf_counter_ns()
 
     def step_end(self, i: int) -> None:
+        if not self.recording:
+            return
         if self._synchronize is not None:
             self._synchronize()
         self.step_ns.append(time.perf_counter_ns() - self._t0)
+        if self._mute_warmup:
+            _annotate._muted = False  # inside a recording block
+
+
+def passes_from_env() -> str:
+    """TRACEKIT_CAPTURE_PASSES: "both" when unset. CaptureError for another value."""
+    passes = os.environ.get(ENV_PASSES) or "both"
+    if passes not in PASSES:
+        raise CaptureError(f"{ENV_PASSES}={passes!r}: expected one of {', '.join(PASSES)}")
+    return passes
 
 
 @contextlib.contextmanager
@@ -350,6 +392,11 @@ def profile(
     (defaults: ./tracekit-trace, auto, 1). Each rank (RANK, or torch.distributed's rank) writes
     rank-<r>.pt.trace.json.gz and a result file that `tracekit capture` turns into manifest.json.
     `sync=True` synchronises the CUDA device at the end of each step so step times are real.
+
+    TRACEKIT_CAPTURE_PASSES (set by `tracekit capture --nsys -- SCRIPT`) makes the blocks of the
+    other kind inert: "unprofiled" (the plain run) records only `profiled=False` blocks, "traced"
+    (the run under nsys) only profiled ones, so nsys sees no range of the unprofiled pass. An inert
+    block's body still runs but opens no range and writes nothing (`session.recording` is False).
     """
     out = Path(out_dir or os.environ.get(ENV_DIR) or "tracekit-trace")
     out.mkdir(parents=True, exist_ok=True)
@@ -358,10 +405,13 @@ def profile(
     r = _current_rank() if rank is None else rank
     if _annotate._session is not None:
         raise CaptureError("tracekit.profile() blocks cannot be nested")
-    session = Session(out, r, mode, warm, profiled, sync)
+    passes = passes_from_env()
+    recording = passes == "both" or (passes == "traced") == profiled
+    session = Session(out, r, mode, warm, profiled, sync, recording=recording)
     if session.tracer is not None:
         session.tracer.start()
     _annotate._session = session
+    _annotate._muted = not recording
     try:
         yield session
     except BaseException as exc:
@@ -372,6 +422,9 @@ def profile(
         raise
     finally:
         _annotate._session = None
+        _annotate._muted = _annotate._muted_outside
+    if not recording:
+        return
     if session.tracer is not None:
         path = session.tracer.stop()
         entry = file_entry(path, r) if path is not None else None
@@ -383,14 +436,16 @@ def profile(
             trace=path.name if path else None,
             file=entry,
             device="cuda" if session.cuda else "cpu",
+            pid=os.getpid(),
         )
     else:
-        write_result(out, r, unprofiled_ns=session.step_ns)
+        write_result(out, r, unprofiled_ns=session.step_ns, pid=os.getpid())
 
 
 __all__ = [
     "MARKER_API",
     "MODES",
+    "PASSES",
     "Session",
     "Tracer",
     "inject_marker_steps",

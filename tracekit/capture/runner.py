@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.capture import environment as env
-from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_WARMUP, MODES
+from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_PASSES, ENV_WARMUP, MODES
 from tracekit.errors import CaptureError
 
 #: progress(phase, done, total): phase is "warmup", "unprofiled" or "profiled" (rank 0's tokens).
@@ -647,7 +647,20 @@ def find_nsys() -> str:
 
 
 def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Run argv under `nsys profile -t cuda,nvtx`, export SQLite; returns their manifest file entries."""
+    """Run argv under `nsys profile -t cuda,nvtx`, export SQLite; returns their manifest file entries.
+    CaptureError when the command under nsys failed (the nsys files are kept)."""
+    files, rc = _nsys_profile(argv, out_dir, child_env)
+    if rc != 0:
+        raise CaptureError(f"the command under nsys exited with {rc}; nsys files kept in {out_dir}")
+    return files
+
+
+def _nsys_profile(
+    argv: list[str], out_dir: Path, child_env: dict[str, str]
+) -> tuple[dict[str, dict[str, Any]], int]:
+    """`nsys profile -t cuda,nvtx` of argv into out_dir/nsys.nsys-rep, then its SQLite export.
+    Returns (manifest file entries of both, the command's exit code). CaptureError when nsys wrote
+    no report or the export failed."""
     nsys = find_nsys()
     rep = out_dir / "nsys"
     cmd = [
@@ -663,7 +676,10 @@ def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict
         "true",
         *argv,
     ]
-    r = subprocess.run(cmd, env=child_env)
+    try:
+        r = subprocess.run(cmd, env=child_env)
+    except OSError as exc:
+        raise CaptureError(f"cannot run {nsys!r}: {exc}") from exc
     rep_file = out_dir / "nsys.nsys-rep"
     if not rep_file.exists():
         hint = ""
@@ -680,10 +696,7 @@ def _run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict
         raise CaptureError(
             f"nsys export --type sqlite failed ({e.returncode}): {(e.stderr or e.stdout).strip()[-300:]}"
         )
-    files = {p.name: env.file_entry(p, None) for p in (rep_file, sqlite)}
-    if r.returncode != 0:
-        raise CaptureError(f"the command under nsys exited with {r.returncode}; nsys files kept in {out_dir}")
-    return files
+    return {p.name: env.file_entry(p, None) for p in (rep_file, sqlite)}, r.returncode
 
 
 #: manifest workload.nsys: how a --nsys capture was made (docs/JSON.md#manifest)
@@ -755,7 +768,14 @@ def capture_script(
     command: str | None = None,
 ) -> Path:
     """Run a user's script (`python my_decode.py ...`, or `torchrun ... my_decode.py`) that uses
-    `tracekit.profile()`; assemble manifest.json from what its ranks wrote. Returns `out_dir`."""
+    `tracekit.profile()`; assemble manifest.json from what its ranks wrote. Returns `out_dir`.
+
+    With `nsys`, as for the reference decoder: the script runs twice, first plain with
+    TRACEKIT_CAPTURE_PASSES=unprofiled (only its `tracekit.profile(profiled=False)` blocks record),
+    then under nsys with TRACEKIT_CAPTURE_PASSES=traced (only its profiled blocks record or open
+    ranges), so the report holds no step of the unprofiled pass and the dilation compares a plain
+    pass with a traced one. A script without an unprofiled pass gets `dilation: null`.
+    """
     if not argv:
         raise CaptureError(
             "no command given after `--` (e.g. tracekit capture --out DIR -- python my_decode.py)"
@@ -764,49 +784,117 @@ def capture_script(
         raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     if nsys and mode not in ("auto", "nvtx"):
         raise CaptureError("--nsys records NVTX ranges; use --mode auto or nvtx with it")
+    if nsys:
+        find_nsys()  # before running anything
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _clear_outputs(out_dir)
+    command = command or "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     child_env = dict(os.environ)
     child_env.update(
         {ENV_DIR: str(out_dir.resolve()), ENV_MODE: "nvtx" if nsys else mode, ENV_WARMUP: str(warmup)}
     )
     child_env.setdefault("NCCL_NVLS_ENABLE", "0")
-    extra: dict[str, dict[str, Any]] = {}
-    errors: list[dict[str, Any]] = []
     if nsys:
-        extra = _run_nsys(list(argv), out_dir, child_env)
-        rc = 0
-    else:
-        try:
-            rc = subprocess.run(list(argv), env=child_env).returncode
-        except OSError as exc:
-            raise CaptureError(f"cannot run {argv[0]!r}: {exc}") from exc
-    if rc != 0:
-        errors.append({"rank": None, "message": f"{' '.join(argv)} exited with code {rc}"})
+        return _capture_script_under_nsys(list(argv), out_dir, child_env, command)
+    child_env.pop(ENV_PASSES, None)
+    rc = _run_script(list(argv), child_env)
+    errors = [] if rc == 0 else [{"rank": None, "message": f"{' '.join(argv)} exited with code {rc}"}]
     results = read_results(out_dir)
+    _check_script_results(results, rc)
+    manifest = _script_manifest(argv, results, command, errors, needs_traces=True)
+    return _finish(out_dir, manifest)
+
+
+def _run_script(argv: list[str], child_env: dict[str, str]) -> int:
+    try:
+        return subprocess.run(argv, env=child_env).returncode
+    except OSError as exc:
+        raise CaptureError(f"cannot run {argv[0]!r}: {exc}") from exc
+
+
+def _check_script_results(results: dict[int, dict[str, Any]], rc: int) -> None:
     if not results and rc == 0:
         raise CaptureError(
             "the script ran but wrote no results: wrap its loop in `with tracekit.profile():` and mark steps "
             "with `tracekit.annotate.step(i)`"
         )
+
+
+def _script_manifest(
+    argv: Sequence[str],
+    results: dict[int, dict[str, Any]],
+    command: str,
+    errors: list[dict[str, Any]],
+    *,
+    needs_traces: bool,
+    extra_files: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
     world = max(results) + 1 if results else 0
     modes = sorted({str(r.get("mode")) for r in results.values() if r.get("mode")})
-    doc = {
+    doc: dict[str, Any] = {
         "script": list(argv),
         "tp": world,
         "mode": modes[0] if len(modes) == 1 else modes,
         "step_pattern": "decode_step",
     }
-    manifest = build_manifest(
+    return build_manifest(
         world=world,
         results=results,
         workload_doc=doc,
-        command=command or "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+        command=command,
         errors=errors,
-        extra_files=extra,
-        needs_traces=not nsys and any(r.get("mode") for r in results.values()),
+        extra_files=extra_files,
+        needs_traces=needs_traces and any(r.get("mode") for r in results.values()),
     )
+
+
+#: manifest workload.nsys of a user's script under --nsys (docs/JSON.md#manifest)
+NSYS_SCRIPT_UNPROFILED = (
+    "separate run of the script without nsys (TRACEKIT_CAPTURE_PASSES=unprofiled: only its "
+    "tracekit.profile(profiled=False) blocks recorded)"
+)
+NSYS_SCRIPT_NO_UNPROFILED = (
+    "none: the script made no unprofiled pass (no tracekit.profile(profiled=False) block), so the "
+    "dilation is unknown"
+)
+NSYS_SCRIPT_TRACED = (
+    "run of the script under nsys (TRACEKIT_CAPTURE_PASSES=traced): only its profiled "
+    "tracekit.profile() blocks opened ranges, warm-up steps none"
+)
+
+
+def _capture_script_under_nsys(
+    argv: list[str], out_dir: Path, child_env: dict[str, str], command: str
+) -> Path:
+    """--nsys for a user's script: a plain run records the unprofiled pass, then the run under nsys
+    records only the traced pass; the manifest is the nsys run's with the plain run's times."""
+    plain_env = dict(child_env, **{ENV_PASSES: "unprofiled"})
+    rc = _run_script(argv, plain_env)
+    plain = read_results(out_dir)
+    if rc != 0:  # nothing runs under nsys: the manifest of the plain run says why
+        errors = [
+            {"rank": None, "message": f"{' '.join(argv)} exited with code {rc} (plain run, before nsys)"}
+        ]
+        manifest = _script_manifest(argv, plain, command, errors, needs_traces=False)
+        manifest["workload"]["nsys"] = {"unprofiled": NSYS_SCRIPT_UNPROFILED, "traced": None}
+        return _finish(out_dir, manifest)
+    _clear_outputs(out_dir)
+
+    traced_env = dict(child_env, **{ENV_PASSES: "traced"})
+    files, rc = _nsys_profile(argv, out_dir, traced_env)
+    errors = [] if rc == 0 else [{"rank": None, "message": f"the command under nsys exited with {rc}"}]
+    results = read_results(out_dir)
+    _check_script_results(results, rc)
+    manifest = _script_manifest(argv, results, command, errors, needs_traces=False, extra_files=files)
+    unprof = {str(r): plain[r]["unprofiled_ns"] for r in sorted(plain) if plain[r].get("unprofiled_ns")}
+    manifest["unprofiled"] = {"per_token_ns": unprof}
+    manifest["dilation"] = env.dilation(unprof, manifest["profiled"]["per_token_ns"])
+    manifest["workload"]["nsys"] = {
+        "unprofiled": NSYS_SCRIPT_UNPROFILED if unprof else NSYS_SCRIPT_NO_UNPROFILED,
+        "traced": NSYS_SCRIPT_TRACED,
+        "unprofiled_rank_pids": {str(r): plain[r]["pid"] for r in sorted(plain) if "pid" in plain[r]},
+    }
     return _finish(out_dir, manifest)
 
 

@@ -26,6 +26,7 @@ Examples:
   tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys --out runs/h200-tp2-nsys
   tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
   tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
+  tracekit capture --nsys --out runs/mine-nsys -- python examples/my_decode.py --device cuda
 """,
 )
 @click.option(
@@ -57,7 +58,9 @@ Examples:
     "--nsys",
     is_flag=True,
     help="Trace under Nsight Systems (nsys on PATH or $NSYS), export SQLite too: a plain run times the "
-    "unprofiled pass, then the run under nsys warms up and records only the traced pass.",
+    "unprofiled pass, then the run under nsys warms up and records only the traced pass. With -- SCRIPT "
+    "the script runs twice the same way: only its tracekit.profile(profiled=False) blocks record in the "
+    "plain run, only its profiled blocks (NVTX ranges) under nsys; no unprofiled block: dilation null.",
 )
 @click.option(
     "--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Collective timeout (s)."
