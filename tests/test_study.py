@@ -41,6 +41,9 @@ def test_study_writes_runs_analyses_and_reports(study):
         assert (out / f"report.{suffix}").stat().st_size > 1000
         assert f"report: {out / f'report.{suffix}'}" in stdout
     assert "link comparison skipped" in stdout  # no GPUs here
+    # the diagnosis (what to look at next) is printed under the verdict
+    sf = json.loads((out / "shortfall-tp2.json").read_text())
+    assert sf["diagnosis"] and f"Next: {sf['diagnosis']}" in stdout
 
 
 def test_study_verdict_and_numbers_are_the_shortfalls(study):

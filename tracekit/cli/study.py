@@ -91,6 +91,8 @@ def command(
             result = run_study(config, out_dir, progress=hook)
     click.echo("")
     click.echo(result.verdict)
+    if result.diagnosis:
+        click.echo(f"Next: {result.diagnosis}")
     click.echo(result.dilation_sentence)
     if result.dilation_warning:
         click.echo(result.dilation_warning)

@@ -63,6 +63,7 @@ class StudyResult:
     reports: list[Path]
     analyses: dict[str, Path] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    diagnosis: str = ""  # what to look at next (the shortfall's diagnosis), "" without a baseline
 
 
 def _gpu_count() -> int:
@@ -221,7 +222,7 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
 
     reports: list[Path] = []
     main_tp = max(tps)
-    verdict, dil_sentence, dil_warning = "", "", None
+    verdict, diagnosis, dil_sentence, dil_warning = "", "", "", None
     for tp in tps if len(tps) > 1 else [main_tp]:
         if tp == 1 and len(tps) > 1:
             continue
@@ -253,12 +254,14 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
         )
         if tp == main_tp:
             verdict = data.verdict
+            diagnosis = data.diagnosis
             dil_sentence = data.dilation["sentence"]
             dil_warning = data.dilation.get("warning")
         tell("report", 1, 1, "done")
     return StudyResult(
         out_dir=out_dir,
         verdict=verdict,
+        diagnosis=diagnosis,
         dilation_sentence=dil_sentence,
         dilation_warning=dil_warning,
         run_dirs=run_dirs,
