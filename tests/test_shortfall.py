@@ -378,3 +378,18 @@ def test_nsys_run_without_kernels_is_refused_and_counted(
     assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1
     # a TP=1 baseline has no collectives by nature and is still attributed
     assert shortfall(base, read_run([H200 / "h200-tp2-nsys"])).baseline.collectives.n_instances == 0
+
+
+def test_cpu_transfer_diagnosis_names_gloo_not_a_gpu_link() -> None:
+    """On a CPU (gloo) run whose largest term is transfer, the advice is about gloo's exchange, not NVLink."""
+    from pathlib import Path
+
+    from tracekit.analyse.shortfall import shortfall
+    from tracekit.read import read_run
+
+    root = Path(__file__).resolve().parents[1] / "traces"
+    sf = shortfall(read_run([root / "cpu-tp1"]), read_run([root / "cpu-tp2"]))
+    terms = sf.to_json()["terms_ns"]
+    if max(terms, key=lambda k: terms[k]) != "transfer":
+        pytest.skip("the committed CPU run is not transfer-dominated")
+    assert sf.sharded.timeline == "host" and "gloo" in sf.diagnosis()

@@ -513,6 +513,12 @@ class Shortfall:
                 "Ranks wait for each other at collectives: look for host work between collectives "
                 "(Python, synchronisations, data-dependent control flow) that differs across ranks."
             )
+        if top == "transfer" and self.sharded.timeline == "host":
+            return (
+                "On this CPU run the link is gloo's exchange over the host (TCP loopback on one machine): "
+                "each small collective pays its latency after both ranks arrive; on GPUs, compare links "
+                "with `tracekit compare-links`."
+            )
         if top == "transfer":
             return (
                 "Bytes on the link dominate: compare the realised busbw with the link's "
