@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.read import json_type
+
 #: Default threshold: dilation above 1 + 10% is reported as inflating the coordination share.
 DEFAULT_THRESHOLD = 0.10
 
@@ -113,20 +115,6 @@ class MalformedTimes(ValueError):
     """A manifest's per-token times block is not `{"per_token_ns": {rank: [ns, ...]}}`."""
 
 
-def _json_type(x: Any) -> str:
-    if isinstance(x, Mapping):
-        return "object"
-    if isinstance(x, (list, tuple)):
-        return "array"
-    if isinstance(x, str):
-        return "string"
-    if isinstance(x, bool):
-        return "boolean"
-    if isinstance(x, (int, float)):
-        return "number"
-    return "null" if x is None else type(x).__name__
-
-
 def _is_ns(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
@@ -139,7 +127,7 @@ def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> T
     if per_rank is None:
         return None
     if not isinstance(per_rank, Mapping):
-        raise MalformedTimes(f"is a JSON {_json_type(per_rank)}, not an object")
+        raise MalformedTimes(f"is a JSON {json_type(per_rank)}, not an object")
     if not per_rank:
         return None
     inner = per_rank.get("per_token_ns", per_rank)
@@ -147,14 +135,14 @@ def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> T
         return None
     if not isinstance(inner, Mapping):
         raise MalformedTimes(
-            f"per_token_ns is a JSON {_json_type(inner)}, not an object of rank -> list of ns"
+            f"per_token_ns is a JSON {json_type(inner)}, not an object of rank -> list of ns"
         )
     lists: list[list[int]] = []
     for rank, v in inner.items():
         if v is None or (isinstance(v, list) and not v):
             continue
         if not isinstance(v, list):
-            raise MalformedTimes(f"per_token_ns[{rank!r}] is a JSON {_json_type(v)}, not a list of ns")
+            raise MalformedTimes(f"per_token_ns[{rank!r}] is a JSON {json_type(v)}, not a list of ns")
         bad = [x for x in v if not _is_ns(x)]
         if bad:
             raise MalformedTimes(

@@ -16,7 +16,6 @@ import platform
 import shutil
 import socket
 import statistics
-import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -159,17 +158,6 @@ def devices() -> list[dict[str, Any]]:
     return out
 
 
-def nvidia_smi_topo() -> str | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        r = subprocess.run([exe, "topo", "-m"], capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return r.stdout if r.returncode == 0 else None
-
-
 def nvml_links() -> list[dict[str, Any]] | None:
     """Per GPU pair: P2P status over NVLink, and active NVLink count per GPU. None without NVML."""
     try:
@@ -215,6 +203,8 @@ def nvml_links() -> list[dict[str, Any]] | None:
 
 
 def topology() -> dict[str, Any]:
+    from tracekit.probe.links import nvidia_smi_topo
+
     return {"nvidia_smi_topo": nvidia_smi_topo(), "nvml_links": nvml_links()}
 
 

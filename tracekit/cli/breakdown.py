@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option
+from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option, write_text
 
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
@@ -213,8 +213,4 @@ def command(
     else:
         to_terminal = out is None and sys.stdout.isatty()
         text = render_table(result, width=None if out is None else 120, color=to_terminal)
-    if out is None:
-        click.echo(text, nl=False)
-    else:
-        Path(out).write_text(text)
-        click.echo(f"wrote {out}", err=True)
+    write_text(text, out)

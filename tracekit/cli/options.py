@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 STEP_PATTERN_HELP = "Regex of the step annotations (default: decode_step, then ProfilerStep#N)."
@@ -24,3 +26,12 @@ out_file_option = click.option(
 no_cache_option = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
 )
+
+
+def write_text(text: str, out: str | None) -> None:
+    """Print `text` to stdout, or write it to `out` and say so on stderr."""
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        Path(out).write_text(text)
+        click.echo(f"wrote {out}", err=True)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import io
 import json
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option
+from tracekit.cli.options import no_cache_option, out_file_option, write_text
 
 if TYPE_CHECKING:
     from tracekit.analyse.shortfall import Shortfall
@@ -240,8 +239,4 @@ def command(
     else:
         to_terminal = out is None and sys.stdout.isatty()
         text = render_table(result, width=None if out is None else 120, color=to_terminal)
-    if out is None:
-        click.echo(text, nl=False)
-    else:
-        Path(out).write_text(text)
-        click.echo(f"wrote {out}", err=True)
+    write_text(text, out)

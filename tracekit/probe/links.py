@@ -128,7 +128,8 @@ def parse_topo_matrix(text: str) -> list[Link]:
     return links
 
 
-def _nvidia_smi_topo() -> str | None:
+def nvidia_smi_topo() -> str | None:
+    """`nvidia-smi topo -m` output, or None where nvidia-smi is missing or fails."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         return None
@@ -262,7 +263,7 @@ def detect_topology(nvml: Any = None, topo_text: str | None = None) -> Topology:
                     nvml.nvmlShutdown()
                 except Exception:
                     pass
-    text = topo_text if topo_text is not None else _nvidia_smi_topo()
+    text = topo_text if topo_text is not None else nvidia_smi_topo()
     topo.nvidia_smi_topo = text
     if topo.source == "" and text:
         topo.links = parse_topo_matrix(text)

@@ -14,7 +14,7 @@ import importlib
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -75,13 +75,16 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TraceFormatError(p, f"manifest is not valid JSON ({exc})") from None
     if not isinstance(doc, dict):
         raise TraceFormatError(
-            p, f"manifest's top level is a JSON {_json_type(doc)}, not an object (docs/JSON.md#manifest)"
+            p, f"manifest's top level is a JSON {json_type(doc)}, not an object (docs/JSON.md#manifest)"
         )
     return doc
 
 
-def _json_type(x: Any) -> str:
-    if isinstance(x, list):
+def json_type(x: Any) -> str:
+    """The JSON type name of a decoded value, for error messages ("array", "string", ...)."""
+    if isinstance(x, Mapping):
+        return "object"
+    if isinstance(x, (list, tuple)):
         return "array"
     if isinstance(x, str):
         return "string"
