@@ -424,8 +424,8 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         )
         names = _lookup(strings, m[:, 6], dq, "kernel")
         coll_name, coll_op = _nccl_ops(names, _NCCL_KERNEL)
-        pid = _pid(m[:, 5])
         parts.append(_gpu_part("kernel", m, names, coll_name=coll_name, coll_op=coll_op))
+        pid = parts[-1].pid
         tally(pid, "kernels")
         nccl = coll_name != ""
         tally(pid[nccl], "nccl_kernels")
@@ -440,8 +440,8 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         )
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
-        pid = _pid(m[:, 5])
         parts.append(_gpu_part("memcpy", m, names))
+        pid = parts[-1].pid
         tally(pid, "memcpys")
         tally(pid, "memcpy_bytes", m[:, 6].astype(np.float64))
 
@@ -458,8 +458,8 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
         names = kinds[np.clip(m[:, 7], 0, 7)]
-        pid = _pid(m[:, 5])
         parts.append(_gpu_part("memset", m, names))
+        pid = parts[-1].pid
         tally(pid, "memsets")
         tally(pid, "memset_bytes", m[:, 6].astype(np.float64))
 
