@@ -76,6 +76,23 @@ _KNOWN_OPS = frozenset(COLLECTIVE_OPS)
 #: Where an instance's message size came from (`CollectiveInstances.instances.bytes_source`).
 BYTES_SOURCES = ("trace", "manifest", "unknown")
 
+#: Default end-spread thresholds of the clock check, per level (`end_spread_check`). A collective
+#: ends on every rank when its data has arrived everywhere, so matched instances end together on
+#: one clock. Measured on the committed traces (docs/METHOD-NOTES.md, Collectives, "Clock check"):
+#: NCCL kernels on one host end within 0.55 us (p99), 4.1 us at most (the first call of an nsys
+#: capture); gloo worker ranges within 1.4 ms (p99), 4.4 ms at most (scheduler delay on a loaded
+#: 2-core host). Each threshold is over twice the worst seen. Host ops (`host_op`: c10d / NCCL
+#: ops on the calling thread) return once the work is enqueued, so their ends need not agree
+#: (1.3 ms median apart on h200-tp2): no check there.
+END_SPREAD_THRESHOLD_NS: dict[str, int] = {"gpu_kernel": 10_000, "gloo": 10_000_000}
+
+#: What a level's collective interval is called in messages.
+_LEVEL_WORDS = {
+    "gpu_kernel": "collective kernels",
+    "gloo": "gloo collective ranges",
+    "host_op": "host collective ops",
+}
+
 #: Columns of `CollectiveInstances.per_rank`.
 PER_RANK_COLUMNS = (
     "instance",
@@ -110,6 +127,8 @@ class ClockAlignment:
     offsets_ns: dict[int, int]
     method: str
     hosts: dict[int, str] = field(default_factory=dict)
+    #: the end-spread check of the matched instances on the aligned clock (`end_spread_check`)
+    check: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,6 +137,7 @@ class ClockAlignment:
             "offsets_ns": {str(r): int(v) for r, v in sorted(self.offsets_ns.items())},
             "method": self.method,
             "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
+            "check": dict(self.check),
         }
 
 
@@ -131,8 +151,9 @@ class CollectiveInstances:
       within the group), op, n_ranks, last_rank, arrival_ns (a), first_start_ns, skew_ns,
       end_ns (max e), size_bytes (nccl-tests size), bytes_source ("trace" | "manifest" |
       "unknown"), transfer_ns_mean, wait_ns_max, algbw_gbps, busbw_gbps, last_tie (more than one
-      rank started at a).
+      rank started at a), end_spread_ns (max e - min e on the aligned clock).
     - `stragglers`: per rank: rank, last_count, instances, share.
+    - `clock_check` (= `clock.check`): the end-spread check (`end_spread_check`).
     """
 
     per_rank: pd.DataFrame
@@ -146,6 +167,12 @@ class CollectiveInstances:
     @property
     def n_instances(self) -> int:
         return len(self.instances)
+
+    @property
+    def clock_check(self) -> dict[str, Any]:
+        """threshold_ns, instances, instances_over, median_ns, p99_ns, max_ns, worst (see
+        `end_spread_check`); also under "check" in `clock.to_json()`."""
+        return self.clock.check
 
     def stragglers_json(self) -> list[dict[str, Any]]:
         return [
@@ -284,6 +311,45 @@ def _expected_ranks(
     return None, ""
 
 
+def _members_without_events(
+    rows: pd.DataFrame, present: list[int], run_ranks: list[int], expected: tuple[int, ...] | None
+) -> list[int]:
+    """The run's ranks that belong to the group but recorded none of its collectives.
+
+    Membership: the group's known ranks when there are any; else, when the group's size is known,
+    a rank of the run without events is a member only if the ranks present are fewer than the size
+    (which of the others are members is unknown: all are named); else (nothing says) every rank of
+    the run is taken to be a member.
+    """
+    missing = sorted(set(run_ranks) - set(present))
+    if not missing:
+        return []
+    if expected is not None:
+        return sorted(set(missing) & set(expected))
+    sizes = rows["coll_group_size"].to_numpy() if "coll_group_size" in rows.columns else np.zeros(0)
+    sizes = sizes[sizes > 0]
+    if sizes.size and int(sizes.max()) <= len(present):
+        return []
+    return missing
+
+
+def _without_events_message(
+    group: str, rows: pd.DataFrame, missing: list[int], level: str
+) -> tuple[str, str]:
+    """(what is wrong, a guess at why) for a group some of whose member ranks recorded nothing."""
+    counts = rows.groupby("rank").size()
+    what = _LEVEL_WORDS.get(level, "collectives")
+    one = len(missing) == 1
+    who = f"{'rank' if one else 'ranks'} {', '.join(map(str, missing))}"
+    has = ", ".join(f"rank {int(r)} has {int(c)}" for r, c in counts.items())
+    hint = "kernels" if level == "gpu_kernel" else "its collective ops"
+    return (
+        f"collectives: {who} {'has' if one else 'have'} 0 {what} while {has} (group {group!r}): the last "
+        "arrival cannot be known",
+        f"was {who}'s trace captured without {hint}?",
+    )
+
+
 def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
     """Instance key within the group for each row: the seq number or the order on its rank."""
     seq = rows["coll_seq"].to_numpy()
@@ -417,6 +483,7 @@ def match_collectives(
     allow_partial: bool = False,
     clock: str = "auto",
     steps: pd.DataFrame | None = None,
+    end_spread_threshold_ns: int | None = None,
 ) -> CollectiveInstances:
     """Match the collectives of one run across its ranks and compute wait/transfer per rank.
 
@@ -425,8 +492,11 @@ def match_collectives(
     lacks, `fill_bytes_from_manifest`). `clock`: "auto" (one host when the manifest or the rank
     metadata say so, or when no host is named; else estimate offsets), "shared", "estimate".
     `steps`: the step windows (rank, step, start_ns, end_ns) when the caller has them; found in
-    `events` when the manifest fill needs them. Raises MatchError when counts differ or a group
-    names ranks that are not in the run (unless `allow_partial`).
+    `events` when the manifest fill needs them. Raises MatchError when counts differ, when a rank
+    of the run that belongs to a group recorded none of its collectives while others did, or when a
+    group names ranks that are not in the run (the last two unless `allow_partial`).
+    `end_spread_threshold_ns`: the clock check's threshold (default by level,
+    `END_SPREAD_THRESHOLD_NS`; see `end_spread_check`).
     """
     dq = DataQuality()
     run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
@@ -450,16 +520,22 @@ def match_collectives(
                 if not allow_partial:
                     raise MatchError(msg + " (allow_partial=True matches the ranks present)")
                 dq.add("collective_group_partial", 1, msg + "; matched the ranks present anyway")
-        key, how = _match_group(str(group), rows)
-        match_by[str(group)] = how
-        rows = rows.assign(seq=key.to_numpy(), group_index=gi)
-        missing_ranks = sorted(set(run_ranks) - set(present))
-        if missing_ranks and (expected is None or set(missing_ranks) & set(expected)):
+        missing_ranks = _members_without_events(rows, present, run_ranks, expected)
+        if missing_ranks:
+            # a member that recorded none of the group's collectives: its arrivals are unknown, so
+            # the others' waits would be taken for transfer (METHOD.md 5: refuse when counts differ)
+            msg, hint = _without_events_message(str(group), rows, missing_ranks, level)
+            if not allow_partial:
+                raise MatchError(f"{msg}; {hint} (allow_partial / --allow-partial matches the ranks present)")
             dq.add(
                 "collective_group_ranks_without_events",
                 len(missing_ranks),
-                f"group {group!r}: ranks {missing_ranks} recorded none of its {len(rows) // max(len(present), 1)} collectives",
+                f"{msg}; matched the ranks present anyway ({', '.join(map(str, present))}): their waits "
+                "count as transfer",
             )
+        key, how = _match_group(str(group), rows)
+        match_by[str(group)] = how
+        rows = rows.assign(seq=key.to_numpy(), group_index=gi)
         parts.append(rows)
 
     if parts:
@@ -541,6 +617,7 @@ def match_collectives(
             "manifest gives none: no realised bandwidth for them",
         )
     stragglers = _stragglers(instances, per_rank, run_ranks)
+    clock_alignment.check = end_spread_check(per_rank, instances, level, dq, end_spread_threshold_ns)
     cols = list(PER_RANK_COLUMNS)
     return CollectiveInstances(
         per_rank=per_rank[cols],
@@ -571,6 +648,7 @@ def _instances_table(per_rank: pd.DataFrame, dq: DataQuality) -> pd.DataFrame:
         "wait_ns_max",
         "algbw_gbps",
         "busbw_gbps",
+        "end_spread_ns",
     ]
     if per_rank.empty:
         return pd.DataFrame({c: pd.Series(dtype="float64") for c in cols})
@@ -624,9 +702,80 @@ def _instances_table(per_rank: pd.DataFrame, dq: DataQuality) -> pd.DataFrame:
             "wait_ns_max": g["wait_ns"].max().to_numpy(np.int64),
             "algbw_gbps": algbw,
             "busbw_gbps": algbw * factor,
+            "end_spread_ns": (g["end_ns"].max() - g["end_ns"].min()).to_numpy(np.int64),
         }
     )
     return inst
+
+
+def end_spread_check(
+    per_rank: pd.DataFrame,
+    instances: pd.DataFrame,
+    level: str,
+    dq: DataQuality,
+    threshold_ns: int | None = None,
+) -> dict[str, Any]:
+    """The clock check: matched instances end together on every rank (a collective ends when its
+    data has arrived everywhere), so their end spread (max e - min e on the aligned clock,
+    `instances.end_spread_ns`) must stay small. Counts the instances of more than one rank whose
+    spread exceeds the threshold (default by level, `END_SPREAD_THRESHOLD_NS`) and, when any does,
+    adds `collective_end_spread` to `dq` naming the worst instance and the median spread.
+
+    Returns threshold_ns (None where the level's ends need not agree: host ops), instances (of more
+    than one rank), instances_over (None where not applied), median_ns, p99_ns, max_ns and worst
+    (instance, op, group, spread_ns, first_rank (ends first), last_rank (ends last); None when
+    there is no such instance).
+    """
+    thr = int(threshold_ns) if threshold_ns is not None else END_SPREAD_THRESHOLD_NS.get(level)
+    multi = instances[instances["n_ranks"] > 1] if len(instances) else instances
+    out: dict[str, Any] = {
+        "level": level,
+        "threshold_ns": thr,
+        "instances": len(multi),
+        "instances_over": 0 if thr is not None else None,
+        "median_ns": None,
+        "p99_ns": None,
+        "max_ns": None,
+        "worst": None,
+    }
+    if thr is None:
+        out["note"] = (
+            "not checked: host collective ops return once the work is enqueued, so their ends need not agree"
+            if level == "host_op"
+            else "not checked: no collectives"
+        )
+    if multi.empty:
+        return out
+    spread = multi["end_spread_ns"].to_numpy(np.int64)
+    out["median_ns"] = int(np.rint(np.median(spread)))
+    out["p99_ns"] = int(np.rint(np.percentile(spread, 99)))
+    out["max_ns"] = int(spread.max())
+    w = multi.iloc[int(np.argmax(spread))]
+    rows = per_rank[per_rank["instance"] == int(w["instance"])].sort_values(["end_ns", "rank"])
+    worst = {
+        "instance": int(w["instance"]),
+        "op": str(w["op"]),
+        "group": str(w["group"]),
+        "spread_ns": int(w["end_spread_ns"]),
+        "first_rank": int(rows["rank"].iloc[0]),
+        "last_rank": int(rows["rank"].iloc[-1]),
+    }
+    out["worst"] = worst
+    if thr is None:
+        return out
+    over = int((spread > thr).sum())
+    out["instances_over"] = over
+    if over:
+        dq.add(
+            "collective_end_spread",
+            over,
+            f"{over} of {len(multi)} matched collective instances end more than {thr / 1e3:g} us apart across "
+            f"ranks (they should end together: clocks disagree or a trace is inconsistent); worst: "
+            f"{worst['op']} instance {worst['instance']} ({worst['group']}), {worst['spread_ns'] / 1e3:.1f} us "
+            f"(rank {worst['last_rank']} ends after rank {worst['first_rank']}); median spread "
+            f"{out['median_ns'] / 1e3:.2f} us",
+        )
+    return out
 
 
 def _safe_factor(op: str, n: int) -> float:
