@@ -156,6 +156,24 @@ def test_refuses_when_counts_differ_and_names_who():
     assert "'pg:tp'" in msg and "rank 0: 2" in msg and "rank 1: 1" in msg
 
 
+def test_refuses_a_rank_without_collectives_names_ranks_and_counts():
+    # ranks 2 and 3 ran (a compute kernel each) but recorded no collective: their arrivals are unknown
+    ev = kernels([(0, 100, 200, AR), (0, 300, 400, AR), (1, 120, 220, AR), (1, 320, 420, AR)])
+    ev = pd.concat([ev, kernels([(2, 0, 50, "gemm"), (3, 0, 50, "gemm")])], ignore_index=True)
+    ev["cls"] = pd.Categorical(["collective"] * 4 + ["compute"] * 2)
+    with pytest.raises(
+        MatchError,
+        match=r"^collectives: ranks 2, 3 have 0 collective kernels while rank 0 has 2, rank 1 has 2 ",
+    ):
+        match_collectives(ev)
+    ci = match_collectives(ev, allow_partial=True)
+    assert ci.n_instances == 2 and ci.data_quality.counts["collective_group_ranks_without_events"] == 2
+    # the group lists its ranks and 2, 3 are not among them: nothing is missing
+    ev["coll_pg_ranks"] = ["[0, 1]"] * 4 + [""] * 2
+    ci = match_collectives(ev)
+    assert ci.n_instances == 2 and "collective_group_ranks_without_events" not in ci.data_quality.counts
+
+
 def test_refuses_when_a_seq_is_missing_on_a_rank():
     ev = kernels(
         [
