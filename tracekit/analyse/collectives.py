@@ -13,10 +13,15 @@
   time on each rank. Different counts -> `MatchError` naming the groups, ranks and counts.
   A group whose known size (process-group ranks, group size, or distributedInfo world size) names
   ranks that are not in the run is refused too: the last arrival cannot be known without them
-  (`allow_partial=True` matches the ranks present anyway and says so in `data_quality`).
+  (`allow_partial=True` matches the ranks present anyway and says so in `data_quality`). So is a
+  rank of the run that belongs to a group but recorded none of its collectives while others did
+  (its arrivals are unknown: the others' waits would be taken for transfer); a group whose listed
+  ranks or size leave that rank out is not refused.
 - clock: ranks known to run on one host share a clock and are left as they are; otherwise each
   rank's offset is estimated as the median over instances of (end_r - end_ref) (collectives
-  finish together), subtracted, and reported.
+  finish together), subtracted, and reported. Then the clock check (`end_spread_check`): matched
+  instances whose ends differ by more than the level's threshold (`END_SPREAD_THRESHOLD_NS`) are
+  counted (`collective_end_spread`), the worst named; the summary is `clock.check`.
 - per instance: a = max_r s_r (last arrival), the last-arriving rank, skew = max s - min s;
   per rank wait = min(e_r, a) - s_r and transfer = e_r - max(s_r, a); bytes (nccl-tests size),
   realised algbw / busbw from the mean transfer time (`tracekit.analyse.bandwidth`).
