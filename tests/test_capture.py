@@ -86,7 +86,7 @@ def test_tp2_capture_writes_two_kineto_traces_with_8_steps_and_gloo_all_reduces(
 @pytest.mark.slow
 def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     m = json.loads((tp2_run / "manifest.json").read_text())
-    assert m["kind"] == "tracekit.capture" and m["schema_version"] == "1.1"
+    assert m["kind"] == "tracekit.capture" and m["schema_version"] == "1.2"
     assert m["complete"] is True and m["errors"] == []
     assert set(m["files"]) == {"rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz"}
     for name, entry in m["files"].items():
@@ -103,17 +103,26 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
         "cpu",
     )
     assert w["step_pattern"] == "decode_step" and w["inject_delay"] is None
+    assert w["rounds"] == 3 and w["pass_order"] == "UPUPUP"
     for part in ("unprofiled", "profiled"):
         per = m[part]["per_token_ns"]
         assert set(per) == {"0", "1"} and all(len(v) == 8 and min(v) > 0 for v in per.values())
-    # dilation recomputed independently: median over steps of the slowest rank, profiled / unprofiled
-    slow = {
-        p: [max(a, b) for a, b in zip(*m[p]["per_token_ns"].values(), strict=True)]
+        assert len(m[part]["rounds"]) == 3
+    # per_token_ns is the first unprofiled round and the traced (last) profiled round
+    assert m["unprofiled"]["per_token_ns"] == m["unprofiled"]["rounds"][0]
+    assert m["profiled"]["traced_round"] == 2
+    assert m["profiled"]["per_token_ns"] == m["profiled"]["rounds"][2]
+    # dilation recomputed independently: per round the slowest rank per token, first token left
+    # out, rounds pooled; mean profiled / mean unprofiled
+    pooled = {
+        p: [max(a, b) for rnd in m[p]["rounds"] for a, b in list(zip(*rnd.values(), strict=True))[1:]]
         for p in ("unprofiled", "profiled")
     }
     assert m["dilation"] == pytest.approx(
-        statistics.median(slow["profiled"]) / statistics.median(slow["unprofiled"]), rel=1e-3
+        statistics.mean(pooled["profiled"]) / statistics.mean(pooled["unprofiled"]), rel=1e-3
     )
+    lo, hi = m["dilation_interval"]
+    assert lo <= m["dilation"] <= hi
     assert len(m["tokens_generated"]) == 1 and len(m["tokens_generated"][0]) == 8
     assert m["versions"]["torch"] and m["host"]["cpu_count"] >= 1 and m["devices"] == []
     assert "tracekit capture --tp 2" in m["command"]
@@ -164,9 +173,10 @@ def test_ranges_mode_keeps_steps_and_drops_op_tracing(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["workload"]["mode"] == "ranges" and m["workload"]["inject_sync"] is True
     # --inject-sync: one extra sync per layer per forward (a no-op on CPU, but counted):
-    # 2 layers x 3 passes x (1 prefill + 5 steps): each measured pass is 1 lead + 3 kept + 1 tail
-    # steps, and the warm-up pass covers the same 5 positions (its --warmup 1 is raised to 5)
-    assert m["inject_sync_count"] == {"0": 2 * 3 * (1 + 5)}
+    # 2 layers x 7 passes (warm-up + 3 rounds of U and P) x (1 prefill + 5 steps): each measured
+    # pass is 1 lead + 3 kept + 1 tail steps, and the warm-up pass covers the same 5 positions
+    # (its --warmup 1 is raised to 5)
+    assert m["inject_sync_count"] == {"0": 2 * 7 * (1 + 5)}
     assert m["workload"]["warmup_tokens"] == 5
 
 
@@ -382,8 +392,11 @@ def test_nsys_path_traces_exactly_the_traced_pass_and_times_the_unprofiled_one_w
         pid, under, name = line.split(" ", 2)
         seen.setdefault(int(pid), []).append((under, name))
     traced_pids = {int(p) for p in m["rank_pids"].values()}
-    plain_pids = {int(p) for p in m["workload"]["nsys"]["unprofiled_rank_pids"].values()}
-    assert len(traced_pids) == 2 and len(plain_pids) == 2 and not traced_pids & plain_pids
+    rounds_pids = m["workload"]["nsys"]["unprofiled_rank_pids_rounds"]
+    assert rounds_pids[0] == m["workload"]["nsys"]["unprofiled_rank_pids"] and len(rounds_pids) == 2
+    plain_pids = {int(p) for pids in rounds_pids for p in pids.values()}
+    # two plain runs (before and after the one under nsys), two ranks each, all other processes
+    assert len(traced_pids) == 2 and len(plain_pids) == 4 and not traced_pids & plain_pids
     under_nsys = {pid: [n for u, n in v if u == "1"] for pid, v in seen.items()}
     # what nsys would record: per rank exactly `tokens` step ranges (the kept steps of the traced
     # pass, after one lead step), none from the warm-up or an unprofiled pass
@@ -394,14 +407,20 @@ def test_nsys_path_traces_exactly_the_traced_pass_and_times_the_unprofiled_one_w
         assert seen[pid] == [("0", n) for n in want]
     assert set(seen) == traced_pids | plain_pids
 
-    assert m["workload"]["nsys"]["unprofiled"] == "separate run without nsys"
+    assert m["workload"]["nsys"]["unprofiled"].startswith("separate runs without nsys, one before")
     assert m["workload"]["nsys"]["tokens_match"] is True
+    assert m["workload"]["pass_order"] == "UPU" and m["workload"]["rounds"] == 1
     unprof, prof = m["unprofiled"]["per_token_ns"], m["profiled"]["per_token_ns"]
     assert set(unprof) == set(prof) == {"0", "1"}
     assert all(len(unprof[r]) == len(prof[r]) == tokens for r in unprof)
-    slowest = [max(unprof[r][i] for r in unprof) for i in range(tokens)]
-    slowest_p = [max(prof[r][i] for r in prof) for i in range(tokens)]
-    assert m["dilation"] == round(statistics.median(slowest_p) / statistics.median(slowest), 4)
+    u_rounds = m["unprofiled"]["rounds"]
+    assert len(u_rounds) == 2 and u_rounds[0] == unprof and m["profiled"]["rounds"] == [prof]
+    assert all(len(rnd[r]) == tokens for rnd in u_rounds for r in ("0", "1"))
+    # mean over both plain rounds (first token of each left out) against the traced round
+    slowest = [max(rnd[r][i] for r in rnd) for rnd in u_rounds for i in range(1, tokens)]
+    slowest_p = [max(prof[r][i] for r in prof) for i in range(1, tokens)]
+    assert m["dilation"] == round(statistics.mean(slowest_p) / statistics.mean(slowest), 4)
+    assert not (out / ".plain-after").exists()
     # the rank ran in its own process, not in the one nsys started (which makes no CUDA call)
     assert os.getpid() not in traced_pids
     assert main(["capture", "--nsys", "--mode", "full", "--device", "cpu", "--out", str(out)]) == 2
@@ -700,15 +719,21 @@ def test_nsys_user_script_runs_plain_for_the_unprofiled_pass_and_traces_only_the
     assert not list(out.glob(".rank-*.result.json"))
 
     seen = _ranges_by_pid(ranges)
-    traced_pid, plain_pid = m["rank_pids"]["0"], m["workload"]["nsys"]["unprofiled_rank_pids"]["0"]
-    assert traced_pid != plain_pid and set(seen) == {traced_pid, plain_pid}
+    nsys_doc = m["workload"]["nsys"]
+    traced_pid, plain_pid = m["rank_pids"]["0"], nsys_doc["unprofiled_rank_pids"]["0"]
+    after_pid = nsys_doc["unprofiled_rank_pids_rounds"][1]["0"]
+    assert len({traced_pid, plain_pid, after_pid}) == 3 and set(seen) == {traced_pid, plain_pid, after_pid}
     assert seen[traced_pid] == [("1", f"decode_step#{i}") for i in (1, 2, 3)]
-    assert seen[plain_pid] == [("0", f"decode_step#{i}") for i in range(4)]
+    assert seen[plain_pid] == seen[after_pid] == [("0", f"decode_step#{i}") for i in range(4)]
 
-    assert m["workload"]["nsys"]["unprofiled"].startswith("separate run of the script without nsys")
+    assert nsys_doc["unprofiled"].startswith("separate runs of the script without nsys, before and after")
+    assert m["workload"]["pass_order"] == "UPU"
     unprof, prof = m["unprofiled"]["per_token_ns"], m["profiled"]["per_token_ns"]
     assert len(unprof["0"]) == 4 and len(prof["0"]) == 3 and min(unprof["0"] + prof["0"]) > 0
-    assert m["dilation"] == round(statistics.median(prof["0"]) / statistics.median(unprof["0"]), 4)
+    u_rounds = m["unprofiled"]["rounds"]
+    assert len(u_rounds) == 2 and u_rounds[0] == unprof and len(u_rounds[1]["0"]) == 4
+    pooled_u = u_rounds[0]["0"][1:] + u_rounds[1]["0"][1:]
+    assert m["dilation"] == round(statistics.mean(prof["0"][1:]) / statistics.mean(pooled_u), 4)
 
 
 _ONLY_PROFILED = """

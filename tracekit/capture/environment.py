@@ -15,13 +15,12 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "manifest.json"
-SCHEMA_VERSION = "1.1"  # 1.1: workload.nsys (how an --nsys capture was made)
+SCHEMA_VERSION = "1.2"  # 1.1: workload.nsys; 1.2: rounds (alternating passes), dilation_interval
 
 
 def trace_name(rank: int) -> str:
@@ -75,22 +74,24 @@ def file_entry(path: Path, rank: int | None) -> dict[str, Any]:
 
 
 # -- statistics ----------------------------------------------------------------------------------
-def slowest_rank_per_step(per_token_ns: Mapping[str, Sequence[int]]) -> list[int]:
-    """Per step index, the largest time over ranks (steps every rank has)."""
-    lists = [list(v) for v in per_token_ns.values() if v]
-    if not lists:
-        return []
-    n = min(len(v) for v in lists)
-    return [max(v[i] for v in lists) for i in range(n)]
+def dilation(
+    unprofiled_rounds: Sequence[Mapping[str, Sequence[int]]],
+    profiled_rounds: Sequence[Mapping[str, Sequence[int]]],
+) -> tuple[float | None, list[float] | None]:
+    """The manifest's `dilation` and `dilation_interval` from every round of each kind (each
+    round {rank: [ns, ...]}): mean profiled / mean unprofiled per-token time, per token the slowest
+    rank, the first token of each round skipped, rounds pooled, and its 95% bootstrap interval.
+    The same code as `tracekit dilation` (tracekit.analyse.dilation.dilation_of), so the figure the
+    capture states is the one the analysis applies. (None, None) without times of both kinds."""
+    from tracekit.analyse.dilation import dilation_of
 
-
-def dilation(unprofiled: Mapping[str, Sequence[int]], profiled: Mapping[str, Sequence[int]]) -> float | None:
-    """Median profiled / median unprofiled step time, each the slowest rank per step."""
-    u, p = slowest_rank_per_step(unprofiled), slowest_rank_per_step(profiled)
-    if not u or not p:
-        return None
-    mu = statistics.median(u)
-    return round(statistics.median(p) / mu, 4) if mu > 0 else None
+    d = dilation_of(
+        {"unprofiled": {"rounds": list(unprofiled_rounds)}, "profiled": {"rounds": list(profiled_rounds)}}
+    )
+    if d.dilation is None:
+        return None, None
+    interval = [round(x, 4) for x in d.interval] if d.interval is not None else None
+    return round(d.dilation, 4), interval
 
 
 # -- environment ---------------------------------------------------------------------------------

@@ -168,14 +168,29 @@ class Tracer:
     Call `start()` before the first step, `step()` at the start of every later step, and `stop()`
     after the last; the trace lands at out_dir/rank-<r>.pt.trace.json.gz (temporary name, then
     rename). Mode "nvtx" makes every call a no-op.
+
+    `keep=False` (the profiled rounds of `tracekit capture --rounds K` before the traced one):
+    the profiler runs exactly as for a kept trace (same mode, schedule, ranges), so its steps are
+    timed under the same conditions, but the recording is dropped instead of exported: no file is
+    written and `stop()` returns None. The export is skipped at the schedule step that ends the
+    recording, which runs between steps, outside every timed step.
     """
 
     def __init__(
-        self, mode: str, device_type: str, out_dir: Path, rank: int, warmup: int = 1, active: int = 0
+        self,
+        mode: str,
+        device_type: str,
+        out_dir: Path,
+        rank: int,
+        warmup: int = 1,
+        active: int = 0,
+        keep: bool = True,
     ):
         self.mode = resolve_mode(mode, device_type)
         self.device_type, self.out_dir, self.rank = device_type, Path(out_dir), rank
         self.warmup, self.active = max(int(warmup), 0), int(active)
+        self.keep = keep
+        self.recorded = False  # the schedule ended a recording (kept or dropped)
         self.prof: Any = None
         self.trace_path: Path | None = None
         self._user_scope = self.mode in ("cuda", "ranges")
@@ -187,6 +202,11 @@ class Tracer:
         return _user_scope_only() if self._user_scope else contextlib.nullcontext()
 
     def _on_ready(self, prof: Any) -> None:
+        self.recorded = True
+        if not self.keep:  # a timing-only round: nothing exported
+            if self.mode == "kernels":
+                self._unhook()
+            return
         final = self.out_dir / trace_name(self.rank)
         tmp = self.out_dir / f".rank-{self.rank}.{os.getpid()}.pt.trace.json"
         prof.export_chrome_trace(str(tmp))
@@ -260,7 +280,8 @@ class Tracer:
                     prof.stop()
             finally:
                 self._unhook()
-            if self.trace_path is None:  # stopped before any recorded step: nothing was saved
+            if self.trace_path is None and not (self.recorded and not self.keep):
+                # stopped before any recorded step: nothing was saved
                 raise CaptureError(
                     f"rank {self.rank}: the profiler recorded no step (warm-up {self.warmup} steps "
                     "covered the whole loop); run more steps or lower the warm-up"

@@ -4,11 +4,20 @@
     from tracekit.capture.runner import CaptureConfig, capture
     run_dir = capture(CaptureConfig(tp=2, preset="tiny", tokens=8), Path("traces/cpu-tp2"))
 
-Per rank: build the shard (weights from the seed), a warm-up pass, an unprofiled pass (host wall
-ns per token, a device sync per token on CUDA), and a profiled pass (torch.profiler in the chosen
-mode, its schedule skipping one warm-up step, then `tokens` recorded steps, timed the same way).
+Per rank: build the shard (weights from the seed), a warm-up pass, then `rounds` (K, `--rounds`,
+default 3) alternating pairs of measured passes, U P U P ...: an unprofiled pass (host wall ns per
+token, a device sync per token on CUDA) and a profiled pass (torch.profiler in the chosen mode,
+its schedule skipping one warm-up step, then `tokens` recorded steps, timed the same way). The
+host's speed drifts (the same H200 command gave dilation 1.59x and 3.13x minutes apart), so one
+unprofiled pass against one profiled pass measures the drift as much as the profiler; alternating
+rounds put both kinds under the same drift, and the manifest keeps every round
+(`unprofiled.rounds`, `profiled.rounds`) for the pooled dilation and its interval
+(tracekit.analyse.dilation). Every profiled round runs under the profiler in the same mode and
+opens the same ranges, so all are timed under the same conditions, but only the last one (the
+traced round) exports its trace: the others' recordings are dropped (`Tracer(keep=False)`), so
+the written trace holds exactly `tokens` decode_step ranges per rank.
 
-Both measured passes run `LEAD + tokens + TAIL` steps at the same positions and keep the middle
+Every measured pass runs `LEAD + tokens + TAIL` steps at the same positions and keep the middle
 `tokens`: the lead step is the profiler schedule's warm-up, and the tail step is where the
 profiler stops and exports (its `step()` runs between steps, outside every timed step and every
 `decode_step` range). The warm-up pass covers at least every position the measured passes use:
@@ -21,8 +30,11 @@ steps of a pass open a `decode_step` range (warm-up, lead and tail steps open no
 under it (the first H200 nsys reports held 2T steps per rank, and a "dilation" between two passes
 that both ran under nsys). A plain run without nsys (same workload and ranks, `passes="unprofiled"`)
 records the unprofiled times; then the run under nsys (`passes="traced"`) warms up and runs only
-the traced pass, so its report holds exactly `tokens` decode_step ranges per rank. The manifest
-is the nsys run's, with the plain run's `unprofiled` times, and says so in `workload.nsys`.
+the traced pass, so its report holds exactly `tokens` decode_step ranges per rank; then a second
+plain run, so two unprofiled rounds bracket the traced one (`workload.pass_order` "UPU"; `--rounds`
+does not apply: a second profiled round under nsys would put its ranges in the report). The
+manifest is the nsys run's, with the plain runs' `unprofiled` rounds, and says so in
+`workload.nsys`. A user's script under `--nsys` runs the same way (plain, nsys, plain).
 Ranks run as spawned processes on this host, or in-process when launched by torchrun (RANK and
 WORLD_SIZE set). Each rank writes rank-<r>.pt.trace.json.gz and a small result file; the
 manifest (docs/JSON.md#manifest) is assembled from those. A failing rank: the others' traces are
@@ -51,7 +63,8 @@ from tracekit.capture import environment as env
 from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_PASSES, ENV_WARMUP, MODES
 from tracekit.errors import CaptureError
 
-#: progress(phase, done, total): phase is "warmup", "unprofiled" or "profiled" (rank 0's tokens).
+#: progress(phase, done, total): rank 0's steps of a pass; phase is "warmup", or "unprofiled k/K" /
+#: "profiled k/K" for round k of K (`phase_kind` gives the kind), in the order the passes run.
 Progress = Callable[[str, int, int], None]
 
 ENV_CONFIG = "TRACEKIT_CAPTURE_CONFIG"
@@ -87,6 +100,9 @@ class CaptureConfig:
     #: which measured passes the ranks run: "both"; "unprofiled" (the plain run of --nsys) or
     #: "traced" (the run under nsys: warm-up and the traced pass only). Set by --nsys, not a CLI option.
     passes: str = "both"
+    #: alternating measured rounds U P U P ... (--rounds); the last profiled one keeps its trace.
+    #: 1 under --nsys (the plain runs before and after the run under nsys are the unprofiled rounds)
+    rounds: int = 3
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,8 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         raise CaptureError(f"--tp must be at least 1, got {n}")
     if config.tokens < 1 or config.prompt < 1 or config.batch < 1:
         raise CaptureError("--tokens, --prompt and --batch must be at least 1")
+    if config.rounds < 1:
+        raise CaptureError(f"--rounds must be at least 1, got {config.rounds}")
     check_tp(preset(config.preset, config.layers), n)
     if config.device not in ("auto", "cpu", "cuda"):
         raise CaptureError(f"--device must be auto, cpu or cuda, got {config.device!r}")
@@ -211,7 +229,18 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         "mode": res.mode,
         "step_pattern": "decode_step",
         "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
+        "rounds": rounds_of(config),
     }
+
+
+def rounds_of(config: CaptureConfig) -> int:
+    """Measured rounds each rank runs: --rounds, or 1 for the plain and traced runs of --nsys."""
+    return config.rounds if config.passes == "both" else 1
+
+
+def phase_kind(phase: str) -> str:
+    """ "unprofiled 2/3" -> "unprofiled" (a progress phase's kind of pass)."""
+    return phase.split(" ", 1)[0]
 
 
 # -- one rank --------------------------------------------------------------------------------------
@@ -292,37 +321,66 @@ def _rank_main(
     model.generate(prompt, n_warm, on_token=report("warmup"), annotate_step=_never)
     barrier()
     write_result(out_dir, rank, device=str(device), nvtx=annotate.nvtx_source(), pid=os.getpid())
-    tokens = None
-    if config.passes != "traced":  # under nsys this pass runs in a separate plain run instead
-        tokens, unprofiled_all = run_pass(model, prompt, config.tokens, on_token=report("unprofiled"))
-        write_result(out_dir, rank, unprofiled_ns=unprofiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens])
-        barrier()
-
     fields: dict[str, Any] = {
         "inject_sync_count": model.sync_count,
         "nccl_env": env.nccl_env(),
         "pid": os.getpid(),
     }
-    if config.passes != "unprofiled":
-        tracer = Tracer(res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens)
-        traced, profiled_all = run_pass(
-            model, prompt, config.tokens, tracer=tracer, on_token=report("profiled")
+    # U P U P ...: under --nsys one kind only ("unprofiled": the plain runs, "traced": under nsys)
+    k_rounds = rounds_of(config)
+    kept = slice(LEAD_STEPS, LEAD_STEPS + config.tokens)
+    unprofiled: list[list[int]] = []
+    profiled: list[list[int]] = []
+    order: list[str] = []
+    tokens = None
+    for k in range(k_rounds):
+        tag = f" {k + 1}/{k_rounds}"
+        if config.passes != "traced":
+            ids, times = run_pass(model, prompt, config.tokens, on_token=report("unprofiled" + tag))
+            tokens = ids if tokens is None else tokens
+            unprofiled.append(times[kept])
+            order.append("U")
+            write_result(
+                out_dir,
+                rank,
+                unprofiled_ns=unprofiled[0],
+                unprofiled_rounds_ns=unprofiled,
+                pass_order="".join(order),
+            )
+            barrier()
+        if config.passes == "unprofiled":
+            continue
+        traced = k == k_rounds - 1  # only the last profiled round keeps (exports) its trace
+        tracer = Tracer(
+            res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens, keep=traced
         )
-        tokens = traced if tokens is None else tokens
+        ids, times = run_pass(model, prompt, config.tokens, tracer=tracer, on_token=report("profiled" + tag))
+        tokens = ids if tokens is None else tokens
+        profiled.append(times[kept])
+        order.append("P")
+        if not traced:
+            tracer.stop()  # its recording dropped, nothing written
+            barrier()
+            continue
         if config.fail_rank == rank:  # after the pass (its trace is written but not listed)
             raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
         path = tracer.stop()
         fields.update(
             {
-                "profiled_ns": profiled_all[LEAD_STEPS : LEAD_STEPS + config.tokens],
+                "profiled_ns": profiled[-1],
+                "profiled_rounds_ns": profiled,
+                "traced_round": len(profiled) - 1,
                 "mode": res.mode,
                 "trace": path.name if path else None,
                 "file": env.file_entry(path, rank) if path else None,
-                "inject_sync_count": model.sync_count,
             }
         )
         if tracer.mode == "kernels":
             fields["marker_steps"] = tracer.injected_steps
+    fields["inject_sync_count"] = model.sync_count
+    fields["pass_order"] = "".join(order)
+    if unprofiled:
+        fields.update(unprofiled_ns=unprofiled[0], unprofiled_rounds_ns=unprofiled)
     if rank == 0:
         fields["tokens_generated"] = tokens[:, : config.tokens].tolist() if tokens is not None else None
         # the ranks read versions and devices, so the parent makes no CUDA call (see ENV_RESOLVED)
@@ -434,6 +492,15 @@ def build_manifest(
     files.update(extra_files or {})
     unprof = {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
     prof = {str(r): results[r]["profiled_ns"] for r in sorted(results) if results[r].get("profiled_ns")}
+    u_rounds, p_rounds = _rounds(results, "unprofiled"), _rounds(results, "profiled")
+    traced_round = next(
+        (int(results[r]["traced_round"]) for r in sorted(results) if "traced_round" in results[r]),
+        len(p_rounds) - 1,
+    )
+    order = results.get(0, {}).get("pass_order")
+    if order and "rounds" in workload_doc:  # the order rank 0 really ran its passes in
+        workload_doc = dict(workload_doc, pass_order=order)
+    dil, interval = env.dilation(u_rounds, p_rounds)
     return {
         "schema_version": env.SCHEMA_VERSION,
         "kind": "tracekit.capture",
@@ -450,9 +517,12 @@ def build_manifest(
             (results[r]["nccl_env"] for r in sorted(results) if "nccl_env" in results[r]), env.nccl_env()
         ),
         "workload": workload_doc,
-        "unprofiled": {"per_token_ns": unprof},
-        "profiled": {"per_token_ns": prof},
-        "dilation": env.dilation(unprof, prof),
+        # per_token_ns: the first unprofiled round and the traced profiled round (pre-1.2 readers);
+        # rounds: every round in run order (docs/JSON.md#manifest)
+        "unprofiled": {"per_token_ns": unprof, "rounds": u_rounds},
+        "profiled": {"per_token_ns": prof, "rounds": p_rounds, "traced_round": max(traced_round, 0)},
+        "dilation": dil,
+        "dilation_interval": interval,
         "tokens_generated": results.get(0, {}).get("tokens_generated"),
         "nvtx": results.get(0, {}).get("nvtx"),
         "inject_sync_count": {
@@ -476,6 +546,30 @@ def build_manifest(
         "files": files,
         "command": command,
     }
+
+
+def _rounds(results: dict[int, dict[str, Any]], kind: str) -> list[dict[str, list[int]]]:
+    """Every round of one kind ("unprofiled" | "profiled") as {rank: [ns, ...]}, in run order, from
+    the ranks' `<kind>_rounds_ns` (or their one `<kind>_ns`: a user's script, one round)."""
+    per_rank: dict[str, list[list[int]]] = {}
+    for r in sorted(results):
+        lists = results[r].get(f"{kind}_rounds_ns") or (
+            [results[r][f"{kind}_ns"]] if results[r].get(f"{kind}_ns") else []
+        )
+        if lists:
+            per_rank[str(r)] = lists
+    k = max((len(v) for v in per_rank.values()), default=0)
+    return [{rk: v[i] for rk, v in per_rank.items() if i < len(v) and v[i]} for i in range(k)]
+
+
+def _set_unprofiled(manifest: dict[str, Any], rounds: list[dict[str, list[int]]]) -> None:
+    """--nsys: the plain runs' unprofiled rounds into the manifest of the run under nsys (in place),
+    with the dilation recomputed from them."""
+    rounds = [r for r in rounds if r]
+    manifest["unprofiled"] = {"per_token_ns": rounds[0] if rounds else {}, "rounds": rounds}
+    manifest["dilation"], manifest["dilation_interval"] = env.dilation(
+        rounds, manifest["profiled"].get("rounds") or [manifest["profiled"]["per_token_ns"]]
+    )
 
 
 def _finish(out_dir: Path, manifest: dict[str, Any]) -> Path:
@@ -612,7 +706,7 @@ def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
         import torch.distributed as dist
 
         gathered: list[Any] = [None] * world if rank == 0 else []
-        mine = dict(fields, unprofiled_ns=read_results(out_dir).get(rank, {}).get("unprofiled_ns"), rank=rank)
+        mine = dict(fields, rank=rank)
         dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
         dist.destroy_process_group()
         if rank != 0:
@@ -700,21 +794,28 @@ def _nsys_profile(
 
 
 #: manifest workload.nsys: how a --nsys capture was made (docs/JSON.md#manifest)
-NSYS_UNPROFILED = "separate run without nsys"
+NSYS_UNPROFILED = "separate runs without nsys, one before and one after the run under nsys"
 NSYS_TRACED = "run under nsys: warm-up and the traced pass only; only its kept steps open decode_step ranges"
+#: the second plain run of --nsys goes here, then into the manifest, then is removed
+_PLAIN_AFTER = ".plain-after"
 
 
 def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress | None) -> Path:
-    """--nsys: two runs of the same workload and process layout. First a plain run (no nsys) that
-    records the unprofiled per-token times; then the run under nsys, whose ranks warm up and run
-    only the traced pass, so the report holds exactly `tokens` decode_step ranges per rank. The
-    manifest is the nsys run's, with `unprofiled` from the plain run and the dilation between them.
+    """--nsys: three runs of the same workload and process layout. A plain run (no nsys) records
+    one unprofiled round; then the run under nsys, whose ranks warm up and run only the traced
+    pass, so the report holds exactly `tokens` decode_step ranges per rank; then a second plain
+    run, another unprofiled round, so the unprofiled rounds bracket the traced one (pass order
+    U P U). The manifest is the nsys run's, with the plain runs' `unprofiled` rounds and the
+    dilation from them. A failed second plain run leaves one unprofiled round and says why in
+    `workload.nsys.unprofiled_after_error`.
     """
     res = resolve(config)  # check options before starting anything
     find_nsys()
     out_dir.mkdir(parents=True, exist_ok=True)
     cmd = _command(config)
-    plain_cfg = replace(config, nsys=False, mode=res.mode, passes="unprofiled", fail_rank=None, command=cmd)
+    plain_cfg = replace(
+        config, nsys=False, mode=res.mode, passes="unprofiled", fail_rank=None, command=cmd, rounds=1
+    )
     capture(plain_cfg, out_dir, progress)  # raises CaptureError (its manifest kept) when a rank fails
     manifest_path = out_dir / env.MANIFEST_NAME
     plain = json.loads(manifest_path.read_text())
@@ -723,7 +824,7 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
     child_env = dict(
         os.environ, TRACEKIT_UNDER_NSYS="1", NCCL_NVLS_ENABLE=os.environ.get("NCCL_NVLS_ENABLE", "0")
     )
-    cfg = replace(config, command=cmd, passes="traced")
+    cfg = replace(config, command=cmd, passes="traced", rounds=1)
     child_env[ENV_CONFIG] = json.dumps(asdict(cfg))
     # the process nsys starts is not a rank: it must make no CUDA call, or a multi-process report
     # holds one more CUDA process than there are ranks (the H200 smoke run: 3 processes for tp=2)
@@ -734,27 +835,38 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
     finally:  # also when the run under nsys failed: its manifest gets the plain run's times
         if manifest_path.exists():
             manifest = json.loads(manifest_path.read_text())
-            _merge_plain_run(manifest, plain)
+            _merge_plain_runs(manifest, [plain])
             env.atomic_write_json(manifest_path, manifest)
     if not manifest_path.exists():
         raise CaptureError(f"the capture under nsys wrote no manifest in {out_dir}")
     manifest["files"].update(files)
+    after_dir = out_dir / _PLAIN_AFTER
+    try:
+        capture(plain_cfg, after_dir, progress)
+        _merge_plain_runs(manifest, [plain, json.loads((after_dir / env.MANIFEST_NAME).read_text())])
+    except (CaptureError, OSError, ValueError) as exc:
+        manifest["workload"]["nsys"]["unprofiled_after_error"] = str(exc)
+    finally:
+        shutil.rmtree(after_dir, ignore_errors=True)
     env.atomic_write_json(manifest_path, manifest)
     return out_dir
 
 
-def _merge_plain_run(manifest: dict[str, Any], plain: dict[str, Any]) -> None:
-    """Put the plain run's unprofiled times into the nsys run's manifest (in place)."""
-    unprof = plain["unprofiled"]["per_token_ns"]
-    manifest["unprofiled"] = {"per_token_ns": unprof}
-    manifest["dilation"] = env.dilation(unprof, manifest["profiled"]["per_token_ns"])
+def _merge_plain_runs(manifest: dict[str, Any], plains: list[dict[str, Any]]) -> None:
+    """Put the plain runs' unprofiled times into the nsys run's manifest (in place): one
+    unprofiled round per plain run, in run order (before, after the run under nsys)."""
+    _set_unprofiled(manifest, [p["unprofiled"]["per_token_ns"] for p in plains])
     traced_tokens = manifest.get("tokens_generated")
+    manifest["workload"]["pass_order"] = "UPU" if len(plains) > 1 else "UP"
     manifest["workload"]["nsys"] = {
         "unprofiled": NSYS_UNPROFILED,
         "traced": NSYS_TRACED,
-        "unprofiled_rank_pids": plain.get("rank_pids", {}),
-        # greedy tokens of the plain run equal to the traced run's (same weights, prompt, layout)
-        "tokens_match": None if traced_tokens is None else plain.get("tokens_generated") == traced_tokens,
+        "unprofiled_rank_pids": plains[0].get("rank_pids", {}),
+        "unprofiled_rank_pids_rounds": [p.get("rank_pids", {}) for p in plains],
+        # greedy tokens of the plain runs equal to the traced run's (same weights, prompt, layout)
+        "tokens_match": None
+        if traced_tokens is None
+        else all(p.get("tokens_generated") == traced_tokens for p in plains),
     }
 
 
@@ -770,11 +882,15 @@ def capture_script(
     """Run a user's script (`python my_decode.py ...`, or `torchrun ... my_decode.py`) that uses
     `tracekit.profile()`; assemble manifest.json from what its ranks wrote. Returns `out_dir`.
 
-    With `nsys`, as for the reference decoder: the script runs twice, first plain with
+    The script's own `tracekit.profile()` blocks are its passes: one unprofiled and one profiled
+    round each (`--rounds` is the reference decoder's; a script alternates by itself if it wants).
+
+    With `nsys`, as for the reference decoder: the script runs three times, plain with
     TRACEKIT_CAPTURE_PASSES=unprofiled (only its `tracekit.profile(profiled=False)` blocks record),
     then under nsys with TRACEKIT_CAPTURE_PASSES=traced (only its profiled blocks record or open
-    ranges), so the report holds no step of the unprofiled pass and the dilation compares a plain
-    pass with a traced one. A script without an unprofiled pass gets `dilation: null`.
+    ranges), then plain again, so the report holds no step of an unprofiled pass and two
+    unprofiled rounds bracket the traced one. A script without an unprofiled pass runs only the
+    first two and gets `dilation: null`.
     """
     if not argv:
         raise CaptureError(
@@ -851,8 +967,8 @@ def _script_manifest(
 
 #: manifest workload.nsys of a user's script under --nsys (docs/JSON.md#manifest)
 NSYS_SCRIPT_UNPROFILED = (
-    "separate run of the script without nsys (TRACEKIT_CAPTURE_PASSES=unprofiled: only its "
-    "tracekit.profile(profiled=False) blocks recorded)"
+    "separate runs of the script without nsys, before and after the run under nsys "
+    "(TRACEKIT_CAPTURE_PASSES=unprofiled: only its tracekit.profile(profiled=False) blocks recorded)"
 )
 NSYS_SCRIPT_NO_UNPROFILED = (
     "none: the script made no unprofiled pass (no tracekit.profile(profiled=False) block), so the "
@@ -868,7 +984,9 @@ def _capture_script_under_nsys(
     argv: list[str], out_dir: Path, child_env: dict[str, str], command: str
 ) -> Path:
     """--nsys for a user's script: a plain run records the unprofiled pass, then the run under nsys
-    records only the traced pass; the manifest is the nsys run's with the plain run's times."""
+    records only the traced pass, then (when the first plain run made an unprofiled pass) a second
+    plain run records another: the manifest is the nsys run's with the plain runs' unprofiled
+    rounds (pass order U P U). A script's own `tracekit.profile()` blocks make one round each."""
     plain_env = dict(child_env, **{ENV_PASSES: "unprofiled"})
     rc = _run_script(argv, plain_env)
     plain = read_results(out_dir)
@@ -887,15 +1005,36 @@ def _capture_script_under_nsys(
     results = read_results(out_dir)
     _check_script_results(results, rc)
     manifest = _script_manifest(argv, results, command, errors, needs_traces=False, extra_files=files)
-    unprof = {str(r): plain[r]["unprofiled_ns"] for r in sorted(plain) if plain[r].get("unprofiled_ns")}
-    manifest["unprofiled"] = {"per_token_ns": unprof}
-    manifest["dilation"] = env.dilation(unprof, manifest["profiled"]["per_token_ns"])
+    plains = [plain]
+    after_error = None
+    if _unprofiled_of(plain) and rc == 0:  # the second plain run, after the one under nsys
+        for f in out_dir.glob(".rank-*.result.json"):
+            f.unlink()
+        rc2 = _run_script(argv, plain_env)
+        if rc2 == 0:
+            plains.append(read_results(out_dir))
+        else:
+            after_error = f"{' '.join(argv)} exited with code {rc2} (plain run, after nsys)"
+        for f in out_dir.glob(".rank-*.result.json"):
+            f.unlink()
+    rounds = [u for u in (_unprofiled_of(p) for p in plains) if u]
+    _set_unprofiled(manifest, rounds)
+    if rounds:
+        manifest["workload"]["pass_order"] = "UPU" if len(rounds) > 1 else "UP"
     manifest["workload"]["nsys"] = {
-        "unprofiled": NSYS_SCRIPT_UNPROFILED if unprof else NSYS_SCRIPT_NO_UNPROFILED,
+        "unprofiled": NSYS_SCRIPT_UNPROFILED if rounds else NSYS_SCRIPT_NO_UNPROFILED,
         "traced": NSYS_SCRIPT_TRACED,
         "unprofiled_rank_pids": {str(r): plain[r]["pid"] for r in sorted(plain) if "pid" in plain[r]},
+        "unprofiled_rank_pids_rounds": [
+            {str(r): p[r]["pid"] for r in sorted(p) if "pid" in p[r]} for p in plains
+        ],
+        **({"unprofiled_after_error": after_error} if after_error else {}),
     }
     return _finish(out_dir, manifest)
+
+
+def _unprofiled_of(results: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
+    return {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
 
 
 def _main_under_nsys(argv: list[str]) -> int:

@@ -19,6 +19,7 @@ _MODE_HELP = "; ".join(f"{k}: {v}" for k, v in MODES.items())
     epilog="""\b
 Examples:
   tracekit capture --tp 2 --preset tiny --tokens 8 --out traces/cpu-tp2
+  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --rounds 5 --out runs/h200-tp1
   tracekit capture --tp 2 --preset tiny --tokens 16 --inject-delay 1:20 --out traces/cpu-tp2-straggler
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda --out runs/h200-tp1
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels --out runs/h200-tp1-k
@@ -33,6 +34,15 @@ Examples:
     "--tp", type=int, default=1, show_default=True, help="Tensor-parallel ranks (processes on this host)."
 )
 @click.option("--tokens", type=int, default=16, show_default=True, help="Decode steps per pass.")
+@click.option(
+    "--rounds",
+    type=int,
+    default=3,
+    show_default=True,
+    help="Measured rounds, alternating unprofiled and profiled passes (U P U P ...); every profiled "
+    "round runs under the profiler, only the last keeps its trace. The dilation pools all rounds, "
+    "with a bootstrap interval. Under --nsys: plain run, run under nsys, plain run (U P U).",
+)
 @click.option(
     "--prompt", type=int, default=16, show_default=True, help="Prompt length (prefill, not a step)."
 )
@@ -73,6 +83,7 @@ Examples:
 def command(
     tp: int,
     tokens: int,
+    rounds: int,
     prompt: int,
     batch: int,
     preset: str,
@@ -94,7 +105,7 @@ def command(
     and profiled (the dilation) in OUT/manifest.json.
 
     Without SCRIPT: the reference decoder (Llama-style, random weights) over --tp ranks, a warm-up,
-    an unprofiled pass and a profiled pass. With `-- SCRIPT...`: runs your own script, whose loop
+    then --rounds alternating unprofiled and profiled passes (the last profiled one traced). With `-- SCRIPT...`: runs your own script, whose loop
     uses `tracekit.profile()` and `tracekit.annotate.step(i)`; tracekit tells it where to write.
     """
     from tracekit.capture import runner
@@ -107,6 +118,7 @@ def command(
     config = runner.CaptureConfig(
         tp=tp,
         tokens=tokens,
+        rounds=rounds,
         prompt=prompt,
         batch=batch,
         preset=preset,
@@ -137,9 +149,10 @@ def command(
             tasks: dict[str, object] = {}
 
             def progress(phase: str, done: int, total: int) -> None:
-                if phase not in tasks:
-                    tasks[phase] = bar.add_task(f"rank 0 {phase}", total=total)
-                bar.update(tasks[phase], completed=done)  # type: ignore[arg-type]
+                kind = runner.phase_kind(phase)  # one bar per kind, its round in the label
+                if kind not in tasks:
+                    tasks[kind] = bar.add_task(f"rank 0 {phase}", total=total)
+                bar.update(tasks[kind], completed=done, total=total, description=f"rank 0 {phase}")  # type: ignore[arg-type]
 
             run_dir = runner.capture(config, out_dir, progress=progress)
     _summary(run_dir)
@@ -173,7 +186,10 @@ def _summary(run_dir: Path) -> None:
     m = json.loads((run_dir / "manifest.json").read_text())
     w = m["workload"]
     d = m.get("dilation")
+    iv = m.get("dilation_interval")
+    dil = "n/a" if d is None else f"{d:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+    order = w.get("pass_order")
     click.echo(
         f"wrote {run_dir}: {len(m['files'])} files, tp={w['tp']} {w['device']}/{w['backend']} mode={w['mode']}, "
-        f"dilation={'n/a' if d is None else f'{d:.2f}'}"
+        f"dilation={dil}" + (f" over passes {order}" if order else "")
     )
