@@ -25,19 +25,25 @@ def _load_manifest(path: str) -> dict[str, Any]:
 
 @click.command("dilation")
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=str))
-@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up tokens left out.")
+@click.option(
+    "--skip-first", type=int, default=1, show_default=True, help="Warm-up tokens left out of each round."
+)
 @click.option(
     "--threshold", type=float, default=0.10, show_default=True, help="Dilation above 1 + this is flagged."
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: str) -> None:
-    """Print each run's per-token time unprofiled and profiled (the slowest rank per token, median,
-    p10, p90) and the dilation = profiled / unprofiled median, flagged above the threshold.
+    """Print each run's per-token time unprofiled and profiled (each token: the slowest rank; mean,
+    p10, p90 over every round's tokens, the first --skip-first of each round left out) and the
+    dilation = mean profiled / mean unprofiled, with its 95% bootstrap interval (rounds drawn with
+    replacement, then tokens within each) and the rounds it pools (`tracekit capture --rounds`;
+    a run captured before rounds has one of each). Flagged INFLATED above the threshold, NOISY
+    below its inverse.
 
     \b
     Examples:
       tracekit dilation traces/cpu-tp1 traces/cpu-tp2
-      tracekit dilation traces/cpu-tp2 --format json
+      tracekit dilation runs/h200-tp1 --format json
     """
     from rich.console import Console
     from rich.table import Table
@@ -52,17 +58,19 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
     if fmt == "json":
         click.echo(json.dumps([{"run": d, **dil.to_json()} for d, _, dil in rows], indent=1))
         return
-    console = Console(record=True, width=120, force_terminal=sys.stdout.isatty(), file=io.StringIO())
-    t = Table(title="Per-token time, ms (each token: the slowest rank)", title_justify="left")
+    console = Console(record=True, width=160, force_terminal=sys.stdout.isatty(), file=io.StringIO())
+    t = Table(title="Per-token time, ms (each token: the slowest rank; rounds pooled)", title_justify="left")
     t.add_column("run", overflow="fold")
     for col in (
         "mode",
-        "tokens",
-        "unprofiled median",
+        "rounds U/P",
+        "tokens U/P",
+        "unprofiled mean",
         "p10-p90",
-        "profiled median",
+        "profiled mean",
         "p10-p90",
         "dilation",
+        "95% interval",
         "",
     ):
         t.add_column(col, justify="right")
@@ -73,19 +81,22 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
             if x is None:
                 return "-", "-"
             return (
-                f"{x.median_ns / 1e6:.3f}",
+                f"{float(x.mean_ns) / 1e6:.3f}",
                 f"{x.quantile_ns(0.1) / 1e6:.3f}-{x.quantile_ns(0.9) / 1e6:.3f}",
             )
 
         wl = m.get("workload")
         mode = str(wl.get("mode", "?")) if isinstance(wl, dict) else "?"
+        iv = dil.interval
         t.add_row(
             d,
             mode,
-            str(u.n if u else "-"),
+            f"{dil.rounds['unprofiled']}/{dil.rounds['profiled']}",
+            f"{u.n if u else '-'}/{p.n if p else '-'}",
             *q(u),
             *q(p),
             "-" if dil.dilation is None else f"{dil.dilation:.2f}x",
+            "-" if iv is None else f"{iv[0]:.2f}-{iv[1]:.2f}",
             "INFLATED"
             if dil.inflated
             else ("NOISY" if dil.dilation is not None and dil.dilation < 1 / (1 + threshold) else ""),
@@ -94,9 +105,15 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
     for d, _, dil in rows:
         for note in dil.notes:
             console.print(f"{d}: {note}")
+        if dil.dilation is not None and dil.interval is None:
+            console.print(
+                f"{d}: no per-token times to resample: the capture's own dilation figure, no interval"
+            )
     console.print(
+        f"dilation = mean profiled / mean unprofiled per-token time (the figure tracekit shortfall applies). "
         f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler. "
         "NOISY: the profiled pass was faster than the unprofiled one (a profiler cannot speed a run up: the host "
-        "was loaded); tracekit shortfall then does not correct."
+        "was loaded); tracekit shortfall then does not correct. A wide interval: the host drifted between rounds "
+        "(capture with more --rounds)."
     )
     click.echo(console.export_text(styles=sys.stdout.isatty()), nl=False)
