@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
+from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
@@ -65,6 +66,9 @@ _TERM_WORDS = {
     "coordination": "ranks waiting for each other and host gaps",
     "unknown": "unclassified kernels",
 }
+_CPU_TRANSFER_WORDS = (
+    "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)"
+)
 
 
 # ------------------------------------------------------------------------------------------
@@ -86,7 +90,11 @@ class RunParts:
     timeline: str
     steps: pd.DataFrame
     slowest: pd.DataFrame
+    rank_steps: pd.DataFrame
+    per_rank: dict[int, dict[str, Fraction]]
     per_token: dict[str, Fraction]
+    critical: CriticalPath
+    path_token: dict[str, Any]
     collectives: CollectiveInstances
     dilation: Dilation
     step_pattern: str | None
@@ -94,7 +102,23 @@ class RunParts:
 
     @property
     def steady(self) -> pd.DataFrame:
-        return self.slowest[self.slowest["steady"]]
+        """Per steady step: `step`, `window_ns` (the step time), `rank` (whose window was longest,
+        for information) and each leaf part `<part>_ns` as the mean over ranks (floats)."""
+        parts = [f"{p}_ns" for p in LEAF_PARTS]
+        mean = self.rank_steps.groupby("step", sort=True)[parts].mean().reset_index()
+        st = self.slowest[self.slowest["steady"]][["step", "rank", "window_ns"]]
+        return st.merge(mean, on="step", how="left")
+
+
+def mean_over_ranks(per_rank: Mapping[int, Mapping[str, Fraction]]) -> dict[str, Fraction]:
+    """The run's per-token parts: the exact mean over ranks of every rank's per-token parts.
+
+    Every rank's parts sum to the same per-token step time, so the mean does too. The mean is
+    symmetric in the ranks (relabelling them changes nothing) and moves by at most d / N when one
+    rank's part moves by d: no tie-break between near-equal windows decides a figure."""
+    ranks = list(per_rank)
+    keys = [*LEAF_PARTS, "window"]
+    return {k: sum((per_rank[r][k] for r in ranks), Fraction(0)) / len(ranks) for k in keys}
 
 
 def check_ranks(run: Run, label: str) -> None:
@@ -216,7 +240,8 @@ def attribute_run(
         )
     table = table.drop(columns=["collective_ns_split"])
 
-    # per step index: the slowest rank's window and its parts (ties: the lowest rank)
+    # per step: the step time is the longest window (the token is done when its last rank is);
+    # `slowest` keeps which rank that was, for information only: no part is taken from it
     srt = table.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True])
     slowest = srt.drop_duplicates("step").sort_values("step").reset_index(drop=True)
     counts = table.groupby("step")["rank"].nunique()
@@ -225,7 +250,8 @@ def attribute_run(
         dq.add(
             "steps_missing_on_some_ranks",
             int(len(partial_steps)),
-            f"{label}: {len(partial_steps)} step(s) are not on every rank; their slowest rank is over the ranks that have them",
+            f"{label}: {len(partial_steps)} step(s) are not on every rank; they are left out of the per-token "
+            "figures (every rank's parts are averaged over the same steps)",
         )
     n_steps = len(slowest)
     skip = min(skip_first, max(n_steps - 1, 0))
@@ -235,20 +261,41 @@ def attribute_run(
             1,
             f"{label}: only {n_steps} step(s); skipped {skip} as warm-up instead of {skip_first}",
         )
-    slowest["steady"] = np.arange(n_steps) >= skip
-    for p in LEAF_PARTS:
-        if f"{p}_ns" not in slowest.columns:
-            raise AssertionError(f"missing part {p}")
-    leaf = slowest[[f"{p}_ns" for p in LEAF_PARTS]].to_numpy(np.int64)
-    if not np.array_equal(leaf.sum(axis=1), slowest["window_ns"].to_numpy(np.int64)):
-        raise AssertionError(f"{label}: leaf parts do not sum to the window")
-    steady = slowest[slowest["steady"]]
-    n = len(steady)
-    if n == 0:
-        raise StepError(f"{label}: no steps to attribute")
-    per_token = {p: Fraction(int(steady[f"{p}_ns"].sum()), n) for p in LEAF_PARTS}
-    per_token["window"] = Fraction(int(steady["window_ns"].sum()), n)
+    slowest["steady"] = (np.arange(n_steps) >= skip) & slowest["step"].isin(
+        counts[counts == len(ranks)].index
+    )
+    steady_steps = [int(x) for x in slowest.loc[slowest["steady"], "step"]]
+    if not steady_steps:
+        raise StepError(f"{label}: no steps to attribute (no step after the warm-up is on every rank)")
+
+    # per rank: each (rank, step) window's leaf parts, padded to the step time with idle (a rank
+    # whose window is shorter than the longest one is idle for the difference as far as the
+    # token is concerned), so every rank's parts sum to the same step time
+    step_ns = slowest.set_index("step")["window_ns"]
+    rs = table[table["step"].isin(steady_steps)].copy()
+    rs["step_ns"] = rs["step"].map(step_ns).astype(np.int64)
+    rs["pad_ns"] = rs["step_ns"] - rs["window_ns"]
+    rs["idle_ns"] = rs["idle_ns"] + rs["pad_ns"]
+    leaf = rs[[f"{p}_ns" for p in LEAF_PARTS]].to_numpy(np.int64)
+    if not np.array_equal(leaf.sum(axis=1), rs["step_ns"].to_numpy(np.int64)):
+        raise AssertionError(f"{label}: leaf parts do not sum to the step time")
+    n = len(steady_steps)
+    per_rank: dict[int, dict[str, Fraction]] = {}
+    for r in ranks:
+        g = rs[rs["rank"] == r]
+        per_rank[r] = {p: Fraction(int(g[f"{p}_ns"].sum()), n) for p in LEAF_PARTS}
+        per_rank[r]["window"] = Fraction(int(g["step_ns"].sum()), n)
+        per_rank[r]["pad"] = Fraction(int(g["pad_ns"].sum()), n)
+        per_rank[r]["own_window"] = Fraction(int(g["window_ns"].sum()), n)
+    per_token = mean_over_ranks(per_rank)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
+
+    from tracekit.analyse.critical_path import critical_path
+
+    path = critical_path(classified, windows, coll.per_rank, coll.clock.offsets_ns)
+    path_token = path.per_token(steady_steps)
+    if path_token["step"] != per_token["window"]:
+        raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
 
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
     for note in dil.notes:
@@ -259,7 +306,11 @@ def attribute_run(
         timeline=timeline,
         steps=table,
         slowest=slowest,
+        rank_steps=rs,
+        per_rank=per_rank,
         per_token=per_token,
+        critical=path,
+        path_token=path_token,
         collectives=coll,
         dilation=dil,
         step_pattern=found.pattern,
@@ -277,9 +328,11 @@ def reconcile(
     """Scale the traced per-token parts to sum to the unprofiled per-token time `target`, exactly.
 
     - device timeline ("gpu"): the profiler's cost is host time, which shows up between device
-      work. Device-side parts (compute, memory, transfer, unknown) are kept as measured; the excess
-      (traced - unprofiled) is taken out of idle first, then sync, then wait. If it exceeds all
-      three, the rest is taken from every part in proportion. A traced time *shorter* than the
+      work: as idle on the rank whose host it slowed and, at TP>1, as wait on the ranks that meet
+      it at the next collective. Device-side parts (compute, memory, transfer, unknown) are kept as
+      measured; the excess (traced - unprofiled) is taken out of wait, sync and idle in proportion
+      to their traced sizes (one factor for the three). If it exceeds all three, they are emptied
+      and the rest is taken from every part in proportion. A traced time *shorter* than the
       unprofiled one (no excess) scales every part in proportion.
     - host timeline ("host"/"mixed": CPU-only runs): the compute on the timeline is itself host
       time the profiler dilates (op callbacks land inside parent ops and between ops alike), so
@@ -312,24 +365,23 @@ def reconcile(
                 f"the traced per-token time is {-pct:.1%} below the unprofiled one; every part was scaled up "
                 "in proportion to match it"
             )
-        left = excess
-        taken = []
-        for k in ("idle", "sync", "wait"):
-            take = min(left, out[k])
-            if take > 0:
-                out[k] -= take
-                left -= take
-                taken.append(k)
-        if left > 0:
-            proportional(LEAF_PARTS)
+        coord = sum(out[k] for k in COORDINATION)
+        if excess > coord:
+            for k in COORDINATION:
+                out[k] = Fraction(0)
+            proportional(tuple(k for k in LEAF_PARTS if k not in COORDINATION))
             return out, (
-                f"profiler excess of {pct:.1%} over the unprofiled per-token time exceeds idle + sync + wait; "
+                f"profiler excess of {pct:.1%} over the unprofiled per-token time exceeds wait + sync + idle; "
                 "those were emptied and the rest scaled every part in proportion"
             )
+        keep = 1 - excess / coord
+        for k in COORDINATION:
+            out[k] = out[k] * keep
         return out, (
-            f"the profiler's excess ({pct:+.1%} over the unprofiled per-token time) was taken out of "
-            f"{' then '.join(taken) or 'nothing'} (host time between device work); compute, memory and "
-            "transfer are kept as measured"
+            f"the profiler's excess ({pct:+.1%} over the unprofiled per-token time) is host time: it was taken "
+            f"out of wait, sync and idle in proportion to their traced sizes (each kept at {float(keep):.1%}), "
+            "on every rank: at TP>1 a rank's added host time also shows up as the other ranks' wait; compute, "
+            "memory and transfer are kept as measured"
         )
     keys = tuple(k for k in LEAF_PARTS if k != "transfer")
     proportional(keys)
@@ -337,6 +389,51 @@ def reconcile(
         f"CPU-only timeline: every host-executed part (all but transfer) was scaled by one factor to "
         f"remove the profiler's {pct:+.1%} on the per-token time (host ops are dilated as much as the gaps)"
     )
+
+
+def reconcile_path(path: Mapping[str, Any], target: Fraction, timeline: str) -> dict[str, Any]:
+    """The critical path's per-token components scaled to the unprofiled per-token time, exactly.
+
+    The path's host time is where the profiler's cost lies on the path (the late rank's host was
+    slower under the profiler). GPU timeline: the excess is taken out of every rank's host and
+    sync time on the path in proportion to their sizes; if it exceeds them, every component (and
+    the offset) is scaled in proportion. Host timeline: every component but transfer (and the
+    offset) is scaled by one factor, as `reconcile` does."""
+    by_rank = {r: dict(d) for r, d in path["by_rank"].items()}
+    offset = Fraction(path["offset"])
+    traced = Fraction(path["step"])
+    excess = traced - target
+
+    def scale_all(keys: tuple[str, ...], with_offset: bool) -> None:
+        nonlocal offset
+        base = sum(d[k] for d in by_rank.values() for k in keys) + (offset if with_offset else 0)
+        rest = traced - base
+        if base == 0:
+            return
+        f = (target - rest) / base
+        for d in by_rank.values():
+            for k in keys:
+                d[k] *= f
+        if with_offset:
+            offset *= f
+
+    if excess != 0:
+        if timeline == "gpu":
+            hostish = sum(d[k] for d in by_rank.values() for k in ("host", "sync"))
+            if 0 < excess <= hostish:
+                keep = 1 - excess / hostish
+                for d in by_rank.values():
+                    d["host"] *= keep
+                    d["sync"] *= keep
+            else:
+                scale_all(PATH_PARTS, True)
+        else:
+            scale_all(tuple(k for k in PATH_PARTS if k != "transfer"), True)
+    out = {"by_rank": by_rank, "offset": offset, "step": target}
+    total = sum(sum(d.values()) for d in by_rank.values()) + offset
+    if total != target:  # a degenerate case (nothing to scale): say so rather than hide it
+        out["offset"] = offset + (target - total)
+    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -442,6 +539,13 @@ class Shortfall:
     reconciliation: str
     spread_ns: dict[str, dict[str, int]]
     data_quality: DataQuality
+    per_rank: dict[int, Attribution]  # each sharded rank's own parts (corrected) against the baseline
+    per_rank_uncorrected: dict[int, Attribution]
+    path: dict[str, Any]  # the sharded run's critical path per token (corrected): by_rank, offset, step
+    path_uncorrected: dict[str, Any]
+    base_path: dict[str, Any]  # the baseline's (one rank: its own host / compute split)
+    applied: dict[str, AppliedDilation]
+    rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
 
     @property
     def attribution(self) -> Attribution:
@@ -451,6 +555,13 @@ class Shortfall:
         ints = self.corrected.integers()
         s = ints["shortfall_ns"]
         return {k: (v / s if s else None) for k, v in ints["terms_ns"].items()}
+
+    def term_words(self) -> dict[str, str]:
+        """What each term is, in words, for this run (on a CPU run the 'link' is gloo's exchange)."""
+        words = dict(_TERM_WORDS)
+        if self.sharded.timeline != "gpu":
+            words["transfer"] = _CPU_TRANSFER_WORDS
+        return words
 
     def verdict(self) -> str:
         ints = self.corrected.integers()
@@ -465,8 +576,9 @@ class Shortfall:
         top = max(terms, key=lambda k: terms[k])
         share = terms[top] / s
         others = []
+        link = "link transfer" if self.sharded.timeline == "gpu" else "gloo exchange"
         if top != "transfer" and "transfer" in terms:
-            others.append(f"link transfer is {terms['transfer'] / s:.0%}")
+            others.append(f"{link} is {terms['transfer'] / s:.0%}")
         if top != "coordination":
             others.append(f"coordination is {terms['coordination'] / s:.0%}")
         if top != "compute":
@@ -474,8 +586,117 @@ class Shortfall:
         rest = "; ".join(others[:2])
         return (
             f"{top.capitalize()} holds this run back: {share:.0%} of the {_ms(s)} per-token shortfall "
-            f"({head}) is {_TERM_WORDS[top]}; {rest}. {dil}"
+            f"({head}) is {self.term_words()[top]}; {rest}. {self.path_cause()} {dil}"
         )
+
+    # ---- the critical path
+
+    def path_ints(self, corrected: bool = True) -> dict[str, Any]:
+        """The critical path per token as integers: by_rank -> {<part>_ns}, offset_ns, step_ns; the
+        components and the offset are rounded by largest remainder to sum to step_ns exactly."""
+        path = self.path if corrected else self.path_uncorrected
+        total = _round(path["step"])
+        flat: dict[str, Fraction] = {"offset": path["offset"]}
+        for r, d in path["by_rank"].items():
+            for p in PATH_PARTS:
+                flat[f"{r}:{p}"] = d[p]
+        ints = _round_to_sum(flat, total)
+        by_rank = {str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(path["by_rank"])}
+        for d in by_rank.values():
+            d["total_ns"] = sum(d[f"{p}_ns"] for p in PATH_PARTS)
+        return {"step_ns": total, "offset_ns": ints["offset"], "by_rank": by_rank}
+
+    def straggler(self) -> dict[str, Any]:
+        """Is one rank late by more than symmetric launch-bound hosts explain? (docs/METHOD-NOTES.md)
+
+        Per collective instance, the lateness of its last rank = last arrival - the arrival before
+        it (how long that rank alone held the collective). The candidate is the rank that is last
+        most often; its median lateness (over the instances where it is last) is compared with a
+        threshold from the baseline: 3 x the baseline's host time per collective interval (its
+        median per-step host gap / the collectives per step: the lead one symmetric launch-bound
+        host can build over another between two collectives) + the baseline's host-gap spread per
+        interval ((p90 - p10) / collectives per step). Both figures are traced ones (the profiler
+        slows both runs' hosts alike)."""
+        coll = self.sharded.collectives
+        out: dict[str, Any] = {"rank": None, "is_straggler": False}
+        pr = coll.per_rank
+        if self.n_ranks < 2 or pr.empty:
+            return out
+        steady = set(self.sharded.steady["step"].tolist())
+        windows = self.sharded.steps[["rank", "step", "start_ns", "end_ns"]]
+        first = pr[pr["rank"] == pr["rank"].min()]
+        inst_step = assign_steps(first.assign(start_ns=first["raw_start_ns"]), windows)
+        per_step = float(inst_step.isin(steady).sum()) / max(len(steady), 1)
+        srt = pr.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True])
+        top2 = srt.groupby("instance", sort=True).head(2)
+        g = top2.groupby("instance", sort=True)
+        last_rank = g["rank"].first()
+        late = (g["start_ns"].first() - g["start_ns"].last()).astype(np.int64)
+        counts = last_rank.value_counts()
+        cand = int(counts.index[0])
+        share = float(counts.iloc[0]) / len(last_rank)
+        lat = float(np.median(late[last_rank == cand]))
+        base_idle = self.baseline.rank_steps.groupby("step")["idle_ns"].mean().to_numpy(np.float64)
+        if per_step <= 0 or not len(base_idle):
+            return out
+        per_seg = float(np.median(base_idle)) / per_step
+        spread = float(np.quantile(base_idle, 0.9) - np.quantile(base_idle, 0.1)) / per_step
+        threshold = 3.0 * per_seg + spread
+        out.update(
+            {
+                "rank": cand,
+                "last_share": share,
+                "lateness_ns_median": int(round(lat)),
+                "threshold_ns": int(round(threshold)),
+                "baseline_host_per_interval_ns": int(round(per_seg)),
+                "collectives_per_step": per_step,
+                "is_straggler": bool(share >= 0.5 and lat > threshold),
+            }
+        )
+        return out
+
+    def path_cause(self) -> str:
+        """One sentence: what lies on the critical path, and the waiting it causes elsewhere."""
+        pi = self.path_ints()
+        step = pi["step_ns"]
+        if step <= 0:
+            return ""
+        comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
+        host_total = sum(v for _, p, v in comp if p == "host")
+        by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)
+        r_top, p_top, v_top = max(comp, key=lambda x: x[2])
+        words = {
+            "host": "host time (launch gaps and host work before its collectives)"
+            if self.sharded.timeline == "gpu"
+            else "host time between its ops (Python, sleeps, scheduling)",
+            "compute": "compute",
+            "memory": "memory copies",
+            "transfer": "collective transfer" if self.sharded.timeline == "gpu" else "gloo exchange",
+            "sync": "host-device synchronisation",
+            "unknown": "unclassified kernels",
+        }
+        head = f"On the critical path, rank {r_top}'s {words[p_top]} is {_ms(v_top)} of the {_ms(step)} per token"
+        if p_top == "host" and len(by_rank_host) > 1 and by_rank_host[1][0] > 0.1 * host_total:
+            head += (
+                " (host time on the path: "
+                + ", ".join(f"rank {r} {_ms(v)}" for v, r in by_rank_host if v > 0)
+                + ")"
+            )
+        base_host = self.base_path["by_rank"]
+        bh = sum(float(d["host"]) for d in base_host.values()) / max(len(base_host), 1)
+        if p_top == "host" and bh > 0:
+            head += f", against {_ms(bh)} of host time in a TP=1 token"
+        waits = []
+        for r in sorted(self.rank_parts):
+            wait_abs = _round(self.rank_parts[r]["wait"])
+            if str(r) != r_top and wait_abs > 0.05 * step:
+                waits.append(f"rank {r} waits {_ms(wait_abs)}")
+        tail = f"; the consequence: {', '.join(waits)} per token at the collectives" if waits else ""
+        return head + tail + "."
+
+    def per_rank_parts(self, rank: int) -> dict[str, Fraction]:
+        """Rank `rank`'s own per-token leaf parts (corrected when the attribution is)."""
+        return self.rank_parts[rank]
 
     def diagnosis(self) -> str:
         """What to look at next, from the dominant term and the evidence behind it (one sentence)."""
@@ -496,12 +717,15 @@ class Shortfall:
             else None
         )
         if top == "coordination":
-            st = self.sharded.collectives.stragglers
-            if len(st) and float(st["share"].max()) >= 0.8 and n > 1:
-                r = st.loc[st["share"].idxmax()]
+            st = self.straggler()
+            if st["is_straggler"]:
+                r = st["rank"]
+                host = self.path_ints()["by_rank"].get(str(r), {}).get("host_ns", 0)
                 return (
-                    f"Rank {int(r['rank'])} arrives last at {float(r['share']):.0%} of the collectives: "
-                    "look at what that rank does on the host before each collective (a straggler)."
+                    f"Rank {r} is a straggler: it arrives last at {st['last_share']:.0%} of the collectives, "
+                    f"{_ms(st['lateness_ns_median'])} after the others on median (symmetric launch-bound hosts "
+                    f"explain up to {_ms(st['threshold_ns'])}), and its host time on the critical path is "
+                    f"{_ms(host)} per token: look at what rank {r} does on the host before each collective."
                 )
             if busy is not None and busy < 0.5:
                 return (
@@ -513,11 +737,12 @@ class Shortfall:
                 "Ranks wait for each other at collectives: look for host work between collectives "
                 "(Python, synchronisations, data-dependent control flow) that differs across ranks."
             )
-        if top == "transfer" and self.sharded.timeline == "host":
+        if top == "transfer" and self.sharded.timeline != "gpu":
             return (
-                "On this CPU run the link is gloo's exchange over the host (TCP loopback on one machine): "
-                "each small collective pays its latency after both ranks arrive; on GPUs, compare links "
-                "with `tracekit compare-links`."
+                "On this CPU run the 'transfer' is gloo's exchange after the last rank arrives, over the host "
+                "(TCP loopback on one machine), with the host scheduler's delay in it (its tail is long on a "
+                "loaded host): it says nothing about a GPU link; on GPUs, compare links with "
+                "`tracekit compare-links`."
             )
         if top == "transfer":
             return (
@@ -535,17 +760,22 @@ class Shortfall:
 
     def _dilation_clause(self) -> str:
         parts = []
-        for label, run in (("baseline", self.baseline), ("sharded", self.sharded)):
-            d = run.dilation.dilation
-            parts.append(f"{label} {d:.2f}x" if d is not None else f"{label} unknown")
+        for label in ("baseline", "sharded"):
+            ad = self.applied[label]
+            if ad.factor is None:
+                parts.append(f"{label} unknown")
+            elif ad.interval:
+                parts.append(f"{label} {ad.factor:.2f}x [{ad.interval[0]:.2f}-{ad.interval[1]:.2f}]")
+            else:
+                parts.append(f"{label} {ad.factor:.2f}x")
         corrected = self.per_token_source == "unprofiled"
-        inflated = any(r.dilation.inflated for r in (self.baseline, self.sharded))
+        inflated = self._inflated()
         if corrected:
-            state = "corrected to the unprofiled times"
-        elif all(r.dilation.unprofiled is not None for r in (self.baseline, self.sharded)):
-            state = "uncorrected: the unprofiled pass was slower than the profiled one (noisy host)"
+            state = "removed: the per-token times are the unprofiled ones"
+        elif all(self.applied[k].factor is not None for k in ("baseline", "sharded")):
+            state = "not removed: the unprofiled pass was slower than the traced one (noisy host)"
         else:
-            state = "uncorrected: no unprofiled timing"
+            state = "not removed: no unprofiled timing"
         tail = ""
         if inflated and not corrected:
             tail = "; the coordination share is inflated by the profiler"
@@ -553,7 +783,14 @@ class Shortfall:
             tail = (
                 f"; above {self.sharded.dilation.threshold:.0%}, see `uncorrected` for the trace-only figures"
             )
-        return f"Profiler dilation {', '.join(parts)} ({state}{tail})."
+        return f"Profiler dilation (traced / unprofiled per-token time) {', '.join(parts)} ({state}{tail})."
+
+    def _inflated(self) -> bool | None:
+        th = self.sharded.dilation.threshold
+        fs = [ad.factor for ad in self.applied.values()]
+        if all(f is None for f in fs):
+            return None
+        return any(f is not None and f > 1.0 + th for f in fs)
 
     def to_json(self) -> dict[str, Any]:
         ints = self.corrected.integers()
@@ -561,6 +798,7 @@ class Shortfall:
         s = ints["shortfall_ns"]
         coll = self.sharded.collectives
         d_b, d_s = self.baseline.dilation, self.sharded.dilation
+        ad_b, ad_s = self.applied["baseline"], self.applied["sharded"]
         doc: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "kind": "tracekit.shortfall",
@@ -576,14 +814,36 @@ class Shortfall:
             "terms_ns": ints["terms_ns"],
             "coordination_ns": ints["coordination_ns"],
             "shares": {k: (v / s if s else None) for k, v in ints["terms_ns"].items()},
+            "term_words": {k: v for k, v in self.term_words().items() if k in ints["terms_ns"]},
+            "aggregate": "mean over ranks of each rank's parts (each rank's window padded to the step time with idle)",
+            "per_rank": _per_rank_json(self.per_rank, self.sharded),
+            "critical_path": {
+                **self.path_ints(),
+                "cause": self.path_cause(),
+                "hops_per_step_median": float(
+                    self.sharded.critical.per_step.drop_duplicates("step")["hops"].median()
+                )
+                if len(self.sharded.critical.per_step)
+                else 0.0,
+                "baseline": self._base_path_ints(),
+                "uncorrected": self.path_ints(corrected=False),
+            },
+            "straggler": self.straggler(),
             "spread_ns": self.spread_ns,
             "verdict": self.verdict(),
             "diagnosis": self.diagnosis(),
             "dilation": {
-                "baseline": d_b.dilation,
-                "sharded": d_s.dilation,
+                "definition": "traced per-token time (mean step time of the trace's steady steps) / unprofiled "
+                "per-token time (mean of the unprofiled tokens); the correction removes exactly this factor",
+                "baseline": ad_b.factor,
+                "sharded": ad_s.factor,
+                "interval": {
+                    "baseline": list(ad_b.interval) if ad_b.interval else None,
+                    "sharded": list(ad_s.interval) if ad_s.interval else None,
+                },
+                "applied": {"baseline": ad_b.to_json(), "sharded": ad_s.to_json()},
                 "threshold": d_s.threshold,
-                "inflated": _any_true(d_b.inflated, d_s.inflated),
+                "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
@@ -596,6 +856,7 @@ class Shortfall:
                     k: (v / unc["shortfall_ns"] if unc["shortfall_ns"] else None)
                     for k, v in unc["terms_ns"].items()
                 },
+                "per_rank": _per_rank_json(self.per_rank_uncorrected, self.sharded),
             },
             "stragglers": coll.stragglers_json(),
             "collectives": _collectives_json(self.sharded),
@@ -607,6 +868,38 @@ class Shortfall:
             "data_quality": self.data_quality.to_dict(),
         }
         return doc
+
+    def _base_path_ints(self) -> dict[str, Any]:
+        bp = self.base_path
+        total = _round(bp["step"])
+        flat: dict[str, Fraction] = {"offset": bp["offset"]}
+        for r, d in bp["by_rank"].items():
+            for p in PATH_PARTS:
+                flat[f"{r}:{p}"] = d[p]
+        ints = _round_to_sum(flat, total)
+        return {
+            "step_ns": total,
+            "by_rank": {
+                str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(bp["by_rank"])
+            },
+        }
+
+
+def _per_rank_json(per_rank: Mapping[int, Attribution], run: RunParts) -> list[dict[str, Any]]:
+    out = []
+    for r in sorted(per_rank):
+        i = per_rank[r].integers()
+        pr = run.per_rank[r]
+        out.append(
+            {
+                "rank": int(r),
+                "terms_ns": i["terms_ns"],
+                "coordination_ns": i["coordination_ns"],
+                "own_window_ns": _round(pr["own_window"]),
+                "pad_ns": _round(pr["pad"]),
+            }
+        )
+    return out
 
 
 def _any_true(*xs: bool | None) -> bool | None:
@@ -727,6 +1020,65 @@ def _spread(
     return out
 
 
+@dataclass(frozen=True)
+class AppliedDilation:
+    """The dilation a shortfall states and applies (METHOD.md 9: the factor stated is the factor
+    applied): traced per-token time (mean step time over the steady steps of the trace) over the
+    unprofiled per-token time (mean over the unprofiled tokens, every round pooled). `interval` is
+    a 95% bootstrap interval (steps and tokens resampled independently, within each unprofiled
+    round when the capture alternated rounds; seeded, so the same inputs give the same interval)."""
+
+    factor: float | None
+    interval: tuple[float, float] | None
+    traced_mean_ns: Fraction
+    unprofiled_mean_ns: Fraction | None
+    rounds: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "factor": self.factor,
+            "interval": list(self.interval) if self.interval else None,
+            "traced_mean_ns": _round(self.traced_mean_ns),
+            "unprofiled_mean_ns": _round(self.unprofiled_mean_ns)
+            if self.unprofiled_mean_ns is not None
+            else None,
+            "unprofiled_rounds": self.rounds,
+        }
+
+
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def applied_dilation(run: RunParts) -> AppliedDilation:
+    """The dilation the correction of `run` applies, with its interval (see AppliedDilation)."""
+    traced = run.per_token["window"]
+    u = run.dilation.unprofiled
+    if u is None or u.n == 0 or u.mean_ns <= 0:
+        return AppliedDilation(None, None, traced, None, 0)
+    factor = float(traced / u.mean_ns)
+    steps = run.steady["window_ns"].to_numpy(np.float64)
+    rounds = [np.asarray(r, dtype=np.float64) for r in (getattr(u, "rounds", None) or ()) if len(r)]
+    if not rounds:
+        rounds = [np.asarray(u.per_token_ns, dtype=np.float64)]
+    rng = np.random.default_rng(0)
+    b = BOOTSTRAP_RESAMPLES
+    st = steps[rng.integers(0, len(steps), size=(b, len(steps)))].mean(axis=1)
+    tok_sum = np.zeros(b)
+    tok_n = 0
+    for r in rounds:
+        tok_sum += r[rng.integers(0, len(r), size=(b, len(r)))].sum(axis=1)
+        tok_n += len(r)
+    ratio = st / (tok_sum / tok_n)
+    lo, hi = (float(x) for x in np.quantile(ratio, [0.025, 0.975]))
+    return AppliedDilation(factor, (lo, hi), traced, u.mean_ns, len(rounds))
+
+
+def _leaf_with_window(parts: Mapping[str, Fraction]) -> dict[str, Fraction]:
+    out = {p: Fraction(parts[p]) for p in LEAF_PARTS}
+    out["window"] = sum((out[p] for p in LEAF_PARTS), Fraction(0))
+    return out
+
+
 def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     """The attribution from two attributed runs (see `shortfall`)."""
     n = sharded.n_ranks
@@ -744,36 +1096,52 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     dq = DataQuality()
     dq.merge(base.data_quality).merge(sharded.data_quality)
     uncorrected = attribute(base.per_token, sharded.per_token, factor)
+    ad_b, ad_s = applied_dilation(base), applied_dilation(sharded)
 
     ub, us = base.dilation.unprofiled, sharded.dilation.unprofiled
-    # a profiler cannot make a run faster: a profiled pass clearly faster than the unprofiled one
-    # means the two passes ran under different conditions (a noisy host), and the unprofiled
-    # figure is then no better a per-token time than the traced one
+    # a profiler cannot make a run faster: a traced pass clearly faster than the unprofiled one
+    # means the two ran under different conditions (a noisy host), and the unprofiled figure is
+    # then no better a per-token time than the traced one
+    threshold = sharded.dilation.threshold
     faster = [
-        (lbl, r.dilation.dilation)
-        for lbl, r in (("baseline", base), ("sharded", sharded))
-        if r.dilation.dilation is not None and r.dilation.dilation < 1.0 / (1.0 + r.dilation.threshold)
+        (lbl, ad.factor)
+        for lbl, ad in (("baseline", ad_b), ("sharded", ad_s))
+        if ad.factor is not None and ad.factor < 1.0 / (1.0 + threshold)
     ]
     if faster:
         dq.add(
             "unprofiled_slower_than_profiled",
             len(faster),
-            "the unprofiled pass was slower than the profiled one ("
+            "the unprofiled pass was slower than the traced one ("
             + ", ".join(f"{lbl} dilation {d:.2f}x" for lbl, d in faster)
             + "): the host was noisy; the attribution is not corrected",
         )
+    per_rank_c: dict[int, dict[str, Fraction]]
     if ub is not None and us is not None and not faster:
-        pb, rb = reconcile(base.per_token, ub.mean_ns, base.timeline)
-        ps, rs = reconcile(sharded.per_token, us.mean_ns, sharded.timeline)
+        base_ranks = {r: reconcile(p, ub.mean_ns, base.timeline) for r, p in base.per_rank.items()}
+        shard_ranks = {r: reconcile(p, us.mean_ns, sharded.timeline) for r, p in sharded.per_rank.items()}
+        pb = mean_over_ranks({r: _leaf_with_window(v[0]) for r, v in base_ranks.items()})
+        per_rank_c = {r: _leaf_with_window(v[0]) for r, v in shard_ranks.items()}
+        ps = mean_over_ranks(per_rank_c)
+        rb = base_ranks[min(base_ranks)][1]
+        rs = shard_ranks[min(shard_ranks)][1]
         corrected = attribute(pb, ps, factor)
         source = "unprofiled"
-        reconciliation = f"T1 and TN are the unprofiled per-token means over the steady tokens; baseline: {rb}; sharded: {rs}."
+        reconciliation = (
+            f"T1 and TN are the unprofiled per-token means over the steady tokens; each rank's traced parts "
+            f"were reconciled to them, then averaged over ranks; baseline: {rb}; sharded (rank "
+            f"{min(shard_ranks)}): {rs}."
+        )
         shift = {p: ps[p] - sharded.per_token[p] for p in LEAF_PARTS}
         # the baseline's reconciliation moves every sharded per-step term by the same amount
         for p in LEAF_PARTS:
             shift[p] -= factor * (pb[p] - base.per_token[p])
+        path = reconcile_path(sharded.path_token, us.mean_ns, sharded.timeline)
+        base_path = reconcile_path(base.path_token, ub.mean_ns, base.timeline)
     else:
         corrected = uncorrected
+        per_rank_c = {r: _leaf_with_window(p) for r, p in sharded.per_rank.items()}
+        pb = base.per_token
         source = "trace"
         missing = [lbl for lbl, t in (("baseline", ub), ("sharded", us)) if t is None]
         if missing:
@@ -788,11 +1156,17 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
             )
         else:
             reconciliation = (
-                "not corrected: the unprofiled pass was slower than the profiled one (a noisy host), so it is no "
+                "not corrected: the unprofiled pass was slower than the traced one (a noisy host), so it is no "
                 "better a per-token time than the trace; T1, TN and the parts are the traced ones"
             )
         shift = {p: Fraction(0) for p in LEAF_PARTS}
+        path = dict(sharded.path_token)
+        base_path = dict(base.path_token)
     spread = _spread(base, sharded, factor, shift)
+    per_rank_att = {r: attribute(pb, p, factor) for r, p in per_rank_c.items()}
+    per_rank_unc = {
+        r: attribute(base.per_token, _leaf_with_window(p), factor) for r, p in sharded.per_rank.items()
+    }
     return Shortfall(
         n_ranks=n,
         baseline=base,
@@ -804,6 +1178,13 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         reconciliation=reconciliation,
         spread_ns=spread,
         data_quality=dq,
+        per_rank=per_rank_att,
+        per_rank_uncorrected=per_rank_unc,
+        path=path,
+        path_uncorrected=dict(sharded.path_token),
+        base_path=base_path,
+        applied={"baseline": ad_b, "sharded": ad_s},
+        rank_parts=per_rank_c,
     )
 
 
