@@ -5,7 +5,9 @@ host leaves a gap of H_TRUE ns before each kernel launch, and the "profiled" wor
 profiler's host work widens every gap to H_PROF (device work unchanged). Rank 1 has an injected
 host delay D before its all-reduce. The truth is the attribution of the unprofiled world, computed
 by hand below; the attribution of the profiled trace must come closer to it with the correction
-(T from the unprofiled pass, excess out of idle) than without.
+(T from the unprofiled pass, the excess out of each rank's wait + sync + idle in proportion) than
+without; a second test slows one rank's host only, so the profiler's time lands in the other
+rank's wait.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ def test_token_times_slowest_rank_and_warmup():
 def test_dilation_and_threshold():
     m = {
         "unprofiled": {"per_token_ns": {"0": [1, 100, 100, 100]}},
-        "profiled": {"per_token_ns": {"0": [1, 105, 105, 130]}},
+        "profiled": {"per_token_ns": {"0": [1, 100, 105, 110]}},
     }
+    # means over the steady tokens (the first is warm-up): 105 / 100
     d = dilation_of(m)
     assert d.dilation == pytest.approx(1.05) and d.inflated is False
     m["profiled"] = {"per_token_ns": {"0": [1, 190, 200, 210]}}
@@ -80,12 +83,14 @@ def _rows(rank: int, t0: int, h: int, delay: int, ar_start_other: int | None) ->
     return [(rank, "kernel", GEMM, k1, k1 + C), (rank, "kernel", GEMM, k2, k2 + C)], ar
 
 
-def sharded(h: int, manifest=None) -> Run:
+def sharded(h: int, manifest=None, h1: int | None = None) -> Run:
+    """Rank 0 leaves host gaps of h, rank 1 of h1 (default h) and sleeps D before its all-reduce."""
+    h1 = h if h1 is None else h1
     rows = []
     for k in range(STEPS):
         t0 = k * 100_000
         r0, a0 = _rows(0, t0, h, 0, None)
-        r1, a1 = _rows(1, t0, h, D, None)
+        r1, a1 = _rows(1, t0, h1, D, None)
         end = max(a0, a1) + X
         for r, ar in ((0, a0), (1, a1)):
             rows.append((r, "kernel", AR, ar, end))
@@ -166,6 +171,33 @@ def test_corrected_attribution_of_an_injected_delay_is_closer_to_the_truth():
     share_u = float(uncorrected / sf.uncorrected.shortfall_ns)
     assert abs(share_c - share_truth) < abs(share_u - share_truth)
     assert "Profiler dilation" in doc["verdict"]
+
+
+def test_profiler_slowing_one_host_lands_in_the_other_ranks_wait_and_is_corrected_there():
+    """The profiler slows rank 1's host only (gaps H_PROF, rank 0 keeps H_TRUE): rank 0's wait
+    grows by 3 (H_PROF - H_TRUE) per token while its own gaps do not. A correction taken out of
+    idle alone leaves that in the wait; spread over wait + sync + idle per rank, the corrected wait
+    and idle terms are each closer to the unprofiled world's than the traced ones."""
+
+    def tn(h0: int, h1: int) -> int:  # the step: rank 1's three gaps, 2 GEMMs, D, X, rank 0's tail gap
+        return 3 * h1 + 2 * C + D + X + h0
+
+    def t1(h: int) -> int:
+        return 4 * C + 5 * h
+
+    truth = shortfall(baseline(H_TRUE), sharded(H_TRUE)).corrected.leaf_terms
+    b = baseline(H_TRUE, _manifest(1, t1(H_TRUE), t1(H_TRUE)))
+    s = sharded(H_TRUE, _manifest(2, tn(H_TRUE, H_TRUE), tn(H_TRUE, H_PROF)), h1=H_PROF)
+    sf = shortfall(b, s)
+    assert sf.per_token_source == "unprofiled"
+    corr, unc = sf.corrected.leaf_terms, sf.uncorrected.leaf_terms
+    # premise: the traced wait carries the profiler's host time of the other rank
+    assert unc["wait"] - truth["wait"] == Fraction(3 * (H_PROF - H_TRUE), 2)
+    for part in ("wait", "idle"):
+        assert abs(corr[part] - truth[part]) < abs(unc[part] - truth[part]), part
+    # idle-first would have left the wait exactly as traced
+    assert corr["wait"] < unc["wait"]
+    assert sum(corr[p] for p in corr) == sf.corrected.shortfall_ns
 
 
 # ------------------------------------------------------------------------------------------
