@@ -49,7 +49,7 @@ def _two_rank_run() -> Run:
     )
 
 
-def test_per_token_is_the_slowest_rank_per_step() -> None:
+def test_per_token_step_is_the_slowest_rank_parts_the_mean_over_ranks() -> None:
     b = breakdown(_two_rank_run())
     assert len(b.steps) == 8
     pt = b.per_token
@@ -60,9 +60,13 @@ def test_per_token_is_the_slowest_rank_per_step() -> None:
     assert pt["step_ns"]["p10"] == round(float(np.percentile(windows, 10)))
     assert pt["step_ns"]["p90"] == round(float(np.percentile(windows, 90)))
     assert pt["step_ns"]["mean"] == 165
-    assert pt["parts_ns"]["compute"]["median"] == 21  # rank 1's GEMM
+    # parts: the mean over both ranks, rank 0's window padded with 50 ns of idle to rank 1's:
+    # compute (20 + 21)/2 = 20.5, collective 30, idle ((100+10i-50+50) + (150+10i-51))/2 = 99.5+10i
+    # -> medians 20.5 (rounded half to even: 20) and 114.5 (114); per step they sum to the window
+    assert pt["parts_ns"]["compute"]["median"] == 20 and pt["parts_ns"]["compute"]["mean"] == 20
     assert pt["parts_ns"]["collective"]["median"] == 30
-    assert pt["parts_ns"]["idle"]["median"] == 165 - 51
+    assert pt["parts_ns"]["idle"]["median"] == 114
+    assert pt["parts_ns"]["idle"]["p10"] == round(99.5 + 3)  # p10 of 99.5, 109.5, 119.5, 129.5
     assert pt["slowest_rank_counts"] == {"1": 4}
     per_rank = {r["rank"]: r for r in b.per_rank}
     assert per_rank[0]["step_ns_median"] == 115 and per_rank[1]["step_ns_median"] == 165

@@ -119,7 +119,11 @@ def _stats(values: np.ndarray, with_n: bool = False) -> dict[str, Any]:
 
 
 def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
-    """Per step index, the slowest rank's window and that rank's parts; stats over step indices."""
+    """Per step index: the step time is the longest window over ranks; each part is the mean over
+    the ranks that have the step of that rank's part, a rank's window padded to the step time with
+    idle (METHOD.md 4: a step's parts are never taken from whichever rank had the longest window,
+    so a tie of microseconds decides nothing). Stats over step indices; `slowest_rank_counts`
+    says how often each rank had the longest window (information only)."""
     if not len(steps):
         return {
             "step_ns": _stats(np.empty(0), with_n=True),
@@ -130,11 +134,16 @@ def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
     order = steps.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True], kind="stable")
     slowest = order.drop_duplicates("step", keep="first")
     counts = slowest["rank"].value_counts().sort_index()
+    step_ns = steps.groupby("step")["window_ns"].transform("max")
+    padded = steps.assign(idle_ns=steps["idle_ns"] + (step_ns - steps["window_ns"]))
+    cols = [f"{p}_ns" for p in PARTS] + ["overlapped_collective_ns"]
+    mean = padded.groupby("step", sort=True)[cols].mean()
     return {
         "step_ns": _stats(slowest["window_ns"].to_numpy(np.int64), with_n=True),
-        "parts_ns": {p: _stats(slowest[f"{p}_ns"].to_numpy(np.int64)) for p in PARTS},
-        "overlapped_collective_ns": _stats(slowest["overlapped_collective_ns"].to_numpy(np.int64)),
+        "parts_ns": {p: _stats(mean[f"{p}_ns"].to_numpy(np.float64)) for p in PARTS},
+        "overlapped_collective_ns": _stats(mean["overlapped_collective_ns"].to_numpy(np.float64)),
         "slowest_rank_counts": {str(int(r)): int(c) for r, c in counts.items()},
+        "parts_rule": "mean over ranks, each rank's window padded to the step time with idle",
     }
 
 

@@ -83,7 +83,9 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     console.print(per_rank)
 
     pt = doc["per_token"]
-    tok = Table(title="Per token (each step: the slowest rank), ms", title_justify="left")
+    tok = Table(
+        title="Per token (step: the longest window; parts: mean over ranks), ms", title_justify="left"
+    )
     for col in ("", "median", "p10", "p90", "mean", "share of median step"):
         tok.add_column(col, justify="right")
     step_med = pt["step_ns"]["median"]
@@ -183,7 +185,8 @@ def command(
 ) -> None:
     """Split every step of a run into compute, memory, collective (exposed), unknown, sync and idle
     time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
-    per-token summary (median, p10, p90 of the slowest rank per step), GPU time by class and the
+    per-token summary (median, p10, p90 over steps: the step time is the longest window, each
+    part the mean over ranks), GPU time by class and the
     kernels no rule knows. PATHS are Kineto traces (.json / .json.gz), Nsight Systems SQLite
     exports, or folders of rank files.
 
