@@ -752,12 +752,13 @@ def end_spread_check(
     if multi.empty:
         return out
     spread = multi["end_spread_ns"].to_numpy(np.int64)
-    out["median_ns"] = int(np.rint(np.median(spread)))
+    median_ns = int(np.rint(np.median(spread)))
+    out["median_ns"] = median_ns
     out["p99_ns"] = int(np.rint(np.percentile(spread, 99)))
     out["max_ns"] = int(spread.max())
     w = multi.iloc[int(np.argmax(spread))]
     rows = per_rank[per_rank["instance"] == int(w["instance"])].sort_values(["end_ns", "rank"])
-    worst = {
+    worst: dict[str, Any] = {
         "instance": int(w["instance"]),
         "op": str(w["op"]),
         "group": str(w["group"]),
@@ -778,7 +779,7 @@ def end_spread_check(
             f"ranks (they should end together: clocks disagree or a trace is inconsistent); worst: "
             f"{worst['op']} instance {worst['instance']} ({worst['group']}), {worst['spread_ns'] / 1e3:.1f} us "
             f"(rank {worst['last_rank']} ends after rank {worst['first_rank']}); median spread "
-            f"{out['median_ns'] / 1e3:.2f} us",
+            f"{median_ns / 1e3:.2f} us",
         )
     return out
 
