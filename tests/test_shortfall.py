@@ -279,7 +279,7 @@ def _late_rank_run() -> Run:
 
 def test_collective_wait_median_is_the_median_of_per_instance_max_wait():
     doc = shortfall(baseline_run(), _late_rank_run(), skip_first=1).to_json()
-    assert doc["schema_version"] == "1.4"
+    assert doc["schema_version"] == "1.5"
     (op,) = doc["collectives"]["by_op"]
     assert op["op"] == "all_reduce" and op["count"] == 4
     # by hand: per instance the largest wait is rank 0's: 2, 300, 300, 300 -> median 300. The old

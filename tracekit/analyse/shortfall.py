@@ -9,12 +9,18 @@ Per run (`attribute_run`):
    (`tracekit.analyse.steps`), match the collectives across ranks and split the exposed collective
    part of every window exactly into wait and transfer (`tracekit.analyse.collectives.split_exposed`:
    collective == wait + transfer, integer ns).
-2. per step index, the slowest rank's window and that rank's parts: compute, memory, transfer,
-   wait, unknown, sync, idle (they sum to the window exactly).
-3. the first `skip_first` steps are warm-up; the per-token figure of every part is its **mean**
-   over the steady steps, kept as an exact fraction. Means are additive: the per-token parts sum
-   exactly to the per-token time, so the terms below sum exactly to S. Medians and p10/p90 over
-   steps are reported beside (`spread_ns`).
+2. per step index, the step time is the longest window over ranks (the token is done when its
+   last rank is); every rank's window is padded to it with idle, so each rank's leaf parts sum to
+   the step time. No part is taken from whichever rank had the longest window.
+3. the first `skip_first` steps are warm-up; steps missing on some rank are left out. Per rank, the
+   per-token figure of every part is its **mean** over the steady steps, kept as an exact
+   fraction; the run's figure is the **mean over ranks** (`mean_over_ranks`): symmetric in the
+   ranks, and moved by at most d/N when one rank's part moves by d. Means are additive: the parts
+   sum exactly to the per-token time, so the terms below sum exactly to S, for the run and for
+   every rank (`per_rank`). Medians and p10/p90 over steps are reported beside (`spread_ns`).
+4. the per-token critical path across ranks (`tracekit.analyse.critical_path`): which rank's
+   compute, host gaps, sync and transfer the token waited on; the verdict names it, and the other
+   ranks' wait as its consequence.
 
 Terms (f = N_base / N):
     compute      = CN - f C1
@@ -25,10 +31,12 @@ Terms (f = N_base / N):
 Integers in the JSON: the per-token figures are rounded, S = sharded - ideal, and the leaf terms
 are rounded by largest remainder to sum to S exactly (asserted).
 
-Dilation (issue 9): when both runs' manifests carry unprofiled per-token times, T1 and TN come
-from the unprofiled pass (the mean over the same steady tokens), and each run's traced parts are
-reconciled to it (`reconcile`, documented in docs/METHOD-NOTES.md); the trace-only attribution is
-kept under `uncorrected`.
+Dilation (METHOD.md 9): when both runs' manifests carry unprofiled per-token times, T1 and TN come
+from the unprofiled pass (the mean over the steady tokens of every unprofiled round), and each
+rank's traced parts are reconciled to it (`reconcile`, docs/METHOD-NOTES.md), as is the critical
+path (`reconcile_path`). The dilation stated is the factor applied: traced per-token mean /
+unprofiled per-token mean (`applied_dilation`, with a bootstrap interval). The trace-only
+attribution is kept under `uncorrected`.
 """
 
 from __future__ import annotations
@@ -49,8 +57,9 @@ from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
-#: median over instances of the per-instance max wait (was: over every (instance, rank) row)
-SCHEMA_VERSION = "1.4"
+#: median over instances of the per-instance max wait (was: over every (instance, rank) row); 1.5: per_rank,
+#: critical_path, straggler, term_words, aggregate; dilation stated = applied (traced/unprofiled means)
+SCHEMA_VERSION = "1.5"
 
 #: The leaf parts of a step window, after the collective part is split (they sum to the window).
 LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
@@ -1025,8 +1034,9 @@ class AppliedDilation:
     """The dilation a shortfall states and applies (METHOD.md 9: the factor stated is the factor
     applied): traced per-token time (mean step time over the steady steps of the trace) over the
     unprofiled per-token time (mean over the unprofiled tokens, every round pooled). `interval` is
-    a 95% bootstrap interval (steps and tokens resampled independently, within each unprofiled
-    round when the capture alternated rounds; seeded, so the same inputs give the same interval)."""
+    the 95% bootstrap interval of `tracekit.analyse.dilation.bootstrap_interval` (the unprofiled
+    rounds drawn with replacement, then tokens within them; the trace's steps as one round;
+    seeded, so the same inputs give the same interval)."""
 
     factor: float | None
     interval: tuple[float, float] | None
@@ -1046,31 +1056,21 @@ class AppliedDilation:
         }
 
 
-BOOTSTRAP_RESAMPLES = 2000
-
-
 def applied_dilation(run: RunParts) -> AppliedDilation:
     """The dilation the correction of `run` applies, with its interval (see AppliedDilation)."""
     traced = run.per_token["window"]
     u = run.dilation.unprofiled
     if u is None or u.n == 0 or u.mean_ns <= 0:
         return AppliedDilation(None, None, traced, None, 0)
+    from tracekit.analyse.dilation import bootstrap_interval
+
     factor = float(traced / u.mean_ns)
-    steps = run.steady["window_ns"].to_numpy(np.float64)
-    rounds = [np.asarray(r, dtype=np.float64) for r in (getattr(u, "rounds", None) or ()) if len(r)]
-    if not rounds:
-        rounds = [np.asarray(u.per_token_ns, dtype=np.float64)]
-    rng = np.random.default_rng(0)
-    b = BOOTSTRAP_RESAMPLES
-    st = steps[rng.integers(0, len(steps), size=(b, len(steps)))].mean(axis=1)
-    tok_sum = np.zeros(b)
-    tok_n = 0
-    for r in rounds:
-        tok_sum += r[rng.integers(0, len(r), size=(b, len(r)))].sum(axis=1)
-        tok_n += len(r)
-    ratio = st / (tok_sum / tok_n)
-    lo, hi = (float(x) for x in np.quantile(ratio, [0.025, 0.975]))
-    return AppliedDilation(factor, (lo, hi), traced, u.mean_ns, len(rounds))
+    steps = [int(x) for x in run.steady["window_ns"].to_numpy(np.int64)]
+    rounds = [r for r in u.rounds if len(r)] or [u.per_token_ns]
+    # the trace's steady steps are one traced round, the unprofiled rounds as captured: the same
+    # two-level bootstrap as the capture's host-clock figure
+    interval = bootstrap_interval(rounds, [steps])
+    return AppliedDilation(factor, interval, traced, u.mean_ns, len(rounds))
 
 
 def _leaf_with_window(parts: Mapping[str, Fraction]) -> dict[str, Fraction]:
