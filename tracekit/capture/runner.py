@@ -74,6 +74,14 @@ LEAD_STEPS = 1
 TAIL_STEPS = 1
 CPU_THREADS_PER_RANK = 1
 ENV_NSYS = "NSYS"
+#: Kineto leaves CUPTI attached after a profiling session (no cuptiFinalize) unless TEARDOWN_CUPTI=1
+#: (pytorch/pytorch#144455: training stayed 10-20% slower after the profiler stopped). With
+#: alternating rounds that cost would land in the unprofiled passes after the first profiled one
+#: (on the first H200 run with rounds, cuda mode, the unprofiled rounds after a profiled round were
+#: 30% slower than the first in all 3 captures while the profiled rounds held still), so CUDA
+#: ranks run with it set, unless the environment already sets it; the manifest records the value
+#: (workload.profiler_env). The teardown and the re-init run between steps, outside every timed one.
+ENV_TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
 
 
 @dataclass(frozen=True)
@@ -265,6 +273,8 @@ def _rank_main(
     from tracekit.capture.profile import Tracer, write_result
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)
+    if res.device == "cuda":  # spawned ranks inherit it; under torchrun, before any profiler runs
+        os.environ.setdefault(ENV_TEARDOWN_CUPTI, "1")
     if res.device == "cpu":
         # one intra-op thread per rank: with more, OpenMP spinning on a shared or loaded host
         # turned a 0.7 ms tiny-preset step into 40 ms (measured on the 2-core CI-like VM)
@@ -379,6 +389,8 @@ def _rank_main(
             fields["marker_steps"] = tracer.injected_steps
     fields["inject_sync_count"] = model.sync_count
     fields["pass_order"] = "".join(order)
+    if res.device == "cuda":
+        fields["profiler_env"] = {ENV_TEARDOWN_CUPTI: os.environ.get(ENV_TEARDOWN_CUPTI)}
     if unprofiled:
         fields.update(unprofiled_ns=unprofiled[0], unprofiled_rounds_ns=unprofiled)
     if rank == 0:
@@ -500,6 +512,8 @@ def build_manifest(
     order = results.get(0, {}).get("pass_order")
     if order and "rounds" in workload_doc:  # the order rank 0 really ran its passes in
         workload_doc = dict(workload_doc, pass_order=order)
+    if results.get(0, {}).get("profiler_env"):
+        workload_doc = dict(workload_doc, profiler_env=results[0]["profiler_env"])
     dil, interval = env.dilation(u_rounds, p_rounds)
     return {
         "schema_version": env.SCHEMA_VERSION,
@@ -628,6 +642,9 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     old = os.environ.get("TRACEKIT_SPAWNED")
     os.environ["TRACEKIT_SPAWNED"] = "1"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    teardown_set = res.device == "cuda" and ENV_TEARDOWN_CUPTI not in os.environ
+    if teardown_set:  # for the spawned ranks only (see ENV_TEARDOWN_CUPTI)
+        os.environ[ENV_TEARDOWN_CUPTI] = "1"
     try:
         for r in range(world):
             p = ctx.Process(
@@ -636,6 +653,8 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
             p.start()
             procs.append(p)
     finally:
+        if teardown_set:
+            os.environ.pop(ENV_TEARDOWN_CUPTI, None)
         if old is None:
             os.environ.pop("TRACEKIT_SPAWNED", None)
         else:
