@@ -3,6 +3,11 @@ built in code with known numbers, for the report tests. Not a test module itself
 
 The numbers are chosen so the answers are known independently: the per-token times are
 T1 = 10 ms, T2 = 7 ms, ideal T1/2 = 5 ms, so S = 2 ms = 0.4 + 0.1 + 0.3 + (0.8 + 0.2 + 0.2) ms.
+Per rank (shortfall 1.5 `per_rank`), each summing to S, their mean the aggregate:
+rank 0 = 0.2 + 0.1 + 0.1 + (1.4 + 0.2 + 0.0) ms, rank 1 = 0.6 + 0.1 + 0.5 + (0.2 + 0.2 + 0.4) ms.
+The critical path of a 7 ms token: rank 0 2.1 ms + rank 1 4.8 ms (2.2 of it host) + offset 0.1 ms.
+The dilation applied (`dilation.baseline` / `.sharded`) is 1.02 / `dilation_sharded`; the capture's
+host-clock figures (`dilation.runs`, a cross-check) are deliberately different: 1.04 / +0.02.
 """
 
 from __future__ import annotations
@@ -111,12 +116,62 @@ def breakdown(n_ranks: int, step_ms: float, *, kernel_name: str = "my_kernel") -
     }
 
 
+def _path_rank(compute: int, memory: int, transfer: int, host: int, sync: int) -> dict[str, int]:
+    row = {
+        "compute_ns": compute,
+        "memory_ns": memory,
+        "transfer_ns": transfer,
+        "host_ns": host,
+        "sync_ns": sync,
+    }
+    row["unknown_ns"] = 0
+    row["total_ns"] = sum(row.values())
+    return row
+
+
+def _host_clock(d: float, unprofiled_ns: int) -> dict[str, Any]:
+    return {
+        "dilation": d,
+        "definition": "mean profiled / mean unprofiled per-token time",
+        "interval": [d - 0.01, d + 0.01],
+        "inflated": d > 1.10,
+        "unprofiled": {"n": 4, "skipped": 1, "median_ns": unprofiled_ns, "mean_ns": unprofiled_ns},
+        "profiled": {
+            "n": 4,
+            "skipped": 1,
+            "median_ns": int(unprofiled_ns * d),
+            "mean_ns": int(unprofiled_ns * d),
+        },
+    }
+
+
 def shortfall(dilation_sharded: float = 1.05) -> dict[str, Any]:
     terms = {"compute": 400_000, "memory": 100_000, "transfer": 300_000, "coordination": 1_200_000}
     coord = {"wait": 800_000, "sync": 200_000, "idle": 200_000}
     S = 2 * MS
+    per_rank = [
+        {
+            "rank": 0,
+            "terms_ns": {
+                "compute": 200_000,
+                "memory": 100_000,
+                "transfer": 100_000,
+                "coordination": 1_600_000,
+            },
+            "coordination_ns": {"wait": 1_400_000, "sync": 200_000, "idle": 0},
+            "own_window_ns": 7_300_000,
+            "pad_ns": 50_000,
+        },
+        {
+            "rank": 1,
+            "terms_ns": {"compute": 600_000, "memory": 100_000, "transfer": 500_000, "coordination": 800_000},
+            "coordination_ns": {"wait": 200_000, "sync": 200_000, "idle": 400_000},
+            "own_window_ns": 7_350_000,
+            "pad_ns": 0,
+        },
+    ]
     return {
-        "schema_version": "1.0",
+        "schema_version": "1.5",
         "kind": "tracekit.shortfall",
         "n_ranks": 2,
         "per_token_ns": {"baseline": 10 * MS, "sharded": 7 * MS, "ideal": 5 * MS},
@@ -127,12 +182,65 @@ def shortfall(dilation_sharded: float = 1.05) -> dict[str, Any]:
         "shares": {k: v / S for k, v in terms.items()},
         "spread_ns": {k: {"p10": v - 1000, "p90": v + 1000} for k, v in {**terms, **coord}.items()},
         "verdict": "Coordination dominates the shortfall: 60.0% of S = 2.000 ms per token at TP=2.",
+        "aggregate": "mean over ranks of each rank's parts",
+        "term_words": {
+            "compute": "compute that did not shrink N-fold",
+            "memory": "memory copies and sets that did not shrink N-fold",
+            "transfer": "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)",
+            "coordination": "ranks waiting for each other and host gaps",
+        },
+        "per_rank": per_rank,
+        "critical_path": {
+            "step_ns": 7 * MS,
+            "offset_ns": 100_000,
+            "by_rank": {
+                "0": _path_rank(1_000_000, 200_000, 300_000, 500_000, 100_000),
+                "1": _path_rank(2_000_000, 200_000, 300_000, 2_200_000, 100_000),
+            },
+            "cause": "On the critical path, rank 1's host time is 2.20 ms of the 7.00 ms per token; "
+            "the consequence: rank 0 waits 1.40 ms per token at the collectives.",
+            "hops_per_step_median": 2.0,
+            "baseline": {"step_ns": 10 * MS, "by_rank": {"0": _path_rank(6 * MS, 1 * MS, 0, 3 * MS, 0)}},
+            "uncorrected": {"step_ns": 7_350_000},
+        },
+        "straggler": {
+            "rank": 1,
+            "is_straggler": True,
+            "last_share": 26 / 32,
+            "lateness_ns_median": 150_000,
+            "threshold_ns": 100_000,
+        },
         "dilation": {
+            "definition": "traced per-token time / unprofiled per-token time; the correction removes exactly this factor",
             "baseline": 1.02,
             "sharded": dilation_sharded,
+            "interval": {
+                "baseline": [0.98, 1.06],
+                "sharded": [dilation_sharded - 0.03, dilation_sharded + 0.03],
+            },
+            "applied": {
+                "baseline": {
+                    "factor": 1.02,
+                    "interval": [0.98, 1.06],
+                    "traced_mean_ns": 10_200_000,
+                    "unprofiled_mean_ns": 10 * MS,
+                    "unprofiled_rounds": 1,
+                },
+                "sharded": {
+                    "factor": dilation_sharded,
+                    "interval": [dilation_sharded - 0.03, dilation_sharded + 0.03],
+                    "traced_mean_ns": int(7 * MS * dilation_sharded),
+                    "unprofiled_mean_ns": 7 * MS,
+                    "unprofiled_rounds": 1,
+                },
+            },
             "threshold": 0.10,
             "inflated": dilation_sharded > 1.10,
             "reconciliation": "traced parts scaled to the unprofiled per-token times",
+            "runs": {
+                "baseline": _host_clock(1.04, 10 * MS),
+                "sharded": _host_clock(dilation_sharded + 0.02, 7 * MS),
+            },
         },
         "uncorrected": {
             "per_token_ns": {"baseline": 10_200_000, "sharded": 7_350_000, "ideal": 5_100_000},

@@ -23,6 +23,24 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100.0 * x:.1f}%"
 
 
+def _x(ratio: float | None, interval: Any = None) -> str:
+    """A dilation with its interval, as the verdict prints it: "1.37x [1.27-1.48]"."""
+    if ratio is None:
+        return "unknown"
+    text = f"{ratio:.2f}x"
+    if isinstance(interval, list | tuple) and len(interval) == 2 and None not in interval:
+        text += f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+    return text
+
+
+def _short(words: str) -> str:
+    return words.split(" (", 1)[0]
+
+
+#: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without `_ns`)
+_PATH_PARTS = ("compute", "memory", "transfer", "host", "sync", "unknown")
+
+
 def render_table(sf: Shortfall, width: int | None = None, color: bool = True) -> str:
     """The human-readable report: verdict first, then the figures (rich tables) as text."""
     from rich.console import Console
@@ -52,7 +70,14 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     head.add_row("[bold]shortfall S[/bold]", f"[bold]{_ms(doc['shortfall_ns'])}[/bold]", "")
     console.print(head)
 
-    terms = Table(title="Attribution of S (terms sum to S exactly)", title_justify="left")
+    words: dict[str, str] = doc.get("term_words") or {}
+    transfer_label = f"transfer ({_short(words['transfer'])})" if words.get("transfer") else "transfer"
+    label = {k: k for k in doc["terms_ns"]} | {"transfer": transfer_label}
+    agg = doc.get("aggregate")
+    terms = Table(
+        title="Attribution of S (terms sum to S exactly)" + (f"; aggregate: {agg}" if agg else ""),
+        title_justify="left",
+    )
     for col in ("term", "ms", "share of S", "p10 ms", "median ms", "p90 ms", "uncorrected ms"):
         terms.add_column(col, justify="right")
     spread = doc["spread_ns"]
@@ -60,7 +85,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     for k, v in doc["terms_ns"].items():
         sp = spread.get(k, {})
         terms.add_row(
-            k,
+            label[k],
             _ms(v),
             _pct(doc["shares"][k]),
             _ms(sp.get("p10")),
@@ -82,6 +107,91 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         )
     terms.add_row("S", _ms(doc["shortfall_ns"]), "100.0%", "", "", "", _ms(unc["shortfall_ns"]))
     console.print(terms)
+    if words:
+        console.print("What the terms are in this run:")
+        for k in doc["terms_ns"]:
+            if words.get(k):
+                console.print(f"  {k}: {words[k]}")
+
+    s_ns = doc["shortfall_ns"]
+    per_rank = doc.get("per_rank") or []
+    if per_rank:
+        term_keys = list(doc["terms_ns"])
+        pr = Table(
+            title="Per rank: each rank's own attribution of S, ms (share of S); its parts minus the baseline's, "
+            "each rank sums to S; the attribution above is their mean",
+            title_justify="left",
+        )
+        pr.add_column("term", justify="right")
+        for r in per_rank:
+            pr.add_column(f"rank {r['rank']}", justify="right")
+        pr.add_column("mean", justify="right")
+
+        def cell(ns: int | None) -> str:
+            return f"{_ms(ns)} ({_pct(ns / s_ns if s_ns and ns is not None else None)})"
+
+        for k in term_keys:
+            pr.add_row(
+                label.get(k, k), *[cell(r["terms_ns"].get(k, 0)) for r in per_rank], cell(doc["terms_ns"][k])
+            )
+        for c in ("wait", "sync", "idle"):
+            pr.add_row(
+                f"coordination: {c}",
+                *[cell(r["coordination_ns"].get(c, 0)) for r in per_rank],
+                cell(doc["coordination_ns"].get(c, 0)),
+            )
+        pr.add_row("pad (idle to the step time)", *[_ms(r.get("pad_ns")) for r in per_rank], "")
+        console.print(pr)
+
+    cp = doc.get("critical_path")
+    if cp and cp.get("by_rank"):
+        step = cp["step_ns"]
+        path_label = {p: p for p in _PATH_PARTS} | {"transfer": transfer_label}
+        gpu = (doc.get("steps") or {}).get("sharded", {}).get("timeline") == "gpu"
+        path_label["host"] = "host (launch gaps, host work)" if gpu else "host (time between its ops)"
+        ranks = sorted(cp["by_rank"].items(), key=lambda kv: int(kv[0]))
+        base = sorted(((cp.get("baseline") or {}).get("by_rank") or {}).items())
+        ct_path = Table(
+            title=f"Critical path of a token, ms (rendezvous model: a collective starts when its last rank "
+            f"arrives; waiting is not on the path): ranks + offset {_ms(cp['offset_ns'])} = T{n} {_ms(step)}",
+            title_justify="left",
+        )
+        ct_path.add_column("on the path", justify="right")
+        for rank, _row in ranks:
+            ct_path.add_column(f"rank {rank}", justify="right")
+        ct_path.add_column("offset", justify="right")
+        for rank, _row in base:
+            ct_path.add_column(f"TP=1 token (rank {rank})", justify="right")
+        for p in _PATH_PARTS:
+            ct_path.add_row(
+                path_label[p],
+                *[_ms(row.get(f"{p}_ns")) for _, row in ranks],
+                "",
+                *[_ms(row.get(f"{p}_ns")) for _, row in base],
+            )
+        ct_path.add_row(
+            "total",
+            *[_ms(row.get("total_ns")) for _, row in ranks],
+            _ms(cp["offset_ns"]),
+            *[_ms(sum(row.get(f"{p}_ns", 0) for p in _PATH_PARTS)) for _, row in base],
+        )
+        ct_path.add_row(
+            "share of the token",
+            *[_pct(row["total_ns"] / step if step else None) for _, row in ranks],
+            _pct(cp["offset_ns"] / step if step else None),
+            *["" for _ in base],
+        )
+        console.print(ct_path)
+        if cp.get("cause"):
+            console.print(cp["cause"])
+    st = doc.get("straggler") or {}
+    if st.get("rank") is not None:
+        console.print(
+            f"Straggler test: rank {st['rank']} arrives last at {_pct(st.get('last_share'))} of the collectives, "
+            f"{_ms(st.get('lateness_ns_median'))} ms after the others on median (symmetric launch-bound hosts "
+            f"explain {_ms(st.get('threshold_ns'))} ms): "
+            + ("[bold]a straggler[/bold]" if st.get("is_straggler") else "not a straggler")
+        )
 
     st = Table(title="Stragglers (how often each rank arrived last at a collective)", title_justify="left")
     for col in ("rank", "last", "of", "share"):
@@ -123,15 +233,21 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         console.print("Collectives: none in the sharded run")
 
     dil = doc["dilation"]
-
-    def _d(x: float | None) -> str:
-        return "unknown" if x is None else f"{x:.2f}x"
-
+    iv = dil.get("interval") or {}
     console.print(
-        f"Profiler dilation (profiled / unprofiled per-token time): baseline {_d(dil['baseline'])}, "
-        f"sharded {_d(dil['sharded'])}; threshold {dil['threshold']:.0%}"
-        + ("  [bold]ABOVE THRESHOLD[/bold]" if dil["inflated"] else "")
+        f"Profiler dilation applied (traced / unprofiled per-token mean, 95% interval): "
+        f"baseline {_x(dil['baseline'], iv.get('baseline'))}, sharded {_x(dil['sharded'], iv.get('sharded'))}; "
+        f"threshold {dil['threshold']:.0%}" + ("  [bold]ABOVE THRESHOLD[/bold]" if dil["inflated"] else "")
     )
+    runs = dil.get("runs") or {}
+    if any((runs.get(k) or {}).get("dilation") is not None for k in ("baseline", "sharded")):
+        console.print(
+            "Cross-check, the capture's host-clock figure (mean profiled / mean unprofiled; not the factor applied): "
+            + ", ".join(
+                f"{k} {_x((runs.get(k) or {}).get('dilation'), (runs.get(k) or {}).get('interval'))}"
+                for k in ("baseline", "sharded")
+            )
+        )
     console.print(f"Reconciliation: {dil['reconciliation']}")
     clock = doc["clock"]
     console.print(
@@ -210,14 +326,18 @@ def command(
     no_cache: bool,
 ) -> None:
     """Attribute the per-token shortfall S = TN - T1/N of a tensor-parallel run to compute that did
-    not scale, memory, link transfer and coordination (collective wait + sync + idle), with the
-    spread over steps, the stragglers and the profiler's dilation. T1 and TN come from the
-    unprofiled pass when the capture manifests have it (the traced parts are reconciled to it).
+    not scale, memory, transfer (bytes on the link on GPUs; gloo's exchange on CPU runs) and
+    coordination (collective wait + sync + idle), as the mean over ranks and per rank, with the
+    critical path of a token across ranks (whose compute / host time / sync / transfer it runs
+    through), the spread over steps, the straggler test and the profiler's dilation (the factor
+    applied, with its interval). T1 and TN come from the unprofiled pass when the capture
+    manifests have it (the traced parts are reconciled to it).
 
     \b
     Examples:
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json --out s.json
+      tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
     from tracekit.analyse.shortfall import shortfall
     from tracekit.read import read_run

@@ -2,7 +2,7 @@
 
 `build_report_data(...)` takes the breakdown / shortfall / compare-links dicts (docs/JSON.md) and
 the capture manifests, never raw events, and returns a `ReportData` (kind `tracekit.report`,
-schema 1.2, documented in docs/JSON.md#report). The renderers (`html.py`, `markdown.py`) read
+schema 1.3, documented in docs/JSON.md#report). The renderers (`html.py`, `markdown.py`) read
 only this; the JSON output *is* this. Figures are not built here.
 
 Times stay integer nanoseconds; formatting to milliseconds happens in `fmt_ms`, which both
@@ -21,7 +21,10 @@ from tracekit import __version__
 KIND = "tracekit.report"
 #: 1.1: diagnosis; 1.2: collectives.by_op[].wait_ns_median is the shortfall's (schema 1.4): the median
 #: over instances of the per-instance max wait, i.e. the wait of the rank(s) that waited
-SCHEMA_VERSION = "1.2"
+#: 1.3: per_rank, critical_path, straggler, term_words (shortfall); the dilation stated is the
+#: factor the shortfall applied, with its interval (the capture's host-clock figure only as a
+#: labelled cross-check: dilation.runs[].host_clock; manifests[].capture_dilation, was `dilation`)
+SCHEMA_VERSION = "1.3"
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
@@ -30,6 +33,21 @@ PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
 #: order of the shortfall terms (METHOD.md section 6); coordination is split into its three parts
 TERMS = ("compute", "memory", "transfer", "coordination")
 COORDINATION_PARTS = ("wait", "sync", "idle")
+#: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without the `_ns`)
+PATH_PARTS = ("compute", "memory", "transfer", "host", "sync", "unknown")
+
+#: what each term is, when the shortfall does not say (`term_words`); transfer depends on the run
+DEFAULT_TERM_WORDS = {
+    "compute": "compute that did not shrink N-fold",
+    "memory": "memory copies and sets that did not shrink N-fold",
+    "transfer": "bytes on the link (collective transfer)",
+    "coordination": "ranks waiting for each other and host gaps",
+    "unknown": "unclassified kernels",
+}
+#: transfer on a run without a GPU timeline (gloo on CPU): never a link
+CPU_TRANSFER_WORDS = (
+    "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)"
+)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,6 +79,27 @@ def fmt_x(ratio: float | None) -> str:
     return f"{ratio:.2f}x"
 
 
+def fmt_interval(interval: Any) -> str:
+    """A ratio interval as "[1.27-1.48]" (the shortfall verdict's form); "" when missing."""
+    if not isinstance(interval, list | tuple) or len(interval) != 2:
+        return ""
+    lo, hi = _num(interval[0]), _num(interval[1])
+    if lo is None or hi is None:
+        return ""
+    return f"[{lo:.2f}-{hi:.2f}]"
+
+
+def fmt_x_interval(ratio: float | None, interval: Any) -> str:
+    """A dilation with its interval: "1.37x [1.27-1.48]" (just "1.37x" without an interval)."""
+    iv = fmt_interval(interval)
+    return fmt_x(ratio) + (f" {iv}" if iv and ratio is not None else "")
+
+
+def short_words(words: str) -> str:
+    """A term's words without the parenthesis (for figure axes): "gloo's exchange after ..."."""
+    return words.split(" (", 1)[0]
+
+
 def fmt_gbps(gbps: float | None) -> str:
     if gbps is None or not math.isfinite(gbps):
         return "n/a"
@@ -86,12 +125,21 @@ class ReportData:
 
     - `verdict`: the one sentence on top (from the shortfall, or built from the breakdown alone).
     - `diagnosis`: what to look at next (the shortfall's `diagnosis`), or "" without a baseline.
-    - `dilation`: per run profiled/unprofiled per-token time, the threshold, whether it is exceeded,
+    - `dilation`: per run the dilation stated, which with a shortfall is the factor its correction
+      applied (traced / unprofiled per-token mean) with its interval, and the capture's host-clock
+      figure only as a labelled cross-check (`host_clock`); the threshold, whether it is exceeded,
       the sentence to print beside the verdict and the warning line (None when within threshold).
     - `key_figures`: ordered rows {key, label, value, unit, text}: the numbers every format prints.
     - `per_token_ns`: {baseline, sharded, ideal} (baseline/ideal None without a baseline).
     - `attribution`: None without a baseline, else shortfall_ns, terms_ns, coordination_ns, shares,
-      spread_ns and `waterfall` (ordered {label, ns}, summing to shortfall_ns exactly).
+      spread_ns and `waterfall` (ordered {label, ns}, summing to shortfall_ns exactly); the terms
+      are the mean over ranks (`aggregate` says so).
+    - `per_rank`: None without a shortfall, else each sharded rank's own attribution of S (terms,
+      wait/sync/idle, each with its share of S).
+    - `critical_path`: None without a shortfall, else per token which rank's compute / host / sync /
+      transfer lie on the path across ranks (by_rank + offset_ns == step_ns), the cause sentence.
+    - `straggler`: the shortfall's straggler test (rank, is_straggler, lateness vs threshold) or None.
+    - `term_words`: what each term is for this run (transfer on a CPU run: gloo's exchange).
     - `runs`: per run (baseline first, then sharded): role, path, n_ranks, per-token step stats,
       per-step per-rank parts, per-rank medians, kernels by class, top unknown kernels, dilation.
     - `collectives`: per (op, bytes): the median over instances of the per-instance max wait (the
@@ -118,6 +166,10 @@ class ReportData:
     manifests: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
     diagnosis: str = ""
+    per_rank: list[dict[str, Any]] | None = None
+    critical_path: dict[str, Any] | None = None
+    straggler: dict[str, Any] | None = None
+    term_words: dict[str, str] = field(default_factory=dict)
     title: str = "tracekit report"
     created: str = ""
     generator: str = f"tracekit {__version__}"
@@ -194,7 +246,8 @@ def _manifest_summary(role: str, path: str | None, manifest: dict[str, Any] | No
         ],
         "versions": dict(manifest.get("versions") or {}),
         "nccl_env": dict(manifest.get("nccl_env") or {}),
-        "dilation": _num(manifest.get("dilation")),
+        # the capture's own host-clock figure (a cross-check; the dilation stated is the shortfall's)
+        "capture_dilation": _num(manifest.get("dilation")),
         "command": manifest.get("command"),
     }
 
@@ -261,52 +314,134 @@ def _dilation_section(
     threshold: float,
     reconciliation: str | None,
     details: dict[str, Any] | None = None,
+    *,
+    sf_dil: dict[str, Any] | None = None,
+    corrected: bool = False,
 ) -> dict[str, Any]:
-    per_run: list[dict[str, Any]] = [{"run": role, "dilation": d} for role, d in runs]
-    for entry in per_run:
-        det = (details or {}).get(entry["run"]) or {}
-        entry["unprofiled_median_ns"] = _int_or_none((det.get("unprofiled") or {}).get("median_ns"))
-        entry["profiled_median_ns"] = _int_or_none((det.get("profiled") or {}).get("median_ns"))
-    known = [(role, d) for role, d in runs if d is not None]
-    over = [(role, d) for role, d in known if d > 1.0 + threshold]
+    """The dilation stated beside the verdict.
+
+    With a shortfall (`sf_dil` its `dilation`), the figure per run is the factor its correction
+    applied (`dilation.baseline` / `dilation.sharded`: traced per-token mean / unprofiled mean) with
+    its interval; the capture's host-clock figure (`dilation.runs.<run>`) is carried as
+    `host_clock`, a labelled cross-check, never as "the dilation". Without a shortfall the only
+    figure is the capture's host-clock one, and the sentence says so."""
+    applied_src = bool(sf_dil)
+    intervals = (sf_dil or {}).get("interval") or {}
+    applied = (sf_dil or {}).get("applied") or {}
+    per_run: list[dict[str, Any]] = []
+    for role, d in runs:
+        det = (details or {}).get(role) or {}
+        app = applied.get(role) or {}
+        interval = intervals.get(role) if isinstance(intervals, dict) else None
+        iv = (
+            [float(x) for x in interval]
+            if isinstance(interval, list | tuple) and len(interval) == 2
+            else None
+        )
+        entry: dict[str, Any] = {
+            "run": role,
+            "dilation": d,
+            "interval": iv,
+            "source": "applied" if applied_src else "host_clock",
+            "traced_mean_ns": _int_or_none(app.get("traced_mean_ns")),
+            "unprofiled_mean_ns": _int_or_none(app.get("unprofiled_mean_ns")),
+            "unprofiled_median_ns": _int_or_none((det.get("unprofiled") or {}).get("median_ns")),
+            "profiled_median_ns": _int_or_none((det.get("profiled") or {}).get("median_ns")),
+            "host_clock": None,
+        }
+        if applied_src and det:
+            hc_iv = det.get("interval")
+            entry["host_clock"] = {
+                "dilation": _num(det.get("dilation")),
+                "interval": [float(x) for x in hc_iv]
+                if isinstance(hc_iv, list | tuple) and len(hc_iv) == 2
+                else None,
+                "definition": det.get("definition"),
+                "unprofiled_mean_ns": _int_or_none((det.get("unprofiled") or {}).get("mean_ns")),
+                "profiled_mean_ns": _int_or_none((det.get("profiled") or {}).get("mean_ns")),
+            }
+        per_run.append(entry)
+    known = [e for e in per_run if e["dilation"] is not None]
+    over = [e for e in known if e["dilation"] > 1.0 + threshold]
     if known:
-        parts = ", ".join(f"{role} {fmt_x(d)}" for role, d in known)
-        sentence = f"Profiler dilation (profiled / unprofiled per-token time): {parts}; threshold {fmt_pct(threshold, 0)}."
+        parts = ", ".join(f"{e['run']} {fmt_x_interval(e['dilation'], e['interval'])}" for e in known)
+        what = (
+            "traced / unprofiled per-token mean, the factor the shortfall applies"
+            if applied_src
+            else "the capture's host-clock figure: profiled / unprofiled per-token time"
+        )
+        sentence = f"Profiler dilation ({what}): {parts}; threshold {fmt_pct(threshold, 0)}."
     else:
         sentence = "Profiler dilation unknown: no unprofiled timing in the manifests, so the profiler's own cost is not accounted for."
+    cross = [e for e in per_run if (e["host_clock"] or {}).get("dilation") is not None]
+    cross_check = None
+    if cross:
+        cross_check = (
+            "Cross-check, the capture's host-clock figure (mean profiled / mean unprofiled per-token wall "
+            "time; not the factor applied): "
+            + ", ".join(
+                f"{e['run']} {fmt_x_interval(e['host_clock']['dilation'], e['host_clock']['interval'])}"
+                for e in cross
+            )
+            + "."
+        )
     warning = None
     if over:
-        which = ", ".join(f"{role} {fmt_x(d)}" for role, d in over)
-        warning = (
-            f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time that lands "
-            "in idle/coordination, so the coordination share is inflated by it."
-        )
-    under = [(role, d) for role, d in known if d < 1.0 - threshold]
+        which = ", ".join(f"{e['run']} {fmt_x(e['dilation'])}" for e in over)
+        if corrected:
+            warning = (
+                f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time that "
+                "lands in wait/sync/idle; the attribution removes it (the per-token times are the unprofiled "
+                "ones), but in the traced figures (per-step parts, the uncorrected attribution) the coordination "
+                "share is inflated by it."
+            )
+        else:
+            warning = (
+                f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time that "
+                "lands in idle/coordination, so the coordination share is inflated by it."
+            )
+    under = [e for e in known if e["dilation"] < 1.0 - threshold]
     caution = None
     if under:
-        which = ", ".join(f"{role} {fmt_x(d)}" for role, d in under)
+        which = ", ".join(f"{e['run']} {fmt_x(e['dilation'])}" for e in under)
         caution = (
             f"Caution: dilation below 1 ({which}): the unprofiled pass was slower than the profiled one, "
             "so the host was noisy and the per-token times are uncertain; capture again on a quiet machine."
         )
     return {
         "runs": per_run,
+        "definition": (sf_dil or {}).get("definition")
+        or "the capture's host-clock figure: profiled / unprofiled per-token time",
         "threshold": threshold,
         "inflated": bool(over),
         "caution": caution,
         "sentence": sentence,
+        "cross_check": cross_check,
         "warning": warning,
         "reconciliation": reconciliation,
     }
 
 
-def _waterfall(terms: dict[str, int], coordination: dict[str, int]) -> list[dict[str, Any]]:
-    """Ordered waterfall steps, coordination split into wait/sync/idle; sums to S exactly."""
+def _waterfall(
+    terms: dict[str, int], coordination: dict[str, int], words: dict[str, str]
+) -> list[dict[str, Any]]:
+    """Ordered waterfall steps, coordination split into wait/sync/idle; sums to S exactly.
+
+    The transfer step is labelled with what it is for this run (`words`, the shortfall's
+    `term_words`): bytes on the link on a GPU run, gloo's exchange on a CPU run."""
     rows: list[dict[str, Any]] = [
         {"label": "compute that did not scale", "term": "compute", "ns": int(terms.get("compute", 0))},
         {"label": "memory that did not scale", "term": "memory", "ns": int(terms.get("memory", 0))},
-        {"label": "collective transfer (link)", "term": "transfer", "ns": int(terms.get("transfer", 0))},
+        {"label": f"transfer: {words['transfer']}", "term": "transfer", "ns": int(terms.get("transfer", 0))},
     ]
+    if "unknown" in terms:
+        rows.append(
+            {
+                "label": f"unknown: {words.get('unknown', 'unclassified kernels')}",
+                "term": "unknown",
+                "ns": int(terms["unknown"]),
+            }
+        )
     coord_total = int(terms.get("coordination", 0))
     split = {p: int(coordination.get(p, 0)) for p in COORDINATION_PARTS}
     if coordination and sum(split.values()) == coord_total:
@@ -318,6 +453,106 @@ def _waterfall(terms: dict[str, int], coordination: dict[str, int]) -> list[dict
     else:
         rows.append({"label": "coordination", "term": "coordination", "ns": coord_total})
     return rows
+
+
+def _term_words(shortfall: dict[str, Any], timeline: str | None) -> dict[str, str]:
+    """The shortfall's `term_words`, completed from the defaults; without them the transfer is
+    named by the run's timeline (a link only on a GPU timeline)."""
+    words = dict(DEFAULT_TERM_WORDS)
+    if timeline != "gpu":
+        words["transfer"] = CPU_TRANSFER_WORDS
+    given = shortfall.get("term_words")
+    if isinstance(given, dict):
+        words.update({str(k): str(v) for k, v in given.items() if v})
+    return words
+
+
+def _per_rank_section(shortfall: dict[str, Any], s_ns: int) -> list[dict[str, Any]] | None:
+    """Each sharded rank's own attribution of S, with shares of S (None when the shortfall has none)."""
+    rows = shortfall.get("per_rank")
+    if not isinstance(rows, list) or not rows:
+        return None
+    out = []
+    for r in rows:
+        terms = {str(k): int(v) for k, v in (r.get("terms_ns") or {}).items() if _num(v) is not None}
+        coord = {p: int((r.get("coordination_ns") or {}).get(p, 0) or 0) for p in COORDINATION_PARTS}
+        shares = {k: (v / s_ns if s_ns else None) for k, v in {**terms, **coord}.items()}
+        out.append(
+            {
+                "rank": int(r.get("rank", -1)),
+                "terms_ns": terms,
+                "coordination_ns": coord,
+                "shares": shares,
+                "own_window_ns": _int_or_none(r.get("own_window_ns")),
+                "pad_ns": _int_or_none(r.get("pad_ns")),
+            }
+        )
+    return sorted(out, key=lambda r: r["rank"])
+
+
+def _path_rank(d: Any, step: int | None = None) -> dict[str, Any]:
+    d = d if isinstance(d, dict) else {}
+    row: dict[str, Any] = {f"{p}_ns": int(_int_or_none(d.get(f"{p}_ns")) or 0) for p in PATH_PARTS}
+    total = _int_or_none(d.get("total_ns"))
+    row["total_ns"] = sum(row.values()) if total is None else total
+    if step is not None:
+        row["share_of_step"] = row["total_ns"] / step if step else None
+    return row
+
+
+def _critical_path_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
+    """The shortfall's per-token critical path across ranks (None when it has none): per rank its
+    compute / memory / transfer / host / sync / unknown on the path, the offset (ranks opening their
+    step windows at different times), the cause sentence; by_rank totals + offset == step_ns."""
+    cp = shortfall.get("critical_path")
+    if not isinstance(cp, dict) or not isinstance(cp.get("by_rank"), dict):
+        return None
+    step = int(_int_or_none(cp.get("step_ns")) or 0)
+    by_rank = {
+        str(r): _path_rank(d, step) for r, d in sorted(cp["by_rank"].items(), key=lambda kv: int(kv[0]))
+    }
+    base_raw, unc_raw = cp.get("baseline"), cp.get("uncorrected")
+    base: dict[str, Any] = base_raw if isinstance(base_raw, dict) else {}
+    unc: dict[str, Any] = unc_raw if isinstance(unc_raw, dict) else {}
+    return {
+        "step_ns": step,
+        "offset_ns": int(_int_or_none(cp.get("offset_ns")) or 0),
+        "by_rank": by_rank,
+        "cause": str(cp.get("cause") or ""),
+        "hops_per_step_median": _num(cp.get("hops_per_step_median")),
+        "baseline": {
+            "step_ns": _int_or_none(base.get("step_ns")),
+            "by_rank": {str(r): _path_rank(d) for r, d in (base.get("by_rank") or {}).items()},
+        }
+        if base
+        else None,
+        "uncorrected_step_ns": _int_or_none(unc.get("step_ns")),
+    }
+
+
+def _straggler_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
+    st = shortfall.get("straggler")
+    if not isinstance(st, dict):
+        return None
+    return {
+        "rank": _int_or_none(st.get("rank")),
+        "is_straggler": bool(st.get("is_straggler", False)),
+        "last_share": _num(st.get("last_share")),
+        "lateness_ns_median": _int_or_none(st.get("lateness_ns_median")),
+        "threshold_ns": _int_or_none(st.get("threshold_ns")),
+    }
+
+
+def straggler_sentence(st: dict[str, Any] | None) -> str:
+    """One sentence on the straggler test, for both renderers ("" without one)."""
+    if not st or st.get("rank") is None:
+        return ""
+    verdict = "a straggler" if st["is_straggler"] else "not a straggler"
+    return (
+        f"Straggler test: rank {st['rank']} arrives last at {fmt_pct(st.get('last_share'), 0)} of the collectives, "
+        f"{fmt_ms(st.get('lateness_ns_median'))} after the others on median, against "
+        f"{fmt_ms(st.get('threshold_ns'))} that symmetric launch-bound hosts explain: {verdict}."
+    )
 
 
 def _probe_curves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -381,6 +616,91 @@ def _verdict_from_breakdown(run: dict[str, Any]) -> str:
     )
 
 
+def _cell(ns: int | None, share: float | None) -> str:
+    return f"{fmt_ms(ns)} ({fmt_pct(share)})"
+
+
+def per_rank_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
+    """The "Per rank" table both renderers print: headers and text rows, each rank's own terms and
+    wait / sync / idle (per token, share of S), then the aggregate (the mean over ranks)."""
+    a = data.attribution
+    if not data.per_rank or a is None:
+        return [], []
+    s_ns = a["shortfall_ns"]
+    words = data.term_words or DEFAULT_TERM_WORDS
+    terms = list(a["terms_ns"])
+    for r in data.per_rank:
+        terms += [t for t in r["terms_ns"] if t not in terms]
+    label = {t: t for t in terms}
+    label["transfer"] = f"transfer ({short_words(words.get('transfer', 'transfer'))})"
+    headers = ["rank"] + [label[t] for t in terms] + [f"coordination: {p}" for p in COORDINATION_PARTS]
+    headers += ["own window", "pad (idle to the step time)"]
+
+    def share(ns: int | None) -> float | None:
+        return ns / s_ns if (s_ns and ns is not None) else None
+
+    rows = []
+    for r in data.per_rank:
+        row = [f"rank {r['rank']}"]
+        row += [_cell(r["terms_ns"].get(t, 0), share(r["terms_ns"].get(t, 0))) for t in terms]
+        row += [_cell(r["coordination_ns"][p], share(r["coordination_ns"][p])) for p in COORDINATION_PARTS]
+        row += [fmt_ms(r.get("own_window_ns")), fmt_ms(r.get("pad_ns"))]
+        rows.append(row)
+    agg = ["mean over ranks (aggregate)"]
+    agg += [_cell(a["terms_ns"].get(t, 0), share(a["terms_ns"].get(t, 0))) for t in terms]
+    agg += [_cell(a["coordination_ns"][p], share(a["coordination_ns"][p])) for p in COORDINATION_PARTS]
+    rows.append(agg + ["", ""])
+    return headers, rows
+
+
+def path_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
+    """The critical-path table both renderers print: per rank its compute / memory / transfer /
+    host / sync / unknown on the path per token, its total and share of the token; then the offset,
+    the per-token time (ranks + offset, exactly) and the TP=1 baseline's token for comparison."""
+    cp = data.critical_path
+    if cp is None:
+        return [], []
+    words = data.term_words or DEFAULT_TERM_WORDS
+    step = cp["step_ns"]
+    label = {p: p for p in PATH_PARTS}
+    label["transfer"] = f"transfer ({short_words(words.get('transfer', 'transfer'))})"
+    gpu = (data.runs[-1].get("timeline") if data.runs else None) == "gpu"
+    label["host"] = "host (launch gaps, host work)" if gpu else "host (time between its ops)"
+    headers = ["rank"] + [label[p] for p in PATH_PARTS] + ["on the path", "share of the token"]
+    blank = [""] * len(PATH_PARTS)
+    rows = []
+    for rank, r in cp["by_rank"].items():
+        rows.append(
+            [f"rank {rank}"]
+            + [fmt_ms(r[f"{p}_ns"]) for p in PATH_PARTS]
+            + [fmt_ms(r["total_ns"]), fmt_pct(r.get("share_of_step"))]
+        )
+    rows.append(
+        ["offset (step windows open at different times)"]
+        + blank
+        + [fmt_ms(cp["offset_ns"]), fmt_pct(cp["offset_ns"] / step if step else None)]
+    )
+    rows.append([f"per-token time T{data.n_ranks}"] + blank + [fmt_ms(step), fmt_pct(1.0 if step else None)])
+    base = cp.get("baseline") or {}
+    for rank, r in (base.get("by_rank") or {}).items():
+        rows.append(
+            [f"TP=1 baseline, rank {rank} (a whole token)"]
+            + [fmt_ms(r[f"{p}_ns"]) for p in PATH_PARTS]
+            + [fmt_ms(r["total_ns"]), ""]
+        )
+    return headers, rows
+
+
+def path_note(cp: dict[str, Any]) -> str:
+    """The sentence under the critical-path table (what it is, and that it adds up)."""
+    return (
+        "Per rank, the time of each kind on the critical path of a token (rendezvous model: a collective "
+        "starts when its last rank arrives, so waiting is not on the path, it is the consequence). The ranks' "
+        f"totals plus the offset {fmt_ms(cp['offset_ns'])} (ranks opening their step windows at different "
+        f"times) make the per-token time {fmt_ms(cp['step_ns'])} exactly."
+    )
+
+
 def build_report_data(
     *,
     breakdown: dict[str, Any],
@@ -439,7 +759,13 @@ def build_report_data(
         threshold,
         sf_dil.get("reconciliation") if sf_dil else None,
         sf_dil.get("runs") if isinstance(sf_dil.get("runs"), dict) else None,
+        sf_dil=sf_dil if isinstance(sf_dil, dict) and sf_dil else None,
+        corrected=(shortfall or {}).get("per_token_source") == "unprofiled",
     )
+    term_words = _term_words(shortfall or {}, main.get("timeline"))
+    per_rank: list[dict[str, Any]] | None = None
+    critical_path: dict[str, Any] | None = None
+    straggler: dict[str, Any] | None = None
 
     # per-token times and the attribution
     attribution: dict[str, Any] | None = None
@@ -447,10 +773,13 @@ def build_report_data(
         pt = shortfall.get("per_token_ns") or {}
         per_token_ns = {k: _int_or_none(pt.get(k)) for k in ("baseline", "sharded", "ideal")}
         n_ranks = int(shortfall.get("n_ranks") or main["n_ranks"])
-        terms = {t: int((shortfall.get("terms_ns") or {}).get(t, 0)) for t in TERMS}
+        sf_terms = shortfall.get("terms_ns") or {}
+        terms = {t: int(sf_terms.get(t, 0)) for t in TERMS}
+        if _num(sf_terms.get("unknown")):  # only when not zero (shortfall schema); it is part of S
+            terms["unknown"] = int(sf_terms["unknown"])
         coord = {p: int((shortfall.get("coordination_ns") or {}).get(p, 0)) for p in COORDINATION_PARTS}
         s_ns = int(shortfall.get("shortfall_ns", sum(terms.values())))
-        waterfall = _waterfall(terms, shortfall.get("coordination_ns") or {})
+        waterfall = _waterfall(terms, shortfall.get("coordination_ns") or {}, term_words)
         if sum(w["ns"] for w in waterfall) != s_ns:
             notes.append(
                 f"the shortfall terms sum to {sum(w['ns'] for w in waterfall)} ns, not S = {s_ns} ns (analysis bug)"
@@ -466,12 +795,28 @@ def build_report_data(
                 for k, v in (shortfall.get("spread_ns") or {}).items()
             },
             "waterfall": waterfall,
+            "aggregate": shortfall.get("aggregate"),
             "per_token_source": shortfall.get("per_token_source"),
             "uncorrected": shortfall.get("uncorrected"),
             "clock": shortfall.get("clock"),
         }
         verdict = str(shortfall.get("verdict") or "")
         diagnosis = str(shortfall.get("diagnosis") or "")
+        per_rank = _per_rank_section(shortfall, s_ns)
+        critical_path = _critical_path_section(shortfall)
+        straggler = _straggler_section(shortfall)
+        if per_rank is not None:
+            for r in per_rank:
+                if sum(r["terms_ns"].values()) != s_ns:
+                    notes.append(
+                        f"rank {r['rank']}'s terms sum to {sum(r['terms_ns'].values())} ns, not S = {s_ns} ns (analysis bug)"
+                    )
+        if critical_path is not None:
+            total = sum(r["total_ns"] for r in critical_path["by_rank"].values()) + critical_path["offset_ns"]
+            if total != critical_path["step_ns"]:
+                notes.append(
+                    f"the critical path sums to {total} ns, not the per-token time {critical_path['step_ns']} ns (analysis bug)"
+                )
     else:
         diagnosis = ""
         per_token_ns = {"baseline": None, "sharded": main["step_ns"].get("median"), "ideal": None}
@@ -587,6 +932,10 @@ def build_report_data(
         links=links_section,
         manifests=manifests,
         notes=notes,
+        per_rank=per_rank,
+        critical_path=critical_path,
+        straggler=straggler,
+        term_words=term_words,
         title=title or "tracekit report",
         created=created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
@@ -621,17 +970,31 @@ def key_figures(data: ReportData) -> list[dict[str, Any]]:
     if data.attribution is not None:
         a = data.attribution
         add("shortfall", "shortfall S", a["shortfall_ns"], "ns")
-        for t in TERMS:
+        for t in a["terms_ns"]:
             add(f"terms.{t}", f"term: {t}", a["terms_ns"][t], "ns")
         for p in COORDINATION_PARTS:
             add(f"coordination.{p}", f"coordination: {p}", a["coordination_ns"][p], "ns")
-        for t in TERMS:
+        for t in a["terms_ns"]:
             add(f"shares.{t}", f"share: {t}", a["shares"].get(t), "share")
     else:
         main = data.runs[-1]
         for p in PARTS:
             add(f"parts.{p}", f"median part: {p}", main["parts_ns_median"].get(p), "ns")
+    if data.per_rank:
+        for r in data.per_rank:
+            add(
+                f"per_rank.{r['rank']}.wait",
+                f"rank {r['rank']}: collective wait",
+                r["coordination_ns"]["wait"],
+                "ns",
+            )
+    cp = data.critical_path
+    if cp:
+        for rank, row in cp["by_rank"].items():
+            add(f"critical_path.{rank}.host", f"critical path: rank {rank}'s host time", row["host_ns"], "ns")
     for d in data.dilation["runs"]:
         label = "profiler dilation" if d["run"] == "run" else f"profiler dilation, {d['run']} run"
+        if d.get("source") == "applied":
+            label += " (applied)"
         add(f"dilation.{d['run']}", label, d["dilation"], "ratio")
     return rows

@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 
 from tracekit.report.data import (
     PARTS,
+    PATH_PARTS,
     ReportData,
     fmt_bytes,
     fmt_gbps,
@@ -30,6 +31,12 @@ from tracekit.report.data import (
     fmt_pct,
     fmt_us,
     fmt_x,
+    fmt_x_interval,
+    path_note,
+    path_rows,
+    per_rank_rows,
+    short_words,
+    straggler_sentence,
 )
 
 #: colours per part, shared by every figure so a part has one colour on the page
@@ -42,6 +49,8 @@ PART_COLOURS = {
     "unknown": "#B279A2",
     "sync": "#9D755D",
     "idle": "#BAB0AC",
+    "host": "#EECA3B",
+    "offset": "#D8D8D8",
 }
 
 _CSS = """
@@ -53,7 +62,7 @@ h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.8em;borde
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f6f6f6}
 .fig{width:100%;min-height:380px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
-.meta{color:#666;font-size:.85em}
+.meta{color:#666;font-size:.85em} .verdict-sub{background:#f3f6fa;border-left:5px solid #EECA3B;padding:.4em 1em}
 """
 
 
@@ -143,7 +152,7 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
         return None
     steps = a["waterfall"]
     s_ns = a["shortfall_ns"]
-    labels = [esc(w["label"]) for w in steps] + ["shortfall S"]
+    labels = [esc(short_words(w["label"])) for w in steps] + ["shortfall S"]
     values = [w["ns"] / 1e6 for w in steps] + [s_ns / 1e6]
     texts = [fmt_ms(w["ns"]) for w in steps] + [fmt_ms(s_ns)]
     fig = go.Figure(
@@ -194,6 +203,54 @@ def fig_steps(run: dict[str, Any]) -> go.Figure | None:
             yaxis_title="ms",
             legend={"orientation": "h", "y": -0.2},
             height=440,
+        )
+    )
+    return fig
+
+
+def fig_critical_path(data: ReportData) -> go.Figure | None:
+    """Per rank, a stacked bar of what of it lies on the critical path of a token (compute, host,
+    sync, transfer, ...), then the offset, and the TP=1 token beside them for comparison."""
+    cp = data.critical_path
+    if cp is None or not cp["by_rank"]:
+        return None
+    words = data.term_words
+    x = [f"rank {r}" for r in cp["by_rank"]]
+    rows = list(cp["by_rank"].values())
+    base = (cp.get("baseline") or {}).get("by_rank") or {}
+    x += [f"TP=1 token (rank {r})" for r in base]
+    rows += list(base.values())
+    name = {p: p for p in PATH_PARTS}
+    name["transfer"] = esc(short_words(words.get("transfer", "transfer")))
+    fig = go.Figure()
+    for part in PATH_PARTS:
+        ys = [row[f"{part}_ns"] / 1e6 for row in rows]
+        if not any(ys):
+            continue
+        fig.add_trace(
+            go.Bar(
+                name=name[part],
+                x=x,
+                y=ys,
+                marker_color=PART_COLOURS.get(part, "#999999"),
+                hovertemplate=name[part] + " %{y:.3f} ms<br>%{x}<extra></extra>",
+            )
+        )
+    fig.add_trace(
+        go.Bar(
+            name="offset (step windows open at different times)",
+            x=["offset"],
+            y=[cp["offset_ns"] / 1e6],
+            marker_color=PART_COLOURS["offset"],
+            hovertemplate="offset %{y:.3f} ms<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        **_layout(
+            f"Critical path of a token, per rank (ranks + offset = T{data.n_ranks} = {fmt_ms(cp['step_ns'])})",
+            barmode="stack",
+            yaxis_title="ms per token",
+            legend={"orientation": "h", "y": -0.2},
         )
     )
     return fig
@@ -294,6 +351,39 @@ def _key_figures_table(data: ReportData) -> str:
 
 
 def _dilation_table(data: ReportData) -> str:
+    applied = [
+        d for d in data.dilation["runs"] if d.get("source") == "applied" and d.get("dilation") is not None
+    ]
+    if applied:
+        rows_a = [
+            [
+                (esc(d["run"]), False),
+                (esc(fmt_x_interval(d["dilation"], d.get("interval"))), True),
+                (esc(fmt_ms(d.get("traced_mean_ns"))), True),
+                (esc(fmt_ms(d.get("unprofiled_mean_ns"))), True),
+                (
+                    esc(
+                        fmt_x_interval(
+                            (d.get("host_clock") or {}).get("dilation"),
+                            (d.get("host_clock") or {}).get("interval"),
+                        )
+                    ),
+                    True,
+                ),
+            ]
+            for d in applied
+        ]
+        return _table(
+            [
+                "run",
+                "dilation applied (95% interval)",
+                "per token, traced (mean)",
+                "per token, unprofiled (mean)",
+                "cross-check: capture host clock",
+            ],
+            rows_a,
+            ' id="dilation-table"',
+        )
     runs = [d for d in data.dilation["runs"] if d.get("unprofiled_median_ns") is not None]
     if not runs:
         return ""
@@ -306,7 +396,10 @@ def _dilation_table(data: ReportData) -> str:
         ]
         for d in runs
     ]
-    return _table(["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation"], rows)
+    return _table(
+        ["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation (host clock)"],
+        rows,
+    )
 
 
 def _attribution_table(data: ReportData) -> str:
@@ -330,6 +423,45 @@ def _attribution_table(data: ReportData) -> str:
         [("<b>shortfall S</b>", False), (esc(fmt_ms(a["shortfall_ns"])), True), ("100.0%", True), ("", True)]
     )
     return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+
+
+def _text_table(headers: list[str], rows: list[list[str]], attrs: str = "") -> str:
+    """A table of text rows (first column a label, the rest numbers), escaped."""
+    return _table(
+        [esc(h) for h in headers],
+        [[(esc(c), i > 0) for i, c in enumerate(r)] for r in rows],
+        attrs,
+    )
+
+
+def _per_rank_section(data: ReportData) -> str:
+    headers, rows = per_rank_rows(data)
+    if not rows:
+        return ""
+    return "\n".join(
+        [
+            "<h3>Per rank</h3>",
+            "<p class=\"note\">Each rank's own parts minus the baseline's, each summing to S; the aggregate is "
+            "their mean. Cells: per token (share of S).</p>",
+            _text_table(headers, rows, ' id="per-rank"'),
+        ]
+    )
+
+
+def _critical_path_section(data: ReportData, fig_div: str) -> str:
+    cp = data.critical_path
+    if cp is None:
+        return ""
+    headers, rows = path_rows(data)
+    out = ["<h2>Critical path</h2>"]
+    if cp.get("cause"):
+        out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(cp["cause"])}</b></p>')
+    out += [
+        fig_div,
+        _text_table(headers, rows, ' id="critical-path"'),
+        f'<p class="note">{esc(path_note(cp))}</p>',
+    ]
+    return "\n".join(o for o in out if o)
 
 
 def _collectives_tables(data: ReportData) -> str:
@@ -367,6 +499,9 @@ def _collectives_tables(data: ReportData) -> str:
                 rows,
             )
         )
+    st_line = straggler_sentence(data.straggler)
+    if st_line:
+        out.append(f'<p id="straggler">{esc(st_line)}</p>')
     if data.stragglers:
         rows = [
             [
@@ -458,7 +593,10 @@ def _manifest_section(data: ReportData) -> str:
         for k, v in m["versions"].items():
             add(f"version.{k}", v)
         add("nccl_env", m.get("nccl_env"))
-        add("dilation", fmt_x(m.get("dilation")) if m.get("dilation") is not None else None)
+        add(
+            "capture's host-clock dilation (cross-check, not the factor applied)",
+            fmt_x(m.get("capture_dilation")) if m.get("capture_dilation") is not None else None,
+        )
         add("command", m.get("command"))
         out.append(_table(["field", "value"], rows, ' class="manifest"'))
     return "\n".join(out)
@@ -503,6 +641,7 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
     }
     for i, run in enumerate(data.runs):
         figures[f"fig-steps-{i}"] = fig_steps(run)
+    figures["fig-critical-path"] = fig_critical_path(data)
     figures["fig-collectives"] = fig_collectives(data)
     figures["fig-busbw"] = fig_busbw(data)
     fig_json = {k: _clean(f.to_plotly_json()) for k, f in figures.items() if f is not None}
@@ -524,6 +663,8 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
         (f'<p class="diagnosis" id="diagnosis">Next: {esc(data.diagnosis)}</p>' if data.diagnosis else ""),
         f'<p class="dilation" id="dilation">{esc(d["sentence"])}</p>',
     ]
+    if d.get("cross_check"):
+        parts.append(f'<p class="dilation" id="dilation-cross-check">{esc(d["cross_check"])}</p>')
     if d.get("warning"):
         parts.append(f'<p class="warning" id="dilation-warning">{esc(d["warning"])}</p>')
     if d.get("caution"):
@@ -536,12 +677,16 @@ def render_html(data: ReportData, *, offline: bool = False) -> str:
         parts += ["<h2>Shortfall attribution</h2>", div("fig-waterfall"), _attribution_table(data)]
         unc = data.attribution.get("uncorrected")
         src = data.attribution.get("per_token_source")
+        if data.attribution.get("aggregate"):
+            parts.append(f'<p class="note">Aggregate over ranks: {esc(data.attribution["aggregate"])}.</p>')
         if src:
             parts.append(f'<p class="note">Per-token times from the {esc(src)} pass.</p>')
         if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
             parts.append(
                 f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(unc.get("shortfall_ns")))} per token.</p>'
             )
+        parts.append(_per_rank_section(data))
+    parts.append(_critical_path_section(data, div("fig-critical-path")))
     parts.append("<h2>Per-step parts per rank</h2>")
     for i, _run in enumerate(data.runs):
         parts.append(div(f"fig-steps-{i}"))

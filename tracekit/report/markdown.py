@@ -21,6 +21,11 @@ from tracekit.report.data import (
     fmt_pct,
     fmt_us,
     fmt_x,
+    fmt_x_interval,
+    path_note,
+    path_rows,
+    per_rank_rows,
+    straggler_sentence,
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
@@ -33,10 +38,50 @@ def md_esc(value: Any) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+_MD_SPECIAL_OURS = re.compile(r"([\\`*_|#])")
+
+
+def md_ours(value: Any) -> str:
+    """Escape a sentence tracekit wrote from numbers and fixed words (the dilation line): as
+    `md_esc`, but brackets stay as they are, so an interval reads "[1.27-1.48]" (no link can form:
+    there is no trace name in it and no "(" follows)."""
+    text = html.escape("" if value is None else str(value), quote=False)
+    text = _MD_SPECIAL_OURS.sub(r"\\\1", text)
+    return text.replace("\r", " ").replace("\n", " ")
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
     out += ["| " + " | ".join(r) + " |" for r in rows]
     return out + [""]
+
+
+def _per_rank_md(data: ReportData) -> list[str]:
+    """The "Per rank" table: each rank's own attribution of S beside the aggregate (mean over ranks)."""
+    headers, rows = per_rank_rows(data)
+    if not rows:
+        return []
+    out = ["### Per rank", ""]
+    out += [
+        "Each rank's own parts minus the baseline's, each summing to S; the aggregate is their mean. "
+        "Cells: per token (share of S).",
+        "",
+    ]
+    return out + _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
+
+
+def _critical_path_md(data: ReportData) -> list[str]:
+    """The "Critical path" section: the cause sentence, per rank what lies on the path, the offset."""
+    cp = data.critical_path
+    if cp is None:
+        return []
+    out = ["## Critical path", ""]
+    if cp.get("cause"):
+        out += [f"**{md_esc(cp['cause'])}**", ""]
+    headers, rows = path_rows(data)
+    out += _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
+    out += [md_esc(path_note(cp)), ""]
+    return out
 
 
 def render_markdown(data: ReportData) -> str:
@@ -45,7 +90,9 @@ def render_markdown(data: ReportData) -> str:
     if data.diagnosis:
         lines += [f"Next: {md_esc(data.diagnosis)}", ""]
     d = data.dilation
-    lines += [md_esc(d["sentence"]), ""]
+    lines += [md_ours(d["sentence"]), ""]
+    if d.get("cross_check"):
+        lines += [md_ours(d["cross_check"]), ""]
     if d.get("warning"):
         lines += [f"> **{md_esc(d['warning'])}**", ""]
     if d.get("caution"):
@@ -59,10 +106,39 @@ def render_markdown(data: ReportData) -> str:
         [[md_esc(k["label"]), md_esc(k["text"]), f"`{k['key']}`"] for k in data.key_figures],
     )
 
+    applied = [r for r in d["runs"] if r.get("source") == "applied" and r.get("dilation") is not None]
     dil_runs = [r for r in d["runs"] if r.get("unprofiled_median_ns") is not None]
-    if dil_runs:
+    if applied:
         lines += _table(
-            ["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation"],
+            [
+                "run",
+                "dilation applied (95% interval)",
+                "per token, traced (mean)",
+                "per token, unprofiled (mean)",
+                "cross-check: capture host clock",
+            ],
+            [
+                [
+                    md_esc(r["run"]),
+                    fmt_x_interval(r["dilation"], r.get("interval")),
+                    fmt_ms(r.get("traced_mean_ns")),
+                    fmt_ms(r.get("unprofiled_mean_ns")),
+                    fmt_x_interval(
+                        (r.get("host_clock") or {}).get("dilation"),
+                        (r.get("host_clock") or {}).get("interval"),
+                    ),
+                ]
+                for r in applied
+            ],
+        )
+    elif dil_runs:
+        lines += _table(
+            [
+                "run",
+                "per token, unprofiled (median)",
+                "per token, profiled (median)",
+                "dilation (host clock)",
+            ],
             [
                 [
                     md_esc(r["run"]),
@@ -88,8 +164,12 @@ def render_markdown(data: ReportData) -> str:
             rows.append([md_esc(w["label"]), fmt_ms(w["ns"]), fmt_pct(share), sp])
         rows.append(["**shortfall S**", fmt_ms(a["shortfall_ns"]), "100.0%", ""])
         lines += _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+        if a.get("aggregate"):
+            lines += [f"Aggregate over ranks: {md_esc(a['aggregate'])}.", ""]
         if a.get("per_token_source"):
             lines += [f"Per-token times from the {md_esc(a['per_token_source'])} pass.", ""]
+        lines += _per_rank_md(data)
+    lines += _critical_path_md(data)
 
     lines += ["## Per-rank medians", ""]
     for run in data.runs:
@@ -133,6 +213,9 @@ def render_markdown(data: ReportData) -> str:
                     for o in c["by_op"]
                 ],
             )
+    st_line = straggler_sentence(data.straggler)
+    if st_line:
+        lines += [md_esc(st_line), ""]
     if data.stragglers:
         lines += ["### Stragglers: how often each rank arrives last", ""]
         lines += _table(
@@ -200,8 +283,13 @@ def render_markdown(data: ReportData) -> str:
             )
         for k, v in m["versions"].items():
             rows.append([f"version.{md_esc(k)}", md_esc(v)])
-        if m.get("dilation") is not None:
-            rows.append(["dilation", fmt_x(m["dilation"])])
+        if m.get("capture_dilation") is not None:
+            rows.append(
+                [
+                    "capture's host-clock dilation (cross-check, not the factor applied)",
+                    fmt_x(m["capture_dilation"]),
+                ]
+            )
         if m.get("command"):
             rows.append(["command", md_esc(m["command"])])
         lines += _table(["field", "value"], rows)
