@@ -44,24 +44,32 @@ PATH_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", 
 
 @dataclass
 class _Layers:
-    """One rank's cumulative layer unions, to measure any interval with the partition's priority."""
+    """One rank's cumulative layer unions, to measure any interval with the partition's priority.
+
+    Per layer k: the merged union of layers <= k as sorted (start, end) arrays and the prefix sums
+    of their lengths, so the covered time before any t is one binary search (no pass over the rank's
+    intervals per query)."""
 
     timeline: str
-    cum: list[tuple[np.ndarray, np.ndarray]]  # per layer k: union of layers <= k (merged, sorted)
+    cum: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (starts, ends, prefix lengths)
+
+    def _covered(self, k: int, t: int) -> int:
+        ms, me, pre = self.cum[k]
+        i = int(np.searchsorted(ms, t, side="right")) - 1
+        if i < 0:
+            return 0
+        return int(pre[i]) + min(max(t - int(ms[i]), 0), int(me[i] - ms[i]))
 
     def measure(self, a: int, b: int) -> dict[str, int]:
         """Exclusive per-layer time inside [a, b), by priority; the rest is idle."""
-        from tracekit.analyse.steps import _LAYERS, _measure
+        from tracekit.analyse.steps import _LAYERS
 
         out: dict[str, int] = {}
         if b <= a:
             return {p: 0 for p in (*_LAYERS, "idle")}
-        aa = np.array([a], dtype=np.int64)
-        bb = np.array([b], dtype=np.int64)
         prev = 0
         for k, name in enumerate(_LAYERS):
-            ms, me = self.cum[k]
-            c = int(_measure(ms, me, aa, bb)[0])
+            c = self._covered(k, b) - self._covered(k, a)
             out[name] = c - prev
             prev = c
         out["idle"] = (b - a) - prev
@@ -77,7 +85,9 @@ def _layers_of(ev: pd.DataFrame) -> _Layers:
     cum = []
     for k in range(len(_LAYERS)):
         sel = layer <= k
-        cum.append(_merge_sorted(s[sel], e[sel]))
+        ms, me = _merge_sorted(s[sel], e[sel])
+        pre = np.concatenate(([0], np.cumsum(me - ms)[:-1])) if len(ms) else np.zeros(0, dtype=np.int64)
+        cum.append((ms, me, pre.astype(np.int64)))
     return _Layers(timeline, cum)
 
 
@@ -163,8 +173,9 @@ def critical_path(
             .drop_duplicates("instance")
             .set_index("instance")["rank"]
         )
+        last_of = {int(k): int(v) for k, v in last.items()}
     else:
-        last = pd.Series(dtype=np.int64)
+        last_of = {}
     by_rs: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
     if len(pr):
         for (r, st), g in pr.groupby(["rank", "step"], sort=False):
@@ -213,7 +224,7 @@ def critical_path(
             _add_segment(acc[x], layers[x].measure(a_x, e_x), layers[x].timeline, transfer=True)
             t_al = a_x - off
             limit[x] = k
-            nxt = int(last.get(inst, x))
+            nxt = last_of.get(inst, x)
             if nxt not in win:
                 nxt = x
             if nxt != x:
