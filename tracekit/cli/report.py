@@ -39,9 +39,12 @@ def command(
     step_pattern: str | None,
     title: str | None,
 ) -> None:
-    """Write the report of RUN_DIR: the verdict on top, per-token times, the shortfall waterfall,
-    per-step parts per rank, collectives (wait vs transfer, stragglers), realised busbw over probe
-    curves, and the manifest. With only RUN_DIR it reports the breakdown; --baseline adds the shortfall.
+    """Write the report of RUN_DIR: the verdict on top with the profiler dilation (the factor the
+    shortfall applied, with its interval), per-token times, the shortfall waterfall and each rank's
+    own attribution beside it, the critical path of a token across ranks (per rank compute / host /
+    sync / transfer on it, the cause, the offset), per-step parts per rank, collectives (wait vs
+    transfer, the straggler test), realised busbw over probe curves, and the manifest. With only
+    RUN_DIR it reports the breakdown; --baseline adds the shortfall.
 
     \b
     Example:
@@ -64,6 +67,8 @@ def command(
     written = write_report(data, outputs, offline=offline)
     click.echo(data.verdict)
     click.echo(data.dilation["sentence"])
+    if data.dilation.get("cross_check"):
+        click.echo(data.dilation["cross_check"])
     if data.dilation.get("warning"):
         click.echo(data.dilation["warning"])
     for p in written:

@@ -390,10 +390,10 @@ def _dilation_section(
         which = ", ".join(f"{e['run']} {fmt_x(e['dilation'])}" for e in over)
         if corrected:
             warning = (
-                f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time that "
-                "lands in wait/sync/idle; the attribution removes it (the per-token times are the unprofiled "
-                "ones), but in the traced figures (per-step parts, the uncorrected attribution) the coordination "
-                "share is inflated by it."
+                f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time to the "
+                "trace; the attribution removes it (the per-token times are the unprofiled ones), but in the "
+                "traced figures (per-step parts, the uncorrected attribution) the coordination share is "
+                "inflated by it."
             )
         else:
             warning = (
