@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "capture": "capture",
     "breakdown": "breakdown",
     "shortfall": "shortfall",
+    "diff": "diff",
     "report": "report",
     "probe": "probe",
     "compare-links": "compare_links",
