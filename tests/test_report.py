@@ -508,3 +508,15 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
         assert "link" not in line.lower(), line
     assert "Per rank" in text and "Critical path of a token" in text
     assert "Profiler dilation applied (traced / unprofiled per-token mean, 95% interval)" in text
+
+
+def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():
+    """A shortfall that applied no factor (no unprofiled timing) states none: the breakdown's or the
+    manifest's host-clock figure must not stand in for it."""
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["dilation"]["sharded"] = None
+    data = build_report_data(**inputs)
+    run = {r["run"]: r for r in data.dilation["runs"]}["sharded"]
+    assert run["dilation"] is None and data.runs[1]["dilation"] is None
+    assert "sharded" not in data.dilation["sentence"] and "baseline 1.02x" in data.dilation["sentence"]
+    assert "dilation.sharded" not in {k["key"] for k in data.key_figures}

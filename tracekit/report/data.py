@@ -725,19 +725,20 @@ def build_report_data(
     notes: list[str] = []
     role = "sharded" if (shortfall is not None or baseline_breakdown is not None) else "run"
 
-    # dilation: the shortfall's figures win, then the breakdown's, then the manifest's
+    # dilation: with a shortfall, only the factor it applied (null when it applied none: a host-clock
+    # figure must not stand in for it); without one, the breakdown's, then the manifest's
     sf_dil = (shortfall or {}).get("dilation") or {}
     run_dil = _num(sf_dil.get("sharded")) if sf_dil else None
-    if run_dil is None:
+    if run_dil is None and not sf_dil:
         run_dil = _num(breakdown.get("dilation"))
-    if run_dil is None and manifest:
+    if run_dil is None and not sf_dil and manifest:
         run_dil = _num(manifest.get("dilation"))
     base_dil = None
     if shortfall is not None or baseline_breakdown is not None:
         base_dil = _num(sf_dil.get("baseline")) if sf_dil else None
-        if base_dil is None and baseline_breakdown is not None:
+        if base_dil is None and not sf_dil and baseline_breakdown is not None:
             base_dil = _num(baseline_breakdown.get("dilation"))
-        if base_dil is None and baseline_manifest:
+        if base_dil is None and not sf_dil and baseline_manifest:
             base_dil = _num(baseline_manifest.get("dilation"))
     threshold = _num(sf_dil.get("threshold")) if sf_dil else None
     threshold = dilation_threshold if threshold is None else threshold
