@@ -28,6 +28,9 @@ COMMANDS: dict[str, str] = {
     "probe": "probe",
     "compare-links": "compare_links",
     "dilation": "dilation",
+    "decompose": "decompose",
+    "advise": "advise",
+    "rho": "rho",
 }
 
 

@@ -1,0 +1,94 @@
+"""`tracekit rho`: tensor-core matrix vs CUDA-core vector throughput, and their ratio rho."""
+
+from __future__ import annotations
+
+import click
+
+from tracekit.cli.options import out_file_option, write_text
+
+EXAMPLES = """
+\b
+Examples:
+  tracekit rho                                  # every dtype the device runs, 8192^3 products
+  tracekit rho --format json --out reports/rho/h200.json
+  tracekit rho --json reports/rho/h200.json --out reports/rho/h200.txt   # both
+  tracekit rho --matrix bf16,fp8 --vector fp32 --size 4096
+  tracekit rho --device cpu                     # small CPU fallback (CI, laptops): no tensor cores
+"""
+
+
+def _dtypes(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
+    items = tuple(t.strip() for t in text.split(",") if t.strip())
+    bad = [t for t in items if t not in allowed]
+    if bad:
+        raise click.BadParameter(f"{', '.join(bad)} not in {', '.join(allowed)}", param_hint=flag)
+    return items
+
+
+@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
+@click.option("--matrix", "matrix", default="bf16,fp16,fp8,int8", show_default=True, help="Matrix dtypes.")
+@click.option("--vector", "vector", default="fp32,int32", show_default=True, help="Vector dtypes.")
+@click.option(
+    "--size", type=int, default=None, help="M = N = K of the products (default 8192 on CUDA, 256 on CPU)."
+)
+@click.option(
+    "--iterations", type=int, default=None, help="Calls per timed batch (default 10 on CUDA, 5 on CPU)."
+)
+@click.option(
+    "--repeats", type=int, default=5, show_default=True, help="Timed batches; the median is reported."
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@out_file_option
+@click.option(
+    "--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON to FILE."
+)
+def command(
+    device: str,
+    matrix: str,
+    vector: str,
+    size: int | None,
+    iterations: int | None,
+    repeats: int,
+    fmt: str,
+    out: str | None,
+    json_out: str | None,
+) -> None:
+    """Measure rho = tensor-core matrix throughput / CUDA-core fp32 FMA throughput, per dtype.
+
+    Matrix: bf16/fp16 torch.mm, fp8 torch._scaled_mm, int8 torch._int_mm on random data; vector: a
+    kernel of independent fused multiply-add chains (fp32, int32). Each figure is the median of
+    --repeats batches timed between CUDA events, with the datasheet figure beside it when the device
+    is known. A dtype the device cannot run is skipped with the reason. Without a CUDA device it runs
+    a small CPU fallback and says so. High rho means vector work (dequantisation, norms, activations)
+    costs many matrix operations' worth of time: compare with the matrix/vector split of
+    `tracekit breakdown`.
+    """
+    from tracekit.cli.probe import dumps_json
+    from tracekit.probe.rho import MATRIX_DTYPES, VECTOR_DTYPES, format_table, run_rho
+
+    md = _dtypes(matrix, MATRIX_DTYPES, "--matrix")
+    vd = _dtypes(vector, VECTOR_DTYPES, "--vector")
+    if "fp32" not in vd:
+        vd = ("fp32", *vd)  # rho needs the fp32 FMA figure
+
+    def say(msg: str) -> None:
+        click.echo(f"rho: {msg}", err=True)
+
+    result = run_rho(
+        device=device,
+        size=size,
+        matrix_dtypes=md,
+        vector_dtypes=vd,
+        iterations=iterations,
+        repeats=repeats,
+        progress=say,
+    )
+    if json_out:
+        from pathlib import Path
+
+        Path(json_out).write_bytes(dumps_json(result.to_json()))
+    if fmt == "json":
+        write_text(dumps_json(result.to_json()).decode(), out)
+    else:
+        write_text(format_table(result), out)

@@ -1,0 +1,454 @@
+"""rho: the device's tensor-core matrix throughput over its CUDA-core vector throughput (METHOD.md 8).
+
+Micro-benchmarks, each timed between CUDA events after a warm-up (host clock on a CPU):
+
+- **matrix**: an M x N x K product on random data, 2 M N K operations per product:
+  bf16 / fp16 `torch.mm`, fp8 (e4m3) `torch._scaled_mm` with unit scales and a bf16 output,
+  int8 `torch._int_mm` (int32 output). A dtype the device or the torch build cannot run is skipped
+  and the reason recorded.
+- **vector**: a CUDA kernel in which every thread runs 8 independent chains of fused multiply-adds
+  (`fmaf` for fp32, `a * b + c` for int32: IMAD) for `iters` rounds, 2 operations per FMA, over
+  enough blocks to fill every multiprocessor many times; built with NVRTC through CuPy, else torch's
+  jiterator (one chain per element; each element needs its load and store, so this is the lower
+  bound of the two). An ordinary elementwise op is memory-bound and would measure the memory, not the
+  cores: that is why a kernel of our own.
+- **rho** per matrix dtype = its throughput / the fp32 FMA throughput (the tensor core to CUDA core
+  balance: how many vector operations fit in the time of one matrix operation's worth of work).
+
+On a CPU (no CUDA device) the same names run small and say so: the matrix figures are `torch.mm`
+(fp32, bf16) on one host, the vector figures an in-cache `addcmul_` / int32 multiply-add loop, which
+include torch's per-op dispatch: the figures make `--help`, CI and a laptop run, and are not a
+statement about tensor cores.
+
+Datasheet figures (dense, no sparsity) are given beside the measured ones when the device name is
+known (`DATASHEETS`); the H200 figures measured earlier in this project are `ANCHORS`.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+MATRIX_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8")
+VECTOR_DTYPES: tuple[str, ...] = ("fp32", "int32")
+
+#: Dense datasheet throughput (TFLOP/s, TOPS for int) by a substring of the device name, first
+#: match wins. NVIDIA H100/H200 SXM datasheet (the H200 has the H100's compute), H100 PCIe, A100.
+DATASHEETS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H200", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp32": 66.9}),
+    ("H100 PCIe", {"bf16": 756.0, "fp16": 756.0, "fp8": 1513.0, "int8": 1513.0, "fp32": 51.2}),
+    ("H100", {"bf16": 989.4, "fp16": 989.4, "fp8": 1978.9, "int8": 1978.9, "fp32": 66.9}),
+    ("A100", {"bf16": 312.0, "fp16": 312.0, "int8": 624.0, "fp32": 19.5}),
+)
+
+#: What this project measured on one H200 before the probe existed (issue 17): bf16 GEMM 772-782
+#: TFLOP/s, fp8 ~1227, int8 `_int_mm` ~907 TOPS, fp32 FMA ~64 TFLOP/s.
+ANCHORS: dict[str, dict[str, float]] = {
+    "H200": {"bf16": 777.0, "fp8": 1227.0, "int8": 907.0, "fp32": 64.0},
+}
+
+
+def datasheet_for(device_name: str) -> dict[str, float]:
+    for key, figures in DATASHEETS:
+        if key in device_name:
+            return dict(figures)
+    return {}
+
+
+def anchors_for(device_name: str) -> dict[str, float]:
+    for key, figures in ANCHORS.items():
+        if key in device_name:
+            return dict(figures)
+    return {}
+
+
+@dataclass
+class Measurement:
+    """One micro-benchmark: `tops` is 1e12 operations per second (TFLOP/s or TOPS), the median of
+    `repeats` timed batches of `iterations` calls; `tops_max` the best batch."""
+
+    kind: str  # "matrix" | "vector"
+    dtype: str
+    method: str
+    shape: str
+    operations: int  # per call
+    tops: float | None
+    tops_max: float | None = None
+    iterations: int = 0
+    repeats: int = 0
+    datasheet_tops: float | None = None
+    anchor_tops: float | None = None
+    skipped: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Rho:
+    """The probe's result; `to_json()` per docs/JSON.md#rho."""
+
+    device: dict[str, Any]
+    matrix: list[Measurement]
+    vector: list[Measurement]
+    notes: list[str] = field(default_factory=list)
+
+    def vector_tops(self, dtype: str = "fp32") -> float | None:
+        for v in self.vector:
+            if v.dtype == dtype and v.tops:
+                return v.tops
+        return None
+
+    def rho(self) -> list[dict[str, Any]]:
+        """Per matrix dtype: measured rho (matrix / fp32 FMA), datasheet rho, anchor rho."""
+        fma = self.vector_tops("fp32")
+        ds_fma = next((v.datasheet_tops for v in self.vector if v.dtype == "fp32"), None)
+        an_fma = next((v.anchor_tops for v in self.vector if v.dtype == "fp32"), None)
+        out = []
+        for m in self.matrix:
+            out.append(
+                {
+                    "dtype": m.dtype,
+                    "rho": (m.tops / fma) if (m.tops and fma) else None,
+                    "datasheet_rho": (m.datasheet_tops / ds_fma) if (m.datasheet_tops and ds_fma) else None,
+                    "anchor_rho": (m.anchor_tops / an_fma) if (m.anchor_tops and an_fma) else None,
+                }
+            )
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "tracekit.rho",
+            "device": self.device,
+            "matrix": [m.to_json() for m in self.matrix],
+            "vector": [v.to_json() for v in self.vector],
+            "rho": self.rho(),
+            "notes": list(self.notes),
+        }
+
+
+# ------------------------------------------------------------------------------------------
+# timing
+
+
+def _time_batches(
+    call: Callable[[], Any], *, iterations: int, repeats: int, warmup: int, cuda: bool
+) -> list[float]:
+    """Seconds per call for each of `repeats` batches of `iterations` calls."""
+    import torch
+
+    for _ in range(warmup):
+        call()
+    if cuda:
+        torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iterations):
+                call()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1e3 / iterations)
+        else:
+            t0 = time.perf_counter()
+            for _ in range(iterations):
+                call()
+            out.append((time.perf_counter() - t0) / iterations)
+    return out
+
+
+def _rates(ops: int, seconds: Sequence[float]) -> tuple[float, float]:
+    per = [ops / s / 1e12 for s in seconds if s > 0]
+    return statistics.median(per), max(per)
+
+
+# ------------------------------------------------------------------------------------------
+# matrix
+
+
+def _matrix_call(dtype: str, size: int, device: str) -> tuple[Callable[[], Any], str]:
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    m = n = k = size
+    if dtype in ("bf16", "fp16", "fp32"):
+        tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+        a = torch.randn(m, k, device=device, generator=gen).to(tdt)
+        b = torch.randn(k, n, device=device, generator=gen).to(tdt)
+        return (lambda: torch.mm(a, b)), "torch.mm"
+    if dtype == "fp8":
+        f8 = getattr(torch, "float8_e4m3fn", None)
+        if f8 is None or not hasattr(torch, "_scaled_mm"):
+            raise RuntimeError("this torch has no float8_e4m3fn / _scaled_mm")
+        a8 = torch.randn(m, k, device=device, generator=gen).to(f8)
+        b8 = torch.randn(n, k, device=device, generator=gen).to(f8).t()  # column-major, as cuBLASLt wants
+        one = torch.ones((), device=device, dtype=torch.float32)
+        torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # raises if unsupported
+        return (
+            lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+        ), "torch._scaled_mm e4m3 -> bf16"
+    if dtype == "int8":
+        if not hasattr(torch, "_int_mm"):
+            raise RuntimeError("this torch has no _int_mm")
+        ai = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8, generator=gen)
+        bi = torch.randint(-128, 128, (k, n), device=device, dtype=torch.int8, generator=gen)
+        torch._int_mm(ai, bi)  # raises if unsupported
+        return (lambda: torch._int_mm(ai, bi)), "torch._int_mm int8 -> int32"
+    raise ValueError(f"unknown matrix dtype {dtype!r}")
+
+
+def measure_matrix(
+    dtype: str, size: int, *, device: str, iterations: int, repeats: int, warmup: int
+) -> Measurement:
+    ops = 2 * size**3
+    shape = f"{size}x{size}x{size}"
+    try:
+        call, method = _matrix_call(dtype, size, device)
+        secs = _time_batches(
+            call, iterations=iterations, repeats=repeats, warmup=warmup, cuda=device == "cuda"
+        )
+    except Exception as exc:  # a dtype this device / build cannot run: skipped, with the reason
+        return Measurement(
+            "matrix", dtype, "-", shape, ops, None, skipped=f"{type(exc).__name__}: {exc}"[:300]
+        )
+    med, best = _rates(ops, secs)
+    return Measurement("matrix", dtype, method, shape, ops, med, best, iterations, repeats)
+
+
+# ------------------------------------------------------------------------------------------
+# vector
+
+_FMA_SOURCE = r"""
+extern "C" __global__ void fma_loop_{name}({t}* out, {t} a, {t} b, int iters) {{
+    {t} x0 = a + ({t})threadIdx.x, x1 = x0 + ({t})1, x2 = x0 + ({t})2, x3 = x0 + ({t})3;
+    {t} x4 = x0 + ({t})4, x5 = x0 + ({t})5, x6 = x0 + ({t})6, x7 = x0 + ({t})7;
+    #pragma unroll 4
+    for (int i = 0; i < iters; ++i) {{
+        x0 = {fma}(x0, b, a); x1 = {fma}(x1, b, a); x2 = {fma}(x2, b, a); x3 = {fma}(x3, b, a);
+        x4 = {fma}(x4, b, a); x5 = {fma}(x5, b, a); x6 = {fma}(x6, b, a); x7 = {fma}(x7, b, a);
+    }}
+    out[blockIdx.x * blockDim.x + threadIdx.x] = x0 + x1 + x2 + x3 + x4 + x5 + x6 + x7;
+}}
+"""
+_CHAINS = 8
+
+
+def _cupy_fma(dtype: str, blocks: int, threads: int, iters: int) -> Callable[[], Any]:
+    import cupy as cp
+    import torch
+
+    t = {"fp32": "float", "int32": "unsigned int"}[dtype]
+    fma = "fmaf" if dtype == "fp32" else "imad"
+    src = _FMA_SOURCE.format(name=dtype, t=t, fma=fma)
+    if dtype == "int32":
+        # unsigned: wrap-around is defined, so the compiler may not reason the loop away
+        src = (
+            "__device__ __forceinline__ unsigned int imad(unsigned int x, unsigned int b, unsigned int a) "
+            "{ return x * b + a; }\n" + src
+        )
+    kern = cp.RawKernel(src, f"fma_loop_{dtype}")
+    out = cp.empty(blocks * threads, dtype=cp.float32 if dtype == "fp32" else cp.uint32)
+    a = cp.float32(0.5) if dtype == "fp32" else cp.uint32(3)
+    b = cp.float32(0.999) if dtype == "fp32" else cp.uint32(7)
+    # run on torch's current stream so torch.cuda.Event brackets it
+    stream = cp.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream)
+
+    def call() -> None:
+        with stream:
+            kern((blocks,), (threads,), (out, a, b, cp.int32(iters)))
+
+    call()
+    return call
+
+
+def _jiterator_fma(dtype: str, elements: int, iters: int) -> Callable[[], Any]:
+    import torch
+
+    code = (
+        "template <typename T> T fma_chain(T x, T y) { T a = x; "
+        f"for (int i = 0; i < {iters}; ++i) {{ a = a * y + x; }} return a; }}"
+    )
+    fn = torch.cuda.jiterator._create_jit_fn(code)
+    tdt = torch.float32 if dtype == "fp32" else torch.int32
+    x = torch.ones(elements, device="cuda", dtype=tdt)
+    y = torch.ones(elements, device="cuda", dtype=tdt)
+    fn(x, y)
+    return lambda: fn(x, y)
+
+
+def measure_vector_cuda(
+    dtype: str, *, iterations: int, repeats: int, warmup: int, iters: int = 4096
+) -> Measurement:
+    import torch
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    threads, blocks = 256, sms * 32
+    errors = []
+    try:
+        call = _cupy_fma(dtype, blocks, threads, iters)
+        ops = 2 * _CHAINS * iters * blocks * threads
+        method = f"NVRTC kernel (CuPy): {_CHAINS} independent FMA chains per thread, {iters} rounds"
+        shape = f"{blocks} blocks x {threads} threads"
+    except Exception as exc:
+        errors.append(f"CuPy: {type(exc).__name__}: {exc}"[:200])
+        try:
+            elements = blocks * threads * 4
+            call = _jiterator_fma(dtype, elements, iters)
+            ops = 2 * iters * elements
+            method = f"torch jiterator: one FMA chain per element, {iters} rounds"
+            shape = f"{elements} elements"
+        except Exception as exc2:
+            errors.append(f"jiterator: {type(exc2).__name__}: {exc2}"[:200])
+            return Measurement("vector", dtype, "-", "-", 0, None, skipped="; ".join(errors))
+    secs = _time_batches(call, iterations=iterations, repeats=repeats, warmup=warmup, cuda=True)
+    med, best = _rates(ops, secs)
+    m = Measurement("vector", dtype, method, shape, ops, med, best, iterations, repeats)
+    if errors:
+        m.method += f" (CuPy unavailable: {errors[0]})"
+    return m
+
+
+def measure_vector_cpu(
+    dtype: str, *, elements: int, iterations: int, repeats: int, warmup: int
+) -> Measurement:
+    import torch
+
+    if dtype == "fp32":
+        x = torch.ones(elements, dtype=torch.float32)
+        y = torch.full((elements,), 0.999, dtype=torch.float32)
+        z = torch.full((elements,), 0.5, dtype=torch.float32)
+
+        def call() -> None:
+            x.addcmul_(y, z)
+
+        method = "torch addcmul_ in cache (CPU: includes per-op dispatch)"
+    else:
+        x = torch.ones(elements, dtype=torch.int32)
+        y = torch.full((elements,), 3, dtype=torch.int32)
+
+        def call() -> None:
+            x.mul_(y).add_(y)
+
+        method = "torch int32 mul_ + add_ in cache (CPU: includes per-op dispatch)"
+    ops = 2 * elements
+    secs = _time_batches(call, iterations=iterations, repeats=repeats, warmup=warmup, cuda=False)
+    med, best = _rates(ops, secs)
+    return Measurement("vector", dtype, method, f"{elements} elements", ops, med, best, iterations, repeats)
+
+
+# ------------------------------------------------------------------------------------------
+# the probe
+
+
+def run_rho(
+    *,
+    device: str = "auto",
+    size: int | None = None,
+    matrix_dtypes: Sequence[str] = MATRIX_DTYPES,
+    vector_dtypes: Sequence[str] = VECTOR_DTYPES,
+    iterations: int | None = None,
+    repeats: int = 5,
+    progress: Callable[[str], None] | None = None,
+) -> Rho:
+    """Measure every requested dtype on `device` ("auto": CUDA when available, else CPU)."""
+    import torch
+
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        from tracekit.errors import ProbeError
+
+        raise ProbeError("--device cuda: torch sees no CUDA device")
+    say = progress or (lambda _s: None)
+    notes: list[str] = []
+    if device == "cuda":
+        props = torch.cuda.get_device_properties(0)
+        name = str(props.name)
+        dev = {
+            "type": "cuda",
+            "name": name,
+            "capability": f"{props.major}.{props.minor}",
+            "multiprocessors": int(props.multi_processor_count),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+        }
+        size = size or 8192
+        iterations = iterations or 10
+        warmup = 3
+    else:
+        import platform
+
+        name = platform.processor() or platform.machine()
+        dev = {"type": "cpu", "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        size = size or 256
+        iterations = iterations or 5
+        warmup = 1
+        notes.append(
+            "CPU fallback: small sizes, torch.mm for the matrix figures and in-cache elementwise ops for the "
+            "vector ones (per-op dispatch included); this is no tensor-core measurement"
+        )
+        matrix_dtypes = [d for d in matrix_dtypes if d in ("bf16", "fp16")] or ["bf16"]
+        matrix_dtypes = ["fp32", *matrix_dtypes]
+    sheet = datasheet_for(name) if device == "cuda" else {}
+    anchor = anchors_for(name) if device == "cuda" else {}
+    matrix = []
+    for d in matrix_dtypes:
+        say(f"matrix {d} {size}^3")
+        m = measure_matrix(d, size, device=device, iterations=iterations, repeats=repeats, warmup=warmup)
+        m.datasheet_tops, m.anchor_tops = sheet.get(d), anchor.get(d)
+        if m.skipped:
+            notes.append(f"matrix {d} skipped: {m.skipped}")
+        matrix.append(m)
+    vector = []
+    for d in vector_dtypes:
+        say(f"vector {d}")
+        if device == "cuda":
+            v = measure_vector_cuda(d, iterations=iterations, repeats=repeats, warmup=warmup)
+        else:
+            v = measure_vector_cpu(d, elements=1 << 14, iterations=20, repeats=repeats, warmup=2)
+        v.datasheet_tops, v.anchor_tops = sheet.get(d), anchor.get(d)
+        if v.skipped:
+            notes.append(f"vector {d} skipped: {v.skipped}")
+        vector.append(v)
+    return Rho(dev, matrix, vector, notes)
+
+
+def format_table(result: Rho) -> str:
+    """A plain-text table of the measurements and rho."""
+
+    def f(x: float | None, nd: int = 1) -> str:
+        if x is None or not math.isfinite(x):
+            return "-"
+        return f"{x:,.{nd}f}" if abs(x) >= 10 or nd > 1 else f"{x:.3g}"
+
+    d = result.device
+    lines = [f"device: {d.get('name')} ({d.get('type')}, torch {d.get('torch')})", ""]
+    head = f"{'kind':<7} {'dtype':<6} {'measured':>10} {'best':>10} {'datasheet':>10} {'anchor':>10}  method"
+    lines += [head, "-" * len(head)]
+    for m in [*result.matrix, *result.vector]:
+        if m.skipped:
+            lines.append(f"{m.kind:<7} {m.dtype:<6} {'skipped':>10}  {m.skipped}")
+            continue
+        lines.append(
+            f"{m.kind:<7} {m.dtype:<6} {f(m.tops):>10} {f(m.tops_max):>10} {f(m.datasheet_tops):>10} "
+            f"{f(m.anchor_tops):>10}  {m.method} [{m.shape}]"
+        )
+    lines += ["", "(TFLOP/s; TOPS for int8 and int32)", ""]
+    lines.append(f"{'rho':<14} {'measured':>9} {'datasheet':>10} {'anchor':>8}")
+    for r in result.rho():
+        lines.append(
+            f"{r['dtype'] + ' / fp32 FMA':<14} {f(r['rho'], 1):>9} {f(r['datasheet_rho'], 1):>10} "
+            f"{f(r['anchor_rho'], 1):>8}"
+        )
+    for n in result.notes:
+        lines.append(f"note: {n}")
+    return "\n".join(lines) + "\n"
