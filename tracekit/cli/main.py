@@ -65,7 +65,7 @@ def cli() -> None:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input / TracekitError, 1 usage error)."""
     try:
-        cli.main(args=argv, prog_name="tracekit", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="tracekit", standalone_mode=False)
     except TracekitError as exc:
         click.echo(f"tracekit: error: {exc}", err=True)
         return 2
@@ -77,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
-    return 0
+    # without standalone mode click returns the code of an `Exit(n)` (diff --fail-if-slower: 1)
+    return rc if isinstance(rc, int) else 0
 
 
 def entry() -> None:
