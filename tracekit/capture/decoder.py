@@ -13,6 +13,13 @@ floating-point sums in the all-reduce: greedy tokens agree (tests/test_decoder.p
 Each decode step runs inside `annotate.step(i)`, with regions "attention", "mlp", "all_reduce"
 (TP > 1 only) and "lm_head".
 
+As serving engines run it (`cuda_graphs=True`, `compile=True`; `tracekit capture --cuda-graphs /
+--compile`): the prefill is eager, every decode step runs `_decode_static` on static shapes (the
+KV cache at its full length, attention masked to the positions so far, the position a device
+tensor), either as one CUDA-graph replay per token (captured on the first step, NCCL collectives
+inside the graph) or through `torch.compile` (both: the compiled step captured in a graph). The
+per-step regions are not opened there (a graph replays no host code).
+
 This module imports torch; import it only from capture code.
 """
 
@@ -168,6 +175,8 @@ class TPDecoder:
         dtype: torch.dtype | None = None,
         max_len: int = 512,
         sync_per_layer: bool = False,
+        cuda_graphs: bool = False,
+        compile: bool = False,
     ):
         check_tp(shape, comm.world_size)
         self.shape, self.comm = shape, comm
@@ -238,12 +247,41 @@ class TPDecoder:
         self.cos, self.sin = _rope_tables(hd, max_len, s.rope_theta, self.device)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
+        # serving-engine decode (--cuda-graphs, --compile): static shapes, see `_decode_static`
+        if cuda_graphs and self.device.type != "cuda":
+            raise CaptureError("--cuda-graphs needs CUDA (--device cuda); on a CPU use --compile")
+        if cuda_graphs and sync_per_layer:
+            raise CaptureError(
+                "--cuda-graphs cannot replay --inject-sync (no synchronisation inside a graph)"
+            )
+        if cuda_graphs and comm.before_all_reduce is not None:
+            raise CaptureError(
+                "--cuda-graphs cannot replay --inject-delay (a host sleep is not in the graph)"
+            )
+        self.cuda_graphs, self.compiled = cuda_graphs, compile
+        self._positions = torch.arange(max_len, device=self.device)
+        self._step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._decode_static
+        if compile:
+            self._step_fn = torch.compile(self._decode_static, dynamic=False)
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._tok: torch.Tensor | None = None  # static input: [B, 1] token ids
+        self._pos = torch.zeros(1, dtype=torch.long, device=self.device)  # static input: position
+        self._next: torch.Tensor | None = None  # static output: [B] next ids
 
     # -- forward ---------------------------------------------------------------------------------
     def _reset_cache(self, batch: int) -> None:
         shape = (batch, self.local_kv, self.max_len, self.shape.head_dim)
+        if self.k_cache and tuple(self.k_cache[0].shape) == shape and self.serving:
+            for c in (*self.k_cache, *self.v_cache):  # in place: a captured graph holds these tensors
+                c.zero_()
+            return
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+
+    @property
+    def serving(self) -> bool:
+        """Decode steps run the static-shape step (`--cuda-graphs` and/or `--compile`)."""
+        return self.cuda_graphs or self.compiled
 
     def _device_sync(self) -> None:
         self.sync_count += 1
@@ -293,6 +331,70 @@ class TPDecoder:
             local = (h @ self.lm_head.t()).float()  # [B, V/N]
             return self.comm.all_gather_last(local)
 
+    # -- serving-engine decode: static KV cache and shapes, masked attention ---------------------
+    def _attention_static(self, i: int, layer: _Layer, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One token's attention against the whole static cache, later positions masked out: the
+        shapes do not depend on the position, so one graph (or one compiled kernel set) serves
+        every token. `pos` is a [1] long tensor on the device."""
+        b = h.shape[0]
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        qkv = h @ layer.qkv.t()
+        q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+        q = q.view(b, 1, nh, hd).transpose(1, 2)
+        k = k.view(b, 1, nkv, hd).transpose(1, 2)
+        v = v.view(b, 1, nkv, hd).transpose(1, 2)
+        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        self.k_cache[i].index_copy_(2, pos, k)
+        self.v_cache[i].index_copy_(2, pos, v)
+        keys, values = self.k_cache[i], self.v_cache[i]
+        if nh != nkv:
+            keys = keys.repeat_interleave(nh // nkv, dim=1)
+            values = values.repeat_interleave(nh // nkv, dim=1)
+        mask = (self._positions <= pos)[None, None, None, :]
+        att = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        return att.transpose(1, 2).reshape(b, 1, nh * hd) @ layer.o.t()
+
+    def _decode_static(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """One decode step on static shapes: tokens [B, 1] at position `pos` ([1] tensor) -> next ids [B].
+        The same function as `forward` + argmax for one token (tests/test_whatif.py checks the tokens)."""
+        x = self.embed[tokens]
+        eps = self.shape.norm_eps
+        for i, layer in enumerate(self.layers):
+            x = x + self.comm.all_reduce(
+                self._attention_static(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
+            )
+            x = x + self.comm.all_reduce(self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps)))
+        h = _rms_norm(x[:, -1], self.final_norm, eps)
+        logits = self.comm.all_gather_last((h @ self.lm_head.t()).float())
+        return logits.argmax(-1)
+
+    def _serve_step(self, nxt: torch.Tensor, pos: int) -> torch.Tensor:
+        """A decode step as serving engines run it: copy the inputs into static buffers, then one
+        graph replay (`--cuda-graphs`; captured on the first call, NCCL inside) or one call of the
+        compiled step (`--compile`). Returns the next ids (a copy: the static output is reused)."""
+        if self._tok is None or self._tok.shape[0] != nxt.shape[0]:
+            self._tok = torch.zeros((nxt.shape[0], 1), dtype=torch.long, device=self.device)
+            self._graph = None
+        self._tok.copy_(nxt[:, None])
+        self._pos.fill_(pos)
+        if not self.cuda_graphs:
+            return self._step_fn(self._tok, self._pos)
+        if self._graph is None:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):  # warm-up off the capture (allocations, kernel choice)
+                for _ in range(2):
+                    self._next = self._step_fn(self._tok, self._pos)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self._next = self._step_fn(self._tok, self._pos)
+            self._graph = graph
+        self._graph.replay()
+        assert self._next is not None
+        return self._next.clone()
+
     @torch.inference_mode()
     def generate(
         self,
@@ -329,8 +431,11 @@ class TPDecoder:
             t0 = time.perf_counter_ns()
             with annotate.step(i) if annotate_step is None or annotate_step(i) else _NO_RANGE:
                 out.append(nxt)
-                logits = self.forward(nxt[:, None], p + i)
-                nxt = logits.argmax(-1)
+                if self.serving:
+                    nxt = self._serve_step(nxt, p + i)
+                else:
+                    logits = self.forward(nxt[:, None], p + i)
+                    nxt = logits.argmax(-1)
             if cuda:
                 torch.cuda.synchronize(self.device)
             dt = time.perf_counter_ns() - t0

@@ -101,6 +101,8 @@ class CaptureConfig:
     warmup: int = 4  # decode steps of the warm-up pass
     inject_delay: tuple[int, float] | None = None  # (rank, ms): host sleep before each all-reduce
     inject_sync: bool = False  # an extra device synchronisation per layer
+    cuda_graphs: bool = False  # decode steps as one CUDA-graph replay each (static shapes, NCCL inside)
+    compile: bool = False  # decode steps through torch.compile (static shapes)
     nsys: bool = False  # run under Nsight Systems (NVTX ranges, no torch.profiler)
     timeout_s: float = 300.0  # collective timeout, and how long to wait for ranks after one fails
     fail_rank: int | None = None  # testing: this rank raises at the end of its profiled pass
@@ -184,6 +186,12 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
                 f"{local_n} ranks on this host need {local_n} GPUs but {count} are visible "
                 "(one rank per GPU; lower --tp or use --device cpu)"
             )
+    if config.cuda_graphs and device != "cuda":
+        raise CaptureError("--cuda-graphs needs CUDA (--device cuda); on a CPU use --compile")
+    if config.cuda_graphs and (config.inject_delay is not None or config.inject_sync):
+        raise CaptureError(
+            "--cuda-graphs cannot replay --inject-delay or --inject-sync (host code is not in a graph)"
+        )
     backend = config.backend
     if backend == "auto":
         backend = "nccl" if device == "cuda" else "gloo"
@@ -234,6 +242,8 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         if config.inject_delay is None
         else {"rank": config.inject_delay[0], "ms": config.inject_delay[1]},
         "inject_sync": config.inject_sync,
+        "cuda_graphs": config.cuda_graphs,
+        "compile": config.compile,
         "mode": res.mode,
         "step_pattern": "decode_step",
         "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
@@ -324,6 +334,8 @@ def _rank_main(
         dtype=torch.bfloat16 if res.dtype == "bfloat16" else torch.float32,
         max_len=max_len,
         sync_per_layer=config.inject_sync,
+        cuda_graphs=config.cuda_graphs,
+        compile=config.compile,
     )
     prompt = make_prompt(shape.vocab, config.batch, config.prompt, config.seed)
 

@@ -25,6 +25,8 @@ Examples:
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels --out runs/h200-tp1-k
   tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys --out runs/h200-tp1-nsys
   tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys --out runs/h200-tp2-nsys
+  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --cuda-graphs --out runs/h200-tp1-graphs
+  tracekit capture --tp 2 --preset tiny --tokens 8 --compile --out runs/cpu-tp2-compile
   tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
   tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
   tracekit capture --nsys --out runs/mine-nsys -- python examples/my_decode.py --device cuda
@@ -65,6 +67,15 @@ Examples:
 )
 @click.option("--inject-sync", is_flag=True, help="An extra device synchronisation per layer.")
 @click.option(
+    "--cuda-graphs",
+    is_flag=True,
+    help="Decode as serving engines do: static KV cache and shapes, masked attention, one CUDA-graph "
+    "replay per token (NCCL inside the graph). Needs CUDA.",
+)
+@click.option(
+    "--compile", "compile_", is_flag=True, help="Decode steps through torch.compile (static shapes)."
+)
+@click.option(
     "--nsys",
     is_flag=True,
     help="Trace under Nsight Systems (nsys on PATH or $NSYS), export SQLite too: a plain run times the "
@@ -95,6 +106,8 @@ def command(
     warmup: int,
     inject_delay: str | None,
     inject_sync: bool,
+    cuda_graphs: bool,
+    compile_: bool,
     nsys: bool,
     timeout_s: float,
     out_dir: Path,
@@ -130,6 +143,8 @@ def command(
         warmup=warmup,
         inject_delay=runner.parse_inject_delay(inject_delay),
         inject_sync=inject_sync,
+        cuda_graphs=cuda_graphs,
+        compile=compile_,
         nsys=nsys,
         timeout_s=timeout_s,
         command=cmdline,
