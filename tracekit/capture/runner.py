@@ -76,11 +76,12 @@ CPU_THREADS_PER_RANK = 1
 ENV_NSYS = "NSYS"
 #: Kineto leaves CUPTI attached after a profiling session (no cuptiFinalize) unless TEARDOWN_CUPTI=1
 #: (pytorch/pytorch#144455: training stayed 10-20% slower after the profiler stopped). With
-#: alternating rounds that cost would land in the unprofiled passes after the first profiled one
-#: (on the first H200 run with rounds, cuda mode, the unprofiled rounds after a profiled round were
-#: 30% slower than the first in all 3 captures while the profiled rounds held still), so CUDA
-#: ranks run with it set, unless the environment already sets it; the manifest records the value
-#: (workload.profiler_env). The teardown and the re-init run between steps, outside every timed one.
+#: alternating rounds that cost would land in the unprofiled passes after the first profiled one,
+#: so CUDA ranks run with it set, unless the environment already sets it; the manifest records the
+#: value (workload.profiler_env). The teardown and the re-init run between steps, outside every
+#: timed one. A precaution: on the H200 (torch 2.11+cu130) unprofiled rounds after a profiled one
+#: were sometimes 2x the first with and without it alike (reports/dilation-repeat/README.md), so
+#: what moved them there was the host, not a CUPTI left attached.
 ENV_TEARDOWN_CUPTI = "TEARDOWN_CUPTI"
 
 
