@@ -1,0 +1,278 @@
+"""`tracekit diff` (issue 20): two runs of the same workload side by side, and a CI gate.
+
+Real pairs only:
+- the committed H200 captures `h200-tp2` and `h200-tp2-straggler` (rank 1 sleeps 2 ms on the host
+  before each of its 16 all-reduces per token: 32 ms per token inserted): the change must be named
+  as host time on rank 1 (critical path) within 15% of 32 ms, in coordination, not compute;
+- a run diffed with itself: no change, exit 0 under `--fail-if-slower 1`;
+- fresh CPU captures (tiny preset, gloo, TP=2, 8 tokens): two repeats (no significant change) and
+  one with `inject_delay=(1, 20 ms)` (20 ms x 4 all-reduces = 80 ms per token inserted on rank 1).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+
+from tracekit.analyse.diff import DIFF_PARTS, Diff, diff
+from tracekit.analyse.shortfall import AppliedDilation
+from tracekit.cli.main import main
+from tracekit.read import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "traces"
+INSERTED_H200_NS = 2e6 * 16  # 2 ms before each of 16 all-reduces per token
+
+
+def _diff(before: Path, after: Path) -> Diff:
+    return diff(read_run([before]), read_run([after]), before_path=str(before), after_path=str(after))
+
+
+@pytest.fixture(scope="module")
+def straggler() -> Diff:
+    return _diff(TRACES / "h200-tp2", TRACES / "h200-tp2-straggler")
+
+
+def _check_exact(d: Diff) -> None:
+    """Every figure sums: the exact parts, the ints by part, per rank and on the critical path."""
+    exact = sum((d.after.leaf[p] - d.before.leaf[p] for p in DIFF_PARTS), Fraction(0))
+    assert exact == d.change_ns
+    doc = d.to_json()
+    change = doc["change_ns"]
+    assert change == doc["per_token_ns"]["after"] - doc["per_token_ns"]["before"]
+    assert sum(t["change_ns"] for t in doc["by_part"]["terms"].values()) == change
+    for r in doc["per_rank"]:
+        assert sum(r["change_ns"].values()) == change
+        assert sum(r["coordination_ns"].values()) == r["change_ns"]["coordination"]
+    cp = doc["critical_path"]
+    for k in ("before", "after"):
+        total = sum(v for d_r in cp[k]["by_rank"].values() for v in d_r.values()) + cp[k]["offset_ns"]
+        assert total == cp[k]["step_ns"] == doc["per_token_ns"][k]
+    assert sum(cp["change"]["by_component_ns"].values()) + cp["change"]["offset_ns"] == change
+
+
+def test_straggler_pair_names_the_inserted_host_time_on_rank_1(straggler: Diff):
+    d = straggler
+    doc = d.to_json()
+    _check_exact(d)
+    assert doc["kind"] == "tracekit.diff" and doc["per_token_source"] == "unprofiled"
+    assert doc["verdict"] == "slower" and doc["interval"]["relative"][0] > 0
+    # the per-token change and the coordination term: the inserted 32 ms, within 15%
+    assert doc["change_ns"] == pytest.approx(INSERTED_H200_NS, rel=0.15)
+    terms = doc["by_part"]["terms"]
+    assert terms["coordination"]["change_ns"] == pytest.approx(INSERTED_H200_NS, rel=0.15)
+    assert abs(terms["compute"]["change_ns"]) < 0.01 * INSERTED_H200_NS
+    assert abs(terms["transfer"]["change_ns"]) < 0.01 * INSERTED_H200_NS
+    # the cause: host time on the critical path, on rank 1
+    cause = doc["cause"]
+    assert cause["component"] == "host" and cause["rank"] == 1
+    assert cause["component_change_ns"] == pytest.approx(INSERTED_H200_NS, rel=0.15)
+    assert "rank 1" in cause["sentence"] and "host time" in cause["sentence"]
+    # the consequence: rank 0 waits; on rank 1 the GPU idles while its host sleeps
+    ranks = {r["rank"]: r for r in doc["per_rank"]}
+    assert ranks[0]["coordination_ns"]["wait"] > 0.9 * INSERTED_H200_NS
+    assert ranks[1]["coordination_ns"]["idle"] > 0.9 * INSERTED_H200_NS
+    assert ranks[1]["coordination_ns"]["wait"] < 0
+    # matrix / vector on the GPU timeline, neither moved
+    assert doc["matrix_vector"] is True
+    leaves = doc["by_part"]["leaves"]
+    assert leaves["matrix"]["before_ns"] > 0 and leaves["vector"]["before_ns"] > 0
+    assert abs(leaves["matrix"]["change_ns"]) < 10_000
+    # the collectives: same counts, the all-reduce's wait moved
+    coll = {(c["op"], c["bytes"]): c for c in doc["collectives"]}
+    ar = coll[("all_reduce", 8192)]
+    assert ar["status"] == "both" and ar["count_before"] == ar["count_after"] == 16
+    assert ar["wait_ns_change"] > 0.4 * INSERTED_H200_NS
+    assert abs(ar["transfer_ns_change"]) < 10_000
+    # the dilation differs (1.46x vs 1.09x) but explains a fraction of the change: no warning
+    dil = doc["dilation"]
+    assert dil["before"]["factor"] == pytest.approx(1.46, abs=0.01)
+    assert dil["after"]["factor"] == pytest.approx(1.09, abs=0.01)
+    assert dil["warning"] is None
+    assert doc["summary"].startswith("Slower:") and "rank 1" in doc["summary"]
+
+
+def test_a_run_against_itself_has_no_change_and_passes_the_gate(capsys: pytest.CaptureFixture[str]):
+    run = TRACES / "h200-tp2"
+    d = _diff(run, run)
+    _check_exact(d)
+    doc = d.to_json()
+    assert doc["change_ns"] == 0 and doc["verdict"] == "no significant change"
+    lo, hi = doc["interval"]["relative"]
+    assert lo < 0 < hi
+    assert all(t["change_ns"] == 0 for t in doc["by_part"]["terms"].values())
+    assert all(k["time_ns_change"] == 0 and k["status"] == "both" for k in doc["kernels"])
+    assert doc["dilation"]["warning"] is None
+    assert main(["diff", str(run), str(run), "--fail-if-slower", "1"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("No significant change") and out.err == ""
+
+
+def test_gate_exits_1_with_one_line_naming_what_moved(capsys: pytest.CaptureFixture[str]):
+    a, b = str(TRACES / "h200-tp2"), str(TRACES / "h200-tp2-straggler")
+    assert main(["diff", a, b, "--fail-if-slower", "5", "--format", "json"]) == 1
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["verdict"] == "slower"
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("tracekit: slower by +") and "coordination" in lines[0]
+    assert "host time on rank 1" in lines[0]
+    # a gate above the slowdown passes
+    assert main(["diff", a, b, "--fail-if-slower", "1000", "--format", "json"]) == 0
+    assert capsys.readouterr().err == ""
+    # the reverse direction is faster, never a failure
+    assert main(["diff", b, a, "--fail-if-slower", "0", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["verdict"] == "faster"
+
+
+def test_table_and_markdown(capsys: pytest.CaptureFixture[str]):
+    a, b = str(TRACES / "h200-tp2"), str(TRACES / "h200-tp2-straggler")
+    assert main(["diff", a, b]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("Slower:")
+    for title in (
+        "The change by part",
+        "Per rank",
+        "Critical path",
+        "Kernels that moved most",
+        "Collectives",
+    ):
+        assert title in text, title
+    assert "compute: matrix" in text and "coordination: wait" in text
+    assert main(["diff", a, b, "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# tracekit diff:") and "| part | before | after | change | 95% interval |" in md
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    run = str(TRACES / "cpu-tp2")
+    not_a_trace = tmp_path / "notes.txt"
+    not_a_trace.write_text("hello")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "rank-0.pt.trace.json").write_text('{"traceEvents": [')
+    cases = [
+        ["diff", str(tmp_path / "nope"), run],
+        ["diff", run, str(not_a_trace)],
+        ["diff", run, str(broken), "--no-cache"],
+        ["diff", run, run, "--fail-if-slower", "abc"],
+        ["diff", run, run, "--fail-if-slower", "nan"],
+        ["diff", run, run, "--top", "-1"],
+    ]
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tracekit: error: "), (argv, err)
+
+
+def test_different_tp_and_traced_times_without_manifests(tmp_path: Path):
+    # any TP: TP=1 against TP=2; the collectives are new in the TP=2 run
+    d = _diff(TRACES / "cpu-tp1", TRACES / "cpu-tp2")
+    _check_exact(d)
+    doc = d.to_json()
+    assert doc["runs"]["before"]["n_ranks"] == 1 and doc["runs"]["after"]["n_ranks"] == 2
+    assert [r["rank"] for r in doc["per_rank"]] == [0]
+    assert "rank_counts_differ" in doc["data_quality"]["counts"]
+    assert doc["collectives"] and all(c["status"] == "new" for c in doc["collectives"])
+    assert doc["matrix_vector"] is False and "matrix" not in doc["by_part"]["leaves"]
+    # a run without its manifest: both sides fall back to the traced step times (like with like)
+    bare = tmp_path / "cpu-tp2-bare"
+    bare.mkdir()
+    for f in (TRACES / "cpu-tp2").glob("rank-*"):
+        shutil.copy(f, bare / f.name)
+    d = diff(read_run([bare], cache=False), read_run([TRACES / "cpu-tp2"]))
+    _check_exact(d)
+    doc = d.to_json()
+    assert doc["per_token_source"] == "trace"
+    assert doc["change_ns"] == 0 and doc["verdict"] == "no significant change"
+    assert "dilation unknown for the before run" in doc["dilation"]["warning"]
+
+
+def test_dilation_that_explains_the_change_is_warned(straggler: Diff):
+    # the same pair in traced times, with the after run's profiler made 3x as costly as the
+    # before run's: the profiler alone would change the traced time by +200%, against +195%
+    d = straggler
+    b, a = d.before, d.after
+    saved = b.applied, a.applied
+    try:
+        b.applied = AppliedDilation(
+            1.0, (0.98, 1.02), saved[0].traced_mean_ns, saved[0].unprofiled_mean_ns, 1
+        )
+        a.applied = AppliedDilation(3.0, (2.9, 3.1), saved[1].traced_mean_ns, saved[1].unprofiled_mean_ns, 1)
+        warning = d.dilation()["warning"]
+        assert warning and warning.startswith("profiler dilation differs: before 1.00x, after 3.00x"), warning
+        assert "+200.0%" in warning and "split by part" in warning
+    finally:
+        b.applied, a.applied = saved
+
+
+# ------------------------------------------------------------------------------------------
+# fresh CPU captures
+
+
+DELAY_MS = 20.0
+TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    from tracekit.capture.runner import CaptureConfig, capture
+
+    root = tmp_path_factory.mktemp("diff")
+    configs = {
+        "a": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
+        "b": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
+        "inj": CaptureConfig(
+            tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu", inject_delay=(1, DELAY_MS)
+        ),
+    }
+    for name, cfg in configs.items():
+        capture(cfg, root / name)
+    return {k: root / k for k in configs}
+
+
+@pytest.mark.slow
+def test_cpu_injected_delay_is_found_as_coordination_on_rank_1(captures: dict[str, Path]):
+    d = diff(read_run([captures["a"]], cache=False), read_run([captures["inj"]], cache=False))
+    _check_exact(d)
+    doc = d.to_json()
+    per_token = sum(
+        c["count_after"] for c in doc["collectives"] if c["op"] == "all_reduce"
+    )  # all-reduces per token per rank
+    assert per_token == 4  # 2 per layer, 2 layers (tiny)
+    truth = DELAY_MS * 1e6 * per_token
+    assert doc["verdict"] == "slower"
+    assert doc["change_ns"] == pytest.approx(truth, rel=0.15)
+    terms = doc["by_part"]["terms"]
+    assert terms["coordination"]["change_ns"] == pytest.approx(truth, rel=0.15)
+    assert abs(terms["compute"]["change_ns"]) < 0.05 * truth
+    cause = doc["cause"]
+    assert cause["component"] == "host" and cause["rank"] == 1
+    assert cause["rank_change_ns"] == pytest.approx(truth, rel=0.15)
+    ranks = {r["rank"]: r for r in doc["per_rank"]}
+    assert ranks[0]["coordination_ns"]["wait"] == pytest.approx(truth, rel=0.15)
+
+
+@pytest.mark.slow
+def test_cpu_repeats_have_no_significant_change(
+    captures: dict[str, Path], capsys: pytest.CaptureFixture[str]
+):
+    a, b = str(captures["a"]), str(captures["b"])
+    d = diff(read_run([a], cache=False), read_run([b], cache=False))
+    _check_exact(d)
+    doc = d.to_json()
+    assert doc["verdict"] == "no significant change", doc["summary"]
+    lo, hi = doc["interval"]["relative"]
+    assert lo < 0 < hi
+    assert main(["diff", a, b, "--fail-if-slower", "1", "--no-cache"]) == 0
+    capsys.readouterr()
+    inj = str(captures["inj"])
+    assert main(["diff", a, inj, "--fail-if-slower", "10", "--no-cache", "--format", "json"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "rank 1" in err[0], err
