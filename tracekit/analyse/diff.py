@@ -117,25 +117,59 @@ def _split_compute(parts: Mapping[str, Fraction], matrix: Fraction) -> dict[str,
     return {p: out[p] for p in DIFF_PARTS}
 
 
+def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted disjoint union of [start, end) intervals."""
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if not len(starts):
+        return starts, ends
+    o = np.argsort(starts, kind="stable")
+    starts, ends = starts[o], ends[o]
+    run_end = np.maximum.accumulate(ends)
+    new = np.empty(len(starts), dtype=bool)
+    new[0] = True
+    new[1:] = starts[1:] > run_end[:-1]
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
+    return starts[first], run_end[last]
+
+
+def _covered(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Length of the union (us, ue) inside each window [a, b)."""
+    if not len(us):
+        return np.zeros(len(a), dtype=np.int64)
+    lengths = ue - us
+    cum = np.concatenate(([0], np.cumsum(lengths)))
+
+    def before(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(us, t, side="right") - 1
+        out = np.zeros(len(t), dtype=np.int64)
+        ok = i >= 0
+        ii = i[ok]
+        out[ok] = cum[ii] + np.clip(t[ok] - us[ii], 0, lengths[ii])
+        return out
+
+    return before(b) - before(a)
+
+
 def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step) window: the time covered by matrix kernels (GPU timeline only; 0 on a
-    host timeline, whose compute is host op time)."""
-    from tracekit.analyse.steps import _measure, _merge_sorted, cat_mask
+    host timeline, whose compute is host op time). Compute is the partition's first priority, so
+    this is the part of the window's compute part that a matrix kernel covers."""
     from tracekit.classify.rules import GPU_KINDS
 
     rows = []
     ev_rank = classified["rank"].to_numpy(np.int64)
-    gpu = cat_mask(classified["kind"], GPU_KINDS)
-    mat = gpu & cat_mask(classified["cls"], {"compute"}) & cat_mask(classified["subclass"], {"matrix"})
+    kind = classified["kind"].astype(str).to_numpy()
+    cls = classified["cls"].astype(str).to_numpy()
+    sub = classified["subclass"].astype(str).to_numpy()
+    mat = np.isin(kind, list(GPU_KINDS)) & (cls == "compute") & (sub == "matrix")
+    start = classified["start_ns"].to_numpy(np.int64)
+    end = classified["end_ns"].to_numpy(np.int64)
     for r, w in windows.groupby("rank", sort=True):
         on = (ev_rank == int(r)) & mat
-        s = classified["start_ns"].to_numpy(np.int64)[on]
-        e = classified["end_ns"].to_numpy(np.int64)[on]
-        o = np.argsort(s, kind="stable")
-        ms, me = _merge_sorted(s[o], e[o])
-        a = w["start_ns"].to_numpy(np.int64)
-        b = w["end_ns"].to_numpy(np.int64)
-        m = _measure(ms, me, a, b) if len(ms) else np.zeros(len(w), dtype=np.int64)
+        us, ue = _union(start[on], end[on])
+        m = _covered(us, ue, w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
         rows.append(pd.DataFrame({"rank": int(r), "step": w["step"].to_numpy(np.int64), "matrix_ns": m}))
     if not rows:
         return pd.DataFrame({"rank": [], "step": [], "matrix_ns": []})
@@ -149,13 +183,13 @@ def _kernel_table(
 
     GPU ranks: kernels, copies and sets that are not collectives. Host ranks (CPU runs): CPU ops
     that are not collectives (inclusive durations: a parent op's time contains its children's)."""
-    from tracekit.analyse.steps import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
-    gpu = cat_mask(classified["kind"], GPU_KINDS)
-    coll = cat_mask(classified["cls"], {"collective"})
-    cpu_op = cat_mask(classified["kind"], {"cpu_op"})
+    kind = classified["kind"].astype(str).to_numpy()
+    gpu = np.isin(kind, list(GPU_KINDS))
+    coll = classified["cls"].astype(str).to_numpy() == "collective"
+    cpu_op = kind == "cpu_op"
     start = classified["start_ns"].to_numpy(np.int64)
     keep = np.zeros(len(classified), dtype=bool)
     for r, w in windows.sort_values(["rank", "start_ns"]).groupby("rank", sort=True):
@@ -366,9 +400,7 @@ class Diff:
         assert sum(leaf.values()) == change
         return {"before": b, "after": a, "change": change, "leaf": leaf}
 
-    def _parts_json(
-        self, leaf: Mapping[str, int], side_leaf: Mapping[str, Fraction] | None = None
-    ) -> dict[str, Any]:
+    def _parts_json(self, leaf: Mapping[str, int]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for g, keys in GROUPS.items():
             if g == "unknown" and not any(leaf[k] for k in keys):
@@ -666,8 +698,8 @@ class Diff:
             "interval": {
                 "level": BOOTSTRAP_LEVEL,
                 "resamples": BOOTSTRAP_RESAMPLES,
-                "change_ns": [int(round(lo)), int(round(hi))],
-                "relative": [rlo, rhi],
+                "change_ns": [int(round(lo)), int(round(hi))] if math.isfinite(lo) else None,
+                "relative": [rlo, rhi] if math.isfinite(rlo) else None,
             },
             "verdict": self.verdict_word(),
             "summary": self.verdict(),
@@ -786,6 +818,15 @@ def diff_sides(
     ok = mb > 0
     rel = ma[ok] / mb[ok] - 1.0
     rlo, rhi = np.quantile(rel, [alpha, 1.0 - alpha]) if ok.any() else (float("nan"), float("nan"))
+    few = [s.label for s in (before, after) if sum(len(r) for r in s.samples) < 2]
+    if few:
+        # one token has no spread: no interval, so no verdict either way (and the gate cannot fail)
+        lo = hi = rlo = rhi = float("nan")
+        dq.add(
+            "too_few_tokens_for_an_interval",
+            len(few),
+            f"the {' and '.join(few)} run has fewer than 2 steady tokens: no interval, no significant change",
+        )
     part_iv = _part_intervals(before, after, rng)
     return Diff(
         before=before,

@@ -71,7 +71,7 @@ def sections(doc: dict[str, Any]) -> list[Section]:
                     _ms(pt["after"]),
                     _dms(doc["change_ns"]),
                     _pct(doc["relative_change"]),
-                    f"{_iv(iv['change_ns'])} ms; {_pct(iv['relative'][0])} .. {_pct(iv['relative'][1])}",
+                    f"{_iv(iv['change_ns'])} ms; {_iv(iv['relative'], _pct)}" if iv["relative"] else "-",
                 ]
             ],
         )
