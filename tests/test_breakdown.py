@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from tracekit.analyse.breakdown import CSV_COLUMNS, breakdown
+from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.cli.main import main
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run, make_events
@@ -38,7 +39,7 @@ def _two_rank_run() -> Run:
             add(r, "annotation", f"decode_step#{i}", s, s + 100 + 10 * i + 50 * r)
             add(r, "kernel", GEMM, s, s + 20 + r)
             add(r, "kernel", NCCL, s + 20 + r, s + 50 + r)
-        add(r, "kernel", "weird_kernel", 5000, 5007)
+        add(r, "kernel", "weird_allreduce_kernel", 5000, 5007)  # looks like communication: unknown
     dq = DataQuality()
     dq.add("events_without_ts", 3, "3 events had no ts")
     return Run(
@@ -80,7 +81,9 @@ def test_kernels_by_class_unknown_dq_and_dilation() -> None:
     assert b.kernels_by_class["memory"] == {"count": 0, "total_ns": 0}
     assert b.kernels_by_class["unknown"] == {"count": 2, "total_ns": 14}
     assert b.kernels_by_subclass["matrix"]["count"] == 8 and b.kernels_by_subclass["nccl"]["count"] == 8
-    assert b.unknown_kernels == [{"name": "weird_kernel", "count": 2, "total_ns": 14}]
+    assert b.unknown_kernels == [
+        {"name": "weird_allreduce_kernel", "count": 2, "total_ns": 14, "hint": COMM_LIKE_HINT}
+    ]
     assert b.data_quality.counts["events_without_ts"] == 3  # merged from the run
     assert b.data_quality.counts["unknown_kernel_events"] == 2
     assert b.dilation == 1.5
@@ -207,7 +210,11 @@ def test_cli_errors_are_one_line(
     sglang = shared_traces / "external/tracelens/sglang_qwen3-8b_decode.json.gz"
     if not sglang.exists():
         pytest.skip("sglang trace absent")
-    assert main(["breakdown", str(sglang), "--no-cache"]) == 2
+    # issue 15: no markers of tracekit's own is no refusal: the serving engine's iteration range is the step
+    assert main(["breakdown", str(sglang), "--no-cache", "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"]["step_rule"] == "serving_engine"
+    # a pattern the user asks for that matches nothing is still one line and exit 2
+    assert main(["breakdown", str(sglang), "--no-cache", "--steps", "no_such_range"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracekit: error: no step annotations match") and "step[DECODE bs=32]" in err
     assert err.count("\n") == 1

@@ -113,7 +113,9 @@ def test_cache_hit_identical_and_invalidated(shared_traces: Path, tmp_path: Path
     f = d / "sampled_rank-0.json.gz"
     first = read_run([f])
     entry = cache_mod.cache_path_for(f)
-    assert entry is not None and entry.exists() and entry.parent == d / ".tracekit-cache"
+    # in the user's cache folder, never beside the input (issue 15)
+    assert entry is not None and entry.exists() and entry.parent == tmp_path / "xdg" / "tracekit"
+    assert not (d / ".tracekit-cache").exists()
     stamp = entry.stat().st_mtime_ns
     hit = read_run([f])
     assert entry.stat().st_mtime_ns == stamp  # served from the cache, not rewritten
@@ -161,6 +163,9 @@ def test_cache_disabled(shared_traces: Path, tmp_path: Path, monkeypatch: pytest
     monkeypatch.delenv("TRACEKIT_NO_CACHE")
     read_run([d / "sampled_rank-0.json.gz"], cache=False)
     assert not (d / ".tracekit-cache").exists()
+    assert not (tmp_path / "xdg" / "tracekit").exists() or not list(
+        (tmp_path / "xdg" / "tracekit").glob("*.parquet")
+    )
 
 
 def test_cache_never_in_read_only_folder(shared_traces: Path, tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def _synthetic() -> pd.DataFrame:
             (0, "kernel", GEMM, 10, 40, 1),
             (0, "kernel", NCCL, 30, 70, 2, 9),
             (0, "memcpy", "Memcpy DtoD (Device -> Device)", 60, 65, 3, 8),
-            (0, "kernel", "my_custom_kernel", 80, 90, -1),
+            (0, "kernel", "my_own_allreduce_kernel", 80, 90, -1),  # looks like communication: unknown
             (0, "kernel", VEC, 110, 120, 4),
             (0, "kernel", GEMM, 200, 300, 99),  # outside every step
             (1, "annotation", "decode_step#7", 1000, 1100, -1),
@@ -152,7 +152,9 @@ def test_duplicate_step_numbers_are_kept_in_time_order_with_a_note() -> None:
     assert any("more than one pass" in n for n in d.data_quality.notes)
     # unique numbers: no count, no note
     clean = find_steps_detailed(ev[ev["start_ns"] < 50])
-    assert "duplicate_step_numbers" not in clean.data_quality.counts and not clean.data_quality.notes
+    assert "duplicate_step_numbers" not in clean.data_quality.counts
+    assert not any("more than one pass" in n for n in clean.data_quality.notes)
+    assert clean.rule == "decode_step" and any("rule 'decode_step'" in n for n in clean.data_quality.notes)
 
 
 def test_nsys_report_with_two_passes_per_rank() -> None:
@@ -192,10 +194,14 @@ def test_no_steps_error_lists_the_annotations() -> None:
             (0, "annotation", "bwd", 4, 5, -1),
         ]
     )
+    # a pattern asked for that matches nothing: the error lists what the trace has
     with pytest.raises(StepError, match=r"'forward' x2.*'bwd' x1"):
-        find_steps(ev)
+        find_steps(ev, "decode_step")
     with pytest.raises(StepError, match="invalid step pattern"):
         find_steps(ev, "(")
+    # auto (issue 15) never refuses: here the repeated range 'forward' is the step
+    found = find_steps_detailed(ev)
+    assert found.rule == "repeated_range" and list(found.steps["start_ns"]) == [0, 2]
 
 
 def test_host_timeline_nesting_and_threads() -> None:

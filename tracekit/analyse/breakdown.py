@@ -1,6 +1,7 @@
 """The per-step breakdown of a run: classify, find steps, partition them, summarise (METHOD.md 3-4).
 
-`breakdown(run)` returns a frozen `Breakdown`: the per-(rank, step) partition table, a per-token
+`breakdown(run)` returns a frozen `Breakdown` (steps chosen by `find_steps_detailed`: `auto` by
+default, so a trace without step markers is one window, never a refusal): the per-(rank, step) partition table, a per-token
 summary (per step index the slowest rank's window and that rank's parts; median, p10, p90, mean
 over steps), a per-rank summary, GPU time by class and subclass, the unknown kernels, data quality
 and the capture's dilation. `to_json()` is the documented contract docs/JSON.md#breakdown;
@@ -17,9 +18,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.steps import PARTITION_COLUMNS, PARTS, cat_mask, find_steps_detailed, partition_steps
+from tracekit.analyse.steps import (
+    PARTITION_COLUMNS,
+    PARTS,
+    cat_mask,
+    find_steps_detailed,
+    partition_steps,
+    rank_selectors,
+)
 from tracekit.classify import classify
-from tracekit.classify.rules import GPU_KINDS
+from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -51,6 +59,8 @@ class Breakdown:
     paths: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     skipped_steps: int = 0  # per rank, from skip_first
+    step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.steps.STEP_RULES)
+    trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
 
     @property
     def timeline(self) -> str:
@@ -81,6 +91,7 @@ class Breakdown:
                 "paths": list(self.paths),
                 "ranks": list(self.ranks),
                 "step_pattern": self.step_pattern,
+                "step_rule": self.step_rule,
                 "timeline": self.timeline,
                 "skipped_steps_per_rank": self.skipped_steps,
             },
@@ -90,6 +101,7 @@ class Breakdown:
             "kernels_by_class": self.kernels_by_class,
             "kernels_by_subclass": self.kernels_by_subclass,
             "unknown_kernels": self.unknown_kernels,
+            "trace_totals": self.trace_totals,
             "data_quality": self.data_quality.to_dict(),
             "dilation": self.dilation,
         }
@@ -210,6 +222,76 @@ def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.Dat
     return agg.reset_index()
 
 
+def _union_ns(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals: disjoint, sorted (start, end) arrays."""
+    if not len(start):
+        return start, end
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > run_end[:-1]
+    first = np.flatnonzero(new)
+    last = np.concatenate((first[1:] - 1, [len(s) - 1]))
+    return s[first], run_end[last]
+
+
+def trace_totals(events: pd.DataFrame) -> dict[str, Any]:
+    """Whole-trace GPU busy / idle per rank, as TraceLens's `gpu_timeline` reports it: over the span
+    from the rank's first to its last GPU operation (kernel, memcpy, memset), `busy_ns` = the union
+    of kernel intervals (every kernel: compute, collective, unknown), `exposed_memcpy_ns` = memcpy /
+    memset time outside that union, `idle_ns` = span - busy - exposed memcpy, and
+    `exposed_collective_ns` = collective-kernel time outside the other kernels (a part of busy_ns).
+    `ranks` maps each rank to these; the top level holds their sums (span: the sum of spans)."""
+    kind = events["kind"]
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    is_kernel = cat_mask(kind, ("kernel",))
+    is_copy = cat_mask(kind, ("memcpy", "memset"))
+    is_coll = (
+        cat_mask(events["cls"], ("collective",)) if "cls" in events.columns else np.zeros(len(events), bool)
+    )
+    ranks: dict[str, dict[str, int]] = {}
+    for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items()):
+        k, c, coll = is_kernel[sel], is_copy[sel], is_coll[sel]
+        s, e = start[sel], end[sel]
+        gpu = k | c
+        if not gpu.any():
+            continue
+        span = int(e[gpu].max() - s[gpu].min())
+        ks, ke = _union_ns(s[k], e[k])
+        busy = int((ke - ks).sum())
+        ags, age = _union_ns(s[gpu], e[gpu])
+        all_busy = int((age - ags).sum())
+        ns_, ne_ = _union_ns(s[k & ~coll], e[k & ~coll])
+        non_coll = int((ne_ - ns_).sum())
+        ranks[str(r)] = {
+            "span_ns": span,
+            "busy_ns": busy,
+            "exposed_memcpy_ns": all_busy - busy,
+            "idle_ns": span - all_busy,
+            "exposed_collective_ns": busy - non_coll,
+            "kernels": int(k.sum()),
+            "memcpy_memset": int(c.sum()),
+        }
+    keys = (
+        "span_ns",
+        "busy_ns",
+        "exposed_memcpy_ns",
+        "idle_ns",
+        "exposed_collective_ns",
+        "kernels",
+        "memcpy_memset",
+    )
+    out: dict[str, Any] = {key: sum(v[key] for v in ranks.values()) for key in keys}
+    out["ranks"] = ranks
+    out["rule"] = (
+        "TraceLens gpu_timeline: busy = union of kernel intervals; exposed memcpy = memcpy/memset outside it; "
+        "idle = span - busy - exposed memcpy; span = first to last GPU operation, per rank"
+    )
+    return out
+
+
 def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
     """The manifest's `dilation` when it is a real, finite number; else None, with a data-quality
     note when the manifest or its `dilation` is there but unusable (never raises)."""
@@ -302,8 +384,8 @@ def breakdown(
         dq.add(
             "unknown_kernel_events",
             n_unknown,
-            f"{n_unknown} GPU events ({n_names} distinct names, {unknown_ns} ns) matched no classifier rule: "
-            "counted as 'unknown', see unknown_kernels",
+            f"{n_unknown} GPU events ({n_names} distinct names, {unknown_ns} ns) look like communication but "
+            f"match no collective rule: counted as 'unknown', see unknown_kernels. Hint: {COMM_LIKE_HINT}",
         )
 
     dilation = manifest_dilation(run.manifest, dq)
@@ -319,7 +401,12 @@ def breakdown(
         kernels_by_class=gpu_time_by(events, "cls"),
         kernels_by_subclass=gpu_time_by(events, "subclass"),
         unknown_kernels=[
-            {"name": str(r.name), "count": int(r.count), "total_ns": int(r.total_ns)}  # type: ignore[call-overload]
+            {
+                "name": str(r.name),
+                "count": int(r.count),  # type: ignore[call-overload]
+                "total_ns": int(r.total_ns),  # type: ignore[call-overload]
+                "hint": COMM_LIKE_HINT,
+            }
             for r in unknown.itertuples(index=False)
         ],
         data_quality=dq,
@@ -327,4 +414,6 @@ def breakdown(
         paths=paths,
         ranks=ranks,
         skipped_steps=skip_first,
+        step_rule=found.rule,
+        trace_totals=trace_totals(events),
     )

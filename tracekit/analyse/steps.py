@@ -1,7 +1,25 @@
 """Step windows and the exact partition of each step (METHOD.md section 4).
 
-`find_steps(events, pattern)` finds the step windows: host annotations whose name matches the
-pattern (default `decode_step`, then `ProfilerStep#N`), one window per annotation and rank. A
+`find_steps(events, pattern)` finds the step windows. `pattern` is `auto` (the default, also None),
+`whole`, or a regex of host annotations. `auto` tries, in order (`STEP_RULES`), and says which
+rule chose the steps (`StepsResult.rule`, a data-quality note):
+
+1. `decode_step` annotations (tracekit's own captures);
+2. `ProfilerStep#N` (torch.profiler's `schedule`);
+3. a serving engine's per-iteration range (`SERVING_ENGINE_PATTERN`): vLLM `execute_model` and its
+   per-batch `execute_<n>_context_<n>(...)_generation_<n>(...)` range, SGLang `step[DECODE bs=N]`,
+   TensorRT-LLM's PyExecutor `_forward_step`;
+4. one CUDA-graph launch per iteration: `cudaGraphLaunch` / `hipGraphLaunch` calls, grouped by their
+   period (the number of GPU operations each launch ran repeats every p launches -> p launches
+   per step), each step from its first launch to the next step's first launch;
+5. NVTX / user ranges that repeat: names equal up to their numbers (`Step 0 to 10`, `Step 10 to 20`),
+   the group that covers the most time (so the outermost repeating range);
+6. else the whole trace as one window per rank (its first to its last GPU operation, or host event
+   on a rank without GPU activity).
+
+`whole` skips to rule 6. A regex that matches nothing is a StepError (the user asked for it).
+
+For annotation rules, one window per annotation and rank. A
 window starts at its annotation and ends at the later of the annotation's end and the end of the
 last GPU operation launched inside it (runtime calls within the annotation joined to GPU activity
 by `correlation`), but never after the next step's annotation starts on the same rank: the windows
@@ -36,8 +54,38 @@ from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality
 
-#: Patterns tried in order when none is given.
+#: Patterns tried in order when none is given (the first two rules of `auto`).
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"decode_step", r"ProfilerStep#\d+")
+#: Serving engines' per-iteration ranges (rule 3 of `auto`). Names from the engines' sources and
+#: traces: vLLM's worker `execute_model` and the v1 model runner's per-batch annotation
+#: (`execute_32_context_0(sq0sk0sqsq0sqsk0)_generation_32(...)`, seen in the TraceLens SGLang
+#: trace), SGLang's `step[DECODE bs=32]` (the same trace), TensorRT-LLM's PyExecutor
+#: `@nvtx_range("_forward_step")` (tensorrt_llm/_torch/pyexecutor/model_engine.py).
+SERVING_ENGINE_PATTERN = (
+    r"^execute_(?:model\b|\w)|^step\[(?:DECODE|EXTEND|PREFILL|MIXED|IDLE|TARGET_VERIFY)\b|^_forward_step\b"
+)
+#: Runtime calls that launch a CUDA / HIP graph (rule 4 of `auto`).
+GRAPH_LAUNCH_PATTERN = r"^(?:cuda|hip|cu)GraphLaunch(?:_v\d+|_ptsz)?$"
+#: The rules of `auto`, in order; `pattern` for an explicit regex.
+STEP_RULES: tuple[str, ...] = (
+    "decode_step",
+    "profiler_step",
+    "serving_engine",
+    "cuda_graph_launch",
+    "repeated_range",
+    "whole_trace",
+)
+_RULE_WORDS: dict[str, str] = {
+    "decode_step": "the `decode_step` annotations",
+    "profiler_step": "torch.profiler's `ProfilerStep#N` ranges",
+    "serving_engine": "the serving engine's per-iteration ranges",
+    "cuda_graph_launch": "one CUDA-graph launch period per iteration",
+    "repeated_range": "the NVTX / user ranges that repeat",
+    "whole_trace": "no step markers: the whole trace as one window per rank",
+    "pattern": "the given pattern",
+}
+#: Host ranges that are never steps when looking for repeated ranges (collectives' own ranges).
+_NOT_STEP_RANGES = re.compile(r"^(?:nccl|rccl|gloo|mpi|ucc|xccl|c10d|record_param_comms|ProfilerStep)", re.I)
 
 #: Parts of a step window, in priority order, then idle.
 PARTS: tuple[str, ...] = ("compute", "memory", "collective", "unknown", "sync", "idle")
@@ -104,6 +152,7 @@ class StepsResult:
     steps: pd.DataFrame
     pattern: str
     data_quality: DataQuality = field(default_factory=DataQuality)
+    rule: str = "pattern"  # which rule chose the steps: one of STEP_RULES, or "pattern" (a given regex)
 
 
 def find_steps(events: pd.DataFrame, pattern: str | None = None) -> pd.DataFrame:
@@ -115,16 +164,71 @@ def find_steps(events: pd.DataFrame, pattern: str | None = None) -> pd.DataFrame
 
 
 def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> StepsResult:
-    """find_steps plus the pattern used and data-quality counts."""
-    dq = DataQuality()
+    """find_steps plus the pattern used, the rule that chose it and data-quality counts.
+
+    `pattern`: None or "auto" (the rules of STEP_RULES in order), "whole" (one window per rank),
+    or a regex of step annotations (StepError when nothing matches)."""
+    mode = "auto" if pattern is None or pattern.strip() in ("", "auto") else pattern
+    if mode == "whole":
+        return _whole_trace(events, "whole trace (--steps whole)")
     ann = events[events["kind"] == "annotation"]
+    if mode != "auto":
+        found = _from_pattern(events, ann, (mode,), "pattern")
+        if found is None:
+            raise StepError(_no_match_message(ann, (mode,)))
+        return found
+    for rule, pats in (
+        ("decode_step", DEFAULT_STEP_PATTERNS[:1]),
+        ("profiler_step", DEFAULT_STEP_PATTERNS[1:]),
+    ):
+        found = _from_pattern(events, ann, pats, rule)
+        if found is not None:
+            return found
+    found = _from_pattern(events, ann, (SERVING_ENGINE_PATTERN,), "serving_engine")
+    if found is not None:
+        return found
+    found = _from_graph_launches(events)
+    if found is not None:
+        return found
+    repeated = _repeated_range_pattern(events, ann)
+    if repeated is not None:
+        found = _from_pattern(events, ann, (repeated,), "repeated_range")
+        if found is not None:
+            return found
+    return _whole_trace(
+        events,
+        "no step markers (no decode_step, ProfilerStep#N, serving-engine iteration range, repeated CUDA-graph "
+        "launch or repeated NVTX range): the whole trace is one window per rank",
+    )
+
+
+def _no_match_message(ann: pd.DataFrame, patterns: tuple[str, ...]) -> str:
+    names = ann["name"].astype(str)
+    counts = names.value_counts()
+    top = [f"{n!r} x{c}" for n, c in counts[counts > 0].head(8).items()]
+    tried = " or ".join(repr(p) for p in patterns)
+    have = ", ".join(top) if top else "none"
+    return (
+        f"no step annotations match {tried}; annotations in the trace: {have} "
+        "(pass --steps auto, --steps whole, or another --steps REGEX)"
+    )
+
+
+def _rule_note(rule: str, pattern: str, steps: pd.DataFrame) -> str:
+    per_rank = steps.groupby("rank").size()
+    counts = ", ".join(f"rank {r}: {c}" for r, c in per_rank.items()) or "none"
+    return f"steps chosen by rule {rule!r} ({_RULE_WORDS.get(rule, rule)}; pattern {pattern!r}): {counts}"
+
+
+def _from_pattern(
+    events: pd.DataFrame, ann: pd.DataFrame, patterns: tuple[str, ...], rule: str
+) -> StepsResult | None:
+    """Steps from the annotations matching the first of `patterns` that matches any; None if none does."""
     names = ann["name"]
     if not isinstance(names.dtype, pd.CategoricalDtype):
         names = names.astype("category")
     cats = [str(c) for c in names.cat.categories]
     codes = names.cat.codes.to_numpy()
-
-    patterns = (pattern,) if pattern is not None else DEFAULT_STEP_PATTERNS
     chosen: str | None = None
     mask = np.zeros(len(ann), dtype=bool)
     for pat in patterns:
@@ -141,20 +245,31 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
                 chosen = pat
                 break
     if chosen is None:
-        counts = names.value_counts()
-        top = [f"{n!r} x{c}" for n, c in counts[counts > 0].head(8).items()]
-        tried = " or ".join(repr(p) for p in patterns)
-        have = ", ".join(top) if top else "none"
-        raise StepError(
-            f"no step annotations match {tried}; annotations in the trace: {have} "
-            f"(pass --step-pattern REGEX to choose one)"
-        )
-
+        return None
     sel = ann[mask]
-    rank = sel["rank"].to_numpy(np.int64)
-    start = sel["start_ns"].to_numpy(np.int64)
-    end = sel["end_ns"].to_numpy(np.int64)
-    name = sel["name"].astype(str).to_numpy(dtype=object)
+    return _steps_from_ranges(
+        events,
+        sel["rank"].to_numpy(np.int64),
+        sel["start_ns"].to_numpy(np.int64),
+        sel["end_ns"].to_numpy(np.int64),
+        sel["name"].astype(str).to_numpy(dtype=object),
+        chosen,
+        rule,
+    )
+
+
+def _steps_from_ranges(
+    events: pd.DataFrame,
+    rank: np.ndarray,
+    start: np.ndarray,
+    end: np.ndarray,
+    name: np.ndarray,
+    chosen: str,
+    rule: str,
+) -> StepsResult:
+    """Step windows from host ranges (one per range and rank): nested ranges dropped, numbered,
+    extended by the GPU work launched inside, clipped at the next step's start."""
+    dq = DataQuality()
     order = np.lexsort((-end, start, rank))
     rank, start, end, name = rank[order], start[order], end[order], name[order]
 
@@ -221,7 +336,161 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
             int(counts.nunique()),
             "ranks have different step counts: " + ", ".join(f"rank {r}: {c}" for r, c in counts.items()),
         )
-    return StepsResult(steps.reset_index(drop=True), chosen, dq)
+    steps = steps.reset_index(drop=True)
+    dq.add("steps_rule", 0, _rule_note(rule, chosen, steps))
+    return StepsResult(steps, chosen, dq, rule)
+
+
+def _whole_trace(events: pd.DataFrame, why: str) -> StepsResult:
+    """One window per rank: its first to its last GPU operation, or, on a rank without GPU activity,
+    its first to its last host event. Never raises for a readable trace."""
+    dq = DataQuality()
+    rank_col = events["rank"].to_numpy(np.int64)
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    gpu = cat_mask(events["kind"], GPU_KINDS)
+    rows: dict[str, list] = {c: [] for c in STEP_COLUMNS}
+    for r, sel in sorted(rank_selectors(rank_col).items()):
+        g = gpu[sel]
+        s_, e_ = start[sel], end[sel]
+        if g.any():
+            s_, e_ = s_[g], e_[g]
+        if not len(s_):
+            continue
+        a, b = int(s_.min()), int(max(e_.max(), s_.min()))
+        for col, v in zip(STEP_COLUMNS, (r, 0, "whole trace", a, b, b, b), strict=True):
+            rows[col].append(v)
+    steps = pd.DataFrame(
+        {
+            "rank": np.asarray(rows["rank"], dtype=np.int32),
+            "step": np.asarray(rows["step"], dtype=np.int64),
+            "name": np.asarray(rows["name"], dtype=object),
+            "start_ns": np.asarray(rows["start_ns"], dtype=np.int64),
+            "end_ns": np.asarray(rows["end_ns"], dtype=np.int64),
+            "annotation_end_ns": np.asarray(rows["annotation_end_ns"], dtype=np.int64),
+            "gpu_end_ns": np.asarray(rows["gpu_end_ns"], dtype=np.int64),
+        }
+    )
+    if not len(steps):
+        raise StepError("the trace holds no timed events: there is no window to break down")
+    dq.add("steps_rule", 0, f"{why}; " + _rule_note("whole_trace", "whole", steps))
+    return StepsResult(steps, "whole", dq, "whole_trace")
+
+
+def _from_graph_launches(events: pd.DataFrame) -> StepsResult | None:
+    """Rule 4: each iteration is one period of CUDA-graph launches. The period p is the smallest
+    that repeats the sequence of GPU-operation counts per launch (1 when nothing repeats); a step
+    runs from its first launch to the next step's first launch (the last: to its own GPU work's
+    end). None when no rank has two launches."""
+    kind = events["kind"]
+    is_rt = cat_mask(kind, ("runtime",))
+    if not is_rt.any():
+        return None
+    names = events["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    rx = re.compile(GRAPH_LAUNCH_PATTERN)
+    hit = np.array([bool(rx.search(str(c))) for c in names.cat.categories] + [False], dtype=bool)
+    is_launch = is_rt & hit[names.cat.codes.to_numpy()]
+    if int(is_launch.sum()) < 2:
+        return None
+    rank = events["rank"].to_numpy(np.int64)
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    corr = events["correlation"].to_numpy(np.int64)
+    gpu = cat_mask(kind, GPU_KINDS) & (corr >= 0)
+    out_rank: list[np.ndarray] = []
+    out_start: list[np.ndarray] = []
+    out_end: list[np.ndarray] = []
+    out_name: list[np.ndarray] = []
+    periods: dict[int, int] = {}
+    for r in np.unique(rank[is_launch]):
+        li = np.flatnonzero(is_launch & (rank == r))
+        li = li[np.argsort(start[li], kind="stable")]
+        if len(li) < 2:
+            continue
+        g_corr = np.sort(corr[gpu & (rank == r)])
+        l_corr = corr[li]
+        n_ops = np.searchsorted(g_corr, l_corr, side="right") - np.searchsorted(g_corr, l_corr, side="left")
+        p = _period(n_ops)
+        periods[int(r)] = p
+        first = li[::p]
+        s_ = start[first]
+        e_ = np.empty(len(first), dtype=np.int64)
+        e_[:-1] = s_[1:]
+        e_[-1] = end[li].max()
+        out_rank.append(np.full(len(first), r, dtype=np.int64))
+        out_start.append(s_)
+        out_end.append(e_)
+        out_name.append(np.array([f"graph launch period {i}" for i in range(len(first))], dtype=object))
+    if not out_rank:
+        return None
+    # the GPU work of every launch in a period extends its step: map each launch's correlation to the
+    # step's first launch by giving the step window [first launch, next period) (launches inside it)
+    found = _steps_from_ranges(
+        events,
+        np.concatenate(out_rank),
+        np.concatenate(out_start),
+        np.concatenate(out_end),
+        np.concatenate(out_name),
+        GRAPH_LAUNCH_PATTERN,
+        "cuda_graph_launch",
+    )
+    found.data_quality.add(
+        "graph_launch_period",
+        0,
+        "CUDA-graph launches per step (the period of GPU operations per launch): "
+        + ", ".join(f"rank {r}: {p}" for r, p in sorted(periods.items())),
+    )
+    return found
+
+
+def _period(counts: np.ndarray) -> int:
+    """The smallest p (<= n/2) with counts[i] == counts[i + p] for every i, and the sequence made of
+    whole periods; 1 when there is none."""
+    n = len(counts)
+    for p in range(1, n // 2 + 1):
+        if n % p == 0 and np.array_equal(counts[p:], counts[:-p]):
+            return p
+    return 1
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _repeated_range_pattern(events: pd.DataFrame, ann: pd.DataFrame) -> str | None:
+    """Rule 5: a regex for the group of host ranges, equal up to their numbers, that repeats (two or
+    more on a rank, not overlapping one another) and covers the most time; None when none repeats."""
+    if not len(ann):
+        return None
+    names = ann["name"].astype(str).to_numpy(dtype=object)
+    keys = np.array([_DIGITS.sub("#", n) for n in names], dtype=object)
+    rank = ann["rank"].to_numpy(np.int64)
+    start = ann["start_ns"].to_numpy(np.int64)
+    end = ann["end_ns"].to_numpy(np.int64)
+    best: tuple[int, int, str] | None = None
+    frame = pd.DataFrame({"key": keys, "rank": rank, "start": start, "end": end})
+    for key, g in frame.groupby("key", sort=True):
+        key_s = str(key)
+        if _NOT_STEP_RANGES.search(key_s) or not key_s.strip():
+            continue
+        covered = 0
+        repeats = False
+        for _, gr in g.groupby("rank"):
+            if len(gr) < 2:
+                continue
+            o = np.argsort(gr["start"].to_numpy(), kind="stable")
+            s_ = gr["start"].to_numpy()[o]
+            e_ = gr["end"].to_numpy()[o]
+            if (s_[1:] < e_[:-1]).any():  # ranges of one name nested in each other: not iterations
+                continue
+            repeats = True
+            covered += int((e_ - s_).sum())
+        if repeats and (best is None or (covered, len(g)) > (best[0], best[1])):
+            best = (covered, len(g), key_s)
+    if best is None:
+        return None
+    return "^" + re.escape(best[2]).replace("\\ ", " ").replace("\\#", "#").replace("#", r"\d+") + "$"
 
 
 def _step_indices(rank: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, int]:

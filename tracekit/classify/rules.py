@@ -5,9 +5,14 @@ matches (``re.search``) its name without the parameter list (`strip_parameters`)
 thereby a collective (``paged_attention_ll4mi_reduce_kernel`` is attention, ``reduce_kernel`` is a
 vector reduction), so collective rules match library prefixes, never the bare word.
 
-GPU activity (kinds kernel, memcpy, memset) gets compute / memory / collective, or ``unknown`` when
-no positive rule fires: unknown kernel names are reported with count and time, never silently put
-into compute. Host events get ``sync`` (a call that blocks the host on the device), ``collective``
+GPU activity (kinds kernel, memcpy, memset) gets compute / memory / collective. A kernel that
+matches no communication, memory or sync rule is compute, subclass ``other`` (rule
+``other_kernel``): a Triton MoE-routing kernel or a project's own CUDA kernel runs on the SMs like
+any other compute, which is how every other tool counts it. ``unknown`` is kept for kernels whose
+names look like communication (``allreduce``, ``all_gather``, ``reduce_scatter``, ``multimem``,
+``symm``, ``one_shot``, ``two_shot``, ``cross_device``, ``nvls``, ``a2a``, MoE ``dispatch`` /
+``combine``...) but match no collective rule (rules ``comm_like_name``, ``comm_like_moe``): they are
+reported with count, time and `COMM_LIKE_HINT`, never silently put into compute. Host events get ``sync`` (a call that blocks the host on the device), ``collective``
 (gloo / c10d CPU ops, ProcessGroup annotations) or ``host`` (everything else on the host).
 
 Naming conventions behind the collective rules:
@@ -22,6 +27,19 @@ Naming conventions behind the collective rules:
   ``multimem_all_reduce``, ``one_shot_all_reduce``, ``two_shot_all_reduce``, TensorRT-LLM /
   FlashInfer ``allreduce_fusion_kernel_*``, ``oneShotAllReduceKernel``, ``twoShotAllReduceKernel``,
   Lamport-buffer kernels, vLLM ROCm quick all-reduce.
+  Sources (public code, read through the `search` tool): vLLM ``csrc/custom_all_reduce.cuh``
+  (``cross_device_reduce_1stage/2stage``), ``csrc/quickreduce`` / aiter (``quickreduce::allreduce_prototype_twoshot``,
+  ``aiter::cross_device_reduce_2stage``), sgl-kernel (``sglang::cross_device_reduce_*``, trt_reduce's
+  ``oneShotAllReduceKernel``), TensorRT-LLM ``cpp/tensorrt_llm/kernels/customAllReduceKernels.cu``
+  (``oneShotAllReduceKernel``, ``twoShotAllReduceKernel``), ``communicationKernels/allReduceFusionKernels.cu``
+  (``allreduce_fusion_kernel_oneshot_lamport``, ``allreduce_fusion_kernel_twoshot_sync``),
+  ``communicationKernels/mnnvlTwoShotAllreduceKernels.cu`` and FlashInfer ``trtllm_mnnvl_allreduce``
+  (``oneshotAllreduceFusionKernel``, ``twoshotAllreduceKernel``, ``rmsNormLamport``),
+  ``communicationKernels/moeAlltoAllKernels.cu`` (``moeA2ADispatchKernel``, ``moeA2ACombineKernel``,
+  ``moeA2APrepareDispatchKernel``), DeepEP (``deep_ep::intranode::dispatch``, ``deep_ep::internode_ll::combine``),
+  pplx-kernels (``pplx::dispatchKernel``), PyTorch symmetric memory ``torch/csrc/distributed/c10d/symm_mem``
+  (``multimem_all_reduce_kernel``, ``one_shot_all_reduce_kernel``, ``two_shot_all_reduce_kernel_inplace``,
+  NVSHMEM ``allToAllV``, ``allToAllV_2d``, ``exchangeSplitAndOffset``), MSCCL++ (``mscclpp``), NVSHMEM (``nvshmem*``).
 - gloo: ProcessGroupGloo records ``gloo:<op>`` ranges (e.g. ``gloo:all_reduce``) on its worker
   threads; the calling thread records ``c10d::allreduce_`` and friends as CPU ops (captured with
   torch 2.13, see tests/gloo_capture.py).
@@ -120,7 +138,7 @@ RULES: tuple[Rule, ...] = (
     _r(
         "rccl",
         _KERNEL,
-        r"^(?:void\s+)?(?:rccl|msccl)\w*",
+        r"^(?:void\s+)?(?:rccl|msccl(?!pp))\w*",
         "collective",
         "rccl",
         "RCCL-specific kernels: rcclGenericKernel, MSCCL mscclKernel_Sum_float_LL",
@@ -130,20 +148,37 @@ RULES: tuple[Rule, ...] = (
         _KERNEL,
         r"cross_device_reduce_[12]stage|multimem_\w*(?:all_?reduce|all_?gather|reduce_?scatter)"
         r"|(?:one|two)[_-]?shot[_-]?all[_-]?reduce|allreduce_fusion|all_?reduce_?fusion|lamport"
-        r"|custom_?all_?reduce|quick_?all_?reduce|allreduce_prototype|symmetric_memory::",
+        r"|custom_?all_?reduce|quick_?all_?reduce|allreduce_prototype|symmetric_memory::|^(?:void\s+)?mscclpp"
+        r"|trtllm_\w*allreduce::|^(?:void\s+)?nvshmem",
         "collective",
         "custom_allreduce",
         "vllm::cross_device_reduce_1stage, multimem_all_reduce_kernel, one_shot_all_reduce_kernel, "
-        "allreduce_fusion_kernel_oneshot_lamport, oneShotAllReduceKernel, twoShotAllReduceKernel",
+        "allreduce_fusion_kernel_oneshot_lamport, oneShotAllReduceKernel, twoShotAllReduceKernel, "
+        "flashinfer::trtllm_mnnvl_allreduce::twoshotAllreduceKernel, rmsNormLamport, mscclpp, nvshmem",
         _I,
     ),
     _r(
         "expert_all_to_all",
         _KERNEL,
-        r"deep_ep::|\bdispatch_kernel\b.*intranode|intranode::(?:dispatch|combine)",
+        r"deep_ep::|\bdispatch_kernel\b.*intranode|intranode::(?:dispatch|combine)|internode(?:_ll)?::(?:dispatch|combine)"
+        r"|pplx::\w*(?:dispatch|combine)|moeA2A\w*(?:Dispatch|Combine)|\ballToAllV|exchangeSplitAndOffset"
+        r"|[Aa]ll_?[Tt]o_?[Aa]ll",
         "collective",
         "all_to_all",
-        "DeepEP MoE dispatch / combine kernels (device-initiated all-to-all)",
+        "device-initiated all-to-all: DeepEP deep_ep::intranode::dispatch, deep_ep::internode_ll::combine, "
+        "TensorRT-LLM moeA2ADispatchKernel / moeA2ACombineKernel, pplx::dispatchKernel, PyTorch NVSHMEM allToAllV, "
+        "dlslime::intranode_alltoall_kernel",
+    ),
+    _r(
+        "comm_like_name",
+        _KERNEL,
+        r"all_?reduce|all_?gather|reduce_?scatter|multimem|symm_?mem|\bsymm_|one_?shot|two_?shot|cross_?device"
+        r"|nvls|(?:^|[^a-z])a2a(?:[^a-z]|$)",
+        "unknown",
+        "comm_like",
+        "names that look like communication but match no collective rule: my_allreduce_kernel, "
+        "foo_all_gather_kernel, nvls_reduce_kernel (unknown with a hint, not compute)",
+        _I,
     ),
     # ---------------------------------------------------------------- GPU: compute, vector helpers that
     # would otherwise hit a matrix library name (must come first)
@@ -284,6 +319,25 @@ RULES: tuple[Rule, ...] = (
         "the remaining kernels of known libraries, which are CUDA-core work (scans, sorts, layout transforms, "
         "BLAS-1 helpers): cub::DeviceScanKernel, rocprim trampoline_kernel, cudnn::ops::scalePackedTensor_kernel",
     ),
+    _r(
+        "comm_like_moe",
+        _KERNEL,
+        r"(?:moe|expert|ep)_?(?:dispatch|combine)|(?:^|[^a-z])(?:dispatch|combine)(?:_?kernel)?(?:[^a-z]|$)",
+        "unknown",
+        "comm_like",
+        "MoE all-to-all dispatch / combine that no all-to-all rule knows: ep_dispatch_kernel, "
+        "moe_combine (after the compute rules: flash_fwd_splitkv_combine_kernel is attention)",
+        _I,
+    ),
+    _r(
+        "other_kernel",
+        _KERNEL,
+        r"",
+        "compute",
+        "other",
+        "any other kernel: it runs on the SMs, so it is compute (Triton MoE routing, a project's own CUDA "
+        "kernels: compute_cuda_kernel, clamp_position_kernel)",
+    ),
     # ---------------------------------------------------------------- host: synchronisation
     _r(
         "stream_wait_event",
@@ -400,6 +454,13 @@ RULES: tuple[Rule, ...] = (
 
 #: The class of anything no rule matches.
 UNKNOWN = ("unknown", "unknown", "unknown")
+
+#: Said with every kernel the classifier leaves unknown (rules comm_like_name / comm_like_moe).
+COMM_LIKE_HINT = (
+    "the name looks like communication (all-reduce, all-gather, all-to-all, MoE dispatch/combine...) but "
+    "matches no collective rule, so it is kept apart as 'unknown' rather than counted as compute or collective; "
+    "if it is a collective, add a rule to tracekit/classify/rules.py (or report the kernel name and its library)"
+)
 
 
 _ANON = "(anonymous namespace)"

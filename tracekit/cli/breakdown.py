@@ -10,7 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option, write_text
+from tracekit.cli.options import (
+    cache_dir_option,
+    no_cache_option,
+    out_file_option,
+    step_pattern_option,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
@@ -41,7 +47,8 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     doc = b.to_json()
     src = doc["source"]
     console.print(
-        f"[bold]tracekit breakdown[/bold]  ranks {src['ranks']}  steps matched by {src['step_pattern']!r}  "
+        f"[bold]tracekit breakdown[/bold]  ranks {src['ranks']}  steps by rule {src['step_rule']!r} "
+        f"({src['step_pattern']!r})  "
         f"timeline {src['timeline']}"
         + (
             f"  (first {src['skipped_steps_per_rank']} steps per rank skipped)"
@@ -123,8 +130,19 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
         kc.add_row(f"  {sub}", str(v["count"]), _ms(v["total_ns"]))
     console.print(kc)
 
+    tt = doc.get("trace_totals") or {}
+    if tt.get("ranks"):
+        console.print(
+            f"Whole trace GPU timeline (summed over ranks): span {_ms(tt['span_ns'])} ms, busy (kernels) "
+            f"{_ms(tt['busy_ns'])} ms ({_pct(tt['busy_ns'], tt['span_ns'])}), exposed memcpy "
+            f"{_ms(tt['exposed_memcpy_ns'])} ms, idle {_ms(tt['idle_ns'])} ms ({_pct(tt['idle_ns'], tt['span_ns'])})"
+        )
+
     if doc["unknown_kernels"]:
-        uk = Table(title="Unknown kernels (no classifier rule matched; top by time)", title_justify="left")
+        uk = Table(
+            title="Unknown kernels (look like communication, no collective rule matched; top by time)",
+            title_justify="left",
+        )
         uk.add_column("count", justify="right")
         uk.add_column("total ms", justify="right")
         uk.add_column("name", overflow="fold")
@@ -174,6 +192,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     "figures include the first step unless --skip-first 1.",
 )
 @no_cache_option
+@cache_dir_option
 def command(
     paths: tuple[str, ...],
     step_pattern: str | None,
@@ -187,14 +206,19 @@ def command(
     time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
     per-token summary (median, p10, p90 over steps: the step time is the longest window, each
     part the mean over ranks), GPU time by class and the
-    kernels no rule knows. PATHS are Kineto traces (.json / .json.gz), Nsight Systems SQLite
-    exports, or folders of rank files.
+    kernels that look like communication but no rule knows, and the whole trace's GPU busy / idle.
+    PATHS are Kineto traces (.json / .json.gz), Nsight Systems SQLite exports or reports
+    (.sqlite, .sqlite.gz, .nsys-rep), or folders of rank files (a tracekit capture, a torchrun
+    profile folder of *.pt.trace.json[.gz], one .sqlite per rank, HTA's rank-N layout). Without
+    step markers the steps are found by --steps auto (the rule that chose them is printed), and
+    a trace with none at all is one window: breakdown never refuses a readable trace.
 
     \b
     Examples:
       tracekit breakdown ../shared/traces/h200/kineto_decode_ws1.pt.trace.json.gz
       tracekit breakdown traces/cpu-tp2 --format json --out breakdown.json
-      tracekit breakdown trace.json.gz --step-pattern 'step\\[DECODE' --format csv
+      tracekit breakdown trace.json.gz --steps 'step\\[DECODE' --format csv
+      tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache
     """
     from tracekit.analyse.breakdown import breakdown
     from tracekit.read import read_run

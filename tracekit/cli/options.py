@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
-STEP_PATTERN_HELP = "Regex of the step annotations (default: decode_step, then ProfilerStep#N)."
+STEP_PATTERN_HELP = (
+    "How to find the steps: auto (default: decode_step, then ProfilerStep#N, then a serving engine's "
+    "per-iteration range such as vLLM execute_*, SGLang step[DECODE ...], TensorRT-LLM _forward_step, then one "
+    "CUDA-graph launch period, then NVTX ranges that repeat, else the whole trace as one window), whole (one "
+    "window per rank), or a REGEX of the step annotations. --step-pattern is the same option."
+)
 
 step_pattern_option = click.option(
+    "--steps",
     "--step-pattern",
+    "step_pattern",
     default=None,
-    metavar="REGEX",
+    metavar="auto|whole|REGEX",
     help=STEP_PATTERN_HELP,
 )
 
@@ -25,6 +33,25 @@ out_file_option = click.option(
 
 no_cache_option = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
+)
+
+
+def _set_cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value:
+        os.environ["TRACEKIT_CACHE_DIR"] = value  # read by tracekit.read.cache, also in reader processes
+    return value
+
+
+cache_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(file_okay=False, path_type=str),
+    default=None,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_cache_dir,
+    metavar="DIR",
+    help="Folder of the Parquet cache of parsed traces (default $XDG_CACHE_HOME/tracekit, else "
+    "~/.cache/tracekit; never beside the traces).",
 )
 
 

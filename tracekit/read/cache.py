@@ -1,17 +1,19 @@
 """Parquet cache of parsed traces: a second read of the same file is near-instant and identical.
 
-Where: `$TRACEKIT_CACHE_DIR` when set, else `.tracekit-cache/` beside the trace, else (the trace's
-folder is not writable, e.g. ../shared) the user cache dir `$XDG_CACHE_HOME/tracekit` or
-`~/.cache/tracekit`.
+Where: the user's cache folder, never beside the input (a shared or read-only trace folder stays
+untouched): `--cache-dir DIR` (the CLI sets `$TRACEKIT_CACHE_DIR`), else `$TRACEKIT_CACHE_DIR`, else
+`$XDG_CACHE_HOME/tracekit`, else `~/.cache/tracekit`. When that folder cannot be written, nothing
+is cached (never an error).
 
-Key: absolute path + size + mtime_ns + reader version + the event-model columns + the rank
-argument. One cache file per (trace path, rank argument); the rest of the key is stored inside and
-checked on load, so a changed trace is re-read and its entry rewritten.
+Key: file identity = absolute path + size + mtime_ns, plus the reader version, the event-model
+columns and the rank argument. One cache file per (trace path, rank argument), named by a hash of
+both; the rest of the key is stored inside and checked on load, so a changed trace is re-read and
+its entry rewritten.
 
 Stored: the event table (categoricals stay categoricals) + rank_info + sources + data_quality in the
 Parquet schema metadata. Written atomically (temp file + os.replace). A corrupt or unreadable entry
 is ignored (and rewritten by the next store), never an error. Disabled with `TRACEKIT_NO_CACHE=1`
-(or `cache=False` in `read_run`).
+(`--no-cache`, or `cache=False` in `read_run`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,13 @@ def cache_enabled() -> bool:
 def _user_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "tracekit"
+
+
+def cache_root() -> Path:
+    """The cache folder in use: $TRACEKIT_CACHE_DIR (set by --cache-dir), else $XDG_CACHE_HOME/tracekit,
+    else ~/.cache/tracekit (whether or not it exists yet)."""
+    env = os.environ.get("TRACEKIT_CACHE_DIR")
+    return Path(env) if env else _user_cache_dir()
 
 
 def folder_writable(d: Path) -> bool:
@@ -68,18 +77,10 @@ def _writable_dir(d: Path) -> bool:
 
 
 def cache_dir_for(trace: Path) -> Path | None:
-    """The folder the cache entry of `trace` lives in, or None when nowhere is writable."""
-    env = os.environ.get("TRACEKIT_CACHE_DIR")
-    candidates = [Path(env)] if env else []
-    if not env:
-        parent = trace.resolve().parent
-        if folder_writable(parent):
-            candidates.append(parent / ".tracekit-cache")
-        candidates.append(_user_cache_dir())
-    for d in candidates:
-        if _writable_dir(d):
-            return d
-    return None
+    """The folder the cache entry of `trace` lives in (`cache_root()`, never beside the trace), or
+    None when it cannot be written."""
+    d = cache_root()
+    return d if _writable_dir(d) else None
 
 
 def _key(trace: Path, reader_version: str, rank: int | None) -> dict[str, Any]:

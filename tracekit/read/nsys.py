@@ -158,8 +158,8 @@ def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
 
 def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
     """The SQLite database inside `gz` (a gzipped export), decompressed once into the cache folder
-    (`tracekit.read.cache.cache_dir_for`: $TRACEKIT_CACHE_DIR, `.tracekit-cache/` beside the file,
-    else the user cache) as `<stem>-<path hash>-<size+mtime hash>.sqlite`; a copy of an older
+    (`tracekit.read.cache.cache_dir_for`: --cache-dir / $TRACEKIT_CACHE_DIR, else
+    $XDG_CACHE_HOME/tracekit; never beside the file) as `<stem>-<path hash>-<size+mtime hash>.sqlite`; a copy of an older
     version of the same path is removed. Written to a temporary name and renamed. With the cache
     off (TRACEKIT_NO_CACHE) or nowhere writable, into a temporary folder, returned second so the
     caller removes it. TraceFormatError when the file is not gzip or is truncated."""
