@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "decompose": "decompose",
     "advise": "advise",
     "rho": "rho",
+    "whatif": "whatif",
 }
 
 

@@ -1,0 +1,247 @@
+"""`tracekit whatif`: replay a decode trace under counterfactuals (METHOD.md 6, docs/METHOD-NOTES.md)."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from tracekit.cli.options import no_cache_option, out_file_option, write_text
+
+if TYPE_CHECKING:
+    from tracekit.analyse.replay import WhatIf
+
+
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100.0 * x:.1f}%"
+
+
+def _rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The prediction table: per knob combination, the per-token time at each rank count and the
+    speedup over the measured TP=1 time."""
+    ns = list(next(iter(doc["predicted_ns"].values())))
+    head = ["knobs"]
+    for n in ns:
+        head += [f"TP={n} ms", f"TP={n} vs T1"]
+    rows = []
+    for spec, by_n in doc["predicted_ns"].items():
+        row = ["none (replay of the trace)" if spec == "none" else spec]
+        for n in ns:
+            sp = doc["speedup_vs_tp1"][spec][n]
+            row += [_ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
+        rows.append(row)
+    return head, rows
+
+
+def _shapley_rows(doc: dict[str, Any]) -> list[list[str]]:
+    acc = (doc.get("accounting") or {}).get("terms_ns", {})
+    acc_sh = (doc.get("accounting") or {}).get("shares", {})
+    out = []
+    for k, v in doc["shapley_ns"].items():
+        out.append([k, _ms(v), _pct(doc["shapley_shares"][k])])
+    out.append(["S", _ms(doc["shortfall_ns"]), "100.0%"])
+    acc_rows = [[k, _ms(v), _pct(acc_sh.get(k))] for k, v in acc.items()]
+    n = max(len(out), len(acc_rows))
+    merged = []
+    for i in range(n):
+        a = out[i] if i < len(out) else ["", "", ""]
+        b = acc_rows[i] if i < len(acc_rows) else ["", "", ""]
+        merged.append(a + b)
+    return merged
+
+
+def _summary(doc: dict[str, Any]) -> list[str]:
+    lines = []
+    for key, r in doc["runs"].items():
+        e = r["replay_error"]
+        lines.append(
+            f"{key} (TP={r['ranks']}, {r['timeline']} timeline): per-token {_ms(r['per_token_ns'])} ms "
+            f"({r['per_token_source']}); replay of the trace {_ms(e['replayed_ns'])} ms vs traced "
+            f"{_ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); host scale "
+            f"{r['host_scale']:.3f}"
+        )
+    c = doc.get("check")
+    if c:
+        lines.append(
+            f"check: {c['knobs']} predicts {_ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
+            f"{_ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
+        )
+    return lines
+
+
+def render_table(doc: dict[str, Any], width: int | None = None, color: bool = True) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(
+        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
+    )
+    for line in _summary(doc):
+        console.print(line)
+    head, rows = _rows(doc)
+    t = Table(
+        title="Predicted per-token time under each knob (ms, mean over steady steps)", title_justify="left"
+    )
+    for h in head:
+        t.add_column(h, justify="right")
+    for row in rows:
+        t.add_row(*row)
+    console.print(t)
+    if "shapley_ns" in doc:
+        s = Table(
+            title="S split by counterfactuals (Shapley values, sum to S) beside the accounting",
+            title_justify="left",
+        )
+        for h in ("knob", "ms", "share", "accounting term", "ms", "share"):
+            s.add_column(h, justify="right")
+        for row in _shapley_rows(doc):
+            s.add_row(*row)
+        console.print(s)
+    for n in doc.get("notes") or []:
+        console.print(f"note: {n}")
+    return console.export_text()
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    out = ["# What-if: predicted per-token time under counterfactuals", ""]
+    out += [f"- {line}" for line in _summary(doc)]
+    out.append("")
+    head, rows = _rows(doc)
+    out.append("| " + " | ".join(head) + " |")
+    out.append("|" + " --- |" * len(head))
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    if "shapley_ns" in doc:
+        out += ["", "| knob (Shapley) | ms | share | accounting term | ms | share |", "|" + " --- |" * 6]
+        out += ["| " + " | ".join(r) + " |" for r in _shapley_rows(doc)]
+    out += ["", "Knobs:", ""]
+    out += [f"- `{k['spec']}`: {k['definition']}" for k in doc["knobs"]]
+    for n in doc.get("notes") or []:
+        out.append(f"- note: {n}")
+    return "\n".join(out) + "\n"
+
+
+@click.command(
+    "whatif",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog="""\b
+Knobs (each a transformation of the replay; `a,b` combines):
+  transfer=0             every collective ends at its last arrival (infinitely fast link)
+  transfer=probe:FILE    each collective takes the time a `tracekit probe` / `compare-links` JSON measured
+                         for its op and size (FILE@MODE picks rows, e.g. @pcie); --probe FILE: transfer=probe
+  launch=0               no host launch overhead (what CUDA graphs remove): the GPU runs back to back
+  sync=0                 synchronisations return at once
+  straggler=off          every rank's host gaps set to the fastest rank's, per segment between collectives
+  compute=/N             each rank's compute scaled to the baseline's / N (perfect scaling)
+\b
+Examples:
+  tracekit whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2
+  tracekit whatif --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --check traces/cpu-tp2 \\
+      --check-knob straggler=off
+  tracekit whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --check traces/h200-tp1-graphs \\
+      --check-knob launch=0
+  tracekit whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --probe reports/h200/links-graph.json \\
+      --knob transfer=probe --knob launch=0 --knob straggler=off --format json --out whatif.json
+""",
+)
+@click.option("--baseline", required=True, metavar="DIR", help="TP=1 run: folder of rank files.")
+@click.option("--sharded", default=None, metavar="DIR", help="TP=N run (without it: TP=1 predictions only).")
+@click.option(
+    "--knob",
+    "knobs",
+    multiple=True,
+    metavar="KNOB[,KNOB...]",
+    help="A knob, or a combination of knobs joined by commas; repeat. Single knobs are the Shapley players "
+    "(default: transfer=0 launch=0 sync=0 straggler=off compute=/N).",
+)
+@click.option("--probe", default=None, metavar="FILE[@MODE]", help="Probe JSON for transfer=probe.")
+@click.option(
+    "--check", "check_dir", default=None, metavar="DIR", help="A real run to check a prediction against."
+)
+@click.option(
+    "--check-knob", default=None, metavar="KNOB[,KNOB...]", help="The prediction --check is held to."
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "markdown"]),
+    default="table",
+    show_default=True,
+    help="table for people; json per docs/JSON.md#whatif; markdown for reports.",
+)
+@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
+@out_file_option
+@no_cache_option
+def command(
+    baseline: str,
+    sharded: str | None,
+    knobs: tuple[str, ...],
+    probe: str | None,
+    check_dir: str | None,
+    check_knob: str | None,
+    fmt: str,
+    skip_first: int,
+    out: str | None,
+    no_cache: bool,
+) -> None:
+    """Replay the traces token by token across ranks (host launches, GPU work, syncs, collectives as
+    rendezvous) and predict the per-token time at TP=1 and TP=N under counterfactual knobs; split
+    the shortfall S exactly by the knobs' Shapley values (plus a named residual), beside the
+    accounting attribution of `tracekit shortfall`. Predictions are corrected to the unprofiled
+    per-token times as `shortfall` is; `--check` holds one to a real run not used to make it.
+    """
+    from tracekit.analyse.replay import DEFAULT_KNOBS, ReplayError, parse_combination, whatif
+
+    singles: list[tuple[Any, ...]] = []
+    combos: list[tuple[Any, ...]] = []
+    for text in knobs or ((f"transfer=probe:{probe}",) if probe else ()) + DEFAULT_KNOBS:
+        ks = parse_combination(text, probe)
+        (singles if len(ks) == 1 else combos).append(ks)
+    players = [k[0] for k in singles]
+    if check_dir and not check_knob:
+        raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
+    tty = sys.stderr.isatty()
+    base_parts, base_cl = _load(baseline, no_cache, tty, skip_first, "baseline")
+    shard = _load(sharded, no_cache, tty, skip_first, "sharded") if sharded else None
+    check = None
+    if check_dir and check_knob:
+        cparts, _ = _load(check_dir, no_cache, tty, skip_first, "check")
+        check = (cparts, parse_combination(check_knob, probe), check_dir)
+    result: WhatIf = whatif(
+        base_parts,
+        base_cl,
+        shard[0] if shard else None,
+        shard[1] if shard else None,
+        players,
+        combos,
+        check=check,
+    )
+    doc = result.to_json()
+    doc["runs"]["baseline"]["path"] = baseline
+    if sharded:
+        doc["runs"]["sharded"]["path"] = sharded
+    if fmt == "json":
+        text = json.dumps(doc, indent=1) + "\n"
+    elif fmt == "markdown":
+        text = render_markdown(doc)
+    else:
+        to_terminal = out is None and sys.stdout.isatty()
+        text = render_table(doc, width=None if out is None else 120, color=to_terminal)
+    write_text(text, out)
+
+
+def _load(path: str, no_cache: bool, tty: bool, skip_first: int, label: str) -> tuple[Any, Any]:
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.classify import classify
+    from tracekit.read import read_run
+
+    run = read_run([path], cache=not no_cache, progress=tty)
+    classified = run.events if "cls" in run.events.columns else classify(run.events)
+    run.events = classified
+    return attribute_run(run, skip_first=skip_first, label=label), classified
