@@ -1,0 +1,447 @@
+"""Speedup decomposition through a matched intermediate (METHOD.md 8).
+
+Three runs of the same workload: a baseline stack A, an intermediate B (the new runtime with the
+old kernels: CUDA graphs, torch.compile, ...) and the full stack C (B plus new kernels, another
+dtype or quantisation). With per-token times tA, tB, tC the end-to-end speedup factors exactly,
+tA/tC = (tA/tB)(tB/tC), so on a log scale
+
+    runtime part = log(tA/tB) / log(tA/tC)        kernel part = log(tB/tC) / log(tA/tC)
+
+and the two parts sum to 1. Each comes with a 95% percentile bootstrap interval over steps (each
+run's tokens drawn with replacement, 2000 resamples, seed 0), and with the classes that moved in
+it: per class (matrix compute, vector compute, memory, collective transfer, coordination = wait +
+sync + idle, unknown) the per-token time it saved, `parts_A - parts_B` and `parts_B - parts_C`,
+which sum exactly to `tA - tB` and `tB - tC`; a class's share of a part's log contribution is its
+share of that part's saving.
+
+Per-token times and parts are the shortfall's (`tracekit.analyse.shortfall.attribute_run`): the
+steady steps' mean, parts per rank averaged over ranks, and, when the manifests carry unprofiled
+per-token times, the unprofiled means with each rank's traced parts reconciled to them
+(`shortfall.reconcile`), exactly as the shortfall does; else the traced ones. The compute part is
+split into matrix and vector by the traced share of each rank's compute time under matrix
+kernels (classifier subclass `matrix`: GEMM, attention) on a GPU timeline, or under matrix ops
+(`aten::mm`, `addmm`, `bmm`, `matmul`, `linear`, scaled-dot-product attention, ...) on a CPU-only
+host timeline (`compute_split`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks, reconcile
+from tracekit.errors import TracekitError
+from tracekit.model.events import DataQuality, Run
+
+SCHEMA_VERSION = "1.0"
+
+#: The classes of the decomposition, in report order.
+CLASSES: tuple[str, ...] = ("matrix", "vector", "memory", "collective", "coordination", "unknown")
+CLASS_WORDS: dict[str, str] = {
+    "matrix": "matrix compute (GEMM, attention)",
+    "vector": "vector compute (elementwise, norms, activations, dequantisation)",
+    "memory": "memory copies and sets",
+    "collective": "collective transfer",
+    "coordination": "coordination (wait, sync, host gaps)",
+    "unknown": "unclassified kernels",
+}
+RUNS: tuple[str, ...] = ("baseline", "intermediate", "full")
+
+#: Host-timeline (CPU-only run) ops that are matrix products.
+HOST_MATRIX_OPS = re.compile(
+    r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|einsum|_?scaled_dot_product\w*"
+    r"|_scaled_mm|_int_mm|_weight_int\w*mm\w*)$"
+)
+
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
+BOOTSTRAP_LEVEL = 0.95
+
+
+class DecomposeError(TracekitError):
+    """The three runs cannot be decomposed (no speedup to split, no steps, ...)."""
+
+
+# ------------------------------------------------------------------------------------------
+# matrix vs vector compute per step
+
+
+def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step) window of `steps` (columns rank, step, start_ns, end_ns, compute_ns): the
+    compute part split into `matrix_ns` (time under a matrix kernel, or a matrix op on a host
+    timeline, inside the window) and `vector_ns` = compute_ns - matrix_ns. Exact integers; matrix
+    intervals are a subset of the partition's compute layer, so 0 <= matrix_ns <= compute_ns."""
+    from tracekit.analyse.steps import _measure, _merge_sorted, cat_mask, rank_selectors
+    from tracekit.classify.rules import GPU_KINDS
+
+    ev_rank = classified["rank"].to_numpy(np.int64)
+    selectors = rank_selectors(ev_rank)
+    out = []
+    for r in sorted(int(x) for x in pd.unique(steps["rank"])):
+        st = steps[steps["rank"] == r]
+        ev = classified.iloc[selectors.get(r, np.zeros(0, dtype=np.int64))]
+        gpu = cat_mask(ev["kind"], GPU_KINDS)
+        if gpu.any():
+            sel = gpu & cat_mask(ev["cls"], {"compute"}) & cat_mask(ev["subclass"], {"matrix"})
+        else:
+            ops = cat_mask(ev["kind"], {"cpu_op"})
+            names = ev["name"].astype(str).to_numpy()
+            sel = ops & np.array([bool(HOST_MATRIX_OPS.match(n)) for n in names], dtype=bool)
+        s = ev["start_ns"].to_numpy(np.int64)[sel]
+        e = ev["end_ns"].to_numpy(np.int64)[sel]
+        o = np.argsort(s, kind="stable")
+        ms, me = _merge_sorted(s[o], e[o])
+        a = st["start_ns"].to_numpy(np.int64)
+        b = st["end_ns"].to_numpy(np.int64)
+        matrix = _measure(ms, me, a, b) if len(ms) else np.zeros(len(st), dtype=np.int64)
+        compute = st["compute_ns"].to_numpy(np.int64)
+        matrix = np.minimum(matrix, compute)
+        out.append(
+            pd.DataFrame(
+                {
+                    "rank": r,
+                    "step": st["step"].to_numpy(np.int64),
+                    "matrix_ns": matrix,
+                    "vector_ns": compute - matrix,
+                }
+            )
+        )
+    if not out:
+        return pd.DataFrame(columns=["rank", "step", "matrix_ns", "vector_ns"])
+    return pd.concat(out, ignore_index=True)
+
+
+# ------------------------------------------------------------------------------------------
+# one run
+
+
+@dataclass
+class RunFigures:
+    """One run's per-token time and class parts (Fractions, ns), and the samples to bootstrap."""
+
+    label: str
+    path: str
+    n_ranks: int
+    timeline: str
+    per_token_ns: Fraction
+    source: str  # "unprofiled" | "trace"
+    classes: dict[str, Fraction]  # CLASSES -> per-token ns, summing to per_token_ns
+    samples_ns: list[int]  # per-token samples (unprofiled tokens, or the steady step times)
+    steps: int
+    matrix_share_of_compute: float | None
+    reconciliation: str
+    data_quality: DataQuality = field(default_factory=DataQuality)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "n_ranks": self.n_ranks,
+            "timeline": self.timeline,
+            "per_token_ns": _round(self.per_token_ns),
+            "per_token_source": self.source,
+            "samples": len(self.samples_ns),
+            "steady_steps": self.steps,
+            "classes_ns": _round_to_sum(self.classes, _round(self.per_token_ns)),
+            "matrix_share_of_compute": self.matrix_share_of_compute,
+            "reconciliation": self.reconciliation,
+        }
+
+
+def run_figures(
+    run: Run, label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1
+) -> RunFigures:
+    """Per-token time and class parts of one run (module doc)."""
+    from tracekit.classify import classify
+
+    if "cls" not in run.events.columns:
+        run = replace(run, events=classify(run.events))
+    rp: RunParts = attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label)
+    dq = DataQuality().merge(rp.data_quality)
+    split = compute_split(run.events, rp.rank_steps[["rank", "step", "start_ns", "end_ns", "compute_ns"]])
+    traced_steps = [int(x) for x in rp.steady["window_ns"].to_numpy(np.int64)]
+    u = rp.dilation.unprofiled
+    faster = False
+    if u is not None and u.n:
+        factor = float(rp.per_token["window"] / u.mean_ns)
+        faster = factor < 1.0 / (1.0 + rp.dilation.threshold)
+    per_rank: dict[int, dict[str, Fraction]] = {}
+    if u is not None and u.n and not faster:
+        target = u.mean_ns
+        sentences = []
+        for r, parts in rp.per_rank.items():
+            rec, sentence = reconcile(parts, target, rp.timeline)
+            per_rank[r] = {**rec, "window": sum((rec[p] for p in LEAF_PARTS), Fraction(0))}
+            sentences.append(sentence)
+        source, samples = "unprofiled", list(u.per_token_ns)
+        reconciliation = (
+            f"reconciled to the unprofiled per-token mean (rank {min(rp.per_rank)}: {sentences[0]})"
+        )
+    else:
+        per_rank = {r: dict(p) for r, p in rp.per_rank.items()}
+        target = rp.per_token["window"]
+        source, samples = "trace", traced_steps
+        reconciliation = (
+            "not corrected: the unprofiled pass was slower than the traced one (a noisy host)"
+            if faster
+            else "not corrected: no unprofiled per-token times in the manifest; traced figures"
+        )
+        dq.add(
+            "dilation_unknown" if not faster else "unprofiled_slower_than_profiled",
+            1,
+            f"{label}: {reconciliation}",
+        )
+    # matrix share of each rank's traced compute, applied to its reconciled compute
+    n_steady = len(rp.steady)
+    steady = set(int(s) for s in rp.steady["step"])
+    sp = split[split["step"].isin(steady)]
+    shares = []
+    for r, parts in per_rank.items():
+        g = sp[sp["rank"] == r]
+        comp = int(g["matrix_ns"].sum() + g["vector_ns"].sum())
+        share = Fraction(int(g["matrix_ns"].sum()), comp) if comp else Fraction(0)
+        shares.append(share)
+        parts["matrix"] = parts["compute"] * share
+        parts["vector"] = parts["compute"] - parts["matrix"]
+    mean = mean_over_ranks(
+        {r: {k: v for k, v in p.items() if k in (*LEAF_PARTS, "window")} for r, p in per_rank.items()}
+    )
+    n = len(per_rank)
+    matrix = sum((p["matrix"] for p in per_rank.values()), Fraction(0)) / n
+    classes = {
+        "matrix": matrix,
+        "vector": mean["compute"] - matrix,
+        "memory": mean["memory"],
+        "collective": mean["transfer"],
+        "coordination": mean["wait"] + mean["sync"] + mean["idle"],
+        "unknown": mean["unknown"],
+    }
+    assert sum(classes.values()) == mean["window"]
+    comp_total = sum(float(s) for s in shares) / len(shares) if shares else None
+    return RunFigures(
+        label=label,
+        path=path,
+        n_ranks=rp.n_ranks,
+        timeline=rp.timeline,
+        per_token_ns=Fraction(target),
+        source=source,
+        classes=classes,
+        samples_ns=samples,
+        steps=n_steady,
+        matrix_share_of_compute=comp_total if mean["compute"] else None,
+        reconciliation=reconciliation,
+        data_quality=dq,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the decomposition
+
+
+def log_shares(ta: float, tb: float, tc: float) -> tuple[float, float] | None:
+    """(runtime part, kernel part) = (log(ta/tb), log(tb/tc)) / log(ta/tc); None when ta == tc."""
+    if min(ta, tb, tc) <= 0:
+        return None
+    total = math.log(ta / tc)
+    if total == 0:
+        return None
+    return math.log(ta / tb) / total, math.log(tb / tc) / total
+
+
+def bootstrap(
+    samples: Sequence[Sequence[int]],
+    *,
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = BOOTSTRAP_LEVEL,
+) -> dict[str, tuple[float, float] | None]:
+    """Percentile intervals of the speedups and the two log parts: each run's samples drawn with
+    replacement (independently: the runs are separate captures), the means recomputed."""
+    rng = np.random.default_rng(seed)
+    means = []
+    for s in samples:
+        arr = np.asarray(s, dtype=np.float64)
+        idx = rng.integers(0, len(arr), size=(resamples, len(arr)))
+        means.append(arr[idx].mean(axis=1))
+    ma, mb, mc = means
+    alpha = (1.0 - level) / 2.0
+
+    def q(x: np.ndarray) -> tuple[float, float] | None:
+        x = x[np.isfinite(x)]
+        if not len(x):
+            return None
+        lo, hi = np.quantile(x, [alpha, 1.0 - alpha])
+        return round(float(lo), 4), round(float(hi), 4)
+
+    total = np.log(ma / mc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        runtime = np.where(total != 0, np.log(ma / mb) / total, np.nan)
+        kernel = np.where(total != 0, np.log(mb / mc) / total, np.nan)
+    return {
+        "speedup": q(ma / mc),
+        "runtime_speedup": q(ma / mb),
+        "kernel_speedup": q(mb / mc),
+        "runtime_part": q(runtime),
+        "kernel_part": q(kernel),
+    }
+
+
+@dataclass
+class Decomposition:
+    """The decomposition of tA/tC through tB; `to_json()` per docs/JSON.md#decompose."""
+
+    baseline: RunFigures
+    intermediate: RunFigures
+    full: RunFigures
+    intervals: dict[str, tuple[float, float] | None]
+    data_quality: DataQuality
+
+    @property
+    def times(self) -> tuple[float, float, float]:
+        return (
+            float(self.baseline.per_token_ns),
+            float(self.intermediate.per_token_ns),
+            float(self.full.per_token_ns),
+        )
+
+    def parts(self) -> tuple[float, float] | None:
+        return log_shares(*self.times)
+
+    def moved(self) -> dict[str, dict[str, Any]]:
+        """Per part: the per-token time each class saved (ns; sums to the part's saving) and its
+        share of the part's log contribution."""
+        ps = self.parts()
+        out = {}
+        for part, (x, y), log_part in (
+            ("runtime", (self.baseline, self.intermediate), ps[0] if ps else None),
+            ("kernel", (self.intermediate, self.full), ps[1] if ps else None),
+        ):
+            saved = {c: x.classes[c] - y.classes[c] for c in CLASSES}
+            total = x.per_token_ns - y.per_token_ns
+            assert sum(saved.values()) == total
+            ints = _round_to_sum(saved, _round(x.per_token_ns) - _round(y.per_token_ns))
+            share = {c: (float(saved[c] / total) if total else None) for c in CLASSES}
+            out[part] = {
+                "saved_ns": _round(x.per_token_ns) - _round(y.per_token_ns),
+                "saved_by_class_ns": ints,
+                "share_of_saving": share,
+                "log_part_by_class": {c: _times(log_part, share[c]) for c in CLASSES},
+                "top": max(CLASSES, key=lambda c: saved[c])
+                if total > 0
+                else min(CLASSES, key=lambda c: saved[c]),
+            }
+        return out
+
+    def verdict(self) -> str:
+        ta, tb, tc = self.times
+        ps = self.parts()
+        head = f"{ta / 1e6:.2f} -> {tb / 1e6:.2f} -> {tc / 1e6:.2f} ms per token"
+        if ps is None:
+            return f"No speedup to split: the baseline and the full stack take the same time ({head})."
+        speed = ta / tc
+        if speed < 1:
+            lead = f"The full stack is slower than the baseline ({speed:.2f}x, {head})"
+        else:
+            lead = f"Speedup {speed:.2f}x ({head})"
+        mv = self.moved()
+        iv = self.intervals
+
+        def pct(x: float) -> str:
+            return f"{100 * x:.0f}%"
+
+        def rng(key: str) -> str:
+            v = iv.get(key)
+            return f" [{pct(v[0])}-{pct(v[1])}]" if v else ""
+
+        rt, kn = ps
+        return (
+            f"{lead}: the runtime part (baseline -> intermediate, {ta / tb:.2f}x) is {pct(rt)}{rng('runtime_part')} "
+            f"of it on a log scale, mostly {CLASS_WORDS[mv['runtime']['top']]}; the kernel part (intermediate -> full, "
+            f"{tb / tc:.2f}x) is {pct(kn)}{rng('kernel_part')}, mostly {CLASS_WORDS[mv['kernel']['top']]}."
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        ta, tb, tc = self.times
+        ps = self.parts()
+        notes = []
+        if ps is not None and not (min(ta, tc) <= tb <= max(ta, tc)):
+            notes.append(
+                "the intermediate is not between the baseline and the full stack: one part is negative and the "
+                "other above 100% (reported as they are, not clipped)"
+            )
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "tracekit.decompose",
+            "verdict": self.verdict(),
+            "runs": {
+                "baseline": self.baseline.to_json(),
+                "intermediate": self.intermediate.to_json(),
+                "full": self.full.to_json(),
+            },
+            "speedup": {"total": ta / tc, "runtime": ta / tb, "kernel": tb / tc},
+            "parts": {"runtime": ps[0] if ps else None, "kernel": ps[1] if ps else None},
+            "intervals": {k: (list(v) if v else None) for k, v in self.intervals.items()},
+            "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": BOOTSTRAP_LEVEL},
+            "moved": self.moved(),
+            "class_words": dict(CLASS_WORDS),
+            "notes": notes,
+            "data_quality": self.data_quality.to_dict(),
+        }
+
+
+def decompose_runs(
+    runs: Mapping[str, Run],
+    *,
+    paths: Mapping[str, str] | None = None,
+    step_pattern: str | None = None,
+    skip_first: int = 1,
+) -> Decomposition:
+    """Decompose the speedup of runs["baseline"] -> runs["full"] through runs["intermediate"]."""
+    figs = {
+        k: run_figures(
+            runs[k], k, path=(paths or {}).get(k, ""), step_pattern=step_pattern, skip_first=skip_first
+        )
+        for k in RUNS
+    }
+    dq = DataQuality()
+    for f in figs.values():
+        dq.merge(f.data_quality)
+    sources = {f.source for f in figs.values()}
+    if len(sources) > 1:
+        dq.add(
+            "mixed_per_token_sources",
+            1,
+            "some runs' per-token times are unprofiled and some traced: the ratios mix a profiler's dilation in",
+        )
+    intervals = bootstrap([figs[k].samples_ns for k in RUNS])
+    return Decomposition(figs["baseline"], figs["intermediate"], figs["full"], intervals, dq)
+
+
+def _times(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a * b
+
+
+def _round(x: Fraction) -> int:
+    return int(math.floor(x + Fraction(1, 2)))
+
+
+def _round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
+    """Ints per key that sum to `total` (largest remainder)."""
+    floors = {k: math.floor(v) for k, v in values.items()}
+    left = total - sum(floors.values())
+    order = sorted(values, key=lambda k: (values[k] - floors[k], k), reverse=True)
+    out = dict(floors)
+    step = 1 if left > 0 else -1
+    seq = order if left > 0 else order[::-1]
+    i = 0
+    while left != 0:
+        out[seq[i % len(seq)]] += step
+        left -= step
+        i += 1
+    return out

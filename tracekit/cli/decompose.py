@@ -1,0 +1,117 @@
+"""`tracekit decompose`: a per-token speedup split through a matched intermediate (METHOD.md 8)."""
+
+from __future__ import annotations
+
+import click
+
+from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option, write_text
+
+EXAMPLES = """
+\b
+Examples:
+  tracekit decompose --baseline runs/eager --intermediate runs/graphs --full runs/graphs-fp8
+  tracekit decompose --baseline runs/eager --intermediate runs/compile --full runs/compile-int4 --format json
+  tracekit decompose --baseline traces/cpu-tp2-straggler --intermediate traces/cpu-tp2 --full traces/cpu-tp1
+"""
+
+
+def render_text(doc: dict) -> str:
+    from tracekit.analyse.decompose import CLASSES, RUNS
+
+    def ms(ns: float) -> str:
+        return f"{ns / 1e6:.3f}"
+
+    def iv(key: str, pct: bool = False) -> str:
+        v = doc["intervals"].get(key)
+        if not v:
+            return ""
+        return f" [{100 * v[0]:.0f}%-{100 * v[1]:.0f}%]" if pct else f" [{v[0]:.2f}-{v[1]:.2f}]"
+
+    lines = [doc["verdict"], ""]
+    lines.append(f"{'run':<13} {'ms/token':>9} {'source':<11} " + " ".join(f"{c:>12}" for c in CLASSES))
+    for k in RUNS:
+        r = doc["runs"][k]
+        lines.append(
+            f"{k:<13} {ms(r['per_token_ns']):>9} {r['per_token_source']:<11} "
+            + " ".join(f"{ms(r['classes_ns'][c]):>12}" for c in CLASSES)
+        )
+    sp, parts = doc["speedup"], doc["parts"]
+    lines += [
+        "",
+        f"speedup A/C {sp['total']:.3f}x{iv('speedup')} = runtime A/B {sp['runtime']:.3f}x{iv('runtime_speedup')}"
+        f" x kernel B/C {sp['kernel']:.3f}x{iv('kernel_speedup')}",
+    ]
+    if parts["runtime"] is not None:
+        lines.append(
+            f"log-scale parts: runtime {100 * parts['runtime']:.1f}%{iv('runtime_part', True)}, "
+            f"kernel {100 * parts['kernel']:.1f}%{iv('kernel_part', True)} "
+            f"(95% bootstrap over steps, {doc['bootstrap']['resamples']} resamples)"
+        )
+    for part in ("runtime", "kernel"):
+        mv = doc["moved"][part]
+        lines += [
+            "",
+            f"{part} part: {ms(mv['saved_ns'])} ms per token saved, by class (ms, share of the saving):",
+        ]
+        for c in CLASSES:
+            share = mv["share_of_saving"][c]
+            if mv["saved_by_class_ns"][c] == 0 and not share:
+                continue
+            lines.append(
+                f"  {c:<13} {ms(mv['saved_by_class_ns'][c]):>9}  {'-' if share is None else f'{100 * share:.1f}%':>7}"
+            )
+    for n in doc["notes"]:
+        lines.append(f"note: {n}")
+    for n in dict.fromkeys(doc["data_quality"].get("notes", [])):
+        lines.append(f"data quality: {n}")
+    return "\n".join(lines) + "\n"
+
+
+@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.option(
+    "--baseline", "baseline", required=True, type=click.Path(exists=True), help="Run A: the baseline stack."
+)
+@click.option(
+    "--intermediate",
+    "intermediate",
+    required=True,
+    type=click.Path(exists=True),
+    help="Run B: new runtime, old kernels.",
+)
+@click.option("--full", "full", required=True, type=click.Path(exists=True), help="Run C: the full stack.")
+@step_pattern_option
+@click.option(
+    "--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out of each run."
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@out_file_option
+@no_cache_option
+def command(
+    baseline: str,
+    intermediate: str,
+    full: str,
+    step_pattern: str | None,
+    skip_first: int,
+    fmt: str,
+    out: str | None,
+    no_cache: bool,
+) -> None:
+    """Split the per-token speedup A/C into runtime (A/B) and kernel (B/C) parts on a log scale.
+
+    A is the baseline stack, B the intermediate (the new runtime with the old kernels: CUDA graphs,
+    torch.compile), C the full stack (B in another dtype or kernel path). The runtime part is
+    log(A/B)/log(A/C), the kernel part log(B/C)/log(A/C); each with a 95% bootstrap interval over
+    steps, and the per-token time each class saved in it (matrix compute, vector compute, memory,
+    collective transfer, coordination), which sums exactly to the part's saving. Per-token times
+    are the unprofiled ones when the manifests carry them (the traced parts reconciled to them, as
+    `tracekit shortfall` does), else the traced ones.
+    """
+    from tracekit.analyse.decompose import decompose_runs
+    from tracekit.cli.probe import dumps_json
+    from tracekit.read import read_run
+
+    paths = {"baseline": baseline, "intermediate": intermediate, "full": full}
+    runs = {k: read_run([p], cache=not no_cache) for k, p in paths.items()}
+    result = decompose_runs(runs, paths=paths, step_pattern=step_pattern, skip_first=skip_first)
+    doc = result.to_json()
+    write_text(dumps_json(doc).decode() if fmt == "json" else render_text(doc), out)
