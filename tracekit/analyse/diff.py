@@ -363,6 +363,8 @@ class Diff:
     change_interval_ns: tuple[float, float]
     relative_interval: tuple[float, float]
     part_intervals_ns: dict[str, tuple[float, float]]
+    #: each run's own per-token mean, 95% bootstrap interval (the same resamples as the change's)
+    per_token_intervals_ns: dict[str, tuple[float, float]]
     data_quality: DataQuality
     top: int = TOP
 
@@ -693,6 +695,9 @@ class Diff:
             "per_token_source": self.per_token_source,
             "per_token_source_reason": self.source_reason,
             "per_token_ns": {"before": ints["before"], "after": ints["after"]},
+            "per_token_interval_ns": {
+                k: [int(round(v[0])), int(round(v[1]))] for k, v in self.per_token_intervals_ns.items()
+            },
             "change_ns": ints["change"],
             "relative_change": self.relative,
             "interval": {
@@ -818,6 +823,10 @@ def diff_sides(
     ok = mb > 0
     rel = ma[ok] / mb[ok] - 1.0
     rlo, rhi = np.quantile(rel, [alpha, 1.0 - alpha]) if ok.any() else (float("nan"), float("nan"))
+    own = {
+        "before": tuple(float(x) for x in np.quantile(mb, [alpha, 1.0 - alpha])),
+        "after": tuple(float(x) for x in np.quantile(ma, [alpha, 1.0 - alpha])),
+    }
     few = [s.label for s in (before, after) if sum(len(r) for r in s.samples) < 2]
     if few:
         # one token has no spread: no interval, so no verdict either way (and the gate cannot fail)
@@ -836,6 +845,7 @@ def diff_sides(
         change_interval_ns=(float(lo), float(hi)),
         relative_interval=(round(float(rlo), 6), round(float(rhi), 6)),
         part_intervals_ns=part_iv,
+        per_token_intervals_ns={k: (v[0], v[1]) for k, v in own.items()},
         data_quality=dq,
         top=top,
     )

@@ -60,19 +60,28 @@ def sections(doc: dict[str, Any]) -> list[Section]:
     out: list[Section] = []
     pt = doc["per_token_ns"]
     iv = doc["interval"]
+    own = doc["per_token_interval_ns"]
+    rel = f"; relative {_pct(doc['relative_change'])}"
+    if iv["relative"]:
+        rel += f" ({_iv(iv['relative'], _pct)})"
     out.append(
         (
             f"Per-token time, ms ({doc['per_token_source']}: {doc['per_token_source_reason']})",
-            ["", "before", "after", "change", "relative", "95% interval (bootstrap)"],
+            ["", "ms", "95% interval (bootstrap)", "tokens (rounds)"],
             [
                 [
-                    "per token",
+                    "before",
                     _ms(pt["before"]),
+                    _iv(own["before"], _ms),
+                    f"{doc['runs']['before']['tokens']} ({doc['runs']['before']['rounds']})",
+                ],
+                [
+                    "after",
                     _ms(pt["after"]),
-                    _dms(doc["change_ns"]),
-                    _pct(doc["relative_change"]),
-                    f"{_iv(iv['change_ns'])} ms; {_iv(iv['relative'], _pct)}" if iv["relative"] else "-",
-                ]
+                    _iv(own["after"], _ms),
+                    f"{doc['runs']['after']['tokens']} ({doc['runs']['after']['rounds']})",
+                ],
+                ["change" + rel, _dms(doc["change_ns"]), _iv(iv["change_ns"]), ""],
             ],
         )
     )
