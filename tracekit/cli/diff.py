@@ -262,7 +262,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
 
 def render_markdown(doc: dict[str, Any]) -> str:
     def cell(s: str) -> str:
-        return s.replace("|", "\\|")
+        return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
 
     lines = [f"# tracekit diff: {doc['runs']['before']['path']} -> {doc['runs']['after']['path']}", ""]
     lines += [f"**{doc['summary']}**", ""]
