@@ -1,0 +1,468 @@
+"""Shard or replicate: tokens/s, latency and memory of the ways to spend N GPUs on one model.
+
+From measured runs of the same workload at TP=1 and TP=n (one or more batch sizes each), for N
+GPUs (`gpus`, default n):
+
+- **options**: every measured TP degree k that divides N, as N/k independent instances: N
+  replicas of TP=1, N/n sharded instances of TP=n (one N-way instance when n = N), N/2 pairs when
+  a TP=2 run is given and N >= 4. Per option and batch size b: per-token latency T_k(b) (the
+  run's per-token time: the unprofiled mean when the manifest has it, as the shortfall takes it,
+  else the traced steady-step mean) and tokens/s = (N/k) x b / T_k(b).
+- **memory per GPU** of each option, from the manifest's workload (shape, dtype, batch, prompt +
+  tokens = the context; `context` overrides), with the reference decoder's layout (Megatron TP:
+  attention and MLP weights and the LM head split k ways, embedding and norms replicated, the KV
+  cache split by KV heads): weights + KV cache at the context for the batch. `fits` against the
+  GPU's memory (`memory_gib`, default the manifest's device) less `reserve_gib` for the CUDA context,
+  workspace and activations.
+- **low-bit weights** (`dtype` fp8 / int4): the linear layers' weights at 1 byte (fp8, per-channel
+  scales negligible) or 0.5 byte + one fp16 scale per 128 weights (int4, group 128), the embedding,
+  norms and KV cache staying in the run's dtype. The memory cliff: the most concurrent sequences
+  whose KV cache fits beside the weights, per option, in the run's dtype and in `dtype`.
+  Per-token times in a low-bit dtype are not measured here and are not predicted.
+- **batch sizes not measured** (`batches`): T_k(B) = T_k(b0) + max(0, g(B) - g(b0)) from the
+  nearest measured batch b0, with g(b) = max(bytes read / memory bandwidth, flops / matrix
+  throughput) per rank per token (weights once, every sequence's KV cache; 2 flops per weight per
+  sequence): the device's added work at the larger batch, on top of the measured (host-bound or
+  not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`.
+
+A plain recommendation per batch size: the option with the most tokens/s among those that fit,
+and the one with the lowest latency when they differ; an option that does not fit is said so.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracekit.errors import TracekitError
+
+SCHEMA_VERSION = "1.0"
+GIB = 1024**3
+
+#: Bytes per weight of the linear layers in each weight dtype (int4: 0.5 + an fp16 scale per 128).
+WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
+_RUN_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+#: Device figures for the batch extrapolation (datasheet: HBM bytes/s, dense bf16 FLOP/s), by a
+#: substring of the device name, first match wins.
+DEVICE_FIGURES: tuple[tuple[str, float, float], ...] = (
+    ("H200", 4.8e12, 989.4e12),
+    ("H100 PCIe", 2.0e12, 756.0e12),
+    ("H100", 3.35e12, 989.4e12),
+    ("A100", 2.0e12, 312.0e12),
+)
+
+
+class AdviseError(TracekitError):
+    """The runs cannot be compared (different shapes, no TP=1 run, ...)."""
+
+
+# ------------------------------------------------------------------------------------------
+# the model's memory
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    layers: int
+    vocab: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    @classmethod
+    def from_workload(cls, wl: Mapping[str, Any], where: str) -> Shape:
+        sh = wl.get("shape")
+        if not isinstance(sh, Mapping):
+            raise AdviseError(f"{where}: manifest workload has no 'shape' (captured by an older tracekit?)")
+        try:
+            return cls(
+                *(int(sh[k]) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"))
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AdviseError(f"{where}: manifest workload.shape is incomplete ({exc})") from None
+
+    def linear_params(self, k: int) -> float:
+        """Weights of the linear layers on one of k ranks (attention, MLP, LM head)."""
+        hd = self.head_dim
+        per_layer = (
+            self.hidden * self.heads * hd  # q
+            + 2 * self.hidden * self.kv_heads * hd  # k, v
+            + self.heads * hd * self.hidden  # o
+            + 3 * self.hidden * self.intermediate  # gate, up, down
+        )
+        return (self.layers * per_layer + self.vocab * self.hidden) / k
+
+    def replicated_params(self) -> int:
+        """Embedding and norms: every rank holds them."""
+        return self.vocab * self.hidden + (2 * self.layers + 1) * self.hidden
+
+    def kv_bytes_per_sequence(self, k: int, context: int, act_bytes: float) -> float:
+        kv_heads = math.ceil(self.kv_heads / k)  # a KV head is replicated when k exceeds them
+        return 2 * self.layers * kv_heads * self.head_dim * context * act_bytes
+
+
+def weight_bytes(shape: Shape, k: int, weight_dtype: str, act_bytes: float) -> float:
+    return shape.linear_params(k) * WEIGHT_BYTES[weight_dtype] + shape.replicated_params() * act_bytes
+
+
+# ------------------------------------------------------------------------------------------
+# measured runs
+
+
+@dataclass
+class Measured:
+    """One run: its TP degree, batch and per-token time."""
+
+    path: str
+    tp: int
+    batch: int
+    per_token_ns: float
+    source: str  # "unprofiled" | "trace"
+    shape: Shape
+    dtype: str  # bf16 | fp32 | ...
+    context: int
+    device_name: str | None
+    device_memory_bytes: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "tp": self.tp,
+            "batch": self.batch,
+            "per_token_ns": int(round(self.per_token_ns)),
+            "per_token_source": self.source,
+            "dtype": self.dtype,
+            "context": self.context,
+            "device": self.device_name,
+        }
+
+
+def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: float | None = None) -> Measured:
+    """A run's figures from its manifest; `traced_ns` (the trace's steady mean) when the manifest has
+    no unprofiled times (the CLI reads the trace only then)."""
+    from tracekit.analyse.dilation import dilation_of
+
+    if not manifest:
+        raise AdviseError(f"{path}: no manifest.json (the workload's shape, batch and context are needed)")
+    wl = manifest.get("workload")
+    if not isinstance(wl, Mapping):
+        raise AdviseError(f"{path}: manifest.json has no workload")
+    shape = Shape.from_workload(wl, path)
+    try:
+        tp, batch = int(wl["tp"]), int(wl["batch"])
+        context = int(wl["prompt"]) + int(wl["tokens"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AdviseError(f"{path}: manifest workload lacks tp / batch / prompt / tokens ({exc})") from None
+    dil = dilation_of(manifest)
+    u = dil.unprofiled
+    if u is not None and u.n:
+        per_token, source = float(u.mean_ns), "unprofiled"
+    elif traced_ns is not None:
+        per_token, source = float(traced_ns), "trace"
+    else:
+        raise AdviseError(f"{path}: no unprofiled per-token times in the manifest and no trace time given")
+    devices = manifest.get("devices")
+    dev = devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], Mapping) else {}
+    mem = dev.get("memory_bytes")
+    return Measured(
+        path=path,
+        tp=tp,
+        batch=batch,
+        per_token_ns=per_token,
+        source=source,
+        shape=shape,
+        dtype=_RUN_DTYPE.get(str(wl.get("dtype")), str(wl.get("dtype"))),
+        context=context,
+        device_name=str(dev["name"]) if dev.get("name") else None,
+        device_memory_bytes=int(mem) if isinstance(mem, int) and mem > 0 else None,
+    )
+
+
+def device_figures(name: str | None) -> tuple[float, float] | None:
+    if not name:
+        return None
+    for key, bw, peak in DEVICE_FIGURES:
+        if key in name:
+            return bw, peak
+    return None
+
+
+def device_time_ns(m: Measured, k: int, batch: int, context: int) -> float | None:
+    """g(batch): the roofline time of one token's device work on one of k ranks (ns)."""
+    fig = device_figures(m.device_name)
+    if fig is None:
+        return None
+    bw, peak = fig
+    act = WEIGHT_BYTES.get(m.dtype, 2.0)
+    bytes_read = weight_bytes(m.shape, k, m.dtype, act) + batch * m.shape.kv_bytes_per_sequence(
+        k, context, act
+    )
+    flops = 2.0 * m.shape.linear_params(k) * batch
+    return max(bytes_read / bw, flops / peak) * 1e9
+
+
+# ------------------------------------------------------------------------------------------
+# advice
+
+
+@dataclass
+class Advice:
+    """The comparison; `to_json()` per docs/JSON.md#advise."""
+
+    gpus: int
+    memory_bytes: float | None
+    memory_source: str
+    reserve_bytes: float
+    weight_dtype: str
+    context: int
+    runs: list[Measured]
+    rows: list[dict[str, Any]]  # per (batch, option)
+    cliff: list[dict[str, Any]]  # per option: max concurrent sequences, run dtype vs weight dtype
+    recommendations: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "tracekit.advise",
+            "gpus": self.gpus,
+            "memory_per_gpu_bytes": int(self.memory_bytes) if self.memory_bytes else None,
+            "memory_source": self.memory_source,
+            "reserve_bytes": int(self.reserve_bytes),
+            "weight_dtype": self.weight_dtype,
+            "context": self.context,
+            "runs": [r.to_json() for r in self.runs],
+            "options": self.rows,
+            "memory_cliff": self.cliff,
+            "recommendations": self.recommendations,
+            "notes": list(self.notes),
+        }
+
+
+def _option_name(k: int, n_inst: int) -> str:
+    if k == 1:
+        return f"{n_inst} x TP=1 replicas" if n_inst > 1 else "1 x TP=1"
+    if n_inst == 1:
+        return f"1 x TP={k} (one {k}-way sharded instance)"
+    return f"{n_inst} x TP={k}" + (" pairs" if k == 2 else " instances")
+
+
+def advise(
+    tp1: Sequence[Measured],
+    tpn: Sequence[Measured],
+    *,
+    gpus: int | None = None,
+    memory_gib: float | None = None,
+    reserve_gib: float = 2.0,
+    weight_dtype: str | None = None,
+    context: int | None = None,
+    batches: Sequence[int] = (),
+) -> Advice:
+    """Compare the options (module doc)."""
+    runs = [*tp1, *tpn]
+    if not tp1:
+        raise AdviseError("--tp1: at least one TP=1 run is needed")
+    if any(m.tp != 1 for m in tp1):
+        bad = next(m for m in tp1 if m.tp != 1)
+        raise AdviseError(f"--tp1 {bad.path}: the manifest says tp={bad.tp}")
+    shapes = {m.shape for m in runs}
+    if len(shapes) > 1:
+        raise AdviseError(
+            "the runs are of different model shapes: " + "; ".join(f"{m.path}: {m.shape}" for m in runs)
+        )
+    degrees = sorted({m.tp for m in tpn})
+    n = max(degrees) if degrees else 1
+    gpus = gpus or n
+    notes: list[str] = []
+    dtypes = {m.dtype for m in runs}
+    run_dtype = runs[0].dtype
+    if len(dtypes) > 1:
+        notes.append(f"the runs differ in dtype ({', '.join(sorted(dtypes))}); memory uses {run_dtype}")
+    wdt = weight_dtype or run_dtype
+    if wdt not in WEIGHT_BYTES:
+        raise AdviseError(f"--dtype {wdt}: choose one of {', '.join(WEIGHT_BYTES)}")
+    act = WEIGHT_BYTES.get(run_dtype, 2.0)
+    ctx = context or max(m.context for m in runs)
+    if context:
+        notes.append(
+            f"memory at a context of {ctx} tokens (--context); the per-token times are those measured at "
+            f"{sorted({m.context for m in runs})} tokens of context"
+        )
+    if memory_gib is not None:
+        mem: float | None = memory_gib * GIB
+        mem_source = "--memory-gib"
+    else:
+        dev_mem = [m.device_memory_bytes for m in runs if m.device_memory_bytes]
+        mem = float(min(dev_mem)) if dev_mem else None
+        mem_source = "manifest device" if mem else "unknown (give --memory-gib)"
+    reserve = reserve_gib * GIB
+    shape = runs[0].shape
+
+    all_degrees = sorted({1, *degrees})
+    options = [k for k in all_degrees if gpus % k == 0 and k <= gpus]
+    for k in all_degrees:
+        if k not in options:
+            notes.append(f"TP={k} does not divide {gpus} GPUs: not an option")
+    if gpus not in all_degrees:
+        notes.append(
+            f"TP={gpus} (one {gpus}-way sharded instance) is not measured: give a TP={gpus} run to compare it"
+        )
+
+    by_key: dict[tuple[int, int], Measured] = {}
+    for m in runs:
+        prev = by_key.get((m.tp, m.batch))
+        if prev is not None:
+            notes.append(f"two runs at TP={m.tp} batch {m.batch}: {prev.path} kept, {m.path} ignored")
+            continue
+        by_key[(m.tp, m.batch)] = m
+    all_batches = sorted({m.batch for m in runs} | set(batches))
+
+    def mem_need(k: int, b: int, wd: str) -> dict[str, float]:
+        w = weight_bytes(shape, k, wd, act)
+        kv = b * shape.kv_bytes_per_sequence(k, ctx, act)
+        return {"weights": w, "kv_cache": kv, "total": w + kv}
+
+    def fits(total: float) -> bool | None:
+        return None if mem is None else total <= mem - reserve
+
+    rows: list[dict[str, Any]] = []
+    for b in all_batches:
+        for k in options:
+            inst = gpus // k
+            hit = by_key.get((k, b))
+            status, t = "measured", None
+            if hit is not None:
+                t = hit.per_token_ns
+            else:
+                near = [x for x in runs if x.tp == k]
+                if near:
+                    base = min(near, key=lambda x: (abs(x.batch - b), x.batch))
+                    g_b = device_time_ns(base, k, b, base.context)
+                    g_0 = device_time_ns(base, k, base.batch, base.context)
+                    if g_b is not None and g_0 is not None:
+                        t, status = (
+                            base.per_token_ns + max(0.0, g_b - g_0),
+                            f"predicted from batch {base.batch}",
+                        )
+                    else:
+                        status = "not measured (no device figures to extrapolate)"
+                else:
+                    status = "not measured"
+            need = mem_need(k, b, run_dtype)
+            need_low = mem_need(k, b, wdt)
+            row = {
+                "batch": b,
+                "option": _option_name(k, inst),
+                "tp": k,
+                "instances": inst,
+                "status": status,
+                "per_token_latency_ns": int(round(t)) if t is not None else None,
+                "tokens_per_s": inst * b * 1e9 / t if t else None,
+                "tokens_per_s_per_instance": b * 1e9 / t if t else None,
+                "memory_per_gpu_bytes": {k2: int(round(v)) for k2, v in need.items()},
+                "fits": fits(need["total"]),
+            }
+            if wdt != run_dtype:
+                row["memory_per_gpu_bytes_low_bit"] = {k2: int(round(v)) for k2, v in need_low.items()}
+                row["fits_low_bit"] = fits(need_low["total"])
+            rows.append(row)
+
+    cliff = []
+    for k in options:
+        entry: dict[str, Any] = {"tp": k, "option": _option_name(k, gpus // k)}
+        per_seq = shape.kv_bytes_per_sequence(k, ctx, act)
+        entry["kv_bytes_per_sequence"] = int(round(per_seq))
+        for label, wd in (("run_dtype", run_dtype), ("weight_dtype", wdt)):
+            w = weight_bytes(shape, k, wd, act)
+            entry[f"weights_bytes_{label}"] = int(round(w))
+            if mem is None:
+                entry[f"max_sequences_{label}"] = None
+            else:
+                free = mem - reserve - w
+                entry[f"max_sequences_{label}"] = max(0, int(free // per_seq)) if per_seq > 0 else None
+        a, bb = entry["max_sequences_run_dtype"], entry["max_sequences_weight_dtype"]
+        entry["more_sequences"] = (bb - a) if (a is not None and bb is not None) else None
+        cliff.append(entry)
+
+    recs = [_recommend(b, [r for r in rows if r["batch"] == b], gpus, mem) for b in all_batches]
+    return Advice(gpus, mem, mem_source, reserve, wdt, ctx, runs, rows, cliff, recs, notes)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:.1f} GiB"
+
+
+def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | None) -> dict[str, Any]:
+    """A plain sentence for one batch size."""
+    sentences = []
+    for r in rows:
+        if r["fits"] is False:
+            sentences.append(
+                f"{r['option']} does not fit: each GPU would need {_gib(r['memory_per_gpu_bytes']['total'])} "
+                f"(weights {_gib(r['memory_per_gpu_bytes']['weights'])} + KV cache "
+                f"{_gib(r['memory_per_gpu_bytes']['kv_cache'])}) of {_gib(mem or 0)}."
+            )
+    timed = [r for r in rows if r["tokens_per_s"] is not None and r["fits"] is not False]
+    if not timed:
+        text = f"Batch {batch}: no option both fits and has a per-token time."
+        return {
+            "batch": batch,
+            "best_throughput": None,
+            "best_latency": None,
+            "text": " ".join([text, *sentences]),
+        }
+    best = max(timed, key=lambda r: r["tokens_per_s"])
+    fastest = min(timed, key=lambda r: r["per_token_latency_ns"])
+    text = (
+        f"Batch {batch} on {gpus} GPU(s): {best['option']} gives the most tokens/s "
+        f"({best['tokens_per_s']:,.0f} tokens/s, {best['per_token_latency_ns'] / 1e6:.2f} ms per token"
+        + ("" if best["status"] == "measured" else f", {best['status']}")
+        + ")"
+    )
+    others = [r for r in timed if r is not best]
+    if others:
+        runner = max(others, key=lambda r: r["tokens_per_s"])
+        text += f", {best['tokens_per_s'] / runner['tokens_per_s']:.2f}x {runner['option']}"
+    text += "."
+    if fastest is not best:
+        text += (
+            f" For the lowest latency per token take {fastest['option']} "
+            f"({fastest['per_token_latency_ns'] / 1e6:.2f} ms, {fastest['tokens_per_s']:,.0f} tokens/s)."
+        )
+    else:
+        text += " It also has the lowest latency per token."
+    return {
+        "batch": batch,
+        "best_throughput": best["option"],
+        "best_latency": fastest["option"],
+        "text": " ".join([text, *sentences]),
+    }
+
+
+def cliff_sentence(adv: Advice) -> list[str]:
+    """How the low-bit weights move the memory cliff, one sentence per option."""
+    out = []
+    for c in adv.cliff:
+        a, b = c["max_sequences_run_dtype"], c["max_sequences_weight_dtype"]
+        if a is None or b is None:
+            out.append(f"{c['option']}: memory per GPU unknown (give --memory-gib)")
+            continue
+        per = c["kv_bytes_per_sequence"]
+        head = (
+            f"{c['option']}: weights {_gib(c['weights_bytes_run_dtype'])} per GPU, KV cache "
+            f"{per / 2**20:.1f} MiB per sequence at {adv.context} tokens: up to {a:,} concurrent sequences"
+        )
+        if adv.weight_dtype != adv.runs[0].dtype:
+            head += (
+                f"; with {adv.weight_dtype} weights ({_gib(c['weights_bytes_weight_dtype'])}) up to {b:,} "
+                f"({b - a:+,})"
+            )
+        out.append(head + ".")
+    return out

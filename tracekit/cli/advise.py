@@ -1,0 +1,148 @@
+"""`tracekit advise`: one N-way sharded instance, N replicas or N/2 pairs, with memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from tracekit.cli.options import out_file_option, write_text
+
+EXAMPLES = """
+\b
+Examples:
+  tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2
+  tracekit advise --tp1 runs/tp1-b1 --tp1 runs/tp1-b16 --tpn runs/tp2-b1 --gpus 4 --dtype int4
+  tracekit advise --tp1 traces/cpu-tp1 --tpn traces/cpu-tp2 --memory-gib 16 --context 4096 --format json
+  tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --batch 64   # extrapolated
+"""
+
+
+def _measured(path: str) -> Any:
+    from tracekit.analyse.advise import measured_from
+    from tracekit.analyse.dilation import dilation_of
+    from tracekit.read import load_manifest
+
+    p = Path(path)
+    mpath = p / "manifest.json" if p.is_dir() else p.parent / "manifest.json"
+    manifest = load_manifest(mpath) if mpath.exists() else None
+    traced = None
+    if manifest is not None:
+        u = dilation_of(manifest).unprofiled
+        if u is None or not u.n:  # only then is the trace read
+            from tracekit.analyse.shortfall import attribute_run
+            from tracekit.read import read_run
+
+            traced = float(attribute_run(read_run([p]), label=path).per_token["window"])
+    return measured_from(manifest, path, traced)
+
+
+def render_text(adv: Any) -> str:
+    from tracekit.analyse.advise import GIB, cliff_sentence
+
+    doc = adv.to_json()
+    lines = [r["text"] for r in doc["recommendations"]]
+    lines.append("")
+    mem = doc["memory_per_gpu_bytes"]
+    lines.append(
+        f"{doc['gpus']} GPU(s), {'%.1f GiB' % (mem / GIB) if mem else 'unknown memory'} each ({doc['memory_source']}, "
+        f"{doc['reserve_bytes'] / GIB:.1f} GiB kept back), context {doc['context']} tokens, weights {doc['weight_dtype']}"
+    )
+    head = f"{'batch':>5}  {'option':<38} {'ms/token':>9} {'tokens/s':>10} {'GiB/GPU':>8} {'fits':>5}  status"
+    lines += [head, "-" * len(head)]
+    for r in doc["options"]:
+        lat = r["per_token_latency_ns"]
+        tps = r["tokens_per_s"]
+        fits = {True: "yes", False: "NO", None: "?"}[r["fits"]]
+        lines.append(
+            f"{r['batch']:>5}  {r['option']:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
+            f"{'-' if tps is None else f'{tps:,.0f}':>10} {r['memory_per_gpu_bytes']['total'] / GIB:>8.2f} "
+            f"{fits:>5}  {r['status']}"
+        )
+    lines += ["", "Memory cliff (most concurrent sequences whose KV cache fits beside the weights):"]
+    lines += [f"  {s}" for s in cliff_sentence(adv)]
+    lines += ["", "Runs:"]
+    for r in doc["runs"]:
+        lines.append(
+            f"  TP={r['tp']} batch {r['batch']}: {r['per_token_ns'] / 1e6:.3f} ms per token ({r['per_token_source']}), "
+            f"{r['path']}"
+        )
+    for n in doc["notes"]:
+        lines.append(f"note: {n}")
+    return "\n".join(lines) + "\n"
+
+
+@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.option(
+    "--tp1",
+    "tp1",
+    multiple=True,
+    required=True,
+    type=click.Path(exists=True),
+    help="TP=1 run (repeat per batch).",
+)
+@click.option(
+    "--tpn", "tpn", multiple=True, type=click.Path(exists=True), help="TP=n run (repeat per batch or degree)."
+)
+@click.option("--gpus", type=int, default=None, help="GPUs to spend (default: the TP=n run's n).")
+@click.option(
+    "--memory-gib", type=float, default=None, help="Memory per GPU (default: the manifest's device)."
+)
+@click.option(
+    "--reserve-gib",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="Kept back per GPU (context, workspace).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["bf16", "fp16", "fp8", "int4"]),
+    default=None,
+    help="Weight dtype for the memory cliff (default: the run's).",
+)
+@click.option(
+    "--context", type=int, default=None, help="Context length for the KV cache (default: prompt + tokens)."
+)
+@click.option(
+    "--batch", "batches", type=int, multiple=True, help="Also a batch size not measured (extrapolated)."
+)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@out_file_option
+def command(
+    tp1: tuple[str, ...],
+    tpn: tuple[str, ...],
+    gpus: int | None,
+    memory_gib: float | None,
+    reserve_gib: float,
+    dtype: str | None,
+    context: int | None,
+    batches: tuple[int, ...],
+    fmt: str,
+    out: str | None,
+) -> None:
+    """Shard or replicate: tokens/s and latency per token of one N-way sharded instance, N TP=1
+    replicas and N/2 pairs, at the batch sizes measured, with the memory each needs per GPU (weights
+    + KV cache at the context, from the manifest's workload) and whether it fits.
+
+    Per-token times are the runs' unprofiled means (the traced ones when a manifest has none).
+    --dtype fp8/int4 shows how low-bit weights move the memory cliff: how many more concurrent
+    sequences fit. --batch B adds a batch size not measured, extrapolated from the nearest measured
+    one by the device's added memory and matrix work (marked predicted). One plain recommendation
+    per batch size; an option that does not fit is said so.
+    """
+    from tracekit.analyse.advise import advise
+    from tracekit.cli.probe import dumps_json
+
+    adv = advise(
+        [_measured(p) for p in tp1],
+        [_measured(p) for p in tpn],
+        gpus=gpus,
+        memory_gib=memory_gib,
+        reserve_gib=reserve_gib,
+        weight_dtype=dtype,
+        context=context,
+        batches=batches,
+    )
+    write_text(dumps_json(adv.to_json()).decode() if fmt == "json" else render_text(adv), out)
