@@ -37,8 +37,19 @@ no_cache_option = click.option(
 
 
 def _set_cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Point the cache at `value` for this command (the environment carries it to reader processes),
+    and put the previous setting back when the command ends."""
     if value:
-        os.environ["TRACEKIT_CACHE_DIR"] = value  # read by tracekit.read.cache, also in reader processes
+        before = os.environ.get("TRACEKIT_CACHE_DIR")
+        os.environ["TRACEKIT_CACHE_DIR"] = value
+
+        def _restore() -> None:
+            if before is None:
+                os.environ.pop("TRACEKIT_CACHE_DIR", None)
+            else:
+                os.environ["TRACEKIT_CACHE_DIR"] = before
+
+        ctx.call_on_close(_restore)
     return value
 
 

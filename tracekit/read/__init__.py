@@ -1,8 +1,15 @@
 """Readers: trace files -> one `Run` (the event table of all ranks).
 
 `read_run(paths)` takes files and/or folders. A folder is read as the set of its trace files
-(`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`, `*.sqlite.gz`; `manifest.json` is loaded
-into `Run.manifest`, not read as a trace). Each file goes to the reader registered for its suffix
+(`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`, `*.sqlite.gz`, `*.nsys-rep` unless its
+`.sqlite` export lies beside it; `manifest.json` is loaded into `Run.manifest`, not read as a
+trace); a folder without trace files of its own but with subfolders holding them (HTA's `rank-N/`
+layout) is read as the set of those. Runs as users lay them out: a torchrun profile folder
+(`*.pt.trace.json[.gz]` per rank, no manifest: the rank from each file's `distributedInfo`),
+several `.sqlite` / `.nsys-rep` files one per rank (aligned on the earliest session start: nsys
+times count from each report's own session start), HTA's `rank-N` files. A file that names no rank
+is rank 0 when alone; several such files get the ranks no other file claims, in file order
+(data_quality says so). Each file goes to the reader registered for its suffix
 (`READERS`, imported lazily): Kineto JSON -> `tracekit.read.kineto.read_kineto`, Nsight Systems
 SQLite (plain or gzipped) -> `tracekit.read.nsys.read_nsys`. Several files are read in parallel with a process pool,
 each through the Parquet cache (`tracekit.read.cache`).
@@ -33,6 +40,7 @@ READERS: dict[str, str] = {
     ".json": "tracekit.read.kineto:read_kineto",
     ".sqlite": "tracekit.read.nsys:read_nsys",
     ".sqlite.gz": "tracekit.read.nsys:read_nsys",
+    ".nsys-rep": "tracekit.read.nsys:read_nsys",
 }
 
 _NOT_TRACES = {"manifest.json"}
@@ -95,6 +103,20 @@ def json_type(x: Any) -> str:
     return "null" if x is None else type(x).__name__
 
 
+def _traces_in(folder: Path) -> list[Path]:
+    """The trace files of one folder, sorted; a `.nsys-rep` whose `.sqlite` export lies beside it
+    is left out (the export is read instead, once)."""
+    found = sorted(c for c in folder.iterdir() if c.is_file() and _is_trace_name(c.name))
+    names = {c.name.lower() for c in found}
+    return [
+        c
+        for c in found
+        if not (
+            c.name.lower().endswith(".nsys-rep") and c.name.lower()[: -len(".nsys-rep")] + ".sqlite" in names
+        )
+    ]
+
+
 def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], dict[str, Any] | None]:
     """Expand files and folders into trace files (sorted per folder) and the first manifest found."""
     files: list[Path] = []
@@ -102,13 +124,16 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found = sorted(c for c in p.iterdir() if c.is_file() and _is_trace_name(c.name))
+            found = _traces_in(p)
+            if not found:  # HTA's layout: one subfolder per rank (rank-0/, rank-1/, ...)
+                found = [f for sub in sorted(c for c in p.iterdir() if c.is_dir()) for f in _traces_in(sub)]
             mf = p / "manifest.json"
             if manifest is None and mf.is_file():
                 manifest = load_manifest(mf)
             if not found:
                 raise NoTracesError(
-                    f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite or *.sqlite.gz)"
+                    f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite, "
+                    "*.sqlite.gz or *.nsys-rep)"
                 )
             files.extend(found)
         elif p.is_file():
@@ -130,7 +155,8 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
 def read_file(
     path: str | os.PathLike[str], *, rank: int | None = None, cache: bool = True, on_progress: Any = None
 ) -> Run:
-    """Read one trace file with its registered reader, through the Parquet cache."""
+    """Read one trace file with its registered reader, through the Parquet cache. A Kineto file that
+    names no rank is read as rank 0 (rank_source "default"; `read_run` renumbers several such)."""
     from tracekit.read import cache as cache_mod
 
     p = Path(path)
@@ -143,8 +169,8 @@ def read_file(
         hit = cache_mod.load(p, version, rank)
         if hit is not None:
             return hit
-    if on_progress is not None and reader.__module__ == "tracekit.read.kineto":
-        run = reader(p, rank=rank, on_progress=on_progress)
+    if reader.__module__ == "tracekit.read.kineto":
+        run = reader(p, rank=rank, on_progress=on_progress, default_rank=0)
     else:
         run = reader(p, rank=rank)
     if use_cache:
@@ -273,9 +299,81 @@ def read_run(
     finally:
         if bar is not None:
             bar.stop()
+    runs = _number_default_ranks(runs)
+    runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
     run.manifest = manifest
     return run
+
+
+def _with_rank(run: Run, new: int, note: str) -> Run:
+    """`run` (one rank) as rank `new`."""
+    (old,) = run.sources
+    events = run.events.copy(deep=False)
+    events["rank"] = np.full(len(events), new, dtype=events["rank"].dtype)
+    info = dict(run.rank_info.get(old, {}))
+    info["rank_source"] = "default (file order)"
+    dq = DataQuality().merge(run.data_quality)
+    dq.add("ranks_from_file_order", 1, note)
+    return Run(events=events, sources={new: run.sources[old]}, rank_info={new: info}, data_quality=dq)
+
+
+def _number_default_ranks(runs: list[Run]) -> list[Run]:
+    """Files that name no rank (rank_source "default") get, in file order, the smallest ranks no
+    other file claims; alone, such a file stays rank 0."""
+    defaulted = [
+        i
+        for i, r in enumerate(runs)
+        if len(r.sources) == 1 and r.rank_info.get(next(iter(r.sources)), {}).get("rank_source") == "default"
+    ]
+    if len(runs) < 2 or not defaulted:
+        return runs
+    taken = {rk for i, r in enumerate(runs) if i not in defaulted for rk in r.sources}
+    out = list(runs)
+    nxt = 0
+    for i in defaulted:
+        while nxt in taken:
+            nxt += 1
+        src = next(iter(runs[i].sources.values()))
+        out[i] = _with_rank(
+            runs[i],
+            nxt,
+            f"{Path(src).name}: names no rank (no distributedInfo, rank-N or RANK=): read as rank {nxt}, "
+            "its place among the files that name none (pass one file with --rank N to choose)",
+        )
+        taken.add(nxt)
+    return out
+
+
+def _align_nsys_sessions(runs: list[Run]) -> list[Run]:
+    """Several Nsight Systems reports (one per rank): each counts ns from its own session start, so
+    shift each onto the earliest report's clock by the difference of the sessions' UTC starts."""
+    starts: list[int | None] = []
+    for r in runs:
+        vals = {v for info in r.rank_info.values() if isinstance(v := info.get("session_start_utc_ns"), int)}
+        starts.append(next(iter(vals)) if len(vals) == 1 else None)
+    known = [s for s in starts if s is not None]
+    if len(known) < 2 or len(set(known)) < 2:
+        return runs
+    base = min(known)
+    out = list(runs)
+    for i, (r, s0) in enumerate(zip(runs, starts, strict=True)):
+        if s0 is None or s0 == base:
+            continue
+        shift = s0 - base
+        events = r.events.copy(deep=False)
+        events["start_ns"] = events["start_ns"].to_numpy(np.int64) + shift
+        events["end_ns"] = events["end_ns"].to_numpy(np.int64) + shift
+        info = {k: {**v, "session_shift_ns": shift} for k, v in r.rank_info.items()}
+        dq = DataQuality().merge(r.data_quality)
+        dq.add(
+            "nsys_sessions_aligned",
+            1,
+            "several Nsight Systems reports: each one's times were shifted onto the earliest session's clock "
+            "by the difference of their session starts (TARGET_INFO_SESSION_START_TIME)",
+        )
+        out[i] = Run(events=events, sources=dict(r.sources), rank_info=info, data_quality=dq)
+    return out
 
 
 def _main(argv: list[str]) -> None:  # pragma: no cover - a debugging aid: python -m tracekit.read PATH

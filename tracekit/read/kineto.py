@@ -1389,7 +1389,9 @@ def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> tuple[int, str]:
+def _resolve_rank(
+    path: Path, meta: dict[str, Any], rank: int | None, default_rank: int | None = None
+) -> tuple[int, str]:
     if rank is not None:
         return int(rank), "argument"
     di = meta.get("distributedInfo")
@@ -1400,6 +1402,8 @@ def _resolve_rank(path: Path, meta: dict[str, Any], rank: int | None) -> tuple[i
     r2 = rank_from_filename(path)
     if r2 is not None:
         return r2, "file name"
+    if default_rank is not None:
+        return int(default_rank), "default"
     raise RankError(
         f"{path}: cannot tell the rank (no distributedInfo.rank in the trace, no rank-N in the file name); "
         "pass it with --rank N (rank= in Python) or name the file rank-N.json[.gz]"
@@ -1416,11 +1420,13 @@ def read_kineto(
     rank: int | None = None,
     chunk_bytes: int = CHUNK_BYTES,
     on_progress: Any = None,
+    default_rank: int | None = None,
 ) -> Run:
     """Read one Kineto trace (`.json` or `.json.gz`) into a Run with one rank.
 
     `rank` overrides the rank found in the trace (`distributedInfo.rank`) or in the file name
-    (`rank-3`, `rank3`, `_rank_3`); without any of these, RankError says how to pass it.
+    (`rank-3`, `rank3`, `_rank_3`); without any of these the rank is `default_rank` (rank_source
+    "default", noted in data_quality), or, when that is None, RankError says how to pass it.
     Streams the file in chunks of about `chunk_bytes` of JSON, so memory stays bounded.
     `on_progress(bytes_done_on_disk, file_size)` is called after each chunk when given.
     Errors: TraceFormatError (file + byte offset / event index) for a truncated gzip, truncated or
@@ -1455,7 +1461,14 @@ def read_kineto(
         raise TraceFormatError(p, "empty trace: traceEvents has no events")
     if cols.rows == 0 and cols.dq.counts.get("events_without_ts", 0):
         raise TraceFormatError(p, "no complete (X) event has a ts: cannot place anything in time")
-    r, rank_source = _resolve_rank(p, meta, rank)
+    r, rank_source = _resolve_rank(p, meta, rank, default_rank)
+    if rank_source == "default":
+        cols.dq.add(
+            "rank_assumed",
+            1,
+            f"{p.name}: no distributedInfo.rank and no rank-N in the file name: read as rank {r} "
+            "(pass --rank N to choose)",
+        )
     di = meta.get("distributedInfo")
     own = _to_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
     if rank_source == "argument" and own >= 0 and own != r:
