@@ -288,10 +288,14 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     help="table for people; json per docs/JSON.md#shortfall.",
 )
 @click.option(
+    "--steps",
     "--step-pattern",
+    "step_pattern",
     default=None,
-    metavar="REGEX",
-    help="Regex of the step annotations (default: the manifest's, else decode_step, then ProfilerStep#N).",
+    metavar="auto|whole|REGEX",
+    help="How to find the steps (default: the manifest's pattern, else auto: decode_step, ProfilerStep#N, a "
+    "serving engine's iteration range, a CUDA-graph launch period, repeated NVTX ranges, else the whole trace); "
+    "whole: one window per rank; or a REGEX of the step annotations. --step-pattern is the same option.",
 )
 @click.option(
     "--skip-first",
