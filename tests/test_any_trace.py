@@ -410,3 +410,40 @@ def test_nsys_rep_beside_its_export_is_read_once(shared_traces: Path, tmp_path: 
         shared_trace(shared_traces, "h200/nsys_matmul_nvtx.nsys-rep"), d / "nsys_matmul_nvtx.nsys-rep"
     )
     assert read_run([d], cache=False).ranks == [0]
+
+
+def test_nsys_graph_level_trace_rows_join_their_launch(shared_traces: Path, tmp_path: Path) -> None:
+    """nsys --cuda-graph-trace=graph records one CUPTI_ACTIVITY_KIND_GRAPH_TRACE row per graph
+    execution, with the correlationId of its cudaGraphLaunch: each is one GPU operation inside the
+    step of its launch, and the launches' period makes the steps of a trace without NVTX."""
+    db = tmp_path / "graphs.sqlite"
+    shutil.copy(shared_trace(shared_traces, "h200/nsys_matmul_nvtx.sqlite"), db)
+    con = sqlite3.connect(db)  # our own copy: NVTX dropped, four graph launches and executions added
+    con.execute("DELETE FROM NVTX_EVENTS")
+    (tid,) = con.execute("SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME LIMIT 1").fetchone()
+    (pid,) = con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()
+    (name_id,) = con.execute("SELECT max(id) + 1 FROM StringIds").fetchone()
+    con.execute("INSERT INTO StringIds VALUES (?, 'cudaGraphLaunch_v10000')", (name_id,))
+    con.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_GRAPH_TRACE (start INT NOT NULL, end INT NOT NULL, deviceId INT, "
+        "contextId INT, greenContextId INT, streamId INT, correlationId INT, globalPid INT, graphId INT, graphExecId INT)"
+    )
+    t0 = 6_000_000_000
+    for i in range(4):
+        t = t0 + i * 1_000_000
+        con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, 1, ?, ?, ?, 0, NULL)",
+            (t, t + 5000, tid, 990001 + i, name_id),
+        )
+        con.execute(
+            "INSERT INTO CUPTI_ACTIVITY_KIND_GRAPH_TRACE VALUES (?, ?, 0, 1, NULL, 7, ?, ?, 3, 3)",
+            (t + 20_000, t + 420_000, 990001 + i, pid),
+        )
+    con.commit()
+    con.close()
+    run = read_run([db], cache=False)
+    assert run.data_quality.counts["nsys_graph_level_trace"] == 4
+    b = breakdown(run, "auto")
+    assert b.step_rule == "cuda_graph_launch"
+    graph_steps = b.steps[b.steps["start_ns"] >= t0]
+    assert len(graph_steps) >= 3 and (graph_steps["compute_ns"].head(3) == 400_000).all()

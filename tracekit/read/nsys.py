@@ -44,7 +44,7 @@ from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
 #: Bumped when the reader's output changes (keys the Parquet cache of tracekit.read).
-READER_VERSION = "nsys-2"  # nsys-2: ranks are the processes with GPU activity
+READER_VERSION = "nsys-3"  # nsys-2: ranks are the processes with GPU activity; 3: graph-level trace rows
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -54,9 +54,12 @@ T_MEMSET = "CUPTI_ACTIVITY_KIND_MEMSET"
 T_RUNTIME = "CUPTI_ACTIVITY_KIND_RUNTIME"
 T_DRIVER = "CUPTI_ACTIVITY_KIND_DRIVER"
 T_SYNC = "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION"
+#: Graph-level CUDA-graph tracing (nsys --cuda-graph-trace=graph): one row per graph execution, its
+#: correlationId that of the cudaGraphLaunch (CUPTI's CUpti_ActivityGraphTrace).
+T_GRAPH = "CUPTI_ACTIVITY_KIND_GRAPH_TRACE"
 T_NVTX = "NVTX_EVENTS"
 T_STRINGS = "StringIds"
-EVENT_TABLES = (T_KERNEL, T_MEMCPY, T_MEMSET, T_RUNTIME, T_DRIVER, T_SYNC, T_NVTX)
+EVENT_TABLES = (T_KERNEL, T_MEMCPY, T_MEMSET, T_RUNTIME, T_DRIVER, T_SYNC, T_NVTX, T_GRAPH)
 
 #: NVTX_EVENTS.eventType codes (ENUM_NSYS_EVENT_TYPE in every export checked: 2024.5, 2025.3).
 NVTX_MARK = 34
@@ -429,6 +432,30 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         tally(pid, "kernels")
         nccl = coll_name != ""
         tally(pid[nccl], "nccl_kernels")
+
+    # ---- CUDA graphs traced as a whole (nodes not recorded): one GPU operation per graph execution,
+    # joined to its cudaGraphLaunch by correlationId like a kernel to its launch
+    if T_GRAPH in tables:
+        cols = set(_columns(con, T_GRAPH))
+        graph_sql = "COALESCE(graphId, -1)" if "graphId" in cols else "-1"
+        m = _int_matrix(
+            con,
+            "SELECT start, end, COALESCE(deviceId, -1), COALESCE(streamId, -1), COALESCE(correlationId, -1), "
+            f"globalPid, {graph_sql} FROM {T_GRAPH} WHERE NOT (start = 0 AND end = 0)",
+            7,
+        )
+        if len(m):
+            names = np.array([f"CUDA graph {g} (graph-level trace)" for g in m[:, 6].tolist()], dtype=object)
+            parts.append(_gpu_part("kernel", m, names))
+            tally(parts[-1].pid, "graph_executions")
+            dq.add(
+                "nsys_graph_level_trace",
+                len(m),
+                f"{given.name}: {len(m)} CUDA-graph executions were traced as a whole (nsys "
+                "--cuda-graph-trace=graph): each is one GPU operation of class compute (subclass other), "
+                "its own kernels (and any collective among them) unseen; profile with "
+                "--cuda-graph-trace=node to classify them",
+            )
 
     # ---- memcpy
     if T_MEMCPY in tables:
