@@ -447,3 +447,30 @@ def test_nsys_graph_level_trace_rows_join_their_launch(shared_traces: Path, tmp_
     assert b.step_rule == "cuda_graph_launch"
     graph_steps = b.steps[b.steps["start_ns"] >= t0]
     assert len(graph_steps) >= 3 and (graph_steps["compute_ns"].head(3) == 400_000).all()
+
+
+def test_nccl_nvtx_payload_fills_the_collective_columns(tmp_path: Path) -> None:
+    """NCCL's own NVTX domain: the range's payload gives op, bytes, communicator and rank count."""
+    from tests.test_read_nsys import _make_db
+    from tracekit.read.nsys import read_nsys
+
+    db = tmp_path / "nccl.sqlite"
+    _make_db(db, two_processes=False)
+    con = sqlite3.connect(db)
+    con.execute(
+        "UPDATE NVTX_EVENTS SET jsonText = ? WHERE text = 'AllReduce'",
+        (
+            '{"NCCL communicator ID": 8817263541, "Message size [bytes]": 8192, "Reduction operation": "Sum", '
+            '"No. of ranks": 2}',
+        ),
+    )
+    con.commit()
+    con.close()
+    ev = read_nsys(db).events
+    ar = ev[(ev["kind"] == "annotation") & (ev["name"] == "AllReduce")]
+    assert len(ar) == 1
+    row = ar.iloc[0]
+    assert (row["coll_op"], int(row["coll_in_bytes"])) == ("all_reduce", 8192)
+    assert (str(row["coll_pg_name"]), int(row["coll_group_size"])) == ("nccl-comm:8817263541", 2)
+    ag = ev[(ev["kind"] == "annotation") & (ev["name"] == "ncclAllGather")].iloc[0]
+    assert (str(ag["coll_pg_name"]), int(ag["coll_group_size"]), int(ag["coll_in_bytes"])) == ("", -1, -1)

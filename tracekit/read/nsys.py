@@ -719,6 +719,8 @@ def _read_nvtx(
     coll_name = np.full(int(sel.sum()), "", dtype=object)
     coll_op = np.full(int(sel.sum()), "", dtype=object)
     coll_bytes = np.full(int(sel.sum()), -1, dtype=np.int64)
+    coll_pg = np.full(int(sel.sum()), "", dtype=object)
+    coll_size = np.full(int(sel.sum()), -1, dtype=np.int64)
     nccl = dom_names == NCCL_NVTX_DOMAIN
     if nccl.any():
         cn, co = _nccl_ops(names_s[nccl], _NCCL_NVTX)
@@ -727,6 +729,13 @@ def _read_nvtx(
         json_s = arr[sel, 7][nccl]
         sizes = np.array([_payload_bytes(j) for j in json_s], dtype=np.int64)
         coll_bytes[nccl] = sizes
+        # NCCL >= 2.24 also names the communicator ("NCCL communicator ID", its hash) and, where it
+        # knows it, the rank count ("No. of ranks"): the collective's group, as Kineto's args give it
+        comm_ids = [_payload_field(j, _COMM_IN_JSON) for j in json_s]
+        coll_pg[nccl] = np.array([f"nccl-comm:{c}" if c else "" for c in comm_ids], dtype=object)
+        coll_size[nccl] = np.array(
+            [int(v) if v else -1 for v in (_payload_field(j, _NRANKS_IN_JSON) for j in json_s)]
+        )
         unknown = int((sizes < 0).sum())
         if unknown:
             dq.add(
@@ -746,6 +755,8 @@ def _read_nvtx(
                 "coll_name": coll_name,
                 "coll_op": coll_op,
                 "coll_in_bytes": coll_bytes,
+                "coll_pg_name": coll_pg,
+                "coll_group_size": coll_size,
             },
         )
     )
@@ -753,6 +764,18 @@ def _read_nvtx(
 
 
 _SIZE_IN_JSON = re.compile(r'"[^"]*(?:[Mm]essage size|[Ss]ize)[^"]*"\s*:\s*(\d+)')
+
+
+_COMM_IN_JSON = re.compile(r'"NCCL communicator ID"\s*:\s*"?(\w+)"?')
+_NRANKS_IN_JSON = re.compile(r'"No\. of ranks"\s*:\s*(\d+)')
+
+
+def _payload_field(json_text: object, rx: re.Pattern[str]) -> str:
+    """One field of an NCCL NVTX payload exported as JSON text, or ""."""
+    if not isinstance(json_text, str):
+        return ""
+    m = rx.search(json_text)
+    return m.group(1) if m else ""
 
 
 def _payload_bytes(json_text: object) -> int:
