@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.decompose import CLASSES, bootstrap, compute_split, log_shares
+from tracekit.analyse.compute_split import compute_split
+from tracekit.analyse.decompose import CLASSES, bootstrap, log_shares
 from tracekit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -160,3 +161,19 @@ def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
         Fraction(sum(d.moved()["runtime"]["saved_by_class_ns"].values()))
         == doc["moved"]["runtime"]["saved_ns"]
     )
+
+
+@pytest.mark.parametrize("trace", ["h200-tp1", "cpu-tp2"])
+def test_breakdown_shows_matrix_and_vector_compute_per_step(trace):
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
+    doc = breakdown(read_run([TRACES / trace], cache=False)).to_json()
+    for st in doc["steps"]:
+        split = st["compute_split_ns"]
+        assert split["matrix"] + split["vector"] == st["parts_ns"]["compute"]
+        assert split["matrix"] >= 0 and split["vector"] >= 0
+    # the eager 7b step: GEMMs and attention are most, not all, of the compute
+    matrix = sum(s["compute_split_ns"]["matrix"] for s in doc["steps"])
+    compute = sum(s["parts_ns"]["compute"] for s in doc["steps"])
+    assert 0.2 < matrix / compute < 0.9

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.steps import (
     PARTITION_COLUMNS,
     PARTS,
@@ -80,6 +81,7 @@ class Breakdown:
                     "start_ns": int(row.start_ns),
                     "window_ns": int(row.window_ns),
                     "parts_ns": {p: int(getattr(row, f"{p}_ns")) for p in PARTS},
+                    "compute_split_ns": {"matrix": int(row.matrix_ns), "vector": int(row.vector_ns)},
                     "overlapped_collective_ns": int(row.overlapped_collective_ns),
                     "timeline": str(row.timeline),
                 }
@@ -355,6 +357,7 @@ def breakdown(
         if not len(steps):
             raise StepError(f"all {dropped} steps were skipped by skip_first={skip_first}")
     table = partition_steps(events, steps)
+    table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
 
     host_ranks = sorted(int(r) for r in table.loc[table["timeline"] == "host", "rank"].unique())
     if host_ranks:

@@ -27,15 +27,14 @@ host timeline (`compute_split`).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
+from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks, reconcile
 from tracekit.errors import TracekitError
 from tracekit.model.events import DataQuality, Run
@@ -54,12 +53,6 @@ CLASS_WORDS: dict[str, str] = {
 }
 RUNS: tuple[str, ...] = ("baseline", "intermediate", "full")
 
-#: Host-timeline (CPU-only run) ops that are matrix products.
-HOST_MATRIX_OPS = re.compile(
-    r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|einsum|_?scaled_dot_product\w*"
-    r"|_scaled_mm|_int_mm|_weight_int\w*mm\w*)$"
-)
-
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_LEVEL = 0.95
@@ -67,55 +60,6 @@ BOOTSTRAP_LEVEL = 0.95
 
 class DecomposeError(TracekitError):
     """The three runs cannot be decomposed (no speedup to split, no steps, ...)."""
-
-
-# ------------------------------------------------------------------------------------------
-# matrix vs vector compute per step
-
-
-def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, step) window of `steps` (columns rank, step, start_ns, end_ns, compute_ns): the
-    compute part split into `matrix_ns` (time under a matrix kernel, or a matrix op on a host
-    timeline, inside the window) and `vector_ns` = compute_ns - matrix_ns. Exact integers; matrix
-    intervals are a subset of the partition's compute layer, so 0 <= matrix_ns <= compute_ns."""
-    from tracekit.analyse.steps import _measure, _merge_sorted, cat_mask, rank_selectors
-    from tracekit.classify.rules import GPU_KINDS
-
-    ev_rank = classified["rank"].to_numpy(np.int64)
-    selectors = rank_selectors(ev_rank)
-    out = []
-    for r in sorted(int(x) for x in pd.unique(steps["rank"])):
-        st = steps[steps["rank"] == r]
-        ev = classified.iloc[selectors.get(r, np.zeros(0, dtype=np.int64))]
-        gpu = cat_mask(ev["kind"], GPU_KINDS)
-        if gpu.any():
-            sel = gpu & cat_mask(ev["cls"], {"compute"}) & cat_mask(ev["subclass"], {"matrix"})
-        else:
-            ops = cat_mask(ev["kind"], {"cpu_op"})
-            names = ev["name"].astype(str).to_numpy()
-            sel = ops & np.array([bool(HOST_MATRIX_OPS.match(n)) for n in names], dtype=bool)
-        s = ev["start_ns"].to_numpy(np.int64)[sel]
-        e = ev["end_ns"].to_numpy(np.int64)[sel]
-        o = np.argsort(s, kind="stable")
-        ms, me = _merge_sorted(s[o], e[o])
-        a = st["start_ns"].to_numpy(np.int64)
-        b = st["end_ns"].to_numpy(np.int64)
-        matrix = _measure(ms, me, a, b) if len(ms) else np.zeros(len(st), dtype=np.int64)
-        compute = st["compute_ns"].to_numpy(np.int64)
-        matrix = np.minimum(matrix, compute)
-        out.append(
-            pd.DataFrame(
-                {
-                    "rank": r,
-                    "step": st["step"].to_numpy(np.int64),
-                    "matrix_ns": matrix,
-                    "vector_ns": compute - matrix,
-                }
-            )
-        )
-    if not out:
-        return pd.DataFrame(columns=["rank", "step", "matrix_ns", "vector_ns"])
-    return pd.concat(out, ignore_index=True)
 
 
 # ------------------------------------------------------------------------------------------
