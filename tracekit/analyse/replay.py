@@ -392,45 +392,63 @@ def _run_gpu(
     alpha = setting.host_scale
     launch0 = setting.launch0
     kind = setting.compute_scale.get(p.rank, 1.0) if setting.compute_scale else 1.0
-    rho, q = p.d_rho_k, p.d_q_k
     n_h, n_d = len(p.h_gap), len(p.d_dur)
-    h_start = np.zeros(n_h)
-    H = off
+    gaps = np.zeros(n_h) if launch0 else p.h_gap * alpha
+    if seg_scale is not None and not launch0:
+        gaps = gaps * seg_scale[p.h_seg]
+    durs = np.where(p.h_sync, p.h_dur * alpha, 0.0 if launch0 else p.h_dur * alpha)
+    dur_d = np.where(p.d_compute, p.d_dur * kind, p.d_dur).tolist()
+    q = p.d_q_k.tolist()
+    launch = p.d_launch.tolist()
+    coll = [int(i) >= 0 and len(members.get(int(i), ())) > 1 for i in p.d_inst]
+    no_launch_release = off + (0.0 if launch0 else 1.0) * alpha * p.d_rho_k
+    blocking = not setting.sync0 and bool(p.h_sync.any())
     F = off
-    j = 0
-    for i in range(n_h + 1):
-        # device operations launched by calls before i
-        while j < n_d and p.d_launch[j] < i:
-            base = off if p.d_launch[j] < 0 else h_start[p.d_launch[j]]
-            r_j = rho[j] if not (launch0 and p.d_launch[j] < 0) else 0.0
-            if p.d_launch[j] < 0 and not launch0:
-                r_j = r_j * alpha
-            s = max(base + r_j, F + q[j])
-            inst = int(p.d_inst[j])
-            if inst >= 0 and len(members.get(inst, ())) > 1:
-                e = yield (inst, s, float(p.d_x[j]), p.d_op[j], int(p.d_bytes[j]))
+    if not blocking:
+        # the host never waits for the device: its chain is a cumulative sum
+        inc = gaps + np.where(p.h_sync, 0.0, durs)
+        h_end = off + np.cumsum(inc)
+        h_start = h_end - np.where(p.h_sync, 0.0, durs)
+        H = float(h_end[-1]) if n_h else off
+        if n_d:
+            from_call = h_start[np.maximum(p.d_launch, 0)] + p.d_rho_k if n_h else no_launch_release
+            release = np.where(p.d_launch < 0, no_launch_release, from_call).tolist()
+        else:
+            release = []
+        for j in range(n_d):
+            st = release[j] if release[j] > F + q[j] else F + q[j]
+            if coll[j]:
+                e = yield (int(p.d_inst[j]), st, float(p.d_x[j]), p.d_op[j], int(p.d_bytes[j]))
             else:
-                d = p.d_dur[j] * (kind if p.d_compute[j] else 1.0)
-                e = s + d
-            F = max(F, e)
-            j += 1
-        if i == n_h:
-            break
-        gap = (
-            0.0 if launch0 else p.h_gap[i] * alpha * (seg_scale[p.h_seg[i]] if seg_scale is not None else 1.0)
-        )
-        H += gap
-        h_start[i] = H
-        if p.h_sync[i]:
-            if setting.sync0:
-                continue
-            if p.h_block[i]:
-                H = max(H, F + p.h_eps[i])
+                e = st + dur_d[j]
+            if e > F:
+                F = e
+    else:
+        hs = [0.0] * n_h
+        gap_l, dur_l = gaps.tolist(), durs.tolist()
+        sync_l, block_l, eps_l = p.h_sync.tolist(), p.h_block.tolist(), p.h_eps.tolist()
+        rho_l, nlr = p.d_rho_k.tolist(), no_launch_release.tolist()
+        H = off
+        j = 0
+        for i in range(n_h + 1):
+            while j < n_d and launch[j] < i:  # device operations launched by calls before i
+                rel = nlr[j] if launch[j] < 0 else hs[launch[j]] + rho_l[j]
+                st = max(rel, F + q[j])
+                if coll[j]:
+                    e = yield (int(p.d_inst[j]), st, float(p.d_x[j]), p.d_op[j], int(p.d_bytes[j]))
+                else:
+                    e = st + dur_d[j]
+                F = max(F, e)
+                j += 1
+            if i == n_h:
+                break
+            H += gap_l[i]
+            hs[i] = H
+            if sync_l[i]:
+                H = max(H, F + eps_l[i]) if block_l[i] else max(H + dur_l[i], F)
             else:
-                H = max(H + p.h_dur[i] * alpha, F)
-        elif not launch0:
-            H += p.h_dur[i] * alpha
-    tail = 0.0 if launch0 else p.tail_gap * alpha * (seg_scale[-1] if seg_scale is not None else 1.0)
+                H += dur_l[i]
+    tail = 0.0 if launch0 else p.tail_gap * alpha * (float(seg_scale[-1]) if seg_scale is not None else 1.0)
     return max(H + tail, F)
 
 
@@ -710,38 +728,54 @@ def _host_programs(
 # calibration, predictions, Shapley
 
 
-def calibrate(model: RunModel, tol_ns: float = 50.0) -> float:
-    """The host scale that makes the unchanged replay's mean equal `target_ns` (1.0 without one)."""
+def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
+    """The host scale that makes the unchanged replay's mean equal `target_ns` (1.0 without one).
+
+    The replayed mean is non-decreasing and piecewise linear in the scale: a bracket, then
+    regula falsi (Illinois), to within `rel_tol` of the target (0.1 us on a 5 ms token)."""
     if model.target_ns is None:
         model.host_scale = 1.0
         return 1.0
     target = float(model.target_ns)
+    tol = max(rel_tol * target, 1.0)
 
-    def mean(alpha: float) -> float:
-        return float(model.replay(_Setting(host_scale=alpha)).mean())
+    def err(alpha: float) -> float:
+        return float(model.replay(_Setting(host_scale=alpha)).mean()) - target
 
-    lo, hi = 0.0, 1.0
-    while mean(hi) < target and hi < 64:
-        lo, hi = hi, hi * 2
-    if mean(lo) > target:
+    lo, f_lo = 0.0, err(0.0)
+    if f_lo >= 0:
         model.notes.append(
-            f"{model.label}: the unprofiled per-token time {target / 1e6:.3f} ms is below the replay without any "
-            "host time; host time is removed entirely"
+            f"{model.label}: the unprofiled per-token time {target / 1e6:.3f} ms is not above the replay without "
+            "any host time; host time is removed entirely"
         )
         model.host_scale = 0.0
         return 0.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        m = mean(mid)
-        if abs(m - target) <= tol_ns:
-            lo = hi = mid
+    hi, f_hi = 1.0, err(1.0)
+    while f_hi < 0 and hi < 64:
+        lo, f_lo, hi = hi, f_hi, hi * 2
+        f_hi = err(hi)
+    best = hi
+    side = 0
+    for _ in range(60):
+        mid = hi - f_hi * (hi - lo) / (f_hi - f_lo) if f_hi != f_lo else (lo + hi) / 2
+        if not lo < mid < hi:
+            mid = (lo + hi) / 2
+        f_mid = err(mid)
+        best = mid
+        if abs(f_mid) <= tol or hi - lo < 1e-12:
             break
-        if m < target:
-            lo = mid
+        if f_mid < 0:
+            lo, f_lo = mid, f_mid
+            if side == -1:
+                f_hi /= 2
+            side = -1
         else:
-            hi = mid
-    model.host_scale = (lo + hi) / 2
-    return model.host_scale
+            hi, f_hi = mid, f_mid
+            if side == 1:
+                f_lo /= 2
+            side = 1
+    model.host_scale = best
+    return best
 
 
 def setting_for(
@@ -915,14 +949,16 @@ def whatif(
     if sf is None:
         u = base_parts.dilation.unprofiled
         corrected = u is not None and u.n > 0 and u.mean_ns > 0
-    tgt_b = base_parts.dilation.unprofiled.mean_ns if corrected and base_parts.dilation.unprofiled else None
-    base = build_model(
-        base_parts, base_classified, Fraction(tgt_b) if tgt_b is not None else None, "baseline"
-    )
+    # the per-token times the accounting states (T1, TN), so both splits share one S
+    tgt_b: Fraction | None = None
+    tgt_s: Fraction | None = None
+    if corrected and sf is not None:
+        tgt_b, tgt_s = Fraction(sf.corrected.baseline_ns), Fraction(sf.corrected.sharded_ns)
+    elif corrected and base_parts.dilation.unprofiled is not None:
+        tgt_b = Fraction(base_parts.dilation.unprofiled.mean_ns)
+    base = build_model(base_parts, base_classified, tgt_b, "baseline")
     shard = None
     if shard_parts is not None and shard_classified is not None:
-        u = shard_parts.dilation.unprofiled
-        tgt_s = Fraction(u.mean_ns) if corrected and u is not None else None
         shard = build_model(shard_parts, shard_classified, tgt_s, "sharded")
     replayed = {"baseline": base.replay(_Setting())}
     if shard is not None:
@@ -957,6 +993,14 @@ def whatif(
             )
         return _mean_int(m.replay(s))
 
+    memo: dict[tuple[int, str], Fraction] = {}
+
+    def cached(m: RunModel, ks: Sequence[Knob]) -> Fraction:
+        key = (id(m), combination_spec(k for k in ks if m.applicable(k)))
+        if key not in memo:
+            memo[key] = predict(m, ks)
+        return memo[key]
+
     combos: list[tuple[Knob, ...]] = [()] + [(k,) for k in knobs] + list(combinations)
     if check is not None:
         combos.append(check[1])
@@ -967,9 +1011,9 @@ def whatif(
         spec = combination_spec(ks)
         if spec in predicted:
             continue
-        predicted[spec] = {base.n_ranks: predict(base, ks)}
+        predicted[spec] = {base.n_ranks: cached(base, ks)}
         if shard is not None:
-            predicted[spec][shard.n_ranks] = predict(shard, ks)
+            predicted[spec][shard.n_ranks] = cached(shard, ks)
     shap: dict[str, Fraction] | None = None
     resid: dict[str, Fraction] | None = None
     ideal = s_ns = None
@@ -979,11 +1023,13 @@ def whatif(
         values: dict[frozenset[int], Fraction] = {}
         for size in range(len(knobs) + 1):
             for sub in itertools.combinations(range(len(knobs)), size):
-                values[frozenset(sub)] = predict(shard, [knobs[i] for i in sub])
+                sub_knobs = [knobs[i] for i in sub]
+                # the game: the shortfall under the knobs, TN(K) - f T1(K) (both runs replayed)
+                values[frozenset(sub)] = cached(shard, sub_knobs) - f * cached(base, sub_knobs)
         phis = shapley(values, len(knobs))
         shap = {k.spec: phi for k, phi in zip(knobs, phis, strict=True)}
-        after_all = values[frozenset(range(len(knobs)))] - ideal
-        gap = measured[shard.n_ranks] - values[frozenset()]
+        after_all = values[frozenset(range(len(knobs)))]
+        gap = s_ns - values[frozenset()]
         shap["residual"] = after_all + gap
         resid = {"after_all_knobs": after_all, "replay_gap": gap}
         assert sum(shap.values()) == s_ns
