@@ -8,7 +8,8 @@ tA/tC = (tA/tB)(tB/tC), so on a log scale
     runtime part = log(tA/tB) / log(tA/tC)        kernel part = log(tB/tC) / log(tA/tC)
 
 and the two parts sum to 1. Each comes with a 95% percentile bootstrap interval over steps (each
-run's tokens drawn with replacement, 2000 resamples, seed 0), and with the classes that moved in
+run's rounds drawn with replacement, then its tokens within each drawn round, as the dilation's
+interval does; 2000 resamples, seed 0), and with the classes that moved in
 it: per class (matrix compute, vector compute, memory, collective transfer, coordination = wait +
 sync + idle, unknown) the per-token time it saved, `parts_A - parts_B` and `parts_B - parts_C`,
 which sum exactly to `tA - tB` and `tB - tC`; a class's share of a part's log contribution is its
@@ -53,7 +54,7 @@ CLASS_WORDS: dict[str, str] = {
 }
 RUNS: tuple[str, ...] = ("baseline", "intermediate", "full")
 
-BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_RESAMPLES = 2000  # per run: rounds drawn with replacement, then tokens within each
 BOOTSTRAP_SEED = 0
 BOOTSTRAP_LEVEL = 0.95
 
@@ -77,7 +78,7 @@ class RunFigures:
     per_token_ns: Fraction
     source: str  # "unprofiled" | "trace"
     classes: dict[str, Fraction]  # CLASSES -> per-token ns, summing to per_token_ns
-    samples_ns: list[int]  # per-token samples (unprofiled tokens, or the steady step times)
+    samples_ns: list[list[int]]  # per-token samples by round (unprofiled rounds, or the steady steps as one)
     steps: int
     matrix_share_of_compute: float | None
     reconciliation: str
@@ -90,7 +91,8 @@ class RunFigures:
             "timeline": self.timeline,
             "per_token_ns": _round(self.per_token_ns),
             "per_token_source": self.source,
-            "samples": len(self.samples_ns),
+            "samples": sum(len(r) for r in self.samples_ns),
+            "sample_rounds": len(self.samples_ns),
             "steady_steps": self.steps,
             "classes_ns": _round_to_sum(self.classes, _round(self.per_token_ns)),
             "matrix_share_of_compute": self.matrix_share_of_compute,
@@ -123,14 +125,14 @@ def run_figures(
             rec, sentence = reconcile(parts, target, rp.timeline)
             per_rank[r] = {**rec, "window": sum((rec[p] for p in LEAF_PARTS), Fraction(0))}
             sentences.append(sentence)
-        source, samples = "unprofiled", list(u.per_token_ns)
+        source, samples = "unprofiled", [list(r) for r in u.rounds if len(r)] or [list(u.per_token_ns)]
         reconciliation = (
             f"reconciled to the unprofiled per-token mean (rank {min(rp.per_rank)}: {sentences[0]})"
         )
     else:
         per_rank = {r: dict(p) for r, p in rp.per_rank.items()}
         target = rp.per_token["window"]
-        source, samples = "trace", traced_steps
+        source, samples = "trace", [traced_steps]
         reconciliation = (
             "not corrected: the unprofiled pass was slower than the traced one (a noisy host)"
             if faster
@@ -198,21 +200,40 @@ def log_shares(ta: float, tb: float, tc: float) -> tuple[float, float] | None:
     return math.log(ta / tb) / total, math.log(tb / tc) / total
 
 
+def _resampled_means(rounds: Sequence[Sequence[int]], rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """Per resample, the pooled mean of one run: its rounds drawn with replacement, then each drawn
+    round's tokens with replacement within it (drift between rounds widens the spread; one round
+    is the plain token bootstrap)."""
+    rs = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
+    k = len(rs)
+    idx = rng.integers(0, k, size=(resamples, k))
+    sums = np.zeros(resamples)
+    counts = np.zeros(resamples)
+    for slot in range(k):
+        for j, r in enumerate(rs):
+            chosen = idx[:, slot] == j
+            m = int(chosen.sum())
+            if m:
+                sums[chosen] += r[rng.integers(0, len(r), size=(m, len(r)))].sum(axis=1)
+                counts[chosen] += len(r)
+    return sums / counts
+
+
 def bootstrap(
-    samples: Sequence[Sequence[int]],
+    samples: Sequence[Sequence[Any]],
     *,
     resamples: int = BOOTSTRAP_RESAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = BOOTSTRAP_LEVEL,
 ) -> dict[str, tuple[float, float] | None]:
-    """Percentile intervals of the speedups and the two log parts: each run's samples drawn with
-    replacement (independently: the runs are separate captures), the means recomputed."""
+    """Percentile intervals of the speedups and the two log parts. `samples`: per run (baseline,
+    intermediate, full) its per-token samples, a flat list (one round) or a list of rounds. The runs
+    are separate captures, drawn independently; within a run two levels (`_resampled_means`)."""
     rng = np.random.default_rng(seed)
     means = []
     for s in samples:
-        arr = np.asarray(s, dtype=np.float64)
-        idx = rng.integers(0, len(arr), size=(resamples, len(arr)))
-        means.append(arr[idx].mean(axis=1))
+        rounds = [list(s)] if len(s) and not isinstance(s[0], (list, tuple)) else [list(r) for r in s]
+        means.append(_resampled_means(rounds, rng, resamples))
     ma, mb, mc = means
     alpha = (1.0 - level) / 2.0
 
@@ -331,7 +352,12 @@ class Decomposition:
             "speedup": {"total": ta / tc, "runtime": ta / tb, "kernel": tb / tc},
             "parts": {"runtime": ps[0] if ps else None, "kernel": ps[1] if ps else None},
             "intervals": {k: (list(v) if v else None) for k, v in self.intervals.items()},
-            "bootstrap": {"resamples": BOOTSTRAP_RESAMPLES, "seed": BOOTSTRAP_SEED, "level": BOOTSTRAP_LEVEL},
+            "bootstrap": {
+                "resamples": BOOTSTRAP_RESAMPLES,
+                "seed": BOOTSTRAP_SEED,
+                "level": BOOTSTRAP_LEVEL,
+                "levels": "per run: its rounds with replacement, then tokens within each drawn round",
+            },
             "moved": self.moved(),
             "class_words": dict(CLASS_WORDS),
             "notes": notes,

@@ -45,7 +45,7 @@ def render_text(doc: dict) -> str:
         lines.append(
             f"log-scale parts: runtime {100 * parts['runtime']:.1f}%{iv('runtime_part', True)}, "
             f"kernel {100 * parts['kernel']:.1f}%{iv('kernel_part', True)} "
-            f"(95% bootstrap over steps, {doc['bootstrap']['resamples']} resamples)"
+            f"(95% bootstrap: rounds, then steps within them; {doc['bootstrap']['resamples']} resamples)"
         )
     for part in ("runtime", "kernel"):
         mv = doc["moved"][part]
