@@ -45,9 +45,13 @@ def render_text(adv: Any) -> str:
     lines = [r["text"] for r in doc["recommendations"]]
     lines.append("")
     mem = doc["memory_per_gpu_bytes"]
+    memory = (
+        f"{mem / GIB:.1f} GiB each ({doc['memory_source']}, {doc['reserve_bytes'] / GIB:.1f} GiB kept back)"
+        if mem
+        else "memory per GPU unknown (give --memory-gib)"
+    )
     lines.append(
-        f"{doc['gpus']} GPU(s), {'%.1f GiB' % (mem / GIB) if mem else 'unknown memory'} each ({doc['memory_source']}, "
-        f"{doc['reserve_bytes'] / GIB:.1f} GiB kept back), context {doc['context']} tokens, weights {doc['weight_dtype']}"
+        f"{doc['gpus']} GPU(s), {memory}, context {doc['context']} tokens, weights {doc['weight_dtype']}"
     )
     head = f"{'batch':>5}  {'option':<38} {'ms/token':>9} {'tokens/s':>10} {'GiB/GPU':>8} {'fits':>5}  status"
     lines += [head, "-" * len(head)]
