@@ -255,7 +255,12 @@ def test_profiler_time_in_the_other_ranks_wait_is_removed_from_wait() -> None:
     grows from 50 to 200 while its idle (300) stays: a correction taken out of idle first left
     all 150 ns in rank 0's wait. Spread over wait + sync + idle, most of it leaves the wait."""
     steps_ns = [1000] * 5
-    man = {"workload": {"tp": 2}, "unprofiled": {"per_token_ns": {"0": steps_ns, "1": steps_ns}}}
+    prof_ns = [1150] * 5
+    man = {
+        "workload": {"tp": 2},
+        "unprofiled": {"per_token_ns": {"0": steps_ns, "1": steps_ns}},
+        "profiled": {"per_token_ns": {"0": prof_ns, "1": prof_ns}},
+    }
     # the profiled world's step time equals the unprofiled one here, so: give the traced world a
     # 150 ns longer token (its windows end 150 ns later) and the unprofiled manifest the 1000 ns
     truth = shortfall_from_parts(attribute_run(_base()), attribute_run(_world(50)))
@@ -264,7 +269,13 @@ def test_profiler_time_in_the_other_ranks_wait_is_removed_from_wait() -> None:
     ann = ev["kind"].astype(str) == "annotation"
     ev.loc[ann, "end_ns"] = ev.loc[ann, "end_ns"] + 150
     traced = Run(events=ev, sources=traced_run.sources, manifest=man)
-    base = _base({"workload": {"tp": 1}, "unprofiled": {"per_token_ns": {"0": steps_ns}}})
+    base = _base(
+        {
+            "workload": {"tp": 1},
+            "unprofiled": {"per_token_ns": {"0": steps_ns}},
+            "profiled": {"per_token_ns": {"0": steps_ns}},
+        }
+    )
     sf = shortfall(base, traced)
     assert sf.per_token_source == "unprofiled"
     w_true = truth.rank_parts[0]["wait"]

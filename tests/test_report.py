@@ -338,8 +338,9 @@ def test_stated_dilation_is_the_applied_factor_not_the_host_clock(applied):
     stated = f"sharded {applied:.2f}x [{applied - 0.03:.2f}-{applied + 0.03:.2f}]"
     assert stated in data.dilation["sentence"] and "baseline 1.02x [0.98-1.06]" in data.dilation["sentence"]
     assert f"{applied + 0.02:.2f}x" not in data.dilation["sentence"]
-    assert f"sharded {applied + 0.02:.2f}x" in data.dilation["cross_check"]
-    assert data.dilation["cross_check"].startswith("Cross-check, the capture's host-clock figure")
+    # the cross-check sets the corrected per-token time against the unprofiled rounds' own mean
+    assert data.dilation["cross_check"].startswith("Cross-check, the corrected per-token time")
+    assert "sharded 7.000 vs 7.140 ms (-2.0%)" in data.dilation["cross_check"]
     assert html_key_figures(page)["dilation.sharded"] == f"{applied:.2f}x"
     assert md_key_figures(md)["dilation.sharded"] == f"{applied:.2f}x"
     run = {r["run"]: r for r in doc["dilation"]["runs"]}["sharded"]
@@ -444,13 +445,24 @@ def _unprofiled_tokens(manifest: dict) -> list[float]:
     return out
 
 
+def _profiled_tokens(manifest: dict) -> list[float]:
+    p = manifest["profiled"]
+    rounds = p.get("rounds") or [p["per_token_ns"]]
+    out: list[float] = []
+    for rnd in rounds:
+        per_rank = [rnd[r] for r in sorted(rnd)]
+        out += [max(t) for t in zip(*per_rank, strict=True)][1:]
+    return out
+
+
 @pytest.mark.parametrize("sharded", ["h200-tp2-straggler", "h200-tp2"])
 def test_report_dilation_equals_the_factor_applied_on_h200(sharded, h200_straggler):
-    """The dilation the report states is the shortfall's applied factor, computed here by hand: the
-    mean over the steady steps (the first left out) of the step time (the longest rank window of the
-    step, from the report's per-step rows) / the mean of the manifest's unprofiled tokens (slowest
-    rank per token, the first left out). The capture's host-clock figure (profiled / unprofiled
-    wall time) differs from it on these runs, so a report quoting that one fails here."""
+    """The dilation the report states is the factor the attribution applies. By hand: these runs
+    have one round of each, so D = mean profiled / mean unprofiled per-token time from the manifest
+    (slowest rank per token, the first left out); the applied per-token time is the trace's mean
+    steady step time (the longest rank window per step, from the report's per-step rows) / D. The
+    old applied factor (traced / unprofiled mean) differs from D on these runs, so a report that
+    stated one and applied the other fails here."""
     from tracekit.report.build import report_from_dirs
 
     if sharded == "h200-tp2-straggler":
@@ -465,18 +477,22 @@ def test_report_dilation_equals_the_factor_applied_on_h200(sharded, h200_straggl
             steps.setdefault(s["step"], []).append(s["window_ns"])
         traced = _steady_mean([max(steps[k]) for k in sorted(steps)])
         manifest = json.loads((TRACES / path / "manifest.json").read_text())
-        by_hand = traced / (sum(_unprofiled_tokens(manifest)) / len(_unprofiled_tokens(manifest)))
+        u, p = _unprofiled_tokens(manifest), _profiled_tokens(manifest)
+        by_hand = (sum(p) / len(p)) / (sum(u) / len(u))
         d = stated[run["role"]]
         assert d["dilation"] == pytest.approx(by_hand, rel=1e-9), run["role"]
         assert run["dilation"] == pytest.approx(by_hand, rel=1e-9)
+        # applied: the per-token time the attribution uses is the traced one divided by it
+        assert doc["per_token_ns"][run["role"] if run["role"] == "baseline" else "sharded"] == pytest.approx(
+            traced / by_hand, abs=1
+        )
+        assert abs(traced / (sum(u) / len(u)) - by_hand) > 1e-4  # the old applied factor differs
         lo, hi = d["interval"]
         assert lo <= by_hand <= hi
-        host_clock = d["host_clock"]["dilation"]
-        assert abs(host_clock - by_hand) > 1e-4  # the test can tell the two apart on this run
         printed = f"{run['role']} {by_hand:.2f}x [{lo:.2f}-{hi:.2f}]"
         assert printed in data.dilation["sentence"] and printed in md
         assert html_key_figures(page)[f"dilation.{run['role']}"] == f"{by_hand:.2f}x"
-    assert data.dilation["sentence"].startswith("Profiler dilation (traced / unprofiled per-token mean")
+    assert data.dilation["sentence"].startswith("Profiler dilation (profiled / unprofiled per-token time")
     assert data.dilation["sentence"] in md and data.dilation["cross_check"] in md
 
 
@@ -507,7 +523,7 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
     for line in _transfer_lines(text):
         assert "link" not in line.lower(), line
     assert "Per rank" in text and "Critical path of a token" in text
-    assert "Profiler dilation applied (traced / unprofiled per-token mean, 95% interval)" in text
+    assert "Profiler dilation applied (profiled / unprofiled per-token time from the capture's rounds" in text
 
 
 def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():

@@ -5,12 +5,16 @@ profiled rounds in the order U P U P ... (manifest `unprofiled.rounds` / `profil
 round {rank: [ns, ...]}; a manifest from before rounds has one round, its `per_token_ns`). A
 token's time is the slowest rank's (max over ranks per token, the same rule as the step time);
 the first `skip_first` tokens of every round are warm-up and left out; the rounds' tokens are then
-pooled. One definition, the one the shortfall applies:
+pooled. One definition, the one the shortfall states and applies (`dilation_statistic`):
 
-    dilation = mean(profiled per-token, pooled) / mean(unprofiled per-token, pooled)
+    K >= 2 rounds of each:  dilation = median over k of mean(P_k) / mean(U_k)
+    one round of each:      dilation = mean(profiled per-token) / mean(unprofiled per-token)
 
-(means, not medians: the reconciliation works with means, which are additive). `interval` is a
-95% bootstrap interval of that ratio (`bootstrap_interval`: rounds drawn with replacement, as
+Each P_k ran right after U_k, so a host that drifts between rounds (the H200 host switched between
+~5 and ~10 ms per token within one capture) cancels inside each pair's ratio, and the median keeps
+the one pair caught across a switch from moving the figure (reports/dilation-repeat). The shortfall
+removes exactly this factor from the traced per-token time. `interval` is a 95% bootstrap
+interval of that statistic (`bootstrap_interval`: rounds drawn with replacement, as
 U/P pairs when the counts match, then tokens with replacement within each drawn round; 2000
 resamples, seed 0, so the same manifest always gives the same interval). Drawing rounds is what
 lets drift between rounds widen the interval; resampling tokens only within fixed rounds would
@@ -96,6 +100,13 @@ class Dilation:
         if self.dilation is None:
             return None
         return self.dilation > 1.0 + self.threshold
+
+    @property
+    def method(self) -> str:
+        """How `dilation` was computed from the rounds (`dilation_method`)."""
+        if self.unprofiled is None or self.profiled is None:
+            return "the capture's own figure" if self.dilation is not None else ""
+        return dilation_method(self.unprofiled.rounds, self.profiled.rounds)
 
     @property
     def rounds(self) -> dict[str, int]:
@@ -231,6 +242,43 @@ def mean_ratio(unprofiled: Sequence[Sequence[int]], profiled: Sequence[Sequence[
     return (sum(p) / len(p)) / (sum(u) / len(u))
 
 
+def pair_ratios(unprofiled: Sequence[Sequence[int]], profiled: Sequence[Sequence[int]]) -> list[float]:
+    """Per round k, mean(P_k) / mean(U_k): the profiled pass over the unprofiled pass that ran
+    right before it. Empty unless both kinds have the same number (>= 1) of non-empty rounds."""
+    u = [r for r in unprofiled if len(r)]
+    p = [r for r in profiled if len(r)]
+    if len(u) != len(p) or not u:
+        return []
+    out = []
+    for ur, pr in zip(u, p, strict=True):
+        mu = sum(ur) / len(ur)
+        if mu <= 0:
+            return []
+        out.append((sum(pr) / len(pr)) / mu)
+    return out
+
+
+def dilation_statistic(
+    unprofiled: Sequence[Sequence[int]], profiled: Sequence[Sequence[int]]
+) -> float | None:
+    """THE dilation (one definition, stated and applied): with two or more U/P pairs, the median of
+    the per-pair ratios (`pair_ratios`): each pair ran back to back, so host drift between pairs
+    cancels in its ratio, and the median keeps one pair caught across a host-speed change from
+    moving the figure (measured on the H200: the host switched between ~5 and ~10 ms per token
+    within one capture). With one round of each (or unequal counts), the pooled mean ratio."""
+    pr = pair_ratios(unprofiled, profiled)
+    if len(pr) >= 2:
+        return float(np.median(pr))
+    return mean_ratio(unprofiled, profiled)
+
+
+def dilation_method(unprofiled: Sequence[Sequence[int]], profiled: Sequence[Sequence[int]]) -> str:
+    pr = pair_ratios(unprofiled, profiled)
+    if len(pr) >= 2:
+        return f"median of {len(pr)} per-round ratios (profiled pass / the unprofiled pass before it)"
+    return "mean profiled / mean unprofiled per-token time (one round of each)"
+
+
 def bootstrap_interval(
     unprofiled: Sequence[Sequence[int]],
     profiled: Sequence[Sequence[int]],
@@ -275,6 +323,24 @@ def bootstrap_interval(
     else:
         idx_u = rng.integers(0, ku, size=(b, ku))
         idx_p = rng.integers(0, kp, size=(b, kp))
+    if ku == kp and ku >= 2:
+        # the statistic is the median of the pair ratios: per resample, the drawn pairs' ratios
+        # (tokens resampled within each drawn round), then their median
+        def round_means(rounds: list[np.ndarray], idx: np.ndarray) -> np.ndarray:
+            out = np.empty(idx.shape)
+            for j, r in enumerate(rounds):
+                m = r[rng.integers(0, len(r), size=(b, len(r)))].mean(axis=1)
+                out = np.where(idx == j, m[:, None], out)
+            return out
+
+        mu_k, mp_k = round_means(u_rounds, idx_u), round_means(p_rounds, idx_p)
+        ratio = np.median(mp_k / np.where(mu_k > 0, mu_k, np.nan), axis=1)
+        ratio = ratio[np.isfinite(ratio)]
+        if not len(ratio):
+            return None
+        alpha = (1.0 - level) / 2.0
+        lo, hi = np.quantile(ratio, [alpha, 1.0 - alpha])
+        return round(float(lo), 4), round(float(hi), 4)
     mu, mp = draws(u_rounds, idx_u), draws(p_rounds, idx_p)
     ok = mu > 0
     if not ok.any():
@@ -317,7 +383,7 @@ def dilation_of(
     )
     if md is not None and md_f is None:
         notes.append(f"manifest.json field 'dilation' is {md!r}, not a positive number; ignored")
-    ratio = None if unprof is None or prof is None else mean_ratio(unprof.rounds, prof.rounds)
+    ratio = None if unprof is None or prof is None else dilation_statistic(unprof.rounds, prof.rounds)
     if ratio is None:
         return Dilation(
             md_f, threshold, unprof, prof, md_f, "manifest" if md_f is not None else "none", tuple(notes)

@@ -780,7 +780,7 @@ class Shortfall:
         corrected = self.per_token_source == "unprofiled"
         inflated = self._inflated()
         if corrected:
-            state = "removed: the per-token times are the unprofiled ones"
+            state = "removed: the per-token times are the traced ones divided by it"
         elif all(self.applied[k].factor is not None for k in ("baseline", "sharded")):
             state = "not removed: the unprofiled pass was slower than the traced one (noisy host)"
         else:
@@ -792,7 +792,7 @@ class Shortfall:
             tail = (
                 f"; above {self.sharded.dilation.threshold:.0%}, see `uncorrected` for the trace-only figures"
             )
-        return f"Profiler dilation (traced / unprofiled per-token time) {', '.join(parts)} ({state}{tail})."
+        return f"Profiler dilation (profiled / unprofiled per-token time) {', '.join(parts)} ({state}{tail})."
 
     def _inflated(self) -> bool | None:
         th = self.sharded.dilation.threshold
@@ -816,8 +816,8 @@ class Shortfall:
             "per_token_ns": ints["per_token_ns"],
             "per_token_source": self.per_token_source,
             "per_token_median_ns": {
-                "baseline": _median_window(self.baseline, d_b, self.per_token_source),
-                "sharded": _median_window(self.sharded, d_s, self.per_token_source),
+                "baseline": _median_window(self.baseline, ad_b, self.per_token_source),
+                "sharded": _median_window(self.sharded, ad_s, self.per_token_source),
             },
             "shortfall_ns": s,
             "terms_ns": ints["terms_ns"],
@@ -842,8 +842,9 @@ class Shortfall:
             "verdict": self.verdict(),
             "diagnosis": self.diagnosis(),
             "dilation": {
-                "definition": "traced per-token time (mean step time of the trace's steady steps) / unprofiled "
-                "per-token time (mean of the unprofiled tokens); the correction removes exactly this factor",
+                "definition": "profiled / unprofiled per-token time, measured by the capture's alternating "
+                "rounds (median of per-round ratios; one round: the mean ratio); the corrected per-token time is "
+                "the trace's divided by exactly this factor",
                 "baseline": ad_b.factor,
                 "sharded": ad_s.factor,
                 "interval": {
@@ -921,10 +922,12 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
-def _median_window(run: RunParts, d: Dilation, source: str) -> int:
-    if source == "unprofiled" and d.unprofiled is not None:
-        return int(round(d.unprofiled.median_ns))
-    return int(round(float(np.median(run.steady["window_ns"].to_numpy()))))
+def _median_window(run: RunParts, ad: AppliedDilation, source: str) -> int:
+    """The median step time of the trace, divided by the applied dilation when corrected."""
+    med = float(np.median(run.steady["window_ns"].to_numpy()))
+    if source == "unprofiled" and ad.factor:
+        med /= ad.factor
+    return int(round(med))
 
 
 def _steps_json(run: RunParts) -> dict[str, Any]:
@@ -1032,45 +1035,60 @@ def _spread(
 @dataclass(frozen=True)
 class AppliedDilation:
     """The dilation a shortfall states and applies (METHOD.md 9: the factor stated is the factor
-    applied): traced per-token time (mean step time over the steady steps of the trace) over the
-    unprofiled per-token time (mean over the unprofiled tokens, every round pooled). `interval` is
-    the 95% bootstrap interval of `tracekit.analyse.dilation.bootstrap_interval` (the unprofiled
-    rounds drawn with replacement, then tokens within them; the trace's steps as one round;
-    seeded, so the same inputs give the same interval)."""
+    applied): D measured by the capture's alternating rounds (`tracekit.analyse.dilation`), and the
+    corrected per-token time `target_ns` = traced per-token time (mean step time of the trace's
+    steady steps) / D, exactly. `unprofiled_mean_ns` (the unprofiled passes' own mean) is a
+    cross-check: it differs from `target_ns` where the host's speed moved between rounds (the
+    traced pass ran at one speed; the corrected time is that pass's, not the rounds' average)."""
 
     factor: float | None
     interval: tuple[float, float] | None
     traced_mean_ns: Fraction
     unprofiled_mean_ns: Fraction | None
     rounds: int
+    method: str = ""
+
+    @property
+    def target_ns(self) -> Fraction | None:
+        if self.factor is None:
+            return None
+        return self.traced_mean_ns / Fraction(self.factor).limit_denominator(10**9)
+
+    @property
+    def drift(self) -> float | None:
+        """target / unprofiled mean - 1: how far the traced pass's host speed was from the rounds'."""
+        t = self.target_ns
+        if t is None or not self.unprofiled_mean_ns:
+            return None
+        return float(t / self.unprofiled_mean_ns) - 1.0
 
     def to_json(self) -> dict[str, Any]:
+        t = self.target_ns
         return {
             "factor": self.factor,
             "interval": list(self.interval) if self.interval else None,
+            "method": self.method,
             "traced_mean_ns": _round(self.traced_mean_ns),
+            "corrected_mean_ns": _round(t) if t is not None else None,
             "unprofiled_mean_ns": _round(self.unprofiled_mean_ns)
             if self.unprofiled_mean_ns is not None
             else None,
+            "drift": self.drift,
             "unprofiled_rounds": self.rounds,
         }
 
 
 def applied_dilation(run: RunParts) -> AppliedDilation:
-    """The dilation the correction of `run` applies, with its interval (see AppliedDilation)."""
+    """The dilation the correction of `run` states and applies (see AppliedDilation): the run's
+    measured dilation D (`tracekit.analyse.dilation.dilation_statistic`: the median of per-round
+    profiled/unprofiled ratios, or the pooled mean ratio with one round) with its interval. The
+    corrected per-token time is the traced one divided by exactly D (`target_ns`)."""
     traced = run.per_token["window"]
-    u = run.dilation.unprofiled
-    if u is None or u.n == 0 or u.mean_ns <= 0:
-        return AppliedDilation(None, None, traced, None, 0)
-    from tracekit.analyse.dilation import bootstrap_interval
-
-    factor = float(traced / u.mean_ns)
-    steps = [int(x) for x in run.steady["window_ns"].to_numpy(np.int64)]
-    rounds = [r for r in u.rounds if len(r)] or [u.per_token_ns]
-    # the trace's steady steps are one traced round, the unprofiled rounds as captured: the same
-    # two-level bootstrap as the capture's host-clock figure
-    interval = bootstrap_interval(rounds, [steps])
-    return AppliedDilation(factor, interval, traced, u.mean_ns, len(rounds))
+    d = run.dilation
+    u = d.unprofiled
+    if d.dilation is None or u is None or u.n == 0 or d.dilation <= 0:
+        return AppliedDilation(None, None, traced, u.mean_ns if u is not None and u.n else None, 0)
+    return AppliedDilation(d.dilation, d.interval, traced, u.mean_ns, len(u.rounds), d.method)
 
 
 def _leaf_with_window(parts: Mapping[str, Fraction]) -> dict[str, Fraction]:
@@ -1117,9 +1135,19 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
             + "): the host was noisy; the attribution is not corrected",
         )
     per_rank_c: dict[int, dict[str, Fraction]]
-    if ub is not None and us is not None and not faster:
-        base_ranks = {r: reconcile(p, ub.mean_ns, base.timeline) for r, p in base.per_rank.items()}
-        shard_ranks = {r: reconcile(p, us.mean_ns, sharded.timeline) for r, p in sharded.per_rank.items()}
+    tb, ts = ad_b.target_ns, ad_s.target_ns
+    if tb is not None and ts is not None and not faster:
+        for lbl, ad in (("baseline", ad_b), ("sharded", ad_s)):
+            if ad.drift is not None and abs(ad.drift) > threshold:
+                dq.add(
+                    "host_drift_between_rounds",
+                    1,
+                    f"{lbl}: the traced pass with the profiler's factor removed is {ad.drift:+.0%} off the mean of "
+                    "the unprofiled rounds: the host's speed moved between rounds; the corrected per-token time is "
+                    "the traced pass's",
+                )
+        base_ranks = {r: reconcile(p, tb, base.timeline) for r, p in base.per_rank.items()}
+        shard_ranks = {r: reconcile(p, ts, sharded.timeline) for r, p in sharded.per_rank.items()}
         pb = mean_over_ranks({r: _leaf_with_window(v[0]) for r, v in base_ranks.items()})
         per_rank_c = {r: _leaf_with_window(v[0]) for r, v in shard_ranks.items()}
         ps = mean_over_ranks(per_rank_c)
@@ -1128,16 +1156,17 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         corrected = attribute(pb, ps, factor)
         source = "unprofiled"
         reconciliation = (
-            f"T1 and TN are the unprofiled per-token means over the steady tokens; each rank's traced parts "
-            f"were reconciled to them, then averaged over ranks; baseline: {rb}; sharded (rank "
+            f"T1 and TN are the traced per-token times with the measured dilation removed (traced / D: the "
+            f"unprofiled-equivalent of the traced pass); each rank's traced parts were reconciled to them, then "
+            f"averaged over ranks; baseline: {rb}; sharded (rank "
             f"{min(shard_ranks)}): {rs}."
         )
         shift = {p: ps[p] - sharded.per_token[p] for p in LEAF_PARTS}
         # the baseline's reconciliation moves every sharded per-step term by the same amount
         for p in LEAF_PARTS:
             shift[p] -= factor * (pb[p] - base.per_token[p])
-        path = reconcile_path(sharded.path_token, us.mean_ns, sharded.timeline)
-        base_path = reconcile_path(base.path_token, ub.mean_ns, base.timeline)
+        path = reconcile_path(sharded.path_token, ts, sharded.timeline)
+        base_path = reconcile_path(base.path_token, tb, base.timeline)
     else:
         corrected = uncorrected
         per_rank_c = {r: _leaf_with_window(p) for r, p in sharded.per_rank.items()}

@@ -35,9 +35,11 @@ def _load_manifest(path: str) -> dict[str, Any]:
 def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: str) -> None:
     """Print each run's per-token time unprofiled and profiled (each token: the slowest rank; mean,
     p10, p90 over every round's tokens, the first --skip-first of each round left out) and the
-    dilation = mean profiled / mean unprofiled, with its 95% bootstrap interval (rounds drawn with
-    replacement, then tokens within each) and the rounds it pools (`tracekit capture --rounds`;
-    a run captured before rounds has one of each). Flagged INFLATED above the threshold, NOISY
+    dilation: with K >= 2 alternating rounds (`tracekit capture --rounds`), the median over rounds
+    of mean(profiled round k) / mean(unprofiled round k) (each pair ran back to back, so host drift
+    between rounds cancels and one pair caught across a host-speed change does not move it); with
+    one round of each (runs captured before rounds), mean profiled / mean unprofiled. With its 95%
+    bootstrap interval (rounds drawn with replacement, then tokens within each). Flagged INFLATED above the threshold, NOISY
     below its inverse.
 
     \b
@@ -110,7 +112,8 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
                 f"{d}: no per-token times to resample: the capture's own dilation figure, no interval"
             )
     console.print(
-        f"dilation = mean profiled / mean unprofiled per-token time (the figure tracekit shortfall applies). "
+        "dilation = median over rounds of profiled / unprofiled mean per-token time (one round: mean profiled / "
+        "mean unprofiled); tracekit shortfall divides the traced per-token time by exactly this figure. "
         f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler. "
         "NOISY: the profiled pass was faster than the unprofiled one (a profiler cannot speed a run up: the host "
         "was loaded); tracekit shortfall then does not correct. A wide interval: the host drifted between rounds "

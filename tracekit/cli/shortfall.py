@@ -235,18 +235,21 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     dil = doc["dilation"]
     iv = dil.get("interval") or {}
     console.print(
-        f"Profiler dilation applied (traced / unprofiled per-token mean, 95% interval): "
+        f"Profiler dilation applied (profiled / unprofiled per-token time from the capture's rounds; the traced "
+        f"per-token time divided by it; 95% interval): "
         f"baseline {_x(dil['baseline'], iv.get('baseline'))}, sharded {_x(dil['sharded'], iv.get('sharded'))}; "
         f"threshold {dil['threshold']:.0%}" + ("  [bold]ABOVE THRESHOLD[/bold]" if dil["inflated"] else "")
     )
-    runs = dil.get("runs") or {}
-    if any((runs.get(k) or {}).get("dilation") is not None for k in ("baseline", "sharded")):
+    app = dil.get("applied") or {}
+    rows = [
+        (k, app[k]["corrected_mean_ns"], app[k]["unprofiled_mean_ns"])
+        for k in ("baseline", "sharded")
+        if (app.get(k) or {}).get("corrected_mean_ns") and (app.get(k) or {}).get("unprofiled_mean_ns")
+    ]
+    if rows:
         console.print(
-            "Cross-check, the capture's host-clock figure (mean profiled / mean unprofiled; not the factor applied): "
-            + ", ".join(
-                f"{k} {_x((runs.get(k) or {}).get('dilation'), (runs.get(k) or {}).get('interval'))}"
-                for k in ("baseline", "sharded")
-            )
+            "Cross-check, corrected per-token time vs the unprofiled rounds' own mean: "
+            + ", ".join(f"{k} {c / 1e6:.3f} vs {u / 1e6:.3f} ms ({c / u - 1:+.1%})" for k, c, u in rows)
         )
     console.print(f"Reconciliation: {dil['reconciliation']}")
     clock = doc["clock"]

@@ -321,9 +321,10 @@ def _dilation_section(
     """The dilation stated beside the verdict.
 
     With a shortfall (`sf_dil` its `dilation`), the figure per run is the factor its correction
-    applied (`dilation.baseline` / `dilation.sharded`: traced per-token mean / unprofiled mean) with
-    its interval; the capture's host-clock figure (`dilation.runs.<run>`) is carried as
-    `host_clock`, a labelled cross-check, never as "the dilation". Without a shortfall the only
+    applied (`dilation.baseline` / `dilation.sharded`: the capture's measured dilation, by which the
+    traced per-token time is divided) with its interval; the capture's own record of it
+    (`dilation.runs.<run>`) is carried as `host_clock`; the cross-check sentence sets the corrected
+    per-token time against the unprofiled rounds' own mean. Without a shortfall the only
     figure is the capture's host-clock one, and the sentence says so."""
     applied_src = bool(sf_dil)
     intervals = (sf_dil or {}).get("interval") or {}
@@ -344,6 +345,7 @@ def _dilation_section(
             "interval": iv,
             "source": "applied" if applied_src else "host_clock",
             "traced_mean_ns": _int_or_none(app.get("traced_mean_ns")),
+            "corrected_mean_ns": _int_or_none(app.get("corrected_mean_ns")),
             "unprofiled_mean_ns": _int_or_none(app.get("unprofiled_mean_ns")),
             "unprofiled_median_ns": _int_or_none((det.get("unprofiled") or {}).get("median_ns")),
             "profiled_median_ns": _int_or_none((det.get("profiled") or {}).get("median_ns")),
@@ -366,24 +368,26 @@ def _dilation_section(
     if known:
         parts = ", ".join(f"{e['run']} {fmt_x_interval(e['dilation'], e['interval'])}" for e in known)
         what = (
-            "traced / unprofiled per-token mean, the factor the shortfall applies"
+            "profiled / unprofiled per-token time from the capture's rounds; the shortfall divides the traced "
+            "per-token time by exactly this factor"
             if applied_src
             else "the capture's host-clock figure: profiled / unprofiled per-token time"
         )
         sentence = f"Profiler dilation ({what}): {parts}; threshold {fmt_pct(threshold, 0)}."
     else:
         sentence = "Profiler dilation unknown: no unprofiled timing in the manifests, so the profiler's own cost is not accounted for."
-    cross = [e for e in per_run if (e["host_clock"] or {}).get("dilation") is not None]
+    cross = [e for e in per_run if e.get("corrected_mean_ns") and e.get("unprofiled_mean_ns")]
     cross_check = None
     if cross:
         cross_check = (
-            "Cross-check, the capture's host-clock figure (mean profiled / mean unprofiled per-token wall "
-            "time; not the factor applied): "
+            "Cross-check, the corrected per-token time (traced / dilation) against the unprofiled rounds' own "
+            "mean: "
             + ", ".join(
-                f"{e['run']} {fmt_x_interval(e['host_clock']['dilation'], e['host_clock']['interval'])}"
+                f"{e['run']} {e['corrected_mean_ns'] / 1e6:.3f} vs {e['unprofiled_mean_ns'] / 1e6:.3f} ms "
+                f"({e['corrected_mean_ns'] / e['unprofiled_mean_ns'] - 1:+.1%})"
                 for e in cross
             )
-            + "."
+            + " (a gap: the host's speed moved between rounds; the corrected time is the traced pass's)."
         )
     warning = None
     if over:
@@ -391,7 +395,7 @@ def _dilation_section(
         if corrected:
             warning = (
                 f"Warning: dilation above {fmt_pct(threshold, 0)} ({which}): the profiler added host time to the "
-                "trace; the attribution removes it (the per-token times are the unprofiled ones), but in the "
+                "trace; the attribution removes it (the per-token times are the traced ones divided by it), but in the "
                 "traced figures (per-step parts, the uncorrected attribution) the coordination share is "
                 "inflated by it."
             )
