@@ -303,7 +303,7 @@ def _steps_from_ranges(
             f"same rank ({per_rank}); they are kept as separate steps, numbered in time order on each "
             "rank. The trace probably holds more than one pass (e.g. an nsys report from a capture "
             "before the --nsys fix, which recorded the unprofiled and the traced pass): its steps mix "
-            "passes and its dilation is not meaningful; re-capture, or choose steps with --step-pattern",
+            "passes and its dilation is not meaningful; re-capture, or choose steps with --steps",
         )
     gpu_end = _extend_by_gpu_work(events, rank, start, end)
     window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)

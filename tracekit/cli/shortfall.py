@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, write_text
+from tracekit.cli.options import cache_dir_option, no_cache_option, out_file_option, write_text
 
 if TYPE_CHECKING:
     from tracekit.analyse.shortfall import Shortfall
@@ -321,6 +321,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
 )
 @out_file_option
 @no_cache_option
+@cache_dir_option
 def command(
     baseline: str,
     sharded: str,
