@@ -262,7 +262,15 @@ class _HostProgram:
     c_bytes: np.ndarray
 
 
-_HOST_COLS = ("compute", "memory", "unknown", "sync", "idle", "enqueue")
+_HOST_COLS = ("compute", "memory", "unknown", "sync", "idle", "enqueue", "lead")
+
+
+def _lead_gap(busy_s: np.ndarray, busy_e: np.ndarray, a: int, b: int) -> int:
+    """The idle time from `a` to the first op in [a, b) (all of it when there is none)."""
+    k = int(np.searchsorted(busy_e, a, side="right"))
+    if k < len(busy_s) and busy_s[k] < b:
+        return max(int(busy_s[k]) - a, 0)
+    return b - a
 
 
 @dataclass
@@ -379,7 +387,8 @@ def _host_idle_target(model: RunModel, st: int, r: int, setting: _Setting) -> np
     if len(shapes) != 1:
         return None
     gaps = np.stack([p.seg[:, 4] + p.seg[:, 5] for p in progs])
-    return np.asarray(gaps.min(axis=0))
+    leads = np.stack([p.seg[:, 6] for p in progs])
+    return np.stack([gaps.min(axis=0), leads.min(axis=0)], axis=1)
 
 
 def _run_gpu(
@@ -459,13 +468,17 @@ def _run_host(
     kind = setting.compute_scale.get(p.rank, 1.0) if setting.compute_scale else 1.0
     t = off
     for k in range(len(p.seg)):
-        c, m, u, y, idle, enq = p.seg[k]
-        if idle_target is not None and idle + enq > 0:
-            f = idle_target[k] / (idle + enq)
-            idle, enq = idle * f, enq * f
+        c, m, u, y, idle, enq, lead = p.seg[k]
+        if idle_target is not None:
+            # the fastest rank's host gaps: its wake-up after the last collective (lead) and its
+            # gaps and enqueue before the next, each the minimum over ranks
+            if idle + enq > 0:
+                f = idle_target[k, 0] / (idle + enq)
+                idle, enq = idle * f, enq * f
+            lead = idle_target[k, 1]
         if setting.sync0:
             y = 0.0
-        t += (c * kind + m + u + y + idle + enq) * alpha
+        t += (c * kind + m + u + y + idle + enq + lead) * alpha
         if k < len(p.c_inst):
             t = yield (int(p.c_inst[k]), t, float(p.c_x[k]), p.c_op[k], int(p.c_bytes[k]))
     return t
@@ -685,6 +698,7 @@ def _host_programs(
     from tracekit.analyse.critical_path import _layers_of
 
     lay = _layers_of(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
+    busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]  # every op of the rank's timeline, merged
     w = wins[["rank", "step", "start_ns", "end_ns"]]
     colls = pr.assign(start_ns=pr["raw_start_ns"]) if len(pr) else pr
     if len(colls):
@@ -709,7 +723,16 @@ def _host_programs(
         for k in range(len(insts) + 1):
             a, b = bounds[2 * k], max(bounds[2 * k + 1], bounds[2 * k])
             m = lay.measure(a, b)
-            seg[k] = [m["compute"], m["memory"], m["unknown"], m["sync"], m["idle"], m["collective"]]
+            lead = _lead_gap(busy_s, busy_e, a, b)
+            seg[k] = [
+                m["compute"],
+                m["memory"],
+                m["unknown"],
+                m["sync"],
+                m["idle"] - lead,
+                m["collective"],
+                lead,
+            ]
         comp_total += float(seg[:, 0].sum())
         n += 1
         prog = _HostProgram(
