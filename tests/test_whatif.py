@@ -131,6 +131,18 @@ def test_transfer_probe_uses_the_measured_busbw_for_each_size() -> None:
     assert p[f"transfer=probe:{probe}"] <= p[f"transfer=probe:{probe}@pcie"] + 1000
 
 
+def test_straggler_off_on_the_committed_cpu_pair_predicts_the_clean_run_within_10_percent() -> None:
+    w = _whatif(
+        TRACES / "cpu-tp1",
+        TRACES / "cpu-tp2-straggler",
+        ["straggler=off"],
+        check=(TRACES / "cpu-tp2", "straggler=off"),
+    )
+    c = w.to_json()["check"]
+    assert c["measured_source"] == "unprofiled"
+    assert abs(c["error"]) <= 0.10, c
+
+
 # ------------------------------------------------------------------------------------------
 # Shapley
 
@@ -249,6 +261,15 @@ def test_straggler_off_from_an_injected_capture_predicts_the_clean_capture_withi
     }
     for name, cfg in cfgs.items():
         capture(cfg, tmp_path / name)
+    # a 10% check needs a measurement steadier than 10%: on a host loaded by other jobs the clean
+    # run's own rounds disagree by tens of percent (seen: 6.5-11.2 ms under a load of 6 on 2 cores)
+    clean = _load(tmp_path / "clean", "clean")[0]
+    rounds = [sum(r) / len(r) for r in clean.dilation.unprofiled.rounds if len(r)]  # type: ignore[union-attr]
+    spread = (max(rounds) - min(rounds)) / sorted(rounds)[len(rounds) // 2]
+    if spread > 0.2:
+        pytest.skip(
+            f"host too noisy for a 10% check: the clean capture's rounds span {spread:.0%} of their median"
+        )
     w = _whatif(
         tmp_path / "tp1",
         tmp_path / "inj",
@@ -291,15 +312,16 @@ def test_cuda_graphs_on_cpu_is_one_clear_error(tmp_path: Path, capsys: pytest.Ca
 
 
 @pytest.mark.slow
-def test_compile_on_cpu_decodes_the_same_tokens(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    from tracekit.capture.runner import CaptureConfig, capture
+def test_compile_on_cpu_decodes_the_same_tokens() -> None:
+    torch = pytest.importorskip("torch")
+    from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
+    from tracekit.capture.runner import CaptureConfig, Resolved, workload
 
-    for name, comp in (("eager", False), ("compiled", True)):
-        capture(
-            CaptureConfig(tp=1, preset="tiny", tokens=4, rounds=1, device="cpu", compile=comp),
-            tmp_path / name,
-        )
-    docs = {n: json.loads((tmp_path / n / "manifest.json").read_text()) for n in ("eager", "compiled")}
-    assert docs["compiled"]["workload"]["compile"] is True
-    assert docs["eager"]["tokens_generated"] == docs["compiled"]["tokens_generated"]
+    torch.set_num_threads(1)
+    shape = preset("tiny", 1)
+    prompt = make_prompt(shape.vocab, 1, 4, 0)
+    eager, _ = TPDecoder(shape, Comm(), max_len=16).generate(prompt, 3)
+    compiled, _ = TPDecoder(shape, Comm(), max_len=16, compile=True).generate(prompt, 3)
+    assert torch.equal(eager, compiled)
+    doc = workload(CaptureConfig(compile=True), Resolved("cpu", "none", "float32", "cpu"), 1)
+    assert doc["compile"] is True and doc["cuda_graphs"] is False
