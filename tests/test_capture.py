@@ -103,17 +103,17 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
         "cpu",
     )
     assert w["step_pattern"] == "decode_step" and w["inject_delay"] is None
-    assert w["rounds"] == 3 and w["pass_order"] == "UPUPUP"
+    assert w["rounds"] == 7 and w["pass_order"] == "UP" * 7  # the default: 7 alternating rounds
     for part in ("unprofiled", "profiled"):
         per = m[part]["per_token_ns"]
         assert set(per) == {"0", "1"} and all(len(v) == 8 and min(v) > 0 for v in per.values())
-        assert len(m[part]["rounds"]) == 3
+        assert len(m[part]["rounds"]) == 7
     # per_token_ns is the first unprofiled round and the traced (last) profiled round
     assert m["unprofiled"]["per_token_ns"] == m["unprofiled"]["rounds"][0]
-    assert m["profiled"]["traced_round"] == 2
-    assert m["profiled"]["per_token_ns"] == m["profiled"]["rounds"][2]
+    assert m["profiled"]["traced_round"] == 6
+    assert m["profiled"]["per_token_ns"] == m["profiled"]["rounds"][6]
     # dilation recomputed independently: per round the slowest rank per token, first token left
-    # out; per pair k mean(P_k) / mean(U_k); the median over the three pairs
+    # out; per pair k mean(P_k) / mean(U_k); the median over the seven pairs
     per_round = {
         p: [[max(a, b) for a, b in list(zip(*rnd.values(), strict=True))[1:]] for rnd in m[p]["rounds"]]
         for p in ("unprofiled", "profiled")
@@ -175,10 +175,10 @@ def test_ranges_mode_keeps_steps_and_drops_op_tracing(tmp_path: Path) -> None:
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["workload"]["mode"] == "ranges" and m["workload"]["inject_sync"] is True
     # --inject-sync: one extra sync per layer per forward (a no-op on CPU, but counted):
-    # 2 layers x 7 passes (warm-up + 3 rounds of U and P) x (1 prefill + 5 steps): each measured
+    # 2 layers x 15 passes (warm-up + 7 rounds of U and P) x (1 prefill + 5 steps): each measured
     # pass is 1 lead + 3 kept + 1 tail steps, and the warm-up pass covers the same 5 positions
     # (its --warmup 1 is raised to 5)
-    assert m["inject_sync_count"] == {"0": 2 * 7 * (1 + 5)}
+    assert m["inject_sync_count"] == {"0": 2 * 15 * (1 + 5)}
     assert m["workload"]["warmup_tokens"] == 5
 
 

@@ -113,7 +113,7 @@ class CaptureConfig:
     passes: str = "both"
     #: alternating measured rounds U P U P ... (--rounds); the last profiled one keeps its trace.
     #: 1 under --nsys (the plain runs before and after the run under nsys are the unprofiled rounds)
-    rounds: int = 3
+    rounds: int = 7
 
 
 @dataclass(frozen=True)
