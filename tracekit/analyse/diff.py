@@ -73,6 +73,11 @@ TOP = 10
 
 #: The diff's leaf parts, in report order (compute split into matrix and vector).
 DIFF_PARTS: tuple[str, ...] = ("matrix", "vector", "memory", "transfer", "wait", "sync", "idle", "unknown")
+#: How the summary names the per-token source.
+_SOURCE_WORDS = {
+    "unprofiled": "per-token times corrected for the profiler: traced / dilation",
+    "trace": "traced per-token times, not corrected for the profiler",
+}
 #: Groups of leaf parts shown as one term.
 GROUPS: dict[str, tuple[str, ...]] = {
     "compute": ("matrix", "vector"),
@@ -291,14 +296,17 @@ def _mean_ranks(per_rank: Mapping[int, Mapping[str, Fraction]], keys: Sequence[s
 
 
 def _settle(side: Side, source: str) -> None:
-    """Per-token figures of `side` from `source` ("unprofiled" | "trace")."""
+    """Per-token figures of `side` from `source`: "unprofiled" (the shortfall's corrected time: the
+    traced per-token time divided by the applied dilation D, `AppliedDilation.target_ns`, every
+    rank's parts and the critical path reconciled to it) or "trace" (as measured)."""
     parts = side.parts
     u = parts.dilation.unprofiled
+    target = side.applied.target_ns if source == "unprofiled" else None
     per_rank: dict[int, dict[str, Fraction]] = {}
     notes = []
     for r, p in parts.per_rank.items():
-        if source == "unprofiled" and u is not None:
-            rec, note = reconcile(p, u.mean_ns, parts.timeline)
+        if target is not None:
+            rec, note = reconcile(p, target, parts.timeline)
             notes.append(note)
             scale = rec["compute"] / p["compute"] if p["compute"] else Fraction(1)
             per_rank[r] = _split_compute(rec, side.matrix_ns.get(r, Fraction(0)) * scale)
@@ -307,9 +315,10 @@ def _settle(side: Side, source: str) -> None:
     side.per_rank = per_rank
     side.leaf = _mean_ranks(per_rank, DIFF_PARTS)
     side.per_token_ns = sum(side.leaf.values(), Fraction(0))
-    if source == "unprofiled" and u is not None:
-        assert side.per_token_ns == u.mean_ns, "reconciled parts do not sum to the unprofiled time"
-        side.path_token = reconcile_path(parts.path_token, u.mean_ns, parts.timeline)
+    if target is not None and u is not None and u.n:
+        assert side.per_token_ns == target, "reconciled parts do not sum to the corrected time"
+        side.path_token = reconcile_path(parts.path_token, target, parts.timeline)
+        # the interval's spread: the unprofiled rounds (host drift between rounds widens it)
         side.samples = [list(r) for r in u.rounds if len(r)] or [list(u.per_token_ns)]
         side.reconciliation = notes[0] if notes else ""
     else:
@@ -317,6 +326,11 @@ def _settle(side: Side, source: str) -> None:
         side.path_token = dict(parts.path_token)
         side.samples = [[int(x) for x in parts.steady["window_ns"].to_numpy(np.int64)]]
         side.reconciliation = "traced parts as measured"
+
+
+def _pooled_mean(rounds: Sequence[Sequence[int]]) -> float:
+    n = sum(len(r) for r in rounds)
+    return float(sum(sum(r) for r in rounds)) / n if n else float("nan")
 
 
 # ------------------------------------------------------------------------------------------
@@ -579,7 +593,7 @@ class Diff:
         head = (
             f"{word.capitalize()}: {_ms(ints['after'])} per token after vs {_ms(ints['before'])} before "
             f"({_ms_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
-            f"{self.per_token_source} per-token times)."
+            f"{_SOURCE_WORDS[self.per_token_source]})."
         )
         if word == "no significant change":
             return head
@@ -778,7 +792,7 @@ def diff_sides(
     """Compare two attributed runs (module doc)."""
     dq = DataQuality()
     dq.merge(before.parts.data_quality).merge(after.parts.data_quality)
-    missing = [s.label for s in (before, after) if s.parts.dilation.unprofiled is None]
+    missing = [s.label for s in (before, after) if s.applied.target_ns is None]
     faster = [
         (s.label, s.applied.factor)
         for s in (before, after)
@@ -802,9 +816,19 @@ def diff_sides(
     else:
         source = "unprofiled"
         reason = (
-            "both manifests carry unprofiled per-token times: T is their mean over the steady tokens, and each "
-            "rank's traced parts are reconciled to it (as the shortfall does)"
+            "both captures measured their dilation D against unprofiled passes: T is the traced per-token time "
+            "divided by D, each rank's traced parts reconciled to it (as the shortfall does); the interval's "
+            "spread comes from the unprofiled rounds"
         )
+        for s in (before, after):
+            drift = s.applied.drift
+            if drift is not None and abs(drift) > dilation_threshold:
+                dq.add(
+                    "host_drift_between_rounds",
+                    1,
+                    f"{s.label}: the traced pass with the profiler's factor removed is {drift:+.0%} off the mean of "
+                    "the unprofiled rounds: the host's speed moved between rounds",
+                )
     for s in (before, after):
         _settle(s, source)
     if before.parts.n_ranks != after.parts.n_ranks:
@@ -815,8 +839,14 @@ def diff_sides(
             "(mean over ranks); per-rank changes are shown for the ranks in both",
         )
     rng = np.random.default_rng(BOOTSTRAP_SEED)
-    mb = _boot_means(before.samples, rng, BOOTSTRAP_RESAMPLES)
-    ma = _boot_means(after.samples, rng, BOOTSTRAP_RESAMPLES)
+    # each run's resampled means, relative to its samples' own mean, carried onto its per-token time
+    # (the samples are the unprofiled tokens; T is the traced time / D: the same spread, T's centre)
+    mb = _boot_means(before.samples, rng, BOOTSTRAP_RESAMPLES) * (
+        float(before.per_token_ns) / _pooled_mean(before.samples)
+    )
+    ma = _boot_means(after.samples, rng, BOOTSTRAP_RESAMPLES) * (
+        float(after.per_token_ns) / _pooled_mean(after.samples)
+    )
     alpha = (1.0 - BOOTSTRAP_LEVEL) / 2.0
     d = ma - mb
     lo, hi = np.quantile(d, [alpha, 1.0 - alpha])
