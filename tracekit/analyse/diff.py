@@ -3,17 +3,19 @@
 `diff(before, after)` attributes both runs as the shortfall does (`attribute_run`: per-rank
 per-token leaf parts, exact Fractions; the critical path; the matched collectives) and compares:
 
-1. **Per-token time.** T before / after, from the unprofiled passes when *both* manifests carry
-   them and neither run's profiled pass was clearly faster than its unprofiled one (the shortfall's
-   rule: then the unprofiled figure is no better than the traced one), else the traced steady step
-   times for both (`per_token_source`: never one of each). The change `T_after - T_before` gets a
-   95% percentile bootstrap interval (`BOOTSTRAP_RESAMPLES` resamples, seeded): each run's tokens
-   are resampled in two levels (its rounds with replacement, then the tokens within each drawn
-   round; the trace's steps are one round), the two runs independently. The verdict is "slower"
-   when the interval of the relative change lies above 0, "faster" below 0, else "no significant
-   change".
+1. **Per-token time.** T before / after as the shortfall corrects it when *both* captures measured
+   their dilation D against unprofiled passes and neither run's profiled pass was clearly faster
+   than its unprofiled one (the shortfall's rule): T = traced per-token time / D
+   (`AppliedDilation.target_ns`); else the traced steady step times for both
+   (`per_token_source`: never one of each). The change `T_after - T_before` gets a 95% percentile
+   bootstrap interval (`BOOTSTRAP_RESAMPLES` resamples, seeded): each run's unprofiled tokens (or
+   its traced steps) are resampled in two levels (its rounds with replacement, then the tokens
+   within each drawn round), the two runs independently, and each resampled mean is carried onto
+   T in proportion (the spread of the unprofiled rounds, host drift included, centred on T). The
+   verdict is "slower" when the interval of the relative change lies above 0, "faster" below 0,
+   else "no significant change".
 2. **The change by part**, exactly: each run's parts are the mean over ranks of every rank's
-   per-token leaf parts (reconciled to the unprofiled time when that is the source, by
+   per-token leaf parts (reconciled to the corrected time when that is the source, by
    `shortfall.reconcile`), so they sum to T exactly, and their differences sum exactly to the
    change. On GPU timelines compute is split into matrix (GEMM / attention kernels) and vector
    (everything else the classifier calls compute): per window, the time a matrix kernel covers is
@@ -28,9 +30,8 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
 4. **What moved**: kernels matched by (kind, name) (the event table carries no shapes) and
    collectives by (op, bytes), each with count and time per token per rank (traced durations),
    new and vanished names marked.
-5. **Dilation** of both runs (the applied factor: traced / unprofiled per-token mean,
-   `shortfall.applied_dilation`). The profiler alone changes the traced per-token time by
-   d_after / d_before - 1; a warning is raised when that differs from 0 beyond noise (the two
+5. **Dilation** of both runs (the applied factor D, `shortfall.applied_dilation`). The profiler
+   alone changes the traced per-token time by d_after / d_before - 1; a warning is raised when that differs from 0 beyond noise (the two
    intervals do not overlap, or it exceeds `DILATION_WARN`) and is at least half the traced change.
 """
 
@@ -624,8 +625,8 @@ class Diff:
     def dilation(self) -> dict[str, Any]:
         ab, aa = self.before.applied, self.after.applied
         out: dict[str, Any] = {
-            "definition": "traced per-token time (mean of the steady steps) / unprofiled per-token time "
-            "(mean of the unprofiled tokens): the factor the correction applies",
+            "definition": "profiled / unprofiled per-token time as the capture's alternating rounds measured it "
+            "(the shortfall's applied factor D; the corrected per-token time is the traced one / D)",
             "before": ab.to_json(),
             "after": aa.to_json(),
             "ratio": None,
