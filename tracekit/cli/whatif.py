@@ -203,7 +203,12 @@ def command(
     for text in knobs or ((f"transfer=probe:{probe}",) if probe else ()) + DEFAULT_KNOBS:
         ks = parse_combination(text, probe)
         (singles if len(ks) == 1 else combos).append(ks)
-    players = [k[0] for k in singles]
+    players: list[Any] = []
+    for ks in singles:  # one player per knob name; another value of the same knob is a row of its own
+        if any(p.name == ks[0].name for p in players):
+            combos.append(ks)
+        else:
+            players.append(ks[0])
     if check_dir and not check_knob:
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
     tty = sys.stderr.isatty()
