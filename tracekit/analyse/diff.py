@@ -31,8 +31,9 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    collectives by (op, bytes), each with count and time per token per rank (traced durations),
    new and vanished names marked.
 5. **Dilation** of both runs (the applied factor D, `shortfall.applied_dilation`). The profiler
-   alone changes the traced per-token time by d_after / d_before - 1; a warning is raised when that differs from 0 beyond noise (the two
-   intervals do not overlap, or it exceeds `DILATION_WARN`) and is at least half the traced change.
+   alone changes the traced per-token time by d_after / d_before - 1; a warning is raised when
+   that differs from 0 beyond noise (the two intervals do not overlap, or it exceeds
+   `DILATION_WARN`) and is at least half the traced change.
 """
 
 from __future__ import annotations
