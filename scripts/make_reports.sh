@@ -18,5 +18,16 @@ tk report traces/h200-tp2-full --baseline traces/h200-tp1-full \
 tk report reports/h200-study/tp2 --baseline reports/h200-study/tp1 --links reports/h200-study/links.json \
    --title "tracekit study on 2x H200: TP=1 vs TP=2, 7b shape (8 layers), 16 tokens (a second, independent run)" \
    -o reports/h200-study/report.html -o reports/h200-study/report.md -o reports/h200-study/report.json
+P=reports/h200/links-graph.json
+for f in markdown json; do
+  ext=$([ $f = markdown ] && echo md || echo json)
+  tk whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --knob transfer=0 --knob launch=0 --knob sync=0 \
+     --knob straggler=off --knob compute=/N --knob transfer=probe:$P --knob transfer=probe:$P@pcie \
+     --knob launch=0,transfer=probe:$P --knob launch=0,transfer=probe:$P@pcie --format $f --out reports/whatif/h200-tp2.$ext
+  tk whatif --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --check traces/cpu-tp2 --check-knob straggler=off \
+     --format $f --out reports/whatif/cpu-straggler.$ext
+  tk whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --knob sync=0 --check traces/h200-tp1-graphs \
+     --check-knob launch=0 --format $f --out reports/whatif/h200-tp1-launch0.$ext
+done
 find traces reports -name .tracekit-cache -type d -prune -exec rm -rf {} +
 echo "reports regenerated"

@@ -14,9 +14,11 @@ launched by call i starts at
 with h_i the call's start, rho_j the launch-to-start latency, F the device frontier (latest end so
 far) and q_j the device's own gap between operations. Both terms equal the measured start by
 construction; which one bound is read from the trace: an operation that started on an idle device
-(q_j >= 2 us) was bound by its launch and keeps its measured rho_j while its q becomes the rank's
-typical queued gap; a queued operation keeps its measured q_j while its rho becomes the rank's
-typical launch latency (never more than measured, so the unchanged replay is exact). A blocking
+(q_j >= 2 us) within a launch latency of its call (at most max(3 rho_typ, rho_typ + 20 us)) was
+bound by its launch and keeps its measured rho_j while its q becomes the rank's typical queued gap
+(never more than measured); any other operation was queued (behind busy device work or another
+stream) and keeps its measured q_j while its rho becomes the rank's typical launch latency rho_typ
+(never more than measured). So the unchanged replay is exact. A blocking
 synchronisation call returns its measured return latency after the device frontier; a
 non-blocking one takes its measured time. A collective starts on every rank when its last rank
 arrives (`a = max s_r`) and ends on rank r at `a + (e_r - a_measured)`: its transfer. The window

@@ -31,10 +31,14 @@ def _rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     for n in ns:
         head += [f"TP={n} ms", f"TP={n} vs T1"]
     rows = []
+    applies = {k["spec"]: k["applies"] for k in doc["knobs"]}
     for spec, by_n in doc["predicted_ns"].items():
         row = ["none (replay of the trace)" if spec == "none" else spec]
         for n in ns:
             sp = doc["speedup_vs_tp1"][spec][n]
+            if spec in applies and not applies[spec].get(n, True):
+                row += ["n/a", ""]  # the knob does not apply to this run (docs/METHOD-NOTES.md What-if)
+                continue
             row += [_ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
         rows.append(row)
     return head, rows
