@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TracekitError(Exception):
     """Base of every error tracekit raises on purpose (bad input, impossible request)."""
@@ -14,6 +16,7 @@ class TraceFormatError(TracekitError):
         self, path: object, message: str, *, offset: int | None = None, event_index: int | None = None
     ):
         self.path = str(path)
+        self.message = message
         self.offset = offset
         self.event_index = event_index
         where = self.path
@@ -22,6 +25,16 @@ class TraceFormatError(TracekitError):
         if event_index is not None:
             where += f" at event #{event_index}"
         super().__init__(f"{where}: {message}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # rebuilt from its fields, so it survives the trip back from a reader process (pickle)
+        return (_rebuild_format_error, (type(self), self.path, self.message, self.offset, self.event_index))
+
+
+def _rebuild_format_error(
+    cls: type[TraceFormatError], path: str, message: str, offset: int | None, event_index: int | None
+) -> TraceFormatError:
+    return cls(path, message, offset=offset, event_index=event_index)
 
 
 class NoTracesError(TracekitError):

@@ -23,6 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -292,10 +293,21 @@ def read_run(
         else:
             with ProcessPoolExecutor(max_workers=n_jobs) as pool:
                 futures = [pool.submit(_read_worker, (str(f), rank, cache)) for f in files]
-                for f, fut in zip(files, futures, strict=True):
-                    runs.append(fut.result())
-                    if bar is not None:
-                        bar.advance(task, f.stat().st_size)
+                try:
+                    for f, fut in zip(files, futures, strict=True):
+                        try:
+                            runs.append(fut.result())
+                        except BrokenProcessPool:
+                            raise TraceFormatError(
+                                f,
+                                "the process reading this file died (out of memory or killed); "
+                                "read it alone, or lower --max-bytes / --max-events",
+                            ) from None
+                        if bar is not None:
+                            bar.advance(task, f.stat().st_size)
+                finally:
+                    for fut in futures:  # one bad file: the others are not waited for
+                        fut.cancel()
     finally:
         if bar is not None:
             bar.stop()
