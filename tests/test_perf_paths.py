@@ -25,6 +25,7 @@ import pytest
 from tracekit.analyse.breakdown import breakdown
 from tracekit.analyse.steps import cat_mask, find_steps, partition_steps, rank_selectors
 from tracekit.classify import classify
+from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.errors import TraceFormatError
 from tracekit.model.events import Run, make_events
 from tracekit.read import concat_runs
@@ -125,7 +126,7 @@ def _two_rank_table() -> pd.DataFrame:
             ("kernel", "ampere_sgemm_32x128_nt", 10 + off % 7, 60),
             ("kernel", "ncclKernel_AllReduce_RING_LL_Sum_float", 40, 90),
             ("memcpy", "Memcpy DtoD (Device -> Device)", 120, 130),
-            ("kernel", "mystery_kernel_xyz", 150, 170 + r),
+            ("kernel", "mystery_allreduce_xyz", 150, 170 + r),  # looks like communication: unknown
             ("sync", "Stream Sync", 175, 190),
         ]
     n = len(rows)
@@ -161,7 +162,7 @@ def test_partition_and_breakdown_do_not_depend_on_row_order() -> None:
     assert (
         ba.unknown_kernels
         == bb.unknown_kernels
-        == [{"name": "mystery_kernel_xyz", "count": 2, "total_ns": 41}]
+        == [{"name": "mystery_allreduce_xyz", "count": 2, "total_ns": 41, "hint": COMM_LIKE_HINT}]
     )
 
 
