@@ -793,7 +793,11 @@ def diff_sides(
 ) -> Diff:
     """Compare two attributed runs (module doc)."""
     dq = DataQuality()
-    dq.merge(before.parts.data_quality).merge(after.parts.data_quality)
+    for side in (before, after):
+        # counts summed over both runs; each note says which run it is about
+        dq.counts.update(side.parts.data_quality.counts)
+        for note in side.parts.data_quality.notes:
+            dq.add(side.label, 0, note if note.startswith(f"{side.label} (") else f"{side.label}: {note}")
     missing = [s.label for s in (before, after) if s.applied.target_ns is None]
     faster = [
         (s.label, s.applied.factor)
