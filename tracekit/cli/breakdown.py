@@ -12,6 +12,7 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
+    engine_options,
     no_cache_option,
     out_file_option,
     step_pattern_option,
@@ -193,6 +194,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
 )
 @no_cache_option
 @cache_dir_option
+@engine_options
 def command(
     paths: tuple[str, ...],
     step_pattern: str | None,
@@ -201,6 +203,10 @@ def command(
     out: str | None,
     skip_first: int,
     no_cache: bool,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
+    work_dir: str | None,
 ) -> None:
     """Split every step of a run into compute, memory, collective (exposed), unknown, sync and idle
     time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
@@ -219,17 +225,25 @@ def command(
       tracekit breakdown traces/cpu-tp2 --format json --out breakdown.json
       tracekit breakdown trace.json.gz --steps 'step\\[DECODE' --format csv
       tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache
+      tracekit breakdown runs/tp64 --engine dask --workers 8 --format json --out b.json
     """
     from tracekit.analyse.breakdown import breakdown
+    from tracekit.engine import Engine, breakdown_paths
     from tracekit.read import read_run
 
+    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=sys.stderr.isatty())
     single_file = len(paths) == 1 and Path(paths[0]).is_file()
-    run = read_run(
-        list(paths), rank=rank if single_file else None, cache=not no_cache, progress=sys.stderr.isatty()
-    )
-    result = breakdown(
-        run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank
-    )
+    if eng.kind == "dask":
+        result = breakdown_paths(
+            list(paths), eng, step_pattern=step_pattern, skip_first=skip_first, rank=rank, cache=not no_cache
+        )
+    else:
+        run = read_run(
+            list(paths), rank=rank if single_file else None, cache=not no_cache, progress=sys.stderr.isatty()
+        )
+        result = breakdown(
+            run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank
+        )
 
     text: str
     if fmt == "json":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -73,3 +74,36 @@ def write_text(text: str, out: str | None) -> None:
     else:
         Path(out).write_text(text)
         click.echo(f"wrote {out}", err=True)
+
+
+def engine_options(func: Any) -> Any:
+    """--engine, --scheduler, --workers, --work-dir (tracekit.engine): where the analysis runs."""
+    func = click.option(
+        "--work-dir",
+        type=click.Path(file_okay=False, path_type=str),
+        default=None,
+        metavar="DIR",
+        help="With --engine dask: folder for the per-rank Parquet files, visible to every worker "
+        "(default: a temporary folder, right for --workers; give a shared one with --scheduler).",
+    )(func)
+    func = click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="With --engine dask: start a local Dask cluster of N worker processes (default: the CPU count).",
+    )(func)
+    func = click.option(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="With --engine dask: use the running Dask cluster at ADDRESS (tcp://host:8786).",
+    )(func)
+    func = click.option(
+        "--engine",
+        type=click.Choice(["local", "dask"]),
+        default=None,
+        help="Where the analysis runs: local (default: this machine, a process pool reads the rank "
+        "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
+    )(func)
+    return func

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import step_pattern_option
+from tracekit.cli.options import engine_options, step_pattern_option
 
 
 @click.command("report")
@@ -30,6 +30,7 @@ from tracekit.cli.options import step_pattern_option
 )
 @step_pattern_option
 @click.option("--title", default=None, help="Page title.")
+@engine_options
 def command(
     run_dir: str,
     baseline: str | None,
@@ -38,6 +39,10 @@ def command(
     outputs: tuple[str, ...],
     step_pattern: str | None,
     title: str | None,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
+    work_dir: str | None,
 ) -> None:
     """Write the report of RUN_DIR: the verdict on top with the profiler dilation (the factor the
     shortfall applied, with its interval), per-token times, the shortfall waterfall and each rank's
@@ -50,8 +55,20 @@ def command(
     Example:
       tracekit report traces/cpu-tp2 --baseline traces/cpu-tp1 \\
           -o reports/cpu.html -o reports/cpu.md -o reports/cpu.json
+      tracekit report runs/tp64 --baseline runs/tp1 --engine dask --workers 8 -o tp64.json
     """
-    from tracekit.report.build import format_of, load_links, report_from_dirs, write_report
+    import sys
+
+    from tracekit.engine import Engine, analyse_dirs
+    from tracekit.report.build import (
+        format_of,
+        load_links,
+        report_from_analyses,
+        report_from_dirs,
+        write_report,
+    )
+
+    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=sys.stderr.isatty())
 
     for o in outputs:
         format_of(o)  # refuse a bad suffix before any analysis runs
@@ -61,9 +78,20 @@ def command(
         if links
         else "no link probes given: pass a `tracekit compare-links -o FILE.json` result with --links FILE."
     )
-    data = report_from_dirs(
-        run_dir, baseline, links=links_data, links_note=note, step_pattern=step_pattern, title=title
-    )
+    if eng.kind == "dask":
+        analysed = analyse_dirs(run_dir, baseline, eng, step_pattern=step_pattern)
+        data = report_from_analyses(
+            analysed,
+            run_path=str(run_dir),
+            baseline_path=baseline,
+            links=links_data,
+            links_note=note,
+            title=title,
+        )
+    else:
+        data = report_from_dirs(
+            run_dir, baseline, links=links_data, links_note=note, step_pattern=step_pattern, title=title
+        )
     written = write_report(data, outputs, offline=offline)
     click.echo(data.verdict)
     click.echo(data.dilation["sentence"])

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import cache_dir_option, no_cache_option, out_file_option, write_text
+from tracekit.cli.options import (
+    cache_dir_option,
+    engine_options,
+    no_cache_option,
+    out_file_option,
+    write_text,
+)
 
 if TYPE_CHECKING:
     from tracekit.analyse.shortfall import Shortfall
@@ -322,6 +328,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
 @out_file_option
 @no_cache_option
 @cache_dir_option
+@engine_options
 def command(
     baseline: str,
     sharded: str,
@@ -332,6 +339,10 @@ def command(
     allow_partial: bool,
     out: str | None,
     no_cache: bool,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
+    work_dir: str | None,
 ) -> None:
     """Attribute the per-token shortfall S = TN - T1/N of a tensor-parallel run to compute that did
     not scale, memory, transfer (bytes on the link on GPUs; gloo's exchange on CPU runs) and
@@ -348,19 +359,33 @@ def command(
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
     from tracekit.analyse.shortfall import shortfall
+    from tracekit.engine import Engine, shortfall_paths
     from tracekit.read import read_run
 
     tty = sys.stderr.isatty()
-    run_b = read_run([baseline], cache=not no_cache, progress=tty)
-    run_s = read_run([sharded], cache=not no_cache, progress=tty)
-    result = shortfall(
-        run_b,
-        run_s,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
-    )
+    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=tty)
+    if eng.kind == "dask":
+        result = shortfall_paths(
+            [baseline],
+            [sharded],
+            eng,
+            step_pattern=step_pattern,
+            skip_first=skip_first,
+            dilation_threshold=dilation_threshold,
+            allow_partial=allow_partial,
+            cache=not no_cache,
+        )
+    else:
+        run_b = read_run([baseline], cache=not no_cache, progress=tty)
+        run_s = read_run([sharded], cache=not no_cache, progress=tty)
+        result = shortfall(
+            run_b,
+            run_s,
+            step_pattern=step_pattern,
+            skip_first=skip_first,
+            dilation_threshold=dilation_threshold,
+            allow_partial=allow_partial,
+        )
     if fmt == "json":
         doc: dict[str, Any] = result.to_json()
         text = json.dumps(doc, indent=1) + "\n"

@@ -177,11 +177,15 @@ def analyse_dirs(
 ) -> AnalysedRuns:
     """The report's analyses (`tracekit.report.build.analyse_dirs`: breakdown of the run and the
     baseline, the shortfall between them), on the engine; only their JSON is kept."""
+    from pathlib import Path
+
     from tracekit.report import build
 
     engine = engine or Engine()
     if engine.kind == "local":
-        return build.analyse_dirs(run_dir, baseline_dir, step_pattern=step_pattern)
+        return build.analyse_dirs(
+            Path(run_dir), None if baseline_dir is None else Path(baseline_dir), step_pattern=step_pattern
+        )
     from tracekit.analyse.shortfall import shortfall_from_parts
     from tracekit.engine import dask_engine
 
