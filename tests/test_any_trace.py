@@ -474,3 +474,49 @@ def test_nccl_nvtx_payload_fills_the_collective_columns(tmp_path: Path) -> None:
     assert (str(row["coll_pg_name"]), int(row["coll_group_size"])) == ("nccl-comm:8817263541", 2)
     ag = ev[(ev["kind"] == "annotation") & (ev["name"] == "ncclAllGather")].iloc[0]
     assert (str(ag["coll_pg_name"]), int(ag["coll_group_size"]), int(ag["coll_in_bytes"])) == ("", -1, -1)
+
+
+@pytest.mark.parametrize(
+    ("outer", "inner"),
+    [
+        ("execute_model", "gpu_model_runner: forward"),  # vLLM worker
+        (
+            "execute_8_context_0(sq0sk0sqsq0sqsk0)_generation_8(sq8sk512sqsq8sqsk512)",
+            "attn",
+        ),  # vLLM v1 runner
+        ("step[DECODE bs=8]", "forward_batch"),  # SGLang
+        ("_forward_step", "_prepare_inputs"),  # TensorRT-LLM PyExecutor
+    ],
+)
+def test_serving_engine_iteration_ranges_are_steps(outer: str, inner: str) -> None:
+    rows = []
+    for i in range(3):
+        t = i * 1000
+        rows += [("annotation", outer, t, t + 800), ("annotation", inner, t + 100, t + 700)]
+        rows += [("kernel", "void my_gemv_kernel<float>(float*)", t + 200, t + 600)]
+    kind, name, start, end = (list(x) for x in zip(*rows, strict=True))
+    ev = make_events(
+        {
+            "rank": [0] * len(rows),
+            "kind": kind,
+            "name": name,
+            "start_ns": start,
+            "end_ns": end,
+            "stream": [7] * len(rows),
+        }
+    )
+    found = find_steps_detailed(ev)
+    assert found.rule == "serving_engine"
+    assert list(found.steps["name"]) == [outer] * 3 and list(found.steps["start_ns"]) == [0, 1000, 2000]
+
+
+def test_steps_whole_is_the_trace_totals_span(shared_traces: Path) -> None:
+    """--steps whole: one window per rank, first to last GPU operation: the window is trace_totals'
+    span, and its non-idle time the union of all GPU activity."""
+    path = shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+    doc = _breakdown_json(path, "--steps", "whole")
+    assert doc["source"]["step_rule"] == "whole_trace" and len(doc["steps"]) == 1
+    step, tt = doc["steps"][0], doc["trace_totals"]
+    assert step["window_ns"] == tt["span_ns"]
+    gpu_parts = sum(step["parts_ns"][p] for p in ("compute", "memory", "collective", "unknown"))
+    assert gpu_parts == tt["busy_ns"] + tt["exposed_memcpy_ns"]
