@@ -115,3 +115,205 @@ def test_gzip_of_the_right_name_but_garbage(tmp_path: Path, capsys: pytest.Captu
     d = copy_run(CPU_TP2, tmp_path / "run")
     (d / "rank-1.pt.trace.json.gz").write_bytes(gzip.compress(b"\x00\xff" * 1000))
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], "rank-1.pt.trace.json.gz")
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. out-of-range and wrongly typed fields: value read as missing / event dropped, counted
+
+
+def kineto_doc(shared_traces: Path) -> dict[str, Any]:
+    src = shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
+    if not src.exists():
+        pytest.skip(f"{src} missing")
+    with gzip.open(src, "rt") as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def write_doc(tmp_path: Path, doc: dict[str, Any], name: str = "t.json", text: str | None = None) -> Path:
+    p = tmp_path / name
+    p.write_text(text if text is not None else json.dumps(doc))
+    return p
+
+
+def kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+
+
+def read_ok(path: Path, **kw: Any) -> Any:
+    """read_file(path): no exception, within the time bound; the Run."""
+    from tracekit.read import read_file
+
+    t0 = time.perf_counter()
+    run = read_file(path, cache=False, **kw)
+    assert time.perf_counter() - t0 < CASE_SECONDS
+    return run
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("pid", 2**63),
+        ("pid", 10**30),
+        ("tid", 2**64),
+        ("args.correlation", 2**63),
+        ("args.device", 2**63),
+        ("args.device", 2**40),
+        ("args.stream", -(2**70)),
+    ],
+)
+def test_event_int_fields_beyond_int64(shared_traces: Path, tmp_path: Path, field: str, value: int) -> None:
+    doc = kineto_doc(shared_traces)
+    k = kernels(doc)[3]
+    if field.startswith("args."):
+        k["args"][field[5:]] = value
+    else:
+        k[field] = value
+    run = read_ok(write_doc(tmp_path, doc))
+    n_kernels = len(kernels(doc))
+    assert int((run.events["kind"] == "kernel").sum()) == n_kernels  # the event is kept
+    assert int(run.events["device"].max()) < 2**31
+    if value >= 2**63 or value < -(2**63):
+        assert run.data_quality.counts.get("values_out_of_range") == 1
+
+
+@pytest.mark.parametrize("value", ["inf", 1e30, 10**30, -5, "12x", True])
+def test_base_time_unusable(shared_traces: Path, tmp_path: Path, value: Any) -> None:
+    doc = kineto_doc(shared_traces)
+    doc["baseTimeNanoseconds"] = value
+    run = read_ok(write_doc(tmp_path, doc))
+    assert run.data_quality.counts.get("base_time_unusable") == 1
+    assert len(run.events) > 0
+
+
+def test_base_time_wraps_int64(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = kineto_doc(shared_traces)
+    doc["baseTimeNanoseconds"] = 2**63 - 1  # + any ts > 0 wraps around
+    p = write_doc(tmp_path, doc)
+    cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "int64")
+
+
+def test_some_events_wrap_int64(shared_traces: Path, tmp_path: Path) -> None:
+    doc = kineto_doc(shared_traces)
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    base = int(doc["baseTimeNanoseconds"])
+    xs[0]["ts"] = (2**63 - base) // 1000 + 10  # this one lands beyond int64 ns
+    xs[1]["dur"] = 9.2e15  # and this one ends beyond it
+    run = read_ok(write_doc(tmp_path, doc))
+    assert (
+        run.data_quality.counts.get("events_time_out_of_range", 0)
+        + run.data_quality.counts.get("events_huge_dur", 0)
+        == 2
+    )
+    assert (run.events["end_ns"] >= run.events["start_ns"]).all()
+
+
+@pytest.mark.parametrize("value", ["inf", 1e30, 10**30, -1, "nan"])
+def test_distributed_rank_unusable(shared_traces: Path, tmp_path: Path, value: Any) -> None:
+    doc = kineto_doc(shared_traces)
+    doc["distributedInfo"]["rank"] = value
+    run = read_ok(write_doc(tmp_path, doc, "rank-1.json"))
+    assert run.ranks == [1]  # from the file name instead
+    if value != -1:
+        assert run.data_quality.counts.get("rank_unusable") == 1
+
+
+def test_rank_in_file_name_beyond_int32(shared_traces: Path, tmp_path: Path) -> None:
+    doc = kineto_doc(shared_traces)
+    del doc["distributedInfo"]
+    run = read_ok(write_doc(tmp_path, doc, "rank-99999999999999999999.json"))
+    assert run.ranks == [0]
+
+
+def test_rank_argument_20_digits(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    p = write_doc(tmp_path, kineto_doc(shared_traces))
+    cli_error(capsys, ["breakdown", str(p), "--no-cache", "--rank", "1" * 20], "not a rank")
+
+
+@pytest.mark.parametrize("ts", ["1e999999", "1e900000", "-1e999999", '"123.5x"', "1" * 5000])
+def test_ts_unusable_numbers(shared_traces: Path, tmp_path: Path, ts: str) -> None:
+    doc = kineto_doc(shared_traces)
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    xs[7]["ts"] = "@TS@"
+    p = write_doc(tmp_path, doc, text=json.dumps(doc).replace('"@TS@"', ts))
+    run = read_ok(p)
+    assert run.data_quality.counts.get("events_without_ts") == 1
+    assert len(run.events) == len(xs) - 1
+
+
+@pytest.mark.parametrize("dur", [1e300, 9.3e15, -1e300])
+def test_dur_huge(shared_traces: Path, tmp_path: Path, dur: float, recwarn: pytest.WarningsRecorder) -> None:
+    doc = kineto_doc(shared_traces)
+    kernels(doc)[0]["dur"] = dur
+    run = read_ok(write_doc(tmp_path, doc))
+    dq = run.data_quality.counts
+    assert dq.get("events_huge_dur", 0) + dq.get("events_negative_dur", 0) == 1
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_step_number_40_digits(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = kineto_doc(shared_traces)
+    for e in doc["traceEvents"]:
+        if str(e.get("name", "")).startswith("ProfilerStep#"):
+            e["name"] = "ProfilerStep#" + "7" * 40
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if e.get("name") != "decode_step"]
+    p = write_doc(tmp_path, doc)
+    out = cli_ok(capsys, ["breakdown", str(p), "--no-cache", "--steps", r"ProfilerStep#\d+"])
+    assert out
+
+
+NSYS = "h200/nsys_matmul_nvtx.sqlite"
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "start"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "end"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "deviceId"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "correlationId"),
+        ("CUPTI_ACTIVITY_KIND_KERNEL", "globalPid"),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", "globalTid"),
+        ("CUPTI_ACTIVITY_KIND_RUNTIME", "nameId"),
+        ("NVTX_EVENTS", "eventType"),
+        ("NVTX_EVENTS", "globalTid"),
+        ("NVTX_EVENTS", "start"),
+        ("NVTX_EVENTS", "end"),
+        ("NVTX_EVENTS", "domainId"),
+        ("TARGET_INFO_SESSION_START_TIME", "utcEpochNs"),
+        ("PROCESSES", "pid"),
+    ],
+)
+@pytest.mark.parametrize("value", ["abc", None, 1e30, "9" * 30])
+def test_nsys_column_wrong_type(
+    shared_traces: Path, tmp_path: Path, table: str, column: str, value: Any
+) -> None:
+    import sqlite3
+
+    src = shared_traces / NSYS
+    if not src.exists():
+        pytest.skip(f"{src} missing")
+    p = tmp_path / "rank-0.sqlite"
+    shutil.copy(src, p)
+    con = sqlite3.connect(p)
+    try:
+        con.execute(
+            f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = (SELECT min(rowid) FROM "{table}")', (value,)
+        )
+        con.commit()
+    except sqlite3.IntegrityError:
+        pytest.skip(f"{table}.{column} is NOT NULL in this export")
+    finally:
+        con.close()
+    run = read_ok(p)
+    assert len(run.events) > 0
+    if table.startswith(("CUPTI", "NVTX")) and not (
+        value is None and column in ("end", "globalTid", "domainId")
+    ):
+        assert run.data_quality.counts.get("nsys_rows_bad_values") == 1

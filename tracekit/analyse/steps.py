@@ -503,7 +503,7 @@ def _step_indices(rank: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, int]:
     all_numbered = True
     for i, n in enumerate(name):
         m = _STEP_NUMBER.search(n)
-        if m is None:
+        if m is None or len(m.group(1)) > 18:  # a 40-digit "step number" does not fit int64: use the order
             all_numbered = False
             break
         numbers[i] = int(m.group(1))

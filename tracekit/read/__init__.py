@@ -164,6 +164,10 @@ def read_file(
     found = _reader_for(p)
     if found is None:
         raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz, .sqlite or .sqlite.gz)")
+    if rank is not None:
+        from tracekit.read.kineto import check_rank_argument
+
+        check_rank_argument(rank)
     reader, version = found
     use_cache = cache and cache_mod.cache_enabled()
     if use_cache:

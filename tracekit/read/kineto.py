@@ -38,6 +38,7 @@ import threading
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from decimal import Decimal, InvalidOperation
 from itertools import filterfalse
 from pathlib import Path
 from typing import Any, Union
@@ -379,18 +380,36 @@ def _skip_ws(buf: bytearray | bytes, i: int) -> int:
     return i
 
 
+#: a dur at or above this (us) is not a duration (2**62 ns: 146 years); skipped and counted
+_MAX_DUR_US = 2.0**62 / 1000.0
+_INT64_MIN = -(2**63)
+_INT64_MAX = 2**63 - 1
+_INT32_MAX = 2**31 - 1
+
+
 def _to_int(v: Any) -> int:
+    """`v` as an int64 value; -1 (missing) when it is not a number or does not fit an int64
+    ("inf", 1e30, 10**30, "12x")."""
     if isinstance(v, bool):
         return int(v)
     if isinstance(v, int):
-        return v
+        return v if _INT64_MIN <= v <= _INT64_MAX else -1
+    if isinstance(v, str) and len(v) > 64:  # int() of a long digit string is quadratic
+        return -1
     try:
-        return int(v)
-    except (TypeError, ValueError):
+        out = int(v)
+    except (TypeError, ValueError, OverflowError):
         try:
-            return int(float(v))
-        except (TypeError, ValueError):
+            out = int(float(v))
+        except (TypeError, ValueError, OverflowError):
             return -1
+    return out if _INT64_MIN <= out <= _INT64_MAX else -1
+
+
+def _to_small_int(v: Any) -> int:
+    """`v` as a non-negative int32 value (a rank, a group size); -1 when missing or out of range."""
+    out = _to_int(v)
+    return out if 0 <= out <= _INT32_MAX else -1
 
 
 def _ints(values: list[Any]) -> np.ndarray:
@@ -400,12 +419,26 @@ def _ints(values: list[Any]) -> np.ndarray:
         return np.array([_to_int(v) for v in values], dtype=np.int64)
 
 
-def _int_column(getter: Any, items: list[Any], n: int) -> np.ndarray:
-    """getter(item) for every item as int64, straight from the iterator (no list) when all are ints."""
+def _int_column(
+    getter: Any, items: list[Any], n: int, dq: DataQuality | None = None, what: str = ""
+) -> np.ndarray:
+    """getter(item) for every item as int64, straight from the iterator (no list) when all are ints.
+    Integers that do not fit an int64 become -1 (missing), counted in `dq` as `values_out_of_range`."""
     try:
         return np.fromiter(map(getter, items), np.int64, n)
     except (TypeError, ValueError, OverflowError):  # e.g. the one "Trace" span with pid "Spans"
-        return np.array([v if v.__class__ is int else _to_int(v) for v in map(getter, items)], np.int64)
+        vals = list(map(getter, items))
+        huge = sum(1 for v in vals if isinstance(v, (int, float)) and not _INT64_MIN <= v <= _INT64_MAX)
+        if huge and dq is not None:
+            dq.add(
+                "values_out_of_range",
+                huge,
+                f"event fields ({what}) beyond the int64 range (>= 2**63) were read as missing",
+            )
+        return np.array(
+            [v if v.__class__ is int and _INT64_MIN <= v <= _INT64_MAX else _to_int(v) for v in vals],
+            np.int64,
+        )
 
 
 def _to_float(v: Any) -> float:
@@ -654,6 +687,8 @@ class _Stream:
 
 
 _POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
+_DEC_INT64_MIN = Decimal(-(2**63))
+_DEC_INT64_MAX = Decimal(2**63 - 1)
 
 
 def _text_matrix(texts: Sequence[Any], n: int) -> tuple[np.ndarray, bool]:
@@ -744,15 +779,17 @@ def parse_us_to_ns(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
         ns = np.where(neg, -ns, ns)
     valid = any_dig.copy()
     if odd.any():
-        from decimal import Decimal, InvalidOperation
-
         for i in np.flatnonzero(odd).tolist():
             try:
-                v = Decimal(bytes(texts[i]).decode().strip('"')) * 1000
-                valid[i] = v.is_finite()
+                raw = bytes(texts[i])
+                if len(raw) > 64:  # no timestamp is written with more digits; 1e900000-style texts
+                    raise ValueError(raw[:20])
+                v = Decimal(raw.decode().strip('"')) * 1000
+                # the check before int(): int() of Decimal("1e900000") builds a 900k-digit number
+                valid[i] = v.is_finite() and _DEC_INT64_MIN <= v <= _DEC_INT64_MAX
                 ns[i] = int(v) if valid[i] else 0
                 sub[i] = bool(valid[i]) and v != v.to_integral_value()
-            except (InvalidOperation, ValueError, OverflowError):
+            except (InvalidOperation, ValueError, OverflowError, ArithmeticError, UnicodeDecodeError):
                 valid[i] = False
                 sub[i] = False
     return ns, valid, int(sub.sum())
@@ -845,6 +882,14 @@ class _Columns:
             )
         dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
         dur_ok = np.isfinite(dur_us)
+        huge_dur = dur_ok & (np.abs(dur_us) >= _MAX_DUR_US)
+        if huge_dur.any():  # would not fit int64 ns (or spans centuries): unusable
+            dur_ok &= ~huge_dur
+            self.dq.add(
+                "events_huge_dur",
+                int(huge_dur.sum()),
+                f"events with a dur of {_MAX_DUR_US:.0e} us or more (beyond int64 ns) were skipped",
+            )
         dur_ns = np.zeros(n, np.int64)
         dur_ns[dur_ok] = np.rint(dur_us[dur_ok] * 1000.0).astype(np.int64)
         neg = dur_ok & (dur_ns < 0)
@@ -876,13 +921,15 @@ class _Columns:
         # device / stream / correlation
         args: list[_Args] = list(map(_get_args, xs))
         is_gpu = np.isin(kind, self._gpu_codes)
-        dev_arg = _int_column(_get_device, args, n)
-        pid = _int_column(_get_pid, xs, n)
+        dq = self.dq
+        dev_arg = _int_column(_get_device, args, n, dq, "args.device")
+        pid = _int_column(_get_pid, xs, n, dq, "pid")
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
-        str_arg = _int_column(_get_stream, args, n)
-        tid = _int_column(_get_tid, xs, n)
+        device = np.where(device <= _INT32_MAX, device, -1)  # the device column is int32
+        str_arg = _int_column(_get_stream, args, n, dq, "args.stream")
+        tid = _int_column(_get_tid, xs, n, dq, "tid")
         stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
-        corr = _int_column(_get_corr, args, n)
+        corr = _int_column(_get_corr, args, n, dq, "args.correlation")
         # collective metadata (sparse)
         base = self.rows
         for i, a in enumerate(args):
@@ -1295,9 +1342,13 @@ def _build_table(
         return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
     start = cat_arrays(cols.start, np.int64)
+    dur = cat_arrays(cols.dur, np.int64)
+    # int64 wrap-around: base + ts or start + dur beyond 2**63 - 1 ns (year 2262) is dropped, counted
+    beyond = start > _INT64_MAX - base_ns if base_ns > 0 else np.zeros(n, bool)
     if base_ns:
-        start += base_ns
-    end = start + cat_arrays(cols.dur, np.int64)
+        start = np.where(beyond, 0, start) + base_ns
+    beyond |= (start > 0) & (dur > _INT64_MAX - np.maximum(start, 0))
+    end = start + np.where(beyond, 0, dur)
     kind = _cat(cat_arrays(cols.kind, np.int8), list(_KIND_CATEGORIES))
     name_codes = cat_arrays(cols.name, np.int32)
     name = _cat(name_codes, list(cols.names))
@@ -1373,6 +1424,15 @@ def _build_table(
         "coll_seq": cm.seq,
     }
     assert list(table) == list(COLUMNS)
+    if beyond.any():
+        keep = ~beyond
+        dq.add(
+            "events_time_out_of_range",
+            int(beyond.sum()),
+            "events whose start (baseTimeNanoseconds + ts) or end lies beyond the int64 ns range "
+            "(after the year 2262) were skipped",
+        )
+        table = {k: v[keep] for k, v in table.items()}
     return make_events(table)
 
 
@@ -1386,17 +1446,28 @@ _RANK_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
     """Rank from a file name: `rank-3`, `rank3`, `_rank_3`, `rank-3.pt.trace.json.gz` -> 3; None if absent."""
     m = _RANK_RE.search(Path(path).name)
-    return int(m.group(1)) if m else None
+    if not m or len(m.group(1)) > 10 or int(m.group(1)) > _INT32_MAX:  # rank-99999999999999999999
+        return None
+    return int(m.group(1))
+
+
+def check_rank_argument(rank: Any) -> None:
+    """RankError unless `rank` (--rank, rank=) is a rank: an integer from 0 to 2**31 - 1."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= _INT32_MAX:
+        shown = str(rank)
+        shown = shown if len(shown) <= 24 else shown[:20] + "..."
+        raise RankError(f"rank {shown} is not a rank (an integer from 0 to {_INT32_MAX})")
 
 
 def _resolve_rank(
     path: Path, meta: dict[str, Any], rank: int | None, default_rank: int | None = None
 ) -> tuple[int, str]:
     if rank is not None:
+        check_rank_argument(rank)
         return int(rank), "argument"
     di = meta.get("distributedInfo")
     if isinstance(di, dict) and di.get("rank") is not None:
-        r = _to_int(di.get("rank"))
+        r = _to_small_int(di.get("rank"))
         if r >= 0:
             return r, "distributedInfo"
     r2 = rank_from_filename(path)
@@ -1470,7 +1541,13 @@ def read_kineto(
             "(pass --rank N to choose)",
         )
     di = meta.get("distributedInfo")
-    own = _to_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
+    own = _to_small_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
+    if isinstance(di, dict) and di.get("rank") is not None and own < 0:
+        cols.dq.add(
+            "rank_unusable",
+            1,
+            f"{p.name}: distributedInfo.rank {str(di.get('rank'))[:40]!r} is not a rank (0 to 2**31-1): ignored",
+        )
     if rank_source == "argument" and own >= 0 and own != r:
         cols.dq.add(
             "rank_overridden",
@@ -1479,7 +1556,22 @@ def read_kineto(
         )
     base_raw = meta.get("baseTimeNanoseconds")
     base_ns = _to_int(base_raw) if base_raw is not None else 0
-    events = _build_table(cols, r, max(base_ns, 0), meta)
+    if base_raw is not None and (base_ns < 0 or isinstance(base_raw, bool)):
+        cols.dq.add(
+            "base_time_unusable",
+            1,
+            f"{p.name}: baseTimeNanoseconds {str(base_raw)[:40]!r} is not a time in int64 ns: read as 0 "
+            "(the timestamps stay relative to an unknown start)",
+        )
+        base_ns = 0
+    kept_before = cols.rows
+    events = _build_table(cols, r, base_ns, meta)
+    if kept_before and events.empty:
+        raise TraceFormatError(
+            p,
+            f"baseTimeNanoseconds {str(base_raw)[:40]} puts every event beyond the int64 ns range "
+            "(after the year 2262): not a time",
+        )
     if cols.rows == 0:
         cols.dq.add("traces_without_complete_events", 1, f"{p.name}: no complete (X) events")
     info: dict[str, Any] = {k: v for k, v in meta.items() if k != "traceEvents"}

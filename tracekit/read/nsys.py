@@ -152,6 +152,10 @@ def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
             return _read(con, db, given, rank)
         except sqlite3.DatabaseError as exc:
             raise TraceFormatError(given, f"SQLite error while reading: {exc}") from exc
+        except (TypeError, ValueError, OverflowError) as exc:  # a value of a type no export writes
+            raise TraceFormatError(
+                given, f"a column holds a value of the wrong type or range ({exc})"
+            ) from None
         finally:
             con.close()
     finally:
@@ -314,12 +318,46 @@ def _gpu_part(kind: str, m: np.ndarray, names: np.ndarray, **extra: np.ndarray) 
     return _Part(kind, _pid(m[:, 5]), columns)
 
 
-def _int_matrix(con: sqlite3.Connection, sql: str, ncols: int) -> np.ndarray:
-    """Rows of an all-integer query (NULLs coalesced in SQL) as an (n, ncols) int64 array."""
+def _int_matrix(con: sqlite3.Connection, sql: str, ncols: int, dq: DataQuality | None = None) -> np.ndarray:
+    """Rows of an all-integer query (NULLs coalesced in SQL) as an (n, ncols) int64 array. Rows
+    holding anything but an int64 (text, NULL, REAL, a value >= 2**63) are left out, counted in `dq`."""
     rows = con.execute(sql).fetchall()
     if not rows:
         return np.empty((0, ncols), dtype=np.int64)
-    return np.array(rows, dtype=np.int64)
+    try:
+        return np.array(rows, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError):
+        good, bad = _rows_with_ints(rows, range(ncols), ())
+        if dq is not None:
+            table = m.group(1) if (m := re.search(r"\bFROM\s+(\w+)", sql)) else "?"
+            _note_bad_rows(dq, table, bad)
+        return np.array(good, dtype=np.int64) if good else np.empty((0, ncols), dtype=np.int64)
+
+
+def _is_int64(v: object) -> bool:
+    return v.__class__ is int and -(2**63) <= v <= 2**63 - 1  # type: ignore[operator]
+
+
+def _rows_with_ints(rows: list[Any], required: Any, nullable: Any) -> tuple[list[Any], int]:
+    """The rows whose `required` columns hold int64 values and `nullable` columns int64 or NULL;
+    and how many were left out."""
+    req, nul = tuple(required), tuple(nullable)
+    good = [
+        r
+        for r in rows
+        if all(_is_int64(r[i]) for i in req) and all(r[i] is None or _is_int64(r[i]) for i in nul)
+    ]
+    return good, len(rows) - len(good)
+
+
+def _note_bad_rows(dq: DataQuality, table: str, bad: int) -> None:
+    if bad:
+        dq.add(
+            "nsys_rows_bad_values",
+            bad,
+            "rows holding text, NULL, a real number or a value beyond int64 where an integer belongs "
+            f"(times, ids) were left out ({table})",
+        )
 
 
 def _lookup(strings: dict[int, str], ids: np.ndarray, dq: DataQuality, what: str) -> np.ndarray:
@@ -424,6 +462,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             con,
             f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {name_sql} FROM {T_KERNEL}",
             7,
+            dq,
         )
         names = _lookup(strings, m[:, 6], dq, "kernel")
         coll_name, coll_op = _nccl_ops(names, _NCCL_KERNEL)
@@ -443,6 +482,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             "SELECT start, end, COALESCE(deviceId, -1), COALESCE(streamId, -1), COALESCE(correlationId, -1), "
             f"globalPid, {graph_sql} FROM {T_GRAPH} WHERE NOT (start = 0 AND end = 0)",
             7,
+            dq,
         )
         if len(m):
             names = np.array([f"CUDA graph {g} (graph-level trace)" for g in m[:, 6].tolist()], dtype=object)
@@ -464,6 +504,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
             f"COALESCE(copyKind, 0), COALESCE(srcKind, 7), COALESCE(dstKind, 7) FROM {T_MEMCPY}",
             10,
+            dq,
         )
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
@@ -481,6 +522,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
             f"{kind_sql} FROM {T_MEMSET}",
             8,
+            dq,
         )
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
@@ -498,6 +540,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             con,
             f"SELECT start, end, globalTid, COALESCE(correlationId, -1), COALESCE(nameId, -1) FROM {table}",
             5,
+            dq,
         )
         raw = _lookup(strings, m[:, 4], dq, "API call")
         names = _strip_versions(raw)
@@ -526,6 +569,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             "SELECT start, end, deviceId, COALESCE(streamId, -1), COALESCE(correlationId, -1), globalPid, "
             f"COALESCE({type_col}, 0) FROM {T_SYNC}",
             7,
+            dq,
         )
         lut = np.array(["Unknown Sync"] + [SYNC_TYPE[k] for k in (1, 2, 3, 4)], dtype=object)
         t = m[:, 6]
@@ -653,6 +697,8 @@ def _read_nvtx(
     rows = con.execute(
         f"SELECT start, end, eventType, globalTid, text, {', '.join(opt)} FROM {T_NVTX}"
     ).fetchall()
+    rows, bad = _rows_with_ints(rows, (0, 2), (1, 3, 5, 6, 8))
+    _note_bad_rows(dq, T_NVTX, bad)
     if not rows:
         return
     arr = np.array(rows, dtype=object)
@@ -827,7 +873,7 @@ def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if "TARGET_INFO_SESSION_START_TIME" in tables:
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-        if row and row[0] is not None:
+        if row and _is_int64(row[0]):  # text or a REAL there: no session start (not aligned)
             meta["session_start_utc_ns"] = int(row[0])
     if "META_DATA_EXPORT" in tables:
         kv = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall())
@@ -835,7 +881,7 @@ def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
         meta["schema_version"] = kv.get("EXPORT_SCHEMA_VERSION")
     if "TARGET_INFO_GPU" in tables and "name" in _columns(con, "TARGET_INFO_GPU"):
         meta["gpus"] = {
-            int(i): str(n) for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if i is not None
+            int(i): str(n) for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if _is_int64(i)
         }
     if "TARGET_INFO_SYSTEM_ENV" in tables:
         env_rank = None
@@ -853,7 +899,7 @@ def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
 def _process_names(con: sqlite3.Connection, tables: set[str]) -> dict[int, str]:
     if "PROCESSES" not in tables:
         return {}
-    return {int(p): str(n) for p, n in con.execute("SELECT pid, name FROM PROCESSES") if p is not None}
+    return {int(p): str(n) for p, n in con.execute("SELECT pid, name FROM PROCESSES") if _is_int64(p)}
 
 
 def _assign_ranks(
