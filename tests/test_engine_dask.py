@@ -1,0 +1,265 @@
+"""The Dask engine gives the local engine's JSON, to the byte (issue 19).
+
+A LocalCluster of two workers (threads of this process, `processes=False`, for speed; one test
+uses worker processes and kills one mid-run) runs breakdown, shortfall and report on every
+committed multi-rank run and on a synthetic 64-rank run made from traces/cpu-tp2 (jittered clocks,
+shuffled events); each document must equal the local engine's byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from tracekit.engine import (  # noqa: E402
+    Engine,
+    EngineError,
+    breakdown_paths,
+    dask_engine,
+    shortfall_paths,
+)
+from tracekit.engine.synthetic import make_synthetic_run  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "traces"
+
+MULTI_RANK = ["h200-tp2", "h200-tp2-straggler", "h200-tp2-nsys", "cpu-tp2", "cpu-tp2-straggler"]
+SHORTFALL_PAIRS = [
+    ("h200-tp1", "h200-tp2"),
+    ("h200-tp1", "h200-tp2-straggler"),
+    ("cpu-tp1", "cpu-tp2"),
+]  # cpu-tp2-straggler: through the CLI below
+
+
+def _text(doc: dict[str, Any]) -> str:
+    """The document as the CLI writes it (json.dumps, indent=1)."""
+    return json.dumps(doc, indent=1) + "\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, silence_logs=40
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def dask(cluster: Any) -> Engine:
+    """The dask engine on the module's LocalCluster."""
+    return Engine(kind="dask", scheduler=cluster.scheduler_address)
+
+
+@pytest.fixture(scope="module")
+def synthetic64(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """64 ranks, each a rank of traces/cpu-tp2 (first 3 steps) with its clock jittered by up to
+    200 us and its events shuffled; one process group of all 64 ranks."""
+    return make_synthetic_run(TRACES / "cpu-tp2", tmp_path_factory.mktemp("syn") / "tp64", 64, max_steps=3)
+
+
+@pytest.fixture(scope="module")
+def synthetic64_breakdown(synthetic64: Path) -> str:
+    """The local engine's breakdown JSON of the synthetic run."""
+    return _text(breakdown_paths(synthetic64).to_json())
+
+
+# ------------------------------------------------------------------------------------------
+# byte-equal JSON on the committed runs
+
+
+@pytest.mark.parametrize("run", MULTI_RANK)
+def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
+    local = _text(breakdown_paths(TRACES / run).to_json())
+    distributed = _text(breakdown_paths(TRACES / run, dask).to_json())
+    assert distributed == local
+
+
+@pytest.mark.parametrize(("base", "sharded"), SHORTFALL_PAIRS)
+def test_shortfall_on_dask_is_the_local_json_to_the_byte(base: str, sharded: str, dask: Engine) -> None:
+    local = _text(shortfall_paths(TRACES / base, TRACES / sharded).to_json())
+    distributed = _text(shortfall_paths(TRACES / base, TRACES / sharded, dask).to_json())
+    assert distributed == local
+
+
+def test_cli_engine_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
+    from tracekit.cli.main import main
+
+    run, base = str(TRACES / "cpu-tp2-straggler"), str(TRACES / "cpu-tp1")
+    for name, args in {
+        "breakdown": ["breakdown", run, "--format", "json"],
+        "shortfall": ["shortfall", "--baseline", base, "--sharded", run, "--format", "json"],
+    }.items():
+        assert main([*args, "--out", str(tmp_path / f"{name}-local.json")]) == 0
+        assert (
+            main([*args, "--scheduler", str(dask.scheduler), "--out", str(tmp_path / f"{name}-dask.json")])
+            == 0
+        )
+        assert (tmp_path / f"{name}-dask.json").read_bytes() == (tmp_path / f"{name}-local.json").read_bytes()
+    # the report: the same document but for its creation time
+    assert main(["report", run, "--baseline", base, "-o", str(tmp_path / "local.json")]) == 0
+    assert (
+        main(
+            [
+                "report",
+                run,
+                "--baseline",
+                base,
+                "--scheduler",
+                str(dask.scheduler),
+                "-o",
+                str(tmp_path / "dask.json"),
+            ]
+        )
+        == 0
+    )
+    docs = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("local", "dask")]
+    for d in docs:
+        d.pop("created")
+    assert docs[0] == docs[1]
+
+
+# ------------------------------------------------------------------------------------------
+# many ranks
+
+
+def test_synthetic_64_ranks_on_dask_is_the_local_json(
+    synthetic64: Path, synthetic64_breakdown: str, dask: Engine
+) -> None:
+    b_local = json.loads(synthetic64_breakdown)
+    assert b_local["source"]["ranks"] == list(range(64))
+    assert len({s["start_ns"] for s in b_local["steps"] if s["step"] == b_local["steps"][0]["step"]}) > 1
+    assert _text(breakdown_paths(synthetic64, dask).to_json()) == synthetic64_breakdown
+
+    s_local = shortfall_paths(TRACES / "cpu-tp1", synthetic64).to_json()
+    s_dask = shortfall_paths(TRACES / "cpu-tp1", synthetic64, dask).to_json()
+    assert _text(s_dask) == _text(s_local)
+
+
+def test_synthetic_run_keeps_collectives_consistent(synthetic64: Path) -> None:
+    """Every rank issues the same collectives in the same order, so all of them match."""
+    from tracekit.analyse.collectives import match_collectives
+    from tracekit.classify import classify
+    from tracekit.read import read_run
+
+    run = read_run([synthetic64])
+    coll = match_collectives(
+        classify(run.events), ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest
+    )
+    per_instance = coll.per_rank.groupby("instance")["rank"].nunique()
+    assert len(per_instance) > 0 and (per_instance == 64).all()
+
+
+# ------------------------------------------------------------------------------------------
+# failures: retried by the engine, the result unchanged
+
+
+def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
+    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    marker = tmp_path / "failed-once"
+    real = dask_engine.read_rank_file
+
+    def flaky(path: str, parquet: str, rank: int | None, cache: bool) -> dask_engine.RankPart:
+        if not marker.exists():
+            marker.write_text(path)
+            raise OSError("worker lost its disk for a moment")
+        return real(path, parquet, rank, cache)
+
+    monkeypatch.setattr(dask_engine, "read_rank_file", flaky)
+    local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
+    assert _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask).to_json()) == local
+    assert marker.exists()
+
+
+def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracekit.errors import TraceFormatError
+
+    def bad(path: str, parquet: str, rank: int | None, cache: bool) -> dask_engine.RankPart:
+        raise TraceFormatError(path, "not a trace", offset=12)
+
+    monkeypatch.setattr(dask_engine, "read_rank_file", bad)
+    with pytest.raises(TraceFormatError, match="at byte 12"):
+        breakdown_paths(TRACES / "cpu-tp2", Engine(kind="dask", scheduler=dask.scheduler, retries=0))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
+    synthetic64: Path, synthetic64_breakdown: str
+) -> None:
+    from distributed import Client, LocalCluster
+
+    local = synthetic64_breakdown
+    with (
+        LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+        ) as lc,
+        Client(lc) as client,
+    ):
+        pids = client.run(os.getpid)
+        victim = sorted(pids.values())[0]
+        engine = Engine(kind="dask", scheduler=lc.scheduler_address)
+        out: dict[str, Any] = {}
+
+        def go() -> None:
+            try:
+                out["doc"] = breakdown_paths(synthetic64, engine, cache=False).to_json()
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                out["error"] = exc
+
+        t = threading.Thread(target=go)
+        t.start()
+        # kill one worker once it has read some rank files and others are still to come
+        deadline = time.monotonic() + 60
+        done: list[str] = []
+        while time.monotonic() < deadline:
+            done = [k for k, v in client.run_on_scheduler(_task_states).items() if v == "memory"]
+            if len(done) >= 4:
+                break
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+        assert 4 <= len(done) < 64  # killed mid-run: rank files done and rank files still to read
+        t.join(timeout=300)
+        assert "error" not in out, out.get("error")
+        assert _text(out["doc"]) == local
+
+
+def _task_states(dask_scheduler: Any) -> dict[str, str]:
+    return {str(k): ts.state for k, ts in dask_scheduler.tasks.items() if "tracekit-read" in str(k)}
+
+
+# ------------------------------------------------------------------------------------------
+# settings and a missing Dask
+
+
+def test_engine_settings_are_checked() -> None:
+    assert Engine.parse(None, None, None).kind == "local"
+    assert Engine.parse(None, None, 4).kind == "dask"
+    assert Engine.parse(None, "tcp://h:8786", None).kind == "dask"
+    with pytest.raises(EngineError, match="apply to --engine dask"):
+        Engine.parse("local", None, 2)
+    with pytest.raises(EngineError, match="unknown engine"):
+        Engine(kind="spark")
+
+
+def test_without_dask_the_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:
+    from tracekit.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "distributed", None)
+    assert main(["breakdown", str(TRACES / "cpu-tp2"), "--engine", "dask", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "tracekit: error: --engine dask needs Dask: pip install 'tracekit[dask]' (or pip install 'dask[distributed]')"
+    ]
