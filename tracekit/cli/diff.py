@@ -341,8 +341,9 @@ def command(
     collective transfer, coordination wait/sync/idle; the parts sum to the change exactly), per
     rank and on the critical path (which rank's host time, compute or transfer moved); the kernels
     and collectives that moved most; the profiler's dilation of both runs, with a warning when it
-    differs enough to explain the change. Per-token times are the unprofiled ones when both
-    manifests have them, else the traced step times of both.
+    differs enough to explain the change. Per-token times are corrected for the profiler as the
+    shortfall does (traced time / the dilation the capture measured) when both manifests have
+    unprofiled passes, else the traced step times of both.
 
     \b
     Examples:
