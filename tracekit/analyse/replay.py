@@ -220,6 +220,7 @@ class _Setting:
     straggler_off: bool = False
     compute_scale: Mapping[int, float] | None = None
     host_scale: float = 1.0
+    host_deduct: float = 0.0  # ns taken from every host call's time (gap first), the calibration
 
 
 # ------------------------------------------------------------------------------------------
@@ -262,6 +263,7 @@ class _HostProgram:
     c_x: np.ndarray
     c_op: list[str]
     c_bytes: np.ndarray
+    n_ops: np.ndarray  # per segment: top-level op intervals (the calibration's per-op deduction)
 
 
 _HOST_COLS = ("compute", "memory", "unknown", "sync", "idle", "enqueue", "lead")
@@ -292,6 +294,7 @@ class RunModel:
     target_ns: Fraction | None  # the unprofiled per-token time (None: not corrected)
     notes: list[str] = field(default_factory=list)
     host_scale: float = 1.0
+    host_deduct: float = 0.0
 
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed step time (ns, float)."""
@@ -359,6 +362,12 @@ def _transfer(x: float, op: str, size: int, setting: _Setting) -> float:
     return x if t is None else t
 
 
+def _segments(p: _GpuProgram | _HostProgram) -> int:
+    if isinstance(p, _HostProgram):
+        return len(p.seg)
+    return int(p.h_seg.max()) + 1 if len(p.h_seg) else 1
+
+
 def _straggler_scale(model: RunModel, st: int, r: int, setting: _Setting) -> np.ndarray | None:
     """GPU: per segment, the factor that scales rank r's host gaps to the fastest rank's sum."""
     if not setting.straggler_off or model.n_ranks < 2:
@@ -408,6 +417,11 @@ def _run_gpu(
     if seg_scale is not None and not launch0:
         gaps = gaps * seg_scale[p.h_seg]
     durs = np.where(p.h_sync, p.h_dur * alpha, 0.0 if launch0 else p.h_dur * alpha)
+    delta = setting.host_deduct
+    if delta and not launch0:  # the profiler's cost per call: from the gap before it, then the call
+        rest = np.maximum(delta - gaps, 0.0)
+        gaps = np.maximum(gaps - delta, 0.0)
+        durs = np.where(p.h_sync, durs, np.maximum(durs - rest, 0.0))
     dur_d = np.where(p.d_compute, p.d_dur * kind, p.d_dur).tolist()
     q = p.d_q_k.tolist()
     launch = p.d_launch.tolist()
@@ -480,7 +494,10 @@ def _run_host(
             lead = idle_target[k, 1]
         if setting.sync0:
             y = 0.0
-        t += (c * kind + m + u + y + idle + enq + lead) * alpha
+        total = (c * kind + m + u + y + idle + enq + lead) * alpha
+        if setting.host_deduct and total > 0:  # the profiler's cost per op, from every host part
+            total = max(total - setting.host_deduct * p.n_ops[k], 0.0)
+        t += total
         if k < len(p.c_inst):
             t = yield (int(p.c_inst[k]), t, float(p.c_x[k]), p.c_op[k], int(p.c_bytes[k]))
     return t
@@ -541,6 +558,18 @@ def build_model(
         first = min(al.values())
         offsets[st] = {r: float(a - first) for r, a in al.items()}
     frozen = {st: {i: frozenset(m) for i, m in d.items()} for st, d in members.items()}
+    if len(parts.ranks) > 1:
+        uneven = sum(
+            1
+            for st in steps
+            if len({_segments(p) for p in programs[st].values()})
+            > 1  # ranks launched different collective counts
+        )
+        if uneven:
+            notes.append(
+                f"{label}: {uneven} step(s) have different collective counts on the ranks; straggler=off leaves them as "
+                "they are"
+            )
     return RunModel(
         label=label,
         n_ranks=len(parts.ranks),
@@ -722,8 +751,11 @@ def _host_programs(
             sizes.append(inst_bytes.get(int(inst), -1))
         bounds.append(we)
         seg = np.zeros((len(insts) + 1, len(_HOST_COLS)))
+        n_ops = np.zeros(len(insts) + 1)
         for k in range(len(insts) + 1):
             a, b = bounds[2 * k], max(bounds[2 * k + 1], bounds[2 * k])
+            lo, hi = np.searchsorted(busy_s, [a, b], side="left")
+            n_ops[k] = max(int(hi) - int(lo), 0)
             m = lay.measure(a, b)
             lead = _lead_gap(busy_s, busy_e, a, b)
             seg[k] = [
@@ -744,6 +776,7 @@ def _host_programs(
             c_x=np.asarray(xs, dtype=np.float64),
             c_op=ops,
             c_bytes=np.asarray(sizes, dtype=np.int64),
+            n_ops=n_ops,
         )
         programs[st] = (prog, set(insts))
     return programs, comp_total / max(n, 1)
@@ -753,43 +786,35 @@ def _host_programs(
 # calibration, predictions, Shapley
 
 
-def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
-    """The host scale that makes the unchanged replay's mean equal `target_ns` (1.0 without one).
-
-    The replayed mean is non-decreasing and piecewise linear in the scale: a bracket, then
-    regula falsi (Illinois), to within `rel_tol` of the target (0.1 us on a 5 ms token)."""
-    if model.target_ns is None:
-        model.host_scale = 1.0
-        return 1.0
-    target = float(model.target_ns)
-    tol = max(rel_tol * target, 1.0)
-
-    def err(alpha: float) -> float:
-        return float(model.replay(_Setting(host_scale=alpha)).mean()) - target
-
-    lo, f_lo = 0.0, err(0.0)
-    if f_lo >= 0:
-        model.notes.append(
-            f"{model.label}: the unprofiled per-token time {target / 1e6:.3f} ms is not above the replay without "
-            "any host time; host time is removed entirely"
-        )
-        model.host_scale = 0.0
-        return 0.0
-    hi, f_hi = 1.0, err(1.0)
-    while f_hi < 0 and hi < 64:
-        lo, f_lo, hi = hi, f_hi, hi * 2
+def _solve_decreasing(err: Any, x0: float, step: float, tol: float, limit: float) -> float | None:
+    """The x >= x0 (or below, when err(x0) < 0) where the non-increasing, piecewise-linear err crosses
+    0: a bracket by doubling steps, then regula falsi (Illinois). None when no bracket within `limit`."""
+    f0 = err(x0)
+    if abs(f0) <= tol:
+        return x0
+    sign = 1.0 if f0 > 0 else -1.0
+    lo, f_lo = x0, f0
+    hi, d = x0, step
+    while True:
+        hi = x0 + sign * d
         f_hi = err(hi)
-    best = hi
+        if (f_hi <= 0) if sign > 0 else (f_hi >= 0):
+            break
+        lo, f_lo = hi, f_hi
+        d *= 2
+        if d > limit:
+            return None
     side = 0
+    best = hi
     for _ in range(60):
         mid = hi - f_hi * (hi - lo) / (f_hi - f_lo) if f_hi != f_lo else (lo + hi) / 2
-        if not lo < mid < hi:
+        if not min(lo, hi) < mid < max(lo, hi):
             mid = (lo + hi) / 2
         f_mid = err(mid)
         best = mid
-        if abs(f_mid) <= tol or hi - lo < 1e-12:
+        if abs(f_mid) <= tol or abs(hi - lo) < 1e-9:
             break
-        if f_mid < 0:
+        if (f_mid > 0) == (f_lo > 0):
             lo, f_lo = mid, f_mid
             if side == -1:
                 f_hi /= 2
@@ -799,8 +824,51 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
             if side == 1:
                 f_lo /= 2
             side = 1
-    model.host_scale = best
     return best
+
+
+def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
+    """Correct the replay to the unprofiled per-token time `target_ns` (nothing without one), so the
+    unchanged replay's mean equals it within `rel_tol`:
+
+    - GPU timeline: the profiler's cost is a cost per CUDA runtime call (its callbacks), so a fixed
+      `host_deduct` ns is taken from every call's host time (the gap before it first, then the call);
+      a host sleep is one gap, not a thousand, and loses one deduction (a factor on all host time
+      would keep most of the profiler's cost when an injected sleep dominates the host time);
+    - host timeline: op callbacks land inside and between ops, so one factor `host_scale` on every
+      part but transfer, the rule `shortfall.reconcile` uses there.
+
+    Returns the deduction (GPU) or the factor (host)."""
+    model.host_scale, model.host_deduct = 1.0, 0.0
+    if model.target_ns is None:
+        return 0.0
+    target = float(model.target_ns)
+    tol = max(rel_tol * target, 1.0)
+    if model.timeline == "gpu":
+
+        def err_gpu(delta: float) -> float:
+            return float(model.replay(_Setting(host_deduct=delta)).mean()) - target
+
+        value = _solve_decreasing(err_gpu, 0.0, 1000.0, tol, 1e9)
+    else:
+
+        def err_host(alpha: float) -> float:
+            return target - float(model.replay(_Setting(host_scale=alpha)).mean())
+
+        value = _solve_decreasing(err_host, 1.0, 0.25, tol, 63.0)
+        if value is not None and value < 0:
+            value = None
+    if value is None:
+        model.notes.append(
+            f"{model.label}: the replay cannot reach the unprofiled per-token time {target / 1e6:.3f} ms by "
+            "removing host time; not corrected"
+        )
+        return 0.0
+    if model.timeline == "gpu":
+        model.host_deduct = value
+    else:
+        model.host_scale = value
+    return value
 
 
 def setting_for(
@@ -824,7 +892,7 @@ def setting_for(
                 r: (baseline_compute / n_ranks) / c if c > 0 else 1.0
                 for r, c in model.compute_per_token.items()
             }
-    return _Setting(transfer=transfer, host_scale=model.host_scale, **kw)
+    return _Setting(transfer=transfer, host_scale=model.host_scale, host_deduct=model.host_deduct, **kw)
 
 
 def shapley(values: Mapping[frozenset[int], Fraction], k: int) -> list[Fraction]:
@@ -907,6 +975,7 @@ class WhatIf:
                 "timeline": m.timeline,
                 "per_token_ns": int(round(self.measured[m.n_ranks])),
                 "per_token_source": "unprofiled" if m.target_ns is not None else "trace",
+                "host_cost_per_call_ns": round(m.host_deduct, 1),
                 "host_scale": m.host_scale,
                 "replay_error": self.replay_error(m),
             }
@@ -1015,6 +1084,7 @@ def whatif(
                 sync0=s.sync0,
                 straggler_off=s.straggler_off,
                 host_scale=s.host_scale,
+                host_deduct=s.host_deduct,
             )
         return _mean_int(m.replay(s))
 

@@ -68,8 +68,12 @@ def _summary(doc: dict[str, Any]) -> list[str]:
         lines.append(
             f"{key} (TP={r['ranks']}, {r['timeline']} timeline): per-token {_ms(r['per_token_ns'])} ms "
             f"({r['per_token_source']}); replay of the trace {_ms(e['replayed_ns'])} ms vs traced "
-            f"{_ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); host scale "
-            f"{r['host_scale']:.3f}"
+            f"{_ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); "
+            + (
+                f"profiler cost removed per host call {r['host_cost_per_call_ns'] / 1e3:.2f} us"
+                if r["timeline"] == "gpu"
+                else f"host time scaled by {r['host_scale']:.3f}"
+            )
         )
     c = doc.get("check")
     if c:
