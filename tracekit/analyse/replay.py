@@ -50,11 +50,13 @@ trace gives back the measured step times (`replay_error`).
   scaled by (C1 / N) / C_r, with C1 the baseline's and C_r the rank's mean compute per token (sum
   of compute operation durations; on a host timeline: compute op time).
 
-**Correction to the unprofiled times** (METHOD.md 9): the profiler's cost is host time, so every
-host duration (GPU: gaps, launch calls, non-blocking syncs; host timeline: every part but transfer,
-the rule `shortfall.reconcile` uses) is multiplied by one factor `host_scale`, found by bisection
-so that the unchanged replay's mean per-token time equals the unprofiled one. Knobs then apply to
-the corrected model.
+**Correction to the unprofiled times** (METHOD.md 9): the profiler's cost is host time. On a GPU
+timeline a fixed cost per CUDA runtime call is taken from every call's host time (the gap before
+it first); on a host timeline every part but transfer is multiplied by one factor (the rule
+`shortfall.reconcile` uses there); either is solved for (`calibrate`) so that the unchanged
+replay's mean per-token time equals the unprofiled one the accounting uses. Knobs then apply to the
+corrected model. A host sleep (an injected straggler) is one gap: it loses one call's cost, not a
+share of its length.
 """
 
 from __future__ import annotations
