@@ -29,6 +29,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,8 @@ class RankPart:
     data_quality: DataQuality
     n_events: int
     file_bytes: int
+    seconds: float = 0.0  # wall time of the task (read + classify + write)
+    peak_rss_bytes: int = 0  # the worker process's peak resident memory so far
 
 
 @dataclass
@@ -80,6 +83,9 @@ class RunResult:
     parts: RunParts | None = None
     n_events: int = 0
     ranks: list[int] = field(default_factory=list)
+    seconds: float = 0.0  # wall time of the task (load + analyses)
+    peak_rss_bytes: int = 0  # the worker process's peak resident memory so far
+    files: list[RankPart] = field(default_factory=list)  # stage 1's returns (no events)
 
 
 def _import_distributed() -> Any:
@@ -101,6 +107,7 @@ def read_rank_file(path: str, parquet: str, rank: int | None, cache: bool) -> Ra
     from tracekit.classify import classify
     from tracekit.read import read_file
 
+    t0 = time.perf_counter()
     run = read_file(path, rank=rank, cache=cache)
     events = classify(run.events)
     tmp = parquet + ".tmp"
@@ -114,6 +121,8 @@ def read_rank_file(path: str, parquet: str, rank: int | None, cache: bool) -> Ra
         data_quality=run.data_quality,
         n_events=len(events),
         file_bytes=os.path.getsize(path),
+        seconds=time.perf_counter() - t0,
+        peak_rss_bytes=_peak_rss(),
     )
 
 
@@ -169,8 +178,9 @@ def load_run(parts: Sequence[RankPart], manifest: dict[str, Any] | None) -> Run:
 
 def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | None) -> RunResult:
     """Stage 2: one run's analyses on its classified Parquet files."""
+    t0 = time.perf_counter()
     run = load_run(parts, manifest)
-    out = RunResult(manifest=manifest, n_events=len(run.events), ranks=list(run.ranks))
+    out = RunResult(manifest=manifest, n_events=len(run.events), ranks=list(run.ranks), files=list(parts))
     if job.breakdown is not None:
         from tracekit.analyse.breakdown import breakdown
 
@@ -179,7 +189,19 @@ def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | N
         from tracekit.analyse.shortfall import attribute_run
 
         out.parts = attribute_run(run, **job.attribute)
+    out.seconds = time.perf_counter() - t0
+    out.peak_rss_bytes = _peak_rss()
     return out
+
+
+def _peak_rss() -> int:
+    """This process's peak resident memory in bytes (0 where the platform does not say)."""
+    try:
+        import resource
+    except ImportError:  # pragma: no cover - Windows
+        return 0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
 # ------------------------------------------------------------------------------------------

@@ -45,54 +45,87 @@ def make_synthetic_run(
     jitter_us: float = 200.0,
     compresslevel: int = 1,
     max_steps: int | None = None,
+    jobs: int = 1,
 ) -> Path:
     """Write an `n_ranks` run made from the Kineto rank files of the run folder `source` into the
-    folder `out` (created); returns `out`. See the module doc. `max_steps`: keep only each source rank's events before its
-    (max_steps + 1)-th `decode_step` annotation (a smaller run for CI)."""
+    folder `out` (created); returns `out`. See the module doc. `max_steps`: keep only each source
+    rank's events before its (max_steps + 1)-th `decode_step` annotation (a smaller run for CI).
+    `compresslevel` 0 writes plain `.json`; `jobs` processes write the files."""
     files, manifest = find_trace_files([source])
     files = [f for f in files if f.name.endswith((".json", ".json.gz"))]
     if not files:
         raise ValueError(f"{source}: no Kineto rank files to build a synthetic run from")
-    docs = [_load(f) for f in files]
-    docs.sort(key=lambda d: int((d.get("distributedInfo") or {}).get("rank", 0)))
-    if max_steps is not None:
-        docs = [_first_steps(d, max_steps) for d in docs]
     rng = random.Random(seed)
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    order = list(range(n_ranks))
-    rng.shuffle(order)  # files are written (and so timestamped) in no particular rank order
-    table: dict[str, Any] = {}
-    for i in order:
-        src = docs[i % len(docs)]
-        shift_us = rng.uniform(0.0, jitter_us)
-        events = [
-            {**ev, "ts": ev["ts"] + shift_us}
-            if isinstance(ev.get("ts"), (int, float)) and ev.get("ph") != "M"
-            else ev
-            for ev in src["traceEvents"]
-        ]
-        rng.shuffle(events)
-        info = dict(src.get("distributedInfo") or {})
-        info.update(rank=i, world_size=n_ranks)
-        info["pg_config"] = [
-            {**(info.get("pg_config") or [{}])[0], "pg_size": n_ranks, "ranks": list(range(n_ranks))}
-        ]
-        doc = {**src, "distributedInfo": info, "traceEvents": events}
-        name = f"rank-{i}.pt.trace.json.gz"
-        data = json.dumps(doc).encode()
-        with gzip.open(out_dir / name, "wb", compresslevel=compresslevel) as fh:
-            fh.write(data)
-        table[name] = {"rank": i, "bytes": (out_dir / name).stat().st_size}
+    suffix = ".pt.trace.json.gz" if compresslevel else ".pt.trace.json"
+    tasks = [
+        (tuple(str(f) for f in files), max_steps, i, n_ranks, rng.uniform(0.0, jitter_us), rng.randrange(2**32),
+         str(out_dir / f"rank-{i}{suffix}"), compresslevel)
+        for i in range(n_ranks)
+    ]  # fmt: skip
+    rng.shuffle(tasks)  # files are written (and so timestamped) in no particular rank order
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(_write_rank, tasks))
+    else:
+        for t in tasks:
+            _write_rank(t)
+    table = {
+        Path(t[6]).name: {"rank": t[2], "bytes": Path(t[6]).stat().st_size}
+        for t in sorted(tasks, key=lambda t: t[2])
+    }
     if manifest is not None:
         m = json.loads(json.dumps(manifest))
         if isinstance(m.get("workload"), dict):
             m["workload"]["tp"] = n_ranks
-        m["files"] = dict(sorted(table.items(), key=lambda kv: kv[1]["rank"]))
+        m["files"] = table
         m.pop("rank_pids", None)
         m["synthetic"] = {"source": str(source), "n_ranks": n_ranks, "seed": seed, "jitter_us": jitter_us}
         (out_dir / "manifest.json").write_text(json.dumps(m, indent=1))
     return out_dir
+
+
+_SOURCES: dict[tuple[tuple[str, ...], int | None], list[dict[str, Any]]] = {}
+
+
+def _sources(files: tuple[str, ...], max_steps: int | None) -> list[dict[str, Any]]:
+    """The source rank documents, in rank order (loaded once per process)."""
+    key = (files, max_steps)
+    if key not in _SOURCES:
+        docs = [_load(Path(f)) for f in files]
+        docs.sort(key=lambda d: int((d.get("distributedInfo") or {}).get("rank", 0)))
+        if max_steps is not None:
+            docs = [_first_steps(d, max_steps) for d in docs]
+        _SOURCES[key] = docs
+    return _SOURCES[key]
+
+
+def _write_rank(task: tuple[tuple[str, ...], int | None, int, int, float, int, str, int]) -> None:
+    """Write rank `i`: source rank i % k, clock shifted by `shift_us`, events shuffled."""
+    files, max_steps, i, n_ranks, shift_us, shuffle_seed, path, compresslevel = task
+    docs = _sources(files, max_steps)
+    src = docs[i % len(docs)]
+    events = [
+        {**ev, "ts": ev["ts"] + shift_us}
+        if isinstance(ev.get("ts"), (int, float)) and ev.get("ph") != "M"
+        else ev
+        for ev in src["traceEvents"]
+    ]
+    random.Random(shuffle_seed).shuffle(events)
+    info = dict(src.get("distributedInfo") or {})
+    info.update(rank=i, world_size=n_ranks)
+    info["pg_config"] = [
+        {**(info.get("pg_config") or [{}])[0], "pg_size": n_ranks, "ranks": list(range(n_ranks))}
+    ]
+    data = json.dumps({**src, "distributedInfo": info, "traceEvents": events}).encode()
+    if compresslevel:
+        with gzip.open(path, "wb", compresslevel=compresslevel) as fh:
+            fh.write(data)
+    else:
+        Path(path).write_bytes(data)
 
 
 def _first_steps(doc: dict[str, Any], max_steps: int) -> dict[str, Any]:
