@@ -317,3 +317,121 @@ def test_nsys_column_wrong_type(
         value is None and column in ("end", "globalTid", "domainId")
     ):
         assert run.data_quality.counts.get("nsys_rows_bad_values") == 1
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. deep nesting, malformed closings, invalid UTF-8, hangs and blow-ups from manifest fields
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    ("where", "needle", "insert"),
+    [
+        ("metadata", '"schemaVersion": 1', '"schemaVersion": 1, "deep": ' + "[" * DEEP + "]" * DEEP),
+        ("event args", '"args": {', '"args": {"deep": ' + "[" * DEEP + "]" * DEEP + ", "),
+        ("event args objects", '"args": {', '"args": {"deep": ' + '{"a":' * DEEP + "1" + "}" * DEEP + ", "),
+        ("event", '"ph": "X"', '"zz": ' + "[" * DEEP + "]" * DEEP + ', "ph": "X"'),
+    ],
+)
+def test_deep_nesting_in_trace(
+    shared_traces: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    where: str,
+    needle: str,
+    insert: str,
+) -> None:
+    text = json.dumps(kineto_doc(shared_traces)).replace(needle, insert, 1)
+    p = write_doc(tmp_path, {}, text=text)
+    cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "nested too deeply")
+
+
+def test_trace_events_closed_twice(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = json.dumps(kineto_doc(shared_traces))
+    end = text.rindex("]")
+    p = write_doc(tmp_path, {}, text=text[:end] + "]]" + text[end + 1 :])
+    cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "invalid JSON")
+
+
+def test_invalid_utf8_in_event_names(shared_traces: Path, tmp_path: Path) -> None:
+    text = json.dumps(kineto_doc(shared_traces))
+    # 100k instant events first, so a quadratic re-decode would show; then three names broken
+    pad = ('{"ph": "i", "name": "' + "a" * 200 + '"}, ') * 100_000
+    text = text.replace('"traceEvents": [', '"traceEvents": [' + pad, 1)
+    raw = text.encode().replace(b'"name": "aten::', b'"name": "\xffaten::', 3)
+    p = tmp_path / "t.json"
+    p.write_bytes(raw)
+    run = read_ok(p)
+    assert run.data_quality.counts.get("invalid_utf8_replaced", 0) >= 1
+    assert any("\ufffd" in str(n) for n in run.events["name"].cat.categories)
+
+
+def test_invalid_utf8_in_metadata(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = json.dumps(kineto_doc(shared_traces)).encode().replace(b'"trace_id": "', b'"trace_id": "\xff', 1)
+    p = tmp_path / "t.json"
+    p.write_bytes(raw)
+    line = cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "UTF-8")
+    assert "truncated" not in line
+
+
+@pytest.mark.parametrize("where", ["before the events", "between events"])
+def test_long_whitespace_run(shared_traces: Path, tmp_path: Path, where: str) -> None:
+    text = json.dumps(kineto_doc(shared_traces))
+    ws = " " * (48 << 20)  # 48 MiB: below the token limit, skipped at C speed
+    if where == "before the events":
+        text = text.replace('"traceEvents": [', '"traceEvents": [' + ws, 1)
+    else:
+        text = text.replace("}, {", "}, " + ws + "{", 1)
+    p = write_doc(tmp_path, {}, text=text)
+    run = read_ok(p)
+    assert len(run.events) > 0
+
+
+def manifest_run(tmp_path: Path, edit: Any = None, text: str | None = None) -> Path:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    m = json.loads((CPU_TP2 / "manifest.json").read_text())
+    if edit is not None:
+        edit(m)
+    (d / "manifest.json").write_text(text if text is not None else json.dumps(m))
+    return d
+
+
+def test_manifest_deep_nesting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    m = (CPU_TP2 / "manifest.json").read_text().rstrip()
+    d = manifest_run(tmp_path, text=m[:-1] + ', "deep": ' + "[" * DEEP + "]" * DEEP + "}")
+    cli_error(capsys, ["breakdown", str(d), "--no-cache"], "manifest.json", "nested too deeply")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("tp", 10**30),
+        ("tp", "2"),
+        ("tp", 0),
+        ("tp", -1),
+        ("per_token", 1e9),
+        ("per_token", 10**9),
+        ("step_pattern", 123),
+    ],
+)
+@pytest.mark.parametrize("command", ["breakdown", "shortfall"])
+def test_manifest_fields_out_of_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, command: str
+) -> None:
+    def edit(m: dict[str, Any]) -> None:
+        if field == "per_token":
+            m["workload"]["collectives"][0]["per_token"] = value
+        else:
+            m["workload"][field] = value
+
+    d = manifest_run(tmp_path, edit)
+    if command == "breakdown":
+        doc = cli_ok(capsys, ["breakdown", str(d), "--no-cache"])
+    else:
+        doc = cli_ok(capsys, ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d), "--no-cache"])
+    assert "manifest_field_malformed" in json.dumps(doc)

@@ -837,7 +837,9 @@ def manifest_collectives(manifest: Mapping[str, Any] | None) -> list[ManifestCol
             per_token = int(e.get("per_token", 1))
         except (TypeError, ValueError):
             continue
-        if op and (in_b >= 0 or out_b >= 0) and per_token >= 1:
+        if (
+            op and (in_b >= 0 or out_b >= 0) and 1 <= per_token <= 100_000
+        ):  # 1e9 per token: not a list to build
             out.append(ManifestCollective(op, str(e.get("name") or ""), in_b, out_b, per_token))
     return out
 

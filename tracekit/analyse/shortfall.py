@@ -134,7 +134,7 @@ def check_ranks(run: Run, label: str) -> None:
     """RankError when the manifest names more ranks than the run has files for."""
     m = run.manifest or {}
     tp = (m.get("workload") or {}).get("tp") if isinstance(m.get("workload"), Mapping) else None
-    if isinstance(tp, int) and tp > 0:
+    if isinstance(tp, int) and 0 < tp <= 1 << 16:  # a manifest's tp of 10**30 is not a degree
         present = set(run.ranks)
         missing = sorted(set(range(tp)) - present)
         if missing:
@@ -196,6 +196,7 @@ def attribute_run(
 
     check_ranks(run, label)
     dq = DataQuality()
+    dq.merge(run.data_quality)  # what the readers counted (values dropped, manifest fields left out)
     classified = run.events if "cls" in run.events.columns else classify(run.events)
     if run.manifest and "workload" in run.manifest and not isinstance(run.manifest["workload"], Mapping):
         dq.add(

@@ -63,11 +63,80 @@ def _is_trace_name(name: str) -> bool:
     return low not in _NOT_TRACES and any(low.endswith(s) for s in READERS) and not low.startswith(".")
 
 
+#: a manifest is a few kB; one larger than this is not read
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+#: bounds of the workload fields that size loops and sets (docs/RELIABILITY.md)
+MAX_TP = 1 << 16
+MAX_PER_TOKEN = 100_000
+
+
+class Manifest(dict):  # type: ignore[type-arg]
+    """A manifest's JSON object; `notes` lists (data_quality key, note) for the fields that were
+    malformed and left out when it was read (`read_run` adds them to the run's data_quality)."""
+
+    notes: list[tuple[str, str]]
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.notes = []
+
+
+def _int_in(v: Any, lo: int, hi: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
+    """Leave out (in place) the workload fields that are malformed or out of bounds, so that no
+    consumer sizes a loop or a set by them (tp 10**30, per_token 1e9); the notes saying so."""
+    notes: list[tuple[str, str]] = []
+    wl = doc.get("workload")
+    if not isinstance(wl, dict):
+        return notes
+    key = "manifest_field_malformed"
+    if "tp" in wl and not _int_in(wl["tp"], 1, MAX_TP):
+        notes.append(
+            (key, f"{name}: workload.tp {str(wl['tp'])[:40]!r} is not a TP degree (1 to {MAX_TP}): ignored")
+        )
+        del wl["tp"]
+    if "step_pattern" in wl and wl["step_pattern"] is not None and not isinstance(wl["step_pattern"], str):
+        notes.append((key, f"{name}: workload.step_pattern is not a string: ignored"))
+        del wl["step_pattern"]
+    coll = wl.get("collectives")
+    if coll is not None and not isinstance(coll, list):
+        notes.append((key, f"{name}: workload.collectives is not a list: ignored"))
+        del wl["collectives"]
+    elif isinstance(coll, list):
+        good = [
+            e
+            for e in coll
+            if isinstance(e, dict)
+            and _int_in(e.get("per_token", 1), 1, MAX_PER_TOKEN)
+            and all(_int_in(e.get(b, -1), -1, 1 << 62) for b in ("in_bytes", "out_bytes"))
+        ]
+        if len(good) != len(coll):
+            notes.append(
+                (
+                    key,
+                    f"{name}: {len(coll) - len(good)} workload.collectives entries with a per_token outside 1 to "
+                    f"{MAX_PER_TOKEN} or byte counts that are not integers were ignored",
+                )
+            )
+            wl["collectives"] = good
+    return notes
+
+
 def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A capture manifest (docs/JSON.md#manifest) as a dict. TraceFormatError naming the file when
-    it cannot be read, is not UTF-8 or JSON (with the byte offset), or its top level is not an object."""
+    """A capture manifest (docs/JSON.md#manifest) as a dict (a `Manifest`, its malformed workload
+    fields left out and noted). TraceFormatError naming the file when it cannot be read, is larger
+    than MAX_MANIFEST_BYTES, is not UTF-8 or JSON (with the byte offset), nests too deeply, or its
+    top level is not an object."""
     p = Path(path)
     try:
+        if p.stat().st_size > MAX_MANIFEST_BYTES:
+            raise TraceFormatError(
+                p,
+                f"manifest is {p.stat().st_size} bytes, more than the {MAX_MANIFEST_BYTES} a manifest may be",
+            )
         raw = p.read_bytes()
     except OSError as exc:
         raise TraceFormatError(p, f"manifest cannot be read ({exc.strerror or exc})") from None
@@ -82,11 +151,15 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TraceFormatError(p, f"manifest is not valid JSON ({exc.msg})", offset=offset) from None
     except ValueError as exc:  # e.g. a number too long to convert
         raise TraceFormatError(p, f"manifest is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise TraceFormatError(p, "manifest is JSON nested too deeply") from None
     if not isinstance(doc, dict):
         raise TraceFormatError(
             p, f"manifest's top level is a JSON {json_type(doc)}, not an object (docs/JSON.md#manifest)"
         )
-    return doc
+    out = Manifest(doc)
+    out.notes = check_manifest(out, p.name)
+    return out
 
 
 def json_type(x: Any) -> str:
@@ -319,7 +392,40 @@ def read_run(
     runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
     run.manifest = manifest
+    _note_run_problems(run, paths)
     return run
+
+
+def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> None:
+    """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
+    holds, names of trace files in a folder that are not files (a directory, a dangling link)."""
+    dq = run.data_quality
+    for key, note in getattr(run.manifest, "notes", []):
+        dq.add(key, 1, note)
+    wl = (run.manifest or {}).get("workload")
+    tp = wl.get("tp") if isinstance(wl, dict) else None
+    if isinstance(tp, int) and _int_in(tp, 1, MAX_TP):
+        missing = sorted(set(range(tp)) - set(run.ranks))
+        if missing:
+            dq.add(
+                "ranks_missing",
+                len(missing),
+                f"the manifest says tp={tp} but no trace file holds rank(s) {', '.join(map(str, missing[:16]))}"
+                f"{' ...' if len(missing) > 16 else ''} (found {sorted(run.ranks)[:16]}): the figures are of the "
+                "ranks present only",
+            )
+    for raw in paths:
+        p = Path(raw)
+        if not p.is_dir():
+            continue
+        odd = sorted(c.name for c in p.iterdir() if _is_trace_name(c.name) and not c.is_file())
+        if odd:
+            dq.add(
+                "trace_names_not_files",
+                len(odd),
+                f"{p}: {', '.join(odd[:8])} named like trace files but not readable files (a directory or a "
+                "dangling link): left out",
+            )
 
 
 def _with_rank(run: Run, new: int, note: str) -> Run:

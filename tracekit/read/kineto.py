@@ -370,14 +370,23 @@ def _gunzip_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
             )
 
 
-_WS = frozenset(b" \t\r\n")
+_NOT_WS = re.compile(rb"[^ \t\r\n]")
 
 
 def _skip_ws(buf: bytearray | bytes, i: int) -> int:
-    n = len(buf)
-    while i < n and buf[i] in _WS:
-        i += 1
-    return i
+    """The index of the first non-whitespace byte at or after `i` (len(buf) when none); at C speed,
+    so a long run of whitespace costs what a memchr does, not a Python loop per byte."""
+    m = _NOT_WS.search(buf, i)
+    return m.start() if m else len(buf)
+
+
+def _utf8_error_at(text: bytes | bytearray) -> int:
+    """The offset of the first invalid UTF-8 byte of `text` (0 when it decodes)."""
+    try:
+        bytes(text).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start
+    return 0
 
 
 #: a dur at or above this (us) is not a duration (2**62 ns: 146 years); skipped and counted
@@ -498,6 +507,7 @@ class _Stream:
         self.meta: dict[str, Any] = {}
         self.total_bytes = 0
         self.events_seen = 0
+        self.utf8_replaced = 0  # chunks in which invalid UTF-8 was replaced
 
     def _fill(self, want: int) -> None:
         while not self.eof and len(self.buf) < want:
@@ -516,7 +526,15 @@ class _Stream:
     def _parse_object_text(self, text: bytes, offset: int) -> dict[str, Any]:
         try:
             obj = _ANY_DECODER.decode(text)
+        except RecursionError:
+            raise TraceFormatError(
+                self.path, "JSON nested too deeply in the trace's metadata", offset=offset
+            ) from None
         except msgspec.DecodeError as exc:
+            if "UTF-8" in str(exc):
+                raise TraceFormatError(
+                    self.path, "invalid UTF-8 in the trace's metadata", offset=offset + _utf8_error_at(text)
+                ) from None
             pos = _error_byte(exc)
             if pos is None:
                 raise TraceFormatError(self.path, "truncated JSON", offset=offset + len(text) - 1) from None
@@ -533,7 +551,11 @@ class _Stream:
             return TraceFormatError(self.path, "empty file (no JSON at all)", offset=0)
         try:
             obj = _ANY_DECODER.decode(text)
+        except RecursionError:
+            return TraceFormatError(self.path, "JSON nested too deeply", offset=0)
         except msgspec.DecodeError as exc:
+            if "UTF-8" in str(exc):
+                return TraceFormatError(self.path, "invalid UTF-8", offset=_utf8_error_at(text))
             pos = _error_byte(exc)
             if pos is None:
                 return TraceFormatError(self.path, "truncated JSON (the file ends early)", offset=len(text))
@@ -571,6 +593,16 @@ class _Stream:
         return True
 
     def _decode(self, doc: bytes) -> list[Any]:
+        try:
+            return self._decode_typed(doc)
+        except RecursionError:
+            raise TraceFormatError(
+                self.path,
+                f"JSON nested too deeply near event #{self.events_seen}",
+                offset=self.base,
+            ) from None
+
+    def _decode_typed(self, doc: bytes) -> list[Any]:
         try:
             return _DECODER.decode(doc)
         except msgspec.ValidationError:
@@ -623,11 +655,26 @@ class _Stream:
                 except msgspec.DecodeError as exc:
                     msg = str(exc)
                     pos = _error_byte(exc)
+                    if "UTF-8" in msg and pos is None and (bad := _utf8_error_at(doc)) > 0:
+                        if bad - 1 < cut:  # a name with invalid UTF-8: replaced (U+FFFD), counted
+                            fixed = bytes(self.buf[:cut]).decode("utf-8", "replace").encode("utf-8")
+                            self.utf8_replaced += 1
+                            self.buf[:cut] = fixed
+                            cut = len(fixed)
+                            continue
                     if "trailing characters" in msg and pos is not None:
                         # the traceEvents array closed inside doc; doc[:pos] is the array
                         # (msgspec reports one past the first trailing character; find the ']')
                         end = doc.rfind(b"]", 0, pos) + 1
-                        evs = self._decode(doc[:end])
+                        try:
+                            evs = self._decode(doc[:end])
+                        except msgspec.DecodeError as exc2:  # e.g. `]]`: not one array
+                            at = _error_byte(exc2)
+                            raise TraceFormatError(
+                                self.path,
+                                f"invalid JSON near event #{self.events_seen}: {str(exc2).split(' (byte')[0]}",
+                                offset=self.base + (at - 1 if at else 0),
+                            ) from None
                         self.events_seen += len(evs)
                         yield evs
                         self._consume(end - 1)
@@ -1170,7 +1217,7 @@ def _fill_from_shapes(
             try:
                 dims = _ANY_DECODER.decode(dims_raw)
                 types = _ANY_DECODER.decode(types_raw) if types_raw else []
-            except msgspec.DecodeError:
+            except (msgspec.DecodeError, RecursionError):
                 dims, types = None, None
             tensors = shape_tensors(dims, types)
             dtypes = {dt for _, dt in tensors}
@@ -1528,6 +1575,12 @@ def read_kineto(
         if gc_was_enabled:
             gc.enable()
     meta = stream.meta
+    if stream.utf8_replaced:
+        cols.dq.add(
+            "invalid_utf8_replaced",
+            stream.utf8_replaced,
+            f"{p.name}: invalid UTF-8 bytes in event strings (names) were replaced by U+FFFD",
+        )
     if cols.events_total == 0:
         raise TraceFormatError(p, "empty trace: traceEvents has no events")
     if cols.rows == 0 and cols.dq.counts.get("events_without_ts", 0):
