@@ -1,0 +1,226 @@
+"""Scale-out benchmark of the Dask engine on a synthetic many-rank run (issue 19).
+
+    python benchmarks/bench_scale.py --ranks 64 --workers 1,2,4,8,16 --local
+    python benchmarks/bench_scale.py --ranks 256 --workers 16 --local --what shortfall
+
+Builds a synthetic run of `--ranks` ranks from `--source` (default traces/h200-tp2: every rank a
+real captured H200 rank, its clock jittered by up to 200 us and its events shuffled; plain JSON, so
+the read is the parse and not gunzip) under `--workdir` (kept for the next call), then measures
+each case in a fresh child process:
+
+- `local`: `read_run` (its process pool, one process per CPU) + the analysis;
+- `dask:W`: a LocalCluster of W single-threaded worker processes, `tracekit.engine.dask_engine`
+  (stage 1: per rank file, read + classify + write Parquet; stage 2: per run, load + analyse).
+
+Reported per case: wall seconds of the analysis (cluster start separately), stage 1 and stage 2
+seconds, the client's peak RSS, the largest peak RSS of a worker in stage 1 and in stage 2 (the
+whole worker process: interpreter, pandas and dask included), against the largest rank file,
+and whether the JSON document equals the local engine's (sha256 of the bytes the CLI writes).
+The Parquet read cache is off in every case (each one parses the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _rss_now_mb() -> float:
+    """This process's resident memory now (Linux /proc), MB."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _warm_rss_mb() -> float:
+    """Import what the tasks import (pandas, pyarrow, tracekit's readers and analyses), then the
+    resident memory: a worker's idle baseline, without the run's data."""
+    import pyarrow.parquet  # noqa: F401
+
+    import tracekit.analyse.breakdown  # noqa: F401
+    import tracekit.analyse.shortfall  # noqa: F401
+    import tracekit.read.kineto  # noqa: F401
+
+    return _rss_now_mb()
+
+
+def _digest(doc: dict) -> str:
+    return hashlib.sha256((json.dumps(doc, indent=1) + "\n").encode()).hexdigest()[:16]
+
+
+def child(case: str, run: str, what: str, baseline: str) -> dict:
+    """One case, in this (fresh) process."""
+    sys.path.insert(0, str(ROOT))
+    import pandas  # noqa: F401 - imports outside the timed part, as a CLI run pays them once
+
+    from tracekit.engine import Engine
+
+    out: dict = {"case": case}
+    if case == "local":
+        from tracekit.analyse.breakdown import breakdown
+        from tracekit.analyse.shortfall import shortfall
+        from tracekit.read import read_run
+
+        t0 = time.perf_counter()
+        r = read_run([run], cache=False)
+        t1 = time.perf_counter()
+        if what == "breakdown":
+            doc = breakdown(r).to_json()
+        else:
+            doc = shortfall(read_run([baseline], cache=False), r).to_json()
+        t2 = time.perf_counter()
+        out.update(wall_s=t2 - t0, stage1_s=t1 - t0, stage2_s=t2 - t1, n_events=len(r.events))
+    else:
+        from distributed import Client, LocalCluster
+
+        from tracekit.analyse.shortfall import shortfall_from_parts
+        from tracekit.engine import dask_engine
+
+        workers = int(case.split(":")[1])
+        t0 = time.perf_counter()
+        with (
+            LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                worker_dashboard_address=None,
+                silence_logs=50,
+            ) as lc,
+            Client(lc) as client,
+        ):
+            before = client.run(_warm_rss_mb)
+            t1 = time.perf_counter()
+            engine = Engine(kind="dask", scheduler=lc.scheduler_address)
+            if what == "breakdown":
+                jobs = [dask_engine.RunJob(paths=[run], cache=False, breakdown={})]
+            else:
+                jobs = [
+                    dask_engine.RunJob(paths=[baseline], cache=False, attribute={"label": "baseline"}),
+                    dask_engine.RunJob(paths=[run], cache=False, attribute={"label": "sharded"}),
+                ]
+            results = dask_engine.analyse(engine, jobs, client=client)
+            t2 = time.perf_counter()
+            worker_baseline = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        res = results[-1]
+        doc = (
+            res.breakdown.to_json()  # type: ignore[union-attr]
+            if what == "breakdown"
+            else shortfall_from_parts(results[0].parts, res.parts).to_json()  # type: ignore[arg-type]
+        )
+        files = [f for r in results for f in r.files]
+        out.update(
+            cluster_start_s=t1 - t0,
+            wall_s=t2 - t1,
+            stage1_task_s_sum=sum(f.seconds for f in files),
+            stage1_task_s_max=max(f.seconds for f in files),
+            stage2_s=max(r.seconds for r in results),
+            stage1_peak_rss_mb=max(f.peak_rss_bytes for f in files) / 2**20,
+            stage2_peak_rss_mb=max(r.peak_rss_bytes for r in results) / 2**20,
+            worker_peak_rss_mb_at_end=max(worker_baseline.values()),
+            worker_rss_before_mb=max(before.values()),
+            n_events=res.n_events,
+        )
+    out["client_peak_rss_mb"] = _peak_rss_mb()
+    out["json_sha256"] = _digest(doc)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--workers", default="1,2,4,8,16", help="comma-separated LocalCluster sizes")
+    ap.add_argument("--local", action="store_true", help="also the local engine (the reference JSON)")
+    ap.add_argument("--what", choices=["breakdown", "shortfall"], default="breakdown")
+    ap.add_argument("--source", default=str(ROOT / "traces" / "h200-tp2"))
+    ap.add_argument("--baseline", default=str(ROOT / "traces" / "h200-tp1"))
+    ap.add_argument(
+        "--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tracekit-bench-scale")
+    )
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument("--child", nargs=2, metavar=("CASE", "RUN"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child[0], args.child[1], args.what, args.baseline)))
+        return
+
+    sys.path.insert(0, str(ROOT))
+    from tracekit.engine.synthetic import make_synthetic_run
+
+    run = Path(args.workdir) / f"{Path(args.source).name}-x{args.ranks}"
+    if not (run / "manifest.json").is_file():
+        t0 = time.perf_counter()
+        make_synthetic_run(args.source, run, args.ranks, compresslevel=0, jobs=os.cpu_count() or 1)
+        print(f"built {run} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    sizes = [p.stat().st_size for p in run.glob("rank-*.pt.trace.json")]
+    print(
+        f"{args.ranks} ranks, {sum(sizes) / 1e9:.2f} GB of JSON, largest file {max(sizes) / 1e6:.1f} MB, "
+        f"{os.cpu_count()} CPUs, analysis: {args.what}",
+        file=sys.stderr,
+    )
+    cases = (["local"] if args.local else []) + [f"dask:{w}" for w in args.workers.split(",") if w]
+    rows = []
+    for case in cases:
+        cmd = [
+            sys.executable,
+            __file__,
+            "--what",
+            args.what,
+            "--baseline",
+            args.baseline,
+            "--child",
+            case,
+            str(run),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"{case}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
+            continue
+        row = json.loads(proc.stdout.strip().splitlines()[-1])
+        rows.append(row)
+        print(json.dumps(row), file=sys.stderr)
+    largest_mb = max(sizes) / 1e6
+    ref = next((r["json_sha256"] for r in rows if r["case"] == "local"), None)
+    one = next((r["wall_s"] for r in rows if r["case"] == "dask:1"), None)
+    print(
+        "| case | wall s | speed-up vs 1 worker | stage 1 s (tasks: sum / max) | stage 2 s | "
+        "worker RSS MB idle / peak stage 1 / peak stage 2 | stage 1 growth x largest file | client peak RSS MB | "
+        "JSON = local |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["case"] == "local":
+            print(
+                f"| local | {r['wall_s']:.1f} | | {r['stage1_s']:.1f} (read_run) | {r['stage2_s']:.1f} | | | "
+                f"{r['client_peak_rss_mb']:.0f} | reference |"
+            )
+            continue
+        sp = f"{one / r['wall_s']:.2f}x" if one else ""
+        print(
+            f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {sp} | "
+            f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_s']:.1f} | "
+            f"{r['worker_rss_before_mb']:.0f} / {r['stage1_peak_rss_mb']:.0f} / {r['stage2_peak_rss_mb']:.0f} | "
+            f"{(r['stage1_peak_rss_mb'] - r['worker_rss_before_mb']) / largest_mb:.1f}x | "
+            f"{r['client_peak_rss_mb']:.0f} | "
+            f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"
+        )
+    if args.out:
+        Path(args.out).write_text(
+            json.dumps({"ranks": args.ranks, "largest_file_mb": largest_mb, "rows": rows})
+        )
+
+
+if __name__ == "__main__":
+    main()
