@@ -11,6 +11,7 @@ import os
 import pickle
 import shutil
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -435,3 +436,120 @@ def test_manifest_fields_out_of_bounds(
     else:
         doc = cli_ok(capsys, ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d), "--no-cache"])
     assert "manifest_field_malformed" in json.dumps(doc)
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. limits: decompressed bytes, events, one token; enforced while streaming
+
+
+def gzip_member(data: bytes) -> bytes:
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    return c.compress(data) + c.flush()
+
+
+def make_gzip_bomb(path: Path, total: int, prefix: bytes, piece: int = 64 << 20) -> None:
+    """`prefix` then `total` bytes of spaces, gzipped without ever holding them: a 64 MiB member of
+    spaces is compressed once (about 64 kB) and written total / piece times after the prefix's
+    member (a multi-member gzip, as `cat a.gz b.gz` makes; every gzip reader inflates it whole)."""
+    spaces = gzip_member(b" " * piece)
+    with open(path, "wb") as f:
+        f.write(gzip_member(prefix))
+        for _ in range(total // piece):
+            f.write(spaces)
+
+
+def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, float, int]:
+    """`tracekit <argv>` in a fresh interpreter: (exit code, stderr, seconds in main, peak RSS in MiB)."""
+    code = (
+        "import resource, sys, time\n"
+        "from tracekit.cli.main import main\n"
+        "t0 = time.perf_counter()\n"
+        "rc = main(sys.argv[1:])\n"
+        "took = time.perf_counter() - t0\n"
+        "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "print(f'MEASURED {took:.3f} {rss}', file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TRACEKIT_NO_CACHE": "1", **(env or {})},
+    )
+    lines = proc.stderr.strip().splitlines()
+    took, rss = lines[-1].split()[1:]
+    return proc.returncode, "\n".join(lines[:-1]), float(took), int(rss)
+
+
+def test_gzip_bomb_4gib_whitespace_refused_fast_and_small(tmp_path: Path) -> None:
+    bomb = tmp_path / "rank-0.pt.trace.json.gz"
+    make_gzip_bomb(bomb, 4 << 30, b'{"traceEvents": [')
+    assert bomb.stat().st_size < 8 << 20  # about 4 MB on disk
+    rc, err, took, rss_mib = run_measured(["breakdown", str(bomb), "--no-cache"])
+    assert rc == 2, err
+    assert err.count("\n") == 0 and err.startswith("tracekit: error: ") and bomb.name in err
+    assert "64 MiB" in err and "whitespace" in err
+    assert took < 10.0, took
+    assert rss_mib < 1024, rss_mib
+
+
+def test_gzip_bomb_inside_a_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bomb = tmp_path / "t.json.gz"
+    make_gzip_bomb(bomb, 256 << 20, b'{"traceEvents": [{"ph": "X", "name": "')
+    cli_error(capsys, ["breakdown", str(bomb), "--no-cache"], bomb.name, "longer than 64 MiB")
+
+
+def test_gzip_bomb_before_trace_events(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bomb = tmp_path / "t.json.gz"
+    make_gzip_bomb(bomb, 256 << 20, b"{")
+    cli_error(capsys, ["breakdown", str(bomb), "--no-cache"], bomb.name, "64 MiB")
+
+
+def test_max_bytes_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = CPU_TP1 / "rank-0.pt.trace.json.gz"
+    cli_error(
+        capsys, ["breakdown", str(f), "--no-cache", "--max-bytes", "1M"], f.name, "1 MiB", "--max-bytes"
+    )
+    assert os.environ.get("TRACEKIT_MAX_BYTES") is None  # put back when the command ends
+
+
+def test_max_events_option_and_environment(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = CPU_TP1 / "rank-0.pt.trace.json.gz"
+    cli_error(capsys, ["breakdown", str(f), "--no-cache", "--max-events", "1000"], f.name, "1000 events")
+    monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "2000")
+    cli_error(capsys, ["breakdown", str(f), "--no-cache"], f.name, "2000 events")
+    # several files, read in the process pool: the environment reaches the workers
+    cli_error(capsys, ["breakdown", str(CPU_TP2), "--no-cache"], "2000 events")
+
+
+def test_many_tiny_events_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip_member(b'{"traceEvents": [' + b'{"ph": "i"}, ' * 300_000))
+    monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "100k")
+    cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "102400 events")
+
+
+def test_limit_value_not_a_size(capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["breakdown", str(CPU_TP1), "--max-bytes", "lots"]) != 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_nsys_limits(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = shared_traces / NSYS
+    if not src.exists():
+        pytest.skip(f"{src} missing")
+    gz = tmp_path / "rank-0.sqlite.gz"
+    gz.write_bytes(gzip.compress(src.read_bytes()))
+    cli_error(capsys, ["breakdown", str(gz), "--no-cache", "--max-bytes", "64K"], gz.name, "64 KiB")
+    cli_error(capsys, ["breakdown", str(src), "--no-cache", "--max-events", "10"], src.name, "event rows")

@@ -32,9 +32,59 @@ out_file_option = click.option(
     help="Write to FILE instead of stdout.",
 )
 
-no_cache_option = click.option(
+_no_cache_flag = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
 )
+
+
+def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """Put --max-bytes / --max-events in the environment for this command (it reaches the reader
+    processes), checked first; the previous setting comes back when the command ends."""
+    if value is None:
+        return value
+    from tracekit.read import limits
+
+    env = limits.ENV_MAX_BYTES if param.name == "max_bytes" else limits.ENV_MAX_EVENTS
+    try:
+        limits.parse_size(value, f"--{str(param.name).replace('_', '-')}")
+    except limits.LimitError as exc:
+        raise click.BadParameter(str(exc)) from None
+    before = os.environ.get(env)
+    os.environ[env] = value
+
+    def _restore() -> None:
+        if before is None:
+            os.environ.pop(env, None)
+        else:
+            os.environ[env] = before
+
+    ctx.call_on_close(_restore)
+    return value
+
+
+_max_bytes_option = click.option(
+    "--max-bytes",
+    default=None,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_limit,
+    metavar="SIZE",
+    help="Refuse a trace file larger than SIZE once decompressed (default 16G; also TRACEKIT_MAX_BYTES).",
+)
+_max_events_option = click.option(
+    "--max-events",
+    default=None,
+    expose_value=False,
+    is_eager=True,
+    callback=_set_limit,
+    metavar="N",
+    help="Refuse a trace file of more than N events (default 40M; also TRACEKIT_MAX_EVENTS).",
+)
+
+
+def no_cache_option(func: Any) -> Any:
+    """--no-cache, with the reading limits --max-bytes / --max-events (docs/RELIABILITY.md)."""
+    return _no_cache_flag(_max_bytes_option(_max_events_option(func)))
 
 
 def _set_cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:

@@ -49,6 +49,13 @@ import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read.limits import (
+    ENV_MAX_BYTES,
+    ENV_MAX_EVENTS,
+    ENV_MAX_TOKEN_BYTES,
+    current_limits,
+    describe_bytes,
+)
 
 #: Bumped whenever the reader's output for the same file could change (invalidates the cache).
 READER_VERSION = "kineto-3"  # 2: bytes of gloo:/nccl: ranges from their shapes; enqueue join
@@ -286,6 +293,7 @@ def _iter_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
 
 _GZ_READ_BLOCK = 512 * 1024  # compressed bytes per inflate call (a few MB out)
 _GZ_QUEUE = 4
+_INFLATE_OUT = 8 * 1024 * 1024  # decompressed bytes per inflate call (deflate can inflate 1032:1)
 _END = object()
 
 
@@ -345,22 +353,25 @@ def _gunzip_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
             data = block
             while data:
                 member_started = True
-                try:
-                    out = d.decompress(data)
+                try:  # at most _INFLATE_OUT bytes out per call: a gzip bomb inflates in bounded blocks
+                    out = d.decompress(data, _INFLATE_OUT)
                 except zlib.error as exc:
                     raise TraceFormatError(path, f"corrupt gzip stream ({exc})", offset=consumed) from None
-                used = len(data) - len(d.unused_data)
-                consumed += used
-                if out:
-                    yield out
                 if d.eof:
+                    consumed += len(data) - len(d.unused_data)
+                    if out:
+                        yield out
                     data = d.unused_data
                     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
                     member_started = False
                     if data and not data.strip(b"\x00"):
                         data = b""  # zero padding after the last member
                 else:
-                    data = b""
+                    rest = d.unconsumed_tail
+                    consumed += len(data) - len(rest)
+                    if out:
+                        yield out
+                    data = rest
         if member_started and not d.eof:
             rest = d.flush()
             if rest:
@@ -508,6 +519,8 @@ class _Stream:
         self.total_bytes = 0
         self.events_seen = 0
         self.utf8_replaced = 0  # chunks in which invalid UTF-8 was replaced
+        self.limits = current_limits()
+        self.ws_run = 0  # whitespace consumed since the last event (a run of it is bounded too)
 
     def _fill(self, want: int) -> None:
         while not self.eof and len(self.buf) < want:
@@ -518,6 +531,32 @@ class _Stream:
                 break
             self.buf += block
             self.total_bytes += len(block)
+            if self.total_bytes > self.limits.max_bytes:
+                raise TraceFormatError(
+                    self.path,
+                    f"more than {describe_bytes(self.limits.max_bytes)} of JSON once decompressed: the limit on "
+                    f"decompressed bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)",
+                    offset=self.limits.max_bytes,
+                )
+
+    def _count(self, n: int) -> None:
+        self.events_seen += n
+        if self.events_seen > self.limits.max_events:
+            raise TraceFormatError(
+                self.path,
+                f"more than {self.limits.max_events} events: the limit on events "
+                f"(--max-events or {ENV_MAX_EVENTS}; raise it to read this file)",
+                event_index=self.limits.max_events,
+            )
+
+    def _too_long(self, what: str, offset: int) -> TraceFormatError:
+        lim = self.limits.max_token_bytes
+        return TraceFormatError(
+            self.path,
+            f"{what} longer than {describe_bytes(lim)}: the limit on one JSON token "
+            f"({ENV_MAX_TOKEN_BYTES}); not a profiler's trace",
+            offset=offset,
+        )
 
     def _consume(self, n: int) -> None:
         del self.buf[:n]
@@ -545,7 +584,16 @@ class _Stream:
 
     def whole_document_error(self) -> TraceFormatError:
         """The file has no `"traceEvents": [`: say whether it is invalid JSON or lacks the key."""
-        self._fill(1 << 62)
+        self._fill(self.limits.max_token_bytes + 1)
+        if not self.eof and len(self.buf) > self.limits.max_token_bytes:
+            if not bytes(self.buf).strip():
+                return self._too_long("a run of whitespace", self.base)
+            return TraceFormatError(
+                self.path,
+                f"no traceEvents within the first {describe_bytes(self.limits.max_token_bytes)}: "
+                "not a Kineto/Chrome trace",
+                offset=self.base,
+            )
         text = bytes(self.buf)
         if not text.strip():
             return TraceFormatError(self.path, "empty file (no JSON at all)", offset=0)
@@ -572,7 +620,7 @@ class _Stream:
             idx = self.buf.find(key, max(searched - len(key), 0))
             if idx >= 0:
                 break
-            if self.eof:
+            if self.eof or len(self.buf) > self.limits.max_token_bytes:
                 return False
             searched = len(self.buf)
             self._fill(len(self.buf) + _READ_BLOCK)
@@ -632,8 +680,12 @@ class _Stream:
                         f"truncated JSON: the file ends inside traceEvents (after event #{self.events_seen})",
                         offset=self.base + i,
                     )
+                self.ws_run += i
+                if self.ws_run > self.limits.max_token_bytes:
+                    raise self._too_long("a run of whitespace", self.base + i)
                 self._consume(i)
                 continue
+            self.ws_run = 0
             if self.buf[i] == ord("]"):
                 self._consume(i + 1)
                 return
@@ -642,6 +694,8 @@ class _Stream:
             while True:
                 final = False
                 if cut is None:
+                    if len(self.buf) > self.limits.max_token_bytes + self.chunk_bytes:
+                        raise self._too_long(f"event #{self.events_seen} (or what follows it)", self.base)
                     if not self.eof:
                         self._fill(len(self.buf) + self.chunk_bytes)
                         cut = self._last_cut(len(self.buf))
@@ -675,7 +729,7 @@ class _Stream:
                                 f"invalid JSON near event #{self.events_seen}: {str(exc2).split(' (byte')[0]}",
                                 offset=self.base + (at - 1 if at else 0),
                             ) from None
-                        self.events_seen += len(evs)
+                        self._count(len(evs))
                         yield evs
                         self._consume(end - 1)
                         return
@@ -695,7 +749,7 @@ class _Stream:
                         f"invalid JSON near event #{self.events_seen}: {msg.split(' (byte')[0]}",
                         offset=self.base + pos - 1,
                     ) from None
-                self.events_seen += len(evs)
+                self._count(len(evs))
                 yield evs
                 self._consume(cut)
                 break
@@ -718,7 +772,9 @@ class _Stream:
 
     def tail(self) -> None:
         """Parse what follows the traceEvents array (`, "key": value ... }`)."""
-        self._fill(1 << 62)
+        self._fill(self.limits.max_token_bytes + 1)
+        if not self.eof:
+            raise self._too_long("what follows traceEvents", self.base)
         rest = bytes(self.buf)
         i = _skip_ws(rest, 0)
         if i < len(rest) and rest[i] == ord(","):

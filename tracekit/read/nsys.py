@@ -42,6 +42,7 @@ import numpy as np
 
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
 
 #: Bumped when the reader's output changes (keys the Parquet cache of tracekit.read).
 READER_VERSION = "nsys-3"  # nsys-2: ranks are the processes with GPU activity; 3: graph-level trace rows
@@ -193,6 +194,8 @@ def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
     if target.is_file():
         return target, scratch
     fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".sqlite", dir=folder)
+    max_bytes = current_limits().max_bytes
+    written = 0
     try:
         with os.fdopen(fd, "wb") as out, open(gz, "rb") as raw, gzip.GzipFile(fileobj=raw, mode="rb") as src:
             while True:
@@ -204,7 +207,20 @@ def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
                     ) from None
                 if not chunk:
                     break
-                out.write(chunk)
+                written += len(chunk)
+                if written > max_bytes:
+                    raise TraceFormatError(
+                        gz,
+                        f"more than {describe_bytes(max_bytes)} once decompressed: the limit on decompressed "
+                        f"bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)",
+                        offset=raw.tell(),
+                    )
+                try:
+                    out.write(chunk)
+                except OSError as exc:  # the cache folder is full or gone
+                    raise TraceFormatError(
+                        gz, f"cannot decompress into {folder}: {exc.strerror or exc}"
+                    ) from None
         os.replace(tmp_name, target)
     except BaseException:
         try:
@@ -438,6 +454,14 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         )
     if T_STRINGS not in tables:
         raise TraceFormatError(db, f"missing table {T_STRINGS} (names of kernels, API calls and NVTX ranges)")
+    max_events = current_limits().max_events
+    n_rows = sum(int(con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]) for t in present)
+    if n_rows > max_events:
+        raise TraceFormatError(
+            given,
+            f"{n_rows} event rows, more than {max_events}: the limit on events (--max-events or "
+            f"{ENV_MAX_EVENTS}; raise it to read this file)",
+        )
     strings: dict[int, str] = dict(con.execute(f"SELECT id, value FROM {T_STRINGS}").fetchall())
     dq = DataQuality()
     parts: list[_Part] = []
