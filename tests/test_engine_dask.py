@@ -33,7 +33,14 @@ from tracekit.engine.synthetic import make_synthetic_run  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
 
-MULTI_RANK = ["h200-tp2", "h200-tp2-straggler", "h200-tp2-nsys", "cpu-tp2", "cpu-tp2-straggler"]
+MULTI_RANK = [
+    "h200-tp2",
+    "h200-tp2-straggler",
+    "h200-tp2-full",
+    "h200-tp2-nsys",
+    "cpu-tp2",
+    "cpu-tp2-straggler",
+]
 SHORTFALL_PAIRS = [
     ("h200-tp1", "h200-tp2"),
     ("h200-tp1", "h200-tp2-straggler"),
@@ -91,6 +98,19 @@ def test_shortfall_on_dask_is_the_local_json_to_the_byte(base: str, sharded: str
     local = _text(shortfall_paths(TRACES / base, TRACES / sharded).to_json())
     distributed = _text(shortfall_paths(TRACES / base, TRACES / sharded, dask).to_json())
     assert distributed == local
+
+
+def test_rank_options_and_progress_on_dask(dask: Engine) -> None:
+    """One file read as another rank, one rank of several shown, and the progress display on."""
+    one = TRACES / "cpu-tp2" / "rank-1.pt.trace.json.gz"
+    assert _text(breakdown_paths(one, dask, rank=5).to_json()) == _text(
+        breakdown_paths(one, rank=5).to_json()
+    )
+    with_bar = Engine(kind="dask", scheduler=dask.scheduler, progress=True)
+    local = breakdown_paths(TRACES / "h200-tp2", rank=1, skip_first=2).to_json()
+    assert _text(breakdown_paths(TRACES / "h200-tp2", with_bar, rank=1, skip_first=2).to_json()) == _text(
+        local
+    )
 
 
 def test_cli_engine_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
@@ -252,6 +272,16 @@ def test_engine_settings_are_checked() -> None:
         Engine.parse("local", None, 2)
     with pytest.raises(EngineError, match="unknown engine"):
         Engine(kind="spark")
+
+
+def test_tracekit_imports_no_dask() -> None:
+    import subprocess
+
+    code = (
+        "import sys, tracekit.engine, tracekit.cli.breakdown, tracekit.cli.shortfall, tracekit.cli.report; "
+        "sys.exit(1 if 'distributed' in sys.modules or 'dask' in sys.modules else 0)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
 
 
 def test_without_dask_the_error_is_one_line(monkeypatch: pytest.MonkeyPatch, capsys: Any) -> None:

@@ -144,9 +144,13 @@ def _concat_classified(runs: Sequence[Run]) -> pd.DataFrame:
     return pd.DataFrame(cols, columns=list(frames[0].columns), copy=False)
 
 
-def load_run(parts: Sequence[RankPart], manifest: dict[str, Any] | None) -> Run:
-    """The run of stage 1's files, as `read_run` + `classify` would give it."""
-    from tracekit.read import _align_nsys_sessions, _number_default_ranks, concat_runs
+def load_run(
+    parts: Sequence[RankPart], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
+) -> Run:
+    """The run of stage 1's files, as `read_run(paths)` + `classify` would give it: the same steps
+    after the files are read (`read_run`'s tail, mirrored here; tests/test_engine_dask.py fails
+    when the two drift apart)."""
+    from tracekit.read import _align_nsys_sessions, _note_run_problems, _number_default_ranks, concat_runs
 
     runs = [
         Run(
@@ -167,19 +171,21 @@ def load_run(parts: Sequence[RankPart], manifest: dict[str, Any] | None) -> Run:
         [Run(events=r.events.iloc[:0][list(COLUMNS)], sources=r.sources, rank_info=r.rank_info,
              data_quality=r.data_quality) for r in runs]
     )  # fmt: skip
-    return Run(
+    run = Run(
         events=_concat_classified(runs),
         sources=meta.sources,
         rank_info=meta.rank_info,
         data_quality=meta.data_quality,
         manifest=manifest,
     )
+    _note_run_problems(run, paths)
+    return run
 
 
 def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | None) -> RunResult:
     """Stage 2: one run's analyses on its classified Parquet files."""
     t0 = time.perf_counter()
-    run = load_run(parts, manifest)
+    run = load_run(parts, manifest, job.paths)
     out = RunResult(manifest=manifest, n_events=len(run.events), ranks=list(run.ranks), files=list(parts))
     if job.breakdown is not None:
         from tracekit.analyse.breakdown import breakdown
