@@ -264,6 +264,19 @@ def _task_states(dask_scheduler: Any) -> dict[str, str]:
 # settings and a missing Dask
 
 
+def test_two_analyses_at_once_on_one_cluster_and_work_dir(dask: Engine, tmp_path: Path) -> None:
+    """Task keys and Parquet files are per call: two runs analysed at the same time on one cluster,
+    with one --work-dir, each get their own result, and the folder is left empty."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    engine = Engine(kind="dask", scheduler=dask.scheduler, work_dir=str(tmp_path))
+    runs = [TRACES / "cpu-tp2", TRACES / "cpu-tp2-straggler"]
+    with ThreadPoolExecutor(2) as pool:
+        got = list(pool.map(lambda r: _text(breakdown_paths(r, engine).to_json()), runs))
+    assert got == [_text(breakdown_paths(r).to_json()) for r in runs]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_engine_settings_are_checked() -> None:
     assert Engine.parse(None, None, None).kind == "local"
     assert Engine.parse(None, None, 4).kind == "dask"

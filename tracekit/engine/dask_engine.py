@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -257,19 +258,19 @@ def analyse(engine: Engine, jobs: Sequence[RunJob], client: Any = None) -> list[
             raise RankError(f"--rank applies to one trace file, but {len(files)} were given")
         expanded.append((files, manifest))
 
-    work = Path(engine.work_dir) if engine.work_dir else Path(tempfile.mkdtemp(prefix="tracekit-dask-"))
+    # task keys are global to the scheduler and --work-dir may be shared: one token per call keeps
+    # two analyses on one cluster (two users, two runs) from taking each other's tasks or files
+    token = uuid.uuid4().hex[:12]
+    root = Path(engine.work_dir) if engine.work_dir else Path(tempfile.mkdtemp(prefix="tracekit-dask-"))
+    work = root / f"tracekit-{token}"
     work.mkdir(parents=True, exist_ok=True)
     try:
         if client is not None:
-            return _run(client, engine, jobs, expanded, work)
+            return _run(client, engine, jobs, expanded, work, token)
         with open_client(engine) as own:
-            return _run(own, engine, jobs, expanded, work)
+            return _run(own, engine, jobs, expanded, work, token)
     finally:
-        if engine.work_dir:
-            for p in work.glob("run*-*.parquet"):
-                p.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work if engine.work_dir else root, ignore_errors=True)
 
 
 def _run(
@@ -278,6 +279,7 @@ def _run(
     jobs: Sequence[RunJob],
     expanded: list[tuple[list[Path], dict[str, Any] | None]],
     work: Path,
+    token: str,
 ) -> list[RunResult]:
     distributed = _import_distributed()
     read_futures: list[list[Any]] = []
@@ -291,7 +293,7 @@ def _run(
                 str(work / (_file_key(j, f) + ".parquet")),
                 job.rank,
                 job.cache,
-                key=f"tracekit-read-{_file_key(j, f)}",
+                key=f"tracekit-read-{_file_key(j, f)}-{token}",
                 retries=engine.retries,
                 pure=False,
             )
@@ -304,7 +306,7 @@ def _run(
             futs,
             job,
             manifest,
-            key=f"tracekit-analyse-run{j}",
+            key=f"tracekit-analyse-run{j}-{token}",
             retries=engine.retries,
             pure=False,
         )
