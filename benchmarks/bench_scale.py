@@ -138,6 +138,61 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
     return out
 
 
+def tile_rank_file(source: Path, out: Path, min_mb: float) -> Path:
+    """One big rank file: `source`'s events repeated back to back in time (ids offset per copy so
+    that kernels still pair with their launches) until the JSON is at least `min_mb` MB."""
+    import gzip
+
+    opener = gzip.open if source.name.endswith(".gz") else open
+    with opener(source, "rt") as fh:
+        doc = json.load(fh)
+    events = doc["traceEvents"]
+    timed = [e["ts"] for e in events if isinstance(e.get("ts"), (int, float)) and e.get("ph") != "M"]
+    span = max(timed) - min(timed) + 1000.0
+    one_mb = len(json.dumps(events)) / 1e6
+    copies = max(1, int(-(-min_mb // one_mb)))
+    tiled = [e for e in events if e.get("ph") == "M"]
+    for k in range(copies):
+        off = k * 10**9
+        for e in events:
+            if e.get("ph") == "M":
+                continue
+            e2 = {**e, "ts": e["ts"] + k * span}
+            if isinstance(e.get("id"), int):
+                e2["id"] = e["id"] + off
+            args = e.get("args")
+            if args:
+                a2 = dict(args)
+                for key in ("correlation", "External id", "Record function id", "Ev Idx"):
+                    if isinstance(a2.get(key), int) and a2[key] > 0:
+                        a2[key] = a2[key] + off
+                e2["args"] = a2
+            tiled.append(e2)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({**doc, "traceEvents": tiled}))
+    return out
+
+
+def one_file_child(path: str) -> dict:
+    """Stage 1 on one rank file in this process: idle RSS after the imports, peak after the task."""
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    idle = _warm_rss_mb()
+    from tracekit.engine.dask_engine import read_rank_file
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        part = read_rank_file(path, str(Path(tmp) / "r.parquet"), None, False)
+    return {
+        "file_mb": os.path.getsize(path) / 1e6,
+        "events": part.n_events,
+        "seconds": time.perf_counter() - t0,
+        "idle_rss_mb": idle,
+        "peak_rss_mb": _peak_rss_mb(),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", type=int, default=64)
@@ -150,8 +205,32 @@ def main() -> None:
         "--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "tracekit-bench-scale")
     )
     ap.add_argument("--out", default=None, help="write the results as JSON here")
+    ap.add_argument(
+        "--one-file-mb",
+        type=float,
+        default=None,
+        help="instead: stage 1's memory on one rank file of at least this many MB (the source's rank 0 tiled)",
+    )
     ap.add_argument("--child", nargs=2, metavar=("CASE", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child and args.child[0] == "one-file":
+        print(json.dumps(one_file_child(args.child[1])))
+        return
+    if args.one_file_mb:
+        src = sorted(Path(args.source).glob("rank-0.*json*"))[0]
+        big = Path(args.workdir) / f"{Path(args.source).name}-tile{int(args.one_file_mb)}mb.json"
+        if not big.is_file():
+            tile_rank_file(src, big, args.one_file_mb)
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", "one-file", str(big)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r["growth_x_file"] = (r["peak_rss_mb"] - r["idle_rss_mb"]) * 2**20 / (r["file_mb"] * 1e6)
+        print(json.dumps(r))
+        return
     if args.child:
         print(json.dumps(child(args.child[0], args.child[1], args.what, args.baseline)))
         return
