@@ -553,3 +553,119 @@ def test_nsys_limits(
     gz.write_bytes(gzip.compress(src.read_bytes()))
     cli_error(capsys, ["breakdown", str(gz), "--no-cache", "--max-bytes", "64K"], gz.name, "64 KiB")
     cli_error(capsys, ["breakdown", str(src), "--no-cache", "--max-events", "10"], src.name, "event rows")
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. silent wrong answers: missing ranks, wrong baselines, checksums, wrap-around, string times
+
+
+@pytest.mark.parametrize("how", ["deleted", "renamed", "a directory", "a dangling link"])
+def test_rank_file_missing_from_a_tp2_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    f = d / "rank-1.pt.trace.json.gz"
+    f.unlink()
+    if how == "renamed":
+        shutil.copy(CPU_TP2 / f.name, d / "rank-1.pt.trace.json.gz.bak")
+    elif how == "a directory":
+        f.mkdir()
+    elif how == "a dangling link":
+        os.symlink(tmp_path / "nowhere.json.gz", f)
+    doc = cli_ok(capsys, ["breakdown", str(d), "--no-cache"])
+    text = json.dumps(doc)
+    assert "ranks_missing" in text and "tp=2" in text
+    if how in ("a directory", "a dangling link"):
+        assert "trace_names_not_files" in text
+
+
+def test_shortfall_sharded_run_as_its_own_baseline(capsys: pytest.CaptureFixture[str]) -> None:
+    cli_error(
+        capsys,
+        ["shortfall", "--baseline", str(CPU_TP2), "--sharded", str(CPU_TP2), "--no-cache"],
+        "same trace",
+    )
+
+
+def test_shortfall_baseline_with_as_many_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    other = copy_run(CPU_TP2, tmp_path / "other")
+    cli_error(
+        capsys,
+        ["shortfall", "--baseline", str(other), "--sharded", str(CPU_TP2), "--no-cache"],
+        "both have 2",
+    )
+
+
+def test_shortfall_baseline_of_another_workload(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = copy_run(CPU_TP1, tmp_path / "tp1")
+    m = json.loads((base / "manifest.json").read_text())
+    m["workload"]["shape"]["hidden"] = 4096
+    m["workload"]["batch"] = 8
+    (base / "manifest.json").write_text(json.dumps(m))
+    doc = cli_ok(capsys, ["shortfall", "--baseline", str(base), "--sharded", str(CPU_TP2), "--no-cache"])
+    text = json.dumps(doc)
+    assert "baseline_workload_differs" in text and "batch 8 vs 1" in text
+
+
+@pytest.mark.parametrize("damage", ["bytes changed", "size changed"])
+def test_manifest_checksum_mismatch(tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str) -> None:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    f = d / "rank-1.pt.trace.json.gz"
+    if damage == "bytes changed":  # same size, other bytes: re-gzipped at another level
+        with gzip.open(CPU_TP2 / f.name) as src:
+            data = src.read()
+        m = json.loads((d / "manifest.json").read_text())
+        f.write_bytes(gzip.compress(data, compresslevel=1))
+        m["files"][f.name]["bytes"] = f.stat().st_size
+        (d / "manifest.json").write_text(json.dumps(m))
+    else:
+        with gzip.open(CPU_TP2 / f.name) as src:
+            f.write_bytes(gzip.compress(src.read(), compresslevel=1))
+    doc = cli_ok(capsys, ["breakdown", str(d), "--no-cache"])
+    text = json.dumps(doc)
+    assert "checksum_mismatch" in text and f.name in text
+
+
+def test_nsys_times_out_of_range(shared_traces: Path, tmp_path: Path) -> None:
+    import sqlite3
+
+    src = shared_traces / NSYS
+    if not src.exists():
+        pytest.skip(f"{src} missing")
+    p = tmp_path / "rank-0.sqlite"
+    shutil.copy(src, p)
+    con = sqlite3.connect(p)
+    con.execute(
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = -49000000000 WHERE rowid = (SELECT min(rowid) FROM "
+        "CUPTI_ACTIVITY_KIND_KERNEL)"
+    )
+    con.execute(
+        "UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 9223372036854775000, end = 9223372036854775800 WHERE "
+        "rowid = (SELECT max(rowid) FROM CUPTI_ACTIVITY_KIND_KERNEL)"
+    )
+    con.commit()
+    con.close()
+    run = read_ok(p)
+    assert run.data_quality.counts.get("nsys_times_out_of_range") == 2
+    assert int(run.events["start_ns"].min()) >= 0
+
+
+def test_string_timestamps_are_exact_or_counted(shared_traces: Path, tmp_path: Path) -> None:
+    doc = kineto_doc(shared_traces)
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    xs[3]["ts"] = str(xs[3]["ts"])  # a number written as a string: read as that number
+    xs[4]["ts"] = "123.5x"  # not a number: skipped, counted
+    run = read_ok(write_doc(tmp_path, doc))
+    assert run.data_quality.counts.get("events_without_ts") == 1
+    assert len(run.events) == len(xs) - 1
+
+
+def test_string_timestamp_far_from_the_others(shared_traces: Path, tmp_path: Path) -> None:
+    doc = kineto_doc(shared_traces)
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    xs[3]["ts"] = "123.5"  # a number in a string, and 59 days before the rest: skipped, counted
+    run = read_ok(write_doc(tmp_path, doc))
+    assert run.data_quality.counts.get("ts_as_string") == 1
+    assert run.data_quality.counts.get("events_time_outliers") == 1
+    span = int(run.events["end_ns"].max() - run.events["start_ns"].min())
+    assert span < 3600 * 10**9

@@ -42,6 +42,7 @@ attribution is kept under `uncorrected`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -1228,6 +1229,7 @@ def shortfall(
     allow_partial: bool = False,
 ) -> Shortfall:
     """Attribute the per-token shortfall of `sharded` against `baseline` (module doc)."""
+    pair_notes = check_pair(baseline, sharded)
     base = attribute_run(
         baseline,
         step_pattern=step_pattern,
@@ -1244,4 +1246,45 @@ def shortfall(
         label="sharded",
         allow_partial=allow_partial,
     )
+    for key, note in pair_notes:
+        base.data_quality.add(key, 1, note)
     return shortfall_from_parts(base, shard)
+
+
+#: workload fields that must agree between the baseline and the sharded run for S to mean anything
+WORKLOAD_SHAPE_FIELDS = ("preset", "shape", "layers", "batch", "prompt", "dtype", "device")
+
+
+def check_pair(baseline: Run, sharded: Run) -> list[tuple[str, str]]:
+    """RankError when the two runs read the same trace files (the sharded run as its own baseline)
+    or have as many ranks (no smaller baseline); notes when their manifests describe different
+    workloads (shape, batch, prompt, dtype, device: the shortfall would compare two models)."""
+    same = {os.path.realpath(s) for s in baseline.sources.values() if os.path.isfile(s)} & {
+        os.path.realpath(s) for s in sharded.sources.values() if os.path.isfile(s)
+    }
+    if same:
+        names = ", ".join(sorted(os.path.basename(s) for s in same)[:4])
+        raise RankError(
+            f"the baseline and the sharded run read the same trace file(s) ({names}): pass the run on "
+            "fewer ranks (TP=1) as --baseline"
+        )
+    if len(baseline.ranks) == len(sharded.ranks):
+        raise RankError(
+            f"the baseline and the sharded run both have {len(sharded.ranks)} rank(s): the baseline must be "
+            "the run on fewer ranks (TP=1)"
+        )
+    wb = (baseline.manifest or {}).get("workload")
+    ws = (sharded.manifest or {}).get("workload")
+    if not isinstance(wb, Mapping) or not isinstance(ws, Mapping):
+        return []
+    differ = [k for k in WORKLOAD_SHAPE_FIELDS if k in wb and k in ws and wb[k] != ws[k]]
+    if not differ:
+        return []
+    shown = "; ".join(f"{k} {str(wb[k])[:60]} vs {str(ws[k])[:60]}" for k in differ)
+    return [
+        (
+            "baseline_workload_differs",
+            f"the baseline's manifest describes another workload than the sharded run's ({shown}): the "
+            "shortfall compares two different decodes",
+        )
+    ]

@@ -17,6 +17,7 @@ each through the Parquet cache (`tracekit.read.cache`).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -396,12 +397,52 @@ def read_run(
     return run
 
 
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_checksums(run: Run) -> None:
+    """Each trace file the manifest lists (`files`: name -> {sha256, bytes}, written by the capture)
+    is checked against its size and SHA-256; a mismatch (a file changed, replaced or damaged since
+    the capture) is noted in data_quality, naming the file."""
+    files = (run.manifest or {}).get("files")
+    if not isinstance(files, dict):
+        return
+    bad: list[str] = []
+    for src in run.sources.values():
+        p = Path(src)
+        want = files.get(p.name)
+        if not isinstance(want, dict) or not isinstance(want.get("sha256"), str):
+            continue
+        try:
+            size = p.stat().st_size
+            if isinstance(want.get("bytes"), int) and want["bytes"] != size:
+                bad.append(f"{p.name} ({size} bytes, the manifest says {want['bytes']})")
+            elif sha256_of(p) != want["sha256"].lower():
+                bad.append(f"{p.name} (SHA-256 differs)")
+        except OSError as exc:
+            bad.append(f"{p.name} ({exc.strerror or exc})")
+    if bad:
+        run.data_quality.add(
+            "checksum_mismatch",
+            len(bad),
+            f"trace files differ from what the capture wrote (manifest.json files): {', '.join(bad[:8])}: "
+            "changed, replaced or damaged since",
+        )
+
+
 def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link)."""
     dq = run.data_quality
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)
+    _check_checksums(run)
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None
     if isinstance(tp, int) and _int_in(tp, 1, MAX_TP):
@@ -483,6 +524,15 @@ def _align_nsys_sessions(runs: list[Run]) -> list[Run]:
         if s0 is None or s0 == base:
             continue
         shift = s0 - base
+        if shift > 1 << 62:  # session starts centuries apart: not one run's clocks (and would wrap)
+            dq0 = DataQuality().merge(r.data_quality)
+            dq0.add(
+                "nsys_sessions_not_aligned",
+                1,
+                f"session starts {shift} ns apart (TARGET_INFO_SESSION_START_TIME): not shifted",
+            )
+            out[i] = Run(events=r.events, sources=dict(r.sources), rank_info=r.rank_info, data_quality=dq0)
+            continue
         events = r.events.copy(deep=False)
         events["start_ns"] = events["start_ns"].to_numpy(np.int64) + shift
         events["end_ns"] = events["end_ns"].to_numpy(np.int64) + shift

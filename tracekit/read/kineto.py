@@ -402,6 +402,7 @@ def _utf8_error_at(text: bytes | bytearray) -> int:
 
 #: a dur at or above this (us) is not a duration (2**62 ns: 146 years); skipped and counted
 _MAX_DUR_US = 2.0**62 / 1000.0
+_DAY_NS = 86_400e9
 _INT64_MIN = -(2**63)
 _INT64_MAX = 2**63 - 1
 _INT32_MAX = 2**31 - 1
@@ -838,7 +839,9 @@ def _parse_fixed(m: np.ndarray) -> tuple[np.ndarray, int] | None:
     return ns, sub
 
 
-def parse_us_to_ns(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
+def parse_us_to_ns(
+    texts: Sequence[Any], counts: dict[str, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Parse JSON number texts (bytes or msgspec.Raw) in microseconds into exact integer ns.
 
     Returns (ns int64, valid bool, sub_ns) where `valid` is False for empty/non-numeric text and
@@ -877,6 +880,8 @@ def parse_us_to_ns(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
     use = isdig & (pw >= 0) & (pw <= 18)
     ns = np.where(use, (m.astype(np.int64) - 48) * _POW10[np.clip(pw, 0, 18)], 0).sum(axis=1)
     first = m[:, 0]
+    if counts is not None:  # numbers written as JSON strings ("123.5"): read, and counted
+        counts["strings"] = counts.get("strings", 0) + int(((first == 34) & valid_text(m)).sum())
     neg = (first == 45) | ((first == 34) & (m[:, 1] == 45) if w > 1 else False)
     if neg.any():
         ns = np.where(neg, -ns, ns)
@@ -896,6 +901,11 @@ def parse_us_to_ns(texts: Sequence[Any]) -> tuple[np.ndarray, np.ndarray, int]:
                 valid[i] = False
                 sub[i] = False
     return ns, valid, int(sub.sum())
+
+
+def valid_text(m: np.ndarray) -> np.ndarray:
+    """Rows of a text matrix holding at least one digit."""
+    return np.asarray(((m >= 48) & (m <= 57)).any(axis=1))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -978,7 +988,14 @@ class _Columns:
         if not xs:
             return
         n = len(xs)
-        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(_get_ts, xs)))
+        ts_counts: dict[str, int] = {}
+        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(_get_ts, xs)), ts_counts)
+        if ts_counts.get("strings"):
+            self.dq.add(
+                "ts_as_string",
+                ts_counts["strings"],
+                "timestamps written as JSON strings were read as the numbers they spell",
+            )
         if sub_ns:
             self.dq.add(
                 "ts_sub_ns_digits_dropped", sub_ns, "some timestamps had digits below 1 ns; they were dropped"
@@ -1452,6 +1469,18 @@ def _build_table(
         start = np.where(beyond, 0, start) + base_ns
     beyond |= (start > 0) & (dur > _INT64_MAX - np.maximum(start, 0))
     end = start + np.where(beyond, 0, dur)
+    drop_far = np.zeros(n, bool)
+    if n:  # one trace file spans seconds to hours: an event a day away from its median is no time
+        med = float(np.median(start[~beyond])) if (~beyond).any() else 0.0
+        far = ~beyond & (np.abs(start.astype(np.float64) - med) > _DAY_NS)
+        if far.any():
+            dq.add(
+                "events_time_outliers",
+                int(far.sum()),
+                "events starting more than a day from the trace's median time (a timestamp in another "
+                "unit or convention) were skipped",
+            )
+            drop_far = far
     kind = _cat(cat_arrays(cols.kind, np.int8), list(_KIND_CATEGORIES))
     name_codes = cat_arrays(cols.name, np.int32)
     name = _cat(name_codes, list(cols.names))
@@ -1527,14 +1556,15 @@ def _build_table(
         "coll_seq": cm.seq,
     }
     assert list(table) == list(COLUMNS)
-    if beyond.any():
-        keep = ~beyond
-        dq.add(
-            "events_time_out_of_range",
-            int(beyond.sum()),
-            "events whose start (baseTimeNanoseconds + ts) or end lies beyond the int64 ns range "
-            "(after the year 2262) were skipped",
-        )
+    if beyond.any() or drop_far.any():
+        keep = ~(beyond | drop_far)
+        if beyond.any():
+            dq.add(
+                "events_time_out_of_range",
+                int(beyond.sum()),
+                "events whose start (baseTimeNanoseconds + ts) or end lies beyond the int64 ns range "
+                "(after the year 2262) were skipped",
+            )
         table = {k: v[keep] for k, v in table.items()}
     return make_events(table)
 
