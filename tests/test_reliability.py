@@ -669,3 +669,292 @@ def test_string_timestamp_far_from_the_others(shared_traces: Path, tmp_path: Pat
     assert run.data_quality.counts.get("events_time_outliers") == 1
     span = int(run.events["end_ns"].max() - run.events["start_ns"].min())
     assert span < 3600 * 10**9
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. the corpus of broken inputs, generated from the real traces: each ends in a result (the
+#    problem counted in data_quality where there is one) or one error line naming the file
+
+
+def outcome(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[str, str]:
+    """('ok', stdout) or ('error', the one line); never a traceback, within the time bound."""
+    capsys.readouterr()
+    t0 = time.perf_counter()
+    rc = main(argv)
+    took = time.perf_counter() - t0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.err and took < CASE_SECONDS
+    if rc == 0:
+        return "ok", out.out
+    lines = [ln for ln in out.err.splitlines() if ln.strip()]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("tracekit: error: "), out.err
+    return "error", lines[0]
+
+
+def _plain(shared_traces: Path) -> bytes:
+    return json.dumps(kineto_doc(shared_traces)).encode()
+
+
+def _events_edit(shared_traces: Path, edit: Any) -> bytes:
+    doc = kineto_doc(shared_traces)
+    edit(doc, [e for e in doc["traceEvents"] if e.get("ph") == "X"])
+    return json.dumps(doc).encode()
+
+
+def _set(field: str, value: Any, every: int = 7) -> Any:
+    def edit(doc: dict[str, Any], xs: list[dict[str, Any]]) -> None:
+        for e in xs[::every]:
+            e[field] = value
+
+    return edit
+
+
+def _drop(field: str, every: int = 5) -> Any:
+    def edit(doc: dict[str, Any], xs: list[dict[str, Any]]) -> None:
+        for e in xs[::every]:
+            e.pop(field, None)
+
+    return edit
+
+
+def _duplicate(doc: dict[str, Any], xs: list[dict[str, Any]]) -> None:
+    doc["traceEvents"] = doc["traceEvents"] + [dict(e) for e in xs[::3]]
+
+
+def _overlap_kernels(doc: dict[str, Any], xs: list[dict[str, Any]]) -> None:
+    ks = [e for e in xs if e.get("cat") == "kernel"]
+    for a, b in zip(ks[::2], ks[1::2], strict=False):
+        b["ts"] = a["ts"] + a["dur"] / 2  # the next kernel on the stream starts inside this one
+
+
+def _shuffle(doc: dict[str, Any], xs: list[dict[str, Any]]) -> None:
+    import random
+
+    random.Random(0).shuffle(doc["traceEvents"])
+
+
+#: name -> bytes of a broken `.json` made from the real single-rank trace, and what is expected:
+#: "ok" (with this data_quality key when not empty), "error" (one line naming the file) or "any"
+JSON_CORPUS: dict[str, tuple[Any, str, str]] = {
+    "empty file": (lambda t: b"", "error", ""),
+    "whitespace only": (lambda t: b"   \n\t ", "error", ""),
+    "not JSON": (lambda t: b"PK\x03\x04 a zip file", "error", ""),
+    "JSON array": (lambda t: b"[1, 2, 3]", "error", ""),
+    "JSON string": (lambda t: b'"traceEvents"', "error", ""),
+    "traceEvents not a list": (lambda t: b'{"traceEvents": {"a": 1}}', "error", ""),
+    "traceEvents of numbers": (lambda t: b'{"traceEvents": [1, 2, 3]}', "error", ""),
+    "traceEvents empty": (lambda t: b'{"traceEvents": []}', "error", ""),
+    "truncated at 10%": (lambda t: _plain(t)[: len(_plain(t)) // 10], "error", ""),
+    "truncated at 50%": (lambda t: _plain(t)[: len(_plain(t)) // 2], "error", ""),
+    "truncated before the last brace": (lambda t: _plain(t)[:-1], "error", ""),
+    "non-UTF-8 bytes in names": (
+        lambda t: _plain(t).replace(b'"name": "aten::', b'"name": "\xc3\x28aten::'),
+        "ok",
+        "invalid_utf8_replaced",
+    ),
+    "1 MB event name": (
+        lambda t: _events_edit(t, lambda d, xs: xs[2].__setitem__("name", "k" * (1 << 20))),
+        "ok",
+        "",
+    ),
+    "missing ts": (lambda t: _events_edit(t, _drop("ts")), "ok", "events_without_ts"),
+    "missing dur": (lambda t: _events_edit(t, _drop("dur")), "ok", "events_without_dur"),
+    "missing name and cat": (
+        lambda t: _events_edit(t, lambda d, xs: [e.pop(k, None) for e in xs[::4] for k in ("name", "cat")]),
+        "any",
+        "",
+    ),
+    "ts of the wrong type": (lambda t: _events_edit(t, _set("ts", [1, 2])), "ok", "events_without_ts"),
+    "dur as a string": (lambda t: _events_edit(t, _set("dur", "12.5")), "ok", ""),
+    "dur negative": (lambda t: _events_edit(t, _set("dur", -5.0)), "ok", "events_negative_dur"),
+    "dur huge": (lambda t: _events_edit(t, _set("dur", 1e300)), "ok", "events_huge_dur"),
+    "dur NaN text": (lambda t: _events_edit(t, _set("dur", "NaN")), "ok", "events_without_dur"),
+    "pid and tid objects": (
+        lambda t: _events_edit(t, lambda d, xs: [e.update(pid={"a": 1}, tid=[1]) for e in xs[::6]]),
+        "any",
+        "",
+    ),
+    "args not an object": (lambda t: _events_edit(t, _set("args", [1, 2, 3])), "ok", ""),
+    "duplicate events": (lambda t: _events_edit(t, _duplicate), "any", ""),
+    "overlapping kernels on one stream": (lambda t: _events_edit(t, _overlap_kernels), "ok", ""),
+    "events out of order": (lambda t: _events_edit(t, _shuffle), "ok", ""),
+    "all X events without ts": (lambda t: _events_edit(t, _drop("ts", every=1)), "error", ""),
+    "ph unknown": (lambda t: _events_edit(t, _set("ph", "Q", every=3)), "ok", "skipped_other_phase_events"),
+    "NaN literal": (lambda t: _plain(t).replace(b'"dur": ', b'"dur": NaN, "x": ', 1), "error", ""),
+}
+
+
+@pytest.mark.parametrize("case", list(JSON_CORPUS))
+@pytest.mark.parametrize("packing", ["plain", "gzip"])
+def test_json_corpus(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, packing: str
+) -> None:
+    make, expect, key = JSON_CORPUS[case]
+    data = make(shared_traces)
+    p = tmp_path / ("t.json" if packing == "plain" else "t.json.gz")
+    p.write_bytes(data if packing == "plain" else gzip.compress(data))
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache", "--format", "json"])
+    if expect != "any":
+        assert got == expect, text
+    if got == "error":
+        assert p.name in text
+    elif key:
+        assert key in text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_truncated_gzip_at_random_offsets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int
+) -> None:
+    import random
+
+    raw = (CPU_TP1 / "rank-0.pt.trace.json.gz").read_bytes()
+    cut = random.Random(seed).randrange(1, len(raw) - 1)
+    p = tmp_path / "rank-0.pt.trace.json.gz"
+    p.write_bytes(raw[:cut])
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache"])
+    assert got == "error" and p.name in text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_corrupt_gzip_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str], seed: int) -> None:
+    import random
+
+    raw = bytearray((CPU_TP1 / "rank-0.pt.trace.json.gz").read_bytes())
+    rng = random.Random(seed)
+    for _ in range(4):
+        raw[rng.randrange(10, len(raw) - 8)] ^= 1 << rng.randrange(8)
+    p = tmp_path / "rank-0.pt.trace.json.gz"
+    p.write_bytes(bytes(raw))
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache"])
+    assert got == "error" and p.name in text
+
+
+def test_mixed_timestamp_conventions_across_ranks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    f = d / "rank-1.pt.trace.json.gz"
+    with gzip.open(f, "rt") as src:
+        doc = json.load(src)
+    base = int(doc.pop("baseTimeNanoseconds"))
+    for e in doc["traceEvents"]:  # rank 1 in absolute microseconds since the epoch
+        if isinstance(e.get("ts"), (int, float)):
+            e["ts"] = e["ts"] + base / 1000
+    f.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    got, text = outcome(capsys, ["breakdown", str(d), "--no-cache", "--format", "json"])
+    assert got in ("ok", "error")
+
+
+def test_ranks_with_different_collective_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    f = d / "rank-1.pt.trace.json.gz"
+    with gzip.open(f, "rt") as src:
+        doc = json.load(src)
+    gone = [i for i, e in enumerate(doc["traceEvents"]) if str(e.get("name", "")).startswith("gloo:")][:3]
+    doc["traceEvents"] = [e for i, e in enumerate(doc["traceEvents"]) if i not in gone]
+    f.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    for argv in (["breakdown", str(d)], ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d)]):
+        got, text = outcome(capsys, [*argv, "--no-cache", "--format", "json"])
+        if got == "ok":
+            assert "collective" in text
+
+
+def test_folder_with_unrelated_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    (d / "README.txt").write_text("notes")
+    (d / "plot.png").write_bytes(b"\x89PNG\r\n")
+    (d / ".hidden.json").write_text("{")
+    (d / "sub").mkdir()
+    (d / "sub" / "x.json").write_text("{")
+    got, _ = outcome(capsys, ["breakdown", str(d), "--no-cache"])
+    assert got == "ok"
+    (d / "config.json").write_text(
+        '{"lr": 0.1}'
+    )  # a JSON beside the ranks is read as a trace: refused by name
+    got, text = outcome(capsys, ["breakdown", str(d), "--no-cache"])
+    assert got == "error" and "config.json" in text
+
+
+def test_file_name_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = os.fsdecode(b"rank-0-\xff\xfe.pt.trace.json.gz")
+    p = tmp_path / name
+    shutil.copy(CPU_TP1 / "rank-0.pt.trace.json.gz", p)
+    got, _ = outcome(capsys, ["breakdown", str(p), "--no-cache"])
+    assert got == "ok"
+    p.write_bytes(b"{")
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache"])
+    assert got == "error"
+
+
+def _sqlite_copy(shared_traces: Path, tmp_path: Path) -> Path:
+    src = shared_traces / NSYS
+    if not src.exists():
+        pytest.skip(f"{src} missing")
+    p = tmp_path / "rank-0.sqlite"
+    shutil.copy(src, p)
+    return p
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "DROP TABLE CUPTI_ACTIVITY_KIND_KERNEL",
+        "DROP TABLE StringIds",
+        "DROP TABLE NVTX_EVENTS",
+        "DROP TABLE CUPTI_ACTIVITY_KIND_RUNTIME",
+        "DROP TABLE TARGET_INFO_SESSION_START_TIME",
+        "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN demangledName",
+        "ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL DROP COLUMN correlationId",
+        "ALTER TABLE NVTX_EVENTS DROP COLUMN textId",
+        "ALTER TABLE CUPTI_ACTIVITY_KIND_RUNTIME DROP COLUMN globalTid",
+        "DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL",
+        "DELETE FROM StringIds",
+    ],
+)
+def test_sqlite_missing_tables_and_columns(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sql: str
+) -> None:
+    import sqlite3
+
+    p = _sqlite_copy(shared_traces, tmp_path)
+    con = sqlite3.connect(p)
+    try:
+        for stmt in (
+            "DROP INDEX IF EXISTS " + r[0]
+            for r in con.execute(
+                "SELECT name FROM sqlite_master WHERE type='index' AND sql IS NOT NULL"
+            ).fetchall()
+        ):
+            con.execute(stmt)
+        con.execute(sql)
+        con.commit()
+    except sqlite3.OperationalError as exc:
+        pytest.skip(f"this SQLite cannot: {exc}")
+    finally:
+        con.close()
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache", "--format", "json"])
+    if got == "error":
+        assert p.name in text
+
+
+@pytest.mark.parametrize("damage", ["header only", "truncated", "zeroed pages", "random bytes"])
+def test_corrupt_sqlite(
+    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+) -> None:
+    import random
+
+    p = _sqlite_copy(shared_traces, tmp_path)
+    raw = bytearray(p.read_bytes())
+    if damage == "header only":
+        raw = raw[:100]
+    elif damage == "truncated":
+        raw = raw[: len(raw) // 3]
+    elif damage == "zeroed pages":
+        raw[4096 : 4096 * 8] = bytes(4096 * 7)
+    else:
+        rng = random.Random(1)
+        for _ in range(200):
+            raw[rng.randrange(100, len(raw))] = rng.randrange(256)
+    p.write_bytes(bytes(raw))
+    got, text = outcome(capsys, ["breakdown", str(p), "--no-cache"])
+    if got == "error":
+        assert p.name in text

@@ -68,7 +68,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = cli.main(args=argv, prog_name="tracekit", standalone_mode=False)
     except TracekitError as exc:
-        click.echo(f"tracekit: error: {exc}", err=True)
+        # a file name that is not UTF-8 (surrogates) is shown escaped, not turned into a traceback
+        line = f"tracekit: error: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
+        click.echo(line, err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("tracekit: aborted", err=True)
