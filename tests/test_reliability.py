@@ -958,3 +958,22 @@ def test_corrupt_sqlite(
     got, text = outcome(capsys, ["breakdown", str(p), "--no-cache"])
     if got == "error":
         assert p.name in text
+
+
+@pytest.mark.parametrize("where", ["no such folder", "a full disk (/dev/full)"])
+def test_output_file_cannot_be_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    out = str(tmp_path / "no" / "such" / "x.json") if where == "no such folder" else "/dev/full"
+    if where.startswith("a full") and not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    cli_error(capsys, ["breakdown", str(CPU_TP1), "--no-cache", "--out", out], out, "cannot write")
+    assert os.path.exists("/dev/full") or where == "no such folder"
+
+
+def test_output_file_written_whole(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "b.json"
+    out.write_text("old")
+    assert main(["breakdown", str(CPU_TP1), "--no-cache", "--format", "json", "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["kind"] == "tracekit.breakdown"
+    assert [p.name for p in tmp_path.iterdir()] == ["b.json"]  # no temporary left

@@ -57,5 +57,9 @@ class CaptureError(TracekitError):
     """A capture run failed (a rank died, the profiler could not start, nsys not found...)."""
 
 
+class OutputError(TracekitError):
+    """An output file (--out, -o) cannot be written: no such folder, not writable, disk full."""
+
+
 class ProbeError(TracekitError):
     """A bandwidth probe failed or gave a wrong result."""

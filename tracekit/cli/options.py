@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,22 @@ def write_text(text: str, out: str | None) -> None:
     if out is None:
         click.echo(text, nl=False)
     else:
-        Path(out).write_text(text)
+        from tracekit.errors import OutputError
+
+        target = Path(out)
+        # a regular file is written whole or not at all (a temporary beside it, renamed): a full disk
+        # leaves no half file under the name; a device or pipe (/dev/stdout) is written in place
+        atomic = not target.exists() or target.is_file()
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}") if atomic else target
+        try:
+            tmp.write_text(text)
+            if atomic:
+                os.replace(tmp, target)
+        except OSError as exc:
+            if atomic:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+            raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
         click.echo(f"wrote {out}", err=True)
 
 
