@@ -191,11 +191,13 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
     marker = tmp_path / "failed-once"
     real = dask_engine.read_rank_file
 
-    def flaky(path: str, parquet: str, rank: int | None, cache: bool) -> dask_engine.RankPart:
+    def flaky(
+        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None
+    ) -> dask_engine.RankPart:
         if not marker.exists():
             marker.write_text(path)
             raise OSError("worker lost its disk for a moment")
-        return real(path, parquet, rank, cache)
+        return real(path, parquet, rank, cache, env)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", flaky)
     local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
@@ -206,7 +208,7 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
 def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     from tracekit.errors import TraceFormatError
 
-    def bad(path: str, parquet: str, rank: int | None, cache: bool) -> dask_engine.RankPart:
+    def bad(path: str, parquet: str, rank: int | None, cache: bool, env: Any = None) -> dask_engine.RankPart:
         raise TraceFormatError(path, "not a trace", offset=12)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", bad)
@@ -275,6 +277,34 @@ def test_two_analyses_at_once_on_one_cluster_and_work_dir(dask: Engine, tmp_path
         got = list(pool.map(lambda r: _text(breakdown_paths(r, engine).to_json()), runs))
     assert got == [_text(breakdown_paths(r).to_json()) for r in runs]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reading_limits_reach_the_workers(
+    dask: Engine, capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """--max-events is the client's setting: the tasks carry it (a remote worker has its own
+    environment), and the refusal is the local engine's one line."""
+    from tracekit.cli.main import main
+    from tracekit.errors import TracekitError
+
+    run = str(TRACES / "cpu-tp2")
+    assert main(["breakdown", run, "--no-cache", "--max-events", "100"]) == 2
+    local = capsys.readouterr().err
+    assert (
+        main(["breakdown", run, "--no-cache", "--max-events", "100", "--scheduler", str(dask.scheduler)]) == 2
+    )
+    assert capsys.readouterr().err == local
+    # a worker whose own environment says otherwise reads with the client's settings, and keeps its own
+    one = str(TRACES / "cpu-tp2" / "rank-0.pt.trace.json.gz")
+    monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "100")
+    assert dask_engine.read_rank_file(one, str(tmp_path / "a.parquet"), None, False, {}).n_events > 100
+    assert os.environ["TRACEKIT_MAX_EVENTS"] == "100"
+    monkeypatch.delenv("TRACEKIT_MAX_EVENTS")
+    with pytest.raises(TracekitError):
+        dask_engine.read_rank_file(
+            one, str(tmp_path / "b.parquet"), None, False, {"TRACEKIT_MAX_EVENTS": "100"}
+        )
+    assert "TRACEKIT_MAX_EVENTS" not in os.environ
 
 
 def test_engine_settings_are_checked() -> None:

@@ -103,13 +103,39 @@ def _import_distributed() -> Any:
 # the tasks (run on workers)
 
 
-def read_rank_file(path: str, parquet: str, rank: int | None, cache: bool) -> RankPart:
-    """Stage 1: read one trace file, classify its events, write them to `parquet`."""
+def client_settings() -> dict[str, str]:
+    """The client's TRACEKIT_* environment (reading limits --max-bytes / --max-events, the cache
+    folder, TRACEKIT_NO_CACHE): the CLI sets them there, and a remote worker would not see them."""
+    return {k: v for k, v in os.environ.items() if k.startswith("TRACEKIT_")}
+
+
+@contextlib.contextmanager
+def _settings(env: dict[str, str]) -> Iterator[None]:
+    """The client's TRACEKIT_* settings in this worker for the task's duration (the worker's own
+    TRACEKIT_* variables are set aside meanwhile)."""
+    before = {k: v for k, v in os.environ.items() if k.startswith("TRACEKIT_")}
+    for k in before:
+        del os.environ[k]
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k in env:
+            os.environ.pop(k, None)
+        os.environ.update(before)
+
+
+def read_rank_file(
+    path: str, parquet: str, rank: int | None, cache: bool, env: dict[str, str] | None = None
+) -> RankPart:
+    """Stage 1: read one trace file, classify its events, write them to `parquet`. `env`: the
+    client's TRACEKIT_* settings (`client_settings`), in force while the file is read."""
     from tracekit.classify import classify
     from tracekit.read import read_file
 
     t0 = time.perf_counter()
-    run = read_file(path, rank=rank, cache=cache)
+    with _settings(env if env is not None else client_settings()):
+        run = read_file(path, rank=rank, cache=cache)
     events = classify(run.events)
     tmp = parquet + ".tmp"
     events.to_parquet(tmp, index=False)
@@ -282,6 +308,7 @@ def _run(
     token: str,
 ) -> list[RunResult]:
     distributed = _import_distributed()
+    settings = client_settings()
     read_futures: list[list[Any]] = []
     sizes: dict[Any, int] = {}
     for j, (job, (files, _manifest)) in enumerate(zip(jobs, expanded, strict=True)):
@@ -293,6 +320,7 @@ def _run(
                 str(work / (_file_key(j, f) + ".parquet")),
                 job.rank,
                 job.cache,
+                settings,
                 key=f"tracekit-read-{_file_key(j, f)}-{token}",
                 retries=engine.retries,
                 pure=False,
