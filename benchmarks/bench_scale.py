@@ -85,8 +85,7 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
     else:
         from distributed import Client, LocalCluster
 
-        from tracekit.analyse.shortfall import shortfall_from_parts
-        from tracekit.engine import dask_engine
+        from tracekit.engine import _shortfall_of, dask_engine
 
         workers = int(case.split(":")[1])
         t0 = time.perf_counter()
@@ -95,8 +94,8 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                 n_workers=workers,
                 threads_per_worker=1,
                 processes=True,
-                dashboard_address=None,
-                worker_dashboard_address=None,
+                dashboard_address=":0",
+                worker_dashboard_address=":0",
                 silence_logs=50,
             ) as lc,
             Client(lc) as client,
@@ -118,7 +117,7 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
         doc = (
             res.breakdown.to_json()  # type: ignore[union-attr]
             if what == "breakdown"
-            else shortfall_from_parts(results[0].parts, res.parts).to_json()  # type: ignore[arg-type]
+            else _shortfall_of(results[0], res).to_json()
         )
         files = [f for r in results for f in r.files]
         out.update(

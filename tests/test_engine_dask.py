@@ -45,6 +45,7 @@ SHORTFALL_PAIRS = [
     ("h200-tp1", "h200-tp2"),
     ("h200-tp1", "h200-tp2-straggler"),
     ("cpu-tp1", "cpu-tp2"),
+    ("h200-tp1", "cpu-tp2"),  # two workloads: the pair's note
 ]  # cpu-tp2-straggler: through the CLI below
 
 
@@ -58,7 +59,7 @@ def cluster() -> Any:
     from distributed import LocalCluster
 
     with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, silence_logs=40
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
     ) as c:
         yield c
 
@@ -98,6 +99,17 @@ def test_shortfall_on_dask_is_the_local_json_to_the_byte(base: str, sharded: str
     local = _text(shortfall_paths(TRACES / base, TRACES / sharded).to_json())
     distributed = _text(shortfall_paths(TRACES / base, TRACES / sharded, dask).to_json())
     assert distributed == local
+
+
+@pytest.mark.parametrize(("base", "sharded"), [("cpu-tp2", "cpu-tp2"), ("cpu-tp2-straggler", "cpu-tp2")])
+def test_shortfall_refusals_on_dask_are_the_local_ones(base: str, sharded: str, dask: Engine) -> None:
+    from tracekit.errors import RankError
+
+    with pytest.raises(RankError) as local:
+        shortfall_paths(TRACES / base, TRACES / sharded)
+    with pytest.raises(RankError) as distributed:
+        shortfall_paths(TRACES / base, TRACES / sharded, dask)
+    assert str(distributed.value) == str(local.value)
 
 
 def test_rank_options_and_progress_on_dask(dask: Engine) -> None:
@@ -226,7 +238,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
     local = synthetic64_breakdown
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None, silence_logs=50
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
         ) as lc,
         Client(lc) as client,
     ):

@@ -155,7 +155,6 @@ def shortfall_paths(
         run_b = read_run(_as_list(baseline), cache=cache, progress=engine.progress)
         run_s = read_run(_as_list(sharded), cache=cache, progress=engine.progress)
         return shortfall(run_b, run_s, **kw)
-    from tracekit.analyse.shortfall import shortfall_from_parts
     from tracekit.engine import dask_engine
 
     base, shard = dask_engine.analyse(
@@ -165,7 +164,19 @@ def shortfall_paths(
             dask_engine.RunJob(paths=_as_list(sharded), cache=cache, attribute={**kw, "label": "sharded"}),
         ],
     )
-    return shortfall_from_parts(base.parts, shard.parts)  # type: ignore[arg-type]
+    return _shortfall_of(base, shard)
+
+
+def _shortfall_of(base: Any, shard: Any) -> Shortfall:
+    """`tracekit.analyse.shortfall.shortfall` after its two `attribute_run`s: the pair checks on
+    the runs' metadata (refusals and notes), then `shortfall_from_parts`."""
+    from tracekit.analyse.shortfall import check_pair, shortfall_from_parts
+    from tracekit.engine import dask_engine
+
+    pair_notes = check_pair(dask_engine.metadata_run(base), dask_engine.metadata_run(shard))
+    for key, note in pair_notes:
+        base.parts.data_quality.add(key, 1, note)
+    return shortfall_from_parts(base.parts, shard.parts)
 
 
 def analyse_dirs(
@@ -186,7 +197,6 @@ def analyse_dirs(
         return build.analyse_dirs(
             Path(run_dir), None if baseline_dir is None else Path(baseline_dir), step_pattern=step_pattern
         )
-    from tracekit.analyse.shortfall import shortfall_from_parts
     from tracekit.engine import dask_engine
 
     jobs = [
@@ -210,5 +220,5 @@ def analyse_dirs(
         base = results[1]
         out.baseline_breakdown = build._to_json(base.breakdown)
         out.baseline_manifest = base.manifest
-        out.shortfall = build._to_json(shortfall_from_parts(base.parts, results[0].parts))  # type: ignore[arg-type]
+        out.shortfall = build._to_json(_shortfall_of(base, results[0]))
     return out

@@ -84,6 +84,7 @@ class RunResult:
     parts: RunParts | None = None
     n_events: int = 0
     ranks: list[int] = field(default_factory=list)
+    sources: dict[int, str] = field(default_factory=dict)  # rank -> its file, as the run has it
     seconds: float = 0.0  # wall time of the task (load + analyses)
     peak_rss_bytes: int = 0  # the worker process's peak resident memory so far
     files: list[RankPart] = field(default_factory=list)  # stage 1's returns (no events)
@@ -213,7 +214,13 @@ def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | N
     """Stage 2: one run's analyses on its classified Parquet files."""
     t0 = time.perf_counter()
     run = load_run(parts, manifest, job.paths)
-    out = RunResult(manifest=manifest, n_events=len(run.events), ranks=list(run.ranks), files=list(parts))
+    out = RunResult(
+        manifest=manifest,
+        n_events=len(run.events),
+        ranks=list(run.ranks),
+        sources=dict(run.sources),
+        files=list(parts),
+    )
     if job.breakdown is not None:
         from tracekit.analyse.breakdown import breakdown
 
@@ -225,6 +232,14 @@ def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | N
     out.seconds = time.perf_counter() - t0
     out.peak_rss_bytes = _peak_rss()
     return out
+
+
+def metadata_run(result: RunResult) -> Run:
+    """A Run without events (its sources, ranks and manifest), for checks on run metadata such
+    as `tracekit.analyse.shortfall.check_pair`."""
+    from tracekit.model.events import empty_events
+
+    return Run(events=empty_events(), sources=dict(result.sources), manifest=result.manifest)
 
 
 def _peak_rss() -> int:
@@ -258,7 +273,7 @@ def open_client(engine: Engine) -> Iterator[Any]:
         n_workers=n,
         threads_per_worker=engine.threads_per_worker,
         processes=engine.processes,
-        dashboard_address=None,
+        dashboard_address=":0",
         silence_logs=40,  # logging.ERROR: no worker chatter on the terminal
     )
     with cluster, distributed.Client(cluster) as client:
