@@ -319,6 +319,19 @@ def test_reading_limits_reach_the_workers(
     assert "TRACEKIT_MAX_EVENTS" not in os.environ
 
 
+def test_parquet_not_visible_to_the_analysing_worker_is_one_line(tmp_path: Path) -> None:
+    part = dask_engine.read_rank_file(
+        str(TRACES / "cpu-tp2" / "rank-0.pt.trace.json.gz"),
+        str(tmp_path / "w" / "r0.parquet"),
+        None,
+        True,
+        {},
+    )
+    (tmp_path / "w" / "r0.parquet").unlink()
+    with pytest.raises(EngineError, match="give --work-dir a folder every Dask worker sees"):
+        dask_engine.load_run([part], None, [str(TRACES / "cpu-tp2")])
+
+
 def test_engine_settings_are_checked() -> None:
     assert Engine.parse(None, None, None).kind == "local"
     assert Engine.parse(None, None, 4).kind == "dask"

@@ -139,6 +139,7 @@ def read_rank_file(
         run = read_file(path, rank=rank, cache=cache)
     events = classify(run.events)
     tmp = parquet + ".tmp"
+    Path(parquet).parent.mkdir(parents=True, exist_ok=True)
     events.to_parquet(tmp, index=False)
     os.replace(tmp, parquet)  # a retried task never leaves half a file behind
     return RankPart(
@@ -180,6 +181,12 @@ def load_run(
     when the two drift apart)."""
     from tracekit.read import _align_nsys_sessions, _note_run_problems, _number_default_ranks, concat_runs
 
+    missing = [p.parquet for p in parts if not os.path.isfile(p.parquet)]
+    if missing:
+        raise EngineError(
+            f"{missing[0]}: a rank file's Parquet output is not visible on this worker "
+            f"({len(missing)} of {len(parts)} missing): give --work-dir a folder every Dask worker sees"
+        )
     runs = [
         Run(
             events=pd.read_parquet(p.parquet),
