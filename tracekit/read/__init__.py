@@ -436,6 +436,43 @@ def _check_checksums(run: Run) -> None:
         )
 
 
+#: kernels on one stream overlapping by more than this are damaged data, not programmatic dependent
+#: launch (which overlaps consecutive kernels by up to ~1 us on the H200 traces)
+STREAM_OVERLAP_NOTE_NS = 10_000
+
+
+def _check_gpu_streams(run: Run) -> None:
+    """Notes on GPU activity that cannot be: one event recorded twice (same rank, device, stream,
+    name, start and end), or operations on one stream overlapping by more than STREAM_OVERLAP_NOTE_NS."""
+    ev = run.events
+    if ev.empty:
+        return
+    gpu = ev["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy()
+    if gpu.sum() < 2:
+        return
+    g = ev.loc[gpu, ["rank", "device", "stream", "start_ns", "end_ns"]].to_numpy(np.int64)
+    names = ev["name"].cat.codes.to_numpy()[gpu]
+    order = np.lexsort((g[:, 4], g[:, 3], g[:, 2], g[:, 1], g[:, 0]))
+    g, names = g[order], names[order]
+    same_stream = (g[1:, :3] == g[:-1, :3]).all(axis=1)
+    dup = same_stream & (g[1:, 3] == g[:-1, 3]) & (g[1:, 4] == g[:-1, 4]) & (names[1:] == names[:-1])
+    if dup.any():
+        run.data_quality.add(
+            "gpu_events_duplicated",
+            int(dup.sum()),
+            "GPU operations recorded twice (same rank, stream, name, start and end): both kept, counted once in "
+            "each window (the partition takes the union of the time)",
+        )
+    overlap = same_stream & ~dup & (g[:-1, 4] - g[1:, 3] > STREAM_OVERLAP_NOTE_NS)
+    if overlap.any():
+        run.data_quality.add(
+            "gpu_stream_overlaps",
+            int(overlap.sum()),
+            f"GPU operations on one stream overlapping the previous one by more than {STREAM_OVERLAP_NOTE_NS // 1000} us "
+            "(one stream runs its work in order: timestamps damaged or from two clocks)",
+        )
+
+
 def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link)."""
@@ -443,6 +480,7 @@ def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> Non
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)
     _check_checksums(run)
+    _check_gpu_streams(run)
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None
     if isinstance(tp, int) and _int_in(tp, 1, MAX_TP):

@@ -469,7 +469,9 @@ def _to_float(v: Any) -> float:
         return float("nan")
 
 
-def _coerce_lenient(evs: list[Any]) -> list[Any]:
+def _coerce_lenient(evs: list[Any], tally: list[int] | None = None) -> list[Any]:
+    """Events decoded leniently, as the typed structs; `tally[0]` counts the complete events that had
+    a field of the wrong JSON type (an object pid, args that are not an object, a string dur...)."""
     out: list[Any] = []
     for e in evs:
         if e.ph != "X":
@@ -478,6 +480,19 @@ def _coerce_lenient(evs: list[Any]) -> list[Any]:
         args = e.args if isinstance(e.args, _Args) else _Args()
         pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else -1
         tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else -1
+        if tally is not None and (
+            pid is not e.pid
+            or tid is not e.tid
+            or (e.args is not None and not isinstance(e.args, (_Args, dict)))
+            or not isinstance(e.cat, str)
+            or not isinstance(e.name, str)
+            or not (
+                e.dur is None
+                or isinstance(e.dur, float)
+                or (isinstance(e.dur, int) and not isinstance(e.dur, bool))
+            )
+        ):
+            tally[0] += 1
         out.append(
             _Ev(
                 cat=str(e.cat),
@@ -520,6 +535,7 @@ class _Stream:
         self.total_bytes = 0
         self.events_seen = 0
         self.utf8_replaced = 0  # chunks in which invalid UTF-8 was replaced
+        self.coerced = [0]  # complete events with a field of the wrong JSON type
         self.limits = current_limits()
         self.ws_run = 0  # whitespace consumed since the last event (a run of it is bounded too)
 
@@ -657,11 +673,11 @@ class _Stream:
         except msgspec.ValidationError:
             pass
         try:
-            return _coerce_lenient(_DECODER_LENIENT.decode(doc))
+            return _coerce_lenient(_DECODER_LENIENT.decode(doc), self.coerced)
         except msgspec.ValidationError:
             pass
         try:
-            return _coerce_lenient(_DECODER_LENIENT_ARGS.decode(doc))
+            return _coerce_lenient(_DECODER_LENIENT_ARGS.decode(doc), self.coerced)
         except msgspec.ValidationError as exc:
             raise TraceFormatError(
                 self.path, f"unexpected event layout: {exc}", event_index=self.events_seen
@@ -1022,7 +1038,7 @@ class _Columns:
             )
             self.dq.add(
                 "events_without_dur",
-                int((ts_ok & ~dur_ok).sum()),
+                int((ts_ok & ~dur_ok & ~huge_dur).sum()),
                 "complete (X) events without a usable dur were skipped",
             )
             self.dq.add(
@@ -1661,6 +1677,13 @@ def read_kineto(
         if gc_was_enabled:
             gc.enable()
     meta = stream.meta
+    if stream.coerced[0]:
+        cols.dq.add(
+            "events_fields_wrong_type",
+            stream.coerced[0],
+            f"{p.name}: complete events with a field of the wrong JSON type (a string dur, an object pid, "
+            "args that are not an object...): each such field read as the value it spells, else as missing",
+        )
     if stream.utf8_replaced:
         cols.dq.add(
             "invalid_utf8_replaced",
