@@ -60,6 +60,7 @@ def cli() -> None:
       tracekit study                      # capture TP=1 and TP=2, analyse, write the report
       tracekit breakdown traces/cpu-tp2   # per-step compute/memory/collective/sync/idle
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2
+      tracekit diff runs/main runs/pr --fail-if-slower 5   # what moved per token; a CI gate
     """
 
 
