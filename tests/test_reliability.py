@@ -985,3 +985,34 @@ def test_output_file_written_whole(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["breakdown", str(CPU_TP1), "--no-cache", "--format", "json", "--out", str(out)]) == 0
     assert json.loads(out.read_text())["kind"] == "tracekit.breakdown"
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]  # no temporary left
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. capture faults: a rank killed mid-run, Ctrl-C
+
+
+@pytest.mark.slow
+def test_capture_rank_killed_keeps_the_other_rank_verified(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from tracekit.capture.runner import CaptureConfig, capture
+    from tracekit.errors import CaptureError
+    from tracekit.read import read_run
+
+    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", kill_rank=1, timeout_s=60, rounds=1)
+    t0 = time.perf_counter()
+    with pytest.raises(CaptureError, match=r"rank 1: killed by SIGKILL"):
+        capture(cfg, tmp_path)
+    assert time.perf_counter() - t0 < 120
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["complete"] is False and [e["rank"] for e in m["errors"]] == [1]
+    assert list(m["files"]) == ["rank-0.pt.trace.json.gz"]
+    run = read_run([tmp_path / "rank-0.pt.trace.json.gz"], cache=False)  # complete, and its SHA-256 matches
+    assert run.ranks == [0] and "checksum_mismatch" not in run.data_quality.counts
+
+
+def test_exit_codes_in_words() -> None:
+    from tracekit.capture.runner import exit_words
+
+    assert exit_words(-9).startswith("killed by SIGKILL (out of memory?")
+    assert exit_words(-15) == "killed by SIGTERM"
+    assert exit_words(3) == "process exited with code 3"

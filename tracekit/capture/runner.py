@@ -107,6 +107,7 @@ class CaptureConfig:
     nsys: bool = False  # run under Nsight Systems (NVTX ranges, no torch.profiler)
     timeout_s: float = 300.0  # collective timeout, and how long to wait for ranks after one fails
     fail_rank: int | None = None  # testing: this rank raises at the end of its profiled pass
+    kill_rank: int | None = None  # testing: this rank is killed (SIGKILL) at the end of its profiled pass
     command: str | None = None  # the command line recorded in the manifest
     #: which measured passes the ranks run: "both"; "unprofiled" (the plain run of --nsys) or
     #: "traced" (the run under nsys: warm-up and the traced pass only). Set by --nsys, not a CLI option.
@@ -387,6 +388,10 @@ def _rank_main(
             continue
         if config.fail_rank == rank:  # after the pass (its trace is written but not listed)
             raise RuntimeError(f"injected failure on rank {rank} (CaptureConfig.fail_rank)")
+        if config.kill_rank == rank:  # as the OOM killer would: no exception, no result file
+            import signal
+
+            os.kill(os.getpid(), signal.SIGKILL)
         path = tracer.stop()
         fields.update(
             {
@@ -673,6 +678,60 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         else:
             os.environ["TRACEKIT_SPAWNED"] = old
     errors: list[dict[str, Any]] = []
+    try:
+        _wait_for_ranks(procs, queue, progress, config, errors)
+    except KeyboardInterrupt:  # Ctrl-C: stop the ranks, keep what they finished, say so in the manifest
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                p.terminate()
+                errors.append({"rank": r, "message": "interrupted (Ctrl-C) before it finished"})
+    for p in procs:
+        p.join(timeout=10)
+    if queue is not None:
+        with contextlib.suppress(Exception):
+            while True:
+                progress(*queue.get_nowait())  # type: ignore[misc]
+    results = read_results(out_dir)
+    for r, p in enumerate(procs):
+        if (
+            p.exitcode not in (0, None)
+            and not results.get(r, {}).get("error")
+            and not any(e["rank"] == r for e in errors)
+        ):
+            errors.append({"rank": r, "message": exit_words(p.exitcode)})
+    manifest = build_manifest(
+        world=world,
+        results=results,
+        workload_doc=workload(config, res, world),
+        command=_command(config),
+        errors=errors,
+        needs_traces=res.mode != "nvtx",
+    )
+    return _finish(out_dir, manifest)
+
+
+def exit_words(code: int) -> str:
+    """A rank process's exit code in words: a negative code is the signal that ended it."""
+    if code < 0:
+        import signal
+
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (out of memory? the kernel's OOM killer sends it)" if name == "SIGKILL" else ""
+        return f"killed by {name}{hint}"
+    return f"process exited with code {code}"
+
+
+def _wait_for_ranks(
+    procs: list[Any],
+    queue: Any,
+    progress: Progress | None,
+    config: CaptureConfig,
+    errors: list[dict[str, Any]],
+) -> None:
+    """Until every rank ends; once one failed, the others get min(timeout_s, 60) s, then are terminated."""
     first_fail: float | None = None
     while any(p.is_alive() for p in procs):
         if queue is not None:
@@ -692,29 +751,6 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
                         {"rank": r, "message": "terminated: still waiting after another rank failed"}
                     )
             break
-    for p in procs:
-        p.join(timeout=10)
-    if queue is not None:
-        with contextlib.suppress(Exception):
-            while True:
-                progress(*queue.get_nowait())  # type: ignore[misc]
-    results = read_results(out_dir)
-    for r, p in enumerate(procs):
-        if (
-            p.exitcode not in (0, None)
-            and not results.get(r, {}).get("error")
-            and not any(e["rank"] == r for e in errors)
-        ):
-            errors.append({"rank": r, "message": f"process exited with code {p.exitcode}"})
-    manifest = build_manifest(
-        world=world,
-        results=results,
-        workload_doc=workload(config, res, world),
-        command=_command(config),
-        errors=errors,
-        needs_traces=res.mode != "nvtx",
-    )
-    return _finish(out_dir, manifest)
 
 
 def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
