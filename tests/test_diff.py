@@ -286,3 +286,25 @@ def test_cpu_repeats_have_no_significant_change(
     assert main(["diff", a, inj, "--fail-if-slower", "10", "--no-cache", "--format", "json"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "rank 1" in err[0], err
+
+
+def test_nsys_against_kineto_capture_of_one_workload_warns_on_the_dilation(straggler: Diff):
+    # any input: the Nsight Systems capture (SQLite) of h200-tp2's workload against the Kineto one.
+    # Their dilations differ (nsys 1.32x, Kineto `cuda` mode 1.47x): the profiler alone would move the
+    # traced time by +11%, more than the traced change (+7%): warned, with the unprofiled cross-check
+    from tracekit.analyse.diff import attribute_side
+
+    path = TRACES / "h200-tp2-nsys"
+    nsys = attribute_side(read_run([path]), label="before", path=str(path))
+    d = diff_sides(nsys, dataclasses.replace(straggler.before, label="after"))
+    _check_exact(d)
+    doc = d.to_json()
+    assert doc["per_token_source"] == "unprofiled"
+    dil = doc["dilation"]
+    assert dil["before"]["factor"] == pytest.approx(1.32, abs=0.01)
+    assert dil["after"]["factor"] == pytest.approx(1.47, abs=0.01)
+    warning = dil["warning"]
+    assert warning and warning.startswith("profiler dilation differs: before 1.32x, after 1.47x"), warning
+    assert "cross-check: the unprofiled passes' own means change by" in warning
+    # the corrected change and the unprofiled passes' own change agree in sign and size
+    assert dil["unprofiled_change"] == pytest.approx(doc["relative_change"], abs=0.02)

@@ -632,8 +632,12 @@ class Diff:
             "after": aa.to_json(),
             "ratio": None,
             "traced_change": None,
+            "unprofiled_change": None,
             "warning": None,
         }
+        if ab.unprofiled_mean_ns and aa.unprofiled_mean_ns:
+            # the unprofiled passes' own means: a cross-check of the corrected change
+            out["unprofiled_change"] = float(aa.unprofiled_mean_ns / ab.unprofiled_mean_ns) - 1.0
         tb, ta = self.before.parts.per_token["window"], self.after.parts.per_token["window"]
         traced_change = float(ta / tb - 1) if tb else None
         out["traced_change"] = traced_change
@@ -658,9 +662,15 @@ class Diff:
                 )
             else:
                 consequence = (
-                    "the per-token times are the unprofiled ones and do not depend on it, but the split by "
-                    "part does (the traced parts are reconciled to them)"
+                    "each run's per-token time is its traced time divided by its own dilation, so the change "
+                    "rests on the two corrections (and the split by part on the reconciliation)"
                 )
+                ub, ua = ab.unprofiled_mean_ns, aa.unprofiled_mean_ns
+                if ub and ua:
+                    consequence += (
+                        f"; cross-check: the unprofiled passes' own means change by {_pct_signed(float(ua / ub) - 1)} "
+                        f"against {_pct_signed(self.relative)} reported"
+                    )
             out["warning"] = (
                 f"profiler dilation differs: before {ab.factor:.2f}x, after {aa.factor:.2f}x; the profiler "
                 f"alone changes the traced per-token time by {_pct_signed(effect)}, against a traced change "
