@@ -1016,3 +1016,48 @@ def test_exit_codes_in_words() -> None:
     assert exit_words(-9).startswith("killed by SIGKILL (out of memory?")
     assert exit_words(-15) == "killed by SIGTERM"
     assert exit_words(3) == "process exited with code 3"
+
+
+@pytest.mark.slow
+def test_capture_ctrl_c_ends_with_one_line_and_a_manifest(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "tracekit.cli.main",
+            "capture",
+            "--tp",
+            "2",
+            "--tokens",
+            "5000",
+            "--rounds",
+            "1",
+        ]
+        + ["--device", "cpu", "--out", str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    # the ranks are up once they have opened their rendezvous: wait for them (or for the deadline)
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.5)
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+        if kids.exists() and len(kids.read_text().split()) >= 2:
+            time.sleep(4)  # into the decode loop
+            break
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    lines = [ln for ln in err.splitlines() if ln.strip() and not ln.startswith(("[W", "W1", "[rank"))]
+    assert "Traceback" not in "\n".join(lines[-3:])
+    assert proc.returncode in (2, 130), err
+    if proc.returncode == 2:  # interrupted while the ranks ran: the manifest says which
+        assert "interrupted" in lines[-1]
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["complete"] is False and all("interrupted" in e["message"] for e in m["errors"])
