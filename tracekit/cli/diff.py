@@ -219,7 +219,7 @@ def _dilation_lines(doc: dict[str, Any]) -> list[str]:
         return text
 
     lines = [
-        f"Profiler dilation applied (traced / unprofiled per-token mean, 95% interval): before {one(dil['before'])}, "
+        f"Profiler dilation D applied (profiled / unprofiled per-token time as the capture measured it; 95% interval): before {one(dil['before'])}, "
         f"after {one(dil['after'])}"
     ]
     return lines
