@@ -459,7 +459,10 @@ def make_gzip_bomb(path: Path, total: int, prefix: bytes, piece: int = 64 << 20)
 
 
 def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, float, int]:
-    """`tracekit <argv>` in a fresh interpreter: (exit code, stderr, seconds in main, peak RSS in MiB)."""
+    """`tracekit <argv>` in a fresh interpreter: (exit code, stderr, seconds in main, peak RSS in MiB).
+
+    The peak is the child's VmHWM (/proc/self/status), else getrusage's ru_maxrss: Linux folds the
+    pre-exec image's peak into ru_maxrss, so a child forked from a 1 GB pytest reads 1 GB."""
     code = (
         "import resource, sys, time\n"
         "from tracekit.cli.main import main\n"
@@ -467,6 +470,11 @@ def run_measured(argv: list[str], env: dict[str, str] | None = None) -> tuple[in
         "rc = main(sys.argv[1:])\n"
         "took = time.perf_counter() - t0\n"
         "rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024\n"
+        "try:\n"  # ru_maxrss keeps the forking parent's peak across exec: VmHWM is this image's own
+        "    hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM:')]\n"
+        "    rss = int(hwm[0].split()[1]) // 1024 if hwm else rss\n"
+        "except OSError:\n"
+        "    pass\n"
         "print(f'MEASURED {took:.3f} {rss}', file=sys.stderr)\n"
         "sys.exit(rc)\n"
     )
