@@ -605,17 +605,7 @@ class Shortfall:
     def path_ints(self, corrected: bool = True) -> dict[str, Any]:
         """The critical path per token as integers: by_rank -> {<part>_ns}, offset_ns, step_ns; the
         components and the offset are rounded by largest remainder to sum to step_ns exactly."""
-        path = self.path if corrected else self.path_uncorrected
-        total = _round(path["step"])
-        flat: dict[str, Fraction] = {"offset": path["offset"]}
-        for r, d in path["by_rank"].items():
-            for p in PATH_PARTS:
-                flat[f"{r}:{p}"] = d[p]
-        ints = _round_to_sum(flat, total)
-        by_rank = {str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(path["by_rank"])}
-        for d in by_rank.values():
-            d["total_ns"] = sum(d[f"{p}_ns"] for p in PATH_PARTS)
-        return {"step_ns": total, "offset_ns": ints["offset"], "by_rank": by_rank}
+        return _path_integers(self.path if corrected else self.path_uncorrected)
 
     def straggler(self) -> dict[str, Any]:
         """Is one rank late by more than symmetric launch-bound hosts explain? (docs/METHOD-NOTES.md)
@@ -882,19 +872,29 @@ class Shortfall:
         return doc
 
     def _base_path_ints(self) -> dict[str, Any]:
-        bp = self.base_path
-        total = _round(bp["step"])
-        flat: dict[str, Fraction] = {"offset": bp["offset"]}
-        for r, d in bp["by_rank"].items():
-            for p in PATH_PARTS:
-                flat[f"{r}:{p}"] = d[p]
-        ints = _round_to_sum(flat, total)
+        ints = _path_integers(self.base_path)
         return {
-            "step_ns": total,
+            "step_ns": ints["step_ns"],
             "by_rank": {
-                str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(bp["by_rank"])
+                r: {k: v for k, v in d.items() if k != "total_ns"} for r, d in ints["by_rank"].items()
             },
         }
+
+
+def _path_integers(path: Mapping[str, Any]) -> dict[str, Any]:
+    """A per-token critical path (by_rank Fractions, offset, step) as integers: by_rank ->
+    {<part>_ns, total_ns}, offset_ns, step_ns; the components and the offset are rounded by largest
+    remainder to sum to step_ns exactly."""
+    total = _round(path["step"])
+    flat: dict[str, Fraction] = {"offset": path["offset"]}
+    for r, d in path["by_rank"].items():
+        for p in PATH_PARTS:
+            flat[f"{r}:{p}"] = d[p]
+    ints = _round_to_sum(flat, total)
+    by_rank = {str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(path["by_rank"])}
+    for d in by_rank.values():
+        d["total_ns"] = sum(d[f"{p}_ns"] for p in PATH_PARTS)
+    return {"step_ns": total, "offset_ns": ints["offset"], "by_rank": by_rank}
 
 
 def _per_rank_json(per_rank: Mapping[int, Attribution], run: RunParts) -> list[dict[str, Any]]:
