@@ -365,6 +365,13 @@ def _run(
     if engine.progress:
         _show_progress(distributed, [f for futs in read_futures for f in futs], sizes, run_futures)
     try:
+        # a bad rank file is reported as the local engine reports it: the first failing file in
+        # file order, not whichever worker failed first
+        all_reads = [f for futs in read_futures for f in futs]
+        distributed.wait(all_reads)
+        for fut in all_reads:
+            if fut.status == "error":
+                raise fut.exception()
         results: list[RunResult] = client.gather(run_futures)
     finally:
         for fut in [*run_futures, *(f for futs in read_futures for f in futs)]:
