@@ -67,7 +67,7 @@ def command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    from tracekit.report.study import StudyConfig, run_study
+    from tracekit.pipeline.study import StudyConfig, run_study
 
     config = StudyConfig(
         tp=_parse_tp(tp_text), preset=preset, tokens=tokens, backend=backend, device=device, mode=mode,

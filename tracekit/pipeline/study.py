@@ -1,7 +1,7 @@
 """The main job in one call: capture each TP degree, breakdown, shortfall, link comparison where
 there are GPUs, and the report (HTML, Markdown, JSON) with the run folders beside it.
 
-    from tracekit.report.study import StudyConfig, run_study
+    from tracekit.pipeline.study import StudyConfig, run_study
     result = run_study(StudyConfig(), Path("reports/study"))
     print(result.verdict, result.reports)
 
@@ -13,7 +13,8 @@ Layout of the output folder:
     report.html/.md/.json          the report of the largest TP (report-tp<N>.* for the others)
 
 torch is imported only inside the capture (and the link probes); `study` itself imports it
-lazily to count GPUs.
+lazily to count GPUs. This module sits above the stages (capture, probe, read, analyse, report:
+docs/ARCHITECTURE.md); `tracekit.report` only renders what it is given.
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ class StudyConfig:
     step_pattern: str | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class StudyResult:
+    """Where a study's outputs went and what it concluded."""
+
     out_dir: Path
     verdict: str
     dilation_sentence: str
@@ -64,6 +67,20 @@ class StudyResult:
     analyses: dict[str, Path] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     diagnosis: str = ""  # what to look at next (the shortfall's diagnosis), "" without a baseline
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types (paths as strings, TP degrees as string keys)."""
+        return {
+            "out_dir": str(self.out_dir),
+            "verdict": self.verdict,
+            "diagnosis": self.diagnosis,
+            "dilation_sentence": self.dilation_sentence,
+            "dilation_warning": self.dilation_warning,
+            "run_dirs": {str(tp): str(p) for tp, p in self.run_dirs.items()},
+            "reports": [str(p) for p in self.reports],
+            "analyses": {k: str(p) for k, p in self.analyses.items()},
+            "notes": list(self.notes),
+        }
 
 
 def _gpu_count() -> int:
