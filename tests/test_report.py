@@ -208,9 +208,11 @@ def test_write_report_picks_the_format_by_suffix(tmp_path: Path):
     assert out[0].read_text().startswith("<!DOCTYPE html>")
     assert out[1].read_text().startswith("# tracekit report")
     assert json.loads(out[2].read_text())["kind"] == "tracekit.report"
-    assert "cdn.plot.ly" in out[0].read_text()
-    offline = render(data, "html", offline=True)
-    assert "cdn.plot.ly/plotly" not in offline and len(offline) > 3_000_000
+    # self-contained by default (plotly.js inlined); offline=False (--cdn) links the CDN instead
+    default = out[0].read_text()
+    assert "cdn.plot.ly/plotly" not in default and len(default) > 3_000_000
+    cdn = render(data, "html", offline=False)
+    assert "cdn.plot.ly/plotly" in cdn and len(cdn) < 1_000_000
 
 
 def test_cli_refuses_bad_suffix_and_bad_links_in_one_line(tmp_path: Path, capsys):

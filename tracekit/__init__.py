@@ -6,14 +6,28 @@ Pipeline, one sub-package per stage (nothing flows backwards):
     (torch)     (Kineto JSON, nsys SQLite -> one event table)
 
 `read`, `model`, `classify`, `analyse` and `report` never import torch.
+
+For notebooks (docs/API.md): `import tracekit as tk; run = tk.load("traces/cpu-tp2")`, then
+`run.events`, `run.steps()`, `run.breakdown()`, `tk.shortfall(baseline, sharded)`.
 """
+
+from typing import Any
 
 __version__ = "0.1.0"
 
+#: the notebook API (tracekit.api), imported on first use: `import tracekit` stays light
+_API = ("load", "shortfall", "TraceRun", "Steps", "Breakdown", "Shortfall")
 
-def __getattr__(name: str):  # lazy: `tracekit.profile` without importing torch at `import tracekit`
+__all__ = ["__version__", "profile", *_API]
+
+
+def __getattr__(name: str) -> Any:  # lazy: `tracekit.profile` without importing torch at `import tracekit`
     if name == "profile":
         from tracekit.capture.profile import profile
 
         return profile
+    if name in _API:
+        from tracekit import api
+
+        return getattr(api, name)
     raise AttributeError(f"module 'tracekit' has no attribute {name!r}")

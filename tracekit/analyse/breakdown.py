@@ -108,6 +108,11 @@ class Breakdown:
             "dilation": self.dilation,
         }
 
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute
+        split `matrix_ns`, `vector_ns`); integer ns."""
+        return self.steps.loc[:, [*CSV_COLUMNS, "matrix_ns", "vector_ns"]].reset_index(drop=True).copy()
+
     def to_csv(self) -> str:
         """One row per rank and step, columns CSV_COLUMNS."""
         buf = io.StringIO()

@@ -536,9 +536,10 @@ def attribute(base: Mapping[str, Fraction], sharded: Mapping[str, Fraction], fac
 # the result
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shortfall:
-    """The attribution of S for one (baseline, sharded) pair; `to_json()` per docs/JSON.md#shortfall."""
+    """The attribution of S for one (baseline, sharded) pair; `to_json()` per docs/JSON.md#shortfall,
+    `to_frame()` its attribution as a table."""
 
     n_ranks: int
     baseline: RunParts
@@ -870,6 +871,31 @@ class Shortfall:
             "data_quality": self.data_quality.to_dict(),
         }
         return doc
+
+    def to_frame(self) -> pd.DataFrame:
+        """The attribution of S as a table, from `to_json()` (so the two agree): one row per term
+        (`terms_ns`), then the coordination components (`parent` "coordination"); columns `ns`,
+        `share` (of S), `p10_ns`, `median_ns`, `p90_ns` (spread over steps), `uncorrected_ns`."""
+        doc = self.to_json()
+        s = doc["shortfall_ns"]
+        spread, unc = doc["spread_ns"], doc["uncorrected"]
+        rows = []
+        for parent, key in (("", "terms_ns"), ("coordination", "coordination_ns")):
+            for term, ns in doc[key].items():
+                sp = spread.get(term, {})
+                rows.append(
+                    {
+                        "term": term,
+                        "parent": parent,
+                        "ns": ns,
+                        "share": ns / s if s else None,
+                        "p10_ns": sp.get("p10"),
+                        "median_ns": sp.get("median"),
+                        "p90_ns": sp.get("p90"),
+                        "uncorrected_ns": unc[key].get(term),
+                    }
+                )
+        return pd.DataFrame(rows)
 
     def _base_path_ints(self) -> dict[str, Any]:
         ints = _path_integers(self.base_path)

@@ -18,7 +18,13 @@ from tracekit.cli.options import engine_options, step_pattern_option
     help="compare-links JSON result (or a probe JSON): probe curves under the trace's busbw.",
 )
 @click.option(
-    "--offline", is_flag=True, help="Inline plotly.js (~4.8 MB) instead of loading it from the CDN."
+    "--cdn",
+    is_flag=True,
+    help="Link plotly.js from its CDN (a small page that needs internet to draw its charts) instead of "
+    "inlining it (~4.8 MB, the default: the page opens anywhere).",
+)
+@click.option(
+    "--offline", is_flag=True, hidden=True, help="Accepted for old scripts: inlining is the default."
 )
 @click.option(
     "-o",
@@ -35,6 +41,7 @@ def command(
     run_dir: str,
     baseline: str | None,
     links: str | None,
+    cdn: bool,
     offline: bool,
     outputs: tuple[str, ...],
     step_pattern: str | None,
@@ -49,7 +56,8 @@ def command(
     own attribution beside it, the critical path of a token across ranks (per rank compute / host /
     sync / transfer on it, the cause, the offset), per-step parts per rank, collectives (wait vs
     transfer, the straggler test), realised busbw over probe curves, and the manifest. With only
-    RUN_DIR it reports the breakdown; --baseline adds the shortfall.
+    RUN_DIR it reports the breakdown; --baseline adds the shortfall. The HTML carries plotly.js
+    inline (it opens without internet); --cdn links it instead.
 
     \b
     Example:
@@ -70,6 +78,8 @@ def command(
 
     eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=sys.stderr.isatty())
 
+    if cdn and offline:
+        raise click.UsageError("--cdn and --offline contradict each other: give one")
     for o in outputs:
         format_of(o)  # refuse a bad suffix before any analysis runs
     links_data = load_links(links) if links else None
@@ -92,7 +102,7 @@ def command(
         data = report_from_dirs(
             run_dir, baseline, links=links_data, links_note=note, step_pattern=step_pattern, title=title
         )
-    written = write_report(data, outputs, offline=offline)
+    written = write_report(data, outputs, offline=not cdn)
     click.echo(data.verdict)
     click.echo(data.dilation["sentence"])
     if data.dilation.get("cross_check"):

@@ -121,7 +121,7 @@ def format_of(path: str | Path) -> str:
     return fmt
 
 
-def render(data: ReportData, fmt: str, *, offline: bool = False) -> str:
+def render(data: ReportData, fmt: str, *, offline: bool = True) -> str:
     if fmt == "html":
         from tracekit.report.html import render_html
 
@@ -138,8 +138,9 @@ def render(data: ReportData, fmt: str, *, offline: bool = False) -> str:
     raise ReportError(f"unknown report format {fmt!r}")
 
 
-def write_report(data: ReportData, outputs: Sequence[str | Path], *, offline: bool = False) -> list[Path]:
-    """Write each output (format by suffix); returns the paths written."""
+def write_report(data: ReportData, outputs: Sequence[str | Path], *, offline: bool = True) -> list[Path]:
+    """Write each output (format by suffix); returns the paths written. The HTML inlines plotly.js
+    unless `offline=False` (`--cdn`)."""
     fmts = [(Path(o), format_of(o)) for o in outputs]  # check every suffix before writing any
     written: list[Path] = []
     # HTML last: it alone needs plotly, and a machine without it still gets the other formats

@@ -6,8 +6,8 @@ labels and hover text back to the characters, so a kernel named `<script>` shows
 figures' JSON is embedded in a `<script type="application/json">` block with `<`, `>` and `&`
 written as `\\u003c`, `\\u003e`, `\\u0026`, so no name can close the script element.
 
-plotly.js comes from the CDN (with its subresource-integrity hash) unless `offline=True`, which
-inlines it (about 4.8 MB) for machines without internet.
+plotly.js is inlined (about 4.8 MB) by default, so the page opens anywhere, an air-gapped cluster
+included; `offline=False` (`--cdn`) links it from the CDN instead, with its subresource-integrity hash.
 """
 
 from __future__ import annotations
@@ -622,7 +622,7 @@ _BOOT = """
   var figs = JSON.parse(document.getElementById('tk-figures').textContent);
   if (typeof Plotly === 'undefined') {
     var els = document.querySelectorAll('.fig');
-    for (var i = 0; i < els.length; i++) { els[i].textContent = 'plotly.js could not be loaded (no internet?): re-render with --offline.'; }
+    for (var i = 0; i < els.length; i++) { els[i].textContent = 'plotly.js could not be loaded (no internet?): re-render without --cdn.'; }
     return;
   }
   Object.keys(figs).forEach(function(id){
@@ -633,8 +633,8 @@ _BOOT = """
 """
 
 
-def render_html(data: ReportData, *, offline: bool = False) -> str:
-    """The whole page as a string."""
+def render_html(data: ReportData, *, offline: bool = True) -> str:
+    """The whole page as a string; `offline` (the default) inlines plotly.js, False links the CDN."""
     figures: dict[str, go.Figure | None] = {
         "fig-per-token": fig_per_token(data),
         "fig-waterfall": fig_waterfall(data),

@@ -1,0 +1,128 @@
+"""The notebook API (tracekit.api, docs/API.md): `tk.load`, `run.events`, `run.steps()`,
+`run.breakdown()`, `tk.shortfall()` give frozen results whose `to_json()` is the CLI's JSON, byte for
+byte once parsed, on the committed traces, and whose `to_frame()` holds the same figures."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+import tracekit as tk
+from tests.conftest import shared_trace
+from tracekit.cli.main import main
+from tracekit.errors import NoTracesError
+from tracekit.model.events import COLUMNS
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU_TP1 = ROOT / "traces" / "cpu-tp1"
+CPU_TP2 = ROOT / "traces" / "cpu-tp2"
+PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+
+
+def _cli_json(tmp_path: Path, *args: str) -> dict:
+    out = tmp_path / "cli.json"
+    assert main([*args, "--format", "json", "--out", str(out), "--no-cache"]) == 0
+    return json.loads(out.read_text())
+
+
+def _roundtrip(doc: dict) -> dict:
+    """What the CLI does with a document: json.dumps then (here) parse it back."""
+    return json.loads(json.dumps(doc, indent=1))
+
+
+@pytest.fixture(scope="module")
+def tp1() -> tk.TraceRun:
+    return tk.load(CPU_TP1, cache=False)
+
+
+@pytest.fixture(scope="module")
+def tp2() -> tk.TraceRun:
+    return tk.load(CPU_TP2, cache=False)
+
+
+def test_load_gives_the_event_table_of_every_rank(tp2: tk.TraceRun):
+    assert list(tp2.events.columns) == list(COLUMNS)
+    assert tp2.ranks == [0, 1]
+    assert sorted(tp2.events["rank"].unique()) == [0, 1]
+    # the capture's manifest comes with the run folder: a gloo TP=2 run of the tiny preset
+    assert tp2.manifest is not None and tp2.manifest["workload"]["tp"] == 2
+    assert {"cls", "subclass"} <= set(tp2.classified.columns)
+    assert tp2.classified is tp2.classified  # classified once
+
+
+def test_breakdown_json_is_the_cli_json(tmp_path: Path, tp2: tk.TraceRun):
+    api = tp2.breakdown()
+    assert _roundtrip(api.to_json()) == _cli_json(tmp_path, "breakdown", str(CPU_TP2))
+    api_skip = tp2.breakdown(skip_first=1, rank=1)
+    cli_skip = _cli_json(tmp_path, "breakdown", str(CPU_TP2), "--skip-first", "1", "--rank", "1")
+    assert _roundtrip(api_skip.to_json()) == cli_skip
+    assert {s["rank"] for s in cli_skip["steps"]} == {1}
+
+
+def test_breakdown_frame_holds_the_json_steps(tp2: tk.TraceRun):
+    b = tp2.breakdown()
+    frame, doc = b.to_frame(), b.to_json()
+    assert len(frame) == len(doc["steps"]) > 0
+    for row, s in zip(frame.itertuples(index=False), doc["steps"], strict=True):
+        assert (row.rank, row.step, row.window_ns) == (s["rank"], s["step"], s["window_ns"])
+        assert {p: getattr(row, f"{p}_ns") for p in PARTS} == s["parts_ns"]
+        assert sum(getattr(row, f"{p}_ns") for p in PARTS) == row.window_ns  # the partition is exact
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.step_pattern = "x"  # type: ignore[misc]
+
+
+def test_steps_are_the_breakdown_windows(tp2: tk.TraceRun):
+    steps = tp2.steps()
+    assert steps.step_rule == "decode_step"  # the capture marks each token with decode_step
+    frame = steps.to_frame()
+    windows = tp2.breakdown().to_frame()
+    assert frame[["rank", "step", "window_ns"]].values.tolist() == (
+        windows[["rank", "step", "window_ns"]].values.tolist()
+    )
+    doc = steps.to_json()
+    assert doc["kind"] == "tracekit.steps" and len(doc["steps"]) == len(frame)
+    # the manifest says how many decode steps each rank ran
+    tokens = tp2.manifest["workload"]["tokens"]
+    assert frame.groupby("rank").size().tolist() == [tokens, tokens] == [16, 16]
+
+
+def test_shortfall_json_is_the_cli_json(tmp_path: Path, tp1: tk.TraceRun, tp2: tk.TraceRun):
+    api = tk.shortfall(tp1, tp2)
+    cli = _cli_json(tmp_path, "shortfall", "--baseline", str(CPU_TP1), "--sharded", str(CPU_TP2))
+    assert _roundtrip(api.to_json()) == cli
+    # paths work as well as loaded runs
+    assert _roundtrip(tk.shortfall(CPU_TP1, str(CPU_TP2)).to_json()) == cli
+
+
+def test_shortfall_frame_sums_to_s(tp1: tk.TraceRun, tp2: tk.TraceRun):
+    sf = tk.shortfall(tp1, tp2)
+    doc, frame = sf.to_json(), sf.to_frame()
+    terms = frame[frame["parent"] == ""]
+    assert terms.set_index("term")["ns"].to_dict() == doc["terms_ns"]
+    assert int(terms["ns"].sum()) == doc["shortfall_ns"]  # the terms sum to S exactly
+    coord = frame[frame["parent"] == "coordination"]
+    assert int(coord["ns"].sum()) == doc["terms_ns"]["coordination"]
+    assert doc["per_token_ns"]["sharded"] - doc["per_token_ns"]["ideal"] == doc["shortfall_ns"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sf.n_ranks = 3  # type: ignore[misc]
+
+
+def test_load_takes_one_kineto_file_and_nsys_sqlite(shared_traces: Path):
+    kin = tk.load(shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz"), cache=False)
+    # SOURCES.md: 5 active steps, record_function("decode_step")
+    assert len(kin.steps().table) == 5 and kin.steps().step_rule == "decode_step"
+    nsys = tk.load(shared_trace(shared_traces, "h200/nsys_matmul_nvtx.sqlite"), cache=False)
+    # SOURCES.md: 20 NVTX ranges `decode_step i` around a matmul
+    b = nsys.breakdown()
+    assert len(b.to_frame()) == 20
+    assert b.to_json()["kernels_by_class"]["compute"]["count"] >= 20
+
+
+def test_load_errors_are_the_readers(tmp_path: Path):
+    with pytest.raises(NoTracesError):
+        tk.load(tmp_path / "nothing-here")
+    with pytest.raises(NoTracesError):
+        tk.load()
