@@ -11,22 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import shared_trace
+from tracekit.analyse.link_curves import busbw_at, probe_timing, regime_at, side_by_side, timing_sentence
+from tracekit.analyse.link_verdict import load_compare, trace_collectives, trace_mode, verdict
 from tracekit.cli.main import main
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
-from tracekit.probe.compare import (
-    busbw_at,
-    judge_transport,
-    load_compare,
-    mode_env,
-    probe_timing,
-    regime_at,
-    side_by_side,
-    timing_sentence,
-    trace_collectives,
-    trace_mode,
-    verdict,
-)
+from tracekit.probe.compare import judge_transport, mode_env
 from tracekit.probe.links import Link, Topology
 from tracekit.probe.results import make_row
 

@@ -14,6 +14,20 @@ broadcast, reduce, send/recv 1. Bandwidths are decimal GB/s (1e9 bytes per secon
 
 from __future__ import annotations
 
+#: probe op (nccl-tests' test name without `_perf`) -> the op name used here (and the event table's coll_op).
+BANDWIDTH_OP: dict[str, str] = {
+    "all_reduce": "all_reduce",
+    "all_gather": "all_gather",
+    "reduce_scatter": "reduce_scatter",
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "alltoall": "all_to_all",
+    "sendrecv": "send_recv",
+}
+
+#: event-table coll_op -> probe op (inverse of BANDWIDTH_OP).
+PROBE_OP: dict[str, str] = {v: k for k, v in BANDWIDTH_OP.items()}
+
 _FACTORS = {
     "all_reduce": lambda n: 2.0 * (n - 1) / n,
     "all_gather": lambda n: (n - 1) / n,

@@ -151,7 +151,7 @@ def command(
     """
     import sys
 
-    from tracekit.probe.compare import MODES, CompareConfig, compare_links, load_compare, recompute
+    from tracekit.analyse.link_verdict import load_compare, recompute
 
     if baseline_dir is not None and trace_dir is None:
         raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
@@ -162,6 +162,8 @@ def command(
         )
         _emit(result, fmt, out)
         return
+
+    from tracekit.probe.compare import MODES, CompareConfig, compare_links
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
     bad = [m for m in mode_list if m not in MODES]
@@ -203,7 +205,7 @@ def command(
 
 def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
     from tracekit.cli.probe import dumps_json
-    from tracekit.probe.compare import format_compare
+    from tracekit.report.compare_links import format_compare
 
     table = format_compare(result)
     text = dumps_json(result).decode() if fmt == "json" else table

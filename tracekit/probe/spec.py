@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyse.bandwidth import bus_factor
+from tracekit.analyse.bandwidth import BANDWIDTH_OP, bus_factor
 from tracekit.errors import ProbeError
 
 #: Collective probe ops (command-line names, nccl-tests' test names without `_perf`).
@@ -43,20 +43,6 @@ COLLECTIVE_OPS: tuple[str, ...] = (
     "alltoall",
     "sendrecv",
 )
-
-#: probe op -> the op name `tracekit.analyse.bandwidth` (and the event table's coll_op) uses.
-BANDWIDTH_OP: dict[str, str] = {
-    "all_reduce": "all_reduce",
-    "all_gather": "all_gather",
-    "reduce_scatter": "reduce_scatter",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "alltoall": "all_to_all",
-    "sendrecv": "send_recv",
-}
-
-#: event-table coll_op -> probe op (inverse of BANDWIDTH_OP).
-PROBE_OP: dict[str, str] = {v: k for k, v in BANDWIDTH_OP.items()}
 
 #: dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes).
 DTYPES: dict[str, tuple[str, int]] = {

@@ -1,0 +1,80 @@
+"""The link verdict (tracekit.analyse.link_verdict) is analysis: judged from a saved probe JSON and
+the committed decode traces alone, with no sweep, no GPU, and neither torch nor a probe runner
+imported (a fresh interpreter checks `sys.modules`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINKS = REPO / "reports/h200/links.json"
+TP2, TP1 = REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
+
+_SCRIPT = """
+import json, math, sys
+from tracekit.analyse.link_verdict import (
+    load_compare, recompute, shortfall_context, trace_collectives, verdict,
+)
+links, tp2, tp1 = sys.argv[1:4]
+saved = load_compare(links)
+modes = [m["mode"] for m in saved["modes"]]
+trace = trace_collectives(tp2)
+sf = shortfall_context(tp1, tp2)
+text, details = verdict(saved["rows"], modes, trace, False, shortfall=sf, transports=saved["transports"])
+again = recompute(saved, trace_dir=tp2, baseline_dir=tp1)
+loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "tracekit.probe",
+    "tracekit.capture", "tracekit.cli", "tracekit.pipeline")))
+clean = lambda x: None if isinstance(x, float) and not math.isfinite(x) else x
+print(json.dumps({"text": text, "details": details, "again": again["verdict"], "sf": sf,
+    "trace": trace, "loaded": loaded}, default=clean))
+"""
+
+
+@pytest.fixture(scope="module")
+def judged() -> dict:
+    if not (LINKS.is_file() and TP2.is_dir() and TP1.is_dir()):
+        pytest.skip("the H200 results are not in this checkout")
+    proc = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, str(LINKS), str(TP2), str(TP1)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+def test_verdict_needs_neither_torch_nor_a_probe_runner(judged: dict) -> None:
+    assert judged["loaded"] == []
+
+
+def test_verdict_on_the_saved_h200_probe_and_the_committed_traces(judged: dict) -> None:
+    """Oracles: the decoder's shapes (7b, 8 layers, bf16: two all_reduces of hidden x 2 bytes per
+    layer, one all_gather of vocab x 4 bytes per token) and the bound's arithmetic: XN is the
+    shortfall's transfer term, a link k times faster removes at most XN (1 - 1/k)."""
+    d, sf = judged["details"], judged["sf"]
+    assert judged["text"] == judged["again"]  # verdict() and recompute() agree
+    assert {(e["op"], e["bytes"]): e["per_token"] for e in d["per_size"]} == {
+        ("all_reduce", 4096 * 2): 16,
+        ("all_gather", 32000 * 4): 1,
+    }
+    assert judged["trace"]["steps"] and judged["trace"]["source"] == "transfer"
+    xn, s = sf["transfer_ns"], sf["shortfall_ns"]
+    assert d["transfer_ns_per_token"] == xn and d["shortfall_ns"] == s > 0
+    assert 0 <= d["bound_ns_per_token"] <= d["bound_inf_ns_per_token"] == max(0.0, xn)
+    assert d["transfer_share_of_shortfall"] == pytest.approx(xn / s)
+    assert sum(e["transfer_weight"] for e in d["per_size"]) == pytest.approx(1.0)
+    for e in d["per_size"]:
+        if e["k"] and e["k"] > 0:
+            assert e["bound_ns_per_token"] == pytest.approx(
+                max(0.0, e["transfer_ns_per_token"] * (1 - 1 / e["k"]))
+            )
+    assert (
+        d["answer"] == "no"
+        and d["trace_mode"] == "nvlink"
+        and d["modes"] == {"fast": "nvlink", "slow": "pcie"}
+    )
+    assert judged["text"].startswith("Link bandwidth does not explain this run's shortfall")

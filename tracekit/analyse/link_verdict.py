@@ -1,0 +1,735 @@
+"""The link verdict (METHOD.md section 7): a decode trace judged against compare-links probe results.
+
+The probe results are `tracekit compare-links`' (rows per op, mode and size, NCCL's transport per
+mode: `tracekit.probe.compare` runs the sweeps); a mode is `nvlink` (NCCL's default), `pcie` (P2P
+disabled or limited) or `default`. Everything here is a pure function of a decode trace (its
+folder, read with `tracekit.read`) and a probe JSON: no sweep, no GPU, no torch.
+
+The question the verdict answers: would a faster link (NVLink vs PCIe) shrink the decode's
+per-token shortfall S? With a decode trace (`trace_dir`) and, for S, its baseline run
+(`baseline_dir`), it sets side by side
+(a) the probe's busbw per mode at the message sizes the decode used, and whether those sizes are
+    latency-bound (the probe's per-call time there is under twice its floor: the fixed cost, not
+    the bytes, sets it) or bandwidth-bound;
+(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives`: wait removed;
+    kernel duration when ranks cannot be matched, said so). The trace's transfer time leaves out
+    the launch latency that the probe's per-iteration time includes, so at small sizes the trace
+    can exceed the probe; that is said, not read as "the link explains it";
+(c) the bound: a link k times faster removes at most XN (1 - 1/k) per token, k the fast/slow busbw
+    ratio at the decode's sizes (per size, weighted by each size's transfer time), and even an
+    infinitely fast link at most XN; XN is the shortfall's transfer term when a baseline is given
+    (then also as a share of S), else the trace's collective transfer per token.
+
+`recompute(saved, ...)` redoes the trace part and the verdict from a saved result (no GPU needed).
+The result is a plain dict (see docs/JSON.md#probe, `tracekit.compare_links`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tracekit.analyse.bandwidth import PROBE_OP
+from tracekit.analyse.link_curves import (
+    busbw_at,
+    curve,
+    mode_labels,
+    probe_timing,
+    regime_at,
+    side_by_side,
+    time_at,
+    timing_sentence,
+    tuning_in_timed_loop,
+)
+from tracekit.errors import MatchError, ProbeError, StepError
+
+SCHEMA_VERSION = "1.1"  # 1.1: verdict from the shortfall (baseline), regimes, bounds; probe_notes, config
+KIND = "tracekit.compare_links"
+
+#: realised / probe busbw at or above which the link's bandwidth is what sets the transfer time
+LINK_BOUND_SHARE = 0.7
+#: fast / slow busbw within this factor (either way) reads as "similar"
+SIMILAR_RATIO = 1.2
+#: a share of S below this is "does not explain"
+SMALL_SHARE = 0.10
+
+
+# ---------------------------------------------------------------------------------------------
+# the decode trace
+
+
+def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
+    """Message sizes a decode run used and the busbw it realised, per (op, size).
+
+    Reads the run with `tracekit.read.read_run`; transfer times from
+    `tracekit.analyse.collectives.match_collectives` (wait removed). When ranks cannot be matched
+    (a run with some ranks only), each collective's own duration is used and `source` says so."""
+    from tracekit.read import read_run
+
+    run = read_run(trace_dir)
+    ev = run.events
+    notes: list[str] = []
+    source = "transfer"
+    try:
+        from tracekit.analyse.collectives import match_collectives
+
+        try:
+            ci = match_collectives(ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest)
+        except MatchError as exc:
+            ci = match_collectives(
+                ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest, allow_partial=True
+            )
+            source = "duration"
+            notes.append(
+                f"ranks could not be matched ({exc}); the time of each collective is its duration on the ranks "
+                "present, which includes waiting: realised busbw is a lower bound"
+            )
+        inst = ci.instances
+        # the group's size from the trace (Group size / process-group ranks) when it says more
+        # ranks than the run holds (a run with some ranks only)
+        group_size: dict[int, int] = {}
+        if len(ci.per_rank) and "coll_group_size" in ev.columns:
+            gs = ev["coll_group_size"].reindex(ci.per_rank["event_index"].to_numpy()).fillna(-1).to_numpy()
+            for inst_id, g in zip(ci.per_rank["instance"].to_numpy(), gs, strict=True):
+                group_size[int(inst_id)] = max(group_size.get(int(inst_id), -1), int(g))
+        per: list[dict[str, Any]] = [
+            {
+                "op": str(r.op),
+                "bytes": int(r.size_bytes),
+                "n_ranks": max(int(r.n_ranks), group_size.get(int(r.instance), -1)),
+                "time_ns": float(r.transfer_ns_mean),
+                "bytes_source": str(getattr(r, "bytes_source", "trace")),  # "trace" | "manifest"
+            }
+            for r in inst.itertuples(index=False)
+        ]
+        level = ci.level
+    except ImportError:
+        source, level = "duration", "gpu_kernel"
+        notes.append(
+            "tracekit.analyse.collectives is not available: realised busbw from kernel durations (includes wait)"
+        )
+        from tracekit.analyse.bandwidth import nccl_tests_size
+
+        sel = ev[(ev["kind"] == "kernel") & (ev["coll_op"].astype(str) != "")]
+        per = [
+            {
+                "op": str(r.coll_op),
+                "bytes": nccl_tests_size(str(r.coll_op), int(r.coll_in_bytes), int(r.coll_out_bytes)),
+                "n_ranks": int(r.coll_group_size),
+                "time_ns": float(r.end_ns - r.start_ns),
+            }
+            for r in sel.itertuples(index=False)
+        ]
+    n_steps = None
+    try:
+        from tracekit.analyse.steps import find_steps
+
+        steps = find_steps(ev)
+        n_steps = int(steps.groupby("rank").size().max()) if len(steps) else None
+    except (ImportError, StepError):
+        notes.append("no step annotations: per-token transfer is not known, totals are over the whole trace")
+    from tracekit.analyse.bandwidth import algbw_gbps, bus_factor
+
+    groups: dict[tuple[str, int, int], list[float]] = {}
+    sources: dict[tuple[str, int, int], set[str]] = {}
+    for p in per:
+        if p["op"] not in PROBE_OP or p["bytes"] <= 0:
+            continue
+        groups.setdefault((p["op"], p["bytes"], p["n_ranks"]), []).append(p["time_ns"])
+        sources.setdefault((p["op"], p["bytes"], p["n_ranks"]), set()).add(p.get("bytes_source", "trace"))
+    sizes = []
+    total_ns = 0.0
+    for (op, size, n), times in sorted(groups.items()):
+        times_sorted = sorted(times)
+        med = times_sorted[len(times_sorted) // 2]
+        total_ns += sum(times)
+        try:
+            factor = bus_factor(op, max(n, 1))
+        except ValueError:
+            factor = float("nan")
+        sizes.append(
+            {
+                "op": PROBE_OP[op],
+                "coll_op": op,
+                "bytes": size,
+                "n_ranks": n,
+                "count": len(times),
+                "per_token": len(times) / n_steps if n_steps else None,
+                "time_ns_median": med,
+                "time_ns_total": float(sum(times)),  # transfer (or duration) summed over instances
+                "transfer_ns_per_token": float(sum(times)) / n_steps if n_steps else None,
+                "busbw_gbps": algbw_gbps(size, med) * factor if n > 1 else float("nan"),
+                "bytes_source": "/".join(sorted(sources.get((op, size, n), {"trace"}))),
+            }
+        )
+    skipped = sum(1 for p in per if p["op"] not in PROBE_OP)
+    if skipped:
+        notes.append(f"{skipped} collective instances of ops the probe does not sweep were left out")
+    if not sizes:
+        notes.append("the trace has no collective with a message size the probe can compare")
+    mode, mode_source = trace_mode(run.manifest)
+    return {
+        "path": str(trace_dir),
+        "ranks": run.ranks,
+        "mode": mode,  # the compare-links mode the decode ran in, from its manifest's NCCL variables
+        "mode_source": mode_source,
+        "level": level,
+        "source": source,  # "transfer" (wait removed) or "duration" (includes wait)
+        "steps": n_steps,
+        "sizes": sizes,
+        "transfer_ns_total": total_ns,
+        "transfer_ns_per_token": total_ns / n_steps if n_steps else None,
+        "notes": notes,
+    }
+
+
+def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
+    """The compare-links mode a captured run's NCCL ran in, from its manifest (`nccl_env`):
+    "pcie" when P2P was disabled or limited, "nvlink" (NCCL's default) otherwise; None for a
+    non-NCCL run or without a manifest. The second value says how it was decided."""
+    if not manifest:
+        return None, "no manifest"
+    backend = str((manifest.get("workload") or {}).get("backend") or "")
+    if backend and backend != "nccl":
+        return None, f"backend {backend}: no GPU link"
+    env = manifest.get("nccl_env")
+    if not isinstance(env, dict):
+        return None, "the manifest records no NCCL variables"
+    if str(env.get("NCCL_P2P_DISABLE", "0")).strip() not in ("", "0"):
+        return "pcie", "manifest nccl_env NCCL_P2P_DISABLE"
+    if env.get("NCCL_P2P_LEVEL"):
+        return "pcie", f"manifest nccl_env NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']}"
+    return "nvlink", "manifest nccl_env: NCCL's default (P2P allowed)"
+
+
+# ---------------------------------------------------------------------------------------------
+# the shortfall of the decode (with its baseline)
+
+
+def shortfall_context(baseline_dir: str | Path, sharded_dir: str | Path) -> dict[str, Any]:
+    """S and its transfer term for the decode trace against its baseline run
+    (`tracekit.analyse.shortfall.shortfall`): the figures the verdict sets the link bound against."""
+    from tracekit.analyse.shortfall import shortfall
+    from tracekit.read import read_run
+
+    doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).to_json()
+    return {
+        "baseline": str(baseline_dir),
+        "sharded": str(sharded_dir),
+        "n_ranks": doc["n_ranks"],
+        "per_token_ns": doc["per_token_ns"],
+        "per_token_source": doc["per_token_source"],
+        "shortfall_ns": doc["shortfall_ns"],
+        "terms_ns": doc["terms_ns"],
+        "transfer_ns": doc["terms_ns"]["transfer"],  # XN - f X1: what the link's speed acts on
+        "shares": doc["shares"],
+        "verdict": doc["verdict"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# verdict
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= div:
+            return f"{n / div:.3g} {unit}"
+    return f"{n} B"
+
+
+def fmt_ns(ns: float) -> str:
+    """Per-token times: ms at 0.1 ms and above (2 decimals), else us (1 decimal)."""
+    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
+
+
+def fmt_share(x: float) -> str:
+    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
+
+
+def fmt_gbps(v: float) -> str:
+    if not math.isfinite(v):
+        return "n/a"
+    if v >= 100:
+        return f"{v:.0f}"
+    if v >= 1:
+        return f"{v:.3g}"
+    return f"{v:.2f}" if v >= 0.1 else f"{v:.2g}"
+
+
+def fmt_ratio(k: float) -> str:
+    return f"{k:.0f}x" if k >= 10 else f"{k:.1f}x" if k >= 2 else f"{k:.2f}x"
+
+
+def _order_modes(
+    rows: Sequence[dict[str, Any]], modes: Sequence[str], op: str
+) -> tuple[str, str | None, dict[str, Any] | None]:
+    """(fast, slow, largest-size figures): the faster link is the mode with the higher busbw at the
+    largest size both modes swept for `op` (where the link's bandwidth, not latency, sets the time)."""
+    if len(modes) < 2:
+        return modes[0], None, None
+    a, b = modes[0], modes[1]
+    ca, cb = dict(curve(rows, op, a)), dict(curve(rows, op, b))
+    common = sorted(set(ca) & set(cb))
+    if not common:
+        return a, b, None
+    big = common[-1]
+    va, vb = ca[big], cb[big]
+    fast, slow = (b, a) if math.isfinite(va) and math.isfinite(vb) and vb > va else (a, b)
+    large = {
+        "op": op,
+        "bytes": big,
+        "busbw_gbps": {a: va, b: vb},
+        "k": (ca[big] if fast == a else cb[big]) / (cb[big] if fast == a else ca[big])
+        if min(va, vb) > 0
+        else float("nan"),
+    }
+    return fast, slow, large
+
+
+def _probe_only_verdict(
+    rows: Sequence[dict[str, Any]], modes: Sequence[str], prefix: str, details: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """Without a decode trace: the ratio of the first two modes at the largest and smallest sizes."""
+    parts = []
+    for op in sorted({r["op"] for r in rows}):
+        if len(modes) < 2:
+            break
+        a, b = curve(rows, op, modes[0]), curve(rows, op, modes[1])
+        if not a or not b:
+            continue
+        big, small = a[-1][0], a[0][0]
+        va, vb = busbw_at(rows, op, modes[0], big)[0], busbw_at(rows, op, modes[1], big)[0]
+        la, lb = time_at(rows, op, modes[0], small), time_at(rows, op, modes[1], small)
+        ratio = va / vb if vb and math.isfinite(vb) and vb > 0 else float("nan")
+        lat = (
+            f"; latency at {fmt_bytes(small)}: {la:.1f} vs {lb:.1f} us"
+            if math.isfinite(la) and math.isfinite(lb)
+            else ""
+        )
+        parts.append(
+            f"{op} busbw at {fmt_bytes(big)}: {modes[0]} {va:.2f} GB/s vs {modes[1]} {vb:.2f} GB/s "
+            f"(x{ratio:.2f}){lat}"
+        )
+        details["per_size"].append(
+            {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
+        )
+    body = "; ".join(parts) if parts else "no two modes to compare"
+    timing = probe_timing(rows, modes)
+    details["timing"] = timing
+    return (
+        prefix
+        + body
+        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time."
+        + timing_sentence(timing, _iters_of(rows)),
+        details,
+    )
+
+
+def _iters_of(rows: Sequence[dict[str, Any]]) -> int | None:
+    its = {r.get("iters") for r in rows if r.get("graph")}
+    it = its.pop() if len(its) == 1 else None
+    return int(it) if it is not None else None
+
+
+def verdict(
+    rows: Sequence[dict[str, Any]],
+    modes: Sequence[str],
+    trace: dict[str, Any] | None,
+    cpu_only: bool,
+    *,
+    shortfall: dict[str, Any] | None = None,
+    transports: dict[str, Any] | None = None,
+) -> tuple[str, dict[str, Any]]:
+    """The METHOD.md section 7 verdict, and the numbers behind it (see the module doc).
+
+    `trace`: `trace_collectives(...)` of the decode; `shortfall`: `shortfall_context(...)` against
+    its baseline (S known, XN = its transfer term); `transports`: per mode, NCCL's account (labels
+    the modes, and says whether the timed loops logged TUNING)."""
+    details: dict[str, Any] = {"per_size": []}
+    prefix = "CPU only (gloo): there are no GPU links to compare; " if cpu_only else ""
+    if not trace or not trace.get("sizes"):
+        return _probe_only_verdict(rows, modes, prefix, details)
+
+    swept = {r["op"] for r in rows}
+    labels = mode_labels(modes, transports)
+    sizes = list(trace["sizes"])
+
+    def weight(s: dict[str, Any]) -> float:
+        tot = s.get("time_ns_total")
+        if tot is None:  # results written before time_ns_total: count x median
+            tot = float(s.get("count") or 0) * float(s.get("time_ns_median") or 0.0)
+        return max(float(tot), 0.0)
+
+    total_w = sum(weight(s) for s in sizes)
+    main_op = max(sizes, key=weight)["op"] if sizes else None
+    main_probe_op = main_op if main_op in swept else next((s["op"] for s in sizes if s["op"] in swept), None)
+    if main_probe_op is None:
+        return prefix + "the decode trace used no op the probe swept; sweep its ops (--op).", details
+    fast, slow, large = _order_modes(rows, modes, main_probe_op)
+    if cpu_only:  # every mode ran the same gloo path: their ratio is noise, not a link
+        slow, large = None, None
+    pair = [m for m in (fast, slow) if m]
+    ref_mode: str = str(trace["mode"]) if trace.get("mode") in modes else fast
+
+    # XN: what the link's speed acts on, per token
+    if shortfall is not None:
+        xn: float | None = float(shortfall["transfer_ns"])
+        xn_source = "shortfall"
+    else:
+        xn = trace.get("transfer_ns_per_token")
+        xn = float(xn) if xn is not None else None
+        xn_source = "trace"
+    s_ns = float(shortfall["shortfall_ns"]) if shortfall is not None else None
+
+    per_size = []
+    for s in sizes:
+        op, size = s["op"], int(s["bytes"])
+        w = weight(s) / total_w if total_w > 0 else 1.0 / len(sizes)
+        xn_i = xn * w if xn is not None else None
+        entry: dict[str, Any] = {
+            "op": op,
+            "bytes": size,
+            "count": s.get("count"),
+            "per_token": s.get("per_token"),
+            "transfer_weight": w,  # this size's share of the trace's collective transfer time
+            "transfer_ns_per_token": xn_i,
+            "realised_busbw_gbps": s["busbw_gbps"],
+            "swept": op in swept,
+        }
+        if op in swept:
+            probe = {m: busbw_at(rows, op, m, size) for m in modes}
+            realised = s["busbw_gbps"]
+            fv = probe[fast][0]
+            sv = probe[slow][0] if slow else float("nan")
+            k = fv / sv if slow and math.isfinite(sv) and sv > 0 and math.isfinite(fv) else float("nan")
+            entry.update(
+                probe_busbw_gbps={m: v for m, (v, _) in probe.items()},
+                probe_time_us={m: time_at(rows, op, m, size) for m in modes},
+                probe_how={m: how for m, (_, how) in probe.items()},
+                regime=regime_at(rows, op, pair, size),
+                realised_vs_probe={
+                    m: realised / v
+                    if math.isfinite(realised) and math.isfinite(v) and v > 0
+                    else float("nan")
+                    for m, (v, _) in probe.items()
+                },
+                k=k,
+            )
+            if xn_i is not None:
+                # a k-times faster link: this size's transfer shrinks to 1/k of it (at most)
+                entry["bound_ns_per_token"] = (
+                    max(0.0, xn_i * (1 - 1 / k)) if math.isfinite(k) and k > 0 else xn_i
+                )
+        else:
+            entry.update(regime="unknown", k=float("nan"), bound_ns_per_token=xn_i)
+        per_size.append(entry)
+    per_size.sort(key=lambda e: -e["transfer_weight"])
+    main = next(e for e in per_size if e["swept"])
+
+    bound = (
+        max(0.0, sum(e["bound_ns_per_token"] for e in per_size if e.get("bound_ns_per_token") is not None))
+        if xn is not None
+        else None
+    )
+    # one k for the decode: the k for which XN (1 - 1/k) is the bound (each size's transfer shrinks
+    # by its own k, never below zero); without per-token figures the transfer-weighted harmonic mean
+    finite = [e for e in per_size if e["swept"] and math.isfinite(e["k"]) and e["k"] > 0]
+    k_eff = float("nan")
+    if finite and xn is not None and xn > 0 and bound is not None and bound < xn:
+        k_eff = xn / (xn - bound)
+    elif finite:
+        wsum = sum(e["transfer_weight"] for e in finite)
+        inv = sum(e["transfer_weight"] / e["k"] for e in finite)
+        k_eff = wsum / inv if inv > 0 else float("nan")
+    bound_inf = max(0.0, xn) if xn is not None else None
+    regimes = {e["regime"] for e in per_size if e["swept"]}
+    regime = regimes.pop() if len(regimes) == 1 else "mixed"
+    timing = probe_timing(rows, modes)
+    # under --graph NCCL logs TUNING at capture, not in the timed replay: no inflation there
+    tuning_modes = [m for m in tuning_in_timed_loop(transports) if timing.get(m) != "graph"]
+    details.update(
+        per_size=per_size,
+        modes={"fast": fast, "slow": slow},
+        labels=labels,
+        trace_mode=trace.get("mode"),
+        reference_mode=ref_mode,
+        k=k_eff,
+        regime=regime,
+        large=large,
+        transfer_ns_per_token=xn,
+        xn_source=xn_source,
+        bound_ns_per_token=bound,
+        bound_inf_ns_per_token=bound_inf,
+        shortfall_ns=s_ns,
+        transfer_share_of_shortfall=(xn / s_ns if xn is not None and s_ns else None),
+        bound_share_of_shortfall=(bound / s_ns if bound is not None and s_ns else None),
+        tuning_in_timed_loop=tuning_modes,
+        timing=timing,
+        source=trace.get("source"),
+    )
+
+    fl, sl = labels[fast], (labels[slow] if slow else None)
+    have_k = math.isfinite(k_eff) and slow is not None
+    k_clause = ""
+    if have_k and bound is not None:
+        if k_eff > 1:
+            k_clause = (
+                f"{fl} is {fmt_ratio(k_eff)} faster than {sl} at these sizes, so moving from {sl} to {fl} "
+                f"removes at most {fmt_ns(bound)} per token"
+            )
+        else:
+            k_clause = (
+                f"at these sizes {sl} is as fast as or faster than {fl} ({fmt_ratio(1 / k_eff)}), so moving "
+                f"to {fl} removes nothing (bound {fmt_ns(bound)})"
+            )
+
+    # lead: the answer to "would a faster link shrink my per-token shortfall?"
+    if cpu_only and xn is not None:
+        answer = (
+            "unknown" if s_ns is None else ("no" if s_ns <= 0 or max(0.0, xn) / s_ns < SMALL_SHARE else "yes")
+        )
+        lead = (
+            f"the modes ran the same gloo path (their ratio is noise). Collective transfer is {fmt_ns(xn)} per token"
+            + (f" of the {fmt_ns(s_ns)} per-token shortfall ({fmt_share(xn / s_ns)})" if s_ns else "")
+            + f"; even an infinitely fast interconnect would remove at most {fmt_ns(bound_inf or 0.0)}."
+        )
+    elif s_ns is not None and xn is not None:
+        assert shortfall is not None
+        if s_ns <= 0:
+            answer = "no"
+            lead = (
+                f"There is no per-token shortfall to explain: TP={shortfall['n_ranks']} meets its ideal "
+                f"(S = {fmt_ns(s_ns)}); collective transfer is {fmt_ns(xn)} per token."
+            )
+        else:
+            share_inf = max(0.0, xn) / s_ns
+            share_k = (bound or 0.0) / s_ns
+            head = (
+                f"collective transfer is {fmt_ns(xn)} of the {fmt_ns(s_ns)} per-token shortfall "
+                f"({fmt_share(xn / s_ns)})"
+            )
+            if share_inf < SMALL_SHARE:
+                answer = "no"
+                lead = (
+                    f"Link bandwidth does not explain this run's shortfall: {head}; even an infinitely fast link "
+                    f"would remove at most {fmt_ns(bound_inf or 0.0)}."
+                )
+                if k_clause:
+                    lead += f" {k_clause[0].upper()}{k_clause[1:]} ({fmt_share(share_k)} of S)."
+            elif have_k and share_k < SMALL_SHARE:
+                answer = "little"
+                lead = (
+                    f"A faster link would barely shrink this run's shortfall: {head}, but {k_clause} "
+                    f"({fmt_share(share_k)} of S); an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}."
+                )
+            else:
+                answer = "yes"
+                lead = (
+                    f"Link bandwidth explains part of this run's shortfall: {head}; "
+                    + (f"{k_clause} ({fmt_share(share_k)} of S); " if k_clause else "")
+                    + f"an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}."
+                )
+    elif xn is not None:
+        answer = "unknown"
+        lead = (
+            f"Collective transfer is {fmt_ns(xn)} per token in this trace"
+            + (f"; {k_clause}" if k_clause else "")
+            + f", and even an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}. Give --baseline "
+            "(the TP=1 run) to set this against the per-token shortfall."
+        )
+    else:
+        answer = "unknown"
+        lead = (
+            "Per-token transfer is unknown (the trace has no step annotations), so the bound on the shortfall "
+            "cannot be given"
+            + (f"; the faster mode is {fmt_ratio(k_eff)} the slower at these sizes." if have_k else ".")
+        )
+    details["answer"] = answer
+
+    # the sizes: probe busbw per mode at the decode's sizes, regime, and the large-size contrast
+    def count_text(e: dict[str, Any]) -> str:
+        if e.get("per_token") is not None:
+            pt = float(e["per_token"])
+            return f"x{pt:.0f} per token" if pt == round(pt) else f"x{pt:.2f} per token"
+        return f"x{e.get('count')} in the trace"
+
+    listed = per_size[:4]
+    size_text = ", ".join(f"{e['op']} {fmt_bytes(e['bytes'])} {count_text(e)}" for e in listed)
+    if len(per_size) > 4:
+        size_text += f" and {len(per_size) - 4} more"
+    body = f" At the decode's sizes ({size_text})"
+    if slow is not None and math.isfinite(main["k"]):
+        fv, sv = main["probe_busbw_gbps"][fast], main["probe_busbw_gbps"][slow]
+        at = f"{fmt_gbps(fv)} vs {fmt_gbps(sv)} GB/s at {fmt_bytes(main['bytes'])}"
+        reg = f": {main['regime']}-bound" if main["regime"] in ("latency", "bandwidth") else ""
+        if 1 / SIMILAR_RATIO < main["k"] < SIMILAR_RATIO:
+            body += f" {fl} and {sl} realise similar busbw ({at}{reg})"
+        else:
+            body += f" {fl} reaches {fmt_ratio(main['k'])} the busbw of {sl} ({at}{reg})"
+        if large is not None and large["bytes"] > main["bytes"] and math.isfinite(large["k"]):
+            joint = "while" if main["regime"] == "latency" or main["k"] < SIMILAR_RATIO else "and"
+            body += (
+                f", {joint} at {fmt_bytes(large['bytes'])} {fl} is {fmt_ratio(large['k'])} faster "
+                f"({fmt_gbps(large['busbw_gbps'][fast])} vs {fmt_gbps(large['busbw_gbps'][slow])} GB/s)"
+            )
+        body += "."
+    else:
+        pv = main["probe_busbw_gbps"][fast]
+        body += f" the probe reaches {fmt_gbps(pv)} GB/s at {fmt_bytes(main['bytes'])} ({labels[fast]})."
+
+    # realised in the trace against the probe
+    realised = main["realised_busbw_gbps"]
+    pref = main["probe_busbw_gbps"].get(ref_mode, float("nan"))
+    transfer = trace.get("source") == "transfer"
+    how = (
+        "transfer time, wait removed"
+        if transfer
+        else "kernel duration, which includes waiting: a lower bound"
+    )
+    trace_time = "transfer time" if transfer else "kernel time"
+    ref_words = labels[ref_mode] + (" (the mode the decode ran in)" if trace.get("mode") == ref_mode else "")
+    where = f"{main['op']} {fmt_bytes(main['bytes'])}"
+    # what the probe's per-iteration time holds that the trace's transfer time does not
+    launch = (
+        "the gap between back-to-back kernels" if timing.get(ref_mode) == "graph" else "the launch latency"
+    )
+    tail = ""
+    if math.isfinite(realised) and math.isfinite(pref) and pref > 0:
+        ratio = realised / pref
+        if ratio > 1 and main["regime"] == "bandwidth" and ratio <= 1 / LINK_BOUND_SHARE:
+            tail = (
+                f" The trace realised {fmt_gbps(realised)} GB/s at {where} ({how}), {fmt_share(ratio)} of the "
+                f"probe's {fmt_gbps(pref)} GB/s over {ref_words}: its transfers run at what the link gives at "
+                f"this size (the trace's {trace_time} leaves out {launch} the probe's time includes)."
+            )
+        elif ratio > 1 and main["regime"] == "bandwidth":
+            tail = (
+                f" The trace realised {fmt_gbps(realised)} GB/s at {where} ({how}), {fmt_ratio(ratio)} the "
+                f"probe's {fmt_gbps(pref)} GB/s over {ref_words}, more than the link gave the probe at this "
+                "bandwidth-bound size: check the message size (bytes_source) and that the probe ran on the same link."
+            )
+        elif ratio > 1:
+            tail = (
+                f" The trace realised {fmt_gbps(realised)} GB/s at {where} ({how}), {fmt_ratio(ratio)} the "
+                f"probe's {fmt_gbps(pref)} GB/s over {ref_words}: the trace's {trace_time} leaves out {launch} "
+                "that the probe's per-iteration time includes, so at "
+                + ("these latency-bound sizes" if main["regime"] == "latency" else "small sizes")
+                + " the trace can exceed the probe; that is not the link running at its limit."
+            )
+        elif ratio >= LINK_BOUND_SHARE:
+            tail = (
+                f" The trace realised {fmt_gbps(realised)} GB/s at {where} ({how}), {fmt_share(ratio)} of the "
+                f"probe's {fmt_gbps(pref)} GB/s over {ref_words}: its transfers run near what the link gives "
+                "at this size."
+            )
+        else:
+            tail = (
+                f" The trace realised {fmt_gbps(realised)} GB/s at {where} ({how}), only {fmt_share(ratio)} of "
+                f"the probe's {fmt_gbps(pref)} GB/s over {ref_words}: something other than the link's bandwidth "
+                "(e.g. contention with concurrent kernels) slows these transfers."
+            )
+    caveats = timing_sentence(timing, _iters_of(rows))
+    if tuning_modes and any(e["regime"] == "latency" for e in per_size if e["swept"]):
+        caveats += (
+            f" The probe's timed loops ({', '.join(tuning_modes)}) logged NCCL TUNING, a host log line per call, "
+            "which inflates small-size times: its busbw at these latency-bound sizes is a lower bound."
+        )
+    outside = sorted(
+        {e["bytes"] for e in per_size if e["swept"] for h in e["probe_how"].values() if "sweep" in h}
+    )
+    if outside:
+        caveats += (
+            f" ({len(outside)} decode size(s) lie outside the probe's sweep; the nearest probe size stands in: "
+            "widen --min/--max.)"
+        )
+    unswept = sorted({e["op"] for e in per_size if not e["swept"]})
+    if unswept:
+        caveats += f" ({', '.join(unswept)} not swept: its transfer counts in full towards the bound; add it to --op.)"
+    if prefix:
+        lead = lead[0].lower() + lead[1:]
+    return prefix + lead + body + tail + caveats, details
+
+
+# ---------------------------------------------------------------------------------------------
+# a saved probe result, judged again
+
+
+def load_compare(path: str | Path) -> dict[str, Any]:
+    """A saved `tracekit compare-links` JSON result (ProbeError naming the file when it is not one)."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise ProbeError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise ProbeError(f"{p}: not valid JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != KIND:
+        got = doc.get("kind") if isinstance(doc, dict) else type(doc).__name__
+        raise ProbeError(f"{p}: not a compare-links result (kind {got!r}, want {KIND!r})")
+    for key, typ in (("rows", list), ("modes", list)):
+        if not isinstance(doc.get(key), typ):
+            raise ProbeError(f"{p}: compare-links result without a {key!r} list")
+    for i, r in enumerate(doc["rows"]):
+        missing = [k for k in ("op", "mode", "bytes", "in_place", "time_us", "busbw_gbps") if k not in r]
+        if missing:
+            raise ProbeError(f"{p}: row {i} lacks {', '.join(missing)}")
+    for r in doc["rows"]:  # JSON null is how NaN was written
+        for k in ("busbw_gbps", "time_us"):
+            if r[k] is None:
+                r[k] = float("nan")
+    return doc
+
+
+def recompute(
+    saved: dict[str, Any],
+    *,
+    trace_dir: str | Path | None = None,
+    baseline_dir: str | Path | None = None,
+    loaded_from: str | Path | None = None,
+) -> dict[str, Any]:
+    """The trace part, side-by-side marks and verdict for probe results (`compare_links`'s own, or a
+    saved result's: no sweep, no GPU). With `trace_dir` the trace is read again; without it a saved
+    trace part is reused. `baseline_dir` (needs `trace_dir`) gives S through the shortfall."""
+    if baseline_dir and not trace_dir:
+        raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
+    result = dict(saved)
+    modes = [m["mode"] for m in saved["modes"]]
+    cpu_only = bool(saved["modes"]) and all(m.get("device") == "cpu" for m in saved["modes"])
+    probe_notes = saved.get("probe_notes")
+    if probe_notes is None:  # schema 1.0: notes = the sweep's notes + the trace's
+        old_trace_notes = set((saved.get("trace") or {}).get("notes") or [])
+        probe_notes = [n for n in saved.get("notes") or [] if n not in old_trace_notes]
+    notes = list(probe_notes)
+    if loaded_from is not None:
+        notes.append(
+            f"probe rows loaded from {loaded_from} (schema {saved.get('schema_version')}); "
+            + ("trace, " if trace_dir else "")
+            + "verdict recomputed"
+        )
+    trace = trace_collectives(trace_dir) if trace_dir else saved.get("trace")
+    if trace:
+        notes.extend(trace.get("notes") or [])
+    sf = shortfall_context(baseline_dir, trace_dir) if baseline_dir and trace_dir else None
+    decode_sizes: dict[str, set[int]] = {}
+    for s in (trace or {}).get("sizes", []):
+        decode_sizes.setdefault(s["op"], set()).add(int(s["bytes"]))
+    text, details = verdict(
+        saved["rows"], modes, trace, cpu_only, shortfall=sf, transports=saved.get("transports")
+    )
+    result.update(
+        schema_version=SCHEMA_VERSION,
+        side_by_side=side_by_side(saved["rows"], modes, decode_sizes),
+        trace=trace,
+        shortfall=sf,
+        verdict=text,
+        verdict_details=details,
+        probe_notes=probe_notes,
+        notes=notes,
+    )
+    if loaded_from is not None:
+        result["loaded_from"] = str(loaded_from)
+    return result
