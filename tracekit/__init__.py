@@ -13,7 +13,7 @@ For notebooks (docs/API.md): `import tracekit as tk; run = tk.load("traces/cpu-t
 
 from typing import Any
 
-__version__ = "0.1.0"
+from tracekit._version import __version__
 
 #: the notebook API (tracekit.api), imported on first use: `import tracekit` stays light
 _API = ("load", "shortfall", "TraceRun", "Steps", "Breakdown", "Shortfall")

@@ -113,7 +113,7 @@ def host_info() -> dict[str, Any]:
 
 
 def versions() -> dict[str, Any]:
-    from tracekit import __version__
+    from tracekit._version import __version__
 
     out: dict[str, Any] = {
         "tracekit": __version__,

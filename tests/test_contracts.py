@@ -1,0 +1,85 @@
+"""The import contracts of docs/ARCHITECTURE.md ([tool.importlinter] in pyproject.toml), checked
+with import-linter: the stages are layered, nothing below capture imports capture, probe, the CLI,
+the orchestration or torch, and model imports nothing of tracekit. A violation fails here."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+CONTRACTS = {c["id"]: c for c in CONFIG["contracts"]}
+
+pytest.importorskip("importlinter", reason="import-linter is in the test extra")
+
+
+def _lint(cwd: Path) -> subprocess.CompletedProcess[str]:
+    """lint-imports on the `tracekit` package found first from `cwd`, with this checkout's contracts."""
+    code = (
+        "import sys; sys.path.insert(0, '.'); from importlinter.cli import lint_imports; "
+        f"sys.exit(lint_imports(config_filename={str(ROOT / 'pyproject.toml')!r}, no_cache=True))"
+    )
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def _top_level() -> set[str]:
+    pkg = ROOT / "tracekit"
+    return {
+        p.stem if p.is_file() else p.name
+        for p in pkg.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+    }
+
+
+def test_the_import_contracts_hold() -> None:
+    res = _lint(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "BROKEN" not in res.stdout and res.stdout.count("KEPT") == len(CONTRACTS)
+
+
+def test_every_package_has_a_layer() -> None:
+    """A new sub-package cannot escape the layers unnoticed: each one is placed (leaf modules such
+    as errors.py and _version.py, imported from every layer, are not layers)."""
+    placed = {
+        name.strip().strip("()")
+        for layer in CONTRACTS["layers"]["layers"]
+        for name in layer.replace(":", "|").split("|")
+    }
+    packages = {p.name for p in (ROOT / "tracekit").iterdir() if (p / "__init__.py").is_file()}
+    assert packages - placed == set()
+    assert placed - packages <= {"export", "api"}  # optional / module layers
+    # model imports nothing of tracekit: every other top-level module is forbidden to it
+    assert set(CONTRACTS["model-imports-nothing"]["forbidden_modules"]) >= {
+        f"tracekit.{m}" for m in _top_level() - {"model", "_version"}
+    } - {"tracekit.export"}
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("analyse/bandwidth.py", "import torch", "below capture"),
+        ("report/markdown.py", "from tracekit.capture import runner", "below capture"),
+        ("analyse/steps.py", "from tracekit.report import data", "analyse never imports report"),
+        ("model/events.py", "from tracekit import errors", "model imports nothing of tracekit"),
+        ("read/limits.py", "from tracekit.probe import sweep", "layers"),
+    ],
+)
+def test_a_violation_fails(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    """The check is live: one forbidden import added to a copy of the package breaks its contract."""
+    shutil.copytree(ROOT / "tracekit", tmp_path / "tracekit", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "tracekit" / module
+    target.write_text(target.read_text() + f"\n\ndef _violation() -> None:\n    {line}  # noqa\n")
+    res = _lint(tmp_path)
+    assert res.returncode != 0, res.stdout
+    broken = [ln for ln in res.stdout.splitlines() if ln.endswith("BROKEN")]
+    assert any(contract in ln for ln in broken), res.stdout
