@@ -31,7 +31,7 @@ arrival `a` moves between ranks through the aligned clock (`offsets`: raw = alig
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -40,6 +40,8 @@ import pandas as pd
 
 #: Components of the path on one rank, in report order.
 PATH_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
+#: Columns of `CriticalPath.segments`.
+SEGMENT_COLUMNS: tuple[str, ...] = ("step", "rank", "start_ns", "end_ns", "piece", "instance")
 
 
 @dataclass
@@ -112,11 +114,16 @@ class CriticalPath:
       `step_ns` (the longest window), `offset_ns` and `hops` (how many times the path changed rank)
       repeated on every row of the step.
     - `ranks`: the run's ranks.
+    - `segments`: the path itself, one row per piece: step, rank, start_ns, end_ns (that rank's own
+      clock), piece ("work": the rank's own time before a collective or its window start;
+      "transfer": a collective from its last arrival to its end on that rank), instance (-1 for
+      work); consecutive rows walk backward in time (`tracekit export --perfetto` draws them).
     """
 
     per_step: pd.DataFrame
     ranks: list[int]
     timeline: str
+    segments: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SEGMENT_COLUMNS)))
 
     def per_token(self, steps: list[int]) -> dict[str, Any]:
         """Exact means over `steps`: {"by_rank": {rank: {part: Fraction}}, "offset": Fraction,
@@ -193,6 +200,7 @@ def critical_path(
     w["a_end"] = w["end_ns"].to_numpy(np.int64) - w["off"].to_numpy(np.int64)
     w["len"] = w["end_ns"] - w["start_ns"]
     rows: list[dict[str, Any]] = []
+    segs: list[tuple[int, int, int, int, str, int]] = []
     for st, g in w.groupby("step", sort=True):
         st = int(st)
         step_ns = int(g["len"].max())
@@ -215,6 +223,7 @@ def critical_path(
             if k < 0:
                 ws = min(ws, t)
                 _add_segment(acc[x], layers[x].measure(ws, t), layers[x].timeline, transfer=False)
+                segs.append((st, x, ws, t, "work", -1))
                 t_al = ws - off
                 break
             assert coll is not None
@@ -222,6 +231,8 @@ def critical_path(
             _add_segment(acc[x], layers[x].measure(e_x, t), layers[x].timeline, transfer=False)
             a_x = max(min(a_x, e_x), s_x)  # an inconsistent trace (e < a): no transfer piece
             _add_segment(acc[x], layers[x].measure(a_x, e_x), layers[x].timeline, transfer=True)
+            segs.append((st, x, e_x, t, "work", -1))
+            segs.append((st, x, a_x, e_x, "transfer", inst))
             t_al = a_x - off
             limit[x] = k
             nxt = last_of.get(inst, x)
@@ -247,4 +258,6 @@ def critical_path(
         assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
     cols_out = ["step", "rank", *(f"{p}_ns" for p in PATH_PARTS), "step_ns", "offset_ns", "hops"]
     table = pd.DataFrame(rows, columns=cols_out)
-    return CriticalPath(table, ranks, timeline)
+    seg = pd.DataFrame(segs, columns=list(SEGMENT_COLUMNS))
+    seg = seg[seg["end_ns"] > seg["start_ns"]].reset_index(drop=True)
+    return CriticalPath(table, ranks, timeline, seg)

@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "advise": "advise",
     "rho": "rho",
     "whatif": "whatif",
+    "export": "export",
 }
 
 

@@ -50,6 +50,11 @@ _NOT_TRACES = {"manifest.json"}
 
 def _reader_for(path: Path) -> tuple[Callable[..., Run], str] | None:
     name = path.name.lower()
+    if name.endswith((".json", ".json.gz")):  # tracekit's own Perfetto export: all its ranks, exactly
+        from tracekit.read import export
+
+        if export.is_export(path):
+            return export.read_export, export.READER_VERSION
     for suffix, target in READERS.items():
         if name.endswith(suffix):
             mod_name, func_name = target.split(":")

@@ -1,0 +1,459 @@
+"""A run as one Chrome-trace JSON (the Trace Event Format that the Perfetto UI and chrome://tracing
+open) with tracekit's view of it beside each rank's own tracks.
+
+One process per rank (`pid` = rank, named "rank R"). Its threads:
+- the run's own events, one track per host thread ("host thread T") and per GPU stream
+  ("GPU D stream S"), as complete (X) events with the Kineto `cat` of their kind and their
+  event-table columns in `args` (rank, device, stream, correlation, kind, the collective columns)
+  plus the class tracekit gave them (`class`, `subclass`);
+- "tracekit: steps": each step window ("step N"), its partition in `args` (compute, memory,
+  collective, unknown, sync, idle ns; wait / transfer of the exposed collective);
+- "tracekit: class, GPU D stream S": every GPU interval (kernel, memcpy, memset) again, named by its
+  class (compute, memory, collective, unknown), so the stream reads as a colour band of classes;
+- "tracekit: collectives": each matched collective instance on that rank as a slice
+  ("all_reduce #I") holding its two pieces, "wait" (from its start to the last rank's arrival) and
+  "transfer" (from the arrival to its end), with flow arrows (`ph` s / t / f, one `id` per
+  instance, `bp` "e") joining the instance across the ranks;
+- "tracekit: critical path": the pieces of the per-token critical path that run on that rank
+  (tracekit.analyse.critical_path: "work" on the rank, "transfer" of a collective), with flow arrows
+  where the path hops to another rank.
+A track whose slices would overlap without nesting is split into lanes ("... (2)").
+
+Times: `ts` / `dur` in microseconds with three decimals (every nanosecond kept) from `base_ns`,
+each rank on its own clock as the trace had it. The document's first key `tracekitExport` lets
+`tracekit.read` read the file back into the same event table (tracekit.read.export).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from tracekit.errors import OutputError, TracekitError
+from tracekit.model.events import COLUMNS, Run
+
+FORMAT = "tracekit.perfetto"
+VERSION = 1
+
+#: event kind -> the Kineto `cat` written for it (tracekit.read.kineto.KIND_OF_CAT reversed)
+CAT_OF_KIND: dict[str, str] = {
+    "kernel": "kernel",
+    "memcpy": "gpu_memcpy",
+    "memset": "gpu_memset",
+    "runtime": "cuda_runtime",
+    "sync": "cuda_sync",
+    "cpu_op": "cpu_op",
+    "annotation": "user_annotation",
+    "gpu_annotation": "gpu_user_annotation",
+    "other": "other",
+}
+GPU_KINDS = ("kernel", "memcpy", "memset")
+#: the collective columns written in args when set
+_COLL_COLS = tuple(c for c in COLUMNS if c.startswith("coll_"))
+_PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+
+
+@dataclass
+class ExportSummary:
+    """What `write_perfetto` wrote: counts per kind of tracekit slice, and notes."""
+
+    path: Path
+    ranks: list[int]
+    events: int  # the run's own events
+    view: dict[str, int] = field(default_factory=dict)  # steps, class, wait, transfer, path, flows
+    notes: list[str] = field(default_factory=list)
+    bytes: int = 0
+
+
+def _us(ns: int) -> float:
+    """ns as microseconds; written by orjson as the shortest text that reads back to the same
+    double, which for |ns| < 2**53 / 1000 is the exact decimal with at most three decimals."""
+    return ns / 1000.0
+
+
+class _Tracks:
+    """Thread ids of one rank's tracks, with their names (thread_name metadata)."""
+
+    def __init__(self) -> None:
+        self.tid: dict[tuple[Any, ...], int] = {}
+        self.names: dict[int, str] = {}
+
+    def get(self, key: tuple[Any, ...], name: str) -> int:
+        if key not in self.tid:
+            t = len(self.tid) + 1
+            self.tid[key] = t
+            self.names[t] = name
+        return self.tid[key]
+
+
+def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A lane per interval such that the intervals of one lane do not overlap (greedy, by start)."""
+    order = np.argsort(starts, kind="stable")
+    lane = np.zeros(len(starts), np.int64)
+    lane_end: list[int] = []
+    for i in order.tolist():
+        s, e = int(starts[i]), int(ends[i])
+        for k, le in enumerate(lane_end):
+            if le <= s:
+                lane[i] = k
+                lane_end[k] = e
+                break
+        else:
+            lane[i] = len(lane_end)
+            lane_end.append(e)
+    return lane
+
+
+def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, list[str]]:
+    """Classified events, and the analysed run (steps with their partition, collectives, critical
+    path) or None with a note when the run cannot be attributed (then only steps and classes)."""
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.classify import classify
+
+    classified = run.events if "cls" in run.events.columns else classify(run.events)
+    crun = Run(classified, run.sources, run.rank_info, run.data_quality, run.manifest)
+    try:
+        parts = attribute_run(crun, step_pattern=step_pattern, skip_first=0, label="run")
+    except TracekitError as exc:
+        return classified, None, [f"no collectives or critical path in the view: {exc}"]
+    return classified, parts, []
+
+
+def _steps_only(classified: pd.DataFrame, step_pattern: str | None) -> pd.DataFrame:
+    from tracekit.analyse.steps import find_steps_detailed, partition_steps
+
+    found = find_steps_detailed(classified, step_pattern)
+    return partition_steps(classified, found.steps)
+
+
+def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dict[str, Any], ExportSummary]:
+    """The export of `run` as a JSON-ready document (module doc) and its summary (path unset)."""
+    classified, parts, notes = _analyse(run, step_pattern)
+    ev = classified
+    n = len(ev)
+    ranks = sorted(int(r) for r in ev["rank"].unique()) if n else []
+    base = int(ev["start_ns"].min()) if n else 0
+    out: list[dict[str, Any]] = []
+    summary = ExportSummary(path=Path(), ranks=ranks, events=n)
+    view = summary.view
+
+    tracks = {r: _Tracks() for r in ranks}
+    rank_a = ev["rank"].to_numpy(np.int64)
+    dev_a = ev["device"].to_numpy(np.int64)
+    stream_a = ev["stream"].to_numpy(np.int64)
+    start_a = ev["start_ns"].to_numpy(np.int64)
+    end_a = ev["end_ns"].to_numpy(np.int64)
+    corr_a = ev["correlation"].to_numpy(np.int64)
+    kind_a = ev["kind"].astype(str).to_numpy()
+    name_a = ev["name"].astype(str).to_numpy()
+    cls_a = ev["cls"].astype(str).to_numpy()
+    sub_a = ev["subclass"].astype(str).to_numpy()
+    coll = {c: ev[c].to_numpy() for c in _COLL_COLS}
+    coll_str = {c for c in _COLL_COLS if COLUMNS[c] == "category"}
+    coll_vals = {
+        c: (ev[c].astype(str).to_numpy() if c in coll_str else coll[c].astype(np.int64)) for c in coll
+    }
+    has_coll = np.zeros(n, bool)
+    for c, v in coll_vals.items():
+        has_coll |= (v != "") if c in coll_str else (v != -1)
+
+    # track order: host threads first, then GPU streams (by device, stream)
+    is_gpu_track = (dev_a >= 0) & np.isin(kind_a, [*GPU_KINDS, "gpu_annotation"])
+    keys = pd.DataFrame({"r": rank_a, "g": is_gpu_track, "d": dev_a, "s": stream_a}).drop_duplicates()
+    for r, g, d, s in keys.sort_values(["r", "g", "d", "s"]).itertuples(index=False):
+        if g:
+            tracks[int(r)].get(("gpu", int(d), int(s)), f"GPU {int(d)} stream {int(s)}")
+        else:
+            tracks[int(r)].get(("host", int(s)), f"host thread {int(s)}")
+
+    for i in range(n):
+        r = int(rank_a[i])
+        key = ("gpu", int(dev_a[i]), int(stream_a[i])) if is_gpu_track[i] else ("host", int(stream_a[i]))
+        args: dict[str, Any] = {
+            "rank": r,
+            "device": int(dev_a[i]),
+            "stream": int(stream_a[i]),
+            "correlation": int(corr_a[i]),
+            "kind": str(kind_a[i]),
+            "class": str(cls_a[i]),
+            "subclass": str(sub_a[i]),
+        }
+        if has_coll[i]:
+            for c, v in coll_vals.items():
+                x = v[i]
+                if (c in coll_str and x != "") or (c not in coll_str and x != -1):
+                    args[c] = str(x) if c in coll_str else int(x)
+        out.append(
+            {
+                "ph": "X",
+                "cat": CAT_OF_KIND.get(str(kind_a[i]), "other"),
+                "name": str(name_a[i]),
+                "pid": r,
+                "tid": tracks[r].tid[key],
+                "ts": _us(int(start_a[i]) - base),
+                "dur": _us(int(end_a[i] - start_a[i])),
+                "args": args,
+            }
+        )
+
+    def slices(
+        r: int, track: str, items: Iterable[tuple[int, int, str, str, dict[str, Any]]], lanes: bool = True
+    ) -> list[dict[str, Any]]:
+        """X events on a tracekit track of rank r (split into lanes where they would overlap)."""
+        items = list(items)
+        if not items:
+            return []
+        st = np.array([it[0] for it in items], np.int64)
+        en = np.array([it[1] for it in items], np.int64)
+        lane = _lanes(st, en) if lanes else np.zeros(len(items), np.int64)
+        made = []
+        for (s, e, name, cat, args), k in zip(items, lane.tolist(), strict=True):
+            label = track if k == 0 else f"{track} ({k + 1})"
+            made.append(
+                {
+                    "ph": "X",
+                    "cat": cat,
+                    "name": name,
+                    "pid": r,
+                    "tid": tracks[r].get(("tk", track, k), label),
+                    "ts": _us(s - base),
+                    "dur": _us(e - s),
+                    "args": args,
+                }
+            )
+        return made
+
+    # steps, with their partition
+    steps_table = parts.steps if parts is not None else _steps_only(classified, step_pattern)
+    view["steps"] = 0
+    for r in ranks:
+        g = steps_table[steps_table["rank"] == r]
+        items = []
+        for row in g.itertuples(index=False):
+            a = {"step": int(row.step), "window_ns": int(row.window_ns), "name": str(row.name)}
+            a.update({f"{p}_ns": int(getattr(row, f"{p}_ns")) for p in _PARTS})
+            for extra in ("wait_ns", "transfer_ns", "overlapped_collective_ns"):
+                if hasattr(row, extra):
+                    a[extra] = int(getattr(row, extra))
+            items.append((int(row.start_ns), int(row.end_ns), f"step {int(row.step)}", "tracekit.step", a))
+        made = slices(r, "tracekit: steps", items)
+        view["steps"] += len(made)
+        out.extend(made)
+
+    # the class of every GPU interval, one class track per GPU stream
+    gpu = np.isin(kind_a, GPU_KINDS) & (dev_a >= 0)
+    view["class"] = 0
+    for r in ranks:
+        sel = np.flatnonzero(gpu & (rank_a == r))
+        by_stream: dict[tuple[int, int], list[tuple[int, int, str, str, dict[str, Any]]]] = {}
+        for i in sel.tolist():
+            by_stream.setdefault((int(dev_a[i]), int(stream_a[i])), []).append(
+                (
+                    int(start_a[i]),
+                    int(end_a[i]),
+                    str(cls_a[i]),
+                    f"tracekit.class.{cls_a[i]}",
+                    {"subclass": str(sub_a[i]), "kernel": str(name_a[i])},
+                )
+            )
+        for (d, s), items in sorted(by_stream.items()):
+            made = slices(r, f"tracekit: class, GPU {d} stream {s}", items)
+            view["class"] += len(made)
+            out.extend(made)
+
+    flow_id = 0
+    view["wait"] = view["transfer"] = view["collectives"] = view["flows"] = view["path"] = 0
+    if parts is not None and len(parts.collectives.per_rank):
+        pr = parts.collectives.per_rank
+        for r in ranks:
+            g = pr[pr["rank"] == r]
+            items = []
+            for row in g.itertuples(index=False):
+                s, e = int(row.raw_start_ns), int(row.raw_end_ns)
+                a_ = max(min(int(row.arrival_raw_ns), e), s)
+                common = {"instance": int(row.instance), "op": str(row.op), "group": str(row.group)}
+                items.append(
+                    (
+                        s,
+                        e,
+                        f"{row.op} #{int(row.instance)}",
+                        "tracekit.collective",
+                        {**common, "wait_ns": a_ - s, "transfer_ns": e - a_, "in_bytes": int(row.in_bytes)},
+                    )
+                )
+            made = slices(r, "tracekit: collectives", items)
+            # the wait / transfer pieces nest inside their collective's slice, on its lane
+            pieces = []
+            for m, row in zip(made, g.itertuples(index=False), strict=True):
+                s, e = int(row.raw_start_ns), int(row.raw_end_ns)
+                a_ = max(min(int(row.arrival_raw_ns), e), s)
+                for lo, hi, what in ((s, a_, "wait"), (a_, e, "transfer")):
+                    if hi > lo:
+                        pieces.append(
+                            {
+                                **m,
+                                "name": what,
+                                "cat": f"tracekit.collective.{what}",
+                                "ts": _us(lo - base),
+                                "dur": _us(hi - lo),
+                                "args": {"instance": int(row.instance), "op": str(row.op)},
+                            }
+                        )
+                        view[what] += 1
+            view["collectives"] += len(made)
+            out.extend(made)
+            out.extend(pieces)
+        # flow arrows: one chain per instance over its ranks, in the order they started
+        tid_of = {
+            (int(m["pid"]), int(m["args"]["instance"])): (m["tid"], m["ts"])
+            for m in out
+            if m.get("cat") == "tracekit.collective"
+        }
+        for inst, g in pr.groupby("instance", sort=True):
+            members = [
+                (tid_of[(int(r), int(inst))][1], int(r)) for r in g["rank"] if (int(r), int(inst)) in tid_of
+            ]
+            if len(members) < 2:
+                continue
+            members.sort()
+            flow_id += 1
+            for k, (ts, r) in enumerate(members):
+                ph = "s" if k == 0 else ("f" if k == len(members) - 1 else "t")
+                fe = {
+                    "ph": ph,
+                    "cat": "tracekit.flow.collective",
+                    "name": f"{g['op'].iloc[0]} #{int(inst)}",
+                    "id": flow_id,
+                    "pid": r,
+                    "tid": tid_of[(r, int(inst))][0],
+                    "ts": ts,
+                }
+                if ph != "s":
+                    fe["bp"] = "e"
+                out.append(fe)
+                view["flows"] += 1
+
+    # the critical path: its pieces on each rank, with an arrow where it changes rank
+    if parts is not None and len(parts.critical.segments):
+        seg = parts.critical.segments
+        for r in ranks:
+            g = seg[seg["rank"] == r]
+            items = [
+                (
+                    int(x.start_ns),
+                    int(x.end_ns),
+                    f"critical path: {x.piece}",
+                    f"tracekit.critical_path.{x.piece}",
+                    {"step": int(x.step), "piece": str(x.piece), "instance": int(x.instance)},
+                )
+                for x in g.itertuples(index=False)
+            ]
+            made = slices(r, "tracekit: critical path", items)
+            view["path"] += len(made)
+            out.extend(made)
+        path_tid = {r: tracks[r].tid.get(("tk", "tracekit: critical path", 0)) for r in ranks}
+        for _st, g in seg.groupby("step", sort=True):
+            rows = list(g.itertuples(index=False))  # backward in time
+            for later, earlier in zip(rows, rows[1:], strict=False):
+                if int(later.rank) == int(earlier.rank):
+                    continue
+                flow_id += 1
+                for ph, x, ts in (("s", earlier, int(earlier.end_ns) - 1), ("f", later, int(later.start_ns))):
+                    fe = {
+                        "ph": ph,
+                        "cat": "tracekit.flow.critical_path",
+                        "name": "critical path",
+                        "id": flow_id,
+                        "pid": int(x.rank),
+                        "tid": path_tid[int(x.rank)],
+                        "ts": _us(max(ts, int(x.start_ns)) - base),
+                    }
+                    if ph == "f":
+                        fe["bp"] = "e"
+                    out.append(fe)
+                    view["flows"] += 1
+
+    # metadata: process and thread names, sort order
+    meta: list[dict[str, Any]] = []
+    for r in ranks:
+        meta.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
+        for t, label in tracks[r].names.items():
+            meta.append({"ph": "M", "name": "thread_name", "pid": r, "tid": t, "args": {"name": label}})
+            meta.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": r, "tid": t, "args": {"sort_index": t}}
+            )
+
+    rank_info = {str(r): _jsonable(run.rank_info.get(r, {})) for r in ranks}
+    reader_keys = (
+        "source",
+        "reader",
+        "rank_source",
+        "events_total",
+        "events_kept",
+        "json_bytes",
+        "file_bytes",
+    )
+    for info in rank_info.values():
+        for reader_key in reader_keys:
+            info.pop(reader_key, None)
+    summary.notes = notes
+    doc = {
+        "tracekitExport": {
+            "format": FORMAT,
+            "version": VERSION,
+            "base_ns": base,
+            "sources": {str(r): run.sources.get(r, "") for r in ranks},
+            "ranks": rank_info,
+            "view": dict(view),
+            "notes": notes,
+        },
+        "displayTimeUnit": "ns",
+        "traceEvents": meta + out,
+    }
+    return doc, summary
+
+
+def _jsonable(x: Any) -> Any:
+    """`x` with what JSON cannot hold (non-finite floats, odd objects) as text."""
+    try:
+        return orjson.loads(orjson.dumps(x, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS))
+    except (TypeError, orjson.JSONEncodeError):
+        return str(x)
+
+
+def write_perfetto(
+    paths: list[str | os.PathLike[str]] | Run,
+    out: str | os.PathLike[str],
+    *,
+    step_pattern: str | None = None,
+    cache: bool = True,
+) -> ExportSummary:
+    """Read a run (paths, or a Run) and write its export to `out` (gzipped when it ends in .gz)."""
+    if isinstance(paths, Run):
+        run = paths
+    else:
+        from tracekit.read import read_run
+
+        run = read_run(list(paths), cache=cache)
+    doc, summary = perfetto_document(run, step_pattern=step_pattern)
+    data = orjson.dumps(doc)
+    p = Path(out)
+    if p.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=6)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data)
+    except OSError as exc:
+        raise OutputError(f"{p}: cannot write ({exc.strerror or exc})") from None
+    summary.path = p
+    summary.bytes = len(data)
+    return summary
