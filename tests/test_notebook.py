@@ -1,0 +1,77 @@
+"""examples/api_tour.ipynb runs top to bottom (nbclient, a fresh kernel) on the committed CPU traces
+and shows the breakdown of traces/cpu-tp1 and traces/cpu-tp2 and their shortfall as tables, with the
+figures `tracekit breakdown` / `tracekit shortfall --format json` print."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tracekit.cli.main import main
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("ipykernel")
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "api_tour.ipynb"
+
+
+def _text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return str(output.get("text", ""))
+    data = output.get("data", {})
+    return str(data.get("text/plain", ""))
+
+
+@pytest.fixture(scope="module")
+def executed() -> list:
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    # run from examples/, as a user opening the notebook would
+    nbclient.NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOK.parent)}}
+    ).execute()
+    return nb.cells
+
+
+def test_notebook_runs_without_errors(executed):
+    code = [c for c in executed if c.cell_type == "code"]
+    assert code and all(c.execution_count for c in code)
+    errors = [o for c in code for o in c.outputs if o.get("output_type") == "error"]
+    assert not errors, errors
+
+
+def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path):
+    src = {i: "".join(c.source) for i, c in enumerate(executed)}
+    html = {
+        i: [o["data"]["text/html"] for o in c.get("outputs", []) if "text/html" in o.get("data", {})]
+        for i, c in enumerate(executed)
+    }
+    b_cells = [i for i, s in src.items() if "b1.to_frame()" in s or "b2.to_frame()" in s]
+    sf_cell = next(i for i, s in src.items() if "sf.to_frame()" in s)
+    assert len(b_cells) == 2 and all(html[i] and "<table" in html[i][0] for i in b_cells)
+    assert html[sf_cell] and "<table" in html[sf_cell][0]
+    for term in ("compute", "transfer", "coordination", "wait"):
+        assert f"<td>{term}</td>" in html[sf_cell][0] or f">{term}<" in html[sf_cell][0]
+    # the S the notebook printed is the CLI's
+    out = tmp_path / "s.json"
+    argv = [
+        "shortfall",
+        "--baseline",
+        str(ROOT / "traces/cpu-tp1"),
+        "--sharded",
+        str(ROOT / "traces/cpu-tp2"),
+    ]
+    assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
+    cli = json.loads(out.read_text())
+    printed = "".join(_text(o) for o in executed[sf_cell].outputs)
+    m = re.search(r"S = (-?\d+) ns per token", printed)
+    assert m and int(m.group(1)) == cli["shortfall_ns"]
+    assert cli["verdict"] in printed
+    # the per-rank medians of TP=2 list both ranks; TP=1's steps are one rank's
+    med_cell = next(i for i, s in src.items() if "b2.to_frame().groupby" in s)
+    table = html[med_cell][0]
+    assert re.search(r"<th>0</th>", table) and re.search(r"<th>1</th>", table)
