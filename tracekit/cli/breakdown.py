@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import io
-import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 
 from tracekit.cli.options import (
     cache_dir_option,
+    emit_result,
     engine_options,
     no_cache_option,
     out_file_option,
     step_pattern_option,
-    write_text,
 )
 
 if TYPE_CHECKING:
@@ -245,13 +244,10 @@ def command(
             run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank
         )
 
-    text: str
-    if fmt == "json":
-        doc: dict[str, Any] = result.to_json()
-        text = json.dumps(doc, indent=1) + "\n"
-    elif fmt == "csv":
-        text = result.to_csv()
-    else:
-        to_terminal = out is None and sys.stdout.isatty()
-        text = render_table(result, width=None if out is None else 120, color=to_terminal)
-    write_text(text, out)
+    emit_result(
+        out,
+        fmt,
+        result.to_json,
+        lambda width, color: render_table(result, width=width, color=color),
+        others={"csv": result.to_csv},
+    )

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import io
-import json
 import math
 import sys
 from typing import Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, write_text
+from tracekit.cli.options import emit_result, no_cache_option, out_file_option
 from tracekit.errors import TracekitError
 
 #: one rendered table: title, header, rows (strings)
@@ -384,14 +383,14 @@ def command(
         top=top,
     )
     doc = result.to_json()
-    if fmt == "json":
-        text = json.dumps(doc, indent=1) + "\n"
-    elif fmt == "md":
-        text = render_markdown(doc)
-    else:
-        to_terminal = out is None and sys.stdout.isatty()
-        text = render_table(doc, width=None if out is None else 140, color=to_terminal)
-    write_text(text, out)
+    emit_result(
+        out,
+        fmt,
+        lambda: doc,
+        lambda width, color: render_table(doc, width=width, color=color),
+        others={"md": lambda: render_markdown(doc)},
+        file_width=140,
+    )
     if pct is not None and result.fails(pct):
         click.echo(f"tracekit: {result.gate_line(pct)}", err=True)
         raise click.exceptions.Exit(1)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +143,29 @@ def write_text(text: str, out: str | None) -> None:
                     tmp.unlink()
             raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
         click.echo(f"wrote {out}", err=True)
+
+
+def emit_result(
+    out: str | None,
+    fmt: str,
+    doc: Callable[[], Any],
+    table: Callable[[int | None, bool], str],
+    *,
+    others: Mapping[str, Callable[[], str]] | None = None,
+    file_width: int = 120,
+) -> None:
+    """Write a command's result as its --format asks, to --out or stdout (`write_text`): `json` is
+    `doc()` as indented JSON (docs/JSON.md), a format named in `others` its renderer's text (md,
+    markdown, csv), any other the table, `table(width, color)`: the terminal's width and colour when
+    it prints to a terminal, `file_width` columns and no colour otherwise."""
+    if fmt == "json":
+        text = json.dumps(doc(), indent=1) + "\n"
+    elif others is not None and fmt in others:
+        text = others[fmt]()
+    else:
+        to_terminal = out is None and sys.stdout.isatty()
+        text = table(None if out is None else file_width, to_terminal)
+    write_text(text, out)
 
 
 def engine_options(func: Any) -> Any:

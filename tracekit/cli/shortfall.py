@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -11,10 +10,10 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
+    emit_result,
     engine_options,
     no_cache_option,
     out_file_option,
-    write_text,
 )
 
 if TYPE_CHECKING:
@@ -386,10 +385,4 @@ def command(
             dilation_threshold=dilation_threshold,
             allow_partial=allow_partial,
         )
-    if fmt == "json":
-        doc: dict[str, Any] = result.to_json()
-        text = json.dumps(doc, indent=1) + "\n"
-    else:
-        to_terminal = out is None and sys.stdout.isatty()
-        text = render_table(result, width=None if out is None else 120, color=to_terminal)
-    write_text(text, out)
+    emit_result(out, fmt, result.to_json, lambda width, color: render_table(result, width=width, color=color))

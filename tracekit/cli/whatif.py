@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import io
-import json
 import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, write_text
+from tracekit.cli.options import emit_result, no_cache_option, out_file_option
 
 if TYPE_CHECKING:
     from tracekit.analyse.replay import WhatIf
@@ -239,14 +238,13 @@ def command(
     doc["runs"]["baseline"]["path"] = baseline
     if sharded:
         doc["runs"]["sharded"]["path"] = sharded
-    if fmt == "json":
-        text = json.dumps(doc, indent=1) + "\n"
-    elif fmt == "markdown":
-        text = render_markdown(doc)
-    else:
-        to_terminal = out is None and sys.stdout.isatty()
-        text = render_table(doc, width=None if out is None else 120, color=to_terminal)
-    write_text(text, out)
+    emit_result(
+        out,
+        fmt,
+        lambda: doc,
+        lambda width, color: render_table(doc, width=width, color=color),
+        others={"markdown": lambda: render_markdown(doc)},
+    )
 
 
 def _load(path: str, no_cache: bool, tty: bool, skip_first: int, label: str) -> tuple[Any, Any]:
