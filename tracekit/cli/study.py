@@ -35,7 +35,13 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     "-o", "--out", "out_dir", default="reports/study", show_default=True, type=click.Path(path_type=Path),
     help="Output folder: run folders, analyses and report.html/.md/.json.",
 )  # fmt: skip
-@click.option("--offline", is_flag=True, help="Inline plotly.js in the HTML (no internet needed to view it).")
+@click.option(
+    "--cdn", is_flag=True,
+    help="Link plotly.js from its CDN in the HTML (needs internet to view) instead of inlining it (the default).",
+)  # fmt: skip
+@click.option(
+    "--offline", is_flag=True, hidden=True, help="Accepted for old scripts: inlining is the default."
+)
 @click.option(
     "--links/--no-links", default=None,
     help="Run the NVLink/PCIe link comparison (default: only where there are two GPUs).",
@@ -50,6 +56,7 @@ def command(
     device: str,
     mode: str,
     out_dir: Path,
+    cdn: bool,
     offline: bool,
     links: bool | None,
     quiet: bool,
@@ -61,9 +68,11 @@ def command(
     \b
     Examples:
       tracekit study                                  # -> reports/study/report.html
-      tracekit study --tp 1,2 --tokens 32 -o reports/cpu-study --offline
+      tracekit study --tp 1,2 --tokens 32 -o reports/cpu-study
       tracekit study --tp 1,2,4 --preset 7b --device cuda -o reports/h200-study
     """
+    if cdn and offline:
+        raise click.UsageError("--cdn and --offline contradict each other: give one")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -71,7 +80,7 @@ def command(
 
     config = StudyConfig(
         tp=_parse_tp(tp_text), preset=preset, tokens=tokens, backend=backend, device=device, mode=mode,
-        links=links, offline=offline, layers=layers,
+        links=links, offline=not cdn, layers=layers,
     )  # fmt: skip
     console = Console(stderr=True)
     if quiet:

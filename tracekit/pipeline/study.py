@@ -49,7 +49,7 @@ class StudyConfig:
     device: str = "auto"  # auto: cuda when a GPU is visible
     mode: str = "auto"  # profiler mode (tracekit.capture.profile.MODES)
     links: bool | None = None  # compare-links: None = only where there are >= 2 GPUs
-    offline: bool = False  # inline plotly.js in the HTML
+    offline: bool = True  # inline plotly.js in the HTML (False: link it from the CDN, study --cdn)
     layers: int | None = None  # override the preset's layer count
     step_pattern: str | None = None
 
