@@ -38,11 +38,27 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a temporary name in the same folder and one rename."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:  # a full disk (ENOSPC), Ctrl-C: no half-written temporary left behind
+        _unlink_quietly(tmp)
+        _name_the_file(exc, path)
+        raise
+
+
+def _name_the_file(exc: BaseException, path: Path) -> None:
+    """A failed write() carries no file name: put the one being written into the OSError."""
+    if isinstance(exc, OSError) and exc.filename is None:
+        exc.filename = str(path)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def atomic_write_json(path: Path, doc: Any) -> None:
@@ -52,12 +68,17 @@ def atomic_write_json(path: Path, doc: Any) -> None:
 def gzip_file_atomic(src: Path, dest: Path) -> None:
     """gzip `src` into `dest` (temporary name, then rename) and remove `src`."""
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    with open(src, "rb") as fin, open(tmp, "wb") as raw:
-        with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
-            shutil.copyfileobj(fin, gz, 1 << 20)
-        raw.flush()
-        os.fsync(raw.fileno())
-    os.replace(tmp, dest)
+    try:
+        with open(src, "rb") as fin, open(tmp, "wb") as raw:
+            with gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=6, mtime=0) as gz:
+                shutil.copyfileobj(fin, gz, 1 << 20)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, dest)
+    except BaseException as exc:  # nothing half-written under either name; `src` is the caller's to remove
+        _unlink_quietly(tmp)
+        _name_the_file(exc, dest)
+        raise
     src.unlink()
 
 

@@ -37,6 +37,7 @@ CPU-only run (there the collectives are the gloo/c10d CPU ops, which only `cpu`/
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -53,7 +54,7 @@ from tracekit.capture.environment import (
     result_name,
     trace_name,
 )
-from tracekit.errors import CaptureError
+from tracekit.errors import CaptureError, TracekitError
 
 MODES: dict[str, str] = {
     "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",
@@ -209,13 +210,19 @@ class Tracer:
             return
         final = self.out_dir / trace_name(self.rank)
         tmp = self.out_dir / f".rank-{self.rank}.{os.getpid()}.pt.trace.json"
-        prof.export_chrome_trace(str(tmp))
-        if self.mode == "kernels":
-            self._unhook()
-            doc = json.loads(tmp.read_text())
-            self.injected_steps = inject_marker_steps(doc, self.marked_steps)
-            tmp.write_text(json.dumps(doc))
-        gzip_file_atomic(tmp, final)
+        try:
+            prof.export_chrome_trace(str(tmp))
+            _check_export_whole(tmp, self.rank)
+            if self.mode == "kernels":
+                self._unhook()
+                doc = json.loads(tmp.read_text())
+                self.injected_steps = inject_marker_steps(doc, self.marked_steps)
+                tmp.write_text(json.dumps(doc))
+            gzip_file_atomic(tmp, final)
+        except BaseException:  # a full disk: the raw export goes too; the trace name never existed
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
         self.trace_path = final
 
     def _mark(self, name: str, opening: bool) -> None:
@@ -289,6 +296,36 @@ class Tracer:
         return self.trace_path
 
 
+def _check_export_whole(path: Path, rank: int) -> None:
+    """The profiler's C++ writer does not raise on a full disk: it logs "Failed to write to log
+    file!", leaves its own `<path>.tmp` and writes no `path` (or, elsewhere, stops short). A
+    missing export, or a JSON document that does not end in `}`, is not kept (gzipped and
+    checksummed it would look complete): both names are removed and CaptureError says why."""
+    tail = b""
+    with contextlib.suppress(OSError):
+        with open(path, "rb") as f:
+            f.seek(max(0, path.stat().st_size - 256))
+            tail = f.read().rstrip()
+    if tail.endswith(b"}"):
+        return
+    for p in (path, path.with_name(path.name + ".tmp")):
+        with contextlib.suppress(OSError):
+            p.unlink()
+    raise CaptureError(f"rank {rank}: the profiler could not write its trace{space_hint(path.parent)}")
+
+
+def space_hint(folder: Path) -> str:
+    """ " (no space left on DEVICE of FOLDER: N bytes free)" when the folder's disk is (nearly) full."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return ""
+    free = st.f_bavail * st.f_frsize
+    if free < (1 << 20):
+        return f" (no space left in {folder}: {free} bytes free)"
+    return " (its export is missing or cut short)"
+
+
 # -- per-rank result files -----------------------------------------------------------------------
 def write_result(out_dir: Path, rank: int, **fields: Any) -> None:
     """Merge `fields` into out_dir/.rank-<r>.result.json (atomically)."""
@@ -302,10 +339,18 @@ def write_result(out_dir: Path, rank: int, **fields: Any) -> None:
 
 
 def error_fields(exc: BaseException) -> dict[str, Any]:
-    lines = [ln for ln in traceback.format_exception_only(type(exc), exc) if ln.strip()]
-    return {
-        "error": {"message": lines[-1].strip() if lines else repr(exc), "traceback": traceback.format_exc()}
-    }
+    """A rank's error for its result file: tracekit's own errors in their words (they name the
+    rank already), others as `Type: message`; a full disk says so."""
+    if isinstance(exc, TracekitError):
+        message = " ".join(str(exc).split())
+        rank = _current_rank()
+        message = message.removeprefix(f"rank {rank}: ")  # the manifest names the rank
+    else:
+        lines = [ln for ln in traceback.format_exception_only(type(exc), exc) if ln.strip()]
+        message = lines[-1].strip() if lines else repr(exc)
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        message = f"no space left on the device writing {exc.filename or 'a file'}"
+    return {"error": {"message": message, "traceback": traceback.format_exc()}}
 
 
 def _current_rank() -> int:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -108,6 +109,11 @@ class CaptureConfig:
     timeout_s: float = 300.0  # collective timeout, and how long to wait for ranks after one fails
     fail_rank: int | None = None  # testing: this rank raises at the end of its profiled pass
     kill_rank: int | None = None  # testing: this rank is killed (SIGKILL) at the end of its profiled pass
+    #: testing: this rank hangs (sleeps, never returns) at `hang_at`: "after_trace" (the end of its
+    #: traced pass, when the other ranks have nothing left to wait for: the run's watchdog ends it)
+    #: or "all_reduce" (before an all-reduce of its traced pass: the others' collective times out)
+    hang_rank: int | None = None
+    hang_at: str = "after_trace"
     command: str | None = None  # the command line recorded in the manifest
     #: which measured passes the ranks run: "both"; "unprofiled" (the plain run of --nsys) or
     #: "traced" (the run under nsys: warm-up and the traced pass only). Set by --nsys, not a CLI option.
@@ -173,6 +179,10 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         raise CaptureError(f"passes must be both, unprofiled or traced, got {config.passes!r}")
     if config.fail_rank is not None and config.fail_rank >= n:
         raise CaptureError(f"fail_rank {config.fail_rank} but there are {n} ranks")
+    if config.hang_at not in ("after_trace", "all_reduce"):
+        raise CaptureError(f"hang_at must be after_trace or all_reduce, got {config.hang_at!r}")
+    if config.timeout_s <= 0:
+        raise CaptureError(f"--timeout must be more than 0 s, got {config.timeout_s}")
     local_n = int(os.environ.get("LOCAL_WORLD_SIZE", n))
     device = config.device
     if device == "auto":
@@ -378,6 +388,8 @@ def _rank_main(
         tracer = Tracer(
             res.mode, res.device, out_dir, rank, warmup=LEAD_STEPS, active=config.tokens, keep=traced
         )
+        if traced and config.hang_rank == rank and config.hang_at == "all_reduce":
+            comm.before_all_reduce = _hang  # the others block in this all-reduce until it times out
         ids, times = run_pass(model, prompt, config.tokens, tracer=tracer, on_token=report("profiled" + tag))
         tokens = ids if tokens is None else tokens
         profiled.append(times[kept])
@@ -392,6 +404,8 @@ def _rank_main(
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
+        if config.hang_rank == rank:  # no exception, no exit: only a timeout ends it
+            _hang()
         path = tracer.stop()
         fields.update(
             {
@@ -426,6 +440,12 @@ def _rank_main(
 
 def _never(i: int) -> bool:
     return False
+
+
+def _hang() -> None:
+    """Testing (CaptureConfig.hang_rank): never return, as a rank stuck in a driver call would."""
+    while True:
+        time.sleep(3600)
 
 
 def run_pass(
@@ -463,7 +483,14 @@ def run_pass(
 
 
 def _spawned_rank(
-    rank: int, world: int, config: CaptureConfig, res: Resolved, out_dir: str, init_method: str, queue: Any
+    rank: int,
+    world: int,
+    config: CaptureConfig,
+    res: Resolved,
+    out_dir: str,
+    init_method: str,
+    queue: Any,
+    said: Any = None,
 ) -> None:
     """Entry of a spawned rank process: errors go to its result file and exit code 1."""
     from tracekit.capture.profile import error_fields, write_result
@@ -477,6 +504,9 @@ def _spawned_rank(
         fields = error_fields(exc)
         with contextlib.suppress(Exception):
             write_result(Path(out_dir), rank, **fields)
+        if said is not None:  # also when the result file cannot be written (a full disk)
+            with contextlib.suppress(Exception):
+                said.put((rank, fields["error"]["message"]))
         sys.stderr.write(f"tracekit capture: rank {rank} failed: {fields['error']['message']}\n")
         sys.exit(1)
 
@@ -510,7 +540,7 @@ def build_manifest(
     for r in range(world):
         res = results.get(r, {})
         if res.get("error") and r not in seen:
-            errs.append({"rank": r, "message": res["error"]["message"]})
+            errs.append({"rank": r, "message": res["error"]["message"], "how": "error"})
             seen.add(r)
     files: dict[str, dict[str, Any]] = {}
     for r in range(world):
@@ -518,7 +548,7 @@ def build_manifest(
         if fe:
             files[env.trace_name(r)] = fe
         elif needs_traces and r not in seen:
-            errs.append({"rank": r, "message": "no trace written"})
+            errs.append({"rank": r, "message": "no trace written", "how": "no_trace"})
     files.update(extra_files or {})
     unprof = {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
     prof = {str(r): results[r]["profiled_ns"] for r in sorted(results) if results[r].get("profiled_ns")}
@@ -605,13 +635,23 @@ def _set_unprofiled(manifest: dict[str, Any], rounds: list[dict[str, list[int]]]
 
 
 def _finish(out_dir: Path, manifest: dict[str, Any]) -> Path:
-    env.atomic_write_json(out_dir / env.MANIFEST_NAME, manifest)
+    path = out_dir / env.MANIFEST_NAME
+    try:
+        env.atomic_write_json(path, manifest)
+        written = None
+    except OSError as exc:  # a full disk: no manifest at all (never half of one)
+        written = f"no manifest written: cannot write {path} ({exc.strerror or exc})"
     if not manifest["complete"]:
         parts = "; ".join(
             f"rank {e['rank']}: {e['message']}" if e.get("rank") is not None else e["message"]
             for e in manifest["errors"]
         )
-        raise CaptureError(f"capture incomplete ({parts}); kept traces and manifest in {out_dir}")
+        parts = " ".join(parts.split())  # one line, whatever a rank's exception said
+        n = len(manifest.get("files") or {})
+        kept = written or f"kept {n} whole trace file(s) and the manifest in {out_dir}"
+        raise CaptureError(f"capture incomplete ({parts}); {kept}")
+    if written:
+        raise CaptureError(f"capture finished but {written}; the traces in {out_dir} are whole")
     for p in out_dir.glob(".rank-*.result.json"):
         p.unlink()
     return out_dir
@@ -625,6 +665,44 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: what a capture writes in its folder (and clears there first): `--force` is needed to replace them
+_OUTPUT_GLOBS = ("manifest.json", "rank-*.pt.trace.json.gz", "nsys.nsys-rep", "nsys.sqlite", "nsys.qdstrm")
+
+
+def existing_outputs(out_dir: Path) -> list[str]:
+    """Names in `out_dir` that a capture would replace (an earlier capture's manifest and traces)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    return sorted({p.name for g in _OUTPUT_GLOBS for p in out_dir.glob(g)})
+
+
+def check_out_dir(out_dir: Path, force: bool) -> None:
+    """CaptureError (one line) when `out_dir` is a file, or holds an earlier capture's files and
+    `force` is false: nothing already there is replaced without `--force`."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise CaptureError(f"--out {out_dir}: exists and is not a folder")
+    found = existing_outputs(out_dir)
+    if found and not force:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise CaptureError(
+            f"--out {out_dir} already holds {shown} from an earlier capture: pass --force to replace "
+            "them, or choose another folder"
+        )
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    """Create `out_dir` and make sure it can be written; CaptureError (one line) when not."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / f".tracekit-write-test.{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise CaptureError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _clear_outputs(out_dir: Path) -> None:
@@ -649,12 +727,13 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         return _capture_torchrun(config, out_dir)
     res = resolve(config)
     world = config.tp
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out_dir)
     _clear_outputs(out_dir)
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue() if progress is not None else None
+    said = ctx.SimpleQueue()  # each failing rank's error, whether or not its result file was written
     init = f"tcp://127.0.0.1:{_free_port()}"
     procs = []
     old = os.environ.get("TRACEKIT_SPAWNED")
@@ -666,7 +745,9 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     try:
         for r in range(world):
             p = ctx.Process(
-                target=_spawned_rank, args=(r, world, config, res, str(out_dir), init, queue), daemon=False
+                target=_spawned_rank,
+                args=(r, world, config, res, str(out_dir), init, queue, said),
+                daemon=False,
             )
             p.start()
             procs.append(p)
@@ -684,21 +765,42 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         for r, p in enumerate(procs):
             if p.is_alive():
                 p.terminate()
-                errors.append({"rank": r, "message": "interrupted (Ctrl-C) before it finished"})
+                errors.append(
+                    {"rank": r, "message": "interrupted (Ctrl-C) before it finished", "how": "interrupted"}
+                )
     for p in procs:
         p.join(timeout=10)
     if queue is not None:
         with contextlib.suppress(Exception):
             while True:
                 progress(*queue.get_nowait())  # type: ignore[misc]
+    for p in procs:
+        if p.is_alive():  # did not end within the join: never leave a rank behind
+            p.kill()
+            p.join(timeout=5)
+    messages: dict[int, str] = {}
+    with contextlib.suppress(Exception):
+        while not said.empty():
+            r, msg = said.get()
+            messages[int(r)] = str(msg)
     results = read_results(out_dir)
+    for r, msg in messages.items():  # a rank whose result file could not say it (a full disk)
+        if not results.get(r, {}).get("error"):
+            results.setdefault(r, {"rank": r})["error"] = {"message": msg}
+    _blame_timeouts(results, errors)
     for r, p in enumerate(procs):
         if (
             p.exitcode not in (0, None)
             and not results.get(r, {}).get("error")
             and not any(e["rank"] == r for e in errors)
         ):
-            errors.append({"rank": r, "message": exit_words(p.exitcode)})
+            errors.append(
+                {
+                    "rank": r,
+                    "message": exit_words(p.exitcode),
+                    "how": "killed" if p.exitcode < 0 else "exited",
+                }
+            )
     manifest = build_manifest(
         world=world,
         results=results,
@@ -731,8 +833,11 @@ def _wait_for_ranks(
     config: CaptureConfig,
     errors: list[dict[str, Any]],
 ) -> None:
-    """Until every rank ends; once one failed, the others get min(timeout_s, 60) s, then are terminated."""
-    first_fail: float | None = None
+    """Until every rank ends. Once one rank has ended, the others get a grace period: min(timeout_s,
+    60) s after a failure, timeout_s (the collective timeout, `--timeout`) after a rank finished
+    normally. A rank still running then is hung (a rank that finished has no collective left to
+    wait on, so only this ends it): terminated, killed if SIGTERM does not end it, and named."""
+    ended: tuple[float, int, bool] | None = None  # (when, rank, failed)
     while any(p.is_alive() for p in procs):
         if queue is not None:
             with contextlib.suppress(Exception):
@@ -741,16 +846,57 @@ def _wait_for_ranks(
                     progress(phase, done, total)  # type: ignore[misc]
         else:
             time.sleep(0.05)
-        if first_fail is None and any(p.exitcode not in (None, 0) for p in procs):
-            first_fail = time.monotonic()
-        if first_fail is not None and time.monotonic() - first_fail > min(config.timeout_s, 60.0):
-            for r, p in enumerate(procs):
-                if p.is_alive():
-                    p.terminate()
-                    errors.append(
-                        {"rank": r, "message": "terminated: still waiting after another rank failed"}
-                    )
+        now = time.monotonic()
+        for r, p in enumerate(procs):
+            code = p.exitcode
+            if code is None or (ended is not None and (ended[2] or code == 0)):
+                continue
+            ended = (now, r, code != 0)  # the first rank to end; a later failure shortens the wait
             break
+        if ended is None:
+            continue
+        since, who, failed = ended
+        grace = min(config.timeout_s, 60.0) if failed else config.timeout_s
+        if now - since <= grace:
+            continue
+        hung = [(r, p) for r, p in enumerate(procs) if p.is_alive()]
+        for r, p in hung:
+            p.terminate()
+            errors.append(
+                {
+                    "rank": r,
+                    "message": f"hung: still running {grace:g} s after rank {who} "
+                    f"{'failed' if failed else 'finished'} (--timeout {config.timeout_s:g}); terminated",
+                    "how": "hung",
+                }
+            )
+        for _, p in hung:
+            p.join(timeout=5)
+            if p.is_alive():  # SIGTERM ignored or blocked in a driver call
+                p.kill()
+        break
+
+
+def _blame_timeouts(results: dict[int, dict[str, Any]], errors: list[dict[str, Any]]) -> None:
+    """A rank whose collective timed out was waiting for a rank that hung: say so (in place), so
+    the manifest and the message name the rank that hung, not only the one that gave up."""
+    hung = sorted(e["rank"] for e in errors if e.get("how") == "hung")
+    if not hung:
+        return
+    named = {e.get("rank") for e in errors}
+    for r, res in sorted(results.items()):
+        msg = str((res.get("error") or {}).get("message", ""))
+        if r in named or not msg or "timed out" not in msg.lower() and "timeout" not in msg.lower():
+            continue
+        who = ", ".join(map(str, hung))
+        said = re.sub(r"\[[^\]]*\]\s*", "", msg)[:200]  # without gloo's [source/file.cc:78]
+        errors.append(
+            {
+                "rank": r,
+                "message": f"collective timed out waiting for rank {who}, which hung ({said})",
+                "how": "collective_timeout",
+            }
+        )
 
 
 def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
@@ -762,7 +908,7 @@ def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
     if config.tp not in (1, world):
         raise CaptureError(f"--tp {config.tp} but torchrun started WORLD_SIZE={world} ranks")
     res = resolve(config, world)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out_dir)
     try:
         fields = _rank_main(
             rank, world, local_rank, config, res, out_dir, "env://" if world > 1 else None, destroy=False
@@ -879,7 +1025,7 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
     """
     res = resolve(config)  # check options before starting anything
     find_nsys()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out_dir)
     cmd = _command(config)
     plain_cfg = replace(
         config, nsys=False, mode=res.mode, passes="unprofiled", fail_rank=None, command=cmd, rounds=1
@@ -971,7 +1117,7 @@ def capture_script(
     if nsys:
         find_nsys()  # before running anything
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    _prepare_out_dir(out_dir)
     _clear_outputs(out_dir)
     command = command or "tracekit " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     child_env = dict(os.environ)

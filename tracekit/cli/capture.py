@@ -91,6 +91,12 @@ Examples:
 @click.option(
     "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="Run folder."
 )
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Replace the manifest and traces of an earlier capture in --out (without it: an error, "
+    "nothing touched).",
+)
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def command(
@@ -113,6 +119,7 @@ def command(
     nsys: bool,
     timeout_s: float,
     out_dir: Path,
+    force: bool,
     quiet: bool,
     script: tuple[str, ...],
 ) -> None:
@@ -125,6 +132,7 @@ def command(
     """
     from tracekit.capture import runner
 
+    runner.check_out_dir(out_dir, force)  # before anything runs: nothing replaced without --force
     cmdline = _canonical_command(click.get_current_context())
     if script:
         run_dir = runner.capture_script(list(script), out_dir, mode=mode, nsys=nsys, command=cmdline)
@@ -180,7 +188,7 @@ def _canonical_command(ctx: click.Context) -> str:
     words = ["tracekit", "capture"]
     script_given = bool(ctx.params.get("script"))
     for p in ctx.command.params:
-        if not isinstance(p, click.Option) or p.name in (None, "quiet"):
+        if not isinstance(p, click.Option) or p.name in (None, "quiet", "force"):
             continue
         value = ctx.params.get(p.name)
         always = p.name in ("tp", "preset", "tokens") and not script_given

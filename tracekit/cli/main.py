@@ -2,8 +2,9 @@
 exposing a click command named `command`; modules are imported only when their command runs, so
 `tracekit breakdown` never imports torch.
 
-Errors: a `TracekitError` (bad input, impossible request) becomes one line on stderr and exit 2;
-anything else is a bug and keeps its traceback.
+Errors: a `TracekitError` (bad input, impossible request) and a usage error (a bad option value,
+an unknown option) become one line on stderr and exit 2; anything else is a bug and keeps its
+traceback.
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def main(argv: list[str] | None = None) -> int:
     except click.exceptions.Abort:
         click.echo("tracekit: aborted", err=True)
         return 130
+    except click.UsageError as exc:
+        # one line naming the option and the value (was click's usage block of 3-4 lines)
+        click.echo(_usage_line(exc), err=True)
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
@@ -84,6 +89,16 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     # without standalone mode click returns the code of an `Exit(n)` (diff --fail-if-slower: 1)
     return rc if isinstance(rc, int) else 0
+
+
+def _usage_line(exc: click.UsageError) -> str:
+    """`tracekit: error: Invalid value for '--out': File '.' is a directory.`, and where to look
+    for the options when the mistake is not in a value (an unknown option, a missing argument)."""
+    msg = " ".join(exc.format_message().split())
+    value_error = isinstance(exc, click.BadParameter) and not isinstance(exc, click.MissingParameter)
+    if not value_error and exc.ctx is not None:
+        msg += f" (see '{exc.ctx.command_path} -h')"
+    return f"tracekit: error: {msg}".encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def entry() -> None:

@@ -82,7 +82,8 @@ _max_events_option = click.option(
     is_eager=True,
     callback=_set_limit,
     metavar="N",
-    help="Refuse a trace file of more than N events (default 40M; also TRACEKIT_MAX_EVENTS).",
+    help="Refuse a run of more than N events, all its trace files together (default 40M; also "
+    "TRACEKIT_MAX_EVENTS).",
 )
 
 

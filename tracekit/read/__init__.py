@@ -91,10 +91,34 @@ def _int_in(v: Any, lo: int, hi: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and lo <= v <= hi
 
 
+def inside_run_folder(name: object) -> bool:
+    """True when a manifest's file name stays inside the run folder: a relative path without `..`,
+    no drive, no NUL (`../x`, `/etc/passwd`, `C:\\x`, `sub/../../x` are not)."""
+    from pathlib import PurePosixPath, PureWindowsPath
+
+    if not isinstance(name, str) or not name or "\x00" in name:
+        return False
+    posix, win = PurePosixPath(name), PureWindowsPath(name)
+    return not (posix.is_absolute() or win.drive or win.root or ".." in posix.parts or ".." in win.parts)
+
+
 def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
     """Leave out (in place) the workload fields that are malformed or out of bounds, so that no
     consumer sizes a loop or a set by them (tp 10**30, per_token 1e9); the notes saying so."""
     notes: list[tuple[str, str]] = []
+    files = doc.get("files")
+    if isinstance(files, dict):  # names of the run's own files: never a path out of its folder
+        outside = [k for k in files if not inside_run_folder(k)]
+        if outside:
+            shown = ", ".join(repr(k)[:80] for k in outside[:4])
+            notes.append(
+                (
+                    "manifest_path_outside_run",
+                    f"{name}: files names {len(outside)} path(s) outside the run folder ({shown}): ignored",
+                )
+            )
+            for k in outside:
+                del files[k]
     wl = doc.get("workload")
     if not isinstance(wl, dict):
         return notes
@@ -262,6 +286,23 @@ def read_file(
     return run
 
 
+def check_run_events(total: int, path: object, n_files: int) -> None:
+    """The limit on events is per run (`--max-events`, docs/RELIABILITY.md): TraceFormatError naming
+    the file whose events took the run's total past it (`total`: the rows of the event tables of
+    the first `n_files` files, in file order, this one included). One file alone is stopped while
+    it streams, at the same limit."""
+    from tracekit.read.limits import current_limits
+
+    limit = current_limits().max_events
+    if total > limit:
+        raise TraceFormatError(
+            path,
+            f"the run has {total} events with this file ({n_files} trace files so far), more than {limit}: "
+            "the limit on events of one run, all its trace files together (--max-events or "
+            "TRACEKIT_MAX_EVENTS)",
+        )
+
+
 def _read_worker(args: tuple[str, int | None, bool]) -> Run:
     path, rank, cache = args
     return read_file(path, rank=rank, cache=cache)
@@ -371,6 +412,7 @@ def read_run(
                         bar.update(task, completed=_base + done)
 
                 runs.append(read_file(f, rank=rank, cache=cache, on_progress=_cb if bar else None))
+                check_run_events(sum(len(r.events) for r in runs), f, len(runs))
                 if bar is not None:
                     bar.update(task, completed=done_before + size)
         else:
@@ -386,6 +428,7 @@ def read_run(
                                 "the process reading this file died (out of memory or killed); "
                                 "read it alone, or lower --max-bytes / --max-events",
                             ) from None
+                        check_run_events(sum(len(r.events) for r in runs), f, len(runs))
                         if bar is not None:
                             bar.advance(task, f.stat().st_size)
                 finally:
@@ -432,6 +475,22 @@ def _check_checksums(run: Run) -> None:
                 bad.append(f"{p.name} (SHA-256 differs)")
         except OSError as exc:
             bad.append(f"{p.name} ({exc.strerror or exc})")
+    manifest = run.manifest or {}
+    if manifest.get("complete") is False:  # a rank that failed may still have left a whole trace
+        unlisted = sorted(Path(src).name for src in run.sources.values() if Path(src).name not in files)
+        if unlisted:
+            errs = manifest.get("errors")
+            said = "; ".join(
+                f"rank {e.get('rank')}: {str(e.get('message'))[:120]}"
+                for e in (errs if isinstance(errs, list) else [])[:4]
+                if isinstance(e, dict)
+            )
+            run.data_quality.add(
+                "trace_not_in_manifest",
+                len(unlisted),
+                f"{', '.join(unlisted[:8])} not listed in manifest.json files: the capture did not finish "
+                f"that rank ({said or 'manifest complete: false'}); read, but unverified",
+            )
     if bad:
         run.data_quality.add(
             "checksum_mismatch",
@@ -481,6 +540,8 @@ def _check_gpu_streams(run: Run) -> None:
 def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link)."""
+    if run.sources:  # the engines that concatenate first (dask) meet the per-run limit here
+        check_run_events(len(run.events), list(run.sources.values())[-1], len(run.sources))
     dq = run.data_quality
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)

@@ -14,6 +14,17 @@ Stored: the event table (categoricals stay categoricals) + rank_info + sources +
 Parquet schema metadata. Written atomically (temp file + os.replace). A corrupt or unreadable entry
 is ignored (and rewritten by the next store), never an error. Disabled with `TRACEKIT_NO_CACHE=1`
 (`--no-cache`, or `cache=False` in `read_run`).
+
+Never trusted (issue 16): beside each entry `<entry>.sha256` records the SHA-256 of the Parquet
+bytes and the key. A load reads the entry's bytes once, checks their digest and the key against
+that record *before* Parquet parses anything, and parses those same bytes (no second read a swap
+could slip into); a mismatch (an entry edited, replaced or truncated by anything but `store`) is a
+miss: the trace is read again from its source and the entry rewritten. The table must then have
+exactly the event model's columns. Nothing in an entry is evaluated or unpickled (pyarrow >= 14
+refuses pickled extension types; the columns are checked before pandas sees them). The digest
+stops damage and tampering by anything that does not also rewrite the record; someone who can
+write the cache folder and knows this scheme can rewrite both, which is why the cache lives in the
+user's own folder (mode 0700 when tracekit creates it), never beside shared traces.
 """
 
 from __future__ import annotations
@@ -70,7 +81,7 @@ def _writable_dir(d: Path) -> bool:
         if not folder_writable(parent):
             return False
         try:
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError:
             return False
     return folder_writable(d)
@@ -106,20 +117,48 @@ def cache_path_for(trace: Path, rank: int | None = None) -> Path | None:
     return d / f"{stem}-{h}.parquet"
 
 
+def digest_path(entry: Path) -> Path:
+    """The record of an entry's SHA-256 and key: `<entry>.sha256` beside it."""
+    return entry.with_name(entry.name + ".sha256")
+
+
+def _verified_bytes(cp: Path, key: dict[str, Any]) -> bytes | None:
+    """The entry's bytes when its digest record names this key and their SHA-256, else None."""
+    try:
+        record = json.loads(digest_path(cp).read_text())
+        data = cp.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    if record.get("sha256") != hashlib.sha256(data).hexdigest():
+        return None
+    return data
+
+
 def load(trace: Path, reader_version: str, rank: int | None = None) -> Run | None:
-    """The cached Run of `trace`, or None (absent, stale, corrupt)."""
+    """The cached Run of `trace`, or None (absent, stale, corrupt, or its bytes not the ones
+    `store` wrote: read the trace again)."""
     try:
         cp = cache_path_for(trace, rank)
         if cp is None or not cp.exists():
             return None
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.read_table(cp)
+        key = _key(trace, reader_version, rank)
+        data = _verified_bytes(cp, key)
+        if data is None:
+            return None
+        table = pq.read_table(pa.BufferReader(data))
+        del data
+        if table.column_names != list(COLUMNS):
+            return None
         meta_raw = (table.schema.metadata or {}).get(_META_KEY)
         if meta_raw is None:
             return None
         meta = json.loads(meta_raw)
-        if meta.get("key") != _key(trace, reader_version, rank):
+        if meta.get("key") != key:
             return None
         # one block per column (no consolidation copy); Arrow buffers are released as they convert
         df = table.to_pandas(split_blocks=True, self_destruct=True)
@@ -161,7 +200,17 @@ def store(trace: Path, reader_version: str, run: Run, rank: int | None = None) -
         fd, tmp_name = tempfile.mkstemp(prefix=".tmp-", suffix=".parquet", dir=cp.parent)
         os.close(fd)
         pq.write_table(table, tmp_name, compression="zstd")
+        h = hashlib.sha256()
+        with open(tmp_name, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        fd, tmp_digest = tempfile.mkstemp(prefix=".tmp-", suffix=".sha256", dir=cp.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"sha256": h.hexdigest(), "key": meta["key"]}, f)
+        # the entry first, then its record: until the record lands, a load sees a mismatch (a miss)
         os.replace(tmp_name, cp)
+        tmp_name = tmp_digest
+        os.replace(tmp_digest, digest_path(cp))
         tmp_name = None
         return cp
     except Exception:

@@ -7,10 +7,13 @@ naming the file and the limit, before the memory is spent:
 - `max_bytes`: decompressed bytes of one trace file (Kineto JSON, or the SQLite inside a
   `.sqlite.gz`). Default 16 GiB: reading streams, so this bounds time, not memory (about three
   minutes of decoding), and is ten times the largest trace we have seen (1.5 GB).
-- `max_events`: events of one trace file (every event counted, kept or skipped; for an nsys export,
-  the rows of its event tables). Default 40 million: the event table costs about
+- `max_events`: events of one run, all its trace files together (the rows of the run's event
+  table, checked as each file is read: `tracekit.read.check_run_events`). One file alone is stopped
+  while it streams once it passes the same N (every event counted, kept or skipped; for an nsys
+  export, the rows of its event tables). Default 40 million: the event table costs about
   100 bytes a row and the analysis about four times that at its peak, so 40 M rows stay within
-  about 16 GB, which fits a 24 GB machine with room for the rest.
+  about 16 GB, which fits a 24 GB machine with room for the rest. (Per run, not per file: eight
+  rank files of 40 M events each would need 128 GB.)
 - `max_token_bytes`: one JSON event, string, number or run of whitespace. Default 64 MiB; no
   profiler writes an event of more than a few kB.
 
@@ -42,7 +45,7 @@ class Limits:
 
     #: decompressed bytes of one trace file
     max_bytes: int = DEFAULT_MAX_BYTES
-    #: events (rows of the table, and events skipped) of one trace file
+    #: events of one run (rows of its table); one file is stopped while streaming at the same N
     max_events: int = DEFAULT_MAX_EVENTS
     #: bytes of one JSON event, string, number or whitespace run
     max_token_bytes: int = DEFAULT_MAX_TOKEN_BYTES

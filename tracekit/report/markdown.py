@@ -38,6 +38,17 @@ def md_esc(value: Any) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+def md_code(value: Any) -> str:
+    """A value as a Markdown code span: shown literally (no markup, no HTML, no entity is
+    interpreted inside one, so no escaping either: md_esc's backslashes would show). The fence is
+    one backtick longer than the longest run of backticks in the value, so a name cannot close it."""
+    text = ("" if value is None else str(value)).replace("\r", " ").replace("\n", " ")
+    longest = max((len(m) for m in re.findall(r"`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 _MD_SPECIAL_OURS = re.compile(r"([\\`*_|#])")
 
 
@@ -264,7 +275,7 @@ def render_markdown(data: ReportData) -> str:
 
     lines += ["## What ran, where (manifest)", ""]
     for m in data.manifests:
-        lines += [f"### {md_esc(m['role'])} run" + (f": `{md_esc(m['path'])}`" if m.get("path") else ""), ""]
+        lines += [f"### {md_esc(m['role'])} run" + (f": {md_code(m['path'])}" if m.get("path") else ""), ""]
         if not m["present"]:
             lines += ["No manifest.json: what ran and where is unknown.", ""]
             continue
