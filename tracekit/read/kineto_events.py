@@ -1,0 +1,386 @@
+"""The Kineto reader's event mapping (tracekit.read.kineto): decoded chunks -> numpy columns of the
+event table. Kinds from `cat` (`KIND_OF_CAT`), names interned as categorical codes, timestamps
+parsed exactly from the JSON number text into integer ns (`parse_us_to_ns`), pid/tid/device/stream
+and the comm args of each complete event, with every skipped event counted by phase in data quality."""
+
+from __future__ import annotations
+
+import operator
+import re
+from collections import Counter
+from collections.abc import Sequence
+from decimal import Decimal, InvalidOperation
+from itertools import filterfalse
+from typing import Any
+
+import msgspec
+import numpy as np
+import pandas as pd
+
+from tracekit.model.events import DataQuality
+from tracekit.read.kineto_stream import (
+    _INT32_MAX,
+    _MAX_DUR_US,
+    _PHASE_OF_TYPE,
+    _Args,
+    _Ev,
+    _int_column,
+)
+
+KIND_OF_CAT: dict[str, str] = {
+    "kernel": "kernel",
+    "gpu_memcpy": "memcpy",
+    "gpu_memset": "memset",
+    "cuda_runtime": "runtime",
+    "cuda_driver": "runtime",
+    "cuda_sync": "sync",
+    "cpu_op": "cpu_op",
+    "user_annotation": "annotation",
+    "gpu_user_annotation": "gpu_annotation",
+}
+_GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
+
+_HOST_COLL_PREFIX = re.compile(r"^(?:gloo:|nccl:|c10d::)")
+
+
+# ----------------------------------------------------------------------------------------------
+# Exact timestamp parsing: JSON number text (microseconds) -> integer nanoseconds
+
+
+_POW10 = np.array([10**k for k in range(19)], dtype=np.int64)
+_DEC_INT64_MIN = Decimal(-(2**63))
+_DEC_INT64_MAX = Decimal(2**63 - 1)
+
+
+def _text_matrix(texts: Sequence[Any], n: int) -> tuple[np.ndarray, bool]:
+    """The texts as an (n, width) uint8 matrix, right-padded with NUL (one join, no object per row),
+    and whether every text has the same length."""
+    lengths = np.fromiter(map(len, texts), np.int64, n)
+    w = int(lengths.max())
+    flat = np.frombuffer(b"".join(texts), np.uint8)
+    if w == 0:
+        return np.zeros((n, 1), np.uint8), True
+    if int(lengths.min()) == w:
+        return flat.reshape(n, w), True
+    m = np.zeros((n, w), np.uint8)
+    row = np.repeat(np.arange(n), lengths)
+    col = np.arange(len(flat)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    m[row, col] = flat
+    return m, False
+
+
+def _parse_fixed(m: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """Fast path: every row is digits with the point in one column (Kineto's fixed-decimals ts)."""
+    n, w = m.shape
+    first = bytes(m[0])
+    d0 = first.find(b".")
+    cols = np.arange(w)
+    other = cols != d0
+    if not other.any():
+        return None
+    if d0 >= 0 and not (m[:, d0] == 46).all():
+        return None
+    if not ((m[:, other] - np.uint8(48)) <= 9).all():  # uint8 wrap-around: non-digits are > 9
+        return None
+    if d0 < 0:
+        d0 = w
+    pw = np.where(cols < d0, d0 - cols + 2, d0 - cols + 3)[other]  # power of ten in ns
+    if (pw > 18).any():
+        return None
+    digits = m[:, other]
+    if (pw == 18).any() and (digits[:, pw == 18] >= 57).any():  # >= 9e18 ns: may not fit int64
+        return None
+    keep = pw >= 0
+    ns = (digits[:, keep].astype(np.int64) - 48) @ _POW10[pw[keep]]
+    sub = int((digits[:, ~keep] != 48).any(axis=1).sum()) if (~keep).any() else 0
+    return ns, sub
+
+
+def parse_us_to_ns(
+    texts: Sequence[Any], counts: dict[str, int] | None = None
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Parse JSON number texts (bytes or msgspec.Raw) in microseconds into exact integer ns.
+
+    Returns (ns int64, valid bool, sub_ns) where `valid` is False for empty/non-numeric text and
+    `sub_ns` counts values with more than 3 decimals (digits below 1 ns are dropped, truncating).
+    Exponent notation (1.5e3) is handled exactly through Decimal for those rows.
+
+    Vectorised over a (rows, characters) byte matrix: each digit's power of ten comes from its
+    distance to the row's decimal point, and a row's value is the integer sum of digit x 10**power
+    (no float anywhere). When all rows share one layout (the usual case: Kineto writes a fixed
+    number of decimals) this is one integer matrix product (`_parse_fixed`).
+    """
+    n = len(texts)
+    if n == 0:
+        return np.zeros(0, np.int64), np.zeros(0, bool), 0
+    m, same_length = _text_matrix(texts, n)
+    if same_length:
+        fixed = _parse_fixed(m)
+        if fixed is not None:
+            return fixed[0], np.ones(n, bool), fixed[1]
+    w = m.shape[1]
+    isdig = (m >= 48) & (m <= 57)
+    isdot = m == 46
+    # allowed non-digits: the point, NUL padding, a sign, the quotes of a string value
+    odd_rows = ~(isdig | isdot | (m == 0) | (m == 45) | (m == 43) | (m == 34))
+    odd = odd_rows.any(axis=1) | (isdot.sum(axis=1) > 1)
+    has_dot = isdot.any(axis=1)
+    any_dig: np.ndarray = np.asarray(isdig.any(axis=1))
+    last_dig = w - 1 - np.argmax(isdig[:, ::-1], axis=1)
+    dot = np.where(has_dot, np.argmax(isdot, axis=1), last_dig + 1)
+    cols = np.arange(w)
+    pw = np.where(
+        cols[None, :] < dot[:, None], dot[:, None] - cols[None, :] + 2, dot[:, None] - cols[None, :] + 3
+    )
+    sub: np.ndarray = np.asarray((isdig & (pw < 0) & (m != 48)).any(axis=1))
+    odd = odd | (isdig & ((pw > 18) | ((pw == 18) & (m >= 57)))).any(axis=1)  # may not fit int64
+    use = isdig & (pw >= 0) & (pw <= 18)
+    ns = np.where(use, (m.astype(np.int64) - 48) * _POW10[np.clip(pw, 0, 18)], 0).sum(axis=1)
+    first = m[:, 0]
+    if counts is not None:  # numbers written as JSON strings ("123.5"): read, and counted
+        counts["strings"] = counts.get("strings", 0) + int(((first == 34) & valid_text(m)).sum())
+    neg = (first == 45) | ((first == 34) & (m[:, 1] == 45) if w > 1 else False)
+    if neg.any():
+        ns = np.where(neg, -ns, ns)
+    valid = any_dig.copy()
+    if odd.any():
+        for i in np.flatnonzero(odd).tolist():
+            try:
+                raw = bytes(texts[i])
+                if len(raw) > 64:  # no timestamp is written with more digits; 1e900000-style texts
+                    raise ValueError(raw[:20])
+                v = Decimal(raw.decode().strip('"')) * 1000
+                # the check before int(): int() of Decimal("1e900000") builds a 900k-digit number
+                valid[i] = v.is_finite() and _DEC_INT64_MIN <= v <= _DEC_INT64_MAX
+                ns[i] = int(v) if valid[i] else 0
+                sub[i] = bool(valid[i]) and v != v.to_integral_value()
+            except (InvalidOperation, ValueError, OverflowError, ArithmeticError, UnicodeDecodeError):
+                valid[i] = False
+                sub[i] = False
+    return ns, valid, int(sub.sum())
+
+
+def valid_text(m: np.ndarray) -> np.ndarray:
+    """Rows of a text matrix holding at least one digit."""
+    return np.asarray(((m >= 48) & (m <= 57)).any(axis=1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunk -> columns
+
+
+_is_complete = _Ev.__instancecheck__
+_get_ts = operator.attrgetter("ts")
+_get_dur = operator.attrgetter("dur")
+_get_cat = operator.attrgetter("cat")
+_get_name = operator.attrgetter("name")
+_get_args = operator.attrgetter("args")
+_get_pid = operator.attrgetter("pid")
+_get_tid = operator.attrgetter("tid")
+_get_device = operator.attrgetter("device")
+_get_stream = operator.attrgetter("stream")
+_get_corr = operator.attrgetter("correlation")
+
+
+class _Interner(dict):  # type: ignore[type-arg]
+    """str -> code, a new code on first sight (C-speed lookups through map(d.__getitem__, ...))."""
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _CatKinds(dict):  # type: ignore[type-arg]
+    """Kineto `cat` -> kind code."""
+
+    def __init__(self, kind_codes: dict[str, int]):
+        super().__init__()
+        self.kind_codes = kind_codes
+
+    def __missing__(self, key: str) -> int:
+        code = self[key] = self.kind_codes[KIND_OF_CAT.get(key, "other")]
+        return code
+
+
+class _Columns:
+    """Accumulates per-chunk numpy columns and interned strings."""
+
+    def __init__(self) -> None:
+        self.start: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.kind: list[np.ndarray] = []
+        self.name: list[np.ndarray] = []
+        self.device: list[np.ndarray] = []
+        self.stream: list[np.ndarray] = []
+        self.corr: list[np.ndarray] = []
+        self.names: dict[str, int] = _Interner()
+        self.kind_codes = {k: i for i, k in enumerate(_KIND_CATEGORIES)}
+        self.cat_codes = _CatKinds(self.kind_codes)
+        self.rows = 0
+        # sparse collective metadata: global row -> tuple
+        self.coll_rows: list[int] = []
+        self.coll_vals: list[tuple[Any, ...]] = []
+        # record_shapes of host collective ops (gloo:, nccl:, c10d::): global row -> raw JSON texts
+        self.shape_rows: list[int] = []
+        self.shape_vals: list[tuple[bytes, bytes]] = []
+        self._coll_codes: list[int] = []
+        self._names_checked = 0
+        self.dq = DataQuality()
+        self.events_total = 0
+
+    def host_collective_codes(self) -> np.ndarray:
+        """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`), names seen so far."""
+        if self._names_checked < len(self.names):
+            new = list(self.names)[self._names_checked :]
+            self._coll_codes.extend(self.names[n] for n in new if _HOST_COLL_PREFIX.match(n))
+            self._names_checked = len(self.names)
+        return np.asarray(self._coll_codes, np.int32)
+
+    def add(self, evs: list[Any]) -> None:
+        self.events_total += len(evs)
+        xs: list[_Ev] = list(filter(_is_complete, evs))
+        if len(xs) != len(evs):
+            for t, cnt in Counter(map(type, filterfalse(_is_complete, evs))).items():
+                self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
+        if not xs:
+            return
+        n = len(xs)
+        ts_counts: dict[str, int] = {}
+        ts_ns, ts_ok, sub_ns = parse_us_to_ns(list(map(_get_ts, xs)), ts_counts)
+        if ts_counts.get("strings"):
+            self.dq.add(
+                "ts_as_string",
+                ts_counts["strings"],
+                "timestamps written as JSON strings were read as the numbers they spell",
+            )
+        if sub_ns:
+            self.dq.add(
+                "ts_sub_ns_digits_dropped", sub_ns, "some timestamps had digits below 1 ns; they were dropped"
+            )
+        dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
+        dur_ok = np.isfinite(dur_us)
+        huge_dur = dur_ok & (np.abs(dur_us) >= _MAX_DUR_US)
+        if huge_dur.any():  # would not fit int64 ns (or spans centuries): unusable
+            dur_ok &= ~huge_dur
+            self.dq.add(
+                "events_huge_dur",
+                int(huge_dur.sum()),
+                f"events with a dur of {_MAX_DUR_US:.0e} us or more (beyond int64 ns) were skipped",
+            )
+        dur_ns = np.zeros(n, np.int64)
+        dur_ns[dur_ok] = np.rint(dur_us[dur_ok] * 1000.0).astype(np.int64)
+        neg = dur_ok & (dur_ns < 0)
+        keep = ts_ok & dur_ok & ~neg
+        if not keep.all():
+            self.dq.add(
+                "events_without_ts",
+                int((~ts_ok).sum()),
+                "complete (X) events without a usable ts were skipped",
+            )
+            self.dq.add(
+                "events_without_dur",
+                int((ts_ok & ~dur_ok & ~huge_dur).sum()),
+                "complete (X) events without a usable dur were skipped",
+            )
+            self.dq.add(
+                "events_negative_dur", int((ts_ok & neg).sum()), "events with a negative dur were skipped"
+            )
+            idx = np.flatnonzero(keep)
+            xs = [xs[i] for i in idx]
+            ts_ns = ts_ns[idx]
+            dur_ns = dur_ns[idx]
+            n = len(xs)
+            if not xs:
+                return
+        # kinds and names: interned through dicts (codes assigned on first sight)
+        kind = np.fromiter(map(self.cat_codes.__getitem__, map(_get_cat, xs)), np.int8, n)
+        name = np.fromiter(map(self.names.__getitem__, map(_get_name, xs)), np.int32, n)
+        # device / stream / correlation
+        args: list[_Args] = list(map(_get_args, xs))
+        is_gpu = np.isin(kind, self._gpu_codes)
+        dq = self.dq
+        dev_arg = _int_column(_get_device, args, n, dq, "args.device")
+        pid = _int_column(_get_pid, xs, n, dq, "pid")
+        device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
+        device = np.where(device <= _INT32_MAX, device, -1)  # the device column is int32
+        str_arg = _int_column(_get_stream, args, n, dq, "args.stream")
+        tid = _int_column(_get_tid, xs, n, dq, "tid")
+        stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
+        corr = _int_column(_get_corr, args, n, dq, "args.correlation")
+        # collective metadata (sparse)
+        base = self.rows
+        for i, a in enumerate(args):
+            if a.coll_name is not None or a.in_nelems is not None or a.in_size is not None:
+                self.coll_rows.append(base + i)
+                self.coll_vals.append(
+                    (
+                        a.coll_name,
+                        a.in_nelems if a.in_nelems is not None else a.in_size,
+                        a.out_nelems if a.out_nelems is not None else a.out_size,
+                        a.dtype,
+                        a.group_size,
+                        a.pg_name,
+                        a.pg_ranks,
+                        a.seq,
+                    )
+                )
+        # record_shapes of host collective ops (their byte counts when the op has no comm args)
+        codes = self.host_collective_codes()
+        if codes.size:
+            for i in np.flatnonzero(np.isin(name, codes)).tolist():
+                a = args[i]
+                if len(a.in_dims):
+                    self.shape_rows.append(base + i)
+                    self.shape_vals.append((bytes(a.in_dims), bytes(a.in_types)))
+        self.start.append(ts_ns)
+        self.dur.append(dur_ns)
+        self.kind.append(kind)
+        self.name.append(name)
+        self.device.append(device.astype(np.int32))
+        self.stream.append(stream)
+        self.corr.append(corr)
+        self.rows += n
+
+    @property
+    def _gpu_codes(self) -> list[int]:
+        return [self.kind_codes[k] for k in _GPU_KINDS]
+
+
+_KIND_CATEGORIES: tuple[str, ...] = (
+    "kernel",
+    "memcpy",
+    "memset",
+    "runtime",
+    "sync",
+    "cpu_op",
+    "annotation",
+    "gpu_annotation",
+    "other",
+)
+
+_PHASE_KEY = {
+    "M": "skipped_metadata_events",
+    "s": "skipped_flow_events",
+    "t": "skipped_flow_events",
+    "f": "skipped_flow_events",
+    "i": "skipped_instant_events",
+    "I": "skipped_instant_events",
+    "C": "skipped_counter_events",
+    "B": "skipped_begin_end_events",
+    "E": "skipped_begin_end_events",
+    "b": "skipped_async_events",
+    "e": "skipped_async_events",
+    "n": "skipped_async_events",
+}
+
+
+def _cat(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+    return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
+
+
+def _str_or_empty(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    return msgspec.json.encode(v).decode()
