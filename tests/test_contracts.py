@@ -4,6 +4,7 @@ the orchestration or torch, and model imports nothing of tracekit. A violation f
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -57,11 +58,11 @@ def test_every_package_has_a_layer() -> None:
     }
     packages = {p.name for p in (ROOT / "tracekit").iterdir() if (p / "__init__.py").is_file()}
     assert packages - placed == set()
-    assert placed - packages <= {"export", "api"}  # optional / module layers
+    assert placed - packages <= {"api"}  # a module, not a package
     # model imports nothing of tracekit: every other top-level module is forbidden to it
     assert set(CONTRACTS["model-imports-nothing"]["forbidden_modules"]) >= {
         f"tracekit.{m}" for m in _top_level() - {"model", "_version"}
-    } - {"tracekit.export"}
+    }
 
 
 @pytest.mark.parametrize(
@@ -83,3 +84,12 @@ def test_a_violation_fails(tmp_path: Path, module: str, line: str, contract: str
     assert res.returncode != 0, res.stdout
     broken = [ln for ln in res.stdout.splitlines() if ln.endswith("BROKEN")]
     assert any(contract in ln for ln in broken), res.stdout
+
+
+def test_the_architecture_diagram_lists_the_contract_layers() -> None:
+    """docs/ARCHITECTURE.md's layer diagram (the ```text block under "## Layers") names the same
+    layers, in the same order and with the same siblings, as the layers contract."""
+    doc = (ROOT / "docs/ARCHITECTURE.md").read_text()
+    block = doc.split("## Layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = [re.split(r"\s{2,}", ln.strip())[0] for ln in block.splitlines() if ln.strip() not in ("", "|")]
+    assert drawn == [layer.replace("(", "").replace(")", "") for layer in CONTRACTS["layers"]["layers"]]
