@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-LINKS = REPO / "reports/h200/links.json"
+#: the committed H200 compare-links results: eager timing, and CUDA-graph timing (--graph)
+SAVED = [REPO / "reports/h200/links.json", REPO / "reports/h200/links-graph.json"]
 TP2, TP1 = REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
 
 _SCRIPT = """
@@ -35,12 +36,13 @@ print(json.dumps({"text": text, "details": details, "again": again["verdict"], "
 """
 
 
-@pytest.fixture(scope="module")
-def judged() -> dict:
-    if not (LINKS.is_file() and TP2.is_dir() and TP1.is_dir()):
+@pytest.fixture(scope="module", params=SAVED, ids=lambda p: p.name)
+def judged(request: pytest.FixtureRequest) -> dict:
+    links: Path = request.param
+    if not (links.is_file() and TP2.is_dir() and TP1.is_dir()):
         pytest.skip("the H200 results are not in this checkout")
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(LINKS), str(TP2), str(TP1)],
+        [sys.executable, "-c", _SCRIPT, str(links), str(TP2), str(TP1)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -78,3 +80,7 @@ def test_verdict_on_the_saved_h200_probe_and_the_committed_traces(judged: dict) 
         and d["modes"] == {"fast": "nvlink", "slow": "pcie"}
     )
     assert judged["text"].startswith("Link bandwidth does not explain this run's shortfall")
+    timing = set(d["timing"].values())
+    assert timing in ({"eager"}, {"graph"}) and (
+        ("CUDA-graph replay" in judged["text"]) == (timing == {"graph"})
+    )
