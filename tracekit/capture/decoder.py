@@ -278,6 +278,16 @@ class TPDecoder:
         self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
         self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
 
+    def release(self) -> None:
+        """Drop the captured CUDA graph and wait for the device. NCCL keeps a communicator alive
+        while a graph that captured its collectives exists, so `destroy_process_group()` with the
+        graph still held never returns (pytorch/pytorch#115388, seen here at TP=2 on two H200s)."""
+        if self._graph is None:
+            return
+        self._graph.reset()
+        self._graph = None
+        torch.cuda.synchronize(self.device)
+
     @property
     def serving(self) -> bool:
         """Decode steps run the static-shape step (`--cuda-graphs` and/or `--compile`)."""

@@ -112,6 +112,7 @@ class CaptureConfig:
     #: testing: this rank hangs (sleeps, never returns) at `hang_at`: "after_trace" (the end of its
     #: traced pass, when the other ranks have nothing left to wait for: the run's watchdog ends it)
     #: or "all_reduce" (before an all-reduce of its traced pass: the others' collective times out)
+    #: or "teardown" (after its last result is written, as NCCL's destroy after CUDA graphs can)
     hang_rank: int | None = None
     hang_at: str = "after_trace"
     command: str | None = None  # the command line recorded in the manifest
@@ -179,8 +180,8 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         raise CaptureError(f"passes must be both, unprofiled or traced, got {config.passes!r}")
     if config.fail_rank is not None and config.fail_rank >= n:
         raise CaptureError(f"fail_rank {config.fail_rank} but there are {n} ranks")
-    if config.hang_at not in ("after_trace", "all_reduce"):
-        raise CaptureError(f"hang_at must be after_trace or all_reduce, got {config.hang_at!r}")
+    if config.hang_at not in ("after_trace", "all_reduce", "teardown"):
+        raise CaptureError(f"hang_at must be after_trace, all_reduce or teardown, got {config.hang_at!r}")
     if config.timeout_s <= 0:
         raise CaptureError(f"--timeout must be more than 0 s, got {config.timeout_s}")
     local_n = int(os.environ.get("LOCAL_WORLD_SIZE", n))
@@ -404,7 +405,7 @@ def _rank_main(
             import signal
 
             os.kill(os.getpid(), signal.SIGKILL)
-        if config.hang_rank == rank:  # no exception, no exit: only a timeout ends it
+        if config.hang_rank == rank and config.hang_at == "after_trace":  # only a timeout ends it
             _hang()
         path = tracer.stop()
         fields.update(
@@ -431,8 +432,12 @@ def _rank_main(
         fields["versions"] = env.versions()
         # the devices the run used: [] for a CPU run, also on a host that has GPUs
         fields["devices"] = env.devices() if device.type == "cuda" else []
+    fields["finished"] = True  # all files written: the parent may end a rank stuck in teardown
     write_result(out_dir, rank, **fields)
+    if config.hang_rank == rank and config.hang_at == "teardown":  # as NCCL's destroy after graphs
+        _hang()
     if dist is not None and destroy:
+        model.release()  # a live graph holding NCCL collectives blocks the destroy (pytorch#115388)
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
     return fields
@@ -759,8 +764,9 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         else:
             os.environ["TRACEKIT_SPAWNED"] = old
     errors: list[dict[str, Any]] = []
+    stuck: list[int] = []  # ranks that finished their work but did not exit (ended by us)
     try:
-        _wait_for_ranks(procs, queue, progress, config, errors)
+        _wait_for_ranks(procs, queue, progress, config, errors, out_dir=out_dir, stuck=stuck)
     except KeyboardInterrupt:  # Ctrl-C: stop the ranks, keep what they finished, say so in the manifest
         for r, p in enumerate(procs):
             if p.is_alive():
@@ -791,6 +797,7 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     for r, p in enumerate(procs):
         if (
             p.exitcode not in (0, None)
+            and r not in stuck
             and not results.get(r, {}).get("error")
             and not any(e["rank"] == r for e in errors)
         ):
@@ -809,6 +816,12 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         errors=errors,
         needs_traces=res.mode != "nvtx",
     )
+    if stuck:
+        manifest["notes"] = [
+            f"rank {r} wrote all its files but did not exit within {TEARDOWN_GRACE_S:g} s (stuck in "
+            "process-group teardown); ended by tracekit, its files are complete"
+            for r in stuck
+        ]
     return _finish(out_dir, manifest)
 
 
@@ -826,18 +839,33 @@ def exit_words(code: int) -> str:
     return f"process exited with code {code}"
 
 
+#: Seconds a rank may take to exit after writing its last result (`finished`): NCCL teardown after
+#: CUDA graphs can block forever (pytorch/pytorch#115388; both ranks at TP=2 on two H200s).
+TEARDOWN_GRACE_S = 20.0
+
+
+def _finished_ranks(out_dir: Path | None) -> set[int]:
+    if out_dir is None:
+        return set()
+    return {r for r, doc in read_results(out_dir).items() if doc.get("finished") and not doc.get("error")}
+
+
 def _wait_for_ranks(
     procs: list[Any],
     queue: Any,
     progress: Progress | None,
     config: CaptureConfig,
     errors: list[dict[str, Any]],
+    out_dir: Path | None = None,
+    stuck: list[int] | None = None,
 ) -> None:
     """Until every rank ends. Once one rank has ended, the others get a grace period: min(timeout_s,
     60) s after a failure, timeout_s (the collective timeout, `--timeout`) after a rank finished
     normally. A rank still running then is hung (a rank that finished has no collective left to
     wait on, so only this ends it): terminated, killed if SIGTERM does not end it, and named."""
     ended: tuple[float, int, bool] | None = None  # (when, rank, failed)
+    finished_at: dict[int, float] = {}  # rank -> when its result first said `finished`
+    last_look = 0.0
     while any(p.is_alive() for p in procs):
         if queue is not None:
             with contextlib.suppress(Exception):
@@ -847,9 +875,22 @@ def _wait_for_ranks(
         else:
             time.sleep(0.05)
         now = time.monotonic()
+        if stuck is not None and now - last_look >= 0.5:
+            last_look = now
+            for r in _finished_ranks(out_dir):
+                finished_at.setdefault(r, now)
+            for r, t in finished_at.items():
+                p = procs[r]
+                if p.is_alive() and now - t > TEARDOWN_GRACE_S:
+                    p.terminate()
+                    p.join(timeout=5)
+                    if p.is_alive():
+                        p.kill()
+                        p.join(timeout=5)
+                    stuck.append(r)
         for r, p in enumerate(procs):
             code = p.exitcode
-            if code is None or (ended is not None and (ended[2] or code == 0)):
+            if code is None or r in (stuck or ()) or (ended is not None and (ended[2] or code == 0)):
                 continue
             ended = (now, r, code != 0)  # the first rank to end; a later failure shortens the wait
             break

@@ -1,0 +1,35 @@
+"""A rank that wrote all its files but never exits (NCCL's destroy after CUDA graphs blocks forever:
+pytorch/pytorch#115388, hit by both ranks of `capture --tp 2 --cuda-graphs` on two H200s, issue 14)
+is ended by the parent after a grace period; the run is complete and says what happened."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.slow
+def test_rank_stuck_in_teardown_is_ended_and_the_run_is_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    from tracekit.capture import runner
+    from tracekit.read import read_run
+
+    monkeypatch.setattr(runner, "TEARDOWN_GRACE_S", 2.0)
+    cfg = runner.CaptureConfig(
+        tp=2, tokens=3, warmup=1, device="cpu", hang_rank=1, hang_at="teardown", timeout_s=120, rounds=1
+    )
+    t0 = time.perf_counter()
+    runner.capture(cfg, tmp_path)  # no CaptureError: every file was written
+    took = time.perf_counter() - t0
+    assert took < 60, took  # ended after the 2 s grace, not after the 120 s collective timeout
+    man = json.loads((tmp_path / "manifest.json").read_text())
+    assert man["complete"] is True and man["errors"] == []
+    assert sorted(man["files"]) == ["rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz"]
+    assert len(man["notes"]) == 1 and man["notes"][0].startswith("rank 1 wrote all its files")
+    run = read_run([tmp_path], cache=False, jobs=1)  # both traces whole, checksums verified
+    assert run.ranks == [0, 1] and "checksum_mismatch" not in run.data_quality.counts
