@@ -3,7 +3,9 @@ hypothesis (fields set to hostile values or removed, events duplicated and reord
 truncated, flipped, inserted, gzip streams damaged, SQLite cells, tables and pages broken), never
 raise anything but the package's own errors, and every case ends within CASE_SECONDS.
 
-CI runs about 1,600 cases in about 80 s (derandomized: the same cases every run). A longer
+CI runs 2,280 cases (derandomized: the same cases every run) in about the time 1,610 took before
+the harness was made cheaper (a shallow copy with copy-on-write instead of a json round trip per
+case, orjson to serialise: 33 -> 15 ms a Kineto case). A longer
 run (docs/RELIABILITY.md): `TRACEKIT_FUZZ_SCALE=20 python -m pytest -q tests/test_fuzz.py`
 multiplies every test's cases, with a fresh random seed per run when TRACEKIT_FUZZ_RANDOM=1.
 """
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -79,10 +82,26 @@ _DOC: dict[str, Any] = {}
 
 
 def kineto_doc() -> dict[str, Any]:
+    """The real trace, to mutate: a shallow copy (the event list and the nested metadata copied;
+    `apply_mutation` copies an event before it changes it). A deep copy through json took 10-17 ms
+    a case, more than reading the trace (issue 16: cases made cheaper to run 2,000+ in CI)."""
     if not _DOC:
         with gzip.open(SHARED / KINETO, "rt") as f:
             _DOC.update(json.load(f))
-    return json.loads(json.dumps(_DOC))
+    doc = dict(_DOC, traceEvents=list(_DOC["traceEvents"]))
+    for k, v in doc.items():
+        if isinstance(v, dict):
+            doc[k] = dict(v)
+    return doc
+
+
+def dumps(doc: Any) -> bytes:
+    """JSON bytes of a mutated document: orjson (15x json's speed), json where orjson refuses a
+    value (an int beyond 64 bits, a lone surrogate)."""
+    try:
+        return orjson.dumps(doc)
+    except (orjson.JSONEncodeError, TypeError):
+        return json.dumps(doc).encode()
 
 
 def read_only_own_errors(path: Path, analyse: bool = False) -> None:
@@ -186,7 +205,7 @@ def apply_mutation(doc: dict[str, Any], m: tuple[Any, ...]) -> None:
             doc[field] = value
         return
     if kind == "dup":
-        evs.insert(i % len(evs), json.loads(json.dumps(e)))
+        evs.insert(i % len(evs), dict(e) if isinstance(e, dict) else e)
         return
     if kind == "swap":
         j = field % len(evs)
@@ -197,11 +216,13 @@ def apply_mutation(doc: dict[str, Any], m: tuple[Any, ...]) -> None:
         return
     if not isinstance(e, dict):
         return
+    e = evs[i % len(evs)] = dict(e)  # copy on write: the pristine document stays as read
     target = e
     if field.startswith("args."):
-        args = e.setdefault("args", {})
+        args = e.get("args", {})
         if not isinstance(args, dict):
             return
+        args = e["args"] = dict(args)
         target, field = args, field[5:]
     if kind == "set":
         target[field] = value
@@ -210,12 +231,12 @@ def apply_mutation(doc: dict[str, Any], m: tuple[Any, ...]) -> None:
 
 
 @given(st.lists(MUTATION, min_size=1, max_size=6), st.booleans())
-@fuzz_settings(400)
+@fuzz_settings(700)
 def test_fuzz_kineto_fields(mutations: list[tuple[Any, ...]], packed: bool) -> None:
     doc = kineto_doc()
     for m in mutations:
         apply_mutation(doc, m)
-    data = json.dumps(doc).encode()
+    data = dumps(doc)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / ("rank-0.json.gz" if packed else "rank-0.json")
         p.write_bytes(gzip.compress(data, 1) if packed else data)
@@ -223,14 +244,14 @@ def test_fuzz_kineto_fields(mutations: list[tuple[Any, ...]], packed: bool) -> N
 
 
 @given(st.lists(MUTATION, min_size=1, max_size=4))
-@fuzz_settings(60)
+@fuzz_settings(80)
 def test_fuzz_kineto_fields_through_the_analysis(mutations: list[tuple[Any, ...]]) -> None:
     doc = kineto_doc()
     for m in mutations:
         apply_mutation(doc, m)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "rank-0.json"
-        p.write_bytes(json.dumps(doc).encode())
+        p.write_bytes(dumps(doc))
         read_only_own_errors(p, analyse=True)
 
 
@@ -277,7 +298,7 @@ def apply_bytes(raw: bytes, edits: list[tuple[str, float, bytes]]) -> bytes:
 
 
 @given(st.lists(BYTE_EDIT, min_size=1, max_size=4))
-@fuzz_settings(500)
+@fuzz_settings(650)
 def test_fuzz_kineto_bytes(edits: list[tuple[str, float, bytes]]) -> None:
     data = apply_bytes(raw_json(), edits)
     with tempfile.TemporaryDirectory() as d:
@@ -287,7 +308,7 @@ def test_fuzz_kineto_bytes(edits: list[tuple[str, float, bytes]]) -> None:
 
 
 @given(st.lists(BYTE_EDIT, min_size=1, max_size=3), st.booleans())
-@fuzz_settings(300)
+@fuzz_settings(400)
 def test_fuzz_kineto_gzip_stream(edits: list[tuple[str, float, bytes]], two_members: bool) -> None:
     gz = (SHARED / KINETO).read_bytes()
     if two_members:  # a multi-member gzip (cat a.gz b.gz): the reader must take both
@@ -353,13 +374,14 @@ def apply_nsys(con: sqlite3.Connection, edit: tuple[Any, ...]) -> None:
 
 
 @given(st.lists(NSYS_EDIT, min_size=1, max_size=5))
-@fuzz_settings(250)
+@fuzz_settings(300)
 def test_fuzz_nsys_export(edits: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "rank-0.sqlite"
         shutil.copy(SHARED / NSYS, p)
         con = sqlite3.connect(p)
         try:
+            con.execute("PRAGMA synchronous = OFF")  # a scratch copy: no fsync per case
             for e in edits:
                 apply_nsys(con, e)
             con.commit()
@@ -369,13 +391,28 @@ def test_fuzz_nsys_export(edits: list[tuple[Any, ...]]) -> None:
 
 
 @given(st.lists(BYTE_EDIT, min_size=1, max_size=3), st.booleans())
-@fuzz_settings(100)
+@fuzz_settings(150)
 def test_fuzz_nsys_file_bytes(edits: list[tuple[str, float, bytes]], packed: bool) -> None:
     data = apply_bytes((SHARED / NSYS).read_bytes(), edits)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / ("rank-0.sqlite.gz" if packed else "rank-0.sqlite")
         p.write_bytes(gzip.compress(data, 1) if packed else data)
         read_only_own_errors(p)
+
+
+def test_fuzz_mutations_leave_the_pristine_trace_alone() -> None:
+    """Copy on write is complete: every kind of mutation, applied everywhere, changes only the copy."""
+    before = dumps(kineto_doc())
+    doc = kineto_doc()
+    n = len(doc["traceEvents"])
+    for i in range(0, n, max(1, n // 50)):
+        for field in ("name", "args", "args.device", "ts"):
+            apply_mutation(doc, ("set", i, field, {"x": [1]}))
+            apply_mutation(doc, ("del", i, field, None))
+        apply_mutation(doc, ("dup", i, None, None))
+    for field in ("distributedInfo.rank", "baseTimeNanoseconds"):
+        apply_mutation(doc, ("meta", 0, field, "x"))
+    assert dumps(kineto_doc()) == before != dumps(doc)
 
 
 def test_fuzz_harness_catches_a_foreign_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -388,3 +425,13 @@ def test_fuzz_harness_catches_a_foreign_exception(tmp_path: Path, monkeypatch: p
     monkeypatch.setattr(tracekit.read, "read_file", boom)
     with pytest.raises(KeyError):
         read_only_own_errors(tmp_path / "x.json")
+
+
+def test_fuzz_runs_2000_cases_in_ci() -> None:
+    """Issue 16 asks 2,000+ cases in CI: the hypothesis tests above add up to at least that."""
+    cases = {
+        name: fn._hypothesis_internal_use_settings.max_examples
+        for name, fn in globals().items()
+        if name.startswith("test_fuzz_") and hasattr(fn, "_hypothesis_internal_use_settings")
+    }
+    assert len(cases) == 6 and sum(cases.values()) >= 2000 * SCALE, cases

@@ -12,7 +12,9 @@ back the event table the export was made from, all ranks of the one file, and le
 from __future__ import annotations
 
 import gzip
+import io
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -39,19 +41,27 @@ def is_export(path: str | os.PathLike[str]) -> bool:
         opener: Any = gzip.open if head == b"\x1f\x8b" else open
         with opener(p, "rb") as f:
             return bool(f.read(len(MAGIC)) == MAGIC)
-    except (OSError, EOFError, gzip.BadGzipFile):
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error):  # damaged gzip: not an export
         return False
 
 
 def _load(p: Path) -> dict[str, Any]:
     try:
         raw = p.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
+        if raw[:2] == b"\x1f\x8b":  # inflated at most --max-bytes (a gzip bomb is refused, not held)
+            from tracekit.read.limits import current_limits, describe_bytes
+
+            limit = current_limits().max_bytes
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
+                raw = gz.read(limit + 1)
+            if len(raw) > limit:
+                raise TraceFormatError(
+                    p, f"more than {describe_bytes(limit)} once decompressed: the limit (--max-bytes)"
+                )
         doc = orjson.loads(raw)
     except OSError as exc:
         raise TraceFormatError(p, f"cannot read: {exc.strerror or exc}") from None
-    except (EOFError, gzip.BadGzipFile) as exc:
+    except (EOFError, gzip.BadGzipFile, zlib.error) as exc:
         raise TraceFormatError(p, f"truncated or damaged gzip stream ({exc})") from None
     except orjson.JSONDecodeError as exc:
         raise TraceFormatError(p, f"not valid JSON ({exc.msg})", offset=exc.pos) from None
