@@ -509,3 +509,18 @@ def test_max_events_is_per_run(
     main(["breakdown", "-h"])
     helptext = " ".join(capsys.readouterr().out.split())
     assert "Refuse a run of more than N events, all its trace files together" in helptext
+
+
+def test_export_gzip_bomb_is_refused_at_max_bytes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file that sniffs as a tracekit export (read/export.py) inflated whole before: now at most
+    --max-bytes, like every other reader."""
+    f = tmp_path / "x.json.gz"
+    f.write_bytes(gzip.compress(b'{"tracekitExport": 1, "traceEvents": [' + b" " * (8 << 20) + b"]}", 9))
+    one_error_line(capsys, ["breakdown", str(f), "--no-cache", "--max-bytes", "1M"], "x.json.gz", "1 MiB")
+
+
+def test_capture_out_dir_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torch")
+    (tmp_path / "f").write_text("a file\n")
+    out = tmp_path / "f" / "run"
+    one_error_line(capsys, ["capture", "--device", "cpu", "--out", str(out)], str(out), "cannot write there")
