@@ -15,10 +15,13 @@ per-token shortfall S? With a decode trace (`trace_dir`) and, for S, its baselin
     kernel duration when ranks cannot be matched, said so). The trace's transfer time leaves out
     the launch latency that the probe's per-iteration time includes, so at small sizes the trace
     can exceed the probe; that is said, not read as "the link explains it";
-(c) the bound: a link k times faster removes at most XN (1 - 1/k) per token, k the fast/slow busbw
-    ratio at the decode's sizes (per size, weighted by each size's transfer time), and even an
-    infinitely fast link at most XN; XN is the shortfall's transfer term when a baseline is given
-    (then also as a share of S), else the trace's collective transfer per token.
+(c) the bound: per size, the larger of two models of what the faster link removes per token:
+    XN_i (1 - 1/k) (bandwidth-bound: the transfer shrinks k-fold, k the fast/slow busbw ratio at
+    that size, XN_i the size's share of the transfer) and, at latency-bound sizes only, calls per
+    token x (the slow mode's probe per-call time - the fast mode's) (a fixed cost per call that the
+    trace's transfer time does not hold); and even an infinitely fast link at most XN; XN is the
+    shortfall's transfer term when a baseline is given (then also as a share of S), else the
+    trace's collective transfer per token.
 
 `recompute(saved, ...)` redoes the trace part and the verdict from a saved result (no GPU needed).
 The result is a plain dict (see docs/JSON.md#probe, `tracekit.compare_links`).
@@ -420,10 +423,21 @@ def verdict(
                 k=k,
             )
             if xn_i is not None:
-                # a k-times faster link: this size's transfer shrinks to 1/k of it (at most)
-                entry["bound_ns_per_token"] = (
-                    max(0.0, xn_i * (1 - 1 / k)) if math.isfinite(k) and k > 0 else xn_i
-                )
+                # a k-times faster link: this size's transfer shrinks to 1/k of it (at most) ...
+                ratio_b = max(0.0, xn_i * (1 - 1 / k)) if math.isfinite(k) and k > 0 else xn_i
+                # ... or, where a fixed per-call cost sets the time (latency-bound sizes), each call
+                # saves the difference of the probe's per-call times, which the ratio model misses:
+                # on two H200s the CUDA-graph decode at 8 KiB ran 82 us/token slower over PCIe/SHM
+                # than NVLink, twice the ratio model's 40 us (reports/multi-gpu)
+                add_b = float("nan")
+                pt = s.get("per_token")
+                if slow and pt is not None and entry["regime"] == "latency":
+                    dt = entry["probe_time_us"][slow] - entry["probe_time_us"][fast]
+                    if math.isfinite(dt):
+                        add_b = max(0.0, dt) * 1000.0 * float(pt)
+                entry["bound_ratio_ns_per_token"] = ratio_b
+                entry["bound_per_call_ns_per_token"] = add_b if math.isfinite(add_b) else None
+                entry["bound_ns_per_token"] = max(ratio_b, add_b) if math.isfinite(add_b) else ratio_b
         else:
             entry.update(regime="unknown", k=float("nan"), bound_ns_per_token=xn_i)
         per_size.append(entry)
@@ -439,8 +453,13 @@ def verdict(
     # by its own k, never below zero); without per-token figures the transfer-weighted harmonic mean
     finite = [e for e in per_size if e["swept"] and math.isfinite(e["k"]) and e["k"] > 0]
     k_eff = float("nan")
-    if finite and xn is not None and xn > 0 and bound is not None and bound < xn:
-        k_eff = xn / (xn - bound)
+    ratio_bound = sum(e.get("bound_ratio_ns_per_token", e.get("bound_ns_per_token")) or 0.0 for e in per_size)
+    per_call_wins = any(
+        (e.get("bound_per_call_ns_per_token") or 0.0) > (e.get("bound_ratio_ns_per_token") or 0.0)
+        for e in per_size
+    )
+    if finite and xn is not None and xn > 0 and bound is not None and ratio_bound < xn:
+        k_eff = xn / (xn - ratio_bound)
     elif finite:
         wsum = sum(e["transfer_weight"] for e in finite)
         inv = sum(e["transfer_weight"] / e["k"] for e in finite)
@@ -480,6 +499,11 @@ def verdict(
             k_clause = (
                 f"{fl} is {fmt_ratio(k_eff)} faster than {sl} at these sizes, so moving from {sl} to {fl} "
                 f"removes at most {fmt_ns(bound)} per token"
+                + (
+                    " (each call saves the probe's per-call time difference: a fixed cost at these sizes)"
+                    if per_call_wins
+                    else ""
+                )
             )
         else:
             k_clause = (

@@ -223,6 +223,7 @@ class _Setting:
     compute_scale: Mapping[int, float] | None = None
     host_scale: float = 1.0
     host_deduct: float = 0.0  # ns taken from every host call's time (gap first), the calibration
+    device_scale: float = 1.0  # factor on device op times and gaps (calibration of a device-bound run)
 
 
 # ------------------------------------------------------------------------------------------
@@ -297,6 +298,7 @@ class RunModel:
     notes: list[str] = field(default_factory=list)
     host_scale: float = 1.0
     host_deduct: float = 0.0
+    device_scale: float = 1.0
 
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed step time (ns, float)."""
@@ -424,8 +426,9 @@ def _run_gpu(
         rest = np.maximum(delta - gaps, 0.0)
         gaps = np.maximum(gaps - delta, 0.0)
         durs = np.where(p.h_sync, durs, np.maximum(durs - rest, 0.0))
-    dur_d = np.where(p.d_compute, p.d_dur * kind, p.d_dur).tolist()
-    q = p.d_q_k.tolist()
+    beta = setting.device_scale
+    dur_d = (np.where(p.d_compute, p.d_dur * kind, p.d_dur) * beta).tolist()
+    q = (p.d_q_k * beta).tolist()
     launch = p.d_launch.tolist()
     coll = [int(i) >= 0 and len(members.get(int(i), ())) > 1 for i in p.d_inst]
     no_launch_release = off + (0.0 if launch0 else 1.0) * alpha * p.d_rho_k
@@ -841,7 +844,7 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
       part but transfer, the rule `shortfall.reconcile` uses there.
 
     Returns the deduction (GPU) or the factor (host)."""
-    model.host_scale, model.host_deduct = 1.0, 0.0
+    model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
     if model.target_ns is None:
         return 0.0
     target = float(model.target_ns)
@@ -852,6 +855,16 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
             return float(model.replay(_Setting(host_deduct=delta)).mean()) - target
 
         value = _solve_decreasing(err_gpu, 0.0, 1000.0, tol, 1e9)
+        if value is None:  # device-bound (a CUDA-graph replay launches nothing per kernel)
+            beta = _device_scale(model, target, tol)
+            if beta is not None:
+                model.device_scale = beta
+                model.notes.append(
+                    f"{model.label}: removing host time cannot reach the unprofiled per-token time "
+                    f"{target / 1e6:.3f} ms (the device sets it: the profiler's cost is on the device "
+                    f"here); device op times and gaps scaled by {beta:.4f} instead"
+                )
+                return 0.0
     else:
 
         def err_host(alpha: float) -> float:
@@ -871,6 +884,17 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
     else:
         model.host_scale = value
     return value
+
+
+def _device_scale(model: RunModel, target: float, tol: float) -> float | None:
+    """The factor in (0.1, 1] on every device op time and gap (collective transfers excepted: they
+    are the link's) that brings the unchanged replay's mean to `target`; None if none does."""
+
+    def err_dev(y: float) -> float:
+        return float(model.replay(_Setting(device_scale=1.0 - y)).mean()) - target
+
+    y = _solve_decreasing(err_dev, 0.0, 0.01, tol, 0.9)
+    return None if y is None or not 0.0 <= y < 0.9 else 1.0 - y
 
 
 def setting_for(
@@ -894,7 +918,13 @@ def setting_for(
                 r: (baseline_compute / n_ranks) / c if c > 0 else 1.0
                 for r, c in model.compute_per_token.items()
             }
-    return _Setting(transfer=transfer, host_scale=model.host_scale, host_deduct=model.host_deduct, **kw)
+    return _Setting(
+        transfer=transfer,
+        host_scale=model.host_scale,
+        host_deduct=model.host_deduct,
+        device_scale=model.device_scale,
+        **kw,
+    )
 
 
 def shapley(values: Mapping[frozenset[int], Fraction], k: int) -> list[Fraction]:
@@ -979,6 +1009,7 @@ class WhatIf:
                 "per_token_source": "unprofiled" if m.target_ns is not None else "trace",
                 "host_cost_per_call_ns": round(m.host_deduct, 1),
                 "host_scale": m.host_scale,
+                "device_scale": m.device_scale,
                 "replay_error": self.replay_error(m),
             }
 
@@ -1087,6 +1118,7 @@ def whatif(
                 straggler_off=s.straggler_off,
                 host_scale=s.host_scale,
                 host_deduct=s.host_deduct,
+                device_scale=s.device_scale,
             )
         return _mean_int(m.replay(s))
 

@@ -69,7 +69,9 @@ def _summary(doc: dict[str, Any]) -> list[str]:
             f"({r['per_token_source']}); replay of the trace {_ms(e['replayed_ns'])} ms vs traced "
             f"{_ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); "
             + (
-                f"profiler cost removed per host call {r['host_cost_per_call_ns'] / 1e3:.2f} us"
+                f"profiler cost on the device: device times scaled by {r['device_scale']:.3f}"
+                if r.get("device_scale", 1.0) != 1.0
+                else f"profiler cost removed per host call {r['host_cost_per_call_ns'] / 1e3:.2f} us"
                 if r["timeline"] == "gpu"
                 else f"host time scaled by {r['host_scale']:.3f}"
             )
