@@ -253,6 +253,7 @@ class _GpuProgram:
     d_x: np.ndarray  # transfer (e - a) of a collective
     d_op: list[str]
     d_bytes: np.ndarray
+    q_typ: float = 0.0  # the rank's typical queued device gap (launch=0 separates operations by it)
 
 
 @dataclass
@@ -428,7 +429,10 @@ def _run_gpu(
         durs = np.where(p.h_sync, durs, np.maximum(durs - rest, 0.0))
     beta = setting.device_scale
     dur_d = (np.where(p.d_compute, p.d_dur * kind, p.d_dur) * beta).tolist()
-    q = (p.d_q_k * beta).tolist()
+    # launch=0: back to back, each operation at most the typical queued gap after the frontier; a
+    # longer measured gap of a queued operation (a cross-stream event wait after a collective, the
+    # profiler's per-launch cost) is a launch-time artifact a graph's edges do not keep
+    q = ((np.minimum(p.d_q_k, p.q_typ) if launch0 else p.d_q_k) * beta).tolist()
     launch = p.d_launch.tolist()
     coll = [int(i) >= 0 and len(members.get(int(i), ())) > 1 for i in p.d_inst]
     no_launch_release = off + (0.0 if launch0 else 1.0) * alpha * p.d_rho_k
@@ -721,6 +725,7 @@ def _gpu_programs(
             d_x=x,
             d_op=ops,
             d_bytes=nbytes,
+            q_typ=q_typ,
         )
         # relative to the window start
         programs[st] = (prog, insts)
