@@ -6,11 +6,18 @@ tk() { tracekit "$@" >/dev/null; }
 tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
    -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json
 tk report traces/cpu-tp2-straggler --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=2 with a 20 ms straggler on rank 1 (tiny preset, gloo)" \
+   --extra reports/whatif/cpu-straggler.json --cdn \
    -o reports/cpu-study/straggler.html -o reports/cpu-study/straggler.md -o reports/cpu-study/straggler.json
+tk advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --layers 32 --format json --out reports/advise/predicted-32-layers.json
+tk advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --layers 32 --out reports/advise/predicted-32-layers.txt
+# sections from the other commands' committed JSON (--extra; whatif/diff/rho/decompose are made elsewhere)
 tk report traces/h200-tp2 --baseline traces/h200-tp1 --links reports/h200/links-graph.json \
+   --extra reports/whatif/h200-tp2.json --extra reports/advise/predicted-32-layers.json \
+   --extra reports/rho/h200.json --extra reports/decompose/h200-graphs-compile.json --cdn \
    --title "2x H200 (NVLink): TP=1 vs TP=2, 7b shape (8 layers), NCCL, mode cuda" \
    -o reports/h200/report.html -o reports/h200/report.md -o reports/h200/report.json
 tk report traces/h200-tp2-straggler --baseline traces/h200-tp1 --title "2x H200: TP=2 with a 2 ms host delay on rank 1 before every all-reduce" \
+   --extra reports/diff/h200-tp2-straggler.json --cdn \
    -o reports/h200/straggler.html -o reports/h200/straggler.md -o reports/h200/straggler.json
 tk report traces/h200-tp2-full --baseline traces/h200-tp1-full \
    --title "2x H200: TP=1 vs TP=2 captured in full mode (CPU+CUDA, every op): the profiler's dilation at its highest" \

@@ -24,6 +24,9 @@ GPUs (`gpus`, default n):
   throughput) per rank per token (weights once, every sequence's KV cache; 2 flops per weight per
   sequence): the device's added work at the larger batch, on top of the measured (host-bound or
   not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`.
+- **layers** (`layers`): the memory of a model of that many layers when the traces were cut to
+  fewer (the 7b-shaped captures run 8 of its 32 layers); the per-token times and the batch
+  extrapolation stay those of the traced layers.
 
 A plain recommendation per batch size: the option with the most tokens/s among those that fit,
 and the one with the lowest latency when they differ; an option that does not fit is said so.
@@ -33,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracekit.errors import TracekitError
@@ -227,6 +230,8 @@ class Advice:
     cliff: list[dict[str, Any]]  # per option: max concurrent sequences, run dtype vs weight dtype
     recommendations: list[dict[str, Any]]
     notes: list[str] = field(default_factory=list)
+    layers: int | None = None  # the layers the memory is for (`layers`, else the traces')
+    layers_traced: int | None = None  # the layers of the traced model (manifest workload.shape)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -238,6 +243,8 @@ class Advice:
             "reserve_bytes": int(self.reserve_bytes),
             "weight_dtype": self.weight_dtype,
             "context": self.context,
+            "layers": self.layers,
+            "layers_traced": self.layers_traced,
             "runs": [r.to_json() for r in self.runs],
             "options": self.rows,
             "memory_cliff": self.cliff,
@@ -264,8 +271,11 @@ def advise(
     weight_dtype: str | None = None,
     context: int | None = None,
     batches: Sequence[int] = (),
+    layers: int | None = None,
 ) -> Advice:
-    """Compare the options (module doc)."""
+    """Compare the options (module doc). `layers` overrides the model's layer count for the memory
+    (weights and KV cache) when the traces were cut to fewer layers than the real model; the
+    per-token times stay those measured on the traced layers."""
     runs = [*tp1, *tpn]
     if not tp1:
         raise AdviseError("--tp1: at least one TP=1 run is needed")
@@ -303,7 +313,15 @@ def advise(
         mem = float(min(dev_mem)) if dev_mem else None
         mem_source = "manifest device" if mem else "unknown (give --memory-gib)"
     reserve = reserve_gib * GIB
-    shape = runs[0].shape
+    traced_shape = runs[0].shape
+    if layers is not None and layers < 1:
+        raise AdviseError(f"--layers {layers}: a model has at least one layer")
+    shape = traced_shape if layers is None else replace(traced_shape, layers=layers)
+    if layers is not None and layers != traced_shape.layers:
+        notes.append(
+            f"memory for {layers} layers (--layers); the traces have {traced_shape.layers}, and the per-token "
+            f"times are those measured on the {traced_shape.layers} traced layers"
+        )
 
     all_degrees = sorted({1, *degrees})
     options = [k for k in all_degrees if gpus % k == 0 and k <= gpus]
@@ -392,7 +410,10 @@ def advise(
         cliff.append(entry)
 
     recs = [_recommend(b, [r for r in rows if r["batch"] == b], gpus, mem) for b in all_batches]
-    return Advice(gpus, mem, mem_source, reserve, wdt, ctx, runs, rows, cliff, recs, notes)
+    return Advice(
+        gpus, mem, mem_source, reserve, wdt, ctx, runs, rows, cliff, recs, notes,
+        layers=shape.layers, layers_traced=traced_shape.layers,
+    )  # fmt: skip
 
 
 def _gib(x: float) -> str:
@@ -448,8 +469,14 @@ def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | N
 
 def cliff_sentence(adv: Advice) -> list[str]:
     """How the low-bit weights move the memory cliff, one sentence per option."""
+    return cliff_sentences(adv.to_json())
+
+
+def cliff_sentences(doc: Mapping[str, Any]) -> list[str]:
+    """`cliff_sentence` from the JSON document (`Advice.to_json()`, docs/JSON.md#advise)."""
     out = []
-    for c in adv.cliff:
+    run_dtype = doc["runs"][0]["dtype"] if doc.get("runs") else doc["weight_dtype"]
+    for c in doc["memory_cliff"]:
         a, b = c["max_sequences_run_dtype"], c["max_sequences_weight_dtype"]
         if a is None or b is None:
             out.append(f"{c['option']}: memory per GPU unknown (give --memory-gib)")
@@ -457,11 +484,11 @@ def cliff_sentence(adv: Advice) -> list[str]:
         per = c["kv_bytes_per_sequence"]
         head = (
             f"{c['option']}: weights {_gib(c['weights_bytes_run_dtype'])} per GPU, KV cache "
-            f"{per / 2**20:.1f} MiB per sequence at {adv.context} tokens: up to {a:,} concurrent sequences"
+            f"{per / 2**20:.1f} MiB per sequence at {doc['context']} tokens: up to {a:,} concurrent sequences"
         )
-        if adv.weight_dtype != adv.runs[0].dtype:
+        if doc["weight_dtype"] != run_dtype:
             head += (
-                f"; with {adv.weight_dtype} weights ({_gib(c['weights_bytes_weight_dtype'])}) up to {b:,} "
+                f"; with {doc['weight_dtype']} weights ({_gib(c['weights_bytes_weight_dtype'])}) up to {b:,} "
                 f"({b - a:+,})"
             )
         out.append(head + ".")

@@ -16,6 +16,7 @@ Examples:
   tracekit advise --tp1 runs/tp1-b1 --tp1 runs/tp1-b16 --tpn runs/tp2-b1 --gpus 4 --dtype int4
   tracekit advise --tp1 traces/cpu-tp1 --tpn traces/cpu-tp2 --memory-gib 16 --context 4096 --format json
   tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --batch 64   # extrapolated
+  tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --layers 32   # memory of the full 32-layer 7b
 """
 
 
@@ -50,8 +51,9 @@ def render_text(adv: Any) -> str:
         if mem
         else "memory per GPU unknown (give --memory-gib)"
     )
+    layers = f", memory for {doc['layers']} layers" if doc.get("layers") != doc.get("layers_traced") else ""
     lines.append(
-        f"{doc['gpus']} GPU(s), {memory}, context {doc['context']} tokens, weights {doc['weight_dtype']}"
+        f"{doc['gpus']} GPU(s), {memory}, context {doc['context']} tokens, weights {doc['weight_dtype']}{layers}"
     )
     head = f"{'batch':>5}  {'option':<38} {'ms/token':>9} {'tokens/s':>10} {'GiB/GPU':>8} {'fits':>5}  status"
     lines += [head, "-" * len(head)]
@@ -110,6 +112,12 @@ def render_text(adv: Any) -> str:
     "--context", type=int, default=None, help="Context length for the KV cache (default: prompt + tokens)."
 )
 @click.option(
+    "--layers",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Layers of the real model for the memory (default: the traces'; the 7b-shaped traces run 8 of 32).",
+)
+@click.option(
     "--batch", "batches", type=int, multiple=True, help="Also a batch size not measured (extrapolated)."
 )
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
@@ -122,6 +130,7 @@ def command(
     reserve_gib: float,
     dtype: str | None,
     context: int | None,
+    layers: int | None,
     batches: tuple[int, ...],
     fmt: str,
     out: str | None,
@@ -133,8 +142,9 @@ def command(
     Per-token times are the runs' unprofiled means (the traced ones when a manifest has none).
     --dtype fp8/int4 shows how low-bit weights move the memory cliff: how many more concurrent
     sequences fit. --batch B adds a batch size not measured, extrapolated from the nearest measured
-    one by the device's added memory and matrix work (marked predicted). One plain recommendation
-    per batch size; an option that does not fit is said so.
+    one by the device's added memory and matrix work (marked predicted). --layers N sizes the memory
+    for an N-layer model when the traces were cut to fewer layers (the per-token times stay those
+    measured). One plain recommendation per batch size; an option that does not fit is said so.
     """
     from tracekit.analyse.advise import advise
     from tracekit.cli.probe import dumps_json
@@ -148,5 +158,6 @@ def command(
         weight_dtype=dtype,
         context=context,
         batches=batches,
+        layers=layers,
     )
     write_text(dumps_json(adv.to_json()).decode() if fmt == "json" else render_text(adv), out)

@@ -18,6 +18,14 @@ from tracekit.cli.options import engine_options, step_pattern_option
     help="compare-links JSON result (or a probe JSON): probe curves under the trace's busbw.",
 )
 @click.option(
+    "--extra",
+    "extras",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=str),
+    help="JSON of tracekit decompose / advise / rho / whatif / diff (by its `kind`): adds a section with "
+    "its answer and numbers. May be given several times.",
+)
+@click.option(
     "--cdn",
     is_flag=True,
     help="Link plotly.js from its CDN (a small page that needs internet to draw its charts) instead of "
@@ -41,6 +49,7 @@ def command(
     run_dir: str,
     baseline: str | None,
     links: str | None,
+    extras: tuple[str, ...],
     cdn: bool,
     offline: bool,
     outputs: tuple[str, ...],
@@ -56,20 +65,25 @@ def command(
     own attribution beside it, the critical path of a token across ranks (per rank compute / host /
     sync / transfer on it, the cause, the offset), per-step parts per rank, collectives (wait vs
     transfer, the straggler test), realised busbw over probe curves, and the manifest. With only
-    RUN_DIR it reports the breakdown; --baseline adds the shortfall. The HTML carries plotly.js
-    inline (it opens without internet); --cdn links it instead.
+    RUN_DIR it reports the breakdown; --baseline adds the shortfall. Each --extra FILE.json (the
+    JSON of decompose, advise, rho, whatif or diff, told apart by its `kind`) adds a section with
+    its one-sentence answer and its numbers. The HTML carries plotly.js inline (it opens without
+    internet); --cdn links it instead.
 
     \b
     Example:
       tracekit report traces/cpu-tp2 --baseline traces/cpu-tp1 \\
           -o reports/cpu.html -o reports/cpu.md -o reports/cpu.json
       tracekit report runs/tp64 --baseline runs/tp1 --engine dask --workers 8 -o tp64.json
+      tracekit report traces/h200-tp2 --baseline traces/h200-tp1 --extra reports/whatif/h200-tp2.json \\
+          --extra reports/rho/h200.json --extra reports/advise/predicted-from-committed.json -o h200.md
     """
     import sys
 
     from tracekit.engine import Engine, analyse_dirs
     from tracekit.report.build import (
         format_of,
+        load_extras,
         load_links,
         report_from_analyses,
         report_from_dirs,
@@ -83,6 +97,7 @@ def command(
     for o in outputs:
         format_of(o)  # refuse a bad suffix before any analysis runs
     links_data = load_links(links) if links else None
+    extra_sections = load_extras(extras)  # refuse a bad --extra before any analysis runs
     note = (
         None
         if links
@@ -97,10 +112,17 @@ def command(
             links=links_data,
             links_note=note,
             title=title,
+            extras=extra_sections,
         )
     else:
         data = report_from_dirs(
-            run_dir, baseline, links=links_data, links_note=note, step_pattern=step_pattern, title=title
+            run_dir,
+            baseline,
+            links=links_data,
+            links_note=note,
+            step_pattern=step_pattern,
+            title=title,
+            extras=extra_sections,
         )
     written = write_report(data, outputs, offline=not cdn)
     click.echo(data.verdict)

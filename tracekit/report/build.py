@@ -17,6 +17,7 @@ import orjson
 
 from tracekit.errors import TracekitError
 from tracekit.report.data import ReportData, build_report_data
+from tracekit.report.extras import ExtraSection
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".json": "json"}
 
@@ -83,11 +84,12 @@ def report_from_dirs(
     links_note: str | None = None,
     step_pattern: str | None = None,
     title: str | None = None,
+    extras: list[ExtraSection] | None = None,
 ) -> ReportData:
     a = analyse_dirs(run_dir, baseline_dir, step_pattern=step_pattern)
     return report_from_analyses(
         a, run_path=str(run_dir), baseline_path=None if baseline_dir is None else str(baseline_dir),
-        links=links, links_note=links_note, title=title,
+        links=links, links_note=links_note, title=title, extras=extras,
     )  # fmt: skip
 
 
@@ -99,6 +101,7 @@ def report_from_analyses(
     links: dict[str, Any] | list[dict[str, Any]] | None = None,
     links_note: str | None = None,
     title: str | None = None,
+    extras: list[ExtraSection] | None = None,
 ) -> ReportData:
     return build_report_data(
         breakdown=a.breakdown,
@@ -111,7 +114,19 @@ def report_from_analyses(
         baseline_path=baseline_path,
         links_note=links_note,
         title=title,
+        extras=extras,
     )
+
+
+def load_extras(paths: Sequence[str | Path]) -> list[ExtraSection]:
+    """The sections of the --extra files (decompose / advise / rho / whatif / diff JSON, by `kind`);
+    ReportError naming the file when one is unreadable or of another kind."""
+    from tracekit.report.extras import ExtraError, extra_sections, load_extra
+
+    try:
+        return extra_sections([(load_extra(p), str(p)) for p in paths])
+    except ExtraError as exc:
+        raise ReportError(str(exc)) from None
 
 
 def format_of(path: str | Path) -> str:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import datetime as _dt
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracekit._version import __version__
+
+if TYPE_CHECKING:
+    from tracekit.report.extras import ExtraSection
 
 KIND = "tracekit.report"
 #: 1.1: diagnosis; 1.2: collectives.by_op[].wait_ns_median is the shortfall's (schema 1.4): the median
@@ -150,6 +153,8 @@ class ReportData:
     - `links`: the compare-links summary (modes, transports, verdict) or None, with `note`.
     - `manifests`: per run, a summary of what ran, where, with which versions.
     - `notes`: sentences about what is missing or was skipped.
+    - `extras`: one section per other command's JSON given with `--extra` (decompose, advise, rho,
+      whatif, diff; `tracekit.report.extras`); in the JSON only when there is one.
     """
 
     verdict: str
@@ -170,6 +175,7 @@ class ReportData:
     critical_path: dict[str, Any] | None = None
     straggler: dict[str, Any] | None = None
     term_words: dict[str, str] = field(default_factory=dict)
+    extras: list[ExtraSection] = field(default_factory=list)
     title: str = "tracekit report"
     created: str = ""
     generator: str = f"tracekit {__version__}"
@@ -180,7 +186,11 @@ class ReportData:
         """The document as a dict, `kind` and `schema_version` first."""
         d = asdict(self)
         head = {"kind": d.pop("kind"), "schema_version": d.pop("schema_version")}
-        return {**head, **d}
+        d.pop("extras")
+        extras = {"extras": [e.to_json() for e in self.extras]} if self.extras else {}
+        # the extras (when given) after the report's own sections, before title/created/generator
+        tail = {k: d.pop(k) for k in ("title", "created", "generator")}
+        return {**head, **d, **extras, **tail}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -719,12 +729,14 @@ def build_report_data(
     dilation_threshold: float = DEFAULT_DILATION_THRESHOLD,
     title: str | None = None,
     created: str | None = None,
+    extras: list[ExtraSection] | None = None,
 ) -> ReportData:
     """Build the report document from the analyses' JSON dicts and the manifests.
 
     `breakdown` is the run reported (the sharded run when there is a baseline); `shortfall` is
     the result of shortfall(baseline, run); `links` a compare-links result dict (with `rows`) or
-    a bare list of probe rows. Missing inputs make their sections empty and add a note.
+    a bare list of probe rows; `extras` the sections of other commands' JSON
+    (`tracekit.report.extras.extra_sections`). Missing inputs make their sections empty and add a note.
     """
     notes: list[str] = []
     role = "sharded" if (shortfall is not None or baseline_breakdown is not None) else "run"
@@ -941,6 +953,7 @@ def build_report_data(
         critical_path=critical_path,
         straggler=straggler,
         term_words=term_words,
+        extras=list(extras or []),
         title=title or "tracekit report",
         created=created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )

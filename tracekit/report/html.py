@@ -564,6 +564,38 @@ def _links_section(data: ReportData) -> str:
     return "\n".join(out)
 
 
+def _extras_section(data: ReportData) -> str:
+    """One section per --extra result (answer, figures with data-key, tables, lines, notes)."""
+    out = []
+    for x in data.extras:
+        sid = esc(f"extra-{x.key}")
+        out.append(f'<section class="extra" id="{sid}"><h2>{esc(x.title)}</h2>')
+        if x.path:
+            out.append(f'<p class="meta">From <code>{esc(x.path)}</code>.</p>')
+        out.append(f'<p class="verdict">{esc(x.answer)}</p>')
+        if x.figures:
+            rows = "".join(
+                f'<tr><td>{esc(f["label"])}</td><td class=num data-key="{esc(f["key"])}">{esc(f["text"])}</td></tr>'
+                for f in x.figures
+            )
+            out.append(
+                f"<table><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
+            )
+        for t in x.tables:
+            out.append(f"<h3>{esc(t.caption)}</h3>")
+            out.append(
+                _table(
+                    [esc(h) for h in t.headers],
+                    [[(esc(c), i not in t.text_columns) for i, c in enumerate(r)] for r in t.rows],
+                )
+            )
+        out += [f'<p class="note">{esc(line)}</p>' for line in x.lines]
+        if x.notes:
+            out.append("<ul>" + "".join(f'<li class="note">{esc(n)}</li>' for n in x.notes) + "</ul>")
+        out.append("</section>")
+    return "\n".join(out)
+
+
 def _manifest_section(data: ReportData) -> str:
     out = []
     for m in data.manifests:
@@ -694,6 +726,7 @@ def render_html(data: ReportData, *, offline: bool = True) -> str:
         parts += ["<h2>Collectives: wait vs transfer</h2>", div("fig-collectives"), _collectives_tables(data)]
     if "fig-busbw" in fig_json or data.links is not None:
         parts += ["<h2>Realised bandwidth and link probes</h2>", div("fig-busbw"), _links_section(data)]
+    parts.append(_extras_section(data))
     kern = _kernels_tables(data)
     if kern:
         parts += ["<h2>Kernels</h2>", kern]

@@ -95,6 +95,33 @@ def _critical_path_md(data: ReportData) -> list[str]:
     return out
 
 
+def _extras_md(data: ReportData) -> list[str]:
+    """One section per --extra result: the answer in bold, its figures (same rows as Key figures,
+    so the keys match the HTML's), its tables, lines and notes; every name escaped."""
+    out: list[str] = []
+    for x in data.extras:
+        out += [f"## {md_esc(x.title)}", ""]
+        if x.path:
+            out += [f"From {md_code(x.path)}.", ""]
+        out += [f"**{md_esc(x.answer)}**", ""]
+        if x.figures:
+            out += _table(
+                ["figure", "value", "key"],
+                [[md_esc(f["label"]), md_ours(f["text"]), md_code(f["key"])] for f in x.figures],
+            )
+        for t in x.tables:
+            out += [f"### {md_esc(t.caption)}", ""]
+            out += _table(
+                [md_esc(h) for h in t.headers],
+                [[md_esc(c) if i in t.text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
+            )
+        for line in x.lines:
+            out += [md_esc(line), ""]
+        if x.notes:
+            out += [f"- {md_esc(n)}" for n in x.notes] + [""]
+    return out
+
+
 def render_markdown(data: ReportData) -> str:
     lines: list[str] = [f"# {md_esc(data.title)}", ""]
     lines += [f"**{md_esc(data.verdict)}**", ""]
@@ -264,6 +291,8 @@ def render_markdown(data: ReportData) -> str:
                 ["message", "busbw"],
                 [[fmt_bytes(p["bytes"]), fmt_gbps(p["busbw_gbps"])] for p in curve["points"]],
             )
+
+    lines += _extras_md(data)
 
     for run in data.runs:
         if run["unknown_kernels"]:

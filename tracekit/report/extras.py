@@ -1,0 +1,545 @@
+"""Report sections for the other commands' JSON: decompose, advise, rho, whatif, diff.
+
+`tracekit report --extra FILE.json` (repeatable) adds one section per file, chosen by the JSON's
+`kind` (`tracekit.decompose`, `tracekit.advise`, `tracekit.rho`, `tracekit.whatif`,
+`tracekit.diff`; docs/JSON.md). Data before rendering: `extra_section(doc, path)` returns a frozen
+`ExtraSection` (the one-sentence answer, its key figures, tables of printed cells, notes); the HTML
+and Markdown renderers only lay it out, escaping every cell (names, paths and knob specs come from
+the files). The numbers print through `data.fmt_*`, so a section reads the same in both formats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tracekit.report.data import fmt_ms, fmt_pct, fmt_x
+
+#: kind -> the command that writes it
+EXTRA_KINDS: dict[str, str] = {
+    "tracekit.decompose": "decompose",
+    "tracekit.advise": "advise",
+    "tracekit.rho": "rho",
+    "tracekit.whatif": "whatif",
+    "tracekit.diff": "diff",
+}
+
+TITLES = {
+    "decompose": "Speedup decomposition (tracekit decompose)",
+    "advise": "Shard or replicate (tracekit advise)",
+    "rho": "Tensor-core vs CUDA-core throughput: rho (tracekit rho)",
+    "whatif": "What-if replay (tracekit whatif)",
+    "diff": "Before vs after (tracekit diff)",
+}
+
+GIB = 1024**3
+
+
+class ExtraError(ValueError):
+    """A file given with --extra is not a JSON result this report knows (the message says why)."""
+
+
+@dataclass(frozen=True)
+class ExtraTable:
+    """A table of printed cells. `text_columns`: the columns holding names from the file (escaped
+    as text in Markdown); the others hold numbers and fixed words."""
+
+    caption: str
+    headers: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    text_columns: tuple[int, ...] = (0,)
+
+
+@dataclass(frozen=True)
+class ExtraSection:
+    """One command's result as a report section.
+
+    `key` is unique in the report (`decompose`, `advise`, `advise-2`, ...): the section's figures
+    carry keys `extra.<key>.<figure>` in every format. `figures`: ordered {key, label, value, unit,
+    text} like `ReportData.key_figures`."""
+
+    key: str
+    kind: str
+    command: str
+    title: str
+    path: str | None
+    answer: str
+    figures: tuple[dict[str, Any], ...] = ()
+    tables: tuple[ExtraTable, ...] = ()
+    lines: tuple[str, ...] = ()  # further sentences under the tables (the memory cliff, a check)
+    notes: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "command": self.command,
+            "title": self.title,
+            "path": self.path,
+            "answer": self.answer,
+            "figures": [dict(f) for f in self.figures],
+            "tables": [
+                {"caption": t.caption, "headers": list(t.headers), "rows": [list(r) for r in t.rows]}
+                for t in self.tables
+            ],
+            "lines": list(self.lines),
+            "notes": list(self.notes),
+        }
+
+
+# ----------------------------------------------------------------------------------------------
+# loading
+
+
+def load_extra(path: str | Path) -> dict[str, Any]:
+    """Read one --extra file; ExtraError when it is unreadable, not JSON or of another kind."""
+    p = Path(path)
+    try:
+        obj = json.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ExtraError(f"{p}: cannot read the --extra file: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ExtraError(f"{p}: not UTF-8 text (expected a tracekit JSON result)") from None
+    except json.JSONDecodeError as exc:
+        raise ExtraError(f"{p} at byte {exc.pos}: not JSON: {exc.msg}") from None
+    kind = obj.get("kind") if isinstance(obj, dict) else None
+    if kind not in EXTRA_KINDS:
+        known = ", ".join(sorted(EXTRA_KINDS))
+        got = f"kind {kind!r}" if isinstance(kind, str) else "no 'kind'"
+        raise ExtraError(
+            f"{p}: {got}; --extra takes the JSON of decompose, advise, rho, whatif or diff ({known})"
+        )
+    return obj
+
+
+def extra_sections(docs: Sequence[tuple[dict[str, Any], str | None]]) -> list[ExtraSection]:
+    """One section per (document, path), in the order given; keys made unique per command."""
+    seen: dict[str, int] = {}
+    out = []
+    for doc, path in docs:
+        cmd = EXTRA_KINDS.get(str(doc.get("kind")), "")
+        seen[cmd] = seen.get(cmd, 0) + 1
+        key = cmd if seen[cmd] == 1 else f"{cmd}-{seen[cmd]}"
+        out.append(extra_section(doc, path, key=key))
+    return out
+
+
+def extra_section(doc: Mapping[str, Any], path: str | None = None, *, key: str | None = None) -> ExtraSection:
+    """The section of one result document (by its `kind`)."""
+    kind = str(doc.get("kind"))
+    cmd = EXTRA_KINDS.get(kind)
+    if cmd is None:
+        raise ExtraError(f"{path or 'document'}: kind {kind!r} has no report section")
+    build = {
+        "decompose": _decompose,
+        "advise": _advise,
+        "rho": _rho,
+        "whatif": _whatif,
+        "diff": _diff,
+    }[cmd]
+    try:
+        parts = build(doc)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ExtraError(
+            f"{path or 'document'}: a {kind} document without the expected fields ({exc!r})"
+        ) from None
+    key = key or cmd
+    figures = tuple({**f, "key": f"extra.{key}.{f['key']}"} for f in parts.figures)
+    return ExtraSection(
+        key=key,
+        kind=kind,
+        command=cmd,
+        title=TITLES[cmd],
+        path=path,
+        answer=parts.answer,
+        figures=figures,
+        tables=tuple(parts.tables),
+        lines=tuple(parts.lines),
+        notes=tuple(str(n) for n in doc.get("notes") or []),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# the sections
+
+
+@dataclass
+class _Parts:
+    answer: str
+    figures: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[ExtraTable] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+    def add(
+        self, key: str, label: str, value: float | int | None, unit: str, text: str | None = None
+    ) -> None:
+        if value is None:
+            return
+        if text is None:
+            text = {"ns": fmt_ms, "ratio": fmt_x, "share": fmt_pct}.get(unit, _num)(value)  # type: ignore[operator]
+        self.figures.append({"key": key, "label": label, "value": value, "unit": unit, "text": text})
+
+
+def _f(x: Any) -> float | None:
+    if x is None or isinstance(x, bool):
+        return None
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _num(x: Any) -> str:
+    v = _f(x)
+    if v is None:
+        return "n/a"
+    return f"{v:.1f}" if abs(v) >= 10 else f"{v:.2f}"
+
+
+def _iv(iv: Any, fmt: Any) -> str:
+    if not isinstance(iv, list | tuple) or len(iv) != 2 or _f(iv[0]) is None or _f(iv[1]) is None:
+        return ""
+    return f" [{fmt(iv[0])} to {fmt(iv[1])}]"
+
+
+def _ms_signed(ns: Any) -> str:
+    v = _f(ns)
+    return "n/a" if v is None else f"{v / 1e6:+.3f} ms"
+
+
+def _decompose(doc: Mapping[str, Any]) -> _Parts:
+    p = _Parts(answer=str(doc["verdict"]))
+    sp, parts, ivs = doc["speedup"], doc["parts"], doc.get("intervals") or {}
+    for k, label, iv in (
+        ("total", "speedup, baseline -> full", "speedup"),
+        ("runtime", "speedup, baseline -> intermediate (runtime part)", "runtime_speedup"),
+        ("kernel", "speedup, intermediate -> full (kernel part)", "kernel_speedup"),
+    ):
+        v = _f(sp.get(k))
+        p.add(f"speedup.{k}", label, v, "ratio", None if v is None else fmt_x(v) + _iv(ivs.get(iv), fmt_x))
+    for k in ("runtime", "kernel"):
+        v = _f(parts.get(k))
+        p.add(
+            f"parts.{k}",
+            f"{k} part of the speedup (log scale)",
+            v,
+            "share",
+            None if v is None else fmt_pct(v) + _iv(ivs.get(f"{k}_part"), fmt_pct),
+        )
+    words = doc.get("class_words") or {}
+    classes = list(words) or ["matrix", "vector", "memory", "collective", "coordination", "unknown"]
+    runs = doc["runs"]
+    rows = []
+    for role in ("baseline", "intermediate", "full"):
+        r = runs.get(role)
+        if not r:
+            continue
+        cn = r.get("classes_ns") or {}
+        rows.append(
+            (role, str(r.get("path") or ""), str(r.get("n_ranks", "")), fmt_ms(r.get("per_token_ns")))
+            + tuple(fmt_ms(cn.get(c)) for c in classes)
+        )
+        p.add(f"per_token.{role}", f"per-token time, {role}", _f(r.get("per_token_ns")), "ns")
+    p.tables.append(
+        ExtraTable(
+            "Per-token time per run and its classes (per token)",
+            ("run", "path", "ranks", "per token", *classes),
+            tuple(rows),
+            text_columns=(0, 1),
+        )
+    )
+    moved = doc.get("moved") or {}
+    mrows = []
+    for c in classes:
+        row: tuple[str, ...] = (str(words.get(c, c)),)
+        for part in ("runtime", "kernel"):
+            m = moved.get(part) or {}
+            row += (
+                _ms_signed((m.get("saved_by_class_ns") or {}).get(c)),
+                fmt_pct(_f((m.get("share_of_saving") or {}).get(c))),
+            )
+        mrows.append(row)
+    total: tuple[str, ...] = ("saved in all",)
+    for part in ("runtime", "kernel"):
+        total += (_ms_signed((moved.get(part) or {}).get("saved_ns")), "100.0%")
+    mrows.append(total)
+    p.tables.append(
+        ExtraTable(
+            "What moved: time saved per token by class in each part",
+            ("class", "runtime part", "share", "kernel part", "share"),
+            tuple(mrows),
+        )
+    )
+    b = doc.get("bootstrap") or {}
+    if b:
+        p.lines.append(
+            f"Intervals: {fmt_pct(_f(b.get('level')), 0)} bootstrap, {b.get('resamples')} resamples "
+            f"({b.get('levels')})."
+        )
+    return p
+
+
+def _advise(doc: Mapping[str, Any]) -> _Parts:
+    recs = doc["recommendations"]
+    p = _Parts(answer=" ".join(str(r["text"]) for r in recs))
+    mem = _f(doc.get("memory_per_gpu_bytes"))
+    memory = (
+        f"{mem / GIB:.1f} GiB per GPU ({doc.get('memory_source')}, "
+        f"{(_f(doc.get('reserve_bytes')) or 0) / GIB:.1f} GiB kept back)"
+        if mem
+        else "memory per GPU unknown"
+    )
+    layers = ""
+    if doc.get("layers") is not None:
+        layers = f", memory for {doc['layers']} layers"
+        if doc.get("layers_traced") not in (None, doc.get("layers")):
+            layers += f" (the traces have {doc['layers_traced']})"
+    p.lines.append(
+        f"{doc['gpus']} GPU(s), {memory}, context {doc['context']} tokens, weights {doc['weight_dtype']}{layers}."
+    )
+    rows = []
+    for r in doc["options"]:
+        m = r.get("memory_per_gpu_bytes") or {}
+        fits = {True: "yes", False: "NO", None: "?"}.get(r.get("fits"), "?")
+        rows.append(
+            (
+                str(r["batch"]),
+                str(r["option"]),
+                fmt_ms(r.get("per_token_latency_ns")),
+                "n/a" if _f(r.get("tokens_per_s")) is None else f"{float(r['tokens_per_s']):,.0f}",
+                f"{(_f(m.get('weights')) or 0) / GIB:.2f}",
+                f"{(_f(m.get('kv_cache')) or 0) / GIB:.3f}",
+                f"{(_f(m.get('total')) or 0) / GIB:.2f}",
+                fits,
+                str(r.get("status", "")),
+            )
+        )
+        tag = f"b{r['batch']}.tp{r['tp']}"
+        p.add(f"{tag}.tokens_per_s", f"batch {r['batch']}, {r['option']}: tokens/s", _f(r.get("tokens_per_s")), "number",
+              None if _f(r.get("tokens_per_s")) is None else f"{float(r['tokens_per_s']):,.0f}")  # fmt: skip
+        p.add(f"{tag}.memory", f"batch {r['batch']}, {r['option']}: memory per GPU",
+              _f(m.get("total")), "bytes", f"{(_f(m.get('total')) or 0) / GIB:.2f} GiB")  # fmt: skip
+    p.tables.append(
+        ExtraTable(
+            "Options per batch size",
+            (
+                "batch",
+                "option",
+                "per token",
+                "tokens/s",
+                "weights GiB",
+                "KV cache GiB",
+                "GiB per GPU",
+                "fits",
+                "status",
+            ),
+            tuple(rows),
+            text_columns=(1, 8),
+        )
+    )
+    from tracekit.analyse.advise import cliff_sentences
+
+    p.lines += ["Memory cliff: " + s for s in cliff_sentences(doc)]
+    return p
+
+
+def _rho(doc: Mapping[str, Any]) -> _Parts:
+    dev = doc.get("device") or {}
+    name = str(dev.get("name") or "the device")
+    rhos = [r for r in doc.get("rho") or [] if _f(r.get("rho")) is not None]
+    vec = "CUDA-core fp32 FMA" if dev.get("type") == "cuda" else "vector fp32"
+    mat = "tensor-core matrix" if dev.get("type") == "cuda" else "matrix"
+    if rhos:
+        answer = (
+            f"On {name}, rho ({mat} throughput / {vec} throughput) is "
+            + ", ".join(f"{_num(r['rho'])} ({r['dtype']})" for r in rhos)
+            + ": one vector operation costs the time of that many matrix operations, so vector work "
+            "(dequantisation, norms, activations) weighs that much more than its operation count."
+        )
+    else:
+        answer = f"On {name}, no rho was measured (no matrix dtype ran)."
+    p = _Parts(answer=answer)
+    for r in rhos:
+        p.add(f"rho.{r['dtype']}", f"rho, {r['dtype']}", _f(r["rho"]), "number")
+    rows = []
+    for m in [*(doc.get("matrix") or []), *(doc.get("vector") or [])]:
+        rows.append(
+            (
+                str(m.get("kind", "")),
+                str(m.get("dtype", "")),
+                str(m.get("method", "")),
+                str(m.get("shape", "")),
+                _num(m.get("tops")),
+                _num(m.get("tops_max")),
+                _num(m.get("datasheet_tops")) if m.get("datasheet_tops") is not None else "",
+                _num(m.get("anchor_tops")) if m.get("anchor_tops") is not None else "",
+                str(m.get("skipped") or ""),
+            )
+        )
+    p.tables.append(
+        ExtraTable(
+            f"Throughput on {name} (T(FL)OP/s, median of the timed batches)",
+            ("kind", "dtype", "method", "shape", "median", "max", "datasheet", "anchor", "skipped"),
+            tuple(rows),
+            text_columns=(0, 1, 2, 3, 8),
+        )
+    )
+    p.tables.append(
+        ExtraTable(
+            "rho per dtype",
+            ("dtype", "rho", "datasheet rho", "anchor rho"),
+            tuple(
+                (
+                    str(r["dtype"]),
+                    _num(r["rho"]),
+                    _num(r.get("datasheet_rho")) if r.get("datasheet_rho") is not None else "",
+                    _num(r.get("anchor_rho")) if r.get("anchor_rho") is not None else "",
+                )
+                for r in rhos
+            ),
+        )
+    )
+    return p
+
+
+def _whatif(doc: Mapping[str, Any]) -> _Parts:
+    pred, speed = doc["predicted_ns"], doc["speedup_vs_tp1"]
+    ns = list(next(iter(pred.values()))) if pred else []
+    s_ns = _f(doc.get("shortfall_ns"))
+    shap = {k: _f(v) for k, v in (doc.get("shapley_ns") or {}).items()}
+    shares = doc.get("shapley_shares") or {}
+    check = doc.get("check")
+    if s_ns is not None and shap:
+        ranked = sorted(
+            ((k, v) for k, v in shap.items() if k != "residual" and v is not None), key=lambda kv: -kv[1]
+        )
+        head = ", ".join(f"{k} {fmt_ms(v)} ({fmt_pct(_f(shares.get(k)))})" for k, v in ranked[:3])
+        answer = (
+            f"Of the shortfall S = {fmt_ms(s_ns)} per token, the replay's Shapley split gives {head}"
+            + (f"; residual {fmt_ms(shap.get('residual'))}" if shap.get("residual") is not None else "")
+            + "."
+        )
+    else:
+        best = None
+        for spec, by_n in pred.items():
+            if spec == "none":
+                continue
+            for n in ns:
+                v = _f(by_n.get(n))
+                if v is not None and (best is None or v < best[2]):
+                    best = (spec, n, v)
+        base = _f((pred.get("none") or {}).get(ns[0])) if ns else None
+        answer = (
+            f"Replayed at TP={best[1]}, {best[0]} takes the per-token time from {fmt_ms(base)} to {fmt_ms(best[2])}."
+            if best is not None and base is not None
+            else "No prediction."
+        )
+    if check:
+        answer += (
+            f" Check: {check['knobs']} predicts {fmt_ms(check['predicted_ns'])} at TP={check['ranks']}; the run "
+            f"measured {fmt_ms(check['measured_ns'])} ({check.get('measured_source')}): error "
+            f"{_f(check['error']) or 0:+.1%}."
+        )
+    p = _Parts(answer=answer)
+    p.add("shortfall", "shortfall S", s_ns, "ns")
+    for k, v in shap.items():
+        p.add(f"shapley.{k}", f"Shapley: {k}", v, "ns")
+    if check:
+        p.add("check.error", f"check: {check['knobs']} predicted vs measured", _f(check.get("error")), "share",
+              f"{_f(check['error']) or 0:+.1%}")  # fmt: skip
+    applies = {k["spec"]: k.get("applies") or {} for k in doc.get("knobs") or []}
+    rows = []
+    for spec, by_n in pred.items():
+        row: tuple[str, ...] = ("none (replay of the trace)" if spec == "none" else str(spec),)
+        for n in ns:
+            if spec in applies and not applies[spec].get(n, True):
+                row += ("n/a", "")
+                continue
+            sp = _f((speed.get(spec) or {}).get(n))
+            row += (fmt_ms(by_n.get(n)), "n/a" if sp is None else f"{sp:.2f}x")
+        rows.append(row)
+    heads: tuple[str, ...] = ("knobs",)
+    for n in ns:
+        heads += (f"TP={n} per token", f"TP={n} vs T1")
+    p.tables.append(ExtraTable("Predicted per-token time per knob combination", heads, tuple(rows)))
+    if s_ns is not None and shap:
+        acc = doc.get("accounting") or {}
+        srows = [(str(k), fmt_ms(v), fmt_pct(_f(shares.get(k)))) for k, v in shap.items()]
+        srows.append(("S", fmt_ms(s_ns), "100.0%"))
+        p.tables.append(
+            ExtraTable("Shapley split of S (per token)", ("knob", "per token", "share of S"), tuple(srows))
+        )
+        if acc.get("terms_ns"):
+            p.tables.append(
+                ExtraTable(
+                    "Beside it, the shortfall's accounting",
+                    ("term", "per token", "share of S"),
+                    tuple(
+                        (str(k), fmt_ms(v), fmt_pct(_f((acc.get("shares") or {}).get(k))))
+                        for k, v in acc["terms_ns"].items()
+                    ),
+                )
+            )
+    for key, r in (doc.get("runs") or {}).items():
+        if isinstance(r, Mapping):
+            p.lines.append(
+                f"{key} run (TP={r.get('ranks')}, {r.get('timeline')} timeline): {fmt_ms(r.get('per_token_ns'))} "
+                f"per token ({r.get('per_token_source')})."
+            )
+    return p
+
+
+def _diff(doc: Mapping[str, Any]) -> _Parts:
+    p = _Parts(answer=str(doc.get("summary") or doc.get("verdict")))
+    pt, piv = doc["per_token_ns"], doc.get("per_token_interval_ns") or {}
+    iv = doc.get("interval") or {}
+    for role in ("before", "after"):
+        v = _f(pt.get(role))
+        p.add(f"per_token.{role}", f"per-token time, {role}", v, "ns",
+              None if v is None else fmt_ms(v) + _iv(piv.get(role), fmt_ms))  # fmt: skip
+    ch = _f(doc.get("change_ns"))
+    p.add(
+        "change",
+        "change per token",
+        ch,
+        "ns",
+        None if ch is None else _ms_signed(ch) + _iv(iv.get("change_ns"), _ms_signed),
+    )
+    rel = _f(doc.get("relative_change"))
+    p.add("relative", "relative change", rel, "share",
+          None if rel is None else f"{rel:+.1%}" + _iv(iv.get("relative"), lambda x: f"{float(x):+.1%}"))  # fmt: skip
+    by_part = doc.get("by_part") or {}
+    for group, caption in (("terms", "By term (per token)"), ("leaves", "By part (per token)")):
+        g = by_part.get(group) or {}
+        if not g:
+            continue
+        p.tables.append(
+            ExtraTable(
+                caption,
+                ("part", "before", "after", "change", "95% interval of the change"),
+                tuple(
+                    (
+                        str(k),
+                        fmt_ms(v.get("before_ns")),
+                        fmt_ms(v.get("after_ns")),
+                        _ms_signed(v.get("change_ns")),
+                        _iv(v.get("interval_ns"), _ms_signed).strip(" []").replace(" to ", " .. "),
+                    )
+                    for k, v in g.items()
+                ),
+            )
+        )
+    runs = doc.get("runs") or {}
+    for role in ("before", "after"):
+        r = runs.get(role)
+        if isinstance(r, Mapping):
+            p.lines.append(
+                f"{role}: {r.get('path')} ({r.get('n_ranks')} rank(s), {r.get('timeline')} timeline, "
+                f"{r.get('steady_steps')} steady steps)."
+            )
+    return p
