@@ -204,12 +204,12 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
     real = dask_engine.read_rank_file
 
     def flaky(
-        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None
+        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None, n_buckets: int = 16
     ) -> dask_engine.RankPart:
         if not marker.exists():
             marker.write_text(path)
             raise OSError("worker lost its disk for a moment")
-        return real(path, parquet, rank, cache, env)
+        return real(path, parquet, rank, cache, env, n_buckets)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", flaky)
     local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
@@ -220,7 +220,9 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
 def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     from tracekit.errors import TraceFormatError
 
-    def bad(path: str, parquet: str, rank: int | None, cache: bool, env: Any = None) -> dask_engine.RankPart:
+    def bad(
+        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None, n_buckets: int = 16
+    ) -> dask_engine.RankPart:
         raise TraceFormatError(path, "not a trace", offset=12)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", bad)
@@ -361,3 +363,68 @@ def test_without_dask_the_error_is_one_line(monkeypatch: pytest.MonkeyPatch, cap
     assert err == [
         "tracekit: error: --engine dask needs Dask: pip install 'tracekit[dask]' (or pip install 'dask[distributed]')"
     ]
+
+
+# ------------------------------------------------------------------------------------------
+# stage 2a: collective matching by tasks that each own a hash-partition of the process groups
+
+
+def _bucket_run(dask: Engine, run: Path, buckets: int) -> tuple[Any, list[Any]]:
+    """The sharded job of a shortfall of `run` on the dask engine, with `buckets` partitions."""
+    eng = Engine(kind="dask", scheduler=dask.scheduler, buckets=buckets)
+    (res,) = dask_engine.analyse(
+        eng, [dask_engine.RunJob(paths=[run], cache=False, attribute={"label": "sharded"})]
+    )
+    return res, res.buckets
+
+
+def test_bucket_tasks_receive_only_their_groups_rows(dask: Engine, synthetic64: Path) -> None:
+    """Each bucket task reads, of every rank file, only that bucket's Parquet file; every row
+    it received belongs to a group of its bucket, and the rows of all buckets are the ranks' rows
+    once each (no row reaches two tasks, none is lost); the matched instances are the local ones."""
+    res, buckets = _bucket_run(dask, synthetic64, 4)
+    written = {p for f in res.files for p in f.buckets.values()}
+    read = [path for b in buckets for path, _n in b.received]
+    assert sorted(read) == sorted(written)  # each rank file's bucket file read by one task, once
+    for b in buckets:
+        assert all(f".coll-b{b.bucket}." in path for path, _n in b.received)
+        assert all(dask_engine.bucket_of(g, 4) == b.bucket for g in b.received_groups)
+    rows_written = sum(n for f in res.files for n in f.bucket_rows.values())
+    assert sum(n for b in buckets for _p, n in b.received) == rows_written
+    # a bucket task holds collective rows only: a small part of the run's events
+    assert rows_written < res.n_events / 20
+    # the matched instances: every rank's row of every collective, as the local engine matches
+    # them (the JSON equality on this run: test_synthetic_64_ranks_on_dask_is_the_local_json)
+    assert len(res.parts.collectives.per_rank) == rows_written
+
+
+def test_a_row_in_another_buckets_file_fails_the_bucket_task(tmp_path: Path) -> None:
+    """The routing check: a rank's row of one bucket that reaches another bucket's task fails it."""
+    import pandas as pd
+
+    group = "pg:0"
+    right = dask_engine.bucket_of(group, 8)
+    wrong = (right + 1) % 8
+    rows = pd.DataFrame(
+        {c: [0] for c in dask_engine.COLLECTIVE_COLUMNS} | {"group": [group], "op": ["all_reduce"]}
+    )
+    path = tmp_path / f"r0.coll-b{wrong}.parquet"
+    rows.to_parquet(path, index=False)
+    with pytest.raises(AssertionError, match=f"bucket {wrong} received rows of group"):
+        dask_engine.match_bucket(
+            wrong,
+            [dask_engine.BucketInput(str(path), {0: 0}, 0, 0)],
+            {group: 0},
+            [0],
+            None,
+            "gpu_kernel",
+            False,
+            8,
+        )
+
+
+@pytest.mark.parametrize("buckets", [7])
+def test_shortfall_json_does_not_depend_on_the_bucket_count(dask: Engine, buckets: int) -> None:
+    local = _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2").to_json())
+    eng = Engine(kind="dask", scheduler=dask.scheduler, buckets=buckets)
+    assert _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2", eng).to_json()) == local

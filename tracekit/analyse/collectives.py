@@ -512,37 +512,90 @@ def match_collectives(
     parts = []
     match_by: dict[str, str] = {}
     for gi, (group, rows) in enumerate(sel.groupby("group", sort=True, observed=True)):
-        expected, source = _expected_ranks(str(group), rows, run_ranks, world)
-        present = sorted(int(r) for r in rows["rank"].unique())
-        if expected is not None:
-            absent = sorted(set(expected) - set(run_ranks))
-            if absent:
-                msg = (
-                    f"collectives of group {group!r} span {len(expected)} ranks ({source}) but the run has only "
-                    f"ranks {run_ranks}; the last arrival of a collective cannot be known without the other "
-                    f"{len(absent)} ranks"
-                )
-                if not allow_partial:
-                    raise MatchError(msg + " (allow_partial=True matches the ranks present)")
-                dq.add("collective_group_partial", 1, msg + "; matched the ranks present anyway")
-        missing_ranks = _members_without_events(rows, present, run_ranks, expected)
-        if missing_ranks:
-            # a member that recorded none of the group's collectives: its arrivals are unknown, so
-            # the others' waits would be taken for transfer (METHOD.md 5: refuse when counts differ)
-            msg, hint = _without_events_message(str(group), rows, missing_ranks, level)
-            if not allow_partial:
-                raise MatchError(f"{msg}; {hint} (allow_partial / --allow-partial matches the ranks present)")
-            dq.add(
-                "collective_group_ranks_without_events",
-                len(missing_ranks),
-                f"{msg}; matched the ranks present anyway ({', '.join(map(str, present))}): their waits "
-                "count as transfer",
-            )
-        key, how = _match_group(str(group), rows)
+        matched, how = match_group(str(group), gi, rows, run_ranks, world, level, allow_partial, dq)
         match_by[str(group)] = how
-        rows = rows.assign(seq=key.to_numpy(), group_index=gi)
-        parts.append(rows)
+        parts.append(matched)
+    return matched_collectives(
+        parts,
+        match_by,
+        level,
+        dq,
+        run_ranks=run_ranks,
+        rank_info=rank_info,
+        manifest=manifest,
+        events=events,
+        steps=steps,
+        clock=clock,
+        end_spread_threshold_ns=end_spread_threshold_ns,
+    )
 
+
+def match_group(
+    group: str,
+    gi: int,
+    rows: pd.DataFrame,
+    run_ranks: list[int],
+    world: int | None,
+    level: str,
+    allow_partial: bool,
+    dq: DataQuality,
+) -> tuple[pd.DataFrame, str]:
+    """One process group's collective rows (`select_collective_events`' rows of every rank, in
+    the run's row order) matched across ranks: the rows with `seq` (the instance key within the
+    group) and `group_index` (`gi`: the group's place among the run's groups, sorted), and how
+    they were matched ("seq" | "order"). MatchError (or a note in `dq` with `allow_partial`) for
+    a group whose ranks are not all in the run or some of whose members recorded none of its
+    collectives. Needs only the group's rows: the Dask engine runs it in tasks that each own a
+    hash-partition of the groups."""
+    expected, source = _expected_ranks(group, rows, run_ranks, world)
+    present = sorted(int(r) for r in rows["rank"].unique())
+    if expected is not None:
+        absent = sorted(set(expected) - set(run_ranks))
+        if absent:
+            msg = (
+                f"collectives of group {group!r} span {len(expected)} ranks ({source}) but the run has only "
+                f"ranks {run_ranks}; the last arrival of a collective cannot be known without the other "
+                f"{len(absent)} ranks"
+            )
+            if not allow_partial:
+                raise MatchError(msg + " (allow_partial=True matches the ranks present)")
+            dq.add("collective_group_partial", 1, msg + "; matched the ranks present anyway")
+    missing_ranks = _members_without_events(rows, present, run_ranks, expected)
+    if missing_ranks:
+        # a member that recorded none of the group's collectives: its arrivals are unknown, so
+        # the others' waits would be taken for transfer (METHOD.md 5: refuse when counts differ)
+        msg, hint = _without_events_message(group, rows, missing_ranks, level)
+        if not allow_partial:
+            raise MatchError(f"{msg}; {hint} (allow_partial / --allow-partial matches the ranks present)")
+        dq.add(
+            "collective_group_ranks_without_events",
+            len(missing_ranks),
+            f"{msg}; matched the ranks present anyway ({', '.join(map(str, present))}): their waits "
+            "count as transfer",
+        )
+    key, how = _match_group(group, rows)
+    return rows.assign(seq=key.to_numpy(), group_index=gi), how
+
+
+def matched_collectives(
+    parts: list[pd.DataFrame],
+    match_by: dict[str, str],
+    level: str,
+    dq: DataQuality,
+    *,
+    run_ranks: list[int],
+    rank_info: Mapping[int, Mapping[str, Any]] | None = None,
+    manifest: Mapping[str, Any] | None = None,
+    events: pd.DataFrame | None = None,
+    steps: pd.DataFrame | None = None,
+    clock: str = "auto",
+    end_spread_threshold_ns: int | None = None,
+) -> CollectiveInstances:
+    """`match_collectives` after the groups are matched (`match_group`, one frame per group in
+    group order): instances numbered by their earliest start, bytes from the manifest, clocks,
+    wait / transfer per rank, the instance table, stragglers, the clock check. Reads only the
+    matched rows (per-collective, a small part of the run); `events` only when the manifest fill
+    needs step windows and `steps` is None."""
     if parts:
         m = pd.concat(parts, ignore_index=True)
         m["instance_key"] = m["group_index"].astype(np.int64) * (1 << 40) + m["seq"].astype(np.int64)

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -190,8 +190,11 @@ def attribute_run(
     dilation_threshold: float = DEFAULT_THRESHOLD,
     label: str = "run",
     allow_partial: bool = False,
+    matcher: Callable[..., CollectiveInstances] | None = None,
 ) -> RunParts:
-    """Per-step leaf parts of one run (see the module doc)."""
+    """Per-step leaf parts of one run (see the module doc). `matcher`: called as
+    `match_collectives` is (the default); the Dask engine's gives the instances its bucket tasks
+    matched."""
     from tracekit.analyse.steps import find_steps_detailed, partition_steps
     from tracekit.classify import classify
 
@@ -218,7 +221,7 @@ def attribute_run(
     table = partition_steps(classified, found.steps)
     ranks = sorted(int(r) for r in table["rank"].unique())
 
-    coll = match_collectives(
+    coll = (matcher or match_collectives)(
         classified,
         ranks=run.ranks,
         rank_info=run.rank_info,
@@ -1272,6 +1275,13 @@ def shortfall(
         label="sharded",
         allow_partial=allow_partial,
     )
+    return shortfall_of_pair(base, shard, pair_notes)
+
+
+def shortfall_of_pair(base: RunParts, shard: RunParts, pair_notes: list[tuple[str, str]]) -> Shortfall:
+    """The attribution of two attributed runs with `check_pair`'s notes (made before the runs
+    were attributed: its refusals come first) on the baseline's data quality; `shortfall`'s tail,
+    and the Dask engine's."""
     for key, note in pair_notes:
         base.data_quality.add(key, 1, note)
     return shortfall_from_parts(base, shard)

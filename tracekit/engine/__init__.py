@@ -56,6 +56,7 @@ class Engine:
     threads_per_worker: int = 1  # LocalCluster threads per worker
     retries: int = 2  # times a task is retried when it fails or its worker is lost
     progress: bool = False  # a rich progress bar on stderr over the rank files done on all workers
+    buckets: int = 16  # hash partitions of the process groups for cross-rank collective matching
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINES:
@@ -163,20 +164,17 @@ def shortfall_paths(
             dask_engine.RunJob(paths=_as_list(baseline), cache=cache, attribute={**kw, "label": "baseline"}),
             dask_engine.RunJob(paths=_as_list(sharded), cache=cache, attribute={**kw, "label": "sharded"}),
         ],
+        pair=(0, 1),
     )
     return _shortfall_of(base, shard)
 
 
 def _shortfall_of(base: Any, shard: Any) -> Shortfall:
-    """`tracekit.analyse.shortfall.shortfall` after its two `attribute_run`s: the pair checks on
-    the runs' metadata (refusals and notes), then `shortfall_from_parts`."""
-    from tracekit.analyse.shortfall import check_pair, shortfall_from_parts
-    from tracekit.engine import dask_engine
+    """`tracekit.analyse.shortfall.shortfall`'s tail (`shortfall_of_pair`) on the two runs'
+    parts, with `check_pair`'s notes (the engine ran it between its stages, before the analyses)."""
+    from tracekit.analyse.shortfall import shortfall_of_pair
 
-    pair_notes = check_pair(dask_engine.metadata_run(base), dask_engine.metadata_run(shard))
-    for key, note in pair_notes:
-        base.parts.data_quality.add(key, 1, note)
-    return shortfall_from_parts(base.parts, shard.parts)
+    return shortfall_of_pair(base.parts, shard.parts, base.pair_notes)
 
 
 def analyse_dirs(
@@ -214,7 +212,7 @@ def analyse_dirs(
                 attribute={"label": "baseline"},
             )
         )
-    results = dask_engine.analyse(engine, jobs)
+    results = dask_engine.analyse(engine, jobs, pair=(1, 0) if baseline_dir is not None else None)
     out = build.AnalysedRuns(breakdown=build._to_json(results[0].breakdown), manifest=results[0].manifest)
     if baseline_dir is not None:
         base = results[1]

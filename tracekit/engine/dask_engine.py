@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,57 @@ class RankPart:
     file_bytes: int
     seconds: float = 0.0  # wall time of the task (read + classify + write)
     peak_rss_bytes: int = 0  # the worker process's peak resident memory so far
+    level: str = "none"  # the file's own collective level (`select_collective_events`)
+    buckets: dict[int, str] = field(default_factory=dict)  # bucket -> Parquet of its collective rows
+    bucket_rows: dict[int, int] = field(default_factory=dict)  # bucket -> rows written
+    groups: list[str] = field(default_factory=list)  # process groups of its collective rows
+
+
+@dataclass
+class BucketInput:
+    """One rank file's share of a bucket task: its rows' Parquet and how the run sees the file
+    (ranks renumbered, Nsight clock shift, offset of its first row in the run's table)."""
+
+    parquet: str
+    rank_map: dict[int, int]
+    shift_ns: int
+    event_offset: int
+
+
+@dataclass
+class BucketResult:
+    """What one bucket task returns: per process group of its bucket, the matched rows (or the
+    MatchError), and what it received (for the tests: every row's group hashes to `bucket`)."""
+
+    bucket: int
+    groups: dict[str, tuple[pd.DataFrame | None, str, DataQuality, Exception | None]]
+    received: list[tuple[str, int]]  # (Parquet file, rows) read by this task
+    received_groups: list[str]
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+#: collective rows a bucket task needs (`match_group` and `matched_collectives`)
+COLLECTIVE_COLUMNS = (
+    "rank",
+    "start_ns",
+    "end_ns",
+    "op",
+    "group",
+    "coll_pg_ranks",
+    "coll_group_size",
+    "coll_seq",
+    "coll_in_bytes",
+    "coll_out_bytes",
+    "event_index",
+)
+#: collective levels, best first (`select_collective_events` takes the first the run has)
+LEVELS = ("gpu_kernel", "gloo", "host_op", "none")
+
+
+def bucket_of(group: str, n_buckets: int) -> int:
+    """The bucket (hash partition) of a process group: stable across processes and hosts."""
+    return zlib.crc32(group.encode()) % n_buckets
 
 
 @dataclass
@@ -88,6 +140,8 @@ class RunResult:
     seconds: float = 0.0  # wall time of the task (load + analyses)
     peak_rss_bytes: int = 0  # the worker process's peak resident memory so far
     files: list[RankPart] = field(default_factory=list)  # stage 1's returns (no events)
+    buckets: list[BucketResult] = field(default_factory=list)  # stage 2a's returns
+    pair_notes: list[tuple[str, str]] = field(default_factory=list)  # check_pair's, on the baseline
 
 
 def _import_distributed() -> Any:
@@ -126,11 +180,26 @@ def _settings(env: dict[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
+def _write_parquet(frame: pd.DataFrame, parquet: str) -> None:
+    tmp = parquet + ".tmp"
+    Path(parquet).parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(tmp, index=False)
+    os.replace(tmp, parquet)  # a retried task never leaves half a file behind
+
+
 def read_rank_file(
-    path: str, parquet: str, rank: int | None, cache: bool, env: dict[str, str] | None = None
+    path: str,
+    parquet: str,
+    rank: int | None,
+    cache: bool,
+    env: dict[str, str] | None = None,
+    n_buckets: int = 16,
 ) -> RankPart:
-    """Stage 1: read one trace file, classify its events, write them to `parquet`. `env`: the
-    client's TRACEKIT_* settings (`client_settings`), in force while the file is read."""
+    """Stage 1: read one trace file, classify its events, write them to `parquet`, and its
+    collective rows (`select_collective_events` on this file alone) to one Parquet file per
+    bucket (`bucket_of` the row's process group), `<parquet stem>.coll-b<bucket>.parquet`.
+    `env`: the client's TRACEKIT_* settings (`client_settings`), in force while the file is read."""
+    from tracekit.analyse.collectives import _group_keys, select_collective_events
     from tracekit.classify import classify
     from tracekit.read import read_file
 
@@ -138,11 +207,26 @@ def read_rank_file(
     with _settings(env if env is not None else client_settings()):
         run = read_file(path, rank=rank, cache=cache)
     events = classify(run.events)
-    tmp = parquet + ".tmp"
-    Path(parquet).parent.mkdir(parents=True, exist_ok=True)
-    events.to_parquet(tmp, index=False)
-    os.replace(tmp, parquet)  # a retried task never leaves half a file behind
+    _write_parquet(events, parquet)
+    sel, level = select_collective_events(events)
+    sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
+    buckets: dict[int, str] = {}
+    bucket_rows: dict[int, int] = {}
+    if len(sel):
+        sel = sel[list(COLLECTIVE_COLUMNS)]
+        sel["group"] = sel["group"].astype(str)
+        sel["op"] = sel["op"].astype(str)
+        b_of = np.array([bucket_of(g, n_buckets) for g in sel["group"]], dtype=np.int64)
+        for b in sorted(set(b_of.tolist())):
+            out = parquet[: -len(".parquet")] + f".coll-b{b}.parquet"
+            part = sel[b_of == b].reset_index(drop=True)
+            _write_parquet(part, out)
+            buckets[b], bucket_rows[b] = out, len(part)
     return RankPart(
+        level=level,
+        buckets=buckets,
+        bucket_rows=bucket_rows,
+        groups=sorted(set(sel["group"].tolist())) if len(sel) else [],
         path=path,
         parquet=parquet,
         sources=dict(run.sources),
@@ -155,70 +239,152 @@ def read_rank_file(
     )
 
 
-def _concat_classified(runs: Sequence[Run]) -> pd.DataFrame:
-    """The classified tables of several files as one, in `concat_runs`' order (by lowest rank),
-    every column kept (categoricals unioned in order of first appearance)."""
-    from tracekit.read import _union_categoricals
+def _rank_tables(parts: Sequence[RankPart], events: bool = True) -> list[Run]:
+    """Stage 1's files as per-file Runs: their classified tables (`events`), or empty tables."""
+    from tracekit.model.events import empty_events
 
-    if len(runs) == 1:
-        return runs[0].events
-    order = sorted(range(len(runs)), key=lambda i: min(runs[i].sources) if runs[i].sources else 0)
-    frames = [runs[i].events for i in order]
-    cols: dict[str, Any] = {}
-    for col in frames[0].columns:
-        if isinstance(frames[0][col].dtype, pd.CategoricalDtype):
-            cols[col] = pd.Series(_union_categoricals([f[col] for f in frames]), copy=False)
-        else:
-            cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
-    return pd.DataFrame(cols, columns=list(frames[0].columns), copy=False)
-
-
-def load_run(
-    parts: Sequence[RankPart], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
-) -> Run:
-    """The run of stage 1's files, as `read_run(paths)` + `classify` would give it: the same steps
-    after the files are read (`read_run`'s tail, mirrored here; tests/test_engine_dask.py fails
-    when the two drift apart)."""
-    from tracekit.read import _align_nsys_sessions, _note_run_problems, _number_default_ranks, concat_runs
-
-    missing = [p.parquet for p in parts if not os.path.isfile(p.parquet)]
-    if missing:
-        raise EngineError(
-            f"{missing[0]}: a rank file's Parquet output is not visible on this worker "
-            f"({len(missing)} of {len(parts)} missing): give --work-dir a folder every Dask worker sees"
-        )
-    runs = [
+    if events:
+        missing = [p.parquet for p in parts if not os.path.isfile(p.parquet)]
+        if missing:
+            raise EngineError(
+                f"{missing[0]}: a rank file's Parquet output is not visible on this worker "
+                f"({len(missing)} of {len(parts)} missing): give --work-dir a folder every Dask worker sees"
+            )
+    return [
         Run(
-            events=pd.read_parquet(p.parquet),
+            events=pd.read_parquet(p.parquet) if events else empty_events(),
             sources=dict(p.sources),
             rank_info=dict(p.rank_info),
             data_quality=DataQuality().merge(p.data_quality),
         )
         for p in parts
     ]
-    runs = _number_default_ranks(runs)
-    runs = _align_nsys_sessions(runs)
-    # sources, rank info, data quality and the duplicate-rank check from concat_runs itself, on
-    # empty tables; the events (with their class columns) concatenated in the same order
-    from tracekit.model.events import COLUMNS
 
-    meta = concat_runs(
-        [Run(events=r.events.iloc[:0][list(COLUMNS)], sources=r.sources, rank_info=r.rank_info,
-             data_quality=r.data_quality) for r in runs]
-    )  # fmt: skip
-    run = Run(
-        events=_concat_classified(runs),
-        sources=meta.sources,
-        rank_info=meta.rank_info,
-        data_quality=meta.data_quality,
-        manifest=manifest,
+
+def load_run(
+    parts: Sequence[RankPart], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
+) -> Run:
+    """The run of stage 1's files, as `read_run(paths)` + `classify` would give it: the one
+    assembler, `tracekit.read.assemble_run`."""
+    from tracekit.read import assemble_run
+
+    return assemble_run(_rank_tables(parts), manifest, paths)
+
+
+def metadata_of(
+    parts: Sequence[RankPart], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
+) -> tuple[Run, list[BucketInput | None]]:
+    """On the client, from stage 1's returns alone: the run without events (its ranks as
+    assembled, sources, rank info, manifest) and, per file, how the run sees it (`BucketInput`
+    without its Parquet path): ranks renumbered, Nsight shift, offset of its first row."""
+    from tracekit.read import assemble_run
+
+    meta = assemble_run(_rank_tables(parts, events=False), manifest, paths, notes=False)
+    by_src: dict[str, list[int]] = {}
+    for r, src in meta.sources.items():
+        by_src.setdefault(str(src), []).append(r)
+    views: list[tuple[int, int, BucketInput]] = []
+    for i, p in enumerate(parts):
+        old = sorted(p.sources)
+        new = sorted(by_src.get(str(p.sources[old[0]]), old)) if old else []
+        rank_map = dict(zip(old, new, strict=True)) if len(old) == len(new) else {r: r for r in old}
+        shift = next((int(meta.rank_info.get(r, {}).get("session_shift_ns", 0)) for r in new), 0)
+        views.append((min(new) if new else 0, i, BucketInput("", rank_map, shift, 0)))
+    out: list[BucketInput | None] = [None] * len(parts)
+    offset = 0
+    for _, i, view in sorted(views, key=lambda v: (v[0], v[1])):  # concat_runs' order
+        view.event_offset = offset
+        offset += parts[i].n_events
+        out[i] = view
+    return meta, out
+
+
+def match_bucket(
+    bucket: int,
+    inputs: Sequence[BucketInput],
+    group_index: dict[str, int],
+    run_ranks: list[int],
+    world: int | None,
+    level: str,
+    allow_partial: bool,
+    n_buckets: int,
+) -> BucketResult:
+    """Stage 2a: the process groups of one bucket matched across ranks. Reads only this bucket's
+    Parquet file of every rank file (in the run's row order), puts each row in the run's frame
+    (rank, clock, row index) and runs `match_group` per group; a group's MatchError is returned,
+    for the run task to raise where the local engine would."""
+    from tracekit.analyse.collectives import match_group
+
+    t0 = time.perf_counter()
+    frames, received = [], []
+    for inp in inputs:
+        f = pd.read_parquet(inp.parquet)
+        received.append((inp.parquet, len(f)))
+        if inp.rank_map and any(k != v for k, v in inp.rank_map.items()):
+            f["rank"] = f["rank"].map(inp.rank_map).astype(f["rank"].dtype)
+        if inp.shift_ns:
+            f["start_ns"] = f["start_ns"].to_numpy(np.int64) + inp.shift_ns
+            f["end_ns"] = f["end_ns"].to_numpy(np.int64) + inp.shift_ns
+        f["event_index"] = f["event_index"].to_numpy(np.int64) + inp.event_offset
+        frames.append(f)
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=list(COLLECTIVE_COLUMNS))
+    got = sorted(set(rows["group"].tolist()))
+    stray = [g for g in got if bucket_of(g, n_buckets) != bucket]
+    if stray:
+        raise AssertionError(f"bucket {bucket} received rows of group(s) {stray} of other buckets")
+    out: dict[str, tuple[pd.DataFrame | None, str, DataQuality, Exception | None]] = {}
+    for group, g_rows in rows.groupby("group", sort=True):
+        dq = DataQuality()
+        try:
+            matched, how = match_group(
+                str(group), group_index[str(group)], g_rows, run_ranks, world, level, allow_partial, dq
+            )
+            out[str(group)] = (matched, how, dq, None)
+        except Exception as exc:  # noqa: BLE001 - raised by the run task, in the local engine's order
+            out[str(group)] = (None, "", dq, exc)
+    return BucketResult(
+        bucket=bucket,
+        groups=out,
+        received=received,
+        received_groups=got,
+        seconds=time.perf_counter() - t0,
+        peak_rss_bytes=_peak_rss(),
     )
-    _note_run_problems(run, paths)
-    return run
 
 
-def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | None) -> RunResult:
-    """Stage 2: one run's analyses on its classified Parquet files."""
+def _matcher(buckets: Sequence[BucketResult], level: str) -> Any:
+    """`attribute_run`'s matcher from stage 2a's results: the groups in order, the first
+    MatchError raised, then `matched_collectives` (the run-wide tail) on the matched rows."""
+    from tracekit.analyse.collectives import matched_collectives
+
+    def match(events: pd.DataFrame, *, ranks: list[int], **kw: Any) -> Any:
+        kw.pop("allow_partial", None)
+        dq = DataQuality()
+        parts: list[pd.DataFrame] = []
+        match_by: dict[str, str] = {}
+        groups = {g: rec for b in buckets for g, rec in b.groups.items()}
+        for g in sorted(groups):
+            matched, how, gdq, exc = groups[g]
+            dq.merge(gdq)
+            if exc is not None:
+                raise exc
+            assert matched is not None
+            parts.append(matched)
+            match_by[g] = how
+        return matched_collectives(parts, match_by, level, dq, run_ranks=sorted(ranks), events=events, **kw)
+
+    return match
+
+
+def analyse_run(
+    parts: list[RankPart],
+    job: RunJob,
+    manifest: dict[str, Any] | None,
+    buckets: list[BucketResult] | None = None,
+    level: str = "none",
+) -> RunResult:
+    """Stage 2b: one run's analyses on its classified Parquet files, the collectives as stage
+    2a's bucket tasks matched them."""
     t0 = time.perf_counter()
     run = load_run(parts, manifest, job.paths)
     out = RunResult(
@@ -227,6 +393,7 @@ def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | N
         ranks=list(run.ranks),
         sources=dict(run.sources),
         files=list(parts),
+        buckets=list(buckets or []),
     )
     if job.breakdown is not None:
         from tracekit.analyse.breakdown import breakdown
@@ -235,7 +402,8 @@ def analyse_run(parts: list[RankPart], job: RunJob, manifest: dict[str, Any] | N
     if job.attribute is not None:
         from tracekit.analyse.shortfall import attribute_run
 
-        out.parts = attribute_run(run, **job.attribute)
+        matcher = _matcher(buckets, level) if buckets is not None else None
+        out.parts = attribute_run(run, **job.attribute, matcher=matcher)
     out.seconds = time.perf_counter() - t0
     out.peak_rss_bytes = _peak_rss()
     return out
@@ -292,9 +460,13 @@ def _file_key(job_index: int, path: Path) -> str:
     return f"run{job_index}-{path.name.replace('.', '_')}-{digest}"
 
 
-def analyse(engine: Engine, jobs: Sequence[RunJob], client: Any = None) -> list[RunResult]:
+def analyse(
+    engine: Engine, jobs: Sequence[RunJob], client: Any = None, pair: tuple[int, int] | None = None
+) -> list[RunResult]:
     """Run `jobs` on the Dask engine; one RunResult per job, in order. `client`: an open
-    dask.distributed Client to use (else one is opened from `engine`)."""
+    dask.distributed Client to use (else one is opened from `engine`). `pair`: (baseline, sharded)
+    job indices: `check_pair` runs on the client between stage 1 and stage 2 (as the local engine
+    runs it before the analyses), its notes on the baseline's RunResult."""
     from tracekit.errors import RankError
     from tracekit.read import find_trace_files
 
@@ -314,9 +486,9 @@ def analyse(engine: Engine, jobs: Sequence[RunJob], client: Any = None) -> list[
     work.mkdir(parents=True, exist_ok=True)
     try:
         if client is not None:
-            return _run(client, engine, jobs, expanded, work, token)
+            return _run(client, engine, jobs, expanded, work, token, pair)
         with open_client(engine) as own:
-            return _run(own, engine, jobs, expanded, work, token)
+            return _run(own, engine, jobs, expanded, work, token, pair)
     finally:
         shutil.rmtree(work if engine.work_dir else root, ignore_errors=True)
 
@@ -328,6 +500,7 @@ def _run(
     expanded: list[tuple[list[Path], dict[str, Any] | None]],
     work: Path,
     token: str,
+    pair: tuple[int, int] | None,
 ) -> list[RunResult]:
     distributed = _import_distributed()
     settings = client_settings()
@@ -343,6 +516,7 @@ def _run(
                 job.rank,
                 job.cache,
                 settings,
+                engine.buckets,
                 key=f"tracekit-read-{_file_key(j, f)}-{token}",
                 retries=engine.retries,
                 pure=False,
@@ -350,42 +524,110 @@ def _run(
             sizes[fut.key] = f.stat().st_size
             futs.append(fut)
         read_futures.append(futs)
-    run_futures = [
-        client.submit(
-            analyse_run,
-            futs,
-            job,
-            manifest,
-            key=f"tracekit-analyse-run{j}-{token}",
-            retries=engine.retries,
-            pure=False,
-        )
-        for j, (job, futs, (_files, manifest)) in enumerate(zip(jobs, read_futures, expanded, strict=True))
-    ]
-    if engine.progress:
-        _show_progress(distributed, [f for futs in read_futures for f in futs], sizes, run_futures)
+    all_reads = [f for futs in read_futures for f in futs]
+    later: list[Any] = []
     try:
+        if engine.progress:
+            _show_progress(distributed, all_reads, sizes)
         # a bad rank file is reported as the local engine reports it: the first failing file in
         # file order, not whichever worker failed first
-        all_reads = [f for futs in read_futures for f in futs]
         distributed.wait(all_reads)
         for fut in all_reads:
             if fut.status == "error":
                 raise fut.exception()
+        parts: list[list[RankPart]] = [client.gather(futs) for futs in read_futures]
+        metas = [
+            metadata_of(p, manifest, job.paths)
+            for p, job, (_files, manifest) in zip(parts, jobs, expanded, strict=True)
+        ]
+        pair_notes: list[tuple[str, str]] = []
+        if pair is not None:
+            from tracekit.analyse.shortfall import check_pair
+
+            pair_notes = check_pair(metas[pair[0]][0], metas[pair[1]][0])
+        run_futures = []
+        for j, (job, futs, (_files, manifest)) in enumerate(zip(jobs, read_futures, expanded, strict=True)):
+            bucket_futs, level = (
+                _submit_buckets(client, engine, j, token, parts[j], *metas[j], job)
+                if job.attribute is not None
+                else (None, "none")
+            )
+            later.extend(bucket_futs or [])
+            run_futures.append(
+                client.submit(
+                    analyse_run,
+                    futs,
+                    job,
+                    manifest,
+                    bucket_futs,
+                    level,
+                    key=f"tracekit-analyse-run{j}-{token}",
+                    retries=engine.retries,
+                    pure=False,
+                )
+            )
+        later.extend(run_futures)
+        if engine.progress:
+            _show_runs(distributed, run_futures)
         results: list[RunResult] = client.gather(run_futures)
+        if pair is not None:
+            results[pair[0]].pair_notes = pair_notes
     finally:
-        for fut in [*run_futures, *(f for futs in read_futures for f in futs)]:
+        for fut in [*later, *all_reads]:
             fut.release()
     return results
 
 
-def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int], runs: list[Any]) -> None:
-    """A rich bar on stderr: bytes of rank files read and classified on all workers, then the
-    runs' analyses. Errors are left for `gather` to raise."""
+def _submit_buckets(
+    client: Any,
+    engine: Engine,
+    j: int,
+    token: str,
+    parts: list[RankPart],
+    meta: Run,
+    views: list[BucketInput | None],
+    job: RunJob,
+) -> tuple[list[Any], str]:
+    """Stage 2a of one run: a task per bucket holding collective rows; each gets, of every rank
+    file, only that bucket's Parquet file. The run's collective level is the best any file has
+    (a file of a lower level has no rows at the run's)."""
+    from tracekit.analyse.collectives import _world_size
+
+    level = min((p.level for p in parts), key=LEVELS.index, default="none")
+    groups = sorted({g for p in parts if p.level == level for g in p.groups})
+    group_index = {g: i for i, g in enumerate(groups)}
+    order = sorted(range(len(parts)), key=lambda i: views[i].event_offset)  # type: ignore[union-attr]
+    futs = []
+    for b in sorted({b for p in parts if p.level == level for b in p.buckets}):
+        inputs = [
+            BucketInput(parts[i].buckets[b], v.rank_map, v.shift_ns, v.event_offset)
+            for i in order
+            if parts[i].level == level and b in parts[i].buckets and (v := views[i]) is not None
+        ]
+        futs.append(
+            client.submit(
+                match_bucket,
+                b,
+                inputs,
+                {g: group_index[g] for g in groups if bucket_of(g, engine.buckets) == b},
+                sorted(meta.ranks),
+                _world_size(meta.rank_info),
+                level,
+                bool((job.attribute or {}).get("allow_partial", False)),
+                engine.buckets,
+                key=f"tracekit-match-run{j}-b{b}-{token}",
+                retries=engine.retries,
+                pure=False,
+            )
+        )
+    return futs, level
+
+
+def _bar() -> Any:
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
 
-    bar = Progress(
+    return Progress(
         "[progress.description]{task.description}",
         BarColumn(),
         DownloadColumn(),
@@ -394,10 +636,20 @@ def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int], ru
         console=Console(stderr=True),
         transient=not sys.stderr.isatty(),
     )
-    with bar:
+
+
+def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) -> None:
+    """A rich bar on stderr: bytes of rank files read and classified on all workers. Errors are
+    left for the caller to raise."""
+    with _bar() as bar:
         task = bar.add_task(f"dask: reading {len(reads)} rank file(s)", total=sum(sizes.values()))
         for fut in distributed.as_completed(reads):
             bar.advance(task, sizes.get(fut.key, 0))
-        task2 = bar.add_task(f"dask: analysing {len(runs)} run(s)", total=len(runs))
+
+
+def _show_runs(distributed: Any, runs: list[Any]) -> None:
+    """A rich bar on stderr over the runs' analyses (stage 2)."""
+    with _bar() as bar:
+        task = bar.add_task(f"dask: analysing {len(runs)} run(s)", total=len(runs))
         for _fut in distributed.as_completed(runs):
-            bar.advance(task2, 1)
+            bar.advance(task, 1)

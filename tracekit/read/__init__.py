@@ -34,7 +34,7 @@ import pandas as pd
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
-__all__ = ["READERS", "find_trace_files", "load_manifest", "read_file", "read_run"]
+__all__ = ["READERS", "assemble_run", "find_trace_files", "load_manifest", "read_file", "read_run"]
 
 #: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
 READERS: dict[str, str] = {
@@ -309,7 +309,9 @@ def _read_worker(args: tuple[str, int | None, bool]) -> Run:
 
 
 def concat_runs(runs: Sequence[Run]) -> Run:
-    """One Run from per-file Runs; RankError when two files hold the same rank."""
+    """One Run from per-file Runs; RankError when two files hold the same rank. Columns beyond
+    `COLUMNS` that the first file's table has are kept (categoricals unioned in order of first
+    appearance)."""
     sources: dict[int, str] = {}
     rank_info: dict[int, dict[str, Any]] = {}
     dq = DataQuality()
@@ -335,6 +337,13 @@ def concat_runs(runs: Sequence[Run]) -> Run:
             else:
                 cols[col] = np.concatenate([f[col].to_numpy() for f in frames])
         events = make_events(cols)
+        # columns beyond the event table's (classify's cls, subclass, rule: the Dask engine's
+        # per-rank Parquet files), in the first table's order
+        for col in [c for c in frames[0].columns if c not in COLUMNS]:
+            if isinstance(frames[0][col].dtype, pd.CategoricalDtype):
+                events[col] = pd.Series(_union_categoricals([f[col] for f in frames]), copy=False)
+            else:
+                events[col] = np.concatenate([f[col].to_numpy() for f in frames])
     return Run(
         events=events,
         sources=dict(sorted(sources.items())),
@@ -437,11 +446,28 @@ def read_run(
     finally:
         if bar is not None:
             bar.stop()
-    runs = _number_default_ranks(runs)
+    return assemble_run(runs, manifest, paths)
+
+
+def assemble_run(
+    runs: Sequence[Run],
+    manifest: dict[str, Any] | None,
+    paths: Sequence[str | os.PathLike[str]],
+    *,
+    notes: bool = True,
+) -> Run:
+    """The run of per-file Runs (in file order), as `read_run` puts it together after reading:
+    ranks numbered for files that name none, Nsight sessions aligned, tables concatenated in rank
+    order (`concat_runs`), the manifest attached, the run-level notes (`_note_run_problems`). The
+    one assembler of both engines: the Dask engine calls it on its per-rank Parquet tables and, with
+    empty tables, on the files' metadata alone (`notes=False`: the run-level notes, which read the
+    events and hash the files, are left to the call with the events)."""
+    runs = _number_default_ranks(list(runs))
     runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
     run.manifest = manifest
-    _note_run_problems(run, paths)
+    if notes:
+        _note_run_problems(run, paths)
     return run
 
 
