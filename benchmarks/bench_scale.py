@@ -110,7 +110,9 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                     dask_engine.RunJob(paths=[baseline], cache=False, attribute={"label": "baseline"}),
                     dask_engine.RunJob(paths=[run], cache=False, attribute={"label": "sharded"}),
                 ]
-            results = dask_engine.analyse(engine, jobs, client=client)
+            results = dask_engine.analyse(
+                engine, jobs, client=client, pair=None if what == "breakdown" else (0, 1)
+            )
             t2 = time.perf_counter()
             worker_baseline = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         res = results[-1]
@@ -131,6 +133,13 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
             worker_peak_rss_mb_at_end=max(worker_baseline.values()),
             worker_rss_before_mb=max(before.values()),
             n_events=res.n_events,
+            # stage 2a: the collective bucket tasks (shortfall only)
+            buckets=len([b for r in results for b in r.buckets]),
+            bucket_rows_max=max(
+                (sum(n for _p, n in b.received) for r in results for b in r.buckets), default=0
+            ),
+            bucket_s_max=max((b.seconds for r in results for b in r.buckets), default=0.0),
+            bucket_peak_rss_mb=max((b.peak_rss_bytes for r in results for b in r.buckets), default=0) / 2**20,
         )
     out["client_peak_rss_mb"] = _peak_rss_mb()
     out["json_sha256"] = _digest(doc)

@@ -1,24 +1,20 @@
-"""The Dask engine: per rank file a task, per run a task, summaries back to the client (issue 19).
+"""The Dask engine: per rank file a task, per bucket of process groups a task, per run a task,
+summaries back to the client (issue 19; docs/SCALE.md says what each stage needs).
 
-Two stages, both as Dask tasks (`retries`: a task that fails, or whose worker is lost, runs again;
-every task is a pure function of its inputs and writes only its own file, so a retry changes
-nothing):
+Every task is a pure function of its inputs and writes only its own files (`retries`: a task that
+fails, or whose worker is lost, runs again and changes nothing).
 
-1. `read_rank_file`, one per trace file of every run: read it (through the Parquet cache), classify
-   its events (`tracekit.classify.classify`, row by row) and write the classified table to
-   `<work_dir>/<run>-<file>.parquet`. A worker holds one rank file at a time; the task returns
-   only a `RankPart` (the file's ranks, reader metadata, data quality, row count).
-2. `analyse_run`, one per run: load that run's Parquet files, put them together exactly as
-   `tracekit.read.read_run` does (ranks numbered for files that name none, Nsight sessions aligned,
-   ranks in order, categories unioned in order of first appearance) and run the unchanged
-   analyses: `breakdown` and/or `attribute_run` (step windows, the partition, collective matching
-   across ranks, the critical path). Only their results come back: the per-(rank, step)
-   partition, per-collective rows, per-token parts, data quality. The client then runs the same
-   downstream code as the local engine (`shortfall_from_parts`, `to_json`), so the JSON is the same
-   to the byte.
-
-Stage 2 holds one run's classified table (columnar, categorical names: a fraction of the rank
-files' size) on one worker; the client holds summaries only.
+1. `read_rank_file`, one per trace file: read, classify, write the classified table and the
+   file's collective rows (`select_collective_events` on the file alone), one Parquet file per
+   bucket of process groups (`bucket_of`). Returns a `RankPart` (no events).
+   On the client: `metadata_of` puts the runs' metadata together (`tracekit.read.assemble_run` on
+   empty tables) and `check_pair` runs there, before any analysis, as in the local engine.
+2a. `match_bucket`, one per bucket holding rows: reads that bucket's file of every rank file only
+   and matches each of its groups (`tracekit.analyse.collectives.match_group`).
+2b. `analyse_run`, one per run: loads the run (`assemble_run`) and runs the unchanged analyses,
+   `attribute_run` taking stage 2a's matched rows (`matched_collectives`). This task still holds
+   the run's classified table (docs/SCALE.md: what is left). The client gets summaries only and
+   runs the same tails as the local engine (`shortfall_of_pair`, `to_json`): the JSON is the same.
 """
 
 from __future__ import annotations
