@@ -12,8 +12,8 @@ Every result is a frozen dataclass with `to_json()` (the document `tracekit <com
 prints, docs/JSON.md) and `to_frame()` (a pandas table). Nothing here analyses anything: it calls
 `tracekit.read.read_run`, `tracekit.classify.classify`, `tracekit.analyse.steps.find_steps_detailed`,
 `tracekit.analyse.breakdown.breakdown` and `tracekit.analyse.shortfall.shortfall`, the functions the
-CLI calls; a loaded run is classified once and that table is shared by its steps, breakdown and
-shortfall.
+CLI calls; a loaded run is analysed once (`TraceRun.analysed`, tracekit.analyse.analysed: classified,
+its steps found and partitioned once) and that is shared by its steps, breakdown and shortfall.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import pandas as pd
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.breakdown import Breakdown
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.shortfall import Shortfall
@@ -116,11 +117,16 @@ class TraceRun:
     def _classified_run(self) -> Run:
         return dataclasses.replace(self.run, events=self.classified)
 
+    @cached_property
+    def analysed(self) -> AnalysedRun:
+        """The run analysed once (tracekit.analyse.analysed): the classified events, and the step
+        windows, their partition and the per-rank layer unions as first computed, shared by
+        `steps()`, `breakdown()` and `tk.shortfall`."""
+        return AnalysedRun(run=self._classified_run)
+
     def steps(self, step_pattern: str | None = None) -> Steps:
         """The step windows (`--steps`: None/"auto", "whole", or a regex of step annotations)."""
-        from tracekit.analyse.steps import find_steps_detailed
-
-        found = find_steps_detailed(self.classified, step_pattern)
+        found = self.analysed.steps(step_pattern)
         return Steps(
             table=found.steps,
             step_pattern=found.pattern,
@@ -135,7 +141,7 @@ class TraceRun:
         and idle per rank. `to_json()` is what `tracekit breakdown --format json` prints."""
         from tracekit.analyse.breakdown import breakdown
 
-        return breakdown(self._classified_run, step_pattern=step_pattern, skip_first=skip_first, rank=rank)
+        return breakdown(self.analysed, step_pattern=step_pattern, skip_first=skip_first, rank=rank)
 
     def __repr__(self) -> str:
         n = len(self.run.events)
@@ -176,8 +182,8 @@ def shortfall(
 
     b, s = _as_run(baseline), _as_run(sharded)
     return _shortfall(
-        b._classified_run,
-        s._classified_run,
+        b.analysed,
+        s.analysed,
         step_pattern=step_pattern,
         skip_first=skip_first,
         dilation_threshold=dilation_threshold,

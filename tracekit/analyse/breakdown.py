@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.steps import (
     PARTITION_COLUMNS,
     PARTS,
     cat_mask,
-    find_steps_detailed,
-    partition_steps,
     rank_selectors,
 )
 from tracekit.classify import classify
@@ -326,25 +325,33 @@ def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
 
 
 def breakdown(
-    run: Run, step_pattern: str | None = None, skip_first: int = 0, *, rank: int | None = None
+    run: Run | AnalysedRun, step_pattern: str | None = None, skip_first: int = 0, *, rank: int | None = None
 ) -> Breakdown:
     """Classify the run, find its steps, partition every step window and summarise.
 
     `skip_first` drops the first N steps of each rank (warm-up) from the table and the summaries;
-    `rank` restricts everything to one rank. Raises StepError when no step is found.
+    `rank` restricts everything to one rank. Raises StepError when no step is found. Given an
+    `AnalysedRun` (tracekit.analyse.analysed), its classified events, steps and partition are used
+    and kept, so the shortfall of the same run does not compute them again.
     """
     if skip_first < 0:
         raise StepError(f"skip_first must be >= 0, not {skip_first}")
-    events = run.events
     if rank is not None:
+        events = run.events
         events = events[events["rank"] == rank]
         if not len(events):
             have = ", ".join(str(r) for r in run.ranks) or "none"
             raise StepError(f"rank {rank} is not in this run (ranks: {have})")
-    if "cls" not in events.columns:
-        events = classify(events)
+        if "cls" not in events.columns:
+            events = classify(events)
+        base = run.run if isinstance(run, AnalysedRun) else run
+        ar = AnalysedRun(run=replace(base, events=events))  # this rank's own analyses
+    else:
+        ar = AnalysedRun.of(run)
+    run = ar.run
+    events = ar.events
 
-    found = find_steps_detailed(events, step_pattern)
+    found = ar.steps(step_pattern)
     dq = DataQuality()
     dq.merge(run.data_quality)
     dq.merge(found.data_quality)
@@ -361,7 +368,7 @@ def breakdown(
         )
         if not len(steps):
             raise StepError(f"all {dropped} steps were skipped by skip_first={skip_first}")
-    table = partition_steps(events, steps)
+    table = ar.partition(steps)
     table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
 
     host_ranks = sorted(int(r) for r in table.loc[table["timeline"] == "host", "rank"].unique())

@@ -31,6 +31,7 @@ arrival `a` moves between ranks through the aligned clock (`offsets`: raw = alig
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -38,59 +39,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.steps import LayerUnions, layer_unions, rank_layer_unions
+
 #: Components of the path on one rank, in report order.
 PATH_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
 #: Columns of `CriticalPath.segments`.
 SEGMENT_COLUMNS: tuple[str, ...] = ("step", "rank", "start_ns", "end_ns", "piece", "instance")
 
 
-@dataclass
-class _Layers:
-    """One rank's cumulative layer unions, to measure any interval with the partition's priority.
-
-    Per layer k: the merged union of layers <= k as sorted (start, end) arrays and the prefix sums
-    of their lengths, so the covered time before any t is one binary search (no pass over the rank's
-    intervals per query)."""
-
-    timeline: str
-    cum: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (starts, ends, prefix lengths)
-
-    def _covered(self, k: int, t: int) -> int:
-        ms, me, pre = self.cum[k]
-        i = int(np.searchsorted(ms, t, side="right")) - 1
-        if i < 0:
-            return 0
-        return int(pre[i]) + min(max(t - int(ms[i]), 0), int(me[i] - ms[i]))
-
-    def measure(self, a: int, b: int) -> dict[str, int]:
-        """Exclusive per-layer time inside [a, b), by priority; the rest is idle."""
-        from tracekit.analyse.steps import _LAYERS
-
-        out: dict[str, int] = {}
-        if b <= a:
-            return {p: 0 for p in (*_LAYERS, "idle")}
-        prev = 0
-        for k, name in enumerate(_LAYERS):
-            c = self._covered(k, b) - self._covered(k, a)
-            out[name] = c - prev
-            prev = c
-        out["idle"] = (b - a) - prev
-        return out
-
-
-def _layers_of(ev: pd.DataFrame) -> _Layers:
-    from tracekit.analyse.steps import _LAYERS, _merge_sorted, _rank_layers
-
-    timeline, s, e, layer = _rank_layers(ev)
-    o = np.argsort(s, kind="stable")
-    s, e, layer = s[o], e[o], layer[o]
-    cum = []
-    for k in range(len(_LAYERS)):
-        sel = layer <= k
-        ms, me = _merge_sorted(s[sel], e[sel])
-        pre = np.concatenate(([0], np.cumsum(me - ms)[:-1])) if len(ms) else np.zeros(0, dtype=np.int64)
-        cum.append((ms, me, pre.astype(np.int64)))
-    return _Layers(timeline, cum)
+#: One rank's cumulative layer unions: built once per rank by `tracekit.analyse.steps.layer_unions`,
+#: which the step partition measures its windows with too (the names kept for older callers).
+_Layers = LayerUnions
+_layers_of = layer_unions
 
 
 def _add_segment(acc: dict[str, int], m: dict[str, int], timeline: str, *, transfer: bool) -> None:
@@ -149,20 +109,23 @@ def critical_path(
     windows: pd.DataFrame,
     per_rank: pd.DataFrame,
     offsets: dict[int, int] | None = None,
+    unions: Mapping[int, LayerUnions] | None = None,
 ) -> CriticalPath:
     """The per-step critical path (module doc).
 
     `windows`: rank, step, start_ns, end_ns (each rank's own clock); `per_rank`: the matched
     collectives (`CollectiveInstances.per_rank`: instance, rank, raw_start_ns, raw_end_ns,
-    arrival_raw_ns, start_ns); `offsets`: rank -> clock offset (raw = aligned + offset).
+    arrival_raw_ns, start_ns); `offsets`: rank -> clock offset (raw = aligned + offset);
+    `unions`: each rank's layer unions when already built (the step partition's), else built here.
     """
     from tracekit.analyse.collectives import assign_steps
 
     offsets = offsets or {}
     ranks = sorted(int(r) for r in windows["rank"].unique())
-    ev_rank = classified["rank"].to_numpy(np.int64)
-    cols = classified[["kind", "cls", "start_ns", "end_ns", "stream"]]
-    layers = {r: _layers_of(cols[ev_rank == r]) for r in ranks}
+    if unions is not None and all(r in unions for r in ranks):
+        layers = {r: unions[r] for r in ranks}
+    else:
+        layers = rank_layer_unions(classified, ranks)
     timelines = {lay.timeline for lay in layers.values()}
     timeline = "gpu" if timelines == {"gpu"} else ("host" if timelines == {"host"} else "mixed")
 

@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
@@ -183,7 +184,7 @@ def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFra
 
 
 def attribute_run(
-    run: Run,
+    run: Run | AnalysedRun,
     *,
     step_pattern: str | None = None,
     skip_first: int = 1,
@@ -195,13 +196,12 @@ def attribute_run(
     """Per-step leaf parts of one run (see the module doc). `matcher`: called as
     `match_collectives` is (the default); the Dask engine's gives the instances its bucket tasks
     matched."""
-    from tracekit.analyse.steps import find_steps_detailed, partition_steps
-    from tracekit.classify import classify
-
+    ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
+    run = ar.run
     check_ranks(run, label)
     dq = DataQuality()
     dq.merge(run.data_quality)  # what the readers counted (values dropped, manifest fields left out)
-    classified = run.events if "cls" in run.events.columns else classify(run.events)
+    classified = ar.events
     if run.manifest and "workload" in run.manifest and not isinstance(run.manifest["workload"], Mapping):
         dq.add(
             "manifest_field_malformed",
@@ -214,11 +214,11 @@ def attribute_run(
         sp = wl.get("step_pattern") if isinstance(wl, Mapping) else None
         step_pattern = sp if isinstance(sp, str) and sp else None
     try:
-        found = find_steps_detailed(classified, step_pattern)
+        found = ar.steps(step_pattern)
     except StepError as exc:
         raise StepError(f"{label}: {exc}") from None
     dq.merge(found.data_quality)
-    table = partition_steps(classified, found.steps)
+    table = ar.partition(found.steps)
     ranks = sorted(int(r) for r in table["rank"].unique())
 
     coll = (matcher or match_collectives)(
@@ -306,7 +306,9 @@ def attribute_run(
 
     from tracekit.analyse.critical_path import critical_path
 
-    path = critical_path(classified, windows, coll.per_rank, coll.clock.offsets_ns)
+    path = critical_path(
+        classified, windows, coll.per_rank, coll.clock.offsets_ns, unions=ar.layer_unions(ranks)
+    )
     path_token = path.per_token(steady_steps)
     if path_token["step"] != per_token["window"]:
         raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
@@ -1249,8 +1251,8 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
 
 
 def shortfall(
-    baseline: Run,
-    sharded: Run,
+    baseline: Run | AnalysedRun,
+    sharded: Run | AnalysedRun,
     *,
     step_pattern: str | None = None,
     skip_first: int = 1,
@@ -1258,7 +1260,8 @@ def shortfall(
     allow_partial: bool = False,
 ) -> Shortfall:
     """Attribute the per-token shortfall of `sharded` against `baseline` (module doc)."""
-    pair_notes = check_pair(baseline, sharded)
+    baseline, sharded = AnalysedRun.of(baseline), AnalysedRun.of(sharded)  # each classified once
+    pair_notes = check_pair(baseline.run, sharded.run)
     base = attribute_run(
         baseline,
         step_pattern=step_pattern,

@@ -45,6 +45,7 @@ window edge: O(n log n + steps log n), never events x steps.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -660,38 +661,93 @@ def _rank_layers(ev: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray, np.ndar
     return "host", start[use], end[use], host_layer[use]
 
 
-def partition_steps(events: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, step): window_ns and the parts `<part>_ns` for PARTS, plus
-    overlapped_collective_ns and timeline ("gpu" or "host"). `events` must be classified."""
-    if "cls" not in events.columns:
-        raise ValueError("partition_steps needs a classified event table (tracekit.classify.classify)")
-    rows: list[pd.DataFrame] = []
-    # only the columns the layers need, and each rank's rows as a slice: no copy of the whole table
+@dataclass
+class LayerUnions:
+    """One rank's cumulative layer unions: the partition's layers measured with its priority.
+
+    `cum[k]`: the merged union of layers <= k (_LAYERS order) as sorted (starts, ends) arrays and
+    the prefix sums of their lengths, so the covered time before any t is one binary search;
+    `collective`: the merged union of the collective layer alone (for the overlapped collective).
+    `partition_steps` measures step windows with it and `critical_path` any interval of the path:
+    one build per rank serves both (`tracekit.analyse.analysed.AnalysedRun.layer_unions`)."""
+
+    timeline: str
+    cum: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (starts, ends, prefix lengths)
+    collective: tuple[np.ndarray, np.ndarray]
+
+    def _covered(self, k: int, t: int) -> int:
+        ms, me, pre = self.cum[k]
+        i = int(np.searchsorted(ms, t, side="right")) - 1
+        if i < 0:
+            return 0
+        return int(pre[i]) + min(max(t - int(ms[i]), 0), int(me[i] - ms[i]))
+
+    def measure(self, a: int, b: int) -> dict[str, int]:
+        """Exclusive per-layer time inside [a, b), by priority; the rest is idle."""
+        out: dict[str, int] = {}
+        if b <= a:
+            return {p: 0 for p in (*_LAYERS, "idle")}
+        prev = 0
+        for k, name in enumerate(_LAYERS):
+            c = self._covered(k, b) - self._covered(k, a)
+            out[name] = c - prev
+            prev = c
+        out["idle"] = (b - a) - prev
+        return out
+
+
+def layer_unions(ev: pd.DataFrame) -> LayerUnions:
+    """The LayerUnions of one rank's classified events (columns kind, cls, start_ns, end_ns, stream)."""
+    timeline, s, e, layer = _rank_layers(ev)
+    order = np.argsort(s, kind="stable")
+    s, e, layer = s[order], e[order], layer[order]
+    cum = []
+    for k in range(len(_LAYERS)):
+        sel = layer <= k
+        ms, me = _merge_sorted(s[sel], e[sel])
+        pre = np.concatenate(([0], np.cumsum(me - ms)[:-1])) if len(ms) else np.zeros(0, dtype=np.int64)
+        cum.append((ms, me, pre.astype(np.int64)))
+    k_coll = _LAYERS.index("collective")
+    return LayerUnions(timeline, cum, _merge_sorted(s[layer == k_coll], e[layer == k_coll]))
+
+
+def rank_layer_unions(events: pd.DataFrame, ranks: Iterable[int]) -> dict[int, LayerUnions]:
+    """LayerUnions per rank of a classified event table (each rank's rows as a slice, no copy)."""
     cols = events[["kind", "cls", "start_ns", "end_ns", "stream"]]
     selectors = rank_selectors(events["rank"].to_numpy(np.int64))
     empty = np.zeros(0, dtype=np.int64)
-    for r in sorted(int(x) for x in pd.unique(steps["rank"])):
+    return {int(r): layer_unions(cols.iloc[selectors.get(int(r), empty)]) for r in ranks}
+
+
+def partition_steps(
+    events: pd.DataFrame, steps: pd.DataFrame, unions: Mapping[int, LayerUnions] | None = None
+) -> pd.DataFrame:
+    """Per (rank, step): window_ns and the parts `<part>_ns` for PARTS, plus
+    overlapped_collective_ns and timeline ("gpu" or "host"). `events` must be classified.
+    `unions`: each rank's LayerUnions when already built (else built here)."""
+    if "cls" not in events.columns:
+        raise ValueError("partition_steps needs a classified event table (tracekit.classify.classify)")
+    rows: list[pd.DataFrame] = []
+    step_ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
+    if unions is None or any(r not in unions for r in step_ranks):
+        unions = rank_layer_unions(events, step_ranks)
+    for r in step_ranks:
         st = steps[steps["rank"] == r]
         a = st["start_ns"].to_numpy(np.int64)
         b = st["end_ns"].to_numpy(np.int64)
         window = b - a
-        sel = selectors.get(r, empty)
-        timeline, s, e, layer = _rank_layers(cols.iloc[sel])
-        order = np.argsort(s, kind="stable")
-        s, e, layer = s[order], e[order], layer[order]
+        lay = unions[r]
+        timeline = lay.timeline
         parts: dict[str, np.ndarray] = {}
         prev = np.zeros(len(st), dtype=np.int64)
         for k, part in enumerate(_LAYERS):
-            sel = layer <= k
-            ms, me = _merge_sorted(s[sel], e[sel])
+            ms, me, _pre = lay.cum[k]
             cum = _measure(ms, me, a, b)
             parts[part] = cum - prev
             prev = cum
-            if part == "collective":
-                cs, ce = _merge_sorted(s[layer == k], e[layer == k])
-                collective_alone = _measure(cs, ce, a, b)
         parts["idle"] = window - prev
-        overlapped = collective_alone - parts["collective"]
+        cs, ce = lay.collective
+        overlapped = _measure(cs, ce, a, b) - parts["collective"]
         out = pd.DataFrame(
             {
                 "rank": st["rank"].to_numpy(np.int32),

@@ -250,11 +250,9 @@ def command(
 
 
 def _load(path: str, no_cache: bool, tty: bool, skip_first: int, label: str) -> tuple[Any, Any]:
+    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.shortfall import attribute_run
-    from tracekit.classify import classify
     from tracekit.read import read_run
 
-    run = read_run([path], cache=not no_cache, progress=tty)
-    classified = run.events if "cls" in run.events.columns else classify(run.events)
-    run.events = classified
-    return attribute_run(run, skip_first=skip_first, label=label), classified
+    run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=tty))  # classified once
+    return attribute_run(run, skip_first=skip_first, label=label), run.events

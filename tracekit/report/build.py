@@ -40,16 +40,20 @@ class AnalysedRuns:
 def analyse_dirs(
     run_dir: str | Path, baseline_dir: str | Path | None = None, *, step_pattern: str | None = None
 ) -> AnalysedRuns:
-    """Read the run (and the baseline), run breakdown (and shortfall); keep only their JSON."""
+    """Read the run (and the baseline), run breakdown (and shortfall); keep only their JSON.
+
+    Each run is analysed once (`AnalysedRun`: classified, its steps found and partitioned once),
+    and that analysis serves both its breakdown and the shortfall."""
+    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.breakdown import breakdown
     from tracekit.read import read_run
 
-    run = read_run([Path(run_dir)])
+    run = AnalysedRun.of(read_run([Path(run_dir)]))
     out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
     if baseline_dir is not None:
         from tracekit.analyse.shortfall import shortfall
 
-        base = read_run([Path(baseline_dir)])
+        base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))
         out.baseline_manifest = base.manifest
         out.shortfall = _to_json(shortfall(base, run))

@@ -1,0 +1,108 @@
+"""One run analysed once: its classified events, step windows, their partition and the layer unions.
+
+A report of a TP pair used to classify each run, find its steps and partition them twice (once in
+`breakdown`, again in `shortfall.attribute_run`), and `critical_path` rebuilt the cumulative layer
+unions the partition had just built. `AnalysedRun.of(run)` classifies once; `steps(pattern)`,
+`partition(steps)` and `layer_unions()` compute on first use and keep the result, so `breakdown`,
+`shortfall` (`attribute_run`), the report and the what-if given the same `AnalysedRun` share them.
+
+Partitions are kept by the windows they partition (ranks, steps, names, bounds), not by the
+pattern that found them: `breakdown`'s auto rule and the shortfall's manifest pattern
+(`decode_step`) find the same windows on the reference decoder's traces, and the partition is
+computed once. Cached tables are handed out as copies, so a caller cannot change another's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.steps import LayerUnions, StepsResult, rank_layer_unions
+from tracekit.model.events import DataQuality, Run
+
+
+@dataclass(eq=False)
+class AnalysedRun:
+    """A run whose events are classified (`run.events` has `cls`, `subclass`, `rule`), with the
+    analyses that depend only on the run kept once computed. Build with `AnalysedRun.of`."""
+
+    run: Run
+    _steps: dict[str | None, StepsResult] = field(default_factory=dict, repr=False)
+    _partitions: dict[bytes, pd.DataFrame] = field(default_factory=dict, repr=False)
+    _unions: dict[int, LayerUnions] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, run: Run | AnalysedRun) -> AnalysedRun:
+        """`run` itself when already analysed; else the run with its events classified (once)."""
+        if isinstance(run, AnalysedRun):
+            return run
+        if "cls" in run.events.columns:
+            return cls(run=run)
+        from tracekit.classify import classify
+
+        return cls(run=dataclasses.replace(run, events=classify(run.events)))
+
+    # the run's own fields, so an AnalysedRun reads as its Run where only these are needed
+    @property
+    def events(self) -> pd.DataFrame:
+        return self.run.events
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.run.ranks
+
+    @property
+    def manifest(self) -> dict | None:  # type: ignore[type-arg]
+        return self.run.manifest
+
+    @property
+    def data_quality(self) -> DataQuality:
+        return self.run.data_quality
+
+    def steps(self, pattern: str | None = None) -> StepsResult:
+        """`find_steps_detailed(events, pattern)`, once per pattern (StepError is not kept); the
+        windows and counts handed out are copies of the kept ones."""
+        found = self._steps.get(pattern)
+        if found is None:
+            from tracekit.analyse.steps import find_steps_detailed
+
+            found = find_steps_detailed(self.events, pattern)
+            self._steps[pattern] = found
+        return dataclasses.replace(
+            found, steps=found.steps.copy(), data_quality=DataQuality().merge(found.data_quality)
+        )
+
+    def layer_unions(self, ranks: list[int] | None = None) -> dict[int, LayerUnions]:
+        """Each rank's cumulative layer unions (`steps.layer_unions`), built once per rank."""
+        want = [int(r) for r in (self.ranks if ranks is None else ranks)]
+        missing = [r for r in want if r not in self._unions]
+        if missing:
+            self._unions.update(rank_layer_unions(self.events, missing))
+        return {r: self._unions[r] for r in want}
+
+    def partition(self, steps: pd.DataFrame) -> pd.DataFrame:
+        """`partition_steps(events, steps)`, once per set of windows; a copy of the kept table."""
+        key = _windows_key(steps)
+        table = self._partitions.get(key)
+        if table is None:
+            from tracekit.analyse.steps import partition_steps
+
+            ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
+            table = partition_steps(self.events, steps, self.layer_unions(ranks))
+            self._partitions[key] = table
+        return table.copy()
+
+
+def _windows_key(steps: pd.DataFrame) -> bytes:
+    """A digest of the windows a partition depends on: rank, step, name, start, end (and dtypes)."""
+    h = hashlib.sha256()
+    for col in ("rank", "step", "start_ns", "end_ns"):
+        arr = np.ascontiguousarray(steps[col].to_numpy())
+        h.update(f"{col}:{arr.dtype}:{len(arr)};".encode())
+        h.update(arr.tobytes())
+    h.update("\0".join(str(n) for n in steps["name"]).encode("utf-8", "surrogatepass"))
+    return h.digest()
