@@ -28,7 +28,12 @@ TP1, TP2 = str(TRACES / "cpu-tp1"), str(TRACES / "cpu-tp2")
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int, ...]]]:
     """Per counted function, the ranks of each call's events (so the two runs are told apart)."""
-    seen: dict[str, list[tuple[int, ...]]] = {"classify": [], "partition_steps": [], "layer_unions": []}
+    seen: dict[str, list[tuple[int, ...]]] = {
+        "classify": [],
+        "partition_steps": [],
+        "layer_unions": [],
+        "find_steps": [],
+    }
 
     def wrap(name: str, orig: Callable[..., Any], ranks_of: Callable[..., tuple[int, ...]]) -> None:
         def counted(*args: Any, **kwargs: Any) -> Any:
@@ -47,6 +52,7 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int, ...]]]:
     wrap("classify", classify_mod.classify, ranks)
     wrap("partition_steps", steps_mod.partition_steps, lambda ev, st, *a: tuple(sorted(set(st["rank"]))))
     wrap("layer_unions", steps_mod.layer_unions, lambda ev: ())
+    wrap("find_steps", steps_mod.find_steps_detailed, ranks)
     return seen
 
 
@@ -79,6 +85,8 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
                  "--format", "json", "--out", str(out)]) == 0  # fmt: skip
     assert sorted(calls["classify"]) == [(0,), (0, 1)]
     assert sorted(calls["partition_steps"]) == [(0,), (0, 1)]
+    # the replay takes the windows attribute_run found (it searched the steps again before)
+    assert sorted(calls["find_steps"]) == [(0,), (0, 1)]
 
 
 def test_sharing_changes_no_figure():

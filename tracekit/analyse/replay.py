@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.shortfall import RunParts
 from tracekit.errors import TracekitError
 
@@ -517,7 +518,7 @@ def _run_host(
 
 
 def build_model(
-    parts: RunParts, classified: pd.DataFrame, target_ns: Fraction | None, label: str
+    parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
     from tracekit.analyse.steps import find_steps_detailed
@@ -525,7 +526,11 @@ def build_model(
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
     measured = steady["window_ns"].to_numpy(np.float64)
-    wins = find_steps_detailed(classified, parts.step_pattern).steps
+    if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
+        wins = classified.steps(parts.step_pattern).steps
+        classified = classified.events
+    else:
+        wins = find_steps_detailed(classified, parts.step_pattern).steps
     wins = wins[wins["step"].isin(steps)]
     part_w = parts.steps[["rank", "step", "start_ns", "end_ns"]]
     wins = wins.drop(columns=["end_ns"]).merge(part_w[["rank", "step", "end_ns"]], on=["rank", "step"])
@@ -1063,9 +1068,9 @@ class WhatIf:
 
 def whatif(
     base_parts: RunParts,
-    base_classified: pd.DataFrame,
+    base_classified: pd.DataFrame | AnalysedRun,
     shard_parts: RunParts | None,
-    shard_classified: pd.DataFrame | None,
+    shard_classified: pd.DataFrame | AnalysedRun | None,
     knobs: Sequence[Knob],
     combinations: Sequence[tuple[Knob, ...]] = (),
     check: tuple[RunParts, tuple[Knob, ...], str] | None = None,

@@ -255,4 +255,5 @@ def _load(path: str, no_cache: bool, tty: bool, skip_first: int, label: str) -> 
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=tty))  # classified once
-    return attribute_run(run, skip_first=skip_first, label=label), run.events
+    # the replay takes the analysed run itself: its steps, found for attribute_run, are not found again
+    return attribute_run(run, skip_first=skip_first, label=label), run
