@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.steps import (
     PARTITION_COLUMNS,
     PARTS,
+    StepsResult,
     cat_mask,
     rank_selectors,
 )
@@ -213,6 +215,12 @@ def _unknown_gpu_mask(events: pd.DataFrame) -> np.ndarray:
 
 def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.DataFrame:
     """GPU activity no rule matched, per name: count and total_ns, largest total first."""
+    return top_unknown([_unknown_names(events)], top)
+
+
+def _unknown_names(events: pd.DataFrame) -> pd.DataFrame:
+    """Every name of GPU activity no rule matched: name, count, total_ns (in order of first
+    appearance)."""
     mask = _unknown_gpu_mask(events)
     names = events["name"]
     dur = events["end_ns"].to_numpy(np.int64)[mask] - events["start_ns"].to_numpy(np.int64)[mask]
@@ -224,7 +232,32 @@ def unknown_kernel_table(events: pd.DataFrame, top: int = UNKNOWN_TOP) -> pd.Dat
         name_arr = names.astype(str).to_numpy()[mask]
     frame = pd.DataFrame({"name": name_arr, "dur": dur})
     agg = frame.groupby("name", sort=False)["dur"].agg(["count", "sum"]).rename(columns={"sum": "total_ns"})
+    return agg.reset_index()
+
+
+def top_unknown(tables: list[pd.DataFrame], top: int = UNKNOWN_TOP) -> pd.DataFrame:
+    """The unknown names of several ranks (`_unknown_names`, in rank order) together: count and
+    total_ns summed per name, largest total first (ties: first appearance), the first `top`."""
+    agg = _sum_unknown(tables)
     agg = agg.sort_values(["total_ns", "count"], ascending=False, kind="stable").head(top)
+    return agg.reset_index(drop=True)
+
+
+def _sum_unknown(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    frame = (
+        pd.concat(tables, ignore_index=True)
+        if tables
+        else pd.DataFrame(columns=["name", "count", "total_ns"])
+    )
+    if not len(frame):
+        return pd.DataFrame(
+            {
+                "name": np.zeros(0, dtype=object),
+                "count": np.zeros(0, np.int64),
+                "total_ns": np.zeros(0, np.int64),
+            }
+        )
+    agg = frame.groupby("name", sort=False)[["count", "total_ns"]].sum()
     return agg.reset_index()
 
 
@@ -249,37 +282,48 @@ def trace_totals(events: pd.DataFrame) -> dict[str, Any]:
     memset time outside that union, `idle_ns` = span - busy - exposed memcpy, and
     `exposed_collective_ns` = collective-kernel time outside the other kernels (a part of busy_ns).
     `ranks` maps each rank to these; the top level holds their sums (span: the sum of spans)."""
+    return assemble_trace_totals(
+        {
+            r: rank_trace_totals(events.iloc[sel])
+            for r, sel in rank_selectors(events["rank"].to_numpy(np.int64)).items()
+        }
+    )
+
+
+def rank_trace_totals(events: pd.DataFrame) -> dict[str, int] | None:
+    """`trace_totals` of one rank's events (None: no GPU activity)."""
     kind = events["kind"]
-    start = events["start_ns"].to_numpy(np.int64)
-    end = events["end_ns"].to_numpy(np.int64)
-    is_kernel = cat_mask(kind, ("kernel",))
-    is_copy = cat_mask(kind, ("memcpy", "memset"))
-    is_coll = (
+    s = events["start_ns"].to_numpy(np.int64)
+    e = events["end_ns"].to_numpy(np.int64)
+    k = cat_mask(kind, ("kernel",))
+    c = cat_mask(kind, ("memcpy", "memset"))
+    coll = (
         cat_mask(events["cls"], ("collective",)) if "cls" in events.columns else np.zeros(len(events), bool)
     )
-    ranks: dict[str, dict[str, int]] = {}
-    for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items()):
-        k, c, coll = is_kernel[sel], is_copy[sel], is_coll[sel]
-        s, e = start[sel], end[sel]
-        gpu = k | c
-        if not gpu.any():
-            continue
-        span = int(e[gpu].max() - s[gpu].min())
-        ks, ke = _union_ns(s[k], e[k])
-        busy = int((ke - ks).sum())
-        ags, age = _union_ns(s[gpu], e[gpu])
-        all_busy = int((age - ags).sum())
-        ns_, ne_ = _union_ns(s[k & ~coll], e[k & ~coll])
-        non_coll = int((ne_ - ns_).sum())
-        ranks[str(r)] = {
-            "span_ns": span,
-            "busy_ns": busy,
-            "exposed_memcpy_ns": all_busy - busy,
-            "idle_ns": span - all_busy,
-            "exposed_collective_ns": busy - non_coll,
-            "kernels": int(k.sum()),
-            "memcpy_memset": int(c.sum()),
-        }
+    gpu = k | c
+    if not gpu.any():
+        return None
+    span = int(e[gpu].max() - s[gpu].min())
+    ks, ke = _union_ns(s[k], e[k])
+    busy = int((ke - ks).sum())
+    ags, age = _union_ns(s[gpu], e[gpu])
+    all_busy = int((age - ags).sum())
+    ns_, ne_ = _union_ns(s[k & ~coll], e[k & ~coll])
+    non_coll = int((ne_ - ns_).sum())
+    return {
+        "span_ns": span,
+        "busy_ns": busy,
+        "exposed_memcpy_ns": all_busy - busy,
+        "idle_ns": span - all_busy,
+        "exposed_collective_ns": busy - non_coll,
+        "kernels": int(k.sum()),
+        "memcpy_memset": int(c.sum()),
+    }
+
+
+def assemble_trace_totals(per_rank: Mapping[int, dict[str, int] | None]) -> dict[str, Any]:
+    """`trace_totals` from each rank's `rank_trace_totals`."""
+    ranks = {str(r): v for r, v in sorted(per_rank.items()) if v is not None}
     keys = (
         "span_ns",
         "busy_ns",
@@ -324,6 +368,64 @@ def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
     return None
 
 
+@dataclass
+class RankEvents:
+    """One rank's share of the breakdown's event figures (small): GPU time by class and subclass
+    (`gpu_time_by`), its unknown names (`_unknown_names`), its whole-trace totals."""
+
+    rank: int
+    by_class: dict[str, dict[str, int]]
+    by_subclass: dict[str, dict[str, int]]
+    unknown: pd.DataFrame
+    totals: dict[str, int] | None
+
+
+def rank_events(events: pd.DataFrame, rank: int) -> RankEvents:
+    """`RankEvents` of one rank's classified events."""
+    return RankEvents(
+        rank=int(rank),
+        by_class=gpu_time_by(events, "cls"),
+        by_subclass=gpu_time_by(events, "subclass"),
+        unknown=_unknown_names(events),
+        totals=rank_trace_totals(events),
+    )
+
+
+def _sum_by(
+    dicts: Iterable[dict[str, dict[str, int]]], start: Iterable[str] = ()
+) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {k: {"count": 0, "total_ns": 0} for k in start}
+    for d in dicts:
+        for k, v in d.items():
+            t = out.setdefault(k, {"count": 0, "total_ns": 0})
+            t["count"] += v["count"]
+            t["total_ns"] += v["total_ns"]
+    return out
+
+
+def rank_breakdown_table(
+    ar: AnalysedRun | pd.DataFrame, steps: pd.DataFrame, skip_first: int
+) -> tuple[pd.DataFrame, int]:
+    """The partition table of step windows (`steps`, the first `skip_first` of each rank left
+    out) with the compute split; and how many windows were left out. Per rank or per run alike
+    (`ar`: an AnalysedRun, or one rank's classified events)."""
+    dropped = 0
+    if skip_first:
+        order_in_rank = steps.groupby("rank").cumcount()
+        dropped = int((order_in_rank < skip_first).sum())
+        steps = steps[order_in_rank >= skip_first].reset_index(drop=True)
+    if not len(steps):
+        return pd.DataFrame(columns=[*PARTITION_COLUMNS, "matrix_ns", "vector_ns"]), dropped
+    if isinstance(ar, AnalysedRun):
+        table, events = ar.partition(steps), ar.events
+    else:
+        from tracekit.analyse.steps import partition_steps
+
+        table, events = partition_steps(ar, steps), ar
+    table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
+    return table, dropped
+
+
 def breakdown(
     run: Run | AnalysedRun, step_pattern: str | None = None, skip_first: int = 0, *, rank: int | None = None
 ) -> Breakdown:
@@ -333,6 +435,10 @@ def breakdown(
     `rank` restricts everything to one rank. Raises StepError when no step is found. Given an
     `AnalysedRun` (tracekit.analyse.analysed), its classified events, steps and partition are used
     and kept, so the shortfall of the same run does not compute them again.
+
+    The figures are computed per rank (the step windows under the run's rule, the partition, the
+    compute split, `rank_events`) and put together by `assemble_breakdown`: the Dask engine runs
+    the per-rank pieces where each rank's events are and the assembly on the client.
     """
     if skip_first < 0:
         raise StepError(f"skip_first must be >= 0, not {skip_first}")
@@ -348,28 +454,44 @@ def breakdown(
         ar = AnalysedRun(run=replace(base, events=events))  # this rank's own analyses
     else:
         ar = AnalysedRun.of(run)
-    run = ar.run
-    events = ar.events
-
     found = ar.steps(step_pattern)
+    table, dropped = rank_breakdown_table(ar, found.steps, skip_first)
+    events = ar.events
+    per_rank = [
+        rank_events(events.iloc[sel], r)
+        for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items())
+    ]
+    return assemble_breakdown(
+        ar.run, found, table, per_rank, skip_first=skip_first, dropped=dropped, rank=rank
+    )
+
+
+def assemble_breakdown(
+    run: Run,
+    found: StepsResult,
+    table: pd.DataFrame,
+    per_rank: Iterable[RankEvents],
+    *,
+    skip_first: int = 0,
+    dropped: int = 0,
+    rank: int | None = None,
+) -> Breakdown:
+    """The Breakdown from the run's metadata (`run`: its sources, manifest and data quality; its
+    events are not read), the steps found, the partition table (with the compute split, the
+    skipped windows left out) and each rank's `RankEvents`."""
+    per_rank = sorted(per_rank, key=lambda x: x.rank)
     dq = DataQuality()
     dq.merge(run.data_quality)
     dq.merge(found.data_quality)
-
-    steps = found.steps
     if skip_first:
-        order_in_rank = steps.groupby("rank").cumcount()
-        dropped = int((order_in_rank < skip_first).sum())
-        steps = steps[order_in_rank >= skip_first].reset_index(drop=True)
         dq.add(
             "skipped_warmup_steps",
             dropped,
             f"the first {skip_first} steps of each rank were skipped (warm-up)",
         )
-        if not len(steps):
+        if not len(table):
             raise StepError(f"all {dropped} steps were skipped by skip_first={skip_first}")
-    table = ar.partition(steps)
-    table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
+    table = table.reset_index(drop=True)
 
     host_ranks = sorted(int(r) for r in table.loc[table["timeline"] == "host", "rank"].unique())
     if host_ranks:
@@ -385,23 +507,19 @@ def breakdown(
     if partial:
         dq.add("steps_missing_on_some_ranks", partial, f"{partial} step indices are missing on some ranks")
 
-    unknown = unknown_kernel_table(events)
-    unknown_mask = _unknown_gpu_mask(events)
-    n_unknown = int(unknown_mask.sum())
+    names = [x.unknown for x in per_rank]
+    all_unknown = _sum_unknown(names)
+    n_unknown = int(all_unknown["count"].sum())
     if n_unknown:
-        unknown_ns = int(
-            (
-                events["end_ns"].to_numpy(np.int64)[unknown_mask]
-                - events["start_ns"].to_numpy(np.int64)[unknown_mask]
-            ).sum()
-        )
-        n_names = int(events["name"][unknown_mask].astype(str).nunique())
+        unknown_ns = int(all_unknown["total_ns"].sum())
+        n_names = len(all_unknown)
         dq.add(
             "unknown_kernel_events",
             n_unknown,
             f"{n_unknown} GPU events ({n_names} distinct names, {unknown_ns} ns) look like communication but "
             f"match no collective rule: counted as 'unknown', see unknown_kernels. Hint: {COMM_LIKE_HINT}",
         )
+    unknown = top_unknown(names)
 
     dilation = manifest_dilation(run.manifest, dq)
 
@@ -413,8 +531,8 @@ def breakdown(
         step_pattern=found.pattern,
         per_token=per_token_summary(table),
         per_rank=per_rank_summary(table),
-        kernels_by_class=gpu_time_by(events, "cls"),
-        kernels_by_subclass=gpu_time_by(events, "subclass"),
+        kernels_by_class=_sum_by((x.by_class for x in per_rank), GPU_CLASSES),
+        kernels_by_subclass=dict(sorted(_sum_by(x.by_subclass for x in per_rank).items())),
         unknown_kernels=[
             {
                 "name": str(r.name),
@@ -430,5 +548,5 @@ def breakdown(
         ranks=ranks,
         skipped_steps=skip_first,
         step_rule=found.rule,
-        trace_totals=trace_totals(events),
+        trace_totals=assemble_trace_totals({x.rank: x.totals for x in per_rank}),
     )

@@ -47,6 +47,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -168,45 +169,375 @@ def find_steps_detailed(events: pd.DataFrame, pattern: str | None = None) -> Ste
     """find_steps plus the pattern used, the rule that chose it and data-quality counts.
 
     `pattern`: None or "auto" (the rules of STEP_RULES in order), "whole" (one window per rank),
-    or a regex of step annotations (StepError when nothing matches)."""
-    mode = "auto" if pattern is None or pattern.strip() in ("", "auto") else pattern
+    or a regex of step annotations (StepError when nothing matches).
+
+    Computed in three pieces, the ones the Dask engine runs where the events are: per rank a small
+    summary of which rules it matches (`rank_step_summary`); the run's rule from those summaries
+    (`choose_step_rule`: the first rule any rank matches); per rank its windows under that rule
+    (`rank_step_windows`); then the run's table and notes from the ranks' windows (`assemble_steps`)."""
+    parts = [
+        (int(r), events.iloc[sel])
+        for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items())
+    ]
+    choice = choose_step_rule([rank_step_summary(ev, pattern) for _r, ev in parts], pattern)
+    return assemble_steps(choice, [rank_step_windows(ev, choice) for _r, ev in parts])
+
+
+def _mode(pattern: str | None) -> str:
+    return "auto" if pattern is None or pattern.strip() in ("", "auto") else pattern
+
+
+#: The annotation rules of `auto`, in order: (rule, pattern).
+_ANNOTATION_RULES: tuple[tuple[str, str], ...] = (
+    ("decode_step", DEFAULT_STEP_PATTERNS[0]),
+    ("profiler_step", DEFAULT_STEP_PATTERNS[1]),
+    ("serving_engine", SERVING_ENGINE_PATTERN),
+)
+_WHOLE_WHY = (
+    "no step markers (no decode_step, ProfilerStep#N, serving-engine iteration range, repeated CUDA-graph "
+    "launch or repeated NVTX range): the whole trace is one window per rank"
+)
+
+
+@dataclass
+class RankStepSummary:
+    """What one rank says about the step rules (small; `choose_step_rule` reads these).
+
+    `matched`: the patterns tried on this rank that match one of its annotations (auto stops at
+    the first rule the rank matches: a later rule can only be chosen when no rank matches an
+    earlier one); `launches`: the rank has two or more CUDA-graph launches; `ranges`: per key of
+    repeating host ranges (names with numbers as `#`), (time covered where it repeats, rows,
+    repeats on this rank); `annotations`: annotation name -> count (only for an explicit pattern
+    that matches nothing here, for the StepError's message)."""
+
+    matched: list[str] = field(default_factory=list)
+    launches: bool = False
+    ranges: dict[str, tuple[int, int, bool]] = field(default_factory=dict)
+    annotations: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StepChoice:
+    """The run's step rule (`choose_step_rule`): the rule, its pattern, and for `whole_trace` why."""
+
+    rule: str
+    pattern: str
+    why: str = ""
+
+
+def _annotations(events: pd.DataFrame) -> pd.DataFrame:
+    return events[events["kind"] == "annotation"]
+
+
+def _compile(pat: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pat)
+    except re.error as exc:
+        raise StepError(f"invalid step pattern {pat!r}: {exc}") from None
+
+
+def _match_mask(ann: pd.DataFrame, rx: re.Pattern[str]) -> np.ndarray:
+    """Which annotations' names `rx` finds (once per category)."""
+    names = ann["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    cats = [str(c) for c in names.cat.categories]
+    codes = names.cat.codes.to_numpy()
+    hit_cats = np.fromiter((bool(rx.search(c)) for c in cats), dtype=bool, count=len(cats))
+    mask = np.zeros(len(ann), dtype=bool)
+    if hit_cats.any():
+        valid = codes >= 0
+        mask[valid] = hit_cats[codes[valid]]
+    return mask
+
+
+def _graph_launch_mask(events: pd.DataFrame) -> np.ndarray:
+    is_rt = cat_mask(events["kind"], ("runtime",))
+    if not is_rt.any():
+        return is_rt
+    names = events["name"]
+    if not isinstance(names.dtype, pd.CategoricalDtype):
+        names = names.astype("category")
+    rx = re.compile(GRAPH_LAUNCH_PATTERN)
+    hit = np.array([bool(rx.search(str(c))) for c in names.cat.categories] + [False], dtype=bool)
+    return is_rt & hit[names.cat.codes.to_numpy()]
+
+
+def rank_step_summary(events: pd.DataFrame, pattern: str | None = None) -> RankStepSummary:
+    """One rank's events: which of the rules `pattern` asks for it matches (`RankStepSummary`)."""
+    mode = _mode(pattern)
+    out = RankStepSummary()
     if mode == "whole":
-        return _whole_trace(events, "whole trace (--steps whole)")
-    ann = events[events["kind"] == "annotation"]
+        return out
+    ann = _annotations(events)
     if mode != "auto":
-        found = _from_pattern(events, ann, (mode,), "pattern")
-        if found is None:
-            raise StepError(_no_match_message(ann, (mode,)))
-        return found
-    for rule, pats in (
-        ("decode_step", DEFAULT_STEP_PATTERNS[:1]),
-        ("profiler_step", DEFAULT_STEP_PATTERNS[1:]),
-    ):
-        found = _from_pattern(events, ann, pats, rule)
-        if found is not None:
-            return found
-    found = _from_pattern(events, ann, (SERVING_ENGINE_PATTERN,), "serving_engine")
-    if found is not None:
-        return found
-    found = _from_graph_launches(events)
-    if found is not None:
-        return found
-    repeated = _repeated_range_pattern(events, ann)
+        if _match_mask(ann, _compile(mode)).any():
+            out.matched.append(mode)
+        else:
+            counts = ann["name"].astype(str).value_counts(sort=False)
+            out.annotations = {str(k): int(v) for k, v in counts.items() if v > 0}
+        return out
+    for _rule, pat in _ANNOTATION_RULES:
+        if _match_mask(ann, re.compile(pat)).any():
+            out.matched.append(pat)
+            return out
+    if int(_graph_launch_mask(events).sum()) >= 2:
+        out.launches = True
+        return out
+    out.ranges = _range_groups(ann)
+    return out
+
+
+def choose_step_rule(summaries: Iterable[RankStepSummary], pattern: str | None = None) -> StepChoice:
+    """The run's step rule from its ranks' summaries: the first rule of `auto` any rank matches
+    (or `pattern`; StepError when a given regex matches no rank's annotations)."""
+    summaries = list(summaries)
+    mode = _mode(pattern)
+    if mode == "whole":
+        return StepChoice("whole_trace", "whole", "whole trace (--steps whole)")
+    if mode != "auto":
+        _compile(mode)
+        if any(mode in s.matched for s in summaries):
+            return StepChoice("pattern", mode)
+        counts: dict[str, int] = {}
+        for s in summaries:
+            for k, v in s.annotations.items():
+                counts[k] = counts.get(k, 0) + v
+        raise StepError(_no_match_message(counts, (mode,)))
+    for rule, pat in _ANNOTATION_RULES:
+        if any(pat in s.matched for s in summaries):
+            return StepChoice(rule, pat)
+    if any(s.launches for s in summaries):
+        return StepChoice("cuda_graph_launch", GRAPH_LAUNCH_PATTERN)
+    repeated = _repeated_range_pattern([s.ranges for s in summaries])
     if repeated is not None:
-        found = _from_pattern(events, ann, (repeated,), "repeated_range")
-        if found is not None:
-            return found
-    return _whole_trace(
-        events,
-        "no step markers (no decode_step, ProfilerStep#N, serving-engine iteration range, repeated CUDA-graph "
-        "launch or repeated NVTX range): the whole trace is one window per rank",
+        return StepChoice("repeated_range", repeated)
+    return StepChoice("whole_trace", "whole", _WHOLE_WHY)
+
+
+@dataclass
+class RankWindows:
+    """One rank's step windows under the run's rule (`rank_step_windows`), before the run-level
+    numbering: `rows` has STEP_COLUMNS but `step` is the order on the rank, `number` the number at
+    the end of the name (-1 when none); and what the run's notes count."""
+
+    rank: int
+    rows: pd.DataFrame
+    number: np.ndarray
+    numbered: bool = True  # every name on the rank ends in a number (of at most 18 digits)
+    duplicates: int = 0  # names repeating a number already seen on the rank (when numbered)
+    distinct_names: int = 0
+    nested: int = 0
+    clipped: int = 0
+    spill_ns: int = 0
+    period: int | None = None  # CUDA-graph launches per step (rule cuda_graph_launch)
+
+
+def _empty_rows() -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "rank": np.zeros(0, dtype=np.int32),
+            "step": np.zeros(0, dtype=np.int64),
+            "name": np.zeros(0, dtype=object),
+            **{c: np.zeros(0, dtype=np.int64) for c in STEP_COLUMNS[3:]},
+        }
     )
 
 
-def _no_match_message(ann: pd.DataFrame, patterns: tuple[str, ...]) -> str:
-    names = ann["name"].astype(str)
-    counts = names.value_counts()
-    top = [f"{n!r} x{c}" for n, c in counts[counts > 0].head(8).items()]
+def rank_step_windows(events: pd.DataFrame, choice: StepChoice) -> RankWindows:
+    """One rank's step windows under the run's rule (its events only; `rank` from them)."""
+    ranks = np.unique(events["rank"].to_numpy(np.int64))
+    if len(ranks) > 1:
+        raise ValueError(f"rank_step_windows takes one rank's events, not ranks {ranks.tolist()}")
+    r = int(ranks[0]) if len(ranks) else -1
+    if choice.rule == "whole_trace":
+        start = events["start_ns"].to_numpy(np.int64)
+        end = events["end_ns"].to_numpy(np.int64)
+        gpu = cat_mask(events["kind"], GPU_KINDS)
+        if gpu.any():
+            start, end = start[gpu], end[gpu]
+        if not len(start):
+            return RankWindows(r, _empty_rows(), np.zeros(0, dtype=np.int64))
+        a, b = int(start.min()), int(max(end.max(), start.min()))
+        rows = pd.DataFrame(
+            {
+                "rank": np.asarray([r], dtype=np.int32),
+                "step": np.asarray([0], dtype=np.int64),
+                "name": np.asarray(["whole trace"], dtype=object),
+                **{
+                    c: np.asarray([v], dtype=np.int64)
+                    for c, v in zip(STEP_COLUMNS[3:], (a, b, b, b), strict=True)
+                },
+            }
+        )
+        return RankWindows(r, rows, np.asarray([0], dtype=np.int64))
+    if choice.rule == "cuda_graph_launch":
+        return _rank_graph_windows(events, r)
+    ann = _annotations(events)
+    sel = ann[_match_mask(ann, _compile(choice.pattern))]
+    return _rank_ranges(
+        events,
+        r,
+        sel["start_ns"].to_numpy(np.int64),
+        sel["end_ns"].to_numpy(np.int64),
+        sel["name"].astype(str).to_numpy(dtype=object),
+    )
+
+
+def _rank_ranges(
+    events: pd.DataFrame, r: int, start: np.ndarray, end: np.ndarray, name: np.ndarray
+) -> RankWindows:
+    """One rank's step windows from its host ranges: nested ranges dropped, extended by the GPU
+    work launched inside, clipped at the next step's start."""
+    order = np.lexsort((-end, start))
+    start, end, name = start[order], end[order], name[order]
+    # keep the outermost of nested matches (a step annotation inside another one on the same rank)
+    prev_max = (
+        np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(end)[:-1])) if len(end) else end
+    )
+    keep = start >= prev_max
+    nested = int((~keep).sum())
+    start, end, name = start[keep], end[keep], name[keep]
+    numbers = np.full(len(name), -1, dtype=np.int64)
+    numbered = True
+    for i, n in enumerate(name):
+        m = _STEP_NUMBER.search(n)
+        if m is None or len(m.group(1)) > 18:  # a 40-digit "step number" does not fit int64: use the order
+            numbered = False
+            break
+        numbers[i] = int(m.group(1))
+    duplicates = len(name) - len(np.unique(numbers)) if numbered else 0
+    rank = np.full(len(start), r, dtype=np.int64)
+    gpu_end = _extend_by_gpu_work(events, rank, start, end)
+    window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)
+    rows = pd.DataFrame(
+        {
+            "rank": rank.astype(np.int32),
+            "step": np.arange(len(start), dtype=np.int64),
+            "name": name,
+            "start_ns": start,
+            "end_ns": window_end,
+            "annotation_end_ns": end,
+            "gpu_end_ns": gpu_end,
+        }
+    )
+    return RankWindows(
+        r,
+        rows,
+        numbers,
+        numbered=numbered,
+        duplicates=duplicates,
+        distinct_names=len(np.unique(name)) if len(name) else 0,
+        nested=nested,
+        clipped=clipped,
+        spill_ns=spill_ns,
+    )
+
+
+def _rank_graph_windows(events: pd.DataFrame, r: int) -> RankWindows:
+    """Rule 4 on one rank: each iteration is one period of CUDA-graph launches. The period p is the
+    smallest that repeats the sequence of GPU-operation counts per launch (1 when nothing repeats);
+    a step runs from its first launch to the next step's first launch (the last: to its own GPU
+    work's end). No windows when the rank has fewer than two launches."""
+    is_launch = _graph_launch_mask(events)
+    li = np.flatnonzero(is_launch)
+    if len(li) < 2:
+        return RankWindows(r, _empty_rows(), np.zeros(0, dtype=np.int64))
+    start = events["start_ns"].to_numpy(np.int64)
+    end = events["end_ns"].to_numpy(np.int64)
+    corr = events["correlation"].to_numpy(np.int64)
+    gpu = cat_mask(events["kind"], GPU_KINDS) & (corr >= 0)
+    li = li[np.argsort(start[li], kind="stable")]
+    g_corr = np.sort(corr[gpu])
+    l_corr = corr[li]
+    n_ops = np.searchsorted(g_corr, l_corr, side="right") - np.searchsorted(g_corr, l_corr, side="left")
+    p = _period(n_ops)
+    first = li[::p]
+    s_ = start[first]
+    e_ = np.empty(len(first), dtype=np.int64)
+    e_[:-1] = s_[1:]
+    e_[-1] = end[li].max()
+    names = np.array([f"graph launch period {i}" for i in range(len(first))], dtype=object)
+    # the GPU work of every launch in a period extends its step: the step window [first launch,
+    # next period) holds the launches of the period
+    out = _rank_ranges(events, r, s_, e_, names)
+    out.period = p
+    return out
+
+
+def assemble_steps(choice: StepChoice, ranks: Iterable[RankWindows]) -> StepsResult:
+    """The run's step table and notes from its ranks' windows under `choice` (small inputs)."""
+    ranks = sorted(ranks, key=lambda w: w.rank)
+    frames = [w.rows for w in ranks if len(w.rows)]
+    steps = pd.concat(frames, ignore_index=True) if frames else _empty_rows()
+    dq = DataQuality()
+    if choice.rule == "whole_trace":
+        if not len(steps):
+            raise StepError("the trace holds no timed events: there is no window to break down")
+        dq.add("steps_rule", 0, f"{choice.why}; " + _rule_note("whole_trace", "whole", steps))
+        return StepsResult(steps, "whole", dq, "whole_trace")
+    chosen = choice.pattern
+    nested = sum(w.nested for w in ranks)
+    if nested:
+        dq.add(
+            "nested_step_annotations",
+            nested,
+            f"{nested} step annotations matching {chosen!r} lie inside another one on the same rank; "
+            "the outermost were kept",
+        )
+    have = [w for w in ranks if len(w.rows)]
+    numbered = bool(len(steps)) and all(w.numbered for w in ranks)
+    duplicates = sum(w.duplicates for w in ranks) if numbered else 0
+    if duplicates:
+        per_rank = ", ".join(
+            f"rank {w.rank}: {len(w.rows)} steps, {w.distinct_names} distinct names" for w in have
+        )
+        dq.add(
+            "duplicate_step_numbers",
+            duplicates,
+            f"{duplicates} step annotations matching {chosen!r} repeat a step number already seen on the "
+            f"same rank ({per_rank}); they are kept as separate steps, numbered in time order on each "
+            "rank. The trace probably holds more than one pass (e.g. an nsys report from a capture "
+            "before the --nsys fix, which recorded the unprofiled and the traced pass): its steps mix "
+            "passes and its dilation is not meaningful; re-capture, or choose steps with --steps",
+        )
+    if numbered and not duplicates:
+        steps["step"] = np.concatenate([w.number for w in have]).astype(np.int64)
+    clipped = sum(w.clipped for w in ranks)
+    spill_ns = sum(w.spill_ns for w in ranks)
+    if clipped:
+        dq.add("step_window_spill_ns", spill_ns)
+        dq.add(
+            "step_windows_clipped",
+            clipped,
+            f"{clipped} step windows were clipped at the next step's start on the same rank: the GPU "
+            f"ran behind the host, and {spill_ns} ns of work launched in a step ran after the next step's "
+            "annotation began. That time is counted in the window where it ran (windows of a rank never "
+            "overlap), so a step window follows the host's annotations and the last step carries the "
+            "backlog; per-token figures from such windows describe the host's pace, not the device's",
+        )
+    counts = steps.groupby("rank").size()
+    if counts.nunique() > 1:
+        dq.add(
+            "ranks_with_different_step_counts",
+            int(counts.nunique()),
+            "ranks have different step counts: " + ", ".join(f"rank {r}: {c}" for r, c in counts.items()),
+        )
+    steps = steps.reset_index(drop=True)
+    dq.add("steps_rule", 0, _rule_note(choice.rule, chosen, steps))
+    if choice.rule == "cuda_graph_launch":
+        dq.add(
+            "graph_launch_period",
+            0,
+            "CUDA-graph launches per step (the period of GPU operations per launch): "
+            + ", ".join(f"rank {w.rank}: {w.period}" for w in have),
+        )
+    return StepsResult(steps, chosen, dq, choice.rule)
+
+
+def _no_match_message(counts: Mapping[str, int], patterns: tuple[str, ...]) -> str:
+    ordered = sorted(counts.items(), key=lambda kv: -kv[1])  # stable: ties in order of first appearance
+    top = [f"{n!r} x{c}" for n, c in ordered if c > 0][:8]
     tried = " or ".join(repr(p) for p in patterns)
     have = ", ".join(top) if top else "none"
     return (
@@ -219,231 +550,6 @@ def _rule_note(rule: str, pattern: str, steps: pd.DataFrame) -> str:
     per_rank = steps.groupby("rank").size()
     counts = ", ".join(f"rank {r}: {c}" for r, c in per_rank.items()) or "none"
     return f"steps chosen by rule {rule!r} ({_RULE_WORDS.get(rule, rule)}; pattern {pattern!r}): {counts}"
-
-
-def _from_pattern(
-    events: pd.DataFrame, ann: pd.DataFrame, patterns: tuple[str, ...], rule: str
-) -> StepsResult | None:
-    """Steps from the annotations matching the first of `patterns` that matches any; None if none does."""
-    names = ann["name"]
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        names = names.astype("category")
-    cats = [str(c) for c in names.cat.categories]
-    codes = names.cat.codes.to_numpy()
-    chosen: str | None = None
-    mask = np.zeros(len(ann), dtype=bool)
-    for pat in patterns:
-        try:
-            rx = re.compile(pat)
-        except re.error as exc:
-            raise StepError(f"invalid step pattern {pat!r}: {exc}") from None
-        hit_cats = np.fromiter((bool(rx.search(c)) for c in cats), dtype=bool, count=len(cats))
-        if hit_cats.any():
-            mask = np.zeros(len(ann), dtype=bool)
-            valid = codes >= 0
-            mask[valid] = hit_cats[codes[valid]]
-            if mask.any():
-                chosen = pat
-                break
-    if chosen is None:
-        return None
-    sel = ann[mask]
-    return _steps_from_ranges(
-        events,
-        sel["rank"].to_numpy(np.int64),
-        sel["start_ns"].to_numpy(np.int64),
-        sel["end_ns"].to_numpy(np.int64),
-        sel["name"].astype(str).to_numpy(dtype=object),
-        chosen,
-        rule,
-    )
-
-
-def _steps_from_ranges(
-    events: pd.DataFrame,
-    rank: np.ndarray,
-    start: np.ndarray,
-    end: np.ndarray,
-    name: np.ndarray,
-    chosen: str,
-    rule: str,
-) -> StepsResult:
-    """Step windows from host ranges (one per range and rank): nested ranges dropped, numbered,
-    extended by the GPU work launched inside, clipped at the next step's start."""
-    dq = DataQuality()
-    order = np.lexsort((-end, start, rank))
-    rank, start, end, name = rank[order], start[order], end[order], name[order]
-
-    # keep the outermost of nested matches (a step annotation inside another one on the same rank)
-    keep = np.ones(len(rank), dtype=bool)
-    for r in np.unique(rank):
-        idx = np.flatnonzero(rank == r)
-        e = end[idx]
-        prev_max = np.concatenate(([np.iinfo(np.int64).min], np.maximum.accumulate(e)[:-1]))
-        keep[idx] = start[idx] >= prev_max
-    nested = int((~keep).sum())
-    if nested:
-        dq.add(
-            "nested_step_annotations",
-            nested,
-            f"{nested} step annotations matching {chosen!r} lie inside another one on the same rank; "
-            "the outermost were kept",
-        )
-    rank, start, end, name = rank[keep], start[keep], end[keep], name[keep]
-
-    step, duplicates = _step_indices(rank, name)
-    if duplicates:
-        per_rank = ", ".join(
-            f"rank {r}: {int((rank == r).sum())} steps, {len(np.unique(name[rank == r]))} distinct names"
-            for r in np.unique(rank)
-        )
-        dq.add(
-            "duplicate_step_numbers",
-            duplicates,
-            f"{duplicates} step annotations matching {chosen!r} repeat a step number already seen on the "
-            f"same rank ({per_rank}); they are kept as separate steps, numbered in time order on each "
-            "rank. The trace probably holds more than one pass (e.g. an nsys report from a capture "
-            "before the --nsys fix, which recorded the unprofiled and the traced pass): its steps mix "
-            "passes and its dilation is not meaningful; re-capture, or choose steps with --steps",
-        )
-    gpu_end = _extend_by_gpu_work(events, rank, start, end)
-    window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)
-    if clipped:
-        dq.add("step_window_spill_ns", spill_ns)
-        dq.add(
-            "step_windows_clipped",
-            clipped,
-            f"{clipped} step windows were clipped at the next step's start on the same rank: the GPU "
-            f"ran behind the host, and {spill_ns} ns of work launched in a step ran after the next step's "
-            "annotation began. That time is counted in the window where it ran (windows of a rank never "
-            "overlap), so a step window follows the host's annotations and the last step carries the "
-            "backlog; per-token figures from such windows describe the host's pace, not the device's",
-        )
-    steps = pd.DataFrame(
-        {
-            "rank": rank.astype(np.int32),
-            "step": step,
-            "name": name,
-            "start_ns": start,
-            "end_ns": window_end,
-            "annotation_end_ns": end,
-            "gpu_end_ns": gpu_end,
-        }
-    )
-    counts = steps.groupby("rank").size()
-    if counts.nunique() > 1:
-        dq.add(
-            "ranks_with_different_step_counts",
-            int(counts.nunique()),
-            "ranks have different step counts: " + ", ".join(f"rank {r}: {c}" for r, c in counts.items()),
-        )
-    steps = steps.reset_index(drop=True)
-    dq.add("steps_rule", 0, _rule_note(rule, chosen, steps))
-    return StepsResult(steps, chosen, dq, rule)
-
-
-def _whole_trace(events: pd.DataFrame, why: str) -> StepsResult:
-    """One window per rank: its first to its last GPU operation, or, on a rank without GPU activity,
-    its first to its last host event. Never raises for a readable trace."""
-    dq = DataQuality()
-    rank_col = events["rank"].to_numpy(np.int64)
-    start = events["start_ns"].to_numpy(np.int64)
-    end = events["end_ns"].to_numpy(np.int64)
-    gpu = cat_mask(events["kind"], GPU_KINDS)
-    rows: dict[str, list] = {c: [] for c in STEP_COLUMNS}
-    for r, sel in sorted(rank_selectors(rank_col).items()):
-        g = gpu[sel]
-        s_, e_ = start[sel], end[sel]
-        if g.any():
-            s_, e_ = s_[g], e_[g]
-        if not len(s_):
-            continue
-        a, b = int(s_.min()), int(max(e_.max(), s_.min()))
-        for col, v in zip(STEP_COLUMNS, (r, 0, "whole trace", a, b, b, b), strict=True):
-            rows[col].append(v)
-    steps = pd.DataFrame(
-        {
-            "rank": np.asarray(rows["rank"], dtype=np.int32),
-            "step": np.asarray(rows["step"], dtype=np.int64),
-            "name": np.asarray(rows["name"], dtype=object),
-            "start_ns": np.asarray(rows["start_ns"], dtype=np.int64),
-            "end_ns": np.asarray(rows["end_ns"], dtype=np.int64),
-            "annotation_end_ns": np.asarray(rows["annotation_end_ns"], dtype=np.int64),
-            "gpu_end_ns": np.asarray(rows["gpu_end_ns"], dtype=np.int64),
-        }
-    )
-    if not len(steps):
-        raise StepError("the trace holds no timed events: there is no window to break down")
-    dq.add("steps_rule", 0, f"{why}; " + _rule_note("whole_trace", "whole", steps))
-    return StepsResult(steps, "whole", dq, "whole_trace")
-
-
-def _from_graph_launches(events: pd.DataFrame) -> StepsResult | None:
-    """Rule 4: each iteration is one period of CUDA-graph launches. The period p is the smallest
-    that repeats the sequence of GPU-operation counts per launch (1 when nothing repeats); a step
-    runs from its first launch to the next step's first launch (the last: to its own GPU work's
-    end). None when no rank has two launches."""
-    kind = events["kind"]
-    is_rt = cat_mask(kind, ("runtime",))
-    if not is_rt.any():
-        return None
-    names = events["name"]
-    if not isinstance(names.dtype, pd.CategoricalDtype):
-        names = names.astype("category")
-    rx = re.compile(GRAPH_LAUNCH_PATTERN)
-    hit = np.array([bool(rx.search(str(c))) for c in names.cat.categories] + [False], dtype=bool)
-    is_launch = is_rt & hit[names.cat.codes.to_numpy()]
-    if int(is_launch.sum()) < 2:
-        return None
-    rank = events["rank"].to_numpy(np.int64)
-    start = events["start_ns"].to_numpy(np.int64)
-    end = events["end_ns"].to_numpy(np.int64)
-    corr = events["correlation"].to_numpy(np.int64)
-    gpu = cat_mask(kind, GPU_KINDS) & (corr >= 0)
-    out_rank: list[np.ndarray] = []
-    out_start: list[np.ndarray] = []
-    out_end: list[np.ndarray] = []
-    out_name: list[np.ndarray] = []
-    periods: dict[int, int] = {}
-    for r in np.unique(rank[is_launch]):
-        li = np.flatnonzero(is_launch & (rank == r))
-        li = li[np.argsort(start[li], kind="stable")]
-        if len(li) < 2:
-            continue
-        g_corr = np.sort(corr[gpu & (rank == r)])
-        l_corr = corr[li]
-        n_ops = np.searchsorted(g_corr, l_corr, side="right") - np.searchsorted(g_corr, l_corr, side="left")
-        p = _period(n_ops)
-        periods[int(r)] = p
-        first = li[::p]
-        s_ = start[first]
-        e_ = np.empty(len(first), dtype=np.int64)
-        e_[:-1] = s_[1:]
-        e_[-1] = end[li].max()
-        out_rank.append(np.full(len(first), r, dtype=np.int64))
-        out_start.append(s_)
-        out_end.append(e_)
-        out_name.append(np.array([f"graph launch period {i}" for i in range(len(first))], dtype=object))
-    if not out_rank:
-        return None
-    # the GPU work of every launch in a period extends its step: map each launch's correlation to the
-    # step's first launch by giving the step window [first launch, next period) (launches inside it)
-    found = _steps_from_ranges(
-        events,
-        np.concatenate(out_rank),
-        np.concatenate(out_start),
-        np.concatenate(out_end),
-        np.concatenate(out_name),
-        GRAPH_LAUNCH_PATTERN,
-        "cuda_graph_launch",
-    )
-    found.data_quality.add(
-        "graph_launch_period",
-        0,
-        "CUDA-graph launches per step (the period of GPU operations per launch): "
-        + ", ".join(f"rank {r}: {p}" for r, p in sorted(periods.items())),
-    )
-    return found
 
 
 def _period(counts: np.ndarray) -> int:
@@ -459,65 +565,52 @@ def _period(counts: np.ndarray) -> int:
 _DIGITS = re.compile(r"\d+")
 
 
-def _repeated_range_pattern(events: pd.DataFrame, ann: pd.DataFrame) -> str | None:
-    """Rule 5: a regex for the group of host ranges, equal up to their numbers, that repeats (two or
-    more on a rank, not overlapping one another) and covers the most time; None when none repeats."""
+def _range_groups(ann: pd.DataFrame) -> dict[str, tuple[int, int, bool]]:
+    """Rule 5 on one rank: per group of host ranges equal up to their numbers (key: the name with
+    `#` for its numbers), (time covered when the group repeats on the rank, rows, repeats): a group
+    repeats when it has two or more ranges on the rank, none inside another."""
     if not len(ann):
-        return None
+        return {}
     names = ann["name"].astype(str).to_numpy(dtype=object)
     keys = np.array([_DIGITS.sub("#", n) for n in names], dtype=object)
-    rank = ann["rank"].to_numpy(np.int64)
-    start = ann["start_ns"].to_numpy(np.int64)
-    end = ann["end_ns"].to_numpy(np.int64)
-    best: tuple[int, int, str] | None = None
-    frame = pd.DataFrame({"key": keys, "rank": rank, "start": start, "end": end})
+    frame = pd.DataFrame(
+        {"key": keys, "start": ann["start_ns"].to_numpy(np.int64), "end": ann["end_ns"].to_numpy(np.int64)}
+    )
+    out: dict[str, tuple[int, int, bool]] = {}
     for key, g in frame.groupby("key", sort=True):
         key_s = str(key)
         if _NOT_STEP_RANGES.search(key_s) or not key_s.strip():
             continue
-        covered = 0
-        repeats = False
-        for _, gr in g.groupby("rank"):
-            if len(gr) < 2:
-                continue
-            o = np.argsort(gr["start"].to_numpy(), kind="stable")
-            s_ = gr["start"].to_numpy()[o]
-            e_ = gr["end"].to_numpy()[o]
-            if (s_[1:] < e_[:-1]).any():  # ranges of one name nested in each other: not iterations
-                continue
-            repeats = True
-            covered += int((e_ - s_).sum())
-        if repeats and (best is None or (covered, len(g)) > (best[0], best[1])):
-            best = (covered, len(g), key_s)
+        repeats, covered = False, 0
+        if len(g) >= 2:
+            o = np.argsort(g["start"].to_numpy(), kind="stable")
+            s_ = g["start"].to_numpy()[o]
+            e_ = g["end"].to_numpy()[o]
+            if not (s_[1:] < e_[:-1]).any():  # ranges of one name nested in each other: not iterations
+                repeats, covered = True, int((e_ - s_).sum())
+        out[key_s] = (covered, len(g), repeats)
+    return out
+
+
+def _repeated_range_pattern(ranks: Iterable[Mapping[str, tuple[int, int, bool]]]) -> str | None:
+    """Rule 5: a regex for the group of host ranges, equal up to their numbers, that repeats (two or
+    more on a rank, not overlapping one another) and covers the most time over the ranks; None when
+    none repeats. `ranks`: each rank's `_range_groups`."""
+    total: dict[str, list[Any]] = {}
+    for groups in ranks:
+        for key, (covered, n, repeats) in groups.items():
+            t = total.setdefault(key, [0, 0, False])
+            t[0] += covered
+            t[1] += n
+            t[2] = t[2] or repeats
+    best: tuple[int, int, str] | None = None
+    for key in sorted(total):
+        covered, n, repeats = total[key]
+        if repeats and (best is None or (covered, n) > (best[0], best[1])):
+            best = (covered, n, key)
     if best is None:
         return None
     return "^" + re.escape(best[2]).replace("\\ ", " ").replace("\\#", "#").replace("#", r"\d+") + "$"
-
-
-def _step_indices(rank: np.ndarray, name: np.ndarray) -> tuple[np.ndarray, int]:
-    """The number at the end of each name (`decode_step#3`, `decode_step 3`, `ProfilerStep#12`)
-    when every name has one and they are unique per rank; else the order on the rank.
-
-    Also returns how many annotations repeat a number already seen on their rank (0 when some
-    name has no number)."""
-    numbers = np.full(len(name), -1, dtype=np.int64)
-    all_numbered = True
-    for i, n in enumerate(name):
-        m = _STEP_NUMBER.search(n)
-        if m is None or len(m.group(1)) > 18:  # a 40-digit "step number" does not fit int64: use the order
-            all_numbered = False
-            break
-        numbers[i] = int(m.group(1))
-    duplicates = 0
-    if all_numbered and len(name):
-        duplicates = sum(int((rank == r).sum()) - len(np.unique(numbers[rank == r])) for r in np.unique(rank))
-        if not duplicates:
-            return numbers, 0
-    order = np.zeros(len(name), dtype=np.int64)
-    for r in np.unique(rank):
-        idx = np.flatnonzero(rank == r)
-        order[idx] = np.arange(len(idx))
-    return order, duplicates
 
 
 def _extend_by_gpu_work(

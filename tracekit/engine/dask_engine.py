@@ -63,6 +63,7 @@ class RankPart:
     buckets: dict[int, str] = field(default_factory=dict)  # bucket -> Parquet of its collective rows
     bucket_rows: dict[int, int] = field(default_factory=dict)  # bucket -> rows written
     groups: list[str] = field(default_factory=list)  # process groups of its collective rows
+    stream_counts: tuple[int, int] = (0, 0)  # `tracekit.read.gpu_stream_counts` of the file
 
 
 @dataclass
@@ -138,6 +139,7 @@ class RunResult:
     files: list[RankPart] = field(default_factory=list)  # stage 1's returns (no events)
     buckets: list[BucketResult] = field(default_factory=list)  # stage 2a's returns
     pair_notes: list[tuple[str, str]] = field(default_factory=list)  # check_pair's, on the baseline
+    rank_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (breakdown alone)
 
 
 def _import_distributed() -> Any:
@@ -197,13 +199,14 @@ def read_rank_file(
     `env`: the client's TRACEKIT_* settings (`client_settings`), in force while the file is read."""
     from tracekit.analyse.collectives import _group_keys, select_collective_events
     from tracekit.classify import classify
-    from tracekit.read import read_file
+    from tracekit.read import gpu_stream_counts, read_file
 
     t0 = time.perf_counter()
     with _settings(env if env is not None else client_settings()):
         run = read_file(path, rank=rank, cache=cache)
     events = classify(run.events)
     _write_parquet(events, parquet)
+    stream_counts = gpu_stream_counts(events)
     sel, level = select_collective_events(events)
     sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
     buckets: dict[int, str] = {}
@@ -219,6 +222,7 @@ def read_rank_file(
             _write_parquet(part, out)
             buckets[b], bucket_rows[b] = out, len(part)
     return RankPart(
+        stream_counts=stream_counts,
         level=level,
         buckets=buckets,
         bucket_rows=bucket_rows,
@@ -370,6 +374,207 @@ def _matcher(buckets: Sequence[BucketResult], level: str) -> Any:
         return matched_collectives(parts, match_by, level, dq, run_ranks=sorted(ranks), events=events, **kw)
 
     return match
+
+
+@dataclass
+class RankTask:
+    """What a stage-2 per-rank task did (for the tests and the benchmark): the one Parquet file it
+    read, the rows and ranks it held, its time and the worker's peak memory."""
+
+    parquet: str
+    rows: int
+    ranks: list[int]
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+def load_rank_events(view: BucketInput, rank: int | None = None) -> pd.DataFrame:
+    """One rank file's classified events as the run sees them (`view`: its Parquet file, ranks
+    renumbered, Nsight clock shift), only `rank`'s rows when given. The only reader of a rank's
+    events in stage 2's per-rank tasks."""
+    if not os.path.isfile(view.parquet):
+        raise EngineError(
+            f"{view.parquet}: a rank file's Parquet output is not visible on this worker: give --work-dir a "
+            "folder every Dask worker sees"
+        )
+    ev = pd.read_parquet(view.parquet)
+    if view.rank_map and any(k != v for k, v in view.rank_map.items()):
+        ev["rank"] = ev["rank"].map(view.rank_map).astype(ev["rank"].dtype)
+    if view.shift_ns:
+        ev["start_ns"] = ev["start_ns"].to_numpy(np.int64) + view.shift_ns
+        ev["end_ns"] = ev["end_ns"].to_numpy(np.int64) + view.shift_ns
+    if rank is not None:
+        ev = ev[ev["rank"].to_numpy(np.int64) == rank].reset_index(drop=True)
+    return ev
+
+
+def _by_rank(ev: pd.DataFrame) -> list[tuple[int, pd.DataFrame]]:
+    from tracekit.analyse.steps import rank_selectors
+
+    return [(r, ev.iloc[sel]) for r, sel in sorted(rank_selectors(ev["rank"].to_numpy(np.int64)).items())]
+
+
+def rank_step_summaries(
+    view: BucketInput, pattern: str | None, rank: int | None = None
+) -> tuple[dict[int, Any], RankTask]:
+    """Stage 2, per rank file: each of its ranks' `rank_step_summary` (which step rules it matches;
+    small), for the run's rule chosen on the client (`choose_step_rule`)."""
+    from tracekit.analyse.steps import rank_step_summary
+
+    t0 = time.perf_counter()
+    ev = load_rank_events(view, rank)
+    out = {r: rank_step_summary(e, pattern) for r, e in _by_rank(ev)}
+    return out, RankTask(view.parquet, len(ev), sorted(out), time.perf_counter() - t0, _peak_rss())
+
+
+@dataclass
+class RankBreakdown:
+    """What a stage-2 per-rank breakdown task returns for one rank (small): its step windows under
+    the run's rule, its partition table (with the compute split; `step` is the window's order on
+    the rank until the client numbers the run's steps) and its `RankEvents`."""
+
+    windows: Any  # tracekit.analyse.steps.RankWindows
+    table: pd.DataFrame
+    dropped: int
+    events: Any  # tracekit.analyse.breakdown.RankEvents
+
+
+def rank_breakdowns(
+    view: BucketInput, choice: Any, skip_first: int, rank: int | None = None
+) -> tuple[list[RankBreakdown], RankTask]:
+    """Stage 2, per rank file: for each of its ranks, the step windows under the run's rule
+    (`rank_step_windows`), the partition of those after the warm-up and the compute split
+    (`rank_breakdown_table`), and its event figures (`rank_events`)."""
+    from tracekit.analyse.breakdown import rank_breakdown_table, rank_events
+    from tracekit.analyse.steps import rank_step_windows
+
+    t0 = time.perf_counter()
+    ev = load_rank_events(view, rank)
+    out = []
+    for r, e in _by_rank(ev):
+        win = rank_step_windows(e, choice)
+        table, dropped = rank_breakdown_table(e, win.rows, skip_first)
+        out.append(RankBreakdown(win, table, dropped, rank_events(e, r)))
+    task = RankTask(
+        view.parquet, len(ev), [x.events.rank for x in out], time.perf_counter() - t0, _peak_rss()
+    )
+    return out, task
+
+
+def run_metadata(
+    parts: Sequence[RankPart], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
+) -> Run:
+    """The run without events but with the run-level notes `assemble_run` writes, from stage 1's
+    counts (events, duplicated GPU operations, stream overlaps summed over the files)."""
+    from tracekit.read import assemble_run
+
+    counts = (
+        sum(p.n_events for p in parts),
+        sum(p.stream_counts[0] for p in parts),
+        sum(p.stream_counts[1] for p in parts),
+    )
+    return assemble_run(_rank_tables(parts, events=False), manifest, paths, counts=counts)
+
+
+def _breakdown_per_rank(
+    client: Any,
+    engine: Engine,
+    j: int,
+    token: str,
+    parts: list[RankPart],
+    meta: Run,
+    views: list[BucketInput | None],
+    job: RunJob,
+    futures: list[Any],
+) -> RunResult:
+    """Stage 2 of a breakdown: per-rank tasks (each reads one rank file's Parquet only), the run's
+    step rule and the assembly on the client (`choose_step_rule`, `assemble_steps`,
+    `assemble_breakdown`: the pieces the local engine's `breakdown` calls)."""
+    from tracekit.analyse.breakdown import assemble_breakdown
+    from tracekit.analyse.steps import assemble_steps, choose_step_rule
+    from tracekit.errors import StepError
+
+    t0 = time.perf_counter()
+    kw = job.breakdown or {}
+    pattern, skip_first, rank = kw.get("step_pattern"), int(kw.get("skip_first", 0) or 0), kw.get("rank")
+    if skip_first < 0:
+        raise StepError(f"skip_first must be >= 0, not {skip_first}")
+    meta_full = run_metadata(parts, meta.manifest, job.paths)
+    if rank is not None and rank not in meta_full.sources:
+        have = ", ".join(str(r) for r in meta_full.ranks) or "none"
+        raise StepError(f"rank {rank} is not in this run (ranks: {have})")
+    order = sorted(range(len(parts)), key=lambda i: views[i].event_offset)  # type: ignore[union-attr]
+    inputs = []
+    for i in order:
+        v = views[i]
+        assert v is not None
+        if rank is not None and rank not in v.rank_map.values():
+            continue
+        inputs.append(BucketInput(parts[i].parquet, v.rank_map, v.shift_ns, v.event_offset))
+
+    def submit(fn: Any, name: str, *args: Any) -> list[Any]:
+        return [
+            client.submit(
+                fn,
+                inp,
+                *args,
+                rank,
+                key=f"tracekit-{name}-run{j}-f{n}-{token}",
+                retries=engine.retries,
+                pure=False,
+            )
+            for n, inp in enumerate(inputs)
+        ]
+
+    sum_futs = submit(rank_step_summaries, "steprule", pattern)
+    futures.extend(sum_futs)
+    summaries: dict[int, Any] = {}
+    tasks: list[RankTask] = []
+    for by_rank, task in client.gather(sum_futs):
+        summaries.update(by_rank)
+        tasks.append(task)
+    choice = choose_step_rule([summaries[r] for r in sorted(summaries)], pattern)
+    bd_futs = submit(rank_breakdowns, "breakdown", choice, skip_first)
+    futures.extend(bd_futs)
+    pieces: list[RankBreakdown] = []
+    for got, task in client.gather(bd_futs):
+        pieces.extend(got)
+        tasks.append(task)
+    pieces.sort(key=lambda x: x.events.rank)
+    found = assemble_steps(choice, [x.windows for x in pieces])
+    tables = []
+    for x in pieces:  # the run's step numbers on each rank's kept windows
+        final = found.steps.loc[found.steps["rank"] == x.events.rank, "step"].to_numpy(np.int64)
+        tables.append(x.table.assign(step=final[len(final) - len(x.table) :]))
+    table = (
+        pd.concat(tables, ignore_index=True)
+        if any(len(t) for t in tables)
+        else pieces[0].table
+        if pieces
+        else None
+    )
+    if table is None:
+        raise StepError("the trace holds no timed events: there is no window to break down")
+    out = RunResult(
+        manifest=meta.manifest,
+        n_events=sum(p.n_events for p in parts),
+        ranks=list(meta.ranks),
+        sources=dict(meta.sources),
+        files=list(parts),
+        rank_tasks=tasks,
+    )
+    out.breakdown = assemble_breakdown(
+        meta_full,
+        found,
+        table,
+        [x.events for x in pieces],
+        skip_first=skip_first,
+        dropped=sum(x.dropped for x in pieces),
+        rank=rank,
+    )
+    out.seconds = time.perf_counter() - t0
+    out.peak_rss_bytes = max((t.peak_rss_bytes for t in tasks), default=0)
+    return out
 
 
 def analyse_run(
@@ -542,7 +747,13 @@ def _run(
 
             pair_notes = check_pair(metas[pair[0]][0], metas[pair[1]][0])
         run_futures = []
+        per_rank: dict[int, RunResult] = {}
+        for j, job in enumerate(jobs):
+            if job.attribute is None and job.breakdown is not None:  # per-rank tasks, no run task
+                per_rank[j] = _breakdown_per_rank(client, engine, j, token, parts[j], *metas[j], job, later)
         for j, (job, futs, (_files, manifest)) in enumerate(zip(jobs, read_futures, expanded, strict=True)):
+            if j in per_rank:
+                continue
             bucket_futs, level = (
                 _submit_buckets(client, engine, j, token, parts[j], *metas[j], job)
                 if job.attribute is not None
@@ -565,7 +776,8 @@ def _run(
         later.extend(run_futures)
         if engine.progress:
             _show_runs(distributed, run_futures)
-        results: list[RunResult] = client.gather(run_futures)
+        gathered: list[RunResult] = client.gather(run_futures)
+        results = [per_rank[j] if j in per_rank else gathered.pop(0) for j in range(len(jobs))]
         if pair is not None:
             results[pair[0]].pair_notes = pair_notes
     finally:

@@ -455,19 +455,21 @@ def assemble_run(
     paths: Sequence[str | os.PathLike[str]],
     *,
     notes: bool = True,
+    counts: tuple[int, int, int] | None = None,
 ) -> Run:
     """The run of per-file Runs (in file order), as `read_run` puts it together after reading:
     ranks numbered for files that name none, Nsight sessions aligned, tables concatenated in rank
     order (`concat_runs`), the manifest attached, the run-level notes (`_note_run_problems`). The
     one assembler of both engines: the Dask engine calls it on its per-rank Parquet tables and, with
     empty tables, on the files' metadata alone (`notes=False`: the run-level notes, which read the
-    events and hash the files, are left to the call with the events)."""
+    events and hash the files, are left to the call with the events; or `counts`: the events'
+    figures those notes need, summed over the files, see `_note_run_problems`)."""
     runs = _number_default_ranks(list(runs))
     runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
     run.manifest = manifest
     if notes:
-        _note_run_problems(run, paths)
+        _note_run_problems(run, paths, counts)
     return run
 
 
@@ -531,48 +533,60 @@ def _check_checksums(run: Run) -> None:
 STREAM_OVERLAP_NOTE_NS = 10_000
 
 
-def _check_gpu_streams(run: Run) -> None:
-    """Notes on GPU activity that cannot be: one event recorded twice (same rank, device, stream,
-    name, start and end), or operations on one stream overlapping by more than STREAM_OVERLAP_NOTE_NS."""
-    ev = run.events
+def gpu_stream_counts(ev: pd.DataFrame) -> tuple[int, int]:
+    """(GPU operations recorded twice, operations overlapping the previous one on their stream by
+    more than STREAM_OVERLAP_NOTE_NS): per rank, so a run's counts are the sums of its files'."""
     if ev.empty:
-        return
+        return 0, 0
     gpu = ev["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy()
     if gpu.sum() < 2:
-        return
+        return 0, 0
     g = ev.loc[gpu, ["rank", "device", "stream", "start_ns", "end_ns"]].to_numpy(np.int64)
     names = ev["name"].cat.codes.to_numpy()[gpu]
     order = np.lexsort((g[:, 4], g[:, 3], g[:, 2], g[:, 1], g[:, 0]))
     g, names = g[order], names[order]
     same_stream = (g[1:, :3] == g[:-1, :3]).all(axis=1)
     dup = same_stream & (g[1:, 3] == g[:-1, 3]) & (g[1:, 4] == g[:-1, 4]) & (names[1:] == names[:-1])
-    if dup.any():
+    overlap = same_stream & ~dup & (g[:-1, 4] - g[1:, 3] > STREAM_OVERLAP_NOTE_NS)
+    return int(dup.sum()), int(overlap.sum())
+
+
+def _check_gpu_streams(run: Run, counts: tuple[int, int] | None = None) -> None:
+    """Notes on GPU activity that cannot be: one event recorded twice (same rank, device, stream,
+    name, start and end), or operations on one stream overlapping by more than STREAM_OVERLAP_NOTE_NS
+    (`counts`: `gpu_stream_counts` already summed over the run's files)."""
+    n_dup, n_overlap = gpu_stream_counts(run.events) if counts is None else counts
+    if n_dup:
         run.data_quality.add(
             "gpu_events_duplicated",
-            int(dup.sum()),
+            n_dup,
             "GPU operations recorded twice (same rank, stream, name, start and end): both kept, counted once in "
             "each window (the partition takes the union of the time)",
         )
-    overlap = same_stream & ~dup & (g[:-1, 4] - g[1:, 3] > STREAM_OVERLAP_NOTE_NS)
-    if overlap.any():
+    if n_overlap:
         run.data_quality.add(
             "gpu_stream_overlaps",
-            int(overlap.sum()),
+            n_overlap,
             f"GPU operations on one stream overlapping the previous one by more than {STREAM_OVERLAP_NOTE_NS // 1000} us "
             "(one stream runs its work in order: timestamps damaged or from two clocks)",
         )
 
 
-def _note_run_problems(run: Run, paths: Sequence[str | os.PathLike[str]]) -> None:
+def _note_run_problems(
+    run: Run, paths: Sequence[str | os.PathLike[str]], counts: tuple[int, int, int] | None = None
+) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
-    holds, names of trace files in a folder that are not files (a directory, a dangling link)."""
+    holds, names of trace files in a folder that are not files (a directory, a dangling link).
+    `counts`: (events, duplicated GPU operations, stream overlaps) summed over the files, when the
+    run's table is not there (the Dask engine's per-rank path)."""
     if run.sources:  # the engines that concatenate first (dask) meet the per-run limit here
-        check_run_events(len(run.events), list(run.sources.values())[-1], len(run.sources))
+        n_events = len(run.events) if counts is None else counts[0]
+        check_run_events(n_events, list(run.sources.values())[-1], len(run.sources))
     dq = run.data_quality
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)
     _check_checksums(run)
-    _check_gpu_streams(run)
+    _check_gpu_streams(run, None if counts is None else (counts[1], counts[2]))
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None
     if isinstance(tp, int) and _int_in(tp, 1, MAX_TP):
