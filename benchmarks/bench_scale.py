@@ -10,7 +10,9 @@ each case in a fresh child process:
 
 - `local`: `read_run` (its process pool, one process per CPU) + the analysis;
 - `dask:W`: a LocalCluster of W single-threaded worker processes, `tracekit.engine.dask_engine`
-  (stage 1: per rank file, read + classify + write Parquet; stage 2: per run, load + analyse).
+  (stage 1: per rank file, read + classify + write Parquet; stage 2 of a breakdown: per rank file
+  two tasks, the step-rule summary and the breakdown pieces, assembled on the client; stage 2 of a
+  shortfall: bucket tasks, then per run, load + analyse).
 
 Reported per case: wall seconds of the analysis (cluster start separately), stage 1 and stage 2
 seconds, the client's peak RSS, the largest peak RSS of a worker in stage 1 and in stage 2 (the
@@ -140,6 +142,10 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
             ),
             bucket_s_max=max((b.seconds for r in results for b in r.buckets), default=0.0),
             bucket_peak_rss_mb=max((b.peak_rss_bytes for r in results for b in r.buckets), default=0) / 2**20,
+            # stage 2 per rank (breakdown): tasks, the most rows one held, their longest time
+            rank_tasks=len([t for r in results for t in r.rank_tasks]),
+            rank_task_rows_max=max((t.rows for r in results for t in r.rank_tasks), default=0),
+            rank_task_s_max=max((t.seconds for r in results for t in r.rank_tasks), default=0.0),
         )
     out["client_peak_rss_mb"] = _peak_rss_mb()
     out["json_sha256"] = _digest(doc)

@@ -11,7 +11,11 @@ fails, or whose worker is lost, runs again and changes nothing).
    empty tables) and `check_pair` runs there, before any analysis, as in the local engine.
 2a. `match_bucket`, one per bucket holding rows: reads that bucket's file of every rank file only
    and matches each of its groups (`tracekit.analyse.collectives.match_group`).
-2b. `analyse_run`, one per run: loads the run (`assemble_run`) and runs the unchanged analyses,
+2 (breakdown). No run task: per rank file, `rank_step_summaries` (which step rules its ranks
+   match), the client's `choose_step_rule`, then `rank_breakdowns` (its ranks' windows, partition,
+   compute split, event figures); each reads that file's Parquet only (`load_rank_events`). The
+   client assembles (`assemble_steps`, `assemble_breakdown`: the pieces the local `breakdown` runs).
+2b. `analyse_run`, one per run (shortfall, report): loads the run (`assemble_run`) and runs the unchanged analyses,
    `attribute_run` taking stage 2a's matched rows (`matched_collectives`). This task still holds
    the run's classified table (docs/SCALE.md: what is left). The client gets summaries only and
    runs the same tails as the local engine (`shortfall_of_pair`, `to_json`): the JSON is the same.
