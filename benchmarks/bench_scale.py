@@ -12,7 +12,8 @@ each case in a fresh child process:
 - `dask:W`: a LocalCluster of W single-threaded worker processes, `tracekit.engine.dask_engine`
   (stage 1: per rank file, read + classify + write Parquet; stage 2 of a breakdown: per rank file
   two tasks, the step-rule summary and the breakdown pieces, assembled on the client; stage 2 of a
-  shortfall: bucket tasks, then per run, load + analyse).
+  shortfall: collective bucket tasks, per rank file three tasks (step rule, windows, attribution),
+  then the critical path's step-bucket tasks; no task holds the run).
 
 Reported per case: wall seconds of the analysis (cluster start separately), stage 1 and stage 2
 seconds, the client's peak RSS, the largest peak RSS of a worker in stage 1 and in stage 2 (the
@@ -146,6 +147,18 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
             rank_tasks=len([t for r in results for t in r.rank_tasks]),
             rank_task_rows_max=max((t.rows for r in results for t in r.rank_tasks), default=0),
             rank_task_s_max=max((t.seconds for r in results for t in r.rank_tasks), default=0.0),
+            # stage 2 per rank (shortfall): step rule, windows, attribute_rank per rank file
+            att_tasks=len([t for r in results for t in r.attribute_tasks]),
+            att_task_rows_max=max((t.rows for r in results for t in r.attribute_tasks), default=0),
+            att_task_s_max=max((t.seconds for r in results for t in r.attribute_tasks), default=0.0),
+            # the critical path's step-bucket tasks: clipped unions received (bytes of arrays)
+            path_tasks=len([w for r in results for w in r.path_tasks]),
+            path_task_bytes_max=max((w.received_bytes for r in results for w in r.path_tasks), default=0),
+            path_union_bytes_per_rank_step=(
+                sum(w.received_bytes for r in results for w in r.path_tasks)
+                / max(1, sum(len(w.received) for r in results for w in r.path_tasks))
+            ),
+            path_task_s_max=max((w.seconds for r in results for w in r.path_tasks), default=0.0),
         )
     out["client_peak_rss_mb"] = _peak_rss_mb()
     out["json_sha256"] = _digest(doc)

@@ -89,3 +89,103 @@ def test_per_rank_breakdown_on_committed_runs(dask: Engine, run: str) -> None:
     for kw in ({}, {"skip_first": 2}, {"step_pattern": "whole"}):
         local = _text(breakdown_paths(TRACES / run, **kw).to_json())
         assert _text(breakdown_paths(TRACES / run, dask, **kw).to_json()) == local
+
+
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Every Parquet read as (file, rows, ranks); `load_run` fails (no task may load the run)."""
+    reads: list[tuple[str, int, int]] = []
+    real = pd.read_parquet
+
+    def counting(path: Any, *a: Any, **k: Any) -> pd.DataFrame:
+        df = real(path, *a, **k)
+        reads.append((str(path), len(df), df["rank"].nunique() if "rank" in df.columns else 0))
+        return df
+
+    def no_run(*a: Any, **k: Any) -> Any:
+        raise AssertionError("a task loaded the whole run")
+
+    monkeypatch.setattr(pd, "read_parquet", counting)
+    monkeypatch.setattr(dask_engine, "load_run", no_run)
+    return reads
+
+
+@pytest.mark.parametrize(("base", "sharded"), [("cpu-tp1", None), ("h200-tp1", "h200-tp2-nsys")])
+def test_a_shortfall_task_holds_one_rank_files_rows(
+    dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, base: str, sharded: str | None
+) -> None:
+    from tracekit.analyse.shortfall import shortfall_from_parts
+    from tracekit.engine import shortfall_paths
+
+    shard = synthetic16 if sharded is None else TRACES / sharded
+    local = _text(shortfall_paths(TRACES / base, shard).to_json())
+    reads = _counting_reads(monkeypatch)
+    b_res, s_res = dask_engine.analyse(
+        dask,
+        [
+            dask_engine.RunJob(paths=[TRACES / base], attribute={"label": "baseline"}),
+            dask_engine.RunJob(paths=[shard], attribute={"label": "sharded"}),
+        ],
+        pair=(0, 1),
+    )
+    for key, note in b_res.pair_notes:
+        b_res.parts.data_quality.add(key, 1, note)  # type: ignore[union-attr]
+    assert _text(shortfall_from_parts(b_res.parts, s_res.parts).to_json()) == local  # type: ignore[arg-type]
+    event_reads = [r for r in reads if ".coll-b" not in r[0]]
+    # every read is one rank file's Parquet (one rank each, but the Nsight file holds two ranks)
+    files = {p.parquet: p for res in (b_res, s_res) for p in res.files}
+    assert event_reads and all(
+        path in files and ranks <= len(files[path].sources) and rows == files[path].n_events
+        for path, rows, ranks in event_reads
+    )
+    if sharded is None:
+        assert all(ranks <= 1 for _p, _rows, ranks in event_reads)
+    for res in (b_res, s_res):
+        # per rank file: the step-rule summary, the windows, the attribution; each one file's rows
+        n_files = len(res.files)
+        assert len(res.attribute_tasks) == 3 * n_files
+        assert all(len(t.ranks) <= max(len(p.sources) for p in res.files) for t in res.attribute_tasks)
+        largest = max(p.n_events for p in res.files)
+        assert max(t.rows for t in res.attribute_tasks) <= largest
+        # the critical path: step-bucket tasks, each given its own steps' clipped unions of
+        # every rank that has a window in them, and no other step's
+        steps = res.parts.steps  # type: ignore[union-attr]
+        got = sorted(k for w in res.path_tasks for k in w.received)
+        assert got == sorted((int(r), int(s)) for r, s in steps[["rank", "step"]].itertuples(index=False))
+        for w in res.path_tasks:
+            assert {s for _r, s in w.received} == set(w.steps)
+        assert sorted(s for w in res.path_tasks for s in w.steps) == sorted(set(steps["step"].tolist()))
+    if sharded is None:
+        assert len(s_res.path_tasks) >= 2  # the run's steps walked in more than one task
+
+
+def test_report_on_dask_loads_no_run(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracekit.engine import analyse_dirs
+
+    local = analyse_dirs(TRACES / "h200-tp2", TRACES / "h200-tp1")
+    reads = _counting_reads(monkeypatch)
+    got = analyse_dirs(TRACES / "h200-tp2", TRACES / "h200-tp1", dask)
+    assert reads and all(ranks <= 1 for p, _rows, ranks in reads if ".coll-b" not in p)
+    for name in ("breakdown", "baseline_breakdown", "shortfall"):
+        assert json.dumps(getattr(got, name), indent=1) == json.dumps(getattr(local, name), indent=1)
+
+
+def test_clipped_unions_measure_what_the_whole_ones_do() -> None:
+    from tracekit.analyse.steps import rank_layer_unions
+    from tracekit.read import read_run
+
+    run = read_run([TRACES / "cpu-tp2"])
+    from tracekit.classify import classify
+
+    ev = classify(run.events)
+    lay = rank_layer_unions(ev, [0])[0]
+    lo0, hi0 = int(ev["start_ns"].min()), int(ev["end_ns"].max())
+    rng = __import__("random").Random(0)
+    for _ in range(200):
+        lo, hi = sorted(rng.randint(lo0 - 10, hi0 + 10) for _ in range(2))
+        cut = lay.clipped(lo, hi)
+        a, b = sorted(rng.randint(lo, hi) for _ in range(2))
+        assert cut.measure(a, b) == lay.measure(a, b)
+        assert cut.measure(b, a) == lay.measure(b, a)  # empty: zeros anywhere
+        if lo > lo0:
+            with pytest.raises(AssertionError, match="outside the clipped"):
+                cut.measure(lo - 1, hi)

@@ -31,7 +31,7 @@ arrival `a` moves between ranks through the aligned clock (`offsets`: raw = alig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -117,18 +117,64 @@ def critical_path(
     collectives (`CollectiveInstances.per_rank`: instance, rank, raw_start_ns, raw_end_ns,
     arrival_raw_ns, start_ns); `offsets`: rank -> clock offset (raw = aligned + offset);
     `unions`: each rank's layer unions when already built (the step partition's), else built here.
-    """
-    from tracekit.analyse.collectives import assign_steps
 
-    offsets = offsets or {}
+    The pieces, which the Dask engine runs apart: `path_inputs` (windows and matched collectives
+    only: small), `walk_steps` (per step, with each rank's unions: a step-bucket task there, with
+    the unions clipped to `path_spans`), `path_of` (the tables, in step order).
+    """
     ranks = sorted(int(r) for r in windows["rank"].unique())
     if unions is not None and all(r in unions for r in ranks):
         layers = {r: unions[r] for r in ranks}
     else:
         layers = rank_layer_unions(classified, ranks)
-    timelines = {lay.timeline for lay in layers.values()}
-    timeline = "gpu" if timelines == {"gpu"} else ("host" if timelines == {"host"} else "mixed")
+    inputs = path_inputs(windows, per_rank, offsets)
+    rows, segs = walk_steps(inputs, lambda r, _st: layers[r])
+    return path_of(rows, segs, ranks, path_timeline(lay.timeline for lay in layers.values()))
 
+
+def path_timeline(timelines: Iterable[str]) -> str:
+    """The path's timeline from its ranks' ("gpu", "host" or "mixed")."""
+    ts = set(timelines)
+    return "gpu" if ts == {"gpu"} else ("host" if ts == {"host"} else "mixed")
+
+
+@dataclass
+class PathInputs:
+    """What the walk needs besides the ranks' layer unions (small: windows and matched rows).
+
+    `windows`: per (rank, step) the window with `off`, `a_start`, `a_end` (aligned) and `len`;
+    `by_rs`: per (rank, step) its collectives in end order (raw_end, raw_start, arrival_raw,
+    instance); `last_of`: instance -> its last arriver; `ranks`: every rank of the path table."""
+
+    windows: pd.DataFrame
+    by_rs: dict[tuple[int, int], tuple[np.ndarray, ...]]
+    last_of: dict[int, int]
+    ranks: list[int]
+
+    def steps(self) -> list[int]:
+        return sorted(int(s) for s in pd.unique(self.windows["step"]))
+
+    def of_steps(self, steps: Iterable[int]) -> PathInputs:
+        """The inputs of these steps only (a step-bucket task's share)."""
+        keep = {int(s) for s in steps}
+        by_rs = {k: v for k, v in self.by_rs.items() if k[1] in keep}
+        insts = {int(i) for v in by_rs.values() for i in v[3]}
+        return PathInputs(
+            self.windows[self.windows["step"].isin(keep)],
+            by_rs,
+            {i: r for i, r in self.last_of.items() if i in insts},
+            self.ranks,
+        )
+
+
+def path_inputs(
+    windows: pd.DataFrame, per_rank: pd.DataFrame, offsets: dict[int, int] | None = None
+) -> PathInputs:
+    """The walk's inputs from the windows and the matched collectives (`critical_path`'s args)."""
+    from tracekit.analyse.collectives import assign_steps
+
+    offsets = offsets or {}
+    ranks = sorted(int(r) for r in windows["rank"].unique())
     # the collectives of each (rank, step), in end order, on the rank's own clock
     pr = per_rank
     if len(pr):
@@ -162,9 +208,44 @@ def critical_path(
     w["a_start"] = w["start_ns"].to_numpy(np.int64) - w["off"].to_numpy(np.int64)
     w["a_end"] = w["end_ns"].to_numpy(np.int64) - w["off"].to_numpy(np.int64)
     w["len"] = w["end_ns"] - w["start_ns"]
-    rows: list[dict[str, Any]] = []
-    segs: list[tuple[int, int, int, int, str, int]] = []
-    for st, g in w.groupby("step", sort=True):
+    return PathInputs(w, by_rs, last_of, ranks)
+
+
+def path_spans(inputs: PathInputs) -> dict[tuple[int, int], tuple[int, int]]:
+    """Per (rank, step), the span of the rank's own clock the walk can query: from its window
+    start to the step's latest aligned window end on its clock (`t` only decreases from there; a
+    collective of the step starts in the window, and its arrival is clipped to [start, end]; a
+    walk reaching a rank before its window start measures nothing there). Unions clipped to it
+    (`steps.LayerUnions.clipped`) measure what the whole unions do, and refuse anything outside."""
+    w = inputs.windows
+    top = w.groupby("step")["a_end"].transform("max").to_numpy(np.int64)
+    out = {}
+    for r, st, s, off, hi in zip(
+        w["rank"].to_numpy(np.int64),
+        w["step"].to_numpy(np.int64),
+        w["start_ns"].to_numpy(np.int64),
+        w["off"].to_numpy(np.int64),
+        top,
+        strict=True,
+    ):
+        out[(int(r), int(st))] = (int(s), int(hi + off))
+    return out
+
+
+PathRow = dict[str, Any]
+Segment = tuple[int, int, int, int, str, int]
+
+
+def walk_steps(
+    inputs: PathInputs, layers_of: Callable[[int, int], LayerUnions]
+) -> tuple[list[PathRow], list[Segment]]:
+    """The walk of every step of `inputs` (module doc), in step order; `layers_of(rank, step)`:
+    the rank's layer unions (whole, or clipped to the step's `path_spans`)."""
+    ranks = inputs.ranks
+    by_rs, last_of = inputs.by_rs, inputs.last_of
+    rows: list[PathRow] = []
+    segs: list[Segment] = []
+    for st, g in inputs.windows.groupby("step", sort=True):
         st = int(st)
         step_ns = int(g["len"].max())
         g = g.sort_values(["a_end", "rank"], ascending=[False, True])
@@ -179,21 +260,22 @@ def critical_path(
         limit: dict[int, int] = {}
         while True:
             ws, _we, off = win[x]
+            lay = layers_of(x, st)
             t = t_al + off  # on x's clock
             coll = by_rs.get((x, st))
             k = int(np.searchsorted(coll[0], t, side="right")) - 1 if coll is not None else -1
             k = min(k, limit.get(x, k + 1) - 1)  # each collective of a rank is used once
             if k < 0:
                 ws = min(ws, t)
-                _add_segment(acc[x], layers[x].measure(ws, t), layers[x].timeline, transfer=False)
+                _add_segment(acc[x], lay.measure(ws, t), lay.timeline, transfer=False)
                 segs.append((st, x, ws, t, "work", -1))
                 t_al = ws - off
                 break
             assert coll is not None
             e_x, s_x, a_x, inst = int(coll[0][k]), int(coll[1][k]), int(coll[2][k]), int(coll[3][k])
-            _add_segment(acc[x], layers[x].measure(e_x, t), layers[x].timeline, transfer=False)
+            _add_segment(acc[x], lay.measure(e_x, t), lay.timeline, transfer=False)
             a_x = max(min(a_x, e_x), s_x)  # an inconsistent trace (e < a): no transfer piece
-            _add_segment(acc[x], layers[x].measure(a_x, e_x), layers[x].timeline, transfer=True)
+            _add_segment(acc[x], lay.measure(a_x, e_x), lay.timeline, transfer=True)
             segs.append((st, x, e_x, t, "work", -1))
             segs.append((st, x, a_x, e_x, "transfer", inst))
             t_al = a_x - off
@@ -219,6 +301,11 @@ def critical_path(
             )
         total = sum(sum(acc[r].values()) for r in ranks)
         assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
+    return rows, segs
+
+
+def path_of(rows: list[PathRow], segs: list[Segment], ranks: list[int], timeline: str) -> CriticalPath:
+    """The CriticalPath of the walk's rows and segments (every step's, in step order)."""
     cols_out = ["step", "rank", *(f"{p}_ns" for p in PATH_PARTS), "step_ns", "offset_ns", "hops"]
     table = pd.DataFrame(rows, columns=cols_out)
     seg = pd.DataFrame(segs, columns=list(SEGMENT_COLUMNS))

@@ -55,6 +55,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.steps import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -183,25 +184,13 @@ def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFra
     return pd.concat(hi, ignore_index=True), pd.concat(co, ignore_index=True), timeline
 
 
-def attribute_run(
-    run: Run | AnalysedRun,
-    *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
-    dilation_threshold: float = DEFAULT_THRESHOLD,
-    label: str = "run",
-    allow_partial: bool = False,
-    matcher: Callable[..., CollectiveInstances] | None = None,
-) -> RunParts:
-    """Per-step leaf parts of one run (see the module doc). `matcher`: called as
-    `match_collectives` is (the default); the Dask engine's gives the instances its bucket tasks
-    matched."""
-    ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
-    run = ar.run
+def attribute_setup(run: Run, label: str, step_pattern: str | None) -> tuple[str | None, DataQuality]:
+    """`attribute_run`'s run-level start, on the run's metadata only (ranks, manifest, the readers'
+    notes): RankError when the manifest names missing ranks, the data quality so far, and the step
+    pattern (the manifest's `workload.step_pattern` when none is given)."""
     check_ranks(run, label)
     dq = DataQuality()
     dq.merge(run.data_quality)  # what the readers counted (values dropped, manifest fields left out)
-    classified = ar.events
     if run.manifest and "workload" in run.manifest and not isinstance(run.manifest["workload"], Mapping):
         dq.add(
             "manifest_field_malformed",
@@ -213,25 +202,80 @@ def attribute_run(
         wl = run.manifest.get("workload")
         sp = wl.get("step_pattern") if isinstance(wl, Mapping) else None
         step_pattern = sp if isinstance(sp, str) and sp else None
-    try:
-        found = ar.steps(step_pattern)
-    except StepError as exc:
-        raise StepError(f"{label}: {exc}") from None
-    dq.merge(found.data_quality)
-    table = ar.partition(found.steps)
-    ranks = sorted(int(r) for r in table["rank"].unique())
+    return step_pattern, dq
 
-    coll = (matcher or match_collectives)(
-        classified,
-        ranks=run.ranks,
-        rank_info=run.rank_info,
-        manifest=run.manifest,
-        allow_partial=allow_partial,
-        steps=found.steps,
+
+@dataclass
+class RankAttribution:
+    """One rank's share of `attribute_run` (small; what a Dask per-rank task returns): its
+    partition rows with the exposed collective split (`wait_ns`, `transfer_ns`, and the split's
+    `collective_ns_split` for the run-level check), the timeline of its layers, whether it has GPU
+    activity but no kernel, and (when spans were given) its layer unions clipped to each step's
+    critical-path span (`critical_path.path_spans`), by step."""
+
+    rank: int
+    table: pd.DataFrame
+    timeline: str
+    no_kernels: bool
+    path_unions: dict[int, LayerUnions] = field(default_factory=dict)
+
+
+def attribute_rank(
+    events: pd.DataFrame,
+    rank: int,
+    windows: pd.DataFrame,
+    matched: pd.DataFrame,
+    *,
+    table: pd.DataFrame | None = None,
+    unions: LayerUnions | None = None,
+    spans: Mapping[int, tuple[int, int]] | None = None,
+) -> RankAttribution:
+    """One rank's piece of `attribute_run`. `events`: the rank's classified rows (only);
+    `windows`: its step windows (the run's step numbers); `matched`: its rows of the matched
+    collectives (`CollectiveInstances.per_rank`); `table` / `unions`: its partition rows and layer
+    unions when already built (the AnalysedRun's), else built here; `spans`: step -> the span to
+    clip its unions to for the critical path (the Dask engine's step-bucket tasks)."""
+    from tracekit.analyse.steps import layer_unions, partition_steps
+
+    if unions is None:
+        unions = layer_unions(events)
+    if table is None:
+        table = partition_steps(events, windows, {rank: unions})
+    higher, coll_iv, timeline = _host_layers(events, [rank])
+    no_kernels = bool(ranks_without_kernels(events, [rank]))
+    split = split_exposed(table[["rank", "step", "start_ns", "end_ns"]], higher, matched, collective=coll_iv)
+    table = table.merge(
+        split[["rank", "step", "collective_ns", "wait_ns", "transfer_ns"]],
+        on=["rank", "step"],
+        suffixes=("", "_split"),
     )
-    dq.merge(coll.data_quality)
-    higher, coll_iv, timeline = _host_layers(classified, ranks)
-    no_kernels = ranks_without_kernels(classified, ranks)
+    clipped = {int(st): unions.clipped(lo, hi) for st, (lo, hi) in (spans or {}).items()}
+    return RankAttribution(int(rank), table, timeline, no_kernels, clipped)
+
+
+@dataclass
+class AttributedSteps:
+    """`assemble_attribution`'s result: the run-level figures before the critical path."""
+
+    table: pd.DataFrame
+    slowest: pd.DataFrame
+    rank_steps: pd.DataFrame
+    per_rank: dict[int, dict[str, Fraction]]
+    per_token: dict[str, Fraction]
+    steady_steps: list[int]
+    timeline: str
+
+
+def assemble_attribution(
+    pieces: list[RankAttribution], *, label: str, skip_first: int, dq: DataQuality
+) -> AttributedSteps:
+    """The run-level assembly of the ranks' pieces (in rank order): the split checked against
+    the partition, per step the step time (the longest window) and the steady steps, per rank
+    its per-token parts padded to the step time, and their mean (small data only)."""
+    ranks = [p.rank for p in pieces]
+    timelines = {p.timeline for p in pieces}
+    timeline = "gpu" if timelines == {"gpu"} else ("host" if timelines == {"host"} else "mixed")
+    no_kernels = [p.rank for p in pieces if p.no_kernels]
     if no_kernels:
         dq.add(
             "ranks_without_kernels",
@@ -239,13 +283,7 @@ def attribute_run(
             f"{label}: rank(s) {', '.join(map(str, no_kernels))} have GPU activity (copies, sets) but no kernels: "
             "were kernels left out of the trace?",
         )
-    windows = table[["rank", "step", "start_ns", "end_ns"]]
-    split = split_exposed(windows, higher, coll.per_rank, collective=coll_iv)
-    table = table.merge(
-        split[["rank", "step", "collective_ns", "wait_ns", "transfer_ns"]],
-        on=["rank", "step"],
-        suffixes=("", "_split"),
-    )
+    table = pd.concat([p.table for p in pieces], ignore_index=True)
     if not (table["collective_ns"] == table["collective_ns_split"]).all():
         bad = table[table["collective_ns"] != table["collective_ns_split"]].iloc[0]
         raise AssertionError(
@@ -303,14 +341,25 @@ def attribute_run(
         per_rank[r]["own_window"] = Fraction(int(g["window_ns"].sum()), n)
     per_token = mean_over_ranks(per_rank)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
+    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline)
 
-    from tracekit.analyse.critical_path import critical_path
 
-    path = critical_path(
-        classified, windows, coll.per_rank, coll.clock.offsets_ns, unions=ar.layer_unions(ranks)
-    )
-    path_token = path.per_token(steady_steps)
-    if path_token["step"] != per_token["window"]:
+def finish_attribution(
+    run: Run,
+    att: AttributedSteps,
+    path: CriticalPath,
+    coll: CollectiveInstances,
+    *,
+    step_pattern: str | None,
+    label: str,
+    skip_first: int,
+    dilation_threshold: float,
+    dq: DataQuality,
+) -> RunParts:
+    """`attribute_run`'s tail: the critical path checked against the step time, the dilation
+    (the manifest's unprofiled times), the RunParts. `run`: the run's metadata (no events needed)."""
+    path_token = path.per_token(att.steady_steps)
+    if path_token["step"] != att.per_token["window"]:
         raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
 
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
@@ -319,18 +368,97 @@ def attribute_run(
     return RunParts(
         n_ranks=len(run.ranks),
         ranks=list(run.ranks),
-        timeline=timeline,
-        steps=table,
-        slowest=slowest,
-        rank_steps=rs,
-        per_rank=per_rank,
-        per_token=per_token,
+        timeline=att.timeline,
+        steps=att.table,
+        slowest=att.slowest,
+        rank_steps=att.rank_steps,
+        per_rank=att.per_rank,
+        per_token=att.per_token,
         critical=path,
         path_token=path_token,
         collectives=coll,
         dilation=dil,
-        step_pattern=found.pattern,
+        step_pattern=step_pattern,
         data_quality=dq,
+    )
+
+
+def attribute_run(
+    run: Run | AnalysedRun,
+    *,
+    step_pattern: str | None = None,
+    skip_first: int = 1,
+    dilation_threshold: float = DEFAULT_THRESHOLD,
+    label: str = "run",
+    allow_partial: bool = False,
+    matcher: Callable[..., CollectiveInstances] | None = None,
+) -> RunParts:
+    """Per-step leaf parts of one run (see the module doc). `matcher`: called as
+    `match_collectives` is (the default).
+
+    The pieces (the Dask engine runs the same ones, per rank where the events are):
+    `attribute_setup` (run metadata) -> the step windows -> the matched collectives ->
+    `attribute_rank` per rank (partition, host layers, exposed split, ranks without kernels) ->
+    `assemble_attribution` (step time, per-rank parts, their mean) -> `critical_path` ->
+    `finish_attribution` (path check, dilation)."""
+    from tracekit.analyse.critical_path import critical_path
+    from tracekit.analyse.steps import rank_selectors
+
+    ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
+    run = ar.run
+    step_pattern, dq = attribute_setup(run, label, step_pattern)
+    classified = ar.events
+    try:
+        found = ar.steps(step_pattern)
+    except StepError as exc:
+        raise StepError(f"{label}: {exc}") from None
+    dq.merge(found.data_quality)
+    table = ar.partition(found.steps)
+    ranks = sorted(int(r) for r in table["rank"].unique())
+
+    coll = (matcher or match_collectives)(
+        classified,
+        ranks=run.ranks,
+        rank_info=run.rank_info,
+        manifest=run.manifest,
+        allow_partial=allow_partial,
+        steps=found.steps,
+    )
+    dq.merge(coll.data_quality)
+    unions = ar.layer_unions(ranks)
+    rows_of = rank_selectors(classified["rank"].to_numpy(np.int64))
+    t_rank = table["rank"].to_numpy(np.int64)
+    m_rank = coll.per_rank["rank"].to_numpy(np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    pieces = [
+        attribute_rank(
+            classified.iloc[rows_of.get(r, empty)],
+            r,
+            table[t_rank == r],
+            coll.per_rank[m_rank == r],
+            table=table[t_rank == r],
+            unions=unions[r],
+        )
+        for r in ranks
+    ]
+    att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
+    path = critical_path(
+        classified,
+        att.table[["rank", "step", "start_ns", "end_ns"]],
+        coll.per_rank,
+        coll.clock.offsets_ns,
+        unions=unions,
+    )
+    return finish_attribution(
+        run,
+        att,
+        path,
+        coll,
+        step_pattern=found.pattern,
+        label=label,
+        skip_first=skip_first,
+        dilation_threshold=dilation_threshold,
+        dq=dq,
     )
 
 

@@ -767,6 +767,24 @@ class LayerUnions:
     timeline: str
     cum: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # (starts, ends, prefix lengths)
     collective: tuple[np.ndarray, np.ndarray]
+    span: tuple[int, int] | None = None  # clipped to [lo, hi] (`clipped`): measures inside it only
+
+    def clipped(self, lo: int, hi: int) -> LayerUnions:
+        """These unions cut to [lo, hi]: `measure(a, b)` for lo <= a <= b <= hi is the same
+        integers (every covered length before t in [lo, hi] drops by the same covered length
+        before lo); outside the span `measure` raises. What the Dask engine's per-rank tasks send
+        the critical path's step-bucket tasks (one step of one rank: a few KB)."""
+
+        def cut(ms: np.ndarray, me: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            keep = (me > lo) & (ms < hi)
+            return np.maximum(ms[keep], lo), np.minimum(me[keep], hi)
+
+        cum = []
+        for ms, me, _pre in self.cum:
+            cs, ce = cut(ms, me)
+            pre = np.concatenate(([0], np.cumsum(ce - cs)[:-1])) if len(cs) else np.zeros(0, dtype=np.int64)
+            cum.append((cs, ce, pre.astype(np.int64)))
+        return LayerUnions(self.timeline, cum, cut(*self.collective), (int(lo), int(hi)))
 
     def _covered(self, k: int, t: int) -> int:
         ms, me, pre = self.cum[k]
@@ -780,6 +798,8 @@ class LayerUnions:
         out: dict[str, int] = {}
         if b <= a:
             return {p: 0 for p in (*_LAYERS, "idle")}
+        if self.span is not None and not (self.span[0] <= a and b <= self.span[1]):
+            raise AssertionError(f"measure({a}, {b}) outside the clipped unions' span {self.span}")
         prev = 0
         for k, name in enumerate(_LAYERS):
             c = self._covered(k, b) - self._covered(k, a)

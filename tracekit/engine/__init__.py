@@ -6,10 +6,11 @@ the engine decides only where the work is done and what travels:
 - `local`: `tracekit.read.read_run` (a process pool reads the rank files) and the analysis in this
   process, as always.
 - `dask` (`tracekit.engine.dask_engine`): per rank file, one task reads, classifies and writes the
-  classified events as Parquet into a shared folder (memory: one rank file); per run, one task loads
-  those Parquet files and runs the unchanged analysis, and only its result (the per-step partition,
-  per-collective rows, the per-token parts) comes back to the client. The JSON is the same, to the
-  byte, as the local engine's (tests/test_engine_dask.py).
+  classified events as Parquet into a shared folder (memory: one rank file); the analyses run as
+  per-rank tasks (each one rank file's Parquet), per-bucket collective matching and per-step-range
+  critical-path tasks, and only summaries (per-step partition rows, per-collective rows, the walk's
+  per-step records) come back to the client, which assembles them with the local engine's pieces
+  (docs/SCALE.md). The JSON is the same, to the byte, as the local engine's (tests/test_engine_dask.py).
 
 `Engine` is the configuration (frozen); `Engine.parse(kind, scheduler, workers)` is what the CLI's
 `--engine / --scheduler / --workers` build. Dask is imported only when the dask engine runs

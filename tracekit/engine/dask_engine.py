@@ -15,10 +15,17 @@ fails, or whose worker is lost, runs again and changes nothing).
    match), the client's `choose_step_rule`, then `rank_breakdowns` (its ranks' windows, partition,
    compute split, event figures); each reads that file's Parquet only (`load_rank_events`). The
    client assembles (`assemble_steps`, `assemble_breakdown`: the pieces the local `breakdown` runs).
-2b. `analyse_run`, one per run (shortfall, report): loads the run (`assemble_run`) and runs the unchanged analyses,
-   `attribute_run` taking stage 2a's matched rows (`matched_collectives`). This task still holds
-   the run's classified table (docs/SCALE.md: what is left). The client gets summaries only and
-   runs the same tails as the local engine (`shortfall_of_pair`, `to_json`): the JSON is the same.
+2 (shortfall, report). No run task either: per rank file `rank_step_summaries` and `rank_windows`
+   (client: `choose_step_rule`, `assemble_steps`), stage 2a's matched rows (client:
+   `matched_collectives`: numbering, clocks, bytes, the instance table), per rank file
+   `rank_attributions` (`shortfall.attribute_rank`: partition, host layers, exposed split with
+   the rank's matched rows, kernels or not; and its layer unions clipped to each step's
+   critical-path span, left on the worker), the client's `assemble_attribution`, then
+   `walk_bucket` per range of steps (the critical path's walk, given every rank's clipped unions
+   of those steps only) and the client's `finish_attribution`: the pieces the local
+   `attribute_run` calls, in its order. The client runs the same tails (`shortfall_of_pair`,
+   `to_json`): the JSON is the same. `analyse_run` / `load_run` (the whole run in one task) are
+   kept for callers, not used by `analyse`.
 """
 
 from __future__ import annotations
@@ -143,7 +150,9 @@ class RunResult:
     files: list[RankPart] = field(default_factory=list)  # stage 1's returns (no events)
     buckets: list[BucketResult] = field(default_factory=list)  # stage 2a's returns
     pair_notes: list[tuple[str, str]] = field(default_factory=list)  # check_pair's, on the baseline
-    rank_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (breakdown alone)
+    rank_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (breakdown)
+    attribute_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (shortfall)
+    path_tasks: list[PathBucket] = field(default_factory=list)  # the critical path's step-bucket tasks
 
 
 def _import_distributed() -> Any:
@@ -581,6 +590,272 @@ def _breakdown_per_rank(
     return out
 
 
+def rank_windows(view: BucketInput, choice: Any) -> tuple[list[Any], RankTask]:
+    """Stage 2 (shortfall), per rank file: each of its ranks' step windows under the run's rule
+    (`rank_step_windows`; small), for the client's `assemble_steps`."""
+    from tracekit.analyse.steps import rank_step_windows
+
+    t0 = time.perf_counter()
+    ev = load_rank_events(view)
+    out = [rank_step_windows(e, choice) for _r, e in _by_rank(ev)]
+    return out, RankTask(view.parquet, len(ev), [w.rank for w in out], time.perf_counter() - t0, _peak_rss())
+
+
+def rank_attributions(
+    view: BucketInput,
+    windows: dict[int, pd.DataFrame],
+    matched: dict[int, pd.DataFrame],
+    spans: dict[int, dict[int, tuple[int, int]]],
+    step_bucket: dict[int, int],
+) -> tuple[list[Any], RankTask, dict[int, dict[tuple[int, int], Any]]]:
+    """Stage 2 (shortfall), per rank file, after the client's `matched_collectives`: for each of
+    its ranks with windows, `shortfall.attribute_rank` (partition, host layers, exposed split with
+    the rank's matched rows, kernels or not) and its layer unions clipped to each step's
+    critical-path span. Returns the pieces (small, for the client), the task, and the clipped
+    unions by step bucket (left on the worker for the step-bucket tasks: `unions_of_bucket`)."""
+    from tracekit.analyse.shortfall import attribute_rank
+
+    t0 = time.perf_counter()
+    ev = load_rank_events(view)
+    pieces = []
+    by_bucket: dict[int, dict[tuple[int, int], Any]] = {}
+    for r, e in _by_rank(ev):
+        if r not in windows:
+            continue
+        piece = attribute_rank(e, r, windows[r], matched[r], spans=spans.get(r, {}))
+        for st, lay in piece.path_unions.items():
+            by_bucket.setdefault(step_bucket[st], {})[(r, st)] = lay
+        piece.path_unions = {}
+        pieces.append(piece)
+    task = RankTask(view.parquet, len(ev), [p.rank for p in pieces], time.perf_counter() - t0, _peak_rss())
+    return pieces, task, by_bucket
+
+
+def _pieces_of(result: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The small part of a `rank_attributions` result (what the client gathers)."""
+    return result[0], result[1]
+
+
+def unions_of_bucket(result: tuple[Any, ...], bucket: int) -> dict[tuple[int, int], Any]:
+    """One step bucket's clipped unions of a `rank_attributions` result (runs where it lies)."""
+    return dict(result[2].get(bucket, {}))
+
+
+@dataclass
+class PathBucket:
+    """What a critical-path step-bucket task returns: the walk's rows and segments of its steps,
+    and what it received (for the tests and the benchmark)."""
+
+    bucket: int
+    steps: list[int]
+    rows: list[dict[str, Any]]
+    segments: list[tuple[int, int, int, int, str, int]]
+    received: list[tuple[int, int]]  # (rank, step) of every clipped union received
+    received_bytes: int = 0  # the clipped unions' arrays
+    seconds: float = 0.0
+    peak_rss_bytes: int = 0
+
+
+def walk_bucket(bucket: int, inputs: Any, unions: list[dict[tuple[int, int], Any]]) -> PathBucket:
+    """Stage 2 (shortfall): the critical path's walk (`critical_path.walk_steps`) over one range of
+    steps, with every rank's layer unions clipped to those steps' spans only."""
+    from tracekit.analyse.critical_path import walk_steps
+
+    t0 = time.perf_counter()
+    layers: dict[tuple[int, int], Any] = {}
+    for u in unions:
+        layers.update(u)
+    steps = inputs.steps()
+    stray = sorted(k for k in layers if k[1] not in set(steps))
+    if stray:
+        raise AssertionError(f"path bucket {bucket} received unions of steps outside it: {stray[:3]}")
+    nbytes = sum(
+        sum(a.nbytes for trio in lay.cum for a in trio) + sum(a.nbytes for a in lay.collective)
+        for lay in layers.values()
+    )
+    rows, segs = walk_steps(inputs, lambda r, st: layers[(r, st)])
+    return PathBucket(
+        bucket, steps, rows, segs, sorted(layers), nbytes, time.perf_counter() - t0, _peak_rss()
+    )
+
+
+def _attribute_per_rank(
+    client: Any,
+    engine: Engine,
+    j: int,
+    token: str,
+    parts: list[RankPart],
+    meta: Run,
+    views: list[BucketInput | None],
+    job: RunJob,
+    futures: list[Any],
+    bucket_futs: list[Any],
+    level: str,
+) -> RunResult:
+    """Stage 2 of a shortfall's run, no task holding the run: per rank file the step-rule summary
+    and the windows (client: `choose_step_rule`, `assemble_steps`), stage 2a's matched rows
+    (client: `matched_collectives`), per rank file `attribute_rank` (+ clipped unions), the
+    client's `assemble_attribution`, the critical path's walk in step-bucket tasks, and the
+    client's `finish_attribution`: the pieces the local `attribute_run` calls, in its order."""
+    from tracekit.analyse.critical_path import path_inputs, path_of, path_spans, path_timeline
+    from tracekit.analyse.dilation import DEFAULT_THRESHOLD
+    from tracekit.analyse.shortfall import assemble_attribution, attribute_setup, finish_attribution
+    from tracekit.analyse.steps import assemble_steps, choose_step_rule
+    from tracekit.errors import StepError
+
+    t0 = time.perf_counter()
+    kw = job.attribute or {}
+    label = str(kw.get("label", "run"))
+    skip_first = int(kw.get("skip_first", 1))
+    threshold = kw.get("dilation_threshold", DEFAULT_THRESHOLD)
+    meta_full = run_metadata(parts, meta.manifest, job.paths)
+    pattern, dq = attribute_setup(meta_full, label, kw.get("step_pattern"))
+    order = sorted(range(len(parts)), key=lambda i: views[i].event_offset)  # type: ignore[union-attr]
+    inputs = []
+    for i in order:
+        v = views[i]
+        assert v is not None
+        inputs.append(BucketInput(parts[i].parquet, v.rank_map, v.shift_ns, v.event_offset))
+
+    def submit(fn: Any, name: str, args: list[tuple[Any, ...]]) -> list[Any]:
+        return [
+            client.submit(
+                fn,
+                inp,
+                *a,
+                key=f"tracekit-{name}-run{j}-f{n}-{token}",
+                retries=engine.retries,
+                pure=False,
+            )
+            for n, (inp, a) in enumerate(zip(inputs, args, strict=True))
+        ]
+
+    tasks: list[RankTask] = []
+    try:
+        futs = submit(rank_step_summaries, "att-steprule", [(pattern,)] * len(inputs))
+        futures.extend(futs)
+        summaries: dict[int, Any] = {}
+        for by_rank, task in client.gather(futs):
+            summaries.update(by_rank)
+            tasks.append(task)
+        choice = choose_step_rule([summaries[r] for r in sorted(summaries)], pattern)
+        futs = submit(rank_windows, "att-windows", [(choice,)] * len(inputs))
+        futures.extend(futs)
+        wins = []
+        for got, task in client.gather(futs):
+            wins.extend(got)
+            tasks.append(task)
+        found = assemble_steps(choice, sorted(wins, key=lambda w: w.rank))
+    except StepError as exc:
+        raise StepError(f"{label}: {exc}") from None
+    dq.merge(found.data_quality)
+    steps = found.steps
+    buckets: list[BucketResult] = client.gather(bucket_futs)
+    coll = _matcher(buckets, level)(
+        None,
+        ranks=meta_full.ranks,
+        rank_info=meta_full.rank_info,
+        manifest=meta_full.manifest,
+        allow_partial=bool(kw.get("allow_partial", False)),
+        steps=steps,
+    )
+    dq.merge(coll.data_quality)
+    offsets = coll.clock.offsets_ns
+    windows = steps[["rank", "step", "start_ns", "end_ns"]]
+    spans = path_spans(path_inputs(windows, coll.per_rank, offsets))
+    step_list = sorted(int(s) for s in pd.unique(steps["step"]))
+    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
+    n_path = min(len(step_list), max(n_workers, -(-len(step_list) // 4)))  # <= 4 steps a task
+    step_bucket = {st: (k * n_path) // max(len(step_list), 1) for k, st in enumerate(step_list)}
+
+    s_rank = steps["rank"].to_numpy(np.int64)
+    m_rank = coll.per_rank["rank"].to_numpy(np.int64)
+    args = []
+    for inp in inputs:
+        rs = sorted(r for r in set(inp.rank_map.values()) if (s_rank == r).any())
+        args.append(
+            (
+                {r: steps[s_rank == r] for r in rs},
+                {r: coll.per_rank[m_rank == r] for r in rs},
+                {r: {st: sp for (rr, st), sp in spans.items() if rr == r} for r in rs},
+                step_bucket,
+            )
+        )
+    keep = [n for n, a in enumerate(args) if a[0]]
+    inputs, args = [inputs[n] for n in keep], [args[n] for n in keep]
+    att_futs = submit(rank_attributions, "attribute", args)
+    futures.extend(att_futs)
+    small = [
+        client.submit(_pieces_of, f, key=f"tracekit-attribute-small-run{j}-f{n}-{token}", pure=False)
+        for n, f in enumerate(att_futs)
+    ]
+    futures.extend(small)
+    pieces = []
+    for got, task in client.gather(small):
+        pieces.extend(got)
+        tasks.append(task)
+    pieces.sort(key=lambda p: p.rank)
+    att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
+
+    pin = path_inputs(att.table[["rank", "step", "start_ns", "end_ns"]], coll.per_rank, offsets)
+    path_futs = []
+    for b in range(n_path):
+        b_steps = [st for st in step_list if step_bucket[st] == b]
+        if not b_steps:
+            continue
+        share = [
+            client.submit(
+                unions_of_bucket, f, b, key=f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}", pure=False
+            )
+            for n, f in enumerate(att_futs)
+        ]
+        futures.extend(share)
+        path_futs.append(
+            client.submit(
+                walk_bucket,
+                b,
+                pin.of_steps(b_steps),
+                share,
+                key=f"tracekit-path-run{j}-b{b}-{token}",
+                retries=engine.retries,
+                pure=False,
+            )
+        )
+    futures.extend(path_futs)
+    walked: list[PathBucket] = client.gather(path_futs)
+    rows = [row for w in walked for row in w.rows]
+    segs = [seg for w in walked for seg in w.segments]
+    path = path_of(rows, segs, pin.ranks, path_timeline(p.timeline for p in pieces))
+    out = RunResult(
+        manifest=meta.manifest,
+        n_events=sum(p.n_events for p in parts),
+        ranks=list(meta.ranks),
+        sources=dict(meta.sources),
+        files=list(parts),
+        buckets=list(buckets),
+        attribute_tasks=tasks,
+        path_tasks=walked,
+    )
+    out.parts = finish_attribution(
+        meta_full,
+        att,
+        path,
+        coll,
+        step_pattern=found.pattern,
+        label=label,
+        skip_first=skip_first,
+        dilation_threshold=threshold,
+        dq=dq,
+    )
+    out.seconds = time.perf_counter() - t0
+    out.peak_rss_bytes = max(
+        [t.peak_rss_bytes for t in tasks]
+        + [w.peak_rss_bytes for w in walked]
+        + [b.peak_rss_bytes for b in buckets]
+    )
+    return out
+
+
 def analyse_run(
     parts: list[RankPart],
     job: RunJob,
@@ -750,38 +1025,38 @@ def _run(
             from tracekit.analyse.shortfall import check_pair
 
             pair_notes = check_pair(metas[pair[0]][0], metas[pair[1]][0])
-        run_futures = []
-        per_rank: dict[int, RunResult] = {}
+        # no task holds a run: breakdowns (job order), then the shortfall's runs (baseline first,
+        # as the local `shortfall` attributes them), each as per-rank, bucket and step tasks
+        done: dict[int, RunResult] = {}
         for j, job in enumerate(jobs):
-            if job.attribute is None and job.breakdown is not None:  # per-rank tasks, no run task
-                per_rank[j] = _breakdown_per_rank(client, engine, j, token, parts[j], *metas[j], job, later)
-        for j, (job, futs, (_files, manifest)) in enumerate(zip(jobs, read_futures, expanded, strict=True)):
-            if j in per_rank:
-                continue
-            bucket_futs, level = (
-                _submit_buckets(client, engine, j, token, parts[j], *metas[j], job)
-                if job.attribute is not None
-                else (None, "none")
+            if job.breakdown is not None:
+                done[j] = _breakdown_per_rank(client, engine, j, token, parts[j], *metas[j], job, later)
+        att_order = [j for j, job in enumerate(jobs) if job.attribute is not None]
+        if pair is not None:
+            att_order.sort(key=lambda j: (j != pair[0], j != pair[1], j))
+        for j in att_order:
+            job = jobs[j]
+            bucket_futs, level = _submit_buckets(client, engine, j, token, parts[j], *metas[j], job)
+            later.extend(bucket_futs)
+            res = _attribute_per_rank(
+                client, engine, j, token, parts[j], *metas[j], job, later, bucket_futs, level
             )
-            later.extend(bucket_futs or [])
-            run_futures.append(
-                client.submit(
-                    analyse_run,
-                    futs,
-                    job,
-                    manifest,
-                    bucket_futs,
-                    level,
-                    key=f"tracekit-analyse-run{j}-{token}",
-                    retries=engine.retries,
-                    pure=False,
+            if j in done:
+                bd = done[j]
+                res.breakdown, res.rank_tasks = bd.breakdown, bd.rank_tasks
+                res.seconds += bd.seconds
+                res.peak_rss_bytes = max(res.peak_rss_bytes, bd.peak_rss_bytes)
+            done[j] = res
+        for j in range(len(jobs)):  # a job asking for no analysis: its run's metadata only
+            if j not in done:
+                done[j] = RunResult(
+                    manifest=metas[j][0].manifest,
+                    n_events=sum(p.n_events for p in parts[j]),
+                    ranks=list(metas[j][0].ranks),
+                    sources=dict(metas[j][0].sources),
+                    files=list(parts[j]),
                 )
-            )
-        later.extend(run_futures)
-        if engine.progress:
-            _show_runs(distributed, run_futures)
-        gathered: list[RunResult] = client.gather(run_futures)
-        results = [per_rank[j] if j in per_rank else gathered.pop(0) for j in range(len(jobs))]
+        results = [done[j] for j in range(len(jobs))]
         if pair is not None:
             results[pair[0]].pair_notes = pair_notes
     finally:
