@@ -1,4 +1,6 @@
-"""Stage 2 of a breakdown on the Dask engine holds one rank's events per task (issue 19).
+"""Stage 2 of a breakdown, a shortfall and a report on the Dask engine holds one rank file's
+events per task (issue 19); the shortfall's critical path walks in step-bucket tasks, each given
+every rank's layer unions clipped to its own steps only.
 
 On a LocalCluster of threads (`processes=False`, so the tasks run in this process), every Parquet
 read is counted: a per-rank task receives one rank file's Parquet path and loads that file's rows
@@ -189,3 +191,24 @@ def test_clipped_unions_measure_what_the_whole_ones_do() -> None:
         if lo > lo0:
             with pytest.raises(AssertionError, match="outside the clipped"):
                 cut.measure(lo - 1, hi)
+
+
+def test_per_rank_and_path_tasks_that_fail_once_are_retried(
+    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracekit.engine import shortfall_paths
+
+    local = _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2").to_json())
+    for name in ("rank_attributions", "walk_bucket"):
+        marker = tmp_path / f"failed-{name}"
+        real = getattr(dask_engine, name)
+
+        def flaky(*a: Any, _real: Any = real, _marker: Path = marker, **k: Any) -> Any:
+            if not _marker.exists():
+                _marker.write_text("x")
+                raise OSError("worker lost its disk for a moment")
+            return _real(*a, **k)
+
+        monkeypatch.setattr(dask_engine, name, flaky)
+    assert _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2", dask).to_json()) == local
+    assert (tmp_path / "failed-rank_attributions").exists() and (tmp_path / "failed-walk_bucket").exists()

@@ -786,7 +786,13 @@ def _attribute_per_rank(
     att_futs = submit(rank_attributions, "attribute", args)
     futures.extend(att_futs)
     small = [
-        client.submit(_pieces_of, f, key=f"tracekit-attribute-small-run{j}-f{n}-{token}", pure=False)
+        client.submit(
+            _pieces_of,
+            f,
+            key=f"tracekit-attribute-small-run{j}-f{n}-{token}",
+            retries=engine.retries,
+            pure=False,
+        )
         for n, f in enumerate(att_futs)
     ]
     futures.extend(small)
@@ -805,7 +811,12 @@ def _attribute_per_rank(
             continue
         share = [
             client.submit(
-                unions_of_bucket, f, b, key=f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}", pure=False
+                unions_of_bucket,
+                f,
+                b,
+                key=f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}",
+                retries=engine.retries,
+                pure=False,
             )
             for n, f in enumerate(att_futs)
         ]
@@ -1132,11 +1143,3 @@ def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) ->
         task = bar.add_task(f"dask: reading {len(reads)} rank file(s)", total=sum(sizes.values()))
         for fut in distributed.as_completed(reads):
             bar.advance(task, sizes.get(fut.key, 0))
-
-
-def _show_runs(distributed: Any, runs: list[Any]) -> None:
-    """A rich bar on stderr over the runs' analyses (stage 2)."""
-    with _bar() as bar:
-        task = bar.add_task(f"dask: analysing {len(runs)} run(s)", total=len(runs))
-        for _fut in distributed.as_completed(runs):
-            bar.advance(task, 1)
