@@ -31,12 +31,20 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunParts]:
     from tracekit.capture.runner import CaptureConfig, capture
 
     root = tmp_path_factory.mktemp("groundtruth")
+    # the injected run takes 3 measured rounds (not the CLI's 7): it checks the attribution, not the
+    # dilation's stability, and each of its rounds sleeps 0.64 s twice; the clean runs keep 7 (cheap)
     configs = {
         "tp1": CaptureConfig(tp=1, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
         "a": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
         "b": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
         "inj": CaptureConfig(
-            tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu", inject_delay=(1, DELAY_MS)
+            tp=2,
+            preset="tiny",
+            tokens=TOKENS,
+            backend="gloo",
+            device="cpu",
+            rounds=3,
+            inject_delay=(1, DELAY_MS),
         ),
     }
     out = {}

@@ -256,7 +256,7 @@ def test_straggler_off_from_an_injected_capture_predicts_the_clean_capture_withi
         "tp1": CaptureConfig(tp=1, preset="tiny", tokens=tokens, backend="gloo", device="cpu"),
         "clean": CaptureConfig(tp=2, preset="tiny", tokens=tokens, backend="gloo", device="cpu"),
         "inj": CaptureConfig(
-            tp=2, preset="tiny", tokens=tokens, backend="gloo", device="cpu", inject_delay=(1, 20.0)
+            tp=2, preset="tiny", tokens=tokens, backend="gloo", device="cpu", rounds=3, inject_delay=(1, 20.0)
         ),
     }
     for name, cfg in cfgs.items():
