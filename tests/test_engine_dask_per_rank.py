@@ -47,12 +47,9 @@ def _text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
-@pytest.mark.parametrize("kw", [{}, {"skip_first": 1}, {"step_pattern": "whole"}, {"rank": 5}])
-def test_a_breakdown_task_holds_one_rank_files_rows(
-    dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]
-) -> None:
-    local = _text(breakdown_paths(synthetic16, **kw).to_json())
-    reads: list[tuple[str, int, int]] = []  # (file, rows, ranks) of every Parquet read
+def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
+    """Every Parquet read as (file, rows, ranks); `load_run` fails (no task may load the run)."""
+    reads: list[tuple[str, int, int]] = []
     real = pd.read_parquet
 
     def counting(path: Any, *a: Any, **k: Any) -> pd.DataFrame:
@@ -61,10 +58,19 @@ def test_a_breakdown_task_holds_one_rank_files_rows(
         return df
 
     def no_run(*a: Any, **k: Any) -> Any:
-        raise AssertionError("a breakdown task loaded the whole run")
+        raise AssertionError("a task loaded the whole run")
 
     monkeypatch.setattr(pd, "read_parquet", counting)
     monkeypatch.setattr(dask_engine, "load_run", no_run)
+    return reads
+
+
+@pytest.mark.parametrize("kw", [{}, {"skip_first": 1}, {"step_pattern": "whole"}, {"rank": 5}])
+def test_a_breakdown_task_holds_one_rank_files_rows(
+    dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]
+) -> None:
+    local = _text(breakdown_paths(synthetic16, **kw).to_json())
+    reads = _counting_reads(monkeypatch)
     (res,) = dask_engine.analyse(
         dask,
         [
@@ -91,24 +97,6 @@ def test_per_rank_breakdown_on_committed_runs(dask: Engine, run: str) -> None:
     for kw in ({}, {"skip_first": 2}, {"step_pattern": "whole"}):
         local = _text(breakdown_paths(TRACES / run, **kw).to_json())
         assert _text(breakdown_paths(TRACES / run, dask, **kw).to_json()) == local
-
-
-def _counting_reads(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int, int]]:
-    """Every Parquet read as (file, rows, ranks); `load_run` fails (no task may load the run)."""
-    reads: list[tuple[str, int, int]] = []
-    real = pd.read_parquet
-
-    def counting(path: Any, *a: Any, **k: Any) -> pd.DataFrame:
-        df = real(path, *a, **k)
-        reads.append((str(path), len(df), df["rank"].nunique() if "rank" in df.columns else 0))
-        return df
-
-    def no_run(*a: Any, **k: Any) -> Any:
-        raise AssertionError("a task loaded the whole run")
-
-    monkeypatch.setattr(pd, "read_parquet", counting)
-    monkeypatch.setattr(dask_engine, "load_run", no_run)
-    return reads
 
 
 @pytest.mark.parametrize(("base", "sharded"), [("cpu-tp1", None), ("h200-tp1", "h200-tp2-nsys")])

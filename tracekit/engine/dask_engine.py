@@ -191,6 +191,13 @@ def _settings(env: dict[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
+def _task(client: Any, engine: Engine, key: str, fn: Any, *args: Any) -> Any:
+    """One engine task: named by `key` (stable, so a retry or a lost worker reruns the same task),
+    retried `engine.retries` times, never shared with an equal call (`pure=False`: its output is a
+    file on the work folder)."""
+    return client.submit(fn, *args, key=key, retries=engine.retries, pure=False)
+
+
 def _write_parquet(frame: pd.DataFrame, parquet: str) -> None:
     tmp = parquet + ".tmp"
     Path(parquet).parent.mkdir(parents=True, exist_ok=True)
@@ -527,14 +534,14 @@ def _breakdown_per_rank(
 
     def submit(fn: Any, name: str, *args: Any) -> list[Any]:
         return [
-            client.submit(
+            _task(
+                client,
+                engine,
+                f"tracekit-{name}-run{j}-f{n}-{token}",
                 fn,
                 inp,
                 *args,
                 rank,
-                key=f"tracekit-{name}-run{j}-f{n}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
             for n, inp in enumerate(inputs)
         ]
@@ -719,13 +726,13 @@ def _attribute_per_rank(
 
     def submit(fn: Any, name: str, args: list[tuple[Any, ...]]) -> list[Any]:
         return [
-            client.submit(
+            _task(
+                client,
+                engine,
+                f"tracekit-{name}-run{j}-f{n}-{token}",
                 fn,
                 inp,
                 *a,
-                key=f"tracekit-{name}-run{j}-f{n}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
             for n, (inp, a) in enumerate(zip(inputs, args, strict=True))
         ]
@@ -786,12 +793,12 @@ def _attribute_per_rank(
     att_futs = submit(rank_attributions, "attribute", args)
     futures.extend(att_futs)
     small = [
-        client.submit(
+        _task(
+            client,
+            engine,
+            f"tracekit-attribute-small-run{j}-f{n}-{token}",
             _pieces_of,
             f,
-            key=f"tracekit-attribute-small-run{j}-f{n}-{token}",
-            retries=engine.retries,
-            pure=False,
         )
         for n, f in enumerate(att_futs)
     ]
@@ -810,26 +817,26 @@ def _attribute_per_rank(
         if not b_steps:
             continue
         share = [
-            client.submit(
+            _task(
+                client,
+                engine,
+                f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}",
                 unions_of_bucket,
                 f,
                 b,
-                key=f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
             for n, f in enumerate(att_futs)
         ]
         futures.extend(share)
         path_futs.append(
-            client.submit(
+            _task(
+                client,
+                engine,
+                f"tracekit-path-run{j}-b{b}-{token}",
                 walk_bucket,
                 b,
                 pin.of_steps(b_steps),
                 share,
-                key=f"tracekit-path-run{j}-b{b}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
         )
     futures.extend(path_futs)
@@ -1000,7 +1007,10 @@ def _run(
     for j, (job, (files, _manifest)) in enumerate(zip(jobs, expanded, strict=True)):
         futs = []
         for f in files:
-            fut = client.submit(
+            fut = _task(
+                client,
+                engine,
+                f"tracekit-read-{_file_key(j, f)}-{token}",
                 read_rank_file,
                 str(f),
                 str(work / (_file_key(j, f) + ".parquet")),
@@ -1008,9 +1018,6 @@ def _run(
                 job.cache,
                 settings,
                 engine.buckets,
-                key=f"tracekit-read-{_file_key(j, f)}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
             sizes[fut.key] = f.stat().st_size
             futs.append(fut)
@@ -1103,7 +1110,10 @@ def _submit_buckets(
             if parts[i].level == level and b in parts[i].buckets and (v := views[i]) is not None
         ]
         futs.append(
-            client.submit(
+            _task(
+                client,
+                engine,
+                f"tracekit-match-run{j}-b{b}-{token}",
                 match_bucket,
                 b,
                 inputs,
@@ -1113,9 +1123,6 @@ def _submit_buckets(
                 level,
                 bool((job.attribute or {}).get("allow_partial", False)),
                 engine.buckets,
-                key=f"tracekit-match-run{j}-b{b}-{token}",
-                retries=engine.retries,
-                pure=False,
             )
         )
     return futs, level
