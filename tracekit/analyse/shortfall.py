@@ -87,6 +87,32 @@ _CPU_TRANSFER_WORDS = (
 # one run
 
 
+STRAGGLER_ALPHA = 0.01
+"""A rank is last more often than chance only when `last_share_p_value` is below this."""
+
+
+def last_share_p_value(last_count: int, instances: int, n_ranks: int) -> float:
+    """P(one given rank is last at >= `last_count` of `instances` collectives by chance), each
+    instance's last rank uniform over `n_ranks`: the upper binomial tail at p = 1 / n_ranks.
+
+    The most frequent last rank of two is last at >= 50% by construction, so a share alone proves
+    nothing at TP=2 (a loaded 2-core CI host: rank 0 last at 16 of 32, 0.82 ms late, was called a
+    straggler); the share must be one that chance does not explain."""
+    if instances <= 0 or n_ranks < 2:
+        return 1.0
+    p = 1.0 / n_ranks
+    j = np.arange(max(last_count, 0), instances + 1, dtype=np.float64)
+    if not len(j):
+        return 0.0
+    log_pmf = (
+        math.lgamma(instances + 1)
+        - np.array([math.lgamma(x + 1) + math.lgamma(instances - x + 1) for x in j])
+        + j * math.log(p)
+        + (instances - j) * math.log1p(-p)
+    )
+    return float(min(1.0, np.exp(log_pmf).sum()))
+
+
 @dataclass
 class RunParts:
     """The per-step parts of one run and what they came from.
@@ -777,15 +803,17 @@ class Shortfall:
         per_seg = float(np.median(base_idle)) / per_step
         spread = float(np.quantile(base_idle, 0.9) - np.quantile(base_idle, 0.1)) / per_step
         threshold = 3.0 * per_seg + spread
+        p_chance = last_share_p_value(int(counts.iloc[0]), len(last_rank), self.n_ranks)
         out.update(
             {
                 "rank": cand,
                 "last_share": share,
+                "last_share_p_value": p_chance,
                 "lateness_ns_median": int(round(lat)),
                 "threshold_ns": int(round(threshold)),
                 "baseline_host_per_interval_ns": int(round(per_seg)),
                 "collectives_per_step": per_step,
-                "is_straggler": bool(share >= 0.5 and lat > threshold),
+                "is_straggler": bool(share >= 0.5 and p_chance < STRAGGLER_ALPHA and lat > threshold),
             }
         )
         return out

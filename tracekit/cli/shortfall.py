@@ -51,6 +51,8 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     from rich.console import Console
     from rich.table import Table
 
+    from tracekit.report.data import chance_clause
+
     console = Console(
         record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
     )
@@ -192,7 +194,8 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     st = doc.get("straggler") or {}
     if st.get("rank") is not None:
         console.print(
-            f"Straggler test: rank {st['rank']} arrives last at {_pct(st.get('last_share'))} of the collectives, "
+            f"Straggler test: rank {st['rank']} arrives last at {_pct(st.get('last_share'))} of the collectives"
+            f"{chance_clause(st)}, "
             f"{_ms(st.get('lateness_ns_median'))} ms after the others on median (symmetric launch-bound hosts "
             f"explain {_ms(st.get('threshold_ns'))} ms): "
             + ("[bold]a straggler[/bold]" if st.get("is_straggler") else "not a straggler")

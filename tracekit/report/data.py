@@ -552,9 +552,18 @@ def _straggler_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
         "rank": _int_or_none(st.get("rank")),
         "is_straggler": bool(st.get("is_straggler", False)),
         "last_share": _num(st.get("last_share")),
+        "last_share_p_value": _num(st.get("last_share_p_value")),
         "lateness_ns_median": _int_or_none(st.get("lateness_ns_median")),
         "threshold_ns": _int_or_none(st.get("threshold_ns")),
     }
+
+
+def chance_clause(st: dict[str, Any]) -> str:
+    """' (no more often than chance: p = 0.54)' when the share is one equal ranks explain, else ''."""
+    p = _num(st.get("last_share_p_value"))
+    if p is None or p < 0.01:
+        return ""
+    return f" (no more often than chance among equal ranks: p = {p:.2f})"
 
 
 def straggler_sentence(st: dict[str, Any] | None) -> str:
@@ -563,7 +572,8 @@ def straggler_sentence(st: dict[str, Any] | None) -> str:
         return ""
     verdict = "a straggler" if st["is_straggler"] else "not a straggler"
     return (
-        f"Straggler test: rank {st['rank']} arrives last at {fmt_pct(st.get('last_share'), 0)} of the collectives, "
+        f"Straggler test: rank {st['rank']} arrives last at {fmt_pct(st.get('last_share'), 0)} of the collectives"
+        f"{chance_clause(st)}, "
         f"{fmt_ms(st.get('lateness_ns_median'))} after the others on median, against "
         f"{fmt_ms(st.get('threshold_ns'))} that symmetric launch-bound hosts explain: {verdict}."
     )
