@@ -38,6 +38,31 @@ KIND_OF_CAT: dict[str, str] = {
     "user_annotation": "annotation",
     "gpu_user_annotation": "gpu_annotation",
 }
+#: other spellings of those categories, matched case-insensitively: PyTorch 1.8's Kineto traces
+#: ("Operator", "Runtime", "Kernel", "Memcpy", "Memset", as torch-tb-profiler also reads them) and
+#: Kineto's runtimes of other devices (XPU, MTIA, PrivateUse1 backends)
+_CAT_ALIASES: dict[str, str] = {
+    "operator": "cpu_op",
+    "runtime": "runtime",
+    "memcpy": "memcpy",
+    "memset": "memset",
+    "xpu_runtime": "runtime",
+    "xpu_driver": "runtime",
+    "mtia_runtime": "runtime",
+    "privateuse1_runtime": "runtime",
+    "privateuse1_driver": "runtime",
+}
+
+
+def kind_of_cat(cat: str) -> str:
+    """The event kind of a Kineto `cat` ("other" for categories tracekit does not use)."""
+    kind = KIND_OF_CAT.get(cat)
+    if kind is None:
+        low = cat.lower()
+        kind = KIND_OF_CAT.get(low) or _CAT_ALIASES.get(low, "other")
+    return kind
+
+
 _GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
 
 _HOST_COLL_PREFIX = re.compile(r"^(?:gloo:|nccl:|c10d::)")
@@ -198,7 +223,7 @@ class _CatKinds(dict):  # type: ignore[type-arg]
         self.kind_codes = kind_codes
 
     def __missing__(self, key: str) -> int:
-        code = self[key] = self.kind_codes[KIND_OF_CAT.get(key, "other")]
+        code = self[key] = self.kind_codes[kind_of_cat(key)]
         return code
 
 
