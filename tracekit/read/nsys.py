@@ -319,6 +319,101 @@ def _columns(con: sqlite3.Connection, table: str) -> list[str]:
     return [row[1] for row in con.execute(f'PRAGMA table_info("{table}")')]
 
 
+def _col(cols: set[str], name: str, default: int) -> str:
+    """A column of an nsys table, or `default` where this nsys version's export lacks it."""
+    return f"COALESCE({name}, {default})" if name in cols else str(int(default))
+
+
+def _pid_sql(cols: set[str]) -> str:
+    """The serialised globalPid; from a plain `processId` column (pid << 24) where an export has
+    that instead; -1 (filled from the API call of the same correlationId by `_PidByCorrelation`)
+    where it has neither."""
+    if "globalPid" in cols:
+        return "globalPid"
+    if "processId" in cols:
+        return "(COALESCE(processId, 0) << 24)"
+    return "-1"
+
+
+class _PidByCorrelation:
+    """GPU records of an export without a process column (globalPid -1): each takes the process of
+    the runtime or driver call with its correlationId. Correlation ids count per process, so two
+    processes can both hold one: the call that started last before the record did wins. Where no call
+    matches: the only process with API calls (if there is exactly one), else 0."""
+
+    def __init__(self, con: sqlite3.Connection, tables: set[str]):
+        self.con, self.tables = con, tables
+        self.by_pid: dict[int, tuple[np.ndarray, np.ndarray]] | None = None
+
+    def _load(self) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        rows = []
+        for t in (T_RUNTIME, T_DRIVER):
+            if t in self.tables and {"correlationId", "globalTid"} <= set(_columns(self.con, t)):
+                rows.append(
+                    _int_matrix(
+                        self.con,
+                        f"SELECT correlationId, globalTid, start FROM {t} WHERE correlationId >= 0",
+                        3,
+                    )
+                )
+        m = np.concatenate(rows) if rows else np.empty((0, 3), np.int64)
+        gpid = (m[:, 1] >> 24) << 24
+        out = {}
+        for g in np.unique(gpid).tolist():
+            sel = m[gpid == g]
+            order = np.lexsort((sel[:, 2], sel[:, 0]))
+            out[int(g)] = (sel[order, 0], sel[order, 2])
+        return out
+
+    def fill(self, m: np.ndarray) -> np.ndarray:
+        """Rows start, end, deviceId, streamId, correlationId, globalPid, ...: globalPid -1 filled."""
+        miss = m[:, 5] == -1
+        if not miss.any():
+            return m
+        if self.by_pid is None:
+            self.by_pid = self._load()
+        fallback = next(iter(self.by_pid)) if len(self.by_pid) == 1 else 0
+        c, t0, dev = m[miss, 4], m[miss, 0], m[miss, 2]
+        best_t = np.full(len(c), np.iinfo(np.int64).min)
+        got = np.full(len(c), fallback, np.int64)
+        matches: dict[int, np.ndarray] = {}
+        for g, (corr, start) in self.by_pid.items():
+            if not len(corr):
+                continue
+            # the last call of this process with that correlationId (sorted by id, then start)
+            i = np.searchsorted(corr, c, side="right") - 1
+            ok = (i >= 0) & (corr[np.clip(i, 0, None)] == c)
+            matches[g] = ok
+            launch = np.where(ok, start[np.clip(i, 0, None)], np.iinfo(np.int64).min)
+            better = ok & (launch <= t0) & (launch > best_t)
+            best_t = np.where(better, launch, best_t)
+            got = np.where(better, g, got)
+        # a device serves one process in a TP run: where most of a device's records chose one
+        # process (>= 90%), its records that process also has a call for take it
+        for d in np.unique(dev).tolist():
+            on = dev == d
+            vals, counts = np.unique(got[on], return_counts=True)
+            top = int(vals[counts.argmax()])
+            if top in matches and counts.max() >= 0.9 * on.sum():
+                got = np.where(on & matches[top], top, got)
+        m = m.copy()
+        m[miss, 5] = got
+        return m
+
+
+def _gpu_ids(cols: set[str]) -> str:
+    """deviceId, streamId, correlationId, globalPid of a GPU activity table, tolerant of the columns
+    an export lacks (nsys versions differ: older and newer schemas add and drop columns)."""
+    return ", ".join(
+        [
+            _col(cols, "deviceId", -1),
+            _col(cols, "streamId", -1),
+            _col(cols, "correlationId", -1),
+            _pid_sql(cols),
+        ]
+    )
+
+
 def _gpu_part(kind: str, m: np.ndarray, names: np.ndarray, **extra: np.ndarray) -> _Part:
     """A GPU activity part from rows whose first six columns are
     start, end, deviceId, streamId, correlationId, globalPid (kernels, memcpy, memset)."""
@@ -475,6 +570,8 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         for p, s in zip(uniq.tolist(), sums.tolist(), strict=True):
             per_pid.setdefault(p, Counter())[key] += int(s)
 
+    pid_fill = _PidByCorrelation(con, tables)
+
     # ---- kernels
     if T_KERNEL in tables:
         cols = set(_columns(con, T_KERNEL))
@@ -484,10 +581,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         name_sql = f"COALESCE({', '.join(name_cols)}, -1)"
         m = _int_matrix(
             con,
-            f"SELECT start, end, deviceId, streamId, correlationId, globalPid, {name_sql} FROM {T_KERNEL}",
+            f"SELECT start, end, {_gpu_ids(cols)}, {name_sql} FROM {T_KERNEL}",
             7,
             dq,
         )
+        m = pid_fill.fill(m)
         names = _lookup(strings, m[:, 6], dq, "kernel")
         coll_name, coll_op = _nccl_ops(names, _NCCL_KERNEL)
         parts.append(_gpu_part("kernel", m, names, coll_name=coll_name, coll_op=coll_op))
@@ -503,11 +601,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         graph_sql = "COALESCE(graphId, -1)" if "graphId" in cols else "-1"
         m = _int_matrix(
             con,
-            "SELECT start, end, COALESCE(deviceId, -1), COALESCE(streamId, -1), COALESCE(correlationId, -1), "
-            f"globalPid, {graph_sql} FROM {T_GRAPH} WHERE NOT (start = 0 AND end = 0)",
+            f"SELECT start, end, {_gpu_ids(cols)}, {graph_sql} FROM {T_GRAPH} WHERE NOT (start = 0 AND end = 0)",
             7,
             dq,
         )
+        m = pid_fill.fill(m)
         if len(m):
             names = np.array([f"CUDA graph {g} (graph-level trace)" for g in m[:, 6].tolist()], dtype=object)
             parts.append(_gpu_part("kernel", m, names))
@@ -523,13 +621,15 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
 
     # ---- memcpy
     if T_MEMCPY in tables:
+        cols = set(_columns(con, T_MEMCPY))
         m = _int_matrix(
             con,
-            "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
-            f"COALESCE(copyKind, 0), COALESCE(srcKind, 7), COALESCE(dstKind, 7) FROM {T_MEMCPY}",
+            f"SELECT start, end, {_gpu_ids(cols)}, {_col(cols, 'bytes', 0)}, {_col(cols, 'copyKind', 0)}, "
+            f"{_col(cols, 'srcKind', 7)}, {_col(cols, 'dstKind', 7)} FROM {T_MEMCPY}",
             10,
             dq,
         )
+        m = pid_fill.fill(m)
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
         parts.append(_gpu_part("memcpy", m, names))
@@ -543,11 +643,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         kind_sql = "COALESCE(memKind, 7)" if "memKind" in cols else "7"
         m = _int_matrix(
             con,
-            "SELECT start, end, deviceId, streamId, correlationId, globalPid, COALESCE(bytes, 0), "
-            f"{kind_sql} FROM {T_MEMSET}",
+            f"SELECT start, end, {_gpu_ids(cols)}, {_col(cols, 'bytes', 0)}, {kind_sql} FROM {T_MEMSET}",
             8,
             dq,
         )
+        m = pid_fill.fill(m)
         mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
         names = kinds[np.clip(m[:, 7], 0, 7)]
@@ -560,9 +660,10 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     for table in (T_RUNTIME, T_DRIVER):
         if table not in tables:
             continue
+        cols = set(_columns(con, table))
         m = _int_matrix(
             con,
-            f"SELECT start, end, globalTid, COALESCE(correlationId, -1), COALESCE(nameId, -1) FROM {table}",
+            f"SELECT start, end, globalTid, {_col(cols, 'correlationId', -1)}, {_col(cols, 'nameId', -1)} FROM {table}",
             5,
             dq,
         )
@@ -590,11 +691,12 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         type_col = "syncType" if "syncType" in cols else "deprecatedSyncType"
         m = _int_matrix(
             con,
-            "SELECT start, end, deviceId, COALESCE(streamId, -1), COALESCE(correlationId, -1), globalPid, "
-            f"COALESCE({type_col}, 0) FROM {T_SYNC}",
+            f"SELECT start, end, {_col(cols, 'deviceId', -1)}, {_col(cols, 'streamId', -1)}, "
+            f"{_col(cols, 'correlationId', -1)}, {_pid_sql(cols)}, {_col(cols, type_col, 0)} FROM {T_SYNC}",
             7,
             dq,
         )
+        m = pid_fill.fill(m)
         lut = np.array(["Unknown Sync"] + [SYNC_TYPE[k] for k in (1, 2, 3, 4)], dtype=object)
         t = m[:, 6]
         names = lut[np.where((t >= 1) & (t <= 4), t, 0)]
