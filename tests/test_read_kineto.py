@@ -209,7 +209,7 @@ def test_truncated_gzip(shared_traces: Path, tmp_path: Path) -> None:
     bad = tmp_path / "rank-0.json.gz"
     bad.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceFormatError, match=r"rank-0.json.gz at byte \d+: truncated gzip") as exc:
-        read_kineto(bad)
+        read_kineto(bad, rank=0)
     assert exc.value.offset is not None and exc.value.offset <= len(data) // 2
 
 
@@ -218,7 +218,7 @@ def test_truncated_json(shared_traces: Path, tmp_path: Path) -> None:
     bad = tmp_path / "rank-0.json"
     bad.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(TraceFormatError, match=r"truncated JSON") as exc:
-        read_kineto(bad)
+        read_kineto(bad, rank=0)
     assert exc.value.offset is not None and len(raw) // 4 < exc.value.offset <= len(raw) // 2
 
 
@@ -228,7 +228,7 @@ def test_invalid_json_offset(shared_traces: Path, tmp_path: Path) -> None:
     bad = tmp_path / "rank-0.json"
     bad.write_bytes(raw[:i] + b"@@" + raw[i:])
     with pytest.raises(TraceFormatError, match="invalid JSON") as exc:
-        read_kineto(bad)
+        read_kineto(bad, rank=0)
     assert exc.value.offset is not None and abs(exc.value.offset - i) <= 2
 
 
@@ -313,3 +313,37 @@ def test_other_category_spellings_read_as_the_same_kinds(
         got["kind"].astype(str).value_counts().to_dict() == ref["kind"].astype(str).value_counts().to_dict()
     )
     assert (got["kind"].astype(str) == "other").sum() == (ref["kind"].astype(str) == "other").sum()
+
+
+def test_json_array_format_reads_like_the_object_form(shared_traces: Path, tmp_path: Path) -> None:
+    """The Chrome trace format's other form: the file is the events array (legacy autograd profiler
+    exports, merging tools); its closing `]` is optional, so a trace whose writer died reads too."""
+    src = shared_traces / "h200/kineto_decode_ws1.pt.trace.json.gz"
+    events = _load(src)["traceEvents"]
+    text = json.dumps(events)
+    ref = read_kineto(src).events
+    cols = ["kind", "name", "start_ns", "end_ns", "stream"]
+
+    def rel(df):  # type: ignore[no-untyped-def]
+        # the object form's baseTimeNanoseconds (metadata the array form lacks) shifts every time
+        out = df[cols].copy()
+        t0 = int(df["start_ns"].min())
+        out["start_ns"] -= t0
+        out["end_ns"] -= t0
+        return out.astype(str).reset_index(drop=True)
+
+    want = rel(ref)
+    for label, body in [
+        ("array", text),
+        ("no closing bracket", text[:-1]),
+        ("trailing comma", text[:-1] + ",\n"),
+    ]:
+        f = tmp_path / f"{label.replace(' ', '_')}.json"
+        f.write_text(body)
+        got = read_kineto(f, rank=0).events  # the array form has no distributedInfo
+        assert rel(got).equals(want), label
+    bad = tmp_path / "after.json"
+    bad.write_text(text + ' {"x": 1}')
+    with pytest.raises(TraceFormatError, match="after the events array") as exc:
+        read_kineto(bad, rank=0)
+    assert exc.value.offset == len(text) + 1

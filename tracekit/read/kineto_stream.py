@@ -382,6 +382,9 @@ class _Stream:
         self.coerced = [0]  # complete events with a field of the wrong JSON type
         self.limits = current_limits()
         self.ws_run = 0  # whitespace consumed since the last event (a run of it is bounded too)
+        #: the Chrome "JSON Array Format": the file is the events array itself (no metadata), and
+        #: its closing `]` is optional (the format lets a writer that died leave it out)
+        self.array_format = False
 
     def _fill(self, want: int) -> None:
         while not self.eof and len(self.buf) < want:
@@ -474,7 +477,14 @@ class _Stream:
         return TraceFormatError(self.path, "no traceEvents: not a Kineto/Chrome trace", offset=None)
 
     def header(self) -> bool:
-        """Find `"traceEvents": [` and parse what precedes it. False when not found."""
+        """Find `"traceEvents": [` and parse what precedes it. False when not found. A file that
+        is a JSON array is the Chrome trace format's other form: the array is the events."""
+        self._fill(_READ_BLOCK)
+        first = _skip_ws(self.buf, 3 if self.buf.startswith(b"\xef\xbb\xbf") else 0)
+        if first < len(self.buf) and self.buf[first] == ord("["):
+            self.array_format = True
+            self._consume(first + 1)
+            return True
         key = b'"traceEvents"'
         searched = 0
         while True:
@@ -535,6 +545,9 @@ class _Stream:
             if i < len(self.buf) and self.buf[i] == ord(","):
                 i = _skip_ws(self.buf, i + 1)
             if i >= len(self.buf):
+                if self.eof and self.array_format:
+                    self._consume(len(self.buf))
+                    return  # the array format's closing `]` is optional
                 if self.eof:
                     raise TraceFormatError(
                         self.path,
@@ -638,6 +651,12 @@ class _Stream:
             raise self._too_long("what follows traceEvents", self.base)
         rest = bytes(self.buf)
         i = _skip_ws(rest, 0)
+        if self.array_format:
+            if i < len(rest):
+                raise TraceFormatError(
+                    self.path, "invalid JSON: text after the events array", offset=self.base + i
+                )
+            return
         if i < len(rest) and rest[i] == ord(","):
             self.meta.update(self._parse_object_text(b"{" + rest[i + 1 :], self.base + i))
         elif i >= len(rest) or rest[i] != ord("}"):
