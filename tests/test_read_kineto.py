@@ -347,3 +347,21 @@ def test_json_array_format_reads_like_the_object_form(shared_traces: Path, tmp_p
     with pytest.raises(TraceFormatError, match="after the events array") as exc:
         read_kineto(bad, rank=0)
     assert exc.value.offset == len(text) + 1
+
+
+def test_an_execution_trace_is_named_as_such(tmp_path: Path) -> None:
+    """PyTorch's execution trace (an operator graph, no timings) is often saved beside the Kineto
+    trace; given by mistake, the error says what it is and what to pass instead."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ExecutionTraceObserver
+
+    et_path = tmp_path / "et.json"
+    et = ExecutionTraceObserver().register_callback(str(et_path))
+    et.start()
+    x = torch.randn(8, 8)
+    (x @ x).relu()
+    et.stop()
+    et.unregister_callback()
+    assert "nodes" in json.loads(et_path.read_text())  # premise: a real execution trace
+    with pytest.raises(TraceFormatError, match="execution trace .* not a Kineto trace"):
+        read_kineto(et_path, rank=0)

@@ -474,6 +474,13 @@ class _Stream:
             return TraceFormatError(self.path, f"invalid JSON: {str(exc).split(' (byte')[0]}", offset=pos)
         if isinstance(obj, dict) and "traceEvents" in obj:
             return TraceFormatError(self.path, "traceEvents is not a list of events", offset=None)
+        if isinstance(obj, dict) and "nodes" in obj and "schema" in obj:
+            return TraceFormatError(
+                self.path,
+                "a PyTorch execution trace (ExecutionTraceObserver: operator graph, no timings), not a "
+                "Kineto trace: pass the torch.profiler trace (*.pt.trace.json) recorded with it",
+                offset=None,
+            )
         return TraceFormatError(self.path, "no traceEvents: not a Kineto/Chrome trace", offset=None)
 
     def header(self) -> bool:
