@@ -126,13 +126,19 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory):
         "intermediate": (1, DELAY_B_MS),
         "full": None,
     }
+    from gloo_truth import host_speed_s
+
     runs = {}
+    speed = []  # the host-speed probe before and after each capture
     for name, delay in configs.items():
         cfg = CaptureConfig(
             tp=2, preset="tiny", tokens=TOKENS, backend="gloo", device="cpu", inject_delay=delay, rounds=2
         )
+        speed.append(host_speed_s())
         capture(cfg, root / name)
+        speed.append(host_speed_s())
         runs[name] = read_run([root / name], cache=False)
+    runs["_speed"] = speed
     return runs
 
 
@@ -140,17 +146,14 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory):
 def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
     from tracekit.analyse.decompose import decompose_runs
 
-    d = decompose_runs(three_runs)
+    d = decompose_runs({k: v for k, v in three_runs.items() if not k.startswith("_")})
     doc = d.to_json()
     c = doc["runs"]["full"]["per_token_ns"]
     inj_a = DELAY_A_MS * 1e6 * ALL_REDUCES_PER_TOKEN
     inj_b = DELAY_B_MS * 1e6 * ALL_REDUCES_PER_TOKEN
-    truth_runtime, truth_kernel = log_shares(c + inj_a, c + inj_b, c)
-    got_runtime, got_kernel = doc["parts"]["runtime"], doc["parts"]["kernel"]
     assert doc["runs"]["baseline"]["per_token_source"] == "unprofiled"
-    assert got_runtime == pytest.approx(truth_runtime, rel=0.10), (got_runtime, truth_runtime, doc["verdict"])
-    assert got_kernel == pytest.approx(truth_kernel, rel=0.10)
-    # the saving of both parts is the sleep's waiting: coordination, not compute
+    # the saving of both parts is the sleep's waiting: coordination, not compute (the sleeps are
+    # wall time: this holds whatever speed the host runs at)
     for part, injected in (("runtime", inj_a - inj_b), ("kernel", inj_b)):
         mv = doc["moved"][part]
         assert mv["top"] == "coordination"
@@ -161,6 +164,23 @@ def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
         Fraction(sum(d.moved()["runtime"]["saved_by_class_ns"].values()))
         == doc["moved"]["runtime"]["saved_ns"]
     )
+    # the shares' truth assumes one host speed for the three captures: the compute part c scales
+    # with it and the log shares move with every ms of it (this 2-core VM switches between two
+    # speeds, a pure-Python probe taking ~12 or ~21 ms, for minutes at a time; seen: the
+    # intermediate run 7.4 ms per token slower than its injected 40 ms, runtime share 0.33 vs 0.39)
+    speed = three_runs["_speed"]
+    per_capture = [(a + b) / 2 for a, b in zip(speed[::2], speed[1::2], strict=True)]
+    moved = max(per_capture) / min(per_capture)
+    if moved > 1.25:
+        pytest.skip(
+            f"host speed moved {moved:.2f}x across the captures (probe before/after each "
+            + ", ".join(f"{t * 1e3:.0f}" for t in speed)
+            + " ms): the shares' truth needs one speed; the class checks above passed"
+        )
+    truth_runtime, truth_kernel = log_shares(c + inj_a, c + inj_b, c)
+    got_runtime, got_kernel = doc["parts"]["runtime"], doc["parts"]["kernel"]
+    assert got_runtime == pytest.approx(truth_runtime, rel=0.10), (got_runtime, truth_runtime, doc["verdict"])
+    assert got_kernel == pytest.approx(truth_kernel, rel=0.10)
 
 
 @pytest.mark.parametrize("trace", ["h200-tp1", "cpu-tp2"])
