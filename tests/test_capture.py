@@ -146,23 +146,26 @@ def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(tmp_path: Path) -> None:
-    """Rank 1 sleeps 30 ms before each all-reduce: rank 0's all-reduces last about that long
-    (waiting), rank 1's stay short; every token costs 4 x 30 ms more. On gloo the c10d op on the
-    main thread only enqueues; the collective itself is `gloo:all_reduce` on gloo's worker thread,
-    and the main thread's blocking wait lies in the decoder's `all_reduce` region."""
-    capture(CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", inject_delay=(1, 30.0)), tmp_path)
+def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(gloo_truth: Any) -> None:
+    """Rank 1 sleeps D = 20 ms before each all-reduce (the session's shared injected capture,
+    tests/gloo_truth.py): rank 0's all-reduces last about that long (waiting), rank 1's stay short;
+    every token costs 4 x D more. On gloo the c10d op on the main thread only enqueues; the
+    collective itself is `gloo:all_reduce` on gloo's worker thread, and the main thread's blocking
+    wait lies in the decoder's `all_reduce` region."""
+    from gloo_truth import DELAY_MS, TOKENS
+
+    run = gloo_truth["inj"]
     for name in ("gloo:all_reduce", "all_reduce"):
         dur = {}
         for r in (0, 1):
-            ev = _events(tmp_path / f"rank-{r}.pt.trace.json.gz")
+            ev = _events(run / f"rank-{r}.pt.trace.json.gz")
             durs = [e["dur"] for e in ev if e["name"] == name]
-            assert len(durs) == 12  # 2 layers x 2 all-reduces x 3 steps
+            assert len(durs) == 2 * 2 * TOKENS  # 2 layers x 2 all-reduces x the tokens
             dur[r] = statistics.median(durs)  # us
-        assert dur[0] > 20_000 and dur[1] < 10_000, name
-    m = json.loads((tmp_path / "manifest.json").read_text())
-    assert m["workload"]["inject_delay"] == {"rank": 1, "ms": 30.0}
-    assert min(m["unprofiled"]["per_token_ns"]["0"]) > 4 * 30e6 * 0.9
+        assert dur[0] > 0.65 * DELAY_MS * 1e3 and dur[1] < 0.5 * DELAY_MS * 1e3, name
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["workload"]["inject_delay"] == {"rank": 1, "ms": DELAY_MS}
+    assert min(m["unprofiled"]["per_token_ns"]["0"]) > 4 * DELAY_MS * 1e6 * 0.9
 
 
 @pytest.mark.slow
