@@ -174,6 +174,11 @@ def test_rank_from_file_name(shared_traces: Path, tmp_path: Path) -> None:
         ("x_rank_12.json", 12),
         ("trace.json", None),
         ("frank9.json", None),
+        # SGLang's per-TP-worker files (python/sglang/srt/managers: `<time>-TP-<tp_rank>...`)
+        ("1733000000.123-TP-3.trace.json.gz", 3),
+        ("1733000000.123-TP-1-DECODE.trace.json.gz", 1),
+        ("STP-4.json", None),
+        ("http-2.json", None),
     ],
 )
 def test_rank_from_filename_patterns(name: str, rank: int | None) -> None:

@@ -206,9 +206,15 @@ def _build_table(
 _RANK_RE = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)(?![0-9])", re.IGNORECASE)
 
 
+#: SGLang's profiler names each TP worker's file `<time>-TP-<tp_rank>[-<stage>].trace.json.gz`
+_SGLANG_TP_RE = re.compile(r"(?:^|[^A-Za-z])TP-(\d+)(?![0-9])")
+
+
 def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
-    """Rank from a file name: `rank-3`, `rank3`, `_rank_3`, `rank-3.pt.trace.json.gz` -> 3; None if absent."""
-    m = _RANK_RE.search(Path(path).name)
+    """Rank from a file name: `rank-3`, `rank3`, `_rank_3`, `rank-3.pt.trace.json.gz` -> 3; else
+    SGLang's `1733000000.1-TP-3.trace.json.gz` -> 3 (its TP rank); None if absent."""
+    name = Path(path).name
+    m = _RANK_RE.search(name) or _SGLANG_TP_RE.search(name)
     if not m or len(m.group(1)) > 10 or int(m.group(1)) > _INT32_MAX:  # rank-99999999999999999999
         return None
     return int(m.group(1))
