@@ -324,7 +324,8 @@ def test_a_share_chance_explains_names_no_straggler() -> None:
     assert not clean["is_straggler"], clean
     inj = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2-straggler"], cache=False)))
     assert inj.straggler()["is_straggler"] and inj.straggler()["rank"] == 1
-    # the tail is the binomial one, computed here exactly in integers
+    # the tail is the binomial one (times the ranks: any could have been the most frequent),
+    # computed here exactly in integers
     for k, n, r in [(16, 32, 2), (20, 32, 2), (9, 20, 4), (0, 5, 2)]:
         exact = sum(math.comb(n, j) * (r - 1) ** (n - j) for j in range(k, n + 1)) / r**n
-        assert last_share_p_value(k, n, r) == pytest.approx(exact, rel=1e-9)
+        assert last_share_p_value(k, n, r) == pytest.approx(min(1.0, r * exact), rel=1e-9)

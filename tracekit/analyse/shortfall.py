@@ -92,8 +92,10 @@ STRAGGLER_ALPHA = 0.01
 
 
 def last_share_p_value(last_count: int, instances: int, n_ranks: int) -> float:
-    """P(one given rank is last at >= `last_count` of `instances` collectives by chance), each
-    instance's last rank uniform over `n_ranks`: the upper binomial tail at p = 1 / n_ranks.
+    """How likely chance alone makes the most frequent last rank last at >= `last_count` of
+    `instances` collectives, each instance's last rank uniform over `n_ranks`: the upper binomial
+    tail at p = 1 / n_ranks, times n_ranks (any rank could have been the most frequent one:
+    Bonferroni), capped at 1.
 
     The most frequent last rank of two is last at >= 50% by construction, so a share alone proves
     nothing at TP=2 (a loaded 2-core CI host: rank 0 last at 16 of 32, 0.82 ms late, was called a
@@ -110,7 +112,7 @@ def last_share_p_value(last_count: int, instances: int, n_ranks: int) -> float:
         + j * math.log(p)
         + (instances - j) * math.log1p(-p)
     )
-    return float(min(1.0, np.exp(log_pmf).sum()))
+    return float(min(1.0, n_ranks * np.exp(log_pmf).sum()))
 
 
 @dataclass
