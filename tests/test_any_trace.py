@@ -18,6 +18,7 @@ import csv
 import gzip
 import io
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -134,6 +135,44 @@ def test_no_cache_beside_inputs(shared_traces: Path, tmp_path: Path) -> None:
     _breakdown_json(f)  # default: $XDG_CACHE_HOME/tracekit
     assert len(list((tmp_path / "xdg" / "tracekit").glob("*.parquet"))) == 1
     assert [p.name for p in d.iterdir()] == ["one.json.gz"]
+
+
+@pytest.mark.parametrize(
+    "command", ["breakdown", "shortfall", "report", "diff", "whatif", "export", "decompose"]
+)
+def test_every_command_that_reads_traces_takes_the_cache_options(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user who passes --no-cache or --cache-dir to one command can pass it to all (report had
+    neither: `tracekit report RUN -o r.md --no-cache` was a usage error)."""
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--no-cache" in text and "--cache-dir" in text, command
+
+
+def test_report_cache_options_take_effect_and_end_with_the_command(
+    shared_traces: Path, tmp_path: Path
+) -> None:
+    f = shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+    assert main(["report", str(f), "-o", str(tmp_path / "a.md"), "--cache-dir", str(tmp_path / "cc")]) == 0
+    assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
+    assert (
+        main(
+            [
+                "report",
+                str(f),
+                "-o",
+                str(tmp_path / "b.md"),
+                "--no-cache",
+                "--cache-dir",
+                str(tmp_path / "c2"),
+            ]
+        )
+        == 0
+    )
+    assert not list((tmp_path / "c2").glob("*.parquet"))  # --no-cache: nothing written, anywhere
+    assert "TRACEKIT_NO_CACHE" not in os.environ and "TRACEKIT_CACHE_DIR" not in os.environ
+    assert (tmp_path / "a.md").read_text().splitlines()[0] == (tmp_path / "b.md").read_text().splitlines()[0]
 
 
 # ------------------------------------------------------------------ whole-trace busy / idle (TraceLens)

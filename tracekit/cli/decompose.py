@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import no_cache_option, out_file_option, step_pattern_option, write_text
+from tracekit.cli.options import (
+    cache_dir_option,
+    no_cache_option,
+    out_file_option,
+    step_pattern_option,
+    write_text,
+)
 
 EXAMPLES = """
 \b
@@ -86,6 +92,7 @@ def render_text(doc: dict) -> str:
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 @out_file_option
 @no_cache_option
+@cache_dir_option
 def command(
     baseline: str,
     intermediate: str,

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import emit_result, no_cache_option, out_file_option
+from tracekit.cli.options import cache_dir_option, emit_result, no_cache_option, out_file_option
 from tracekit.errors import TracekitError
 
 #: one rendered table: title, header, rows (strings)
@@ -321,6 +321,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
 )
 @out_file_option
 @no_cache_option
+@cache_dir_option
 def command(
     before: str,
     after: str,

@@ -92,6 +92,35 @@ def no_cache_option(func: Any) -> Any:
     return _no_cache_flag(_max_bytes_option(_max_events_option(func)))
 
 
+def _set_no_cache(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    """--no-cache for a command whose analysis reads runs deep inside (report): TRACEKIT_NO_CACHE
+    for this command (the environment reaches reader processes), the previous setting back after."""
+    if value:
+        before = os.environ.get("TRACEKIT_NO_CACHE")
+        os.environ["TRACEKIT_NO_CACHE"] = "1"
+
+        def _restore() -> None:
+            if before is None:
+                os.environ.pop("TRACEKIT_NO_CACHE", None)
+            else:
+                os.environ["TRACEKIT_NO_CACHE"] = before
+
+        ctx.call_on_close(_restore)
+    return value
+
+
+def no_cache_env_option(func: Any) -> Any:
+    """--no-cache (through TRACEKIT_NO_CACHE, no value passed) with --max-bytes / --max-events."""
+    flag = click.option(
+        "--no-cache",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_no_cache,
+        help="Do not use (or write) the Parquet cache of parsed traces.",
+    )
+    return flag(_max_bytes_option(_max_events_option(func)))
+
+
 def _set_cache_dir(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Point the cache at `value` for this command (the environment carries it to reader processes),
     and put the previous setting back when the command ends."""

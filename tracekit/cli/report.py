@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import engine_options, step_pattern_option
+from tracekit.cli.options import cache_dir_option, engine_options, no_cache_env_option, step_pattern_option
 
 
 @click.command("report")
@@ -45,6 +45,8 @@ from tracekit.cli.options import engine_options, step_pattern_option
 @step_pattern_option
 @click.option("--title", default=None, help="Page title.")
 @engine_options
+@cache_dir_option
+@no_cache_env_option
 def command(
     run_dir: str,
     baseline: str | None,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import emit_result, no_cache_option, out_file_option
+from tracekit.cli.options import cache_dir_option, emit_result, no_cache_option, out_file_option
 
 if TYPE_CHECKING:
     from tracekit.analyse.replay import WhatIf
@@ -187,6 +187,7 @@ Examples:
 @click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
 @out_file_option
 @no_cache_option
+@cache_dir_option
 def command(
     baseline: str,
     sharded: str | None,
