@@ -140,14 +140,23 @@ def test_no_cache_beside_inputs(shared_traces: Path, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "command", ["breakdown", "shortfall", "report", "diff", "whatif", "export", "decompose"]
 )
-def test_every_command_that_reads_traces_takes_the_cache_options(
+def test_every_command_that_reads_traces_takes_the_cache_and_step_options(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A user who passes --no-cache or --cache-dir to one command can pass it to all (report had
-    neither: `tracekit report RUN -o r.md --no-cache` was a usage error)."""
+    """A user who passes --no-cache, --cache-dir or --steps to one command can pass it to all
+    (report had no cache options: `tracekit report RUN -o r.md --no-cache` was a usage error;
+    whatif had no --steps, diff only --step-pattern)."""
     assert main([command, "--help"]) == 0
     text = capsys.readouterr().out
-    assert "--no-cache" in text and "--cache-dir" in text, command
+    for opt in ("--no-cache", "--cache-dir", "--steps", "--step-pattern"):
+        assert opt in text, (command, opt)
+
+
+def test_whatif_steps_reach_the_analysis(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["whatif", "--baseline", str(REPO / "traces/cpu-tp1"), "--sharded", str(REPO / "traces/cpu-tp2")]
+    assert main([*args, "--steps", "no_such_step", "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no step annotations match 'no_such_step'" in err[0], err
 
 
 def test_report_cache_options_take_effect_and_end_with_the_command(

@@ -9,7 +9,13 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import cache_dir_option, emit_result, no_cache_option, out_file_option
+from tracekit.cli.options import (
+    cache_dir_option,
+    emit_result,
+    no_cache_option,
+    out_file_option,
+    step_pattern_option,
+)
 from tracekit.errors import TracekitError
 
 #: one rendered table: title, header, rows (strings)
@@ -300,12 +306,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
     "one line on stderr says what moved.",
 )
 @click.option("--top", type=int, default=10, show_default=True, help="Kernels and collectives listed.")
-@click.option(
-    "--step-pattern",
-    default=None,
-    metavar="REGEX",
-    help="Regex of the step annotations (default: the manifest's, else decode_step, then ProfilerStep#N).",
-)
+@step_pattern_option
 @click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
 @click.option(
     "--dilation-threshold",

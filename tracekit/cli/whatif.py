@@ -8,7 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import cache_dir_option, emit_result, no_cache_option, out_file_option
+from tracekit.cli.options import (
+    cache_dir_option,
+    emit_result,
+    no_cache_option,
+    out_file_option,
+    step_pattern_option,
+)
 
 if TYPE_CHECKING:
     from tracekit.analyse.replay import WhatIf
@@ -185,6 +191,7 @@ Examples:
     help="table for people; json per docs/JSON.md#whatif; markdown for reports.",
 )
 @click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
+@step_pattern_option
 @out_file_option
 @no_cache_option
 @cache_dir_option
@@ -197,6 +204,7 @@ def command(
     check_knob: str | None,
     fmt: str,
     skip_first: int,
+    step_pattern: str | None,
     out: str | None,
     no_cache: bool,
 ) -> None:
@@ -222,11 +230,11 @@ def command(
     if check_dir and not check_knob:
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
     tty = sys.stderr.isatty()
-    base_parts, base_cl = _load(baseline, no_cache, tty, skip_first, "baseline")
-    shard = _load(sharded, no_cache, tty, skip_first, "sharded") if sharded else None
+    base_parts, base_cl = _load(baseline, no_cache, tty, skip_first, "baseline", step_pattern)
+    shard = _load(sharded, no_cache, tty, skip_first, "sharded", step_pattern) if sharded else None
     check = None
     if check_dir and check_knob:
-        cparts, _ = _load(check_dir, no_cache, tty, skip_first, "check")
+        cparts, _ = _load(check_dir, no_cache, tty, skip_first, "check", step_pattern)
         check = (cparts, parse_combination(check_knob, probe), check_dir)
     result: WhatIf = whatif(
         base_parts,
@@ -250,11 +258,13 @@ def command(
     )
 
 
-def _load(path: str, no_cache: bool, tty: bool, skip_first: int, label: str) -> tuple[Any, Any]:
+def _load(
+    path: str, no_cache: bool, tty: bool, skip_first: int, label: str, step_pattern: str | None = None
+) -> tuple[Any, Any]:
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.shortfall import attribute_run
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=tty))  # classified once
     # the replay takes the analysed run itself: its steps, found for attribute_run, are not found again
-    return attribute_run(run, skip_first=skip_first, label=label), run
+    return attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label), run
