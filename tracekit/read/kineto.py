@@ -293,6 +293,7 @@ def read_kineto(
             if on_progress is not None:
                 on_progress(prog.done, size)
         stream.tail()
+        cols.finish_begin_end()
     finally:
         if gc_was_enabled:
             gc.enable()

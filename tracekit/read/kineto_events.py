@@ -24,6 +24,8 @@ from tracekit.read.kineto_stream import (
     _PHASE_OF_TYPE,
     _Args,
     _Ev,
+    _EvB,
+    _EvE,
     _int_column,
 )
 
@@ -252,6 +254,7 @@ class _Columns:
         self._names_checked = 0
         self.dq = DataQuality()
         self.events_total = 0
+        self.begin_end: list[Any] = []  # "B" / "E" events, paired once the whole file is read
 
     def host_collective_codes(self) -> np.ndarray:
         """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`), names seen so far."""
@@ -266,7 +269,61 @@ class _Columns:
         xs: list[_Ev] = list(filter(_is_complete, evs))
         if len(xs) != len(evs):
             for t, cnt in Counter(map(type, filterfalse(_is_complete, evs))).items():
+                if t is _EvB or t is _EvE:
+                    continue
                 self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
+            self.begin_end.extend(e for e in evs if type(e) is _EvB or type(e) is _EvE)
+        self._add_complete(xs)
+
+    def finish_begin_end(self) -> None:
+        """Pair the duration events ("B" / "E") of each thread, as the Chrome trace format defines
+        them: an "E" ends the innermost open "B" of its (pid, tid), in time order (file order among
+        equal times); each pair becomes a complete event with the B's name, category and args."""
+        be, self.begin_end = self.begin_end, []
+        if not be:
+            return
+        ts_counts: dict[str, int] = {}
+        ts_ns, ts_ok, _sub = parse_us_to_ns([e.ts for e in be], ts_counts)
+        threads: dict[tuple[Any, Any], list[int]] = {}
+        for i, e in enumerate(be):
+            if ts_ok[i]:
+                threads.setdefault((e.pid, e.tid), []).append(i)
+        bad_ts = int((~ts_ok).sum())
+        unmatched = 0
+        xs: list[_Ev] = []
+        for idx in threads.values():
+            order = sorted(idx, key=lambda i: (int(ts_ns[i]), i))
+            open_: list[int] = []
+            for i in order:
+                if type(be[i]) is _EvB:
+                    open_.append(i)
+                elif open_:
+                    bi = open_.pop()
+                    b = be[bi]
+                    xs.append(
+                        _Ev(
+                            cat=b.cat,
+                            name=b.name,
+                            ts=b.ts,
+                            dur=(int(ts_ns[i]) - int(ts_ns[bi])) / 1000.0,
+                            pid=b.pid,
+                            tid=b.tid,
+                            args=b.args,
+                        )
+                    )
+                else:
+                    unmatched += 1
+            unmatched += len(open_)
+        if unmatched or bad_ts:
+            self.dq.add(
+                "begin_end_unmatched",
+                unmatched + bad_ts,
+                "duration events (B/E) without their other half on the same thread, or without a usable "
+                "ts, were skipped",
+            )
+        self._add_complete(xs)
+
+    def _add_complete(self, xs: list[_Ev]) -> None:
         if not xs:
             return
         n = len(xs)

@@ -69,8 +69,27 @@ class _Ev(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
     args: _Args = msgspec.field(default_factory=_Args)
 
 
+class _EvB(msgspec.Struct, gc=False, tag_field="ph", tag="B"):
+    """A duration event's begin ("ph": "B"): becomes a row once its "E" on the same thread is found."""
+
+    cat: str = ""
+    name: str = ""
+    ts: msgspec.Raw = _EMPTY_RAW
+    pid: int | str = -1
+    tid: int | str = -1
+    args: _Args = msgspec.field(default_factory=_Args)
+
+
+class _EvE(msgspec.Struct, gc=False, tag_field="ph", tag="E"):
+    """A duration event's end ("ph": "E"): closes the thread's innermost open "B"."""
+
+    ts: msgspec.Raw = _EMPTY_RAW
+    pid: int | str = -1
+    tid: int | str = -1
+
+
 # Every other Chrome-trace phase decodes into an empty struct (its fields are skipped unparsed).
-_OTHER_PHASES = "BEiICbneNODstfPMVvRc()"
+_OTHER_PHASES = "iICbneNODstfPMVvRc()"
 _OTHER_TYPES: dict[str, type] = {
     ph: msgspec.defstruct(f"_Ph{ord(ph)}", [], tag_field="ph", tag=ph, gc=False) for ph in _OTHER_PHASES
 }
@@ -92,7 +111,7 @@ class _EvLenient(msgspec.Struct, gc=False):
     args: _Args | Any = None
 
 
-_EVENT_UNION: Any = Union[(_Ev, *_OTHER_TYPES.values())]  # noqa: UP007
+_EVENT_UNION: Any = Union[(_Ev, _EvB, _EvE, *_OTHER_TYPES.values())]  # noqa: UP007
 _DECODER = msgspec.json.Decoder(list[_EVENT_UNION])
 _DECODER_LENIENT = msgspec.json.Decoder(list[_EvLenient])
 _ANY_DECODER = msgspec.json.Decoder()
@@ -318,12 +337,18 @@ def _coerce_lenient(evs: list[Any], tally: list[int] | None = None) -> list[Any]
     a field of the wrong JSON type (an object pid, args that are not an object, a string dur...)."""
     out: list[Any] = []
     for e in evs:
-        if e.ph != "X":
+        if e.ph not in ("X", "B", "E"):
             out.append(_OTHER_TYPES.get(str(e.ph), _PhUnknown)())
             continue
         args = e.args if isinstance(e.args, _Args) else _Args()
         pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else -1
         tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else -1
+        if e.ph == "B":
+            out.append(_EvB(cat=str(e.cat), name=str(e.name), ts=e.ts, pid=pid, tid=tid, args=args))
+            continue
+        if e.ph == "E":
+            out.append(_EvE(ts=e.ts, pid=pid, tid=tid))
+            continue
         if tally is not None and (
             pid is not e.pid
             or tid is not e.tid
