@@ -414,3 +414,24 @@ def test_duration_events_begin_end_read_as_the_complete_events(shared_traces: Pa
     got = read_kineto(f)
     assert key(got.events).equals(key(ref.events))
     assert got.data_quality.counts["begin_end_unmatched"] == 2
+
+
+def test_ranks_merged_into_one_file_are_named_not_mixed_silently(tmp_path: Path) -> None:
+    """Trace-merging tools (e.g. for SGLang) put every rank's events in one file, each pid
+    relabelled "[TP<rank>] <pid>"; read as one rank, its steps would mix the ranks: the reader
+    says so in data_quality, naming the ranks. A plain trace (string pid "Spans" and the like) does not."""
+    repo = Path(__file__).resolve().parents[1]
+    merged: dict = {"traceEvents": []}
+    for r in (0, 1):
+        doc = _load(repo / "traces" / "cpu-tp2" / f"rank-{r}.pt.trace.json.gz")
+        for e in doc["traceEvents"]:
+            e["pid"] = f"[TP{r:02d}] {e.get('pid')}"
+        merged["traceEvents"] += doc["traceEvents"]
+        merged.setdefault("distributedInfo", doc.get("distributedInfo"))
+    f = tmp_path / "merged.trace.json"
+    f.write_text(json.dumps(merged))
+    dq = read_kineto(f).data_quality
+    assert dq.counts.get("merged_ranks_in_one_file") == 2
+    assert any("ranks 0, 1" in n and "per-rank trace files" in n for n in dq.notes)
+    plain = read_kineto(repo / "traces" / "cpu-tp2" / "rank-0.pt.trace.json.gz").data_quality
+    assert "merged_ranks_in_one_file" not in plain.counts

@@ -294,6 +294,7 @@ def read_kineto(
                 on_progress(prog.done, size)
         stream.tail()
         cols.finish_begin_end()
+        cols.note_merged_ranks(p.name)
     finally:
         if gc_was_enabled:
             gc.enable()

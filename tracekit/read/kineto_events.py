@@ -68,6 +68,8 @@ def kind_of_cat(cat: str) -> str:
 _GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
 
 _HOST_COLL_PREFIX = re.compile(r"^(?:gloo:|nccl:|c10d::)")
+#: a rank label in a string pid, as trace-merging tools write them ("[TP01] 1234", "rank 3 / pid 9")
+_PID_RANK_RE = re.compile(r"(?:^|[^A-Za-z])(?:TP|rank|Rank|RANK)[ _-]?(\d{1,6})(?![0-9])")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -255,6 +257,7 @@ class _Columns:
         self.dq = DataQuality()
         self.events_total = 0
         self.begin_end: list[Any] = []  # "B" / "E" events, paired once the whole file is read
+        self.pid_rank_labels: set[int] = set()  # ranks named in string pids (merged traces)
 
     def host_collective_codes(self) -> np.ndarray:
         """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`), names seen so far."""
@@ -323,6 +326,30 @@ class _Columns:
             )
         self._add_complete(xs)
 
+    @staticmethod
+    def _pids_are_ints(xs: list[_Ev], pid: np.ndarray) -> bool:
+        # _int_column gives -1 for a pid that is no integer; only then look at the strings
+        return not (pid == -1).any()
+
+    def _note_rank_labels(self, xs: list[_Ev]) -> None:
+        """Remember rank labels in string pids ("[TP01] 1234", "rank 3"): several ranks merged
+        into one file by a trace-merging tool, which one rank's analysis would mix up."""
+        for v in {e.pid for e in xs if isinstance(e.pid, str)}:
+            if m := _PID_RANK_RE.search(v):
+                self.pid_rank_labels.add(int(m.group(1)))
+
+    def note_merged_ranks(self, file_name: str) -> None:
+        labels = sorted(self.pid_rank_labels)
+        if len(labels) >= 2:
+            shown = ", ".join(map(str, labels[:8])) + (" ..." if len(labels) > 8 else "")
+            self.dq.add(
+                "merged_ranks_in_one_file",
+                len(labels),
+                f"{file_name}: its process ids carry {len(labels)} rank labels (ranks {shown}): several "
+                "ranks' traces merged into one file; tracekit reads a Kineto file as one rank, so its "
+                "steps and parts mix those ranks: pass the per-rank trace files instead",
+            )
+
     def _add_complete(self, xs: list[_Ev]) -> None:
         if not xs:
             return
@@ -383,6 +410,8 @@ class _Columns:
         dq = self.dq
         dev_arg = _int_column(_get_device, args, n, dq, "args.device")
         pid = _int_column(_get_pid, xs, n, dq, "pid")
+        if not self._pids_are_ints(xs, pid):
+            self._note_rank_labels(xs)
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
         device = np.where(device <= _INT32_MAX, device, -1)  # the device column is int32
         str_arg = _int_column(_get_stream, args, n, dq, "args.stream")
