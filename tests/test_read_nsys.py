@@ -587,3 +587,30 @@ def test_export_without_process_or_stream_columns_reads_the_same_ranks(tmp_path:
     a = key(ref[ref["kind"].astype(str).isin(gpu)])
     b = key(got[got["kind"].astype(str).isin(gpu)])
     assert len(a) > 1000 and a.equals(b)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="uses a shell script as a stand-in nsys")
+def test_qdrep_the_old_report_name_reads_like_nsys_rep(
+    shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """nsys named its reports `.qdrep` before 2021.4: given as a file or in a folder, it is exported
+    and read like a `.nsys-rep` (it was "not a trace file"); beside its `.sqlite` export, read once."""
+    from tracekit.read import read_run
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    rep = folder / "old.qdrep"
+    shutil.copy(shared_trace(shared_traces, H200_REP), rep)
+    fake = tmp_path / "bin" / "nsys"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\n"
+        'while [ "$#" -gt 0 ]; do if [ "$1" = "-o" ]; then out="$2"; fi; shift; done\n'
+        f'cp "{shared_trace(shared_traces, H200)}" "$out"\n'
+    )
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv("NSYS", str(fake))
+    assert int((read_run([rep], cache=False).events["kind"] == "kernel").sum()) == 21
+    assert (folder / "old.sqlite").is_file()  # the export, beside the report
+    run = read_run([folder], cache=False)  # the report and its export: read once
+    assert run.ranks == [0] and int((run.events["kind"] == "kernel").sum()) == 21

@@ -2,7 +2,7 @@
 
 `read_run(paths)` takes files and/or folders. A folder is read as the set of its trace files
 (`*.json`, `*.json.gz`, `*.pt.trace.json*`, `*.sqlite`, `*.sqlite.gz`, `*.nsys-rep` unless its
-`.sqlite` export lies beside it; `manifest.json` is loaded into `Run.manifest`, not read as a
+`.sqlite` export lies beside it (`*.qdrep`, nsys' name before 2021.4, likewise); `manifest.json` is loaded into `Run.manifest`, not read as a
 trace); a folder without trace files of its own but with subfolders holding them (HTA's `rank-N/`
 layout) is read as the set of those. Runs as users lay them out: a torchrun profile folder
 (`*.pt.trace.json[.gz]` per rank, no manifest: the rank from each file's `distributedInfo`),
@@ -43,6 +43,7 @@ READERS: dict[str, str] = {
     ".sqlite": "tracekit.read.nsys:read_nsys",
     ".sqlite.gz": "tracekit.read.nsys:read_nsys",
     ".nsys-rep": "tracekit.read.nsys:read_nsys",
+    ".qdrep": "tracekit.read.nsys:read_nsys",  # the name of nsys reports before 2021.4
 }
 
 _NOT_TRACES = {"manifest.json"}
@@ -212,13 +213,14 @@ def _traces_in(folder: Path) -> list[Path]:
     is left out (the export is read instead, once)."""
     found = sorted(c for c in folder.iterdir() if c.is_file() and _is_trace_name(c.name))
     names = {c.name.lower() for c in found}
-    return [
-        c
-        for c in found
-        if not (
-            c.name.lower().endswith(".nsys-rep") and c.name.lower()[: -len(".nsys-rep")] + ".sqlite" in names
+
+    def exported_beside(name: str) -> bool:
+        low = name.lower()
+        return any(
+            low.endswith(ext) and low[: -len(ext)] + ".sqlite" in names for ext in (".nsys-rep", ".qdrep")
         )
-    ]
+
+    return [c for c in found if not exported_beside(c.name)]
 
 
 def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], dict[str, Any] | None]:
@@ -237,13 +239,13 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
             if not found:
                 raise NoTracesError(
                     f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite, "
-                    "*.sqlite.gz or *.nsys-rep)"
+                    "*.sqlite.gz, *.nsys-rep or *.qdrep)"
                 )
             files.extend(found)
         elif p.is_file():
             if _reader_for(p) is None:
                 raise NoTracesError(
-                    f"{p}: not a trace file (expected .json, .json.gz, .sqlite or .sqlite.gz)"
+                    f"{p}: not a trace file (expected .json, .json.gz, .sqlite, .sqlite.gz, .nsys-rep or .qdrep)"
                 )
             files.append(p)
             mf = p.parent / "manifest.json"
@@ -266,7 +268,9 @@ def read_file(
     p = Path(path)
     found = _reader_for(p)
     if found is None:
-        raise NoTracesError(f"{p}: not a trace file (expected .json, .json.gz, .sqlite or .sqlite.gz)")
+        raise NoTracesError(
+            f"{p}: not a trace file (expected .json, .json.gz, .sqlite, .sqlite.gz, .nsys-rep or .qdrep)"
+        )
     if rank is not None:
         from tracekit.read.kineto import check_rank_argument
 
