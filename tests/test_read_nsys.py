@@ -614,3 +614,20 @@ def test_qdrep_the_old_report_name_reads_like_nsys_rep(
     assert (folder / "old.sqlite").is_file()  # the export, beside the report
     run = read_run([folder], cache=False)  # the report and its export: read once
     assert run.ranks == [0] and int((run.events["kind"] == "kernel").sum()) == 21
+
+
+def test_nvtx_event_types_come_from_the_exports_own_enum(shared_traces: Path, tmp_path: Path) -> None:
+    """An export whose nsys numbers its NVTX event types differently (ENUM_NSYS_EVENT_TYPE says
+    which id is a push/pop range) reads the same ranges: here the ids are renumbered in both the
+    events and the enum; with the fixed numbers the ranges were lost."""
+    db = tmp_path / "renum.sqlite"
+    shutil.copy(shared_trace(shared_traces, H200), db)
+    ref = read_nsys(db).events
+    con = sqlite3.connect(db)
+    con.execute("UPDATE NVTX_EVENTS SET eventType = eventType + 1000")
+    con.execute("UPDATE ENUM_NSYS_EVENT_TYPE SET id = id + 1000 WHERE name LIKE 'Nvtx%'")
+    con.commit()
+    con.close()
+    got = read_nsys(db).events
+    ann = lambda df: sorted(df.loc[df["kind"] == "annotation", "name"].astype(str))  # noqa: E731
+    assert len(ann(ref)) == 20 and ann(got) == ann(ref)

@@ -821,6 +821,27 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     return Run(events=events, sources=sources, rank_info=rank_info, data_quality=dq)
 
 
+def _nvtx_event_types(con: sqlite3.Connection) -> dict[str, int]:
+    """The NVTX eventType ids, by name from the export's own ENUM_NSYS_EVENT_TYPE (so that another
+    nsys version's numbering is read right), else the values nsys has used (34, 59, 60, 75)."""
+    out = {
+        "NvtxMark": NVTX_MARK,
+        "NvtxPushPopRange": NVTX_PUSH_POP_RANGE,
+        "NvtxStartEndRange": NVTX_START_END_RANGE,
+        "NvtxDomainCreate": NVTX_DOMAIN_CREATE,
+    }
+    try:
+        rows = con.execute(
+            "SELECT id, name FROM ENUM_NSYS_EVENT_TYPE WHERE name IN (?, ?, ?, ?)", tuple(out)
+        ).fetchall()
+    except sqlite3.Error:  # no such table (or column) in this export
+        return out
+    for i, name in rows:
+        if _is_int64(i) and name in out:
+            out[name] = int(i)
+    return out
+
+
 def _read_nvtx(
     con: sqlite3.Connection,
     strings: dict[int, str],
@@ -857,15 +878,16 @@ def _read_nvtx(
     names[need] = _lookup(strings, ids, dq, "NVTX")
 
     # domains: NvtxDomainCreate rows name (pid, domainId); domain 0 is the default domain ("")
-    dom_rows = etype == NVTX_DOMAIN_CREATE
+    types = _nvtx_event_types(con)
+    dom_rows = etype == types["NvtxDomainCreate"]
     dom_name: dict[tuple[int, int], str] = {
         (int(p), int(d)): str(n)
         for p, d, n in zip(pid[dom_rows], domain_id[dom_rows], names[dom_rows], strict=True)
     }
 
-    is_mark = etype == NVTX_MARK
+    is_mark = etype == types["NvtxMark"]
     tally(pid[is_mark], "nvtx_marks")
-    is_range = (etype == NVTX_PUSH_POP_RANGE) | (etype == NVTX_START_END_RANGE)
+    is_range = (etype == types["NvtxPushPopRange"]) | (etype == types["NvtxStartEndRange"])
     known = is_range | is_mark | dom_rows | (etype == NVTX_CATEGORY)
     if (~known).any():
         dq.add(
