@@ -41,6 +41,21 @@ _no_cache_flag = click.option(
 )
 
 
+def _env_for_command(ctx: click.Context, name: str, value: str) -> None:
+    """Set environment variable `name` for this command (the environment reaches the reader
+    processes); the previous setting comes back when the command ends."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+
+    def _restore() -> None:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+    ctx.call_on_close(_restore)
+
+
 def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """Put --max-bytes / --max-events in the environment for this command (it reaches the reader
     processes), checked first; the previous setting comes back when the command ends."""
@@ -53,16 +68,7 @@ def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
         limits.parse_size(value, f"--{str(param.name).replace('_', '-')}")
     except limits.LimitError as exc:
         raise click.BadParameter(str(exc)) from None
-    before = os.environ.get(env)
-    os.environ[env] = value
-
-    def _restore() -> None:
-        if before is None:
-            os.environ.pop(env, None)
-        else:
-            os.environ[env] = before
-
-    ctx.call_on_close(_restore)
+    _env_for_command(ctx, env, value)
     return value
 
 
@@ -96,16 +102,7 @@ def _set_no_cache(ctx: click.Context, param: click.Parameter, value: bool) -> bo
     """--no-cache for a command whose analysis reads runs deep inside (report): TRACEKIT_NO_CACHE
     for this command (the environment reaches reader processes), the previous setting back after."""
     if value:
-        before = os.environ.get("TRACEKIT_NO_CACHE")
-        os.environ["TRACEKIT_NO_CACHE"] = "1"
-
-        def _restore() -> None:
-            if before is None:
-                os.environ.pop("TRACEKIT_NO_CACHE", None)
-            else:
-                os.environ["TRACEKIT_NO_CACHE"] = before
-
-        ctx.call_on_close(_restore)
+        _env_for_command(ctx, "TRACEKIT_NO_CACHE", "1")
     return value
 
 
@@ -125,16 +122,7 @@ def _set_cache_dir(ctx: click.Context, param: click.Parameter, value: str | None
     """Point the cache at `value` for this command (the environment carries it to reader processes),
     and put the previous setting back when the command ends."""
     if value:
-        before = os.environ.get("TRACEKIT_CACHE_DIR")
-        os.environ["TRACEKIT_CACHE_DIR"] = value
-
-        def _restore() -> None:
-            if before is None:
-                os.environ.pop("TRACEKIT_CACHE_DIR", None)
-            else:
-                os.environ["TRACEKIT_CACHE_DIR"] = before
-
-        ctx.call_on_close(_restore)
+        _env_for_command(ctx, "TRACEKIT_CACHE_DIR", value)
     return value
 
 
