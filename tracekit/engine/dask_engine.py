@@ -496,6 +496,41 @@ def run_metadata(
     return assemble_run(_rank_tables(parts, events=False), manifest, paths, counts=counts)
 
 
+def _ordered_inputs(
+    parts: list[RankPart], views: list[BucketInput | None], rank: int | None = None
+) -> list[BucketInput]:
+    """Each rank file's stage-2 input, in event order (only the files holding `rank`, if given)."""
+    inputs = []
+    for i in sorted(range(len(parts)), key=lambda i: views[i].event_offset):  # type: ignore[union-attr]
+        v = views[i]
+        assert v is not None
+        if rank is not None and rank not in v.rank_map.values():
+            continue
+        inputs.append(BucketInput(parts[i].parquet, v.rank_map, v.shift_ns, v.event_offset))
+    return inputs
+
+
+def _gather_lists(client: Any, futs: list[Any], tasks: list[RankTask]) -> list[Any]:
+    """Gather per-file tasks that return (a list of pieces, their RankTask): the pieces joined,
+    each task's record appended to `tasks`."""
+    out: list[Any] = []
+    for got, task in client.gather(futs):
+        out.extend(got)
+        tasks.append(task)
+    return out
+
+
+def _gather_step_rule(client: Any, futs: list[Any], tasks: list[RankTask], pattern: str | None) -> Any:
+    """The run's step rule from the per-file `rank_step_summaries` tasks (`choose_step_rule`)."""
+    from tracekit.analyse.steps import choose_step_rule
+
+    summaries: dict[int, Any] = {}
+    for by_rank, task in client.gather(futs):
+        summaries.update(by_rank)
+        tasks.append(task)
+    return choose_step_rule([summaries[r] for r in sorted(summaries)], pattern)
+
+
 def _breakdown_per_rank(
     client: Any,
     engine: Engine,
@@ -511,7 +546,7 @@ def _breakdown_per_rank(
     step rule and the assembly on the client (`choose_step_rule`, `assemble_steps`,
     `assemble_breakdown`: the pieces the local engine's `breakdown` calls)."""
     from tracekit.analyse.breakdown import assemble_breakdown
-    from tracekit.analyse.steps import assemble_steps, choose_step_rule
+    from tracekit.analyse.steps import assemble_steps
     from tracekit.errors import StepError
 
     t0 = time.perf_counter()
@@ -523,14 +558,7 @@ def _breakdown_per_rank(
     if rank is not None and rank not in meta_full.sources:
         have = ", ".join(str(r) for r in meta_full.ranks) or "none"
         raise StepError(f"rank {rank} is not in this run (ranks: {have})")
-    order = sorted(range(len(parts)), key=lambda i: views[i].event_offset)  # type: ignore[union-attr]
-    inputs = []
-    for i in order:
-        v = views[i]
-        assert v is not None
-        if rank is not None and rank not in v.rank_map.values():
-            continue
-        inputs.append(BucketInput(parts[i].parquet, v.rank_map, v.shift_ns, v.event_offset))
+    inputs = _ordered_inputs(parts, views, rank)
 
     def submit(fn: Any, name: str, *args: Any) -> list[Any]:
         return [
@@ -548,18 +576,11 @@ def _breakdown_per_rank(
 
     sum_futs = submit(rank_step_summaries, "steprule", pattern)
     futures.extend(sum_futs)
-    summaries: dict[int, Any] = {}
     tasks: list[RankTask] = []
-    for by_rank, task in client.gather(sum_futs):
-        summaries.update(by_rank)
-        tasks.append(task)
-    choice = choose_step_rule([summaries[r] for r in sorted(summaries)], pattern)
+    choice = _gather_step_rule(client, sum_futs, tasks, pattern)
     bd_futs = submit(rank_breakdowns, "breakdown", choice, skip_first)
     futures.extend(bd_futs)
-    pieces: list[RankBreakdown] = []
-    for got, task in client.gather(bd_futs):
-        pieces.extend(got)
-        tasks.append(task)
+    pieces: list[RankBreakdown] = _gather_lists(client, bd_futs, tasks)
     pieces.sort(key=lambda x: x.events.rank)
     found = assemble_steps(choice, [x.windows for x in pieces])
     tables = []
@@ -707,7 +728,7 @@ def _attribute_per_rank(
     from tracekit.analyse.critical_path import path_inputs, path_of, path_spans, path_timeline
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
     from tracekit.analyse.shortfall import assemble_attribution, attribute_setup, finish_attribution
-    from tracekit.analyse.steps import assemble_steps, choose_step_rule
+    from tracekit.analyse.steps import assemble_steps
     from tracekit.errors import StepError
 
     t0 = time.perf_counter()
@@ -717,12 +738,7 @@ def _attribute_per_rank(
     threshold = kw.get("dilation_threshold", DEFAULT_THRESHOLD)
     meta_full = run_metadata(parts, meta.manifest, job.paths)
     pattern, dq = attribute_setup(meta_full, label, kw.get("step_pattern"))
-    order = sorted(range(len(parts)), key=lambda i: views[i].event_offset)  # type: ignore[union-attr]
-    inputs = []
-    for i in order:
-        v = views[i]
-        assert v is not None
-        inputs.append(BucketInput(parts[i].parquet, v.rank_map, v.shift_ns, v.event_offset))
+    inputs = _ordered_inputs(parts, views)
 
     def submit(fn: Any, name: str, args: list[tuple[Any, ...]]) -> list[Any]:
         return [
@@ -741,17 +757,10 @@ def _attribute_per_rank(
     try:
         futs = submit(rank_step_summaries, "att-steprule", [(pattern,)] * len(inputs))
         futures.extend(futs)
-        summaries: dict[int, Any] = {}
-        for by_rank, task in client.gather(futs):
-            summaries.update(by_rank)
-            tasks.append(task)
-        choice = choose_step_rule([summaries[r] for r in sorted(summaries)], pattern)
+        choice = _gather_step_rule(client, futs, tasks, pattern)
         futs = submit(rank_windows, "att-windows", [(choice,)] * len(inputs))
         futures.extend(futs)
-        wins = []
-        for got, task in client.gather(futs):
-            wins.extend(got)
-            tasks.append(task)
+        wins = _gather_lists(client, futs, tasks)
         found = assemble_steps(choice, sorted(wins, key=lambda w: w.rank))
     except StepError as exc:
         raise StepError(f"{label}: {exc}") from None
@@ -803,10 +812,7 @@ def _attribute_per_rank(
         for n, f in enumerate(att_futs)
     ]
     futures.extend(small)
-    pieces = []
-    for got, task in client.gather(small):
-        pieces.extend(got)
-        tasks.append(task)
+    pieces = _gather_lists(client, small, tasks)
     pieces.sort(key=lambda p: p.rank)
     att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
 
