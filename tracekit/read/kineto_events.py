@@ -326,11 +326,6 @@ class _Columns:
             )
         self._add_complete(xs)
 
-    @staticmethod
-    def _pids_are_ints(xs: list[_Ev], pid: np.ndarray) -> bool:
-        # _int_column gives -1 for a pid that is no integer; only then look at the strings
-        return not (pid == -1).any()
-
     def _note_rank_labels(self, xs: list[_Ev]) -> None:
         """Remember rank labels in string pids ("[TP01] 1234", "rank 3"): several ranks merged
         into one file by a trace-merging tool, which one rank's analysis would mix up."""
@@ -410,7 +405,7 @@ class _Columns:
         dq = self.dq
         dev_arg = _int_column(_get_device, args, n, dq, "args.device")
         pid = _int_column(_get_pid, xs, n, dq, "pid")
-        if not self._pids_are_ints(xs, pid):
+        if (pid == -1).any():  # a pid that is no integer reads as -1: only then look at the strings
             self._note_rank_labels(xs)
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
         device = np.where(device <= _INT32_MAX, device, -1)  # the device column is int32
