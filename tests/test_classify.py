@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -796,7 +795,9 @@ def test_classify_empty() -> None:
     assert len(out) == 0 and "cls" in out.columns
 
 
-def test_classify_one_million_events_fast() -> None:
+def test_classify_one_million_events() -> None:
+    """The vectorised classifier agrees with the per-name one on 1M events (its speed:
+    benchmarks/bench_refusals.py)."""
     rng = np.random.default_rng(0)
     pool = [c[1] for c in CASES if c[0] == "kernel"] + [
         f"void my_kernel_{i}<float>(float*)" for i in range(3000)
@@ -806,10 +807,7 @@ def test_classify_one_million_events_fast() -> None:
     kinds = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=["kernel"])
     start = np.arange(n, dtype=np.int64) * 10
     ev = make_events({"kind": kinds, "name": names, "start_ns": start, "end_ns": start + 5})
-    t0 = time.perf_counter()
     out = classify(ev)
-    elapsed = time.perf_counter() - t0
     # same answer as the per-name function, on a sample
     for i in rng.integers(0, n, 200):
         assert (out["cls"].iat[i], out["rule"].iat[i]) == classify_name("kernel", pool[names.codes[i]])[::2]
-    assert elapsed < 1.0, f"classify of 1M events took {elapsed:.2f} s"

@@ -24,9 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 CPU_TP1 = REPO / "traces" / "cpu-tp1"
 CPU_TP2 = REPO / "traces" / "cpu-tp2"
 
-#: every case must answer within this many seconds
-CASE_SECONDS = 10.0
-
 
 @pytest.fixture(autouse=True)
 def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,28 +33,22 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def cli_error(capsys: pytest.CaptureFixture[str], argv: list[str], *names: str) -> str:
     """Run the CLI in this process: exit 2, exactly one line on stderr naming each of `names`."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main(argv)
-    took = time.perf_counter() - t0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2, err
     assert len(lines) == 1 and lines[0].startswith("tracekit: error: "), err
     for n in names:
         assert n in lines[0], lines[0]
-    assert took < CASE_SECONDS
     return lines[0]
 
 
 def cli_ok(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
     """Run `tracekit <argv> --format json`: exit 0; the JSON document."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main([*argv, "--format", "json"])
-    took = time.perf_counter() - t0
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert took < CASE_SECONDS
     doc: dict[str, Any] = json.loads(out.out)
     return doc
 
@@ -142,13 +133,10 @@ def kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def read_ok(path: Path, **kw: Any) -> Any:
-    """read_file(path): no exception, within the time bound; the Run."""
+    """read_file(path): no exception; the Run."""
     from tracekit.read import read_file
 
-    t0 = time.perf_counter()
-    run = read_file(path, cache=False, **kw)
-    assert time.perf_counter() - t0 < CASE_SECONDS
-    return run
+    return read_file(path, cache=False, **kw)
 
 
 @pytest.mark.parametrize(
@@ -505,8 +493,7 @@ def test_gzip_bomb_4gib_whitespace_refused_fast_and_small(tmp_path: Path) -> Non
     assert rc == 2, err
     assert err.count("\n") == 0 and err.startswith("tracekit: error: ") and bomb.name in err
     assert "64 MiB" in err and "whitespace" in err
-    assert took < 10.0, took
-    assert rss_mib < 1024, rss_mib
+    assert rss_mib < 1024, rss_mib  # the time it takes: benchmarks/bench_refusals.py
 
 
 def test_gzip_bomb_inside_a_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -689,13 +676,11 @@ def test_string_timestamp_far_from_the_others(shared_traces: Path, tmp_path: Pat
 
 
 def outcome(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[str, str]:
-    """('ok', stdout) or ('error', the one line); never a traceback, within the time bound."""
+    """('ok', stdout) or ('error', the one line); never a traceback."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main(argv)
-    took = time.perf_counter() - t0
     out = capsys.readouterr()
-    assert "Traceback" not in out.err and took < CASE_SECONDS
+    assert "Traceback" not in out.err
     if rc == 0:
         return "ok", out.out
     lines = [ln for ln in out.err.splitlines() if ln.strip()]
@@ -1011,10 +996,8 @@ def test_capture_rank_killed_keeps_the_other_rank_verified(tmp_path: Path) -> No
     from tracekit.read import read_run
 
     cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", kill_rank=1, timeout_s=60, rounds=1)
-    t0 = time.perf_counter()
     with pytest.raises(CaptureError, match=r"rank 1: killed by SIGKILL"):
         capture(cfg, tmp_path)
-    assert time.perf_counter() - t0 < 120
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["complete"] is False and [e["rank"] for e in m["errors"]] == [1]
     assert list(m["files"]) == ["rank-0.pt.trace.json.gz"]
