@@ -48,7 +48,9 @@ def bench_classify(n: int = 1_000_000) -> None:
     for c in codes[:sample]:
         classify_name("kernel", pool[c])
     peer = (time.perf_counter() - t0) * n / sample
-    print(f"classify {n:,} events: {ours:.3f} s; per-event classify_name loop {peer:.2f} s; x{peer / ours:.1f}")
+    print(
+        f"classify {n:,} events: {ours:.3f} s; per-event classify_name loop {peer:.2f} s; x{peer / ours:.1f}"
+    )
 
 
 def bench_bomb(gib: int) -> None:
@@ -68,7 +70,9 @@ def bench_bomb(gib: int) -> None:
         )
         ours = time.perf_counter() - t0
         t0 = time.perf_counter()
-        subprocess.run(["sh", "-c", 'gzip -dc "$1" | wc -c', "sh", str(bomb)], capture_output=True, check=True)
+        subprocess.run(
+            ["sh", "-c", 'gzip -dc "$1" | wc -c', "sh", str(bomb)], capture_output=True, check=True
+        )
         peer = time.perf_counter() - t0
     print(
         f"gzip bomb of {gib} GiB refused at 64 MiB: {ours:.2f} s (exit {proc.returncode}, interpreter start "
@@ -87,7 +91,9 @@ def bench_teardown() -> None:
         t0 = time.perf_counter()
         runner.capture(cfg, Path(tmp))
         ours = time.perf_counter() - t0
-    print(f"capture with rank 1 stuck in teardown: {ours:.1f} s; the 120 s collective timeout x{120 / ours:.1f}")
+    print(
+        f"capture with rank 1 stuck in teardown: {ours:.1f} s; the 120 s collective timeout x{120 / ours:.1f}"
+    )
 
 
 def main() -> None:
