@@ -6,6 +6,7 @@ tests using it are skipped with a reason when that folder is absent.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,9 @@ def shared_trace(shared_traces: Path, rel: str) -> Path:
 def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth.TruthRuns
     """Fresh CPU captures (tp1, a, b, inj) shared by the ground-truth, diff and what-if tests."""
     pytest.importorskip("torch")
-    from gloo_truth import capture_truth_runs
+    from gloo_truth import capture_truth_runs, shared_truth_runs
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # -n auto: one capture for all workers
+        shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
+        return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
