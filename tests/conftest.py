@@ -1,17 +1,30 @@
 """Shared test fixtures.
 
-`shared_traces` is the path of the real traces in ../shared/traces (relative to the repo root);
-tests using it are skipped with a reason when that folder is absent.
+`shared_traces` is the path of the third-party traces in ../shared/traces (relative to the repo
+root): only the tests of other projects' formats and files use it, and they are skipped with a
+reason when that folder is absent (a clone). A test that needs "some real trace" uses the
+project's own committed traces/ instead: `real_kineto_doc()` (one step of a real two-H200 rank
+file) and `real_nsys_sqlite` (a real nsys export).
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+#: a real Kineto rank file of the project's own (traces/README.md): rank 0 of TP=2 on two H200s,
+#: profiler mode full (CPU ops with shapes, kernels, NCCL, cuda_sync, distributedInfo, flows)
+REAL_KINETO = REPO / "traces" / "h200-tp2-full" / "rank-0.pt.trace.json.gz"
+#: a real Nsight Systems export of the project's own (TP=1 on one H200, gzipped SQLite)
+REAL_NSYS_GZ = REPO / "traces" / "h200-tp1-nsys" / "nsys.sqlite.gz"
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +53,66 @@ def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth
         shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
         return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+
+
+@functools.lru_cache(maxsize=1)
+def _real_kineto_text() -> str:
+    """REAL_KINETO cut to its second profiler step (the first is the warm-up): the metadata, and
+    every event that starts between ProfilerStep#2's start and ProfilerStep#3's (the GPU work the
+    step launched runs up to there), as JSON text. About 4,500 events: small enough to damage and
+    re-read in every reliability case."""
+    with gzip.open(REAL_KINETO, "rt") as f:
+        doc = json.load(f)
+    starts = sorted(
+        (float(e["ts"]), e["name"])
+        for e in doc["traceEvents"]
+        if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    t0, t1 = starts[1][0], starts[2][0]
+    doc["traceEvents"] = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "M" or (isinstance(e.get("ts"), (int, float)) and t0 <= float(e["ts"]) < t1)
+    ]
+    return json.dumps(doc)
+
+
+def real_kineto_doc() -> dict[str, Any]:
+    """A fresh copy of one real step of REAL_KINETO (`_real_kineto_text`), to damage in a test."""
+    doc: dict[str, Any] = json.loads(_real_kineto_text())
+    return doc
+
+
+@pytest.fixture(scope="session")
+def real_kineto_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`real_kineto_doc()` written as `rank-0.pt.trace.json.gz` (a session-wide file: do not edit)."""
+    p = tmp_path_factory.mktemp("real-kineto") / "rank-0.pt.trace.json.gz"
+    with gzip.open(p, "wt") as f:
+        f.write(_real_kineto_text())
+    return p
+
+
+@pytest.fixture(scope="session")
+def real_nsys_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """REAL_NSYS_GZ inflated to a plain `.sqlite` and cut to its first 1,000 kernels: every row of a
+    timed table (one with a `start` column) that starts after the 1,000th kernel is deleted, then
+    the file is vacuumed (about a tenth of the export; a session-wide file: copy it before editing)."""
+    import sqlite3
+
+    p = tmp_path_factory.mktemp("real-nsys") / "nsys.sqlite"
+    with gzip.open(REAL_NSYS_GZ, "rb") as f:
+        p.write_bytes(f.read())
+    con = sqlite3.connect(p)
+    try:
+        (cut,) = con.execute(
+            "SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 1 OFFSET 999"
+        ).fetchone()
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for t in tables:
+            if "start" in {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')}:
+                con.execute(f'DELETE FROM "{t}" WHERE start > ?', (cut,))
+        con.commit()
+        con.execute("VACUUM")
+    finally:
+        con.close()
+    return p
