@@ -689,12 +689,12 @@ def check_out_dir(out_dir: Path, force: bool) -> None:
     `force` is false: nothing already there is replaced without `--force`."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise CaptureError(f"--out {out_dir}: exists and is not a folder")
+        raise CaptureError(f"-o/--output {out_dir}: exists and is not a folder")
     found = existing_outputs(out_dir)
     if found and not force:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise CaptureError(
-            f"--out {out_dir} already holds {shown} from an earlier capture: pass --force to replace "
+            f"-o/--output {out_dir} already holds {shown} from an earlier capture: pass --force to replace "
             "them, or choose another folder"
         )
 
@@ -707,7 +707,7 @@ def _prepare_out_dir(out_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise CaptureError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+        raise CaptureError(f"-o/--output {out_dir}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _clear_outputs(out_dir: Path) -> None:
@@ -1149,7 +1149,7 @@ def capture_script(
     """
     if not argv:
         raise CaptureError(
-            "no command given after `--` (e.g. tracekit capture --out DIR -- python my_decode.py)"
+            "no command given after `--` (e.g. tracekit capture -o DIR -- python my_decode.py)"
         )
     if mode not in MODES:
         raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.options import format_option, message, output_option, show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -88,19 +89,13 @@ from tracekit.probe import spec
     default=None,
     help="Keep NCCL's logs here (one subfolder per mode).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default=None,
-    help="[table; json when --out ends .json]",
-)
-@click.option(
-    "--out",
-    "-o",
+@format_option("table", "json", default=None, help="[table; json when -o/--output ends .json]")
+@output_option(
+    "out",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="Write the result here.",
+    metavar="FILE",
+    help="Write the result to FILE (the table then goes to stderr).",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar [on when stderr is a terminal].")
 def command(
@@ -149,7 +144,6 @@ def command(
           --baseline traces/h200-tp1 -o reports/h200/links-verdict.json
       tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
     """
-    import sys
 
     from tracekit.analyse.link_verdict import load_compare, recompute
 
@@ -197,7 +191,7 @@ def command(
         algo_pass=algo_pass,
         graph=graph,
         log_dir=str(log_dir) if log_dir else None,
-        progress=sys.stderr.isatty() if progress is None else progress,
+        progress=show_progress() if progress is None else progress,
     )
     result = compare_links(cfg)
     _emit(result, fmt, out)
@@ -212,7 +206,7 @@ def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        click.echo(table, nl=False)
-        click.echo(f"# wrote {out}")
+        message(table.rstrip("\n"))
+        message(f"wrote {out}")
     else:
         click.echo(text, nl=False)

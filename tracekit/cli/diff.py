@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import math
-import sys
 from typing import Any
 
 import click
@@ -12,8 +11,10 @@ import click
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
+    format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
     step_pattern_option,
 )
 from tracekit.errors import TracekitError
@@ -288,13 +289,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
 @click.command("diff")
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "md"]),
-    default="table",
-    show_default=True,
-    help="table for people, md for a pull request comment, json per docs/JSON.md#diff.",
+@format_option(
+    "table", "json", "md", help="table for people, md for a pull request comment, json per docs/JSON.md#diff."
 )
 @click.option(
     "--fail-if-slower",
@@ -349,9 +345,9 @@ def command(
     \b
     Examples:
       tracekit diff traces/h200-tp2 traces/h200-tp2-straggler
-      tracekit diff runs/main runs/pr --format md --out diff.md
+      tracekit diff runs/main runs/pr --format md -o diff.md
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
-      tracekit diff runs/main runs/pr --format json --out diff.json
+      tracekit diff runs/main runs/pr --format json -o diff.json
     """
     from tracekit.analyse.diff import diff
     from tracekit.read import read_run
@@ -370,7 +366,7 @@ def command(
         raise TracekitError(f"--top: {top} is negative")
     if skip_first < 0:
         raise TracekitError(f"--skip-first: {skip_first} is negative")
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     run_b = read_run([before], cache=not no_cache, progress=tty)
     run_a = read_run([after], cache=not no_cache, progress=tty)
     result = diff(

@@ -28,13 +28,139 @@ step_pattern_option = click.option(
     help=STEP_PATTERN_HELP,
 )
 
-out_file_option = click.option(
-    "--out",
+
+class AliasOption(click.Option):
+    """An option with deprecated names that still work but are not shown in --help (`--out`, kept
+    so that old scripts run, beside `-o/--output`)."""
+
+    def __init__(self, *args: Any, hidden_names: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hidden_names = hidden_names
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        shown = self.opts
+        self.opts = [o for o in shown if o not in self.hidden_names]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
+def output_option(dest: str = "out", **kwargs: Any) -> Any:
+    """`-o/--output` (the one name of every command's output; `--out` still works, unlisted)."""
+    return click.option("-o", "--output", "--out", dest, cls=AliasOption, hidden_names=("--out",), **kwargs)
+
+
+out_file_option = output_option(
     "out",
     type=click.Path(dir_okay=False, path_type=str),
     default=None,
-    help="Write to FILE instead of stdout.",
+    metavar="FILE",
+    help="Write the result to FILE instead of stdout.",
 )
+
+#: the one --format vocabulary; older names still accepted: text = table, markdown = md
+FORMAT_ALIASES = {"text": "table", "markdown": "md"}
+
+
+class FormatChoice(click.Choice):
+    """click.Choice over table|json|md|csv (the ones a command writes) that also takes the older
+    names of FORMAT_ALIASES, unlisted."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.lower() in FORMAT_ALIASES:
+            value = FORMAT_ALIASES[value.lower()]
+        return super().convert(value, param, ctx)
+
+
+def format_option(*formats: str, default: str | None = "table", help: str = "") -> Any:
+    """`--format` over `formats`, a subset of table|json|md|csv in that order."""
+    order = ("table", "json", "md", "csv")
+    assert set(formats) <= set(order), formats
+    return click.option(
+        "--format",
+        "fmt",
+        type=FormatChoice([f for f in order if f in formats]),
+        default=default,
+        show_default=default is not None,
+        help=help or None,
+    )
+
+
+# -- -q/--quiet, -v/--verbose, --no-color: every command has them (main.LazyGroup adds them) ------
+
+_STATE: dict[str, Any] = {"quiet": False, "verbose": 0}
+
+
+def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    _STATE["quiet"] = bool(value)
+    return value
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    _STATE["verbose"] = int(value or 0)
+    return value
+
+
+def _set_no_color(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        _env_for_command(ctx, "NO_COLOR", "1")  # rich and every table below read NO_COLOR
+    return value
+
+
+def common_params() -> list[click.Parameter]:
+    """The options every command takes, fresh objects (click keeps state on them)."""
+    return [
+        click.Option(
+            ["-q", "--quiet"],
+            is_flag=True,
+            expose_value=False,
+            callback=_set_quiet,
+            help="Only the result: no progress display, no 'wrote ...' or other messages on stderr "
+            "(errors still print).",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            callback=_set_verbose,
+            help="Say more on stderr: the command's time; with an error, its traceback too.",
+        ),
+        click.Option(
+            ["--no-color"],
+            is_flag=True,
+            expose_value=False,
+            callback=_set_no_color,
+            help="No colour in tables and progress (also when NO_COLOR is set).",
+        ),
+    ]
+
+
+def quiet() -> bool:
+    """-q/--quiet was given to the running command."""
+    return bool(_STATE["quiet"])
+
+
+def verbose() -> int:
+    """How many -v the running command was given."""
+    return int(_STATE["verbose"])
+
+
+def color_enabled() -> bool:
+    """Colour unless --no-color or NO_COLOR (no-color.org: set and not empty)."""
+    return not os.environ.get("NO_COLOR")
+
+
+def show_progress() -> bool:
+    """A progress display on stderr: when it is a terminal and not -q/--quiet."""
+    return sys.stderr.isatty() and not quiet()
+
+
+def message(text: str) -> None:
+    """A message for people (not the result): on stderr, unless -q/--quiet."""
+    if not quiet():
+        click.echo(text, err=True)
+
 
 _no_cache_flag = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
@@ -160,7 +286,7 @@ def write_text(text: str, out: str | None) -> None:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
             raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
-        click.echo(f"wrote {out}", err=True)
+        message(f"wrote {out}")
 
 
 def emit_result(
@@ -172,7 +298,7 @@ def emit_result(
     others: Mapping[str, Callable[[], str]] | None = None,
     file_width: int = 120,
 ) -> None:
-    """Write a command's result as its --format asks, to --out or stdout (`write_text`): `json` is
+    """Write a command's result as its --format asks, to -o/--output or stdout (`write_text`): `json` is
     `doc()` as indented JSON (docs/JSON.md), a format named in `others` its renderer's text (md,
     markdown, csv), any other the table, `table(width, color)`: the terminal's width and colour when
     it prints to a terminal, `file_width` columns and no colour otherwise."""
@@ -182,7 +308,7 @@ def emit_result(
         text = others[fmt]()
     else:
         to_terminal = out is None and sys.stdout.isatty()
-        text = table(None if out is None else file_width, to_terminal)
+        text = table(None if out is None else file_width, to_terminal and color_enabled())
     write_text(text, out)
 
 
