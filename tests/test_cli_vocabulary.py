@@ -80,7 +80,9 @@ def test_quiet_keeps_stderr_empty_and_verbose_adds_the_time(
     assert err[0] == f"wrote {out}" and re.fullmatch(r"tracekit: done in \d+\.\d\d s", err[-1])
 
 
-def test_verbose_error_keeps_the_one_line_first_then_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+def test_verbose_error_keeps_the_one_line_first_then_the_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     capsys.readouterr()
     assert main(["dilation", "/nonexistent-run-folder"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1

@@ -487,6 +487,60 @@ def run_pass(
     )
 
 
+#: lines Kineto writes on stderr at every profiler start and stop ("USDT:<time> <pid>:<tid>
+#: SyncActivityProfilerHandler.cpp:52] profiler_start"): its USDT probe markers, printed whatever
+#: KINETO_LOG_LEVEL says short of the level that also silences Kineto's errors
+USDT_PREFIX = b"USDT:"
+
+
+@contextlib.contextmanager
+def _stderr_without_usdt() -> Any:
+    """This process' file descriptor 2 through a pipe for the duration: every line but Kineto's
+    `USDT:` markers goes on to the real stderr, as it arrives (a thread); at the end fd 2 is put
+    back and what is left in the pipe is written out."""
+    import threading
+
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        os.close(w)
+    except OSError:  # no stderr to filter (closed): nothing to do
+        yield
+        return
+
+    def pump() -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            keep = b"".join(ln + b"\n" for ln in lines if not ln.startswith(USDT_PREFIX))
+            if keep:
+                with contextlib.suppress(OSError):
+                    os.write(real, keep)
+        if buf and not buf.startswith(USDT_PREFIX):
+            with contextlib.suppress(OSError):
+                os.write(real, buf)
+
+    t = threading.Thread(target=pump, name="tracekit-stderr", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(real, 2)  # the pipe's last write end closes: the thread drains it and ends
+        t.join(timeout=5)
+        os.close(real)
+
+
 def _spawned_rank(
     rank: int,
     world: int,
@@ -504,7 +558,8 @@ def _spawned_rank(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
     )
     try:
-        _rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
+        with _stderr_without_usdt():  # Kineto's profiler_start/stop markers kept out of the output
+            _rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
     except BaseException as exc:
         fields = error_fields(exc)
         with contextlib.suppress(Exception):
