@@ -556,6 +556,17 @@ def test_rank_file_missing_from_a_tp2_run(
         assert "trace_names_not_files" in text
 
 
+def test_shortfall_names_the_missing_rank_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder holding one rank of a TP=2 run (its manifest says tp=2) as --sharded beside a TP=1
+    baseline: the error is the missing rank, not 'both have 1 rank(s)' from the pair check."""
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    (d / "rank-1.pt.trace.json.gz").unlink()
+    line = cli_error(
+        capsys, ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d), "--no-cache"], "rank(s) 1"
+    )
+    assert "sharded: the manifest says tp=2" in line and "both have" not in line
+
+
 def test_shortfall_sharded_run_as_its_own_baseline(capsys: pytest.CaptureFixture[str]) -> None:
     cli_error(
         capsys,

@@ -1419,6 +1419,9 @@ def shortfall(
 ) -> Shortfall:
     """Attribute the per-token shortfall of `sharded` against `baseline` (module doc)."""
     baseline, sharded = AnalysedRun.of(baseline), AnalysedRun.of(sharded)  # each classified once
+    # a rank file missing is the real problem of a pair that looks wrong because of it: said first
+    check_ranks(baseline.run, "baseline")
+    check_ranks(sharded.run, "sharded")
     pair_notes = check_pair(baseline.run, sharded.run)
     base = attribute_run(
         baseline,

@@ -84,7 +84,8 @@ _RULE_WORDS: dict[str, str] = {
     "cuda_graph_launch": "one CUDA-graph launch period per iteration",
     "repeated_range": "the NVTX / user ranges that repeat",
     "whole_trace": "no step markers: the whole trace as one window per rank",
-    "pattern": "the given pattern",
+    # a regex: from --steps, or (no --steps) the capture's manifest.json workload.step_pattern
+    "pattern": "the step pattern asked for: --steps, else the run's manifest.json workload.step_pattern",
 }
 #: Host ranges that are never steps when looking for repeated ranges (collectives' own ranges).
 _NOT_STEP_RANGES = re.compile(r"^(?:nccl|rccl|gloo|mpi|ucc|xccl|c10d|record_param_comms|ProfilerStep)", re.I)
