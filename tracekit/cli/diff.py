@@ -286,6 +286,13 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _tp_of(run: Any) -> int:
+    """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks."""
+    wl = (run.manifest or {}).get("workload")
+    tp = wl.get("tp") if isinstance(wl, dict) else None
+    return tp if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16 else len(run.ranks)
+
+
 @click.command("diff")
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
@@ -316,6 +323,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
     is_flag=True,
     help="Match collectives even when their group names ranks that are not in the run.",
 )
+@click.option(
+    "--allow-tp-change",
+    is_flag=True,
+    help="Compare runs of different TP degrees (refused without it: the change would be the sharding; "
+    "`tracekit shortfall --baseline TP1 --sharded TPN` is the analysis of that).",
+)
 @out_file_option
 @no_cache_option
 @cache_dir_option
@@ -329,10 +342,12 @@ def command(
     skip_first: int,
     dilation_threshold: float,
     allow_partial: bool,
+    allow_tp_change: bool,
     out: str | None,
     no_cache: bool,
 ) -> None:
-    """Compare two runs of the same workload (any input tracekit reads, any TP): the per-token time
+    """Compare two runs of the same workload (any input tracekit reads, the same TP degree unless
+    --allow-tp-change): the per-token time
     before and after with a 95% bootstrap interval and a plain verdict (faster / slower / no
     significant change); the change split by part (compute, matrix/vector on GPUs, memory,
     collective transfer, coordination wait/sync/idle; the parts sum to the change exactly), per
@@ -369,6 +384,13 @@ def command(
     tty = show_progress()
     run_b = read_run([before], cache=not no_cache, progress=tty)
     run_a = read_run([after], cache=not no_cache, progress=tty)
+    tp_b, tp_a = _tp_of(run_b), _tp_of(run_a)
+    if tp_b != tp_a and not allow_tp_change:
+        raise TracekitError(
+            f"{after}: TP={tp_a} against {before}: TP={tp_b}: diff compares runs of one TP degree; "
+            "for what sharding costs use `tracekit shortfall --baseline <TP=1 run> --sharded <TP=N run>`, "
+            "or give --allow-tp-change"
+        )
     result = diff(
         run_b,
         run_a,
