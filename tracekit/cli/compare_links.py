@@ -142,7 +142,7 @@ def command(
           --baseline traces/h200-tp1 -o reports/h200/links-graph.json
       tracekit compare-links --load reports/h200/links.json --trace traces/h200-tp2 \\
           --baseline traces/h200-tp1 -o reports/h200/links-verdict.json
-      tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
+      tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5   # the sweep on gloo: a test, no links
     """
 
     from tracekit.analyse.link_verdict import load_compare, recompute
@@ -157,6 +157,12 @@ def command(
         _emit(result, fmt, out)
         return
 
+    if device == "auto" and not _have_cuda_gpus():
+        raise ProbeError(
+            "compare-links compares GPU-to-GPU links (NVLink against P2P disabled) and this machine has "
+            "no CUDA GPU; `tracekit probe --device cpu` measures gloo collectives here, `--load FILE` "
+            "re-judges a saved result, `--device cpu` runs the sweep machinery itself as a test"
+        )
     from tracekit.probe.compare import MODES, CompareConfig, compare_links
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -195,6 +201,15 @@ def command(
     )
     result = compare_links(cfg)
     _emit(result, fmt, out)
+
+
+def _have_cuda_gpus() -> bool:
+    """At least one CUDA GPU visible to torch (no torch: none)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
 def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
