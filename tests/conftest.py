@@ -55,26 +55,34 @@ def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
 
 
-@functools.lru_cache(maxsize=1)
-def _real_kineto_text() -> str:
-    """REAL_KINETO cut to its second profiler step (the first is the warm-up): the metadata, and
-    every event that starts between ProfilerStep#2's start and ProfilerStep#3's (the GPU work the
-    step launched runs up to there), as JSON text. About 4,500 events: small enough to damage and
-    re-read in every reliability case."""
-    with gzip.open(REAL_KINETO, "rt") as f:
+@functools.lru_cache(maxsize=2)
+def _real_kineto_text(rank: int = 0) -> str:
+    """Rank `rank` of REAL_KINETO's run cut to its second profiler step (the first is the warm-up):
+    the metadata, and every event that starts between ProfilerStep#2's start and ProfilerStep#3's
+    (the GPU work the step launched runs up to there), as JSON text. About 5,000 events: small
+    enough to damage and re-read in every reliability case."""
+    with gzip.open(REAL_KINETO.with_name(f"rank-{rank}.pt.trace.json.gz"), "rt") as f:
         doc = json.load(f)
     starts = sorted(
-        (float(e["ts"]), e["name"])
-        for e in doc["traceEvents"]
-        if str(e.get("name", "")).startswith("ProfilerStep#")
+        float(e["ts"]) for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
     )
-    t0, t1 = starts[1][0], starts[2][0]
+    t0, t1 = starts[1], starts[2]
     doc["traceEvents"] = [
         e
         for e in doc["traceEvents"]
         if e.get("ph") == "M" or (isinstance(e.get("ts"), (int, float)) and t0 <= float(e["ts"]) < t1)
     ]
     return json.dumps(doc)
+
+
+def write_real_tp2_run(folder: Path, name: str = "rank-{r}.json.gz") -> Path:
+    """Both ranks of REAL_KINETO's TP=2 run, one step each (`_real_kineto_text`), gzipped into
+    `folder` (created) as `name` with {r} the rank; no manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in (0, 1):
+        with gzip.open(folder / name.format(r=r), "wt") as f:
+            f.write(_real_kineto_text(r))
+    return folder
 
 
 def real_kineto_doc() -> dict[str, Any]:
