@@ -31,8 +31,37 @@ REAL_NSYS_GZ = REPO / "traces" / "h200-tp1-nsys" / "nsys.sqlite.gz"
 def shared_traces() -> Path:
     """Path of ../shared/traces; skips the test when it is absent."""
     if not SHARED_TRACES.is_dir():
-        pytest.skip(f"real traces not found at {SHARED_TRACES} (../shared/traces relative to the repo root)")
+        pytest.skip(f"{NO_SHARED}: {SHARED_TRACES} is absent")
     return SHARED_TRACES
+
+
+#: the start of the skip reason of every test that needs ../shared/traces
+NO_SHARED = "third-party traces (../shared/traces) not here"
+
+
+def _skip_kind(reason: str) -> str:
+    """A skip reason folded into its kind for the one summary line."""
+    if reason.startswith(NO_SHARED) or str(SHARED_TRACES) in reason:
+        return "third-party traces not here (../shared)"
+    low = reason.lower()
+    if "cuda" in low or "gpu" in low or "h200" in low:
+        return "no CUDA GPU"
+    return reason
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    """One line: how many tests skipped, and why, by kind (a clone without ../shared skips only the
+    tests of third-party formats; a machine without GPUs the GPU tests)."""
+    from collections import Counter
+
+    kinds: Counter[str] = Counter()
+    for rep in terminalreporter.stats.get("skipped", []):
+        lr = rep.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        kinds[_skip_kind(str(reason).removeprefix("Skipped: "))] += 1
+    if kinds:
+        parts = "; ".join(f"{n} {k}" for k, n in kinds.most_common())
+        terminalreporter.write_line(f"skipped {sum(kinds.values())}: {parts}")
 
 
 def shared_trace(shared_traces: Path, rel: str) -> Path:
