@@ -64,6 +64,25 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         terminalreporter.write_line(f"skipped {sum(kinds.values())}: {parts}")
 
 
+def shared_params(values: list[Any], ids: list[str] | None = None, *, tuples: bool = False) -> list[Any]:
+    """Parameters of a test over files under ../shared/traces: every value when the folder is here;
+    in a clone without it, one skipped placeholder (one skip for the test, not one per file).
+    `tuples`: each value is the tuple of several arguments."""
+    if SHARED_TRACES.is_dir():
+        return [
+            pytest.param(*(v if tuples else (v,)), id=None if ids is None else ids[i])
+            for i, v in enumerate(values)
+        ]
+    first = values[0]
+    return [
+        pytest.param(
+            *(first if tuples else (first,)),
+            id="no-shared",
+            marks=pytest.mark.skip(reason=f"{NO_SHARED}: {SHARED_TRACES} is absent ({len(values)} files)"),
+        )
+    ]
+
+
 def shared_trace(shared_traces: Path, rel: str) -> Path:
     """One file under ../shared/traces; skips when it is absent."""
     p = shared_traces / rel

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import shared_trace
+from tests.conftest import shared_params, shared_trace
 from tracekit.analyse.breakdown import breakdown
 from tracekit.analyse.steps import STEP_RULES, find_steps_detailed, partition_steps
 from tracekit.classify import classify
@@ -88,7 +88,7 @@ REPO_RULES: dict[str, str] = {
 }
 
 
-@pytest.mark.parametrize("rel", sorted(SHARED_RULES))
+@pytest.mark.parametrize("rel", shared_params(sorted(SHARED_RULES)))
 def test_shared_trace_reads_without_flags(shared_traces: Path, rel: str) -> None:
     path = shared_trace(shared_traces, rel)
     doc = _breakdown_json(path)

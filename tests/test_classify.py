@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import shared_params
 
 from tracekit.classify import RULES, classify, classify_name, matching_rules
 from tracekit.classify.rules import strip_parameters
@@ -691,7 +692,7 @@ def _independent_counts(path: Path) -> dict[str, tuple[int, int]]:
     return {k: (out[k], dur[k]) for k in ("memory", "collective", "other")}
 
 
-@pytest.mark.parametrize("rel", KINETO_TRACES)
+@pytest.mark.parametrize("rel", shared_params(KINETO_TRACES))
 def test_kernels_per_class_match_independent_count(shared_traces: Path, rel: str) -> None:
     from tracekit.analyse.breakdown import gpu_time_by
     from tracekit.read import read_run

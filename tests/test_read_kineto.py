@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_params
 
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import check_events
@@ -57,7 +58,7 @@ def _trace(shared_traces: Path, rel: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("rel", KINETO_TRACES)
+@pytest.mark.parametrize("rel", shared_params(KINETO_TRACES))
 def test_counts_match_plain_json(shared_traces: Path, rel: str) -> None:
     path = _trace(shared_traces, rel)
     doc = _load(path)

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import shared_params
 
 from tracekit.analyse.steps import PARTS, find_steps, find_steps_detailed, partition_steps
 from tracekit.classify import classify
@@ -245,7 +246,10 @@ REAL = [
 ]
 
 
-@pytest.mark.parametrize(("rel", "pattern", "rank", "n_steps"), REAL, ids=[r[0].split("/")[-1] for r in REAL])
+@pytest.mark.parametrize(
+    ("rel", "pattern", "rank", "n_steps"),
+    shared_params(REAL, [r[0].split("/")[-1] for r in REAL], tuples=True),
+)
 def test_parts_sum_to_window_on_real_traces(
     shared_traces: Path, rel: str, pattern: str | None, rank: int | None, n_steps: int | None
 ) -> None:
