@@ -148,14 +148,20 @@ def real_kineto_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-@pytest.fixture(scope="session")
-def real_nsys_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
+@functools.lru_cache(maxsize=1)
+def real_nsys_path() -> Path:
     """REAL_NSYS_GZ inflated to a plain `.sqlite` and cut to its first 1,000 kernels: every row of a
     timed table (one with a `start` column) that starts after the 1,000th kernel is deleted, then
-    the file is vacuumed (about a tenth of the export; a session-wide file: copy it before editing)."""
+    the file is vacuumed (about a tenth of the export). One file per test process, in a temporary
+    folder removed at exit: copy it before editing."""
+    import atexit
+    import shutil
     import sqlite3
+    import tempfile
 
-    p = tmp_path_factory.mktemp("real-nsys") / "nsys.sqlite"
+    folder = Path(tempfile.mkdtemp(prefix="tracekit-real-nsys-"))
+    atexit.register(shutil.rmtree, folder, True)
+    p = folder / "nsys.sqlite"
     with gzip.open(REAL_NSYS_GZ, "rb") as f:
         p.write_bytes(f.read())
     con = sqlite3.connect(p)
@@ -172,3 +178,21 @@ def real_nsys_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     finally:
         con.close()
     return p
+
+
+@pytest.fixture(scope="session")
+def real_nsys_sqlite() -> Path:
+    """`real_nsys_path()`, a session-wide file: copy it before editing."""
+    return real_nsys_path()
+
+
+@functools.lru_cache(maxsize=1)
+def real_kineto_excerpt_text(n_events: int = 1200) -> str:
+    """`_real_kineto_text()` cut further, for the fuzzer's thousands of cases: the metadata and the
+    first `n_events` other events by start time (a real excerpt: kernels, runtime calls, flows,
+    CPU ops and the step range all begin inside it)."""
+    doc = json.loads(_real_kineto_text())
+    meta = [e for e in doc["traceEvents"] if e.get("ph") == "M"]
+    rest = sorted((e for e in doc["traceEvents"] if e.get("ph") != "M"), key=lambda e: float(e["ts"]))
+    doc["traceEvents"] = meta + rest[:n_events]
+    return json.dumps(doc)

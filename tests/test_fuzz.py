@@ -28,6 +28,7 @@ import orjson
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
+from conftest import real_kineto_excerpt_text, real_nsys_path  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -36,12 +37,8 @@ from tracekit.errors import TracekitError  # noqa: E402
 SCALE = max(1, int(os.environ.get("TRACEKIT_FUZZ_SCALE", "1") or 1))
 CASE_SECONDS = 10
 
-KINETO = "h200/kineto_decode_ws1.pt.trace.json.gz"
-NSYS = "h200/nsys_matmul_nvtx.sqlite"
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
-pytestmark = pytest.mark.skipif(
-    not (SHARED / KINETO).exists(), reason=f"real traces not found under {SHARED}"
-)
+# the real traces mutated: the project's own (conftest: an excerpt of traces/h200-tp2-full rank 0,
+# and traces/h200-tp1-nsys cut to 1,000 kernels)
 
 
 def fuzz_settings(examples: int) -> Any:
@@ -86,8 +83,7 @@ def kineto_doc() -> dict[str, Any]:
     `apply_mutation` copies an event before it changes it). A deep copy through json took 10-17 ms
     a case, more than reading the trace (issue 16: cases made cheaper to run 2,000+ in CI)."""
     if not _DOC:
-        with gzip.open(SHARED / KINETO, "rt") as f:
-            _DOC.update(json.load(f))
+        _DOC.update(json.loads(real_kineto_excerpt_text()))
     doc = dict(_DOC, traceEvents=list(_DOC["traceEvents"]))
     for k, v in doc.items():
         if isinstance(v, dict):
@@ -263,7 +259,7 @@ _RAW: dict[str, bytes] = {}
 
 def raw_json() -> bytes:
     if "json" not in _RAW:
-        _RAW["json"] = gzip.decompress((SHARED / KINETO).read_bytes())
+        _RAW["json"] = real_kineto_excerpt_text().encode()
     return _RAW["json"]
 
 
@@ -310,7 +306,7 @@ def test_fuzz_kineto_bytes(edits: list[tuple[str, float, bytes]]) -> None:
 @given(st.lists(BYTE_EDIT, min_size=1, max_size=3), st.booleans())
 @fuzz_settings(400)
 def test_fuzz_kineto_gzip_stream(edits: list[tuple[str, float, bytes]], two_members: bool) -> None:
-    gz = (SHARED / KINETO).read_bytes()
+    gz = gzip.compress(real_kineto_excerpt_text().encode())
     if two_members:  # a multi-member gzip (cat a.gz b.gz): the reader must take both
         half = len(raw_json()) // 2
         gz = gzip.compress(raw_json()[:half], 1) + gzip.compress(raw_json()[half:], 1)
@@ -332,7 +328,7 @@ _TABLES: dict[str, list[str]] = {}
 
 def nsys_tables() -> dict[str, list[str]]:
     if not _TABLES:
-        con = sqlite3.connect(f"{(SHARED / NSYS).resolve().as_uri()}?mode=ro", uri=True)
+        con = sqlite3.connect(f"{real_nsys_path().resolve().as_uri()}?mode=ro", uri=True)
         try:
             for (t,) in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall():
                 _TABLES[t] = [r[1] for r in con.execute(f'PRAGMA table_info("{t}")')]
@@ -378,7 +374,7 @@ def apply_nsys(con: sqlite3.Connection, edit: tuple[Any, ...]) -> None:
 def test_fuzz_nsys_export(edits: list[tuple[Any, ...]]) -> None:
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "rank-0.sqlite"
-        shutil.copy(SHARED / NSYS, p)
+        shutil.copy(real_nsys_path(), p)
         con = sqlite3.connect(p)
         try:
             con.execute("PRAGMA synchronous = OFF")  # a scratch copy: no fsync per case
@@ -393,7 +389,7 @@ def test_fuzz_nsys_export(edits: list[tuple[Any, ...]]) -> None:
 @given(st.lists(BYTE_EDIT, min_size=1, max_size=3), st.booleans())
 @fuzz_settings(150)
 def test_fuzz_nsys_file_bytes(edits: list[tuple[str, float, bytes]], packed: bool) -> None:
-    data = apply_bytes((SHARED / NSYS).read_bytes(), edits)
+    data = apply_bytes(real_nsys_path().read_bytes(), edits)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / ("rank-0.sqlite.gz" if packed else "rank-0.sqlite")
         p.write_bytes(gzip.compress(data, 1) if packed else data)
