@@ -16,18 +16,38 @@ from tracekit.read import read_run
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
 
-def _events(rank: int, steps: list[list[tuple[str, str, int]]], gap: int = 1_000) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _events(
+    rank: int, steps: list[list[tuple[str, str, int]]], gap: int = 1_000
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Classified-like rows: per step a list of (name, subclass, duration ns) kernels run back to back."""
     rows, windows, t = [], [], 1_000_000
     for st, kernels in enumerate(steps):
         w0 = t
         for name, sub, d in kernels:
-            rows.append({"rank": rank, "kind": "kernel", "cls": "compute", "subclass": sub, "name": name,
-                         "start_ns": t, "end_ns": t + d})
+            rows.append(
+                {
+                    "rank": rank,
+                    "kind": "kernel",
+                    "cls": "compute",
+                    "subclass": sub,
+                    "name": name,
+                    "start_ns": t,
+                    "end_ns": t + d,
+                }
+            )
             t += d + gap
         # a collective kernel in the step is not compute: it must stay out of the table
-        rows.append({"rank": rank, "kind": "kernel", "cls": "collective", "subclass": "nccl",
-                     "name": "ncclDevKernel_AllReduce", "start_ns": t, "end_ns": t + 5_000})
+        rows.append(
+            {
+                "rank": rank,
+                "kind": "kernel",
+                "cls": "collective",
+                "subclass": "nccl",
+                "name": "ncclDevKernel_AllReduce",
+                "start_ns": t,
+                "end_ns": t + 5_000,
+            }
+        )
         t += 5_000 + gap
         windows.append({"step": st, "start_ns": w0, "end_ns": t})
         t += 10_000
@@ -38,8 +58,18 @@ def test_classes_match_the_constructed_truth() -> None:
     # TP=1: norm 10 us, GEMM 100 us + split-K reduce 8 us, act 6 us; TP=2 per rank: norm 10 us (replicated),
     # another GEMM kernel 54 us alone (the GEMM unit: 108 -> 54, shrank 2-fold), act 4.5 us (partly: 0.75),
     # and a gather copy only at TP=2 (2 us)
-    tp1 = [("norm", "vector", 10_000), ("gemm_a", "matrix", 100_000), ("splitK", "matrix", 8_000), ("act", "vector", 6_000)]
-    tp2 = [("norm", "vector", 10_000), ("gemm_b", "matrix", 54_000), ("act", "vector", 4_500), ("cat", "vector", 2_000)]
+    tp1 = [
+        ("norm", "vector", 10_000),
+        ("gemm_a", "matrix", 100_000),
+        ("splitK", "matrix", 8_000),
+        ("act", "vector", 6_000),
+    ]
+    tp2 = [
+        ("norm", "vector", 10_000),
+        ("gemm_b", "matrix", 54_000),
+        ("act", "vector", 4_500),
+        ("cat", "vector", 2_000),
+    ]
     e1, w1 = _events(0, [tp1] * 4)
     k1 = kernel_table(e1, 0, w1)
     k2 = pd.concat([kernel_table(e, r, w) for r in (0, 1) for e, w in [_events(r, [tp2] * 4)]])
@@ -71,8 +101,17 @@ def test_a_step_off_the_sequence_goes_to_the_residual() -> None:
 
 
 def test_host_timeline_says_it_is_not_available() -> None:
-    ev = pd.DataFrame({"rank": [0], "kind": ["cpu_op"], "cls": ["compute"], "subclass": ["matrix"],
-                       "name": ["aten::mm"], "start_ns": [10], "end_ns": [20]})
+    ev = pd.DataFrame(
+        {
+            "rank": [0],
+            "kind": ["cpu_op"],
+            "cls": ["compute"],
+            "subclass": ["matrix"],
+            "name": ["aten::mm"],
+            "start_ns": [10],
+            "end_ns": [20],
+        }
+    )
     win = pd.DataFrame({"step": [0], "start_ns": [0], "end_ns": [100]})
     k = kernel_table(ev, 0, win)
     assert k.empty
@@ -93,7 +132,9 @@ def test_committed_h200_pairs(suffix: str) -> None:
     assert abs(cs["residual_ns"]) < 0.02 * term
     # the matrix work is never "replicated": every GEMM unit shrank, fully or partly
     for c in ("replicated", "added", "removed"):
-        assert not any("nvjet" in k["name"] or "gemm" in k["name"].lower() for k in cs["classes"][c]["top"]), c
+        assert not any(
+            "nvjet" in k["name"] or "gemm" in k["name"].lower() for k in cs["classes"][c]["top"]
+        ), c
     gemm = cs["classes"]["shrank"]["top"] + cs["classes"]["partly_shrank"]["top"]
     assert any("nvjet" in k["name"] for k in gemm)
     # the replicated vector work holds most of the term once the host is out of the way (graphs); ratio of
@@ -120,7 +161,8 @@ def test_baseline_time_per_class_equals_the_kernels_in_the_trace() -> None:
         inside = k[(k["start_ns"] >= w["start_ns"]) & (k["start_ns"] < w["end_ns"])]
         total += int((inside["end_ns"] - inside["start_ns"]).sum())
     per_token = total / len(win)
-    assert cs["sequences"]["baseline"]["steps_following"] == len(win)  # every graph replay is the same program
+    # every graph replay is the same program
+    assert cs["sequences"]["baseline"]["steps_following"] == len(win)
     classes = sum(c["baseline_ns"] for c in cs["classes"].values())
     assert classes == pytest.approx(per_token, abs=len(cs["classes"]))
     assert np.isfinite(per_token)
