@@ -121,14 +121,14 @@ def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
         durs[(int(r), int(st))] = g["dur_ns"].to_numpy(np.int64)
     common, _ = Counter(seqs.values()).most_common(1)[0]
     keys = [key for key, seq in seqs.items() if seq == common]
-    total = np.sum([durs[key] for key in keys], axis=0, dtype=np.int64)
+    total = np.asarray(np.sum([durs[key] for key in keys], axis=0, dtype=np.int64))
     n = len(keys)
     # consecutive matrix kernels are one unit (a GEMM and its split-K reduce; another shard may
     # split it differently), so the units align where single kernels would not
     names: list[str] = []
     matrix: list[bool] = []
     sums: list[int] = []
-    for name, m, t in zip(common, flags[common], total.tolist(), strict=True):
+    for name, m, t in zip(common, flags[common], [int(x) for x in total], strict=True):
         if m and matrix and matrix[-1]:
             names[-1] = f"{names[-1]} + {name}"
             sums[-1] += int(t)
@@ -160,6 +160,21 @@ def _align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
             pairs.extend((i, None) for i in range(i1, i2))
             pairs.extend((None, j) for j in range(j1, j2))
     return pairs
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One aligned position: the sharded run's name (the baseline's where only it has one), the
+    baseline's name, its class, its mean time per step at TP=1 and at TP=N."""
+
+    name: str
+    baseline_name: str | None
+    cls: str
+    t1: Fraction
+    tn: Fraction
+
+    def lost(self, n: int) -> Fraction:
+        return self.tn - self.t1 / n
 
 
 def _class_of(t1: Fraction | None, tn: Fraction | None, n: int, tol: float) -> str:
@@ -212,22 +227,21 @@ def compute_scaling(
             + ("baseline" if cb is None else "sharded run")
             + " (a host timeline, or kernels left out of the trace)",
         }
-    rows = []
+    rows: list[_Unit] = []
     for i, j in _align(_keys(cb), _keys(cs)):
         t1 = cb.mean_ns[i] if i is not None else None
         tn = cs.mean_ns[j] if j is not None else None
-        lost = (tn or Fraction(0)) - (t1 or Fraction(0)) / n
+        name = cs.names[j] if j is not None else cb.names[i] if i is not None else ""
         rows.append(
-            {
-                "name": cs.names[j] if j is not None else cb.names[i],  # type: ignore[index]
-                "baseline_name": cb.names[i] if i is not None else None,
-                "class": _class_of(t1, tn, n, tol),
-                "t1": t1 or Fraction(0),
-                "tn": tn or Fraction(0),
-                "lost": lost,
-            }
+            _Unit(
+                name=name,
+                baseline_name=cb.names[i] if i is not None else None,
+                cls=_class_of(t1, tn, n, tol),
+                t1=t1 or Fraction(0),
+                tn=tn or Fraction(0),
+            )
         )
-    by_class = {c: sum((r["lost"] for r in rows if r["class"] == c), Fraction(0)) for c in CLASSES}
+    by_class = {c: sum((r.lost(n) for r in rows if r.cls == c), Fraction(0)) for c in CLASSES}
     residual = compute_term_ns - sum(by_class.values(), Fraction(0))
     ints = _round_to_sum({**by_class, "residual": residual}, compute_term_ns)
 
@@ -235,14 +249,14 @@ def compute_scaling(
     agg: dict[tuple[str, str], dict[str, Any]] = {}
     for r in rows:
         a = agg.setdefault(
-            (r["class"], r["name"]),
+            (r.cls, r.name),
             {"count": 0, "t1": Fraction(0), "tn": Fraction(0), "lost": Fraction(0), "changed": False},
         )
         a["count"] += 1
-        a["t1"] += r["t1"]
-        a["tn"] += r["tn"]
-        a["lost"] += r["lost"]
-        a["changed"] |= r["baseline_name"] is not None and r["baseline_name"] != r["name"]
+        a["t1"] += r.t1
+        a["tn"] += r.tn
+        a["lost"] += r.lost(n)
+        a["changed"] |= r.baseline_name is not None and r.baseline_name != r.name
     classes: dict[str, Any] = {}
     for c in CLASSES:
         items = sorted(((k[1], v) for k, v in agg.items() if k[0] == c), key=lambda kv: -kv[1]["lost"])
