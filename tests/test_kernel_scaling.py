@@ -30,6 +30,11 @@ def _events(
                     "kind": "kernel",
                     "cls": "compute",
                     "subclass": sub,
+                    "rule": "attention"
+                    if name.startswith("attn")
+                    else "gemm"
+                    if sub == "matrix"
+                    else "elementwise",
                     "name": name,
                     "start_ns": t,
                     "end_ns": t + d,
@@ -43,6 +48,7 @@ def _events(
                 "kind": "kernel",
                 "cls": "collective",
                 "subclass": "nccl",
+                "rule": "nccl",
                 "name": "ncclDevKernel_AllReduce",
                 "start_ns": t,
                 "end_ns": t + 5_000,
@@ -107,6 +113,7 @@ def test_host_timeline_says_it_is_not_available() -> None:
             "kind": ["cpu_op"],
             "cls": ["compute"],
             "subclass": ["matrix"],
+            "rule": ["host_matrix"],
             "name": ["aten::mm"],
             "start_ns": [10],
             "end_ns": [20],

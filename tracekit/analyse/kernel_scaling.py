@@ -46,7 +46,9 @@ TOP_KERNELS = 8
 #: The classes, in report order.
 CLASSES: tuple[str, ...] = ("replicated", "partly_shrank", "shrank", "added", "removed")
 #: Columns of the per-rank kernel table (`kernel_table`).
-KERNEL_COLUMNS: tuple[str, ...] = ("rank", "step", "pos", "name", "matrix", "dur_ns")
+KERNEL_COLUMNS: tuple[str, ...] = ("rank", "step", "pos", "name", "unit", "dur_ns")
+#: `unit` of a GEMM kernel and of an attention kernel (the classifier's `attention` rule); "" for the rest.
+GEMM, ATTENTION = "gemm", "attention"
 #: Kernel names are shortened to this many characters in the JSON.
 NAME_CHARS = 160
 
@@ -58,7 +60,7 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
     window its start lies in. Empty on a host timeline (no GPU kernels)."""
     empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in KERNEL_COLUMNS})
     empty["name"] = empty["name"].astype(object)
-    empty["matrix"] = empty["matrix"].astype(bool)
+    empty["unit"] = empty["unit"].astype(object)
     if not len(events) or not len(windows):
         return empty
     kind = events["kind"].astype(str).to_numpy()
@@ -70,9 +72,13 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
     s = ev["start_ns"].to_numpy(np.int64)
     e = ev["end_ns"].to_numpy(np.int64)
     names = ev["name"].astype(str).to_numpy()
-    matrix = ev["subclass"].astype(str).to_numpy() == "matrix"
+    unit = np.where(
+        ev["rule"].astype(str).to_numpy() == "attention",
+        ATTENTION,
+        np.where(ev["subclass"].astype(str).to_numpy() == "matrix", GEMM, ""),
+    ).astype(object)
     order = np.argsort(s, kind="stable")
-    s, e, names, matrix = s[order], e[order], names[order], matrix[order]
+    s, e, names, unit = s[order], e[order], names[order], unit[order]
     w = windows.sort_values("start_ns")
     ws = w["start_ns"].to_numpy(np.int64)
     we = w["end_ns"].to_numpy(np.int64)
@@ -85,7 +91,7 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
     out = pd.DataFrame(
         {"rank": np.full(int(ok.sum()), int(rank), dtype=np.int64), "step": steps, "name": names[ok]}
     )
-    out["matrix"] = matrix[ok]
+    out["unit"] = unit[ok]
     out["dur_ns"] = (e[ok] - s[ok]).astype(np.int64)
     out["pos"] = out.groupby("step").cumcount().astype(np.int64)
     return out[list(KERNEL_COLUMNS)].reset_index(drop=True)
@@ -93,12 +99,12 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
 
 @dataclass(frozen=True)
 class Canonical:
-    """A run's canonical kernel sequence: names (consecutive matrix kernels joined as one unit),
-    whether each unit is matrix work, mean time per unit (exact), how many (rank, step) pairs
-    followed it of how many."""
+    """A run's canonical kernel sequence: names (consecutive GEMM kernels joined as one unit, and
+    consecutive attention kernels), each unit's kind (`GEMM`, `ATTENTION` or ""), mean time per
+    unit (exact), how many (rank, step) pairs followed it of how many."""
 
     names: tuple[str, ...]
-    matrix: tuple[bool, ...]
+    units: tuple[str, ...]
     mean_ns: tuple[Fraction, ...]
     followed: int
     of: int
@@ -112,41 +118,39 @@ def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
         return None
     seqs: dict[tuple[int, int], tuple[str, ...]] = {}
     durs: dict[tuple[int, int], np.ndarray] = {}
-    flags: dict[tuple[str, ...], tuple[bool, ...]] = {}
+    flags: dict[tuple[str, ...], tuple[str, ...]] = {}
     for (r, st), g in k.groupby(["rank", "step"], sort=True):
         g = g.sort_values("pos")
         seq = tuple(g["name"].tolist())
         seqs[(int(r), int(st))] = seq
-        flags.setdefault(seq, tuple(bool(x) for x in g["matrix"]))
+        flags.setdefault(seq, tuple(str(x) for x in g["unit"]))
         durs[(int(r), int(st))] = g["dur_ns"].to_numpy(np.int64)
     common, _ = Counter(seqs.values()).most_common(1)[0]
     keys = [key for key, seq in seqs.items() if seq == common]
     total = np.asarray(np.sum([durs[key] for key in keys], axis=0, dtype=np.int64))
     n = len(keys)
-    # consecutive matrix kernels are one unit (a GEMM and its split-K reduce; another shard may
-    # split it differently), so the units align where single kernels would not
+    # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split
+    # it differently), and so are consecutive attention kernels (a split-KV pass and its combine),
+    # so the units align where single kernels would not
     names: list[str] = []
-    matrix: list[bool] = []
+    units: list[str] = []
     sums: list[int] = []
-    for name, m, t in zip(common, flags[common], [int(x) for x in total], strict=True):
-        if m and matrix and matrix[-1]:
+    for name, u, t in zip(common, flags[common], [int(x) for x in total], strict=True):
+        if u and units and units[-1] == u:
             names[-1] = f"{names[-1]} + {name}"
             sums[-1] += int(t)
         else:
             names.append(name)
-            matrix.append(bool(m))
+            units.append(u)
             sums.append(int(t))
-    return Canonical(tuple(names), tuple(matrix), tuple(Fraction(t, n) for t in sums), n, len(seqs))
+    return Canonical(tuple(names), tuple(units), tuple(Fraction(t, n) for t in sums), n, len(seqs))
 
 
-#: The alignment key of every run of consecutive matrix kernels: a GEMM of the smaller shard is
-#: often another kernel (tile configuration, split-K), so matrix work aligns by its place among the
-#: other kernels.
-MATRIX_KEY = "<matrix kernel>"
-
-
+#: The alignment key of a GEMM or attention unit is its kind: a GEMM of the smaller shard is often
+#: another kernel (tile configuration, split-K), so matrix work aligns by its place among the other
+#: kernels.
 def _keys(c: Canonical) -> list[str]:
-    return [MATRIX_KEY if m else name for name, m in zip(c.names, c.matrix, strict=True)]
+    return [f"<{u} kernel>" if u else name for name, u in zip(c.names, c.units, strict=True)]
 
 
 def _align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
