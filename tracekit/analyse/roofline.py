@@ -207,6 +207,8 @@ def roofline(
     for key in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"):
         _bounded_int(shape, key, 0)
     tp = _bounded_int(wl, "tp", 1, 1 << 16)
+    if wl.get("shard_of") is not None:  # `capture --shard-of N`: one rank's shard of TP=N in one process
+        tp = _bounded_int(wl, "shard_of", 2, 1 << 16)
     batch = _bounded_int(wl, "batch", 1, 1 << 24)
     dtype = str(wl.get("dtype", "bfloat16"))
     if dtype not in DTYPE_BYTES:
