@@ -265,6 +265,7 @@ def roofline(
         "other kernels move activation-sized data (floor ~0); docs/METHOD.md section 'Roofline of a decode'",
         "workload": {
             "tp": tp,
+            "shard_of": wl.get("shard_of"),
             "batch": batch,
             "dtype": dtype,
             "layers": int(shape["layers"]),
