@@ -31,9 +31,9 @@ SCHEMA_VERSION = "1.3"
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
-#: order of the breakdown parts (the partition's priority order, METHOD.md section 4)
+#: order of the breakdown parts (the partition's priority order, docs/METHOD.md section Steps and the partition)
 PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
-#: order of the shortfall terms (METHOD.md section 6); coordination is split into its three parts
+#: order of the shortfall terms (docs/METHOD.md section Shortfall attribution); coordination is split into its three parts
 TERMS = ("compute", "memory", "transfer", "coordination")
 COORDINATION_PARTS = ("wait", "sync", "idle")
 #: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without the `_ns`)
