@@ -1,4 +1,4 @@
-"""Shortfall attribution (METHOD.md sections 5, 6 and 9).
+"""Shortfall attribution (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation").
 
 `shortfall(baseline, sharded)` says where the per-token shortfall S = TN - T1/N of a run sharded
 over N ranks goes, against a baseline of the same model on one rank (N_base ranks in general; the
@@ -31,7 +31,7 @@ Terms (f = N_base / N):
 Integers in the JSON: the per-token figures are rounded, S = sharded - ideal, and the leaf terms
 are rounded by largest remainder to sum to S exactly (asserted).
 
-Dilation (METHOD.md 9): when both runs' manifests carry unprofiled per-token times, T1 and TN come
+Dilation (docs/METHOD.md section Dilation): when both runs' manifests carry unprofiled per-token times, T1 and TN come
 from the unprofiled pass (the mean over the steady tokens of every unprofiled round), and each
 rank's traced parts are reconciled to it (`reconcile`, docs/METHOD-NOTES.md), as is the critical
 path (`reconcile_path`). The dilation stated is the factor applied: traced per-token mean /
@@ -1251,7 +1251,7 @@ def _spread(
 
 @dataclass(frozen=True)
 class AppliedDilation:
-    """The dilation a shortfall states and applies (METHOD.md 9: the factor stated is the factor
+    """The dilation a shortfall states and applies (docs/METHOD.md section Dilation: the factor stated is the factor
     applied): D measured by the capture's alternating rounds (`tracekit.analyse.dilation`), and the
     corrected per-token time `target_ns` = traced per-token time (mean step time of the trace's
     steady steps) / D, exactly. `unprofiled_mean_ns` (the unprofiled passes' own mean) is a

@@ -1008,7 +1008,7 @@ def find_nsys() -> str:
     if found is None:
         raise CaptureError(
             "nsys (Nsight Systems) not found: put it on PATH or set NSYS=/path/to/nsys "
-            "(on the H200 machine see ../shared/gpu/NSYS.md)"
+            "(docs/NSYS.md says what it needs)"
         )
     return found
 
@@ -1051,7 +1051,7 @@ def _nsys_profile(
     if not rep_file.exists():
         hint = ""
         if (out_dir / "nsys.qdstrm").exists():
-            hint = " (only nsys.qdstrm was left: the nsys importer is missing a library, see ../shared/gpu/NSYS.md)"
+            hint = " (only nsys.qdstrm was left: the nsys importer is missing a library, see docs/NSYS.md)"
         raise CaptureError(f"nsys profile exited with {r.returncode} and wrote no {rep_file}{hint}")
     sqlite = out_dir / "nsys.sqlite"
     e = subprocess.run(

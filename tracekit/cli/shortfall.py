@@ -1,4 +1,4 @@
-"""`tracekit shortfall`: where the per-token shortfall S = TN - T1/N goes (METHOD.md 5, 6, 9)."""
+"""`tracekit shortfall`: where the per-token shortfall S = TN - T1/N goes (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation")."""
 
 from __future__ import annotations
 
