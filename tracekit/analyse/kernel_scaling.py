@@ -1,5 +1,5 @@
-"""Which kernels did not shrink: the compute term of S split kernel by kernel (docs/METHOD.md,
-section "Compute that did not shrink").
+"""Which kernels did not shrink: the compute term of S split kernel by kernel (docs/METHOD.md
+section Compute that did not shrink).
 
 The shortfall's compute term is `C_N - C_1 / N` per token (the partition's compute part, mean over
 ranks). Sharding splits the matrix work N ways, but a TP layout also *replicates* work on every
@@ -289,7 +289,7 @@ def compute_scaling(
         "baseline's and the sharded run's most frequent step sequence, loses "
         f"t_N - t_1/N; replicated: t_N/t_1 >= {1 - tol:.2f}; shrank: t_N/t_1 <= {1 + tol:.2f}/N; partly shrank: "
         "between; added/removed: only in one run; residual: overlap on streams, steps off the sequence, "
-        "reconciliation (docs/METHOD.md, section 'Compute that did not shrink')",
+        "reconciliation (docs/METHOD.md section Compute that did not shrink)",
         "tolerance": tol,
         "compute_term_ns": compute_term_ns,
         "classes": classes,

@@ -1,4 +1,4 @@
-"""Roofline of a decode step (docs/METHOD.md, section "Roofline of a decode").
+"""Roofline of a decode step (docs/METHOD.md section Roofline of a decode).
 
 A decode token must read every weight once (batch-1 decode is memory-bound) and its attention
 must read the KV cache. With the device's measured memory bandwidth `BW` and matrix rate `P`,
@@ -262,7 +262,7 @@ def roofline(
         "schema_version": SCHEMA_VERSION,
         "kind": "tracekit.roofline",
         "definition": "floor = sum over the step's matrix work of max(bytes / memory bandwidth, FLOPs / matrix rate); "
-        "other kernels move activation-sized data (floor ~0); docs/METHOD.md section 'Roofline of a decode'",
+        "other kernels move activation-sized data (floor ~0); docs/METHOD.md section Roofline of a decode",
         "workload": {
             "tp": tp,
             "shard_of": wl.get("shard_of"),

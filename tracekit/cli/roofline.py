@@ -122,8 +122,8 @@ def command(
     step's GEMM and attention kernels by order; the floor at the device's measured peaks; the
     achieved time and the efficiency; per role (QKV, attention, output, gate/up, down, LM head) the
     achieved GB/s; and the kernels that lose the most time against their own roofline (every
-    non-matrix kernel moves activation-sized data: its floor is ~0). docs/METHOD.md section
-    "Roofline of a decode".
+    non-matrix kernel moves activation-sized data: its floor is ~0). See docs/METHOD.md section
+    Roofline of a decode.
 
     \b
     Examples:
