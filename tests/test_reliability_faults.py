@@ -261,7 +261,7 @@ def test_capture_force_replaces_an_earlier_capture(
 
 
 def test_tampered_cache_entry_is_detected_and_read_from_the_source(
-    shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_kineto_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -272,7 +272,7 @@ def test_tampered_cache_entry_is_detected_and_read_from_the_source(
     monkeypatch.delenv("TRACEKIT_NO_CACHE", raising=False)
     monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "t.pt.trace.json.gz"
-    shutil.copy(shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz", f)
+    shutil.copy(real_kineto_file, f)
     truth = read_run([f], cache=False)
     read_run([f])  # writes the entry and its digest record
     entry = cache_mod.cache_path_for(f)
