@@ -99,8 +99,8 @@ def test_ns_resolution_keeps_sub_microsecond_digits(shared_traces: Path) -> None
     assert int(float("1712195495519695.812") * 1000) != 1712195495519695812
 
 
-def test_base_time_convention(shared_traces: Path) -> None:
-    path = _trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+def test_base_time_convention(real_kineto_file: Path) -> None:
+    path = real_kineto_file
     doc = _load(path)
     text = gzip.open(path, "rt").read()
     base = int(doc["baseTimeNanoseconds"])
