@@ -120,3 +120,20 @@ def test_no_color(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.Monkey
     import os
 
     assert how == "NO_COLOR" or "NO_COLOR" not in os.environ  # --no-color lasts for its command only
+
+
+def test_capture_summary_counts_one_file_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary `capture` prints (a message, on stderr) says '1 file', '2 files'."""
+    from tracekit.cli.capture import _summary
+
+    wl = {"tp": 1, "device": "cpu", "backend": "gloo", "mode": "cpu"}
+    for files, words in ((["rank-0.pt.trace.json.gz"], "1 file,"), (["a", "b"], "2 files,")):
+        (tmp_path / "manifest.json").write_text(
+            json.dumps({"workload": wl, "files": dict.fromkeys(files, {})})
+        )
+        capsys.readouterr()
+        _summary(tmp_path)
+        got = capsys.readouterr()
+        assert got.out == "" and f"wrote {tmp_path}: {words}" in got.err, got.err
