@@ -11,7 +11,6 @@ and the capture's dilation. `to_json()` is the documented contract docs/JSON.md#
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -358,12 +357,17 @@ def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
     value = manifest.get("dilation")
     if value is None:
         return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    from tracekit.analyse.dilation import DILATION_BOUNDS, plausible_dilation
+
+    d = plausible_dilation(value)
+    if d is not None:
+        return d
+    lo, hi = DILATION_BOUNDS
     dq.add(
         "manifest_dilation_not_a_number",
         1,
-        f"the capture manifest's dilation is {value!r}, not a number: it was ignored (no dilation)",
+        f"the capture manifest's dilation is {str(value)[:40]!r}, not a number from {lo:g} to {hi:g}: it was "
+        "ignored (no dilation)",
     )
     return None
 
