@@ -18,6 +18,8 @@ from __future__ import annotations
 from typing import Any
 
 GRAPH_HASH = "cxmpmxq2fkzm4ab7dl3p6q5xj2rtmq6xnq3hdxw4bqd7z4c5kq8m"
+#: baseTimeNanoseconds of `compiled_decode_rank` (torch adds it to every ts)
+BASE_NS = 1790857026000000000
 DATALOADER = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 
 
@@ -116,7 +118,7 @@ def compiled_decode_rank(
         "schemaVersion": 1,
         "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
         "displayTimeUnit": "ms",
-        "baseTimeNanoseconds": 1790857026000000000,
+        "baseTimeNanoseconds": BASE_NS,
         "traceEvents": ev,
     }
 
