@@ -412,13 +412,18 @@ def test_tracelens_definitions_differ_from_tracekits_where_they_should() -> None
     assert full["exposed_comm_ns"] == 50 and full["total_comm_ns"] == 80
     assert full["exposed_memcpy_ns"] == 10 and full["busy_ns"] == 410 and full["total_ns"] == 700
     linked = tl["linked_only"]  # B unlinked; of the graph's two kernels only g1 (the last-ending)
-    assert linked["computation_ns"] == 150 + 50 and linked["total_ns"] == 700 and linked["busy_ns"] == 200 + 10 + 50
+    assert (
+        linked["computation_ns"] == 150 + 50
+        and linked["total_ns"] == 700
+        and linked["busy_ns"] == 200 + 10 + 50
+    )
     assert linked["idle_ns"] == 700 - 260
-    # tracekit's own: busy = the kernels only (the memset is with the memcpy)
+    # tracekit's own: busy = the kernels only ([0,100) + [120,200) + B + the graph); the memset's
+    # [100, 120) outside them is exposed memcpy with the memcpy's 10
     from tracekit.analyse.breakdown import rank_trace_totals
 
     own = rank_trace_totals(ev)
-    assert own is not None and own["busy_ns"] == 200 + 100 + 100 and own["exposed_memcpy_ns"] == 10
+    assert own is not None and own["busy_ns"] == 100 + 80 + 100 + 100 and own["exposed_memcpy_ns"] == 20 + 10
 
 
 # ------------------------------------------------------------------ 8. --allow-partial
