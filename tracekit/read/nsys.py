@@ -605,7 +605,9 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     cells = _TextCells()
     con.text_factory = cells.decode
     strings: dict[int, str] = {
-        i: t for i, v in con.execute(f"SELECT id, value FROM {T_STRINGS}") if (t := cells.text(v)) is not None
+        i: txt
+        for i, v in con.execute(f"SELECT id, value FROM {T_STRINGS}")
+        if (txt := cells.text(v)) is not None
     }
     dq = DataQuality()
     parts: list[_Part] = []
