@@ -36,6 +36,7 @@ class Case:
     item: int | None = None  # issue 23's numbered defect this case reproduces
     about: str = ""
     tags: frozenset[str] = field(default_factory=frozenset)
+    drift: tuple[float, ...] | None = None  # the host's speed per capture round (both runs), last = traced
 
 
 def decoder(
@@ -54,9 +55,10 @@ def decoder(
     noise: dict[int, int] | None = None,  # rank -> max extra host ns per gap, seeded per (rank, token, op)
     item: bool = True,
     tail_host: int = 0,  # host work after the token's .item() (sampling on the host)
+    sync_per_layer: bool = False,  # a device synchronisation after each layer (capture --inject-sync)
     nccl_stream: int | None = None,  # a separate NCCL stream joined by event waits (eager NCCL)
     rank_kw: dict[int, dict[str, object]] | None = None,
-    tokens: int = 5,
+    tokens: int = 4,
     mode: str = "full",
     **run_kw: object,
 ) -> RunSpec:
@@ -104,6 +106,9 @@ def decoder(
                 coll("all_reduce", ar_bytes)
                 blk(f"mlp{layer}", block)
                 coll("all_reduce", ar_bytes)
+                if sync_per_layer:
+                    gap()
+                    ops.append(DeviceSync())
             blk("lm_head", (lm_head,))
             coll("all_gather", ag_bytes)
             gap()
@@ -293,10 +298,16 @@ def build_cases() -> list[Case]:
         Case("tiny_launch_bound", b, s, about="epoch_times' workload at small absolute times (its control)")
     )
 
-    b, s = _pair("noise", block=LAUNCH_BLOCK, host_gap=6_000, noise={0: 8_000, 1: 8_000}, tokens=8)
+    b, s = _pair("noise", block=LAUNCH_BLOCK, host_gap=6_000, noise={0: 8_000, 1: 8_000}, tokens=6)
     cases.append(
         Case("loaded_host_noise", b, s, item=2, about="seeded random host gaps on both ranks (a loaded host)")
     )
+
+    # a loaded host drifting between rounds: at its fast speed the link dominates S, at its slow
+    # speed the hosts' coordination does; the traced round runs at speed 1
+    b, s = _pair("drift", block=(40_000, 20_000, 30_000), host_gap=9_000, transfer=14_000)
+    cases.append(Case("host_drift_between_rounds", b, s, item=2, drift=(0.5, 2.0, 1.0),
+                      about="the host's speed drifts 0.5x / 2x / 1x between capture rounds (the last traced)"))
 
     b, s = _pair("straggler", block=GPU_BLOCK, sleep_before_ar={1: 2_000_000})
     cases.append(
@@ -337,6 +348,26 @@ def build_cases() -> list[Case]:
     )
     cases.append(
         Case("launch_queue_backpressure", b, s, about="a 4-deep launch queue: the host blocks on launches")
+    )
+
+    b, s = _pair("cudamode", block=GPU_BLOCK, mode="cuda")
+    cases.append(
+        Case(
+            "gpu_bound_cuda_mode",
+            b,
+            s,
+            about="clean GPU-bound TP=2 written in capture mode `cuda` (no cpu_op)",
+        )
+    )
+
+    b, s = _pair("syncs", block=GPU_BLOCK, sync_per_layer=True, sleep_before_ar={0: 30_000})
+    cases.append(
+        Case(
+            "sync_per_layer",
+            b,
+            s,
+            about="a device synchronize after each layer; rank 0 sleeps 30 us per all-reduce",
+        )
     )
 
     return cases

@@ -16,6 +16,8 @@ import gzip
 import hashlib
 import json
 import statistics
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -257,9 +259,17 @@ def _dilation(u_rounds: list[dict[str, list[int]]], p_rounds: list[dict[str, lis
     return float(statistics.median(ratios))
 
 
-def write_run(spec: RunSpec, out: Path, rounds: int = 3) -> tuple[SimResult, SimResult]:
+def with_host_scale(spec: RunSpec, scale: float) -> RunSpec:
+    """The run on a host `scale` times slower (every host duration scaled)."""
+    return replace(spec, ranks=tuple(replace(r, host_scale=r.host_scale * scale) for r in spec.ranks))
+
+
+def write_run(
+    spec: RunSpec, out: Path, rounds: int = 3, drift: Sequence[float] | None = None
+) -> tuple[SimResult, SimResult]:
     """Simulate `spec` profiled and unprofiled, write the traces (profiled) and the manifest;
-    returns (profiled, unprofiled) results."""
+    returns (profiled, unprofiled) results. `drift`: the host's speed per round (U P pairs; the
+    last profiled round is the traced one), as a loaded host drifts between rounds."""
     out.mkdir(parents=True, exist_ok=True)
     prof = simulate(spec, profiled=True)
     unprof = simulate(spec, profiled=False)
@@ -313,6 +323,15 @@ def write_run(spec: RunSpec, out: Path, rounds: int = 3) -> tuple[SimResult, Sim
     }
     u_rounds = [u] * rounds
     p_rounds = [pr] * rounds
+    if drift is not None:
+        rounds = len(drift)
+        workload["rounds"] = rounds
+        u_rounds, p_rounds = [], []
+        for sc in drift:
+            su, sp = simulate(with_host_scale(spec, sc)), simulate(with_host_scale(spec, sc), profiled=True)
+            u_rounds.append({str(r): su.rank_token_times(r) for r in range(spec.tp)})
+            p_rounds.append({str(r): sp.rank_token_times(r) for r in range(spec.tp)})
+        u, pr = u_rounds[0], p_rounds[-1]
     manifest = {
         "schema_version": "1.2",
         "kind": "tracekit.capture",

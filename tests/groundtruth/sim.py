@@ -136,6 +136,7 @@ class RankSpec:
     step_number_offset: int = 0
     profiler_cost: int = 0  # host ns added to every runtime call of the profiled run
     profiler_cost_by_call: tuple[tuple[str, int], ...] = ()  # per call name, overrides profiler_cost
+    host_scale: float = 1.0  # every host duration times this (a host running slower or faster)
 
 
 @dataclass(frozen=True)
@@ -396,6 +397,8 @@ def simulate(spec: RunSpec, *, profiled: bool = False, knobs: Iterable[str] = ()
 
         def host_node(kind: str, dur: int, extra: list[tuple[int, int, str, str]] | None = None) -> int:
             nonlocal prev_host
+            if rs.host_scale != 1.0:
+                dur = int(round(dur * rs.host_scale))
             preds = [(prev_host, 0, "host", "end")] if prev_host >= 0 else []
             if extra:
                 preds.extend(extra)

@@ -81,6 +81,18 @@ def case_truth(name: str) -> dict[str, Any]:
     out["shapley_residual"] = times[frozenset(sim.KNOBS)][1] - f * times[frozenset(sim.KNOBS)][0]
     out["whatif"] = {k: {"1": times[frozenset([k])][0], "N": times[frozenset([k])][1]} for k in sim.KNOBS}
     out["whatif"]["all"] = {"1": times[frozenset(sim.KNOBS)][0], "N": times[frozenset(sim.KNOBS)][1]}
+    if case.drift is not None:
+        from tests.groundtruth.kineto import with_host_scale
+
+        largest = []
+        names = ("compute", "memory", "transfer", "coordination")
+        for sc in case.drift:
+            t1 = _run_truth(sim.simulate(with_host_scale(case.baseline, sc)))
+            tn = _run_truth(sim.simulate(with_host_scale(spec, sc)))
+            rt = [_terms(p, t1["parts"][0], f) for p in tn["parts"].values()]
+            mean = {k: sum((x[k] for x in rt), Fraction(0)) / spec.tp for k in names}
+            largest.append(max(range(4), key=lambda i: mean[names[i]]))
+        out["largest_by_round"] = largest
     o0 = spec.ranks[0].clock_offset_ns
     out["clock"] = {r: rs.clock_offset_ns - o0 for r, rs in enumerate(spec.ranks)}
     out["steps"] = {"total": spec.tokens, "steady": spec.tokens - 1}
