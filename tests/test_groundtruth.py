@@ -209,7 +209,7 @@ GROUPS = (
 
 
 def _params() -> list[object]:
-    out = []
+    out: list[object] = []
     for name, case in CASES.items():
         groups = ["whatif", "replay"] if case.sharded is None else [g for g in GROUPS if g != "whatif"]
         if case.after is None:

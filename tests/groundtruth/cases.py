@@ -306,8 +306,16 @@ def build_cases() -> list[Case]:
     # a loaded host drifting between rounds: at its fast speed the link dominates S, at its slow
     # speed the hosts' coordination does; the traced round runs at speed 1
     b, s = _pair("drift", block=(40_000, 20_000, 30_000), host_gap=9_000, transfer=14_000)
-    cases.append(Case("host_drift_between_rounds", b, s, item=2, drift=(0.5, 2.0, 1.0),
-                      about="the host's speed drifts 0.5x / 2x / 1x between capture rounds (the last traced)"))
+    cases.append(
+        Case(
+            "host_drift_between_rounds",
+            b,
+            s,
+            item=2,
+            drift=(0.5, 2.0, 1.0),
+            about="the host's speed drifts 0.5x / 2x / 1x between capture rounds (the last traced)",
+        )
+    )
 
     b, s = _pair("straggler", block=GPU_BLOCK, sleep_before_ar={1: 2_000_000})
     cases.append(

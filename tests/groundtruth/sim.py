@@ -341,24 +341,30 @@ def _programs(spec: RunSpec, knobs: frozenset[str]) -> list[list[tuple[int, Op |
         for ops in flat:
             cur: list[int] = []
             rank_segs: list[list[int]] = []
-            for i, (_, op) in enumerate(ops):
-                if isinstance(op, Host):
+            for i, (_, item) in enumerate(ops):
+                if isinstance(item, Host):
                     cur.append(i)
-                if isinstance(op, Coll):
+                if isinstance(item, Coll):
                     rank_segs.append(cur)
                     cur = []
             rank_segs.append(cur)
             segs.append(rank_segs)
         n_seg = {len(s) for s in segs}
         assert len(n_seg) == 1, "straggler=off needs the same number of collectives on every rank"
+
+        def host_dur(r: int, i: int) -> int:
+            op = flat[r][i][1]
+            assert isinstance(op, Host)
+            return op.dur
+
         for j in range(n_seg.pop()):
-            sums = [sum(flat[r][i][1].dur for i in segs[r][j]) for r in range(spec.tp)]  # type: ignore[union-attr]
-            target = min(sums)
+            target = min(sum(host_dur(r, i) for i in segs[r][j]) for r in range(spec.tp))
             for r in range(spec.tp):
                 idx = segs[r][j]
-                new = _scaled([flat[r][i][1].dur for i in idx], target)  # type: ignore[union-attr]
+                new = _scaled([host_dur(r, i) for i in idx], target)
                 for i, d in zip(idx, new, strict=True):
-                    flat[r][i] = (flat[r][i][0], type(flat[r][i][1])(d))
+                    k, old = flat[r][i]
+                    flat[r][i] = (k, Between(d) if isinstance(old, Between) else Host(d))
     return flat
 
 
@@ -716,8 +722,8 @@ def critical_path(res: SimResult, skip_first: int = 1) -> dict[int, dict[str, Fr
             i, nd = last, res.nodes[last]
             t = nd.begin  # type: ignore[assignment]
         else:
-            kind = "host" if nd.kind in ("host",) else nd.kind
-            book(nd.rank, kind, nd.begin, t)
+            assert nd.begin is not None
+            book(nd.rank, nd.kind, nd.begin, t)
             t = nd.begin
         if nd.bind < 0:
             break
