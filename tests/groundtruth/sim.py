@@ -29,6 +29,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 # ----------------------------------------------------------------------------------- the ops
@@ -369,8 +370,25 @@ def _programs(spec: RunSpec, knobs: frozenset[str]) -> list[list[tuple[int, Op |
 
 
 def simulate(spec: RunSpec, *, profiled: bool = False, knobs: Iterable[str] = ()) -> SimResult:
-    """Run the model; `profiled` adds each rank's profiler cost to every runtime call."""
+    """Run the model; `profiled` adds each rank's profiler cost to every runtime call. Results are
+    memoised per (spec, profiled, knobs): the model is deterministic (do not mutate a result)."""
     kn = frozenset(knobs)
+    return _simulate(spec, profiled, kn - _noop_knobs(spec))
+
+
+@lru_cache(maxsize=256)
+def _noop_knobs(spec: RunSpec) -> frozenset[str]:
+    """The program knobs that change nothing in this run (e.g. compute=/N where every kernel
+    already takes its ideal time): dropped before simulating, so equal runs are simulated once.
+    Exact: these knobs act on the programs only, each on its own ops."""
+    plain = _programs(spec, frozenset())
+    return frozenset(
+        k for k in ("transfer=0", "straggler=off", "compute=/N") if _programs(spec, frozenset([k])) == plain
+    )
+
+
+@lru_cache(maxsize=512)
+def _simulate(spec: RunSpec, profiled: bool, kn: frozenset[str]) -> SimResult:
     unknown = kn - set(KNOBS)
     assert not unknown, unknown
     launch0 = "launch=0" in kn
