@@ -7,8 +7,8 @@ Model (integer nanoseconds throughout; see README.md in this folder):
   (`launch_cost`, `sync_cost`, plus `profiler_cost` per call in the profiled run); `Host` is host
   work or a sleep between calls (no event in the trace: a gap).
 * A launch takes effect after the profiler's cost; the GPU operation is released `launch_latency`
-  later and starts when its stream is free (+ `device_gap`) and every event it waits for has
-  been recorded. Streams run concurrently.
+  later and starts `device_gap` after its stream is free and every event it waits for has been
+  recorded. Streams run concurrently.
 * The launch queue holds `queue_depth` operations that have not started: a launch beyond it waits
   for a slot (back-pressure, a long launch call).
 * A collective kernel starts on its stream like any kernel (its arrival); it ends on every rank
@@ -461,8 +461,8 @@ def _simulate(spec: RunSpec, profiled: bool, kn: frozenset[str]) -> SimResult:
             preds = [(lat_from[0], lat, "host", lat_from[1])]
             if stream in stream_last:
                 preds.append((stream_last[stream], rs.device_gap, "host", "end"))
-            for ev_node in pending_waits.pop(stream, []):
-                preds.append((ev_node, 0, "host", "end"))
+            for ev_node in pending_waits.pop(stream, []):  # the device reacts to the event like to its stream
+                preds.append((ev_node, rs.device_gap, "host", "end"))
             dn = add(Node(r, dev_kind, dur, preds))
             stream_last[stream] = dn
             launched.append(dn)
@@ -714,14 +714,17 @@ def critical_path(res: SimResult, skip_first: int = 1) -> dict[int, dict[str, Fr
         if b > a:
             acc[r][kind] += b - a
 
-    # start: the node that ends last (ties: lowest rank, host before device)
+    # start: the node that ends the last token (its marker end or the end of GPU work it
+    # launched; ties: lowest rank), not a later node (time after the step, outside its marker)
     best = None
-    for i, nd in enumerate(res.nodes):
-        assert nd.end is not None
-        key = (nd.end, -nd.rank)
-        if best is None or key > best[0]:
-            best = (key, i)
-    assert best is not None
+    for r in range(res.spec.tp):
+        st = res.ranks[r].steps[n - 1]
+        cands = [st.end_node] + [d.node for d in res.device_ops if d.rank == r and d.step == n]
+        for c in cands:
+            key = (res.node_end(c), -r)
+            if best is None or key > best[0]:
+                best = (key, c)
+    assert best is not None and best[0][0] == hi
     i = best[1]
     t = res.node_end(i)
     guard = 0
