@@ -12,7 +12,7 @@ import pytest
 
 from tests.groundtruth.cases import CASES
 from tests.groundtruth.harness import figures, tolerance
-from tests.groundtruth.truth import case_truth
+from tests.groundtruth.truth import no_wait
 
 # why the current tracekit fails a comparison: the issue 23 item being fixed (README.md there)
 SYNC0 = "issue 23 item 5: the replay freezes each rank's measured step start, so sync=0 cannot let the next step's host run ahead of the device (no pipelining across steps)"
@@ -218,7 +218,7 @@ def _params() -> list[object]:
         groups = ["whatif", "replay"] if case.sharded is None else [g for g in GROUPS if g != "whatif"]
         if case.after is None:
             groups = [g for g in groups if g != "diff"]
-        if not case_truth(name).get("no_wait", False):
+        if not no_wait(name):
             groups = [g for g in groups if g != "diagnosis"]
         for g in groups:
             marks = []
