@@ -35,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "rho": "rho",
     "whatif": "whatif",
     "export": "export",
+    "roofline": "roofline",
 }
 
 
