@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import format_option, message, output_option, show_progress
+from tracekit.cli.options import OutputPath, format_option, message, output_option, show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -92,7 +92,7 @@ from tracekit.probe import spec
 @format_option("table", "json", default=None, help="[table; json when -o/--output ends .json]")
 @output_option(
     "out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(path_type=Path),
     default=None,
     metavar="FILE",
     help="Write the result to FILE (the table then goes to stderr).",

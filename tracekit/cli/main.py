@@ -14,6 +14,7 @@ import importlib.util
 import sys
 import time
 import traceback
+from typing import Any
 
 import click
 
@@ -57,7 +58,27 @@ class LazyGroup(click.Group):
         have = {o for p in cmd.params for o in getattr(p, "opts", ())}
         # the vocabulary every command shares: -q/--quiet, -v/--verbose, --no-color (cli/options.py)
         cmd.params.extend(p for p in common_params() if not have & set(p.opts))
+        _check_outputs_first(cmd)
         return cmd
+
+
+def _check_outputs_first(cmd: click.Command) -> None:
+    """Every command checks the files it would write against its inputs before its body runs
+    (`tracekit.cli.options.check_command_outputs`: an --out naming an input is refused, the input
+    untouched). Wrapped once per command object."""
+    body = cmd.callback
+    if body is None or getattr(body, "_outputs_checked", False):
+        return
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from tracekit.cli.options import check_command_outputs
+
+        check_command_outputs(click.get_current_context())
+        return body(*args, **kwargs)
+
+    checked._outputs_checked = True  # type: ignore[attr-defined]
+    checked.__doc__ = body.__doc__
+    cmd.callback = checked
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

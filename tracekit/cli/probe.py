@@ -9,7 +9,7 @@ from typing import Any
 import click
 import orjson
 
-from tracekit.cli.options import format_option, message, output_option
+from tracekit.cli.options import OutputPath, format_option, message, output_option
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
@@ -137,7 +137,7 @@ def _transport_notes(result: Any) -> list[str]:
 )
 @output_option(
     "out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(path_type=Path),
     default=None,
     metavar="FILE",
     help="Write the result to FILE (the table then goes to stderr).",

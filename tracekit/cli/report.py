@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from tracekit.cli.options import (
+    OutputPath,
     cache_dir_option,
     engine_options,
     message,
@@ -46,6 +47,7 @@ from tracekit.cli.options import (
     "outputs",
     multiple=True,
     required=True,
+    type=OutputPath(),
     metavar="FILE",
     help="Output file; the suffix picks the format (.html, .md, .json). May be given several times.",
 )
