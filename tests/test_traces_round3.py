@@ -126,7 +126,7 @@ def test_compiled_graph_ranges_are_steps_with_no_flag(tmp_path: Path) -> None:
     out = tmp_path / "tp2.perfetto.json"
     rc, _o, err = _cli(["export", "--perfetto", str(out), str(tp2)])
     assert rc == 0 and out.stat().st_size > 0, err
-    diff = _json(["diff", str(tp1), str(tp2)])
+    diff = _json(["diff", str(tp1), str(tp2), "--allow-tp-change"])
     assert diff["kind"] == "tracekit.diff"
     sf = _json(["shortfall", "--baseline", str(tp1), "--sharded", str(tp2)])
     assert sf["kind"] == "tracekit.shortfall"

@@ -296,11 +296,14 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _tp_of(run: Any) -> int:
-    """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks."""
+def _tp_of(run: Any, partial: bool) -> int | None:
+    """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks
+    (unknown with --allow-partial: ranks are missing on purpose there)."""
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None
-    return tp if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16 else len(run.ranks)
+    if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16:
+        return tp
+    return None if partial else len(run.ranks)
 
 
 @click.command("diff")
@@ -394,13 +397,6 @@ def command(
     tty = show_progress()
     run_b = read_run([before], cache=not no_cache, progress=tty)
     run_a = read_run([after], cache=not no_cache, progress=tty)
-    tp_b, tp_a = _tp_of(run_b), _tp_of(run_a)
-    if tp_b != tp_a and not allow_tp_change:
-        raise TracekitError(
-            f"{after}: TP={tp_a} against {before}: TP={tp_b}: diff compares runs of one TP degree; "
-            "for what sharding costs use `tracekit shortfall --baseline <TP=1 run> --sharded <TP=N run>`, "
-            "or give --allow-tp-change"
-        )
     result = diff(
         run_b,
         run_a,
@@ -412,6 +408,14 @@ def command(
         allow_partial=allow_partial,
         top=top,
     )
+    # after diff's own refusals (a partial group, no steps ...): those name the problem first
+    tp_b, tp_a = _tp_of(run_b, allow_partial), _tp_of(run_a, allow_partial)
+    if None not in (tp_b, tp_a) and tp_b != tp_a and not allow_tp_change:
+        raise TracekitError(
+            f"{after}: TP={tp_a} against {before}: TP={tp_b}: diff compares runs of one TP degree; "
+            "for what sharding costs use `tracekit shortfall --baseline <TP=1 run> --sharded <TP=N run>`, "
+            "or give --allow-tp-change"
+        )
     doc = result.to_json()
     emit_result(
         out,
