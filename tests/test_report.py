@@ -169,7 +169,9 @@ def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(shar
         page,
     )
     assert m and f"sharded {sharded:.2f}x" in m.group(2)
-    assert "<details>" in md and f"sharded {sharded:.2f}x" in md.split("<details>", 1)[1].split("</summary>")[0]
+    assert (
+        "<details>" in md and f"sharded {sharded:.2f}x" in md.split("<details>", 1)[1].split("</summary>")[0]
+    )
     assert ('id="dilation-warning"' in page) is warned
     assert ("coordination share is inflated" in md) is warned
 
@@ -562,3 +564,67 @@ def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():
     assert run["dilation"] is None and data.runs[1]["dilation"] is None
     assert "sharded" not in data.dilation["sentence"] and "baseline 1.02x" in data.dilation["sentence"]
     assert "dilation.sharded" not in {k["key"] for k in data.key_figures}
+
+
+def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
+    """The samples' numbers (report_samples): T2 7 ms, ideal 5 ms, S 2 ms of which coordination
+    0.8 + 0.2 + 0.2 = 1.2 ms (60%); on the path rank 1's host time 2.2 ms is the largest component."""
+    inputs = rs.full_inputs()
+    data = build_report_data(**inputs)
+    assert data.headline == (
+        "TP=2: 7.00 ms per token vs ideal 5.00 ms; S = 2.00 ms, 60% coordination; "
+        "cause on the critical path: rank 1's host time between its ops, 2.20 of 7.00 ms."
+    )
+    # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
+    inputs["shortfall"]["interval_ns"] = {"shortfall": [1_500_000, 2_600_000]}
+    assert "S = 2.00 ms [95% 1.50-2.60 ms]," in build_report_data(**inputs).headline
+    del inputs["shortfall"]["interval_ns"]
+    inputs["shortfall"]["spread_ns"]["shortfall"] = {"p10": 1_000_000, "p90": 3_000_000}
+    assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in build_report_data(**inputs).headline
+    # the headline is the first line under the title in both formats, the JSON carries it on top
+    page, md = render_html(data), render_markdown(data)
+    assert re.search(r"</h1>\s*<p class=\"headline\" id=\"headline\">TP=2: 7.00 ms", page)
+    assert md.split("\n")[2].startswith("**TP=2: 7.00 ms per token vs ideal 5.00 ms")
+    assert list(data.to_json())[:3] == ["kind", "schema_version", "headline"]
+
+
+def test_per_token_chart_says_what_it_plots():
+    """Issue 24: the chart plotted the traced times / dilation under a title saying "unprofiled pass"."""
+    data = build_report_data(**rs.full_inputs())
+    fig = embedded_figures(render_html(data))["fig-per-token"]
+    assert "dilation-corrected" in fig["layout"]["title"]["text"]
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["per_token_source"] = "trace"
+    fig = embedded_figures(render_html(build_report_data(**inputs)))["fig-per-token"]
+    assert "dilation-corrected" not in fig["layout"]["title"]["text"]
+    assert fig["layout"]["title"]["text"].startswith("Per-token time (traced")
+
+
+def test_markdown_prose_has_no_backticks_and_numbers_align_right():
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["verdict"] = (
+        "Coordination holds this run back (see `uncorrected` for the traced figures)."
+    )
+    md = render_markdown(build_report_data(**inputs))
+    prose_lines = [ln for ln in md.splitlines() if ln and not ln.startswith("|")]
+    assert not [ln for ln in prose_lines if "`" in ln and "From `" not in ln and ": `" not in ln]
+    assert "see uncorrected for the traced figures" in md
+    # the attribution table: label left, the three number columns right-aligned
+    i = md.splitlines().index("| term | per token | share of S | spread over steps (p10 .. p90) |")
+    assert md.splitlines()[i + 1] == "|---|---:|---:|---:|"
+
+
+def test_sub_rows_keep_their_indent_in_markdown_and_html(h200_straggler_diff):
+    md, page = h200_straggler_diff
+    assert "| &nbsp;&nbsp;coordination: wait |" in md and "| &nbsp;&nbsp;compute: matrix |" in md
+    assert "<td>&nbsp;&nbsp;&nbsp;&nbsp;coordination: wait</td>" in page
+
+
+@pytest.fixture(scope="module")
+def h200_straggler_diff():
+    from tracekit.report.build import load_extras
+
+    data = build_report_data(
+        **rs.full_inputs(), extras=load_extras([TRACES.parent / "reports/diff/h200-tp2-straggler.json"])
+    )
+    return render_markdown(data), render_html(data)
