@@ -724,6 +724,16 @@ class Shortfall:
     def attribution(self) -> Attribution:
         return self.corrected
 
+    def __repr__(self) -> str:
+        from tracekit.analyse.display import shortfall_repr
+
+        return shortfall_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracekit.analyse.display import shortfall_html
+
+        return shortfall_html(self)
+
     def shares(self) -> dict[str, float | None]:
         ints = self.corrected.integers()
         s = ints["shortfall_ns"]
