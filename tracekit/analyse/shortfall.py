@@ -55,6 +55,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.steps import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
@@ -139,6 +140,11 @@ class RunParts:
     dilation: Dilation
     step_pattern: str | None
     data_quality: DataQuality = field(default_factory=DataQuality)
+    kernels: pd.DataFrame | None = None  # compute kernels per (rank, step) in launch order (kernel_scaling)
+
+    @property
+    def steady_steps(self) -> list[int]:
+        return [int(x) for x in self.slowest.loc[self.slowest["steady"], "step"]]
 
     @property
     def steady(self) -> pd.DataFrame:
@@ -246,6 +252,7 @@ class RankAttribution:
     timeline: str
     no_kernels: bool
     path_unions: dict[int, LayerUnions] = field(default_factory=dict)
+    kernels: pd.DataFrame | None = None  # its compute kernels per step (`kernel_scaling.kernel_table`)
 
 
 def attribute_rank(
@@ -278,7 +285,8 @@ def attribute_rank(
         suffixes=("", "_split"),
     )
     clipped = {int(st): unions.clipped(lo, hi) for st, (lo, hi) in (spans or {}).items()}
-    return RankAttribution(int(rank), table, timeline, no_kernels, clipped)
+    kernels = kernel_table(events, rank, windows)
+    return RankAttribution(int(rank), table, timeline, no_kernels, clipped, kernels)
 
 
 @dataclass
@@ -292,6 +300,7 @@ class AttributedSteps:
     per_token: dict[str, Fraction]
     steady_steps: list[int]
     timeline: str
+    kernels: pd.DataFrame | None = None  # every rank's compute kernels per step, in launch order
 
 
 def assemble_attribution(
@@ -369,7 +378,9 @@ def assemble_attribution(
         per_rank[r]["own_window"] = Fraction(int(g["window_ns"].sum()), n)
     per_token = mean_over_ranks(per_rank)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
-    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline)
+    kernels = [p.kernels for p in pieces if p.kernels is not None and len(p.kernels)]
+    all_kernels = pd.concat(kernels, ignore_index=True) if kernels else None
+    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline, all_kernels)
 
 
 def finish_attribution(
@@ -408,6 +419,7 @@ def finish_attribution(
         dilation=dil,
         step_pattern=step_pattern,
         data_quality=dq,
+        kernels=att.kernels,
     )
 
 
@@ -967,6 +979,19 @@ class Shortfall:
             return None
         return any(f is not None and f > 1.0 + th for f in fs)
 
+    def compute_scaling(self) -> dict[str, Any]:
+        """The compute term split by kernel: replicated, shrank N-fold, partly shrank, added,
+        removed (`tracekit.analyse.kernel_scaling`), summing to the printed compute term."""
+        empty = pd.DataFrame(columns=list(KERNEL_COLUMNS))
+        return compute_scaling(
+            self.baseline.kernels if self.baseline.kernels is not None else empty,
+            self.baseline.steady_steps,
+            self.sharded.kernels if self.sharded.kernels is not None else empty,
+            self.sharded.steady_steps,
+            max(1, round(1 / self.factor)),
+            self.corrected.integers()["terms_ns"]["compute"],
+        )
+
     def to_json(self) -> dict[str, Any]:
         ints = self.corrected.integers()
         unc = self.uncorrected.integers()
@@ -1004,6 +1029,7 @@ class Shortfall:
                 "uncorrected": self.path_ints(corrected=False),
             },
             "straggler": self.straggler(),
+            "compute_scaling": self.compute_scaling(),
             "spread_ns": self.spread_ns,
             "verdict": self.verdict(),
             "diagnosis": self.diagnosis(),
