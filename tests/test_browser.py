@@ -151,7 +151,10 @@ def test_headline_and_names_are_text(rendered, page):
     dom, _, _ = rendered
     _, data = page
     assert html.escape(data.headline, quote=False) in dom
-    assert data.headline.startswith("TP=2: ") and "cause on the critical path: rank " in data.headline
+    assert (
+        data.headline.startswith("TP=2: ")
+        and "cause on the critical path: host time (launch gaps) on rank 1" in data.headline
+    )
     assert HOSTILE_KERNEL not in dom and HOSTILE_OP not in dom
     assert html.escape(HOSTILE_KERNEL, quote=False) in dom  # the top-kernels table, as text
     assert "&lt;/script&gt;&lt;script&gt;console.error('XSS-op')&lt;/script&gt;" in dom

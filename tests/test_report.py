@@ -573,7 +573,7 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
     data = build_report_data(**inputs)
     assert data.headline == (
         "TP=2: 7.00 ms per token vs ideal 5.00 ms; S = 2.00 ms, 60% coordination; "
-        "cause on the critical path: rank 1's host time between its ops, 2.20 of 7.00 ms."
+        "cause on the critical path: host time between its ops on rank 1, 2.20 of 7.00 ms."
     )
     # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
     inputs["shortfall"]["interval_ns"] = {"shortfall": [1_500_000, 2_600_000]}
@@ -628,3 +628,15 @@ def h200_straggler_diff():
         **rs.full_inputs(), extras=load_extras([TRACES.parent / "reports/diff/h200-tp2-straggler.json"])
     )
     return render_markdown(data), render_html(data)
+
+
+def test_busbw_chart_only_with_probe_data():
+    """Issue 24: without --links the chart was two trace dots on an empty log-log grid; the realised
+    busbw is in the collectives table either way."""
+    with_links = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    assert "fig-busbw" in with_links and len(with_links["fig-busbw"]["data"]) >= 3  # probes + trace
+    data = build_report_data(**rs.full_inputs(links=None))
+    assert data.busbw["trace"] and not data.busbw["probes"]
+    page = render_html(data)
+    assert "fig-busbw" not in embedded_figures(page) and 'id="fig-busbw"' not in page
+    assert "busbw (median)" in page  # the trace's own busbw, in the collectives table

@@ -746,11 +746,15 @@ TOP_KERNEL_HEADERS = [
 
 
 def top_kernels_caption(run: dict[str, Any]) -> str:
+    return f"{run['role']} run: top kernels per class"
+
+
+def top_kernels_note(run: dict[str, Any]) -> str:
     tk = run.get("top_kernels") or {}
     return (
-        f"{run['role']} run: top kernels per class, per token per rank over {tk.get('windows', 0)} steady "
-        f"step windows (traced durations; share of the mean traced step, {fmt_ms(tk.get('step_ns_mean'))}; "
-        "kernels on different streams may overlap)"
+        f"Count and time per token per rank over {tk.get('windows', 0)} steady step windows (traced "
+        f"durations); share of the mean traced step, {fmt_ms(tk.get('step_ns_mean'))}; kernels on "
+        "different streams may overlap, so a class's shares can exceed its exposed part."
     )
 
 
@@ -1096,8 +1100,8 @@ _PATH_WORDS = {
 
 
 def path_cause_short(data: ReportData) -> str:
-    """The largest component of the critical path and its rank, in a few words ("rank 1's host time
-    (launch gaps), 8.10 ms of the 12.02 ms token"); "" without a path."""
+    """The largest component of the critical path and its rank, in a few words ("host time (launch
+    gaps) on rank 1, 8.10 of 12.02 ms"); "" without a path."""
     cp = data.critical_path
     if not cp or not cp.get("by_rank"):
         return ""
@@ -1115,8 +1119,8 @@ def path_cause_short(data: ReportData) -> str:
         what = short_words(data.term_words.get("transfer", "transfer"))
     else:
         what = _PATH_WORDS.get(part, part)
-    where = f"rank {rank}'s " if data.n_ranks > 1 else ""
-    return f"{where}{what}, {ns / 1e6:.2f} of {fmt_ms(cp['step_ns'], 2)}"
+    where = f" on rank {rank}" if data.n_ranks > 1 else ""
+    return f"{what}{where}, {ns / 1e6:.2f} of {fmt_ms(cp['step_ns'], 2)}"
 
 
 def _interval_text(shortfall: dict[str, Any] | None, data: ReportData) -> str:

@@ -45,6 +45,7 @@ from tracekit.report.data import (
     straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
+    top_kernels_note,
 )
 
 #: colours per part, shared by every figure so a part has one colour on the page
@@ -77,8 +78,8 @@ div.fig-first{min-height:360px} details{margin:.6em 0;padding:.3em .8em;border:1
 summary{cursor:pointer;font-weight:600;color:#333} .swatch{display:inline-block;width:.8em;height:.8em;margin-right:.4em;border-radius:2px;vertical-align:-.05em}
 .dilation{margin:.2em 0 .2em 1.2em;color:#444}
 .warning{margin:.3em 0;padding:.4em 1em;background:#fff3cd;border-left:5px solid #e0a800;font-weight:600}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f6f6f6}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em;display:block;overflow-x:auto;max-width:100%} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} table.top-kernels td:first-child{white-space:nowrap} th{background:#f6f6f6}
 .fig{width:100%;min-height:300px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
 .meta{color:#666;font-size:.85em} .verdict-sub{background:#f3f6fa;border-left:5px solid #EECA3B;padding:.4em 1em}
 """
@@ -176,10 +177,11 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
         return None
     steps = a["waterfall"]
     s_ns = a["shortfall_ns"]
-    labels, bases, heights, colours, texts = [], [], [], [], []
+    labels, bases, heights, colours, texts, words = [], [], [], [], [], []
     at = 0
     for w in steps:
-        labels.append(esc(short_words(w["label"])))
+        labels.append(_WATERFALL_LABELS.get(w["term"], esc(w["term"])))
+        words.append(esc(short_words(w["label"])))
         bases.append(at / 1e6)
         heights.append(w["ns"] / 1e6)
         colours.append(_term_colour(w["term"]))
@@ -187,6 +189,7 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
         texts.append(fmt_ms(w["ns"]) + share)
         at += w["ns"]
     labels.append("shortfall S")
+    words.append(f"S = T{data.n_ranks} - T1/{data.n_ranks}")
     bases.append(0.0)
     heights.append(s_ns / 1e6)
     colours.append(PART_COLOURS["shortfall"])
@@ -198,9 +201,10 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
             base=bases,
             marker_color=colours,
             text=texts,
+            customdata=words,
             textposition="outside",
             cliponaxis=False,
-            hovertemplate="%{x}: %{text}<extra></extra>",
+            hovertemplate="%{customdata}: %{text}<extra></extra>",
         )
     )
     fig.update_layout(
@@ -214,6 +218,18 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
     )
     return fig
 
+
+#: the waterfall's axis labels (short, so they stay horizontal; the hover gives the full words)
+_WATERFALL_LABELS = {
+    "compute": "compute not scaled",
+    "memory": "memory not scaled",
+    "transfer": "transfer",
+    "unknown": "unknown kernels",
+    "coordination": "coordination",
+    "coordination.wait": "coordination: wait",
+    "coordination.sync": "coordination: sync",
+    "coordination.idle": "coordination: idle",
+}
 
 #: ranks drawn in the per-step chart of one run (more would make each row too thin to read)
 STEP_CHART_RANKS = 8
@@ -647,6 +663,7 @@ def _top_kernels_html(data: ReportData) -> str:
                 ]
             )
         out.append(f"<h3>{esc(top_kernels_caption(run))}</h3>")
+        out.append(f'<p class="note">{esc(top_kernels_note(run))}</p>')
         out.append(_table([esc(h) for h in TOP_KERNEL_HEADERS], cells, ' class="top-kernels"'))
     return "\n".join(out)
 

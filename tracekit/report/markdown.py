@@ -31,6 +31,7 @@ from tracekit.report.data import (
     straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
+    top_kernels_note,
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
@@ -246,7 +247,7 @@ def _top_kernels_md(data: ReportData) -> list[str]:
         rows = top_kernel_rows(run)
         if not rows:
             continue
-        out += [f"### {md_esc(top_kernels_caption(run))}", ""]
+        out += [f"### {md_esc(top_kernels_caption(run))}", "", md_esc(top_kernels_note(run)), ""]
         out += _table(
             list(TOP_KERNEL_HEADERS),
             [
