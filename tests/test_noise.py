@@ -262,3 +262,34 @@ def test_committed_h200_pairs_get_a_verdict_not_too_noisy():
         for k, t in doc["noise"]["terms"].items():
             if t["reading"] != "finding":
                 assert f"{k} is {t['ns'] / doc['shortfall_ns']:.0%}" not in doc["verdict"]
+
+
+def test_merge_ranks_takes_the_median_over_ranks_per_kind():
+    from tracekit.capture.calibrate import merge_ranks
+
+    got = merge_ranks(
+        {
+            0: {"per_call_ns": {"op": 700, "collective": 70_000}, "calls": 2400, "method": "m"},
+            1: {"per_call_ns": {"op": 900, "collective": 90_000}, "calls": 2400, "method": "m"},
+            2: {"per_call_ns": {"op": 800, "collective": 10_000}, "calls": 2400, "method": "m"},
+        }
+    )
+    assert got is not None
+    assert got["per_call_ns"] == {"collective": 70_000, "op": 800}
+    assert got["calls"] == 2400 and got["per_rank_ns"]["2"]["op"] == 800
+    assert merge_ranks({0: {}, 1: {}}) is None
+
+
+@pytest.mark.slow
+def test_cpu_capture_measures_the_profilers_cost_per_call(gloo_truth):  # type: ignore[no-untyped-def]
+    # the session's real gloo captures: every one calibrated after its warm-up, in mode cpu;
+    # a CPU capture has host ops, ranges and (TP=2) gloo collectives, no CUDA runtime calls
+    for name, kinds in (("tp1", {"op", "range"}), ("a", {"op", "range", "collective"})):
+        m = json.loads((gloo_truth[name] / "manifest.json").read_text())
+        cal = m["profiler_calibration"]
+        assert set(cal["per_call_ns"]) == kinds, name
+        assert all(isinstance(v, int) and v >= 0 for v in cal["per_call_ns"].values())
+        # mode cpu records every aten op (record_shapes): recording one is not free
+        assert cal["per_call_ns"]["op"] > 0
+        assert cal["calls"] > 0 and "mode cpu" in cal["method"]
+        assert set(cal["per_rank_ns"]) == {str(r) for r in range(m["workload"]["tp"])}
