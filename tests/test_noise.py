@@ -231,7 +231,10 @@ def test_coverage_of_a_true_zero_at_the_bootstrap_level():
 def test_vectorised_reconcile_is_the_exact_one(timeline: str):
     rng = np.random.default_rng(5)
     for _ in range(60):
-        parts = {p: Fraction(int(v)) for p, v in zip(LEAF_PARTS, rng.integers(0, 500, len(LEAF_PARTS)), strict=True)}
+        parts = {
+            p: Fraction(int(v))
+            for p, v in zip(LEAF_PARTS, rng.integers(0, 500, len(LEAF_PARTS)), strict=True)
+        }
         if rng.random() < 0.2:
             for k in ("wait", "sync", "idle"):
                 parts[k] = Fraction(0)

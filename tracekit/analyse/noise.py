@@ -241,6 +241,8 @@ def bootstrap(
     b = int(resamples)
     kb, ks = base.rounds, shard.rounds
     paired = kb == ks >= 2 and base.pairing is not None and base.pairing == shard.pairing
+    idx_b: np.ndarray | None
+    idx_s: np.ndarray | None
     if paired:
         idx_b = idx_s = rng.integers(0, kb, size=(b, kb))
     else:

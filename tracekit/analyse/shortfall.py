@@ -1211,7 +1211,11 @@ def _run_sample(run: RunParts, corrected: bool) -> RunSample:
     rs = run.rank_steps.sort_values(["step", "rank"])
     steps = sorted(rs["step"].unique())
     ranks = sorted(rs["rank"].unique())
-    arr = rs[[f"{p}_ns" for p in LEAF_PARTS]].to_numpy(np.int64).reshape(len(steps), len(ranks), len(LEAF_PARTS))
+    arr = (
+        rs[[f"{p}_ns" for p in LEAF_PARTS]]
+        .to_numpy(np.int64)
+        .reshape(len(steps), len(ranks), len(LEAF_PARTS))
+    )
     u, p = run.dilation.unprofiled, run.dilation.profiled
     return RunSample(
         steps=arr,

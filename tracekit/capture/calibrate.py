@@ -79,7 +79,10 @@ def calibrate(
         with torch.autograd.profiler.record_function("tracekit_calibration"):
             pass
 
-    kinds: dict[str, tuple[Callable[[], None], Callable[[], None] | None]] = {"op": (op, None), "range": (rng, None)}
+    kinds: dict[str, tuple[Callable[[], None], Callable[[], None] | None]] = {
+        "op": (op, None),
+        "range": (rng, None),
+    }
     if device == "cuda":
         ga, gb = a.cuda(), b.cuda()
         gc = torch.empty_like(ga)
@@ -133,7 +136,11 @@ def calibrate(
             f"(fastest profiled - fastest plain block of {calls} calls) / {calls}, {repeats} x {BLOCKS} blocks "
             f"of each, mode {mode}: "
             "op = torch.add on CPU tensors, range = an empty record_function"
-            + (", runtime = torch.add on CUDA tensors less op (device synchronised in the timing)" if device == "cuda" else "")
+            + (
+                ", runtime = torch.add on CUDA tensors less op (device synchronised in the timing)"
+                if device == "cuda"
+                else ""
+            )
             + (", collective = all_reduce of one element" if dist is not None else "")
             + "; clamped at 0"
         ),

@@ -227,7 +227,9 @@ def merge_blocks(
     u_rounds = [r for m in blocks for r in (m.get("unprofiled") or {}).get("rounds") or []]
     p_rounds = [r for m in blocks for r in (m.get("profiled") or {}).get("rounds") or []]
     last["unprofiled"] = {"per_token_ns": u_rounds[0] if u_rounds else {}, "rounds": u_rounds}
-    last["profiled"] = dict(last.get("profiled") or {}, rounds=p_rounds, traced_round=max(len(p_rounds) - 1, 0))
+    last["profiled"] = dict(
+        last.get("profiled") or {}, rounds=p_rounds, traced_round=max(len(p_rounds) - 1, 0)
+    )
     last["dilation"], last["dilation_interval"] = env.dilation(u_rounds, p_rounds)
     wl = dict(last.get("workload") or {})
     wl["rounds"] = len(p_rounds)
