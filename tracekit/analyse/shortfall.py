@@ -838,6 +838,18 @@ class Shortfall:
             f"{others} ({basis}). {self.path_cause()} {dil}"
         )
 
+    def _noise_checked_diagnosis(self) -> str:
+        """`diagnosis()` where the verdict names a cause; where it cannot (S or every term within
+        its noise), what to do instead: a next step read from a term inside its noise would be
+        the noise passed off as a finding."""
+        rd = self.noise()
+        if rd.status in ("attributed", "beats_ideal"):
+            return self.diagnosis()
+        return (
+            "Too noisy to say what to look at next: capture more rounds (`--rounds`), on a quieter host "
+            "(no other jobs on its cores), or with CUDA graphs, and compare the intervals again."
+        )
+
     # ---- the critical path
 
     def path_ints(self, corrected: bool = True) -> dict[str, Any]:
@@ -1074,7 +1086,7 @@ class Shortfall:
             "verdict": self.verdict(),
             "intervals": self.intervals.to_json(),
             "noise": self.noise().to_json(),
-            "diagnosis": self.diagnosis(),
+            "diagnosis": self._noise_checked_diagnosis(),
             "dilation": {
                 "definition": "profiled / unprofiled per-token time, measured by the capture's alternating "
                 "rounds (median of per-round ratios; one round: the mean ratio); the corrected per-token time is "
