@@ -56,10 +56,10 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.steps import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
