@@ -58,6 +58,7 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     assert rep["per_token_ns"] == sf["per_token_ns"]
     assert rep["attribution"]["shortfall_ns"] == sf["shortfall_ns"]
     assert rep["attribution"]["terms_ns"] == sf["terms_ns"]
+
     # S = TN - T1/N and the waterfall sums to it exactly (docs/METHOD.md section Shortfall attribution)
     pt = sf["per_token_ns"]
     assert abs(pt["ideal"] - pt["baseline"] / 2) <= 1
@@ -118,3 +119,27 @@ def test_report_cli_on_the_study_runs_agrees_with_the_study(study, tmp_path: Pat
     assert b["verdict"].startswith(
         f"Per token {bd['per_token']['step_ns']['median'] / 1e6:.3f} ms on 2 rank(s)"
     )
+
+
+def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
+    # the default: 8 rounds per degree in 2 blocks, TP=1, TP=2, TP=1, TP=2; the merged manifests
+    # hold every round in run order (the traced one last) and one interleaving group, and the
+    # shortfall's intervals draw the two runs' rounds as pairs
+    out, _ = study
+    m1, m2 = (json.loads((out / f"tp{tp}" / "manifest.json").read_text()) for tp in (1, 2))
+    for m in (m1, m2):
+        il = m["workload"]["interleaved"]
+        assert il["blocks"] == 2 and il["rounds_per_block"] == 4
+        assert il["order"] == ["TP=1 block 1", "TP=2 block 1", "TP=1 block 2", "TP=2 block 2"]
+        assert len(m["profiled"]["rounds"]) == len(m["unprofiled"]["rounds"]) == 8
+        assert m["profiled"]["traced_round"] == 7 and m["workload"]["pass_order"] == "UP" * 8
+        assert m["workload"]["rounds"] == 8
+    assert m1["workload"]["interleaved"]["group"] == m2["workload"]["interleaved"]["group"]
+    sf = json.loads((out / "shortfall-tp2.json").read_text())
+    assert sf["intervals"]["paired"] is True and sf["intervals"]["rounds"] == {"baseline": 8, "sharded": 8}
+    # the verdict names a cause only when its interval excludes zero, or says the run was too noisy
+    rd = sf["noise"]
+    if rd["status"] == "attributed":
+        assert rd["terms"][rd["cause"]]["interval"][0] > 0
+    else:
+        assert rd["status"] in ("too_noisy", "unattributed")

@@ -46,6 +46,16 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     "--links/--no-links", default=None,
     help="Run the NVLink/PCIe link comparison (default: only where there are two GPUs).",
 )  # fmt: skip
+@click.option(
+    "--rounds", default=8, show_default=True, type=click.IntRange(1),
+    help="Measured rounds (an unprofiled and a profiled pass each) per TP degree, over all blocks: "
+    "the shortfall's intervals come from them (more rounds: tighter intervals on a noisy host).",
+)  # fmt: skip
+@click.option(
+    "--blocks", default=2, show_default=True, type=click.IntRange(1),
+    help="Captures per TP degree, alternating TP=1, TP=N, TP=1, TP=N ... so the host's drift falls on "
+    "every degree alike (their rounds are then paired in the intervals); 1: one capture each.",
+)  # fmt: skip
 @click.option("--quiet", is_flag=True, help="No progress display.")
 def command(
     tp_text: str | None,
@@ -59,6 +69,8 @@ def command(
     cdn: bool,
     offline: bool,
     links: bool | None,
+    rounds: int,
+    blocks: int,
     quiet: bool,
 ) -> None:
     """Capture each TP degree, run breakdown and shortfall (and the link comparison where there
@@ -80,7 +92,7 @@ def command(
 
     config = StudyConfig(
         tp=_parse_tp(tp_text), preset=preset, tokens=tokens, backend=backend, device=device, mode=mode,
-        links=links, offline=not cdn, layers=layers,
+        links=links, offline=not cdn, layers=layers, rounds=rounds, blocks=blocks,
     )  # fmt: skip
     console = Console(stderr=True)
     if quiet:
