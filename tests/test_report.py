@@ -576,9 +576,9 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
         "cause on the critical path: host time between its ops on rank 1, 2.20 of 7.00 ms."
     )
     # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
-    inputs["shortfall"]["interval_ns"] = {"shortfall": [1_500_000, 2_600_000]}
+    inputs["shortfall"]["intervals"] = {"shortfall_ns": [1_500_000, 2_600_000]}
     assert "S = 2.00 ms [95% 1.50-2.60 ms]," in build_report_data(**inputs).headline
-    del inputs["shortfall"]["interval_ns"]
+    del inputs["shortfall"]["intervals"]
     inputs["shortfall"]["spread_ns"]["shortfall"] = {"p10": 1_000_000, "p90": 3_000_000}
     assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in build_report_data(**inputs).headline
     # the headline is the first line under the title in both formats, the JSON carries it on top
@@ -640,3 +640,40 @@ def test_busbw_chart_only_with_probe_data():
     page = render_html(data)
     assert "fig-busbw" not in embedded_figures(page) and 'id="fig-busbw"' not in page
     assert "busbw (median)" in page  # the trace's own busbw, in the collectives table
+
+
+def test_intervals_and_noise_readings_are_rendered():
+    """The shortfall's 95% intervals (shortfall `intervals`) and readings (`noise`): the headline
+    gives TN's and S's intervals, the attribution table an interval column, and a term whose
+    interval holds zero gets no share ("within noise"); S within noise says so in the headline."""
+    inputs = rs.full_inputs()
+    sf = inputs["shortfall"]
+    sf["intervals"] = {
+        "level": 0.95,
+        "method": "bootstrap over rounds and steps",
+        "per_token_ns": {"baseline": [9_500_000, 10_500_000], "sharded": [6_800_000, 7_300_000]},
+        "shortfall_ns": [1_600_000, 2_400_000],
+        "terms_ns": {"compute": [300_000, 500_000], "memory": [-50_000, 250_000], "transfer": [250_000, 350_000],
+                     "coordination": [900_000, 1_500_000]},
+        "coordination_ns": {"wait": [600_000, 1_000_000], "sync": [-10_000, 400_000], "idle": [100_000, 300_000]},
+    }  # fmt: skip
+    sf["noise"] = {
+        "status": "attributed",
+        "cause": "coordination",
+        "terms": {t: {"reading": "within_noise" if t == "memory" else "finding"} for t in sf["terms_ns"]},
+    }
+    data = build_report_data(**inputs)
+    assert data.headline.startswith("TP=2: 7.00 ms [95% 6.80-7.30 ms] per token vs ideal 5.00 ms; ")
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], 60% coordination;" in data.headline
+    md, page = render_markdown(data), render_html(data)
+    assert "| term | per token | 95% interval | share of S | spread over steps (p10 .. p90) |" in md
+    assert "| memory that did not scale | 0.100 ms | -0.050-0.250 ms | within noise |" in md
+    assert (
+        "| coordination: sync | 0.200 ms | -0.010-0.400 ms | within noise |" in md
+    )  # a part: its own interval
+    assert "| compute that did not scale | 0.400 ms | 0.300-0.500 ms | 20.0% |" in md
+    assert "<td class=num>within noise</td>" in page
+    fig = embedded_figures(page)["fig-waterfall"]["data"][0]
+    assert fig["text"][1] == "0.100 ms (within noise)" and fig["text"][0] == "0.400 ms (20%)"
+    sf["noise"]["status"] = "too_noisy"
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in build_report_data(**inputs).headline

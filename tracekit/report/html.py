@@ -32,6 +32,7 @@ from tracekit.report.data import (
     fmt_bytes,
     fmt_gbps,
     fmt_ms,
+    fmt_ms_interval,
     fmt_pct,
     fmt_us,
     fmt_x,
@@ -40,6 +41,7 @@ from tracekit.report.data import (
     path_rows,
     per_rank_rows,
     prose,
+    share_text,
     short_name,
     short_words,
     straggler_sentence,
@@ -185,7 +187,10 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
         bases.append(at / 1e6)
         heights.append(w["ns"] / 1e6)
         colours.append(_term_colour(w["term"]))
-        share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
+        if w.get("reading") in ("within_noise", "negative"):
+            share = " (within noise)" if w["reading"] == "within_noise" else ""
+        else:
+            share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
         texts.append(fmt_ms(w["ns"]) + share)
         at += w["ns"]
     labels.append("shortfall S")
@@ -499,26 +504,39 @@ def _dilation_table(data: ReportData) -> str:
 
 
 def _attribution_table(data: ReportData) -> str:
+    """The terms of S with their 95% intervals (when the shortfall has them) and shares; a share
+    only where the term is clear of the noise."""
     a = data.attribution
     if a is None:
         return ""
+    s_ns = a["shortfall_ns"]
+    has_iv = bool(a.get("intervals"))
     rows = []
     for w in a["waterfall"]:
         term = w["term"]
         spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-        share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
-        rows.append(
-            [
-                (esc(w["label"]), False),
-                (esc(fmt_ms(w["ns"])), True),
-                (esc(fmt_pct(share)), True),
-                (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True),
-            ]
+        row = [(esc(w["label"]), False), (esc(fmt_ms(w["ns"])), True)]
+        if has_iv:
+            row.append((esc(fmt_ms_interval(w.get("interval_ns"), 3)), True))
+        row.append((esc(share_text(w, s_ns)), True))
+        row.append(
+            (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True)
         )
-    rows.append(
-        [("<b>shortfall S</b>", False), (esc(fmt_ms(a["shortfall_ns"])), True), ("100.0%", True), ("", True)]
-    )
-    return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+        rows.append(row)
+    total = [("<b>shortfall S</b>", False), (f"<b>{esc(fmt_ms(s_ns))}</b>", True)]
+    if has_iv:
+        total.append((esc(fmt_ms_interval((a.get("intervals") or {}).get("shortfall_ns"), 3)), True))
+    rows.append([*total, ("100.0%", True), ("", True)])
+    headers = [
+        "term",
+        "per token",
+        *(["95% interval"] if has_iv else []),
+        "share of S",
+        "spread over steps (p10 .. p90)",
+    ]
+    table = _table(headers, rows, ' id="attribution"')
+    method = (a.get("intervals") or {}).get("method")
+    return table + (f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else "")
 
 
 def _text_table(headers: list[str], rows: list[list[str]], attrs: str = "") -> str:
