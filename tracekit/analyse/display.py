@@ -56,17 +56,26 @@ def shortfall_repr(sf: Shortfall) -> str:
     )
 
 
+def _iv(v: Any) -> str:
+    if isinstance(v, list | tuple) and len(v) == 2 and None not in v:
+        return f"{v[0] / 1e6:.3f}-{v[1] / 1e6:.3f} ms"
+    return ""
+
+
 def shortfall_html(sf: Shortfall) -> str:
     ints = sf.corrected.integers()
     s = ints["shortfall_ns"]
     share = {k: (v / s if s else None) for k, v in ints["terms_ns"].items()}
+    ivs_obj: Any = getattr(sf, "intervals", None)  # the 95% intervals, where the shortfall has them
+    ivs: dict[str, Any] = ivs_obj.to_json() if ivs_obj is not None and hasattr(ivs_obj, "to_json") else {}
+    t_iv, c_iv = ivs.get("terms_ns") or {}, ivs.get("coordination_ns") or {}
     rows: list[tuple[str, list[str], bool]] = []
     for term, ns in ints["terms_ns"].items():
-        rows.append((term, [_ms(ns), _pct(share[term])], False))
+        rows.append((term, [_ms(ns), _iv(t_iv.get(term)), _pct(share[term])], False))
         if term == "coordination":
             for part, v in ints["coordination_ns"].items():
-                rows.append((part, [_ms(v), _pct(v / s if s else None)], True))
-    rows.append(("S", [_ms(s), _pct(1.0 if s else None)], False))
+                rows.append((part, [_ms(v), _iv(c_iv.get(part)), _pct(v / s if s else None)], True))
+    rows.append(("S", [_ms(s), _iv(ivs.get("shortfall_ns")), _pct(1.0 if s else None)], False))
     pt = ints["per_token_ns"]
     src = (
         "per-token times dilation-corrected (traced / dilation)"
@@ -75,7 +84,7 @@ def shortfall_html(sf: Shortfall) -> str:
     )
     return (
         f'{_STYLE}<div class="tk-result"><p><b>{_esc(sf.verdict())}</b></p>'
-        + _table(["term", "per token", "share of S"], rows)
+        + _table(["term", "per token", "95% interval", "share of S"], rows)
         + f"<p>T1 {_esc(_ms(pt['baseline']))}, T{sf.n_ranks} {_esc(_ms(pt['sharded']))}, ideal "
         f"{_esc(_ms(pt['ideal']))}; {_esc(src)}. <code>.to_frame()</code> for the table, "
         "<code>.to_json()</code> for everything.</p></div>"
