@@ -677,3 +677,23 @@ def test_intervals_and_noise_readings_are_rendered():
     assert fig["text"][1] == "0.100 ms (within noise)" and fig["text"][0] == "0.400 ms (20%)"
     sf["noise"]["status"] = "too_noisy"
     assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in build_report_data(**inputs).headline
+
+
+def test_one_colour_per_class_in_every_chart():
+    """Issue 24: the waterfall drew every increasing bar the same green. Now a class has one colour on
+    the whole page (per-step parts, critical path, collectives, waterfall), and the per-token chart's
+    bars (runs, not classes) take none of the class colours."""
+    figs = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    seen: dict[str, set[str]] = {}
+    for fid in ("fig-steps-0", "fig-steps-1", "fig-critical-path", "fig-collectives"):
+        for t in figs[fid]["data"]:
+            seen.setdefault(t["name"], set()).add(t["marker"]["color"])
+    assert all(len(c) == 1 for c in seen.values()), seen
+    wf = figs["fig-waterfall"]["data"][0]
+    by_term = dict(zip(wf["x"], wf["marker"]["color"], strict=True))
+    assert by_term["compute not scaled"] == next(iter(seen["compute"]))
+    assert by_term["coordination: wait"] == next(iter(seen["wait"]))
+    assert by_term["coordination: idle"] == next(iter(seen["idle"]))
+    assert by_term["compute not scaled"] not in {by_term["coordination: wait"], by_term["coordination: idle"]}
+    class_colours = {c for cs in seen.values() for c in cs} | set(wf["marker"]["color"][:-1])
+    assert not set(figs["fig-per-token"]["data"][0]["marker"]["color"]) & class_colours

@@ -71,6 +71,9 @@ PART_COLOURS = {
     "shortfall": "#333333",
 }
 
+#: the per-token chart's bars: runs, not classes
+RUN_COLOURS = {"baseline": "#8C8C8C", "sharded": "#333333", "ideal": "#54A24B"}
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
 h1{font-size:1.35em;margin:.2em 0 .3em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
@@ -140,12 +143,13 @@ def fig_per_token(data: ReportData) -> go.Figure | None:
     pt = data.per_token_ns
     n = data.n_ranks
     bars: list[tuple[str, int, str]] = []
+    # runs in neutral tones and the ideal in green: no bar here takes a class's colour
     if pt.get("baseline") is not None:
-        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), "#4C78A8"))
+        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), RUN_COLOURS["baseline"]))
     if pt.get("sharded") is not None:
-        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), "#F58518"))
+        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), RUN_COLOURS["sharded"]))
     if pt.get("ideal") is not None:
-        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), "#54A24B"))
+        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), RUN_COLOURS["ideal"]))
     if not bars:
         return None
     fig = go.Figure(
