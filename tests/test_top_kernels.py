@@ -116,3 +116,24 @@ def test_committed_h200_trace_agrees_with_its_breakdown():
             inside = k[(k["start_ns"] >= s) & (k["start_ns"] < e)]
             total += int((inside["end_ns"] - inside["start_ns"]).sum())
     assert got["classes"]["compute"]["total_ns"] == pytest.approx(total / len(win))
+
+
+def test_per_rank_sums_assemble_to_the_whole_run():
+    """The Dask engine computes each rank's sums where its events are and assembles them on the
+    client: the same tables as the whole run at once (two ranks whose step windows differ)."""
+    from tracekit.analyse.kernels import assemble_top_kernels, rank_kernel_sums
+
+    rows = []
+    for r in range(2):
+        for k in range(3):
+            t = k * 10_000 + 100
+            rows += [
+                (r, 7, "kernel", "gemm", "compute", "matrix", t, t + 300 + 100 * r),
+                (r, 7, "kernel", "nccl", "collective", "nccl", t + 400, t + 900),
+            ]
+    ev = _events(rows)
+    steps = _windows(2, 3, 5_000)
+    whole = top_kernels(ev, steps)
+    per_rank = [rank_kernel_sums(ev[ev["rank"] == r], steps[steps["rank"] == r], r) for r in (0, 1)]
+    assert assemble_top_kernels(per_rank, steps) == whole
+    assert whole["classes"]["compute"]["kernels"][0]["total_ns"] == pytest.approx(350)  # (300 + 400) / 2
