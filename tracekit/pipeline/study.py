@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from tracekit.errors import TracekitError
-from tracekit.report.build import AnalysedRuns, report_from_analyses, write_report
+from tracekit.report.build import AnalysedRuns, report_from_analyses, top_kernels_json, write_report
 
 #: presets used when --preset is not given
 CPU_PRESET = "tiny"
@@ -248,6 +248,7 @@ def merge_blocks(
 
 def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None) -> StudyResult:
     """Capture, analyse and report; returns where everything went and the verdict."""
+    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.breakdown import breakdown
     from tracekit.read import read_run
 
@@ -267,7 +268,7 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
     runs: dict[int, Any] = {}
     for i, tp in enumerate(tps):
         tell("breakdown", i, len(tps), f"TP={tp}")
-        run = read_run([run_dirs[tp]])
+        run = AnalysedRun.of(read_run([run_dirs[tp]]))  # classified once: breakdown, shortfall, report
         runs[tp] = run
         breakdowns[tp] = _to_json(breakdown(run, step_pattern=config.step_pattern))
         manifests[tp] = run.manifest
@@ -321,6 +322,8 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
             baseline_breakdown=breakdowns[1] if base else None,
             baseline_manifest=manifests[1] if base else None,
             shortfall=shortfalls.get(tp),
+            top_kernels=top_kernels_json(runs[tp], config.step_pattern),
+            baseline_top_kernels=top_kernels_json(runs[1], config.step_pattern) if base else None,
         )
         data = report_from_analyses(
             analysed,
