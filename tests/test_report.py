@@ -697,3 +697,28 @@ def test_one_colour_per_class_in_every_chart():
     assert by_term["compute not scaled"] not in {by_term["coordination: wait"], by_term["coordination: idle"]}
     class_colours = {c for cs in seen.values() for c in cs} | set(wf["marker"]["color"][:-1])
     assert not set(figs["fig-per-token"]["data"][0]["marker"]["color"]) & class_colours
+
+
+def test_per_step_chart_stays_readable_at_200_steps():
+    """Issue 24: the per-step chart put every (rank, step) on a category axis (64 unreadable ticks
+    for a 32-step TP=2 run). Now steps are numbers on a shared axis, one row per rank, so the axis
+    thins its own ticks; at most 8 ranks are drawn (first, last, evenly between)."""
+    from tracekit.report.html import fig_steps
+
+    steps = [
+        {"rank": r, "step": k, "name": f"decode_step#{k}", "window_ns": 1_000_000,
+         "parts_ns": {"compute": 600_000, "idle": 400_000}, "overlapped_collective_ns": 0}
+        for r in range(16) for k in range(200)
+    ]  # fmt: skip
+    run = {"role": "sharded", "steps": steps, "ranks": list(range(16))}
+    fig = fig_steps(run).to_plotly_json()
+    layout = fig["layout"]
+    yaxes = sorted(k for k in layout if k.startswith("yaxis"))
+    assert len(yaxes) == 8  # 8 of 16 ranks, each its own row
+    titles = [layout[k]["title"]["text"].split("<br>")[0] for k in yaxes]
+    assert titles[0] == "rank 0" and titles[-1] == "rank 15"
+    for t in fig["data"]:
+        assert all(isinstance(x, int) for x in t["x"]) and len(t["x"]) == 200  # numbers, not categories
+    assert layout["bargap"] == 0.0 and "8 of 16 ranks" in layout["title"]["text"]
+    # one legend entry per part, not one per rank
+    assert sorted(t["name"] for t in fig["data"] if t.get("showlegend")) == ["compute", "idle"]
