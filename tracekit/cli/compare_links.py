@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.options import OutputPath
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -98,7 +99,7 @@ from tracekit.probe import spec
 @click.option(
     "--out",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(path_type=Path),
     default=None,
     help="Write the result here.",
 )

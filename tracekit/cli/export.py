@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import cache_dir_option, no_cache_option, step_pattern_option
+from tracekit.cli.options import OutputPath, cache_dir_option, no_cache_option, step_pattern_option
 
 
 @click.command("export")
@@ -13,7 +13,7 @@ from tracekit.cli.options import cache_dir_option, no_cache_option, step_pattern
     "--perfetto",
     "out",
     required=True,
-    type=click.Path(dir_okay=False, path_type=str),
+    type=OutputPath(),
     metavar="OUT.json",
     help="Write a Chrome-trace JSON (OUT.json, or OUT.json.gz gzipped) for ui.perfetto.dev and chrome://tracing.",
 )
