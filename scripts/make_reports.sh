@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # Regenerate every committed report under reports/ from the committed traces (no GPU needed).
+# Every HTML page is self-contained (plotly.js inlined, no --cdn): it opens offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tk() { tracekit "$@" >/dev/null; }
 tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
    -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json
 tk report traces/cpu-tp2-straggler --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=2 with a 20 ms straggler on rank 1 (tiny preset, gloo)" \
-   --extra reports/whatif/cpu-straggler.json --cdn \
+   --extra reports/whatif/cpu-straggler.json \
    -o reports/cpu-study/straggler.html -o reports/cpu-study/straggler.md -o reports/cpu-study/straggler.json
 tk advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --layers 32 --format json --out reports/advise/predicted-32-layers.json
 tk advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --layers 32 --out reports/advise/predicted-32-layers.txt
 # sections from the other commands' committed JSON (--extra; whatif/diff/rho/decompose are made elsewhere)
 tk report traces/h200-tp2 --baseline traces/h200-tp1 --links reports/h200/links-graph.json \
    --extra reports/whatif/h200-tp2.json --extra reports/advise/predicted-32-layers.json \
-   --extra reports/rho/h200.json --extra reports/decompose/h200-graphs-compile.json --cdn \
+   --extra reports/rho/h200.json --extra reports/decompose/h200-graphs-compile.json \
    --title "2x H200 (NVLink): TP=1 vs TP=2, 7b shape (8 layers), NCCL, mode cuda" \
    -o reports/h200/report.html -o reports/h200/report.md -o reports/h200/report.json
 tk report traces/h200-tp2-straggler --baseline traces/h200-tp1 --title "2x H200: TP=2 with a 2 ms host delay on rank 1 before every all-reduce" \
-   --extra reports/diff/h200-tp2-straggler.json --cdn \
+   --extra reports/diff/h200-tp2-straggler.json \
    -o reports/h200/straggler.html -o reports/h200/straggler.md -o reports/h200/straggler.json
 tk report traces/h200-tp2-full --baseline traces/h200-tp1-full \
    --title "2x H200: TP=1 vs TP=2 captured in full mode (CPU+CUDA, every op): the profiler's dilation at its highest" \
@@ -25,6 +26,14 @@ tk report traces/h200-tp2-full --baseline traces/h200-tp1-full \
 tk report reports/h200-study/tp2 --baseline reports/h200-study/tp1 --links reports/h200-study/links.json \
    --title "tracekit study on 2x H200: TP=1 vs TP=2, 7b shape (8 layers), 16 tokens (a second, independent run)" \
    -o reports/h200-study/report.html -o reports/h200-study/report.md -o reports/h200-study/report.json
+# the two-H200 pairs of scripts/gpu_multi.sh (reports/multi-gpu/README.md lists the commands)
+L=reports/multi-gpu/links-decode-sizes.json
+tk report traces/h200x2-tp2-b1-graphs --baseline traces/h200x2-tp1-b1-graphs --links $L \
+   -o reports/multi-gpu/graphs-tp2.html -o reports/multi-gpu/graphs-tp2.md -o reports/multi-gpu/graphs-tp2.json
+tk report traces/h200x2-tp2-b1-graphs-pcie --baseline traces/h200x2-tp1-b1-graphs --links $L -o reports/multi-gpu/graphs-tp2-pcie.md
+tk report traces/h200x2-tp2-b1 --baseline traces/h200x2-tp1-b1 --links $L \
+   -o reports/multi-gpu/eager-tp2.md -o reports/multi-gpu/eager-tp2.json
+tk report traces/h200x2-tp2-b1-pcie --baseline traces/h200x2-tp1-b1 --links $L -o reports/multi-gpu/eager-tp2-pcie.md
 P=reports/h200/links-graph.json
 for f in markdown json; do
   ext=$([ $f = markdown ] && echo md || echo json)

@@ -130,3 +130,39 @@ def test_load_errors_are_the_readers(tmp_path: Path):
         tk.load(tmp_path / "nothing-here")
     with pytest.raises(NoTracesError):
         tk.load()
+
+
+def test_results_show_short_in_a_notebook(tp1: tk.TraceRun, tp2: tk.TraceRun):
+    """Issue 24: repr() of a Shortfall was 33,642 characters and there was no _repr_html_."""
+    import html as _html
+
+    sf = tk.shortfall(tp1, tp2)
+    doc = sf.to_json()
+    text = repr(sf)
+    assert len(text) < 300 and "\n" not in text
+    assert f"S = {doc['shortfall_ns'] / 1e6:.3f} ms" in text
+    page = sf._repr_html_()
+    assert _html.escape(doc["verdict"], quote=True) in page  # the verdict, escaped, then the terms
+    for term, ns in {**doc["terms_ns"], **doc["coordination_ns"]}.items():
+        assert f"<td>{term}</td><td class=num>{ns / 1e6:.3f} ms</td>" in page.replace(
+            "<td class=sub>", "<td>"
+        )
+    b = tp2.breakdown()
+    assert len(repr(b)) < 300 and "32 step windows" in repr(b)  # 16 tokens x 2 ranks
+    assert "<table>" in b._repr_html_() and "idle" in b._repr_html_()
+    assert repr(tp2.steps()) == "Steps(32 windows on ranks [0, 1], rule decode_step, pattern 'decode_step')"
+
+
+def test_tab_completion_offers_the_api():
+    names = dir(tk)
+    assert {"load", "shortfall", "TraceRun", "Steps", "Breakdown", "Shortfall", "profile"} <= set(names)
+    assert "Any" not in names  # a typing import is not the API
+
+
+def test_frames_carry_relative_milliseconds(tp2: tk.TraceRun):
+    for frame in (tp2.steps().to_frame(), tp2.breakdown().to_frame()):
+        t0 = frame["start_ns"].min()
+        assert frame["start_ms"].min() == 0.0
+        assert ((frame["start_ns"] - t0) / 1e6 - frame["start_ms"]).abs().max() == 0.0
+        assert (frame["window_ms"] * 1e6 - frame["window_ns"]).abs().max() < 1e-3
+        assert frame["start_ms"].max() < 60_000  # ms into the run, not an epoch

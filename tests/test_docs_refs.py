@@ -24,7 +24,8 @@ def _sources() -> list[Path]:
 
 def _citations(text: str) -> list[str]:
     """The section names cited in `text` (whitespace collapsed, so a citation may wrap a line)."""
-    flat = re.sub(r"\s+", " ", text)
+    flat = re.sub(r"\s*\n\s*(#+:?\s*)?", " ", text)  # a citation may wrap a line, in a comment too
+    flat = re.sub(r"\s+", " ", flat)
     out: list[str] = []
     for m in re.finditer(r"METHOD\.md sections ((?:\"[^\"]+\"(?:, | and )?)+)", flat):
         out += re.findall(r"\"([^\"]+)\"", m.group(1))
@@ -44,7 +45,7 @@ def test_every_method_citation_names_a_heading() -> None:
         for cited in _citations(f.read_text(encoding="utf-8")):
             n += 1
             # the longest heading the citation starts with, followed by a non-letter (or the end)
-            ok = any(re.match(re.escape(h) + r"(?![A-Za-z])", cited) for h in heads)
+            ok = any(re.match('"?' + re.escape(h) + r"(?![A-Za-z])", cited) for h in heads)
             if not ok:
                 bad.append(f"{f.relative_to(ROOT)}: section {cited[:50]!r}")
     assert n >= 30, f"only {n} citations found: the pattern no longer matches how the code cites"

@@ -75,3 +75,27 @@ def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path)
     med_cell = next(i for i, s in src.items() if "b2.to_frame().groupby" in s)
     table = html[med_cell][0]
     assert re.search(r"<th>0</th>", table) and re.search(r"<th>1</th>", table)
+
+
+def test_committed_notebook_carries_its_outputs(tmp_path: Path):
+    """The notebook is committed executed (issue 24), and its outputs are current: the S it printed
+    is the CLI's on the committed traces (no kernel needed)."""
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.execution_count and c.outputs for c in code)
+    printed = "".join(_text(o) for c in code for o in c.outputs)
+    m = re.search(r"S = (-?\d+) ns per token", printed)
+    out = tmp_path / "s.json"
+    argv = [
+        "shortfall",
+        "--baseline",
+        str(ROOT / "traces/cpu-tp1"),
+        "--sharded",
+        str(ROOT / "traces/cpu-tp2"),
+    ]
+    assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
+    assert m and int(m.group(1)) == json.loads(out.read_text())["shortfall_ns"]
+    # the shortfall's own display (verdict and terms) is in the notebook, and no absolute path
+    html_out = [o["data"]["text/html"] for c in code for o in c.outputs if "text/html" in o.get("data", {})]
+    assert any('class="tk-result"' in h and "coordination" in h for h in html_out)
+    assert "/work/" not in json.dumps(nb) and "/home/" not in json.dumps(nb)

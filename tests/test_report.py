@@ -564,3 +564,161 @@ def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():
     assert run["dilation"] is None and data.runs[1]["dilation"] is None
     assert "sharded" not in data.dilation["sentence"] and "baseline 1.02x" in data.dilation["sentence"]
     assert "dilation.sharded" not in {k["key"] for k in data.key_figures}
+
+
+def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
+    """The samples' numbers (report_samples): T2 7 ms, ideal 5 ms, S 2 ms of which coordination
+    0.8 + 0.2 + 0.2 = 1.2 ms (60%); on the path rank 1's host time 2.2 ms is the largest component."""
+    inputs = rs.full_inputs()
+    data = build_report_data(**inputs)
+    assert data.headline == (
+        "TP=2: 7.00 ms per token vs ideal 5.00 ms; S = 2.00 ms, 60% coordination; "
+        "cause on the critical path: host time between its ops on rank 1, 2.20 of 7.00 ms."
+    )
+    # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
+    inputs["shortfall"]["intervals"] = {"shortfall_ns": [1_500_000, 2_600_000]}
+    assert "S = 2.00 ms [95% 1.50-2.60 ms]," in build_report_data(**inputs).headline
+    del inputs["shortfall"]["intervals"]
+    inputs["shortfall"]["spread_ns"]["shortfall"] = {"p10": 1_000_000, "p90": 3_000_000}
+    assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in build_report_data(**inputs).headline
+    # the headline is the first line under the title in both formats, the JSON carries it on top
+    page, md = render_html(data), render_markdown(data)
+    assert re.search(r"</h1>\s*<p class=\"headline\" id=\"headline\">TP=2: 7.00 ms", page)
+    assert md.split("\n")[2].startswith("**TP=2: 7.00 ms per token vs ideal 5.00 ms")
+    assert list(data.to_json())[:3] == ["kind", "schema_version", "headline"]
+
+
+def test_per_token_chart_says_what_it_plots():
+    """Issue 24: the chart plotted the traced times / dilation under a title saying "unprofiled pass"."""
+    data = build_report_data(**rs.full_inputs())
+    fig = embedded_figures(render_html(data))["fig-per-token"]
+    assert "dilation-corrected" in fig["layout"]["title"]["text"]
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["per_token_source"] = "trace"
+    fig = embedded_figures(render_html(build_report_data(**inputs)))["fig-per-token"]
+    assert "dilation-corrected" not in fig["layout"]["title"]["text"]
+    assert fig["layout"]["title"]["text"].startswith("Per-token time (traced")
+
+
+def test_markdown_prose_has_no_backticks_and_numbers_align_right():
+    inputs = rs.full_inputs()
+    inputs["shortfall"]["verdict"] = (
+        "Coordination holds this run back (see `uncorrected` for the traced figures)."
+    )
+    md = render_markdown(build_report_data(**inputs))
+    prose_lines = [ln for ln in md.splitlines() if ln and not ln.startswith("|")]
+    assert not [ln for ln in prose_lines if "`" in ln and "From `" not in ln and ": `" not in ln]
+    assert "see uncorrected for the traced figures" in md
+    # the attribution table: label left, the three number columns right-aligned
+    i = md.splitlines().index("| term | per token | share of S | spread over steps (p10 .. p90) |")
+    assert md.splitlines()[i + 1] == "|---|---:|---:|---:|"
+
+
+def test_sub_rows_keep_their_indent_in_markdown_and_html(h200_straggler_diff):
+    md, page = h200_straggler_diff
+    assert "| &nbsp;&nbsp;coordination: wait |" in md and "| &nbsp;&nbsp;compute: matrix |" in md
+    assert "<td>&nbsp;&nbsp;&nbsp;&nbsp;coordination: wait</td>" in page
+
+
+@pytest.fixture(scope="module")
+def h200_straggler_diff():
+    from tracekit.report.build import load_extras
+
+    data = build_report_data(
+        **rs.full_inputs(), extras=load_extras([TRACES.parent / "reports/diff/h200-tp2-straggler.json"])
+    )
+    return render_markdown(data), render_html(data)
+
+
+def test_busbw_chart_only_with_probe_data():
+    """Issue 24: without --links the chart was two trace dots on an empty log-log grid; the realised
+    busbw is in the collectives table either way."""
+    with_links = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    assert "fig-busbw" in with_links and len(with_links["fig-busbw"]["data"]) >= 3  # probes + trace
+    data = build_report_data(**rs.full_inputs(links=None))
+    assert data.busbw["trace"] and not data.busbw["probes"]
+    page = render_html(data)
+    assert "fig-busbw" not in embedded_figures(page) and 'id="fig-busbw"' not in page
+    assert "busbw (median)" in page  # the trace's own busbw, in the collectives table
+
+
+def test_intervals_and_noise_readings_are_rendered():
+    """The shortfall's 95% intervals (shortfall `intervals`) and readings (`noise`): the headline
+    gives TN's and S's intervals, the attribution table an interval column, and a term whose
+    interval holds zero gets no share ("within noise"); S within noise says so in the headline."""
+    inputs = rs.full_inputs()
+    sf = inputs["shortfall"]
+    sf["intervals"] = {
+        "level": 0.95,
+        "method": "bootstrap over rounds and steps",
+        "per_token_ns": {"baseline": [9_500_000, 10_500_000], "sharded": [6_800_000, 7_300_000]},
+        "shortfall_ns": [1_600_000, 2_400_000],
+        "terms_ns": {"compute": [300_000, 500_000], "memory": [-50_000, 250_000], "transfer": [250_000, 350_000],
+                     "coordination": [900_000, 1_500_000]},
+        "coordination_ns": {"wait": [600_000, 1_000_000], "sync": [-10_000, 400_000], "idle": [100_000, 300_000]},
+    }  # fmt: skip
+    sf["noise"] = {
+        "status": "attributed",
+        "cause": "coordination",
+        "terms": {t: {"reading": "within_noise" if t == "memory" else "finding"} for t in sf["terms_ns"]},
+    }
+    data = build_report_data(**inputs)
+    assert data.headline.startswith("TP=2: 7.00 ms [95% 6.80-7.30 ms] per token vs ideal 5.00 ms; ")
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], 60% coordination;" in data.headline
+    md, page = render_markdown(data), render_html(data)
+    assert "| term | per token | 95% interval | share of S | spread over steps (p10 .. p90) |" in md
+    assert "| memory that did not scale | 0.100 ms | -0.050-0.250 ms | within noise |" in md
+    assert (
+        "| coordination: sync | 0.200 ms | -0.010-0.400 ms | within noise |" in md
+    )  # a part: its own interval
+    assert "| compute that did not scale | 0.400 ms | 0.300-0.500 ms | 20.0% |" in md
+    assert "<td class=num>within noise</td>" in page
+    fig = embedded_figures(page)["fig-waterfall"]["data"][0]
+    assert fig["text"][1] == "0.100 ms (within noise)" and fig["text"][0] == "0.400 ms (20%)"
+    sf["noise"]["status"] = "too_noisy"
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in build_report_data(**inputs).headline
+
+
+def test_one_colour_per_class_in_every_chart():
+    """Issue 24: the waterfall drew every increasing bar the same green. Now a class has one colour on
+    the whole page (per-step parts, critical path, collectives, waterfall), and the per-token chart's
+    bars (runs, not classes) take none of the class colours."""
+    figs = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    seen: dict[str, set[str]] = {}
+    for fid in ("fig-steps-0", "fig-steps-1", "fig-critical-path", "fig-collectives"):
+        for t in figs[fid]["data"]:
+            seen.setdefault(t["name"], set()).add(t["marker"]["color"])
+    assert all(len(c) == 1 for c in seen.values()), seen
+    wf = figs["fig-waterfall"]["data"][0]
+    by_term = dict(zip(wf["x"], wf["marker"]["color"], strict=True))
+    assert by_term["compute not scaled"] == next(iter(seen["compute"]))
+    assert by_term["coordination: wait"] == next(iter(seen["wait"]))
+    assert by_term["coordination: idle"] == next(iter(seen["idle"]))
+    assert by_term["compute not scaled"] not in {by_term["coordination: wait"], by_term["coordination: idle"]}
+    class_colours = {c for cs in seen.values() for c in cs} | set(wf["marker"]["color"][:-1])
+    assert not set(figs["fig-per-token"]["data"][0]["marker"]["color"]) & class_colours
+
+
+def test_per_step_chart_stays_readable_at_200_steps():
+    """Issue 24: the per-step chart put every (rank, step) on a category axis (64 unreadable ticks
+    for a 32-step TP=2 run). Now steps are numbers on a shared axis, one row per rank, so the axis
+    thins its own ticks; at most 8 ranks are drawn (first, last, evenly between)."""
+    from tracekit.report.html import fig_steps
+
+    steps = [
+        {"rank": r, "step": k, "name": f"decode_step#{k}", "window_ns": 1_000_000,
+         "parts_ns": {"compute": 600_000, "idle": 400_000}, "overlapped_collective_ns": 0}
+        for r in range(16) for k in range(200)
+    ]  # fmt: skip
+    run = {"role": "sharded", "steps": steps, "ranks": list(range(16))}
+    fig = fig_steps(run).to_plotly_json()
+    layout = fig["layout"]
+    yaxes = sorted(k for k in layout if k.startswith("yaxis"))
+    assert len(yaxes) == 8  # 8 of 16 ranks, each its own row
+    titles = [layout[k]["title"]["text"].split("<br>")[0] for k in yaxes]
+    assert titles[0] == "rank 0" and titles[-1] == "rank 15"
+    for t in fig["data"]:
+        assert all(isinstance(x, int) for x in t["x"]) and len(t["x"]) == 200  # numbers, not categories
+    assert layout["bargap"] == 0.0 and "8 of 16 ranks" in layout["title"]["text"]
+    # one legend entry per part, not one per rank
+    assert sorted(t["name"] for t in fig["data"] if t.get("showlegend")) == ["compute", "idle"]

@@ -54,10 +54,16 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     md = (out / "report.md").read_text()
     assert sf["verdict"] and rep["verdict"] == sf["verdict"]
     md_text = re.sub(r"\\(.)", r"\1", md)  # Markdown backslash escapes removed
-    assert html.escape(sf["verdict"]) in page and sf["verdict"] in md_text and sf["verdict"] in stdout
+    from tracekit.report.data import prose
+
+    # the pages print the verdict as prose (code spans lose their backticks), stdout as it is
+    shown = prose(sf["verdict"])
+    assert html.escape(shown) in page and shown in md_text and sf["verdict"] in stdout
+    assert rep["headline"] and html.escape(prose(rep["headline"])) in page
     assert rep["per_token_ns"] == sf["per_token_ns"]
     assert rep["attribution"]["shortfall_ns"] == sf["shortfall_ns"]
     assert rep["attribution"]["terms_ns"] == sf["terms_ns"]
+
     # S = TN - T1/N and the waterfall sums to it exactly (docs/METHOD.md section Shortfall attribution)
     pt = sf["per_token_ns"]
     assert abs(pt["ideal"] - pt["baseline"] / 2) <= 1
@@ -70,9 +76,11 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     for run, d in dil.items():
         assert f"{run} {d:.2f}x" in rep["dilation"]["sentence"]
     assert rep["dilation"]["sentence"] in md
-    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or sf["diagnosis"] in md_text)
+    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or prose(sf["diagnosis"]) in md_text)
     assert re.search(
-        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?<p class="dilation"', page
+        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?'
+        r'<details id="dilation-details"><summary>[^<]*</summary>\s*<p class="dilation"',
+        page,
     )
     # both runs' per-step parts, rank by rank, each step's parts summing to its window
     assert [r["role"] for r in rep["runs"]] == ["baseline", "sharded"]
@@ -149,3 +157,27 @@ def test_the_default_study_folder_is_ignored_by_git() -> None:
         ["git", "check-ignore", "-q", "reports/study/report.html"], cwd=root, capture_output=True
     )
     assert proc.returncode == 0  # `tracekit study` writes there by default
+
+
+def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
+    # the default: 8 rounds per degree in 2 blocks, TP=1, TP=2, TP=1, TP=2; the merged manifests
+    # hold every round in run order (the traced one last) and one interleaving group, and the
+    # shortfall's intervals draw the two runs' rounds as pairs
+    out, _ = study
+    m1, m2 = (json.loads((out / f"tp{tp}" / "manifest.json").read_text()) for tp in (1, 2))
+    for m in (m1, m2):
+        il = m["workload"]["interleaved"]
+        assert il["blocks"] == 2 and il["rounds_per_block"] == 4
+        assert il["order"] == ["TP=1 block 1", "TP=2 block 1", "TP=1 block 2", "TP=2 block 2"]
+        assert len(m["profiled"]["rounds"]) == len(m["unprofiled"]["rounds"]) == 8
+        assert m["profiled"]["traced_round"] == 7 and m["workload"]["pass_order"] == "UP" * 8
+        assert m["workload"]["rounds"] == 8
+    assert m1["workload"]["interleaved"]["group"] == m2["workload"]["interleaved"]["group"]
+    sf = json.loads((out / "shortfall-tp2.json").read_text())
+    assert sf["intervals"]["paired"] is True and sf["intervals"]["rounds"] == {"baseline": 8, "sharded": 8}
+    # the verdict names a cause only when its interval excludes zero, or says the run was too noisy
+    rd = sf["noise"]
+    if rd["status"] == "attributed":
+        assert rd["terms"][rd["cause"]]["interval"][0] > 0
+    else:
+        assert rd["status"] in ("too_noisy", "unattributed")

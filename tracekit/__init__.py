@@ -21,6 +21,11 @@ _API = ("load", "shortfall", "TraceRun", "Steps", "Breakdown", "Shortfall")
 __all__ = ["__version__", "profile", *_API]
 
 
+def __dir__() -> list[str]:
+    """What `tk.<Tab>` offers: the API (imported lazily, so not yet in the module's namespace)."""
+    return sorted({*__all__, *(n for n in globals() if n.startswith("__"))})
+
+
 def __getattr__(name: str) -> Any:  # lazy: `tracekit.profile` without importing torch at `import tracekit`
     if name == "profile":
         from tracekit.capture.profile import profile

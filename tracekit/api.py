@@ -54,10 +54,20 @@ class Steps:
     data_quality: DataQuality
 
     def to_frame(self) -> pd.DataFrame:
-        """The windows, one row per (rank, step), with `window_ns` = end_ns - start_ns."""
+        """The windows, one row per (rank, step), with `window_ns` = end_ns - start_ns, then
+        `start_ms` / `end_ms` (ms from the run's first step start) and `window_ms`."""
+        from tracekit.analyse.breakdown import with_relative_ms
+
         out = self.table.reset_index(drop=True).copy()
         out["window_ns"] = out["end_ns"] - out["start_ns"]
-        return out
+        return with_relative_ms(out)
+
+    def __repr__(self) -> str:
+        ranks = sorted({int(r) for r in self.table["rank"]}) if len(self.table) else []
+        return (
+            f"Steps({len(self.table)} windows on ranks {ranks}, rule {self.step_rule}, "
+            f"pattern {self.step_pattern!r})"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -110,14 +110,40 @@ class Breakdown:
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute
-        split `matrix_ns`, `vector_ns`); integer ns."""
-        return self.steps.loc[:, [*CSV_COLUMNS, "matrix_ns", "vector_ns"]].reset_index(drop=True).copy()
+        split `matrix_ns`, `vector_ns`; integer ns), then `start_ms` (the step's start in ms from the
+        run's first step start, instead of the clock's epoch) and `window_ms`."""
+        out = self.steps.loc[:, [*CSV_COLUMNS, "matrix_ns", "vector_ns"]].reset_index(drop=True).copy()
+        return with_relative_ms(out)
+
+    def __repr__(self) -> str:
+        from tracekit.analyse.display import breakdown_repr
+
+        return breakdown_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracekit.analyse.display import breakdown_html
+
+        return breakdown_html(self)
 
     def to_csv(self) -> str:
         """One row per rank and step, columns CSV_COLUMNS."""
         buf = io.StringIO()
         self.steps.loc[:, list(CSV_COLUMNS)].to_csv(buf, index=False)
         return buf.getvalue()
+
+
+def with_relative_ms(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` plus `start_ms` / `end_ms` (ms from the earliest `start_ns` of the frame: a notebook
+    reads "12.3 ms into the run", not an epoch in ns) and `window_ms`, for the columns it has."""
+    if "start_ns" not in frame.columns or frame.empty:
+        return frame
+    t0 = int(frame["start_ns"].min())
+    frame["start_ms"] = (frame["start_ns"] - t0) / 1e6
+    if "end_ns" in frame.columns:
+        frame["end_ms"] = (frame["end_ns"] - t0) / 1e6
+    if "window_ns" in frame.columns:
+        frame["window_ms"] = frame["window_ns"] / 1e6
+    return frame
 
 
 def _stats(values: np.ndarray, with_n: bool = False) -> dict[str, Any]:

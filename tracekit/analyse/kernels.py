@@ -15,6 +15,7 @@ thread (a nested op's time is inside its parent's), class `host ops`, and gloo's
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,67 +50,87 @@ def _outermost(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     return keep
 
 
-def top_kernels(
-    events: pd.DataFrame, steps: pd.DataFrame, *, skip_first: int = 1, top: int = TOP
-) -> dict[str, Any]:
-    """The top `top` kernels per class of a classified run (`events` with `cls`, `subclass`) in the
-    steady windows of `steps` (rank, step, start_ns, end_ns).
+@dataclass
+class RankKernels:
+    """One rank's kernel sums over its steady windows (small): per (class, name) the count and the
+    total duration, and how many windows they cover. The Dask engine computes these where the
+    rank's events are; `assemble_top_kernels` puts them together on the client."""
 
-    Returns {windows, step_ns_mean, classes: {class: {count, total_ns, share, kernels: [{name,
-    subclass, count, total_ns, mean_ns, share}], more}}} where count and total_ns are per token per
-    rank (floats), mean_ns per call, share = total_ns / step_ns_mean; `more` is how many names of
-    the class are not listed."""
-    win = steady_windows(steps, skip_first)
-    n_windows = len(win)
-    if n_windows == 0 or events.empty:
-        return {"windows": 0, "step_ns_mean": None, "classes": {}}
-    step_ns = (win["end_ns"] - win["start_ns"]).groupby(win["step"]).max()
-    step_mean = float(step_ns.mean())
-    ev_rank = events["rank"].to_numpy(np.int64)
+    rank: int
+    windows: int
+    table: pd.DataFrame  # cls, name, subclass, count, total
+
+
+def rank_kernel_sums(
+    events: pd.DataFrame, windows: pd.DataFrame, rank: int, *, skip_first: int = 1
+) -> RankKernels:
+    """`events`: one rank's classified events; `windows`: its step windows (step = order on the rank
+    or the run's number; start_ns, end_ns); the first `skip_first` windows are warm-up."""
+    win = steady_windows(windows.assign(rank=rank), skip_first).sort_values("start_ns")
+    empty = pd.DataFrame({"cls": [], "name": [], "subclass": [], "count": [], "total": []})
+    if not len(win) or events.empty:
+        return RankKernels(rank, len(win), empty)
     kind = events["kind"].astype(str).to_numpy()
     cls = events["cls"].astype(str).to_numpy()
     start = events["start_ns"].to_numpy(np.int64)
     end = events["end_ns"].to_numpy(np.int64)
     gpu = np.isin(kind, list(GPU_KINDS))
-    picked: list[np.ndarray] = []
-    labels = np.empty(len(events), dtype=object)
-    for r, w in win.sort_values(["rank", "start_ns"]).groupby("rank", sort=True):
-        on = ev_rank == int(r)
-        if (gpu & on).any():
-            idx = np.flatnonzero(on & gpu)
-            labels[idx] = cls[idx]
-        else:  # host timeline: outermost CPU ops per thread, gloo collectives apart
-            idx_all = np.flatnonzero(on & (kind == "cpu_op"))
-            keep = []
-            streams = events["stream"].to_numpy()[idx_all]
-            for s in np.unique(streams):
-                ii = idx_all[streams == s]
-                ii = ii[np.argsort(start[ii], kind="stable")]
-                keep.append(ii[_outermost(start[ii], end[ii])])
-            idx = np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
-            labels[idx] = np.where(cls[idx] == "collective", "collective", "host ops")
-        ws = w["start_ns"].to_numpy(np.int64)
-        we = w["end_ns"].to_numpy(np.int64)
-        i = np.searchsorted(ws, start[idx], side="right") - 1
-        ok = (i >= 0) & (start[idx] < we[np.clip(i, 0, None)])
-        picked.append(idx[ok])
-    sel = np.concatenate(picked) if picked else np.zeros(0, dtype=np.int64)
+    if gpu.any():
+        idx = np.flatnonzero(gpu)
+        label = cls[idx]
+    else:  # host timeline: outermost CPU ops per thread, gloo collectives apart
+        idx_all = np.flatnonzero(kind == "cpu_op")
+        keep = []
+        streams = events["stream"].to_numpy()[idx_all]
+        for st in np.unique(streams):
+            ii = idx_all[streams == st]
+            ii = ii[np.argsort(start[ii], kind="stable")]
+            keep.append(ii[_outermost(start[ii], end[ii])])
+        idx = np.concatenate(keep) if keep else np.zeros(0, dtype=np.int64)
+        label = np.where(cls[idx] == "collective", "collective", "host ops")
+    ws = win["start_ns"].to_numpy(np.int64)
+    we = win["end_ns"].to_numpy(np.int64)
+    k = np.searchsorted(ws, start[idx], side="right") - 1
+    ok = (k >= 0) & (start[idx] < we[np.clip(k, 0, None)])
+    sel, label = idx[ok], label[ok]
     if not len(sel):
-        return {"windows": n_windows, "step_ns_mean": step_mean, "classes": {}}
+        return RankKernels(rank, len(win), empty)
     frame = pd.DataFrame(
         {
-            "cls": labels[sel].astype(str),
+            "cls": label.astype(str),
             "name": events["name"].astype(str).to_numpy()[sel],
             "subclass": events["subclass"].astype(str).to_numpy()[sel],
             "dur": (end[sel] - start[sel]).astype(np.int64),
         }
     )
-    g = frame.groupby(["cls", "name"], sort=False).agg(
+    g = frame.groupby(["cls", "name"], sort=True).agg(
         count=("dur", "size"), total=("dur", "sum"), subclass=("subclass", "first")
     )
-    g = g.reset_index()
+    return RankKernels(rank, len(win), g.reset_index())
+
+
+def assemble_top_kernels(
+    per_rank: list[RankKernels], steps: pd.DataFrame, *, skip_first: int = 1, top: int = TOP
+) -> dict[str, Any]:
+    """The run's top kernels per class from its ranks' sums; the step time from `steps` (every
+    rank's windows: per step the longest, over the steady steps)."""
+    win = steady_windows(steps, skip_first)
+    n_windows = sum(x.windows for x in per_rank)
+    if n_windows == 0 or not len(win):
+        return {"windows": 0, "step_ns_mean": None, "classes": {}}
+    step_mean = float((win["end_ns"] - win["start_ns"]).groupby(win["step"]).max().mean())
+    tables = [x.table for x in per_rank if len(x.table)]
+    if not tables:
+        return {"windows": n_windows, "step_ns_mean": step_mean, "classes": {}}
+    g = (
+        pd.concat(tables, ignore_index=True)
+        .groupby(["cls", "name"], sort=False)
+        .agg(count=("count", "sum"), total=("total", "sum"), subclass=("subclass", "first"))
+        .reset_index()
+    )
     classes: dict[str, Any] = {}
-    order = [c for c in CLASS_ORDER if c in set(g["cls"])] + sorted(set(g["cls"]) - set(CLASS_ORDER))
+    present = set(g["cls"])
+    order = [c for c in CLASS_ORDER if c in present] + sorted(present - set(CLASS_ORDER))
     for c in order:
         rows = g[g["cls"] == c].sort_values(["total", "name"], ascending=[False, True])
         total = float(rows["total"].sum()) / n_windows
@@ -132,3 +153,21 @@ def top_kernels(
             "more": max(len(rows) - top, 0),
         }
     return {"windows": n_windows, "step_ns_mean": step_mean, "classes": classes}
+
+
+def top_kernels(
+    events: pd.DataFrame, steps: pd.DataFrame, *, skip_first: int = 1, top: int = TOP
+) -> dict[str, Any]:
+    """The top `top` kernels per class of a classified run (`events` with `cls`, `subclass`) in the
+    steady windows of `steps` (rank, step, start_ns, end_ns).
+
+    Returns {windows, step_ns_mean, classes: {class: {count, total_ns, share, kernels: [{name,
+    subclass, count, total_ns, mean_ns, share}], more}}} where count and total_ns are per token per
+    rank (floats), mean_ns per call, share = total_ns / step_ns_mean; `more` is how many names of
+    the class are not listed. Per rank `rank_kernel_sums`, then `assemble_top_kernels`."""
+    ev_rank = events["rank"].to_numpy(np.int64)
+    per_rank = [
+        rank_kernel_sums(events[ev_rank == int(r)], w, int(r), skip_first=skip_first)
+        for r, w in steps.groupby("rank", sort=True)
+    ]
+    return assemble_top_kernels(per_rank, steps, skip_first=skip_first, top=top)

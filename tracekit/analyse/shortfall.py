@@ -41,6 +41,7 @@ attribution is kept under `uncorrected`.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Mapping
@@ -56,6 +57,9 @@ from tracekit.analyse.collectives import CollectiveInstances, assign_steps, matc
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
+from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
+from tracekit.analyse.noise import bootstrap as noise_bootstrap
+from tracekit.analyse.noise import reading as noise_reading
 from tracekit.analyse.steps import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
@@ -140,6 +144,9 @@ class RunParts:
     dilation: Dilation
     step_pattern: str | None
     data_quality: DataQuality = field(default_factory=DataQuality)
+    #: the interleaving group of the capture (manifest `workload.interleaved.group`, written by
+    #: `tracekit study`): two runs of one group had their rounds captured alternately
+    pairing: str | None = None
     kernels: pd.DataFrame | None = None  # compute kernels per (rank, step) in launch order (kernel_scaling)
 
     @property
@@ -423,8 +430,17 @@ def finish_attribution(
         dilation=dil,
         step_pattern=step_pattern,
         data_quality=dq,
+        pairing=interleave_group(run.manifest),
         kernels=att.kernels,
     )
+
+
+def interleave_group(manifest: Mapping[str, Any] | None) -> str | None:
+    """The manifest's `workload.interleaved.group` (a string), or None."""
+    wl = (manifest or {}).get("workload") if isinstance(manifest, Mapping) else None
+    il = wl.get("interleaved") if isinstance(wl, Mapping) else None
+    g = il.get("group") if isinstance(il, Mapping) else None
+    return g if isinstance(g, str) and g else None
 
 
 def attribute_run(
@@ -740,6 +756,16 @@ class Shortfall:
     def attribution(self) -> Attribution:
         return self.corrected
 
+    def __repr__(self) -> str:
+        from tracekit.analyse.display import shortfall_repr
+
+        return shortfall_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracekit.analyse.display import shortfall_html
+
+        return shortfall_html(self)
+
     def shares(self) -> dict[str, float | None]:
         ints = self.corrected.integers()
         s = ints["shortfall_ns"]
@@ -752,30 +778,102 @@ class Shortfall:
             words["transfer"] = _CPU_TRANSFER_WORDS
         return words
 
+    @functools.cached_property
+    def intervals(self) -> Intervals:
+        """95% bootstrap intervals of T1, TN, the ideal, S and every term (`tracekit.analyse.noise`):
+        over the runs' rounds (paired when captured interleaved) and the traced passes' steps;
+        over steps only when the manifests have no rounds. Deterministic (seed 0)."""
+        corrected = self.per_token_source == "unprofiled"
+        ints = self.corrected.integers()
+        return noise_bootstrap(
+            _run_sample(self.baseline, corrected),
+            _run_sample(self.sharded, corrected),
+            float(self.factor),
+            dilations=(self.applied["baseline"].factor, self.applied["sharded"].factor),
+            with_unknown="unknown" in ints["terms_ns"],
+        )
+
+    def noise(self) -> Reading:
+        """What the intervals allow the verdict to say (`tracekit.analyse.noise.reading`)."""
+        ints = self.corrected.integers()
+        return noise_reading(ints["shortfall_ns"], ints["terms_ns"], self.intervals)
+
     def verdict(self) -> str:
+        """One paragraph: the largest term whose interval excludes zero, the others as what their
+        intervals say (a finding with its share, "within noise [lo, hi]", or a real negative term
+        in words), or that the run was too noisy to attribute (S's interval spans zero)."""
         ints = self.corrected.integers()
         s = ints["shortfall_ns"]
         terms = ints["terms_ns"]
         pt = ints["per_token_ns"]
         n = self.n_ranks
+        iv = self.intervals
+        rd = self.noise()
         head = f"TP={n}: {_ms(pt['sharded'])} vs ideal {_ms(pt['ideal'])}"
         dil = self._dilation_clause()
-        if s <= 0:
-            return f"TP={n} meets its ideal: {_ms(pt['sharded'])} per token vs ideal {_ms(pt['ideal'])} (no shortfall). {dil}"
-        top = max(terms, key=lambda k: terms[k])
-        share = terms[top] / s
-        others = []
+        s_iv = _iv(iv.shortfall)
+        basis = f"95% bootstrap over {_BASIS_WORDS[iv.basis]}"
+        if rd.status == "too_noisy":
+            return (
+                f"Too noisy to attribute: the per-token shortfall S = {_ms(s)} ({head}) has a 95% interval "
+                f"{s_iv} that spans zero ({basis}), so no term can be named. Capture more rounds (`--rounds`), "
+                f"on a quieter host, or with CUDA graphs (fewer host launches, less host noise). {dil}"
+            )
+        if rd.status == "beats_ideal":
+            return (
+                f"TP={n} meets its ideal: {_ms(pt['sharded'])} per token vs ideal {_ms(pt['ideal'])} "
+                f"(S = {_ms(s)} {s_iv}, below zero; no shortfall). {dil}"
+            )
+        words = self.term_words()
         link = "link transfer" if self.sharded.timeline == "gpu" else "gloo exchange"
-        if top != "transfer" and "transfer" in terms:
-            others.append(f"{link} is {terms['transfer'] / s:.0%}")
-        if top != "coordination":
-            others.append(f"coordination is {terms['coordination'] / s:.0%}")
-        if top != "compute":
-            others.append(f"compute scaling is {terms['compute'] / s:.0%}")
-        rest = "; ".join(others[:2])
+        names = {"transfer": link, "coordination": "coordination", "compute": "compute scaling"}
+        names |= {"memory": "memory scaling", "unknown": "unclassified kernels"}
+
+        def clause(k: str) -> str:
+            t = rd.terms[k]
+            if t["reading"] == "finding":
+                return f"{names[k]} is {t['ns'] / s:.0%} ({_ms(t['ns'])} {_iv(t['interval'])})"
+            if t["reading"] == "negative":
+                return f"{NEGATIVE_WORDS[k].format(n=n)} ({_ms(t['ns'])} {_iv(t['interval'])})"
+            return f"{names[k]} is within noise {_iv(t['interval'])}"
+
+        # transfer, coordination and compute always; memory and unknown where they are neither
+        # noise nor under 1% of S
+        shown = [
+            k
+            for k in ("transfer", "coordination", "compute", "memory", "unknown")
+            if k in rd.terms
+            and (
+                k in ("transfer", "coordination", "compute")
+                or (rd.terms[k]["reading"] != "within_noise" and abs(terms[k]) >= 0.01 * s)
+            )
+        ]
+        if rd.status == "unattributed":
+            rest = "; ".join(clause(k) for k in shown)
+            return (
+                f"No single term stands clear of the noise: the per-token shortfall is {_ms(s)} {s_iv} "
+                f"({head}; {basis}), but {rest}. Capture more rounds (`--rounds`) or on a quieter host "
+                f"to attribute it. {dil}"
+            )
+        top = rd.cause
+        assert top is not None
+        others = "; ".join(clause(k) for k in shown if k != top)
         return (
-            f"{top.capitalize()} holds this run back: {share:.0%} of the {_ms(s)} per-token shortfall "
-            f"({head}) is {self.term_words()[top]}; {rest}. {self.path_cause()} {dil}"
+            f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "
+            f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {_iv(rd.terms[top]['interval'])}); "
+            f"{others} ({basis}). {self.path_cause()} {dil}"
+        )
+
+    def _noise_checked_diagnosis(self) -> str:
+        """`diagnosis()` where the verdict names a cause; where it cannot (S or every term within
+        its noise), what to do instead: a next step read from a term inside its noise would be
+        the noise passed off as a finding."""
+        rd = self.noise()
+        if rd.status in ("attributed", "beats_ideal"):
+            return self.diagnosis()
+        return (
+            "Too noisy to say what to look at next: capture more rounds (`--rounds`), on a quieter host "
+            "(no other jobs on its cores), or with CUDA graphs, and compare the intervals again."
         )
 
     # ---- the critical path
@@ -1026,7 +1124,9 @@ class Shortfall:
             "compute_scaling": self.compute_scaling(),
             "spread_ns": self.spread_ns,
             "verdict": self.verdict(),
-            "diagnosis": self.diagnosis(),
+            "intervals": self.intervals.to_json(),
+            "noise": self.noise().to_json(),
+            "diagnosis": self._noise_checked_diagnosis(),
             "dilation": {
                 "definition": "profiled / unprofiled per-token time, measured by the capture's alternating "
                 "rounds (median of per-round ratios; one round: the mean ratio); the corrected per-token time is "
@@ -1141,6 +1241,42 @@ def _any_true(*xs: bool | None) -> bool | None:
 
 def _ms(ns: float) -> str:
     return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
+
+
+def _iv(iv: tuple[int, int] | list[int]) -> str:
+    """An interval in the unit its larger end reads in: "[0.12, 0.48 ms]"."""
+    lo, hi = iv
+    if max(abs(lo), abs(hi)) >= 1e5:
+        return f"[{lo / 1e6:.2f}, {hi / 1e6:.2f} ms]"
+    return f"[{lo / 1e3:.1f}, {hi / 1e3:.1f} us]"
+
+
+_BASIS_WORDS = {
+    "paired rounds and steps": "the paired rounds of the interleaved captures and their steps",
+    "rounds and steps": "each run's rounds and steps (the runs were captured separately)",
+    "steps": "the traced steps only (no rounds in the manifests)",
+}
+
+
+def _run_sample(run: RunParts, corrected: bool) -> RunSample:
+    """The bootstrap's view of one run: [steady steps, ranks, parts] and the manifest's rounds."""
+    rs = run.rank_steps.sort_values(["step", "rank"])
+    steps = sorted(rs["step"].unique())
+    ranks = sorted(rs["rank"].unique())
+    arr = (
+        rs[[f"{p}_ns" for p in LEAF_PARTS]]
+        .to_numpy(np.int64)
+        .reshape(len(steps), len(ranks), len(LEAF_PARTS))
+    )
+    u, p = run.dilation.unprofiled, run.dilation.profiled
+    return RunSample(
+        steps=arr,
+        timeline=run.timeline,
+        unprofiled=u.rounds if u is not None else (),
+        profiled=p.rounds if p is not None else (),
+        corrected=corrected,
+        pairing=run.pairing,
+    )
 
 
 def _median_window(run: RunParts, ad: AppliedDilation, source: str) -> int:

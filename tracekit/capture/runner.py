@@ -122,6 +122,9 @@ class CaptureConfig:
     #: alternating measured rounds U P U P ... (--rounds); the last profiled one keeps its trace.
     #: 1 under --nsys (the plain runs before and after the run under nsys are the unprofiled rounds)
     rounds: int = 7
+    #: time the profiler's cost per kind of call after the warm-up (manifest `profiler_calibration`,
+    #: tracekit.capture.calibrate); not under --nsys (no torch.profiler there)
+    calibrate: bool = True
     #: one rank's shard of a TP=N decoder on this one device, its collectives replaced by no-ops (the
     #: per-rank compute of TP=N measured where only one GPU is; tp must be 1). None: off
     shard_of: int | None = None
@@ -379,6 +382,14 @@ def _rank_main(
         "nccl_env": env.nccl_env(),
         "pid": os.getpid(),
     }
+    if config.passes == "both" and config.calibrate:
+        from tracekit.capture.calibrate import calibrate
+
+        barrier()
+        fields["profiler_calibration"] = calibrate(
+            res.mode, res.device, out_dir, rank, dist=dist if world > 1 else None, barrier=barrier
+        )
+        barrier()
     # U P U P ...: under --nsys one kind only ("unprofiled": the plain runs, "traced": under nsys)
     k_rounds = rounds_of(config)
     kept = slice(LEAD_STEPS, LEAD_STEPS + config.tokens)
@@ -641,6 +652,9 @@ def build_manifest(
     if results.get(0, {}).get("profiler_env"):
         workload_doc = dict(workload_doc, profiler_env=results[0]["profiler_env"])
     dil, interval = env.dilation(u_rounds, p_rounds)
+    from tracekit.capture.calibrate import merge_ranks
+
+    calibration = merge_ranks({r: results[r].get("profiler_calibration") or {} for r in results})
     return {
         "schema_version": env.SCHEMA_VERSION,
         "kind": "tracekit.capture",
@@ -663,6 +677,7 @@ def build_manifest(
         "profiled": {"per_token_ns": prof, "rounds": p_rounds, "traced_round": max(traced_round, 0)},
         "dilation": dil,
         "dilation_interval": interval,
+        **({"profiler_calibration": calibration} if calibration else {}),
         "tokens_generated": results.get(0, {}).get("tokens_generated"),
         "nvtx": results.get(0, {}).get("nvtx"),
         "inject_sync_count": {

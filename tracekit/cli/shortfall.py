@@ -131,16 +131,40 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         title="Attribution of S (terms sum to S exactly)" + (f"; aggregate: {agg}" if agg else ""),
         title_justify="left",
     )
-    for col in ("term", "ms", "share of S", "p10 ms", "median ms", "p90 ms", "uncorrected ms"):
+    for col in (
+        "term",
+        "ms",
+        "95% interval ms",
+        "share of S",
+        "p10 ms",
+        "median ms",
+        "p90 ms",
+        "uncorrected ms",
+    ):
         terms.add_column(col, justify="right")
     spread = doc["spread_ns"]
     unc = doc["uncorrected"]
+    ivs = doc.get("intervals") or {}
+
+    def iv_cell(iv: list[int] | None) -> str:
+        return f"[{_ms(iv[0])}, {_ms(iv[1])}]" if iv else ""
+
+    def share_cell(iv: list[int] | None, share: float | None) -> str:
+        # a share only for a term whose interval is above zero (docs/METHOD.md section "Noise and
+        # the profiler correction"): within noise or below zero is said as such, not as a share
+        if not iv or iv[0] > 0:
+            return _pct(share)
+        if iv[0] == iv[1] == 0:
+            return "none"
+        return "below zero" if iv[1] < 0 else "within noise"
+
     for k, v in doc["terms_ns"].items():
         sp = spread.get(k, {})
         terms.add_row(
             label[k],
             _ms(v),
-            _pct(doc["shares"][k]),
+            iv_cell((ivs.get("terms_ns") or {}).get(k)),
+            share_cell((ivs.get("terms_ns") or {}).get(k), doc["shares"][k]),
             _ms(sp.get("p10")),
             _ms(sp.get("median")),
             _ms(sp.get("p90")),
@@ -152,14 +176,26 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         terms.add_row(
             f"  coordination: {k}",
             _ms(v),
-            _pct(share),
+            iv_cell((ivs.get("coordination_ns") or {}).get(k)),
+            share_cell((ivs.get("coordination_ns") or {}).get(k), share),
             _ms(sp.get("p10")),
             _ms(sp.get("median")),
             _ms(sp.get("p90")),
             _ms(unc["coordination_ns"].get(k)),
         )
-    terms.add_row("S", _ms(doc["shortfall_ns"]), "100.0%", "", "", "", _ms(unc["shortfall_ns"]))
+    terms.add_row(
+        "S",
+        _ms(doc["shortfall_ns"]),
+        iv_cell(ivs.get("shortfall_ns")),
+        "100.0%",
+        "",
+        "",
+        "",
+        _ms(unc["shortfall_ns"]),
+    )
     console.print(terms)
+    if ivs.get("method"):
+        console.print(f"Intervals: {ivs['method']}.")
     if words:
         console.print("What the terms are in this run:")
         for k in doc["terms_ns"]:

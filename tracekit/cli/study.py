@@ -65,6 +65,16 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     "--links/--no-links", default=None,
     help="Run the NVLink/PCIe link comparison (default: only where there are two GPUs).",
 )  # fmt: skip
+@click.option(
+    "--rounds", default=8, show_default=True, type=click.IntRange(1),
+    help="Measured rounds (an unprofiled and a profiled pass each) per TP degree, over all blocks: "
+    "the shortfall's intervals come from them (more rounds: tighter intervals on a noisy host).",
+)  # fmt: skip
+@click.option(
+    "--blocks", default=2, show_default=True, type=click.IntRange(1),
+    help="Captures per TP degree, alternating TP=1, TP=N, TP=1, TP=N ... so the host's drift falls on "
+    "every degree alike (their rounds are then paired in the intervals); 1: one capture each.",
+)  # fmt: skip
 def command(
     tp_text: str | None,
     preset: str | None,
@@ -78,6 +88,8 @@ def command(
     offline: bool,
     links: bool | None,
     force: bool,
+    rounds: int,
+    blocks: int,
 ) -> None:
     """Capture each TP degree, run breakdown and shortfall (and the link comparison where there
     are GPUs), and write the report. With no arguments on a CPU machine: the tiny preset over
@@ -99,7 +111,7 @@ def command(
 
     config = StudyConfig(
         tp=_parse_tp(tp_text), preset=preset, tokens=tokens, backend=backend, device=device, mode=mode,
-        links=links, offline=not cdn, layers=layers,
+        links=links, offline=not cdn, layers=layers, rounds=rounds, blocks=blocks,
     )  # fmt: skip
     console = Console(stderr=True)
     if quiet():

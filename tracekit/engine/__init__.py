@@ -215,9 +215,11 @@ def analyse_dirs(
         )
     results = dask_engine.analyse(engine, jobs, pair=(1, 0) if baseline_dir is not None else None)
     out = build.AnalysedRuns(breakdown=build._to_json(results[0].breakdown), manifest=results[0].manifest)
+    out.top_kernels = build._to_json(results[0].top_kernels) if results[0].top_kernels else None
     if baseline_dir is not None:
         base = results[1]
         out.baseline_breakdown = build._to_json(base.breakdown)
         out.baseline_manifest = base.manifest
+        out.baseline_top_kernels = build._to_json(base.top_kernels) if base.top_kernels else None
         out.shortfall = build._to_json(_shortfall_of(base, results[0]))
     return out

@@ -153,6 +153,7 @@ class RunResult:
     rank_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (breakdown)
     attribute_tasks: list[RankTask] = field(default_factory=list)  # stage 2's per-rank tasks (shortfall)
     path_tasks: list[PathBucket] = field(default_factory=list)  # the critical path's step-bucket tasks
+    top_kernels: dict[str, Any] | None = None  # tracekit.analyse.kernels.assemble_top_kernels (breakdown)
 
 
 def _import_distributed() -> Any:
@@ -457,6 +458,7 @@ class RankBreakdown:
     table: pd.DataFrame
     dropped: int
     events: Any  # tracekit.analyse.breakdown.RankEvents
+    kernels: Any = None  # tracekit.analyse.kernels.RankKernels (the report's top kernels)
 
 
 def rank_breakdowns(
@@ -466,6 +468,7 @@ def rank_breakdowns(
     (`rank_step_windows`), the partition of those after the warm-up and the compute split
     (`rank_breakdown_table`), and its event figures (`rank_events`)."""
     from tracekit.analyse.breakdown import rank_breakdown_table, rank_events
+    from tracekit.analyse.kernels import rank_kernel_sums
     from tracekit.analyse.steps import rank_step_windows
 
     t0 = time.perf_counter()
@@ -474,7 +477,7 @@ def rank_breakdowns(
     for r, e in _by_rank(ev):
         win = rank_step_windows(e, choice)
         table, dropped = rank_breakdown_table(e, win.rows, skip_first)
-        out.append(RankBreakdown(win, table, dropped, rank_events(e, r)))
+        out.append(RankBreakdown(win, table, dropped, rank_events(e, r), rank_kernel_sums(e, win.rows, r)))
     task = RankTask(
         view.parquet, len(ev), [x.events.rank for x in out], time.perf_counter() - t0, _peak_rss()
     )
@@ -613,6 +616,9 @@ def _breakdown_per_rank(
         dropped=sum(x.dropped for x in pieces),
         rank=rank,
     )
+    from tracekit.analyse.kernels import assemble_top_kernels
+
+    out.top_kernels = assemble_top_kernels([x.kernels for x in pieces if x.kernels is not None], found.steps)
     out.seconds = time.perf_counter() - t0
     out.peak_rss_bytes = max((t.peak_rss_bytes for t in tasks), default=0)
     return out
@@ -903,6 +909,12 @@ def analyse_run(
         from tracekit.analyse.breakdown import breakdown
 
         out.breakdown = breakdown(run, **job.breakdown)
+        from tracekit.analyse.kernels import top_kernels
+        from tracekit.analyse.steps import find_steps_detailed
+
+        out.top_kernels = top_kernels(
+            run.events, find_steps_detailed(run.events, job.breakdown.get("step_pattern")).steps
+        )
     if job.attribute is not None:
         from tracekit.analyse.shortfall import attribute_run
 
@@ -1069,7 +1081,7 @@ def _run(
             )
             if j in done:
                 bd = done[j]
-                res.breakdown, res.rank_tasks = bd.breakdown, bd.rank_tasks
+                res.breakdown, res.rank_tasks, res.top_kernels = bd.breakdown, bd.rank_tasks, bd.top_kernels
                 res.seconds += bd.seconds
                 res.peak_rss_bytes = max(res.peak_rss_bytes, bd.peak_rss_bytes)
             done[j] = res

@@ -17,7 +17,10 @@ One process per rank (`pid` = rank, named "rank R"). Its threads:
 - "tracekit: critical path": the pieces of the per-token critical path that run on that rank
   (tracekit.analyse.critical_path: "work" on the rank, "transfer" of a collective), with flow arrows
   where the path hops to another rank.
-A track whose slices would overlap without nesting is split into lanes ("... (2)").
+A track whose slices would overlap without nesting is split into lanes ("... (2)"), the run's own
+host threads and GPU streams as the tracekit tracks: on every track, slices are disjoint or nested.
+The profiler's launch -> kernel links are kept as flow arrows (`cat` "ac2g", as Kineto writes them):
+from each runtime call to every GPU operation with its correlation id.
 
 Times: `ts` / `dur` in microseconds with three decimals (every nanosecond kept) from `base_ns`,
 each rank on its own clock as the trace had it. The document's first key `tracekitExport` lets
@@ -112,6 +115,28 @@ def _lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lane
 
 
+def _nested_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """A lane per interval such that within a lane any two intervals are disjoint or one holds the
+    other (a track Perfetto draws: its importer drops a slice that overlaps another without nesting).
+    First fit, by start then longest first; each lane keeps the stack of its open intervals' ends."""
+    order = np.lexsort((-(ends - starts), starts))
+    lane = np.zeros(len(starts), np.int64)
+    stacks: list[list[int]] = []
+    for i in order.tolist():
+        s, e = int(starts[i]), int(ends[i])
+        for k, stack in enumerate(stacks):
+            while stack and stack[-1] <= s:
+                stack.pop()
+            if not stack or e <= stack[-1]:
+                lane[i] = k
+                stack.append(e)
+                break
+        else:
+            lane[i] = len(stacks)
+            stacks.append([e])
+    return lane
+
+
 def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, list[str]]:
     """Classified events, and the analysed run (steps with their partition, collectives, critical
     path) or None with a note when the run cannot be attributed (then only steps and classes)."""
@@ -165,18 +190,32 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
     for c, v in coll_vals.items():
         has_coll |= (v != "") if c in coll_str else (v != -1)
 
-    # track order: host threads first, then GPU streams (by device, stream)
+    # track order: host threads first, then GPU streams (by device, stream); a thread or stream
+    # whose events overlap without nesting (Kineto records kernels of one stream overlapping by a
+    # few ns, and async ranges on a thread) is split into lanes "... (2)", each of which nests
     is_gpu_track = (dev_a >= 0) & np.isin(kind_a, [*GPU_KINDS, "gpu_annotation"])
-    keys = pd.DataFrame({"r": rank_a, "g": is_gpu_track, "d": dev_a, "s": stream_a}).drop_duplicates()
-    for r, g, d, s in keys.sort_values(["r", "g", "d", "s"]).itertuples(index=False):
-        if g:
-            tracks[int(r)].get(("gpu", int(d), int(s)), f"GPU {int(d)} stream {int(s)}")
-        else:
-            tracks[int(r)].get(("host", int(s)), f"host thread {int(s)}")
+    frame = pd.DataFrame({"r": rank_a, "g": is_gpu_track, "d": dev_a, "s": stream_a})
+    lane_a = np.zeros(n, np.int64)
+    for _k, idx in frame.groupby(["r", "g", "d", "s"], sort=False).indices.items():
+        lane_a[idx] = _nested_lanes(start_a[idx], end_a[idx])
+    keys = frame.assign(lanes=lane_a).groupby(["r", "g", "d", "s"], sort=True)["lanes"].max().reset_index()
+    for r, g, d, s, lanes in keys.itertuples(index=False):
+        for k in range(int(lanes) + 1):
+            more = "" if k == 0 else f" ({k + 1})"
+            if g:
+                tracks[int(r)].get(("gpu", int(d), int(s), k), f"GPU {int(d)} stream {int(s)}{more}")
+            else:
+                tracks[int(r)].get(("host", int(s), k), f"host thread {int(s)}{more}")
+    view["lanes"] = int(sum(int(x) for x in keys["lanes"]))
+    tid_a = np.zeros(n, np.int64)
 
     for i in range(n):
         r = int(rank_a[i])
-        key = ("gpu", int(dev_a[i]), int(stream_a[i])) if is_gpu_track[i] else ("host", int(stream_a[i]))
+        k = int(lane_a[i])
+        key = (
+            ("gpu", int(dev_a[i]), int(stream_a[i]), k) if is_gpu_track[i] else ("host", int(stream_a[i]), k)
+        )
+        tid_a[i] = tracks[r].tid[key]
         args: dict[str, Any] = {
             "rank": r,
             "device": int(dev_a[i]),
@@ -197,7 +236,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                 "cat": CAT_OF_KIND.get(str(kind_a[i]), "other"),
                 "name": str(name_a[i]),
                 "pid": r,
-                "tid": tracks[r].tid[key],
+                "tid": int(tid_a[i]),
                 "ts": _us(int(start_a[i]) - base),
                 "dur": _us(int(end_a[i] - start_a[i])),
                 "args": args,
@@ -269,7 +308,34 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
             view["class"] += len(made)
             out.extend(made)
 
+    # the profiler's launch -> GPU operation links (Kineto's `ac2g` flows, from the correlation id
+    # every reader keeps): one arrow from the runtime call (the earliest of the rank's calls with
+    # that id) to each kernel, copy or set it launched (a graph launch has several)
     flow_id = 0
+    view["ac2g"] = 0
+    for r in ranks:
+        on = rank_a == r
+        rt = np.flatnonzero(on & (kind_a == "runtime") & (corr_a > 0))
+        rt = rt[np.lexsort((start_a[rt], corr_a[rt]))]
+        first: dict[int, int] = {}
+        for i in rt.tolist():
+            first.setdefault(int(corr_a[i]), int(i))
+        for j in np.flatnonzero(on & np.isin(kind_a, GPU_KINDS) & (corr_a > 0)).tolist():
+            launch = first.get(int(corr_a[j]))
+            if launch is None:
+                continue
+            i = launch
+            flow_id += 1
+            out.append(
+                {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": flow_id, "pid": r, "tid": int(tid_a[i]),
+                 "ts": _us(int(start_a[i]) - base)}
+            )  # fmt: skip
+            out.append(
+                {"ph": "f", "cat": "ac2g", "name": "ac2g", "id": flow_id, "pid": r, "tid": int(tid_a[j]),
+                 "ts": _us(int(start_a[j]) - base), "bp": "e"}
+            )  # fmt: skip
+            view["ac2g"] += 1
+
     view["wait"] = view["transfer"] = view["collectives"] = view["flows"] = view["path"] = 0
     if parts is not None and len(parts.collectives.per_rank):
         pr = parts.collectives.per_rank

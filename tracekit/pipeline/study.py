@@ -6,7 +6,10 @@ there are GPUs, and the report (HTML, Markdown, JSON) with the run folders besid
     print(result.verdict, result.reports)
 
 Layout of the output folder:
-    tp1/, tp2/ ...                 capture folders (rank-<r>.pt.trace.json.gz + manifest.json)
+    tp1/, tp2/ ...                 capture folders (rank-<r>.pt.trace.json.gz + manifest.json): each TP
+                                   degree captured in `blocks` captures alternating with the other
+                                   degrees' (TP=1, TP=2, TP=1, TP=2, ...), merged into one manifest
+                                   (`_capture_interleaved`: the trace of the last block, every round)
     breakdown-tp<N>.json           the breakdown of each run (docs/JSON.md#breakdown)
     shortfall-tp<N>.json           the shortfall of each TP=N>1 against TP=1 (docs/JSON.md#shortfall)
     links.json                     the compare-links result, when it ran
@@ -20,6 +23,7 @@ docs/ARCHITECTURE.md); `tracekit.report` only renders what it is given.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +32,7 @@ from typing import Any
 import orjson
 
 from tracekit.errors import TracekitError
-from tracekit.report.build import AnalysedRuns, report_from_analyses, write_report
+from tracekit.report.build import AnalysedRuns, report_from_analyses, top_kernels_json, write_report
 
 #: presets used when --preset is not given
 CPU_PRESET = "tiny"
@@ -52,6 +56,8 @@ class StudyConfig:
     offline: bool = True  # inline plotly.js in the HTML (False: link it from the CDN, study --cdn)
     layers: int | None = None  # override the preset's layer count
     step_pattern: str | None = None
+    rounds: int = 8  # measured U/P rounds per TP degree, over all its blocks (--rounds)
+    blocks: int = 2  # captures per TP degree, alternating TP=1, TP=N, TP=1, TP=N ... (--blocks)
 
 
 @dataclass(frozen=True)
@@ -154,10 +160,96 @@ def _compare_links(
     return doc, note
 
 
+def _capture_interleaved(
+    config: StudyConfig,
+    out_dir: Path,
+    device: str,
+    preset: str,
+    tps: tuple[int, ...],
+    tell: Callable[[str, int, int, str], None],
+) -> dict[int, Path]:
+    """Capture every TP degree in `blocks` alternating captures (TP=1, TP=N, TP=1, TP=N, ...), each
+    of `rounds / blocks` U/P rounds, and merge each degree's blocks into one manifest: the rounds in
+    run order, the trace of its last block (the traced round is the last), the dilation from every
+    round, and `workload.interleaved` (one group for all degrees: the shortfall's bootstrap draws
+    their rounds as pairs, docs/METHOD.md section "Noise and the profiler correction"). The ranks of
+    TP=1 and TP=N are different process worlds, so the alternation is between captures, not inside
+    one; the host's drift between blocks then falls on every degree alike."""
+    from tracekit.capture import environment as env
+    from tracekit.capture.runner import CaptureConfig, capture
+
+    blocks = max(1, config.blocks)
+    per_block = max(1, -(-config.rounds // blocks))
+    group = f"study-{uuid.uuid4().hex[:12]}" if blocks >= 2 and len(tps) >= 2 else None
+    manifests: dict[int, list[dict[str, Any]]] = {tp: [] for tp in tps}
+    run_dirs = {tp: out_dir / f"tp{tp}" for tp in tps}
+    order: list[str] = []
+    for b in range(blocks):
+        for tp in tps:
+            cc = CaptureConfig(
+                tp=tp,
+                preset=preset,
+                tokens=config.tokens,
+                backend=config.backend,
+                device=device,
+                mode=config.mode,
+                layers=config.layers,
+                rounds=per_block,
+                command=f"tracekit study (TP={tp}, preset {preset}, {config.tokens} tokens, block {b + 1}/{blocks})",
+            )
+            stage = f"capture TP={tp}"
+            tell(stage, b, blocks, f"block {b + 1}/{blocks}")
+
+            def cap_progress(phase: str, done: int, total: int, stage: str = stage, b: int = b) -> None:
+                tell(stage, b, blocks, f"block {b + 1}/{blocks}: {phase} {done}/{total}")
+
+            capture(cc, run_dirs[tp], progress=cap_progress)
+            manifests[tp].append(json.loads((run_dirs[tp] / env.MANIFEST_NAME).read_text()))
+            order.append(f"TP={tp} block {b + 1}")
+            tell(stage, b + 1, blocks, "done" if b + 1 == blocks else f"block {b + 1}/{blocks} done")
+    if blocks > 1:
+        for tp in tps:
+            merged = merge_blocks(manifests[tp], group=group, tps=tps, order=order, per_block=per_block)
+            env.atomic_write_json(run_dirs[tp] / env.MANIFEST_NAME, merged)
+    return run_dirs
+
+
+def merge_blocks(
+    blocks: list[dict[str, Any]], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
+) -> dict[str, Any]:
+    """One manifest from a degree's block captures (in run order): the last block's (its trace is
+    the one in the folder), with every block's unprofiled and profiled rounds in run order, the
+    traced round the last, the pass order and the dilation over all of them, and
+    `workload.interleaved` = {group, tp, blocks, rounds_per_block, order}."""
+    from tracekit.capture import environment as env
+
+    last = json.loads(json.dumps(blocks[-1]))
+    u_rounds = [r for m in blocks for r in (m.get("unprofiled") or {}).get("rounds") or []]
+    p_rounds = [r for m in blocks for r in (m.get("profiled") or {}).get("rounds") or []]
+    last["unprofiled"] = {"per_token_ns": u_rounds[0] if u_rounds else {}, "rounds": u_rounds}
+    last["profiled"] = dict(
+        last.get("profiled") or {}, rounds=p_rounds, traced_round=max(len(p_rounds) - 1, 0)
+    )
+    last["dilation"], last["dilation_interval"] = env.dilation(u_rounds, p_rounds)
+    wl = dict(last.get("workload") or {})
+    wl["rounds"] = len(p_rounds)
+    wl["pass_order"] = "".join(str((m.get("workload") or {}).get("pass_order") or "") for m in blocks)
+    wl["interleaved"] = {
+        "group": group,
+        "tp": list(tps),
+        "blocks": len(blocks),
+        "rounds_per_block": per_block,
+        "order": list(order),
+    }
+    last["workload"] = wl
+    last["created"] = blocks[0].get("created", last.get("created"))
+    return last
+
+
 def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None) -> StudyResult:
     """Capture, analyse and report; returns where everything went and the verdict."""
+    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.breakdown import breakdown
-    from tracekit.capture.runner import CaptureConfig, capture
     from tracekit.read import read_run
 
     def tell(stage: str, done: int, total: int, detail: str = "") -> None:
@@ -168,28 +260,7 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
     out_dir.mkdir(parents=True, exist_ok=True)
     device, preset, tps, notes = plan(config)
 
-    run_dirs: dict[int, Path] = {}
-    for tp in tps:
-        run_dir = out_dir / f"tp{tp}"
-        cc = CaptureConfig(
-            tp=tp,
-            preset=preset,
-            tokens=config.tokens,
-            backend=config.backend,
-            device=device,
-            mode=config.mode,
-            layers=config.layers,
-            command=f"tracekit study (TP={tp}, preset {preset}, {config.tokens} tokens)",
-        )
-        stage = f"capture TP={tp}"
-        tell(stage, 0, 1, "starting ranks")
-
-        def cap_progress(phase: str, done: int, total: int, stage: str = stage) -> None:
-            tell(stage, done, total, phase)
-
-        capture(cc, run_dir, progress=cap_progress)
-        run_dirs[tp] = run_dir
-        tell(stage, 1, 1, "done")
+    run_dirs = _capture_interleaved(config, out_dir, device, preset, tps, tell)
 
     analyses: dict[str, Path] = {}
     breakdowns: dict[int, dict[str, Any]] = {}
@@ -197,7 +268,7 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
     runs: dict[int, Any] = {}
     for i, tp in enumerate(tps):
         tell("breakdown", i, len(tps), f"TP={tp}")
-        run = read_run([run_dirs[tp]])
+        run = AnalysedRun.of(read_run([run_dirs[tp]]))  # classified once: breakdown, shortfall, report
         runs[tp] = run
         breakdowns[tp] = _to_json(breakdown(run, step_pattern=config.step_pattern))
         manifests[tp] = run.manifest
@@ -251,6 +322,8 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
             baseline_breakdown=breakdowns[1] if base else None,
             baseline_manifest=manifests[1] if base else None,
             shortfall=shortfalls.get(tp),
+            top_kernels=top_kernels_json(runs[tp], config.step_pattern),
+            baseline_top_kernels=top_kernels_json(runs[1], config.step_pattern) if base else None,
         )
         data = report_from_analyses(
             analysed,

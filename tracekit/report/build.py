@@ -53,19 +53,20 @@ def analyse_dirs(
 
     run = AnalysedRun.of(read_run([Path(run_dir)]))
     out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
-    out.top_kernels = _top_kernels(run, step_pattern)
+    out.top_kernels = top_kernels_json(run, step_pattern)
     if baseline_dir is not None:
         from tracekit.analyse.shortfall import shortfall
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))
         out.baseline_manifest = base.manifest
-        out.baseline_top_kernels = _top_kernels(base, step_pattern)
+        out.baseline_top_kernels = top_kernels_json(base, step_pattern)
         out.shortfall = _to_json(shortfall(base, run))
     return out
 
 
-def _top_kernels(run: Any, step_pattern: str | None) -> dict[str, Any]:
+def top_kernels_json(run: Any, step_pattern: str | None) -> dict[str, Any]:
+    """The report's top kernels per class of an analysed run (`tracekit.analyse.kernels`), as JSON."""
     from tracekit.analyse.kernels import top_kernels
 
     return _to_json(top_kernels(run.events, run.steps(step_pattern).steps))

@@ -136,7 +136,8 @@ class ReportData:
     """Everything a report shows, as plain JSON-able values (see docs/JSON.md#report).
 
     - `headline`: the one line on top: TN vs ideal, S with its interval, the largest term's share, and
-      the cause on the critical path (`headline_line`).
+      the cause on the critical path (`headline_line`); attribution.intervals / .noise: the
+      shortfall's 95% intervals and readings, each waterfall step's `interval_ns` and `reading`.
     - `verdict`: the shortfall's sentences (or one built from the breakdown alone).
     - `per_token_label`: what the per-token chart plots (dilation-corrected or traced).
     - `diagnosis`: what to look at next (the shortfall's `diagnosis`), or "" without a baseline.
@@ -487,6 +488,34 @@ def _waterfall(
     return rows
 
 
+def _attach_intervals(attribution: dict[str, Any]) -> None:
+    """Each waterfall step's 95% interval and reading (finding / within_noise / negative): a term's
+    from the shortfall's `noise`, a coordination part's from its own interval."""
+    ivs = attribution.get("intervals") or {}
+    readings = {
+        t: (v or {}).get("reading") for t, v in ((attribution.get("noise") or {}).get("terms") or {}).items()
+    }
+    for w in attribution["waterfall"]:
+        term = w["term"]
+        if term.startswith("coordination."):
+            iv = (ivs.get("coordination_ns") or {}).get(term.split(".", 1)[1])
+            w["interval_ns"], w["reading"] = iv, reading_of(iv)
+        else:
+            iv = (ivs.get("terms_ns") or {}).get(term)
+            w["interval_ns"], w["reading"] = iv, readings.get(term) or reading_of(iv)
+
+
+def share_text(w: dict[str, Any], s_ns: int) -> str:
+    """A waterfall step's share of S, only where its interval makes it a finding (docs/METHOD.md
+    section Noise and the profiler correction); "within noise" / "below zero" otherwise."""
+    reading = w.get("reading")
+    if reading == "within_noise":
+        return "within noise"
+    if reading == "negative":
+        return "below zero"
+    return fmt_pct(w["ns"] / s_ns if s_ns else None)
+
+
 def _term_words(shortfall: dict[str, Any], timeline: str | None) -> dict[str, str]:
     """The shortfall's `term_words`, completed from the defaults; without them the transfer is
     named by the run's timeline (a link only on a GPU timeline)."""
@@ -746,11 +775,15 @@ TOP_KERNEL_HEADERS = [
 
 
 def top_kernels_caption(run: dict[str, Any]) -> str:
+    return f"{run['role']} run: top kernels per class"
+
+
+def top_kernels_note(run: dict[str, Any]) -> str:
     tk = run.get("top_kernels") or {}
     return (
-        f"{run['role']} run: top kernels per class, per token per rank over {tk.get('windows', 0)} steady "
-        f"step windows (traced durations; share of the mean traced step, {fmt_ms(tk.get('step_ns_mean'))}; "
-        "kernels on different streams may overlap)"
+        f"Count and time per token per rank over {tk.get('windows', 0)} steady step windows (traced "
+        f"durations); share of the mean traced step, {fmt_ms(tk.get('step_ns_mean'))}; kernels on "
+        "different streams may overlap, so a class's shares can exceed its exposed part."
     )
 
 
@@ -908,7 +941,10 @@ def build_report_data(
             "per_token_source": shortfall.get("per_token_source"),
             "uncorrected": shortfall.get("uncorrected"),
             "clock": shortfall.get("clock"),
+            "intervals": _intervals_section(shortfall),
+            "noise": shortfall.get("noise") if isinstance(shortfall.get("noise"), dict) else None,
         }
+        _attach_intervals(attribution)
         verdict = str(shortfall.get("verdict") or "")
         diagnosis = str(shortfall.get("diagnosis") or "")
         per_rank = _per_rank_section(shortfall, s_ns)
@@ -1096,8 +1132,8 @@ _PATH_WORDS = {
 
 
 def path_cause_short(data: ReportData) -> str:
-    """The largest component of the critical path and its rank, in a few words ("rank 1's host time
-    (launch gaps), 8.10 ms of the 12.02 ms token"); "" without a path."""
+    """The largest component of the critical path and its rank, in a few words ("host time (launch
+    gaps) on rank 1, 8.10 of 12.02 ms"); "" without a path."""
     cp = data.critical_path
     if not cp or not cp.get("by_rank"):
         return ""
@@ -1115,22 +1151,57 @@ def path_cause_short(data: ReportData) -> str:
         what = short_words(data.term_words.get("transfer", "transfer"))
     else:
         what = _PATH_WORDS.get(part, part)
-    where = f"rank {rank}'s " if data.n_ranks > 1 else ""
-    return f"{where}{what}, {ns / 1e6:.2f} of {fmt_ms(cp['step_ns'], 2)}"
+    where = f" on rank {rank}" if data.n_ranks > 1 else ""
+    return f"{what}{where}, {ns / 1e6:.2f} of {fmt_ms(cp['step_ns'], 2)}"
 
 
-def _interval_text(shortfall: dict[str, Any] | None, data: ReportData) -> str:
-    """S's interval for the headline: the shortfall's own 95% interval when it has one
-    (`interval_ns.shortfall` / `intervals_ns.shortfall`), else the p10-p90 spread over steps."""
-    sf = shortfall or {}
-    for key in ("interval_ns", "intervals_ns"):
-        iv = sf.get(key)
-        if isinstance(iv, dict):
-            v = iv.get("shortfall")
-            lo, hi = (_num(v[0]), _num(v[1])) if isinstance(v, list | tuple) and len(v) == 2 else (None, None)
-            if lo is not None and hi is not None:
-                return f" [95% {lo / 1e6:.2f}-{fmt_ms(hi, 2)}]"
+def _pair(v: Any) -> tuple[float, float] | None:
+    """[lo, hi] as two numbers, or None."""
+    if isinstance(v, list | tuple) and len(v) == 2:
+        lo, hi = _num(v[0]), _num(v[1])
+        if lo is not None and hi is not None:
+            return lo, hi
+    return None
+
+
+def fmt_ms_interval(v: Any, digits: int = 2) -> str:
+    """An interval of ns as "6.83-9.77 ms" ("" without one)."""
+    iv = _pair(v)
+    return "" if iv is None else f"{iv[0] / 1e6:.{digits}f}-{fmt_ms(iv[1], digits)}"
+
+
+def reading_of(interval: Any) -> str | None:
+    """ "finding" when a 95% interval lies above zero, "negative" below it, "within_noise" when it
+    holds zero; None without an interval (the noise section's readings, for the coordination parts)."""
+    iv = _pair(interval)
+    if iv is None:
+        return None
+    return "finding" if iv[0] > 0 else ("negative" if iv[1] < 0 else "within_noise")
+
+
+def _intervals_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
+    """The shortfall's 95% intervals (`intervals`) and readings (`noise`), as the report needs them."""
+    iv = shortfall.get("intervals")
+    if not isinstance(iv, dict):
+        return None
+    return {
+        "level": _num(iv.get("level")),
+        "basis": iv.get("basis"),
+        "method": iv.get("method"),
+        "per_token_ns": {k: _pair(v) for k, v in (iv.get("per_token_ns") or {}).items()},
+        "shortfall_ns": _pair(iv.get("shortfall_ns")),
+        "terms_ns": {k: _pair(v) for k, v in (iv.get("terms_ns") or {}).items()},
+        "coordination_ns": {k: _pair(v) for k, v in (iv.get("coordination_ns") or {}).items()},
+    }
+
+
+def _interval_text(data: ReportData) -> str:
+    """S's interval for the headline: the shortfall's own 95% interval when it has one, else the
+    p10-p90 spread over steps (labelled as such)."""
     a = data.attribution or {}
+    iv = (a.get("intervals") or {}).get("shortfall_ns")
+    if iv is not None:
+        return f" [95% {fmt_ms_interval(iv)}]"
     sp = (a.get("spread_ns") or {}).get("shortfall") or {}
     if sp.get("p10") is not None and sp.get("p90") is not None:
         return f" [p10-p90 over steps {sp['p10'] / 1e6:.2f}-{fmt_ms(sp['p90'], 2)}]"
@@ -1139,22 +1210,35 @@ def _interval_text(shortfall: dict[str, Any] | None, data: ReportData) -> str:
 
 def headline_line(data: ReportData, shortfall: dict[str, Any] | None = None) -> str:
     """The one line on top of every report: TN against the ideal, S with its interval, the term
-    that holds the run back with its share, and the cause on the critical path."""
+    that holds the run back with its share (the shortfall's noise reading decides whether a term is
+    a finding: docs/METHOD.md section Noise and the profiler correction), and the cause on the
+    critical path."""
     a = data.attribution
     n = data.n_ranks
     pt = data.per_token_ns
     if a is None or pt.get("sharded") is None or pt.get("ideal") is None:
         return prose(data.verdict).split("; ", 1)[0].rstrip(".") + "."
     s_ns = a["shortfall_ns"]
-    head = f"TP={n}: {fmt_ms(pt['sharded'], 2)} per token vs ideal {fmt_ms(pt['ideal'], 2)}"
-    if s_ns <= 0:
-        return f"{head}: no shortfall (S = {fmt_ms(s_ns, 2)})."
+    ivs = a.get("intervals") or {}
+    tn_iv = (ivs.get("per_token_ns") or {}).get("sharded")
+    tn = fmt_ms(pt["sharded"], 2) + (f" [95% {fmt_ms_interval(tn_iv)}]" if tn_iv else "")
+    head = f"TP={n}: {tn} per token vs ideal {fmt_ms(pt['ideal'], 2)}"
+    noise = a.get("noise") or {}
+    status = noise.get("status")
+    if s_ns <= 0 or status == "beats_ideal":
+        return f"{head}: no shortfall (S = {fmt_ms(s_ns, 2)}{_interval_text(data)})."
+    line = f"{head}; S = {fmt_ms(s_ns, 2)}{_interval_text(data)}"
     terms = a["terms_ns"]
-    top = max(terms, key=lambda t: terms[t])
-    word = {"transfer": "link transfer" if data.runs[-1].get("timeline") == "gpu" else "gloo exchange"}.get(
-        top, top
-    )
-    line = f"{head}; S = {fmt_ms(s_ns, 2)}{_interval_text(shortfall, data)}, {fmt_pct(terms[top] / s_ns, 0)} {word}"
+    gpu = data.runs[-1].get("timeline") == "gpu"
+    words = {"transfer": "link transfer" if gpu else "gloo exchange"}
+    if status == "too_noisy":
+        line += ", too noisy to attribute (S's interval holds zero)"
+    elif status == "unattributed":
+        line += ", no term clear of the noise"
+    else:
+        named = noise.get("cause")
+        top = str(named) if named in terms else max(terms, key=lambda t: terms[t])
+        line += f", {fmt_pct(terms[top] / s_ns, 0)} {words.get(top, top)}"
     cause = path_cause_short(data)
     if cause:
         line += f"; cause on the critical path: {cause}"

@@ -6,8 +6,11 @@ labels and hover text back to the characters, so a kernel named `<script>` shows
 figures' JSON is embedded in a `<script type="application/json">` block with `<`, `>` and `&`
 written as `\\u003c`, `\\u003e`, `\\u0026`, so no name can close the script element.
 
-plotly.js is inlined (about 4.8 MB) by default, so the page opens anywhere, an air-gapped cluster
-included; `offline=False` (`--cdn`) links it from the CDN instead, with its subresource-integrity hash.
+plotly.js is inlined by default, so the page opens anywhere, an air-gapped cluster included: the
+basic bundle (bar and scatter traces, all the report draws; `plotly_js`), about 1.2 MB of a ~1.3 MB
+page; `offline=False` (`--cdn`) links plotly.py's full bundle from the CDN instead, with its
+subresource-integrity hash. Answer first: the headline line and the waterfall fill the first
+screen (tests/test_browser.py measures it in Chromium), dilation and reconciliation are folded.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tracekit.report.data import (
     fmt_bytes,
     fmt_gbps,
     fmt_ms,
+    fmt_ms_interval,
     fmt_pct,
     fmt_us,
     fmt_x,
@@ -37,11 +41,13 @@ from tracekit.report.data import (
     path_rows,
     per_rank_rows,
     prose,
+    share_text,
     short_name,
     short_words,
     straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
+    top_kernels_note,
 )
 
 #: colours per part, shared by every figure so a part has one colour on the page
@@ -65,6 +71,9 @@ PART_COLOURS = {
     "shortfall": "#333333",
 }
 
+#: the per-token chart's bars: runs, not classes
+RUN_COLOURS = {"baseline": "#8C8C8C", "sharded": "#333333", "ideal": "#54A24B"}
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
 h1{font-size:1.35em;margin:.2em 0 .3em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
@@ -74,8 +83,8 @@ div.fig-first{min-height:360px} details{margin:.6em 0;padding:.3em .8em;border:1
 summary{cursor:pointer;font-weight:600;color:#333} .swatch{display:inline-block;width:.8em;height:.8em;margin-right:.4em;border-radius:2px;vertical-align:-.05em}
 .dilation{margin:.2em 0 .2em 1.2em;color:#444}
 .warning{margin:.3em 0;padding:.4em 1em;background:#fff3cd;border-left:5px solid #e0a800;font-weight:600}
-table{border-collapse:collapse;margin:.5em 0;font-size:.92em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
-td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f6f6f6}
+table{border-collapse:collapse;margin:.5em 0;font-size:.92em;display:block;overflow-x:auto;max-width:100%} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} table.top-kernels td:first-child{white-space:nowrap} th{background:#f6f6f6}
 .fig{width:100%;min-height:300px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
 .meta{color:#666;font-size:.85em} .verdict-sub{background:#f3f6fa;border-left:5px solid #EECA3B;padding:.4em 1em}
 """
@@ -134,12 +143,13 @@ def fig_per_token(data: ReportData) -> go.Figure | None:
     pt = data.per_token_ns
     n = data.n_ranks
     bars: list[tuple[str, int, str]] = []
+    # runs in neutral tones and the ideal in green: no bar here takes a class's colour
     if pt.get("baseline") is not None:
-        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), "#4C78A8"))
+        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), RUN_COLOURS["baseline"]))
     if pt.get("sharded") is not None:
-        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), "#F58518"))
+        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), RUN_COLOURS["sharded"]))
     if pt.get("ideal") is not None:
-        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), "#54A24B"))
+        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), RUN_COLOURS["ideal"]))
     if not bars:
         return None
     fig = go.Figure(
@@ -173,17 +183,22 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
         return None
     steps = a["waterfall"]
     s_ns = a["shortfall_ns"]
-    labels, bases, heights, colours, texts = [], [], [], [], []
+    labels, bases, heights, colours, texts, words = [], [], [], [], [], []
     at = 0
     for w in steps:
-        labels.append(esc(short_words(w["label"])))
+        labels.append(_WATERFALL_LABELS.get(w["term"], esc(w["term"])))
+        words.append(esc(short_words(w["label"])))
         bases.append(at / 1e6)
         heights.append(w["ns"] / 1e6)
         colours.append(_term_colour(w["term"]))
-        share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
+        if w.get("reading") in ("within_noise", "negative"):
+            share = " (within noise)" if w["reading"] == "within_noise" else ""
+        else:
+            share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
         texts.append(fmt_ms(w["ns"]) + share)
         at += w["ns"]
     labels.append("shortfall S")
+    words.append(f"S = T{data.n_ranks} - T1/{data.n_ranks}")
     bases.append(0.0)
     heights.append(s_ns / 1e6)
     colours.append(PART_COLOURS["shortfall"])
@@ -195,9 +210,10 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
             base=bases,
             marker_color=colours,
             text=texts,
+            customdata=words,
             textposition="outside",
             cliponaxis=False,
-            hovertemplate="%{x}: %{text}<extra></extra>",
+            hovertemplate="%{customdata}: %{text}<extra></extra>",
         )
     )
     fig.update_layout(
@@ -211,6 +227,18 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
     )
     return fig
 
+
+#: the waterfall's axis labels (short, so they stay horizontal; the hover gives the full words)
+_WATERFALL_LABELS = {
+    "compute": "compute not scaled",
+    "memory": "memory not scaled",
+    "transfer": "transfer",
+    "unknown": "unknown kernels",
+    "coordination": "coordination",
+    "coordination.wait": "coordination: wait",
+    "coordination.sync": "coordination: sync",
+    "coordination.idle": "coordination: idle",
+}
 
 #: ranks drawn in the per-step chart of one run (more would make each row too thin to read)
 STEP_CHART_RANKS = 8
@@ -480,26 +508,39 @@ def _dilation_table(data: ReportData) -> str:
 
 
 def _attribution_table(data: ReportData) -> str:
+    """The terms of S with their 95% intervals (when the shortfall has them) and shares; a share
+    only where the term is clear of the noise."""
     a = data.attribution
     if a is None:
         return ""
+    s_ns = a["shortfall_ns"]
+    has_iv = bool(a.get("intervals"))
     rows = []
     for w in a["waterfall"]:
         term = w["term"]
         spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-        share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
-        rows.append(
-            [
-                (esc(w["label"]), False),
-                (esc(fmt_ms(w["ns"])), True),
-                (esc(fmt_pct(share)), True),
-                (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True),
-            ]
+        row = [(esc(w["label"]), False), (esc(fmt_ms(w["ns"])), True)]
+        if has_iv:
+            row.append((esc(fmt_ms_interval(w.get("interval_ns"), 3)), True))
+        row.append((esc(share_text(w, s_ns)), True))
+        row.append(
+            (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True)
         )
-    rows.append(
-        [("<b>shortfall S</b>", False), (esc(fmt_ms(a["shortfall_ns"])), True), ("100.0%", True), ("", True)]
-    )
-    return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+        rows.append(row)
+    total = [("<b>shortfall S</b>", False), (f"<b>{esc(fmt_ms(s_ns))}</b>", True)]
+    if has_iv:
+        total.append((esc(fmt_ms_interval((a.get("intervals") or {}).get("shortfall_ns"), 3)), True))
+    rows.append([*total, ("100.0%", True), ("", True)])
+    headers = [
+        "term",
+        "per token",
+        *(["95% interval"] if has_iv else []),
+        "share of S",
+        "spread over steps (p10 .. p90)",
+    ]
+    table = _table(headers, rows, ' id="attribution"')
+    method = (a.get("intervals") or {}).get("method")
+    return table + (f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else "")
 
 
 def _text_table(headers: list[str], rows: list[list[str]], attrs: str = "") -> str:
@@ -644,6 +685,7 @@ def _top_kernels_html(data: ReportData) -> str:
                 ]
             )
         out.append(f"<h3>{esc(top_kernels_caption(run))}</h3>")
+        out.append(f'<p class="note">{esc(top_kernels_note(run))}</p>')
         out.append(_table([esc(h) for h in TOP_KERNEL_HEADERS], cells, ' class="top-kernels"'))
     return "\n".join(out)
 

@@ -19,6 +19,7 @@ from tracekit.report.data import (
     fmt_bytes,
     fmt_gbps,
     fmt_ms,
+    fmt_ms_interval,
     fmt_pct,
     fmt_us,
     fmt_x,
@@ -27,10 +28,12 @@ from tracekit.report.data import (
     path_rows,
     per_rank_rows,
     prose,
+    share_text,
     short_name,
     straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
+    top_kernels_note,
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
@@ -67,7 +70,7 @@ def md_ours(value: Any) -> str:
 
 
 #: a cell that reads as a number: a signed figure, a percentage, a ratio, an interval, "n/a"
-_NUMERIC = re.compile(r"^(\*\*)?[-+~]?(\d|\.\d|n/a\b)")
+_NUMERIC = re.compile(r"^(\*\*)?[-+~]?(\d|\.\d|n/a\b|within noise|below zero)")
 
 
 def _is_numeric(cells: list[str]) -> bool:
@@ -225,19 +228,36 @@ def _dilation_table_md(data: ReportData) -> list[str]:
 
 
 def _attribution_md(data: ReportData) -> list[str]:
-    """The shortfall's terms (the waterfall's numbers; coordination's parts as indented sub-rows)."""
+    """The shortfall's terms (the waterfall's numbers) with their 95% intervals when the shortfall
+    has them; a share only where the term is clear of the noise."""
     a = data.attribution
     if a is None:
         return []
+    s_ns = a["shortfall_ns"]
+    has_iv = bool(a.get("intervals"))
     rows = []
     for w in a["waterfall"]:
         term = w["term"]
         spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-        share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
         sp = f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}" if spread else ""
-        rows.append([md_esc(w["label"]), fmt_ms(w["ns"]), fmt_pct(share), sp])
-    rows.append(["**shortfall S**", f"**{fmt_ms(a['shortfall_ns'])}**", "100.0%", ""])
-    return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+        row = [md_esc(w["label"]), fmt_ms(w["ns"])]
+        if has_iv:
+            row.append(fmt_ms_interval(w.get("interval_ns"), 3))
+        rows.append([*row, share_text(w, s_ns), sp])
+    total = ["**shortfall S**", f"**{fmt_ms(s_ns)}**"]
+    if has_iv:
+        total.append(fmt_ms_interval((a.get("intervals") or {}).get("shortfall_ns"), 3))
+    rows.append([*total, "100.0%", ""])
+    headers = [
+        "term",
+        "per token",
+        *(["95% interval"] if has_iv else []),
+        "share of S",
+        "spread over steps (p10 .. p90)",
+    ]
+    out = _table(headers, rows)
+    method = (a.get("intervals") or {}).get("method")
+    return out + ([f"Intervals: {md_esc(prose(method))}.", ""] if method else [])
 
 
 def _top_kernels_md(data: ReportData) -> list[str]:
@@ -246,7 +266,7 @@ def _top_kernels_md(data: ReportData) -> list[str]:
         rows = top_kernel_rows(run)
         if not rows:
             continue
-        out += [f"### {md_esc(top_kernels_caption(run))}", ""]
+        out += [f"### {md_esc(top_kernels_caption(run))}", "", md_esc(top_kernels_note(run)), ""]
         out += _table(
             list(TOP_KERNEL_HEADERS),
             [

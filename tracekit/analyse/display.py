@@ -1,0 +1,137 @@
+"""How the result objects show in a notebook: a short `repr` (one line, the answer) and
+`_repr_html_` (the verdict and a table), for `Shortfall` and `Breakdown`. The dataclasses' own
+generated repr printed every field (33,642 characters for one Shortfall).
+
+Every string from a trace (paths, names) is HTML-escaped.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tracekit.analyse.breakdown import Breakdown
+    from tracekit.analyse.shortfall import Shortfall
+
+_STYLE = (
+    "<style>.tk-result table{border-collapse:collapse}.tk-result td,.tk-result th{padding:2px 10px;"
+    "border-bottom:1px solid #ddd}.tk-result td.num{text-align:right;font-variant-numeric:tabular-nums}"
+    ".tk-result td.sub{padding-left:2em}</style>"
+)
+
+
+def _ms(ns: float | int | None, digits: int = 3) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:.{digits}f} ms"
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.1f}%"
+
+
+def _esc(x: Any) -> str:
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _table(headers: list[str], rows: list[tuple[str, list[str], bool]]) -> str:
+    """rows: (label, number cells, is a sub-row)."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = "".join(
+        f"<tr><td{' class=sub' if sub else ''}>{_esc(label)}</td>"
+        + "".join(f"<td class=num>{_esc(c)}</td>" for c in cells)
+        + "</tr>"
+        for label, cells, sub in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def shortfall_repr(sf: Shortfall) -> str:
+    ints = sf.corrected.integers()
+    pt, s, terms = ints["per_token_ns"], ints["shortfall_ns"], ints["terms_ns"]
+    parts = ", ".join(f"{t} {v / 1e6:.3f}" for t, v in terms.items())
+    src = "dilation-corrected" if sf.per_token_source == "unprofiled" else "traced"
+    return (
+        f"Shortfall(TP={sf.n_ranks}: {_ms(pt['sharded'])} vs ideal {_ms(pt['ideal'])}, "
+        f"S = {_ms(s)} per token = {parts} ms; {src})"
+    )
+
+
+def _iv(v: Any) -> str:
+    if isinstance(v, list | tuple) and len(v) == 2 and None not in v:
+        return f"{v[0] / 1e6:.3f}-{v[1] / 1e6:.3f} ms"
+    return ""
+
+
+def shortfall_html(sf: Shortfall) -> str:
+    ints = sf.corrected.integers()
+    s = ints["shortfall_ns"]
+    share = {k: (v / s if s else None) for k, v in ints["terms_ns"].items()}
+    ivs_obj: Any = getattr(sf, "intervals", None)  # the 95% intervals, where the shortfall has them
+    ivs: dict[str, Any] = ivs_obj.to_json() if ivs_obj is not None and hasattr(ivs_obj, "to_json") else {}
+    t_iv, c_iv = ivs.get("terms_ns") or {}, ivs.get("coordination_ns") or {}
+    rows: list[tuple[str, list[str], bool]] = []
+    for term, ns in ints["terms_ns"].items():
+        rows.append((term, [_ms(ns), _iv(t_iv.get(term)), _pct(share[term])], False))
+        if term == "coordination":
+            for part, v in ints["coordination_ns"].items():
+                rows.append((part, [_ms(v), _iv(c_iv.get(part)), _pct(v / s if s else None)], True))
+    rows.append(("S", [_ms(s), _iv(ivs.get("shortfall_ns")), _pct(1.0 if s else None)], False))
+    pt = ints["per_token_ns"]
+    src = (
+        "per-token times dilation-corrected (traced / dilation)"
+        if sf.per_token_source == "unprofiled"
+        else "per-token times traced (no unprofiled timing)"
+    )
+    return (
+        f'{_STYLE}<div class="tk-result"><p><b>{_esc(sf.verdict())}</b></p>'
+        + _table(["term", "per token", "95% interval", "share of S"], rows)
+        + f"<p>T1 {_esc(_ms(pt['baseline']))}, T{sf.n_ranks} {_esc(_ms(pt['sharded']))}, ideal "
+        f"{_esc(_ms(pt['ideal']))}; {_esc(src)}. <code>.to_frame()</code> for the table, "
+        "<code>.to_json()</code> for everything.</p></div>"
+    )
+
+
+def _breakdown_medians(b: Breakdown) -> tuple[Any, dict[str, Any]]:
+    pt = b.per_token or {}
+    step = (pt.get("step_ns") or {}).get("median")
+    parts = {p: (v or {}).get("median") for p, v in (pt.get("parts_ns") or {}).items()}
+    return step, parts
+
+
+def _where(paths: list[str]) -> str:
+    """The run's paths in a few characters: one path, or the folder its rank files share."""
+    import os
+
+    if not paths:
+        return "run"
+    if len(paths) == 1:
+        return paths[0]
+    try:
+        return os.path.commonpath(paths) + f" ({len(paths)} files)"
+    except ValueError:
+        return f"{paths[0]} and {len(paths) - 1} more"
+
+
+def breakdown_repr(b: Breakdown) -> str:
+    step, parts = _breakdown_medians(b)
+    where = _where(b.paths)
+    shown = ", ".join(f"{p} {v / 1e6:.3f}" for p, v in parts.items() if v)
+    return (
+        f"Breakdown({where}: {len(b.ranks)} rank(s), {len(b.steps)} step windows ({b.step_rule}), "
+        f"median step {_ms(step)} = {shown} ms)"
+    )
+
+
+def breakdown_html(b: Breakdown) -> str:
+    step, parts = _breakdown_medians(b)
+    rows = [
+        (p, [_ms(v), _pct(v / step if (v is not None and step) else None)], False) for p, v in parts.items()
+    ]
+    where = _where(b.paths)
+    return (
+        f'{_STYLE}<div class="tk-result"><p><b>{_esc(where)}: median step {_esc(_ms(step))} on '
+        f"{len(b.ranks)} rank(s), {len(b.steps)} step windows (rule {_esc(b.step_rule)}, "
+        f"{_esc(b.timeline)} timeline)</b></p>"
+        + _table(["part", "median per step", "share of the step"], rows)
+        + "<p>Medians over steps of the mean over ranks; <code>.to_frame()</code> for every (rank, step).</p></div>"
+    )
