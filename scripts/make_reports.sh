@@ -3,6 +3,7 @@
 # Every HTML page is self-contained (plotly.js inlined, no --cdn): it opens offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bash scripts/fetch_plotly_basic.sh  # the pages inline the basic plotly.js build (~1.3 MB a page)
 tk() { tracekit "$@" >/dev/null; }
 tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
    -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json

@@ -53,19 +53,23 @@ def test_default_report_fetches_nothing(pages):
     page = pages["default"]
     refs = _refs(page)
     assert refs.external == []  # no script, stylesheet or image from anywhere
-    # plotly.js itself is in the page: the basic bundle tracekit ships (bar and scatter traces,
-    # every chart the report draws), so the page stays under ~1.5 MB (issue 24: 4.9 MB before)
+    # plotly.js itself is in the page: the basic bundle (bar and scatter traces, every chart the
+    # report draws) when scripts/fetch_plotly_basic.sh put it in the asset cache (.ci/run does), so
+    # the page stays under ~1.5 MB (issue 24: 4.9 MB before); else plotly.py's full bundle
     from tracekit.report.html import plotly_js
 
     js, which = plotly_js()
-    assert which.startswith("plotly.js-basic-dist-min")
     assert js in page and len(page) > len(js)
+    if not which.startswith("plotly.js-basic-dist-min"):
+        pytest.skip("the basic plotly.js bundle is not in the asset cache (scripts/fetch_plotly_basic.sh)")
     assert len(page) < 1_500_000
 
 
 def test_offline_is_an_alias_of_the_default(pages):
     assert _refs(pages["offline"]).external == []
-    assert pages["offline"].count("plotly.js (basic - minified)") == 1
+    from tracekit.report.html import plotly_js
+
+    assert pages["offline"].count(plotly_js()[0]) == 1
 
 
 def test_cdn_links_plotly_with_its_integrity_hash(pages):

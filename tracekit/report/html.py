@@ -20,6 +20,7 @@ import hashlib
 import html
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -793,32 +794,39 @@ def _manifest_section(data: ReportData) -> str:
 # the page
 
 
-#: the plotly.js build inlined in the page: plotly.js-basic-dist-min (npm, MIT; bar, pie and scatter
-#: traces: every chart of the report is a bar or a scatter), 1.2 MB against 4.8 MB for the full
-#: bundle plotly.py ships; its licence is beside it (assets/PLOTLY-LICENSE.txt)
-BASIC_BUNDLE = "plotly-basic.min.js"
+#: the plotly.js build inlined in the page when it is in the asset cache: plotly.js-basic-dist-min
+#: (npm, MIT; bar, pie and scatter traces: every chart of the report is a bar or a scatter), 1.2 MB
+#: against 4.8 MB for the full bundle plotly.py ships. It is another project's code, so it is not in
+#: the repository: `scripts/fetch_plotly_basic.sh` fetches it from the npm registry (sha256-checked)
+#: into `basic_bundle_path()`; without it the page inlines plotly.py's full bundle.
 BASIC_VERSION = "4.1.1"
 #: TRACEKIT_PLOTLYJS=/path/to/plotly.min.js inlines another build (a full one for custom figures)
 PLOTLYJS_ENV = "TRACEKIT_PLOTLYJS"
 
 
+def basic_bundle_path() -> Path:
+    """Where `scripts/fetch_plotly_basic.sh` puts the basic bundle: $XDG_CACHE_HOME/tracekit/assets
+    (else ~/.cache/tracekit/assets), whatever --cache-dir says (that one holds parsed traces)."""
+    import os
+
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "tracekit" / "assets" / f"plotly-basic-{BASIC_VERSION}.min.js"
+
+
 def plotly_js() -> tuple[str, str]:
     """The plotly.js inlined in the page and which one it is: $TRACEKIT_PLOTLYJS when set, else the
-    basic bundle shipped in tracekit/report/assets when plotly.py's own plotly.js is of the same
-    major version (the figures' JSON is plotly.py's), else plotly.py's full bundle."""
+    basic bundle from the asset cache when plotly.py's own plotly.js is of the same major version
+    (the figures' JSON is plotly.py's), else plotly.py's full bundle."""
     import os
-    from importlib import resources
 
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     override = os.environ.get(PLOTLYJS_ENV)
     if override:
-        from pathlib import Path
-
         return Path(override).read_text(encoding="utf-8"), override
-    asset = resources.files("tracekit.report").joinpath("assets", BASIC_BUNDLE)
-    if asset.is_file() and get_plotlyjs_version().split(".")[0] == BASIC_VERSION.split(".")[0]:
-        return asset.read_text(encoding="utf-8"), f"plotly.js-basic-dist-min {BASIC_VERSION}"
+    basic = basic_bundle_path()
+    if basic.is_file() and get_plotlyjs_version().split(".")[0] == BASIC_VERSION.split(".")[0]:
+        return basic.read_text(encoding="utf-8"), f"plotly.js-basic-dist-min {BASIC_VERSION}"
     return get_plotlyjs(), f"plotly.js {get_plotlyjs_version()} (full bundle of plotly.py)"
 
 
