@@ -26,7 +26,9 @@ from tracekit.analyse.steps import (
     PARTS,
     StepsResult,
     cat_mask,
+    kinds_summary,
     rank_selectors,
+    token_steps,
 )
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
@@ -63,6 +65,8 @@ class Breakdown:
     skipped_steps: int = 0  # per rank, from skip_first
     step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.steps.STEP_RULES)
     trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
+    #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def timeline(self) -> str:
@@ -87,7 +91,7 @@ class Breakdown:
                     "timeline": str(row.timeline),
                 }
             )
-        return {
+        out = {
             "schema_version": SCHEMA_VERSION,
             "kind": KIND,
             "source": {
@@ -108,6 +112,9 @@ class Breakdown:
             "data_quality": self.data_quality.to_dict(),
             "dilation": self.dilation,
         }
+        if self.step_kinds:
+            out["step_kinds"] = self.step_kinds
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute
@@ -522,6 +529,12 @@ def assemble_breakdown(
     unknown = top_unknown(names)
 
     dilation = manifest_dilation(run.manifest, dq)
+    # a serving engine's steps say their kind: per-token figures from decode steps of one batch size
+    tok = token_steps(table)
+    per_token = per_token_summary(table if tok is None else table[table["step"].isin(tok.steps)])
+    if tok is not None:
+        per_token["steps_used"] = tok.to_json()
+        dq.add("per_token_steps", 0, tok.statement)
 
     ranks = sorted(int(r) for r in table["rank"].unique())
     # one file can hold several ranks (an nsys report): list each file once
@@ -529,7 +542,7 @@ def assemble_breakdown(
     return Breakdown(
         steps=table,
         step_pattern=found.pattern,
-        per_token=per_token_summary(table),
+        per_token=per_token,
         per_rank=per_rank_summary(table),
         kernels_by_class=_sum_by((x.by_class for x in per_rank), GPU_CLASSES),
         kernels_by_subclass=dict(sorted(_sum_by(x.by_subclass for x in per_rank).items())),
@@ -549,4 +562,5 @@ def assemble_breakdown(
         skipped_steps=skip_first,
         step_rule=found.rule,
         trace_totals=assemble_trace_totals({x.rank: x.totals for x in per_rank}),
+        step_kinds=kinds_summary(table),
     )

@@ -374,6 +374,8 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
                     f"{len(all_seqs)} sequence numbers in all, but {parts}"
                 )
             return pd.Series(seq, index=rows.index), "seq"
+    if "step" in rows.columns and (rows["step"].to_numpy(np.int64) >= 0).any():
+        return match_by_step_order(group, rows), "step_order"
     counts = rows.groupby("rank").size()
     if counts.nunique() > 1:
         detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in counts.items())
@@ -383,6 +385,59 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
         )
     order = rows.sort_values(["rank", "start_ns", "end_ns"]).groupby("rank").cumcount()
     return order.reindex(rows.index), "order"
+
+
+def match_by_step_order(group: str, rows: pd.DataFrame) -> pd.Series:
+    """Instance keys of collectives that carry no NCCL metadata (no sequence number, no process
+    group: an engine's custom all-reduce, symmetric-memory kernels), matched across ranks by their
+    order within each rank's stream and step: the k-th collective of step s on a rank's j-th
+    collective stream (streams numbered per rank by their first collective) is one instance on
+    every rank. `rows` has `step` (`assign_steps`; -1 outside every window, matched as one more
+    step). The ranks must agree on every (step, stream) count: MatchError naming the step, the
+    ranks and their counts otherwise (never a guess at which calls correspond). The key is
+    the instance's place in (step, stream, order) order, 0, 1, 2, ..."""
+    step = rows["step"].to_numpy(np.int64)
+    rank = rows["rank"].to_numpy(np.int64)
+    stream = rows["stream"].to_numpy(np.int64)
+    start = rows["start_ns"].to_numpy(np.int64)
+    # each rank's collective streams numbered by their first collective (stream ids differ across ranks)
+    first = (
+        pd.DataFrame({"rank": rank, "stream": stream, "start": start})
+        .groupby(["rank", "stream"])["start"]
+        .min()
+    )
+    slot_of = first.groupby(level="rank").rank(method="first").astype(np.int64) - 1
+    slot = slot_of.reindex(pd.MultiIndex.from_arrays([rank, stream])).to_numpy(np.int64)
+    frame = pd.DataFrame(
+        {"rank": rank, "step": step, "slot": slot, "start": start, "end": rows["end_ns"].to_numpy()}
+    )
+    counts = frame.groupby(["step", "slot", "rank"]).size().unstack("rank", fill_value=0)
+    ranks = sorted(set(rank.tolist()))
+    counts = counts.reindex(columns=ranks, fill_value=0)
+    bad = counts[counts.nunique(axis=1) > 1]
+    if len(bad):
+        (s_, j), row = next(iter(bad.iterrows()))
+        where = f"step {int(s_)}" if s_ >= 0 else "outside every step"
+        stream_words = (
+            f", collective stream {int(j)} of each rank"
+            if counts.index.get_level_values("slot").max() > 0
+            else ""
+        )
+        detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in row.items())
+        raise MatchError(
+            f"collectives of group {group!r} carry no sequence numbers and cannot be matched by their order in "
+            f"{where}{stream_words}: the ranks recorded different counts ({detail}); "
+            f"{len(bad)} (step, stream) cell(s) disagree; refusing to guess which calls correspond"
+        )
+    order = (
+        frame.sort_values(["rank", "step", "slot", "start", "end"])
+        .groupby(["rank", "step", "slot"])
+        .cumcount()
+    )
+    order = order.reindex(frame.index).to_numpy(np.int64)
+    packed = ((step + 1) << 40) + (slot << 32) + order
+    dense = np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return pd.Series(dense, index=rows.index)
 
 
 # --------------------------------------------------------------------------------------------
@@ -507,6 +562,10 @@ def match_collectives(
     run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
     sel, level = select_collective_events(events)
     sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
+    if steps is not None and len(sel) and len(steps):
+        # collectives without sequence numbers are matched by their order within each step
+        # (`match_by_step_order`); the step of each is the window holding its start
+        sel["step"] = assign_steps(sel, steps).to_numpy(np.int64)
     world = _world_size(rank_info)
 
     parts = []

@@ -55,7 +55,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
-from tracekit.analyse.steps import LayerUnions
+from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -139,6 +139,10 @@ class RunParts:
     dilation: Dilation
     step_pattern: str | None
     data_quality: DataQuality = field(default_factory=DataQuality)
+    #: the steps the per-token figures use when the step names carry kinds (decode of one batch size)
+    token_steps: TokenSteps | None = None
+    #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def steady(self) -> pd.DataFrame:
@@ -292,6 +296,8 @@ class AttributedSteps:
     per_token: dict[str, Fraction]
     steady_steps: list[int]
     timeline: str
+    token_steps: TokenSteps | None = None
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
 
 
 def assemble_attribution(
@@ -344,9 +350,16 @@ def assemble_attribution(
     slowest["steady"] = (np.arange(n_steps) >= skip) & slowest["step"].isin(
         counts[counts == len(ranks)].index
     )
+    # a serving engine's steps say their kind: per-token figures from decode steps of one batch
+    # size (docs/METHOD.md, Serving engines: custom all-reduce and step kinds)
+    tok = token_steps(table)
+    if tok is not None:
+        slowest["steady"] &= slowest["step"].isin(tok.steps)
+        dq.add("per_token_steps", 0, f"{label}: {tok.statement}")
     steady_steps = [int(x) for x in slowest.loc[slowest["steady"], "step"]]
     if not steady_steps:
-        raise StepError(f"{label}: no steps to attribute (no step after the warm-up is on every rank)")
+        what = f" (of the {len(tok.steps)} {tok.kind or 'chosen'} steps)" if tok is not None else ""
+        raise StepError(f"{label}: no steps to attribute{what} (no step after the warm-up is on every rank)")
 
     # per rank: each (rank, step) window's leaf parts, padded to the step time with idle (a rank
     # whose window is shorter than the longest one is idle for the difference as far as the
@@ -369,7 +382,9 @@ def assemble_attribution(
         per_rank[r]["own_window"] = Fraction(int(g["window_ns"].sum()), n)
     per_token = mean_over_ranks(per_rank)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
-    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline)
+    return AttributedSteps(
+        table, slowest, rs, per_rank, per_token, steady_steps, timeline, tok, kinds_summary(table)
+    )
 
 
 def finish_attribution(
@@ -408,6 +423,8 @@ def finish_attribution(
         dilation=dil,
         step_pattern=step_pattern,
         data_quality=dq,
+        token_steps=att.token_steps,
+        step_kinds=att.step_kinds,
     )
 
 
@@ -1122,7 +1139,7 @@ def _median_window(run: RunParts, ad: AppliedDilation, source: str) -> int:
 
 
 def _steps_json(run: RunParts) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "pattern": run.step_pattern,
         "total": int(len(run.slowest)),
         "steady": int(run.slowest["steady"].sum()),
@@ -1131,6 +1148,11 @@ def _steps_json(run: RunParts) -> dict[str, Any]:
             str(int(k)): int(v) for k, v in run.steady["rank"].value_counts().sort_index().items()
         },
     }
+    if run.token_steps is not None:
+        # only where the step names say their kind (serving engines): which steps are tokens
+        out["per_token_steps"] = {**run.token_steps.to_json(), "steady": int(run.slowest["steady"].sum())}
+        out["kinds"] = run.step_kinds
+    return out
 
 
 def _collectives_json(run: RunParts) -> dict[str, Any]:

@@ -74,7 +74,7 @@ class RankPart:
     buckets: dict[int, str] = field(default_factory=dict)  # bucket -> Parquet of its collective rows
     bucket_rows: dict[int, int] = field(default_factory=dict)  # bucket -> rows written
     groups: list[str] = field(default_factory=list)  # process groups of its collective rows
-    stream_counts: tuple[int, int] = (0, 0)  # `tracekit.read.gpu_stream_counts` of the file
+    stream_counts: tuple[int, int, int] = (0, 0, 0)  # `tracekit.read.gpu_stream_counts` of the file
 
 
 @dataclass
@@ -492,6 +492,7 @@ def run_metadata(
         sum(p.n_events for p in parts),
         sum(p.stream_counts[0] for p in parts),
         sum(p.stream_counts[1] for p in parts),
+        sum(p.stream_counts[2] for p in parts),
     )
     return assemble_run(_rank_tables(parts, events=False), manifest, paths, counts=counts)
 
