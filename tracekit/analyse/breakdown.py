@@ -67,6 +67,8 @@ class Breakdown:
     trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
     #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    #: GPU collectives by what classified them: {"launch_op" | "name": {count, total_ns}}
+    collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def timeline(self) -> str:
@@ -107,6 +109,7 @@ class Breakdown:
             "per_rank": self.per_rank,
             "kernels_by_class": self.kernels_by_class,
             "kernels_by_subclass": self.kernels_by_subclass,
+            "collectives_by_source": self.collectives_by_source,
             "unknown_kernels": self.unknown_kernels,
             "trace_totals": self.trace_totals,
             "data_quality": self.data_quality.to_dict(),
@@ -385,6 +388,16 @@ class RankEvents:
     by_subclass: dict[str, dict[str, int]]
     unknown: pd.DataFrame
     totals: dict[str, int] | None
+    #: GPU collectives by the source that classified them (`decided_by`: launch_op | name)
+    collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def collectives_by_source(events: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Count and time of the GPU collectives per `decided_by` (the launching op or the name rules,
+    `tracekit.classify`); {} when the table has no `decided_by` column."""
+    if "decided_by" not in events.columns:
+        return {}
+    return gpu_time_by(events[cat_mask(events["cls"], ("collective",))], "decided_by")
 
 
 def rank_events(events: pd.DataFrame, rank: int) -> RankEvents:
@@ -395,6 +408,7 @@ def rank_events(events: pd.DataFrame, rank: int) -> RankEvents:
         by_subclass=gpu_time_by(events, "subclass"),
         unknown=_unknown_names(events),
         totals=rank_trace_totals(events),
+        collectives_by_source=collectives_by_source(events),
     )
 
 
@@ -563,4 +577,5 @@ def assemble_breakdown(
         step_rule=found.rule,
         trace_totals=assemble_trace_totals({x.rank: x.totals for x in per_rank}),
         step_kinds=kinds_summary(table),
+        collectives_by_source=dict(sorted(_sum_by(x.collectives_by_source for x in per_rank).items())),
     )
