@@ -70,13 +70,18 @@ def launch_op_subclass(name: str) -> str:
     return "custom_allreduce" if launch_op_collective(name) == "all_reduce" else "custom_collective"
 
 
-def _name_mask(names: pd.Series, rx: re.Pattern[str]) -> np.ndarray:
-    """Rows whose name `rx` finds (each distinct name searched once)."""
+def _name_mask(names: pd.Series, rx: re.Pattern[str], rows: np.ndarray | None = None) -> np.ndarray:
+    """Rows whose name `rx` finds, among `rows` (a mask; default all): each distinct name of those
+    rows searched once."""
     col = names if isinstance(names.dtype, pd.CategoricalDtype) else names.astype(str).astype("category")
     cats = col.cat.categories
-    hit = np.fromiter((bool(rx.search(str(c))) for c in cats), dtype=bool, count=len(cats))
     codes = col.cat.codes.to_numpy()
-    return (codes >= 0) & np.append(hit, False)[codes]
+    want = np.unique(codes if rows is None else codes[rows])
+    hit = np.zeros(len(cats) + 1, dtype=bool)  # the last entry: code -1 (no name)
+    for c in want[want >= 0].tolist():
+        hit[c] = bool(rx.search(str(cats[c])))
+    out = hit[codes]
+    return out if rows is None else out & rows
 
 
 def _kind_mask(kind: pd.Series, values: tuple[str, ...]) -> np.ndarray:
@@ -89,7 +94,10 @@ def graph_replay_mask(events: pd.DataFrame) -> np.ndarray:
     if not n:
         return np.zeros(0, dtype=bool)
     corr = events["correlation"].to_numpy(np.int64)
-    launch = _kind_mask(events["kind"], ("runtime",)) & (corr >= 0) & _name_mask(events["name"], GRAPH_LAUNCH)
+    runtime = _kind_mask(events["kind"], ("runtime",)) & (corr >= 0)
+    if not runtime.any():
+        return np.zeros(n, dtype=bool)
+    launch = _name_mask(events["name"], GRAPH_LAUNCH, runtime)
     if not launch.any():
         return np.zeros(n, dtype=bool)
     gpu = _kind_mask(events["kind"], ("kernel", "memcpy", "memset")) & (corr >= 0)
@@ -110,11 +118,14 @@ def collective_launch_ops(events: pd.DataFrame) -> np.ndarray:
     kind = events["kind"]
     device = events["device"].to_numpy(np.int64)
     host_op = _kind_mask(kind, ("cpu_op", "annotation")) & (device < 0)
-    coll = host_op & _name_mask(events["name"], COLLECTIVE_LAUNCH_OP)
+    if not host_op.any():
+        return out
+    coll = _name_mask(events["name"], COLLECTIVE_LAUNCH_OP, host_op)
     if not coll.any():
         return out
     corr = events["correlation"].to_numpy(np.int64)
-    launch = _kind_mask(kind, ("runtime",)) & (corr >= 0) & ~_name_mask(events["name"], GRAPH_LAUNCH)
+    runtime = _kind_mask(kind, ("runtime",)) & (corr >= 0)
+    launch = runtime & ~_name_mask(events["name"], GRAPH_LAUNCH, runtime)
     kernel = _kind_mask(kind, ("kernel",)) & (corr >= 0)
     if not launch.any() or not kernel.any():
         return out
