@@ -26,7 +26,16 @@ by `correlation`), but never after the next step's annotation starts on the same
 of a rank do not overlap, so no nanosecond is counted in two steps. When the GPU runs behind the
 host, the work of a step that spills past the next annotation's start is counted in the next
 window (it occupies the device then); data quality counts the clipped windows
-(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`).
+(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`). Where a rank's windows
+would be clipped and every step launched GPU work, in step order (an engine's overlap scheduler
+runs the host a step ahead), the rank's windows come from the device side instead: step k from the
+first GPU operation it launched to the first one step k+1 launched, the last to the end of its own
+work (`_device_paced`, `step_windows_device_paced`; docs/METHOD.md, Serving engines).
+
+`step_kind(name)` reads a serving engine's step kind, batch and tokens from its range name
+(SGLang `step[EXTEND bs=1 toks=128]`, vLLM `execute_<n>_context_<c>(...)_generation_<g>(...)`);
+`token_steps` picks the per-token steps (the decode steps of one batch size), `kinds_summary`
+reports the steps per kind.
 
 `partition_steps(classified_events, steps)` splits every window, nanosecond by nanosecond, into
 compute / memory / collective / unknown / sync / idle by priority
