@@ -299,3 +299,17 @@ def test_commands_on_the_serving_trace(tmp_path: Path, capsys: pytest.CaptureFix
     evs = exported["traceEvents"] if isinstance(exported, dict) else exported
     shots = [e for e in evs if e.get("name") in (st.ONE_SHOT, st.TWO_SHOT)]
     assert shots and all(e["args"]["class"] == "collective" for e in shots if "class" in e.get("args", {}))
+
+
+def test_shared_sglang_trace_step_kind(shared_traces: Path) -> None:
+    """The real SGLang decode trace (TraceLens, AMD): its `step[DECODE bs=32]` is one decode step of
+    batch 32 (the vLLM-style `execute_32_context_0(...)_generation_32(...)` inside it says the same)."""
+    path = shared_traces / "external/tracelens/sglang_qwen3-8b_decode.json.gz"
+    if not path.exists():
+        pytest.skip("shared trace absent")
+    run = read_run([path], cache=False)
+    inner = [n for n in run.events["name"].astype(str).unique() if n.startswith("execute_")]
+    assert [step_kind(n)[:2] for n in inner] == [("decode", 32)]
+    b = breakdown(run)
+    assert [(k["kind"], k["batch"], k["tokens"], k["steps"]) for k in b.step_kinds] == [("decode", 32, 32, 1)]
+    assert b.per_token["steps_used"]["batch"] == 32

@@ -9,8 +9,11 @@
   returns); otherwise the outermost host collective ops (`c10d::*`, `record_param_comms`,
   `nccl:*`), nested ones dropped. One interval per rank per collective call.
 - matching across ranks within a process group (`coll_pg_name`, else `coll_pg_ranks`, else one
-  `default` group): by `coll_seq` when every event of the group has one, else by order of start
-  time on each rank. Different counts -> `MatchError` naming the groups, ranks and counts.
+  `default` group): by `coll_seq` when every event of the group has one; else, for collective
+  kernels when the step windows are given, by order within each rank's stream and step (`match_by_step_order`: the
+  collectives without NCCL metadata, an engine's custom all-reduce, symmetric memory; docs/METHOD.md,
+  Serving engines); else by order of start time on each rank. Different counts -> `MatchError`
+  naming the groups (and step), ranks and counts.
   A group whose known size (process-group ranks, group size, or distributedInfo world size) names
   ranks that are not in the run is refused too: the last arrival cannot be known without them
   (`allow_partial=True` matches the ranks present anyway and says so in `data_quality`). So is a
@@ -166,7 +169,7 @@ class CollectiveInstances:
     stragglers: pd.DataFrame
     clock: ClockAlignment
     level: str  # "gpu_kernel" | "gloo" | "host_op" | "none"
-    match_by: dict[str, str]  # group -> "seq" | "order"
+    match_by: dict[str, str]  # group -> "seq" | "step_order" | "order"
     data_quality: DataQuality = field(default_factory=DataQuality)
 
     @property
@@ -562,9 +565,10 @@ def match_collectives(
     run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
     sel, level = select_collective_events(events)
     sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
-    if steps is not None and len(sel) and len(steps):
-        # collectives without sequence numbers are matched by their order within each step
-        # (`match_by_step_order`); the step of each is the window holding its start
+    if steps is not None and len(sel) and len(steps) and level == "gpu_kernel":
+        # collective kernels without sequence numbers are matched by their order within each
+        # stream and step (`match_by_step_order`); the step of each is the window holding its
+        # start. Not gloo's ranges: a rank's gloo work runs on whichever worker thread is free
         sel["step"] = assign_steps(sel, steps).to_numpy(np.int64)
     world = _world_size(rank_info)
 

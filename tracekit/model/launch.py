@@ -166,10 +166,10 @@ def collective_launch_ops(events: pd.DataFrame) -> np.ndarray:
         h_start, h_end = start[h_idx], end[h_idx]
         keep = np.ones(len(has), dtype=bool)
         if len(h_idx):
-            lo = np.searchsorted(h_start, best_start[has], side="right")
-            hi = np.searchsorted(h_start, l_start[has], side="right")
-            for j in np.flatnonzero(hi > lo).tolist():
-                if (h_end[lo[j] : hi[j]] >= l_end[has[j]]).any():
+            h_lo = np.searchsorted(h_start, best_start[has], side="right")
+            h_hi = np.searchsorted(h_start, l_start[has], side="right")
+            for j in np.flatnonzero(h_hi > h_lo).tolist():
+                if (h_end[h_lo[j] : h_hi[j]] >= l_end[has[j]]).any():
                     keep[j] = False
         has = has[keep]
         cand_pos.append(l_idx[has])
