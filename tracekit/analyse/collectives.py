@@ -382,12 +382,28 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
     counts = rows.groupby("rank").size()
     if counts.nunique() > 1:
         detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in counts.items())
-        raise MatchError(
+        raise OrderCountError(
             f"collectives of group {group!r} cannot be matched by order: the ranks recorded different "
             f"counts ({detail}); refusing to guess which calls correspond"
         )
     order = rows.sort_values(["rank", "start_ns", "end_ns"]).groupby("rank").cumcount()
     return order.reindex(rows.index), "order"
+
+
+class OrderCountError(MatchError):
+    """The ranks recorded different counts of a group's collectives, which have no sequence
+    numbers (`_match_group` by order over the whole group). An engine that matched without the
+    step windows (the Dask engine's bucket tasks) re-matches such a group by step
+    (`rematch_by_step`), to refuse with the step the local engine names."""
+
+
+def rematch_by_step(group: str, rows: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """A group's collective kernels matched by order over the whole group (or refused so), matched
+    again as `match_collectives` does with the step windows: rows with `seq` from
+    `match_by_step_order` (MatchError naming the step where the ranks disagree)."""
+    rows = rows.assign(step=assign_steps(rows, steps).to_numpy(np.int64))
+    key, how = _match_group(group, rows)
+    return rows.assign(seq=key.to_numpy()), how
 
 
 def match_by_step_order(group: str, rows: pd.DataFrame) -> pd.Series:
