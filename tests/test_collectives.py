@@ -1,7 +1,7 @@
 """Collective matching, wait vs transfer, skew, stragglers, clock alignment, exposed split.
 
 Synthetic tables: every expected figure is computed by hand from the intervals in the test
-(METHOD.md section 5: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)).
+(docs/METHOD.md section Wait and transfer: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)).
 """
 
 from __future__ import annotations
