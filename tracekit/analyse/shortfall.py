@@ -394,7 +394,16 @@ def assemble_attribution(
     kernels = [p.kernels for p in pieces if p.kernels is not None and len(p.kernels)]
     all_kernels = pd.concat(kernels, ignore_index=True) if kernels else None
     return AttributedSteps(
-        table, slowest, rs, per_rank, per_token, steady_steps, timeline, all_kernels, tok, kinds_summary(table)
+        table,
+        slowest,
+        rs,
+        per_rank,
+        per_token,
+        steady_steps,
+        timeline,
+        all_kernels,
+        tok,
+        kinds_summary(table),
     )
 
 
