@@ -339,3 +339,16 @@ def test_dask_engine_matches_by_step_as_the_local_engine(tmp_path: Path) -> None
         with pytest.raises(MatchError) as dask_exc:
             shortfall_paths(base_dir, bad_dir, eng)
     assert str(dask_exc.value) == str(local_exc.value) and "in step 3" in str(local_exc.value)
+
+
+def test_shortfall_says_when_baseline_and_sharded_token_steps_differ(tmp_path: Path) -> None:
+    from tracekit.engine import shortfall_paths
+
+    run_dir, _, _ = _run(tmp_path, MIXED)  # decode bs=1 has the most steps
+    base_dir, _, _ = _run(tmp_path, ["step[DECODE bs=2]"] * 4, name="tp1", ranks=1)
+    same_dir, _, _ = _run(tmp_path, MIXED, name="tp1same", ranks=1)
+    doc = shortfall_paths(base_dir, run_dir).to_json()
+    assert doc["data_quality"]["counts"]["per_token_steps_differ"] == 1
+    assert (
+        "per_token_steps_differ" not in shortfall_paths(same_dir, run_dir).to_json()["data_quality"]["counts"]
+    )

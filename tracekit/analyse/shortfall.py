@@ -1361,6 +1361,18 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     factor = Fraction(base.n_ranks, n)
     dq = DataQuality()
     dq.merge(base.data_quality).merge(sharded.data_quality)
+    tb_, ts_ = base.token_steps, sharded.token_steps
+    if (tb_ is None) != (ts_ is None) or (tb_ and ts_ and (tb_.kind, tb_.batch) != (ts_.kind, ts_.batch)):
+
+        def words(t: TokenSteps | None) -> str:
+            return "every step" if t is None else f"{t.kind or 'every'} steps of batch size {t.batch}"
+
+        dq.add(
+            "per_token_steps_differ",
+            1,
+            f"the baseline's per-token steps are {words(tb_)}, the sharded run's {words(ts_)}: T1 and TN are "
+            "not like with like (capture both at one batch size; docs/METHOD.md, Serving engines)",
+        )
     uncorrected = attribute(base.per_token, sharded.per_token, factor)
     ad_b, ad_s = applied_dilation(base), applied_dilation(sharded)
 
