@@ -352,3 +352,20 @@ def test_shortfall_says_when_baseline_and_sharded_token_steps_differ(tmp_path: P
     assert (
         "per_token_steps_differ" not in shortfall_paths(same_dir, run_dir).to_json()["data_quality"]["counts"]
     )
+
+
+def test_custom_allreduce_kernel_names_are_all_reduces() -> None:
+    import pandas as pd
+
+    from tracekit.analyse.collectives import normalise_op
+
+    names = pd.Series(
+        [
+            "void vllm::cross_device_reduce_1stage<__nv_bfloat16, 4>(vllm::RankData*, vllm::RankSignals, int)",
+            st.TWO_SHOT,
+            st.ONE_SHOT,
+            "void tensorrt_llm::kernels::rmsNormLamport<__nv_bfloat16>(float*, int)",
+            "void at::native::reduce_kernel<512, 1>(int)",
+        ]
+    )
+    assert normalise_op(names).tolist() == ["all_reduce"] * 4 + ["reduce"]

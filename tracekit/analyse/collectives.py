@@ -60,6 +60,9 @@ from tracekit.model.events import COLLECTIVE_OPS, DataQuality
 
 #: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.
 _OP_PATTERNS: tuple[tuple[str, str], ...] = (
+    # custom all-reduce kernels whose names do not say all-reduce (vLLM / SGLang's
+    # cross_device_reduce_1stage, TensorRT-LLM's Lamport kernels rmsNormLamport)
+    (r"cross_device_reduce|lamport", "all_reduce"),
     (r"reduce_?scatter", "reduce_scatter"),
     (r"all_?gather", "all_gather"),
     (r"all_?reduce", "all_reduce"),
