@@ -68,9 +68,11 @@ def test_sglang_kernel_names_are_custom_allreduce(name: str) -> None:
     assert classify_name("kernel", name) == ("collective", "custom_allreduce", "custom_allreduce")
 
 
-def _launched(op: str, kernel: str, inner: str | None = None) -> tuple[str, str, str, str]:
+def _launched(
+    op: str, kernel: str, inner: str | None = None, op_kind: str = "cpu_op"
+) -> tuple[str, str, str, str]:
     """One kernel launched inside host op `op` (optionally inside a nested `inner` op)."""
-    rows = [("cpu_op", op, 0, 100, -1, 1, -1)]
+    rows = [(op_kind, op, 0, 100, -1, 1, -1)]
     if inner:
         rows.append(("cpu_op", inner, 10, 90, -1, 1, -1))
     rows += [("runtime", "cudaLaunchKernel", 20, 30, 5, 1, -1), ("kernel", kernel, 40, 60, 5, 7, 0)]
@@ -117,6 +119,13 @@ def test_the_innermost_launching_op_decides() -> None:
         "nccl",
         "launch_op",
     )
+    # an NVTX / ProcessGroup range (as nsys records it) is a launching op too
+    assert _launched("nccl:all_reduce", "void my_engine::ar_kernel<8>(float*)", op_kind="annotation") == (
+        "collective",
+        "c10d",
+        "launching_op",
+        "launch_op",
+    )
     # an op that is no collective launches compute
     assert _launched("aten::mm", "void my_engine::ar_kernel<8>(float*)")[::3] == ("compute", "name")
 
@@ -160,13 +169,20 @@ def test_sglang_custom_allreduce_on_4_ranks(tmp_path: Path, mode: str) -> None:
         assert set(ci.instances["bytes_source"]) == {"unknown"}
 
 
-def test_counts_that_disagree_in_a_step_are_refused_naming_rank_and_counts(tmp_path: Path) -> None:
-    _, _, run = _run(tmp_path, ["step[DECODE bs=1]"] * 5, drop=(2, 3, 1))
+def test_counts_that_disagree_in_a_step_are_refused_naming_rank_and_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad_dir, _, run = _run(tmp_path, ["step[DECODE bs=1]"] * 5, drop=(2, 3, 1))
     ar = AnalysedRun.of(run)
     with pytest.raises(MatchError) as exc:
         match_collectives(ar.events, ranks=run.ranks, steps=ar.steps(None).steps)
     msg = str(exc.value)
     assert "in step 3" in msg and "rank 2: 1" in msg and "rank 0: 2" in msg
+    # the command: one line, exit 2
+    base_dir, _, _ = _run(tmp_path, ["step[DECODE bs=1]"] * 5, name="tp1", ranks=1)
+    assert main(["shortfall", "--baseline", str(base_dir), "--sharded", str(bad_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tracekit: error:") and "in step 3" in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------ step kinds
