@@ -177,12 +177,12 @@ def test_counts_that_disagree_in_a_step_are_refused_naming_rank_and_counts(
     with pytest.raises(MatchError) as exc:
         match_collectives(ar.events, ranks=run.ranks, steps=ar.steps(None).steps)
     msg = str(exc.value)
-    assert "in step 3" in msg and "rank 2: 1" in msg and "rank 0: 2" in msg
+    assert "in step window 3 of each rank" in msg and "rank 2: 1" in msg and "rank 0: 2" in msg
     # the command: one line, exit 2
     base_dir, _, _ = _run(tmp_path, ["step[DECODE bs=1]"] * 5, name="tp1", ranks=1)
     assert main(["shortfall", "--baseline", str(base_dir), "--sharded", str(bad_dir)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tracekit: error:") and "in step 3" in err and err.count("\n") == 1
+    assert err.startswith("tracekit: error:") and "in step window 3" in err and err.count("\n") == 1
 
 
 # ------------------------------------------------------------------ step kinds
@@ -354,7 +354,7 @@ def test_dask_engine_matches_by_step_as_the_local_engine(tmp_path: Path) -> None
         assert json.dumps(shortfall_paths(base_dir, run_dir, eng).to_json()) == json.dumps(local)
         with pytest.raises(MatchError) as dask_exc:
             shortfall_paths(base_dir, bad_dir, eng)
-    assert str(dask_exc.value) == str(local_exc.value) and "in step 3" in str(local_exc.value)
+    assert str(dask_exc.value) == str(local_exc.value) and "in step window 3" in str(local_exc.value)
 
 
 def test_shortfall_says_when_baseline_and_sharded_token_steps_differ(tmp_path: Path) -> None:
@@ -385,3 +385,47 @@ def test_custom_allreduce_kernel_names_are_all_reduces() -> None:
         ]
     )
     assert normalise_op(names).tolist() == ["all_reduce"] * 4 + ["reduce"]
+
+
+def test_step_order_falls_back_to_the_run_order_only_when_every_stream_total_agrees() -> None:
+    import pandas as pd
+
+    from tracekit.analyse.collectives import match_by_step_order
+
+    def rows(steps_r0: list[int], steps_r1: list[int]) -> pd.DataFrame:
+        out = []
+        for r, steps in ((0, steps_r0), (1, steps_r1)):
+            for i, s_ in enumerate(steps):
+                out.append(
+                    {"rank": r, "stream": 7 + r, "start_ns": 100 * i, "end_ns": 100 * i + 50, "step": s_}
+                )
+        return pd.DataFrame(out)
+
+    key, how = match_by_step_order("default", rows([0, 0, 1, 1], [0, 0, 1, 1]))
+    assert how == "step_order" and key.tolist() == [0, 1, 2, 3] * 2
+    # rank 1's windows put its third collective in step 0: the totals agree, so the run order pairs them
+    key, how = match_by_step_order("default", rows([0, 0, 1, 1], [0, 0, 0, 1]))
+    assert how == "order" and key.tolist() == [0, 1, 2, 3] * 2
+    with pytest.raises(MatchError, match="step window 1 of each rank.*rank 0: 2, rank 1: 1"):
+        match_by_step_order("default", rows([0, 0, 1, 1], [0, 0, 1]))
+
+
+def test_zero_length_ops_at_one_timestamp_launch_nothing() -> None:
+    # a simulated trace with free launches writes every host event at one timestamp: no nesting is
+    # known, so the c10d op there does not make the next GEMM a collective; a launch at an op's end
+    # belongs to what follows
+    rows = [
+        ("cpu_op", "c10d::allreduce_", 100, 100, -1, 1, -1),
+        ("runtime", "cudaLaunchKernel", 100, 100, 5, 1, -1),
+        ("cpu_op", "vllm::all_reduce", 200, 300, -1, 1, -1),
+        ("runtime", "cudaLaunchKernel", 300, 300, 6, 1, -1),
+        ("kernel", "void my_engine::gemv_kernel<8>(float*)", 400, 500, 5, 7, 0),
+        ("kernel", "void my_engine::gemv_kernel<8>(float*)", 500, 600, 6, 7, 0),
+    ]
+    kind, name, s, e, c, stream, dev = (list(x) for x in zip(*rows, strict=True))
+    ev = make_events(
+        {"rank": [0] * len(rows), "kind": kind, "name": name, "start_ns": s, "end_ns": e, "correlation": c}
+        | {"stream": stream, "device": dev}
+    )
+    k = classify(ev)
+    assert k.loc[k["kind"] == "kernel", "cls"].tolist() == ["compute", "compute"]

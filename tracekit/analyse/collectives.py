@@ -381,7 +381,7 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
                 )
             return pd.Series(seq, index=rows.index), "seq"
     if "step" in rows.columns and (rows["step"].to_numpy(np.int64) >= 0).any():
-        return match_by_step_order(group, rows), "step_order"
+        return match_by_step_order(group, rows)
     counts = rows.groupby("rank").size()
     if counts.nunique() > 1:
         detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in counts.items())
@@ -404,20 +404,32 @@ def rematch_by_step(group: str, rows: pd.DataFrame, steps: pd.DataFrame) -> tupl
     """A group's collective kernels matched by order over the whole group (or refused so), matched
     again as `match_collectives` does with the step windows: rows with `seq` from
     `match_by_step_order` (MatchError naming the step where the ranks disagree)."""
-    rows = rows.assign(step=assign_steps(rows, steps).to_numpy(np.int64))
+    rows = rows.assign(step=assign_steps(rows, window_ordinals(steps)).to_numpy(np.int64))
     key, how = _match_group(group, rows)
     return rows.assign(seq=key.to_numpy()), how
 
 
-def match_by_step_order(group: str, rows: pd.DataFrame) -> pd.Series:
+def window_ordinals(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step windows with `step` replaced by each window's place among its rank's windows (0,
+    1, 2, ... in start order): ranks whose step numbers differ (a rank numbering from 1, another
+    from 2) still pair their k-th windows."""
+    w = steps.sort_values(["rank", "start_ns"], kind="stable")
+    return w.assign(step=w.groupby("rank").cumcount().to_numpy(np.int64))
+
+
+def match_by_step_order(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
     """Instance keys of collectives that carry no NCCL metadata (no sequence number, no process
     group: an engine's custom all-reduce, symmetric-memory kernels), matched across ranks by their
-    order within each rank's stream and step: the k-th collective of step s on a rank's j-th
-    collective stream (streams numbered per rank by their first collective) is one instance on
-    every rank. `rows` has `step` (`assign_steps`; -1 outside every window, matched as one more
-    step). The ranks must agree on every (step, stream) count: MatchError naming the step, the
-    ranks and their counts otherwise (never a guess at which calls correspond). The key is
-    the instance's place in (step, stream, order) order, 0, 1, 2, ..."""
+    order within each rank's stream and step: the k-th collective of step window s on a rank's
+    j-th collective stream (streams numbered per rank by their first collective; windows by their
+    place on the rank, `window_ordinals`) is one instance on every rank. `rows` has `step`
+    (`assign_steps`; -1 outside every window, matched as one more step). The ranks must agree on
+    every (step, stream) count. Where they do not but agree on every stream's total (a collective
+    the ranks' windows split differently), the collectives are matched by their order on each
+    stream over the whole run ("order"); where the totals differ too, MatchError naming the first
+    step that disagrees, every rank and its count (never a guess at which calls correspond).
+    Returns the keys (the instance's place in (step, stream, order) order: 0, 1, 2, ...) and how
+    ("step_order" | "order")."""
     step = rows["step"].to_numpy(np.int64)
     rank = rows["rank"].to_numpy(np.int64)
     stream = rows["stream"].to_numpy(np.int64)
@@ -433,24 +445,36 @@ def match_by_step_order(group: str, rows: pd.DataFrame) -> pd.Series:
     frame = pd.DataFrame(
         {"rank": rank, "step": step, "slot": slot, "start": start, "end": rows["end_ns"].to_numpy()}
     )
-    counts = frame.groupby(["step", "slot", "rank"]).size().unstack("rank", fill_value=0)
     ranks = sorted(set(rank.tolist()))
+    counts = frame.groupby(["step", "slot", "rank"]).size().unstack("rank", fill_value=0)
     counts = counts.reindex(columns=ranks, fill_value=0)
     bad = counts[counts.nunique(axis=1) > 1]
+    how = "step_order"
     if len(bad):
-        (s_, j), row = next(iter(bad.iterrows()))
-        where = f"step {int(s_)}" if s_ >= 0 else "outside every step"
-        stream_words = (
-            f", collective stream {int(j)} of each rank"
-            if counts.index.get_level_values("slot").max() > 0
-            else ""
+        totals = (
+            frame.groupby(["slot", "rank"])
+            .size()
+            .unstack("rank", fill_value=0)
+            .reindex(columns=ranks, fill_value=0)
         )
-        detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in row.items())
-        raise MatchError(
-            f"collectives of group {group!r} carry no sequence numbers and cannot be matched by their order in "
-            f"{where}{stream_words}: the ranks recorded different counts ({detail}); "
-            f"{len(bad)} (step, stream) cell(s) disagree; refusing to guess which calls correspond"
-        )
+        if (totals.nunique(axis=1) > 1).any():
+            (s_, j), row = next(iter(bad.iterrows()))
+            where = f"step window {int(s_)} of each rank" if s_ >= 0 else "outside every step window"
+            stream_words = (
+                f", collective stream {int(j)} of each rank"
+                if counts.index.get_level_values("slot").max() > 0
+                else ""
+            )
+            detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in row.items())
+            raise MatchError(
+                f"collectives of group {group!r} carry no sequence numbers and cannot be matched by their order in "
+                f"{where}{stream_words}: the ranks recorded different counts ({detail}); "
+                f"{len(bad)} (step, stream) cell(s) disagree; refusing to guess which calls correspond"
+            )
+        # every stream's total agrees: the windows split a collective differently on some rank
+        frame["step"] = 0
+        step = np.zeros(len(frame), dtype=np.int64)
+        how = "order"
     order = (
         frame.sort_values(["rank", "step", "slot", "start", "end"])
         .groupby(["rank", "step", "slot"])
@@ -459,7 +483,7 @@ def match_by_step_order(group: str, rows: pd.DataFrame) -> pd.Series:
     order = order.reindex(frame.index).to_numpy(np.int64)
     packed = ((step + 1) << 40) + (slot << 32) + order
     dense = np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
-    return pd.Series(dense, index=rows.index)
+    return pd.Series(dense, index=rows.index), how
 
 
 # --------------------------------------------------------------------------------------------
@@ -588,7 +612,7 @@ def match_collectives(
         # collective kernels without sequence numbers are matched by their order within each
         # stream and step (`match_by_step_order`); the step of each is the window holding its
         # start. Not gloo's ranges: a rank's gloo work runs on whichever worker thread is free
-        sel["step"] = assign_steps(sel, steps).to_numpy(np.int64)
+        sel["step"] = assign_steps(sel, window_ordinals(steps)).to_numpy(np.int64)
     world = _world_size(rank_info)
 
     parts = []

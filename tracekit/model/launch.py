@@ -12,7 +12,9 @@ reader (the stream check), the classifier (launching-op classification) and the 
   `c10d::allreduce_` or a ProcessGroup range (`nccl:all_reduce`) is a collective whatever its
   name. Innermost only: a copy kernel launched by `aten::copy_` inside `_c10d_functional::all_reduce`
   is not the collective. Kernels of a CUDA-graph replay share the graph launch's correlation id
-  and have no launching op of their own: they are left to the name rules.
+  and have no launching op of their own: they are left to the name rules. Containment is
+  half-open ([start, end) of the op holds the launch's start; its end no later than the op's) and
+  a zero-length op contains nothing: equal timestamps say nothing about nesting.
 - `graph_replay_mask(events)`: GPU operations whose correlation id is a `cudaGraphLaunch` call's
   on the same rank. Inside one replay the captured graph's branches run concurrently even when
   they were captured on one stream, so stream order does not hold among them.
@@ -150,8 +152,11 @@ def collective_launch_ops(events: pd.DataFrame) -> np.ndarray:
         # ops sorted by start: a later-starting op that contains a launch is nested deeper (host
         # ops of one thread nest), so the last assignment is the innermost collective op
         for c in c_idx.tolist():
+            if end[c] <= start[c]:
+                continue  # a zero-length op contains nothing (ties of equal timestamps say no nesting)
+            # half-open: a launch at the op's end belongs to what follows it
             lo = int(np.searchsorted(l_start, start[c], side="left"))
-            hi = int(np.searchsorted(l_start, end[c], side="right"))
+            hi = int(np.searchsorted(l_start, end[c], side="left"))
             if hi <= lo:
                 continue
             inside = np.flatnonzero(l_end[lo:hi] <= end[c]) + lo
