@@ -382,7 +382,7 @@ def test_partition_of_a_million_events() -> None:
 # ------------------------------------------------------------------ windows never overlap
 
 
-def _gpu_behind_host() -> pd.DataFrame:
+def _gpu_behind_host(extra: tuple[tuple, ...] = ()) -> pd.DataFrame:
     # rank 0: three 10 ns annotations, each launching one 25 ns kernel that runs after it ends
     #   decode_step#0 [0,10)  -> GEMM [5,30)    (gpu end 30, next step starts at 10: clipped, 20 spill)
     #   decode_step#1 [10,20) -> NCCL [30,55)   (gpu end 55, next step starts at 20: clipped, 35 spill)
@@ -406,21 +406,42 @@ def _gpu_behind_host() -> pd.DataFrame:
             (1, "annotation", "decode_step#1", 100, 150, -1),
             (1, "runtime", "cudaLaunchKernel", 105, 106, 5),
             (1, "kernel", GEMM, 110, 120, 5),
+            *extra,
         ]
     )
 
 
-def test_windows_are_clipped_at_the_next_step_and_never_double_count() -> None:
+def _no_double_count(ev: pd.DataFrame, p: pd.DataFrame) -> None:
+    # checked nanosecond by nanosecond: the busy time summed over the windows of a rank equals the
+    # kernel time inside the union of its windows, and no window overlaps another
+    kernels = ev[ev["kind"] == "kernel"]
+    for r in sorted(set(p["rank"])):
+        win = [(int(a), int(b)) for a, b in p.loc[p["rank"] == r, ["start_ns", "end_ns"]].to_numpy()]
+        assert all(b1 <= a2 for (_, b1), (a2, _) in zip(win, win[1:], strict=False))
+        in_windows = {t for a, b in win for t in range(a, b)}
+        k = kernels[kernels["rank"] == r]
+        busy = {t for a, b in zip(k["start_ns"], k["end_ns"], strict=True) for t in range(int(a), int(b))}
+        rp = p[p["rank"] == r]
+        assert int((rp["compute_ns"] + rp["collective_ns"]).sum()) == len(busy & in_windows)
+        assert int(rp["window_ns"].sum()) == len(in_windows)
+
+
+def test_windows_follow_the_device_when_the_gpu_runs_behind_and_never_double_count() -> None:
+    # issue 28: where the GPU runs behind the host's annotations (an engine's overlap scheduler),
+    # rank 0's windows come from the device side: each step from its first kernel to the next
+    # step's first kernel, so each window holds the work its own step launched
     ev = classify(_gpu_behind_host())
     d = find_steps_detailed(ev)
     s = d.steps
     r0, r1 = s[s["rank"] == 0], s[s["rank"] == 1]
-    assert list(zip(r0["start_ns"], r0["end_ns"], strict=True)) == [(0, 10), (10, 20), (20, 80)]
+    assert list(zip(r0["start_ns"], r0["end_ns"], strict=True)) == [(5, 30), (30, 55), (55, 80)]
     assert list(r0["gpu_end_ns"]) == [30, 55, 80] and list(r0["annotation_end_ns"]) == [10, 20, 30]
     assert list(zip(r1["start_ns"], r1["end_ns"], strict=True)) == [(0, 60), (100, 150)]  # extended, no clip
-    assert d.data_quality.counts["step_windows_clipped"] == 2
-    assert d.data_quality.counts["step_window_spill_ns"] == 20 + 35
-    assert any("clipped at the next step's start" in n for n in d.data_quality.notes)
+    assert d.data_quality.counts["step_windows_device_paced"] == 3
+    assert "step_windows_clipped" not in d.data_quality.counts
+    assert any(
+        "55 ns of a step's work ran after the next step's annotation" in n for n in d.data_quality.notes
+    )
 
     p = partition_steps(ev, s)
     got = {
@@ -433,24 +454,27 @@ def test_windows_are_clipped_at_the_next_step_and_never_double_count() -> None:
         for r in p.itertuples()
     }
     assert got == {
-        (0, 0): (10, 5, 0, 5),  # GEMM [5,10)
-        (0, 1): (10, 10, 0, 0),  # the first GEMM's spill [10,20) runs here
-        (0, 2): (60, 10 + 25, 25, 0),  # GEMM [20,30), NCCL [30,55), GEMM [55,80)
+        (0, 0): (25, 25, 0, 0),  # GEMM [5,30)
+        (0, 1): (25, 0, 25, 0),  # NCCL [30,55)
+        (0, 2): (25, 25, 0, 0),  # GEMM [55,80)
         (1, 0): (60, 50, 0, 10),
         (1, 1): (50, 10, 0, 40),
     }
-    # no double counting, checked nanosecond by nanosecond: the busy time summed over the windows of
-    # a rank equals the kernel time inside the union of its windows, and no window overlaps another
-    kernels = ev[ev["kind"] == "kernel"]
-    for r in (0, 1):
-        win = [(int(a), int(b)) for a, b in p.loc[p["rank"] == r, ["start_ns", "end_ns"]].to_numpy()]
-        assert all(b1 <= a2 for (_, b1), (a2, _) in zip(win, win[1:], strict=False))
-        in_windows = {t for a, b in win for t in range(a, b)}
-        k = kernels[kernels["rank"] == r]
-        busy = {t for a, b in zip(k["start_ns"], k["end_ns"], strict=True) for t in range(int(a), int(b))}
-        rp = p[p["rank"] == r]
-        assert int((rp["compute_ns"] + rp["collective_ns"]).sum()) == len(busy & in_windows)
-        assert int(rp["window_ns"].sum()) == len(in_windows)
+    _no_double_count(ev, p)
+
+
+def test_windows_are_clipped_at_the_next_step_when_the_device_cannot_pace_them() -> None:
+    # the same, plus a fourth step on rank 0 that launched no GPU work: the device cannot pace the
+    # windows, so they follow the host's annotations, clipped at the next step's start
+    ev = classify(_gpu_behind_host(((0, "annotation", "decode_step#3", 30, 40, -1),)))
+    d = find_steps_detailed(ev)
+    s = d.steps
+    r0 = s[s["rank"] == 0]
+    assert list(zip(r0["start_ns"], r0["end_ns"], strict=True)) == [(0, 10), (10, 20), (20, 30), (30, 40)]
+    assert d.data_quality.counts["step_windows_clipped"] == 3
+    assert d.data_quality.counts["step_window_spill_ns"] == 20 + 35 + 50
+    assert any("clipped at the next step's start" in n for n in d.data_quality.notes)
+    _no_double_count(ev, partition_steps(ev, s))
 
 
 def test_windows_of_the_shared_traces_do_not_overlap(shared_traces: Path) -> None:

@@ -25,7 +25,9 @@ from tracekit.analyse.steps import (
     PARTS,
     StepsResult,
     cat_mask,
+    kinds_summary,
     rank_selectors,
+    token_steps,
 )
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
@@ -62,6 +64,10 @@ class Breakdown:
     skipped_steps: int = 0  # per rank, from skip_first
     step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.steps.STEP_RULES)
     trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
+    #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    #: GPU collectives by what classified them: {"launch_op" | "name": {count, total_ns}}
+    collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def timeline(self) -> str:
@@ -86,7 +92,7 @@ class Breakdown:
                     "timeline": str(row.timeline),
                 }
             )
-        return {
+        out = {
             "schema_version": SCHEMA_VERSION,
             "kind": KIND,
             "source": {
@@ -102,11 +108,15 @@ class Breakdown:
             "per_rank": self.per_rank,
             "kernels_by_class": self.kernels_by_class,
             "kernels_by_subclass": self.kernels_by_subclass,
+            "collectives_by_source": self.collectives_by_source,
             "unknown_kernels": self.unknown_kernels,
             "trace_totals": self.trace_totals,
             "data_quality": self.data_quality.to_dict(),
             "dilation": self.dilation,
         }
+        if self.step_kinds:
+            out["step_kinds"] = self.step_kinds
+        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute
@@ -508,6 +518,16 @@ class RankEvents:
     by_subclass: dict[str, dict[str, int]]
     unknown: pd.DataFrame
     totals: dict[str, Any] | None
+    #: GPU collectives by the source that classified them (`decided_by`: launch_op | name)
+    collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+
+
+def collectives_by_source(events: pd.DataFrame) -> dict[str, dict[str, int]]:
+    """Count and time of the GPU collectives per `decided_by` (the launching op or the name rules,
+    `tracekit.classify`); {} when the table has no `decided_by` column."""
+    if "decided_by" not in events.columns:
+        return {}
+    return gpu_time_by(events[cat_mask(events["cls"], ("collective",))], "decided_by")
 
 
 def rank_events(events: pd.DataFrame, rank: int) -> RankEvents:
@@ -518,6 +538,7 @@ def rank_events(events: pd.DataFrame, rank: int) -> RankEvents:
         by_subclass=gpu_time_by(events, "subclass"),
         unknown=_unknown_names(events),
         totals=rank_trace_totals(events),
+        collectives_by_source=collectives_by_source(events),
     )
 
 
@@ -652,6 +673,12 @@ def assemble_breakdown(
     unknown = top_unknown(names)
 
     dilation = manifest_dilation(run.manifest, dq)
+    # a serving engine's steps say their kind: per-token figures from decode steps of one batch size
+    tok = token_steps(table)
+    per_token = per_token_summary(table if tok is None else table[table["step"].isin(tok.steps)])
+    if tok is not None:
+        per_token["steps_used"] = tok.to_json()
+        dq.add("per_token_steps", 0, tok.statement)
 
     ranks = sorted(int(r) for r in table["rank"].unique())
     # one file can hold several ranks (an nsys report): list each file once
@@ -659,7 +686,7 @@ def assemble_breakdown(
     return Breakdown(
         steps=table,
         step_pattern=found.pattern,
-        per_token=per_token_summary(table),
+        per_token=per_token,
         per_rank=per_rank_summary(table),
         kernels_by_class=_sum_by((x.by_class for x in per_rank), GPU_CLASSES),
         kernels_by_subclass=dict(sorted(_sum_by(x.by_subclass for x in per_rank).items())),
@@ -679,4 +706,6 @@ def assemble_breakdown(
         skipped_steps=skip_first,
         step_rule=found.rule,
         trace_totals=assemble_trace_totals({x.rank: x.totals for x in per_rank}),
+        step_kinds=kinds_summary(table),
+        collectives_by_source=dict(sorted(_sum_by(x.collectives_by_source for x in per_rank).items())),
     )

@@ -9,8 +9,11 @@
   returns); otherwise the outermost host collective ops (`c10d::*`, `record_param_comms`,
   `nccl:*`), nested ones dropped. One interval per rank per collective call.
 - matching across ranks within a process group (`coll_pg_name`, else `coll_pg_ranks`, else one
-  `default` group): by `coll_seq` when every event of the group has one, else by order of start
-  time on each rank. Different counts -> `MatchError` naming the groups, ranks and counts.
+  `default` group): by `coll_seq` when every event of the group has one; else, for collective
+  kernels when the step windows are given, by order within each rank's stream and step (`match_by_step_order`: the
+  collectives without NCCL metadata, an engine's custom all-reduce, symmetric memory; docs/METHOD.md,
+  Serving engines); else by order of start time on each rank. Different counts -> `MatchError`
+  naming the groups (and step), ranks and counts.
   A group whose known size (process-group ranks, group size, or distributedInfo world size) names
   ranks that are not in the run is refused too: the last arrival cannot be known without them
   (`allow_partial=True` matches the ranks present anyway and says so in `data_quality`). So is a
@@ -57,6 +60,9 @@ from tracekit.model.events import COLLECTIVE_OPS, DataQuality
 
 #: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.
 _OP_PATTERNS: tuple[tuple[str, str], ...] = (
+    # custom all-reduce kernels whose names do not say all-reduce (vLLM / SGLang's
+    # cross_device_reduce_1stage, TensorRT-LLM's Lamport kernels rmsNormLamport)
+    (r"cross_device_reduce|lamport", "all_reduce"),
     (r"reduce_?scatter", "reduce_scatter"),
     (r"all_?gather", "all_gather"),
     (r"all_?reduce", "all_reduce"),
@@ -169,7 +175,7 @@ class CollectiveInstances:
     stragglers: pd.DataFrame
     clock: ClockAlignment
     level: str  # "gpu_kernel" | "gloo" | "host_op" | "none"
-    match_by: dict[str, str]  # group -> "seq" | "order"
+    match_by: dict[str, str]  # group -> "seq" | "step_order" | "order"
     data_quality: DataQuality = field(default_factory=DataQuality)
 
     @property
@@ -377,15 +383,110 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
                     f"{len(all_seqs)} sequence numbers in all, but {parts}"
                 )
             return pd.Series(seq, index=rows.index), "seq"
+    if "step" in rows.columns and (rows["step"].to_numpy(np.int64) >= 0).any():
+        return match_by_step_order(group, rows)
     counts = rows.groupby("rank").size()
     if counts.nunique() > 1:
         detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in counts.items())
-        raise MatchError(
+        raise OrderCountError(
             f"collectives of group {group!r} cannot be matched by order: the ranks recorded different "
             f"counts ({detail}); refusing to guess which calls correspond"
         )
     order = rows.sort_values(["rank", "start_ns", "end_ns"]).groupby("rank").cumcount()
     return order.reindex(rows.index), "order"
+
+
+class OrderCountError(MatchError):
+    """The ranks recorded different counts of a group's collectives, which have no sequence
+    numbers (`_match_group` by order over the whole group). An engine that matched without the
+    step windows (the Dask engine's bucket tasks) re-matches such a group by step
+    (`rematch_by_step`), to refuse with the step the local engine names."""
+
+
+def rematch_by_step(group: str, rows: pd.DataFrame, steps: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """A group's collective kernels matched by order over the whole group (or refused so), matched
+    again as `match_collectives` does with the step windows: rows with `seq` from
+    `match_by_step_order` (MatchError naming the step where the ranks disagree)."""
+    rows = rows.assign(step=assign_steps(rows, window_ordinals(steps)).to_numpy(np.int64))
+    key, how = _match_group(group, rows)
+    return rows.assign(seq=key.to_numpy()), how
+
+
+def window_ordinals(steps: pd.DataFrame) -> pd.DataFrame:
+    """The step windows with `step` replaced by each window's place among its rank's windows (0,
+    1, 2, ... in start order): ranks whose step numbers differ (a rank numbering from 1, another
+    from 2) still pair their k-th windows."""
+    w = steps.sort_values(["rank", "start_ns"], kind="stable")
+    return w.assign(step=w.groupby("rank").cumcount().to_numpy(np.int64))
+
+
+def match_by_step_order(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
+    """Instance keys of collectives that carry no NCCL metadata (no sequence number, no process
+    group: an engine's custom all-reduce, symmetric-memory kernels), matched across ranks by their
+    order within each rank's stream and step: the k-th collective of step window s on a rank's
+    j-th collective stream (streams numbered per rank by their first collective; windows by their
+    place on the rank, `window_ordinals`) is one instance on every rank. `rows` has `step`
+    (`assign_steps`; -1 outside every window, matched as one more step). The ranks must agree on
+    every (step, stream) count. Where they do not but agree on every stream's total (a collective
+    the ranks' windows split differently), the collectives are matched by their order on each
+    stream over the whole run ("order"); where the totals differ too, MatchError naming the first
+    step that disagrees, every rank and its count (never a guess at which calls correspond).
+    Returns the keys (the instance's place in (step, stream, order) order: 0, 1, 2, ...) and how
+    ("step_order" | "order")."""
+    step = rows["step"].to_numpy(np.int64)
+    rank = rows["rank"].to_numpy(np.int64)
+    stream = rows["stream"].to_numpy(np.int64)
+    start = rows["start_ns"].to_numpy(np.int64)
+    # each rank's collective streams numbered by their first collective (stream ids differ across ranks)
+    first = (
+        pd.DataFrame({"rank": rank, "stream": stream, "start": start})
+        .groupby(["rank", "stream"])["start"]
+        .min()
+    )
+    slot_of = first.groupby(level="rank").rank(method="first").astype(np.int64) - 1
+    slot = slot_of.reindex(pd.MultiIndex.from_arrays([rank, stream])).to_numpy(np.int64)
+    frame = pd.DataFrame(
+        {"rank": rank, "step": step, "slot": slot, "start": start, "end": rows["end_ns"].to_numpy()}
+    )
+    ranks = sorted(set(rank.tolist()))
+    counts = frame.groupby(["step", "slot", "rank"]).size().unstack("rank", fill_value=0)
+    counts = counts.reindex(columns=ranks, fill_value=0)
+    bad = counts[counts.nunique(axis=1) > 1]
+    how = "step_order"
+    if len(bad):
+        totals = (
+            frame.groupby(["slot", "rank"])
+            .size()
+            .unstack("rank", fill_value=0)
+            .reindex(columns=ranks, fill_value=0)
+        )
+        if (totals.nunique(axis=1) > 1).any():
+            (s_, j), row = next(iter(bad.iterrows()))
+            where = f"step window {int(s_)} of each rank" if s_ >= 0 else "outside every step window"
+            stream_words = (
+                f", collective stream {int(j)} of each rank"
+                if counts.index.get_level_values("slot").max() > 0
+                else ""
+            )
+            detail = ", ".join(f"rank {int(r)}: {int(c)}" for r, c in row.items())
+            raise MatchError(
+                f"collectives of group {group!r} carry no sequence numbers and cannot be matched by their order in "
+                f"{where}{stream_words}: the ranks recorded different counts ({detail}); "
+                f"{len(bad)} (step, stream) cell(s) disagree; refusing to guess which calls correspond"
+            )
+        # every stream's total agrees: the windows split a collective differently on some rank
+        frame["step"] = 0
+        step = np.zeros(len(frame), dtype=np.int64)
+        how = "order"
+    order = (
+        frame.sort_values(["rank", "step", "slot", "start", "end"])
+        .groupby(["rank", "step", "slot"])
+        .cumcount()
+    )
+    order = order.reindex(frame.index).to_numpy(np.int64)
+    packed = ((step + 1) << 40) + (slot << 32) + order
+    dense = np.unique(packed, return_inverse=True)[1].reshape(-1).astype(np.int64)
+    return pd.Series(dense, index=rows.index), how
 
 
 # --------------------------------------------------------------------------------------------
@@ -510,6 +611,11 @@ def match_collectives(
     run_ranks = sorted(ranks) if ranks is not None else sorted(int(r) for r in events["rank"].unique())
     sel, level = select_collective_events(events)
     sel["group"] = _group_keys(sel) if len(sel) else np.zeros(0, dtype=object)
+    if steps is not None and len(sel) and len(steps) and level == "gpu_kernel":
+        # collective kernels without sequence numbers are matched by their order within each
+        # stream and step (`match_by_step_order`); the step of each is the window holding its
+        # start. Not gloo's ranges: a rank's gloo work runs on whichever worker thread is free
+        sel["step"] = assign_steps(sel, window_ordinals(steps)).to_numpy(np.int64)
     world = _world_size(rank_info)
 
     parts = []

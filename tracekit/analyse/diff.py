@@ -13,7 +13,10 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    within each drawn round), the two runs independently, and each resampled mean is carried onto
    T in proportion (the spread of the unprofiled rounds, host drift included, centred on T). The
    verdict is "slower" when the interval of the relative change lies above 0, "faster" below 0,
-   else "no significant change".
+   "no significant change" when it holds 0, and "cannot judge" when there is no interval: a run
+   with fewer than `MIN_TOKENS_TO_JUDGE` tokens to resample, or runs whose per-token steps are not
+   alike (a serving engine's decode steps of another batch size, decode against prefill: docs/
+   METHOD.md, Serving engines); never "no significant change" without an interval.
 2. **The change by part**, exactly: each run's parts are the mean over ranks of every rank's
    per-token leaf parts (reconciled to the corrected time when that is the source, by
    `shortfall.reconcile`), so they sum to T exactly, and their differences sum exactly to the
@@ -72,6 +75,12 @@ BOOTSTRAP_LEVEL = 0.95
 DILATION_WARN = 0.05
 #: rows of the kernel and collective tables kept in the result (by |time change|)
 TOP = 10
+#: fewest tokens (steady steps, or unprofiled tokens) a run needs for an interval and a verdict. With
+#: n samples the bootstrap draws the all-smallest resample with probability n^-(n-1): 0.5 at n = 2,
+#: 0.11 at n = 3, above the 2.5% tail, so the "95%" interval is the samples' range; 0.016 at n = 4.
+MIN_TOKENS_TO_JUDGE = 4
+#: the verdict word when there is no interval
+CANNOT_JUDGE = "cannot judge"
 
 #: The diff's leaf parts, in report order (compute split into matrix and vector).
 DIFF_PARTS: tuple[str, ...] = ("matrix", "vector", "memory", "transfer", "wait", "sync", "idle", "unknown")
@@ -383,6 +392,8 @@ class Diff:
     per_token_intervals_ns: dict[str, tuple[float, float]]
     data_quality: DataQuality
     top: int = TOP
+    #: why there is no interval (too few tokens, steps not alike), "" when there is one
+    cannot_judge: str = ""
 
     # ---- figures
 
@@ -401,6 +412,8 @@ class Diff:
 
     def verdict_word(self) -> str:
         lo, hi = self.relative_interval
+        if self.cannot_judge or not (math.isfinite(lo) and math.isfinite(hi)):
+            return CANNOT_JUDGE
         if lo > 0:
             return "slower"
         if hi < 0:
@@ -592,6 +605,13 @@ class Diff:
         word = self.verdict_word()
         rel = self.relative
         lo, hi = self.relative_interval
+        if word == CANNOT_JUDGE:
+            why = self.cannot_judge or "no interval could be computed"
+            return (
+                f"Cannot judge: the runs have too few comparable steps ({why}): {_ms(ints['after'])} per token "
+                f"after vs {_ms(ints['before'])} before ({_ms_signed(ints['change'])}, {_pct_signed(rel)}), "
+                "no interval; capture more steps of the same kind and batch size."
+            )
         head = (
             f"{word.capitalize()}: {_ms(ints['after'])} per token after vs {_ms(ints['before'])} before "
             f"({_ms_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
@@ -873,15 +893,26 @@ def diff_sides(
         "before": tuple(float(x) for x in np.quantile(mb, [alpha, 1.0 - alpha])),
         "after": tuple(float(x) for x in np.quantile(ma, [alpha, 1.0 - alpha])),
     }
-    few = [s.label for s in (before, after) if sum(len(r) for r in s.samples) < 2]
+    few = [s for s in (before, after) if sum(len(r) for r in s.samples) < MIN_TOKENS_TO_JUDGE]
+    cannot = ""
     if few:
-        # one token has no spread: no interval, so no verdict either way (and the gate cannot fail)
-        lo = hi = rlo = rhi = float("nan")
+        # too few tokens have no meaningful spread: no interval, so no verdict either way (and the
+        # gate cannot fail)
+        cannot = "; ".join(f"{s.label}: {sum(len(r) for r in s.samples)} token(s)" for s in few) + (
+            f", fewer than {MIN_TOKENS_TO_JUDGE}"
+        )
         dq.add(
             "too_few_tokens_for_an_interval",
             len(few),
-            f"the {' and '.join(few)} run has fewer than 2 steady tokens: no interval, no significant change",
+            f"the {' and '.join(s.label for s in few)} run has fewer than {MIN_TOKENS_TO_JUDGE} steady tokens "
+            f"({cannot}): no interval, the runs cannot be judged",
         )
+    unlike = _unlike_steps(before, after)
+    if unlike:
+        cannot = "; ".join(x for x in (cannot, unlike) if x)
+        dq.add("steps_not_comparable", 1, f"{unlike}: no interval, the runs cannot be judged")
+    if cannot:
+        lo = hi = rlo = rhi = float("nan")
     part_iv = _part_intervals(before, after, rng)
     return Diff(
         before=before,
@@ -894,6 +925,29 @@ def diff_sides(
         per_token_intervals_ns={k: (v[0], v[1]) for k, v in own.items()},
         data_quality=dq,
         top=top,
+        cannot_judge=cannot,
+    )
+
+
+def _token_words(side: Side) -> str:
+    tok = side.parts.token_steps
+    if tok is None:
+        return "every step"
+    return f"decode steps of batch size {tok.batch}" if tok.kind == "decode" else "steps of no one kind"
+
+
+def _unlike_steps(before: Side, after: Side) -> str:
+    """Why the two runs' per-token steps are not alike ("" when they are): like with like is decode
+    with decode of one batch size (a serving engine's step names say it) or, where no step name
+    says a kind, every step of each."""
+    tb, ta = before.parts.token_steps, after.parts.token_steps
+    key_b = None if tb is None else (tb.kind, tb.batch)
+    key_a = None if ta is None else (ta.kind, ta.batch)
+    if key_b == key_a and (key_b is None or key_b[0] == "decode"):
+        return ""
+    return (
+        f"the before run's per-token steps are {_token_words(before)}, the after run's {_token_words(after)}: "
+        "not like with like"
     )
 
 

@@ -60,7 +60,7 @@ from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, ker
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.steps import LayerUnions
+from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -148,6 +148,10 @@ class RunParts:
     #: `tracekit study`): two runs of one group had their rounds captured alternately
     pairing: str | None = None
     kernels: pd.DataFrame | None = None  # compute kernels per (rank, step) in launch order (kernel_scaling)
+    #: the steps the per-token figures use when the step names carry kinds (decode of one batch size)
+    token_steps: TokenSteps | None = None
+    #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def steady_steps(self) -> list[int]:
@@ -308,6 +312,8 @@ class AttributedSteps:
     steady_steps: list[int]
     timeline: str
     kernels: pd.DataFrame | None = None  # every rank's compute kernels per step, in launch order
+    token_steps: TokenSteps | None = None
+    step_kinds: list[dict[str, Any]] = field(default_factory=list)
 
 
 def assemble_attribution(
@@ -364,9 +370,16 @@ def assemble_attribution(
     slowest["steady"] = (np.arange(n_steps) >= skip) & slowest["step"].isin(
         counts[counts == len(ranks)].index
     )
+    # a serving engine's steps say their kind: per-token figures from decode steps of one batch
+    # size (docs/METHOD.md, Serving engines: custom all-reduce and step kinds)
+    tok = token_steps(table)
+    if tok is not None:
+        slowest["steady"] &= slowest["step"].isin(tok.steps)
+        dq.add("per_token_steps", 0, f"{label}: {tok.statement}")
     steady_steps = [int(x) for x in slowest.loc[slowest["steady"], "step"]]
     if not steady_steps:
-        raise StepError(f"{label}: no steps to attribute (no step after the warm-up is on every rank)")
+        what = f" (of the {len(tok.steps)} {tok.kind or 'chosen'} steps)" if tok is not None else ""
+        raise StepError(f"{label}: no steps to attribute{what} (no step after the warm-up is on every rank)")
 
     # per rank: each (rank, step) window's leaf parts, padded to the step time with idle (a rank
     # whose window is shorter than the longest one is idle for the difference as far as the
@@ -391,7 +404,18 @@ def assemble_attribution(
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
     kernels = [p.kernels for p in pieces if p.kernels is not None and len(p.kernels)]
     all_kernels = pd.concat(kernels, ignore_index=True) if kernels else None
-    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline, all_kernels)
+    return AttributedSteps(
+        table,
+        slowest,
+        rs,
+        per_rank,
+        per_token,
+        steady_steps,
+        timeline,
+        all_kernels,
+        tok,
+        kinds_summary(table),
+    )
 
 
 def finish_attribution(
@@ -432,6 +456,8 @@ def finish_attribution(
         data_quality=dq,
         pairing=interleave_group(run.manifest),
         kernels=att.kernels,
+        token_steps=att.token_steps,
+        step_kinds=att.step_kinds,
     )
 
 
@@ -1288,7 +1314,7 @@ def _median_window(run: RunParts, ad: AppliedDilation, source: str) -> int:
 
 
 def _steps_json(run: RunParts) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "pattern": run.step_pattern,
         "total": int(len(run.slowest)),
         "steady": int(run.slowest["steady"].sum()),
@@ -1297,6 +1323,11 @@ def _steps_json(run: RunParts) -> dict[str, Any]:
             str(int(k)): int(v) for k, v in run.steady["rank"].value_counts().sort_index().items()
         },
     }
+    if run.token_steps is not None:
+        # only where the step names say their kind (serving engines): which steps are tokens
+        out["per_token_steps"] = {**run.token_steps.to_json(), "steady": int(run.slowest["steady"].sum())}
+        out["kinds"] = run.step_kinds
+    return out
 
 
 def _collectives_json(run: RunParts) -> dict[str, Any]:
@@ -1470,6 +1501,18 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     factor = Fraction(base.n_ranks, n)
     dq = DataQuality()
     dq.merge(base.data_quality).merge(sharded.data_quality)
+    tb_, ts_ = base.token_steps, sharded.token_steps
+    if (tb_ is None) != (ts_ is None) or (tb_ and ts_ and (tb_.kind, tb_.batch) != (ts_.kind, ts_.batch)):
+
+        def words(t: TokenSteps | None) -> str:
+            return "every step" if t is None else f"{t.kind or 'every'} steps of batch size {t.batch}"
+
+        dq.add(
+            "per_token_steps_differ",
+            1,
+            f"the baseline's per-token steps are {words(tb_)}, the sharded run's {words(ts_)}: T1 and TN are "
+            "not like with like (capture both at one batch size; docs/METHOD.md, Serving engines)",
+        )
     uncorrected = attribute(base.per_token, sharded.per_token, factor)
     ad_b, ad_s = applied_dilation(base), applied_dilation(sharded)
 

@@ -26,7 +26,16 @@ by `correlation`), but never after the next step's annotation starts on the same
 of a rank do not overlap, so no nanosecond is counted in two steps. When the GPU runs behind the
 host, the work of a step that spills past the next annotation's start is counted in the next
 window (it occupies the device then); data quality counts the clipped windows
-(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`).
+(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`). Where a rank's windows
+would be clipped and every step launched GPU work, in step order (an engine's overlap scheduler
+runs the host a step ahead), the rank's windows come from the device side instead: step k from the
+first GPU operation it launched to the first one step k+1 launched, the last to the end of its own
+work (`_device_paced`, `step_windows_device_paced`; docs/METHOD.md, Serving engines).
+
+`step_kind(name)` reads a serving engine's step kind, batch and tokens from its range name
+(SGLang `step[EXTEND bs=1 toks=128]`, vLLM `execute_<n>_context_<c>(...)_generation_<g>(...)`);
+`token_steps` picks the per-token steps (the decode steps of one batch size), `kinds_summary`
+reports the steps per kind.
 
 `partition_steps(classified_events, steps)` splits every window, nanosecond by nanosecond, into
 compute / memory / collective / unknown / sync / idle by priority
@@ -332,6 +341,7 @@ class RankWindows:
     clipped: int = 0
     spill_ns: int = 0
     period: int | None = None  # CUDA-graph launches per step (rule cuda_graph_launch)
+    device_paced: bool = False  # windows from the device side (the GPU ran behind the host)
 
 
 def _empty_rows() -> pd.DataFrame:
@@ -409,14 +419,20 @@ def _rank_ranges(
         numbers[i] = int(m.group(1))
     duplicates = len(name) - len(np.unique(numbers)) if numbered else 0
     rank = np.full(len(start), r, dtype=np.int64)
-    gpu_end = _extend_by_gpu_work(events, rank, start, end)
+    first_gpu, gpu_end = _gpu_work_of_steps(events, rank, start, end)
     window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)
+    window_start = start
+    paced = _device_paced(first_gpu, gpu_end) if clipped else None
+    if paced is not None:
+        # the GPU ran behind the host's annotations (an engine's overlap scheduler runs the host a
+        # step ahead): each window is the device's time for the work its step launched
+        window_start, window_end = paced
     rows = pd.DataFrame(
         {
             "rank": rank.astype(np.int32),
             "step": np.arange(len(start), dtype=np.int64),
             "name": name,
-            "start_ns": start,
+            "start_ns": window_start,
             "end_ns": window_end,
             "annotation_end_ns": end,
             "gpu_end_ns": gpu_end,
@@ -432,6 +448,7 @@ def _rank_ranges(
         nested=nested,
         clipped=clipped,
         spill_ns=spill_ns,
+        device_paced=paced is not None,
     )
 
 
@@ -509,8 +526,23 @@ def assemble_steps(choice: StepChoice, ranks: Iterable[RankWindows]) -> StepsRes
         )
     if numbered and not duplicates:
         steps["step"] = np.concatenate([w.number for w in have]).astype(np.int64)
-    clipped = sum(w.clipped for w in ranks)
-    spill_ns = sum(w.spill_ns for w in ranks)
+    paced = [w for w in ranks if w.device_paced]
+    if paced:
+        n_paced = sum(len(w.rows) for w in paced)
+        behind = sum(w.clipped for w in paced)
+        behind_ns = sum(w.spill_ns for w in paced)
+        dq.add(
+            "step_windows_device_paced",
+            n_paced,
+            f"the GPU ran behind the host's step annotations on rank(s) {', '.join(str(w.rank) for w in paced)} "
+            f"({behind} windows would have been clipped at the next annotation, {behind_ns} ns of a step's work ran "
+            "after the next step's annotation began: an engine's overlap scheduler runs the host a step ahead): "
+            "their step windows are taken from the device side, each from the first GPU operation its step "
+            "launched to the first one the next step launched (the last: to the end of its own work), so a "
+            "window holds the work its step launched (docs/METHOD.md, Serving engines)",
+        )
+    clipped = sum(w.clipped for w in ranks if not w.device_paced)
+    spill_ns = sum(w.spill_ns for w in ranks if not w.device_paced)
     if clipped:
         dq.add("step_window_spill_ns", spill_ns)
         dq.add(
@@ -640,14 +672,23 @@ def _extend_by_gpu_work(
     events: pd.DataFrame, rank: np.ndarray, start: np.ndarray, end: np.ndarray
 ) -> np.ndarray:
     """Window end = max(annotation end, end of the last GPU op launched inside the annotation)."""
+    return _gpu_work_of_steps(events, rank, start, end)[1]
+
+
+def _gpu_work_of_steps(
+    events: pd.DataFrame, rank: np.ndarray, start: np.ndarray, end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per annotation: (start of the first GPU op launched inside it, or -1 when none;
+    max(annotation end, end of the last GPU op launched inside it))."""
     window_end = end.copy()
+    first_start = np.full(len(start), -1, dtype=np.int64)
     if not len(rank):
-        return window_end
+        return first_start, window_end
     corr = events["correlation"].to_numpy(np.int64)
     is_launch = cat_mask(events["kind"], ("runtime",)) & (corr >= 0)
     is_gpu = cat_mask(events["kind"], GPU_KINDS) & (corr >= 0)
     if not is_launch.any() or not is_gpu.any():
-        return window_end
+        return first_start, window_end
     ev_start = events["start_ns"].to_numpy(np.int64)
     ev_end = events["end_ns"].to_numpy(np.int64)
     selectors = rank_selectors(events["rank"].to_numpy(np.int64))
@@ -670,7 +711,7 @@ def _extend_by_gpu_work(
         l_corr, k = l_corr[inside], k[inside]
         o = np.argsort(l_corr, kind="stable")
         l_corr, k = l_corr[o], k[o]
-        g_corr, g_end = r_corr[r_gpu], r_end[r_gpu]
+        g_corr, g_end, g_start = r_corr[r_gpu], r_end[r_gpu], r_start[r_gpu]
         pos = np.searchsorted(l_corr, g_corr)
         pos_ok = pos < len(l_corr)
         pos_ok[pos_ok] = l_corr[pos[pos_ok]] == g_corr[pos_ok]
@@ -680,7 +721,24 @@ def _extend_by_gpu_work(
         last_end = np.full(len(s_idx), np.iinfo(np.int64).min, dtype=np.int64)
         np.maximum.at(last_end, step_of_gpu, g_end[pos_ok])
         window_end[s_idx] = np.maximum(s_end, last_end)
-    return window_end
+        first = np.full(len(s_idx), np.iinfo(np.int64).max, dtype=np.int64)
+        np.minimum.at(first, step_of_gpu, g_start[pos_ok])
+        first_start[s_idx] = np.where(first == np.iinfo(np.int64).max, -1, first)
+    return first_start, window_end
+
+
+def _device_paced(first_start: np.ndarray, gpu_end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Step windows from the device side (one rank, steps in order): step k from the first GPU
+    operation it launched to the first one step k+1 launched (the last step: to the end of its
+    own work), so the windows tile the device's timeline in launch order. None when a step
+    launched no GPU work or the first operations are not in step order (the device cannot pace
+    those windows)."""
+    if not len(first_start) or (first_start < 0).any() or (np.diff(first_start) <= 0).any():
+        return None
+    end = np.empty(len(first_start), dtype=np.int64)
+    end[:-1] = first_start[1:]
+    end[-1] = max(int(gpu_end[-1]), int(first_start[-1]))
+    return first_start.copy(), end
 
 
 def _clip_at_next_step(
@@ -921,3 +979,146 @@ def check_partition(table: pd.DataFrame) -> None:
     ov = table["overlapped_collective_ns"].to_numpy(np.int64)
     if (ov < 0).any():
         raise AssertionError("negative overlapped_collective_ns")
+
+
+# ----------------------------------------------------------------------------- step kinds
+
+#: SGLang's per-iteration range: `step[DECODE bs=1]`, `step[EXTEND bs=1 toks=128]` (forward mode,
+#: batch size, and for extend / prefill the tokens of the batch).
+_SGLANG_STEP = re.compile(r"^step\[(?P<kind>[A-Z_]+)(?:\s+bs=(?P<bs>\d+))?(?:\s+toks=(?P<toks>\d+))?")
+#: vLLM v1's per-batch range: `execute_<tokens>_context_<prefill reqs>(...)_generation_<decode reqs>(...)`.
+_VLLM_STEP = re.compile(r"^execute_(?P<toks>\d+)_context_(?P<ctx>\d+)\(.*\)_generation_(?P<gen>\d+)\(")
+#: SGLang forward modes -> step kinds.
+_SGLANG_KINDS = {
+    "DECODE": "decode",
+    "EXTEND": "prefill",
+    "PREFILL": "prefill",
+    "MIXED": "mixed",
+    "IDLE": "idle",
+    "TARGET_VERIFY": "verify",
+    "DRAFT_EXTEND": "prefill",
+}
+#: Columns of `step_kinds`.
+STEP_KIND_COLUMNS: tuple[str, ...] = ("kind", "batch", "tokens")
+
+
+def step_kind(name: str) -> tuple[str, int, int]:
+    """(kind, batch, tokens) a serving engine's step range says ("" / -1 when it says nothing):
+    SGLang `step[DECODE bs=2]` -> ("decode", 2, -1), `step[EXTEND bs=1 toks=128]` ->
+    ("prefill", 1, 128); vLLM `execute_8_context_0(...)_generation_8(...)` -> ("decode", 8, 8)
+    (context requests only: "prefill", both: "mixed")."""
+    m = _SGLANG_STEP.match(name)
+    if m:
+        kind = _SGLANG_KINDS.get(m.group("kind"), m.group("kind").lower())
+        bs = int(m.group("bs")) if m.group("bs") else -1
+        toks = int(m.group("toks")) if m.group("toks") else (bs if kind == "decode" else -1)
+        return kind, bs, toks
+    m = _VLLM_STEP.match(name)
+    if m:
+        ctx, gen = int(m.group("ctx")), int(m.group("gen"))
+        kind = "decode" if ctx == 0 and gen > 0 else ("prefill" if gen == 0 else "mixed")
+        return kind, ctx + gen, int(m.group("toks"))
+    return "", -1, -1
+
+
+def step_kinds(names: Iterable[str]) -> pd.DataFrame:
+    """`step_kind` of each name, a frame with STEP_KIND_COLUMNS (one parse per distinct name)."""
+    names = [str(n) for n in names]
+    cache = {n: step_kind(n) for n in dict.fromkeys(names)}
+    rows = [cache[n] for n in names]
+    return pd.DataFrame(
+        {
+            "kind": [r[0] for r in rows],
+            "batch": np.asarray([r[1] for r in rows], dtype=np.int64),
+            "tokens": np.asarray([r[2] for r in rows], dtype=np.int64),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class TokenSteps:
+    """Which steps the per-token figures use when the step names carry kinds (`token_steps`)."""
+
+    steps: frozenset[int]  # step indices used for per-token figures
+    kind: str  # "decode" (or "" when no decode step: every step is used)
+    batch: int  # the decode batch size used (-1 when none)
+    statement: str  # one sentence for the data-quality note and the report
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "batch": self.batch, "steps": len(self.steps), "rule": self.statement}
+
+
+def token_steps(steps: pd.DataFrame) -> TokenSteps | None:
+    """Per-token steps of a run whose step names say their kind (`step_kind`), from a frame with
+    `step` and `name` (one row per rank and step; a step's kind is read from its lowest rank):
+    the decode steps of one batch size, the size with the most decode steps (ties: the smaller);
+    None when no step name says a kind (tracekit's `decode_step`, ProfilerStep#N: every step is
+    a token). A run without decode steps uses every step, and says so."""
+    if not len(steps):
+        return None
+    first = steps.sort_values(["step", "rank"] if "rank" in steps.columns else ["step"]).drop_duplicates(
+        "step"
+    )
+    kinds = step_kinds(first["name"])
+    if not (kinds["kind"] != "").any():
+        return None
+    ids = first["step"].to_numpy(np.int64)
+    decode = (kinds["kind"] == "decode").to_numpy()
+    summary = ", ".join(
+        f"{n} {k or 'unnamed'}{f' bs={b}' if b >= 0 else ''}"
+        for (k, b), n in kinds.groupby(["kind", "batch"]).size().items()
+    )
+    if not decode.any():
+        return TokenSteps(
+            frozenset(int(x) for x in ids),
+            "",
+            -1,
+            f"no decode steps ({summary}): per-token figures from every step, which are not tokens of one "
+            "kind",
+        )
+    sizes = pd.Series(kinds.loc[decode, "batch"].to_numpy(np.int64)).value_counts()
+    best = int(min(b for b, c in sizes.items() if c == sizes.max()))
+    use = decode & (kinds["batch"].to_numpy(np.int64) == best)
+    return TokenSteps(
+        frozenset(int(x) for x in ids[use]),
+        "decode",
+        best,
+        f"per-token figures from the {int(use.sum())} decode steps of batch size {best} (the size with the most "
+        f"decode steps; steps by kind: {summary})",
+    )
+
+
+def kinds_summary(table: pd.DataFrame) -> list[dict[str, Any]]:
+    """Per step kind and batch size of a partition table (rank, step, name, window_ns, parts):
+    how many steps, their step time (the longest window over ranks) and each part's mean over
+    ranks (a rank's window padded to the step time with idle, as the per-token figures are), in
+    integer ns; [] when no step name says a kind."""
+    if not len(table):
+        return []
+    step_ns = table.groupby("step")["window_ns"].max()
+    first = table.sort_values(["step", "rank"]).drop_duplicates("step")
+    kinds = step_kinds(first["name"])
+    if not (kinds["kind"] != "").any():
+        return []
+    kinds.index = first["step"].to_numpy(np.int64)
+    pad = table["step"].map(step_ns).to_numpy(np.int64) - table["window_ns"].to_numpy(np.int64)
+    padded = table.assign(idle_ns=table["idle_ns"].to_numpy(np.int64) + pad)
+    cols = [f"{p}_ns" for p in PARTS]
+    parts = padded.groupby("step")[cols].mean()
+    out: list[dict[str, Any]] = []
+    for (kind, batch), g in kinds.groupby(["kind", "batch"], sort=True):
+        ids = g.index.to_numpy(np.int64)
+        times = step_ns.reindex(ids).to_numpy(np.float64)
+        toks = sorted(set(int(t) for t in g["tokens"]))
+        out.append(
+            {
+                "kind": str(kind) or "unnamed",
+                "batch": int(batch),
+                "tokens": toks[0] if len(toks) == 1 else None,
+                "steps": int(len(ids)),
+                "step_ns_mean": int(round(float(times.mean()))),
+                "step_ns_median": int(round(float(np.median(times)))),
+                "parts_ns_mean": {p: int(round(float(parts.loc[ids, f"{p}_ns"].mean()))) for p in PARTS},
+            }
+        )
+    return out

@@ -23,7 +23,10 @@ Naming conventions behind the collective rules:
   ``ncclAllReduceRingLLKernel_sum_f32``; all are ``nccl...Kernel...``.
 - RCCL (ROCm) keeps the NCCL kernel names (``ncclDevKernel_Generic``), so on AMD traces these count
   as subclass ``nccl`` too; RCCL-specific names (``rccl*``, MSCCL ``mscclKernel_*``) get ``rccl``.
-- Custom all-reduce: vLLM / SGLang ``cross_device_reduce_1stage|2stage``, PyTorch symmetric memory
+- Custom all-reduce: vLLM / SGLang ``cross_device_reduce_1stage|2stage``, SGLang's own kernels
+  ``(anonymous namespace)::all_reduce_two_shot_kernel<__nv_bfloat16, 4u, true>`` and
+  ``all_reduce_one_shot_push_kernel<...>`` (all-reduce first, then the shot count; also
+  ``all_reduce_1shot_push_kernel`` / ``all_reduce_2shot_pull_kernel``), PyTorch symmetric memory
   ``multimem_all_reduce``, ``one_shot_all_reduce``, ``two_shot_all_reduce``, TensorRT-LLM /
   FlashInfer ``allreduce_fusion_kernel_*``, ``oneShotAllReduceKernel``, ``twoShotAllReduceKernel``,
   Lamport-buffer kernels, vLLM ROCm quick all-reduce.
@@ -147,12 +150,14 @@ RULES: tuple[Rule, ...] = (
         "custom_allreduce",
         _KERNEL,
         r"cross_device_reduce_[12]stage|multimem_\w*(?:all_?reduce|all_?gather|reduce_?scatter)"
-        r"|(?:one|two)[_-]?shot[_-]?all[_-]?reduce|allreduce_fusion|all_?reduce_?fusion|lamport"
+        r"|(?:one|two)[_-]?shot[_-]?all[_-]?reduce|all_?reduce_(?:one|two|[12])_?shot"
+        r"|allreduce_fusion|all_?reduce_?fusion|lamport"
         r"|custom_?all_?reduce|quick_?all_?reduce|allreduce_prototype|symmetric_memory::|^(?:void\s+)?mscclpp"
         r"|trtllm_\w*allreduce::|^(?:void\s+)?nvshmem",
         "collective",
         "custom_allreduce",
         "vllm::cross_device_reduce_1stage, multimem_all_reduce_kernel, one_shot_all_reduce_kernel, "
+        "SGLang's all_reduce_two_shot_kernel / all_reduce_one_shot_push_kernel / all_reduce_2shot_pull_kernel, "
         "allreduce_fusion_kernel_oneshot_lamport, oneShotAllReduceKernel, twoShotAllReduceKernel, "
         "flashinfer::trtllm_mnnvl_allreduce::twoshotAllreduceKernel, rmsNormLamport, mscclpp, nvshmem",
         _I,

@@ -74,7 +74,7 @@ class RankPart:
     buckets: dict[int, str] = field(default_factory=dict)  # bucket -> Parquet of its collective rows
     bucket_rows: dict[int, int] = field(default_factory=dict)  # bucket -> rows written
     groups: list[str] = field(default_factory=list)  # process groups of its collective rows
-    stream_counts: tuple[int, int] = (0, 0)  # `tracekit.read.gpu_stream_counts` of the file
+    stream_counts: tuple[int, int, int] = (0, 0, 0)  # `tracekit.read.gpu_stream_counts` of the file
 
 
 @dataclass
@@ -104,6 +104,7 @@ class BucketResult:
 #: collective rows a bucket task needs (`match_group` and `matched_collectives`)
 COLLECTIVE_COLUMNS = (
     "rank",
+    "stream",
     "start_ns",
     "end_ns",
     "op",
@@ -334,7 +335,7 @@ def match_bucket(
     Parquet file of every rank file (in the run's row order), puts each row in the run's frame
     (rank, clock, row index) and runs `match_group` per group; a group's MatchError is returned,
     for the run task to raise where the local engine would."""
-    from tracekit.analyse.collectives import match_group
+    from tracekit.analyse.collectives import OrderCountError, match_group
 
     t0 = time.perf_counter()
     frames, received = [], []
@@ -361,6 +362,8 @@ def match_bucket(
                 str(group), group_index[str(group)], g_rows, run_ranks, world, level, allow_partial, dq
             )
             out[str(group)] = (matched, how, dq, None)
+        except OrderCountError as exc:  # the client re-matches it by step when it has the windows
+            out[str(group)] = (g_rows.assign(group_index=group_index[str(group)]), "", dq, exc)
         except Exception as exc:  # noqa: BLE001 - raised by the run task, in the local engine's order
             out[str(group)] = (None, "", dq, exc)
     return BucketResult(
@@ -376,7 +379,7 @@ def match_bucket(
 def _matcher(buckets: Sequence[BucketResult], level: str) -> Any:
     """`attribute_run`'s matcher from stage 2a's results: the groups in order, the first
     MatchError raised, then `matched_collectives` (the run-wide tail) on the matched rows."""
-    from tracekit.analyse.collectives import matched_collectives
+    from tracekit.analyse.collectives import OrderCountError, matched_collectives, rematch_by_step
 
     def match(events: pd.DataFrame, *, ranks: list[int], **kw: Any) -> Any:
         kw.pop("allow_partial", None)
@@ -384,9 +387,16 @@ def _matcher(buckets: Sequence[BucketResult], level: str) -> Any:
         parts: list[pd.DataFrame] = []
         match_by: dict[str, str] = {}
         groups = {g: rec for b in buckets for g, rec in b.groups.items()}
+        steps = kw.get("steps")
         for g in sorted(groups):
             matched, how, gdq, exc = groups[g]
             dq.merge(gdq)
+            by_step = level == "gpu_kernel" and steps is not None and len(steps)
+            if by_step and matched is not None and (how == "order" or isinstance(exc, OrderCountError)):
+                # as match_collectives does with the windows: by order within each step
+                # (the bucket tasks run before the windows exist)
+                matched, how = rematch_by_step(g, matched.drop(columns=["seq"], errors="ignore"), steps)
+                exc = None
             if exc is not None:
                 raise exc
             assert matched is not None
@@ -495,6 +505,7 @@ def run_metadata(
         sum(p.n_events for p in parts),
         sum(p.stream_counts[0] for p in parts),
         sum(p.stream_counts[1] for p in parts),
+        sum(p.stream_counts[2] for p in parts),
     )
     return assemble_run(_rank_tables(parts, events=False), manifest, paths, counts=counts)
 

@@ -34,6 +34,7 @@ import pandas as pd
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.model.launch import graph_replay_mask
 
 __all__ = ["READERS", "assemble_run", "find_trace_files", "load_manifest", "read_file", "read_run"]
 
@@ -527,7 +528,7 @@ def assemble_run(
     paths: Sequence[str | os.PathLike[str]],
     *,
     notes: bool = True,
-    counts: tuple[int, int, int] | None = None,
+    counts: tuple[int, int, int, int] | None = None,
 ) -> Run:
     """The run of per-file Runs (in file order), as `read_run` puts it together after reading:
     ranks numbered for files that name none, Nsight sessions aligned, tables concatenated in rank
@@ -605,29 +606,35 @@ def _check_checksums(run: Run) -> None:
 STREAM_OVERLAP_NOTE_NS = 10_000
 
 
-def gpu_stream_counts(ev: pd.DataFrame) -> tuple[int, int]:
+def gpu_stream_counts(ev: pd.DataFrame) -> tuple[int, int, int]:
     """(GPU operations recorded twice, operations overlapping the previous one on their stream by
-    more than STREAM_OVERLAP_NOTE_NS): per rank, so a run's counts are the sums of its files'."""
+    more than STREAM_OVERLAP_NOTE_NS, such overlaps between two operations of one CUDA-graph
+    replay): per rank, so a run's counts are the sums of its files'. A graph replay runs the
+    captured graph's branches concurrently even when they were captured on one stream
+    (`tracekit.model.launch.graph_replay_mask`), so its overlaps are not damage."""
     if ev.empty:
-        return 0, 0
+        return 0, 0, 0
     gpu = ev["kind"].isin(["kernel", "memcpy", "memset"]).to_numpy()
     if gpu.sum() < 2:
-        return 0, 0
-    g = ev.loc[gpu, ["rank", "device", "stream", "start_ns", "end_ns"]].to_numpy(np.int64)
+        return 0, 0, 0
+    g = ev.loc[gpu, ["rank", "device", "stream", "start_ns", "end_ns", "correlation"]].to_numpy(np.int64)
     names = ev["name"].cat.codes.to_numpy()[gpu]
+    in_graph = graph_replay_mask(ev)[gpu]
     order = np.lexsort((g[:, 4], g[:, 3], g[:, 2], g[:, 1], g[:, 0]))
-    g, names = g[order], names[order]
+    g, names, in_graph = g[order], names[order], in_graph[order]
     same_stream = (g[1:, :3] == g[:-1, :3]).all(axis=1)
     dup = same_stream & (g[1:, 3] == g[:-1, 3]) & (g[1:, 4] == g[:-1, 4]) & (names[1:] == names[:-1])
     overlap = same_stream & ~dup & (g[:-1, 4] - g[1:, 3] > STREAM_OVERLAP_NOTE_NS)
-    return int(dup.sum()), int(overlap.sum())
+    one_replay = in_graph[1:] & in_graph[:-1] & (g[1:, 5] == g[:-1, 5])
+    return int(dup.sum()), int((overlap & ~one_replay).sum()), int((overlap & one_replay).sum())
 
 
-def _check_gpu_streams(run: Run, counts: tuple[int, int] | None = None) -> None:
+def _check_gpu_streams(run: Run, counts: tuple[int, int, int] | None = None) -> None:
     """Notes on GPU activity that cannot be: one event recorded twice (same rank, device, stream,
     name, start and end), or operations on one stream overlapping by more than STREAM_OVERLAP_NOTE_NS
-    (`counts`: `gpu_stream_counts` already summed over the run's files)."""
-    n_dup, n_overlap = gpu_stream_counts(run.events) if counts is None else counts
+    outside a CUDA-graph replay; and a count of the overlaps inside one replay (concurrent graph
+    branches, not damage). `counts`: `gpu_stream_counts` already summed over the run's files."""
+    n_dup, n_overlap, n_graph = gpu_stream_counts(run.events) if counts is None else counts
     if n_dup:
         run.data_quality.add(
             "gpu_events_duplicated",
@@ -642,14 +649,23 @@ def _check_gpu_streams(run: Run, counts: tuple[int, int] | None = None) -> None:
             f"GPU operations on one stream overlapping the previous one by more than {STREAM_OVERLAP_NOTE_NS // 1000} us "
             "(one stream runs its work in order: timestamps damaged or from two clocks)",
         )
+    if n_graph:
+        run.data_quality.add(
+            "graph_replay_concurrent",
+            n_graph,
+            f"GPU operations of one CUDA-graph replay overlapping the previous one on their stream by more than "
+            f"{STREAM_OVERLAP_NOTE_NS // 1000} us: a replay runs the graph's branches concurrently, so stream order "
+            "does not hold inside it (not damage; tracekit.model.launch.graph_replay_mask marks these operations)",
+        )
 
 
 def _note_run_problems(
-    run: Run, paths: Sequence[str | os.PathLike[str]], counts: tuple[int, int, int] | None = None
+    run: Run, paths: Sequence[str | os.PathLike[str]], counts: tuple[int, int, int, int] | None = None
 ) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link).
-    `counts`: (events, duplicated GPU operations, stream overlaps) summed over the files, when the
+    `counts`: (events, duplicated GPU operations, stream overlaps, overlaps inside one graph replay)
+    summed over the files, when the
     run's table is not there (the Dask engine's per-rank path)."""
     if run.sources:  # the engines that concatenate first (dask) meet the per-run limit here
         n_events = len(run.events) if counts is None else counts[0]
@@ -658,7 +674,7 @@ def _note_run_problems(
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)
     _check_checksums(run)
-    _check_gpu_streams(run, None if counts is None else (counts[1], counts[2]))
+    _check_gpu_streams(run, None if counts is None else (counts[1], counts[2], counts[3]))
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None
     if isinstance(tp, int) and _int_in(tp, 1, MAX_TP):

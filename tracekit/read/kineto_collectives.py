@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.events import DataQuality
+from tracekit.model.launch import COLLECTIVE_LAUNCH_OP, launch_op_collective
 from tracekit.read.kineto_events import _cat
 from tracekit.read.kineto_stream import _ANY_DECODER, _to_int
 
@@ -274,14 +275,19 @@ def _fill_from_shapes(
     device: np.ndarray,
     meta: dict[str, Any],
 ) -> None:
-    """Bytes / dtype / op of host `gloo:` and `nccl:` ranges from their own record_shapes."""
+    """Bytes / dtype / op of host `gloo:` and `nccl:` ranges from their own record_shapes, and of
+    an engine's collective ops (`tracekit.model.launch.COLLECTIVE_LAUNCH_OP`, e.g.
+    `sglang::outplace_all_reduce`) from their first tensor argument (the kernels they launch take
+    these from them in the classifier)."""
     if not cols.shape_rows:
         return
     pg = single_process_group(meta)
     # a decode loop repeats the same few shapes every token: decode each distinct text once;
     # per text: (total elements, the one dtype of all its tensors or "") or None without tensors
     shape_of: dict[tuple[bytes, bytes], tuple[int, str] | None] = {}
+    first_of: dict[tuple[bytes, bytes], tuple[int, str] | None] = {}  # the first tensor argument
     op_of: dict[int, str] = {}  # name code -> op of a gloo:/nccl: range, "" otherwise
+    engine_op: dict[int, bool] = {}  # name code -> an engine's collective op (sglang::outplace_all_reduce)
     for r, key in zip(cols.shape_rows, cols.shape_vals, strict=True):
         if device[r] >= 0:
             continue
@@ -298,6 +304,7 @@ def _fill_from_shapes(
             dtypes = {dt for _, dt in tensors}
             one_dt = next(iter(dtypes)) if len(dtypes) == 1 else ""
             shape = shape_of[key] = (sum(k for k, _ in tensors), one_dt) if tensors else None
+            first_of[key] = tensors[0] if tensors else None
         if shape is None:
             continue
         nelems, one_dt = shape
@@ -307,9 +314,26 @@ def _fill_from_shapes(
         if op is None:
             nm = names[code]
             # c10d:: ops: TensorList shapes carry no dtype (nelems kept for the join)
-            op = op_of[code] = normalise_coll_op(nm) if nm.startswith(("gloo:", "nccl:")) else ""
+            engine_op[code] = not nm.startswith(
+                ("gloo:", "nccl:", "c10d::", "_c10d_functional::", "c10d_functional::")
+            )
+            engine_op[code] = engine_op[code] and bool(COLLECTIVE_LAUNCH_OP.search(nm))
+            if nm.startswith(("gloo:", "nccl:")):
+                op = normalise_coll_op(nm)
+            elif engine_op[code]:
+                op = launch_op_collective(nm)
+            else:
+                op = ""
+            op_of[code] = op
         if not op:
             continue
+        if engine_op.get(code):
+            # an engine's or library's collective op (sglang::outplace_all_reduce(tensor, ...),
+            # _C_custom_ar::all_reduce(fa, inp, out, ...)): its message is its first tensor argument
+            first = first_of.get(key)
+            if first is None or not first[1]:
+                continue
+            nelems, one_dt = first
         cm.strs["op"].setdefault(r, op)
         if cm.in_b[r] < 0 and one_dt:
             dt = one_dt

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.events import DataQuality
+from tracekit.model.launch import COLLECTIVE_LAUNCH_OP
 from tracekit.read.kineto_stream import (
     _INT32_MAX,
     _MAX_DUR_US,
@@ -264,10 +265,14 @@ class _Columns:
         self.pid_rank_labels: set[int] = set()  # ranks named in string pids (merged traces)
 
     def host_collective_codes(self) -> np.ndarray:
-        """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`), names seen so far."""
+        """Name codes of host collective ops (`gloo:*`, `nccl:*`, `c10d::*`, and engines' collective
+        ops such as `sglang::outplace_all_reduce`: `tracekit.model.launch.COLLECTIVE_LAUNCH_OP`),
+        names seen so far."""
         if self._names_checked < len(self.names):
             new = list(self.names)[self._names_checked :]
-            self._coll_codes.extend(self.names[n] for n in new if _HOST_COLL_PREFIX.match(n))
+            self._coll_codes.extend(
+                self.names[n] for n in new if _HOST_COLL_PREFIX.match(n) or COLLECTIVE_LAUNCH_OP.search(n)
+            )
             self._step_codes.extend(self.names[n] for n in new if _PROFILER_STEP.match(n))
             self._names_checked = len(self.names)
         return np.asarray(self._coll_codes, np.int32)
