@@ -52,7 +52,13 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
+from tracekit.analyse.collectives import (
+    CollectiveInstances,
+    assign_steps,
+    match_collectives,
+    require_aligned,
+    split_exposed,
+)
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.steps import LayerUnions
@@ -411,6 +417,22 @@ def finish_attribution(
     )
 
 
+def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: DataQuality) -> pd.DataFrame:
+    """The step windows with each rank's step numbers replaced by the run's tokens
+    (`align.step_tokens`: steps matched across ranks by their collective sequence, not by number),
+    after refusing a run of several ranks whose clocks could not be aligned
+    (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
+    between the matching and the partition."""
+    from tracekit.analyse.align import renumber_steps, step_tokens
+
+    if len(pd.unique(steps["rank"])) > 1:
+        require_aligned(coll, label)
+    tokens = step_tokens(steps, coll.per_rank)
+    for key, n, note in tokens.notes():
+        dq.add(key, n, f"{label}: {note}")
+    return renumber_steps(steps, tokens)
+
+
 def attribute_run(
     run: Run | AnalysedRun,
     *,
@@ -441,9 +463,6 @@ def attribute_run(
     except StepError as exc:
         raise StepError(f"{label}: {exc}") from None
     dq.merge(found.data_quality)
-    table = ar.partition(found.steps)
-    ranks = sorted(int(r) for r in table["rank"].unique())
-
     coll = (matcher or match_collectives)(
         classified,
         ranks=run.ranks,
@@ -453,6 +472,9 @@ def attribute_run(
         steps=found.steps,
     )
     dq.merge(coll.data_quality)
+    windows = join_steps(found.steps, coll, label, dq)
+    table = ar.partition(windows)
+    ranks = sorted(int(r) for r in table["rank"].unique())
     unions = ar.layer_unions(ranks)
     rows_of = rank_selectors(classified["rank"].to_numpy(np.int64))
     t_rank = table["rank"].to_numpy(np.int64)
