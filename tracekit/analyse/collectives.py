@@ -411,6 +411,11 @@ def _hosts(
             if isinstance(v, str) and v:
                 hosts[int(r)] = v
                 break
+    if not hosts and isinstance((manifest or {}).get("host"), Mapping):
+        # one capture writes one manifest, and runs its ranks on the host it names
+        mhost = (manifest or {})["host"].get("hostname")
+        if isinstance(mhost, str) and mhost:
+            hosts = {int(r): mhost for r in (rank_info or {})}
     return hosts
 
 
@@ -517,6 +522,8 @@ def _clock(
     so in one line and the offsets are 0: cross-rank figures are refused (`require_aligned`).
     "shared": the ranks' clocks are used as they are (an API caller's statement)."""
     hosts = _hosts(rank_info, manifest)
+    if not hosts and manifest is not None:
+        hosts = {r: h for r, h in _hosts({r: {} for r in ranks}, manifest).items()}
     if len(ranks) <= 1:
         return ClockAlignment(True, {r: 0 for r in ranks}, "single rank", hosts, estimated=False)
     if clock == "shared":
