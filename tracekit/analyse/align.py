@@ -205,3 +205,9 @@ def renumber_steps(frame: pd.DataFrame, tokens: StepTokens) -> pd.DataFrame:
     new = mp.reindex(key_f).to_numpy()
     out["step"] = np.where(pd.isna(new), frame["step"].to_numpy(np.int64), new).astype(np.int64)
     return out
+
+
+def as_tokens(windows: pd.DataFrame, per_rank: pd.DataFrame) -> pd.DataFrame:
+    """`windows` renumbered by `step_tokens(windows, per_rank)`: the steps as `attribute_run`
+    joined them (for a caller that found the windows again from the events)."""
+    return renumber_steps(windows, step_tokens(windows, per_rank))

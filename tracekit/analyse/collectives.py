@@ -17,11 +17,16 @@
   rank of the run that belongs to a group but recorded none of its collectives while others did
   (its arrivals are unknown: the others' waits would be taken for transfer); a group whose listed
   ranks or size leave that rank out is not refused.
-- clock: ranks known to run on one host share a clock and are left as they are; otherwise each
-  rank's offset is estimated as the median over instances of (end_r - end_ref) (collectives
-  finish together), subtracted, and reported. Then the clock check (`end_spread_check`): matched
-  instances whose ends differ by more than the level's threshold (`END_SPREAD_THRESHOLD_NS`) are
-  counted (`collective_end_spread`), the worst named; the summary is `clock.check`.
+- clock (docs/METHOD.md section Clocks and step matching): each rank's offset is always
+  estimated as the median over shared instances of (end_r - end_ref) (collectives end together
+  by construction; `estimate_offsets`) and subtracted, whatever the manifest or the host names
+  say; offsets and residuals are stated (`clock`, `data_quality`). Where they cannot be
+  estimated (several ranks, no collective matched across them, or host ops only, whose ends need
+  not agree) `clock.refusal` says so and `require_aligned` refuses cross-rank figures in one
+  line. Instances are numbered on the aligned clock. Then the clock check (`end_spread_check`):
+  matched instances whose aligned ends differ by more than the level's threshold
+  (`END_SPREAD_THRESHOLD_NS`) are counted (`collective_end_spread`), the worst named; the
+  summary is `clock.check` (`clock.raw_instances_over`: the same count on the unaligned clocks).
 - per instance: a = max_r s_r (last arrival), the last-arriving rank, skew = max s - min s;
   per rank wait = min(e_r, a) - s_r and transfer = e_r - max(s_r, a); bytes (nccl-tests size),
   realised algbw / busbw from the mean transfer time (`tracekit.analyse.bandwidth`).
@@ -623,8 +628,9 @@ def match_collectives(
 
     `ranks`: the run's ranks (default: those in the table); `rank_info` / `manifest`: the Run's,
     used for the hosts (clock), the world size and the decoder's collectives (bytes the trace
-    lacks, `fill_bytes_from_manifest`). `clock`: "auto" (one host when the manifest or the rank
-    metadata say so, or when no host is named; else estimate offsets), "shared", "estimate".
+    lacks, `fill_bytes_from_manifest`). `clock`: "auto" / "estimate" (the offsets estimated from
+    the matched collectives and applied: `_clock`), "shared" (the clocks used as they are: the
+    caller states they are one).
     `steps`: the step windows (rank, step, start_ns, end_ns) when the caller has them; found in
     `events` when the manifest fill needs them. Raises MatchError when counts differ, when a rank
     of the run that belongs to a group recorded none of its collectives while others did, or when a
