@@ -118,7 +118,9 @@ def _figures(doc: Any, prefix: str = "") -> dict[str, Any]:
 FIGURES = ("terms_ns", "coordination_ns", "per_token_ns", "per_rank", "critical_path", "verdict", "diagnosis")
 
 
-def _moved(a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = FIGURES) -> list[tuple[str, Any, Any]]:
+def _moved(
+    a: dict[str, Any], b: dict[str, Any], keys: tuple[str, ...] = FIGURES
+) -> list[tuple[str, Any, Any]]:
     fa, fb = _figures({k: a[k] for k in keys}), _figures({k: b[k] for k in keys})
     out = []
     for k in sorted(set(fa) | set(fb)):
@@ -196,7 +198,9 @@ def test_runs_whose_clocks_cannot_be_aligned_are_refused_in_one_line() -> None:
     assert "\n" not in str(none.value)
     # one rank alone is not cross-rank: attributed
     one = _strip(run, lambda ev: (ev["rank"] == 0).to_numpy() & ~(nccl | host_coll))
-    one = dataclasses.replace(one, sources={0: run.sources[0]}, rank_info={0: run.rank_info[0]}, manifest=None)
+    one = dataclasses.replace(
+        one, sources={0: run.sources[0]}, rank_info={0: run.rank_info[0]}, manifest=None
+    )
     assert attribute_run(one).collectives.clock.refusal is None
 
 
@@ -272,7 +276,9 @@ def test_a_run_whose_ranks_never_wait_is_not_said_to_wait() -> None:
     0.11 ms per token: the c10d enqueue ops around the gloo ranges count as wait in the exposed
     split; the H200 runs' kernels do not.)"""
     base, sharded = "h200x2-tp1-b1-graphs", "h200x2-tp2-b1"
-    doc = shortfall_of_pair(_parts(base), attribute_run(rank0_twice(_run(sharded)), label="sharded"), []).to_json()
+    doc = shortfall_of_pair(
+        _parts(base), attribute_run(rank0_twice(_run(sharded)), label="sharded"), []
+    ).to_json()
     # premise: measured, not assumed
     terms = doc["terms_ns"]
     assert max(terms, key=lambda k: terms[k]) == "coordination", terms
@@ -295,7 +301,9 @@ def windows_opened_early(run: Run, parts: RunParts, dt: int) -> tuple[Run, int]:
     segs = parts.critical.segments
     ends_on = segs.groupby("step").tail(1).set_index("step")["rank"]
     st = parts.steps
-    longest = st.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True]).drop_duplicates("step")
+    longest = st.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True]).drop_duplicates(
+        "step"
+    )
     ev = run.events.copy()
     names = ev["name"].astype(str)
     n = 0
@@ -309,7 +317,9 @@ def windows_opened_early(run: Run, parts: RunParts, dt: int) -> tuple[Run, int]:
         )
         assert hit.sum() == 1
         before = st[(st["rank"] == row.rank) & (st["end_ns"] <= row.start_ns)]["end_ns"]
-        assert before.empty or int(row.start_ns) - int(before.max()) > dt, "the gap before the window is too short"
+        assert before.empty or int(row.start_ns) - int(before.max()) > dt, (
+            "the gap before the window is too short"
+        )
         ev.loc[hit, "start_ns"] = int(row.start_ns) - dt
         n += 1
     return dataclasses.replace(_with_events(run, ev), manifest=None), n

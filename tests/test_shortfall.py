@@ -395,7 +395,11 @@ def test_nsys_run_without_kernels_is_refused_and_counted(
     import dataclasses
 
     one = dataclasses.replace(
-        run, events=run.events[run.events["rank"] == 0], sources={0: run.sources[0]}, rank_info={}, manifest=None
+        run,
+        events=run.events[run.events["rank"] == 0],
+        sources={0: run.sources[0]},
+        rank_info={},
+        manifest=None,
     )
     parts = attribute_run(one, label="sharded")
     assert parts.timeline == "gpu" and parts.collectives.n_instances == 0

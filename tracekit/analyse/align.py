@@ -124,12 +124,17 @@ def step_tokens(windows: pd.DataFrame, per_rank: pd.DataFrame) -> StepTokens:
     first = pr.sort_values(["rank", "step", "raw_start_ns", "instance"]).drop_duplicates(["rank", "step"])
     anchor_of = {
         (int(r), int(s)): int(i)
-        for r, s, i in zip(first["rank"].to_numpy(), first["step"].to_numpy(), first["instance"].to_numpy(), strict=True)
+        for r, s, i in zip(
+            first["rank"].to_numpy(), first["step"].to_numpy(), first["instance"].to_numpy(), strict=True
+        )
     }
     ref = ranks[0]
     w = w.sort_values(["rank", "start_ns", "step"], kind="stable").reset_index(drop=True)
     anchors = np.array(
-        [anchor_of.get((int(r), int(s)), -1) for r, s in zip(w["rank"].to_numpy(), w["step"].to_numpy(), strict=True)],
+        [
+            anchor_of.get((int(r), int(s)), -1)
+            for r, s in zip(w["rank"].to_numpy(), w["step"].to_numpy(), strict=True)
+        ],
         dtype=np.int64,
     )
     w["anchor"] = anchors

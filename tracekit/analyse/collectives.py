@@ -447,7 +447,9 @@ class OffsetEstimate:
     offsets_ns: dict[int, int]
     against: dict[int, int]  # rank -> the rank its offset was measured against (itself on the reference)
     residual_ns: dict[int, dict[str, int]]  # rank -> {"instances", "median", "max"} (|d - offset|)
-    unreached: list[int]  # ranks sharing no matched collective, directly or through others, with the reference
+    unreached: list[
+        int
+    ]  # ranks sharing no matched collective, directly or through others, with the reference
 
 
 def estimate_offsets(per_rank: pd.DataFrame, ranks: list[int]) -> OffsetEstimate | None:
@@ -468,7 +470,9 @@ def estimate_offsets(per_rank: pd.DataFrame, ranks: list[int]) -> OffsetEstimate
     ref = have[0]
     offsets = {ref: 0}
     against = {ref: ref}
-    residual: dict[int, dict[str, int]] = {ref: {"instances": int(ends[ref].notna().sum()), "median": 0, "max": 0}}
+    residual: dict[int, dict[str, int]] = {
+        ref: {"instances": int(ends[ref].notna().sum()), "median": 0, "max": 0}
+    }
     frontier = [ref]
     while frontier:
         nxt = []
@@ -575,7 +579,7 @@ def _clock(
         )
     raw_words = (
         f"; on the unaligned clocks {raw_over} of {n_multi} collectives ended more than {thr / 1e3:g} us apart"
-        if raw_over
+        if raw_over and thr is not None
         else ""
     )
     dq.add(
@@ -747,15 +751,16 @@ def matched_collectives(
         keyed = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("instance", "rank", "raw_end_ns")})
     # the clocks first (they need only the matched keys and ends), so that instances are numbered
     # on the aligned clock: the numbering does not move with one rank's clock
-    clock_alignment = _clock(
-        keyed, run_ranks, rank_info, manifest, dq, clock, level, end_spread_threshold_ns
-    )
+    clock_alignment = _clock(keyed, run_ranks, rank_info, manifest, dq, clock, level, end_spread_threshold_ns)
     if parts:
         off = m["rank"].map(clock_alignment.offsets_ns).fillna(0).astype(np.int64).to_numpy()
         # instances numbered by the earliest start (aligned) of the instance
-        m["_first"] = pd.Series(m["start_ns"].to_numpy(np.int64) - off).groupby(
-            m["instance_key"].to_numpy()
-        ).transform("min").to_numpy()
+        m["_first"] = (
+            pd.Series(m["start_ns"].to_numpy(np.int64) - off)
+            .groupby(m["instance_key"].to_numpy())
+            .transform("min")
+            .to_numpy()
+        )
         order = m.drop_duplicates("instance_key").sort_values(["_first", "instance_key"])["instance_key"]
         m["instance"] = (
             m["instance_key"].map(pd.Series(np.arange(len(order)), index=order.to_numpy())).astype(np.int64)

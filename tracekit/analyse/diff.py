@@ -527,9 +527,7 @@ class Diff:
         # the offset competes with the components: a change that sits in it is not a component's
         best = max((*PATH_PARTS, "offset"), key=lambda p: sign * moved[p])
         comp: str | None = best if sign * moved[best] > 0 else None
-        per_rank = (
-            {int(r): d[f"{comp}_ns"] for r, d in ch["by_rank"].items()} if comp in PATH_PARTS else {}
-        )
+        per_rank = {int(r): d[f"{comp}_ns"] for r, d in ch["by_rank"].items()} if comp in PATH_PARTS else {}
         rank = max(per_rank, key=lambda r: sign * per_rank[r]) if per_rank else None
         waits = {
             int(r["rank"]): r["coordination_ns"]["wait"]

@@ -927,7 +927,9 @@ class Shortfall:
             if st["is_straggler"]:
                 r = st["rank"]
                 host = self.path_ints()["by_rank"].get(str(r), {}).get("host_ns", 0)
-                on_path = f", and its host time on the critical path is {_ms(host)} per token" if host > 0 else ""
+                on_path = (
+                    f", and its host time on the critical path is {_ms(host)} per token" if host > 0 else ""
+                )
                 return (
                     f"Rank {r} is a straggler: it arrives last at {st['last_share']:.0%} of the collectives, "
                     f"{_ms(st['lateness_ns_median'])} after the others on median (symmetric launch-bound hosts "
@@ -952,7 +954,9 @@ class Shortfall:
                     "for synchronising calls in the step (.item(), torch.cuda.synchronize, blocking copies)."
                 )
             idle = f"Idle time grew: {_ms(coord['idle'])} per token beyond the TP=1 share"
-            idle += " (the GPU idle until its host launches work)" if gpu else " (time between the host's ops)"
+            idle += (
+                " (the GPU idle until its host launches work)" if gpu else " (time between the host's ops)"
+            )
             also = f"; {waits}" if wait > 0 else ""
             return f"{idle}{also}: look at the host work between the kernels of a step (Python, launches, scheduling)."
         if top == "transfer" and not gpu:
@@ -974,7 +978,9 @@ class Shortfall:
             bus = self.sharded.collectives.instances
             bw = bus["busbw_gbps"].to_numpy(np.float64) if len(bus) else np.zeros(0)
             bw = bw[np.isfinite(bw)]
-            realised = f" (median {float(np.median(bw)):.3g} GB/s over {bw.size} collectives)" if bw.size else ""
+            realised = (
+                f" (median {float(np.median(bw)):.3g} GB/s over {bw.size} collectives)" if bw.size else ""
+            )
             return (
                 f"Collective transfer is {term} beyond the TP=1 share: compare the realised busbw{realised} with "
                 "the link's (`tracekit compare-links --trace ... --baseline ...`) and consider fewer or larger "

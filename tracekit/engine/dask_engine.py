@@ -727,7 +727,12 @@ def _attribute_per_rank(
     client's `finish_attribution`: the pieces the local `attribute_run` calls, in its order."""
     from tracekit.analyse.critical_path import path_inputs, path_of, path_spans, path_timeline
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
-    from tracekit.analyse.shortfall import assemble_attribution, attribute_setup, finish_attribution, join_steps
+    from tracekit.analyse.shortfall import (
+        assemble_attribution,
+        attribute_setup,
+        finish_attribution,
+        join_steps,
+    )
     from tracekit.analyse.steps import assemble_steps
     from tracekit.errors import StepError
 
