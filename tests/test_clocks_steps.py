@@ -360,3 +360,28 @@ def test_whatif_of_steps_off_by_one_is_the_whatif_of_the_original() -> None:
         docs.append(w.to_json())
     for key in ("predicted_ns", "shapley_ns"):
         assert docs[1][key] == docs[0][key]
+
+
+def test_step_tokens_by_construction_chain_groups_and_fill_windows_without_collectives() -> None:
+    """Four steps on three ranks: ranks 0 and 1 share instances 0-3 (one per step), ranks 1 and 2
+    share 10-13 (another group, rank 0 not in it); rank 1 numbers its steps from 5, rank 2 from 0
+    with an extra first window and no collective in step 2 (so does every rank). Tokens are rank
+    0's numbers: rank 2 reaches them through rank 1; its window without a collective takes the
+    token between its neighbours'."""
+    wins, rows = [], []
+    for k in range(4):
+        t = 1_000 * k
+        wins += [(0, k + 1, t, t + 900), (1, k + 5, t + 7, t + 907), (2, k + 1, t + 3, t + 903)]
+        if k != 2:
+            rows += [(0, k, t + 100), (1, k, t + 110), (1, 10 + k, t + 500), (2, 10 + k, t + 505)]
+    wins.append((2, 0, -1_000, -100))  # a window before the first on rank 2 only
+    windows = pd.DataFrame(wins, columns=["rank", "step", "start_ns", "end_ns"])
+    per_rank = pd.DataFrame(rows, columns=["rank", "instance", "raw_start_ns"])
+    tok = step_tokens(windows, per_rank)
+    got = {(r, s): t for (r, s), t in tok.mapping().items()}
+    for k in range(4):
+        assert got[(0, k + 1)] == k + 1
+        assert got[(1, k + 5)] == k + 1
+        assert got[(2, k + 1)] == k + 1  # step 3 (k = 2) by the distance rule
+    assert got[(2, 0)] > 4  # its own token: not on every rank
+    assert tok.renumbered == {1: 4, 2: 0} and tok.unmatched == {1: 0, 2: 1}

@@ -12,9 +12,12 @@ rank (`tracekit.analyse.collectives`), so the window that holds it is the same s
 
 1. per window, its *anchor*: the first matched collective instance (by start on the rank's own
    clock) whose start the window holds (`collectives.assign_steps`);
-2. the reference rank is the lowest rank; a window of any rank whose anchor is the anchor of a
-   reference window takes that window's step number as its token (so a run whose ranks agree
-   keeps its numbers, and the figures of a run with renumbered ranks are those of the original);
+2. the reference rank is the lowest rank, and its step numbers are the tokens (so a run whose
+   ranks agree keeps its numbers, and the figures of a run with renumbered ranks are those of the
+   original); the other ranks follow, each the one sharing the most instances with the ranks
+   done: a window takes the token of the window (on a rank done) that holds the earliest of its
+   instances any of them holds (a rank of another process group reaches the reference through a
+   rank it shares calls with); a token already taken on the rank is not taken twice;
 3. a window without a collective takes the token of the reference window at the same distance
    (in windows) from its anchored neighbours, when the neighbours on both sides (or the one there
    is) agree on that distance and that reference window has no collective either;
@@ -113,87 +116,90 @@ def step_tokens(windows: pd.DataFrame, per_rank: pd.DataFrame) -> StepTokens:
     collectives (`CollectiveInstances.per_rank`: instance, rank, raw_start_ns)."""
     w = windows[["rank", "step", "start_ns", "end_ns"]].reset_index(drop=True)
     ranks = sorted(int(r) for r in pd.unique(w["rank"]))
-    if len(ranks) <= 1:
+    if len(ranks) <= 1 or per_rank.empty:
         return _identity(w, "step numbers", ranks[0] if ranks else None)
-    if per_rank.empty:
-        return _identity(w, "step numbers", ranks[0])
-    pr = per_rank[["rank", "instance", "raw_start_ns"]]
-    step_of = assign_steps(pr.assign(start_ns=pr["raw_start_ns"]), w)
-    pr = pr.assign(step=step_of.to_numpy(np.int64))
-    pr = pr[pr["step"] >= 0]
-    first = pr.sort_values(["rank", "step", "raw_start_ns", "instance"]).drop_duplicates(["rank", "step"])
-    anchor_of = {
-        (int(r), int(s)): int(i)
-        for r, s, i in zip(
-            first["rank"].to_numpy(), first["step"].to_numpy(), first["instance"].to_numpy(), strict=True
-        )
-    }
-    ref = ranks[0]
     w = w.sort_values(["rank", "start_ns", "step"], kind="stable").reset_index(drop=True)
-    anchors = np.array(
-        [
-            anchor_of.get((int(r), int(s)), -1)
-            for r, s in zip(w["rank"].to_numpy(), w["step"].to_numpy(), strict=True)
-        ],
-        dtype=np.int64,
-    )
-    w["anchor"] = anchors
-    ref_w = w[w["rank"] == ref]
-    ref_steps = ref_w["step"].to_numpy(np.int64)
-    ref_anchor = ref_w["anchor"].to_numpy(np.int64)
-    ref_by_anchor = {int(a): j for j, a in enumerate(ref_anchor) if a >= 0}
-    if not ref_by_anchor:
+    pr = per_rank[["rank", "instance", "raw_start_ns"]]
+    pr = pr.assign(step=assign_steps(pr.assign(start_ns=pr["raw_start_ns"]), w).to_numpy(np.int64))
+    pr = pr[pr["step"] >= 0].sort_values(["rank", "step", "raw_start_ns", "instance"])
+    # per (rank, step) window: its matched instances in start order (the first is its anchor)
+    held: dict[tuple[int, int], list[int]] = {}
+    for r, st, i in zip(pr["rank"].to_numpy(), pr["step"].to_numpy(), pr["instance"].to_numpy(), strict=True):
+        held.setdefault((int(r), int(st)), []).append(int(i))
+    w_rank = w["rank"].to_numpy(np.int64)
+    w_step = w["step"].to_numpy(np.int64)
+    anchors = np.array([held.get((int(r), int(st)), [-1])[0] for r, st in zip(w_rank, w_step, strict=True)])
+    ref = ranks[0]
+    ref_idx = np.flatnonzero(w_rank == ref)
+    ref_steps = w_step[ref_idx]
+    if not (anchors[ref_idx] >= 0).any():
         return _identity(w, "step numbers", ref)
-    fresh = int(max(int(w["step"].max()), 0)) + 1
+    ref_pos = {int(st): j for j, st in enumerate(ref_steps)}  # a reference token -> its position
+    ref_held = anchors[ref_idx] >= 0
     token = np.full(len(w), -1, dtype=np.int64)
+    token[ref_idx] = ref_steps
+    # instance -> the token of the window holding it, on the ranks tokenized so far
+    inst_token: dict[int, int] = {}
+
+    def learn(idx: np.ndarray) -> None:
+        for k in idx:
+            if token[k] >= 0:
+                for i in held.get((int(w_rank[k]), int(w_step[k])), []):
+                    inst_token.setdefault(i, int(token[k]))
+
+    learn(ref_idx)
+    fresh = int(max(int(w_step.max()), 0)) + 1
     renumbered: dict[int, int] = {}
     unmatched: dict[int, int] = {}
-    for r in ranks:
-        idx = np.flatnonzero(w["rank"].to_numpy() == r)
-        if r == ref:
-            token[idx] = ref_steps
-            continue
-        a = anchors[idx]
-        # the reference window (by position) of each anchored window; -1 when its anchor is not one
-        j_of = np.array([ref_by_anchor.get(int(x), -1) if x >= 0 else -1 for x in a], dtype=np.int64)
-        pos = np.arange(len(idx))
+    todo = [r for r in ranks if r != ref]
+    insts = {int(r): g.tolist() for r, g in pr.groupby("rank")["instance"]}
+    while todo:
+        # the next rank: the one sharing the most instances with the ranks tokenized (ties: lowest)
+        shared = {r: sum(i in inst_token for i in insts.get(r, [])) for r in todo}
+        r = max(todo, key=lambda x: (shared[x], -x))
+        todo.remove(r)
+        idx = np.flatnonzero(w_rank == r)
+        # each window: the token of the earliest of its instances a tokenized window holds
+        got = np.full(len(idx), -1, dtype=np.int64)
+        used: set[int] = set()
+        for k, wi in enumerate(idx):
+            for i in held.get((r, int(w_step[wi])), []):
+                t = inst_token.get(i)
+                if t is not None:
+                    if t not in used:
+                        got[k] = t
+                        used.add(t)
+                    break
+        # a window without a collective: the reference window at the distance (in windows) its
+        # anchored neighbours agree on, when that window holds no collective either
+        j_of = np.array([ref_pos.get(int(t), -1) if t >= 0 else -1 for t in got], dtype=np.int64)
         known = np.flatnonzero(j_of >= 0)
-        d_known = j_of[known] - pos[known]
-        used: set[int] = set(int(j) for j in j_of[known])
-        for k in range(len(idx)):
-            j = int(j_of[k])
-            if j < 0 and a[k] < 0 and known.size:
-                # a window without a collective: the distance its anchored neighbours agree on
-                at = int(np.searchsorted(known, k))
-                ds = {int(d_known[at - 1])} if at > 0 else set()
-                if at < known.size:
-                    ds.add(int(d_known[at]))
-                if len(ds) == 1:
-                    jj = k + ds.pop()
-                    if 0 <= jj < len(ref_steps) and ref_anchor[jj] < 0 and jj not in used:
-                        j = jj
-                        used.add(jj)
-            if j >= 0:
-                token[idx[k]] = ref_steps[j]
-            else:
-                token[idx[k]] = fresh
-                fresh += 1
-                unmatched[r] = unmatched.get(r, 0) + 1
-        steps_r = w["step"].to_numpy(np.int64)[idx]
-        renumbered[r] = int((token[idx] != steps_r).sum()) - unmatched.get(r, 0)
-    # unmatched reference windows: those no other rank's window took
-    taken = {int(t) for r in ranks if r != ref for t in token[w["rank"].to_numpy() == r]}
-    lost_ref = int(sum(1 for s in ref_steps if int(s) not in taken))
+        d_known = j_of[known] - known
+        for k, wi in enumerate(idx):
+            if got[k] >= 0 or anchors[wi] >= 0 or not known.size:
+                continue
+            at = int(np.searchsorted(known, k))
+            ds = {int(d_known[at - 1])} if at > 0 else set()
+            if at < known.size:
+                ds.add(int(d_known[at]))
+            if len(ds) == 1:
+                j = k + ds.pop()
+                if 0 <= j < len(ref_steps) and not ref_held[j] and int(ref_steps[j]) not in used:
+                    got[k] = int(ref_steps[j])
+                    used.add(int(ref_steps[j]))
+        lost = got < 0
+        unmatched[r] = int(lost.sum())
+        got[lost] = np.arange(fresh, fresh + int(lost.sum()), dtype=np.int64)
+        fresh += int(lost.sum())
+        token[idx] = got
+        renumbered[r] = int(((got != w_step[idx]) & ~lost).sum())
+        learn(idx)
+    # reference windows no other rank's window took
+    taken = {int(t) for t in token[w_rank != ref]}
+    lost_ref = int(sum(1 for st in ref_steps if int(st) not in taken))
     if lost_ref:
         unmatched[ref] = lost_ref
-    t = pd.DataFrame(
-        {
-            "rank": w["rank"].to_numpy(np.int64),
-            "step": w["step"].to_numpy(np.int64),
-            "token": token,
-            "anchor": anchors,
-        }
-    )
+    t = pd.DataFrame({"rank": w_rank, "step": w_step, "token": token, "anchor": anchors.astype(np.int64)})
     return StepTokens(t, "collective sequence", ref, renumbered, unmatched)
 
 
