@@ -1,4 +1,4 @@
-"""Profiler dilation (METHOD.md 9, issue 9): the figure, the threshold, and the correction.
+"""Profiler dilation (docs/METHOD.md section Dilation, issue 9): the figure, the threshold, and the correction.
 
 The correction test builds a GPU-timeline run twice in code: the "unprofiled" world, where the
 host leaves a gap of H_TRUE ns before each kernel launch, and the "profiled" world, where the

@@ -1,4 +1,4 @@
-"""The per-step breakdown of a run: classify, find steps, partition them, summarise (METHOD.md 3-4).
+"""The per-step breakdown of a run: classify, find steps, partition them, summarise (docs/METHOD.md sections "Classes" and "Steps and the partition").
 
 `breakdown(run)` returns a frozen `Breakdown` (steps chosen by `find_steps_detailed`: `auto` by
 default, so a trace without step markers is one window, never a refusal): the per-(rank, step) partition table, a per-token
@@ -141,7 +141,7 @@ def _stats(values: np.ndarray, with_n: bool = False) -> dict[str, Any]:
 def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
     """Per step index: the step time is the longest window over ranks; each part is the mean over
     the ranks that have the step of that rank's part, a rank's window padded to the step time with
-    idle (METHOD.md 4: a step's parts are never taken from whichever rank had the longest window,
+    idle (docs/METHOD.md section Steps and the partition: a step's parts are never taken from whichever rank had the longest window,
     so a tie of microseconds decides nothing). Stats over step indices; `slowest_rank_counts`
     says how often each rank had the longest window (information only)."""
     if not len(steps):

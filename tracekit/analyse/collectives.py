@@ -1,4 +1,4 @@
-"""One collective across ranks: matching, clock alignment, wait vs transfer (METHOD.md section 5).
+"""One collective across ranks: matching, clock alignment, wait vs transfer (docs/METHOD.md section Wait and transfer).
 
 `match_collectives(events)` takes a (classified or not) event table of one run and returns
 `CollectiveInstances`:
@@ -702,7 +702,7 @@ def match_group(
     missing_ranks = _members_without_events(rows, present, run_ranks, expected)
     if missing_ranks:
         # a member that recorded none of the group's collectives: its arrivals are unknown, so
-        # the others' waits would be taken for transfer (METHOD.md 5: refuse when counts differ)
+        # the others' waits would be taken for transfer (docs/METHOD.md section Wait and transfer: refuse when counts differ)
         msg, hint = _without_events_message(group, rows, missing_ranks, level)
         if not allow_partial:
             raise MatchError(f"{msg}; {hint} (allow_partial / --allow-partial matches the ranks present)")

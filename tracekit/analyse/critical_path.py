@@ -1,4 +1,4 @@
-"""The per-token critical path across ranks (METHOD.md section 6, the rendezvous model).
+"""The per-token critical path across ranks (docs/METHOD.md section Critical path and what-if, the rendezvous model).
 
 Waiting is a consequence, not a cause. A collective starts on every rank when its *last* rank
 arrives (`a = max_r s_r`), so the time a token takes runs through that late rank's own work before

@@ -1,4 +1,4 @@
-"""The profiler's own cost (METHOD.md section 9): dilation = profiled / unprofiled per-token time.
+"""The profiler's own cost (docs/METHOD.md section Dilation): dilation = profiled / unprofiled per-token time.
 
 A capture times every token in alternating passes, from the host's wall clock: K unprofiled and K
 profiled rounds in the order U P U P ... (manifest `unprofiled.rounds` / `profiled.rounds`, each

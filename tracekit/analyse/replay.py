@@ -1,4 +1,4 @@
-"""What-if: replay a decode trace per token across ranks under counterfactuals (METHOD.md 6).
+"""What-if: replay a decode trace per token across ranks under counterfactuals (docs/METHOD.md section Critical path and what-if).
 
 The replay model is the critical path's rendezvous model (`tracekit.analyse.critical_path`) run
 forward in time, with each rank's host and device kept apart where the trace has both:
@@ -50,7 +50,7 @@ trace gives back the measured step times (`replay_error`).
   scaled by (C1 / N) / C_r, with C1 the baseline's and C_r the rank's mean compute per token (sum
   of compute operation durations; on a host timeline: compute op time).
 
-**Correction to the unprofiled times** (METHOD.md 9): the profiler's cost is host time. On a GPU
+**Correction to the unprofiled times** (docs/METHOD.md section Dilation): the profiler's cost is host time. On a GPU
 timeline a fixed cost per CUDA runtime call is taken from every call's host time (the gap before
 it first); on a host timeline every part but transfer is multiplied by one factor (the rule
 `shortfall.reconcile` uses there); either is solved for (`calibrate`) so that the unchanged
@@ -1203,7 +1203,7 @@ def _check(
     predicted: Mapping[str, Mapping[int, Fraction]],
     corrected: bool,
 ) -> dict[str, Any]:
-    """A prediction set against a real run that was not used to make it (METHOD.md 6)."""
+    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if)."""
     parts, combo, label = check
     spec = combination_spec(combo)
     n = len(parts.ranks)

@@ -1,4 +1,4 @@
-"""Step windows and the exact partition of each step (METHOD.md section 4).
+"""Step windows and the exact partition of each step (docs/METHOD.md section Steps and the partition).
 
 `find_steps(events, pattern)` finds the step windows. `pattern` is `auto` (the default, also None),
 `whole`, or a regex of host annotations. `auto` tries, in order (`STEP_RULES`), and says which

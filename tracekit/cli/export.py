@@ -33,7 +33,7 @@ def command(paths: tuple[str, ...], out: str, step_pattern: str | None, no_cache
     \b
     Examples:
       tracekit export --perfetto tp2.json traces/h200-tp2
-      tracekit export --perfetto sglang.json.gz ../shared/traces/external/tracelens/sglang_qwen3-8b_decode.json.gz
+      tracekit export --perfetto sglang.json.gz sglang_qwen3-8b_decode.json.gz
     """
     from tracekit.errors import OutputError
     from tracekit.export.perfetto import write_perfetto

@@ -34,6 +34,7 @@ COMMANDS: dict[str, str] = {
     "rho": "rho",
     "whatif": "whatif",
     "export": "export",
+    "roofline": "roofline",
 }
 
 

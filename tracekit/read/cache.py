@@ -64,7 +64,7 @@ def folder_writable(d: Path) -> bool:
     """True when `d` may be written: os.access says so AND its mode has a write bit.
 
     The mode check matters when running as root, where os.access is always true: a folder marked
-    read-only (dr-xr-xr-x, like ../shared) is left alone.
+    read-only (dr-xr-xr-x, like a shared trace folder) is left alone.
     """
     try:
         st = d.stat()
