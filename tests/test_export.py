@@ -164,9 +164,9 @@ def test_h200_tp2_view_matches_what_ran(h200):
     nccl = [e for e in classed if e["args"]["kernel"].startswith("ncclDevKernel")]
     assert nccl and all(e["name"] == "collective" for e in nccl)
     # the critical path: per step its pieces tile time without a gap or an overlap, from the window
-    # start of the rank it ends on to the latest window end of the step, on the aligned clock (each
-    # rank is drawn on its own clock: aligned = raw - the rank's offset, docs/METHOD.md section
-    # Clocks and step matching; a few ns on this one host)
+    # start of the rank it ends on to the latest window end of the step, on the aligned clock
+    # (docs/METHOD.md section Clocks and step matching): each rank is drawn on its own clock,
+    # aligned = raw - the rank's offset (a few ns on this one host)
     from tracekit.analyse.collectives import match_collectives
 
     off = match_collectives(
