@@ -165,17 +165,25 @@ def test_h200_tp2_view_matches_what_ran(h200):
     # NCCL kernels are the collective class; matmuls compute
     nccl = [e for e in classed if e["args"]["kernel"].startswith("ncclDevKernel")]
     assert nccl and all(e["name"] == "collective" for e in nccl)
-    # the critical path (one host, one clock): per step its pieces tile time without a gap or an
-    # overlap, from the window start of the rank it ends on to the latest window end of the step
+    # the critical path: per step its pieces tile time without a gap or an overlap, from the window
+    # start of the rank it ends on to the latest window end of the step, on the aligned clock
+    # (docs/METHOD.md section Clocks and step matching): each rank is drawn on its own clock,
+    # aligned = raw - the rank's offset (a few ns on this one host)
+    from tracekit.analyse.collectives import match_collectives
+
+    off = match_collectives(
+        ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest
+    ).clock.offsets_ns
+    assert all(abs(v) < 1_000 for v in off.values())
     path = [e for e in doc["traceEvents"] if e.get("cat", "").startswith("tracekit.critical_path.")]
     base = doc["tracekitExport"]["base_ns"]
     windows: dict[tuple[int, int], tuple[int, int]] = {}
     for e in _by_cat(doc, "tracekit.step"):
-        a = base + round(e["ts"] * 1000)
+        a = base + round(e["ts"] * 1000) - off[e["pid"]]
         windows[(e["args"]["step"], e["pid"])] = (a, a + e["args"]["window_ns"])
     by_step: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
     for e in path:
-        a = base + round(e["ts"] * 1000)
+        a = base + round(e["ts"] * 1000) - off[e["pid"]]
         by_step[e["args"]["step"]].append((a, a + round(e["dur"] * 1000), e["pid"]))
     assert sorted(by_step) == list(range(1, tokens + 1))
     for step, pieces in by_step.items():

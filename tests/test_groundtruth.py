@@ -21,16 +21,12 @@ SHAPLEY_SYNC0 = (
 )
 PATH_GAPS_AS_SYNC = "issue 23 item 1: the path books a segment by the timeline's priority, not by cause: the device's queued gaps under the host's blocking .item() read as sync"
 PATH_NOT_CAUSAL = "issue 23 item 1: the path ignores that a host keeps running past asynchronous launches: GPU work and transfers in the shadow of the host-bound rank are put on the path, its host time is short"
-CLOCKS = "issue 23 item 3: clocks trusted (one manifest host): rank 1's 5 ms skew is detected but not removed"
-STEP_NUMBERS = "issue 23 item 4: steps matched by their numbers, not by collective sequence"
 BETWEEN_STEPS = "issue 23 item 5: time between steps outside the marker is not host work on the path / in the replay (booked as path offset, frozen step starts)"
 PROFILER_ONE_NUMBER = "issue 23 item 6: the per-call profiler cost is solved from one number"
 PROFILER_PROPORTIONAL = "issue 23 item 7: the profiler correction shrinks wait, sync and idle in proportion"
 COMPUTE_PER_RANK = (
     "issue 23 item 8: compute=/N scales each rank by one factor, keeping the per-collective imbalance"
 )
-DIAGNOSIS_WAIT = "issue 23 item 9: the diagnosis asserts waiting that is not there"
-DIFF_OFFSET = "issue 23 item 10: diff's change sits in the path offset, which it ignores"
 EPOCH_FLOAT = "issue 23 item 11: absolute epoch-scale nanoseconds go through float64 in the replay"
 NOISE_AS_FINDING = "issue 23 item 2: the verdict names a cause the capture's rounds disagree on (noise passed off as a finding)"
 # found by the simulator, not an issue-23 item: the replay takes the device's queued gap (what
@@ -58,28 +54,14 @@ XFAIL: dict[tuple[str, str], str] = {
     ("launch_bound_tp2", "whatif sync=0"): SYNC0,
     ("launch_bound_tp2", "whatif all"): SHAPLEY_SYNC0,
     ("launch_bound_tp2", "shapley"): SHAPLEY_SYNC0,
-    ("launch_bound_tp2", "diagnosis"): DIAGNOSIS_WAIT,
-    ("clock_skew_5ms", "terms"): CLOCKS,
-    ("clock_skew_5ms", "terms_per_rank"): CLOCKS,
-    ("clock_skew_5ms", "path device"): CLOCKS,
-    ("clock_skew_5ms", "path host"): CLOCKS,
-    ("clock_skew_5ms", "replay"): CLOCKS,
-    ("clock_skew_5ms", "whatif transfer=0"): CLOCKS,
-    ("clock_skew_5ms", "whatif launch=0"): CLOCKS,
-    ("clock_skew_5ms", "whatif sync=0"): CLOCKS + "; " + SYNC0,
-    ("clock_skew_5ms", "whatif straggler=off"): CLOCKS,
-    ("clock_skew_5ms", "whatif compute=/N"): CLOCKS,
-    ("clock_skew_5ms", "whatif all"): CLOCKS + "; " + SYNC0,
-    ("clock_skew_5ms", "shapley"): CLOCKS + "; " + SYNC0,
-    ("clock_skew_5ms", "clock"): CLOCKS,
-    ("clock_skew_5ms", "verdict"): CLOCKS,
-    ("clock_skew_5ms", "diff"): CLOCKS,
+    ("clock_skew_5ms", "path host"): PATH_GAPS_AS_SYNC,
+    ("clock_skew_5ms", "whatif sync=0"): SYNC0,
+    ("clock_skew_5ms", "whatif all"): SHAPLEY_SYNC0,
+    ("clock_skew_5ms", "shapley"): SHAPLEY_SYNC0,
     ("step_numbers_off_by_one", "path host"): PATH_GAPS_AS_SYNC,
-    ("step_numbers_off_by_one", "whatif transfer=0"): STEP_NUMBERS,
     ("step_numbers_off_by_one", "whatif sync=0"): SYNC0,
-    ("step_numbers_off_by_one", "whatif all"): SHAPLEY_SYNC0 + "; " + STEP_NUMBERS,
-    ("step_numbers_off_by_one", "shapley"): SHAPLEY_SYNC0 + "; " + STEP_NUMBERS,
-    ("step_numbers_off_by_one", "steps"): STEP_NUMBERS,
+    ("step_numbers_off_by_one", "whatif all"): SHAPLEY_SYNC0,
+    ("step_numbers_off_by_one", "shapley"): SHAPLEY_SYNC0,
     ("between_steps_300us", "path offset"): BETWEEN_STEPS,
     ("between_steps_300us", "path device"): BETWEEN_STEPS,
     ("between_steps_300us", "path host"): BETWEEN_STEPS,
@@ -96,14 +78,12 @@ XFAIL: dict[tuple[str, str], str] = {
     ("profiler_cost_15us", "whatif sync=0"): SYNC0,
     ("profiler_cost_15us", "whatif all"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
     ("profiler_cost_15us", "shapley"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
-    ("profiler_cost_15us", "diagnosis"): DIAGNOSIS_WAIT,
     ("profiler_cost_4us", "path device"): PATH_NOT_CAUSAL,
     ("profiler_cost_4us", "path host"): PATH_NOT_CAUSAL,
     ("profiler_cost_4us", "whatif launch=0"): PROFILER_ONE_NUMBER,
     ("profiler_cost_4us", "whatif sync=0"): SYNC0,
     ("profiler_cost_4us", "whatif all"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
     ("profiler_cost_4us", "shapley"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
-    ("profiler_cost_4us", "diagnosis"): DIAGNOSIS_WAIT,
     ("profiler_changes_last_rank", "terms"): PROFILER_PROPORTIONAL,
     ("profiler_changes_last_rank", "terms_per_rank"): PROFILER_PROPORTIONAL,
     ("profiler_changes_last_rank", "path device"): PROFILER_PROPORTIONAL + "; " + PATH_NOT_CAUSAL,
@@ -128,26 +108,23 @@ XFAIL: dict[tuple[str, str], str] = {
     ("compute_imbalance_per_collective", "shapley"): SHAPLEY_SYNC0 + "; " + COMPUTE_PER_RANK,
     ("zero_wait", "path host"): PATH_GAPS_AS_SYNC,
     ("zero_wait", "shapley"): SHAPLEY_SYNC0,
-    ("zero_wait", "diagnosis"): DIAGNOSIS_WAIT,
     ("diff_in_path_offset", "path host"): PATH_GAPS_AS_SYNC,
     ("diff_in_path_offset", "whatif sync=0"): SYNC0,
     ("diff_in_path_offset", "whatif all"): SHAPLEY_SYNC0,
     ("diff_in_path_offset", "shapley"): SHAPLEY_SYNC0,
-    ("diff_in_path_offset", "diff"): DIFF_OFFSET,
+    ("diff_in_path_offset", "diff"): BETWEEN_STEPS,
     ("epoch_times", "path device"): PATH_NOT_CAUSAL,
     ("epoch_times", "path host"): PATH_NOT_CAUSAL,
     ("epoch_times", "replay"): EPOCH_FLOAT,
     ("epoch_times", "whatif sync=0"): SYNC0,
     ("epoch_times", "whatif all"): SHAPLEY_SYNC0 + "; " + EPOCH_FLOAT,
     ("epoch_times", "shapley"): SHAPLEY_SYNC0 + "; " + EPOCH_FLOAT,
-    ("epoch_times", "diagnosis"): DIAGNOSIS_WAIT,
     ("tiny_launch_bound", "path device"): PATH_NOT_CAUSAL,
     ("tiny_launch_bound", "path host"): PATH_NOT_CAUSAL,
     ("tiny_launch_bound", "whatif launch=0"): QUEUED_GAP_GUESS,
     ("tiny_launch_bound", "whatif sync=0"): SYNC0,
     ("tiny_launch_bound", "whatif all"): SHAPLEY_SYNC0 + "; " + QUEUED_GAP_GUESS,
     ("tiny_launch_bound", "shapley"): SHAPLEY_SYNC0 + "; " + QUEUED_GAP_GUESS,
-    ("tiny_launch_bound", "diagnosis"): DIAGNOSIS_WAIT,
     ("loaded_host_noise", "path device"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "path host"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "whatif sync=0"): SYNC0,

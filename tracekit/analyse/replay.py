@@ -521,6 +521,7 @@ def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
+    from tracekit.analyse.align import as_tokens
     from tracekit.analyse.steps import find_steps_detailed
 
     steady = parts.steady
@@ -531,6 +532,7 @@ def build_model(
         classified = classified.events
     else:
         wins = find_steps_detailed(classified, parts.step_pattern).steps
+    wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
     wins = wins[wins["step"].isin(steps)]
     part_w = parts.steps[["rank", "step", "start_ns", "end_ns"]]
     wins = wins.drop(columns=["end_ns"]).merge(part_w[["rank", "step", "end_ns"]], on=["rank", "step"])

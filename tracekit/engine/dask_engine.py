@@ -744,7 +744,12 @@ def _attribute_per_rank(
     client's `finish_attribution`: the pieces the local `attribute_run` calls, in its order."""
     from tracekit.analyse.critical_path import path_inputs, path_of, path_spans, path_timeline
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
-    from tracekit.analyse.shortfall import assemble_attribution, attribute_setup, finish_attribution
+    from tracekit.analyse.shortfall import (
+        assemble_attribution,
+        attribute_setup,
+        finish_attribution,
+        join_steps,
+    )
     from tracekit.analyse.steps import assemble_steps
     from tracekit.errors import StepError
 
@@ -793,6 +798,7 @@ def _attribute_per_rank(
         steps=steps,
     )
     dq.merge(coll.data_quality)
+    steps = join_steps(steps, coll, label, dq)
     offsets = coll.clock.offsets_ns
     windows = steps[["rank", "step", "start_ns", "end_ns"]]
     spans = path_spans(path_inputs(windows, coll.per_rank, offsets))
