@@ -296,3 +296,22 @@ def test_cpu_capture_measures_the_profilers_cost_per_call(gloo_truth):  # type: 
         assert cal["per_call_ns"]["op"] > 0
         assert cal["calls"] > 0 and "mode cpu" in cal["method"]
         assert set(cal["per_rank_ns"]) == {str(r) for r in range(m["workload"]["tp"])}
+
+
+def test_coordination_inside_its_noise_is_said_so_and_its_waiting_not_named():
+    # coordination by construction: gap 58 + tail 10 + the mean wait at a rendezvous of two
+    # arrivals of spread 40 * sqrt(2) (56.6 / sqrt(pi) = 31.9) - the baseline's idle 200 / 2 = ~0;
+    # transfer 300 is the cause. The path's "the consequence: rank r waits ..." would state noise.
+    for seed in range(3):
+        doc = _pair(
+            seed,
+            {"compute": 800, "gap": 200, "transfer": 0},
+            {"compute": 400, "gap": 58, "transfer": 300},
+            sd=40,
+            speeds_b=[1.0, 1.0, 1.0],
+            speeds_s=[1.0, 1.0, 1.0],
+        )
+        rd = doc["noise"]
+        assert rd["cause"] == "transfer" and rd["terms"]["coordination"]["reading"] == "within_noise"
+        assert "coordination is within noise [" in doc["verdict"]
+        assert "the consequence" not in doc["verdict"] and "waits" not in doc["verdict"]

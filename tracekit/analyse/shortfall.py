@@ -844,10 +844,13 @@ class Shortfall:
         top = rd.cause
         assert top is not None
         others = "; ".join(clause(k) for k in shown if k != top)
+        # the path sentence names the waiting the path causes; with coordination inside its noise
+        # that waiting would be noise passed off as a consequence, so it is left out
+        path = self.path_cause() if rd.terms["coordination"]["reading"] != "within_noise" else ""
         return (
             f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "
             f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {_iv(rd.terms[top]['interval'])}); "
-            f"{others} ({basis}). {self.path_cause()} {dil}"
+            f"{others} ({basis}). " + (f"{path} " if path else "") + dil
         )
 
     def _noise_checked_diagnosis(self) -> str:
