@@ -973,7 +973,8 @@ class Shortfall:
         terms = ints["terms_ns"]
         if s <= 0:
             return "Nothing to recover at this TP degree."
-        top = max(terms, key=lambda k: terms[k])
+        # the verdict's cause (the largest term clear of its noise), not a larger one inside it
+        top = self.noise().cause or max(terms, key=lambda k: terms[k])
         n = self.n_ranks
         # GPU busy share of a TP=1 token: device work as traced (the reconciliation keeps it as
         # measured on a GPU timeline) over the per-token time T1 the attribution uses
