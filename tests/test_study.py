@@ -54,7 +54,11 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     md = (out / "report.md").read_text()
     assert sf["verdict"] and rep["verdict"] == sf["verdict"]
     md_text = re.sub(r"\\(.)", r"\1", md)  # Markdown backslash escapes removed
-    assert html.escape(sf["verdict"]) in page and sf["verdict"] in md_text and sf["verdict"] in stdout
+    # the page and the Markdown print code spans without their backticks (report.data.prose)
+    from tracekit.report.data import prose
+
+    said = prose(sf["verdict"])
+    assert html.escape(said) in page and said in md_text and sf["verdict"] in stdout
     assert rep["per_token_ns"] == sf["per_token_ns"]
     assert rep["attribution"]["shortfall_ns"] == sf["shortfall_ns"]
     assert rep["attribution"]["terms_ns"] == sf["terms_ns"]
@@ -71,9 +75,11 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     for run, d in dil.items():
         assert f"{run} {d:.2f}x" in rep["dilation"]["sentence"]
     assert rep["dilation"]["sentence"] in md
-    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or sf["diagnosis"] in md_text)
+    assert rep["diagnosis"] == sf["diagnosis"] and (not sf["diagnosis"] or prose(sf["diagnosis"]) in md_text)
     assert re.search(
-        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?<p class="dilation"', page
+        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^>]*>[^<]*</p>\s*)?'
+        r'(<details id="dilation-details"><summary>[^<]*</summary>)?<p class="dilation"',
+        page,
     )
     # both runs' per-step parts, rank by rank, each step's parts summing to its window
     assert [r["role"] for r in rep["runs"]] == ["baseline", "sharded"]
