@@ -1,24 +1,85 @@
 """Shared test fixtures.
 
-`shared_traces` is the path of the real traces in ../shared/traces (relative to the repo root);
-tests using it are skipped with a reason when that folder is absent.
+`shared_traces` is the path of the third-party traces in ../shared/traces (relative to the repo
+root): only the tests of other projects' formats and files use it, and they are skipped with a
+reason when that folder is absent (a clone). A test that needs "some real trace" uses the
+project's own committed traces/ instead: `real_kineto_doc()` (one step of a real two-H200 rank
+file) and `real_nsys_sqlite` (a real nsys export).
 """
 
 from __future__ import annotations
 
+import functools
+import gzip
+import json
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+REPO = Path(__file__).resolve().parents[1]
+SHARED_TRACES = REPO.parent / "shared" / "traces"
+#: a real Kineto rank file of the project's own (traces/README.md): rank 0 of TP=2 on two H200s,
+#: profiler mode full (CPU ops with shapes, kernels, NCCL, cuda_sync, distributedInfo, flows)
+REAL_KINETO = REPO / "traces" / "h200-tp2-full" / "rank-0.pt.trace.json.gz"
+#: a real Nsight Systems export of the project's own (TP=1 on one H200, gzipped SQLite)
+REAL_NSYS_GZ = REPO / "traces" / "h200-tp1-nsys" / "nsys.sqlite.gz"
 
 
 @pytest.fixture(scope="session")
 def shared_traces() -> Path:
     """Path of ../shared/traces; skips the test when it is absent."""
     if not SHARED_TRACES.is_dir():
-        pytest.skip(f"real traces not found at {SHARED_TRACES} (../shared/traces relative to the repo root)")
+        pytest.skip(f"{NO_SHARED}: {SHARED_TRACES} is absent")
     return SHARED_TRACES
+
+
+#: the start of the skip reason of every test that needs ../shared/traces
+NO_SHARED = "third-party traces (../shared/traces) not here"
+
+
+def _skip_kind(reason: str) -> str:
+    """A skip reason folded into its kind for the one summary line."""
+    if reason.startswith(NO_SHARED) or str(SHARED_TRACES) in reason:
+        return "third-party traces not here (../shared)"
+    if "gpu" in reason.lower():  # "needs a CUDA GPU", "needs 2 CUDA GPUs", "... GPUs visible"
+        return "no CUDA GPU"
+    return reason
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    """One line: how many tests skipped, and why, by kind (a clone without ../shared skips only the
+    tests of third-party formats; a machine without GPUs the GPU tests)."""
+    from collections import Counter
+
+    kinds: Counter[str] = Counter()
+    for rep in terminalreporter.stats.get("skipped", []):
+        lr = rep.longrepr
+        reason = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr)
+        kinds[_skip_kind(str(reason).removeprefix("Skipped: "))] += 1
+    if kinds:
+        parts = "; ".join(f"{n} {k}" for k, n in kinds.most_common())
+        terminalreporter.write_line(f"skipped {sum(kinds.values())}: {parts}")
+
+
+def shared_params(values: list[Any], ids: list[str] | None = None, *, tuples: bool = False) -> list[Any]:
+    """Parameters of a test over files under ../shared/traces: every value when the folder is here;
+    in a clone without it, one skipped placeholder (one skip for the test, not one per file).
+    `tuples`: each value is the tuple of several arguments."""
+    if SHARED_TRACES.is_dir():
+        return [
+            pytest.param(*(v if tuples else (v,)), id=None if ids is None else ids[i])
+            for i, v in enumerate(values)
+        ]
+    first = values[0]
+    return [
+        pytest.param(
+            *(first if tuples else (first,)),
+            id="no-shared",
+            marks=pytest.mark.skip(reason=f"{NO_SHARED}: {SHARED_TRACES} is absent ({len(values)} files)"),
+        )
+    ]
 
 
 def shared_trace(shared_traces: Path, rel: str) -> Path:
@@ -33,6 +94,104 @@ def shared_trace(shared_traces: Path, rel: str) -> Path:
 def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth.TruthRuns
     """Fresh CPU captures (tp1, a, b, inj) shared by the ground-truth, diff and what-if tests."""
     pytest.importorskip("torch")
-    from gloo_truth import capture_truth_runs
+    from gloo_truth import capture_truth_runs, shared_truth_runs
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # -n auto: one capture for all workers
+        shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
+        return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+
+
+@functools.lru_cache(maxsize=2)
+def _real_kineto_text(rank: int = 0) -> str:
+    """Rank `rank` of REAL_KINETO's run cut to its second profiler step (the first is the warm-up):
+    the metadata, and every event that starts between ProfilerStep#2's start and ProfilerStep#3's
+    (the GPU work the step launched runs up to there), as JSON text. About 5,000 events: small
+    enough to damage and re-read in every reliability case."""
+    with gzip.open(REAL_KINETO.with_name(f"rank-{rank}.pt.trace.json.gz"), "rt") as f:
+        doc = json.load(f)
+    starts = sorted(
+        float(e["ts"]) for e in doc["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep#")
+    )
+    t0, t1 = starts[1], starts[2]
+    doc["traceEvents"] = [
+        e
+        for e in doc["traceEvents"]
+        if e.get("ph") == "M" or (isinstance(e.get("ts"), (int, float)) and t0 <= float(e["ts"]) < t1)
+    ]
+    return json.dumps(doc)
+
+
+def write_real_tp2_run(folder: Path, name: str = "rank-{r}.json.gz") -> Path:
+    """Both ranks of REAL_KINETO's TP=2 run, one step each (`_real_kineto_text`), gzipped into
+    `folder` (created) as `name` with {r} the rank; no manifest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for r in (0, 1):
+        with gzip.open(folder / name.format(r=r), "wt") as f:
+            f.write(_real_kineto_text(r))
+    return folder
+
+
+def real_kineto_doc() -> dict[str, Any]:
+    """A fresh copy of one real step of REAL_KINETO (`_real_kineto_text`), to damage in a test."""
+    doc: dict[str, Any] = json.loads(_real_kineto_text())
+    return doc
+
+
+@pytest.fixture(scope="session")
+def real_kineto_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`real_kineto_doc()` written as `rank-0.pt.trace.json.gz` (a session-wide file: do not edit)."""
+    p = tmp_path_factory.mktemp("real-kineto") / "rank-0.pt.trace.json.gz"
+    with gzip.open(p, "wt") as f:
+        f.write(_real_kineto_text())
+    return p
+
+
+@functools.lru_cache(maxsize=1)
+def real_nsys_path() -> Path:
+    """REAL_NSYS_GZ inflated to a plain `.sqlite` and cut to its first 1,000 kernels: every row of a
+    timed table (one with a `start` column) that starts after the 1,000th kernel is deleted, then
+    the file is vacuumed (about a tenth of the export). One file per test process, in a temporary
+    folder removed at exit: copy it before editing."""
+    import atexit
+    import shutil
+    import sqlite3
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="tracekit-real-nsys-"))
+    atexit.register(shutil.rmtree, folder, True)
+    p = folder / "nsys.sqlite"
+    with gzip.open(REAL_NSYS_GZ, "rb") as f:
+        p.write_bytes(f.read())
+    con = sqlite3.connect(p)
+    try:
+        (cut,) = con.execute(
+            "SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 1 OFFSET 999"
+        ).fetchone()
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        for t in tables:
+            if "start" in {r[1] for r in con.execute(f'PRAGMA table_info("{t}")')}:
+                con.execute(f'DELETE FROM "{t}" WHERE start > ?', (cut,))
+        con.commit()
+        con.execute("VACUUM")
+    finally:
+        con.close()
+    return p
+
+
+@pytest.fixture(scope="session")
+def real_nsys_sqlite() -> Path:
+    """`real_nsys_path()`, a session-wide file: copy it before editing."""
+    return real_nsys_path()
+
+
+@functools.lru_cache(maxsize=1)
+def real_kineto_excerpt_text(n_events: int = 1200) -> str:
+    """`_real_kineto_text()` cut further, for the fuzzer's thousands of cases: the metadata and the
+    first `n_events` other events by start time (a real excerpt: kernels, runtime calls, flows,
+    CPU ops and the step range all begin inside it)."""
+    doc = json.loads(_real_kineto_text())
+    meta = [e for e in doc["traceEvents"] if e.get("ph") == "M"]
+    rest = sorted((e for e in doc["traceEvents"] if e.get("ph") != "M"), key=lambda e: float(e["ts"]))
+    doc["traceEvents"] = meta + rest[:n_events]
+    return json.dumps(doc)

@@ -83,3 +83,23 @@ def capture_truth_runs(root: Path) -> TruthRuns:
     for name, cfg in _configs().items():
         _capture(runs, name, cfg)
     return runs
+
+
+def shared_truth_runs(shared: Path, local: Path) -> TruthRuns:
+    """The truth runs captured once for every pytest-xdist worker of a session: the first worker to
+    take the lock on `shared` captures them there and writes `runs.json`; the others wait for the
+    lock and read it. `capture_more` writes under this worker's own `local` folder (two workers may
+    each ask for the same extra name)."""
+    import fcntl
+    import json
+
+    shared.mkdir(parents=True, exist_ok=True)
+    index = shared / "runs.json"
+    with open(shared / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not index.exists():
+            runs = capture_truth_runs(shared)
+            doc = {"paths": {k: str(v) for k, v in runs.paths.items()}, "speed": runs.speed}
+            index.write_text(json.dumps(doc))
+        doc = json.loads(index.read_text())
+    return TruthRuns(local, {k: Path(v) for k, v in doc["paths"].items()}, doc["speed"])

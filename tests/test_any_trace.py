@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import shared_trace
+from tests.conftest import shared_params, shared_trace
 from tracekit.analyse.breakdown import breakdown
 from tracekit.analyse.steps import STEP_RULES, find_steps_detailed, partition_steps
 from tracekit.classify import classify
@@ -88,7 +88,7 @@ REPO_RULES: dict[str, str] = {
 }
 
 
-@pytest.mark.parametrize("rel", sorted(SHARED_RULES))
+@pytest.mark.parametrize("rel", shared_params(sorted(SHARED_RULES)))
 def test_shared_trace_reads_without_flags(shared_traces: Path, rel: str) -> None:
     path = shared_trace(shared_traces, rel)
     doc = _breakdown_json(path)
@@ -124,11 +124,11 @@ def test_every_trace_found_reads(shared_traces: Path) -> None:
         assert breakdown(run).step_rule in STEP_RULES, p
 
 
-def test_no_cache_beside_inputs(shared_traces: Path, tmp_path: Path) -> None:
+def test_no_cache_beside_inputs(real_kineto_file: Path, tmp_path: Path) -> None:
     d = tmp_path / "traces"
     d.mkdir()
     f = d / "one.json.gz"
-    shutil.copy(shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz"), f)
+    shutil.copy(real_kineto_file, f)
     _breakdown_json(f, "--cache-dir", str(tmp_path / "cc"))
     assert [p.name for p in d.iterdir()] == ["one.json.gz"]
     assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
@@ -160,9 +160,11 @@ def test_whatif_steps_reach_the_analysis(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_report_cache_options_take_effect_and_end_with_the_command(
-    shared_traces: Path, tmp_path: Path
+    real_kineto_file: Path, tmp_path: Path
 ) -> None:
-    f = shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+    f = tmp_path / "in" / real_kineto_file.name  # a copy: the cache entry is this test's own
+    f.parent.mkdir()
+    shutil.copy(real_kineto_file, f)
     assert main(["report", str(f), "-o", str(tmp_path / "a.md"), "--cache-dir", str(tmp_path / "cc")]) == 0
     assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
     assert (

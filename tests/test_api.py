@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import tracekit as tk
-from tests.conftest import shared_trace
 from tracekit.cli.main import main
 from tracekit.errors import NoTracesError
 from tracekit.model.events import COLUMNS
@@ -110,15 +109,20 @@ def test_shortfall_frame_sums_to_s(tp1: tk.TraceRun, tp2: tk.TraceRun):
         sf.n_ranks = 3  # type: ignore[misc]
 
 
-def test_load_takes_one_kineto_file_and_nsys_sqlite(shared_traces: Path):
-    kin = tk.load(shared_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz"), cache=False)
-    # SOURCES.md: 5 active steps, record_function("decode_step")
-    assert len(kin.steps().table) == 5 and kin.steps().step_rule == "decode_step"
-    nsys = tk.load(shared_trace(shared_traces, "h200/nsys_matmul_nvtx.sqlite"), cache=False)
-    # SOURCES.md: 20 NVTX ranges `decode_step i` around a matmul
-    b = nsys.breakdown()
-    assert len(b.to_frame()) == 20
-    assert b.to_json()["kernels_by_class"]["compute"]["count"] >= 20
+def test_load_takes_one_kineto_file_and_nsys_sqlite():
+    """One rank file and one (gzipped) nsys export of the project's own captures: one step per
+    decoded token, as each capture's manifest says (workload.tokens, step pattern decode_step)."""
+    traces = Path(__file__).resolve().parents[1] / "traces"
+    for folder, name in (
+        ("h200-tp1-graphs-compile", "rank-0.pt.trace.json.gz"),
+        ("h200-tp1-nsys", "nsys.sqlite.gz"),
+    ):
+        wl = json.loads((traces / folder / "manifest.json").read_text())["workload"]
+        run = tk.load(traces / folder / name, cache=False)
+        assert len(run.steps().table) == wl["tokens"] and run.steps().step_rule == wl["step_pattern"]
+        b = run.breakdown()
+        assert len(b.to_frame()) == wl["tokens"]
+        assert b.to_json()["kernels_by_class"]["compute"]["count"] >= wl["tokens"]
 
 
 def test_load_errors_are_the_readers(tmp_path: Path):

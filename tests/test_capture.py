@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -826,6 +827,35 @@ def test_profile_blocks_follow_the_capture_passes(tmp_path: Path, monkeypatch: p
     with pytest.raises(CaptureError, match="TRACEKIT_CAPTURE_PASSES"):
         with tracekit.profile(tmp_path, rank=2):
             pass
+
+
+def test_kineto_usdt_lines_are_dropped_from_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    """What a spawned rank writes on fd 2 goes on, but for Kineto's `USDT:` profiler_start/stop
+    markers; a last line without its newline is kept too."""
+    from tracekit.capture.runner import _stderr_without_usdt
+
+    capfd.readouterr()
+    with _stderr_without_usdt():
+        os.write(2, b"USDT:2026-12-01 19:31:26 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"[W gloo] a warning worth seeing\nUSDT:2026 ")
+        os.write(2, b"SyncActivityProfilerHandler.cpp:59] profiler_stop\nlast words")
+    os.write(2, b"\nafter\n")
+    assert capfd.readouterr().err == "[W gloo] a warning worth seeing\nlast words\nafter\n"
+
+
+@pytest.mark.slow
+def test_capture_prints_no_usdt_lines(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    argv = ["capture", "--tp", "2", "--preset", "tiny", "--tokens", "2", "--warmup", "1", "--rounds", "1"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracekit", *argv, "--device", "cpu", "-o", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
+    assert "wrote " in proc.stderr and proc.stdout == ""  # the summary is a message
 
 
 def test_shard_of_is_refused_where_it_cannot_mean_anything(

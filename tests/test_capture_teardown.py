@@ -5,7 +5,6 @@ is ended by the parent after a grace period; the run is complete and says what h
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -23,10 +22,9 @@ def test_rank_stuck_in_teardown_is_ended_and_the_run_is_complete(
     cfg = runner.CaptureConfig(
         tp=2, tokens=3, warmup=1, device="cpu", hang_rank=1, hang_at="teardown", timeout_s=120, rounds=1
     )
-    t0 = time.perf_counter()
-    runner.capture(cfg, tmp_path)  # no CaptureError: every file was written
-    took = time.perf_counter() - t0
-    assert took < 60, took  # ended after the 2 s grace, not after the 120 s collective timeout
+    # no CaptureError: every file was written; the time it takes (the 2 s grace, not the 120 s
+    # collective timeout) is measured in benchmarks/bench_refusals.py
+    runner.capture(cfg, tmp_path)
     man = json.loads((tmp_path / "manifest.json").read_text())
     assert man["complete"] is True and man["errors"] == []
     assert sorted(man["files"]) == ["rank-0.pt.trace.json.gz", "rank-1.pt.trace.json.gz"]

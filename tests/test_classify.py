@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import time
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import shared_params
 
 from tracekit.classify import RULES, classify, classify_name, matching_rules
 from tracekit.classify.rules import strip_parameters
@@ -692,7 +692,7 @@ def _independent_counts(path: Path) -> dict[str, tuple[int, int]]:
     return {k: (out[k], dur[k]) for k in ("memory", "collective", "other")}
 
 
-@pytest.mark.parametrize("rel", KINETO_TRACES)
+@pytest.mark.parametrize("rel", shared_params(KINETO_TRACES))
 def test_kernels_per_class_match_independent_count(shared_traces: Path, rel: str) -> None:
     from tracekit.analyse.breakdown import gpu_time_by
     from tracekit.read import read_run
@@ -796,7 +796,9 @@ def test_classify_empty() -> None:
     assert len(out) == 0 and "cls" in out.columns
 
 
-def test_classify_one_million_events_fast() -> None:
+def test_classify_one_million_events() -> None:
+    """The vectorised classifier agrees with the per-name one on 1M events (its speed:
+    benchmarks/bench_refusals.py)."""
     rng = np.random.default_rng(0)
     pool = [c[1] for c in CASES if c[0] == "kernel"] + [
         f"void my_kernel_{i}<float>(float*)" for i in range(3000)
@@ -806,10 +808,7 @@ def test_classify_one_million_events_fast() -> None:
     kinds = pd.Categorical.from_codes(np.zeros(n, dtype=np.int8), categories=["kernel"])
     start = np.arange(n, dtype=np.int64) * 10
     ev = make_events({"kind": kinds, "name": names, "start_ns": start, "end_ns": start + 5})
-    t0 = time.perf_counter()
     out = classify(ev)
-    elapsed = time.perf_counter() - t0
     # same answer as the per-name function, on a sample
     for i in rng.integers(0, n, 200):
         assert (out["cls"].iat[i], out["rule"].iat[i]) == classify_name("kernel", pool[names.codes[i]])[::2]
-    assert elapsed < 1.0, f"classify of 1M events took {elapsed:.2f} s"

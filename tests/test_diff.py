@@ -330,3 +330,17 @@ def test_nsys_against_kineto_capture_of_one_workload_warns_on_the_dilation(strag
     assert "cross-check: the unprofiled passes' own means change by" in warning
     # the corrected change and the unprofiled passes' own change agree in sign and size
     assert dil["unprofiled_change"] == pytest.approx(doc["relative_change"], abs=0.02)
+
+
+def test_cli_refuses_a_tp_change_unless_asked(capsys: pytest.CaptureFixture[str]) -> None:
+    """`tracekit diff` of a TP=1 and a TP=2 run is one error line naming both degrees and the
+    command that analyses sharding; --allow-tp-change runs it (the library's diff() always does)."""
+    argv = ["diff", str(TRACES / "cpu-tp1"), str(TRACES / "cpu-tp2"), "--no-cache", "--format", "json"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "TP=2 against" in err[0] and "TP=1" in err[0], err
+    assert "tracekit shortfall" in err[0] and "--allow-tp-change" in err[0]
+    assert main([*argv, "--allow-tp-change"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["runs"]["before"]["n_ranks"] == 1 and doc["runs"]["after"]["n_ranks"] == 2

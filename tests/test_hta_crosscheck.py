@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import shared_params
 
 from tracekit.classify import classify
 
@@ -109,7 +110,7 @@ def _hta_view(ev: pd.DataFrame, base_ns: int) -> tuple[float, float, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rels", TRACES, ids=[t[0].split("/")[-1] for t in TRACES])
+@pytest.mark.parametrize("rels", shared_params(TRACES, [t[0].split("/")[-1] for t in TRACES]))
 def test_temporal_breakdown_matches_hta(shared_traces: Path, tmp_path: Path, rels: tuple[str, ...]) -> None:
     from tracekit.read import read_run
 
@@ -131,7 +132,7 @@ def test_temporal_breakdown_matches_hta(shared_traces: Path, tmp_path: Path, rel
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rels", TRACES, ids=[t[0].split("/")[-1] for t in TRACES])
+@pytest.mark.parametrize("rels", shared_params(TRACES, [t[0].split("/")[-1] for t in TRACES]))
 def test_our_figures_without_hta_effects(shared_traces: Path, rels: tuple[str, ...]) -> None:
     """Without HTA's three effects, our own figures: the whole-trace window partitioned by
     partition_steps gives busy = span - idle, and compute+unknown = HTA's computation set."""

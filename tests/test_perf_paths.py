@@ -193,15 +193,10 @@ def test_concat_runs_keeps_strings_across_different_categories() -> None:
 # gzip inflated in a helper thread
 
 
-SHARED = Path(__file__).parents[1].parent / "shared" / "traces"
-H200 = SHARED / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
-
-
 @pytest.fixture
-def h200() -> Path:
-    if not H200.exists():
-        pytest.skip(f"shared trace absent: {H200}")
-    return H200
+def h200(real_kineto_file: Path) -> Path:
+    """A real H200 rank file of the project's own (conftest.real_kineto_file)."""
+    return real_kineto_file
 
 
 def test_gzip_members_and_padding_equal_plain_json(h200: Path, tmp_path: Path) -> None:

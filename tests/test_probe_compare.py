@@ -520,3 +520,20 @@ def test_verdict_says_which_timing_and_drops_the_launch_caveat_under_graph() -> 
     # without a trace the probe-only verdict says it too
     text, d = verdict(graph_rows({"nvlink", "pcie"}), ["nvlink", "pcie"], None, cpu_only=False)
     assert "Probe timing: CUDA-graph replay" in text and d["timing"]["pcie"] == "graph"
+
+
+def test_compare_links_without_gpus_is_one_refusal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a machine without CUDA GPUs a plain `tracekit compare-links` measures nothing and says
+    why in one line (it used to print gloo figures under nvlink / pcie headings, exit 0)."""
+    from tracekit.cli import compare_links as cl
+
+    monkeypatch.setattr(cl, "_have_cuda_gpus", lambda: False)
+    capsys.readouterr()
+    assert main(["compare-links", "--op", "all_reduce", "--max", "64K"]) == 2
+    got = capsys.readouterr()
+    lines = got.err.strip().splitlines()
+    assert got.out == "" and len(lines) == 1, got.err
+    assert lines[0].startswith("tracekit: error: ") and "no CUDA GPU" in lines[0]
+    assert "tracekit probe --device cpu" in lines[0]

@@ -88,8 +88,9 @@ def test_probe_cli_gloo_two_ranks_all_ops_json(tmp_path: Path, capsys: pytest.Ca
     rows = json.loads(out.read_text())
     check_rows(rows, 2, [8, 64, 512, 4096])
     assert {r["op"] for r in rows} == set(spec.COLLECTIVE_OPS)
-    printed = capsys.readouterr().out
-    assert "# Out of bounds values : 0 OK" in printed and f"# wrote {out}" in printed
+    printed = capsys.readouterr()
+    assert printed.out == ""  # the result went to -o; the table and the message to stderr
+    assert "# Out of bounds values : 0 OK" in printed.err and f"wrote {out}" in printed.err
 
 
 @pytest.mark.slow
@@ -299,7 +300,7 @@ def test_probe_under_torchrun(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads(out.read_text())
     check_rows(rows, 2, [8, 64, 512])
-    assert proc.stdout.count("# wrote") == 1  # only rank 0 prints
+    assert proc.stderr.count(f"wrote {out}") == 1  # only rank 0 prints
 
 
 def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import shared_params
 
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import check_events
@@ -57,7 +58,7 @@ def _trace(shared_traces: Path, rel: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("rel", KINETO_TRACES)
+@pytest.mark.parametrize("rel", shared_params(KINETO_TRACES))
 def test_counts_match_plain_json(shared_traces: Path, rel: str) -> None:
     path = _trace(shared_traces, rel)
     doc = _load(path)
@@ -98,8 +99,8 @@ def test_ns_resolution_keeps_sub_microsecond_digits(shared_traces: Path) -> None
     assert int(float("1712195495519695.812") * 1000) != 1712195495519695812
 
 
-def test_base_time_convention(shared_traces: Path) -> None:
-    path = _trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz")
+def test_base_time_convention(real_kineto_file: Path) -> None:
+    path = real_kineto_file
     doc = _load(path)
     text = gzip.open(path, "rt").read()
     base = int(doc["baseTimeNanoseconds"])
@@ -205,12 +206,13 @@ def test_chunked_equals_whole(shared_traces: Path) -> None:
 # errors, built from the real files
 
 
-def _raw(shared_traces: Path) -> bytes:
-    return gzip.decompress(_trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz").read_bytes())
+def _raw(real_kineto_file: Path) -> bytes:
+    """The real trace's JSON text (conftest.real_kineto_file: a step of traces/h200-tp2-full)."""
+    return gzip.decompress(real_kineto_file.read_bytes())
 
 
-def test_truncated_gzip(shared_traces: Path, tmp_path: Path) -> None:
-    data = _trace(shared_traces, "h200/kineto_decode_ws1.pt.trace.json.gz").read_bytes()
+def test_truncated_gzip(real_kineto_file: Path, tmp_path: Path) -> None:
+    data = real_kineto_file.read_bytes()
     bad = tmp_path / "rank-0.json.gz"
     bad.write_bytes(data[: len(data) // 2])
     with pytest.raises(TraceFormatError, match=r"rank-0.json.gz at byte \d+: truncated gzip") as exc:
@@ -218,8 +220,8 @@ def test_truncated_gzip(shared_traces: Path, tmp_path: Path) -> None:
     assert exc.value.offset is not None and exc.value.offset <= len(data) // 2
 
 
-def test_truncated_json(shared_traces: Path, tmp_path: Path) -> None:
-    raw = _raw(shared_traces)
+def test_truncated_json(real_kineto_file: Path, tmp_path: Path) -> None:
+    raw = _raw(real_kineto_file)
     bad = tmp_path / "rank-0.json"
     bad.write_bytes(raw[: len(raw) // 2])
     with pytest.raises(TraceFormatError, match=r"truncated JSON") as exc:
@@ -227,8 +229,8 @@ def test_truncated_json(shared_traces: Path, tmp_path: Path) -> None:
     assert exc.value.offset is not None and len(raw) // 4 < exc.value.offset <= len(raw) // 2
 
 
-def test_invalid_json_offset(shared_traces: Path, tmp_path: Path) -> None:
-    raw = _raw(shared_traces)
+def test_invalid_json_offset(real_kineto_file: Path, tmp_path: Path) -> None:
+    raw = _raw(real_kineto_file)
     i = raw.index(b'"ph": "X"', len(raw) // 2)
     bad = tmp_path / "rank-0.json"
     bad.write_bytes(raw[:i] + b"@@" + raw[i:])
@@ -237,8 +239,8 @@ def test_invalid_json_offset(shared_traces: Path, tmp_path: Path) -> None:
     assert exc.value.offset is not None and abs(exc.value.offset - i) <= 2
 
 
-def test_no_trace_events(shared_traces: Path, tmp_path: Path) -> None:
-    doc = json.loads(_raw(shared_traces))
+def test_no_trace_events(real_kineto_file: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(real_kineto_file))
     del doc["traceEvents"]
     bad = tmp_path / "rank-0.json"
     bad.write_text(json.dumps(doc))
@@ -246,8 +248,8 @@ def test_no_trace_events(shared_traces: Path, tmp_path: Path) -> None:
         read_kineto(bad)
 
 
-def test_empty_trace(shared_traces: Path, tmp_path: Path) -> None:
-    doc = json.loads(_raw(shared_traces))
+def test_empty_trace(real_kineto_file: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(real_kineto_file))
     doc["traceEvents"] = []
     bad = tmp_path / "rank-0.json"
     bad.write_text(json.dumps(doc))
@@ -259,8 +261,8 @@ def test_empty_trace(shared_traces: Path, tmp_path: Path) -> None:
         read_kineto(empty)
 
 
-def test_events_without_ts(shared_traces: Path, tmp_path: Path) -> None:
-    doc = json.loads(_raw(shared_traces))
+def test_events_without_ts(real_kineto_file: Path, tmp_path: Path) -> None:
+    doc = json.loads(_raw(real_kineto_file))
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     for e in xs[:3]:
         del e["ts"]
@@ -276,9 +278,9 @@ def test_events_without_ts(shared_traces: Path, tmp_path: Path) -> None:
         read_kineto(f)
 
 
-def test_unexpected_types_fall_back(shared_traces: Path, tmp_path: Path) -> None:
+def test_unexpected_types_fall_back(real_kineto_file: Path, tmp_path: Path) -> None:
     """A string dur or device still reads (slow path), with the same numbers."""
-    doc = json.loads(_raw(shared_traces))
+    doc = json.loads(_raw(real_kineto_file))
     good = tmp_path / "rank-0.json"
     good.write_text(json.dumps(doc))
     for e in doc["traceEvents"]:
@@ -299,9 +301,9 @@ _LEGACY_CAT["gpu_memset"] = "Memset"
 
 @pytest.mark.parametrize("spelling", ["legacy", "xpu"])
 def test_other_category_spellings_read_as_the_same_kinds(
-    shared_traces: Path, tmp_path: Path, spelling: str
+    real_kineto_file: Path, tmp_path: Path, spelling: str
 ) -> None:
-    doc = _load(shared_traces / "h200/kineto_decode_ws1.pt.trace.json.gz")
+    doc = _load(real_kineto_file)
     renamed = 0
     for ev in doc["traceEvents"]:
         cat = ev.get("cat")
@@ -312,7 +314,7 @@ def test_other_category_spellings_read_as_the_same_kinds(
     assert renamed > 100  # premise: the trace has these categories
     out = tmp_path / "rank-0.pt.trace.json"
     out.write_text(json.dumps(doc))
-    ref = read_kineto(shared_traces / "h200/kineto_decode_ws1.pt.trace.json.gz").events
+    ref = read_kineto(real_kineto_file).events
     got = read_kineto(out).events
     assert (
         got["kind"].astype(str).value_counts().to_dict() == ref["kind"].astype(str).value_counts().to_dict()
@@ -320,10 +322,10 @@ def test_other_category_spellings_read_as_the_same_kinds(
     assert (got["kind"].astype(str) == "other").sum() == (ref["kind"].astype(str) == "other").sum()
 
 
-def test_json_array_format_reads_like_the_object_form(shared_traces: Path, tmp_path: Path) -> None:
+def test_json_array_format_reads_like_the_object_form(real_kineto_file: Path, tmp_path: Path) -> None:
     """The Chrome trace format's other form: the file is the events array (legacy autograd profiler
     exports, merging tools); its closing `]` is optional, so a trace whose writer died reads too."""
-    src = shared_traces / "h200/kineto_decode_ws1.pt.trace.json.gz"
+    src = real_kineto_file
     events = _load(src)["traceEvents"]
     text = json.dumps(events)
     ref = read_kineto(src).events
@@ -372,12 +374,14 @@ def test_an_execution_trace_is_named_as_such(tmp_path: Path) -> None:
         read_kineto(et_path, rank=0)
 
 
-def test_duration_events_begin_end_read_as_the_complete_events(shared_traces: Path, tmp_path: Path) -> None:
+def test_duration_events_begin_end_read_as_the_complete_events(
+    real_kineto_file: Path, tmp_path: Path
+) -> None:
     """The Chrome trace format's duration events ("B" ... "E" on one thread, nested) are the same
     intervals as complete ("X") events: every X of a real trace rewritten as a B/E pair (times
     kept exact as decimal text) reads back as the same events; a stray E and an unclosed B are
     counted, not guessed."""
-    src = shared_traces / "h200/kineto_decode_ws1.pt.trace.json.gz"
+    src = real_kineto_file
     with gzip.open(src, "rt") as fh:
         doc = json.loads(fh.read(), parse_float=Decimal)
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import shared_trace
 from tracekit.errors import TraceFormatError
 from tracekit.read import read_run
 from tracekit.read.nsys import read_nsys
@@ -21,10 +20,10 @@ H200 = "h200/nsys_matmul_nvtx.sqlite"
 
 
 @pytest.fixture
-def pair(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
-    """A plain copy of a shared export and a gzipped copy, in folders of their own; the cache
-    folder pinned to tmp_path/cache."""
-    src = shared_trace(shared_traces, H200)
+def pair(real_nsys_sqlite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path]:
+    """A plain copy of a real export (the project's own, traces/h200-tp1-nsys) and a gzipped copy,
+    in folders of their own; the cache folder pinned to tmp_path/cache."""
+    src = real_nsys_sqlite
     (tmp_path / "plain").mkdir()
     (tmp_path / "gz").mkdir()
     plain = tmp_path / "plain" / "trace.sqlite"

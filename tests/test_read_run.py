@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import write_real_tp2_run
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.read import cache as cache_mod
 from tracekit.read import read_run
-
-HTA = "external/hta"
 
 
 @pytest.fixture(autouse=True)
@@ -27,15 +26,9 @@ def _cache_in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TRACEKIT_NO_CACHE", raising=False)
 
 
-def _sampled(shared_traces: Path, tmp_path: Path) -> Path:
-    d = tmp_path / "run"
-    d.mkdir()
-    for r in (0, 1):
-        src = shared_traces / HTA / f"sampled_rank-{r}.json.gz"
-        if not src.exists():
-            pytest.skip(f"{src} missing")
-        shutil.copy(src, d / src.name)
-    return d
+def _sampled(tmp_path: Path) -> Path:
+    """A real two-rank run of the project's own (traces/h200-tp2-full, one step per rank)."""
+    return write_real_tp2_run(tmp_path / "run")
 
 
 def _x_kernels(path: Path) -> int:
@@ -43,8 +36,8 @@ def _x_kernels(path: Path) -> int:
         return sum(1 for e in json.load(f)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel")
 
 
-def test_two_ranks_one_run(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
+def test_two_ranks_one_run(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
     (d / "manifest.json").write_text(json.dumps({"world_size": 2, "note": "test"}))
     run = read_run([d], cache=False, jobs=1)
     assert run.ranks == [0, 1]
@@ -52,7 +45,7 @@ def test_two_ranks_one_run(shared_traces: Path, tmp_path: Path) -> None:
     ev = run.events
     for r in (0, 1):
         assert int(((ev["rank"] == r) & (ev["kind"] == "kernel")).sum()) == _x_kernels(
-            d / f"sampled_rank-{r}.json.gz"
+            d / f"rank-{r}.json.gz"
         )
     assert str(ev["name"].dtype) == "category" and str(ev["kind"].dtype) == "category"
     # the same files given one by one
@@ -61,20 +54,20 @@ def test_two_ranks_one_run(shared_traces: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_parallel_equals_sequential(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
+def test_parallel_equals_sequential(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
     seq = read_run([d], cache=False, jobs=1)
     par = read_run([d], cache=False, jobs=2)
     pd.testing.assert_frame_equal(seq.events, par.events)
     assert seq.data_quality.to_dict() == par.data_quality.to_dict()
 
 
-def test_duplicate_ranks(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
-    shutil.copy(d / "sampled_rank-0.json.gz", d / "copy_of_rank0.json.gz")
+def test_duplicate_ranks(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
+    shutil.copy(d / "rank-0.json.gz", d / "copy_of_rank0.json.gz")
     with pytest.raises(
         RankError,
-        match=r"rank 0 appears in two files: .*copy_of_rank0.*sampled_rank-0|rank 0 appears in two files: .*sampled_rank-0.*copy_of_rank0",
+        match=r"rank 0 appears in two files: .*copy_of_rank0.*rank-0|rank 0 appears in two files: .*rank-0.*copy_of_rank0",
     ):
         read_run([d], cache=False, jobs=1)
 
@@ -89,18 +82,18 @@ def test_no_traces(tmp_path: Path) -> None:
         read_run([tmp_path / "absent"])
 
 
-def test_rank_argument_needs_one_file(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
+def test_rank_argument_needs_one_file(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
     with pytest.raises(RankError, match="one trace file"):
         read_run([d], rank=3)
-    assert read_run([d / "sampled_rank-1.json.gz"], rank=3, cache=False).ranks == [3]
+    assert read_run([d / "rank-1.json.gz"], rank=3, cache=False).ranks == [3]
 
 
-def test_bad_file_in_folder(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
-    data = (d / "sampled_rank-1.json.gz").read_bytes()
-    (d / "sampled_rank-1.json.gz").write_bytes(data[:1000])
-    with pytest.raises(TraceFormatError, match="sampled_rank-1.json.gz"):
+def test_bad_file_in_folder(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
+    data = (d / "rank-1.json.gz").read_bytes()
+    (d / "rank-1.json.gz").write_bytes(data[:1000])
+    with pytest.raises(TraceFormatError, match="rank-1.json.gz"):
         read_run([d], cache=False, jobs=1)
 
 
@@ -108,9 +101,9 @@ def test_bad_file_in_folder(shared_traces: Path, tmp_path: Path) -> None:
 # cache
 
 
-def test_cache_hit_identical_and_invalidated(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
-    f = d / "sampled_rank-0.json.gz"
+def test_cache_hit_identical_and_invalidated(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
+    f = d / "rank-0.json.gz"
     first = read_run([f])
     entry = cache_mod.cache_path_for(f)
     # in the user's cache folder, never beside the input (issue 15)
@@ -143,9 +136,9 @@ def test_cache_hit_identical_and_invalidated(shared_traces: Path, tmp_path: Path
     assert entry.stat().st_mtime_ns != before
 
 
-def test_cache_corrupt_entry_ignored(shared_traces: Path, tmp_path: Path) -> None:
-    d = _sampled(shared_traces, tmp_path)
-    f = d / "sampled_rank-1.json.gz"
+def test_cache_corrupt_entry_ignored(tmp_path: Path) -> None:
+    d = _sampled(tmp_path)
+    f = d / "rank-1.json.gz"
     good = read_run([f])
     entry = cache_mod.cache_path_for(f)
     assert entry is not None
@@ -155,13 +148,13 @@ def test_cache_corrupt_entry_ignored(shared_traces: Path, tmp_path: Path) -> Non
     assert entry.read_bytes()[:4] == b"PAR1" and entry.stat().st_size > 1000  # rewritten
 
 
-def test_cache_disabled(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    d = _sampled(shared_traces, tmp_path)
+def test_cache_disabled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _sampled(tmp_path)
     monkeypatch.setenv("TRACEKIT_NO_CACHE", "1")
-    read_run([d / "sampled_rank-0.json.gz"])
+    read_run([d / "rank-0.json.gz"])
     assert not (d / ".tracekit-cache").exists()
     monkeypatch.delenv("TRACEKIT_NO_CACHE")
-    read_run([d / "sampled_rank-0.json.gz"], cache=False)
+    read_run([d / "rank-0.json.gz"], cache=False)
     assert not (d / ".tracekit-cache").exists()
     assert not (tmp_path / "xdg" / "tracekit").exists() or not list(
         (tmp_path / "xdg" / "tracekit").glob("*.parquet")
@@ -169,6 +162,7 @@ def test_cache_disabled(shared_traces: Path, tmp_path: Path, monkeypatch: pytest
 
 
 def test_cache_never_in_read_only_folder(shared_traces: Path, tmp_path: Path) -> None:
+    """../shared is mounted read-only here: the one folder a test cannot make read-only itself."""
     f = shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
     if not f.exists():
         pytest.skip("h200 trace missing")
@@ -181,10 +175,10 @@ def test_cache_never_in_read_only_folder(shared_traces: Path, tmp_path: Path) ->
     assert not (f.parent / ".tracekit-cache").exists()
 
 
-def test_cache_fallback_for_read_only_folder(shared_traces: Path, tmp_path: Path) -> None:
+def test_cache_fallback_for_read_only_folder(tmp_path: Path) -> None:
     """A folder marked read-only (even to root, who may write anywhere) gets no cache folder."""
-    d = _sampled(shared_traces, tmp_path)
-    f = d / "sampled_rank-0.json.gz"
+    d = _sampled(tmp_path)
+    f = d / "rank-0.json.gz"
     d.chmod(0o555)
     try:
         read_run([f])
@@ -195,10 +189,10 @@ def test_cache_fallback_for_read_only_folder(shared_traces: Path, tmp_path: Path
         d.chmod(0o755)
 
 
-def test_cache_dir_env(shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    d = _sampled(shared_traces, tmp_path)
+def test_cache_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = _sampled(tmp_path)
     monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(tmp_path / "cc"))
-    read_run([d / "sampled_rank-0.json.gz"])
+    read_run([d / "rank-0.json.gz"])
     assert len(list((tmp_path / "cc").glob("*.parquet"))) == 1
     assert not (d / ".tracekit-cache").exists()
 

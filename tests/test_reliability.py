@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import real_kineto_doc
 
 from tracekit.cli.main import main
 from tracekit.errors import TraceFormatError
@@ -23,9 +24,6 @@ from tracekit.errors import TraceFormatError
 REPO = Path(__file__).resolve().parents[1]
 CPU_TP1 = REPO / "traces" / "cpu-tp1"
 CPU_TP2 = REPO / "traces" / "cpu-tp2"
-
-#: every case must answer within this many seconds
-CASE_SECONDS = 10.0
 
 
 @pytest.fixture(autouse=True)
@@ -36,28 +34,22 @@ def _no_cache(monkeypatch: pytest.MonkeyPatch) -> None:
 def cli_error(capsys: pytest.CaptureFixture[str], argv: list[str], *names: str) -> str:
     """Run the CLI in this process: exit 2, exactly one line on stderr naming each of `names`."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main(argv)
-    took = time.perf_counter() - t0
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert rc == 2, err
     assert len(lines) == 1 and lines[0].startswith("tracekit: error: "), err
     for n in names:
         assert n in lines[0], lines[0]
-    assert took < CASE_SECONDS
     return lines[0]
 
 
 def cli_ok(capsys: pytest.CaptureFixture[str], argv: list[str]) -> dict[str, Any]:
     """Run `tracekit <argv> --format json`: exit 0; the JSON document."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main([*argv, "--format", "json"])
-    took = time.perf_counter() - t0
     out = capsys.readouterr()
     assert rc == 0, out.err
-    assert took < CASE_SECONDS
     doc: dict[str, Any] = json.loads(out.out)
     return doc
 
@@ -122,15 +114,6 @@ def test_gzip_of_the_right_name_but_garbage(tmp_path: Path, capsys: pytest.Captu
 # 2. out-of-range and wrongly typed fields: value read as missing / event dropped, counted
 
 
-def kineto_doc(shared_traces: Path) -> dict[str, Any]:
-    src = shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz"
-    if not src.exists():
-        pytest.skip(f"{src} missing")
-    with gzip.open(src, "rt") as f:
-        doc: dict[str, Any] = json.load(f)
-    return doc
-
-
 def write_doc(tmp_path: Path, doc: dict[str, Any], name: str = "t.json", text: str | None = None) -> Path:
     p = tmp_path / name
     p.write_text(text if text is not None else json.dumps(doc))
@@ -142,13 +125,10 @@ def kernels(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def read_ok(path: Path, **kw: Any) -> Any:
-    """read_file(path): no exception, within the time bound; the Run."""
+    """read_file(path): no exception; the Run."""
     from tracekit.read import read_file
 
-    t0 = time.perf_counter()
-    run = read_file(path, cache=False, **kw)
-    assert time.perf_counter() - t0 < CASE_SECONDS
-    return run
+    return read_file(path, cache=False, **kw)
 
 
 @pytest.mark.parametrize(
@@ -163,8 +143,8 @@ def read_ok(path: Path, **kw: Any) -> Any:
         ("args.stream", -(2**70)),
     ],
 )
-def test_event_int_fields_beyond_int64(shared_traces: Path, tmp_path: Path, field: str, value: int) -> None:
-    doc = kineto_doc(shared_traces)
+def test_event_int_fields_beyond_int64(tmp_path: Path, field: str, value: int) -> None:
+    doc = real_kineto_doc()
     k = kernels(doc)[3]
     if field.startswith("args."):
         k["args"][field[5:]] = value
@@ -179,25 +159,23 @@ def test_event_int_fields_beyond_int64(shared_traces: Path, tmp_path: Path, fiel
 
 
 @pytest.mark.parametrize("value", ["inf", 1e30, 10**30, -5, "12x", True])
-def test_base_time_unusable(shared_traces: Path, tmp_path: Path, value: Any) -> None:
-    doc = kineto_doc(shared_traces)
+def test_base_time_unusable(tmp_path: Path, value: Any) -> None:
+    doc = real_kineto_doc()
     doc["baseTimeNanoseconds"] = value
     run = read_ok(write_doc(tmp_path, doc))
     assert run.data_quality.counts.get("base_time_unusable") == 1
     assert len(run.events) > 0
 
 
-def test_base_time_wraps_int64(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    doc = kineto_doc(shared_traces)
+def test_base_time_wraps_int64(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = real_kineto_doc()
     doc["baseTimeNanoseconds"] = 2**63 - 1  # + any ts > 0 wraps around
     p = write_doc(tmp_path, doc)
     cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "int64")
 
 
-def test_some_events_wrap_int64(shared_traces: Path, tmp_path: Path) -> None:
-    doc = kineto_doc(shared_traces)
+def test_some_events_wrap_int64(tmp_path: Path) -> None:
+    doc = real_kineto_doc()
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     base = int(doc["baseTimeNanoseconds"])
     xs[0]["ts"] = (2**63 - base) // 1000 + 10  # this one lands beyond int64 ns
@@ -212,8 +190,8 @@ def test_some_events_wrap_int64(shared_traces: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("value", ["inf", 1e30, 10**30, -1, "nan"])
-def test_distributed_rank_unusable(shared_traces: Path, tmp_path: Path, value: Any) -> None:
-    doc = kineto_doc(shared_traces)
+def test_distributed_rank_unusable(tmp_path: Path, value: Any) -> None:
+    doc = real_kineto_doc()
     doc["distributedInfo"]["rank"] = value
     run = read_ok(write_doc(tmp_path, doc, "rank-1.json"))
     assert run.ranks == [1]  # from the file name instead
@@ -221,23 +199,21 @@ def test_distributed_rank_unusable(shared_traces: Path, tmp_path: Path, value: A
         assert run.data_quality.counts.get("rank_unusable") == 1
 
 
-def test_rank_in_file_name_beyond_int32(shared_traces: Path, tmp_path: Path) -> None:
-    doc = kineto_doc(shared_traces)
+def test_rank_in_file_name_beyond_int32(tmp_path: Path) -> None:
+    doc = real_kineto_doc()
     del doc["distributedInfo"]
     run = read_ok(write_doc(tmp_path, doc, "rank-99999999999999999999.json"))
     assert run.ranks == [0]
 
 
-def test_rank_argument_20_digits(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    p = write_doc(tmp_path, kineto_doc(shared_traces))
+def test_rank_argument_20_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    p = write_doc(tmp_path, real_kineto_doc())
     cli_error(capsys, ["breakdown", str(p), "--no-cache", "--rank", "1" * 20], "not a rank")
 
 
 @pytest.mark.parametrize("ts", ["1e999999", "1e900000", "-1e999999", '"123.5x"', "1" * 5000])
-def test_ts_unusable_numbers(shared_traces: Path, tmp_path: Path, ts: str) -> None:
-    doc = kineto_doc(shared_traces)
+def test_ts_unusable_numbers(tmp_path: Path, ts: str) -> None:
+    doc = real_kineto_doc()
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     xs[7]["ts"] = "@TS@"
     p = write_doc(tmp_path, doc, text=json.dumps(doc).replace('"@TS@"', ts))
@@ -247,8 +223,8 @@ def test_ts_unusable_numbers(shared_traces: Path, tmp_path: Path, ts: str) -> No
 
 
 @pytest.mark.parametrize("dur", [1e300, 9.3e15, -1e300])
-def test_dur_huge(shared_traces: Path, tmp_path: Path, dur: float, recwarn: pytest.WarningsRecorder) -> None:
-    doc = kineto_doc(shared_traces)
+def test_dur_huge(tmp_path: Path, dur: float, recwarn: pytest.WarningsRecorder) -> None:
+    doc = real_kineto_doc()
     kernels(doc)[0]["dur"] = dur
     run = read_ok(write_doc(tmp_path, doc))
     dq = run.data_quality.counts
@@ -256,10 +232,8 @@ def test_dur_huge(shared_traces: Path, tmp_path: Path, dur: float, recwarn: pyte
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
-def test_step_number_40_digits(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    doc = kineto_doc(shared_traces)
+def test_step_number_40_digits(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = real_kineto_doc()
     for e in doc["traceEvents"]:
         if str(e.get("name", "")).startswith("ProfilerStep#"):
             e["name"] = "ProfilerStep#" + "7" * 40
@@ -267,9 +241,6 @@ def test_step_number_40_digits(
     p = write_doc(tmp_path, doc)
     out = cli_ok(capsys, ["breakdown", str(p), "--no-cache", "--steps", r"ProfilerStep#\d+"])
     assert out
-
-
-NSYS = "h200/nsys_matmul_nvtx.sqlite"
 
 
 @pytest.mark.parametrize(
@@ -293,13 +264,11 @@ NSYS = "h200/nsys_matmul_nvtx.sqlite"
 )
 @pytest.mark.parametrize("value", ["abc", None, 1e30, "9" * 30])
 def test_nsys_column_wrong_type(
-    shared_traces: Path, tmp_path: Path, table: str, column: str, value: Any
+    real_nsys_sqlite: Path, tmp_path: Path, table: str, column: str, value: Any
 ) -> None:
     import sqlite3
 
-    src = shared_traces / NSYS
-    if not src.exists():
-        pytest.skip(f"{src} missing")
+    src = real_nsys_sqlite
     p = tmp_path / "rank-0.sqlite"
     shutil.copy(src, p)
     con = sqlite3.connect(p)
@@ -308,8 +277,9 @@ def test_nsys_column_wrong_type(
             f'UPDATE "{table}" SET "{column}" = ? WHERE rowid = (SELECT min(rowid) FROM "{table}")', (value,)
         )
         con.commit()
-    except sqlite3.IntegrityError:
-        pytest.skip(f"{table}.{column} is NOT NULL in this export")
+    except sqlite3.IntegrityError:  # a NOT NULL column: no export of this schema can hold the damage
+        assert value is None, (table, column, value)
+        return
     finally:
         con.close()
     run = read_ok(p)
@@ -340,29 +310,26 @@ DEEP = 100_000
     ],
 )
 def test_deep_nesting_in_trace(
-    shared_traces: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     where: str,
     needle: str,
     insert: str,
 ) -> None:
-    text = json.dumps(kineto_doc(shared_traces)).replace(needle, insert, 1)
+    text = json.dumps(real_kineto_doc()).replace(needle, insert, 1)
     p = write_doc(tmp_path, {}, text=text)
     cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "nested too deeply")
 
 
-def test_trace_events_closed_twice(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    text = json.dumps(kineto_doc(shared_traces))
+def test_trace_events_closed_twice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = json.dumps(real_kineto_doc())
     end = text.rindex("]")
     p = write_doc(tmp_path, {}, text=text[:end] + "]]" + text[end + 1 :])
     cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "invalid JSON")
 
 
-def test_invalid_utf8_in_event_names(shared_traces: Path, tmp_path: Path) -> None:
-    text = json.dumps(kineto_doc(shared_traces))
+def test_invalid_utf8_in_event_names(tmp_path: Path) -> None:
+    text = json.dumps(real_kineto_doc())
     # 100k instant events first, so a quadratic re-decode would show; then three names broken
     pad = ('{"ph": "i", "name": "' + "a" * 200 + '"}, ') * 100_000
     text = text.replace('"traceEvents": [', '"traceEvents": [' + pad, 1)
@@ -374,10 +341,8 @@ def test_invalid_utf8_in_event_names(shared_traces: Path, tmp_path: Path) -> Non
     assert any("\ufffd" in str(n) for n in run.events["name"].cat.categories)
 
 
-def test_invalid_utf8_in_metadata(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    raw = json.dumps(kineto_doc(shared_traces)).encode().replace(b'"trace_id": "', b'"trace_id": "\xff', 1)
+def test_invalid_utf8_in_metadata(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    raw = json.dumps(real_kineto_doc()).encode().replace(b'"trace_id": "', b'"trace_id": "\xff', 1)
     p = tmp_path / "t.json"
     p.write_bytes(raw)
     line = cli_error(capsys, ["breakdown", str(p), "--no-cache"], p.name, "UTF-8")
@@ -385,8 +350,8 @@ def test_invalid_utf8_in_metadata(
 
 
 @pytest.mark.parametrize("where", ["before the events", "between events"])
-def test_long_whitespace_run(shared_traces: Path, tmp_path: Path, where: str) -> None:
-    text = json.dumps(kineto_doc(shared_traces))
+def test_long_whitespace_run(tmp_path: Path, where: str) -> None:
+    text = json.dumps(real_kineto_doc())
     ws = " " * (48 << 20)  # 48 MiB: below the token limit, skipped at C speed
     if where == "before the events":
         text = text.replace('"traceEvents": [', '"traceEvents": [' + ws, 1)
@@ -505,8 +470,7 @@ def test_gzip_bomb_4gib_whitespace_refused_fast_and_small(tmp_path: Path) -> Non
     assert rc == 2, err
     assert err.count("\n") == 0 and err.startswith("tracekit: error: ") and bomb.name in err
     assert "64 MiB" in err and "whitespace" in err
-    assert took < 10.0, took
-    assert rss_mib < 1024, rss_mib
+    assert rss_mib < 1024, rss_mib  # the time it takes: benchmarks/bench_refusals.py
 
 
 def test_gzip_bomb_inside_a_string(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -556,11 +520,12 @@ def test_limit_value_not_a_size(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_nsys_limits(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    real_nsys_sqlite: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    src = shared_traces / NSYS
-    if not src.exists():
-        pytest.skip(f"{src} missing")
+    src = real_nsys_sqlite
     gz = tmp_path / "rank-0.sqlite.gz"
     gz.write_bytes(gzip.compress(src.read_bytes()))
     cli_error(capsys, ["breakdown", str(gz), "--no-cache", "--max-bytes", "64K"], gz.name, "64 KiB")
@@ -589,6 +554,17 @@ def test_rank_file_missing_from_a_tp2_run(
     assert "ranks_missing" in text and "tp=2" in text
     if how in ("a directory", "a dangling link"):
         assert "trace_names_not_files" in text
+
+
+def test_shortfall_names_the_missing_rank_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder holding one rank of a TP=2 run (its manifest says tp=2) as --sharded beside a TP=1
+    baseline: the error is the missing rank, not 'both have 1 rank(s)' from the pair check."""
+    d = copy_run(CPU_TP2, tmp_path / "run")
+    (d / "rank-1.pt.trace.json.gz").unlink()
+    line = cli_error(
+        capsys, ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d), "--no-cache"], "rank(s) 1"
+    )
+    assert "sharded: the manifest says tp=2" in line and "both have" not in line
 
 
 def test_shortfall_sharded_run_as_its_own_baseline(capsys: pytest.CaptureFixture[str]) -> None:
@@ -638,12 +614,10 @@ def test_manifest_checksum_mismatch(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "checksum_mismatch" in text and f.name in text
 
 
-def test_nsys_times_out_of_range(shared_traces: Path, tmp_path: Path) -> None:
+def test_nsys_times_out_of_range(real_nsys_sqlite: Path, tmp_path: Path) -> None:
     import sqlite3
 
-    src = shared_traces / NSYS
-    if not src.exists():
-        pytest.skip(f"{src} missing")
+    src = real_nsys_sqlite
     p = tmp_path / "rank-0.sqlite"
     shutil.copy(src, p)
     con = sqlite3.connect(p)
@@ -662,8 +636,8 @@ def test_nsys_times_out_of_range(shared_traces: Path, tmp_path: Path) -> None:
     assert int(run.events["start_ns"].min()) >= 0
 
 
-def test_string_timestamps_are_exact_or_counted(shared_traces: Path, tmp_path: Path) -> None:
-    doc = kineto_doc(shared_traces)
+def test_string_timestamps_are_exact_or_counted(tmp_path: Path) -> None:
+    doc = real_kineto_doc()
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     xs[3]["ts"] = str(xs[3]["ts"])  # a number written as a string: read as that number
     xs[4]["ts"] = "123.5x"  # not a number: skipped, counted
@@ -672,8 +646,8 @@ def test_string_timestamps_are_exact_or_counted(shared_traces: Path, tmp_path: P
     assert len(run.events) == len(xs) - 1
 
 
-def test_string_timestamp_far_from_the_others(shared_traces: Path, tmp_path: Path) -> None:
-    doc = kineto_doc(shared_traces)
+def test_string_timestamp_far_from_the_others(tmp_path: Path) -> None:
+    doc = real_kineto_doc()
     xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
     xs[3]["ts"] = "123.5"  # a number in a string, and 59 days before the rest: skipped, counted
     run = read_ok(write_doc(tmp_path, doc))
@@ -689,13 +663,11 @@ def test_string_timestamp_far_from_the_others(shared_traces: Path, tmp_path: Pat
 
 
 def outcome(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[str, str]:
-    """('ok', stdout) or ('error', the one line); never a traceback, within the time bound."""
+    """('ok', stdout) or ('error', the one line); never a traceback."""
     capsys.readouterr()
-    t0 = time.perf_counter()
     rc = main(argv)
-    took = time.perf_counter() - t0
     out = capsys.readouterr()
-    assert "Traceback" not in out.err and took < CASE_SECONDS
+    assert "Traceback" not in out.err
     if rc == 0:
         return "ok", out.out
     lines = [ln for ln in out.err.splitlines() if ln.strip()]
@@ -703,12 +675,12 @@ def outcome(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[str, s
     return "error", lines[0]
 
 
-def _plain(shared_traces: Path) -> bytes:
-    return json.dumps(kineto_doc(shared_traces)).encode()
+def _plain(_: Any = None) -> bytes:
+    return json.dumps(real_kineto_doc()).encode()
 
 
-def _events_edit(shared_traces: Path, edit: Any) -> bytes:
-    doc = kineto_doc(shared_traces)
+def _events_edit(_: Any, edit: Any) -> bytes:
+    doc = real_kineto_doc()
     edit(doc, [e for e in doc["traceEvents"] if e.get("ph") == "X"])
     return json.dumps(doc).encode()
 
@@ -806,11 +778,9 @@ JSON_CORPUS: dict[str, tuple[Any, str, str]] = {
 
 @pytest.mark.parametrize("case", list(JSON_CORPUS))
 @pytest.mark.parametrize("packing", ["plain", "gzip"])
-def test_json_corpus(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, packing: str
-) -> None:
+def test_json_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, packing: str) -> None:
     make, expect, key = JSON_CORPUS[case]
-    data = make(shared_traces)
+    data = make(None)
     p = tmp_path / ("t.json" if packing == "plain" else "t.json.gz")
     p.write_bytes(data if packing == "plain" else gzip.compress(data))
     got, text = outcome(capsys, ["breakdown", str(p), "--no-cache", "--format", "json"])
@@ -905,10 +875,8 @@ def test_file_name_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert got == "error"
 
 
-def _sqlite_copy(shared_traces: Path, tmp_path: Path) -> Path:
-    src = shared_traces / NSYS
-    if not src.exists():
-        pytest.skip(f"{src} missing")
+def _sqlite_copy(real_nsys_sqlite: Path, tmp_path: Path) -> Path:
+    src = real_nsys_sqlite
     p = tmp_path / "rank-0.sqlite"
     shutil.copy(src, p)
     return p
@@ -931,11 +899,11 @@ def _sqlite_copy(shared_traces: Path, tmp_path: Path) -> Path:
     ],
 )
 def test_sqlite_missing_tables_and_columns(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sql: str
+    real_nsys_sqlite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sql: str
 ) -> None:
     import sqlite3
 
-    p = _sqlite_copy(shared_traces, tmp_path)
+    p = _sqlite_copy(real_nsys_sqlite, tmp_path)
     con = sqlite3.connect(p)
     try:
         for stmt in (
@@ -958,11 +926,11 @@ def test_sqlite_missing_tables_and_columns(
 
 @pytest.mark.parametrize("damage", ["header only", "truncated", "zeroed pages", "random bytes"])
 def test_corrupt_sqlite(
-    shared_traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+    real_nsys_sqlite: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
 ) -> None:
     import random
 
-    p = _sqlite_copy(shared_traces, tmp_path)
+    p = _sqlite_copy(real_nsys_sqlite, tmp_path)
     raw = bytearray(p.read_bytes())
     if damage == "header only":
         raw = raw[:100]
@@ -1011,10 +979,8 @@ def test_capture_rank_killed_keeps_the_other_rank_verified(tmp_path: Path) -> No
     from tracekit.read import read_run
 
     cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", kill_rank=1, timeout_s=60, rounds=1)
-    t0 = time.perf_counter()
     with pytest.raises(CaptureError, match=r"rank 1: killed by SIGKILL"):
         capture(cfg, tmp_path)
-    assert time.perf_counter() - t0 < 120
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["complete"] is False and [e["rank"] for e in m["errors"]] == [1]
     assert list(m["files"]) == ["rank-0.pt.trace.json.gz"]

@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,13 +85,10 @@ def test_capture_rank_hangs_after_its_trace_the_run_still_ends(tmp_path: Path) -
     from tracekit.read import read_run
 
     cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", hang_rank=1, timeout_s=3, rounds=1)
-    t0 = time.perf_counter()
-    with pytest.raises(CaptureError) as info:
+    with pytest.raises(CaptureError) as info:  # never "forever": the pytest timeout would end it
         capture(cfg, tmp_path)
-    took = time.perf_counter() - t0
     msg = str(info.value)
     assert "\n" not in msg and "rank 1: hung: still running 3 s after rank 0 finished (--timeout 3)" in msg
-    assert took < 90, took  # the ranks' start-up (~10 s on 2 cores) + 3 s, never "forever"
     m = assert_run_folder_honest(tmp_path)
     assert m is not None and m["complete"] is False
     assert [(e["rank"], e["how"]) for e in m["errors"]] == [(1, "hung")]
@@ -116,10 +112,8 @@ def test_capture_rank_hangs_in_a_collective_the_timeout_ends_the_run(tmp_path: P
     cfg = CaptureConfig(
         tp=2, tokens=3, warmup=1, device="cpu", hang_rank=1, hang_at="all_reduce", timeout_s=3, rounds=1
     )
-    t0 = time.perf_counter()
     with pytest.raises(CaptureError) as info:
         capture(cfg, tmp_path)
-    assert time.perf_counter() - t0 < 90
     msg = str(info.value)
     assert "\n" not in msg
     assert "rank 0: collective timed out waiting for rank 1, which hung" in msg
@@ -267,7 +261,7 @@ def test_capture_force_replaces_an_earlier_capture(
 
 
 def test_tampered_cache_entry_is_detected_and_read_from_the_source(
-    shared_traces: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    real_kineto_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -278,7 +272,7 @@ def test_tampered_cache_entry_is_detected_and_read_from_the_source(
     monkeypatch.delenv("TRACEKIT_NO_CACHE", raising=False)
     monkeypatch.setenv("TRACEKIT_CACHE_DIR", str(tmp_path / "cache"))
     f = tmp_path / "t.pt.trace.json.gz"
-    shutil.copy(shared_traces / "h200" / "kineto_decode_ws1.pt.trace.json.gz", f)
+    shutil.copy(real_kineto_file, f)
     truth = read_run([f], cache=False)
     read_run([f])  # writes the entry and its digest record
     entry = cache_mod.cache_path_for(f)

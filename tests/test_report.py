@@ -169,7 +169,9 @@ def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(shar
         page,
     )
     assert m and f"sharded {sharded:.2f}x" in m.group(2)
-    assert "<details>" in md and f"sharded {sharded:.2f}x" in md.split("<details>", 1)[1].split("</summary>")[0]
+    assert (
+        "<details>" in md and f"sharded {sharded:.2f}x" in md.split("<details>", 1)[1].split("</summary>")[0]
+    )
     assert ('id="dilation-warning"' in page) is warned
     assert ("coordination share is inflated" in md) is warned
 

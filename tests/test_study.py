@@ -127,6 +127,37 @@ def test_report_cli_on_the_study_runs_agrees_with_the_study(study, tmp_path: Pat
     )
 
 
+def test_study_refuses_to_replace_an_earlier_study_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Like `capture`: a non-empty output folder is replaced only with --force; refused before
+    anything runs (nothing captured, the folder untouched)."""
+
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "report.md").write_text("an earlier study")
+    capsys.readouterr()
+    assert main(["study", "-o", str(out)]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "holds an earlier study" in lines[0] and "--force" in lines[0]
+    assert [p.name for p in out.iterdir()] == ["report.md"] and (
+        out / "report.md"
+    ).read_text() == "an earlier study"
+
+
+def test_the_default_study_folder_is_ignored_by_git() -> None:
+    import shutil
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    proc = subprocess.run(
+        ["git", "check-ignore", "-q", "reports/study/report.html"], cwd=root, capture_output=True
+    )
+    assert proc.returncode == 0  # `tracekit study` writes there by default
+
+
 def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
     # the default: 8 rounds per degree in 2 blocks, TP=1, TP=2, TP=1, TP=2; the merged manifests
     # hold every round in run order (the traced one last) and one interleaving group, and the

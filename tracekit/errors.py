@@ -58,7 +58,7 @@ class CaptureError(TracekitError):
 
 
 class OutputError(TracekitError):
-    """An output file (--out, -o) cannot be written: no such folder, not writable, disk full."""
+    """An output file (-o/--output) cannot be written: no such folder, not writable, disk full."""
 
 
 class ProbeError(TracekitError):

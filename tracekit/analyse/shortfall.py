@@ -327,6 +327,10 @@ def assemble_attribution(
             f"{label}: rank(s) {', '.join(map(str, no_kernels))} have GPU activity (copies, sets) but no kernels: "
             "were kernels left out of the trace?",
         )
+    if not any(len(p.table) for p in pieces):  # a clear line, not pandas' "No objects to concatenate"
+        raise StepError(
+            f"{label}: no step windows to attribute (pass --steps whole, or another --steps REGEX)"
+        )
     table = pd.concat([p.table for p in pieces], ignore_index=True)
     if not (table["collective_ns"] == table["collective_ns_split"]).all():
         bad = table[table["collective_ns"] != table["collective_ns_split"]].iloc[0]
@@ -1575,6 +1579,9 @@ def shortfall(
 ) -> Shortfall:
     """Attribute the per-token shortfall of `sharded` against `baseline` (module doc)."""
     baseline, sharded = AnalysedRun.of(baseline), AnalysedRun.of(sharded)  # each classified once
+    # a rank file missing is the real problem of a pair that looks wrong because of it: said first
+    check_ranks(baseline.run, "baseline")
+    check_ranks(sharded.run, "sharded")
     pair_notes = check_pair(baseline.run, sharded.run)
     base = attribute_run(
         baseline,

@@ -516,6 +516,60 @@ def run_pass(
     )
 
 
+#: lines Kineto writes on stderr at every profiler start and stop ("USDT:<time> <pid>:<tid>
+#: SyncActivityProfilerHandler.cpp:52] profiler_start"): its USDT probe markers, printed whatever
+#: KINETO_LOG_LEVEL says short of the level that also silences Kineto's errors
+USDT_PREFIX = b"USDT:"
+
+
+@contextlib.contextmanager
+def _stderr_without_usdt() -> Any:
+    """This process' file descriptor 2 through a pipe for the duration: every line but Kineto's
+    `USDT:` markers goes on to the real stderr, as it arrives (a thread); at the end fd 2 is put
+    back and what is left in the pipe is written out."""
+    import threading
+
+    try:
+        sys.stderr.flush()
+        real = os.dup(2)
+        r, w = os.pipe()
+        os.dup2(w, 2)
+        os.close(w)
+    except OSError:  # no stderr to filter (closed): nothing to do
+        yield
+        return
+
+    def pump() -> None:
+        buf = b""
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            keep = b"".join(ln + b"\n" for ln in lines if not ln.startswith(USDT_PREFIX))
+            if keep:
+                with contextlib.suppress(OSError):
+                    os.write(real, keep)
+        if buf and not buf.startswith(USDT_PREFIX):
+            with contextlib.suppress(OSError):
+                os.write(real, buf)
+
+    t = threading.Thread(target=pump, name="tracekit-stderr", daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        os.dup2(real, 2)  # the pipe's last write end closes: the thread drains it and ends
+        t.join(timeout=5)
+        os.close(real)
+
+
 def _spawned_rank(
     rank: int,
     world: int,
@@ -533,7 +587,8 @@ def _spawned_rank(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
     )
     try:
-        _rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
+        with _stderr_without_usdt():  # Kineto's profiler_start/stop markers kept out of the output
+            _rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
     except BaseException as exc:
         fields = error_fields(exc)
         with contextlib.suppress(Exception):
@@ -722,12 +777,12 @@ def check_out_dir(out_dir: Path, force: bool) -> None:
     `force` is false: nothing already there is replaced without `--force`."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
-        raise CaptureError(f"--out {out_dir}: exists and is not a folder")
+        raise CaptureError(f"-o/--output {out_dir}: exists and is not a folder")
     found = existing_outputs(out_dir)
     if found and not force:
         shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
         raise CaptureError(
-            f"--out {out_dir} already holds {shown} from an earlier capture: pass --force to replace "
+            f"-o/--output {out_dir} already holds {shown} from an earlier capture: pass --force to replace "
             "them, or choose another folder"
         )
 
@@ -740,7 +795,7 @@ def _prepare_out_dir(out_dir: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise CaptureError(f"--out {out_dir}: cannot write there ({exc.strerror or exc})") from None
+        raise CaptureError(f"-o/--output {out_dir}: cannot write there ({exc.strerror or exc})") from None
 
 
 def _clear_outputs(out_dir: Path) -> None:
@@ -1182,7 +1237,7 @@ def capture_script(
     """
     if not argv:
         raise CaptureError(
-            "no command given after `--` (e.g. tracekit capture --out DIR -- python my_decode.py)"
+            "no command given after `--` (e.g. tracekit capture -o DIR -- python my_decode.py)"
         )
     if mode not in MODES:
         raise CaptureError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import out_file_option, write_text
+from tracekit.cli.options import format_option, out_file_option, write_text
 
 EXAMPLES = """
 \b
@@ -120,7 +120,7 @@ def render_text(adv: Any) -> str:
 @click.option(
     "--batch", "batches", type=int, multiple=True, help="Also a batch size not measured (extrapolated)."
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
 @out_file_option
 def command(
     tp1: tuple[str, ...],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,8 +12,10 @@ from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
     engine_options,
+    format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
     step_pattern_option,
 )
 
@@ -174,12 +175,10 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     help="With one trace file: read it as rank N, overriding the rank the file says (distributedInfo; "
     "a differing one is noted in data quality). With several: show only rank N.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "csv"]),
-    default="table",
-    show_default=True,
+@format_option(
+    "table",
+    "json",
+    "csv",
     help="table for people; json (docs/JSON.md#breakdown) or csv (one row per rank and step) for machines.",
 )
 @out_file_option
@@ -221,16 +220,16 @@ def command(
     \b
     Examples:
       tracekit breakdown traces/h200-tp1/rank-0.pt.trace.json.gz
-      tracekit breakdown traces/cpu-tp2 --format json --out breakdown.json
+      tracekit breakdown traces/cpu-tp2 --format json -o breakdown.json
       tracekit breakdown trace.json.gz --steps 'step\\[DECODE' --format csv
       tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache
-      tracekit breakdown runs/tp64 --engine dask --workers 8 --format json --out b.json
+      tracekit breakdown runs/tp64 --engine dask --workers 8 --format json -o b.json
     """
     from tracekit.analyse.breakdown import breakdown
     from tracekit.engine import Engine, breakdown_paths
     from tracekit.read import read_run
 
-    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=sys.stderr.isatty())
+    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=show_progress())
     single_file = len(paths) == 1 and Path(paths[0]).is_file()
     if eng.kind == "dask":
         result = breakdown_paths(
@@ -238,7 +237,7 @@ def command(
         )
     else:
         run = read_run(
-            list(paths), rank=rank if single_file else None, cache=not no_cache, progress=sys.stderr.isatty()
+            list(paths), rank=rank if single_file else None, cache=not no_cache, progress=show_progress()
         )
         result = breakdown(
             run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from tracekit.capture.profile import MODES
+from tracekit.cli.options import message, output_option, quiet
 
 _MODE_HELP = "; ".join(f"{k}: {v}" for k, v in MODES.items())
 
@@ -18,19 +19,19 @@ _MODE_HELP = "; ".join(f"{k}: {v}" for k, v in MODES.items())
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog="""\b
 Examples:
-  tracekit capture --tp 2 --preset tiny --tokens 8 --out traces/cpu-tp2
-  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --rounds 5 --out runs/h200-tp1
-  tracekit capture --tp 2 --preset tiny --tokens 16 --inject-delay 1:20 --out traces/cpu-tp2-straggler
-  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda --out runs/h200-tp1
-  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels --out runs/h200-tp1-k
-  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys --out runs/h200-tp1-nsys
-  tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys --out runs/h200-tp2-nsys
-  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --cuda-graphs --out runs/h200-tp1-graphs
-  tracekit capture --tp 2 --preset tiny --tokens 8 --compile --out runs/cpu-tp2-compile
-  tracekit capture --device cuda --preset 7b --layers 8 --cuda-graphs --shard-of 4 --out runs/h200-shard4
-  tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
-  tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
-  tracekit capture --nsys --out runs/mine-nsys -- python examples/my_decode.py --device cuda
+  tracekit capture --tp 2 --preset tiny --tokens 8 -o traces/cpu-tp2
+  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --rounds 5 -o runs/h200-tp1
+  tracekit capture --tp 2 --preset tiny --tokens 16 --inject-delay 1:20 -o traces/cpu-tp2-straggler
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode cuda -o runs/h200-tp1
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --mode kernels -o runs/h200-tp1-k
+  tracekit capture --device cuda --preset 7b --layers 4 --tokens 32 --nsys -o runs/h200-tp1-nsys
+  tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys -o runs/h200-tp2-nsys
+  tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --cuda-graphs -o runs/h200-tp1-graphs
+  tracekit capture --tp 2 --preset tiny --tokens 8 --compile -o runs/cpu-tp2-compile
+  tracekit capture --device cuda --preset 7b --layers 8 --cuda-graphs --shard-of 4 -o runs/h200-shard4
+  tracekit capture -o runs/mine -- python examples/my_decode.py --tokens 32
+  tracekit capture -o runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
+  tracekit capture --nsys -o runs/mine-nsys -- python examples/my_decode.py --device cuda
 """,
 )
 @click.option(
@@ -89,13 +90,17 @@ Examples:
 @click.option(
     "--timeout", "timeout_s", type=float, default=300.0, show_default=True, help="Collective timeout (s)."
 )
-@click.option(
-    "--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), required=True, help="Run folder."
+@output_option(
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    metavar="DIR",
+    help="Run folder.",
 )
 @click.option(
     "--force",
     is_flag=True,
-    help="Replace the manifest and traces of an earlier capture in --out (without it: an error, "
+    help="Replace the manifest and traces of an earlier capture in -o/--output (without it: an error, "
     "nothing touched).",
 )
 @click.option(
@@ -107,7 +112,6 @@ Examples:
     help="Run rank 0's shard of a TP=N decoder on this one device, its collectives no-ops: the per-rank "
     "compute of TP=N where only one GPU is (with --tp 1; the tokens are not the model's).",
 )
-@click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def command(
     tp: int,
@@ -131,7 +135,6 @@ def command(
     out_dir: Path,
     force: bool,
     shard_of: int | None,
-    quiet: bool,
     script: tuple[str, ...],
 ) -> None:
     """Capture per-rank traces of a tensor-parallel decode loop, with per-token times unprofiled
@@ -147,7 +150,7 @@ def command(
     cmdline = _canonical_command(click.get_current_context())
     if script:
         run_dir = runner.capture_script(list(script), out_dir, mode=mode, nsys=nsys, command=cmdline)
-        click.echo(f"wrote {run_dir}/manifest.json")
+        message(f"wrote {run_dir}/manifest.json")
         return
     config = runner.CaptureConfig(
         tp=tp,
@@ -171,7 +174,7 @@ def command(
         command=cmdline,
         shard_of=shard_of,
     )
-    if quiet or not sys.stderr.isatty():
+    if quiet() or not sys.stderr.isatty():
         run_dir = runner.capture(config, out_dir)
     else:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -206,7 +209,8 @@ def _canonical_command(ctx: click.Context) -> str:
         always = p.name in ("tp", "preset", "tokens") and not script_given
         if (value == p.default and not always) or value is None or value is False:
             continue
-        words.append(p.opts[0] if value is True else f"{p.opts[0]} {shlex.quote(str(value))}")
+        name = next((o for o in p.opts if o.startswith("--")), p.opts[0])  # --output, not -o
+        words.append(name if value is True else f"{name} {shlex.quote(str(value))}")
     script = ctx.params.get("script") or ()
     if script:
         words += ["--", *(shlex.quote(a) for a in script)]
@@ -226,7 +230,8 @@ def _summary(run_dir: Path) -> None:
     iv = m.get("dilation_interval")
     dil = "n/a" if d is None else f"{d:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
     order = w.get("pass_order")
-    click.echo(
-        f"wrote {run_dir}: {len(m['files'])} files, tp={w['tp']} {w['device']}/{w['backend']} mode={w['mode']}, "
+    n = len(m["files"])
+    message(
+        f"wrote {run_dir}: {n} file{'' if n == 1 else 's'}, tp={w['tp']} {w['device']}/{w['backend']} mode={w['mode']}, "
         f"dilation={dil}" + (f" over passes {order}" if order else "")
     )

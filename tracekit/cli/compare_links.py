@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.options import OutputPath, format_option, message, output_option, show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -88,19 +89,13 @@ from tracekit.probe import spec
     default=None,
     help="Keep NCCL's logs here (one subfolder per mode).",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
+@format_option("table", "json", default=None, help="[table; json when -o/--output ends .json]")
+@output_option(
+    "out",
+    type=OutputPath(path_type=Path),
     default=None,
-    help="[table; json when --out ends .json]",
-)
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the result here.",
+    metavar="FILE",
+    help="Write the result to FILE (the table then goes to stderr).",
 )
 @click.option("--progress/--no-progress", default=None, help="Progress bar [on when stderr is a terminal].")
 def command(
@@ -148,9 +143,8 @@ def command(
           --baseline traces/h200-tp1 -o reports/h200/links-graph.json
       tracekit compare-links --load reports/h200/links.json --trace traces/h200-tp2 \\
           --baseline traces/h200-tp1 -o reports/h200/links-verdict.json
-      tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5
+      tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5   # the sweep on gloo: a test, no links
     """
-    import sys
 
     from tracekit.analyse.link_verdict import load_compare, recompute
 
@@ -164,6 +158,12 @@ def command(
         _emit(result, fmt, out)
         return
 
+    if device == "auto" and not _have_cuda_gpus():
+        raise ProbeError(
+            "compare-links compares GPU-to-GPU links (NVLink against P2P disabled) and this machine has "
+            "no CUDA GPU; `tracekit probe --device cpu` measures gloo collectives here, `--load FILE` "
+            "re-judges a saved result, `--device cpu` runs the sweep machinery itself as a test"
+        )
     from tracekit.probe.compare import MODES, CompareConfig, compare_links
 
     mode_list = tuple(m.strip() for m in modes.split(",") if m.strip())
@@ -198,10 +198,19 @@ def command(
         algo_pass=algo_pass,
         graph=graph,
         log_dir=str(log_dir) if log_dir else None,
-        progress=sys.stderr.isatty() if progress is None else progress,
+        progress=show_progress() if progress is None else progress,
     )
     result = compare_links(cfg)
     _emit(result, fmt, out)
+
+
+def _have_cuda_gpus() -> bool:
+    """At least one CUDA GPU visible to torch (no torch: none)."""
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
 def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
@@ -213,7 +222,7 @@ def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        click.echo(table, nl=False)
-        click.echo(f"# wrote {out}")
+        message(table.rstrip("\n"))
+        message(f"wrote {out}")
     else:
         click.echo(text, nl=False)

@@ -6,6 +6,7 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
+    format_option,
     no_cache_option,
     out_file_option,
     step_pattern_option,
@@ -89,7 +90,7 @@ def render_text(doc: dict) -> str:
 @click.option(
     "--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out of each run."
 )
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
 @out_file_option
 @no_cache_option
 @cache_dir_option

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import math
 import re
-import sys
 from typing import Any
 
 import click
@@ -13,8 +12,10 @@ import click
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
+    format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
     step_pattern_option,
 )
 from tracekit.errors import TracekitError
@@ -295,16 +296,21 @@ def render_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _tp_of(run: Any, partial: bool) -> int | None:
+    """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks
+    (unknown with --allow-partial: ranks are missing on purpose there)."""
+    wl = (run.manifest or {}).get("workload")
+    tp = wl.get("tp") if isinstance(wl, dict) else None
+    if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16:
+        return tp
+    return None if partial else len(run.ranks)
+
+
 @click.command("diff")
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "md"]),
-    default="table",
-    show_default=True,
-    help="table for people, md for a pull request comment, json per docs/JSON.md#diff.",
+@format_option(
+    "table", "json", "md", help="table for people, md for a pull request comment, json per docs/JSON.md#diff."
 )
 @click.option(
     "--fail-if-slower",
@@ -330,6 +336,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
     is_flag=True,
     help="Match collectives even when their group names ranks that are not in the run.",
 )
+@click.option(
+    "--allow-tp-change",
+    is_flag=True,
+    help="Compare runs of different TP degrees (refused without it: the change would be the sharding; "
+    "`tracekit shortfall --baseline TP1 --sharded TPN` is the analysis of that).",
+)
 @out_file_option
 @no_cache_option
 @cache_dir_option
@@ -343,10 +355,12 @@ def command(
     skip_first: int,
     dilation_threshold: float,
     allow_partial: bool,
+    allow_tp_change: bool,
     out: str | None,
     no_cache: bool,
 ) -> None:
-    """Compare two runs of the same workload (any input tracekit reads, any TP): the per-token time
+    """Compare two runs of the same workload (any input tracekit reads, the same TP degree unless
+    --allow-tp-change): the per-token time
     before and after with a 95% bootstrap interval and a plain verdict (faster / slower / no
     significant change); the change split by part (compute, matrix/vector on GPUs, memory,
     collective transfer, coordination wait/sync/idle; the parts sum to the change exactly), per
@@ -359,9 +373,9 @@ def command(
     \b
     Examples:
       tracekit diff traces/h200-tp2 traces/h200-tp2-straggler
-      tracekit diff runs/main runs/pr --format md --out diff.md
+      tracekit diff runs/main runs/pr --format md -o diff.md
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
-      tracekit diff runs/main runs/pr --format json --out diff.json
+      tracekit diff runs/main runs/pr --format json -o diff.json
     """
     from tracekit.analyse.diff import diff
     from tracekit.read import read_run
@@ -380,7 +394,7 @@ def command(
         raise TracekitError(f"--top: {top} is negative")
     if skip_first < 0:
         raise TracekitError(f"--skip-first: {skip_first} is negative")
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     run_b = read_run([before], cache=not no_cache, progress=tty)
     run_a = read_run([after], cache=not no_cache, progress=tty)
     result = diff(
@@ -394,6 +408,14 @@ def command(
         allow_partial=allow_partial,
         top=top,
     )
+    # after diff's own refusals (a partial group, no steps ...): those name the problem first
+    tp_b, tp_a = _tp_of(run_b, allow_partial), _tp_of(run_a, allow_partial)
+    if None not in (tp_b, tp_a) and tp_b != tp_a and not allow_tp_change:
+        raise TracekitError(
+            f"{after}: TP={tp_a} against {before}: TP={tp_b}: diff compares runs of one TP degree; "
+            "for what sharding costs use `tracekit shortfall --baseline <TP=1 run> --sharded <TP=N run>`, "
+            "or give --allow-tp-change"
+        )
     doc = result.to_json()
     emit_result(
         out,

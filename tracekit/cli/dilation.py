@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.options import color_enabled, format_option, out_file_option, write_text
 from tracekit.errors import NoTracesError
 
 
@@ -31,8 +32,9 @@ def _load_manifest(path: str) -> dict[str, Any]:
 @click.option(
     "--threshold", type=float, default=0.10, show_default=True, help="Dilation above 1 + this is flagged."
 )
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: str) -> None:
+@format_option("table", "json", help="table for people; json for machines.")
+@out_file_option
+def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: str, out: str | None) -> None:
     """Print each run's per-token time unprofiled and profiled (each token: the slowest rank; mean,
     p10, p90 over every round's tokens, the first --skip-first of each round left out) and the
     dilation: with K >= 2 alternating rounds (`tracekit capture --rounds`), the median over rounds
@@ -45,7 +47,7 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
     \b
     Examples:
       tracekit dilation traces/cpu-tp1 traces/cpu-tp2
-      tracekit dilation runs/h200-tp1 --format json
+      tracekit dilation runs/h200-tp1 --format json -o dilation.json
     """
     from rich.console import Console
     from rich.table import Table
@@ -58,9 +60,10 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
         dil = dilation_of(m, skip_first=skip_first, threshold=threshold)
         rows.append((d, m, dil))
     if fmt == "json":
-        click.echo(json.dumps([{"run": d, **dil.to_json()} for d, _, dil in rows], indent=1))
+        write_text(json.dumps([{"run": d, **dil.to_json()} for d, _, dil in rows], indent=1) + "\n", out)
         return
-    console = Console(record=True, width=160, force_terminal=sys.stdout.isatty(), file=io.StringIO())
+    color = out is None and sys.stdout.isatty() and color_enabled()
+    console = Console(record=True, width=160, force_terminal=color, no_color=not color, file=io.StringIO())
     t = Table(title="Per-token time, ms (each token: the slowest rank; rounds pooled)", title_justify="left")
     t.add_column("run", overflow="fold")
     for col in (
@@ -119,4 +122,4 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
         "was loaded); tracekit shortfall then does not correct. A wide interval: the host drifted between rounds "
         "(capture with more --rounds)."
     )
-    click.echo(console.export_text(styles=sys.stdout.isatty()), nl=False)
+    write_text(console.export_text(styles=color), out)

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import cache_dir_option, no_cache_option, step_pattern_option
+from tracekit.cli.options import OutputPath, cache_dir_option, message, no_cache_option, step_pattern_option
 
 
 @click.command("export")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option(
+    "-o",
+    "--output",
     "--perfetto",
     "out",
     required=True,
-    type=click.Path(dir_okay=False, path_type=str),
+    type=OutputPath(),
     metavar="OUT.json",
-    help="Write a Chrome-trace JSON (OUT.json, or OUT.json.gz gzipped) for ui.perfetto.dev and chrome://tracing.",
+    help="Write a Chrome-trace JSON (OUT.json, or OUT.json.gz gzipped) for ui.perfetto.dev and chrome://tracing "
+    "(--perfetto is the same option).",
 )
 @step_pattern_option
 @no_cache_option
@@ -42,12 +45,12 @@ def command(paths: tuple[str, ...], out: str, step_pattern: str | None, no_cache
         raise OutputError(f"{out}: the Perfetto export is JSON: name it .json or .json.gz")
     s = write_perfetto(list(paths), out, step_pattern=step_pattern, cache=not no_cache)
     v = s.view
-    click.echo(
+    message(
         f"wrote {s.path} ({s.bytes / 1e6:.1f} MB): ranks {s.ranks}, {s.events} events; tracekit view: "
         f"{v.get('steps', 0)} step windows, {v.get('class', 0)} classed GPU intervals, "
         f"{v.get('collectives', 0)} collectives ({v.get('wait', 0)} wait, {v.get('transfer', 0)} transfer slices), "
         f"{v.get('path', 0)} critical-path pieces, {v.get('flows', 0)} flow events"
     )
     for note in s.notes:
-        click.echo(f"note: {note}", err=True)
-    click.echo("open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)")
+        message(f"note: {note}")
+    message("open it at https://ui.perfetto.dev (Open trace file) or chrome://tracing (Load)")

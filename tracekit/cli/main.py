@@ -12,10 +12,14 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import time
+import traceback
+from typing import Any
 
 import click
 
 from tracekit import __version__
+from tracekit.cli.options import common_params, verbose
 from tracekit.errors import TracekitError
 
 #: command name -> module under tracekit.cli. Order is the order in `tracekit --help`.
@@ -50,7 +54,31 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None or not _module_exists(module):
             return None
-        return importlib.import_module(f"tracekit.cli.{module}").command  # type: ignore[no-any-return]
+        cmd: click.Command = importlib.import_module(f"tracekit.cli.{module}").command
+        have = {o for p in cmd.params for o in getattr(p, "opts", ())}
+        # the vocabulary every command shares: -q/--quiet, -v/--verbose, --no-color (cli/options.py)
+        cmd.params.extend(p for p in common_params() if not have & set(p.opts))
+        _check_outputs_first(cmd)
+        return cmd
+
+
+def _check_outputs_first(cmd: click.Command) -> None:
+    """Every command checks the files it would write against its inputs before its body runs
+    (`tracekit.cli.options.check_command_outputs`: an --out naming an input is refused, the input
+    untouched). Wrapped once per command object."""
+    body = cmd.callback
+    if body is None or getattr(body, "_outputs_checked", False):
+        return
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from tracekit.cli.options import check_command_outputs
+
+        check_command_outputs(click.get_current_context())
+        return body(*args, **kwargs)
+
+    checked._outputs_checked = True  # type: ignore[attr-defined]
+    checked.__doc__ = body.__doc__
+    cmd.callback = checked
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -64,17 +92,25 @@ def cli() -> None:
       tracekit breakdown traces/cpu-tp2   # per-step compute/memory/collective/sync/idle
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2
       tracekit diff runs/main runs/pr --fail-if-slower 5   # what moved per token; a CI gate
+
+    \b
+    Every command: --format table|json|md|csv (those it writes), -o/--output FILE, results on
+    stdout and messages on stderr, -q/--quiet, -v/--verbose, --no-color (or NO_COLOR), -h/--help.
+    `python -m tracekit` is the same command.
     """
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input / TracekitError, 1 usage error)."""
+    t0 = time.perf_counter()
     try:
         rc = cli.main(args=argv, prog_name="tracekit", standalone_mode=False)
     except TracekitError as exc:
         # a file name that is not UTF-8 (surrogates) is shown escaped, not turned into a traceback
         line = f"tracekit: error: {exc}".encode("utf-8", "backslashreplace").decode("utf-8")
         click.echo(line, err=True)
+        if verbose():  # -v: where it was raised, for a bug report (the one line stays first)
+            click.echo("".join(traceback.format_exception(exc)).rstrip(), err=True)
         return 2
     except click.exceptions.Abort:
         click.echo("tracekit: aborted", err=True)
@@ -88,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    if verbose():
+        click.echo(f"tracekit: done in {time.perf_counter() - t0:.2f} s", err=True)
     # without standalone mode click returns the code of an `Exit(n)` (diff --fail-if-slower: 1)
     return rc if isinstance(rc, int) else 0
 

@@ -28,13 +28,237 @@ step_pattern_option = click.option(
     help=STEP_PATTERN_HELP,
 )
 
-out_file_option = click.option(
-    "--out",
+
+class OutputPath(click.Path):
+    """The type of every option naming a file a command writes (--out, --perfetto, report's
+    -o/--output, rho's --json ...): a file, not a folder. The type is the mark `check_outputs` finds
+    them by: before a command runs, each output it names is checked against the command's inputs."""
+
+    name = "output file"
+
+    def __init__(self, path_type: Any = str) -> None:
+        super().__init__(dir_okay=False, path_type=path_type)
+
+
+class AliasOption(click.Option):
+    """An option with deprecated names that still work but are not shown in --help (`--out`, kept
+    so that old scripts run, beside `-o/--output`)."""
+
+    def __init__(self, *args: Any, hidden_names: tuple[str, ...] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hidden_names = hidden_names
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        shown = self.opts
+        self.opts = [o for o in shown if o not in self.hidden_names]
+        try:
+            return super().get_help_record(ctx)
+        finally:
+            self.opts = shown
+
+
+def output_option(dest: str = "out", **kwargs: Any) -> Any:
+    """`-o/--output` (the one name of every command's output; `--out` still works, unlisted)."""
+    return click.option("-o", "--output", "--out", dest, cls=AliasOption, hidden_names=("--out",), **kwargs)
+
+
+out_file_option = output_option(
     "out",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=OutputPath(),
     default=None,
-    help="Write to FILE instead of stdout.",
+    metavar="FILE",
+    help="Write the result to FILE instead of stdout.",
 )
+
+#: the one --format vocabulary; older names still accepted: text = table, markdown = md
+FORMAT_ALIASES = {"text": "table", "markdown": "md"}
+
+
+class FormatChoice(click.Choice):
+    """click.Choice over table|json|md|csv (the ones a command writes) that also takes the older
+    names of FORMAT_ALIASES, unlisted."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.lower() in FORMAT_ALIASES:
+            value = FORMAT_ALIASES[value.lower()]
+        return super().convert(value, param, ctx)
+
+
+def format_option(*formats: str, default: str | None = "table", help: str = "") -> Any:
+    """`--format` over `formats`, a subset of table|json|md|csv in that order."""
+    order = ("table", "json", "md", "csv")
+    assert set(formats) <= set(order), formats
+    return click.option(
+        "--format",
+        "fmt",
+        type=FormatChoice([f for f in order if f in formats]),
+        default=default,
+        show_default=default is not None,
+        help=help or None,
+    )
+
+
+# -- -q/--quiet, -v/--verbose, --no-color: every command has them (main.LazyGroup adds them) ------
+
+_STATE: dict[str, Any] = {"quiet": False, "verbose": 0}
+
+
+def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    _STATE["quiet"] = bool(value)
+    return value
+
+
+def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    _STATE["verbose"] = int(value or 0)
+    return value
+
+
+def _set_no_color(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value:
+        _env_for_command(ctx, "NO_COLOR", "1")  # rich and every table below read NO_COLOR
+    return value
+
+
+def common_params() -> list[click.Parameter]:
+    """The options every command takes, fresh objects (click keeps state on them)."""
+    return [
+        click.Option(
+            ["-q", "--quiet"],
+            is_flag=True,
+            expose_value=False,
+            callback=_set_quiet,
+            help="Only the result: no progress display, no 'wrote ...' or other messages on stderr "
+            "(errors still print).",
+        ),
+        click.Option(
+            ["-v", "--verbose"],
+            count=True,
+            expose_value=False,
+            callback=_set_verbose,
+            help="Say more on stderr: the command's time; with an error, its traceback too.",
+        ),
+        click.Option(
+            ["--no-color"],
+            is_flag=True,
+            expose_value=False,
+            callback=_set_no_color,
+            help="No colour in tables and progress (also when NO_COLOR is set).",
+        ),
+    ]
+
+
+def quiet() -> bool:
+    """-q/--quiet was given to the running command."""
+    return bool(_STATE["quiet"])
+
+
+def verbose() -> int:
+    """How many -v the running command was given."""
+    return int(_STATE["verbose"])
+
+
+def color_enabled() -> bool:
+    """Colour unless --no-color or NO_COLOR (no-color.org: set and not empty)."""
+    return not os.environ.get("NO_COLOR")
+
+
+def show_progress() -> bool:
+    """A progress display on stderr: when it is a terminal and not -q/--quiet."""
+    return sys.stderr.isatty() and not quiet()
+
+
+def message(text: str) -> None:
+    """A message for people (not the result): on stderr, unless -q/--quiet."""
+    if not quiet():
+        click.echo(text, err=True)
+
+
+def _path_values(value: Any) -> list[Path]:
+    if isinstance(value, (str, os.PathLike)) and str(value) not in ("", "-"):
+        return [Path(value)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _path_values(v)]
+    return []
+
+
+def _input_files(p: Path) -> list[Path]:
+    """The files tracekit reads for an input path: the file and the manifest beside it; a folder's
+    trace files (and its rank subfolders') and manifest. Best effort: never raises."""
+    from tracekit.read import _is_trace_name
+
+    try:
+        if p.is_file():
+            return [p, p.parent / "manifest.json"]
+        if p.is_dir():
+            out = [p / "manifest.json"]
+            for c in p.iterdir():
+                if c.is_file() and (_is_trace_name(c.name) or c.name == "manifest.json"):
+                    out.append(c)
+                elif c.is_dir():
+                    out.extend(f for f in c.iterdir() if f.is_file() and _is_trace_name(f.name))
+            return out
+    except OSError:
+        pass
+    return []
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(outputs: Mapping[str, Any], inputs: Any) -> None:
+    """Refuse, before anything is written, an output that is one of the command's inputs, a file
+    an input folder holds (a trace, the manifest), or the cache entry of an input (OutputError, one
+    line, nothing written; the input is untouched). `outputs`: option name -> the path(s) it names;
+    `inputs`: the command's input paths (any nesting of lists of paths). Reads nothing and creates
+    nothing (not even the cache folder)."""
+    named = [(opt, out) for opt, value in outputs.items() for out in _path_values(value)]
+    named = [(opt, out) for opt, out in named if out.exists()]  # a new file cannot be an input
+    if not named:
+        return
+    from tracekit.errors import OutputError
+    from tracekit.read.cache import cache_root, digest_path, entry_name
+
+    files = [f for p in _path_values(inputs) for f in _input_files(p)]
+    root = cache_root()
+    for opt, out in named:
+        hit = next((f for f in files if _same_file(out, f)), None)
+        if hit is not None:
+            what = "the manifest of an input" if hit.name == "manifest.json" else "an input"
+            raise OutputError(
+                f"{out}: {opt} names {what} of this command ({hit}): writing would overwrite it; "
+                "choose another output file"
+            )
+        for f in files:
+            if f.name == "manifest.json" or not f.is_file():
+                continue
+            entry = root / entry_name(f)
+            if _same_file(out, entry) or _same_file(out, digest_path(entry)):
+                raise OutputError(
+                    f"{out}: {opt} names the cache entry of the input {f}: choose another output file"
+                )
+
+
+def check_command_outputs(ctx: click.Context) -> None:
+    """`check_outputs` for a command about to run: its outputs are the values of its OutputPath
+    options, its inputs the values of every other parameter that names a path (tracekit.cli.main
+    calls this before each command's body)."""
+    outputs: dict[str, Any] = {}
+    inputs: list[Any] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None:
+            continue
+        if isinstance(param.type, OutputPath):
+            outputs[max(param.opts, key=len) if param.opts else str(param.name)] = value
+        else:
+            inputs.append(value)
+    if outputs:
+        check_outputs(outputs, inputs)
+
 
 _no_cache_flag = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
@@ -146,6 +370,9 @@ def write_text(text: str, out: str | None) -> None:
     else:
         from tracekit.errors import OutputError
 
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:  # the command's body may be called without tracekit.cli.main's check
+            check_command_outputs(ctx)
         target = Path(out)
         # a regular file is written whole or not at all (a temporary beside it, renamed): a full disk
         # leaves no half file under the name; a device or pipe (/dev/stdout) is written in place
@@ -160,7 +387,7 @@ def write_text(text: str, out: str | None) -> None:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
             raise OutputError(f"{out}: cannot write ({exc.strerror or exc})") from None
-        click.echo(f"wrote {out}", err=True)
+        message(f"wrote {out}")
 
 
 def emit_result(
@@ -172,7 +399,7 @@ def emit_result(
     others: Mapping[str, Callable[[], str]] | None = None,
     file_width: int = 120,
 ) -> None:
-    """Write a command's result as its --format asks, to --out or stdout (`write_text`): `json` is
+    """Write a command's result as its --format asks, to -o/--output or stdout (`write_text`): `json` is
     `doc()` as indented JSON (docs/JSON.md), a format named in `others` its renderer's text (md,
     markdown, csv), any other the table, `table(width, color)`: the terminal's width and colour when
     it prints to a terminal, `file_width` columns and no colour otherwise."""
@@ -182,7 +409,7 @@ def emit_result(
         text = others[fmt]()
     else:
         to_terminal = out is None and sys.stdout.isatty()
-        text = table(None if out is None else file_width, to_terminal)
+        text = table(None if out is None else file_width, to_terminal and color_enabled())
     write_text(text, out)
 
 

@@ -9,6 +9,8 @@ from typing import Any
 import click
 import orjson
 
+from tracekit.cli.options import OutputPath, format_option, message, output_option
+from tracekit.cli.options import show_progress as _show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -130,19 +132,15 @@ def _transport_notes(result: Any) -> list[str]:
 @click.option(
     "--check/--no-check", default=True, show_default=True, help="Check every result (nccl-tests' #wrong)."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "csv"]),
-    default=None,
-    help="Output format [table; or from --out's suffix].",
+@format_option(
+    "table", "json", "csv", default=None, help="Output format [table; or from -o/--output's suffix]."
 )
-@click.option(
-    "--out",
-    "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+@output_option(
+    "out",
+    type=OutputPath(path_type=Path),
     default=None,
-    help="Write the output here.",
+    metavar="FILE",
+    help="Write the result to FILE (the table then goes to stderr).",
 )
 @click.option(
     "--progress/--no-progress", default=None, help="Progress bar over sizes [on when stderr is a terminal]."
@@ -188,10 +186,9 @@ def command(
       tracekit probe --op copy --min 64M --max 1G                         # copy engine + ceiling
       tracekit probe --op links                                           # NVLink / PCIe per GPU pair
     """
-    import sys
 
     fmt = _format_from(out, fmt)
-    show_progress = sys.stderr.isatty() if progress is None else progress
+    show_progress = _show_progress() if progress is None else progress
     if graph and op_text.strip().lower() in ("links", "copy"):
         raise ProbeError("--graph applies to collective sweeps, not --op links/copy")
     if op_text.strip().lower() == "links":
@@ -263,8 +260,9 @@ def _emit(text: str, out: Path | None, fmt: str, rows: list[dict[str, Any]]) -> 
         if fmt != "table":
             from tracekit.probe.results import format_table
 
-            click.echo(format_table(rows), nl=False)
-        click.echo(f"# wrote {out}")
+            text = format_table(rows)
+        message(text.rstrip("\n"))  # what was measured, for the person watching (stderr)
+        message(f"wrote {out}")
     else:
         click.echo(text, nl=False)
 
@@ -290,7 +288,7 @@ def _links(fmt: str, out: Path | None) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        click.echo(f"# wrote {out}")
+        message(f"wrote {out}")
     else:
         click.echo(text, nl=False)
 
@@ -339,7 +337,7 @@ def _copy(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
-        click.echo(format_copy_table(rows), nl=False)
-        click.echo(f"# wrote {out}")
+        message(format_copy_table(rows).rstrip("\n"))
+        message(f"wrote {out}")
     else:
         click.echo(text, nl=False)

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import cache_dir_option, engine_options, no_cache_env_option, step_pattern_option
+from tracekit.cli.options import (
+    OutputPath,
+    cache_dir_option,
+    engine_options,
+    message,
+    no_cache_env_option,
+    output_option,
+    show_progress,
+    step_pattern_option,
+)
 
 
 @click.command("report")
@@ -34,12 +43,12 @@ from tracekit.cli.options import cache_dir_option, engine_options, no_cache_env_
 @click.option(
     "--offline", is_flag=True, hidden=True, help="Accepted for old scripts: inlining is the default."
 )
-@click.option(
-    "-o",
-    "--output",
+@output_option(
     "outputs",
     multiple=True,
     required=True,
+    type=OutputPath(),
+    metavar="FILE",
     help="Output file; the suffix picks the format (.html, .md, .json). May be given several times.",
 )
 @step_pattern_option
@@ -80,7 +89,6 @@ def command(
       tracekit report traces/h200-tp2 --baseline traces/h200-tp1 --extra reports/whatif/h200-tp2.json \\
           --extra reports/rho/h200.json --extra reports/advise/predicted-from-committed.json -o h200.md
     """
-    import sys
 
     from tracekit.engine import Engine, analyse_dirs
     from tracekit.report.build import (
@@ -92,7 +100,7 @@ def command(
         write_report,
     )
 
-    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=sys.stderr.isatty())
+    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=show_progress())
 
     if cdn and offline:
         raise click.UsageError("--cdn and --offline contradict each other: give one")
@@ -134,4 +142,4 @@ def command(
     if data.dilation.get("warning"):
         click.echo(data.dilation["warning"])
     for p in written:
-        click.echo(f"wrote {p}")
+        message(f"wrote {p}")

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import out_file_option, write_text
+from tracekit.cli.options import OutputPath, format_option, out_file_option, write_text
 
 EXAMPLES = """
 \b
 Examples:
   tracekit rho                                  # every dtype the device runs, 8192^3 products
-  tracekit rho --format json --out reports/rho/h200.json
-  tracekit rho --json reports/rho/h200.json --out reports/rho/h200.txt   # both
+  tracekit rho --format json -o reports/rho/h200.json
+  tracekit rho --json reports/rho/h200.json -o reports/rho/h200.txt   # both
   tracekit rho --matrix bf16,fp8 --vector fp32 --size 4096
   tracekit rho --device cpu                     # small CPU fallback (CI, laptops): no tensor cores
 """
@@ -38,11 +38,9 @@ def _dtypes(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
 @click.option(
     "--repeats", type=int, default=5, show_default=True, help="Timed batches; the median is reported."
 )
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@format_option("table", "json", help="table for people; json for machines.")
 @out_file_option
-@click.option(
-    "--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON to FILE."
-)
+@click.option("--json", "json_out", type=OutputPath(), default=None, help="Also write the JSON to FILE.")
 def command(
     device: str,
     matrix: str,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -12,8 +11,10 @@ from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
     engine_options,
+    format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
 )
 
 if TYPE_CHECKING:
@@ -372,14 +373,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     type=click.Path(exists=True, path_type=str),
     help="TP=N run: folder of rank files.",
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="table for people; json per docs/JSON.md#shortfall.",
-)
+@format_option("table", "json", help="table for people; json per docs/JSON.md#shortfall.")
 @click.option(
     "--steps",
     "--step-pattern",
@@ -439,14 +433,14 @@ def command(
     \b
     Examples:
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2
-      tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json --out s.json
+      tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json -o s.json
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
     from tracekit.analyse.shortfall import shortfall
     from tracekit.engine import Engine, shortfall_paths
     from tracekit.read import read_run
 
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=tty)
     if eng.kind == "dask":
         result = shortfall_paths(

@@ -6,6 +6,21 @@ from pathlib import Path
 
 import click
 
+from tracekit.cli.options import output_option, quiet
+
+
+def _check_out_dir(out_dir: Path, force: bool) -> None:
+    """An earlier study (or anything else) in `out_dir` is replaced only with --force, as `capture`
+    does: before anything runs, nothing touched."""
+    from tracekit.errors import OutputError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputError(f"{out_dir}: not a folder (the study writes its runs and report there)")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise OutputError(
+            f"{out_dir}: holds an earlier study; give --force to replace it, or -o/--output another folder"
+        )
+
 
 def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     if text is None:
@@ -31,9 +46,13 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
 @click.option("--backend", default="auto", show_default=True, type=click.Choice(["auto", "gloo", "nccl"]))
 @click.option("--device", default="auto", show_default=True, type=click.Choice(["auto", "cpu", "cuda"]))
 @click.option("--mode", default="auto", show_default=True, help="Profiler mode for the traced pass.")
+@output_option(
+    "out_dir", default="reports/study", show_default=True, type=click.Path(path_type=Path), metavar="DIR",
+    help="Output folder: run folders, analyses and report.html/.md/.json (in .gitignore).",
+)  # fmt: skip
 @click.option(
-    "-o", "--out", "out_dir", default="reports/study", show_default=True, type=click.Path(path_type=Path),
-    help="Output folder: run folders, analyses and report.html/.md/.json.",
+    "--force", is_flag=True,
+    help="Replace an earlier study in the output folder (without it: an error, nothing touched).",
 )  # fmt: skip
 @click.option(
     "--cdn", is_flag=True,
@@ -56,7 +75,6 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     help="Captures per TP degree, alternating TP=1, TP=N, TP=1, TP=N ... so the host's drift falls on "
     "every degree alike (their rounds are then paired in the intervals); 1: one capture each.",
 )  # fmt: skip
-@click.option("--quiet", is_flag=True, help="No progress display.")
 def command(
     tp_text: str | None,
     preset: str | None,
@@ -69,9 +87,9 @@ def command(
     cdn: bool,
     offline: bool,
     links: bool | None,
+    force: bool,
     rounds: int,
     blocks: int,
-    quiet: bool,
 ) -> None:
     """Capture each TP degree, run breakdown and shortfall (and the link comparison where there
     are GPUs), and write the report. With no arguments on a CPU machine: the tiny preset over
@@ -85,6 +103,7 @@ def command(
     """
     if cdn and offline:
         raise click.UsageError("--cdn and --offline contradict each other: give one")
+    _check_out_dir(out_dir, force)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
@@ -95,7 +114,7 @@ def command(
         links=links, offline=not cdn, layers=layers, rounds=rounds, blocks=blocks,
     )  # fmt: skip
     console = Console(stderr=True)
-    if quiet:
+    if quiet():
         result = run_study(config, out_dir)
     else:
         with Progress(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -11,8 +10,10 @@ import click
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
+    format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
     step_pattern_option,
 )
 
@@ -162,7 +163,7 @@ Examples:
   tracekit whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --check traces/h200-tp1-graphs \\
       --check-knob launch=0
   tracekit whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --probe reports/h200/links-graph.json \\
-      --knob transfer=probe --knob launch=0 --knob straggler=off --format json --out whatif.json
+      --knob transfer=probe --knob launch=0 --knob straggler=off --format json -o whatif.json
 """,
 )
 @click.option("--baseline", required=True, metavar="DIR", help="TP=1 run: folder of rank files.")
@@ -182,14 +183,7 @@ Examples:
 @click.option(
     "--check-knob", default=None, metavar="KNOB[,KNOB...]", help="The prediction --check is held to."
 )
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["table", "json", "markdown"]),
-    default="table",
-    show_default=True,
-    help="table for people; json per docs/JSON.md#whatif; markdown for reports.",
-)
+@format_option("table", "json", "md", help="table for people; json per docs/JSON.md#whatif; md for reports.")
 @click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
 @step_pattern_option
 @out_file_option
@@ -229,7 +223,7 @@ def command(
             players.append(ks[0])
     if check_dir and not check_knob:
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
-    tty = sys.stderr.isatty()
+    tty = show_progress()
     base_parts, base_cl = _load(baseline, no_cache, tty, skip_first, "baseline", step_pattern)
     shard = _load(sharded, no_cache, tty, skip_first, "sharded", step_pattern) if sharded else None
     check = None
@@ -254,7 +248,7 @@ def command(
         fmt,
         lambda: doc,
         lambda width, color: render_table(doc, width=width, color=color),
-        others={"markdown": lambda: render_markdown(doc)},
+        others={"md": lambda: render_markdown(doc)},
     )
 
 

@@ -1046,8 +1046,10 @@ def _run(
         ]
         pair_notes: list[tuple[str, str]] = []
         if pair is not None:
-            from tracekit.analyse.shortfall import check_pair
+            from tracekit.analyse.shortfall import check_pair, check_ranks
 
+            check_ranks(metas[pair[0]][0], "baseline")  # a missing rank first, as the local engine
+            check_ranks(metas[pair[1]][0], "sharded")
             pair_notes = check_pair(metas[pair[0]][0], metas[pair[1]][0])
         # no task holds a run: breakdowns (job order), then the shortfall's runs (baseline first,
         # as the local `shortfall` attributes them), each as per-rank, bucket and step tasks

@@ -1,0 +1,139 @@
+"""One CLI vocabulary (issue 24): every command's --help shows an example, -o/--output (the old
+--out still works, unlisted), --format from table|json|md|csv only, -q/--quiet, -v/--verbose and
+--no-color; results go to stdout, messages to stderr; NO_COLOR is honoured; `python -m tracekit`."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracekit.cli.main import COMMANDS, main
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_TP1 = REPO / "traces" / "cpu-tp1"
+CPU_TP2 = REPO / "traces" / "cpu-tp2"
+#: the commands whose result is a file or a folder (all of them) and those with a --format
+FORMATS = {"table", "json", "md", "csv"}
+NO_FORMAT = {"study", "capture", "report", "export"}  # a folder, a folder, by suffix, Chrome-trace JSON
+
+
+def _help(capsys: pytest.CaptureFixture[str], name: str) -> str:
+    capsys.readouterr()
+    assert main([name, "--help"]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_help_speaks_the_one_vocabulary(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    text = _help(capsys, name)
+    assert re.search(r"^\s*Examples?:", text, re.M), f"{name}: no example in --help"
+    assert re.search(rf"^\s+tracekit {re.escape(name)}\b", text, re.M), f"{name}: no example line"
+    for opt in ("-o, --output", "-q, --quiet", "-v, --verbose", "--no-color", "-h, --help"):
+        assert opt in text, f"{name} --help lacks {opt}"
+    # the deprecated spelling is neither listed nor used by an example
+    assert not re.search(r"--out\b(?!put)", text), f"{name} --help still shows --out"
+    m = re.search(r"--format \[([a-z|]+)\]", text)
+    if name in NO_FORMAT:
+        assert m is None
+    else:
+        assert m is not None, f"{name}: no --format"
+        assert set(m.group(1).split("|")) <= FORMATS, m.group(1)
+
+
+def test_python_dash_m_tracekit() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tracekit", "--help"], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: python -m tracekit" in proc.stdout or "Usage: tracekit" in proc.stdout
+    assert "breakdown" in proc.stdout and "--verbose" in proc.stdout
+
+
+@pytest.mark.parametrize("spelling", ["-o", "--output", "--out"])
+def test_output_spellings_write_the_file_and_say_so_on_stderr(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, spelling: str
+) -> None:
+    out = tmp_path / "d.json"
+    capsys.readouterr()
+    assert main(["dilation", str(CPU_TP1), "--format", "json", spelling, str(out)]) == 0
+    got = capsys.readouterr()
+    assert got.out == ""  # the result is in the file
+    assert got.err.strip() == f"wrote {out}"
+    assert json.loads(out.read_text())[0]["run"] == str(CPU_TP1)
+
+
+def test_quiet_keeps_stderr_empty_and_verbose_adds_the_time(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "b.csv"
+    capsys.readouterr()
+    assert main(["breakdown", str(CPU_TP1), "--no-cache", "--format", "csv", "-o", str(out), "-q"]) == 0
+    got = capsys.readouterr()
+    assert got.out == "" and got.err == "" and out.read_text().startswith("rank,")
+    assert main(["breakdown", str(CPU_TP1), "--no-cache", "--format", "csv", "-o", str(out), "-v"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"wrote {out}" and re.fullmatch(r"tracekit: done in \d+\.\d\d s", err[-1])
+
+
+def test_verbose_error_keeps_the_one_line_first_then_the_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    capsys.readouterr()
+    assert main(["dilation", "/nonexistent-run-folder"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(["dilation", str(REPO / "tracekit"), "-v"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("tracekit: error: ") and "no manifest.json" in err[0]
+    assert any(ln.startswith("Traceback") for ln in err[1:])
+
+
+def test_old_format_names_still_accepted(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--format text` (advise, decompose) and `markdown` (whatif) were the older names."""
+    from tracekit.cli.options import FormatChoice
+
+    choice = FormatChoice(["table", "json", "md"])
+    assert choice.convert("text", None, None) == "table"
+    assert choice.convert("markdown", None, None) == "md"
+    with pytest.raises(Exception, match="csv"):
+        choice.convert("csv", None, None)
+
+
+@pytest.mark.parametrize("how", ["NO_COLOR", "--no-color"])
+def test_no_color(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)  # as if printing to a terminal
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    assert main(["dilation", str(CPU_TP1)]) == 0
+    assert "\x1b[" in capsys.readouterr().out  # colour on a terminal by default
+    if how == "NO_COLOR":
+        monkeypatch.setenv("NO_COLOR", "1")
+        assert main(["dilation", str(CPU_TP1)]) == 0
+    else:
+        assert main(["dilation", str(CPU_TP1), "--no-color"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b[" not in out and "dilation" in out
+    import os
+
+    assert how == "NO_COLOR" or "NO_COLOR" not in os.environ  # --no-color lasts for its command only
+
+
+def test_capture_summary_counts_one_file_in_the_singular(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The summary `capture` prints (a message, on stderr) says '1 file', '2 files'."""
+    from tracekit.cli.capture import _summary
+
+    wl = {"tp": 1, "device": "cpu", "backend": "gloo", "mode": "cpu"}
+    for files, words in ((["rank-0.pt.trace.json.gz"], "1 file,"), (["a", "b"], "2 files,")):
+        (tmp_path / "manifest.json").write_text(
+            json.dumps({"workload": wl, "files": dict.fromkeys(files, {})})
+        )
+        capsys.readouterr()
+        _summary(tmp_path)
+        got = capsys.readouterr()
+        assert got.out == "" and f"wrote {tmp_path}: {words}" in got.err, got.err
