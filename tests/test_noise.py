@@ -40,11 +40,13 @@ def _sim(
     speeds: list[float],
     steps: int = 24,
     group: str | None = None,
+    spike: tuple[int, int, int] | None = None,
 ) -> Run:
     """One run: `steps` decode steps at the speed of the last round (the traced one), and
     `len(speeds)` rounds of per-token times at their speeds. Per step and rank: a compute kernel
     of `compute` ns, a host gap of `gap` ns, then (n_ranks > 1) the all-reduce: it ends `transfer`
-    ns after the last rank arrives, then 10 ns of tail; each of the three drawn with spread `sd`.
+    ns after the last rank arrives, then 10 ns of tail; each of the three drawn with spread `sd`;
+    `spike` (step, rank, ns) lengthens one host gap.
     The traced pass (a profiled one) has PROFILER_NS more host gap per rank and step; the truth
     of every figure is the unprofiled one (without it)."""
     speed = speeds[-1]
@@ -53,6 +55,8 @@ def _sim(
         t0 = k * STRIDE
         c = np.maximum(1, rng.normal(compute, sd, n_ranks)) * speed
         g = (np.maximum(0, rng.normal(gap, sd, n_ranks)) + PROFILER_NS) * speed
+        if spike is not None and spike[0] == k:  # (step, rank, ns): one long host gap
+            g[spike[1]] += spike[2]
         if n_ranks == 1:
             end = int(g[0] + c[0])
             rows += [(0, "annotation", f"decode_step#{k}", t0, t0 + end)]
@@ -296,3 +300,39 @@ def test_cpu_capture_measures_the_profilers_cost_per_call(gloo_truth):  # type: 
         assert cal["per_call_ns"]["op"] > 0
         assert cal["calls"] > 0 and "mode cpu" in cal["method"]
         assert set(cal["per_rank_ns"]) == {str(r) for r in range(m["workload"]["tp"])}
+
+
+def test_coordination_inside_its_noise_is_said_so_and_its_waiting_not_named():
+    # coordination by construction: gap 58 + tail 10 + the mean wait at a rendezvous of two
+    # arrivals of spread 40 * sqrt(2) (56.6 / sqrt(pi) = 31.9) - the baseline's idle 200 / 2 = ~0;
+    # transfer 300 is the cause. The path's "the consequence: rank r waits ..." would state noise.
+    for seed in range(3):
+        doc = _pair(
+            seed,
+            {"compute": 800, "gap": 200, "transfer": 0},
+            {"compute": 400, "gap": 58, "transfer": 300},
+            sd=40,
+            speeds_b=[1.0, 1.0, 1.0],
+            speeds_s=[1.0, 1.0, 1.0],
+        )
+        rd = doc["noise"]
+        assert rd["cause"] == "transfer" and rd["terms"]["coordination"]["reading"] == "within_noise"
+        assert "coordination is within noise [" in doc["verdict"]
+        assert "the consequence" not in doc["verdict"] and "waits" not in doc["verdict"]
+
+
+def test_diagnosis_follows_the_verdicts_cause_not_a_larger_term_inside_its_noise():
+    # 8 steps (7 steady), rank 1's host gap 20 us longer in one of them: coordination's point is
+    # the largest (~20 us / 7) but a third of the step resamples leave that step out, and without
+    # it coordination is 50 + 40 + 10 + the rendezvous wait (~11) - 240 / 2 = ~ -9, so its interval
+    # spans zero; transfer 300 (spread 20) is clear of zero. No rounds: steps only.
+    rng = np.random.default_rng(11)
+    b = _sim(rng, 1, compute=800, gap=200, transfer=0, sd=20, speeds=[1.0])
+    s = _sim(rng, 2, compute=400, gap=50, transfer=300, sd=20, steps=8, speeds=[1.0], spike=(4, 1, 20_000))
+    b.manifest = s.manifest = None
+    doc = shortfall(b, s).to_json()
+    rd = doc["noise"]
+    assert doc["terms_ns"]["coordination"] > 5 * doc["terms_ns"]["transfer"]
+    assert rd["terms"]["coordination"]["reading"] == "within_noise", rd
+    assert rd["cause"] == "transfer" and doc["verdict"].startswith("Transfer holds this run back")
+    assert doc["diagnosis"].startswith("Bytes on the link dominate"), doc["diagnosis"]

@@ -906,10 +906,13 @@ class Shortfall:
         top = rd.cause
         assert top is not None
         others = "; ".join(clause(k) for k in shown if k != top)
+        # the path sentence names the waiting the path causes; with coordination inside its noise
+        # that waiting would be noise passed off as a consequence, so it is left out
+        path = self.path_cause() if rd.terms["coordination"]["reading"] != "within_noise" else ""
         return (
             f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "
             f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {_iv(rd.terms[top]['interval'])}); "
-            f"{others} ({basis}). {self.path_cause()} {dil}"
+            f"{others} ({basis}). " + (f"{path} " if path else "") + dil
         )
 
     def _noise_checked_diagnosis(self) -> str:
@@ -1037,7 +1040,8 @@ class Shortfall:
         terms = ints["terms_ns"]
         if s <= 0:
             return "Nothing to recover at this TP degree."
-        top = max(terms, key=lambda k: terms[k])
+        # the verdict's cause (the largest term clear of its noise), not a larger one inside it
+        top = self.noise().cause or max(terms, key=lambda k: terms[k])
         n = self.n_ranks
         gpu = self.sharded.timeline == "gpu"
         # GPU busy share of a TP=1 token: device work as traced (the reconciliation keeps it as
