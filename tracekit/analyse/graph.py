@@ -115,6 +115,8 @@ class RankGraph:
     c_bytes: np.ndarray
     origin: int
     notes: list[str] = field(default_factory=list)
+    rho_typ: int = 5000  # the rank's typical launch latency
+    q_typ: int = 1000  # the rank's typical queued gap between operations
 
 
 class _Builder:
@@ -271,6 +273,7 @@ def _gpu_rank(
         items.setdefault(main, []).append((int(ae_a[k]), 2, 2, k))  # annotation end marker
     call_begin: dict[int, int] = {}
     call_end: dict[int, int] = {}
+    call_edge: dict[int, int] = {}
     ws_node = np.zeros(len(steps), dtype=np.int64)
     ae_node = np.zeros(len(steps), dtype=np.int64)
     coll_launches = np.zeros(len(steps), dtype=np.int64)
@@ -303,10 +306,11 @@ def _gpu_rank(
                 ce = int(end[idx])
                 ne = b.node(ce - off)
                 call_begin[idx], call_end[idx] = nb, ne
+                call_edge[idx] = len(b.e)
                 if sync_like[idx] or cls[idx] == "sync":
                     b.edge(nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg=seg, calls=1)  # refined below
                 else:
-                    b.edge(nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1)
+                    b.edge(nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1, ops=int(idx in launches_coll))
                 if idx in launches_coll:
                     coll_launches[k] += 1
                 prev_begin_node, prev_begin_t = nb, s_i
@@ -435,24 +439,31 @@ def _gpu_rank(
         long_launch = (not is_sync) and i in launching and ce - cs >= bp_min
         if not is_sync and not long_launch:
             continue
-        a0 = int(np.searchsorted(de_sorted, cs, side="right"))
-        a1 = int(np.searchsorted(de_sorted, ce, side="right"))
-        cand = de_sorted_idx[a0:a1]
         own = bool(_BLOCKING_COPY.match(names[i]))
-        if len(cand):
-            ok = (op_call_begin[cand] < cs) | (own & (d_call[cand] == i))
-            cand = cand[ok]
-        if not len(cand):
+        # the operation it waits for: the latest-ending one launched before it that ended by its
+        # return (a synchronising call depends on it whether or not it blocked in this trace)
+        m = int(np.searchsorted(de_sorted, ce, side="right")) - 1
+        floor = cs if long_launch else lo
+        dj = -1
+        while m >= 0 and int(de_sorted[m]) > floor:
+            c = int(de_sorted_idx[m])
+            if op_call_begin[c] < cs or (own and int(d_call[c]) == i):
+                dj = c
+                break
+            m -= 1
+        if dj < 0:
             continue
-        dj = int(cand[np.argmax(de[cand])])
         eps = ce - int(de[dj])
         nb, ne = call_begin[i], call_end[i]
         if is_sync:
-            _retarget(b, nb, ne, 0)
-            b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC)
-        elif eps <= 4 * med_launch + 2000:
+            if int(de[dj]) > cs:  # it blocked: its time is the wait, then its return latency
+                b.e[call_edge[i]] = (nb, ne, 0, *b.e[call_edge[i]][3:])
+                b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC)
+            else:  # it did not block here: had the device been later, it would have
+                b.edge(int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC)
+        elif int(de[dj]) > cs and eps <= 4 * med_launch + 2000:
             n_bp += 1
-            _retarget(b, nb, ne, min(ce - cs, med_launch))
+            b.e[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *b.e[call_edge[i]][3:])
             b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST)
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
@@ -472,18 +483,10 @@ def _gpu_rank(
         c_bytes=np.asarray(c_bytes, dtype=np.int64),
         origin=origin,
         notes=notes,
+        rho_typ=rho_typ,
+        q_typ=q_typ,
         **arr,
     )
-
-
-def _retarget(b: _Builder, s: int, d: int, lat: int) -> None:
-    """The latency of the edge s -> d (the call's own time) set to `lat`."""
-    for k in range(len(b.e) - 1, -1, -1):
-        ed = b.e[k]
-        if ed[0] == s and ed[1] == d:
-            b.e[k] = (s, d, int(lat), *ed[3:])
-            return
-    raise AssertionError("no call edge to retarget")
 
 
 def _host_rank(
@@ -614,6 +617,8 @@ class Graph:
     ws_node: np.ndarray  # [rank_i, step_i]
     end_nodes: list[list[np.ndarray]]  # [rank_i][step_i]
     notes: list[str] = field(default_factory=list)
+    rho_typ: dict[int, int] = field(default_factory=dict)
+    q_typ: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_nodes(self) -> int:
@@ -646,9 +651,21 @@ class Graph:
         return ws, we
 
     def step_times(self, t: np.ndarray) -> np.ndarray:
-        """Per step, the longest window (the step time everywhere else)."""
+        """Per step, the longest window (the step time the accounting uses)."""
         ws, we = self.windows(t)
         return (we - ws).max(axis=0)
+
+    def periods(self, t: np.ndarray) -> np.ndarray:
+        """Per step, the time from the previous step's end (the latest window end over ranks) to
+        its own: what a token costs when nothing between steps is frozen. The first step: its
+        longest window."""
+        ws, we = self.windows(t)
+        end = we.max(axis=0)
+        out = np.empty(len(self.steps), dtype=np.int64)
+        if len(out):
+            out[0] = int((we[:, 0] - ws[:, 0]).max())
+            out[1:] = np.diff(end)
+        return out
 
 
 def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Graph:
@@ -764,6 +781,8 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         ws_node=ws_node,
         end_nodes=end_nodes,
         notes=notes,
+        rho_typ={g.rank: g.rho_typ for g in rgs},
+        q_typ={g.rank: g.q_typ for g in rgs},
     )
 
 
@@ -772,11 +791,18 @@ def build_graph(
     windows: pd.DataFrame,
     per_rank: pd.DataFrame,
     offsets: Mapping[int, int] | None,
-    timeline: str,
+    timeline: str | None,
     inst_bytes: Mapping[int, int] | None = None,
 ) -> Graph:
-    """The run's graph over `windows` (rank, step, start_ns, end_ns, annotation_end_ns)."""
+    """The run's graph over `windows` (rank, step, start_ns, end_ns, annotation_end_ns);
+    `timeline` "gpu" or "host" for every rank, None: each rank's from its events."""
     from tracekit.analyse.steps import rank_selectors
+    from tracekit.classify.rules import GPU_KINDS
+
+    def rank_timeline(ev: pd.DataFrame) -> str:
+        if timeline is not None:
+            return timeline
+        return "gpu" if ev["kind"].astype(str).isin(list(GPU_KINDS)).any() else "host"
 
     offsets = dict(offsets or {})
     ranks = sorted(int(r) for r in windows["rank"].unique())
@@ -784,18 +810,20 @@ def build_graph(
     m_rank = per_rank["rank"].to_numpy(np.int64) if len(per_rank) else np.zeros(0, dtype=np.int64)
     empty = np.zeros(0, dtype=np.int64)
     w_rank = windows["rank"].to_numpy(np.int64)
-    rgs = [
-        build_rank_graph(
-            classified.iloc[rows_of.get(r, empty)],
-            r,
-            windows[w_rank == r],
-            per_rank[m_rank == r] if len(per_rank) else per_rank,
-            int(offsets.get(r, 0)),
-            timeline,
-            inst_bytes,
+    rgs = []
+    for r in ranks:
+        ev = classified.iloc[rows_of.get(r, empty)]
+        rgs.append(
+            build_rank_graph(
+                ev,
+                r,
+                windows[w_rank == r],
+                per_rank[m_rank == r] if len(per_rank) else per_rank,
+                int(offsets.get(r, 0)),
+                rank_timeline(ev),
+                inst_bytes,
+            )
         )
-        for r in ranks
-    ]
     return assemble(rgs, offsets)
 
 
