@@ -31,7 +31,8 @@ knobs act on roles):
 Each node's time is the latest over its in-edges of (source time + latency). Which edge binds an
 operation is read from the trace: the stream when its queue gap is under `IDLE_GAP_NS`, else its
 launch when the launch latency is within `max(3 rho_typ, rho_typ + 20 us)`, else a cross wait if
-one ended within `IDLE_GAP_NS` before it, else its launch; the binding edge keeps its measured
+one ended within `IDLE_GAP_NS` before it, else its stream (the device's own gap; its launch when it
+is the first on its stream); the binding edge keeps its measured
 latency and the others the rank's typical one (never more than measured), so the graph re-timed
 unchanged gives back every measured time exactly.
 
@@ -390,9 +391,11 @@ def _gpu_rank(
                 c = int(end_order[m])
                 if ends_sorted[m] >= lo_e and s_j - ends_sorted[m] < IDLE_GAP_NS and ds[c] < s_j:
                     cross = c
-        if cross < 0 and not stream_bound:
-            launch_bound = call >= 0 or p < 0
-            stream_bound = not launch_bound
+        if cross < 0 and not stream_bound and not launch_bound:
+            # neither released it in time: it was queued behind its stream (a gap the device
+            # itself took), or, first on its stream, its launch was slow
+            stream_bound = p >= 0
+            launch_bound = not stream_bound
         # the edges into the operation's begin (stream first: the path prefers it on ties)
         if p >= 0 and q[j] >= 0:
             lat_q = int(q[j]) if stream_bound else min(int(q[j]), q_typ)
