@@ -100,16 +100,18 @@ def event_timeline(events: pd.DataFrame) -> str:
     return "gpu" if events["kind"].astype(str).isin(list(GPU_KINDS)).any() else "host"
 
 
-def path_of_ranks(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> CriticalPath:
+def path_of_ranks(
+    rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int], timeline: str | None = None
+) -> CriticalPath:
     """The path from the ranks' graphs (`graph.build_rank_graph`, e.g. built where each rank's
-    events are): assembled, then walked."""
-    return path_of_graph(assemble(rank_graphs, offsets))
+    events are): assembled, then walked; `timeline`: the path's (the graph's when None)."""
+    return path_of_graph(assemble(rank_graphs, offsets), timeline)
 
 
-def path_of_graph(g: Graph) -> CriticalPath:
+def path_of_graph(g: Graph, timeline: str | None = None) -> CriticalPath:
     """The walk of every step of `g` at its measured times, as a CriticalPath."""
     walk = walk_path(g, g.t)
-    return path_of(walk.rows, walk.segments, g.ranks, g.timeline)
+    return path_of(walk.rows, walk.segments, g.ranks, timeline or g.timeline)
 
 
 def path_timeline(timelines: Iterable[str]) -> str:

@@ -440,7 +440,7 @@ def attribute_run(
     `attribute_rank` per rank (partition, host layers, exposed split, ranks without kernels) ->
     `assemble_attribution` (step time, per-rank parts, their mean) -> `critical_path` ->
     `finish_attribution` (path check, dilation)."""
-    from tracekit.analyse.critical_path import path_of_ranks
+    from tracekit.analyse.critical_path import path_of_ranks, path_timeline
     from tracekit.analyse.steps import rank_selectors
 
     ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
@@ -485,7 +485,9 @@ def attribute_run(
         for r in ranks
     ]
     att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
-    path = path_of_ranks([p.graph for p in pieces if p.graph is not None], offsets)
+    path = path_of_ranks(
+        [p.graph for p in pieces if p.graph is not None], offsets, path_timeline(p.timeline for p in pieces)
+    )
     return finish_attribution(
         run,
         att,
