@@ -73,6 +73,7 @@ ROLE_XFER = 11  # rendezvous -> collective end on the rank
 ROLE_BACKPRESSURE = 12  # operation end -> a long launch call's end (launch queue full)
 ROLE_WORK = 13  # host timeline: a measured host-executed part (kind says which)
 ROLE_LEAD = 14  # host timeline: the idle time from a segment's start to its first op
+ROLE_GRAPH = 15  # inside a CUDA-graph replay: the in-graph predecessor's end -> operation begin
 
 #: A device gap of at least this much before an operation means its stream was idle.
 IDLE_GAP_NS = 2000
@@ -349,6 +350,27 @@ def _gpu_rank(
             last_other_call[(sk, int(d_call[j]))] = last_on.get(sk, -1)
         if last_on.get(sk, -1) < 0 or de[j] >= de[last_on[sk]]:
             last_on[sk] = j
+    # inside one CUDA-graph replay: each operation after the first waits for the one of the same
+    # replay that ended last before it began (branches may run concurrently on one stream)
+    import bisect
+
+    gpred = np.full(nd, -1, dtype=np.int64)
+    first_rho: dict[int, int] = {}
+    in_graph: dict[int, tuple[list[int], list[int]]] = {}
+    for j in range(nd):
+        if not d_graph[j]:
+            continue
+        c = int(d_call[j])
+        ends_c, idx_c = in_graph.setdefault(c, ([], []))
+        if not ends_c:
+            first_rho[c] = int(ds[j] - d_h[j])
+        else:
+            m = bisect.bisect_right(ends_c, int(ds[j])) - 1
+            if m >= 0:
+                gpred[j] = idx_c[m]
+        m2 = bisect.bisect_right(ends_c, int(de[j]))
+        ends_c.insert(m2, int(de[j]))
+        idx_c.insert(m2, j)
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
     q = np.where(pred >= 0, ds - de[np.maximum(pred, 0)], np.iinfo(np.int64).max)
     idle = q >= IDLE_GAP_NS
@@ -370,6 +392,26 @@ def _gpu_rank(
     # compute index per step
     comp_count = np.zeros(len(steps), dtype=np.int64)
     n_cross = 0
+    def _op_edges(j: int) -> None:
+        """The operation's own time (a matched collective's goes through its rendezvous)."""
+        s_j = int(ds[j])
+        k = step_index(int(d_h[j])) if int(d_call[j]) >= 0 else step_index(s_j)
+        hit = coll_of.get((s_j, int(de[j])))
+        if hit is not None:
+            c_begin.append(int(d_begin[j]))
+            c_end.append(int(d_end[j]))
+            c_inst.append(hit[0])
+            c_x.append(hit[1])
+            c_op.append(hit[2])
+            c_bytes.append(int(inst_bytes.get(hit[0], -1)))
+        else:
+            kd = _KIND_OF_CLS.get(str(cls[dev[j]]), K_UNKNOWN)
+            ci = -1
+            if kd == K_COMPUTE:
+                ci = _seg_id(k, int(comp_count[k]))
+                comp_count[k] += 1
+            b.edge(int(d_begin[j]), int(d_end[j]), int(de[j] - ds[j]), ROLE_OP, kd, cidx=ci)
+
     for j in range(nd):
         call = int(d_call[j])
         s_j = int(ds[j])
@@ -379,6 +421,16 @@ def _gpu_rank(
         elif call < 0 and ws_a[k] <= s_j < we_a[k]:
             step_ops[k].append(int(d_end[j]))
         p = int(pred[j])
+        if gpred[j] >= 0:  # in a graph replay: its in-graph predecessor binds it
+            gp = int(gpred[j])
+            b.edge(int(d_end[gp]), int(d_begin[j]), s_j - int(de[gp]), ROLE_GRAPH, K_HOST)
+            if p >= 0 and q[j] >= 0:
+                b.edge(int(d_end[p]), int(d_begin[j]), min(int(q[j]), q_typ), ROLE_QUEUE, K_HOST)
+            lat_g = min(int(rho[j]), first_rho.get(call, int(rho[j])))
+            if lat_g >= 0:
+                b.edge(call_begin[call], int(d_begin[j]), lat_g, ROLE_LAUNCH, K_HOST)
+            _op_edges(j)
+            continue
         stream_bound = p >= 0 and q[j] < IDLE_GAP_NS
         launch_bound = (not stream_bound) and call >= 0 and rho[j] <= rho_bound
         cross = -1
@@ -414,21 +466,7 @@ def _gpu_rank(
         else:
             lat_o = (s_j - lo) if launch_bound else min(s_j - lo, rho_typ)
             b.edge(origin, int(d_begin[j]), lat_o, ROLE_ORIGIN, K_HOST)
-        hit = coll_of.get((s_j, int(de[j])))
-        if hit is not None:
-            c_begin.append(int(d_begin[j]))
-            c_end.append(int(d_end[j]))
-            c_inst.append(hit[0])
-            c_x.append(hit[1])
-            c_op.append(hit[2])
-            c_bytes.append(int(inst_bytes.get(hit[0], -1)))
-        else:
-            kd = _KIND_OF_CLS.get(str(cls[dev[j]]), K_UNKNOWN)
-            ci = -1
-            if kd == K_COMPUTE:
-                ci = _seg_id(k, int(comp_count[k]))
-                comp_count[k] += 1
-            b.edge(int(d_begin[j]), int(d_end[j]), int(de[j] - ds[j]), ROLE_OP, kd, cidx=ci)
+        _op_edges(j)
     if n_cross:
         notes.append(f"rank {rank}: {n_cross} operation(s) released by another stream's (cross-stream waits)")
     # --- synchronising calls and back-pressure: the host waits for the device

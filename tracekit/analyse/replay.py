@@ -285,7 +285,7 @@ class RunModel:
         if s.host_deduct or s.deduct_collective:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
-            dev = np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS)) if self.timeline == "gpu" else (
+            dev = np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH)) if self.timeline == "gpu" else (
                 role == G.ROLE_WORK
             )
             lat = np.where(dev, lat * s.device_scale, lat)
@@ -601,6 +601,17 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
     else:
         model.host_scale = value
     return value
+
+
+def _device_scale(model: RunModel, target: float, tol: float) -> float | None:
+    """The factor in (0.1, 1] on every device op time and gap (collective transfers excepted: they
+    are the link's) that brings the unchanged replay's mean to `target`; None if none does."""
+
+    def err_dev(y: float) -> float:
+        return float(model.replay(_Setting(device_scale=1.0 - y)).mean()) - target
+
+    y = _solve_decreasing(err_dev, 0.0, 0.01, tol, 0.9)
+    return None if y is None or not 0.0 <= y < 0.9 else 1.0 - y
 
 
 def setting_for(
