@@ -791,12 +791,16 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
             lookup[ce] = (op, nb)
     xo = [lookup[int(d)][0] for d in arr["dst"][xk]]
     xb = np.asarray([lookup[int(d)][1] for d in arr["dst"][xk]], dtype=np.int64)
-    steps = rgs[0].steps if rgs else []
-    for g in rgs:
-        if g.steps != steps:
-            raise AssertionError("ranks' graphs hold different steps")
-    ws_node = np.stack([g.ws_node + base[i] for i, g in enumerate(rgs)]) if rgs else np.zeros((0, 0), dtype=np.int64)
-    end_nodes = [[nodes + base[i] for nodes in g.end_nodes] for i, g in enumerate(rgs)]
+    # the steps every rank holds (a rank's other steps stay in its program order, unreported)
+    common = sorted(set.intersection(*(set(g.steps) for g in rgs))) if rgs else []
+    steps = common
+    pos = [{st: k for k, st in enumerate(g.steps)} for g in rgs]
+    ws_node = (
+        np.stack([np.asarray([int(g.ws_node[pos[i][st]]) + int(base[i]) for st in steps], dtype=np.int64) for i, g in enumerate(rgs)])
+        if rgs
+        else np.zeros((0, 0), dtype=np.int64)
+    )
+    end_nodes = [[g.end_nodes[pos[i][st]] + base[i] for st in steps] for i, g in enumerate(rgs)]
     tl = {g.timeline for g in rgs}
     return Graph(
         ranks=[g.rank for g in rgs],
