@@ -267,12 +267,14 @@ def _gpu_rank(
         if len(rt)
         else (int(thread[0]) if len(thread) else 0)
     )
-    items: dict[int, list[tuple[int, int, int, int]]] = {}  # thread -> (start, order, type, idx)
+    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
+    # program order per thread: by start, a step's end before the next step's start and calls at
+    # one instant in their correlation order (zero-length calls share timestamps)
     for i in keep:
-        items.setdefault(int(thread[i]), []).append((int(start[i]), 1, 0, i))
+        items.setdefault(int(thread[i]), []).append((int(start[i]), 1, int(corr[i]), 0, i))
     for k in range(len(steps)):
-        items.setdefault(main, []).append((int(ws_a[k]), 0, 1, k))  # window start marker
-        items.setdefault(main, []).append((int(ae_a[k]), 2, 2, k))  # annotation end marker
+        items.setdefault(main, []).append((int(ws_a[k]), 0, 0, 1, k))  # window start marker
+        items.setdefault(main, []).append((int(ae_a[k]), -1, 0, 2, k))  # annotation end marker
     call_begin: dict[int, int] = {}
     call_end: dict[int, int] = {}
     call_edge: dict[int, int] = {}
@@ -287,7 +289,7 @@ def _gpu_rank(
         starts_th = rt_by_thread.get(th, np.zeros(0, dtype=np.int64))
         prev_node, prev_t, prev_begin_node, prev_begin_t = origin, lo, origin, lo
         prev_fold_t = lo
-        for s_i, _o, typ, idx in its:
+        for s_i, _o, _c, typ, idx in its:
             # folded calls in (prev, s_i): counted into this gap
             n_fold = int(np.searchsorted(starts_th, s_i, side="left") - np.searchsorted(starts_th, prev_fold_t, side="left"))
             k = step_index(s_i)
@@ -488,7 +490,8 @@ def _gpu_rank(
         dj = -1
         while m >= 0 and int(de_sorted[m]) > floor:
             c = int(de_sorted_idx[m])
-            if op_call_begin[c] < cs or (own and int(d_call[c]) == i):
+            before = op_call_begin[c] < cs or (op_call_begin[c] == cs and int(corr[d_call[c]]) < int(corr[i]))
+            if before or (own and int(d_call[c]) == i):
                 dj = c
                 break
             m -= 1

@@ -312,7 +312,7 @@ class RunModel:
             qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks])
             pos = np.searchsorted(np.asarray(self.ranks), rk)
             pos = np.minimum(pos, len(self.ranks) - 1)
-            out[(role == G.ROLE_GAP) | (role == G.ROLE_CALL)] = 0
+            out[(role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)] = 0
             lm = role == G.ROLE_LAUNCH
             out[lm] = np.minimum(out[lm], rho[pos[lm]])
             qm = (role == G.ROLE_QUEUE) | (role == G.ROLE_CROSS)
