@@ -98,7 +98,9 @@ def simulate(spec: Spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.n
                     j = jit()  # drawn either way: the re-simulation keeps every other draw
                     x = 0 if spec.no_transfer else spec.xfer + j
                     e = a + x
-                    rows.append((r, 7, "kernel", "ncclDevKernel_AllReduce", arrive[r], e, "collective", corr[r]))
+                    rows.append(
+                        (r, 7, "kernel", "ncclDevKernel_AllReduce", arrive[r], e, "collective", corr[r])
+                    )
                     matched.append((inst, r, "all_reduce", arrive[r], e, a))
                     corr[r] += 1
                     dev_free[r] = e
@@ -133,14 +135,18 @@ def simulate(spec: Spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.n
         out.append((r, stream, kind, name, s, e, cls, c))
     del tok_of
     off = spec.offsets
-    ev = pd.DataFrame(out, columns=["rank", "stream", "kind", "name", "start_ns", "end_ns", "cls", "correlation"])
+    ev = pd.DataFrame(
+        out, columns=["rank", "stream", "kind", "name", "start_ns", "end_ns", "cls", "correlation"]
+    )
     ev["start_ns"] = ev["start_ns"] + ev["rank"].map(lambda r: off[r])
     ev["end_ns"] = ev["end_ns"] + ev["rank"].map(lambda r: off[r])
     ev = ev.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)
     w = pd.DataFrame(wins, columns=["rank", "step", "start_ns", "end_ns", "annotation_end_ns"])
     for c in ("start_ns", "end_ns", "annotation_end_ns"):
         w[c] = w[c] + w["rank"].map(lambda r: off[r])
-    m = pd.DataFrame(matched, columns=["instance", "rank", "op", "raw_start_ns", "raw_end_ns", "arrival_raw_ns"])
+    m = pd.DataFrame(
+        matched, columns=["instance", "rank", "op", "raw_start_ns", "raw_end_ns", "arrival_raw_ns"]
+    )
     for c in ("raw_start_ns", "raw_end_ns", "arrival_raw_ns"):
         m[c] = m[c] + m["rank"].map(lambda r: off[r])
     return ev, w, m, np.asarray(ends, dtype=np.int64)
@@ -160,7 +166,9 @@ SPECS = {
     "gpu-bound": Spec(),
     "host-sleeps-before-collectives": Spec(sleep=(0, 100_000)),
     "launch-bound": Spec(kern=[[3_000] * 8, [3_100] * 8], gap=15_000),
-    "four-ranks-skewed-clocks": Spec(ranks=4, sleep=(0, 0, 50_000, 0), offsets=(0, 5_000_000, -3_000_000, 17)),
+    "four-ranks-skewed-clocks": Spec(
+        ranks=4, sleep=(0, 0, 50_000, 0), offsets=(0, 5_000_000, -3_000_000, 17)
+    ),
     "no-sync": Spec(no_sync=True, tokens=4),
 }
 

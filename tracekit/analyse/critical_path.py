@@ -94,7 +94,7 @@ def critical_path(
 
 
 def event_timeline(events: pd.DataFrame) -> str:
-    """"gpu" when the events hold device operations, else "host"."""
+    """ "gpu" when the events hold device operations, else "host"."""
     from tracekit.classify.rules import GPU_KINDS
 
     return "gpu" if events["kind"].astype(str).isin(list(GPU_KINDS)).any() else "host"

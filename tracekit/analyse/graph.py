@@ -210,9 +210,7 @@ def _gpu_rank(
     steps = [int(s) for s in w["step"]]
     ws_a = w["start_ns"].to_numpy(np.int64)
     we_a = w["end_ns"].to_numpy(np.int64)
-    ae_a = (
-        w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
-    )
+    ae_a = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
     ae_a = np.minimum(np.maximum(ae_a, ws_a), we_a)
     lo, hi = int(ws_a.min()), int(we_a.max())
     kind = ev["kind"].astype(str).to_numpy()
@@ -244,6 +242,7 @@ def _gpu_rank(
     b = _Builder()
     origin = b.node(lo - off)
     notes: list[str] = []
+
     # step of a host time: the window holding it, else the next window (gap between steps)
     def step_index(t: int) -> int:
         return int(min(max(np.searchsorted(ws_a, t, side="right") - 1, 0), len(steps) - 1))
@@ -283,7 +282,9 @@ def _gpu_rank(
     coll_launches = np.zeros(len(steps), dtype=np.int64)
     coll_of = _coll_lookup(matched)
     # which calls launch a matched collective (straggler segments count them)
-    launches_coll = {launched_by[d] for d in dev if (int(start[d]), int(end[d])) in coll_of and d in launched_by}
+    launches_coll = {
+        launched_by[d] for d in dev if (int(start[d]), int(end[d])) in coll_of and d in launched_by
+    }
     for th, its in items.items():
         its.sort()
         starts_th = rt_by_thread.get(th, np.zeros(0, dtype=np.int64))
@@ -291,7 +292,10 @@ def _gpu_rank(
         prev_fold_t = lo
         for s_i, _o, _c, typ, idx in its:
             # folded calls in (prev, s_i): counted into this gap
-            n_fold = int(np.searchsorted(starts_th, s_i, side="left") - np.searchsorted(starts_th, prev_fold_t, side="left"))
+            n_fold = int(
+                np.searchsorted(starts_th, s_i, side="left")
+                - np.searchsorted(starts_th, prev_fold_t, side="left")
+            )
             k = step_index(s_i)
             seg = _seg_id(k, int(coll_launches[k]))
             # the time before a window opens is between tokens
@@ -314,7 +318,9 @@ def _gpu_rank(
                 if sync_like[idx] or cls[idx] == "sync":
                     b.edge(nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg=seg, calls=1)  # refined below
                 else:
-                    b.edge(nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1, ops=int(idx in launches_coll))
+                    b.edge(
+                        nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1, ops=int(idx in launches_coll)
+                    )
                 if idx in launches_coll:
                     coll_launches[k] += 1
                 prev_begin_node, prev_begin_t = nb, s_i
@@ -394,6 +400,7 @@ def _gpu_rank(
     # compute index per step
     comp_count = np.zeros(len(steps), dtype=np.int64)
     n_cross = 0
+
     def _op_edges(j: int) -> None:
         """The operation's own time (a matched collective's goes through its rendezvous)."""
         s_j = int(ds[j])
@@ -433,23 +440,26 @@ def _gpu_rank(
                 b.edge(call_begin[call], int(d_begin[j]), lat_g, ROLE_LAUNCH, K_HOST)
             _op_edges(j)
             continue
-        stream_bound = p >= 0 and q[j] < IDLE_GAP_NS
-        launch_bound = (not stream_bound) and call >= 0 and rho[j] <= rho_bound
+        # which released it: of its launch, its stream and the operation that ended last before it
+        # on another stream, the one that would have released it latest at typical latencies
+        cands: list[tuple[int, int, int]] = []  # (ready, preference, which)
+        if p >= 0 and q[j] >= 0:
+            cands.append((int(de[p]) + min(int(q[j]), q_typ), 2, 0))
         cross = -1
-        if not stream_bound and not launch_bound:
-            lo_e = max(int(de[p]) if p >= 0 else lo, int(d_h[j]))
-            m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
-            while m >= 0 and int(end_order[m]) == j:
-                m -= 1
-            if m >= 0:
-                c = int(end_order[m])
-                if ends_sorted[m] >= lo_e and s_j - ends_sorted[m] < IDLE_GAP_NS and ds[c] < s_j:
-                    cross = c
-        if cross < 0 and not stream_bound and not launch_bound:
-            # neither released it in time: it was queued behind its stream (a gap the device
-            # itself took), or, first on its stream, its launch was slow
-            stream_bound = p >= 0
-            launch_bound = not stream_bound
+        m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
+        while m >= 0 and int(end_order[m]) in (j, p):
+            m -= 1
+        if m >= 0:
+            c = int(end_order[m])
+            if s_j - int(ends_sorted[m]) < IDLE_GAP_NS and ds[c] < s_j and (p < 0 or de[c] > de[p]):
+                cross = c
+                cands.append((int(de[c]), 1, 1))
+        if call >= 0 and rho[j] >= 0:
+            cands.append((int(d_h[j]) + min(int(rho[j]), rho_typ), 0, 2))
+        which = max(cands)[2] if cands else 2
+        stream_bound, launch_bound = which == 0, which == 2
+        if which != 1:
+            cross = -1
         # the edges into the operation's begin (stream first: the path prefers it on ties)
         if p >= 0 and q[j] >= 0:
             lat_q = int(q[j]) if stream_bound else min(int(q[j]), q_typ)
@@ -565,7 +575,7 @@ def _host_rank(
             return
         m = lay.measure(a, bnd)
         k0 = int(np.searchsorted(busy_e, a, side="right"))
-        lead = (max(int(busy_s[k0]) - a, 0) if k0 < len(busy_s) and busy_s[k0] < bnd else bnd - a)
+        lead = max(int(busy_s[k0]) - a, 0) if k0 < len(busy_s) and busy_s[k0] < bnd else bnd - a
         lead = min(lead, m["idle"])
         lo_i, hi_i = np.searchsorted(busy_s, [a, bnd], side="left")
         n_ops = max(int(hi_i) - int(lo_i), 0)
@@ -720,15 +730,20 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
     n_rank_nodes = int(base[-1])
     inst_members: dict[int, list[tuple[int, int, int, int, str, int]]] = {}
     for i, g in enumerate(rgs):
-        for cb, ce, inst, x, op, nb in zip(g.c_begin, g.c_end, g.c_inst, g.c_x, g.c_op, g.c_bytes, strict=True):
+        for cb, ce, inst, x, op, nb in zip(
+            g.c_begin, g.c_end, g.c_inst, g.c_x, g.c_op, g.c_bytes, strict=True
+        ):
             inst_members.setdefault(int(inst), []).append(
                 (int(cb) + int(base[i]), int(ce) + int(base[i]), int(x), g.rank, op, int(nb))
             )
     t_all = np.concatenate([g.t for g in rgs] + [np.zeros(len(inst_members), dtype=np.int64)])
     node_rank = np.concatenate(
-        [np.full(len(g.t), g.rank, dtype=np.int64) for g in rgs] + [np.full(len(inst_members), -1, dtype=np.int64)]
+        [np.full(len(g.t), g.rank, dtype=np.int64) for g in rgs]
+        + [np.full(len(inst_members), -1, dtype=np.int64)]
     )
-    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx")}
+    cols: dict[str, list[np.ndarray]] = {
+        k: [] for k in ("src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx")
+    }
     for i, g in enumerate(rgs):
         cols["src"].append(g.src + base[i])
         cols["dst"].append(g.dst + base[i])
@@ -754,7 +769,9 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         cols["erank"].append(e[:, 5])
         for k in ("seg", "calls", "ops", "cidx"):
             cols[k].append(np.full(len(e), -1 if k in ("seg", "cidx") else 0, dtype=np.int64))
-    arr = {k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)).astype(np.int64) for k, v in cols.items()}
+    arr = {
+        k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)).astype(np.int64) for k, v in cols.items()
+    }
     # the rendezvous' measured time is the last arrival; a collective's end is the rendezvous + x
     # a topological order: by measured time, ties by the depth of equal-time chains
     src, dst = arr["src"], arr["dst"]
@@ -799,7 +816,12 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
     steps = common
     pos = [{st: k for k, st in enumerate(g.steps)} for g in rgs]
     ws_node = (
-        np.stack([np.asarray([int(g.ws_node[pos[i][st]]) + int(base[i]) for st in steps], dtype=np.int64) for i, g in enumerate(rgs)])
+        np.stack(
+            [
+                np.asarray([int(g.ws_node[pos[i][st]]) + int(base[i]) for st in steps], dtype=np.int64)
+                for i, g in enumerate(rgs)
+            ]
+        )
         if rgs
         else np.zeros((0, 0), dtype=np.int64)
     )
@@ -953,10 +975,18 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     return PathWalk(rows, _merge_segments(segs))
 
 
-def _merge_segments(segs: list[tuple[int, int, int, int, str, int]]) -> list[tuple[int, int, int, int, str, int]]:
+def _merge_segments(
+    segs: list[tuple[int, int, int, int, str, int]],
+) -> list[tuple[int, int, int, int, str, int]]:
     out: list[tuple[int, int, int, int, str, int]] = []
     for s in segs:
-        if out and out[-1][0] == s[0] and out[-1][1] == s[1] and out[-1][4] == s[4] == "work" and out[-1][2] == s[3]:
+        if (
+            out
+            and out[-1][0] == s[0]
+            and out[-1][1] == s[1]
+            and out[-1][4] == s[4] == "work"
+            and out[-1][2] == s[3]
+        ):
             p = out[-1]
             out[-1] = (p[0], p[1], s[2], p[3], p[4], p[5])
         else:

@@ -214,7 +214,6 @@ def combination_spec(knobs: Iterable[Knob]) -> str:
     return ",".join(k.spec for k in ks) or "none"
 
 
-
 @dataclass(frozen=True)
 class _Setting:
     transfer: str | ProbeTimes | None = None  # None, "zero" or the probe
@@ -285,8 +284,10 @@ class RunModel:
         if s.host_deduct or s.deduct_collective:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
-            dev = np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH)) if self.timeline == "gpu" else (
-                role == G.ROLE_WORK
+            dev = (
+                np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH))
+                if self.timeline == "gpu"
+                else (role == G.ROLE_WORK)
             )
             lat = np.where(dev, lat * s.device_scale, lat)
         if s.compute_scale is not None and self.n_ranks > 1:
@@ -334,7 +335,7 @@ class RunModel:
         n_r = per_seg.size()
         fastest = per_seg.min()
         full = n_r[n_r == self.n_ranks].index  # segments every rank has
-        ratio = (fastest.reindex(sums.index.get_level_values(0)).to_numpy() / sums.to_numpy())
+        ratio = fastest.reindex(sums.index.get_level_values(0)).to_numpy() / sums.to_numpy()
         ratio = np.where(sums.to_numpy() > 0, ratio, 1.0)
         ok = sums.index.get_level_values(0).isin(full)
         ratio = np.where(ok, ratio, 1.0)
@@ -444,9 +445,7 @@ def build_model(
         classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
     )
     cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
-    compute_tok = {
-        int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks
-    }
+    compute_tok = {int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks}
     pos = {s: i for i, s in enumerate(g.steps)}
     measured = g.periods(g.t)[[pos[s] for s in steps]]
     notes = [f"{label}: {n}" for n in g.notes]
@@ -480,7 +479,10 @@ def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] 
     out = {
         str(k): int(v)
         for k, v in per.items()
-        if k in ("runtime", "op", "collective") and isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+        if k in ("runtime", "op", "collective")
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and v >= 0
     }
     if not out:
         return None
@@ -631,7 +633,9 @@ def setting_for(
         elif k.name == "straggler":
             kw["straggler_off"] = True
         elif k.name == "compute" and baseline_compute is not None:
-            mean_c = float(np.mean(list(model.compute_per_token.values()))) if model.compute_per_token else 0.0
+            mean_c = (
+                float(np.mean(list(model.compute_per_token.values()))) if model.compute_per_token else 0.0
+            )
             kw["compute_scale"] = (baseline_compute / n_ranks) / mean_c if mean_c > 0 else 1.0
     return _Setting(
         transfer=transfer,
@@ -726,8 +730,11 @@ class WhatIf:
                 "host_cost_per_call_ns": round(m.host_deduct, 1),
                 "profiler_correction": {
                     "method": m.correction,
-                    **({"per_call_ns": m.calibration["per_call_ns"]} if m.correction == "manifest calibration"
-                       and m.calibration is not None else {}),
+                    **(
+                        {"per_call_ns": m.calibration["per_call_ns"]}
+                        if m.correction == "manifest calibration" and m.calibration is not None
+                        else {}
+                    ),
                 },
                 "host_scale": m.host_scale,
                 "device_scale": m.device_scale,

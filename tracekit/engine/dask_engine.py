@@ -695,14 +695,19 @@ def walk_bucket(bucket: int, offsets: dict[int, int], graphs: list[dict[int, Any
     ranks: dict[int, Any] = {}
     for gs in graphs:
         ranks.update(gs)
-    nbytes = sum(
-        sum(v.nbytes for v in vars(g).values() if isinstance(v, np.ndarray)) for g in ranks.values()
-    )
+    nbytes = sum(sum(v.nbytes for v in vars(g).values() if isinstance(v, np.ndarray)) for g in ranks.values())
     g = assemble(list(ranks.values()), offsets)
     walk = walk_path(g, g.t)
     received = sorted((int(r), int(st)) for r, rg in ranks.items() for st in rg.steps)
     return PathBucket(
-        bucket, list(g.steps), walk.rows, walk.segments, received, nbytes, time.perf_counter() - t0, _peak_rss()
+        bucket,
+        list(g.steps),
+        walk.rows,
+        walk.segments,
+        received,
+        nbytes,
+        time.perf_counter() - t0,
+        _peak_rss(),
     )
 
 
