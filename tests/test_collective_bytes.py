@@ -121,7 +121,7 @@ def test_one_size_per_op_fills_every_instance_in_a_step():
             entry("all_gather", "lm_head", 64000, 128000, 1),
         ]
     )
-    ci = match_collectives(ev, manifest=m)
+    ci = match_collectives(ev, manifest=m, clock="shared")
     inst = ci.instances.sort_values("first_start_ns").reset_index(drop=True)
     assert inst["bytes_source"].tolist() == ["unknown", "manifest", "manifest", "manifest"]
     # nccl-tests size: all_reduce = in bytes; all_gather = max(in, out) = the gathered buffer
@@ -153,7 +153,7 @@ def test_sizes_by_order_within_a_step():
         s = 20_000 + 100 + 1000 * k
         rows += [(0, s, s + 400, AR), (1, s + 100, s + 400, AR)]
     ev = table(rows, [(1, 0, 5000), (2, 10_000, 15_000), (3, 20_000, 25_000)])
-    ci = match_collectives(ev, manifest=m)
+    ci = match_collectives(ev, manifest=m, clock="shared")
     inst = ci.instances.sort_values("first_start_ns")
     assert inst["size_bytes"].tolist() == [a_in, b_in, a_in, b_in] * 2 + [-1] * 3
     assert inst["bytes_source"].tolist() == ["manifest"] * 8 + ["unknown"] * 3
@@ -166,7 +166,7 @@ def test_trace_bytes_are_kept_and_checked():
     ev["coll_in_bytes"] = [8192, 8192, 4096, 4096, -1, -1]
     ev["coll_out_bytes"] = [8192, 8192, 4096, 4096, -1, -1]
     m = manifest([entry("all_reduce", "o_proj", 8192, 8192, 2)])
-    ci = match_collectives(ev, manifest=m)
+    ci = match_collectives(ev, manifest=m, clock="shared")
     inst = ci.instances.sort_values("first_start_ns")
     assert inst["bytes_source"].tolist() == ["trace", "trace"]
     assert inst["size_bytes"].tolist() == [8192, 4096]  # never overwritten

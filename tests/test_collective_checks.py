@@ -194,8 +194,13 @@ def test_shifted_ends_are_counted_and_the_worst_named(name):
     moved.loc[idx, "end_ns"] = moved.loc[idx, "end_ns"].to_numpy() + rows["instance"].map(shift).to_numpy()
 
     ci2 = _match(name, moved)
-    # the matching is unchanged (starts untouched)
-    assert (ci2.instances["skew_ns"].to_numpy() == ci.instances["skew_ns"].to_numpy()).all()
+    # the matching is unchanged (starts untouched); the skews move only by what the few moved ends
+    # moved the clock offset estimate (a median over every collective)
+    key = ["instance", "rank", "event_index"]
+    assert ci2.per_rank[key].equals(ci.per_rank[key])
+    d_off = abs(ci2.clock.offsets_ns[1] - ci.clock.offsets_ns[1])
+    assert d_off < thr / 10
+    assert (np.abs(ci2.instances["skew_ns"].to_numpy() - ci.instances["skew_ns"].to_numpy()) <= d_off).all()
     chk = ci2.clock_check
     assert chk["instances_over"] == len(picked)
     over = ci2.instances.loc[ci2.instances["end_spread_ns"] > thr, "instance"].tolist()
@@ -203,7 +208,7 @@ def test_shifted_ends_are_counted_and_the_worst_named(name):
     assert chk["worst"]["instance"] == worst and chk["worst"]["last_rank"] == 1
     assert chk["worst"]["first_rank"] == 0
     base = int(ci.instances.set_index("instance").loc[worst, "end_spread_ns"])
-    assert abs(chk["worst"]["spread_ns"] - 4 * thr) <= base
+    assert abs(chk["worst"]["spread_ns"] - 4 * thr) <= base + d_off
     assert ci2.data_quality.counts["collective_end_spread"] == len(picked)
     note = next(n for n in ci2.data_quality.notes if "end more than" in n)
     op = ci2.instances.set_index("instance").loc[worst, "op"]

@@ -1,7 +1,9 @@
 """Collective matching, wait vs transfer, skew, stragglers, clock alignment, exposed split.
 
 Synthetic tables: every expected figure is computed by hand from the intervals in the test
-(METHOD.md section 5: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)).
+(METHOD.md section 5: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)). Their ends are
+not built to agree, so the arithmetic tests read them on one given clock (`clock="shared"`); the
+clock tests estimate the offsets as the analysis does.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def test_wait_transfer_skew_exact_to_the_ns():
             (1, 900, 1_105, AR),
         ]
     )
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     pr = ci.per_rank.set_index(["instance", "rank"])
     # instance 0: a = 300
     assert pr.loc[(0, 0), "wait_ns"] == 200 and pr.loc[(0, 0), "transfer_ns"] == 200
@@ -68,7 +70,7 @@ def test_wait_transfer_skew_exact_to_the_ns():
     # the wait of the rank that waited (what the shortfall's wait_ns_median takes the median of)
     assert inst.loc[0, "wait_ns_max"] == 200 and inst.loc[1, "wait_ns_max"] == 100
     assert ci.level == "gpu_kernel" and ci.match_by == {"default": "order"}
-    assert ci.clock.shared_clock is False or ci.clock.offsets_ns == {0: 0, 1: 0}
+    assert ci.clock.offsets_ns == {0: 0, 1: 0}
     st = ci.stragglers.set_index("rank")
     assert st.loc[0, "last_count"] == 1 and st.loc[1, "last_count"] == 1
     assert st.loc[1, "share"] == 0.5
@@ -91,7 +93,7 @@ def test_three_ranks_straggler_table():
             (1, base + 50, base + 905, AR),
             (2, base + 400, base + 910, AR),
         ]
-    ci = match_collectives(kernels(rows))
+    ci = match_collectives(kernels(rows), clock="shared")
     st = ci.stragglers.set_index("rank")
     assert st.loc[2, "last_count"] == 3 and st.loc[2, "share"] == 1.0
     assert st.loc[0, "last_count"] == 0
@@ -119,7 +121,7 @@ def test_seq_matching_beats_order():
             (1, 50, 150, AR, "tp", 1),
         ]
     )
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     assert ci.match_by == {"pg:tp": "seq"}
     inst = ci.instances.set_index("seq")
     assert inst.loc[0, "skew_ns"] == 400 and inst.loc[0, "last_rank"] == 1
@@ -127,7 +129,7 @@ def test_seq_matching_beats_order():
     # without seq numbers the same intervals are paired by order: skews 50 and 200
     ev2 = ev.copy()
     ev2["coll_seq"] = -1
-    ci2 = match_collectives(ev2)
+    ci2 = match_collectives(ev2, clock="shared")
     assert ci2.match_by == {"pg:tp": "order"}
     assert sorted(ci2.instances["skew_ns"].tolist()) == [50, 200]
 
@@ -142,7 +144,7 @@ def test_order_within_each_group_not_globally():
             (1, 450, 650, AR, "A"),
         ]
     )
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     inst = ci.instances.set_index("group")
     assert inst.loc["pg:A", "skew_ns"] == 350 and inst.loc["pg:A", "last_rank"] == 1
     assert inst.loc["pg:B", "skew_ns"] == 280 and inst.loc["pg:B", "last_rank"] == 0
@@ -151,7 +153,7 @@ def test_order_within_each_group_not_globally():
 def test_refuses_when_counts_differ_and_names_who():
     ev = kernels([(0, 100, 200, AR, "tp"), (0, 300, 400, AR, "tp"), (1, 120, 220, AR, "tp")])
     with pytest.raises(MatchError) as exc:
-        match_collectives(ev)
+        match_collectives(ev, clock="shared")
     msg = str(exc.value)
     assert "'pg:tp'" in msg and "rank 0: 2" in msg and "rank 1: 1" in msg
 
@@ -165,12 +167,12 @@ def test_refuses_a_rank_without_collectives_names_ranks_and_counts():
         MatchError,
         match=r"^collectives: ranks 2, 3 have 0 collective kernels while rank 0 has 2, rank 1 has 2 ",
     ):
-        match_collectives(ev)
-    ci = match_collectives(ev, allow_partial=True)
+        match_collectives(ev, clock="shared")
+    ci = match_collectives(ev, allow_partial=True, clock="shared")
     assert ci.n_instances == 2 and ci.data_quality.counts["collective_group_ranks_without_events"] == 2
     # the group lists its ranks and 2, 3 are not among them: nothing is missing
     ev["coll_pg_ranks"] = ["[0, 1]"] * 4 + [""] * 2
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     assert ci.n_instances == 2 and "collective_group_ranks_without_events" not in ci.data_quality.counts
 
 
@@ -184,13 +186,13 @@ def test_refuses_when_a_seq_is_missing_on_a_rank():
         ]
     )
     with pytest.raises(MatchError, match=r"rank 0 lacks 1 \(e\.g\. seq 2\).*rank 1 lacks 1 \(e\.g\. seq 1\)"):
-        match_collectives(ev)
+        match_collectives(ev, clock="shared")
 
 
 def test_inconsistent_end_before_arrival_is_counted_not_hidden():
     # rank 0 ends at 250 before rank 1 arrives at 300
     ev = kernels([(0, 100, 250, AR), (1, 300, 400, AR)])
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     assert ci.data_quality.counts["collective_end_before_last_arrival"] == 1
     r0 = ci.per_rank.set_index("rank").loc[0]
     assert r0["wait_ns"] == 150 and r0["transfer_ns"] == 0
@@ -211,14 +213,30 @@ def test_clock_offsets_estimated_across_hosts():
     )
     info = {0: {"host_name": "a"}, 1: {"host_name": "b"}}
     ci = match_collectives(ev, rank_info=info)
-    assert ci.clock.shared_clock is False
+    assert ci.clock.aligned and ci.clock.estimated
     assert ci.clock.offsets_ns == {0: 0, 1: off}  # median of (0, 2, -1) = 0 -> exactly off
+    # residual: |(0, 2, -1) - 0| -> median 1, max 2, over 3 collectives
+    assert ci.clock.residual_ns[1] == {"instances": 3, "median": 1, "max": 2}
+    assert ci.clock.raw_instances_over == 3  # unaligned, all 3 end 1 ms apart: over the 10 us threshold
     pr = ci.per_rank.set_index(["instance", "rank"])
     assert pr.loc[(0, 0), "wait_ns"] == 200 and pr.loc[(0, 1), "start_ns"] == 300
-    # same host named for both ranks -> the clock is shared, nothing is shifted
+    # the same host named for both ranks changes nothing: the offsets are a policy on the data
     ci2 = match_collectives(ev, rank_info={0: {"host_name": "a"}, 1: {"host_name": "a"}})
-    assert ci2.clock.shared_clock is True and ci2.clock.offsets_ns == {0: 0, 1: 0}
-    assert ci2.instances["skew_ns"].iloc[0] == off + 200
+    assert ci2.clock.offsets_ns == {0: 0, 1: off} and ci2.instances["skew_ns"].iloc[0] == 200
+    # an API caller who says the clocks are one gets them as they are
+    ci3 = match_collectives(ev, clock="shared")
+    assert ci3.clock.offsets_ns == {0: 0, 1: 0} and ci3.instances["skew_ns"].iloc[0] == off + 200
+
+
+def test_even_count_median_moves_exactly_with_the_clock():
+    """With an even number of collectives the median is the floor of the middle pair's mean, so
+    moving one rank's clock by k ns moves its offset by exactly k (no round-half-to-even flip)."""
+    rows = [(0, 100, 500, AR), (1, 300, 501, AR), (0, 1_000, 1_400, AR), (1, 1_200, 1_404, AR)]
+    base = match_collectives(kernels(rows)).clock.offsets_ns[1]
+    assert base == 2  # median of (1, 4) = 2.5 -> 2
+    for k in (1, 3, -7):
+        moved = [(r, s + k * r, e + k * r, n) for r, s, e, n in rows]
+        assert match_collectives(kernels(moved)).clock.offsets_ns[1] == base + k
 
 
 def test_group_with_ranks_outside_the_run_is_refused():
@@ -235,7 +253,7 @@ def test_no_collectives_tp1():
         {"rank": [0], "device": [0], "kind": ["kernel"], "name": ["gemm"], "start_ns": [0], "end_ns": [10]}
     )
     ev["cls"] = pd.Categorical(["compute"])
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     assert ci.n_instances == 0 and ci.level == "none"
     assert ci.stragglers["last_count"].tolist() == [0]
 
@@ -252,7 +270,7 @@ def test_gloo_level_prefers_worker_ranges_and_host_op_level_drops_nested():
             "end_ns": [140, 900, 120, 910],
         }
     )
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     assert ci.level == "gloo"
     assert ci.instances["skew_ns"].tolist() == [20] and ci.instances["op"].tolist() == ["all_reduce"]
     # without gloo ranges: outermost c10d op, the nested record_param_comms dropped
@@ -266,7 +284,7 @@ def test_gloo_level_prefers_worker_ranges_and_host_op_level_drops_nested():
             "end_ns": [400, 390, 410, 400],
         }
     )
-    ci2 = match_collectives(ev2)
+    ci2 = match_collectives(ev2, clock="shared")
     assert ci2.level == "host_op" and ci2.n_instances == 1
     assert ci2.instances["skew_ns"].tolist() == [10]
 
@@ -303,7 +321,7 @@ def test_split_exposed_exact_by_hand():
     # rank 0: window [0, 1000); collective [100, 500) with a = 300 (rank 1 starts at 300);
     # compute [250, 350) hides part of it.
     ev = kernels([(0, 100, 500, AR), (1, 300, 700, AR)])
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     windows = pd.DataFrame({"rank": [0, 1], "step": [0, 0], "start_ns": [0, 0], "end_ns": [1000, 1000]})
     higher = pd.DataFrame({"rank": [0, 1], "start_ns": [250, 650], "end_ns": [350, 800]})
     out = split_exposed(windows, higher, ci.per_rank).set_index("rank")
@@ -332,7 +350,7 @@ def test_split_exposed_transfer_outranks_wait_of_another_stream():
             (1, 100, 400, AR, "B"),
         ]
     )
-    ci = match_collectives(ev)
+    ci = match_collectives(ev, clock="shared")
     windows = pd.DataFrame({"rank": [0], "step": [0], "start_ns": [0], "end_ns": [1000]})
     higher = pd.DataFrame(
         {

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyse.shortfall import LEAF_PARTS, reconcile, shortfall
-from tracekit.errors import RankError
+from tracekit.errors import MatchError, RankError
 from tracekit.model.events import Run, make_events
 
 GEMM = "ampere_sgemm_128x64_nn"
@@ -339,10 +339,19 @@ def _host_run(n_ranks: int, op_ns: int) -> Run:
     return Run(events=ev, sources={r: f"cpu-r{r}" for r in range(n_ranks)})
 
 
-def test_host_timeline_run_without_collectives_is_not_refused():
-    sf = shortfall(_host_run(1, 600), _host_run(2, 300))
-    assert sf.sharded.timeline == "host" and sf.sharded.collectives.n_instances == 0
-    assert "ranks_without_kernels" not in sf.data_quality.counts
+def test_host_timeline_run_without_collectives_is_refused_in_one_line_not_as_kernels_lost():
+    """Two ranks with no collective: nothing puts their clocks or their steps on one line, so the
+    cross-rank figures are refused (docs/METHOD.md section Clocks and step matching), for what it
+    is, not as a trace that lost its kernels; one rank alone is attributed."""
+    with pytest.raises(MatchError) as exc:
+        shortfall(_host_run(1, 600), _host_run(2, 300))
+    msg = str(exc.value)
+    assert "\n" not in msg and "no collectives matched across ranks" in msg and "kernels missing" not in msg
+    from tracekit.analyse.shortfall import attribute_run
+
+    one = attribute_run(_host_run(1, 600))
+    assert one.timeline == "host" and one.collectives.n_instances == 0
+    assert "ranks_without_kernels" not in one.data_quality.counts
 
 
 def _nsys_without_kernels(tmp_path: Path) -> Path:
@@ -378,12 +387,25 @@ def test_nsys_run_without_kernels_is_refused_and_counted(
     nokern = _nsys_without_kernels(tmp_path)
     run = read_run([nokern])
     assert run.ranks == [0, 1]
-    parts = attribute_run(run, label="sharded")
-    # both ranks keep their copies and sets (a GPU timeline) but lost every kernel
+    # two ranks without a collective: their clocks and steps cannot be joined, refused in one line
+    # (docs/METHOD.md section Clocks and step matching) before the attribution
+    with pytest.raises(MatchError, match=r"no collectives matched across ranks.*capture the GPU kernels"):
+        attribute_run(run, label="sharded")
+    # one rank of it alone: it keeps its copies and sets (a GPU timeline) but lost every kernel
+    import dataclasses
+
+    one = dataclasses.replace(
+        run,
+        events=run.events[run.events["rank"] == 0],
+        sources={0: run.sources[0]},
+        rank_info={},
+        manifest=None,
+    )
+    parts = attribute_run(one, label="sharded")
     assert parts.timeline == "gpu" and parts.collectives.n_instances == 0
-    assert parts.data_quality.counts["ranks_without_kernels"] == 2
+    assert parts.data_quality.counts["ranks_without_kernels"] == 1
     base = read_run([H200 / "h200-tp1-nsys"])
-    with pytest.raises(MatchError, match=r"no collectives \(kernels missing from the trace\?\)"):
+    with pytest.raises(MatchError, match=r"cannot be aligned: there are no collectives"):
         shortfall(base, run)
     rc = main(["shortfall", "--baseline", str(H200 / "h200-tp1-nsys"), "--sharded", str(nokern)])
     err = capsys.readouterr().err

@@ -17,11 +17,16 @@
   rank of the run that belongs to a group but recorded none of its collectives while others did
   (its arrivals are unknown: the others' waits would be taken for transfer); a group whose listed
   ranks or size leave that rank out is not refused.
-- clock: ranks known to run on one host share a clock and are left as they are; otherwise each
-  rank's offset is estimated as the median over instances of (end_r - end_ref) (collectives
-  finish together), subtracted, and reported. Then the clock check (`end_spread_check`): matched
-  instances whose ends differ by more than the level's threshold (`END_SPREAD_THRESHOLD_NS`) are
-  counted (`collective_end_spread`), the worst named; the summary is `clock.check`.
+- clock (docs/METHOD.md section Clocks and step matching): each rank's offset is always
+  estimated as the median over shared instances of (end_r - end_ref) (collectives end together
+  by construction; `estimate_offsets`) and subtracted, whatever the manifest or the host names
+  say; offsets and residuals are stated (`clock`, `data_quality`). Where they cannot be
+  estimated (several ranks, no collective matched across them, or host ops only, whose ends need
+  not agree) `clock.refusal` says so and `require_aligned` refuses cross-rank figures in one
+  line. Instances are numbered on the aligned clock. Then the clock check (`end_spread_check`):
+  matched instances whose aligned ends differ by more than the level's threshold
+  (`END_SPREAD_THRESHOLD_NS`) are counted (`collective_end_spread`), the worst named; the
+  summary is `clock.check` (`clock.raw_instances_over`: the same count on the unaligned clocks).
 - per instance: a = max_r s_r (last arrival), the last-arriving rank, skew = max s - min s;
   per rank wait = min(e_r, a) - s_r and transfer = e_r - max(s_r, a); bytes (nccl-tests size),
   realised algbw / busbw from the mean transfer time (`tracekit.analyse.bandwidth`).
@@ -121,26 +126,38 @@ PER_RANK_COLUMNS = (
 
 @dataclass
 class ClockAlignment:
-    """How the ranks' clocks were put on one time line.
+    """How the ranks' clocks were put on one time line (docs/METHOD.md section Clocks and step
+    matching).
 
-    `shared_clock`: the ranks are known to run on one host (hostname in the rank metadata or the
-    manifest), so their timestamps are used as they are. Otherwise `offsets_ns[r]` was estimated
-    as median(end_r - end_ref) over matched instances and subtracted from rank r's times.
+    `aligned`: the ranks are on one time line: one rank, or offsets estimated from the matched
+    collectives (`estimate_offsets`) and subtracted (`offsets_ns[r]`: raw = aligned + offset), or
+    one clock as an API caller said (`clock="shared"`). False when they cannot be aligned:
+    `refusal` says why in one line. `residual_ns`: per rank, the end differences' median and
+    largest deviation from its offset; `raw_instances_over`: the collectives the unaligned clocks
+    put over the end-spread threshold (None where not checked).
     """
 
-    shared_clock: bool
+    aligned: bool
     offsets_ns: dict[int, int]
     method: str
     hosts: dict[int, str] = field(default_factory=dict)
     #: the end-spread check of the matched instances on the aligned clock (`end_spread_check`)
     check: dict[str, Any] = field(default_factory=dict)
+    estimated: bool = False
+    refusal: str | None = None
+    residual_ns: dict[int, dict[str, int]] = field(default_factory=dict)
+    raw_instances_over: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "aligned": self.shared_clock,
-            "offsets_applied": not self.shared_clock and any(v != 0 for v in self.offsets_ns.values()),
+            "aligned": self.aligned,
+            "estimated": self.estimated,
+            "offsets_applied": self.estimated and any(v != 0 for v in self.offsets_ns.values()),
             "offsets_ns": {str(r): int(v) for r, v in sorted(self.offsets_ns.items())},
+            "residual_ns": {str(r): dict(v) for r, v in sorted(self.residual_ns.items())},
+            "raw_instances_over": self.raw_instances_over,
             "method": self.method,
+            "refusal": self.refusal,
             "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
             "check": dict(self.check),
         }
@@ -386,7 +403,7 @@ def _match_group(group: str, rows: pd.DataFrame) -> tuple[pd.Series, str]:
 
 
 # --------------------------------------------------------------------------------------------
-# clocks
+# clocks (docs/METHOD.md section Clocks and step matching)
 
 
 def _hosts(
@@ -399,7 +416,96 @@ def _hosts(
             if isinstance(v, str) and v:
                 hosts[int(r)] = v
                 break
+    if not hosts and isinstance((manifest or {}).get("host"), Mapping):
+        # one capture writes one manifest, and runs its ranks on the host it names
+        mhost = (manifest or {})["host"].get("hostname")
+        if isinstance(mhost, str) and mhost:
+            hosts = {int(r): mhost for r in (rank_info or {})}
     return hosts
+
+
+def _median_int(d: np.ndarray) -> int:
+    """The median of integers, as an integer: the middle value, or the floor of the two middle
+    values' mean. Moving every value by an integer k moves it by exactly k."""
+    s = np.sort(d.astype(np.int64))
+    n = s.size
+    if n % 2:
+        return int(s[n // 2])
+    return int((int(s[n // 2 - 1]) + int(s[n // 2])) // 2)
+
+
+#: Levels whose matched intervals end together by construction (offsets can be estimated from them).
+_ENDS_TOGETHER = ("gpu_kernel", "gloo")
+
+
+@dataclass
+class OffsetEstimate:
+    """`estimate_offsets`' result: per rank its offset (raw = aligned + offset; 0 on the reference
+    rank), the rank it was measured against, and the residual of the end differences around it."""
+
+    reference: int
+    offsets_ns: dict[int, int]
+    against: dict[int, int]  # rank -> the rank its offset was measured against (itself on the reference)
+    residual_ns: dict[int, dict[str, int]]  # rank -> {"instances", "median", "max"} (|d - offset|)
+    unreached: list[
+        int
+    ]  # ranks sharing no matched collective, directly or through others, with the reference
+
+
+def estimate_offsets(per_rank: pd.DataFrame, ranks: list[int]) -> OffsetEstimate | None:
+    """Each rank's clock offset from matched collective instances that end together by
+    construction: over the instances rank r shares with rank p, offset_r - offset_p is the median
+    of (raw end_r - raw end_p) (`_median_int`). Ranks are reached breadth first from the lowest
+    rank with instances, each measured against the lowest-numbered reached rank it shares the
+    most instances with (one group: every rank against the reference). The residual per rank is
+    the median and the largest |end difference - offset difference| over those instances. None
+    when no rank has an instance; ranks no chain of shared instances reaches are in `unreached`.
+    `per_rank`: instance, rank, raw_end_ns."""
+    if per_rank.empty:
+        return None
+    ends = per_rank.pivot_table(index="instance", columns="rank", values="raw_end_ns", aggfunc="first")
+    have = [r for r in ranks if r in ends.columns]
+    if not have:
+        return None
+    ref = have[0]
+    offsets = {ref: 0}
+    against = {ref: ref}
+    residual: dict[int, dict[str, int]] = {
+        ref: {"instances": int(ends[ref].notna().sum()), "median": 0, "max": 0}
+    }
+    frontier = [ref]
+    while frontier:
+        nxt = []
+        for r in have:
+            if r in offsets:
+                continue
+            best, best_n = None, 0
+            for p in sorted(offsets):
+                n = int((ends[r].notna() & ends[p].notna()).sum())
+                if n > best_n:
+                    best, best_n = p, n
+            if best is None:
+                continue
+            d = (ends[r] - ends[best]).dropna().to_numpy(np.int64)
+            med = _median_int(d)
+            offsets[r] = offsets[best] + med
+            against[r] = best
+            dev = np.abs(d - med)
+            residual[r] = {"instances": int(d.size), "median": _median_int(dev), "max": int(dev.max())}
+            nxt.append(r)
+        frontier = nxt
+    unreached = [r for r in ranks if r not in offsets]
+    return OffsetEstimate(ref, offsets, against, residual, unreached)
+
+
+def _raw_spread_over(per_rank: pd.DataFrame, threshold: int | None) -> int | None:
+    """Instances of more than one rank whose raw (unaligned) ends differ by more than `threshold`."""
+    if threshold is None or per_rank.empty:
+        return None
+    g = per_rank.groupby("instance")["raw_end_ns"]
+    multi = g.size() > 1
+    spread = (g.max() - g.min())[multi]
+    return int((spread > threshold).sum())
 
 
 def _clock(
@@ -409,64 +515,96 @@ def _clock(
     manifest: Mapping[str, Any] | None,
     dq: DataQuality,
     clock: str = "auto",
+    level: str = "none",
+    threshold_ns: int | None = None,
 ) -> ClockAlignment:
+    """The ranks' clocks on one time line (docs/METHOD.md section Clocks and step matching).
+
+    "auto" / "estimate": the offsets are always estimated from the matched collectives that end
+    together by construction (`estimate_offsets`) and always subtracted, whatever the manifest or
+    the host names say: a policy on the data, so moving one rank's clock by any amount moves its
+    offset by exactly that and changes no cross-rank figure. The threshold only qualifies it:
+    `raw_instances_over` (the instances the unaligned clocks would have put over it) says whether
+    the offsets mattered, the end-spread check on the aligned clock (`check`) whether the
+    alignment left any. Where the offsets cannot be estimated (one of several ranks has no
+    collective, or its collectives' ends do not agree by construction: host ops), `refusal` says
+    so in one line and the offsets are 0: cross-rank figures are refused (`require_aligned`).
+    "shared": the ranks' clocks are used as they are (an API caller's statement)."""
     hosts = _hosts(rank_info, manifest)
+    if not hosts and manifest is not None:
+        hosts = {r: h for r, h in _hosts({r: {} for r in ranks}, manifest).items()}
     if len(ranks) <= 1:
-        return ClockAlignment(True, {r: 0 for r in ranks}, "single rank", hosts)
-    if manifest is not None and clock == "auto":
-        # one capture writes one manifest: its ranks ran on the host it names
-        mhost = (
-            (manifest.get("host") or {}).get("hostname")
-            if isinstance(manifest.get("host"), Mapping)
-            else None
-        )
-        return ClockAlignment(
-            True,
-            {r: 0 for r in ranks},
-            f"one host (manifest: {mhost or 'unnamed'})",
-            hosts or {r: str(mhost) for r in ranks},
-        )
+        return ClockAlignment(True, {r: 0 for r in ranks}, "single rank", hosts, estimated=False)
     if clock == "shared":
-        return ClockAlignment(True, {r: 0 for r in ranks}, "one clock (as asked)", hosts)
-    if clock == "auto":
-        if len(hosts) == len(ranks) and len(set(hosts.values())) == 1:
-            return ClockAlignment(
-                True, {r: 0 for r in ranks}, f"one host ({next(iter(hosts.values()))})", hosts
-            )
-        if len(set(hosts.values())) <= 1:
-            # tensor parallelism runs inside one node; with no host names there is nothing to say otherwise
-            dq.add(
-                "clock_hosts_unknown",
-                1,
-                "the traces do not name their hosts; the ranks are assumed to share one clock (one node)",
-            )
-            return ClockAlignment(True, {r: 0 for r in ranks}, "assumed one host (host names unknown)", hosts)
-    if per_rank.empty:
-        dq.add(
-            "clock_unaligned",
-            1,
-            "ranks may be on different hosts and there are no collectives to align their clocks with",
+        return ClockAlignment(True, {r: 0 for r in ranks}, "one clock (as asked)", hosts, estimated=False)
+    zero = {r: 0 for r in ranks}
+    if level not in _ENDS_TOGETHER or per_rank.empty:
+        why = (
+            "there are no collectives matched across ranks"
+            if per_rank.empty
+            else "their only collectives are host ops, which return once the work is enqueued, so their "
+            "ends do not agree"
         )
-        return ClockAlignment(False, {r: 0 for r in ranks}, "none (no collectives)", hosts)
-    ref = min(ranks)
-    ends = per_rank.pivot_table(index="instance", columns="rank", values="raw_end_ns", aggfunc="first")
-    offsets: dict[int, int] = {}
+        refusal = (
+            f"the clocks of ranks {', '.join(map(str, ranks))} cannot be aligned: {why}; cross-rank figures "
+            "(wait, transfer, the critical path, the step join) are refused (capture the GPU kernels or the "
+            "gloo ranges, or analyse each rank alone)"
+        )
+        dq.add("clock_not_estimated", 1, refusal)
+        return ClockAlignment(False, zero, "not estimated", hosts, estimated=False, refusal=refusal)
+    est = estimate_offsets(per_rank, ranks)
+    assert est is not None
+    if est.unreached:
+        refusal = (
+            f"the clocks of rank(s) {', '.join(map(str, est.unreached))} cannot be aligned with rank "
+            f"{est.reference}'s: they share no matched collective with it, directly or through other ranks; "
+            "cross-rank figures are refused"
+        )
+        dq.add("clock_not_estimated", len(est.unreached), refusal)
+        return ClockAlignment(
+            False, zero, "not estimated", hosts, estimated=False, refusal=refusal, residual_ns=est.residual_ns
+        )
+    thr = int(threshold_ns) if threshold_ns is not None else END_SPREAD_THRESHOLD_NS.get(level)
+    raw_over = _raw_spread_over(per_rank, thr)
+    n_multi = int((per_rank.groupby("instance").size() > 1).sum())
+    parts = []
     for r in ranks:
-        if r == ref or r not in ends.columns or ref not in ends.columns:
-            offsets[r] = 0
+        if r == est.reference:
             continue
-        diff = (ends[r] - ends[ref]).dropna().to_numpy()
-        offsets[r] = int(np.rint(np.median(diff))) if diff.size else 0
-    why = "hosts differ" if hosts else "hosts unknown"
+        res = est.residual_ns[r]
+        vs = f" vs rank {est.against[r]}" if est.against[r] != est.reference else ""
+        parts.append(
+            f"rank {r}: {est.offsets_ns[r]:+d} ns{vs} (residual median {res['median']} ns, max "
+            f"{res['max']} ns over {res['instances']} collectives)"
+        )
+    raw_words = (
+        f"; on the unaligned clocks {raw_over} of {n_multi} collectives ended more than {thr / 1e3:g} us apart"
+        if raw_over and thr is not None
+        else ""
+    )
     dq.add(
-        "clock_offsets_estimated",
-        1,
-        f"rank clocks aligned by offsets estimated from collective end times ({why}): "
-        + ", ".join(f"rank {r}: {v} ns" for r, v in sorted(offsets.items())),
+        "clock_offsets",
+        len(ranks) - 1,
+        f"rank clocks aligned to rank {est.reference}'s by offsets estimated from the collectives' end times "
+        f"(they end together): {'; '.join(parts)}{raw_words}",
     )
+    method = f"median of collective end-time differences to rank {est.reference}"
     return ClockAlignment(
-        False, offsets, f"median of collective end-time differences to rank {ref} ({why})", hosts
+        True,
+        dict(est.offsets_ns),
+        method,
+        hosts,
+        estimated=True,
+        residual_ns=est.residual_ns,
+        raw_instances_over=raw_over,
     )
+
+
+def require_aligned(coll: CollectiveInstances, label: str) -> None:
+    """MatchError (one line) when the run's ranks' clocks could not be aligned
+    (`ClockAlignment.refusal`): the cross-rank figures would rest on unaligned clocks."""
+    if coll.clock.refusal:
+        raise MatchError(f"{label}: {coll.clock.refusal}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -494,8 +632,9 @@ def match_collectives(
 
     `ranks`: the run's ranks (default: those in the table); `rank_info` / `manifest`: the Run's,
     used for the hosts (clock), the world size and the decoder's collectives (bytes the trace
-    lacks, `fill_bytes_from_manifest`). `clock`: "auto" (one host when the manifest or the rank
-    metadata say so, or when no host is named; else estimate offsets), "shared", "estimate".
+    lacks, `fill_bytes_from_manifest`). `clock`: "auto" / "estimate" (the offsets estimated from
+    the matched collectives and applied: `_clock`), "shared" (the clocks used as they are: the
+    caller states they are one).
     `steps`: the step windows (rank, step, start_ns, end_ns) when the caller has them; found in
     `events` when the manifest fill needs them. Raises MatchError when counts differ, when a rank
     of the run that belongs to a group recorded none of its collectives while others did, or when a
@@ -596,12 +735,32 @@ def matched_collectives(
     wait / transfer per rank, the instance table, stragglers, the clock check. Reads only the
     matched rows (per-collective, a small part of the run); `events` only when the manifest fill
     needs step windows and `steps` is None."""
+    if clock not in ("auto", "shared", "estimate"):
+        raise ValueError(f"clock must be 'auto', 'shared' or 'estimate', got {clock!r}")
     if parts:
         m = pd.concat(parts, ignore_index=True)
         m["instance_key"] = m["group_index"].astype(np.int64) * (1 << 40) + m["seq"].astype(np.int64)
-        # instances numbered by the earliest start (raw) of the instance
-        first = m.groupby("instance_key")["start_ns"].transform("min")
-        m["_first"] = first
+        keyed = pd.DataFrame(
+            {
+                "instance": m["instance_key"].to_numpy(np.int64),
+                "rank": m["rank"].to_numpy(np.int64),
+                "raw_end_ns": m["end_ns"].to_numpy(np.int64),
+            }
+        )
+    else:
+        keyed = pd.DataFrame({c: pd.Series(dtype="int64") for c in ("instance", "rank", "raw_end_ns")})
+    # the clocks first (they need only the matched keys and ends), so that instances are numbered
+    # on the aligned clock: the numbering does not move with one rank's clock
+    clock_alignment = _clock(keyed, run_ranks, rank_info, manifest, dq, clock, level, end_spread_threshold_ns)
+    if parts:
+        off = m["rank"].map(clock_alignment.offsets_ns).fillna(0).astype(np.int64).to_numpy()
+        # instances numbered by the earliest start (aligned) of the instance
+        m["_first"] = (
+            pd.Series(m["start_ns"].to_numpy(np.int64) - off)
+            .groupby(m["instance_key"].to_numpy())
+            .transform("min")
+            .to_numpy()
+        )
         order = m.drop_duplicates("instance_key").sort_values(["_first", "instance_key"])["instance_key"]
         m["instance"] = (
             m["instance_key"].map(pd.Series(np.arange(len(order)), index=order.to_numpy())).astype(np.int64)
@@ -626,9 +785,6 @@ def matched_collectives(
 
     bytes_source = fill_bytes_from_manifest(per_rank, manifest, events, steps, dq)
 
-    if clock not in ("auto", "shared", "estimate"):
-        raise ValueError(f"clock must be 'auto', 'shared' or 'estimate', got {clock!r}")
-    clock_alignment = _clock(per_rank, run_ranks, rank_info, manifest, dq, clock)
     offset = (
         per_rank["rank"].map(clock_alignment.offsets_ns).fillna(0).astype(np.int64).to_numpy()
         if len(per_rank)

@@ -514,14 +514,20 @@ class Diff:
         }
 
     def cause(self) -> dict[str, Any]:
-        """The path component that moved most in the direction of the change, the rank it moved on,
-        and the ranks whose wait moved with it."""
+        """The part of the critical path that moved most in the direction of the change: one of
+        the path components (with the rank it moved on) or the path offset (the step time outside
+        every rank's path: ranks opening their step windows at different times; no rank), and the
+        ranks whose wait moved with it. `component` is None when nothing on the path moved in the
+        direction of the change."""
         pc = self.path_change()
         ch = pc["change"]
         sign = 1 if self.change_ns >= 0 else -1
         comps = ch["by_component_ns"]
-        comp = max(PATH_PARTS, key=lambda p: sign * comps[p])
-        per_rank = {int(r): d[f"{comp}_ns"] for r, d in ch["by_rank"].items()}
+        moved = {**comps, "offset": ch["offset_ns"]}
+        # the offset competes with the components: a change that sits in it is not a component's
+        best = max((*PATH_PARTS, "offset"), key=lambda p: sign * moved[p])
+        comp: str | None = best if sign * moved[best] > 0 else None
+        per_rank = {int(r): d[f"{comp}_ns"] for r, d in ch["by_rank"].items()} if comp in PATH_PARTS else {}
         rank = max(per_rank, key=lambda r: sign * per_rank[r]) if per_rank else None
         waits = {
             int(r["rank"]): r["coordination_ns"]["wait"]
@@ -530,10 +536,11 @@ class Diff:
         }
         return {
             "component": comp,
-            "component_change_ns": comps[comp],
+            "component_change_ns": moved[comp] if comp is not None else 0,
             "rank": rank,
             "rank_change_ns": per_rank.get(rank, 0) if rank is not None else 0,
             "by_rank_ns": {str(r): v for r, v in sorted(per_rank.items())},
+            "offset_change_ns": int(ch["offset_ns"]),
             "wait_change_ns": {str(r): v for r, v in sorted(waits.items())},
         }
 
@@ -566,6 +573,12 @@ class Diff:
 
     def cause_sentence(self) -> str:
         c = self.cause()
+        if c["component"] == "offset":
+            return (
+                f"On the critical path, nothing moved: the change sits in the path offset "
+                f"({_ms_signed(c['component_change_ns'])} per token), the step time outside every rank's path "
+                "(the ranks' step windows open at different times)."
+            )
         if c["rank"] is None or c["component_change_ns"] == 0:
             return ""
         text = (
@@ -608,7 +621,9 @@ class Diff:
         lo = self.relative_interval[0]
         cause = self.cause()
         where = ""
-        if cause["rank"] is not None and cause["component_change_ns"]:
+        if cause["component"] == "offset":
+            where = f"; critical path: the path offset {_ms_signed(cause['component_change_ns'])}"
+        elif cause["rank"] is not None and cause["component_change_ns"]:
             where = (
                 f"; critical path: {cause['component']} time on rank {cause['rank']} "
                 f"{_ms_signed(cause['rank_change_ns'])}"

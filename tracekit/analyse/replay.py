@@ -420,6 +420,7 @@ def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
+    from tracekit.analyse.align import as_tokens
     from tracekit.analyse.steps import find_steps_detailed
 
     steady = parts.steady
@@ -431,6 +432,7 @@ def build_model(
         classified = classified.events
     else:
         wins = find_steps_detailed(classified, parts.step_pattern).steps
+    wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
     # every step in the graph: the warm-up step before the steady ones gives the first its start
     part_w = parts.steps[["rank", "step", "end_ns"]]
     wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])

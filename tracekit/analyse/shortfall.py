@@ -52,7 +52,13 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives import CollectiveInstances, assign_steps, match_collectives, split_exposed
+from tracekit.analyse.collectives import (
+    CollectiveInstances,
+    assign_steps,
+    match_collectives,
+    require_aligned,
+    split_exposed,
+)
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.graph import RankGraph, build_rank_graph
@@ -422,6 +428,22 @@ def finish_attribution(
     )
 
 
+def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: DataQuality) -> pd.DataFrame:
+    """The step windows with each rank's step numbers replaced by the run's tokens
+    (`align.step_tokens`: steps matched across ranks by their collective sequence, not by number),
+    after refusing a run of several ranks whose clocks could not be aligned
+    (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
+    between the matching and the partition."""
+    from tracekit.analyse.align import renumber_steps, step_tokens
+
+    if len(pd.unique(steps["rank"])) > 1:
+        require_aligned(coll, label)
+    tokens = step_tokens(steps, coll.per_rank)
+    for key, n, note in tokens.notes():
+        dq.add(key, n, f"{label}: {note}")
+    return renumber_steps(steps, tokens)
+
+
 def attribute_run(
     run: Run | AnalysedRun,
     *,
@@ -452,9 +474,6 @@ def attribute_run(
     except StepError as exc:
         raise StepError(f"{label}: {exc}") from None
     dq.merge(found.data_quality)
-    table = ar.partition(found.steps)
-    ranks = sorted(int(r) for r in table["rank"].unique())
-
     coll = (matcher or match_collectives)(
         classified,
         ranks=run.ranks,
@@ -464,13 +483,16 @@ def attribute_run(
         steps=found.steps,
     )
     dq.merge(coll.data_quality)
+    windows = join_steps(found.steps, coll, label, dq)
+    table = ar.partition(windows)
+    ranks = sorted(int(r) for r in table["rank"].unique())
     unions = ar.layer_unions(ranks)
     rows_of = rank_selectors(classified["rank"].to_numpy(np.int64))
     t_rank = table["rank"].to_numpy(np.int64)
     m_rank = coll.per_rank["rank"].to_numpy(np.int64)
     empty = np.zeros(0, dtype=np.int64)
     offsets = coll.clock.offsets_ns
-    f_rank = found.steps["rank"].to_numpy(np.int64)
+    f_rank = windows["rank"].to_numpy(np.int64)
     pieces = [
         attribute_rank(
             classified.iloc[rows_of.get(r, empty)],
@@ -479,7 +501,7 @@ def attribute_run(
             coll.per_rank[m_rank == r],
             table=table[t_rank == r],
             unions=unions[r],
-            graph_windows=found.steps[f_rank == r],
+            graph_windows=windows[f_rank == r],
             offset=int(offsets.get(r, 0)),
         )
         for r in ranks
@@ -875,7 +897,12 @@ class Shortfall:
         return self.rank_parts[rank]
 
     def diagnosis(self) -> str:
-        """What to look at next, from the dominant term and the evidence behind it (one sentence)."""
+        """What to look at next, from the dominant term and the evidence behind it (one sentence).
+        Every clause is said only when the figure it rests on was measured so: waiting only when
+        the sharded run's ranks wait (mean wait per token > 0), a host-bound loop only when the TP=1
+        GPU is measured busy under half of a token, one machine only when the capture or the
+        traces name one host, a long tail only when the collectives' p90 is over twice their
+        median; each states its figure."""
         ints = self.corrected.integers()
         s = ints["shortfall_ns"]
         terms = ints["terms_ns"]
@@ -883,6 +910,7 @@ class Shortfall:
             return "Nothing to recover at this TP degree."
         top = max(terms, key=lambda k: terms[k])
         n = self.n_ranks
+        gpu = self.sharded.timeline == "gpu"
         # GPU busy share of a TP=1 token: device work as traced (the reconciliation keeps it as
         # measured on a GPU timeline) over the per-token time T1 the attribution uses
         base = self.baseline.per_token
@@ -892,47 +920,103 @@ class Shortfall:
             if t1 and self.baseline.timeline == "gpu"
             else None
         )
+        host_bound = busy is not None and busy < 0.5
+        bound = (
+            f"the TP=1 baseline keeps its GPU busy only {busy:.0%} of a token: the loop is bound by the host "
+            "launching kernels"
+            if host_bound and busy is not None
+            else ""
+        )
+        ranks = sorted(self.rank_parts)
+        wait = _round(sum((self.rank_parts[r]["wait"] for r in ranks), Fraction(0)) / max(len(ranks), 1))
+        term = f"{_ms(terms[top])} per token"
         if top == "coordination":
-            st = self.straggler()
+            coord = ints["coordination_ns"]
+            lead = max(COORDINATION, key=lambda k: coord[k])
+            waits = f"the ranks wait {_ms(wait)} per token at the collectives"
+            st = self.straggler() if wait > 0 else {"is_straggler": False}
             if st["is_straggler"]:
                 r = st["rank"]
                 host = self.path_ints()["by_rank"].get(str(r), {}).get("host_ns", 0)
+                on_path = (
+                    f", and its host time on the critical path is {_ms(host)} per token" if host > 0 else ""
+                )
                 return (
                     f"Rank {r} is a straggler: it arrives last at {st['last_share']:.0%} of the collectives, "
                     f"{_ms(st['lateness_ns_median'])} after the others on median (symmetric launch-bound hosts "
-                    f"explain up to {_ms(st['threshold_ns'])}), and its host time on the critical path is "
-                    f"{_ms(host)} per token: look at what rank {r} does on the host before each collective."
+                    f"explain up to {_ms(st['threshold_ns'])}){on_path}: look at what rank {r} does before "
+                    "each collective."
                 )
-            if busy is not None and busy < 0.5:
+            if host_bound:
+                also = f", and at TP={n} {waits} for the slower rank's host" if wait > 0 else ""
                 return (
-                    f"The TP=1 baseline keeps its GPU busy only {busy:.0%} of a token: the loop is bound by "
-                    f"the host launching kernels, and at TP={n} every collective waits for the slower rank's "
-                    "host; cut host time (CUDA graphs, torch.compile, fewer launches) before adding ranks."
+                    f"{bound[0].upper()}{bound[1:]}{also}; cut host time (CUDA graphs, torch.compile, fewer "
+                    "launches) before adding ranks."
                 )
-            return (
-                "Ranks wait for each other at collectives: look for host work between collectives "
-                "(Python, synchronisations, data-dependent control flow) that differs across ranks."
+            if lead == "wait" and wait > 0:
+                return (
+                    f"Ranks wait for each other at collectives ({_ms(wait)} per token, mean over ranks): look for "
+                    "host work between collectives (Python, synchronisations, data-dependent control flow) that "
+                    "differs across ranks."
+                )
+            if lead == "sync" and coord["sync"] > 0:
+                return (
+                    f"Host-device synchronisation grew: {_ms(coord['sync'])} per token beyond the TP=1 share; look "
+                    "for synchronising calls in the step (.item(), torch.cuda.synchronize, blocking copies)."
+                )
+            idle = f"Idle time grew: {_ms(coord['idle'])} per token beyond the TP=1 share"
+            idle += (
+                " (the GPU idle until its host launches work)" if gpu else " (time between the host's ops)"
             )
-        if top == "transfer" and self.sharded.timeline != "gpu":
+            also = f"; {waits}" if wait > 0 else ""
+            return f"{idle}{also}: look at the host work between the kernels of a step (Python, launches, scheduling)."
+        if top == "transfer" and not gpu:
+            per = self.sharded.collectives.instances
+            tr = per["transfer_ns_mean"].to_numpy(np.float64) if len(per) else np.zeros(0)
+            tail = ""
+            if tr.size:
+                med, p90 = float(np.median(tr)), float(np.quantile(tr, 0.9))
+                tail = f"; per collective its median is {_ms(med)}"
+                if med > 0 and p90 > 2 * med:
+                    tail += f" with a long tail (p90 {_ms(p90)}: the host scheduler's delay)"
+            where = "TCP loopback on one machine" if self._one_host() else "TCP between the ranks"
             return (
-                "On this CPU run the 'transfer' is gloo's exchange after the last rank arrives, over the host "
-                "(TCP loopback on one machine), with the host scheduler's delay in it (its tail is long on a "
-                "loaded host): it says nothing about a GPU link; on GPUs, compare links with "
-                "`tracekit compare-links`."
+                f"On this CPU run the 'transfer' ({term} beyond the TP=1 share) is gloo's exchange after the last "
+                f"rank arrives, over the host ({where}){tail}: it says nothing about a GPU link; on GPUs, compare "
+                "links with `tracekit compare-links`."
             )
         if top == "transfer":
+            bus = self.sharded.collectives.instances
+            bw = bus["busbw_gbps"].to_numpy(np.float64) if len(bus) else np.zeros(0)
+            bw = bw[np.isfinite(bw)]
+            realised = (
+                f" (median {float(np.median(bw)):.3g} GB/s over {bw.size} collectives)" if bw.size else ""
+            )
             return (
-                "Bytes on the link dominate: compare the realised busbw with the link's "
-                "(`tracekit compare-links --trace ... --baseline ...`) and consider fewer or larger collectives."
+                f"Collective transfer is {term} beyond the TP=1 share: compare the realised busbw{realised} with "
+                "the link's (`tracekit compare-links --trace ... --baseline ...`) and consider fewer or larger "
+                "collectives."
             )
         if top == "compute":
-            return (
-                f"Compute did not shrink {n}-fold: per-rank kernels at this size may be too small to fill "
-                "the GPU; compare matrix vs vector time in `tracekit breakdown`."
+            where = (
+                "per-rank kernels at this size may be too small to fill the GPU; compare matrix vs vector time in "
+                "`tracekit breakdown`"
+                if gpu
+                else "per-rank ops at this size do not run N times faster; compare the ranks' op times in "
+                "`tracekit breakdown`"
             )
+            return f"Compute did not shrink {n}-fold ({term} beyond the TP=1 compute / {n}): {where}."
         if top == "memory":
-            return "Memory copies did not shrink: look for host-device copies inside the step."
-        return "Unclassified kernels dominate: see the unknown kernels in `tracekit breakdown`."
+            return f"Memory copies did not shrink ({term} beyond the TP=1 share): look for host-device copies inside the step."
+        return f"Unclassified kernels dominate ({term} beyond the TP=1 share): see the unknown kernels in `tracekit breakdown`."
+
+    def _one_host(self) -> bool:
+        """The sharded run's ranks ran on one machine: its capture manifest names a host (one
+        capture runs its ranks on the host it names), or the traces name one host for every rank."""
+        m = self.sharded.collectives.clock.hosts
+        if m and len(m) == self.n_ranks and len(set(m.values())) == 1:
+            return True
+        return False
 
     def _dilation_clause(self) -> str:
         parts = []

@@ -731,7 +731,12 @@ def _attribute_per_rank(
     client's `finish_attribution`: the pieces the local `attribute_run` calls, in its order."""
     from tracekit.analyse.critical_path import path_of, path_timeline
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
-    from tracekit.analyse.shortfall import assemble_attribution, attribute_setup, finish_attribution
+    from tracekit.analyse.shortfall import (
+        assemble_attribution,
+        attribute_setup,
+        finish_attribution,
+        join_steps,
+    )
     from tracekit.analyse.steps import assemble_steps
     from tracekit.errors import StepError
 
@@ -780,6 +785,7 @@ def _attribute_per_rank(
         steps=steps,
     )
     dq.merge(coll.data_quality)
+    steps = join_steps(steps, coll, label, dq)
     offsets = {int(k): int(v) for k, v in coll.clock.offsets_ns.items()}
     s_rank = steps["rank"].to_numpy(np.int64)
     m_rank = coll.per_rank["rank"].to_numpy(np.int64)
