@@ -20,7 +20,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,13 +85,25 @@ def write_runs(out: Path, tokens: int, ranks: int, layers: int) -> tuple[Path, P
     base, shard = out / "tp1", out / f"tp{ranks}"
     if not (shard / "manifest.json").exists():
         block = (60_000, 30_000, 45_000)
-        write_run(decoder(1, name="bench-tp1", layers=layers, tokens=tokens, block=block, mode="cuda"), base, rounds=1)
-        write_run(decoder(ranks, name="bench-tpn", layers=layers, tokens=tokens, block=block, mode="cuda"), shard, rounds=1)
+        write_run(
+            decoder(1, name="bench-tp1", layers=layers, tokens=tokens, block=block, mode="cuda"),
+            base,
+            rounds=1,
+        )
+        write_run(
+            decoder(ranks, name="bench-tpn", layers=layers, tokens=tokens, block=block, mode="cuda"),
+            shard,
+            rounds=1,
+        )
     return base, shard
 
 
 def timed(src: Path, base: Path, shard: Path) -> dict[str, float]:
-    env = dict(os.environ, PYTHONPATH=str(src), TRACEKIT_CACHE_DIR=str(Path(tempfile.gettempdir()) / f"bench-graph-{src.name}"))
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(src),
+        TRACEKIT_CACHE_DIR=str(Path(tempfile.gettempdir()) / f"bench-graph-{src.name}"),
+    )
     env["OMP_NUM_THREADS"] = "1"
     res = subprocess.run(
         [sys.executable, "-c", TIMED, str(base), str(shard)], cwd=src, env=env, capture_output=True, text=True
@@ -112,7 +123,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "bench-graph")
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    base, shard = write_runs(args.work / f"run-{args.tokens}x{args.ranks}x{args.layers}", args.tokens, args.ranks, args.layers)
+    base, shard = write_runs(
+        args.work / f"run-{args.tokens}x{args.ranks}x{args.layers}", args.tokens, args.ranks, args.layers
+    )
     peer = args.work / f"peer-{args.peer.replace('/', '_')}"
     if not peer.exists():
         peer.mkdir()
@@ -123,7 +136,9 @@ def main() -> None:
     print(f"run: {args.tokens} tokens x {args.ranks} ranks, {args.layers} layers (+ its TP=1 baseline)")
     for key in ("build_s", "path_s", "calibrate_s", "replay_s", "total_s"):
         r = theirs[key] / ours[key] if ours[key] else float("nan")
-        print(f"{key:12s} graph {ours[key]:8.2f} s   {args.peer} {theirs[key]:8.2f} s   ratio {args.peer}/graph {r:6.2f}")
+        print(
+            f"{key:12s} graph {ours[key]:8.2f} s   {args.peer} {theirs[key]:8.2f} s   ratio {args.peer}/graph {r:6.2f}"
+        )
     print(f"replays: {int(ours['replays'])} (2^5 coalitions x 2 runs); target: total under 20 s on one core")
 
 

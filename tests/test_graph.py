@@ -53,7 +53,7 @@ def simulate(spec: Spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.n
     ends (the latest window end per token, aligned clock)."""
     rng = random.Random(spec.seed)
     R = spec.ranks
-    kern = spec.kern or [[40_000 + 997 * l + 311 * r for l in range(spec.layers)] for r in range(R)]
+    kern = spec.kern or [[40_000 + 997 * i + 311 * r for i in range(spec.layers)] for r in range(R)]
     rows: list[tuple[Any, ...]] = []
     wins: list[tuple[int, int, int, int, int]] = []
     matched: list[tuple[int, int, str, int, int, int]] = []
@@ -72,7 +72,7 @@ def simulate(spec: Spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.n
             rows.append((r, 1, "annotation", f"decode_step#{tok}", host[r], -1, "host", -1))  # end patched
         tok_end_dev = [0] * R
         seg_start = 0
-        for c_i, cl in enumerate([*spec.coll_layers, None]):
+        for cl in [*spec.coll_layers, None]:
             last = spec.layers - 1 if cl is None else cl
             arrive = [0] * R
             for r in range(R):
@@ -236,7 +236,7 @@ def test_a_host_that_sleeps_before_collectives_holds_the_path_not_the_other_rank
     path = _path_by(g)
     assert path[(1, "host")] >= 400_000
     # rank 0's compute: its removal by re-simulation changes nothing
-    kern0 = [[40_000 + 997 * l + 311 * r for l in range(spec.layers)] for r in range(2)]
+    kern0 = [[40_000 + 997 * i + 311 * r for i in range(spec.layers)] for r in range(2)]
     _, _, _, ends_fast0 = simulate(replace(spec, kern=[[1] * spec.layers, kern0[1]]))
     assert np.array_equal(np.diff(ends_fast0)[1:], np.diff(ends)[1:])
     assert path[(0, "compute")] <= 1_000

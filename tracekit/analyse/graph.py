@@ -245,7 +245,8 @@ def _gpu_rank(
 
     # step of a host time: the window holding it, else the next window (gap between steps)
     def step_index(t: int) -> int:
-        return int(min(max(np.searchsorted(ws_a, t, side="right") - 1, 0), len(steps) - 1))
+        i = int(np.searchsorted(ws_a, t, side="right")) - 1
+        return min(max(i, 0), len(steps) - 1)
 
     def in_window(t: int) -> bool:
         i = int(np.searchsorted(ws_a, t, side="right")) - 1
@@ -256,7 +257,6 @@ def _gpu_rank(
     med_launch = int(np.median(launch_durs)) if len(launch_durs) else 0
     bp_min = max(BACKPRESSURE_MIN_NS, 8 * med_launch)
     keep = [int(i) for i in rt if int(i) in launching or sync_like[i]]
-    keep_set = set(keep)
     # folded calls per thread, counted into the next kept item's gap
     rt_by_thread: dict[int, np.ndarray] = {}
     for th in np.unique(thread[rt]) if len(rt) else []:
@@ -539,7 +539,16 @@ def _gpu_rank(
         notes=notes,
         rho_typ=rho_typ,
         q_typ=q_typ,
-        **arr,
+        t=arr["t"],
+        src=arr["src"],
+        dst=arr["dst"],
+        lat=arr["lat"],
+        role=arr["role"],
+        kind=arr["kind"],
+        seg=arr["seg"],
+        calls=arr["calls"],
+        ops=arr["ops"],
+        cidx=arr["cidx"],
     )
 
 
@@ -636,7 +645,16 @@ def _host_rank(
         c_op=c_op,
         c_bytes=np.asarray(c_bytes, dtype=np.int64),
         origin=origin,
-        **arr,
+        t=arr["t"],
+        src=arr["src"],
+        dst=arr["dst"],
+        lat=arr["lat"],
+        role=arr["role"],
+        kind=arr["kind"],
+        seg=arr["seg"],
+        calls=arr["calls"],
+        ops=arr["ops"],
+        cidx=arr["cidx"],
     )
 
 
@@ -757,7 +775,7 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         t_all[node] = max(int(t_all[m[0]]) for m in mem)
         for cb, _ce, _x, rk, _op, _nb in mem:
             ex.append((cb, node, 0, ROLE_ARRIVE, K_TRANSFER, rk))
-        for _cb, ce, x, rk, op, nb in mem:
+        for _cb, ce, x, rk, _op, _nb in mem:
             ex.append((node, ce, x, ROLE_XFER, K_TRANSFER, rk))
     if ex:
         e = np.asarray(ex, dtype=np.int64)

@@ -1,62 +1,37 @@
-"""What-if: replay a decode trace per token across ranks under counterfactuals (METHOD.md 6).
+"""What-if: replay a decode trace per token across ranks under counterfactuals (METHOD.md 6;
+docs/METHOD.md section "The dependency graph").
 
-The replay model is the critical path's rendezvous model (`tracekit.analyse.critical_path`) run
-forward in time, with each rank's host and device kept apart where the trace has both:
+The replay re-times the run's dependency graph (`tracekit.analyse.graph`), the one the critical
+path is walked on: host calls per thread with the gaps between them, device operations per
+stream, launch, stream, cross-stream and in-graph edges, collectives as rendezvous (a collective
+starts on every rank when its last rank arrives and ends on rank r its transfer later), and the
+host waiting for the device only at synchronising calls (or a full launch queue). Each knob
+transforms the graph's edge latencies; every node is then the latest of its in-edges. A token's
+replayed time is its period, from the previous step's latest window end over ranks to its own, so
+time between steps is host work the knobs act on and no step start is frozen. Replaying the
+unchanged trace gives back every measured time exactly (`replay_error`). Integer nanoseconds.
 
-**GPU timeline** (kernels with CUDA runtime calls joined by `correlation`). Per rank and step, a
-*host chain*: the runtime calls opened inside the step's annotation, in order, each with the host
-gap before it (Python, dispatch, the profiler: everything between two calls) and its own duration;
-and a *device chain*: the GPU operations those calls launched, in device order. An operation j
-launched by call i starts at
-
-    s_j = max(h_i + rho_j, F_{j-1} + q_j)        (and, for a collective, then waits for the others)
-
-with h_i the call's start, rho_j the launch-to-start latency, F the device frontier (latest end so
-far) and q_j the device's own gap between operations. Both terms equal the measured start by
-construction; which one bound is read from the trace: an operation that started on an idle device
-(q_j >= 2 us) within a launch latency of its call (at most max(3 rho_typ, rho_typ + 20 us)) was
-bound by its launch and keeps its measured rho_j while its q becomes the rank's typical queued gap
-(never more than measured); any other operation was queued (behind busy device work or another
-stream) and keeps its measured q_j while its rho becomes the rank's typical launch latency rho_typ
-(never more than measured). So the unchanged replay is exact. A blocking
-synchronisation call returns its measured return latency after the device frontier; a
-non-blocking one takes its measured time. A collective starts on every rank when its last rank
-arrives (`a = max s_r`) and ends on rank r at `a + (e_r - a_measured)`: its transfer. The window
-ends at the later of the annotation's end (the host chain plus its trailing gap) and the device
-frontier, as `tracekit.analyse.steps` measures it.
-
-**Host timeline** (CPU / gloo runs): per rank and step, the segments between collectives measured
-with the partition's priority (compute, memory, unknown, sync, host gaps = idle and the enqueueing
-`c10d::` op), then the collective as a rendezvous, then its transfer.
-
-Each step is replayed jointly over ranks, every rank starting at its measured window start on the
-aligned clock; the step time is the longest window, as everywhere else. Replaying the unchanged
-trace gives back the measured step times (`replay_error`).
-
-**Knobs** (`KNOB_DEFINITIONS`), each a transformation of the model, combinable:
+**Knobs** (`KNOB_DEFINITIONS`), each a transformation of the graph, combinable:
 - `transfer=0`: every collective ends at its last arrival (an infinitely fast link).
 - `transfer=probe:FILE[@MODE]`: every collective's transfer is the time a `tracekit probe` /
   `compare-links` JSON measured for its op and size (log-log interpolation between rows; in-place
   rows first; MODE picks the rows' `mode`, e.g. nvlink or pcie; default the first).
-- `launch=0`: no host launch overhead (what CUDA graphs remove): every host gap and launch call
-  takes no time, so each rank's device runs back to back, every operation separated only by the
-  rank's typical queued device gap and released at the typical launch latency. Synchronisations
-  and rendezvous stay. Not applicable on a host timeline.
+- `launch=0`: no host launch overhead (what CUDA graphs remove): every host gap (inside and
+  between steps) and launch call takes no time, launch latencies and queued gaps are held to the
+  rank's typical ones, no back-pressure. Synchronisations and rendezvous stay. Not applicable on a
+  host timeline.
 - `sync=0`: synchronisation calls return at once (no blocking, no time).
 - `straggler=off`: per segment between collective launches (k-th segment on every rank), each
-  rank's host gaps are scaled so their sum is the fastest rank's (on a host timeline: the idle and
-  enqueue time of the segment).
-- `compute=/N`: perfect scaling of the TP=1 kernels: on every rank each compute operation is
-  scaled by (C1 / N) / C_r, with C1 the baseline's and C_r the rank's mean compute per token (sum
-  of compute operation durations; on a host timeline: compute op time).
+  rank's host gaps are scaled so their sum is the fastest rank's.
+- `compute=/N`: perfect scaling of the TP=1 kernels, per kernel: the k-th compute operation of a
+  step takes, on every rank, the ranks' mean of it times (C1 / N) / C, with C1 the baseline's and
+  C the ranks' mean compute per token.
 
-**Correction to the unprofiled times** (METHOD.md 9): the profiler's cost is host time. On a GPU
-timeline a fixed cost per CUDA runtime call is taken from every call's host time (the gap before
-it first); on a host timeline every part but transfer is multiplied by one factor (the rule
-`shortfall.reconcile` uses there); either is solved for (`calibrate`) so that the unchanged
-replay's mean per-token time equals the unprofiled one the accounting uses. Knobs then apply to the
-corrected model. A host sleep (an injected straggler) is one gap: it loses one call's cost, not a
-share of its length.
+**Correction to the unprofiled times** (docs/METHOD.md, "The dependency graph"): with the
+manifest's `profiler_calibration` the profiler's cost per call of each kind is removed call by call
+(`calibrate`); without one, one cost per runtime call (GPU) or one factor on host time (CPU) is
+solved so that the unchanged replay's mean equals the unprofiled per-token time the accounting
+uses. Knobs then apply to the corrected graph. A host sleep is one gap: it loses one call's cost.
 """
 
 from __future__ import annotations
@@ -64,7 +39,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
