@@ -36,5 +36,11 @@ for f in markdown json; do
   tk whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --knob sync=0 --check traces/h200-tp1-graphs \
      --check-knob launch=0 --format $f --out reports/whatif/h200-tp1-launch0.$ext
 done
+# the roofline of the two-H200 CUDA-graph decode (the copy probe and rho measured on the same machine)
+mkdir -p reports/roofline
+for r in h200x2-tp1-b1-graphs h200x2-tp2-b1-graphs; do
+  tk roofline traces/$r --copy reports/h200/copy.json --rho reports/rho/h200.json --format json --out reports/roofline/$r.json
+  tk roofline traces/$r --copy reports/h200/copy.json --rho reports/rho/h200.json --out reports/roofline/$r.txt
+done
 find traces reports -name .tracekit-cache -type d -prune -exec rm -rf {} +
 echo "reports regenerated"

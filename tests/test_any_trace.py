@@ -138,7 +138,7 @@ def test_no_cache_beside_inputs(shared_traces: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "command", ["breakdown", "shortfall", "report", "diff", "whatif", "export", "decompose"]
+    "command", ["breakdown", "shortfall", "report", "diff", "whatif", "export", "decompose", "roofline"]
 )
 def test_every_command_that_reads_traces_takes_the_cache_and_step_options(
     command: str, capsys: pytest.CaptureFixture[str]

@@ -826,3 +826,40 @@ def test_profile_blocks_follow_the_capture_passes(tmp_path: Path, monkeypatch: p
     with pytest.raises(CaptureError, match="TRACEKIT_CAPTURE_PASSES"):
         with tracekit.profile(tmp_path, rank=2):
             pass
+
+
+def test_shard_of_is_refused_where_it_cannot_mean_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--shard-of N runs one rank's shard in one process: with --tp 2, N < 2, a shape N does not divide or a
+    delay for a peer that does not exist, it is refused in one line before anything runs."""
+    from tracekit.cli.main import main
+
+    for extra, words in (
+        (["--tp", "2", "--shard-of", "2"], "use it with --tp 1"),
+        (["--shard-of", "1"], "at least 2"),
+        (["--shard-of", "4"], "kv_heads=2"),
+        (["--shard-of", "2", "--inject-delay", "1:5"], "no other ranks"),
+    ):
+        out = tmp_path / "x"
+        assert main(["capture", "--preset", "tiny", "--device", "cpu", *extra, "--out", str(out)]) == 2, extra
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (extra, err)
+        assert not out.exists()
+
+
+def test_shard_of_capture_has_no_collectives_and_says_what_it_is(tmp_path: Path) -> None:
+    """A real CPU capture of rank 0's shard of TP=2 (tiny preset): one rank file, no collective in the trace
+    (the all-reduces are no-ops), the manifest's workload says shard_of 2 at tp 1 and lists no collectives."""
+    from tracekit.classify import classify
+    from tracekit.read import read_run
+
+    out = tmp_path / "shard2"
+    capture(CaptureConfig(tp=1, shard_of=2, preset="tiny", tokens=3, rounds=1, device="cpu"), out)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["workload"]["shard_of"] == 2 and m["workload"]["tp"] == 1 and m["workload"]["collectives"] == []
+    run = read_run([out], cache=False)
+    assert run.ranks == [0]
+    ev = classify(run.events)
+    assert not (ev["cls"].astype(str) == "collective").any()
+    assert ev["name"].astype(str).str.fullmatch(r"decode_step#\d+").sum() == 3

@@ -1,5 +1,5 @@
 """Checks on the committed traces that match_collectives refuses or flags what it cannot trust
-(issue 12 items 6 and 8; METHOD.md section 5, docs/METHOD-NOTES.md "Collectives").
+(issue 12 items 6 and 8; docs/METHOD.md section Wait and transfer, docs/METHOD-NOTES.md "Collectives").
 
 - A rank of the run that recorded none of a group's collectives while others did is refused (its
   arrivals are unknown: the others' waits would be taken for transfer), one line naming the ranks

@@ -1,9 +1,9 @@
 """Collective matching, wait vs transfer, skew, stragglers, clock alignment, exposed split.
 
 Synthetic tables: every expected figure is computed by hand from the intervals in the test
-(METHOD.md section 5: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)). Their ends are
-not built to agree, so the arithmetic tests read them on one given clock (`clock="shared"`); the
-clock tests estimate the offsets as the analysis does.
+(docs/METHOD.md section Wait and transfer: a = max s; wait = min(e, a) - s; transfer = e - max(s, a)). Their
+ends are not built to agree, so the arithmetic tests read them on one given clock (`clock="shared"`);
+the clock tests estimate the offsets as the analysis does.
 """
 
 from __future__ import annotations

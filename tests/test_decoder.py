@@ -90,3 +90,23 @@ def test_tp2_gives_the_same_greedy_tokens_as_tp1() -> None:
     assert [g[0] for g in got] == [0, 1]
     assert all(g[2] == 2 and g[3] == 512 for g in got)  # each rank holds half the heads and vocab
     assert got[0][1] == ref.tolist() and got[1][1] == ref.tolist()
+
+
+def test_shard_of_holds_rank_0s_weights_and_runs_without_peers() -> None:
+    """`capture --shard-of N`: rank 0's shard of TP=N in one process. Its weights are exactly those a real
+    TP=N rank 0 holds (the process group is only touched by collectives, which the shard skips), and a
+    decode runs with no process group at all."""
+    from tracekit.capture.decoder import SHARD_BACKEND
+
+    shard = TPDecoder(PRESETS["tiny"], Comm(2, 0, SHARD_BACKEND), seed=5, max_len=32)
+    real = TPDecoder(PRESETS["tiny"], Comm(2, 0, "gloo"), seed=5, max_len=32)
+    full = TPDecoder(PRESETS["tiny"], Comm(), seed=5, max_len=32)
+    for a, b, f in zip(shard.layers, real.layers, full.layers, strict=True):
+        for name in ("qkv", "o", "gate_up", "down"):
+            assert torch.equal(getattr(a, name), getattr(b, name)), name
+            # half of the work: column-parallel rows / row-parallel columns of the full weight
+            assert getattr(a, name).numel() * 2 == getattr(f, name).numel(), name
+    assert not torch.distributed.is_initialized()
+    tokens, times = shard.generate(make_prompt(PRESETS["tiny"].vocab, 1, 4, 0), 3)
+    assert tokens.shape == (1, 3) and len(times) == 3
+    assert int(tokens.max()) < PRESETS["tiny"].vocab  # the gather kept the full vocabulary's width

@@ -1,4 +1,4 @@
-"""`tracekit decompose` (METHOD.md 8): the per-token speedup A/C split on a log scale through B.
+"""`tracekit decompose` (docs/METHOD.md section Speedup decomposition): the per-token speedup A/C split on a log scale through B.
 
 Ground truth from fresh CPU captures (tiny preset, gloo, TP=2, 8 tokens): A sleeps 30 ms on rank 1
 before each all-reduce, B 10 ms, C not at all. Each token has 4 all-reduces (2 per layer), so

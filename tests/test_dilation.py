@@ -1,4 +1,4 @@
-"""Profiler dilation (METHOD.md 9, issue 9): the figure, the threshold, and the correction.
+"""Profiler dilation (docs/METHOD.md section Dilation, issue 9): the figure, the threshold, and the correction.
 
 The correction test builds a GPU-timeline run twice in code: the "unprofiled" world, where the
 host leaves a gap of H_TRUE ns before each kernel launch, and the "profiled" world, where the
@@ -244,7 +244,7 @@ def test_well_formed_times_have_no_notes_and_empty_blocks_are_just_missing():
 def test_manifest_dilation_not_a_number_is_ignored_with_a_note():
     d = dilation_of({"dilation": "fast"})
     assert d.dilation is None and d.manifest_dilation is None
-    assert d.notes == ("manifest.json field 'dilation' is 'fast', not a positive number; ignored",)
+    assert d.notes == ("manifest.json field 'dilation' is 'fast', not a number from 0.001 to 1000; ignored",)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""compare-links' pieces: probe curves at a size, the METHOD.md section 7 verdict on known numbers,
+"""compare-links' pieces: probe curves at a size, the link verdict (docs/METHOD.md section Bandwidth and the link verdict) on known numbers,
 transport judgement, and the message sizes read from a real NCCL trace."""
 
 from __future__ import annotations

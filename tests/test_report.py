@@ -46,11 +46,20 @@ def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
     # S = T2 - T1/2 = 7 - 5 = 2 ms, designed in report_samples
     assert sum(w["ns"] for w in steps) == a["shortfall_ns"] == 2_000_000
     assert data.per_token_ns == {"baseline": 10_000_000, "sharded": 7_000_000, "ideal": 5_000_000}
-    # the HTML's waterfall figure: relative bars then the total, the same numbers in ms
+    # the HTML's waterfall figure: floating bars (each starting where the last ended), then S from 0
     fig = embedded_figures(render_html(data))["fig-waterfall"]["data"][0]
-    assert fig["type"] == "waterfall"
-    assert fig["measure"] == ["relative"] * 6 + ["total"]
+    assert fig["type"] == "bar"
     assert fig["y"] == pytest.approx([0.4, 0.1, 0.3, 0.8, 0.2, 0.2, 2.0])
+    assert fig["base"] == pytest.approx([0.0, 0.4, 0.5, 0.8, 1.6, 1.8, 0.0])
+    assert fig["base"][5] + fig["y"][5] == pytest.approx(fig["y"][6])  # the last term ends at S
+    # each bar in its class's colour (issue 24: every increasing bar was the same green, so compute
+    # and coordination looked alike): compute, memory, transfer, wait, sync, idle all differ, and
+    # compute is drawn as compute is in the per-step chart
+    colours = fig["marker"]["color"]
+    assert len(set(colours[:6])) == 6
+    steps_fig = embedded_figures(render_html(data))["fig-steps-1"]["data"]
+    compute = next(t for t in steps_fig if t["name"] == "compute")
+    assert colours[0] == compute["marker"]["color"]
 
 
 def test_markdown_and_json_carry_the_html_numbers():
@@ -86,7 +95,7 @@ def test_markdown_and_json_carry_the_html_numbers():
 def test_report_json_is_versioned_and_self_describing():
     doc = json.loads(render(build_report_data(**rs.full_inputs()), "json"))
     assert list(doc)[:2] == ["kind", "schema_version"]
-    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.3"
+    assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.4"
     for key in ("verdict", "dilation", "per_token_ns", "attribution", "runs", "collectives", "stragglers",
                 "busbw", "links", "manifests", "notes", "per_rank", "critical_path", "straggler",
                 "term_words"):  # fmt: skip
@@ -152,8 +161,15 @@ def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(shar
         f"sharded {sharded:.2f}x" in data.dilation["sentence"]
         and "baseline 1.02x" in data.dilation["sentence"]
     )
-    # the dilation line follows the verdict directly
-    assert re.search(r'id="verdict">[^<]*</p>\s*<p class="dilation" id="dilation">Profiler dilation', page)
+    # the dilation follows the verdict, folded under one line that states the figures (issue 24:
+    # dilation and reconciliation in a collapsed section, the answer first)
+    m = re.search(
+        r'id="verdict">[^<]*</p>\s*(<p class="diagnosis"[^<]*</p>\s*)?<details id="dilation-details">'
+        r"<summary>([^<]*)</summary>\s*<p class=\"dilation\" id=\"dilation\">Profiler dilation",
+        page,
+    )
+    assert m and f"sharded {sharded:.2f}x" in m.group(2)
+    assert "<details>" in md and f"sharded {sharded:.2f}x" in md.split("<details>", 1)[1].split("</summary>")[0]
     assert ('id="dilation-warning"' in page) is warned
     assert ("coordination share is inflated" in md) is warned
 
@@ -210,7 +226,10 @@ def test_write_report_picks_the_format_by_suffix(tmp_path: Path):
     assert json.loads(out[2].read_text())["kind"] == "tracekit.report"
     # self-contained by default (plotly.js inlined); offline=False (--cdn) links the CDN instead
     default = out[0].read_text()
-    assert "cdn.plot.ly/plotly" not in default and len(default) > 3_000_000
+    from tracekit.report.html import plotly_js
+
+    assert "cdn.plot.ly/plotly" not in default and plotly_js()[0] in default
+    assert len(default) < 1_500_000  # the basic plotly.js bundle, not plotly.py's 4.8 MB one
     cdn = render(data, "html", offline=False)
     assert "cdn.plot.ly/plotly" in cdn and len(cdn) < 1_000_000
 
@@ -359,9 +378,9 @@ def test_stated_dilation_is_the_applied_factor_not_the_host_clock(applied):
 def _transfer_lines(text: str) -> list[str]:
     """Lines that speak of the transfer, with the allowed denials ("not a GPU link") taken out;
     the inlined plotly.js library (its own code says "link" and "transfer") is not the report's."""
-    from plotly.offline import get_plotlyjs
+    from tracekit.report.html import plotly_js
 
-    js = get_plotlyjs()
+    js = plotly_js()[0]
     text = text.replace(js, "").replace(html.unescape(js), "")
     out = []
     for line in text.splitlines():

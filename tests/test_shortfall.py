@@ -1,4 +1,4 @@
-"""Shortfall attribution on runs built in code with known intervals (METHOD.md 6, 9).
+"""Shortfall attribution on runs built in code with known intervals (docs/METHOD.md sections "Shortfall attribution" and "Dilation").
 
 The expected figures are computed by hand in the comments from the intervals below, not from
 the code's output.

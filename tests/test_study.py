@@ -58,7 +58,7 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     assert rep["per_token_ns"] == sf["per_token_ns"]
     assert rep["attribution"]["shortfall_ns"] == sf["shortfall_ns"]
     assert rep["attribution"]["terms_ns"] == sf["terms_ns"]
-    # S = TN - T1/N and the waterfall sums to it exactly (METHOD.md section 6)
+    # S = TN - T1/N and the waterfall sums to it exactly (docs/METHOD.md section Shortfall attribution)
     pt = sf["per_token_ns"]
     assert abs(pt["ideal"] - pt["baseline"] / 2) <= 1
     assert abs(sf["shortfall_ns"] - (pt["sharded"] - pt["ideal"])) <= 1

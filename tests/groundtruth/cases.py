@@ -306,8 +306,16 @@ def build_cases() -> list[Case]:
     # a loaded host drifting between rounds: at its fast speed the link dominates S, at its slow
     # speed the hosts' coordination does; the traced round runs at speed 1
     b, s = _pair("drift", block=(40_000, 20_000, 30_000), host_gap=9_000, transfer=14_000)
-    cases.append(Case("host_drift_between_rounds", b, s, item=2, drift=(0.5, 2.0, 1.0),
-                      about="the host's speed drifts 0.5x / 2x / 1x between capture rounds (the last traced)"))
+    cases.append(
+        Case(
+            "host_drift_between_rounds",
+            b,
+            s,
+            item=2,
+            drift=(0.5, 2.0, 1.0),
+            about="the host's speed drifts 0.5x / 2x / 1x between capture rounds (the last traced)",
+        )
+    )
 
     b, s = _pair("straggler", block=GPU_BLOCK, sleep_before_ar={1: 2_000_000})
     cases.append(
@@ -374,3 +382,34 @@ def build_cases() -> list[Case]:
 
 
 CASES: dict[str, Case] = {c.name: c for c in build_cases()}
+
+
+def random_run(seed: int, tp: int = 2, tokens: int = 4, noise: bool = False) -> RunSpec:
+    """A generated TP=`tp` run for property tests: per rank its own host gaps, sleeps before
+    all-reduces, costs and time between steps (seeded; odd nanoseconds, so ties are rare); every
+    collective's transfer is the same. `noise`: seeded jitter per host gap, so tokens differ."""
+    rng = random.Random(seed)
+    block = tuple(rng.randrange(1, 30) * 3_000 for _ in range(3))  # / 2, 3, 4: whole 250 ns
+    sleeps = {r: rng.choice((0, 0, rng.randrange(1, 150_000))) for r in range(tp)}
+    rank_kw: dict[int, dict[str, object]] = {
+        r: {
+            "launch_cost": rng.randrange(2_000, 9_000),
+            "launch_latency": rng.randrange(3_000, 9_000),
+            "sync_cost": rng.randrange(500, 4_000),
+            "device_gap": rng.randrange(0, 1_500),
+            "between_ns": rng.choice((0, 0, rng.randrange(1, 200_000))),
+        }
+        for r in range(tp)
+    }
+    return decoder(
+        tp,
+        name=f"random{seed}",
+        block=block,
+        lm_head=rng.randrange(1, 30) * 3_000,
+        host_gap=rng.randrange(500, 20_000),
+        transfer=rng.randrange(1_000, 30_000),
+        sleep_before_ar={r: v for r, v in sleeps.items() if v},
+        noise={r: rng.randrange(0, 10_000) for r in range(tp)} if noise else None,
+        rank_kw=rank_kw,
+        tokens=tokens,
+    )

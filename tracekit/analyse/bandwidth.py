@@ -1,4 +1,4 @@
-"""Realised bandwidth of a collective, as nccl-tests defines it (METHOD.md section 7;
+"""Realised bandwidth of a collective, as nccl-tests defines it (docs/METHOD.md section Bandwidth and the link verdict;
 nccl-tests doc/PERFORMANCE.md).
 
 `size_bytes` is nccl-tests' "size" column: for all_reduce, broadcast, reduce and send/recv the

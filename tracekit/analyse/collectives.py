@@ -1,4 +1,4 @@
-"""One collective across ranks: matching, clock alignment, wait vs transfer (METHOD.md section 5).
+"""One collective across ranks: matching, clock alignment, wait vs transfer (docs/METHOD.md section Wait and transfer).
 
 `match_collectives(events)` takes a (classified or not) event table of one run and returns
 `CollectiveInstances`:
@@ -122,6 +122,9 @@ PER_RANK_COLUMNS = (
     "arrival_ns",
     "arrival_raw_ns",
 )
+
+#: how a refused partial group is matched anyway, in the words of both ways in (MatchError's hint)
+PARTIAL_HINT = "pass --allow-partial (allow_partial=True from Python) to match the ranks present"
 
 
 @dataclass
@@ -697,15 +700,15 @@ def match_group(
                 f"{len(absent)} ranks"
             )
             if not allow_partial:
-                raise MatchError(msg + " (allow_partial=True matches the ranks present)")
+                raise MatchError(msg + f" ({PARTIAL_HINT})")
             dq.add("collective_group_partial", 1, msg + "; matched the ranks present anyway")
     missing_ranks = _members_without_events(rows, present, run_ranks, expected)
     if missing_ranks:
         # a member that recorded none of the group's collectives: its arrivals are unknown, so
-        # the others' waits would be taken for transfer (METHOD.md 5: refuse when counts differ)
+        # the others' waits would be taken for transfer (docs/METHOD.md section Wait and transfer: refuse when counts differ)
         msg, hint = _without_events_message(group, rows, missing_ranks, level)
         if not allow_partial:
-            raise MatchError(f"{msg}; {hint} (allow_partial / --allow-partial matches the ranks present)")
+            raise MatchError(f"{msg}; {hint} ({PARTIAL_HINT})")
         dq.add(
             "collective_group_ranks_without_events",
             len(missing_ranks),

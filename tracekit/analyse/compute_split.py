@@ -1,4 +1,4 @@
-"""Matrix vs vector compute per step (METHOD.md 3 and 8).
+"""Matrix vs vector compute per step (docs/METHOD.md sections "Classes" and "Intra-SM balance").
 
 The classifier's compute subclasses (`tracekit/classify/rules.py`: `matrix` = GEMM, attention,
 convolution, tensor-core work; `vector` = elementwise, norms, activations, dequantisation, CUDA-core

@@ -1,4 +1,4 @@
-"""Speedup decomposition through a matched intermediate (METHOD.md 8).
+"""Speedup decomposition through a matched intermediate (docs/METHOD.md section Speedup decomposition).
 
 Three runs of the same workload: a baseline stack A, an intermediate B (the new runtime with the
 old kernels: CUDA graphs, torch.compile, ...) and the full stack C (B plus new kernels, another

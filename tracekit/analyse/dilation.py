@@ -1,4 +1,4 @@
-"""The profiler's own cost (METHOD.md section 9): dilation = profiled / unprofiled per-token time.
+"""The profiler's own cost (docs/METHOD.md section Dilation): dilation = profiled / unprofiled per-token time.
 
 A capture times every token in alternating passes, from the host's wall clock: K unprofiled and K
 profiled rounds in the order U P U P ... (manifest `unprofiled.rounds` / `profiled.rounds`, each
@@ -165,8 +165,28 @@ class MalformedTimes(ValueError):
     """A manifest's per-token times block is not `{"per_token_ns": {rank: [ns, ...]}, "rounds": [...]}`."""
 
 
+#: a per-token time beyond this (2**62 ns, 146 years) is no time: it would overflow int64 below
+MAX_TOKEN_NS = float(1 << 62)
+#: a dilation (profiled / unprofiled time) outside these bounds is no measurement
+DILATION_BOUNDS = (1e-3, 1e3)
+
+
 def _is_ns(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+    return (
+        isinstance(x, (int, float))
+        and not isinstance(x, bool)
+        and math.isfinite(x)
+        and 0 <= x <= MAX_TOKEN_NS
+    )
+
+
+def plausible_dilation(x: Any) -> float | None:
+    """`x` as a dilation factor when it is a finite number within DILATION_BOUNDS, else None."""
+    if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x):
+        lo, hi = DILATION_BOUNDS
+        if lo <= x <= hi:
+            return float(x)
+    return None
 
 
 def _slowest(inner: Any, where: str) -> list[int] | None:
@@ -185,7 +205,7 @@ def _slowest(inner: Any, where: str) -> list[int] | None:
         bad = [x for x in v if not _is_ns(x)]
         if bad:
             raise MalformedTimes(
-                f"{where}[{rank!r}] holds {len(bad)} value(s) that are not non-negative numbers "
+                f"{where}[{rank!r}] holds {len(bad)} value(s) that are not numbers of ns from 0 to 2**62 "
                 f"(first: {bad[0]!r})"
             )
         lists.append([int(round(x)) for x in v])
@@ -376,13 +396,10 @@ def dilation_of(
     unprof = times("unprofiled")
     prof = times("profiled")
     md = manifest.get("dilation")
-    md_f = (
-        float(md)
-        if isinstance(md, (int, float)) and not isinstance(md, bool) and math.isfinite(md) and md > 0
-        else None
-    )
+    md_f = plausible_dilation(md)
     if md is not None and md_f is None:
-        notes.append(f"manifest.json field 'dilation' is {md!r}, not a positive number; ignored")
+        lo, hi = DILATION_BOUNDS
+        notes.append(f"manifest.json field 'dilation' is {md!r}, not a number from {lo:g} to {hi:g}; ignored")
     ratio = None if unprof is None or prof is None else dilation_statistic(unprof.rounds, prof.rounds)
     if ratio is None:
         return Dilation(

@@ -1,4 +1,4 @@
-"""The link verdict (METHOD.md section 7): a decode trace judged against compare-links probe results.
+"""The link verdict (docs/METHOD.md section Bandwidth and the link verdict): a decode trace judged against compare-links probe results.
 
 The probe results are `tracekit compare-links`' (rows per op, mode and size, NCCL's transport per
 mode: `tracekit.probe.compare` runs the sweeps); a mode is `nvlink` (NCCL's default), `pcie` (P2P
@@ -347,7 +347,7 @@ def verdict(
     shortfall: dict[str, Any] | None = None,
     transports: dict[str, Any] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The METHOD.md section 7 verdict, and the numbers behind it (see the module doc).
+    """The link verdict (docs/METHOD.md section Bandwidth and the link verdict), and the numbers behind it (see the module doc).
 
     `trace`: `trace_collectives(...)` of the decode; `shortfall`: `shortfall_context(...)` against
     its baseline (S known, XN = its transfer term); `transports`: per mode, NCCL's account (labels

@@ -897,7 +897,7 @@ def _check(
     predicted: Mapping[str, Mapping[int, Fraction]],
     corrected: bool,
 ) -> dict[str, Any]:
-    """A prediction set against a real run that was not used to make it (METHOD.md 6)."""
+    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if)."""
     parts, combo, label = check
     spec = combination_spec(combo)
     n = len(parts.ranks)

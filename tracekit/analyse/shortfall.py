@@ -1,4 +1,4 @@
-"""Shortfall attribution (METHOD.md sections 5, 6 and 9).
+"""Shortfall attribution (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation").
 
 `shortfall(baseline, sharded)` says where the per-token shortfall S = TN - T1/N of a run sharded
 over N ranks goes, against a baseline of the same model on one rank (N_base ranks in general; the
@@ -31,7 +31,7 @@ Terms (f = N_base / N):
 Integers in the JSON: the per-token figures are rounded, S = sharded - ideal, and the leaf terms
 are rounded by largest remainder to sum to S exactly (asserted).
 
-Dilation (METHOD.md 9): when both runs' manifests carry unprofiled per-token times, T1 and TN come
+Dilation (docs/METHOD.md section Dilation): when both runs' manifests carry unprofiled per-token times, T1 and TN come
 from the unprofiled pass (the mean over the steady tokens of every unprofiled round), and each
 rank's traced parts are reconciled to it (`reconcile`, docs/METHOD-NOTES.md), as is the critical
 path (`reconcile_path`). The dilation stated is the factor applied: traced per-token mean /
@@ -62,6 +62,7 @@ from tracekit.analyse.collectives import (
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.graph import RankGraph, build_rank_graph
+from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.steps import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
@@ -146,6 +147,11 @@ class RunParts:
     dilation: Dilation
     step_pattern: str | None
     data_quality: DataQuality = field(default_factory=DataQuality)
+    kernels: pd.DataFrame | None = None  # compute kernels per (rank, step) in launch order (kernel_scaling)
+
+    @property
+    def steady_steps(self) -> list[int]:
+        return [int(x) for x in self.slowest.loc[self.slowest["steady"], "step"]]
 
     @property
     def steady(self) -> pd.DataFrame:
@@ -253,6 +259,7 @@ class RankAttribution:
     timeline: str
     no_kernels: bool
     graph: RankGraph | None = None
+    kernels: pd.DataFrame | None = None  # its compute kernels per step (`kernel_scaling.kernel_table`)
 
 
 def attribute_rank(
@@ -295,7 +302,8 @@ def attribute_rank(
         graph = build_rank_graph(
             events, int(rank), gw, matched, int(offset), "gpu" if timeline == "gpu" else "host"
         )
-    return RankAttribution(int(rank), table, timeline, no_kernels, graph)
+    kernels = kernel_table(events, rank, windows)
+    return RankAttribution(int(rank), table, timeline, no_kernels, graph, kernels)
 
 
 @dataclass
@@ -309,6 +317,7 @@ class AttributedSteps:
     per_token: dict[str, Fraction]
     steady_steps: list[int]
     timeline: str
+    kernels: pd.DataFrame | None = None  # every rank's compute kernels per step, in launch order
 
 
 def assemble_attribution(
@@ -327,6 +336,10 @@ def assemble_attribution(
             len(no_kernels),
             f"{label}: rank(s) {', '.join(map(str, no_kernels))} have GPU activity (copies, sets) but no kernels: "
             "were kernels left out of the trace?",
+        )
+    if not any(len(p.table) for p in pieces):  # a clear line, not pandas' "No objects to concatenate"
+        raise StepError(
+            f"{label}: no step windows to attribute (pass --steps whole, or another --steps REGEX)"
         )
     table = pd.concat([p.table for p in pieces], ignore_index=True)
     if not (table["collective_ns"] == table["collective_ns_split"]).all():
@@ -386,7 +399,9 @@ def assemble_attribution(
         per_rank[r]["own_window"] = Fraction(int(g["window_ns"].sum()), n)
     per_token = mean_over_ranks(per_rank)
     assert sum(per_token[p] for p in LEAF_PARTS) == per_token["window"]
-    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline)
+    kernels = [p.kernels for p in pieces if p.kernels is not None and len(p.kernels)]
+    all_kernels = pd.concat(kernels, ignore_index=True) if kernels else None
+    return AttributedSteps(table, slowest, rs, per_rank, per_token, steady_steps, timeline, all_kernels)
 
 
 def finish_attribution(
@@ -425,6 +440,7 @@ def finish_attribution(
         dilation=dil,
         step_pattern=step_pattern,
         data_quality=dq,
+        kernels=att.kernels,
     )
 
 
@@ -1052,6 +1068,19 @@ class Shortfall:
             return None
         return any(f is not None and f > 1.0 + th for f in fs)
 
+    def compute_scaling(self) -> dict[str, Any]:
+        """The compute term split by kernel: replicated, shrank N-fold, partly shrank, added,
+        removed (`tracekit.analyse.kernel_scaling`), summing to the printed compute term."""
+        empty = pd.DataFrame(columns=list(KERNEL_COLUMNS))
+        return compute_scaling(
+            self.baseline.kernels if self.baseline.kernels is not None else empty,
+            self.baseline.steady_steps,
+            self.sharded.kernels if self.sharded.kernels is not None else empty,
+            self.sharded.steady_steps,
+            max(1, round(1 / self.factor)),
+            self.corrected.integers()["terms_ns"]["compute"],
+        )
+
     def to_json(self) -> dict[str, Any]:
         ints = self.corrected.integers()
         unc = self.uncorrected.integers()
@@ -1089,6 +1118,7 @@ class Shortfall:
                 "uncorrected": self.path_ints(corrected=False),
             },
             "straggler": self.straggler(),
+            "compute_scaling": self.compute_scaling(),
             "spread_ns": self.spread_ns,
             "verdict": self.verdict(),
             "diagnosis": self.diagnosis(),
@@ -1320,7 +1350,7 @@ def _spread(
 
 @dataclass(frozen=True)
 class AppliedDilation:
-    """The dilation a shortfall states and applies (METHOD.md 9: the factor stated is the factor
+    """The dilation a shortfall states and applies (docs/METHOD.md section Dilation: the factor stated is the factor
     applied): D measured by the capture's alternating rounds (`tracekit.analyse.dilation`), and the
     corrected per-token time `target_ns` = traced per-token time (mean step time of the trace's
     steady steps) / D, exactly. `unprofiled_mean_ns` (the unprofiled passes' own mean) is a

@@ -1,4 +1,4 @@
-"""Step windows and the exact partition of each step (METHOD.md section 4).
+"""Step windows and the exact partition of each step (docs/METHOD.md section Steps and the partition).
 
 `find_steps(events, pattern)` finds the step windows. `pattern` is `auto` (the default, also None),
 `whole`, or a regex of host annotations. `auto` tries, in order (`STEP_RULES`), and says which
@@ -206,9 +206,9 @@ class RankStepSummary:
     `matched`: the patterns tried on this rank that match one of its annotations (auto stops at
     the first rule the rank matches: a later rule can only be chosen when no rank matches an
     earlier one); `launches`: the rank has two or more CUDA-graph launches; `ranges`: per key of
-    repeating host ranges (names with numbers as `#`), (time covered where it repeats, rows,
-    repeats on this rank); `annotations`: annotation name -> count (only for an explicit pattern
-    that matches nothing here, for the StepError's message)."""
+    repeating host ranges (`range_key`: the escaped name, its numbers as `\\d+`), (time covered
+    where it repeats, rows, repeats on this rank); `annotations`: annotation name -> count (only
+    for an explicit pattern that matches nothing here, for the StepError's message)."""
 
     matched: list[str] = field(default_factory=list)
     launches: bool = False
@@ -477,6 +477,11 @@ def assemble_steps(choice: StepChoice, ranks: Iterable[RankWindows]) -> StepsRes
         dq.add("steps_rule", 0, f"{choice.why}; " + _rule_note("whole_trace", "whole", steps))
         return StepsResult(steps, "whole", dq, "whole_trace")
     chosen = choice.pattern
+    if not len(steps):  # never 0 steps silently: every later stage needs at least one window
+        raise StepError(
+            f"steps chosen by rule {choice.rule!r} (pattern {chosen!r}) but no rank has a window under it "
+            "(pass --steps whole, or another --steps REGEX)"
+        )
     nested = sum(w.nested for w in ranks)
     if nested:
         dq.add(
@@ -565,22 +570,39 @@ def _period(counts: np.ndarray) -> int:
 _DIGITS = re.compile(r"\d+")
 
 
+def range_key(name: str) -> str:
+    """The group key of a host range for rule 5: a regex of the name with its numbers generalised.
+    The name is escaped first, then each run of digits becomes `\\d+` (digits are never escaped, so
+    no character of the name can be taken for the placeholder: `## Call CompiledFxGraph <hash> ##`
+    keeps its `#`s literal); spaces and `#` are left unescaped, which means the same outside a
+    verbose regex, for a readable pattern."""
+    escaped = re.escape(name).replace("\\ ", " ").replace("\\#", "#")
+    return _DIGITS.sub(lambda _m: r"\d+", escaped)
+
+
 def _range_groups(ann: pd.DataFrame) -> dict[str, tuple[int, int, bool]]:
-    """Rule 5 on one rank: per group of host ranges equal up to their numbers (key: the name with
-    `#` for its numbers), (time covered when the group repeats on the rank, rows, repeats): a group
-    repeats when it has two or more ranges on the rank, none inside another."""
+    """Rule 5 on one rank: per group of host ranges equal up to their numbers (key: `range_key`,
+    the escaped name with `\\d+` for its numbers), (time covered when the group repeats on the
+    rank, rows, repeats): a group repeats when it has two or more ranges on the rank, none inside
+    another."""
     if not len(ann):
         return {}
     names = ann["name"].astype(str).to_numpy(dtype=object)
-    keys = np.array([_DIGITS.sub("#", n) for n in names], dtype=object)
+    cache: dict[str, str | None] = {}
+    for n in set(names.tolist()):  # once per distinct name; collectives' own ranges and blanks: none
+        cache[n] = None if (_NOT_STEP_RANGES.search(n) or not n.strip()) else range_key(n)
+    keys = np.array([cache[n] for n in names], dtype=object)
+    use = np.array([k is not None for k in keys], dtype=bool)
     frame = pd.DataFrame(
-        {"key": keys, "start": ann["start_ns"].to_numpy(np.int64), "end": ann["end_ns"].to_numpy(np.int64)}
+        {
+            "key": keys[use],
+            "start": ann["start_ns"].to_numpy(np.int64)[use],
+            "end": ann["end_ns"].to_numpy(np.int64)[use],
+        }
     )
     out: dict[str, tuple[int, int, bool]] = {}
     for key, g in frame.groupby("key", sort=True):
         key_s = str(key)
-        if _NOT_STEP_RANGES.search(key_s) or not key_s.strip():
-            continue
         repeats, covered = False, 0
         if len(g) >= 2:
             o = np.argsort(g["start"].to_numpy(), kind="stable")
@@ -610,7 +632,7 @@ def _repeated_range_pattern(ranks: Iterable[Mapping[str, tuple[int, int, bool]]]
             best = (covered, n, key)
     if best is None:
         return None
-    return "^" + re.escape(best[2]).replace("\\ ", " ").replace("\\#", "#").replace("#", r"\d+") + "$"
+    return "^" + best[2] + "$"
 
 
 def _extend_by_gpu_work(

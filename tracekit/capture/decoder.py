@@ -89,9 +89,16 @@ def check_tp(shape: DecoderShape, tp: int) -> None:
             raise CaptureError(f"tensor-parallel degree {tp} does not divide {what}={n}")
 
 
+#: `Comm.backend` of a shard run (`tracekit capture --shard-of N`): rank 0's shard of a TP=N decoder in
+#: one process, every collective a no-op (all-reduce returns its input; the all-gather repeats this
+#: rank's logits N times, so the shapes and the concatenation stay and the tokens are not the model's).
+SHARD_BACKEND = "shard"
+
+
 @dataclass
 class Comm:
-    """The collectives the decoder needs. World size 1: no communication at all."""
+    """The collectives the decoder needs. World size 1: no communication at all; the backend
+    `SHARD_BACKEND`: no communication either, with the weights split as at `world_size` ranks."""
 
     world_size: int = 1
     rank: int = 0
@@ -100,7 +107,7 @@ class Comm:
     before_all_reduce: Callable[[], None] | None = None
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1:
+        if self.world_size == 1 or self.backend == SHARD_BACKEND:
             return t
         import torch.distributed as dist
 
@@ -114,6 +121,8 @@ class Comm:
         """Concatenate every rank's `t` along the last dimension (rank order)."""
         if self.world_size == 1:
             return t
+        if self.backend == SHARD_BACKEND:
+            return torch.cat([t] * self.world_size, dim=-1)
         import torch.distributed as dist
 
         t = t.contiguous()

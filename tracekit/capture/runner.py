@@ -122,6 +122,9 @@ class CaptureConfig:
     #: alternating measured rounds U P U P ... (--rounds); the last profiled one keeps its trace.
     #: 1 under --nsys (the plain runs before and after the run under nsys are the unprofiled rounds)
     rounds: int = 7
+    #: one rank's shard of a TP=N decoder on this one device, its collectives replaced by no-ops (the
+    #: per-rank compute of TP=N measured where only one GPU is; tp must be 1). None: off
+    shard_of: int | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,16 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
     if config.rounds < 1:
         raise CaptureError(f"--rounds must be at least 1, got {config.rounds}")
     check_tp(preset(config.preset, config.layers), n)
+    if config.shard_of is not None:
+        if config.shard_of < 2:
+            raise CaptureError(f"--shard-of wants a TP degree of at least 2, got {config.shard_of}")
+        if n != 1:
+            raise CaptureError(
+                f"--shard-of runs one rank's shard in one process: use it with --tp 1, not --tp {n}"
+            )
+        if config.inject_delay is not None:
+            raise CaptureError("--shard-of has no other ranks to delay: drop --inject-delay")
+        check_tp(preset(config.preset, config.layers), config.shard_of)
     if config.device not in ("auto", "cpu", "cuda"):
         raise CaptureError(f"--device must be auto, cpu or cuda, got {config.device!r}")
     if config.backend not in ("auto", "gloo", "nccl"):
@@ -261,6 +274,7 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         "step_pattern": "decode_step",
         "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
         "rounds": rounds_of(config),
+        "shard_of": config.shard_of,
     }
 
 
@@ -292,7 +306,7 @@ def _rank_main(
     import torch
 
     from tracekit.capture import annotate
-    from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
+    from tracekit.capture.decoder import SHARD_BACKEND, Comm, TPDecoder, make_prompt, preset
     from tracekit.capture.profile import Tracer, write_result
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)
@@ -336,7 +350,11 @@ def _rank_main(
     if config.inject_delay is not None and config.inject_delay[0] == rank:
         delay_s = config.inject_delay[1] / 1000.0
         before_ar = lambda: time.sleep(delay_s)  # noqa: E731
-    comm = Comm(world, rank, res.backend, before_all_reduce=before_ar)
+    comm = (
+        Comm(config.shard_of, 0, SHARD_BACKEND)
+        if config.shard_of is not None
+        else Comm(world, rank, res.backend, before_all_reduce=before_ar)
+    )
     shape = preset(config.preset, config.layers)
     max_len = config.prompt + n_warm + 1
     model = TPDecoder(
@@ -990,7 +1008,7 @@ def find_nsys() -> str:
     if found is None:
         raise CaptureError(
             "nsys (Nsight Systems) not found: put it on PATH or set NSYS=/path/to/nsys "
-            "(on the H200 machine see ../shared/gpu/NSYS.md)"
+            "(docs/NSYS.md says what it needs)"
         )
     return found
 
@@ -1033,7 +1051,7 @@ def _nsys_profile(
     if not rep_file.exists():
         hint = ""
         if (out_dir / "nsys.qdstrm").exists():
-            hint = " (only nsys.qdstrm was left: the nsys importer is missing a library, see ../shared/gpu/NSYS.md)"
+            hint = " (only nsys.qdstrm was left: the nsys importer is missing a library, see docs/NSYS.md)"
         raise CaptureError(f"nsys profile exited with {r.returncode} and wrote no {rep_file}{hint}")
     sqlite = out_dir / "nsys.sqlite"
     e = subprocess.run(

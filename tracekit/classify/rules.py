@@ -1,4 +1,4 @@
-"""The ordered rule table of the classifier (METHOD.md section 3).
+"""The ordered rule table of the classifier (docs/METHOD.md section Classes).
 
 Each event gets exactly one class from the FIRST rule that applies to its kind and whose regex
 matches (``re.search``) its name without the parameter list (`strip_parameters`). Order matters and is tested: a name containing "reduce" is not

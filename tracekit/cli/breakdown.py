@@ -1,4 +1,4 @@
-"""`tracekit breakdown`: per-step compute / memory / collective / sync / idle of a run (METHOD.md 3-4)."""
+"""`tracekit breakdown`: per-step compute / memory / collective / sync / idle of a run (docs/METHOD.md sections "Classes" and "Steps and the partition")."""
 
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def command(
 
     \b
     Examples:
-      tracekit breakdown ../shared/traces/h200/kineto_decode_ws1.pt.trace.json.gz
+      tracekit breakdown traces/h200-tp1/rank-0.pt.trace.json.gz
       tracekit breakdown traces/cpu-tp2 --format json --out breakdown.json
       tracekit breakdown trace.json.gz --steps 'step\\[DECODE' --format csv
       tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache

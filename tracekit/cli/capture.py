@@ -27,6 +27,7 @@ Examples:
   tracekit capture --device cuda --preset 7b --layers 8 --tp 2 --tokens 8 --nsys --out runs/h200-tp2-nsys
   tracekit capture --device cuda --preset 7b --layers 8 --tokens 32 --cuda-graphs --out runs/h200-tp1-graphs
   tracekit capture --tp 2 --preset tiny --tokens 8 --compile --out runs/cpu-tp2-compile
+  tracekit capture --device cuda --preset 7b --layers 8 --cuda-graphs --shard-of 4 --out runs/h200-shard4
   tracekit capture --out runs/mine -- python examples/my_decode.py --tokens 32
   tracekit capture --out runs/mine -- torchrun --nproc-per-node 2 examples/my_decode.py
   tracekit capture --nsys --out runs/mine-nsys -- python examples/my_decode.py --device cuda
@@ -97,6 +98,15 @@ Examples:
     help="Replace the manifest and traces of an earlier capture in --out (without it: an error, "
     "nothing touched).",
 )
+@click.option(
+    "--shard-of",
+    "shard_of",
+    type=int,
+    default=None,
+    metavar="N",
+    help="Run rank 0's shard of a TP=N decoder on this one device, its collectives no-ops: the per-rank "
+    "compute of TP=N where only one GPU is (with --tp 1; the tokens are not the model's).",
+)
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def command(
@@ -120,6 +130,7 @@ def command(
     timeout_s: float,
     out_dir: Path,
     force: bool,
+    shard_of: int | None,
     quiet: bool,
     script: tuple[str, ...],
 ) -> None:
@@ -158,6 +169,7 @@ def command(
         nsys=nsys,
         timeout_s=timeout_s,
         command=cmdline,
+        shard_of=shard_of,
     )
     if quiet or not sys.stderr.isatty():
         run_dir = runner.capture(config, out_dir)

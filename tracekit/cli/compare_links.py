@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.cli.options import OutputPath
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -98,7 +99,7 @@ from tracekit.probe import spec
 @click.option(
     "--out",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(path_type=Path),
     default=None,
     help="Write the result here.",
 )
@@ -132,9 +133,10 @@ def command(
 
     \b
     NCCL_NVLS_ENABLE=0 in every mode. With --trace, the decode's message sizes are marked (*) and
-    the verdict answers "would a faster link shrink my per-token shortfall?" (METHOD.md section 7):
-    probe busbw per mode at the decode's sizes (latency- or bandwidth-bound), the busbw the trace
-    realised, and the bound XN (1 - 1/k) per token, as a share of S with --baseline.
+    the verdict answers "would a faster link shrink my per-token shortfall?" (docs/METHOD.md
+    section Bandwidth and the link verdict): probe busbw per mode at the decode's sizes (latency-
+    or bandwidth-bound), the busbw the trace realised, and the bound XN (1 - 1/k) per token, as a
+    share of S with --baseline.
     --load re-uses a saved result (no sweeps, no GPU). On a CPU-only machine every mode runs the
     gloo path (nothing to compare; it says so). --graph (CUDA only) times CUDA-graph replays
     instead of one Python call per iteration; the verdict says which timing was used.

@@ -1,4 +1,4 @@
-"""`tracekit decompose`: a per-token speedup split through a matched intermediate (METHOD.md 8)."""
+"""`tracekit decompose`: a per-token speedup split through a matched intermediate (docs/METHOD.md section Speedup decomposition)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import math
+import re
 import sys
 from typing import Any
 
@@ -267,7 +268,11 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
 
 def render_markdown(doc: dict[str, Any]) -> str:
     def cell(s: str) -> str:
-        return s.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        # a sub-row's indent as non-breaking spaces: Markdown trims the spaces of a cell
+        body = s.lstrip(" ")
+        return "&nbsp;" * (len(s) - len(body)) + body.replace("|", "\\|").replace("<", "&lt;").replace(
+            ">", "&gt;"
+        )
 
     lines = [f"# tracekit diff: {doc['runs']['before']['path']} -> {doc['runs']['after']['path']}", ""]
     lines += [f"**{doc['summary']}**", ""]
@@ -275,7 +280,12 @@ def render_markdown(doc: dict[str, Any]) -> str:
         lines += [f"> Warning: {doc['dilation']['warning']}", ""]
     for title, header, rows in sections(doc):
         lines += [f"### {title}", "", "| " + " | ".join(cell(h) for h in header) + " |"]
-        lines.append("| " + " | ".join("---" for _ in header) + " |")
+        # number columns right-aligned: every filled cell starts as a number does
+        num = [
+            i > 0 and all(re.match(r"[-+]?[\d.]", r[i].strip()) for r in rows if i < len(r) and r[i].strip())
+            for i in range(len(header))
+        ]
+        lines.append("| " + " | ".join("---:" if n else "---" for n in num) + " |")
         lines += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
         lines.append("")
     lines += [*_dilation_lines(doc), ""]

@@ -1,4 +1,4 @@
-"""`tracekit dilation`: profiled vs unprofiled per-token times of captured runs (METHOD.md 9)."""
+"""`tracekit dilation`: profiled vs unprofiled per-token times of captured runs (docs/METHOD.md section Dilation)."""
 
 from __future__ import annotations
 

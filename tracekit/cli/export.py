@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import cache_dir_option, no_cache_option, step_pattern_option
+from tracekit.cli.options import OutputPath, cache_dir_option, no_cache_option, step_pattern_option
 
 
 @click.command("export")
@@ -13,7 +13,7 @@ from tracekit.cli.options import cache_dir_option, no_cache_option, step_pattern
     "--perfetto",
     "out",
     required=True,
-    type=click.Path(dir_okay=False, path_type=str),
+    type=OutputPath(),
     metavar="OUT.json",
     help="Write a Chrome-trace JSON (OUT.json, or OUT.json.gz gzipped) for ui.perfetto.dev and chrome://tracing.",
 )
@@ -33,7 +33,7 @@ def command(paths: tuple[str, ...], out: str, step_pattern: str | None, no_cache
     \b
     Examples:
       tracekit export --perfetto tp2.json traces/h200-tp2
-      tracekit export --perfetto sglang.json.gz ../shared/traces/external/tracelens/sglang_qwen3-8b_decode.json.gz
+      tracekit export --perfetto sglang.json.gz sglang_qwen3-8b_decode.json.gz
     """
     from tracekit.errors import OutputError
     from tracekit.export.perfetto import write_perfetto

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 import click
 
@@ -34,6 +35,7 @@ COMMANDS: dict[str, str] = {
     "rho": "rho",
     "whatif": "whatif",
     "export": "export",
+    "roofline": "roofline",
 }
 
 
@@ -49,7 +51,28 @@ class LazyGroup(click.Group):
         module = COMMANDS.get(cmd_name)
         if module is None or not _module_exists(module):
             return None
-        return importlib.import_module(f"tracekit.cli.{module}").command  # type: ignore[no-any-return]
+        cmd: click.Command = importlib.import_module(f"tracekit.cli.{module}").command
+        _check_outputs_first(cmd)
+        return cmd
+
+
+def _check_outputs_first(cmd: click.Command) -> None:
+    """Every command checks the files it would write against its inputs before its body runs
+    (`tracekit.cli.options.check_command_outputs`: an --out naming an input is refused, the input
+    untouched). Wrapped once per command object."""
+    body = cmd.callback
+    if body is None or getattr(body, "_outputs_checked", False):
+        return
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        from tracekit.cli.options import check_command_outputs
+
+        check_command_outputs(click.get_current_context())
+        return body(*args, **kwargs)
+
+    checked._outputs_checked = True  # type: ignore[attr-defined]
+    checked.__doc__ = body.__doc__
+    cmd.callback = checked
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

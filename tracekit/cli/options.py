@@ -28,13 +28,113 @@ step_pattern_option = click.option(
     help=STEP_PATTERN_HELP,
 )
 
+
+class OutputPath(click.Path):
+    """The type of every option naming a file a command writes (--out, --perfetto, report's
+    -o/--output, rho's --json ...): a file, not a folder. The type is the mark `check_outputs` finds
+    them by: before a command runs, each output it names is checked against the command's inputs."""
+
+    name = "output file"
+
+    def __init__(self, path_type: Any = str) -> None:
+        super().__init__(dir_okay=False, path_type=path_type)
+
+
 out_file_option = click.option(
     "--out",
     "out",
-    type=click.Path(dir_okay=False, path_type=str),
+    type=OutputPath(),
     default=None,
     help="Write to FILE instead of stdout.",
 )
+
+
+def _path_values(value: Any) -> list[Path]:
+    if isinstance(value, (str, os.PathLike)) and str(value) not in ("", "-"):
+        return [Path(value)]
+    if isinstance(value, (list, tuple)):
+        return [p for v in value for p in _path_values(v)]
+    return []
+
+
+def _input_files(p: Path) -> list[Path]:
+    """The files tracekit reads for an input path: the file and the manifest beside it; a folder's
+    trace files (and its rank subfolders') and manifest. Best effort: never raises."""
+    from tracekit.read import _is_trace_name
+
+    try:
+        if p.is_file():
+            return [p, p.parent / "manifest.json"]
+        if p.is_dir():
+            out = [p / "manifest.json"]
+            for c in p.iterdir():
+                if c.is_file() and (_is_trace_name(c.name) or c.name == "manifest.json"):
+                    out.append(c)
+                elif c.is_dir():
+                    out.extend(f for f in c.iterdir() if f.is_file() and _is_trace_name(f.name))
+            return out
+    except OSError:
+        pass
+    return []
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_outputs(outputs: Mapping[str, Any], inputs: Any) -> None:
+    """Refuse, before anything is written, an output that is one of the command's inputs, a file
+    an input folder holds (a trace, the manifest), or the cache entry of an input (OutputError, one
+    line, nothing written; the input is untouched). `outputs`: option name -> the path(s) it names;
+    `inputs`: the command's input paths (any nesting of lists of paths). Reads nothing and creates
+    nothing (not even the cache folder)."""
+    named = [(opt, out) for opt, value in outputs.items() for out in _path_values(value)]
+    named = [(opt, out) for opt, out in named if out.exists()]  # a new file cannot be an input
+    if not named:
+        return
+    from tracekit.errors import OutputError
+    from tracekit.read.cache import cache_root, digest_path, entry_name
+
+    files = [f for p in _path_values(inputs) for f in _input_files(p)]
+    root = cache_root()
+    for opt, out in named:
+        hit = next((f for f in files if _same_file(out, f)), None)
+        if hit is not None:
+            what = "the manifest of an input" if hit.name == "manifest.json" else "an input"
+            raise OutputError(
+                f"{out}: {opt} names {what} of this command ({hit}): writing would overwrite it; "
+                "choose another output file"
+            )
+        for f in files:
+            if f.name == "manifest.json" or not f.is_file():
+                continue
+            entry = root / entry_name(f)
+            if _same_file(out, entry) or _same_file(out, digest_path(entry)):
+                raise OutputError(
+                    f"{out}: {opt} names the cache entry of the input {f}: choose another output file"
+                )
+
+
+def check_command_outputs(ctx: click.Context) -> None:
+    """`check_outputs` for a command about to run: its outputs are the values of its OutputPath
+    options, its inputs the values of every other parameter that names a path (tracekit.cli.main
+    calls this before each command's body)."""
+    outputs: dict[str, Any] = {}
+    inputs: list[Any] = []
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None:
+            continue
+        if isinstance(param.type, OutputPath):
+            outputs[max(param.opts, key=len) if param.opts else str(param.name)] = value
+        else:
+            inputs.append(value)
+    if outputs:
+        check_outputs(outputs, inputs)
+
 
 _no_cache_flag = click.option(
     "--no-cache", is_flag=True, help="Do not use (or write) the Parquet cache of parsed traces."
@@ -146,6 +246,9 @@ def write_text(text: str, out: str | None) -> None:
     else:
         from tracekit.errors import OutputError
 
+        ctx = click.get_current_context(silent=True)
+        if ctx is not None:  # the command's body may be called without tracekit.cli.main's check
+            check_command_outputs(ctx)
         target = Path(out)
         # a regular file is written whole or not at all (a temporary beside it, renamed): a full disk
         # leaves no half file under the name; a device or pipe (/dev/stdout) is written in place

@@ -9,6 +9,7 @@ from typing import Any
 import click
 import orjson
 
+from tracekit.cli.options import OutputPath
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -140,7 +141,7 @@ def _transport_notes(result: Any) -> list[str]:
 @click.option(
     "--out",
     "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
+    type=OutputPath(path_type=Path),
     default=None,
     help="Write the output here.",
 )

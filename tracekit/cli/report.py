@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import cache_dir_option, engine_options, no_cache_env_option, step_pattern_option
+from tracekit.cli.options import (
+    OutputPath,
+    cache_dir_option,
+    engine_options,
+    no_cache_env_option,
+    step_pattern_option,
+)
 
 
 @click.command("report")
@@ -40,6 +46,7 @@ from tracekit.cli.options import cache_dir_option, engine_options, no_cache_env_
     "outputs",
     multiple=True,
     required=True,
+    type=OutputPath(),
     help="Output file; the suffix picks the format (.html, .md, .json). May be given several times.",
 )
 @step_pattern_option

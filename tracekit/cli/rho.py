@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import out_file_option, write_text
+from tracekit.cli.options import OutputPath, out_file_option, write_text
 
 EXAMPLES = """
 \b
@@ -40,9 +40,7 @@ def _dtypes(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
 )
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @out_file_option
-@click.option(
-    "--json", "json_out", type=click.Path(dir_okay=False), default=None, help="Also write the JSON to FILE."
-)
+@click.option("--json", "json_out", type=OutputPath(), default=None, help="Also write the JSON to FILE.")
 def command(
     device: str,
     matrix: str,

@@ -1,4 +1,4 @@
-"""`tracekit shortfall`: where the per-token shortfall S = TN - T1/N goes (METHOD.md 5, 6, 9)."""
+"""`tracekit shortfall`: where the per-token shortfall S = TN - T1/N goes (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation")."""
 
 from __future__ import annotations
 
@@ -44,6 +44,51 @@ def _short(words: str) -> str:
 
 #: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without `_ns`)
 _PATH_PARTS = ("compute", "memory", "transfer", "host", "sync", "unknown")
+
+
+_SCALING_WORDS = {
+    "replicated": "replicated (did not shrink)",
+    "partly_shrank": "shrank less than N-fold",
+    "shrank": "shrank N-fold",
+    "added": "only in the sharded run",
+    "removed": "only in the baseline",
+}
+
+
+def _short_kernel(name: str, chars: int = 70) -> str:
+    """A kernel name without the noise every ATen kernel carries (void, namespaces), cut to `chars`."""
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
+        name = name.replace(noise, "")
+    return name if len(name) <= chars else name[: chars - 1] + "…"
+
+
+def render_compute_scaling(console: Any, cs: dict[str, Any], n: int) -> None:
+    """The compute term split by kernel class, with each class's top kernel (JSON `compute_scaling`)."""
+    from rich.table import Table
+
+    if not cs.get("available"):
+        return
+    t = Table(
+        title=f"Compute that did not shrink, by kernel: {_ms(cs['compute_term_ns'])} ms per token = the classes "
+        f"+ residual (TP=1 -> TP={n}, per rank)",
+        title_justify="left",
+    )
+    for col in ("class", "lost ms", "kernels/token", "TP=1 ms", f"TP={n} ms", "top kernel (lost ms)"):
+        t.add_column(col, justify="left" if col in ("class", "top kernel (lost ms)") else "right")
+    for c, v in cs["classes"].items():
+        if not v["kernels_per_token"]:
+            continue
+        top = v["top"][0] if v["top"] else None
+        t.add_row(
+            _SCALING_WORDS.get(c, c),
+            _ms(v["lost_ns"]),
+            str(v["kernels_per_token"]),
+            _ms(v["baseline_ns"]),
+            _ms(v["sharded_ns"]),
+            f"{_short_kernel(top['name'])} ({_ms(top['lost_ns'])})" if top else "",
+        )
+    t.add_row("residual (overlap, steps off the sequence)", _ms(cs["residual_ns"]), "", "", "", "")
+    console.print(t)
 
 
 def render_table(sf: Shortfall, width: int | None = None, color: bool = True) -> str:
@@ -191,6 +236,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         console.print(ct_path)
         if cp.get("cause"):
             console.print(cp["cause"])
+    render_compute_scaling(console, doc.get("compute_scaling") or {}, n)
     st = doc.get("straggler") or {}
     if st.get("rank") is not None:
         console.print(

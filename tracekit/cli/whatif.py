@@ -1,4 +1,4 @@
-"""`tracekit whatif`: replay a decode trace under counterfactuals (METHOD.md 6, docs/METHOD-NOTES.md)."""
+"""`tracekit whatif`: replay a decode trace under counterfactuals (docs/METHOD.md section Critical path and what-if, docs/METHOD-NOTES.md)."""
 
 from __future__ import annotations
 

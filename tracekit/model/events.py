@@ -1,4 +1,4 @@
-"""The one event model every reader produces (METHOD.md section 2).
+"""The one event model every reader produces (docs/METHOD.md section Events).
 
 An event table is a pandas DataFrame with exactly the columns in `COLUMNS`, in that order and with
 those dtypes. One row per event. Times are integer nanoseconds on one clock per host (readers keep

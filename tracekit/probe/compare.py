@@ -10,7 +10,7 @@ Modes (each a separate set of rank processes with its own environment; NCCL_NVLS
 What each run really used is read from NCCL's log and said plainly (`judge_transport`: a "pcie" run
 that still used P2P over NVLink, a machine without NVLink).
 
-This module runs the sweeps (`compare_links`); the verdict (METHOD.md section 7: would a faster
+This module runs the sweeps (`compare_links`); the verdict (docs/METHOD.md section Bandwidth and the link verdict: would a faster
 link shrink the decode's per-token shortfall?), the trace's message sizes and `recompute` of a
 saved result are pure analysis in `tracekit.analyse.link_verdict`, the text table is
 `tracekit.report.compare_links.format_compare`. The result is a plain dict (docs/JSON.md#probe,

@@ -1,4 +1,4 @@
-"""rho: the device's tensor-core matrix throughput over its CUDA-core vector throughput (METHOD.md 8).
+"""rho: the device's tensor-core matrix throughput over its CUDA-core vector throughput (docs/METHOD.md section Intra-SM balance).
 
 Micro-benchmarks, each timed between CUDA events after a warm-up (host clock on a CPU):
 

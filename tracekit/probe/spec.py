@@ -1,5 +1,5 @@
 """What one probe measures, without torch: ops, sizes, buffer layouts, fill values and expected
-results (nccl-tests' definitions, METHOD.md section 7).
+results (nccl-tests' definitions, docs/METHOD.md section Bandwidth and the link verdict).
 
 Sizes follow nccl-tests (src/common.cu `setupArgs` and each test's `GetCollByteCount`): the swept
 size S is turned into an element count `count = S // typesize`, and per op

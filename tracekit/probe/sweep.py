@@ -1,4 +1,4 @@
-"""Collective bandwidth sweeps, the nccl-tests way (METHOD.md section 7; nccl-tests src/common.cu).
+"""Collective bandwidth sweeps, the nccl-tests way (docs/METHOD.md section Bandwidth and the link verdict; nccl-tests src/common.cu).
 
 For every op, every size (min, min*factor, ... max) and every form (out-of-place, in-place):
 1. `warmup` iterations, then a stream synchronise and a barrier;

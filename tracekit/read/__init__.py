@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -75,6 +76,21 @@ MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 #: bounds of the workload fields that size loops and sets (docs/RELIABILITY.md)
 MAX_TP = 1 << 16
 MAX_PER_TOKEN = 100_000
+#: every number of a manifest lies within +-MAX_MANIFEST_NUMBER (2**62: 146 years in ns, 4.6 EB in
+#: bytes) and is finite; one beyond is treated as missing where it is read (check_manifest)
+MAX_MANIFEST_NUMBER = float(1 << 62)
+#: workload counts (tokens, prompt, batch, layers, rounds ...): whole numbers from 0 to this
+MAX_WORKLOAD_COUNT = 1 << 31
+_WORKLOAD_COUNTS = (
+    "tokens",
+    "prompt",
+    "batch",
+    "layers",
+    "warmup_tokens",
+    "profiler_warmup_steps",
+    "untimed_tail_steps",
+    "rounds",
+)
 
 
 class Manifest(dict):  # type: ignore[type-arg]
@@ -107,6 +123,7 @@ def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
     """Leave out (in place) the workload fields that are malformed or out of bounds, so that no
     consumer sizes a loop or a set by them (tp 10**30, per_token 1e9); the notes saying so."""
     notes: list[tuple[str, str]] = []
+    _drop_unbounded_numbers(doc, name, notes)
     files = doc.get("files")
     if isinstance(files, dict):  # names of the run's own files: never a path out of its folder
         outside = [k for k in files if not inside_run_folder(k)]
@@ -129,6 +146,14 @@ def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
             (key, f"{name}: workload.tp {str(wl['tp'])[:40]!r} is not a TP degree (1 to {MAX_TP}): ignored")
         )
         del wl["tp"]
+    counts = [k for k in _WORKLOAD_COUNTS if k in wl and not _int_in(wl[k], 0, MAX_WORKLOAD_COUNT)]
+    if counts:
+        shown = ", ".join(f"{k} {str(wl[k])[:40]!r}" for k in counts)
+        notes.append(
+            (key, f"{name}: workload {shown}: not a whole number from 0 to {MAX_WORKLOAD_COUNT}: ignored")
+        )
+        for k in counts:
+            del wl[k]
     if "step_pattern" in wl and wl["step_pattern"] is not None and not isinstance(wl["step_pattern"], str):
         notes.append((key, f"{name}: workload.step_pattern is not a string: ignored"))
         del wl["step_pattern"]
@@ -154,6 +179,49 @@ def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
             )
             wl["collectives"] = good
     return notes
+
+
+def _drop_unbounded_numbers(doc: dict[str, Any], name: str, notes: list[tuple[str, str]]) -> None:
+    """Every number of the manifest, at any depth: one that is not finite (Python's JSON reads NaN,
+    Infinity) or lies beyond +-MAX_MANIFEST_NUMBER is removed where it is (a key of an object is
+    deleted, an item of a list becomes null), so no consumer computes with it (unprofiled.per_token_ns
+    of 1e30 overflowed int64); noted once with how many and the first one's place."""
+    found: list[str] = []
+
+    def bad(v: Any) -> bool:
+        return (
+            isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and not (math.isfinite(v) and -MAX_MANIFEST_NUMBER <= v <= MAX_MANIFEST_NUMBER)
+        )
+
+    stack: list[tuple[Any, str, int]] = [(doc, "", 0)]
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > 64:  # json.loads nests at most ~1000 deep; no manifest field is this deep
+            continue
+        if isinstance(node, dict):
+            for k in [k for k, v in node.items() if bad(v)]:
+                found.append(f"{where}{k} = {str(node[k])[:24]}")
+                del node[k]
+            stack.extend(
+                (v, f"{where}{k}.", depth + 1) for k, v in node.items() if isinstance(v, (dict, list))
+            )
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                if bad(v):
+                    found.append(f"{where}[{i}] = {str(v)[:24]}".replace(".[", "["))
+                    node[i] = None
+                elif isinstance(v, (dict, list)):
+                    stack.append((v, f"{where}[{i}].".replace(".[", "["), depth + 1))
+    if found:
+        notes.append(
+            (
+                "manifest_field_malformed",
+                f"{name}: {len(found)} number(s) not finite or beyond +-2**62 (first: {found[0]}) were "
+                "treated as missing",
+            )
+        )
 
 
 def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:

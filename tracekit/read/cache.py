@@ -64,7 +64,7 @@ def folder_writable(d: Path) -> bool:
     """True when `d` may be written: os.access says so AND its mode has a write bit.
 
     The mode check matters when running as root, where os.access is always true: a folder marked
-    read-only (dr-xr-xr-x, like ../shared) is left alone.
+    read-only (dr-xr-xr-x, like a shared trace folder) is left alone.
     """
     try:
         st = d.stat()
@@ -112,9 +112,14 @@ def cache_path_for(trace: Path, rank: int | None = None) -> Path | None:
     d = cache_dir_for(trace)
     if d is None:
         return None
+    return d / entry_name(trace, rank)
+
+
+def entry_name(trace: Path, rank: int | None = None) -> str:
+    """The file name of `trace`'s cache entry in the cache folder (`cache_root()`)."""
     h = hashlib.sha1(f"{trace.resolve()}\0{rank}".encode()).hexdigest()[:16]
     stem = trace.name.split(".")[0][:60] or "trace"
-    return d / f"{stem}-{h}.parquet"
+    return f"{stem}-{h}.parquet"
 
 
 def digest_path(entry: Path) -> Path:

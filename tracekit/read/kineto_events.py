@@ -68,6 +68,9 @@ def kind_of_cat(cat: str) -> str:
 _GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_annotation"})
 
 _HOST_COLL_PREFIX = re.compile(r"^(?:gloo:|nccl:|c10d::)")
+#: torch.profiler's step range: an annotation whatever CPU category its writer gave it (PyTorch
+#: 1.8's Kineto wrote it as an `Operator`, like every record_function range; today `user_annotation`)
+_PROFILER_STEP = re.compile(r"^ProfilerStep#\d+$")
 #: a rank label in a string pid, as trace-merging tools write them ("[TP01] 1234", "rank 3 / pid 9")
 _PID_RANK_RE = re.compile(r"(?:^|[^A-Za-z])(?:TP|rank|Rank|RANK)[ _-]?(\d{1,6})(?![0-9])")
 
@@ -253,6 +256,7 @@ class _Columns:
         self.shape_rows: list[int] = []
         self.shape_vals: list[tuple[bytes, bytes]] = []
         self._coll_codes: list[int] = []
+        self._step_codes: list[int] = []
         self._names_checked = 0
         self.dq = DataQuality()
         self.events_total = 0
@@ -264,8 +268,17 @@ class _Columns:
         if self._names_checked < len(self.names):
             new = list(self.names)[self._names_checked :]
             self._coll_codes.extend(self.names[n] for n in new if _HOST_COLL_PREFIX.match(n))
+            self._step_codes.extend(self.names[n] for n in new if _PROFILER_STEP.match(n))
             self._names_checked = len(self.names)
         return np.asarray(self._coll_codes, np.int32)
+
+    def _steps_as_annotations(self, kind: np.ndarray, name: np.ndarray) -> None:
+        """`ProfilerStep#N` written as a CPU op (PyTorch 1.8/1.9-era traces: `cat` "Operator") is
+        the step annotation it is in every later generation: kind `annotation` (in place)."""
+        self.host_collective_codes()  # brings the name scan up to date
+        if self._step_codes:
+            hit = (kind == self.kind_codes["cpu_op"]) & np.isin(name, np.asarray(self._step_codes, np.int32))
+            kind[hit] = self.kind_codes["annotation"]
 
     def add(self, evs: list[Any]) -> None:
         self.events_total += len(evs)
@@ -399,6 +412,7 @@ class _Columns:
         # kinds and names: interned through dicts (codes assigned on first sight)
         kind = np.fromiter(map(self.cat_codes.__getitem__, map(_get_cat, xs)), np.int8, n)
         name = np.fromiter(map(self.names.__getitem__, map(_get_name, xs)), np.int32, n)
+        self._steps_as_annotations(kind, name)
         # device / stream / correlation
         args: list[_Args] = list(map(_get_args, xs))
         is_gpu = np.isin(kind, self._gpu_codes)

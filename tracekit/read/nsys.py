@@ -45,7 +45,8 @@ from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
 
 #: Bumped when the reader's output changes (keys the Parquet cache of tracekit.read).
-READER_VERSION = "nsys-3"  # nsys-2: ranks are the processes with GPU activity; 3: graph-level trace rows
+READER_VERSION = "nsys-4"  # nsys-2: ranks are the processes with GPU activity; 3: graph-level trace rows
+# 4: every text cell decoded defensively (BLOB, invalid UTF-8); kernel launches without a kernel table
 
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -121,6 +122,50 @@ _RUNTIME_VERSION = re.compile(r"_v\d+$")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _UINT32_MAX = 0xFFFFFFFF
 NCCL_NVTX_DOMAIN = "NCCL"
+#: API calls that run kernels on the device (after the `_v7000` version suffix is dropped): a
+#: process that makes them has GPU activity records unless the export lost them
+_KERNEL_LAUNCH = re.compile(r"^cu(?:da)?(?:Launch\w*Kernel\w*|GraphLaunch\w*)$")
+
+
+class _TextCells:
+    """Every text value of an export read defensively: TEXT cells through the connection's
+    text_factory (invalid UTF-8 decoded with U+FFFD), BLOB / number cells where a text column holds
+    them through `text` (a BLOB decoded the same way, a number as its digits, NULL as None); both
+    counted for data quality. nsys writes UTF-8 TEXT; anything else is a damaged or hand-made export."""
+
+    def __init__(self) -> None:
+        self.invalid_utf8 = 0
+        self.not_text = 0
+
+    def decode(self, raw: bytes) -> str:
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            self.invalid_utf8 += 1
+            return raw.decode("utf-8", "replace")
+
+    def text(self, v: object) -> str | None:
+        if v is None or v.__class__ is str:
+            return v  # type: ignore[return-value]
+        self.not_text += 1
+        if isinstance(v, (bytes, bytearray, memoryview)):
+            return self.decode(bytes(v))
+        return str(v)
+
+    def note(self, dq: DataQuality, name: str) -> None:
+        if self.invalid_utf8:
+            dq.add(
+                "nsys_text_invalid_utf8",
+                self.invalid_utf8,
+                f"{name}: text cells that are not valid UTF-8 were read with U+FFFD for their bad bytes",
+            )
+        if self.not_text:
+            dq.add(
+                "nsys_text_not_text",
+                self.not_text,
+                f"{name}: cells of text columns (names, NVTX text, metadata) held a BLOB or a number; "
+                "read as UTF-8 text (U+FFFD for bad bytes) or as the number's digits",
+            )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -557,7 +602,13 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             f"{n_rows} event rows, more than {max_events}: the limit on events (--max-events or "
             f"{ENV_MAX_EVENTS}; raise it to read this file)",
         )
-    strings: dict[int, str] = dict(con.execute(f"SELECT id, value FROM {T_STRINGS}").fetchall())
+    cells = _TextCells()
+    con.text_factory = cells.decode
+    strings: dict[int, str] = {
+        i: txt
+        for i, v in con.execute(f"SELECT id, value FROM {T_STRINGS}")
+        if (txt := cells.text(v)) is not None
+    }
     dq = DataQuality()
     parts: list[_Part] = []
     per_pid: dict[int, Counter[str]] = {}
@@ -630,7 +681,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             dq,
         )
         m = pid_fill.fill(m)
-        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
+        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND, cells)
         names = _memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
         parts.append(_gpu_part("memcpy", m, names))
         pid = parts[-1].pid
@@ -648,7 +699,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
             dq,
         )
         m = pid_fill.fill(m)
-        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND)
+        mem_kind = _enum(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND, cells)
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
         names = kinds[np.clip(m[:, 7], 0, 7)]
         parts.append(_gpu_part("memset", m, names))
@@ -720,7 +771,8 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     # ---- NVTX
     domains: dict[int, Counter[str]] = {}
     if T_NVTX in tables:
-        _read_nvtx(con, strings, dq, parts, tally, domains)
+        _read_nvtx(con, strings, dq, parts, tally, domains, cells)
+    _check_gpu_activity(tables, parts, per_pid, given, dq)
 
     # ---- which processes are ranks
     # processes with GPU activity first: a launcher that only queried the device count (a few
@@ -736,8 +788,9 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         raise TraceFormatError(
             db, f"empty report: no kernels, memcpys, API calls or NVTX ranges in {', '.join(present)}"
         )
-    meta = _meta(con, tables)
-    proc_names = _process_names(con, tables)
+    meta = _meta(con, tables, cells)
+    proc_names = _process_names(con, tables, cells)
+    cells.note(dq, given.name)
     ranks, rank_source = _assign_ranks(rank_pids, rank, given, meta, db, dq)
     pid_to_rank = dict(zip(rank_pids, ranks, strict=True))
 
@@ -821,6 +874,47 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     return Run(events=events, sources=sources, rank_info=rank_info, data_quality=dq)
 
 
+def _check_gpu_activity(
+    tables: set[str], parts: list[_Part], per_pid: dict[int, Counter[str]], given: Path, dq: DataQuality
+) -> None:
+    """A process that launched kernels has kernel records; an export without them is damaged or
+    mis-exported, not an idle run. No kernel table at all (nor graph-level rows) while the API
+    calls launch kernels: refused (TraceFormatError). The table there but a launching process
+    without one kernel in it: noted (`nsys_kernels_missing`), since that process's GPU time would
+    read as idle."""
+    launches: Counter[int] = Counter()
+    for part in parts:
+        if part.kind != "runtime" or not len(part.pid):
+            continue
+        uniq, inv = np.unique(np.asarray(part.cols["name"]).astype(str), return_inverse=True)
+        hit = np.array([bool(_KERNEL_LAUNCH.match(u)) for u in uniq.tolist()], dtype=bool)[inv]
+        for p, c in zip(*np.unique(part.pid[hit], return_counts=True), strict=True):
+            launches[int(p)] += int(c)
+    total = sum(launches.values())
+    if not total:
+        return
+    if T_KERNEL not in tables and T_GRAPH not in tables:
+        raise TraceFormatError(
+            given,
+            f"{total} kernel launches in {T_RUNTIME}/{T_DRIVER} but no {T_KERNEL} table: the export lost its "
+            "GPU activity (damaged, or cut short); its steps would read as idle GPU time. Export the report "
+            "again (`nsys export --type sqlite`)",
+        )
+    silent = {
+        p: n
+        for p, n in launches.items()
+        if per_pid.get(p, Counter())["kernels"] + per_pid.get(p, Counter())["graph_executions"] == 0
+    }
+    if silent:
+        dq.add(
+            "nsys_kernels_missing",
+            sum(silent.values()),
+            f"{given.name}: process(es) {', '.join(map(str, sorted(silent)))} launched "
+            f"{sum(silent.values())} kernels but the export holds none of theirs ({T_KERNEL}): its GPU "
+            "activity is missing (a damaged or partial export), so their GPU time reads as idle",
+        )
+
+
 def _nvtx_event_types(con: sqlite3.Connection) -> dict[str, int]:
     """The NVTX eventType ids, by name from the export's own ENUM_NSYS_EVENT_TYPE (so that another
     nsys version's numbering is read right), else the values nsys has used (34, 59, 60, 75)."""
@@ -849,6 +943,7 @@ def _read_nvtx(
     parts: list[_Part],
     tally: Any,
     domains: dict[int, Counter[str]],
+    cells: _TextCells,
 ) -> None:
     cols = set(_columns(con, T_NVTX))
     opt = [c if c in cols else "NULL" for c in ("textId", "domainId", "jsonText", "endGlobalTid")]
@@ -868,7 +963,8 @@ def _read_nvtx(
     domain_id = np.array([0 if d is None else d for d in arr[:, 6]], dtype=np.int64)
 
     # names: inline text, else the registered string (textId -> StringIds)
-    text = arr[:, 4]
+    text = np.array([cells.text(t) for t in arr[:, 4]], dtype=object)
+    arr[:, 7] = [cells.text(j) for j in arr[:, 7]]  # jsonText: the NCCL payload
     text_id = arr[:, 5]
     names = np.empty(len(arr), dtype=object)
     has_text = np.array([t is not None for t in text])
@@ -999,7 +1095,9 @@ def _strip_versions(raw: np.ndarray) -> np.ndarray:
     return stripped[inv]
 
 
-def _enum(con: sqlite3.Connection, tables: set[str], table: str, fallback: dict[int, str]) -> dict[int, str]:
+def _enum(
+    con: sqlite3.Connection, tables: set[str], table: str, fallback: dict[int, str], cells: _TextCells
+) -> dict[int, str]:
     """An nsys ENUM_* table as {id: label}; the fixed map where the export lacks it."""
     if table not in tables:
         return dict(fallback)
@@ -1007,7 +1105,7 @@ def _enum(con: sqlite3.Connection, tables: set[str], table: str, fallback: dict[
         rows = con.execute(f"SELECT id, label FROM {table}").fetchall()
     except sqlite3.Error:
         return dict(fallback)
-    return {int(i): str(label) for i, label in rows} or dict(fallback)
+    return {int(i): cells.text(label) or "" for i, label in rows if _is_int64(i)} or dict(fallback)
 
 
 def _memcpy_names(
@@ -1028,26 +1126,30 @@ def _memcpy_names(
     return labels[np.asarray(inv).reshape(-1)]
 
 
-def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
+def _meta(con: sqlite3.Connection, tables: set[str], cells: _TextCells) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     if "TARGET_INFO_SESSION_START_TIME" in tables:
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and _is_int64(row[0]):  # text or a REAL there: no session start (not aligned)
             meta["session_start_utc_ns"] = int(row[0])
     if "META_DATA_EXPORT" in tables:
-        kv = dict(con.execute("SELECT name, value FROM META_DATA_EXPORT").fetchall())
+        kv = {
+            cells.text(k): cells.text(v) for k, v in con.execute("SELECT name, value FROM META_DATA_EXPORT")
+        }
         meta["nsys_version"] = kv.get("EXPORT_PRODUCT_VERSION")
         meta["schema_version"] = kv.get("EXPORT_SCHEMA_VERSION")
     if "TARGET_INFO_GPU" in tables and "name" in _columns(con, "TARGET_INFO_GPU"):
         meta["gpus"] = {
-            int(i): str(n) for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU") if _is_int64(i)
+            int(i): cells.text(n) or ""
+            for i, n in con.execute("SELECT id, name FROM TARGET_INFO_GPU")
+            if _is_int64(i)
         }
     if "TARGET_INFO_SYSTEM_ENV" in tables:
         env_rank = None
         for (value,) in con.execute(
             "SELECT value FROM TARGET_INFO_SYSTEM_ENV WHERE name = 'DeviceEnvironment'"
         ):
-            for item in str(value).split(";"):
+            for item in (cells.text(value) or "").split(";"):
                 if item.startswith("RANK=") and item[5:].strip().isdigit():
                     env_rank = int(item[5:].strip())
         if env_rank is not None:
@@ -1055,10 +1157,12 @@ def _meta(con: sqlite3.Connection, tables: set[str]) -> dict[str, Any]:
     return meta
 
 
-def _process_names(con: sqlite3.Connection, tables: set[str]) -> dict[int, str]:
+def _process_names(con: sqlite3.Connection, tables: set[str], cells: _TextCells) -> dict[int, str]:
     if "PROCESSES" not in tables:
         return {}
-    return {int(p): str(n) for p, n in con.execute("SELECT pid, name FROM PROCESSES") if _is_int64(p)}
+    return {
+        int(p): cells.text(n) or "" for p, n in con.execute("SELECT pid, name FROM PROCESSES") if _is_int64(p)
+    }
 
 
 def _assign_ranks(

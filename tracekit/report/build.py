@@ -35,6 +35,9 @@ class AnalysedRuns:
     baseline_breakdown: dict[str, Any] | None = None
     baseline_manifest: dict[str, Any] | None = None
     shortfall: dict[str, Any] | None = None
+    #: per run, the top kernels per class in the steady steps (`tracekit.analyse.kernels.top_kernels`)
+    top_kernels: dict[str, Any] | None = None
+    baseline_top_kernels: dict[str, Any] | None = None
 
 
 def analyse_dirs(
@@ -50,14 +53,22 @@ def analyse_dirs(
 
     run = AnalysedRun.of(read_run([Path(run_dir)]))
     out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
+    out.top_kernels = _top_kernels(run, step_pattern)
     if baseline_dir is not None:
         from tracekit.analyse.shortfall import shortfall
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))
         out.baseline_manifest = base.manifest
+        out.baseline_top_kernels = _top_kernels(base, step_pattern)
         out.shortfall = _to_json(shortfall(base, run))
     return out
+
+
+def _top_kernels(run: Any, step_pattern: str | None) -> dict[str, Any]:
+    from tracekit.analyse.kernels import top_kernels
+
+    return _to_json(top_kernels(run.events, run.steps(step_pattern).steps))
 
 
 def _to_json(result: Any) -> dict[str, Any]:
@@ -114,6 +125,8 @@ def report_from_analyses(
         links=links,
         manifest=a.manifest,
         baseline_manifest=a.baseline_manifest,
+        top_kernels=a.top_kernels,
+        baseline_top_kernels=a.baseline_top_kernels,
         run_path=run_path,
         baseline_path=baseline_path,
         links_note=links_note,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +28,15 @@ KIND = "tracekit.report"
 #: 1.3: per_rank, critical_path, straggler, term_words (shortfall); the dilation stated is the
 #: factor the shortfall applied, with its interval (the capture's host-clock figure only as a
 #: labelled cross-check: dilation.runs[].host_clock; manifests[].capture_dilation, was `dilation`)
-SCHEMA_VERSION = "1.3"
+#: 1.4: headline (the one line on top), runs[].top_kernels (top kernels per class in the steady
+#: steps), per_token_label (what the per-token chart plots)
+SCHEMA_VERSION = "1.4"
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
-#: order of the breakdown parts (the partition's priority order, METHOD.md section 4)
+#: order of the breakdown parts (the partition's priority order, docs/METHOD.md section Steps and the partition)
 PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
-#: order of the shortfall terms (METHOD.md section 6); coordination is split into its three parts
+#: order of the shortfall terms (docs/METHOD.md section Shortfall attribution); coordination is split into its three parts
 TERMS = ("compute", "memory", "transfer", "coordination")
 COORDINATION_PARTS = ("wait", "sync", "idle")
 #: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without the `_ns`)
@@ -98,6 +101,12 @@ def fmt_x_interval(ratio: float | None, interval: Any) -> str:
     return fmt_x(ratio) + (f" {iv}" if iv and ratio is not None else "")
 
 
+def prose(text: Any) -> str:
+    """A sentence for a reader: code spans (`name`) lose their backticks, which would show
+    literally on the page and in the Markdown (`md_esc` escapes them)."""
+    return re.sub(r"`([^`\n]+)`", r"\1", "" if text is None else str(text))
+
+
 def short_words(words: str) -> str:
     """A term's words without the parenthesis (for figure axes): "gloo's exchange after ..."."""
     return words.split(" (", 1)[0]
@@ -126,7 +135,10 @@ def fmt_bytes(n: int | None) -> str:
 class ReportData:
     """Everything a report shows, as plain JSON-able values (see docs/JSON.md#report).
 
-    - `verdict`: the one sentence on top (from the shortfall, or built from the breakdown alone).
+    - `headline`: the one line on top: TN vs ideal, S with its interval, the largest term's share, and
+      the cause on the critical path (`headline_line`).
+    - `verdict`: the shortfall's sentences (or one built from the breakdown alone).
+    - `per_token_label`: what the per-token chart plots (dilation-corrected or traced).
     - `diagnosis`: what to look at next (the shortfall's `diagnosis`), or "" without a baseline.
     - `dilation`: per run the dilation stated, which with a shortfall is the factor its correction
       applied (traced / unprofiled per-token mean) with its interval, and the capture's host-clock
@@ -175,6 +187,8 @@ class ReportData:
     critical_path: dict[str, Any] | None = None
     straggler: dict[str, Any] | None = None
     term_words: dict[str, str] = field(default_factory=dict)
+    headline: str = ""
+    per_token_label: str = ""
     extras: list[ExtraSection] = field(default_factory=list)
     title: str = "tracekit report"
     created: str = ""
@@ -185,7 +199,11 @@ class ReportData:
     def to_json(self) -> dict[str, Any]:
         """The document as a dict, `kind` and `schema_version` first."""
         d = asdict(self)
-        head = {"kind": d.pop("kind"), "schema_version": d.pop("schema_version")}
+        head = {
+            "kind": d.pop("kind"),
+            "schema_version": d.pop("schema_version"),
+            "headline": d.pop("headline"),
+        }
         d.pop("extras")
         extras = {"extras": [e.to_json() for e in self.extras]} if self.extras else {}
         # the extras (when given) after the report's own sections, before title/created/generator
@@ -677,6 +695,65 @@ def per_rank_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     return headers, rows
 
 
+#: kernel names longer than this are shortened in the tables (the HTML keeps the whole name as the
+#: cell's title)
+NAME_CHARS = 96
+
+
+def short_name(name: str) -> str:
+    return name if len(name) <= NAME_CHARS else name[: NAME_CHARS - 3] + "..."
+
+
+def top_kernel_rows(run: dict[str, Any]) -> list[tuple[str, str, str, str, str, str, bool]]:
+    """The top-kernels table of one run as text rows (class, name, count, total, mean, share,
+    is_class_row), for both renderers: per class a row with its totals, then its kernels, then how
+    many more names it has."""
+    tk = run.get("top_kernels") or {}
+    out: list[tuple[str, str, str, str, str, str, bool]] = []
+    for c, v in (tk.get("classes") or {}).items():
+        out.append((c, f"all {c}", _count(v["count"]), fmt_ms(v["total_ns"]), "", fmt_pct(v["share"]), True))
+        for k in v["kernels"]:
+            out.append(
+                (
+                    "",
+                    k["name"],
+                    _count(k["count"]),
+                    fmt_ms(k["total_ns"]),
+                    fmt_us(k["mean_ns"]),
+                    fmt_pct(k["share"]),
+                    False,
+                )
+            )
+        if v.get("more"):
+            out.append(("", f"... and {v['more']} more names", "", "", "", "", False))
+    return out
+
+
+def _count(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.0f}" if abs(x - round(x)) < 0.005 else f"{x:.2f}"
+
+
+TOP_KERNEL_HEADERS = [
+    "class",
+    "kernel",
+    "count per token",
+    "total per token",
+    "mean per call",
+    "share of the step",
+]
+
+
+def top_kernels_caption(run: dict[str, Any]) -> str:
+    tk = run.get("top_kernels") or {}
+    return (
+        f"{run['role']} run: top kernels per class, per token per rank over {tk.get('windows', 0)} steady "
+        f"step windows (traced durations; share of the mean traced step, {fmt_ms(tk.get('step_ns_mean'))}; "
+        "kernels on different streams may overlap)"
+    )
+
+
 def path_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     """The critical-path table both renderers print: per rank its compute / memory / transfer /
     host / sync / unknown on the path per token, its total and share of the token; then the offset,
@@ -733,6 +810,8 @@ def build_report_data(
     links: dict[str, Any] | list[dict[str, Any]] | None = None,
     manifest: dict[str, Any] | None = None,
     baseline_manifest: dict[str, Any] | None = None,
+    top_kernels: dict[str, Any] | None = None,
+    baseline_top_kernels: dict[str, Any] | None = None,
     run_path: str | None = None,
     baseline_path: str | None = None,
     links_note: str | None = None,
@@ -774,6 +853,9 @@ def build_report_data(
         runs.append(_run_section("baseline", baseline_path, baseline_breakdown, base_dil))
     runs.append(_run_section(role, run_path, breakdown, run_dil))
     main = runs[-1]
+    main["top_kernels"] = _top_kernels_section(top_kernels)
+    if baseline_breakdown is not None:
+        runs[0]["top_kernels"] = _top_kernels_section(baseline_top_kernels)
     for r in runs:
         notes += [f"{r['role']}: {n}" for n in r["data_quality_notes"]]
 
@@ -968,7 +1050,125 @@ def build_report_data(
         created=created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     data.key_figures = key_figures(data)
+    data.headline = headline_line(data, shortfall)
+    data.per_token_label = per_token_label(data)
     return data
+
+
+def _top_kernels_section(tk: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`tracekit.analyse.kernels.top_kernels`' result, its numbers as plain floats (None without one)."""
+    if not isinstance(tk, dict) or not tk.get("classes"):
+        return None
+    classes = {}
+    for c, v in tk["classes"].items():
+        classes[str(c)] = {
+            "count": _num(v.get("count")),
+            "total_ns": _num(v.get("total_ns")),
+            "share": _num(v.get("share")),
+            "more": int(v.get("more", 0) or 0),
+            "kernels": [
+                {
+                    "name": str(k.get("name", "")),
+                    "subclass": str(k.get("subclass", "")),
+                    "count": _num(k.get("count")),
+                    "total_ns": _num(k.get("total_ns")),
+                    "mean_ns": _num(k.get("mean_ns")),
+                    "share": _num(k.get("share")),
+                }
+                for k in v.get("kernels") or []
+            ],
+        }
+    return {
+        "windows": int(tk.get("windows", 0) or 0),
+        "step_ns_mean": _num(tk.get("step_ns_mean")),
+        "classes": classes,
+    }
+
+
+#: the critical path's components in words, for the headline (host depends on the timeline)
+_PATH_WORDS = {
+    "compute": "compute",
+    "memory": "memory copies",
+    "transfer": "transfer",
+    "sync": "syncs",
+    "unknown": "unclassified kernels",
+}
+
+
+def path_cause_short(data: ReportData) -> str:
+    """The largest component of the critical path and its rank, in a few words ("rank 1's host time
+    (launch gaps), 8.10 ms of the 12.02 ms token"); "" without a path."""
+    cp = data.critical_path
+    if not cp or not cp.get("by_rank"):
+        return ""
+    best = max(
+        ((int(r), p, row[f"{p}_ns"]) for r, row in cp["by_rank"].items() for p in PATH_PARTS),
+        key=lambda t: (t[2], -t[0]),
+    )
+    rank, part, ns = best
+    if ns <= 0:
+        return ""
+    gpu = (data.runs[-1].get("timeline") if data.runs else None) == "gpu"
+    if part == "host":
+        what = "host time (launch gaps)" if gpu else "host time between its ops"
+    elif part == "transfer":
+        what = short_words(data.term_words.get("transfer", "transfer"))
+    else:
+        what = _PATH_WORDS.get(part, part)
+    where = f"rank {rank}'s " if data.n_ranks > 1 else ""
+    return f"{where}{what}, {ns / 1e6:.2f} of {fmt_ms(cp['step_ns'], 2)}"
+
+
+def _interval_text(shortfall: dict[str, Any] | None, data: ReportData) -> str:
+    """S's interval for the headline: the shortfall's own 95% interval when it has one
+    (`interval_ns.shortfall` / `intervals_ns.shortfall`), else the p10-p90 spread over steps."""
+    sf = shortfall or {}
+    for key in ("interval_ns", "intervals_ns"):
+        iv = sf.get(key)
+        if isinstance(iv, dict):
+            v = iv.get("shortfall")
+            lo, hi = (_num(v[0]), _num(v[1])) if isinstance(v, list | tuple) and len(v) == 2 else (None, None)
+            if lo is not None and hi is not None:
+                return f" [95% {lo / 1e6:.2f}-{fmt_ms(hi, 2)}]"
+    a = data.attribution or {}
+    sp = (a.get("spread_ns") or {}).get("shortfall") or {}
+    if sp.get("p10") is not None and sp.get("p90") is not None:
+        return f" [p10-p90 over steps {sp['p10'] / 1e6:.2f}-{fmt_ms(sp['p90'], 2)}]"
+    return ""
+
+
+def headline_line(data: ReportData, shortfall: dict[str, Any] | None = None) -> str:
+    """The one line on top of every report: TN against the ideal, S with its interval, the term
+    that holds the run back with its share, and the cause on the critical path."""
+    a = data.attribution
+    n = data.n_ranks
+    pt = data.per_token_ns
+    if a is None or pt.get("sharded") is None or pt.get("ideal") is None:
+        return prose(data.verdict).split("; ", 1)[0].rstrip(".") + "."
+    s_ns = a["shortfall_ns"]
+    head = f"TP={n}: {fmt_ms(pt['sharded'], 2)} per token vs ideal {fmt_ms(pt['ideal'], 2)}"
+    if s_ns <= 0:
+        return f"{head}: no shortfall (S = {fmt_ms(s_ns, 2)})."
+    terms = a["terms_ns"]
+    top = max(terms, key=lambda t: terms[t])
+    word = {"transfer": "link transfer" if data.runs[-1].get("timeline") == "gpu" else "gloo exchange"}.get(
+        top, top
+    )
+    line = f"{head}; S = {fmt_ms(s_ns, 2)}{_interval_text(shortfall, data)}, {fmt_pct(terms[top] / s_ns, 0)} {word}"
+    cause = path_cause_short(data)
+    if cause:
+        line += f"; cause on the critical path: {cause}"
+    return line + "."
+
+
+def per_token_label(data: ReportData) -> str:
+    """What the per-token figures plot: dilation-corrected (traced / dilation) or traced."""
+    a = data.attribution
+    if a is None:
+        return "Per-token time (traced, median over steps)"
+    if a.get("per_token_source") == "unprofiled":
+        return "Per-token time, dilation-corrected (traced / dilation; mean over steady steps)"
+    return "Per-token time (traced, mean over steady steps; no unprofiled timing to correct it)"
 
 
 def key_figures(data: ReportData) -> list[dict[str, Any]]:

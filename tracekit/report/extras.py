@@ -514,24 +514,35 @@ def _diff(doc: Mapping[str, Any]) -> _Parts:
     p.add("relative", "relative change", rel, "share",
           None if rel is None else f"{rel:+.1%}" + _iv(iv.get("relative"), lambda x: f"{float(x):+.1%}"))  # fmt: skip
     by_part = doc.get("by_part") or {}
-    for group, caption in (("terms", "By term (per token)"), ("leaves", "By part (per token)")):
-        g = by_part.get(group) or {}
-        if not g:
-            continue
+    terms, leaves = by_part.get("terms") or {}, by_part.get("leaves") or {}
+
+    def row(label: str, v: Mapping[str, Any]) -> tuple[str, ...]:
+        return (
+            label,
+            fmt_ms(v.get("before_ns")),
+            fmt_ms(v.get("after_ns")),
+            _ms_signed(v.get("change_ns")),
+            _iv(v.get("interval_ns"), _ms_signed).strip(" []").replace(" to ", " .. "),
+        )
+
+    if terms or leaves:
+        # each term, then its parts indented under it (compute: matrix / vector; coordination: wait /
+        # sync / idle), as `tracekit diff` prints them; a part under no term stays on its own
+        subs = {"compute": ("matrix", "vector"), "coordination": ("wait", "sync", "idle")}
+        rows: list[tuple[str, ...]] = []
+        used: set[str] = set()
+        for k, v in terms.items():
+            rows.append(row(str(k), v))
+            for leaf in subs.get(str(k), ()):
+                if leaf in leaves and leaf != k:
+                    rows.append(row(f"  {k}: {leaf}", leaves[leaf]))
+                    used.add(leaf)
+        rows += [row(str(k), v) for k, v in leaves.items() if k not in used and k not in terms]
         p.tables.append(
             ExtraTable(
-                caption,
+                "By term and part (per token)",
                 ("part", "before", "after", "change", "95% interval of the change"),
-                tuple(
-                    (
-                        str(k),
-                        fmt_ms(v.get("before_ns")),
-                        fmt_ms(v.get("after_ns")),
-                        _ms_signed(v.get("change_ns")),
-                        _iv(v.get("interval_ns"), _ms_signed).strip(" []").replace(" to ", " .. "),
-                    )
-                    for k, v in g.items()
-                ),
+                tuple(rows),
             )
         )
     runs = doc.get("runs") or {}

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 from tracekit.report.data import (
     PARTS,
     PATH_PARTS,
+    TOP_KERNEL_HEADERS,
     ReportData,
     fmt_bytes,
     fmt_gbps,
@@ -35,33 +36,47 @@ from tracekit.report.data import (
     path_note,
     path_rows,
     per_rank_rows,
+    prose,
+    short_name,
     short_words,
     straggler_sentence,
+    top_kernel_rows,
+    top_kernels_caption,
 )
 
 #: colours per part, shared by every figure so a part has one colour on the page
+#: compute is blue, the link orange, coordination (wait, sync, idle, and host time on the critical
+#: path) in reds, browns and greys: one colour per class in every chart of the page
 PART_COLOURS = {
     "compute": "#4C78A8",
+    "matrix": "#4C78A8",
+    "vector": "#9ECAE9",
     "memory": "#72B7B2",
     "collective": "#F58518",
     "transfer": "#F58518",
+    "coordination": "#E45756",
     "wait": "#E45756",
     "unknown": "#B279A2",
     "sync": "#9D755D",
     "idle": "#BAB0AC",
     "host": "#EECA3B",
+    "host ops": "#4C78A8",
     "offset": "#D8D8D8",
+    "shortfall": "#333333",
 }
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}
-h1{font-size:1.5em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
-.verdict{font-size:1.25em;font-weight:600;background:#f3f6fa;border-left:5px solid #4C78A8;padding:.6em 1em;margin:.8em 0 .3em}
+h1{font-size:1.35em;margin:.2em 0 .3em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+.headline{font-size:1.15em;font-weight:650;background:#f3f6fa;border-left:5px solid #4C78A8;padding:.5em 1em;margin:.4em 0}
+.verdict{background:#f8f9fb;border-left:5px solid #c9d3df;padding:.5em 1em;margin:.6em 0 .3em}
+div.fig-first{min-height:360px} details{margin:.6em 0;padding:.3em .8em;border:1px solid #e4e4e4;border-radius:4px}
+summary{cursor:pointer;font-weight:600;color:#333} .swatch{display:inline-block;width:.8em;height:.8em;margin-right:.4em;border-radius:2px;vertical-align:-.05em}
 .dilation{margin:.2em 0 .2em 1.2em;color:#444}
 .warning{margin:.3em 0;padding:.4em 1em;background:#fff3cd;border-left:5px solid #e0a800;font-weight:600}
 table{border-collapse:collapse;margin:.5em 0;font-size:.92em} td,th{border:1px solid #ddd;padding:.25em .6em;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums} th{background:#f6f6f6}
-.fig{width:100%;min-height:380px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
+.fig{width:100%;min-height:300px} .note{color:#555;font-size:.92em} code{background:#f4f4f4;padding:0 .2em}
 .meta{color:#666;font-size:.85em} .verdict-sub{background:#f3f6fa;border-left:5px solid #EECA3B;padding:.4em 1em}
 """
 
@@ -134,75 +149,137 @@ def fig_per_token(data: ReportData) -> go.Figure | None:
             marker_color=[b[2] for b in bars],
             text=[fmt_ms(b[1]) for b in bars],
             textposition="outside",
+            cliponaxis=False,
             hovertemplate="%{x}: %{text}<extra></extra>",
         )
     )
-    if data.attribution:  # the shortfall's figures: exact means over the steady steps
-        source = data.attribution.get("per_token_source") or "trace"
-        title = f"Per-token time (mean over steady steps, {source} pass)"
-    else:
-        title = "Per-token time (median over steps)"
-    fig.update_layout(**_layout(title, yaxis_title="ms per token", showlegend=False))
+    title = data.per_token_label or "Per-token time"
+    fig.update_layout(**_layout(esc(title), yaxis_title="ms per token", showlegend=False, height=340))
     return fig
 
 
+def _term_colour(term: str) -> str:
+    """A waterfall term's colour: its class's (coordination.wait -> wait, ...)."""
+    leaf = term.split(".")[-1]
+    return PART_COLOURS.get(leaf, PART_COLOURS.get(term.split(".")[0], "#999999"))
+
+
 def fig_waterfall(data: ReportData) -> go.Figure | None:
+    """The shortfall's terms as floating bars, each in its class's colour, then S: a waterfall drawn
+    with bars on a base (plotly's own waterfall trace colours bars only by sign, so compute and
+    coordination would look alike; bars also keep the page's plotly.js to the basic bundle)."""
     a = data.attribution
     if a is None:
         return None
     steps = a["waterfall"]
     s_ns = a["shortfall_ns"]
-    labels = [esc(short_words(w["label"])) for w in steps] + ["shortfall S"]
-    values = [w["ns"] / 1e6 for w in steps] + [s_ns / 1e6]
-    texts = [fmt_ms(w["ns"]) for w in steps] + [fmt_ms(s_ns)]
+    labels, bases, heights, colours, texts = [], [], [], [], []
+    at = 0
+    for w in steps:
+        labels.append(esc(short_words(w["label"])))
+        bases.append(at / 1e6)
+        heights.append(w["ns"] / 1e6)
+        colours.append(_term_colour(w["term"]))
+        share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
+        texts.append(fmt_ms(w["ns"]) + share)
+        at += w["ns"]
+    labels.append("shortfall S")
+    bases.append(0.0)
+    heights.append(s_ns / 1e6)
+    colours.append(PART_COLOURS["shortfall"])
+    texts.append(fmt_ms(s_ns))
     fig = go.Figure(
-        go.Waterfall(
+        go.Bar(
             x=labels,
-            y=values,
-            measure=["relative"] * len(steps) + ["total"],
+            y=heights,
+            base=bases,
+            marker_color=colours,
             text=texts,
             textposition="outside",
+            cliponaxis=False,
             hovertemplate="%{x}: %{text}<extra></extra>",
-            connector={"line": {"color": "#999"}},
         )
     )
     fig.update_layout(
         **_layout(
-            f"Where the shortfall S = T{data.n_ranks} - T1/{data.n_ranks} goes (terms sum to S)",
+            f"Where the shortfall S = T{data.n_ranks} - T1/{data.n_ranks} goes, per token (terms sum to S)",
             yaxis_title="ms per token",
             showlegend=False,
+            height=360,
+            margin={"l": 60, "r": 20, "t": 40, "b": 40},
         )
     )
     return fig
 
 
+#: ranks drawn in the per-step chart of one run (more would make each row too thin to read)
+STEP_CHART_RANKS = 8
+
+
 def fig_steps(run: dict[str, Any]) -> go.Figure | None:
+    """Per-step parts, one row per rank (up to STEP_CHART_RANKS), steps on a numeric axis so the
+    ticks thin out by themselves: readable at 200 steps as at 8."""
     steps = sorted(run["steps"], key=lambda s: (s["rank"], s["step"]))
     if not steps:
         return None
-    x = [[f"rank {s['rank']}" for s in steps], [str(s["step"]) for s in steps]]
+    ranks = sorted({s["rank"] for s in steps})
+    if len(ranks) > STEP_CHART_RANKS:  # first, last and evenly spaced between
+        idx = sorted({round(i * (len(ranks) - 1) / (STEP_CHART_RANKS - 1)) for i in range(STEP_CHART_RANKS)})
+        ranks = [ranks[i] for i in idx]
+    rows = len(ranks)
+    gap = 0.06 if rows > 1 else 0.0
+    h = (1.0 - gap * (rows - 1)) / rows
     fig = go.Figure()
-    for part in PARTS:
-        ys = [s["parts_ns"].get(part, 0) / 1e6 for s in steps]
-        if not any(ys):
-            continue
-        fig.add_trace(
-            go.Bar(
-                name=part,
-                x=x,
-                y=ys,
-                marker_color=PART_COLOURS.get(part),
-                customdata=[esc(s["name"]) for s in steps],
-                hovertemplate=part + " %{y:.3f} ms<br>%{customdata}<extra></extra>",
+    layout_axes: dict[str, Any] = {}
+    shown: set[str] = set()
+    for i, rank in enumerate(ranks):
+        mine = [s for s in steps if s["rank"] == rank]
+        ax = "" if i == 0 else str(i + 1)
+        top = 1.0 - i * (h + gap)
+        layout_axes[f"yaxis{ax}"] = {
+            "domain": [max(top - h, 0.0), top],
+            "title": {"text": f"rank {rank}<br>ms"},
+            "rangemode": "tozero",
+        }
+        layout_axes[f"xaxis{ax}"] = {
+            "anchor": f"y{ax}",
+            "matches": "x" if i else None,
+            "showticklabels": i == rows - 1,
+            "title": {"text": "step" if i == rows - 1 else ""},
+        }
+        for part in PARTS:
+            ys = [s["parts_ns"].get(part, 0) / 1e6 for s in mine]
+            if not any(ys):
+                continue
+            fig.add_trace(
+                go.Bar(
+                    name=part,
+                    legendgroup=part,
+                    showlegend=part not in shown,
+                    x=[s["step"] for s in mine],
+                    y=ys,
+                    xaxis=f"x{ax}",
+                    yaxis=f"y{ax}",
+                    marker={"color": PART_COLOURS.get(part), "line": {"width": 0}},
+                    customdata=[esc(s["name"]) for s in mine],
+                    hovertemplate=f"rank {rank} step %{{x}}<br>{part} %{{y:.3f}} ms<br>%{{customdata}}<extra></extra>",
+                )
             )
-        )
+            shown.add(part)
+    for v in layout_axes.values():
+        if v.get("matches") is None:
+            v.pop("matches", None)
+    n_steps = len({s["step"] for s in steps})
     fig.update_layout(
         **_layout(
-            f"Per-step parts per rank, {esc(run['role'])} run (rank, step)",
+            f"Per-step parts, {esc(run['role'])} run ({n_steps} steps"
+            + (f"; {rows} of {len(run['ranks'])} ranks" if rows < len(run.get("ranks") or ranks) else "")
+            + ")",
             barmode="stack",
-            yaxis_title="ms",
-            legend={"orientation": "h", "y": -0.2},
-            height=440,
+            bargap=0.1 if n_steps < 60 else 0.0,
+            legend={"orientation": "h", "y": -0.12 if rows > 2 else -0.25},
+            height=150 * rows + 150,
+            **layout_axes,
         )
     )
     return fig
@@ -286,7 +363,7 @@ def fig_collectives(data: ReportData) -> go.Figure | None:
 
 def fig_busbw(data: ReportData) -> go.Figure | None:
     b = data.busbw
-    if not b["trace"] and not b["probes"]:
+    if not b["probes"]:  # trace points alone are the collectives table's: no empty log-log grid
         return None
     fig = go.Figure()
     for curve in b["probes"]:
@@ -455,7 +532,7 @@ def _critical_path_section(data: ReportData, fig_div: str) -> str:
     headers, rows = path_rows(data)
     out = ["<h2>Critical path</h2>"]
     if cp.get("cause"):
-        out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(cp["cause"])}</b></p>')
+        out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(prose(cp["cause"]))}</b></p>')
     out += [
         fig_div,
         _text_table(headers, rows, ' id="critical-path"'),
@@ -541,13 +618,43 @@ def _kernels_tables(data: ReportData) -> str:
     return "\n".join(out)
 
 
+def _top_kernels_html(data: ReportData) -> str:
+    out = []
+    for run in data.runs:
+        rows = top_kernel_rows(run)
+        if not rows:
+            continue
+        cells = []
+        for c, name, cnt, tot, mean, share, is_class in rows:
+            shown = esc(short_name(name))
+            label = f"<b>{shown}</b>" if is_class else f'<span title="{esc(name)}">{shown}</span>'
+            swatch = (
+                f'<span class="swatch" style="background:{PART_COLOURS.get(c, "#999")}"></span>{esc(c)}'
+                if c
+                else ""
+            )
+            cells.append(
+                [
+                    (swatch, False),
+                    (label, False),
+                    (esc(cnt), True),
+                    (esc(tot), True),
+                    (esc(mean), True),
+                    (esc(share), True),
+                ]
+            )
+        out.append(f"<h3>{esc(top_kernels_caption(run))}</h3>")
+        out.append(_table([esc(h) for h in TOP_KERNEL_HEADERS], cells, ' class="top-kernels"'))
+    return "\n".join(out)
+
+
 def _links_section(data: ReportData) -> str:
     L = data.links
     if L is None:
         return ""
     out = []
     if L.get("verdict"):
-        out.append(f'<p class="links-verdict"><b>{esc(L["verdict"])}</b></p>')
+        out.append(f'<p class="links-verdict"><b>{esc(prose(L["verdict"]))}</b></p>')
     if L.get("modes"):
         out.append(f"<p>Modes: {esc(', '.join(str(m) for m in L['modes']))}</p>")
     transports = L.get("transports") or {}
@@ -564,6 +671,12 @@ def _links_section(data: ReportData) -> str:
     return "\n".join(out)
 
 
+def _indented(cell: str) -> str:
+    """A cell escaped, its leading spaces (a sub-row's indent) kept as non-breaking spaces."""
+    stripped = cell.lstrip(" ")
+    return "&nbsp;&nbsp;" * (len(cell) - len(stripped)) + esc(stripped)
+
+
 def _extras_section(data: ReportData) -> str:
     """One section per --extra result (answer, figures with data-key, tables, lines, notes)."""
     out = []
@@ -572,7 +685,7 @@ def _extras_section(data: ReportData) -> str:
         out.append(f'<section class="extra" id="{sid}"><h2>{esc(x.title)}</h2>')
         if x.path:
             out.append(f'<p class="meta">From <code>{esc(x.path)}</code>.</p>')
-        out.append(f'<p class="verdict">{esc(x.answer)}</p>')
+        out.append(f'<p class="verdict">{esc(prose(x.answer))}</p>')
         if x.figures:
             rows = "".join(
                 f'<tr><td>{esc(f["label"])}</td><td class=num data-key="{esc(f["key"])}">{esc(f["text"])}</td></tr>'
@@ -586,12 +699,12 @@ def _extras_section(data: ReportData) -> str:
             out.append(
                 _table(
                     [esc(h) for h in t.headers],
-                    [[(esc(c), i not in t.text_columns) for i, c in enumerate(r)] for r in t.rows],
+                    [[(_indented(c), i not in t.text_columns) for i, c in enumerate(r)] for r in t.rows],
                 )
             )
-        out += [f'<p class="note">{esc(line)}</p>' for line in x.lines]
+        out += [f'<p class="note">{esc(prose(line))}</p>' for line in x.lines]
         if x.notes:
-            out.append("<ul>" + "".join(f'<li class="note">{esc(n)}</li>' for n in x.notes) + "</ul>")
+            out.append("<ul>" + "".join(f'<li class="note">{esc(prose(n))}</li>' for n in x.notes) + "</ul>")
         out.append("</section>")
     return "\n".join(out)
 
@@ -638,14 +751,44 @@ def _manifest_section(data: ReportData) -> str:
 # the page
 
 
+#: the plotly.js build inlined in the page: plotly.js-basic-dist-min (npm, MIT; bar, pie and scatter
+#: traces: every chart of the report is a bar or a scatter), 1.2 MB against 4.8 MB for the full
+#: bundle plotly.py ships; its licence is beside it (assets/PLOTLY-LICENSE.txt)
+BASIC_BUNDLE = "plotly-basic.min.js"
+BASIC_VERSION = "4.1.1"
+#: TRACEKIT_PLOTLYJS=/path/to/plotly.min.js inlines another build (a full one for custom figures)
+PLOTLYJS_ENV = "TRACEKIT_PLOTLYJS"
+
+
+def plotly_js() -> tuple[str, str]:
+    """The plotly.js inlined in the page and which one it is: $TRACEKIT_PLOTLYJS when set, else the
+    basic bundle shipped in tracekit/report/assets when plotly.py's own plotly.js is of the same
+    major version (the figures' JSON is plotly.py's), else plotly.py's full bundle."""
+    import os
+    from importlib import resources
+
+    from plotly.offline import get_plotlyjs, get_plotlyjs_version
+
+    override = os.environ.get(PLOTLYJS_ENV)
+    if override:
+        from pathlib import Path
+
+        return Path(override).read_text(encoding="utf-8"), override
+    asset = resources.files("tracekit.report").joinpath("assets", BASIC_BUNDLE)
+    if asset.is_file() and get_plotlyjs_version().split(".")[0] == BASIC_VERSION.split(".")[0]:
+        return asset.read_text(encoding="utf-8"), f"plotly.js-basic-dist-min {BASIC_VERSION}"
+    return get_plotlyjs(), f"plotly.js {get_plotlyjs_version()} (full bundle of plotly.py)"
+
+
 def _plotly_script(offline: bool) -> str:
+    if offline:
+        js, _ = plotly_js()
+        return f'<script charset="utf-8">{js}</script>'
     from plotly.io._utils import plotly_cdn_url
     from plotly.offline import get_plotlyjs
 
-    js = get_plotlyjs()
-    if offline:
-        return f'<script charset="utf-8">{js}</script>'
-    sri = "sha384-" + base64.b64encode(hashlib.sha384(js.encode("utf-8")).digest()).decode()
+    # the CDN serves plotly.py's own full bundle: the integrity hash is that file's
+    sri = "sha384-" + base64.b64encode(hashlib.sha384(get_plotlyjs().encode("utf-8")).digest()).decode()
     return f'<script charset="utf-8" src="{esc(plotly_cdn_url())}" integrity="{sri}" crossorigin="anonymous"></script>'
 
 
@@ -665,11 +808,55 @@ _BOOT = """
 """
 
 
+def _dilation_details(data: ReportData) -> str:
+    """The profiler's dilation, the cross-check and the reconciliation: collapsed under one line
+    (the figures are on the page; the reader opens it for how the traced parts were corrected)."""
+    d = data.dilation
+    known = [r for r in d["runs"] if r.get("dilation") is not None]
+    figures = ", ".join(f"{r['run']} {fmt_x_interval(r['dilation'], r.get('interval'))}" for r in known)
+    if known:
+        corrected = (data.attribution or {}).get("per_token_source") == "unprofiled"
+        how = "removed from the per-token times" if corrected else "not removed"
+        summary = f"Profiler dilation {figures} ({how}){'; above the threshold' if d.get('inflated') else ''}: how the traced parts were reconciled"
+    else:
+        summary = "Profiler dilation unknown (no unprofiled timing)"
+    inner = [f'<p class="dilation" id="dilation">{esc(prose(d["sentence"]))}</p>']
+    if d.get("cross_check"):
+        inner.append(f'<p class="dilation" id="dilation-cross-check">{esc(prose(d["cross_check"]))}</p>')
+    if d.get("warning"):
+        inner.append(f'<p class="warning" id="dilation-warning">{esc(prose(d["warning"]))}</p>')
+    if d.get("reconciliation"):
+        inner.append(
+            f'<p class="dilation" id="reconciliation">Reconciliation: {esc(prose(d["reconciliation"]))}</p>'
+        )
+    a = data.attribution
+    if a is not None:
+        unc = a.get("uncorrected")
+        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
+            inner.append(
+                f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(unc.get("shortfall_ns")))} per token.</p>'
+            )
+    inner.append(_dilation_table(data))
+    caution = (
+        f'<p class="warning" id="dilation-caution">{esc(prose(d["caution"]))}</p>' if d.get("caution") else ""
+    )
+    return (
+        f'{caution}<details id="dilation-details"><summary>{esc(summary)}</summary>'
+        + "\n".join(x for x in inner if x)
+        + "</details>"
+    )
+
+
 def render_html(data: ReportData, *, offline: bool = True) -> str:
-    """The whole page as a string; `offline` (the default) inlines plotly.js, False links the CDN."""
+    """The whole page as a string; `offline` (the default) inlines plotly.js, False links the CDN.
+
+    Answer first: the headline line and the waterfall fill the first screen; the verdict's
+    sentences, the attribution table and the critical path follow; dilation and reconciliation
+    sit in a collapsed section; the per-step charts, collectives, top kernels, probes, the
+    other commands' sections and the manifest come after."""
     figures: dict[str, go.Figure | None] = {
-        "fig-per-token": fig_per_token(data),
         "fig-waterfall": fig_waterfall(data),
+        "fig-per-token": fig_per_token(data),
     }
     for i, run in enumerate(data.runs):
         figures[f"fig-steps-{i}"] = fig_steps(run)
@@ -678,10 +865,9 @@ def render_html(data: ReportData, *, offline: bool = True) -> str:
     figures["fig-busbw"] = fig_busbw(data)
     fig_json = {k: _clean(f.to_plotly_json()) for k, f in figures.items() if f is not None}
 
-    def div(fid: str) -> str:
-        return f'<div id="{fid}" class="fig"></div>' if fid in fig_json else ""
+    def div(fid: str, cls: str = "fig") -> str:
+        return f'<div id="{fid}" class="{cls}"></div>' if fid in fig_json else ""
 
-    d = data.dilation
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -690,51 +876,55 @@ def render_html(data: ReportData, *, offline: bool = True) -> str:
         _plotly_script(offline),
         "</head><body>",
         f"<h1>{esc(data.title)}</h1>",
-        f'<p class="meta">{esc(data.generator)}, {esc(data.created)}; report schema {esc(data.kind)} {esc(data.schema_version)}</p>',
-        f'<p class="verdict" id="verdict">{esc(data.verdict)}</p>',
-        (f'<p class="diagnosis" id="diagnosis">Next: {esc(data.diagnosis)}</p>' if data.diagnosis else ""),
-        f'<p class="dilation" id="dilation">{esc(d["sentence"])}</p>',
+        f'<p class="headline" id="headline">{esc(prose(data.headline or data.verdict))}</p>',
     ]
-    if d.get("cross_check"):
-        parts.append(f'<p class="dilation" id="dilation-cross-check">{esc(d["cross_check"])}</p>')
-    if d.get("warning"):
-        parts.append(f'<p class="warning" id="dilation-warning">{esc(d["warning"])}</p>')
-    if d.get("caution"):
-        parts.append(f'<p class="warning" id="dilation-caution">{esc(d["caution"])}</p>')
-    if d.get("reconciliation"):
-        parts.append(f'<p class="dilation">Reconciliation: {esc(d["reconciliation"])}</p>')
-    parts += ["<h2>Key figures</h2>", _key_figures_table(data), _dilation_table(data)]
-    parts += ["<h2>Per-token time</h2>", div("fig-per-token")]
     if data.attribution is not None:
-        parts += ["<h2>Shortfall attribution</h2>", div("fig-waterfall"), _attribution_table(data)]
-        unc = data.attribution.get("uncorrected")
-        src = data.attribution.get("per_token_source")
+        parts.append(div("fig-waterfall", "fig fig-first"))
+    parts += [
+        f'<p class="verdict" id="verdict">{esc(prose(data.verdict))}</p>',
+        (
+            f'<p class="diagnosis" id="diagnosis">Next: {esc(prose(data.diagnosis))}</p>'
+            if data.diagnosis
+            else ""
+        ),
+        _dilation_details(data),
+    ]
+    if data.attribution is not None:
+        parts += ["<h2>Shortfall attribution</h2>", _attribution_table(data)]
         if data.attribution.get("aggregate"):
-            parts.append(f'<p class="note">Aggregate over ranks: {esc(data.attribution["aggregate"])}.</p>')
-        if src:
-            parts.append(f'<p class="note">Per-token times from the {esc(src)} pass.</p>')
-        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
             parts.append(
-                f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(unc.get("shortfall_ns")))} per token.</p>'
+                f'<p class="note">Aggregate over ranks: {esc(prose(data.attribution["aggregate"]))}.</p>'
             )
         parts.append(_per_rank_section(data))
     parts.append(_critical_path_section(data, div("fig-critical-path")))
+    parts += ["<h2>Per-token time</h2>", div("fig-per-token")]
+    parts += [
+        f'<details id="key-figures-details"><summary>All key figures ({len(data.key_figures)})</summary>',
+        _key_figures_table(data),
+        "</details>",
+    ]
     parts.append("<h2>Per-step parts per rank</h2>")
     for i, _run in enumerate(data.runs):
         parts.append(div(f"fig-steps-{i}"))
     if data.collectives is not None:
         parts += ["<h2>Collectives: wait vs transfer</h2>", div("fig-collectives"), _collectives_tables(data)]
+    top = _top_kernels_html(data)
+    kern = _kernels_tables(data)
+    if top or kern:
+        parts += ["<h2>Kernels</h2>", top, kern]
     if "fig-busbw" in fig_json or data.links is not None:
         parts += ["<h2>Realised bandwidth and link probes</h2>", div("fig-busbw"), _links_section(data)]
     parts.append(_extras_section(data))
-    kern = _kernels_tables(data)
-    if kern:
-        parts += ["<h2>Kernels</h2>", kern]
     parts += ["<h2>What ran, where (manifest)</h2>", _manifest_section(data)]
     if data.notes:
         parts.append(
-            "<h2>Notes</h2><ul>" + "".join(f'<li class="note">{esc(n)}</li>' for n in data.notes) + "</ul>"
+            "<h2>Notes</h2><ul>"
+            + "".join(f'<li class="note">{esc(prose(n))}</li>' for n in data.notes)
+            + "</ul>"
         )
+    parts.append(
+        f'<p class="meta">{esc(data.generator)}, {esc(data.created)}; report schema {esc(data.kind)} {esc(data.schema_version)}</p>'
+    )
     parts.append(f'<script type="application/json" id="tk-figures">{safe_json(fig_json)}</script>')
     parts.append(f"<script>{_BOOT}</script>")
     parts.append("</body></html>")

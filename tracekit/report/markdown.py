@@ -14,6 +14,7 @@ from typing import Any
 
 from tracekit.report.data import (
     PARTS,
+    TOP_KERNEL_HEADERS,
     ReportData,
     fmt_bytes,
     fmt_gbps,
@@ -25,7 +26,11 @@ from tracekit.report.data import (
     path_note,
     path_rows,
     per_rank_rows,
+    prose,
+    short_name,
     straggler_sentence,
+    top_kernel_rows,
+    top_kernels_caption,
 )
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
@@ -61,9 +66,29 @@ def md_ours(value: Any) -> str:
     return text.replace("\r", " ").replace("\n", " ")
 
 
+#: a cell that reads as a number: a signed figure, a percentage, a ratio, an interval, "n/a"
+_NUMERIC = re.compile(r"^(\*\*)?[-+~]?(\d|\.\d|n/a\b)")
+
+
+def _is_numeric(cells: list[str]) -> bool:
+    filled = [c.strip() for c in cells if c.strip()]
+    return bool(filled) and all(_NUMERIC.match(c) for c in filled)
+
+
+def _indent(cell: str) -> str:
+    """Leading spaces (a sub-row's indent) as non-breaking spaces: Markdown trims a cell's spaces."""
+    stripped = cell.lstrip(" ")
+    return "&nbsp;" * (len(cell) - len(stripped)) + stripped
+
+
 def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    """A Markdown table: number columns right-aligned (every filled cell of the column reads as a
+    number; the first column is a label), sub-rows' leading spaces kept."""
+    align = ["---"] + [
+        "---:" if _is_numeric([r[i] for r in rows if i < len(r)]) else "---" for i in range(1, len(headers))
+    ]
+    out = ["| " + " | ".join(headers) + " |", "|" + "|".join(align[: len(headers)]) + "|"]
+    out += ["| " + " | ".join(_indent(c) for c in r) + " |" for r in rows]
     return out + [""]
 
 
@@ -88,7 +113,7 @@ def _critical_path_md(data: ReportData) -> list[str]:
         return []
     out = ["## Critical path", ""]
     if cp.get("cause"):
-        out += [f"**{md_esc(cp['cause'])}**", ""]
+        out += [f"**{md_esc(prose(cp['cause']))}**", ""]
     headers, rows = path_rows(data)
     out += _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
     out += [md_esc(path_note(cp)), ""]
@@ -103,7 +128,7 @@ def _extras_md(data: ReportData) -> list[str]:
         out += [f"## {md_esc(x.title)}", ""]
         if x.path:
             out += [f"From {md_code(x.path)}.", ""]
-        out += [f"**{md_esc(x.answer)}**", ""]
+        out += [f"**{md_esc(prose(x.answer))}**", ""]
         if x.figures:
             out += _table(
                 ["figure", "value", "key"],
@@ -116,38 +141,47 @@ def _extras_md(data: ReportData) -> list[str]:
                 [[md_esc(c) if i in t.text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
             )
         for line in x.lines:
-            out += [md_esc(line), ""]
+            out += [md_esc(prose(line)), ""]
         if x.notes:
-            out += [f"- {md_esc(n)}" for n in x.notes] + [""]
+            out += [f"- {md_esc(prose(n))}" for n in x.notes] + [""]
     return out
 
 
-def render_markdown(data: ReportData) -> str:
-    lines: list[str] = [f"# {md_esc(data.title)}", ""]
-    lines += [f"**{md_esc(data.verdict)}**", ""]
-    if data.diagnosis:
-        lines += [f"Next: {md_esc(data.diagnosis)}", ""]
+def _dilation_md(data: ReportData) -> list[str]:
+    """The profiler's dilation, the cross-check, the warning and the reconciliation, collapsed under
+    one line (<details>, which GitHub and most renderers fold)."""
     d = data.dilation
-    lines += [md_ours(d["sentence"]), ""]
+    known = [r for r in d["runs"] if r.get("dilation") is not None]
+    if known:
+        figs = ", ".join(f"{r['run']} {fmt_x_interval(r['dilation'], r.get('interval'))}" for r in known)
+        corrected = (data.attribution or {}).get("per_token_source") == "unprofiled"
+        how = "removed from the per-token times" if corrected else "not removed"
+        summary = f"Profiler dilation {figs} ({how}): how the traced parts were reconciled"
+    else:
+        summary = "Profiler dilation unknown (no unprofiled timing)"
+    out = ["<details>", f"<summary>{html.escape(summary, quote=False)}</summary>", ""]
+    out += [md_ours(prose(d["sentence"])), ""]
     if d.get("cross_check"):
-        lines += [md_ours(d["cross_check"]), ""]
+        out += [md_ours(prose(d["cross_check"])), ""]
     if d.get("warning"):
-        lines += [f"> **{md_esc(d['warning'])}**", ""]
-    if d.get("caution"):
-        lines += [f"> **{md_esc(d['caution'])}**", ""]
+        out += [f"> **{md_esc(prose(d['warning']))}**", ""]
     if d.get("reconciliation"):
-        lines += [f"Reconciliation: {md_esc(d['reconciliation'])}", ""]
+        out += [f"Reconciliation: {md_esc(prose(d['reconciliation']))}", ""]
+    a = data.attribution
+    if a is not None:
+        unc = a.get("uncorrected")
+        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
+            out += [f"Uncorrected (trace-only) shortfall: {fmt_ms(unc.get('shortfall_ns'))} per token.", ""]
+    out += _dilation_table_md(data)
+    return out + ["</details>", ""]
 
-    lines += ["## Key figures", ""]
-    lines += _table(
-        ["figure", "value", "key"],
-        [[md_esc(k["label"]), md_esc(k["text"]), f"`{k['key']}`"] for k in data.key_figures],
-    )
 
+def _dilation_table_md(data: ReportData) -> list[str]:
+    d = data.dilation
     applied = [r for r in d["runs"] if r.get("source") == "applied" and r.get("dilation") is not None]
     dil_runs = [r for r in d["runs"] if r.get("unprofiled_median_ns") is not None]
     if applied:
-        lines += _table(
+        return _table(
             [
                 "run",
                 "dilation applied (95% interval)",
@@ -169,8 +203,8 @@ def render_markdown(data: ReportData) -> str:
                 for r in applied
             ],
         )
-    elif dil_runs:
-        lines += _table(
+    if dil_runs:
+        return _table(
             [
                 "run",
                 "per token, unprofiled (median)",
@@ -187,27 +221,73 @@ def render_markdown(data: ReportData) -> str:
                 for r in dil_runs
             ],
         )
+    return []
 
+
+def _attribution_md(data: ReportData) -> list[str]:
+    """The shortfall's terms (the waterfall's numbers; coordination's parts as indented sub-rows)."""
+    a = data.attribution
+    if a is None:
+        return []
+    rows = []
+    for w in a["waterfall"]:
+        term = w["term"]
+        spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
+        share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
+        sp = f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}" if spread else ""
+        rows.append([md_esc(w["label"]), fmt_ms(w["ns"]), fmt_pct(share), sp])
+    rows.append(["**shortfall S**", f"**{fmt_ms(a['shortfall_ns'])}**", "100.0%", ""])
+    return _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
+
+
+def _top_kernels_md(data: ReportData) -> list[str]:
+    out: list[str] = []
+    for run in data.runs:
+        rows = top_kernel_rows(run)
+        if not rows:
+            continue
+        out += [f"### {md_esc(top_kernels_caption(run))}", ""]
+        out += _table(
+            list(TOP_KERNEL_HEADERS),
+            [
+                [
+                    f"**{md_esc(c)}**" if is_class else "",
+                    f"**{md_esc(name)}**" if is_class else md_esc(short_name(name)),
+                    cnt,
+                    tot,
+                    mean,
+                    share,
+                ]
+                for c, name, cnt, tot, mean, share, is_class in rows
+            ],
+        )
+    return out
+
+
+def render_markdown(data: ReportData) -> str:
+    """Answer first: the headline line, the attribution (the waterfall's numbers), the verdict's
+    sentences; dilation and reconciliation folded; then the detail sections."""
+    lines: list[str] = [f"# {md_esc(data.title)}", ""]
+    lines += [f"**{md_ours(prose(data.headline or data.verdict))}**", ""]
+    lines += _attribution_md(data)
+    lines += [md_esc(prose(data.verdict)), ""]
+    if data.diagnosis:
+        lines += [f"Next: {md_esc(prose(data.diagnosis))}", ""]
+    if data.dilation.get("caution"):
+        lines += [f"> **{md_esc(prose(data.dilation['caution']))}**", ""]
+    lines += _dilation_md(data)
     a = data.attribution
     if a is not None:
-        lines += ["## Shortfall attribution", ""]
-        rows = []
-        for w in a["waterfall"]:
-            term = w["term"]
-            spread = (
-                a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-            )
-            share = w["ns"] / a["shortfall_ns"] if a["shortfall_ns"] else None
-            sp = f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}" if spread else ""
-            rows.append([md_esc(w["label"]), fmt_ms(w["ns"]), fmt_pct(share), sp])
-        rows.append(["**shortfall S**", fmt_ms(a["shortfall_ns"]), "100.0%", ""])
-        lines += _table(["term", "per token", "share of S", "spread over steps (p10 .. p90)"], rows)
         if a.get("aggregate"):
-            lines += [f"Aggregate over ranks: {md_esc(a['aggregate'])}.", ""]
-        if a.get("per_token_source"):
-            lines += [f"Per-token times from the {md_esc(a['per_token_source'])} pass.", ""]
+            lines += [f"Aggregate over ranks: {md_esc(prose(a['aggregate']))}.", ""]
         lines += _per_rank_md(data)
     lines += _critical_path_md(data)
+
+    lines += ["## Key figures", ""]
+    lines += _table(
+        ["figure", "value", "key"],
+        [[md_esc(k["label"]), md_esc(k["text"]), f"`{k['key']}`"] for k in data.key_figures],
+    )
 
     lines += ["## Per-rank medians", ""]
     for run in data.runs:
@@ -269,7 +349,7 @@ def render_markdown(data: ReportData) -> str:
         lines += ["## Realised bandwidth and link probes", ""]
         L = data.links or {}
         if L.get("verdict"):
-            lines += [f"**{md_esc(L['verdict'])}**", ""]
+            lines += [f"**{md_esc(prose(L['verdict']))}**", ""]
         for n in L.get("notes") or []:
             lines += [f"- {md_esc(n)}"]
         if L.get("notes"):
@@ -292,6 +372,9 @@ def render_markdown(data: ReportData) -> str:
                 [[fmt_bytes(p["bytes"]), fmt_gbps(p["busbw_gbps"])] for p in curve["points"]],
             )
 
+    top = _top_kernels_md(data)
+    if top:
+        lines += ["## Top kernels per class", "", *top]
     lines += _extras_md(data)
 
     for run in data.runs:
@@ -335,7 +418,7 @@ def render_markdown(data: ReportData) -> str:
         lines += _table(["field", "value"], rows)
 
     if data.notes:
-        lines += ["## Notes", ""] + [f"- {md_esc(n)}" for n in data.notes] + [""]
+        lines += ["## Notes", ""] + [f"- {md_esc(prose(n))}" for n in data.notes] + [""]
     lines += [
         f"_{md_esc(data.generator)}, {md_esc(data.created)}; schema {data.kind} {data.schema_version}_",
         "",

@@ -1,0 +1,301 @@
+"""Which kernels did not shrink: the compute term of S split kernel by kernel (docs/METHOD.md
+section Compute that did not shrink).
+
+The shortfall's compute term is `C_N - C_1 / N` per token (the partition's compute part, mean over
+ranks). Sharding splits the matrix work N ways, but a TP layout also *replicates* work on every
+rank (norms, rotary, embedding lookups, sampling, residual adds) and some sharded kernels do not
+get N times faster (a GEMM that no longer fills the GPU). This module says which.
+
+Per rank and steady step, the compute kernels are taken in launch order (device start order).
+Each run's **canonical sequence** is the most frequent kernel-name sequence of its steps (the
+decode step repeats the same program); the per-position time is the mean over the steps (and the
+ranks) that follow it exactly. The TP=1 and TP=N sequences are aligned by name (longest matching
+blocks, `difflib`; every matrix kernel has one key, so a GEMM that became another kernel at the
+smaller shard keeps its place), and a replaced block of equal length is paired position by position (the same
+operation, another kernel chosen for the smaller shard: a GEMM tile config). Each aligned position
+gets its lost time `t_N - t_1 / N` and a class from its ratio `r = t_N / t_1`:
+
+- **replicated** (`r >= 1 - tol`): the work did not shrink at all (the layout repeats it per rank);
+- **shrank** (`r <= (1 + tol) / N`): it shrank N-fold;
+- **partly shrank**: sharded, but shrank less than N-fold;
+- **added** / **removed**: kernels only in the sharded / the baseline run's sequence.
+
+The kernels' lost times plus a **residual** (what kernel sums do not see: kernels overlapping on
+streams, steps off the canonical sequence, the difference between the mean over all steady steps
+and over the canonical ones, the reconciliation) sum exactly to the integer compute term the
+shortfall prints. `tol` = 0.15 (`TOLERANCE`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+#: Relative tolerance of the replicated / shrank classes.
+TOLERANCE = 0.15
+#: Kernels listed per class in the JSON.
+TOP_KERNELS = 8
+#: The classes, in report order.
+CLASSES: tuple[str, ...] = ("replicated", "partly_shrank", "shrank", "added", "removed")
+#: Columns of the per-rank kernel table (`kernel_table`).
+KERNEL_COLUMNS: tuple[str, ...] = ("rank", "step", "pos", "name", "unit", "dur_ns")
+#: `unit` of a GEMM kernel and of an attention kernel (the classifier's `attention` rule); "" for the rest.
+GEMM, ATTENTION = "gemm", "attention"
+#: Kernel names are shortened to this many characters in the JSON.
+NAME_CHARS = 160
+
+
+def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.DataFrame:
+    """One rank's compute kernels per step window, in device start order: columns
+    `KERNEL_COLUMNS` (`pos` = the kernel's index within its step). `events`: the rank's classified
+    rows; `windows`: its step windows (`step`, `start_ns`, `end_ns`). A kernel belongs to the
+    window its start lies in. Empty on a host timeline (no GPU kernels)."""
+    empty = pd.DataFrame({c: pd.Series(dtype="int64") for c in KERNEL_COLUMNS})
+    empty["name"] = empty["name"].astype(object)
+    empty["unit"] = empty["unit"].astype(object)
+    if not len(events) or not len(windows):
+        return empty
+    kind = events["kind"].astype(str).to_numpy()
+    cls = events["cls"].astype(str).to_numpy()
+    sel = (kind == "kernel") & (cls == "compute")
+    if not sel.any():
+        return empty
+    ev = events[sel]
+    s = ev["start_ns"].to_numpy(np.int64)
+    e = ev["end_ns"].to_numpy(np.int64)
+    names = ev["name"].astype(str).to_numpy()
+    unit = np.where(
+        ev["rule"].astype(str).to_numpy() == "attention",
+        ATTENTION,
+        np.where(ev["subclass"].astype(str).to_numpy() == "matrix", GEMM, ""),
+    ).astype(object)
+    order = np.argsort(s, kind="stable")
+    s, e, names, unit = s[order], e[order], names[order], unit[order]
+    w = windows.sort_values("start_ns")
+    ws = w["start_ns"].to_numpy(np.int64)
+    we = w["end_ns"].to_numpy(np.int64)
+    idx = np.searchsorted(ws, s, side="right") - 1
+    ok = idx >= 0
+    ok[ok] &= s[ok] < we[idx[ok]]
+    if not ok.any():
+        return empty
+    steps = w["step"].to_numpy(np.int64)[idx[ok]]
+    out = pd.DataFrame(
+        {"rank": np.full(int(ok.sum()), int(rank), dtype=np.int64), "step": steps, "name": names[ok]}
+    )
+    out["unit"] = unit[ok]
+    out["dur_ns"] = (e[ok] - s[ok]).astype(np.int64)
+    out["pos"] = out.groupby("step").cumcount().astype(np.int64)
+    return out[list(KERNEL_COLUMNS)].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class Canonical:
+    """A run's canonical kernel sequence: names (consecutive GEMM kernels joined as one unit, and
+    consecutive attention kernels), each unit's kind (`GEMM`, `ATTENTION` or ""), mean time per
+    unit (exact), how many (rank, step) pairs followed it of how many."""
+
+    names: tuple[str, ...]
+    units: tuple[str, ...]
+    mean_ns: tuple[Fraction, ...]
+    followed: int
+    of: int
+
+
+def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
+    """The most frequent per-step name sequence over `steps` (all ranks) and its mean per-position
+    time over the (rank, step) pairs that follow it exactly. None when there are no kernels."""
+    k = kernels[kernels["step"].isin(steps)]
+    if not len(k):
+        return None
+    seqs: dict[tuple[int, int], tuple[str, ...]] = {}
+    durs: dict[tuple[int, int], np.ndarray] = {}
+    flags: dict[tuple[str, ...], tuple[str, ...]] = {}
+    for (r, st), g in k.groupby(["rank", "step"], sort=True):
+        g = g.sort_values("pos")
+        seq = tuple(g["name"].tolist())
+        seqs[(int(r), int(st))] = seq
+        flags.setdefault(seq, tuple(str(x) for x in g["unit"]))
+        durs[(int(r), int(st))] = g["dur_ns"].to_numpy(np.int64)
+    common, _ = Counter(seqs.values()).most_common(1)[0]
+    keys = [key for key, seq in seqs.items() if seq == common]
+    total = np.asarray(np.sum([durs[key] for key in keys], axis=0, dtype=np.int64))
+    n = len(keys)
+    # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split
+    # it differently), and so are consecutive attention kernels (a split-KV pass and its combine),
+    # so the units align where single kernels would not
+    names: list[str] = []
+    units: list[str] = []
+    sums: list[int] = []
+    for name, u, t in zip(common, flags[common], [int(x) for x in total], strict=True):
+        if u and units and units[-1] == u:
+            names[-1] = f"{names[-1]} + {name}"
+            sums[-1] += int(t)
+        else:
+            names.append(name)
+            units.append(u)
+            sums.append(int(t))
+    return Canonical(tuple(names), tuple(units), tuple(Fraction(t, n) for t in sums), n, len(seqs))
+
+
+#: The alignment key of a GEMM or attention unit is its kind: a GEMM of the smaller shard is often
+#: another kernel (tile configuration, split-K), so matrix work aligns by its place among the other
+#: kernels.
+def _keys(c: Canonical) -> list[str]:
+    return [f"<{u} kernel>" if u else name for name, u in zip(c.names, c.units, strict=True)]
+
+
+def _align(a: list[str], b: list[str]) -> list[tuple[int | None, int | None]]:
+    """Pairs of positions (i in a, j in b); None on one side for a kernel only in the other."""
+    pairs: list[tuple[int | None, int | None]] = []
+    sm = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    for tag, i1, i2, j1, j2 in sm.get_opcodes():
+        if tag == "equal" or (tag == "replace" and i2 - i1 == j2 - j1):
+            pairs.extend(zip(range(i1, i2), range(j1, j2), strict=True))
+        else:
+            pairs.extend((i, None) for i in range(i1, i2))
+            pairs.extend((None, j) for j in range(j1, j2))
+    return pairs
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """One aligned position: the sharded run's name (the baseline's where only it has one), the
+    baseline's name, its class, its mean time per step at TP=1 and at TP=N."""
+
+    name: str
+    baseline_name: str | None
+    cls: str
+    t1: Fraction
+    tn: Fraction
+
+    def lost(self, n: int) -> Fraction:
+        return self.tn - self.t1 / n
+
+
+def _class_of(t1: Fraction | None, tn: Fraction | None, n: int, tol: float) -> str:
+    if t1 is None:
+        return "added"
+    if tn is None:
+        return "removed"
+    if t1 == 0:
+        return "replicated" if tn > 0 else "shrank"
+    r = float(tn / t1)
+    if r >= 1 - tol:
+        return "replicated"
+    if r <= (1 + tol) / n:
+        return "shrank"
+    return "partly_shrank"
+
+
+def _round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
+    """Ints that sum to `total`, each within 1 of its value (largest remainder)."""
+    floors = {k: math.floor(v) for k, v in values.items()}
+    left = total - sum(floors.values())
+    order = sorted(values, key=lambda k: (values[k] - floors[k], k), reverse=True)
+    out = dict(floors)
+    for i in range(abs(left)):
+        key = order[i % len(order)] if left > 0 else order[::-1][i % len(order)]
+        out[key] += 1 if left > 0 else -1
+    return out
+
+
+def compute_scaling(
+    base_kernels: pd.DataFrame,
+    base_steps: list[int],
+    shard_kernels: pd.DataFrame,
+    shard_steps: list[int],
+    n: int,
+    compute_term_ns: int,
+    *,
+    tol: float = TOLERANCE,
+) -> dict[str, Any]:
+    """The compute term split by kernel class (see the module doc): the JSON block
+    `compute_scaling` of `tracekit shortfall`. `n`: the sharded run's ranks over the baseline's
+    (the TP factor); `compute_term_ns`: the integer compute term the shortfall prints, which the
+    classes plus the residual sum to exactly."""
+    cb = canonical(base_kernels, base_steps)
+    cs = canonical(shard_kernels, shard_steps)
+    if cb is None or cs is None:
+        return {
+            "available": False,
+            "reason": "no GPU compute kernels in the "
+            + ("baseline" if cb is None else "sharded run")
+            + " (a host timeline, or kernels left out of the trace)",
+        }
+    rows: list[_Unit] = []
+    for i, j in _align(_keys(cb), _keys(cs)):
+        t1 = cb.mean_ns[i] if i is not None else None
+        tn = cs.mean_ns[j] if j is not None else None
+        name = cs.names[j] if j is not None else cb.names[i] if i is not None else ""
+        rows.append(
+            _Unit(
+                name=name,
+                baseline_name=cb.names[i] if i is not None else None,
+                cls=_class_of(t1, tn, n, tol),
+                t1=t1 or Fraction(0),
+                tn=tn or Fraction(0),
+            )
+        )
+    by_class = {c: sum((r.lost(n) for r in rows if r.cls == c), Fraction(0)) for c in CLASSES}
+    residual = compute_term_ns - sum(by_class.values(), Fraction(0))
+    ints = _round_to_sum({**by_class, "residual": residual}, compute_term_ns)
+
+    # per kernel name (a name can sit at many positions: one per layer)
+    agg: dict[tuple[str, str], dict[str, Any]] = {}
+    for r in rows:
+        a = agg.setdefault(
+            (r.cls, r.name),
+            {"count": 0, "t1": Fraction(0), "tn": Fraction(0), "lost": Fraction(0), "changed": False},
+        )
+        a["count"] += 1
+        a["t1"] += r.t1
+        a["tn"] += r.tn
+        a["lost"] += r.lost(n)
+        a["changed"] |= r.baseline_name is not None and r.baseline_name != r.name
+    classes: dict[str, Any] = {}
+    for c in CLASSES:
+        items = sorted(((k[1], v) for k, v in agg.items() if k[0] == c), key=lambda kv: -kv[1]["lost"])
+        classes[c] = {
+            "lost_ns": ints[c],
+            "kernels_per_token": sum(v["count"] for _, v in items),
+            "baseline_ns": round(float(sum((v["t1"] for _, v in items), Fraction(0)))),
+            "sharded_ns": round(float(sum((v["tn"] for _, v in items), Fraction(0)))),
+            "top": [
+                {
+                    "name": name[:NAME_CHARS],
+                    "per_token": v["count"],
+                    "baseline_ns": round(float(v["t1"])),
+                    "sharded_ns": round(float(v["tn"])),
+                    "lost_ns": round(float(v["lost"])),
+                    **({"kernel_changed": True} if v["changed"] else {}),
+                }
+                for name, v in items[:TOP_KERNELS]
+            ],
+        }
+    assert sum(ints.values()) == compute_term_ns
+    return {
+        "available": True,
+        "definition": "the compute term split by kernel: each compute kernel of a step, aligned by name and "
+        "launch order (matrix kernels by their place: a smaller shard may get another GEMM kernel) between the "
+        "baseline's and the sharded run's most frequent step sequence, loses "
+        f"t_N - t_1/N; replicated: t_N/t_1 >= {1 - tol:.2f}; shrank: t_N/t_1 <= {1 + tol:.2f}/N; partly shrank: "
+        "between; added/removed: only in one run; residual: overlap on streams, steps off the sequence, "
+        "reconciliation (docs/METHOD.md section Compute that did not shrink)",
+        "tolerance": tol,
+        "compute_term_ns": compute_term_ns,
+        "classes": classes,
+        "residual_ns": ints["residual"],
+        "sequences": {
+            "baseline": {"units_per_step": len(cb.names), "steps_following": cb.followed, "steps": cb.of},
+            "sharded": {"units_per_step": len(cs.names), "steps_following": cs.followed, "steps": cs.of},
+        },
+    }
