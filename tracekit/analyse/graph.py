@@ -512,13 +512,13 @@ def _gpu_rank(
         if is_sync:
             if int(de[dj]) > cs:  # it blocked: its time is the wait, then its return latency
                 b.e[call_edge[i]] = (nb, ne, 0, *b.e[call_edge[i]][3:])
-                b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC, calls=1)
+                b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC)
             else:  # it did not block here: had the device been later, it would have
-                b.edge(int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC, calls=1)
+                b.edge(int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC)
         elif int(de[dj]) > cs and eps <= 4 * med_launch + 2000:
             n_bp += 1
             b.e[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *b.e[call_edge[i]][3:])
-            b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST, calls=1)
+            b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST)
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
     end_nodes = [np.asarray([int(ae_node[k]), *step_ops[k]], dtype=np.int64) for k in range(len(steps))]

@@ -337,9 +337,7 @@ class RunModel:
             need[gap_e] += moved
         take = np.minimum(need, np.maximum(lat, 0.0))
         rest = need - take
-        # a call's return after the device (a blocking sync, a full launch queue) holds its cost too
-        roles = (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_WORK, G.ROLE_SYNC, G.ROLE_SYNC_WAIT, G.ROLE_BACKPRESSURE)
-        lat -= np.where(np.isin(g.role, roles), take, 0.0)
+        lat -= np.where(np.isin(g.role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_WORK, G.ROLE_SYNC)), take, 0.0)
         if len(call_e):
             back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
             lat[call_e] -= back
