@@ -445,6 +445,8 @@ def _gpu_rank(
         cands: list[tuple[int, int, int]] = []  # (ready, preference, which)
         if p >= 0 and q[j] >= 0:
             cands.append((int(de[p]) + min(int(q[j]), q_typ), 2, 0))
+        elif p >= 0:  # it began before its predecessor's recorded end: held by its stream all the same
+            cands.append((s_j, 2, 0))
         cross = -1
         m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
         while m >= 0 and int(end_order[m]) in (j, p):
