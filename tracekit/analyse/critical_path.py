@@ -1,68 +1,41 @@
-"""The per-token critical path across ranks (docs/METHOD.md section Critical path and what-if, the rendezvous model).
+"""The per-token critical path across ranks, walked back on the run's dependency graph
+(`tracekit.analyse.graph`; docs/METHOD.md section "The dependency graph").
 
-Waiting is a consequence, not a cause. A collective starts on every rank when its *last* rank
-arrives (`a = max_r s_r`), so the time a token takes runs through that late rank's own work before
-the collective, then the transfer, then on. Per step, walking backward in time on one clock:
+Waiting is a consequence, not a cause. Every node of the graph (an instant: a host call's begin or
+end, a device operation's begin or end, a collective's rendezvous) is reached at the latest of its
+in-edges; the edge that reaches it is the one that held it back. Per step, from the latest window
+end over ranks (ties: the lowest rank), the path follows those binding edges backward, each edge's
+latency going to its rank and part (compute, memory, transfer, host, sync, unknown), for exactly
+one step time (the longest window): the last edge is cut there. A collective is reached from its
+rendezvous, which is reached from the last rank to arrive: the other ranks' waiting is not on the
+path. A host that kept launching past an asynchronous launch or collective is not held by it; a
+host holds the path only through its own calls and gaps, and it waits for the device only at a
+synchronising call (or a full launch queue). Time between steps is host work like any other: the
+path of a step can run into the previous token's work on the rank that held it.
 
-1. start at the latest window end of the step (the token is done when its last rank is done), on
-   that rank (ties: the lowest rank);
-2. on the current rank X at time t, take X's latest collective of this step that ended by t. The
-   segment [e_X, t) is X's own work: it is measured on X's timeline with the partition's priority
-   (compute > memory > collective > unknown > sync > idle; idle on a GPU timeline is the device
-   waiting for the host to launch, i.e. **host** time). The collective's piece [a, e_X) is the
-   **transfer**; X's piece [s_X, a) is waiting, which is *not* on the path: the path jumps to the
-   collective's last arriver L at time a (= s_L) and goes on from there;
-3. when X has no earlier collective in the step, the segment [ws_X, t) to X's window start ends
-   the walk.
+The path is continuous in time, so the parts sum to its length; `offset_ns` is what is left of the
+step time when the walk reaches the run's start (the graph's origin) before a step time: 0 almost
+always, never negative (asserted).
 
-The path is continuous in time, so its length is `max_r we_r - ws_X` where X is the rank the walk
-ends on. The step time used everywhere else is the longest window (`max_r (we_r - ws_r)`); the
-difference (ranks opening their step windows at slightly different times) is kept as
-`offset_ns` so that the path components plus the offset sum to the step time exactly.
-
-Per rank, the components are `compute_ns`, `memory_ns`, `transfer_ns`, `host_ns`, `sync_ns`,
-`unknown_ns`. Time under a collective interval inside a segment that no matched instance covers
-(the enqueueing `c10d::` op on a CPU run; an unmatched kernel) is counted as host time on a host
-timeline and as transfer on a GPU timeline (a kernel holding the stream).
-
-Clocks: windows, events and the collectives' `raw_*` times are on each rank's own clock; the
-arrival `a` moves between ranks through the aligned clock (`offsets`: raw = aligned + offset).
+Clocks: node times are on the aligned clock (raw = aligned + offset); segments are on each rank's
+own clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from tracekit.analyse.steps import LayerUnions, layer_unions, rank_layer_unions
+from tracekit.analyse.graph import Graph, RankGraph, assemble, build_graph, walk_path
 
 #: Components of the path on one rank, in report order.
 PATH_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
 #: Columns of `CriticalPath.segments`.
 SEGMENT_COLUMNS: tuple[str, ...] = ("step", "rank", "start_ns", "end_ns", "piece", "instance")
-
-
-#: One rank's cumulative layer unions: built once per rank by `tracekit.analyse.steps.layer_unions`,
-#: which the step partition measures its windows with too (the names kept for older callers).
-_Layers = LayerUnions
-_layers_of = layer_unions
-
-
-def _add_segment(acc: dict[str, int], m: dict[str, int], timeline: str, *, transfer: bool) -> None:
-    acc["compute"] += m["compute"]
-    acc["memory"] += m["memory"]
-    acc["unknown"] += m["unknown"]
-    acc["sync"] += m["sync"]
-    acc["host"] += m["idle"]
-    if transfer or timeline == "gpu":
-        acc["transfer"] += m["collective"]
-    else:
-        acc["host"] += m["collective"]
 
 
 @dataclass
@@ -108,28 +81,37 @@ def critical_path(
     classified: pd.DataFrame,
     windows: pd.DataFrame,
     per_rank: pd.DataFrame,
-    offsets: dict[int, int] | None = None,
-    unions: Mapping[int, LayerUnions] | None = None,
+    offsets: Mapping[int, int] | None = None,
+    timeline: str | None = None,
 ) -> CriticalPath:
-    """The per-step critical path (module doc).
+    """The per-step critical path (module doc) on the graph of `classified` over `windows` (rank,
+    step, start_ns, end_ns and, for a GPU timeline, annotation_end_ns; each rank's own clock);
+    `per_rank`: the matched collectives (`CollectiveInstances.per_rank`); `offsets`: rank -> clock
+    offset (raw = aligned + offset); `timeline`: "gpu" or "host" (else read from the events)."""
+    if timeline not in ("gpu", "host"):
+        timeline = event_timeline(classified)
+    return path_of_graph(build_graph(classified, windows, per_rank, offsets, timeline))
 
-    `windows`: rank, step, start_ns, end_ns (each rank's own clock); `per_rank`: the matched
-    collectives (`CollectiveInstances.per_rank`: instance, rank, raw_start_ns, raw_end_ns,
-    arrival_raw_ns, start_ns); `offsets`: rank -> clock offset (raw = aligned + offset);
-    `unions`: each rank's layer unions when already built (the step partition's), else built here.
 
-    The pieces, which the Dask engine runs apart: `path_inputs` (windows and matched collectives
-    only: small), `walk_steps` (per step, with each rank's unions: a step-bucket task there, with
-    the unions clipped to `path_spans`), `path_of` (the tables, in step order).
-    """
-    ranks = sorted(int(r) for r in windows["rank"].unique())
-    if unions is not None and all(r in unions for r in ranks):
-        layers = {r: unions[r] for r in ranks}
-    else:
-        layers = rank_layer_unions(classified, ranks)
-    inputs = path_inputs(windows, per_rank, offsets)
-    rows, segs = walk_steps(inputs, lambda r, _st: layers[r])
-    return path_of(rows, segs, ranks, path_timeline(lay.timeline for lay in layers.values()))
+def event_timeline(events: pd.DataFrame) -> str:
+    """ "gpu" when the events hold device operations, else "host"."""
+    from tracekit.classify.rules import GPU_KINDS
+
+    return "gpu" if events["kind"].astype(str).isin(list(GPU_KINDS)).any() else "host"
+
+
+def path_of_ranks(
+    rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int], timeline: str | None = None
+) -> CriticalPath:
+    """The path from the ranks' graphs (`graph.build_rank_graph`, e.g. built where each rank's
+    events are): assembled, then walked; `timeline`: the path's (the graph's when None)."""
+    return path_of_graph(assemble(rank_graphs, offsets), timeline)
+
+
+def path_of_graph(g: Graph, timeline: str | None = None) -> CriticalPath:
+    """The walk of every step of `g` at its measured times, as a CriticalPath."""
+    walk = walk_path(g, g.t)
+    return path_of(walk.rows, walk.segments, g.ranks, timeline or g.timeline)
 
 
 def path_timeline(timelines: Iterable[str]) -> str:
@@ -138,170 +120,8 @@ def path_timeline(timelines: Iterable[str]) -> str:
     return "gpu" if ts == {"gpu"} else ("host" if ts == {"host"} else "mixed")
 
 
-@dataclass
-class PathInputs:
-    """What the walk needs besides the ranks' layer unions (small: windows and matched rows).
-
-    `windows`: per (rank, step) the window with `off`, `a_start`, `a_end` (aligned) and `len`;
-    `by_rs`: per (rank, step) its collectives in end order (raw_end, raw_start, arrival_raw,
-    instance); `last_of`: instance -> its last arriver; `ranks`: every rank of the path table."""
-
-    windows: pd.DataFrame
-    by_rs: dict[tuple[int, int], tuple[np.ndarray, ...]]
-    last_of: dict[int, int]
-    ranks: list[int]
-
-    def steps(self) -> list[int]:
-        return sorted(int(s) for s in pd.unique(self.windows["step"]))
-
-    def of_steps(self, steps: Iterable[int]) -> PathInputs:
-        """The inputs of these steps only (a step-bucket task's share)."""
-        keep = {int(s) for s in steps}
-        by_rs = {k: v for k, v in self.by_rs.items() if k[1] in keep}
-        insts = {int(i) for v in by_rs.values() for i in v[3]}
-        return PathInputs(
-            self.windows[self.windows["step"].isin(keep)],
-            by_rs,
-            {i: r for i, r in self.last_of.items() if i in insts},
-            self.ranks,
-        )
-
-
-def path_inputs(
-    windows: pd.DataFrame, per_rank: pd.DataFrame, offsets: dict[int, int] | None = None
-) -> PathInputs:
-    """The walk's inputs from the windows and the matched collectives (`critical_path`'s args)."""
-    from tracekit.analyse.collectives import assign_steps
-
-    offsets = offsets or {}
-    ranks = sorted(int(r) for r in windows["rank"].unique())
-    # the collectives of each (rank, step), in end order, on the rank's own clock
-    pr = per_rank
-    if len(pr):
-        # each collective in the step window of its rank that holds its start (own clock)
-        raw = pr.assign(start_ns=pr["raw_start_ns"])
-        step_of = assign_steps(raw, windows)
-        pr = pr.assign(step=step_of.to_numpy())
-        pr = pr[pr["step"] >= 0]
-        # the last arriver of each instance (ties: the lowest rank), over the ranks that have it
-        last = (
-            pr.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True])
-            .drop_duplicates("instance")
-            .set_index("instance")["rank"]
-        )
-        last_of = {int(k): int(v) for k, v in last.items()}
-    else:
-        last_of = {}
-    by_rs: dict[tuple[int, int], tuple[np.ndarray, ...]] = {}
-    if len(pr):
-        for (r, st), g in pr.groupby(["rank", "step"], sort=False):
-            g = g.sort_values("raw_end_ns", kind="stable")
-            by_rs[(int(r), int(st))] = (
-                g["raw_end_ns"].to_numpy(np.int64),
-                g["raw_start_ns"].to_numpy(np.int64),
-                g["arrival_raw_ns"].to_numpy(np.int64),
-                g["instance"].to_numpy(np.int64),
-            )
-
-    w = windows.copy()
-    w["off"] = w["rank"].map(lambda r: offsets.get(int(r), 0)).astype(np.int64)
-    w["a_start"] = w["start_ns"].to_numpy(np.int64) - w["off"].to_numpy(np.int64)
-    w["a_end"] = w["end_ns"].to_numpy(np.int64) - w["off"].to_numpy(np.int64)
-    w["len"] = w["end_ns"] - w["start_ns"]
-    return PathInputs(w, by_rs, last_of, ranks)
-
-
-def path_spans(inputs: PathInputs) -> dict[tuple[int, int], tuple[int, int]]:
-    """Per (rank, step), the span of the rank's own clock the walk can query: from its window
-    start to the step's latest aligned window end on its clock (`t` only decreases from there; a
-    collective of the step starts in the window, and its arrival is clipped to [start, end]; a
-    walk reaching a rank before its window start measures nothing there). Unions clipped to it
-    (`steps.LayerUnions.clipped`) measure what the whole unions do, and refuse anything outside."""
-    w = inputs.windows
-    top = w.groupby("step")["a_end"].transform("max").to_numpy(np.int64)
-    out = {}
-    for r, st, s, off, hi in zip(
-        w["rank"].to_numpy(np.int64),
-        w["step"].to_numpy(np.int64),
-        w["start_ns"].to_numpy(np.int64),
-        w["off"].to_numpy(np.int64),
-        top,
-        strict=True,
-    ):
-        out[(int(r), int(st))] = (int(s), int(hi + off))
-    return out
-
-
 PathRow = dict[str, Any]
 Segment = tuple[int, int, int, int, str, int]
-
-
-def walk_steps(
-    inputs: PathInputs, layers_of: Callable[[int, int], LayerUnions]
-) -> tuple[list[PathRow], list[Segment]]:
-    """The walk of every step of `inputs` (module doc), in step order; `layers_of(rank, step)`:
-    the rank's layer unions (whole, or clipped to the step's `path_spans`)."""
-    ranks = inputs.ranks
-    by_rs, last_of = inputs.by_rs, inputs.last_of
-    rows: list[PathRow] = []
-    segs: list[Segment] = []
-    for st, g in inputs.windows.groupby("step", sort=True):
-        st = int(st)
-        step_ns = int(g["len"].max())
-        g = g.sort_values(["a_end", "rank"], ascending=[False, True])
-        win = {
-            int(r): (int(s), int(e), int(o))
-            for r, s, e, o in g[["rank", "start_ns", "end_ns", "off"]].itertuples(index=False)
-        }
-        acc = {r: dict.fromkeys(PATH_PARTS, 0) for r in ranks}
-        x = int(g["rank"].iloc[0])
-        t_al = int(g["a_end"].iloc[0])  # aligned time
-        hops = 0
-        limit: dict[int, int] = {}
-        while True:
-            ws, _we, off = win[x]
-            lay = layers_of(x, st)
-            t = t_al + off  # on x's clock
-            coll = by_rs.get((x, st))
-            k = int(np.searchsorted(coll[0], t, side="right")) - 1 if coll is not None else -1
-            k = min(k, limit.get(x, k + 1) - 1)  # each collective of a rank is used once
-            if k < 0:
-                ws = min(ws, t)
-                _add_segment(acc[x], lay.measure(ws, t), lay.timeline, transfer=False)
-                segs.append((st, x, ws, t, "work", -1))
-                t_al = ws - off
-                break
-            assert coll is not None
-            e_x, s_x, a_x, inst = int(coll[0][k]), int(coll[1][k]), int(coll[2][k]), int(coll[3][k])
-            _add_segment(acc[x], lay.measure(e_x, t), lay.timeline, transfer=False)
-            a_x = max(min(a_x, e_x), s_x)  # an inconsistent trace (e < a): no transfer piece
-            _add_segment(acc[x], lay.measure(a_x, e_x), lay.timeline, transfer=True)
-            segs.append((st, x, e_x, t, "work", -1))
-            segs.append((st, x, a_x, e_x, "transfer", inst))
-            t_al = a_x - off
-            limit[x] = k
-            nxt = last_of.get(inst, x)
-            if nxt not in win:
-                nxt = x
-            if nxt != x:
-                hops += 1
-            # on the last arriver the arrival is its own collective start; the walk goes on before it
-            x = nxt
-        path_len = int(g["a_end"].iloc[0]) - t_al
-        for r in ranks:
-            rows.append(
-                {
-                    "step": st,
-                    "rank": r,
-                    **{f"{p}_ns": acc[r][p] for p in PATH_PARTS},
-                    "step_ns": step_ns,
-                    "offset_ns": step_ns - path_len,
-                    "hops": hops,
-                }
-            )
-        total = sum(sum(acc[r].values()) for r in ranks)
-        assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
-    return rows, segs
 
 
 def path_of(rows: list[PathRow], segs: list[Segment], ranks: list[int], timeline: str) -> CriticalPath:

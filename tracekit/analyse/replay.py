@@ -1,62 +1,37 @@
-"""What-if: replay a decode trace per token across ranks under counterfactuals (docs/METHOD.md section Critical path and what-if).
+"""What-if: replay a decode trace per token across ranks under counterfactuals (METHOD.md 6;
+docs/METHOD.md section "The dependency graph").
 
-The replay model is the critical path's rendezvous model (`tracekit.analyse.critical_path`) run
-forward in time, with each rank's host and device kept apart where the trace has both:
+The replay re-times the run's dependency graph (`tracekit.analyse.graph`), the one the critical
+path is walked on: host calls per thread with the gaps between them, device operations per
+stream, launch, stream, cross-stream and in-graph edges, collectives as rendezvous (a collective
+starts on every rank when its last rank arrives and ends on rank r its transfer later), and the
+host waiting for the device only at synchronising calls (or a full launch queue). Each knob
+transforms the graph's edge latencies; every node is then the latest of its in-edges. A token's
+replayed time is its period, from the previous step's latest window end over ranks to its own, so
+time between steps is host work the knobs act on and no step start is frozen. Replaying the
+unchanged trace gives back every measured time exactly (`replay_error`). Integer nanoseconds.
 
-**GPU timeline** (kernels with CUDA runtime calls joined by `correlation`). Per rank and step, a
-*host chain*: the runtime calls opened inside the step's annotation, in order, each with the host
-gap before it (Python, dispatch, the profiler: everything between two calls) and its own duration;
-and a *device chain*: the GPU operations those calls launched, in device order. An operation j
-launched by call i starts at
-
-    s_j = max(h_i + rho_j, F_{j-1} + q_j)        (and, for a collective, then waits for the others)
-
-with h_i the call's start, rho_j the launch-to-start latency, F the device frontier (latest end so
-far) and q_j the device's own gap between operations. Both terms equal the measured start by
-construction; which one bound is read from the trace: an operation that started on an idle device
-(q_j >= 2 us) within a launch latency of its call (at most max(3 rho_typ, rho_typ + 20 us)) was
-bound by its launch and keeps its measured rho_j while its q becomes the rank's typical queued gap
-(never more than measured); any other operation was queued (behind busy device work or another
-stream) and keeps its measured q_j while its rho becomes the rank's typical launch latency rho_typ
-(never more than measured). So the unchanged replay is exact. A blocking
-synchronisation call returns its measured return latency after the device frontier; a
-non-blocking one takes its measured time. A collective starts on every rank when its last rank
-arrives (`a = max s_r`) and ends on rank r at `a + (e_r - a_measured)`: its transfer. The window
-ends at the later of the annotation's end (the host chain plus its trailing gap) and the device
-frontier, as `tracekit.analyse.steps` measures it.
-
-**Host timeline** (CPU / gloo runs): per rank and step, the segments between collectives measured
-with the partition's priority (compute, memory, unknown, sync, host gaps = idle and the enqueueing
-`c10d::` op), then the collective as a rendezvous, then its transfer.
-
-Each step is replayed jointly over ranks, every rank starting at its measured window start on the
-aligned clock; the step time is the longest window, as everywhere else. Replaying the unchanged
-trace gives back the measured step times (`replay_error`).
-
-**Knobs** (`KNOB_DEFINITIONS`), each a transformation of the model, combinable:
+**Knobs** (`KNOB_DEFINITIONS`), each a transformation of the graph, combinable:
 - `transfer=0`: every collective ends at its last arrival (an infinitely fast link).
 - `transfer=probe:FILE[@MODE]`: every collective's transfer is the time a `tracekit probe` /
   `compare-links` JSON measured for its op and size (log-log interpolation between rows; in-place
   rows first; MODE picks the rows' `mode`, e.g. nvlink or pcie; default the first).
-- `launch=0`: no host launch overhead (what CUDA graphs remove): every host gap and launch call
-  takes no time, so each rank's device runs back to back, every operation separated only by the
-  rank's typical queued device gap and released at the typical launch latency. Synchronisations
-  and rendezvous stay. Not applicable on a host timeline.
+- `launch=0`: no host launch overhead (what CUDA graphs remove): every host gap (inside and
+  between steps) and launch call takes no time, launch latencies and queued gaps are held to the
+  rank's typical ones, no back-pressure. Synchronisations and rendezvous stay. Not applicable on a
+  host timeline.
 - `sync=0`: synchronisation calls return at once (no blocking, no time).
 - `straggler=off`: per segment between collective launches (k-th segment on every rank), each
-  rank's host gaps are scaled so their sum is the fastest rank's (on a host timeline: the idle and
-  enqueue time of the segment).
-- `compute=/N`: perfect scaling of the TP=1 kernels: on every rank each compute operation is
-  scaled by (C1 / N) / C_r, with C1 the baseline's and C_r the rank's mean compute per token (sum
-  of compute operation durations; on a host timeline: compute op time).
+  rank's host gaps are scaled so their sum is the fastest rank's.
+- `compute=/N`: perfect scaling of the TP=1 kernels, per kernel: the k-th compute operation of a
+  step takes, on every rank, the ranks' mean of it times (C1 / N) / C, with C1 the baseline's and
+  C the ranks' mean compute per token.
 
-**Correction to the unprofiled times** (docs/METHOD.md section Dilation): the profiler's cost is host time. On a GPU
-timeline a fixed cost per CUDA runtime call is taken from every call's host time (the gap before
-it first); on a host timeline every part but transfer is multiplied by one factor (the rule
-`shortfall.reconcile` uses there); either is solved for (`calibrate`) so that the unchanged
-replay's mean per-token time equals the unprofiled one the accounting uses. Knobs then apply to the
-corrected model. A host sleep (an injected straggler) is one gap: it loses one call's cost, not a
-share of its length.
+**Correction to the unprofiled times** (docs/METHOD.md, "The dependency graph"): with the
+manifest's `profiler_calibration` the profiler's cost per call of each kind is removed call by call
+(`calibrate`); without one, one cost per runtime call (GPU) or one factor on host time (CPU) is
+solved so that the unchanged replay's mean equals the unprofiled per-token time the accounting
+uses. Knobs then apply to the corrected graph. A host sleep is one gap: it loses one call's cost.
 """
 
 from __future__ import annotations
@@ -64,7 +39,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path
@@ -73,6 +48,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import graph as G
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.shortfall import RunParts
 from tracekit.errors import TracekitError
@@ -93,10 +69,8 @@ KNOB_DEFINITIONS: dict[str, str] = {
     "straggler=off": "per segment between collectives, every rank's host gaps scaled to the fastest rank's",
     "compute=/N": "every compute operation scaled so each rank's compute per token is the baseline's / N",
 }
-#: A device gap of at least this much before an operation means the device was idle: the launch bound it.
-IDLE_GAP_NS = 2000
-#: Launch latencies above this are queueing, not latency, when estimating the typical latency.
-LAUNCH_LATENCY_CAP_NS = 100_000
+#: A device gap of at least this much before an operation means its stream was idle (`graph`).
+IDLE_GAP_NS = G.IDLE_GAP_NS
 #: Replays at most 2^MAX_SHAPLEY_KNOBS combinations.
 MAX_SHAPLEY_KNOBS = 6
 
@@ -221,93 +195,189 @@ class _Setting:
     launch0: bool = False
     sync0: bool = False
     straggler_off: bool = False
-    compute_scale: Mapping[int, float] | None = None
+    compute_scale: float | None = None  # per kernel: (baseline compute / N) / the ranks' mean compute
     host_scale: float = 1.0
-    host_deduct: float = 0.0  # ns taken from every host call's time (gap first), the calibration
+    host_deduct: float = 0.0  # ns per runtime call (host timeline: per op) taken from host time
+    deduct_collective: float = 0.0  # ns per collective call taken from host time (manifest calibration)
     device_scale: float = 1.0  # factor on device op times and gaps (calibration of a device-bound run)
 
 
 # ------------------------------------------------------------------------------------------
-# one run's model
+# one run's model: the dependency graph of its steady steps (tracekit.analyse.graph)
 
 
-@dataclass
-class _GpuProgram:
-    """One rank's host and device chains of one step (module doc); times relative to its window start."""
-
-    rank: int
-    h_gap: np.ndarray  # host gap before each call
-    h_dur: np.ndarray  # the call's own time (0 for a blocking sync: see h_eps)
-    h_sync: np.ndarray  # bool: a synchronisation call
-    h_block: np.ndarray  # bool: it blocked on the device
-    h_eps: np.ndarray  # blocking sync: return latency after the device frontier
-    h_seg: np.ndarray  # straggler segment (collective launches before it)
-    tail_gap: float
-    d_launch: np.ndarray  # the launching call's index, -1: none (released from the window start)
-    d_dur: np.ndarray
-    d_compute: np.ndarray  # bool
-    d_rho: np.ndarray
-    d_rho_k: np.ndarray
-    d_q: np.ndarray
-    d_q_k: np.ndarray
-    d_inst: np.ndarray  # matched collective instance, -1 none
-    d_x: np.ndarray  # transfer (e - a) of a collective
-    d_op: list[str]
-    d_bytes: np.ndarray
-    q_typ: float = 0.0  # the rank's typical queued device gap (launch=0 separates operations by it)
-
-
-@dataclass
-class _HostProgram:
-    """One rank's segments of one step on a host timeline: `seg` [K+1, 6] (compute, memory, unknown,
-    sync, idle, enqueue) before each of the K collectives and after the last."""
-
-    rank: int
-    seg: np.ndarray
-    c_inst: np.ndarray
-    c_x: np.ndarray
-    c_op: list[str]
-    c_bytes: np.ndarray
-    n_ops: np.ndarray  # per segment: top-level op intervals (the calibration's per-op deduction)
-
-
-_HOST_COLS = ("compute", "memory", "unknown", "sync", "idle", "enqueue", "lead")
-
-
-def _lead_gap(busy_s: np.ndarray, busy_e: np.ndarray, a: int, b: int) -> int:
-    """The idle time from `a` to the first op in [a, b) (all of it when there is none)."""
-    k = int(np.searchsorted(busy_e, a, side="right"))
-    if k < len(busy_s) and busy_s[k] < b:
-        return max(int(busy_s[k]) - a, 0)
-    return b - a
+_HOST_GAPS = (G.ROLE_GAP, G.ROLE_GAP_OUT, G.ROLE_LEAD)
 
 
 @dataclass
 class RunModel:
-    """The replay model of one run: per steady step, every rank's program and its start offset."""
+    """The replay model of one run: the dependency graph of its steady steps, re-timed per knob."""
 
     label: str
     n_ranks: int
     ranks: list[int]
     timeline: str  # "gpu" | "host"
     steps: list[int]
-    programs: dict[int, dict[int, _GpuProgram | _HostProgram]]  # step -> rank -> program
-    offsets: dict[int, dict[int, float]]  # step -> rank -> window start - earliest, aligned clock
-    members: dict[int, dict[int, frozenset[int]]]  # step -> instance -> ranks holding it in this step
+    graph: G.Graph
     measured_ns: np.ndarray  # per steady step, the measured step time (longest window)
     compute_per_token: dict[int, float]  # rank -> mean compute per token
     target_ns: Fraction | None  # the unprofiled per-token time (None: not corrected)
     notes: list[str] = field(default_factory=list)
     host_scale: float = 1.0
     host_deduct: float = 0.0
+    deduct_collective: float = 0.0
     device_scale: float = 1.0
+    correction: str = "none"  # "none", "solved", "manifest calibration"
+    calibration: dict[str, Any] | None = None
 
     def replay(self, setting: _Setting) -> np.ndarray:
-        """Per steady step, the replayed step time (ns, float)."""
-        out = np.empty(len(self.steps))
-        for i, st in enumerate(self.steps):
-            out[i] = _replay_step(self, st, setting)
+        """Per steady step, the replayed token time (integer ns): from the previous step's end to
+        its own (`graph.Graph.periods`), so time between steps counts and nothing is frozen."""
+        g = self.graph
+        per = g.periods(g.times(self.latencies(setting)))
+        return per[self._steady_pos]
+
+    @property
+    def _steady_pos(self) -> np.ndarray:
+        pos = {s: i for i, s in enumerate(self.graph.steps)}
+        return np.asarray([pos[s] for s in self.steps], dtype=np.int64)
+
+    def latencies(self, s: _Setting) -> np.ndarray:
+        """The graph's edge latencies under a setting (integer ns)."""
+        g = self.graph
+        role, lat0 = g.role, g.lat
+        lat = lat0.astype(np.float64)
+        host_part = ~np.isin(role, (G.ROLE_XFER, G.ROLE_ORIGIN, G.ROLE_ARRIVE))
+        if self.timeline == "host":
+            host_part &= role != G.ROLE_OP
+        else:
+            host_part &= np.isin(role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_SYNC, G.ROLE_SYNC_WAIT))
+        if s.host_scale != 1.0:
+            lat = np.where(host_part, lat * s.host_scale, lat)
+        if s.straggler_off and self.n_ranks > 1:
+            lat = lat * self._straggler_factors(lat)
+        if s.host_deduct or s.deduct_collective:
+            lat = self._deduct(lat, s)
+        if s.device_scale != 1.0:
+            dev = (
+                np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH))
+                if self.timeline == "gpu"
+                else (role == G.ROLE_WORK)
+            )
+            lat = np.where(dev, lat * s.device_scale, lat)
+        if s.compute_scale is not None and self.n_ranks > 1:
+            lat = self._per_kernel(lat, s.compute_scale)
+        if s.transfer is not None:
+            x = role == G.ROLE_XFER
+            if s.transfer == "zero":
+                lat = np.where(x, 0.0, lat)
+            else:
+                assert isinstance(s.transfer, ProbeTimes)
+                xk = np.flatnonzero(x)
+                for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
+                    tp = s.transfer.time_ns(op, int(nb))
+                    if tp is not None:
+                        lat[k] = tp
+        out = np.rint(lat).astype(np.int64)
+        if s.sync0:
+            out[role == G.ROLE_SYNC] = 0
+            out[role == G.ROLE_SYNC_WAIT] = G.NEVER
+        if s.launch0 and self.timeline == "gpu":
+            rk = g.erank
+            rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks])
+            qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks])
+            pos = np.searchsorted(np.asarray(self.ranks), rk)
+            pos = np.minimum(pos, len(self.ranks) - 1)
+            out[(role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)] = 0
+            lm = role == G.ROLE_LAUNCH
+            out[lm] = np.minimum(out[lm], rho[pos[lm]])
+            qm = (role == G.ROLE_QUEUE) | (role == G.ROLE_CROSS)
+            out[qm] = np.minimum(out[qm], qt[pos[qm]])
+            out[role == G.ROLE_BACKPRESSURE] = G.NEVER
         return out
+
+    def _straggler_factors(self, lat: np.ndarray) -> np.ndarray:
+        """Per edge: host gaps of a (rank, segment) scaled so their sum is the fastest rank's."""
+        g = self.graph
+        gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
+        f = np.ones(len(lat))
+        if not gm.any():
+            return f
+        idx = np.flatnonzero(gm)
+        key = pd.DataFrame({"rank": g.erank[idx], "seg": g.seg[idx], "lat": lat[idx]})
+        sums = key.groupby(["seg", "rank"], sort=False)["lat"].sum()
+        per_seg = sums.groupby(level=0)
+        n_r = per_seg.size()
+        fastest = per_seg.min()
+        full = n_r[n_r == self.n_ranks].index  # segments every rank has
+        ratio = fastest.reindex(sums.index.get_level_values(0)).to_numpy() / sums.to_numpy()
+        ratio = np.where(sums.to_numpy() > 0, ratio, 1.0)
+        ok = sums.index.get_level_values(0).isin(full)
+        ratio = np.where(ok, ratio, 1.0)
+        table = pd.Series(ratio, index=sums.index)
+        f[idx] = table.reindex(pd.MultiIndex.from_arrays([g.seg[idx], g.erank[idx]])).to_numpy()
+        return f
+
+    def _deduct(self, lat: np.ndarray, s: _Setting) -> np.ndarray:
+        """The profiler's cost per call taken from the host time it lies in: from the gap before a
+        call first, the rest from the call's own time."""
+        g = self.graph
+        lat = lat.copy()
+        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(
+            g.role == G.ROLE_CALL, g.ops, 0
+        )
+        if self.timeline == "host":
+            per = s.host_deduct * g.ops.astype(np.float64)
+        call_e, gap_e = self._call_gap
+        # a call's own cost first from the gap before it
+        need = per.copy()
+        if len(call_e):
+            moved = need[call_e]
+            need[call_e] = 0.0
+            need[gap_e] += moved
+        take = np.minimum(need, np.maximum(lat, 0.0))
+        rest = need - take
+        lat -= np.where(np.isin(g.role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_WORK, G.ROLE_SYNC)), take, 0.0)
+        if len(call_e):
+            back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
+            lat[call_e] -= back
+        return lat
+
+    @property
+    def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (call edge, the host gap edge into its begin)."""
+        cached = getattr(self, "_cg", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        calls = np.flatnonzero(g.role == G.ROLE_CALL)
+        gaps = np.flatnonzero(np.isin(g.role, (G.ROLE_GAP, G.ROLE_GAP_OUT)))
+        into = pd.Series(gaps, index=g.dst[gaps])
+        into = into[~into.index.duplicated()]
+        gap_of = into.reindex(g.src[calls]).to_numpy()
+        ok = ~np.isnan(gap_of.astype(np.float64))
+        out = (calls[ok], gap_of[ok].astype(np.int64))
+        self._cg = out
+        return out
+
+    def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
+        """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
+        ranks' mean of it times `factor` (no per-collective imbalance is kept); operations not on
+        every rank are scaled by the factor alone."""
+        g = self.graph
+        cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
+        lat = lat.copy()
+        if not cm.any():
+            return lat
+        idx = np.flatnonzero(cm)
+        key = g.cidx[idx]
+        df = pd.DataFrame({"key": key, "lat": lat[idx]})
+        grp = df.groupby("key")["lat"]
+        mean = grp.transform("mean").to_numpy()
+        count = grp.transform("size").to_numpy()
+        full = (count == self.n_ranks) & (key >= 0)
+        lat[idx] = np.where(full, mean, lat[idx]) * factor
+        return lat
 
     def applicable(self, knob: Knob) -> bool:
         if knob.name in ("transfer", "straggler", "compute"):
@@ -315,202 +385,6 @@ class RunModel:
         if knob.name == "launch":
             return self.timeline == "gpu"
         return True
-
-
-def _replay_step(model: RunModel, st: int, setting: _Setting) -> float:
-    progs = model.programs[st]
-    members = model.members[st]
-    procs: dict[int, Generator[tuple[int, float, float, str, int], float, float]] = {}
-    for r, prog in progs.items():
-        off = model.offsets[st][r]
-        if isinstance(prog, _GpuProgram):
-            procs[r] = _run_gpu(prog, setting, off, members, _straggler_scale(model, st, r, setting))
-        else:
-            procs[r] = _run_host(prog, setting, off, _host_idle_target(model, st, r, setting))
-    ends: dict[int, float] = {}
-    waiting: dict[int, dict[int, tuple[float, float, str, int]]] = {}
-    requests: dict[int, tuple[int, float, float, str, int]] = {}
-
-    def advance(r: int, value: float | None) -> None:
-        try:
-            req = next(procs[r]) if value is None else procs[r].send(value)
-        except StopIteration as stop:
-            ends[r] = float(stop.value)
-            return
-        requests[r] = req
-        inst, s, x, op, size = req
-        waiting.setdefault(inst, {})[r] = (s, x, op, size)
-
-    for r in procs:
-        advance(r, None)
-    while len(ends) < len(procs):
-        ready = [i for i, w in waiting.items() if set(w) >= members.get(i, frozenset(w))]
-        if not ready:
-            raise AssertionError(
-                f"{model.label}: replay of step {st} deadlocked at collectives {sorted(waiting)}"
-            )
-        for inst in ready:
-            w = waiting.pop(inst)
-            a = max(s for s, _, _, _ in w.values())
-            for r, (_s, x, op, size) in w.items():
-                requests.pop(r, None)
-                advance(r, a + _transfer(x, op, size, setting))
-    return max(ends[r] - model.offsets[st][r] for r in ends)
-
-
-def _transfer(x: float, op: str, size: int, setting: _Setting) -> float:
-    if setting.transfer is None:
-        return x
-    if setting.transfer == "zero":
-        return 0.0
-    assert isinstance(setting.transfer, ProbeTimes)
-    t = setting.transfer.time_ns(op, size)
-    return x if t is None else t
-
-
-def _segments(p: _GpuProgram | _HostProgram) -> int:
-    if isinstance(p, _HostProgram):
-        return len(p.seg)
-    return int(p.h_seg.max()) + 1 if len(p.h_seg) else 1
-
-
-def _straggler_scale(model: RunModel, st: int, r: int, setting: _Setting) -> np.ndarray | None:
-    """GPU: per segment, the factor that scales rank r's host gaps to the fastest rank's sum."""
-    if not setting.straggler_off or model.n_ranks < 2:
-        return None
-    progs = model.programs[st]
-    nseg = {p.h_seg.max() + 1 if len(p.h_seg) else 1 for p in progs.values() if isinstance(p, _GpuProgram)}
-    if len(nseg) != 1:
-        return None
-    k = int(nseg.pop())
-    sums = {}
-    for rr, p in progs.items():
-        assert isinstance(p, _GpuProgram)
-        g = np.bincount(p.h_seg, weights=p.h_gap, minlength=k).astype(float)
-        g[k - 1] += p.tail_gap
-        sums[rr] = g
-    fastest = np.min(np.stack(list(sums.values())), axis=0)
-    own = sums[r]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(own > 0, fastest / own, 1.0)
-
-
-def _host_idle_target(model: RunModel, st: int, r: int, setting: _Setting) -> np.ndarray | None:
-    """Host timeline: per segment, the fastest rank's host gaps (idle + enqueue)."""
-    if not setting.straggler_off or model.n_ranks < 2:
-        return None
-    progs = [p for p in model.programs[st].values() if isinstance(p, _HostProgram)]
-    shapes = {p.seg.shape for p in progs}
-    if len(shapes) != 1:
-        return None
-    gaps = np.stack([p.seg[:, 4] + p.seg[:, 5] for p in progs])
-    leads = np.stack([p.seg[:, 6] for p in progs])
-    return np.stack([gaps.min(axis=0), leads.min(axis=0)], axis=1)
-
-
-def _run_gpu(
-    p: _GpuProgram,
-    setting: _Setting,
-    off: float,
-    members: Mapping[int, frozenset[int]],
-    seg_scale: np.ndarray | None,
-) -> Generator[tuple[int, float, float, str, int], float, float]:
-    alpha = setting.host_scale
-    launch0 = setting.launch0
-    kind = setting.compute_scale.get(p.rank, 1.0) if setting.compute_scale else 1.0
-    n_h, n_d = len(p.h_gap), len(p.d_dur)
-    gaps = np.zeros(n_h) if launch0 else p.h_gap * alpha
-    if seg_scale is not None and not launch0:
-        gaps = gaps * seg_scale[p.h_seg]
-    durs = np.where(p.h_sync, p.h_dur * alpha, 0.0 if launch0 else p.h_dur * alpha)
-    delta = setting.host_deduct
-    if delta and not launch0:  # the profiler's cost per call: from the gap before it, then the call
-        rest = np.maximum(delta - gaps, 0.0)
-        gaps = np.maximum(gaps - delta, 0.0)
-        durs = np.where(p.h_sync, durs, np.maximum(durs - rest, 0.0))
-    beta = setting.device_scale
-    dur_d = (np.where(p.d_compute, p.d_dur * kind, p.d_dur) * beta).tolist()
-    # launch=0: back to back, each operation at most the typical queued gap after the frontier; a
-    # longer measured gap of a queued operation (a cross-stream event wait after a collective, the
-    # profiler's per-launch cost) is a launch-time artifact a graph's edges do not keep
-    q = ((np.minimum(p.d_q_k, p.q_typ) if launch0 else p.d_q_k) * beta).tolist()
-    launch = p.d_launch.tolist()
-    coll = [int(i) >= 0 and len(members.get(int(i), ())) > 1 for i in p.d_inst]
-    no_launch_release = off + (0.0 if launch0 else 1.0) * alpha * p.d_rho_k
-    blocking = not setting.sync0 and bool(p.h_sync.any())
-    F = off
-    if not blocking:
-        # the host never waits for the device: its chain is a cumulative sum
-        inc = gaps + np.where(p.h_sync, 0.0, durs)
-        h_end = off + np.cumsum(inc)
-        h_start = h_end - np.where(p.h_sync, 0.0, durs)
-        H = float(h_end[-1]) if n_h else off
-        if n_d:
-            from_call = h_start[np.maximum(p.d_launch, 0)] + p.d_rho_k if n_h else no_launch_release
-            release = np.where(p.d_launch < 0, no_launch_release, from_call).tolist()
-        else:
-            release = []
-        for j in range(n_d):
-            st = release[j] if release[j] > F + q[j] else F + q[j]
-            if coll[j]:
-                e = yield (int(p.d_inst[j]), st, float(p.d_x[j]), p.d_op[j], int(p.d_bytes[j]))
-            else:
-                e = st + dur_d[j]
-            if e > F:
-                F = e
-    else:
-        hs = [0.0] * n_h
-        gap_l, dur_l = gaps.tolist(), durs.tolist()
-        sync_l, block_l, eps_l = p.h_sync.tolist(), p.h_block.tolist(), p.h_eps.tolist()
-        rho_l, nlr = p.d_rho_k.tolist(), no_launch_release.tolist()
-        H = off
-        j = 0
-        for i in range(n_h + 1):
-            while j < n_d and launch[j] < i:  # device operations launched by calls before i
-                rel = nlr[j] if launch[j] < 0 else hs[launch[j]] + rho_l[j]
-                st = max(rel, F + q[j])
-                if coll[j]:
-                    e = yield (int(p.d_inst[j]), st, float(p.d_x[j]), p.d_op[j], int(p.d_bytes[j]))
-                else:
-                    e = st + dur_d[j]
-                F = max(F, e)
-                j += 1
-            if i == n_h:
-                break
-            H += gap_l[i]
-            hs[i] = H
-            if sync_l[i]:
-                H = max(H, F + eps_l[i]) if block_l[i] else max(H + dur_l[i], F)
-            else:
-                H += dur_l[i]
-    tail = 0.0 if launch0 else p.tail_gap * alpha * (float(seg_scale[-1]) if seg_scale is not None else 1.0)
-    return max(H + tail, F)
-
-
-def _run_host(
-    p: _HostProgram, setting: _Setting, off: float, idle_target: np.ndarray | None
-) -> Generator[tuple[int, float, float, str, int], float, float]:
-    alpha = setting.host_scale
-    kind = setting.compute_scale.get(p.rank, 1.0) if setting.compute_scale else 1.0
-    t = off
-    for k in range(len(p.seg)):
-        c, m, u, y, idle, enq, lead = p.seg[k]
-        if idle_target is not None:
-            # the fastest rank's host gaps: its wake-up after the last collective (lead) and its
-            # gaps and enqueue before the next, each the minimum over ranks
-            if idle + enq > 0:
-                f = idle_target[k, 0] / (idle + enq)
-                idle, enq = idle * f, enq * f
-            lead = idle_target[k, 1]
-        if setting.sync0:
-            y = 0.0
-        total = (c * kind + m + u + y + idle + enq + lead) * alpha
-        if setting.host_deduct and total > 0:  # the profiler's cost per op, from every host part
-            total = max(total - setting.host_deduct * p.n_ops[k], 0.0)
-        t += total
-        if k < len(p.c_inst):
-            t = yield (int(p.c_inst[k]), t, float(p.c_x[k]), p.c_op[k], int(p.c_bytes[k]))
-    return t
 
 
 # ------------------------------------------------------------------------------------------
@@ -526,277 +400,70 @@ def build_model(
 
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
-    measured = steady["window_ns"].to_numpy(np.float64)
+    manifest: Mapping[str, Any] | None = None
     if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
         wins = classified.steps(parts.step_pattern).steps
+        manifest = classified.run.manifest
         classified = classified.events
     else:
         wins = find_steps_detailed(classified, parts.step_pattern).steps
     wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
-    wins = wins[wins["step"].isin(steps)]
-    part_w = parts.steps[["rank", "step", "start_ns", "end_ns"]]
-    wins = wins.drop(columns=["end_ns"]).merge(part_w[["rank", "step", "end_ns"]], on=["rank", "step"])
-    offsets_clock = parts.collectives.clock.offsets_ns
-    pr = parts.collectives.per_rank
+    # every step in the graph: the warm-up step before the steady ones gives the first its start
+    part_w = parts.steps[["rank", "step", "end_ns"]]
+    wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
     inst_bytes: dict[int, int] = {}
     if len(parts.collectives.instances):
         ins = parts.collectives.instances
         inst_bytes = {
             int(i): int(b) for i, b in zip(ins["instance"], ins["size_bytes"].fillna(-1), strict=True)
         }
-    ev_rank = classified["rank"].to_numpy(np.int64)
-    programs: dict[int, dict[int, Any]] = {st: {} for st in steps}
-    offsets: dict[int, dict[int, float]] = {st: {} for st in steps}
-    members: dict[int, dict[int, set[int]]] = {st: {} for st in steps}
-    compute_tok: dict[int, float] = {}
-    notes: list[str] = []
     timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
-    for r in parts.ranks:
-        ev = classified[ev_rank == r]
-        w = wins[wins["rank"] == r]
-        prs = pr[pr["rank"] == r] if len(pr) else pr
-        built: Mapping[int, tuple[_GpuProgram | _HostProgram, set[int]]]
-        if timeline == "gpu":
-            built, comp = _gpu_programs(ev, w, prs, inst_bytes, r)
-        else:
-            built, comp = _host_programs(ev, w, prs, inst_bytes, r)
-        compute_tok[r] = comp
-        for st, (prog, insts) in built.items():
-            programs[st][r] = prog
-            for inst in insts:
-                members[st].setdefault(inst, set()).add(r)
-    for st in steps:
-        w = wins[wins["step"] == st]
-        al = {
-            int(r): int(s) - offsets_clock.get(int(r), 0)
-            for r, s in zip(w["rank"], w["start_ns"], strict=True)
-        }
-        first = min(al.values())
-        offsets[st] = {r: float(a - first) for r, a in al.items()}
-    frozen = {st: {i: frozenset(m) for i, m in d.items()} for st, d in members.items()}
-    if len(parts.ranks) > 1:
-        uneven = sum(
-            1
-            for st in steps
-            if len({_segments(p) for p in programs[st].values()})
-            > 1  # ranks launched different collective counts
-        )
-        if uneven:
-            notes.append(
-                f"{label}: {uneven} step(s) have different collective counts on the ranks; straggler=off leaves them as "
-                "they are"
-            )
-    return RunModel(
+    g = G.build_graph(
+        classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
+    )
+    cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
+    compute_tok = {int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks}
+    pos = {s: i for i, s in enumerate(g.steps)}
+    measured = g.periods(g.t)[[pos[s] for s in steps]]
+    notes = [f"{label}: {n}" for n in g.notes]
+    model = RunModel(
         label=label,
         n_ranks=len(parts.ranks),
-        ranks=list(parts.ranks),
+        ranks=list(g.ranks),
         timeline=timeline,
         steps=steps,
-        programs=programs,
-        offsets=offsets,
-        members=frozen,
+        graph=g,
         measured_ns=measured,
         compute_per_token=compute_tok,
         target_ns=target_ns,
         notes=notes,
     )
+    model.calibration = _manifest_calibration(manifest)
+    return model
 
 
-def _gpu_programs(
-    ev: pd.DataFrame, wins: pd.DataFrame, pr: pd.DataFrame, inst_bytes: Mapping[int, int], rank: int
-) -> tuple[dict[int, tuple[_GpuProgram, set[int]]], float]:
-    from tracekit.classify.rules import GPU_KINDS
-
-    kind = ev["kind"].astype(str).to_numpy()
-    cls = ev["cls"].astype(str).to_numpy()
-    start = ev["start_ns"].to_numpy(np.int64)
-    end = ev["end_ns"].to_numpy(np.int64)
-    corr = ev["correlation"].to_numpy(np.int64)
-    is_rt = kind == "runtime"
-    is_dev = np.isin(kind, list(GPU_KINDS))
-    rt_idx = np.flatnonzero(is_rt)
-    rt_idx = rt_idx[np.argsort(start[rt_idx], kind="stable")]
-    dev_idx = np.flatnonzero(is_dev)
-    dev_idx = dev_idx[np.argsort(start[dev_idx], kind="stable")]
-    # collective of each device op (by its raw start/end on this rank)
-    coll_of: dict[tuple[int, int], tuple[int, int, str]] = {}
-    if len(pr):
-        for inst, s, e, a, op in zip(
-            pr["instance"], pr["raw_start_ns"], pr["raw_end_ns"], pr["arrival_raw_ns"], pr["op"], strict=True
-        ):
-            coll_of[(int(s), int(e))] = (int(inst), int(e) - max(int(a), int(s)), str(op))
-    rt_start_sorted = start[rt_idx]
-    # the device operations of each correlation id (a launch call's work), in device order
-    devs_of: dict[int, list[int]] = {}
-    for d in dev_idx:
-        c = int(corr[d])
-        if c >= 0:
-            devs_of.setdefault(c, []).append(int(d))
-    programs: dict[int, tuple[_GpuProgram, set[int]]] = {}
-    comp_total, n_steps = 0.0, 0
-    rhos, qs = [], []
-    per_step: list[Any] = []
-    for st, ws, ann_end, we in zip(
-        wins["step"], wins["start_ns"], wins["annotation_end_ns"], wins["end_ns"], strict=True
-    ):
-        ws, ann_end, we = int(ws), int(ann_end), int(we)
-        lo, hi = np.searchsorted(rt_start_sorted, [ws, ann_end], side="left")
-        calls = rt_idx[lo:hi]
-        if len(calls):
-            pairs = [(d, k) for k, c in enumerate(corr[calls]) if c >= 0 for d in devs_of.get(int(c), ())]
-            pairs.sort(key=lambda dk: (start[dk[0]], dk[0]))
-            d_sel = np.asarray([d for d, _ in pairs], dtype=np.int64)
-            launch = np.asarray([k for _, k in pairs], dtype=np.int64)
-        else:  # no runtime calls (kernels-only trace): released from the window start
-            d_sel = dev_idx[(start[dev_idx] >= ws) & (start[dev_idx] < we)]
-            launch = np.full(len(d_sel), -1, dtype=np.int64)
-        ds, de = start[d_sel].astype(np.float64), end[d_sel].astype(np.float64)
-        frontier = np.maximum.accumulate(np.concatenate(([float(ws)], de)))[:-1]
-        cs = start[calls].astype(np.float64)
-        hstart = np.where(launch >= 0, cs[np.maximum(launch, 0)] if len(calls) else float(ws), float(ws))
-        rho = ds - hstart
-        q = ds - frontier
-        rhos.append(rho[(q >= IDLE_GAP_NS) & (launch >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)])
-        per_step.append((int(st), calls, d_sel, launch, ws, ann_end, we, ds, de, frontier, rho, q))
-    rho_all = np.concatenate(rhos) if rhos else np.zeros(0)
-    rho_typ = float(np.median(rho_all)) if len(rho_all) else 5000.0
-    # launch-bound: the device sat idle before it and it started a launch latency after its call;
-    # otherwise it was queued (launched while the device was busy, or held by another stream)
-    rho_bound = max(3 * rho_typ, rho_typ + 20_000)
-    qs = [q[~((q >= IDLE_GAP_NS) & (rho <= rho_bound))] for *_, rho, q in per_step]
-    q_all = np.concatenate(qs) if qs else np.zeros(0)
-    q_typ = float(max(np.median(q_all), 0.0)) if len(q_all) else 1000.0
-    for st, calls, d_sel, launch, ws, ann_end, _we, ds, de, _frontier, rho, q in per_step:
-        idle = (q >= IDLE_GAP_NS) & (rho <= rho_bound)
-        dur = de - ds
-        compute = cls[d_sel] == "compute"
-        comp_total += float(dur[compute].sum())
-        n_steps += 1
-        inst = np.full(len(d_sel), -1, dtype=np.int64)
-        x = np.zeros(len(d_sel))
-        ops: list[str] = [""] * len(d_sel)
-        nbytes = np.full(len(d_sel), -1, dtype=np.int64)
-        insts: set[int] = set()
-        for k, d in enumerate(d_sel):
-            hit = coll_of.get((int(start[d]), int(end[d])))
-            if hit is not None:
-                inst[k], x[k], ops[k] = hit[0], max(hit[1], 0), hit[2]
-                nbytes[k] = inst_bytes.get(hit[0], -1)
-                insts.add(hit[0])
-        rho_k = np.where(idle, rho, np.minimum(rho, rho_typ))
-        q_k = np.where(idle, np.minimum(q, q_typ), q)
-        # host chain
-        cs, ce = start[calls].astype(np.float64), end[calls].astype(np.float64)
-        prev_end = (
-            np.concatenate(([float(ws)], np.maximum.accumulate(ce)[:-1])) if len(calls) else np.zeros(0)
-        )
-        gap = np.maximum(cs - prev_end, 0.0)
-        own = np.maximum(ce - np.maximum(cs, prev_end), 0.0)
-        sync = cls[calls] == "sync"
-        # the device frontier when each sync was called: ops launched before it
-        block = np.zeros(len(calls), dtype=bool)
-        eps = np.zeros(len(calls))
-        for i in np.flatnonzero(sync):
-            before = launch < i
-            f = float(de[before].max()) if before.any() else float(ws)
-            if f > cs[i]:
-                block[i] = True
-                eps[i] = max(ce[i] - f, 0.0)
-        h_dur = np.where(block, 0.0, own)
-        coll_launch = np.zeros(len(calls), dtype=np.int64)
-        for k in range(len(d_sel)):
-            if inst[k] >= 0 and launch[k] >= 0:
-                coll_launch[launch[k]] = 1
-        seg = (
-            np.concatenate(([0], np.cumsum(coll_launch)[:-1])) if len(calls) else np.zeros(0, dtype=np.int64)
-        )
-        last_end = float(np.max(ce)) if len(calls) else float(ws)
-        tail = max(float(ann_end) - last_end, 0.0)
-        prog = _GpuProgram(
-            rank=rank,
-            h_gap=gap,
-            h_dur=h_dur,
-            h_sync=sync,
-            h_block=block,
-            h_eps=eps,
-            h_seg=seg.astype(np.int64),
-            tail_gap=tail,
-            d_launch=launch,
-            d_dur=dur,
-            d_compute=compute,
-            d_rho=rho,
-            d_rho_k=rho_k,
-            d_q=q,
-            d_q_k=q_k,
-            d_inst=inst,
-            d_x=x,
-            d_op=ops,
-            d_bytes=nbytes,
-            q_typ=q_typ,
-        )
-        # relative to the window start
-        programs[st] = (prog, insts)
-    return programs, comp_total / max(n_steps, 1)
-
-
-def _host_programs(
-    ev: pd.DataFrame, wins: pd.DataFrame, pr: pd.DataFrame, inst_bytes: Mapping[int, int], rank: int
-) -> tuple[dict[int, tuple[_HostProgram, set[int]]], float]:
-    from tracekit.analyse.collectives import assign_steps
-    from tracekit.analyse.critical_path import _layers_of
-
-    lay = _layers_of(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
-    busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]  # every op of the rank's timeline, merged
-    w = wins[["rank", "step", "start_ns", "end_ns"]]
-    colls = pr.assign(start_ns=pr["raw_start_ns"]) if len(pr) else pr
-    if len(colls):
-        colls = colls.assign(step=assign_steps(colls, w).to_numpy())
-    programs: dict[int, tuple[_HostProgram, set[int]]] = {}
-    comp_total, n = 0.0, 0
-    for st, ws, we in zip(w["step"], w["start_ns"], w["end_ns"], strict=True):
-        st, ws, we = int(st), int(ws), int(we)
-        c = colls[colls["step"] == st].sort_values("raw_start_ns") if len(colls) else colls
-        bounds = [ws]
-        insts, xs, ops, sizes = [], [], [], []
-        for inst, s, e, a, op in zip(
-            c["instance"], c["raw_start_ns"], c["raw_end_ns"], c["arrival_raw_ns"], c["op"], strict=True
-        ):
-            bounds += [int(s), int(e)]
-            insts.append(int(inst))
-            xs.append(max(int(e) - max(int(a), int(s)), 0))
-            ops.append(str(op))
-            sizes.append(inst_bytes.get(int(inst), -1))
-        bounds.append(we)
-        seg = np.zeros((len(insts) + 1, len(_HOST_COLS)))
-        n_ops = np.zeros(len(insts) + 1)
-        for k in range(len(insts) + 1):
-            a, b = bounds[2 * k], max(bounds[2 * k + 1], bounds[2 * k])
-            lo, hi = np.searchsorted(busy_s, [a, b], side="left")
-            n_ops[k] = max(int(hi) - int(lo), 0)
-            m = lay.measure(a, b)
-            lead = _lead_gap(busy_s, busy_e, a, b)
-            seg[k] = [
-                m["compute"],
-                m["memory"],
-                m["unknown"],
-                m["sync"],
-                m["idle"] - lead,
-                m["collective"],
-                lead,
-            ]
-        comp_total += float(seg[:, 0].sum())
-        n += 1
-        prog = _HostProgram(
-            rank=rank,
-            seg=seg,
-            c_inst=np.asarray(insts, dtype=np.int64),
-            c_x=np.asarray(xs, dtype=np.float64),
-            c_op=ops,
-            c_bytes=np.asarray(sizes, dtype=np.int64),
-            n_ops=n_ops,
-        )
-        programs[st] = (prog, set(insts))
-    return programs, comp_total / max(n, 1)
+def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest's `profiler_calibration` ({"per_call_ns": {kind: int}, "method", "calls"}) when
+    it is well formed, else None."""
+    if not isinstance(manifest, Mapping):
+        return None
+    cal = manifest.get("profiler_calibration")
+    if not isinstance(cal, Mapping):
+        return None
+    per = cal.get("per_call_ns")
+    if not isinstance(per, Mapping):
+        return None
+    out = {
+        str(k): int(v)
+        for k, v in per.items()
+        if k in ("runtime", "op", "collective")
+        and isinstance(v, int | float)
+        and not isinstance(v, bool)
+        and v >= 0
+    }
+    if not out:
+        return None
+    return {"per_call_ns": out, "method": str(cal.get("method", "")), "calls": cal.get("calls")}
 
 
 # ------------------------------------------------------------------------------------------
@@ -845,22 +512,38 @@ def _solve_decreasing(err: Any, x0: float, step: float, tol: float, limit: float
 
 
 def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
-    """Correct the replay to the unprofiled per-token time `target_ns` (nothing without one), so the
-    unchanged replay's mean equals it within `rel_tol`:
+    """Correct the replay for the profiler's cost. With the manifest's `profiler_calibration` (the
+    same calls timed with and without the profiler at capture time), its cost per call of each kind
+    is removed call by call: per CUDA runtime call and per collective call on a GPU timeline, per
+    op on a host timeline (`correction` "manifest calibration"). Without one, and with an
+    unprofiled per-token time `target_ns`, one cost is solved for so that the unchanged replay's
+    mean equals it within `rel_tol` (`correction` "solved"):
 
-    - GPU timeline: the profiler's cost is a cost per CUDA runtime call (its callbacks), so a fixed
-      `host_deduct` ns is taken from every call's host time (the gap before it first, then the call);
-      a host sleep is one gap, not a thousand, and loses one deduction (a factor on all host time
-      would keep most of the profiler's cost when an injected sleep dominates the host time);
-    - host timeline: op callbacks land inside and between ops, so one factor `host_scale` on every
-      part but transfer, the rule `shortfall.reconcile` uses there.
+    - GPU timeline: a fixed `host_deduct` ns is taken from every runtime call's host time (the gap
+      before it first, then the call); a host sleep is one gap and loses one deduction; a run the
+      device sets (a CUDA-graph replay launches nothing per kernel) gets a factor on its device op
+      times and gaps instead;
+    - host timeline: one factor `host_scale` on every part but transfer, the rule
+      `shortfall.reconcile` uses there.
 
     Returns the deduction (GPU) or the factor (host)."""
     model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
+    model.deduct_collective, model.correction = 0.0, "none"
+    cal = model.calibration
+    if cal is not None:
+        per = cal["per_call_ns"]
+        if model.timeline == "gpu":
+            model.host_deduct = float(per.get("runtime", 0))
+            model.deduct_collective = float(per.get("collective", 0))
+        else:
+            model.host_deduct = float(per.get("op", 0))
+        model.correction = "manifest calibration"
+        return model.host_deduct
     if model.target_ns is None:
         return 0.0
     target = float(model.target_ns)
     tol = max(rel_tol * target, 1.0)
+    model.correction = "solved"
     if model.timeline == "gpu":
 
         def err_gpu(delta: float) -> float:
@@ -886,6 +569,7 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
         if value is not None and value < 0:
             value = None
     if value is None:
+        model.correction = "none"
         model.notes.append(
             f"{model.label}: the replay cannot reach the unprofiled per-token time {target / 1e6:.3f} ms by "
             "removing host time; not corrected"
@@ -926,14 +610,15 @@ def setting_for(
         elif k.name == "straggler":
             kw["straggler_off"] = True
         elif k.name == "compute" and baseline_compute is not None:
-            kw["compute_scale"] = {
-                r: (baseline_compute / n_ranks) / c if c > 0 else 1.0
-                for r, c in model.compute_per_token.items()
-            }
+            mean_c = (
+                float(np.mean(list(model.compute_per_token.values()))) if model.compute_per_token else 0.0
+            )
+            kw["compute_scale"] = (baseline_compute / n_ranks) / mean_c if mean_c > 0 else 1.0
     return _Setting(
         transfer=transfer,
         host_scale=model.host_scale,
         host_deduct=model.host_deduct,
+        deduct_collective=model.deduct_collective,
         device_scale=model.device_scale,
         **kw,
     )
@@ -973,7 +658,7 @@ def round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
 
 
 def _mean_int(values: np.ndarray) -> Fraction:
-    return Fraction(int(np.rint(values).astype(np.int64).sum()), len(values))
+    return Fraction(int(np.asarray(values, dtype=np.int64).sum()), len(values))
 
 
 @dataclass
@@ -1020,6 +705,14 @@ class WhatIf:
                 "per_token_ns": int(round(self.measured[m.n_ranks])),
                 "per_token_source": "unprofiled" if m.target_ns is not None else "trace",
                 "host_cost_per_call_ns": round(m.host_deduct, 1),
+                "profiler_correction": {
+                    "method": m.correction,
+                    **(
+                        {"per_call_ns": m.calibration["per_call_ns"]}
+                        if m.correction == "manifest calibration" and m.calibration is not None
+                        else {}
+                    ),
+                },
                 "host_scale": m.host_scale,
                 "device_scale": m.device_scale,
                 "replay_error": self.replay_error(m),
@@ -1130,6 +823,7 @@ def whatif(
                 straggler_off=s.straggler_off,
                 host_scale=s.host_scale,
                 host_deduct=s.host_deduct,
+                deduct_collective=s.deduct_collective,
                 device_scale=s.device_scale,
             )
         return _mean_int(m.replay(s))

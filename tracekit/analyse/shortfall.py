@@ -62,6 +62,7 @@ from tracekit.analyse.collectives import (
 )
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.graph import RankGraph, build_rank_graph
 from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
@@ -261,14 +262,14 @@ class RankAttribution:
     """One rank's share of `attribute_run` (small; what a Dask per-rank task returns): its
     partition rows with the exposed collective split (`wait_ns`, `transfer_ns`, and the split's
     `collective_ns_split` for the run-level check), the timeline of its layers, whether it has GPU
-    activity but no kernel, and (when spans were given) its layer unions clipped to each step's
-    critical-path span (`critical_path.path_spans`), by step."""
+    activity but no kernel, and (when graph windows were given) its share of the run's
+    dependency graph (`graph.build_rank_graph`), which the critical path is walked on."""
 
     rank: int
     table: pd.DataFrame
     timeline: str
     no_kernels: bool
-    path_unions: dict[int, LayerUnions] = field(default_factory=dict)
+    graph: RankGraph | None = None
     kernels: pd.DataFrame | None = None  # its compute kernels per step (`kernel_scaling.kernel_table`)
 
 
@@ -280,13 +281,15 @@ def attribute_rank(
     *,
     table: pd.DataFrame | None = None,
     unions: LayerUnions | None = None,
-    spans: Mapping[int, tuple[int, int]] | None = None,
+    graph_windows: pd.DataFrame | None = None,
+    offset: int = 0,
 ) -> RankAttribution:
     """One rank's piece of `attribute_run`. `events`: the rank's classified rows (only);
     `windows`: its step windows (the run's step numbers); `matched`: its rows of the matched
     collectives (`CollectiveInstances.per_rank`); `table` / `unions`: its partition rows and layer
-    unions when already built (the AnalysedRun's), else built here; `spans`: step -> the span to
-    clip its unions to for the critical path (the Dask engine's step-bucket tasks)."""
+    unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
+    windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
+    `offset` its clock offset (raw = aligned + offset)."""
     from tracekit.analyse.steps import layer_unions, partition_steps
 
     if unions is None:
@@ -301,9 +304,17 @@ def attribute_rank(
         on=["rank", "step"],
         suffixes=("", "_split"),
     )
-    clipped = {int(st): unions.clipped(lo, hi) for st, (lo, hi) in (spans or {}).items()}
+    graph = None
+    if graph_windows is not None and len(graph_windows):
+        # the step windows with the partition's ends (the annotation's end from the windows found)
+        gw = graph_windows.drop(columns=["end_ns"]).merge(
+            table[["rank", "step", "end_ns"]], on=["rank", "step"]
+        )
+        graph = build_rank_graph(
+            events, int(rank), gw, matched, int(offset), "gpu" if timeline == "gpu" else "host"
+        )
     kernels = kernel_table(events, rank, windows)
-    return RankAttribution(int(rank), table, timeline, no_kernels, clipped, kernels)
+    return RankAttribution(int(rank), table, timeline, no_kernels, graph, kernels)
 
 
 @dataclass
@@ -509,7 +520,7 @@ def attribute_run(
     `attribute_rank` per rank (partition, host layers, exposed split, ranks without kernels) ->
     `assemble_attribution` (step time, per-rank parts, their mean) -> `critical_path` ->
     `finish_attribution` (path check, dilation)."""
-    from tracekit.analyse.critical_path import critical_path
+    from tracekit.analyse.critical_path import path_of_ranks, path_timeline
     from tracekit.analyse.steps import rank_selectors
 
     ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
@@ -538,6 +549,8 @@ def attribute_run(
     t_rank = table["rank"].to_numpy(np.int64)
     m_rank = coll.per_rank["rank"].to_numpy(np.int64)
     empty = np.zeros(0, dtype=np.int64)
+    offsets = coll.clock.offsets_ns
+    f_rank = windows["rank"].to_numpy(np.int64)
     pieces = [
         attribute_rank(
             classified.iloc[rows_of.get(r, empty)],
@@ -546,16 +559,14 @@ def attribute_run(
             coll.per_rank[m_rank == r],
             table=table[t_rank == r],
             unions=unions[r],
+            graph_windows=windows[f_rank == r],
+            offset=int(offsets.get(r, 0)),
         )
         for r in ranks
     ]
     att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
-    path = critical_path(
-        classified,
-        att.table[["rank", "step", "start_ns", "end_ns"]],
-        coll.per_rank,
-        coll.clock.offsets_ns,
-        unions=unions,
+    path = path_of_ranks(
+        [p.graph for p in pieces if p.graph is not None], offsets, path_timeline(p.timeline for p in pieces)
     )
     return finish_attribution(
         run,

@@ -82,6 +82,11 @@ def _summary(doc: dict[str, Any]) -> list[str]:
                 if r["timeline"] == "gpu"
                 else f"host time scaled by {r['host_scale']:.3f}"
             )
+            + (
+                " (from the manifest's profiler calibration)"
+                if r.get("profiler_correction", {}).get("method") == "manifest calibration"
+                else ""
+            )
         )
     c = doc.get("check")
     if c:

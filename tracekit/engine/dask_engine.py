@@ -650,30 +650,31 @@ def rank_attributions(
     view: BucketInput,
     windows: dict[int, pd.DataFrame],
     matched: dict[int, pd.DataFrame],
-    spans: dict[int, dict[int, tuple[int, int]]],
-    step_bucket: dict[int, int],
-) -> tuple[list[Any], RankTask, dict[int, dict[tuple[int, int], Any]]]:
+    offsets: dict[int, int],
+) -> tuple[list[Any], RankTask, dict[int, Any]]:
     """Stage 2 (shortfall), per rank file, after the client's `matched_collectives`: for each of
     its ranks with windows, `shortfall.attribute_rank` (partition, host layers, exposed split with
-    the rank's matched rows, kernels or not) and its layer unions clipped to each step's
-    critical-path span. Returns the pieces (small, for the client), the task, and the clipped
-    unions by step bucket (left on the worker for the step-bucket tasks: `unions_of_bucket`)."""
+    the rank's matched rows, kernels or not, and its share of the dependency graph). Returns the
+    pieces (small, for the client), the task, and the ranks' graphs (left on the worker for the
+    path task: `graphs_of`)."""
     from tracekit.analyse.shortfall import attribute_rank
 
     t0 = time.perf_counter()
     ev = load_rank_events(view)
     pieces = []
-    by_bucket: dict[int, dict[tuple[int, int], Any]] = {}
+    graphs: dict[int, Any] = {}
     for r, e in _by_rank(ev):
         if r not in windows:
             continue
-        piece = attribute_rank(e, r, windows[r], matched[r], spans=spans.get(r, {}))
-        for st, lay in piece.path_unions.items():
-            by_bucket.setdefault(step_bucket[st], {})[(r, st)] = lay
-        piece.path_unions = {}
+        piece = attribute_rank(
+            e, r, windows[r], matched[r], graph_windows=windows[r], offset=int(offsets.get(r, 0))
+        )
+        if piece.graph is not None:
+            graphs[r] = piece.graph
+        piece.graph = None
         pieces.append(piece)
     task = RankTask(view.parquet, len(ev), [p.rank for p in pieces], time.perf_counter() - t0, _peak_rss())
-    return pieces, task, by_bucket
+    return pieces, task, graphs
 
 
 def _pieces_of(result: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -681,46 +682,49 @@ def _pieces_of(result: tuple[Any, ...]) -> tuple[Any, ...]:
     return result[0], result[1]
 
 
-def unions_of_bucket(result: tuple[Any, ...], bucket: int) -> dict[tuple[int, int], Any]:
-    """One step bucket's clipped unions of a `rank_attributions` result (runs where it lies)."""
-    return dict(result[2].get(bucket, {}))
+def graphs_of(result: tuple[Any, ...]) -> dict[int, Any]:
+    """The ranks' graphs of a `rank_attributions` result (runs where it lies)."""
+    return dict(result[2])
 
 
 @dataclass
 class PathBucket:
-    """What a critical-path step-bucket task returns: the walk's rows and segments of its steps,
-    and what it received (for the tests and the benchmark)."""
+    """What the critical-path task returns: the walk's rows and segments of its steps, and what it
+    received (for the tests and the benchmark)."""
 
     bucket: int
     steps: list[int]
     rows: list[dict[str, Any]]
     segments: list[tuple[int, int, int, int, str, int]]
-    received: list[tuple[int, int]]  # (rank, step) of every clipped union received
-    received_bytes: int = 0  # the clipped unions' arrays
+    received: list[tuple[int, int]]  # (rank, step) of every rank graph's steps received
+    received_bytes: int = 0  # the graphs' arrays
     seconds: float = 0.0
     peak_rss_bytes: int = 0
 
 
-def walk_bucket(bucket: int, inputs: Any, unions: list[dict[tuple[int, int], Any]]) -> PathBucket:
-    """Stage 2 (shortfall): the critical path's walk (`critical_path.walk_steps`) over one range of
-    steps, with every rank's layer unions clipped to those steps' spans only."""
-    from tracekit.analyse.critical_path import walk_steps
+def walk_bucket(bucket: int, offsets: dict[int, int], graphs: list[dict[int, Any]]) -> PathBucket:
+    """Stage 2 (shortfall): the critical path's walk on the run's dependency graph, assembled from
+    the ranks' graphs (`graph.assemble`, `graph.walk_path`). One task: the graph chains the steps
+    (time between steps is host work on it), so the run's steps are walked together."""
+    from tracekit.analyse.graph import assemble, walk_path
 
     t0 = time.perf_counter()
-    layers: dict[tuple[int, int], Any] = {}
-    for u in unions:
-        layers.update(u)
-    steps = inputs.steps()
-    stray = sorted(k for k in layers if k[1] not in set(steps))
-    if stray:
-        raise AssertionError(f"path bucket {bucket} received unions of steps outside it: {stray[:3]}")
-    nbytes = sum(
-        sum(a.nbytes for trio in lay.cum for a in trio) + sum(a.nbytes for a in lay.collective)
-        for lay in layers.values()
-    )
-    rows, segs = walk_steps(inputs, lambda r, st: layers[(r, st)])
+    ranks: dict[int, Any] = {}
+    for gs in graphs:
+        ranks.update(gs)
+    nbytes = sum(sum(v.nbytes for v in vars(g).values() if isinstance(v, np.ndarray)) for g in ranks.values())
+    g = assemble(list(ranks.values()), offsets)
+    walk = walk_path(g, g.t)
+    received = sorted((int(r), int(st)) for r, rg in ranks.items() for st in rg.steps)
     return PathBucket(
-        bucket, steps, rows, segs, sorted(layers), nbytes, time.perf_counter() - t0, _peak_rss()
+        bucket,
+        list(g.steps),
+        walk.rows,
+        walk.segments,
+        received,
+        nbytes,
+        time.perf_counter() - t0,
+        _peak_rss(),
     )
 
 
@@ -742,7 +746,7 @@ def _attribute_per_rank(
     (client: `matched_collectives`), per rank file `attribute_rank` (+ clipped unions), the
     client's `assemble_attribution`, the critical path's walk in step-bucket tasks, and the
     client's `finish_attribution`: the pieces the local `attribute_run` calls, in its order."""
-    from tracekit.analyse.critical_path import path_inputs, path_of, path_spans, path_timeline
+    from tracekit.analyse.critical_path import path_of, path_timeline
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
     from tracekit.analyse.shortfall import (
         assemble_attribution,
@@ -799,14 +803,7 @@ def _attribute_per_rank(
     )
     dq.merge(coll.data_quality)
     steps = join_steps(steps, coll, label, dq)
-    offsets = coll.clock.offsets_ns
-    windows = steps[["rank", "step", "start_ns", "end_ns"]]
-    spans = path_spans(path_inputs(windows, coll.per_rank, offsets))
-    step_list = sorted(int(s) for s in pd.unique(steps["step"]))
-    n_workers = max(1, len(client.scheduler_info().get("workers", {})))
-    n_path = min(len(step_list), max(n_workers, -(-len(step_list) // 4)))  # <= 4 steps a task
-    step_bucket = {st: (k * n_path) // max(len(step_list), 1) for k, st in enumerate(step_list)}
-
+    offsets = {int(k): int(v) for k, v in coll.clock.offsets_ns.items()}
     s_rank = steps["rank"].to_numpy(np.int64)
     m_rank = coll.per_rank["rank"].to_numpy(np.int64)
     args = []
@@ -816,8 +813,7 @@ def _attribute_per_rank(
             (
                 {r: steps[s_rank == r] for r in rs},
                 {r: coll.per_rank[m_rank == r] for r in rs},
-                {r: {st: sp for (rr, st), sp in spans.items() if rr == r} for r in rs},
-                step_bucket,
+                offsets,
             )
         )
     keep = [n for n, a in enumerate(args) if a[0]]
@@ -839,40 +835,19 @@ def _attribute_per_rank(
     pieces.sort(key=lambda p: p.rank)
     att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
 
-    pin = path_inputs(att.table[["rank", "step", "start_ns", "end_ns"]], coll.per_rank, offsets)
-    path_futs = []
-    for b in range(n_path):
-        b_steps = [st for st in step_list if step_bucket[st] == b]
-        if not b_steps:
-            continue
-        share = [
-            _task(
-                client,
-                engine,
-                f"tracekit-path-unions-run{j}-f{n}-b{b}-{token}",
-                unions_of_bucket,
-                f,
-                b,
-            )
-            for n, f in enumerate(att_futs)
-        ]
-        futures.extend(share)
-        path_futs.append(
-            _task(
-                client,
-                engine,
-                f"tracekit-path-run{j}-b{b}-{token}",
-                walk_bucket,
-                b,
-                pin.of_steps(b_steps),
-                share,
-            )
-        )
+    # the critical path: one task walks the dependency graph assembled from the ranks' shares
+    share = [
+        _task(client, engine, f"tracekit-path-graphs-run{j}-f{n}-{token}", graphs_of, f)
+        for n, f in enumerate(att_futs)
+    ]
+    futures.extend(share)
+    path_futs = [_task(client, engine, f"tracekit-path-run{j}-{token}", walk_bucket, 0, offsets, share)]
     futures.extend(path_futs)
     walked: list[PathBucket] = client.gather(path_futs)
     rows = [row for w in walked for row in w.rows]
     segs = [seg for w in walked for seg in w.segments]
-    path = path_of(rows, segs, pin.ranks, path_timeline(p.timeline for p in pieces))
+    path_ranks = sorted(int(r) for r in pd.unique(att.table["rank"]))
+    path = path_of(rows, segs, path_ranks, path_timeline(p.timeline for p in pieces))
     out = RunResult(
         manifest=meta.manifest,
         n_events=sum(p.n_events for p in parts),
