@@ -90,7 +90,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ("loaded_host_noise", "path device"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "path host"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "shapley"): SHAPLEY_SYNC0,
-    ("host_drift_between_rounds", "verdict"): NOISE_AS_FINDING,
     ("straggler_2ms", "path device"): PATH_NOT_CAUSAL,
     ("straggler_2ms", "path host"): PATH_NOT_CAUSAL,
     ("nccl_stream_event_waits", "path host"): PATH_GAPS_AS_SYNC,
