@@ -150,6 +150,9 @@ def test_committed_h200_pairs(suffix: str) -> None:
     assert rep["kernels_per_token"] > 200
     assert rep["lost_ns"] > 0.5 * term
     assert 0.85 <= rep["sharded_ns"] / rep["baseline_ns"] <= 1.15
+    if suffix == "-graphs":  # compute is the cause: the diagnosis names the class that loses most
+        assert doc["diagnosis"].startswith("Compute did not shrink 2-fold")
+        assert f"{rep['kernels_per_token']} kernels the TP layout repeats on every rank" in doc["diagnosis"]
 
 
 def test_baseline_time_per_class_equals_the_kernels_in_the_trace() -> None:

@@ -1142,13 +1142,30 @@ class Shortfall:
                 "collectives."
             )
         if top == "compute":
-            where = (
-                "per-rank kernels at this size may be too small to fill the GPU; compare matrix vs vector time in "
-                "`tracekit breakdown`"
-                if gpu
-                else "per-rank ops at this size do not run N times faster; compare the ranks' op times in "
-                "`tracekit breakdown`"
-            )
+            cs = self.compute_scaling()
+            if gpu and cs.get("available"):
+                cls = cs["classes"]
+                worst = max(("replicated", "partly_shrank", "added"), key=lambda c: cls[c]["lost_ns"])
+                k = cls[worst]
+                what = {
+                    "replicated": "kernels the TP layout repeats on every rank (norms, rotary, casts, copies) that do "
+                    "not shrink at all",
+                    "partly_shrank": "sharded kernels that shrank less than N-fold (GEMMs too small to fill the GPU)",
+                    "added": "kernels only the sharded run has",
+                }[worst]
+                where = (
+                    f"{k['kernels_per_token']} {what} lose {k['lost_ns'] / 1e6:.2f} ms per token"
+                    + (f" (top: {k['top'][0]['name'][:60]})" if k["top"] else "")
+                    + "; fuse them or run fewer (`compute_scaling` in the JSON, `tracekit roofline`)"
+                )
+            else:
+                where = (
+                    "per-rank kernels at this size may be too small to fill the GPU; compare matrix vs vector time "
+                    "in `tracekit breakdown`"
+                    if gpu
+                    else "per-rank ops at this size do not run N times faster; compare the ranks' op times in "
+                    "`tracekit breakdown`"
+                )
             return f"Compute did not shrink {n}-fold ({term} beyond the TP=1 compute / {n}): {where}."
         if top == "memory":
             return f"Memory copies did not shrink ({term} beyond the TP=1 share): look for host-device copies inside the step."

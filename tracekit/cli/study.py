@@ -140,3 +140,15 @@ def command(
         click.echo(f"note: {note}")
     for p in result.reports:
         click.echo(f"report: {p}")
+    if result.device != "cuda":
+        # on a machine without GPUs the verdict above is about gloo's exchange on a loaded host; the
+        # real GPU finding, from the committed two-H200 runs, goes beside it
+        from tracekit.pipeline.study import gpu_reference_verdicts
+
+        refs = gpu_reference_verdicts()
+        if refs:
+            click.echo("")
+            click.echo("The verdict above is this machine's CPU (gloo) run. On real GPUs (committed traces):")
+            for label, verdict in refs:
+                click.echo(f"- {label}")
+                click.echo(f"  {verdict}")

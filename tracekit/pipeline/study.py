@@ -73,6 +73,7 @@ class StudyResult:
     analyses: dict[str, Path] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     diagnosis: str = ""  # what to look at next (the shortfall's diagnosis), "" without a baseline
+    device: str = "cpu"  # where the study's captures ran (cuda | cpu)
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types (paths as strings, TP degrees as string keys)."""
@@ -86,6 +87,7 @@ class StudyResult:
             "reports": [str(p) for p in self.reports],
             "analyses": {k: str(p) for k, p in self.analyses.items()},
             "notes": list(self.notes),
+            "device": self.device,
         }
 
 
@@ -358,4 +360,33 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
         reports=reports,
         analyses=analyses,
         notes=notes + ([links_note] if links_note else []),
+        device=device,
     )
+
+
+#: The committed two-H200 pairs a CPU study puts its verdict beside (label, baseline, sharded): the
+#: real GPU finding a newcomer should read first, from traces/ of the checkout.
+GPU_REFERENCE_PAIRS: tuple[tuple[str, str, str], ...] = (
+    ("2x H200, eager decode (7b shape, 8 layers, batch 1)", "h200x2-tp1-b1", "h200x2-tp2-b1"),
+    ("2x H200, CUDA-graph decode (host out of the way)", "h200x2-tp1-b1-graphs", "h200x2-tp2-b1-graphs"),
+)
+
+
+def gpu_reference_verdicts(traces_dir: Path | None = None) -> list[tuple[str, str]]:
+    """The verdicts of the committed two-H200 pairs (`GPU_REFERENCE_PAIRS`), labelled: what a study
+    on a machine without GPUs shows beside its own gloo verdict. Empty when the traces are not
+    there (an installed package without the repository's traces/)."""
+    from tracekit.analyse.shortfall import shortfall
+    from tracekit.read import read_run
+
+    root = traces_dir or Path(__file__).resolve().parents[2] / "traces"
+    out = []
+    for label, base, shard in GPU_REFERENCE_PAIRS:
+        b, s = root / base, root / shard
+        if not (b / "manifest.json").is_file() or not (s / "manifest.json").is_file():
+            continue
+        sf = shortfall(read_run([b]), read_run([s]))
+        out.append(
+            (f"{label}: tracekit shortfall --baseline traces/{base} --sharded traces/{shard}", sf.verdict())
+        )
+    return out
