@@ -1,5 +1,5 @@
-"""What-if: replay a decode trace per token across ranks under counterfactuals (METHOD.md 6;
-docs/METHOD.md section "The dependency graph").
+"""What-if: replay a decode trace per token across ranks under counterfactuals (docs/METHOD.md
+sections "Critical path and what-if" and "The dependency graph").
 
 The replay re-times the run's dependency graph (`tracekit.analyse.graph`), the one the critical
 path is walked on: host calls per thread with the gaps between them, device operations per
