@@ -37,16 +37,20 @@ def host_speed_s() -> float:
 
 @dataclass
 class TruthRuns:
+    """`root`: the folder holding the captures (under xdist, the one folder every worker shares);
+    `scratch`: where `capture_more` writes (this worker's own folder; `root` when None)."""
+
     root: Path
     paths: dict[str, Path] = field(default_factory=dict)
     speed: dict[str, list[float]] = field(default_factory=dict)
+    scratch: Path | None = None
 
     def __getitem__(self, name: str) -> Path:
         return self.paths[name]
 
     def capture_more(self, name: str, like: str = "a") -> Path:
         """One more capture with the configuration of `like` (a repeat), probed like the others."""
-        _capture(self, name, _configs()[like])
+        _capture(self, name, _configs()[like], self.scratch or self.root)
         return self.paths[name]
 
 
@@ -69,37 +73,63 @@ def _configs() -> dict[str, object]:
     }
 
 
-def _capture(runs: TruthRuns, name: str, cfg: object) -> None:
+def _capture(runs: TruthRuns, name: str, cfg: object, where: Path) -> None:
     from tracekit.capture.runner import capture
 
     runs.speed[name] = [host_speed_s()]
-    capture(cfg, runs.root / name)  # type: ignore[arg-type]
+    capture(cfg, where / name)  # type: ignore[arg-type]
     runs.speed[name].append(host_speed_s())
-    runs.paths[name] = runs.root / name
+    runs.paths[name] = where / name
 
 
 def capture_truth_runs(root: Path) -> TruthRuns:
     runs = TruthRuns(root)
     for name, cfg in _configs().items():
-        _capture(runs, name, cfg)
+        _capture(runs, name, cfg, root)
     return runs
 
 
+def is_complete_capture(path: Path) -> bool:
+    """A capture folder that exists and whose manifest says every rank finished."""
+    import json
+
+    try:
+        return bool(json.loads((path / "manifest.json").read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def shared_truth_runs(shared: Path, local: Path) -> TruthRuns:
-    """The truth runs captured once for every pytest-xdist worker of a session: the first worker to
-    take the lock on `shared` captures them there and writes `runs.json`; the others wait for the
-    lock and read it. `capture_more` writes under this worker's own `local` folder (two workers may
-    each ask for the same extra name)."""
+    """The truth runs captured once for every pytest-xdist worker of a session, in `shared` (a
+    folder every worker sees, not under any one worker's temp): the first worker to take the lock
+    on `shared` captures them there and then writes `runs.json` (atomically, last); the others wait
+    for the lock and read it. An index whose capture folders are missing or incomplete (a worker
+    that died mid-capture, a folder cleaned away) is thrown away and the captures taken again.
+    `capture_more` writes under this worker's own `local` folder (two workers may each ask for the
+    same extra name)."""
     import fcntl
     import json
+    import os
+    import shutil
 
     shared.mkdir(parents=True, exist_ok=True)
     index = shared / "runs.json"
     with open(shared / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not index.exists():
+        doc = None
+        if index.exists():
+            doc = json.loads(index.read_text())
+            if set(doc["paths"]) != set(_configs()) or not all(
+                is_complete_capture(Path(v)) for v in doc["paths"].values()
+            ):
+                doc = None
+        if doc is None:
+            index.unlink(missing_ok=True)
+            for name in _configs():  # leftovers of an interrupted capture
+                shutil.rmtree(shared / name, ignore_errors=True)
             runs = capture_truth_runs(shared)
             doc = {"paths": {k: str(v) for k, v in runs.paths.items()}, "speed": runs.speed}
-            index.write_text(json.dumps(doc))
-        doc = json.loads(index.read_text())
-    return TruthRuns(local, {k: Path(v) for k, v in doc["paths"].items()}, doc["speed"])
+            tmp = shared / "runs.json.tmp"
+            tmp.write_text(json.dumps(doc))
+            os.replace(tmp, index)
+    return TruthRuns(shared, {k: Path(v) for k, v in doc["paths"].items()}, doc["speed"], scratch=local)

@@ -32,7 +32,7 @@ def runs(gloo_truth) -> dict[str, RunParts]:  # type: ignore[no-untyped-def]
         name: attribute_run(read_run([gloo_truth[name]], cache=False), label=name)
         for name in ("tp1", "a", "b", "inj")
     }
-    out["_root"] = gloo_truth.root  # type: ignore[assignment]
+    out["_paths"] = dict(gloo_truth.paths)  # type: ignore[assignment]
     return out
 
 
@@ -118,17 +118,17 @@ def test_cli_table_and_json_on_the_captures(runs):
 
     from tracekit.cli.shortfall import command
 
-    root: Path = runs["_root"]  # type: ignore[assignment]
-    res = CliRunner().invoke(
-        command, ["--baseline", str(root / "tp1"), "--sharded", str(root / "inj"), "--no-cache"]
-    )
+    # the fixture's own paths: under xdist the captures are not under this worker's temp folder
+    paths: dict[str, Path] = runs["_paths"]  # type: ignore[assignment]
+    base, sharded = str(paths["tp1"]), str(paths["inj"])
+    res = CliRunner().invoke(command, ["--baseline", base, "--sharded", sharded, "--no-cache"])
     assert res.exit_code == 0, res.output
     first = res.output.splitlines()[0]
     assert first.startswith("Coordination holds this run back"), first
     assert "Profiler dilation" in res.output and "Stragglers" in res.output
     res = CliRunner().invoke(
         command,
-        ["--baseline", str(root / "tp1"), "--sharded", str(root / "inj"), "--format", "json", "--no-cache"],
+        ["--baseline", base, "--sharded", sharded, "--format", "json", "--no-cache"],
     )
     doc = json.loads(res.output)
     assert doc["kind"] == "tracekit.shortfall" and doc["n_ranks"] == 2

@@ -1,0 +1,97 @@
+"""The session's CPU ground-truth captures (tests/gloo_truth.py) shared by pytest-xdist workers:
+every worker gets paths that exist and are complete, the captures are taken once, and an index
+whose folders are gone is not trusted. The capture itself is replaced by a stand-in that writes a
+manifest (no torch, no processes): what is checked is the sharing, not the capture."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import gloo_truth
+import pytest
+
+
+@pytest.fixture
+def fake_capture(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """Replaces the capture by one that writes a complete manifest, slowly enough that two
+    workers overlap; returns the folders it was asked to write, in order."""
+    import tracekit.capture.runner as runner
+
+    calls: list[Path] = []
+
+    def capture(cfg: object, out_dir: Path) -> Path:
+        calls.append(Path(out_dir))
+        time.sleep(0.02)
+        Path(out_dir).mkdir(parents=True)
+        (Path(out_dir) / "manifest.json").write_text(json.dumps({"complete": True}))
+        return Path(out_dir)
+
+    monkeypatch.setattr(runner, "capture", capture)
+    monkeypatch.setattr(gloo_truth, "host_speed_s", lambda: 1.0)
+    return calls
+
+
+def _two_workers(shared: Path, tmp: Path) -> list[gloo_truth.TruthRuns]:
+    out: list[gloo_truth.TruthRuns] = []
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            out.append(gloo_truth.shared_truth_runs(shared, tmp / name))
+        except BaseException as e:  # noqa: BLE001 - re-raised below in the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(f"gw{i}",)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def test_two_workers_see_one_set_of_existing_complete_captures(
+    fake_capture: list[Path], tmp_path: Path
+) -> None:
+    shared = tmp_path / "gloo-truth-shared"
+    runs = _two_workers(shared, tmp_path)
+    names = set(gloo_truth._configs())
+    assert sorted(p.name for p in fake_capture) == sorted(names)  # taken once, by one worker
+    assert runs[0].paths == runs[1].paths
+    for r in runs:
+        assert set(r.paths) == names
+        for name in names:
+            # the folder a worker is handed, and the one under its `root`, are the shared capture
+            assert r[name] == r.root / name == shared / name
+            assert gloo_truth.is_complete_capture(r.root / name)
+        assert not r.scratch or shared not in r.scratch.parents
+
+
+def test_an_index_whose_captures_are_gone_is_taken_again(fake_capture: list[Path], tmp_path: Path) -> None:
+    shared = tmp_path / "gloo-truth-shared"
+    gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    import shutil
+
+    shutil.rmtree(shared / "inj")
+    runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw1")
+    assert len(fake_capture) == 2 * len(gloo_truth._configs())
+    assert all(gloo_truth.is_complete_capture(p) for p in runs.paths.values())
+    # an incomplete one (a rank failed) is not trusted either
+    (shared / "a" / "manifest.json").write_text(json.dumps({"complete": False}))
+    runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    assert len(fake_capture) == 3 * len(gloo_truth._configs())
+    assert all(gloo_truth.is_complete_capture(p) for p in runs.paths.values())
+
+
+def test_capture_more_writes_under_the_workers_own_folder(fake_capture: list[Path], tmp_path: Path) -> None:
+    shared = tmp_path / "gloo-truth-shared"
+    runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    assert runs.capture_more("c") == tmp_path / "gw0" / "c"
+    assert not (shared / "c").exists() and gloo_truth.is_complete_capture(runs["c"])
+    # without xdist there is one folder: the captures and the extra ones go there
+    alone = gloo_truth.capture_truth_runs(tmp_path / "alone")
+    assert alone.capture_more("c") == tmp_path / "alone" / "c" and alone["tp1"] == tmp_path / "alone" / "tp1"
