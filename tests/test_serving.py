@@ -130,6 +130,34 @@ def test_the_innermost_launching_op_decides() -> None:
     assert _launched("aten::mm", "void my_engine::ar_kernel<8>(float*)")[::3] == ("compute", "name")
 
 
+def test_a_table_without_device_or_collective_columns_classifies_by_the_launching_op() -> None:
+    # a hand-built table (plain pandas, not make_events) lacks device and the coll_* columns:
+    # they read as missing, so the host op is still a host op and the kernel its collective
+    import pandas as pd
+
+    ev = pd.DataFrame(
+        {
+            "rank": [0, 0, 0],
+            "kind": ["cpu_op", "runtime", "kernel"],
+            "name": ["vllm::all_reduce", "cudaLaunchKernel", "void my_engine::ar_kernel<8>(float*)"],
+            "start_ns": [0, 20, 40],
+            "end_ns": [100, 30, 60],
+            "stream": [1, 1, 7],
+            "correlation": [-1, 5, 5],
+        }
+    )
+    k = classify(ev).iloc[-1]
+    assert (k["cls"], k["subclass"], k["decided_by"], k["coll_op"]) == (
+        "collective",
+        "custom_allreduce",
+        "launch_op",
+        "all_reduce",
+    )
+    # and without correlation there is no launch to follow: the name rules decide
+    k = classify(ev.drop(columns="correlation")).iloc[-1]
+    assert (k["cls"], k["decided_by"]) == ("compute", "name")
+
+
 # ------------------------------------------------------------------ 4 ranks of custom all-reduce
 
 

@@ -47,10 +47,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from tracekit.analyse.steps import LayerUnions
 
 #: The path parts, in report order (`critical_path.PATH_PARTS`).
 PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
@@ -183,14 +186,17 @@ def build_rank_graph(
     offset: int,
     timeline: str,
     inst_bytes: Mapping[int, int] | None = None,
+    unions: LayerUnions | None = None,
 ) -> RankGraph:
     """One rank's graph over its `windows` (step, start_ns, end_ns, annotation_end_ns; the rank's
     own clock; consecutive steps), its classified `events` and its rows of the matched collectives.
-    Times are stored on the aligned clock (own - `offset`)."""
+    Times are stored on the aligned clock (own - `offset`). `unions`: the rank's layer unions
+    (`steps.layer_unions` of these events) when already built, as the AnalysedRun keeps them; a
+    host-timeline graph measures its host work with them (else it builds them here)."""
     w = windows.sort_values("start_ns", kind="stable")
     if timeline == "gpu":
         return _gpu_rank(events, int(rank), w, matched, int(offset), inst_bytes or {})
-    return _host_rank(events, int(rank), w, matched, int(offset), inst_bytes or {})
+    return _host_rank(events, int(rank), w, matched, int(offset), inst_bytes or {}, unions)
 
 
 def _seg_id(step_i: int, k: int) -> int:
@@ -561,10 +567,11 @@ def _host_rank(
     matched: pd.DataFrame,
     off: int,
     inst_bytes: Mapping[int, int],
+    unions: LayerUnions | None = None,
 ) -> RankGraph:
     from tracekit.analyse.steps import layer_unions
 
-    lay = layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
+    lay = unions if unions is not None else layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
     busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]
     steps = [int(s) for s in w["step"]]
     ws_a = w["start_ns"].to_numpy(np.int64)

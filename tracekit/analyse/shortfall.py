@@ -311,7 +311,7 @@ def attribute_rank(
             table[["rank", "step", "end_ns"]], on=["rank", "step"]
         )
         graph = build_rank_graph(
-            events, int(rank), gw, matched, int(offset), "gpu" if timeline == "gpu" else "host"
+            events, int(rank), gw, matched, int(offset), "gpu" if timeline == "gpu" else "host", unions=unions
         )
     kernels = kernel_table(events, rank, windows)
     return RankAttribution(int(rank), table, timeline, no_kernels, graph, kernels)

@@ -119,8 +119,8 @@ def _by_launching_op(out: pd.DataFrame, events: pd.DataFrame, rows: np.ndarray, 
             cat.iloc[change] = values
             out[col] = cat
     # the collective, bytes and dtype of the launching op where the kernel has none
-    coll_op = out["coll_op"].astype(str).to_numpy(dtype=object)
-    op_coll = events["coll_op"].astype(str).to_numpy(dtype=object)[ops]
+    coll_op = _strs(out, "coll_op")
+    op_coll = _strs(events, "coll_op")[ops]
     want_op = coll_op[rows] == ""
     if want_op.any():
         fill = np.array(
@@ -130,18 +130,32 @@ def _by_launching_op(out: pd.DataFrame, events: pd.DataFrame, rows: np.ndarray, 
         coll_op[rows[want_op]] = fill[want_op]
         out["coll_op"] = pd.Categorical(coll_op)
     for col in ("coll_in_bytes", "coll_out_bytes"):
-        vals = out[col].to_numpy(np.int64).copy()
-        src = events[col].to_numpy(np.int64)[ops]
+        vals = _ints(out, col).copy()
+        src = _ints(events, col)[ops]
         take = (vals[rows] < 0) & (src >= 0)
         if take.any():
             vals[rows[take]] = src[take]
             out[col] = vals
-    dt = out["coll_dtype"].astype(str).to_numpy(dtype=object)
-    src_dt = events["coll_dtype"].astype(str).to_numpy(dtype=object)[ops]
+    dt = _strs(out, "coll_dtype")
+    src_dt = _strs(events, "coll_dtype")[ops]
     take_dt = (dt[rows] == "") & (src_dt != "")
     if take_dt.any():
         dt[rows[take_dt]] = src_dt[take_dt]
         out["coll_dtype"] = pd.Categorical(dt)
+
+
+def _strs(frame: pd.DataFrame, col: str) -> np.ndarray:
+    """Column `col` as strings; a column the table lacks reads as missing ("") everywhere."""
+    if col in frame.columns:
+        return frame[col].astype(str).to_numpy(dtype=object)
+    return np.full(len(frame), "", dtype=object)
+
+
+def _ints(frame: pd.DataFrame, col: str) -> np.ndarray:
+    """Integer column `col`; a column the table lacks reads as missing (-1) everywhere."""
+    if col in frame.columns:
+        return frame[col].to_numpy(np.int64)
+    return np.full(len(frame), -1, dtype=np.int64)
 
 
 def _categorical(

@@ -409,7 +409,11 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
 
     # the critical path: its pieces on each rank, with an arrow where it changes rank
     if parts is not None and len(parts.critical.segments):
-        seg = parts.critical.segments
+        seg = parts.critical.segments.reset_index(drop=True)
+        # the track (lane) each segment's slice went to: one rank's pieces of consecutive steps
+        # can overlap (a step's path can start on a rank before that rank's own window does, at
+        # another rank's step start on the aligned clock), and an arrow binds to its own slice
+        seg_tid: dict[int, int] = {}
         for r in ranks:
             g = seg[seg["rank"] == r]
             items = [
@@ -423,11 +427,11 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                 for x in g.itertuples(index=False)
             ]
             made = slices(r, "tracekit: critical path", items)
+            seg_tid.update(zip(g.index.tolist(), (int(m["tid"]) for m in made), strict=True))
             view["path"] += len(made)
             out.extend(made)
-        path_tid = {r: tracks[r].tid.get(("tk", "tracekit: critical path", 0)) for r in ranks}
         for _st, g in seg.groupby("step", sort=True):
-            rows = list(g.itertuples(index=False))  # backward in time
+            rows = list(g.itertuples(index=True))  # backward in time
             for later, earlier in zip(rows, rows[1:], strict=False):
                 if int(later.rank) == int(earlier.rank):
                     continue
@@ -439,7 +443,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                         "name": "critical path",
                         "id": flow_id,
                         "pid": int(x.rank),
-                        "tid": path_tid[int(x.rank)],
+                        "tid": seg_tid[int(x.Index)],
                         "ts": _us(max(ts, int(x.start_ns)) - base),
                     }
                     if ph == "f":

@@ -86,6 +86,15 @@ def _name_mask(names: pd.Series, rx: re.Pattern[str], rows: np.ndarray | None = 
     return out if rows is None else out & rows
 
 
+def _ints(events: pd.DataFrame, col: str) -> np.ndarray:
+    """Integer column `col` of `events`; a column the table lacks reads as its missing value -1
+    everywhere, as `tracekit.model.events.make_events` fills it (a hand-built table of kernels
+    has no `device` or `correlation`: none of its rows is a host op on a device or a launch)."""
+    if col in events.columns:
+        return events[col].to_numpy(np.int64)
+    return np.full(len(events), -1, dtype=np.int64)
+
+
 def _kind_mask(kind: pd.Series, values: tuple[str, ...]) -> np.ndarray:
     return np.asarray(kind.isin(values).to_numpy(), dtype=bool)
 
@@ -95,7 +104,7 @@ def graph_replay_mask(events: pd.DataFrame) -> np.ndarray:
     n = len(events)
     if not n:
         return np.zeros(0, dtype=bool)
-    corr = events["correlation"].to_numpy(np.int64)
+    corr = _ints(events, "correlation")
     runtime = _kind_mask(events["kind"], ("runtime",)) & (corr >= 0)
     if not runtime.any():
         return np.zeros(n, dtype=bool)
@@ -103,7 +112,7 @@ def graph_replay_mask(events: pd.DataFrame) -> np.ndarray:
     if not launch.any():
         return np.zeros(n, dtype=bool)
     gpu = _kind_mask(events["kind"], ("kernel", "memcpy", "memset")) & (corr >= 0)
-    rank = events["rank"].to_numpy(np.int64)
+    rank = _ints(events, "rank")
     key = rank * (1 << 40) + corr
     return gpu & np.isin(key, np.unique(key[launch]))
 
@@ -118,21 +127,21 @@ def collective_launch_ops(events: pd.DataFrame) -> np.ndarray:
     if not n:
         return out
     kind = events["kind"]
-    device = events["device"].to_numpy(np.int64)
+    device = _ints(events, "device")
     host_op = _kind_mask(kind, ("cpu_op", "annotation")) & (device < 0)
     if not host_op.any():
         return out
     coll = _name_mask(events["name"], COLLECTIVE_LAUNCH_OP, host_op)
     if not coll.any():
         return out
-    corr = events["correlation"].to_numpy(np.int64)
+    corr = _ints(events, "correlation")
     runtime = _kind_mask(kind, ("runtime",)) & (corr >= 0)
     launch = runtime & ~_name_mask(events["name"], GRAPH_LAUNCH, runtime)
     kernel = _kind_mask(kind, ("kernel",)) & (corr >= 0)
     if not launch.any() or not kernel.any():
         return out
-    rank = events["rank"].to_numpy(np.int64)
-    thread = events["stream"].to_numpy(np.int64)
+    rank = _ints(events, "rank")
+    thread = _ints(events, "stream")
     start = events["start_ns"].to_numpy(np.int64)
     end = events["end_ns"].to_numpy(np.int64)
     cand_pos: list[np.ndarray] = []
