@@ -525,7 +525,9 @@ def _gpu_rank(
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
     t_now = np.asarray(b.t, dtype=np.int64)
     end_nodes = [
-        _window_end_nodes(t_now, [int(ae_node[k]), *step_ops[k]], int(we_a[k]) - off, d_begin, ws_node[k + 1 :])
+        _window_end_nodes(
+            t_now, [int(ae_node[k]), *step_ops[k]], int(we_a[k]) - off, d_begin, ws_node[k + 1 :]
+        )
         for k in range(len(steps))
     ]
     arr = b.arrays()
