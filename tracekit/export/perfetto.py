@@ -410,6 +410,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
     # the critical path: its pieces on each rank, with an arrow where it changes rank
     if parts is not None and len(parts.critical.segments):
         seg = parts.critical.segments
+        piece_tid: dict[tuple[int, int, int, int], int] = {}
         for r in ranks:
             g = seg[seg["rank"] == r]
             items = [
@@ -423,9 +424,13 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                 for x in g.itertuples(index=False)
             ]
             made = slices(r, "tracekit: critical path", items)
+            # a step's path may run into the previous token's time (docs/METHOD.md section The
+            # dependency graph), so pieces of two steps can overlap on a rank: they go to separate
+            # lanes, and an arrow binds to the lane its piece was drawn on
+            for x, m in zip(g.itertuples(index=False), made, strict=True):
+                piece_tid[(r, int(x.step), int(x.start_ns), int(x.end_ns))] = int(m["tid"])
             view["path"] += len(made)
             out.extend(made)
-        path_tid = {r: tracks[r].tid.get(("tk", "tracekit: critical path", 0)) for r in ranks}
         for _st, g in seg.groupby("step", sort=True):
             rows = list(g.itertuples(index=False))  # backward in time
             for later, earlier in zip(rows, rows[1:], strict=False):
@@ -439,7 +444,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                         "name": "critical path",
                         "id": flow_id,
                         "pid": int(x.rank),
-                        "tid": path_tid[int(x.rank)],
+                        "tid": piece_tid[(int(x.rank), int(x.step), int(x.start_ns), int(x.end_ns))],
                         "ts": _us(max(ts, int(x.start_ns)) - base),
                     }
                     if ph == "f":
