@@ -109,22 +109,25 @@ def test_terms_exact_by_hand_and_sum_to_s():
     for d in pr.values():
         assert sum(d["terms_ns"].values()) == 120
         assert d["coordination_ns"]["idle"] == -60
-    # the critical path, walked back from rank 0's window end (620): rank 0's memcpy 25 and host
-    # 35 after the all-reduce, the transfer 560-o on rank 0, then the last arriver (rank 1) from
-    # its window start: compute o-60 and host 60. Means: rank 0 transfer 455/3 -> 152 (151.67),
-    # rank 1 compute 1045/3 -> 348 (348.33); 25 + 35 + 152 + 348 + 60 = 620, offset 0
+    # the critical path (docs/METHOD.md section "The dependency graph"): the step ends at rank 0's
+    # window end (620, the later of the two: rank 1's ends at 600), which is its annotation's end
+    # marker (the memcpy ends at 595, before it). A host marker is reached only by the host's
+    # program order unless a synchronising call or a full launch queue ties it to the device; this
+    # kernels-only trace records no runtime call at all, so nothing from the device reaches it.
+    # Its one in-edge is the gap from the window start marker at t: host 620 on rank 0 and the walk
+    # is done (exactly one step time); rank 1 is not on the path, offset 0.
     cp = doc["critical_path"]
     assert cp["step_ns"] == 620 and cp["offset_ns"] == 0
     assert cp["by_rank"]["0"] == {
         "compute_ns": 0,
-        "memory_ns": 25,
-        "transfer_ns": 152,
-        "host_ns": 35,
+        "memory_ns": 0,
+        "transfer_ns": 0,
+        "host_ns": 620,
         "sync_ns": 0,
         "unknown_ns": 0,
-        "total_ns": 212,
+        "total_ns": 620,
     }
-    assert cp["by_rank"]["1"]["compute_ns"] == 348 and cp["by_rank"]["1"]["host_ns"] == 60
+    assert cp["by_rank"]["1"]["total_ns"] == 0
     assert doc["shares"]["transfer"] == pytest.approx(152 / 120)
     # the all-reduce on rank 1 always arrives last
     assert {s["rank"]: s["last_count"] for s in doc["stragglers"]} == {0: 0, 1: 4}
@@ -171,10 +174,12 @@ def test_correction_takes_the_excess_from_every_ranks_coordination_in_proportion
     assert doc["dilation"]["baseline"] == pytest.approx(1.0)
     assert doc["dilation"]["inflated"] is False
     assert "wait, sync and idle" in doc["dilation"]["reconciliation"]
-    # the critical path is reconciled too: the 20 ns come out of its host time (35 + 60 -> 75)
+    # the critical path is reconciled too: the 20 ns come out of its host (and sync) time. The
+    # traced path is rank 0's host 620 alone (test_terms_exact_by_hand_and_sum_to_s: no runtime
+    # call ties its window end to the device), so host keeps 1 - 20/620: 600 on rank 0, 0 on rank 1
     cp = doc["critical_path"]
     assert cp["step_ns"] == 600
-    assert cp["by_rank"]["0"]["host_ns"] + cp["by_rank"]["1"]["host_ns"] == 75
+    assert cp["by_rank"]["0"]["host_ns"] == 600 and cp["by_rank"]["1"]["host_ns"] == 0
     assert sum(d["total_ns"] for d in cp["by_rank"].values()) + cp["offset_ns"] == 600
 
 

@@ -529,7 +529,13 @@ def _gpu_rank(
             b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST)
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
-    end_nodes = [np.asarray([int(ae_node[k]), *step_ops[k]], dtype=np.int64) for k in range(len(steps))]
+    t_now = np.asarray(b.t, dtype=np.int64)
+    end_nodes = [
+        _window_end_nodes(
+            t_now, [int(ae_node[k]), *step_ops[k]], int(we_a[k]) - off, d_begin, ws_node[k + 1 :]
+        )
+        for k in range(len(steps))
+    ]
     arr = b.arrays()
     return RankGraph(
         rank=rank,
@@ -558,6 +564,24 @@ def _gpu_rank(
         ops=arr["ops"],
         cidx=arr["cidx"],
     )
+
+
+def _window_end_nodes(
+    t: np.ndarray, own: list[int], we: int, d_begin: np.ndarray, later_starts: np.ndarray
+) -> np.ndarray:
+    """A GPU window's end nodes: the step's own (its annotation's end, the ends of the operations
+    it launched), so that the latest of them is the window's end `we` (aligned clock). A window
+    clipped at the next step's start, or a device-paced one (steps.py: it ends where the next
+    step's first operation begins), ends at a node that is not the step's own: then the own nodes
+    after `we` are left out and the node at `we` is taken (an operation's begin first, else the
+    next window's start marker)."""
+    own_a = np.asarray(own, dtype=np.int64)
+    if int(t[own_a].max()) == we:
+        return own_a
+    at = np.concatenate((d_begin[t[d_begin] == we], later_starts[t[later_starts] == we]))
+    if not len(at):  # no node at the window's end: the step's own nodes, as measured
+        return own_a
+    return np.concatenate((own_a[t[own_a] <= we], at[:1])).astype(np.int64)
 
 
 def _host_rank(

@@ -26,9 +26,9 @@ by `correlation`), but never after the next step's annotation starts on the same
 of a rank do not overlap, so no nanosecond is counted in two steps. When the GPU runs behind the
 host, the work of a step that spills past the next annotation's start is counted in the next
 window (it occupies the device then); data quality counts the clipped windows
-(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`). Where a rank's windows
-would be clipped and every step launched GPU work, in step order (an engine's overlap scheduler
-runs the host a step ahead), the rank's windows come from the device side instead: step k from the
+(`step_windows_clipped`) and the spilled time (`step_window_spill_ns`). Where at least half of a
+rank's windows would be clipped (`DEVICE_PACED_MIN_SHARE`) and every step launched GPU work, in
+step order (an engine's overlap scheduler runs the host a step ahead), the rank's windows come from the device side instead: step k from the
 first GPU operation it launched to the first one step k+1 launched, the last to the end of its own
 work (`_device_paced`, `step_windows_device_paced`; docs/METHOD.md, Serving engines).
 
@@ -422,7 +422,10 @@ def _rank_ranges(
     first_gpu, gpu_end = _gpu_work_of_steps(events, rank, start, end)
     window_end, clipped, spill_ns = _clip_at_next_step(rank, start, gpu_end)
     window_start = start
-    paced = _device_paced(first_gpu, gpu_end) if clipped else None
+    # only a GPU that ran behind the host in most steps paces them: a few windows clipped by a few
+    # us (a host that opened the next annotation a little early) stay clipped
+    behind = clipped > 0 and clipped >= DEVICE_PACED_MIN_SHARE * max(len(start) - 1, 1)
+    paced = _device_paced(first_gpu, gpu_end) if behind else None
     if paced is not None:
         # the GPU ran behind the host's annotations (an engine's overlap scheduler runs the host a
         # step ahead): each window is the device's time for the work its step launched
@@ -725,6 +728,11 @@ def _gpu_work_of_steps(
         np.minimum.at(first, step_of_gpu, g_start[pos_ok])
         first_start[s_idx] = np.where(first == np.iinfo(np.int64).max, -1, first)
     return first_start, window_end
+
+
+#: The share of a rank's windows (of those a next step can clip) that must be clipped for its
+#: windows to come from the device side (`_device_paced`): the GPU ran behind the host in most steps.
+DEVICE_PACED_MIN_SHARE = 0.5
 
 
 def _device_paced(first_start: np.ndarray, gpu_end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
