@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyse.compute_split import compute_split
+from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks, reconcile
 from tracekit.errors import TracekitError
 from tracekit.model.events import DataQuality, Run
@@ -399,19 +400,3 @@ def _times(a: float | None, b: float | None) -> float | None:
 
 def _round(x: Fraction) -> int:
     return int(math.floor(x + Fraction(1, 2)))
-
-
-def _round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
-    """Ints per key that sum to `total` (largest remainder)."""
-    floors = {k: math.floor(v) for k, v in values.items()}
-    left = total - sum(floors.values())
-    order = sorted(values, key=lambda k: (values[k] - floors[k], k), reverse=True)
-    out = dict(floors)
-    step = 1 if left > 0 else -1
-    seq = order if left > 0 else order[::-1]
-    i = 0
-    while left != 0:
-        out[seq[i % len(seq)]] += step
-        left -= step
-        i += 1
-    return out

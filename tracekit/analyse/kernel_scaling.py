@@ -29,15 +29,15 @@ shortfall prints. `tol` = 0.15 (`TOLERANCE`).
 from __future__ import annotations
 
 import difflib
-import math
 from collections import Counter
-from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from tracekit.analyse.exact import round_to_sum as _round_to_sum
 
 #: Relative tolerance of the replicated / shrank classes.
 TOLERANCE = 0.15
@@ -51,6 +51,13 @@ KERNEL_COLUMNS: tuple[str, ...] = ("rank", "step", "pos", "name", "unit", "dur_n
 GEMM, ATTENTION = "gemm", "attention"
 #: Kernel names are shortened to this many characters in the JSON.
 NAME_CHARS = 160
+
+
+def short_kernel_name(name: str, chars: int = 70) -> str:
+    """A kernel name without the noise every ATen kernel carries (void, namespaces), cut to `chars`."""
+    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
+        name = name.replace(noise, "")
+    return name if len(name) <= chars else name[: chars - 1] + "…"
 
 
 def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.DataFrame:
@@ -194,18 +201,6 @@ def _class_of(t1: Fraction | None, tn: Fraction | None, n: int, tol: float) -> s
     if r <= (1 + tol) / n:
         return "shrank"
     return "partly_shrank"
-
-
-def _round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
-    """Ints that sum to `total`, each within 1 of its value (largest remainder)."""
-    floors = {k: math.floor(v) for k, v in values.items()}
-    left = total - sum(floors.values())
-    order = sorted(values, key=lambda k: (values[k] - floors[k], k), reverse=True)
-    out = dict(floors)
-    for i in range(abs(left)):
-        key = order[i % len(order)] if left > 0 else order[::-1][i % len(order)]
-        out[key] += 1 if left > 0 else -1
-    return out
 
 
 def compute_scaling(

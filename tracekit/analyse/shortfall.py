@@ -62,6 +62,7 @@ from tracekit.analyse.collectives import (
 )
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.graph import RankGraph, build_rank_graph
 from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
@@ -753,25 +754,6 @@ class Attribution:
 
 def _round(x: Fraction) -> int:
     return int(math.floor(x + Fraction(1, 2)))
-
-
-def _round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
-    """Round each value to an int so that the ints sum to `total` (largest remainder)."""
-    floors = {k: math.floor(v) for k, v in values.items()}
-    k_left = total - sum(floors.values())
-    order = sorted(values, key=lambda k: (values[k] - floors[k], k), reverse=True)
-    out = dict(floors)
-    i = 0
-    while k_left > 0:
-        out[order[i % len(order)]] += 1
-        k_left -= 1
-        i += 1
-    i = 0
-    while k_left < 0:
-        out[order[::-1][i % len(order)]] -= 1
-        k_left += 1
-        i += 1
-    return out
 
 
 def attribute(base: Mapping[str, Fraction], sharded: Mapping[str, Fraction], factor: Fraction) -> Attribution:

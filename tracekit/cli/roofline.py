@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from tracekit.analyse.kernel_scaling import short_kernel_name
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
@@ -22,12 +23,6 @@ def _ms(ns: float | None) -> str:
 
 def _num(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}"
-
-
-def _short(name: str, chars: int = 70) -> str:
-    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
-        name = name.replace(noise, "")
-    return name if len(name) <= chars else name[: chars - 1] + "…"
 
 
 def render_table(doc: dict[str, Any], width: int | None = None, color: bool = True) -> str:
@@ -74,7 +69,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
         t.add_column(c, justify="left" if c in ("kernel", "role") else "right")
     for r in doc["top_lost"]:
         t.add_row(
-            _short(r["name"]),
+            short_kernel_name(r["name"]),
             r["role"],
             str(r["per_token"]),
             _ms(r["time_ns"]),

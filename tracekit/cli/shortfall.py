@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from tracekit.analyse.kernel_scaling import short_kernel_name
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
@@ -56,13 +57,6 @@ _SCALING_WORDS = {
 }
 
 
-def _short_kernel(name: str, chars: int = 70) -> str:
-    """A kernel name without the noise every ATen kernel carries (void, namespaces), cut to `chars`."""
-    for noise in ("void ", "at::native::", "(anonymous namespace)::", "at::"):
-        name = name.replace(noise, "")
-    return name if len(name) <= chars else name[: chars - 1] + "…"
-
-
 def render_compute_scaling(console: Any, cs: dict[str, Any], n: int) -> None:
     """The compute term split by kernel class, with each class's top kernel (JSON `compute_scaling`)."""
     from rich.table import Table
@@ -86,7 +80,7 @@ def render_compute_scaling(console: Any, cs: dict[str, Any], n: int) -> None:
             str(v["kernels_per_token"]),
             _ms(v["baseline_ns"]),
             _ms(v["sharded_ns"]),
-            f"{_short_kernel(top['name'])} ({_ms(top['lost_ns'])})" if top else "",
+            f"{short_kernel_name(top['name'])} ({_ms(top['lost_ns'])})" if top else "",
         )
     t.add_row("residual (overlap, steps off the sequence)", _ms(cs["residual_ns"]), "", "", "", "")
     console.print(t)
