@@ -731,29 +731,65 @@ class Graph:
 
     def times(self, lat: np.ndarray | None = None) -> np.ndarray:
         """Every node's time with these edge latencies (the measured ones when None): each node the
-        latest over its in-edges of source + latency, in topological order; integer ns."""
-        lat_l = (self.lat if lat is None else lat).tolist()
-        t = self.t.tolist()
-        src = self.src.tolist()
-        ptr = self.indptr.tolist()
-        for n in self.order.tolist():
-            a, b = ptr[n], ptr[n + 1]
-            best = t[src[a]] + lat_l[a]
-            for k in range(a + 1, b):
-                v = t[src[k]] + lat_l[k]
-                if v > best:
-                    best = v
-            t[n] = best
-        return np.asarray(t, dtype=np.int64)
+        latest over its in-edges of source + latency (nodes without in-edges keep their measured
+        time); integer ns. `times_many` for several latency vectors at once."""
+        lat_a = self.lat if lat is None else np.asarray(lat, dtype=np.int64)
+        return self.times_many(lat_a[:, None])[:, 0]
+
+    def times_many(self, lat: np.ndarray) -> np.ndarray:
+        """`times` for C latency vectors at once: `lat` is (edges, C), the result (nodes, C).
+        Exact integer arithmetic, the same numbers as one `times` call per column (the
+        forward pass of `_Forward`)."""
+        lat_a = np.asarray(lat, dtype=np.int64)
+        return self._forward.run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
+
+    def periods_of(self, lats: Sequence[np.ndarray]) -> np.ndarray:
+        """`periods(times(lat))` for each of the latency vectors `lats`: (steps, len(lats)),
+        without holding every node's time for every vector."""
+        flat, starts = self._end_index
+        ws_flat = self.ws_node.reshape(-1)
+        sel = self._forward.run(list(lats), self.t, np.concatenate((ws_flat, flat)))
+        ws = sel[: len(ws_flat)].reshape(*self.ws_node.shape, len(lats))
+        if len(flat):
+            we = np.maximum.reduceat(sel[len(ws_flat) :], starts, axis=0).reshape(ws.shape)
+        else:
+            we = ws.copy()
+        end = we.max(axis=0)
+        out = np.empty((len(self.steps), len(lats)), dtype=np.int64)
+        if len(out):
+            out[0] = (we[:, 0] - ws[:, 0]).max(axis=0)
+            out[1:] = np.diff(end, axis=0)
+        return out
+
+    @property
+    def _forward(self) -> _Forward:
+        fw = self.__dict__.get("_fw")
+        if fw is None:
+            fw = _Forward(self)
+            self.__dict__["_fw"] = fw
+        return fw
 
     def windows(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per [rank_i, step_i], the window start and end at these node times."""
+        """Per [rank_i, step_i], the window start and end at these node times (`t` of shape
+        (nodes,), or (nodes, C): then each result has a last axis of C)."""
         ws = t[self.ws_node]
-        we = np.empty_like(ws)
-        for i, per in enumerate(self.end_nodes):
-            for k, nodes in enumerate(per):
-                we[i, k] = int(t[nodes].max())
+        flat, starts = self._end_index
+        if not len(flat):
+            return ws, ws.copy()
+        we = np.maximum.reduceat(t[flat], starts, axis=0).reshape(ws.shape)
         return ws, we
+
+    @property
+    def _end_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every window's end nodes in one array ([rank_i][step_i] order) and where each starts."""
+        got = self.__dict__.get("_ends")
+        if got is None:
+            per = [nodes for rank in self.end_nodes for nodes in rank]
+            lens = np.asarray([len(x) for x in per], dtype=np.int64)
+            flat = np.concatenate(per).astype(np.int64) if per else np.zeros(0, dtype=np.int64)
+            got = (flat, np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64) if per else flat)
+            self.__dict__["_ends"] = got
+        return got
 
     def step_times(self, t: np.ndarray) -> np.ndarray:
         """Per step, the longest window (the step time the accounting uses)."""
@@ -763,14 +799,206 @@ class Graph:
     def periods(self, t: np.ndarray) -> np.ndarray:
         """Per step, the time from the previous step's end (the latest window end over ranks) to
         its own: what a token costs when nothing between steps is frozen. The first step: its
-        longest window."""
+        longest window. `t` (nodes,) or (nodes, C): the result (steps,) or (steps, C)."""
         ws, we = self.windows(t)
         end = we.max(axis=0)
-        out = np.empty(len(self.steps), dtype=np.int64)
+        out = np.empty((len(self.steps), *t.shape[1:]), dtype=np.int64)
         if len(out):
-            out[0] = int((we[:, 0] - ws[:, 0]).max())
-            out[1:] = np.diff(end)
+            out[0] = (we[:, 0] - ws[:, 0]).max(axis=0)
+            out[1:] = np.diff(end, axis=0)
         return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the forward pass and the end index are rebuilt on use (not shipped to Dask workers)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_ends")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+# ------------------------------------------------------------------------------------------
+# the forward pass: every node the latest of its in-edges, for many latency vectors at once
+
+#: Lower bound of every replayed time (a node not reached yet in the fixpoint iteration).
+_FLOOR = -(1 << 62)
+#: Nodes per block of the forward pass (measured: 256-1024 are within 10% on the benchmark).
+FORWARD_BLOCK = 512
+# which edges may chain two nodes (host program order first, then stream order, then through a
+# rendezvous); the edges that can be disabled (NEVER) never chain
+_CHAIN_PRIORITY = np.full(32, 99, dtype=np.int64)
+_CHAIN_PRIORITY[[ROLE_GAP, ROLE_GAP_OUT, ROLE_CALL, ROLE_SYNC, ROLE_WORK, ROLE_LEAD]] = 0
+_CHAIN_PRIORITY[[ROLE_QUEUE, ROLE_OP]] = 1
+_CHAIN_PRIORITY[[ROLE_XFER, ROLE_ARRIVE]] = 2
+_CHAIN_PRIORITY[ROLE_GRAPH] = 3
+
+
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """True at the first element of each run of equal keys."""
+    out = np.ones(len(keys), dtype=bool)
+    out[1:] = keys[1:] != keys[:-1]
+    return out
+
+
+class _Forward:
+    """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
+
+    The graph's nodes are split into chains (each node keeps at most one in-edge as its chain
+    parent, each node at most one chain child: host program order, stream order), and its
+    topological order into blocks of `FORWARD_BLOCK` nodes. Along a chain the recurrence
+    t_i = max(t_{i-1} + d_{i-1}, r_i) (r_i the latest of the node's other in-edges) is
+    t_i = D_i + max_{j <= i}(r_j - D_j) with D the chain's prefix sum of latencies: a cumulative
+    maximum. A block's r comes from edges out of earlier blocks (final) and from edges inside the
+    block (not yet known): the block is iterated from below (unknown = `_FLOOR`) until the sources
+    of its inside edges stop changing, the least fixpoint, which on a DAG is the longest-path time
+    of every node; a few iterations (the chain changes along a binding path inside the block).
+    Inside a block the nodes are laid out by their index along their chain piece, longest pieces
+    first, so each step of the cumulative maximum is one contiguous slice for every piece and
+    every latency column at once. Integer ns; the same numbers as the node-by-node pass
+    (`times_reference`)."""
+
+    def __init__(self, g: Graph, block: int = FORWARD_BLOCK) -> None:
+        n = g.n_nodes
+        src, dst = g.src, g.dst
+        n_e = len(src)
+        has_in = np.zeros(n, dtype=bool)
+        has_in[dst] = True
+        sources = np.flatnonzero(~has_in)
+        topo = np.concatenate([sources, g.order]).astype(np.int64)
+        tpos = np.empty(n, dtype=np.int64)
+        tpos[topo] = np.arange(n)
+        n_src = len(sources)
+        # chain parents: per node its first in-edge of the best priority, then per source node
+        # one chain child (the earliest in topological order)
+        prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
+        cand = np.flatnonzero(prio < 99)
+        c = cand[np.lexsort((cand, prio[cand], dst[cand]))]
+        c = c[_first_of_runs(dst[c])]
+        c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+        c = c[_first_of_runs(src[c])]
+        pedge = np.full(n, -1, dtype=np.int64)
+        pedge[dst[c]] = c
+        root = np.arange(n)
+        root[dst[c]] = src[c]
+        while True:  # pointer jumping to each chain's head
+            nr = root[root]
+            if np.array_equal(nr, root):
+                break
+            root = nr
+        bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
+        n_blk = len(bounds) - 1
+        blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
+        # a chain piece: one chain's nodes in one block (contiguous along the chain)
+        by_piece = np.lexsort((tpos, root, blk))
+        pb, pr = blk[by_piece], root[by_piece]
+        starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
+        piece = np.cumsum(starts) - 1
+        p_start = np.flatnonzero(starts)
+        p_len = np.diff(np.append(p_start, n))
+        j = np.arange(n) - p_start[piece]  # index along its piece
+        p_blk = pb[p_start]
+        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
+        rank = np.empty(len(so), dtype=np.int64)
+        sb = p_blk[so]
+        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
+        final = np.lexsort((rank[piece], j, pb))  # block, index along the piece, longest first
+        self.nodes = by_piece[final]
+        pos = np.empty(n, dtype=np.int64)
+        pos[self.nodes] = np.arange(n)
+        self.n, self.n_src, self.pos = n, n_src, pos
+        # the prefix sums D along each piece, in piece order
+        self.pc_pos = pos[by_piece]
+        self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
+        self.pc_start = p_start[piece]
+        # the other edges, grouped per block: from earlier blocks, then inside the block
+        e_d, e_s = pos[dst], pos[src]
+        b_d, b_s = blk[dst], blk[src]
+        chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
+        outside = b_s < b_d
+        ek = np.flatnonzero(~chained)
+        ek = ek[np.lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]))]
+        self.eperm = ek
+        cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
+        j_at = j[final]
+        self.blocks: list[tuple[Any, ...]] = []
+        for bi in range(n_blk):
+            a, b = int(bounds[bi]), int(bounds[bi + 1])
+            e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
+            jb = j_at[a:b]
+            width = int(jb.max()) + 1
+            offs = np.searchsorted(jb, np.arange(width + 1)).tolist()
+            cols = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, width)]
+            self.blocks.append(
+                (a, b, e0, e1, e2, e_s[ek[e0:e1]], self._groups(e_d[ek[e0:e1]] - a),
+                 e_s[ek[e1:e2]] - a, self._groups(e_d[ek[e1:e2]] - a), cols)
+            )
+
+    @staticmethod
+    def _groups(d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        if not len(d):
+            return None
+        first = _first_of_runs(d)
+        return np.flatnonzero(first), d[first]
+
+    def run(self, lats: Sequence[np.ndarray], t0: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """The node times (nodes, C) for the C latency vectors `lats` (each (edges,) int64); only
+        the nodes `at` (rows in that order) when given."""
+        n, n_c = self.n, len(lats)
+        mx, red = np.maximum, np.maximum.reduceat
+        pe = self.pc_edge
+        has_pe = pe >= 0
+        pe0 = np.where(has_pe, pe, 0)
+        cs = np.empty((n_c, n), dtype=np.int64)
+        lp = np.empty((len(self.eperm), n_c), dtype=np.int64)
+        for i, lat in enumerate(lats):
+            np.multiply(lat[pe0], has_pe, out=cs[i])
+            lp[:, i] = lat[self.eperm]
+        np.cumsum(cs, axis=1, out=cs)
+        cs -= cs[:, self.pc_start]
+        d_all = np.empty((n, n_c), dtype=np.int64)
+        d_all[self.pc_pos] = cs.T
+        del cs
+        t = np.empty((n, n_c), dtype=np.int64)
+        t[: self.n_src] = t0[self.nodes[: self.n_src], None]
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, cols in self.blocks:
+            r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
+            if x_grp is not None:
+                r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
+            d = d_all[a:b]
+            r, l_in, seen = r_out, lp[e1:e2], None
+            while True:
+                x = r - d
+                for q0, q1, p0 in cols:
+                    mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                x += d
+                mx(x, _FLOOR, out=x)
+                if i_grp is None:
+                    break
+                s_new = x[i_src]
+                if seen is not None and np.array_equal(s_new, seen):
+                    break
+                seen = s_new
+                r = r_out.copy()
+                r[i_grp[1]] = mx(r[i_grp[1]], red(s_new + l_in, i_grp[0], axis=0))
+            t[a:b] = x
+        return t[self.pos if at is None else self.pos[at]]
+
+
+def times_reference(g: Graph, lat: np.ndarray | None = None) -> np.ndarray:
+    """`Graph.times` node by node in topological order (the definition; tests compare the fast
+    pass with it)."""
+    lat_l = (g.lat if lat is None else lat).tolist()
+    t = g.t.tolist()
+    src = g.src.tolist()
+    ptr = g.indptr.tolist()
+    for n in g.order.tolist():
+        a, b = ptr[n], ptr[n + 1]
+        best = t[src[a]] + lat_l[a]
+        for k in range(a + 1, b):
+            v = t[src[k]] + lat_l[k]
+            if v > best:
+                best = v
+        t[n] = best
+    return np.asarray(t, dtype=np.int64)
 
 
 def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Graph:
