@@ -724,6 +724,7 @@ class Graph:
     notes: list[str] = field(default_factory=list)
     rho_typ: dict[int, int] = field(default_factory=dict)
     q_typ: dict[int, int] = field(default_factory=dict)
+    xfer_inst: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per ROLE_XFER edge
 
     @property
     def n_nodes(self) -> int:
@@ -1090,6 +1091,9 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
             lookup[ce] = (op, nb)
     xo = [lookup[int(d)][0] for d in arr["dst"][xk]]
     xb = np.asarray([lookup[int(d)][1] for d in arr["dst"][xk]], dtype=np.int64)
+    inst_of_node = np.arange(n_rank_nodes, n_rank_nodes + len(inst_members), dtype=np.int64)
+    inst_ids = np.asarray(sorted(inst_members), dtype=np.int64)
+    xi = inst_ids[np.searchsorted(inst_of_node, arr["src"][xk])] if len(xk) else np.zeros(0, dtype=np.int64)
     # the steps every rank holds (a rank's other steps stay in its program order, unreported)
     common = sorted(set.intersection(*(set(g.steps) for g in rgs))) if rgs else []
     steps = common
@@ -1125,6 +1129,7 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         cidx=arr["cidx"],
         xfer_op=xo,
         xfer_bytes=xb,
+        xfer_inst=xi,
         order=order,
         indptr=indptr,
         ws_node=ws_node,

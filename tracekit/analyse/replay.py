@@ -470,16 +470,8 @@ def build_model(
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
     manifest: Mapping[str, Any] | None = None
-    if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
-        wins = classified.steps(parts.step_pattern).steps
+    if isinstance(classified, AnalysedRun):
         manifest = classified.run.manifest
-        classified = classified.events
-    else:
-        wins = find_steps_detailed(classified, parts.step_pattern).steps
-    wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
-    # every step in the graph: the warm-up step before the steady ones gives the first its start
-    part_w = parts.steps[["rank", "step", "end_ns"]]
-    wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
     inst_bytes: dict[int, int] = {}
     if len(parts.collectives.instances):
         ins = parts.collectives.instances
@@ -487,9 +479,24 @@ def build_model(
             int(i): int(b) for i, b in zip(ins["instance"], ins["size_bytes"].fillna(-1), strict=True)
         }
     timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
-    g = G.build_graph(
-        classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
-    )
+    g = parts.graph
+    if g is not None and g.timeline == timeline and len(g.ranks) == len(parts.ranks):
+        # the graph attribute_run walked the path on (the same windows, events and offsets): its
+        # collectives' sizes for the probe knob
+        g.xfer_bytes = np.asarray([inst_bytes.get(int(i), -1) for i in g.xfer_inst], dtype=np.int64)
+    else:
+        if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
+            wins = classified.steps(parts.step_pattern).steps
+            classified = classified.events
+        else:
+            wins = find_steps_detailed(classified, parts.step_pattern).steps
+        wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
+        # every step in the graph: the warm-up step before the steady ones gives the first its start
+        part_w = parts.steps[["rank", "step", "end_ns"]]
+        wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
+        g = G.build_graph(
+            classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
+        )
     cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
     compute_tok = {int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks}
     pos = {s: i for i, s in enumerate(g.steps)}

@@ -63,7 +63,7 @@ from tracekit.analyse.collectives import (
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
-from tracekit.analyse.graph import RankGraph, build_rank_graph
+from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
 from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
@@ -160,6 +160,9 @@ class RunParts:
     token_steps: TokenSteps | None = None
     #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    #: the dependency graph the critical path was walked on (`graph.assemble` of the ranks'
+    #: graphs), which the replay re-times; None where the ranks' graphs were not assembled here
+    graph: Graph | None = None
 
     @property
     def steady_steps(self) -> list[int]:
@@ -521,7 +524,8 @@ def attribute_run(
     `attribute_rank` per rank (partition, host layers, exposed split, ranks without kernels) ->
     `assemble_attribution` (step time, per-rank parts, their mean) -> `critical_path` ->
     `finish_attribution` (path check, dilation)."""
-    from tracekit.analyse.critical_path import path_of_ranks, path_timeline
+    from tracekit.analyse.critical_path import path_of_graph, path_timeline
+    from tracekit.analyse.graph import assemble
     from tracekit.analyse.steps import rank_selectors
 
     ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
@@ -566,10 +570,9 @@ def attribute_run(
         for r in ranks
     ]
     att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
-    path = path_of_ranks(
-        [p.graph for p in pieces if p.graph is not None], offsets, path_timeline(p.timeline for p in pieces)
-    )
-    return finish_attribution(
+    graph = assemble([p.graph for p in pieces if p.graph is not None], offsets)
+    path = path_of_graph(graph, path_timeline(p.timeline for p in pieces))
+    parts = finish_attribution(
         run,
         att,
         path,
@@ -580,6 +583,8 @@ def attribute_run(
         dilation_threshold=dilation_threshold,
         dq=dq,
     )
+    parts.graph = graph  # the replay re-times this graph (replay.build_model): built once
+    return parts
 
 
 # ------------------------------------------------------------------------------------------
