@@ -203,6 +203,16 @@ def _seg_id(step_i: int, k: int) -> int:
     return step_i * 100_000 + k
 
 
+def _name_flags(names: np.ndarray, pattern: re.Pattern[str], search: bool = False) -> np.ndarray:
+    """Per name: whether `pattern` matches it (one regex call per distinct name)."""
+    if not len(names):
+        return np.zeros(0, dtype=bool)
+    codes, uniq = pd.factorize(names)
+    f = pattern.search if search else pattern.match
+    flags = np.asarray([bool(f(str(n))) for n in uniq], dtype=bool)
+    return flags[codes]
+
+
 def _gpu_rank(
     ev: pd.DataFrame,
     rank: int,
@@ -211,9 +221,12 @@ def _gpu_rank(
     off: int,
     inst_bytes: Mapping[int, int],
 ) -> RankGraph:
+    import bisect
+
     from tracekit.classify.rules import GPU_KINDS
 
     steps = [int(s) for s in w["step"]]
+    n_steps = len(steps)
     ws_a = w["start_ns"].to_numpy(np.int64)
     we_a = w["end_ns"].to_numpy(np.int64)
     ae_a = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
@@ -226,44 +239,49 @@ def _gpu_rank(
     end = ev["end_ns"].to_numpy(np.int64)
     corr = ev["correlation"].to_numpy(np.int64)
     thread = ev["stream"].to_numpy(np.int64)
+    n_ev = len(ev)
     is_rt = (kind == "runtime") & (start >= lo) & (start < hi)
     is_dev = np.isin(kind, list(GPU_KINDS))
     rt = np.flatnonzero(is_rt)
     rt = rt[np.argsort(start[rt], kind="stable")]
     dev_all = np.flatnonzero(is_dev)
-    # the device operations each correlation launched
-    rt_corr = {int(c): int(i) for i, c in zip(rt, corr[rt], strict=True) if c >= 0}
-    launched_by: dict[int, int] = {}
-    for d in dev_all:
-        c = int(corr[d])
-        if c >= 0 and c in rt_corr:
-            launched_by[int(d)] = rt_corr[c]
+    # the runtime call that launched each device operation (its correlation's last call)
+    call_of = np.full(n_ev, -1, dtype=np.int64)
+    rc = rt[corr[rt] >= 0][::-1]
+    if len(rc) and len(dev_all):
+        uk, first = np.unique(corr[rc], return_index=True)
+        callers = rc[first]
+        cd = corr[dev_all]
+        at = np.minimum(np.searchsorted(uk, cd), len(uk) - 1)
+        hit = (cd >= 0) & (uk[at] == cd)
+        call_of[dev_all[hit]] = callers[at[hit]]
+    launched = dev_all[call_of[dev_all] >= 0]
     if len(rt):
-        dev = np.asarray(sorted(launched_by, key=lambda d: (start[d], d)), dtype=np.int64)
+        dev = launched[np.lexsort((launched, start[launched]))]
     else:  # kernels-only trace: the operations inside the windows, released from the origin
         sel = dev_all[(start[dev_all] >= lo) & (start[dev_all] < hi)]
         dev = sel[np.argsort(start[sel], kind="stable")]
-    launching = set(launched_by.values())
-    sync_like = (cls == "sync") | np.array([bool(_BLOCKING_COPY.match(n)) for n in names]) if len(ev) else cls
+    is_launching = np.zeros(n_ev, dtype=bool)
+    is_launching[call_of[launched]] = True
+    blocking = _name_flags(names, _BLOCKING_COPY)
+    sync_like = (cls == "sync") | blocking if n_ev else cls
     b = _Builder()
     origin = b.node(lo - off)
     notes: list[str] = []
 
-    # step of a host time: the window holding it, else the next window (gap between steps)
-    def step_index(t: int) -> int:
-        i = int(np.searchsorted(ws_a, t, side="right")) - 1
-        return min(max(i, 0), len(steps) - 1)
+    def step_index(t: np.ndarray) -> np.ndarray:  # the window holding t, else the next one
+        i = np.searchsorted(ws_a, t, side="right") - 1
+        return np.minimum(np.maximum(i, 0), n_steps - 1)
 
-    def in_window(t: int) -> bool:
-        i = int(np.searchsorted(ws_a, t, side="right")) - 1
-        return i >= 0 and t <= ae_a[i]
+    def in_window(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ws_a, t, side="right") - 1
+        return (i >= 0) & (t <= ae_a[np.maximum(i, 0)])
 
     # --- the kept host calls: launches, synchronising calls, possible back-pressure; markers
-    launch_durs = np.asarray([end[i] - start[i] for i in launching], dtype=np.int64)
+    launch_durs = (end - start)[is_launching]
     med_launch = int(np.median(launch_durs)) if len(launch_durs) else 0
     bp_min = max(BACKPRESSURE_MIN_NS, 8 * med_launch)
-    keep = [int(i) for i in rt if int(i) in launching or sync_like[i]]
-    # folded calls per thread, counted into the next kept item's gap
+    keep = rt[is_launching[rt] | sync_like[rt].astype(bool)] if len(rt) else rt
     rt_by_thread: dict[int, np.ndarray] = {}
     for th in np.unique(thread[rt]) if len(rt) else []:
         rt_by_thread[int(th)] = np.sort(start[rt[thread[rt] == th]])
@@ -272,67 +290,84 @@ def _gpu_rank(
         if len(rt)
         else (int(thread[0]) if len(thread) else 0)
     )
-    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
     # program order per thread: by start, a step's end before the next step's start and calls at
     # one instant in their correlation order (zero-length calls share timestamps)
-    for i in keep:
-        items.setdefault(int(thread[i]), []).append((int(start[i]), 1, int(corr[i]), 0, i))
-    for k in range(len(steps)):
+    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
+    for th, s_i, c_i, i in zip(
+        thread[keep].tolist(), start[keep].tolist(), corr[keep].tolist(), keep.tolist(), strict=True
+    ):
+        items.setdefault(th, []).append((s_i, 1, c_i, 0, i))
+    for k in range(n_steps):
         items.setdefault(main, []).append((int(ws_a[k]), 0, 0, 1, k))  # window start marker
         items.setdefault(main, []).append((int(ae_a[k]), -1, 0, 2, k))  # annotation end marker
-    call_begin: dict[int, int] = {}
-    call_end: dict[int, int] = {}
-    call_edge: dict[int, int] = {}
-    ws_node = np.zeros(len(steps), dtype=np.int64)
-    ae_node = np.zeros(len(steps), dtype=np.int64)
-    coll_launches = np.zeros(len(steps), dtype=np.int64)
+    ws_node = np.zeros(n_steps, dtype=np.int64)
+    ae_node = np.zeros(n_steps, dtype=np.int64)
+    coll_launches = [0] * n_steps
     coll_of = _coll_lookup(matched)
+    nd = len(dev)
+    ds, de = start[dev], end[dev]
+    hits = [coll_of.get(k) for k in zip(ds.tolist(), de.tolist(), strict=True)] if coll_of else [None] * nd
+    d_call = call_of[dev]
     # which calls launch a matched collective (straggler segments count them)
-    launches_coll = {
-        launched_by[d] for d in dev if (int(start[d]), int(end[d])) in coll_of and d in launched_by
-    }
+    launches_coll = np.zeros(n_ev, dtype=bool)
+    hit_j = np.asarray([h is not None for h in hits], dtype=bool)
+    if nd:
+        launches_coll[d_call[hit_j & (d_call >= 0)]] = True
+    call_begin = np.full(n_ev, -1, dtype=np.int64)
+    call_end = np.full(n_ev, -1, dtype=np.int64)
+    call_edge: dict[int, int] = {}
+    tl, el = b.t, b.e
     for th, its in items.items():
         its.sort()
+        s_v = np.asarray([x[0] for x in its], dtype=np.int64)
+        typ_v = np.asarray([x[3] for x in its], dtype=np.int64)
+        idx_l = [x[4] for x in its]
         starts_th = rt_by_thread.get(th, np.zeros(0, dtype=np.int64))
+        # folded calls in (the previous item, this one): counted into this gap
+        prev_fold = np.empty(len(s_v), dtype=np.int64)
+        prev_fold[:1] = lo
+        prev_fold[1:] = s_v[:-1] + (typ_v[:-1] == 0)
+        n_fold = (
+            np.searchsorted(starts_th, s_v, side="left") - np.searchsorted(starts_th, prev_fold, side="left")
+        ).tolist()
+        k_l = step_index(s_v).tolist()
+        # the time before a window opens is between tokens
+        role_l = np.where((typ_v != 1) & in_window(s_v), ROLE_GAP, ROLE_GAP_OUT).tolist()
+        call_idx = np.asarray([i if t == 0 else 0 for i, t in zip(idx_l, typ_v.tolist(), strict=True)], dtype=np.int64)
+        ce_l = end[call_idx].tolist()
+        sync_l = sync_like[call_idx].astype(bool).tolist()
+        lc_l = launches_coll[call_idx].tolist()
         prev_node, prev_t, prev_begin_node, prev_begin_t = origin, lo, origin, lo
-        prev_fold_t = lo
-        for s_i, _o, _c, typ, idx in its:
-            # folded calls in (prev, s_i): counted into this gap
-            n_fold = int(
-                np.searchsorted(starts_th, s_i, side="left")
-                - np.searchsorted(starts_th, prev_fold_t, side="left")
-            )
-            k = step_index(s_i)
-            seg = _seg_id(k, int(coll_launches[k]))
-            # the time before a window opens is between tokens
-            role = ROLE_GAP if typ != 1 and in_window(s_i) else ROLE_GAP_OUT
+        not_main = th != main
+        for s_i, typ, idx, nf, k, role, ce, is_sync, lc in zip(
+            s_v.tolist(), typ_v.tolist(), idx_l, n_fold, k_l, role_l, ce_l, sync_l, lc_l, strict=True
+        ):
+            seg = k * 100_000 + coll_launches[k]
             first = prev_node == origin
             if s_i >= prev_t:
                 src, gap = prev_node, s_i - prev_t
             else:  # nested in the previous call: from its begin
                 src, gap = prev_begin_node, max(s_i - prev_begin_t, 0)
-            nb = b.node(s_i - off)
-            if first and th != main:
-                b.edge(origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, calls=n_fold)
+            tl.append(s_i - off)
+            nb = len(tl) - 1
+            if first and not_main:
+                el.append((origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, -1, nf, 0, -1))
             else:
-                b.edge(src, nb, gap, role, K_HOST, seg=seg, calls=n_fold)
+                el.append((src, nb, gap, role, K_HOST, seg, nf, 0, -1))
             if typ == 0:
-                ce = int(end[idx])
-                ne = b.node(ce - off)
+                tl.append(ce - off)
+                ne = len(tl) - 1
                 call_begin[idx], call_end[idx] = nb, ne
-                call_edge[idx] = len(b.e)
-                if sync_like[idx] or cls[idx] == "sync":
-                    b.edge(nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg=seg, calls=1)  # refined below
+                call_edge[idx] = len(el)
+                if is_sync:
+                    el.append((nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg, 1, 0, -1))  # refined below
                 else:
-                    b.edge(
-                        nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1, ops=int(idx in launches_coll)
-                    )
-                if idx in launches_coll:
+                    el.append((nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg, 1, int(lc), -1))
+                if lc:
                     coll_launches[k] += 1
                 prev_begin_node, prev_begin_t = nb, s_i
                 if ce >= prev_t:
                     prev_node, prev_t = ne, ce
-                prev_fold_t = s_i + 1
             else:
                 if typ == 1:
                     ws_node[idx] = nb
@@ -340,40 +375,42 @@ def _gpu_rank(
                     ae_node[idx] = nb
                 prev_begin_node, prev_begin_t = nb, s_i
                 prev_node, prev_t = nb, s_i
-                prev_fold_t = s_i
+    n_host = len(tl)
     # --- device operations
-    nd = len(dev)
-    ds, de = start[dev], end[dev]
-    d_call = np.asarray([launched_by.get(int(d), -1) for d in dev], dtype=np.int64)
-    d_h = np.asarray([int(start[c]) if c >= 0 else lo for c in d_call], dtype=np.int64)
+    d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
     d_stream = thread[dev]
-    d_graph = np.asarray([c >= 0 and bool(_GRAPH_LAUNCH.search(names[c])) for c in d_call], dtype=bool)
-    # stream predecessor (not one of the same graph replay)
-    pred = np.full(nd, -1, dtype=np.int64)
-    last_on: dict[int, int] = {}
-    last_other_call: dict[tuple[int, int], int] = {}
-    for j in range(nd):
-        sk = int(d_stream[j])
-        if d_graph[j]:
-            pred[j] = last_other_call.get((sk, int(d_call[j])), -1)
-        else:
-            pred[j] = last_on.get(sk, -1)
-        if last_on.get(sk, -1) >= 0 and int(d_call[last_on[sk]]) != int(d_call[j]):
-            last_other_call[(sk, int(d_call[j]))] = last_on[sk]
-        if (sk, int(d_call[j])) not in last_other_call:
-            last_other_call[(sk, int(d_call[j]))] = last_on.get(sk, -1)
-        if last_on.get(sk, -1) < 0 or de[j] >= de[last_on[sk]]:
-            last_on[sk] = j
+    d_graph = (d_call >= 0) & _name_flags(names, _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)] if nd else d_call >= 0
+    # stream predecessor: the operation on the stream that ended last before (ties: the later)
+    last_on = np.full(nd, -1, dtype=np.int64)  # per operation: the stream's last-ending one before it
+    for sk in np.unique(d_stream) if nd else []:
+        js = np.flatnonzero(d_stream == sk)
+        e = de[js]
+        upd = np.ones(len(js), dtype=bool)
+        upd[1:] = e[1:] >= np.maximum.accumulate(e)[:-1]
+        lastpos = np.maximum.accumulate(np.where(upd, np.arange(len(js)), -1))
+        last_on[js[1:]] = js[lastpos[:-1]]
+    pred = last_on.copy()
+    if d_graph.any():  # in a graph replay: not one of the same replay
+        pred_l = pred.tolist()
+        last_other_call: dict[tuple[int, int], int] = {}
+        calls_l = d_call.tolist()
+        for j, (sk, cj, lj, gj) in enumerate(
+            zip(d_stream.tolist(), calls_l, last_on.tolist(), d_graph.tolist(), strict=True)
+        ):
+            key = (sk, cj)
+            if gj:
+                pred_l[j] = last_other_call.get(key, -1)
+            if lj >= 0 and calls_l[lj] != cj:
+                last_other_call[key] = lj
+            if key not in last_other_call:
+                last_other_call[key] = lj
+        pred = np.asarray(pred_l, dtype=np.int64)
     # inside one CUDA-graph replay: each operation after the first waits for the one of the same
     # replay that ended last before it began (branches may run concurrently on one stream)
-    import bisect
-
     gpred = np.full(nd, -1, dtype=np.int64)
     first_rho: dict[int, int] = {}
     in_graph: dict[int, tuple[list[int], list[int]]] = {}
-    for j in range(nd):
-        if not d_graph[j]:
-            continue
+    for j in np.flatnonzero(d_graph).tolist():
         c = int(d_call[j])
         ends_c, idx_c = in_graph.setdefault(c, ([], []))
         if not ends_c:
@@ -386,7 +423,8 @@ def _gpu_rank(
         ends_c.insert(m2, int(de[j]))
         idx_c.insert(m2, j)
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
-    q = np.where(pred >= 0, ds - de[np.maximum(pred, 0)], np.iinfo(np.int64).max)
+    p0 = np.maximum(pred, 0)
+    q = np.where(pred >= 0, ds - de[p0], np.iinfo(np.int64).max)
     idle = q >= IDLE_GAP_NS
     lb = idle & (d_call >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)
     rho_typ = int(np.median(rho[lb])) if lb.any() else 5000
@@ -396,97 +434,97 @@ def _gpu_rank(
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
     ends_sorted = de[end_order]
-    d_begin = np.zeros(nd, dtype=np.int64)
-    d_end = np.zeros(nd, dtype=np.int64)
-    for j in range(nd):
-        d_begin[j] = b.node(int(ds[j]) - off)
-        d_end[j] = b.node(int(de[j]) - off)
+    d_begin = n_host + 2 * np.arange(nd, dtype=np.int64)
+    d_end = d_begin + 1
+    jj = np.arange(nd, dtype=np.int64)
+    kk = step_index(np.where(d_call >= 0, d_h, ds)) if nd else jj
+    in_step = ((d_call >= 0) & (d_h <= ae_a[kk]) & (d_h >= ws_a[kk])) | (
+        (d_call < 0) & (ws_a[kk] <= ds) & (ds < we_a[kk])
+    ) if nd else jj >= 0
+    m = np.searchsorted(ends_sorted, ds, side="right") - 1
+    for _ in range(2):  # not itself nor its stream predecessor
+        mm = np.maximum(m, 0)
+        m = np.where((m >= 0) & ((end_order[mm] == jj) | (end_order[mm] == pred)), m - 1, m)
+    mm = np.maximum(m, 0)
+    cc = end_order[mm] if nd else jj
+    cross_ok = (
+        (m >= 0) & (ds - ends_sorted[mm] < IDLE_GAP_NS) & (ds[cc] < ds) & ((pred < 0) | (de[cc] > de[p0]))
+    ) if nd else jj >= 0
+    has_q = (pred >= 0) & (q >= 0)
+    has_p = pred >= 0
+    has_l = (d_call >= 0) & (rho >= 0)
+    # which released it: of its launch, its stream and the operation that ended last before it
+    # on another stream, the one that would have released it latest at typical latencies
+    best_r = np.full(nd, np.iinfo(np.int64).min, dtype=np.int64)
+    best_p = np.full(nd, -1, dtype=np.int64)
+    which = np.full(nd, 2, dtype=np.int64)
+    for has, ready, pref, wch in (
+        (has_p, np.where(has_q, de[p0] + np.minimum(q, q_typ), ds), 2, 0),
+        (cross_ok, de[cc], 1, 1),
+        (has_l, d_h + np.minimum(rho, rho_typ), 0, 2),
+    ):
+        better = has & ((ready > best_r) | ((ready == best_r) & (pref > best_p)))
+        best_r = np.where(better, ready, best_r)
+        best_p = np.where(better, pref, best_p)
+        which = np.where(better, wch, which)
+    in_g = gpred >= 0
+    cross = cross_ok & (which == 1) & ~in_g
+    stream_bound, launch_bound = which == 0, which == 2
+    cb = call_begin[np.maximum(d_call, 0)]
+    e_parts: list[tuple[np.ndarray, ...]] = []  # (j, sub, src, dst, lat, role, kind, cidx)
+
+    def add(mask: np.ndarray, sub: int, s: np.ndarray, lat: np.ndarray, role: int, kd: Any = K_HOST,
+            cidx: Any = -1, into: np.ndarray = d_begin) -> None:
+        sel = np.flatnonzero(mask)
+        if len(sel):
+            def pick(x: Any) -> np.ndarray:
+                return x[sel] if isinstance(x, np.ndarray) else np.full(len(sel), x, dtype=np.int64)
+            e_parts.append((sel, np.full(len(sel), sub), pick(s), into[sel], pick(lat), pick(role),
+                            pick(kd), pick(cidx)))
+
+    g_p, ng = in_g, ~in_g
+    gp0 = np.maximum(gpred, 0)
+    # in a graph replay: its in-graph predecessor binds it
+    add(g_p, 0, d_end[gp0], ds - de[gp0], ROLE_GRAPH)
+    add(g_p & has_q, 1, d_end[p0], np.minimum(q, q_typ), ROLE_QUEUE)
+    if g_p.any():
+        fr = np.asarray([first_rho.get(int(c), 0) for c in d_call], dtype=np.int64)
+        has_fr = np.asarray([int(c) in first_rho for c in d_call], dtype=bool)
+        lat_g = np.where(has_fr, np.minimum(rho, fr), rho)
+        add(g_p & (lat_g >= 0), 2, cb, lat_g, ROLE_LAUNCH)
+    # the edges into the operation's begin (stream first: the path prefers it on ties)
+    add(ng & has_q, 0, d_end[p0], np.where(stream_bound, q, np.minimum(q, q_typ)), ROLE_QUEUE)
+    # it began before its predecessor ended (overlapping records): after its begin
+    add(ng & has_p & ~has_q, 0, d_begin[p0], np.maximum(ds - ds[p0], 0), ROLE_QUEUE)
+    add(cross, 1, d_end[cc], ds - de[cc], ROLE_CROSS)
+    add(ng & has_l, 2, cb, np.where(launch_bound, rho, np.minimum(rho, rho_typ)), ROLE_LAUNCH)
+    add(ng & (d_call >= 0) & (rho < 0) & ~has_p & ~cross, 2, np.int64(origin), ds - lo, ROLE_ORIGIN)
+    add(ng & (d_call < 0), 2, np.int64(origin), np.where(launch_bound, ds - lo, np.minimum(ds - lo, rho_typ)),
+        ROLE_ORIGIN)
+    n_cross = int(cross.sum())
+    # the operation's own time (a matched collective's goes through its rendezvous)
+    kd_of = {c: _KIND_OF_CLS.get(c, K_UNKNOWN) for c in pd.unique(cls[dev])} if nd else {}
+    kd = np.asarray([kd_of[c] for c in cls[dev]], dtype=np.int64) if nd else jj
+    comp = ~hit_j & (kd == K_COMPUTE)
+    ci = np.full(nd, -1, dtype=np.int64)
+    cj = np.flatnonzero(comp)
+    if len(cj):
+        kv = kk[cj]
+        o = np.argsort(kv, kind="stable")
+        ks = kv[o]
+        rank_in = np.arange(len(ks)) - np.searchsorted(ks, ks, side="left")
+        ci[cj[o]] = ks * 100_000 + rank_in
+    add(~hit_j, 3, d_begin, de - ds, ROLE_OP, kd, ci, into=d_end)
     c_begin, c_end, c_inst, c_x, c_op, c_bytes = [], [], [], [], [], []
-    step_ops: list[list[int]] = [[] for _ in steps]
-    # compute index per step
-    comp_count = np.zeros(len(steps), dtype=np.int64)
-    n_cross = 0
-
-    def _op_edges(j: int) -> None:
-        """The operation's own time (a matched collective's goes through its rendezvous)."""
-        s_j = int(ds[j])
-        k = step_index(int(d_h[j])) if int(d_call[j]) >= 0 else step_index(s_j)
-        hit = coll_of.get((s_j, int(de[j])))
-        if hit is not None:
-            c_begin.append(int(d_begin[j]))
-            c_end.append(int(d_end[j]))
-            c_inst.append(hit[0])
-            c_x.append(hit[1])
-            c_op.append(hit[2])
-            c_bytes.append(int(inst_bytes.get(hit[0], -1)))
-        else:
-            kd = _KIND_OF_CLS.get(str(cls[dev[j]]), K_UNKNOWN)
-            ci = -1
-            if kd == K_COMPUTE:
-                ci = _seg_id(k, int(comp_count[k]))
-                comp_count[k] += 1
-            b.edge(int(d_begin[j]), int(d_end[j]), int(de[j] - ds[j]), ROLE_OP, kd, cidx=ci)
-
-    for j in range(nd):
-        call = int(d_call[j])
-        s_j = int(ds[j])
-        k = step_index(int(d_h[j])) if call >= 0 else step_index(s_j)
-        if call >= 0 and int(d_h[j]) <= int(ae_a[k]) and int(d_h[j]) >= int(ws_a[k]):
-            step_ops[k].append(int(d_end[j]))
-        elif call < 0 and ws_a[k] <= s_j < we_a[k]:
-            step_ops[k].append(int(d_end[j]))
-        p = int(pred[j])
-        if gpred[j] >= 0:  # in a graph replay: its in-graph predecessor binds it
-            gp = int(gpred[j])
-            b.edge(int(d_end[gp]), int(d_begin[j]), s_j - int(de[gp]), ROLE_GRAPH, K_HOST)
-            if p >= 0 and q[j] >= 0:
-                b.edge(int(d_end[p]), int(d_begin[j]), min(int(q[j]), q_typ), ROLE_QUEUE, K_HOST)
-            lat_g = min(int(rho[j]), first_rho.get(call, int(rho[j])))
-            if lat_g >= 0:
-                b.edge(call_begin[call], int(d_begin[j]), lat_g, ROLE_LAUNCH, K_HOST)
-            _op_edges(j)
-            continue
-        # which released it: of its launch, its stream and the operation that ended last before it
-        # on another stream, the one that would have released it latest at typical latencies
-        cands: list[tuple[int, int, int]] = []  # (ready, preference, which)
-        if p >= 0 and q[j] >= 0:
-            cands.append((int(de[p]) + min(int(q[j]), q_typ), 2, 0))
-        elif p >= 0:  # it began before its predecessor's recorded end: held by its stream all the same
-            cands.append((s_j, 2, 0))
-        cross = -1
-        m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
-        while m >= 0 and int(end_order[m]) in (j, p):
-            m -= 1
-        if m >= 0:
-            c = int(end_order[m])
-            if s_j - int(ends_sorted[m]) < IDLE_GAP_NS and ds[c] < s_j and (p < 0 or de[c] > de[p]):
-                cross = c
-                cands.append((int(de[c]), 1, 1))
-        if call >= 0 and rho[j] >= 0:
-            cands.append((int(d_h[j]) + min(int(rho[j]), rho_typ), 0, 2))
-        which = max(cands)[2] if cands else 2
-        stream_bound, launch_bound = which == 0, which == 2
-        if which != 1:
-            cross = -1
-        # the edges into the operation's begin (stream first: the path prefers it on ties)
-        if p >= 0 and q[j] >= 0:
-            lat_q = int(q[j]) if stream_bound else min(int(q[j]), q_typ)
-            b.edge(int(d_end[p]), int(d_begin[j]), lat_q, ROLE_QUEUE, K_HOST)
-        elif p >= 0:  # it began before its predecessor ended (overlapping records): after its begin
-            b.edge(int(d_begin[p]), int(d_begin[j]), max(s_j - int(ds[p]), 0), ROLE_QUEUE, K_HOST)
-        if cross >= 0:
-            n_cross += 1
-            b.edge(int(d_end[cross]), int(d_begin[j]), s_j - int(de[cross]), ROLE_CROSS, K_HOST)
-        if call >= 0:
-            lat_r = int(rho[j]) if launch_bound else min(int(rho[j]), rho_typ)
-            if lat_r >= 0:
-                b.edge(call_begin[call], int(d_begin[j]), lat_r, ROLE_LAUNCH, K_HOST)
-            elif p < 0 and cross < 0:
-                b.edge(origin, int(d_begin[j]), s_j - lo, ROLE_ORIGIN, K_HOST)
-        else:
-            lat_o = (s_j - lo) if launch_bound else min(s_j - lo, rho_typ)
-            b.edge(origin, int(d_begin[j]), lat_o, ROLE_ORIGIN, K_HOST)
-        _op_edges(j)
+    for j in np.flatnonzero(hit_j).tolist():
+        hit = hits[j]
+        assert hit is not None
+        c_begin.append(int(d_begin[j]))
+        c_end.append(int(d_end[j]))
+        c_inst.append(hit[0])
+        c_x.append(hit[1])
+        c_op.append(hit[2])
+        c_bytes.append(int(inst_bytes.get(hit[0], -1)))
     if n_cross:
         notes.append(f"rank {rank}: {n_cross} operation(s) released by another stream's (cross-stream waits)")
     # --- synchronising calls and back-pressure: the host waits for the device
@@ -494,49 +532,73 @@ def _gpu_rank(
     n_bp = 0
     de_sorted_idx = np.argsort(de, kind="stable")
     de_sorted = de[de_sorted_idx]
-    for i in keep:
+    sync_edges: list[tuple[int, int, int, int, int, int, int, int, int]] = []
+    durs = end - start
+    cand_calls = keep[sync_like[keep].astype(bool) | (is_launching[keep] & (durs[keep] >= bp_min))] if len(keep) else keep
+    for i in cand_calls.tolist():
         cs, ce = int(start[i]), int(end[i])
         is_sync = bool(sync_like[i])
-        long_launch = (not is_sync) and i in launching and ce - cs >= bp_min
+        long_launch = (not is_sync) and bool(is_launching[i]) and ce - cs >= bp_min
         if not is_sync and not long_launch:
             continue
-        own = bool(_BLOCKING_COPY.match(names[i]))
+        own = bool(blocking[i])
         # the operation it waits for: the latest-ending one launched before it that ended by its
         # return (a synchronising call depends on it whether or not it blocked in this trace)
-        m = int(np.searchsorted(de_sorted, ce, side="right")) - 1
+        m_i = int(np.searchsorted(de_sorted, ce, side="right")) - 1
         floor = cs if long_launch else lo
         dj = -1
-        while m >= 0 and int(de_sorted[m]) > floor:
-            c = int(de_sorted_idx[m])
+        while m_i >= 0 and int(de_sorted[m_i]) > floor:
+            c = int(de_sorted_idx[m_i])
             before = op_call_begin[c] < cs or (op_call_begin[c] == cs and int(corr[d_call[c]]) < int(corr[i]))
             if before or (own and int(d_call[c]) == i):
                 dj = c
                 break
-            m -= 1
+            m_i -= 1
         if dj < 0:
             continue
         eps = ce - int(de[dj])
-        nb, ne = call_begin[i], call_end[i]
+        nb, ne = int(call_begin[i]), int(call_end[i])
         if is_sync:
             if int(de[dj]) > cs:  # it blocked: its time is the wait, then its return latency
-                b.e[call_edge[i]] = (nb, ne, 0, *b.e[call_edge[i]][3:])
-                b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC)
+                el[call_edge[i]] = (nb, ne, 0, *el[call_edge[i]][3:])
+                sync_edges.append((int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
             else:  # it did not block here: had the device been later, it would have
-                b.edge(int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC)
+                sync_edges.append((int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
         elif int(de[dj]) > cs and eps <= 4 * med_launch + 2000:
             n_bp += 1
-            b.e[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *b.e[call_edge[i]][3:])
-            b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST)
+            el[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *el[call_edge[i]][3:])
+            sync_edges.append((int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST, -1, 0, 0, -1))
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
-    t_now = np.asarray(b.t, dtype=np.int64)
+    t_dev = np.empty(2 * nd, dtype=np.int64)
+    t_dev[0::2] = ds - off
+    t_dev[1::2] = de - off
+    t_now = np.concatenate((np.asarray(tl, dtype=np.int64), t_dev))
+    # the operations each step launched (in launch order), its end nodes with its annotation's end
+    so = np.flatnonzero(in_step)
+    so = so[np.argsort(kk[so], kind="stable")]
+    cut = np.searchsorted(kk[so], np.arange(n_steps + 1))
     end_nodes = [
         _window_end_nodes(
-            t_now, [int(ae_node[k]), *step_ops[k]], int(we_a[k]) - off, d_begin, ws_node[k + 1 :]
+            t_now,
+            [int(ae_node[k]), *d_end[so[cut[k] : cut[k + 1]]].tolist()],
+            int(we_a[k]) - off,
+            d_begin,
+            ws_node[k + 1 :],
         )
-        for k in range(len(steps))
+        for k in range(n_steps)
     ]
-    arr = b.arrays()
+    host_e = np.asarray(el, dtype=np.int64).reshape(-1, 9)
+    sync_e = np.asarray(sync_edges, dtype=np.int64).reshape(-1, 9)
+    if e_parts:
+        jv, sv, srcv, dstv, latv, rolev, kdv, civ = (np.concatenate(x) for x in zip(*e_parts, strict=True))
+        o = np.lexsort((sv, jv))
+        dev_e = np.zeros((len(o), 9), dtype=np.int64)
+        dev_e[:, 0], dev_e[:, 1], dev_e[:, 2] = srcv[o], dstv[o], latv[o]
+        dev_e[:, 3], dev_e[:, 4], dev_e[:, 5], dev_e[:, 8] = rolev[o], kdv[o], -1, civ[o]
+    else:
+        dev_e = np.zeros((0, 9), dtype=np.int64)
+    e = np.concatenate((host_e, dev_e, sync_e))
     return RankGraph(
         rank=rank,
         timeline="gpu",
@@ -553,16 +615,16 @@ def _gpu_rank(
         notes=notes,
         rho_typ=rho_typ,
         q_typ=q_typ,
-        t=arr["t"],
-        src=arr["src"],
-        dst=arr["dst"],
-        lat=arr["lat"],
-        role=arr["role"],
-        kind=arr["kind"],
-        seg=arr["seg"],
-        calls=arr["calls"],
-        ops=arr["ops"],
-        cidx=arr["cidx"],
+        t=t_now,
+        src=e[:, 0].copy(),
+        dst=e[:, 1].copy(),
+        lat=e[:, 2].copy(),
+        role=e[:, 3].copy(),
+        kind=e[:, 4].copy(),
+        seg=e[:, 5].copy(),
+        calls=e[:, 6].copy(),
+        ops=e[:, 7].copy(),
+        cidx=e[:, 8].copy(),
     )
 
 
