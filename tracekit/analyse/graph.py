@@ -333,7 +333,9 @@ def _gpu_rank(
         k_l = step_index(s_v).tolist()
         # the time before a window opens is between tokens
         role_l = np.where((typ_v != 1) & in_window(s_v), ROLE_GAP, ROLE_GAP_OUT).tolist()
-        call_idx = np.asarray([i if t == 0 else 0 for i, t in zip(idx_l, typ_v.tolist(), strict=True)], dtype=np.int64)
+        call_idx = np.asarray(
+            [i if t == 0 else 0 for i, t in zip(idx_l, typ_v.tolist(), strict=True)], dtype=np.int64
+        )
         ce_l = end[call_idx].tolist()
         sync_l = sync_like[call_idx].astype(bool).tolist()
         lc_l = launches_coll[call_idx].tolist()
@@ -379,7 +381,11 @@ def _gpu_rank(
     # --- device operations
     d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
     d_stream = thread[dev]
-    d_graph = (d_call >= 0) & _name_flags(names, _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)] if nd else d_call >= 0
+    d_graph = (
+        (d_call >= 0) & _name_flags(names, _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)]
+        if nd
+        else d_call >= 0
+    )
     # stream predecessor: the operation on the stream that ended last before (ties: the later)
     last_on = np.full(nd, -1, dtype=np.int64)  # per operation: the stream's last-ending one before it
     for sk in np.unique(d_stream) if nd else []:
@@ -438,9 +444,12 @@ def _gpu_rank(
     d_end = d_begin + 1
     jj = np.arange(nd, dtype=np.int64)
     kk = step_index(np.where(d_call >= 0, d_h, ds)) if nd else jj
-    in_step = ((d_call >= 0) & (d_h <= ae_a[kk]) & (d_h >= ws_a[kk])) | (
-        (d_call < 0) & (ws_a[kk] <= ds) & (ds < we_a[kk])
-    ) if nd else jj >= 0
+    in_step = (
+        ((d_call >= 0) & (d_h <= ae_a[kk]) & (d_h >= ws_a[kk]))
+        | ((d_call < 0) & (ws_a[kk] <= ds) & (ds < we_a[kk]))
+        if nd
+        else jj >= 0
+    )
     m = np.searchsorted(ends_sorted, ds, side="right") - 1
     for _ in range(2):  # not itself nor its stream predecessor
         mm = np.maximum(m, 0)
@@ -448,8 +457,10 @@ def _gpu_rank(
     mm = np.maximum(m, 0)
     cc = end_order[mm] if nd else jj
     cross_ok = (
-        (m >= 0) & (ds - ends_sorted[mm] < IDLE_GAP_NS) & (ds[cc] < ds) & ((pred < 0) | (de[cc] > de[p0]))
-    ) if nd else jj >= 0
+        ((m >= 0) & (ds - ends_sorted[mm] < IDLE_GAP_NS) & (ds[cc] < ds) & ((pred < 0) | (de[cc] > de[p0])))
+        if nd
+        else jj >= 0
+    )
     has_q = (pred >= 0) & (q >= 0)
     has_p = pred >= 0
     has_l = (d_call >= 0) & (rho >= 0)
@@ -473,14 +484,25 @@ def _gpu_rank(
     cb = call_begin[np.maximum(d_call, 0)]
     e_parts: list[tuple[np.ndarray, ...]] = []  # (j, sub, src, dst, lat, role, kind, cidx)
 
-    def add(mask: np.ndarray, sub: int, s: np.ndarray, lat: np.ndarray, role: int, kd: Any = K_HOST,
-            cidx: Any = -1, into: np.ndarray = d_begin) -> None:
+    def add(
+        mask: np.ndarray,
+        sub: int,
+        s: np.ndarray,
+        lat: np.ndarray,
+        role: int,
+        kd: Any = K_HOST,
+        cidx: Any = -1,
+        into: np.ndarray = d_begin,
+    ) -> None:
         sel = np.flatnonzero(mask)
         if len(sel):
+
             def pick(x: Any) -> np.ndarray:
                 return x[sel] if isinstance(x, np.ndarray) else np.full(len(sel), x, dtype=np.int64)
-            e_parts.append((sel, np.full(len(sel), sub), pick(s), into[sel], pick(lat), pick(role),
-                            pick(kd), pick(cidx)))
+
+            e_parts.append(
+                (sel, np.full(len(sel), sub), pick(s), into[sel], pick(lat), pick(role), pick(kd), pick(cidx))
+            )
 
     g_p, ng = in_g, ~in_g
     gp0 = np.maximum(gpred, 0)
@@ -499,8 +521,13 @@ def _gpu_rank(
     add(cross, 1, d_end[cc], ds - de[cc], ROLE_CROSS)
     add(ng & has_l, 2, cb, np.where(launch_bound, rho, np.minimum(rho, rho_typ)), ROLE_LAUNCH)
     add(ng & (d_call >= 0) & (rho < 0) & ~has_p & ~cross, 2, np.int64(origin), ds - lo, ROLE_ORIGIN)
-    add(ng & (d_call < 0), 2, np.int64(origin), np.where(launch_bound, ds - lo, np.minimum(ds - lo, rho_typ)),
-        ROLE_ORIGIN)
+    add(
+        ng & (d_call < 0),
+        2,
+        np.int64(origin),
+        np.where(launch_bound, ds - lo, np.minimum(ds - lo, rho_typ)),
+        ROLE_ORIGIN,
+    )
     n_cross = int(cross.sum())
     # the operation's own time (a matched collective's goes through its rendezvous)
     kd_of = {c: _KIND_OF_CLS.get(c, K_UNKNOWN) for c in pd.unique(cls[dev])} if nd else {}
@@ -534,7 +561,11 @@ def _gpu_rank(
     de_sorted = de[de_sorted_idx]
     sync_edges: list[tuple[int, int, int, int, int, int, int, int, int]] = []
     durs = end - start
-    cand_calls = keep[sync_like[keep].astype(bool) | (is_launching[keep] & (durs[keep] >= bp_min))] if len(keep) else keep
+    cand_calls = (
+        keep[sync_like[keep].astype(bool) | (is_launching[keep] & (durs[keep] >= bp_min))]
+        if len(keep)
+        else keep
+    )
     for i in cand_calls.tolist():
         cs, ce = int(start[i]), int(end[i])
         is_sync = bool(sync_like[i])
@@ -991,8 +1022,18 @@ class _Forward:
             offs = np.searchsorted(jb, np.arange(width + 1)).tolist()
             cols = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, width)]
             self.blocks.append(
-                (a, b, e0, e1, e2, e_s[ek[e0:e1]], self._groups(e_d[ek[e0:e1]] - a),
-                 e_s[ek[e1:e2]] - a, self._groups(e_d[ek[e1:e2]] - a), cols)
+                (
+                    a,
+                    b,
+                    e0,
+                    e1,
+                    e2,
+                    e_s[ek[e0:e1]],
+                    self._groups(e_d[ek[e0:e1]] - a),
+                    e_s[ek[e1:e2]] - a,
+                    self._groups(e_d[ek[e1:e2]] - a),
+                    cols,
+                )
             )
 
     @staticmethod
@@ -1267,7 +1308,17 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     ws, we = g.windows(t)
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
-    src, ptr = g.src, g.indptr
+    # each node's binding in-edge: the first (in CSR order) reaching its time; -1 none, -2 no in-edge
+    bind = np.full(g.n_nodes, -2, dtype=np.int64)
+    if len(g.src):
+        bind[g.dst] = -1
+        hit = np.flatnonzero(t[g.src] + lat == t[g.dst])
+        if len(hit):
+            first = np.ones(len(hit), dtype=bool)
+            first[1:] = g.dst[hit[1:]] != g.dst[hit[:-1]]
+            bind[g.dst[hit[first]]] = hit[first]
+    bind_l, t_l, src_l = bind.tolist(), t.tolist(), g.src.tolist()
+    rank_l, kind_l, role_l = g.erank.tolist(), g.kind.tolist(), g.role.tolist()
     rows: list[dict[str, Any]] = []
     segs: list[tuple[int, int, int, int, str, int]] = []
     for k, st in enumerate(g.steps):
@@ -1280,29 +1331,24 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
         last_rank = ranks[i_end]
-        while t[n] > limit:
-            a, b = int(ptr[n]), int(ptr[n + 1])
-            if a == b:
+        while t_l[n] > limit:
+            e = bind_l[n]
+            if e == -2:
                 break
-            tn = int(t[n])
-            e = -1
-            for kk in range(a, b):
-                if int(t[src[kk]]) + int(lat[kk]) == tn:
-                    e = kk
-                    break
             assert e >= 0, "a node's time is reached by none of its in-edges"
-            ts = int(t[src[e]])
+            tn = t_l[n]
+            ts = t_l[src_l[e]]
             piece = tn - max(ts, limit)
-            r = int(g.erank[e])
+            r = rank_l[e]
             if piece > 0:
-                acc[r][int(g.kind[e])] += piece
+                acc[r][kind_l[e]] += piece
                 if r != last_rank:
                     hops += 1
                     last_rank = r
                 off = g.offsets.get(r, 0)
-                is_x = int(g.role[e]) == ROLE_XFER
+                is_x = role_l[e] == ROLE_XFER
                 segs.append((int(st), r, max(ts, limit) + off, tn + off, "transfer" if is_x else "work", -1))
-            n = int(src[e])
+            n = src_l[e]
         path_len = t_end - max(int(t[n]), limit)
         for r in ranks:
             rows.append(

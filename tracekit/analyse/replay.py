@@ -284,7 +284,9 @@ class RunModel:
             "xfer": np.flatnonzero(role == G.ROLE_XFER),
             "sync": np.flatnonzero(role == G.ROLE_SYNC),
             "sync_wait": np.flatnonzero(role == G.ROLE_SYNC_WAIT),
-            "launch_zero": np.flatnonzero((role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)),
+            "launch_zero": np.flatnonzero(
+                (role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)
+            ),
             "launch": lm,
             "launch_rho": rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
             "queue": qm,
@@ -383,7 +385,9 @@ class RunModel:
         g = self.graph
         mk = self._masks()
         lat = lat.copy()
-        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(mk["is_call"], g.ops, 0)
+        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(
+            mk["is_call"], g.ops, 0
+        )
         if self.timeline == "host":
             per = s.host_deduct * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
@@ -490,12 +494,19 @@ def build_model(
             classified = classified.events
         else:
             wins = find_steps_detailed(classified, parts.step_pattern).steps
-        wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
+        wins = as_tokens(
+            wins, parts.collectives.per_rank
+        )  # the steps as attribute_run joined them (align.py)
         # every step in the graph: the warm-up step before the steady ones gives the first its start
         part_w = parts.steps[["rank", "step", "end_ns"]]
         wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
         g = G.build_graph(
-            classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
+            classified,
+            wins,
+            parts.collectives.per_rank,
+            parts.collectives.clock.offsets_ns,
+            timeline,
+            inst_bytes,
         )
     cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
     compute_tok = {int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks}
