@@ -202,9 +202,7 @@ def device_figures(name: str | None) -> tuple[float, float] | None:
     return None
 
 
-def device_time_ns(
-    m: Measured, k: int, batch: int, context: int, *, overlap: bool = True
-) -> float | None:
+def device_time_ns(m: Measured, k: int, batch: int, context: int, *, overlap: bool = True) -> float | None:
     """g(batch): the roofline time of one token's device work on one of k ranks (ns): the larger of
     its bytes' and its matrix work's time (`overlap`, the roofline), or their sum (`overlap=False`:
     no overlap of memory and matrix work)."""
