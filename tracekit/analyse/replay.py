@@ -324,9 +324,17 @@ class RunModel:
     device_scale: float = 1.0
     correction: str = "none"  # "none", "solved", "manifest calibration"
     calibration: dict[str, Any] | None = None
-    #: per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
-    #: all-reduce and the next matrix kernel on its rank); None: none found
-    norm_after_all_reduce: np.ndarray | None = None
+    #: the classified events the graph was built from, for the masks a knob needs (found lazily)
+    events: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def norm_after_all_reduce(self) -> np.ndarray | None:
+        """Per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
+        all-reduce and the next matrix kernel on its rank); None: none found. Found on first use."""
+        if not hasattr(self, "_norm_mask"):
+            ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
+            self._norm_mask = norm_after_all_reduce(self.graph, self.events) if ok else None
+        return self._norm_mask
 
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
@@ -545,8 +553,7 @@ def build_model(
         notes=notes,
     )
     model.calibration = _manifest_calibration(manifest)
-    if timeline == "gpu" and len(parts.ranks) > 1:
-        model.norm_after_all_reduce = norm_after_all_reduce(g, classified)
+    model.events = classified
     return model
 
 
@@ -555,13 +562,13 @@ def build_model(
 _ALL_REDUCE_NAME = r"(?i)all_?reduce|cross_device_reduce|one_?shot|two_?shot"
 
 
-def norm_after_all_reduce(g: G.Graph, events: pd.DataFrame) -> np.ndarray | None:
+def norm_after_all_reduce(g: G.Graph, events: pd.DataFrame | None) -> np.ndarray | None:
     """Per edge of `g`: True for the device time of a vector compute kernel that runs, on its rank
     in device start order, after an all-reduce and before the next matrix kernel or collective
     (what `allreduce_norm=fused` removes: the residual add and norm the all-reduce feeds). The
     kernels are found in the classified `events` and matched to the graph's operation edges by
     rank, start and end. None when there are none."""
-    if not len(events):
+    if events is None or not len(events):
         return None
     kind = events["kind"].astype(str).to_numpy()
     dev = np.isin(kind, ("kernel", "memcpy", "memset"))
