@@ -204,3 +204,14 @@ def test_norm_fusion_on_a_committed_graph_trace(h200_graph_model) -> None:
     expect = np.minimum(lat[x][ar], np.rint(5000 + g.xfer_bytes[ar] / 400.0))
     assert (g.xfer_bytes[ar] == 8192).all() and (new[ar] == expect).all()
     assert float(model.replay(cl).mean()) < float(model.replay(plain).mean())
+
+
+def test_cli_bad_knob_is_one_line_and_exit_2(capsys) -> None:
+    from tracekit.cli.main import main
+
+    rc = main(["whatif", "--baseline", str(ROOT / "traces" / "cpu-tp1"), "--knob", "collective_latency=5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("tracekit: error:") and "@GBPS" in err[0]
+    assert main(["whatif", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "collective_latency=US[@GBPS]" in out and "--knob allreduce_norm=fused" in out
