@@ -164,7 +164,10 @@ def main() -> None:
     print(f"load average after ours: {load()}")
     theirs = None
     if args.peer:
-        peer = args.work / f"peer-{args.peer.replace('/', '_')}"
+        sha = subprocess.run(
+            ["git", "rev-parse", args.peer], cwd=ROOT, capture_output=True, text=True, check=True
+        )
+        peer = args.work / f"peer-{sha.stdout.strip()[:12]}"
         if not peer.exists():
             peer.mkdir()
             arch = subprocess.run(
