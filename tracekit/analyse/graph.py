@@ -345,14 +345,14 @@ def _gpu_rank(
             s_v.tolist(), typ_v.tolist(), idx_l, n_fold, k_l, role_l, ce_l, sync_l, lc_l, strict=True
         ):
             seg = k * 100_000 + coll_launches[k]
-            first = prev_node == origin
+            is_first = prev_node == origin
             if s_i >= prev_t:
                 src, gap = prev_node, s_i - prev_t
             else:  # nested in the previous call: from its begin
                 src, gap = prev_begin_node, max(s_i - prev_begin_t, 0)
             tl.append(s_i - off)
             nb = len(tl) - 1
-            if first and not_main:
+            if is_first and not_main:
                 el.append((origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, -1, nf, 0, -1))
             else:
                 el.append((src, nb, gap, role, K_HOST, seg, nf, 0, -1))
@@ -489,7 +489,7 @@ def _gpu_rank(
     def add(
         mask: np.ndarray,
         sub: int,
-        s: np.ndarray,
+        s: Any,
         lat: np.ndarray,
         role: int,
         kd: Any = K_HOST,
