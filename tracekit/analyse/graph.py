@@ -1310,17 +1310,7 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     ws, we = g.windows(t)
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
-    # each node's binding in-edge: the first (in CSR order) reaching its time; -1 none, -2 no in-edge
-    bind = np.full(g.n_nodes, -2, dtype=np.int64)
-    if len(g.src):
-        bind[g.dst] = -1
-        hit = np.flatnonzero(t[g.src] + lat == t[g.dst])
-        if len(hit):
-            first = np.ones(len(hit), dtype=bool)
-            first[1:] = g.dst[hit[1:]] != g.dst[hit[:-1]]
-            bind[g.dst[hit[first]]] = hit[first]
-    bind_l, t_l, src_l = bind.tolist(), t.tolist(), g.src.tolist()
-    rank_l, kind_l, role_l = g.erank.tolist(), g.kind.tolist(), g.role.tolist()
+    src, ptr = g.src, g.indptr
     rows: list[dict[str, Any]] = []
     segs: list[tuple[int, int, int, int, str, int]] = []
     for k, st in enumerate(g.steps):
@@ -1333,24 +1323,29 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
         last_rank = ranks[i_end]
-        while t_l[n] > limit:
-            e = bind_l[n]
-            if e == -2:
+        while t[n] > limit:
+            a, b = int(ptr[n]), int(ptr[n + 1])
+            if a == b:
                 break
+            tn = int(t[n])
+            e = -1
+            for kk in range(a, b):
+                if int(t[src[kk]]) + int(lat[kk]) == tn:
+                    e = kk
+                    break
             assert e >= 0, "a node's time is reached by none of its in-edges"
-            tn = t_l[n]
-            ts = t_l[src_l[e]]
+            ts = int(t[src[e]])
             piece = tn - max(ts, limit)
-            r = rank_l[e]
+            r = int(g.erank[e])
             if piece > 0:
-                acc[r][kind_l[e]] += piece
+                acc[r][int(g.kind[e])] += piece
                 if r != last_rank:
                     hops += 1
                     last_rank = r
                 off = g.offsets.get(r, 0)
-                is_x = role_l[e] == ROLE_XFER
+                is_x = int(g.role[e]) == ROLE_XFER
                 segs.append((int(st), r, max(ts, limit) + off, tn + off, "transfer" if is_x else "work", -1))
-            n = src_l[e]
+            n = int(src[e])
         path_len = t_end - max(int(t[n]), limit)
         for r in ranks:
             rows.append(
