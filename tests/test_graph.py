@@ -359,11 +359,6 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     del unprof
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 item 6 (open): with the simulator's true 15 us per runtime call removed call by call, "
-    "19 us per token of the profiled run's extra time is still not found (278 us vs 259 us unprofiled): the cost a blocking sync adds after the device is not removed",
-)
 def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     import json
     from fractions import Fraction

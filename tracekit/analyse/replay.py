@@ -341,7 +341,39 @@ class RunModel:
         if len(call_e):
             back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
             lat[call_e] -= back
+            # taken from the call itself (its gap was too short): the cost ran before the call's
+            # effect, so the operation it launched is released that much earlier too
+            if back.any():
+                by_node = np.zeros(len(g.t))
+                by_node[g.src[call_e]] = back
+                lm = np.flatnonzero(g.role == G.ROLE_LAUNCH)
+                lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        # a synchronising call's cost also delays its return when the device was done before the
+        # cost had run (the return latency then holds the cost): it comes off the wait edge's
+        # latency by the part of the cost that ran after the awaited operation's end
+        sw, se = self._sync_wait
+        if len(sw):
+            waited = np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0)
+            cut = np.maximum(per[se] - waited, 0.0)
+            lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
+
+    @property
+    def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
+        cached = getattr(self, "_sw", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        waits = np.flatnonzero(g.role == G.ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == G.ROLE_SYNC)
+        by_dst = pd.Series(own, index=g.dst[own])
+        by_dst = by_dst[~by_dst.index.duplicated()]
+        of = by_dst.reindex(g.dst[waits]).to_numpy()
+        ok = ~np.isnan(of.astype(np.float64))
+        out = (waits[ok], of[ok].astype(np.int64))
+        self._sw = out
+        return out
 
     @property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
