@@ -58,6 +58,7 @@ class Correction:
     cost_source: str | None = None  # the replay's: "manifest calibration" or "solved"
     per_call_ns: float | None = None
     per_collective_ns: float | None = None
+    host_scale: float | None = None  # a host timeline's solved factor on host time (no per-call cost)
     replayed_ns: Fraction | None = None  # the corrected timeline's mean step time
     notes: list[str] = field(default_factory=list)
     #: [steady steps, ranks (sorted), LEAF_PARTS]: each (rank, step)'s parts on the corrected
@@ -68,9 +69,12 @@ class Correction:
         out: dict[str, Any] = {"method": self.method}
         if self.method == REPLAY:
             out["cost_source"] = self.cost_source
-            out["per_call_ns"] = round(float(self.per_call_ns or 0.0), 1)
+            if self.per_call_ns is not None:
+                out["per_call_ns"] = round(float(self.per_call_ns), 1)
             if self.per_collective_ns:
                 out["per_collective_ns"] = round(float(self.per_collective_ns), 1)
+            if self.host_scale is not None:
+                out["host_scale"] = self.host_scale
             out["replayed_ns"] = int(round(self.replayed_ns)) if self.replayed_ns is not None else None
         if self.notes:
             out["notes"] = list(self.notes)
@@ -180,8 +184,9 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         )
     )
     src = "the manifest's profiler_calibration" if model.correction == "manifest calibration" else "solved"
+    how = "removed call by call" if model.host_scale == 1.0 else "removed"
     sentence = (
-        f"the profiler's cost ({what}, {src}) was removed call by call in the replay of the dependency "
+        f"the profiler's cost ({what}, {src}) was {how} in the replay of the dependency "
         f"graph and every rank's parts read from the corrected timeline ({float(replayed) / 1e6:.4f} ms per "
         f"token); the {rest:+.2%} left to the corrected per-token time was reconciled in proportion"
     )
@@ -192,8 +197,9 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         REPLAY,
         sentence,
         cost_source=model.correction,
-        per_call_ns=model.host_deduct if timeline == "gpu" or model.correction != "solved" else None,
+        per_call_ns=model.host_deduct if model.host_scale == 1.0 else None,
         per_collective_ns=model.deduct_collective,
+        host_scale=model.host_scale if model.host_scale != 1.0 else None,
         replayed_ns=replayed,
         notes=notes,
         rows=rows,

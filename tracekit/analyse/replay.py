@@ -229,6 +229,9 @@ class RunModel:
     device_scale: float = 1.0
     correction: str = "none"  # "none", "solved", "manifest calibration"
     calibration: dict[str, Any] | None = None
+    #: the calibration's own cost per rank (`per_rank_ns`), where it has every rank's: rank -> (per
+    #: runtime call or host op, per collective launch); else None (one cost for every rank)
+    rank_deduct: dict[int, tuple[float, float]] | None = None
 
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
@@ -323,11 +326,17 @@ class RunModel:
         call first, the rest from the call's own time."""
         g = self.graph
         lat = lat.copy()
-        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(
-            g.role == G.ROLE_CALL, g.ops, 0
-        )
+        hd: Any = s.host_deduct
+        dc: Any = s.deduct_collective
+        if self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+            costs = np.asarray(
+                [self.rank_deduct.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+            )
+            at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
+            hd, dc = costs[at, 0], costs[at, 1]
+        per = hd * g.calls.astype(np.float64) + dc * np.where(g.role == G.ROLE_CALL, g.ops, 0)
         if self.timeline == "host":
-            per = s.host_deduct * g.ops.astype(np.float64)
+            per = hd * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
         # a call's own cost first from the gap before it
         need = per.copy()
@@ -495,7 +504,29 @@ def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] 
     }
     if not out:
         return None
-    return {"per_call_ns": out, "method": str(cal.get("method", "")), "calls": cal.get("calls")}
+    # each rank's own costs (`capture`'s per_rank_ns): the replay removes each rank's where it has all
+    per_rank: dict[int, dict[str, int]] = {}
+    pr = cal.get("per_rank_ns")
+    if isinstance(pr, Mapping):
+        for rk, costs in pr.items():
+            if not isinstance(costs, Mapping) or not str(rk).lstrip("-").isdigit():
+                continue
+            got = {
+                str(k): int(v)
+                for k, v in costs.items()
+                if k in ("runtime", "op", "collective")
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and v >= 0
+            }
+            if got:
+                per_rank[int(rk)] = got
+    return {
+        "per_call_ns": out,
+        "method": str(cal.get("method", "")),
+        "calls": cal.get("calls"),
+        **({"per_rank_ns": per_rank} if per_rank else {}),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -561,14 +592,23 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
     Returns the deduction (GPU) or the factor (host)."""
     model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
     model.deduct_collective, model.correction = 0.0, "none"
+    model.rank_deduct = None
     cal = model.calibration
     if cal is not None:
         per = cal["per_call_ns"]
+        call_key = "runtime" if model.timeline == "gpu" else "op"
+        model.host_deduct = float(per.get(call_key, 0))
         if model.timeline == "gpu":
-            model.host_deduct = float(per.get("runtime", 0))
             model.deduct_collective = float(per.get("collective", 0))
-        else:
-            model.host_deduct = float(per.get("op", 0))
+        by_rank = cal.get("per_rank_ns") or {}
+        if by_rank and all(r in by_rank and call_key in by_rank[r] for r in model.ranks):
+            model.rank_deduct = {
+                r: (
+                    float(by_rank[r][call_key]),
+                    float(by_rank[r].get("collective", 0)) if model.timeline == "gpu" else 0.0,
+                )
+                for r in model.ranks
+            }
         model.correction = "manifest calibration"
         return model.host_deduct
     if model.target_ns is None:

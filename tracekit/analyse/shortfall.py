@@ -804,6 +804,9 @@ class Shortfall:
     base_path: dict[str, Any]  # the baseline's (one rank: its own host / compute split)
     applied: dict[str, AppliedDilation]
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
+    #: per run label, how its parts were corrected to its corrected per-token time
+    #: (`tracekit.analyse.correction.Correction`; None: not corrected)
+    corrections: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attribution(self) -> Attribution:
@@ -839,8 +842,8 @@ class Shortfall:
         corrected = self.per_token_source == "unprofiled"
         ints = self.corrected.integers()
         return noise_bootstrap(
-            _run_sample(self.baseline, corrected),
-            _run_sample(self.sharded, corrected),
+            _run_sample(self.baseline, corrected, self.corrections.get("baseline")),
+            _run_sample(self.sharded, corrected, self.corrections.get("sharded")),
             float(self.factor),
             dilations=(self.applied["baseline"].factor, self.applied["sharded"].factor),
             with_unknown="unknown" in ints["terms_ns"],
@@ -1277,6 +1280,9 @@ class Shortfall:
                 "threshold": d_s.threshold,
                 "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
+                "correction": {
+                    k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()
+                },
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
             "uncorrected": {
@@ -1394,8 +1400,9 @@ _BASIS_WORDS = {
 }
 
 
-def _run_sample(run: RunParts, corrected: bool) -> RunSample:
-    """The bootstrap's view of one run: [steady steps, ranks, parts] and the manifest's rounds."""
+def _run_sample(run: RunParts, corrected: bool, correction: Any = None) -> RunSample:
+    """The bootstrap's view of one run: [steady steps, ranks, parts] and the manifest's rounds;
+    with a replay `correction`, its per-step parts on the corrected timeline beside the traced ones."""
     rs = run.rank_steps.sort_values(["step", "rank"])
     steps = sorted(rs["step"].unique())
     ranks = sorted(rs["rank"].unique())
@@ -1412,6 +1419,7 @@ def _run_sample(run: RunParts, corrected: bool) -> RunSample:
         profiled=p.rounds if p is not None else (),
         corrected=corrected,
         pairing=run.pairing,
+        replayed=correction.rows if correction is not None and correction.method == "replay" else None,
     )
 
 
@@ -1742,6 +1750,7 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         base_path=base_path,
         applied={"baseline": ad_b, "sharded": ad_s},
         rank_parts=per_rank_c,
+        corrections=corrections,
     )
 
 
