@@ -216,8 +216,8 @@ def _gpu_rank(
     steps = [int(s) for s in w["step"]]
     ws_a = w["start_ns"].to_numpy(np.int64)
     we_a = w["end_ns"].to_numpy(np.int64)
-    ae_a = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
-    ae_a = np.minimum(np.maximum(ae_a, ws_a), we_a)
+    ae_raw = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
+    ae_a = np.minimum(np.maximum(ae_raw, ws_a), we_a)
     lo, hi = int(ws_a.min()), int(we_a.max())
     kind = ev["kind"].astype(str).to_numpy()
     cls = ev["cls"].astype(str).to_numpy()
@@ -226,6 +226,16 @@ def _gpu_rank(
     end = ev["end_ns"].to_numpy(np.int64)
     corr = ev["correlation"].to_numpy(np.int64)
     thread = ev["stream"].to_numpy(np.int64)
+    # device-paced windows (steps._device_paced: an annotation that ends before its window opens):
+    # the host's steps are its annotations, (previous end, own end], and the first one's launches
+    # come before the first window opens
+    paced = bool((ae_raw < ws_a).any())
+    if paced:
+        is_dev0 = np.isin(kind, list(GPU_KINDS)) & (start >= lo) & (start < int(we_a[0]))
+        c0 = set(corr[is_dev0 & (corr >= 0)].tolist())
+        first_launch = start[(kind == "runtime") & np.isin(corr, list(c0))] if c0 else start[:0]
+        if len(first_launch):
+            lo = min(lo, int(first_launch.min()))
     is_rt = (kind == "runtime") & (start >= lo) & (start < hi)
     is_dev = np.isin(kind, list(GPU_KINDS))
     rt = np.flatnonzero(is_rt)
@@ -251,6 +261,8 @@ def _gpu_rank(
 
     # step of a host time: the window holding it, else the next window (gap between steps)
     def step_index(t: int) -> int:
+        if paced:
+            return min(int(np.searchsorted(ae_raw, t, side="left")), len(steps) - 1)
         i = int(np.searchsorted(ws_a, t, side="right")) - 1
         return min(max(i, 0), len(steps) - 1)
 
@@ -431,7 +443,9 @@ def _gpu_rank(
         call = int(d_call[j])
         s_j = int(ds[j])
         k = step_index(int(d_h[j])) if call >= 0 else step_index(s_j)
-        if call >= 0 and int(d_h[j]) <= int(ae_a[k]) and int(d_h[j]) >= int(ws_a[k]):
+        if call >= 0 and paced:  # launched in its host step
+            step_ops[k].append(int(d_end[j]))
+        elif call >= 0 and int(d_h[j]) <= int(ae_a[k]) and int(d_h[j]) >= int(ws_a[k]):
             step_ops[k].append(int(d_end[j]))
         elif call < 0 and ws_a[k] <= s_j < we_a[k]:
             step_ops[k].append(int(d_end[j]))
