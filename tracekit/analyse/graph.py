@@ -976,10 +976,15 @@ class PathWalk:
 
 
 def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = None) -> PathWalk:
-    """Walk every step's path back from its latest window end through each node's binding in-edge
-    (the first in-edge reaching its time), for one step time (`step_times`): each edge's latency
-    goes to its rank and part; the walk stops at the step time before the end (clipping the last
-    edge) or at a node with no in-edge (the rest is the offset)."""
+    """Walk the path back from the last step's latest window end (ties: the lowest rank) through
+    each node's binding in-edge (the first in-edge reaching its time), for one step time per step
+    (`step_times`): each edge's latency goes to its rank and part, split at the steps' ranges
+    [latest end - step time, latest end]. The walk is one chain across steps: where it reaches a
+    step's latest end it goes on into that step from where it is (so of ranks that end a step
+    together, the one the later step's chain runs through); where it cannot (it reached a node with
+    no in-edge, or a step's range starts before the previous one's end) that step's walk starts at
+    its own latest end. A walk that reaches a node with no in-edge stops: the rest of the step is its
+    offset."""
     lat = g.lat if lat is None else lat
     if t is None:
         t = g.times(lat)
@@ -987,31 +992,56 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
     src, ptr = g.src, g.indptr
-    rows: list[dict[str, Any]] = []
-    segs: list[tuple[int, int, int, int, str, int]] = []
-    for k, st in enumerate(g.steps):
-        # the latest window end; ties: the lowest rank
+
+    def binding(n: int) -> int:
+        a, b = int(ptr[n]), int(ptr[n + 1])
+        tn = int(t[n])
+        for kk in range(a, b):
+            if int(t[src[kk]]) + int(lat[kk]) == tn:
+                return kk
+        if a == b:
+            return -1
+        raise AssertionError("a node's time is reached by none of its in-edges")
+
+    rows_rev: list[list[dict[str, Any]]] = []
+    segs_rev: list[list[tuple[int, int, int, int, str, int]]] = []
+    cursor: tuple[int, int] | None = None  # (node, time reached on its binding in-edge, <= its time)
+    for k in range(len(g.steps) - 1, -1, -1):
+        st = g.steps[k]
         i_end = int(np.argmax(we[:, k]))
         t_end = int(we[i_end, k])
-        nodes = g.end_nodes[i_end][k]
-        n = int(nodes[np.argmax(t[nodes])])
         limit = t_end - int(step_ns[k])
+        n, hi = -1, t_end
+        if cursor is not None and cursor[1] >= t_end:  # go on from the later step's chain
+            n, hi = cursor
+            while hi > t_end:
+                e = binding(n)
+                if e < 0:
+                    n = -1
+                    break
+                ts = int(t[src[e]])
+                if ts < t_end:
+                    hi = t_end
+                    break
+                n, hi = int(src[e]), ts
+        last_rank = ranks[i_end]
+        if n < 0:
+            nodes = g.end_nodes[i_end][k]
+            n = int(nodes[np.argmax(t[nodes])])
+            hi = int(t[n])
+        elif int(g.node_rank[n]) >= 0:
+            last_rank = int(g.node_rank[n])
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
-        last_rank = ranks[i_end]
-        while t[n] > limit:
-            a, b = int(ptr[n]), int(ptr[n + 1])
-            if a == b:
+        segs: list[tuple[int, int, int, int, str, int]] = []
+        ended = False
+        while hi > limit:
+            e = binding(n)
+            if e < 0:
+                ended = True
                 break
-            tn = int(t[n])
-            e = -1
-            for kk in range(a, b):
-                if int(t[src[kk]]) + int(lat[kk]) == tn:
-                    e = kk
-                    break
-            assert e >= 0, "a node's time is reached by none of its in-edges"
             ts = int(t[src[e]])
-            piece = tn - max(ts, limit)
+            piece = hi - max(ts, limit)
             r = int(g.erank[e])
             if piece > 0:
                 acc[r][int(g.kind[e])] += piece
@@ -1020,11 +1050,15 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     last_rank = r
                 off = g.offsets.get(r, 0)
                 is_x = int(g.role[e]) == ROLE_XFER
-                segs.append((int(st), r, max(ts, limit) + off, tn + off, "transfer" if is_x else "work", -1))
-            n = int(src[e])
-        path_len = t_end - max(int(t[n]), limit)
-        for r in ranks:
-            rows.append(
+                segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
+            if ts < limit:
+                hi = limit
+                break
+            n, hi = int(src[e]), ts
+        cursor = None if ended else (n, hi)
+        path_len = t_end - max(hi, limit)
+        rows_rev.append(
+            [
                 {
                     "step": int(st),
                     "rank": r,
@@ -1033,11 +1067,16 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     "offset_ns": int(step_ns[k]) - path_len,
                     "hops": hops,
                 }
-            )
+                for r in ranks
+            ]
+        )
+        segs_rev.append(segs)
         assert int(step_ns[k]) - path_len >= 0, f"step {st}: negative path offset"
         total = sum(sum(v) for v in acc.values())
         assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
-    return PathWalk(rows, _merge_segments(segs))
+    rows = [row for per in reversed(rows_rev) for row in per]
+    segs_all = [sg for per in reversed(segs_rev) for sg in per]
+    return PathWalk(rows, _merge_segments(segs_all))
 
 
 def _merge_segments(
