@@ -66,15 +66,29 @@ def _off(sf: dict[str, Any], truth: dict[str, Any]) -> list[str]:
     return bad
 
 
+def _path_off(sf: dict[str, Any], truth: dict[str, Any]) -> list[str]:
+    bad = []
+    for r, want_r in truth["path"].items():
+        row = sf["critical_path"]["by_rank"].get(str(r), {})
+        for k in ("host", "compute", "memory", "transfer", "sync"):
+            got, want = row.get(f"{k}_ns", 0), float(want_r[k])
+            if abs(got - want) > tolerance(want):
+                bad.append(f"path rank {r} {k}: {got} vs {want:.0f}")
+    return bad
+
+
 def test_the_profiler_making_another_rank_last_gives_its_wait_back(tmp_path: Path) -> None:
     """Issue 23 item 7: rank 1 arrives last without the profiler (20 us sleeps), rank 0's 12 us per
     call makes rank 0 last in the trace. With each rank's measured cost removed call by call in the
-    replay, every rank's wait, sync and idle are the unprofiled run's (rank 0 waits 182.5 us per
-    token, rank 1 none); the proportional rule on the same runs cannot give them back."""
+    replay, every rank's wait, sync and idle and the critical path are the unprofiled run's (rank 0
+    waits 182.5 us per token, rank 1 none; the path runs through rank 1's host); the proportional
+    rule on the same runs cannot give them back."""
     truth = case_truth("profiler_changes_last_rank")
     base, shard = _runs("profiler_changes_last_rank", tmp_path, calibrated=True)
     sf = shortfall_from_parts(base, shard).to_json()
     assert _off(sf, truth) == []
+    # the path walked on the corrected timeline: rank 1's host (its sleeps), not rank 0's profiler cost
+    assert _path_off(sf, truth) == []
     corr = sf["dilation"]["correction"]
     assert corr["sharded"]["method"] == "replay"
     assert corr["sharded"]["cost_source"] == "manifest calibration"
@@ -90,6 +104,7 @@ def test_the_profiler_making_another_rank_last_gives_its_wait_back(tmp_path: Pat
     prop = shortfall_from_parts(base, shard).to_json()
     assert prop["dilation"]["correction"]["sharded"]["method"] == "proportional"
     assert any(b.startswith("rank 0 wait") for b in _off(prop, truth))
+    assert any(b.startswith("path rank 1 host") for b in _path_off(prop, truth))
     assert sum(prop["terms_ns"].values()) == prop["shortfall_ns"]
 
 
