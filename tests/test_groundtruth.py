@@ -56,9 +56,6 @@ GRAPH_EVENT_WAIT = "issue 23, dependency graph (open): a cross-stream event wait
 XFAIL: dict[tuple[str, str], str] = {
     ("epoch_times", "whatif launch=0"): GRAPH_LAUNCH0_TYPICAL,
     ("loaded_host_noise", "replay"): GRAPH_NOISE_REPLAY,
-    ("nccl_stream_event_waits", "path device"): GRAPH_EVENT_WAIT,
-    ("nccl_stream_event_waits", "whatif launch=0"): GRAPH_EVENT_WAIT,
-    ("nccl_stream_event_waits", "whatif transfer=0"): GRAPH_EVENT_WAIT,
     ("profiler_changes_last_rank", "whatif transfer=0"): GRAPH_SOLVED_COST,
     ("profiler_cost_15us", "whatif launch=0"): PROFILER_ONE_NUMBER,
     ("profiler_cost_15us", "shapley"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
@@ -82,9 +79,6 @@ XFAIL: dict[tuple[str, str], str] = {
     ("loaded_host_noise", "path device"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "path host"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "shapley"): SHAPLEY_SYNC0,
-    ("nccl_stream_event_waits", "path host"): PATH_GAPS_AS_SYNC,
-    ("nccl_stream_event_waits", "whatif sync=0"): SYNC0,
-    ("nccl_stream_event_waits", "shapley"): SHAPLEY_SYNC0,
 }
 
 GROUPS = (

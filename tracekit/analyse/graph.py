@@ -17,7 +17,9 @@ knobs act on roles):
 - stream order: the previous operation's end on the stream -> the next one's begin (its queue
   gap); inside one CUDA-graph replay stream order does not hold (its branches run concurrently on
   one stream), so operations of one graph launch are not chained by it;
-- cross-stream (and in-graph) waits: the end of the operation on another stream (or earlier in the
+- cross-stream (and in-graph) waits: the end of the operation on another stream that an operation
+  waits for through an event (`_event_waits`: the host's `cudaEventRecord` / `cudaStreamWaitEvent`
+  calls in program order), else, in a trace without them, of the one (or the one earlier in the
   same graph replay) that ended last before an operation that neither its launch nor its stream
   released;
 - a collective: every member's begin (its arrival) -> the instance's rendezvous (0), which starts
@@ -399,11 +401,17 @@ def _gpu_rank(
         idx_c.insert(m2, j)
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
     q = np.where(pred >= 0, ds - de[np.maximum(pred, 0)], np.iinfo(np.int64).max)
-    idle = q >= IDLE_GAP_NS
+    ev_pred = _event_waits(rt, launching, names, thread, start, d_call, d_stream)
+    has_events = bool((ev_pred >= 0).any())
+    # an operation waiting for an event queued behind the later of its stream and its event
+    ev_end = de[np.maximum(ev_pred, 0)]
+    via_ev = (ev_pred >= 0) & (ev_end <= ds) & ((pred < 0) | (ev_end > de[np.maximum(pred, 0)]))
+    q_eff = np.where(via_ev, ds - ev_end, q)
+    idle = q_eff >= IDLE_GAP_NS
     lb = idle & (d_call >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)
     rho_typ = int(np.median(rho[lb])) if lb.any() else 5000
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
-    qq = q[(pred >= 0) & ~(idle & (rho <= rho_bound))]
+    qq = q_eff[((pred >= 0) | via_ev) & ~(idle & (rho <= rho_bound))]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
@@ -468,10 +476,14 @@ def _gpu_rank(
         elif p >= 0:  # it began before its predecessor's recorded end: held by its stream all the same
             cands.append((s_j, 2, 0))
         cross = -1
+        ev = int(ev_pred[j])
+        if ev >= 0 and ev != p and int(de[ev]) <= s_j:  # the event it waits for (its host's calls say)
+            cross = ev
+            cands.append((int(de[ev]) + min(s_j - int(de[ev]), q_typ), 1, 1))
         m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
         while m >= 0 and int(end_order[m]) in (j, p):
             m -= 1
-        if m >= 0:
+        if m >= 0 and not has_events:  # no event calls: the operation that ended just before it
             c = int(end_order[m])
             if s_j - int(ends_sorted[m]) < IDLE_GAP_NS and ds[c] < s_j and (p < 0 or de[c] > de[p]):
                 cross = c
@@ -480,7 +492,12 @@ def _gpu_rank(
             cands.append((int(d_h[j]) + min(int(rho[j]), rho_typ), 0, 2))
         which = max(cands)[2] if cands else 2
         stream_bound, launch_bound = which == 0, which == 2
-        if which != 1:
+        cross_lat = s_j - int(de[cross]) if cross >= 0 else 0
+        if (
+            which != 1 and ev >= 0 and cross == ev
+        ):  # an event wait that did not bind: kept, at the typical gap
+            cross_lat = min(cross_lat, q_typ)
+        elif which != 1:
             cross = -1
         # the edges into the operation's begin (stream first: the path prefers it on ties)
         if p >= 0 and q[j] >= 0:
@@ -490,7 +507,7 @@ def _gpu_rank(
             b.edge(int(d_begin[p]), int(d_begin[j]), max(s_j - int(ds[p]), 0), ROLE_QUEUE, K_HOST)
         if cross >= 0:
             n_cross += 1
-            b.edge(int(d_end[cross]), int(d_begin[j]), s_j - int(de[cross]), ROLE_CROSS, K_HOST)
+            b.edge(int(d_end[cross]), int(d_begin[j]), cross_lat, ROLE_CROSS, K_HOST)
         if call >= 0:
             lat_r = int(rho[j]) if launch_bound else min(int(rho[j]), rho_typ)
             if lat_r >= 0:
@@ -578,6 +595,63 @@ def _gpu_rank(
         ops=arr["ops"],
         cidx=arr["cidx"],
     )
+
+
+_RECORD = re.compile(r"^cu(da)?EventRecord")
+_WAIT_EVENT = re.compile(r"^cu(da)?StreamWaitEvent")
+
+
+def _event_waits(
+    rt: np.ndarray,
+    launching: set[int],
+    names: np.ndarray,
+    thread: np.ndarray,
+    start: np.ndarray,
+    d_call: np.ndarray,
+    d_stream: np.ndarray,
+) -> np.ndarray:
+    """Per device operation, the operation its stream waits for through an event (-1: none), from
+    the host's calls in program order: an operation launched after a `cudaStreamWaitEvent` (since the
+    thread's previous launch) waits for the event of the last `cudaEventRecord` before that wait,
+    which holds the operation launched last before the record on another stream than its own (a
+    record on its own stream adds nothing to stream order). The trace names no event, so this is
+    the pairing of eager NCCL's record / wait around each collective."""
+    out = np.full(len(d_call), -1, dtype=np.int64)
+    if not len(rt):
+        return out
+    ops_of: dict[int, list[int]] = {}
+    for j, c in enumerate(d_call.tolist()):
+        if c >= 0:
+            ops_of.setdefault(int(c), []).append(j)
+    is_rec = {int(i) for i in rt if _RECORD.match(str(names[i]))}
+    is_wait = {int(i) for i in rt if _WAIT_EVENT.match(str(names[i]))}
+    if not is_wait:
+        return out
+    per_thread: dict[int, list[int]] = {}
+    for i in rt.tolist():
+        if i in launching or i in is_rec or i in is_wait:
+            per_thread.setdefault(int(thread[i]), []).append(int(i))
+    for calls in per_thread.values():
+        history: list[int] = []  # launched operations in program order
+        rec_at: int | None = None  # len(history) at the last record
+        waits: list[int] = []  # the records the waits since the last launch refer to
+        for i in calls:
+            if i in is_rec:
+                rec_at = len(history)
+            elif i in is_wait:
+                if rec_at is not None:
+                    waits.append(rec_at)
+            else:
+                for j in ops_of.get(i, []):
+                    for at in waits:
+                        for jj in reversed(history[max(at - 64, 0) : at]):
+                            if int(d_stream[jj]) != int(d_stream[j]):
+                                if out[j] < 0 or jj > out[j]:
+                                    out[j] = jj
+                                break
+                history.extend(ops_of.get(i, []))
+                waits = []
+    return out
 
 
 def _window_end_nodes(
