@@ -117,14 +117,17 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
     if any(s not in pos for s in steady) or not steady:
         return _proportional(run, target, ["the dependency graph does not hold every steady step"])
     timeline = run.timeline if run.timeline in ("gpu", "host") else "gpu"
+    # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
+    # window is missing starts its graph there): it is corrected by the other steps' mean correction
+    used = list(steady[1:]) if len(steady) > 1 else list(steady)
     model = RunModel(
         label="run",
         n_ranks=len(run.ranks),
         ranks=list(g.ranks),
         timeline=timeline,
-        steps=list(steady),
+        steps=used,
         graph=g,
-        measured_ns=np.zeros(len(steady), dtype=np.int64),
+        measured_ns=np.zeros(len(used), dtype=np.int64),
         compute_per_token={},
         target_ns=target,
         calibration=run.profiler_calibration,
@@ -159,16 +162,43 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
     rows = acc + c_arr - at(meas)
     bad = (rows < 0).any(axis=-1)  # the graph reads this window otherwise than the partition
     rows[bad] = c_arr[bad]
-    replaced = int(bad.sum())
-    n = len(steady)
+    first = len(steady) - len(used)  # 1: the first steady step takes the others' mean correction
+    replaced = int(bad[first:].sum())
+    n, n_used = len(steady), len(used)
+    delta = (rows[first:] - acc[first:]).sum(axis=0)  # [ranks, parts]: the used steps' correction
     per_rank = {
-        r: {p: Fraction(int(rows[:, j, q].sum()), n) for q, p in enumerate(LEAF_PARTS)}
+        r: {
+            p: (
+                Fraction(int(rows[first:, j, q].sum()) + int(acc[:first, j, q].sum()))
+                + Fraction(int(delta[j, q]) * first, n_used)
+            )
+            / n
+            for q, p in enumerate(LEAF_PARTS)
+        }
         for j, r in enumerate(ranks)
     }
+    rows_f = rows.astype(np.float64)
+    if first:
+        rows_f[0] = acc[0] + delta / n_used
     replayed = sum(per_rank[ranks[0]].values(), Fraction(0))
     walk = G.walk_path(g, t_c, lat)
-    path = path_of(walk.rows, walk.segments, list(g.ranks), run.critical.timeline).per_token(list(steady))
-    assert path["step"] == replayed, "the corrected path's step time differs from the corrected parts'"
+    cp = path_of(walk.rows, walk.segments, list(g.ranks), run.critical.timeline)
+    path = cp.per_token(list(steady))
+    if first:  # the first steady step: its measured path moved by the other steps' mean correction
+        c_u, m_u = cp.per_token(used), run.critical.per_token(used)
+        m_f = run.critical.per_token(list(steady[:first]))
+
+        def mix(c: Fraction, m: Fraction, f: Fraction) -> Fraction:
+            return (c * n_used + f + (c - m)) / n
+
+        path = {
+            "by_rank": {
+                r: {k: mix(v, m_u["by_rank"][r][k], m_f["by_rank"][r][k]) for k, v in d.items()}
+                for r, d in c_u["by_rank"].items()
+            },
+            "offset": mix(c_u["offset"], m_u["offset"], m_f["offset"]),
+            "step": mix(c_u["step"], m_u["step"], m_f["step"]),
+        }
     # the small rest between the replayed and the stated per-token time: the proportional rule
     out = {r: reconcile(p, target, run.timeline)[0] for r, p in per_rank.items()}
     path = reconcile_path(path, target, run.timeline)
@@ -202,7 +232,7 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         host_scale=model.host_scale if model.host_scale != 1.0 else None,
         replayed_ns=replayed,
         notes=notes,
-        rows=rows,
+        rows=rows_f,
     )
 
 
