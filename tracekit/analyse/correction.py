@@ -116,7 +116,11 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
     pos = {s: i for i, s in enumerate(g.steps)}
     if any(s not in pos for s in steady) or not steady:
         return _proportional(run, target, ["the dependency graph does not hold every steady step"])
-    timeline = run.timeline if run.timeline in ("gpu", "host") else "gpu"
+    if run.timeline != "gpu":
+        # a CPU-only run's host ops are dilated like its gaps: one factor on host time, which the
+        # proportional rule already is (the replay's host correction is that same factor)
+        return _proportional(run, target, ["a host timeline: every host-executed part scaled by one factor"])
+    timeline = "gpu"
     # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
     # window is missing starts its graph there): it is corrected by the other steps' mean correction
     used = list(steady[1:]) if len(steady) > 1 else list(steady)
