@@ -1667,7 +1667,7 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         from tracekit.analyse.correction import correct_run
 
         corr_b, corr_s = correct_run(base, tb), correct_run(sharded, ts)
-        corrections = {"baseline": corr_b, "sharded": corr_s}
+        corrections: dict[str, Any] = {"baseline": corr_b, "sharded": corr_s}
         pb = mean_over_ranks({r: _leaf_with_window(v) for r, v in corr_b.per_rank.items()})
         per_rank_c = {r: _leaf_with_window(v) for r, v in corr_s.per_rank.items()}
         ps = mean_over_ranks(per_rank_c)
