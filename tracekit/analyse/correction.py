@@ -16,8 +16,9 @@ correction of nothing changes nothing. The critical path is walked on the correc
 
 The replayed per-token time is close to the corrected per-token time the accounting states (traced
 / D) but not equal (the solved cost matches the replay's period, a calibration is measured apart);
-the small rest is taken out by the proportional rule, so every rank's parts still sum to the
-stated per-token time exactly, and the sentence says how large it was.
+the small rest is idle when the replay is short of it (time it does not place; the device's parts
+stay as read) and comes out of wait, sync and idle in proportion when it is over, so every rank's
+parts still sum to the stated per-token time exactly, and the sentence says how large it was.
 
 A run without its graph (a RunParts built elsewhere) or whose replay cannot be corrected (no cost
 reaches the unprofiled time, a device-bound run whose device times were scaled) keeps the
@@ -107,7 +108,7 @@ def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correcti
 def _correct(run: RunParts, target: Fraction) -> Correction:
     from tracekit.analyse.critical_path import path_of
     from tracekit.analyse.replay import RunModel, calibrate, setting_for
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile, reconcile_path
+    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
 
     g = run.graph
     if g is None:
@@ -204,7 +205,7 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
             "step": mix(c_u["step"], m_u["step"], m_f["step"]),
         }
     # the small rest between the replayed and the stated per-token time: the proportional rule
-    out = {r: reconcile(p, target, run.timeline)[0] for r, p in per_rank.items()}
+    out = {r: _rest(p, target, run.timeline) for r, p in per_rank.items()}
     path = reconcile_path(path, target, run.timeline)
     rest = float((target - replayed) / target) if target else 0.0
     what = (
@@ -222,7 +223,8 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
     sentence = (
         f"the profiler's cost ({what}, {src}) was {how} in the replay of the dependency "
         f"graph and every rank's parts read from the corrected timeline ({float(replayed) / 1e6:.4f} ms per "
-        f"token); the {rest:+.2%} left to the corrected per-token time was reconciled in proportion"
+        f"token); the {rest:+.2%} left to the corrected per-token time is idle (when short) or came out of wait, "
+        "sync and idle in proportion (when over)"
     )
     notes = [f"{replaced} (rank, step) window(s) read from the corrected timeline alone"] if replaced else []
     return Correction(
@@ -238,6 +240,20 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         notes=notes,
         rows=rows_f,
     )
+
+
+def _rest(parts: Mapping[str, Fraction], target: Fraction, timeline: str) -> dict[str, Fraction]:
+    """The corrected timeline's parts brought to `target` exactly: time it leaves unexplained (its
+    step time short of the target) is idle, the device's parts stay as read; an excess comes out of
+    wait, sync and idle in proportion (`shortfall.reconcile`)."""
+    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile
+
+    total = sum((parts[p] for p in LEAF_PARTS), Fraction(0))
+    if total <= target:
+        out = {p: Fraction(parts[p]) for p in LEAF_PARTS}
+        out["idle"] += target - total
+        return out
+    return reconcile(parts, target, timeline)[0]
 
 
 def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:

@@ -223,6 +223,8 @@ def _run_draws(
     target = traced_t / d[:, None]
     if run.replayed is not None:  # the corrected timeline's parts of the same drawn steps
         rep = np.einsum("bn,nrp->brp", w, np.asarray(run.replayed, dtype=np.float64)) * scale[:, None, None]
+        # time the corrected timeline leaves short of the target is idle (`correction._rest`)
+        rep[..., PARTS.index("idle")] += np.maximum(target - rep.sum(axis=-1), 0.0)
         return reconcile_arrays(rep, target, run.timeline).mean(axis=1)
     return reconcile_arrays(parts, target, run.timeline).mean(axis=1)
 
