@@ -18,8 +18,8 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    alike (a serving engine's decode steps of another batch size, decode against prefill: docs/
    METHOD.md, Serving engines); never "no significant change" without an interval.
 2. **The change by part**, exactly: each run's parts are the mean over ranks of every rank's
-   per-token leaf parts (reconciled to the corrected time when that is the source, by
-   `shortfall.reconcile`), so they sum to T exactly, and their differences sum exactly to the
+   per-token leaf parts (corrected to the corrected time when that is the source, as the shortfall
+   does: `tracekit.analyse.correction.correct_run`), so they sum to T exactly, and their differences sum exactly to the
    change. On GPU timelines compute is split into matrix (GEMM / attention kernels) and vector
    (everything else the classifier calls compute): per window, the time a matrix kernel covers is
    matrix, the rest of the compute part is vector (matrix > vector, as compute > memory in the
@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.correction import correct_run
 from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.shortfall import (
@@ -62,8 +63,6 @@ from tracekit.analyse.shortfall import (
     _round_to_sum,
     applied_dilation,
     attribute_run,
-    reconcile,
-    reconcile_path,
 )
 from tracekit.model.events import DataQuality, Run
 
@@ -315,10 +314,11 @@ def _settle(side: Side, source: str) -> None:
     target = side.applied.target_ns if source == "unprofiled" else None
     per_rank: dict[int, dict[str, Fraction]] = {}
     notes = []
+    corr = correct_run(parts, target) if target is not None else None
     for r, p in parts.per_rank.items():
-        if target is not None:
-            rec, note = reconcile(p, target, parts.timeline)
-            notes.append(note)
+        if corr is not None:
+            rec = corr.per_rank[r]
+            notes.append(corr.sentence)
             scale = rec["compute"] / p["compute"] if p["compute"] else Fraction(1)
             per_rank[r] = _split_compute(rec, side.matrix_ns.get(r, Fraction(0)) * scale)
         else:
@@ -328,7 +328,8 @@ def _settle(side: Side, source: str) -> None:
     side.per_token_ns = sum(side.leaf.values(), Fraction(0))
     if target is not None and u is not None and u.n:
         assert side.per_token_ns == target, "reconciled parts do not sum to the corrected time"
-        side.path_token = reconcile_path(parts.path_token, target, parts.timeline)
+        assert corr is not None
+        side.path_token = corr.path
         # the interval's spread: the unprofiled rounds (host drift between rounds widens it)
         side.samples = [list(r) for r in u.rounds if len(r)] or [list(u.per_token_ns)]
         side.reconciliation = notes[0] if notes else ""

@@ -17,7 +17,9 @@ knobs act on roles):
 - stream order: the previous operation's end on the stream -> the next one's begin (its queue
   gap); inside one CUDA-graph replay stream order does not hold (its branches run concurrently on
   one stream), so operations of one graph launch are not chained by it;
-- cross-stream (and in-graph) waits: the end of the operation on another stream (or earlier in the
+- cross-stream (and in-graph) waits: the end of the operation on another stream that an operation
+  waits for through an event (`_event_waits`: the host's `cudaEventRecord` / `cudaStreamWaitEvent`
+  calls in program order), else, in a trace without them, of the one (or the one earlier in the
   same graph replay) that ended last before an operation that neither its launch nor its stream
   released;
 - a collective: every member's begin (its arrival) -> the instance's rendezvous (0), which starts
@@ -229,8 +231,8 @@ def _gpu_rank(
     n_steps = len(steps)
     ws_a = w["start_ns"].to_numpy(np.int64)
     we_a = w["end_ns"].to_numpy(np.int64)
-    ae_a = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
-    ae_a = np.minimum(np.maximum(ae_a, ws_a), we_a)
+    ae_raw = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
+    ae_a = np.minimum(np.maximum(ae_raw, ws_a), we_a)
     lo, hi = int(ws_a.min()), int(we_a.max())
     kind = ev["kind"].astype(str).to_numpy()
     cls = ev["cls"].astype(str).to_numpy()
@@ -240,6 +242,16 @@ def _gpu_rank(
     corr = ev["correlation"].to_numpy(np.int64)
     thread = ev["stream"].to_numpy(np.int64)
     n_ev = len(ev)
+    # device-paced windows (steps._device_paced: an annotation that ends before its window opens):
+    # the host's steps are its annotations, (previous end, own end], and the first one's launches
+    # come before the first window opens
+    paced = bool((ae_raw < ws_a).any())
+    if paced:
+        is_dev0 = np.isin(kind, list(GPU_KINDS)) & (start >= lo) & (start < int(we_a[0]))
+        c0 = set(corr[is_dev0 & (corr >= 0)].tolist())
+        first_launch = start[(kind == "runtime") & np.isin(corr, list(c0))] if c0 else start[:0]
+        if len(first_launch):
+            lo = min(lo, int(first_launch.min()))
     is_rt = (kind == "runtime") & (start >= lo) & (start < hi)
     is_dev = np.isin(kind, list(GPU_KINDS))
     rt = np.flatnonzero(is_rt)
@@ -269,7 +281,11 @@ def _gpu_rank(
     origin = b.node(lo - off)
     notes: list[str] = []
 
-    def step_index(t: np.ndarray) -> np.ndarray:  # the window holding t, else the next one
+    def step_index(t: np.ndarray) -> np.ndarray:
+        """The window holding host time t, else the next one (gap between steps); in device-paced
+        windows the host's steps are its annotations, (previous end, own end]."""
+        if paced:
+            return np.minimum(np.searchsorted(ae_raw, t, side="left"), n_steps - 1)
         i = np.searchsorted(ws_a, t, side="right") - 1
         return np.minimum(np.maximum(i, 0), n_steps - 1)
 
@@ -431,13 +447,22 @@ def _gpu_rank(
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
     p0 = np.maximum(pred, 0)
     q = np.where(pred >= 0, ds - de[p0], np.iinfo(np.int64).max)
-    idle = q >= IDLE_GAP_NS
+    ev_pred = _event_waits(
+        rt, set(np.flatnonzero(is_launching).tolist()), names, thread, start, d_call, d_stream
+    )
+    has_events = bool((ev_pred >= 0).any())
+    # an operation waiting for an event queued behind the later of its stream and its event
+    ev0 = np.maximum(ev_pred, 0)
+    ev_end = de[ev0]
+    via_ev = (ev_pred >= 0) & (ev_end <= ds) & ((pred < 0) | (ev_end > de[p0]))
+    q_eff = np.where(via_ev, ds - ev_end, q)
+    idle = q_eff >= IDLE_GAP_NS
     lb = idle & (d_call >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)
     rho_typ = int(np.median(rho[lb])) if lb.any() else 5000
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
     # an operation inside a graph replay after its first: its gap from the operation before the replay
     # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
-    qq = q[(pred >= 0) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
+    qq = q_eff[((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
@@ -452,6 +477,8 @@ def _gpu_rank(
         if nd
         else jj >= 0
     )
+    if paced:  # device-paced windows: an operation is in the host step it was launched in
+        in_step = in_step | (d_call >= 0)
     m = np.searchsorted(ends_sorted, ds, side="right") - 1
     for _ in range(2):  # not itself nor its stream predecessor
         mm = np.maximum(m, 0)
@@ -463,6 +490,12 @@ def _gpu_rank(
         if nd
         else jj >= 0
     )
+    if has_events:  # the event each operation waits for, as its host's calls say (not the nearest end)
+        cross_ok = (ev_pred >= 0) & (ev_pred != pred) & (ev_end <= ds)
+        cc = ev0
+        cross_ready = ev_end + np.minimum(ds - ev_end, q_typ)
+    else:  # no event calls: the operation that ended just before it on another stream
+        cross_ready = de[cc]
     has_q = (pred >= 0) & (q >= 0)
     has_p = pred >= 0
     has_l = (d_call >= 0) & (rho >= 0)
@@ -473,7 +506,7 @@ def _gpu_rank(
     which = np.full(nd, 2, dtype=np.int64)
     for has, ready, pref, wch in (
         (has_p, np.where(has_q, de[p0] + np.minimum(q, q_typ), ds), 2, 0),
-        (cross_ok, de[cc], 1, 1),
+        (cross_ok, cross_ready, 1, 1),
         (has_l, d_h + np.minimum(rho, rho_typ), 0, 2),
     ):
         better = has & ((ready > best_r) | ((ready == best_r) & (pref > best_p)))
@@ -481,7 +514,12 @@ def _gpu_rank(
         best_p = np.where(better, pref, best_p)
         which = np.where(better, wch, which)
     in_g = gpred >= 0
-    cross = cross_ok & (which == 1) & ~in_g
+    if has_events:  # an event wait that did not bind is kept, at the typical gap
+        cross = cross_ok & ~in_g
+        cross_lat = np.where(which == 1, ds - de[cc], np.minimum(ds - de[cc], q_typ))
+    else:
+        cross = cross_ok & (which == 1) & ~in_g
+        cross_lat = ds - de[cc]
     stream_bound, launch_bound = which == 0, which == 2
     cb = call_begin[np.maximum(d_call, 0)]
     e_parts: list[tuple[np.ndarray, ...]] = []  # (j, sub, src, dst, lat, role, kind, cidx)
@@ -520,7 +558,7 @@ def _gpu_rank(
     add(ng & has_q, 0, d_end[p0], np.where(stream_bound, q, np.minimum(q, q_typ)), ROLE_QUEUE)
     # it began before its predecessor ended (overlapping records): after its begin
     add(ng & has_p & ~has_q, 0, d_begin[p0], np.maximum(ds - ds[p0], 0), ROLE_QUEUE)
-    add(cross, 1, d_end[cc], ds - de[cc], ROLE_CROSS)
+    add(cross, 1, d_end[cc], cross_lat, ROLE_CROSS)
     add(ng & has_l, 2, cb, np.where(launch_bound, rho, np.minimum(rho, rho_typ)), ROLE_LAUNCH)
     add(ng & (d_call >= 0) & (rho < 0) & ~has_p & ~cross, 2, np.int64(origin), ds - lo, ROLE_ORIGIN)
     add(
@@ -659,6 +697,63 @@ def _gpu_rank(
         ops=e[:, 7].copy(),
         cidx=e[:, 8].copy(),
     )
+
+
+_RECORD = re.compile(r"^cu(da)?EventRecord")
+_WAIT_EVENT = re.compile(r"^cu(da)?StreamWaitEvent")
+
+
+def _event_waits(
+    rt: np.ndarray,
+    launching: set[int],
+    names: np.ndarray,
+    thread: np.ndarray,
+    start: np.ndarray,
+    d_call: np.ndarray,
+    d_stream: np.ndarray,
+) -> np.ndarray:
+    """Per device operation, the operation its stream waits for through an event (-1: none), from
+    the host's calls in program order: an operation launched after a `cudaStreamWaitEvent` (since the
+    thread's previous launch) waits for the event of the last `cudaEventRecord` before that wait,
+    which holds the operation launched last before the record on another stream than its own (a
+    record on its own stream adds nothing to stream order). The trace names no event, so this is
+    the pairing of eager NCCL's record / wait around each collective."""
+    out = np.full(len(d_call), -1, dtype=np.int64)
+    if not len(rt):
+        return out
+    ops_of: dict[int, list[int]] = {}
+    for j, c in enumerate(d_call.tolist()):
+        if c >= 0:
+            ops_of.setdefault(int(c), []).append(j)
+    is_rec = {int(i) for i in rt if _RECORD.match(str(names[i]))}
+    is_wait = {int(i) for i in rt if _WAIT_EVENT.match(str(names[i]))}
+    if not is_wait:
+        return out
+    per_thread: dict[int, list[int]] = {}
+    for i in rt.tolist():
+        if i in launching or i in is_rec or i in is_wait:
+            per_thread.setdefault(int(thread[i]), []).append(int(i))
+    for calls in per_thread.values():
+        history: list[int] = []  # launched operations in program order
+        rec_at: int | None = None  # len(history) at the last record
+        waits: list[int] = []  # the records the waits since the last launch refer to
+        for i in calls:
+            if i in is_rec:
+                rec_at = len(history)
+            elif i in is_wait:
+                if rec_at is not None:
+                    waits.append(rec_at)
+            else:
+                for j in ops_of.get(i, []):
+                    for at in waits:
+                        for jj in reversed(history[max(at - 64, 0) : at]):
+                            if int(d_stream[jj]) != int(d_stream[j]):
+                                if out[j] < 0 or jj > out[j]:
+                                    out[j] = jj
+                                break
+                history.extend(ops_of.get(i, []))
+                waits = []
+    return out
 
 
 def _window_end_nodes(
@@ -1300,10 +1395,15 @@ class PathWalk:
 
 
 def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = None) -> PathWalk:
-    """Walk every step's path back from its latest window end through each node's binding in-edge
-    (the first in-edge reaching its time), for one step time (`step_times`): each edge's latency
-    goes to its rank and part; the walk stops at the step time before the end (clipping the last
-    edge) or at a node with no in-edge (the rest is the offset)."""
+    """Walk the path back from the last step's latest window end (ties: the lowest rank) through
+    each node's binding in-edge (the first in-edge reaching its time), for one step time per step
+    (`step_times`): each edge's latency goes to its rank and part, split at the steps' ranges
+    [latest end - step time, latest end]. The walk is one chain across steps: where it reaches a
+    step's latest end it goes on into that step from where it is (so of ranks that end a step
+    together, the one the later step's chain runs through); where it cannot (it reached a node with
+    no in-edge, or a step's range starts before the previous one's end) that step's walk starts at
+    its own latest end. A walk that reaches a node with no in-edge stops: the rest of the step is its
+    offset."""
     lat = g.lat if lat is None else lat
     if t is None:
         t = g.times(lat)
@@ -1311,31 +1411,56 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
     src, ptr = g.src, g.indptr
-    rows: list[dict[str, Any]] = []
-    segs: list[tuple[int, int, int, int, str, int]] = []
-    for k, st in enumerate(g.steps):
-        # the latest window end; ties: the lowest rank
+
+    def binding(n: int) -> int:
+        a, b = int(ptr[n]), int(ptr[n + 1])
+        tn = int(t[n])
+        for kk in range(a, b):
+            if int(t[src[kk]]) + int(lat[kk]) == tn:
+                return kk
+        if a == b:
+            return -1
+        raise AssertionError("a node's time is reached by none of its in-edges")
+
+    rows_rev: list[list[dict[str, Any]]] = []
+    segs_rev: list[list[tuple[int, int, int, int, str, int]]] = []
+    cursor: tuple[int, int] | None = None  # (node, time reached on its binding in-edge, <= its time)
+    for k in range(len(g.steps) - 1, -1, -1):
+        st = g.steps[k]
         i_end = int(np.argmax(we[:, k]))
         t_end = int(we[i_end, k])
-        nodes = g.end_nodes[i_end][k]
-        n = int(nodes[np.argmax(t[nodes])])
         limit = t_end - int(step_ns[k])
+        n, hi = -1, t_end
+        if cursor is not None and cursor[1] >= t_end:  # go on from the later step's chain
+            n, hi = cursor
+            while hi > t_end:
+                e = binding(n)
+                if e < 0:
+                    n = -1
+                    break
+                ts = int(t[src[e]])
+                if ts < t_end:
+                    hi = t_end
+                    break
+                n, hi = int(src[e]), ts
+        last_rank = ranks[i_end]
+        if n < 0:
+            nodes = g.end_nodes[i_end][k]
+            n = int(nodes[np.argmax(t[nodes])])
+            hi = int(t[n])
+        elif int(g.node_rank[n]) >= 0:
+            last_rank = int(g.node_rank[n])
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
-        last_rank = ranks[i_end]
-        while t[n] > limit:
-            a, b = int(ptr[n]), int(ptr[n + 1])
-            if a == b:
+        segs: list[tuple[int, int, int, int, str, int]] = []
+        ended = False
+        while hi > limit:
+            e = binding(n)
+            if e < 0:
+                ended = True
                 break
-            tn = int(t[n])
-            e = -1
-            for kk in range(a, b):
-                if int(t[src[kk]]) + int(lat[kk]) == tn:
-                    e = kk
-                    break
-            assert e >= 0, "a node's time is reached by none of its in-edges"
             ts = int(t[src[e]])
-            piece = tn - max(ts, limit)
+            piece = hi - max(ts, limit)
             r = int(g.erank[e])
             if piece > 0:
                 acc[r][int(g.kind[e])] += piece
@@ -1344,11 +1469,15 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     last_rank = r
                 off = g.offsets.get(r, 0)
                 is_x = int(g.role[e]) == ROLE_XFER
-                segs.append((int(st), r, max(ts, limit) + off, tn + off, "transfer" if is_x else "work", -1))
-            n = int(src[e])
-        path_len = t_end - max(int(t[n]), limit)
-        for r in ranks:
-            rows.append(
+                segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
+            if ts < limit:
+                hi = limit
+                break
+            n, hi = int(src[e]), ts
+        cursor = None if ended else (n, hi)
+        path_len = t_end - max(hi, limit)
+        rows_rev.append(
+            [
                 {
                     "step": int(st),
                     "rank": r,
@@ -1357,11 +1486,16 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     "offset_ns": int(step_ns[k]) - path_len,
                     "hops": hops,
                 }
-            )
+                for r in ranks
+            ]
+        )
+        segs_rev.append(segs)
         assert int(step_ns[k]) - path_len >= 0, f"step {st}: negative path offset"
         total = sum(sum(v) for v in acc.values())
         assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
-    return PathWalk(rows, _merge_segments(segs))
+    rows = [row for per in reversed(rows_rev) for row in per]
+    segs_all = [sg for per in reversed(segs_rev) for sg in per]
+    return PathWalk(rows, _merge_segments(segs_all))
 
 
 def _merge_segments(

@@ -324,6 +324,9 @@ class RunModel:
     device_scale: float = 1.0
     correction: str = "none"  # "none", "solved", "manifest calibration"
     calibration: dict[str, Any] | None = None
+    #: the calibration's own cost per rank (`per_rank_ns`), where it has every rank's: rank -> (per
+    #: runtime call or host op, per collective launch); else None (one cost for every rank)
+    rank_deduct: dict[int, tuple[float, float]] | None = None
     #: the classified events the graph was built from, for the masks a knob needs (found lazily)
     events: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -497,11 +500,17 @@ class RunModel:
         g = self.graph
         mk = self._masks()
         lat = lat.copy()
-        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(
-            mk["is_call"], g.ops, 0
-        )
+        hd: Any = s.host_deduct
+        dc: Any = s.deduct_collective
+        if self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+            costs = np.asarray(
+                [self.rank_deduct.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+            )
+            at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
+            hd, dc = costs[at, 0], costs[at, 1]
+        per = hd * g.calls.astype(np.float64) + dc * np.where(mk["is_call"], g.ops, 0)
         if self.timeline == "host":
-            per = s.host_deduct * g.ops.astype(np.float64)
+            per = hd * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
         # a call's own cost first from the gap before it
         need = per
@@ -515,7 +524,39 @@ class RunModel:
         if len(call_e):
             back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
             lat[call_e] -= back
+            # taken from the call itself (its gap was too short): the cost ran before the call's
+            # effect, so the operation it launched is released that much earlier too
+            if back.any():
+                by_node = np.zeros(len(g.t))
+                by_node[g.src[call_e]] = back
+                lm = np.flatnonzero(g.role == G.ROLE_LAUNCH)
+                lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        # a synchronising call's cost also delays its return when the device was done before the
+        # cost had run (the return latency then holds the cost): it comes off the wait edge's
+        # latency by the part of the cost that ran after the awaited operation's end
+        sw, se = self._sync_wait
+        if len(sw):
+            waited = np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0)
+            cut = np.maximum(per[se] - waited, 0.0)
+            lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
+
+    @property
+    def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
+        cached = getattr(self, "_sw", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        waits = np.flatnonzero(g.role == G.ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == G.ROLE_SYNC)
+        by_dst = pd.Series(own, index=g.dst[own])
+        by_dst = by_dst[~by_dst.index.duplicated()]
+        of = by_dst.reindex(g.dst[waits]).to_numpy()
+        ok = ~np.isnan(of.astype(np.float64))
+        out = (waits[ok], of[ok].astype(np.int64))
+        self._sw = out
+        return out
 
     @property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
@@ -722,7 +763,29 @@ def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] 
     }
     if not out:
         return None
-    return {"per_call_ns": out, "method": str(cal.get("method", "")), "calls": cal.get("calls")}
+    # each rank's own costs (`capture`'s per_rank_ns): the replay removes each rank's where it has all
+    per_rank: dict[int, dict[str, int]] = {}
+    pr = cal.get("per_rank_ns")
+    if isinstance(pr, Mapping):
+        for rk, costs in pr.items():
+            if not isinstance(costs, Mapping) or not str(rk).lstrip("-").isdigit():
+                continue
+            got = {
+                str(k): int(v)
+                for k, v in costs.items()
+                if k in ("runtime", "op", "collective")
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and v >= 0
+            }
+            if got:
+                per_rank[int(rk)] = got
+    return {
+        "per_call_ns": out,
+        "method": str(cal.get("method", "")),
+        "calls": cal.get("calls"),
+        **({"per_rank_ns": per_rank} if per_rank else {}),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -788,14 +851,23 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
     Returns the deduction (GPU) or the factor (host)."""
     model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
     model.deduct_collective, model.correction = 0.0, "none"
+    model.rank_deduct = None
     cal = model.calibration
     if cal is not None:
         per = cal["per_call_ns"]
+        call_key = "runtime" if model.timeline == "gpu" else "op"
+        model.host_deduct = float(per.get(call_key, 0))
         if model.timeline == "gpu":
-            model.host_deduct = float(per.get("runtime", 0))
             model.deduct_collective = float(per.get("collective", 0))
-        else:
-            model.host_deduct = float(per.get("op", 0))
+        by_rank = cal.get("per_rank_ns") or {}
+        if by_rank and all(r in by_rank and call_key in by_rank[r] for r in model.ranks):
+            model.rank_deduct = {
+                r: (
+                    float(by_rank[r][call_key]),
+                    float(by_rank[r].get("collective", 0)) if model.timeline == "gpu" else 0.0,
+                )
+                for r in model.ranks
+            }
         model.correction = "manifest calibration"
         return model.host_deduct
     if model.target_ns is None:
