@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
 from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.shortfall import (
@@ -133,39 +134,8 @@ def _split_compute(parts: Mapping[str, Fraction], matrix: Fraction) -> dict[str,
     return {p: out[p] for p in DIFF_PARTS}
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted disjoint union of [start, end) intervals."""
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if not len(starts):
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    starts, ends = starts[o], ends[o]
-    run_end = np.maximum.accumulate(ends)
-    new = np.empty(len(starts), dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > run_end[:-1]
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
-    return starts[first], run_end[last]
 
 
-def _covered(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of the union (us, ue) inside each window [a, b)."""
-    if not len(us):
-        return np.zeros(len(a), dtype=np.int64)
-    lengths = ue - us
-    cum = np.concatenate(([0], np.cumsum(lengths)))
-
-    def before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(us, t, side="right") - 1
-        out = np.zeros(len(t), dtype=np.int64)
-        ok = i >= 0
-        ii = i[ok]
-        out[ok] = cum[ii] + np.clip(t[ok] - us[ii], 0, lengths[ii])
-        return out
-
-    return before(b) - before(a)
 
 
 def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -184,8 +154,8 @@ def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.Data
     end = classified["end_ns"].to_numpy(np.int64)
     for r, w in windows.groupby("rank", sort=True):
         on = (ev_rank == int(r)) & mat
-        us, ue = _union(start[on], end[on])
-        m = _covered(us, ue, w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
+        us, ue = intervals.union(start[on], end[on])
+        m = intervals.covered(us, ue, w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
         rows.append(pd.DataFrame({"rank": int(r), "step": w["step"].to_numpy(np.int64), "matrix_ns": m}))
     if not rows:
         return pd.DataFrame({"rank": [], "step": [], "matrix_ns": []})
