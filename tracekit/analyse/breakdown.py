@@ -297,8 +297,6 @@ def _sum_unknown(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return agg.reset_index()
 
 
-
-
 #: TraceLens's gpu_timeline (TraceLens.TreePerf: `get_df_gpu_timeline` over `GPUEventAnalyser`),
 #: both of its variants, recomputed here by its definitions (docs/JSON.md#breakdown, trace_totals)
 TRACELENS_VARIANTS: tuple[str, ...] = ("linked_only", "include_unlinked_kernels")

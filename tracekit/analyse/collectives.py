@@ -1304,8 +1304,6 @@ def assign_steps(per_rank: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=per_rank.index)
 
 
-
-
 def _inside(us: np.ndarray, ue: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For disjoint sorted [us, ue): is each point x inside one of them?"""
     return np.searchsorted(us, x, side="right") > np.searchsorted(ue, x, side="right")

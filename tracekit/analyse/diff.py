@@ -42,6 +42,7 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -66,7 +67,10 @@ from tracekit.analyse.shortfall import (
     reconcile,
     reconcile_path,
 )
+from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
+
+_pct_signed = functools.partial(units.pct, sign=True, missing="?")
 
 SCHEMA_VERSION = "1.0"
 BOOTSTRAP_RESAMPLES = 2000
@@ -132,10 +136,6 @@ def _split_compute(parts: Mapping[str, Fraction], matrix: Fraction) -> dict[str,
     out["matrix"] = min(matrix, Fraction(parts["compute"]))
     out["vector"] = Fraction(parts["compute"]) - out["matrix"]
     return {p: out[p] for p in DIFF_PARTS}
-
-
-
-
 
 
 def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
@@ -545,13 +545,13 @@ class Diff:
         terms = self.by_part()["terms"]
         sign = 1 if self.change_ns >= 0 else -1
         top = max(terms, key=lambda g: sign * terms[g]["change_ns"])
-        text = f"{top} {_ms_signed(terms[top]['change_ns'])}"
+        text = f"{top} {units.ms_or_us_signed(terms[top]['change_ns'])}"
         if top == "coordination":
             leaves = self.integers()["leaf"]
-            text += " (" + ", ".join(f"{k} {_ms_signed(leaves[k])}" for k in COORDINATION) + ")"
+            text += " (" + ", ".join(f"{k} {units.ms_or_us_signed(leaves[k])}" for k in COORDINATION) + ")"
         if top == "compute" and self.matrix_available:
             leaves = self.integers()["leaf"]
-            text += f" (matrix {_ms_signed(leaves['matrix'])}, vector {_ms_signed(leaves['vector'])})"
+            text += f" (matrix {units.ms_or_us_signed(leaves['matrix'])}, vector {units.ms_or_us_signed(leaves['vector'])})"
         return text
 
     def cause_sentence(self) -> str:
@@ -559,18 +559,20 @@ class Diff:
         if c["component"] == "offset":
             return (
                 f"On the critical path, nothing moved: the change sits in the path offset "
-                f"({_ms_signed(c['component_change_ns'])} per token), the step time outside every rank's path "
+                f"({units.ms_or_us_signed(c['component_change_ns'])} per token), the step time outside every rank's path "
                 "(the ranks' step windows open at different times)."
             )
         if c["rank"] is None or c["component_change_ns"] == 0:
             return ""
         text = (
             f"On the critical path, {self._component_words(c['component'])} "
-            f"{_ms_signed(c['component_change_ns'])} per token, on rank {c['rank']} "
-            f"({_ms_signed(c['rank_change_ns'])}"
+            f"{units.ms_or_us_signed(c['component_change_ns'])} per token, on rank {c['rank']} "
+            f"({units.ms_or_us_signed(c['rank_change_ns'])}"
         )
         others = [
-            f"rank {r} {_ms_signed(v)}" for r, v in c["by_rank_ns"].items() if int(r) != c["rank"] and v
+            f"rank {r} {units.ms_or_us_signed(v)}"
+            for r, v in c["by_rank_ns"].items()
+            if int(r) != c["rank"] and v
         ]
         text += ("; " + ", ".join(others) if others else "") + ")"
         sign = 1 if self.change_ns >= 0 else -1
@@ -579,7 +581,9 @@ class Diff:
         ]
         if waits:
             verb = "waits" if sign > 0 else "waits less:"
-            text += "; the consequence: " + ", ".join(f"rank {r} {verb} {_ms_signed(v)}" for r, v in waits)
+            text += "; the consequence: " + ", ".join(
+                f"rank {r} {verb} {units.ms_or_us_signed(v)}" for r, v in waits
+            )
             text += " per token at the collectives"
         return text + "."
 
@@ -591,13 +595,13 @@ class Diff:
         if word == CANNOT_JUDGE:
             why = self.cannot_judge or "no interval could be computed"
             return (
-                f"Cannot judge: the runs have too few comparable steps ({why}): {_ms(ints['after'])} per token "
-                f"after vs {_ms(ints['before'])} before ({_ms_signed(ints['change'])}, {_pct_signed(rel)}), "
+                f"Cannot judge: the runs have too few comparable steps ({why}): {units.ms_or_us(ints['after'])} per token "
+                f"after vs {units.ms_or_us(ints['before'])} before ({units.ms_or_us_signed(ints['change'])}, {_pct_signed(rel)}), "
                 "no interval; capture more steps of the same kind and batch size."
             )
         head = (
-            f"{word.capitalize()}: {_ms(ints['after'])} per token after vs {_ms(ints['before'])} before "
-            f"({_ms_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
+            f"{word.capitalize()}: {units.ms_or_us(ints['after'])} per token after vs {units.ms_or_us(ints['before'])} before "
+            f"({units.ms_or_us_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
             f"{_SOURCE_WORDS[self.per_token_source]})."
         )
         if word == "no significant change":
@@ -612,15 +616,15 @@ class Diff:
         cause = self.cause()
         where = ""
         if cause["component"] == "offset":
-            where = f"; critical path: the path offset {_ms_signed(cause['component_change_ns'])}"
+            where = f"; critical path: the path offset {units.ms_or_us_signed(cause['component_change_ns'])}"
         elif cause["rank"] is not None and cause["component_change_ns"]:
             where = (
                 f"; critical path: {cause['component']} time on rank {cause['rank']} "
-                f"{_ms_signed(cause['rank_change_ns'])}"
+                f"{units.ms_or_us_signed(cause['rank_change_ns'])}"
             )
         return (
-            f"slower by {_pct_signed(self.relative)} per token ({_ms(self.integers()['before'])} -> "
-            f"{_ms(self.integers()['after'])}; 95% lower bound {_pct_signed(lo)} > {pct:g}%): {self.moved()}{where}"
+            f"slower by {_pct_signed(self.relative)} per token ({units.ms_or_us(self.integers()['before'])} -> "
+            f"{units.ms_or_us(self.integers()['after'])}; 95% lower bound {_pct_signed(lo)} > {pct:g}%): {self.moved()}{where}"
         )
 
     def fails(self, pct: float) -> bool:
@@ -785,18 +789,6 @@ def _moved_table(
         rows.append(row)
     rows.sort(key=lambda r: (-abs(r[f"{main}_change"]), -abs(r.get("count_change", 0))))
     return rows[:top]
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
-
-
-def _ms_signed(ns: float) -> str:
-    return ("+" if ns >= 0 else "-") + _ms(abs(ns))
-
-
-def _pct_signed(x: float | None) -> str:
-    return "?" if x is None or not math.isfinite(x) else f"{100.0 * x:+.1f}%"
 
 
 # ------------------------------------------------------------------------------------------

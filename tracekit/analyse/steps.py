@@ -65,6 +65,7 @@ from tracekit.analyse import intervals
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality
+from tracekit.model.parts import PARTS
 
 #: Patterns tried in order when none is given (the first two rules of `auto`).
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"decode_step", r"ProfilerStep#\d+")
@@ -100,8 +101,6 @@ _RULE_WORDS: dict[str, str] = {
 #: Host ranges that are never steps when looking for repeated ranges (collectives' own ranges).
 _NOT_STEP_RANGES = re.compile(r"^(?:nccl|rccl|gloo|mpi|ucc|xccl|c10d|record_param_comms|ProfilerStep)", re.I)
 
-#: Parts of a step window, in priority order, then idle.
-PARTS: tuple[str, ...] = ("compute", "memory", "collective", "unknown", "sync", "idle")
 #: The columns of partition_steps' table, in order (also the breakdown's CSV columns).
 PARTITION_COLUMNS: tuple[str, ...] = (
     "rank",
@@ -768,12 +767,6 @@ def _clip_at_next_step(
 
 
 # ----------------------------------------------------------------------------- the partition
-
-
-
-
-
-
 
 
 def _union_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

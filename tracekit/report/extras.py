@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit.model import units
 from tracekit.report.data import fmt_ms, fmt_pct, fmt_x
 
 #: kind -> the command that writes it
@@ -208,8 +209,7 @@ def _iv(iv: Any, fmt: Any) -> str:
 
 
 def _ms_signed(ns: Any) -> str:
-    v = _f(ns)
-    return "n/a" if v is None else f"{v / 1e6:+.3f} ms"
+    return units.ms(_f(ns), unit=True, sign=True, missing="n/a")
 
 
 def _decompose(doc: Mapping[str, Any]) -> _Parts:
