@@ -107,3 +107,20 @@ def test_the_writers_documents_decode_exactly(cpu_runs: tuple[Any, Any]):
     for obj, struct in ((tp2.breakdown(), Breakdown), (tracekit.shortfall(tp1, tp2), Shortfall)):
         original = json.loads(json.dumps(obj.to_json()))
         _assert_exact(convert(original, struct), original)
+
+
+def test_json_md_is_generated_from_the_structs():
+    """docs/JSON.md is what `scripts/gen_json_docs.py` renders from the Structs, and names every
+    field of every document (a field added to a Struct shows in the doc, or this fails)."""
+    from tracekit.model.documents.reference import SECTIONS, render
+
+    text = (ROOT / "docs/JSON.md").read_text()
+    assert text == render(), "docs/JSON.md is stale: run python scripts/gen_json_docs.py"
+    for _, structs in SECTIONS:
+        for cls in structs:
+            assert f"Fields of `{cls.__qualname__}`" in text
+    assert "| `workload.tp` | integer *(optional)* |" in text
+    assert (
+        "| `steps[].parts_ns` | object of integer |" in text
+        and "| `per_token.parts_ns{}.median` | integer |" in text
+    )

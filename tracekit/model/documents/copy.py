@@ -6,6 +6,19 @@ from tracekit.model.documents.base import Doc
 
 
 class Copy(Doc, kw_only=True):
+    r"""```
+    [ {"probe": "copy", "kind": "local"|"peer"|"peer_bidir", "src": 0, "dst": 1, "device": "cuda"|"cpu",
+       "bytes": 1073741824, "iters": 20,
+       "time_us": ..., "host_time_us": ...,     # per copy (events; host clock closed by a synchronize)
+       "gbps": ...,                             # bytes / time, each byte counted once (peer_bidir: mean per direction)
+       "total_gbps": ...,                       # peer_bidir: 2 x bytes x iters / host wall time; else = gbps
+       "rw_gbps": ... | null,                   # local only: 2 x bytes / time (read + write DRAM traffic)
+       "baseline_gbps": ... | null,             # local only: plain `b.copy_(a)` loop between two synchronize()
+       "ratio": ... | null,                     # local only: gbps / baseline_gbps
+       "p2p": true | null, "correct": true } ]
+    ```
+    """
+
     probe: str
     kind: str
     src: int

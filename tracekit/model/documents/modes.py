@@ -38,6 +38,11 @@ class CaptureModesRow(Doc, kw_only=True):
 
 
 class CaptureModes(Doc, kw_only=True):
+    """`benchmarks/bench_capture_modes.py --out X.json`: the per-token time unprofiled and under each
+    capture mode in one process at TP=1 (the profiler's dilation per mode): `setup` the workload
+    and machine, `rows` per mode its own unprofiled and profiled medians and their ratio,
+    `unprofiled_passes_ns` every unprofiled pass's per-token times, `total_s` the wall time."""
+
     kind: str
     schema_version: str
     setup: CaptureModesSetup

@@ -70,6 +70,13 @@ class RooflineSteps(Doc, kw_only=True):
 
 
 class Roofline(Doc, kw_only=True):
+    """`tracekit roofline --format json` (`tracekit.analyse.roofline`; docs/METHOD.md section Roofline
+    of a decode): per token of a decode step, the floor its matrix work (weights and KV cache, from
+    the manifest's `workload.shape`) has at the measured memory bandwidth (`tracekit probe --op
+    copy`, its `rw_gbps`) and matrix rate (`tracekit rho`), against the measured time; `by_role`
+    per decoder role (QKV, attention, output, gate/up, down, LM head), `shapes.source` saying
+    whether the roles could be assigned, `peaks` the two rates with the files they came from."""
+
     schema_version: str
     kind: str
     definition: str
