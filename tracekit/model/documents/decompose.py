@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from msgspec import UNSET, UnsetType
-
 from tracekit.model.documents.base import Doc
 
 
@@ -93,14 +91,8 @@ class DecomposeClassWords(Doc, kw_only=True):
     unknown: str
 
 
-class DecomposeCounts(Doc, kw_only=True):
-    clock_offsets: int | UnsetType = UNSET
-    skipped_instant_events: int | UnsetType = UNSET
-    skipped_metadata_events: int | UnsetType = UNSET
-
-
 class DecomposeDataQuality(Doc, kw_only=True):
-    counts: DecomposeCounts
+    counts: dict[str, int]
     notes: list[str]
 
 

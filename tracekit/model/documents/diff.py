@@ -51,6 +51,7 @@ class DiffTerms(Doc, kw_only=True):
     memory: DiffCompute
     transfer: DiffCompute
     coordination: DiffCompute
+    unknown: DiffCompute | UnsetType = UNSET
 
 
 class DiffLeaves(Doc, kw_only=True):

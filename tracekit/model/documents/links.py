@@ -223,6 +223,7 @@ class LinksTermsNs(Doc, kw_only=True):
     memory: int
     transfer: int
     coordination: int
+    unknown: int | UnsetType = UNSET
 
 
 class LinksShares(Doc, kw_only=True):
@@ -230,6 +231,7 @@ class LinksShares(Doc, kw_only=True):
     memory: float
     transfer: float
     coordination: float
+    unknown: float | UnsetType = UNSET
 
 
 class LinksShortfall(Doc, kw_only=True):

@@ -72,7 +72,24 @@ class ManifestNsys(Doc, kw_only=True):
     unprofiled: str | UnsetType = UNSET
     traced: str | UnsetType = UNSET
     unprofiled_rank_pids: dict[str, int] | UnsetType = UNSET
+    unprofiled_rank_pids_rounds: list[dict[str, int]] | UnsetType = UNSET
+    unprofiled_after_error: str | UnsetType = UNSET
     tokens_match: bool | UnsetType = UNSET
+
+
+class ManifestInterleaved(Doc, kw_only=True):
+    group: str | UnsetType = UNSET
+    tp: list[int] | UnsetType = UNSET
+    blocks: int | UnsetType = UNSET
+    rounds_per_block: int | UnsetType = UNSET
+    order: list[str] | UnsetType = UNSET
+
+
+class ManifestCalibration(Doc, kw_only=True):
+    per_call_ns: dict[str, int] | UnsetType = UNSET
+    method: str | UnsetType = UNSET
+    calls: int | UnsetType = UNSET
+    per_rank_ns: dict[str, dict[str, int]] | UnsetType = UNSET
 
 
 class ManifestWorkload(Doc, kw_only=True):
@@ -99,7 +116,9 @@ class ManifestWorkload(Doc, kw_only=True):
     step_pattern: str | UnsetType = UNSET
     cpu_threads_per_rank: int | None | UnsetType = UNSET
     rounds: int | UnsetType = UNSET
+    shard_of: int | None | UnsetType = UNSET
     pass_order: str | UnsetType = UNSET
+    interleaved: ManifestInterleaved | UnsetType = UNSET
     profiler_env: dict[str, str] | UnsetType = UNSET
     nsys: ManifestNsys | UnsetType = UNSET
 
@@ -233,11 +252,13 @@ class Manifest(Doc, kw_only=True):
     unprofiled: ManifestUnprofiled | UnsetType = UNSET
     profiled: ManifestProfiled | UnsetType = UNSET
     dilation: float | None | UnsetType = UNSET
-    dilation_interval: list[float] | UnsetType = UNSET
+    dilation_interval: list[float] | None | UnsetType = UNSET
+    profiler_calibration: ManifestCalibration | UnsetType = UNSET
     tokens_generated: list[list[int]] | UnsetType = UNSET
     nvtx: str | UnsetType = UNSET
     inject_sync_count: dict[str, int] | UnsetType = UNSET
     rank_pids: dict[str, int] | UnsetType = UNSET
+    marker_steps: dict[str, int] | UnsetType = UNSET
     files: dict[str, ManifestFilesValue] | UnsetType = UNSET
     command: str | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET

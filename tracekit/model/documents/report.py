@@ -71,6 +71,7 @@ class ReportTermsNs(Doc, kw_only=True):
     memory: int
     transfer: int
     coordination: int
+    unknown: int | UnsetType = UNSET
 
 
 class ReportCoordinationNs(Doc, kw_only=True):
@@ -84,6 +85,7 @@ class ReportShares(Doc, kw_only=True):
     memory: float
     transfer: float
     coordination: float
+    unknown: float | UnsetType = UNSET
 
 
 class ReportCompute(Doc, kw_only=True):
@@ -178,6 +180,7 @@ class ReportIntervalsTermsNs(Doc, kw_only=True):
     memory: list[float]
     transfer: list[float]
     coordination: list[float]
+    unknown: list[float] | UnsetType = UNSET
 
 
 class ReportIntervalsCoordinationNs(Doc, kw_only=True):
@@ -207,6 +210,7 @@ class ReportTerms(Doc, kw_only=True):
     memory: ReportShortfall
     transfer: ReportShortfall
     coordination: ReportShortfall
+    unknown: ReportShortfall | UnsetType = UNSET
 
 
 class ReportNoise(Doc, kw_only=True):
@@ -447,6 +451,7 @@ class ReportPerRankItemShares(Doc, kw_only=True):
     wait: float
     sync: float
     idle: float
+    unknown: float | UnsetType = UNSET
 
 
 class ReportPerRankItem_(Doc, kw_only=True):

@@ -23,6 +23,7 @@ class ShortfallTermsNs(Doc, kw_only=True):
     memory: int
     transfer: int
     coordination: int
+    unknown: int | UnsetType = UNSET
 
 
 class ShortfallCoordinationNs(Doc, kw_only=True):
@@ -36,6 +37,7 @@ class ShortfallShares(Doc, kw_only=True):
     memory: float
     transfer: float
     coordination: float
+    unknown: float | UnsetType = UNSET
 
 
 class ShortfallTermWords(Doc, kw_only=True):
@@ -43,6 +45,7 @@ class ShortfallTermWords(Doc, kw_only=True):
     memory: str
     transfer: str
     coordination: str
+    unknown: str | UnsetType = UNSET
 
 
 class ShortfallPerRankItem(Doc, kw_only=True):
@@ -180,6 +183,7 @@ class ShortfallIntervalsTermsNs(Doc, kw_only=True):
     memory: list[int]
     transfer: list[int]
     coordination: list[int]
+    unknown: list[int] | UnsetType = UNSET
 
 
 class ShortfallIntervalsCoordinationNs(Doc, kw_only=True):
@@ -213,6 +217,7 @@ class ShortfallTerms(Doc, kw_only=True):
     memory: ShortfallShortfall
     transfer: ShortfallShortfall
     coordination: ShortfallShortfall
+    unknown: ShortfallShortfall | UnsetType = UNSET
 
 
 class ShortfallNoise(Doc, kw_only=True):

@@ -54,6 +54,7 @@ class WhatifTermsNs(Doc, kw_only=True):
     memory: int
     transfer: int
     coordination: int
+    unknown: int | UnsetType = UNSET
 
 
 class WhatifShares(Doc, kw_only=True):
@@ -61,6 +62,7 @@ class WhatifShares(Doc, kw_only=True):
     memory: float
     transfer: float
     coordination: float
+    unknown: float | UnsetType = UNSET
 
 
 class WhatifAccounting(Doc, kw_only=True):
