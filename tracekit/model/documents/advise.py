@@ -8,28 +8,28 @@ from tracekit.model.documents.base import Doc
 
 
 class AdviseRun(Doc, kw_only=True):
-    path: str
-    tp: int
-    batch: int
-    per_token_ns: int
-    per_token_source: str
-    dtype: str
-    context: int
-    device: str
+    path: str | None
+    tp: int | None
+    batch: int | None
+    per_token_ns: int | None
+    per_token_source: str | None
+    dtype: str | None
+    context: int | None
+    device: str | None
 
 
 class AdviseMemoryPerGpuBytes(Doc, kw_only=True):
-    weights: int
-    kv_cache: int
-    total: int
+    weights: int | None
+    kv_cache: int | None
+    total: int | None
 
 
 class AdviseOption(Doc, kw_only=True):
-    batch: int
-    option: str
-    tp: int
-    instances: int
-    status: str
+    batch: int | None
+    option: str | None
+    tp: int | None
+    instances: int | None
+    status: str | None
     per_token_latency_ns: int | None
     tokens_per_s: float | None
     tokens_per_s_per_instance: float | None
@@ -38,21 +38,21 @@ class AdviseOption(Doc, kw_only=True):
 
 
 class AdviseMemoryCliffItem(Doc, kw_only=True):
-    tp: int
-    option: str
-    kv_bytes_per_sequence: int
-    weights_bytes_run_dtype: int
-    max_sequences_run_dtype: int
-    weights_bytes_weight_dtype: int
-    max_sequences_weight_dtype: int
-    more_sequences: int
+    tp: int | None
+    option: str | None
+    kv_bytes_per_sequence: int | None
+    weights_bytes_run_dtype: int | None
+    max_sequences_run_dtype: int | None
+    weights_bytes_weight_dtype: int | None
+    max_sequences_weight_dtype: int | None
+    more_sequences: int | None
 
 
 class AdviseRecommendation(Doc, kw_only=True):
-    batch: int
-    best_throughput: str
-    best_latency: str
-    text: str
+    batch: int | None
+    best_throughput: str | None
+    best_latency: str | None
+    text: str | None
 
 
 class Advise(Doc, kw_only=True):
@@ -98,14 +98,14 @@ class Advise(Doc, kw_only=True):
 
     schema_version: str
     kind: str
-    gpus: int
+    gpus: int | None
     memory_per_gpu_bytes: int | None
-    memory_source: str
-    reserve_bytes: int
-    weight_dtype: str
-    context: int
-    layers: int | UnsetType = UNSET
-    layers_traced: int | UnsetType = UNSET
+    memory_source: str | None
+    reserve_bytes: int | None
+    weight_dtype: str | None
+    context: int | None
+    layers: int | None | UnsetType = UNSET
+    layers_traced: int | None | UnsetType = UNSET
     runs: list[AdviseRun]
     options: list[AdviseOption]
     memory_cliff: list[AdviseMemoryCliffItem]

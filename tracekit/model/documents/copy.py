@@ -19,19 +19,19 @@ class Copy(Doc, kw_only=True):
     ```
     """
 
-    probe: str
+    probe: str | None
     kind: str
-    src: int
-    dst: int
-    device: str
-    bytes: int
-    iters: int
-    time_us: float
-    host_time_us: float
-    gbps: float
-    total_gbps: float
+    src: int | None
+    dst: int | None
+    device: str | None
+    bytes: int | None
+    iters: int | None
+    time_us: float | None
+    host_time_us: float | None
+    gbps: float | None
+    total_gbps: float | None
     rw_gbps: float | None
     baseline_gbps: float | None
     ratio: float | None
     p2p: bool | None
-    correct: bool
+    correct: bool | None

@@ -5,27 +5,18 @@ from __future__ import annotations
 from tracekit.model.documents.base import Doc
 
 
-class DecomposeClassesNs(Doc, kw_only=True):
-    matrix: int
-    vector: int
-    memory: int
-    collective: int
-    coordination: int
-    unknown: int
-
-
 class DecomposeBaseline(Doc, kw_only=True):
-    path: str
-    n_ranks: int
-    timeline: str
-    per_token_ns: int
-    per_token_source: str
-    samples: int
-    sample_rounds: int
-    steady_steps: int
-    classes_ns: DecomposeClassesNs
+    path: str | None
+    n_ranks: int | None
+    timeline: str | None
+    per_token_ns: int | None
+    per_token_source: str | None
+    samples: int | None
+    sample_rounds: int | None
+    steady_steps: int | None
+    classes_ns: dict[str, int | None]
     matrix_share_of_compute: float | None
-    reconciliation: str
+    reconciliation: str | None
 
 
 class DecomposeRuns(Doc, kw_only=True):
@@ -35,46 +26,37 @@ class DecomposeRuns(Doc, kw_only=True):
 
 
 class DecomposeSpeedup(Doc, kw_only=True):
-    total: float
-    runtime: float
-    kernel: float
+    total: float | None
+    runtime: float | None
+    kernel: float | None
 
 
 class DecomposeParts(Doc, kw_only=True):
-    runtime: float
-    kernel: float
+    runtime: float | None
+    kernel: float | None
 
 
 class DecomposeIntervals(Doc, kw_only=True):
-    speedup: list[float]
-    runtime_speedup: list[float]
-    kernel_speedup: list[float]
-    runtime_part: list[float]
-    kernel_part: list[float]
+    speedup: list[float] | None
+    runtime_speedup: list[float] | None
+    kernel_speedup: list[float] | None
+    runtime_part: list[float] | None
+    kernel_part: list[float] | None
 
 
 class DecomposeBootstrap(Doc, kw_only=True):
-    resamples: int
-    seed: int
-    level: float
-    levels: str
-
-
-class DecomposeShareOfSaving(Doc, kw_only=True):
-    matrix: float
-    vector: float
-    memory: float
-    collective: float
-    coordination: float
-    unknown: float
+    resamples: int | None
+    seed: int | None
+    level: float | None
+    levels: str | None
 
 
 class DecomposeRuntime(Doc, kw_only=True):
-    saved_ns: int
-    saved_by_class_ns: DecomposeClassesNs
-    share_of_saving: DecomposeShareOfSaving
-    log_part_by_class: DecomposeShareOfSaving
-    top: str
+    saved_ns: int | None
+    saved_by_class_ns: dict[str, int | None]
+    share_of_saving: dict[str, float | None]
+    log_part_by_class: dict[str, float | None]
+    top: str | None
 
 
 class DecomposeMoved(Doc, kw_only=True):
@@ -82,17 +64,8 @@ class DecomposeMoved(Doc, kw_only=True):
     kernel: DecomposeRuntime
 
 
-class DecomposeClassWords(Doc, kw_only=True):
-    matrix: str
-    vector: str
-    memory: str
-    collective: str
-    coordination: str
-    unknown: str
-
-
 class DecomposeDataQuality(Doc, kw_only=True):
-    counts: dict[str, int]
+    counts: dict[str, int | None]
     notes: list[str]
 
 
@@ -139,13 +112,13 @@ class Decompose(Doc, kw_only=True):
 
     schema_version: str
     kind: str
-    verdict: str
+    verdict: str | None
     runs: DecomposeRuns
     speedup: DecomposeSpeedup
     parts: DecomposeParts
     intervals: DecomposeIntervals
     bootstrap: DecomposeBootstrap
     moved: DecomposeMoved
-    class_words: DecomposeClassWords
+    class_words: dict[str, str | None]
     notes: list[str]
     data_quality: DecomposeDataQuality

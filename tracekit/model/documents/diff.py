@@ -8,13 +8,13 @@ from tracekit.model.documents.base import Doc
 
 
 class DiffBefore(Doc, kw_only=True):
-    path: str
-    n_ranks: int
-    timeline: str
-    steady_steps: int
-    tokens: int
-    rounds: int
-    reconciliation: str
+    path: str | None
+    n_ranks: int | None
+    timeline: str | None
+    steady_steps: int | None
+    tokens: int | None
+    rounds: int | None
+    reconciliation: str | None
 
 
 class DiffRuns(Doc, kw_only=True):
@@ -23,101 +23,62 @@ class DiffRuns(Doc, kw_only=True):
 
 
 class DiffPerTokenNs(Doc, kw_only=True):
-    before: int
-    after: int
+    before: int | None
+    after: int | None
 
 
 class DiffPerTokenIntervalNs(Doc, kw_only=True):
-    before: list[int]
-    after: list[int]
+    before: list[int | None]
+    after: list[int | None]
 
 
 class DiffInterval(Doc, kw_only=True):
-    level: float
-    resamples: int
-    change_ns: list[int]
-    relative: list[float]
+    level: float | None
+    resamples: int | None
+    change_ns: list[int | None]
+    relative: list[float | None]
 
 
 class DiffCompute(Doc, kw_only=True):
-    before_ns: int
-    after_ns: int
-    change_ns: int
-    interval_ns: list[int]
-
-
-class DiffTerms(Doc, kw_only=True):
-    compute: DiffCompute
-    memory: DiffCompute
-    transfer: DiffCompute
-    coordination: DiffCompute
-    unknown: DiffCompute | UnsetType = UNSET
-
-
-class DiffLeaves(Doc, kw_only=True):
-    matrix: DiffCompute
-    vector: DiffCompute
-    wait: DiffCompute
-    sync: DiffCompute
-    idle: DiffCompute
+    before_ns: int | None
+    after_ns: int | None
+    change_ns: int | None
+    interval_ns: list[int | None]
 
 
 class DiffByPart(Doc, kw_only=True):
-    terms: DiffTerms
-    leaves: DiffLeaves
-
-
-class DiffChangeNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    coordination: int
-    unknown: int
-
-
-class DiffCoordinationNs(Doc, kw_only=True):
-    wait: int
-    sync: int
-    idle: int
+    terms: dict[str, DiffCompute]
+    leaves: dict[str, DiffCompute]
 
 
 class DiffPerRankItem(Doc, kw_only=True):
-    rank: int
-    change_ns: DiffChangeNs
-    coordination_ns: DiffCoordinationNs
-    before_ns: DiffChangeNs
-    after_ns: DiffChangeNs
+    rank: int | None
+    change_ns: dict[str, int | None]
+    coordination_ns: dict[str, int | None]
+    before_ns: dict[str, int | None]
+    after_ns: dict[str, int | None]
 
 
 class DiffByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
+    compute_ns: int | None
+    memory_ns: int | None
+    transfer_ns: int | None
+    host_ns: int | None
+    sync_ns: int | None
+    unknown_ns: int | None
 
 
 class DiffCriticalPathBefore(Doc, kw_only=True):
     by_rank: dict[str, DiffByRankValue]
-    offset_ns: int
-    step_ns: int
-
-
-class DiffByComponentNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    host: int
-    sync: int
-    unknown: int
+    offset_ns: int | None
+    step_ns: int | None
 
 
 class DiffChange(Doc, kw_only=True):
     by_rank: dict[str, DiffByRankValue]
-    offset_ns: int
-    by_component_ns: DiffByComponentNs
-    step_ns: int
+    offset_ns: int | None
+    by_component_ns: dict[str, int | None]
+    step_ns: int | None
 
 
 class DiffCriticalPath(Doc, kw_only=True):
@@ -127,70 +88,70 @@ class DiffCriticalPath(Doc, kw_only=True):
 
 
 class DiffCause(Doc, kw_only=True):
-    component: str
-    component_change_ns: int
-    rank: int
-    rank_change_ns: int
-    by_rank_ns: dict[str, int]
-    offset_change_ns: int | UnsetType = UNSET
-    wait_change_ns: dict[str, int]
-    sentence: str
+    component: str | None
+    component_change_ns: int | None
+    rank: int | None
+    rank_change_ns: int | None
+    by_rank_ns: dict[str, int | None]
+    offset_change_ns: int | None | UnsetType = UNSET
+    wait_change_ns: dict[str, int | None]
+    sentence: str | None
 
 
 class DiffKernel(Doc, kw_only=True):
     kind: str
-    name: str
-    cls: str
-    status: str
-    count_before: float
-    count_after: float
-    count_change: float
-    time_ns_before: int
-    time_ns_after: int
-    time_ns_change: int
+    name: str | None
+    cls: str | None
+    status: str | None
+    count_before: float | None
+    count_after: float | None
+    count_change: float | None
+    time_ns_before: int | None
+    time_ns_after: int | None
+    time_ns_change: int | None
 
 
 class DiffCollective(Doc, kw_only=True):
-    op: str
-    bytes: int
-    status: str
-    count_before: float
-    count_after: float
-    count_change: float
-    wait_ns_before: int
-    wait_ns_after: int
-    wait_ns_change: int
-    transfer_ns_before: int
-    transfer_ns_after: int
-    transfer_ns_change: int
-    time_ns_before: int
-    time_ns_after: int
-    time_ns_change: int
+    op: str | None
+    bytes: int | None
+    status: str | None
+    count_before: float | None
+    count_after: float | None
+    count_change: float | None
+    wait_ns_before: int | None
+    wait_ns_after: int | None
+    wait_ns_change: int | None
+    transfer_ns_before: int | None
+    transfer_ns_after: int | None
+    transfer_ns_change: int | None
+    time_ns_before: int | None
+    time_ns_after: int | None
+    time_ns_change: int | None
 
 
 class DiffDilationBefore(Doc, kw_only=True):
-    factor: float
-    interval: list[float]
-    method: str
-    traced_mean_ns: int
-    corrected_mean_ns: int
-    unprofiled_mean_ns: int
-    drift: float
-    unprofiled_rounds: int
+    factor: float | None
+    interval: list[float | None]
+    method: str | None
+    traced_mean_ns: int | None
+    corrected_mean_ns: int | None
+    unprofiled_mean_ns: int | None
+    drift: float | None
+    unprofiled_rounds: int | None
 
 
 class DiffDilation(Doc, kw_only=True):
-    definition: str
+    definition: str | None
     before: DiffDilationBefore
     after: DiffDilationBefore
-    ratio: float
-    traced_change: float
-    unprofiled_change: float
+    ratio: float | None
+    traced_change: float | None
+    unprofiled_change: float | None
     warning: str | None
 
 
 class DiffDataQuality(Doc, kw_only=True):
-    counts: dict[str, int]
+    counts: dict[str, int | None]
     notes: list[str]
 
 
@@ -270,16 +231,16 @@ class Diff(Doc, kw_only=True):
     schema_version: str
     kind: str
     runs: DiffRuns
-    per_token_source: str
-    per_token_source_reason: str
+    per_token_source: str | None
+    per_token_source_reason: str | None
     per_token_ns: DiffPerTokenNs
     per_token_interval_ns: DiffPerTokenIntervalNs
-    change_ns: int
-    relative_change: float
+    change_ns: int | None
+    relative_change: float | None
     interval: DiffInterval
-    verdict: str
-    summary: str
-    matrix_vector: bool
+    verdict: str | None
+    summary: str | None
+    matrix_vector: bool | None
     by_part: DiffByPart
     per_rank: list[DiffPerRankItem]
     critical_path: DiffCriticalPath

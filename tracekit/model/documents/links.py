@@ -8,27 +8,27 @@ from tracekit.model.documents.base import Doc
 
 
 class LinksConfig(Doc, kw_only=True):
-    ops: list[str]
-    modes: list[str]
-    min_bytes: int
-    max_bytes: int
-    factor: int
-    iters: int
-    warmup: int
-    dtype: str
-    nccl_debug: str
-    algo_pass: bool
-    graph: bool | UnsetType = UNSET
+    ops: list[str | None]
+    modes: list[str | None]
+    min_bytes: int | None
+    max_bytes: int | None
+    factor: int | None
+    iters: int | None
+    warmup: int | None
+    dtype: str | None
+    nccl_debug: str | None
+    algo_pass: bool | None
+    graph: bool | None | UnsetType = UNSET
     pcie_p2p_level: str | None
 
 
 class LinksMode(Doc, kw_only=True):
     mode: str | None
-    env: dict[str, str]
-    backend: str
-    device: str
-    devices: list[int]
-    ranks: int
+    env: dict[str, str | None]
+    backend: str | None
+    device: str | None
+    devices: list[int | None]
+    ranks: int | None
     notes: list[str]
 
 
@@ -73,236 +73,220 @@ class ProbeRow(Doc, kw_only=True):
     Bandwidths are decimal GB/s (bytes / ns); times in microseconds (small sizes read as latency).
     """
 
-    op: str
-    ranks: int
-    backend: str
-    device: str
-    dtype: str
-    bytes: int
-    count: int
-    in_place: bool
-    root: int
-    iters: int
-    warmup: int
-    timer: str
-    graph: bool | UnsetType = UNSET
-    time_us: float
-    time_us_min: float
-    time_us_max: float
-    host_time_us: float
-    host_time_us_min: float
-    host_time_us_max: float
-    algbw_gbps: float
-    busbw_gbps: float
-    host_algbw_gbps: float
-    host_busbw_gbps: float
-    bus_factor: float
-    correct: bool
-    wrong: int
+    op: str | None
+    ranks: int | None
+    backend: str | None
+    device: str | None
+    dtype: str | None
+    bytes: int | None
+    count: int | None
+    in_place: bool | None
+    root: int | None
+    iters: int | None
+    warmup: int | None
+    timer: str | None
+    graph: bool | None | UnsetType = UNSET
+    time_us: float | None
+    time_us_min: float | None
+    time_us_max: float | None
+    host_time_us: float | None
+    host_time_us_min: float | None
+    host_time_us_max: float | None
+    algbw_gbps: float | None
+    busbw_gbps: float | None
+    host_algbw_gbps: float | None
+    host_busbw_gbps: float | None
+    bus_factor: float | None
+    correct: bool | None
+    wrong: int | None
     mode: str | None
-    transport: str
-    algo: str
-    proto: str
+    transport: str | None
+    algo: str | None
+    proto: str | None
 
 
 class LinksAlgos(Doc, kw_only=True):
-    all_reduce: dict[str, int] | UnsetType = UNSET
-    all_gather: dict[str, int] | UnsetType = UNSET
+    all_reduce: dict[str, int | None] | UnsetType = UNSET
+    all_gather: dict[str, int | None] | UnsetType = UNSET
 
 
 class LinksTransportsValue(Doc, kw_only=True):
-    transport: str
-    transports: dict[str, int]
-    kinds: dict[str, int]
-    graph_types: list[str]
-    p2p: bool
-    wire: str
-    nvls_available: bool
-    nvls_used: bool
-    collnet: bool
-    rings_connected: bool
+    transport: str | None
+    transports: dict[str, int | None]
+    kinds: dict[str, int | None]
+    graph_types: list[str | None]
+    p2p: bool | None
+    wire: str | None
+    nvls_available: bool | None
+    nvls_used: bool | None
+    collnet: bool | None
+    rings_connected: bool | None
     algos: LinksAlgos
-    nccl_version: str
-    n_ranks: int
-    connections: int
-    lines: int
-    nccl_debug_subsys: str
+    nccl_version: str | None
+    n_ranks: int | None
+    connections: int | None
+    lines: int | None
+    nccl_debug_subsys: str | None
     algo_source: str | None
     uses_nvlink: bool | None
     notes: list[str]
-    log_dir: str
+    log_dir: str | None
 
 
 class LinksLinksValueItem(Doc, kw_only=True):
-    index: int | UnsetType = UNSET
-    name: str | UnsetType = UNSET
-    bus_id: str | UnsetType = UNSET
-    gpu_a: int | UnsetType = UNSET
-    gpu_b: int | UnsetType = UNSET
-    link: str | UnsetType = UNSET
-    nvlinks: int | UnsetType = UNSET
-    nvlink_p2p: bool | UnsetType = UNSET
-    nvswitch: bool | UnsetType = UNSET
-    pcie_path: str | UnsetType = UNSET
-    pcie_p2p: bool | UnsetType = UNSET
-    source: str | UnsetType = UNSET
-    names: list[str] | UnsetType = UNSET
-    bus_ids: list[str] | UnsetType = UNSET
+    index: int | None | UnsetType = UNSET
+    name: str | None | UnsetType = UNSET
+    bus_id: str | None | UnsetType = UNSET
+    gpu_a: int | None | UnsetType = UNSET
+    gpu_b: int | None | UnsetType = UNSET
+    link: str | None | UnsetType = UNSET
+    nvlinks: int | None | UnsetType = UNSET
+    nvlink_p2p: bool | None | UnsetType = UNSET
+    nvswitch: bool | None | UnsetType = UNSET
+    pcie_path: str | None | UnsetType = UNSET
+    pcie_p2p: bool | None | UnsetType = UNSET
+    source: str | None | UnsetType = UNSET
+    names: list[str | None] | UnsetType = UNSET
+    bus_ids: list[str | None] | UnsetType = UNSET
 
 
 class LinksGpu(Doc, kw_only=True):
-    index: int
-    name: str
+    index: int | None
+    name: str | None
 
 
 class LinksMeta(Doc, kw_only=True):
-    torch: str
-    python: str
-    cuda: str
-    nccl: str
+    torch: str | None
+    python: str | None
+    cuda: str | None
+    nccl: str | None
     gpus: list[LinksGpu]
 
 
 class LinksBusbwGbps(Doc, kw_only=True):
-    nvlink: float
-    pcie: float
+    nvlink: float | None
+    pcie: float | None
 
 
 class LinksCorrect(Doc, kw_only=True):
-    nvlink: bool
-    pcie: bool
+    nvlink: bool | None
+    pcie: bool | None
 
 
 class LinksSideBySideItem(Doc, kw_only=True):
-    op: str
-    bytes: int
-    in_place: bool
+    op: str | None
+    bytes: int | None
+    in_place: bool | None
     busbw_gbps: LinksBusbwGbps
     time_us: LinksBusbwGbps
     correct: LinksCorrect
     ratio: float | None
-    decode: bool
+    decode: bool | None
 
 
 class LinksSize(Doc, kw_only=True):
-    op: str
-    coll_op: str
-    bytes: int
-    n_ranks: int
-    count: int
-    per_token: float
-    time_ns_median: float
-    time_ns_total: float
+    op: str | None
+    coll_op: str | None
+    bytes: int | None
+    n_ranks: int | None
+    count: int | None
+    per_token: float | None
+    time_ns_median: float | None
+    time_ns_total: float | None
     transfer_ns_per_token: float | None
-    busbw_gbps: float
-    bytes_source: str
+    busbw_gbps: float | None
+    bytes_source: str | None
 
 
 class LinksTrace(Doc, kw_only=True):
-    path: str
-    ranks: list[int]
+    path: str | None
+    ranks: list[int | None]
     mode: str | None
-    mode_source: str
-    level: str
-    source: str
-    steps: int
+    mode_source: str | None
+    level: str | None
+    source: str | None
+    steps: int | None
     sizes: list[LinksSize]
-    transfer_ns_total: float
+    transfer_ns_total: float | None
     transfer_ns_per_token: float | None
     notes: list[str]
 
 
 class LinksPerTokenNs(Doc, kw_only=True):
-    baseline: int
-    sharded: int
-    ideal: int
-
-
-class LinksTermsNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    coordination: int
-    unknown: int | UnsetType = UNSET
-
-
-class LinksShares(Doc, kw_only=True):
-    compute: float
-    memory: float
-    transfer: float
-    coordination: float
-    unknown: float | UnsetType = UNSET
+    baseline: int | None
+    sharded: int | None
+    ideal: int | None
 
 
 class LinksShortfall(Doc, kw_only=True):
-    baseline: str
-    sharded: str
-    n_ranks: int
+    baseline: str | None
+    sharded: str | None
+    n_ranks: int | None
     per_token_ns: LinksPerTokenNs
-    per_token_source: str
+    per_token_source: str | None
     shortfall_ns: int | None
-    terms_ns: LinksTermsNs
-    transfer_ns: int
-    shares: LinksShares
-    verdict: str
+    terms_ns: dict[str, int | None]
+    transfer_ns: int | None
+    shares: dict[str, float | None]
+    verdict: str | None
 
 
 class LinksProbeHow(Doc, kw_only=True):
-    nvlink: str
-    pcie: str
+    nvlink: str | None
+    pcie: str | None
 
 
 class LinksPerSizeItem(Doc, kw_only=True):
-    op: str
-    bytes: int
-    count: int | UnsetType = UNSET
-    per_token: float | UnsetType = UNSET
-    transfer_weight: float | UnsetType = UNSET
+    op: str | None
+    bytes: int | None
+    count: int | None | UnsetType = UNSET
+    per_token: float | None | UnsetType = UNSET
+    transfer_weight: float | None | UnsetType = UNSET
     transfer_ns_per_token: float | None | UnsetType = UNSET
-    realised_busbw_gbps: float | UnsetType = UNSET
-    swept: bool | UnsetType = UNSET
+    realised_busbw_gbps: float | None | UnsetType = UNSET
+    swept: bool | None | UnsetType = UNSET
     probe_busbw_gbps: LinksBusbwGbps | UnsetType = UNSET
     probe_time_us: LinksBusbwGbps | UnsetType = UNSET
     probe_how: LinksProbeHow | UnsetType = UNSET
-    regime: str | UnsetType = UNSET
+    regime: str | None | UnsetType = UNSET
     realised_vs_probe: LinksBusbwGbps | UnsetType = UNSET
-    k: float | UnsetType = UNSET
-    bound_ns_per_token: float | UnsetType = UNSET
+    k: float | None | UnsetType = UNSET
+    bound_ns_per_token: float | None | UnsetType = UNSET
     busbw_gbps: LinksBusbwGbps | UnsetType = UNSET
     ratio: float | None | UnsetType = UNSET
 
 
 class LinksModes(Doc, kw_only=True):
-    fast: str
-    slow: str
+    fast: str | None
+    slow: str | None
 
 
 class LinksLarge(Doc, kw_only=True):
-    op: str
-    bytes: int
+    op: str | None
+    bytes: int | None
     busbw_gbps: LinksBusbwGbps
-    k: float
+    k: float | None
 
 
 class LinksVerdictDetails(Doc, kw_only=True):
     per_size: list[LinksPerSizeItem]
     modes: LinksModes | UnsetType = UNSET
     labels: LinksProbeHow | UnsetType = UNSET
-    trace_mode: str | UnsetType = UNSET
-    reference_mode: str | UnsetType = UNSET
-    k: float | UnsetType = UNSET
-    regime: str | UnsetType = UNSET
+    trace_mode: str | None | UnsetType = UNSET
+    reference_mode: str | None | UnsetType = UNSET
+    k: float | None | UnsetType = UNSET
+    regime: str | None | UnsetType = UNSET
     large: LinksLarge | UnsetType = UNSET
     transfer_ns_per_token: float | None | UnsetType = UNSET
-    xn_source: str | UnsetType = UNSET
-    bound_ns_per_token: float | UnsetType = UNSET
-    bound_inf_ns_per_token: float | UnsetType = UNSET
+    xn_source: str | None | UnsetType = UNSET
+    bound_ns_per_token: float | None | UnsetType = UNSET
+    bound_inf_ns_per_token: float | None | UnsetType = UNSET
     shortfall_ns: float | None | UnsetType = UNSET
-    transfer_share_of_shortfall: float | UnsetType = UNSET
-    bound_share_of_shortfall: float | UnsetType = UNSET
-    tuning_in_timed_loop: list[str] | UnsetType = UNSET
-    source: str | UnsetType = UNSET
-    answer: str | UnsetType = UNSET
+    transfer_share_of_shortfall: float | None | UnsetType = UNSET
+    bound_share_of_shortfall: float | None | UnsetType = UNSET
+    tuning_in_timed_loop: list[str | None] | UnsetType = UNSET
+    source: str | None | UnsetType = UNSET
+    answer: str | None | UnsetType = UNSET
     timing: LinksProbeHow | UnsetType = UNSET
 
 
@@ -395,6 +379,6 @@ class Links(Doc, kw_only=True):
     side_by_side: list[LinksSideBySideItem]
     trace: LinksTrace | None
     shortfall: LinksShortfall | None
-    verdict: str
+    verdict: str | None
     verdict_details: LinksVerdictDetails
     notes: list[str]

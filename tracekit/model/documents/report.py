@@ -66,43 +66,9 @@ class ReportPerTokenNs(Doc, kw_only=True):
     ideal: int | None
 
 
-class ReportTermsNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    coordination: int
-    unknown: int | UnsetType = UNSET
-
-
-class ReportCoordinationNs(Doc, kw_only=True):
-    wait: int
-    sync: int
-    idle: int
-
-
-class ReportShares(Doc, kw_only=True):
-    compute: float
-    memory: float
-    transfer: float
-    coordination: float
-    unknown: float | UnsetType = UNSET
-
-
 class ReportCompute(Doc, kw_only=True):
     p10: int
     p90: int
-
-
-class ReportSpreadNs(Doc, kw_only=True):
-    compute: ReportCompute
-    memory: ReportCompute
-    transfer: ReportCompute
-    coordination: ReportCompute
-    wait: ReportCompute
-    sync: ReportCompute
-    idle: ReportCompute
-    unknown: ReportCompute
-    shortfall: ReportCompute
 
 
 class ReportWaterfallItem(Doc, kw_only=True):
@@ -115,8 +81,8 @@ class ReportWaterfallItem(Doc, kw_only=True):
 
 class ReportPerRankItem(Doc, kw_only=True):
     rank: int
-    terms_ns: ReportTermsNs
-    coordination_ns: ReportCoordinationNs
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
     own_window_ns: int
     pad_ns: int
 
@@ -124,9 +90,9 @@ class ReportPerRankItem(Doc, kw_only=True):
 class ReportUncorrected(Doc, kw_only=True):
     per_token_ns: ReportPerTokenNs
     shortfall_ns: int
-    terms_ns: ReportTermsNs
-    coordination_ns: ReportCoordinationNs
-    shares: ReportShares
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float]
     per_rank: list[ReportPerRankItem] | None
 
 
@@ -175,28 +141,14 @@ class ReportIntervalsPerTokenNs(Doc, kw_only=True):
     ideal: list[float] | None
 
 
-class ReportIntervalsTermsNs(Doc, kw_only=True):
-    compute: list[float]
-    memory: list[float]
-    transfer: list[float]
-    coordination: list[float]
-    unknown: list[float] | UnsetType = UNSET
-
-
-class ReportIntervalsCoordinationNs(Doc, kw_only=True):
-    wait: list[float]
-    sync: list[float]
-    idle: list[float]
-
-
 class ReportIntervals(Doc, kw_only=True):
     level: float
     basis: str
     method: str
     per_token_ns: ReportIntervalsPerTokenNs
     shortfall_ns: list[float]
-    terms_ns: ReportIntervalsTermsNs
-    coordination_ns: ReportIntervalsCoordinationNs
+    terms_ns: dict[str, list[float]]
+    coordination_ns: dict[str, list[float]]
 
 
 class ReportShortfall(Doc, kw_only=True):
@@ -205,27 +157,19 @@ class ReportShortfall(Doc, kw_only=True):
     reading: str
 
 
-class ReportTerms(Doc, kw_only=True):
-    compute: ReportShortfall
-    memory: ReportShortfall
-    transfer: ReportShortfall
-    coordination: ReportShortfall
-    unknown: ReportShortfall | UnsetType = UNSET
-
-
 class ReportNoise(Doc, kw_only=True):
     status: str
     cause: str
     shortfall: ReportShortfall
-    terms: ReportTerms
+    terms: dict[str, ReportShortfall]
 
 
 class ReportAttribution(Doc, kw_only=True):
     shortfall_ns: int
-    terms_ns: ReportTermsNs
-    coordination_ns: ReportCoordinationNs
-    shares: ReportShares
-    spread_ns: ReportSpreadNs
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float]
+    spread_ns: dict[str, ReportCompute]
     waterfall: list[ReportWaterfallItem]
     aggregate: str | None
     per_token_source: str
@@ -242,21 +186,12 @@ class ReportStepNs(Doc, kw_only=True):
     n: int
 
 
-class ReportPartsNsMedian(Doc, kw_only=True):
-    compute: int
-    memory: int
-    collective: int
-    unknown: int
-    sync: int
-    idle: int
-
-
 class ReportStep(Doc, kw_only=True):
     rank: int
     step: int
     name: str
     window_ns: int
-    parts_ns: ReportPartsNsMedian
+    parts_ns: dict[str, int]
     overlapped_collective_ns: int
 
 
@@ -264,19 +199,12 @@ class ReportRunPerRankItem(Doc, kw_only=True):
     rank: int
     steps: int
     step_ns_median: int
-    parts_ns_median: ReportPartsNsMedian
+    parts_ns_median: dict[str, int]
 
 
 class ReportKernelsByClassCompute(Doc, kw_only=True):
     count: int
     total_ns: int
-
-
-class ReportKernelsByClass(Doc, kw_only=True):
-    compute: ReportKernelsByClassCompute
-    memory: ReportKernelsByClassCompute
-    collective: ReportKernelsByClassCompute
-    unknown: ReportKernelsByClassCompute
 
 
 class ReportKernel(Doc, kw_only=True):
@@ -310,10 +238,10 @@ class ReportRun_(Doc, kw_only=True):
     timeline: str
     step_pattern: str
     step_ns: ReportStepNs
-    parts_ns_median: ReportPartsNsMedian
+    parts_ns_median: dict[str, int]
     steps: list[ReportStep]
     per_rank: list[ReportRunPerRankItem] | None
-    kernels_by_class: ReportKernelsByClass
+    kernels_by_class: dict[str, ReportKernelsByClassCompute]
     unknown_kernels: list[ReportUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
@@ -443,22 +371,11 @@ class ReportManifest(Doc, kw_only=True):
     command: str
 
 
-class ReportPerRankItemShares(Doc, kw_only=True):
-    compute: float
-    memory: float
-    transfer: float
-    coordination: float
-    wait: float
-    sync: float
-    idle: float
-    unknown: float | UnsetType = UNSET
-
-
 class ReportPerRankItem_(Doc, kw_only=True):
     rank: int
-    terms_ns: ReportTermsNs
-    coordination_ns: ReportCoordinationNs
-    shares: ReportPerRankItemShares
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float]
     own_window_ns: int
     pad_ns: int
 
@@ -506,14 +423,6 @@ class ReportStraggler_(Doc, kw_only=True):
     last_share_p_value: float
     lateness_ns_median: int
     threshold_ns: int
-
-
-class ReportTermWords(Doc, kw_only=True):
-    compute: str
-    memory: str
-    transfer: str
-    coordination: str
-    unknown: str
 
 
 class ReportFigure(Doc, kw_only=True):
@@ -676,7 +585,7 @@ class Report(Doc, kw_only=True):
     per_rank: list[ReportPerRankItem_] | None
     critical_path: ReportCriticalPath | None
     straggler: ReportStraggler_ | None
-    term_words: ReportTermWords
+    term_words: dict[str, str]
     per_token_label: str
     extras: list[ReportExtra] | UnsetType = UNSET
     title: str

@@ -8,33 +8,33 @@ from tracekit.model.documents.base import Doc
 
 
 class RhoDevice(Doc, kw_only=True):
-    type: str
-    name: str
-    capability: str | UnsetType = UNSET
-    multiprocessors: int | UnsetType = UNSET
-    threads: int | UnsetType = UNSET
-    torch: str
-    cuda: str | UnsetType = UNSET
+    type: str | None
+    name: str | None
+    capability: str | None | UnsetType = UNSET
+    multiprocessors: int | None | UnsetType = UNSET
+    threads: int | None | UnsetType = UNSET
+    torch: str | None
+    cuda: str | None | UnsetType = UNSET
 
 
 class RhoMatrixItem(Doc, kw_only=True):
     kind: str
-    dtype: str
-    method: str
-    shape: str
-    operations: int
+    dtype: str | None
+    method: str | None
+    shape: str | None
+    operations: int | None
     tops: float | None
-    tops_max: float
-    iterations: int
-    repeats: int
+    tops_max: float | None
+    iterations: int | None
+    repeats: int | None
     datasheet_tops: float | None
     anchor_tops: float | None
     skipped: str | None
 
 
 class RhoRhoItem(Doc, kw_only=True):
-    dtype: str
-    rho: float
+    dtype: str | None
+    rho: float | None
     datasheet_rho: float | None
     anchor_rho: float | None
 

@@ -18,40 +18,10 @@ class ShortfallPerTokenMedianNs(Doc, kw_only=True):
     sharded: int
 
 
-class ShortfallTermsNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    coordination: int
-    unknown: int | UnsetType = UNSET
-
-
-class ShortfallCoordinationNs(Doc, kw_only=True):
-    wait: int
-    sync: int
-    idle: int
-
-
-class ShortfallShares(Doc, kw_only=True):
-    compute: float
-    memory: float
-    transfer: float
-    coordination: float
-    unknown: float | UnsetType = UNSET
-
-
-class ShortfallTermWords(Doc, kw_only=True):
-    compute: str
-    memory: str
-    transfer: str
-    coordination: str
-    unknown: str | UnsetType = UNSET
-
-
 class ShortfallPerRankItem(Doc, kw_only=True):
     rank: int
-    terms_ns: ShortfallTermsNs
-    coordination_ns: ShortfallCoordinationNs
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
     own_window_ns: int
     pad_ns: int
 
@@ -160,36 +130,10 @@ class ShortfallCompute(Doc, kw_only=True):
     p90: int
 
 
-class ShortfallSpreadNs(Doc, kw_only=True):
-    compute: ShortfallCompute
-    memory: ShortfallCompute
-    transfer: ShortfallCompute
-    coordination: ShortfallCompute
-    wait: ShortfallCompute
-    sync: ShortfallCompute
-    idle: ShortfallCompute
-    unknown: ShortfallCompute
-    shortfall: ShortfallCompute
-
-
 class ShortfallIntervalsPerTokenNs(Doc, kw_only=True):
     baseline: list[int]
     sharded: list[int]
     ideal: list[int]
-
-
-class ShortfallIntervalsTermsNs(Doc, kw_only=True):
-    compute: list[int]
-    memory: list[int]
-    transfer: list[int]
-    coordination: list[int]
-    unknown: list[int] | UnsetType = UNSET
-
-
-class ShortfallIntervalsCoordinationNs(Doc, kw_only=True):
-    wait: list[int]
-    sync: list[int]
-    idle: list[int]
 
 
 class ShortfallIntervals(Doc, kw_only=True):
@@ -202,8 +146,8 @@ class ShortfallIntervals(Doc, kw_only=True):
     method: str
     per_token_ns: ShortfallIntervalsPerTokenNs
     shortfall_ns: list[int]
-    terms_ns: ShortfallIntervalsTermsNs
-    coordination_ns: ShortfallIntervalsCoordinationNs
+    terms_ns: dict[str, list[int]]
+    coordination_ns: dict[str, list[int]]
 
 
 class ShortfallShortfall(Doc, kw_only=True):
@@ -212,19 +156,11 @@ class ShortfallShortfall(Doc, kw_only=True):
     reading: str
 
 
-class ShortfallTerms(Doc, kw_only=True):
-    compute: ShortfallShortfall
-    memory: ShortfallShortfall
-    transfer: ShortfallShortfall
-    coordination: ShortfallShortfall
-    unknown: ShortfallShortfall | UnsetType = UNSET
-
-
 class ShortfallNoise(Doc, kw_only=True):
     status: str
     cause: str | None
     shortfall: ShortfallShortfall
-    terms: ShortfallTerms
+    terms: dict[str, ShortfallShortfall]
 
 
 class ShortfallInterval(Doc, kw_only=True):
@@ -293,9 +229,9 @@ class ShortfallDilation(Doc, kw_only=True):
 class ShortfallUncorrected_(Doc, kw_only=True):
     per_token_ns: ShortfallPerTokenNs
     shortfall_ns: int
-    terms_ns: ShortfallTermsNs
-    coordination_ns: ShortfallCoordinationNs
-    shares: ShortfallShares
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float]
     per_rank: list[ShortfallPerRankItem] | UnsetType = UNSET
 
 
@@ -508,16 +444,16 @@ class Shortfall(Doc, kw_only=True):
     per_token_source: str
     per_token_median_ns: ShortfallPerTokenMedianNs
     shortfall_ns: int
-    terms_ns: ShortfallTermsNs
-    coordination_ns: ShortfallCoordinationNs
-    shares: ShortfallShares
-    term_words: ShortfallTermWords | UnsetType = UNSET
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float]
+    term_words: dict[str, str] | UnsetType = UNSET
     aggregate: str | UnsetType = UNSET
     per_rank: list[ShortfallPerRankItem] | UnsetType = UNSET
     critical_path: ShortfallCriticalPath | UnsetType = UNSET
     straggler: ShortfallStraggler | UnsetType = UNSET
     compute_scaling: ShortfallComputeScaling | UnsetType = UNSET
-    spread_ns: ShortfallSpreadNs
+    spread_ns: dict[str, ShortfallCompute]
     verdict: str
     intervals: ShortfallIntervals | UnsetType = UNSET
     noise: ShortfallNoise | UnsetType = UNSET

@@ -8,29 +8,29 @@ from tracekit.model.documents.base import Doc
 
 
 class WhatifProfilerCorrection(Doc, kw_only=True):
-    method: str
+    method: str | None
 
 
 class WhatifReplayError(Doc, kw_only=True):
-    traced_ns: int
-    replayed_ns: int
-    mean: float
-    max_step: float
-    steps: int
+    traced_ns: int | None
+    replayed_ns: int | None
+    mean: float | None
+    max_step: float | None
+    steps: int | None
 
 
 class WhatifBaseline(Doc, kw_only=True):
-    label: str
-    ranks: int
-    timeline: str
-    per_token_ns: int
-    per_token_source: str
-    host_cost_per_call_ns: float
+    label: str | None
+    ranks: int | None
+    timeline: str | None
+    per_token_ns: int | None
+    per_token_source: str | None
+    host_cost_per_call_ns: float | None
     profiler_correction: WhatifProfilerCorrection
-    host_scale: float
-    device_scale: float
+    host_scale: float | None
+    device_scale: float | None
     replay_error: WhatifReplayError
-    path: str
+    path: str | None
 
 
 class WhatifRuns(Doc, kw_only=True):
@@ -39,48 +39,32 @@ class WhatifRuns(Doc, kw_only=True):
 
 
 class WhatifKnob(Doc, kw_only=True):
-    spec: str
-    definition: str
-    applies: dict[str, bool]
+    spec: str | None
+    definition: str | None
+    applies: dict[str, bool | None]
 
 
 class WhatifResidualPartsNs(Doc, kw_only=True):
-    after_all_knobs: int
-    replay_gap: int
-
-
-class WhatifTermsNs(Doc, kw_only=True):
-    compute: int
-    memory: int
-    transfer: int
-    coordination: int
-    unknown: int | UnsetType = UNSET
-
-
-class WhatifShares(Doc, kw_only=True):
-    compute: float
-    memory: float
-    transfer: float
-    coordination: float
-    unknown: float | UnsetType = UNSET
+    after_all_knobs: int | None
+    replay_gap: int | None
 
 
 class WhatifAccounting(Doc, kw_only=True):
-    shortfall_ns: int
-    terms_ns: WhatifTermsNs
-    shares: WhatifShares
+    shortfall_ns: int | None
+    terms_ns: dict[str, int | None]
+    shares: dict[str, float | None]
 
 
 class WhatifCheck(Doc, kw_only=True):
-    run: str
-    knobs: str
-    ranks: int
-    predicted_ns: int
-    measured_ns: int
-    measured_source: str
-    measured_traced_ns: int
-    measured_unprofiled_ns: int
-    error: float
+    run: str | None
+    knobs: str | None
+    ranks: int | None
+    predicted_ns: int | None
+    measured_ns: int | None
+    measured_source: str | None
+    measured_traced_ns: int | None
+    measured_unprofiled_ns: int | None
+    error: float | None
 
 
 class Whatif(Doc, kw_only=True):
@@ -135,13 +119,13 @@ class Whatif(Doc, kw_only=True):
     kind: str
     runs: WhatifRuns
     knobs: list[WhatifKnob]
-    predicted_ns: dict[str, dict[str, int]]
-    speedup_vs_tp1: dict[str, dict[str, float]]
-    ideal_ns: int | UnsetType = UNSET
-    shortfall_ns: int | UnsetType = UNSET
-    shapley_ns: dict[str, int] | UnsetType = UNSET
+    predicted_ns: dict[str, dict[str, int | None]]
+    speedup_vs_tp1: dict[str, dict[str, float | None]]
+    ideal_ns: int | None | UnsetType = UNSET
+    shortfall_ns: int | None | UnsetType = UNSET
+    shapley_ns: dict[str, int | None] | UnsetType = UNSET
     residual_parts_ns: WhatifResidualPartsNs | UnsetType = UNSET
-    shapley_shares: dict[str, float] | UnsetType = UNSET
+    shapley_shares: dict[str, float | None] | UnsetType = UNSET
     accounting: WhatifAccounting | UnsetType = UNSET
     check: WhatifCheck | UnsetType = UNSET
     notes: list[str]
