@@ -124,3 +124,32 @@ def test_json_md_is_generated_from_the_structs():
         "| `steps[].parts_ns` | object of integer |" in text
         and "| `per_token.parts_ns{}.median` | integer |" in text
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["diff", "traces/cpu-tp2", "traces/cpu-tp2-straggler"],
+        [
+            "whatif",
+            "--baseline",
+            "traces/cpu-tp1",
+            "--sharded",
+            "traces/cpu-tp2-straggler",
+            "--check",
+            "traces/cpu-tp2",
+            "--check-knob",
+            "straggler=off",
+        ],
+    ],
+    ids=["diff", "whatif"],
+)
+def test_the_cli_documents_decode_exactly(args: list[str], tmp_path: Path):
+    """The JSON the CLI writes now (diff; whatif with its --check) fits its Struct exactly."""
+    from tracekit.cli.main import main
+
+    out = tmp_path / "doc.json"
+    assert main([args[0], *(str(ROOT / a) if a.startswith("traces/") else a for a in args[1:]),
+                 "--format", "json", "--out", str(out)]) == 0  # fmt: skip
+    raw = out.read_bytes()
+    _assert_exact(decode_document(raw), json.loads(raw))

@@ -91,7 +91,7 @@ def _summary(doc: dict[str, Any]) -> list[str]:
         a, b = dw.get("predicting_run"), dw.get("check_run")
         if a and b and abs(b - a) > 0.01 * a:
             lines.append(
-                f"  the check run's device work differs: {_ms(b)} vs {_ms(a)} ms per token in the replayed run "
+                f"  the check run's device work differs: {units.ms(b)} vs {units.ms(a)} ms per token in the replayed run "
                 f"({(b - a) / a:+.1%}): a knob re-times the work the trace holds, so this difference is "
                 "not the model's error"
             )

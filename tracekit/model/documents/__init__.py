@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from tracekit.model.documents.advise import Advise
-from tracekit.model.documents.base import Doc, DocumentError, convert, decode, read, to_builtins
+from tracekit.model.documents.base import Doc, DocumentError, convert, decode, given, read, to_builtins
 from tracekit.model.documents.breakdown import Breakdown
 from tracekit.model.documents.copy import Copy
 from tracekit.model.documents.decompose import Decompose
@@ -53,7 +53,8 @@ def decode_document(data: bytes) -> Doc | list[Doc]:
         probe = head[0].get("probe") if head and isinstance(head[0], dict) else None
         if probe not in ROWS:
             raise DocumentError(f"a list of rows of no known probe ({probe!r})")
-        return decode(data, list[ROWS[probe]])  # type: ignore[arg-type]
+        rows: list[Doc] = decode(data, list[ROWS[probe]])  # type: ignore[valid-type]
+        return rows
     kind = head.get("kind") if isinstance(head, dict) else None
     if kind not in KINDS:
         raise DocumentError(f"no known document kind ({kind!r})")
@@ -81,6 +82,7 @@ __all__ = [
     "convert",
     "decode",
     "decode_document",
+    "given",
     "read",
     "to_builtins",
 ]

@@ -13,8 +13,14 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 T = TypeVar("T")
+
+
+def given(x: T | UnsetType) -> T | None:
+    """A field's value, None when the document left it out (UNSET)."""
+    return None if x is UNSET else x  # type: ignore[return-value]
 
 
 class Doc(msgspec.Struct, kw_only=True):

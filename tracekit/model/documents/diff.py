@@ -35,15 +35,15 @@ class DiffPerTokenIntervalNs(Doc, kw_only=True):
 class DiffInterval(Doc, kw_only=True):
     level: float | None
     resamples: int | None
-    change_ns: list[int | None]
-    relative: list[float | None]
+    change_ns: list[int | None] | None
+    relative: list[float | None] | None
 
 
 class DiffCompute(Doc, kw_only=True):
     before_ns: int | None
     after_ns: int | None
     change_ns: int | None
-    interval_ns: list[int | None]
+    interval_ns: list[int | None] | None
 
 
 class DiffByPart(Doc, kw_only=True):
@@ -131,7 +131,7 @@ class DiffCollective(Doc, kw_only=True):
 
 class DiffDilationBefore(Doc, kw_only=True):
     factor: float | None
-    interval: list[float | None]
+    interval: list[float | None] | None
     method: str | None
     traced_mean_ns: int | None
     corrected_mean_ns: int | None

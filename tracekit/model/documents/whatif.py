@@ -55,6 +55,11 @@ class WhatifAccounting(Doc, kw_only=True):
     shares: dict[str, float | None]
 
 
+class WhatifDeviceWork(Doc, kw_only=True):
+    check_run: int | None
+    predicting_run: int | None
+
+
 class WhatifCheck(Doc, kw_only=True):
     run: str | None
     knobs: str | None
@@ -65,6 +70,7 @@ class WhatifCheck(Doc, kw_only=True):
     measured_traced_ns: int | None
     measured_unprofiled_ns: int | None
     error: float | None
+    device_work_ns: WhatifDeviceWork | UnsetType = UNSET
 
 
 class Whatif(Doc, kw_only=True):
