@@ -14,11 +14,16 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET
+
 from tracekit._version import __version__
 from tracekit.model import units
+from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents import given, to_builtins
 from tracekit.model.parts import (
     COORDINATION,
     MAIN_TERMS,
@@ -27,6 +32,7 @@ from tracekit.model.parts import (
     TERM_WORDS,
     term_words,
 )
+from tracekit.read.manifests import typed_manifest
 
 if TYPE_CHECKING:
     from tracekit.report.extras import ExtraSection
@@ -210,53 +216,69 @@ def _int_or_none(x: Any) -> int | None:
     return None if v is None else int(round(v))
 
 
-def _manifest_summary(role: str, path: str | None, manifest: dict[str, Any] | None) -> dict[str, Any]:
+#: the workload fields a report shows, in this order (those the manifest has)
+MANIFEST_WORKLOAD_FIELDS = (
+    "preset",
+    "tp",
+    "tokens",
+    "prompt",
+    "batch",
+    "layers",
+    "backend",
+    "device",
+    "dtype",
+    "mode",
+    "seed",
+    "step_pattern",
+    "inject_delay",
+    "inject_sync",
+)
+
+
+def manifest_doc(manifest: ManifestDoc | Mapping[str, Any]) -> ManifestDoc:
+    """A manifest as its typed document: the one `load_manifest` decoded (`Manifest.doc`), else
+    decoded here (leniently, as the reader does)."""
+    if isinstance(manifest, ManifestDoc):
+        return manifest
+    doc = getattr(manifest, "doc", None)
+    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
+
+
+def _manifest_summary(
+    role: str, path: str | None, manifest: ManifestDoc | Mapping[str, Any] | None
+) -> dict[str, Any]:
     """The manifest fields a reader needs to know what ran, where and with which versions."""
     if not manifest:
         return {"role": role, "path": path, "present": False}
-    workload = manifest.get("workload") or {}
-    host = manifest.get("host") or {}
-    devices = manifest.get("devices") or []
+    m = manifest_doc(manifest)
+    wl = given(m.workload)
+    host = given(m.host)
     return {
         "role": role,
         "path": path,
         "present": True,
-        "complete": manifest.get("complete"),
+        "complete": given(m.complete),
         "errors": [
-            {"rank": e.get("rank"), "message": str(e.get("message", ""))}
-            for e in manifest.get("errors") or []
+            {"rank": given(e.rank), "message": str(given(e.message) or "")} for e in given(m.errors) or []
         ],
-        "created": manifest.get("created"),
-        "workload": {
-            k: workload.get(k)
-            for k in (
-                "preset",
-                "tp",
-                "tokens",
-                "prompt",
-                "batch",
-                "layers",
-                "backend",
-                "device",
-                "dtype",
-                "mode",
-                "seed",
-                "step_pattern",
-                "inject_delay",
-                "inject_sync",
-            )
-            if k in workload
+        "created": given(m.created),
+        "workload": {}
+        if wl is None
+        else {
+            k: to_builtins(getattr(wl, k)) for k in MANIFEST_WORKLOAD_FIELDS if getattr(wl, k) is not UNSET
         },
-        "host": {k: host.get(k) for k in ("hostname", "cpu", "cpu_count") if k in host},
+        "host": {}
+        if host is None
+        else {k: getattr(host, k) for k in ("hostname", "cpu", "cpu_count") if getattr(host, k) is not UNSET},
         "devices": [
-            {"index": d.get("index"), "name": d.get("name"), "memory_bytes": d.get("memory_bytes")}
-            for d in devices
+            {"index": given(d.index), "name": given(d.name), "memory_bytes": given(d.memory_bytes)}
+            for d in given(m.devices) or []
         ],
-        "versions": dict(manifest.get("versions") or {}),
-        "nccl_env": dict(manifest.get("nccl_env") or {}),
+        "versions": dict(given(m.versions) or {}),
+        "nccl_env": dict(given(m.nccl_env) or {}),
         # the capture's own host-clock figure (a cross-check; the dilation stated is the shortfall's)
-        "capture_dilation": _num(manifest.get("dilation")),
-        "command": manifest.get("command"),
+        "capture_dilation": _num(given(m.dilation)),
+        "command": given(m.command),
     }
 
 
@@ -818,8 +840,8 @@ def build_report_data(
     baseline_breakdown: dict[str, Any] | None = None,
     shortfall: dict[str, Any] | None = None,
     links: dict[str, Any] | list[dict[str, Any]] | None = None,
-    manifest: dict[str, Any] | None = None,
-    baseline_manifest: dict[str, Any] | None = None,
+    manifest: ManifestDoc | Mapping[str, Any] | None = None,
+    baseline_manifest: ManifestDoc | Mapping[str, Any] | None = None,
     top_kernels: dict[str, Any] | None = None,
     baseline_top_kernels: dict[str, Any] | None = None,
     run_path: str | None = None,
@@ -847,14 +869,14 @@ def build_report_data(
     if run_dil is None and not sf_dil:
         run_dil = _num(breakdown.get("dilation"))
     if run_dil is None and not sf_dil and manifest:
-        run_dil = _num(manifest.get("dilation"))
+        run_dil = _num(given(manifest_doc(manifest).dilation))
     base_dil = None
     if shortfall is not None or baseline_breakdown is not None:
         base_dil = _num(sf_dil.get("baseline")) if sf_dil else None
         if base_dil is None and not sf_dil and baseline_breakdown is not None:
             base_dil = _num(baseline_breakdown.get("dilation"))
         if base_dil is None and not sf_dil and baseline_manifest:
-            base_dil = _num(baseline_manifest.get("dilation"))
+            base_dil = _num(given(manifest_doc(baseline_manifest).dilation))
     threshold = _num(sf_dil.get("threshold")) if sf_dil else None
     threshold = dilation_threshold if threshold is None else threshold
 
