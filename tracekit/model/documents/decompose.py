@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.diff import DiffDataQuality
 
 
 class DecomposeBaseline(Doc, kw_only=True):
@@ -64,11 +65,6 @@ class DecomposeMoved(Doc, kw_only=True):
     kernel: DecomposeRuntime
 
 
-class DecomposeDataQuality(Doc, kw_only=True):
-    counts: dict[str, int | None]
-    notes: list[str]
-
-
 class Decompose(Doc, kw_only=True):
     r"""`tracekit decompose --format json` (`tracekit.analyse.decompose.Decomposition.to_json`, docs/METHOD.md section Speedup decomposition).
     ```
@@ -121,4 +117,4 @@ class Decompose(Doc, kw_only=True):
     moved: DecomposeMoved
     class_words: dict[str, str | None]
     notes: list[str]
-    data_quality: DecomposeDataQuality
+    data_quality: DiffDataQuality

@@ -5,18 +5,21 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
+from tracekit.model.documents.shortfall import (
+    ShortfallByRankValue,
+    ShortfallCheck,
+    ShortfallPerRankItem,
+    ShortfallResidualNsValue,
+    ShortfallShortfall,
+    ShortfallStraggler_,
+)
 
 
 class ReportError(Doc, kw_only=True):
     rank: int | None
     message: str
     how: str | UnsetType = UNSET
-
-
-class ReportUnknownKernel(Doc, kw_only=True):
-    name: str
-    count: int
-    total_ns: int
 
 
 class ReportHostClock(Doc, kw_only=True):
@@ -79,47 +82,13 @@ class ReportWaterfallItem(Doc, kw_only=True):
     reading: str
 
 
-class ReportPerRankItem(Doc, kw_only=True):
-    rank: int
-    terms_ns: dict[str, int]
-    coordination_ns: dict[str, int]
-    own_window_ns: int
-    pad_ns: int
-
-
 class ReportUncorrected(Doc, kw_only=True):
     per_token_ns: ReportPerTokenNs
     shortfall_ns: int
     terms_ns: dict[str, int]
     coordination_ns: dict[str, int]
     shares: dict[str, float]
-    per_rank: list[ReportPerRankItem] | None
-
-
-class ReportResidualNsValue(Doc, kw_only=True):
-    instances: int
-    median: int
-    max: int
-
-
-class ReportWorst(Doc, kw_only=True):
-    instance: int
-    op: str
-    group: str
-    spread_ns: int
-    first_rank: int
-    last_rank: int
-
-
-class ReportCheck(Doc, kw_only=True):
-    level: str
-    threshold_ns: int
-    instances: int
-    instances_over: int
-    median_ns: int
-    p99_ns: int
-    max_ns: int
-    worst: ReportWorst
+    per_rank: list[ShortfallPerRankItem] | None
 
 
 class ReportClock(Doc, kw_only=True):
@@ -127,12 +96,12 @@ class ReportClock(Doc, kw_only=True):
     estimated: bool
     offsets_applied: bool
     offsets_ns: dict[str, int]
-    residual_ns: dict[str, ReportResidualNsValue]
+    residual_ns: dict[str, ShortfallResidualNsValue]
     raw_instances_over: int
     method: str
     refusal: str | None
     hosts: dict[str, str]
-    check: ReportCheck
+    check: ShortfallCheck
 
 
 class ReportIntervalsPerTokenNs(Doc, kw_only=True):
@@ -151,17 +120,11 @@ class ReportIntervals(Doc, kw_only=True):
     coordination_ns: dict[str, list[float]]
 
 
-class ReportShortfall(Doc, kw_only=True):
-    ns: int
-    interval: list[int]
-    reading: str
-
-
 class ReportNoise(Doc, kw_only=True):
     status: str
     cause: str
-    shortfall: ReportShortfall
-    terms: dict[str, ReportShortfall]
+    shortfall: ShortfallShortfall
+    terms: dict[str, ShortfallShortfall]
 
 
 class ReportAttribution(Doc, kw_only=True):
@@ -202,11 +165,6 @@ class ReportRunPerRankItem(Doc, kw_only=True):
     parts_ns_median: dict[str, int]
 
 
-class ReportKernelsByClassCompute(Doc, kw_only=True):
-    count: int
-    total_ns: int
-
-
 class ReportKernel(Doc, kw_only=True):
     name: str
     subclass: str
@@ -241,8 +199,8 @@ class ReportRun_(Doc, kw_only=True):
     parts_ns_median: dict[str, int]
     steps: list[ReportStep]
     per_rank: list[ReportRunPerRankItem] | None
-    kernels_by_class: dict[str, ReportKernelsByClassCompute]
-    unknown_kernels: list[ReportUnknownKernel]
+    kernels_by_class: dict[str, BreakdownKernelsByClassValue]
+    unknown_kernels: list[BreakdownUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
     top_kernels: ReportTopKernels | None
@@ -262,13 +220,6 @@ class ReportCollectives(Doc, kw_only=True):
     instances: int
     per_token: float
     by_op: list[ReportByOpItem]
-
-
-class ReportStraggler(Doc, kw_only=True):
-    rank: int
-    last_count: int
-    instances: int
-    share: float
 
 
 class ReportTraceItem(Doc, kw_only=True):
@@ -391,19 +342,9 @@ class ReportByRankValue(Doc, kw_only=True):
     share_of_step: float
 
 
-class ReportBaselineByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
-    total_ns: int
-
-
 class ReportBaseline(Doc, kw_only=True):
     step_ns: int
-    by_rank: dict[str, ReportBaselineByRankValue]
+    by_rank: dict[str, ShortfallByRankValue]
 
 
 class ReportCriticalPath(Doc, kw_only=True):
@@ -576,7 +517,7 @@ class Report(Doc, kw_only=True):
     attribution: ReportAttribution | None
     runs: list[ReportRun_]
     collectives: ReportCollectives | None
-    stragglers: list[ReportStraggler]
+    stragglers: list[ShortfallStraggler_]
     busbw: ReportBusbw
     links: ReportLinks | None
     manifests: list[ReportManifest]

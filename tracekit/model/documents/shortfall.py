@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 
 class ShortfallPerTokenNs(Doc, kw_only=True):
@@ -317,11 +318,6 @@ class ShortfallSteps(Doc, kw_only=True):
     sharded: ShortfallStepsBaseline
 
 
-class ShortfallDataQuality(Doc, kw_only=True):
-    counts: dict[str, int]
-    notes: list[str]
-
-
 class Shortfall(Doc, kw_only=True):
     r"""`tracekit shortfall --format json` (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation"; choices in docs/METHOD-NOTES.md).
     ```
@@ -464,4 +460,4 @@ class Shortfall(Doc, kw_only=True):
     collectives: ShortfallCollectives
     clock: ShortfallClock
     steps: ShortfallSteps
-    data_quality: ShortfallDataQuality
+    data_quality: BreakdownDataQuality
