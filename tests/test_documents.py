@@ -153,3 +153,23 @@ def test_the_cli_documents_decode_exactly(args: list[str], tmp_path: Path):
                  "--format", "json", "--out", str(out)]) == 0  # fmt: skip
     raw = out.read_bytes()
     _assert_exact(decode_document(raw), json.loads(raw))
+
+
+def test_roofline_peaks_are_read_typed_and_a_wrong_shape_says_where(tmp_path: Path):
+    """`tracekit roofline --copy/--rho` decode their files into Copy rows and Rho: the committed
+    H200 files give the figures they hold; a rate that is text is refused naming its place."""
+    from tracekit.analyse.roofline import RooflineError, load_peaks
+
+    copy, rho = ROOT / "reports/h200/copy.json", ROOT / "reports/rho/h200.json"
+    peaks = load_peaks(copy, rho, "bfloat16")
+    rows = json.loads(copy.read_text())
+    assert peaks.bw_gbps == max(
+        r["rw_gbps"] for r in rows if r["kind"] == "local" and r["rw_gbps"] is not None
+    )
+    bf16 = [m for m in json.loads(rho.read_text())["matrix"] if m["dtype"] == "bf16"]
+    assert peaks.matrix_tflops == bf16[0]["tops"]
+    bad = json.loads(rho.read_text())
+    bad["matrix"][0]["tops"] = "fast"
+    (tmp_path / "rho.json").write_text(json.dumps(bad))
+    with pytest.raises(RooflineError, match=r"rho.json at \$\.matrix\[0\]\.tops"):
+        load_peaks(None, tmp_path / "rho.json", "bfloat16")
