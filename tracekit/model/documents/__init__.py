@@ -17,7 +17,7 @@ from tracekit.model.documents.decompose import Decompose
 from tracekit.model.documents.diff import Diff
 from tracekit.model.documents.links import Links
 from tracekit.model.documents.manifest import Manifest
-from tracekit.model.documents.modes import CaptureModes
+from tracekit.model.documents.modes import AdviseCheck, CaptureModes
 from tracekit.model.documents.report import Report
 from tracekit.model.documents.rho import Rho
 from tracekit.model.documents.roofline import Roofline
@@ -38,6 +38,7 @@ KINDS: dict[str, type[Doc]] = {
     "tracekit.whatif": Whatif,
     "tracekit.report": Report,
     "tracekit.bench_capture_modes": CaptureModes,
+    "tracekit.advise-check": AdviseCheck,
 }
 #: documents that are a JSON array of rows, not an object with a `kind`: (row Struct, row `probe`)
 ROWS: dict[str, type[Doc]] = {"copy": Copy}
@@ -65,6 +66,7 @@ __all__ = [
     "KINDS",
     "ROWS",
     "Advise",
+    "AdviseCheck",
     "Breakdown",
     "CaptureModes",
     "Copy",

@@ -50,3 +50,39 @@ class CaptureModes(Doc, kw_only=True):
     unprofiled_passes_ns: list[list[int]]
     rows: list[CaptureModesRow]
     total_s: float
+
+
+class AdviseCheckFittedOn(Doc, kw_only=True):
+    run: str
+    batch: int
+    per_token_ns: int
+    cuda_graphs: bool
+    device: str
+    what: str
+
+
+class AdviseCheckRow(Doc, kw_only=True):
+    batch: int
+    predicted_per_token_ns: int | None
+    measured_per_token_ns: int | None
+    ratio: float | None
+    predicted_no_overlap_per_token_ns: int | None
+    ratio_no_overlap: float | None
+    within_15_percent: bool | None
+    predicted_tokens_per_s: float | None
+    measured_tokens_per_s: float | None
+    status: str
+    measured_from: str
+
+
+class AdviseCheck(Doc, kw_only=True):
+    """`benchmarks/advise_batches.py`: `tracekit advise`'s predictions for other batch sizes set
+    against runs captured at those sizes: `fitted_on` the run the model was fitted on, `rows` per
+    batch the predicted and measured per-token times and tokens/s, their ratio (with and without
+    the overlap model) and whether it lies within 15%."""
+
+    kind: str
+    fitted_on: AdviseCheckFittedOn
+    same_process: bool
+    round_order: str
+    rows: list[AdviseCheckRow]

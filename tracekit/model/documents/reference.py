@@ -19,7 +19,7 @@ from tracekit.model.documents.decompose import Decompose
 from tracekit.model.documents.diff import Diff
 from tracekit.model.documents.links import Links, ProbeRow
 from tracekit.model.documents.manifest import Manifest
-from tracekit.model.documents.modes import CaptureModes
+from tracekit.model.documents.modes import AdviseCheck, CaptureModes
 from tracekit.model.documents.report import Report
 from tracekit.model.documents.rho import Rho
 from tracekit.model.documents.roofline import Roofline
@@ -56,6 +56,7 @@ SECTIONS: tuple[tuple[str, tuple[type[Doc], ...]], ...] = (
     ("whatif", (Whatif,)),
     ("roofline", (Roofline,)),
     ("capture-modes", (CaptureModes,)),
+    ("advise-check", (AdviseCheck,)),
 )
 
 

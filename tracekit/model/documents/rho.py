@@ -30,6 +30,8 @@ class RhoMatrixItem(Doc, kw_only=True):
     datasheet_tops: float | None
     anchor_tops: float | None
     skipped: str | None
+    sm_clock_mhz: float | None | UnsetType = UNSET
+    peak_at_clock_tops: float | None | UnsetType = UNSET
 
 
 class RhoRhoItem(Doc, kw_only=True):
