@@ -40,6 +40,7 @@ from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
 from tracekit.errors import TracekitError
+from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
 
 SCHEMA_VERSION = "1.0"
@@ -321,7 +322,7 @@ class Decomposition:
         iv = self.intervals
 
         def pct(x: float) -> str:
-            return f"{100 * x:.0f}%"
+            return units.pct(x, 0)
 
         def rng(key: str) -> str:
             v = iv.get(key)

@@ -40,15 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.model.parts import COORDINATION as COORD
+from tracekit.model.parts import LEAF_PARTS as PARTS
+
 #: The bootstrap: resamples, seed, coverage (the dilation's interval uses the same).
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
-
-#: leaf parts, in `shortfall.LEAF_PARTS` order (kept here so this module imports no pandas)
-PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
-COORD: tuple[str, ...] = ("wait", "sync", "idle")
-TERMS: tuple[str, ...] = ("compute", "memory", "transfer", "coordination", "unknown")
 
 
 @dataclass(frozen=True)

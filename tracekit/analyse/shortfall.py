@@ -71,29 +71,13 @@ from tracekit.analyse.noise import reading as noise_reading
 from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
+from tracekit.model.units import ms_or_us as _ms
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
 #: median over instances of the per-instance max wait (was: over every (instance, rank) row); 1.5: per_rank,
 #: critical_path, straggler, term_words, aggregate; dilation stated = applied (traced/unprofiled means)
 SCHEMA_VERSION = "1.5"
-
-#: The leaf parts of a step window, after the collective part is split (they sum to the window).
-LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
-#: Leaf parts that make up the coordination term.
-COORDINATION: tuple[str, ...] = ("wait", "sync", "idle")
-#: Terms of the shortfall, in report order.
-TERMS: tuple[str, ...] = ("compute", "memory", "transfer", "coordination", "unknown")
-
-_TERM_WORDS = {
-    "compute": "compute that did not shrink N-fold",
-    "memory": "memory copies and sets that did not shrink N-fold",
-    "transfer": "bytes on the link (collective transfer)",
-    "coordination": "ranks waiting for each other and host gaps",
-    "unknown": "unclassified kernels",
-}
-_CPU_TRANSFER_WORDS = (
-    "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)"
-)
 
 
 # ------------------------------------------------------------------------------------------
@@ -829,10 +813,7 @@ class Shortfall:
 
     def term_words(self) -> dict[str, str]:
         """What each term is, in words, for this run (on a CPU run the 'link' is gloo's exchange)."""
-        words = dict(_TERM_WORDS)
-        if self.sharded.timeline != "gpu":
-            words["transfer"] = _CPU_TRANSFER_WORDS
-        return words
+        return term_words(self.sharded.timeline)
 
     @functools.cached_property
     def intervals(self) -> Intervals:
@@ -1379,10 +1360,6 @@ def _any_true(*xs: bool | None) -> bool | None:
     if all(x is None for x in xs):
         return None
     return any(bool(x) for x in xs)
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
 def _iv(iv: tuple[int, int] | list[int]) -> str:
