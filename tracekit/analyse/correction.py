@@ -261,9 +261,9 @@ def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     partition's priority (compute > memory > collective > unknown > sync > idle; an exposed
     collective's time after its instance's rendezvous is transfer, before it wait), each rank's
     window padded with idle to the step's longest: every row sums to the step time."""
-    from tracekit.analyse.collectives import union_intervals
+    from tracekit.analyse.intervals import covered as _measure
+    from tracekit.analyse.intervals import union as union_intervals
     from tracekit.analyse.shortfall import LEAF_PARTS
-    from tracekit.analyse.steps import _measure
 
     ws, we = g.windows(t)
     n_r, n_k = ws.shape
