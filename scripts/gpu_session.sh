@@ -1,5 +1,7 @@
 # One device call per stage (device tool, nvidia-h200): bash scripts/gpu_session.sh STAGE
 #   early: calibrated TP=1 captures (eager, CUDA graphs), rank-0 shards of TP=2/4/8 (issues 23, 26)
+#   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
+#       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -14,4 +16,18 @@ if [ "$stage" = early ]; then
   for d in $R/*; do echo "== $d"; python3 -c "import json;m=json.load(open('$d/manifest.json'));print(m['workload'].get('shard_of'),m['unprofiled'],m['dilation'],m.get('profiler_calibration',{}).get('per_call_ns'))"; done
   tar czf $OUT/early-runs.tgz --exclude=.tracekit-cache -C /tmp runs
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
+fi
+if [ "$stage" = ab ]; then
+  A="--device cuda --preset 7b --layers 8 --tokens 32 --rounds 9"
+  python3 scripts/decoder_ab.py $A --graphs -o $OUT/ab-graphs.json 2>&1 | tee $OUT/ab.txt
+  python3 scripts/decoder_ab.py $A -o $OUT/ab-eager.json 2>&1 | tee -a $OUT/ab.txt
+  PK="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  for impl in legacy fused; do
+    d=$R/h200-tp1-graphs-$impl
+    tk capture $W --tp 1 --tokens 32 --cuda-graphs --decoder-impl $impl -o $d --quiet
+    tk roofline $d $PK --out $d/roofline.txt
+    tk roofline $d $PK --format json --out $d/roofline.json
+    cat $d/roofline.txt >> $OUT/ab.txt
+  done
+  tar czf $OUT/ab-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi
