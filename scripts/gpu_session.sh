@@ -2,6 +2,8 @@
 #   early: calibrated TP=1 captures (eager, CUDA graphs), rank-0 shards of TP=2/4/8 (issues 23, 26)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
+#   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
+#       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -30,4 +32,17 @@ if [ "$stage" = ab ]; then
     cat $d/roofline.txt >> $OUT/ab.txt
   done
   tar czf $OUT/ab-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = shards ]; then
+  PK="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  S=""
+  for n in 2 4 8; do
+    d=$R/h200-shard$n-graphs-fused
+    tk capture $W --tokens 32 --cuda-graphs --shard-of $n --decoder-impl fused -o $d --quiet
+    tk roofline $d $PK --out $d/roofline.txt
+    S="$S --shard $d"
+  done
+  tk predict $S --link reports/h200/links-graph.json@nvlink | tee $OUT/predict.txt
+  tk predict $S --link reports/h200/links-graph.json@nvlink --format json -o $OUT/predict.json
+  tar czf $OUT/shards-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi

@@ -40,7 +40,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -600,46 +600,18 @@ class TPDecoder:
 
 _NO_RANGE = contextlib.nullcontext()
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, int | str]]:
-    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace).
+    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace):
+    `tracekit.analyse.predict.tp_collectives` (torch-free, so the prediction from a shard run computes
+    the same list). Per layer the o_proj and down_proj outputs [batch, 1, hidden] all-reduced in place;
+    per step the vocabulary-parallel logits [batch, vocab/tp] (float32) all-gathered. Empty at tp=1."""
+    from tracekit.analyse.predict import PredictError, tp_collectives
 
-    Per layer: the row-parallel o_proj and down_proj outputs [batch, 1, hidden] in the model dtype
-    are all-reduced in place (in_bytes == out_bytes). Once per step: the vocabulary-parallel head's
-    logits [batch, vocab/tp], cast to float32 before the gather, are all-gathered (out_bytes =
-    tp x in_bytes). Sizes are per rank, as the collective call sees them (NCCL's count x type size
-    for in_bytes). Empty at tp=1 (no communication).
-    """
-    if tp <= 1:
-        return []
-    if dtype not in _DTYPE_BYTES:
-        raise CaptureError(f"no byte size known for dtype {dtype!r}")
-    ar_bytes = batch * shape.hidden * _DTYPE_BYTES[dtype]
-    gather_in = batch * (shape.vocab // tp) * _DTYPE_BYTES["float32"]
-    return [
-        {
-            "op": "all_reduce",
-            "name": name,
-            "in_bytes": ar_bytes,
-            "out_bytes": ar_bytes,
-            "dtype": dtype,
-            "per_token": shape.layers,
-            "group_size": tp,
-        }
-        for name in ("o_proj", "down_proj")
-    ] + [
-        {
-            "op": "all_gather",
-            "name": "lm_head",
-            "in_bytes": gather_in,
-            "out_bytes": gather_in * tp,
-            "dtype": "float32",
-            "per_token": 1,
-            "group_size": tp,
-        }
-    ]
+    try:
+        return tp_collectives(asdict(shape), tp, batch, dtype)
+    except PredictError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
