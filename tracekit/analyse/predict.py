@@ -109,11 +109,16 @@ def _rounds(m: Mapping[str, Any], where: str) -> list[list[int]]:
     return out
 
 
+def _rows(doc: Any) -> list[Any]:
+    rows = doc.get("rows") if isinstance(doc, Mapping) else doc
+    return rows if isinstance(rows, list) else []
+
+
 def _probe_ranks(spec: str) -> int | None:
     path = spec.partition("@")[0]
     try:
-        rows = json.loads(Path(path).read_text()).get("rows") or []
-    except (OSError, ValueError, AttributeError):
+        rows = _rows(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
         return None
     ranks = {r.get("ranks") for r in rows if isinstance(r, Mapping) and isinstance(r.get("ranks"), int)}
     return ranks.pop() if len(ranks) == 1 else None
@@ -122,8 +127,8 @@ def _probe_ranks(spec: str) -> int | None:
 def _graph_timed(spec: str) -> bool | None:
     path = spec.partition("@")[0]
     try:
-        rows = json.loads(Path(path).read_text()).get("rows") or []
-    except (OSError, ValueError, AttributeError):
+        rows = _rows(json.loads(Path(path).read_text()))
+    except (OSError, ValueError):
         return None
     flags = {bool(r.get("graph")) for r in rows if isinstance(r, Mapping)}
     return flags.pop() if len(flags) == 1 else None
