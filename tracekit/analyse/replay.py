@@ -871,7 +871,8 @@ def whatif(
         assert sum(shap.values()) == s_ns
     check_doc = None
     if check is not None:
-        check_doc = _check(check, predicted, corrected)
+        same_n = base_parts if len(check[0].ranks) == base.n_ranks else shard_parts
+        check_doc = _check(check, predicted, corrected, same_n)
     accounting = None
     if sf is not None:
         j = sf.to_json()
@@ -897,8 +898,14 @@ def _check(
     check: tuple[RunParts, tuple[Knob, ...], str],
     predicted: Mapping[str, Mapping[int, Fraction]],
     corrected: bool,
+    predicting: RunParts | None = None,
 ) -> dict[str, Any]:
-    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if)."""
+    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if).
+
+    Also the device work per token (compute + memory kernels, per rank, mean) of the check run and
+    of the run the prediction replays: a knob re-times the work the trace holds, so when the check
+    run does different device work (a CUDA-graph loop over a static KV cache runs masked attention
+    over every cached position), that difference bounds the agreement and is stated beside the error."""
     parts, combo, label = check
     spec = combination_spec(combo)
     n = len(parts.ranks)
@@ -922,4 +929,17 @@ def _check(
         "measured_traced_ns": int(round(traced)),
         "measured_unprofiled_ns": int(round(unprof)) if unprof is not None else None,
         "error": float((pred - measured) / measured),
+        "device_work_ns": {
+            "check_run": _device_work(parts),
+            "predicting_run": _device_work(predicting) if predicting is not None else None,
+        },
     }
+
+
+def _device_work(parts: RunParts) -> int:
+    """Mean per-token device work (compute + memory kernels) over the run's ranks, integer ns."""
+    per = [
+        sum((Fraction(leaf.get(k, 0)) for k in ("compute", "memory")), Fraction(0))
+        for leaf in parts.per_rank.values()
+    ]
+    return int(round(sum(per, Fraction(0)) / len(per))) if per else 0

@@ -94,6 +94,14 @@ def _summary(doc: dict[str, Any]) -> list[str]:
             f"check: {c['knobs']} predicts {_ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
             f"{_ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
         )
+        dw = c.get("device_work_ns") or {}
+        a, b = dw.get("predicting_run"), dw.get("check_run")
+        if a and b and abs(b - a) > 0.01 * a:
+            lines.append(
+                f"  the check run's device work differs: {_ms(b)} vs {_ms(a)} ms per token in the replayed run "
+                f"({(b - a) / a:+.1%}): a knob re-times the work the trace holds, so this difference is "
+                "not the model's error"
+            )
     return lines
 
 
