@@ -20,8 +20,17 @@ SHAPE = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336, "lay
 def _shard(tmp: Path, name: str, n: int, rounds: list[list[int]], *, shard: bool = True) -> Path:
     d = tmp / name
     d.mkdir()
-    wl = {"tp": 1 if shard else n, "shard_of": n if shard else None, "shape": SHAPE, "batch": 1, "dtype": "bfloat16"}
-    m = {"workload": wl, "unprofiled": {"rounds": [{"0": r} for r in rounds], "per_token_ns": {"0": rounds[-1]}}}
+    wl = {
+        "tp": 1 if shard else n,
+        "shard_of": n if shard else None,
+        "shape": SHAPE,
+        "batch": 1,
+        "dtype": "bfloat16",
+    }
+    m = {
+        "workload": wl,
+        "unprofiled": {"rounds": [{"0": r} for r in rounds], "per_token_ns": {"0": rounds[-1]}},
+    }
     (d / "manifest.json").write_text(json.dumps(m))
     return d
 
@@ -30,11 +39,46 @@ def _probe(tmp: Path, ranks: int = 2) -> Path:
     # all-reduce 8192 B (bf16 hidden) 10 us, all-gather (32000 x 4 B in total) 20 us; other sizes far off
     rows = [
         {"op": "all_reduce", "bytes": 8, "time_us": 5.0, "in_place": True, "ranks": ranks, "mode": "nvlink"},
-        {"op": "all_reduce", "bytes": 8192, "time_us": 10.0, "in_place": True, "ranks": ranks, "mode": "nvlink"},
-        {"op": "all_reduce", "bytes": 8192, "time_us": 99.0, "in_place": False, "ranks": ranks, "mode": "nvlink"},
-        {"op": "all_gather", "bytes": 128000, "time_us": 20.0, "in_place": True, "ranks": ranks, "mode": "nvlink"},
-        {"op": "all_gather", "bytes": 1 << 20, "time_us": 80.0, "in_place": True, "ranks": ranks, "mode": "nvlink"},
-        {"op": "all_reduce", "bytes": 8192, "time_us": 500.0, "in_place": True, "ranks": ranks, "mode": "pcie"},
+        {
+            "op": "all_reduce",
+            "bytes": 8192,
+            "time_us": 10.0,
+            "in_place": True,
+            "ranks": ranks,
+            "mode": "nvlink",
+        },
+        {
+            "op": "all_reduce",
+            "bytes": 8192,
+            "time_us": 99.0,
+            "in_place": False,
+            "ranks": ranks,
+            "mode": "nvlink",
+        },
+        {
+            "op": "all_gather",
+            "bytes": 128000,
+            "time_us": 20.0,
+            "in_place": True,
+            "ranks": ranks,
+            "mode": "nvlink",
+        },
+        {
+            "op": "all_gather",
+            "bytes": 1 << 20,
+            "time_us": 80.0,
+            "in_place": True,
+            "ranks": ranks,
+            "mode": "nvlink",
+        },
+        {
+            "op": "all_reduce",
+            "bytes": 8192,
+            "time_us": 500.0,
+            "in_place": True,
+            "ranks": ranks,
+            "mode": "pcie",
+        },
     ]
     p = tmp / "probe.json"
     p.write_text(json.dumps({"rows": rows}))
@@ -110,9 +154,38 @@ def test_cli_refuses_a_run_that_is_not_a_shard(capsys: pytest.CaptureFixture[str
 def test_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     s8 = _shard(tmp_path, "s8", 8, [[900_000, 910_000]])
     out = tmp_path / "p.json"
-    assert main(["predict", "--shard", str(s8), "--link", str(_probe(tmp_path)), "--format", "json", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                "--shard",
+                str(s8),
+                "--link",
+                str(_probe(tmp_path)),
+                "--format",
+                "json",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())
     assert doc["kind"] == "tracekit.predict" and doc["predictions"][0]["ring_factor"] == 7.0
     assert main(["predict", "--shard", str(s8), "--link", str(_probe(tmp_path))]) == 0
     text = capsys.readouterr().out
     assert "A prediction, not a measurement" in text and "1.085" in text  # 0.905 + 0.180
+
+
+def test_the_bare_row_list_of_tracekit_probe_is_read(tmp_path: Path) -> None:
+    """`tracekit probe --format json` writes a list of rows, `compare-links` an object with rows[]:
+    the link model reads both (replay.load_probe refused the probe's own output before)."""
+    from tracekit.analyse.replay import load_probe
+
+    obj = _probe(tmp_path)
+    bare = tmp_path / "bare.json"
+    bare.write_text(json.dumps(json.loads(obj.read_text())["rows"]))
+    assert load_probe(f"{bare}@nvlink").rows == load_probe(f"{obj}@nvlink").rows
+    s4 = str(_shard(tmp_path, "s4", 4, [[1_000_000]]))
+    a, b = predict([s4], f"{bare}@nvlink"), predict([s4], f"{obj}@nvlink")
+    assert a["predictions"] == b["predictions"] and a["probe"]["ranks"] == 2

@@ -104,7 +104,9 @@ def _rounds(m: Mapping[str, Any], where: str) -> list[list[int]]:
             raise PredictError(f"{where} at unprofiled.rounds[{k}]: expected per-rank lists of ns")
         lists = [v for v in r.values() if isinstance(v, list) and v and all(isinstance(x, int) for x in v)]
         if len(lists) != len(r) or len({len(v) for v in lists}) != 1:
-            raise PredictError(f"{where} at unprofiled.rounds[{k}]: per-rank lists of ns of one length expected")
+            raise PredictError(
+                f"{where} at unprofiled.rounds[{k}]: per-rank lists of ns of one length expected"
+            )
         out.append([max(col) for col in zip(*lists, strict=True)])
     return out
 
@@ -247,7 +249,12 @@ def predict(
         "definition": "T_N = T_shard (one rank's shard alone, unprofiled) + sum over the collectives it skipped "
         "of per_token x probe time at their size; flat: the probe's rank count's time, ring: times (N-1)/(P-1); "
         "docs/METHOD.md section Predicting TP=N from one rank's shard",
-        "probe": {"path": probe.path, "mode": probe.mode, "ranks": p, "graph_timed": _graph_timed(probe_spec)},
+        "probe": {
+            "path": probe.path,
+            "mode": probe.mode,
+            "ranks": p,
+            "graph_timed": _graph_timed(probe_spec),
+        },
         "predictions": sorted(rows, key=lambda r: r["tp"]),
         "caveat": "a prediction, not a measurement, until a machine with N devices runs TP=N; it leaves out "
         "coordination (ranks waiting for each other at the collectives)",

@@ -27,8 +27,21 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
         f"Link: {pr['path']} (mode {pr['mode'] or '-'}, {pr['ranks'] or '?'} ranks, "
         f"{'CUDA-graph' if pr['graph_timed'] else 'eager' if pr['graph_timed'] is False else 'mixed'} timing)"
     )
-    t = Table(title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left")
-    for c in ("TP", "shard", "shard 95%", "collectives", "link flat", "link ring", "predicted", "ring", "measured", "error"):
+    t = Table(
+        title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left"
+    )
+    for c in (
+        "TP",
+        "shard",
+        "shard 95%",
+        "collectives",
+        "link flat",
+        "link ring",
+        "predicted",
+        "ring",
+        "measured",
+        "error",
+    ):
         t.add_column(c, justify="right")
     for r in doc["predictions"]:
         sh, pn, ck = r["shard"], r["predicted_ns"], r.get("check")
