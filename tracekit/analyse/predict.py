@@ -225,8 +225,9 @@ def predict(
     by_tp = {r["tp"]: r for r in rows}
     for c in checks:
         m = _manifest(c)
-        wl = m.get("workload") if isinstance(m.get("workload"), Mapping) else {}
-        tp = wl.get("tp") if isinstance(wl, Mapping) else None
+        raw = m.get("workload")
+        wl: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        tp = wl.get("tp")
         if wl.get("shard_of") is not None or not isinstance(tp, int) or tp not in by_tp:
             raise PredictError(
                 f"{c}: --check wants a real TP=N run of a degree a --shard predicts "
