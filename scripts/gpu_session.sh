@@ -2,6 +2,7 @@
 #   early: calibrated TP=1 captures (eager, CUDA graphs), rank-0 shards of TP=2/4/8 (issues 23, 26)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
+#   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
@@ -45,4 +46,8 @@ if [ "$stage" = shards ]; then
   tk predict $S --link reports/h200/links-graph.json@nvlink | tee $OUT/predict.txt
   tk predict $S --link reports/h200/links-graph.json@nvlink --format json -o $OUT/predict.json
   tar czf $OUT/shards-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = check ]; then
+  python3 scripts/decoder_check.py --device cuda --preset 7b --layers 8 --tokens 32 -o $OUT/check.json 2>&1 | tee $OUT/check.txt
+  python3 scripts/decoder_check.py --device cuda --preset 7b --layers 1 --tokens 32 -o $OUT/check-1layer.json 2>&1 | tee -a $OUT/check.txt
 fi
