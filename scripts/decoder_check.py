@@ -43,12 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, object] = {"preset": a.preset, "layers": shape.layers, "tokens": a.tokens, "dtypes": {}}
     for name in a.dtypes.split(","):
         dtype = getattr(torch, name)
-        models = {i: TPDecoder(shape, Comm(), seed=0, device=device, dtype=dtype, max_len=max_len, impl=i) for i in ("legacy", "fused")}
+        models = {
+            i: TPDecoder(shape, Comm(), seed=0, device=device, dtype=dtype, max_len=max_len, impl=i)
+            for i in ("legacy", "fused")
+        }
         seq, _ = models["legacy"].generate(prompt.cpu(), a.tokens)
         seq = seq.to(device)
         per: dict[str, list] = {"eager_logits": [], "static_next": []}
         with torch.inference_mode():
-            for impl, m in models.items():
+            for m in models.values():
                 m._reset_cache(1)
                 logits = [m.forward(prompt, 0).float()]
                 for i in range(a.tokens - 1):
