@@ -28,8 +28,9 @@ grouped-query heads without expanding the cache (at decode the query heads of on
 as that head's query rows; at prefill `enable_gqa`), and builds the decode mask once per step, in the
 model dtype; `legacy` is the decoder as first written (fp32 RMSNorm and RoPE in several ops each,
 `repeat_interleave` of the whole KV cache for GQA, a boolean mask per layer), kept for the A/B
-(docs/METHOD.md section Roofline of a decode). Both use the same weights: the same seed gives the same
-tokens (tests/test_decoder_impl.py).
+(docs/METHOD.md section Roofline of a decode). Both use the same weights and compute the same function:
+in float32 the same seed gives the same tokens; in bfloat16 the roundings differ and a greedy choice can
+flip where the top two logits nearly tie (tests/test_decoder_impl.py, scripts/decoder_check.py).
 
 This module imports torch; import it only from capture code.
 """
