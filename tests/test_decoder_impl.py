@@ -213,3 +213,71 @@ def test_capture_refuses_an_unknown_impl() -> None:
 
     with pytest.raises(CaptureError, match="--decoder-impl"):
         resolve(CaptureConfig(tp=1, preset="tiny", device="cpu", decoder_impl="fast"))
+
+
+def _script(name: str) -> object:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_ab_and_check_scripts_of_the_gpu_stages_run_on_a_cpu(tmp_path: object) -> None:
+    """scripts/decoder_ab.py and scripts/decoder_check.py (GPU stages ab and check) on the CPU: alternating
+    rounds of both arms, and the teacher-forced same-function check in float32."""
+    import json
+    from pathlib import Path
+
+    out = Path(str(tmp_path))
+    ab = _script("decoder_ab")
+    assert (
+        ab.main(
+            [
+                "--device",
+                "cpu",
+                "--preset",
+                "tiny",
+                "--tokens",
+                "4",
+                "--rounds",
+                "2",
+                "--prompt",
+                "4",
+                "-o",
+                str(out / "ab.json"),
+            ]
+        )
+        == 0
+    )  # type: ignore[attr-defined]
+    doc = json.loads((out / "ab.json").read_text())
+    assert doc["same_tokens"] is True and doc["rounds"] == 2
+    assert all(len(r) == 3 for r in doc["per_token_ns"]["fused"])  # 4 tokens, the first of each round dropped
+    assert "ratio_interval" in doc["arms"]["fused"] and "ratio_interval" not in doc["arms"]["legacy"]
+    check = _script("decoder_check")
+    assert (
+        check.main(
+            [
+                "--device",
+                "cpu",
+                "--preset",
+                "tiny",
+                "--tokens",
+                "5",
+                "--prompt",
+                "4",
+                "--dtypes",
+                "float32",
+                "-o",
+                str(out / "c.json"),
+            ]
+        )
+        == 0
+    )  # type: ignore[attr-defined]
+    row = json.loads((out / "c.json").read_text())["dtypes"]["float32"]
+    assert row["eager_same_choice"] == row["steps"] == 5 and row["static_same_choice"] == 4
+    assert row["max_abs_logit_diff"] < 1e-4
