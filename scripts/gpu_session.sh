@@ -3,6 +3,8 @@
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
+#   causes: the A/B of each cause, CUDA graphs: fused against fused with one legacy cause put back
+#       (norm, rope, gqa, mask; scripts/decoder_ab.py, one process, alternating rounds; ~2 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
@@ -50,4 +52,9 @@ fi
 if [ "$stage" = check ]; then
   python3 scripts/decoder_check.py --device cuda --preset 7b --layers 8 --tokens 32 -o $OUT/check.json 2>&1 | tee $OUT/check.txt
   python3 scripts/decoder_check.py --device cuda --preset 7b --layers 1 --tokens 32 -o $OUT/check-1layer.json 2>&1 | tee -a $OUT/check.txt
+fi
+if [ "$stage" = causes ]; then
+  python3 scripts/decoder_ab.py --device cuda --preset 7b --layers 8 --tokens 32 --rounds 9 --graphs \
+    --impls fused,legacy,fused-norm,fused-rope,fused-gqa,fused-mask,fused-norm-rope-gqa-mask \
+    -o $OUT/causes-graphs.json 2>&1 | tee $OUT/causes.txt
 fi

@@ -281,3 +281,19 @@ def test_the_ab_and_check_scripts_of_the_gpu_stages_run_on_a_cpu(tmp_path: objec
     row = json.loads((out / "c.json").read_text())["dtypes"]["float32"]
     assert row["eager_same_choice"] == row["steps"] == 5 and row["static_same_choice"] == 4
     assert row["max_abs_logit_diff"] < 1e-4
+
+
+def test_each_cause_put_back_is_still_the_same_function() -> None:
+    """`impl="fused-CAUSE"` (the A/B of each cause, scripts/decoder_ab.py): the fused static step with one
+    legacy cause put back (and all of them) gives the legacy tokens; unknown ones are refused."""
+    from tracekit.capture.decoder import CAUSES
+
+    prompt = make_prompt(TINY.vocab, 2, 6, 1)
+    ref = _static(TPDecoder(TINY, Comm(), seed=1, max_len=16, impl="legacy")).generate(prompt, 6)[0]
+    for cause in (*CAUSES, "-".join(CAUSES)):
+        m = _static(TPDecoder(TINY, Comm(), seed=1, max_len=16, impl=f"fused-{cause}"))
+        assert torch.equal(m.generate(prompt, 6)[0], ref), cause
+    with pytest.raises(CaptureError, match="fused-CAUSE"):
+        TPDecoder(TINY, Comm(), impl="legacy-norm")
+    with pytest.raises(CaptureError, match="causes norm"):
+        TPDecoder(TINY, Comm(), impl="fused-cast")

@@ -156,6 +156,24 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 #: `TPDecoder(impl=...)`: the decoder implementations, the default first.
 IMPLS: tuple[str, ...] = ("fused", "legacy")
+#: For the A/B of each cause (`scripts/decoder_ab.py`): `impl="fused-norm"` (or several, "fused-norm-gqa")
+#: is the fused decoder with that cause put back as the legacy one has it, on the static decode step:
+#: norm (fp32 RMSNorm in five ops and casts), rope (fp32 RoPE on q and k apart, cos/sin selected per
+#: layer, K and V written apart), gqa (the cache expanded by repeat_interleave), mask (a boolean mask
+#: built per layer).
+CAUSES: tuple[str, ...] = ("norm", "rope", "gqa", "mask")
+
+
+def _parse_impl(impl: str) -> tuple[str, frozenset[str]]:
+    base, *kept = impl.split("-")
+    if base not in IMPLS or (kept and base != "fused") or not set(kept) <= set(CAUSES):
+        raise CaptureError(
+            f"unknown decoder implementation {impl!r}; choose one of {', '.join(IMPLS)} "
+            f"(for the A/B: fused-CAUSE[-CAUSE...], causes {', '.join(CAUSES)})"
+        )
+    return base, frozenset(kept)
+
+
 #: The static KV cache length of the fused decoder is rounded up to a multiple of this (positions past
 #: the prompt and decode steps are masked): memory-efficient attention wants an aligned mask row and
 #: otherwise pads it with extra copies on every call.
@@ -166,7 +184,7 @@ def cache_length(max_len: int, impl: str) -> int:
     """The KV cache length (positions) a decoder of `max_len` positions allocates: `max_len` for
     `legacy`, rounded up to a multiple of `CACHE_ALIGN` for `fused`. The static decode attends over all
     of it (the manifest's workload.kv_cache_len)."""
-    return max_len if impl == "legacy" else -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
+    return max_len if _parse_impl(impl)[0] == "legacy" else -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
 
 
 def _rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -251,9 +269,8 @@ class TPDecoder:
         impl: str = IMPLS[0],
     ):
         check_tp(shape, comm.world_size)
-        if impl not in IMPLS:
-            raise CaptureError(f"unknown decoder implementation {impl!r}; choose one of {', '.join(IMPLS)}")
-        self.impl = impl
+        base, self._kept = _parse_impl(impl)
+        self.impl = base
         self.shape, self.comm = shape, comm
         self.device = torch.device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
@@ -408,7 +425,7 @@ class TPDecoder:
         return att @ layer.o.t()  # partial sum over this rank's heads
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        if self.impl == "legacy":
+        if self.impl == "legacy" or "norm" in self._kept:
             return _rms_norm(x, weight, self.shape.norm_eps)
         return _rms_norm_fused(x, weight, self.shape.norm_eps)
 
@@ -429,6 +446,8 @@ class TPDecoder:
         b, seq, _ = h.shape
         hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
         qkv = h @ layer.qkv.t()  # [B, S, (nh + 2 nkv) hd]
+        if self._kept and not isinstance(pos, int):
+            return self._attention_kept(i, layer, qkv, pos, mask)
         _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, seq, nh + nkv, hd), cs)
         kv_new = qkv[..., nh * hd :].view(b, seq, 2, nkv, hd).permute(2, 0, 3, 1, 4)  # [2, B, nkv, S, hd]
         cache = self.kv_cache[i]
@@ -447,6 +466,42 @@ class TPDecoder:
             q = q.view(b, seq, nh, hd).transpose(1, 2)
             att = _sdpa_gqa(q, keys, values, nh // nkv).transpose(1, 2)
         return att.reshape(b, seq, nh * hd) @ layer.o.t()  # partial sum over this rank's heads
+
+    def _attention_kept(
+        self, i: int, layer: _Layer, qkv: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The static step's attention of `impl="fused-CAUSE..."`: the fused one with the kept causes
+        as the legacy decoder has them (`CAUSES`)."""
+        b = qkv.shape[0]
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        cache = self.kv_cache[i]
+        if "rope" in self._kept:
+            q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+            q = q.view(b, 1, nh, hd).transpose(1, 2)
+            k = k.view(b, 1, nkv, hd).transpose(1, 2)
+            v = v.view(b, 1, nkv, hd).transpose(1, 2)
+            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            cache[0].index_copy_(2, pos, k)
+            cache[1].index_copy_(2, pos, v)
+            q = q.reshape(b, nh * hd)
+        else:
+            cs = self.rope_cs.index_select(0, pos)
+            _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, 1, nh + nkv, hd), cs)
+            cache.index_copy_(3, pos, qkv[..., nh * hd :].view(b, 1, 2, nkv, hd).permute(2, 0, 3, 1, 4))
+            q = qkv[..., : nh * hd]
+        if "mask" in self._kept:
+            mask = (self._positions <= pos)[None, None, None, :]
+        keys, values = cache[0], cache[1]
+        if "gqa" in self._kept:
+            keys = keys.repeat_interleave(nh // nkv, dim=1)
+            values = values.repeat_interleave(nh // nkv, dim=1)
+            att = F.scaled_dot_product_attention(
+                q.view(b, 1, nh, hd).transpose(1, 2), keys, values, attn_mask=mask
+            )
+        else:
+            att = F.scaled_dot_product_attention(q.view(b, nkv, nh // nkv, hd), keys, values, attn_mask=mask)
+        return att.reshape(b, 1, nh * hd) @ layer.o.t()
 
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         gate, up = (h @ layer.gate_up.t()).chunk(2, dim=-1)
@@ -622,6 +677,7 @@ def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
 
 
 __all__ = [
+    "CAUSES",
     "IMPLS",
     "PRESETS",
     "Comm",
