@@ -5,6 +5,9 @@
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
 #   causes: the A/B of each cause, CUDA graphs: fused against fused with one legacy cause put back
 #       (norm, rope, gqa, mask; scripts/decoder_ab.py, one process, alternating rounds; ~2 min)
+#   multi: on a machine of K >= 2 GPUs (nvidia-h200-x2 / -x4): the check of the shard prediction. A
+#       graph-timed probe at K ranks, a real TP=K CUDA-graph capture and the shard of TP=K on the same host,
+#       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
@@ -57,4 +60,16 @@ if [ "$stage" = causes ]; then
   python3 scripts/decoder_ab.py --device cuda --preset 7b --layers 8 --tokens 32 --rounds 9 --graphs \
     --impls fused,legacy,fused-norm,fused-rope,fused-gqa,fused-mask,fused-norm-rope-gqa-mask \
     -o $OUT/causes-graphs.json 2>&1 | tee $OUT/causes.txt
+fi
+if [ "$stage" = multi ]; then
+  K=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  [ "$K" -ge 2 ] || { echo "multi needs at least 2 GPUs, found $K"; exit 2; }
+  tk probe --op all_reduce,all_gather --min 4K --max 512K --graph --ranks $K -o $OUT/probe-graph-$K.json
+  real=$R/h200x$K-tp$K-graphs-fused; shard=$R/h200x$K-shard$K-graphs-fused
+  tk capture $W --tp $K --tokens 32 --cuda-graphs -o $real --quiet
+  tk capture $W --tp 1 --tokens 32 --cuda-graphs --shard-of $K -o $shard --quiet
+  tk predict --shard $shard --link $OUT/probe-graph-$K.json --check $real | tee $OUT/multi.txt
+  tk predict --shard $shard --link reports/h200/links-graph.json@nvlink --check $real | tee -a $OUT/multi.txt
+  tk predict --shard $shard --link $OUT/probe-graph-$K.json --check $real --format json -o $OUT/multi-predict.json
+  tar czf $OUT/multi-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi
