@@ -1,5 +1,9 @@
 # One device call per stage (device tool, nvidia-h200): bash scripts/gpu_session.sh STAGE
 #   early: calibrated TP=1 captures (eager, CUDA graphs), rank-0 shards of TP=2/4/8 (issues 23, 26)
+#   rho: tracekit rho (int8 with B column-major, FMA loop unrolled 32x, SM clock under load), then
+#        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
+#   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
+#        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
@@ -72,4 +76,21 @@ if [ "$stage" = multi ]; then
   tk predict --shard $shard --link reports/h200/links-graph.json@nvlink --check $real | tee -a $OUT/multi.txt
   tk predict --shard $shard --link $OUT/probe-graph-$K.json --check $real --format json -o $OUT/multi-predict.json
   tar czf $OUT/multi-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = rho ]; then  # ~1 min
+  D=/tmp/rho; mkdir -p $D
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.max.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active --format=csv -lms 250 > $D/clocks.csv 2>&1 &
+  SMI=$!
+  timeout 150 python3 -m tracekit.cli.main rho --json $D/h200.json -o $D/h200.txt
+  timeout 90 python3 -m tracekit.cli.main rho --matrix int8,int8-rowb --vector fp32 --fma-unroll 4 --json $D/h200-rowb-unroll4.json -o $D/h200-rowb-unroll4.txt
+  kill $SMI
+  cat $D/h200.txt $D/h200-rowb-unroll4.txt
+  tar czf $OUT/rho.tgz -C /tmp rho
+fi
+if [ "$stage" = advise ]; then  # ~3 min
+  A=$R/advise
+  timeout 200 python3 benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs --batches 1,16,64 --tokens 32 --rounds 7 -o $A
+  python3 benchmarks/advise_batches.py check $A --fit 1 -o $A/check.json
+  for b in 1 16 64; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $R/advise-graphs-b$b --quiet; done
+  tar czf $OUT/advise-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi
