@@ -26,7 +26,6 @@ from tracekit.capture.decoder import (  # noqa: E402
 from tracekit.errors import CaptureError  # noqa: E402
 
 TINY = PRESETS["tiny"]  # 4 query heads over 2 KV heads: grouped-query attention
-SMALL = PRESETS["small"]  # 16 over 4
 
 
 def _static(m: TPDecoder) -> TPDecoder:
@@ -42,9 +41,8 @@ def _static(m: TPDecoder) -> TPDecoder:
     [
         (TINY, torch.float32, 1e-4),
         (TINY, torch.bfloat16, 0.1),
-        pytest.param(SMALL, torch.float32, 1e-4, marks=pytest.mark.slow),
     ],
-    ids=["tiny-fp32", "tiny-bf16", "small-fp32"],
+    ids=["tiny-fp32", "tiny-bf16"],
 )
 def test_fused_and_legacy_give_the_same_logits_and_tokens(
     shape: object, dtype: torch.dtype, atol: float
