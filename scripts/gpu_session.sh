@@ -4,6 +4,16 @@
 #        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
+#   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
+#       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
+#   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
+#   causes: the A/B of each cause, CUDA graphs: fused against fused with one legacy cause put back
+#       (norm, rope, gqa, mask; scripts/decoder_ab.py, one process, alternating rounds; ~2 min)
+#   multi: on a machine of K >= 2 GPUs (nvidia-h200-x2 / -x4): the check of the shard prediction. A
+#       graph-timed probe at K ranks, a real TP=K CUDA-graph capture and the shard of TP=K on the same host,
+#       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
+#   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
+#       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -18,6 +28,54 @@ if [ "$stage" = early ]; then
   for d in $R/*; do echo "== $d"; python3 -c "import json;m=json.load(open('$d/manifest.json'));print(m['workload'].get('shard_of'),m['unprofiled'],m['dilation'],m.get('profiler_calibration',{}).get('per_call_ns'))"; done
   tar czf $OUT/early-runs.tgz --exclude=.tracekit-cache -C /tmp runs
   timeout 200 python3 -m pytest -q -p no:cacheprovider -m gpu tests 2>&1 | tail -15 | tee $OUT/gpu-tests.txt
+fi
+if [ "$stage" = ab ]; then
+  A="--device cuda --preset 7b --layers 8 --tokens 32 --rounds 9"
+  python3 scripts/decoder_ab.py $A --graphs -o $OUT/ab-graphs.json 2>&1 | tee $OUT/ab.txt
+  python3 scripts/decoder_ab.py $A -o $OUT/ab-eager.json 2>&1 | tee -a $OUT/ab.txt
+  PK="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  for impl in legacy fused; do
+    d=$R/h200-tp1-graphs-$impl
+    tk capture $W --tp 1 --tokens 32 --cuda-graphs --decoder-impl $impl -o $d --quiet
+    tk roofline $d $PK --out $d/roofline.txt
+    tk roofline $d $PK --format json --out $d/roofline.json
+    cat $d/roofline.txt >> $OUT/ab.txt
+  done
+  tar czf $OUT/ab-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = shards ]; then
+  PK="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  S=""
+  for n in 2 4 8; do
+    d=$R/h200-shard$n-graphs-fused
+    tk capture $W --tokens 32 --cuda-graphs --shard-of $n --decoder-impl fused -o $d --quiet
+    tk roofline $d $PK --out $d/roofline.txt
+    S="$S --shard $d"
+  done
+  tk predict $S --link reports/h200/links-graph.json@nvlink | tee $OUT/predict.txt
+  tk predict $S --link reports/h200/links-graph.json@nvlink --format json -o $OUT/predict.json
+  tar czf $OUT/shards-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = check ]; then
+  python3 scripts/decoder_check.py --device cuda --preset 7b --layers 8 --tokens 32 -o $OUT/check.json 2>&1 | tee $OUT/check.txt
+  python3 scripts/decoder_check.py --device cuda --preset 7b --layers 1 --tokens 32 -o $OUT/check-1layer.json 2>&1 | tee -a $OUT/check.txt
+fi
+if [ "$stage" = causes ]; then
+  python3 scripts/decoder_ab.py --device cuda --preset 7b --layers 8 --tokens 32 --rounds 9 --graphs \
+    --impls fused,legacy,fused-norm,fused-rope,fused-gqa,fused-mask,fused-norm-rope-gqa-mask \
+    -o $OUT/causes-graphs.json 2>&1 | tee $OUT/causes.txt
+fi
+if [ "$stage" = multi ]; then
+  K=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+  [ "$K" -ge 2 ] || { echo "multi needs at least 2 GPUs, found $K"; exit 2; }
+  tk probe --op all_reduce,all_gather --min 4K --max 512K --graph --ranks $K -o $OUT/probe-graph-$K.json
+  real=$R/h200x$K-tp$K-graphs-fused; shard=$R/h200x$K-shard$K-graphs-fused
+  tk capture $W --tp $K --tokens 32 --cuda-graphs -o $real --quiet
+  tk capture $W --tp 1 --tokens 32 --cuda-graphs --shard-of $K -o $shard --quiet
+  tk predict --shard $shard --link $OUT/probe-graph-$K.json --check $real | tee $OUT/multi.txt
+  tk predict --shard $shard --link reports/h200/links-graph.json@nvlink --check $real | tee -a $OUT/multi.txt
+  tk predict --shard $shard --link $OUT/probe-graph-$K.json --check $real --format json -o $OUT/multi-predict.json
+  tar czf $OUT/multi-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi
 if [ "$stage" = rho ]; then  # ~1 min
   D=/tmp/rho; mkdir -p $D

@@ -1,5 +1,6 @@
 """The roofline of a decode step (tracekit/analyse/roofline.py), checked by hand on the committed
-two-H200 CUDA-graph run (7b shape, 8 layers, bf16, batch 1, static KV cache of 512)."""
+two-H200 CUDA-graph run (7b shape, 8 layers, bf16, batch 1, static KV cache of 51 positions: prompt 16 +
+34 warm-up steps + 1, the length `runner.decoder_max_len` gives the decoder)."""
 
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ def test_one_gemm_and_one_attention_by_hand(doc: dict) -> None:
     assert roles["gate_up"]["flops"] == 8 * 2 * 4096 * 28672
     # its floor: memory-bound at the copy rate (4251.6 GB/s): 1.8796 GB / 4251.6 GB/s = 442.1 us
     assert roles["gate_up"]["floor_ns"] == pytest.approx(1_879_572_480 / 4251.594, rel=1e-4)
-    # attention, 8 layers: keys + values of the 8 KV heads over the 512-entry static cache, bf16, plus q and out
-    attn = 8 * (2 * 8 * 512 * 128 * 2 + 2 * 32 * 128 * 2)
-    assert roles["attention"]["bytes"] == attn == 16_908_288
-    assert roles["attention"]["flops"] == 8 * 4 * 32 * 128 * 512
+    # attention, 8 layers: keys + values of the 8 KV heads over the 51-entry static cache, bf16, plus q and out
+    attn = 8 * (2 * 8 * 51 * 128 * 2 + 2 * 32 * 128 * 2)
+    assert roles["attention"]["bytes"] == attn == 1_802_240
+    assert roles["attention"]["flops"] == 8 * 4 * 32 * 128 * 51
+    assert doc["workload"]["kv_len"] == 51
     # achieved rate = bytes / measured time; the measured time is the kernels' own (their mean per token)
     assert roles["gate_up"]["achieved_gbps"] == pytest.approx(gate_up / roles["gate_up"]["time_ns"], rel=1e-3)
 
@@ -96,3 +98,15 @@ def test_cli_json(tmp_path: Path) -> None:
     )
     d = json.loads(out.read_text())
     assert d["kind"] == "tracekit.roofline" and d["per_token"]["efficiency"] < 0.6
+
+
+def test_the_static_kv_length_is_the_cache_the_capture_gave_the_decoder() -> None:
+    """workload.kv_cache_len when recorded; else the runner's decoder length (prompt + warm-up steps + 1:
+    `runner.decoder_max_len`), as for the committed graph runs; else the old default."""
+    from tracekit.analyse.roofline import KV_STATIC_LEN, _static_kv_len
+
+    assert _static_kv_len({"kv_cache_len": 64, "prompt": 16, "warmup_tokens": 34})[0] == 64
+    assert _static_kv_len({"prompt": 16, "warmup_tokens": 34})[0] == 51
+    assert _static_kv_len({})[0] == KV_STATIC_LEN
+    wl = json.loads((RUN / "manifest.json").read_text())["workload"]
+    assert "kv_cache_len" not in wl and _static_kv_len(wl)[0] == 51

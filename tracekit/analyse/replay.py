@@ -128,14 +128,15 @@ class ProbeTimes:
 
 
 def load_probe(text: str) -> ProbeTimes:
-    """`FILE[@MODE]`: the rows of a `tracekit probe` / `compare-links` JSON (`rows[]`: op, bytes,
-    time_us, mode, in_place)."""
+    """`FILE[@MODE]`: the rows of a `tracekit probe` JSON (a list of rows) or a `compare-links` JSON
+    (`rows[]`); each row: op, bytes, time_us, mode, in_place."""
     path, _, mode = text.partition("@")
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ReplayError(f"{path}: cannot read the probe JSON ({exc})") from None
-    rows = doc.get("rows") if isinstance(doc, Mapping) else None
+    # `compare-links` JSON: an object with rows[]; `tracekit probe --format json`: the bare list of rows
+    rows = doc.get("rows") if isinstance(doc, Mapping) else doc if isinstance(doc, list) else None
     if not isinstance(rows, list) or not rows:
         raise ReplayError(f"{path}: no probe rows (expected the JSON of `tracekit probe` or `compare-links`)")
     modes = [r.get("mode") for r in rows if isinstance(r, Mapping)]

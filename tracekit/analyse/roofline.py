@@ -204,6 +204,19 @@ def _bounded_int(wl: Mapping[str, Any], key: str, default: int, hi: int = 1 << 4
     return v
 
 
+def _static_kv_len(wl: Mapping[str, Any]) -> tuple[int, str]:
+    """The positions a serving-style decode's attention reads: the manifest's `kv_cache_len`; else
+    (manifests before it was recorded) the runner's decoder length, prompt + warm-up steps + 1; else
+    `KV_STATIC_LEN`."""
+    if wl.get("kv_cache_len") is not None:
+        n = _bounded_int(wl, "kv_cache_len", 1)
+        return n, f"the static KV cache of the serving-style decode (workload.kv_cache_len, {n})"
+    if wl.get("prompt") is not None and wl.get("warmup_tokens") is not None:
+        n = _bounded_int(wl, "prompt", 1) + _bounded_int(wl, "warmup_tokens", 1) + 1
+        return n, f"the static KV cache of the serving-style decode (prompt + warm-up steps + 1, {n})"
+    return KV_STATIC_LEN, f"the static cache of the serving-style decode (default {KV_STATIC_LEN})"
+
+
 def roofline(
     run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
 ) -> dict[str, Any]:
@@ -223,7 +236,7 @@ def roofline(
         raise RooflineError(f"manifest workload.dtype = {dtype!r}: one of {', '.join(DTYPE_BYTES)} expected")
     static = bool(wl.get("cuda_graphs")) or bool(wl.get("compile"))
     if static:
-        kv_len, kv_source = KV_STATIC_LEN, f"the static cache of the serving-style decode ({KV_STATIC_LEN})"
+        kv_len, kv_source = _static_kv_len(wl)
     else:
         prompt = _bounded_int(wl, "prompt", 1)
         tokens = _bounded_int(wl, "tokens", 1)

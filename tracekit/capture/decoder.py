@@ -20,6 +20,18 @@ tensor), either as one CUDA-graph replay per token (captured on the first step, 
 inside the graph) or through `torch.compile` (both: the compiled step captured in a graph). The
 per-step regions are not opened there (a graph replays no host code).
 
+Two implementations of the same function (`impl`, `tracekit capture --decoder-impl`, recorded in the
+manifest's workload as `decoder_impl`): `fused` (the default) runs RMSNorm as one
+`F.rms_norm`, RoPE from one precomputed [cos | signed sin] table in three in-place ops on the query
+and key heads together, writes K and V into one cache tensor per layer with one copy, attends
+grouped-query heads without expanding the cache (at decode the query heads of one KV head are packed
+as that head's query rows; at prefill `enable_gqa`), and builds the decode mask once per step, in the
+model dtype; `legacy` is the decoder as first written (fp32 RMSNorm and RoPE in several ops each,
+`repeat_interleave` of the whole KV cache for GQA, a boolean mask per layer), kept for the A/B
+(docs/METHOD.md section Roofline of a decode). Both use the same weights and compute the same function:
+in float32 the same seed gives the same tokens; in bfloat16 the roundings differ and a greedy choice can
+flip where the top two logits nearly tie (tests/test_decoder_impl.py, scripts/decoder_check.py).
+
 This module imports torch; import it only from capture code.
 """
 
@@ -29,7 +41,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -142,6 +154,74 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (xf * weight.float()).to(x.dtype)
 
 
+#: `TPDecoder(impl=...)`: the decoder implementations, the default first.
+IMPLS: tuple[str, ...] = ("fused", "legacy")
+#: For the A/B of each cause (`scripts/decoder_ab.py`): `impl="fused-norm"` (or several, "fused-norm-gqa")
+#: is the fused decoder with that cause put back as the legacy one has it, on the static decode step:
+#: norm (fp32 RMSNorm in five ops and casts), rope (fp32 RoPE on q and k apart, cos/sin selected per
+#: layer, K and V written apart), gqa (the cache expanded by repeat_interleave), mask (a boolean mask
+#: built per layer).
+CAUSES: tuple[str, ...] = ("norm", "rope", "gqa", "mask")
+
+
+def _parse_impl(impl: str) -> tuple[str, frozenset[str]]:
+    base, *kept = impl.split("-")
+    if base not in IMPLS or (kept and base != "fused") or not set(kept) <= set(CAUSES):
+        raise CaptureError(
+            f"unknown decoder implementation {impl!r}; choose one of {', '.join(IMPLS)} "
+            f"(for the A/B: fused-CAUSE[-CAUSE...], causes {', '.join(CAUSES)})"
+        )
+    return base, frozenset(kept)
+
+
+#: The static KV cache length of the fused decoder is rounded up to a multiple of this (positions past
+#: the prompt and decode steps are masked): memory-efficient attention wants an aligned mask row and
+#: otherwise pads it with extra copies on every call.
+CACHE_ALIGN = 16
+
+
+def cache_length(max_len: int, impl: str) -> int:
+    """The KV cache length (positions) a decoder of `max_len` positions allocates: `max_len` for
+    `legacy`, rounded up to a multiple of `CACHE_ALIGN` for `fused`. The static decode attends over all
+    of it (the manifest's workload.kv_cache_len)."""
+    return max_len if _parse_impl(impl)[0] == "legacy" else -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
+
+
+def _rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in one op (`F.rms_norm`, torch >= 2.4; a fused kernel on CUDA), statistics in fp32."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def _rope_table(
+    head_dim: int, max_len: int, theta: float, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """[max_len, 2, head_dim] in the model dtype: row p holds [cos | cos] and [-sin | sin] at position p,
+    so that rotate-half RoPE is x * c + roll(x, head_dim/2) * s (`_apply_rope_inplace`)."""
+    cos, sin = _rope_tables(head_dim, max_len, theta, device)
+    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), 1).to(dtype).contiguous()
+
+
+def _apply_rope_inplace(x: torch.Tensor, cs: torch.Tensor) -> None:
+    """x [B, S, H, D] (a view of the QKV output; query and key heads together), cs [S, 2, D]: rotate-half
+    RoPE in place, three ops: roll (= [x2 | x1]), multiply by cos, add roll times the signed sin."""
+    rot = x.roll(x.shape[-1] // 2, dims=-1)
+    x.mul_(cs[:, None, 0]).addcmul_(rot, cs[:, None, 1])
+
+
+def _sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
+    """Causal attention of q [B, H, S, D] over k, v [B, H/group, S', D] (the last S positions of S' are
+    q's): `enable_gqa` where torch has it (>= 2.5), else the KV heads repeated."""
+    causal = q.shape[2] > 1
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    try:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    except TypeError:  # torch < 2.5
+        return F.scaled_dot_product_attention(
+            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=causal
+        )
+
+
 def _rope_tables(
     head_dim: int, max_len: int, theta: float, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -186,8 +266,11 @@ class TPDecoder:
         sync_per_layer: bool = False,
         cuda_graphs: bool = False,
         compile: bool = False,
+        impl: str = IMPLS[0],
     ):
         check_tp(shape, comm.world_size)
+        base, self._kept = _parse_impl(impl)
+        self.impl = base
         self.shape, self.comm = shape, comm
         self.device = torch.device(device)
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
@@ -254,8 +337,14 @@ class TPDecoder:
         self.lm_head = cast(head[r * self.local_vocab : (r + 1) * self.local_vocab])  # vocab-parallel
         del head
         self.cos, self.sin = _rope_tables(hd, max_len, s.rope_theta, self.device)
+        # fused: the KV cache length (static decode attends over all of it, masked), the RoPE table
+        self.cache_len = cache_length(max_len, impl)
+        self.rope_cs = _rope_table(hd, self.cache_len, s.rope_theta, self.dtype, self.device)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
+        #: fused: per layer one [2, B, local KV heads, cache_len, head_dim] tensor (K, V); k_cache and
+        #: v_cache are its two halves
+        self.kv_cache: list[torch.Tensor] = []
         # serving-engine decode (--cuda-graphs, --compile): static shapes, see `_decode_static`
         if cuda_graphs and self.device.type != "cuda":
             raise CaptureError("--cuda-graphs needs CUDA (--device cuda); on a CPU use --compile")
@@ -268,7 +357,9 @@ class TPDecoder:
                 "--cuda-graphs cannot replay --inject-delay (a host sleep is not in the graph)"
             )
         self.cuda_graphs, self.compiled = cuda_graphs, compile
-        self._positions = torch.arange(max_len, device=self.device)
+        self._positions = torch.arange(self.cache_len, device=self.device)
+        self._mask_open = torch.zeros(self.cache_len, device=self.device, dtype=self.dtype)
+        self._mask_shut = torch.full((self.cache_len,), float("-inf"), device=self.device, dtype=self.dtype)
         self._step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._decode_static
         if compile:
             self._step_fn = torch.compile(self._decode_static, dynamic=False)
@@ -279,13 +370,18 @@ class TPDecoder:
 
     # -- forward ---------------------------------------------------------------------------------
     def _reset_cache(self, batch: int) -> None:
-        shape = (batch, self.local_kv, self.max_len, self.shape.head_dim)
+        shape = (batch, self.local_kv, self.cache_len, self.shape.head_dim)
         if self.k_cache and tuple(self.k_cache[0].shape) == shape and self.serving:
             for c in (*self.k_cache, *self.v_cache):  # in place: a captured graph holds these tensors
                 c.zero_()
             return
-        self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
-        self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+        if self.impl == "legacy":
+            self.k_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+            self.v_cache = [torch.zeros(shape, device=self.device, dtype=self.dtype) for _ in self.layers]
+            return
+        self.kv_cache = [torch.zeros((2, *shape), device=self.device, dtype=self.dtype) for _ in self.layers]
+        self.k_cache = [kv[0] for kv in self.kv_cache]
+        self.v_cache = [kv[1] for kv in self.kv_cache]
 
     def release(self) -> None:
         """Drop the captured CUDA graph and wait for the device. NCCL keeps a communicator alive
@@ -328,6 +424,85 @@ class TPDecoder:
         att = att.transpose(1, 2).reshape(b, seq, nh * hd)
         return att @ layer.o.t()  # partial sum over this rank's heads
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if self.impl == "legacy" or "norm" in self._kept:
+            return _rms_norm(x, weight, self.shape.norm_eps)
+        return _rms_norm_fused(x, weight, self.shape.norm_eps)
+
+    def _attention_fused(
+        self,
+        i: int,
+        layer: _Layer,
+        h: torch.Tensor,
+        pos: int | torch.Tensor,
+        cs: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """`impl="fused"`: h [B, S, hidden] at positions pos.. (an int: eager, the cache sliced to the
+        positions so far; a [1] device tensor: static decode, S = 1, the whole cache under `mask`).
+        `cs` is the RoPE table's rows of these positions [S, 2, D]. RoPE is applied in place on the
+        QKV output (query and key heads together), K and V go into the cache in one copy, and the
+        grouped-query heads attend without expanding the cache."""
+        b, seq, _ = h.shape
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        qkv = h @ layer.qkv.t()  # [B, S, (nh + 2 nkv) hd]
+        if self._kept and not isinstance(pos, int):
+            return self._attention_kept(i, layer, qkv, pos, mask)
+        _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, seq, nh + nkv, hd), cs)
+        kv_new = qkv[..., nh * hd :].view(b, seq, 2, nkv, hd).permute(2, 0, 3, 1, 4)  # [2, B, nkv, S, hd]
+        cache = self.kv_cache[i]
+        if isinstance(pos, int):
+            cache[:, :, :, pos : pos + seq] = kv_new
+            keys, values = cache[0, :, :, : pos + seq], cache[1, :, :, : pos + seq]
+        else:
+            cache.index_copy_(3, pos, kv_new)
+            keys, values = cache[0], cache[1]
+        q = qkv[..., : nh * hd]
+        if seq == 1:
+            # one position: the nh/nkv query heads of each KV head are that head's query rows (the
+            # head order repeat_interleave gives), so the cache is read once per KV head
+            att = F.scaled_dot_product_attention(q.view(b, nkv, nh // nkv, hd), keys, values, attn_mask=mask)
+        else:
+            q = q.view(b, seq, nh, hd).transpose(1, 2)
+            att = _sdpa_gqa(q, keys, values, nh // nkv).transpose(1, 2)
+        return att.reshape(b, seq, nh * hd) @ layer.o.t()  # partial sum over this rank's heads
+
+    def _attention_kept(
+        self, i: int, layer: _Layer, qkv: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The static step's attention of `impl="fused-CAUSE..."`: the fused one with the kept causes
+        as the legacy decoder has them (`CAUSES`)."""
+        b = qkv.shape[0]
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        cache = self.kv_cache[i]
+        if "rope" in self._kept:
+            q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
+            q = q.view(b, 1, nh, hd).transpose(1, 2)
+            k = k.view(b, 1, nkv, hd).transpose(1, 2)
+            v = v.view(b, 1, nkv, hd).transpose(1, 2)
+            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            cache[0].index_copy_(2, pos, k)
+            cache[1].index_copy_(2, pos, v)
+            q = q.reshape(b, nh * hd)
+        else:
+            cs = self.rope_cs.index_select(0, pos)
+            _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, 1, nh + nkv, hd), cs)
+            cache.index_copy_(3, pos, qkv[..., nh * hd :].view(b, 1, 2, nkv, hd).permute(2, 0, 3, 1, 4))
+            q = qkv[..., : nh * hd]
+        if "mask" in self._kept:
+            mask = (self._positions <= pos)[None, None, None, :]
+        keys, values = cache[0], cache[1]
+        if "gqa" in self._kept:
+            keys = keys.repeat_interleave(nh // nkv, dim=1)
+            values = values.repeat_interleave(nh // nkv, dim=1)
+            att = F.scaled_dot_product_attention(
+                q.view(b, 1, nh, hd).transpose(1, 2), keys, values, attn_mask=mask
+            )
+        else:
+            att = F.scaled_dot_product_attention(q.view(b, nkv, nh // nkv, hd), keys, values, attn_mask=mask)
+        return att.reshape(b, 1, nh * hd) @ layer.o.t()
+
     def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
         gate, up = (h @ layer.gate_up.t()).chunk(2, dim=-1)
         return (F.silu(gate) * up) @ layer.down.t()  # partial sum over this rank's columns
@@ -335,18 +510,24 @@ class TPDecoder:
     def forward(self, tokens: torch.Tensor, pos: int) -> torch.Tensor:
         """tokens [B, S] at positions pos..pos+S-1 -> full-vocabulary logits of the last position [B, V]."""
         x = self.embed[tokens]
-        eps = self.shape.norm_eps
+        fused = self.impl != "legacy"
+        cs = self.rope_cs[pos : pos + tokens.shape[1]] if fused else None
         for i, layer in enumerate(self.layers):
             with annotate.region("attention"):
-                a = self._attention(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
+                h = self._norm(x, layer.attn_norm)
+                a = (
+                    self._attention_fused(i, layer, h, pos, cs, None)
+                    if cs is not None
+                    else self._attention(i, layer, h, pos)
+                )
             x = x + self.comm.all_reduce(a)
             with annotate.region("mlp"):
-                m = self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps))
+                m = self._mlp(layer, self._norm(x, layer.mlp_norm))
             x = x + self.comm.all_reduce(m)
             if self.sync_per_layer:
                 self._device_sync()
         with annotate.region("lm_head"):
-            h = _rms_norm(x[:, -1], self.final_norm, eps)
+            h = self._norm(x[:, -1], self.final_norm)
             local = (h @ self.lm_head.t()).float()  # [B, V/N]
             return self.comm.all_gather_last(local)
 
@@ -378,13 +559,22 @@ class TPDecoder:
         """One decode step on static shapes: tokens [B, 1] at position `pos` ([1] tensor) -> next ids [B].
         The same function as `forward` + argmax for one token (tests/test_whatif.py checks the tokens)."""
         x = self.embed[tokens]
-        eps = self.shape.norm_eps
-        for i, layer in enumerate(self.layers):
-            x = x + self.comm.all_reduce(
-                self._attention_static(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
-            )
-            x = x + self.comm.all_reduce(self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps)))
-        h = _rms_norm(x[:, -1], self.final_norm, eps)
+        if self.impl == "legacy":
+            eps = self.shape.norm_eps
+            for i, layer in enumerate(self.layers):
+                x = x + self.comm.all_reduce(
+                    self._attention_static(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
+                )
+                x = x + self.comm.all_reduce(self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps)))
+            h = _rms_norm(x[:, -1], self.final_norm, eps)
+        else:  # once per step, not per layer: the RoPE rows and the additive mask
+            cs = self.rope_cs.index_select(0, pos)
+            mask = torch.where(self._positions <= pos, self._mask_open, self._mask_shut)[None, None, None]
+            for i, layer in enumerate(self.layers):
+                a = self._attention_fused(i, layer, self._norm(x, layer.attn_norm), pos, cs, mask)
+                x = x + self.comm.all_reduce(a)
+                x = x + self.comm.all_reduce(self._mlp(layer, self._norm(x, layer.mlp_norm)))
+            h = self._norm(x[:, -1], self.final_norm)
         logits = self.comm.all_gather_last((h @ self.lm_head.t()).float())
         return logits.argmax(-1)
 
@@ -466,46 +656,18 @@ class TPDecoder:
 
 _NO_RANGE = contextlib.nullcontext()
 
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
 
 def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, int | str]]:
-    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace).
+    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace):
+    `tracekit.analyse.predict.tp_collectives` (torch-free, so the prediction from a shard run computes
+    the same list). Per layer the o_proj and down_proj outputs [batch, 1, hidden] all-reduced in place;
+    per step the vocabulary-parallel logits [batch, vocab/tp] (float32) all-gathered. Empty at tp=1."""
+    from tracekit.analyse.predict import PredictError, tp_collectives
 
-    Per layer: the row-parallel o_proj and down_proj outputs [batch, 1, hidden] in the model dtype
-    are all-reduced in place (in_bytes == out_bytes). Once per step: the vocabulary-parallel head's
-    logits [batch, vocab/tp], cast to float32 before the gather, are all-gathered (out_bytes =
-    tp x in_bytes). Sizes are per rank, as the collective call sees them (NCCL's count x type size
-    for in_bytes). Empty at tp=1 (no communication).
-    """
-    if tp <= 1:
-        return []
-    if dtype not in _DTYPE_BYTES:
-        raise CaptureError(f"no byte size known for dtype {dtype!r}")
-    ar_bytes = batch * shape.hidden * _DTYPE_BYTES[dtype]
-    gather_in = batch * (shape.vocab // tp) * _DTYPE_BYTES["float32"]
-    return [
-        {
-            "op": "all_reduce",
-            "name": name,
-            "in_bytes": ar_bytes,
-            "out_bytes": ar_bytes,
-            "dtype": dtype,
-            "per_token": shape.layers,
-            "group_size": tp,
-        }
-        for name in ("o_proj", "down_proj")
-    ] + [
-        {
-            "op": "all_gather",
-            "name": "lm_head",
-            "in_bytes": gather_in,
-            "out_bytes": gather_in * tp,
-            "dtype": "float32",
-            "per_token": 1,
-            "group_size": tp,
-        }
-    ]
+    try:
+        return tp_collectives(asdict(shape), tp, batch, dtype)
+    except PredictError as exc:
+        raise CaptureError(str(exc)) from None
 
 
 def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
@@ -515,10 +677,13 @@ def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:
 
 
 __all__ = [
+    "CAUSES",
+    "IMPLS",
     "PRESETS",
     "Comm",
     "DecoderShape",
     "TPDecoder",
+    "cache_length",
     "check_tp",
     "collectives",
     "make_prompt",

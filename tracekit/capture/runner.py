@@ -128,6 +128,9 @@ class CaptureConfig:
     #: one rank's shard of a TP=N decoder on this one device, its collectives replaced by no-ops (the
     #: per-rank compute of TP=N measured where only one GPU is; tp must be 1). None: off
     shard_of: int | None = None
+    #: the reference decoder's implementation (tracekit.capture.decoder.IMPLS): "fused" (default) or
+    #: "legacy" (the decoder as first written, for the A/B of the fix)
+    decoder_impl: str = "fused"
 
 
 @dataclass(frozen=True)
@@ -186,6 +189,10 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         if config.inject_delay is not None:
             raise CaptureError("--shard-of has no other ranks to delay: drop --inject-delay")
         check_tp(preset(config.preset, config.layers), config.shard_of)
+    from tracekit.capture.decoder import IMPLS
+
+    if config.decoder_impl not in IMPLS:
+        raise CaptureError(f"--decoder-impl must be one of {', '.join(IMPLS)}, got {config.decoder_impl!r}")
     if config.device not in ("auto", "cpu", "cuda"):
         raise CaptureError(f"--device must be auto, cpu or cuda, got {config.device!r}")
     if config.backend not in ("auto", "gloo", "nccl"):
@@ -248,7 +255,7 @@ def warmup_steps(config: CaptureConfig) -> int:
 
 
 def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]:
-    from tracekit.capture.decoder import collectives, preset
+    from tracekit.capture.decoder import cache_length, collectives, preset
 
     shape = preset(config.preset, config.layers)
     return {
@@ -278,7 +285,14 @@ def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]
         "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
         "rounds": rounds_of(config),
         "shard_of": config.shard_of,
+        "decoder_impl": config.decoder_impl,
+        "kv_cache_len": cache_length(decoder_max_len(config), config.decoder_impl),
     }
+
+
+def decoder_max_len(config: CaptureConfig) -> int:
+    """The decoder's positions: the prompt, every step of the warm-up pass, one more."""
+    return config.prompt + warmup_steps(config) + 1
 
 
 def rounds_of(config: CaptureConfig) -> int:
@@ -359,7 +373,7 @@ def _rank_main(
         else Comm(world, rank, res.backend, before_all_reduce=before_ar)
     )
     shape = preset(config.preset, config.layers)
-    max_len = config.prompt + n_warm + 1
+    max_len = decoder_max_len(config)
     model = TPDecoder(
         shape,
         comm,
@@ -370,6 +384,7 @@ def _rank_main(
         sync_per_layer=config.inject_sync,
         cuda_graphs=config.cuda_graphs,
         compile=config.compile,
+        impl=config.decoder_impl,
     )
     prompt = make_prompt(shape.vocab, config.batch, config.prompt, config.seed)
 

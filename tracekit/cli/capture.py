@@ -112,6 +112,16 @@ Examples:
     help="Run rank 0's shard of a TP=N decoder on this one device, its collectives no-ops: the per-rank "
     "compute of TP=N where only one GPU is (with --tp 1; the tokens are not the model's).",
 )
+@click.option(
+    "--decoder-impl",
+    "decoder_impl",
+    type=click.Choice(["fused", "legacy"]),
+    default="fused",
+    show_default=True,
+    help="The reference decoder's implementation: fused (one-op RMSNorm, in-place RoPE, grouped-query "
+    "attention without expanding the KV cache) or legacy (as first written; for the A/B). Recorded in the "
+    "manifest's workload.decoder_impl.",
+)
 @click.argument("script", nargs=-1, type=click.UNPROCESSED)
 def command(
     tp: int,
@@ -135,6 +145,7 @@ def command(
     out_dir: Path,
     force: bool,
     shard_of: int | None,
+    decoder_impl: str,
     script: tuple[str, ...],
 ) -> None:
     """Capture per-rank traces of a tensor-parallel decode loop, with per-token times unprofiled
@@ -173,6 +184,7 @@ def command(
         timeout_s=timeout_s,
         command=cmdline,
         shard_of=shard_of,
+        decoder_impl=decoder_impl,
     )
     if quiet() or not sys.stderr.isatty():
         run_dir = runner.capture(config, out_dir)

@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "whatif": "whatif",
     "export": "export",
     "roofline": "roofline",
+    "predict": "predict",
 }
 
 

@@ -1,0 +1,126 @@
+"""`tracekit predict`: TP=N per-token time from one rank's shard plus the link's collectives
+(tracekit/analyse/predict.py)."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import click
+
+from tracekit.cli.options import emit_result, out_file_option
+
+
+def _ms(ns: float | None) -> str:
+    return "-" if ns is None else f"{ns / 1e6:.3f}"
+
+
+def render_table(doc: dict[str, Any], width: int | None = None, color: bool = True) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(
+        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
+    )
+    pr = doc["probe"]
+    console.print(
+        f"Link: {pr['path']} (mode {pr['mode'] or '-'}, {pr['ranks'] or '?'} ranks, "
+        f"{'CUDA-graph' if pr['graph_timed'] else 'eager' if pr['graph_timed'] is False else 'mixed'} timing)"
+    )
+    t = Table(
+        title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left"
+    )
+    for c in (
+        "TP",
+        "shard",
+        "shard 95%",
+        "collectives",
+        "link flat",
+        "link ring",
+        "predicted",
+        "ring",
+        "measured",
+        "error",
+    ):
+        t.add_column(c, justify="right")
+    for r in doc["predictions"]:
+        sh, pn, ck = r["shard"], r["predicted_ns"], r.get("check")
+        n_coll = sum(c["per_token"] for c in r["collectives"])
+        t.add_row(
+            str(r["tp"]),
+            _ms(sh["per_token_ns"]),
+            f"{_ms(sh['interval_ns'][0])}-{_ms(sh['interval_ns'][1])}",
+            str(n_coll),
+            _ms(r["transfer_ns"]["flat"]),
+            _ms(r["transfer_ns"]["ring"]),
+            _ms(pn["flat"]),
+            _ms(pn["ring"]),
+            _ms(ck["measured_ns"]) if ck else "-",
+            f"{ck['error']:+.1%}" if ck else "-",
+        )
+    console.print(t)
+    console.print(f"[bold]{doc['caveat'][0].upper() + doc['caveat'][1:]}.[/bold]")
+    return console.export_text(styles=color)
+
+
+@click.command("predict")
+@click.option(
+    "--shard",
+    "shards",
+    multiple=True,
+    required=True,
+    metavar="RUN",
+    type=click.Path(exists=True, path_type=str),
+    help="A `tracekit capture --shard-of N` run (repeatable: one prediction each).",
+)
+@click.option(
+    "--link",
+    "link",
+    required=True,
+    metavar="FILE[@MODE]",
+    help="A `tracekit probe` / `compare-links` JSON: the collectives' times by op and size (MODE picks "
+    "the rows' mode, e.g. nvlink; default the first). Graph-timed rows (`probe --graph`) for a CUDA-graph "
+    "decode.",
+)
+@click.option(
+    "--check",
+    "checks",
+    multiple=True,
+    metavar="RUN",
+    type=click.Path(exists=True, path_type=str),
+    help="A real TP=N run of a predicted degree: its unprofiled per-token time against the prediction.",
+)
+@click.option(
+    "--probe-ranks",
+    type=int,
+    default=None,
+    help="The rank count the probe ran at (default: its rows' `ranks`).",
+)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@out_file_option
+def command(
+    shards: tuple[str, ...],
+    link: str,
+    checks: tuple[str, ...],
+    probe_ranks: int | None,
+    fmt: str,
+    out: str | None,
+) -> None:
+    """Predict the per-token time of TP=N from one rank's shard measured alone (`capture --shard-of N`:
+    the per-rank compute of TP=N on one device) plus the collectives it skipped (two all-reduces per
+    layer and the logits' all-gather, from the model shape) at the link probe's measured times. The
+    collectives sit on the decode's one dependency chain, so they add; coordination (ranks waiting for
+    each other) is left out. When the probe ran at fewer ranks than N, `flat` keeps its times and
+    `ring` scales them by (N-1)/(P-1). A prediction until a machine with N devices measures it.
+    See docs/METHOD.md section Predicting TP=N from one rank's shard.
+
+    \b
+    Examples:
+      tracekit predict --shard traces/h200-shard4-graphs --link reports/h200/links-graph.json@nvlink
+      tracekit predict --shard traces/h200-shard2-graphs --link reports/h200/links-graph.json@nvlink \\
+          --check traces/h200x2-tp2-b1-graphs
+    """
+    from tracekit.analyse.predict import predict
+
+    doc = predict(list(shards), link, checks=list(checks), probe_ranks=probe_ranks)
+    emit_result(out, fmt, lambda: doc, lambda width, color: render_table(doc, width=width, color=color))
