@@ -48,6 +48,37 @@ def _skip_kind(reason: str) -> str:
     return reason
 
 
+#: the test files that take longest, heaviest first: CPU seconds each took in one serial run on the
+#: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, a loaded host).
+#: Only the order of the files comes from it (no test depends on it): `--dist loadfile` sends whole
+#: files to the workers in the order of the collection, so the long files go first and the many short
+#: ones fill in behind them (longest processing time first: the last file to end is a short one). A
+#: file not listed comes after these, in the order pytest collects it.
+HEAVY_FILES: dict[str, float] = {"test_capture.py": 95.0, "test_clocks_steps.py": 43.0, "test_any_trace.py": 18.0}
+
+
+def pytest_configure(config: Any) -> None:
+    # pytest-xdist puts the files with the most tests first (--loadscope-reorder, its default), which
+    # leaves a long file of few tests (a capture fixture) for the end: keep the order set below
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+    """The heaviest files first (HEAVY_FILES), every file's tests in their own order (a stable
+    sort); the same order in every xdist worker, as xdist requires."""
+    rank = {name: i for i, name in enumerate(sorted(HEAVY_FILES, key=lambda n: -HEAVY_FILES[n]))}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::", 1)[0], i)
+
+    def key(item: Any) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (rank.get(path.removeprefix("tests/"), len(rank)), first[path])
+
+    items.sort(key=key)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
     """One line: how many tests skipped, and why, by kind (a clone without ../shared skips only the
     tests of third-party formats; a machine without GPUs the GPU tests)."""
@@ -100,6 +131,17 @@ def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth
         shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
         return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+
+
+@pytest.fixture(scope="session")
+def session_captures(tmp_path_factory: pytest.TempPathFactory):  # -> tests.session_captures.SessionCaptures
+    """CPU captures taken once per session, whichever files and workers ask (tests/session_captures.py)."""
+    pytest.importorskip("torch")
+    from session_captures import SessionCaptures
+
+    base = tmp_path_factory.getbasetemp()
+    # -n auto: a folder of the session's that every worker sees, beside the workers' own
+    return SessionCaptures((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-captures")
 
 
 @functools.lru_cache(maxsize=2)
