@@ -54,7 +54,11 @@ def _skip_kind(reason: str) -> str:
 #: files to the workers in the order of the collection, so the long files go first and the many short
 #: ones fill in behind them (longest processing time first: the last file to end is a short one). A
 #: file not listed comes after these, in the order pytest collects it.
-HEAVY_FILES: dict[str, float] = {"test_capture.py": 95.0, "test_clocks_steps.py": 43.0, "test_any_trace.py": 18.0}
+HEAVY_FILES: dict[str, float] = {
+    "test_capture.py": 95.0,
+    "test_clocks_steps.py": 43.0,
+    "test_any_trace.py": 18.0,
+}
 
 
 def pytest_configure(config: Any) -> None:
@@ -141,7 +145,9 @@ def session_captures(tmp_path_factory: pytest.TempPathFactory):  # -> tests.sess
 
     base = tmp_path_factory.getbasetemp()
     # -n auto: a folder of the session's that every worker sees, beside the workers' own
-    return SessionCaptures((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-captures")
+    return SessionCaptures(
+        (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-captures"
+    )
 
 
 @functools.lru_cache(maxsize=2)

@@ -87,7 +87,11 @@ class SessionCaptures:
             from tracekit.capture.runner import CaptureConfig, capture
 
             seen: list[tuple[str, int, int]] = []
-            capture(CaptureConfig(**cfg), out, progress=lambda phase, done, total: seen.append((phase, done, total)))
+            capture(
+                CaptureConfig(**cfg),
+                out,
+                progress=lambda phase, done, total: seen.append((phase, done, total)),
+            )
             return {"progress": seen}
 
         return self._once(name, {"cfg": cfg}, take)

@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path

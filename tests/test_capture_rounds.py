@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tracekit.capture.profile import Tracer  # noqa: E402
-from tracekit.capture.runner import CaptureConfig, capture, phase_kind  # noqa: E402
+from tracekit.capture.runner import phase_kind  # noqa: E402
 from tracekit.cli.main import main  # noqa: E402
 
 TOKENS = 5
