@@ -48,44 +48,43 @@ def _skip_kind(reason: str) -> str:
     return reason
 
 
-#: the test files that take longest, heaviest first: CPU seconds each took in one serial run on the
-#: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, a loaded host).
+#: the test files that take longest, heaviest first: CPU seconds each took in one run on the
+#: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, the README's
+#: command with -n 2 on a loaded host; files under 10 s left out).
 #: Only the order of the files comes from it (no test depends on it): `--dist loadfile` sends whole
 #: files to the workers in the order of the collection, so the long files go first and the many short
 #: ones fill in behind them (longest processing time first: the last file to end is a short one). A
 #: file not listed comes after these, in the order pytest collects it.
 HEAVY_FILES: dict[str, float] = {
-    "test_engine_dask.py": 116,
-    "test_capture.py": 95,
-    "test_reliability_faults.py": 66,
-    "test_engine_dask_per_rank.py": 59,
-    "test_attribution_groundtruth.py": 58,
-    "test_reliability.py": 57,
-    "test_decompose.py": 46,
-    "test_coordination_truth.py": 44,
-    "test_clocks_steps.py": 43,
-    "test_probe_sweep.py": 30,
-    "test_diff.py": 23,
-    "test_report.py": 20,
-    "test_any_trace.py": 18,
-    "test_export.py": 18,
-    "test_capture_rounds.py": 16,
+    "test_engine_dask.py": 102,
+    "test_whatif.py": 91,
+    "test_capture.py": 90,
+    "test_reliability.py": 67,
+    "test_study.py": 61,
+    "test_reliability_faults.py": 58,
+    "test_coordination_truth.py": 57,
+    "test_fuzz.py": 52,
+    "test_clocks_steps.py": 50,
+    "test_decompose.py": 47,
+    "test_engine_dask_per_rank.py": 40,
+    "test_attribution_groundtruth.py": 40,
+    "test_probe_sweep.py": 34,
+    "test_groundtruth.py": 29,
+    "test_multi_gpu_h200x2.py": 25,
+    "test_collective_bytes.py": 19,
+    "test_link_verdict.py": 19,
+    "test_noise.py": 18,
+    "test_capture_rounds.py": 18,
+    "test_steps.py": 18,
+    "test_report.py": 17,
+    "test_diff.py": 16,
+    "test_export.py": 15,
+    "test_shortfall.py": 14,
+    "test_capture_teardown.py": 13,
     "test_serving.py": 13,
-    "test_collective_bytes.py": 13,
-    "test_capture_teardown.py": 12,
-    "test_dilation_rounds.py": 11,
+    "test_graph.py": 12,
     "test_collective_checks.py": 11,
-    "test_probe_compare.py": 9,
-    # not reached by that run: estimated from their captures and case counts
-    "test_groundtruth.py": 40,
-    "test_study.py": 35,
-    "test_whatif.py": 30,
-    "test_fuzz.py": 30,
-    "test_hta_crosscheck.py": 20,
-    "test_noise.py": 20,
-    "test_notebook.py": 15,
-    "test_steps.py": 15,
-    "test_groundtruth_sim.py": 15,
+    "test_kernel_scaling.py": 11,
 }
 
 
