@@ -700,6 +700,8 @@ class PathBucket:
     received_bytes: int = 0  # the graphs' arrays
     seconds: float = 0.0
     peak_rss_bytes: int = 0
+    #: the assembled graph the walk ran on (the shortfall's profiler correction re-times it)
+    graph: Any = None
 
 
 def walk_bucket(bucket: int, offsets: dict[int, int], graphs: list[dict[int, Any]]) -> PathBucket:
@@ -725,6 +727,7 @@ def walk_bucket(bucket: int, offsets: dict[int, int], graphs: list[dict[int, Any
         nbytes,
         time.perf_counter() - t0,
         _peak_rss(),
+        g,
     )
 
 
@@ -868,6 +871,7 @@ def _attribute_per_rank(
         skip_first=skip_first,
         dilation_threshold=threshold,
         dq=dq,
+        graph=walked[0].graph if len(walked) == 1 else None,
     )
     out.seconds = time.perf_counter() - t0
     out.peak_rss_bytes = max(
