@@ -48,6 +48,68 @@ def _skip_kind(reason: str) -> str:
     return reason
 
 
+#: the test files that take longest, heaviest first: CPU seconds each took in one run on the
+#: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, the README's
+#: command with -n 2 on a loaded host; files under 10 s left out).
+#: Only the order of the files comes from it (no test depends on it): `--dist loadfile` sends whole
+#: files to the workers in the order of the collection, so the long files go first and the many short
+#: ones fill in behind them (longest processing time first: the last file to end is a short one). A
+#: file not listed comes after these, in the order pytest collects it.
+HEAVY_FILES: dict[str, float] = {
+    "test_engine_dask.py": 102,
+    "test_whatif.py": 91,
+    "test_capture.py": 90,
+    "test_reliability.py": 67,
+    "test_study.py": 61,
+    "test_reliability_faults.py": 58,
+    "test_coordination_truth.py": 57,
+    "test_fuzz.py": 52,
+    "test_clocks_steps.py": 50,
+    "test_decompose.py": 47,
+    "test_engine_dask_per_rank.py": 40,
+    "test_attribution_groundtruth.py": 40,
+    "test_probe_sweep.py": 34,
+    "test_groundtruth.py": 29,
+    "test_multi_gpu_h200x2.py": 25,
+    "test_collective_bytes.py": 19,
+    "test_link_verdict.py": 19,
+    "test_noise.py": 18,
+    "test_capture_rounds.py": 18,
+    "test_steps.py": 18,
+    "test_report.py": 17,
+    "test_diff.py": 16,
+    "test_export.py": 15,
+    "test_shortfall.py": 14,
+    "test_capture_teardown.py": 13,
+    "test_serving.py": 13,
+    "test_graph.py": 12,
+    "test_collective_checks.py": 11,
+    "test_kernel_scaling.py": 11,
+}
+
+
+def pytest_configure(config: Any) -> None:
+    # pytest-xdist puts the files with the most tests first (--loadscope-reorder, its default), which
+    # leaves a long file of few tests (a capture fixture) for the end: keep the order set below
+    if getattr(config.option, "loadscopereorder", None) is not None:
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
+    """The heaviest files first (HEAVY_FILES), every file's tests in their own order (a stable
+    sort); the same order in every xdist worker, as xdist requires."""
+    rank = {name: i for i, name in enumerate(sorted(HEAVY_FILES, key=lambda n: -HEAVY_FILES[n]))}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        first.setdefault(item.nodeid.split("::", 1)[0], i)
+
+    def key(item: Any) -> tuple[int, int]:
+        path = item.nodeid.split("::", 1)[0]
+        return (rank.get(path.removeprefix("tests/"), len(rank)), first[path])
+
+    items.sort(key=key)
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
     """One line: how many tests skipped, and why, by kind (a clone without ../shared skips only the
     tests of third-party formats; a machine without GPUs the GPU tests)."""
@@ -100,6 +162,19 @@ def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth
         shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
         return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
     return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+
+
+@pytest.fixture(scope="session")
+def session_captures(tmp_path_factory: pytest.TempPathFactory):  # -> tests.session_captures.SessionCaptures
+    """CPU captures taken once per session, whichever files and workers ask (tests/session_captures.py)."""
+    pytest.importorskip("torch")
+    from session_captures import SessionCaptures
+
+    base = tmp_path_factory.getbasetemp()
+    # -n auto: a folder of the session's that every worker sees, beside the workers' own
+    return SessionCaptures(
+        (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "session-captures"
+    )
 
 
 @functools.lru_cache(maxsize=2)

@@ -9,6 +9,8 @@ The tiny preset with gloo on the CPU, 8 tokens (`tracekit.capture.runner.capture
   rounds (not the CLI's 7): it checks the attribution, not the dilation's stability, and each of
   its rounds sleeps 0.64 s twice.
 `speed[name]` holds a host-speed probe taken before and after each capture (`host_speed_s`).
+Each capture is taken when a test first asks for it (`runs[name]` or `runs.speed[name]`): a file
+that needs only `inj` does not wait for the other three.
 """
 
 from __future__ import annotations
@@ -35,17 +37,41 @@ def host_speed_s() -> float:
     return float(np.median(times))
 
 
+class _Speeds(dict[str, list[float]]):
+    """`speed[name]`: the probes of capture `name`, taken (with the capture) on first use."""
+
+    def __init__(self, runs: TruthRuns) -> None:
+        super().__init__()
+        self._runs = runs
+
+    def __missing__(self, name: str) -> list[float]:
+        self._runs[name]
+        return dict.__getitem__(self, name)
+
+
 @dataclass
 class TruthRuns:
-    """`root`: the folder holding the captures (under xdist, the one folder every worker shares);
-    `scratch`: where `capture_more` writes (this worker's own folder; `root` when None)."""
+    """`root`: the folder holding the captures (under xdist, the one folder every worker shares:
+    `shared`); `scratch`: where `capture_more` writes (this worker's own folder; `root` when None).
+    A capture of `_configs()` is taken on first use, under xdist by the first worker to ask."""
 
     root: Path
     paths: dict[str, Path] = field(default_factory=dict)
     speed: dict[str, list[float]] = field(default_factory=dict)
     scratch: Path | None = None
+    shared: bool = False
+
+    def __post_init__(self) -> None:
+        speeds = _Speeds(self)
+        speeds.update(self.speed)
+        self.speed = speeds
 
     def __getitem__(self, name: str) -> Path:
+        if name not in self.paths and name in _configs():
+            if self.shared:
+                _take_shared(self, name)
+            else:
+                _capture(self, name, _configs()[name], self.root)
         return self.paths[name]
 
     def capture_more(self, name: str, like: str = "a") -> Path:
@@ -83,10 +109,8 @@ def _capture(runs: TruthRuns, name: str, cfg: object, where: Path) -> None:
 
 
 def capture_truth_runs(root: Path) -> TruthRuns:
-    runs = TruthRuns(root)
-    for name, cfg in _configs().items():
-        _capture(runs, name, cfg, root)
-    return runs
+    """The truth runs in `root`, each captured when first asked for (one process, no xdist)."""
+    return TruthRuns(root)
 
 
 def is_complete_capture(path: Path) -> bool:
@@ -101,35 +125,37 @@ def is_complete_capture(path: Path) -> bool:
 
 def shared_truth_runs(shared: Path, local: Path) -> TruthRuns:
     """The truth runs captured once for every pytest-xdist worker of a session, in `shared` (a
-    folder every worker sees, not under any one worker's temp): the first worker to take the lock
-    on `shared` captures them there and then writes `runs.json` (atomically, last); the others wait
-    for the lock and read it. An index whose capture folders are missing or incomplete (a worker
-    that died mid-capture, a folder cleaned away) is thrown away and the captures taken again.
-    `capture_more` writes under this worker's own `local` folder (two workers may each ask for the
-    same extra name)."""
+    folder every worker sees, not under any one worker's temp), each when a worker first asks for
+    it: that worker takes the capture's own lock, captures it there and then writes `NAME.json`
+    (atomically, last); a worker asking for the same one meanwhile waits for that lock and reads
+    it, one asking for another is not held up. A record whose capture folder is missing or
+    incomplete (a worker that died mid-capture, a folder cleaned away) is thrown away and the
+    capture taken again. `capture_more` writes under this worker's own `local` folder (two workers
+    may each ask for the same extra name)."""
+    shared.mkdir(parents=True, exist_ok=True)
+    return TruthRuns(shared, scratch=local, shared=True)
+
+
+def _take_shared(runs: TruthRuns, name: str) -> None:
     import fcntl
     import json
     import os
     import shutil
 
-    shared.mkdir(parents=True, exist_ok=True)
-    index = shared / "runs.json"
-    with open(shared / ".lock", "w") as lock:
+    shared = runs.root
+    record = shared / f"{name}.json"
+    with open(shared / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        doc = None
-        if index.exists():
-            doc = json.loads(index.read_text())
-            if set(doc["paths"]) != set(_configs()) or not all(
-                is_complete_capture(Path(v)) for v in doc["paths"].values()
-            ):
-                doc = None
+        doc = json.loads(record.read_text()) if record.exists() else None
+        if doc is not None and not is_complete_capture(Path(doc["path"])):
+            doc = None
         if doc is None:
-            index.unlink(missing_ok=True)
-            for name in _configs():  # leftovers of an interrupted capture
-                shutil.rmtree(shared / name, ignore_errors=True)
-            runs = capture_truth_runs(shared)
-            doc = {"paths": {k: str(v) for k, v in runs.paths.items()}, "speed": runs.speed}
-            tmp = shared / "runs.json.tmp"
+            record.unlink(missing_ok=True)
+            shutil.rmtree(shared / name, ignore_errors=True)  # leftovers of an interrupted capture
+            _capture(runs, name, _configs()[name], shared)
+            doc = {"path": str(runs.paths[name]), "speed": dict.__getitem__(runs.speed, name)}
+            tmp = shared / f"{name}.json.tmp"
             tmp.write_text(json.dumps(doc))
-            os.replace(tmp, index)
-    return TruthRuns(shared, {k: Path(v) for k, v in doc["paths"].items()}, doc["speed"], scratch=local)
+            os.replace(tmp, record)
+    runs.paths[name] = Path(doc["path"])
+    dict.__setitem__(runs.speed, name, list(doc["speed"]))

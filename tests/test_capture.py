@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -42,28 +41,20 @@ def _steps(events: list[dict[str, Any]]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def tp2_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cap") / "cpu-tp2"
-    rc = main(
-        [
-            "capture",
-            "--tp",
-            "2",
-            "--preset",
-            "tiny",
-            "--tokens",
-            "8",
-            "--warmup",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            str(out),
-            "--quiet",
-        ]
-    )
-    assert rc == 0
-    return out
+def tp2_cli(session_captures: Any) -> Any:
+    """`python -m tracekit capture --tp 2 --preset tiny --tokens 8 --warmup 2 --device cpu -o DIR`,
+    run once per session as a user runs it (tests/session_captures.py CLI_TP2): exit status, stdout,
+    stderr and the folder."""
+    from session_captures import CLI_TP2
+
+    got = session_captures.cli("cli-tp2", CLI_TP2)
+    assert got.returncode == 0, got.stderr[-2000:]
+    return got
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tp2_cli: Any) -> Path:
+    return Path(tp2_cli.path)
 
 
 @pytest.mark.slow
@@ -844,18 +835,12 @@ def test_kineto_usdt_lines_are_dropped_from_stderr(capfd: pytest.CaptureFixture[
 
 
 @pytest.mark.slow
-def test_capture_prints_no_usdt_lines(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
-    argv = ["capture", "--tp", "2", "--preset", "tiny", "--tokens", "2", "--warmup", "1", "--rounds", "1"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "tracekit", *argv, "--device", "cpu", "-o", str(tmp_path / "r")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "USDT" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
-    assert "wrote " in proc.stderr and proc.stdout == ""  # the summary is a message
+def test_capture_prints_no_usdt_lines(tp2_cli: Any) -> None:
+    """The CLI capture of 7 rounds (a profiler start and stop each: Kineto's USDT lines on every
+    rank's stderr) prints none of them; its summary is a message (stderr), stdout stays empty."""
+    err = tp2_cli.stderr
+    assert "USDT" not in err and "profiler_start" not in err, err
+    assert "wrote " in err and tp2_cli.stdout == ""  # the summary is a message
 
 
 def test_shard_of_is_refused_where_it_cannot_mean_anything(

@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tracekit.capture.profile import Tracer  # noqa: E402
-from tracekit.capture.runner import CaptureConfig, capture, phase_kind  # noqa: E402
+from tracekit.capture.runner import phase_kind  # noqa: E402
 from tracekit.cli.main import main  # noqa: E402
 
 TOKENS = 5
@@ -39,13 +39,14 @@ def _steps(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def rounds_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[tuple[str, int, int]]]:
-    """tp=2, 3 rounds of 5 tokens, the progress callback recording every report in order."""
-    out = tmp_path_factory.mktemp("rounds") / "tp2"
-    seen: list[tuple[str, int, int]] = []
-    cfg = CaptureConfig(tp=2, tokens=TOKENS, warmup=1, device="cpu", rounds=ROUNDS)
-    capture(cfg, out, progress=lambda phase, done, total: seen.append((phase, done, total)))
-    return out, seen
+def rounds_run(session_captures: Any) -> tuple[Path, list[tuple[str, int, int]]]:
+    """tp=2, 3 rounds of 5 tokens (the session's capture, shared with tests/test_dilation_rounds.py),
+    the progress callback having recorded every report in order."""
+    from session_captures import ROUNDS_TP2
+
+    assert (ROUNDS_TP2["tokens"], ROUNDS_TP2["rounds"]) == (TOKENS, ROUNDS)
+    got = session_captures.get("rounds-tp2", ROUNDS_TP2)
+    return got.path, got.progress
 
 
 @pytest.mark.slow

@@ -19,6 +19,9 @@ from click.testing import CliRunner
 from tracekit.analyse.dilation import bootstrap_interval, dilation_of, token_times
 from tracekit.cli.dilation import command as dilation_command
 
+#: tokens per round of the fresh capture (tests/session_captures.py ROUNDS_TP2)
+TOKENS = 5
+
 REPO = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(
     d
@@ -76,12 +79,13 @@ def test_old_manifests_load_in_the_cli_with_one_round_each() -> None:
 
 
 @pytest.fixture(scope="module")
-def rounds_manifest(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
-    pytest.importorskip("torch")
-    from tracekit.capture.runner import CaptureConfig, capture
+def rounds_manifest(session_captures: Any) -> tuple[Path, dict[str, Any]]:
+    """A fresh tp=2 capture of 3 rounds of 5 tokens (the session's, shared with
+    tests/test_capture_rounds.py) and its manifest."""
+    from session_captures import ROUNDS_TP2
 
-    out = tmp_path_factory.mktemp("dil") / "tp2"
-    capture(CaptureConfig(tp=2, tokens=6, warmup=1, device="cpu", rounds=3), out)
+    assert (ROUNDS_TP2["tokens"], ROUNDS_TP2["rounds"]) == (TOKENS, 3)
+    out = session_captures.get("rounds-tp2", ROUNDS_TP2).path
     return out, json.loads((out / "manifest.json").read_text())
 
 
@@ -97,8 +101,8 @@ def test_fresh_rounds_are_pooled(rounds_manifest) -> None:
     _, m = rounds_manifest
     d = dilation_of(m)
     assert d.rounds == {"unprofiled": 3, "profiled": 3}
-    assert d.unprofiled.n == d.profiled.n == 3 * (6 - 1)  # rounds x (tokens - 1)
-    assert len(d.unprofiled.rounds) == 3 and all(len(r) == 5 for r in d.unprofiled.rounds)
+    assert d.unprofiled.n == d.profiled.n == 3 * (TOKENS - 1)  # rounds x (tokens - 1)
+    assert len(d.unprofiled.rounds) == 3 and all(len(r) == TOKENS - 1 for r in d.unprofiled.rounds)
     u, p = _pooled(m["unprofiled"]), _pooled(m["profiled"])
     assert list(d.unprofiled.per_token_ns) == u and list(d.profiled.per_token_ns) == p
     # three pairs: the median of the per-pair ratios mean(P_k) / mean(U_k), by hand
@@ -123,7 +127,7 @@ def test_the_cli_shows_the_interval_and_rounds(rounds_manifest) -> None:
     d = dilation_of(m)
     text = " ".join(res.output.split())
     assert f"{d.dilation:.2f}x" in text and f"{d.interval[0]:.2f}-{d.interval[1]:.2f}" in text
-    assert "3/3" in text and "15/15" in text and "median over rounds" in text
+    assert "3/3" in text and f"{3 * (TOKENS - 1)}/{3 * (TOKENS - 1)}" in text and "median over rounds" in text
     res = CliRunner().invoke(dilation_command, [str(run), "--format", "json"])
     doc = json.loads(res.output)[0]
     assert doc["interval"] == list(d.interval) and doc["rounds"] == {"unprofiled": 3, "profiled": 3}

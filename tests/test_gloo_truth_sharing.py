@@ -35,16 +35,21 @@ def fake_capture(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def _two_workers(shared: Path, tmp: Path) -> list[gloo_truth.TruthRuns]:
+    """Two workers asking for every capture at the same time, in opposite orders."""
     out: list[gloo_truth.TruthRuns] = []
     errors: list[BaseException] = []
+    names = list(gloo_truth._configs())
 
-    def worker(name: str) -> None:
+    def worker(i: int) -> None:
         try:
-            out.append(gloo_truth.shared_truth_runs(shared, tmp / name))
+            runs = gloo_truth.shared_truth_runs(shared, tmp / f"gw{i}")
+            for name in names if i == 0 else names[::-1]:
+                runs[name]
+            out.append(runs)
         except BaseException as e:  # noqa: BLE001 - re-raised below in the main thread
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(f"gw{i}",)) for i in range(2)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
     for t in threads:
         t.start()
     for t in threads:
@@ -73,18 +78,35 @@ def test_two_workers_see_one_set_of_existing_complete_captures(
 
 def test_an_index_whose_captures_are_gone_is_taken_again(fake_capture: list[Path], tmp_path: Path) -> None:
     shared = tmp_path / "gloo-truth-shared"
-    gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    names = list(gloo_truth._configs())
+    first = gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    for name in names:
+        first[name]
     import shutil
 
     shutil.rmtree(shared / "inj")
     runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw1")
-    assert len(fake_capture) == 2 * len(gloo_truth._configs())
-    assert all(gloo_truth.is_complete_capture(p) for p in runs.paths.values())
+    assert all(gloo_truth.is_complete_capture(runs[name]) for name in names)
+    assert [p.name for p in fake_capture] == [*names, "inj"]  # the missing one only, taken again
     # an incomplete one (a rank failed) is not trusted either
     (shared / "a" / "manifest.json").write_text(json.dumps({"complete": False}))
     runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
-    assert len(fake_capture) == 3 * len(gloo_truth._configs())
-    assert all(gloo_truth.is_complete_capture(p) for p in runs.paths.values())
+    assert all(gloo_truth.is_complete_capture(runs[name]) for name in names)
+    assert [p.name for p in fake_capture] == [*names, "inj", "a"]
+
+
+def test_a_capture_is_taken_when_first_asked_for(fake_capture: list[Path], tmp_path: Path) -> None:
+    """A file that needs one capture does not wait for the others: asking for `inj` (its path or its
+    host-speed probes) takes that capture only; the others follow when asked for."""
+    shared = tmp_path / "gloo-truth-shared"
+    runs = gloo_truth.shared_truth_runs(shared, tmp_path / "gw0")
+    assert runs.speed["inj"] == [1.0, 1.0] and [p.name for p in fake_capture] == ["inj"]
+    assert runs["inj"] == shared / "inj" and [p.name for p in fake_capture] == ["inj"]
+    other = gloo_truth.shared_truth_runs(shared, tmp_path / "gw1")
+    assert other["inj"] == shared / "inj" and other["tp1"] == shared / "tp1"
+    assert [p.name for p in fake_capture] == ["inj", "tp1"]
+    alone = gloo_truth.capture_truth_runs(tmp_path / "alone")
+    assert alone["a"] == tmp_path / "alone" / "a" and [p.name for p in fake_capture] == ["inj", "tp1", "a"]
 
 
 def test_capture_more_writes_under_the_workers_own_folder(fake_capture: list[Path], tmp_path: Path) -> None:

@@ -84,7 +84,9 @@ def render_text(adv: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.command(
+    epilog=EXAMPLES, context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--tp1",
     "tp1",

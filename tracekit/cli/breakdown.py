@@ -169,7 +169,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     return console.export_text(styles=color)
 
 
-@click.command("breakdown")
+@click.command("breakdown", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @step_pattern_option
 @click.option(

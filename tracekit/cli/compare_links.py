@@ -12,7 +12,7 @@ from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
 
-@click.command("compare-links")
+@click.command("compare-links", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--gpus", default=None, help="GPUs to use, e.g. 0,1 [all visible; on CPU: --ranks gloo ranks].")
 @click.option(
     "--modes",

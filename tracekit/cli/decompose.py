@@ -72,7 +72,9 @@ def render_text(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.command(
+    epilog=EXAMPLES, context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]}
+)
 @click.option(
     "--baseline", "baseline", required=True, type=click.Path(exists=True), help="Run A: the baseline stack."
 )

@@ -295,7 +295,7 @@ def _tp_of(run: Any, partial: bool) -> int | None:
     return None if partial else len(run.ranks)
 
 
-@click.command("diff")
+@click.command("diff", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
 @format_option(

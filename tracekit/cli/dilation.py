@@ -24,7 +24,7 @@ def _load_manifest(path: str) -> dict[str, Any]:
     return load_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
 
 
-@click.command("dilation")
+@click.command("dilation", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dirs", nargs=-1, required=True, type=click.Path(exists=True, path_type=str))
 @click.option(
     "--skip-first", type=int, default=1, show_default=True, help="Warm-up tokens left out of each round."

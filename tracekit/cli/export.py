@@ -7,7 +7,7 @@ import click
 from tracekit.cli.options import OutputPath, cache_dir_option, message, no_cache_option, step_pattern_option
 
 
-@click.command("export")
+@click.command("export", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
 @click.option(
     "-o",

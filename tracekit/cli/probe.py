@@ -74,7 +74,7 @@ def _transport_notes(result: Any) -> list[str]:
     return notes
 
 
-@click.command("probe")
+@click.command("probe", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--op",
     "op_text",

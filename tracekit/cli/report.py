@@ -16,7 +16,7 @@ from tracekit.cli.options import (
 )
 
 
-@click.command("report")
+@click.command("report", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", type=click.Path(exists=True, path_type=str))
 @click.option(
     "--baseline", type=click.Path(exists=True, path_type=str), help="TP=1 run folder: adds the shortfall."

@@ -26,7 +26,9 @@ def _dtypes(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
     return items
 
 
-@click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
+@click.command(
+    epilog=EXAMPLES, context_settings={"max_content_width": 100, "help_option_names": ["-h", "--help"]}
+)
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
 @click.option(
     "--matrix",

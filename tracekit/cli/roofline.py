@@ -77,7 +77,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
     return console.export_text(styles=color)
 
 
-@click.command("roofline")
+@click.command("roofline", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", metavar="RUN", type=click.Path(exists=True, path_type=str))
 @click.option(
     "--copy",

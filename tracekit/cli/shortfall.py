@@ -347,7 +347,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     return console.export_text(styles=color)
 
 
-@click.command("shortfall")
+@click.command("shortfall", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--baseline",
     "baseline",

@@ -34,7 +34,7 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     return tps
 
 
-@click.command("study")
+@click.command("study", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--tp", "tp_text", default=None, help="TP degrees, comma-separated (default 1,2).")
 @click.option(
     "--preset", default=None, help="Decoder preset: tiny (default on CPU), small, 7b (default on GPUs)."

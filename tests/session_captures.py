@@ -1,0 +1,111 @@
+"""CPU captures taken once per test session and shared by the files that check the same run.
+
+A capture costs about 11 CPU seconds whatever its length (two rank processes that import torch,
+join a gloo group and start the profiler), so files that check different things of one run share
+it: `SessionCaptures.get(name, cfg)` (through the `session_captures` fixture) captures `cfg` with
+`tracekit.capture.runner.capture` the first time any worker asks for `name`, recording the progress
+reports, and hands every later caller the same folder; `SessionCaptures.cli(name, argv)` does the
+same for `python -m tracekit capture ARGV -o FOLDER` run as a user runs it, keeping its exit status,
+stdout and stderr. Under pytest-xdist the folder is one every worker of the session sees, and each
+name has its own lock: the first worker to ask captures while the others wait for that name only.
+A folder whose record is missing or whose manifest is incomplete (a worker that died mid-capture) is
+captured again. The same name must always be asked for with the same configuration (checked).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+#: tp=2 on gloo, 3 alternating rounds of 5 tokens after a 1-token warm-up: the run of the rounds
+#: checks (tests/test_capture_rounds.py: passes, manifest, trace) and of the dilation's pooling
+#: (tests/test_dilation_rounds.py)
+ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
+
+#: the CLI's TP=2 capture of tests/test_capture.py (8 tokens, the default 7 rounds), as a user runs
+#: it: its files, manifest and collectives are checked there, and its stderr for the profiler's lines
+CLI_TP2 = ["capture", "--tp", "2", "--preset", "tiny", "--tokens", "8", "--warmup", "2", "--device", "cpu"]
+
+
+@dataclass(frozen=True)
+class Captured:
+    path: Path  # the capture's folder (shared: do not edit, copy it first)
+    progress: list[tuple[str, int, int]]  # the progress reports, in order (get only)
+    returncode: int = 0  # cli only
+    stdout: str = ""  # cli only
+    stderr: str = ""  # cli only
+
+
+def _complete(path: Path) -> bool:
+    try:
+        return bool(json.loads((path / "manifest.json").read_text()).get("complete"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class SessionCaptures:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def _once(self, name: str, what: dict[str, Any], take: Any) -> Captured:
+        record = self.root / f"{name}.json"
+        with open(self.root / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            doc = json.loads(record.read_text()) if record.exists() else None
+            if doc is not None:
+                assert doc["what"] == what, f"session capture {name!r} asked for with two configurations"
+                if doc.get("returncode", 0) == 0 and not _complete(Path(doc["path"])):
+                    doc = None
+            if doc is None:
+                record.unlink(missing_ok=True)
+                out = self.root / name
+                shutil.rmtree(out, ignore_errors=True)
+                doc = {"what": what, "path": str(out), **take(out)}
+                tmp = self.root / f"{name}.json.tmp"
+                tmp.write_text(json.dumps(doc))
+                os.replace(tmp, record)
+        return Captured(
+            Path(doc["path"]),
+            [tuple(p) for p in doc.get("progress", [])],  # type: ignore[misc]
+            doc.get("returncode", 0),
+            doc.get("stdout", ""),
+            doc.get("stderr", ""),
+        )
+
+    def get(self, name: str, cfg: dict[str, Any]) -> Captured:
+        """`capture(CaptureConfig(**cfg), folder)`, once per session."""
+
+        def take(out: Path) -> dict[str, Any]:
+            from tracekit.capture.runner import CaptureConfig, capture
+
+            seen: list[tuple[str, int, int]] = []
+            capture(
+                CaptureConfig(**cfg),
+                out,
+                progress=lambda phase, done, total: seen.append((phase, done, total)),
+            )
+            return {"progress": seen}
+
+        return self._once(name, {"cfg": cfg}, take)
+
+    def cli(self, name: str, argv: list[str]) -> Captured:
+        """`python -m tracekit ARGV -o FOLDER` in a fresh interpreter, once per session."""
+
+        def take(out: Path) -> dict[str, Any]:
+            proc = subprocess.run(
+                [sys.executable, "-m", "tracekit", *argv, "-o", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
+
+        return self._once(name, {"argv": argv}, take)
