@@ -215,6 +215,21 @@ class ShortfallRuns(Doc, kw_only=True):
     sharded: ShortfallRunsBaseline
 
 
+class ShortfallCorrection(Doc, kw_only=True):
+    """How one run's parts were corrected for the profiler (`tracekit.analyse.correction`):
+    `replay` (the profiler's cost removed call by call through the replay of the dependency graph,
+    wait / sync / idle read from the corrected timeline) or `proportional` (every host-side part
+    shrunk by one factor: CPU host timelines, device-bound runs, parts without a graph)."""
+
+    method: str
+    cost_source: str | None | UnsetType = UNSET
+    per_call_ns: float | None | UnsetType = UNSET
+    per_collective_ns: float | None | UnsetType = UNSET
+    host_scale: float | None | UnsetType = UNSET
+    replayed_ns: int | None | UnsetType = UNSET
+    notes: list[str] | UnsetType = UNSET
+
+
 class ShortfallDilation(Doc, kw_only=True):
     definition: str | UnsetType = UNSET
     baseline: float
@@ -224,6 +239,7 @@ class ShortfallDilation(Doc, kw_only=True):
     threshold: float
     inflated: bool
     reconciliation: str
+    correction: dict[str, ShortfallCorrection | None] | UnsetType = UNSET
     runs: ShortfallRuns
 
 
