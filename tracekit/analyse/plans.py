@@ -186,6 +186,8 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     if piece.graph is not None:
         inp.keep["graph"] = piece.graph
     piece.graph = None
+    if piece.kernels is not None:  # each kernel name once, not once per step (what travels)
+        piece.kernels = piece.kernels.assign(name=piece.kernels["name"].astype("category"))
     return piece
 
 
@@ -269,6 +271,9 @@ def attribution_plan(
         from tracekit.analyse.shortfall import assemble_attribution
 
         pieces = [got[r] for r in sorted(got)]
+        for p in pieces:
+            if p.kernels is not None and isinstance(p.kernels["name"].dtype, pd.CategoricalDtype):
+                p.kernels = p.kernels.assign(name=p.kernels["name"].astype(object))
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces)
