@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -53,11 +54,19 @@ __all__ = [
 @dataclass
 class RankInput:
     """One rank's share of a plan's run: its classified events (their index: the row labels of
-    the run's table) and what earlier stages kept for it."""
+    the run's table), their `AnalysedRun` (its partitions and layer unions kept for every plan of
+    the call) and what earlier stages kept for it."""
 
     rank: int
-    events: pd.DataFrame
+    analysed: AnalysedRun
     keep: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def events(self) -> pd.DataFrame:
+        return self.analysed.events
+
+    def layer_unions(self) -> Any:
+        return self.analysed.layer_unions([self.rank])[self.rank]
 
 
 class PerRank(dict[int, Any]):
@@ -88,14 +97,17 @@ class Plan:
     only_rank: int | None = None  # the plan reads only this rank's events
 
 
-def split_ranks(events: pd.DataFrame, only: int | None = None) -> dict[int, RankInput]:
-    """The run's table as per-rank inputs (rank order; the row labels kept)."""
+def split_ranks(run: Run | AnalysedRun, only: int | None = None) -> dict[int, RankInput]:
+    """The run's classified table as per-rank inputs (rank order; the row labels kept), each on
+    an `AnalysedRun` sharing the run's kept partitions and layer unions."""
     from tracekit.analyse.steps import rank_selectors
 
+    ar = AnalysedRun.of(run)
+    events = ar.events
     out = {}
     for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items()):
         if only is None or r == only:
-            out[int(r)] = RankInput(int(r), events.iloc[sel])
+            out[int(r)] = RankInput(int(r), ar.of_rank(int(r), events.iloc[sel]))
     return out
 
 
@@ -120,11 +132,11 @@ def kept(ranks: Mapping[int, RankInput], key: str) -> dict[int, Any]:
     return {r: inp.keep[key] for r, inp in ranks.items() if key in inp.keep}
 
 
-def run_in_process(plan: Plan, run: Run, ranks: Mapping[int, RankInput] | None = None) -> Any:
-    """The plan on `run` (classified events) in this process."""
+def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankInput] | None = None) -> Any:
+    """The plan on `run` in this process (its per-rank stages on `split_ranks(run)`)."""
     if ranks is None:
-        ranks = split_ranks(run.events, plan.only_rank)
-    state, arg = plan.start(run)
+        ranks = split_ranks(run, plan.only_rank)
+    state, arg = plan.start(run.run if isinstance(run, AnalysedRun) else run)
     for stage in plan.stages:
         if isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
@@ -182,7 +194,16 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     from tracekit.analyse.shortfall import attribute_rank
 
     windows, matched, offset = arg
-    piece = attribute_rank(inp.events, inp.rank, windows, matched, graph_windows=windows, offset=offset)
+    piece = attribute_rank(
+        inp.events,
+        inp.rank,
+        windows,
+        matched,
+        table=inp.analysed.partition(windows),
+        unions=inp.layer_unions(),
+        graph_windows=windows,
+        offset=offset,
+    )
     if piece.graph is not None:
         inp.keep["graph"] = piece.graph
     piece.graph = None
@@ -343,7 +364,7 @@ def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
 
     choice, skip_first = arg
     win = rank_step_windows(inp.events, choice)
-    table, dropped = rank_breakdown_table(inp.events, win.rows, skip_first)
+    table, dropped = rank_breakdown_table(inp.analysed, win.rows, skip_first)
     return (
         win,
         table,

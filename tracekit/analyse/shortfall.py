@@ -45,7 +45,7 @@ import functools
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -522,7 +522,7 @@ def attribute_run(
     dilation)."""
     from tracekit.analyse.plans import attribution_plan, run_in_process
 
-    ar = AnalysedRun.of(run)  # classified once (analysed.py)
+    ar = AnalysedRun.of(run)  # classified once; its partitions and layer unions shared (analysed.py)
     plan = attribution_plan(
         step_pattern=step_pattern,
         skip_first=skip_first,
@@ -530,7 +530,7 @@ def attribute_run(
         label=label,
         allow_partial=allow_partial,
     )
-    parts: RunParts = run_in_process(plan, replace(ar.run, events=ar.events))
+    parts: RunParts = run_in_process(plan, ar)
     return parts
 
 

@@ -181,7 +181,7 @@ def prepare_file(rf: RankFile, view: FileView) -> FileState:
         ev["start_ns"] = ev["start_ns"].to_numpy(np.int64) + view.shift_ns
         ev["end_ns"] = ev["end_ns"].to_numpy(np.int64) + view.shift_ns
     ev.index = pd.RangeIndex(view.event_offset, view.event_offset + len(ev))
-    return FileState(split_ranks(ev))
+    return FileState(split_ranks(Run(events=ev)))
 
 
 def rank_stage(state: FileState, stage: RankStage, arg: Any, only: int | None, name: str) -> FileState:

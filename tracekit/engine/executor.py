@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.analyse.plans import Plan
@@ -78,17 +78,19 @@ class LocalExecutor:
 
         runs = []
         for job in jobs:
-            ar = AnalysedRun.of(
-                read_run(list(job.paths), rank=job.rank, cache=job.cache, progress=self.progress)
-            )
-            runs.append(replace(ar.run, events=ar.events))
-        checked = check(runs) if check is not None else None
+            read = read_run(list(job.paths), rank=job.rank, cache=job.cache, progress=self.progress)
+            runs.append(AnalysedRun.of(read))  # classified once for every plan
+        checked = check([ar.run for ar in runs]) if check is not None else None
         out = []
-        for job, run in zip(jobs, runs, strict=True):
+        for job, ar in zip(jobs, runs, strict=True):
             t0 = time.perf_counter()
+            ranks = split_ranks(ar)  # each rank's AnalysedRun, its partitions shared by the plans
             results = []
             for plan in job.plans:
-                results.append(run_in_process(plan, run, split_ranks(run.events, plan.only_rank)))
+                only = plan.only_rank
+                mine = ranks if only is None else {r: v for r, v in ranks.items() if r == only}
+                results.append(run_in_process(plan, ar, mine))
+            run = ar.run
             out.append(
                 JobResult(
                     meta=run,
