@@ -103,6 +103,9 @@ class AnalysedRun:
             if table is None:
                 table = partition_steps(self.events, st, {r: unions[r]})
                 self._partitions[key] = table
+            # the windows' own step numbers (a plan's rank stage numbers them by order on the
+            # rank, the run's assembly by the run's tokens: the same windows, one partition)
+            table = table.assign(step=st["step"].to_numpy(np.int64))
             tables.append(table)
         return tables[0].copy() if len(tables) == 1 else pd.concat(tables, ignore_index=True)
 
@@ -117,9 +120,10 @@ class AnalysedRun:
 
 
 def _windows_key(steps: pd.DataFrame) -> bytes:
-    """A digest of the windows a partition depends on: rank, step, name, start, end (and dtypes)."""
+    """A digest of the windows a partition depends on: rank, name, start, end (and dtypes); not
+    the step numbers, which the partition only copies."""
     h = hashlib.sha256()
-    for col in ("rank", "step", "start_ns", "end_ns"):
+    for col in ("rank", "start_ns", "end_ns"):
         arr = np.ascontiguousarray(steps[col].to_numpy())
         h.update(f"{col}:{arr.dtype}:{len(arr)};".encode())
         h.update(arr.tobytes())
