@@ -90,7 +90,7 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
 
         from tracekit.analyse.plans import attribution_plan, breakdown_plan
         from tracekit.analyse.shortfall import shortfall_of_pair
-        from tracekit.engine import _pair_check
+        from tracekit.engine import pair_check
         from tracekit.engine.dask_engine import DaskExecutor
         from tracekit.engine.executor import Job
 
@@ -119,7 +119,7 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                     Job((baseline,), (attribution_plan(label="baseline"),), cache=False),
                     Job((run,), (attribution_plan(label="sharded"),), cache=False),
                 ]
-                check = _pair_check
+                check = pair_check
             results, notes = DaskExecutor(engine, client).run(jobs, check)
             doc = (
                 results[0].results[0].breakdown.to_json()

@@ -93,7 +93,7 @@ def test_a_shortfall_task_holds_one_rank_files_ranks(
     dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, base: str, sharded: str | None
 ) -> None:
     from tracekit.analyse.shortfall import shortfall_of_pair
-    from tracekit.engine import _pair_check, shortfall_paths
+    from tracekit.engine import pair_check, shortfall_paths
 
     shard = synthetic16 if sharded is None else TRACES / sharded
     local = _text(shortfall_paths(TRACES / base, shard).to_json())
@@ -103,7 +103,7 @@ def test_a_shortfall_task_holds_one_rank_files_ranks(
             Job((TRACES / base,), (attribution_plan(label="baseline"),)),
             Job((shard,), (attribution_plan(label="sharded"),)),
         ],
-        _pair_check,
+        pair_check,
     )
     assert _text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json()) == local
     for res in (b_res, s_res):

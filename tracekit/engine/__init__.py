@@ -38,6 +38,7 @@ __all__ = [
     "EngineError",
     "analyse_dirs",
     "breakdown_paths",
+    "pair_check",
     "run_plans",
     "shortfall_paths",
 ]
@@ -127,7 +128,7 @@ def breakdown_paths(
     return res.results[0].breakdown  # type: ignore[no-any-return]
 
 
-def _pair_check(metas: list[Any]) -> list[tuple[str, str]]:
+def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     """The shortfall's checks on the two runs' metadata (baseline first), before any analysis."""
     from tracekit.analyse.shortfall import check_pair, check_ranks
 
@@ -168,7 +169,7 @@ def shortfall_paths(
             Job(_as_list(baseline), (plan("baseline"),), cache=cache),
             Job(_as_list(sharded), (plan("sharded"),), cache=cache),
         ],
-        _pair_check,
+        pair_check,
     )
     return shortfall_of_pair(base.results[0], shard.results[0], notes)
 
@@ -202,7 +203,7 @@ def analyse_dirs(
             Job((baseline_dir,), (bd, attribution_plan(label="baseline"))),
             Job((run_dir,), (bd, attribution_plan(label="sharded"))),
         ],
-        _pair_check,
+        pair_check,
     )
     out = build.AnalysedRuns(breakdown=build._to_json(run.results[0].breakdown), manifest=run.meta.manifest)
     out.top_kernels = build._to_json(run.results[0].top_kernels)
