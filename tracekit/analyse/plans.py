@@ -292,9 +292,16 @@ def attribution_plan(
         from tracekit.analyse.shortfall import assemble_attribution
 
         pieces = [got[r] for r in sorted(got)]
+        ids: dict[str, int] = {}  # the run's kernel names numbered (`kernel_scaling.canonical`)
         for p in pieces:
             if p.kernels is not None and isinstance(p.kernels["name"].dtype, pd.CategoricalDtype):
-                p.kernels = p.kernels.assign(name=p.kernels["name"].astype(object))
+                names = p.kernels["name"]
+                to_id = np.asarray(
+                    [ids.setdefault(str(c), len(ids)) for c in names.cat.categories], dtype=np.int64
+                )
+                p.kernels = p.kernels.assign(
+                    name=names.astype(object), name_id=to_id[names.cat.codes.to_numpy()] if len(to_id) else 0
+                )
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces)
