@@ -45,6 +45,10 @@ for f in markdown json; do
      --format $f --out reports/whatif/cpu-straggler.$ext
   tk whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --knob sync=0 --check traces/h200-tp1-graphs \
      --check-knob launch=0 --format $f --out reports/whatif/h200-tp1-launch0.$ext
+  # issue 26: a one-shot all-reduce (5 us + the probe's bandwidth) and the norm fused into the all-reduce
+  tk whatif --baseline traces/h200x2-tp1-b1-graphs --sharded traces/h200x2-tp2-b1-graphs \
+     --probe reports/multi-gpu/links-decode-sizes.json --knob collective_latency=5 --knob allreduce_norm=fused \
+     --knob transfer=0 --format $f --out reports/whatif/h200x2-graphs-fused.$ext
 done
 # the roofline of the two-H200 CUDA-graph decode (the copy probe and rho measured on the same machine)
 mkdir -p reports/roofline

@@ -154,3 +154,30 @@ def test_tp1_run_must_be_tp1(tmp_path, capsys):
     rc = main(["advise", "--tp1", str(TRACES / "cpu-tp2"), "--tpn", str(TRACES / "cpu-tp2")])
     assert rc == 2
     assert "tp=2" in capsys.readouterr().err
+
+
+def test_extrapolated_batch_has_the_no_overlap_bound_by_hand(tmp_path):
+    """The prediction from batch 1 adds the roofline's extra device time, max(bytes / bw, flops /
+    peak) at B minus at 1; the no-overlap bound adds (bytes / bw + flops / peak) at B minus at 1,
+    i.e. the extra bytes' time plus the extra matrix work's time: here by hand from the shape."""
+    doc = _advise(tmp_path, "--tp1", str(TRACES / "h200-tp1"), "--batch", "64")
+    m = json.loads((TRACES / "h200-tp1" / "manifest.json").read_text())
+    s, wl = m["workload"]["shape"], m["workload"]
+    h, hd, kv = s["hidden"], s["hidden"] // s["heads"], s["kv_heads"]
+    linear = s["layers"] * (2 * h * h + 2 * h * kv * hd + 3 * h * s["intermediate"]) + s["vocab"] * h
+    ctx = wl["prompt"] + wl["tokens"]
+    kv_seq = 2 * s["layers"] * kv * hd * ctx * 2  # bf16 K and V of one sequence
+    bw, peak = 4.8e12, 989.4e12  # H200 datasheet figures (advise.DEVICE_FIGURES)
+    extra_bytes_ns = 63 * kv_seq / bw * 1e9
+    extra_flops_ns = 2 * linear * 63 / peak * 1e9
+    b1 = next(r for r in doc["options"] if r["batch"] == 1)
+    b64 = next(r for r in doc["options"] if r["batch"] == 64)
+    assert b1["per_token_latency_no_overlap_ns"] is None  # measured: no bound
+    hi = b64["per_token_latency_no_overlap_ns"] - b1["per_token_latency_ns"]
+    assert hi == pytest.approx(extra_bytes_ns + extra_flops_ns, abs=2)
+    weights = linear * 2 + (s["vocab"] * h + (2 * s["layers"] + 1) * h) * 2
+    lo = b64["per_token_latency_ns"] - b1["per_token_latency_ns"]
+    g1 = max((weights + kv_seq) / bw, 2 * linear / peak)
+    g64 = max((weights + 64 * kv_seq) / bw, 2 * linear * 64 / peak)
+    assert lo == pytest.approx((g64 - g1) * 1e9, abs=2)
+    assert lo < hi

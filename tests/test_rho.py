@@ -53,3 +53,59 @@ def test_cpu_fallback_runs_small_and_says_so(tmp_path, capsys):
 
 def test_bad_dtype_is_a_usage_error():
     assert main(["rho", "--device", "cpu", "--matrix", "bf17"]) != 0
+
+
+def test_int8_operands_are_in_the_layout_cublaslt_wants_and_multiply_right():
+    """The int8 product gets A row-major and B column-major (the "TN" layout of cuBLASLt's int8
+    tensor-core kernels); a row-major B, the first H200 run's layout (126 TOPS), is named as the
+    problem; on the CPU `_int_mm` of either layout equals the int32 product."""
+    torch = pytest.importorskip("torch")
+    from tracekit.probe.rho import int8_layout_problem, int8_operands
+
+    gen = torch.Generator().manual_seed(0)
+    a, b = int8_operands(32, 48, 64, device="cpu", generator=gen, layout="col")
+    assert a.shape == (32, 64) and b.shape == (64, 48)
+    assert a.stride() == (64, 1) and b.stride() == (1, 64)  # B's storage is B^T row-major
+    assert int8_layout_problem(a, b) is None
+    a2, b2 = int8_operands(32, 48, 64, device="cpu", generator=gen, layout="row")
+    assert b2.stride() == (48, 1)
+    assert "column-major" in (int8_layout_problem(a2, b2) or "")
+    assert "m = 16" in (int8_layout_problem(a[:16], b) or "")  # _int_mm wants m > 16
+    assert "multiples of 8" in (int8_layout_problem(a[:, :60], b[:60]) or "")
+    assert "row-major" in (int8_layout_problem(a.t().contiguous().t(), b) or "")
+    for x, y in ((a, b), (a2, b2)):
+        if hasattr(torch, "_int_mm"):
+            assert torch.equal(torch._int_mm(x, y), x.int() @ y.int())
+
+
+def test_int8_measurement_runs_the_column_major_product(tmp_path):
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_int_mm"):
+        pytest.skip("this torch has no _int_mm")
+    from tracekit.probe.rho import measure_matrix
+
+    col = measure_matrix("int8", 64, device="cpu", iterations=1, repeats=1, warmup=0)
+    row = measure_matrix("int8-rowb", 64, device="cpu", iterations=1, repeats=1, warmup=0)
+    assert col.skipped is None and col.tops and "B column-major" in col.method
+    assert row.skipped is None and "B row-major" in row.method
+
+
+def test_fma_kernel_unroll_and_the_peak_at_a_clock():
+    """The FMA loop is unrolled 32x by default (4x left ~9% of the issue slots to the loop); the peak
+    at a clock is SMs x 128 lanes x 2 x clock on Hopper: 132 SMs at the H200's 1980 MHz boost give
+    the datasheet's 66.9 TFLOP/s."""
+    from tracekit.probe.rho import FMA_UNROLL, fma_peak_at_clock, fma_source
+
+    assert FMA_UNROLL == 32 and "#pragma unroll 32" in fma_source("fp32")
+    assert "#pragma unroll 4\n" in fma_source("fp32", 4) and "fmaf" in fma_source("fp32", 4)
+    assert "imad" in fma_source("int32")
+    assert fma_peak_at_clock("9.0", 132, 1980.0) == pytest.approx(
+        datasheet_for("NVIDIA H200")["fp32"], rel=2e-3
+    )
+    assert fma_peak_at_clock("9.0", 132, None) is None and fma_peak_at_clock("1.0", 10, 1000.0) is None
+    with pytest.raises(ValueError):
+        fma_source("fp32", 0)
+
+
+def test_int8_rowb_is_accepted_and_unroll_checked_by_the_cli():
+    assert main(["rho", "--device", "cpu", "--fma-unroll", "0"]) != 0

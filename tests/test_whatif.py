@@ -96,6 +96,28 @@ def test_launch0_from_the_eager_h200_run_predicts_the_cuda_graph_run_within_15_p
     assert eager < 0.5
 
 
+def test_check_states_the_device_work_of_both_runs_as_breakdown_measures_it() -> None:
+    # the calibrated pair of 2026-12-01: the CUDA-graph loop runs masked attention over its static KV
+    # cache, more device work per token than the eager run the prediction replays; the check states
+    # both, and they are the breakdown's per-token compute + memory kernel time (an independent path:
+    # the step partition, not the replay's parts)
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
+    w = _whatif(
+        TRACES / "h200-tp1-calibrated",
+        None,
+        ["launch=0"],
+        check=(TRACES / "h200-tp1-graphs-calibrated", "launch=0"),
+    )
+    dw = w.to_json()["check"]["device_work_ns"]
+    for key, run in (("predicting_run", "h200-tp1-calibrated"), ("check_run", "h200-tp1-graphs-calibrated")):
+        parts = breakdown(read_run(TRACES / run)).to_json()["per_token"]["parts_ns"]
+        expect = parts["compute"]["mean"] + parts["memory"]["mean"]
+        assert abs(dw[key] - expect) <= 1_000, (key, dw[key], expect)
+    assert dw["check_run"] > dw["predicting_run"] * 1.03  # the graph loop's extra attention work
+
+
 def test_knobs_move_the_prediction_the_way_they_should_on_the_h200_pair() -> None:
     w = _whatif(
         TRACES / "h200-tp1",

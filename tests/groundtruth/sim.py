@@ -48,6 +48,9 @@ class Kernel:
     kind: str = "compute"
     ideal: int | None = None
     pre: int = 0
+    #: a vector (CUDA-core) kernel, not a matrix product: the residual adds and norms the knob
+    #: `allreduce_norm=fused` zeroes after an all-reduce (False: a matrix kernel, which ends that run)
+    vector: bool = False
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,25 @@ class RunSpec:
 
 
 KNOBS = ("transfer=0", "launch=0", "sync=0", "straggler=off", "compute=/N")
+#: Program knobs outside the Shapley players (issue 26), each re-simulated by its own meaning:
+#: `collective_latency=US@GBPS`: every collective's transfer the lesser of its own and US us +
+#: size x bus factor / GBPS (nccl-tests: all_reduce size = its bytes, factor 2(n-1)/n; all_gather
+#: size = the gathered output, factor (n-1)/n); `allreduce_norm=fused`: every vector kernel after
+#: an all-reduce, up to the next matrix kernel or collective on the rank, takes 0 ns (launch kept).
+EXTRA_KNOBS = ("collective_latency=", "allreduce_norm=fused")
+
+
+def _extra(knob: str) -> bool:
+    return knob == "allreduce_norm=fused" or knob.startswith("collective_latency=")
+
+
+def _coll_latency_transfer(op: Coll, tp: int, knob: str) -> int:
+    us, _, gbps = knob.partition("=")[2].partition("@")
+    size = op.nbytes * tp if op.op == "all_gather" else op.nbytes
+    factor = Fraction(2 * (tp - 1), tp) if op.op == "all_reduce" else Fraction(tp - 1, tp)
+    t = Fraction(us) * 1000 + size * factor / Fraction(gbps)  # bytes / (GB/s) = ns
+    return min(op.transfer, round(t))
+
 
 # ----------------------------------------------------------------------------------- nodes
 
@@ -330,9 +352,22 @@ def _programs(spec: RunSpec, knobs: frozenset[str]) -> list[list[tuple[int, Op |
                     op = replace(op, dur=op.ideal)
                 if "transfer=0" in knobs and isinstance(op, Coll):
                     op = replace(op, transfer=0)
+                for kn in knobs:
+                    if kn.startswith("collective_latency=") and isinstance(op, Coll):
+                        op = replace(op, transfer=_coll_latency_transfer(op, spec.tp, kn))
                 ops.append((k, op))
             ops.append((k, "step_end"))
             ops.append((k, Between(rs.between_ns)) if rs.between_ns else (k, "nop"))
+        if "allreduce_norm=fused" in knobs and spec.tp > 1:
+            armed = False
+            for i, (k, item) in enumerate(ops):
+                if isinstance(item, Coll):
+                    armed = item.op == "all_reduce"
+                elif isinstance(item, Kernel) and item.kind == "compute":
+                    if not item.vector:
+                        armed = False
+                    elif armed:
+                        ops[i] = (k, replace(item, dur=0))
         flat.append(ops)
     if "straggler=off" in knobs and spec.tp > 1:
         # segments: host ops up to and including the k-th collective launch, the same k on every
@@ -389,7 +424,7 @@ def _noop_knobs(spec: RunSpec) -> frozenset[str]:
 
 @lru_cache(maxsize=512)
 def _simulate(spec: RunSpec, profiled: bool, kn: frozenset[str]) -> SimResult:
-    unknown = kn - set(KNOBS)
+    unknown = {k for k in kn - set(KNOBS) if not _extra(k)}
     assert not unknown, unknown
     launch0 = "launch=0" in kn
     sync0 = "sync=0" in kn

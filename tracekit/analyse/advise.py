@@ -23,7 +23,12 @@ GPUs (`gpus`, default n):
   nearest measured batch b0, with g(b) = max(bytes read / memory bandwidth, flops / matrix
   throughput) per rank per token (weights once, every sequence's KV cache; 2 flops per weight per
   sequence): the device's added work at the larger batch, on top of the measured (host-bound or
-  not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`.
+  not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`. Beside
+  it `per_token_latency_no_overlap_ns`, the same with g the sum of the two times (memory and
+  matrix work not overlapping, the roofline's other extreme; it has no term for the vector and
+  attention kernels either). On one H200 (CUDA graphs, 8-layer 8B shape, fitted on batch 1 only)
+  batch 16 and 64 measured 1.062x and 1.196x the roofline prediction and 1.021x and 1.025x the
+  no-overlap one (reports/advise/check.json, reports/advise/README.md).
 - **layers** (`layers`): the memory of a model of that many layers when the traces were cut to
   fewer (the 7b-shaped captures run 8 of its 32 layers); the per-token times and the batch
   extrapolation stay those of the traced layers.
@@ -197,8 +202,10 @@ def device_figures(name: str | None) -> tuple[float, float] | None:
     return None
 
 
-def device_time_ns(m: Measured, k: int, batch: int, context: int) -> float | None:
-    """g(batch): the roofline time of one token's device work on one of k ranks (ns)."""
+def device_time_ns(m: Measured, k: int, batch: int, context: int, *, overlap: bool = True) -> float | None:
+    """g(batch): the roofline time of one token's device work on one of k ranks (ns): the larger of
+    its bytes' and its matrix work's time (`overlap`, the roofline), or their sum (`overlap=False`:
+    no overlap of memory and matrix work)."""
     fig = device_figures(m.device_name)
     if fig is None:
         return None
@@ -208,6 +215,8 @@ def device_time_ns(m: Measured, k: int, batch: int, context: int) -> float | Non
         k, context, act
     )
     flops = 2.0 * m.shape.linear_params(k) * batch
+    if not overlap:
+        return (bytes_read / bw + flops / peak) * 1e9
     return max(bytes_read / bw, flops / peak) * 1e9
 
 
@@ -355,7 +364,7 @@ def advise(
         for k in options:
             inst = gpus // k
             hit = by_key.get((k, b))
-            status, t = "measured", None
+            status, t, t_hi = "measured", None, None
             if hit is not None:
                 t = hit.per_token_ns
             else:
@@ -369,6 +378,10 @@ def advise(
                             base.per_token_ns + max(0.0, g_b - g_0),
                             f"predicted from batch {base.batch}",
                         )
+                        h_b = device_time_ns(base, k, b, base.context, overlap=False)
+                        h_0 = device_time_ns(base, k, base.batch, base.context, overlap=False)
+                        assert h_b is not None and h_0 is not None
+                        t_hi = base.per_token_ns + max(0.0, h_b - h_0)
                     else:
                         status = "not measured (no device figures to extrapolate)"
                 else:
@@ -382,6 +395,8 @@ def advise(
                 "instances": inst,
                 "status": status,
                 "per_token_latency_ns": int(round(t)) if t is not None else None,
+                # predicted rows: the same extrapolation with memory and matrix work not overlapping
+                "per_token_latency_no_overlap_ns": int(round(t_hi)) if t_hi is not None else None,
                 "tokens_per_s": inst * b * 1e9 / t if t else None,
                 "tokens_per_s_per_instance": b * 1e9 / t if t else None,
                 "memory_per_gpu_bytes": {k2: int(round(v)) for k2, v in need.items()},

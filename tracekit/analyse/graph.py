@@ -391,7 +391,9 @@ def _gpu_rank(
     lb = idle & (d_call >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)
     rho_typ = int(np.median(rho[lb])) if lb.any() else 5000
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
-    qq = q[(pred >= 0) & ~(idle & (rho <= rho_bound))]
+    # an operation inside a graph replay after its first: its gap from the operation before the replay
+    # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
+    qq = q[(pred >= 0) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")

@@ -26,6 +26,15 @@ unchanged trace gives back every measured time exactly (`replay_error`). Integer
 - `compute=/N`: perfect scaling of the TP=1 kernels, per kernel: the k-th compute operation of a
   step takes, on every rank, the ranks' mean of it times (C1 / N) / C, with C1 the baseline's and
   C the ranks' mean compute per token.
+- `collective_latency=US[@GBPS]`: every collective's transfer (after its last arrival) is the
+  lesser of its own and US microseconds + size x bus factor / GBPS (nccl-tests' size and bus
+  factor, GBPS the bus bandwidth; without @GBPS the `--probe` JSON's best algorithm bandwidth for
+  the op gives the bytes' time): what a one-shot custom all-reduce (a few us where NCCL takes
+  10-20) buys, used where it is faster, as serving engines fall back to NCCL for large messages.
+  Applied after `transfer` (with `transfer=0` it changes nothing).
+- `allreduce_norm=fused`: the vector kernels between each all-reduce and the next matrix kernel on
+  its rank (the residual add and RMSNorm the all-reduce feeds) take no device time, as in a fused
+  all-reduce + add + norm kernel; their launches and the device's gaps stay.
 
 **Correction to the unprofiled times** (docs/METHOD.md, "The dependency graph"): with the
 manifest's `profiler_calibration` the profiler's cost per call of each kind is removed call by call
@@ -36,6 +45,7 @@ uses. Knobs then apply to the corrected graph. A host sleep is one gap: it loses
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -56,7 +66,15 @@ from tracekit.errors import TracekitError
 SCHEMA_VERSION = "1.0"
 
 #: The knob names, in report order.
-KNOB_NAMES: tuple[str, ...] = ("transfer", "launch", "sync", "straggler", "compute")
+KNOB_NAMES: tuple[str, ...] = (
+    "transfer",
+    "launch",
+    "sync",
+    "straggler",
+    "compute",
+    "collective_latency",
+    "allreduce_norm",
+)
 #: The knobs whose Shapley values split S when none are given.
 DEFAULT_KNOBS: tuple[str, ...] = ("transfer=0", "launch=0", "sync=0", "straggler=off", "compute=/N")
 #: One line per knob: the transformation it applies (JSON `knobs[].definition`).
@@ -68,6 +86,10 @@ KNOB_DEFINITIONS: dict[str, str] = {
     "sync=0": "synchronisation calls return at once",
     "straggler=off": "per segment between collectives, every rank's host gaps scaled to the fastest rank's",
     "compute=/N": "every compute operation scaled so each rank's compute per token is the baseline's / N",
+    "collective_latency=US": "every collective's transfer is the lesser of its own and US us + size x bus "
+    "factor / bus bandwidth (a one-shot custom all-reduce where it is faster)",
+    "allreduce_norm=fused": "the vector kernels between each all-reduce and the next matrix kernel (the "
+    "residual add and norm) take no device time (a fused all-reduce + norm kernel); launches and gaps stay",
 }
 #: A device gap of at least this much before an operation means its stream was idle (`graph`).
 IDLE_GAP_NS = G.IDLE_GAP_NS
@@ -90,6 +112,11 @@ class ProbeTimes:
     path: str
     mode: str | None
     rows: Mapping[str, tuple[tuple[int, float], ...]]
+
+    def best_algbw(self, op: str) -> float:
+        """The highest algorithm bandwidth (bytes/ns = GB/s) among `op`'s rows, else among all rows."""
+        pts = self.rows.get(op) or tuple(p for rows in self.rows.values() for p in rows)
+        return max(b / t for b, t in pts if t > 0)
 
     def time_ns(self, op: str, size: int) -> float | None:
         pts = self.rows.get(op)
@@ -144,6 +171,8 @@ class Knob:
     name: str
     value: str
     probe: ProbeTimes | None = None
+    latency_ns: float | None = None  # collective_latency: the fixed part of every transfer
+    busbw_gbps: float | None = None  # collective_latency: the bus bandwidth (else the probe's)
 
     @property
     def spec(self) -> str:
@@ -151,8 +180,35 @@ class Knob:
 
     @property
     def definition(self) -> str:
+        if self.name == "collective_latency":
+            bw = (
+                f"{self.busbw_gbps:g} GB/s"
+                if self.busbw_gbps is not None
+                else f"the best algorithm bandwidth of the op in {self.probe.path if self.probe else '?'}"
+            )
+            return (
+                f"every collective's transfer is the lesser of its own and "
+                f"{self.latency_ns / 1e3 if self.latency_ns else 0:g} us + size x bus factor / bus bandwidth "
+                f"({bw}): a one-shot custom all-reduce where it is faster"
+            )
         key = "transfer=probe" if self.probe is not None else self.spec
         return KNOB_DEFINITIONS[key]
+
+    def transfer_ns(self, op: str, size: int, n_ranks: int) -> float:
+        """collective_latency: one collective's transfer (ns) for its op, nccl-tests size and ranks."""
+        from tracekit.analyse.bandwidth import bus_factor
+
+        lat = float(self.latency_ns or 0.0)
+        if size <= 0:
+            return lat
+        if self.busbw_gbps is not None:
+            try:
+                factor = bus_factor(op, max(n_ranks, 1))
+            except ValueError:
+                factor = 1.0
+            return lat + size * factor / self.busbw_gbps  # bytes / (GB/s) = ns
+        assert self.probe is not None
+        return lat + size / self.probe.best_algbw(op)
 
 
 def parse_knob(text: str, probe: str | None = None) -> Knob:
@@ -162,17 +218,54 @@ def parse_knob(text: str, probe: str | None = None) -> Knob:
     if not eq or name not in KNOB_NAMES:
         raise ReplayError(
             f"unknown knob {text!r}; knobs: transfer=0, transfer=probe:FILE, launch=0, sync=0, straggler=off, "
-            "compute=/N"
+            "compute=/N, collective_latency=US[@GBPS], allreduce_norm=fused"
         )
     if name == "transfer" and value.startswith("probe"):
         src = value[len("probe") :].lstrip(":") or (probe or "")
         if not src:
             raise ReplayError("transfer=probe needs a file: transfer=probe:FILE or --probe FILE")
         return Knob("transfer", f"probe:{src}", load_probe(src))
-    allowed = {"transfer": "0", "launch": "0", "sync": "0", "straggler": "off", "compute": "/N"}
+    if name == "collective_latency":
+        return _collective_latency(text, value, probe)
+    allowed = {
+        "transfer": "0",
+        "launch": "0",
+        "sync": "0",
+        "straggler": "off",
+        "compute": "/N",
+        "allreduce_norm": "fused",
+    }
     if value != allowed[name]:
         raise ReplayError(f"knob {name} takes {name}={allowed[name]}, got {text!r}")
     return Knob(name, value)
+
+
+def _collective_latency(text: str, value: str, probe: str | None) -> Knob:
+    """`collective_latency=US[@GBPS]`: US microseconds per collective + its bytes at GBPS bus
+    bandwidth (without @GBPS: the --probe JSON's best algorithm bandwidth for the op)."""
+    us_text, at, bw_text = value.partition("@")
+    try:
+        us = float(us_text)
+        bw = float(bw_text) if at else None
+    except ValueError:
+        raise ReplayError(
+            f"knob {text!r}: collective_latency=US or US@GBPS (microseconds, bus GB/s), e.g. "
+            "collective_latency=5@400"
+        ) from None
+    if not math.isfinite(us) or us < 0 or (bw is not None and (not math.isfinite(bw) or bw <= 0)):
+        raise ReplayError(f"knob {text!r}: the latency must be >= 0 us and the bandwidth > 0 GB/s")
+    if bw is None and not probe:
+        raise ReplayError(
+            f"knob {text!r} needs a bandwidth for the bytes: collective_latency={us_text}@GBPS (bus GB/s) "
+            "or --probe FILE (a `tracekit probe` / `compare-links` JSON)"
+        )
+    return Knob(
+        "collective_latency",
+        value,
+        probe=load_probe(probe) if bw is None and probe else None,
+        latency_ns=us * 1000.0,
+        busbw_gbps=bw,
+    )
 
 
 def parse_combination(text: str, probe: str | None = None) -> tuple[Knob, ...]:
@@ -200,6 +293,8 @@ class _Setting:
     host_deduct: float = 0.0  # ns per runtime call (host timeline: per op) taken from host time
     deduct_collective: float = 0.0  # ns per collective call taken from host time (manifest calibration)
     device_scale: float = 1.0  # factor on device op times and gaps (calibration of a device-bound run)
+    coll_latency: Knob | None = None  # collective_latency=US[@GBPS]: every transfer latency + bytes / bw
+    fuse_norm: bool = False  # allreduce_norm=fused: the vector kernels after each all-reduce take 0
 
 
 # ------------------------------------------------------------------------------------------
@@ -229,6 +324,17 @@ class RunModel:
     device_scale: float = 1.0
     correction: str = "none"  # "none", "solved", "manifest calibration"
     calibration: dict[str, Any] | None = None
+    #: the classified events the graph was built from, for the masks a knob needs (found lazily)
+    events: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def norm_after_all_reduce(self) -> np.ndarray | None:
+        """Per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
+        all-reduce and the next matrix kernel on its rank); None: none found. Found on first use."""
+        if not hasattr(self, "_norm_mask"):
+            ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
+            self._norm_mask = norm_after_all_reduce(self.graph, self.events) if ok else None
+        return self._norm_mask
 
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
@@ -278,6 +384,12 @@ class RunModel:
                     tp = s.transfer.time_ns(op, int(nb))
                     if tp is not None:
                         lat[k] = tp
+        if s.coll_latency is not None:
+            xk = np.flatnonzero(role == G.ROLE_XFER)
+            for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
+                lat[k] = min(lat[k], s.coll_latency.transfer_ns(op, int(nb), self.n_ranks))
+        if s.fuse_norm and self.norm_after_all_reduce is not None:
+            lat = np.where(self.norm_after_all_reduce, 0.0, lat)
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
             out[role == G.ROLE_SYNC] = 0
@@ -380,8 +492,10 @@ class RunModel:
         return lat
 
     def applicable(self, knob: Knob) -> bool:
-        if knob.name in ("transfer", "straggler", "compute"):
+        if knob.name in ("transfer", "straggler", "compute", "collective_latency"):
             return self.n_ranks > 1
+        if knob.name == "allreduce_norm":
+            return self.n_ranks > 1 and self.timeline == "gpu"
         if knob.name == "launch":
             return self.timeline == "gpu"
         return True
@@ -439,7 +553,64 @@ def build_model(
         notes=notes,
     )
     model.calibration = _manifest_calibration(manifest)
+    model.events = classified
     return model
+
+
+#: An all-reduce kernel by its name, where the event carries no collective metadata (a graph replay's
+#: NCCL kernel): ncclDevKernel_AllReduce_Sum_bf16_RING_LL, cross_device_reduce_1stage (vLLM)
+_ALL_REDUCE_NAME = r"(?i)all_?reduce|cross_device_reduce|one_?shot|two_?shot"
+
+
+def norm_after_all_reduce(g: G.Graph, events: pd.DataFrame | None) -> np.ndarray | None:
+    """Per edge of `g`: True for the device time of a vector compute kernel that runs, on its rank
+    in device start order, after an all-reduce and before the next matrix kernel or collective
+    (what `allreduce_norm=fused` removes: the residual add and norm the all-reduce feeds). The
+    kernels are found in the classified `events` and matched to the graph's operation edges by
+    rank, start and end. None when there are none."""
+    if events is None or not len(events):
+        return None
+    kind = events["kind"].astype(str).to_numpy()
+    dev = np.isin(kind, ("kernel", "memcpy", "memset"))
+    if not dev.any():
+        return None
+    ev = events[dev]
+    cls = ev["cls"].astype(str).to_numpy()
+    sub = ev["subclass"].astype(str).to_numpy()
+    op = ev["coll_op"].astype(str).to_numpy()
+    named = ev["name"].astype(str).str.contains(_ALL_REDUCE_NAME, regex=True).to_numpy()
+    ar = (cls == "collective") & ((op == "all_reduce") | ((op == "") & named))
+    stop = ((cls == "compute") & (sub == "matrix")) | ((cls == "collective") & ~ar)
+    vec = (cls == "compute") & (sub != "matrix")
+    df = pd.DataFrame(
+        {
+            "rank": ev["rank"].to_numpy(np.int64),
+            "start": ev["start_ns"].to_numpy(np.int64),
+            "end": ev["end_ns"].to_numpy(np.int64),
+            "mark": np.where(ar, 1.0, np.where(stop, 0.0, np.nan)),
+            "vec": vec,
+        }
+    ).sort_values(["rank", "start", "end"], kind="stable")
+    armed = df.groupby("rank")["mark"].transform(lambda m: m.ffill().shift(1)).to_numpy()
+    hit = df[df["vec"].to_numpy() & (armed == 1.0)]
+    if not len(hit):
+        return None
+    ops = np.flatnonzero((g.role == G.ROLE_OP) & (g.kind == G.K_COMPUTE))
+    off = np.asarray([g.offsets.get(int(r), 0) for r in g.erank[ops]], dtype=np.int64)
+    edges = pd.DataFrame(
+        {
+            "rank": g.erank[ops].astype(np.int64),
+            "start": g.t[g.src[ops]].astype(np.int64) + off,
+            "end": g.t[g.dst[ops]].astype(np.int64) + off,
+            "edge": ops,
+        }
+    )
+    matched = edges.merge(hit[["rank", "start", "end"]].drop_duplicates(), on=["rank", "start", "end"])
+    if not len(matched):
+        return None
+    mask = np.zeros(len(g.role), dtype=bool)
+    mask[matched["edge"].to_numpy(np.int64)] = True
+    return mask
 
 
 def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -609,6 +780,10 @@ def setting_for(
             kw["sync0"] = True
         elif k.name == "straggler":
             kw["straggler_off"] = True
+        elif k.name == "collective_latency":
+            kw["coll_latency"] = k
+        elif k.name == "allreduce_norm":
+            kw["fuse_norm"] = True
         elif k.name == "compute" and baseline_compute is not None:
             mean_c = (
                 float(np.mean(list(model.compute_per_token.values()))) if model.compute_per_token else 0.0
@@ -816,16 +991,7 @@ def whatif(
         # compute=/N scales to the baseline's compute x (baseline ranks / N)
         s = setting_for(m, ks, c1 * base.n_ranks if c1 is not None else None, m.n_ranks)
         if m is base:
-            s = _Setting(
-                transfer=s.transfer,
-                launch0=s.launch0,
-                sync0=s.sync0,
-                straggler_off=s.straggler_off,
-                host_scale=s.host_scale,
-                host_deduct=s.host_deduct,
-                deduct_collective=s.deduct_collective,
-                device_scale=s.device_scale,
-            )
+            s = dataclasses.replace(s, compute_scale=None)
         return _mean_int(m.replay(s))
 
     memo: dict[tuple[int, str], Fraction] = {}
@@ -870,7 +1036,8 @@ def whatif(
         assert sum(shap.values()) == s_ns
     check_doc = None
     if check is not None:
-        check_doc = _check(check, predicted, corrected)
+        same_n = base_parts if len(check[0].ranks) == base.n_ranks else shard_parts
+        check_doc = _check(check, predicted, corrected, same_n)
     accounting = None
     if sf is not None:
         j = sf.to_json()
@@ -896,8 +1063,14 @@ def _check(
     check: tuple[RunParts, tuple[Knob, ...], str],
     predicted: Mapping[str, Mapping[int, Fraction]],
     corrected: bool,
+    predicting: RunParts | None = None,
 ) -> dict[str, Any]:
-    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if)."""
+    """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if).
+
+    Also the device work per token (compute + memory kernels, per rank, mean) of the check run and
+    of the run the prediction replays: a knob re-times the work the trace holds, so when the check
+    run does different device work (a CUDA-graph loop over a static KV cache runs masked attention
+    over every cached position), that difference bounds the agreement and is stated beside the error."""
     parts, combo, label = check
     spec = combination_spec(combo)
     n = len(parts.ranks)
@@ -921,4 +1094,17 @@ def _check(
         "measured_traced_ns": int(round(traced)),
         "measured_unprofiled_ns": int(round(unprof)) if unprof is not None else None,
         "error": float((pred - measured) / measured),
+        "device_work_ns": {
+            "check_run": _device_work(parts),
+            "predicting_run": _device_work(predicting) if predicting is not None else None,
+        },
     }
+
+
+def _device_work(parts: RunParts) -> int:
+    """Mean per-token device work (compute + memory kernels) over the run's ranks, integer ns."""
+    per = [
+        sum((Fraction(leaf.get(k, 0)) for k in ("compute", "memory")), Fraction(0))
+        for leaf in parts.per_rank.values()
+    ]
+    return int(round(sum(per, Fraction(0)) / len(per))) if per else 0

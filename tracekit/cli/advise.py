@@ -65,6 +65,11 @@ def render_text(adv: Any) -> str:
             f"{r['batch']:>5}  {r['option']:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
             f"{'-' if tps is None else f'{tps:,.0f}':>10} {r['memory_per_gpu_bytes']['total'] / GIB:>8.2f} "
             f"{fits:>5}  {r['status']}"
+            + (
+                f" (no overlap: {r['per_token_latency_no_overlap_ns'] / 1e6:.3f} ms)"
+                if r.get("per_token_latency_no_overlap_ns")
+                else ""
+            )
         )
     lines += ["", "Memory cliff (most concurrent sequences whose KV cache fits beside the weights):"]
     lines += [f"  {s}" for s in cliff_sentence(adv)]

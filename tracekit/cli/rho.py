@@ -13,6 +13,7 @@ Examples:
   tracekit rho --format json -o reports/rho/h200.json
   tracekit rho --json reports/rho/h200.json -o reports/rho/h200.txt   # both
   tracekit rho --matrix bf16,fp8 --vector fp32 --size 4096
+  tracekit rho --matrix int8,int8-rowb --vector fp32 --fma-unroll 4   # what layout and unroll cost
   tracekit rho --device cpu                     # small CPU fallback (CI, laptops): no tensor cores
 """
 
@@ -27,8 +28,20 @@ def _dtypes(text: str, allowed: tuple[str, ...], flag: str) -> tuple[str, ...]:
 
 @click.command(epilog=EXAMPLES, context_settings={"max_content_width": 100})
 @click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--matrix", "matrix", default="bf16,fp16,fp8,int8", show_default=True, help="Matrix dtypes.")
+@click.option(
+    "--matrix",
+    "matrix",
+    default="bf16,fp16,fp8,int8",
+    show_default=True,
+    help="Matrix dtypes; also int8-rowb (int8 with a row-major B: the slow layout, for comparison).",
+)
 @click.option("--vector", "vector", default="fp32,int32", show_default=True, help="Vector dtypes.")
+@click.option(
+    "--fma-unroll",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Unroll factor of the FMA kernel's loop (default 32; the first H200 figures used 4).",
+)
 @click.option(
     "--size", type=int, default=None, help="M = N = K of the products (default 8192 on CUDA, 256 on CPU)."
 )
@@ -45,6 +58,7 @@ def command(
     device: str,
     matrix: str,
     vector: str,
+    fma_unroll: int | None,
     size: int | None,
     iterations: int | None,
     repeats: int,
@@ -63,9 +77,16 @@ def command(
     `tracekit breakdown`.
     """
     from tracekit.cli.probe import dumps_json
-    from tracekit.probe.rho import MATRIX_DTYPES, VECTOR_DTYPES, format_table, run_rho
+    from tracekit.probe.rho import (
+        FMA_UNROLL,
+        MATRIX_DTYPES,
+        MATRIX_EXTRA,
+        VECTOR_DTYPES,
+        format_table,
+        run_rho,
+    )
 
-    md = _dtypes(matrix, MATRIX_DTYPES, "--matrix")
+    md = _dtypes(matrix, MATRIX_DTYPES + MATRIX_EXTRA, "--matrix")
     vd = _dtypes(vector, VECTOR_DTYPES, "--vector")
     if "fp32" not in vd:
         vd = ("fp32", *vd)  # rho needs the fp32 FMA figure
@@ -81,6 +102,7 @@ def command(
         iterations=iterations,
         repeats=repeats,
         progress=say,
+        fma_unroll=fma_unroll or FMA_UNROLL,
     )
     if json_out:
         from pathlib import Path

@@ -94,6 +94,14 @@ def _summary(doc: dict[str, Any]) -> list[str]:
             f"check: {c['knobs']} predicts {_ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
             f"{_ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
         )
+        dw = c.get("device_work_ns") or {}
+        a, b = dw.get("predicting_run"), dw.get("check_run")
+        if a and b and abs(b - a) > 0.01 * a:
+            lines.append(
+                f"  the check run's device work differs: {_ms(b)} vs {_ms(a)} ms per token in the replayed run "
+                f"({(b - a) / a:+.1%}): a knob re-times the work the trace holds, so this difference is "
+                "not the model's error"
+            )
     return lines
 
 
@@ -160,6 +168,12 @@ Knobs (each a transformation of the replay; `a,b` combines):
   sync=0                 synchronisations return at once
   straggler=off          every rank's host gaps set to the fastest rank's, per segment between collectives
   compute=/N             each rank's compute scaled to the baseline's / N (perfect scaling)
+  collective_latency=US[@GBPS]
+                         each collective's transfer: the lesser of its own and US us + size x bus factor /
+                         GBPS (without @GBPS: --probe's bandwidth), what a one-shot custom all-reduce buys
+  allreduce_norm=fused   the vector kernels between each all-reduce and the next GEMM (residual add, norm)
+                         take no device time: a fused all-reduce + RMSNorm kernel (GPU timeline, TP > 1)
+  (docs/METHOD.md section Critical path and what-if)
 \b
 Examples:
   tracekit whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2
@@ -169,6 +183,8 @@ Examples:
       --check-knob launch=0
   tracekit whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --probe reports/h200/links-graph.json \\
       --knob transfer=probe --knob launch=0 --knob straggler=off --format json -o whatif.json
+  tracekit whatif --baseline traces/h200x2-tp1-b1-graphs --sharded traces/h200x2-tp2-b1-graphs \\
+      --knob collective_latency=5@400 --knob allreduce_norm=fused
 """,
 )
 @click.option("--baseline", required=True, metavar="DIR", help="TP=1 run: folder of rank files.")

@@ -7,11 +7,18 @@ Micro-benchmarks, each timed between CUDA events after a warm-up (host clock on 
   int8 `torch._int_mm` (int32 output). A dtype the device or the torch build cannot run is skipped
   and the reason recorded.
 - **vector**: a CUDA kernel in which every thread runs 8 independent chains of fused multiply-adds
-  (`fmaf` for fp32, `a * b + c` for int32: IMAD) for `iters` rounds, 2 operations per FMA, over
+  (`fmaf` for fp32, `a * b + c` for int32: IMAD) for `iters` rounds (the loop unrolled
+  `FMA_UNROLL` times, so the loop's own instructions cost ~1% of the issue slots), 2 operations per FMA, over
   enough blocks to fill every multiprocessor many times; built with NVRTC through CuPy, else torch's
   jiterator (one chain per element; each element needs its load and store, so this is the lower
   bound of the two). An ordinary elementwise op is memory-bound and would measure the memory, not the
   cores: that is why a kernel of our own.
+- **clock**: after each figure the same call is queued for ~0.6 s and the SM clock read while it runs
+  (NVML through torch, else nvidia-smi): the fp32 FMA figure is also given as a share of the FMA
+  peak at that clock (SMs x 128 lanes x 2 on Hopper), which tells a slow kernel from a low clock.
+  TF32 does not enter: the FMA kernel is our own CUDA code, not a matrix product.
+- **int8 layout**: `_int_mm` gets A row-major and B column-major (`int8_operands`, checked by
+  `int8_layout_problem`); `int8-rowb` measures a row-major B on request, for comparison.
 - **rho** per matrix dtype = its throughput / the fp32 FMA throughput (the tensor core to CUDA core
   balance: how many vector operations fit in the time of one matrix operation's worth of work).
 
@@ -36,6 +43,9 @@ from typing import Any
 SCHEMA_VERSION = "1.0"
 
 MATRIX_DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp8", "int8")
+#: Measured only when asked for (`--matrix int8-rowb`): int8 with a row-major B, the layout the
+#: first H200 run used by mistake, kept to show what the layout costs.
+MATRIX_EXTRA: tuple[str, ...] = ("int8-rowb",)
 VECTOR_DTYPES: tuple[str, ...] = ("fp32", "int32")
 
 #: Dense datasheet throughput (TFLOP/s, TOPS for int) by a substring of the device name, first
@@ -85,6 +95,10 @@ class Measurement:
     datasheet_tops: float | None = None
     anchor_tops: float | None = None
     skipped: str | None = None
+    #: the SM clock read while a queue of these calls ran (MHz; None where it could not be read)
+    sm_clock_mhz: float | None = None
+    #: fp32 FMA only: the device's FMA peak at that clock (SMs x FP32_LANES_PER_SM x 2 x clock)
+    peak_at_clock_tops: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -171,8 +185,96 @@ def _rates(ops: int, seconds: Sequence[float]) -> tuple[float, float]:
     return statistics.median(per), max(per)
 
 
+def read_sm_clock_mhz() -> float | None:
+    """The current SM clock of CUDA device 0 (MHz): torch.cuda.clock_rate (NVML), else nvidia-smi;
+    None when neither answers."""
+    import torch
+
+    try:
+        mhz = torch.cuda.clock_rate(0)
+        if mhz:
+            return float(mhz)
+    except Exception:  # no pynvml / amdsmi in this environment
+        pass
+    import os
+    import subprocess
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits", "-i", visible],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return float(done.stdout.strip().splitlines()[0])
+    except Exception:
+        return None
+
+
+def clock_under_load(call: Callable[[], Any], seconds_per_call: float, load_s: float = 0.6) -> float | None:
+    """Queue about `load_s` seconds of `call` on the device, read the SM clock while it runs, wait."""
+    import torch
+
+    for _ in range(max(1, min(4000, int(load_s / max(seconds_per_call, 1e-6))))):
+        call()
+    mhz = read_sm_clock_mhz()
+    torch.cuda.synchronize()
+    return mhz
+
+
+def fma_peak_at_clock(capability: str, multiprocessors: int, mhz: float | None) -> float | None:
+    """fp32 FMA peak (TFLOP/s) of a device at an SM clock: SMs x lanes x 2 operations x clock."""
+    lanes = FP32_LANES_PER_SM.get(capability)
+    if lanes is None or not mhz:
+        return None
+    return multiprocessors * lanes * 2 * mhz * 1e6 / 1e12
+
+
 # ------------------------------------------------------------------------------------------
 # matrix
+
+
+#: `torch._int_mm` (cuBLASLt int8 tensor-core kernels, int32 accumulate) runs fast only in the "TN"
+#: layout: A [m, k] row-major, B [k, n] column-major (B^T row-major), m above 16, k and n multiples
+#: of 8. The first H200 run passed a row-major B and got 126 TOPS, below bf16 (reports/rho/README.md).
+INT8_MIN_M = 17
+INT8_MULTIPLE = 8
+
+
+def int8_operands(
+    m: int, n: int, k: int, *, device: str, generator: Any, layout: str = "col"
+) -> tuple[Any, Any]:
+    """Random int8 A [m, k] (row-major) and B [k, n]: column-major (`layout="col"`, built as an
+    [n, k] row-major tensor, transposed: the storage is B^T's) or row-major (`"row"`)."""
+    import torch
+
+    a = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8, generator=generator)
+    if layout == "col":
+        b = torch.randint(-128, 128, (n, k), device=device, dtype=torch.int8, generator=generator).t()
+    elif layout == "row":
+        b = torch.randint(-128, 128, (k, n), device=device, dtype=torch.int8, generator=generator)
+    else:
+        raise ValueError(f"layout {layout!r}: col or row")
+    return a, b
+
+
+def int8_layout_problem(a: Any, b: Any) -> str | None:
+    """Why `torch._int_mm(a, b)` would miss cuBLASLt's int8 tensor-core path, or None."""
+    m, k = a.shape
+    k2, n = b.shape
+    if k != k2:
+        return f"inner sizes differ ({k} vs {k2})"
+    sa, sb = tuple(a.stride()), tuple(b.stride())
+    if not (sa[1] == 1 and sa[0] >= k):  # row-major: unit stride along k, a leading dimension >= k
+        return f"A is not row-major (strides {sa})"
+    if not (sb[0] == 1 and sb[1] >= k):  # column-major: unit stride along k
+        return f"B is not column-major (strides {sb}; want (1, {k}))"
+    if m < INT8_MIN_M:
+        return f"m = {m}: _int_mm wants m > 16"
+    if k % INT8_MULTIPLE or n % INT8_MULTIPLE:
+        return f"k = {k}, n = {n}: both must be multiples of {INT8_MULTIPLE}"
+    return None
 
 
 def _matrix_call(dtype: str, size: int, device: str) -> tuple[Callable[[], Any], str]:
@@ -196,16 +298,18 @@ def _matrix_call(dtype: str, size: int, device: str) -> tuple[Callable[[], Any],
         return (
             lambda: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
         ), "torch._scaled_mm e4m3 -> bf16"
-    if dtype == "int8":
+    if dtype in ("int8", "int8-rowb"):
         if not hasattr(torch, "_int_mm"):
             raise RuntimeError("this torch has no _int_mm")
-        ai = torch.randint(-128, 128, (m, k), device=device, dtype=torch.int8, generator=gen)
-        # column-major B (the "TN" layout cuBLASLt's int8 tensor-core kernels take): a row-major B
-        # ran at 126 TOPS on the H200, far below the ~907 TOPS anchor (reports/rho/README.md);
-        # this layout is not yet re-measured there
-        bi = torch.randint(-128, 128, (n, k), device=device, dtype=torch.int8, generator=gen).t()
+        layout = "row" if dtype == "int8-rowb" else "col"
+        ai, bi = int8_operands(m, n, k, device=device, generator=gen, layout=layout)
+        if layout == "col":
+            bad = int8_layout_problem(ai, bi)
+            if bad:
+                raise RuntimeError(f"int8 operands not in the cuBLASLt layout: {bad}")
         torch._int_mm(ai, bi)  # raises if unsupported
-        return (lambda: torch._int_mm(ai, bi)), "torch._int_mm int8 -> int32"
+        where = "B column-major" if layout == "col" else "B row-major (the slow path, for comparison)"
+        return (lambda: torch._int_mm(ai, bi)), f"torch._int_mm int8 -> int32, {where}"
     raise ValueError(f"unknown matrix dtype {dtype!r}")
 
 
@@ -224,7 +328,10 @@ def measure_matrix(
             "matrix", dtype, "-", shape, ops, None, skipped=f"{type(exc).__name__}: {exc}"[:300]
         )
     med, best = _rates(ops, secs)
-    return Measurement("matrix", dtype, method, shape, ops, med, best, iterations, repeats)
+    m = Measurement("matrix", dtype, method, shape, ops, med, best, iterations, repeats)
+    if device == "cuda":
+        m.sm_clock_mhz = clock_under_load(call, statistics.median(secs))
+    return m
 
 
 # ------------------------------------------------------------------------------------------
@@ -234,7 +341,7 @@ _FMA_SOURCE = r"""
 extern "C" __global__ void fma_loop_{name}({t}* out, {t} a, {t} b, int iters) {{
     {t} x0 = a + ({t})threadIdx.x, x1 = x0 + ({t})1, x2 = x0 + ({t})2, x3 = x0 + ({t})3;
     {t} x4 = x0 + ({t})4, x5 = x0 + ({t})5, x6 = x0 + ({t})6, x7 = x0 + ({t})7;
-    #pragma unroll 4
+    #pragma unroll {unroll}
     for (int i = 0; i < iters; ++i) {{
         x0 = {fma}(x0, b, a); x1 = {fma}(x1, b, a); x2 = {fma}(x2, b, a); x3 = {fma}(x3, b, a);
         x4 = {fma}(x4, b, a); x5 = {fma}(x5, b, a); x6 = {fma}(x6, b, a); x7 = {fma}(x7, b, a);
@@ -243,21 +350,38 @@ extern "C" __global__ void fma_loop_{name}({t}* out, {t} a, {t} b, int iters) {{
 }}
 """
 _CHAINS = 8
+#: The FMA loop's unroll factor. With 4 (the first H200 run) each iteration is 32 FFMA and ~3 loop
+#: instructions (counter, compare, branch) issued from the same slots: at most 32/35 = 91% of the
+#: FMA rate. With 32 the loop costs ~1%.
+FMA_UNROLL = 32
+#: fp32 FMA lanes per multiprocessor by compute capability (CUDA programming guide, arithmetic
+#: instructions table): the peak at a clock is SMs x lanes x 2 x clock.
+FP32_LANES_PER_SM: dict[str, int] = {"7.0": 64, "8.0": 64, "8.6": 128, "8.9": 128, "9.0": 128, "10.0": 128}
 
 
-def _cupy_fma(dtype: str, blocks: int, threads: int, iters: int) -> Callable[[], Any]:
-    import cupy as cp
-    import torch
-
+def fma_source(dtype: str, unroll: int = FMA_UNROLL) -> str:
+    """The CUDA source of the FMA kernel for `dtype` (fp32: `fmaf`; int32: an unsigned multiply-add)."""
+    if unroll < 1:
+        raise ValueError(f"unroll {unroll}: at least 1")
     t = {"fp32": "float", "int32": "unsigned int"}[dtype]
     fma = "fmaf" if dtype == "fp32" else "imad"
-    src = _FMA_SOURCE.format(name=dtype, t=t, fma=fma)
+    src = _FMA_SOURCE.format(name=dtype, t=t, fma=fma, unroll=unroll)
     if dtype == "int32":
         # unsigned: wrap-around is defined, so the compiler may not reason the loop away
         src = (
             "__device__ __forceinline__ unsigned int imad(unsigned int x, unsigned int b, unsigned int a) "
             "{ return x * b + a; }\n" + src
         )
+    return src
+
+
+def _cupy_fma(
+    dtype: str, blocks: int, threads: int, iters: int, unroll: int = FMA_UNROLL
+) -> Callable[[], Any]:
+    import cupy as cp
+    import torch
+
+    src = fma_source(dtype, unroll)
     kern = cp.RawKernel(src, f"fma_loop_{dtype}")
     out = cp.empty(blocks * threads, dtype=cp.float32 if dtype == "fp32" else cp.uint32)
     a = cp.float32(0.5) if dtype == "fp32" else cp.uint32(3)
@@ -289,7 +413,7 @@ def _jiterator_fma(dtype: str, elements: int, iters: int) -> Callable[[], Any]:
 
 
 def measure_vector_cuda(
-    dtype: str, *, iterations: int, repeats: int, warmup: int, iters: int = 4096
+    dtype: str, *, iterations: int, repeats: int, warmup: int, iters: int = 4096, unroll: int = FMA_UNROLL
 ) -> Measurement:
     import torch
 
@@ -297,9 +421,12 @@ def measure_vector_cuda(
     threads, blocks = 256, sms * 32
     errors = []
     try:
-        call = _cupy_fma(dtype, blocks, threads, iters)
+        call = _cupy_fma(dtype, blocks, threads, iters, unroll)
         ops = 2 * _CHAINS * iters * blocks * threads
-        method = f"NVRTC kernel (CuPy): {_CHAINS} independent FMA chains per thread, {iters} rounds"
+        method = (
+            f"NVRTC kernel (CuPy): {_CHAINS} independent FMA chains per thread, {iters} rounds, "
+            f"unrolled {unroll}x"
+        )
         shape = f"{blocks} blocks x {threads} threads"
     except Exception as exc:
         errors.append(f"CuPy: {type(exc).__name__}: {exc}"[:200])
@@ -315,6 +442,12 @@ def measure_vector_cuda(
     secs = _time_batches(call, iterations=iterations, repeats=repeats, warmup=warmup, cuda=True)
     med, best = _rates(ops, secs)
     m = Measurement("vector", dtype, method, shape, ops, med, best, iterations, repeats)
+    m.sm_clock_mhz = clock_under_load(call, statistics.median(secs))
+    if dtype == "fp32":
+        props = torch.cuda.get_device_properties(0)
+        m.peak_at_clock_tops = fma_peak_at_clock(
+            f"{props.major}.{props.minor}", int(props.multi_processor_count), m.sm_clock_mhz
+        )
     if errors:
         m.method += f" (CuPy unavailable: {errors[0]})"
     return m
@@ -361,6 +494,7 @@ def run_rho(
     iterations: int | None = None,
     repeats: int = 5,
     progress: Callable[[str], None] | None = None,
+    fma_unroll: int = FMA_UNROLL,
 ) -> Rho:
     """Measure every requested dtype on `device` ("auto": CUDA when available, else CPU)."""
     import torch
@@ -407,7 +541,8 @@ def run_rho(
     for d in matrix_dtypes:
         say(f"matrix {d} {size}^3")
         m = measure_matrix(d, size, device=device, iterations=iterations, repeats=repeats, warmup=warmup)
-        m.datasheet_tops, m.anchor_tops = sheet.get(d), anchor.get(d)
+        base = d.split("-")[0]  # int8-rowb: int8's figures
+        m.datasheet_tops, m.anchor_tops = sheet.get(base), anchor.get(base)
         if m.skipped:
             notes.append(f"matrix {d} skipped: {m.skipped}")
         matrix.append(m)
@@ -415,7 +550,9 @@ def run_rho(
     for d in vector_dtypes:
         say(f"vector {d}")
         if device == "cuda":
-            v = measure_vector_cuda(d, iterations=iterations, repeats=repeats, warmup=warmup)
+            v = measure_vector_cuda(
+                d, iterations=iterations, repeats=repeats, warmup=warmup, unroll=fma_unroll
+            )
         else:
             v = measure_vector_cpu(d, elements=1 << 14, iterations=20, repeats=repeats, warmup=2)
         v.datasheet_tops, v.anchor_tops = sheet.get(d), anchor.get(d)
@@ -441,10 +578,16 @@ def format_table(result: Rho) -> str:
         if m.skipped:
             lines.append(f"{m.kind:<7} {m.dtype:<6} {'skipped':>10}  {m.skipped}")
             continue
+        clock = f", SM clock {m.sm_clock_mhz:.0f} MHz under load" if m.sm_clock_mhz else ""
         lines.append(
             f"{m.kind:<7} {m.dtype:<6} {f(m.tops):>10} {f(m.tops_max):>10} {f(m.datasheet_tops):>10} "
-            f"{f(m.anchor_tops):>10}  {m.method} [{m.shape}]"
+            f"{f(m.anchor_tops):>10}  {m.method} [{m.shape}{clock}]"
         )
+        if m.peak_at_clock_tops and m.tops:
+            lines.append(
+                f"{'':<15}{m.tops / m.peak_at_clock_tops:.1%} of the FMA peak at that clock "
+                f"({m.peak_at_clock_tops:,.1f})"
+            )
     lines += ["", "(TFLOP/s; TOPS for int8 and int32)", ""]
     lines.append(f"{'rho':<14} {'measured':>9} {'datasheet':>10} {'anchor':>8}")
     for r in result.rho():
