@@ -17,7 +17,6 @@ from tracekit.analyse.collectives import (
     match_collectives,
     normalise_op,
     split_exposed,
-    union_intervals,
 )
 from tracekit.errors import MatchError
 from tracekit.model.events import make_events
@@ -311,11 +310,6 @@ def test_normalise_op_names():
         "all_to_all",
         "broadcast",
     ]
-
-
-def test_union_intervals():
-    s, e = union_intervals([5, 0, 2, 20, 30], [8, 3, 6, 25, 30])
-    assert s.tolist() == [0, 20] and e.tolist() == [8, 25]
 
 
 def test_split_exposed_exact_by_hand():

@@ -359,11 +359,6 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     del unprof
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23 item 6 (open): with the simulator's true 15 us per runtime call removed call by call, "
-    "19 us per token of the profiled run's extra time is still not found (278 us vs 259 us unprofiled): the cost a blocking sync adds after the device is not removed",
-)
 def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     import json
     from fractions import Fraction
@@ -391,13 +386,6 @@ def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     assert abs(got - u.mean_ns) <= max(1_000, 0.01 * u.mean_ns)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="open: device-paced windows (steps._device_paced) start at the step's first GPU operation, "
-    "but the graph puts its window start markers and host step boundaries at the window start, so "
-    "the launches before it fall out of the graph and the path's step time is not the partition's",
-)
 def test_device_paced_windows_give_the_partitions_step_time() -> None:
     """One rank, three 10 us decode_step annotations at 0, 10, 20 us, each launching (at +1 us)
     one 25 us kernel that runs after the annotation ends: [5, 30), [30, 55), [55, 80) us. The GPU
@@ -420,3 +408,5 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     parts = attribute_run(Run(events=make_events(rows), sources={0: "rank-0.json"}), skip_first=0)
     assert parts.per_token["window"] == 25_000
     assert parts.path_token["step"] == 25_000
+    # the kernels run back to back: the device sets every step, so its 25 us are the path's compute
+    assert parts.path_token["by_rank"][0]["compute"] == 25_000

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tracekit.errors import TracekitError
+from tracekit.model.documents import Advise as AdviseDoc
+from tracekit.model.documents import convert
 
 SCHEMA_VERSION = "1.0"
 GIB = 1024**3
@@ -484,26 +486,26 @@ def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | N
 
 def cliff_sentence(adv: Advice) -> list[str]:
     """How the low-bit weights move the memory cliff, one sentence per option."""
-    return cliff_sentences(adv.to_json())
+    return cliff_sentences(convert(adv.to_json(), AdviseDoc))
 
 
-def cliff_sentences(doc: Mapping[str, Any]) -> list[str]:
+def cliff_sentences(doc: AdviseDoc) -> list[str]:
     """`cliff_sentence` from the JSON document (`Advice.to_json()`, docs/JSON.md#advise)."""
     out = []
-    run_dtype = doc["runs"][0]["dtype"] if doc.get("runs") else doc["weight_dtype"]
-    for c in doc["memory_cliff"]:
-        a, b = c["max_sequences_run_dtype"], c["max_sequences_weight_dtype"]
+    run_dtype = doc.runs[0].dtype if doc.runs else doc.weight_dtype
+    for c in doc.memory_cliff:
+        a, b = c.max_sequences_run_dtype, c.max_sequences_weight_dtype
         if a is None or b is None:
-            out.append(f"{c['option']}: memory per GPU unknown (give --memory-gib)")
+            out.append(f"{c.option}: memory per GPU unknown (give --memory-gib)")
             continue
-        per = c["kv_bytes_per_sequence"]
+        per = c.kv_bytes_per_sequence or 0
         head = (
-            f"{c['option']}: weights {_gib(c['weights_bytes_run_dtype'])} per GPU, KV cache "
-            f"{per / 2**20:.1f} MiB per sequence at {doc['context']} tokens: up to {a:,} concurrent sequences"
+            f"{c.option}: weights {_gib(c.weights_bytes_run_dtype or 0)} per GPU, KV cache "
+            f"{per / 2**20:.1f} MiB per sequence at {doc.context} tokens: up to {a:,} concurrent sequences"
         )
-        if doc["weight_dtype"] != run_dtype:
+        if doc.weight_dtype != run_dtype:
             head += (
-                f"; with {doc['weight_dtype']} weights ({_gib(c['weights_bytes_weight_dtype'])}) up to {b:,} "
+                f"; with {doc.weight_dtype} weights ({_gib(c.weights_bytes_weight_dtype or 0)}) up to {b:,} "
                 f"({b - a:+,})"
             )
         out.append(head + ".")

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.steps import (
@@ -296,20 +297,6 @@ def _sum_unknown(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return agg.reset_index()
 
 
-def _union_ns(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals: disjoint, sorted (start, end) arrays."""
-    if not len(start):
-        return start, end
-    o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [len(s) - 1]))
-    return s[first], run_end[last]
-
-
 #: TraceLens's gpu_timeline (TraceLens.TreePerf: `get_df_gpu_timeline` over `GPUEventAnalyser`),
 #: both of its variants, recomputed here by its definitions (docs/JSON.md#breakdown, trace_totals)
 TRACELENS_VARIANTS: tuple[str, ...] = ("linked_only", "include_unlinked_kernels")
@@ -355,8 +342,7 @@ def trace_totals(events: pd.DataFrame) -> dict[str, Any]:
 
 
 def _measure(s: np.ndarray, e: np.ndarray) -> int:
-    us, ue = _union_ns(s, e)
-    return int((ue - us).sum())
+    return intervals.length(s, e, drop_empty=False)
 
 
 def _tracelens_metrics(

@@ -59,6 +59,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
 from tracekit.analyse.bandwidth import bus_factor, nccl_tests_size
 from tracekit.errors import MatchError
 from tracekit.model.events import COLLECTIVE_OPS, DataQuality
@@ -1303,24 +1304,6 @@ def assign_steps(per_rank: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
     return pd.Series(out, index=per_rank.index)
 
 
-def union_intervals(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Merge [start, end) intervals into sorted disjoint ones (empty intervals dropped)."""
-    starts = np.asarray(starts, dtype=np.int64)
-    ends = np.asarray(ends, dtype=np.int64)
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if starts.size == 0:
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    starts, ends = starts[o], ends[o]
-    run_max = np.maximum.accumulate(ends)
-    new = np.empty(starts.size, dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > run_max[:-1]
-    idx = np.flatnonzero(new)
-    return starts[idx], np.maximum.reduceat(ends, idx)
-
-
 def _inside(us: np.ndarray, ue: np.ndarray, x: np.ndarray) -> np.ndarray:
     """For disjoint sorted [us, ue): is each point x inside one of them?"""
     return np.searchsorted(us, x, side="right") > np.searchsorted(ue, x, side="right")
@@ -1368,14 +1351,14 @@ def split_exposed(
         ws = w["start_ns"].to_numpy(np.int64)
         we = w["end_ns"].to_numpy(np.int64)
         h = higher[higher["rank"] == r]
-        hs, he = union_intervals(h["start_ns"].to_numpy(), h["end_ns"].to_numpy())
+        hs, he = intervals.union(h["start_ns"].to_numpy(), h["end_ns"].to_numpy())
         c = coll_src[coll_src["rank"] == r]
-        cs, ce = union_intervals(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
+        cs, ce = intervals.union(c["start_ns"].to_numpy(), c["end_ns"].to_numpy())
         p = pr[pr["rank"] == r]
         s = p["raw_start_ns"].to_numpy(np.int64)
         e = p["raw_end_ns"].to_numpy(np.int64)
         aa = p["arrival_raw_ns"].to_numpy(np.int64)
-        ts, te = union_intervals(np.maximum(s, aa), e)
+        ts, te = intervals.union(np.maximum(s, aa), e)
         pts = np.unique(np.concatenate([ws, we, hs, he, cs, ce, ts, te]))
         if pts.size < 2:
             seg_len = np.zeros(0, np.int64)

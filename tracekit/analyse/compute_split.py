@@ -15,6 +15,8 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
+
 #: Host-timeline (CPU-only run) ops that are matrix products.
 HOST_MATRIX_OPS = re.compile(
     r"^aten::(?:mm|addmm|bmm|baddbmm|addbmm|matmul|linear|mv|addmv|einsum|_?scaled_dot_product\w*"
@@ -37,7 +39,7 @@ def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     compute part split into `matrix_ns` (time under a matrix kernel, or a matrix op on a host
     timeline, inside the window) and `vector_ns` = compute_ns - matrix_ns. Exact integers; matrix
     intervals are a subset of the partition's compute layer, so 0 <= matrix_ns <= compute_ns."""
-    from tracekit.analyse.steps import _measure, _merge_sorted, cat_mask, rank_selectors
+    from tracekit.analyse.steps import cat_mask, rank_selectors
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
@@ -53,11 +55,10 @@ def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
             sel = cat_mask(ev["kind"], {"cpu_op"}) & _matches(ev["name"], HOST_MATRIX_OPS)
         s = ev["start_ns"].to_numpy(np.int64)[sel]
         e = ev["end_ns"].to_numpy(np.int64)[sel]
-        o = np.argsort(s, kind="stable")
-        ms, me = _merge_sorted(s[o], e[o])
+        ms, me = intervals.union(s, e, drop_empty=False)
         a = st["start_ns"].to_numpy(np.int64)
         b = st["end_ns"].to_numpy(np.int64)
-        matrix = _measure(ms, me, a, b) if len(ms) else np.zeros(len(st), dtype=np.int64)
+        matrix = intervals.covered(ms, me, a, b) if len(ms) else np.zeros(len(st), dtype=np.int64)
         compute = st["compute_ns"].to_numpy(np.int64)
         matrix = np.minimum(matrix, compute)
         out.append(

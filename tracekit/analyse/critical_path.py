@@ -31,9 +31,8 @@ from typing import Any
 import pandas as pd
 
 from tracekit.analyse.graph import Graph, RankGraph, assemble, build_graph, walk_path
+from tracekit.model.parts import PATH_PARTS
 
-#: Components of the path on one rank, in report order.
-PATH_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
 #: Columns of `CriticalPath.segments`.
 SEGMENT_COLUMNS: tuple[str, ...] = ("step", "rank", "start_ns", "end_ns", "piece", "instance")
 

@@ -18,7 +18,7 @@ share of that part's saving.
 Per-token times and parts are the shortfall's (`tracekit.analyse.shortfall.attribute_run`): the
 steady steps' mean, parts per rank averaged over ranks, and, when the manifests carry unprofiled
 per-token times, the unprofiled means with each rank's traced parts reconciled to them
-(`shortfall.reconcile`), exactly as the shortfall does; else the traced ones. The compute part is
+(`correction.correct_run`), exactly as the shortfall does; else the traced ones. The compute part is
 split into matrix and vector by the traced share of each rank's compute time under matrix
 kernels (classifier subclass `matrix`: GEMM, attention) on a GPU timeline, or under matrix ops
 (`aten::mm`, `addmm`, `bmm`, `matmul`, `linear`, scaled-dot-product attention, ...) on a CPU-only
@@ -36,9 +36,11 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyse.compute_split import compute_split
+from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
-from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks, reconcile
+from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
 from tracekit.errors import TracekitError
+from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
 
 SCHEMA_VERSION = "1.0"
@@ -121,14 +123,15 @@ def run_figures(
     per_rank: dict[int, dict[str, Fraction]] = {}
     if u is not None and u.n and not faster:
         target = u.mean_ns
-        sentences = []
-        for r, parts in rp.per_rank.items():
-            rec, sentence = reconcile(parts, target, rp.timeline)
+        corr = correct_run(
+            rp, Fraction(target)
+        )  # as the shortfall corrects (docs/METHOD.md section Dilation)
+        for r in rp.per_rank:
+            rec = corr.per_rank[r]
             per_rank[r] = {**rec, "window": sum((rec[p] for p in LEAF_PARTS), Fraction(0))}
-            sentences.append(sentence)
         source, samples = "unprofiled", [list(r) for r in u.rounds if len(r)] or [list(u.per_token_ns)]
         reconciliation = (
-            f"reconciled to the unprofiled per-token mean (rank {min(rp.per_rank)}: {sentences[0]})"
+            f"corrected to the unprofiled per-token mean (rank {min(rp.per_rank)}: {corr.sentence})"
         )
     else:
         per_rank = {r: dict(p) for r, p in rp.per_rank.items()}
@@ -319,7 +322,7 @@ class Decomposition:
         iv = self.intervals
 
         def pct(x: float) -> str:
-            return f"{100 * x:.0f}%"
+            return units.pct(x, 0)
 
         def rng(key: str) -> str:
             v = iv.get(key)

@@ -18,8 +18,8 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    alike (a serving engine's decode steps of another batch size, decode against prefill: docs/
    METHOD.md, Serving engines); never "no significant change" without an interval.
 2. **The change by part**, exactly: each run's parts are the mean over ranks of every rank's
-   per-token leaf parts (reconciled to the corrected time when that is the source, by
-   `shortfall.reconcile`), so they sum to T exactly, and their differences sum exactly to the
+   per-token leaf parts (corrected to the corrected time when that is the source, as the shortfall
+   does: `tracekit.analyse.correction.correct_run`), so they sum to T exactly, and their differences sum exactly to the
    change. On GPU timelines compute is split into matrix (GEMM / attention kernels) and vector
    (everything else the classifier calls compute): per window, the time a matrix kernel covers is
    matrix, the rest of the compute part is vector (matrix > vector, as compute > memory in the
@@ -42,6 +42,7 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +52,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
+from tracekit.analyse.correction import correct_run
 from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.shortfall import (
@@ -62,10 +65,11 @@ from tracekit.analyse.shortfall import (
     _round_to_sum,
     applied_dilation,
     attribute_run,
-    reconcile,
-    reconcile_path,
 )
+from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
+
+_pct_signed = functools.partial(units.pct, sign=True, missing="?")
 
 SCHEMA_VERSION = "1.0"
 BOOTSTRAP_RESAMPLES = 2000
@@ -133,41 +137,6 @@ def _split_compute(parts: Mapping[str, Fraction], matrix: Fraction) -> dict[str,
     return {p: out[p] for p in DIFF_PARTS}
 
 
-def _union(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sorted disjoint union of [start, end) intervals."""
-    keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
-    if not len(starts):
-        return starts, ends
-    o = np.argsort(starts, kind="stable")
-    starts, ends = starts[o], ends[o]
-    run_end = np.maximum.accumulate(ends)
-    new = np.empty(len(starts), dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > run_end[:-1]
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
-    return starts[first], run_end[last]
-
-
-def _covered(us: np.ndarray, ue: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of the union (us, ue) inside each window [a, b)."""
-    if not len(us):
-        return np.zeros(len(a), dtype=np.int64)
-    lengths = ue - us
-    cum = np.concatenate(([0], np.cumsum(lengths)))
-
-    def before(t: np.ndarray) -> np.ndarray:
-        i = np.searchsorted(us, t, side="right") - 1
-        out = np.zeros(len(t), dtype=np.int64)
-        ok = i >= 0
-        ii = i[ok]
-        out[ok] = cum[ii] + np.clip(t[ok] - us[ii], 0, lengths[ii])
-        return out
-
-    return before(b) - before(a)
-
-
 def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Per (rank, step) window: the time covered by matrix kernels (GPU timeline only; 0 on a
     host timeline, whose compute is host op time). Compute is the partition's first priority, so
@@ -184,8 +153,8 @@ def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.Data
     end = classified["end_ns"].to_numpy(np.int64)
     for r, w in windows.groupby("rank", sort=True):
         on = (ev_rank == int(r)) & mat
-        us, ue = _union(start[on], end[on])
-        m = _covered(us, ue, w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
+        us, ue = intervals.union(start[on], end[on])
+        m = intervals.covered(us, ue, w["start_ns"].to_numpy(np.int64), w["end_ns"].to_numpy(np.int64))
         rows.append(pd.DataFrame({"rank": int(r), "step": w["step"].to_numpy(np.int64), "matrix_ns": m}))
     if not rows:
         return pd.DataFrame({"rank": [], "step": [], "matrix_ns": []})
@@ -315,10 +284,11 @@ def _settle(side: Side, source: str) -> None:
     target = side.applied.target_ns if source == "unprofiled" else None
     per_rank: dict[int, dict[str, Fraction]] = {}
     notes = []
+    corr = correct_run(parts, target) if target is not None else None
     for r, p in parts.per_rank.items():
-        if target is not None:
-            rec, note = reconcile(p, target, parts.timeline)
-            notes.append(note)
+        if corr is not None:
+            rec = corr.per_rank[r]
+            notes.append(corr.sentence)
             scale = rec["compute"] / p["compute"] if p["compute"] else Fraction(1)
             per_rank[r] = _split_compute(rec, side.matrix_ns.get(r, Fraction(0)) * scale)
         else:
@@ -328,7 +298,8 @@ def _settle(side: Side, source: str) -> None:
     side.per_token_ns = sum(side.leaf.values(), Fraction(0))
     if target is not None and u is not None and u.n:
         assert side.per_token_ns == target, "reconciled parts do not sum to the corrected time"
-        side.path_token = reconcile_path(parts.path_token, target, parts.timeline)
+        assert corr is not None
+        side.path_token = corr.path
         # the interval's spread: the unprofiled rounds (host drift between rounds widens it)
         side.samples = [list(r) for r in u.rounds if len(r)] or [list(u.per_token_ns)]
         side.reconciliation = notes[0] if notes else ""
@@ -575,13 +546,13 @@ class Diff:
         terms = self.by_part()["terms"]
         sign = 1 if self.change_ns >= 0 else -1
         top = max(terms, key=lambda g: sign * terms[g]["change_ns"])
-        text = f"{top} {_ms_signed(terms[top]['change_ns'])}"
+        text = f"{top} {units.ms_or_us_signed(terms[top]['change_ns'])}"
         if top == "coordination":
             leaves = self.integers()["leaf"]
-            text += " (" + ", ".join(f"{k} {_ms_signed(leaves[k])}" for k in COORDINATION) + ")"
+            text += " (" + ", ".join(f"{k} {units.ms_or_us_signed(leaves[k])}" for k in COORDINATION) + ")"
         if top == "compute" and self.matrix_available:
             leaves = self.integers()["leaf"]
-            text += f" (matrix {_ms_signed(leaves['matrix'])}, vector {_ms_signed(leaves['vector'])})"
+            text += f" (matrix {units.ms_or_us_signed(leaves['matrix'])}, vector {units.ms_or_us_signed(leaves['vector'])})"
         return text
 
     def cause_sentence(self) -> str:
@@ -589,18 +560,20 @@ class Diff:
         if c["component"] == "offset":
             return (
                 f"On the critical path, nothing moved: the change sits in the path offset "
-                f"({_ms_signed(c['component_change_ns'])} per token), the step time outside every rank's path "
+                f"({units.ms_or_us_signed(c['component_change_ns'])} per token), the step time outside every rank's path "
                 "(the ranks' step windows open at different times)."
             )
         if c["rank"] is None or c["component_change_ns"] == 0:
             return ""
         text = (
             f"On the critical path, {self._component_words(c['component'])} "
-            f"{_ms_signed(c['component_change_ns'])} per token, on rank {c['rank']} "
-            f"({_ms_signed(c['rank_change_ns'])}"
+            f"{units.ms_or_us_signed(c['component_change_ns'])} per token, on rank {c['rank']} "
+            f"({units.ms_or_us_signed(c['rank_change_ns'])}"
         )
         others = [
-            f"rank {r} {_ms_signed(v)}" for r, v in c["by_rank_ns"].items() if int(r) != c["rank"] and v
+            f"rank {r} {units.ms_or_us_signed(v)}"
+            for r, v in c["by_rank_ns"].items()
+            if int(r) != c["rank"] and v
         ]
         text += ("; " + ", ".join(others) if others else "") + ")"
         sign = 1 if self.change_ns >= 0 else -1
@@ -609,7 +582,9 @@ class Diff:
         ]
         if waits:
             verb = "waits" if sign > 0 else "waits less:"
-            text += "; the consequence: " + ", ".join(f"rank {r} {verb} {_ms_signed(v)}" for r, v in waits)
+            text += "; the consequence: " + ", ".join(
+                f"rank {r} {verb} {units.ms_or_us_signed(v)}" for r, v in waits
+            )
             text += " per token at the collectives"
         return text + "."
 
@@ -621,13 +596,13 @@ class Diff:
         if word == CANNOT_JUDGE:
             why = self.cannot_judge or "no interval could be computed"
             return (
-                f"Cannot judge: the runs have too few comparable steps ({why}): {_ms(ints['after'])} per token "
-                f"after vs {_ms(ints['before'])} before ({_ms_signed(ints['change'])}, {_pct_signed(rel)}), "
+                f"Cannot judge: the runs have too few comparable steps ({why}): {units.ms_or_us(ints['after'])} per token "
+                f"after vs {units.ms_or_us(ints['before'])} before ({units.ms_or_us_signed(ints['change'])}, {_pct_signed(rel)}), "
                 "no interval; capture more steps of the same kind and batch size."
             )
         head = (
-            f"{word.capitalize()}: {_ms(ints['after'])} per token after vs {_ms(ints['before'])} before "
-            f"({_ms_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
+            f"{word.capitalize()}: {units.ms_or_us(ints['after'])} per token after vs {units.ms_or_us(ints['before'])} before "
+            f"({units.ms_or_us_signed(ints['change'])}, {_pct_signed(rel)}; 95% interval {_pct_signed(lo)} to {_pct_signed(hi)}; "
             f"{_SOURCE_WORDS[self.per_token_source]})."
         )
         if word == "no significant change":
@@ -642,15 +617,15 @@ class Diff:
         cause = self.cause()
         where = ""
         if cause["component"] == "offset":
-            where = f"; critical path: the path offset {_ms_signed(cause['component_change_ns'])}"
+            where = f"; critical path: the path offset {units.ms_or_us_signed(cause['component_change_ns'])}"
         elif cause["rank"] is not None and cause["component_change_ns"]:
             where = (
                 f"; critical path: {cause['component']} time on rank {cause['rank']} "
-                f"{_ms_signed(cause['rank_change_ns'])}"
+                f"{units.ms_or_us_signed(cause['rank_change_ns'])}"
             )
         return (
-            f"slower by {_pct_signed(self.relative)} per token ({_ms(self.integers()['before'])} -> "
-            f"{_ms(self.integers()['after'])}; 95% lower bound {_pct_signed(lo)} > {pct:g}%): {self.moved()}{where}"
+            f"slower by {_pct_signed(self.relative)} per token ({units.ms_or_us(self.integers()['before'])} -> "
+            f"{units.ms_or_us(self.integers()['after'])}; 95% lower bound {_pct_signed(lo)} > {pct:g}%): {self.moved()}{where}"
         )
 
     def fails(self, pct: float) -> bool:
@@ -815,18 +790,6 @@ def _moved_table(
         rows.append(row)
     rows.sort(key=lambda r: (-abs(r[f"{main}_change"]), -abs(r.get("count_change", 0))))
     return rows[:top]
-
-
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
-
-
-def _ms_signed(ns: float) -> str:
-    return ("+" if ns >= 0 else "-") + _ms(abs(ns))
-
-
-def _pct_signed(x: float | None) -> str:
-    return "?" if x is None or not math.isfinite(x) else f"{100.0 * x:+.1f}%"
 
 
 # ------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
+from tracekit.model import units
+
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
     from tracekit.analyse.shortfall import Shortfall
@@ -22,11 +24,11 @@ _STYLE = (
 
 
 def _ms(ns: float | int | None, digits: int = 3) -> str:
-    return "n/a" if ns is None else f"{ns / 1e6:.{digits}f} ms"
+    return units.ms(ns, digits, unit=True, missing="n/a")
 
 
 def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x * 100:.1f}%"
+    return units.pct(x, missing="n/a")
 
 
 def _esc(x: Any) -> str:

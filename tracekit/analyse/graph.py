@@ -17,7 +17,9 @@ knobs act on roles):
 - stream order: the previous operation's end on the stream -> the next one's begin (its queue
   gap); inside one CUDA-graph replay stream order does not hold (its branches run concurrently on
   one stream), so operations of one graph launch are not chained by it;
-- cross-stream (and in-graph) waits: the end of the operation on another stream (or earlier in the
+- cross-stream (and in-graph) waits: the end of the operation on another stream that an operation
+  waits for through an event (`_event_waits`: the host's `cudaEventRecord` / `cudaStreamWaitEvent`
+  calls in program order), else, in a trace without them, of the one (or the one earlier in the
   same graph replay) that ended last before an operation that neither its launch nor its stream
   released;
 - a collective: every member's begin (its arrival) -> the instance's rendezvous (0), which starts
@@ -203,6 +205,16 @@ def _seg_id(step_i: int, k: int) -> int:
     return step_i * 100_000 + k
 
 
+def _name_flags(names: np.ndarray, pattern: re.Pattern[str], search: bool = False) -> np.ndarray:
+    """Per name: whether `pattern` matches it (one regex call per distinct name)."""
+    if not len(names):
+        return np.zeros(0, dtype=bool)
+    codes, uniq = pd.factorize(names)
+    f = pattern.search if search else pattern.match
+    flags = np.asarray([bool(f(str(n))) for n in uniq], dtype=bool)
+    return flags[codes]
+
+
 def _gpu_rank(
     ev: pd.DataFrame,
     rank: int,
@@ -211,13 +223,16 @@ def _gpu_rank(
     off: int,
     inst_bytes: Mapping[int, int],
 ) -> RankGraph:
+    import bisect
+
     from tracekit.classify.rules import GPU_KINDS
 
     steps = [int(s) for s in w["step"]]
+    n_steps = len(steps)
     ws_a = w["start_ns"].to_numpy(np.int64)
     we_a = w["end_ns"].to_numpy(np.int64)
-    ae_a = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
-    ae_a = np.minimum(np.maximum(ae_a, ws_a), we_a)
+    ae_raw = w["annotation_end_ns"].to_numpy(np.int64) if "annotation_end_ns" in w.columns else we_a.copy()
+    ae_a = np.minimum(np.maximum(ae_raw, ws_a), we_a)
     lo, hi = int(ws_a.min()), int(we_a.max())
     kind = ev["kind"].astype(str).to_numpy()
     cls = ev["cls"].astype(str).to_numpy()
@@ -226,44 +241,63 @@ def _gpu_rank(
     end = ev["end_ns"].to_numpy(np.int64)
     corr = ev["correlation"].to_numpy(np.int64)
     thread = ev["stream"].to_numpy(np.int64)
+    n_ev = len(ev)
+    # device-paced windows (steps._device_paced: an annotation that ends before its window opens):
+    # the host's steps are its annotations, (previous end, own end], and the first one's launches
+    # come before the first window opens
+    paced = bool((ae_raw < ws_a).any())
+    if paced:
+        is_dev0 = np.isin(kind, list(GPU_KINDS)) & (start >= lo) & (start < int(we_a[0]))
+        c0 = set(corr[is_dev0 & (corr >= 0)].tolist())
+        first_launch = start[(kind == "runtime") & np.isin(corr, list(c0))] if c0 else start[:0]
+        if len(first_launch):
+            lo = min(lo, int(first_launch.min()))
     is_rt = (kind == "runtime") & (start >= lo) & (start < hi)
     is_dev = np.isin(kind, list(GPU_KINDS))
     rt = np.flatnonzero(is_rt)
     rt = rt[np.argsort(start[rt], kind="stable")]
     dev_all = np.flatnonzero(is_dev)
-    # the device operations each correlation launched
-    rt_corr = {int(c): int(i) for i, c in zip(rt, corr[rt], strict=True) if c >= 0}
-    launched_by: dict[int, int] = {}
-    for d in dev_all:
-        c = int(corr[d])
-        if c >= 0 and c in rt_corr:
-            launched_by[int(d)] = rt_corr[c]
+    # the runtime call that launched each device operation (its correlation's last call)
+    call_of = np.full(n_ev, -1, dtype=np.int64)
+    rc = rt[corr[rt] >= 0][::-1]
+    if len(rc) and len(dev_all):
+        uk, first = np.unique(corr[rc], return_index=True)
+        callers = rc[first]
+        cd = corr[dev_all]
+        at = np.minimum(np.searchsorted(uk, cd), len(uk) - 1)
+        hit = (cd >= 0) & (uk[at] == cd)
+        call_of[dev_all[hit]] = callers[at[hit]]
+    launched = dev_all[call_of[dev_all] >= 0]
     if len(rt):
-        dev = np.asarray(sorted(launched_by, key=lambda d: (start[d], d)), dtype=np.int64)
+        dev = launched[np.lexsort((launched, start[launched]))]
     else:  # kernels-only trace: the operations inside the windows, released from the origin
         sel = dev_all[(start[dev_all] >= lo) & (start[dev_all] < hi)]
         dev = sel[np.argsort(start[sel], kind="stable")]
-    launching = set(launched_by.values())
-    sync_like = (cls == "sync") | np.array([bool(_BLOCKING_COPY.match(n)) for n in names]) if len(ev) else cls
+    is_launching = np.zeros(n_ev, dtype=bool)
+    is_launching[call_of[launched]] = True
+    blocking = _name_flags(names, _BLOCKING_COPY)
+    sync_like = (cls == "sync") | blocking if n_ev else cls
     b = _Builder()
     origin = b.node(lo - off)
     notes: list[str] = []
 
-    # step of a host time: the window holding it, else the next window (gap between steps)
-    def step_index(t: int) -> int:
-        i = int(np.searchsorted(ws_a, t, side="right")) - 1
-        return min(max(i, 0), len(steps) - 1)
+    def step_index(t: np.ndarray) -> np.ndarray:
+        """The window holding host time t, else the next one (gap between steps); in device-paced
+        windows the host's steps are its annotations, (previous end, own end]."""
+        if paced:
+            return np.minimum(np.searchsorted(ae_raw, t, side="left"), n_steps - 1)
+        i = np.searchsorted(ws_a, t, side="right") - 1
+        return np.minimum(np.maximum(i, 0), n_steps - 1)
 
-    def in_window(t: int) -> bool:
-        i = int(np.searchsorted(ws_a, t, side="right")) - 1
-        return i >= 0 and t <= ae_a[i]
+    def in_window(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(ws_a, t, side="right") - 1
+        return (i >= 0) & (t <= ae_a[np.maximum(i, 0)])
 
     # --- the kept host calls: launches, synchronising calls, possible back-pressure; markers
-    launch_durs = np.asarray([end[i] - start[i] for i in launching], dtype=np.int64)
+    launch_durs = (end - start)[is_launching]
     med_launch = int(np.median(launch_durs)) if len(launch_durs) else 0
     bp_min = max(BACKPRESSURE_MIN_NS, 8 * med_launch)
-    keep = [int(i) for i in rt if int(i) in launching or sync_like[i]]
-    # folded calls per thread, counted into the next kept item's gap
+    keep = rt[is_launching[rt] | sync_like[rt].astype(bool)] if len(rt) else rt
     rt_by_thread: dict[int, np.ndarray] = {}
     for th in np.unique(thread[rt]) if len(rt) else []:
         rt_by_thread[int(th)] = np.sort(start[rt[thread[rt] == th]])
@@ -272,67 +306,86 @@ def _gpu_rank(
         if len(rt)
         else (int(thread[0]) if len(thread) else 0)
     )
-    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
     # program order per thread: by start, a step's end before the next step's start and calls at
     # one instant in their correlation order (zero-length calls share timestamps)
-    for i in keep:
-        items.setdefault(int(thread[i]), []).append((int(start[i]), 1, int(corr[i]), 0, i))
-    for k in range(len(steps)):
+    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
+    for th, s_i, c_i, i in zip(
+        thread[keep].tolist(), start[keep].tolist(), corr[keep].tolist(), keep.tolist(), strict=True
+    ):
+        items.setdefault(th, []).append((s_i, 1, c_i, 0, i))
+    for k in range(n_steps):
         items.setdefault(main, []).append((int(ws_a[k]), 0, 0, 1, k))  # window start marker
         items.setdefault(main, []).append((int(ae_a[k]), -1, 0, 2, k))  # annotation end marker
-    call_begin: dict[int, int] = {}
-    call_end: dict[int, int] = {}
-    call_edge: dict[int, int] = {}
-    ws_node = np.zeros(len(steps), dtype=np.int64)
-    ae_node = np.zeros(len(steps), dtype=np.int64)
-    coll_launches = np.zeros(len(steps), dtype=np.int64)
+    ws_node = np.zeros(n_steps, dtype=np.int64)
+    ae_node = np.zeros(n_steps, dtype=np.int64)
+    coll_launches = [0] * n_steps
     coll_of = _coll_lookup(matched)
+    nd = len(dev)
+    ds, de = start[dev], end[dev]
+    hits = [coll_of.get(k) for k in zip(ds.tolist(), de.tolist(), strict=True)] if coll_of else [None] * nd
+    d_call = call_of[dev]
     # which calls launch a matched collective (straggler segments count them)
-    launches_coll = {
-        launched_by[d] for d in dev if (int(start[d]), int(end[d])) in coll_of and d in launched_by
-    }
+    launches_coll = np.zeros(n_ev, dtype=bool)
+    hit_j = np.asarray([h is not None for h in hits], dtype=bool)
+    if nd:
+        launches_coll[d_call[hit_j & (d_call >= 0)]] = True
+    call_begin = np.full(n_ev, -1, dtype=np.int64)
+    call_end = np.full(n_ev, -1, dtype=np.int64)
+    call_edge: dict[int, int] = {}
+    tl, el = b.t, b.e
     for th, its in items.items():
         its.sort()
+        s_v = np.asarray([x[0] for x in its], dtype=np.int64)
+        typ_v = np.asarray([x[3] for x in its], dtype=np.int64)
+        idx_l = [x[4] for x in its]
         starts_th = rt_by_thread.get(th, np.zeros(0, dtype=np.int64))
+        # folded calls in (the previous item, this one): counted into this gap
+        prev_fold = np.empty(len(s_v), dtype=np.int64)
+        prev_fold[:1] = lo
+        prev_fold[1:] = s_v[:-1] + (typ_v[:-1] == 0)
+        n_fold = (
+            np.searchsorted(starts_th, s_v, side="left") - np.searchsorted(starts_th, prev_fold, side="left")
+        ).tolist()
+        k_l = step_index(s_v).tolist()
+        # the time before a window opens is between tokens
+        role_l = np.where((typ_v != 1) & in_window(s_v), ROLE_GAP, ROLE_GAP_OUT).tolist()
+        call_idx = np.asarray(
+            [i if t == 0 else 0 for i, t in zip(idx_l, typ_v.tolist(), strict=True)], dtype=np.int64
+        )
+        ce_l = end[call_idx].tolist()
+        sync_l = sync_like[call_idx].astype(bool).tolist()
+        lc_l = launches_coll[call_idx].tolist()
         prev_node, prev_t, prev_begin_node, prev_begin_t = origin, lo, origin, lo
-        prev_fold_t = lo
-        for s_i, _o, _c, typ, idx in its:
-            # folded calls in (prev, s_i): counted into this gap
-            n_fold = int(
-                np.searchsorted(starts_th, s_i, side="left")
-                - np.searchsorted(starts_th, prev_fold_t, side="left")
-            )
-            k = step_index(s_i)
-            seg = _seg_id(k, int(coll_launches[k]))
-            # the time before a window opens is between tokens
-            role = ROLE_GAP if typ != 1 and in_window(s_i) else ROLE_GAP_OUT
-            first = prev_node == origin
+        not_main = th != main
+        for s_i, typ, idx, nf, k, role, ce, is_sync, lc in zip(
+            s_v.tolist(), typ_v.tolist(), idx_l, n_fold, k_l, role_l, ce_l, sync_l, lc_l, strict=True
+        ):
+            seg = k * 100_000 + coll_launches[k]
+            is_first = prev_node == origin
             if s_i >= prev_t:
                 src, gap = prev_node, s_i - prev_t
             else:  # nested in the previous call: from its begin
                 src, gap = prev_begin_node, max(s_i - prev_begin_t, 0)
-            nb = b.node(s_i - off)
-            if first and th != main:
-                b.edge(origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, calls=n_fold)
+            tl.append(s_i - off)
+            nb = len(tl) - 1
+            if is_first and not_main:
+                el.append((origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, -1, nf, 0, -1))
             else:
-                b.edge(src, nb, gap, role, K_HOST, seg=seg, calls=n_fold)
+                el.append((src, nb, gap, role, K_HOST, seg, nf, 0, -1))
             if typ == 0:
-                ce = int(end[idx])
-                ne = b.node(ce - off)
+                tl.append(ce - off)
+                ne = len(tl) - 1
                 call_begin[idx], call_end[idx] = nb, ne
-                call_edge[idx] = len(b.e)
-                if sync_like[idx] or cls[idx] == "sync":
-                    b.edge(nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg=seg, calls=1)  # refined below
+                call_edge[idx] = len(el)
+                if is_sync:
+                    el.append((nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg, 1, 0, -1))  # refined below
                 else:
-                    b.edge(
-                        nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg=seg, calls=1, ops=int(idx in launches_coll)
-                    )
-                if idx in launches_coll:
+                    el.append((nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg, 1, int(lc), -1))
+                if lc:
                     coll_launches[k] += 1
                 prev_begin_node, prev_begin_t = nb, s_i
                 if ce >= prev_t:
                     prev_node, prev_t = ne, ce
-                prev_fold_t = s_i + 1
             else:
                 if typ == 1:
                     ws_node[idx] = nb
@@ -340,40 +393,46 @@ def _gpu_rank(
                     ae_node[idx] = nb
                 prev_begin_node, prev_begin_t = nb, s_i
                 prev_node, prev_t = nb, s_i
-                prev_fold_t = s_i
+    n_host = len(tl)
     # --- device operations
-    nd = len(dev)
-    ds, de = start[dev], end[dev]
-    d_call = np.asarray([launched_by.get(int(d), -1) for d in dev], dtype=np.int64)
-    d_h = np.asarray([int(start[c]) if c >= 0 else lo for c in d_call], dtype=np.int64)
+    d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
     d_stream = thread[dev]
-    d_graph = np.asarray([c >= 0 and bool(_GRAPH_LAUNCH.search(names[c])) for c in d_call], dtype=bool)
-    # stream predecessor (not one of the same graph replay)
-    pred = np.full(nd, -1, dtype=np.int64)
-    last_on: dict[int, int] = {}
-    last_other_call: dict[tuple[int, int], int] = {}
-    for j in range(nd):
-        sk = int(d_stream[j])
-        if d_graph[j]:
-            pred[j] = last_other_call.get((sk, int(d_call[j])), -1)
-        else:
-            pred[j] = last_on.get(sk, -1)
-        if last_on.get(sk, -1) >= 0 and int(d_call[last_on[sk]]) != int(d_call[j]):
-            last_other_call[(sk, int(d_call[j]))] = last_on[sk]
-        if (sk, int(d_call[j])) not in last_other_call:
-            last_other_call[(sk, int(d_call[j]))] = last_on.get(sk, -1)
-        if last_on.get(sk, -1) < 0 or de[j] >= de[last_on[sk]]:
-            last_on[sk] = j
+    d_graph = (
+        (d_call >= 0) & _name_flags(names, _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)]
+        if nd
+        else d_call >= 0
+    )
+    # stream predecessor: the operation on the stream that ended last before (ties: the later)
+    last_on = np.full(nd, -1, dtype=np.int64)  # per operation: the stream's last-ending one before it
+    for sk in np.unique(d_stream) if nd else []:
+        js = np.flatnonzero(d_stream == sk)
+        e = de[js]
+        upd = np.ones(len(js), dtype=bool)
+        upd[1:] = e[1:] >= np.maximum.accumulate(e)[:-1]
+        lastpos = np.maximum.accumulate(np.where(upd, np.arange(len(js)), -1))
+        last_on[js[1:]] = js[lastpos[:-1]]
+    pred = last_on.copy()
+    if d_graph.any():  # in a graph replay: not one of the same replay
+        pred_l = pred.tolist()
+        last_other_call: dict[tuple[int, int], int] = {}
+        calls_l = d_call.tolist()
+        for j, (sk, cj, lj, gj) in enumerate(
+            zip(d_stream.tolist(), calls_l, last_on.tolist(), d_graph.tolist(), strict=True)
+        ):
+            key = (sk, cj)
+            if gj:
+                pred_l[j] = last_other_call.get(key, -1)
+            if lj >= 0 and calls_l[lj] != cj:
+                last_other_call[key] = lj
+            if key not in last_other_call:
+                last_other_call[key] = lj
+        pred = np.asarray(pred_l, dtype=np.int64)
     # inside one CUDA-graph replay: each operation after the first waits for the one of the same
     # replay that ended last before it began (branches may run concurrently on one stream)
-    import bisect
-
     gpred = np.full(nd, -1, dtype=np.int64)
     first_rho: dict[int, int] = {}
     in_graph: dict[int, tuple[list[int], list[int]]] = {}
-    for j in range(nd):
-        if not d_graph[j]:
-            continue
+    for j in np.flatnonzero(d_graph).tolist():
         c = int(d_call[j])
         ends_c, idx_c = in_graph.setdefault(c, ([], []))
         if not ends_c:
@@ -386,109 +445,153 @@ def _gpu_rank(
         ends_c.insert(m2, int(de[j]))
         idx_c.insert(m2, j)
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
-    q = np.where(pred >= 0, ds - de[np.maximum(pred, 0)], np.iinfo(np.int64).max)
-    idle = q >= IDLE_GAP_NS
+    p0 = np.maximum(pred, 0)
+    q = np.where(pred >= 0, ds - de[p0], np.iinfo(np.int64).max)
+    ev_pred = _event_waits(
+        rt, set(np.flatnonzero(is_launching).tolist()), names, thread, start, d_call, d_stream
+    )
+    has_events = bool((ev_pred >= 0).any())
+    # an operation waiting for an event queued behind the later of its stream and its event
+    ev0 = np.maximum(ev_pred, 0)
+    ev_end = de[ev0]
+    via_ev = (ev_pred >= 0) & (ev_end <= ds) & ((pred < 0) | (ev_end > de[p0]))
+    q_eff = np.where(via_ev, ds - ev_end, q)
+    idle = q_eff >= IDLE_GAP_NS
     lb = idle & (d_call >= 0) & (rho < LAUNCH_LATENCY_CAP_NS)
     rho_typ = int(np.median(rho[lb])) if lb.any() else 5000
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
     # an operation inside a graph replay after its first: its gap from the operation before the replay
     # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
-    qq = q[(pred >= 0) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
+    qq = q_eff[((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
     ends_sorted = de[end_order]
-    d_begin = np.zeros(nd, dtype=np.int64)
-    d_end = np.zeros(nd, dtype=np.int64)
-    for j in range(nd):
-        d_begin[j] = b.node(int(ds[j]) - off)
-        d_end[j] = b.node(int(de[j]) - off)
+    d_begin = n_host + 2 * np.arange(nd, dtype=np.int64)
+    d_end = d_begin + 1
+    jj = np.arange(nd, dtype=np.int64)
+    kk = step_index(np.where(d_call >= 0, d_h, ds)) if nd else jj
+    in_step = (
+        ((d_call >= 0) & (d_h <= ae_a[kk]) & (d_h >= ws_a[kk]))
+        | ((d_call < 0) & (ws_a[kk] <= ds) & (ds < we_a[kk]))
+        if nd
+        else jj >= 0
+    )
+    if paced:  # device-paced windows: an operation is in the host step it was launched in
+        in_step = in_step | (d_call >= 0)
+    m = np.searchsorted(ends_sorted, ds, side="right") - 1
+    for _ in range(2):  # not itself nor its stream predecessor
+        mm = np.maximum(m, 0)
+        m = np.where((m >= 0) & ((end_order[mm] == jj) | (end_order[mm] == pred)), m - 1, m)
+    mm = np.maximum(m, 0)
+    cc = end_order[mm] if nd else jj
+    cross_ok = (
+        ((m >= 0) & (ds - ends_sorted[mm] < IDLE_GAP_NS) & (ds[cc] < ds) & ((pred < 0) | (de[cc] > de[p0])))
+        if nd
+        else jj >= 0
+    )
+    if has_events:  # the event each operation waits for, as its host's calls say (not the nearest end)
+        cross_ok = (ev_pred >= 0) & (ev_pred != pred) & (ev_end <= ds)
+        cc = ev0
+        cross_ready = ev_end + np.minimum(ds - ev_end, q_typ)
+    else:  # no event calls: the operation that ended just before it on another stream
+        cross_ready = de[cc]
+    has_q = (pred >= 0) & (q >= 0)
+    has_p = pred >= 0
+    has_l = (d_call >= 0) & (rho >= 0)
+    # which released it: of its launch, its stream and the operation that ended last before it
+    # on another stream, the one that would have released it latest at typical latencies
+    best_r = np.full(nd, np.iinfo(np.int64).min, dtype=np.int64)
+    best_p = np.full(nd, -1, dtype=np.int64)
+    which = np.full(nd, 2, dtype=np.int64)
+    for has, ready, pref, wch in (
+        (has_p, np.where(has_q, de[p0] + np.minimum(q, q_typ), ds), 2, 0),
+        (cross_ok, cross_ready, 1, 1),
+        (has_l, d_h + np.minimum(rho, rho_typ), 0, 2),
+    ):
+        better = has & ((ready > best_r) | ((ready == best_r) & (pref > best_p)))
+        best_r = np.where(better, ready, best_r)
+        best_p = np.where(better, pref, best_p)
+        which = np.where(better, wch, which)
+    in_g = gpred >= 0
+    if has_events:  # an event wait that did not bind is kept, at the typical gap
+        cross = cross_ok & ~in_g
+        cross_lat = np.where(which == 1, ds - de[cc], np.minimum(ds - de[cc], q_typ))
+    else:
+        cross = cross_ok & (which == 1) & ~in_g
+        cross_lat = ds - de[cc]
+    stream_bound, launch_bound = which == 0, which == 2
+    cb = call_begin[np.maximum(d_call, 0)]
+    e_parts: list[tuple[np.ndarray, ...]] = []  # (j, sub, src, dst, lat, role, kind, cidx)
+
+    def add(
+        mask: np.ndarray,
+        sub: int,
+        s: Any,
+        lat: np.ndarray,
+        role: int,
+        kd: Any = K_HOST,
+        cidx: Any = -1,
+        into: np.ndarray = d_begin,
+    ) -> None:
+        sel = np.flatnonzero(mask)
+        if len(sel):
+
+            def pick(x: Any) -> np.ndarray:
+                return x[sel] if isinstance(x, np.ndarray) else np.full(len(sel), x, dtype=np.int64)
+
+            e_parts.append(
+                (sel, np.full(len(sel), sub), pick(s), into[sel], pick(lat), pick(role), pick(kd), pick(cidx))
+            )
+
+    g_p, ng = in_g, ~in_g
+    gp0 = np.maximum(gpred, 0)
+    # in a graph replay: its in-graph predecessor binds it
+    add(g_p, 0, d_end[gp0], ds - de[gp0], ROLE_GRAPH)
+    add(g_p & has_q, 1, d_end[p0], np.minimum(q, q_typ), ROLE_QUEUE)
+    if g_p.any():
+        fr = np.asarray([first_rho.get(int(c), 0) for c in d_call], dtype=np.int64)
+        has_fr = np.asarray([int(c) in first_rho for c in d_call], dtype=bool)
+        lat_g = np.where(has_fr, np.minimum(rho, fr), rho)
+        add(g_p & (lat_g >= 0), 2, cb, lat_g, ROLE_LAUNCH)
+    # the edges into the operation's begin (stream first: the path prefers it on ties)
+    add(ng & has_q, 0, d_end[p0], np.where(stream_bound, q, np.minimum(q, q_typ)), ROLE_QUEUE)
+    # it began before its predecessor ended (overlapping records): after its begin
+    add(ng & has_p & ~has_q, 0, d_begin[p0], np.maximum(ds - ds[p0], 0), ROLE_QUEUE)
+    add(cross, 1, d_end[cc], cross_lat, ROLE_CROSS)
+    add(ng & has_l, 2, cb, np.where(launch_bound, rho, np.minimum(rho, rho_typ)), ROLE_LAUNCH)
+    add(ng & (d_call >= 0) & (rho < 0) & ~has_p & ~cross, 2, np.int64(origin), ds - lo, ROLE_ORIGIN)
+    add(
+        ng & (d_call < 0),
+        2,
+        np.int64(origin),
+        np.where(launch_bound, ds - lo, np.minimum(ds - lo, rho_typ)),
+        ROLE_ORIGIN,
+    )
+    n_cross = int(cross.sum())
+    # the operation's own time (a matched collective's goes through its rendezvous)
+    kd_of = {c: _KIND_OF_CLS.get(c, K_UNKNOWN) for c in pd.unique(cls[dev])} if nd else {}
+    kd = np.asarray([kd_of[c] for c in cls[dev]], dtype=np.int64) if nd else jj
+    comp = ~hit_j & (kd == K_COMPUTE)
+    ci = np.full(nd, -1, dtype=np.int64)
+    cj = np.flatnonzero(comp)
+    if len(cj):
+        kv = kk[cj]
+        o = np.argsort(kv, kind="stable")
+        ks = kv[o]
+        rank_in = np.arange(len(ks)) - np.searchsorted(ks, ks, side="left")
+        ci[cj[o]] = ks * 100_000 + rank_in
+    add(~hit_j, 3, d_begin, de - ds, ROLE_OP, kd, ci, into=d_end)
     c_begin, c_end, c_inst, c_x, c_op, c_bytes = [], [], [], [], [], []
-    step_ops: list[list[int]] = [[] for _ in steps]
-    # compute index per step
-    comp_count = np.zeros(len(steps), dtype=np.int64)
-    n_cross = 0
-
-    def _op_edges(j: int) -> None:
-        """The operation's own time (a matched collective's goes through its rendezvous)."""
-        s_j = int(ds[j])
-        k = step_index(int(d_h[j])) if int(d_call[j]) >= 0 else step_index(s_j)
-        hit = coll_of.get((s_j, int(de[j])))
-        if hit is not None:
-            c_begin.append(int(d_begin[j]))
-            c_end.append(int(d_end[j]))
-            c_inst.append(hit[0])
-            c_x.append(hit[1])
-            c_op.append(hit[2])
-            c_bytes.append(int(inst_bytes.get(hit[0], -1)))
-        else:
-            kd = _KIND_OF_CLS.get(str(cls[dev[j]]), K_UNKNOWN)
-            ci = -1
-            if kd == K_COMPUTE:
-                ci = _seg_id(k, int(comp_count[k]))
-                comp_count[k] += 1
-            b.edge(int(d_begin[j]), int(d_end[j]), int(de[j] - ds[j]), ROLE_OP, kd, cidx=ci)
-
-    for j in range(nd):
-        call = int(d_call[j])
-        s_j = int(ds[j])
-        k = step_index(int(d_h[j])) if call >= 0 else step_index(s_j)
-        if call >= 0 and int(d_h[j]) <= int(ae_a[k]) and int(d_h[j]) >= int(ws_a[k]):
-            step_ops[k].append(int(d_end[j]))
-        elif call < 0 and ws_a[k] <= s_j < we_a[k]:
-            step_ops[k].append(int(d_end[j]))
-        p = int(pred[j])
-        if gpred[j] >= 0:  # in a graph replay: its in-graph predecessor binds it
-            gp = int(gpred[j])
-            b.edge(int(d_end[gp]), int(d_begin[j]), s_j - int(de[gp]), ROLE_GRAPH, K_HOST)
-            if p >= 0 and q[j] >= 0:
-                b.edge(int(d_end[p]), int(d_begin[j]), min(int(q[j]), q_typ), ROLE_QUEUE, K_HOST)
-            lat_g = min(int(rho[j]), first_rho.get(call, int(rho[j])))
-            if lat_g >= 0:
-                b.edge(call_begin[call], int(d_begin[j]), lat_g, ROLE_LAUNCH, K_HOST)
-            _op_edges(j)
-            continue
-        # which released it: of its launch, its stream and the operation that ended last before it
-        # on another stream, the one that would have released it latest at typical latencies
-        cands: list[tuple[int, int, int]] = []  # (ready, preference, which)
-        if p >= 0 and q[j] >= 0:
-            cands.append((int(de[p]) + min(int(q[j]), q_typ), 2, 0))
-        elif p >= 0:  # it began before its predecessor's recorded end: held by its stream all the same
-            cands.append((s_j, 2, 0))
-        cross = -1
-        m = int(np.searchsorted(ends_sorted, s_j, side="right")) - 1
-        while m >= 0 and int(end_order[m]) in (j, p):
-            m -= 1
-        if m >= 0:
-            c = int(end_order[m])
-            if s_j - int(ends_sorted[m]) < IDLE_GAP_NS and ds[c] < s_j and (p < 0 or de[c] > de[p]):
-                cross = c
-                cands.append((int(de[c]), 1, 1))
-        if call >= 0 and rho[j] >= 0:
-            cands.append((int(d_h[j]) + min(int(rho[j]), rho_typ), 0, 2))
-        which = max(cands)[2] if cands else 2
-        stream_bound, launch_bound = which == 0, which == 2
-        if which != 1:
-            cross = -1
-        # the edges into the operation's begin (stream first: the path prefers it on ties)
-        if p >= 0 and q[j] >= 0:
-            lat_q = int(q[j]) if stream_bound else min(int(q[j]), q_typ)
-            b.edge(int(d_end[p]), int(d_begin[j]), lat_q, ROLE_QUEUE, K_HOST)
-        elif p >= 0:  # it began before its predecessor ended (overlapping records): after its begin
-            b.edge(int(d_begin[p]), int(d_begin[j]), max(s_j - int(ds[p]), 0), ROLE_QUEUE, K_HOST)
-        if cross >= 0:
-            n_cross += 1
-            b.edge(int(d_end[cross]), int(d_begin[j]), s_j - int(de[cross]), ROLE_CROSS, K_HOST)
-        if call >= 0:
-            lat_r = int(rho[j]) if launch_bound else min(int(rho[j]), rho_typ)
-            if lat_r >= 0:
-                b.edge(call_begin[call], int(d_begin[j]), lat_r, ROLE_LAUNCH, K_HOST)
-            elif p < 0 and cross < 0:
-                b.edge(origin, int(d_begin[j]), s_j - lo, ROLE_ORIGIN, K_HOST)
-        else:
-            lat_o = (s_j - lo) if launch_bound else min(s_j - lo, rho_typ)
-            b.edge(origin, int(d_begin[j]), lat_o, ROLE_ORIGIN, K_HOST)
-        _op_edges(j)
+    for j in np.flatnonzero(hit_j).tolist():
+        hit = hits[j]
+        assert hit is not None
+        c_begin.append(int(d_begin[j]))
+        c_end.append(int(d_end[j]))
+        c_inst.append(hit[0])
+        c_x.append(hit[1])
+        c_op.append(hit[2])
+        c_bytes.append(int(inst_bytes.get(hit[0], -1)))
     if n_cross:
         notes.append(f"rank {rank}: {n_cross} operation(s) released by another stream's (cross-stream waits)")
     # --- synchronising calls and back-pressure: the host waits for the device
@@ -496,49 +599,77 @@ def _gpu_rank(
     n_bp = 0
     de_sorted_idx = np.argsort(de, kind="stable")
     de_sorted = de[de_sorted_idx]
-    for i in keep:
+    sync_edges: list[tuple[int, int, int, int, int, int, int, int, int]] = []
+    durs = end - start
+    cand_calls = (
+        keep[sync_like[keep].astype(bool) | (is_launching[keep] & (durs[keep] >= bp_min))]
+        if len(keep)
+        else keep
+    )
+    for i in cand_calls.tolist():
         cs, ce = int(start[i]), int(end[i])
         is_sync = bool(sync_like[i])
-        long_launch = (not is_sync) and i in launching and ce - cs >= bp_min
+        long_launch = (not is_sync) and bool(is_launching[i]) and ce - cs >= bp_min
         if not is_sync and not long_launch:
             continue
-        own = bool(_BLOCKING_COPY.match(names[i]))
+        own = bool(blocking[i])
         # the operation it waits for: the latest-ending one launched before it that ended by its
         # return (a synchronising call depends on it whether or not it blocked in this trace)
-        m = int(np.searchsorted(de_sorted, ce, side="right")) - 1
+        m_i = int(np.searchsorted(de_sorted, ce, side="right")) - 1
         floor = cs if long_launch else lo
         dj = -1
-        while m >= 0 and int(de_sorted[m]) > floor:
-            c = int(de_sorted_idx[m])
+        while m_i >= 0 and int(de_sorted[m_i]) > floor:
+            c = int(de_sorted_idx[m_i])
             before = op_call_begin[c] < cs or (op_call_begin[c] == cs and int(corr[d_call[c]]) < int(corr[i]))
             if before or (own and int(d_call[c]) == i):
                 dj = c
                 break
-            m -= 1
+            m_i -= 1
         if dj < 0:
             continue
         eps = ce - int(de[dj])
-        nb, ne = call_begin[i], call_end[i]
+        nb, ne = int(call_begin[i]), int(call_end[i])
         if is_sync:
             if int(de[dj]) > cs:  # it blocked: its time is the wait, then its return latency
-                b.e[call_edge[i]] = (nb, ne, 0, *b.e[call_edge[i]][3:])
-                b.edge(int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC)
+                el[call_edge[i]] = (nb, ne, 0, *el[call_edge[i]][3:])
+                sync_edges.append((int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
             else:  # it did not block here: had the device been later, it would have
-                b.edge(int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC)
+                sync_edges.append((int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
         elif int(de[dj]) > cs and eps <= 4 * med_launch + 2000:
             n_bp += 1
-            b.e[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *b.e[call_edge[i]][3:])
-            b.edge(int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST)
+            el[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *el[call_edge[i]][3:])
+            sync_edges.append((int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST, -1, 0, 0, -1))
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
-    t_now = np.asarray(b.t, dtype=np.int64)
+    t_dev = np.empty(2 * nd, dtype=np.int64)
+    t_dev[0::2] = ds - off
+    t_dev[1::2] = de - off
+    t_now = np.concatenate((np.asarray(tl, dtype=np.int64), t_dev))
+    # the operations each step launched (in launch order), its end nodes with its annotation's end
+    so = np.flatnonzero(in_step)
+    so = so[np.argsort(kk[so], kind="stable")]
+    cut = np.searchsorted(kk[so], np.arange(n_steps + 1))
     end_nodes = [
         _window_end_nodes(
-            t_now, [int(ae_node[k]), *step_ops[k]], int(we_a[k]) - off, d_begin, ws_node[k + 1 :]
+            t_now,
+            [int(ae_node[k]), *d_end[so[cut[k] : cut[k + 1]]].tolist()],
+            int(we_a[k]) - off,
+            d_begin,
+            ws_node[k + 1 :],
         )
-        for k in range(len(steps))
+        for k in range(n_steps)
     ]
-    arr = b.arrays()
+    host_e = np.asarray(el, dtype=np.int64).reshape(-1, 9)
+    sync_e = np.asarray(sync_edges, dtype=np.int64).reshape(-1, 9)
+    if e_parts:
+        jv, sv, srcv, dstv, latv, rolev, kdv, civ = (np.concatenate(x) for x in zip(*e_parts, strict=True))
+        o = np.lexsort((sv, jv))
+        dev_e = np.zeros((len(o), 9), dtype=np.int64)
+        dev_e[:, 0], dev_e[:, 1], dev_e[:, 2] = srcv[o], dstv[o], latv[o]
+        dev_e[:, 3], dev_e[:, 4], dev_e[:, 5], dev_e[:, 8] = rolev[o], kdv[o], -1, civ[o]
+    else:
+        dev_e = np.zeros((0, 9), dtype=np.int64)
+    e = np.concatenate((host_e, dev_e, sync_e))
     return RankGraph(
         rank=rank,
         timeline="gpu",
@@ -555,17 +686,74 @@ def _gpu_rank(
         notes=notes,
         rho_typ=rho_typ,
         q_typ=q_typ,
-        t=arr["t"],
-        src=arr["src"],
-        dst=arr["dst"],
-        lat=arr["lat"],
-        role=arr["role"],
-        kind=arr["kind"],
-        seg=arr["seg"],
-        calls=arr["calls"],
-        ops=arr["ops"],
-        cidx=arr["cidx"],
+        t=t_now,
+        src=e[:, 0].copy(),
+        dst=e[:, 1].copy(),
+        lat=e[:, 2].copy(),
+        role=e[:, 3].copy(),
+        kind=e[:, 4].copy(),
+        seg=e[:, 5].copy(),
+        calls=e[:, 6].copy(),
+        ops=e[:, 7].copy(),
+        cidx=e[:, 8].copy(),
     )
+
+
+_RECORD = re.compile(r"^cu(da)?EventRecord")
+_WAIT_EVENT = re.compile(r"^cu(da)?StreamWaitEvent")
+
+
+def _event_waits(
+    rt: np.ndarray,
+    launching: set[int],
+    names: np.ndarray,
+    thread: np.ndarray,
+    start: np.ndarray,
+    d_call: np.ndarray,
+    d_stream: np.ndarray,
+) -> np.ndarray:
+    """Per device operation, the operation its stream waits for through an event (-1: none), from
+    the host's calls in program order: an operation launched after a `cudaStreamWaitEvent` (since the
+    thread's previous launch) waits for the event of the last `cudaEventRecord` before that wait,
+    which holds the operation launched last before the record on another stream than its own (a
+    record on its own stream adds nothing to stream order). The trace names no event, so this is
+    the pairing of eager NCCL's record / wait around each collective."""
+    out = np.full(len(d_call), -1, dtype=np.int64)
+    if not len(rt):
+        return out
+    ops_of: dict[int, list[int]] = {}
+    for j, c in enumerate(d_call.tolist()):
+        if c >= 0:
+            ops_of.setdefault(int(c), []).append(j)
+    is_rec = {int(i) for i in rt if _RECORD.match(str(names[i]))}
+    is_wait = {int(i) for i in rt if _WAIT_EVENT.match(str(names[i]))}
+    if not is_wait:
+        return out
+    per_thread: dict[int, list[int]] = {}
+    for i in rt.tolist():
+        if i in launching or i in is_rec or i in is_wait:
+            per_thread.setdefault(int(thread[i]), []).append(int(i))
+    for calls in per_thread.values():
+        history: list[int] = []  # launched operations in program order
+        rec_at: int | None = None  # len(history) at the last record
+        waits: list[int] = []  # the records the waits since the last launch refer to
+        for i in calls:
+            if i in is_rec:
+                rec_at = len(history)
+            elif i in is_wait:
+                if rec_at is not None:
+                    waits.append(rec_at)
+            else:
+                for j in ops_of.get(i, []):
+                    for at in waits:
+                        for jj in reversed(history[max(at - 64, 0) : at]):
+                            if int(d_stream[jj]) != int(d_stream[j]):
+                                if out[j] < 0 or jj > out[j]:
+                                    out[j] = jj
+                                break
+                history.extend(ops_of.get(i, []))
+                waits = []
+    return out
 
 
 def _window_end_nodes(
@@ -726,6 +914,7 @@ class Graph:
     notes: list[str] = field(default_factory=list)
     rho_typ: dict[int, int] = field(default_factory=dict)
     q_typ: dict[int, int] = field(default_factory=dict)
+    xfer_inst: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))  # per ROLE_XFER edge
 
     @property
     def n_nodes(self) -> int:
@@ -733,29 +922,65 @@ class Graph:
 
     def times(self, lat: np.ndarray | None = None) -> np.ndarray:
         """Every node's time with these edge latencies (the measured ones when None): each node the
-        latest over its in-edges of source + latency, in topological order; integer ns."""
-        lat_l = (self.lat if lat is None else lat).tolist()
-        t = self.t.tolist()
-        src = self.src.tolist()
-        ptr = self.indptr.tolist()
-        for n in self.order.tolist():
-            a, b = ptr[n], ptr[n + 1]
-            best = t[src[a]] + lat_l[a]
-            for k in range(a + 1, b):
-                v = t[src[k]] + lat_l[k]
-                if v > best:
-                    best = v
-            t[n] = best
-        return np.asarray(t, dtype=np.int64)
+        latest over its in-edges of source + latency (nodes without in-edges keep their measured
+        time); integer ns. `times_many` for several latency vectors at once."""
+        lat_a = self.lat if lat is None else np.asarray(lat, dtype=np.int64)
+        return self.times_many(lat_a[:, None])[:, 0]
+
+    def times_many(self, lat: np.ndarray) -> np.ndarray:
+        """`times` for C latency vectors at once: `lat` is (edges, C), the result (nodes, C).
+        Exact integer arithmetic, the same numbers as one `times` call per column (the
+        forward pass of `_Forward`)."""
+        lat_a = np.asarray(lat, dtype=np.int64)
+        return self._forward.run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
+
+    def periods_of(self, lats: Sequence[np.ndarray]) -> np.ndarray:
+        """`periods(times(lat))` for each of the latency vectors `lats`: (steps, len(lats)),
+        without holding every node's time for every vector."""
+        flat, starts = self._end_index
+        ws_flat = self.ws_node.reshape(-1)
+        sel = self._forward.run(list(lats), self.t, np.concatenate((ws_flat, flat)))
+        ws = sel[: len(ws_flat)].reshape(*self.ws_node.shape, len(lats))
+        if len(flat):
+            we = np.maximum.reduceat(sel[len(ws_flat) :], starts, axis=0).reshape(ws.shape)
+        else:
+            we = ws.copy()
+        end = we.max(axis=0)
+        out = np.empty((len(self.steps), len(lats)), dtype=np.int64)
+        if len(out):
+            out[0] = (we[:, 0] - ws[:, 0]).max(axis=0)
+            out[1:] = np.diff(end, axis=0)
+        return out
+
+    @property
+    def _forward(self) -> _Forward:
+        fw = self.__dict__.get("_fw")
+        if fw is None:
+            fw = _Forward(self)
+            self.__dict__["_fw"] = fw
+        return fw
 
     def windows(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Per [rank_i, step_i], the window start and end at these node times."""
+        """Per [rank_i, step_i], the window start and end at these node times (`t` of shape
+        (nodes,), or (nodes, C): then each result has a last axis of C)."""
         ws = t[self.ws_node]
-        we = np.empty_like(ws)
-        for i, per in enumerate(self.end_nodes):
-            for k, nodes in enumerate(per):
-                we[i, k] = int(t[nodes].max())
+        flat, starts = self._end_index
+        if not len(flat):
+            return ws, ws.copy()
+        we = np.maximum.reduceat(t[flat], starts, axis=0).reshape(ws.shape)
         return ws, we
+
+    @property
+    def _end_index(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every window's end nodes in one array ([rank_i][step_i] order) and where each starts."""
+        got = self.__dict__.get("_ends")
+        if got is None:
+            per = [nodes for rank in self.end_nodes for nodes in rank]
+            lens = np.asarray([len(x) for x in per], dtype=np.int64)
+            flat = np.concatenate(per).astype(np.int64) if per else np.zeros(0, dtype=np.int64)
+            got = (flat, np.concatenate(([0], np.cumsum(lens)[:-1])).astype(np.int64) if per else flat)
+            self.__dict__["_ends"] = got
+        return got
 
     def step_times(self, t: np.ndarray) -> np.ndarray:
         """Per step, the longest window (the step time the accounting uses)."""
@@ -765,14 +990,216 @@ class Graph:
     def periods(self, t: np.ndarray) -> np.ndarray:
         """Per step, the time from the previous step's end (the latest window end over ranks) to
         its own: what a token costs when nothing between steps is frozen. The first step: its
-        longest window."""
+        longest window. `t` (nodes,) or (nodes, C): the result (steps,) or (steps, C)."""
         ws, we = self.windows(t)
         end = we.max(axis=0)
-        out = np.empty(len(self.steps), dtype=np.int64)
+        out = np.empty((len(self.steps), *t.shape[1:]), dtype=np.int64)
         if len(out):
-            out[0] = int((we[:, 0] - ws[:, 0]).max())
-            out[1:] = np.diff(end)
+            out[0] = (we[:, 0] - ws[:, 0]).max(axis=0)
+            out[1:] = np.diff(end, axis=0)
         return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        # the forward pass and the end index are rebuilt on use (not shipped to Dask workers)
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_ends")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
+# ------------------------------------------------------------------------------------------
+# the forward pass: every node the latest of its in-edges, for many latency vectors at once
+
+#: Lower bound of every replayed time (a node not reached yet in the fixpoint iteration).
+_FLOOR = -(1 << 62)
+#: Nodes per block of the forward pass (measured: 256-1024 are within 10% on the benchmark).
+FORWARD_BLOCK = 512
+# which edges may chain two nodes (host program order first, then stream order, then through a
+# rendezvous); the edges that can be disabled (NEVER) never chain
+_CHAIN_PRIORITY = np.full(32, 99, dtype=np.int64)
+_CHAIN_PRIORITY[[ROLE_GAP, ROLE_GAP_OUT, ROLE_CALL, ROLE_SYNC, ROLE_WORK, ROLE_LEAD]] = 0
+_CHAIN_PRIORITY[[ROLE_QUEUE, ROLE_OP]] = 1
+_CHAIN_PRIORITY[[ROLE_XFER, ROLE_ARRIVE]] = 2
+_CHAIN_PRIORITY[ROLE_GRAPH] = 3
+
+
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """True at the first element of each run of equal keys."""
+    out = np.ones(len(keys), dtype=bool)
+    out[1:] = keys[1:] != keys[:-1]
+    return out
+
+
+class _Forward:
+    """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
+
+    The graph's nodes are split into chains (each node keeps at most one in-edge as its chain
+    parent, each node at most one chain child: host program order, stream order), and its
+    topological order into blocks of `FORWARD_BLOCK` nodes. Along a chain the recurrence
+    t_i = max(t_{i-1} + d_{i-1}, r_i) (r_i the latest of the node's other in-edges) is
+    t_i = D_i + max_{j <= i}(r_j - D_j) with D the chain's prefix sum of latencies: a cumulative
+    maximum. A block's r comes from edges out of earlier blocks (final) and from edges inside the
+    block (not yet known): the block is iterated from below (unknown = `_FLOOR`) until the sources
+    of its inside edges stop changing, the least fixpoint, which on a DAG is the longest-path time
+    of every node; a few iterations (the chain changes along a binding path inside the block).
+    Inside a block the nodes are laid out by their index along their chain piece, longest pieces
+    first, so each step of the cumulative maximum is one contiguous slice for every piece and
+    every latency column at once. Integer ns; the same numbers as the node-by-node pass
+    (`times_reference`)."""
+
+    def __init__(self, g: Graph, block: int = FORWARD_BLOCK) -> None:
+        n = g.n_nodes
+        src, dst = g.src, g.dst
+        n_e = len(src)
+        has_in = np.zeros(n, dtype=bool)
+        has_in[dst] = True
+        sources = np.flatnonzero(~has_in)
+        topo = np.concatenate([sources, g.order]).astype(np.int64)
+        tpos = np.empty(n, dtype=np.int64)
+        tpos[topo] = np.arange(n)
+        n_src = len(sources)
+        # chain parents: per node its first in-edge of the best priority, then per source node
+        # one chain child (the earliest in topological order)
+        prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
+        cand = np.flatnonzero(prio < 99)
+        c = cand[np.lexsort((cand, prio[cand], dst[cand]))]
+        c = c[_first_of_runs(dst[c])]
+        c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+        c = c[_first_of_runs(src[c])]
+        pedge = np.full(n, -1, dtype=np.int64)
+        pedge[dst[c]] = c
+        root = np.arange(n)
+        root[dst[c]] = src[c]
+        while True:  # pointer jumping to each chain's head
+            nr = root[root]
+            if np.array_equal(nr, root):
+                break
+            root = nr
+        bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
+        n_blk = len(bounds) - 1
+        blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
+        # a chain piece: one chain's nodes in one block (contiguous along the chain)
+        by_piece = np.lexsort((tpos, root, blk))
+        pb, pr = blk[by_piece], root[by_piece]
+        starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
+        piece = np.cumsum(starts) - 1
+        p_start = np.flatnonzero(starts)
+        p_len = np.diff(np.append(p_start, n))
+        j = np.arange(n) - p_start[piece]  # index along its piece
+        p_blk = pb[p_start]
+        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
+        rank = np.empty(len(so), dtype=np.int64)
+        sb = p_blk[so]
+        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
+        final = np.lexsort((rank[piece], j, pb))  # block, index along the piece, longest first
+        self.nodes = by_piece[final]
+        pos = np.empty(n, dtype=np.int64)
+        pos[self.nodes] = np.arange(n)
+        self.n, self.n_src, self.pos = n, n_src, pos
+        # the prefix sums D along each piece, in piece order
+        self.pc_pos = pos[by_piece]
+        self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
+        self.pc_start = p_start[piece]
+        # the other edges, grouped per block: from earlier blocks, then inside the block
+        e_d, e_s = pos[dst], pos[src]
+        b_d, b_s = blk[dst], blk[src]
+        chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
+        outside = b_s < b_d
+        ek = np.flatnonzero(~chained)
+        ek = ek[np.lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]))]
+        self.eperm = ek
+        cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
+        j_at = j[final]
+        self.blocks: list[tuple[Any, ...]] = []
+        for bi in range(n_blk):
+            a, b = int(bounds[bi]), int(bounds[bi + 1])
+            e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
+            jb = j_at[a:b]
+            width = int(jb.max()) + 1
+            offs = np.searchsorted(jb, np.arange(width + 1)).tolist()
+            cols = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, width)]
+            self.blocks.append(
+                (
+                    a,
+                    b,
+                    e0,
+                    e1,
+                    e2,
+                    e_s[ek[e0:e1]],
+                    self._groups(e_d[ek[e0:e1]] - a),
+                    e_s[ek[e1:e2]] - a,
+                    self._groups(e_d[ek[e1:e2]] - a),
+                    cols,
+                )
+            )
+
+    @staticmethod
+    def _groups(d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        if not len(d):
+            return None
+        first = _first_of_runs(d)
+        return np.flatnonzero(first), d[first]
+
+    def run(self, lats: Sequence[np.ndarray], t0: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """The node times (nodes, C) for the C latency vectors `lats` (each (edges,) int64); only
+        the nodes `at` (rows in that order) when given."""
+        n, n_c = self.n, len(lats)
+        mx, red = np.maximum, np.maximum.reduceat
+        pe = self.pc_edge
+        has_pe = pe >= 0
+        pe0 = np.where(has_pe, pe, 0)
+        cs = np.empty((n_c, n), dtype=np.int64)
+        lp = np.empty((len(self.eperm), n_c), dtype=np.int64)
+        for i, lat in enumerate(lats):
+            np.multiply(lat[pe0], has_pe, out=cs[i])
+            lp[:, i] = lat[self.eperm]
+        np.cumsum(cs, axis=1, out=cs)
+        cs -= cs[:, self.pc_start]
+        d_all = np.empty((n, n_c), dtype=np.int64)
+        d_all[self.pc_pos] = cs.T
+        del cs
+        t = np.empty((n, n_c), dtype=np.int64)
+        t[: self.n_src] = t0[self.nodes[: self.n_src], None]
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, cols in self.blocks:
+            r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
+            if x_grp is not None:
+                r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
+            d = d_all[a:b]
+            r, l_in, seen = r_out, lp[e1:e2], None
+            while True:
+                x = r - d
+                for q0, q1, p0 in cols:
+                    mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                x += d
+                mx(x, _FLOOR, out=x)
+                if i_grp is None:
+                    break
+                s_new = x[i_src]
+                if seen is not None and np.array_equal(s_new, seen):
+                    break
+                seen = s_new
+                r = r_out.copy()
+                r[i_grp[1]] = mx(r[i_grp[1]], red(s_new + l_in, i_grp[0], axis=0))
+            t[a:b] = x
+        return t[self.pos if at is None else self.pos[at]]
+
+
+def times_reference(g: Graph, lat: np.ndarray | None = None) -> np.ndarray:
+    """`Graph.times` node by node in topological order (the definition; tests compare the fast
+    pass with it)."""
+    lat_l = (g.lat if lat is None else lat).tolist()
+    t = g.t.tolist()
+    src = g.src.tolist()
+    ptr = g.indptr.tolist()
+    for n in g.order.tolist():
+        a, b = ptr[n], ptr[n + 1]
+        best = t[src[a]] + lat_l[a]
+        for k in range(a + 1, b):
+            v = t[src[k]] + lat_l[k]
+            if v > best:
+                best = v
+        t[n] = best
+    return np.asarray(t, dtype=np.int64)
 
 
 def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Graph:
@@ -864,6 +1291,9 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
             lookup[ce] = (op, nb)
     xo = [lookup[int(d)][0] for d in arr["dst"][xk]]
     xb = np.asarray([lookup[int(d)][1] for d in arr["dst"][xk]], dtype=np.int64)
+    inst_of_node = np.arange(n_rank_nodes, n_rank_nodes + len(inst_members), dtype=np.int64)
+    inst_ids = np.asarray(sorted(inst_members), dtype=np.int64)
+    xi = inst_ids[np.searchsorted(inst_of_node, arr["src"][xk])] if len(xk) else np.zeros(0, dtype=np.int64)
     # the steps every rank holds (a rank's other steps stay in its program order, unreported)
     common = sorted(set.intersection(*(set(g.steps) for g in rgs))) if rgs else []
     steps = common
@@ -899,6 +1329,7 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         cidx=arr["cidx"],
         xfer_op=xo,
         xfer_bytes=xb,
+        xfer_inst=xi,
         order=order,
         indptr=indptr,
         ws_node=ws_node,
@@ -964,10 +1395,15 @@ class PathWalk:
 
 
 def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = None) -> PathWalk:
-    """Walk every step's path back from its latest window end through each node's binding in-edge
-    (the first in-edge reaching its time), for one step time (`step_times`): each edge's latency
-    goes to its rank and part; the walk stops at the step time before the end (clipping the last
-    edge) or at a node with no in-edge (the rest is the offset)."""
+    """Walk the path back from the last step's latest window end (ties: the lowest rank) through
+    each node's binding in-edge (the first in-edge reaching its time), for one step time per step
+    (`step_times`): each edge's latency goes to its rank and part, split at the steps' ranges
+    [latest end - step time, latest end]. The walk is one chain across steps: where it reaches a
+    step's latest end it goes on into that step from where it is (so of ranks that end a step
+    together, the one the later step's chain runs through); where it cannot (it reached a node with
+    no in-edge, or a step's range starts before the previous one's end) that step's walk starts at
+    its own latest end. A walk that reaches a node with no in-edge stops: the rest of the step is its
+    offset."""
     lat = g.lat if lat is None else lat
     if t is None:
         t = g.times(lat)
@@ -975,31 +1411,56 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
     src, ptr = g.src, g.indptr
-    rows: list[dict[str, Any]] = []
-    segs: list[tuple[int, int, int, int, str, int]] = []
-    for k, st in enumerate(g.steps):
-        # the latest window end; ties: the lowest rank
+
+    def binding(n: int) -> int:
+        a, b = int(ptr[n]), int(ptr[n + 1])
+        tn = int(t[n])
+        for kk in range(a, b):
+            if int(t[src[kk]]) + int(lat[kk]) == tn:
+                return kk
+        if a == b:
+            return -1
+        raise AssertionError("a node's time is reached by none of its in-edges")
+
+    rows_rev: list[list[dict[str, Any]]] = []
+    segs_rev: list[list[tuple[int, int, int, int, str, int]]] = []
+    cursor: tuple[int, int] | None = None  # (node, time reached on its binding in-edge, <= its time)
+    for k in range(len(g.steps) - 1, -1, -1):
+        st = g.steps[k]
         i_end = int(np.argmax(we[:, k]))
         t_end = int(we[i_end, k])
-        nodes = g.end_nodes[i_end][k]
-        n = int(nodes[np.argmax(t[nodes])])
         limit = t_end - int(step_ns[k])
+        n, hi = -1, t_end
+        if cursor is not None and cursor[1] >= t_end:  # go on from the later step's chain
+            n, hi = cursor
+            while hi > t_end:
+                e = binding(n)
+                if e < 0:
+                    n = -1
+                    break
+                ts = int(t[src[e]])
+                if ts < t_end:
+                    hi = t_end
+                    break
+                n, hi = int(src[e]), ts
+        last_rank = ranks[i_end]
+        if n < 0:
+            nodes = g.end_nodes[i_end][k]
+            n = int(nodes[np.argmax(t[nodes])])
+            hi = int(t[n])
+        elif int(g.node_rank[n]) >= 0:
+            last_rank = int(g.node_rank[n])
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
-        last_rank = ranks[i_end]
-        while t[n] > limit:
-            a, b = int(ptr[n]), int(ptr[n + 1])
-            if a == b:
+        segs: list[tuple[int, int, int, int, str, int]] = []
+        ended = False
+        while hi > limit:
+            e = binding(n)
+            if e < 0:
+                ended = True
                 break
-            tn = int(t[n])
-            e = -1
-            for kk in range(a, b):
-                if int(t[src[kk]]) + int(lat[kk]) == tn:
-                    e = kk
-                    break
-            assert e >= 0, "a node's time is reached by none of its in-edges"
             ts = int(t[src[e]])
-            piece = tn - max(ts, limit)
+            piece = hi - max(ts, limit)
             r = int(g.erank[e])
             if piece > 0:
                 acc[r][int(g.kind[e])] += piece
@@ -1008,11 +1469,15 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     last_rank = r
                 off = g.offsets.get(r, 0)
                 is_x = int(g.role[e]) == ROLE_XFER
-                segs.append((int(st), r, max(ts, limit) + off, tn + off, "transfer" if is_x else "work", -1))
-            n = int(src[e])
-        path_len = t_end - max(int(t[n]), limit)
-        for r in ranks:
-            rows.append(
+                segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
+            if ts < limit:
+                hi = limit
+                break
+            n, hi = int(src[e]), ts
+        cursor = None if ended else (n, hi)
+        path_len = t_end - max(hi, limit)
+        rows_rev.append(
+            [
                 {
                     "step": int(st),
                     "rank": r,
@@ -1021,11 +1486,16 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                     "offset_ns": int(step_ns[k]) - path_len,
                     "hops": hops,
                 }
-            )
+                for r in ranks
+            ]
+        )
+        segs_rev.append(segs)
         assert int(step_ns[k]) - path_len >= 0, f"step {st}: negative path offset"
         total = sum(sum(v) for v in acc.values())
         assert total == path_len, f"step {st}: path pieces {total} != path length {path_len}"
-    return PathWalk(rows, _merge_segments(segs))
+    rows = [row for per in reversed(rows_rev) for row in per]
+    segs_all = [sg for per in reversed(segs_rev) for sg in per]
+    return PathWalk(rows, _merge_segments(segs_all))
 
 
 def _merge_segments(

@@ -20,7 +20,9 @@ s* = mean(P_k*) / mean(P_traced), which scales that run's parts. When the two ru
 captured interleaved (`tracekit study`: manifest `workload.interleaved`, the same group on both),
 the same round indices are drawn for both (drift falls on both alike and cancels in S); else each
 run's rounds are drawn on their own. The corrected parts are then reconciled to s* x traced / D*
-by the shortfall's own rule (`reconcile_arrays`, the vectorised `shortfall.reconcile`), averaged
+by the shortfall's own rule (`reconcile_arrays`, the vectorised `shortfall.reconcile`): when the
+shortfall corrected through the replay (`tracekit.analyse.correction`), the drawn steps' parts on
+the corrected timeline (`RunSample.replayed`) are reconciled, else their traced parts; averaged
 over ranks, and the terms formed as the point figures are. The intervals are the 2.5 and 97.5
 percentiles. A run without rounds in its manifest (or without a manifest) is resampled over steps
 only, and `basis` says so.
@@ -38,15 +40,13 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.model.parts import COORDINATION as COORD
+from tracekit.model.parts import LEAF_PARTS as PARTS
+
 #: The bootstrap: resamples, seed, coverage (the dilation's interval uses the same).
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
-
-#: leaf parts, in `shortfall.LEAF_PARTS` order (kept here so this module imports no pandas)
-PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
-COORD: tuple[str, ...] = ("wait", "sync", "idle")
-TERMS: tuple[str, ...] = ("compute", "memory", "transfer", "coordination", "unknown")
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,10 @@ class RunSample:
     profiled: tuple[tuple[int, ...], ...] = ()
     corrected: bool = False
     pairing: str | None = None
+    #: [steady steps, ranks, PARTS]: the same steps' parts on the profiler-corrected timeline
+    #: (`tracekit.analyse.correction`), each step summing to its corrected step time; None: the
+    #: correction is the proportional rule on the traced parts
+    replayed: np.ndarray | None = None
 
     @property
     def rounds(self) -> int:
@@ -215,6 +219,11 @@ def _run_draws(
     d = np.where(np.isfinite(d) & (d > 0), d, float(dilation))
     traced_t = parts.sum(axis=-1)  # [b, ranks]: every rank's parts sum to the step time
     target = traced_t / d[:, None]
+    if run.replayed is not None:  # the corrected timeline's parts of the same drawn steps
+        rep = np.einsum("bn,nrp->brp", w, np.asarray(run.replayed, dtype=np.float64)) * scale[:, None, None]
+        # time the corrected timeline leaves short of the target is idle (`correction._rest`)
+        rep[..., PARTS.index("idle")] += np.maximum(target - rep.sum(axis=-1), 0.0)
+        return reconcile_arrays(rep, target, run.timeline).mean(axis=1)
     return reconcile_arrays(parts, target, run.timeline).mean(axis=1)
 
 

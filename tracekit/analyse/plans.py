@@ -169,6 +169,7 @@ class _Attribution:
     coll: Any = None
     att: Any = None
     path: Any = None
+    graph: Any = None
 
 
 def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
@@ -212,12 +213,15 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     return piece
 
 
-def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> Any:
-    """The critical path on the ranks' graph pieces (`critical_path.path_of_ranks`)."""
-    from tracekit.analyse.critical_path import path_of_ranks
+def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
+    """The run's dependency graph from the ranks' pieces (`graph.assemble`) and the critical path
+    walked on it (`critical_path.path_of_graph`); the graph is kept for the profiler correction."""
+    from tracekit.analyse.critical_path import path_of_graph
+    from tracekit.analyse.graph import assemble
 
     offsets, timeline = arg
-    return path_of_ranks(graphs, offsets, timeline)
+    graph = assemble(graphs, offsets)
+    return path_of_graph(graph, timeline), graph
 
 
 def attribution_plan(
@@ -306,8 +310,8 @@ def attribution_plan(
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces)
 
-    def after_path(st: _Attribution, path: Any) -> None:
-        st.path = path
+    def after_path(st: _Attribution, got: tuple[Any, Any]) -> None:
+        st.path, st.graph = got
 
     def finish(st: _Attribution, _arg: Any) -> Any:
         from tracekit.analyse.shortfall import finish_attribution
@@ -322,6 +326,7 @@ def attribution_plan(
             skip_first=st.skip_first,
             dilation_threshold=st.threshold,
             dq=st.dq,
+            graph=st.graph,
         )
 
     return Plan(

@@ -324,6 +324,9 @@ class RunModel:
     device_scale: float = 1.0
     correction: str = "none"  # "none", "solved", "manifest calibration"
     calibration: dict[str, Any] | None = None
+    #: the calibration's own cost per rank (`per_rank_ns`), where it has every rank's: rank -> (per
+    #: runtime call or host op, per collective launch); else None (one cost for every rank)
+    rank_deduct: dict[int, tuple[float, float]] | None = None
     #: the classified events the graph was built from, for the masks a knob needs (found lazily)
     events: pd.DataFrame | None = field(default=None, repr=False)
 
@@ -339,121 +342,221 @@ class RunModel:
     def replay(self, setting: _Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
         its own (`graph.Graph.periods`), so time between steps counts and nothing is frozen."""
+        return self.replay_many([setting])[0]
+
+    def replay_many(self, settings: Sequence[_Setting]) -> list[np.ndarray]:
+        """`replay` of each setting, the graph re-timed for several settings in one forward pass
+        (`graph.Graph.periods_of`; in chunks that keep the pass's arrays near 512 MB)."""
         g = self.graph
-        per = g.periods(g.times(self.latencies(setting)))
-        return per[self._steady_pos]
+        per_col = 8 * (len(g.src) + 3 * g.n_nodes) + 1
+        chunk = max(1, min(64, (512 << 20) // per_col))
+        steady = self._steady_pos
+        out: list[np.ndarray] = []
+        for i in range(0, len(settings), chunk):
+            lats = [self.latencies(s) for s in settings[i : i + chunk]]
+            per = g.periods_of(lats)
+            out.extend(per[steady, k].copy() for k in range(len(lats)))
+        return out
 
     @property
     def _steady_pos(self) -> np.ndarray:
         pos = {s: i for i, s in enumerate(self.graph.steps)}
         return np.asarray([pos[s] for s in self.steps], dtype=np.int64)
 
-    def latencies(self, s: _Setting) -> np.ndarray:
-        """The graph's edge latencies under a setting (integer ns)."""
+    def _masks(self) -> dict[str, Any]:
+        """Edge subsets the knobs act on (fixed per graph), computed once."""
+        got = self.__dict__.get("_mask_cache")
+        if got is not None:
+            return got
         g = self.graph
-        role, lat0 = g.role, g.lat
-        lat = lat0.astype(np.float64)
+        role = g.role
         host_part = ~np.isin(role, (G.ROLE_XFER, G.ROLE_ORIGIN, G.ROLE_ARRIVE))
         if self.timeline == "host":
             host_part &= role != G.ROLE_OP
         else:
             host_part &= np.isin(role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_SYNC, G.ROLE_SYNC_WAIT))
+        dev = (
+            np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH))
+            if self.timeline == "gpu"
+            else (role == G.ROLE_WORK)
+        )
+        rk = g.erank
+        ranks = np.asarray(self.ranks)
+        rpos = np.minimum(np.searchsorted(ranks, rk), len(self.ranks) - 1) if len(ranks) else rk
+        rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
+        qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
+        lm = np.flatnonzero(role == G.ROLE_LAUNCH)
+        qm = np.flatnonzero((role == G.ROLE_QUEUE) | (role == G.ROLE_CROSS))
+        got = {
+            "host": np.flatnonzero(host_part),
+            "dev": np.flatnonzero(dev),
+            "xfer": np.flatnonzero(role == G.ROLE_XFER),
+            "sync": np.flatnonzero(role == G.ROLE_SYNC),
+            "sync_wait": np.flatnonzero(role == G.ROLE_SYNC_WAIT),
+            "launch_zero": np.flatnonzero(
+                (role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)
+            ),
+            "launch": lm,
+            "launch_rho": rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
+            "queue": qm,
+            "queue_typ": qt[rpos[qm]] if len(qt) else np.zeros(len(qm), dtype=np.int64),
+            "backpressure": np.flatnonzero(role == G.ROLE_BACKPRESSURE),
+            "deduct_roles": np.isin(role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_WORK, G.ROLE_SYNC)),
+            "is_call": role == G.ROLE_CALL,
+        }
+        self.__dict__["_mask_cache"] = got
+        return got
+
+    def latencies(self, s: _Setting) -> np.ndarray:
+        """The graph's edge latencies under a setting (integer ns)."""
+        g = self.graph
+        mk = self._masks()
+        lat = g.lat.astype(np.float64)
         if s.host_scale != 1.0:
-            lat = np.where(host_part, lat * s.host_scale, lat)
+            h = mk["host"]
+            lat[h] = lat[h] * s.host_scale
         if s.straggler_off and self.n_ranks > 1:
-            lat = lat * self._straggler_factors(lat)
+            idx, f = self._straggler_factors(lat)
+            lat[idx] = lat[idx] * f
         if s.host_deduct or s.deduct_collective:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
-            dev = (
-                np.isin(role, (G.ROLE_OP, G.ROLE_QUEUE, G.ROLE_CROSS, G.ROLE_GRAPH))
-                if self.timeline == "gpu"
-                else (role == G.ROLE_WORK)
-            )
-            lat = np.where(dev, lat * s.device_scale, lat)
+            d = mk["dev"]
+            lat[d] = lat[d] * s.device_scale
         if s.compute_scale is not None and self.n_ranks > 1:
             lat = self._per_kernel(lat, s.compute_scale)
         if s.transfer is not None:
-            x = role == G.ROLE_XFER
+            xk = mk["xfer"]
             if s.transfer == "zero":
-                lat = np.where(x, 0.0, lat)
+                lat[xk] = 0.0
             else:
                 assert isinstance(s.transfer, ProbeTimes)
-                xk = np.flatnonzero(x)
                 for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
                     tp = s.transfer.time_ns(op, int(nb))
                     if tp is not None:
                         lat[k] = tp
         if s.coll_latency is not None:
-            xk = np.flatnonzero(role == G.ROLE_XFER)
+            xk = mk["xfer"]
             for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
                 lat[k] = min(lat[k], s.coll_latency.transfer_ns(op, int(nb), self.n_ranks))
         if s.fuse_norm and self.norm_after_all_reduce is not None:
             lat = np.where(self.norm_after_all_reduce, 0.0, lat)
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
-            out[role == G.ROLE_SYNC] = 0
-            out[role == G.ROLE_SYNC_WAIT] = G.NEVER
+            out[mk["sync"]] = 0
+            out[mk["sync_wait"]] = G.NEVER
         if s.launch0 and self.timeline == "gpu":
-            rk = g.erank
-            rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks])
-            qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks])
-            pos = np.searchsorted(np.asarray(self.ranks), rk)
-            pos = np.minimum(pos, len(self.ranks) - 1)
-            out[(role == G.ROLE_GAP) | (role == G.ROLE_GAP_OUT) | (role == G.ROLE_CALL)] = 0
-            lm = role == G.ROLE_LAUNCH
-            out[lm] = np.minimum(out[lm], rho[pos[lm]])
-            qm = (role == G.ROLE_QUEUE) | (role == G.ROLE_CROSS)
-            out[qm] = np.minimum(out[qm], qt[pos[qm]])
-            out[role == G.ROLE_BACKPRESSURE] = G.NEVER
+            out[mk["launch_zero"]] = 0
+            lm, qm = mk["launch"], mk["queue"]
+            out[lm] = np.minimum(out[lm], mk["launch_rho"])
+            out[qm] = np.minimum(out[qm], mk["queue_typ"])
+            out[mk["backpressure"]] = G.NEVER
         return out
 
-    def _straggler_factors(self, lat: np.ndarray) -> np.ndarray:
-        """Per edge: host gaps of a (rank, segment) scaled so their sum is the fastest rank's."""
+    def _straggler_groups(self) -> dict[str, Any] | None:
+        """The (segment, rank) groups of the host gaps `straggler=off` scales, computed once."""
+        if "_strag_cache" in self.__dict__:
+            cached: dict[str, Any] | None = self.__dict__["_strag_cache"]
+            return cached
         g = self.graph
         gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
-        f = np.ones(len(lat))
-        if not gm.any():
-            return f
-        idx = np.flatnonzero(gm)
-        key = pd.DataFrame({"rank": g.erank[idx], "seg": g.seg[idx], "lat": lat[idx]})
-        sums = key.groupby(["seg", "rank"], sort=False)["lat"].sum()
-        per_seg = sums.groupby(level=0)
-        n_r = per_seg.size()
-        fastest = per_seg.min()
-        full = n_r[n_r == self.n_ranks].index  # segments every rank has
-        ratio = fastest.reindex(sums.index.get_level_values(0)).to_numpy() / sums.to_numpy()
-        ratio = np.where(sums.to_numpy() > 0, ratio, 1.0)
-        ok = sums.index.get_level_values(0).isin(full)
-        ratio = np.where(ok, ratio, 1.0)
-        table = pd.Series(ratio, index=sums.index)
-        f[idx] = table.reindex(pd.MultiIndex.from_arrays([g.seg[idx], g.erank[idx]])).to_numpy()
-        return f
+        out: dict[str, Any] | None = None
+        if gm.any():
+            idx = np.flatnonzero(gm)
+            seg, rk = g.seg[idx], g.erank[idx]
+            # group codes in first-appearance order (as groupby(sort=False) keys them)
+            codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([seg, rk]))
+            useg = uniq.get_level_values(0).to_numpy(np.int64)
+            seg_code, seg_uniq = pd.factorize(useg)
+            n_r = np.bincount(seg_code, minlength=len(seg_uniq))
+            out = {
+                "idx": idx,
+                "codes": codes.astype(np.int64),
+                "seg_code": seg_code.astype(np.int64),
+                "n_seg": len(seg_uniq),
+                "full": n_r[seg_code] == self.n_ranks,
+            }
+        self.__dict__["_strag_cache"] = out
+        return out
+
+    def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
+        rank's (segments every rank has; the others keep 1)."""
+        gr = self._straggler_groups()
+        if gr is None:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        idx = gr["idx"]
+        sums = pd.Series(lat[idx]).groupby(gr["codes"], sort=True).sum().to_numpy()
+        fastest = np.full(gr["n_seg"], np.inf)
+        np.minimum.at(fastest, gr["seg_code"], sums)
+        ratio = fastest[gr["seg_code"]] / sums
+        ratio = np.where(sums > 0, ratio, 1.0)
+        ratio = np.where(gr["full"], ratio, 1.0)
+        return idx, ratio[gr["codes"]]
 
     def _deduct(self, lat: np.ndarray, s: _Setting) -> np.ndarray:
         """The profiler's cost per call taken from the host time it lies in: from the gap before a
         call first, the rest from the call's own time."""
         g = self.graph
+        mk = self._masks()
         lat = lat.copy()
-        per = s.host_deduct * g.calls.astype(np.float64) + s.deduct_collective * np.where(
-            g.role == G.ROLE_CALL, g.ops, 0
-        )
+        hd: Any = s.host_deduct
+        dc: Any = s.deduct_collective
+        if self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+            costs = np.asarray(
+                [self.rank_deduct.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+            )
+            at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
+            hd, dc = costs[at, 0], costs[at, 1]
+        per = hd * g.calls.astype(np.float64) + dc * np.where(mk["is_call"], g.ops, 0)
         if self.timeline == "host":
-            per = s.host_deduct * g.ops.astype(np.float64)
+            per = hd * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
         # a call's own cost first from the gap before it
-        need = per.copy()
+        need = per
         if len(call_e):
             moved = need[call_e]
             need[call_e] = 0.0
             need[gap_e] += moved
         take = np.minimum(need, np.maximum(lat, 0.0))
         rest = need - take
-        lat -= np.where(np.isin(g.role, (*_HOST_GAPS, G.ROLE_CALL, G.ROLE_WORK, G.ROLE_SYNC)), take, 0.0)
+        lat -= np.where(mk["deduct_roles"], take, 0.0)
         if len(call_e):
             back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
             lat[call_e] -= back
+            # taken from the call itself (its gap was too short): the cost ran before the call's
+            # effect, so the operation it launched is released that much earlier too
+            if back.any():
+                by_node = np.zeros(len(g.t))
+                by_node[g.src[call_e]] = back
+                lm = np.flatnonzero(g.role == G.ROLE_LAUNCH)
+                lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        # a synchronising call's cost also delays its return when the device was done before the
+        # cost had run (the return latency then holds the cost): it comes off the wait edge's
+        # latency by the part of the cost that ran after the awaited operation's end
+        sw, se = self._sync_wait
+        if len(sw):
+            waited = np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0)
+            cut = np.maximum(per[se] - waited, 0.0)
+            lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
+
+    @property
+    def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
+        cached = getattr(self, "_sw", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        waits = np.flatnonzero(g.role == G.ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == G.ROLE_SYNC)
+        by_dst = pd.Series(own, index=g.dst[own])
+        by_dst = by_dst[~by_dst.index.duplicated()]
+        of = by_dst.reindex(g.dst[waits]).to_numpy()
+        ok = ~np.isnan(of.astype(np.float64))
+        out = (waits[ok], of[ok].astype(np.int64))
+        self._sw = out
+        return out
 
     @property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
@@ -476,20 +579,31 @@ class RunModel:
         """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
         ranks' mean of it times `factor` (no per-collective imbalance is kept); operations not on
         every rank are scaled by the factor alone."""
+        gr = self._kernel_groups()
+        lat = lat.copy()
+        if gr is None:
+            return lat
+        idx = gr["idx"]
+        mean = pd.Series(lat[idx]).groupby(gr["codes"]).transform("mean").to_numpy()
+        lat[idx] = np.where(gr["full"], mean, lat[idx]) * factor
+        return lat
+
+    def _kernel_groups(self) -> dict[str, Any] | None:
+        """The compute edges and their groups (the k-th compute operation of a step), once."""
+        if "_kern_cache" in self.__dict__:
+            cached: dict[str, Any] | None = self.__dict__["_kern_cache"]
+            return cached
         g = self.graph
         cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
-        lat = lat.copy()
-        if not cm.any():
-            return lat
-        idx = np.flatnonzero(cm)
-        key = g.cidx[idx]
-        df = pd.DataFrame({"key": key, "lat": lat[idx]})
-        grp = df.groupby("key")["lat"]
-        mean = grp.transform("mean").to_numpy()
-        count = grp.transform("size").to_numpy()
-        full = (count == self.n_ranks) & (key >= 0)
-        lat[idx] = np.where(full, mean, lat[idx]) * factor
-        return lat
+        out: dict[str, Any] | None = None
+        if cm.any():
+            idx = np.flatnonzero(cm)
+            key = g.cidx[idx]
+            codes, uniq = pd.factorize(key, sort=True)
+            count = np.bincount(codes)[codes]
+            out = {"idx": idx, "codes": codes, "full": (count == self.n_ranks) & (key >= 0)}
+        self.__dict__["_kern_cache"] = out
+        return out
 
     def applicable(self, knob: Knob) -> bool:
         if knob.name in ("transfer", "straggler", "compute", "collective_latency"):
@@ -515,16 +629,9 @@ def build_model(
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
     manifest: Mapping[str, Any] | None = None
-    if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
-        wins = classified.steps(parts.step_pattern).steps
+    if isinstance(classified, AnalysedRun):
         manifest = classified.run.manifest
-        classified = classified.events
-    else:
-        wins = find_steps_detailed(classified, parts.step_pattern).steps
-    wins = as_tokens(wins, parts.collectives.per_rank)  # the steps as attribute_run joined them (align.py)
-    # every step in the graph: the warm-up step before the steady ones gives the first its start
-    part_w = parts.steps[["rank", "step", "end_ns"]]
-    wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
+    events = classified.events if isinstance(classified, AnalysedRun) else classified
     inst_bytes: dict[int, int] = {}
     if len(parts.collectives.instances):
         ins = parts.collectives.instances
@@ -532,9 +639,31 @@ def build_model(
             int(i): int(b) for i, b in zip(ins["instance"], ins["size_bytes"].fillna(-1), strict=True)
         }
     timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
-    g = G.build_graph(
-        classified, wins, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, timeline, inst_bytes
-    )
+    g = parts.graph
+    if g is not None and g.timeline == timeline and len(g.ranks) == len(parts.ranks):
+        # the graph attribute_run walked the path on (the same windows, events and offsets): its
+        # collectives' sizes for the probe knob
+        g.xfer_bytes = np.asarray([inst_bytes.get(int(i), -1) for i in g.xfer_inst], dtype=np.int64)
+    else:
+        if isinstance(classified, AnalysedRun):  # its step windows were found once, for attribute_run
+            wins = classified.steps(parts.step_pattern).steps
+            classified = classified.events
+        else:
+            wins = find_steps_detailed(classified, parts.step_pattern).steps
+        wins = as_tokens(
+            wins, parts.collectives.per_rank
+        )  # the steps as attribute_run joined them (align.py)
+        # every step in the graph: the warm-up step before the steady ones gives the first its start
+        part_w = parts.steps[["rank", "step", "end_ns"]]
+        wins = wins.drop(columns=["end_ns"]).merge(part_w, on=["rank", "step"])
+        g = G.build_graph(
+            classified,
+            wins,
+            parts.collectives.per_rank,
+            parts.collectives.clock.offsets_ns,
+            timeline,
+            inst_bytes,
+        )
     cm = (g.kind == G.K_COMPUTE) & np.isin(g.role, (G.ROLE_OP, G.ROLE_WORK))
     compute_tok = {int(r): float(g.lat[cm & (g.erank == r)].sum()) / max(len(g.steps), 1) for r in g.ranks}
     pos = {s: i for i, s in enumerate(g.steps)}
@@ -553,7 +682,7 @@ def build_model(
         notes=notes,
     )
     model.calibration = _manifest_calibration(manifest)
-    model.events = classified
+    model.events = events
     return model
 
 
@@ -634,7 +763,29 @@ def _manifest_calibration(manifest: Mapping[str, Any] | None) -> dict[str, Any] 
     }
     if not out:
         return None
-    return {"per_call_ns": out, "method": str(cal.get("method", "")), "calls": cal.get("calls")}
+    # each rank's own costs (`capture`'s per_rank_ns): the replay removes each rank's where it has all
+    per_rank: dict[int, dict[str, int]] = {}
+    pr = cal.get("per_rank_ns")
+    if isinstance(pr, Mapping):
+        for rk, costs in pr.items():
+            if not isinstance(costs, Mapping) or not str(rk).lstrip("-").isdigit():
+                continue
+            got = {
+                str(k): int(v)
+                for k, v in costs.items()
+                if k in ("runtime", "op", "collective")
+                and isinstance(v, int | float)
+                and not isinstance(v, bool)
+                and v >= 0
+            }
+            if got:
+                per_rank[int(rk)] = got
+    return {
+        "per_call_ns": out,
+        "method": str(cal.get("method", "")),
+        "calls": cal.get("calls"),
+        **({"per_rank_ns": per_rank} if per_rank else {}),
+    }
 
 
 # ------------------------------------------------------------------------------------------
@@ -700,14 +851,23 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
     Returns the deduction (GPU) or the factor (host)."""
     model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
     model.deduct_collective, model.correction = 0.0, "none"
+    model.rank_deduct = None
     cal = model.calibration
     if cal is not None:
         per = cal["per_call_ns"]
+        call_key = "runtime" if model.timeline == "gpu" else "op"
+        model.host_deduct = float(per.get(call_key, 0))
         if model.timeline == "gpu":
-            model.host_deduct = float(per.get("runtime", 0))
             model.deduct_collective = float(per.get("collective", 0))
-        else:
-            model.host_deduct = float(per.get("op", 0))
+        by_rank = cal.get("per_rank_ns") or {}
+        if by_rank and all(r in by_rank and call_key in by_rank[r] for r in model.ranks):
+            model.rank_deduct = {
+                r: (
+                    float(by_rank[r][call_key]),
+                    float(by_rank[r].get("collective", 0)) if model.timeline == "gpu" else 0.0,
+                )
+                for r in model.ranks
+            }
         model.correction = "manifest calibration"
         return model.host_deduct
     if model.target_ns is None:
@@ -987,19 +1147,22 @@ def whatif(
     n_shard = shard.n_ranks if shard is not None else base.n_ranks
     f = Fraction(base.n_ranks, n_shard)
 
-    def predict(m: RunModel, ks: Iterable[Knob]) -> Fraction:
+    def setting(m: RunModel, ks: Iterable[Knob]) -> _Setting:
         # compute=/N scales to the baseline's compute x (baseline ranks / N)
         s = setting_for(m, ks, c1 * base.n_ranks if c1 is not None else None, m.n_ranks)
         if m is base:
             s = dataclasses.replace(s, compute_scale=None)
-        return _mean_int(m.replay(s))
+        return s
 
     memo: dict[tuple[int, str], Fraction] = {}
 
+    def key_of(m: RunModel, ks: Sequence[Knob]) -> tuple[int, str]:
+        return (id(m), combination_spec(k for k in ks if m.applicable(k)))
+
     def cached(m: RunModel, ks: Sequence[Knob]) -> Fraction:
-        key = (id(m), combination_spec(k for k in ks if m.applicable(k)))
+        key = key_of(m, ks)
         if key not in memo:
-            memo[key] = predict(m, ks)
+            memo[key] = _mean_int(m.replay(setting(m, ks)))
         return memo[key]
 
     combos: list[tuple[Knob, ...]] = [()] + [(k,) for k in knobs] + list(combinations)
@@ -1007,6 +1170,24 @@ def whatif(
         combos.append(check[1])
     if len(knobs) > 1:
         combos.append(tuple(knobs))
+    # every replay the predictions and the Shapley game need, per run in one forward pass
+    wanted = list(combos)
+    if shard is not None:
+        wanted += [
+            tuple(knobs[i] for i in sub)
+            for size in range(len(knobs) + 1)
+            for sub in itertools.combinations(range(len(knobs)), size)
+        ]
+    for m in (base, shard):
+        if m is None:
+            continue
+        todo: dict[tuple[int, str], _Setting] = {}
+        for ks in wanted:
+            key = key_of(m, ks)
+            if key not in memo and key not in todo:
+                todo[key] = setting(m, ks)
+        for key, per in zip(todo, m.replay_many(list(todo.values())), strict=True):
+            memo[key] = _mean_int(per)
     predicted: dict[str, dict[int, Fraction]] = {}
     for ks in combos:
         spec = combination_spec(ks)

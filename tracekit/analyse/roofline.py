@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -41,6 +41,7 @@ import pandas as pd
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
 from tracekit.errors import TracekitError
+from tracekit.model.documents import Copy, DocumentError, Rho, convert
 from tracekit.model.events import Run
 
 SCHEMA_VERSION = "1.0"
@@ -77,6 +78,9 @@ class Peaks:
         }
 
 
+T = TypeVar("T")
+
+
 def _load_json(path: str | Path) -> Any:
     try:
         return json.loads(Path(path).read_text(encoding="utf-8"))
@@ -87,18 +91,23 @@ def _load_json(path: str | Path) -> Any:
         raise RooflineError(f"{path} at byte {pos}: not JSON ({exc})") from None
 
 
+def _typed(path: str | Path, obj: Any, type_: type[T]) -> T:
+    """A decoded peaks file as its document Struct; RooflineError saying where it does not fit."""
+    try:
+        return convert(obj, type_)
+    except DocumentError as exc:
+        at = f" at {exc.where}" if exc.where else ""
+        raise RooflineError(f"{path}{at}: not a tracekit probe/rho document ({exc})") from None
+
+
 def load_peaks(copy: str | Path | None, rho: str | Path | None, dtype: str) -> Peaks:
     """Peaks from a copy probe JSON (best local `rw_gbps`) and a rho JSON (measured matrix rate of
     `dtype`)."""
     bw, bw_src = None, Peaks.bw_source
     if copy is not None:
-        rows = _load_json(copy)
-        rows = rows.get("results", rows) if isinstance(rows, dict) else rows
-        local = [
-            float(r["rw_gbps"])
-            for r in rows or []
-            if isinstance(r, dict) and r.get("kind") == "local" and isinstance(r.get("rw_gbps"), int | float)
-        ]
+        obj = _load_json(copy)
+        copy_rows = _typed(copy, obj.get("results", obj) if isinstance(obj, dict) else obj, list[Copy])
+        local = [float(r.rw_gbps) for r in copy_rows if r.kind == "local" and r.rw_gbps is not None]
         if not local:
             raise RooflineError(
                 f"{copy}: no local copy rows with rw_gbps (a `tracekit probe --op copy` JSON?)"
@@ -107,11 +116,10 @@ def load_peaks(copy: str | Path | None, rho: str | Path | None, dtype: str) -> P
         bw_src = f"{copy}: best local copy read + write rate of {len(local)} rows (tracekit probe --op copy)"
     peak, peak_src = None, Peaks.matrix_source
     if rho is not None:
-        doc = _load_json(rho)
+        obj = _load_json(rho)
         want = RHO_DTYPE.get(dtype, dtype)
-        rows = doc.get("matrix", []) if isinstance(doc, dict) else []
-        hits = [r for r in rows or [] if isinstance(r, dict) and r.get("dtype") == want]
-        vals = [float(r["tops"]) for r in hits if isinstance(r.get("tops"), int | float) and r["tops"] > 0]
+        matrix = _typed(rho, obj, Rho).matrix if isinstance(obj, dict) else []
+        vals = [float(r.tops) for r in matrix if r.dtype == want and r.tops is not None and r.tops > 0]
         if not vals:
             raise RooflineError(f"{rho}: no measured matrix rate for {want} (a `tracekit rho` JSON?)")
         peak = vals[0]

@@ -62,7 +62,7 @@ from tracekit.analyse.collectives import (
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
-from tracekit.analyse.graph import RankGraph, build_rank_graph
+from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
 from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
@@ -70,29 +70,13 @@ from tracekit.analyse.noise import reading as noise_reading
 from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
+from tracekit.model.units import ms_or_us as _ms
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
 #: median over instances of the per-instance max wait (was: over every (instance, rank) row); 1.5: per_rank,
 #: critical_path, straggler, term_words, aggregate; dilation stated = applied (traced/unprofiled means)
 SCHEMA_VERSION = "1.5"
-
-#: The leaf parts of a step window, after the collective part is split (they sum to the window).
-LEAF_PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "wait", "unknown", "sync", "idle")
-#: Leaf parts that make up the coordination term.
-COORDINATION: tuple[str, ...] = ("wait", "sync", "idle")
-#: Terms of the shortfall, in report order.
-TERMS: tuple[str, ...] = ("compute", "memory", "transfer", "coordination", "unknown")
-
-_TERM_WORDS = {
-    "compute": "compute that did not shrink N-fold",
-    "memory": "memory copies and sets that did not shrink N-fold",
-    "transfer": "bytes on the link (collective transfer)",
-    "coordination": "ranks waiting for each other and host gaps",
-    "unknown": "unclassified kernels",
-}
-_CPU_TRANSFER_WORDS = (
-    "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)"
-)
 
 
 # ------------------------------------------------------------------------------------------
@@ -159,6 +143,11 @@ class RunParts:
     token_steps: TokenSteps | None = None
     #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    #: the run's dependency graph the critical path was walked on (`graph.assemble`): the profiler
+    #: correction re-times it (`tracekit.analyse.correction`); None where it was not kept
+    graph: Graph | None = None
+    #: the manifest's `profiler_calibration` (`replay._manifest_calibration`), None without one
+    profiler_calibration: dict[str, Any] | None = None
 
     @property
     def steady_steps(self) -> list[int]:
@@ -446,9 +435,13 @@ def finish_attribution(
     skip_first: int,
     dilation_threshold: float,
     dq: DataQuality,
+    graph: Graph | None = None,
 ) -> RunParts:
     """`attribute_run`'s tail: the critical path checked against the step time, the dilation
-    (the manifest's unprofiled times), the RunParts. `run`: the run's metadata (no events needed)."""
+    (the manifest's unprofiled times), the RunParts. `run`: the run's metadata (no events needed);
+    `graph`: the dependency graph the path was walked on (kept for the profiler correction)."""
+    from tracekit.analyse.replay import _manifest_calibration
+
     path_token = path.per_token(att.steady_steps)
     if path_token["step"] != att.per_token["window"]:
         raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
@@ -475,6 +468,8 @@ def finish_attribution(
         kernels=att.kernels,
         token_steps=att.token_steps,
         step_kinds=att.step_kinds,
+        graph=graph,
+        profiler_calibration=_manifest_calibration(run.manifest),
     )
 
 
@@ -744,6 +739,9 @@ class Shortfall:
     base_path: dict[str, Any]  # the baseline's (one rank: its own host / compute split)
     applied: dict[str, AppliedDilation]
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
+    #: per run label, how its parts were corrected to its corrected per-token time
+    #: (`tracekit.analyse.correction.Correction`; None: not corrected)
+    corrections: dict[str, Any] = field(default_factory=dict)
 
     @property
     def attribution(self) -> Attribution:
@@ -766,10 +764,7 @@ class Shortfall:
 
     def term_words(self) -> dict[str, str]:
         """What each term is, in words, for this run (on a CPU run the 'link' is gloo's exchange)."""
-        words = dict(_TERM_WORDS)
-        if self.sharded.timeline != "gpu":
-            words["transfer"] = _CPU_TRANSFER_WORDS
-        return words
+        return term_words(self.sharded.timeline)
 
     @functools.cached_property
     def intervals(self) -> Intervals:
@@ -779,8 +774,8 @@ class Shortfall:
         corrected = self.per_token_source == "unprofiled"
         ints = self.corrected.integers()
         return noise_bootstrap(
-            _run_sample(self.baseline, corrected),
-            _run_sample(self.sharded, corrected),
+            _run_sample(self.baseline, corrected, self.corrections.get("baseline")),
+            _run_sample(self.sharded, corrected, self.corrections.get("sharded")),
             float(self.factor),
             dilations=(self.applied["baseline"].factor, self.applied["sharded"].factor),
             with_unknown="unknown" in ints["terms_ns"],
@@ -1217,6 +1212,9 @@ class Shortfall:
                 "threshold": d_s.threshold,
                 "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
+                "correction": {
+                    k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()
+                },
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
             "uncorrected": {
@@ -1315,10 +1313,6 @@ def _any_true(*xs: bool | None) -> bool | None:
     return any(bool(x) for x in xs)
 
 
-def _ms(ns: float) -> str:
-    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
-
-
 def _iv(iv: tuple[int, int] | list[int]) -> str:
     """An interval in the unit its larger end reads in: "[0.12, 0.48 ms]"."""
     lo, hi = iv
@@ -1334,8 +1328,9 @@ _BASIS_WORDS = {
 }
 
 
-def _run_sample(run: RunParts, corrected: bool) -> RunSample:
-    """The bootstrap's view of one run: [steady steps, ranks, parts] and the manifest's rounds."""
+def _run_sample(run: RunParts, corrected: bool, correction: Any = None) -> RunSample:
+    """The bootstrap's view of one run: [steady steps, ranks, parts] and the manifest's rounds;
+    with a replay `correction`, its per-step parts on the corrected timeline beside the traced ones."""
     rs = run.rank_steps.sort_values(["step", "rank"])
     steps = sorted(rs["step"].unique())
     ranks = sorted(rs["rank"].unique())
@@ -1352,6 +1347,7 @@ def _run_sample(run: RunParts, corrected: bool) -> RunSample:
         profiled=p.rounds if p is not None else (),
         corrected=corrected,
         pairing=run.pairing,
+        replayed=correction.rows if correction is not None and correction.method == "replay" else None,
     )
 
 
@@ -1596,28 +1592,46 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
                     "the unprofiled rounds: the host's speed moved between rounds; the corrected per-token time is "
                     "the traced pass's",
                 )
-        base_ranks = {r: reconcile(p, tb, base.timeline) for r, p in base.per_rank.items()}
-        shard_ranks = {r: reconcile(p, ts, sharded.timeline) for r, p in sharded.per_rank.items()}
-        pb = mean_over_ranks({r: _leaf_with_window(v[0]) for r, v in base_ranks.items()})
-        per_rank_c = {r: _leaf_with_window(v[0]) for r, v in shard_ranks.items()}
+        from tracekit.analyse.correction import correct_run
+
+        corr_b, corr_s = correct_run(base, tb), correct_run(sharded, ts)
+        corrections: dict[str, Any] = {"baseline": corr_b, "sharded": corr_s}
+        pb = mean_over_ranks({r: _leaf_with_window(v) for r, v in corr_b.per_rank.items()})
+        per_rank_c = {r: _leaf_with_window(v) for r, v in corr_s.per_rank.items()}
         ps = mean_over_ranks(per_rank_c)
-        rb = base_ranks[min(base_ranks)][1]
-        rs = shard_ranks[min(shard_ranks)][1]
         corrected = attribute(pb, ps, factor)
         source = "unprofiled"
         reconciliation = (
             f"T1 and TN are the traced per-token times with the measured dilation removed (traced / D: the "
-            f"unprofiled-equivalent of the traced pass); each rank's traced parts were reconciled to them, then "
-            f"averaged over ranks; baseline: {rb}; sharded (rank "
-            f"{min(shard_ranks)}): {rs}."
+            f"unprofiled-equivalent of the traced pass); each rank's traced parts were corrected to them, then "
+            f"averaged over ranks; baseline: {corr_b.sentence}; sharded (rank "
+            f"{min(corr_s.per_rank)}): {corr_s.sentence}."
         )
+        for lbl, c in corrections.items():
+            why = "; ".join(c.notes)
+            if c.method == "replay":
+                dq.add(
+                    "profiler_correction_replay",
+                    0,
+                    f"{lbl}: the profiler's cost per call ({c.cost_source}) was removed call by call in the "
+                    "replay of the dependency graph; wait, sync and idle are read from the corrected timeline"
+                    + (f" ({why})" if why else ""),
+                )
+            else:
+                dq.add(
+                    "profiler_correction_proportional",
+                    1,
+                    f"{lbl}: the profiler's excess was taken out of wait, sync and idle in proportion ({why}); "
+                    "where the profiler changed which rank arrives last, wait and idle are not corrected",
+                )
         shift = {p: ps[p] - sharded.per_token[p] for p in LEAF_PARTS}
         # the baseline's reconciliation moves every sharded per-step term by the same amount
         for p in LEAF_PARTS:
             shift[p] -= factor * (pb[p] - base.per_token[p])
-        path = reconcile_path(sharded.path_token, ts, sharded.timeline)
-        base_path = reconcile_path(base.path_token, tb, base.timeline)
+        path = corr_s.path
+        base_path = corr_b.path
     else:
+        corrections = {"baseline": None, "sharded": None}
         corrected = uncorrected
         per_rank_c = {r: _leaf_with_window(p) for r, p in sharded.per_rank.items()}
         pb = base.per_token
@@ -1664,6 +1678,7 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
         base_path=base_path,
         applied={"baseline": ad_b, "sharded": ad_s},
         rank_parts=per_rank_c,
+        corrections=corrections,
     )
 
 

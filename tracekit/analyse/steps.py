@@ -61,9 +61,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse import intervals
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality
+from tracekit.model.parts import PARTS
 
 #: Patterns tried in order when none is given (the first two rules of `auto`).
 DEFAULT_STEP_PATTERNS: tuple[str, ...] = (r"decode_step", r"ProfilerStep#\d+")
@@ -99,8 +101,6 @@ _RULE_WORDS: dict[str, str] = {
 #: Host ranges that are never steps when looking for repeated ranges (collectives' own ranges).
 _NOT_STEP_RANGES = re.compile(r"^(?:nccl|rccl|gloo|mpi|ucc|xccl|c10d|record_param_comms|ProfilerStep)", re.I)
 
-#: Parts of a step window, in priority order, then idle.
-PARTS: tuple[str, ...] = ("compute", "memory", "collective", "unknown", "sync", "idle")
 #: The columns of partition_steps' table, in order (also the breakdown's CSV columns).
 PARTITION_COLUMNS: tuple[str, ...] = (
     "rank",
@@ -769,36 +769,9 @@ def _clip_at_next_step(
 # ----------------------------------------------------------------------------- the partition
 
 
-def _merge_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of intervals already sorted by start: disjoint, sorted (start, end) arrays."""
-    if not len(starts):
-        return starts, ends
-    run_end = np.maximum.accumulate(ends)
-    new = np.empty(len(starts), dtype=bool)
-    new[0] = True
-    new[1:] = starts[1:] > run_end[:-1]
-    first = np.flatnonzero(new)
-    last = np.concatenate((first[1:] - 1, [len(starts) - 1]))
-    return starts[first], run_end[last]
-
-
-def _covered_before(ms: np.ndarray, me: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """For merged intervals (ms, me), the covered length in (-inf, t] for every t."""
-    if not len(ms):
-        return np.zeros(len(t), dtype=np.int64)
-    lengths = me - ms
-    cum = np.concatenate(([0], np.cumsum(lengths)))
-    i = np.searchsorted(ms, t, side="right") - 1
-    ok = i >= 0
-    out = np.zeros(len(t), dtype=np.int64)
-    ii = i[ok]
-    out[ok] = cum[ii] + np.clip(t[ok] - ms[ii], 0, lengths[ii])
-    return out
-
-
-def _measure(ms: np.ndarray, me: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Length of the union (ms, me) inside each window [a, b)."""
-    return _covered_before(ms, me, b) - _covered_before(ms, me, a)
+def _union_sorted(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The partition's union: intervals already sorted by start, empty ones kept."""
+    return intervals.union(starts, ends, drop_empty=False, presorted=True)
 
 
 def _rank_layers(ev: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
@@ -831,7 +804,7 @@ def _rank_layers(ev: pd.DataFrame) -> tuple[str, np.ndarray, np.ndarray, np.ndar
     for t in np.unique(stream[coll]):
         on_t = coll & (stream == t)
         o = np.argsort(start[on_t], kind="stable")
-        cs, ce = _merge_sorted(start[on_t][o], end[on_t][o])
+        cs, ce = _union_sorted(start[on_t][o], end[on_t][o])
         cand = np.flatnonzero(cpu & (stream == t))
         if not len(cand):
             continue
@@ -906,11 +879,11 @@ def layer_unions(ev: pd.DataFrame) -> LayerUnions:
     cum = []
     for k in range(len(_LAYERS)):
         sel = layer <= k
-        ms, me = _merge_sorted(s[sel], e[sel])
+        ms, me = _union_sorted(s[sel], e[sel])
         pre = np.concatenate(([0], np.cumsum(me - ms)[:-1])) if len(ms) else np.zeros(0, dtype=np.int64)
         cum.append((ms, me, pre.astype(np.int64)))
     k_coll = _LAYERS.index("collective")
-    return LayerUnions(timeline, cum, _merge_sorted(s[layer == k_coll], e[layer == k_coll]))
+    return LayerUnions(timeline, cum, _union_sorted(s[layer == k_coll], e[layer == k_coll]))
 
 
 def rank_layer_unions(events: pd.DataFrame, ranks: Iterable[int]) -> dict[int, LayerUnions]:
@@ -944,12 +917,12 @@ def partition_steps(
         prev = np.zeros(len(st), dtype=np.int64)
         for k, part in enumerate(_LAYERS):
             ms, me, _pre = lay.cum[k]
-            cum = _measure(ms, me, a, b)
+            cum = intervals.covered(ms, me, a, b)
             parts[part] = cum - prev
             prev = cum
         parts["idle"] = window - prev
         cs, ce = lay.collective
-        overlapped = _measure(cs, ce, a, b) - parts["collective"]
+        overlapped = intervals.covered(cs, ce, a, b) - parts["collective"]
         out = pd.DataFrame(
             {
                 "rank": st["rank"].to_numpy(np.int32),

@@ -17,23 +17,19 @@ from tracekit.cli.options import (
     show_progress,
     step_pattern_option,
 )
+from tracekit.model import units
+from tracekit.model.parts import PARTS
 
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
 
-_PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
 #: Steps listed in the terminal table (the per-rank and per-token summaries cover all of them).
 MAX_STEP_ROWS = 40
 
 
-def _ms(ns: int | float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
-
-
 def _pct(ns: int | float | None, total: int | float | None) -> str:
-    if ns is None or not total:
-        return "-"
-    return f"{100.0 * ns / total:.1f}%"
+    """`ns` as a share of `total` ("-" without a total)."""
+    return units.pct(None if ns is None or not total else ns / total)
 
 
 def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> str:
@@ -58,16 +54,16 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     )
 
     steps = Table(title="Steps (ms)", title_justify="left")
-    for col in ("rank", "step", "window", *_PARTS, "overlapped coll."):
+    for col in ("rank", "step", "window", *PARTS, "overlapped coll."):
         steps.add_column(col, justify="right")
     shown = doc["steps"][:MAX_STEP_ROWS]
     for s in shown:
         steps.add_row(
             str(s["rank"]),
             str(s["step"]),
-            _ms(s["window_ns"]),
-            *(_ms(s["parts_ns"][p]) for p in _PARTS),
-            _ms(s["overlapped_collective_ns"]),
+            units.ms(s["window_ns"]),
+            *(units.ms(s["parts_ns"][p]) for p in PARTS),
+            units.ms(s["overlapped_collective_ns"]),
         )
     console.print(steps)
     if len(doc["steps"]) > len(shown):
@@ -78,15 +74,19 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     per_rank = Table(
         title="Per rank: median over steps, ms and share of the median step", title_justify="left"
     )
-    for col in ("rank", "steps", "timeline", "step", *_PARTS):
+    for col in ("rank", "steps", "timeline", "step", *PARTS):
         per_rank.add_column(col, justify="right", no_wrap=True)
     for r in doc["per_rank"]:
         total = r["step_ns_median"]
         med = r["parts_ns_median"]
         per_rank.add_row(
-            str(r["rank"]), str(r["steps"]), r["timeline"], _ms(total), *(_ms(med[p]) for p in _PARTS)
+            str(r["rank"]),
+            str(r["steps"]),
+            r["timeline"],
+            units.ms(total),
+            *(units.ms(med[p]) for p in PARTS),
         )
-        per_rank.add_row("", "", "", "", *(_pct(med[p], total) for p in _PARTS))
+        per_rank.add_row("", "", "", "", *(_pct(med[p], total) for p in PARTS))
     console.print(per_rank)
 
     pt = doc["per_token"]
@@ -98,25 +98,30 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     step_med = pt["step_ns"]["median"]
     tok.add_row(
         f"step (n={pt['step_ns']['n']})",
-        _ms(step_med),
-        _ms(pt["step_ns"]["p10"]),
-        _ms(pt["step_ns"]["p90"]),
-        _ms(pt["step_ns"]["mean"]),
+        units.ms(step_med),
+        units.ms(pt["step_ns"]["p10"]),
+        units.ms(pt["step_ns"]["p90"]),
+        units.ms(pt["step_ns"]["mean"]),
         "",
     )
-    for p in _PARTS:
+    for p in PARTS:
         st = pt["parts_ns"][p]
         tok.add_row(
             p,
-            _ms(st["median"]),
-            _ms(st["p10"]),
-            _ms(st["p90"]),
-            _ms(st["mean"]),
+            units.ms(st["median"]),
+            units.ms(st["p10"]),
+            units.ms(st["p90"]),
+            units.ms(st["mean"]),
             _pct(st["median"], step_med),
         )
     ov = pt["overlapped_collective_ns"]
     tok.add_row(
-        "overlapped collective", _ms(ov["median"]), _ms(ov["p10"]), _ms(ov["p90"]), _ms(ov["mean"]), ""
+        "overlapped collective",
+        units.ms(ov["median"]),
+        units.ms(ov["p10"]),
+        units.ms(ov["p90"]),
+        units.ms(ov["mean"]),
+        "",
     )
     console.print(tok)
 
@@ -124,18 +129,18 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
     for col in ("class", "count", "total ms"):
         kc.add_column(col, justify="right")
     for cls, v in doc["kernels_by_class"].items():
-        kc.add_row(cls, str(v["count"]), _ms(v["total_ns"]))
+        kc.add_row(cls, str(v["count"]), units.ms(v["total_ns"]))
     kc.add_row("", "", "")
     for sub, v in sorted(doc["kernels_by_subclass"].items(), key=lambda kv: -kv[1]["total_ns"]):
-        kc.add_row(f"  {sub}", str(v["count"]), _ms(v["total_ns"]))
+        kc.add_row(f"  {sub}", str(v["count"]), units.ms(v["total_ns"]))
     console.print(kc)
 
     tt = doc.get("trace_totals") or {}
     if tt.get("ranks"):
         console.print(
-            f"Whole trace GPU timeline (summed over ranks): span {_ms(tt['span_ns'])} ms, busy (kernels) "
-            f"{_ms(tt['busy_ns'])} ms ({_pct(tt['busy_ns'], tt['span_ns'])}), exposed memcpy "
-            f"{_ms(tt['exposed_memcpy_ns'])} ms, idle {_ms(tt['idle_ns'])} ms ({_pct(tt['idle_ns'], tt['span_ns'])})"
+            f"Whole trace GPU timeline (summed over ranks): span {units.ms(tt['span_ns'])} ms, busy (kernels) "
+            f"{units.ms(tt['busy_ns'])} ms ({_pct(tt['busy_ns'], tt['span_ns'])}), exposed memcpy "
+            f"{units.ms(tt['exposed_memcpy_ns'])} ms, idle {units.ms(tt['idle_ns'])} ms ({_pct(tt['idle_ns'], tt['span_ns'])})"
         )
 
     if doc["unknown_kernels"]:
@@ -147,7 +152,7 @@ def render_table(b: Breakdown, width: int | None = None, color: bool = True) -> 
         uk.add_column("total ms", justify="right")
         uk.add_column("name", overflow="fold")
         for u in doc["unknown_kernels"]:
-            uk.add_row(str(u["count"]), _ms(u["total_ns"]), u["name"][:200])
+            uk.add_row(str(u["count"]), units.ms(u["total_ns"]), u["name"][:200])
         console.print(uk)
 
     dq = doc["data_quality"]

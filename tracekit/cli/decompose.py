@@ -12,6 +12,7 @@ from tracekit.cli.options import (
     step_pattern_option,
     write_text,
 )
+from tracekit.model import units
 
 EXAMPLES = """
 \b
@@ -25,9 +26,6 @@ Examples:
 def render_text(doc: dict) -> str:
     from tracekit.analyse.decompose import CLASSES, RUNS
 
-    def ms(ns: float) -> str:
-        return f"{ns / 1e6:.3f}"
-
     def iv(key: str, pct: bool = False) -> str:
         v = doc["intervals"].get(key)
         if not v:
@@ -39,8 +37,8 @@ def render_text(doc: dict) -> str:
     for k in RUNS:
         r = doc["runs"][k]
         lines.append(
-            f"{k:<13} {ms(r['per_token_ns']):>9} {r['per_token_source']:<11} "
-            + " ".join(f"{ms(r['classes_ns'][c]):>12}" for c in CLASSES)
+            f"{k:<13} {units.ms(r['per_token_ns']):>9} {r['per_token_source']:<11} "
+            + " ".join(f"{units.ms(r['classes_ns'][c]):>12}" for c in CLASSES)
         )
     sp, parts = doc["speedup"], doc["parts"]
     lines += [
@@ -58,14 +56,14 @@ def render_text(doc: dict) -> str:
         mv = doc["moved"][part]
         lines += [
             "",
-            f"{part} part: {ms(mv['saved_ns'])} ms per token saved, by class (ms, share of the saving):",
+            f"{part} part: {units.ms(mv['saved_ns'])} ms per token saved, by class (ms, share of the saving):",
         ]
         for c in CLASSES:
             share = mv["share_of_saving"][c]
             if mv["saved_by_class_ns"][c] == 0 and not share:
                 continue
             lines.append(
-                f"  {c:<13} {ms(mv['saved_by_class_ns'][c]):>9}  {'-' if share is None else f'{100 * share:.1f}%':>7}"
+                f"  {c:<13} {units.ms(mv['saved_by_class_ns'][c]):>9}  {'-' if share is None else f'{100 * share:.1f}%':>7}"
             )
     for n in doc["notes"]:
         lines.append(f"note: {n}")

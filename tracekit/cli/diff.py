@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import math
 import re
@@ -19,6 +20,7 @@ from tracekit.cli.options import (
     step_pattern_option,
 )
 from tracekit.errors import TracekitError
+from tracekit.model import units
 
 #: one rendered table: title, header, rows (strings)
 Section = tuple[str, list[str], list[list[str]]]
@@ -26,24 +28,11 @@ Section = tuple[str, list[str], list[list[str]]]
 _NAME_WIDTH = 64
 
 
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
-
-
-def _dms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:+.3f}"
-
-
-def _dus(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e3:+.1f}"
-
-
-def _us(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e3:.1f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{100.0 * x:+.1f}%"
+_ms = units.ms
+_us = units.us
+_dms = functools.partial(units.ms, sign=True)
+_dus = functools.partial(units.us, sign=True)
+_pct = functools.partial(units.pct, sign=True)
 
 
 def _iv(iv: list[float] | None, fmt: Any = _dms) -> str:

@@ -15,10 +15,7 @@ from tracekit.cli.options import (
     out_file_option,
     step_pattern_option,
 )
-
-
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
+from tracekit.model import units
 
 
 def _num(x: float | None) -> str:
@@ -36,10 +33,10 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
     pt, wl, pk = doc["per_token"], doc["workload"], doc["peaks"]
     eff = pt["efficiency"]
     head = (
-        f"Per token: floor {_ms(pt['floor_ns'])} ms ({pt['bytes'] / 1e9:.2f} GB to move, {pt['flops'] / 1e9:.2f} GFLOP), "
-        f"achieved {_ms(pt['achieved_ns'])} ms ({pt['achieved_source']})"
+        f"Per token: floor {units.ms(pt['floor_ns'])} ms ({pt['bytes'] / 1e9:.2f} GB to move, {pt['flops'] / 1e9:.2f} GFLOP), "
+        f"achieved {units.ms(pt['achieved_ns'])} ms ({pt['achieved_source']})"
         + (f": {eff:.0%} of the roofline" if eff is not None else "")
-        + f"; kernels {_ms(pt['kernel_ns'])} ms, of which matrix work {_ms(pt['matrix_kernel_ns'])} ms "
+        + f"; kernels {units.ms(pt['kernel_ns'])} ms, of which matrix work {units.ms(pt['matrix_kernel_ns'])} ms "
         f"(TP={wl['tp']}, batch {wl['batch']}, {wl['dtype']}, KV length {wl['kv_len']}: {wl['kv_len_source']})."
     )
     console.print(f"[bold]{doc['verdict']}[/bold]")
@@ -56,9 +53,9 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
             t.add_row(
                 "other kernels (norms, rotary, casts, copies)" if r["role"] == "other" else r["role"],
                 str(r["units_per_token"]),
-                _ms(r["time_ns"]),
-                _ms(r["floor_ns"]),
-                _ms(r["lost_ns"]),
+                units.ms(r["time_ns"]),
+                units.ms(r["floor_ns"]),
+                units.ms(r["lost_ns"]),
                 "-" if r["achieved_gbps"] is None else f"{r['achieved_gbps']:.0f}",
                 "-" if r["achieved_tflops"] is None else f"{r['achieved_tflops']:.1f}",
                 "-" if r["efficiency"] is None else f"{r['efficiency']:.0%}",
@@ -72,9 +69,9 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
             short_kernel_name(r["name"]),
             r["role"],
             str(r["per_token"]),
-            _ms(r["time_ns"]),
-            _ms(r["floor_ns"]),
-            _ms(r["lost_ns"]),
+            units.ms(r["time_ns"]),
+            units.ms(r["floor_ns"]),
+            units.ms(r["lost_ns"]),
         )
     console.print(t)
     return console.export_text(styles=color)

@@ -17,17 +17,11 @@ from tracekit.cli.options import (
     out_file_option,
     show_progress,
 )
+from tracekit.model import units
+from tracekit.model.parts import PATH_PARTS
 
 if TYPE_CHECKING:
     from tracekit.analyse.shortfall import Shortfall
-
-
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}%"
 
 
 def _x(ratio: float | None, interval: Any = None) -> str:
@@ -45,7 +39,6 @@ def _short(words: str) -> str:
 
 
 #: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without `_ns`)
-_PATH_PARTS = ("compute", "memory", "transfer", "host", "sync", "unknown")
 
 
 _SCALING_WORDS = {
@@ -64,7 +57,7 @@ def render_compute_scaling(console: Any, cs: dict[str, Any], n: int) -> None:
     if not cs.get("available"):
         return
     t = Table(
-        title=f"Compute that did not shrink, by kernel: {_ms(cs['compute_term_ns'])} ms per token = the classes "
+        title=f"Compute that did not shrink, by kernel: {units.ms(cs['compute_term_ns'])} ms per token = the classes "
         f"+ residual (TP=1 -> TP={n}, per rank)",
         title_justify="left",
     )
@@ -76,13 +69,13 @@ def render_compute_scaling(console: Any, cs: dict[str, Any], n: int) -> None:
         top = v["top"][0] if v["top"] else None
         t.add_row(
             _SCALING_WORDS.get(c, c),
-            _ms(v["lost_ns"]),
+            units.ms(v["lost_ns"]),
             str(v["kernels_per_token"]),
-            _ms(v["baseline_ns"]),
-            _ms(v["sharded_ns"]),
-            f"{short_kernel_name(top['name'])} ({_ms(top['lost_ns'])})" if top else "",
+            units.ms(v["baseline_ns"]),
+            units.ms(v["sharded_ns"]),
+            f"{short_kernel_name(top['name'])} ({units.ms(top['lost_ns'])})" if top else "",
         )
-    t.add_row("residual (overlap, steps off the sequence)", _ms(cs["residual_ns"]), "", "", "", "")
+    t.add_row("residual (overlap, steps off the sequence)", units.ms(cs["residual_ns"]), "", "", "", "")
     console.print(t)
 
 
@@ -111,10 +104,12 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     for col in ("", "ms", "median ms"):
         head.add_column(col, justify="right")
     med = doc["per_token_median_ns"]
-    head.add_row(f"T1 (baseline, {doc['baseline_ranks']} rank)", _ms(pt["baseline"]), _ms(med["baseline"]))
-    head.add_row(f"TN (sharded, N={n})", _ms(pt["sharded"]), _ms(med["sharded"]))
-    head.add_row(f"ideal T1/{n}" if doc["baseline_ranks"] == 1 else "ideal", _ms(pt["ideal"]), "")
-    head.add_row("[bold]shortfall S[/bold]", f"[bold]{_ms(doc['shortfall_ns'])}[/bold]", "")
+    head.add_row(
+        f"T1 (baseline, {doc['baseline_ranks']} rank)", units.ms(pt["baseline"]), units.ms(med["baseline"])
+    )
+    head.add_row(f"TN (sharded, N={n})", units.ms(pt["sharded"]), units.ms(med["sharded"]))
+    head.add_row(f"ideal T1/{n}" if doc["baseline_ranks"] == 1 else "ideal", units.ms(pt["ideal"]), "")
+    head.add_row("[bold]shortfall S[/bold]", f"[bold]{units.ms(doc['shortfall_ns'])}[/bold]", "")
     console.print(head)
 
     words: dict[str, str] = doc.get("term_words") or {}
@@ -141,13 +136,13 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     ivs = doc.get("intervals") or {}
 
     def iv_cell(iv: list[int] | None) -> str:
-        return f"[{_ms(iv[0])}, {_ms(iv[1])}]" if iv else ""
+        return f"[{units.ms(iv[0])}, {units.ms(iv[1])}]" if iv else ""
 
     def share_cell(iv: list[int] | None, share: float | None) -> str:
         # a share only for a term whose interval is above zero (docs/METHOD.md section "Noise and
         # the profiler correction"): within noise or below zero is said as such, not as a share
         if not iv or iv[0] > 0:
-            return _pct(share)
+            return units.pct(share)
         if iv[0] == iv[1] == 0:
             return "none"
         return "below zero" if iv[1] < 0 else "within noise"
@@ -156,36 +151,36 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         sp = spread.get(k, {})
         terms.add_row(
             label[k],
-            _ms(v),
+            units.ms(v),
             iv_cell((ivs.get("terms_ns") or {}).get(k)),
             share_cell((ivs.get("terms_ns") or {}).get(k), doc["shares"][k]),
-            _ms(sp.get("p10")),
-            _ms(sp.get("median")),
-            _ms(sp.get("p90")),
-            _ms(unc["terms_ns"].get(k)),
+            units.ms(sp.get("p10")),
+            units.ms(sp.get("median")),
+            units.ms(sp.get("p90")),
+            units.ms(unc["terms_ns"].get(k)),
         )
     for k, v in doc["coordination_ns"].items():
         sp = spread.get(k, {})
         share = v / doc["shortfall_ns"] if doc["shortfall_ns"] else None
         terms.add_row(
             f"  coordination: {k}",
-            _ms(v),
+            units.ms(v),
             iv_cell((ivs.get("coordination_ns") or {}).get(k)),
             share_cell((ivs.get("coordination_ns") or {}).get(k), share),
-            _ms(sp.get("p10")),
-            _ms(sp.get("median")),
-            _ms(sp.get("p90")),
-            _ms(unc["coordination_ns"].get(k)),
+            units.ms(sp.get("p10")),
+            units.ms(sp.get("median")),
+            units.ms(sp.get("p90")),
+            units.ms(unc["coordination_ns"].get(k)),
         )
     terms.add_row(
         "S",
-        _ms(doc["shortfall_ns"]),
+        units.ms(doc["shortfall_ns"]),
         iv_cell(ivs.get("shortfall_ns")),
         "100.0%",
         "",
         "",
         "",
-        _ms(unc["shortfall_ns"]),
+        units.ms(unc["shortfall_ns"]),
     )
     console.print(terms)
     if ivs.get("method"):
@@ -211,7 +206,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         pr.add_column("mean", justify="right")
 
         def cell(ns: int | None) -> str:
-            return f"{_ms(ns)} ({_pct(ns / s_ns if s_ns and ns is not None else None)})"
+            return f"{units.ms(ns)} ({units.pct(ns / s_ns if s_ns and ns is not None else None)})"
 
         for k in term_keys:
             pr.add_row(
@@ -223,20 +218,20 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
                 *[cell(r["coordination_ns"].get(c, 0)) for r in per_rank],
                 cell(doc["coordination_ns"].get(c, 0)),
             )
-        pr.add_row("pad (idle to the step time)", *[_ms(r.get("pad_ns")) for r in per_rank], "")
+        pr.add_row("pad (idle to the step time)", *[units.ms(r.get("pad_ns")) for r in per_rank], "")
         console.print(pr)
 
     cp = doc.get("critical_path")
     if cp and cp.get("by_rank"):
         step = cp["step_ns"]
-        path_label = {p: p for p in _PATH_PARTS} | {"transfer": transfer_label}
+        path_label = {p: p for p in PATH_PARTS} | {"transfer": transfer_label}
         gpu = (doc.get("steps") or {}).get("sharded", {}).get("timeline") == "gpu"
         path_label["host"] = "host (launch gaps, host work)" if gpu else "host (time between its ops)"
         ranks = sorted(cp["by_rank"].items(), key=lambda kv: int(kv[0]))
         base = sorted(((cp.get("baseline") or {}).get("by_rank") or {}).items())
         ct_path = Table(
             title=f"Critical path of a token, ms (rendezvous model: a collective starts when its last rank "
-            f"arrives; waiting is not on the path): ranks + offset {_ms(cp['offset_ns'])} = T{n} {_ms(step)}",
+            f"arrives; waiting is not on the path): ranks + offset {units.ms(cp['offset_ns'])} = T{n} {units.ms(step)}",
             title_justify="left",
         )
         ct_path.add_column("on the path", justify="right")
@@ -245,23 +240,23 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
         ct_path.add_column("offset", justify="right")
         for rank, _row in base:
             ct_path.add_column(f"TP=1 token (rank {rank})", justify="right")
-        for p in _PATH_PARTS:
+        for p in PATH_PARTS:
             ct_path.add_row(
                 path_label[p],
-                *[_ms(row.get(f"{p}_ns")) for _, row in ranks],
+                *[units.ms(row.get(f"{p}_ns")) for _, row in ranks],
                 "",
-                *[_ms(row.get(f"{p}_ns")) for _, row in base],
+                *[units.ms(row.get(f"{p}_ns")) for _, row in base],
             )
         ct_path.add_row(
             "total",
-            *[_ms(row.get("total_ns")) for _, row in ranks],
-            _ms(cp["offset_ns"]),
-            *[_ms(sum(row.get(f"{p}_ns", 0) for p in _PATH_PARTS)) for _, row in base],
+            *[units.ms(row.get("total_ns")) for _, row in ranks],
+            units.ms(cp["offset_ns"]),
+            *[units.ms(sum(row.get(f"{p}_ns", 0) for p in PATH_PARTS)) for _, row in base],
         )
         ct_path.add_row(
             "share of the token",
-            *[_pct(row["total_ns"] / step if step else None) for _, row in ranks],
-            _pct(cp["offset_ns"] / step if step else None),
+            *[units.pct(row["total_ns"] / step if step else None) for _, row in ranks],
+            units.pct(cp["offset_ns"] / step if step else None),
             *["" for _ in base],
         )
         console.print(ct_path)
@@ -271,10 +266,10 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     st = doc.get("straggler") or {}
     if st.get("rank") is not None:
         console.print(
-            f"Straggler test: rank {st['rank']} arrives last at {_pct(st.get('last_share'))} of the collectives"
+            f"Straggler test: rank {st['rank']} arrives last at {units.pct(st.get('last_share'))} of the collectives"
             f"{chance_clause(st)}, "
-            f"{_ms(st.get('lateness_ns_median'))} ms after the others on median (symmetric launch-bound hosts "
-            f"explain {_ms(st.get('threshold_ns'))} ms): "
+            f"{units.ms(st.get('lateness_ns_median'))} ms after the others on median (symmetric launch-bound hosts "
+            f"explain {units.ms(st.get('threshold_ns'))} ms): "
             + ("[bold]a straggler[/bold]" if st.get("is_straggler") else "not a straggler")
         )
 
@@ -282,7 +277,7 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
     for col in ("rank", "last", "of", "share"):
         st.add_column(col, justify="right")
     for s in doc["stragglers"]:
-        st.add_row(str(s["rank"]), str(s["last_count"]), str(s["instances"]), _pct(s["share"]))
+        st.add_row(str(s["rank"]), str(s["last_count"]), str(s["instances"]), units.pct(s["share"]))
     console.print(st)
 
     coll = doc["collectives"]
@@ -308,9 +303,9 @@ def render_table(sf: Shortfall, width: int | None = None, color: bool = True) ->
                 (str(o["bytes"]) if o["bytes"] >= 0 else "?")
                 + (" (manifest)" if o.get("bytes_source") == "manifest" else ""),
                 str(o["count"]),
-                _ms(o["wait_ns_median"]),
-                _ms(o["transfer_ns_median"]),
-                _ms(o["skew_ns_median"]),
+                units.ms(o["wait_ns_median"]),
+                units.ms(o["transfer_ns_median"]),
+                units.ms(o["skew_ns_median"]),
                 "-" if o["busbw_gbps_median"] is None else f"{o['busbw_gbps_median']:.3g}",
             )
         console.print(ct)

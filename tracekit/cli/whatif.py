@@ -16,17 +16,10 @@ from tracekit.cli.options import (
     show_progress,
     step_pattern_option,
 )
+from tracekit.model import units
 
 if TYPE_CHECKING:
     from tracekit.analyse.replay import WhatIf
-
-
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100.0 * x:.1f}%"
 
 
 def _rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -45,7 +38,7 @@ def _rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
             if spec in applies and not applies[spec].get(n, True):
                 row += ["n/a", ""]  # the knob does not apply to this run (docs/METHOD-NOTES.md What-if)
                 continue
-            row += [_ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
+            row += [units.ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
         rows.append(row)
     return head, rows
 
@@ -55,9 +48,9 @@ def _shapley_rows(doc: dict[str, Any]) -> list[list[str]]:
     acc_sh = (doc.get("accounting") or {}).get("shares", {})
     out = []
     for k, v in doc["shapley_ns"].items():
-        out.append([k, _ms(v), _pct(doc["shapley_shares"][k])])
-    out.append(["S", _ms(doc["shortfall_ns"]), "100.0%"])
-    acc_rows = [[k, _ms(v), _pct(acc_sh.get(k))] for k, v in acc.items()]
+        out.append([k, units.ms(v), units.pct(doc["shapley_shares"][k])])
+    out.append(["S", units.ms(doc["shortfall_ns"]), "100.0%"])
+    acc_rows = [[k, units.ms(v), units.pct(acc_sh.get(k))] for k, v in acc.items()]
     n = max(len(out), len(acc_rows))
     merged = []
     for i in range(n):
@@ -72,9 +65,9 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     for key, r in doc["runs"].items():
         e = r["replay_error"]
         lines.append(
-            f"{key} (TP={r['ranks']}, {r['timeline']} timeline): per-token {_ms(r['per_token_ns'])} ms "
-            f"({r['per_token_source']}); replay of the trace {_ms(e['replayed_ns'])} ms vs traced "
-            f"{_ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); "
+            f"{key} (TP={r['ranks']}, {r['timeline']} timeline): per-token {units.ms(r['per_token_ns'])} ms "
+            f"({r['per_token_source']}); replay of the trace {units.ms(e['replayed_ns'])} ms vs traced "
+            f"{units.ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); "
             + (
                 f"profiler cost on the device: device times scaled by {r['device_scale']:.3f}"
                 if r.get("device_scale", 1.0) != 1.0
@@ -91,14 +84,14 @@ def _summary(doc: dict[str, Any]) -> list[str]:
     c = doc.get("check")
     if c:
         lines.append(
-            f"check: {c['knobs']} predicts {_ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
-            f"{_ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
+            f"check: {c['knobs']} predicts {units.ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
+            f"{units.ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
         )
         dw = c.get("device_work_ns") or {}
         a, b = dw.get("predicting_run"), dw.get("check_run")
         if a and b and abs(b - a) > 0.01 * a:
             lines.append(
-                f"  the check run's device work differs: {_ms(b)} vs {_ms(a)} ms per token in the replayed run "
+                f"  the check run's device work differs: {units.ms(b)} vs {units.ms(a)} ms per token in the replayed run "
                 f"({(b - a) / a:+.1%}): a knob re-times the work the trace holds, so this difference is "
                 "not the model's error"
             )

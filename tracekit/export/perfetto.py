@@ -42,6 +42,7 @@ import pandas as pd
 
 from tracekit.errors import OutputError, TracekitError
 from tracekit.model.events import COLUMNS, Run
+from tracekit.model.parts import PARTS
 
 FORMAT = "tracekit.perfetto"
 VERSION = 1
@@ -61,7 +62,6 @@ CAT_OF_KIND: dict[str, str] = {
 GPU_KINDS = ("kernel", "memcpy", "memset")
 #: the collective columns written in args when set
 _COLL_COLS = tuple(c for c in COLUMNS if c.startswith("coll_"))
-_PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
 
 
 @dataclass
@@ -278,7 +278,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
         items = []
         for row in g.itertuples(index=False):
             a = {"step": int(row.step), "window_ns": int(row.window_ns), "name": str(row.name)}
-            a.update({f"{p}_ns": int(getattr(row, f"{p}_ns")) for p in _PARTS})
+            a.update({f"{p}_ns": int(getattr(row, f"{p}_ns")) for p in PARTS})
             for extra in ("wait_ns", "transfer_ns", "overlapped_collective_ns"):
                 if hasattr(row, extra):
                     a[extra] = int(getattr(row, extra))

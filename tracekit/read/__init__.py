@@ -33,8 +33,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
+from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
+from tracekit.read.manifests import typed_manifest
 
 __all__ = ["READERS", "assemble_run", "find_trace_files", "load_manifest", "read_file", "read_run"]
 
@@ -96,13 +98,17 @@ _WORKLOAD_COUNTS = (
 
 class Manifest(dict):  # type: ignore[type-arg]
     """A manifest's JSON object; `notes` lists (data_quality key, note) for the fields that were
-    malformed and left out when it was read (`read_run` adds them to the run's data_quality)."""
+    malformed and left out when it was read (`read_run` adds them to the run's data_quality);
+    `doc` the same manifest as its typed document (`tracekit.read.manifests.typed_manifest`,
+    docs/JSON.md#manifest), decoded once when it is read."""
 
     notes: list[tuple[str, str]]
+    doc: ManifestDoc | None
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
         self.notes = []
+        self.doc = None
 
 
 def _int_in(v: Any, lo: int, hi: int) -> bool:
@@ -259,6 +265,8 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         )
     out = Manifest(doc)
     out.notes = check_manifest(out, p.name)
+    out.doc, typed_notes = typed_manifest(out, p.name)
+    out.notes += typed_notes
     return out
 
 

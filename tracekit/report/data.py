@@ -14,10 +14,25 @@ from __future__ import annotations
 import datetime as _dt
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UNSET
+
 from tracekit._version import __version__
+from tracekit.model import units
+from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents import given, to_builtins
+from tracekit.model.parts import (
+    COORDINATION,
+    MAIN_TERMS,
+    PARTS,
+    PATH_PARTS,
+    TERM_WORDS,
+    term_words,
+)
+from tracekit.read.manifests import typed_manifest
 
 if TYPE_CHECKING:
     from tracekit.report.extras import ExtraSection
@@ -34,55 +49,25 @@ SCHEMA_VERSION = "1.4"
 #: dilation above 1 + this (10%) means the coordination share is inflated by the profiler
 DEFAULT_DILATION_THRESHOLD = 0.10
 
-#: order of the breakdown parts (the partition's priority order, docs/METHOD.md section Steps and the partition)
-PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
-#: order of the shortfall terms (docs/METHOD.md section Shortfall attribution); coordination is split into its three parts
-TERMS = ("compute", "memory", "transfer", "coordination")
-COORDINATION_PARTS = ("wait", "sync", "idle")
-#: the critical path's parts per rank (shortfall `critical_path.by_rank[r]`, without the `_ns`)
-PATH_PARTS = ("compute", "memory", "transfer", "host", "sync", "unknown")
-
-#: what each term is, when the shortfall does not say (`term_words`); transfer depends on the run
-DEFAULT_TERM_WORDS = {
-    "compute": "compute that did not shrink N-fold",
-    "memory": "memory copies and sets that did not shrink N-fold",
-    "transfer": "bytes on the link (collective transfer)",
-    "coordination": "ranks waiting for each other and host gaps",
-    "unknown": "unclassified kernels",
-}
-#: transfer on a run without a GPU timeline (gloo on CPU): never a link
-CPU_TRANSFER_WORDS = (
-    "gloo's exchange after the last rank arrives (host scheduler delay included, not a GPU link)"
-)
-
-
 # ----------------------------------------------------------------------------------------------
 # formatting shared by the renderers
 
 
 def fmt_ms(ns: float | int | None, digits: int = 3) -> str:
     """Nanoseconds as milliseconds with `digits` decimals ("12.345 ms"); "n/a" when missing."""
-    if ns is None or (isinstance(ns, float) and not math.isfinite(ns)):
-        return "n/a"
-    return f"{ns / 1e6:.{digits}f} ms"
+    return units.ms(ns, digits, unit=True, missing="n/a")
 
 
 def fmt_us(ns: float | int | None, digits: int = 1) -> str:
-    if ns is None or (isinstance(ns, float) and not math.isfinite(ns)):
-        return "n/a"
-    return f"{ns / 1e3:.{digits}f} us"
+    return units.us(ns, digits, unit=True, missing="n/a")
 
 
 def fmt_pct(share: float | None, digits: int = 1) -> str:
-    if share is None or not math.isfinite(share):
-        return "n/a"
-    return f"{share * 100:.{digits}f}%"
+    return units.pct(share, digits, missing="n/a")
 
 
 def fmt_x(ratio: float | None) -> str:
-    if ratio is None or not math.isfinite(ratio):
-        return "n/a"
-    return f"{ratio:.2f}x"
+    return units.times(ratio, missing="n/a")
 
 
 def fmt_interval(interval: Any) -> str:
@@ -231,53 +216,69 @@ def _int_or_none(x: Any) -> int | None:
     return None if v is None else int(round(v))
 
 
-def _manifest_summary(role: str, path: str | None, manifest: dict[str, Any] | None) -> dict[str, Any]:
+#: the workload fields a report shows, in this order (those the manifest has)
+MANIFEST_WORKLOAD_FIELDS = (
+    "preset",
+    "tp",
+    "tokens",
+    "prompt",
+    "batch",
+    "layers",
+    "backend",
+    "device",
+    "dtype",
+    "mode",
+    "seed",
+    "step_pattern",
+    "inject_delay",
+    "inject_sync",
+)
+
+
+def manifest_doc(manifest: ManifestDoc | Mapping[str, Any]) -> ManifestDoc:
+    """A manifest as its typed document: the one `load_manifest` decoded (`Manifest.doc`), else
+    decoded here (leniently, as the reader does)."""
+    if isinstance(manifest, ManifestDoc):
+        return manifest
+    doc = getattr(manifest, "doc", None)
+    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
+
+
+def _manifest_summary(
+    role: str, path: str | None, manifest: ManifestDoc | Mapping[str, Any] | None
+) -> dict[str, Any]:
     """The manifest fields a reader needs to know what ran, where and with which versions."""
     if not manifest:
         return {"role": role, "path": path, "present": False}
-    workload = manifest.get("workload") or {}
-    host = manifest.get("host") or {}
-    devices = manifest.get("devices") or []
+    m = manifest_doc(manifest)
+    wl = given(m.workload)
+    host = given(m.host)
     return {
         "role": role,
         "path": path,
         "present": True,
-        "complete": manifest.get("complete"),
+        "complete": given(m.complete),
         "errors": [
-            {"rank": e.get("rank"), "message": str(e.get("message", ""))}
-            for e in manifest.get("errors") or []
+            {"rank": given(e.rank), "message": str(given(e.message) or "")} for e in given(m.errors) or []
         ],
-        "created": manifest.get("created"),
-        "workload": {
-            k: workload.get(k)
-            for k in (
-                "preset",
-                "tp",
-                "tokens",
-                "prompt",
-                "batch",
-                "layers",
-                "backend",
-                "device",
-                "dtype",
-                "mode",
-                "seed",
-                "step_pattern",
-                "inject_delay",
-                "inject_sync",
-            )
-            if k in workload
+        "created": given(m.created),
+        "workload": {}
+        if wl is None
+        else {
+            k: to_builtins(getattr(wl, k)) for k in MANIFEST_WORKLOAD_FIELDS if getattr(wl, k) is not UNSET
         },
-        "host": {k: host.get(k) for k in ("hostname", "cpu", "cpu_count") if k in host},
+        "host": {}
+        if host is None
+        else {k: getattr(host, k) for k in ("hostname", "cpu", "cpu_count") if getattr(host, k) is not UNSET},
         "devices": [
-            {"index": d.get("index"), "name": d.get("name"), "memory_bytes": d.get("memory_bytes")}
-            for d in devices
+            {"index": given(d.index), "name": given(d.name), "memory_bytes": given(d.memory_bytes)}
+            for d in given(m.devices) or []
         ],
-        "versions": dict(manifest.get("versions") or {}),
-        "nccl_env": dict(manifest.get("nccl_env") or {}),
+        "versions": dict(given(m.versions) or {}),
+        "nccl_env": dict(given(m.nccl_env) or {}),
         # the capture's own host-clock figure (a cross-check; the dilation stated is the shortfall's)
-        "capture_dilation": _num(manifest.get("dilation")),
-        "command": manifest.get("command"),
+        "capture_dilation": _num(given(m.dilation)),
+        "command": given(m.command),
     }
 
 
@@ -476,7 +477,7 @@ def _waterfall(
             }
         )
     coord_total = int(terms.get("coordination", 0))
-    split = {p: int(coordination.get(p, 0)) for p in COORDINATION_PARTS}
+    split = {p: int(coordination.get(p, 0)) for p in COORDINATION}
     if coordination and sum(split.values()) == coord_total:
         rows += [
             {"label": "coordination: collective wait", "term": "coordination.wait", "ns": split["wait"]},
@@ -519,9 +520,7 @@ def share_text(w: dict[str, Any], s_ns: int) -> str:
 def _term_words(shortfall: dict[str, Any], timeline: str | None) -> dict[str, str]:
     """The shortfall's `term_words`, completed from the defaults; without them the transfer is
     named by the run's timeline (a link only on a GPU timeline)."""
-    words = dict(DEFAULT_TERM_WORDS)
-    if timeline != "gpu":
-        words["transfer"] = CPU_TRANSFER_WORDS
+    words = term_words(timeline)
     given = shortfall.get("term_words")
     if isinstance(given, dict):
         words.update({str(k): str(v) for k, v in given.items() if v})
@@ -536,7 +535,7 @@ def _per_rank_section(shortfall: dict[str, Any], s_ns: int) -> list[dict[str, An
     out = []
     for r in rows:
         terms = {str(k): int(v) for k, v in (r.get("terms_ns") or {}).items() if _num(v) is not None}
-        coord = {p: int((r.get("coordination_ns") or {}).get(p, 0) or 0) for p in COORDINATION_PARTS}
+        coord = {p: int((r.get("coordination_ns") or {}).get(p, 0) or 0) for p in COORDINATION}
         shares = {k: (v / s_ns if s_ns else None) for k, v in {**terms, **coord}.items()}
         out.append(
             {
@@ -698,13 +697,13 @@ def per_rank_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     if not data.per_rank or a is None:
         return [], []
     s_ns = a["shortfall_ns"]
-    words = data.term_words or DEFAULT_TERM_WORDS
+    words = data.term_words or TERM_WORDS
     terms = list(a["terms_ns"])
     for r in data.per_rank:
         terms += [t for t in r["terms_ns"] if t not in terms]
     label = {t: t for t in terms}
     label["transfer"] = f"transfer ({short_words(words.get('transfer', 'transfer'))})"
-    headers = ["rank"] + [label[t] for t in terms] + [f"coordination: {p}" for p in COORDINATION_PARTS]
+    headers = ["rank"] + [label[t] for t in terms] + [f"coordination: {p}" for p in COORDINATION]
     headers += ["own window", "pad (idle to the step time)"]
 
     def share(ns: int | None) -> float | None:
@@ -714,12 +713,12 @@ def per_rank_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     for r in data.per_rank:
         row = [f"rank {r['rank']}"]
         row += [_cell(r["terms_ns"].get(t, 0), share(r["terms_ns"].get(t, 0))) for t in terms]
-        row += [_cell(r["coordination_ns"][p], share(r["coordination_ns"][p])) for p in COORDINATION_PARTS]
+        row += [_cell(r["coordination_ns"][p], share(r["coordination_ns"][p])) for p in COORDINATION]
         row += [fmt_ms(r.get("own_window_ns")), fmt_ms(r.get("pad_ns"))]
         rows.append(row)
     agg = ["mean over ranks (aggregate)"]
     agg += [_cell(a["terms_ns"].get(t, 0), share(a["terms_ns"].get(t, 0))) for t in terms]
-    agg += [_cell(a["coordination_ns"][p], share(a["coordination_ns"][p])) for p in COORDINATION_PARTS]
+    agg += [_cell(a["coordination_ns"][p], share(a["coordination_ns"][p])) for p in COORDINATION]
     rows.append(agg + ["", ""])
     return headers, rows
 
@@ -794,7 +793,7 @@ def path_rows(data: ReportData) -> tuple[list[str], list[list[str]]]:
     cp = data.critical_path
     if cp is None:
         return [], []
-    words = data.term_words or DEFAULT_TERM_WORDS
+    words = data.term_words or TERM_WORDS
     step = cp["step_ns"]
     label = {p: p for p in PATH_PARTS}
     label["transfer"] = f"transfer ({short_words(words.get('transfer', 'transfer'))})"
@@ -841,8 +840,8 @@ def build_report_data(
     baseline_breakdown: dict[str, Any] | None = None,
     shortfall: dict[str, Any] | None = None,
     links: dict[str, Any] | list[dict[str, Any]] | None = None,
-    manifest: dict[str, Any] | None = None,
-    baseline_manifest: dict[str, Any] | None = None,
+    manifest: ManifestDoc | Mapping[str, Any] | None = None,
+    baseline_manifest: ManifestDoc | Mapping[str, Any] | None = None,
     top_kernels: dict[str, Any] | None = None,
     baseline_top_kernels: dict[str, Any] | None = None,
     run_path: str | None = None,
@@ -870,14 +869,14 @@ def build_report_data(
     if run_dil is None and not sf_dil:
         run_dil = _num(breakdown.get("dilation"))
     if run_dil is None and not sf_dil and manifest:
-        run_dil = _num(manifest.get("dilation"))
+        run_dil = _num(given(manifest_doc(manifest).dilation))
     base_dil = None
     if shortfall is not None or baseline_breakdown is not None:
         base_dil = _num(sf_dil.get("baseline")) if sf_dil else None
         if base_dil is None and not sf_dil and baseline_breakdown is not None:
             base_dil = _num(baseline_breakdown.get("dilation"))
         if base_dil is None and not sf_dil and baseline_manifest:
-            base_dil = _num(baseline_manifest.get("dilation"))
+            base_dil = _num(given(manifest_doc(baseline_manifest).dilation))
     threshold = _num(sf_dil.get("threshold")) if sf_dil else None
     threshold = dilation_threshold if threshold is None else threshold
 
@@ -916,10 +915,10 @@ def build_report_data(
         per_token_ns = {k: _int_or_none(pt.get(k)) for k in ("baseline", "sharded", "ideal")}
         n_ranks = int(shortfall.get("n_ranks") or main["n_ranks"])
         sf_terms = shortfall.get("terms_ns") or {}
-        terms = {t: int(sf_terms.get(t, 0)) for t in TERMS}
+        terms = {t: int(sf_terms.get(t, 0)) for t in MAIN_TERMS}
         if _num(sf_terms.get("unknown")):  # only when not zero (shortfall schema); it is part of S
             terms["unknown"] = int(sf_terms["unknown"])
-        coord = {p: int((shortfall.get("coordination_ns") or {}).get(p, 0)) for p in COORDINATION_PARTS}
+        coord = {p: int((shortfall.get("coordination_ns") or {}).get(p, 0)) for p in COORDINATION}
         s_ns = int(shortfall.get("shortfall_ns", sum(terms.values())))
         waterfall = _waterfall(terms, shortfall.get("coordination_ns") or {}, term_words)
         if sum(w["ns"] for w in waterfall) != s_ns:
@@ -1284,7 +1283,7 @@ def key_figures(data: ReportData) -> list[dict[str, Any]]:
         add("shortfall", "shortfall S", a["shortfall_ns"], "ns")
         for t in a["terms_ns"]:
             add(f"terms.{t}", f"term: {t}", a["terms_ns"][t], "ns")
-        for p in COORDINATION_PARTS:
+        for p in COORDINATION:
             add(f"coordination.{p}", f"coordination: {p}", a["coordination_ns"][p], "ns")
         for t in a["terms_ns"]:
             add(f"shares.{t}", f"share: {t}", a["shares"].get(t), "share")

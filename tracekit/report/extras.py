@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tracekit.analyse.advise import cliff_sentences
+from tracekit.model import units
+from tracekit.model.documents import Advise, Decompose, Diff, DocumentError, Rho, Whatif, convert, given
+from tracekit.model.documents.diff import DiffCompute as DiffPart
 from tracekit.report.data import fmt_ms, fmt_pct, fmt_x
 
 #: kind -> the command that writes it
@@ -95,11 +99,25 @@ class ExtraSection:
 # loading
 
 
-def load_extra(path: str | Path) -> dict[str, Any]:
-    """Read one --extra file; ExtraError when it is unreadable, not JSON or of another kind."""
+#: a document --extra takes, decoded (tracekit.model.documents)
+ExtraDoc = Decompose | Advise | Rho | Whatif | Diff
+#: kind -> its Struct
+EXTRA_STRUCTS: dict[str, type[ExtraDoc]] = {
+    "tracekit.decompose": Decompose,
+    "tracekit.advise": Advise,
+    "tracekit.rho": Rho,
+    "tracekit.whatif": Whatif,
+    "tracekit.diff": Diff,
+}
+
+
+def load_extra(path: str | Path) -> ExtraDoc:
+    """Read one --extra file, decoded once into its document Struct; ExtraError when it is
+    unreadable, not JSON, of another kind or not of its kind's shape (saying where)."""
     p = Path(path)
     try:
-        obj = json.loads(p.read_text(encoding="utf-8"))
+        raw = p.read_bytes()
+        obj = json.loads(raw.decode("utf-8"))
     except OSError as exc:
         raise ExtraError(f"{p}: cannot read the --extra file: {exc.strerror}") from None
     except UnicodeDecodeError:
@@ -113,36 +131,56 @@ def load_extra(path: str | Path) -> dict[str, Any]:
         raise ExtraError(
             f"{p}: {got}; --extra takes the JSON of decompose, advise, rho, whatif or diff ({known})"
         )
-    return obj
+    return _typed(obj, str(p))
 
 
-def extra_sections(docs: Sequence[tuple[dict[str, Any], str | None]]) -> list[ExtraSection]:
+def _typed(doc: ExtraDoc | Mapping[str, Any], where: str | None) -> ExtraDoc:
+    """`doc` as its kind's Struct (a decoded Struct as it is)."""
+    if isinstance(doc, Decompose | Advise | Rho | Whatif | Diff):
+        return doc
+    kind = str(doc.get("kind"))
+    if kind not in EXTRA_STRUCTS:
+        raise ExtraError(f"{where or 'document'}: kind {kind!r} has no report section")
+    try:
+        return convert(doc, EXTRA_STRUCTS[kind])
+    except DocumentError as exc:
+        at = f" at {exc.where}" if exc.where else ""
+        raise ExtraError(
+            f"{where or 'document'}: a {kind} document without the expected fields ({exc}{at})"
+        ) from None
+
+
+def extra_sections(docs: Sequence[tuple[ExtraDoc | Mapping[str, Any], str | None]]) -> list[ExtraSection]:
     """One section per (document, path), in the order given; keys made unique per command."""
     seen: dict[str, int] = {}
     out = []
     for doc, path in docs:
-        cmd = EXTRA_KINDS.get(str(doc.get("kind")), "")
+        typed = _typed(doc, path)
+        cmd = EXTRA_KINDS[typed.kind]
         seen[cmd] = seen.get(cmd, 0) + 1
         key = cmd if seen[cmd] == 1 else f"{cmd}-{seen[cmd]}"
-        out.append(extra_section(doc, path, key=key))
+        out.append(extra_section(typed, path, key=key))
     return out
 
 
-def extra_section(doc: Mapping[str, Any], path: str | None = None, *, key: str | None = None) -> ExtraSection:
+def extra_section(
+    doc: ExtraDoc | Mapping[str, Any], path: str | None = None, *, key: str | None = None
+) -> ExtraSection:
     """The section of one result document (by its `kind`)."""
-    kind = str(doc.get("kind"))
-    cmd = EXTRA_KINDS.get(kind)
-    if cmd is None:
-        raise ExtraError(f"{path or 'document'}: kind {kind!r} has no report section")
-    build = {
-        "decompose": _decompose,
-        "advise": _advise,
-        "rho": _rho,
-        "whatif": _whatif,
-        "diff": _diff,
-    }[cmd]
+    typed = _typed(doc, path)
+    kind = typed.kind
+    cmd = EXTRA_KINDS[kind]
     try:
-        parts = build(doc)
+        if isinstance(typed, Decompose):
+            parts = _decompose(typed)
+        elif isinstance(typed, Advise):
+            parts = _advise(typed)
+        elif isinstance(typed, Rho):
+            parts = _rho(typed)
+        elif isinstance(typed, Whatif):
+            parts = _whatif(typed)
+        else:
+            parts = _diff(typed)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise ExtraError(
             f"{path or 'document'}: a {kind} document without the expected fields ({exc!r})"
@@ -159,7 +197,7 @@ def extra_section(doc: Mapping[str, Any], path: str | None = None, *, key: str |
         figures=figures,
         tables=tuple(parts.tables),
         lines=tuple(parts.lines),
-        notes=tuple(str(n) for n in doc.get("notes") or []),
+        notes=() if isinstance(typed, Diff) else tuple(str(n) for n in typed.notes),
     )
 
 
@@ -208,43 +246,42 @@ def _iv(iv: Any, fmt: Any) -> str:
 
 
 def _ms_signed(ns: Any) -> str:
-    v = _f(ns)
-    return "n/a" if v is None else f"{v / 1e6:+.3f} ms"
+    return units.ms(_f(ns), unit=True, sign=True, missing="n/a")
 
 
-def _decompose(doc: Mapping[str, Any]) -> _Parts:
-    p = _Parts(answer=str(doc["verdict"]))
-    sp, parts, ivs = doc["speedup"], doc["parts"], doc.get("intervals") or {}
-    for k, label, iv in (
-        ("total", "speedup, baseline -> full", "speedup"),
-        ("runtime", "speedup, baseline -> intermediate (runtime part)", "runtime_speedup"),
-        ("kernel", "speedup, intermediate -> full (kernel part)", "kernel_speedup"),
+def _decompose(doc: Decompose) -> _Parts:
+    p = _Parts(answer=str(doc.verdict))
+    sp, parts, ivs = doc.speedup, doc.parts, doc.intervals
+    for k, label, v, iv in (
+        ("total", "speedup, baseline -> full", sp.total, ivs.speedup),
+        ("runtime", "speedup, baseline -> intermediate (runtime part)", sp.runtime, ivs.runtime_speedup),
+        ("kernel", "speedup, intermediate -> full (kernel part)", sp.kernel, ivs.kernel_speedup),
     ):
-        v = _f(sp.get(k))
-        p.add(f"speedup.{k}", label, v, "ratio", None if v is None else fmt_x(v) + _iv(ivs.get(iv), fmt_x))
-    for k in ("runtime", "kernel"):
-        v = _f(parts.get(k))
+        v = _f(v)
+        p.add(f"speedup.{k}", label, v, "ratio", None if v is None else fmt_x(v) + _iv(iv, fmt_x))
+    for k, v, iv in (("runtime", parts.runtime, ivs.runtime_part), ("kernel", parts.kernel, ivs.kernel_part)):
+        v = _f(v)
         p.add(
             f"parts.{k}",
             f"{k} part of the speedup (log scale)",
             v,
             "share",
-            None if v is None else fmt_pct(v) + _iv(ivs.get(f"{k}_part"), fmt_pct),
+            None if v is None else fmt_pct(v) + _iv(iv, fmt_pct),
         )
-    words = doc.get("class_words") or {}
+    words = doc.class_words
     classes = list(words) or ["matrix", "vector", "memory", "collective", "coordination", "unknown"]
-    runs = doc["runs"]
     rows = []
-    for role in ("baseline", "intermediate", "full"):
-        r = runs.get(role)
-        if not r:
-            continue
-        cn = r.get("classes_ns") or {}
+    for role, r in (
+        ("baseline", doc.runs.baseline),
+        ("intermediate", doc.runs.intermediate),
+        ("full", doc.runs.full),
+    ):
+        cn = r.classes_ns
         rows.append(
-            (role, str(r.get("path") or ""), str(r.get("n_ranks", "")), fmt_ms(r.get("per_token_ns")))
+            (role, str(r.path or ""), "" if r.n_ranks is None else str(r.n_ranks), fmt_ms(r.per_token_ns))
             + tuple(fmt_ms(cn.get(c)) for c in classes)
         )
-        p.add(f"per_token.{role}", f"per-token time, {role}", _f(r.get("per_token_ns")), "ns")
+        p.add(f"per_token.{role}", f"per-token time, {role}", _f(r.per_token_ns), "ns")
     p.tables.append(
         ExtraTable(
             "Per-token time per run and its classes (per token)",
@@ -253,20 +290,16 @@ def _decompose(doc: Mapping[str, Any]) -> _Parts:
             text_columns=(0, 1),
         )
     )
-    moved = doc.get("moved") or {}
+    moved = (("runtime", doc.moved.runtime), ("kernel", doc.moved.kernel))
     mrows = []
     for c in classes:
         row: tuple[str, ...] = (str(words.get(c, c)),)
-        for part in ("runtime", "kernel"):
-            m = moved.get(part) or {}
-            row += (
-                _ms_signed((m.get("saved_by_class_ns") or {}).get(c)),
-                fmt_pct(_f((m.get("share_of_saving") or {}).get(c))),
-            )
+        for _, m in moved:
+            row += (_ms_signed(m.saved_by_class_ns.get(c)), fmt_pct(_f(m.share_of_saving.get(c))))
         mrows.append(row)
     total: tuple[str, ...] = ("saved in all",)
-    for part in ("runtime", "kernel"):
-        total += (_ms_signed((moved.get(part) or {}).get("saved_ns")), "100.0%")
+    for _, m in moved:
+        total += (_ms_signed(m.saved_ns), "100.0%")
     mrows.append(total)
     p.tables.append(
         ExtraTable(
@@ -275,55 +308,54 @@ def _decompose(doc: Mapping[str, Any]) -> _Parts:
             tuple(mrows),
         )
     )
-    b = doc.get("bootstrap") or {}
-    if b:
-        p.lines.append(
-            f"Intervals: {fmt_pct(_f(b.get('level')), 0)} bootstrap, {b.get('resamples')} resamples "
-            f"({b.get('levels')})."
-        )
+    b = doc.bootstrap
+    p.lines.append(f"Intervals: {fmt_pct(_f(b.level), 0)} bootstrap, {b.resamples} resamples ({b.levels}).")
     return p
 
 
-def _advise(doc: Mapping[str, Any]) -> _Parts:
-    recs = doc["recommendations"]
-    p = _Parts(answer=" ".join(str(r["text"]) for r in recs))
-    mem = _f(doc.get("memory_per_gpu_bytes"))
+def _advise(doc: Advise) -> _Parts:
+    recs = doc.recommendations
+    p = _Parts(answer=" ".join(str(r.text) for r in recs))
+    mem = _f(doc.memory_per_gpu_bytes)
     memory = (
-        f"{mem / GIB:.1f} GiB per GPU ({doc.get('memory_source')}, "
-        f"{(_f(doc.get('reserve_bytes')) or 0) / GIB:.1f} GiB kept back)"
+        f"{mem / GIB:.1f} GiB per GPU ({doc.memory_source}, "
+        f"{(_f(doc.reserve_bytes) or 0) / GIB:.1f} GiB kept back)"
         if mem
         else "memory per GPU unknown"
     )
     layers = ""
-    if doc.get("layers") is not None:
-        layers = f", memory for {doc['layers']} layers"
-        if doc.get("layers_traced") not in (None, doc.get("layers")):
-            layers += f" (the traces have {doc['layers_traced']})"
+    n_layers, traced = given(doc.layers), given(doc.layers_traced)
+    if n_layers is not None:
+        layers = f", memory for {n_layers} layers"
+        if traced not in (None, n_layers):
+            layers += f" (the traces have {traced})"
     p.lines.append(
-        f"{doc['gpus']} GPU(s), {memory}, context {doc['context']} tokens, weights {doc['weight_dtype']}{layers}."
+        f"{doc.gpus} GPU(s), {memory}, context {doc.context} tokens, weights {doc.weight_dtype}{layers}."
     )
     rows = []
-    for r in doc["options"]:
-        m = r.get("memory_per_gpu_bytes") or {}
-        fits = {True: "yes", False: "NO", None: "?"}.get(r.get("fits"), "?")
+    for r in doc.options:
+        m = r.memory_per_gpu_bytes
+        weights, kv, tot = (None, None, None) if m is None else (m.weights, m.kv_cache, m.total)
+        fits = {True: "yes", False: "NO", None: "?"}[r.fits]
+        tps = _f(r.tokens_per_s)
         rows.append(
             (
-                str(r["batch"]),
-                str(r["option"]),
-                fmt_ms(r.get("per_token_latency_ns")),
-                "n/a" if _f(r.get("tokens_per_s")) is None else f"{float(r['tokens_per_s']):,.0f}",
-                f"{(_f(m.get('weights')) or 0) / GIB:.2f}",
-                f"{(_f(m.get('kv_cache')) or 0) / GIB:.3f}",
-                f"{(_f(m.get('total')) or 0) / GIB:.2f}",
+                str(r.batch),
+                str(r.option),
+                fmt_ms(r.per_token_latency_ns),
+                "n/a" if tps is None else f"{tps:,.0f}",
+                f"{(_f(weights) or 0) / GIB:.2f}",
+                f"{(_f(kv) or 0) / GIB:.3f}",
+                f"{(_f(tot) or 0) / GIB:.2f}",
                 fits,
-                str(r.get("status", "")),
+                "" if r.status is None else str(r.status),
             )
         )
-        tag = f"b{r['batch']}.tp{r['tp']}"
-        p.add(f"{tag}.tokens_per_s", f"batch {r['batch']}, {r['option']}: tokens/s", _f(r.get("tokens_per_s")), "number",
-              None if _f(r.get("tokens_per_s")) is None else f"{float(r['tokens_per_s']):,.0f}")  # fmt: skip
-        p.add(f"{tag}.memory", f"batch {r['batch']}, {r['option']}: memory per GPU",
-              _f(m.get("total")), "bytes", f"{(_f(m.get('total')) or 0) / GIB:.2f} GiB")  # fmt: skip
+        tag = f"b{r.batch}.tp{r.tp}"
+        p.add(f"{tag}.tokens_per_s", f"batch {r.batch}, {r.option}: tokens/s", tps, "number",
+              None if tps is None else f"{tps:,.0f}")  # fmt: skip
+        p.add(f"{tag}.memory", f"batch {r.batch}, {r.option}: memory per GPU",
+              _f(tot), "bytes", f"{(_f(tot) or 0) / GIB:.2f} GiB")  # fmt: skip
     p.tables.append(
         ExtraTable(
             "Options per batch size",
@@ -342,22 +374,20 @@ def _advise(doc: Mapping[str, Any]) -> _Parts:
             text_columns=(1, 8),
         )
     )
-    from tracekit.analyse.advise import cliff_sentences
-
     p.lines += ["Memory cliff: " + s for s in cliff_sentences(doc)]
     return p
 
 
-def _rho(doc: Mapping[str, Any]) -> _Parts:
-    dev = doc.get("device") or {}
-    name = str(dev.get("name") or "the device")
-    rhos = [r for r in doc.get("rho") or [] if _f(r.get("rho")) is not None]
-    vec = "CUDA-core fp32 FMA" if dev.get("type") == "cuda" else "vector fp32"
-    mat = "tensor-core matrix" if dev.get("type") == "cuda" else "matrix"
+def _rho(doc: Rho) -> _Parts:
+    dev = doc.device
+    name = str(dev.name or "the device")
+    rhos = [r for r in doc.rho if _f(r.rho) is not None]
+    vec = "CUDA-core fp32 FMA" if dev.type == "cuda" else "vector fp32"
+    mat = "tensor-core matrix" if dev.type == "cuda" else "matrix"
     if rhos:
         answer = (
             f"On {name}, rho ({mat} throughput / {vec} throughput) is "
-            + ", ".join(f"{_num(r['rho'])} ({r['dtype']})" for r in rhos)
+            + ", ".join(f"{_num(r.rho)} ({r.dtype})" for r in rhos)
             + ": one vector operation costs the time of that many matrix operations, so vector work "
             "(dequantisation, norms, activations) weighs that much more than its operation count."
         )
@@ -365,20 +395,20 @@ def _rho(doc: Mapping[str, Any]) -> _Parts:
         answer = f"On {name}, no rho was measured (no matrix dtype ran)."
     p = _Parts(answer=answer)
     for r in rhos:
-        p.add(f"rho.{r['dtype']}", f"rho, {r['dtype']}", _f(r["rho"]), "number")
+        p.add(f"rho.{r.dtype}", f"rho, {r.dtype}", _f(r.rho), "number")
     rows = []
-    for m in [*(doc.get("matrix") or []), *(doc.get("vector") or [])]:
+    for m in [*doc.matrix, *doc.vector]:
         rows.append(
             (
-                str(m.get("kind", "")),
-                str(m.get("dtype", "")),
-                str(m.get("method", "")),
-                str(m.get("shape", "")),
-                _num(m.get("tops")),
-                _num(m.get("tops_max")),
-                _num(m.get("datasheet_tops")) if m.get("datasheet_tops") is not None else "",
-                _num(m.get("anchor_tops")) if m.get("anchor_tops") is not None else "",
-                str(m.get("skipped") or ""),
+                str(m.kind),
+                "" if m.dtype is None else str(m.dtype),
+                "" if m.method is None else str(m.method),
+                "" if m.shape is None else str(m.shape),
+                _num(m.tops),
+                _num(m.tops_max),
+                _num(m.datasheet_tops) if m.datasheet_tops is not None else "",
+                _num(m.anchor_tops) if m.anchor_tops is not None else "",
+                str(m.skipped or ""),
             )
         )
     p.tables.append(
@@ -395,10 +425,10 @@ def _rho(doc: Mapping[str, Any]) -> _Parts:
             ("dtype", "rho", "datasheet rho", "anchor rho"),
             tuple(
                 (
-                    str(r["dtype"]),
-                    _num(r["rho"]),
-                    _num(r.get("datasheet_rho")) if r.get("datasheet_rho") is not None else "",
-                    _num(r.get("anchor_rho")) if r.get("anchor_rho") is not None else "",
+                    str(r.dtype),
+                    _num(r.rho),
+                    _num(r.datasheet_rho) if r.datasheet_rho is not None else "",
+                    _num(r.anchor_rho) if r.anchor_rho is not None else "",
                 )
                 for r in rhos
             ),
@@ -407,13 +437,13 @@ def _rho(doc: Mapping[str, Any]) -> _Parts:
     return p
 
 
-def _whatif(doc: Mapping[str, Any]) -> _Parts:
-    pred, speed = doc["predicted_ns"], doc["speedup_vs_tp1"]
+def _whatif(doc: Whatif) -> _Parts:
+    pred, speed = doc.predicted_ns, doc.speedup_vs_tp1
     ns = list(next(iter(pred.values()))) if pred else []
-    s_ns = _f(doc.get("shortfall_ns"))
-    shap = {k: _f(v) for k, v in (doc.get("shapley_ns") or {}).items()}
-    shares = doc.get("shapley_shares") or {}
-    check = doc.get("check")
+    s_ns = _f(given(doc.shortfall_ns))
+    shap = {k: _f(v) for k, v in (given(doc.shapley_ns) or {}).items()}
+    shares = given(doc.shapley_shares) or {}
+    check = given(doc.check)
     if s_ns is not None and shap:
         ranked = sorted(
             ((k, v) for k, v in shap.items() if k != "residual" and v is not None), key=lambda kv: -kv[1]
@@ -441,18 +471,18 @@ def _whatif(doc: Mapping[str, Any]) -> _Parts:
         )
     if check:
         answer += (
-            f" Check: {check['knobs']} predicts {fmt_ms(check['predicted_ns'])} at TP={check['ranks']}; the run "
-            f"measured {fmt_ms(check['measured_ns'])} ({check.get('measured_source')}): error "
-            f"{_f(check['error']) or 0:+.1%}."
+            f" Check: {check.knobs} predicts {fmt_ms(check.predicted_ns)} at TP={check.ranks}; the run "
+            f"measured {fmt_ms(check.measured_ns)} ({check.measured_source}): error "
+            f"{_f(check.error) or 0:+.1%}."
         )
     p = _Parts(answer=answer)
     p.add("shortfall", "shortfall S", s_ns, "ns")
     for k, v in shap.items():
         p.add(f"shapley.{k}", f"Shapley: {k}", v, "ns")
     if check:
-        p.add("check.error", f"check: {check['knobs']} predicted vs measured", _f(check.get("error")), "share",
-              f"{_f(check['error']) or 0:+.1%}")  # fmt: skip
-    applies = {k["spec"]: k.get("applies") or {} for k in doc.get("knobs") or []}
+        p.add("check.error", f"check: {check.knobs} predicted vs measured", _f(check.error), "share",
+              f"{_f(check.error) or 0:+.1%}")  # fmt: skip
+    applies = {k.spec: k.applies for k in doc.knobs}
     rows = []
     for spec, by_n in pred.items():
         row: tuple[str, ...] = ("none (replay of the trace)" if spec == "none" else str(spec),)
@@ -468,61 +498,58 @@ def _whatif(doc: Mapping[str, Any]) -> _Parts:
         heads += (f"TP={n} per token", f"TP={n} vs T1")
     p.tables.append(ExtraTable("Predicted per-token time per knob combination", heads, tuple(rows)))
     if s_ns is not None and shap:
-        acc = doc.get("accounting") or {}
+        acc = given(doc.accounting)
         srows = [(str(k), fmt_ms(v), fmt_pct(_f(shares.get(k)))) for k, v in shap.items()]
         srows.append(("S", fmt_ms(s_ns), "100.0%"))
         p.tables.append(
             ExtraTable("Shapley split of S (per token)", ("knob", "per token", "share of S"), tuple(srows))
         )
-        if acc.get("terms_ns"):
+        if acc is not None and acc.terms_ns:
             p.tables.append(
                 ExtraTable(
                     "Beside it, the shortfall's accounting",
                     ("term", "per token", "share of S"),
                     tuple(
-                        (str(k), fmt_ms(v), fmt_pct(_f((acc.get("shares") or {}).get(k))))
-                        for k, v in acc["terms_ns"].items()
+                        (str(k), fmt_ms(v), fmt_pct(_f(acc.shares.get(k)))) for k, v in acc.terms_ns.items()
                     ),
                 )
             )
-    for key, r in (doc.get("runs") or {}).items():
-        if isinstance(r, Mapping):
+    for key, r in (("baseline", doc.runs.baseline), ("sharded", given(doc.runs.sharded))):
+        if r is not None:
             p.lines.append(
-                f"{key} run (TP={r.get('ranks')}, {r.get('timeline')} timeline): {fmt_ms(r.get('per_token_ns'))} "
-                f"per token ({r.get('per_token_source')})."
+                f"{key} run (TP={r.ranks}, {r.timeline} timeline): {fmt_ms(r.per_token_ns)} "
+                f"per token ({r.per_token_source})."
             )
     return p
 
 
-def _diff(doc: Mapping[str, Any]) -> _Parts:
-    p = _Parts(answer=str(doc.get("summary") or doc.get("verdict")))
-    pt, piv = doc["per_token_ns"], doc.get("per_token_interval_ns") or {}
-    iv = doc.get("interval") or {}
-    for role in ("before", "after"):
-        v = _f(pt.get(role))
+def _diff(doc: Diff) -> _Parts:
+    p = _Parts(answer=str(doc.summary or doc.verdict))
+    pt, piv, iv = doc.per_token_ns, doc.per_token_interval_ns, doc.interval
+    for role, ns, ns_iv in (("before", pt.before, piv.before), ("after", pt.after, piv.after)):
+        v = _f(ns)
         p.add(f"per_token.{role}", f"per-token time, {role}", v, "ns",
-              None if v is None else fmt_ms(v) + _iv(piv.get(role), fmt_ms))  # fmt: skip
-    ch = _f(doc.get("change_ns"))
+              None if v is None else fmt_ms(v) + _iv(ns_iv, fmt_ms))  # fmt: skip
+    ch = _f(doc.change_ns)
     p.add(
         "change",
         "change per token",
         ch,
         "ns",
-        None if ch is None else _ms_signed(ch) + _iv(iv.get("change_ns"), _ms_signed),
+        None if ch is None else _ms_signed(ch) + _iv(iv.change_ns, _ms_signed),
     )
-    rel = _f(doc.get("relative_change"))
+    rel = _f(doc.relative_change)
     p.add("relative", "relative change", rel, "share",
-          None if rel is None else f"{rel:+.1%}" + _iv(iv.get("relative"), lambda x: f"{float(x):+.1%}"))  # fmt: skip
-    by_part = doc.get("by_part") or {}
-    terms, leaves = by_part.get("terms") or {}, by_part.get("leaves") or {}
+          None if rel is None else f"{rel:+.1%}" + _iv(iv.relative, lambda x: f"{float(x):+.1%}"))  # fmt: skip
+    terms, leaves = doc.by_part.terms, doc.by_part.leaves
 
-    def row(label: str, v: Mapping[str, Any]) -> tuple[str, ...]:
+    def row(label: str, v: DiffPart) -> tuple[str, ...]:
         return (
             label,
-            fmt_ms(v.get("before_ns")),
-            fmt_ms(v.get("after_ns")),
-            _ms_signed(v.get("change_ns")),
-            _iv(v.get("interval_ns"), _ms_signed).strip(" []").replace(" to ", " .. "),
+            fmt_ms(v.before_ns),
+            fmt_ms(v.after_ns),
+            _ms_signed(v.change_ns),
+            _iv(v.interval_ns, _ms_signed).strip(" []").replace(" to ", " .. "),
         )
 
     if terms or leaves:
@@ -531,8 +558,8 @@ def _diff(doc: Mapping[str, Any]) -> _Parts:
         subs = {"compute": ("matrix", "vector"), "coordination": ("wait", "sync", "idle")}
         rows: list[tuple[str, ...]] = []
         used: set[str] = set()
-        for k, v in terms.items():
-            rows.append(row(str(k), v))
+        for k, part in terms.items():
+            rows.append(row(str(k), part))
             for leaf in subs.get(str(k), ()):
                 if leaf in leaves and leaf != k:
                     rows.append(row(f"  {k}: {leaf}", leaves[leaf]))
@@ -545,12 +572,8 @@ def _diff(doc: Mapping[str, Any]) -> _Parts:
                 tuple(rows),
             )
         )
-    runs = doc.get("runs") or {}
-    for role in ("before", "after"):
-        r = runs.get(role)
-        if isinstance(r, Mapping):
-            p.lines.append(
-                f"{role}: {r.get('path')} ({r.get('n_ranks')} rank(s), {r.get('timeline')} timeline, "
-                f"{r.get('steady_steps')} steady steps)."
-            )
+    for role, r in (("before", doc.runs.before), ("after", doc.runs.after)):
+        p.lines.append(
+            f"{role}: {r.path} ({r.n_ranks} rank(s), {r.timeline} timeline, {r.steady_steps} steady steps)."
+        )
     return p

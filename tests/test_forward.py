@@ -1,0 +1,110 @@
+"""The replay's forward pass (`graph._Forward`, `Graph.times_many`, `Graph.periods_of`,
+`RunModel.replay_many`) against its definition, the node-by-node pass in topological order
+(`graph.times_reference`): the same integers for every node, on generated runs (tests/test_graph.py's
+generator) and on committed traces, under the knobs' latencies and under arbitrary ones, with blocks
+small enough that every binding path crosses block boundaries. And the graph the replay re-times is
+the one attribute_run walked the path on, equal to one built again from the events."""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.test_graph import SPECS, graph_of
+from tracekit.analyse import graph as G
+from tracekit.analyse import replay as R
+
+TRACES = Path(__file__).resolve().parent.parent / "traces"
+
+
+def _random_latencies(g: G.Graph, seed: int) -> list[np.ndarray]:
+    """Arbitrary latencies (negative ones too), and the measured ones with the edges the knobs
+    can disable (NEVER) disabled."""
+    rng = np.random.default_rng(seed)
+    out = [rng.integers(-20_000, 200_000, len(g.lat)), rng.integers(0, 3, len(g.lat)) * g.lat]
+    never = g.lat.copy()
+    never[np.isin(g.role, (G.ROLE_SYNC_WAIT, G.ROLE_BACKPRESSURE))] = G.NEVER
+    out.append(never)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK])
+def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, block: int) -> None:
+    g, _ends = graph_of(SPECS[name])
+    lats = [g.lat, *_random_latencies(g, seed=block)]
+    got = G._Forward(g, block).run(lats, g.t)
+    for i, lat in enumerate(lats):
+        assert np.array_equal(got[:, i], G.times_reference(g, lat)), (name, block, i)
+
+
+def _model(trace: str) -> R.RunModel:
+    from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.read import read_run
+
+    ar = AnalysedRun.of(read_run([TRACES / trace]))
+    parts = attribute_run(ar, label=trace)
+    return R.build_model(parts, ar, None, trace)
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2-straggler", "h200x2-tp2-b1-graphs", "cpu-tp2"])
+def test_every_knob_coalition_replayed_at_once_is_each_replayed_node_by_node(trace: str) -> None:
+    """The 2^5 coalitions of the default knobs in one batched pass give, step by step, the periods
+    of the node-by-node pass under each coalition's latencies (CUDA-graph replays, a straggler,
+    a host timeline)."""
+    m = _model(trace)
+    g = m.graph
+    knobs = [R.parse_knob(k) for k in R.DEFAULT_KNOBS]
+    c1 = float(np.mean(list(m.compute_per_token.values()))) * 0.8  # compute=/N does something
+    subs = [sub for size in range(len(knobs) + 1) for sub in itertools.combinations(knobs, size)]
+    settings = [R.setting_for(m, sub, c1, m.n_ranks) for sub in subs]
+    settings.append(R._Setting(host_deduct=700.0, deduct_collective=300.0))
+    got = m.replay_many(settings)
+    steady = m._steady_pos
+    checked = set()
+    # the node-by-node pass for no knob, each knob alone, all of them and the deduction
+    picks = [i for i, sub in enumerate(subs) if len(sub) in (0, 1, len(knobs))] + [len(settings) - 1]
+    for s, per in ((settings[i], got[i]) for i in picks):
+        lat = m.latencies(s)
+        key = lat.tobytes()
+        if key in checked:  # knobs that do not apply give the same latencies
+            continue
+        checked.add(key)
+        want = g.periods(G.times_reference(g, lat))[steady]
+        assert np.array_equal(per, want), s
+    assert len(checked) >= 3
+    # and one at a time (chunks of one column)
+    assert np.array_equal(m.replay(settings[-2]), got[-2])
+
+
+@pytest.mark.parametrize("trace", ["cpu-tp2", "h200-tp1"])
+def test_the_replay_re_times_the_graph_the_path_was_walked_on(trace: str) -> None:
+    """build_model takes attribute_run's graph (one build per run), equal in every array to the
+    graph built again from the events; the probe knob's collective sizes are filled in."""
+    from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.read import read_run
+
+    ar = AnalysedRun.of(read_run([TRACES / trace]))
+    parts = attribute_run(ar, label=trace)
+    kept = parts.graph
+    assert kept is not None
+    m1 = R.build_model(parts, ar, Fraction(1), trace)
+    assert m1.graph is kept
+    parts.graph = None
+    m2 = R.build_model(parts, ar, Fraction(1), trace)
+    assert m2.graph is not kept
+    a, b = m1.graph, m2.graph
+    for f in ("t", "src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    for f in ("order", "indptr", "ws_node", "xfer_bytes", "xfer_inst"):
+        assert np.array_equal(getattr(a, f), getattr(b, f)), f
+    assert a.xfer_op == b.xfer_op and a.steps == b.steps and a.notes == b.notes
+    if len(a.xfer_bytes):
+        assert (a.xfer_bytes > 0).all()
+    assert np.array_equal(m1.measured_ns, m2.measured_ns)

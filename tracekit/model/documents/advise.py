@@ -1,0 +1,113 @@
+"""The `Advise` document: tracekit advise --format json (docs/JSON.md#advise)."""
+
+from __future__ import annotations
+
+from msgspec import UNSET, UnsetType
+
+from tracekit.model.documents.base import Doc
+
+
+class AdviseRun(Doc, kw_only=True):
+    path: str | None
+    tp: int | None
+    batch: int | None
+    per_token_ns: int | None
+    per_token_source: str | None
+    dtype: str | None
+    context: int | None
+    device: str | None
+
+
+class AdviseMemoryPerGpuBytes(Doc, kw_only=True):
+    weights: int | None
+    kv_cache: int | None
+    total: int | None
+
+
+class AdviseOption(Doc, kw_only=True):
+    batch: int | None
+    option: str | None
+    tp: int | None
+    instances: int | None
+    status: str | None
+    per_token_latency_ns: int | None
+    tokens_per_s: float | None
+    tokens_per_s_per_instance: float | None
+    memory_per_gpu_bytes: AdviseMemoryPerGpuBytes | None
+    fits: bool | None
+
+
+class AdviseMemoryCliffItem(Doc, kw_only=True):
+    tp: int | None
+    option: str | None
+    kv_bytes_per_sequence: int | None
+    weights_bytes_run_dtype: int | None
+    max_sequences_run_dtype: int | None
+    weights_bytes_weight_dtype: int | None
+    max_sequences_weight_dtype: int | None
+    more_sequences: int | None
+
+
+class AdviseRecommendation(Doc, kw_only=True):
+    batch: int | None
+    best_throughput: str | None
+    best_latency: str | None
+    text: str | None
+
+
+class Advise(Doc, kw_only=True):
+    r"""`tracekit advise --format json` (`tracekit.analyse.advise.Advice.to_json`). Bytes are bytes (GiB in
+    the text only); per-token figures are ns.
+    ```
+    { "schema_version": "1.0", "kind": "tracekit.advise",
+      "gpus": 2, "memory_per_gpu_bytes": 150109880320 | null,   # --memory-gib, else the manifest's device
+      "memory_source": "--memory-gib" | "manifest device" | "unknown (give --memory-gib)",
+      "reserve_bytes": 2147483648,                 # --reserve-gib: kept back per GPU (context, workspace)
+      "weight_dtype": "bf16" | "fp16" | "fp32" | "fp8" | "int4",   # --dtype (default: the runs')
+      "context": 48,                               # tokens of KV cache: prompt + tokens, or --context
+      "layers": 32,                                # layers the memory is for: --layers, else the traces'
+      "layers_traced": 8,                          # layers of the traced model (manifest workload.shape.layers)
+      "runs": [{"path": "...", "tp": 1, "batch": 1, "per_token_ns": 7565524,
+                "per_token_source": "unprofiled" | "trace", "dtype": "bf16", "context": 48, "device": "NVIDIA H200"}],
+      "options": [{"batch": 1, "option": "2 x TP=1 replicas", "tp": 1, "instances": 2,
+                   "status": "measured" | "predicted from batch 1" | "not measured" | "...",
+                   "per_token_latency_ns": 7565524 | null,
+                   "tokens_per_s": 264.4 | null,          # instances x batch x 1e9 / per_token_latency_ns
+                   "tokens_per_s_per_instance": 132.2 | null,
+                   "memory_per_gpu_bytes": {"weights": ..., "kv_cache": ..., "total": ...},
+                   "fits": true | false | null,           # total <= memory - reserve; null: memory unknown
+                   "memory_per_gpu_bytes_low_bit": {...}, "fits_low_bit": ...}],   # only with --dtype != run's
+                                                   # one row per (batch, TP degree k dividing gpus): gpus/k instances
+      "memory_cliff": [{"tp": 1, "option": "...", "kv_bytes_per_sequence": ...,
+                        "weights_bytes_run_dtype": ..., "weights_bytes_weight_dtype": ...,
+                        "max_sequences_run_dtype": 91519, "max_sequences_weight_dtype": ...,
+                        "more_sequences": ...}],   # concurrent sequences whose KV cache fits beside the weights
+      "recommendations": [{"batch": 1, "best_throughput": "2 x TP=1 replicas", "best_latency": "...",
+                           "text": "Batch 1 on 2 GPU(s): ... does not fit: each GPU would need ..."}],
+      "notes": [...] }
+    ```
+    Memory model: the reference decoder's layout (q, k, v, o, gate, up, down and the LM head split k
+    ways; embedding and norms on every rank; KV cache 2 x layers x ceil(kv_heads / k) x head_dim x
+    context x bytes per sequence). Low-bit weights: fp8 1 byte, int4 0.5 byte + an fp16 scale per 128
+    weights, for the linear layers only. `--layers N` sizes weights and KV cache for an N-layer model
+    (the 7b-shaped traces run 8 of 32 layers); the per-token times and the batch extrapolation stay
+    those of the traced layers, and a note says so. `predicted` rows: T(B) = T(b0) + max(0, g(B) - g(b0)), g the
+    per-rank roofline of weights + KV reads and 2 flops per weight per sequence (datasheet bandwidth and
+    bf16 rate of the manifest's device).
+    """
+
+    schema_version: str
+    kind: str
+    gpus: int | None
+    memory_per_gpu_bytes: int | None
+    memory_source: str | None
+    reserve_bytes: int | None
+    weight_dtype: str | None
+    context: int | None
+    layers: int | None | UnsetType = UNSET
+    layers_traced: int | None | UnsetType = UNSET
+    runs: list[AdviseRun]
+    options: list[AdviseOption]
+    memory_cliff: list[AdviseMemoryCliffItem]
+    recommendations: list[AdviseRecommendation]
+    notes: list[str]

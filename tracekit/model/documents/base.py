@@ -1,0 +1,78 @@
+"""The base of every typed JSON document (docs/JSON.md, generated from these Structs).
+
+A document is a `msgspec.Struct` whose fields are the JSON object's keys in the order the writer
+emits them; a field that a writer emits only sometimes (or that an older schema version lacks)
+defaults to `UNSET` and is then left out when encoded, so a decoded document encodes back to the
+same keys in the same order (`to_builtins`). Decoding ignores keys a Struct does not know (readers
+must ignore fields they do not know, docs/JSON.md); tests/test_documents.py checks every committed
+document decodes to exactly what it holds, so a writer that changes shape without its Struct fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+T = TypeVar("T")
+
+
+def given(x: T | UnsetType) -> T | None:
+    """A field's value, None when the document left it out (UNSET)."""
+    return None if x is UNSET else x  # type: ignore[return-value]
+
+
+class Doc(msgspec.Struct, kw_only=True):
+    """A JSON object of a tracekit document: keys in the writer's order; UNSET fields absent."""
+
+
+class DocumentError(ValueError):
+    """A document that is not JSON or not of its Struct's shape: `where` is the JSON path
+    (`$.steps[3].rank`), `offset` the byte offset when the JSON itself is malformed."""
+
+    def __init__(self, message: str, *, where: str | None = None, offset: int | None = None) -> None:
+        super().__init__(message)
+        self.where = where
+        self.offset = offset
+
+
+def _where(exc: msgspec.ValidationError) -> str | None:
+    text = str(exc)
+    return text.rsplit(" - at `", 1)[1].rstrip("`") if " - at `" in text else None
+
+
+def decode(data: bytes | str, type_: type[T]) -> T:
+    """`data` (JSON text) decoded into `type_`; DocumentError saying where it does not fit."""
+    try:
+        return msgspec.json.decode(data, type=type_)
+    except msgspec.ValidationError as exc:
+        raise DocumentError(str(exc).split(" - at `", 1)[0], where=_where(exc)) from None
+    except msgspec.DecodeError as exc:
+        text = str(exc)
+        offset = None
+        if "(byte " in text:
+            try:
+                offset = int(text.rsplit("(byte ", 1)[1].rstrip(")"))
+            except ValueError:
+                offset = None
+        raise DocumentError(f"not valid JSON ({text.split(' (byte ', 1)[0]})", offset=offset) from None
+
+
+def convert(obj: Any, type_: type[T]) -> T:
+    """A decoded JSON value (dicts and lists) as `type_`; DocumentError saying where it does not fit."""
+    try:
+        return msgspec.convert(obj, type=type_)
+    except msgspec.ValidationError as exc:
+        raise DocumentError(str(exc).split(" - at `", 1)[0], where=_where(exc)) from None
+
+
+def read(path: str | Path, type_: type[T]) -> T:
+    """The JSON file at `path` decoded into `type_` (OSError when it cannot be read)."""
+    return decode(Path(path).read_bytes(), type_)
+
+
+def to_builtins(doc: Any) -> Any:
+    """A document as plain dicts and lists, keys in field order, UNSET fields left out (what the
+    writers dump: `json.dumps(..., indent=1)` or orjson, byte for byte the same as before)."""
+    return msgspec.to_builtins(doc)
