@@ -10,16 +10,16 @@ each case in a fresh child process:
 
 - `local`: `read_run` (its process pool, one process per CPU) + the analysis;
 - `dask:W`: a LocalCluster of W single-threaded worker processes, `tracekit.engine.dask_engine`
-  (stage 1: per rank file, read + classify + write Parquet; stage 2 of a breakdown: per rank file
-  two tasks, the step-rule summary and the breakdown pieces, assembled on the client; stage 2 of a
-  shortfall: collective bucket tasks, per rank file three tasks (step rule, windows, attribution),
-  then the critical path's step-bucket tasks; no task holds the run).
+  (`DaskExecutor`: per rank file one read task holding its classified events in its worker's
+  memory, then one task per file and rank stage of the plan; the critical path's Reduce in one
+  task on a worker; the combines on the client).
 
-Reported per case: wall seconds of the analysis (cluster start separately), stage 1 and stage 2
-seconds, the client's peak RSS, the largest peak RSS of a worker in stage 1 and in stage 2 (the
-whole worker process: interpreter, pandas and dask included), against the largest rank file,
-and whether the JSON document equals the local engine's (sha256 of the bytes the CLI writes).
-The Parquet read cache is off in every case (each one parses the JSON).
+Reported per case: wall seconds of the analysis and its JSON (cluster start separately), the
+read tasks' and the stage tasks' seconds, the client's own serial work (metadata, the plan's
+starts, combines and finishes) and its share of the wall, the client's peak RSS, a worker's idle
+and peak RSS (the whole worker process: interpreter, pandas and dask included), and whether the
+JSON document equals the local engine's (sha256 of the bytes the CLI writes). The Parquet read
+cache is off in every case (each one parses the JSON).
 """
 
 from __future__ import annotations
@@ -88,7 +88,11 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
     else:
         from distributed import Client, LocalCluster
 
-        from tracekit.engine import _shortfall_of, dask_engine
+        from tracekit.analyse.plans import attribution_plan, breakdown_plan
+        from tracekit.analyse.shortfall import shortfall_of_pair
+        from tracekit.engine import pair_check
+        from tracekit.engine.dask_engine import DaskExecutor
+        from tracekit.engine.executor import Job
 
         workers = int(case.split(":")[1])
         t0 = time.perf_counter()
@@ -104,61 +108,51 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
             Client(lc) as client,
         ):
             before = client.run(_warm_rss_mb)
+            out["client_rss_idle_mb"] = _warm_rss_mb()
             t1 = time.perf_counter()
             engine = Engine(kind="dask", scheduler=lc.scheduler_address)
             if what == "breakdown":
-                jobs = [dask_engine.RunJob(paths=[run], cache=False, breakdown={})]
+                jobs = [Job((run,), (breakdown_plan(),), cache=False)]
+                check = None
             else:
                 jobs = [
-                    dask_engine.RunJob(paths=[baseline], cache=False, attribute={"label": "baseline"}),
-                    dask_engine.RunJob(paths=[run], cache=False, attribute={"label": "sharded"}),
+                    Job((baseline,), (attribution_plan(label="baseline"),), cache=False),
+                    Job((run,), (attribution_plan(label="sharded"),), cache=False),
                 ]
-            results = dask_engine.analyse(
-                engine, jobs, client=client, pair=None if what == "breakdown" else (0, 1)
+                check = pair_check
+            results, notes = DaskExecutor(engine, client).run(jobs, check)
+            t_doc = time.perf_counter()
+            doc = (
+                results[0].results[0].breakdown.to_json()
+                if what == "breakdown"
+                else shortfall_of_pair(results[0].results[0], results[1].results[0], notes).to_json()
             )
             t2 = time.perf_counter()
-            worker_baseline = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+            out["client_doc_s"] = t2 - t_doc  # the command's tail on the client: shortfall_of_pair, to_json
+            worker_peak = client.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         res = results[-1]
-        doc = (
-            res.breakdown.to_json()  # type: ignore[union-attr]
-            if what == "breakdown"
-            else _shortfall_of(results[0], res).to_json()
-        )
-        files = [f for r in results for f in r.files]
+        tasks = [t for r in results for t in r.tasks]
+        reads = [t for t in tasks if t.stage == "read"]
+        stages: dict[str, list[float]] = {}
+        for t in tasks:
+            if t.stage != "read":
+                stages.setdefault(t.stage, []).append(t.seconds)
         out.update(
             cluster_start_s=t1 - t0,
             wall_s=t2 - t1,
-            stage1_task_s_sum=sum(f.seconds for f in files),
-            stage1_task_s_max=max(f.seconds for f in files),
-            stage2_s=max(r.seconds for r in results),
-            stage1_peak_rss_mb=max(f.peak_rss_bytes for f in files) / 2**20,
-            stage2_peak_rss_mb=max(r.peak_rss_bytes for r in results) / 2**20,
-            worker_peak_rss_mb_at_end=max(worker_baseline.values()),
+            # the client's own serial work: metadata, plan starts, combines, finishes, the tail
+            client_s=sum(r.client_s for r in results) + out["client_doc_s"],
+            stage1_task_s_sum=sum(t.seconds for t in reads),
+            stage1_task_s_max=max(t.seconds for t in reads),
+            stages={k: [round(sum(v), 3), round(max(v), 3), len(v)] for k, v in stages.items()},
+            stage2_task_s_sum=sum(sum(v) for v in stages.values()),
+            stage1_peak_rss_mb=max(t.peak_rss_bytes for t in reads) / 2**20,
+            stage2_peak_rss_mb=max((t.peak_rss_bytes for t in tasks if t.stage != "read"), default=0) / 2**20,
+            worker_peak_rss_mb_at_end=max(worker_peak.values()),
             worker_rss_before_mb=max(before.values()),
             n_events=res.n_events,
-            # stage 2a: the collective bucket tasks (shortfall only)
-            buckets=len([b for r in results for b in r.buckets]),
-            bucket_rows_max=max(
-                (sum(n for _p, n in b.received) for r in results for b in r.buckets), default=0
-            ),
-            bucket_s_max=max((b.seconds for r in results for b in r.buckets), default=0.0),
-            bucket_peak_rss_mb=max((b.peak_rss_bytes for r in results for b in r.buckets), default=0) / 2**20,
-            # stage 2 per rank (breakdown): tasks, the most rows one held, their longest time
-            rank_tasks=len([t for r in results for t in r.rank_tasks]),
-            rank_task_rows_max=max((t.rows for r in results for t in r.rank_tasks), default=0),
-            rank_task_s_max=max((t.seconds for r in results for t in r.rank_tasks), default=0.0),
-            # stage 2 per rank (shortfall): step rule, windows, attribute_rank per rank file
-            att_tasks=len([t for r in results for t in r.attribute_tasks]),
-            att_task_rows_max=max((t.rows for r in results for t in r.attribute_tasks), default=0),
-            att_task_s_max=max((t.seconds for r in results for t in r.attribute_tasks), default=0.0),
-            # the critical path's step-bucket tasks: clipped unions received (bytes of arrays)
-            path_tasks=len([w for r in results for w in r.path_tasks]),
-            path_task_bytes_max=max((w.received_bytes for r in results for w in r.path_tasks), default=0),
-            path_union_bytes_per_rank_step=(
-                sum(w.received_bytes for r in results for w in r.path_tasks)
-                / max(1, sum(len(w.received) for r in results for w in r.path_tasks))
-            ),
-            path_task_s_max=max((w.seconds for r in results for w in r.path_tasks), default=0.0),
+            read_tasks=len(reads),
+            files=sum(r.files for r in results),
         )
     out["client_peak_rss_mb"] = _peak_rss_mb()
     out["json_sha256"] = _digest(doc)
@@ -202,18 +196,15 @@ def tile_rank_file(source: Path, out: Path, min_mb: float) -> Path:
 
 def one_file_child(path: str) -> dict:
     """Stage 1 on one rank file in this process: idle RSS after the imports, peak after the task."""
-    import tempfile
-
     sys.path.insert(0, str(ROOT))
     idle = _warm_rss_mb()
     from tracekit.engine.dask_engine import read_rank_file
 
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        part = read_rank_file(path, str(Path(tmp) / "r.parquet"), None, False)
+    part = read_rank_file(path, None, False)
     return {
         "file_mb": os.path.getsize(path) / 1e6,
-        "events": part.n_events,
+        "events": part.meta.n_events,
         "seconds": time.perf_counter() - t0,
         "idle_rss_mb": idle,
         "peak_rss_mb": _peak_rss_mb(),
@@ -299,29 +290,31 @@ def main() -> None:
         print(json.dumps(row), file=sys.stderr)
     largest_mb = max(sizes) / 1e6
     ref = next((r["json_sha256"] for r in rows if r["case"] == "local"), None)
+    local_s = next((r["wall_s"] for r in rows if r["case"] == "local"), None)
     one = next((r["wall_s"] for r in rows if r["case"] == "dask:1"), None)
     print(
-        "| case | wall s | speed-up vs 1 worker | stage 1 s (tasks: sum / max) | stage 2 s | "
-        "worker RSS MB idle / peak stage 1 / peak stage 2 | stage 1 growth x largest file | client peak RSS MB | "
-        "JSON = local |"
+        "| case | wall s | vs local | vs 1 worker | read tasks s (sum / max) | stage tasks s (sum) | "
+        "client s (share of wall) | worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["case"] == "local":
             print(
-                f"| local | {r['wall_s']:.1f} | | {r['stage1_s']:.1f} (read_run) | {r['stage2_s']:.1f} | | | "
-                f"{r['client_peak_rss_mb']:.0f} | reference |"
+                f"| local | {r['wall_s']:.1f} | 1.00x | | {r['stage1_s']:.1f} (read_run) | {r['stage2_s']:.1f} "
+                f"(in process) | | | {r['client_peak_rss_mb']:.0f} | reference |"
             )
             continue
+        vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
         sp = f"{one / r['wall_s']:.2f}x" if one else ""
         print(
-            f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {sp} | "
-            f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_s']:.1f} | "
-            f"{r['worker_rss_before_mb']:.0f} / {r['stage1_peak_rss_mb']:.0f} / {r['stage2_peak_rss_mb']:.0f} | "
-            f"{(r['stage1_peak_rss_mb'] - r['worker_rss_before_mb']) / largest_mb:.1f}x | "
-            f"{r['client_peak_rss_mb']:.0f} | "
+            f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {vs_local} | {sp} | "
+            f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_task_s_sum']:.1f} | "
+            f"{r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
+            f"{r['worker_rss_before_mb']:.0f} / {r['worker_peak_rss_mb_at_end']:.0f} | "
+            f"{r['client_peak_rss_mb']:.0f} ({r['client_rss_idle_mb']:.0f} idle) | "
             f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"
         )
+    print(f"largest rank file {largest_mb:.1f} MB", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(
             json.dumps({"ranks": args.ranks, "largest_file_mb": largest_mb, "rows": rows})

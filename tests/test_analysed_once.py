@@ -63,8 +63,9 @@ def test_a_report_of_a_tp_pair_classifies_and_partitions_each_run_once(tmp_path:
     assert doc["attribution"] is not None and [r["role"] for r in doc["runs"]] == ["baseline", "sharded"]
     # once per run: the TP=1 run (rank 0) and the TP=2 run (ranks 0, 1); it was twice each before
     assert sorted(calls["classify"]) == [(0,), (0, 1)]
-    # breakdown (auto rule) and shortfall (the manifest's decode_step) find the same windows: one partition
-    assert sorted(calls["partition_steps"]) == [(0,), (0, 1)]
+    # breakdown (auto rule) and shortfall (the manifest's decode_step) find the same windows: one
+    # partition per rank (the plans' per-rank stages share the rank's AnalysedRun)
+    assert sorted(calls["partition_steps"]) == [(0,), (0,), (1,)]
     # one layer-union build per rank (1 + 2), shared by the partition and the critical path
     assert len(calls["layer_unions"]) == 3
 
@@ -76,7 +77,7 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
     cols = ["rank", "step", "start_ns", "end_ns"]
     assert (run.steps().table[cols].to_numpy() == bd.steps[cols].to_numpy()).all()  # the same windows
     assert sorted(calls["classify"]) == [(0,), (0, 1)]
-    assert sorted(calls["partition_steps"]) == [(0,), (0, 1)]
+    assert sorted(calls["partition_steps"]) == [(0,), (0,), (1,)]  # once per rank
     assert sf.to_json()["shortfall_ns"] > 0
     for v in calls.values():
         v.clear()
@@ -84,9 +85,11 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
     assert main(["whatif", "--baseline", TP1, "--sharded", TP2, "--knob", "transfer=0",
                  "--format", "json", "--out", str(out)]) == 0  # fmt: skip
     assert sorted(calls["classify"]) == [(0,), (0, 1)]
-    assert sorted(calls["partition_steps"]) == [(0,), (0, 1)]
-    # the replay takes the windows attribute_run found (it searched the steps again before)
-    assert sorted(calls["find_steps"]) == [(0,), (0, 1)]
+    assert sorted(calls["partition_steps"]) == [(0,), (0,), (1,)]
+    # the replay takes the windows attribute_run found (it searched the steps again before); the
+    # attribution plan finds them per rank (rank_step_summary, rank_step_windows), not by a search
+    # of the whole run
+    assert calls["find_steps"] == []
 
 
 def test_sharing_changes_no_figure():

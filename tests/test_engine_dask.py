@@ -89,9 +89,14 @@ def synthetic64_breakdown(synthetic64: Path) -> str:
 
 @pytest.mark.parametrize("run", MULTI_RANK)
 def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
+    from tracekit.analyse.breakdown import breakdown
+    from tracekit.read import read_run
+
     local = _text(breakdown_paths(TRACES / run).to_json())
     distributed = _text(breakdown_paths(TRACES / run, dask).to_json())
     assert distributed == local
+    # the engines run the breakdown plan; the in-memory breakdown is its own code: the same JSON
+    assert _text(breakdown(read_run([TRACES / run])).to_json()) == local
 
 
 @pytest.mark.parametrize(("base", "sharded"), SHORTFALL_PAIRS)
@@ -203,13 +208,11 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
     marker = tmp_path / "failed-once"
     real = dask_engine.read_rank_file
 
-    def flaky(
-        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None, n_buckets: int = 16
-    ) -> dask_engine.RankPart:
+    def flaky(path: str, rank: int | None, cache: bool, env: Any = None) -> dask_engine.RankFile:
         if not marker.exists():
             marker.write_text(path)
             raise OSError("worker lost its disk for a moment")
-        return real(path, parquet, rank, cache, env, n_buckets)
+        return real(path, rank, cache, env)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", flaky)
     local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
@@ -220,9 +223,7 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
 def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     from tracekit.errors import TraceFormatError
 
-    def bad(
-        path: str, parquet: str, rank: int | None, cache: bool, env: Any = None, n_buckets: int = 16
-    ) -> dask_engine.RankPart:
+    def bad(path: str, rank: int | None, cache: bool, env: Any = None) -> dask_engine.RankFile:
         raise TraceFormatError(path, "not a trace", offset=12)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", bad)
@@ -280,17 +281,15 @@ def _task_states(dask_scheduler: Any) -> dict[str, str]:
 # settings and a missing Dask
 
 
-def test_two_analyses_at_once_on_one_cluster_and_work_dir(dask: Engine, tmp_path: Path) -> None:
-    """Task keys and Parquet files are per call: two runs analysed at the same time on one cluster,
-    with one --work-dir, each get their own result, and the folder is left empty."""
+def test_two_analyses_at_once_on_one_cluster(dask: Engine) -> None:
+    """Task keys are per call: two runs analysed at the same time on one cluster each get their
+    own result."""
     from concurrent.futures import ThreadPoolExecutor
 
-    engine = Engine(kind="dask", scheduler=dask.scheduler, work_dir=str(tmp_path))
     runs = [TRACES / "cpu-tp2", TRACES / "cpu-tp2-straggler"]
     with ThreadPoolExecutor(2) as pool:
-        got = list(pool.map(lambda r: _text(breakdown_paths(r, engine).to_json()), runs))
+        got = list(pool.map(lambda r: _text(breakdown_paths(r, dask).to_json()), runs))
     assert got == [_text(breakdown_paths(r).to_json()) for r in runs]
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_reading_limits_reach_the_workers(
@@ -311,27 +310,12 @@ def test_reading_limits_reach_the_workers(
     # a worker whose own environment says otherwise reads with the client's settings, and keeps its own
     one = str(TRACES / "cpu-tp2" / "rank-0.pt.trace.json.gz")
     monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "100")
-    assert dask_engine.read_rank_file(one, str(tmp_path / "a.parquet"), None, False, {}).n_events > 100
+    assert dask_engine.read_rank_file(one, None, False, {}).meta.n_events > 100
     assert os.environ["TRACEKIT_MAX_EVENTS"] == "100"
     monkeypatch.delenv("TRACEKIT_MAX_EVENTS")
     with pytest.raises(TracekitError):
-        dask_engine.read_rank_file(
-            one, str(tmp_path / "b.parquet"), None, False, {"TRACEKIT_MAX_EVENTS": "100"}
-        )
+        dask_engine.read_rank_file(one, None, False, {"TRACEKIT_MAX_EVENTS": "100"})
     assert "TRACEKIT_MAX_EVENTS" not in os.environ
-
-
-def test_parquet_not_visible_to_the_analysing_worker_is_one_line(tmp_path: Path) -> None:
-    part = dask_engine.read_rank_file(
-        str(TRACES / "cpu-tp2" / "rank-0.pt.trace.json.gz"),
-        str(tmp_path / "w" / "r0.parquet"),
-        None,
-        True,
-        {},
-    )
-    (tmp_path / "w" / "r0.parquet").unlink()
-    with pytest.raises(EngineError, match="give --work-dir a folder every Dask worker sees"):
-        dask_engine.load_run([part], None, [str(TRACES / "cpu-tp2")])
 
 
 def test_engine_settings_are_checked() -> None:
@@ -366,65 +350,48 @@ def test_without_dask_the_error_is_one_line(monkeypatch: pytest.MonkeyPatch, cap
 
 
 # ------------------------------------------------------------------------------------------
-# stage 2a: collective matching by tasks that each own a hash-partition of the process groups
+# the executor: each rank file read once, a task per file and stage, the path on a worker
 
 
-def _bucket_run(dask: Engine, run: Path, buckets: int) -> tuple[Any, list[Any]]:
-    """The sharded job of a shortfall of `run` on the dask engine, with `buckets` partitions."""
-    eng = Engine(kind="dask", scheduler=dask.scheduler, buckets=buckets)
-    (res,) = dask_engine.analyse(
-        eng, [dask_engine.RunJob(paths=[run], cache=False, attribute={"label": "sharded"})]
+def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synthetic64: Path) -> None:
+    """The report's two plans (breakdown, attribution) on one run: one read task per rank file,
+    then one task per file for every rank stage of both plans, each holding that file's rank
+    only; the critical path's Reduce in one task over the 64 ranks; the results are the local
+    engine's."""
+    from tracekit.analyse.plans import attribution_plan, breakdown_plan
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job, LocalExecutor
+
+    job = Job((synthetic64,), (breakdown_plan(), attribution_plan(label="sharded")), cache=False)
+    (res,), _ = DaskExecutor(dask).run([job])
+    (ref,), _ = LocalExecutor().run([job])
+    by_stage: dict[str, list[Any]] = {}
+    for t in res.tasks:
+        by_stage.setdefault(t.stage, []).append(t)
+    assert len(by_stage["read"]) == res.files == 64
+    assert sorted(Path(t.file).name for t in by_stage["read"]) == sorted(
+        p.name for p in synthetic64.glob("rank-*.pt.trace.json*")
     )
-    return res, res.buckets
+    for stage in ("breakdown.rule", "breakdown.ranks", "attribution.rule", "attribution.windows"):
+        assert sorted(r for t in by_stage[stage] for r in t.ranks) == list(range(64)), stage
+        assert all(len(t.ranks) == 1 for t in by_stage[stage]), stage
+    (path,) = by_stage["path"]
+    assert path.ranks == list(range(64))
+    assert _text(res.results[0].breakdown.to_json()) == _text(ref.results[0].breakdown.to_json())
+    assert res.results[0].top_kernels == ref.results[0].top_kernels
+    assert res.results[1].per_token == ref.results[1].per_token
+    assert res.results[1].critical.per_step.equals(ref.results[1].critical.per_step)
+    assert res.results[1].critical.segments.equals(ref.results[1].critical.segments)
+    assert 0 < res.client_s
 
 
-def test_bucket_tasks_receive_only_their_groups_rows(dask: Engine, synthetic64: Path) -> None:
-    """Each bucket task reads, of every rank file, only that bucket's Parquet file; every row
-    it received belongs to a group of its bucket, and the rows of all buckets are the ranks' rows
-    once each (no row reaches two tasks, none is lost); the matched instances are the local ones."""
-    res, buckets = _bucket_run(dask, synthetic64, 4)
-    written = {p for f in res.files for p in f.buckets.values()}
-    read = [path for b in buckets for path, _n in b.received]
-    assert sorted(read) == sorted(written)  # each rank file's bucket file read by one task, once
-    for b in buckets:
-        assert all(f".coll-b{b.bucket}." in path for path, _n in b.received)
-        assert all(dask_engine.bucket_of(g, 4) == b.bucket for g in b.received_groups)
-    rows_written = sum(n for f in res.files for n in f.bucket_rows.values())
-    assert sum(n for b in buckets for _p, n in b.received) == rows_written
-    # a bucket task holds collective rows only: a small part of the run's events
-    assert rows_written < res.n_events / 20
-    # the matched instances: every rank's row of every collective, as the local engine matches
-    # them (the JSON equality on this run: test_synthetic_64_ranks_on_dask_is_the_local_json)
-    assert len(res.parts.collectives.per_rank) == rows_written
+def test_a_plan_stage_error_is_the_local_one(dask: Engine) -> None:
+    """A step pattern no rank matches: the attribution plan's combine refuses it, on Dask as locally."""
+    from tracekit.errors import StepError
 
-
-def test_a_row_in_another_buckets_file_fails_the_bucket_task(tmp_path: Path) -> None:
-    """The routing check: a rank's row of one bucket that reaches another bucket's task fails it."""
-    import pandas as pd
-
-    group = "pg:0"
-    right = dask_engine.bucket_of(group, 8)
-    wrong = (right + 1) % 8
-    rows = pd.DataFrame(
-        {c: [0] for c in dask_engine.COLLECTIVE_COLUMNS} | {"group": [group], "op": ["all_reduce"]}
-    )
-    path = tmp_path / f"r0.coll-b{wrong}.parquet"
-    rows.to_parquet(path, index=False)
-    with pytest.raises(AssertionError, match=f"bucket {wrong} received rows of group"):
-        dask_engine.match_bucket(
-            wrong,
-            [dask_engine.BucketInput(str(path), {0: 0}, 0, 0)],
-            {group: 0},
-            [0],
-            None,
-            "gpu_kernel",
-            False,
-            8,
-        )
-
-
-@pytest.mark.parametrize("buckets", [7])
-def test_shortfall_json_does_not_depend_on_the_bucket_count(dask: Engine, buckets: int) -> None:
-    local = _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2").to_json())
-    eng = Engine(kind="dask", scheduler=dask.scheduler, buckets=buckets)
-    assert _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2", eng).to_json()) == local
+    with pytest.raises(StepError) as local:
+        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", step_pattern="no-such-step")
+    with pytest.raises(StepError) as distributed:
+        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask, step_pattern="no-such-step")
+    assert str(distributed.value) == str(local.value)
+    assert str(local.value).startswith("baseline: ")

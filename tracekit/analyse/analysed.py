@@ -4,9 +4,10 @@ A report of a TP pair used to classify each run, find its steps and partition th
 `breakdown`, again in `shortfall.attribute_run`), and `critical_path` rebuilt the cumulative layer
 unions the partition had just built. `AnalysedRun.of(run)` classifies once; `steps(pattern)`,
 `partition(steps)` and `layer_unions()` compute on first use and keep the result, so `breakdown`,
-`shortfall` (`attribute_run`), the report and the what-if given the same `AnalysedRun` share them.
+`shortfall` (`attribute_run`), the report and the what-if given the same `AnalysedRun` share them;
+a plan's per-rank stages (`tracekit.analyse.plans`) run on `of_rank`, which shares them too.
 
-Partitions are kept by the windows they partition (ranks, steps, names, bounds), not by the
+Partitions are kept per rank by the windows they partition (rank, steps, names, bounds), not by the
 pattern that found them: `breakdown`'s auto rule and the shortfall's manifest pattern
 (`decode_step`) find the same windows on the reference decoder's traces, and the partition is
 computed once. Cached tables are handed out as copies, so a caller cannot change another's.
@@ -85,22 +86,44 @@ class AnalysedRun:
         return {r: self._unions[r] for r in want}
 
     def partition(self, steps: pd.DataFrame) -> pd.DataFrame:
-        """`partition_steps(events, steps)`, once per set of windows; a copy of the kept table."""
-        key = _windows_key(steps)
-        table = self._partitions.get(key)
-        if table is None:
-            from tracekit.analyse.steps import partition_steps
+        """`partition_steps(events, steps)`, each rank's rows once per set of that rank's windows
+        (so a plan's per-rank stage and a run-wide caller share them); a copy of the kept rows."""
+        from tracekit.analyse.steps import partition_steps
 
-            ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
-            table = partition_steps(self.events, steps, self.layer_unions(ranks))
-            self._partitions[key] = table
-        return table.copy()
+        ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
+        if not ranks:
+            return partition_steps(self.events, steps, {})
+        unions = self.layer_unions(ranks)
+        s_rank = steps["rank"].to_numpy(np.int64)
+        tables = []
+        for r in ranks:
+            st = steps[s_rank == r]
+            key = _windows_key(st)
+            table = self._partitions.get(key)
+            if table is None:
+                table = partition_steps(self.events, st, {r: unions[r]})
+                self._partitions[key] = table
+            # the windows' own step numbers (a plan's rank stage numbers them by order on the
+            # rank, the run's assembly by the run's tokens: the same windows, one partition)
+            table = table.assign(step=st["step"].to_numpy(np.int64))
+            tables.append(table)
+        return tables[0].copy() if len(tables) == 1 else pd.concat(tables, ignore_index=True)
+
+    def of_rank(self, rank: int, events: pd.DataFrame) -> AnalysedRun:
+        """The AnalysedRun of one rank's rows (`events`, this run's) sharing this run's kept layer
+        unions and partitions (a plan's per-rank stages run on it)."""
+        return AnalysedRun(
+            run=dataclasses.replace(self.run, events=events),
+            _unions=self._unions,
+            _partitions=self._partitions,
+        )
 
 
 def _windows_key(steps: pd.DataFrame) -> bytes:
-    """A digest of the windows a partition depends on: rank, step, name, start, end (and dtypes)."""
+    """A digest of the windows a partition depends on: rank, name, start, end (and dtypes); not
+    the step numbers, which the partition only copies."""
     h = hashlib.sha256()
-    for col in ("rank", "step", "start_ns", "end_ns"):
+    for col in ("rank", "start_ns", "end_ns"):
         arr = np.ascontiguousarray(steps[col].to_numpy())
         h.update(f"{col}:{arr.dtype}:{len(arr)};".encode())
         h.update(arr.tobytes())

@@ -123,19 +123,28 @@ def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
     k = kernels[kernels["step"].isin(steps)]
     if not len(k):
         return None
-    seqs: dict[tuple[int, int], tuple[str, ...]] = {}
-    durs: dict[tuple[int, int], np.ndarray] = {}
-    flags: dict[tuple[str, ...], tuple[str, ...]] = {}
-    for (r, st), g in k.groupby(["rank", "step"], sort=True):
-        g = g.sort_values("pos")
-        seq = tuple(g["name"].tolist())
-        seqs[(int(r), int(st))] = seq
-        flags.setdefault(seq, tuple(str(x) for x in g["unit"]))
-        durs[(int(r), int(st))] = g["dur_ns"].to_numpy(np.int64)
-    common, _ = Counter(seqs.values()).most_common(1)[0]
-    keys = [key for key, seq in seqs.items() if seq == common]
-    total = np.asarray(np.sum([durs[key] for key in keys], axis=0, dtype=np.int64))
-    n = len(keys)
+    # one pass over the rows sorted by (rank, step, pos): each (rank, step) is a run of rows, its
+    # sequence the names' codes (the most frequent, ties: the first in (rank, step) order)
+    k = k.sort_values(["rank", "step", "pos"], kind="stable")
+    r = k["rank"].to_numpy(np.int64)
+    s = k["step"].to_numpy(np.int64)
+    names_col = k["name"].to_numpy()
+    if "name_id" in k.columns:  # the names numbered by whoever gathered the ranks' tables
+        codes = k["name_id"].to_numpy(np.int64)
+    else:
+        codes = pd.factorize(k["name"].astype(object).to_numpy())[0]
+    unit = k["unit"].astype(str).to_numpy()
+    dur = k["dur_ns"].to_numpy(np.int64)
+    bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(k)].tolist()
+    spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+    seqs = [tuple(codes[a:b].tolist()) for a, b in spans]
+    common_codes, _ = Counter(seqs).most_common(1)[0]
+    hits = [i for i, seq in enumerate(seqs) if seq == common_codes]
+    a0, b0 = spans[hits[0]]
+    common = tuple(str(x) for x in names_col[a0:b0])
+    flags = {common: tuple(unit[a0:b0].tolist())}
+    total = np.asarray(np.sum([dur[a:b] for a, b in (spans[i] for i in hits)], axis=0, dtype=np.int64))
+    n = len(hits)
     # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split
     # it differently), and so are consecutive attention kernels (a split-KV pass and its combine),
     # so the units align where single kernels would not

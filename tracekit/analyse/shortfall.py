@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
@@ -56,7 +56,6 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.collectives import (
     CollectiveInstances,
     assign_steps,
-    match_collectives,
     require_aligned,
     split_exposed,
 )
@@ -506,76 +505,28 @@ def attribute_run(
     dilation_threshold: float = DEFAULT_THRESHOLD,
     label: str = "run",
     allow_partial: bool = False,
-    matcher: Callable[..., CollectiveInstances] | None = None,
 ) -> RunParts:
-    """Per-step leaf parts of one run (see the module doc). `matcher`: called as
-    `match_collectives` is (the default).
+    """Per-step leaf parts of one run (see the module doc): `tracekit.analyse.plans.attribution_plan`
+    run in this process, the plan every engine runs (`tracekit.engine`: locally, or on Dask with
+    each rank's stages where its events are).
 
-    The pieces (the Dask engine runs the same ones, per rank where the events are):
-    `attribute_setup` (run metadata) -> the step windows -> the matched collectives ->
-    `attribute_rank` per rank (partition, host layers, exposed split, ranks without kernels) ->
-    `assemble_attribution` (step time, per-rank parts, their mean) -> `critical_path` ->
-    `finish_attribution` (path check, dilation)."""
-    from tracekit.analyse.critical_path import path_of_graph, path_timeline
-    from tracekit.analyse.graph import assemble
-    from tracekit.analyse.steps import rank_selectors
+    The pieces: `attribute_setup` (run metadata) -> per rank the step rule and its collective rows
+    -> the step windows -> the matched collectives -> `attribute_rank` per rank (partition, host
+    layers, exposed split, ranks without kernels, graph piece) -> `assemble_attribution` (step
+    time, per-rank parts, their mean) -> the critical path -> `finish_attribution` (path check,
+    dilation)."""
+    from tracekit.analyse.plans import attribution_plan, run_in_process
 
-    ar = AnalysedRun.of(run)  # classified once; its steps, partition and layer unions kept (analysed.py)
-    run = ar.run
-    step_pattern, dq = attribute_setup(run, label, step_pattern)
-    classified = ar.events
-    try:
-        found = ar.steps(step_pattern)
-    except StepError as exc:
-        raise StepError(f"{label}: {exc}") from None
-    dq.merge(found.data_quality)
-    coll = (matcher or match_collectives)(
-        classified,
-        ranks=run.ranks,
-        rank_info=run.rank_info,
-        manifest=run.manifest,
-        allow_partial=allow_partial,
-        steps=found.steps,
-    )
-    dq.merge(coll.data_quality)
-    windows = join_steps(found.steps, coll, label, dq)
-    table = ar.partition(windows)
-    ranks = sorted(int(r) for r in table["rank"].unique())
-    unions = ar.layer_unions(ranks)
-    rows_of = rank_selectors(classified["rank"].to_numpy(np.int64))
-    t_rank = table["rank"].to_numpy(np.int64)
-    m_rank = coll.per_rank["rank"].to_numpy(np.int64)
-    empty = np.zeros(0, dtype=np.int64)
-    offsets = coll.clock.offsets_ns
-    f_rank = windows["rank"].to_numpy(np.int64)
-    pieces = [
-        attribute_rank(
-            classified.iloc[rows_of.get(r, empty)],
-            r,
-            table[t_rank == r],
-            coll.per_rank[m_rank == r],
-            table=table[t_rank == r],
-            unions=unions[r],
-            graph_windows=windows[f_rank == r],
-            offset=int(offsets.get(r, 0)),
-        )
-        for r in ranks
-    ]
-    att = assemble_attribution(pieces, label=label, skip_first=skip_first, dq=dq)
-    graph = assemble([p.graph for p in pieces if p.graph is not None], offsets)
-    path = path_of_graph(graph, path_timeline(p.timeline for p in pieces))
-    return finish_attribution(
-        run,
-        att,
-        path,
-        coll,
-        step_pattern=found.pattern,
-        label=label,
+    ar = AnalysedRun.of(run)  # classified once; its partitions and layer unions shared (analysed.py)
+    plan = attribution_plan(
+        step_pattern=step_pattern,
         skip_first=skip_first,
         dilation_threshold=dilation_threshold,
-        dq=dq,
-        graph=graph,
+        label=label,
+        allow_partial=allow_partial,
     )
+    parts: RunParts = run_in_process(plan, ar)
+    return parts
 
 
 # ------------------------------------------------------------------------------------------

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -209,7 +208,6 @@ def command(
     engine: str | None,
     scheduler: str | None,
     workers: int | None,
-    work_dir: str | None,
 ) -> None:
     """Split every step of a run into compute, memory, collective (exposed), unknown, sync and idle
     time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
@@ -230,23 +228,12 @@ def command(
       tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache
       tracekit breakdown runs/tp64 --engine dask --workers 8 --format json -o b.json
     """
-    from tracekit.analyse.breakdown import breakdown
     from tracekit.engine import Engine, breakdown_paths
-    from tracekit.read import read_run
 
-    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=show_progress())
-    single_file = len(paths) == 1 and Path(paths[0]).is_file()
-    if eng.kind == "dask":
-        result = breakdown_paths(
-            list(paths), eng, step_pattern=step_pattern, skip_first=skip_first, rank=rank, cache=not no_cache
-        )
-    else:
-        run = read_run(
-            list(paths), rank=rank if single_file else None, cache=not no_cache, progress=show_progress()
-        )
-        result = breakdown(
-            run, step_pattern=step_pattern, skip_first=skip_first, rank=None if single_file else rank
-        )
+    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
+    result = breakdown_paths(
+        list(paths), eng, step_pattern=step_pattern, skip_first=skip_first, rank=rank, cache=not no_cache
+    )
 
     emit_result(
         out,

@@ -414,15 +414,7 @@ def emit_result(
 
 
 def engine_options(func: Any) -> Any:
-    """--engine, --scheduler, --workers, --work-dir (tracekit.engine): where the analysis runs."""
-    func = click.option(
-        "--work-dir",
-        type=click.Path(file_okay=False, path_type=str),
-        default=None,
-        metavar="DIR",
-        help="With --engine dask: folder for the per-rank Parquet files, visible to every worker "
-        "(default: a temporary folder, right for --workers; give a shared one with --scheduler).",
-    )(func)
+    """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
     func = click.option(
         "--workers",
         type=click.IntRange(min=1),

@@ -69,7 +69,6 @@ def command(
     engine: str | None,
     scheduler: str | None,
     workers: int | None,
-    work_dir: str | None,
 ) -> None:
     """Write the report of RUN_DIR: the verdict on top with the profiler dilation (the factor the
     shortfall applied, with its interval), per-token times, the shortfall waterfall and each rank's
@@ -96,11 +95,10 @@ def command(
         load_extras,
         load_links,
         report_from_analyses,
-        report_from_dirs,
         write_report,
     )
 
-    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=show_progress())
+    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
 
     if cdn and offline:
         raise click.UsageError("--cdn and --offline contradict each other: give one")
@@ -113,27 +111,16 @@ def command(
         if links
         else "no link probes given: pass a `tracekit compare-links -o FILE.json` result with --links FILE."
     )
-    if eng.kind == "dask":
-        analysed = analyse_dirs(run_dir, baseline, eng, step_pattern=step_pattern)
-        data = report_from_analyses(
-            analysed,
-            run_path=str(run_dir),
-            baseline_path=baseline,
-            links=links_data,
-            links_note=note,
-            title=title,
-            extras=extra_sections,
-        )
-    else:
-        data = report_from_dirs(
-            run_dir,
-            baseline,
-            links=links_data,
-            links_note=note,
-            step_pattern=step_pattern,
-            title=title,
-            extras=extra_sections,
-        )
+    analysed = analyse_dirs(run_dir, baseline, eng, step_pattern=step_pattern)
+    data = report_from_analyses(
+        analysed,
+        run_path=str(run_dir),
+        baseline_path=baseline,
+        links=links_data,
+        links_note=note,
+        title=title,
+        extras=extra_sections,
+    )
     written = write_report(data, outputs, offline=not cdn)
     click.echo(data.verdict)
     click.echo(data.dilation["sentence"])

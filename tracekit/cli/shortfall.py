@@ -409,7 +409,6 @@ def command(
     engine: str | None,
     scheduler: str | None,
     workers: int | None,
-    work_dir: str | None,
 ) -> None:
     """Attribute the per-token shortfall S = TN - T1/N of a tensor-parallel run to compute that did
     not scale, memory, transfer (bytes on the link on GPUs; gloo's exchange on CPU runs) and
@@ -425,32 +424,17 @@ def command(
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json -o s.json
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
-    from tracekit.analyse.shortfall import shortfall
     from tracekit.engine import Engine, shortfall_paths
-    from tracekit.read import read_run
 
-    tty = show_progress()
-    eng = Engine.parse(engine, scheduler, workers, work_dir=work_dir, progress=tty)
-    if eng.kind == "dask":
-        result = shortfall_paths(
-            [baseline],
-            [sharded],
-            eng,
-            step_pattern=step_pattern,
-            skip_first=skip_first,
-            dilation_threshold=dilation_threshold,
-            allow_partial=allow_partial,
-            cache=not no_cache,
-        )
-    else:
-        run_b = read_run([baseline], cache=not no_cache, progress=tty)
-        run_s = read_run([sharded], cache=not no_cache, progress=tty)
-        result = shortfall(
-            run_b,
-            run_s,
-            step_pattern=step_pattern,
-            skip_first=skip_first,
-            dilation_threshold=dilation_threshold,
-            allow_partial=allow_partial,
-        )
+    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
+    result = shortfall_paths(
+        [baseline],
+        [sharded],
+        eng,
+        step_pattern=step_pattern,
+        skip_first=skip_first,
+        dilation_threshold=dilation_threshold,
+        allow_partial=allow_partial,
+        cache=not no_cache,
+    )
     emit_result(out, fmt, result.to_json, lambda width, color: render_table(result, width=width, color=color))

@@ -22,6 +22,7 @@ docs/ARCHITECTURE.md); `tracekit.report` only renders what it is given.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable
@@ -31,8 +32,13 @@ from typing import Any
 
 import orjson
 
+from tracekit.analyse.plans import attribution_plan, breakdown_plan
+from tracekit.analyse.shortfall import shortfall_of_pair
+from tracekit.engine import Engine, pair_check, run_plans
+from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
-from tracekit.report.build import AnalysedRuns, report_from_analyses, top_kernels_json, write_report
+from tracekit.model.events import DataQuality
+from tracekit.report.build import AnalysedRuns, report_from_analyses, write_report
 
 #: presets used when --preset is not given
 CPU_PRESET = "tiny"
@@ -248,11 +254,11 @@ def merge_blocks(
     return last
 
 
-def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None) -> StudyResult:
-    """Capture, analyse and report; returns where everything went and the verdict."""
-    from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.breakdown import breakdown
-    from tracekit.read import read_run
+def run_study(
+    config: StudyConfig, out_dir: Path, progress: StudyProgress | None = None, engine: Engine | None = None
+) -> StudyResult:
+    """Capture, analyse (on `engine`: the local one unless given) and report; returns where
+    everything went and the verdict."""
 
     def tell(stage: str, done: int, total: int, detail: str = "") -> None:
         if progress is not None:
@@ -267,24 +273,43 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
     analyses: dict[str, Path] = {}
     breakdowns: dict[int, dict[str, Any]] = {}
     manifests: dict[int, dict[str, Any] | None] = {}
-    runs: dict[int, Any] = {}
-    for i, tp in enumerate(tps):
-        tell("breakdown", i, len(tps), f"TP={tp}")
-        run = AnalysedRun.of(read_run([run_dirs[tp]]))  # classified once: breakdown, shortfall, report
-        runs[tp] = run
-        breakdowns[tp] = _to_json(breakdown(run, step_pattern=config.step_pattern))
-        manifests[tp] = run.manifest
+    kernels: dict[int, dict[str, Any]] = {}
+    sharded = [tp for tp in tps if tp > 1]
+    paired = 1 in tps and bool(sharded)
+    # every run read once, its plans (breakdown; attribution when there is a pair) on the engine
+    jobs = [
+        Job(
+            (run_dirs[tp],),
+            (breakdown_plan(step_pattern=config.step_pattern),)
+            + ((attribution_plan(label="baseline" if tp == 1 else "sharded"),) if paired else ()),
+        )
+        for tp in tps
+    ]
+
+    def pair_checks(metas: list[Any]) -> dict[int, list[tuple[str, str]]]:
+        if not paired:
+            return {}
+        return {tp: pair_check([metas[tps.index(1)], metas[tps.index(tp)]]) for tp in sharded}
+
+    tell("breakdown", 0, len(tps), f"TP={tps[0]}")
+    results, pair_notes = run_plans(engine, jobs, pair_checks)
+    by_tp = dict(zip(tps, results, strict=True))
+    for tp in tps:
+        res = by_tp[tp]
+        breakdowns[tp] = _to_json(res.results[0].breakdown)
+        kernels[tp] = _to_json(res.results[0].top_kernels)
+        manifests[tp] = res.meta.manifest
         analyses[f"breakdown-tp{tp}"] = _dump(breakdowns[tp], out_dir / f"breakdown-tp{tp}.json")
     tell("breakdown", len(tps), len(tps), "done")
 
     shortfalls: dict[int, dict[str, Any]] = {}
-    sharded = [tp for tp in tps if tp > 1]
-    if 1 in tps and sharded:
-        from tracekit.analyse.shortfall import shortfall
-
+    if paired:
+        base = by_tp[1].results[1]
         for i, tp in enumerate(sharded):
             tell("shortfall", i, len(sharded), f"TP=1 vs TP={tp}")
-            shortfalls[tp] = _to_json(shortfall(runs[1], runs[tp]))
+            # each pair's notes on its own copy of the baseline's data quality
+            own = dataclasses.replace(base, data_quality=DataQuality().merge(base.data_quality))
+            shortfalls[tp] = _to_json(shortfall_of_pair(own, by_tp[tp].results[1], pair_notes[tp]))
             analyses[f"shortfall-tp{tp}"] = _dump(shortfalls[tp], out_dir / f"shortfall-tp{tp}.json")
         tell("shortfall", len(sharded), len(sharded), "done")
     elif sharded:
@@ -324,8 +349,8 @@ def run_study(config: StudyConfig, out_dir: Path, progress: StudyProgress | None
             baseline_breakdown=breakdowns[1] if base else None,
             baseline_manifest=manifests[1] if base else None,
             shortfall=shortfalls.get(tp),
-            top_kernels=top_kernels_json(runs[tp], config.step_pattern),
-            baseline_top_kernels=top_kernels_json(runs[1], config.step_pattern) if base else None,
+            top_kernels=kernels[tp],
+            baseline_top_kernels=kernels[1] if base else None,
         )
         data = report_from_analyses(
             analysed,
@@ -376,8 +401,7 @@ def gpu_reference_verdicts(traces_dir: Path | None = None) -> list[tuple[str, st
     """The verdicts of the committed two-H200 pairs (`GPU_REFERENCE_PAIRS`), labelled: what a study
     on a machine without GPUs shows beside its own gloo verdict. Empty when the traces are not
     there (an installed package without the repository's traces/)."""
-    from tracekit.analyse.shortfall import shortfall
-    from tracekit.read import read_run
+    from tracekit.engine import shortfall_paths
 
     root = traces_dir or Path(__file__).resolve().parents[2] / "traces"
     out = []
@@ -385,7 +409,7 @@ def gpu_reference_verdicts(traces_dir: Path | None = None) -> list[tuple[str, st
         b, s = root / base, root / shard
         if not (b / "manifest.json").is_file() or not (s / "manifest.json").is_file():
             continue
-        sf = shortfall(read_run([b]), read_run([s]))
+        sf = shortfall_paths(b, s)
         out.append(
             (f"{label}: tracekit shortfall --baseline traces/{base} --sharded traces/{shard}", sf.verdict())
         )

@@ -537,6 +537,7 @@ def assemble_run(
     *,
     notes: bool = True,
     counts: tuple[int, int, int, int] | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> Run:
     """The run of per-file Runs (in file order), as `read_run` puts it together after reading:
     ranks numbered for files that name none, Nsight sessions aligned, tables concatenated in rank
@@ -544,13 +545,14 @@ def assemble_run(
     one assembler of both engines: the Dask engine calls it on its per-rank Parquet tables and, with
     empty tables, on the files' metadata alone (`notes=False`: the run-level notes, which read the
     events and hash the files, are left to the call with the events; or `counts`: the events'
-    figures those notes need, summed over the files, see `_note_run_problems`)."""
+    figures those notes need, summed over the files, see `_note_run_problems`). `digests`: the
+    files' SHA-256 where already computed (the Dask engine's read tasks, beside each file)."""
     runs = _number_default_ranks(list(runs))
     runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
     run.manifest = manifest
     if notes:
-        _note_run_problems(run, paths, counts)
+        _note_run_problems(run, paths, counts, digests)
     return run
 
 
@@ -563,7 +565,7 @@ def sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _check_checksums(run: Run) -> None:
+def _check_checksums(run: Run, digests: Mapping[str, str] | None = None) -> None:
     """Each trace file the manifest lists (`files`: name -> {sha256, bytes}, written by the capture)
     is checked against its size and SHA-256; a mismatch (a file changed, replaced or damaged since
     the capture) is noted in data_quality, naming the file."""
@@ -580,7 +582,7 @@ def _check_checksums(run: Run) -> None:
             size = p.stat().st_size
             if isinstance(want.get("bytes"), int) and want["bytes"] != size:
                 bad.append(f"{p.name} ({size} bytes, the manifest says {want['bytes']})")
-            elif sha256_of(p) != want["sha256"].lower():
+            elif ((digests or {}).get(str(src)) or sha256_of(p)) != want["sha256"].lower():
                 bad.append(f"{p.name} (SHA-256 differs)")
         except OSError as exc:
             bad.append(f"{p.name} ({exc.strerror or exc})")
@@ -668,7 +670,10 @@ def _check_gpu_streams(run: Run, counts: tuple[int, int, int] | None = None) -> 
 
 
 def _note_run_problems(
-    run: Run, paths: Sequence[str | os.PathLike[str]], counts: tuple[int, int, int, int] | None = None
+    run: Run,
+    paths: Sequence[str | os.PathLike[str]],
+    counts: tuple[int, int, int, int] | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> None:
     """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link).
@@ -681,7 +686,7 @@ def _note_run_problems(
     dq = run.data_quality
     for key, note in getattr(run.manifest, "notes", []):
         dq.add(key, 1, note)
-    _check_checksums(run)
+    _check_checksums(run, digests)
     _check_gpu_streams(run, None if counts is None else (counts[1], counts[2], counts[3]))
     wl = (run.manifest or {}).get("workload")
     tp = wl.get("tp") if isinstance(wl, dict) else None

@@ -1,0 +1,443 @@
+"""Analyses as plans: per-rank stages and run-level combines, run by any executor (issue 27).
+
+A `Plan` is what one analysis of one run needs, said once:
+
+- `start(meta)`: on the client, from the run's metadata (a `Run` whose events may be empty):
+  the plan's client-side state and the first stage's argument;
+- `stages`: in order, each either
+  - a `RankStage`: `rank(RankInput, arg)` per rank where the rank's events are (the heavy work:
+    steps, partitions, per-rank graph pieces), returning something small, then
+    `combine(state, {rank: result})` on the client (cheap), returning the next stage's argument:
+    one value for every rank, or a `PerRank` mapping (a rank not in it is skipped);
+  - a `Reduce`: `fn([kept value of every rank, in rank order], arg)` in one task (on a worker,
+    next to the ranks' values, not on the client), then `then(state, result)`;
+- `finish(state, arg)`: on the client, the analysis result.
+
+A rank stage may keep values for later stages in `RankInput.keep` (its dependency-graph piece,
+for the critical path's `Reduce`): they stay where the rank's events are.
+
+`run_in_process(plan, run)` runs a plan in this process on a `Run` in memory (what
+`tracekit.analyse.shortfall.attribute_run` does); `tracekit.engine` runs the same plans locally
+(`read_run` and this) or on Dask (`tracekit.engine.dask_engine`: one task per rank file and stage,
+the rank's events held in the worker's memory from the read on).
+
+The plans: `attribution_plan` (`shortfall.attribute_run`: one run's per-step parts and critical
+path) and `breakdown_plan` (`breakdown.breakdown`, with the report's top kernels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.analysed import AnalysedRun
+from tracekit.errors import StepError
+from tracekit.model.events import DataQuality, Run
+
+__all__ = [
+    "PerRank",
+    "Plan",
+    "RankInput",
+    "RankStage",
+    "Reduce",
+    "attribution_plan",
+    "breakdown_plan",
+    "run_in_process",
+    "split_ranks",
+]
+
+
+@dataclass
+class RankInput:
+    """One rank's share of a plan's run: its classified events (their index: the row labels of
+    the run's table), their `AnalysedRun` (its partitions and layer unions kept for every plan of
+    the call) and what earlier stages kept for it."""
+
+    rank: int
+    analysed: AnalysedRun
+    keep: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def events(self) -> pd.DataFrame:
+        return self.analysed.events
+
+    def layer_unions(self) -> Any:
+        return self.analysed.layer_unions([self.rank])[self.rank]
+
+
+class PerRank(dict[int, Any]):
+    """A stage argument that differs per rank (a rank not in it is skipped by that stage)."""
+
+
+@dataclass(frozen=True)
+class RankStage:
+    name: str
+    rank: Callable[[RankInput, Any], Any]
+    combine: Callable[[Any, dict[int, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Reduce:
+    name: str
+    key: str  # the value every rank kept (`RankInput.keep[key]`; ranks without it are left out)
+    fn: Callable[[list[Any], Any], Any]
+    then: Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    start: Callable[[Run], tuple[Any, Any]]
+    stages: tuple[RankStage | Reduce, ...]
+    finish: Callable[[Any, Any], Any]
+    only_rank: int | None = None  # the plan reads only this rank's events
+
+
+def split_ranks(run: Run | AnalysedRun, only: int | None = None) -> dict[int, RankInput]:
+    """The run's classified table as per-rank inputs (rank order; the row labels kept), each on
+    an `AnalysedRun` sharing the run's kept partitions and layer unions."""
+    from tracekit.analyse.steps import rank_selectors
+
+    ar = AnalysedRun.of(run)
+    events = ar.events
+    out = {}
+    for r, sel in sorted(rank_selectors(events["rank"].to_numpy(np.int64)).items()):
+        if only is None or r == only:
+            out[int(r)] = RankInput(int(r), ar.of_rank(int(r), events.iloc[sel]))
+    return out
+
+
+def arg_for(arg: Any, rank: int) -> tuple[bool, Any]:
+    """(whether `rank` runs the stage, its argument)."""
+    if isinstance(arg, PerRank):
+        return (rank in arg), arg.get(rank)
+    return True, arg
+
+
+def run_rank_stage(stage: RankStage, ranks: Mapping[int, RankInput], arg: Any) -> dict[int, Any]:
+    """A rank stage over some ranks (one rank file's, or the run's)."""
+    out = {}
+    for r, inp in ranks.items():
+        go, a = arg_for(arg, r)
+        if go:
+            out[r] = stage.rank(inp, a)
+    return out
+
+
+def kept(ranks: Mapping[int, RankInput], key: str) -> dict[int, Any]:
+    return {r: inp.keep[key] for r, inp in ranks.items() if key in inp.keep}
+
+
+def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankInput] | None = None) -> Any:
+    """The plan on `run` in this process (its per-rank stages on `split_ranks(run)`)."""
+    if ranks is None:
+        ranks = split_ranks(run, plan.only_rank)
+    state, arg = plan.start(run.run if isinstance(run, AnalysedRun) else run)
+    for stage in plan.stages:
+        if isinstance(stage, RankStage):
+            arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+        else:
+            values = kept(ranks, stage.key)
+            arg = stage.then(state, stage.fn([values[r] for r in sorted(values)], arg))
+    return plan.finish(state, arg)
+
+
+# ------------------------------------------------------------------------------------------
+# the attribution of one run (tracekit.analyse.shortfall.attribute_run)
+
+
+#: collective levels, best first (`select_collective_events` takes the first the run has)
+_LEVELS = ("gpu_kernel", "gloo", "host_op", "none")
+
+
+@dataclass
+class _Attribution:
+    meta: Run
+    label: str
+    skip_first: int
+    threshold: float
+    allow_partial: bool
+    pattern: str | None = None
+    dq: DataQuality = field(default_factory=DataQuality)
+    coll_rows: list[pd.DataFrame] = field(default_factory=list)
+    choice: Any = None
+    found: Any = None
+    coll: Any = None
+    att: Any = None
+    path: Any = None
+    graph: Any = None
+
+
+def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
+    """Per rank: which step rules it matches, and its collective rows at its best level
+    (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
+    its own best level)."""
+    from tracekit.analyse.collectives import select_collective_events
+    from tracekit.analyse.steps import rank_step_summary
+
+    sel, level = select_collective_events(inp.events)
+    rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
+    return rank_step_summary(inp.events, pattern), level, rows
+
+
+def _att_windows(inp: RankInput, choice: Any) -> Any:
+    from tracekit.analyse.steps import rank_step_windows
+
+    return rank_step_windows(inp.events, choice)
+
+
+def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> Any:
+    """Per rank: `shortfall.attribute_rank`; its graph piece is kept for the path's Reduce."""
+    from tracekit.analyse.shortfall import attribute_rank
+
+    windows, matched, offset = arg
+    piece = attribute_rank(
+        inp.events,
+        inp.rank,
+        windows,
+        matched,
+        table=inp.analysed.partition(windows),
+        unions=inp.layer_unions(),
+        graph_windows=windows,
+        offset=offset,
+    )
+    if piece.graph is not None:
+        inp.keep["graph"] = piece.graph
+    piece.graph = None
+    if piece.kernels is not None:  # each kernel name once, not once per step (what travels)
+        piece.kernels = piece.kernels.assign(name=piece.kernels["name"].astype("category"))
+    return piece
+
+
+def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
+    """The run's dependency graph from the ranks' pieces (`graph.assemble`) and the critical path
+    walked on it (`critical_path.path_of_graph`); the graph is kept for the profiler correction."""
+    from tracekit.analyse.critical_path import path_of_graph
+    from tracekit.analyse.graph import assemble
+
+    offsets, timeline = arg
+    graph = assemble(graphs, offsets)
+    return path_of_graph(graph, timeline), graph
+
+
+def attribution_plan(
+    *,
+    step_pattern: str | None = None,
+    skip_first: int = 1,
+    dilation_threshold: float | None = None,
+    label: str = "run",
+    allow_partial: bool = False,
+) -> Plan:
+    """`shortfall.attribute_run` as a plan: per rank the step rule and collective rows, the
+    windows, `attribute_rank`; on the client `attribute_setup`, `choose_step_rule`,
+    `assemble_steps`, `match_collectives` (on the collective rows only), `join_steps`,
+    `assemble_attribution`; the critical path in one Reduce; `finish_attribution`."""
+    from tracekit.analyse.dilation import DEFAULT_THRESHOLD
+
+    threshold = DEFAULT_THRESHOLD if dilation_threshold is None else dilation_threshold
+
+    def start(meta: Run) -> tuple[_Attribution, Any]:
+        from tracekit.analyse.shortfall import attribute_setup
+
+        st = _Attribution(meta, label, skip_first, threshold, allow_partial)
+        st.pattern, st.dq = attribute_setup(meta, label, step_pattern)
+        return st, st.pattern
+
+    def after_rule(st: _Attribution, got: dict[int, Any]) -> Any:
+        from tracekit.analyse.steps import choose_step_rule
+
+        try:
+            st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
+        except StepError as exc:
+            raise StepError(f"{st.label}: {exc}") from None
+        level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
+        st.coll_rows = [got[r][2] for r in sorted(got) if got[r][1] == level]
+        return st.choice
+
+    def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
+        from tracekit.analyse.collectives import match_collectives
+        from tracekit.analyse.shortfall import join_steps
+        from tracekit.analyse.steps import assemble_steps
+        from tracekit.model.events import empty_events
+
+        try:
+            st.found = assemble_steps(st.choice, [got[r] for r in sorted(got)])
+        except StepError as exc:
+            raise StepError(f"{st.label}: {exc}") from None
+        st.dq.merge(st.found.data_quality)
+        frames = [rows for rows in st.coll_rows if len(rows)]
+        coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
+        st.coll = match_collectives(
+            coll_events,
+            ranks=st.meta.ranks,
+            rank_info=st.meta.rank_info,
+            manifest=st.meta.manifest,
+            allow_partial=st.allow_partial,
+            steps=st.found.steps,
+        )
+        st.dq.merge(st.coll.data_quality)
+        windows = join_steps(st.found.steps, st.coll, st.label, st.dq)
+        offsets = st.coll.clock.offsets_ns
+        w_rank = windows["rank"].to_numpy(np.int64)
+        m_rank = st.coll.per_rank["rank"].to_numpy(np.int64)
+        return PerRank(
+            {
+                int(r): (windows[w_rank == r], st.coll.per_rank[m_rank == r], int(offsets.get(r, 0)))
+                for r in sorted(set(w_rank.tolist()))
+            }
+        )
+
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str]:
+        from tracekit.analyse.critical_path import path_timeline
+        from tracekit.analyse.shortfall import assemble_attribution
+
+        pieces = [got[r] for r in sorted(got)]
+        ids: dict[str, int] = {}  # the run's kernel names numbered (`kernel_scaling.canonical`)
+        for p in pieces:
+            if p.kernels is not None and isinstance(p.kernels["name"].dtype, pd.CategoricalDtype):
+                names = p.kernels["name"]
+                to_id = np.asarray(
+                    [ids.setdefault(str(c), len(ids)) for c in names.cat.categories], dtype=np.int64
+                )
+                p.kernels = p.kernels.assign(
+                    name=names.astype(object), name_id=to_id[names.cat.codes.to_numpy()] if len(to_id) else 0
+                )
+        st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
+        offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
+        return offsets, path_timeline(p.timeline for p in pieces)
+
+    def after_path(st: _Attribution, got: tuple[Any, Any]) -> None:
+        st.path, st.graph = got
+
+    def finish(st: _Attribution, _arg: Any) -> Any:
+        from tracekit.analyse.shortfall import finish_attribution
+
+        return finish_attribution(
+            st.meta,
+            st.att,
+            st.path,
+            st.coll,
+            step_pattern=st.found.pattern,
+            label=st.label,
+            skip_first=st.skip_first,
+            dilation_threshold=st.threshold,
+            dq=st.dq,
+            graph=st.graph,
+        )
+
+    return Plan(
+        "attribution",
+        start,
+        (
+            RankStage("rule", _att_rule, after_rule),
+            RankStage("windows", _att_windows, after_windows),
+            RankStage("attribute", _att_rank, after_ranks),
+            Reduce("path", "graph", _att_path, after_path),
+        ),
+        finish,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# the breakdown of one run (tracekit.analyse.breakdown.breakdown) and its top kernels
+
+
+@dataclass
+class BreakdownResult:
+    breakdown: Any
+    top_kernels: Any = None
+
+
+@dataclass
+class _Breakdown:
+    meta: Run
+    pattern: str | None
+    skip_first: int
+    rank: int | None
+    choice: Any = None
+
+
+def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
+    from tracekit.analyse.steps import rank_step_summary
+
+    return rank_step_summary(inp.events, pattern)
+
+
+def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
+    """Per rank: its windows under the run's rule, its partition after the warm-up with the
+    compute split, its event figures and its kernel sums."""
+    from tracekit.analyse.breakdown import rank_breakdown_table, rank_events
+    from tracekit.analyse.kernels import rank_kernel_sums
+    from tracekit.analyse.steps import rank_step_windows
+
+    choice, skip_first = arg
+    win = rank_step_windows(inp.events, choice)
+    table, dropped = rank_breakdown_table(inp.analysed, win.rows, skip_first)
+    return (
+        win,
+        table,
+        dropped,
+        rank_events(inp.events, inp.rank),
+        rank_kernel_sums(inp.events, win.rows, inp.rank),
+    )
+
+
+def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank: int | None = None) -> Plan:
+    """`breakdown.breakdown` as a plan (with `kernels.assemble_top_kernels`): per rank the step
+    rule's summary, then windows, partition, compute split and event figures; on the client
+    `choose_step_rule`, `assemble_steps`, `assemble_breakdown`. Returns a `BreakdownResult`."""
+    if skip_first < 0:
+        raise StepError(f"skip_first must be >= 0, not {skip_first}")
+
+    def start(meta: Run) -> tuple[_Breakdown, Any]:
+        if rank is not None and rank not in meta.sources:
+            have = ", ".join(str(r) for r in meta.ranks) or "none"
+            raise StepError(f"rank {rank} is not in this run (ranks: {have})")
+        return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
+
+    def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
+        from tracekit.analyse.steps import choose_step_rule
+
+        st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
+        return st.choice, st.skip_first
+
+    def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
+        from tracekit.analyse.breakdown import assemble_breakdown
+        from tracekit.analyse.kernels import assemble_top_kernels
+        from tracekit.analyse.steps import assemble_steps
+
+        pieces = [got[r] for r in sorted(got)]
+        found = assemble_steps(st.choice, [p[0] for p in pieces])
+        tables = []
+        for _win, table, _d, ev, _k in pieces:  # the run's step numbers on each rank's kept windows
+            final = found.steps.loc[found.steps["rank"] == ev.rank, "step"].to_numpy(np.int64)
+            tables.append(table.assign(step=final[len(final) - len(table) :]))
+        if any(len(t) for t in tables):
+            table = pd.concat(tables, ignore_index=True)
+        elif pieces:
+            table = pieces[0][1]
+        else:
+            raise StepError("the trace holds no timed events: there is no window to break down")
+        bd = assemble_breakdown(
+            st.meta,
+            found,
+            table,
+            [p[3] for p in pieces],
+            skip_first=st.skip_first,
+            dropped=sum(p[2] for p in pieces),
+            rank=st.rank,
+        )
+        top = assemble_top_kernels([p[4] for p in pieces if p[4] is not None], found.steps)
+        return BreakdownResult(bd, top)
+
+    return Plan(
+        "breakdown",
+        start,
+        (RankStage("rule", _bd_rule, after_rule), RankStage("ranks", _bd_rank, after_ranks)),
+        lambda _st, res: res,
+        only_rank=rank,
+    )
