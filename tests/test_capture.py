@@ -501,16 +501,21 @@ def test_last_profiled_step_is_not_an_outlier_when_new_kv_lengths_are_slow(
     from tracekit.capture import decoder, runner
 
     seen: set[int] = set()
-    orig = decoder.TPDecoder._attention
+    # both decoder implementations (the default fused one and legacy) attend through one method each,
+    # (self, i, layer, h, pos, ...): the penalty is paid in whichever the capture runs
+    for meth in ("_attention", "_attention_fused"):
+        orig = getattr(decoder.TPDecoder, meth)
 
-    def slow_first_time(self: Any, i: int, layer: Any, h: Any, pos: int) -> Any:
-        length = pos + h.shape[1]
-        if length not in seen:
-            seen.add(length)
-            _time.sleep(_FIRST_SEEN_PENALTY_S)
-        return orig(self, i, layer, h, pos)
+        def slow_first_time(
+            self: Any, i: int, layer: Any, h: Any, pos: int, *rest: Any, _o: Any = orig
+        ) -> Any:
+            length = int(pos) + h.shape[1]
+            if length not in seen:
+                seen.add(length)
+                _time.sleep(_FIRST_SEEN_PENALTY_S)
+            return _o(self, i, layer, h, pos, *rest)
 
-    monkeypatch.setattr(decoder.TPDecoder, "_attention", slow_first_time)
+        monkeypatch.setattr(decoder.TPDecoder, meth, slow_first_time)
     cfg = CaptureConfig(tp=1, tokens=6, warmup=1, device="cpu", mode="cpu")
     res = runner.resolve(cfg)
     runner._rank_main(0, 1, 0, cfg, res, tmp_path, None)

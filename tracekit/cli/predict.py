@@ -63,7 +63,7 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
     return console.export_text(styles=color)
 
 
-@click.command("predict")
+@click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--shard",
     "shards",

@@ -31,6 +31,9 @@ class AdviseOption(Doc, kw_only=True):
     instances: int | None
     status: str | None
     per_token_latency_ns: int | None
+    #: predicted rows: the no-overlap bound (bytes / bandwidth + flops / matrix peak, summed), beside
+    #: the max-of-the-two prediction; null on measured rows (absent in older documents)
+    per_token_latency_no_overlap_ns: int | None | UnsetType = UNSET
     tokens_per_s: float | None
     tokens_per_s_per_instance: float | None
     memory_per_gpu_bytes: AdviseMemoryPerGpuBytes | None
