@@ -149,20 +149,38 @@ class _Builder:
     ) -> None:
         self.e.append((s, d, int(lat), role, kind, seg, calls, ops, cidx))
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        e = np.asarray(self.e, dtype=np.int64).reshape(-1, 9)
-        return {
-            "t": np.asarray(self.t, dtype=np.int64),
-            "src": e[:, 0].copy(),
-            "dst": e[:, 1].copy(),
-            "lat": e[:, 2].copy(),
-            "role": e[:, 3].copy(),
-            "kind": e[:, 4].copy(),
-            "seg": e[:, 5].copy(),
-            "calls": e[:, 6].copy(),
-            "ops": e[:, 7].copy(),
-            "cidx": e[:, 8].copy(),
-        }
+    def arrays(self) -> dict[str, Any]:
+        return {"t": np.asarray(self.t, dtype=np.int64), **_edge_columns(np.asarray(self.e, dtype=np.int64))}
+
+
+#: the columns of an edge row (src, dst, lat, role, kind, seg, calls, ops, cidx), as RankGraph holds them
+_EDGE_COLUMNS = ("src", "dst", "lat", "role", "kind", "seg", "calls", "ops", "cidx")
+
+
+def _edge_columns(e: np.ndarray) -> dict[str, Any]:
+    """RankGraph's edge arrays from an [n, 9] table of edge rows."""
+    e = e.reshape(-1, len(_EDGE_COLUMNS))
+    return {c: e[:, i].copy() for i, c in enumerate(_EDGE_COLUMNS)}
+
+
+def _matched_arrays(
+    c_begin: list[int],
+    c_end: list[int],
+    c_inst: list[int],
+    c_x: list[int],
+    c_op: list[str],
+    c_bytes: list[int],
+) -> dict[str, Any]:
+    """RankGraph's matched-collective fields from the builders' per-collective lists."""
+    i64 = np.int64
+    return {
+        "c_begin": np.asarray(c_begin, dtype=i64),
+        "c_end": np.asarray(c_end, dtype=i64),
+        "c_inst": np.asarray(c_inst, dtype=i64),
+        "c_x": np.asarray(c_x, dtype=i64),
+        "c_op": c_op,
+        "c_bytes": np.asarray(c_bytes, dtype=i64),
+    }
 
 
 def _coll_lookup(matched: pd.DataFrame) -> dict[tuple[int, int], tuple[int, int, str]]:
@@ -676,26 +694,13 @@ def _gpu_rank(
         steps=steps,
         ws_node=ws_node,
         end_nodes=end_nodes,
-        c_begin=np.asarray(c_begin, dtype=np.int64),
-        c_end=np.asarray(c_end, dtype=np.int64),
-        c_inst=np.asarray(c_inst, dtype=np.int64),
-        c_x=np.asarray(c_x, dtype=np.int64),
-        c_op=c_op,
-        c_bytes=np.asarray(c_bytes, dtype=np.int64),
+        **_matched_arrays(c_begin, c_end, c_inst, c_x, c_op, c_bytes),
         origin=origin,
         notes=notes,
         rho_typ=rho_typ,
         q_typ=q_typ,
         t=t_now,
-        src=e[:, 0].copy(),
-        dst=e[:, 1].copy(),
-        lat=e[:, 2].copy(),
-        role=e[:, 3].copy(),
-        kind=e[:, 4].copy(),
-        seg=e[:, 5].copy(),
-        calls=e[:, 6].copy(),
-        ops=e[:, 7].copy(),
-        cidx=e[:, 8].copy(),
+        **_edge_columns(e),
     )
 
 
@@ -861,23 +866,9 @@ def _host_rank(
         steps=steps,
         ws_node=ws_node,
         end_nodes=end_nodes,
-        c_begin=np.asarray(c_begin, dtype=np.int64),
-        c_end=np.asarray(c_end, dtype=np.int64),
-        c_inst=np.asarray(c_inst, dtype=np.int64),
-        c_x=np.asarray(c_x, dtype=np.int64),
-        c_op=c_op,
-        c_bytes=np.asarray(c_bytes, dtype=np.int64),
+        **_matched_arrays(c_begin, c_end, c_inst, c_x, c_op, c_bytes),
         origin=origin,
-        t=arr["t"],
-        src=arr["src"],
-        dst=arr["dst"],
-        lat=arr["lat"],
-        role=arr["role"],
-        kind=arr["kind"],
-        seg=arr["seg"],
-        calls=arr["calls"],
-        ops=arr["ops"],
-        cidx=arr["cidx"],
+        **arr,
     )
 
 
