@@ -322,23 +322,15 @@ class ReportManifest(Doc, kw_only=True):
     command: str
 
 
-class ReportPerRankItem_(Doc, kw_only=True):
-    rank: int
-    terms_ns: dict[str, int]
-    coordination_ns: dict[str, int]
+class ReportPerRankItem_(ShortfallPerRankItem, kw_only=True):
+    """The shortfall's per-rank item, with each term's share of the rank's total."""
+
     shares: dict[str, float]
-    own_window_ns: int
-    pad_ns: int
 
 
-class ReportByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
-    total_ns: int
+class ReportByRankValue(ShortfallByRankValue, kw_only=True):
+    """The shortfall's path-by-rank value, with its share of the step."""
+
     share_of_step: float
 
 
