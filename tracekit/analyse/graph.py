@@ -1033,9 +1033,9 @@ class _Forward:
     block (not yet known): the block is iterated from below (unknown = `_FLOOR`) until the sources
     of its inside edges stop changing, the least fixpoint, which on a DAG is the longest-path time
     of every node; a few iterations (the chain changes along a binding path inside the block).
-    Inside a block the nodes are laid out by their index along their chain piece, longest pieces
-    first, so each step of the cumulative maximum is one contiguous slice for every piece and
-    every latency column at once. Integer ns; the same numbers as the node-by-node pass
+    Inside a block each chain piece is one contiguous run of rows, and the cumulative maximum of
+    every piece and every latency column at once is log2(longest piece) doubling steps of whole
+    arrays (`_piece_cummax`). Integer ns; the same numbers as the node-by-node pass
     (`times_reference`)."""
 
     def __init__(self, g: Graph, block: int = FORWARD_BLOCK) -> None:
@@ -1075,20 +1075,14 @@ class _Forward:
         starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
         piece = np.cumsum(starts) - 1
         p_start = np.flatnonzero(starts)
-        p_len = np.diff(np.append(p_start, n))
         j = np.arange(n) - p_start[piece]  # index along its piece
-        p_blk = pb[p_start]
-        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
-        rank = np.empty(len(so), dtype=np.int64)
-        sb = p_blk[so]
-        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
-        final = np.lexsort((rank[piece], j, pb))  # block, index along the piece, longest first
-        self.nodes = by_piece[final]
+        # the layout: block by block, each block's chain pieces one after the other (by_piece),
+        # so a piece is one contiguous run of rows and its cumulative maximum one segment
+        self.nodes = by_piece
         pos = np.empty(n, dtype=np.int64)
         pos[self.nodes] = np.arange(n)
         self.n, self.n_src, self.pos = n, n_src, pos
-        # the prefix sums D along each piece, in piece order
-        self.pc_pos = pos[by_piece]
+        # the prefix sums D along each piece, in layout order
         self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
         self.pc_start = p_start[piece]
         # the other edges, grouped per block: from earlier blocks, then inside the block
@@ -1100,15 +1094,15 @@ class _Forward:
         ek = ek[np.lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]))]
         self.eperm = ek
         cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
-        j_at = j[final]
         self.blocks: list[tuple[Any, ...]] = []
         for bi in range(n_blk):
             a, b = int(bounds[bi]), int(bounds[bi + 1])
             e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
-            jb = j_at[a:b]
-            width = int(jb.max()) + 1
-            offs = np.searchsorted(jb, np.arange(width + 1)).tolist()
-            cols = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, width)]
+            jb = j[a:b]  # each row's index along its piece
+            steps, k = [], 1
+            while k <= int(jb.max()):  # the doubling steps of the pieces' running maximum
+                steps.append((k, (jb[k:] >= k)[:, None]))
+                k *= 2
             self.blocks.append(
                 (
                     a,
@@ -1120,7 +1114,7 @@ class _Forward:
                     self._groups(e_d[ek[e0:e1]] - a),
                     e_s[ek[e1:e2]] - a,
                     self._groups(e_d[ek[e1:e2]] - a),
-                    cols,
+                    steps,
                 )
             )
 
@@ -1146,12 +1140,11 @@ class _Forward:
             lp[:, i] = lat[self.eperm]
         np.cumsum(cs, axis=1, out=cs)
         cs -= cs[:, self.pc_start]
-        d_all = np.empty((n, n_c), dtype=np.int64)
-        d_all[self.pc_pos] = cs.T
+        d_all = np.ascontiguousarray(cs.T)
         del cs
         t = np.empty((n, n_c), dtype=np.int64)
         t[: self.n_src] = t0[self.nodes[: self.n_src], None]
-        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, cols in self.blocks:
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, steps in self.blocks:
             r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
             if x_grp is not None:
                 r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
@@ -1159,8 +1152,7 @@ class _Forward:
             r, l_in, seen = r_out, lp[e1:e2], None
             while True:
                 x = r - d
-                for q0, q1, p0 in cols:
-                    mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                _piece_cummax(x, steps)
                 x += d
                 mx(x, _FLOOR, out=x)
                 if i_grp is None:
@@ -1173,6 +1165,19 @@ class _Forward:
                 r[i_grp[1]] = mx(r[i_grp[1]], red(s_new + l_in, i_grp[0], axis=0))
             t[a:b] = x
         return t[self.pos if at is None else self.pos[at]]
+
+
+_I64_MIN = np.iinfo(np.int64).min
+
+
+def _piece_cummax(x: np.ndarray, steps: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """The running maximum of `x` (rows, C) down each chain piece (a piece's rows contiguous),
+    column by column, in place: log2(longest piece) doubling steps, each row taking the larger
+    of itself and the row `k` above when that row is of its piece (`steps`: (k, that mask
+    (rows - k, 1))). Exact on any int64 values."""
+    for k, same in steps:
+        np.maximum(x[k:], np.where(same, x[:-k], _I64_MIN), out=x[k:])
+    return x
 
 
 def times_reference(g: Graph, lat: np.ndarray | None = None) -> np.ndarray:
