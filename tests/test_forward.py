@@ -33,7 +33,7 @@ def _random_latencies(g: G.Graph, seed: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK])
+@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK, G.FORWARD_BLOCK_NARROW])
 def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, block: int) -> None:
     g, _ends = graph_of(SPECS[name])
     lats = [g.lat, *_random_latencies(g, seed=block)]

@@ -923,14 +923,14 @@ class Graph:
         Exact integer arithmetic, the same numbers as one `times` call per column (the
         forward pass of `_Forward`)."""
         lat_a = np.asarray(lat, dtype=np.int64)
-        return self._forward.run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
+        return self._forward(lat_a.shape[1]).run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
 
     def periods_of(self, lats: Sequence[np.ndarray]) -> np.ndarray:
         """`periods(times(lat))` for each of the latency vectors `lats`: (steps, len(lats)),
         without holding every node's time for every vector."""
         flat, starts = self._end_index
         ws_flat = self.ws_node.reshape(-1)
-        sel = self._forward.run(list(lats), self.t, np.concatenate((ws_flat, flat)))
+        sel = self._forward(len(lats)).run(list(lats), self.t, np.concatenate((ws_flat, flat)))
         ws = sel[: len(ws_flat)].reshape(*self.ws_node.shape, len(lats))
         if len(flat):
             we = np.maximum.reduceat(sel[len(ws_flat) :], starts, axis=0).reshape(ws.shape)
@@ -943,12 +943,14 @@ class Graph:
             out[1:] = np.diff(end, axis=0)
         return out
 
-    @property
-    def _forward(self) -> _Forward:
-        fw = self.__dict__.get("_fw")
+    def _forward(self, n_cols: int) -> _Forward:
+        """The forward pass for `n_cols` latency columns: blocks of `FORWARD_BLOCK_NARROW` nodes
+        for a few columns (the correction's one-setting replays), `FORWARD_BLOCK` for more."""
+        key = "_fw1" if n_cols <= FORWARD_NARROW_COLS else "_fw"
+        fw = self.__dict__.get(key)
         if fw is None:
-            fw = _Forward(self)
-            self.__dict__["_fw"] = fw
+            fw = _Forward(self, FORWARD_BLOCK_NARROW if key == "_fw1" else FORWARD_BLOCK)
+            self.__dict__[key] = fw
         return fw
 
     def windows(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -992,7 +994,7 @@ class Graph:
 
     def __getstate__(self) -> dict[str, Any]:
         # the forward pass and the end index are rebuilt on use (not shipped to Dask workers)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_ends")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_fw1", "_ends")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -1003,8 +1005,16 @@ class Graph:
 
 #: Lower bound of every replayed time (a node not reached yet in the fixpoint iteration).
 _FLOOR = -(1 << 62)
-#: Nodes per block of the forward pass (measured: 256-1024 are within 10% on the benchmark).
+#: Nodes per block of the forward pass: per block the pass is a few array operations per
+#: iteration, so larger blocks cost less for one column and more for many (the h200-tp2 graph,
+#: 117k nodes: one column 0.040 s at 512, 0.021 s at 2048; 32 columns 0.32 s at 512, 0.42 s at 2048)
 FORWARD_BLOCK = 512
+FORWARD_BLOCK_NARROW = 2048
+#: at most this many columns take the narrow pass's larger blocks
+FORWARD_NARROW_COLS = 4
+#: rounds of the chain parents' choice (module `_Forward`): each gives the nodes whose edge lost
+#: their next one; what is left after them is not chained (exact either way, only slower)
+CHAIN_ROUNDS = 8
 # which edges may chain two nodes (host program order first, then stream order, then through a
 # rendezvous); the edges that can be disabled (NEVER) never chain
 _CHAIN_PRIORITY = np.full(32, 99, dtype=np.int64)
@@ -1050,17 +1060,28 @@ class _Forward:
         tpos[topo] = np.arange(n)
         n_src = len(sources)
         # chain parents: per node its first in-edge of the best priority, then per source node
-        # one chain child (the earliest in topological order)
+        # one chain child (the earliest in topological order); a node whose edge lost to another
+        # child of that source tries its next edge whose source has no child yet, round by round
+        # (a CUDA-graph replay's operations all queue after the operation before the replay: one
+        # of them chains there, each other one to its in-graph predecessor; unchained, every
+        # operation would cost the block one more iteration)
         prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
-        cand = np.flatnonzero(prio < 99)
-        c = cand[np.lexsort((cand, prio[cand], dst[cand]))]
-        c = c[_first_of_runs(dst[c])]
-        c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
-        c = c[_first_of_runs(src[c])]
+        left = np.flatnonzero(prio < 99)
         pedge = np.full(n, -1, dtype=np.int64)
-        pedge[dst[c]] = c
+        has_child = np.zeros(n, dtype=bool)
+        for _ in range(CHAIN_ROUNDS):
+            c = left[np.lexsort((left, prio[left], dst[left]))]
+            c = c[_first_of_runs(dst[c])]
+            c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+            c = c[_first_of_runs(src[c])]
+            pedge[dst[c]] = c
+            has_child[src[c]] = True
+            left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
+            if not len(left):
+                break
+        c = np.flatnonzero(pedge >= 0)
         root = np.arange(n)
-        root[dst[c]] = src[c]
+        root[c] = src[pedge[c]]
         while True:  # pointer jumping to each chain's head
             nr = root[root]
             if np.array_equal(nr, root):
@@ -1406,13 +1427,15 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     ws, we = g.windows(t)
     step_ns = (we - ws).max(axis=0)
     ranks = g.ranks
-    src, ptr = g.src, g.indptr
+    # the walk visits one node at a time: Python lists (numpy's scalar indexing costs ~3x more)
+    t_l, src, ptr, lat_l = t.tolist(), g.src.tolist(), g.indptr.tolist(), np.asarray(lat).tolist()
+    erank, kind, role, node_rank = g.erank.tolist(), g.kind.tolist(), g.role.tolist(), g.node_rank.tolist()
 
     def binding(n: int) -> int:
-        a, b = int(ptr[n]), int(ptr[n + 1])
-        tn = int(t[n])
+        a, b = ptr[n], ptr[n + 1]
+        tn = t_l[n]
         for kk in range(a, b):
-            if int(t[src[kk]]) + int(lat[kk]) == tn:
+            if t_l[src[kk]] + lat_l[kk] == tn:
                 return kk
         if a == b:
             return -1
@@ -1434,18 +1457,18 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                 if e < 0:
                     n = -1
                     break
-                ts = int(t[src[e]])
+                ts = t_l[src[e]]
                 if ts < t_end:
                     hi = t_end
                     break
-                n, hi = int(src[e]), ts
+                n, hi = src[e], ts
         last_rank = ranks[i_end]
         if n < 0:
             nodes = g.end_nodes[i_end][k]
             n = int(nodes[np.argmax(t[nodes])])
             hi = int(t[n])
-        elif int(g.node_rank[n]) >= 0:
-            last_rank = int(g.node_rank[n])
+        elif node_rank[n] >= 0:
+            last_rank = node_rank[n]
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
         segs: list[tuple[int, int, int, int, str, int]] = []
@@ -1455,21 +1478,21 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
             if e < 0:
                 ended = True
                 break
-            ts = int(t[src[e]])
+            ts = t_l[src[e]]
             piece = hi - max(ts, limit)
-            r = int(g.erank[e])
+            r = erank[e]
             if piece > 0:
-                acc[r][int(g.kind[e])] += piece
+                acc[r][kind[e]] += piece
                 if r != last_rank:
                     hops += 1
                     last_rank = r
                 off = g.offsets.get(r, 0)
-                is_x = int(g.role[e]) == ROLE_XFER
+                is_x = role[e] == ROLE_XFER
                 segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
             if ts < limit:
                 hi = limit
                 break
-            n, hi = int(src[e]), ts
+            n, hi = src[e], ts
         cursor = None if ended else (n, hi)
         path_len = t_end - max(hi, limit)
         rows_rev.append(
