@@ -113,11 +113,11 @@ def sections(doc: Diff) -> list[Section]:
         rows = []
         for p in ("compute", "memory", "transfer", "host", "sync", "unknown"):
             cells = []
-            for r in ranks_cp:
-                rb, ra = cp.before.by_rank.get(r), cp.after.by_rank.get(r)
+            for rank in ranks_cp:
+                rb, ra = cp.before.by_rank.get(rank), cp.after.by_rank.get(rank)
                 b = getattr(rb, f"{p}_ns") if rb is not None else 0
                 a = getattr(ra, f"{p}_ns") if ra is not None else 0
-                d = getattr(cp.change.by_rank[r], f"{p}_ns")
+                d = getattr(cp.change.by_rank[rank], f"{p}_ns")
                 cells.append(f"{_ms(b)} / {_ms(a)} / {_dms(d)}")
             if p in ("memory", "unknown", "sync") and all(c == "0.000 / 0.000 / +0.000" for c in cells):
                 continue

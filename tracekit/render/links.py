@@ -24,9 +24,11 @@ def table(doc: Links) -> str:
     loaded_from = given(doc.loaded_from)
     if loaded_from:
         out.append(f"# probe results from {loaded_from}")
-    for m in doc.modes:
-        env = " ".join(f"{k}={v}" for k, v in m.env.items())
-        out.append(f"# mode {m.mode}: {m.backend} on {m.device} {m.devices or ''} ranks {m.ranks}; env {env}")
+    for mode in doc.modes:
+        env = " ".join(f"{k}={v}" for k, v in mode.env.items())
+        out.append(
+            f"# mode {mode.mode}: {mode.backend} on {mode.device} {mode.devices or ''} ranks {mode.ranks}; env {env}"
+        )
     for note in doc.notes:
         out.append(f"# note: {note}")
     head = f"# {'op':<15} {'form':<4} {'size(B)':>12}" + "".join(
@@ -45,8 +47,8 @@ def table(doc: Links) -> str:
         out.append(line)
     tr = doc.trace
     if tr:
-        mode = f", mode {tr.mode}" if tr.mode else ""
-        out.append(f"# decode trace {tr.path}: ranks {tr.ranks}, steps {tr.steps}, source {tr.source}{mode}")
+        trace_mode = f", mode {tr.mode}" if tr.mode else ""
+        out.append(f"# decode trace {tr.path}: ranks {tr.ranks}, steps {tr.steps}, source {tr.source}{trace_mode}")
     sf = doc.shortfall
     if sf:
         pt = sf.per_token_ns
@@ -57,23 +59,23 @@ def table(doc: Links) -> str:
         )
     per_size = doc.verdict_details.per_size
     if tr and per_size and per_size[0].transfer_weight is not UNSET:
-        for e in per_size:
-            bw = given(e.realised_busbw_gbps)
-            per_token = given(e.per_token)
-            n = f"{per_token:.3g}/token" if per_token is not None else str(given(e.count))
-            line = f"#   {e.op:<15} {e.bytes:>12} B x{n}: realised {fmt_gbps(bw if bw is not None else math.nan)} GB/s"
-            if given(e.swept):
+        for ps in per_size:
+            bw = given(ps.realised_busbw_gbps)
+            per_token = given(ps.per_token)
+            n = f"{per_token:.3g}/token" if per_token is not None else str(given(ps.count))
+            line = f"#   {ps.op:<15} {ps.bytes:>12} B x{n}: realised {fmt_gbps(bw if bw is not None else math.nan)} GB/s"
+            if given(ps.swept):
                 probe = ", ".join(
                     f"{m} {fmt_gbps(v if v is not None else math.nan)}"
-                    for m, v in (given(e.probe_busbw_gbps) or {}).items()
+                    for m, v in (given(ps.probe_busbw_gbps) or {}).items()
                 )
-                k = given(e.k)
+                k = given(ps.k)
                 kk = f", k {k:.2f}" if k is not None and math.isfinite(k) else ""
-                line += f"; probe {probe} GB/s ({given(e.regime)}-bound{kk})"
-            tpt = given(e.transfer_ns_per_token)
+                line += f"; probe {probe} GB/s ({given(ps.regime)}-bound{kk})"
+            tpt = given(ps.transfer_ns_per_token)
             if tpt is not None:
                 line += f"; transfer {fmt_ns(tpt)}/token"
-                bound = given(e.bound_ns_per_token)
+                bound = given(ps.bound_ns_per_token)
                 if bound is not None:
                     line += f", bound {fmt_ns(bound)}"
             out.append(line)

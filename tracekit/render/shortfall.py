@@ -214,8 +214,8 @@ def table(doc: Shortfall, width: int | None = None, color: bool = True) -> str:
         for rank, _row in ranks:
             ct_path.add_column(f"rank {rank}", justify="right")
         ct_path.add_column("offset", justify="right")
-        for rank, _row in base:
-            ct_path.add_column(f"TP=1 token (rank {rank})", justify="right")
+        for base_rank, _base_row in base:
+            ct_path.add_column(f"TP=1 token (rank {base_rank})", justify="right")
         for p in PATH_PARTS:
             ct_path.add_row(
                 path_label[p],

@@ -22,9 +22,9 @@ class RooflineShapes(Doc, kw_only=True):
 
 
 class RooflinePeaks(Doc, kw_only=True):
-    memory_gbps: float
+    memory_gbps: float | None  # null: no copy probe and no known device peak
     memory_source: str
-    matrix_tflops: float
+    matrix_tflops: float | None
     matrix_source: str
 
 
@@ -36,7 +36,7 @@ class RooflinePerToken(Doc, kw_only=True):
     achieved_source: str
     kernel_ns: int
     matrix_kernel_ns: int
-    efficiency: float
+    efficiency: float | None  # null: no floor (peaks unknown)
     kernels_per_token: int
 
 
@@ -50,7 +50,7 @@ class RooflineByRoleItem(Doc, kw_only=True):
     achieved_tflops: float | None
     floor_ns: int
     lost_ns: int
-    efficiency: float
+    efficiency: float | None
 
 
 class RooflineTopLostItem(Doc, kw_only=True):
