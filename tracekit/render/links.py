@@ -48,7 +48,9 @@ def table(doc: Links) -> str:
     tr = doc.trace
     if tr:
         trace_mode = f", mode {tr.mode}" if tr.mode else ""
-        out.append(f"# decode trace {tr.path}: ranks {tr.ranks}, steps {tr.steps}, source {tr.source}{trace_mode}")
+        out.append(
+            f"# decode trace {tr.path}: ranks {tr.ranks}, steps {tr.steps}, source {tr.source}{trace_mode}"
+        )
     sf = doc.shortfall
     if sf:
         pt = sf.per_token_ns
