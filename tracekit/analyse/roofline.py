@@ -171,7 +171,7 @@ def decoder_work(shape: Mapping[str, Any], tp: int, batch: int, kv_len: int, dty
     return out
 
 
-def _floor_ns(w: Work, peaks: Peaks) -> float | None:
+def unit_floor_ns(w: Work, peaks: Peaks) -> float | None:
     if peaks.bw_gbps is None and peaks.matrix_tflops is None:
         return None
     t_mem = w.bytes / peaks.bw_gbps if peaks.bw_gbps else 0.0  # bytes / (GB/s) = ns
@@ -217,11 +217,41 @@ def _static_kv_len(wl: Mapping[str, Any]) -> tuple[int, str]:
     return KV_STATIC_LEN, f"the static cache of the serving-style decode (default {KV_STATIC_LEN})"
 
 
-def roofline(
-    run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
-) -> dict[str, Any]:
-    """The roofline of one run's decode step over every rank's steady steps (see the module doc):
-    the JSON document of `tracekit roofline`."""
+@dataclass(frozen=True)
+class DecodeUnits:
+    """One run's decode step as the roofline sees it: the workload read from the manifest, the
+    reference decoder's matrix work at the run's batch (`work`, launch order), the steady steps'
+    canonical kernel sequence (`canon`) and whether its GEMM / attention units are that work in
+    role and order (`assigned`)."""
+
+    name: str
+    shape: Mapping[str, Any]
+    tp: int
+    batch: int
+    dtype: str
+    static: bool
+    kv_len: int
+    kv_source: str
+    work: list[Work]
+    canon: Canonical
+    steady: list[int]
+    steps: pd.DataFrame
+    shard_of: Any
+
+    @property
+    def assigned(self) -> bool:
+        return [u for u in self.canon.units if u] == [w.kind for w in self.work]
+
+    def work_at(self, batch: int) -> list[Work]:
+        """The same matrix work at another batch size (the same order as `work`)."""
+        return decoder_work(self.shape, self.tp, batch, self.kv_len, DTYPE_BYTES[self.dtype])
+
+
+def decode_units(
+    run: Run | AnalysedRun, *, step_pattern: str | None = None, skip_first: int = 1
+) -> DecodeUnits:
+    """The run's decode step read for the roofline (`DecodeUnits`); RooflineError when the manifest
+    has no model shape or the trace no GPU kernels."""
     ar = AnalysedRun.of(run)
     wl = _workload(ar.run)
     shape = wl["shape"]
@@ -258,7 +288,21 @@ def roofline(
         raise RooflineError(
             f"{_name(ar.run)}: no GPU compute kernels in its steps: a roofline needs a GPU trace"
         )
+    return DecodeUnits(
+        _name(ar.run), shape, tp, batch, dtype, static, kv_len, kv_source, work, canon, steady, steps,
+        wl.get("shard_of"),
+    )  # fmt: skip
 
+
+def roofline(
+    run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
+) -> dict[str, Any]:
+    """The roofline of one run's decode step over every rank's steady steps (see the module doc):
+    the JSON document of `tracekit roofline`."""
+    ar = AnalysedRun.of(run)
+    du = decode_units(ar, step_pattern=step_pattern, skip_first=skip_first)
+    tp, batch, dtype, static, kv_len, kv_source = du.tp, du.batch, du.dtype, du.static, du.kv_len, du.kv_source
+    shape, work, canon, steady, steps = du.shape, du.work, du.canon, du.steady, du.steps
     units = _units(canon, work, peaks)
     kinds = [u for u in canon.units if u]
     assigned = kinds == [w.kind for w in work]
@@ -274,7 +318,7 @@ def roofline(
     )
     floor = sum(w.bytes for w in work), sum(w.flops for w in work)
     floor_ns = (
-        sum(_floor_ns(w, peaks) or 0.0 for w in work) if (peaks.bw_gbps or peaks.matrix_tflops) else None
+        sum(unit_floor_ns(w, peaks) or 0.0 for w in work) if (peaks.bw_gbps or peaks.matrix_tflops) else None
     )
     unprofiled = _unprofiled_mean_ns(ar.run)
     achieved = unprofiled if unprofiled is not None else step_ns
@@ -286,7 +330,7 @@ def roofline(
         "other kernels move activation-sized data (floor ~0); docs/METHOD.md section Roofline of a decode",
         "workload": {
             "tp": tp,
-            "shard_of": wl.get("shard_of"),
+            "shard_of": du.shard_of,
             "batch": batch,
             "dtype": dtype,
             "layers": int(shape["layers"]),
@@ -341,7 +385,7 @@ def _units(canon: Canonical, work: list[Work], peaks: Peaks) -> list[_Unit]:
     for name, m, t in zip(canon.names, canon.units, canon.mean_ns, strict=True):
         if m and assign:
             w = next(it)
-            out.append(_Unit(name, w.role, t, w.bytes, w.flops, _floor_ns(w, peaks)))
+            out.append(_Unit(name, w.role, t, w.bytes, w.flops, unit_floor_ns(w, peaks)))
         else:
             out.append(_Unit(name, "matrix" if m else "other", t, None, None, 0.0 if not m else None))
     return out
