@@ -142,32 +142,49 @@ class Work:
         return ATTENTION if self.role == "attention" else GEMM
 
 
+#: The GEMMs of the reference decoder's step (`DECODER_ROLES` without attention, then the LM head).
+GEMM_ROLES: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def gemm_shapes(shape: Mapping[str, Any], tp: int) -> dict[str, tuple[int, int]]:
+    """(K, N) of each GEMM role on one of `tp` ranks (the weight is K x N; a batch of M sequences
+    makes it an M x K x N product)."""
+    h, nh, nkv = int(shape["hidden"]), int(shape["heads"]), int(shape["kv_heads"])
+    inter, vocab = int(shape["intermediate"]), int(shape["vocab"])
+    hd = h // nh
+    lh, lkv = nh // tp, nkv // tp
+    return {
+        "qkv": (h, (lh + 2 * lkv) * hd),
+        "o": (lh * hd, h),
+        "gate_up": (h, 2 * inter // tp),
+        "down": (inter // tp, h),
+        "lm_head": (h, vocab // tp),
+    }
+
+
 def decoder_work(shape: Mapping[str, Any], tp: int, batch: int, kv_len: int, dtype_bytes: int) -> list[Work]:
     """The matrix work of one decode step of the reference decoder on one of `tp` ranks, in
     launch order (`DECODER_ROLES` per layer, then the LM head): weights read once, activations in
     and out, the KV cache read by attention."""
-    h = int(shape["hidden"])
-    nh = int(shape["heads"])
-    nkv = int(shape["kv_heads"])
-    inter = int(shape["intermediate"])
-    layers = int(shape["layers"])
-    vocab = int(shape["vocab"])
+    h, nh, nkv = int(shape["hidden"]), int(shape["heads"]), int(shape["kv_heads"])
     hd = h // nh
     lh, lkv = nh // tp, nkv // tp
     b = batch
+    kn = gemm_shapes(shape, tp)
 
-    def gemm(role: str, layer: int | None, k: int, n: int) -> Work:
+    def gemm(role: str, layer: int | None) -> Work:
+        k, n = kn[role]
         return Work(role, layer, dtype_bytes * (k * n + b * (k + n)), 2 * b * k * n)
 
     out: list[Work] = []
-    for i in range(layers):
-        out.append(gemm("qkv", i, h, (lh + 2 * lkv) * hd))
+    for i in range(int(shape["layers"])):
+        out.append(gemm("qkv", i))
         kv = 2 * b * lkv * kv_len * hd * dtype_bytes  # keys and values of this rank's KV heads
         out.append(Work("attention", i, kv + 2 * b * lh * hd * dtype_bytes, 4 * b * lh * hd * kv_len))
-        out.append(gemm("o", i, lh * hd, h))
-        out.append(gemm("gate_up", i, h, 2 * inter // tp))
-        out.append(gemm("down", i, inter // tp, h))
-    out.append(gemm("lm_head", None, h, vocab // tp))
+        out.append(gemm("o", i))
+        out.append(gemm("gate_up", i))
+        out.append(gemm("down", i))
+    out.append(gemm("lm_head", None))
     return out
 
 

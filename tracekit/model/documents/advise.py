@@ -114,3 +114,46 @@ class Advise(Doc, kw_only=True):
     memory_cliff: list[AdviseMemoryCliffItem]
     recommendations: list[AdviseRecommendation]
     notes: list[str]
+
+
+class GemmTableShape(Doc, kw_only=True):
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    layers: int
+    vocab: int
+
+
+class GemmTableRow(Doc, kw_only=True):
+    role: str
+    k: int
+    n: int
+    m: int
+    time_ns: int
+
+
+class GemmTable(Doc, kw_only=True):
+    r"""`benchmarks/advise_batches.py gemmsweep -o FILE`: the decoder's GEMMs timed alone at each batch
+    size M, what `tracekit advise --gemm-table FILE` reads (docs/METHOD.md section Batch scaling of
+    a decode).
+    ```
+    { "schema_version": "1.0", "kind": "tracekit.gemm-table",
+      "device": "NVIDIA H200" | "cpu", "dtype": "bfloat16", "tp": 1,
+      "shape": {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336, "layers": 8, "vocab": 32000},
+      "timing": "cuda-graph replay of ... matmuls over distinct weights ..." | "host clock ...",
+      "rows": [{"role": "qkv" | "o" | "gate_up" | "down" | "lm_head",
+                "k": 4096, "n": 6144,        # the weight (K x N) on one of tp ranks
+                "m": 1,                      # the batch: an M x K x N product
+                "time_ns": 12345}] }         # one product's time
+    ```
+    """
+
+    schema_version: str
+    kind: str
+    device: str | None
+    dtype: str
+    tp: int
+    shape: GemmTableShape
+    timing: str
+    rows: list[GemmTableRow]
