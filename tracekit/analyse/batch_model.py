@@ -198,7 +198,7 @@ class BatchPrediction:
     model: str  # "per-kernel" | "gemm-table"
     detail: str
     parts: list[KindPart]
-    notes: list[str] = field(default_factory=list)
+    floors: dict[str, Any] = field(default_factory=dict)  # the peaks the floors were taken at
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,6 +207,7 @@ class BatchPrediction:
             "base_batch": self.base_batch,
             "base_run": self.base_path,
             "by_kind": [p.to_json() for p in self.parts],
+            "floors": self.floors,
         }
 
 
@@ -274,7 +275,7 @@ def per_kernel(
         + (f", GEMMs from the table {table_name}" if table is not None else "")
         + f"; the time outside kernels held at batch {base.batch}'s"
     )
-    return BatchPrediction(batch, base.batch, base.path, total, model, detail, parts)
+    return BatchPrediction(batch, base.batch, base.path, total, model, detail, parts, peaks.to_json())
 
 
 def from_table(
@@ -330,4 +331,4 @@ def from_table(
         f"GEMMs from the table {table_name} on the run at batch {base_batch}; attention by its roofline, the "
         "non-matrix kernels and the time outside kernels held"
     )
-    return BatchPrediction(batch, base_batch, base_path, total, "gemm-table", detail, parts)
+    return BatchPrediction(batch, base_batch, base_path, total, "gemm-table", detail, parts, peaks.to_json())
