@@ -448,7 +448,9 @@ def advise(
 
     if gemm_table is not None:
         if gemm_table.tp not in {1, *degrees}:
-            raise AdviseError(f"{gemm_table_name}: the table is for TP={gemm_table.tp}, no run at that degree")
+            raise AdviseError(
+                f"{gemm_table_name}: the table is for TP={gemm_table.tp}, no run at that degree"
+            )
         check_table(
             gemm_table, gemm_table_name, asdict(traced_shape), gemm_table.tp,
             _TORCH_DTYPE.get(run_dtype, run_dtype),
@@ -495,7 +497,11 @@ def advise(
                 if near:
                     pred = _batch_model(near, k, b, gemm_table, gemm_table_name, peaks, notes)
                     if pred is not None:
-                        t, status, model = pred.per_token_ns, f"predicted from batch {pred.base_batch}", pred.model
+                        t, status, model = (
+                            pred.per_token_ns,
+                            f"predicted from batch {pred.base_batch}",
+                            pred.model,
+                        )
                         detail = pred.to_json()
                     else:
                         base = min(near, key=lambda x: (abs(x.batch - b), x.batch))

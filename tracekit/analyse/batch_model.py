@@ -73,6 +73,7 @@ class KernelProfile:
     shape: Mapping[str, Any]
     kv_len: int
     dtype: str
+    static: bool = False  # a serving-style decode (CUDA graphs / compile) over a static KV cache
 
     def work_at(self, batch: int) -> list[Work]:
         return decoder_work(self.shape, self.tp, batch, self.kv_len, DTYPE_BYTES[self.dtype])
@@ -94,7 +95,7 @@ def kernel_profile(run: Any, path: str) -> KernelProfile:
     other = float(sum(t for t, u in zip(du.canon.mean_ns, du.canon.units, strict=True) if not u))
     return KernelProfile(
         path, du.tp, du.batch, tuple((w.role, w.layer) for w in du.work), tuple(times), other,
-        du.shape, du.kv_len, du.dtype,
+        du.shape, du.kv_len, du.dtype, du.static,
     )  # fmt: skip
 
 
@@ -134,7 +135,9 @@ def check_table(table: GemmTable, where: str, shape: Mapping[str, Any], tp: int,
     want = gemm_shapes(shape, tp)
     for i, r in enumerate(table.rows):
         if r.role not in want:
-            raise BatchModelError(f"{where} at $.rows[{i}].role: {r.role!r} is none of {', '.join(GEMM_ROLES)}")
+            raise BatchModelError(
+                f"{where} at $.rows[{i}].role: {r.role!r} is none of {', '.join(GEMM_ROLES)}"
+            )
         if (r.k, r.n) != want[r.role]:
             k, n = want[r.role]
             raise BatchModelError(
@@ -146,7 +149,9 @@ def check_table(table: GemmTable, where: str, shape: Mapping[str, Any], tp: int,
     for role in GEMM_ROLES:
         ms = {r.m for r in table.rows if r.role == role}
         if len(ms) < 2:
-            raise BatchModelError(f"{where} at $.rows: {role} is timed at {len(ms)} batch size(s), two or more needed")
+            raise BatchModelError(
+                f"{where} at $.rows: {role} is timed at {len(ms)} batch size(s), two or more needed"
+            )
 
 
 def table_at(table: GemmTable, role: str, m: int) -> float:
@@ -233,6 +238,16 @@ def per_kernel(
                 f"{p.path} at its step's kernels: batch {p.batch}'s {len(p.roles)} GEMM / attention units "
                 f"(TP={p.tp}) do not match batch {first.batch}'s {len(first.roles)} (TP={first.tp}, "
                 f"{first.path}) in role and order: the per-kernel model matches them across batches"
+            )
+        if (p.static, p.kv_len, p.dtype) != (first.static, first.kv_len, first.dtype):
+
+            def what(x: KernelProfile) -> str:
+                mode = "a serving-style (CUDA-graph / compiled) decode" if x.static else "an eager decode"
+                return f"{mode} over {x.kv_len} KV positions in {x.dtype}"
+
+            raise BatchModelError(
+                f"{p.path} at its manifest's workload: batch {p.batch} is {what(p)}, batch {first.batch} "
+                f"({first.path}) {what(first)}: the per-kernel model needs the same decode at each batch"
             )
     batches = sorted(p.batch for p in profiles)
     if len(set(batches)) != len(batches):

@@ -318,7 +318,14 @@ def roofline(
     the JSON document of `tracekit roofline`."""
     ar = AnalysedRun.of(run)
     du = decode_units(ar, step_pattern=step_pattern, skip_first=skip_first)
-    tp, batch, dtype, static, kv_len, kv_source = du.tp, du.batch, du.dtype, du.static, du.kv_len, du.kv_source
+    tp, batch, dtype, static, kv_len, kv_source = (
+        du.tp,
+        du.batch,
+        du.dtype,
+        du.static,
+        du.kv_len,
+        du.kv_source,
+    )
     shape, work, canon, steady, steps = du.shape, du.work, du.canon, du.steady, du.steps
     units = _units(canon, work, peaks)
     kinds = [u for u in canon.units if u]

@@ -101,8 +101,7 @@ def render_text(adv: Any) -> str:
         lines.append(
             f"{r['batch']:>5}  {r['option']:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
             f"{'-' if tps is None else f'{tps:,.0f}':>10} {r['memory_per_gpu_bytes']['total'] / GIB:>8.2f} "
-            f"{fits:>5}  {r['status']}"
-            + _model_text(r)
+            f"{fits:>5}  {r['status']}" + _model_text(r)
         )
     lines += ["", "Memory cliff (most concurrent sequences whose KV cache fits beside the weights):"]
     lines += [f"  {s}" for s in cliff_sentence(adv)]
@@ -166,8 +165,12 @@ def render_text(adv: Any) -> str:
     default=None,
     help="GEMM times per batch (benchmarks/advise_batches.py gemmsweep) for --batch.",
 )
-@click.option("--copy", type=click.Path(exists=True, dir_okay=False), help="Copy probe JSON: the floors' bandwidth.")
-@click.option("--rho", type=click.Path(exists=True, dir_okay=False), help="rho JSON: the floors' matrix rate.")
+@click.option(
+    "--copy", type=click.Path(exists=True, dir_okay=False), help="Copy probe JSON: the floors' bandwidth."
+)
+@click.option(
+    "--rho", type=click.Path(exists=True, dir_okay=False), help="rho JSON: the floors' matrix rate."
+)
 @format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
 @out_file_option
 def command(
