@@ -130,8 +130,6 @@ def load_gemm_table(obj: Any, where: str) -> GemmTable:
 def check_table(table: GemmTable, where: str, shape: Mapping[str, Any], tp: int, dtype: str) -> None:
     """The table must time this model shape's GEMMs at this TP degree and dtype, each role at two or
     more batch sizes."""
-    if table.dtype != dtype:
-        raise BatchModelError(f"{where} at $.dtype: the table timed {table.dtype}, the run is {dtype}")
     want = gemm_shapes(shape, tp)
     for i, r in enumerate(table.rows):
         if r.role not in want:
@@ -146,6 +144,8 @@ def check_table(table: GemmTable, where: str, shape: Mapping[str, Any], tp: int,
             )
         if r.m < 1 or r.time_ns <= 0:
             raise BatchModelError(f"{where} at $.rows[{i}]: m and time_ns must be positive")
+    if table.dtype != dtype:
+        raise BatchModelError(f"{where} at $.dtype: the table timed {table.dtype}, the run is {dtype}")
     for role in GEMM_ROLES:
         ms = {r.m for r in table.rows if r.role == role}
         if len(ms) < 2:
