@@ -19,16 +19,17 @@ GPUs (`gpus`, default n):
   norms and KV cache staying in the run's dtype. The memory cliff: the most concurrent sequences
   whose KV cache fits beside the weights, per option, in the run's dtype and in `dtype`.
   Per-token times in a low-bit dtype are not measured here and are not predicted.
-- **batch sizes not measured** (`batches`): T_k(B) = T_k(b0) + max(0, g(B) - g(b0)) from the
-  nearest measured batch b0, with g(b) = max(bytes read / memory bandwidth, flops / matrix
-  throughput) per rank per token (weights once, every sequence's KV cache; 2 flops per weight per
-  sequence): the device's added work at the larger batch, on top of the measured (host-bound or
-  not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`. Beside
-  it `per_token_latency_no_overlap_ns`, the same with g the sum of the two times (memory and
-  matrix work not overlapping, the roofline's other extreme; it has no term for the vector and
-  attention kernels either). On one H200 (CUDA graphs, 8-layer 8B shape, fitted on batch 1 only)
-  batch 16 and 64 measured 1.062x and 1.196x the roofline prediction and 1.021x and 1.025x the
-  no-overlap one (reports/advise/check.json, reports/advise/README.md).
+- **batch sizes not measured** (`batches`): predicted from the runs at other batch sizes of the
+  same TP degree (`tracekit.analyse.batch_model`, docs/METHOD.md section Batch scaling of a decode),
+  the row's `model` saying which: `per-kernel` from two or more traced runs (each GEMM / attention
+  unit's time piecewise linear in the batch, bounded below by its roofline), `gemm-table` with a
+  GEMM table, else the `roofline band` from the nearest run b0: T_k(B) = T_k(b0) + max(0, g(B) -
+  g(b0)) with g(b) = max(bytes read / memory bandwidth, flops / matrix throughput) per rank per
+  token (weights once, every sequence's KV cache; 2 flops per weight per sequence), and the same
+  with g the sum of the two (no overlap): the range [overlap, no overlap] in
+  `per_token_latency_range_ns`. The band needs device figures (`DEVICE_FIGURES`). On one H200 (CUDA
+  graphs, 8-layer 8B shape) batch 1 alone gives bands that batch 16 and 64 measured above; batch 1
+  and 16 traced predict batch 64 at 1.035x measured (reports/advise/check.json, README there).
 - **layers** (`layers`): the memory of a model of that many layers when the traces were cut to
   fewer (the 7b-shaped captures run 8 of its 32 layers); the per-token times and the batch
   extrapolation stay those of the traced layers.

@@ -42,8 +42,8 @@ def _measured(path: str) -> Any:
 
 
 def _with_kernels(runs: list[Any], batches: tuple[int, ...], table: bool) -> list[Any]:
-    """The runs the batch model needs kernels of (docs/METHOD.md section Batch scaling of a
-    decode), with their traced step's kernels; runs without a trace stay as they are."""
+    """The runs the batch model needs kernels of, with their traced step's kernels (docs/METHOD.md
+    section Batch scaling of a decode); runs without a trace stay as they are."""
     from dataclasses import replace
 
     from tracekit.analyse.advise import needs_kernels
@@ -197,8 +197,8 @@ def command(
     --dtype fp8/int4 shows how low-bit weights move the memory cliff: how many more concurrent
     sequences fit. --batch B adds a batch size not measured (marked predicted, its model named):
     per kernel from two or more traced runs at other batches, or from one run and --gemm-table;
-    from one run alone the roofline's range (docs/METHOD.md section Batch scaling of a decode). --layers N sizes the memory
-    for an N-layer model when the traces were cut to fewer layers (the per-token times stay those
+    from one run alone the roofline's range (docs/METHOD.md section Batch scaling of a decode).
+    --layers N sizes the memory for an N-layer model when the traces were cut to fewer layers (the per-token times stay those
     measured). One plain recommendation per batch size; an option that does not fit is said so.
     """
     from tracekit.analyse.advise import advise, load_table_file, run_peaks

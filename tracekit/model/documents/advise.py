@@ -169,8 +169,8 @@ class GemmTableRow(Doc, kw_only=True):
 
 class GemmTable(Doc, kw_only=True):
     r"""`benchmarks/advise_batches.py gemmsweep -o FILE`: the decoder's GEMMs timed alone at each batch
-    size M, what `tracekit advise --gemm-table FILE` reads (docs/METHOD.md section Batch scaling of
-    a decode).
+    size M, what `tracekit advise --gemm-table FILE` reads
+    (docs/METHOD.md section Batch scaling of a decode).
     ```
     { "schema_version": "1.0", "kind": "tracekit.gemm-table",
       "device": "NVIDIA H200" | "cpu", "dtype": "bfloat16", "tp": 1,
