@@ -529,7 +529,9 @@ def advise(
                 "per_token_latency_no_overlap_ns": int(round(t_hi)) if t_hi is not None else None,
                 # which batch model (docs/METHOD.md section Batch scaling of a decode); the band's range
                 "model": model if t is not None else None,
-                "per_token_latency_range_ns": [int(round(t)), int(round(t_hi))] if t_hi is not None else None,
+                "per_token_latency_range_ns": [int(round(t)), int(round(t_hi))]
+                if (t is not None and t_hi is not None)
+                else None,
                 "batch_model": detail,
                 "tokens_per_s": inst * b * 1e9 / t if t else None,
                 "tokens_per_s_per_instance": b * 1e9 / t if t else None,
