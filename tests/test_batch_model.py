@@ -228,6 +228,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         # a table of another model shape (the CPU table times the tiny preset)
         (["--tp1", b16, "--gemm-table", str(ADV / "cpu-gemm-table.json")], "another model shape"),
     ]
+    cases.append((["--tp1", b16, "--batch", "0"], "a batch has at least one sequence"))
     for args, msg in cases:
         assert main(["advise", *args, "--batch", "64"]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -447,6 +447,9 @@ def advise(
             f"times are those measured on the {traced_shape.layers} traced layers"
         )
 
+    bad_batch = next((b for b in batches if b < 1), None)
+    if bad_batch is not None:
+        raise AdviseError(f"--batch {bad_batch}: a batch has at least one sequence")
     if gemm_table is not None:
         if gemm_table.tp not in {1, *degrees}:
             raise AdviseError(
