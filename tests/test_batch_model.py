@@ -233,3 +233,17 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
         assert main(["advise", *args, "--batch", "64"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tracekit: error: ") and msg in err[0], err
+
+
+def test_which_runs_the_batch_model_reads_the_traces_of() -> None:
+    from tracekit.analyse.advise import measured_from, needs_kernels
+
+    def run(folder: Path):
+        return measured_from(json.loads((folder / "manifest.json").read_text()), str(folder))
+
+    b1, b16 = run(ADV / "h200-graphs-b1"), run(ADV / "h200-graphs-b16")
+    both = {b1.path, b16.path}
+    assert needs_kernels([b1, b16], [64], table=False) == both  # two batch sizes: per-kernel
+    assert needs_kernels([b1, b16], [16], table=False) == set()  # nothing to predict
+    assert needs_kernels([b1], [64], table=False) == set()  # one run: the band, no trace needed
+    assert needs_kernels([b1], [64], table=True) == {b1.path}  # one run + the table: its floors

@@ -303,7 +303,10 @@ def _batch_model(
     """Model 1 or 2 (tracekit/analyse/batch_model.py) for `batch` at TP=k from the runs `near`;
     None when only the roofline band applies (a note says why when runs were there for more)."""
     pk = peaks if peaks is not None else datasheet_peaks(near[0].device_name)
-    traced = sorted((x for x in near if x.kernels is not None), key=lambda x: x.batch)
+    first: dict[int, Measured] = {}  # one run per batch, the first given (as the measured rows keep)
+    for x in near:
+        first.setdefault(x.batch, x)
+    traced = sorted((x for x in first.values() if x.kernels is not None), key=lambda x: x.batch)
     if table is not None and table.tp != k:
         table = None
     if len({x.batch for x in traced}) >= 2:

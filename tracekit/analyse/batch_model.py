@@ -250,8 +250,11 @@ def per_kernel(
                 f"({first.path}) {what(first)}: the per-kernel model needs the same decode at each batch"
             )
     batches = sorted(p.batch for p in profiles)
-    if len(set(batches)) != len(batches):
-        raise BatchModelError(f"{profiles[-1].path}: two traced runs at batch {batches}: one per batch size")
+    twice = next((b for b in batches if batches.count(b) > 1), None)
+    if twice is not None:
+        raise BatchModelError(
+            f"two traced runs at batch {twice}: the per-kernel model takes one per batch size"
+        )
     floors = _floors(base.work_at(batch), peaks)
     pred: dict[str, float] = dict.fromkeys(KINDS, 0.0)
     had: dict[str, float] = dict.fromkeys(KINDS, 0.0)
