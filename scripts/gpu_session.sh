@@ -5,7 +5,8 @@
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
 #   gemmsweep (written, not yet run): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
-#        TP=1) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the table `advise --gemm-table` reads);
+#        TP=1, and one rank's shard at TP=2/4/8) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the
+#        tables `advise --gemm-table` reads);
 #        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
 #        captures at 1 and 16; then advise given batch 1 + the table, batch 1 + 16 traced, and both,
 #        predicts the other batches (benchmarks/advise_batches.py check; ~5 min)
@@ -103,6 +104,7 @@ if [ "$stage" = gemmsweep ]; then  # ~5 min
   G=$R/gemmsweep; mkdir -p $G
   P="--copy reports/h200/copy.json --rho reports/rho/h200.json"
   timeout 120 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp 1 --m-max 256 -o $OUT/gemm-table-h200.json
+  for n in 2 4 8; do timeout 60 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp $n --m-max 256 -o $OUT/gemm-table-h200-tp$n.json; done
   timeout 240 python3 benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs --batches 1,16,64,128,256 --tokens 32 --rounds 5 -o $G/batches
   for b in 1 16; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $G/graphs-b$b --quiet; done
   python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-table.json
