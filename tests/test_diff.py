@@ -143,9 +143,11 @@ def test_gate_exits_1_with_one_line_naming_what_moved(straggler: Diff, capsys: p
 
 
 def test_table_and_markdown(straggler: Diff):
-    from tracekit.cli.diff import render_markdown, render_table
+    from tracekit.model import documents
+    from tracekit.render.diff import markdown as render_markdown
+    from tracekit.render.diff import table as render_table
 
-    doc = straggler.to_json()
+    doc = documents.convert(straggler.to_json(), documents.Diff)
     text = render_table(doc, color=False)
     assert text.startswith("Slower:")
     for title in (

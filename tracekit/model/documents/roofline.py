@@ -31,7 +31,7 @@ class RooflinePeaks(Doc, kw_only=True):
 class RooflinePerToken(Doc, kw_only=True):
     bytes: int
     flops: int
-    floor_ns: int
+    floor_ns: int | None  # null: no peaks (neither --copy nor --rho nor a known device)
     achieved_ns: int
     achieved_source: str
     kernel_ns: int
@@ -48,8 +48,8 @@ class RooflineByRoleItem(Doc, kw_only=True):
     flops: int | None
     achieved_gbps: float | None
     achieved_tflops: float | None
-    floor_ns: int
-    lost_ns: int
+    floor_ns: int | None
+    lost_ns: int | None
     efficiency: float | None
 
 
@@ -58,8 +58,8 @@ class RooflineTopLostItem(Doc, kw_only=True):
     role: str
     per_token: int
     time_ns: int
-    floor_ns: int
-    lost_ns: int
+    floor_ns: int | None
+    lost_ns: int | None
     achieved_gbps: float | None
 
 
