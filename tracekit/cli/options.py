@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -404,7 +403,9 @@ def emit_result(
     markdown, csv), any other the table, `table(width, color)`: the terminal's width and colour when
     it prints to a terminal, `file_width` columns and no colour otherwise."""
     if fmt == "json":
-        text = json.dumps(doc(), indent=1) + "\n"
+        from tracekit.render.writers import json_text  # rich, loaded only by a command that writes
+
+        text = json_text(doc())
     elif others is not None and fmt in others:
         text = others[fmt]()
     else:

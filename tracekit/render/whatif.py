@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tracekit.model import units
 from tracekit.model.documents import Whatif, given
-from tracekit.render.writers import Table, console_text, text_console
+from tracekit.render.writers import Table, console_text, markdown_table, text_console
 
 
 def _rows(doc: Whatif) -> tuple[list[str], list[list[str]]]:
@@ -123,12 +123,10 @@ def markdown(doc: Whatif) -> str:
     out += [f"- {line}" for line in _summary(doc)]
     out.append("")
     head, rows = _rows(doc)
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + " --- |" * len(head))
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out += markdown_table(head, rows, align_numbers=False, cells=False)
     if given(doc.shapley_ns) is not None:
-        out += ["", "| knob (Shapley) | ms | share | accounting term | ms | share |", "|" + " --- |" * 6]
-        out += ["| " + " | ".join(r) + " |" for r in _shapley_rows(doc)]
+        shapley_head = ["knob (Shapley)", "ms", "share", "accounting term", "ms", "share"]
+        out += ["", *markdown_table(shapley_head, _shapley_rows(doc), align_numbers=False, cells=False)]
     out += ["", "Knobs:", ""]
     out += [f"- `{k.spec}`: {k.definition}" for k in doc.knobs]
     for n in doc.notes:

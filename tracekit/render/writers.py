@@ -1,14 +1,13 @@
-"""The writers every view renders through: a recording rich console (text tables for a terminal or a
-file), Markdown tables, CSV and JSON text. A view builds its rows from a typed document; these turn
-rows into text, the same way for every command."""
+"""The writers every view renders through: a recording rich console (text tables for a terminal or
+a file), Markdown tables and JSON text (a breakdown's CSV is its own `Breakdown.to_csv`). A view
+builds its rows from a typed document; these turn rows into text, the same way for every command."""
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.markup import escape
@@ -18,7 +17,6 @@ __all__ = [
     "Console",
     "Table",
     "console_text",
-    "csv_text",
     "escape",
     "json_text",
     "markdown_cell",
@@ -47,15 +45,6 @@ def console_text(console: Console, color: bool = False) -> str:
 def json_text(doc: object) -> str:
     """A document as the JSON every command writes: indent 1, a newline at the end."""
     return json.dumps(doc, indent=1) + "\n"
-
-
-def csv_text(header: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    """Rows as CSV text (the header first; lines end in \\n)."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header)
-    w.writerows(rows)
-    return buf.getvalue()
 
 
 def markdown_cell(text: str) -> str:
