@@ -1,12 +1,12 @@
 """Every analysis command on every engine, and the profiler correction where the graph is (issue 27).
 
-One LocalCluster for the module (two worker threads of this process). The shortfall's profiler
-correction is computed in the attribution plan's Reduce, next to the run's dependency graph: the
-RunParts that reaches the client has no graph, yet the JSON is the one the in-process analysis
-gives (whose correction re-times the graph on the client, `correction.correct_run`). whatif,
-decompose and diff take `--engine`: on Dask each writes the document the local engine writes, to
-the byte. Small runs (the CPU pairs; the 1- and 2-rank H200 traces where the replay correction
-is the point).
+One LocalCluster for the module (two worker threads of this process). The profiler correction
+is computed in the attribution plan's Reduce, next to the run's dependency graph: the RunParts
+that reaches the client has no graph, yet its correction is the one the in-process analysis
+gives (whose `correction.correct_run` re-times the graph on the client). whatif, decompose and
+diff take `--engine`: on Dask each writes the document the local engine (or the in-process
+analysis) writes. Small runs: the CPU runs, and the 1- and 2-rank H200 traces where the replay
+correction or the device events are the point.
 """
 
 from __future__ import annotations
@@ -50,39 +50,39 @@ def _cli(args: list[str], out: Path) -> str:
 
 
 def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
-    """The shortfall on Dask: the sharded run's replay correction is made in the plan's Reduce
-    (the client's RunParts holds no graph, so `correct_run` could not re-time one there) and the
-    document is the in-process analysis's, whose correction re-times the graph on the client."""
+    """On Dask the run's replay correction is made in the plan's Reduce: the client's RunParts
+    holds no graph (`correct_run` could not re-time one there: it falls back to the proportional
+    rule), yet its correction is the one the in-process attribution's `correct_run` computes on
+    the graph it keeps."""
+    from tracekit.analyse.correction import correct_run
     from tracekit.analyse.plans import attribution_plan
-    from tracekit.analyse.shortfall import applied_dilation, shortfall, shortfall_of_pair
-    from tracekit.engine import pair_check
-    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.analyse.shortfall import applied_dilation, attribute_run
+    from tracekit.engine import run_plans
     from tracekit.engine.executor import Job
     from tracekit.read import read_run
 
-    base, shard = TRACES / "h200-tp1", TRACES / "h200-tp2"
-    ref = shortfall(read_run([base]), read_run([shard])).to_json()
-    assert ref["dilation"]["correction"]["sharded"]["method"] == "replay"
-    kw: dict[str, Any] = {"correct": "applied", "keep_graph": False}
-    (b, s), notes = DaskExecutor(dask).run(
-        [
-            Job((base,), (attribution_plan(label="baseline", **kw),)),
-            Job((shard,), (attribution_plan(label="sharded", **kw),)),
-        ],
-        pair_check,
-    )
-    parts = s.results[0]
+    path = TRACES / "h200-tp1"
+    ref_parts = attribute_run(read_run([path]), label="baseline")
+    assert ref_parts.graph is not None
+    target = applied_dilation(ref_parts).target_ns
+    ref = correct_run(ref_parts, target)
+    assert ref.method == "replay"
+    plan = attribution_plan(label="baseline", correct="applied", keep_graph=False)
+    (res,), _ = run_plans(dask, [Job((path,), (plan,))])
+    parts = res.results[0]
     assert parts.graph is None  # the graph stayed on the worker
-    corr = parts.__dict__["_corrections"][applied_dilation(parts).target_ns]
-    assert corr.method == "replay"
-    assert [t.stage for t in s.tasks].count("correction") == 1
-    assert _text(shortfall_of_pair(b.results[0], parts, notes).to_json()) == _text(ref)
-    # a RunParts without its graph and without the plan's correction falls back to the
-    # proportional rule: what the client would do if the Reduce's correction were lost
-    parts.__dict__["_corrections"].clear()
-    from tracekit.analyse.correction import correct_run
-
-    assert correct_run(parts, applied_dilation(parts).target_ns).method == "proportional"
+    assert [t.stage for t in res.tasks].count("correction") == 1
+    got = correct_run(parts, target)  # the plan's, cached on the RunParts
+    assert (got.method, got.sentence, got.per_call_ns, got.replayed_ns) == (
+        ref.method,
+        ref.sentence,
+        ref.per_call_ns,
+        ref.replayed_ns,
+    )
+    assert got.per_rank == ref.per_rank and got.path == ref.path
+    assert got.rows is not None and ref.rows is not None and (got.rows == ref.rows).all()
+    parts.__dict__["_corrections"].clear()  # without the plan's correction the client has no graph
+    assert correct_run(parts, target).method == "proportional"
 
 
 def test_whatif_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
@@ -114,7 +114,9 @@ def test_decompose_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -
     args = ["decompose", "--baseline", str(TRACES / "cpu-tp2-straggler")]
     args += ["--intermediate", str(TRACES / "cpu-tp2"), "--full", str(TRACES / "cpu-tp1")]
     local = _cli(args, tmp_path / "local.json")
-    assert _cli([*args, "--engine", "dask", "--scheduler", dask.scheduler or ""], tmp_path / "d.json") == local
+    assert (
+        _cli([*args, "--engine", "dask", "--scheduler", dask.scheduler or ""], tmp_path / "d.json") == local
+    )
 
 
 def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None:
@@ -133,16 +135,16 @@ def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None
     assert res.results[0].to_json() == ref.to_json()
 
 
-def test_diff_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
+def test_diff_on_dask_writes_the_in_process_json(dask: Engine, tmp_path: Path) -> None:
+    """`tracekit diff --engine dask`: the document of `diff.diff` on the runs read in process
+    (a solved and a calibrated replay correction, each made where its graph is)."""
     from tracekit.analyse.diff import diff
     from tracekit.read import read_run
 
     before, after = TRACES / "h200-tp1", TRACES / "h200-tp1-calibrated"
     ref = diff(read_run([before]), read_run([after]), before_path=str(before), after_path=str(after))
-    args = ["diff", str(before), str(after)]
-    local = _cli(args, tmp_path / "local.json")
-    assert json.loads(local) == json.loads(_text(ref.to_json()))  # the in-process diff's document
-    assert _cli([*args, "--engine", "dask", "--scheduler", dask.scheduler or ""], tmp_path / "d.json") == local
+    got = _cli(["diff", str(before), str(after), "--scheduler", dask.scheduler or ""], tmp_path / "d.json")
+    assert json.loads(got) == json.loads(_text(ref.to_json()))
 
 
 def test_every_analysis_command_takes_the_engine_options() -> None:

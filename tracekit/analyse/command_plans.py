@@ -1,6 +1,6 @@
 """The plans of diff, decompose and the what-if (issue 27): the attribution plan
 (`plans.attribution_plan`) followed by one rank stage that reads what else the command needs of
-each rank's events, where they are (`plans.followed_by`); every engine runs them
+each rank's events, where they are (`followed_by`); every engine runs them
 (`tracekit.engine.diff_paths`, `decompose_paths`, `whatif_paths`), so the commands take
 `--engine` and give the same JSON on each.
 
@@ -19,15 +19,70 @@ each rank's events, where they are (`plans.followed_by`); every engine runs them
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.plans import PerRank, Plan, RankInput, attribution_plan, followed_by
+from tracekit.analyse.plans import PerRank, Plan, RankInput, RankStage, Reduce, attribution_plan
+from tracekit.model.events import Run
 
-__all__ = ["ReplayInput", "figures_plan", "replay_plan", "side_plan"]
+__all__ = ["ReplayInput", "figures_plan", "followed_by", "replay_plan", "side_plan"]
+
+
+@dataclass
+class _Then:
+    meta: Run  # the run's metadata
+    inner: Any  # the first plan's state
+    result: Any = None  # its result
+
+
+def followed_by(
+    plan: Plan,
+    name: str,
+    arg_of: Callable[[Any], Any],
+    rank: Callable[[RankInput, Any], Any],
+    finish: Callable[[Run, Any, dict[int, Any]], Any],
+) -> Plan:
+    """`plan`, then one more rank stage on its result (on the same ranks' events, where they are):
+    `arg_of(result)` its argument (a `PerRank` for per-rank windows), `rank(inp, arg)` per rank,
+    `finish(meta, result, {rank: value})` on the client the analysis result (`meta`: the run's
+    metadata; what diff, decompose and the what-if add to the attribution)."""
+    last = len(plan.stages) - 1
+
+    def done(st: _Then, arg: Any) -> Any:
+        st.result = plan.finish(st.inner, arg)
+        return arg_of(st.result)
+
+    def wrap(i: int, stage: RankStage | Reduce) -> RankStage | Reduce:
+        if isinstance(stage, RankStage):
+            combine = stage.combine
+
+            def comb(st: _Then, got: dict[int, Any]) -> Any:
+                arg = combine(st.inner, got)
+                return done(st, arg) if i == last else arg
+
+            return dataclasses.replace(stage, combine=comb)
+        then = stage.then
+
+        def then_(st: _Then, got: Any) -> Any:
+            arg = then(st.inner, got)
+            return done(st, arg) if i == last else arg
+
+        return dataclasses.replace(stage, then=then_)
+
+    def start(meta: Run) -> tuple[_Then, Any]:
+        st, arg = plan.start(meta)
+        return _Then(meta, st), arg
+
+    stages = tuple(wrap(i, s) for i, s in enumerate(plan.stages))
+    extra = RankStage(name, rank, lambda st, got: finish(st.meta, st.result, got))
+    return Plan(
+        f"{plan.name}+{name}", start, (*stages, extra), lambda _st, res: res, only_rank=plan.only_rank
+    )
 
 
 def _per_rank(frame: pd.DataFrame) -> PerRank:

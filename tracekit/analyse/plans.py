@@ -10,7 +10,9 @@ A `Plan` is what one analysis of one run needs, said once:
     `combine(state, {rank: result})` on the client (cheap), returning the next stage's argument:
     one value for every rank, or a `PerRank` mapping (a rank not in it is skipped);
   - a `Reduce`: `fn([kept value of every rank, in rank order], arg)` in one task (on a worker,
-    next to the ranks' values, not on the client), then `then(state, result)`;
+    next to the ranks' values, not on the client), then `then(state, result)`; a Reduce may keep
+    a value where it ran (`keeps`: the run's dependency graph) for a later Reduce of the plan
+    (`on_kept`: the profiler correction on that graph), so it never reaches the client;
 - `finish(state, arg)`: on the client, the analysis result.
 
 A rank stage may keep values for later stages in `RankInput.keep` (its dependency-graph piece,
@@ -22,12 +24,13 @@ for the critical path's `Reduce`): they stay where the rank's events are.
 the rank's events held in the worker's memory from the read on).
 
 The plans: `attribution_plan` (`shortfall.attribute_run`: one run's per-step parts and critical
-path) and `breakdown_plan` (`breakdown.breakdown`, with the report's top kernels).
+path, and with `correct` its profiler correction) and `breakdown_plan` (`breakdown.breakdown`,
+with the report's top kernels); `tracekit.analyse.command_plans` has diff's, decompose's and
+the what-if's (a plan followed by a rank stage: `command_plans.followed_by`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +52,6 @@ __all__ = [
     "attribution_plan",
     "breakdown_plan",
     "correction_target",
-    "followed_by",
     "run_in_process",
     "split_ranks",
 ]
@@ -170,58 +172,6 @@ def run_reduce(stage: Reduce, reduced: dict[str, Any], values: Mapping[int, Any]
     if stage.keeps is not None:
         got, reduced[stage.keeps] = got
     return got
-
-
-@dataclass
-class _Then:
-    meta: Run  # the run's metadata
-    inner: Any  # the first plan's state
-    result: Any = None  # its result
-
-
-def followed_by(
-    plan: Plan,
-    name: str,
-    arg_of: Callable[[Any], Any],
-    rank: Callable[[RankInput, Any], Any],
-    finish: Callable[[Run, Any, dict[int, Any]], Any],
-) -> Plan:
-    """`plan`, then one more rank stage on its result (on the same ranks' events, where they are):
-    `arg_of(result)` its argument (a `PerRank` for per-rank windows), `rank(inp, arg)` per rank,
-    `finish(meta, result, {rank: value})` on the client the analysis result (`meta`: the run's
-    metadata; what diff, decompose and the what-if add to the attribution)."""
-    last = len(plan.stages) - 1
-
-    def done(st: _Then, arg: Any) -> Any:
-        st.result = plan.finish(st.inner, arg)
-        return arg_of(st.result)
-
-    def wrap(i: int, stage: RankStage | Reduce) -> RankStage | Reduce:
-        if isinstance(stage, RankStage):
-            combine = stage.combine
-
-            def comb(st: _Then, got: dict[int, Any]) -> Any:
-                arg = combine(st.inner, got)
-                return done(st, arg) if i == last else arg
-
-            return dataclasses.replace(stage, combine=comb)
-        then = stage.then
-
-        def then_(st: _Then, got: Any) -> Any:
-            arg = then(st.inner, got)
-            return done(st, arg) if i == last else arg
-
-        return dataclasses.replace(stage, then=then_)
-
-    def start(meta: Run) -> tuple[_Then, Any]:
-        st, arg = plan.start(meta)
-        return _Then(meta, st), arg
-
-    stages = tuple(wrap(i, s) for i, s in enumerate(plan.stages))
-    extra = RankStage(name, rank, lambda st, got: finish(st.meta, st.result, got))
-    return Plan(
-        f"{plan.name}+{name}", start, (*stages, extra), lambda _st, res: res, only_rank=plan.only_rank
-    )
 
 
 # ------------------------------------------------------------------------------------------
