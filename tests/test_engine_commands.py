@@ -161,3 +161,21 @@ def test_every_analysis_command_takes_the_engine_options() -> None:
         assert cmd is not None, name
         opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
         assert {"--engine", "--scheduler", "--workers"} <= opts, name
+
+
+def test_the_whatif_on_the_plans_refuses_a_run_without_its_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`replay.build_model` would build the graph again from every event, which the replay plan
+    does not bring back (only the device rows): a run whose attribution kept no graph is refused
+    in one line, naming the local engine, instead of being replayed on a partial table."""
+    from tracekit.analyse import plans
+    from tracekit.engine import EngineError, whatif_runs
+
+    real = plans._att_correct
+
+    def no_graph(graph: Any, arg: Any) -> Any:
+        target, corr, _graph = real(graph, arg)
+        return target, corr, None
+
+    monkeypatch.setattr(plans, "_att_correct", no_graph)
+    with pytest.raises(EngineError, match="--engine local"):
+        whatif_runs({"baseline": str(TRACES / "cpu-tp1")})
