@@ -95,30 +95,6 @@ def pytest_configure(config: Any) -> None:
         config.option.loadscopereorder = False
 
 
-def _host_lock(config: Any) -> Any:  # -> tests.session_captures.HostLock
-    """This worker's session host lock (tests/session_captures.py `HostLock`), made on first use in a
-    folder every worker of the session sees."""
-    import session_captures
-
-    if session_captures.HOST is None:
-        base = config._tmp_path_factory.getbasetemp()
-        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-        session_captures.HOST = session_captures.HostLock(shared / "host-lock")
-    return session_captures.HOST
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
-    """Every test (its setup, call and teardown) holds the host lock shared: a capture of repeats
-    (tests/gloo_truth.py) waits for the other worker's running test to end and keeps the next out."""
-    host = _host_lock(item.config)
-    host.share()
-    try:
-        yield
-    finally:
-        host.unshare()
-
-
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
     """The heaviest files first (HEAVY_FILES), every file's tests in their own order (a stable
     sort); the same order in every xdist worker, as xdist requires."""
@@ -177,15 +153,12 @@ def shared_trace(shared_traces: Path, rel: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth.TruthRuns
-    """Fresh CPU captures (tp1, a, b, inj) shared by the ground-truth, diff and what-if tests."""
-    pytest.importorskip("torch")
-    from gloo_truth import capture_truth_runs, shared_truth_runs
+def gloo_truth():  # -> tests.gloo_truth.TruthRuns
+    """The committed CPU ground-truth captures (tp1, a, b, inj: tests/gloo_truth.py) shared by the
+    ground-truth, diff and noise tests."""
+    from gloo_truth import truth_runs
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # -n auto: one capture for all workers
-        shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
-        return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
-    return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+    return truth_runs()
 
 
 @pytest.fixture(scope="session")
