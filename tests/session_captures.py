@@ -33,7 +33,7 @@ ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
 #: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round: the capture's
 #: --inject-delay checked as captured now (tests/test_capture.py); the analyses' ground truth
 #: reads the committed injected runs instead (tests/gloo_truth.py)
-INJ_TP2 = {
+INJ_TP2: dict[str, Any] = {
     "tp": 2,
     "preset": "tiny",
     "tokens": 4,

@@ -125,7 +125,7 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
 
 @pytest.mark.slow
 def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
-    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60)
+    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60, rounds=1)
     with pytest.raises(CaptureError, match=r"rank 1: RuntimeError: injected failure on rank 1"):
         capture(cfg, tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
