@@ -25,9 +25,44 @@ from pathlib import Path
 from typing import Any
 
 #: tp=2 on gloo, 3 alternating rounds of 5 tokens after a 1-token warm-up: the run of the rounds
-#: checks (tests/test_capture_rounds.py: passes, manifest, trace) and of the dilation's pooling
-#: (tests/test_dilation_rounds.py)
+#: checks (tests/test_capture_rounds.py: passes, manifest, trace), of the dilation's pooling
+#: (tests/test_dilation_rounds.py) and the footprint the full-disk test sizes its tmpfs from
+#: (tests/test_reliability_faults.py)
 ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
+
+#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round: the capture's
+#: --inject-delay checked as captured now (tests/test_capture.py); the analyses' ground truth
+#: reads the committed injected runs instead (tests/gloo_truth.py)
+INJ_TP2: dict[str, Any] = {
+    "tp": 2,
+    "preset": "tiny",
+    "tokens": 4,
+    "warmup": 1,
+    "backend": "gloo",
+    "device": "cpu",
+    "rounds": 1,
+    "inject_delay": [1, 20.0],
+}
+
+#: TP=1, 3 tokens, one round, mode ranges, --inject-sync, as a user runs it: ranges mode's trace
+#: (tests/test_capture.py) and --rounds 1's structure (tests/test_capture_rounds.py), one capture
+CLI_TP1_RANGES_R1 = [
+    "capture",
+    "--tp",
+    "1",
+    "--tokens",
+    "3",
+    "--warmup",
+    "1",
+    "--device",
+    "cpu",
+    "--rounds",
+    "1",
+    "--mode",
+    "ranges",
+    "--inject-sync",
+    "--quiet",
+]
 
 #: the CLI's TP=2 capture of tests/test_capture.py (8 tokens, the default 7 rounds), as a user runs
 #: it: its files, manifest and collectives are checked there, and its stderr for the profiler's lines
