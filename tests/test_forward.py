@@ -36,11 +36,15 @@ def _random_latencies(g: G.Graph, seed: int) -> list[np.ndarray]:
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK, G.FORWARD_BLOCK_NARROW])
 def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, block: int) -> None:
+    """Every block's running maximum by doubling steps (0), by slices where its pieces are at most
+    4 long (the others doubled), and by slices everywhere."""
     g, _ends = graph_of(SPECS[name])
     lats = [g.lat, *_random_latencies(g, seed=block)]
-    got = G._Forward(g, block).run(lats, g.t)
-    for i, lat in enumerate(lats):
-        assert np.array_equal(got[:, i], G.times_reference(g, lat)), (name, block, i)
+    want = [G.times_reference(g, lat) for lat in lats]
+    for slices_up_to in (0, 4, 1 << 30):
+        got = G._Forward(g, block, slices_up_to).run(lats, g.t)
+        for i in range(len(lats)):
+            assert np.array_equal(got[:, i], want[i]), (name, block, slices_up_to, i)
 
 
 @functools.cache
