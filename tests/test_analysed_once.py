@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import tracekit as tk
-import tracekit.analyse.steps as steps_mod
+import tracekit.analyse.timeline.steps as steps_mod
 import tracekit.classify as classify_mod
 from tracekit.cli.main import main
 
@@ -94,8 +94,8 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
 
 def test_sharing_changes_no_figure():
     """The report's analyses equal breakdown and shortfall of separately read, unshared runs."""
-    from tracekit.analyse.breakdown import breakdown
     from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
     from tracekit.report.build import _to_json, analyse_dirs
 

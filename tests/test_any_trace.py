@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import shared_params, shared_trace
-from tracekit.analyse.breakdown import breakdown
-from tracekit.analyse.steps import STEP_RULES, find_steps_detailed, partition_steps
+from tracekit.analyse.timeline.breakdown import breakdown
+from tracekit.analyse.timeline.steps import STEP_RULES, find_steps_detailed, partition_steps
 from tracekit.classify import classify
 from tracekit.cli.main import main
 from tracekit.model.events import Run, make_events

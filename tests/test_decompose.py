@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.decompose import CLASSES, bootstrap, log_shares
+from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -185,7 +185,7 @@ def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
 
 @pytest.mark.parametrize("trace", ["h200-tp1", "cpu-tp2"])
 def test_breakdown_shows_matrix_and_vector_compute_per_step(trace):
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     doc = breakdown(read_run([TRACES / trace], cache=False)).to_json()

@@ -89,7 +89,7 @@ def synthetic64_breakdown(synthetic64: Path) -> str:
 
 @pytest.mark.parametrize("run", MULTI_RANK)
 def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     local = _text(breakdown_paths(TRACES / run).to_json())

@@ -21,11 +21,11 @@ import pytest
 import serving_traces as st
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.breakdown import breakdown
 from tracekit.analyse.collectives import match_collectives
 from tracekit.analyse.diff import CANNOT_JUDGE, diff
 from tracekit.analyse.shortfall import attribute_run
-from tracekit.analyse.steps import step_kind
+from tracekit.analyse.timeline.breakdown import breakdown
+from tracekit.analyse.timeline.steps import step_kind
 from tracekit.classify import classify, classify_name
 from tracekit.cli.main import main
 from tracekit.errors import MatchError

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from conftest import shared_params
 
-from tracekit.analyse.steps import PARTS, find_steps, find_steps_detailed, partition_steps
+from tracekit.analyse.timeline.steps import PARTS, find_steps, find_steps_detailed, partition_steps
 from tracekit.classify import classify
 from tracekit.errors import StepError
 from tracekit.model.events import make_events
@@ -309,7 +309,7 @@ def test_cpu_gloo_capture(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     import gloo_capture
 
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     files = gloo_capture.capture(tmp_path / "run", world_size=2, steps=3)
@@ -497,7 +497,7 @@ BEFORE_CLIP = Path(__file__).resolve().parent / "data" / "breakdown_before_clip"
 def test_committed_traces_unchanged_by_the_clip(name: str) -> None:
     """These runs' windows never overlapped: every window and part equals the breakdown computed
     before the clip existed (tests/data/breakdown_before_clip, commit 0ea6933), and nothing is clipped."""
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     if not (TRACES / name / "manifest.json").exists():

@@ -101,7 +101,7 @@ def test_check_states_the_device_work_of_both_runs_as_breakdown_measures_it() ->
     # cache, more device work per token than the eager run the prediction replays; the check states
     # both, and they are the breakdown's per-token compute + memory kernel time (an independent path:
     # the step partition, not the replay's parts)
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     w = _whatif(

@@ -1198,7 +1198,7 @@ def fill_bytes_from_manifest(
     if not entries:
         return source
     if steps is None and events is not None:
-        from tracekit.analyse.steps import find_steps
+        from tracekit.analyse.timeline.steps import find_steps
         from tracekit.errors import StepError
 
         pattern = ((manifest or {}).get("workload") or {}).get("step_pattern") or None

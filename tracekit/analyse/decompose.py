@@ -35,10 +35,10 @@ from typing import Any
 
 import numpy as np
 
-from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
+from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.events import DataQuality, Run

@@ -128,7 +128,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
         ]
     n_steps = None
     try:
-        from tracekit.analyse.steps import find_steps
+        from tracekit.analyse.timeline.steps import find_steps
 
         steps = find_steps(ev)
         n_steps = int(steps.groupby("rank").size().max()) if len(steps) else None

@@ -624,8 +624,8 @@ def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
-    from tracekit.analyse.align import as_tokens
-    from tracekit.analyse.steps import find_steps_detailed
+    from tracekit.analyse.timeline.align import as_tokens
+    from tracekit.analyse.timeline.steps import find_steps_detailed
 
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]

@@ -67,7 +67,7 @@ from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, ker
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
@@ -190,7 +190,7 @@ def check_ranks(run: Run, label: str) -> None:
 
 def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
     """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
-    from tracekit.analyse.steps import cat_mask
+    from tracekit.analyse.timeline.steps import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
@@ -207,7 +207,7 @@ def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[in
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
-    from tracekit.analyse import steps as steps_mod
+    from tracekit.analyse.timeline import steps as steps_mod
 
     layers = steps_mod._LAYERS
     coll_layer = layers.index("collective")
@@ -279,7 +279,7 @@ def attribute_rank(
     unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
     windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
     `offset` its clock offset (raw = aligned + offset)."""
-    from tracekit.analyse.steps import layer_unions, partition_steps
+    from tracekit.analyse.timeline.steps import layer_unions, partition_steps
 
     if unions is None:
         unions = layer_unions(events)
@@ -487,7 +487,7 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
     after refusing a run of several ranks whose clocks could not be aligned
     (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
     between the matching and the partition."""
-    from tracekit.analyse.align import renumber_steps, step_tokens
+    from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 
     if len(pd.unique(steps["rank"])) > 1:
         require_aligned(coll, label)

@@ -21,7 +21,7 @@ from tracekit.model import units
 from tracekit.model.parts import PARTS
 
 if TYPE_CHECKING:
-    from tracekit.analyse.breakdown import Breakdown
+    from tracekit.analyse.timeline.breakdown import Breakdown
 
 #: Steps listed in the terminal table (the per-rank and per-token summaries cover all of them).
 MAX_STEP_ROWS = 40

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
-    from tracekit.analyse.breakdown import Breakdown
     from tracekit.analyse.shortfall import Shortfall
+    from tracekit.analyse.timeline.breakdown import Breakdown
     from tracekit.engine.executor import Job, JobResult
     from tracekit.report.build import AnalysedRuns
 
@@ -111,7 +111,7 @@ def breakdown_paths(
     rank: int | None = None,
     cache: bool = True,
 ) -> Breakdown:
-    """`tracekit.analyse.breakdown.breakdown` of the run in `paths` (files and/or folders), on the
+    """`tracekit.analyse.timeline.breakdown.breakdown` of the run in `paths` (files and/or folders), on the
     engine (`plans.breakdown_plan`). `rank`: with one trace file, read it as that rank; with
     several, show only that rank (as the `breakdown` command does)."""
     from pathlib import Path

@@ -48,7 +48,7 @@ def analyse_dirs(
     Each run is analysed once (`AnalysedRun`: classified, its steps found and partitioned once),
     and that analysis serves both its breakdown and the shortfall."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([Path(run_dir)]))

@@ -20,8 +20,8 @@ import pandas as pd
 
 from tracekit.analyse import intervals
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.compute_split import compute_split
-from tracekit.analyse.steps import (
+from tracekit.analyse.timeline.compute_split import compute_split
+from tracekit.analyse.timeline.steps import (
     PARTITION_COLUMNS,
     PARTS,
     StepsResult,
@@ -63,7 +63,7 @@ class Breakdown:
     paths: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     skipped_steps: int = 0  # per rank, from skip_first
-    step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.steps.STEP_RULES)
+    step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.timeline.steps.STEP_RULES)
     trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
     #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
@@ -556,7 +556,7 @@ def rank_breakdown_table(
     if isinstance(ar, AnalysedRun):
         table, events = ar.partition(steps), ar.events
     else:
-        from tracekit.analyse.steps import partition_steps
+        from tracekit.analyse.timeline.steps import partition_steps
 
         table, events = partition_steps(ar, steps), ar
     table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
