@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives import (
+from tracekit.analyse.collectives.matching import (
     ManifestCollective,
     manifest_collectives,
     match_collectives,

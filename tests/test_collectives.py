@@ -12,12 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives import (
-    assign_steps,
-    match_collectives,
-    normalise_op,
-    split_exposed,
-)
+from tracekit.analyse.collectives.matching import assign_steps, match_collectives, normalise_op, split_exposed
 from tracekit.errors import MatchError
 from tracekit.model.events import make_events
 

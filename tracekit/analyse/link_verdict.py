@@ -11,7 +11,7 @@ per-token shortfall S? With a decode trace (`trace_dir`) and, for S, its baselin
 (a) the probe's busbw per mode at the message sizes the decode used, and whether those sizes are
     latency-bound (the probe's per-call time there is under twice its floor: the fixed cost, not
     the bytes, sets it) or bandwidth-bound;
-(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives`: wait removed;
+(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives.matching`: wait removed;
     kernel duration when ranks cannot be matched, said so). The trace's transfer time leaves out
     the launch latency that the probe's per-iteration time includes, so at small sizes the trace
     can exceed the probe; that is said, not read as "the link explains it";
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.analyse.bandwidth import PROBE_OP
+from tracekit.analyse.collectives.bandwidth import PROBE_OP
 from tracekit.analyse.link_curves import (
     busbw_at,
     curve,
@@ -68,7 +68,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
     """Message sizes a decode run used and the busbw it realised, per (op, size).
 
     Reads the run with `tracekit.read.read_run`; transfer times from
-    `tracekit.analyse.collectives.match_collectives` (wait removed). When ranks cannot be matched
+    `tracekit.analyse.collectives.matching.match_collectives` (wait removed). When ranks cannot be matched
     (a run with some ranks only), each collective's own duration is used and `source` says so."""
     from tracekit.read import read_run
 
@@ -77,7 +77,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
     notes: list[str] = []
     source = "transfer"
     try:
-        from tracekit.analyse.collectives import match_collectives
+        from tracekit.analyse.collectives.matching import match_collectives
 
         try:
             ci = match_collectives(ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest)
@@ -112,9 +112,9 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
     except ImportError:
         source, level = "duration", "gpu_kernel"
         notes.append(
-            "tracekit.analyse.collectives is not available: realised busbw from kernel durations (includes wait)"
+            "tracekit.analyse.collectives.matching is not available: realised busbw from kernel durations (includes wait)"
         )
-        from tracekit.analyse.bandwidth import nccl_tests_size
+        from tracekit.analyse.collectives.bandwidth import nccl_tests_size
 
         sel = ev[(ev["kind"] == "kernel") & (ev["coll_op"].astype(str) != "")]
         per = [
@@ -134,7 +134,7 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
         n_steps = int(steps.groupby("rank").size().max()) if len(steps) else None
     except (ImportError, StepError):
         notes.append("no step annotations: per-token transfer is not known, totals are over the whole trace")
-    from tracekit.analyse.bandwidth import algbw_gbps, bus_factor
+    from tracekit.analyse.collectives.bandwidth import algbw_gbps, bus_factor
 
     groups: dict[tuple[str, int, int], list[float]] = {}
     sources: dict[tuple[str, int, int], set[str]] = {}

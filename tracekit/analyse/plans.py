@@ -176,7 +176,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
     """Per rank: which step rules it matches, and its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
-    from tracekit.analyse.collectives import select_collective_events
+    from tracekit.analyse.collectives.matching import select_collective_events
     from tracekit.analyse.timeline.steps import rank_step_summary
 
     sel, level = select_collective_events(inp.events)
@@ -259,7 +259,7 @@ def attribution_plan(
         return st.choice
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
-        from tracekit.analyse.collectives import match_collectives
+        from tracekit.analyse.collectives.matching import match_collectives
         from tracekit.analyse.shortfall import join_steps
         from tracekit.analyse.timeline.steps import assemble_steps
         from tracekit.model.events import empty_events

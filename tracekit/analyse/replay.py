@@ -197,7 +197,7 @@ class Knob:
 
     def transfer_ns(self, op: str, size: int, n_ranks: int) -> float:
         """collective_latency: one collective's transfer (ns) for its op, nccl-tests size and ranks."""
-        from tracekit.analyse.bandwidth import bus_factor
+        from tracekit.analyse.collectives.bandwidth import bus_factor
 
         lat = float(self.latency_ns or 0.0)
         if size <= 0:

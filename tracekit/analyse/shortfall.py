@@ -53,7 +53,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives import (
+from tracekit.analyse.collectives.matching import (
     CollectiveInstances,
     assign_steps,
     require_aligned,

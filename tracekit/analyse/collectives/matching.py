@@ -32,7 +32,7 @@
   summary is `clock.check` (`clock.raw_instances_over`: the same count on the unaligned clocks).
 - per instance: a = max_r s_r (last arrival), the last-arriving rank, skew = max s - min s;
   per rank wait = min(e_r, a) - s_r and transfer = e_r - max(s_r, a); bytes (nccl-tests size),
-  realised algbw / busbw from the mean transfer time (`tracekit.analyse.bandwidth`).
+  realised algbw / busbw from the mean transfer time (`tracekit.analyse.collectives.bandwidth`).
   A rank whose collective ends before the last arrival (an inconsistent trace) gets transfer 0 and
   is counted in `data_quality` (`collective_end_before_last_arrival`): nothing is clamped silently.
 - `stragglers`: per rank, how often it arrived last.
@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse import intervals
-from tracekit.analyse.bandwidth import bus_factor, nccl_tests_size
+from tracekit.analyse.collectives.bandwidth import bus_factor, nccl_tests_size
 from tracekit.errors import MatchError
 from tracekit.model.events import COLLECTIVE_OPS, DataQuality
 
