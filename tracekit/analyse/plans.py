@@ -370,7 +370,7 @@ def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
 def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
     """Per rank: its windows under the run's rule, its partition after the warm-up with the
     compute split, its event figures and its kernel sums."""
-    from tracekit.analyse.kernels import rank_kernel_sums
+    from tracekit.analyse.compute.kernels import rank_kernel_sums
     from tracekit.analyse.timeline.breakdown import rank_breakdown_table, rank_events
     from tracekit.analyse.timeline.steps import rank_step_windows
 
@@ -406,7 +406,7 @@ def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank
         return st.choice, st.skip_first
 
     def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
-        from tracekit.analyse.kernels import assemble_top_kernels
+        from tracekit.analyse.compute.kernels import assemble_top_kernels
         from tracekit.analyse.timeline.breakdown import assemble_breakdown
         from tracekit.analyse.timeline.steps import assemble_steps
 

@@ -59,11 +59,11 @@ from tracekit.analyse.collectives.matching import (
     require_aligned,
     split_exposed,
 )
+from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
-from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading

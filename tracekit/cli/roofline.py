@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from tracekit.analyse.kernel_scaling import short_kernel_name
+from tracekit.analyse.compute.kernel_scaling import short_kernel_name
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
@@ -122,7 +122,7 @@ def command(
       tracekit roofline traces/h200x2-tp1-b1-graphs --copy reports/h200/copy.json --rho reports/rho/h200.json
       tracekit roofline traces/h200x2-tp2-b1-graphs --copy reports/h200/copy.json --format json -o r.json
     """
-    from tracekit.analyse.roofline import load_peaks, roofline
+    from tracekit.analyse.compute.roofline import load_peaks, roofline
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)

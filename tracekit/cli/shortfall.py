@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.analyse.kernel_scaling import short_kernel_name
+from tracekit.analyse.compute.kernel_scaling import short_kernel_name
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
+from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Copy, DocumentError, Rho, convert
 from tracekit.model.events import Run
