@@ -1,5 +1,5 @@
 """NVLink vs PCIe on the same GPUs: the same sweep in each mode, the transport NCCL really used in
-each, and the result judged against a decode trace by `tracekit.analyse.link_verdict`.
+each, and the result judged against a decode trace by `tracekit.analyse.links.verdict`.
 
 Modes (each a separate set of rank processes with its own environment; NCCL_NVLS_ENABLE=0 always):
 - `nvlink`: NCCL's default (P2P allowed: NVLink where the pair has it);
@@ -12,7 +12,7 @@ that still used P2P over NVLink, a machine without NVLink).
 
 This module runs the sweeps (`compare_links`); the verdict (docs/METHOD.md section Bandwidth and the link verdict: would a faster
 link shrink the decode's per-token shortfall?), the trace's message sizes and `recompute` of a
-saved result are pure analysis in `tracekit.analyse.link_verdict`, the text table is
+saved result are pure analysis in `tracekit.analyse.links.verdict`, the text table is
 `tracekit.report.compare_links.format_compare`. The result is a plain dict (docs/JSON.md#probe,
 `tracekit.compare_links`). No torch here except through `run_sweep_detailed`.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tracekit.analyse.link_verdict import KIND, SCHEMA_VERSION, recompute
+from tracekit.analyse.links.verdict import KIND, SCHEMA_VERSION, recompute
 from tracekit.errors import ProbeError
 from tracekit.probe.links import Topology, detect_topology
 from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tracekit.analyse.link_verdict import fmt_gbps, fmt_ns
+from tracekit.analyse.links.verdict import fmt_gbps, fmt_ns
 
 
 def format_compare(result: dict[str, Any]) -> str:

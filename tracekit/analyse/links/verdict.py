@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.analyse.collectives.bandwidth import PROBE_OP
-from tracekit.analyse.link_curves import (
+from tracekit.analyse.links.curves import (
     busbw_at,
     curve,
     mode_labels,
