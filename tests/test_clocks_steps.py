@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse.diff import diff
+from tracekit.analyse.compare.diff import diff
 from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_of_pair
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError

@@ -24,7 +24,7 @@ Examples:
 
 
 def render_text(doc: dict) -> str:
-    from tracekit.analyse.decompose import CLASSES, RUNS
+    from tracekit.analyse.compare.decompose import CLASSES, RUNS
 
     def iv(key: str, pct: bool = False) -> str:
         v = doc["intervals"].get(key)
@@ -114,7 +114,7 @@ def command(
     are the unprofiled ones when the manifests carry them (the traced parts reconciled to them, as
     `tracekit shortfall` does), else the traced ones.
     """
-    from tracekit.analyse.decompose import decompose_runs
+    from tracekit.analyse.compare.decompose import decompose_runs
     from tracekit.cli.probe import dumps_json
     from tracekit.read import read_run
 

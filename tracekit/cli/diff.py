@@ -366,7 +366,7 @@ def command(
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
       tracekit diff runs/main runs/pr --format json -o diff.json
     """
-    from tracekit.analyse.diff import diff
+    from tracekit.analyse.compare.diff import diff
     from tracekit.read import read_run
 
     pct: float | None = None
