@@ -517,7 +517,8 @@ def test_h200_steps_partition_with_classifier(shared_traces: Path) -> None:
     sqlite3), and the parts sum to the window."""
     path = shared_trace(shared_traces, H200)
     try:
-        from tracekit.analyse.timeline.steps import find_steps, partition_steps
+        from tracekit.analyse.timeline.partition import partition_steps
+        from tracekit.analyse.timeline.steps import find_steps
         from tracekit.classify import classify
     except ImportError as exc:
         pytest.skip(f"classifier / steps not there yet: {exc}")

@@ -25,7 +25,7 @@ from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.compare.diff import CANNOT_JUDGE, diff
 from tracekit.analyse.shortfall import attribute_run
 from tracekit.analyse.timeline.breakdown import breakdown
-from tracekit.analyse.timeline.steps import step_kind
+from tracekit.analyse.timeline.kinds import step_kind
 from tracekit.classify import classify, classify_name
 from tracekit.cli.main import main
 from tracekit.errors import MatchError

@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 from conftest import shared_params
 
-from tracekit.analyse.timeline.steps import PARTS, find_steps, find_steps_detailed, partition_steps
+from tracekit.analyse.timeline.partition import partition_steps
+from tracekit.analyse.timeline.steps import find_steps, find_steps_detailed
 from tracekit.classify import classify
 from tracekit.errors import StepError
 from tracekit.model.events import make_events
+from tracekit.model.parts import PARTS
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 GEMM = "ampere_sgemm_32x128_nt"

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.timeline.steps import LayerUnions, StepsResult, rank_layer_unions
+from tracekit.analyse.timeline.partition import LayerUnions, rank_layer_unions
+from tracekit.analyse.timeline.steps import StepsResult
 from tracekit.model.events import DataQuality, Run
 
 
@@ -88,7 +89,7 @@ class AnalysedRun:
     def partition(self, steps: pd.DataFrame) -> pd.DataFrame:
         """`partition_steps(events, steps)`, each rank's rows once per set of that rank's windows
         (so a plan's per-rank stage and a run-wide caller share them); a copy of the kept rows."""
-        from tracekit.analyse.timeline.steps import partition_steps
+        from tracekit.analyse.timeline.partition import partition_steps
 
         ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
         if not ranks:

@@ -100,7 +100,7 @@ class Plan:
 def split_ranks(run: Run | AnalysedRun, only: int | None = None) -> dict[int, RankInput]:
     """The run's classified table as per-rank inputs (rank order; the row labels kept), each on
     an `AnalysedRun` sharing the run's kept partitions and layer unions."""
-    from tracekit.analyse.timeline.steps import rank_selectors
+    from tracekit.analyse.timeline.partition import rank_selectors
 
     ar = AnalysedRun.of(run)
     events = ar.events
@@ -177,7 +177,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
     from tracekit.analyse.collectives.matching import select_collective_events
-    from tracekit.analyse.timeline.steps import rank_step_summary
+    from tracekit.analyse.timeline.rules import rank_step_summary
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
@@ -185,7 +185,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
 
 
 def _att_windows(inp: RankInput, choice: Any) -> Any:
-    from tracekit.analyse.timeline.steps import rank_step_windows
+    from tracekit.analyse.timeline.windows import rank_step_windows
 
     return rank_step_windows(inp.events, choice)
 
@@ -248,7 +248,7 @@ def attribution_plan(
         return st, st.pattern
 
     def after_rule(st: _Attribution, got: dict[int, Any]) -> Any:
-        from tracekit.analyse.timeline.steps import choose_step_rule
+        from tracekit.analyse.timeline.rules import choose_step_rule
 
         try:
             st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
@@ -362,7 +362,7 @@ class _Breakdown:
 
 
 def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
-    from tracekit.analyse.timeline.steps import rank_step_summary
+    from tracekit.analyse.timeline.rules import rank_step_summary
 
     return rank_step_summary(inp.events, pattern)
 
@@ -372,7 +372,7 @@ def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
     compute split, its event figures and its kernel sums."""
     from tracekit.analyse.compute.kernels import rank_kernel_sums
     from tracekit.analyse.timeline.breakdown import rank_breakdown_table, rank_events
-    from tracekit.analyse.timeline.steps import rank_step_windows
+    from tracekit.analyse.timeline.windows import rank_step_windows
 
     choice, skip_first = arg
     win = rank_step_windows(inp.events, choice)
@@ -400,7 +400,7 @@ def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank
         return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
 
     def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
-        from tracekit.analyse.timeline.steps import choose_step_rule
+        from tracekit.analyse.timeline.rules import choose_step_rule
 
         st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
         return st.choice, st.skip_first

@@ -67,7 +67,8 @@ from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
 from tracekit.analyse.noise import NEGATIVE_WORDS, Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.timeline.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.partition import LayerUnions
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
@@ -190,7 +191,7 @@ def check_ranks(run: Run, label: str) -> None:
 
 def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
     """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
-    from tracekit.analyse.timeline.steps import cat_mask
+    from tracekit.analyse.timeline.partition import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
@@ -207,15 +208,15 @@ def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[in
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
-    from tracekit.analyse.timeline import steps as steps_mod
+    from tracekit.analyse.timeline.partition import LAYERS, rank_layers
 
-    layers = steps_mod._LAYERS
+    layers = LAYERS
     coll_layer = layers.index("collective")
     hi, co = [], []
     timelines = set()
     ev_rank = classified["rank"].to_numpy(np.int64)
     for r in ranks:
-        timeline, s, e, layer = steps_mod._rank_layers(classified[ev_rank == r])
+        timeline, s, e, layer = rank_layers(classified[ev_rank == r])
         timelines.add(timeline)
         h = layer < coll_layer
         c = layer == coll_layer
@@ -279,7 +280,7 @@ def attribute_rank(
     unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
     windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
     `offset` its clock offset (raw = aligned + offset)."""
-    from tracekit.analyse.timeline.steps import layer_unions, partition_steps
+    from tracekit.analyse.timeline.partition import layer_unions, partition_steps
 
     if unions is None:
         unions = layer_unions(events)

@@ -21,19 +21,14 @@ import pandas as pd
 from tracekit.analyse import intervals
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.timeline.compute_split import compute_split
-from tracekit.analyse.timeline.steps import (
-    PARTITION_COLUMNS,
-    PARTS,
-    StepsResult,
-    cat_mask,
-    kinds_summary,
-    rank_selectors,
-    token_steps,
-)
+from tracekit.analyse.timeline.kinds import kinds_summary, token_steps
+from tracekit.analyse.timeline.partition import PARTITION_COLUMNS, cat_mask, rank_selectors
+from tracekit.analyse.timeline.steps import StepsResult
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.parts import PARTS
 
 SCHEMA_VERSION = "1.0"
 KIND = "tracekit.breakdown"
@@ -556,7 +551,7 @@ def rank_breakdown_table(
     if isinstance(ar, AnalysedRun):
         table, events = ar.partition(steps), ar.events
     else:
-        from tracekit.analyse.timeline.steps import partition_steps
+        from tracekit.analyse.timeline.partition import partition_steps
 
         table, events = partition_steps(ar, steps), ar
     table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector

@@ -39,7 +39,7 @@ def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     compute part split into `matrix_ns` (time under a matrix kernel, or a matrix op on a host
     timeline, inside the window) and `vector_ns` = compute_ns - matrix_ns. Exact integers; matrix
     intervals are a subset of the partition's compute layer, so 0 <= matrix_ns <= compute_ns."""
-    from tracekit.analyse.timeline.steps import cat_mask, rank_selectors
+    from tracekit.analyse.timeline.partition import cat_mask, rank_selectors
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
