@@ -18,12 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives.matching import (
-    ManifestCollective,
-    manifest_collectives,
-    match_collectives,
-    step_sequence,
-)
+from tracekit.analyse.collectives.matching import match_collectives
+from tracekit.analyse.collectives.sizes import ManifestCollective, manifest_collectives, step_sequence
 from tracekit.model.events import make_events
 
 REPO = Path(__file__).resolve().parents[1]

@@ -176,7 +176,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
     """Per rank: which step rules it matches, and its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
-    from tracekit.analyse.collectives.matching import select_collective_events
+    from tracekit.analyse.collectives.select import select_collective_events
     from tracekit.analyse.timeline.rules import rank_step_summary
 
     sel, level = select_collective_events(inp.events)

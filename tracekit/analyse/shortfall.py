@@ -53,12 +53,9 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives.matching import (
-    CollectiveInstances,
-    assign_steps,
-    require_aligned,
-    split_exposed,
-)
+from tracekit.analyse.collectives.clocks import require_aligned
+from tracekit.analyse.collectives.exposed import split_exposed
+from tracekit.analyse.collectives.instances import CollectiveInstances
 from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
@@ -69,6 +66,7 @@ from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
 from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
 from tracekit.analyse.timeline.partition import LayerUnions
+from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words

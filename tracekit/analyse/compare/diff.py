@@ -214,7 +214,7 @@ def _kernel_table(
 
 def _collective_table(run: RunParts, steady: set[int]) -> pd.DataFrame:
     """Per (op, bytes): count, wait, transfer and duration per token per rank over the steady steps."""
-    from tracekit.analyse.collectives.matching import assign_steps
+    from tracekit.analyse.timeline.windows import assign_steps
 
     cols = ["op", "bytes", "count", "wait_ns", "transfer_ns", "time_ns"]
     pr = run.collectives.per_rank

@@ -11,7 +11,7 @@ rank (`tracekit.analyse.collectives.matching`), so the window that holds it is t
 `step_tokens(windows, per_rank)` maps every (rank, step) window to a run-level token index:
 
 1. per window, its *anchor*: the first matched collective instance (by start on the rank's own
-   clock) whose start the window holds (`collectives.assign_steps`);
+   clock) whose start the window holds (`windows.assign_steps`);
 2. the reference rank is the lowest rank, and its step numbers are the tokens (so a run whose
    ranks agree keeps its numbers, and the figures of a run with renumbered ranks are those of the
    original); the other ranks follow, each the one sharing the most instances with the ranks
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.collectives.matching import assign_steps
+from tracekit.analyse.timeline.windows import assign_steps
 
 #: Columns of `StepTokens.table`.
 TOKEN_COLUMNS: tuple[str, ...] = ("rank", "step", "token", "anchor")

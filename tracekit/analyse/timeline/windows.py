@@ -289,3 +289,22 @@ def _clip_at_next_step(
     spill = int((out[:-1][cut] - limit[cut]).sum())
     out[cut] = limit[cut]
     return out, len(cut), spill
+
+
+def assign_steps(per_rank: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
+    """The step index of each per-rank collective row: the window of its rank that contains its
+    start (windows: rank, step, start_ns, end_ns; half-open [start, end)); -1 when none."""
+    out = np.full(len(per_rank), -1, dtype=np.int64)
+    if per_rank.empty or windows.empty:
+        return pd.Series(out, index=per_rank.index)
+    for r, w in windows.sort_values(["rank", "start_ns"]).groupby("rank"):
+        mask = (per_rank["rank"] == r).to_numpy()
+        if not mask.any():
+            continue
+        s = per_rank.loc[mask, "start_ns"].to_numpy(np.int64)
+        ws = w["start_ns"].to_numpy(np.int64)
+        we = w["end_ns"].to_numpy(np.int64)
+        i = np.searchsorted(ws, s, side="right") - 1
+        ok = (i >= 0) & (s < we[np.clip(i, 0, None)])
+        out[np.flatnonzero(mask)[ok]] = w["step"].to_numpy(np.int64)[i[ok]]
+    return pd.Series(out, index=per_rank.index)
