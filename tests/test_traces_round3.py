@@ -35,9 +35,9 @@ from tests.faithful_traces import (
     compiled_range,
     legacy_kineto_trace,
 )
-from tracekit.analyse.timeline.breakdown import rank_tracelens_timeline
 from tracekit.analyse.timeline.rules import StepChoice, range_key
 from tracekit.analyse.timeline.steps import assemble_steps, find_steps_detailed
+from tracekit.analyse.timeline.trace_totals import rank_tracelens_timeline
 from tracekit.analyse.timeline.windows import RankWindows, empty_step_rows
 from tracekit.cli.main import main
 from tracekit.errors import StepError, TraceFormatError
@@ -415,7 +415,7 @@ def test_tracelens_definitions_differ_from_tracekits_where_they_should() -> None
     assert linked["idle_ns"] == 700 - 260
     # tracekit's own: busy = the kernels only ([0,100) + [120,200) + B + the graph); the memset's
     # [100, 120) outside them is exposed memcpy with the memcpy's 10
-    from tracekit.analyse.timeline.breakdown import rank_trace_totals
+    from tracekit.analyse.timeline.trace_totals import rank_trace_totals
 
     own = rank_trace_totals(ev)
     assert own is not None and own["busy_ns"] == 100 + 80 + 100 + 100 and own["exposed_memcpy_ns"] == 20 + 10
