@@ -1,4 +1,5 @@
-"""Exact integer figures: rounding Fractions to ints that still sum to a given total."""
+"""Exact integer figures: a Fraction to the nearest int, and Fractions to ints that still sum to a
+given total."""
 
 from __future__ import annotations
 
@@ -22,3 +23,8 @@ def round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
         left -= step
         i += 1
     return out
+
+
+def round_half_up(x: Fraction) -> int:
+    """The nearest int to `x`, halves up (exact: no float on the way)."""
+    return int(math.floor(x + Fraction(1, 2)))

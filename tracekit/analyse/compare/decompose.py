@@ -36,9 +36,10 @@ from typing import Any
 import numpy as np
 
 from tracekit.analyse.correction import correct_run
-from tracekit.analyse.exact import round_to_sum as _round_to_sum
+from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
 from tracekit.analyse.timeline.compute_split import compute_split
+from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
@@ -92,12 +93,12 @@ class RunFigures:
             "path": self.path,
             "n_ranks": self.n_ranks,
             "timeline": self.timeline,
-            "per_token_ns": _round(self.per_token_ns),
+            "per_token_ns": round_half_up(self.per_token_ns),
             "per_token_source": self.source,
             "samples": sum(len(r) for r in self.samples_ns),
             "sample_rounds": len(self.samples_ns),
             "steady_steps": self.steps,
-            "classes_ns": _round_to_sum(self.classes, _round(self.per_token_ns)),
+            "classes_ns": round_to_sum(self.classes, round_half_up(self.per_token_ns)),
             "matrix_share_of_compute": self.matrix_share_of_compute,
             "reconciliation": self.reconciliation,
         }
@@ -107,7 +108,6 @@ def run_figures(
     run: Run, label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1
 ) -> RunFigures:
     """Per-token time and class parts of one run (module doc)."""
-    from tracekit.classify import classify
 
     if "cls" not in run.events.columns:
         run = replace(run, events=classify(run.events))
@@ -294,10 +294,10 @@ class Decomposition:
             saved = {c: x.classes[c] - y.classes[c] for c in CLASSES}
             total = x.per_token_ns - y.per_token_ns
             assert sum(saved.values()) == total
-            ints = _round_to_sum(saved, _round(x.per_token_ns) - _round(y.per_token_ns))
+            ints = round_to_sum(saved, round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns))
             share = {c: (float(saved[c] / total) if total else None) for c in CLASSES}
             out[part] = {
-                "saved_ns": _round(x.per_token_ns) - _round(y.per_token_ns),
+                "saved_ns": round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns),
                 "saved_by_class_ns": ints,
                 "share_of_saving": share,
                 "log_part_by_class": {c: _times(log_part, share[c]) for c in CLASSES},
@@ -399,7 +399,3 @@ def decompose_runs(
 
 def _times(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a * b
-
-
-def _round(x: Fraction) -> int:
-    return int(math.floor(x + Fraction(1, 2)))
