@@ -284,7 +284,7 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
 def test_compare_links_trace_sizes_from_the_manifest(ranges_run):
     """`compare-links --trace` on a run whose trace has no bytes: the decode's sizes come from the
     manifest and say so."""
-    from tracekit.analyse.links.verdict import trace_collectives
+    from tracekit.analyse.links.trace import trace_collectives
 
     tr = trace_collectives(ranges_run)
     got = {(z["coll_op"], z["bytes"], z["bytes_source"], z["count"]) for z in tr["sizes"]}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tracekit.analyse.links.verdict import fmt_gbps, fmt_ns
+from tracekit.analyse.links.verdict import fmt_gbps
+from tracekit.model.units import ms_or_us as fmt_ns
 
 
 def format_compare(result: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.collectives.bandwidth import bus_factor
 from tracekit.model.events import DataQuality
 
 #: Default end-spread thresholds of the clock check, per level (`end_spread_check`). A collective
@@ -92,13 +91,6 @@ def end_spread_check(
             f"{median_ns / 1e3:.2f} us",
         )
     return out
-
-
-def safe_bus_factor(op: str, n: int) -> float:
-    try:
-        return bus_factor(op, n)
-    except ValueError:
-        return float("nan")
 
 
 def straggler_counts(instances: pd.DataFrame, per_rank: pd.DataFrame, ranks: list[int]) -> pd.DataFrame:

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.collectives.bandwidth import nccl_tests_size
-from tracekit.analyse.collectives.checks import end_spread_check, safe_bus_factor, straggler_counts
+from tracekit.analyse.collectives.bandwidth import nccl_tests_size, safe_bus_factor
+from tracekit.analyse.collectives.checks import end_spread_check, straggler_counts
 from tracekit.analyse.collectives.clocks import align_clocks
 from tracekit.analyse.collectives.groups import (
     expected_ranks,
