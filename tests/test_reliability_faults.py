@@ -303,9 +303,9 @@ def test_tampered_cache_entry_is_detected_and_read_from_the_source(
 
 
 def _kineto_version() -> str:
-    from tracekit.read import _reader_for
+    from tracekit.read.files import reader_for
 
-    found = _reader_for(Path("x.pt.trace.json.gz"))
+    found = reader_for(Path("x.pt.trace.json.gz"))
     assert found is not None
     return found[1]
 
@@ -320,7 +320,7 @@ def _kineto_version() -> str:
 def test_manifest_paths_outside_the_run_folder_are_ignored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    import tracekit.read as read_mod
+    import tracekit.read.run as read_mod
 
     run = copy_run(CPU_TP2, tmp_path / "run")
     (tmp_path / "outside.json.gz").write_bytes(b"secret")
