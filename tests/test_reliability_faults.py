@@ -156,17 +156,17 @@ def test_manifest_that_cannot_be_written_is_one_line_and_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tracekit.capture import environment as env
-    from tracekit.capture import runner
+    from tracekit.capture.manifest import finish_run
     from tracekit.errors import CaptureError
 
     monkeypatch.setattr(env.os, "fsync", _enospc)
     doc = {"complete": True, "errors": [], "files": {}}
     with pytest.raises(CaptureError) as info:
-        runner._finish(tmp_path, doc)
+        finish_run(tmp_path, doc)
     assert "no manifest written: cannot write" in str(info.value) and "No space left" in str(info.value)
     doc = {"complete": False, "errors": [{"rank": 1, "message": "a\nb"}], "files": {}}
     with pytest.raises(CaptureError) as info:
-        runner._finish(tmp_path, doc)
+        finish_run(tmp_path, doc)
     assert "\n" not in str(info.value) and "rank 1: a b" in str(info.value)
     assert list(tmp_path.iterdir()) == []
 

@@ -327,8 +327,9 @@ def test_cuda_graphs_on_cpu_is_one_clear_error(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.slow
 def test_compile_on_cpu_decodes_the_same_tokens() -> None:
     torch = pytest.importorskip("torch")
+    from tracekit.capture.config import workload
     from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
-    from tracekit.capture.runner import CaptureConfig, Resolved, workload
+    from tracekit.capture.runner import CaptureConfig, Resolved
 
     torch.set_num_threads(1)
     shape = preset("tiny", 1)
