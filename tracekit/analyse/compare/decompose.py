@@ -37,6 +37,7 @@ import numpy as np
 
 from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_half_up, round_to_sum
+from tracekit.analyse.resample import boot_means
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
 from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.classify import classify
@@ -204,25 +205,6 @@ def log_shares(ta: float, tb: float, tc: float) -> tuple[float, float] | None:
     return math.log(ta / tb) / total, math.log(tb / tc) / total
 
 
-def _resampled_means(rounds: Sequence[Sequence[int]], rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """Per resample, the pooled mean of one run: its rounds drawn with replacement, then each drawn
-    round's tokens with replacement within it (drift between rounds widens the spread; one round
-    is the plain token bootstrap)."""
-    rs = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
-    k = len(rs)
-    idx = rng.integers(0, k, size=(resamples, k))
-    sums = np.zeros(resamples)
-    counts = np.zeros(resamples)
-    for slot in range(k):
-        for j, r in enumerate(rs):
-            chosen = idx[:, slot] == j
-            m = int(chosen.sum())
-            if m:
-                sums[chosen] += r[rng.integers(0, len(r), size=(m, len(r)))].sum(axis=1)
-                counts[chosen] += len(r)
-    return sums / counts
-
-
 def bootstrap(
     samples: Sequence[Sequence[Any]],
     *,
@@ -232,12 +214,12 @@ def bootstrap(
 ) -> dict[str, tuple[float, float] | None]:
     """Percentile intervals of the speedups and the two log parts. `samples`: per run (baseline,
     intermediate, full) its per-token samples, a flat list (one round) or a list of rounds. The runs
-    are separate captures, drawn independently; within a run two levels (`_resampled_means`)."""
+    are separate captures, drawn independently; within a run two levels (`tracekit.analyse.resample.boot_means`)."""
     rng = np.random.default_rng(seed)
     means = []
     for s in samples:
         rounds = [list(s)] if len(s) and not isinstance(s[0], (list, tuple)) else [list(r) for r in s]
-        means.append(_resampled_means(rounds, rng, resamples))
+        means.append(boot_means(rounds, rng, resamples))
     ma, mb, mc = means
     alpha = (1.0 - level) / 2.0
 

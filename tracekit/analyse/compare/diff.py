@@ -55,12 +55,11 @@ from tracekit.analyse.compare.sides import (
     DIFF_PARTS,
     Side,
     attribute_side,
-    boot_means,
-    boot_steps,
     pooled_mean,
     settle,
 )
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
+from tracekit.analyse.resample import boot_means, boot_steps
 from tracekit.model.events import DataQuality, Run
 
 # ------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """One side of a diff (docs/METHOD.md section Comparing two runs): a run attributed as the shortfall
 does (`attribute_side`), its per-token time and source settled (`settle`), compute split into
-matrix and vector, its kernel and collective tables, and the two-level bootstrap of its tokens
-(`boot_means`, `boot_steps`). The comparison: `tracekit.analyse.compare.diff`.
+matrix and vector, and its kernel and collective tables (its tokens are resampled with
+`tracekit.analyse.resample`). The comparison: `tracekit.analyse.compare.diff`.
 """
 
 from __future__ import annotations
@@ -247,28 +247,3 @@ def pooled_mean(rounds: Sequence[Sequence[int]]) -> float:
 
 # ------------------------------------------------------------------------------------------
 # bootstrap
-
-
-def boot_means(rounds: Sequence[Sequence[int]], rng: np.random.Generator, b: int) -> np.ndarray:
-    """b resampled pooled means: rounds with replacement, then each drawn round's tokens."""
-    arrs = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
-    k = len(arrs)
-    idx = rng.integers(0, k, size=(b, k))
-    total = np.zeros(b)
-    count = np.zeros(b)
-    for slot in range(k):
-        for j, r in enumerate(arrs):
-            chosen = idx[:, slot] == j
-            m = int(chosen.sum())
-            if not m:
-                continue
-            total[chosen] += r[rng.integers(0, len(r), size=(m, len(r)))].sum(axis=1)
-            count[chosen] += len(r)
-    return total / count
-
-
-def boot_steps(values: np.ndarray, rng: np.random.Generator, b: int) -> np.ndarray:
-    """b resampled means of one array (per column when 2-d)."""
-    n = values.shape[0]
-    idx = rng.integers(0, n, size=(b, n))
-    return values[idx].mean(axis=1)
