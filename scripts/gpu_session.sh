@@ -4,6 +4,12 @@
 #        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
+#   gemmsweep (written, not yet run): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
+#        TP=1, and one rank's shard at TP=2/4/8) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the
+#        tables `advise --gemm-table` reads);
+#        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
+#        captures at 1 and 16; then advise given batch 1 + the table, batch 1 + 16 traced, and both,
+#        predicts the other batches (benchmarks/advise_batches.py check; ~5 min)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
@@ -93,6 +99,18 @@ if [ "$stage" = advise ]; then  # ~3 min
   python3 benchmarks/advise_batches.py check $A --fit 1 -o $A/check.json
   for b in 1 16 64; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $R/advise-graphs-b$b --quiet; done
   tar czf $OUT/advise-runs.tgz --exclude=.tracekit-cache -C /tmp runs
+fi
+if [ "$stage" = gemmsweep ]; then  # ~5 min
+  G=$R/gemmsweep; mkdir -p $G
+  P="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  timeout 120 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp 1 --m-max 256 -o $OUT/gemm-table-h200.json
+  for n in 2 4 8; do timeout 60 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp $n --m-max 256 -o $OUT/gemm-table-h200-tp$n.json; done
+  timeout 240 python3 benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs --batches 1,16,64,128,256 --tokens 32 --rounds 5 -o $G/batches
+  for b in 1 16; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $G/graphs-b$b --quiet; done
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-table.json
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 $P -o $OUT/check-b1-b16.json
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-b16-table.json
+  tar czf $OUT/gemmsweep-runs.tgz --exclude=.tracekit-cache -C $R gemmsweep
 fi
 # dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON):
 # the local engine, then LocalClusters of 16, 8, 1 and 4 workers; then 256 ranks (5.2 GB) on 16
