@@ -361,7 +361,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
     """The decoder's GEMMs timed alone per batch size (module doc): a tracekit.gemm-table."""
     import torch
 
-    from tracekit.analyse.roofline import gemm_shapes
+    from tracekit.analyse.compute.roofline import gemm_shapes
     from tracekit.capture.decoder import preset
 
     shape = preset(args.preset, args.layers)
@@ -370,7 +370,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     if not cuda:
-        torch.set_num_threads(runner.CPU_THREADS_PER_RANK)
+        torch.set_num_threads(config.CPU_THREADS_PER_RANK)
     ms = [2**i for i in range(int(math.log2(args.m_max)) + 1)]
     rows = []
     for role, (k, n) in gemm_shapes(sh, args.tp).items():
@@ -388,7 +388,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
         f"of {args.repeats} replays timed by CUDA events"
         if cuda
         else f"host clock over {args.reps} calls over the step's distinct weights of each role, the median of "
-        f"{args.repeats} ({runner.CPU_THREADS_PER_RANK} thread(s))"
+        f"{args.repeats} ({config.CPU_THREADS_PER_RANK} thread(s))"
     )
     doc = {
         "schema_version": "1.0",
