@@ -243,7 +243,3 @@ def settle(side: Side, source: str) -> None:
 def pooled_mean(rounds: Sequence[Sequence[int]]) -> float:
     n = sum(len(r) for r in rounds)
     return float(sum(sum(r) for r in rounds)) / n if n else float("nan")
-
-
-# ------------------------------------------------------------------------------------------
-# bootstrap
