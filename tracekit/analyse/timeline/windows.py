@@ -256,7 +256,7 @@ def _gpu_work_of_steps(
 
 
 #: The share of a rank's windows (of those a next step can clip) that must be clipped for its
-#: windows to come from the device side (`_device_paced`): the GPU ran behind the host in most steps.
+#: windows to come from the device side (`device_paced`): the GPU ran behind the host in most steps.
 DEVICE_PACED_MIN_SHARE = 0.5
 
 
