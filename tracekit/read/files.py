@@ -12,6 +12,7 @@ from typing import Any
 
 from tracekit.errors import NoTracesError
 from tracekit.model.events import Run
+from tracekit.read import cache as cache_mod
 from tracekit.read.manifests import load_manifest
 
 #: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
@@ -103,8 +104,6 @@ def read_file(
 ) -> Run:
     """Read one trace file with its registered reader, through the Parquet cache. A Kineto file that
     names no rank is read as rank 0 (rank_source "default"; `read_run` renumbers several such)."""
-    from tracekit.read import cache as cache_mod
-
     p = Path(path)
     found = reader_for(p)
     if found is None:

@@ -41,6 +41,7 @@ import numpy as np
 
 from tracekit.errors import TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read import cache as cache_mod
 from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
 from tracekit.read.nsys_meta import (
     assign_ranks,
@@ -135,8 +136,6 @@ def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
     version of the same path is removed. Written to a temporary name and renamed. With the cache
     off (TRACEKIT_NO_CACHE) or nowhere writable, into a temporary folder, returned second so the
     caller removes it. TraceFormatError when the file is not gzip or is truncated."""
-    from tracekit.read import cache as cache_mod
-
     try:
         st = gz.stat()
         with open(gz, "rb") as fh:

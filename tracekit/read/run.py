@@ -33,6 +33,7 @@ from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
 from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker
+from tracekit.read.limits import current_limits
 from tracekit.read.manifests import MAX_TP, int_in
 
 
@@ -41,7 +42,6 @@ def check_run_events(total: int, path: object, n_files: int) -> None:
     the file whose events took the run's total past it (`total`: the rows of the event tables of
     the first `n_files` files, in file order, this one included). One file alone is stopped while
     it streams, at the same limit."""
-    from tracekit.read.limits import current_limits
 
     limit = current_limits().max_events
     if total > limit:
