@@ -80,7 +80,6 @@ from tracekit.read.nsys_tables import (
     os_pid,
     os_tid,
     pid_sql,
-    stream_ids,
     table_columns,
 )
 
@@ -425,22 +424,9 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         lut = np.array(["Unknown Sync"] + [SYNC_TYPE[k] for k in (1, 2, 3, 4)], dtype=object)
         t = m[:, 6]
         names = lut[np.where((t >= 1) & (t <= 4), t, 0)]
-        pid = os_pid(m[:, 5])
-        parts.append(
-            KindPart(
-                "sync",
-                pid,
-                {
-                    "device": m[:, 2],
-                    "stream": stream_ids(m[:, 3]),
-                    "name": names,
-                    "start_ns": m[:, 0],
-                    "end_ns": m[:, 1],
-                    "correlation": m[:, 4],
-                },
-            )
-        )
-        tally(pid, "sync_records")
+        part = gpu_part("sync", m, names)  # the same six leading columns as the GPU activity
+        parts.append(part)
+        tally(part.pid, "sync_records")
 
     # ---- NVTX
     domains: dict[int, Counter[str]] = {}
