@@ -66,6 +66,13 @@ def test_every_package_has_a_layer() -> None:
         ("analyse/collectives/bandwidth.py", "import torch", "below capture"),
         ("report/markdown.py", "from tracekit.capture import runner", "below capture"),
         ("analyse/timeline/steps.py", "from tracekit.report import data", "analyse never imports report"),
+        (
+            "analyse/timeline/breakdown.py",
+            "from tracekit.render import writers",
+            "analyse never imports report",
+        ),
+        ("render/writers.py", "from tracekit.report import data", "layers"),
+        ("render/shortfall.py", "from tracekit.cli import options", "below capture"),
         ("model/events.py", "from tracekit import errors", "model imports nothing of tracekit"),
         ("read/limits.py", "from tracekit.probe import sweep", "layers"),
         (

@@ -26,5 +26,5 @@ def round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
 
 
 def round_half_up(x: Fraction) -> int:
-    """The nearest int to `x`, halves up (exact: no float on the way)."""
+    """The int nearest `x`, halves up (floor(x + 1/2)): how every exact per-token figure becomes ns."""
     return int(math.floor(x + Fraction(1, 2)))

@@ -1,5 +1,5 @@
 """NVLink vs PCIe on the same GPUs: the same sweep in each mode, the transport NCCL really used in
-each, and the result judged against a decode trace by `tracekit.analyse.links.verdict`.
+each, and the result judged against a decode trace by `tracekit.analyse.link_verdict`.
 
 Modes (each a separate set of rank processes with its own environment; NCCL_NVLS_ENABLE=0 always):
 - `nvlink`: NCCL's default (P2P allowed: NVLink where the pair has it);
@@ -12,8 +12,8 @@ that still used P2P over NVLink, a machine without NVLink).
 
 This module runs the sweeps (`compare_links`); the verdict (docs/METHOD.md section Bandwidth and the link verdict: would a faster
 link shrink the decode's per-token shortfall?), the trace's message sizes and `recompute` of a
-saved result are pure analysis in `tracekit.analyse.links.verdict`, the text table is
-`tracekit.report.compare_links.format_compare`. The result is a plain dict (docs/JSON.md#probe,
+saved result are pure analysis in `tracekit.analyse.link_verdict`, the text table is
+`tracekit.render.links.table`. The result is a plain dict (docs/JSON.md#probe,
 `tracekit.compare_links`). No torch here except through `run_sweep_detailed`.
 """
 
