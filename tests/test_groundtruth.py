@@ -54,12 +54,8 @@ GRAPH_EVENT_WAIT = "issue 23, dependency graph (open): a cross-stream event wait
 
 #: (case, comparison group) -> why the current tracekit fails it
 XFAIL: dict[tuple[str, str], str] = {
-    ("epoch_times", "whatif launch=0"): GRAPH_LAUNCH0_TYPICAL,
     ("loaded_host_noise", "replay"): GRAPH_NOISE_REPLAY,
     ("profiler_changes_last_rank", "whatif transfer=0"): GRAPH_SOLVED_COST,
-    ("profiler_cost_15us", "whatif launch=0"): PROFILER_ONE_NUMBER,
-    ("profiler_cost_15us", "shapley"): SHAPLEY_SYNC0 + "; " + PROFILER_ONE_NUMBER,
-    ("profiler_cost_4us", "whatif launch=0"): PROFILER_ONE_NUMBER,
     ("profiler_changes_last_rank", "terms"): PROFILER_PROPORTIONAL,
     ("profiler_changes_last_rank", "terms_per_rank"): PROFILER_PROPORTIONAL,
     ("profiler_changes_last_rank", "path device"): PROFILER_PROPORTIONAL + "; " + PATH_NOT_CAUSAL,
@@ -71,11 +67,6 @@ XFAIL: dict[tuple[str, str], str] = {
     + PROFILER_ONE_NUMBER
     + "; "
     + PROFILER_PROPORTIONAL,
-    ("epoch_times", "whatif all"): SHAPLEY_SYNC0 + "; " + EPOCH_FLOAT,
-    ("epoch_times", "shapley"): SHAPLEY_SYNC0 + "; " + EPOCH_FLOAT,
-    ("tiny_launch_bound", "whatif launch=0"): QUEUED_GAP_GUESS,
-    ("tiny_launch_bound", "whatif all"): SHAPLEY_SYNC0 + "; " + QUEUED_GAP_GUESS,
-    ("tiny_launch_bound", "shapley"): SHAPLEY_SYNC0 + "; " + QUEUED_GAP_GUESS,
     ("loaded_host_noise", "path device"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "path host"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "shapley"): SHAPLEY_SYNC0,

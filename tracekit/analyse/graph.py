@@ -480,7 +480,14 @@ def _gpu_rank(
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
     # an operation inside a graph replay after its first: its gap from the operation before the replay
     # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
-    qq = q_eff[((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
+    queued = ((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))
+    # the device's own gap is seen where the launch did not bind: an operation released later than
+    # its launch at the typical latency (beyond the launch latencies' own spread) waited for its
+    # stream. A launch-bound operation's gap is its launch's lateness (short launches leave gaps
+    # under IDLE_GAP_NS), not the device's; only when no operation had slack are they all there is
+    spread = int(np.percentile(rho[lb], 90)) - rho_typ if lb.any() else 0
+    slack = queued & (rho > rho_typ + max(spread, 0))
+    qq = q_eff[slack] if slack.any() else q_eff[queued]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")

@@ -496,8 +496,10 @@ class RunModel:
         return idx, ratio[gr["codes"]]
 
     def _deduct(self, lat: np.ndarray, s: _Setting) -> np.ndarray:
-        """The profiler's cost per call taken from the host time it lies in: from the gap before a
-        call first, the rest from the call's own time."""
+        """The profiler's cost per call taken from the host time it lies in: from the call's own
+        time first (the profiler's runtime callbacks run inside the recorded call, before its
+        effect, so the operation it launched is released that much earlier too), the rest from the
+        gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
         mk = self._masks()
         lat = lat.copy()
@@ -513,25 +515,20 @@ class RunModel:
         if self.timeline == "host":
             per = hd * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
-        # a call's own cost first from the gap before it
-        need = per
+        need = per.copy()
         if len(call_e):
-            moved = need[call_e]
+            # a call's own cost from the call first, what its time cannot hold from the gap before it
+            own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+            lat[call_e] -= own
             need[call_e] = 0.0
-            need[gap_e] += moved
-        take = np.minimum(need, np.maximum(lat, 0.0))
-        rest = need - take
-        lat -= np.where(mk["deduct_roles"], take, 0.0)
-        if len(call_e):
-            back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
-            lat[call_e] -= back
-            # taken from the call itself (its gap was too short): the cost ran before the call's
-            # effect, so the operation it launched is released that much earlier too
-            if back.any():
+            np.add.at(need, gap_e, per[call_e] - own)
+            if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
-                by_node[g.src[call_e]] = back
+                by_node[g.src[call_e]] = own
                 lm = np.flatnonzero(g.role == G.ROLE_LAUNCH)
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        take = np.minimum(need, np.maximum(lat, 0.0))
+        lat -= np.where(mk["deduct_roles"], take, 0.0)
         # a synchronising call's cost also delays its return when the device was done before the
         # cost had run (the return latency then holds the cost): it comes off the wait edge's
         # latency by the part of the cost that ran after the awaited operation's end
