@@ -54,7 +54,6 @@ GRAPH_EVENT_WAIT = "issue 23, dependency graph (open): a cross-stream event wait
 
 #: (case, comparison group) -> why the current tracekit fails it
 XFAIL: dict[tuple[str, str], str] = {
-    ("loaded_host_noise", "replay"): GRAPH_NOISE_REPLAY,
     ("profiler_changes_last_rank", "whatif transfer=0"): GRAPH_SOLVED_COST,
     ("profiler_changes_last_rank", "terms"): PROFILER_PROPORTIONAL,
     ("profiler_changes_last_rank", "terms_per_rank"): PROFILER_PROPORTIONAL,
@@ -67,8 +66,6 @@ XFAIL: dict[tuple[str, str], str] = {
     + PROFILER_ONE_NUMBER
     + "; "
     + PROFILER_PROPORTIONAL,
-    ("loaded_host_noise", "path device"): PATH_NOT_CAUSAL,
-    ("loaded_host_noise", "path host"): PATH_NOT_CAUSAL,
     ("loaded_host_noise", "shapley"): SHAPLEY_SYNC0,
 }
 

@@ -1407,6 +1407,9 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
         t = g.times(lat)
     ws, we = g.windows(t)
     step_ns = (we - ws).max(axis=0)
+    if len(step_ns) > 1:  # a step's range is its token period (from the previous step's latest end)
+        per = np.diff(we.max(axis=0))
+        step_ns[1:] = np.where(per > 0, per, step_ns[1:])
     ranks = g.ranks
     src, ptr = g.src, g.indptr
 
