@@ -985,6 +985,18 @@ class Graph:
         ws, we = self.windows(t)
         return (we - ws).max(axis=0)
 
+    def path_spans(self, t: np.ndarray) -> np.ndarray:
+        """Per step (`t` of shape (nodes,)), how long a range of it the critical path covers: its
+        longest window, cut at the previous step's latest end (its period, when that is shorter:
+        a window opened before the previous token ended holds time of that token, which the walk
+        books there, so the walk stays one chain; docs/METHOD.md section The dependency graph)."""
+        ws, we = self.windows(t)
+        span = (we - ws).max(axis=0)
+        if len(span) > 1:
+            per = np.diff(we.max(axis=0))
+            span[1:] = np.where(per > 0, np.minimum(per, span[1:]), span[1:])
+        return span
+
     def periods(self, t: np.ndarray) -> np.ndarray:
         """Per step, the time from the previous step's end (the latest window end over ranks) to
         its own: what a token costs when nothing between steps is frozen. The first step: its
@@ -1406,10 +1418,7 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     if t is None:
         t = g.times(lat)
     ws, we = g.windows(t)
-    step_ns = (we - ws).max(axis=0)
-    if len(step_ns) > 1:  # a step's range is its token period (from the previous step's latest end)
-        per = np.diff(we.max(axis=0))
-        step_ns[1:] = np.where(per > 0, per, step_ns[1:])
+    step_ns = g.path_spans(t)
     ranks = g.ranks
     src, ptr = g.src, g.indptr
 

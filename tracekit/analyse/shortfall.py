@@ -445,17 +445,20 @@ def finish_attribution(
     path_token = path.per_token(att.steady_steps)
     if graph is not None and len(graph.steps):
         pos = {s: i for i, s in enumerate(graph.steps)}
-        per = graph.periods(graph.t)
+        span = graph.path_spans(graph.t)
         if all(s in pos for s in att.steady_steps) and path_token["step"] != Fraction(
-            int(sum(int(per[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
+            int(sum(int(span[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
         ):
-            raise AssertionError(f"{label}: the critical path does not cover the token periods")
-    if path_token["step"] != att.per_token["window"]:
-        # the path covers each token's period (from the previous step's latest end), the partition
-        # its longest window: they differ where ranks' windows overlap or leave gaps between tokens
-        # (noisy hosts); the path is brought to the step time as the profiler correction brings it
-        # to the corrected one (docs/METHOD.md section The dependency graph)
-        path_token = reconcile_path(path_token, att.per_token["window"], att.timeline)
+            raise AssertionError(f"{label}: the critical path does not cover its steps' ranges")
+    # a step's path covers its longest window cut at the previous token's end (`Graph.path_spans`),
+    # the partition the whole window: where a window opened before the previous token ended (a
+    # noisy host, an early annotation) the time the previous token's path holds is this one's
+    # offset, so a change of the windows alone moves the offset, never a part of the path
+    window = att.per_token["window"]
+    if path_token["step"] != window:
+        extra = window - path_token["step"]
+        assert extra > 0, f"{label}: the critical path covers more than the step time"
+        path_token = {**path_token, "offset": path_token["offset"] + extra, "step": window}
 
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
     for note in dil.notes:
