@@ -66,7 +66,6 @@ XFAIL: dict[tuple[str, str], str] = {
     + PROFILER_ONE_NUMBER
     + "; "
     + PROFILER_PROPORTIONAL,
-    ("loaded_host_noise", "shapley"): SHAPLEY_SYNC0,
 }
 
 GROUPS = (

@@ -465,6 +465,8 @@ class RunModel:
         if gm.any():
             idx = np.flatnonzero(gm)
             seg, rk = g.seg[idx], g.erank[idx]
+            if self.timeline == "gpu":
+                seg = self._across_steps(seg, rk)
             # group codes in first-appearance order (as groupby(sort=False) keys them)
             codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([seg, rk]))
             useg = uniq.get_level_values(0).to_numpy(np.int64)
@@ -479,6 +481,28 @@ class RunModel:
             }
         self.__dict__["_strag_cache"] = out
         return out
+
+    def _across_steps(self, seg: np.ndarray, rk: np.ndarray) -> np.ndarray:
+        """Segments between consecutive collectives across the step boundary: a step's host time
+        after its last collective launch and the next step's before its first lie between the same
+        two rendezvous, so they are one segment (the later step's first). Split at the boundary,
+        each part was scaled to its own fastest rank, though no collective holds the ranks together
+        there (a rank slow after its last collective and fast before the next step's first is not a
+        straggler between them)."""
+        g = self.graph
+        launches = np.flatnonzero((g.role == G.ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
+        if not len(launches):
+            return seg
+        # per (rank, step): how many collectives it launched (each launch's segment counts those before)
+        key_l = g.erank[launches] * (1 << 32) + g.seg[launches] // 100_000
+        n_l = g.seg[launches] % 100_000 + 1
+        last = pd.Series(n_l).groupby(key_l).max()
+        key = rk * (1 << 32) + seg // 100_000
+        n_coll = last.reindex(key).to_numpy()
+        tail = ~np.isnan(n_coll.astype(np.float64)) & (seg % 100_000 == np.nan_to_num(n_coll, nan=-1))
+        n_steps = len(g.steps)
+        tail &= seg // 100_000 + 1 < n_steps
+        return np.where(tail, (seg // 100_000 + 1) * 100_000, seg)
 
     def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
@@ -879,7 +903,11 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
             return float(model.replay(_Setting(host_deduct=delta)).mean()) - target
 
         value = _solve_decreasing(err_gpu, 0.0, 1000.0, tol, 1e9)
-        if value is None:  # device-bound (a CUDA-graph replay launches nothing per kernel)
+        if value is not None and value < 0:
+            # the replay is already short of the unprofiled time (a noisy host: the loop's own
+            # per-token time differs from the token period): the profiler cannot have made it faster
+            value = None
+        elif value is None:  # device-bound (a CUDA-graph replay launches nothing per kernel)
             beta = _device_scale(model, target, tol)
             if beta is not None:
                 model.device_scale = beta
