@@ -939,12 +939,43 @@ class Shortfall:
         )
         return out
 
+    def _correction_json(self) -> dict[str, Any]:
+        """Each run's correction; where the sharded one is not identified, its ranges of wait, sync
+        and idle also as terms (`term_ranges`: less N1/N x the baseline's corrected part)."""
+        out = {k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()}
+        cs, cb = self.corrections.get("sharded"), self.corrections.get("baseline")
+        doc = out.get("sharded")
+        if doc is not None and cs is not None and cs.ranges is not None and cb is not None:
+            f = Fraction(self.factor)
+            base = {
+                k: sum((p[k] for p in cb.per_rank.values()), Fraction(0)) / max(len(cb.per_rank), 1)
+                for k in ("wait", "sync", "idle")
+            }
+            doc["term_ranges"] = {
+                k: {
+                    who: [int(math.floor(lo - f * base[k])), int(math.ceil(hi - f * base[k]))]
+                    for who, (lo, hi) in cs.ranges[k].items()
+                }
+                for k in ("wait", "sync", "idle")
+            }
+        return out
+
     def path_cause(self) -> str:
         """One sentence: what lies on the critical path, and the waiting it causes elsewhere."""
         pi = self.path_ints()
         step = pi["step_ns"]
         if step <= 0:
             return ""
+        corr = self.corrections.get("sharded")
+        if corr is not None and not getattr(corr, "identified", True):
+            # which rank paid the profiler's cost decides which rank holds the path: not named
+            return (
+                "Which rank's time holds the critical path is not identified: the profiler's cost was "
+                "solved from one per-token time for every rank (no calibration in the manifest), and "
+                "removed from one rank or another it puts the path on a different rank "
+                "(`dilation.correction.sharded.ranges`); capture with `tracekit capture` to measure each "
+                "rank's cost."
+            )
         comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
         host_total = sum(v for _, p, v in comp if p == "host")
         by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)
@@ -1226,9 +1257,7 @@ class Shortfall:
                 "threshold": d_s.threshold,
                 "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
-                "correction": {
-                    k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()
-                },
+                "correction": self._correction_json(),
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
             "uncorrected": {
