@@ -263,9 +263,36 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
     return corr_out
 
 
+def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, list[int]]] | None:
+    """The ranges of the per-rank figures over `figures` when any spans more than max(1 us, 1%),
+    else None."""
+    if len(figures) < 2:
+        return None
+
+    def of(f: Correction, key: str, r: int | None) -> float:
+        if key.startswith("path_"):
+            return float(f.path["by_rank"].get(r, {}).get(key[len("path_") :], 0))
+        if r is None:  # the mean over ranks (the run's term)
+            return float(sum(f.per_rank[q][key] for q in ranks) / len(ranks))
+        return float(f.per_rank[r][key])
+
+    ranges: dict[str, dict[str, list[int]]] = {}
+    spread = False
+    keys = ("wait", "sync", "idle", *(f"path_{p}" for p in ("host", "compute", "memory", "transfer", "sync")))
+    for key in keys:
+        ranges[key] = {}
+        for r in ranks if key.startswith("path_") else [*ranks, None]:
+            vals = [of(f, key, r) for f in figures]
+            lo, hi = min(vals), max(vals)
+            ranges[key]["mean" if r is None else str(r)] = [int(np.floor(lo)), int(np.ceil(hi))]
+            if hi - lo > max(IDENTIFY_NS, 0.01 * max(abs(lo), abs(hi))):
+                spread = True
+    return ranges if spread else None
+
+
 def _flat_end(err: Any, c0: float, tol: float, limit: float = 1e6) -> float:
     """The largest cost c >= c0 with err(c) still within `tol` of 0 (err non-increasing), up to
-    `limit` ns per call: doubling steps, then bisection to max(100 ns, 1% of c0)."""
+    `limit` ns per call: doubling steps, then bisection to max(500 ns, 5% of c0)."""
     lo, step = c0, max(c0, 1000.0)
     hi = c0 + step
     while abs(err(hi)) <= tol:
@@ -273,7 +300,7 @@ def _flat_end(err: Any, c0: float, tol: float, limit: float = 1e6) -> float:
         hi = lo + step
         if hi > limit:
             return lo
-    while hi - lo > max(100.0, 0.01 * c0):
+    while hi - lo > max(500.0, 0.05 * c0):
         mid = (lo + hi) / 2
         if abs(err(mid)) <= tol:
             lo = mid
@@ -284,6 +311,8 @@ def _flat_end(err: Any, c0: float, tol: float, limit: float = 1e6) -> float:
 
 #: points of each rank's cost interval `_identify` reads the corrected figures at (the ends included)
 IDENTIFY_POINTS = 8
+#: the largest cost per call on one rank `_identify` looks at, times the one solved for every rank
+IDENTIFY_MAX_FACTOR = 8
 #: the figures `_identify` holds to one value: a spread beyond max(this, 1%) is not identified
 IDENTIFY_NS = 1000
 
@@ -292,17 +321,20 @@ def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> 
     """Whether a solved cost identifies the corrected per-rank figures (docs/METHOD.md section Noise
     and the profiler correction). One unprofiled per-token time is one equation: ranks held together
     by their collectives have one token time, so a cost solved from it cannot say which rank paid it.
-    The correction is redone with the cost on each rank alone (solved to the same time; a rank that
-    alone cannot reach it is left out); where a rank's wait, sync or idle or its host time on the
-    path then moves by more than max(1 us, 1%), `corr` is marked not identified, with the range over
-    these allocations and the one cost on every rank."""
+    The correction is redone with the cost on each rank alone, at both ends of the interval of costs
+    that give the unprofiled time (a rank that alone cannot reach it is left out); where a rank's
+    wait, sync, idle or path part then moves by more than max(1 us, 1%), `corr` is marked not
+    identified, with the ranges over these allocations, points between the ends and the one cost on
+    every rank."""
     from tracekit.analyse.replay import _Setting, _solve_decreasing
 
     ranks = list(model.ranks)
     tgt = float(target)
-    tol = max(2e-5 * tgt, 1.0)
+    tol = max(1e-4 * tgt, 1.0)
+    c_all = float(model.host_deduct)
     figures = [corr]
     saved = (model.rank_deduct, model.host_deduct, model.correction)
+    intervals: list[tuple[int, float, float]] = []
     for r in ranks:
 
         def err(c: float, r: int = r) -> float:
@@ -310,42 +342,31 @@ def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> 
             model.host_deduct = c
             return float(model.replay(_Setting(host_deduct=c)).mean()) - tgt
 
-        c_r = _solve_decreasing(err, 0.0, 1000.0, tol, 1e9)
+        # removing host time never slows the replay, so one rank alone needs at least the cost the
+        # solve put on every rank; costs past IDENTIFY_MAX_FACTOR times it are not looked for
+        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, IDENTIFY_MAX_FACTOR * c_all)
         if c_r is None or c_r < 0:
             continue
         # the token time stops falling once another rank is last: every cost up to where it
         # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
-        c_hi = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt))
-        # the figures need not be monotone in the cost: the interval's ends and points between
-        costs = [c_r + (c_hi - c_r) * i / IDENTIFY_POINTS for i in range(IDENTIFY_POINTS + 1)] if c_hi > c_r else [c_r]
-        for c in costs:
-            other = _correct(run, target, {q: (c if q == r else 0.0) for q in ranks})
-            if other.method == REPLAY:
-                figures.append(other)
+        flat = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt), IDENTIFY_MAX_FACTOR * c_all)
+        intervals.append((r, c_r, flat))
+
+    def read(r: int, c: float) -> None:
+        other = _correct(run, target, {q: (c if q == r else 0.0) for q in ranks})
+        if other.method == REPLAY:
+            figures.append(other)
+
+    for r, lo, hi in intervals:  # the interval's ends
+        for c in (lo, hi) if hi > lo else (lo,):
+            read(r, c)
+    if _spread(figures, ranks) is not None:  # the figures need not be monotone: points between
+        for r, lo, hi in intervals:
+            for i in range(1, IDENTIFY_POINTS):
+                read(r, lo + (hi - lo) * i / IDENTIFY_POINTS)
     model.rank_deduct, model.host_deduct, model.correction = saved
-    if len(figures) < 2:
-        return
-    ranges: dict[str, dict[str, list[int]]] = {}
-    spread = False
-
-    def of(f: Correction, key: str, r: int | None) -> float:
-        if key.startswith("path_"):
-            part = key[len("path_") :]
-            return float(f.path["by_rank"].get(r, {}).get(part, 0))
-        if r is None:  # the mean over ranks (the run's term)
-            return float(sum(f.per_rank[q][key] for q in ranks) / len(ranks))
-        return float(f.per_rank[r][key])
-
-    keys = ("wait", "sync", "idle", *(f"path_{p}" for p in ("host", "compute", "memory", "transfer", "sync")))
-    for key in keys:
-        ranges[key] = {}
-        for r in [*ranks, None] if not key.startswith("path_") else ranks:
-            vals = [of(f, key, r) for f in figures]
-            lo, hi = min(vals), max(vals)
-            ranges[key]["mean" if r is None else str(r)] = [int(np.floor(lo)), int(np.ceil(hi))]
-            if hi - lo > max(IDENTIFY_NS, 0.01 * max(abs(lo), abs(hi))):
-                spread = True
-    if spread:
+    ranges = _spread(figures, ranks)
+    if ranges is not None:
         corr.identified = False
         corr.ranges = ranges
         corr.notes.append(
