@@ -3,7 +3,9 @@ per batch (issue 26: `tracekit advise` checked by prediction).
 
     python benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs \
         --batches 1,16,64 --tokens 32 --rounds 7 -o runs/advise
-    python benchmarks/advise_batches.py check runs/advise --fit 1 -o reports/advise/check.json
+    python benchmarks/advise_batches.py check runs/advise --fit 1 -o reports/advise/check.json \
+        --kernels runs/graphs-b1 --kernels runs/graphs-b16 --compare runs/graphs-b64
+    python benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 -o gemm-table.json
 
 `run`: one TP=1 decoder per batch size (the same seed: the same weights), each warmed up over every
 position a pass reaches (with --cuda-graphs its graph is captured there), then `--rounds` rounds; in
@@ -17,13 +19,29 @@ advise` reads.
 `check`: `tracekit advise` given only the `--fit` batch's folder, asked for the other batches
 (`--batch`), against their measured unprofiled means; writes the table (batch, predicted,
 measured, ratio, what it was fitted on). The advice never sees the measured time of a batch it
-predicts (the fit folder is its only --tp1 run).
+predicts (the fit folder is its only --tp1 run): from one run the roofline band [overlap, no
+overlap], and whether the measured mean lies in it. With `--kernels DIR` (repeat: traced runs at
+batches other than the predicted ones, e.g. graph captures at 1 and 16), `tracekit advise` is given
+those runs and predicts each batch folder it has no traced run of (per-kernel model, docs/METHOD.md
+section Batch scaling of a decode); with `--gemm-table FILE`, the fit run and the table. Each
+predicted row: predicted / measured, and the same over the measured rounds' means (the spread).
+`--compare DIR` (traced runs at predicted batches) only adds their kernel kinds' measured times
+beside the predicted ones; the prediction never reads them.
+
+`gemmsweep`: the decoder's GEMMs (q/k/v fused, o, gate/up fused, down, LM head at the preset's
+shape, per TP shard, `x @ W.t()` as the decoder multiplies) timed alone at M = 1, 2, 4, ...,
+`--m-max`: on CUDA one CUDA graph of `--reps` products per M (over as many distinct weights as the
+step has of that role, so a product reads its weight from memory as in the step: 8 layers' qkv are
+400 MB, past the L2), replayed once un-timed, then timed by events over `--repeats` replays (the
+median); on a CPU the host clock over `--reps` calls, the median of `--repeats`. Writes the
+`tracekit.gemm-table` document `tracekit advise --gemm-table` reads (docs/JSON.md#gemm-table).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -155,9 +173,43 @@ def _command(args: argparse.Namespace, b: int) -> str:
     return " ".join(words)
 
 
-def check(folder: Path, fit: int, out: Path | None) -> dict[str, Any]:
-    """advise fitted on batch `fit` only, predicting every other batch folder under `folder`."""
-    from tracekit.analyse.advise import advise, measured_from
+def _rounds_means(manifest: dict[str, Any]) -> list[float]:
+    """The mean per-token time of each unprofiled round (rank 0)."""
+    rounds = (manifest.get("unprofiled") or {}).get("rounds") or []
+    return [statistics.fmean(r["0"]) for r in rounds if r.get("0")]
+
+
+def _measured_row(b: int, p: float | None, runs: dict[int, tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+    """predicted / measured at batch b: the mean over the rounds and over each round's mean."""
+    from tracekit.analyse.dilation import dilation_of
+
+    u = dilation_of(runs[b][1]).unprofiled
+    measured = float(u.mean_ns) if u is not None and u.n else None
+    per_round = _rounds_means(runs[b][1])
+    return {
+        "measured_per_token_ns": int(round(measured)) if measured else None,
+        "measured_round_means_ns": [int(round(x)) for x in per_round],
+        "ratio": (p / measured) if (p and measured) else None,
+        "ratio_over_rounds": [p / max(per_round), p / min(per_round)] if (p and per_round) else None,
+        "within_15_percent": (abs(p / measured - 1) <= 0.15) if (p and measured) else None,
+        "measured_tokens_per_s": (b * 1e9 / measured) if measured else None,
+        "measured_from": str(runs[b][0]),
+    }
+
+
+def check(
+    folder: Path,
+    fit: int,
+    out: Path | None,
+    kernels: list[Path] | None = None,
+    compare: list[Path] | None = None,
+    gemm_table: Path | None = None,
+    copy: Path | None = None,
+    rho: Path | None = None,
+) -> dict[str, Any]:
+    """advise fitted on batch `fit` only (the roofline band), and with `kernels` / `gemm_table` the
+    per-kernel model, predicting every other batch folder under `folder` (module doc)."""
+    from tracekit.analyse.advise import advise, measured_from, run_peaks
     from tracekit.analyse.dilation import dilation_of
     from tracekit.read import load_manifest
 
@@ -169,33 +221,31 @@ def check(folder: Path, fit: int, out: Path | None) -> dict[str, Any]:
         raise SystemExit(f"advise_batches: error: {folder}: no b{fit} folder to fit on")
     fit_dir, fit_manifest = runs[fit]
     others = sorted(b for b in runs if b != fit)
-    adv = advise([measured_from(fit_manifest, str(fit_dir))], [], batches=others)
+    fit_run = measured_from(fit_manifest, str(fit_dir))
+    peaks = run_peaks(str(copy) if copy else None, str(rho) if rho else None, fit_run)
+    adv = advise([fit_run], [], batches=others)
     rows = []
     for b in others:
         pred = next(r for r in adv.rows if r["batch"] == b and r["tp"] == 1)
-        u = dilation_of(runs[b][1]).unprofiled
-        measured = float(u.mean_ns) if u is not None and u.n else None
         p = pred["per_token_latency_ns"]
-        rows.append(
+        hi = pred.get("per_token_latency_no_overlap_ns")
+        row = {"batch": b, "predicted_per_token_ns": p, **_measured_row(b, p, runs)}
+        measured = row["measured_per_token_ns"]
+        row.update(
             {
-                "batch": b,
-                "predicted_per_token_ns": p,
-                "measured_per_token_ns": int(round(measured)) if measured else None,
-                "ratio": (p / measured) if (p and measured) else None,
-                # the same extrapolation with memory and matrix work not overlapping
-                "predicted_no_overlap_per_token_ns": pred.get("per_token_latency_no_overlap_ns"),
-                "ratio_no_overlap": (pred["per_token_latency_no_overlap_ns"] / measured)
-                if (pred.get("per_token_latency_no_overlap_ns") and measured)
-                else None,
-                "within_15_percent": (abs(p / measured - 1) <= 0.15) if (p and measured) else None,
+                # the same extrapolation with memory and matrix work not overlapping: the band's top
+                "predicted_no_overlap_per_token_ns": hi,
+                "ratio_no_overlap": (hi / measured) if (hi and measured) else None,
+                "band_ns": pred.get("per_token_latency_range_ns"),
+                "in_band": (p <= measured <= hi) if (p and hi and measured) else None,
                 "predicted_tokens_per_s": pred["tokens_per_s"],
-                "measured_tokens_per_s": (b * 1e9 / measured) if measured else None,
                 "status": pred["status"],
-                "measured_from": str(runs[b][0]),
+                "model": pred.get("model"),
             }
         )
+        rows.append(row)
     fu = dilation_of(fit_manifest).unprofiled
-    doc = {
+    doc: dict[str, Any] = {
         "kind": "tracekit.advise-check",
         "fitted_on": {
             "run": str(fit_dir),
@@ -205,13 +255,16 @@ def check(folder: Path, fit: int, out: Path | None) -> dict[str, Any]:
             "device": (fit_manifest.get("devices") or [{}])[0].get("name"),
             "what": "tracekit advise with only this TP=1 run (--tp1), --batch for the others: "
             "T(B) = T(fit) + max(0, g(B) - g(fit)), g the device's roofline time per token "
-            "(max of bytes / bandwidth and flops / matrix peak; the no-overlap bound: their sum) "
-            "(tracekit/analyse/advise.py); the measured times of the predicted batches are not given to it",
+            "(max of bytes / bandwidth and flops / matrix peak; the no-overlap bound: their sum): the band "
+            "[overlap, no overlap] (tracekit/analyse/advise.py); the measured times of the predicted batches "
+            "are not given to it",
         },
         "same_process": True,
         "round_order": fit_manifest["workload"].get("batch_rounds_order"),
         "rows": rows,
     }
+    if kernels or gemm_table:
+        doc["per_kernel"] = _check_per_kernel(runs, fit_run, kernels or [], compare or [], gemm_table, peaks)
     text = json.dumps(doc, indent=2) + "\n"
     if out:
         Path(out).write_text(text)
@@ -221,13 +274,171 @@ def check(folder: Path, fit: int, out: Path | None) -> dict[str, Any]:
 
     for r in rows:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.3f}"
-        hi = "-" if r["ratio_no_overlap"] is None else f"{r['ratio_no_overlap']:.3f}"
         print(
-            f"batch {r['batch']}: predicted {ms(r['predicted_per_token_ns'])}, measured "
-            f"{ms(r['measured_per_token_ns'])}, ratio {ratio}; no-overlap bound "
-            f"{ms(r['predicted_no_overlap_per_token_ns'])}, ratio {hi}"
+            f"batch {r['batch']}: roofline band {ms(r['predicted_per_token_ns'])} .. "
+            f"{ms(r['predicted_no_overlap_per_token_ns'])}, measured {ms(r['measured_per_token_ns'])} "
+            f"(in the band: {r['in_band']}), ratio of the band's foot {ratio}"
+        )
+    for r in (doc.get("per_kernel") or {}).get("rows", []):
+        lo, hi = r["ratio_over_rounds"] or (None, None)
+        print(
+            f"batch {r['batch']} ({r['model']}, from {r['fitted_on_batches']}): predicted "
+            f"{ms(r['predicted_per_token_ns'])}, measured {ms(r['measured_per_token_ns'])}, ratio "
+            f"{r['ratio']:.3f} (over the rounds {lo:.3f}-{hi:.3f})"
         )
     return doc
+
+
+def _check_per_kernel(
+    runs: dict[int, tuple[Path, dict[str, Any]]],
+    fit_run: Any,
+    kernels: list[Path],
+    compare: list[Path],
+    gemm_table: Path | None,
+    peaks: Any,
+) -> dict[str, Any]:
+    """The per-kernel part of the check: advise given the traced `kernels` runs (else the fit run)
+    and the table, predicting every batch folder it has no traced run of."""
+    from dataclasses import replace
+
+    from tracekit.analyse.advise import advise, load_table_file, measured_from
+    from tracekit.analyse.batch_model import kernel_profile
+    from tracekit.read import load_manifest, read_run
+
+    given = []
+    for d in kernels:
+        m = measured_from(load_manifest(Path(d) / env.MANIFEST_NAME), str(d))
+        given.append(replace(m, kernels=kernel_profile(read_run([d]), str(d))))
+    if not given:
+        given = [fit_run]
+    have = {m.batch for m in given}
+    asked = sorted(b for b in runs if b not in have)
+    table = load_table_file(gemm_table) if gemm_table else None
+    adv = advise(given, [], batches=asked, gemm_table=table, gemm_table_name=str(gemm_table), peaks=peaks)
+    truth = {}
+    for d in compare:
+        prof = kernel_profile(read_run([d]), str(d))
+        gemm = sum(t for (r, _), t in zip(prof.roles, prof.times_ns, strict=True) if r != "attention")
+        attn = sum(t for (r, _), t in zip(prof.roles, prof.times_ns, strict=True) if r == "attention")
+        truth[prof.batch] = (str(d), {"gemm": gemm, "attention": attn, "other": prof.other_ns})
+    rows = []
+    for b in asked:
+        pred = next(r for r in adv.rows if r["batch"] == b and r["tp"] == 1)
+        p = pred["per_token_latency_ns"]
+        row = {
+            "batch": b,
+            "model": pred.get("model"),
+            "fitted_on_batches": sorted(have),
+            "predicted_per_token_ns": p,
+            **_measured_row(b, p, runs),
+            "status": pred["status"],
+        }
+        bm = pred.get("batch_model") or {}
+        parts = []
+        for part in bm.get("by_kind", []):
+            entry = dict(part)
+            if b in truth:
+                entry["measured_ns"] = int(round(truth[b][1][part["kind"]]))
+                entry["measured_from"] = truth[b][0]
+            parts.append(entry)
+        row["by_kind"] = parts
+        row["detail"] = bm.get("detail")
+        rows.append(row)
+    return {
+        "runs": [str(m.path) for m in given],
+        "gemm_table": str(gemm_table) if gemm_table else None,
+        "floors": next((r["batch_model"]["floors"] for r in adv.rows if r.get("batch_model")), None),
+        "designed_after_the_miss": True,
+        "what": "tracekit advise given only these runs (and the table), --batch for the other batch folders: "
+        "the per-kernel batch model (docs/METHOD.md section Batch scaling of a decode); the measured times are "
+        "the one-process batch folders' (never given to it); by_kind's measured_ns, from --compare traced runs, "
+        "are beside the prediction only",
+        "rows": rows,
+    }
+
+
+def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
+    """The decoder's GEMMs timed alone per batch size (module doc): a tracekit.gemm-table."""
+    import torch
+
+    from tracekit.analyse.roofline import gemm_shapes
+    from tracekit.capture.decoder import preset
+
+    shape = preset(args.preset, args.layers)
+    sh = {k: getattr(shape, k) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab")}
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    dtype = torch.bfloat16 if cuda else torch.float32
+    if not cuda:
+        torch.set_num_threads(runner.CPU_THREADS_PER_RANK)
+    ms = [2**i for i in range(int(math.log2(args.m_max)) + 1)]
+    rows = []
+    for role, (k, n) in gemm_shapes(sh, args.tp).items():
+        copies = 1 if role == "lm_head" else shape.layers  # the step's distinct weights of this role
+        torch.manual_seed(args.seed)  # drawn on the device: 8 layers' gate_up weights are 1.9 GB in bf16
+        ws = [torch.randn(n, k, device=dev, dtype=dtype) * 0.02 for _ in range(copies)]
+        for m in ms:
+            x = torch.randn(m, 1, k, device=dev, dtype=dtype)
+            t = _time_gemm(torch, x, ws, args.reps, args.repeats, cuda)
+            rows.append({"role": role, "k": k, "n": n, "m": m, "time_ns": max(1, int(round(t)))})
+            print(f"{role} {m} x {k} x {n}: {t / 1e3:.2f} us", flush=True)
+        del ws
+    timing = (
+        f"cuda-graph replay of {args.reps} products over the step's distinct weights of each role, the median "
+        f"of {args.repeats} replays timed by CUDA events"
+        if cuda
+        else f"host clock over {args.reps} calls over the step's distinct weights of each role, the median of "
+        f"{args.repeats} ({runner.CPU_THREADS_PER_RANK} thread(s))"
+    )
+    doc = {
+        "schema_version": "1.0",
+        "kind": "tracekit.gemm-table",
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu",
+        "dtype": "bfloat16" if cuda else "float32",
+        "tp": args.tp,
+        "shape": sh,
+        "timing": timing,
+        "rows": rows,
+    }
+    if args.output:
+        env.atomic_write_json(Path(args.output), doc)
+    return doc
+
+
+def _time_gemm(torch: Any, x: Any, ws: list[Any], reps: int, repeats: int, cuda: bool) -> float:
+    """ns per product `x @ w.t()`, cycling over `ws` (module doc)."""
+    outs = [x @ w.t() for w in ws]  # warm-up, and the output buffers
+    if not cuda:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter_ns()
+            for i in range(reps):
+                torch.matmul(x, ws[i % len(ws)].t(), out=outs[i % len(ws)])
+            times.append((time.perf_counter_ns() - t0) / reps)
+        return statistics.median(times)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for i in range(len(ws)):
+            torch.matmul(x, ws[i].t(), out=outs[i])
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        for i in range(reps):
+            torch.matmul(x, ws[i % len(ws)].t(), out=outs[i % len(ws)])
+    graph.replay()  # un-timed: the upload
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e6 / reps)
+    graph.reset()
+    return statistics.median(times)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,9 +447,27 @@ def main(argv: list[str] | None = None) -> int:
         p = argparse.ArgumentParser(prog="advise_batches.py check")
         p.add_argument("folder", type=Path)
         p.add_argument("--fit", type=int, default=1)
+        p.add_argument("--kernels", type=Path, action="append", help="a traced run advise is given (repeat)")
+        p.add_argument("--compare", type=Path, action="append", help="a traced run at a predicted batch")
+        p.add_argument("--gemm-table", type=Path, default=None)
+        p.add_argument("--copy", type=Path, default=None)
+        p.add_argument("--rho", type=Path, default=None)
         p.add_argument("-o", "--output", type=Path, default=None)
         a = p.parse_args(argv[1:])
-        check(a.folder, a.fit, a.output)
+        check(a.folder, a.fit, a.output, a.kernels, a.compare, a.gemm_table, a.copy, a.rho)
+        return 0
+    if argv[:1] == ["gemmsweep"]:
+        p = argparse.ArgumentParser(prog="advise_batches.py gemmsweep")
+        p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+        p.add_argument("--preset", default="tiny")
+        p.add_argument("--layers", type=int, default=None)
+        p.add_argument("--tp", type=int, default=1)
+        p.add_argument("--m-max", type=int, default=256)
+        p.add_argument("--reps", type=int, default=64)
+        p.add_argument("--repeats", type=int, default=5)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("-o", "--output", required=True)
+        gemmsweep(p.parse_args(argv[1:]))
         return 0
     if argv[:1] == ["run"]:
         argv = argv[1:]

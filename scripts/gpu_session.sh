@@ -4,6 +4,12 @@
 #        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
+#   gemmsweep (written, not yet run): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
+#        TP=1, and one rank's shard at TP=2/4/8) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the
+#        tables `advise --gemm-table` reads);
+#        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
+#        captures at 1 and 16; then advise given batch 1 + the table, batch 1 + 16 traced, and both,
+#        predicts the other batches (benchmarks/advise_batches.py check; ~5 min)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
@@ -14,6 +20,8 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
+#   dask (written, not yet run): benchmarks/bench_scale.py, 64 synthetic ranks local + 16/8/4/1
+#       workers, 256 ranks on 16; the client's share of the wall and peak RSS (issue 27; ~9.5 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -94,13 +102,28 @@ if [ "$stage" = advise ]; then  # ~3 min
   for b in 1 16 64; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $R/advise-graphs-b$b --quiet; done
   tar czf $OUT/advise-runs.tgz --exclude=.tracekit-cache -C /tmp runs
 fi
-# dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON):
-# the local engine, then LocalClusters of 16, 8, 1 and 4 workers; then 256 ranks (5.2 GB) on 16
-# workers for the client's peak memory. Under 8 min together; tables and per-case JSON rows under $OUT.
+if [ "$stage" = gemmsweep ]; then  # ~5 min
+  G=$R/gemmsweep; mkdir -p $G
+  P="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  timeout 120 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp 1 --m-max 256 -o $OUT/gemm-table-h200.json
+  for n in 2 4 8; do timeout 60 python3 benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 --tp $n --m-max 256 -o $OUT/gemm-table-h200-tp$n.json; done
+  timeout 240 python3 benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs --batches 1,16,64,128,256 --tokens 32 --rounds 5 -o $G/batches
+  for b in 1 16; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $G/graphs-b$b --quiet; done
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-table.json
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 $P -o $OUT/check-b1-b16.json
+  python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-b16-table.json
+  tar czf $OUT/gemmsweep-runs.tgz --exclude=.tracekit-cache -C $R gemmsweep
+fi
+# dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON),
+# the profiler correction in the plan's Reduce on a worker (the client never holds the graph): the
+# local engine, then LocalClusters of 16, 8, 4 and 1 workers (8 vs 1 is the shape check); then 256
+# ranks (5.2 GB) on 16 workers, for the client's share of the wall and its peak RSS (the table's
+# columns; the Reduce column is the serial part on the workers). Written this session and not run
+# (no device time left); ~9.5 min at most together; tables and per-case JSON rows under $OUT.
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
-  timeout 320 python3 benchmarks/bench_scale.py --ranks 64 --workers 16,8,1,4 --local --what shortfall \
+  timeout 320 python3 benchmarks/bench_scale.py --ranks 64 --workers 16,8,4,1 --local --what shortfall \
     --workdir /tmp/bench-scale --out $OUT/dask-scale64.json 2>&1 | tee $OUT/dask-scale64.txt
-  timeout 150 python3 benchmarks/bench_scale.py --ranks 256 --workers 16 --what shortfall \
+  timeout 250 python3 benchmarks/bench_scale.py --ranks 256 --workers 16 --what shortfall \
     --workdir /tmp/bench-scale --out $OUT/dask-scale256.json 2>&1 | tee $OUT/dask-scale256.txt
 fi

@@ -95,6 +95,30 @@ def pytest_configure(config: Any) -> None:
         config.option.loadscopereorder = False
 
 
+def _host_lock(config: Any) -> Any:  # -> tests.session_captures.HostLock
+    """This worker's session host lock (tests/session_captures.py `HostLock`), made on first use in a
+    folder every worker of the session sees."""
+    import session_captures
+
+    if session_captures.HOST is None:
+        base = config._tmp_path_factory.getbasetemp()
+        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+        session_captures.HOST = session_captures.HostLock(shared / "host-lock")
+    return session_captures.HOST
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
+    """Every test (its setup, call and teardown) holds the host lock shared: a capture of repeats
+    (tests/gloo_truth.py) waits for the other worker's running test to end and keeps the next out."""
+    host = _host_lock(item.config)
+    host.share()
+    try:
+        yield
+    finally:
+        host.unshare()
+
+
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
     """The heaviest files first (HEAVY_FILES), every file's tests in their own order (a stable
     sort); the same order in every xdist worker, as xdist requires."""

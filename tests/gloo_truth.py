@@ -10,7 +10,9 @@ The tiny preset with gloo on the CPU, 8 tokens (`tracekit.capture.runner.capture
   its rounds sleeps 0.64 s twice.
 `speed[name]` holds a host-speed probe taken before and after each capture (`host_speed_s`).
 Each capture is taken when a test first asks for it (`runs[name]` or `runs.speed[name]`): a file
-that needs only `inj` does not wait for the other three.
+that needs only `inj` does not wait for the other three. Each is taken with the host to itself
+(`session_captures.exclusive_host`: no other worker's test runs beside it), so the repeats differ by
+the host's own noise, not by another worker's job starting or ending between them.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import session_captures
 
 DELAY_MS = 20.0
 TOKENS = 8
@@ -71,12 +75,14 @@ class TruthRuns:
             if self.shared:
                 _take_shared(self, name)
             else:
-                _capture(self, name, _configs()[name], self.root)
+                with session_captures.exclusive_host():
+                    _capture(self, name, _configs()[name], self.root)
         return self.paths[name]
 
     def capture_more(self, name: str, like: str = "a") -> Path:
         """One more capture with the configuration of `like` (a repeat), probed like the others."""
-        _capture(self, name, _configs()[like], self.scratch or self.root)
+        with session_captures.exclusive_host():
+            _capture(self, name, _configs()[like], self.scratch or self.root)
         return self.paths[name]
 
 
@@ -136,6 +142,20 @@ def shared_truth_runs(shared: Path, local: Path) -> TruthRuns:
     return TruthRuns(shared, scratch=local, shared=True)
 
 
+def _read_shared(runs: TruthRuns, name: str) -> dict[str, Any] | None:
+    """The record of capture `name` in the shared folder if its capture is complete (under its lock)."""
+    import fcntl
+    import json
+
+    record = runs.root / f"{name}.json"
+    with open(runs.root / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        doc = json.loads(record.read_text()) if record.exists() else None
+    if doc is not None and not is_complete_capture(Path(doc["path"])):
+        return None
+    return doc
+
+
 def _take_shared(runs: TruthRuns, name: str) -> None:
     import fcntl
     import json
@@ -144,18 +164,20 @@ def _take_shared(runs: TruthRuns, name: str) -> None:
 
     shared = runs.root
     record = shared / f"{name}.json"
-    with open(shared / f".{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        doc = json.loads(record.read_text()) if record.exists() else None
-        if doc is not None and not is_complete_capture(Path(doc["path"])):
-            doc = None
-        if doc is None:
-            record.unlink(missing_ok=True)
-            shutil.rmtree(shared / name, ignore_errors=True)  # leftovers of an interrupted capture
-            _capture(runs, name, _configs()[name], shared)
-            doc = {"path": str(runs.paths[name]), "speed": dict.__getitem__(runs.speed, name)}
-            tmp = shared / f"{name}.json.tmp"
-            tmp.write_text(json.dumps(doc))
-            os.replace(tmp, record)
-    runs.paths[name] = Path(doc["path"])
+    doc = _read_shared(runs, name)
+    if doc is None:  # to be captured: the host first (other workers wait), then the capture's lock
+        with session_captures.exclusive_host(), open(shared / f".{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            doc = json.loads(record.read_text()) if record.exists() else None
+            if doc is not None and not is_complete_capture(Path(doc["path"])):
+                doc = None
+            if doc is None:
+                record.unlink(missing_ok=True)
+                shutil.rmtree(shared / name, ignore_errors=True)  # leftovers of an interrupted capture
+                _capture(runs, name, _configs()[name], shared)
+                doc = {"path": str(runs.paths[name]), "speed": dict.__getitem__(runs.speed, name)}
+                tmp = shared / f"{name}.json.tmp"
+                tmp.write_text(json.dumps(doc))
+                os.replace(tmp, record)
+    runs.paths[name] = Path(str(doc["path"]))
     dict.__setitem__(runs.speed, name, list(doc["speed"]))

@@ -65,3 +65,44 @@ def test_batches_alternate_in_one_process_and_the_check_never_sees_the_predicted
     assert again["predicted_per_token_ns"] == row["predicted_per_token_ns"]
     assert again["measured_per_token_ns"] == pytest.approx(10 * row["measured_per_token_ns"], rel=1e-6)
     assert json.loads((tmp_path / "check.json").read_text())["fitted_on"]["batch"] == 1
+
+    # the GEMM sweep on this CPU (a real measurement of its matmuls, the tiny preset's shapes), and the
+    # check given batch 1 and the table: batch 2 = batch 1's time + the table's change of every GEMM
+    # of the step from M = 1 to 2 + attention's roofline change (the H200 datasheet the manifests
+    # now name); the non-matrix kernels held
+    table_path = tmp_path / "gemm-table.json"
+    sweep = [
+        "gemmsweep",
+        "--device",
+        "cpu",
+        "--preset",
+        "tiny",
+        "--m-max",
+        "2",
+        "--reps",
+        "4",
+        "--repeats",
+        "3",
+    ]
+    assert ab.main([*sweep, "-o", str(table_path)]) == 0
+    table = json.loads(table_path.read_text())
+    assert table["kind"] == "tracekit.gemm-table" and {r["m"] for r in table["rows"]} == {1, 2}
+    t = {(r["role"], r["m"]): r["time_ns"] for r in table["rows"]}
+    # tiny: hidden 256, 4 heads of 64, 2 KV heads, intermediate 512, vocab 1024, 2 layers
+    assert t.keys() >= {("qkv", 1), ("gate_up", 2)} and len(table["rows"]) == 10
+    assert {(r["role"], r["k"], r["n"]) for r in table["rows"]} == {
+        ("qkv", 256, 512), ("o", 256, 256), ("gate_up", 256, 1024), ("down", 512, 256), ("lm_head", 256, 1024)
+    }  # fmt: skip
+    gemm = (
+        sum(2 * (t[(r, 2)] - t[(r, 1)]) for r in ("qkv", "o", "gate_up", "down"))
+        + t[("lm_head", 2)]
+        - t[("lm_head", 1)]
+    )
+    # attention per layer and sequence: K and V of 2 KV heads x 18 positions (prompt 16 + 2 tokens, no
+    # trace: the context) x 64 x 4 bytes + q and out of 4 heads x 64 x 4 bytes = 20,480 B, 2 layers
+    attn = 2 * 20_480 / 4800  # ns at the H200 datasheet's 4.8 TB/s
+    doc = ab.check(out, 1, None, gemm_table=table_path)
+    (row,) = doc["per_kernel"]["rows"]
+    assert row["model"] == "gemm-table" and row["batch"] == 2
+    assert row["predicted_per_token_ns"] == pytest.approx(fit_ns + gemm + attn, abs=1.5)
+    assert row["measured_per_token_ns"] == again["measured_per_token_ns"]

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import gloo_truth
 import pytest
+import session_captures
+from session_captures import HostLock
 
 
 @pytest.fixture
@@ -31,6 +33,8 @@ def fake_capture(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
     monkeypatch.setattr(runner, "capture", capture)
     monkeypatch.setattr(gloo_truth, "host_speed_s", lambda: 1.0)
+    # the two "workers" here are threads of this one test: no host lock between them
+    monkeypatch.setattr(session_captures, "HOST", None)
     return calls
 
 
@@ -117,3 +121,37 @@ def test_capture_more_writes_under_the_workers_own_folder(fake_capture: list[Pat
     # without xdist there is one folder: the captures and the extra ones go there
     alone = gloo_truth.capture_truth_runs(tmp_path / "alone")
     assert alone.capture_more("c") == tmp_path / "alone" / "c" and alone["tp1"] == tmp_path / "alone" / "tp1"
+
+
+def test_an_exclusive_section_waits_for_running_tests_and_keeps_new_ones_out(tmp_path: Path) -> None:
+    """HostLock (tests/session_captures.py), three workers on one folder: the exclusive section
+    waits while another worker's test runs, a test that starts meanwhile waits behind it (the gate),
+    and the worker that holds a share itself gives it up for the section and has it back after."""
+    running, waiting, late = (HostLock(tmp_path) for _ in range(3))
+    order: list[str] = []
+    running.share()
+    waiting.share()  # inside its own test: exclusive() gives that share up, no self-deadlock
+
+    def section() -> None:
+        with waiting.exclusive():
+            order.append("exclusive")
+
+    def new_test() -> None:
+        late.share()
+        order.append("late test")
+        late.unshare()
+
+    ex = threading.Thread(target=section)
+    ex.start()
+    ex.join(timeout=0.3)
+    assert ex.is_alive() and order == []  # the running test holds the host
+    nt = threading.Thread(target=new_test)
+    nt.start()
+    nt.join(timeout=0.3)
+    assert nt.is_alive() and order == []  # queued behind the waiting section, not beside the test
+    running.unshare()
+    ex.join(timeout=30)
+    nt.join(timeout=30)
+    assert order == ["exclusive", "late test"]
+    assert waiting._held is not None  # its test's share, taken back
+    waiting.unshare()

@@ -182,33 +182,73 @@ def _unshare_tmpfs_works() -> bool:
     return r.stdout.strip() == "ok"
 
 
+#: the capture the full-disk test runs (into a tmpfs) and measures (on a disk with room)
+DISK_ARGV = ["capture", "--tp", "2", "--tokens", "3", "--warmup", "1", "--rounds", "1", "--device", "cpu"]
+PAGE = 4096  # tmpfs charges whole pages
+
+
+def _pages(n: int) -> int:
+    return -(-n // PAGE) * PAGE
+
+
+def full_disk_sizes(folder: Path) -> dict[str, int]:
+    """tmpfs sizes (bytes, whole pages) for DISK_ARGV's capture, from the footprint of that same
+    capture in `folder` (taken with room to spare), so they hold whatever decoder writes the trace.
+
+    Each rank writes its raw export (`raw`, the gzip's inflated size), gzips it beside it (`gz`),
+    then removes the raw file; before that only its small result file is there (`pre`, at most
+    two result files, each smaller than the manifest assembled from them, and one temporary page
+    each). "export": less than half the smallest raw export past `pre`, so no rank's export fits,
+    whatever order the ranks write in. "gzip": room for `pre`, one raw export and one gzip (one
+    rank finishes, the other's export fits), but less than a raw export plus both gzips, which
+    every run that succeeds holds at once (when the last rank's gzip ends the other rank's is
+    there): the rank that gzips last fails (when both export at once, the second export fails)."""
+    traces = sorted(folder.glob("rank-*.pt.trace.json.gz"))
+    assert len(traces) == 2, sorted(p.name for p in folder.iterdir())
+    raw = [len(gzip.decompress(t.read_bytes())) for t in traces]
+    gz = [t.stat().st_size for t in traces]
+    pre = 2 * _pages((folder / "manifest.json").stat().st_size) + 2 * PAGE
+    export = (pre + (min(raw) - pre) // 2) // PAGE * PAGE
+    lo, hi = pre + _pages(max(raw)) + _pages(max(gz)), min(raw) + sum(gz)
+    assert pre < export < min(raw) and lo + PAGE < hi, (raw, gz, pre)
+    return {"export": export, "gzip": (lo + hi) // 2 // PAGE * PAGE}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("size", ["200k", "700k"])
-def test_capture_into_a_disk_that_fills_up(tmp_path: Path, size: str) -> None:
-    """A real full disk: `tracekit capture` (TP=2 on CPU) into a tmpfs of `size`, mounted in a user
-    namespace. 200k: the profiler's own export fails (its C++ writer only logs it); 700k: a rank's
-    gzip fails. Either way: one error line saying no space is left, exit 2, and nothing that looks
-    more complete than it is (no temporary, no truncated trace, the manifest complete: false)."""
+@pytest.mark.parametrize("step", ["export", "gzip"])
+def test_capture_into_a_disk_that_fills_up(tmp_path: Path, step: str, session_captures: Any) -> None:
+    """A real full disk: `tracekit capture` (TP=2 on CPU) into a tmpfs mounted in a user namespace,
+    sized (full_disk_sizes) from the same capture taken with room to spare. "export": the
+    profiler's own export fails (its C++ writer only logs it); "gzip": a rank's gzip fails (or,
+    when both ranks export at once, the second export). Either way: one error line saying no space
+    is left, exit 2, and nothing that looks more complete than it is (no temporary, no truncated
+    trace, the manifest complete: false)."""
     pytest.importorskip("torch")
     if not _unshare_tmpfs_works():
         pytest.skip("cannot mount a tmpfs in a user namespace here")
+    roomy = session_captures.cli("disk-footprint", DISK_ARGV)
+    assert roomy.returncode == 0, roomy.stderr[-2000:]
+    size = full_disk_sizes(roomy.path)[step]
     mnt = tmp_path / "full"
     mnt.mkdir()
     out = mnt / "run"
     cmd = (
         f"mount -t tmpfs -o size={size} tracekit-full {mnt} && "
-        f"{sys.executable} -m tracekit.cli.main capture --tp 2 --tokens 3 --warmup 1 --rounds 1 "
-        f"--device cpu --out {out}; rc=$?; "
+        f"{sys.executable} -m tracekit.cli.main {' '.join(DISK_ARGV)} --out {out}; rc=$?; "
         f"mkdir -p {tmp_path}/seen && cp -a {out}/. {tmp_path}/seen/ 2>/dev/null; exit $rc"
     )
     r = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=240)
     ours = [ln for ln in r.stderr.splitlines() if ln.startswith("tracekit: ")]
-    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.returncode == 2, (size, r.stderr[-2000:])
     assert len(ours) == 1 and "no space left" in ours[0].lower(), r.stderr[-2000:]
     assert "Traceback" not in r.stderr
+    if step == "export":  # no rank's export fits: no trace written, the profiler's failure said
+        assert "the profiler could not write its trace" in ours[0], ours[0]
     seen = tmp_path / "seen"  # what the namespace's tmpfs held when the command ended
     m = assert_run_folder_honest(seen)
     assert m is None or m["complete"] is False
+    if step == "export":
+        assert not list(seen.glob("rank-*.pt.trace.json.gz")), sorted(p.name for p in seen.iterdir())
 
 
 # ----------------------------------------------------------------------------------------------

@@ -19,16 +19,17 @@ GPUs (`gpus`, default n):
   norms and KV cache staying in the run's dtype. The memory cliff: the most concurrent sequences
   whose KV cache fits beside the weights, per option, in the run's dtype and in `dtype`.
   Per-token times in a low-bit dtype are not measured here and are not predicted.
-- **batch sizes not measured** (`batches`): T_k(B) = T_k(b0) + max(0, g(B) - g(b0)) from the
-  nearest measured batch b0, with g(b) = max(bytes read / memory bandwidth, flops / matrix
-  throughput) per rank per token (weights once, every sequence's KV cache; 2 flops per weight per
-  sequence): the device's added work at the larger batch, on top of the measured (host-bound or
-  not) time. Only for devices with known figures (`DEVICE_FIGURES`); marked `predicted`. Beside
-  it `per_token_latency_no_overlap_ns`, the same with g the sum of the two times (memory and
-  matrix work not overlapping, the roofline's other extreme; it has no term for the vector and
-  attention kernels either). On one H200 (CUDA graphs, 8-layer 8B shape, fitted on batch 1 only)
-  batch 16 and 64 measured 1.062x and 1.196x the roofline prediction and 1.021x and 1.025x the
-  no-overlap one (reports/advise/check.json, reports/advise/README.md).
+- **batch sizes not measured** (`batches`): predicted from the runs at other batch sizes of the
+  same TP degree (`tracekit.analyse.batch_model`, docs/METHOD.md section Batch scaling of a decode),
+  the row's `model` saying which: `per-kernel` from two or more traced runs (each GEMM / attention
+  unit's time piecewise linear in the batch, bounded below by its roofline), `gemm-table` with a
+  GEMM table, else the `roofline band` from the nearest run b0: T_k(B) = T_k(b0) + max(0, g(B) -
+  g(b0)) with g(b) = max(bytes read / memory bandwidth, flops / matrix throughput) per rank per
+  token (weights once, every sequence's KV cache; 2 flops per weight per sequence), and the same
+  with g the sum of the two (no overlap): the range [overlap, no overlap] in
+  `per_token_latency_range_ns`. The band needs device figures (`DEVICE_FIGURES`). On one H200 (CUDA
+  graphs, 8-layer 8B shape) batch 1 alone gives bands that batch 16 and 64 measured above; batch 1
+  and 16 traced predict batch 64 at 1.035x measured (reports/advise/check.json, README there).
 - **layers** (`layers`): the memory of a model of that many layers when the traces were cut to
   fewer (the 7b-shaped captures run 8 of its 32 layers); the per-token times and the batch
   extrapolation stay those of the traced layers.
@@ -39,21 +40,34 @@ and the one with the lowest latency when they differ; an option that does not fi
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
+from tracekit.analyse.batch_model import (
+    BatchModelError,
+    BatchPrediction,
+    KernelProfile,
+    check_table,
+    from_table,
+    load_gemm_table,
+    per_kernel,
+)
+from tracekit.analyse.roofline import Peaks, load_peaks
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Advise as AdviseDoc
-from tracekit.model.documents import convert
+from tracekit.model.documents import GemmTable, convert
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 GIB = 1024**3
 
 #: Bytes per weight of the linear layers in each weight dtype (int4: 0.5 + an fp16 scale per 128).
 WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
 _RUN_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_TORCH_DTYPE = {v: k for k, v in _RUN_DTYPE.items()}
 
 #: Device figures for the batch extrapolation (datasheet: HBM bytes/s, dense bf16 FLOP/s), by a
 #: substring of the device name, first match wins.
@@ -140,6 +154,8 @@ class Measured:
     context: int
     device_name: str | None
     device_memory_bytes: int | None
+    #: the traced step's kernels (`batch_model.kernel_profile`), when the batch model needs them
+    kernels: KernelProfile | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -204,6 +220,16 @@ def device_figures(name: str | None) -> tuple[float, float] | None:
     return None
 
 
+def datasheet_peaks(name: str | None) -> Peaks:
+    """The device's datasheet bandwidth and bf16 matrix rate as roofline peaks (no floors when the
+    device is not in `DEVICE_FIGURES`)."""
+    fig = device_figures(name)
+    if fig is None:
+        return Peaks()
+    src = f"datasheet figure of the {name} (tracekit.analyse.advise.DEVICE_FIGURES; --copy / --rho for measured ones)"
+    return Peaks(fig[0] / 1e9, src, fig[1] / 1e12, src)
+
+
 def device_time_ns(m: Measured, k: int, batch: int, context: int, *, overlap: bool = True) -> float | None:
     """g(batch): the roofline time of one token's device work on one of k ranks (ns): the larger of
     its bytes' and its matrix work's time (`overlap`, the roofline), or their sum (`overlap=False`:
@@ -220,6 +246,93 @@ def device_time_ns(m: Measured, k: int, batch: int, context: int, *, overlap: bo
     if not overlap:
         return (bytes_read / bw + flops / peak) * 1e9
     return max(bytes_read / bw, flops / peak) * 1e9
+
+
+def needs_kernels(runs: Sequence[Measured], batches: Sequence[int], table: bool) -> set[str]:
+    """The runs whose traced kernels the batch model uses: at each TP degree with a `batches` size
+    not measured, all its runs when there are two or more batch sizes or a GEMM table."""
+    out: set[str] = set()
+    for k in {m.tp for m in runs}:
+        at = [m for m in runs if m.tp == k]
+        measured = {m.batch for m in at}
+        if any(b not in measured for b in batches) and (len(measured) >= 2 or table):
+            out |= {m.path for m in at}
+    return out
+
+
+def load_table_file(path: str | Path) -> GemmTable:
+    """`--gemm-table FILE` read and typed (BatchModelError, one line, when it is not one)."""
+    try:
+        obj = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise BatchModelError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BatchModelError(f"{path} at byte {getattr(exc, 'pos', 0)}: not JSON ({exc})") from None
+    return load_gemm_table(obj, str(path))
+
+
+def run_peaks(copy: str | None, rho: str | None, m: Measured) -> Peaks | None:
+    """The floors' peaks from `--copy` / `--rho` (measured); None when neither is given (then the
+    device's datasheet figures, `datasheet_peaks`)."""
+    if not (copy or rho):
+        return None
+    return load_peaks(copy, rho, _TORCH_DTYPE.get(m.dtype, m.dtype))
+
+
+def roofline_band(base: Measured, k: int, batch: int) -> tuple[float, float] | None:
+    """Model 3 (one run): T(b0) + the roofline's change from b0 to `batch`, with memory and matrix
+    work overlapping (max) and not (sum): the range (lo, hi); None without device figures."""
+    g_b = device_time_ns(base, k, batch, base.context)
+    g_0 = device_time_ns(base, k, base.batch, base.context)
+    h_b = device_time_ns(base, k, batch, base.context, overlap=False)
+    h_0 = device_time_ns(base, k, base.batch, base.context, overlap=False)
+    if g_b is None or g_0 is None or h_b is None or h_0 is None:
+        return None
+    return base.per_token_ns + max(0.0, g_b - g_0), base.per_token_ns + max(0.0, h_b - h_0)
+
+
+def _batch_model(
+    near: Sequence[Measured],
+    k: int,
+    batch: int,
+    table: GemmTable | None,
+    table_name: str,
+    peaks: Peaks | None,
+    notes: list[str],
+) -> BatchPrediction | None:
+    """Model 1 or 2 (tracekit/analyse/batch_model.py) for `batch` at TP=k from the runs `near`;
+    None when only the roofline band applies (a note says why when runs were there for more)."""
+    pk = peaks if peaks is not None else datasheet_peaks(near[0].device_name)
+    first: dict[int, Measured] = {}  # one run per batch, the first given (as the measured rows keep)
+    for x in near:
+        first.setdefault(x.batch, x)
+    traced = sorted((x for x in first.values() if x.kernels is not None), key=lambda x: x.batch)
+    if table is not None and table.tp != k:
+        table = None
+    if len({x.batch for x in traced}) >= 2:
+        base = min(traced, key=lambda x: (abs(x.batch - batch), x.batch))
+        assert base.kernels is not None
+        return per_kernel(
+            [x.kernels for x in traced if x.kernels is not None], base.per_token_ns, base.kernels, batch, pk,
+            table, table_name,
+        )  # fmt: skip
+    if table is not None:
+        base = min(near, key=lambda x: (abs(x.batch - batch), x.batch))
+        shape = asdict(base.shape)
+        prof = base.kernels
+        kv_len = prof.kv_len if prof is not None else base.context
+        return from_table(
+            table, table_name, base.per_token_ns, base.batch, base.path, batch, shape, k, kv_len,
+            _TORCH_DTYPE.get(base.dtype, base.dtype), pk, prof,
+        )  # fmt: skip
+    if len({x.batch for x in near}) >= 2:
+        msg = (
+            f"TP={k} batch {batch}: the runs at batches {sorted({x.batch for x in near})} do not all have a GPU "
+            "trace of the reference decoder: the per-kernel batch model needs two; the roofline band instead"
+        )
+        if msg not in notes:
+            notes.append(msg)
+    return None
 
 
 # ------------------------------------------------------------------------------------------
@@ -283,6 +396,9 @@ def advise(
     context: int | None = None,
     batches: Sequence[int] = (),
     layers: int | None = None,
+    gemm_table: GemmTable | None = None,
+    gemm_table_name: str = "--gemm-table",
+    peaks: Peaks | None = None,
 ) -> Advice:
     """Compare the options (module doc). `layers` overrides the model's layer count for the memory
     (weights and KV cache) when the traces were cut to fewer layers than the real model; the
@@ -334,6 +450,18 @@ def advise(
             f"times are those measured on the {traced_shape.layers} traced layers"
         )
 
+    bad_batch = next((b for b in batches if b < 1), None)
+    if bad_batch is not None:
+        raise AdviseError(f"--batch {bad_batch}: a batch has at least one sequence")
+    if gemm_table is not None:
+        if gemm_table.tp not in {1, *degrees}:
+            raise AdviseError(
+                f"{gemm_table_name}: the table is for TP={gemm_table.tp}, no run at that degree"
+            )
+        check_table(
+            gemm_table, gemm_table_name, asdict(traced_shape), gemm_table.tp,
+            _TORCH_DTYPE.get(run_dtype, run_dtype),
+        )  # fmt: skip
     all_degrees = sorted({1, *degrees})
     options = [k for k in all_degrees if gpus % k == 0 and k <= gpus]
     for k in all_degrees:
@@ -367,27 +495,33 @@ def advise(
             inst = gpus // k
             hit = by_key.get((k, b))
             status, t, t_hi = "measured", None, None
+            model: str | None = "measured"
+            detail: dict[str, Any] | None = None
             if hit is not None:
                 t = hit.per_token_ns
             else:
                 near = [x for x in runs if x.tp == k]
                 if near:
-                    base = min(near, key=lambda x: (abs(x.batch - b), x.batch))
-                    g_b = device_time_ns(base, k, b, base.context)
-                    g_0 = device_time_ns(base, k, base.batch, base.context)
-                    if g_b is not None and g_0 is not None:
-                        t, status = (
-                            base.per_token_ns + max(0.0, g_b - g_0),
-                            f"predicted from batch {base.batch}",
+                    pred = _batch_model(near, k, b, gemm_table, gemm_table_name, peaks, notes)
+                    if pred is not None:
+                        t, status, model = (
+                            pred.per_token_ns,
+                            f"predicted from batch {pred.base_batch}",
+                            pred.model,
                         )
-                        h_b = device_time_ns(base, k, b, base.context, overlap=False)
-                        h_0 = device_time_ns(base, k, base.batch, base.context, overlap=False)
-                        assert h_b is not None and h_0 is not None
-                        t_hi = base.per_token_ns + max(0.0, h_b - h_0)
+                        detail = pred.to_json()
                     else:
-                        status = "not measured (no device figures to extrapolate)"
+                        base = min(near, key=lambda x: (abs(x.batch - b), x.batch))
+                        band = roofline_band(base, k, b)
+                        if band is not None:
+                            t, t_hi = band
+                            status, model = f"predicted from batch {base.batch}", "roofline band"
+                        else:
+                            status = "not measured (no device figures to extrapolate)"
                 else:
                     status = "not measured"
+            if t is None:
+                model = None
             need = mem_need(k, b, run_dtype)
             need_low = mem_need(k, b, wdt)
             row = {
@@ -399,6 +533,12 @@ def advise(
                 "per_token_latency_ns": int(round(t)) if t is not None else None,
                 # predicted rows: the same extrapolation with memory and matrix work not overlapping
                 "per_token_latency_no_overlap_ns": int(round(t_hi)) if t_hi is not None else None,
+                # which batch model (docs/METHOD.md section Batch scaling of a decode); the band's range
+                "model": model if t is not None else None,
+                "per_token_latency_range_ns": [int(round(t)), int(round(t_hi))]
+                if (t is not None and t_hi is not None)
+                else None,
+                "batch_model": detail,
                 "tokens_per_s": inst * b * 1e9 / t if t else None,
                 "tokens_per_s_per_instance": b * 1e9 / t if t else None,
                 "memory_per_gpu_bytes": {k2: int(round(v)) for k2, v in need.items()},
@@ -437,6 +577,14 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
+def _latency(row: dict[str, Any]) -> str:
+    """A row's per-token time in words: the band's range when the row has one."""
+    rng = row.get("per_token_latency_range_ns")
+    if rng:
+        return f"{rng[0] / 1e6:.2f}-{rng[1] / 1e6:.2f} ms (roofline band)"
+    return f"{row['per_token_latency_ns'] / 1e6:.2f} ms"
+
+
 def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | None) -> dict[str, Any]:
     """A plain sentence for one batch size."""
     sentences = []
@@ -460,7 +608,7 @@ def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | N
     fastest = min(timed, key=lambda r: r["per_token_latency_ns"])
     text = (
         f"Batch {batch} on {gpus} GPU(s): {best['option']} gives the most tokens/s "
-        f"({best['tokens_per_s']:,.0f} tokens/s, {best['per_token_latency_ns'] / 1e6:.2f} ms per token"
+        f"({best['tokens_per_s']:,.0f} tokens/s, {_latency(best)} per token"
         + ("" if best["status"] == "measured" else f", {best['status']}")
         + ")"
     )

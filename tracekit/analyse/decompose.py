@@ -34,6 +34,7 @@ from fractions import Fraction
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.correction import correct_run
@@ -112,8 +113,18 @@ def run_figures(
     if "cls" not in run.events.columns:
         run = replace(run, events=classify(run.events))
     rp: RunParts = attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label)
+    return figures_of(rp, compute_split(run.events, split_windows(rp)), label, path=path)
+
+
+def split_windows(rp: RunParts) -> pd.DataFrame:
+    """The (rank, step) windows `compute_split` splits: the attributed run's rank steps."""
+    return rp.rank_steps[["rank", "step", "start_ns", "end_ns", "compute_ns"]]
+
+
+def figures_of(rp: RunParts, split: pd.DataFrame, label: str, *, path: str = "") -> RunFigures:
+    """`run_figures` from the attributed run and its `compute_split` (both engines: on Dask the
+    split is computed per rank where the events are, `command_plans.figures_plan`)."""
     dq = DataQuality().merge(rp.data_quality)
-    split = compute_split(run.events, rp.rank_steps[["rank", "step", "start_ns", "end_ns", "compute_ns"]])
     traced_steps = [int(x) for x in rp.steady["window_ns"].to_numpy(np.int64)]
     u = rp.dilation.unprofiled
     faster = False
@@ -383,6 +394,11 @@ def decompose_runs(
         )
         for k in RUNS
     }
+    return decomposition_of(figs)
+
+
+def decomposition_of(figs: Mapping[str, RunFigures]) -> Decomposition:
+    """The decomposition of the three runs' figures (`RUNS` keys)."""
     dq = DataQuality()
     for f in figs.values():
         dq.merge(f.data_quality)

@@ -253,11 +253,53 @@ def attribute_side(run: Run, *, label: str, path: str, **kw: Any) -> Side:
     classified = run.events if "cls" in run.events.columns else classify(run.events)
     run = dataclasses.replace(run, events=classified)
     parts = attribute_run(run, label=label, **kw)
+    return side_of(parts, label, path, *rank_side_tables(classified, side_windows(parts)))
+
+
+def side_windows(parts: RunParts) -> pd.DataFrame:
+    """The steady (rank, step) windows the diff's matrix and kernel tables read."""
     steady = [int(s) for s in parts.steady["step"]]
-    windows = parts.steps[parts.steps["step"].isin(steady)][["rank", "step", "start_ns", "end_ns"]]
-    sm = _matrix_per_step(classified, windows)
+    return parts.steps[parts.steps["step"].isin(steady)][["rank", "step", "start_ns", "end_ns"]]
+
+
+def rank_side_tables(classified: pd.DataFrame, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One rank's share of a side (its events and steady windows; on Dask where its events are):
+    its matrix time per step and its kernel table's integer sums (`_kernel_table` over one step and
+    one rank: `side_of` divides)."""
+    return _matrix_per_step(classified, windows), _kernel_table(classified, windows, 1, 1)
+
+
+def _add_kernel_tables(tables: list[pd.DataFrame]) -> pd.DataFrame:
+    keys = ["kind", "name", "cls"]
+    return (
+        pd.concat(tables, ignore_index=True)
+        .groupby(keys, sort=True)[["count", "time_ns"]]
+        .sum()
+        .reset_index()
+    )
+
+
+def side_of(
+    parts: RunParts,
+    label: str,
+    path: str,
+    steps_matrix: pd.DataFrame,
+    kernels: pd.DataFrame | list[pd.DataFrame],
+) -> Side:
+    """The Side of an attributed run from its matrix time per (rank, step) and its kernel table's
+    integer sums (`rank_side_tables`), or the ranks' tables to add up: counts and times are
+    integers until the one division by steps x ranks, so adding the ranks' tables first is exact."""
+    steady = [int(s) for s in parts.steady["step"]]
+    sm = steps_matrix
     n = len(steady)
     matrix = {int(r): Fraction(int(sm.loc[sm["rank"] == r, "matrix_ns"].sum()), n) for r in parts.per_rank}
+    tables = [t for t in (kernels if isinstance(kernels, list) else [kernels]) if not t.empty]
+    if not tables:
+        ktab = pd.DataFrame(columns=["kind", "name", "cls", "count", "time_ns"])
+    else:
+        ktab = tables[0] if len(tables) == 1 else _add_kernel_tables(tables)
+        denom = float(max(n, 1) * max(len(parts.per_rank), 1))
+        ktab = ktab.assign(count=ktab["count"] / denom, time_ns=ktab["time_ns"] / denom)
     return Side(
         label=label,
         path=path,
@@ -265,7 +307,7 @@ def attribute_side(run: Run, *, label: str, path: str, **kw: Any) -> Side:
         applied=applied_dilation(parts),
         matrix_ns=matrix,
         steps_matrix=sm,
-        kernels=_kernel_table(classified, windows, n, len(parts.per_rank)),
+        kernels=ktab,
         collectives=_collective_table(parts, set(steady)),
     )
 

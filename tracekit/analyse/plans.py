@@ -10,7 +10,9 @@ A `Plan` is what one analysis of one run needs, said once:
     `combine(state, {rank: result})` on the client (cheap), returning the next stage's argument:
     one value for every rank, or a `PerRank` mapping (a rank not in it is skipped);
   - a `Reduce`: `fn([kept value of every rank, in rank order], arg)` in one task (on a worker,
-    next to the ranks' values, not on the client), then `then(state, result)`;
+    next to the ranks' values, not on the client), then `then(state, result)`; a Reduce may keep
+    a value where it ran (`keeps`: the run's dependency graph) for a later Reduce of the plan
+    (`on_kept`: the profiler correction on that graph), so it never reaches the client;
 - `finish(state, arg)`: on the client, the analysis result.
 
 A rank stage may keep values for later stages in `RankInput.keep` (its dependency-graph piece,
@@ -22,7 +24,9 @@ for the critical path's `Reduce`): they stay where the rank's events are.
 the rank's events held in the worker's memory from the read on).
 
 The plans: `attribution_plan` (`shortfall.attribute_run`: one run's per-step parts and critical
-path) and `breakdown_plan` (`breakdown.breakdown`, with the report's top kernels).
+path, and with `correct` its profiler correction) and `breakdown_plan` (`breakdown.breakdown`,
+with the report's top kernels); `tracekit.analyse.command_plans` has diff's, decompose's and
+the what-if's (a plan followed by a rank stage: `command_plans.followed_by`).
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ __all__ = [
     "RankInput",
     "RankStage",
     "Reduce",
+    "CorrectionInput",
     "attribution_plan",
     "breakdown_plan",
+    "correction_target",
     "run_in_process",
     "split_ranks",
 ]
@@ -82,10 +88,17 @@ class RankStage:
 
 @dataclass(frozen=True)
 class Reduce:
+    """`fn(values, arg)` in one task: `values` the list of what every rank kept under `key` (rank
+    order; ranks without it are left out) or, with `on_kept`, the value an earlier Reduce of the
+    plan kept under `key`. With `keeps`, `fn` returns (result, value) and the value stays where
+    the task ran (a worker's memory, on Dask), for a later Reduce: only the result reaches `then`."""
+
     name: str
-    key: str  # the value every rank kept (`RankInput.keep[key]`; ranks without it are left out)
-    fn: Callable[[list[Any], Any], Any]
+    key: str
+    fn: Callable[[Any, Any], Any]
     then: Callable[[Any, Any], Any]
+    keeps: str | None = None
+    on_kept: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,13 +150,28 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
     if ranks is None:
         ranks = split_ranks(run, plan.only_rank)
     state, arg = plan.start(run.run if isinstance(run, AnalysedRun) else run)
+    reduced: dict[str, Any] = {}  # what the plan's Reduces kept
     for stage in plan.stages:
         if isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
         else:
-            values = kept(ranks, stage.key)
-            arg = stage.then(state, stage.fn([values[r] for r in sorted(values)], arg))
+            values = None if stage.on_kept else kept(ranks, stage.key)
+            arg = stage.then(state, run_reduce(stage, reduced, values, arg))
     return plan.finish(state, arg)
+
+
+def run_reduce(stage: Reduce, reduced: dict[str, Any], values: Mapping[int, Any] | None, arg: Any) -> Any:
+    """A Reduce here: on `reduced[stage.key]` (`on_kept`, what an earlier Reduce kept) or on
+    `values` (rank -> what the rank kept under `stage.key`); what it keeps goes into `reduced`;
+    returns what `then` takes."""
+    if stage.on_kept:
+        got = stage.fn(reduced[stage.key], arg)
+    else:
+        assert values is not None
+        got = stage.fn([values[r] for r in sorted(values)], arg)
+    if stage.keeps is not None:
+        got, reduced[stage.keeps] = got
+    return got
 
 
 # ------------------------------------------------------------------------------------------
@@ -169,7 +197,7 @@ class _Attribution:
     coll: Any = None
     att: Any = None
     path: Any = None
-    graph: Any = None
+    parts: Any = None  # the RunParts (`finish_attribution`)
 
 
 def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
@@ -215,13 +243,66 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
 
 def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
     """The run's dependency graph from the ranks' pieces (`graph.assemble`) and the critical path
-    walked on it (`critical_path.path_of_graph`); the graph is kept for the profiler correction."""
+    walked on it (`critical_path.path_of_graph`): the path to the client, the graph kept where the
+    task ran for the profiler correction's Reduce."""
     from tracekit.analyse.critical_path import path_of_graph
     from tracekit.analyse.graph import assemble
 
     offsets, timeline = arg
     graph = assemble(graphs, offsets)
     return path_of_graph(graph, timeline), graph
+
+
+#: `attribution_plan(correct=...)`: the target the profiler correction is computed to in the plan
+#: (where the run's graph is): "applied", the traced per-token time / the applied dilation D
+#: (`shortfall.applied_dilation`: what shortfall, diff and whatif correct to); "unprofiled", the
+#: unprofiled rounds' mean (decompose's)
+CORRECT_TARGETS = ("applied", "unprofiled")
+
+
+@dataclass
+class CorrectionInput:
+    """What `correction.correct_run` reads of a run's RunParts, without its tables (what travels
+    into the correction's Reduce, to the run's graph; the graph is set there)."""
+
+    steady_steps: list[int]
+    timeline: str
+    ranks: list[int]
+    profiler_calibration: dict[str, Any] | None
+    rank_steps: pd.DataFrame
+    critical: Any
+    per_rank: dict[int, dict[str, Any]]
+    path_token: dict[str, Any]
+    graph: Any = None
+
+
+def correction_target(parts: Any, mode: str | None) -> Any:
+    """The Fraction the plan corrects `parts` (a RunParts) to under `mode` (CORRECT_TARGETS), or
+    None: nothing to correct (no unprofiled per-token time)."""
+    from fractions import Fraction
+
+    from tracekit.analyse.shortfall import applied_dilation
+
+    if mode is None:
+        return None
+    if mode == "applied":
+        return applied_dilation(parts).target_ns
+    u = parts.dilation.unprofiled
+    return Fraction(u.mean_ns) if u is not None and u.n else None
+
+
+def _att_correct(graph: Any, arg: tuple[CorrectionInput | None, Any, bool]) -> tuple[Any, Any, Any]:
+    """The profiler correction of the run (`correction.correct_run`) on its graph, where the
+    graph is: (target, Correction or None, the graph when the caller keeps it)."""
+    from tracekit.analyse.correction import correct_run
+
+    inp, target, keep = arg
+    corr = None
+    if inp is not None and target is not None:
+        inp.graph = graph
+        corr = correct_run(inp, target)  # type: ignore[arg-type]  # what it reads of a RunParts
+        inp.graph = None
+    return target, corr, (graph if keep else None)
 
 
 def attribution_plan(
@@ -231,13 +312,22 @@ def attribution_plan(
     dilation_threshold: float | None = None,
     label: str = "run",
     allow_partial: bool = False,
+    correct: str | None = None,
+    keep_graph: bool = True,
 ) -> Plan:
     """`shortfall.attribute_run` as a plan: per rank the step rule and collective rows, the
     windows, `attribute_rank`; on the client `attribute_setup`, `choose_step_rule`,
     `assemble_steps`, `match_collectives` (on the collective rows only), `join_steps`,
-    `assemble_attribution`; the critical path in one Reduce; `finish_attribution`."""
+    `assemble_attribution`; the critical path in one Reduce (the run's graph kept there);
+    `finish_attribution`; then a Reduce on the kept graph: with `correct` (CORRECT_TARGETS) the
+    profiler correction to that target (`correction.correct_run`, cached on the RunParts: a later
+    `correct_run` to the same target finds it), and the graph itself for the RunParts when
+    `keep_graph` (the what-if replays it; the shortfall, diff and decompose need only the
+    correction, so on Dask the graph need not reach the client)."""
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 
+    if correct is not None and correct not in CORRECT_TARGETS:
+        raise ValueError(f"correct: {correct!r} is not one of {CORRECT_TARGETS}")
     threshold = DEFAULT_THRESHOLD if dilation_threshold is None else dilation_threshold
 
     def start(meta: Run) -> tuple[_Attribution, Any]:
@@ -310,13 +400,11 @@ def attribution_plan(
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces)
 
-    def after_path(st: _Attribution, got: tuple[Any, Any]) -> None:
-        st.path, st.graph = got
-
-    def finish(st: _Attribution, _arg: Any) -> Any:
+    def after_path(st: _Attribution, path: Any) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.shortfall import finish_attribution
 
-        return finish_attribution(
+        st.path = path
+        parts = st.parts = finish_attribution(
             st.meta,
             st.att,
             st.path,
@@ -326,8 +414,31 @@ def attribution_plan(
             skip_first=st.skip_first,
             dilation_threshold=st.threshold,
             dq=st.dq,
-            graph=st.graph,
         )
+        target = correction_target(parts, correct)
+        if target is None:
+            return None, None, keep_graph
+        inp = CorrectionInput(
+            steady_steps=parts.steady_steps,
+            timeline=parts.timeline,
+            ranks=list(parts.ranks),
+            profiler_calibration=parts.profiler_calibration,
+            rank_steps=parts.rank_steps,
+            critical=parts.critical,
+            per_rank=parts.per_rank,
+            path_token=parts.path_token,
+        )
+        return inp, target, keep_graph
+
+    def after_correct(st: _Attribution, got: tuple[Any, Any, Any]) -> None:
+        target, corr, graph = got
+        if corr is not None:  # where `correction.correct_run` looks first
+            st.parts.__dict__.setdefault("_corrections", {})[target] = corr
+        if graph is not None:
+            st.parts.graph = graph
+
+    def finish(st: _Attribution, _arg: Any) -> Any:
+        return st.parts
 
     return Plan(
         "attribution",
@@ -336,7 +447,8 @@ def attribution_plan(
             RankStage("rule", _att_rule, after_rule),
             RankStage("windows", _att_windows, after_windows),
             RankStage("attribute", _att_rank, after_ranks),
-            Reduce("path", "graph", _att_path, after_path),
+            Reduce("path", "graph", _att_path, after_path, keeps="run_graph"),
+            Reduce("correction", "run_graph", _att_correct, after_correct, on_kept=True),
         ),
         finish,
     )

@@ -142,36 +142,53 @@ class Work:
         return ATTENTION if self.role == "attention" else GEMM
 
 
+#: The GEMMs of the reference decoder's step (`DECODER_ROLES` without attention, then the LM head).
+GEMM_ROLES: tuple[str, ...] = ("qkv", "o", "gate_up", "down", "lm_head")
+
+
+def gemm_shapes(shape: Mapping[str, Any], tp: int) -> dict[str, tuple[int, int]]:
+    """(K, N) of each GEMM role on one of `tp` ranks (the weight is K x N; a batch of M sequences
+    makes it an M x K x N product)."""
+    h, nh, nkv = int(shape["hidden"]), int(shape["heads"]), int(shape["kv_heads"])
+    inter, vocab = int(shape["intermediate"]), int(shape["vocab"])
+    hd = h // nh
+    lh, lkv = nh // tp, nkv // tp
+    return {
+        "qkv": (h, (lh + 2 * lkv) * hd),
+        "o": (lh * hd, h),
+        "gate_up": (h, 2 * inter // tp),
+        "down": (inter // tp, h),
+        "lm_head": (h, vocab // tp),
+    }
+
+
 def decoder_work(shape: Mapping[str, Any], tp: int, batch: int, kv_len: int, dtype_bytes: int) -> list[Work]:
     """The matrix work of one decode step of the reference decoder on one of `tp` ranks, in
     launch order (`DECODER_ROLES` per layer, then the LM head): weights read once, activations in
     and out, the KV cache read by attention."""
-    h = int(shape["hidden"])
-    nh = int(shape["heads"])
-    nkv = int(shape["kv_heads"])
-    inter = int(shape["intermediate"])
-    layers = int(shape["layers"])
-    vocab = int(shape["vocab"])
+    h, nh, nkv = int(shape["hidden"]), int(shape["heads"]), int(shape["kv_heads"])
     hd = h // nh
     lh, lkv = nh // tp, nkv // tp
     b = batch
+    kn = gemm_shapes(shape, tp)
 
-    def gemm(role: str, layer: int | None, k: int, n: int) -> Work:
+    def gemm(role: str, layer: int | None) -> Work:
+        k, n = kn[role]
         return Work(role, layer, dtype_bytes * (k * n + b * (k + n)), 2 * b * k * n)
 
     out: list[Work] = []
-    for i in range(layers):
-        out.append(gemm("qkv", i, h, (lh + 2 * lkv) * hd))
+    for i in range(int(shape["layers"])):
+        out.append(gemm("qkv", i))
         kv = 2 * b * lkv * kv_len * hd * dtype_bytes  # keys and values of this rank's KV heads
         out.append(Work("attention", i, kv + 2 * b * lh * hd * dtype_bytes, 4 * b * lh * hd * kv_len))
-        out.append(gemm("o", i, lh * hd, h))
-        out.append(gemm("gate_up", i, h, 2 * inter // tp))
-        out.append(gemm("down", i, inter // tp, h))
-    out.append(gemm("lm_head", None, h, vocab // tp))
+        out.append(gemm("o", i))
+        out.append(gemm("gate_up", i))
+        out.append(gemm("down", i))
+    out.append(gemm("lm_head", None))
     return out
 
 
-def _floor_ns(w: Work, peaks: Peaks) -> float | None:
+def unit_floor_ns(w: Work, peaks: Peaks) -> float | None:
     if peaks.bw_gbps is None and peaks.matrix_tflops is None:
         return None
     t_mem = w.bytes / peaks.bw_gbps if peaks.bw_gbps else 0.0  # bytes / (GB/s) = ns
@@ -217,11 +234,41 @@ def _static_kv_len(wl: Mapping[str, Any]) -> tuple[int, str]:
     return KV_STATIC_LEN, f"the static cache of the serving-style decode (default {KV_STATIC_LEN})"
 
 
-def roofline(
-    run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
-) -> dict[str, Any]:
-    """The roofline of one run's decode step over every rank's steady steps (see the module doc):
-    the JSON document of `tracekit roofline`."""
+@dataclass(frozen=True)
+class DecodeUnits:
+    """One run's decode step as the roofline sees it: the workload read from the manifest, the
+    reference decoder's matrix work at the run's batch (`work`, launch order), the steady steps'
+    canonical kernel sequence (`canon`) and whether its GEMM / attention units are that work in
+    role and order (`assigned`)."""
+
+    name: str
+    shape: Mapping[str, Any]
+    tp: int
+    batch: int
+    dtype: str
+    static: bool
+    kv_len: int
+    kv_source: str
+    work: list[Work]
+    canon: Canonical
+    steady: list[int]
+    steps: pd.DataFrame
+    shard_of: Any
+
+    @property
+    def assigned(self) -> bool:
+        return [u for u in self.canon.units if u] == [w.kind for w in self.work]
+
+    def work_at(self, batch: int) -> list[Work]:
+        """The same matrix work at another batch size (the same order as `work`)."""
+        return decoder_work(self.shape, self.tp, batch, self.kv_len, DTYPE_BYTES[self.dtype])
+
+
+def decode_units(
+    run: Run | AnalysedRun, *, step_pattern: str | None = None, skip_first: int = 1
+) -> DecodeUnits:
+    """The run's decode step read for the roofline (`DecodeUnits`); RooflineError when the manifest
+    has no model shape or the trace no GPU kernels."""
     ar = AnalysedRun.of(run)
     wl = _workload(ar.run)
     shape = wl["shape"]
@@ -258,7 +305,28 @@ def roofline(
         raise RooflineError(
             f"{_name(ar.run)}: no GPU compute kernels in its steps: a roofline needs a GPU trace"
         )
+    return DecodeUnits(
+        _name(ar.run), shape, tp, batch, dtype, static, kv_len, kv_source, work, canon, steady, steps,
+        wl.get("shard_of"),
+    )  # fmt: skip
 
+
+def roofline(
+    run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
+) -> dict[str, Any]:
+    """The roofline of one run's decode step over every rank's steady steps (see the module doc):
+    the JSON document of `tracekit roofline`."""
+    ar = AnalysedRun.of(run)
+    du = decode_units(ar, step_pattern=step_pattern, skip_first=skip_first)
+    tp, batch, dtype, static, kv_len, kv_source = (
+        du.tp,
+        du.batch,
+        du.dtype,
+        du.static,
+        du.kv_len,
+        du.kv_source,
+    )
+    shape, work, canon, steady, steps = du.shape, du.work, du.canon, du.steady, du.steps
     units = _units(canon, work, peaks)
     kinds = [u for u in canon.units if u]
     assigned = kinds == [w.kind for w in work]
@@ -274,7 +342,7 @@ def roofline(
     )
     floor = sum(w.bytes for w in work), sum(w.flops for w in work)
     floor_ns = (
-        sum(_floor_ns(w, peaks) or 0.0 for w in work) if (peaks.bw_gbps or peaks.matrix_tflops) else None
+        sum(unit_floor_ns(w, peaks) or 0.0 for w in work) if (peaks.bw_gbps or peaks.matrix_tflops) else None
     )
     unprofiled = _unprofiled_mean_ns(ar.run)
     achieved = unprofiled if unprofiled is not None else step_ns
@@ -286,7 +354,7 @@ def roofline(
         "other kernels move activation-sized data (floor ~0); docs/METHOD.md section Roofline of a decode",
         "workload": {
             "tp": tp,
-            "shard_of": wl.get("shard_of"),
+            "shard_of": du.shard_of,
             "batch": batch,
             "dtype": dtype,
             "layers": int(shape["layers"]),
@@ -341,7 +409,7 @@ def _units(canon: Canonical, work: list[Work], peaks: Peaks) -> list[_Unit]:
     for name, m, t in zip(canon.names, canon.units, canon.mean_ns, strict=True):
         if m and assign:
             w = next(it)
-            out.append(_Unit(name, w.role, t, w.bytes, w.flops, _floor_ns(w, peaks)))
+            out.append(_Unit(name, w.role, t, w.bytes, w.flops, unit_floor_ns(w, peaks)))
         else:
             out.append(_Unit(name, "matrix" if m else "other", t, None, None, 0.0 if not m else None))
     return out

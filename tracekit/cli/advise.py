@@ -17,6 +17,8 @@ Examples:
   tracekit advise --tp1 traces/cpu-tp1 --tpn traces/cpu-tp2 --memory-gib 16 --context 4096 --format json
   tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --batch 16 --batch 64   # extrapolated
   tracekit advise --tp1 traces/h200-tp1 --tpn traces/h200-tp2 --layers 32   # memory of the full 32-layer 7b
+  tracekit advise --tp1 runs/b1 --tp1 runs/b16 --batch 64 --copy copy.json --rho rho.json   # per-kernel
+  tracekit advise --tp1 runs/b1 --gemm-table gemm-table.json --batch 64   # one run + the GEMM sweep
 """
 
 
@@ -37,6 +39,41 @@ def _measured(path: str) -> Any:
 
             traced = float(attribute_run(read_run([p]), label=path).per_token["window"])
     return measured_from(manifest, path, traced)
+
+
+def _with_kernels(runs: list[Any], batches: tuple[int, ...], table: bool) -> list[Any]:
+    """The runs the batch model needs kernels of, with their traced step's kernels (docs/METHOD.md
+    section Batch scaling of a decode); runs without a trace stay as they are."""
+    from dataclasses import replace
+
+    from tracekit.analyse.advise import needs_kernels
+    from tracekit.analyse.batch_model import kernel_profile
+    from tracekit.errors import NoTracesError
+    from tracekit.read import find_trace_files, read_run
+
+    want = needs_kernels(runs, batches, table)
+    out = []
+    for m in runs:
+        if m.path in want:
+            try:
+                find_trace_files([m.path])
+            except NoTracesError:
+                out.append(m)
+                continue
+            m = replace(m, kernels=kernel_profile(read_run([m.path]), m.path))
+        out.append(m)
+    return out
+
+
+def _model_text(r: dict[str, Any]) -> str:
+    """The batch model of a predicted row, in words (docs/METHOD.md section Batch scaling of a decode)."""
+    rng, bm = r.get("per_token_latency_range_ns"), r.get("batch_model")
+    if rng:
+        return f" (roofline band from one run: {rng[0] / 1e6:.3f}-{rng[1] / 1e6:.3f} ms)"
+    if bm:
+        parts = ", ".join(f"{p['kind']} {p['added_ns'] / 1e3:+,.0f} us" for p in bm["by_kind"])
+        return f" ({bm['model']}: {parts})"
+    return ""
 
 
 def render_text(adv: Any) -> str:
@@ -64,12 +101,7 @@ def render_text(adv: Any) -> str:
         lines.append(
             f"{r['batch']:>5}  {r['option']:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
             f"{'-' if tps is None else f'{tps:,.0f}':>10} {r['memory_per_gpu_bytes']['total'] / GIB:>8.2f} "
-            f"{fits:>5}  {r['status']}"
-            + (
-                f" (no overlap: {r['per_token_latency_no_overlap_ns'] / 1e6:.3f} ms)"
-                if r.get("per_token_latency_no_overlap_ns")
-                else ""
-            )
+            f"{fits:>5}  {r['status']}" + _model_text(r)
         )
     lines += ["", "Memory cliff (most concurrent sequences whose KV cache fits beside the weights):"]
     lines += [f"  {s}" for s in cliff_sentence(adv)]
@@ -125,7 +157,19 @@ def render_text(adv: Any) -> str:
     help="Layers of the real model for the memory (default: the traces'; the 7b-shaped traces run 8 of 32).",
 )
 @click.option(
-    "--batch", "batches", type=int, multiple=True, help="Also a batch size not measured (extrapolated)."
+    "--batch", "batches", type=int, multiple=True, help="Also a batch size not measured (predicted)."
+)
+@click.option(
+    "--gemm-table",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="GEMM times per batch (benchmarks/advise_batches.py gemmsweep) for --batch.",
+)
+@click.option(
+    "--copy", type=click.Path(exists=True, dir_okay=False), help="Copy probe JSON: the floors' bandwidth."
+)
+@click.option(
+    "--rho", type=click.Path(exists=True, dir_okay=False), help="rho JSON: the floors' matrix rate."
 )
 @format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
 @out_file_option
@@ -139,6 +183,9 @@ def command(
     context: int | None,
     layers: int | None,
     batches: tuple[int, ...],
+    gemm_table: str | None,
+    copy: str | None,
+    rho: str | None,
     fmt: str,
     out: str | None,
 ) -> None:
@@ -148,17 +195,23 @@ def command(
 
     Per-token times are the runs' unprofiled means (the traced ones when a manifest has none).
     --dtype fp8/int4 shows how low-bit weights move the memory cliff: how many more concurrent
-    sequences fit. --batch B adds a batch size not measured, extrapolated from the nearest measured
-    one by the device's added memory and matrix work (marked predicted). --layers N sizes the memory
-    for an N-layer model when the traces were cut to fewer layers (the per-token times stay those
+    sequences fit. --batch B adds a batch size not measured (marked predicted, its model named):
+    per kernel from two or more traced runs at other batches, or from one run and --gemm-table;
+    from one run alone the roofline's range (docs/METHOD.md section Batch scaling of a decode).
+    --layers N sizes the memory for an N-layer model when the traces were cut to fewer layers (the per-token times stay those
     measured). One plain recommendation per batch size; an option that does not fit is said so.
     """
-    from tracekit.analyse.advise import advise
+    from tracekit.analyse.advise import advise, load_table_file, run_peaks
     from tracekit.cli.probe import dumps_json
 
+    table = load_table_file(gemm_table) if gemm_table else None
+    runs = _with_kernels([_measured(p) for p in (*tp1, *tpn)], batches, table is not None)
     adv = advise(
-        [_measured(p) for p in tp1],
-        [_measured(p) for p in tpn],
+        runs[: len(tp1)],
+        runs[len(tp1) :],
+        gemm_table=table,
+        gemm_table_name=gemm_table or "--gemm-table",
+        peaks=run_peaks(copy, rho, runs[0]),
         gpus=gpus,
         memory_gib=memory_gib,
         reserve_gib=reserve_gib,

@@ -6,9 +6,11 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
+    engine_options,
     format_option,
     no_cache_option,
     out_file_option,
+    show_progress,
     step_pattern_option,
     write_text,
 )
@@ -94,6 +96,7 @@ def render_text(doc: dict) -> str:
 @out_file_option
 @no_cache_option
 @cache_dir_option
+@engine_options
 def command(
     baseline: str,
     intermediate: str,
@@ -103,6 +106,9 @@ def command(
     fmt: str,
     out: str | None,
     no_cache: bool,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
 ) -> None:
     """Split the per-token speedup A/C into runtime (A/B) and kernel (B/C) parts on a log scale.
 
@@ -114,12 +120,11 @@ def command(
     are the unprofiled ones when the manifests carry them (the traced parts reconciled to them, as
     `tracekit shortfall` does), else the traced ones.
     """
-    from tracekit.analyse.decompose import decompose_runs
     from tracekit.cli.probe import dumps_json
-    from tracekit.read import read_run
+    from tracekit.engine import Engine, decompose_paths
 
+    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
     paths = {"baseline": baseline, "intermediate": intermediate, "full": full}
-    runs = {k: read_run([p], cache=not no_cache) for k, p in paths.items()}
-    result = decompose_runs(runs, paths=paths, step_pattern=step_pattern, skip_first=skip_first)
+    result = decompose_paths(paths, eng, step_pattern=step_pattern, skip_first=skip_first, cache=not no_cache)
     doc = result.to_json()
     write_text(dumps_json(doc).decode() if fmt == "json" else render_text(doc), out)

@@ -13,6 +13,7 @@ import click
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
+    engine_options,
     format_option,
     no_cache_option,
     out_file_option,
@@ -334,6 +335,7 @@ def _tp_of(run: Any, partial: bool) -> int | None:
 @out_file_option
 @no_cache_option
 @cache_dir_option
+@engine_options
 def command(
     before: str,
     after: str,
@@ -347,6 +349,9 @@ def command(
     allow_tp_change: bool,
     out: str | None,
     no_cache: bool,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
 ) -> None:
     """Compare two runs of the same workload (any input tracekit reads, the same TP degree unless
     --allow-tp-change): the per-token time
@@ -366,8 +371,7 @@ def command(
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
       tracekit diff runs/main runs/pr --format json -o diff.json
     """
-    from tracekit.analyse.diff import diff
-    from tracekit.read import read_run
+    from tracekit.engine import Engine, diff_paths
 
     pct: float | None = None
     if fail_pct is not None:
@@ -383,19 +387,19 @@ def command(
         raise TracekitError(f"--top: {top} is negative")
     if skip_first < 0:
         raise TracekitError(f"--skip-first: {skip_first} is negative")
-    tty = show_progress()
-    run_b = read_run([before], cache=not no_cache, progress=tty)
-    run_a = read_run([after], cache=not no_cache, progress=tty)
-    result = diff(
-        run_b,
-        run_a,
+    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
+    result, run_b, run_a = diff_paths(
+        before,
+        after,
+        eng,
         before_path=before,
         after_path=after,
+        top=top,
+        cache=not no_cache,
         step_pattern=step_pattern,
         skip_first=skip_first,
         dilation_threshold=dilation_threshold,
         allow_partial=allow_partial,
-        top=top,
     )
     # after diff's own refusals (a partial group, no steps ...): those name the problem first
     tp_b, tp_a = _tp_of(run_b, allow_partial), _tp_of(run_a, allow_partial)

@@ -10,6 +10,7 @@ import click
 from tracekit.cli.options import (
     cache_dir_option,
     emit_result,
+    engine_options,
     format_option,
     no_cache_option,
     out_file_option,
@@ -203,6 +204,7 @@ Examples:
 @out_file_option
 @no_cache_option
 @cache_dir_option
+@engine_options
 def command(
     baseline: str,
     sharded: str | None,
@@ -215,6 +217,9 @@ def command(
     step_pattern: str | None,
     out: str | None,
     no_cache: bool,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
 ) -> None:
     """Replay the traces token by token across ranks (host launches, GPU work, syncs, collectives as
     rendezvous) and predict the per-token time at TP=1 and TP=N under counterfactual knobs; split
@@ -237,13 +242,17 @@ def command(
             players.append(ks[0])
     if check_dir and not check_knob:
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
+    from tracekit.engine import Engine
+
     tty = show_progress()
-    base_parts, base_cl = _load(baseline, no_cache, tty, skip_first, "baseline", step_pattern)
-    shard = _load(sharded, no_cache, tty, skip_first, "sharded", step_pattern) if sharded else None
+    eng = Engine.parse(engine, scheduler, workers, progress=tty)
+    paths = {"baseline": baseline, "sharded": sharded, "check": check_dir if check_knob else None}
+    runs = _load_runs({k: p for k, p in paths.items() if p}, eng, no_cache, skip_first, step_pattern)
+    base_parts, base_cl = runs["baseline"]
+    shard = runs.get("sharded")
     check = None
     if check_dir and check_knob:
-        cparts, _ = _load(check_dir, no_cache, tty, skip_first, "check", step_pattern)
-        check = (cparts, parse_combination(check_knob, probe), check_dir)
+        check = (runs["check"][0], parse_combination(check_knob, probe), check_dir)
     result: WhatIf = whatif(
         base_parts,
         base_cl,
@@ -266,13 +275,22 @@ def command(
     )
 
 
-def _load(
-    path: str, no_cache: bool, tty: bool, skip_first: int, label: str, step_pattern: str | None = None
-) -> tuple[Any, Any]:
+def _load_runs(
+    paths: dict[str, str], eng: Any, no_cache: bool, skip_first: int, step_pattern: str | None
+) -> dict[str, tuple[Any, Any]]:
+    """Per label, the attributed run and what the replay reads of its events: locally the
+    analysed run itself (its steps, found for attribute_run, are not found again); on Dask
+    `tracekit.engine.whatif_runs` (the graph and the device events from the workers)."""
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.shortfall import attribute_run
+    from tracekit.engine import whatif_runs
     from tracekit.read import read_run
 
-    run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=tty))  # classified once
-    # the replay takes the analysed run itself: its steps, found for attribute_run, are not found again
-    return attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label), run
+    if eng.kind == "dask":
+        got = whatif_runs(paths, eng, step_pattern=step_pattern, skip_first=skip_first, cache=not no_cache)
+        return {k: (v.parts, v.classified) for k, v in got.items()}
+    out = {}
+    for label, path in paths.items():
+        run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=eng.progress))  # classified once
+        out[label] = (attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label), run)
+    return out

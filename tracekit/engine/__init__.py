@@ -28,6 +28,9 @@ from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
     from tracekit.analyse.breakdown import Breakdown
+    from tracekit.analyse.command_plans import ReplayInput
+    from tracekit.analyse.decompose import Decomposition
+    from tracekit.analyse.diff import Diff
     from tracekit.analyse.shortfall import Shortfall
     from tracekit.engine.executor import Job, JobResult
     from tracekit.report.build import AnalysedRuns
@@ -38,9 +41,12 @@ __all__ = [
     "EngineError",
     "analyse_dirs",
     "breakdown_paths",
+    "decompose_paths",
+    "diff_paths",
     "pair_check",
     "run_plans",
     "shortfall_paths",
+    "whatif_runs",
 ]
 
 ENGINES: tuple[str, ...] = ("local", "dask")
@@ -161,6 +167,8 @@ def shortfall_paths(
             dilation_threshold=dilation_threshold,
             label=label,
             allow_partial=allow_partial,
+            correct="applied",
+            keep_graph=False,
         )
 
     (base, shard), notes = run_plans(
@@ -172,6 +180,102 @@ def shortfall_paths(
         pair_check,
     )
     return shortfall_of_pair(base.results[0], shard.results[0], notes)
+
+
+def diff_paths(
+    before: Paths,
+    after: Paths,
+    engine: Engine | None = None,
+    *,
+    before_path: str = "before",
+    after_path: str = "after",
+    top: int | None = None,
+    cache: bool = True,
+    **kw: Any,
+) -> tuple[Diff, Any, Any]:
+    """`tracekit.analyse.diff.diff` of the two runs on the engine (`command_plans.side_plan` on
+    each, `diff.diff_sides` on the client); `kw`: step_pattern, skip_first, dilation_threshold,
+    allow_partial. Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
+    from tracekit.analyse.command_plans import side_plan
+    from tracekit.analyse.diff import TOP, diff_sides
+    from tracekit.analyse.dilation import DEFAULT_THRESHOLD
+    from tracekit.engine.executor import Job
+
+    pb = side_plan(label=f"before ({before_path})", path=before_path, **kw)
+    pa = side_plan(label=f"after ({after_path})", path=after_path, **kw)
+    (rb, ra), _ = run_plans(
+        engine, [Job(_as_list(before), (pb,), cache=cache), Job(_as_list(after), (pa,), cache=cache)]
+    )
+    b, a = rb.results[0], ra.results[0]
+    b.label, a.label = "before", "after"
+    threshold = kw.get("dilation_threshold")
+    result = diff_sides(
+        b,
+        a,
+        top=TOP if top is None else top,
+        dilation_threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
+    )
+    return result, rb.meta, ra.meta
+
+
+def decompose_paths(
+    paths: dict[str, str],
+    engine: Engine | None = None,
+    *,
+    step_pattern: str | None = None,
+    skip_first: int = 1,
+    cache: bool = True,
+) -> Decomposition:
+    """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys) on
+    the engine (`command_plans.figures_plan` on each, `decompose.decomposition_of`)."""
+    from tracekit.analyse.command_plans import figures_plan
+    from tracekit.analyse.decompose import RUNS, decomposition_of
+    from tracekit.engine.executor import Job
+
+    jobs = [
+        Job(
+            (paths[k],),
+            (figures_plan(k, path=paths[k], step_pattern=step_pattern, skip_first=skip_first),),
+            cache=cache,
+        )
+        for k in RUNS
+    ]
+    results, _ = run_plans(engine, jobs)
+    return decomposition_of({k: res.results[0] for k, res in zip(RUNS, results, strict=True)})
+
+
+def whatif_runs(
+    paths: dict[str, str],
+    engine: Engine | None = None,
+    *,
+    step_pattern: str | None = None,
+    skip_first: int = 1,
+    cache: bool = True,
+) -> dict[str, ReplayInput]:
+    """What `tracekit.analyse.replay.whatif` takes of each run (label -> path: baseline, and
+    sharded and check when given), on the engine (`command_plans.replay_plan`): per label a
+    `ReplayInput` (the RunParts with its dependency graph, the replay's device events)."""
+    from tracekit.analyse.command_plans import replay_plan
+    from tracekit.engine.executor import Job
+
+    jobs = [
+        Job((p,), (replay_plan(label=k, step_pattern=step_pattern, skip_first=skip_first),), cache=cache)
+        for k, p in paths.items()
+    ]
+    results, _ = run_plans(engine, jobs)
+    out = {}
+    for k, res in zip(paths, results, strict=True):
+        got: ReplayInput = res.results[0]
+        g, parts = got.parts.graph, got.parts
+        timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
+        # `replay.build_model` builds the graph again from every event otherwise: not at hand here
+        if g is None or g.timeline != timeline or len(g.ranks) != len(parts.ranks):
+            raise EngineError(
+                f"{paths[k]}: the replay needs the run's dependency graph, which its attribution did not "
+                f"build ({parts.timeline} timeline); run the what-if with --engine local"
+            )
+        out[k] = got
+    return out
 
 
 def analyse_dirs(
@@ -190,6 +294,7 @@ def analyse_dirs(
     from tracekit.report import build
 
     bd = breakdown_plan(step_pattern=step_pattern)
+    kw: dict[str, Any] = {"correct": "applied", "keep_graph": False}  # the correction, not the graph
     if baseline_dir is None:
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
@@ -200,8 +305,8 @@ def analyse_dirs(
     (base, run), notes = run_plans(
         engine,
         [
-            Job((baseline_dir,), (bd, attribution_plan(label="baseline"))),
-            Job((run_dir,), (bd, attribution_plan(label="sharded"))),
+            Job((baseline_dir,), (bd, attribution_plan(label="baseline", **kw))),
+            Job((run_dir,), (bd, attribution_plan(label="sharded", **kw))),
         ],
         pair_check,
     )

@@ -34,7 +34,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.plans import PerRank, Plan, RankInput, RankStage, Reduce, arg_for, kept, run_rank_stage
+from tracekit.analyse.plans import (
+    PerRank,
+    Plan,
+    RankInput,
+    RankStage,
+    Reduce,
+    arg_for,
+    kept,
+    run_rank_stage,
+    run_reduce,
+)
 from tracekit.engine import Engine, EngineError
 from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
 from tracekit.model.events import DataQuality, Run
@@ -203,14 +213,26 @@ def kept_values(state: FileState, key: str, only: int | None) -> dict[int, Any]:
     return kept(ranks, key)
 
 
-def reduce_task(stage: Reduce, arg: Any, *parts: dict[int, Any]) -> tuple[Any, TaskRecord]:
-    """A plan's Reduce over every file's kept values (rank order), on one worker."""
+def reduce_task(stage: Reduce, arg: Any, *parts: Any) -> tuple[Any, TaskRecord, Any]:
+    """A plan's Reduce on one worker, over every file's kept values (rank order), or, with
+    `stage.on_kept`, over what an earlier Reduce kept (its task's result, the one part):
+    (the result for the client, the task's record, what the Reduce keeps or None)."""
     t0 = time.perf_counter()
+    reduced: dict[str, Any] = {}
     values: dict[int, Any] = {}
-    for p in parts:
-        values.update(p)
-    out = stage.fn([values[r] for r in sorted(values)], arg)
-    return out, TaskRecord(stage.name, "", sorted(values), time.perf_counter() - t0, _peak_rss())
+    if stage.on_kept:
+        reduced[stage.key] = parts[0][2]
+    else:
+        for p in parts:
+            values.update(p)
+    out = run_reduce(stage, reduced, None if stage.on_kept else values, arg)
+    rec = TaskRecord(stage.name, "", sorted(values), time.perf_counter() - t0, _peak_rss())
+    return out, rec, reduced.get(stage.keeps) if stage.keeps else None
+
+
+def reduce_results(full: tuple[Any, TaskRecord, Any]) -> tuple[Any, TaskRecord]:
+    """The small part of a Reduce (what the client gathers; what it keeps stays on the worker)."""
+    return full[0], full[1]
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,6 +346,7 @@ class _Runner:
         self.arg: Any = None
         self.futs: list[Any] = []
         self.small: list[Any] = []
+        self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.result: Any = None
         self.done = False
 
@@ -354,13 +377,20 @@ class _Runner:
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
         else:
-            parts = [
-                r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, only)
-                for n, fut in enumerate(states)
-            ]
-            self.small = [r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts)]
+            if st.on_kept:  # on what an earlier Reduce kept: its task's result, on its worker
+                parts = [self.reduced[st.key]]
+            else:
+                parts = [
+                    r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, only)
+                    for n, fut in enumerate(states)
+                ]
+                r.later.extend(parts)
+            full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts)
+            if st.keeps:
+                self.reduced[st.keeps] = full
+            self.small = [r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)]
             self.futs = []
-            r.later.extend(parts)
+            r.later.append(full)
 
     def collect(self) -> None:
         """Gather the stage's small results, combine, advance."""

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from tracekit.model.documents.advise import Advise
+from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import Doc, DocumentError, convert, decode, given, read, to_builtins
 from tracekit.model.documents.breakdown import Breakdown
 from tracekit.model.documents.copy import Copy
@@ -39,6 +39,7 @@ KINDS: dict[str, type[Doc]] = {
     "tracekit.report": Report,
     "tracekit.bench_capture_modes": CaptureModes,
     "tracekit.advise-check": AdviseCheck,
+    "tracekit.gemm-table": GemmTable,
 }
 #: documents that are a JSON array of rows, not an object with a `kind`: (row Struct, row `probe`)
 ROWS: dict[str, type[Doc]] = {"copy": Copy}
@@ -74,6 +75,7 @@ __all__ = [
     "Diff",
     "Doc",
     "DocumentError",
+    "GemmTable",
     "Links",
     "Manifest",
     "Report",

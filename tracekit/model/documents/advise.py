@@ -24,6 +24,30 @@ class AdviseMemoryPerGpuBytes(Doc, kw_only=True):
     total: int | None
 
 
+class AdvisePeaks(Doc, kw_only=True):
+    memory_gbps: float | None
+    memory_source: str
+    matrix_tflops: float | None
+    matrix_source: str
+
+
+class AdviseKindPart(Doc, kw_only=True):
+    kind: str  # gemm | attention | other (all non-matrix kernels)
+    base_ns: int | None  # the kind's time per step at the base batch (null: the base run has no trace)
+    predicted_ns: int | None  # at the predicted batch
+    added_ns: int
+    source: str  # where the prediction of this kind came from
+
+
+class AdviseBatchModel(Doc, kw_only=True):
+    model: str  # per-kernel | gemm-table
+    detail: str
+    base_batch: int
+    base_run: str
+    by_kind: list[AdviseKindPart]
+    floors: AdvisePeaks  # the peaks each unit's roofline floor was taken at
+
+
 class AdviseOption(Doc, kw_only=True):
     batch: int | None
     option: str | None
@@ -34,6 +58,12 @@ class AdviseOption(Doc, kw_only=True):
     #: predicted rows: the no-overlap bound (bytes / bandwidth + flops / matrix peak, summed), beside
     #: the max-of-the-two prediction; null on measured rows (absent in older documents)
     per_token_latency_no_overlap_ns: int | None | UnsetType = UNSET
+    #: measured | per-kernel | gemm-table | roofline band | null (no time); schema 1.1
+    model: str | None | UnsetType = UNSET
+    #: roofline band rows: [overlap, no overlap] (the range; one run gives no better); else null
+    per_token_latency_range_ns: list[int] | None | UnsetType = UNSET
+    #: per-kernel / gemm-table rows: the model's parts (docs/METHOD.md section Batch scaling of a decode)
+    batch_model: AdviseBatchModel | None | UnsetType = UNSET
     tokens_per_s: float | None
     tokens_per_s_per_instance: float | None
     memory_per_gpu_bytes: AdviseMemoryPerGpuBytes | None
@@ -62,7 +92,7 @@ class Advise(Doc, kw_only=True):
     r"""`tracekit advise --format json` (`tracekit.analyse.advise.Advice.to_json`). Bytes are bytes (GiB in
     the text only); per-token figures are ns.
     ```
-    { "schema_version": "1.0", "kind": "tracekit.advise",
+    { "schema_version": "1.1", "kind": "tracekit.advise",
       "gpus": 2, "memory_per_gpu_bytes": 150109880320 | null,   # --memory-gib, else the manifest's device
       "memory_source": "--memory-gib" | "manifest device" | "unknown (give --memory-gib)",
       "reserve_bytes": 2147483648,                 # --reserve-gib: kept back per GPU (context, workspace)
@@ -94,9 +124,13 @@ class Advise(Doc, kw_only=True):
     context x bytes per sequence). Low-bit weights: fp8 1 byte, int4 0.5 byte + an fp16 scale per 128
     weights, for the linear layers only. `--layers N` sizes weights and KV cache for an N-layer model
     (the 7b-shaped traces run 8 of 32 layers); the per-token times and the batch extrapolation stay
-    those of the traced layers, and a note says so. `predicted` rows: T(B) = T(b0) + max(0, g(B) - g(b0)), g the
-    per-rank roofline of weights + KV reads and 2 flops per weight per sequence (datasheet bandwidth and
-    bf16 rate of the manifest's device).
+    those of the traced layers, and a note says so. `predicted` rows (schema 1.1: `model` says which,
+    docs/METHOD.md section Batch scaling of a decode): `per-kernel` from two or more traced runs at other
+    batches (each GEMM / attention unit's time piecewise linear in the batch, bounded below by its
+    roofline), `gemm-table` with `--gemm-table`, else `roofline band` from one run: T(B) = T(b0) +
+    max(0, g(B) - g(b0)), g the per-rank roofline of weights + KV reads and 2 flops per weight per
+    sequence (datasheet bandwidth and bf16 rate of the manifest's device), with memory and matrix work
+    overlapping (`per_token_latency_ns`) and not (`per_token_latency_no_overlap_ns`): the range.
     """
 
     schema_version: str
@@ -114,3 +148,46 @@ class Advise(Doc, kw_only=True):
     memory_cliff: list[AdviseMemoryCliffItem]
     recommendations: list[AdviseRecommendation]
     notes: list[str]
+
+
+class GemmTableShape(Doc, kw_only=True):
+    hidden: int
+    heads: int
+    kv_heads: int
+    intermediate: int
+    layers: int
+    vocab: int
+
+
+class GemmTableRow(Doc, kw_only=True):
+    role: str
+    k: int
+    n: int
+    m: int
+    time_ns: int
+
+
+class GemmTable(Doc, kw_only=True):
+    r"""`benchmarks/advise_batches.py gemmsweep -o FILE`: the decoder's GEMMs timed alone at each batch
+    size M, what `tracekit advise --gemm-table FILE` reads
+    (docs/METHOD.md section Batch scaling of a decode).
+    ```
+    { "schema_version": "1.0", "kind": "tracekit.gemm-table",
+      "device": "NVIDIA H200" | "cpu", "dtype": "bfloat16", "tp": 1,
+      "shape": {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336, "layers": 8, "vocab": 32000},
+      "timing": "cuda-graph replay of ... matmuls over distinct weights ..." | "host clock ...",
+      "rows": [{"role": "qkv" | "o" | "gate_up" | "down" | "lm_head",
+                "k": 4096, "n": 6144,        # the weight (K x N) on one of tp ranks
+                "m": 1,                      # the batch: an M x K x N product
+                "time_ns": 12345}] }         # one product's time
+    ```
+    """
+
+    schema_version: str
+    kind: str
+    device: str | None
+    dtype: str
+    tp: int
+    shape: GemmTableShape
+    timing: str
+    rows: list[GemmTableRow]

@@ -65,24 +65,79 @@ class AdviseCheckRow(Doc, kw_only=True):
     batch: int
     predicted_per_token_ns: int | None
     measured_per_token_ns: int | None
+    #: the measured batch's unprofiled rounds, each round's mean (absent in older checks)
+    measured_round_means_ns: list[int] | UnsetType = UNSET
     ratio: float | None
+    #: predicted / the slowest and the fastest round's mean (absent in older checks)
+    ratio_over_rounds: list[float] | None | UnsetType = UNSET
+    within_15_percent: bool | None
+    measured_tokens_per_s: float | None
+    measured_from: str
     predicted_no_overlap_per_token_ns: int | None
     ratio_no_overlap: float | None
-    within_15_percent: bool | None
+    #: the roofline band [overlap, no overlap] and whether the measured mean lies in it
+    band_ns: list[int] | None | UnsetType = UNSET
+    in_band: bool | None | UnsetType = UNSET
     predicted_tokens_per_s: float | None
-    measured_tokens_per_s: float | None
     status: str
+    model: str | None | UnsetType = UNSET
+
+
+class AdviseCheckKind(Doc, kw_only=True):
+    kind: str
+    base_ns: int | None
+    predicted_ns: int | None
+    added_ns: int
+    source: str
+    measured_ns: int | UnsetType = UNSET  # from a --compare traced run at the predicted batch
+    measured_from: str | UnsetType = UNSET
+
+
+class AdviseCheckPerKernelRow(Doc, kw_only=True):
+    batch: int
+    model: str | None
+    fitted_on_batches: list[int]
+    predicted_per_token_ns: int | None
+    measured_per_token_ns: int | None
+    measured_round_means_ns: list[int]
+    ratio: float | None
+    ratio_over_rounds: list[float] | None
+    within_15_percent: bool | None
+    measured_tokens_per_s: float | None
     measured_from: str
+    status: str
+    by_kind: list[AdviseCheckKind]
+    detail: str | None
+
+
+class AdviseCheckPeaks(Doc, kw_only=True):
+    memory_gbps: float | None
+    memory_source: str
+    matrix_tflops: float | None
+    matrix_source: str
+
+
+class AdviseCheckPerKernel(Doc, kw_only=True):
+    runs: list[str]
+    gemm_table: str | None
+    floors: AdviseCheckPeaks | None
+    designed_after_the_miss: bool
+    what: str
+    rows: list[AdviseCheckPerKernelRow]
 
 
 class AdviseCheck(Doc, kw_only=True):
-    """`benchmarks/advise_batches.py`: `tracekit advise`'s predictions for other batch sizes set
-    against runs captured at those sizes: `fitted_on` the run the model was fitted on, `rows` per
-    batch the predicted and measured per-token times and tokens/s, their ratio (with and without
-    the overlap model) and whether it lies within 15%."""
+    """`benchmarks/advise_batches.py check`: `tracekit advise`'s predictions for other batch sizes set
+    against runs captured at those sizes: `fitted_on` the one run the roofline band was fitted on,
+    `rows` per batch the band [overlap, no overlap], the measured per-token time (mean and each
+    round's), their ratio and whether it lies within 15%; `per_kernel` (with `--kernels` /
+    `--gemm-table`) the per-kernel batch model given only the traced runs listed, per predicted batch
+    the same figures and per kernel kind its time at the base batch, predicted, and (from `--compare`
+    runs) measured (docs/METHOD.md section Batch scaling of a decode)."""
 
     kind: str
     fitted_on: AdviseCheckFittedOn
     same_process: bool
     round_order: str
     rows: list[AdviseCheckRow]
+    per_kernel: AdviseCheckPerKernel | UnsetType = UNSET

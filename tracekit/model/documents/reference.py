@@ -11,7 +11,7 @@ import inspect
 
 from msgspec import inspect as mi
 
-from tracekit.model.documents.advise import Advise
+from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import Breakdown
 from tracekit.model.documents.copy import Copy
@@ -57,6 +57,7 @@ SECTIONS: tuple[tuple[str, tuple[type[Doc], ...]], ...] = (
     ("roofline", (Roofline,)),
     ("capture-modes", (CaptureModes,)),
     ("advise-check", (AdviseCheck,)),
+    ("gemm-table", (GemmTable,)),
 )
 
 

@@ -1,0 +1,181 @@
+"""Every analysis command on every engine, and the profiler correction where the graph is (issue 27).
+
+One LocalCluster for the module (two worker threads of this process). The profiler correction
+is computed in the attribution plan's Reduce, next to the run's dependency graph: the RunParts
+that reaches the client has no graph, yet its correction is the one the in-process analysis
+gives (whose `correction.correct_run` re-times the graph on the client). whatif, decompose and
+diff take `--engine`: on Dask each writes the document the local engine (or the in-process
+analysis) writes. Small runs: the CPU runs, and the 1- and 2-rank H200 traces where the replay
+correction or the device events are the point.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("distributed")
+
+from tracekit.cli.main import main  # noqa: E402
+from tracekit.engine import Engine  # noqa: E402
+
+TRACES = Path(__file__).resolve().parents[1] / "traces"
+
+
+def _text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=1) + "\n"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def dask(cluster: Any) -> Engine:
+    return Engine(kind="dask", scheduler=cluster.scheduler_address)
+
+
+def _cli(args: list[str], out: Path) -> str:
+    assert main([*args, "--format", "json", "-o", str(out)]) == 0
+    return out.read_text()
+
+
+def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
+    """On Dask the run's replay correction is made in the plan's Reduce: the client's RunParts
+    holds no graph (`correct_run` could not re-time one there: it falls back to the proportional
+    rule), yet its correction is the one the in-process attribution's `correct_run` computes on
+    the graph it keeps."""
+    from tracekit.analyse.correction import correct_run
+    from tracekit.analyse.plans import attribution_plan
+    from tracekit.analyse.shortfall import applied_dilation, attribute_run
+    from tracekit.engine import run_plans
+    from tracekit.engine.executor import Job
+    from tracekit.read import read_run
+
+    path = TRACES / "h200-tp1"
+    ref_parts = attribute_run(read_run([path]), label="baseline")
+    assert ref_parts.graph is not None
+    target = applied_dilation(ref_parts).target_ns
+    assert target is not None  # the manifest's unprofiled rounds
+    ref = correct_run(ref_parts, target)
+    assert ref.method == "replay"
+    plan = attribution_plan(label="baseline", correct="applied", keep_graph=False)
+    (res,), _ = run_plans(dask, [Job((path,), (plan,))])
+    parts = res.results[0]
+    assert parts.graph is None  # the graph stayed on the worker
+    assert [t.stage for t in res.tasks].count("correction") == 1
+    got = correct_run(parts, target)  # the plan's, cached on the RunParts
+    assert (got.method, got.sentence, got.per_call_ns, got.replayed_ns) == (
+        ref.method,
+        ref.sentence,
+        ref.per_call_ns,
+        ref.replayed_ns,
+    )
+    assert got.per_rank == ref.per_rank and got.path == ref.path
+    assert got.rows is not None and ref.rows is not None and (got.rows == ref.rows).all()
+    parts.__dict__["_corrections"].clear()  # without the plan's correction the client has no graph
+    assert correct_run(parts, target).method == "proportional"
+
+
+def test_whatif_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
+    args = ["whatif", "--baseline", str(TRACES / "cpu-tp1"), "--sharded", str(TRACES / "cpu-tp2")]
+    args += ["--knob", "transfer=0", "--knob", "straggler=off", "--knob", "transfer=0,straggler=off"]
+    local = _cli(args, tmp_path / "local.json")
+    assert json.loads(local)["shapley_ns"]
+    assert _cli([*args, "--scheduler", dask.scheduler or ""], tmp_path / "dask.json") == local
+
+
+def test_the_replay_reads_the_same_device_events_on_dask(dask: Engine) -> None:
+    """`allreduce_norm=fused` finds its kernels in the device rows the replay plan brings from
+    the workers exactly as in the whole classified run."""
+    from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.replay import norm_after_all_reduce
+    from tracekit.engine import whatif_runs
+    from tracekit.read import read_run
+
+    path = str(TRACES / "h200-tp2")
+    got = whatif_runs({"sharded": path}, dask)["sharded"]
+    g = got.parts.graph
+    whole = norm_after_all_reduce(g, AnalysedRun.of(read_run([path])).events)
+    assert whole is not None and whole.sum() > 0
+    mine = norm_after_all_reduce(g, got.classified.events)
+    assert mine is not None and np.array_equal(mine, whole)
+    assert got.classified.manifest == read_run([path]).manifest
+
+
+def test_decompose_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
+    args = ["decompose", "--baseline", str(TRACES / "cpu-tp2-straggler")]
+    args += ["--intermediate", str(TRACES / "cpu-tp2"), "--full", str(TRACES / "cpu-tp1")]
+    local = _cli(args, tmp_path / "local.json")
+    assert (
+        _cli([*args, "--engine", "dask", "--scheduler", dask.scheduler or ""], tmp_path / "d.json") == local
+    )
+
+
+def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None:
+    """A GPU run corrected to its unprofiled mean by the replay (decompose's target), per-rank
+    compute split on the workers: the same figures as `run_figures` in process."""
+    from tracekit.analyse.command_plans import figures_plan
+    from tracekit.analyse.decompose import run_figures
+    from tracekit.engine import run_plans
+    from tracekit.engine.executor import Job
+    from tracekit.read import read_run
+
+    path = TRACES / "h200-tp1-graphs-fused"
+    ref = run_figures(read_run([path]), "full")
+    (res,), _ = run_plans(dask, [Job((path,), (figures_plan("full"),))])
+    assert res.results[0].source == ref.source == "unprofiled"
+    assert res.results[0].to_json() == ref.to_json()
+
+
+def test_diff_on_dask_writes_the_in_process_json(dask: Engine, tmp_path: Path) -> None:
+    """`tracekit diff --engine dask`: the document of `diff.diff` on the runs read in process
+    (a solved and a calibrated replay correction, each made where its graph is)."""
+    from tracekit.analyse.diff import diff
+    from tracekit.read import read_run
+
+    before, after = TRACES / "h200-tp1", TRACES / "h200-tp1-calibrated"
+    ref = diff(read_run([before]), read_run([after]), before_path=str(before), after_path=str(after))
+    got = _cli(["diff", str(before), str(after), "--scheduler", dask.scheduler or ""], tmp_path / "d.json")
+    assert json.loads(got) == json.loads(_text(ref.to_json()))
+
+
+def test_every_analysis_command_takes_the_engine_options() -> None:
+    import click
+
+    from tracekit.cli.main import cli
+
+    ctx = click.Context(cli)
+    for name in ("breakdown", "shortfall", "report", "whatif", "decompose", "diff"):
+        cmd = cli.get_command(ctx, name)
+        assert cmd is not None, name
+        opts = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        assert {"--engine", "--scheduler", "--workers"} <= opts, name
+
+
+def test_the_whatif_on_the_plans_refuses_a_run_without_its_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`replay.build_model` would build the graph again from every event, which the replay plan
+    does not bring back (only the device rows): a run whose attribution kept no graph is refused
+    in one line, naming the local engine, instead of being replayed on a partial table."""
+    from tracekit.analyse import plans
+    from tracekit.engine import EngineError, whatif_runs
+
+    real = plans._att_correct
+
+    def no_graph(graph: Any, arg: Any) -> Any:
+        target, corr, _graph = real(graph, arg)
+        return target, corr, None
+
+    monkeypatch.setattr(plans, "_att_correct", no_graph)
+    with pytest.raises(EngineError, match="--engine local"):
+        whatif_runs({"baseline": str(TRACES / "cpu-tp1")})

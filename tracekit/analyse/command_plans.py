@@ -1,0 +1,182 @@
+"""The plans of diff, decompose and the what-if (issue 27): the attribution plan
+(`plans.attribution_plan`) followed by one rank stage that reads what else the command needs of
+each rank's events, where they are (`followed_by`); every engine runs them
+(`tracekit.engine.diff_paths`, `decompose_paths`, `whatif_paths`), so the commands take
+`--engine` and give the same JSON on each.
+
+- `side_plan` (diff, one side): the attribution corrected to the applied dilation
+  (`correct="applied"`, what `diff` settles to), then per rank its matrix time per steady step
+  and its kernel sums (`diff.rank_side_tables`); on the client `diff.side_of`.
+- `figures_plan` (decompose, one run): the attribution corrected to the unprofiled mean
+  (`correct="unprofiled"`), then per rank `compute_split` of its rank steps; on the client
+  `decompose.figures_of`.
+- `replay_plan` (whatif, one run): the attribution with its dependency graph kept (the what-if
+  replays it on the client), then per rank the device events `replay.norm_after_all_reduce`
+  reads (the `allreduce_norm` knob); on the client an AnalysedRun of those rows and the run's
+  manifest for `replay.build_model`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.plans import PerRank, Plan, RankInput, RankStage, Reduce, attribution_plan
+from tracekit.model.events import Run
+
+__all__ = ["ReplayInput", "figures_plan", "followed_by", "replay_plan", "side_plan"]
+
+
+@dataclass
+class _Then:
+    meta: Run  # the run's metadata
+    inner: Any  # the first plan's state
+    result: Any = None  # its result
+
+
+def followed_by(
+    plan: Plan,
+    name: str,
+    arg_of: Callable[[Any], Any],
+    rank: Callable[[RankInput, Any], Any],
+    finish: Callable[[Run, Any, dict[int, Any]], Any],
+) -> Plan:
+    """`plan`, then one more rank stage on its result (on the same ranks' events, where they are):
+    `arg_of(result)` its argument (a `PerRank` for per-rank windows), `rank(inp, arg)` per rank,
+    `finish(meta, result, {rank: value})` on the client the analysis result (`meta`: the run's
+    metadata; what diff, decompose and the what-if add to the attribution)."""
+    last = len(plan.stages) - 1
+
+    def done(st: _Then, arg: Any) -> Any:
+        st.result = plan.finish(st.inner, arg)
+        return arg_of(st.result)
+
+    def wrap(i: int, stage: RankStage | Reduce) -> RankStage | Reduce:
+        if isinstance(stage, RankStage):
+            combine = stage.combine
+
+            def comb(st: _Then, got: dict[int, Any]) -> Any:
+                arg = combine(st.inner, got)
+                return done(st, arg) if i == last else arg
+
+            return dataclasses.replace(stage, combine=comb)
+        then = stage.then
+
+        def then_(st: _Then, got: Any) -> Any:
+            arg = then(st.inner, got)
+            return done(st, arg) if i == last else arg
+
+        return dataclasses.replace(stage, then=then_)
+
+    def start(meta: Run) -> tuple[_Then, Any]:
+        st, arg = plan.start(meta)
+        return _Then(meta, st), arg
+
+    stages = tuple(wrap(i, s) for i, s in enumerate(plan.stages))
+    extra = RankStage(name, rank, lambda st, got: finish(st.meta, st.result, got))
+    return Plan(
+        f"{plan.name}+{name}", start, (*stages, extra), lambda _st, res: res, only_rank=plan.only_rank
+    )
+
+
+def _per_rank(frame: pd.DataFrame) -> PerRank:
+    """A table of (rank, ...) rows as each rank's own rows (rank order)."""
+    rk = frame["rank"].to_numpy(np.int64)
+    return PerRank({int(r): frame[rk == r] for r in sorted(set(rk.tolist()))})
+
+
+def _in_rank_order(got: dict[int, pd.DataFrame], columns: list[str]) -> pd.DataFrame:
+    frames = [got[r] for r in sorted(got) if len(got[r])]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+# ------------------------------------------------------------------------------------------
+# diff
+
+
+def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    from tracekit.analyse.diff import rank_side_tables
+
+    return rank_side_tables(inp.events, windows)
+
+
+def side_plan(*, label: str, path: str, **kw: Any) -> Plan:
+    """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
+    from tracekit.analyse.diff import side_of, side_windows
+
+    base = attribution_plan(label=label, correct="applied", keep_graph=False, **kw)
+
+    def finish(_meta: Any, parts: Any, got: dict[int, Any]) -> Any:
+        sm = _in_rank_order({r: v[0] for r, v in got.items()}, ["rank", "step", "matrix_ns"])
+        return side_of(parts, label, path, sm, [got[r][1] for r in sorted(got)])
+
+    return followed_by(base, "tables", lambda parts: _per_rank(side_windows(parts)), _side_rank, finish)
+
+
+# ------------------------------------------------------------------------------------------
+# decompose
+
+
+def _split_rank(inp: RankInput, steps: pd.DataFrame) -> pd.DataFrame:
+    from tracekit.analyse.compute_split import compute_split
+
+    return compute_split(inp.events, steps)
+
+
+def figures_plan(label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1) -> Plan:
+    """`decompose.run_figures` as a plan: returns the run's `decompose.RunFigures`."""
+    from tracekit.analyse.decompose import figures_of, split_windows
+
+    base = attribution_plan(
+        step_pattern=step_pattern, skip_first=skip_first, label=label, correct="unprofiled", keep_graph=False
+    )
+
+    def finish(_meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> Any:
+        split = _in_rank_order(got, ["rank", "step", "matrix_ns", "vector_ns"])
+        return figures_of(parts, split, label, path=path)
+
+    return followed_by(base, "split", lambda parts: _per_rank(split_windows(parts)), _split_rank, finish)
+
+
+# ------------------------------------------------------------------------------------------
+# whatif
+
+
+#: the event columns `replay.norm_after_all_reduce` reads
+_NORM_COLUMNS = ["kind", "cls", "subclass", "coll_op", "name", "rank", "start_ns", "end_ns"]
+
+
+@dataclasses.dataclass
+class ReplayInput:
+    """What the what-if needs of one run: its RunParts (with the graph) and, as an AnalysedRun,
+    its device events (the columns the replay's masks read) and its manifest."""
+
+    parts: Any
+    classified: AnalysedRun
+
+
+def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
+    from tracekit.analyse.steps import cat_mask
+    from tracekit.classify.rules import GPU_KINDS
+
+    ev = inp.events
+    return ev.loc[cat_mask(ev["kind"], GPU_KINDS), _NORM_COLUMNS]
+
+
+def replay_plan(*, label: str, step_pattern: str | None = None, skip_first: int = 1) -> Plan:
+    """`shortfall.attribute_run` with the graph kept, and the device events the what-if's
+    masks read: returns a `ReplayInput`."""
+    base = attribution_plan(step_pattern=step_pattern, skip_first=skip_first, label=label, keep_graph=True)
+
+    def finish(meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> ReplayInput:
+        frames = [got[r] for r in sorted(got)]
+        rows = pd.concat(frames) if frames else pd.DataFrame(columns=_NORM_COLUMNS)
+        return ReplayInput(parts, AnalysedRun(run=dataclasses.replace(meta, events=rows)))
+
+    return followed_by(base, "device", lambda _parts: None, _device_rows, finish)
