@@ -237,10 +237,14 @@ def _not_identified(
     ]
     for grp, kinds in (("path device", ("compute", "memory", "transfer")), ("path host", ("host", "sync"))):
         g[grp] = [
-            inside(f"path rank {r} {k}", f"path_{k}", str(r), tr["path"][r][k]) for r in range(n) for k in kinds
+            inside(f"path rank {r} {k}", f"path_{k}", str(r), tr["path"][r][k])
+            for r in range(n)
+            for k in kinds
         ]
     named = re.search(r"rank \d+'s", sf["verdict"]) is not None
-    g["path host"].append(("range: the verdict names no rank on the path it cannot identify", int(not named), 1))
+    g["path host"].append(
+        ("range: the verdict names no rank on the path it cannot identify", int(not named), 1)
+    )
 
 
 def _diff_T(df: dict[str, Any]) -> float:
