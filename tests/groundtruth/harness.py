@@ -227,7 +227,9 @@ def _not_identified(
 
     def inside(label: str, key: str, who: str, truth: Fraction) -> tuple[str, float, Fraction | int]:
         lo, hi = ranges[key][who]
-        return (f"range: {label} truth {float(truth):.0f} in [{lo}, {hi}]", int(lo <= truth <= hi), 1)
+        tol = max(1000.0, 0.01 * abs(float(truth)))  # the range's ends are figures, each within it
+        ok = lo - tol <= float(truth) <= hi + tol
+        return (f"range: {label} truth {float(truth):.0f} in [{lo}, {hi}] +- {tol:.0f}", int(ok), 1)
 
     g["terms"] = [row for row in g["terms"] if row[0].split()[-1] not in COORD_KEYS]
     g["terms"] += [inside(f"term {k}", k, "mean", tr["terms"][k]) for k in COORD_KEYS]
