@@ -50,7 +50,9 @@ def _skip_kind(reason: str) -> str:
 
 #: the test files that take longest, heaviest first: CPU seconds each took in one run on the
 #: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, the README's
-#: command with -n 2 on a loaded host; files under 10 s left out).
+#: command with -n 2 on a loaded host; files under 10 s left out; test_diff and test_steps measured
+#: alone on 2026-12-02 after their captures became committed runs, test_attribution_groundtruth and
+#: test_collective_bytes dropping under 10 s then).
 #: Only the order of the files comes from it (no test depends on it): `--dist loadfile` sends whole
 #: files to the workers in the order of the collection, so the long files go first and the many short
 #: ones fill in behind them (longest processing time first: the last file to end is a short one). A
@@ -67,17 +69,14 @@ HEAVY_FILES: dict[str, float] = {
     "test_clocks_steps.py": 50,
     "test_decompose.py": 47,
     "test_engine_dask_per_rank.py": 40,
-    "test_attribution_groundtruth.py": 40,
     "test_probe_sweep.py": 34,
+    "test_diff.py": 33,
     "test_groundtruth.py": 29,
     "test_multi_gpu_h200x2.py": 25,
-    "test_collective_bytes.py": 19,
     "test_link_verdict.py": 19,
     "test_noise.py": 18,
     "test_capture_rounds.py": 18,
-    "test_steps.py": 18,
     "test_report.py": 17,
-    "test_diff.py": 16,
     "test_export.py": 15,
     "test_shortfall.py": 14,
     "test_capture_teardown.py": 13,
@@ -85,6 +84,7 @@ HEAVY_FILES: dict[str, float] = {
     "test_graph.py": 12,
     "test_collective_checks.py": 11,
     "test_kernel_scaling.py": 11,
+    "test_steps.py": 10,
 }
 
 
@@ -93,30 +93,6 @@ def pytest_configure(config: Any) -> None:
     # leaves a long file of few tests (a capture fixture) for the end: keep the order set below
     if getattr(config.option, "loadscopereorder", None) is not None:
         config.option.loadscopereorder = False
-
-
-def _host_lock(config: Any) -> Any:  # -> tests.session_captures.HostLock
-    """This worker's session host lock (tests/session_captures.py `HostLock`), made on first use in a
-    folder every worker of the session sees."""
-    import session_captures
-
-    if session_captures.HOST is None:
-        base = config._tmp_path_factory.getbasetemp()
-        shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-        session_captures.HOST = session_captures.HostLock(shared / "host-lock")
-    return session_captures.HOST
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: Any, nextitem: Any) -> Any:
-    """Every test (its setup, call and teardown) holds the host lock shared: a capture of repeats
-    (tests/gloo_truth.py) waits for the other worker's running test to end and keeps the next out."""
-    host = _host_lock(item.config)
-    host.share()
-    try:
-        yield
-    finally:
-        host.unshare()
 
 
 def pytest_collection_modifyitems(session: Any, config: Any, items: list[Any]) -> None:
@@ -177,15 +153,12 @@ def shared_trace(shared_traces: Path, rel: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def gloo_truth(tmp_path_factory: pytest.TempPathFactory):  # -> tests.gloo_truth.TruthRuns
-    """Fresh CPU captures (tp1, a, b, inj) shared by the ground-truth, diff and what-if tests."""
-    pytest.importorskip("torch")
-    from gloo_truth import capture_truth_runs, shared_truth_runs
+def gloo_truth():  # -> tests.gloo_truth.TruthRuns
+    """The committed CPU ground-truth captures (tp1, a, b, inj: tests/gloo_truth.py) shared by the
+    ground-truth, diff and noise tests."""
+    from gloo_truth import truth_runs
 
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # -n auto: one capture for all workers
-        shared = tmp_path_factory.getbasetemp().parent / "gloo-truth-shared"
-        return shared_truth_runs(shared, tmp_path_factory.mktemp("gloo-truth"))
-    return capture_truth_runs(tmp_path_factory.mktemp("gloo-truth"))
+    return truth_runs()
 
 
 @pytest.fixture(scope="session")

@@ -10,13 +10,6 @@ stdout and stderr. Under pytest-xdist the folder is one every worker of the sess
 name has its own lock: the first worker to ask captures while the others wait for that name only.
 A folder whose record is missing or whose manifest is incomplete (a worker that died mid-capture) is
 captured again. The same name must always be asked for with the same configuration (checked).
-
-`HostLock`: captures that are compared with each other as repeats (tests/gloo_truth.py) are taken
-with the host to themselves. Every test holds the session's host lock shared while it runs (setup,
-call, teardown: tests/conftest.py installs `HOST`), and `exclusive_host()` waits until no other
-worker is inside a test and keeps them out meanwhile. On a 2-core host a TP=2 capture's two ranks
-use both cores anyway, so the other worker's pause costs little; a repeat caught beside another
-worker's job would see that job's load as a change of the workload.
 """
 
 from __future__ import annotations
@@ -27,16 +20,49 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 #: tp=2 on gloo, 3 alternating rounds of 5 tokens after a 1-token warm-up: the run of the rounds
-#: checks (tests/test_capture_rounds.py: passes, manifest, trace) and of the dilation's pooling
-#: (tests/test_dilation_rounds.py)
+#: checks (tests/test_capture_rounds.py: passes, manifest, trace), of the dilation's pooling
+#: (tests/test_dilation_rounds.py) and the footprint the full-disk test sizes its tmpfs from
+#: (tests/test_reliability_faults.py)
 ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
+
+#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round: the capture's
+#: --inject-delay checked as captured now (tests/test_capture.py); the analyses' ground truth
+#: reads the committed injected runs instead (tests/gloo_truth.py)
+INJ_TP2: dict[str, Any] = {
+    "tp": 2,
+    "preset": "tiny",
+    "tokens": 4,
+    "warmup": 1,
+    "backend": "gloo",
+    "device": "cpu",
+    "rounds": 1,
+    "inject_delay": [1, 20.0],
+}
+
+#: TP=1, 3 tokens, one round, mode ranges, --inject-sync, as a user runs it: ranges mode's trace
+#: (tests/test_capture.py) and --rounds 1's structure (tests/test_capture_rounds.py), one capture
+CLI_TP1_RANGES_R1 = [
+    "capture",
+    "--tp",
+    "1",
+    "--tokens",
+    "3",
+    "--warmup",
+    "1",
+    "--device",
+    "cpu",
+    "--rounds",
+    "1",
+    "--mode",
+    "ranges",
+    "--inject-sync",
+    "--quiet",
+]
 
 #: the CLI's TP=2 capture of tests/test_capture.py (8 tokens, the default 7 rounds), as a user runs
 #: it: its files, manifest and collectives are checked there, and its stderr for the profiler's lines
@@ -118,56 +144,3 @@ class SessionCaptures:
             return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
         return self._once(name, {"argv": argv}, take)
-
-
-class HostLock:
-    """A readers-writer lock over the test session's workers, on two files in `folder` (one every
-    worker sees): `share()` / `unshare()` around each test, `exclusive()` for a section no other
-    worker's test runs beside. The gate file makes a waiting `exclusive()` keep new tests out (a
-    worker going from one test to the next cannot starve it)."""
-
-    def __init__(self, folder: Path) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.main, self.gate = folder / "host.lock", folder / "host.gate"
-        self._held: IO[str] | None = None  # this worker's shared hold
-
-    def _take(self, how: int) -> IO[str]:
-        with open(self.gate, "a") as gate:
-            fcntl.flock(gate, fcntl.LOCK_EX)
-            f = open(self.main, "a")  # noqa: SIM115 - held past this block, closed by its owner
-            fcntl.flock(f, how)
-        return f
-
-    def share(self) -> None:
-        if self._held is None:
-            self._held = self._take(fcntl.LOCK_SH)
-
-    def unshare(self) -> None:
-        if self._held is not None:
-            self._held.close()  # closing the file releases its lock
-            self._held = None
-
-    @contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """Waits until every other worker's running test has ended (this worker's own shared hold is
-        given up meanwhile and taken back after)."""
-        held = self._held is not None
-        self.unshare()
-        try:
-            f = self._take(fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                f.close()
-        finally:
-            if held:
-                self.share()
-
-
-#: this worker's host lock (tests/conftest.py sets it for the session; None: no lock)
-HOST: HostLock | None = None
-
-
-def exclusive_host() -> Any:
-    """`HOST.exclusive()`, or nothing to wait for without a lock."""
-    return HOST.exclusive() if HOST is not None else nullcontext()

@@ -1,7 +1,7 @@
 """Ground truth from real CPU captures (issue 4): an injected straggler delay must come out as
 coordination, on the injected rank, and not as compute.
 
-Four captures of the tiny preset with gloo on the CPU (tracekit.capture.runner.capture): TP=1,
+Four captures of the tiny preset with gloo on the CPU (committed, tests/gloo_truth.py): TP=1,
 two uninjected TP=2 runs, and TP=2 with `inject_delay=(1, 20 ms)`: rank 1 sleeps 20 ms on the
 host before each all-reduce. The truth: the coordination term per token grows by
 20 ms x (all-reduces per token) = 20 ms x 2 per layer x layers; so does rank 1's host time on the
@@ -14,20 +14,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gloo_truth import DELAY_MS
 
-pytest.importorskip("torch")
-
-from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_from_parts  # noqa: E402
-from tracekit.read import read_run  # noqa: E402
+from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_from_parts
+from tracekit.read import read_run
 
 pytestmark = pytest.mark.slow
-
-from gloo_truth import DELAY_MS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def runs(gloo_truth) -> dict[str, RunParts]:  # type: ignore[no-untyped-def]
-    """The session's shared CPU captures (tests/gloo_truth.py), each read and attributed."""
+    """The committed CPU ground-truth captures (tests/gloo_truth.py), each read and attributed."""
     out = {
         name: attribute_run(read_run([gloo_truth[name]], cache=False), label=name)
         for name in ("tp1", "a", "b", "inj")
@@ -118,7 +115,7 @@ def test_cli_table_and_json_on_the_captures(runs):
 
     from tracekit.cli.shortfall import command
 
-    # the fixture's own paths: under xdist the captures are not under this worker's temp folder
+    # the fixture's own paths (the committed folders)
     paths: dict[str, Path] = runs["_paths"]  # type: ignore[assignment]
     base, sharded = str(paths["tp1"]), str(paths["inj"])
     res = CliRunner().invoke(command, ["--baseline", base, "--sharded", sharded, "--no-cache"])

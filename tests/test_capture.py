@@ -125,7 +125,7 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
 
 @pytest.mark.slow
 def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
-    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60)
+    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60, rounds=1)
     with pytest.raises(CaptureError, match=r"rank 1: RuntimeError: injected failure on rank 1"):
         capture(cfg, tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())
@@ -138,42 +138,49 @@ def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Pa
 
 
 @pytest.mark.slow
-def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(gloo_truth: Any) -> None:
-    """Rank 1 sleeps D = 20 ms before each all-reduce (the session's shared injected capture,
-    tests/gloo_truth.py): rank 0's all-reduces last about that long (waiting), rank 1's stay short;
-    every token costs 4 x D more. On gloo the c10d op on the main thread only enqueues; the
-    collective itself is `gloo:all_reduce` on gloo's worker thread, and the main thread's blocking
-    wait lies in the decoder's `all_reduce` region."""
-    from gloo_truth import DELAY_MS, TOKENS
+def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(session_captures: Any) -> None:
+    """Rank 1 sleeps D = 20 ms before each all-reduce (a session capture, tests/session_captures.py
+    INJ_TP2): rank 0's all-reduces last about that long (waiting), rank 1's stay short; every token
+    costs 4 x D more. On gloo the c10d op on the main thread only enqueues; the collective itself is
+    `gloo:all_reduce` on gloo's worker thread, and the main thread's blocking wait lies in the
+    decoder's `all_reduce` region."""
+    from session_captures import INJ_TP2
 
-    run = gloo_truth["inj"]
+    run = session_captures.get("inj-tp2", INJ_TP2).path
+    rank, delay_ms = INJ_TP2["inject_delay"]
+    tokens = INJ_TP2["tokens"]
     for name in ("gloo:all_reduce", "all_reduce"):
         dur = {}
         for r in (0, 1):
             ev = _events(run / f"rank-{r}.pt.trace.json.gz")
             durs = [e["dur"] for e in ev if e["name"] == name]
-            assert len(durs) == 2 * 2 * TOKENS  # 2 layers x 2 all-reduces x the tokens
+            assert len(durs) == 2 * 2 * tokens  # 2 layers x 2 all-reduces x the tokens
             dur[r] = statistics.median(durs)  # us
-        assert dur[0] > 0.65 * DELAY_MS * 1e3 and dur[1] < 0.5 * DELAY_MS * 1e3, name
+        assert dur[0] > 0.65 * delay_ms * 1e3 and dur[1] < 0.5 * delay_ms * 1e3, name
     m = json.loads((run / "manifest.json").read_text())
-    assert m["workload"]["inject_delay"] == {"rank": 1, "ms": DELAY_MS}
-    assert min(m["unprofiled"]["per_token_ns"]["0"]) > 4 * DELAY_MS * 1e6 * 0.9
+    assert m["workload"]["inject_delay"] == {"rank": rank, "ms": delay_ms}
+    assert min(m["unprofiled"]["per_token_ns"]["0"]) > 4 * delay_ms * 1e6 * 0.9
 
 
 @pytest.mark.slow
-def test_ranges_mode_keeps_steps_and_drops_op_tracing(tmp_path: Path) -> None:
-    capture(CaptureConfig(tp=1, tokens=3, warmup=1, device="cpu", mode="ranges", inject_sync=True), tmp_path)
-    ev = _events(tmp_path / "rank-0.pt.trace.json.gz")
+def test_ranges_mode_keeps_steps_and_drops_op_tracing(session_captures: Any) -> None:
+    """`capture --tp 1 --tokens 3 --mode ranges --inject-sync --rounds 1` (the session's capture,
+    shared with tests/test_capture_rounds.py: tests/session_captures.py CLI_TP1_RANGES_R1)."""
+    from session_captures import CLI_TP1_RANGES_R1
+
+    got = session_captures.cli("tp1-ranges-r1", CLI_TP1_RANGES_R1)
+    assert got.returncode == 0, got.stderr[-2000:]
+    ev = _events(got.path / "rank-0.pt.trace.json.gz")
     assert len(_steps(ev)) == 3
     assert {e["name"] for e in ev if e.get("cat") == "user_annotation"} >= {"attention", "mlp", "lm_head"}
     assert not [e for e in ev if e.get("cat") == "cpu_op"]
-    m = json.loads((tmp_path / "manifest.json").read_text())
+    m = json.loads((got.path / "manifest.json").read_text())
     assert m["workload"]["mode"] == "ranges" and m["workload"]["inject_sync"] is True
     # --inject-sync: one extra sync per layer per forward (a no-op on CPU, but counted):
-    # 2 layers x 15 passes (warm-up + 7 rounds of U and P) x (1 prefill + 5 steps): each measured
+    # 2 layers x 3 passes (warm-up + 1 round of U and P) x (1 prefill + 5 steps): each measured
     # pass is 1 lead + 3 kept + 1 tail steps, and the warm-up pass covers the same 5 positions
     # (its --warmup 1 is raised to 5)
-    assert m["inject_sync_count"] == {"0": 2 * 15 * (1 + 5)}
+    assert m["inject_sync_count"] == {"0": 2 * 3 * (1 + 5)}
     assert m["workload"]["warmup_tokens"] == 5
 
 

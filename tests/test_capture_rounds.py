@@ -137,19 +137,25 @@ def test_manifest_dilation_is_the_median_pair_ratio_with_an_interval(rounds_run)
 
 
 @pytest.mark.slow
-def test_rounds_1_is_the_old_single_pass_structure(tmp_path: Path) -> None:
+def test_rounds_1_is_the_old_single_pass_structure(session_captures: Any) -> None:
     """--rounds 1: warm-up, one unprofiled pass, one profiled pass (the structure before rounds):
-    --inject-sync counts one sync per layer per forward of exactly 3 passes."""
-    out = tmp_path / "r1"
-    argv = ["capture", "--tp", "1", "--tokens", "4", "--warmup", "1", "--device", "cpu", "--rounds", "1"]
-    assert main([*argv, "--inject-sync", "--out", str(out), "--quiet"]) == 0
+    --inject-sync counts one sync per layer per forward of exactly 3 passes. The session's
+    `capture --tp 1 --tokens 3 --rounds 1 --mode ranges --inject-sync` (shared with
+    tests/test_capture.py: tests/session_captures.py CLI_TP1_RANGES_R1)."""
+    from session_captures import CLI_TP1_RANGES_R1
+
+    got = session_captures.cli("tp1-ranges-r1", CLI_TP1_RANGES_R1)
+    assert got.returncode == 0, got.stderr[-2000:]
+    out, tokens = got.path, 3
     m = json.loads((out / "manifest.json").read_text())
     w = m["workload"]
-    assert w["rounds"] == 1 and w["pass_order"] == "UP"
-    assert m["inject_sync_count"] == {"0": 2 * 3 * (1 + 4 + 2)}  # 2 layers x 3 passes x (prefill + 6)
+    assert w["rounds"] == 1 and w["pass_order"] == "UP" and w["tokens"] == tokens
+    assert m["inject_sync_count"] == {
+        "0": 2 * 3 * (1 + tokens + 2)
+    }  # 2 layers x 3 passes x (prefill + lead + tail)
     assert m["unprofiled"]["rounds"] == [m["unprofiled"]["per_token_ns"]]
     assert m["profiled"]["rounds"] == [m["profiled"]["per_token_ns"]] and m["profiled"]["traced_round"] == 0
-    assert len(_steps(out / "rank-0.pt.trace.json.gz")) == 4
+    assert len(_steps(out / "rank-0.pt.trace.json.gz")) == tokens
     assert "--rounds 1" in m["command"]
 
 

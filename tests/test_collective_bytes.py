@@ -229,22 +229,14 @@ def _decoder_list(m: dict) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def ranges_run(tmp_path_factory):
-    pytest.importorskip("torch")
-    from tracekit.capture.runner import CaptureConfig, capture
-
-    out = tmp_path_factory.mktemp("cap") / "ranges-tp2"
-    capture(CaptureConfig(tp=2, tokens=4, preset="tiny", mode="ranges"), out)
-    # a capture that predates `workload.collectives` gets the list from its shapes
-    mpath = out / "manifest.json"
-    m = json.loads(mpath.read_text())
-    if not m["workload"].get("collectives"):
-        m["workload"]["collectives"] = _decoder_list(m)
-        mpath.write_text(json.dumps(m))
+def ranges_run():
+    """A real TP=2 capture in mode `ranges` (committed: traces/cpu-tp2-ranges, 4 tokens, taken by
+    scripts/capture_cpu_test_traces.sh; read only)."""
+    out = REPO / "traces" / "cpu-tp2-ranges"
+    assert json.loads((out / "manifest.json").read_text())["workload"]["collectives"]  # as captured now
     return out
 
 
-@pytest.mark.slow
 def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run):
     from tracekit.read import read_run
 
@@ -284,7 +276,6 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
     assert json.dumps(lst)  # the list is plain JSON
 
 
-@pytest.mark.slow
 def test_compare_links_trace_sizes_from_the_manifest(ranges_run):
     """`compare-links --trace` on a run whose trace has no bytes: the decode's sizes come from the
     manifest and say so."""

@@ -289,7 +289,7 @@ def test_merge_ranks_takes_the_median_over_ranks_per_kind():
 
 @pytest.mark.slow
 def test_cpu_capture_measures_the_profilers_cost_per_call(gloo_truth):  # type: ignore[no-untyped-def]
-    # the session's real gloo captures: every one calibrated after its warm-up, in mode cpu;
+    # the committed real gloo captures (tests/gloo_truth.py): each calibrated after its warm-up, in mode cpu;
     # a CPU capture has host ops, ranges and (TP=2) gloo collectives, no CUDA runtime calls
     for name, kinds in (("tp1", {"op", "range"}), ("a", {"op", "range", "collective"})):
         m = json.loads((gloo_truth[name] / "manifest.json").read_text())

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from session_captures import ROUNDS_TP2
 
 from tracekit.cli.main import main
 
@@ -182,8 +183,9 @@ def _unshare_tmpfs_works() -> bool:
     return r.stdout.strip() == "ok"
 
 
-#: the capture the full-disk test runs (into a tmpfs) and measures (on a disk with room)
-DISK_ARGV = ["capture", "--tp", "2", "--tokens", "3", "--warmup", "1", "--rounds", "1", "--device", "cpu"]
+#: the capture the full-disk test runs into a tmpfs: the session's TP=2 rounds capture
+#: (tests/session_captures.py ROUNDS_TP2), whose folder (taken with room) gives the footprint
+DISK_ARGV = ["capture", *[a for k, v in ROUNDS_TP2.items() for a in (f"--{k}", str(v))]]
 PAGE = 4096  # tmpfs charges whole pages
 
 
@@ -194,6 +196,8 @@ def _pages(n: int) -> int:
 def full_disk_sizes(folder: Path) -> dict[str, int]:
     """tmpfs sizes (bytes, whole pages) for DISK_ARGV's capture, from the footprint of that same
     capture in `folder` (taken with room to spare), so they hold whatever decoder writes the trace.
+    Only the trace files' sizes count, so how the measured capture was started (in process or by
+    the CLI) does not matter.
 
     Each rank writes its raw export (`raw`, the gzip's inflated size), gzips it beside it (`gz`),
     then removes the raw file; before that only its small result file is there (`pre`, at most
@@ -226,9 +230,7 @@ def test_capture_into_a_disk_that_fills_up(tmp_path: Path, step: str, session_ca
     pytest.importorskip("torch")
     if not _unshare_tmpfs_works():
         pytest.skip("cannot mount a tmpfs in a user namespace here")
-    roomy = session_captures.cli("disk-footprint", DISK_ARGV)
-    assert roomy.returncode == 0, roomy.stderr[-2000:]
-    size = full_disk_sizes(roomy.path)[step]
+    size = full_disk_sizes(session_captures.get("rounds-tp2", ROUNDS_TP2).path)[step]
     mnt = tmp_path / "full"
     mnt.mkdir()
     out = mnt / "run"

@@ -527,7 +527,8 @@ def test_report_dilation_equals_the_factor_applied_on_h200(sharded, h200_straggl
 def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, capsys):
     """traces/cpu-tp1 + traces/cpu-tp2 (gloo on one host): the transfer term is gloo's exchange after
     the last rank arrives, in the report (JSON words, Markdown, HTML) and in `tracekit shortfall`."""
-    from tracekit.cli.shortfall import render_table
+    from tracekit.model import documents
+    from tracekit.render.shortfall import table as render_table
     from tracekit.report.build import report_from_dirs
 
     for name in ("cpu-tp1", "cpu-tp2"):
@@ -546,7 +547,7 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
     from tracekit.read import read_run
 
     sf = shortfall(read_run([str(TRACES / "cpu-tp1")]), read_run([str(TRACES / "cpu-tp2")]))
-    text = render_table(sf, width=200, color=False)
+    text = render_table(documents.convert(sf.to_json(), documents.Shortfall), width=200, color=False)
     assert "transfer (gloo's exchange after the last rank arrives)" in text
     for line in _transfer_lines(text):
         assert "link" not in line.lower(), line

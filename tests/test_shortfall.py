@@ -297,9 +297,11 @@ def test_collective_wait_median_is_the_median_of_per_instance_max_wait():
 
 
 def test_cli_table_header_says_what_the_wait_column_is():
-    from tracekit.cli.shortfall import render_table
+    from tracekit.model import documents
+    from tracekit.render.shortfall import table as render_table
 
-    text = render_table(shortfall(baseline_run(), _late_rank_run()), width=200, color=False)
+    doc = documents.convert(shortfall(baseline_run(), _late_rank_run()).to_json(), documents.Shortfall)
+    text = render_table(doc, width=200, color=False)
     assert "wait ms (median of per-collective max)" in text
 
 

@@ -22,3 +22,8 @@ def round_to_sum(values: Mapping[str, Fraction], total: int) -> dict[str, int]:
         left -= step
         i += 1
     return out
+
+
+def round_half_up(x: Fraction) -> int:
+    """The int nearest `x`, halves up (floor(x + 1/2)): how every exact per-token figure becomes ns."""
+    return int(math.floor(x + Fraction(1, 2)))

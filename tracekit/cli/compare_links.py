@@ -7,34 +7,32 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import OutputPath, format_option, message, output_option, show_progress
+from tracekit.cli.options import (
+    OutputPath,
+    format_option,
+    message,
+    output_option,
+    show_progress,
+    sweep_options,
+)
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
 
 @click.command("compare-links", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--gpus", default=None, help="GPUs to use, e.g. 0,1 [all visible; on CPU: --ranks gloo ranks].")
+@sweep_options(
+    gpus={"help": "GPUs to use, e.g. 0,1 [all visible; on CPU: --ranks gloo ranks]."},
+    op={"default": "all_reduce,all_gather"},
+    max={"help": "Largest size (K/M/G suffixes) [1G on CUDA, 1M on CPU]."},
+    ranks={"help": "Ranks on CPU (gloo) [2]."},
+    log_dir={"help": "Keep NCCL's logs here (one subfolder per mode)."},
+)
 @click.option(
     "--modes",
     default="nvlink,pcie",
     show_default=True,
     help="Comma list of nvlink (NCCL default, P2P allowed), pcie (NCCL_P2P_DISABLE=1), default.",
 )
-@click.option(
-    "--op",
-    "op_text",
-    default="all_reduce,all_gather",
-    show_default=True,
-    help="Ops to sweep (comma list or 'all').",
-)
-@click.option("--min", "min_text", default="8", show_default=True, help="Smallest size (K/M/G suffixes).")
-@click.option("--max", "max_text", default=None, help="Largest size [1G on CUDA, 1M on CPU].")
-@click.option("--factor", default=2, show_default=True, type=int)
-@click.option("--iters", default=20, show_default=True, type=int)
-@click.option("--warmup", default=5, show_default=True, type=int)
-@click.option("--dtype", default="float32", show_default=True)
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--ranks", default=None, type=int, help="Ranks on CPU (gloo) [2].")
 @click.option(
     "--pcie-p2p-level",
     default=None,
@@ -62,33 +60,6 @@ from tracekit.probe import spec
     help="Re-use a saved compare-links JSON instead of running sweeps (no GPU needed); the sweep options "
     "are then ignored, --trace/--baseline recompute the trace part and the verdict.",
 )
-@click.option(
-    "--nccl-debug",
-    type=click.Choice(["init", "tuning"]),
-    default="init",
-    show_default=True,
-    help="NCCL logging in the timed sweeps: init = INIT,GRAPH (the transport, nothing per call); "
-    "tuning = INIT,GRAPH,TUNING (a host log line per call, which inflates small-size times).",
-)
-@click.option(
-    "--algo-pass/--no-algo-pass",
-    default=True,
-    show_default=True,
-    help="Read NCCL's algorithm/protocol per size from a separate un-timed TUNING pass per mode.",
-)
-@click.option(
-    "--graph/--no-graph",
-    default=False,
-    show_default=True,
-    help="CUDA/NCCL: time a CUDA-graph replay of the iterations (nccl-tests -G), so small sizes show the "
-    "link's latency rather than the host's launch rate (~35-45 us per Python call).",
-)
-@click.option(
-    "--log-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Keep NCCL's logs here (one subfolder per mode).",
-)
 @format_option("table", "json", default=None, help="[table; json when -o/--output ends .json]")
 @output_option(
     "out",
@@ -97,7 +68,6 @@ from tracekit.probe import spec
     metavar="FILE",
     help="Write the result to FILE (the table then goes to stderr).",
 )
-@click.option("--progress/--no-progress", default=None, help="Progress bar [on when stderr is a terminal].")
 def command(
     gpus: str | None,
     modes: str,
@@ -215,9 +185,10 @@ def _have_cuda_gpus() -> bool:
 
 def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
     from tracekit.cli.probe import dumps_json
-    from tracekit.report.compare_links import format_compare
+    from tracekit.model import documents
+    from tracekit.render import links as view
 
-    table = format_compare(result)
+    table = view.table(documents.convert(result, documents.Links))
     text = dumps_json(result).decode() if fmt == "json" else table
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

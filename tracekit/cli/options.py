@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -404,7 +403,9 @@ def emit_result(
     markdown, csv), any other the table, `table(width, color)`: the terminal's width and colour when
     it prints to a terminal, `file_width` columns and no colour otherwise."""
     if fmt == "json":
-        text = json.dumps(doc(), indent=1) + "\n"
+        from tracekit.render.writers import json_text  # rich, loaded only by a command that writes
+
+        text = json_text(doc())
     elif others is not None and fmt in others:
         text = others[fmt]()
     else:
@@ -436,3 +437,111 @@ def engine_options(func: Any) -> Any:
         "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
     )(func)
     return func
+
+
+# -- the sweep options of `probe` and `compare-links`, declared once ---------------------------------
+
+#: option -> (its names, its click settings); `sweep_options` applies them in this order
+_SWEEP: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "gpus": (
+        ("--gpus",),
+        {"default": None, "help": "GPUs to use, one per rank, e.g. 0,1 [rank r on GPU r]."},
+    ),
+    "op": (
+        ("--op", "op_text"),
+        {"default": "all_reduce", "show_default": True, "help": "Ops to sweep (comma list or 'all')."},
+    ),
+    "min": (
+        ("--min", "min_text"),
+        {"default": "8", "show_default": True, "help": "Smallest size (K/M/G suffixes)."},
+    ),
+    "max": (
+        ("--max", "max_text"),
+        {"default": None, "help": "Largest size (K/M/G suffixes) [1G on CUDA, 16M on CPU]."},
+    ),
+    "factor": (
+        ("--factor",),
+        {"default": 2, "show_default": True, "type": int, "help": "Size multiplier between steps."},
+    ),
+    "iters": (
+        ("--iters",),
+        {"default": 20, "show_default": True, "type": int, "help": "Timed iterations per size."},
+    ),
+    "warmup": (
+        ("--warmup",),
+        {"default": 5, "show_default": True, "type": int, "help": "Warm-up iterations per size."},
+    ),
+    "dtype": (
+        ("--dtype",),
+        {
+            "default": "float32",
+            "show_default": True,
+            "help": "float32, float16, bfloat16, float64, int32, int64, int8, uint8.",
+        },
+    ),
+    "device": (
+        ("--device",),
+        {"type": click.Choice(["auto", "cuda", "cpu"]), "default": "auto", "show_default": True},
+    ),
+    "ranks": (
+        ("--ranks",),
+        {"default": None, "type": int, "help": "Ranks (processes) [GPUs visible on CUDA, 2 on CPU]."},
+    ),
+    "nccl_debug": (
+        ("--nccl-debug",),
+        {
+            "type": click.Choice(["init", "tuning"]),
+            "default": "init",
+            "show_default": True,
+            "help": "NCCL logging in the timed sweeps: init = INIT,GRAPH (the transport, nothing per call); "
+            "tuning = INIT,GRAPH,TUNING (a host log line per call, which inflates small-size times).",
+        },
+    ),
+    "algo_pass": (
+        ("--algo-pass/--no-algo-pass",),
+        {
+            "default": True,
+            "show_default": True,
+            "help": "NCCL: read algorithm/protocol per size from a separate un-timed TUNING pass (one call per "
+            "size).",
+        },
+    ),
+    "graph": (
+        ("--graph/--no-graph",),
+        {
+            "default": False,
+            "show_default": True,
+            "help": "CUDA/NCCL: capture the timed iterations in a CUDA graph and time its replay (nccl-tests "
+            "-G): no host launch per call, so small sizes show the link's latency, not Python's launch rate "
+            "(~35-45 us per Python call).",
+        },
+    ),
+    "log_dir": (
+        ("--log-dir",),
+        {
+            "type": click.Path(file_okay=False, path_type=Path),
+            "default": None,
+            "help": "Keep NCCL's logs here (one subfolder per mode) [a temporary folder].",
+        },
+    ),
+    "progress": (
+        ("--progress/--no-progress",),
+        {"default": None, "help": "Progress bar over sizes [on when stderr is a terminal]."},
+    ),
+}
+
+
+def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
+    """The options `probe` and `compare-links` share (the sweep: sizes, iterations, dtype, device,
+    ranks, NCCL logging, CUDA-graph timing, progress), declared once here; `overrides` maps an
+    option (a key of the table above) to the settings that differ for one command (its default,
+    its help, the choices it takes)."""
+    unknown = set(overrides) - set(_SWEEP)
+    assert not unknown, unknown
+
+    def apply(func: Any) -> Any:
+        for key, (names, settings) in reversed(list(_SWEEP.items())):
+            func = click.option(*names, **{**settings, **overrides.get(key, {})})(func)
+        return func
+
+    return apply

@@ -9,7 +9,7 @@ from typing import Any
 import click
 import orjson
 
-from tracekit.cli.options import OutputPath, format_option, message, output_option
+from tracekit.cli.options import OutputPath, format_option, message, output_option, sweep_options
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
@@ -75,59 +75,26 @@ def _transport_notes(result: Any) -> list[str]:
 
 
 @click.command("probe", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--op",
-    "op_text",
-    default="all_reduce",
-    show_default=True,
-    help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv (comma list or 'all'); "
-    "copy (copy-engine probes); links (which link joins each GPU pair).",
+@sweep_options(
+    op={
+        "help": "all_reduce, all_gather, reduce_scatter, broadcast, reduce, alltoall, sendrecv (comma list or "
+        "'all'); copy (copy-engine probes); links (which link joins each GPU pair)."
+    },
+    min={
+        "default": None,
+        "show_default": False,
+        "help": "Smallest size, bytes with K/M/G suffix [8; copy: 1M].",
+    },
+    max={"help": "Largest size [1G on CUDA, 16M on CPU; copy: 1G / 64M]."},
+    nccl_debug={
+        "type": click.Choice(["init", "tuning", "off"]),
+        "help": "NCCL logging in the timed sweep: init = INIT,GRAPH (the transport; nothing per call), "
+        "tuning = INIT,GRAPH,TUNING (a host log line per call: inflates small-size times), off.",
+    },
+    log_dir={"help": "Where each rank's NCCL log goes [a temporary folder]."},
 )
-@click.option("--min", "min_text", default=None, help="Smallest size, bytes with K/M/G suffix [8; copy: 1M].")
-@click.option(
-    "--max", "max_text", default=None, help="Largest size [1G on CUDA, 16M on CPU; copy: 1G / 64M]."
-)
-@click.option("--factor", default=2, show_default=True, type=int, help="Size multiplier between steps.")
-@click.option("--iters", default=20, show_default=True, type=int, help="Timed iterations per size.")
-@click.option("--warmup", default=5, show_default=True, type=int, help="Warm-up iterations per size.")
-@click.option(
-    "--dtype",
-    default="float32",
-    show_default=True,
-    help="float32, float16, bfloat16, float64, int32, int64, int8, uint8.",
-)
-@click.option("--ranks", default=None, type=int, help="Ranks (processes) [GPUs visible on CUDA, 2 on CPU].")
 @click.option(
     "--backend", type=click.Choice(["nccl", "gloo"]), default=None, help="[nccl on CUDA, gloo on CPU]"
-)
-@click.option("--device", type=click.Choice(["auto", "cuda", "cpu"]), default="auto", show_default=True)
-@click.option("--gpus", default=None, help="GPU of each rank, e.g. 0,1 (default: rank r on GPU r).")
-@click.option(
-    "--nccl-debug",
-    type=click.Choice(["init", "tuning", "off"]),
-    default="init",
-    show_default=True,
-    help="NCCL logging in the timed sweep: init = INIT,GRAPH (the transport; nothing per call), "
-    "tuning = INIT,GRAPH,TUNING (a host log line per call: inflates small-size times), off.",
-)
-@click.option(
-    "--algo-pass/--no-algo-pass",
-    default=True,
-    show_default=True,
-    help="NCCL: read algorithm/protocol per size from a separate un-timed TUNING pass (one call per size).",
-)
-@click.option(
-    "--log-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Where each rank's NCCL log goes [a temporary folder].",
-)
-@click.option(
-    "--graph/--no-graph",
-    default=False,
-    show_default=True,
-    help="CUDA/NCCL: capture the timed iterations in a CUDA graph and time its replay (nccl-tests -G): "
-    "no host launch per call, so small sizes show the link's latency, not Python's launch rate.",
 )
 @click.option(
     "--check/--no-check", default=True, show_default=True, help="Check every result (nccl-tests' #wrong)."
@@ -141,9 +108,6 @@ def _transport_notes(result: Any) -> list[str]:
     default=None,
     metavar="FILE",
     help="Write the result to FILE (the table then goes to stderr).",
-)
-@click.option(
-    "--progress/--no-progress", default=None, help="Progress bar over sizes [on when stderr is a terminal]."
 )
 def command(
     op_text: str,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -17,137 +16,11 @@ from tracekit.cli.options import (
     show_progress,
     step_pattern_option,
 )
-from tracekit.model import units
+from tracekit.model import documents
+from tracekit.render import whatif as view
 
 if TYPE_CHECKING:
     from tracekit.analyse.replay import WhatIf
-
-
-def _rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The prediction table: per knob combination, the per-token time at each rank count and the
-    speedup over the measured TP=1 time."""
-    ns = list(next(iter(doc["predicted_ns"].values())))
-    head = ["knobs"]
-    for n in ns:
-        head += [f"TP={n} ms", f"TP={n} vs T1"]
-    rows = []
-    applies = {k["spec"]: k["applies"] for k in doc["knobs"]}
-    for spec, by_n in doc["predicted_ns"].items():
-        row = ["none (replay of the trace)" if spec == "none" else spec]
-        for n in ns:
-            sp = doc["speedup_vs_tp1"][spec][n]
-            if spec in applies and not applies[spec].get(n, True):
-                row += ["n/a", ""]  # the knob does not apply to this run (docs/METHOD-NOTES.md What-if)
-                continue
-            row += [units.ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
-        rows.append(row)
-    return head, rows
-
-
-def _shapley_rows(doc: dict[str, Any]) -> list[list[str]]:
-    acc = (doc.get("accounting") or {}).get("terms_ns", {})
-    acc_sh = (doc.get("accounting") or {}).get("shares", {})
-    out = []
-    for k, v in doc["shapley_ns"].items():
-        out.append([k, units.ms(v), units.pct(doc["shapley_shares"][k])])
-    out.append(["S", units.ms(doc["shortfall_ns"]), "100.0%"])
-    acc_rows = [[k, units.ms(v), units.pct(acc_sh.get(k))] for k, v in acc.items()]
-    n = max(len(out), len(acc_rows))
-    merged = []
-    for i in range(n):
-        a = out[i] if i < len(out) else ["", "", ""]
-        b = acc_rows[i] if i < len(acc_rows) else ["", "", ""]
-        merged.append(a + b)
-    return merged
-
-
-def _summary(doc: dict[str, Any]) -> list[str]:
-    lines = []
-    for key, r in doc["runs"].items():
-        e = r["replay_error"]
-        lines.append(
-            f"{key} (TP={r['ranks']}, {r['timeline']} timeline): per-token {units.ms(r['per_token_ns'])} ms "
-            f"({r['per_token_source']}); replay of the trace {units.ms(e['replayed_ns'])} ms vs traced "
-            f"{units.ms(e['traced_ns'])} ms (error {e['mean']:+.2%}, worst step {e['max_step']:.2%}); "
-            + (
-                f"profiler cost on the device: device times scaled by {r['device_scale']:.3f}"
-                if r.get("device_scale", 1.0) != 1.0
-                else f"profiler cost removed per host call {r['host_cost_per_call_ns'] / 1e3:.2f} us"
-                if r["timeline"] == "gpu"
-                else f"host time scaled by {r['host_scale']:.3f}"
-            )
-            + (
-                " (from the manifest's profiler calibration)"
-                if r.get("profiler_correction", {}).get("method") == "manifest calibration"
-                else ""
-            )
-        )
-    c = doc.get("check")
-    if c:
-        lines.append(
-            f"check: {c['knobs']} predicts {units.ms(c['predicted_ns'])} ms at TP={c['ranks']}; {c['run']} measured "
-            f"{units.ms(c['measured_ns'])} ms ({c['measured_source']}): error {c['error']:+.1%}"
-        )
-        dw = c.get("device_work_ns") or {}
-        a, b = dw.get("predicting_run"), dw.get("check_run")
-        if a and b and abs(b - a) > 0.01 * a:
-            lines.append(
-                f"  the check run's device work differs: {units.ms(b)} vs {units.ms(a)} ms per token in the replayed run "
-                f"({(b - a) / a:+.1%}): a knob re-times the work the trace holds, so this difference is "
-                "not the model's error"
-            )
-    return lines
-
-
-def render_table(doc: dict[str, Any], width: int | None = None, color: bool = True) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(
-        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
-    )
-    for line in _summary(doc):
-        console.print(line)
-    head, rows = _rows(doc)
-    t = Table(
-        title="Predicted per-token time under each knob (ms, mean over steady steps)", title_justify="left"
-    )
-    for h in head:
-        t.add_column(h, justify="right")
-    for row in rows:
-        t.add_row(*row)
-    console.print(t)
-    if "shapley_ns" in doc:
-        s = Table(
-            title="S split by counterfactuals (Shapley values, sum to S) beside the accounting",
-            title_justify="left",
-        )
-        for h in ("knob", "ms", "share", "accounting term", "ms", "share"):
-            s.add_column(h, justify="right")
-        for row in _shapley_rows(doc):
-            s.add_row(*row)
-        console.print(s)
-    for n in doc.get("notes") or []:
-        console.print(f"note: {n}")
-    return console.export_text()
-
-
-def render_markdown(doc: dict[str, Any]) -> str:
-    out = ["# What-if: predicted per-token time under counterfactuals", ""]
-    out += [f"- {line}" for line in _summary(doc)]
-    out.append("")
-    head, rows = _rows(doc)
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + " --- |" * len(head))
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    if "shapley_ns" in doc:
-        out += ["", "| knob (Shapley) | ms | share | accounting term | ms | share |", "|" + " --- |" * 6]
-        out += ["| " + " | ".join(r) + " |" for r in _shapley_rows(doc)]
-    out += ["", "Knobs:", ""]
-    out += [f"- `{k['spec']}`: {k['definition']}" for k in doc["knobs"]]
-    for n in doc.get("notes") or []:
-        out.append(f"- note: {n}")
-    return "\n".join(out) + "\n"
 
 
 @click.command(
@@ -270,8 +143,8 @@ def command(
         out,
         fmt,
         lambda: doc,
-        lambda width, color: render_table(doc, width=width, color=color),
-        others={"md": lambda: render_markdown(doc)},
+        lambda width, color: view.table(documents.convert(doc, documents.Whatif), width, color),
+        others={"md": lambda: view.markdown(documents.convert(doc, documents.Whatif))},
     )
 
 

@@ -13,7 +13,7 @@ that still used P2P over NVLink, a machine without NVLink).
 This module runs the sweeps (`compare_links`); the verdict (docs/METHOD.md section Bandwidth and the link verdict: would a faster
 link shrink the decode's per-token shortfall?), the trace's message sizes and `recompute` of a
 saved result are pure analysis in `tracekit.analyse.link_verdict`, the text table is
-`tracekit.report.compare_links.format_compare`. The result is a plain dict (docs/JSON.md#probe,
+`tracekit.render.links.table`. The result is a plain dict (docs/JSON.md#probe,
 `tracekit.compare_links`). No torch here except through `run_sweep_detailed`.
 """
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from msgspec import UNSET
 
 from tracekit._version import __version__
+from tracekit.analyse.prose import chance_clause as _chance_clause
 from tracekit.model import units
 from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.model.documents import given, to_builtins
@@ -605,11 +606,8 @@ def _straggler_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def chance_clause(st: dict[str, Any]) -> str:
-    """' (no more often than chance: p = 0.54)' when the share is one equal ranks explain, else ''."""
-    p = _num(st.get("last_share_p_value"))
-    if p is None or p < 0.01:
-        return ""
-    return f" (no more often than chance among equal ranks: p = {p:.2f})"
+    """`tracekit.analyse.prose.chance_clause` of the straggler test's p-value."""
+    return _chance_clause(_num(st.get("last_share_p_value")))
 
 
 def straggler_sentence(st: dict[str, Any] | None) -> str:

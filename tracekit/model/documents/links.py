@@ -163,23 +163,15 @@ class LinksMeta(Doc, kw_only=True):
     gpus: list[LinksGpu]
 
 
-class LinksBusbwGbps(Doc, kw_only=True):
-    nvlink: float | None
-    pcie: float | None
-
-
-class LinksCorrect(Doc, kw_only=True):
-    nvlink: bool | None
-    pcie: bool | None
-
-
 class LinksSideBySideItem(Doc, kw_only=True):
+    """One size of one op, every mode side by side: the per-mode figures are keyed by mode."""
+
     op: str | None
     bytes: int | None
     in_place: bool | None
-    busbw_gbps: LinksBusbwGbps
-    time_us: LinksBusbwGbps
-    correct: LinksCorrect
+    busbw_gbps: dict[str, float | None]
+    time_us: dict[str, float | None]
+    correct: dict[str, bool | None]
     ratio: float | None
     decode: bool | None
 
@@ -231,11 +223,6 @@ class LinksShortfall(Doc, kw_only=True):
     verdict: str | None
 
 
-class LinksProbeHow(Doc, kw_only=True):
-    nvlink: str | None
-    pcie: str | None
-
-
 class LinksPerSizeItem(Doc, kw_only=True):
     op: str | None
     bytes: int | None
@@ -245,14 +232,14 @@ class LinksPerSizeItem(Doc, kw_only=True):
     transfer_ns_per_token: float | None | UnsetType = UNSET
     realised_busbw_gbps: float | None | UnsetType = UNSET
     swept: bool | None | UnsetType = UNSET
-    probe_busbw_gbps: LinksBusbwGbps | UnsetType = UNSET
-    probe_time_us: LinksBusbwGbps | UnsetType = UNSET
-    probe_how: LinksProbeHow | UnsetType = UNSET
+    probe_busbw_gbps: dict[str, float | None] | UnsetType = UNSET
+    probe_time_us: dict[str, float | None] | UnsetType = UNSET
+    probe_how: dict[str, str | None] | UnsetType = UNSET
     regime: str | None | UnsetType = UNSET
-    realised_vs_probe: LinksBusbwGbps | UnsetType = UNSET
+    realised_vs_probe: dict[str, float | None] | UnsetType = UNSET
     k: float | None | UnsetType = UNSET
     bound_ns_per_token: float | None | UnsetType = UNSET
-    busbw_gbps: LinksBusbwGbps | UnsetType = UNSET
+    busbw_gbps: dict[str, float | None] | UnsetType = UNSET
     ratio: float | None | UnsetType = UNSET
 
 
@@ -264,14 +251,14 @@ class LinksModes(Doc, kw_only=True):
 class LinksLarge(Doc, kw_only=True):
     op: str | None
     bytes: int | None
-    busbw_gbps: LinksBusbwGbps
+    busbw_gbps: dict[str, float | None]
     k: float | None
 
 
 class LinksVerdictDetails(Doc, kw_only=True):
     per_size: list[LinksPerSizeItem]
     modes: LinksModes | UnsetType = UNSET
-    labels: LinksProbeHow | UnsetType = UNSET
+    labels: dict[str, str | None] | UnsetType = UNSET
     trace_mode: str | None | UnsetType = UNSET
     reference_mode: str | None | UnsetType = UNSET
     k: float | None | UnsetType = UNSET
@@ -287,7 +274,7 @@ class LinksVerdictDetails(Doc, kw_only=True):
     tuning_in_timed_loop: list[str | None] | UnsetType = UNSET
     source: str | None | UnsetType = UNSET
     answer: str | None | UnsetType = UNSET
-    timing: LinksProbeHow | UnsetType = UNSET
+    timing: dict[str, str | None] | UnsetType = UNSET
 
 
 class Links(Doc, kw_only=True):
@@ -382,3 +369,4 @@ class Links(Doc, kw_only=True):
     verdict: str | None
     verdict_details: LinksVerdictDetails
     notes: list[str]
+    loaded_from: str | UnsetType = UNSET  # --load: the saved result the verdict was recomputed from

@@ -22,21 +22,21 @@ class RooflineShapes(Doc, kw_only=True):
 
 
 class RooflinePeaks(Doc, kw_only=True):
-    memory_gbps: float
+    memory_gbps: float | None  # null: no copy probe and no known device peak
     memory_source: str
-    matrix_tflops: float
+    matrix_tflops: float | None
     matrix_source: str
 
 
 class RooflinePerToken(Doc, kw_only=True):
     bytes: int
     flops: int
-    floor_ns: int
+    floor_ns: int | None  # null: no peaks (neither --copy nor --rho nor a known device)
     achieved_ns: int
     achieved_source: str
     kernel_ns: int
     matrix_kernel_ns: int
-    efficiency: float
+    efficiency: float | None  # null: no floor (peaks unknown)
     kernels_per_token: int
 
 
@@ -48,9 +48,9 @@ class RooflineByRoleItem(Doc, kw_only=True):
     flops: int | None
     achieved_gbps: float | None
     achieved_tflops: float | None
-    floor_ns: int
-    lost_ns: int
-    efficiency: float
+    floor_ns: int | None
+    lost_ns: int | None
+    efficiency: float | None
 
 
 class RooflineTopLostItem(Doc, kw_only=True):
@@ -58,8 +58,8 @@ class RooflineTopLostItem(Doc, kw_only=True):
     role: str
     per_token: int
     time_ns: int
-    floor_ns: int
-    lost_ns: int
+    floor_ns: int | None
+    lost_ns: int | None
     achieved_gbps: float | None
 
 

@@ -68,14 +68,17 @@ class ShortfallCriticalPath(Doc, kw_only=True):
 
 
 class ShortfallStraggler(Doc, kw_only=True):
-    rank: int
+    """The straggler test; `rank` null (and no figures) when the run cannot have one (one rank, no
+    matched collectives)."""
+
+    rank: int | None
     is_straggler: bool
-    last_share: float
-    last_share_p_value: float
-    lateness_ns_median: int
-    threshold_ns: int
-    baseline_host_per_interval_ns: int
-    collectives_per_step: float
+    last_share: float | UnsetType = UNSET
+    last_share_p_value: float | UnsetType = UNSET
+    lateness_ns_median: int | UnsetType = UNSET
+    threshold_ns: int | UnsetType = UNSET
+    baseline_host_per_interval_ns: int | UnsetType = UNSET
+    collectives_per_step: float | UnsetType = UNSET
 
 
 class ShortfallScalingKernel(Doc, kw_only=True):
@@ -165,18 +168,21 @@ class ShortfallNoise(Doc, kw_only=True):
 
 
 class ShortfallInterval(Doc, kw_only=True):
-    baseline: list[float]
-    sharded: list[float]
+    baseline: list[float] | None  # null: no unprofiled rounds to bootstrap
+    sharded: list[float] | None
 
 
 class ShortfallAppliedBaseline(Doc, kw_only=True):
-    factor: float
-    interval: list[float]
+    """The dilation applied to one run; the figures are null where the manifest has no
+    unprofiled timing (nothing applied)."""
+
+    factor: float | None
+    interval: list[float] | None
     method: str
     traced_mean_ns: int
-    corrected_mean_ns: int
-    unprofiled_mean_ns: int
-    drift: float
+    corrected_mean_ns: int | None
+    unprofiled_mean_ns: int | None
+    drift: float | None
     unprofiled_rounds: int
 
 
@@ -197,15 +203,18 @@ class ShortfallUnprofiled(Doc, kw_only=True):
 
 
 class ShortfallRunsBaseline(Doc, kw_only=True):
-    dilation: float
+    """The capture's own dilation figures of one run (`tracekit.analyse.dilation.Dilation`); null
+    where the manifest has no unprofiled / profiled timing."""
+
+    dilation: float | None
     definition: str | UnsetType = UNSET
-    interval: list[float] | UnsetType = UNSET
+    interval: list[float] | None | UnsetType = UNSET
     rounds: dict[str, int] | UnsetType = UNSET
     threshold: float
-    inflated: bool
-    unprofiled: ShortfallUnprofiled
-    profiled: ShortfallUnprofiled
-    manifest_dilation: float
+    inflated: bool | None
+    unprofiled: ShortfallUnprofiled | None
+    profiled: ShortfallUnprofiled | None
+    manifest_dilation: float | None
     source: str
     notes: list[str] | UnsetType = UNSET
 
@@ -238,12 +247,12 @@ class ShortfallCorrection(Doc, kw_only=True):
 
 class ShortfallDilation(Doc, kw_only=True):
     definition: str | UnsetType = UNSET
-    baseline: float
-    sharded: float
+    baseline: float | None  # null: no unprofiled timing in the manifest
+    sharded: float | None
     interval: ShortfallInterval | UnsetType = UNSET
     applied: ShortfallApplied | UnsetType = UNSET
     threshold: float
-    inflated: bool
+    inflated: bool | None  # null: no dilation known for either run
     reconciliation: str
     correction: dict[str, ShortfallCorrection | None] | UnsetType = UNSET
     runs: ShortfallRuns
@@ -254,7 +263,7 @@ class ShortfallUncorrected_(Doc, kw_only=True):
     shortfall_ns: int
     terms_ns: dict[str, int]
     coordination_ns: dict[str, int]
-    shares: dict[str, float]
+    shares: dict[str, float | None]
     per_rank: list[ShortfallPerRankItem] | UnsetType = UNSET
 
 
@@ -263,10 +272,6 @@ class ShortfallStraggler_(Doc, kw_only=True):
     last_count: int
     instances: int
     share: float
-
-
-class ShortfallMatchBy(Doc, kw_only=True):
-    default: str
 
 
 class ShortfallByOpItem(Doc, kw_only=True):
@@ -284,7 +289,7 @@ class ShortfallCollectives(Doc, kw_only=True):
     instances: int
     per_token: float
     level: str
-    match_by: ShortfallMatchBy
+    match_by: dict[str, str]  # process group -> how its collectives were matched (seq, step_order, order)
     by_op: list[ShortfallByOpItem]
 
 
@@ -464,7 +469,7 @@ class Shortfall(Doc, kw_only=True):
     shortfall_ns: int
     terms_ns: dict[str, int]
     coordination_ns: dict[str, int]
-    shares: dict[str, float]
+    shares: dict[str, float | None]
     term_words: dict[str, str] | UnsetType = UNSET
     aggregate: str | UnsetType = UNSET
     per_rank: list[ShortfallPerRankItem] | UnsetType = UNSET

@@ -1,4 +1,5 @@
-"""Test helper: capture a tiny CPU run of N gloo ranks with torch.profiler (imports torch).
+"""A tiny CPU run of N gloo ranks under plain torch.profiler (no tracekit capture, no manifest):
+what a user's own profiling script writes. Imports torch.
 
 Each rank runs `steps` decode-like steps under `record_function("decode_step")`: a few matmuls and
 one `dist.all_reduce` per step, and writes `rank-<r>.pt.trace.json` into OUT_DIR.
@@ -8,7 +9,10 @@ What such a capture contains (torch 2.13, seen with this script): on the calling
 `user_annotation` `gloo:all_reduce` spanning the actual exchange; `dist.all_reduce`'s wait is not
 an op of its own. distributedInfo carries backend "gloo", rank and world_size.
 
-Run: python tests/gloo_capture.py OUT_DIR [--world-size 2] [--steps 3]
+The committed traces/cpu-gloo-plain (read by tests/test_steps.py) are its output, gzipped:
+    python scripts/gloo_plain_capture.py /tmp/plain --world-size 2 --steps 3
+    mkdir -p traces/cpu-gloo-plain && for r in 0 1; do
+      gzip -9n -c /tmp/plain/rank-$r.pt.trace.json > traces/cpu-gloo-plain/rank-$r.pt.trace.json.gz; done
 """
 
 from __future__ import annotations
@@ -16,8 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 
@@ -49,14 +51,6 @@ def _worker(rank: int, world_size: int, out_dir: str, steps: int, port: int) -> 
     prof.export_chrome_trace(str(Path(out_dir) / f"rank-{rank}.pt.trace.json"))
     dist.barrier()
     dist.destroy_process_group()
-
-
-def capture(out_dir: Path, world_size: int = 2, steps: int = 3, timeout_s: float = 120.0) -> list[Path]:
-    """Run this script in a fresh interpreter; returns the rank trace paths."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, __file__, str(out_dir), "--world-size", str(world_size), "--steps", str(steps)]
-    subprocess.run(cmd, check=True, timeout=timeout_s, capture_output=True)
-    return [out_dir / f"rank-{r}.pt.trace.json" for r in range(world_size)]
 
 
 def main() -> None:
