@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse.align import renumber_steps, step_tokens
-from tracekit.analyse.diff import diff
+from tracekit.analyse.compare.diff import diff
 from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_of_pair
+from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError
 from tracekit.model.events import Run
 from tracekit.read import read_run
@@ -239,7 +239,7 @@ def test_step_tokens_map_each_rank_to_the_reference_numbers() -> None:
     rank 0's window holding it."""
     run = steps_off_by_one(_run("h200-tp2"), 1)
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.collectives import match_collectives
+    from tracekit.analyse.collectives.matching import match_collectives
 
     ar = AnalysedRun.of(run)
     windows = ar.steps("decode_step").steps

@@ -79,7 +79,8 @@ def tracekit_results(name: str, root: str) -> dict[str, Any]:
     out["shortfall"] = shortfall_from_parts(bp, sp).to_json()
     out["whatif"] = whatif(bp, br, sp, sr, knobs, [tuple(knobs)]).to_json()
     if case.after is not None:
-        from tracekit.analyse.diff import attribute_side, diff_sides
+        from tracekit.analyse.compare.diff import diff_sides
+        from tracekit.analyse.compare.sides import attribute_side
         from tracekit.read import read_run
 
         write_run(case.after, d / "after")

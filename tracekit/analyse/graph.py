@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from tracekit.analyse.steps import LayerUnions
+    from tracekit.analyse.timeline.partition import LayerUnions
 
 #: The path parts, in report order (`critical_path.PATH_PARTS`).
 PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
@@ -795,7 +795,7 @@ def _host_rank(
     inst_bytes: Mapping[int, int],
     unions: LayerUnions | None = None,
 ) -> RankGraph:
-    from tracekit.analyse.steps import layer_unions
+    from tracekit.analyse.timeline.partition import layer_unions
 
     lay = unions if unions is not None else layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
     busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]
@@ -1360,7 +1360,7 @@ def build_graph(
 ) -> Graph:
     """The run's graph over `windows` (rank, step, start_ns, end_ns, annotation_end_ns);
     `timeline` "gpu" or "host" for every rank, None: each rank's from its events."""
-    from tracekit.analyse.steps import rank_selectors
+    from tracekit.analyse.timeline.partition import rank_selectors
     from tracekit.classify.rules import GPU_KINDS
 
     def rank_timeline(ev: pd.DataFrame) -> str:

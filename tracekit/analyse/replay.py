@@ -197,7 +197,7 @@ class Knob:
 
     def transfer_ns(self, op: str, size: int, n_ranks: int) -> float:
         """collective_latency: one collective's transfer (ns) for its op, nccl-tests size and ranks."""
-        from tracekit.analyse.bandwidth import bus_factor
+        from tracekit.analyse.collectives.bandwidth import bus_factor
 
         lat = float(self.latency_ns or 0.0)
         if size <= 0:
@@ -645,8 +645,8 @@ def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
-    from tracekit.analyse.align import as_tokens
-    from tracekit.analyse.steps import find_steps_detailed
+    from tracekit.analyse.timeline.align import as_tokens
+    from tracekit.analyse.timeline.steps import find_steps_detailed
 
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]

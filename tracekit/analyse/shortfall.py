@@ -54,21 +54,20 @@ import pandas as pd
 
 from tracekit.analyse import prose
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives import (
-    CollectiveInstances,
-    assign_steps,
-    require_aligned,
-    split_exposed,
-)
+from tracekit.analyse.collectives.clocks import require_aligned
+from tracekit.analyse.collectives.exposed import split_exposed
+from tracekit.analyse.collectives.instances import CollectiveInstances
+from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
-from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.partition import LayerUnions
+from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
@@ -190,7 +189,7 @@ def check_ranks(run: Run, label: str) -> None:
 
 def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
     """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
-    from tracekit.analyse.steps import cat_mask
+    from tracekit.analyse.timeline.partition import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
@@ -207,15 +206,15 @@ def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[in
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
-    from tracekit.analyse import steps as steps_mod
+    from tracekit.analyse.timeline.partition import LAYERS, rank_layers
 
-    layers = steps_mod._LAYERS
+    layers = LAYERS
     coll_layer = layers.index("collective")
     hi, co = [], []
     timelines = set()
     ev_rank = classified["rank"].to_numpy(np.int64)
     for r in ranks:
-        timeline, s, e, layer = steps_mod._rank_layers(classified[ev_rank == r])
+        timeline, s, e, layer = rank_layers(classified[ev_rank == r])
         timelines.add(timeline)
         h = layer < coll_layer
         c = layer == coll_layer
@@ -279,7 +278,7 @@ def attribute_rank(
     unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
     windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
     `offset` its clock offset (raw = aligned + offset)."""
-    from tracekit.analyse.steps import layer_unions, partition_steps
+    from tracekit.analyse.timeline.partition import layer_unions, partition_steps
 
     if unions is None:
         unions = layer_unions(events)
@@ -501,7 +500,7 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
     after refusing a run of several ranks whose clocks could not be aligned
     (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
     between the matching and the partition."""
-    from tracekit.analyse.align import renumber_steps, step_tokens
+    from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 
     if len(pd.unique(steps["rank"])) > 1:
         require_aligned(coll, label)
