@@ -442,8 +442,22 @@ def finish_attribution(
     from tracekit.analyse.replay import _manifest_calibration
 
     path_token = path.per_token(att.steady_steps)
-    if path_token["step"] != att.per_token["window"]:
-        raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
+    if graph is not None and len(graph.steps):
+        pos = {s: i for i, s in enumerate(graph.steps)}
+        span = graph.path_spans(graph.t)
+        if all(s in pos for s in att.steady_steps) and path_token["step"] != Fraction(
+            int(sum(int(span[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
+        ):
+            raise AssertionError(f"{label}: the critical path does not cover its steps' ranges")
+    # a step's path covers its longest window cut at the previous token's end (`Graph.path_spans`),
+    # the partition the whole window: where a window opened before the previous token ended (a
+    # noisy host, an early annotation) the time the previous token's path holds is this one's
+    # offset, so a change of the windows alone moves the offset, never a part of the path
+    window = att.per_token["window"]
+    if path_token["step"] != window:
+        extra = window - path_token["step"]
+        assert extra > 0, f"{label}: the critical path covers more than the step time"
+        path_token = {**path_token, "offset": path_token["offset"] + extra, "step": window}
 
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
     for note in dil.notes:
@@ -851,6 +865,27 @@ class Shortfall:
         )
         return out
 
+    def _correction_json(self) -> dict[str, Any]:
+        """Each run's correction; where the sharded one is not identified, its ranges of wait, sync
+        and idle also as terms (`term_ranges`: less N1/N x the baseline's corrected part)."""
+        out = {k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()}
+        cs, cb = self.corrections.get("sharded"), self.corrections.get("baseline")
+        doc = out.get("sharded")
+        if doc is not None and cs is not None and cs.ranges is not None and cb is not None:
+            f = Fraction(self.factor)
+            base = {
+                k: sum((p[k] for p in cb.per_rank.values()), Fraction(0)) / max(len(cb.per_rank), 1)
+                for k in ("wait", "sync", "idle")
+            }
+            doc["term_ranges"] = {
+                k: {
+                    who: [int(math.floor(lo - f * base[k])), int(math.ceil(hi - f * base[k]))]
+                    for who, (lo, hi) in cs.ranges[k].items()
+                }
+                for k in ("wait", "sync", "idle")
+            }
+        return out
+
     def path_cause(self) -> str:
         """`tracekit.analyse.prose.path_cause` (the prose lives there)."""
         return prose.path_cause(self)
@@ -945,9 +980,7 @@ class Shortfall:
                 "threshold": d_s.threshold,
                 "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
-                "correction": {
-                    k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()
-                },
+                "correction": self._correction_json(),
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
             "uncorrected": {
