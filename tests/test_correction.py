@@ -145,3 +145,22 @@ def test_a_correction_of_nothing_changes_nothing(tmp_path: Path) -> None:
     assert c.path["by_rank"] == parts.path_token["by_rank"]
     assert c.rows is not None
     assert np.array_equal(c.rows.sum(axis=-1), np.broadcast_to(c.rows.sum(axis=-1)[:, :1], c.rows.shape[:2]))
+
+
+def test_a_path_top_that_tops_every_split_of_the_cost_is_named_else_not() -> None:
+    """`prose.robust_path_top` reads `_identify`'s ranges: rank 1's host time of 40-44 ms stays above
+    every other component's largest value (rank 0's host at most 3 ms) in every split of an
+    unidentified profiler cost, so the path's cause is named; when rank 0's host can reach 41 ms in
+    some split, the top is not robust and nothing is named (the h200-tp2-straggler report and the
+    ground-truth case profiler_changes_last_rank are the two sides on real and simulated runs)."""
+    from tracekit.analyse.prose import robust_path_top
+
+    ranges = {
+        "wait": {"0": [38_000_000, 44_000_000], "1": [0, 10], "mean": [19_000_000, 22_000_000]},
+        "path_host": {"0": [1_000_000, 3_000_000], "1": [40_000_000, 44_000_000]},
+        "path_compute": {"0": [100_000, 100_000], "1": [90_000, 95_000]},
+    }
+    assert robust_path_top(ranges) == ("1", "host", 40_000_000, 44_000_000)
+    ranges["path_host"]["0"] = [1_000_000, 41_000_000]
+    assert robust_path_top(ranges) is None
+    assert robust_path_top(None) is None

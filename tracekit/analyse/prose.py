@@ -120,6 +120,26 @@ def noise_checked_diagnosis(sf: Shortfall) -> str:
     )
 
 
+def robust_path_top(ranges: dict[str, dict[str, list[int]]] | None) -> tuple[str, str, int, int] | None:
+    """The critical path's top component (rank, part, least, largest ns) when it stays on top in
+    every split of an unidentified profiler cost (`correction._identify`'s `ranges`): its least
+    value over the splits above every other component's largest; else None."""
+    if not ranges:
+        return None
+    comps = [
+        (r, key[len("path_") :], int(lo), int(hi))
+        for key, by in ranges.items()
+        if key.startswith("path_")
+        for r, (lo, hi) in by.items()
+    ]
+    if len(comps) < 2:
+        return None
+    top = max(comps, key=lambda c: c[2])
+    if all(top[2] > c[3] for c in comps if c[:2] != top[:2]):
+        return top
+    return None
+
+
 def path_cause(sf: Shortfall) -> str:
     """One sentence: what lies on the critical path, and the waiting it causes elsewhere."""
     pi = sf.path_ints()
@@ -127,16 +147,25 @@ def path_cause(sf: Shortfall) -> str:
     if step <= 0:
         return ""
     corr = sf.corrections.get("sharded")
-    if corr is not None and not getattr(corr, "identified", True):
-        # which rank paid the profiler's cost decides which rank holds the path: not named
-        return (
-            "Which rank's time holds the critical path is not identified: the profiler's cost was "
-            "solved from one per-token time for every rank (no calibration in the manifest), and "
-            "removed from one rank or another it puts the path on a different rank "
-            "(`dilation.correction.sharded.ranges`); capture with `tracekit capture` to measure each "
-            "rank's cost."
-        )
     comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
+    robust = ""
+    if corr is not None and not getattr(corr, "identified", True):
+        # which rank paid the profiler's cost may decide which rank holds the path: named only
+        # when the top component tops every other in every split of the cost (its least value
+        # over the splits above every other's largest), with its range
+        top = robust_path_top(getattr(corr, "ranges", None))
+        if top is None or top[:2] != max(comp, key=lambda x: x[2])[:2]:
+            return (
+                "Which rank's time holds the critical path is not identified: the profiler's cost was "
+                "solved from one per-token time for every rank (no calibration in the manifest), and "
+                "removed from one rank or another it puts the path on a different rank "
+                "(`dilation.correction.sharded.ranges`); capture with `tracekit capture` to measure "
+                "each rank's cost."
+            )
+        robust = (
+            f" (whichever rank paid the profiler's cost, which the manifest cannot say: "
+            f"{_ms(top[2])}-{_ms(top[3])})"
+        )
     host_total = sum(v for _, p, v in comp if p == "host")
     by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)
     r_top, p_top, v_top = max(comp, key=lambda x: x[2])
@@ -150,7 +179,10 @@ def path_cause(sf: Shortfall) -> str:
         "sync": "host-device synchronisation",
         "unknown": "unclassified kernels",
     }
-    head = f"On the critical path, rank {r_top}'s {words[p_top]} is {_ms(v_top)} of the {_ms(step)} per token"
+    head = (
+        f"On the critical path, rank {r_top}'s {words[p_top]} is {_ms(v_top)}{robust} of the "
+        f"{_ms(step)} per token"
+    )
     if p_top == "host" and len(by_rank_host) > 1 and by_rank_host[1][0] > 0.1 * host_total:
         head += (
             " (host time on the path: "
