@@ -13,6 +13,7 @@ import pytest
 import report_samples as rs
 
 from tracekit.cli.main import main
+from tracekit.model import documents
 from tracekit.report.build import load_links, render, write_report
 from tracekit.report.data import build_report_data
 from tracekit.report.html import render_html, safe_json
@@ -33,6 +34,30 @@ def embedded_figures(page: str) -> dict:
     m = re.search(r'<script type="application/json" id="tk-figures">(.*?)</script>', page, flags=re.S)
     assert m, "no embedded figure JSON"
     return json.loads(m.group(1))
+
+
+@pytest.mark.parametrize(
+    "sample, struct",
+    [
+        (lambda: rs.shortfall(), documents.Shortfall),
+        (lambda: rs.shortfall(1.25), documents.Shortfall),
+        (lambda: rs.breakdown(2, 7.0), documents.Breakdown),
+        (lambda: rs.breakdown(1, 10.0), documents.Breakdown),
+    ],
+)
+def test_samples_are_whole_documents_with_their_designed_numbers(sample, struct):
+    """Every sample decodes into its typed document (the report decodes its inputs once), and the
+    completion from the real document kept the designed numbers the tests below reason about."""
+    doc = sample()
+    typed = documents.convert(doc, struct)
+    if struct is documents.Shortfall:
+        assert typed.shortfall_ns == 2 * rs.MS and typed.per_token_ns.sharded == 7 * rs.MS
+        assert [r.terms_ns["coordination"] for r in typed.per_rank] == [1_600_000, 800_000]
+        assert typed.spread_ns["compute"].p10 == 400_000 - 1000
+        # a field the designed sample leaves out is the real document's, at the same place
+        assert typed.spread_ns["compute"].median == rs.real("shortfall")["spread_ns"]["compute"]["median"]
+    else:
+        assert typed.steps[0].parts_ns["unknown"] == 1000
 
 
 def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
