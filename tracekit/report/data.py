@@ -24,7 +24,8 @@ from tracekit._version import __version__
 from tracekit.analyse.prose import chance_clause as _chance_clause
 from tracekit.model import units
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.model.documents import given, to_builtins
+from tracekit.model.documents import Shortfall, convert, given, to_builtins
+from tracekit.model.documents.shortfall import ShortfallBaselineByRankValue, ShortfallByRankValue
 from tracekit.model.parts import (
     COORDINATION,
     MAIN_TERMS,
@@ -528,80 +529,75 @@ def _term_words(shortfall: dict[str, Any], timeline: str | None) -> dict[str, st
     return words
 
 
-def _per_rank_section(shortfall: dict[str, Any], s_ns: int) -> list[dict[str, Any]] | None:
+def _per_rank_section(sf: Shortfall, s_ns: int) -> list[dict[str, Any]] | None:
     """Each sharded rank's own attribution of S, with shares of S (None when the shortfall has none)."""
-    rows = shortfall.get("per_rank")
-    if not isinstance(rows, list) or not rows:
+    rows = given(sf.per_rank)
+    if not rows:
         return None
     out = []
     for r in rows:
-        terms = {str(k): int(v) for k, v in (r.get("terms_ns") or {}).items() if _num(v) is not None}
-        coord = {p: int((r.get("coordination_ns") or {}).get(p, 0) or 0) for p in COORDINATION}
+        terms = dict(r.terms_ns)
+        coord = {p: r.coordination_ns.get(p, 0) for p in COORDINATION}
         shares = {k: (v / s_ns if s_ns else None) for k, v in {**terms, **coord}.items()}
         out.append(
             {
-                "rank": int(r.get("rank", -1)),
+                "rank": r.rank,
                 "terms_ns": terms,
                 "coordination_ns": coord,
                 "shares": shares,
-                "own_window_ns": _int_or_none(r.get("own_window_ns")),
-                "pad_ns": _int_or_none(r.get("pad_ns")),
+                "own_window_ns": r.own_window_ns,
+                "pad_ns": r.pad_ns,
             }
         )
     return sorted(out, key=lambda r: r["rank"])
 
 
-def _path_rank(d: Any, step: int | None = None) -> dict[str, Any]:
-    d = d if isinstance(d, dict) else {}
-    row: dict[str, Any] = {f"{p}_ns": int(_int_or_none(d.get(f"{p}_ns")) or 0) for p in PATH_PARTS}
-    total = _int_or_none(d.get("total_ns"))
-    row["total_ns"] = sum(row.values()) if total is None else total
+def _path_rank(
+    d: ShortfallByRankValue | ShortfallBaselineByRankValue, step: int | None = None
+) -> dict[str, Any]:
+    """One rank's parts on the path; `total_ns` the document's, else their sum (the baseline's
+    rows carry none); `share_of_step` of the per-token time `step` when given."""
+    row: dict[str, Any] = {f"{p}_ns": int(getattr(d, f"{p}_ns")) for p in PATH_PARTS}
+    row["total_ns"] = d.total_ns if isinstance(d, ShortfallByRankValue) else sum(row.values())
     if step is not None:
         row["share_of_step"] = row["total_ns"] / step if step else None
     return row
 
 
-def _critical_path_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
+def _critical_path_section(sf: Shortfall) -> dict[str, Any] | None:
     """The shortfall's per-token critical path across ranks (None when it has none): per rank its
     compute / memory / transfer / host / sync / unknown on the path, the offset (ranks opening their
     step windows at different times), the cause sentence; by_rank totals + offset == step_ns."""
-    cp = shortfall.get("critical_path")
-    if not isinstance(cp, dict) or not isinstance(cp.get("by_rank"), dict):
+    cp = given(sf.critical_path)
+    if cp is None:
         return None
-    step = int(_int_or_none(cp.get("step_ns")) or 0)
-    by_rank = {
-        str(r): _path_rank(d, step) for r, d in sorted(cp["by_rank"].items(), key=lambda kv: int(kv[0]))
-    }
-    base_raw, unc_raw = cp.get("baseline"), cp.get("uncorrected")
-    base: dict[str, Any] = base_raw if isinstance(base_raw, dict) else {}
-    unc: dict[str, Any] = unc_raw if isinstance(unc_raw, dict) else {}
+    step = cp.step_ns
+    by_rank = {r: _path_rank(d, step) for r, d in sorted(cp.by_rank.items(), key=lambda kv: int(kv[0]))}
     return {
         "step_ns": step,
-        "offset_ns": int(_int_or_none(cp.get("offset_ns")) or 0),
+        "offset_ns": cp.offset_ns,
         "by_rank": by_rank,
-        "cause": str(cp.get("cause") or ""),
-        "hops_per_step_median": _num(cp.get("hops_per_step_median")),
+        "cause": cp.cause or "",
+        "hops_per_step_median": float(cp.hops_per_step_median),
         "baseline": {
-            "step_ns": _int_or_none(base.get("step_ns")),
-            "by_rank": {str(r): _path_rank(d) for r, d in (base.get("by_rank") or {}).items()},
-        }
-        if base
-        else None,
-        "uncorrected_step_ns": _int_or_none(unc.get("step_ns")),
+            "step_ns": cp.baseline.step_ns,
+            "by_rank": {r: _path_rank(d) for r, d in cp.baseline.by_rank.items()},
+        },
+        "uncorrected_step_ns": cp.uncorrected.step_ns,
     }
 
 
-def _straggler_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
-    st = shortfall.get("straggler")
-    if not isinstance(st, dict):
+def _straggler_section(sf: Shortfall) -> dict[str, Any] | None:
+    st = given(sf.straggler)
+    if st is None:
         return None
     return {
-        "rank": _int_or_none(st.get("rank")),
-        "is_straggler": bool(st.get("is_straggler", False)),
-        "last_share": _num(st.get("last_share")),
-        "last_share_p_value": _num(st.get("last_share_p_value")),
-        "lateness_ns_median": _int_or_none(st.get("lateness_ns_median")),
-        "threshold_ns": _int_or_none(st.get("threshold_ns")),
+        "rank": st.rank,
+        "is_straggler": st.is_straggler,
+        "last_share": _num(given(st.last_share)),
+        "last_share_p_value": _num(given(st.last_share_p_value)),
+        "lateness_ns_median": given(st.lateness_ns_median),
+        "threshold_ns": given(st.threshold_ns),
     }
 
 
@@ -858,6 +854,8 @@ def build_report_data(
     (`tracekit.report.extras.extra_sections`). Missing inputs make their sections empty and add a note.
     """
     notes: list[str] = []
+    # the shortfall decoded once into its typed document (docs/JSON.md#shortfall); the sections read it
+    sf = convert(shortfall, Shortfall) if shortfall is not None else None
     role = "sharded" if (shortfall is not None or baseline_breakdown is not None) else "run"
 
     # dilation: with a shortfall, only the factor it applied (null when it applied none: a host-clock
@@ -908,7 +906,7 @@ def build_report_data(
 
     # per-token times and the attribution
     attribution: dict[str, Any] | None = None
-    if shortfall is not None:
+    if sf is not None and shortfall is not None:
         pt = shortfall.get("per_token_ns") or {}
         per_token_ns = {k: _int_or_none(pt.get(k)) for k in ("baseline", "sharded", "ideal")}
         n_ranks = int(shortfall.get("n_ranks") or main["n_ranks"])
@@ -938,15 +936,15 @@ def build_report_data(
             "per_token_source": shortfall.get("per_token_source"),
             "uncorrected": shortfall.get("uncorrected"),
             "clock": shortfall.get("clock"),
-            "intervals": _intervals_section(shortfall),
+            "intervals": _intervals_section(sf),
             "noise": shortfall.get("noise") if isinstance(shortfall.get("noise"), dict) else None,
         }
         _attach_intervals(attribution)
         verdict = str(shortfall.get("verdict") or "")
         diagnosis = str(shortfall.get("diagnosis") or "")
-        per_rank = _per_rank_section(shortfall, s_ns)
-        critical_path = _critical_path_section(shortfall)
-        straggler = _straggler_section(shortfall)
+        per_rank = _per_rank_section(sf, s_ns)
+        critical_path = _critical_path_section(sf)
+        straggler = _straggler_section(sf)
         if per_rank is not None:
             for r in per_rank:
                 if sum(r["terms_ns"].values()) != s_ns:
@@ -1176,19 +1174,24 @@ def reading_of(interval: Any) -> str | None:
     return "finding" if iv[0] > 0 else ("negative" if iv[1] < 0 else "within_noise")
 
 
-def _intervals_section(shortfall: dict[str, Any]) -> dict[str, Any] | None:
+def _intervals_section(sf: Shortfall) -> dict[str, Any] | None:
     """The shortfall's 95% intervals (`intervals`) and readings (`noise`), as the report needs them."""
-    iv = shortfall.get("intervals")
-    if not isinstance(iv, dict):
+    iv = given(sf.intervals)
+    if iv is None:
         return None
+    pt = iv.per_token_ns
     return {
-        "level": _num(iv.get("level")),
-        "basis": iv.get("basis"),
-        "method": iv.get("method"),
-        "per_token_ns": {k: _pair(v) for k, v in (iv.get("per_token_ns") or {}).items()},
-        "shortfall_ns": _pair(iv.get("shortfall_ns")),
-        "terms_ns": {k: _pair(v) for k, v in (iv.get("terms_ns") or {}).items()},
-        "coordination_ns": {k: _pair(v) for k, v in (iv.get("coordination_ns") or {}).items()},
+        "level": float(iv.level),
+        "basis": iv.basis,
+        "method": iv.method,
+        "per_token_ns": {
+            "baseline": _pair(pt.baseline),
+            "sharded": _pair(pt.sharded),
+            "ideal": _pair(pt.ideal),
+        },
+        "shortfall_ns": _pair(iv.shortfall_ns),
+        "terms_ns": {k: _pair(v) for k, v in iv.terms_ns.items()},
+        "coordination_ns": {k: _pair(v) for k, v in iv.coordination_ns.items()},
     }
 
 
