@@ -89,7 +89,7 @@ def synthetic64_breakdown(synthetic64: Path) -> str:
 
 @pytest.mark.parametrize("run", MULTI_RANK)
 def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     local = _text(breakdown_paths(TRACES / run).to_json())
@@ -186,7 +186,7 @@ def test_synthetic_64_ranks_on_dask_is_the_local_json(
 
 def test_synthetic_run_keeps_collectives_consistent(synthetic64: Path) -> None:
     """Every rank issues the same collectives in the same order, so all of them match."""
-    from tracekit.analyse.collectives import match_collectives
+    from tracekit.analyse.collectives.matching import match_collectives
     from tracekit.classify import classify
     from tracekit.read import read_run
 

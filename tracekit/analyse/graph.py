@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from tracekit.analyse.steps import LayerUnions
+    from tracekit.analyse.timeline.partition import LayerUnions
 
 #: The path parts, in report order (`critical_path.PATH_PARTS`).
 PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
@@ -480,7 +480,14 @@ def _gpu_rank(
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
     # an operation inside a graph replay after its first: its gap from the operation before the replay
     # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
-    qq = q_eff[((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
+    queued = ((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))
+    # the device's own gap is seen where the launch did not bind: an operation released later than
+    # its launch at the typical latency (beyond the launch latencies' own spread) waited for its
+    # stream. A launch-bound operation's gap is its launch's lateness (short launches leave gaps
+    # under IDLE_GAP_NS), not the device's; only when no operation had slack are they all there is
+    spread = int(np.percentile(rho[lb], 90)) - rho_typ if lb.any() else 0
+    slack = queued & (rho > rho_typ + max(spread, 0))
+    qq = q_eff[slack] if slack.any() else q_eff[queued]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
@@ -788,7 +795,7 @@ def _host_rank(
     inst_bytes: Mapping[int, int],
     unions: LayerUnions | None = None,
 ) -> RankGraph:
-    from tracekit.analyse.steps import layer_unions
+    from tracekit.analyse.timeline.partition import layer_unions
 
     lay = unions if unions is not None else layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
     busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]
@@ -977,6 +984,18 @@ class Graph:
         """Per step, the longest window (the step time the accounting uses)."""
         ws, we = self.windows(t)
         return (we - ws).max(axis=0)
+
+    def path_spans(self, t: np.ndarray) -> np.ndarray:
+        """Per step (`t` of shape (nodes,)), how long a range of it the critical path covers: its
+        longest window, cut at the previous step's latest end (its period, when that is shorter:
+        a window opened before the previous token ended holds time of that token, which the walk
+        books there, so the walk stays one chain; docs/METHOD.md section The dependency graph)."""
+        ws, we = self.windows(t)
+        span = (we - ws).max(axis=0)
+        if len(span) > 1:
+            per = np.diff(we.max(axis=0))
+            span[1:] = np.where(per > 0, np.minimum(per, span[1:]), span[1:])
+        return span
 
     def periods(self, t: np.ndarray) -> np.ndarray:
         """Per step, the time from the previous step's end (the latest window end over ranks) to
@@ -1341,7 +1360,7 @@ def build_graph(
 ) -> Graph:
     """The run's graph over `windows` (rank, step, start_ns, end_ns, annotation_end_ns);
     `timeline` "gpu" or "host" for every rank, None: each rank's from its events."""
-    from tracekit.analyse.steps import rank_selectors
+    from tracekit.analyse.timeline.partition import rank_selectors
     from tracekit.classify.rules import GPU_KINDS
 
     def rank_timeline(ev: pd.DataFrame) -> str:
@@ -1399,7 +1418,7 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     if t is None:
         t = g.times(lat)
     ws, we = g.windows(t)
-    step_ns = (we - ws).max(axis=0)
+    step_ns = g.path_spans(t)
     ranks = g.ranks
     src, ptr = g.src, g.indptr
 
