@@ -219,7 +219,7 @@ def build_report_data(
         sf_dil=sf_dil if isinstance(sf_dil, dict) and sf_dil else None,
         corrected=(shortfall or {}).get("per_token_source") == "unprofiled",
     )
-    term_words = term_words_of(shortfall or {}, main.get("timeline"))
+    term_words = term_words_of(sf, main.get("timeline"))
     per_rank: list[dict[str, Any]] | None = None
     critical_path: dict[str, Any] | None = None
     straggler: dict[str, Any] | None = None
@@ -227,41 +227,41 @@ def build_report_data(
     # per-token times and the attribution
     attribution: dict[str, Any] | None = None
     if sf is not None and shortfall is not None:
-        pt = shortfall.get("per_token_ns") or {}
-        per_token_ns = {k: to_int(pt.get(k)) for k in ("baseline", "sharded", "ideal")}
-        n_ranks = int(shortfall.get("n_ranks") or main["n_ranks"])
-        sf_terms = shortfall.get("terms_ns") or {}
-        terms = {t: int(sf_terms.get(t, 0)) for t in MAIN_TERMS}
-        if to_float(sf_terms.get("unknown")):  # only when not zero (shortfall schema); it is part of S
-            terms["unknown"] = int(sf_terms["unknown"])
-        coord = {p: int((shortfall.get("coordination_ns") or {}).get(p, 0)) for p in COORDINATION}
-        s_ns = int(shortfall.get("shortfall_ns", sum(terms.values())))
-        waterfall = waterfall_of(terms, shortfall.get("coordination_ns") or {}, term_words)
+        pt = sf.per_token_ns
+        per_token_ns: dict[str, int | None] = {
+            "baseline": pt.baseline,
+            "sharded": pt.sharded,
+            "ideal": pt.ideal,
+        }
+        n_ranks = sf.n_ranks or main["n_ranks"]
+        terms = {t: sf.terms_ns.get(t, 0) for t in MAIN_TERMS}
+        if sf.terms_ns.get("unknown"):  # only when not zero (shortfall schema); it is part of S
+            terms["unknown"] = sf.terms_ns["unknown"]
+        coord = {p: sf.coordination_ns.get(p, 0) for p in COORDINATION}
+        s_ns = sf.shortfall_ns
+        waterfall = waterfall_of(terms, sf.coordination_ns, term_words)
         if sum(w["ns"] for w in waterfall) != s_ns:
             notes.append(
                 f"the shortfall terms sum to {sum(w['ns'] for w in waterfall)} ns, not S = {s_ns} ns (analysis bug)"
             )
-        shares = {k: to_float(v) for k, v in (shortfall.get("shares") or {}).items()}
+        shares = {k: to_float(v) for k, v in sf.shares.items()}
         attribution = {
             "shortfall_ns": s_ns,
             "terms_ns": terms,
             "coordination_ns": coord,
             "shares": shares,
-            "spread_ns": {
-                k: {"p10": to_int((v or {}).get("p10")), "p90": to_int((v or {}).get("p90"))}
-                for k, v in (shortfall.get("spread_ns") or {}).items()
-            },
+            "spread_ns": {k: {"p10": v.p10, "p90": v.p90} for k, v in sf.spread_ns.items()},
             "waterfall": waterfall,
-            "aggregate": shortfall.get("aggregate"),
-            "per_token_source": shortfall.get("per_token_source"),
+            "aggregate": given(sf.aggregate),
+            "per_token_source": sf.per_token_source,
             "uncorrected": shortfall.get("uncorrected"),
             "clock": shortfall.get("clock"),
             "intervals": intervals_section(sf),
             "noise": shortfall.get("noise") if isinstance(shortfall.get("noise"), dict) else None,
         }
         attach_intervals(attribution)
-        verdict = str(shortfall.get("verdict") or "")
-        diagnosis = str(shortfall.get("diagnosis") or "")
+        verdict = sf.verdict
+        diagnosis = sf.diagnosis
         per_rank = per_rank_section(sf, s_ns)
         critical_path = critical_path_section(sf)
         straggler = straggler_section(sf)

@@ -77,13 +77,12 @@ def share_text(w: dict[str, Any], s_ns: int) -> str:
     return fmt_pct(w["ns"] / s_ns if s_ns else None)
 
 
-def term_words_of(shortfall: dict[str, Any], timeline: str | None) -> dict[str, str]:
-    """The shortfall's `term_words`, completed from the defaults; without them the transfer is
-    named by the run's timeline (a link only on a GPU timeline)."""
+def term_words_of(sf: Shortfall | None, timeline: str | None) -> dict[str, str]:
+    """The shortfall's `term_words`, completed from the defaults; without them (or without a
+    shortfall) the transfer is named by the run's timeline (a link only on a GPU timeline)."""
     words = term_words(timeline)
-    given = shortfall.get("term_words")
-    if isinstance(given, dict):
-        words.update({str(k): str(v) for k, v in given.items() if v})
+    if sf is not None:
+        words.update({k: v for k, v in (given(sf.term_words) or {}).items() if v})
     return words
 
 
