@@ -8,16 +8,90 @@ rank 0 = 0.2 + 0.1 + 0.1 + (1.4 + 0.2 + 0.0) ms, rank 1 = 0.6 + 0.1 + 0.5 + (0.2
 The critical path of a 7 ms token: rank 0 2.1 ms + rank 1 4.8 ms (2.2 of it host) + offset 0.1 ms.
 The dilation applied (`dilation.baseline` / `.sharded`) is 1.02 / `dilation_sharded`; the capture's
 host-clock figures (`dilation.runs`, a cross-check) are deliberately different: 1.04 / +0.02.
+
+The designed numbers are only the fields the report tests reason about. Every other field a typed
+document requires (its `msgspec.Struct`, tracekit/model/documents/) is taken at call time from a real
+document of the same kind (`real`: the shortfall and breakdown JSON of the committed pair
+traces/cpu-tp1 / traces/cpu-tp2, analysed once per test session), so a sample always decodes into
+its Struct and cannot drift from what the analysis writes: `complete`.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
+from pathlib import Path
 from typing import Any
+
+import msgspec
+
+from tracekit.model import documents
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_PAIR = (REPO / "traces/cpu-tp1", REPO / "traces/cpu-tp2")  # a committed pair (its manifests)
 
 HOSTILE = "<script>alert(1)</script>"
 MS = 1_000_000
 PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
+
+
+@functools.cache
+def _real(kind: str) -> str:
+    import tracekit as tk  # the public API: what `tracekit shortfall / breakdown --format json` print
+
+    tp1, tp2 = REAL_PAIR
+    doc = tk.shortfall(tp1, tp2).to_json() if kind == "shortfall" else tk.load(tp2).breakdown().to_json()
+    return json.dumps(doc)
+
+
+def real(kind: str) -> dict[str, Any]:
+    """The real `kind` document ("shortfall" or "breakdown") of the committed pair `REAL_PAIR`."""
+    return json.loads(_real(kind))
+
+
+def _fill(sample: Any, real: Any, t: msgspec.inspect.Type) -> Any:
+    """`sample` with every field that type `t` requires and `sample` lacks copied from `real` (the
+    same place in a real document); the sample's own values are kept as they are."""
+    if isinstance(t, msgspec.inspect.UnionType):
+        for u in t.types:
+            if isinstance(
+                u, msgspec.inspect.StructType | msgspec.inspect.DictType | msgspec.inspect.ListType
+            ):
+                t = u
+                break
+        else:
+            return sample
+    if isinstance(t, msgspec.inspect.StructType) and isinstance(sample, dict) and isinstance(real, dict):
+        out = {}
+        for f in t.fields:
+            if f.name in sample:
+                out[f.name] = _fill(sample[f.name], real.get(f.name), f.type)
+            elif f.required and f.name in real:
+                out[f.name] = copy.deepcopy(real[f.name])
+        return out | {k: v for k, v in sample.items() if k not in out}
+    if (
+        isinstance(t, msgspec.inspect.DictType)
+        and isinstance(sample, dict)
+        and isinstance(real, dict)
+        and real
+    ):
+        first = next(iter(real.values()))
+        return {k: _fill(v, real.get(k, first), t.value_type) for k, v in sample.items()}
+    if (
+        isinstance(t, msgspec.inspect.ListType)
+        and isinstance(sample, list)
+        and isinstance(real, list)
+        and real
+    ):
+        return [_fill(v, real[min(i, len(real) - 1)], t.item_type) for i, v in enumerate(sample)]
+    return sample
+
+
+def complete(sample: dict[str, Any], kind: str) -> dict[str, Any]:
+    """A designed sample of document `kind` made whole from the real document `REAL[kind]`."""
+    struct = {"shortfall": documents.Shortfall, "breakdown": documents.Breakdown}[kind]
+    return _fill(sample, real(kind), msgspec.inspect.type_info(struct))
 
 
 def manifest(tp: int, dilation: float = 1.05) -> dict[str, Any]:
@@ -82,6 +156,12 @@ def breakdown(n_ranks: int, step_ms: float, *, kernel_name: str = "my_kernel") -
                 }
             )
     med = {p: steps[1]["parts_ns"][p] for p in PARTS}
+    return complete(_breakdown(n_ranks, step_ms, steps, med, kernel_name), "breakdown")
+
+
+def _breakdown(
+    n_ranks: int, step_ms: float, steps: list[dict[str, Any]], med: dict[str, int], kernel_name: str
+) -> dict[str, Any]:
     return {
         "schema_version": "1.0",
         "kind": "tracekit.breakdown",
@@ -146,6 +226,10 @@ def _host_clock(d: float, unprofiled_ns: int) -> dict[str, Any]:
 
 
 def shortfall(dilation_sharded: float = 1.05) -> dict[str, Any]:
+    return complete(_shortfall(dilation_sharded), "shortfall")
+
+
+def _shortfall(dilation_sharded: float) -> dict[str, Any]:
     terms = {"compute": 400_000, "memory": 100_000, "transfer": 300_000, "coordination": 1_200_000}
     coord = {"wait": 800_000, "sync": 200_000, "idle": 200_000}
     S = 2 * MS

@@ -13,6 +13,7 @@ import pytest
 import report_samples as rs
 
 from tracekit.cli.main import main
+from tracekit.model import documents
 from tracekit.report.build import load_links, render, write_report
 from tracekit.report.data import build_report_data
 from tracekit.report.html import render_html, safe_json
@@ -33,6 +34,30 @@ def embedded_figures(page: str) -> dict:
     m = re.search(r'<script type="application/json" id="tk-figures">(.*?)</script>', page, flags=re.S)
     assert m, "no embedded figure JSON"
     return json.loads(m.group(1))
+
+
+@pytest.mark.parametrize(
+    "sample, struct",
+    [
+        (lambda: rs.shortfall(), documents.Shortfall),
+        (lambda: rs.shortfall(1.25), documents.Shortfall),
+        (lambda: rs.breakdown(2, 7.0), documents.Breakdown),
+        (lambda: rs.breakdown(1, 10.0), documents.Breakdown),
+    ],
+)
+def test_samples_are_whole_documents_with_their_designed_numbers(sample, struct):
+    """Every sample decodes into its typed document (the report decodes its inputs once), and the
+    completion from the real document kept the designed numbers the tests below reason about."""
+    doc = sample()
+    typed = documents.convert(doc, struct)
+    if struct is documents.Shortfall:
+        assert typed.shortfall_ns == 2 * rs.MS and typed.per_token_ns.sharded == 7 * rs.MS
+        assert [r.terms_ns["coordination"] for r in typed.per_rank] == [1_600_000, 800_000]
+        assert typed.spread_ns["compute"].p10 == 400_000 - 1000
+        # a field the designed sample leaves out is the real document's, at the same place
+        assert typed.spread_ns["compute"].median == rs.real("shortfall")["spread_ns"]["compute"]["median"]
+    else:
+        assert typed.steps[0].parts_ns["unknown"] == 1000
 
 
 def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
@@ -577,10 +602,12 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
         "cause on the critical path: host time between its ops on rank 1, 2.20 of 7.00 ms."
     )
     # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
-    inputs["shortfall"]["intervals"] = {"shortfall_ns": [1_500_000, 2_600_000]}
+    inputs["shortfall"]["intervals"] = {"shortfall_ns": [1_500_000, 2_600_000]}  # the rest: the real one's
+    inputs["shortfall"] = rs.complete(inputs["shortfall"], "shortfall")
     assert "S = 2.00 ms [95% 1.50-2.60 ms]," in build_report_data(**inputs).headline
     del inputs["shortfall"]["intervals"]
     inputs["shortfall"]["spread_ns"]["shortfall"] = {"p10": 1_000_000, "p90": 3_000_000}
+    inputs["shortfall"] = rs.complete(inputs["shortfall"], "shortfall")
     assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in build_report_data(**inputs).headline
     # the headline is the first line under the title in both formats, the JSON carries it on top
     page, md = render_html(data), render_markdown(data)
@@ -652,7 +679,8 @@ def test_intervals_and_noise_readings_are_rendered():
     sf["intervals"] = {
         "level": 0.95,
         "method": "bootstrap over rounds and steps",
-        "per_token_ns": {"baseline": [9_500_000, 10_500_000], "sharded": [6_800_000, 7_300_000]},
+        "per_token_ns": {"baseline": [9_500_000, 10_500_000], "sharded": [6_800_000, 7_300_000],
+                         "ideal": [4_750_000, 5_250_000]},
         "shortfall_ns": [1_600_000, 2_400_000],
         "terms_ns": {"compute": [300_000, 500_000], "memory": [-50_000, 250_000], "transfer": [250_000, 350_000],
                      "coordination": [900_000, 1_500_000]},
@@ -663,6 +691,7 @@ def test_intervals_and_noise_readings_are_rendered():
         "cause": "coordination",
         "terms": {t: {"reading": "within_noise" if t == "memory" else "finding"} for t in sf["terms_ns"]},
     }
+    inputs["shortfall"] = sf = rs.complete(sf, "shortfall")  # the fields not designed here: the real one's
     data = build_report_data(**inputs)
     assert data.headline.startswith("TP=2: 7.00 ms [95% 6.80-7.30 ms] per token vs ideal 5.00 ms; ")
     assert "S = 2.00 ms [95% 1.60-2.40 ms], 60% coordination;" in data.headline

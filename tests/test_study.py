@@ -54,7 +54,7 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
     md = (out / "report.md").read_text()
     assert sf["verdict"] and rep["verdict"] == sf["verdict"]
     md_text = re.sub(r"\\(.)", r"\1", md)  # Markdown backslash escapes removed
-    from tracekit.report.data import prose
+    from tracekit.report.sections.fmt import prose
 
     # the pages print the verdict as prose (code spans lose their backticks), stdout as it is
     shown = prose(sf["verdict"])

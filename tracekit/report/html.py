@@ -25,11 +25,9 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from tracekit.report.data import (
-    PARTS,
-    PATH_PARTS,
-    TOP_KERNEL_HEADERS,
-    ReportData,
+from tracekit.model.parts import PARTS, PATH_PARTS
+from tracekit.report.data import ReportData
+from tracekit.report.sections.fmt import (
     fmt_bytes,
     fmt_gbps,
     fmt_ms,
@@ -38,18 +36,20 @@ from tracekit.report.data import (
     fmt_us,
     fmt_x,
     fmt_x_interval,
+    prose,
+    short_words,
+)
+from tracekit.report.sections.rows import (
+    TOP_KERNEL_HEADERS,
     path_note,
     path_rows,
     per_rank_rows,
-    prose,
-    share_text,
     short_name,
-    short_words,
-    straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
     top_kernels_note,
 )
+from tracekit.report.sections.shortfall import share_text, straggler_sentence
 
 #: colours per part, shared by every figure so a part has one colour on the page
 #: compute is blue, the link orange, coordination (wait, sync, idle, and host time on the critical

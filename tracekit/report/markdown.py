@@ -12,10 +12,9 @@ import json
 import re
 from typing import Any
 
-from tracekit.report.data import (
-    PARTS,
-    TOP_KERNEL_HEADERS,
-    ReportData,
+from tracekit.model.parts import PARTS
+from tracekit.report.data import ReportData
+from tracekit.report.sections.fmt import (
     fmt_bytes,
     fmt_gbps,
     fmt_ms,
@@ -24,17 +23,19 @@ from tracekit.report.data import (
     fmt_us,
     fmt_x,
     fmt_x_interval,
+    prose,
+)
+from tracekit.report.sections.rows import (
+    TOP_KERNEL_HEADERS,
     path_note,
     path_rows,
     per_rank_rows,
-    prose,
-    share_text,
     short_name,
-    straggler_sentence,
     top_kernel_rows,
     top_kernels_caption,
     top_kernels_note,
 )
+from tracekit.report.sections.shortfall import share_text, straggler_sentence
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
