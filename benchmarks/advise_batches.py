@@ -9,7 +9,7 @@ per batch (issue 26: `tracekit advise` checked by prediction).
 
 `run`: one TP=1 decoder per batch size (the same seed: the same weights), each warmed up over every
 position a pass reaches (with --cuda-graphs its graph is captured there), then `--rounds` rounds; in
-round k each batch runs one unprofiled pass (`tracekit.capture.runner.run_pass`: a lead step, the
+round k each batch runs one unprofiled pass (`tracekit.capture.rank.run_pass`: a lead step, the
 `--tokens` kept steps, a tail step, a device sync per token), the batches in an order rotated by k,
 so the host's and the GPU's drift over the run falls on every batch alike and no batch always runs
 first. Each batch gets a folder `b<B>/manifest.json` as `tracekit capture` writes it (workload,
@@ -52,8 +52,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tracekit.capture import config, rank, runner  # noqa: E402
 from tracekit.capture import environment as env  # noqa: E402
-from tracekit.capture import runner  # noqa: E402
 
 NOTE = (
     "unprofiled rounds only, no trace: benchmarks/advise_batches.py ran several batch sizes in one "
@@ -91,13 +91,13 @@ def run(args: argparse.Namespace) -> Path:
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
     if res.device == "cpu":
-        torch.set_num_threads(runner.CPU_THREADS_PER_RANK)
+        torch.set_num_threads(config.CPU_THREADS_PER_RANK)
         device = torch.device("cpu")
     else:
         device = torch.device("cuda", 0)
         torch.cuda.set_device(0)
     shape = preset(args.preset, args.layers)
-    n_warm = runner.warmup_steps(base)
+    n_warm = config.warmup_steps(base)
     dtype = torch.bfloat16 if res.dtype == "bfloat16" else torch.float32
     models: dict[int, Any] = {}
     prompts: dict[int, Any] = {}
@@ -112,8 +112,8 @@ def run(args: argparse.Namespace) -> Path:
             cuda_graphs=args.cuda_graphs,
         )
         prompts[b] = make_prompt(shape.vocab, b, args.prompt, args.seed)
-        models[b].generate(prompts[b], n_warm, annotate_step=runner._never)
-    kept = slice(runner.LEAD_STEPS, runner.LEAD_STEPS + args.tokens)
+        models[b].generate(prompts[b], n_warm, annotate_step=rank.never_annotate)
+    kept = slice(config.LEAD_STEPS, config.LEAD_STEPS + args.tokens)
     rounds: dict[int, list[list[int]]] = {b: [] for b in batches}
     tokens: dict[int, Any] = {}
     order: list[str] = []
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace) -> Path:
     for k in range(args.rounds):
         turn = batches[k % len(batches) :] + batches[: k % len(batches)]
         for b in turn:
-            ids, times = runner.run_pass(models[b], prompts[b], args.tokens)
+            ids, times = rank.run_pass(models[b], prompts[b], args.tokens)
             tokens.setdefault(b, ids)
             rounds[b].append(times[kept])
             order.append(str(b))
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> Path:
         manifest = runner.build_manifest(
             world=1,
             results=results,
-            workload_doc=runner.workload(cfg, res, 1),
+            workload_doc=config.workload(cfg, res, 1),
             command=cfg.command,
             needs_traces=False,
         )
@@ -361,7 +361,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
     """The decoder's GEMMs timed alone per batch size (module doc): a tracekit.gemm-table."""
     import torch
 
-    from tracekit.analyse.roofline import gemm_shapes
+    from tracekit.analyse.compute.roofline import gemm_shapes
     from tracekit.capture.decoder import preset
 
     shape = preset(args.preset, args.layers)
@@ -370,7 +370,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
     dev = torch.device("cuda", 0) if cuda else torch.device("cpu")
     dtype = torch.bfloat16 if cuda else torch.float32
     if not cuda:
-        torch.set_num_threads(runner.CPU_THREADS_PER_RANK)
+        torch.set_num_threads(config.CPU_THREADS_PER_RANK)
     ms = [2**i for i in range(int(math.log2(args.m_max)) + 1)]
     rows = []
     for role, (k, n) in gemm_shapes(sh, args.tp).items():
@@ -388,7 +388,7 @@ def gemmsweep(args: argparse.Namespace) -> dict[str, Any]:
         f"of {args.repeats} replays timed by CUDA events"
         if cuda
         else f"host clock over {args.reps} calls over the step's distinct weights of each role, the median of "
-        f"{args.repeats} ({runner.CPU_THREADS_PER_RANK} thread(s))"
+        f"{args.repeats} ({config.CPU_THREADS_PER_RANK} thread(s))"
     )
     doc = {
         "schema_version": "1.0",

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/bench_capture_modes.py --device cpu --preset tiny --tokens 32   # CPU modes
 
 One model, one process: a warm-up pass over every position, then for each mode an unprofiled
-pass immediately followed by a profiled pass (tracekit.capture.runner.run_pass: 1 lead + TOKENS
+pass immediately followed by a profiled pass (tracekit.capture.rank.run_pass: 1 lead + TOKENS
 kept + 1 tail steps, the same positions every time, the profiler's stop/export outside every kept
 step), and a last unprofiled pass. Per mode it prints the median per-token ms of its own
 unprofiled pass and of its profiled pass and their ratio (the dilation), and the ratio to the
@@ -31,7 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tracekit.capture.runner import LEAD_STEPS, TAIL_STEPS, CaptureConfig, capture, find_nsys, run_pass
+from tracekit.capture.config import LEAD_STEPS, TAIL_STEPS
+from tracekit.capture.rank import run_pass
+from tracekit.capture.runner import CaptureConfig, capture, find_nsys
 from tracekit.errors import CaptureError
 
 

@@ -194,7 +194,7 @@ def _child(kind: str, target: str, jobs: int) -> None:
         from tracekit.read import read_run
 
         try:  # import the analysis up front: its import time is reported separately
-            import tracekit.analyse.breakdown  # noqa: F401
+            import tracekit.analyse.timeline.breakdown  # noqa: F401
         except ImportError:
             pass
         if kind == "tracekit-cached":
@@ -206,7 +206,7 @@ def _child(kind: str, target: str, jobs: int) -> None:
         info["read_s"] = time.perf_counter() - t0
         info["stage"] = "read"
         try:
-            from tracekit.analyse.breakdown import breakdown  # type: ignore[import-not-found]
+            from tracekit.analyse.timeline.breakdown import breakdown  # type: ignore[import-not-found]
             from tracekit.classify import classify  # type: ignore[attr-defined]
         except ImportError as exc:
             info["note"] = f"read only (classify/breakdown not importable: {exc})"

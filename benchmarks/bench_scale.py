@@ -55,8 +55,8 @@ def _warm_rss_mb() -> float:
     resident memory: a worker's idle baseline, without the run's data."""
     import pyarrow.parquet  # noqa: F401
 
-    import tracekit.analyse.breakdown  # noqa: F401
     import tracekit.analyse.shortfall  # noqa: F401
+    import tracekit.analyse.timeline.breakdown  # noqa: F401
     import tracekit.read.kineto  # noqa: F401
 
     return _rss_now_mb()
@@ -75,8 +75,8 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
 
     out: dict = {"case": case}
     if case == "local":
-        from tracekit.analyse.breakdown import breakdown
         from tracekit.analyse.shortfall import shortfall
+        from tracekit.analyse.timeline.breakdown import breakdown
         from tracekit.read import read_run
 
         t0 = time.perf_counter()

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from tracekit.capture import runner
+from tracekit.capture.manifest import finish_run
 from tracekit.cli.capture import command as capture_command
 
 
@@ -58,7 +59,7 @@ def main() -> None:
         "(pytorch/pytorch#115388) until the call's timeout; host, topology and devices are those of "
         f"{sibling.name}, captured minutes before on the same machine"
     ]
-    runner._finish(run, man)
+    finish_run(run, man)
 
 
 if __name__ == "__main__":

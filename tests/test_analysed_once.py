@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 import tracekit as tk
-import tracekit.analyse.steps as steps_mod
+import tracekit.analyse.timeline.partition as partition_mod
+import tracekit.analyse.timeline.steps as steps_mod
 import tracekit.classify as classify_mod
 from tracekit.cli.main import main
 
@@ -50,8 +51,8 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple[int, ...]]]:
         return tuple(sorted(int(r) for r in ev["rank"].unique())) if "rank" in ev.columns else ()
 
     wrap("classify", classify_mod.classify, ranks)
-    wrap("partition_steps", steps_mod.partition_steps, lambda ev, st, *a: tuple(sorted(set(st["rank"]))))
-    wrap("layer_unions", steps_mod.layer_unions, lambda ev: ())
+    wrap("partition_steps", partition_mod.partition_steps, lambda ev, st, *a: tuple(sorted(set(st["rank"]))))
+    wrap("layer_unions", partition_mod.layer_unions, lambda ev: ())
     wrap("find_steps", steps_mod.find_steps_detailed, ranks)
     return seen
 
@@ -94,8 +95,8 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
 
 def test_sharing_changes_no_figure():
     """The report's analyses equal breakdown and shortfall of separately read, unshared runs."""
-    from tracekit.analyse.breakdown import breakdown
     from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
     from tracekit.report.build import _to_json, analyse_dirs
 
@@ -120,4 +121,4 @@ def test_a_partition_handed_out_is_a_copy(tmp_path: Path):
     first["compute_ns"] = -1  # a caller scribbling on its table
     again = ar.partition(ar.steps().steps)
     assert (again["compute_ns"] >= 0).all()
-    assert (again[[f"{p}_ns" for p in steps_mod.PARTS]].sum(axis=1) == again["window_ns"]).all()
+    assert (again[[f"{p}_ns" for p in partition_mod.PARTS]].sum(axis=1) == again["window_ns"]).all()

@@ -29,8 +29,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import shared_params, shared_trace
-from tracekit.analyse.breakdown import breakdown
-from tracekit.analyse.steps import STEP_RULES, find_steps_detailed, partition_steps
+from tracekit.analyse.timeline.breakdown import breakdown
+from tracekit.analyse.timeline.partition import partition_steps
+from tracekit.analyse.timeline.rules import STEP_RULES
+from tracekit.analyse.timeline.steps import find_steps_detailed
 from tracekit.classify import classify
 from tracekit.cli.main import main
 from tracekit.model.events import Run, make_events

@@ -18,7 +18,7 @@ from tracekit.analyse.batch_model import (
     load_gemm_table,
     per_kernel,
 )
-from tracekit.analyse.roofline import Peaks
+from tracekit.analyse.compute.roofline import Peaks
 from tracekit.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracekit.analyse.breakdown import CSV_COLUMNS, breakdown
+from tracekit.analyse.timeline.breakdown import CSV_COLUMNS, breakdown
 from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.cli.main import main
 from tracekit.errors import StepError

@@ -505,7 +505,7 @@ def test_last_profiled_step_is_not_an_outlier_when_new_kv_lengths_are_slow(
     noisy), and no kept step pays the penalty (>= 135 ms)."""
     import time as _time
 
-    from tracekit.capture import decoder, runner
+    from tracekit.capture import decoder, rank, runner
 
     seen: set[int] = set()
     # both decoder implementations (the default fused one and legacy) attend through one method each,
@@ -525,7 +525,7 @@ def test_last_profiled_step_is_not_an_outlier_when_new_kv_lengths_are_slow(
         monkeypatch.setattr(decoder.TPDecoder, meth, slow_first_time)
     cfg = CaptureConfig(tp=1, tokens=6, warmup=1, device="cpu", mode="cpu")
     res = runner.resolve(cfg)
-    runner._rank_main(0, 1, 0, cfg, res, tmp_path, None)
+    rank.rank_main(0, 1, 0, cfg, res, tmp_path, None)
     results = runner.read_results(tmp_path)[0]
 
     def check(times_ns: list[float], what: str) -> None:
@@ -835,7 +835,7 @@ def test_profile_blocks_follow_the_capture_passes(tmp_path: Path, monkeypatch: p
 def test_kineto_usdt_lines_are_dropped_from_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     """What a spawned rank writes on fd 2 goes on, but for Kineto's `USDT:` profiler_start/stop
     markers; a last line without its newline is kept too."""
-    from tracekit.capture.runner import _stderr_without_usdt
+    from tracekit.capture.rank import _stderr_without_usdt
 
     capfd.readouterr()
     with _stderr_without_usdt():

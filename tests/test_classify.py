@@ -694,7 +694,7 @@ def _independent_counts(path: Path) -> dict[str, tuple[int, int]]:
 
 @pytest.mark.parametrize("rel", shared_params(KINETO_TRACES))
 def test_kernels_per_class_match_independent_count(shared_traces: Path, rel: str) -> None:
-    from tracekit.analyse.breakdown import gpu_time_by
+    from tracekit.analyse.timeline.breakdown import gpu_time_by
     from tracekit.read import read_run
 
     path = shared_traces / rel
@@ -724,7 +724,7 @@ def test_nccl_trace_has_its_collectives(shared_traces: Path) -> None:
 def test_unnamed_kernel_is_compute_other_not_unknown(shared_traces: Path) -> None:
     """Issue 15: a kernel no rule names (and whose name does not look like communication) is compute,
     subclass other: counted there with its time, and the unknown bucket stays empty."""
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     path = shared_traces / "external/hta/sampled_rank-0.json.gz"
@@ -743,7 +743,7 @@ def test_unnamed_kernel_is_compute_other_not_unknown(shared_traces: Path) -> Non
 
 def test_comm_like_unknown_listed_with_a_hint() -> None:
     """A kernel that looks like communication but matches no rule is unknown, listed with the hint."""
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.classify.rules import COMM_LIKE_HINT
     from tracekit.model.events import Run
 

@@ -18,12 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives import (
-    ManifestCollective,
-    manifest_collectives,
-    match_collectives,
-    step_sequence,
-)
+from tracekit.analyse.collectives.matching import match_collectives
+from tracekit.analyse.collectives.sizes import ManifestCollective, manifest_collectives, step_sequence
 from tracekit.model.events import make_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -279,7 +275,7 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
 def test_compare_links_trace_sizes_from_the_manifest(ranges_run):
     """`compare-links --trace` on a run whose trace has no bytes: the decode's sizes come from the
     manifest and say so."""
-    from tracekit.analyse.link_verdict import trace_collectives
+    from tracekit.analyse.links.trace import trace_collectives
 
     tr = trace_collectives(ranges_run)
     got = {(z["coll_op"], z["bytes"], z["bytes_source"], z["count"]) for z in tr["sizes"]}

@@ -23,7 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives import END_SPREAD_THRESHOLD_NS, match_collectives
+from tracekit.analyse.collectives.checks import END_SPREAD_THRESHOLD_NS
+from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.classify import classify
 from tracekit.errors import MatchError
 from tracekit.read import read_run

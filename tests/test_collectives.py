@@ -12,12 +12,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from tracekit.analyse.collectives import (
-    assign_steps,
-    match_collectives,
-    normalise_op,
-    split_exposed,
-)
+from tracekit.analyse.collectives.exposed import split_exposed
+from tracekit.analyse.collectives.matching import match_collectives
+from tracekit.analyse.collectives.select import normalise_op
+from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import MatchError
 from tracekit.model.events import make_events
 

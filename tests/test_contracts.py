@@ -63,14 +63,35 @@ def test_every_package_has_a_layer() -> None:
 @pytest.mark.parametrize(
     ("module", "line", "contract"),
     [
-        ("analyse/bandwidth.py", "import torch", "below capture"),
+        ("analyse/collectives/bandwidth.py", "import torch", "below capture"),
         ("report/markdown.py", "from tracekit.capture import runner", "below capture"),
-        ("analyse/steps.py", "from tracekit.report import data", "analyse never imports report"),
-        ("analyse/breakdown.py", "from tracekit.render import writers", "analyse never imports report"),
+        ("analyse/timeline/steps.py", "from tracekit.report import data", "analyse never imports report"),
+        (
+            "analyse/timeline/breakdown.py",
+            "from tracekit.render import writers",
+            "analyse never imports report",
+        ),
         ("render/writers.py", "from tracekit.report import data", "layers"),
         ("render/shortfall.py", "from tracekit.cli import options", "below capture"),
         ("model/events.py", "from tracekit import errors", "model imports nothing of tracekit"),
         ("read/limits.py", "from tracekit.probe import sweep", "layers"),
+        (
+            "analyse/timeline/steps.py",
+            "from tracekit.analyse.collectives import matching",
+            "analyse rooms are layered",
+        ),
+        (
+            "analyse/compute/kernels.py",
+            "from tracekit.analyse.links import verdict",
+            "analyse rooms are layered",
+        ),
+        ("analyse/links/curves.py", "from tracekit.analyse.compare import diff", "analyse rooms are layered"),
+        (
+            "analyse/collectives/select.py",
+            "from tracekit.analyse import shortfall",
+            "rooms below the attribution",
+        ),
+        ("analyse/compute/roofline.py", "from tracekit.analyse import replay", "rooms below the attribution"),
     ],
 )
 def test_a_violation_fails(tmp_path: Path, module: str, line: str, contract: str) -> None:
@@ -91,3 +112,19 @@ def test_the_architecture_diagram_lists_the_contract_layers() -> None:
     block = doc.split("## Layers", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
     drawn = [re.split(r"\s{2,}", ln.strip())[0] for ln in block.splitlines() if ln.strip() not in ("", "|")]
     assert drawn == [layer.replace("(", "").replace(")", "") for layer in CONTRACTS["layers"]["layers"]]
+
+
+def _rooms() -> set[str]:
+    return {p.name for p in (ROOT / "tracekit/analyse").iterdir() if (p / "__init__.py").is_file()}
+
+
+def test_every_analyse_room_has_a_layer() -> None:
+    """A new room of analyse/ is placed in the rooms' layers (docs/ARCHITECTURE.md, "Rooms of
+    analyse"), and the diagram there draws the same layers as the contract."""
+    layers = CONTRACTS["analyse-rooms"]["layers"]
+    placed = {name.strip() for layer in layers for name in layer.replace(":", "|").split("|")}
+    assert placed == _rooms()
+    doc = (ROOT / "docs/ARCHITECTURE.md").read_text()
+    block = doc.split("## Rooms of analyse", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    drawn = [re.split(r"\s{2,}", ln.strip())[0] for ln in block.splitlines() if ln.strip() not in ("", "|")]
+    assert drawn == layers

@@ -92,6 +92,9 @@ def test_the_profiler_making_another_rank_last_gives_its_wait_back(tmp_path: Pat
     corr = sf["dilation"]["correction"]
     assert corr["sharded"]["method"] == "replay"
     assert corr["sharded"]["cost_source"] == "manifest calibration"
+    # each rank's measured cost identifies the split: no ranges, and the verdict names the path's rank
+    assert "identified" not in corr["sharded"] and "ranges" not in corr["sharded"]
+    assert "rank 1's host time" in sf["verdict"]
     assert any("removed call by call in the replay" in n for n in sf["data_quality"]["notes"])
     # the figures still sum exactly
     assert sum(sf["terms_ns"].values()) == sf["shortfall_ns"]

@@ -195,7 +195,8 @@ def test_tp2_fused_equals_legacy_and_tp1() -> None:
 def test_the_manifest_records_the_impl_and_the_cache_the_decoder_allocates(impl: str) -> None:
     """workload.decoder_impl and workload.kv_cache_len (what the roofline reads as the static KV length)
     are those of the decoder the runner builds."""
-    from tracekit.capture.runner import CaptureConfig, decoder_max_len, resolve, workload
+    from tracekit.capture.config import decoder_max_len, workload
+    from tracekit.capture.runner import CaptureConfig, resolve
 
     config = CaptureConfig(tp=1, preset="tiny", tokens=5, device="cpu", decoder_impl=impl)
     wl = workload(config, resolve(config), 1)

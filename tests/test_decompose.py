@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.compute_split import compute_split
-from tracekit.analyse.decompose import CLASSES, bootstrap, log_shares
+from tracekit.analyse.compare.decompose import CLASSES, bootstrap, log_shares
+from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.mark.slow
 def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
-    from tracekit.analyse.decompose import decompose_runs
+    from tracekit.analyse.compare.decompose import decompose_runs
 
     d = decompose_runs({k: v for k, v in three_runs.items() if not k.startswith("_")})
     doc = d.to_json()
@@ -185,7 +185,7 @@ def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
 
 @pytest.mark.parametrize("trace", ["h200-tp1", "cpu-tp2"])
 def test_breakdown_shows_matrix_and_vector_compute_per_step(trace):
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     doc = breakdown(read_run([TRACES / trace], cache=False)).to_json()
@@ -204,7 +204,7 @@ def test_h200_eager_to_cuda_graphs_to_compile():
     runtime: same kernels, no per-kernel launch from Python) -> torch.compile inside the graph (new
     kernels: the elementwise work fused). Known answer: the runtime part is host gaps
     (coordination) and leaves the matrix work alone; the kernel part is vector compute."""
-    from tracekit.analyse.decompose import decompose_runs
+    from tracekit.analyse.compare.decompose import decompose_runs
     from tracekit.read import read_run
 
     names = {

@@ -22,7 +22,9 @@ import numpy as np
 import pytest
 from gloo_truth import DELAY_MS
 
-from tracekit.analyse.diff import DIFF_PARTS, Diff, diff, diff_sides
+from tracekit.analyse.compare.diff import diff, diff_sides
+from tracekit.analyse.compare.result import Diff
+from tracekit.analyse.compare.sides import DIFF_PARTS
 from tracekit.analyse.shortfall import AppliedDilation
 from tracekit.cli.main import main
 from tracekit.read import read_run
@@ -308,7 +310,7 @@ def test_nsys_against_kineto_capture_of_one_workload_warns_on_the_dilation(strag
     # any input: the Nsight Systems capture (SQLite) of h200-tp2's workload against the Kineto one.
     # Their dilations differ (nsys 1.32x, Kineto `cuda` mode 1.47x): the profiler alone would move the
     # traced time by +11%, more than the traced change (+7%): warned, with the unprofiled cross-check
-    from tracekit.analyse.diff import attribute_side
+    from tracekit.analyse.compare.sides import attribute_side
 
     path = TRACES / "h200-tp2-nsys"
     nsys = attribute_side(read_run([path]), label="before", path=str(path))

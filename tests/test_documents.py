@@ -158,7 +158,7 @@ def test_the_cli_documents_decode_exactly(args: list[str], tmp_path: Path):
 def test_roofline_peaks_are_read_typed_and_a_wrong_shape_says_where(tmp_path: Path):
     """`tracekit roofline --copy/--rho` decode their files into Copy rows and Rho: the committed
     H200 files give the figures they hold; a rate that is text is refused naming its place."""
-    from tracekit.analyse.roofline import RooflineError, load_peaks
+    from tracekit.analyse.compute.roofline import RooflineError, load_peaks
 
     copy, rho = ROOT / "reports/h200/copy.json", ROOT / "reports/rho/h200.json"
     peaks = load_peaks(copy, rho, "bfloat16")

@@ -126,7 +126,7 @@ def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None
     """A GPU run corrected to its unprofiled mean by the replay (decompose's target), per-rank
     compute split on the workers: the same figures as `run_figures` in process."""
     from tracekit.analyse.command_plans import figures_plan
-    from tracekit.analyse.decompose import run_figures
+    from tracekit.analyse.compare.decompose import run_figures
     from tracekit.engine import run_plans
     from tracekit.engine.executor import Job
     from tracekit.read import read_run
@@ -141,7 +141,7 @@ def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None
 def test_diff_on_dask_writes_the_in_process_json(dask: Engine, tmp_path: Path) -> None:
     """`tracekit diff --engine dask`: the document of `diff.diff` on the runs read in process
     (a solved and a calibrated replay correction, each made where its graph is)."""
-    from tracekit.analyse.diff import diff
+    from tracekit.analyse.compare.diff import diff
     from tracekit.read import read_run
 
     before, after = TRACES / "h200-tp1", TRACES / "h200-tp1-calibrated"

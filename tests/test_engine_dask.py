@@ -2,8 +2,9 @@
 
 A LocalCluster of two workers (threads of this process, `processes=False`, for speed; one test
 uses worker processes and kills one mid-run) runs breakdown, shortfall and report on every
-committed multi-rank run and on a synthetic 64-rank run made from traces/cpu-tp2 (jittered clocks,
-shuffled events); each document must equal the local engine's byte for byte.
+committed multi-rank run and on a synthetic 24-rank run made from traces/cpu-tp2 (jittered clocks,
+shuffled events; `N_SYN` ranks: what is proved holds at any count above a few, and the run's cost
+grows with it); each document must equal the local engine's byte for byte.
 """
 
 from __future__ import annotations
@@ -70,17 +71,24 @@ def dask(cluster: Any) -> Engine:
     return Engine(kind="dask", scheduler=cluster.scheduler_address)
 
 
-@pytest.fixture(scope="module")
-def synthetic64(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """64 ranks, each a rank of traces/cpu-tp2 (first 3 steps) with its clock jittered by up to
-    200 us and its events shuffled; one process group of all 64 ranks."""
-    return make_synthetic_run(TRACES / "cpu-tp2", tmp_path_factory.mktemp("syn") / "tp64", 64, max_steps=3)
+#: ranks of the synthetic run: more than the 2 workers by far (the worker killed mid-run has rank
+#: files done and rank files still to read); the cost of the tests that use it grows with it
+N_SYN = 24
 
 
 @pytest.fixture(scope="module")
-def synthetic64_breakdown(synthetic64: Path) -> str:
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`N_SYN` ranks, each a rank of traces/cpu-tp2 (first 3 steps) with its clock jittered by up
+    to 200 us and its events shuffled; one process group of all of them."""
+    return make_synthetic_run(
+        TRACES / "cpu-tp2", tmp_path_factory.mktemp("syn") / f"tp{N_SYN}", N_SYN, max_steps=3
+    )
+
+
+@pytest.fixture(scope="module")
+def synthetic_run_breakdown(synthetic_run: Path) -> str:
     """The local engine's breakdown JSON of the synthetic run."""
-    return _text(breakdown_paths(synthetic64).to_json())
+    return _text(breakdown_paths(synthetic_run).to_json())
 
 
 # ------------------------------------------------------------------------------------------
@@ -89,7 +97,7 @@ def synthetic64_breakdown(synthetic64: Path) -> str:
 
 @pytest.mark.parametrize("run", MULTI_RANK)
 def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     local = _text(breakdown_paths(TRACES / run).to_json())
@@ -171,31 +179,31 @@ def test_cli_engine_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> 
 # many ranks
 
 
-def test_synthetic_64_ranks_on_dask_is_the_local_json(
-    synthetic64: Path, synthetic64_breakdown: str, dask: Engine
+def test_synthetic_many_ranks_on_dask_is_the_local_json(
+    synthetic_run: Path, synthetic_run_breakdown: str, dask: Engine
 ) -> None:
-    b_local = json.loads(synthetic64_breakdown)
-    assert b_local["source"]["ranks"] == list(range(64))
+    b_local = json.loads(synthetic_run_breakdown)
+    assert b_local["source"]["ranks"] == list(range(N_SYN))
     assert len({s["start_ns"] for s in b_local["steps"] if s["step"] == b_local["steps"][0]["step"]}) > 1
-    assert _text(breakdown_paths(synthetic64, dask).to_json()) == synthetic64_breakdown
+    assert _text(breakdown_paths(synthetic_run, dask).to_json()) == synthetic_run_breakdown
 
-    s_local = shortfall_paths(TRACES / "cpu-tp1", synthetic64).to_json()
-    s_dask = shortfall_paths(TRACES / "cpu-tp1", synthetic64, dask).to_json()
+    s_local = shortfall_paths(TRACES / "cpu-tp1", synthetic_run).to_json()
+    s_dask = shortfall_paths(TRACES / "cpu-tp1", synthetic_run, dask).to_json()
     assert _text(s_dask) == _text(s_local)
 
 
-def test_synthetic_run_keeps_collectives_consistent(synthetic64: Path) -> None:
+def test_synthetic_run_keeps_collectives_consistent(synthetic_run: Path) -> None:
     """Every rank issues the same collectives in the same order, so all of them match."""
-    from tracekit.analyse.collectives import match_collectives
+    from tracekit.analyse.collectives.matching import match_collectives
     from tracekit.classify import classify
     from tracekit.read import read_run
 
-    run = read_run([synthetic64])
+    run = read_run([synthetic_run])
     coll = match_collectives(
         classify(run.events), ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest
     )
     per_instance = coll.per_rank.groupby("instance")["rank"].nunique()
-    assert len(per_instance) > 0 and (per_instance == 64).all()
+    assert len(per_instance) > 0 and (per_instance == N_SYN).all()
 
 
 # ------------------------------------------------------------------------------------------
@@ -234,11 +242,11 @@ def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pyte
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
-    synthetic64: Path, synthetic64_breakdown: str
+    synthetic_run: Path, synthetic_run_breakdown: str
 ) -> None:
     from distributed import Client, LocalCluster
 
-    local = synthetic64_breakdown
+    local = synthetic_run_breakdown
     with (
         LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
@@ -252,7 +260,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
 
         def go() -> None:
             try:
-                out["doc"] = breakdown_paths(synthetic64, engine, cache=False).to_json()
+                out["doc"] = breakdown_paths(synthetic_run, engine, cache=False).to_json()
             except BaseException as exc:  # noqa: BLE001 - reported below
                 out["error"] = exc
 
@@ -267,7 +275,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
                 break
             time.sleep(0.05)
         os.kill(victim, signal.SIGKILL)
-        assert 4 <= len(done) < 64  # killed mid-run: rank files done and rank files still to read
+        assert 4 <= len(done) < N_SYN  # killed mid-run: rank files done and rank files still to read
         t.join(timeout=300)
         assert "error" not in out, out.get("error")
         assert _text(out["doc"]) == local
@@ -353,30 +361,30 @@ def test_without_dask_the_error_is_one_line(monkeypatch: pytest.MonkeyPatch, cap
 # the executor: each rank file read once, a task per file and stage, the path on a worker
 
 
-def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synthetic64: Path) -> None:
+def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synthetic_run: Path) -> None:
     """The report's two plans (breakdown, attribution) on one run: one read task per rank file,
     then one task per file for every rank stage of both plans, each holding that file's rank
-    only; the critical path's Reduce in one task over the 64 ranks; the results are the local
+    only; the critical path's Reduce in one task over all the ranks; the results are the local
     engine's."""
     from tracekit.analyse.plans import attribution_plan, breakdown_plan
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job, LocalExecutor
 
-    job = Job((synthetic64,), (breakdown_plan(), attribution_plan(label="sharded")), cache=False)
+    job = Job((synthetic_run,), (breakdown_plan(), attribution_plan(label="sharded")), cache=False)
     (res,), _ = DaskExecutor(dask).run([job])
     (ref,), _ = LocalExecutor().run([job])
     by_stage: dict[str, list[Any]] = {}
     for t in res.tasks:
         by_stage.setdefault(t.stage, []).append(t)
-    assert len(by_stage["read"]) == res.files == 64
+    assert len(by_stage["read"]) == res.files == N_SYN
     assert sorted(Path(t.file).name for t in by_stage["read"]) == sorted(
-        p.name for p in synthetic64.glob("rank-*.pt.trace.json*")
+        p.name for p in synthetic_run.glob("rank-*.pt.trace.json*")
     )
     for stage in ("breakdown.rule", "breakdown.ranks", "attribution.rule", "attribution.windows"):
-        assert sorted(r for t in by_stage[stage] for r in t.ranks) == list(range(64)), stage
+        assert sorted(r for t in by_stage[stage] for r in t.ranks) == list(range(N_SYN)), stage
         assert all(len(t.ranks) == 1 for t in by_stage[stage]), stage
     (path,) = by_stage["path"]
-    assert path.ranks == list(range(64))
+    assert path.ranks == list(range(N_SYN))
     assert _text(res.results[0].breakdown.to_json()) == _text(ref.results[0].breakdown.to_json())
     assert res.results[0].top_kernels == ref.results[0].top_kernels
     assert res.results[1].per_token == ref.results[1].per_token

@@ -134,7 +134,7 @@ def test_report_on_dask_puts_no_run_together(dask: Engine, monkeypatch: pytest.M
 
 
 def test_clipped_unions_measure_what_the_whole_ones_do() -> None:
-    from tracekit.analyse.steps import rank_layer_unions
+    from tracekit.analyse.timeline.partition import rank_layer_unions
     from tracekit.read import read_run
 
     run = read_run([TRACES / "cpu-tp2"])

@@ -170,7 +170,7 @@ def test_h200_tp2_view_matches_what_ran(h200):
     # the previous token's work), short of it only where the walk reached a rank's origin (the
     # first step), on the aligned clock (docs/METHOD.md section Clocks and step matching): each
     # rank is drawn on its own clock, aligned = raw - the rank's offset (a few ns on this one host)
-    from tracekit.analyse.collectives import match_collectives
+    from tracekit.analyse.collectives.matching import match_collectives
 
     off = match_collectives(
         ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest

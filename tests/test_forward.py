@@ -7,6 +7,7 @@ the one attribute_run walked the path on, equal to one built again from the even
 
 from __future__ import annotations
 
+import functools
 import itertools
 from fractions import Fraction
 from pathlib import Path
@@ -33,15 +34,20 @@ def _random_latencies(g: G.Graph, seed: int) -> list[np.ndarray]:
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK])
+@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK, G.FORWARD_BLOCK_NARROW])
 def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, block: int) -> None:
+    """Every block's running maximum by doubling steps (0), by slices where its pieces are at most
+    4 long (the others doubled), and by slices everywhere."""
     g, _ends = graph_of(SPECS[name])
     lats = [g.lat, *_random_latencies(g, seed=block)]
-    got = G._Forward(g, block).run(lats, g.t)
-    for i, lat in enumerate(lats):
-        assert np.array_equal(got[:, i], G.times_reference(g, lat)), (name, block, i)
+    want = [G.times_reference(g, lat) for lat in lats]
+    for slices_up_to in (0, 4, 1 << 30):
+        got = G._Forward(g, block, slices_up_to).run(lats, g.t)
+        for i in range(len(lats)):
+            assert np.array_equal(got[:, i], want[i]), (name, block, slices_up_to, i)
 
 
+@functools.cache
 def _model(trace: str) -> R.RunModel:
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.shortfall import attribute_run
@@ -80,6 +86,18 @@ def test_every_knob_coalition_replayed_at_once_is_each_replayed_node_by_node(tra
     assert len(checked) >= 3
     # and one at a time (chunks of one column)
     assert np.array_equal(m.replay(settings[-2]), got[-2])
+
+
+def test_a_cuda_graph_replay_is_one_chain_of_the_forward_pass() -> None:
+    """A replay's operations all queue after the operation before the replay; one chains there and
+    each other one to its in-graph predecessor (the chain parents' later rounds). When each began a
+    chain piece of its own (one per two nodes), the pass took one fixpoint iteration per operation."""
+    g = _model("h200x2-tp2-b1-graphs").graph
+    fw = G._Forward(g)
+    n_pieces = int((fw.pc_edge < 0).sum())
+    n_graph_ops = int((g.role == G.ROLE_GRAPH).sum())
+    assert n_graph_ops > 10_000
+    assert n_pieces < n_graph_ops / 20, (n_pieces, n_graph_ops)
 
 
 @pytest.mark.parametrize("trace", ["cpu-tp2", "h200-tp1"])

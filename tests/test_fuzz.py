@@ -108,7 +108,7 @@ def read_only_own_errors(path: Path, analyse: bool = False) -> None:
         try:
             run = read_file(path, cache=False)
             if analyse:
-                from tracekit.analyse.breakdown import breakdown
+                from tracekit.analyse.timeline.breakdown import breakdown
 
                 breakdown(run)
         except TracekitError:
@@ -550,8 +550,8 @@ def test_fuzz_manifest_numbers(edits: list[tuple[float, Any]]) -> None:
     """Any numeric field of the manifest (per-token times, dilation, workload counts, byte counts)
     set to a hostile value: reading it and every consumer of its numbers raise only our errors."""
     from tracekit.analyse.advise import AdviseError, measured_from
-    from tracekit.analyse.breakdown import manifest_dilation
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.analyse.timeline.breakdown import manifest_dilation
     from tracekit.model.events import DataQuality
     from tracekit.read import load_manifest
 

@@ -138,7 +138,7 @@ def test_our_figures_without_hta_effects(shared_traces: Path, rels: tuple[str, .
     partition_steps gives busy = span - idle, and compute+unknown = HTA's computation set."""
     from hta.utils.utils import is_compute_kernel
 
-    from tracekit.analyse.steps import partition_steps
+    from tracekit.analyse.timeline.partition import partition_steps
     from tracekit.read import read_run
 
     files = [shared_traces / r for r in rels]

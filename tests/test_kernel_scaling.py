@@ -1,4 +1,4 @@
-"""The compute term split by kernel (tracekit/analyse/kernel_scaling.py): truth by construction on
+"""The compute term split by kernel (tracekit/analyse/compute/kernel_scaling.py): truth by construction on
 small kernel sequences, and the committed two-H200 pairs (eager and CUDA graphs)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse.kernel_scaling import compute_scaling, kernel_table
+from tracekit.analyse.compute.kernel_scaling import compute_scaling, kernel_table
 from tracekit.analyse.shortfall import shortfall
 from tracekit.read import read_run
 

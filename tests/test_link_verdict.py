@@ -1,4 +1,4 @@
-"""The link verdict (tracekit.analyse.link_verdict) is analysis: judged from a saved probe JSON and
+"""The link verdict (tracekit.analyse.links.verdict) is analysis: judged from a saved probe JSON and
 the committed decode traces alone, with no sweep, no GPU, and neither torch nor a probe runner
 imported (a fresh interpreter checks `sys.modules`)."""
 
@@ -18,7 +18,7 @@ TP2, TP1 = REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
 
 _SCRIPT = """
 import json, math, sys
-from tracekit.analyse.link_verdict import (
+from tracekit.analyse.links.verdict import (
     load_compare, recompute, shortfall_context, trace_collectives, verdict,
 )
 links, tp2, tp1 = sys.argv[1:4]

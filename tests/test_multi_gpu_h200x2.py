@@ -36,7 +36,7 @@ def measured_delta_ms() -> float:
 def test_link_bound_covers_the_measured_pcie_cost(measured_delta_ms: float) -> None:
     """The verdict's "moving to NVLink removes at most X per token" holds against the measured
     difference, and is tight (the ratio model alone said 40 us: under half of what was measured)."""
-    from tracekit.analyse.link_verdict import load_compare, recompute
+    from tracekit.analyse.links.verdict import load_compare, recompute
 
     out = recompute(
         load_compare(LINKS), trace_dir=T / "h200x2-tp2-b1-graphs", baseline_dir=T / "h200x2-tp1-b1-graphs"

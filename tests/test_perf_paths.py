@@ -22,8 +22,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse.breakdown import breakdown
-from tracekit.analyse.steps import cat_mask, find_steps, partition_steps, rank_selectors
+from tracekit.analyse.timeline.breakdown import breakdown
+from tracekit.analyse.timeline.partition import cat_mask, partition_steps, rank_selectors
+from tracekit.analyse.timeline.steps import find_steps
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.errors import TraceFormatError

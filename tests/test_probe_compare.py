@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import shared_trace
-from tracekit.analyse.link_curves import busbw_at, probe_timing, regime_at, side_by_side, timing_sentence
-from tracekit.analyse.link_verdict import load_compare, trace_collectives, trace_mode, verdict
+from tracekit.analyse.links.curves import busbw_at, probe_timing, regime_at, side_by_side, timing_sentence
+from tracekit.analyse.links.trace import trace_collectives, trace_mode
+from tracekit.analyse.links.verdict import load_compare, verdict
 from tracekit.cli.main import main
 from tracekit.errors import ProbeError
 from tracekit.probe import spec

@@ -517,7 +517,8 @@ def test_h200_steps_partition_with_classifier(shared_traces: Path) -> None:
     sqlite3), and the parts sum to the window."""
     path = shared_trace(shared_traces, H200)
     try:
-        from tracekit.analyse.steps import find_steps, partition_steps
+        from tracekit.analyse.timeline.partition import partition_steps
+        from tracekit.analyse.timeline.steps import find_steps
         from tracekit.classify import classify
     except ImportError as exc:
         pytest.skip(f"classifier / steps not there yet: {exc}")
@@ -549,9 +550,9 @@ def test_breakdown_finds_the_20_decode_steps(shared_traces: Path) -> None:
     decode_step windows, parts summing to each window exactly, and 21 GPU kernels by class."""
     path = shared_trace(shared_traces, H200)
     try:
-        from tracekit.analyse.breakdown import breakdown
+        from tracekit.analyse.timeline.breakdown import breakdown
     except ImportError as exc:
-        pytest.skip(f"tracekit.analyse.breakdown is not there yet: {exc}")
+        pytest.skip(f"tracekit.analyse.timeline.breakdown is not there yet: {exc}")
     doc = breakdown(read_nsys(path)).to_json()
     steps = doc["steps"]
     assert [s["name"] for s in steps] == [f"decode_step {i}" for i in range(20)]

@@ -157,17 +157,17 @@ def test_manifest_that_cannot_be_written_is_one_line_and_absent(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tracekit.capture import environment as env
-    from tracekit.capture import runner
+    from tracekit.capture.manifest import finish_run
     from tracekit.errors import CaptureError
 
     monkeypatch.setattr(env.os, "fsync", _enospc)
     doc = {"complete": True, "errors": [], "files": {}}
     with pytest.raises(CaptureError) as info:
-        runner._finish(tmp_path, doc)
+        finish_run(tmp_path, doc)
     assert "no manifest written: cannot write" in str(info.value) and "No space left" in str(info.value)
     doc = {"complete": False, "errors": [{"rank": 1, "message": "a\nb"}], "files": {}}
     with pytest.raises(CaptureError) as info:
-        runner._finish(tmp_path, doc)
+        finish_run(tmp_path, doc)
     assert "\n" not in str(info.value) and "rank 1: a b" in str(info.value)
     assert list(tmp_path.iterdir()) == []
 
@@ -345,9 +345,9 @@ def test_tampered_cache_entry_is_detected_and_read_from_the_source(
 
 
 def _kineto_version() -> str:
-    from tracekit.read import _reader_for
+    from tracekit.read.files import reader_for
 
-    found = _reader_for(Path("x.pt.trace.json.gz"))
+    found = reader_for(Path("x.pt.trace.json.gz"))
     assert found is not None
     return found[1]
 
@@ -362,7 +362,7 @@ def _kineto_version() -> str:
 def test_manifest_paths_outside_the_run_folder_are_ignored(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
-    import tracekit.read as read_mod
+    import tracekit.read.run as read_mod
 
     run = copy_run(CPU_TP2, tmp_path / "run")
     (tmp_path / "outside.json.gz").write_bytes(b"secret")

@@ -1,4 +1,4 @@
-"""The roofline of a decode step (tracekit/analyse/roofline.py), checked by hand on the committed
+"""The roofline of a decode step (tracekit/analyse/compute/roofline.py), checked by hand on the committed
 two-H200 CUDA-graph run (7b shape, 8 layers, bf16, batch 1, static KV cache of 51 positions: prompt 16 +
 34 warm-up steps + 1, the length `runner.decoder_max_len` gives the decoder)."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.roofline import Peaks, RooflineError, load_peaks, roofline
+from tracekit.analyse.compute.roofline import Peaks, RooflineError, load_peaks, roofline
 from tracekit.cli.main import main
 from tracekit.read import read_run
 
@@ -103,7 +103,7 @@ def test_cli_json(tmp_path: Path) -> None:
 def test_the_static_kv_length_is_the_cache_the_capture_gave_the_decoder() -> None:
     """workload.kv_cache_len when recorded; else the runner's decoder length (prompt + warm-up steps + 1:
     `runner.decoder_max_len`), as for the committed graph runs; else the old default."""
-    from tracekit.analyse.roofline import KV_STATIC_LEN, _static_kv_len
+    from tracekit.analyse.compute.roofline import KV_STATIC_LEN, _static_kv_len
 
     assert _static_kv_len({"kv_cache_len": 64, "prompt": 16, "warmup_tokens": 34})[0] == 64
     assert _static_kv_len({"prompt": 16, "warmup_tokens": 34})[0] == 51

@@ -21,11 +21,12 @@ import pytest
 import serving_traces as st
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.breakdown import breakdown
-from tracekit.analyse.collectives import match_collectives
-from tracekit.analyse.diff import CANNOT_JUDGE, diff
+from tracekit.analyse.collectives.matching import match_collectives
+from tracekit.analyse.compare.diff import diff
+from tracekit.analyse.compare.result import CANNOT_JUDGE
 from tracekit.analyse.shortfall import attribute_run
-from tracekit.analyse.steps import step_kind
+from tracekit.analyse.timeline.breakdown import breakdown
+from tracekit.analyse.timeline.kinds import step_kind
 from tracekit.classify import classify, classify_name
 from tracekit.cli.main import main
 from tracekit.errors import MatchError
@@ -401,7 +402,7 @@ def test_shortfall_says_when_baseline_and_sharded_token_steps_differ(tmp_path: P
 def test_custom_allreduce_kernel_names_are_all_reduces() -> None:
     import pandas as pd
 
-    from tracekit.analyse.collectives import normalise_op
+    from tracekit.analyse.collectives.select import normalise_op
 
     names = pd.Series(
         [
@@ -418,7 +419,7 @@ def test_custom_allreduce_kernel_names_are_all_reduces() -> None:
 def test_step_order_falls_back_to_the_run_order_only_when_every_stream_total_agrees() -> None:
     import pandas as pd
 
-    from tracekit.analyse.collectives import match_by_step_order
+    from tracekit.analyse.collectives.groups import match_by_step_order
 
     def rows(steps_r0: list[int], steps_r1: list[int]) -> pd.DataFrame:
         out = []

@@ -228,8 +228,8 @@ def test_h200_diagnosis_names_the_host_bound_baseline() -> None:
     import re
     from pathlib import Path
 
-    from tracekit.analyse.breakdown import breakdown
     from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     root = Path(__file__).resolve().parents[1] / "traces"

@@ -14,10 +14,12 @@ import pandas as pd
 import pytest
 from conftest import shared_params
 
-from tracekit.analyse.steps import PARTS, find_steps, find_steps_detailed, partition_steps
+from tracekit.analyse.timeline.partition import partition_steps
+from tracekit.analyse.timeline.steps import find_steps, find_steps_detailed
 from tracekit.classify import classify
 from tracekit.errors import StepError
 from tracekit.model.events import make_events
+from tracekit.model.parts import PARTS
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
 GEMM = "ampere_sgemm_32x128_nt"
@@ -307,7 +309,7 @@ def test_cpu_gloo_capture() -> None:
     """Two gloo ranks on CPU under plain torch.profiler (no tracekit capture, no manifest: committed
     as traces/cpu-gloo-plain by scripts/gloo_plain_capture.py), 3 decode steps each: host
     timeline, collectives found in every step."""
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     run_dir = Path(__file__).resolve().parents[1] / "traces" / "cpu-gloo-plain"
@@ -496,7 +498,7 @@ BEFORE_CLIP = Path(__file__).resolve().parent / "data" / "breakdown_before_clip"
 def test_committed_traces_unchanged_by_the_clip(name: str) -> None:
     """These runs' windows never overlapped: every window and part equals the breakdown computed
     before the clip existed (tests/data/breakdown_before_clip, commit 0ea6933), and nothing is clipped."""
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     if not (TRACES / name / "manifest.json").exists():

@@ -1,4 +1,4 @@
-"""Top kernels per class (`tracekit.analyse.kernels.top_kernels`), on event tables built in code
+"""Top kernels per class (`tracekit.analyse.compute.kernels.top_kernels`), on event tables built in code
 whose counts and times are known by construction, and on a committed trace against its breakdown."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tracekit.analyse.kernels import top_kernels
+from tracekit.analyse.compute.kernels import top_kernels
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -121,7 +121,7 @@ def test_committed_h200_trace_agrees_with_its_breakdown():
 def test_per_rank_sums_assemble_to_the_whole_run():
     """The Dask engine computes each rank's sums where its events are and assembles them on the
     client: the same tables as the whole run at once (two ranks whose step windows differ)."""
-    from tracekit.analyse.kernels import assemble_top_kernels, rank_kernel_sums
+    from tracekit.analyse.compute.kernels import assemble_top_kernels, rank_kernel_sums
 
     rows = []
     for r in range(2):

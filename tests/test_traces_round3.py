@@ -35,15 +35,10 @@ from tests.faithful_traces import (
     compiled_range,
     legacy_kineto_trace,
 )
-from tracekit.analyse.breakdown import rank_tracelens_timeline
-from tracekit.analyse.steps import (
-    RankWindows,
-    StepChoice,
-    _empty_rows,
-    assemble_steps,
-    find_steps_detailed,
-    range_key,
-)
+from tracekit.analyse.timeline.rules import StepChoice, range_key
+from tracekit.analyse.timeline.steps import assemble_steps, find_steps_detailed
+from tracekit.analyse.timeline.trace_totals import rank_tracelens_timeline
+from tracekit.analyse.timeline.windows import RankWindows, empty_step_rows
 from tracekit.cli.main import main
 from tracekit.errors import StepError, TraceFormatError
 from tracekit.model.events import make_events
@@ -158,7 +153,7 @@ def test_dataloader_ranges_alone_are_steps() -> None:
 def test_zero_windows_under_an_annotation_rule_is_an_error() -> None:
     """Never 0 steps silently (was: breakdown exit 0 with `ranks: []`, then pandas' 'No objects to
     concatenate' in shortfall, export and diff)."""
-    empty = RankWindows(0, _empty_rows(), np.zeros(0, dtype=np.int64))
+    empty = RankWindows(0, empty_step_rows(), np.zeros(0, dtype=np.int64))
     with pytest.raises(StepError, match="no rank has a window"):
         assemble_steps(StepChoice("repeated_range", "^x$"), [empty])
 
@@ -420,7 +415,7 @@ def test_tracelens_definitions_differ_from_tracekits_where_they_should() -> None
     assert linked["idle_ns"] == 700 - 260
     # tracekit's own: busy = the kernels only ([0,100) + [120,200) + B + the graph); the memset's
     # [100, 120) outside them is exposed memcpy with the memcpy's 10
-    from tracekit.analyse.breakdown import rank_trace_totals
+    from tracekit.analyse.timeline.trace_totals import rank_trace_totals
 
     own = rank_trace_totals(ev)
     assert own is not None and own["busy_ns"] == 100 + 80 + 100 + 100 and own["exposed_memcpy_ns"] == 20 + 10

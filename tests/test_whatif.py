@@ -100,7 +100,7 @@ def test_check_states_the_device_work_of_both_runs_as_breakdown_measures_it() ->
     # cache, more device work per token than the eager run the prediction replays; the check states
     # both, and they are the breakdown's per-token compute + memory kernel time (an independent path:
     # the step partition, not the replay's parts)
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     w = _whatif(
@@ -324,8 +324,9 @@ def test_cuda_graphs_on_cpu_is_one_clear_error(tmp_path: Path, capsys: pytest.Ca
 @pytest.mark.slow
 def test_compile_on_cpu_decodes_the_same_tokens() -> None:
     torch = pytest.importorskip("torch")
+    from tracekit.capture.config import workload
     from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
-    from tracekit.capture.runner import CaptureConfig, Resolved, workload
+    from tracekit.capture.runner import CaptureConfig, Resolved
 
     torch.set_num_threads(1)
     shape = preset("tiny", 1)

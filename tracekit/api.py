@@ -10,8 +10,8 @@ steps, its breakdown, and the shortfall of a sharded run against its baseline.
 
 Every result is a frozen dataclass with `to_json()` (the document `tracekit <command> --format json`
 prints, docs/JSON.md) and `to_frame()` (a pandas table). Nothing here analyses anything: it calls
-`tracekit.read.read_run`, `tracekit.classify.classify`, `tracekit.analyse.steps.find_steps_detailed`,
-`tracekit.analyse.breakdown.breakdown` and `tracekit.analyse.shortfall.shortfall`, the functions the
+`tracekit.read.read_run`, `tracekit.classify.classify`, `tracekit.analyse.timeline.steps.find_steps_detailed`,
+`tracekit.analyse.timeline.breakdown.breakdown` and `tracekit.analyse.shortfall.shortfall`, the functions the
 CLI calls; a loaded run is analysed once (`TraceRun.analysed`, tracekit.analyse.analysed: classified,
 its steps found and partitioned once) and that is shared by its steps, breakdown and shortfall.
 """
@@ -27,9 +27,9 @@ from typing import Any
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.breakdown import Breakdown
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.shortfall import Shortfall
+from tracekit.analyse.timeline.breakdown import Breakdown
 from tracekit.model.events import DataQuality, Run
 
 __all__ = ["Breakdown", "Shortfall", "Steps", "TraceRun", "load", "shortfall"]
@@ -44,7 +44,7 @@ STEPS_SCHEMA_VERSION = "1.0"
 class Steps:
     """The step windows of a run, as `find_steps_detailed` found them.
 
-    `table`: one row per (rank, step), columns `tracekit.analyse.steps.STEP_COLUMNS` (integer ns on
+    `table`: one row per (rank, step), columns `tracekit.analyse.timeline.steps.STEP_COLUMNS` (integer ns on
     each rank's clock); `step_pattern`: the pattern that found them; `step_rule`: the rule that chose
     it (decode_step, profiler_step, serving_engine, graph_launch, repeated_range, whole, pattern)."""
 
@@ -56,7 +56,7 @@ class Steps:
     def to_frame(self) -> pd.DataFrame:
         """The windows, one row per (rank, step), with `window_ns` = end_ns - start_ns, then
         `start_ms` / `end_ms` (ms from the run's first step start) and `window_ms`."""
-        from tracekit.analyse.breakdown import with_relative_ms
+        from tracekit.analyse.timeline.breakdown import with_relative_ms
 
         out = self.table.reset_index(drop=True).copy()
         out["window_ns"] = out["end_ns"] - out["start_ns"]
@@ -149,7 +149,7 @@ class TraceRun:
     ) -> Breakdown:
         """`tracekit breakdown`: every step split into compute, memory, collective, unknown, sync
         and idle per rank. `to_json()` is what `tracekit breakdown --format json` prints."""
-        from tracekit.analyse.breakdown import breakdown
+        from tracekit.analyse.timeline.breakdown import breakdown
 
         return breakdown(self.analysed, step_pattern=step_pattern, skip_first=skip_first, rank=rank)
 

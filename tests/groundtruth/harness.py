@@ -3,6 +3,7 @@ truth. `figures(case_name, root)` -> {group: [(label, tracekit value, truth valu
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 from functools import cache
 from pathlib import Path
@@ -25,7 +26,7 @@ COORD_KEYS = ("wait", "sync", "idle")
 
 
 #: labels of figures that are counts or choices, compared exactly
-EXACT_PREFIXES = ("steps", "steady", "verdict", "diagnosis")
+EXACT_PREFIXES = ("steps", "steady", "verdict", "diagnosis", "range")
 
 
 def tolerance(truth: float, label: str = "") -> float:
@@ -78,7 +79,8 @@ def tracekit_results(name: str, root: str) -> dict[str, Any]:
     out["shortfall"] = shortfall_from_parts(bp, sp).to_json()
     out["whatif"] = whatif(bp, br, sp, sr, knobs, [tuple(knobs)]).to_json()
     if case.after is not None:
-        from tracekit.analyse.diff import attribute_side, diff_sides
+        from tracekit.analyse.compare.diff import diff_sides
+        from tracekit.analyse.compare.sides import attribute_side
         from tracekit.read import read_run
 
         write_run(case.after, d / "after")
@@ -137,6 +139,9 @@ def figures(name: str, root: str) -> dict[str, list[tuple[str, float, Fraction |
             row = cp["by_rank"].get(str(r), {})
             rows += [(f"path rank {r} {k}", row.get(PATH_KEYS[k], 0), tr["path"][r][k]) for k in kinds]
         g[grp] = rows
+    corr = sf["dilation"].get("correction", {}).get("sharded") or {}
+    if corr.get("identified") is False:
+        _not_identified(g, case, corr, sf, tr)
     g["replay"] = [
         (
             "replay of the unchanged TP=1 trace",
@@ -205,6 +210,44 @@ def figures(name: str, root: str) -> dict[str, list[tuple[str, float, Fraction |
             for (r, k), v in _diff_path(df).items()
         ]
     return g
+
+
+def _not_identified(
+    g: dict[str, list[tuple[str, float, Fraction | int]]],
+    case: Any,
+    corr: dict[str, Any],
+    sf: dict[str, Any],
+    tr: dict[str, Any],
+) -> None:
+    """tracekit says the per-rank split of the profiler's cost is not identified (a solved cost on
+    several ranks): the figures that depend on it (wait, sync, idle per rank and their means, the
+    path per rank) are held to its stated ranges, not to a point (the truth must lie in each), and
+    the verdict must name no rank on the path."""
+    ranges = {**corr["ranges"], **corr["term_ranges"]}
+    n = case.sharded.tp
+
+    def inside(label: str, key: str, who: str, truth: Fraction) -> tuple[str, float, Fraction | int]:
+        lo, hi = ranges[key][who]
+        tol = max(1000.0, 0.01 * abs(float(truth)))  # the range's ends are figures, each within it
+        ok = lo - tol <= float(truth) <= hi + tol
+        return (f"range: {label} truth {float(truth):.0f} in [{lo}, {hi}] +- {tol:.0f}", int(ok), 1)
+
+    g["terms"] = [row for row in g["terms"] if row[0].split()[-1] not in COORD_KEYS]
+    g["terms"] += [inside(f"term {k}", k, "mean", tr["terms"][k]) for k in COORD_KEYS]
+    g["terms_per_rank"] = [row for row in g["terms_per_rank"] if row[0].split()[-1] not in COORD_KEYS]
+    g["terms_per_rank"] += [
+        inside(f"rank {r} term {k}", k, str(r), tr["terms_rank"][r][k]) for r in range(n) for k in COORD_KEYS
+    ]
+    for grp, kinds in (("path device", ("compute", "memory", "transfer")), ("path host", ("host", "sync"))):
+        g[grp] = [
+            inside(f"path rank {r} {k}", f"path_{k}", str(r), tr["path"][r][k])
+            for r in range(n)
+            for k in kinds
+        ]
+    named = re.search(r"rank \d+'s", sf["verdict"]) is not None
+    g["path host"].append(
+        ("range: the verdict names no rank on the path it cannot identify", int(not named), 1)
+    )
 
 
 def _diff_T(df: dict[str, Any]) -> float:

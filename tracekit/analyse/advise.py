@@ -56,7 +56,7 @@ from tracekit.analyse.batch_model import (
     load_gemm_table,
     per_kernel,
 )
-from tracekit.analyse.roofline import Peaks, load_peaks
+from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Advise as AdviseDoc
 from tracekit.model.documents import GemmTable, convert

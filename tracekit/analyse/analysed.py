@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.steps import LayerUnions, StepsResult, rank_layer_unions
+from tracekit.analyse.timeline.partition import LayerUnions, rank_layer_unions
+from tracekit.analyse.timeline.steps import StepsResult
 from tracekit.model.events import DataQuality, Run
 
 
@@ -69,7 +70,7 @@ class AnalysedRun:
         windows and counts handed out are copies of the kept ones."""
         found = self._steps.get(pattern)
         if found is None:
-            from tracekit.analyse.steps import find_steps_detailed
+            from tracekit.analyse.timeline.steps import find_steps_detailed
 
             found = find_steps_detailed(self.events, pattern)
             self._steps[pattern] = found
@@ -88,7 +89,7 @@ class AnalysedRun:
     def partition(self, steps: pd.DataFrame) -> pd.DataFrame:
         """`partition_steps(events, steps)`, each rank's rows once per set of that rank's windows
         (so a plan's per-rank stage and a run-wide caller share them); a copy of the kept rows."""
-        from tracekit.analyse.steps import partition_steps
+        from tracekit.analyse.timeline.partition import partition_steps
 
         ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
         if not ranks:

@@ -35,8 +35,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracekit.analyse.kernel_scaling import ATTENTION, GEMM
-from tracekit.analyse.roofline import (
+from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM
+from tracekit.analyse.compute.roofline import (
     DTYPE_BYTES,
     GEMM_ROLES,
     Peaks,

@@ -101,14 +101,14 @@ def _in_rank_order(got: dict[int, pd.DataFrame], columns: list[str]) -> pd.DataF
 
 
 def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from tracekit.analyse.diff import rank_side_tables
+    from tracekit.analyse.compare.sides import rank_side_tables
 
     return rank_side_tables(inp.events, windows)
 
 
 def side_plan(*, label: str, path: str, **kw: Any) -> Plan:
     """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
-    from tracekit.analyse.diff import side_of, side_windows
+    from tracekit.analyse.compare.sides import side_of, side_windows
 
     base = attribution_plan(label=label, correct="applied", keep_graph=False, **kw)
 
@@ -124,14 +124,14 @@ def side_plan(*, label: str, path: str, **kw: Any) -> Plan:
 
 
 def _split_rank(inp: RankInput, steps: pd.DataFrame) -> pd.DataFrame:
-    from tracekit.analyse.compute_split import compute_split
+    from tracekit.analyse.timeline.compute_split import compute_split
 
     return compute_split(inp.events, steps)
 
 
 def figures_plan(label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1) -> Plan:
     """`decompose.run_figures` as a plan: returns the run's `decompose.RunFigures`."""
-    from tracekit.analyse.decompose import figures_of, split_windows
+    from tracekit.analyse.compare.decompose import figures_of, split_windows
 
     base = attribution_plan(
         step_pattern=step_pattern, skip_first=skip_first, label=label, correct="unprofiled", keep_graph=False
@@ -162,7 +162,7 @@ class ReplayInput:
 
 
 def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
-    from tracekit.analyse.steps import cat_mask
+    from tracekit.analyse.timeline.partition import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev = inp.events

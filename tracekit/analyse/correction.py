@@ -65,6 +65,13 @@ class Correction:
     #: [steady steps, ranks (sorted), LEAF_PARTS]: each (rank, step)'s parts on the corrected
     #: timeline (before the rest is reconciled): what the bootstrap resamples
     rows: np.ndarray | None = None
+    #: False where a solved cost (no calibration) on several ranks cannot say which rank paid it
+    #: and the corrected figures depend on that (`_identify`); then `ranges` holds what they can be
+    identified: bool = True
+    #: {"wait"|"sync"|"idle": {rank or "mean": [lo, hi]}, "path_<part>": {rank: [lo, hi]}} per token
+    #: (ns, parts before the baseline's are subtracted), over the one cost on every rank and the cost
+    #: on each rank alone at both ends of the interval that gives the unprofiled time
+    ranges: dict[str, dict[str, list[int]]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method}
@@ -77,6 +84,10 @@ class Correction:
             if self.host_scale is not None:
                 out["host_scale"] = self.host_scale
             out["replayed_ns"] = int(round(self.replayed_ns)) if self.replayed_ns is not None else None
+        if not self.identified:
+            out["identified"] = False
+            if self.ranges is not None:
+                out["ranges"] = {k: {r: list(v) for r, v in d.items()} for k, d in self.ranges.items()}
         if self.notes:
             out["notes"] = list(self.notes)
         return out
@@ -105,7 +116,9 @@ def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correcti
     )
 
 
-def _correct(run: RunParts, target: Fraction) -> Correction:
+def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None) -> Correction:
+    """The correction through the replay; `rank_cost`: a cost per runtime call for each rank
+    instead of the calibration or the solved one (`_identify`'s allocations)."""
     from tracekit.analyse.critical_path import path_of
     from tracekit.analyse.replay import RunModel, calibrate, setting_for
     from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
@@ -137,7 +150,12 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         target_ns=target,
         calibration=run.profiler_calibration,
     )
-    calibrate(model)
+    if rank_cost is None:
+        calibrate(model)
+    else:
+        model.rank_deduct = {int(r): (float(c), 0.0) for r, c in rank_cost.items()}
+        model.host_deduct = max(model.rank_deduct.values())[0]
+        model.correction = "solved"
     if model.correction == "none" or model.device_scale != 1.0:
         why = (
             "the replay cannot reach the corrected per-token time by removing host time"
@@ -227,7 +245,7 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         "sync and idle in proportion (when over)"
     )
     notes = [f"{replaced} (rank, step) window(s) read from the corrected timeline alone"] if replaced else []
-    return Correction(
+    corr_out = Correction(
         out,
         path,
         REPLAY,
@@ -240,6 +258,122 @@ def _correct(run: RunParts, target: Fraction) -> Correction:
         notes=notes,
         rows=rows_f,
     )
+    if rank_cost is None and model.correction == "solved" and len(g.ranks) > 1 and model.host_deduct > 0:
+        _identify(run, target, model, corr_out)
+    return corr_out
+
+
+def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, list[int]]] | None:
+    """The ranges of the per-rank figures over `figures` when any spans more than max(1 us, 1%),
+    else None."""
+    if len(figures) < 2:
+        return None
+
+    def of(f: Correction, key: str, r: int | None) -> float:
+        if key.startswith("path_"):
+            return float(f.path["by_rank"].get(r, {}).get(key[len("path_") :], 0))
+        if r is None:  # the mean over ranks (the run's term)
+            return float(sum(f.per_rank[q][key] for q in ranks) / len(ranks))
+        return float(f.per_rank[r][key])
+
+    ranges: dict[str, dict[str, list[int]]] = {}
+    spread = False
+    keys = ("wait", "sync", "idle", *(f"path_{p}" for p in ("host", "compute", "memory", "transfer", "sync")))
+    for key in keys:
+        ranges[key] = {}
+        for r in ranks if key.startswith("path_") else [*ranks, None]:
+            vals = [of(f, key, r) for f in figures]
+            lo, hi = min(vals), max(vals)
+            ranges[key]["mean" if r is None else str(r)] = [int(np.floor(lo)), int(np.ceil(hi))]
+            if hi - lo > max(IDENTIFY_NS, 0.01 * max(abs(lo), abs(hi))):
+                spread = True
+    return ranges if spread else None
+
+
+def _flat_end(err: Any, c0: float, tol: float, limit: float = 1e6) -> float:
+    """The largest cost c >= c0 with err(c) still within `tol` of 0 (err non-increasing), up to
+    `limit` ns per call: doubling steps, then bisection to max(500 ns, 5% of c0)."""
+    lo, step = c0, max(c0, 1000.0)
+    hi = c0 + step
+    while abs(err(hi)) <= tol:
+        lo, step = hi, step * 2
+        hi = lo + step
+        if hi > limit:
+            return lo
+    while hi - lo > max(500.0, 0.05 * c0):
+        mid = (lo + hi) / 2
+        if abs(err(mid)) <= tol:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+#: points of each rank's cost interval `_identify` reads the corrected figures at (the ends included)
+IDENTIFY_POINTS = 8
+#: the largest cost per call on one rank `_identify` looks at, times the one solved for every rank
+IDENTIFY_MAX_FACTOR = 8
+#: the figures `_identify` holds to one value: a spread beyond max(this, 1%) is not identified
+IDENTIFY_NS = 1000
+
+
+def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> None:
+    """Whether a solved cost identifies the corrected per-rank figures (docs/METHOD.md section Noise
+    and the profiler correction). One unprofiled per-token time is one equation: ranks held together
+    by their collectives have one token time, so a cost solved from it cannot say which rank paid it.
+    The correction is redone with the cost on each rank alone, at both ends of the interval of costs
+    that give the unprofiled time (a rank that alone cannot reach it is left out); where a rank's
+    wait, sync, idle or path part then moves by more than max(1 us, 1%), `corr` is marked not
+    identified, with the ranges over these allocations, points between the ends and the one cost on
+    every rank."""
+    from tracekit.analyse.replay import _Setting, _solve_decreasing
+
+    ranks = list(model.ranks)
+    tgt = float(target)
+    tol = max(1e-4 * tgt, 1.0)
+    c_all = float(model.host_deduct)
+    figures = [corr]
+    saved = (model.rank_deduct, model.host_deduct, model.correction)
+    intervals: list[tuple[int, float, float]] = []
+    for r in ranks:
+
+        def err(c: float, r: int = r) -> float:
+            model.rank_deduct = {q: (c if q == r else 0.0, 0.0) for q in ranks}
+            model.host_deduct = c
+            return float(model.replay(_Setting(host_deduct=c)).mean()) - tgt
+
+        # removing host time never slows the replay, so one rank alone needs at least the cost the
+        # solve put on every rank; costs past IDENTIFY_MAX_FACTOR times it are not looked for
+        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, IDENTIFY_MAX_FACTOR * c_all)
+        if c_r is None or c_r < 0:
+            continue
+        # the token time stops falling once another rank is last: every cost up to where it
+        # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
+        flat = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt), IDENTIFY_MAX_FACTOR * c_all)
+        intervals.append((r, c_r, flat))
+
+    def read(r: int, c: float) -> None:
+        other = _correct(run, target, {q: (c if q == r else 0.0) for q in ranks})
+        if other.method == REPLAY:
+            figures.append(other)
+
+    for r, lo, hi in intervals:  # the interval's ends
+        for c in (lo, hi) if hi > lo else (lo,):
+            read(r, c)
+    if _spread(figures, ranks) is not None:  # the figures need not be monotone: points between
+        for r, lo, hi in intervals:
+            for i in range(1, IDENTIFY_POINTS):
+                read(r, lo + (hi - lo) * i / IDENTIFY_POINTS)
+    model.rank_deduct, model.host_deduct, model.correction = saved
+    ranges = _spread(figures, ranks)
+    if ranges is not None:
+        corr.identified = False
+        corr.ranges = ranges
+        corr.notes.append(
+            "the profiler's cost per rank is not identified (solved from one per-token time, no "
+            "calibration): removed from each rank alone it gives each rank's wait, sync, idle and "
+            "critical path within `ranges`; capture with a calibration to split it"
+        )
 
 
 def _rest(parts: Mapping[str, Fraction], target: Fraction, timeline: str) -> dict[str, Fraction]:

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from tracekit.model import units
 
 if TYPE_CHECKING:
-    from tracekit.analyse.breakdown import Breakdown
     from tracekit.analyse.shortfall import Shortfall
+    from tracekit.analyse.timeline.breakdown import Breakdown
 
 _STYLE = (
     "<style>.tk-result table{border-collapse:collapse}.tk-result td,.tk-result th{padding:2px 10px;"

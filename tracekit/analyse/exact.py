@@ -1,4 +1,5 @@
-"""Exact integer figures: rounding Fractions to ints that still sum to a given total."""
+"""Exact integer figures: a Fraction to the nearest int, and Fractions to ints that still sum to a
+given total."""
 
 from __future__ import annotations
 

@@ -55,7 +55,7 @@ import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from tracekit.analyse.steps import LayerUnions
+    from tracekit.analyse.timeline.partition import LayerUnions
 
 #: The path parts, in report order (`critical_path.PATH_PARTS`).
 PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
@@ -480,7 +480,14 @@ def _gpu_rank(
     rho_bound = max(3 * rho_typ, rho_typ + 20_000)
     # an operation inside a graph replay after its first: its gap from the operation before the replay
     # is its offset in the replay, not a queued gap (it would set q_typ to ~the replay length)
-    qq = q_eff[((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))]
+    queued = ((pred >= 0) | via_ev) & (gpred < 0) & ~(idle & (rho <= rho_bound))
+    # the device's own gap is seen where the launch did not bind: an operation released later than
+    # its launch at the typical latency (beyond the launch latencies' own spread) waited for its
+    # stream. A launch-bound operation's gap is its launch's lateness (short launches leave gaps
+    # under IDLE_GAP_NS), not the device's; only when no operation had slack are they all there is
+    spread = int(np.percentile(rho[lb], 90)) - rho_typ if lb.any() else 0
+    slack = queued & (rho > rho_typ + max(spread, 0))
+    qq = q_eff[slack] if slack.any() else q_eff[queued]
     q_typ = int(max(np.median(qq), 0)) if len(qq) else 1000
     # cross waits: the operation that ended last before j (any stream), by end time
     end_order = np.argsort(de, kind="stable")
@@ -788,7 +795,7 @@ def _host_rank(
     inst_bytes: Mapping[int, int],
     unions: LayerUnions | None = None,
 ) -> RankGraph:
-    from tracekit.analyse.steps import layer_unions
+    from tracekit.analyse.timeline.partition import layer_unions
 
     lay = unions if unions is not None else layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
     busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]
@@ -923,14 +930,14 @@ class Graph:
         Exact integer arithmetic, the same numbers as one `times` call per column (the
         forward pass of `_Forward`)."""
         lat_a = np.asarray(lat, dtype=np.int64)
-        return self._forward.run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
+        return self._forward(lat_a.shape[1]).run([lat_a[:, i] for i in range(lat_a.shape[1])], self.t)
 
     def periods_of(self, lats: Sequence[np.ndarray]) -> np.ndarray:
         """`periods(times(lat))` for each of the latency vectors `lats`: (steps, len(lats)),
         without holding every node's time for every vector."""
         flat, starts = self._end_index
         ws_flat = self.ws_node.reshape(-1)
-        sel = self._forward.run(list(lats), self.t, np.concatenate((ws_flat, flat)))
+        sel = self._forward(len(lats)).run(list(lats), self.t, np.concatenate((ws_flat, flat)))
         ws = sel[: len(ws_flat)].reshape(*self.ws_node.shape, len(lats))
         if len(flat):
             we = np.maximum.reduceat(sel[len(ws_flat) :], starts, axis=0).reshape(ws.shape)
@@ -943,12 +950,17 @@ class Graph:
             out[1:] = np.diff(end, axis=0)
         return out
 
-    @property
-    def _forward(self) -> _Forward:
-        fw = self.__dict__.get("_fw")
+    def _forward(self, n_cols: int) -> _Forward:
+        """The forward pass for `n_cols` latency columns: blocks of `FORWARD_BLOCK_NARROW` nodes
+        for a few columns (the correction's one-setting replays), `FORWARD_BLOCK` for more."""
+        key = "_fw1" if n_cols <= FORWARD_NARROW_COLS else "_fw"
+        fw = self.__dict__.get(key)
         if fw is None:
-            fw = _Forward(self)
-            self.__dict__["_fw"] = fw
+            if key == "_fw1":
+                fw = _Forward(self, FORWARD_BLOCK_NARROW)
+            else:
+                fw = _Forward(self, FORWARD_BLOCK, FORWARD_SLICES_UP_TO)
+            self.__dict__[key] = fw
         return fw
 
     def windows(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -978,6 +990,18 @@ class Graph:
         ws, we = self.windows(t)
         return (we - ws).max(axis=0)
 
+    def path_spans(self, t: np.ndarray) -> np.ndarray:
+        """Per step (`t` of shape (nodes,)), how long a range of it the critical path covers: its
+        longest window, cut at the previous step's latest end (its period, when that is shorter:
+        a window opened before the previous token ended holds time of that token, which the walk
+        books there, so the walk stays one chain; docs/METHOD.md section The dependency graph)."""
+        ws, we = self.windows(t)
+        span = (we - ws).max(axis=0)
+        if len(span) > 1:
+            per = np.diff(we.max(axis=0))
+            span[1:] = np.where(per > 0, np.minimum(per, span[1:]), span[1:])
+        return span
+
     def periods(self, t: np.ndarray) -> np.ndarray:
         """Per step, the time from the previous step's end (the latest window end over ranks) to
         its own: what a token costs when nothing between steps is frozen. The first step: its
@@ -992,7 +1016,7 @@ class Graph:
 
     def __getstate__(self) -> dict[str, Any]:
         # the forward pass and the end index are rebuilt on use (not shipped to Dask workers)
-        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_ends")}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_fw", "_fw1", "_ends")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -1003,8 +1027,19 @@ class Graph:
 
 #: Lower bound of every replayed time (a node not reached yet in the fixpoint iteration).
 _FLOOR = -(1 << 62)
-#: Nodes per block of the forward pass (measured: 256-1024 are within 10% on the benchmark).
+#: Nodes per block of the forward pass: per block the pass is a few array operations per
+#: iteration, so larger blocks cost less for one column and more for many (the h200-tp2 graph,
+#: 117k nodes: one column 0.040 s at 512, 0.021 s at 2048; 32 columns 0.32 s at 512, 0.42 s at 2048)
 FORWARD_BLOCK = 512
+FORWARD_BLOCK_NARROW = 2048
+#: at most this many columns take the narrow pass's larger blocks
+FORWARD_NARROW_COLS = 4
+#: in the wide pass, a block whose chain pieces are at most this long takes one slice per index
+#: along them instead of the doubling steps (h200-tp2 at 32 columns: 0.47 s sliced, 0.53 s doubled)
+FORWARD_SLICES_UP_TO = 128
+#: rounds of the chain parents' choice (module `_Forward`): each gives the nodes whose edge lost
+#: their next one; what is left after them is not chained (exact either way, only slower)
+CHAIN_ROUNDS = 8
 # which edges may chain two nodes (host program order first, then stream order, then through a
 # rendezvous); the edges that can be disabled (NEVER) never chain
 _CHAIN_PRIORITY = np.full(32, 99, dtype=np.int64)
@@ -1033,12 +1068,12 @@ class _Forward:
     block (not yet known): the block is iterated from below (unknown = `_FLOOR`) until the sources
     of its inside edges stop changing, the least fixpoint, which on a DAG is the longest-path time
     of every node; a few iterations (the chain changes along a binding path inside the block).
-    Inside a block the nodes are laid out by their index along their chain piece, longest pieces
-    first, so each step of the cumulative maximum is one contiguous slice for every piece and
-    every latency column at once. Integer ns; the same numbers as the node-by-node pass
+    Inside a block each chain piece is one contiguous run of rows, and the cumulative maximum of
+    every piece and every latency column at once is log2(longest piece) doubling steps of whole
+    arrays (`_piece_cummax`). Integer ns; the same numbers as the node-by-node pass
     (`times_reference`)."""
 
-    def __init__(self, g: Graph, block: int = FORWARD_BLOCK) -> None:
+    def __init__(self, g: Graph, block: int = FORWARD_BLOCK, slices_up_to: int = 0) -> None:
         n = g.n_nodes
         src, dst = g.src, g.dst
         n_e = len(src)
@@ -1050,17 +1085,28 @@ class _Forward:
         tpos[topo] = np.arange(n)
         n_src = len(sources)
         # chain parents: per node its first in-edge of the best priority, then per source node
-        # one chain child (the earliest in topological order)
+        # one chain child (the earliest in topological order); a node whose edge lost to another
+        # child of that source tries its next edge whose source has no child yet, round by round
+        # (a CUDA-graph replay's operations all queue after the operation before the replay: one
+        # of them chains there, each other one to its in-graph predecessor; unchained, every
+        # operation would cost the block one more iteration)
         prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
-        cand = np.flatnonzero(prio < 99)
-        c = cand[np.lexsort((cand, prio[cand], dst[cand]))]
-        c = c[_first_of_runs(dst[c])]
-        c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
-        c = c[_first_of_runs(src[c])]
+        left = np.flatnonzero(prio < 99)
         pedge = np.full(n, -1, dtype=np.int64)
-        pedge[dst[c]] = c
+        has_child = np.zeros(n, dtype=bool)
+        for _ in range(CHAIN_ROUNDS):
+            c = left[np.lexsort((left, prio[left], dst[left]))]
+            c = c[_first_of_runs(dst[c])]
+            c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+            c = c[_first_of_runs(src[c])]
+            pedge[dst[c]] = c
+            has_child[src[c]] = True
+            left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
+            if not len(left):
+                break
+        c = np.flatnonzero(pedge >= 0)
         root = np.arange(n)
-        root[dst[c]] = src[c]
+        root[c] = src[pedge[c]]
         while True:  # pointer jumping to each chain's head
             nr = root[root]
             if np.array_equal(nr, root):
@@ -1075,14 +1121,23 @@ class _Forward:
         starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
         piece = np.cumsum(starts) - 1
         p_start = np.flatnonzero(starts)
-        p_len = np.diff(np.append(p_start, n))
         j = np.arange(n) - p_start[piece]  # index along its piece
+        # the layout, block by block: a block whose longest piece has at most `slices_up_to`
+        # nodes by index along the piece, longest pieces first (each step of the running maximum
+        # one contiguous slice: fewer operations than the doubling steps' when the pieces are
+        # short and the columns many); any other block its pieces one after the other (each
+        # piece one contiguous run of rows: `_piece_cummax`)
+        p_len = np.diff(np.append(p_start, n))
         p_blk = pb[p_start]
+        width = np.zeros(n_blk + 1, dtype=np.int64)  # per block (+1: the sources' -1)
+        np.maximum.at(width, p_blk + 1, p_len)
+        sliced = width[pb + 1] <= slices_up_to
         so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
         rank = np.empty(len(so), dtype=np.int64)
         sb = p_blk[so]
         rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
-        final = np.lexsort((rank[piece], j, pb))  # block, index along the piece, longest first
+        local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
+        final = np.lexsort((np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb))
         self.nodes = by_piece[final]
         pos = np.empty(n, dtype=np.int64)
         pos[self.nodes] = np.arange(n)
@@ -1105,10 +1160,17 @@ class _Forward:
         for bi in range(n_blk):
             a, b = int(bounds[bi]), int(bounds[bi + 1])
             e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
-            jb = j_at[a:b]
-            width = int(jb.max()) + 1
-            offs = np.searchsorted(jb, np.arange(width + 1)).tolist()
-            cols = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, width)]
+            jb = j_at[a:b]  # each row's index along its piece
+            w = int(width[bi + 1])
+            steps: list[tuple[int, ...]] = []
+            if w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
+                offs = np.searchsorted(jb, np.arange(w + 1)).tolist()
+                steps = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, w)]
+            else:  # the doubling steps: (k, which rows have a row of their piece k above)
+                k = 1
+                while k < w:
+                    steps.append((k, (jb[k:] >= k)[:, None]))
+                    k *= 2
             self.blocks.append(
                 (
                     a,
@@ -1120,7 +1182,7 @@ class _Forward:
                     self._groups(e_d[ek[e0:e1]] - a),
                     e_s[ek[e1:e2]] - a,
                     self._groups(e_d[ek[e1:e2]] - a),
-                    cols,
+                    steps,
                 )
             )
 
@@ -1151,7 +1213,7 @@ class _Forward:
         del cs
         t = np.empty((n, n_c), dtype=np.int64)
         t[: self.n_src] = t0[self.nodes[: self.n_src], None]
-        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, cols in self.blocks:
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, steps in self.blocks:
             r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
             if x_grp is not None:
                 r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
@@ -1159,8 +1221,11 @@ class _Forward:
             r, l_in, seen = r_out, lp[e1:e2], None
             while True:
                 x = r - d
-                for q0, q1, p0 in cols:
-                    mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                if steps and len(steps[0]) == 3:
+                    for q0, q1, p0 in steps:
+                        mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                else:
+                    _piece_cummax(x, steps)
                 x += d
                 mx(x, _FLOOR, out=x)
                 if i_grp is None:
@@ -1173,6 +1238,19 @@ class _Forward:
                 r[i_grp[1]] = mx(r[i_grp[1]], red(s_new + l_in, i_grp[0], axis=0))
             t[a:b] = x
         return t[self.pos if at is None else self.pos[at]]
+
+
+_I64_MIN = np.iinfo(np.int64).min
+
+
+def _piece_cummax(x: np.ndarray, steps: list[tuple[Any, ...]]) -> np.ndarray:
+    """The running maximum of `x` (rows, C) down each chain piece (a piece's rows contiguous),
+    column by column, in place: log2(longest piece) doubling steps, each row taking the larger
+    of itself and the row `k` above when that row is of its piece (`steps`: (k, that mask
+    (rows - k, 1))). Exact on any int64 values."""
+    for k, same in steps:
+        np.maximum(x[k:], np.where(same, x[:-k], _I64_MIN), out=x[k:])
+    return x
 
 
 def times_reference(g: Graph, lat: np.ndarray | None = None) -> np.ndarray:
@@ -1341,7 +1419,7 @@ def build_graph(
 ) -> Graph:
     """The run's graph over `windows` (rank, step, start_ns, end_ns, annotation_end_ns);
     `timeline` "gpu" or "host" for every rank, None: each rank's from its events."""
-    from tracekit.analyse.steps import rank_selectors
+    from tracekit.analyse.timeline.partition import rank_selectors
     from tracekit.classify.rules import GPU_KINDS
 
     def rank_timeline(ev: pd.DataFrame) -> str:
@@ -1399,15 +1477,17 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     if t is None:
         t = g.times(lat)
     ws, we = g.windows(t)
-    step_ns = (we - ws).max(axis=0)
+    step_ns = g.path_spans(t)
     ranks = g.ranks
-    src, ptr = g.src, g.indptr
+    # the walk visits one node at a time: Python lists (numpy's scalar indexing costs ~3x more)
+    t_l, src, ptr, lat_l = t.tolist(), g.src.tolist(), g.indptr.tolist(), np.asarray(lat).tolist()
+    erank, kind, role, node_rank = g.erank.tolist(), g.kind.tolist(), g.role.tolist(), g.node_rank.tolist()
 
     def binding(n: int) -> int:
-        a, b = int(ptr[n]), int(ptr[n + 1])
-        tn = int(t[n])
+        a, b = ptr[n], ptr[n + 1]
+        tn = t_l[n]
         for kk in range(a, b):
-            if int(t[src[kk]]) + int(lat[kk]) == tn:
+            if t_l[src[kk]] + lat_l[kk] == tn:
                 return kk
         if a == b:
             return -1
@@ -1429,18 +1509,18 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                 if e < 0:
                     n = -1
                     break
-                ts = int(t[src[e]])
+                ts = t_l[src[e]]
                 if ts < t_end:
                     hi = t_end
                     break
-                n, hi = int(src[e]), ts
+                n, hi = src[e], ts
         last_rank = ranks[i_end]
         if n < 0:
             nodes = g.end_nodes[i_end][k]
             n = int(nodes[np.argmax(t[nodes])])
             hi = int(t[n])
-        elif int(g.node_rank[n]) >= 0:
-            last_rank = int(g.node_rank[n])
+        elif node_rank[n] >= 0:
+            last_rank = node_rank[n]
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
         segs: list[tuple[int, int, int, int, str, int]] = []
@@ -1450,21 +1530,21 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
             if e < 0:
                 ended = True
                 break
-            ts = int(t[src[e]])
+            ts = t_l[src[e]]
             piece = hi - max(ts, limit)
-            r = int(g.erank[e])
+            r = erank[e]
             if piece > 0:
-                acc[r][int(g.kind[e])] += piece
+                acc[r][kind[e]] += piece
                 if r != last_rank:
                     hops += 1
                     last_rank = r
                 off = g.offsets.get(r, 0)
-                is_x = int(g.role[e]) == ROLE_XFER
+                is_x = role[e] == ROLE_XFER
                 segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
             if ts < limit:
                 hi = limit
                 break
-            n, hi = int(src[e]), ts
+            n, hi = src[e], ts
         cursor = None if ended else (n, hi)
         path_len = t_end - max(hi, limit)
         rows_rev.append(

@@ -113,7 +113,7 @@ class Plan:
 def split_ranks(run: Run | AnalysedRun, only: int | None = None) -> dict[int, RankInput]:
     """The run's classified table as per-rank inputs (rank order; the row labels kept), each on
     an `AnalysedRun` sharing the run's kept partitions and layer unions."""
-    from tracekit.analyse.steps import rank_selectors
+    from tracekit.analyse.timeline.partition import rank_selectors
 
     ar = AnalysedRun.of(run)
     events = ar.events
@@ -204,8 +204,8 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
     """Per rank: which step rules it matches, and its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
-    from tracekit.analyse.collectives import select_collective_events
-    from tracekit.analyse.steps import rank_step_summary
+    from tracekit.analyse.collectives.select import select_collective_events
+    from tracekit.analyse.timeline.rules import rank_step_summary
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
@@ -213,7 +213,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
 
 
 def _att_windows(inp: RankInput, choice: Any) -> Any:
-    from tracekit.analyse.steps import rank_step_windows
+    from tracekit.analyse.timeline.windows import rank_step_windows
 
     return rank_step_windows(inp.events, choice)
 
@@ -338,7 +338,7 @@ def attribution_plan(
         return st, st.pattern
 
     def after_rule(st: _Attribution, got: dict[int, Any]) -> Any:
-        from tracekit.analyse.steps import choose_step_rule
+        from tracekit.analyse.timeline.rules import choose_step_rule
 
         try:
             st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
@@ -349,9 +349,9 @@ def attribution_plan(
         return st.choice
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
-        from tracekit.analyse.collectives import match_collectives
+        from tracekit.analyse.collectives.matching import match_collectives
         from tracekit.analyse.shortfall import join_steps
-        from tracekit.analyse.steps import assemble_steps
+        from tracekit.analyse.timeline.steps import assemble_steps
         from tracekit.model.events import empty_events
 
         try:
@@ -474,7 +474,7 @@ class _Breakdown:
 
 
 def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
-    from tracekit.analyse.steps import rank_step_summary
+    from tracekit.analyse.timeline.rules import rank_step_summary
 
     return rank_step_summary(inp.events, pattern)
 
@@ -482,9 +482,9 @@ def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
 def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
     """Per rank: its windows under the run's rule, its partition after the warm-up with the
     compute split, its event figures and its kernel sums."""
-    from tracekit.analyse.breakdown import rank_breakdown_table, rank_events
-    from tracekit.analyse.kernels import rank_kernel_sums
-    from tracekit.analyse.steps import rank_step_windows
+    from tracekit.analyse.compute.kernels import rank_kernel_sums
+    from tracekit.analyse.timeline.breakdown import rank_breakdown_table, rank_events
+    from tracekit.analyse.timeline.windows import rank_step_windows
 
     choice, skip_first = arg
     win = rank_step_windows(inp.events, choice)
@@ -512,15 +512,15 @@ def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank
         return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
 
     def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
-        from tracekit.analyse.steps import choose_step_rule
+        from tracekit.analyse.timeline.rules import choose_step_rule
 
         st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
         return st.choice, st.skip_first
 
     def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
-        from tracekit.analyse.breakdown import assemble_breakdown
-        from tracekit.analyse.kernels import assemble_top_kernels
-        from tracekit.analyse.steps import assemble_steps
+        from tracekit.analyse.compute.kernels import assemble_top_kernels
+        from tracekit.analyse.timeline.breakdown import assemble_breakdown
+        from tracekit.analyse.timeline.steps import assemble_steps
 
         pieces = [got[r] for r in sorted(got)]
         found = assemble_steps(st.choice, [p[0] for p in pieces])

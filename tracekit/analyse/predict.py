@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.analyse.ab import ab_summary
-from tracekit.analyse.bandwidth import nccl_tests_size
+from tracekit.analyse.collectives.bandwidth import nccl_tests_size
 from tracekit.analyse.replay import ProbeTimes, load_probe
 from tracekit.errors import TracekitError
 

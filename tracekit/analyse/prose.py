@@ -126,6 +126,16 @@ def path_cause(sf: Shortfall) -> str:
     step = pi["step_ns"]
     if step <= 0:
         return ""
+    corr = sf.corrections.get("sharded")
+    if corr is not None and not getattr(corr, "identified", True):
+        # which rank paid the profiler's cost decides which rank holds the path: not named
+        return (
+            "Which rank's time holds the critical path is not identified: the profiler's cost was "
+            "solved from one per-token time for every rank (no calibration in the manifest), and "
+            "removed from one rank or another it puts the path on a different rank "
+            "(`dilation.correction.sharded.ranges`); capture with `tracekit capture` to measure each "
+            "rank's cost."
+        )
     comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
     host_total = sum(v for _, p, v in comp if p == "host")
     by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)

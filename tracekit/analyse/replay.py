@@ -197,7 +197,7 @@ class Knob:
 
     def transfer_ns(self, op: str, size: int, n_ranks: int) -> float:
         """collective_latency: one collective's transfer (ns) for its op, nccl-tests size and ranks."""
-        from tracekit.analyse.bandwidth import bus_factor
+        from tracekit.analyse.collectives.bandwidth import bus_factor
 
         lat = float(self.latency_ns or 0.0)
         if size <= 0:
@@ -465,6 +465,8 @@ class RunModel:
         if gm.any():
             idx = np.flatnonzero(gm)
             seg, rk = g.seg[idx], g.erank[idx]
+            if self.timeline == "gpu":
+                seg = self._across_steps(seg, rk)
             # group codes in first-appearance order (as groupby(sort=False) keys them)
             codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([seg, rk]))
             useg = uniq.get_level_values(0).to_numpy(np.int64)
@@ -479,6 +481,28 @@ class RunModel:
             }
         self.__dict__["_strag_cache"] = out
         return out
+
+    def _across_steps(self, seg: np.ndarray, rk: np.ndarray) -> np.ndarray:
+        """Segments between consecutive collectives across the step boundary: a step's host time
+        after its last collective launch and the next step's before its first lie between the same
+        two rendezvous, so they are one segment (the later step's first). Split at the boundary,
+        each part was scaled to its own fastest rank, though no collective holds the ranks together
+        there (a rank slow after its last collective and fast before the next step's first is not a
+        straggler between them)."""
+        g = self.graph
+        launches = np.flatnonzero((g.role == G.ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
+        if not len(launches):
+            return seg
+        # per (rank, step): how many collectives it launched (each launch's segment counts those before)
+        key_l = g.erank[launches] * (1 << 32) + g.seg[launches] // 100_000
+        n_l = g.seg[launches] % 100_000 + 1
+        last = pd.Series(n_l).groupby(key_l).max()
+        key = rk * (1 << 32) + seg // 100_000
+        n_coll = last.reindex(key).to_numpy()
+        tail = ~np.isnan(n_coll.astype(np.float64)) & (seg % 100_000 == np.nan_to_num(n_coll, nan=-1))
+        n_steps = len(g.steps)
+        tail &= seg // 100_000 + 1 < n_steps
+        return np.where(tail, (seg // 100_000 + 1) * 100_000, seg)
 
     def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
@@ -496,8 +520,10 @@ class RunModel:
         return idx, ratio[gr["codes"]]
 
     def _deduct(self, lat: np.ndarray, s: _Setting) -> np.ndarray:
-        """The profiler's cost per call taken from the host time it lies in: from the gap before a
-        call first, the rest from the call's own time."""
+        """The profiler's cost per call taken from the host time it lies in: from the call's own
+        time first (the profiler's runtime callbacks run inside the recorded call, before its
+        effect, so the operation it launched is released that much earlier too), the rest from the
+        gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
         mk = self._masks()
         lat = lat.copy()
@@ -513,25 +539,20 @@ class RunModel:
         if self.timeline == "host":
             per = hd * g.ops.astype(np.float64)
         call_e, gap_e = self._call_gap
-        # a call's own cost first from the gap before it
-        need = per
+        need = per.copy()
         if len(call_e):
-            moved = need[call_e]
+            # a call's own cost from the call first, what its time cannot hold from the gap before it
+            own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+            lat[call_e] -= own
             need[call_e] = 0.0
-            need[gap_e] += moved
-        take = np.minimum(need, np.maximum(lat, 0.0))
-        rest = need - take
-        lat -= np.where(mk["deduct_roles"], take, 0.0)
-        if len(call_e):
-            back = np.minimum(rest[gap_e], np.maximum(lat[call_e], 0.0))
-            lat[call_e] -= back
-            # taken from the call itself (its gap was too short): the cost ran before the call's
-            # effect, so the operation it launched is released that much earlier too
-            if back.any():
+            np.add.at(need, gap_e, per[call_e] - own)
+            if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
-                by_node[g.src[call_e]] = back
+                by_node[g.src[call_e]] = own
                 lm = np.flatnonzero(g.role == G.ROLE_LAUNCH)
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        take = np.minimum(need, np.maximum(lat, 0.0))
+        lat -= np.where(mk["deduct_roles"], take, 0.0)
         # a synchronising call's cost also delays its return when the device was done before the
         # cost had run (the return latency then holds the cost): it comes off the wait edge's
         # latency by the part of the cost that ran after the awaited operation's end
@@ -624,8 +645,8 @@ def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
     """The replay model of one attributed run (`shortfall.attribute_run`) over its steady steps."""
-    from tracekit.analyse.align import as_tokens
-    from tracekit.analyse.steps import find_steps_detailed
+    from tracekit.analyse.timeline.align import as_tokens
+    from tracekit.analyse.timeline.steps import find_steps_detailed
 
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
@@ -882,7 +903,11 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
             return float(model.replay(_Setting(host_deduct=delta)).mean()) - target
 
         value = _solve_decreasing(err_gpu, 0.0, 1000.0, tol, 1e9)
-        if value is None:  # device-bound (a CUDA-graph replay launches nothing per kernel)
+        if value is not None and value < 0:
+            # the replay is already short of the unprofiled time (a noisy host: the loop's own
+            # per-token time differs from the token period): the profiler cannot have made it faster
+            value = None
+        elif value is None:  # device-bound (a CUDA-graph replay launches nothing per kernel)
             beta = _device_scale(model, target, tol)
             if beta is not None:
                 model.device_scale = beta

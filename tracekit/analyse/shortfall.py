@@ -54,21 +54,20 @@ import pandas as pd
 
 from tracekit.analyse import prose
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.collectives import (
-    CollectiveInstances,
-    assign_steps,
-    require_aligned,
-    split_exposed,
-)
+from tracekit.analyse.collectives.clocks import require_aligned
+from tracekit.analyse.collectives.exposed import split_exposed
+from tracekit.analyse.collectives.instances import CollectiveInstances
+from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.critical_path import PATH_PARTS, CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.exact import round_to_sum as _round_to_sum
 from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
-from tracekit.analyse.kernel_scaling import KERNEL_COLUMNS, compute_scaling, kernel_table
 from tracekit.analyse.noise import Intervals, Reading, RunSample
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.steps import LayerUnions, TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
+from tracekit.analyse.timeline.partition import LayerUnions
+from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import MatchError, RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, term_words
@@ -190,7 +189,7 @@ def check_ranks(run: Run, label: str) -> None:
 
 def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
     """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
-    from tracekit.analyse.steps import cat_mask
+    from tracekit.analyse.timeline.partition import cat_mask
     from tracekit.classify.rules import GPU_KINDS
 
     ev_rank = classified["rank"].to_numpy(np.int64)
@@ -207,15 +206,15 @@ def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[in
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
-    from tracekit.analyse import steps as steps_mod
+    from tracekit.analyse.timeline.partition import LAYERS, rank_layers
 
-    layers = steps_mod._LAYERS
+    layers = LAYERS
     coll_layer = layers.index("collective")
     hi, co = [], []
     timelines = set()
     ev_rank = classified["rank"].to_numpy(np.int64)
     for r in ranks:
-        timeline, s, e, layer = steps_mod._rank_layers(classified[ev_rank == r])
+        timeline, s, e, layer = rank_layers(classified[ev_rank == r])
         timelines.add(timeline)
         h = layer < coll_layer
         c = layer == coll_layer
@@ -279,7 +278,7 @@ def attribute_rank(
     unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
     windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
     `offset` its clock offset (raw = aligned + offset)."""
-    from tracekit.analyse.steps import layer_unions, partition_steps
+    from tracekit.analyse.timeline.partition import layer_unions, partition_steps
 
     if unions is None:
         unions = layer_unions(events)
@@ -443,8 +442,22 @@ def finish_attribution(
     from tracekit.analyse.replay import _manifest_calibration
 
     path_token = path.per_token(att.steady_steps)
-    if path_token["step"] != att.per_token["window"]:
-        raise AssertionError(f"{label}: the critical path's step time differs from the partition's")
+    if graph is not None and len(graph.steps):
+        pos = {s: i for i, s in enumerate(graph.steps)}
+        span = graph.path_spans(graph.t)
+        if all(s in pos for s in att.steady_steps) and path_token["step"] != Fraction(
+            int(sum(int(span[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
+        ):
+            raise AssertionError(f"{label}: the critical path does not cover its steps' ranges")
+    # a step's path covers its longest window cut at the previous token's end (`Graph.path_spans`),
+    # the partition the whole window: where a window opened before the previous token ended (a
+    # noisy host, an early annotation) the time the previous token's path holds is this one's
+    # offset, so a change of the windows alone moves the offset, never a part of the path
+    window = att.per_token["window"]
+    if path_token["step"] != window:
+        extra = window - path_token["step"]
+        assert extra > 0, f"{label}: the critical path covers more than the step time"
+        path_token = {**path_token, "offset": path_token["offset"] + extra, "step": window}
 
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
     for note in dil.notes:
@@ -487,7 +500,7 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
     after refusing a run of several ranks whose clocks could not be aligned
     (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
     between the matching and the partition."""
-    from tracekit.analyse.align import renumber_steps, step_tokens
+    from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 
     if len(pd.unique(steps["rank"])) > 1:
         require_aligned(coll, label)
@@ -852,6 +865,27 @@ class Shortfall:
         )
         return out
 
+    def _correction_json(self) -> dict[str, Any]:
+        """Each run's correction; where the sharded one is not identified, its ranges of wait, sync
+        and idle also as terms (`term_ranges`: less N1/N x the baseline's corrected part)."""
+        out = {k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()}
+        cs, cb = self.corrections.get("sharded"), self.corrections.get("baseline")
+        doc = out.get("sharded")
+        if doc is not None and cs is not None and cs.ranges is not None and cb is not None:
+            f = Fraction(self.factor)
+            base = {
+                k: sum((p[k] for p in cb.per_rank.values()), Fraction(0)) / max(len(cb.per_rank), 1)
+                for k in ("wait", "sync", "idle")
+            }
+            doc["term_ranges"] = {
+                k: {
+                    who: [int(math.floor(lo - f * base[k])), int(math.ceil(hi - f * base[k]))]
+                    for who, (lo, hi) in cs.ranges[k].items()
+                }
+                for k in ("wait", "sync", "idle")
+            }
+        return out
+
     def path_cause(self) -> str:
         """`tracekit.analyse.prose.path_cause` (the prose lives there)."""
         return prose.path_cause(self)
@@ -946,9 +980,7 @@ class Shortfall:
                 "threshold": d_s.threshold,
                 "inflated": self._inflated(),
                 "reconciliation": self.reconciliation,
-                "correction": {
-                    k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()
-                },
+                "correction": self._correction_json(),
                 "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
             },
             "uncorrected": {

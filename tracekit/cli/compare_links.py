@@ -116,7 +116,7 @@ def command(
       tracekit compare-links --device cpu --ranks 2 --max 64K --iters 5   # the sweep on gloo: a test, no links
     """
 
-    from tracekit.analyse.link_verdict import load_compare, recompute
+    from tracekit.analyse.links.verdict import load_compare, recompute
 
     if baseline_dir is not None and trace_dir is None:
         raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")

@@ -183,7 +183,7 @@ def _path_values(value: Any) -> list[Path]:
 def _input_files(p: Path) -> list[Path]:
     """The files tracekit reads for an input path: the file and the manifest beside it; a folder's
     trace files (and its rank subfolders') and manifest. Best effort: never raises."""
-    from tracekit.read import _is_trace_name
+    from tracekit.read.files import is_trace_name as _is_trace_name
 
     try:
         if p.is_file():

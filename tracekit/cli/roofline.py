@@ -60,7 +60,7 @@ def command(
       tracekit roofline traces/h200x2-tp1-b1-graphs --copy reports/h200/copy.json --rho reports/rho/h200.json
       tracekit roofline traces/h200x2-tp2-b1-graphs --copy reports/h200/copy.json --format json -o r.json
     """
-    from tracekit.analyse.roofline import load_peaks, roofline
+    from tracekit.analyse.compute.roofline import load_peaks, roofline
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)

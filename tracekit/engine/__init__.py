@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
-    from tracekit.analyse.breakdown import Breakdown
     from tracekit.analyse.command_plans import ReplayInput
-    from tracekit.analyse.decompose import Decomposition
-    from tracekit.analyse.diff import Diff
+    from tracekit.analyse.compare.decompose import Decomposition
+    from tracekit.analyse.compare.result import Diff
     from tracekit.analyse.shortfall import Shortfall
+    from tracekit.analyse.timeline.breakdown import Breakdown
     from tracekit.engine.executor import Job, JobResult
     from tracekit.report.build import AnalysedRuns
 
@@ -197,7 +197,8 @@ def diff_paths(
     each, `diff.diff_sides` on the client); `kw`: step_pattern, skip_first, dilation_threshold,
     allow_partial. Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
     from tracekit.analyse.command_plans import side_plan
-    from tracekit.analyse.diff import TOP, diff_sides
+    from tracekit.analyse.compare.diff import diff_sides
+    from tracekit.analyse.compare.result import TOP
     from tracekit.analyse.dilation import DEFAULT_THRESHOLD
     from tracekit.engine.executor import Job
 
@@ -229,7 +230,7 @@ def decompose_paths(
     """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys) on
     the engine (`command_plans.figures_plan` on each, `decompose.decomposition_of`)."""
     from tracekit.analyse.command_plans import figures_plan
-    from tracekit.analyse.decompose import RUNS, decomposition_of
+    from tracekit.analyse.compare.decompose import RUNS, decomposition_of
     from tracekit.engine.executor import Job
 
     jobs = [

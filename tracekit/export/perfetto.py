@@ -153,7 +153,8 @@ def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, lis
 
 
 def _steps_only(classified: pd.DataFrame, step_pattern: str | None) -> pd.DataFrame:
-    from tracekit.analyse.steps import find_steps_detailed, partition_steps
+    from tracekit.analyse.timeline.partition import partition_steps
+    from tracekit.analyse.timeline.steps import find_steps_detailed
 
     found = find_steps_detailed(classified, step_pattern)
     return partition_steps(classified, found.steps)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tracekit.analyse.link_verdict import KIND, SCHEMA_VERSION, recompute
+from tracekit.analyse.links.verdict import KIND, SCHEMA_VERSION, recompute
 from tracekit.errors import ProbeError
 from tracekit.probe.links import Topology, detect_topology
 from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed

@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from tracekit.analyse.bandwidth import algbw_gbps
+from tracekit.analyse.collectives.bandwidth import algbw_gbps
 from tracekit.probe.spec import DTYPES, ROOTED, Layout, probe_factor
 
 #: Row fields in the order JSON objects and CSV columns use.

@@ -16,7 +16,7 @@ size S is turned into an element count `count = S // typesize`, and per op
 
 The reported size (nccl-tests' "size" column, the `bytes` of a row) is
 max(send, recv) x typesize; algbw = size / time and busbw = algbw x factor with the factors of
-`tracekit.analyse.bandwidth`.
+`tracekit.analyse.collectives.bandwidth`.
 
 Correctness: rank r fills element k (a global element index, see `input_index`) with
 `fill(r, k) = (r + 1) + (k % 3)`: small integers, so sums over up to 13 ranks are exact in every
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tracekit.analyse.bandwidth import BANDWIDTH_OP, bus_factor
+from tracekit.analyse.collectives.bandwidth import BANDWIDTH_OP, bus_factor
 from tracekit.errors import ProbeError
 
 #: Collective probe ops (command-line names, nccl-tests' test names without `_perf`).
@@ -190,7 +190,7 @@ def layout(op: str, size_bytes: int, n_ranks: int, elem_bytes: int) -> Layout:
 
 
 def probe_factor(op: str, n_ranks: int) -> float:
-    """nccl-tests' bus-bandwidth factor for a probe op (see tracekit.analyse.bandwidth)."""
+    """nccl-tests' bus-bandwidth factor for a probe op (see tracekit.analyse.collectives.bandwidth)."""
     return bus_factor(BANDWIDTH_OP[normalise_op(op)], n_ranks)
 
 

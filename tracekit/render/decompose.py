@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tracekit.analyse.decompose import CLASSES, RUNS
+from tracekit.analyse.compare.decompose import CLASSES, RUNS
 from tracekit.model import units
 from tracekit.model.documents import Decompose
 

@@ -9,8 +9,9 @@ import math
 
 from msgspec import UNSET
 
-from tracekit.analyse.link_verdict import fmt_gbps, fmt_ns
+from tracekit.analyse.links.verdict import fmt_gbps
 from tracekit.model.documents import Links, given
+from tracekit.model.units import ms_or_us as fmt_ns
 
 
 def _finite(x: float | None) -> bool:

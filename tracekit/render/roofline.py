@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tracekit.analyse.kernel_scaling import short_kernel_name
+from tracekit.analyse.compute.kernel_scaling import short_kernel_name
 from tracekit.model import units
 from tracekit.model.documents import Roofline
 from tracekit.render.writers import Table, console_text, text_console

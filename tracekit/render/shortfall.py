@@ -4,7 +4,7 @@ the figures."""
 
 from __future__ import annotations
 
-from tracekit.analyse.kernel_scaling import short_kernel_name
+from tracekit.analyse.compute.kernel_scaling import short_kernel_name
 from tracekit.analyse.prose import chance_clause
 from tracekit.model import units
 from tracekit.model.documents import Shortfall, given

@@ -48,7 +48,7 @@ def analyse_dirs(
     Each run is analysed once (`AnalysedRun`: classified, its steps found and partitioned once),
     and that analysis serves both its breakdown and the shortfall."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.breakdown import breakdown
+    from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([Path(run_dir)]))
@@ -67,7 +67,7 @@ def analyse_dirs(
 
 def top_kernels_json(run: Any, step_pattern: str | None) -> dict[str, Any]:
     """The report's top kernels per class of an analysed run (`tracekit.analyse.kernels`), as JSON."""
-    from tracekit.analyse.kernels import top_kernels
+    from tracekit.analyse.compute.kernels import top_kernels
 
     return _to_json(top_kernels(run.events, run.steps(step_pattern).steps))
 

@@ -123,7 +123,7 @@ class BreakdownDataQuality(Doc, kw_only=True):
 
 
 class Breakdown(Doc, kw_only=True):
-    r"""`tracekit breakdown --format json` (`tracekit.analyse.breakdown.Breakdown.to_json`).
+    r"""`tracekit breakdown --format json` (`tracekit.analyse.timeline.breakdown.Breakdown.to_json`).
     ```
     { "schema_version": "1.0", "kind": "tracekit.breakdown",
       "source": {"paths": [...], "ranks": [0, 1], "step_pattern": "decode_step",   # the regex used ("whole": one window)
@@ -137,7 +137,7 @@ class Breakdown(Doc, kw_only=True):
                   "parts_ns": {"compute": ..., "memory": ..., "collective": ..., "unknown": ..., "sync": ..., "idle": ...},
                   "compute_split_ns": {"matrix": ..., "vector": ...},   # the compute part split exactly: time
                                              # under a matrix kernel (GEMM, attention; on a host timeline aten
-                                             # matrix ops) and the rest (tracekit/analyse/compute_split.py)
+                                             # matrix ops) and the rest (tracekit/analyse/timeline/compute_split.py)
                   "overlapped_collective_ns": ...,       # collective time hidden under compute/memory
                   "timeline": "gpu" | "host"} ],
                                              # invariant: sum(parts_ns) == window_ns, exactly

@@ -66,7 +66,7 @@ class DecomposeMoved(Doc, kw_only=True):
 
 
 class Decompose(Doc, kw_only=True):
-    r"""`tracekit decompose --format json` (`tracekit.analyse.decompose.Decomposition.to_json`, docs/METHOD.md section Speedup decomposition).
+    r"""`tracekit decompose --format json` (`tracekit.analyse.compare.decompose.Decomposition.to_json`, docs/METHOD.md section Speedup decomposition).
     ```
     { "schema_version": "1.0", "kind": "tracekit.decompose",
       "verdict": "Speedup 11.69x (126.44 -> 46.62 -> 10.81 ms per token): the runtime part ...",

@@ -156,7 +156,7 @@ class DiffDataQuality(Doc, kw_only=True):
 
 
 class Diff(Doc, kw_only=True):
-    r"""`tracekit diff BEFORE AFTER --format json` (issue 20; `tracekit/analyse/diff.py`): two runs of the
+    r"""`tracekit diff BEFORE AFTER --format json` (issue 20; `tracekit/analyse/compare/diff.py`): two runs of the
     same workload, any input and any TP, each attributed as the shortfall does (`attribute_run`).
     ```
     { "schema_version": "1.0", "kind": "tracekit.diff",

@@ -463,7 +463,7 @@ class Report(Doc, kw_only=True):
                  "steps": [ {"rank", "step", "name", "window_ns", "parts_ns": {part: ns}, "overlapped_collective_ns"} ],
                  "per_rank": [ {"rank", "steps", "step_ns_median", "parts_ns_median"} ],
                  "kernels_by_class": {...}, "unknown_kernels": [ {"name", "count", "total_ns"} ],
-                 "top_kernels": null | {"windows": 62, "step_ns_mean": ...,   # (1.4) tracekit.analyse.kernels:
+                 "top_kernels": null | {"windows": 62, "step_ns_mean": ...,   # (1.4) tracekit.analyse.compute.kernels:
                      "classes": {"compute" | "memory" | "collective" | "unknown" | "host ops": {
                          "count", "total_ns", "share", "more",   # per token per rank over the steady windows;
                          "kernels": [ {"name", "subclass", "count", "total_ns", "mean_ns", "share"} ]}}},

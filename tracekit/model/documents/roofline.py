@@ -70,7 +70,7 @@ class RooflineSteps(Doc, kw_only=True):
 
 
 class Roofline(Doc, kw_only=True):
-    """`tracekit roofline --format json` (`tracekit.analyse.roofline`; docs/METHOD.md section Roofline
+    """`tracekit roofline --format json` (`tracekit.analyse.compute.roofline`; docs/METHOD.md section Roofline
     of a decode): per token of a decode step, the floor its matrix work (weights and KV cache, from
     the manifest's `workload.shape`) has at the measured memory bandwidth (`tracekit probe --op
     copy`, its `rw_gbps`) and matrix rate (`tracekit rho`), against the measured time; `by_role`

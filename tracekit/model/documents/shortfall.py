@@ -236,6 +236,12 @@ class ShortfallCorrection(Doc, kw_only=True):
     per_collective_ns: float | None | UnsetType = UNSET
     host_scale: float | None | UnsetType = UNSET
     replayed_ns: int | None | UnsetType = UNSET
+    #: false where a solved cost cannot say which rank paid it and the figures depend on it
+    identified: bool | UnsetType = UNSET
+    #: per figure ("wait", "sync", "idle": parts; "path_<part>"), rank or "mean" -> [lo, hi] ns per token
+    ranges: dict[str, dict[str, list[int]]] | UnsetType = UNSET
+    #: the same for the terms: wait, sync, idle less N1/N x the baseline's corrected part
+    term_ranges: dict[str, dict[str, list[int]]] | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
 
 

@@ -5,7 +5,7 @@ really was (from the transports a compare-links result records).
 
 Pure functions over probe rows (docs/JSON.md#probe): no sweep, no GPU, no torch. The probe that
 produces the rows is `tracekit.probe` (`tracekit compare-links`); the verdict that uses these
-curves is `tracekit.analyse.link_verdict`.
+curves is `tracekit.analyse.links.verdict`.
 """
 
 from __future__ import annotations

@@ -11,29 +11,26 @@ and the capture's dilation. `to_json()` is the documented contract docs/JSON.md#
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse import intervals
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.compute_split import compute_split
-from tracekit.analyse.steps import (
-    PARTITION_COLUMNS,
-    PARTS,
-    StepsResult,
-    cat_mask,
-    kinds_summary,
-    rank_selectors,
-    token_steps,
-)
+from tracekit.analyse.dilation import DILATION_BOUNDS, plausible_dilation
+from tracekit.analyse.display import breakdown_html, breakdown_repr
+from tracekit.analyse.timeline.compute_split import compute_split
+from tracekit.analyse.timeline.kinds import kinds_summary, token_steps
+from tracekit.analyse.timeline.partition import PARTITION_COLUMNS, cat_mask, partition_steps, rank_selectors
+from tracekit.analyse.timeline.steps import StepsResult
+from tracekit.analyse.timeline.trace_totals import assemble_trace_totals, rank_trace_totals
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.parts import PARTS
 
 SCHEMA_VERSION = "1.0"
 KIND = "tracekit.breakdown"
@@ -63,7 +60,7 @@ class Breakdown:
     paths: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     skipped_steps: int = 0  # per rank, from skip_first
-    step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.steps.STEP_RULES)
+    step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.timeline.steps.STEP_RULES)
     trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
     #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
@@ -127,13 +124,9 @@ class Breakdown:
         return with_relative_ms(out)
 
     def __repr__(self) -> str:
-        from tracekit.analyse.display import breakdown_repr
-
         return breakdown_repr(self)
 
     def _repr_html_(self) -> str:
-        from tracekit.analyse.display import breakdown_html
-
         return breakdown_html(self)
 
     def to_csv(self) -> str:
@@ -297,172 +290,6 @@ def _sum_unknown(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return agg.reset_index()
 
 
-#: TraceLens's gpu_timeline (TraceLens.TreePerf: `get_df_gpu_timeline` over `GPUEventAnalyser`),
-#: both of its variants, recomputed here by its definitions (docs/JSON.md#breakdown, trace_totals)
-TRACELENS_VARIANTS: tuple[str, ...] = ("linked_only", "include_unlinked_kernels")
-TRACELENS_KEYS: tuple[str, ...] = (
-    "computation_ns",
-    "exposed_comm_ns",
-    "exposed_memcpy_ns",
-    "busy_ns",
-    "idle_ns",
-    "total_ns",
-    "total_comm_ns",
-    "total_memcpy_ns",
-)
-#: how tracekit's own trace_totals differ from TraceLens's gpu_timeline (stated in the JSON)
-TRACELENS_DIFFERENCES = (
-    "tracekit's busy_ns is the union of kernels only (a memset counts with the memcpys in "
-    "exposed_memcpy_ns) and every GPU operation counts; TraceLens's gpu_timeline counts a memset as "
-    "computation (communication when its name holds 'nccl'), exposes memcpy outside computation and "
-    "communication, its busy_time is the union of all GPU operations, and by default it leaves out GPU "
-    "operations not linked to a host call (its --include_unlinked_kernels keeps them). Both of its "
-    "variants are in `tracelens_gpu_timeline`: include_unlinked_kernels by its definitions exactly; "
-    "linked_only keeps, per runtime/driver call with a correlation id, one GPU operation of that id "
-    "(TraceLens links one per call through the ac2g flow events, which tracekit does not keep: for a "
-    "CUDA-graph launch it is the graph's last-ending operation here, TraceLens's pick may differ)"
-)
-
-
-def trace_totals(events: pd.DataFrame) -> dict[str, Any]:
-    """Whole-trace GPU busy / idle per rank: over the span from the rank's first to its last GPU
-    operation (kernel, memcpy, memset), `busy_ns` = the union of kernel intervals (every kernel:
-    compute, collective, unknown), `exposed_memcpy_ns` = memcpy / memset time outside that union,
-    `idle_ns` = span - busy - exposed memcpy, and `exposed_collective_ns` = collective-kernel time
-    outside the other kernels (a part of busy_ns). `tracelens_gpu_timeline` holds TraceLens's own
-    gpu_timeline, both variants (`rank_tracelens_timeline`); `differences_from_tracelens` says how
-    the two definitions differ. `ranks` maps each rank to these; the top level holds their sums
-    (span: the sum of spans)."""
-    return assemble_trace_totals(
-        {
-            r: rank_trace_totals(events.iloc[sel])
-            for r, sel in rank_selectors(events["rank"].to_numpy(np.int64)).items()
-        }
-    )
-
-
-def _measure(s: np.ndarray, e: np.ndarray) -> int:
-    return intervals.length(s, e, drop_empty=False)
-
-
-def _tracelens_metrics(
-    s: np.ndarray, e: np.ndarray, comp: np.ndarray, comm: np.ndarray, memcpy: np.ndarray
-) -> dict[str, int]:
-    """GPUEventAnalyser's metrics of the operations given (masks over s/e), integer ns: computation
-    = union of comp; exposed comm = comm outside comp; exposed memcpy = memcpy outside comp and
-    comm; busy = union of all; idle = total - busy; total = first start to last end."""
-    use = comp | comm | memcpy
-    if not use.any():
-        return dict.fromkeys(TRACELENS_KEYS, 0)
-    total = int(e[use].max() - s[use].min())
-    computation = _measure(s[comp], e[comp])
-    comp_comm = _measure(s[comp | comm], e[comp | comm])
-    busy = _measure(s[use], e[use])
-    return {
-        "computation_ns": computation,
-        "exposed_comm_ns": comp_comm - computation,
-        "exposed_memcpy_ns": busy - comp_comm,
-        "busy_ns": busy,
-        "idle_ns": total - busy,
-        "total_ns": total,
-        "total_comm_ns": _measure(s[comm], e[comm]),
-        "total_memcpy_ns": _measure(s[memcpy], e[memcpy]),
-    }
-
-
-def rank_tracelens_timeline(events: pd.DataFrame) -> dict[str, dict[str, int]]:
-    """TraceLens's gpu_timeline of one rank's events, both variants (TRACELENS_VARIANTS). Its
-    definitions: GPU operations are kernels, memcpys and memsets; communication = a kernel or memset
-    whose name holds 'nccl', computation = the other kernels and memsets, memcpy = the memcpys.
-    `include_unlinked_kernels`: every GPU operation; `linked_only` (TraceLens's default): those
-    linked to a host call, here one per runtime/driver call of the same correlation id (the
-    last-ending)."""
-    kind = events["kind"]
-    s = events["start_ns"].to_numpy(np.int64)
-    e = events["end_ns"].to_numpy(np.int64)
-    k = cat_mask(kind, ("kernel",))
-    ms = cat_mask(kind, ("memset",))
-    mc = cat_mask(kind, ("memcpy",))
-    names = events["name"]
-    if isinstance(names.dtype, pd.CategoricalDtype):
-        hit = np.array(["nccl" in str(c) for c in names.cat.categories] + [False], dtype=bool)
-        nccl = hit[names.cat.codes.to_numpy()]
-    else:
-        nccl = names.astype(str).str.contains("nccl", regex=False).to_numpy()
-    comp_all, comm_all = (k | ms) & ~nccl, (k | ms) & nccl
-    out = {"include_unlinked_kernels": _tracelens_metrics(s, e, comp_all, comm_all, mc)}
-    corr = events["correlation"].to_numpy(np.int64)
-    gpu = k | ms | mc
-    calls = np.unique(corr[cat_mask(kind, ("runtime",)) & (corr >= 0)])
-    cand = np.flatnonzero(gpu & (corr >= 0) & np.isin(corr, calls))
-    linked = np.zeros(len(events), dtype=bool)
-    if len(cand):
-        o = cand[np.lexsort((cand, e[cand], corr[cand]))]  # by correlation, then end, then row
-        last = np.ones(len(o), dtype=bool)
-        last[:-1] = corr[o][1:] != corr[o][:-1]
-        linked[o[last]] = True
-    out["linked_only"] = _tracelens_metrics(s, e, comp_all & linked, comm_all & linked, mc & linked)
-    return {v: out[v] for v in TRACELENS_VARIANTS}
-
-
-def rank_trace_totals(events: pd.DataFrame) -> dict[str, Any] | None:
-    """`trace_totals` of one rank's events (None: no GPU activity)."""
-    kind = events["kind"]
-    s = events["start_ns"].to_numpy(np.int64)
-    e = events["end_ns"].to_numpy(np.int64)
-    k = cat_mask(kind, ("kernel",))
-    c = cat_mask(kind, ("memcpy", "memset"))
-    coll = (
-        cat_mask(events["cls"], ("collective",)) if "cls" in events.columns else np.zeros(len(events), bool)
-    )
-    gpu = k | c
-    if not gpu.any():
-        return None
-    span = int(e[gpu].max() - s[gpu].min())
-    busy = _measure(s[k], e[k])
-    all_busy = _measure(s[gpu], e[gpu])
-    non_coll = _measure(s[k & ~coll], e[k & ~coll])
-    return {
-        "span_ns": span,
-        "busy_ns": busy,
-        "exposed_memcpy_ns": all_busy - busy,
-        "idle_ns": span - all_busy,
-        "exposed_collective_ns": busy - non_coll,
-        "kernels": int(k.sum()),
-        "memcpy_memset": int(c.sum()),
-        "tracelens_gpu_timeline": rank_tracelens_timeline(events),
-    }
-
-
-def assemble_trace_totals(per_rank: Mapping[int, dict[str, Any] | None]) -> dict[str, Any]:
-    """`trace_totals` from each rank's `rank_trace_totals`."""
-    ranks = {str(r): v for r, v in sorted(per_rank.items()) if v is not None}
-    keys = (
-        "span_ns",
-        "busy_ns",
-        "exposed_memcpy_ns",
-        "idle_ns",
-        "exposed_collective_ns",
-        "kernels",
-        "memcpy_memset",
-    )
-    out: dict[str, Any] = {key: sum(v[key] for v in ranks.values()) for key in keys}
-    out["tracelens_gpu_timeline"] = {
-        variant: {
-            m: sum(v["tracelens_gpu_timeline"][variant][m] for v in ranks.values()) for m in TRACELENS_KEYS
-        }
-        for variant in TRACELENS_VARIANTS
-    }
-    out["ranks"] = ranks
-    out["rule"] = (
-        "busy = union of kernel intervals; exposed memcpy = memcpy/memset outside it; idle = span - busy - "
-        "exposed memcpy; span = first to last GPU operation, per rank (tracekit's definitions; TraceLens's "
-        "gpu_timeline: tracelens_gpu_timeline, and how they differ: differences_from_tracelens)"
-    )
-    out["differences_from_tracelens"] = TRACELENS_DIFFERENCES
-    return out
-
-
 def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
     """The manifest's `dilation` when it is a real, finite number; else None, with a data-quality
     note when the manifest or its `dilation` is there but unusable (never raises)."""
@@ -479,8 +306,6 @@ def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
     value = manifest.get("dilation")
     if value is None:
         return None
-    from tracekit.analyse.dilation import DILATION_BOUNDS, plausible_dilation
-
     d = plausible_dilation(value)
     if d is not None:
         return d
@@ -556,8 +381,6 @@ def rank_breakdown_table(
     if isinstance(ar, AnalysedRun):
         table, events = ar.partition(steps), ar.events
     else:
-        from tracekit.analyse.steps import partition_steps
-
         table, events = partition_steps(ar, steps), ar
     table = table.merge(compute_split(events, table), on=["rank", "step"], how="left")  # matrix vs vector
     return table, dropped

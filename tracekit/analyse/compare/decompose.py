@@ -36,10 +36,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.compute_split import compute_split
 from tracekit.analyse.correction import correct_run
-from tracekit.analyse.exact import round_to_sum as _round_to_sum
+from tracekit.analyse.exact import round_half_up, round_to_sum
+from tracekit.analyse.resample import boot_means
 from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
+from tracekit.analyse.timeline.compute_split import compute_split
+from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
@@ -93,12 +95,12 @@ class RunFigures:
             "path": self.path,
             "n_ranks": self.n_ranks,
             "timeline": self.timeline,
-            "per_token_ns": _round(self.per_token_ns),
+            "per_token_ns": round_half_up(self.per_token_ns),
             "per_token_source": self.source,
             "samples": sum(len(r) for r in self.samples_ns),
             "sample_rounds": len(self.samples_ns),
             "steady_steps": self.steps,
-            "classes_ns": _round_to_sum(self.classes, _round(self.per_token_ns)),
+            "classes_ns": round_to_sum(self.classes, round_half_up(self.per_token_ns)),
             "matrix_share_of_compute": self.matrix_share_of_compute,
             "reconciliation": self.reconciliation,
         }
@@ -108,7 +110,6 @@ def run_figures(
     run: Run, label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1
 ) -> RunFigures:
     """Per-token time and class parts of one run (module doc)."""
-    from tracekit.classify import classify
 
     if "cls" not in run.events.columns:
         run = replace(run, events=classify(run.events))
@@ -215,25 +216,6 @@ def log_shares(ta: float, tb: float, tc: float) -> tuple[float, float] | None:
     return math.log(ta / tb) / total, math.log(tb / tc) / total
 
 
-def _resampled_means(rounds: Sequence[Sequence[int]], rng: np.random.Generator, resamples: int) -> np.ndarray:
-    """Per resample, the pooled mean of one run: its rounds drawn with replacement, then each drawn
-    round's tokens with replacement within it (drift between rounds widens the spread; one round
-    is the plain token bootstrap)."""
-    rs = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
-    k = len(rs)
-    idx = rng.integers(0, k, size=(resamples, k))
-    sums = np.zeros(resamples)
-    counts = np.zeros(resamples)
-    for slot in range(k):
-        for j, r in enumerate(rs):
-            chosen = idx[:, slot] == j
-            m = int(chosen.sum())
-            if m:
-                sums[chosen] += r[rng.integers(0, len(r), size=(m, len(r)))].sum(axis=1)
-                counts[chosen] += len(r)
-    return sums / counts
-
-
 def bootstrap(
     samples: Sequence[Sequence[Any]],
     *,
@@ -243,12 +225,12 @@ def bootstrap(
 ) -> dict[str, tuple[float, float] | None]:
     """Percentile intervals of the speedups and the two log parts. `samples`: per run (baseline,
     intermediate, full) its per-token samples, a flat list (one round) or a list of rounds. The runs
-    are separate captures, drawn independently; within a run two levels (`_resampled_means`)."""
+    are separate captures, drawn independently; within a run two levels (`tracekit.analyse.resample.boot_means`)."""
     rng = np.random.default_rng(seed)
     means = []
     for s in samples:
         rounds = [list(s)] if len(s) and not isinstance(s[0], (list, tuple)) else [list(r) for r in s]
-        means.append(_resampled_means(rounds, rng, resamples))
+        means.append(boot_means(rounds, rng, resamples))
     ma, mb, mc = means
     alpha = (1.0 - level) / 2.0
 
@@ -305,10 +287,10 @@ class Decomposition:
             saved = {c: x.classes[c] - y.classes[c] for c in CLASSES}
             total = x.per_token_ns - y.per_token_ns
             assert sum(saved.values()) == total
-            ints = _round_to_sum(saved, _round(x.per_token_ns) - _round(y.per_token_ns))
+            ints = round_to_sum(saved, round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns))
             share = {c: (float(saved[c] / total) if total else None) for c in CLASSES}
             out[part] = {
-                "saved_ns": _round(x.per_token_ns) - _round(y.per_token_ns),
+                "saved_ns": round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns),
                 "saved_by_class_ns": ints,
                 "share_of_saving": share,
                 "log_part_by_class": {c: _times(log_part, share[c]) for c in CLASSES},
@@ -415,7 +397,3 @@ def decomposition_of(figs: Mapping[str, RunFigures]) -> Decomposition:
 
 def _times(a: float | None, b: float | None) -> float | None:
     return None if a is None or b is None else a * b
-
-
-def _round(x: Fraction) -> int:
-    return int(math.floor(x + Fraction(1, 2)))

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.exact import round_to_sum as _round_to_sum
+from tracekit.analyse.exact import round_to_sum
 
 #: Relative tolerance of the replicated / shrank classes.
 TOLERANCE = 0.15
@@ -251,7 +251,7 @@ def compute_scaling(
         )
     by_class = {c: sum((r.lost(n) for r in rows if r.cls == c), Fraction(0)) for c in CLASSES}
     residual = compute_term_ns - sum(by_class.values(), Fraction(0))
-    ints = _round_to_sum({**by_class, "residual": residual}, compute_term_ns)
+    ints = round_to_sum({**by_class, "residual": residual}, compute_term_ns)
 
     # per kernel name (a name can sit at many positions: one per layer)
     agg: dict[tuple[str, str], dict[str, Any]] = {}

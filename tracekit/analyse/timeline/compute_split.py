@@ -16,6 +16,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse import intervals
+from tracekit.analyse.timeline.partition import cat_mask, rank_selectors
+from tracekit.classify.rules import GPU_KINDS
 
 #: Host-timeline (CPU-only run) ops that are matrix products.
 HOST_MATRIX_OPS = re.compile(
@@ -39,9 +41,6 @@ def compute_split(classified: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame
     compute part split into `matrix_ns` (time under a matrix kernel, or a matrix op on a host
     timeline, inside the window) and `vector_ns` = compute_ns - matrix_ns. Exact integers; matrix
     intervals are a subset of the partition's compute layer, so 0 <= matrix_ns <= compute_ns."""
-    from tracekit.analyse.steps import cat_mask, rank_selectors
-    from tracekit.classify.rules import GPU_KINDS
-
     ev_rank = classified["rank"].to_numpy(np.int64)
     selectors = rank_selectors(ev_rank)
     out = []

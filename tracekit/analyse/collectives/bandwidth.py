@@ -70,3 +70,11 @@ def algbw_gbps(size_bytes: float, time_ns: float) -> float:
 def busbw_gbps(op: str, n_ranks: int, size_bytes: float, time_ns: float) -> float:
     """Bus bandwidth in decimal GB/s."""
     return algbw_gbps(size_bytes, time_ns) * bus_factor(op, n_ranks)
+
+
+def safe_bus_factor(op: str, n: int) -> float:
+    """`bus_factor`, NaN for an op or size nccl-tests has no factor for."""
+    try:
+        return bus_factor(op, n)
+    except ValueError:
+        return float("nan")

@@ -6,12 +6,12 @@ the windows on the rank), and nothing makes rank 1's step 7 the same token as ra
 whose profiler started one step later, or whose annotation counts from another base, is off by
 one, and joining by number pairs a token with its neighbour. What does make two windows the same
 token is the collectives in them: the k-th matched collective instance is the same call on every
-rank (`tracekit.analyse.collectives`), so the window that holds it is the same step everywhere.
+rank (`tracekit.analyse.collectives.matching`), so the window that holds it is the same step everywhere.
 
 `step_tokens(windows, per_rank)` maps every (rank, step) window to a run-level token index:
 
 1. per window, its *anchor*: the first matched collective instance (by start on the rank's own
-   clock) whose start the window holds (`collectives.assign_steps`);
+   clock) whose start the window holds (`windows.assign_steps`);
 2. the reference rank is the lowest rank, and its step numbers are the tokens (so a run whose
    ranks agree keeps its numbers, and the figures of a run with renumbered ranks are those of the
    original); the other ranks follow, each the one sharing the most instances with the ranks
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.collectives import assign_steps
+from tracekit.analyse.timeline.windows import assign_steps
 
 #: Columns of `StepTokens.table`.
 TOKEN_COLUMNS: tuple[str, ...] = ("rank", "step", "token", "anchor")

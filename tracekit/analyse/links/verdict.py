@@ -11,7 +11,7 @@ per-token shortfall S? With a decode trace (`trace_dir`) and, for S, its baselin
 (a) the probe's busbw per mode at the message sizes the decode used, and whether those sizes are
     latency-bound (the probe's per-call time there is under twice its floor: the fixed cost, not
     the bytes, sets it) or bandwidth-bound;
-(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives`: wait removed;
+(b) the busbw the trace realised (transfer time from `tracekit.analyse.collectives.matching`: wait removed;
     kernel duration when ranks cannot be matched, said so). The trace's transfer time leaves out
     the launch latency that the probe's per-iteration time includes, so at small sizes the trace
     can exceed the probe; that is said, not read as "the link explains it";
@@ -35,8 +35,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.analyse.bandwidth import PROBE_OP
-from tracekit.analyse.link_curves import (
+from tracekit.analyse.links.curves import (
     busbw_at,
     curve,
     mode_labels,
@@ -47,7 +46,9 @@ from tracekit.analyse.link_curves import (
     timing_sentence,
     tuning_in_timed_loop,
 )
-from tracekit.errors import MatchError, ProbeError, StepError
+from tracekit.analyse.links.trace import shortfall_context, trace_collectives
+from tracekit.errors import ProbeError
+from tracekit.model.units import ms_or_us
 
 SCHEMA_VERSION = "1.1"  # 1.1: verdict from the shortfall (baseline), regimes, bounds; probe_notes, config
 KIND = "tracekit.compare_links"
@@ -61,179 +62,6 @@ SMALL_SHARE = 0.10
 
 
 # ---------------------------------------------------------------------------------------------
-# the decode trace
-
-
-def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
-    """Message sizes a decode run used and the busbw it realised, per (op, size).
-
-    Reads the run with `tracekit.read.read_run`; transfer times from
-    `tracekit.analyse.collectives.match_collectives` (wait removed). When ranks cannot be matched
-    (a run with some ranks only), each collective's own duration is used and `source` says so."""
-    from tracekit.read import read_run
-
-    run = read_run(trace_dir)
-    ev = run.events
-    notes: list[str] = []
-    source = "transfer"
-    try:
-        from tracekit.analyse.collectives import match_collectives
-
-        try:
-            ci = match_collectives(ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest)
-        except MatchError as exc:
-            ci = match_collectives(
-                ev, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest, allow_partial=True
-            )
-            source = "duration"
-            notes.append(
-                f"ranks could not be matched ({exc}); the time of each collective is its duration on the ranks "
-                "present, which includes waiting: realised busbw is a lower bound"
-            )
-        inst = ci.instances
-        # the group's size from the trace (Group size / process-group ranks) when it says more
-        # ranks than the run holds (a run with some ranks only)
-        group_size: dict[int, int] = {}
-        if len(ci.per_rank) and "coll_group_size" in ev.columns:
-            gs = ev["coll_group_size"].reindex(ci.per_rank["event_index"].to_numpy()).fillna(-1).to_numpy()
-            for inst_id, g in zip(ci.per_rank["instance"].to_numpy(), gs, strict=True):
-                group_size[int(inst_id)] = max(group_size.get(int(inst_id), -1), int(g))
-        per: list[dict[str, Any]] = [
-            {
-                "op": str(r.op),
-                "bytes": int(r.size_bytes),
-                "n_ranks": max(int(r.n_ranks), group_size.get(int(r.instance), -1)),
-                "time_ns": float(r.transfer_ns_mean),
-                "bytes_source": str(getattr(r, "bytes_source", "trace")),  # "trace" | "manifest"
-            }
-            for r in inst.itertuples(index=False)
-        ]
-        level = ci.level
-    except ImportError:
-        source, level = "duration", "gpu_kernel"
-        notes.append(
-            "tracekit.analyse.collectives is not available: realised busbw from kernel durations (includes wait)"
-        )
-        from tracekit.analyse.bandwidth import nccl_tests_size
-
-        sel = ev[(ev["kind"] == "kernel") & (ev["coll_op"].astype(str) != "")]
-        per = [
-            {
-                "op": str(r.coll_op),
-                "bytes": nccl_tests_size(str(r.coll_op), int(r.coll_in_bytes), int(r.coll_out_bytes)),
-                "n_ranks": int(r.coll_group_size),
-                "time_ns": float(r.end_ns - r.start_ns),
-            }
-            for r in sel.itertuples(index=False)
-        ]
-    n_steps = None
-    try:
-        from tracekit.analyse.steps import find_steps
-
-        steps = find_steps(ev)
-        n_steps = int(steps.groupby("rank").size().max()) if len(steps) else None
-    except (ImportError, StepError):
-        notes.append("no step annotations: per-token transfer is not known, totals are over the whole trace")
-    from tracekit.analyse.bandwidth import algbw_gbps, bus_factor
-
-    groups: dict[tuple[str, int, int], list[float]] = {}
-    sources: dict[tuple[str, int, int], set[str]] = {}
-    for p in per:
-        if p["op"] not in PROBE_OP or p["bytes"] <= 0:
-            continue
-        groups.setdefault((p["op"], p["bytes"], p["n_ranks"]), []).append(p["time_ns"])
-        sources.setdefault((p["op"], p["bytes"], p["n_ranks"]), set()).add(p.get("bytes_source", "trace"))
-    sizes = []
-    total_ns = 0.0
-    for (op, size, n), times in sorted(groups.items()):
-        times_sorted = sorted(times)
-        med = times_sorted[len(times_sorted) // 2]
-        total_ns += sum(times)
-        try:
-            factor = bus_factor(op, max(n, 1))
-        except ValueError:
-            factor = float("nan")
-        sizes.append(
-            {
-                "op": PROBE_OP[op],
-                "coll_op": op,
-                "bytes": size,
-                "n_ranks": n,
-                "count": len(times),
-                "per_token": len(times) / n_steps if n_steps else None,
-                "time_ns_median": med,
-                "time_ns_total": float(sum(times)),  # transfer (or duration) summed over instances
-                "transfer_ns_per_token": float(sum(times)) / n_steps if n_steps else None,
-                "busbw_gbps": algbw_gbps(size, med) * factor if n > 1 else float("nan"),
-                "bytes_source": "/".join(sorted(sources.get((op, size, n), {"trace"}))),
-            }
-        )
-    skipped = sum(1 for p in per if p["op"] not in PROBE_OP)
-    if skipped:
-        notes.append(f"{skipped} collective instances of ops the probe does not sweep were left out")
-    if not sizes:
-        notes.append("the trace has no collective with a message size the probe can compare")
-    mode, mode_source = trace_mode(run.manifest)
-    return {
-        "path": str(trace_dir),
-        "ranks": run.ranks,
-        "mode": mode,  # the compare-links mode the decode ran in, from its manifest's NCCL variables
-        "mode_source": mode_source,
-        "level": level,
-        "source": source,  # "transfer" (wait removed) or "duration" (includes wait)
-        "steps": n_steps,
-        "sizes": sizes,
-        "transfer_ns_total": total_ns,
-        "transfer_ns_per_token": total_ns / n_steps if n_steps else None,
-        "notes": notes,
-    }
-
-
-def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
-    """The compare-links mode a captured run's NCCL ran in, from its manifest (`nccl_env`):
-    "pcie" when P2P was disabled or limited, "nvlink" (NCCL's default) otherwise; None for a
-    non-NCCL run or without a manifest. The second value says how it was decided."""
-    if not manifest:
-        return None, "no manifest"
-    backend = str((manifest.get("workload") or {}).get("backend") or "")
-    if backend and backend != "nccl":
-        return None, f"backend {backend}: no GPU link"
-    env = manifest.get("nccl_env")
-    if not isinstance(env, dict):
-        return None, "the manifest records no NCCL variables"
-    if str(env.get("NCCL_P2P_DISABLE", "0")).strip() not in ("", "0"):
-        return "pcie", "manifest nccl_env NCCL_P2P_DISABLE"
-    if env.get("NCCL_P2P_LEVEL"):
-        return "pcie", f"manifest nccl_env NCCL_P2P_LEVEL={env['NCCL_P2P_LEVEL']}"
-    return "nvlink", "manifest nccl_env: NCCL's default (P2P allowed)"
-
-
-# ---------------------------------------------------------------------------------------------
-# the shortfall of the decode (with its baseline)
-
-
-def shortfall_context(baseline_dir: str | Path, sharded_dir: str | Path) -> dict[str, Any]:
-    """S and its transfer term for the decode trace against its baseline run
-    (`tracekit.analyse.shortfall.shortfall`): the figures the verdict sets the link bound against."""
-    from tracekit.analyse.shortfall import shortfall
-    from tracekit.read import read_run
-
-    doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).to_json()
-    return {
-        "baseline": str(baseline_dir),
-        "sharded": str(sharded_dir),
-        "n_ranks": doc["n_ranks"],
-        "per_token_ns": doc["per_token_ns"],
-        "per_token_source": doc["per_token_source"],
-        "shortfall_ns": doc["shortfall_ns"],
-        "terms_ns": doc["terms_ns"],
-        "transfer_ns": doc["terms_ns"]["transfer"],  # XN - f X1: what the link's speed acts on
-        "shares": doc["shares"],
-        "verdict": doc["verdict"],
-    }
-
-
-# ---------------------------------------------------------------------------------------------
 # verdict
 
 
@@ -242,11 +70,6 @@ def fmt_bytes(n: int) -> str:
         if n >= div:
             return f"{n / div:.3g} {unit}"
     return f"{n} B"
-
-
-def fmt_ns(ns: float) -> str:
-    """Per-token times: ms at 0.1 ms and above (2 decimals), else us (1 decimal)."""
-    return f"{ns / 1e6:.2f} ms" if abs(ns) >= 1e5 else f"{ns / 1e3:.1f} us"
 
 
 def fmt_share(x: float) -> str:
@@ -498,7 +321,7 @@ def verdict(
         if k_eff > 1:
             k_clause = (
                 f"{fl} is {fmt_ratio(k_eff)} faster than {sl} at these sizes, so moving from {sl} to {fl} "
-                f"removes at most {fmt_ns(bound)} per token"
+                f"removes at most {ms_or_us(bound)} per token"
                 + (
                     " (each call saves the probe's per-call time difference: a fixed cost at these sizes)"
                     if per_call_wins
@@ -508,7 +331,7 @@ def verdict(
         else:
             k_clause = (
                 f"at these sizes {sl} is as fast as or faster than {fl} ({fmt_ratio(1 / k_eff)}), so moving "
-                f"to {fl} removes nothing (bound {fmt_ns(bound)})"
+                f"to {fl} removes nothing (bound {ms_or_us(bound)})"
             )
 
     # lead: the answer to "would a faster link shrink my per-token shortfall?"
@@ -517,9 +340,9 @@ def verdict(
             "unknown" if s_ns is None else ("no" if s_ns <= 0 or max(0.0, xn) / s_ns < SMALL_SHARE else "yes")
         )
         lead = (
-            f"the modes ran the same gloo path (their ratio is noise). Collective transfer is {fmt_ns(xn)} per token"
-            + (f" of the {fmt_ns(s_ns)} per-token shortfall ({fmt_share(xn / s_ns)})" if s_ns else "")
-            + f"; even an infinitely fast interconnect would remove at most {fmt_ns(bound_inf or 0.0)}."
+            f"the modes ran the same gloo path (their ratio is noise). Collective transfer is {ms_or_us(xn)} per token"
+            + (f" of the {ms_or_us(s_ns)} per-token shortfall ({fmt_share(xn / s_ns)})" if s_ns else "")
+            + f"; even an infinitely fast interconnect would remove at most {ms_or_us(bound_inf or 0.0)}."
         )
     elif s_ns is not None and xn is not None:
         assert shortfall is not None
@@ -527,20 +350,20 @@ def verdict(
             answer = "no"
             lead = (
                 f"There is no per-token shortfall to explain: TP={shortfall['n_ranks']} meets its ideal "
-                f"(S = {fmt_ns(s_ns)}); collective transfer is {fmt_ns(xn)} per token."
+                f"(S = {ms_or_us(s_ns)}); collective transfer is {ms_or_us(xn)} per token."
             )
         else:
             share_inf = max(0.0, xn) / s_ns
             share_k = (bound or 0.0) / s_ns
             head = (
-                f"collective transfer is {fmt_ns(xn)} of the {fmt_ns(s_ns)} per-token shortfall "
+                f"collective transfer is {ms_or_us(xn)} of the {ms_or_us(s_ns)} per-token shortfall "
                 f"({fmt_share(xn / s_ns)})"
             )
             if share_inf < SMALL_SHARE:
                 answer = "no"
                 lead = (
                     f"Link bandwidth does not explain this run's shortfall: {head}; even an infinitely fast link "
-                    f"would remove at most {fmt_ns(bound_inf or 0.0)}."
+                    f"would remove at most {ms_or_us(bound_inf or 0.0)}."
                 )
                 if k_clause:
                     lead += f" {k_clause[0].upper()}{k_clause[1:]} ({fmt_share(share_k)} of S)."
@@ -548,21 +371,21 @@ def verdict(
                 answer = "little"
                 lead = (
                     f"A faster link would barely shrink this run's shortfall: {head}, but {k_clause} "
-                    f"({fmt_share(share_k)} of S); an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}."
+                    f"({fmt_share(share_k)} of S); an infinitely fast link at most {ms_or_us(bound_inf or 0.0)}."
                 )
             else:
                 answer = "yes"
                 lead = (
                     f"Link bandwidth explains part of this run's shortfall: {head}; "
                     + (f"{k_clause} ({fmt_share(share_k)} of S); " if k_clause else "")
-                    + f"an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}."
+                    + f"an infinitely fast link at most {ms_or_us(bound_inf or 0.0)}."
                 )
     elif xn is not None:
         answer = "unknown"
         lead = (
-            f"Collective transfer is {fmt_ns(xn)} per token in this trace"
+            f"Collective transfer is {ms_or_us(xn)} per token in this trace"
             + (f"; {k_clause}" if k_clause else "")
-            + f", and even an infinitely fast link at most {fmt_ns(bound_inf or 0.0)}. Give --baseline "
+            + f", and even an infinitely fast link at most {ms_or_us(bound_inf or 0.0)}. Give --baseline "
             "(the TP=1 run) to set this against the per-token shortfall."
         )
     else:

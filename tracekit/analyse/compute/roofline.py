@@ -39,7 +39,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
+from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
+from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Copy, DocumentError, Rho, convert
 from tracekit.model.events import Run
@@ -505,7 +506,6 @@ def _top_lost(units: list[_Unit]) -> list[dict[str, Any]]:
 
 def _unprofiled_mean_ns(run: Run) -> float | None:
     """The manifest's unprofiled mean per-token time, through the dilation reader (bounded there)."""
-    from tracekit.analyse.dilation import dilation_of
 
     d = dilation_of(run.manifest)
     return None if d.unprofiled is None else float(d.unprofiled.mean_ns)
