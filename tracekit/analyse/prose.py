@@ -162,10 +162,11 @@ def path_cause(sf: Shortfall) -> str:
                 "(`dilation.correction.sharded.ranges`); capture with `tracekit capture` to measure "
                 "each rank's cost."
             )
-        robust = (
-            f" (whichever rank paid the profiler's cost, which the manifest cannot say: "
-            f"{_ms(top[2])}-{_ms(top[3])})"
-        )
+        if _ms(top[2]) != _ms(top[3]):  # a range only where it shows at the sentence's precision
+            robust = (
+                f" (whichever rank paid the profiler's cost, which the manifest cannot say: "
+                f"{_ms(top[2])}-{_ms(top[3])})"
+            )
     host_total = sum(v for _, p, v in comp if p == "host")
     by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)
     r_top, p_top, v_top = max(comp, key=lambda x: x[2])
