@@ -27,7 +27,7 @@ class LinksMode(Doc, kw_only=True):
     env: dict[str, str | None]
     backend: str | None
     device: str | None
-    devices: list[int | None]
+    devices: list[int] | None
     ranks: int | None
     notes: list[str]
 
@@ -111,23 +111,25 @@ class LinksAlgos(Doc, kw_only=True):
 
 
 class LinksTransportsValue(Doc, kw_only=True):
-    transport: str | None
-    transports: dict[str, int | None]
-    kinds: dict[str, int | None]
-    graph_types: list[str | None]
-    p2p: bool | None
-    wire: str | None
-    nvls_available: bool | None
-    nvls_used: bool | None
-    collnet: bool | None
-    rings_connected: bool | None
-    algos: LinksAlgos
-    nccl_version: str | None
-    n_ranks: int | None
-    connections: int | None
-    lines: int | None
-    nccl_debug_subsys: str | None
-    algo_source: str | None
+    """One mode's transport as NCCL's log says it; a backend that writes no NCCL log (gloo on
+    the CPU) has only `uses_nvlink`, `notes` and `log_dir`."""
+    transport: str | None | UnsetType = UNSET
+    transports: dict[str, int | None] | UnsetType = UNSET
+    kinds: dict[str, int | None] | UnsetType = UNSET
+    graph_types: list[str | None] | UnsetType = UNSET
+    p2p: bool | None | UnsetType = UNSET
+    wire: str | None | UnsetType = UNSET
+    nvls_available: bool | None | UnsetType = UNSET
+    nvls_used: bool | None | UnsetType = UNSET
+    collnet: bool | None | UnsetType = UNSET
+    rings_connected: bool | None | UnsetType = UNSET
+    algos: LinksAlgos | UnsetType = UNSET
+    nccl_version: str | None | UnsetType = UNSET
+    n_ranks: int | None | UnsetType = UNSET
+    connections: int | None | UnsetType = UNSET
+    lines: int | None | UnsetType = UNSET
+    nccl_debug_subsys: str | None | UnsetType = UNSET
+    algo_source: str | None | UnsetType = UNSET
     uses_nvlink: bool | None
     notes: list[str]
     log_dir: str | None
@@ -150,6 +152,17 @@ class LinksLinksValueItem(Doc, kw_only=True):
     bus_ids: list[str | None] | UnsetType = UNSET
 
 
+class LinksTopology(Doc, kw_only=True):
+    """The machine's GPUs and the link between each pair (NVML, else nvidia-smi); on a machine
+    without GPUs both lists are empty and `notes` says why."""
+
+    source: str
+    gpus: list[LinksLinksValueItem]
+    links: list[LinksLinksValueItem]
+    notes: list[str]
+    nvidia_smi_topo: str | None
+
+
 class LinksGpu(Doc, kw_only=True):
     index: int | None
     name: str | None
@@ -159,8 +172,8 @@ class LinksMeta(Doc, kw_only=True):
     torch: str | None
     python: str | None
     cuda: str | None
-    nccl: str | None
-    gpus: list[LinksGpu]
+    nccl: str | None | UnsetType = UNSET
+    gpus: list[LinksGpu] | UnsetType = UNSET
 
 
 class LinksSideBySideItem(Doc, kw_only=True):
@@ -263,7 +276,7 @@ class LinksVerdictDetails(Doc, kw_only=True):
     reference_mode: str | None | UnsetType = UNSET
     k: float | None | UnsetType = UNSET
     regime: str | None | UnsetType = UNSET
-    large: LinksLarge | UnsetType = UNSET
+    large: LinksLarge | None | UnsetType = UNSET
     transfer_ns_per_token: float | None | UnsetType = UNSET
     xn_source: str | None | UnsetType = UNSET
     bound_ns_per_token: float | None | UnsetType = UNSET
@@ -360,7 +373,7 @@ class Links(Doc, kw_only=True):
     modes: list[LinksMode]
     rows: list[ProbeRow]
     transports: dict[str, LinksTransportsValue]
-    links: dict[str, list[LinksLinksValueItem] | str]
+    links: LinksTopology
     probe_notes: list[str]
     meta: LinksMeta
     side_by_side: list[LinksSideBySideItem]
