@@ -113,6 +113,7 @@ class LinksAlgos(Doc, kw_only=True):
 class LinksTransportsValue(Doc, kw_only=True):
     """One mode's transport as NCCL's log says it; a backend that writes no NCCL log (gloo on
     the CPU) has only `uses_nvlink`, `notes` and `log_dir`."""
+
     transport: str | None | UnsetType = UNSET
     transports: dict[str, int | None] | UnsetType = UNSET
     kinds: dict[str, int | None] | UnsetType = UNSET
