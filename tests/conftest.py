@@ -267,3 +267,22 @@ def real_kineto_excerpt_text(n_events: int = 1200) -> str:
     rest = sorted((e for e in doc["traceEvents"] if e.get("ph") != "M"), key=lambda e: float(e["ts"]))
     doc["traceEvents"] = meta + rest[:n_events]
     return json.dumps(doc)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    """A two-worker in-process Dask LocalCluster, one per test module (the Dask engine's test files)."""
+    from distributed import LocalCluster
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
+    ) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def dask(cluster: Any) -> Any:  # -> tracekit.engine.Engine
+    """The dask engine on the module's LocalCluster."""
+    from tracekit.engine import Engine
+
+    return Engine(kind="dask", scheduler=cluster.scheduler_address)

@@ -30,21 +30,6 @@ def _text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Any:
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
-    ) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def dask(cluster: Any) -> Engine:
-    return Engine(kind="dask", scheduler=cluster.scheduler_address)
-
-
 def _cli(args: list[str], out: Path) -> str:
     assert main([*args, "--format", "json", "-o", str(out)]) == 0
     return out.read_text()

@@ -55,22 +55,6 @@ def _text(doc: dict[str, Any]) -> str:
     return json.dumps(doc, indent=1) + "\n"
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Any:
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
-    ) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def dask(cluster: Any) -> Engine:
-    """The dask engine on the module's LocalCluster."""
-    return Engine(kind="dask", scheduler=cluster.scheduler_address)
-
-
 #: ranks of the synthetic run: more than the 2 workers by far (the worker killed mid-run has rank
 #: files done and rank files still to read); the cost of the tests that use it grows with it
 N_SYN = 24
