@@ -148,13 +148,14 @@ def path_cause(sf: Shortfall) -> str:
         return ""
     corr = sf.corrections.get("sharded")
     comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
+    r_top, p_top, v_top = max(comp, key=lambda x: x[2])
     robust = ""
     if corr is not None and not getattr(corr, "identified", True):
         # which rank paid the profiler's cost may decide which rank holds the path: named only
         # when the top component tops every other in every split of the cost (its least value
         # over the splits above every other's largest), with its range
         top = robust_path_top(getattr(corr, "ranges", None))
-        if top is None or top[:2] != max(comp, key=lambda x: x[2])[:2]:
+        if top is None or top[:2] != (r_top, p_top):
             return (
                 "Which rank's time holds the critical path is not identified: the profiler's cost was "
                 "solved from one per-token time for every rank (no calibration in the manifest), and "
@@ -169,7 +170,6 @@ def path_cause(sf: Shortfall) -> str:
             )
     host_total = sum(v for _, p, v in comp if p == "host")
     by_rank_host = sorted(((v, r) for r, p, v in comp if p == "host"), reverse=True)
-    r_top, p_top, v_top = max(comp, key=lambda x: x[2])
     words = {
         "host": "host time (launch gaps and host work before its collectives)"
         if sf.sharded.timeline == "gpu"
