@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.spawn_ranks import spawn_ranks  # noqa: E402
 from tracekit.capture.decoder import PRESETS, Comm, TPDecoder, check_tp, make_prompt, preset  # noqa: E402
 from tracekit.errors import CaptureError  # noqa: E402
 
@@ -73,20 +72,8 @@ def _tp_rank(rank: int, world: int, port: int, q: object) -> None:
 
 @pytest.mark.slow
 def test_tp2_gives_the_same_greedy_tokens_as_tp1() -> None:
-    import torch.multiprocessing as mp
-
     ref, _ = TPDecoder(PRESETS["tiny"], Comm(), seed=0).generate(make_prompt(1024, 2, 12, 0), 12)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_tp_rank, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = sorted(q.get(timeout=120) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    got = sorted(spawn_ranks(_tp_rank, 2, timeout_s=120))
     assert [g[0] for g in got] == [0, 1]
     assert all(g[2] == 2 and g[3] == 512 for g in got)  # each rank holds half the heads and vocab
     assert got[0][1] == ref.tolist() and got[1][1] == ref.tolist()

@@ -9,12 +9,12 @@ products are bf16 where the legacy one computes in fp32 and rounds once. Greedy 
 from __future__ import annotations
 
 import collections
-import socket
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from tests.spawn_ranks import spawn_ranks  # noqa: E402
 from tracekit.capture.decoder import (  # noqa: E402
     IMPLS,
     PRESETS,
@@ -168,21 +168,9 @@ def _tp_rank(rank: int, world: int, port: int, q: object) -> None:
 def test_tp2_fused_equals_legacy_and_tp1() -> None:
     """At TP=2 (gloo) each rank holds its slice of the fused QKV and gate/up weights; both
     implementations give TP=1's tokens, eager and static, and the same logits (fp32, 1e-4)."""
-    import torch.multiprocessing as mp
-
     prompt = make_prompt(TINY.vocab, 2, 8, 0)
     ref = TPDecoder(TINY, Comm(), seed=0, impl="legacy", max_len=32).generate(prompt, 8)[0].tolist()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_tp_rank, args=(r, 2, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=180) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    got = dict(spawn_ranks(_tp_rank, 2, timeout_s=180))
     for rank in (0, 1):
         for impl in IMPLS:
             eager, static, _ = got[rank][impl]
