@@ -219,12 +219,12 @@ def real_kineto_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return p
 
 
-@functools.lru_cache(maxsize=1)
-def real_nsys_path() -> Path:
-    """REAL_NSYS_GZ inflated to a plain `.sqlite` and cut to its first 1,000 kernels: every row of a
-    timed table (one with a `start` column) that starts after the 1,000th kernel is deleted, then
-    the file is vacuumed (about a tenth of the export). One file per test process, in a temporary
-    folder removed at exit: copy it before editing."""
+@functools.lru_cache(maxsize=2)
+def real_nsys_path(kernels: int = 1000) -> Path:
+    """REAL_NSYS_GZ inflated to a plain `.sqlite` and cut to its first `kernels` kernels (1,000: about
+    a tenth of the export): every row of a timed table (one with a `start` column) that starts
+    after that kernel is deleted, then the file is vacuumed. One file per test process and cut, in
+    a temporary folder removed at exit: copy it before editing."""
     import atexit
     import shutil
     import sqlite3
@@ -238,7 +238,7 @@ def real_nsys_path() -> Path:
     con = sqlite3.connect(p)
     try:
         (cut,) = con.execute(
-            "SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 1 OFFSET 999"
+            "SELECT start FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 1 OFFSET ?", (kernels - 1,)
         ).fetchone()
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         for t in tables:
