@@ -55,7 +55,8 @@ def _parts(name: str) -> RunParts:
 
 @cache
 def _doc(name: str) -> dict[str, Any]:
-    return _shortfall_doc(PAIRS[name], _run(name))
+    """The original run's shortfall document, from the one attribution of each run (`_parts`)."""
+    return shortfall_of_pair(_parts(PAIRS[name]), _parts(name), []).to_json()
 
 
 def _shortfall_doc(base: str, sharded: Run) -> dict[str, Any]:

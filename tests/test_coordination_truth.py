@@ -14,6 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
+from committed_pairs import committed_shortfall
 
 from tracekit.analyse.shortfall import (
     LEAF_PARTS,
@@ -57,7 +58,7 @@ class Analysed:
         """`shortfall` of the two committed runs; its `baseline` and `sharded` are their
         `attribute_run` (labels baseline, sharded)."""
         if (base, sharded) not in self._shortfalls:
-            sf = shortfall(self.run(base), self.run(sharded))
+            sf = committed_shortfall(base, sharded)  # the process's one (tests/committed_pairs.py)
             # a pair of one workload: no pair note joined the baseline's data quality, so its
             # attributed runs are those `attribute_run` gives alone
             assert not check_pair(self.run(base), self.run(sharded))

@@ -44,10 +44,11 @@ MULTI_RANK = [
 ]
 SHORTFALL_PAIRS = [
     ("h200-tp1", "h200-tp2"),
-    ("h200-tp1", "h200-tp2-straggler"),
     ("cpu-tp1", "cpu-tp2"),
     ("h200-tp1", "cpu-tp2"),  # two workloads: the pair's note
-]  # cpu-tp2-straggler: through the CLI below
+]  # cpu-tp2-straggler: through the CLI below. h200-tp2-straggler is h200-tp2's kind of data (two
+# H200 Kineto ranks, the replay correction solved on both) through the same plan and Reduce: its
+# breakdown is checked on Dask above, a straggler's shortfall on Dask by the CLI test (~7 CPU-s)
 
 
 def _text(doc: dict[str, Any]) -> str:

@@ -158,9 +158,12 @@ def test_clipped_unions_measure_what_the_whole_ones_do() -> None:
 def test_per_rank_and_path_tasks_that_fail_once_are_retried(
     dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """A rank stage and a Reduce that each fail once: retried, the JSON unchanged. The retry is the
+    engine's, whatever the data: the committed CPU pair (per-rank stages on both ranks' files, the
+    path and correction Reduces) costs a fraction of an H200 pair's replay correction."""
     from tracekit.engine import shortfall_paths
 
-    local = _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2").to_json())
+    local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
     for name in ("rank_stage", "reduce_task"):
         marker = tmp_path / f"failed-{name}"
         real = getattr(dask_engine, name)
@@ -172,5 +175,5 @@ def test_per_rank_and_path_tasks_that_fail_once_are_retried(
             return _real(*a, **k)
 
         monkeypatch.setattr(dask_engine, name, flaky)
-    assert _text(shortfall_paths(TRACES / "h200-tp1", TRACES / "h200-tp2", dask).to_json()) == local
+    assert _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask).to_json()) == local
     assert (tmp_path / "failed-rank_stage").exists() and (tmp_path / "failed-reduce_task").exists()

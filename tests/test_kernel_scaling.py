@@ -8,10 +8,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from committed_pairs import committed_run, committed_shortfall
 
 from tracekit.analyse.compute.kernel_scaling import compute_scaling, kernel_table
-from tracekit.analyse.shortfall import shortfall
-from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 
@@ -128,9 +127,7 @@ def test_host_timeline_says_it_is_not_available() -> None:
 
 @pytest.mark.parametrize("suffix", ["-graphs", ""])
 def test_committed_h200_pairs(suffix: str) -> None:
-    base = read_run([TRACES / f"h200x2-tp1-b1{suffix}"])
-    shard = read_run([TRACES / f"h200x2-tp2-b1{suffix}"])
-    doc = shortfall(base, shard).to_json()
+    doc = committed_shortfall(f"h200x2-tp1-b1{suffix}", f"h200x2-tp2-b1{suffix}").to_json()
     cs = doc["compute_scaling"]
     term = doc["terms_ns"]["compute"]
     assert cs["available"] and cs["compute_term_ns"] == term
@@ -158,9 +155,8 @@ def test_committed_h200_pairs(suffix: str) -> None:
 def test_baseline_time_per_class_equals_the_kernels_in_the_trace() -> None:
     """The classes' TP=1 times sum to the baseline's compute-kernel time per canonical step, computed here
     from the raw events with plain pandas (no tracekit step or alignment code)."""
-    base = read_run([TRACES / "h200x2-tp1-b1-graphs"])
-    shard = read_run([TRACES / "h200x2-tp2-b1-graphs"])
-    sf = shortfall(base, shard)
+    base = committed_run("h200x2-tp1-b1-graphs")
+    sf = committed_shortfall("h200x2-tp1-b1-graphs", "h200x2-tp2-b1-graphs")
     cs = sf.to_json()["compute_scaling"]
     steady = sf.baseline.steady_steps
     win = sf.baseline.steps[sf.baseline.steps["step"].isin(steady)]

@@ -254,14 +254,14 @@ def test_vectorised_reconcile_is_the_exact_one(timeline: str):
 
 
 def test_committed_h200_pairs_get_a_verdict_not_too_noisy():
-    from tracekit.read import read_run
+    from committed_pairs import committed_shortfall
 
     for base, shard in (
         ("h200x2-tp1-b1", "h200x2-tp2-b1"),
         ("h200x2-tp1-b1-graphs", "h200x2-tp2-b1-graphs"),
         ("h200-tp1", "h200-tp2"),
     ):
-        doc = shortfall(read_run([f"traces/{base}"]), read_run([f"traces/{shard}"])).to_json()
+        doc = committed_shortfall(base, shard).to_json()
         assert doc["noise"]["status"] == "attributed", (shard, doc["verdict"])
         top = doc["noise"]["cause"]
         assert doc["noise"]["terms"][top]["reading"] == "finding"

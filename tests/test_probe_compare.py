@@ -347,8 +347,7 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
     links, tp2, tp1 = REPO / "reports/h200/links.json", REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
     if not (links.is_file() and tp2.is_dir() and tp1.is_dir()):
         pytest.skip("the H200 results are not in this checkout")
-    from tracekit.analyse.shortfall import shortfall
-    from tracekit.read import read_run
+    from committed_pairs import committed_shortfall
 
     out = tmp_path / "v.json"
     assert (
@@ -371,7 +370,7 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
     d = res["verdict_details"]
     sizes = {(e["op"], e["bytes"]): e["per_token"] for e in d["per_size"]}
     assert sizes == {("all_reduce", 4096 * 2): 16, ("all_gather", 32000 * 4): 1}
-    sf = shortfall(read_run(tp1), read_run(tp2)).to_json()
+    sf = committed_shortfall("h200-tp1", "h200-tp2").to_json()
     assert (
         d["shortfall_ns"] == sf["shortfall_ns"] and d["transfer_ns_per_token"] == sf["terms_ns"]["transfer"]
     )

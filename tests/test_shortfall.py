@@ -228,13 +228,13 @@ def test_h200_diagnosis_names_the_host_bound_baseline() -> None:
     import re
     from pathlib import Path
 
-    from tracekit.analyse.shortfall import shortfall
+    from committed_pairs import committed_run, committed_shortfall
+
     from tracekit.analyse.timeline.breakdown import breakdown
-    from tracekit.read import read_run
 
     root = Path(__file__).resolve().parents[1] / "traces"
-    base, sharded = read_run([root / "h200-tp1"]), read_run([root / "h200-tp2"])
-    text = shortfall(base, sharded).diagnosis()
+    base = committed_run("h200-tp1")
+    text = committed_shortfall("h200-tp1", "h200-tp2").diagnosis()
     m = re.search(r"busy only (\d+)% of a token", text)
     assert m, text
     # independent figure: GPU compute+memory per steady step (trace) over the unprofiled mean token
