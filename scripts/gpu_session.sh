@@ -4,7 +4,7 @@
 #        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
-#   gemmsweep (written, not yet run): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
+#   gemmsweep (ran at b4c034a; its outputs in reports/advise/gemmsweep/): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
 #        TP=1, and one rank's shard at TP=2/4/8) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the
 #        tables `advise --gemm-table` reads);
 #        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
