@@ -568,7 +568,7 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
     wf = {w["term"]: w["label"] for w in data.attribution["waterfall"]}
     assert wf["transfer"] == f"transfer: {data.term_words['transfer']}"
     # the CLI table
-    from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.attribution.pair import shortfall
     from tracekit.read import read_run
 
     sf = shortfall(read_run([str(TRACES / "cpu-tp1")]), read_run([str(TRACES / "cpu-tp2")]))
