@@ -10,7 +10,7 @@
 #        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
 #        captures at 1 and 16; then advise given batch 1 + the table, batch 1 + 16 traced, and both,
 #        predicts the other batches (benchmarks/advise_batches.py check; ~5 min)
-#   batchtraces (written, not yet run): traced CUDA-graph captures at batch 64, 128, 256 (the 7b shape,
+#   batchtraces (ran at ed082b4; its outputs in reports/advise/batchtraces/): traced CUDA-graph captures at batch 64, 128, 256 (the 7b shape,
 #        8 layers), then the committed gemmsweep checks with them beside the predictions (--compare):
 #        the per-kind split of what the b1 + table model misses at 128/256 (issue 26; ~2.5 min)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
