@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -239,3 +240,36 @@ def test_probe_and_links_files_name_the_byte_where_they_stop_being_json(
         assert main(argv) == 2, argv
         lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"tracekit: error: {tmp_path}/{want}"), (argv, lines)
+
+
+def _with_workload(src: Path, dest: Path, **changes: object) -> Path:
+    shutil.copytree(src, dest)
+    m = json.loads((dest / "manifest.json").read_text())
+    m["workload"].update(changes)
+    m.pop("files", None)  # the checksums are of the files, not of the manifest: keep them valid
+    (dest / "manifest.json").write_text(json.dumps(m))
+    return dest
+
+
+def test_a_pair_of_two_workloads_is_said_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Issue 24 (a mismatched pair): `shortfall` of a baseline of another model put the note at the
+    end of 129 lines of data quality; `diff` of two workloads said nothing. Both now warn on stderr
+    before the result (the device is not a workload: the same decode on two machines is a diff)."""
+    base = _with_workload(CPU_TP1, tmp_path / "tp1-batch8", batch=8)
+    capsys.readouterr()
+    assert main(["shortfall", "--baseline", str(base), "--sharded", str(CPU_TP2)]) == 0
+    cap = capsys.readouterr()
+    assert cap.err.startswith(
+        "warning: the baseline's manifest describes another workload than the sharded run's"
+    )
+    assert "batch 8 vs 1" in cap.err.splitlines()[0] and "warning" not in cap.out.split("\n", 1)[0]
+    after = _with_workload(CPU_TP2, tmp_path / "tp2-batch8", batch=8, device="cuda")
+    assert main(["diff", str(CPU_TP2), str(after)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        f"warning: {after} is another workload than {CPU_TP2} (batch 1 vs 8): what moved includes the change "
+        "of model or input, not only of the code"
+    )
+    same = _with_workload(CPU_TP2, tmp_path / "tp2-other-machine", device="cuda")
+    assert main(["diff", str(CPU_TP2), str(same)]) == 0
+    assert "warning" not in capsys.readouterr().err
