@@ -273,3 +273,25 @@ def test_a_pair_of_two_workloads_is_said_first(tmp_path: Path, capsys: pytest.Ca
     same = _with_workload(CPU_TP2, tmp_path / "tp2-other-machine", device="cuda")
     assert main(["diff", str(CPU_TP2), str(same)]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_an_nsys_export_of_another_schema_names_its_version(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """A column renamed by another nsys version: the error names the file, the column and the
+    export's own nsys and schema versions (META_DATA_EXPORT), so the user knows which export it is."""
+    import sqlite3
+
+    from tests.conftest import REAL_NSYS_GZ
+
+    db = tmp_path / "other-version.sqlite"
+    db.write_bytes(gzip.decompress(REAL_NSYS_GZ.read_bytes()))
+    con = sqlite3.connect(db)
+    con.execute("ALTER TABLE CUPTI_ACTIVITY_KIND_KERNEL RENAME COLUMN start TO startNs")
+    con.commit()
+    con.close()
+    capsys.readouterr()
+    assert main(["breakdown", str(db), "--no-cache"]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"tracekit: error: {db}: ")
+    assert "no such column: start" in lines[0] and "Nsight Systems 2025.3.2.0, schema 3.20.3" in lines[0]
