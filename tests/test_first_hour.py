@@ -295,3 +295,22 @@ def test_an_nsys_export_of_another_schema_names_its_version(
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"tracekit: error: {db}: ")
     assert "no such column: start" in lines[0] and "Nsight Systems 2025.3.2.0, schema 3.20.3" in lines[0]
+
+
+def test_a_folder_of_runs_is_named_as_one(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """The folder a user keeps runs in (traces/, runs/, a study's output) given as one run: its
+    runs were read as the ranks of one ("rank 0 appears in two files") or its own JSON files as
+    traces ("traces/cpu-truth-probes.json: no traceEvents"). Now the error says what it is."""
+    runs = tmp_path / "runs"
+    for name in ("cpu-tp1", "cpu-tp2"):
+        shutil.copytree(REPO / "traces" / name, runs / name)
+    (runs / "breakdown.json").write_text("{}")  # a result saved beside them
+    for argv in (["breakdown", str(runs)], ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(runs)]):
+        capsys.readouterr()
+        assert main(argv) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert lines == [
+            f"tracekit: error: {runs}: a folder of runs (cpu-tp1, cpu-tp2: each has its manifest.json), "
+            "not one run: give one of them"
+        ]
+    assert main(["breakdown", str(runs / "cpu-tp2"), "--format", "json"]) == 0  # one of them reads
