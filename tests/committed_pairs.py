@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from tracekit.analyse.shortfall import Shortfall, shortfall
+from tracekit.analyse.attribution.pair import shortfall
+from tracekit.analyse.attribution.result import Shortfall
 from tracekit.model.events import Run
 from tracekit.read import read_run
 
