@@ -6,6 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownDataQuality
+from tracekit.model.documents.dilation import Dilation
 
 
 class ShortfallPerTokenNs(Doc, kw_only=True):
@@ -191,37 +192,9 @@ class ShortfallApplied(Doc, kw_only=True):
     sharded: ShortfallAppliedBaseline
 
 
-class ShortfallUnprofiled(Doc, kw_only=True):
-    n: int
-    skipped: int
-    rounds: int | UnsetType = UNSET
-    median_ns: int
-    mean_ns: int
-    p10_ns: int
-    p90_ns: int
-    round_mean_ns: list[int] | UnsetType = UNSET
-
-
-class ShortfallRunsBaseline(Doc, kw_only=True):
-    """The capture's own dilation figures of one run (`tracekit.analyse.dilation.Dilation`); null
-    where the manifest has no unprofiled / profiled timing."""
-
-    dilation: float | None
-    definition: str | UnsetType = UNSET
-    interval: list[float] | None | UnsetType = UNSET
-    rounds: dict[str, int] | UnsetType = UNSET
-    threshold: float
-    inflated: bool | None
-    unprofiled: ShortfallUnprofiled | None
-    profiled: ShortfallUnprofiled | None
-    manifest_dilation: float | None
-    source: str
-    notes: list[str] | UnsetType = UNSET
-
-
 class ShortfallRuns(Doc, kw_only=True):
-    baseline: ShortfallRunsBaseline
-    sharded: ShortfallRunsBaseline
+    baseline: Dilation
+    sharded: Dilation
 
 
 class ShortfallCorrection(Doc, kw_only=True):
