@@ -25,7 +25,8 @@ from tracekit.model.documents.decompose import Decompose
 from tracekit.model.documents.diff import Diff
 from tracekit.model.documents.dilation import Dilation, DilationRow, TokenTimes
 from tracekit.model.documents.export import Export
-from tracekit.model.documents.links import Links, ProbeRow
+from tracekit.model.documents.kernels import TopKernel, TopKernels, TopKernelsClass
+from tracekit.model.documents.links import Links, LinksTransportsValue, ProbeRow
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.documents.modes import AdviseCheck, CaptureModes
 from tracekit.model.documents.predict import Predict
@@ -113,6 +114,7 @@ __all__ = [
     "JSONObject",
     "JSONValue",
     "Links",
+    "LinksTransportsValue",
     "Manifest",
     "Predict",
     "ProbeRow",
@@ -121,6 +123,9 @@ __all__ = [
     "Roofline",
     "Shortfall",
     "TokenTimes",
+    "TopKernel",
+    "TopKernels",
+    "TopKernelsClass",
     "Whatif",
     "convert",
     "decode",

@@ -6,6 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
+from tracekit.model.documents.kernels import TopKernels
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
     ShortfallCheck,
@@ -165,29 +166,6 @@ class ReportRunPerRankItem(Doc, kw_only=True):
     parts_ns_median: dict[str, int]
 
 
-class ReportKernel(Doc, kw_only=True):
-    name: str
-    subclass: str
-    count: float
-    total_ns: float
-    mean_ns: float
-    share: float
-
-
-class ReportClassesValue(Doc, kw_only=True):
-    count: float
-    total_ns: float
-    share: float
-    more: int
-    kernels: list[ReportKernel]
-
-
-class ReportTopKernels(Doc, kw_only=True):
-    windows: int
-    step_ns_mean: float
-    classes: dict[str, ReportClassesValue]
-
-
 class ReportRun_(Doc, kw_only=True):
     role: str
     path: str | None
@@ -203,7 +181,7 @@ class ReportRun_(Doc, kw_only=True):
     unknown_kernels: list[BreakdownUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
-    top_kernels: ReportTopKernels | None
+    top_kernels: TopKernels | None
 
 
 class ReportByOpItem(Doc, kw_only=True):
