@@ -89,7 +89,7 @@ def analyse_dirs(
     )
     out.top_kernels = top_kernels_document(run, step_pattern)
     if baseline_dir is not None:
-        from tracekit.analyse.shortfall import shortfall
+        from tracekit.analyse.attribution.pair import shortfall
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = analysed_document(breakdown(base, step_pattern=step_pattern), Breakdown)
