@@ -9,11 +9,11 @@ from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, Bre
 from tracekit.model.documents.kernels import TopKernels
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
-    ShortfallCheck,
+    ShortfallClock,
+    ShortfallNoise,
     ShortfallPerRankItem,
-    ShortfallResidualNsValue,
-    ShortfallShortfall,
     ShortfallStraggler_,
+    ShortfallUncorrected_,
 )
 
 
@@ -83,28 +83,6 @@ class ReportWaterfallItem(Doc, kw_only=True):
     reading: str
 
 
-class ReportUncorrected(Doc, kw_only=True):
-    per_token_ns: ReportPerTokenNs
-    shortfall_ns: int
-    terms_ns: dict[str, int]
-    coordination_ns: dict[str, int]
-    shares: dict[str, float]
-    per_rank: list[ShortfallPerRankItem] | None
-
-
-class ReportClock(Doc, kw_only=True):
-    aligned: bool
-    estimated: bool
-    offsets_applied: bool
-    offsets_ns: dict[str, int]
-    residual_ns: dict[str, ShortfallResidualNsValue]
-    raw_instances_over: int
-    method: str
-    refusal: str | None
-    hosts: dict[str, str]
-    check: ShortfallCheck
-
-
 class ReportIntervalsPerTokenNs(Doc, kw_only=True):
     baseline: list[float] | None
     sharded: list[float]
@@ -121,13 +99,6 @@ class ReportIntervals(Doc, kw_only=True):
     coordination_ns: dict[str, list[float]]
 
 
-class ReportNoise(Doc, kw_only=True):
-    status: str
-    cause: str
-    shortfall: ShortfallShortfall
-    terms: dict[str, ShortfallShortfall]
-
-
 class ReportAttribution(Doc, kw_only=True):
     shortfall_ns: int
     terms_ns: dict[str, int]
@@ -137,10 +108,10 @@ class ReportAttribution(Doc, kw_only=True):
     waterfall: list[ReportWaterfallItem]
     aggregate: str | None
     per_token_source: str
-    uncorrected: ReportUncorrected
-    clock: ReportClock
+    uncorrected: ShortfallUncorrected_
+    clock: ShortfallClock
     intervals: ReportIntervals
-    noise: ReportNoise
+    noise: ShortfallNoise | None
 
 
 class ReportStepNs(Doc, kw_only=True):

@@ -28,40 +28,38 @@ class ShortfallPerRankItem(Doc, kw_only=True):
     pad_ns: int
 
 
-class ShortfallByRankValue(Doc, kw_only=True):
+class ShortfallPathParts(Doc, kw_only=True):
+    """One rank's time on the critical path per token, by component (the baseline's path)."""
+
     compute_ns: int
     memory_ns: int
     transfer_ns: int
     host_ns: int
     sync_ns: int
     unknown_ns: int
+
+
+class ShortfallByRankValue(ShortfallPathParts, kw_only=True):
+    """The same with its total (the sharded run's path, corrected and uncorrected)."""
+
     total_ns: int
-
-
-class ShortfallBaselineByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
 
 
 class ShortfallBaseline(Doc, kw_only=True):
     step_ns: int
-    by_rank: dict[str, ShortfallBaselineByRankValue]
+    by_rank: dict[str, ShortfallPathParts]
 
 
 class ShortfallUncorrected(Doc, kw_only=True):
+    """The path's figures per token: every rank's time on it, and the offset (the path's time
+    that no rank's component names) so that they sum to the step."""
+
     step_ns: int
     offset_ns: int
     by_rank: dict[str, ShortfallByRankValue]
 
 
-class ShortfallCriticalPath(Doc, kw_only=True):
-    step_ns: int
-    offset_ns: int
-    by_rank: dict[str, ShortfallByRankValue]
+class ShortfallCriticalPath(ShortfallUncorrected, kw_only=True):
     cause: str | None
     hops_per_step_median: float
     baseline: ShortfallBaseline
