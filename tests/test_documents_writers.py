@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from tracekit.model import documents
-from tracekit.model.documents import decode_document, to_builtins
+from tracekit.model.documents import decode_document, given, to_builtins
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -91,6 +91,10 @@ COMMANDS: dict[str, tuple[list[str], Any]] = {
 }
 
 
+#: the documents written outside the CLI (test_the_api_and_script_documents_decode_strictly)
+OUTSIDE_CLI = (documents.Steps, documents.AB)
+
+
 def _argv(name: str, out: Path) -> list[str]:
     args, _ = COMMANDS[name]
     full = [str(ROOT / a) if a.startswith(("traces/", "reports/", "tests/")) else a for a in args]
@@ -137,6 +141,35 @@ def test_the_probe_rows_decode_strictly():
     assert rows and all(r.backend == "gloo" for r in rows)
     assert _canon(to_builtins(rows)) == _canon(json.loads(raw))
     assert isinstance(decode_document(raw), list)
+
+
+def test_the_api_and_script_documents_decode_strictly():
+    """The documents written outside the CLI: the notebook API's steps (`tracekit.load(run).steps()
+    .to_json()`) and the paired A/B summary (`tracekit.analyse.ab.ab_summary`, what
+    scripts/decoder_ab.py writes) of a committed run's unprofiled and profiled rounds."""
+    import tracekit
+    from tracekit.analyse.ab import ab_summary
+
+    for run in ("cpu-tp2", "cpu-gloo-plain", "h200-tp2"):
+        doc = tracekit.load(ROOT / T / run).steps().to_json()
+        raw = json.dumps(doc).encode()
+        steps = msgspec.json.decode(raw, type=documents.Steps, strict=True)
+        assert steps.steps and _canon(to_builtins(steps)) == _canon(json.loads(raw))
+        assert isinstance(decode_document(raw), documents.Steps)
+    m = json.loads((ROOT / T / "cpu-truth-a" / "manifest.json").read_text())
+    rounds = {
+        kind: [
+            [max(per_rank[r][i] for r in per_rank) for i in range(len(per_rank["0"]))]
+            for per_rank in m[kind]["rounds"]
+        ]
+        for kind in ("unprofiled", "profiled")
+    }
+    raw = json.dumps(ab_summary(rounds, baseline="unprofiled", resamples=200)).encode()
+    ab = msgspec.json.decode(raw, type=documents.AB, strict=True)
+    assert ab.rounds == len(m["unprofiled"]["rounds"]) and given(ab.arms["profiled"].diff_ns) is not None
+    assert _canon(to_builtins(ab)) == _canon(json.loads(raw)) and isinstance(
+        decode_document(raw), documents.AB
+    )
 
 
 def test_the_export_header_decodes_strictly(tmp_path: Path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import msgspec
 
+from tracekit.model.documents.ab import AB
 from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import (
     Doc,
@@ -34,6 +35,7 @@ from tracekit.model.documents.report import Report
 from tracekit.model.documents.rho import Rho
 from tracekit.model.documents.roofline import Roofline
 from tracekit.model.documents.shortfall import Shortfall
+from tracekit.model.documents.steps import Steps
 from tracekit.model.documents.whatif import Whatif
 
 #: each document's `kind` and its Struct, in the order docs/JSON.md lists them
@@ -49,6 +51,8 @@ KINDS: dict[str, type[Doc]] = {
     "tracekit.roofline": Roofline,
     "tracekit.whatif": Whatif,
     "tracekit.predict": Predict,
+    "tracekit.steps": Steps,
+    "tracekit.ab": AB,
     "tracekit.report": Report,
     "tracekit.bench_capture_modes": CaptureModes,
     "tracekit.advise-check": AdviseCheck,
@@ -95,6 +99,7 @@ def decode_document(data: bytes) -> Doc | list[Doc]:
 
 
 __all__ = [
+    "AB",
     "KINDS",
     "ROWS",
     "Advise",
@@ -122,6 +127,7 @@ __all__ = [
     "Rho",
     "Roofline",
     "Shortfall",
+    "Steps",
     "TokenTimes",
     "TopKernel",
     "TopKernels",

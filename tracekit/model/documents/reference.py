@@ -11,6 +11,7 @@ import inspect
 
 from msgspec import inspect as mi
 
+from tracekit.model.documents.ab import AB
 from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import Breakdown
@@ -27,6 +28,7 @@ from tracekit.model.documents.report import Report
 from tracekit.model.documents.rho import Rho
 from tracekit.model.documents.roofline import Roofline
 from tracekit.model.documents.shortfall import Shortfall
+from tracekit.model.documents.steps import Steps
 from tracekit.model.documents.whatif import Whatif
 
 PREAMBLE = """\
@@ -61,6 +63,8 @@ SECTIONS: tuple[tuple[str, tuple[type[Doc], ...]], ...] = (
     ("dilation", (DilationRow,)),
     ("predict", (Predict,)),
     ("export", (Export,)),
+    ("steps", (Steps,)),
+    ("ab", (AB,)),
     ("capture-modes", (CaptureModes,)),
     ("advise-check", (AdviseCheck,)),
     ("gemm-table", (GemmTable,)),
