@@ -288,9 +288,9 @@ class LinksVerdictDetails(Doc, kw_only=True):
     transfer_share_of_shortfall: float | None | UnsetType = UNSET
     bound_share_of_shortfall: float | None | UnsetType = UNSET
     tuning_in_timed_loop: list[str | None] | UnsetType = UNSET
+    timing: dict[str, str | None] | UnsetType = UNSET
     source: str | None | UnsetType = UNSET
     answer: str | None | UnsetType = UNSET
-    timing: dict[str, str | None] | UnsetType = UNSET
 
 
 class Links(Doc, kw_only=True):
