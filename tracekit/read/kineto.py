@@ -25,7 +25,8 @@ cuda_runtime/cuda_driver->runtime, cuda_sync->sync, cpu_op->cpu_op, user_annotat
 gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, Trace...)->other.
 
 Modules (this one assembles them and is the public entry, `read_kineto`):
-- `kineto_stream.py`: the streaming tokenizer (blocks, gzip, chunks of whole events, typed decode);
+- `kineto_stream.py`: the streaming tokenizer (chunks of whole events) over `kineto_blocks.py` (blocks,
+  gzip), `kineto_decode.py` (the typed decode) and `kineto_ints.py` (int64 coercion);
 - `kineto_events.py`: the event mapping (chunk -> columns, exact timestamps, kinds from `cat`);
 - `kineto_collectives.py`: collective metadata (op names, dtype sizes, record_shapes bytes, the gloo
   enqueue -> worker join);
@@ -45,6 +46,7 @@ import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read.kineto_blocks import FileProgress
 from tracekit.read.kineto_collectives import (
     DTYPE_BYTES,
     _CollMeta,
@@ -62,16 +64,8 @@ from tracekit.read.kineto_events import _KIND_CATEGORIES, _cat, _Columns, _str_o
 from tracekit.read.kineto_events import KIND_OF_CAT as KIND_OF_CAT
 from tracekit.read.kineto_events import parse_us_to_ns as parse_us_to_ns
 from tracekit.read.kineto_events import valid_text as valid_text
-from tracekit.read.kineto_stream import (
-    _DAY_NS,
-    _INT32_MAX,
-    _INT64_MAX,
-    _FileProgress,
-    _Stream,
-    _to_int,
-    _to_small_int,
-)
-from tracekit.read.kineto_stream import _iter_blocks as _iter_blocks
+from tracekit.read.kineto_ints import DAY_NS, INT32_MAX, INT64_MAX, to_int, to_small_int
+from tracekit.read.kineto_stream import Stream
 
 #: Bumped whenever the reader's output for the same file could change (invalidates the cache).
 READER_VERSION = "kineto-4"  # 2: bytes of gloo:/nccl: ranges from their shapes; enqueue join
@@ -95,15 +89,15 @@ def _build_table(
     start = cat_arrays(cols.start, np.int64)
     dur = cat_arrays(cols.dur, np.int64)
     # int64 wrap-around: base + ts or start + dur beyond 2**63 - 1 ns (year 2262) is dropped, counted
-    beyond = start > _INT64_MAX - base_ns if base_ns > 0 else np.zeros(n, bool)
+    beyond = start > INT64_MAX - base_ns if base_ns > 0 else np.zeros(n, bool)
     if base_ns:
         start = np.where(beyond, 0, start) + base_ns
-    beyond |= (start > 0) & (dur > _INT64_MAX - np.maximum(start, 0))
+    beyond |= (start > 0) & (dur > INT64_MAX - np.maximum(start, 0))
     end = start + np.where(beyond, 0, dur)
     drop_far = np.zeros(n, bool)
     if n:  # one trace file spans seconds to hours: an event a day away from its median is no time
         med = float(np.median(start[~beyond])) if (~beyond).any() else 0.0
-        far = ~beyond & (np.abs(start.astype(np.float64) - med) > _DAY_NS)
+        far = ~beyond & (np.abs(start.astype(np.float64) - med) > DAY_NS)
         if far.any():
             dq.add(
                 "events_time_outliers",
@@ -125,14 +119,14 @@ def _build_table(
         cname, dt = _str_or_empty(v[0]), _str_or_empty(v[3])
         size = DTYPE_BYTES.get(dt)
         if size is not None:
-            if v[1] is not None and _to_int(v[1]) >= 0:
-                cm.in_b[r] = _to_int(v[1]) * size
-            if v[2] is not None and _to_int(v[2]) >= 0:
-                cm.out_b[r] = _to_int(v[2]) * size
+            if v[1] is not None and to_int(v[1]) >= 0:
+                cm.in_b[r] = to_int(v[1]) * size
+            if v[2] is not None and to_int(v[2]) >= 0:
+                cm.out_b[r] = to_int(v[2]) * size
         if v[4] is not None:
-            cm.gsize[r] = _to_int(v[4])
+            cm.gsize[r] = to_int(v[4])
         if v[7] is not None:
-            cm.seq[r] = _to_int(v[7])
+            cm.seq[r] = to_int(v[7])
         for col, val in (
             ("name", cname),
             ("dtype", dt),
@@ -216,17 +210,17 @@ def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
     SGLang's `1733000000.1-TP-3.trace.json.gz` -> 3 (its TP rank); None if absent."""
     name = Path(path).name
     m = _RANK_RE.search(name) or _SGLANG_TP_RE.search(name)
-    if not m or len(m.group(1)) > 10 or int(m.group(1)) > _INT32_MAX:  # rank-99999999999999999999
+    if not m or len(m.group(1)) > 10 or int(m.group(1)) > INT32_MAX:  # rank-99999999999999999999
         return None
     return int(m.group(1))
 
 
 def check_rank_argument(rank: Any) -> None:
     """RankError unless `rank` (--rank, rank=) is a rank: an integer from 0 to 2**31 - 1."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= _INT32_MAX:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= INT32_MAX:
         shown = str(rank)
         shown = shown if len(shown) <= 24 else shown[:20] + "..."
-        raise RankError(f"rank {shown} is not a rank (an integer from 0 to {_INT32_MAX})")
+        raise RankError(f"rank {shown} is not a rank (an integer from 0 to {INT32_MAX})")
 
 
 def _resolve_rank(
@@ -237,7 +231,7 @@ def _resolve_rank(
         return int(rank), "argument"
     di = meta.get("distributedInfo")
     if isinstance(di, dict) and di.get("rank") is not None:
-        r = _to_small_int(di.get("rank"))
+        r = to_small_int(di.get("rank"))
         if r >= 0:
             return r, "distributedInfo"
     r2 = rank_from_filename(path)
@@ -279,8 +273,8 @@ def read_kineto(
         size = p.stat().st_size
     except OSError as exc:
         raise TraceFormatError(p, f"cannot read: {exc.strerror}") from None
-    prog = _FileProgress()
-    stream = _Stream(p, chunk_bytes, prog)
+    prog = FileProgress()
+    stream = Stream(p, chunk_bytes, prog)
     cols = _Columns()
     # The decoded events are acyclic (JSON cannot make cycles): the cyclic GC only costs time here.
     gc_was_enabled = gc.isenabled()
@@ -326,7 +320,7 @@ def read_kineto(
             "(pass --rank N to choose)",
         )
     di = meta.get("distributedInfo")
-    own = _to_small_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
+    own = to_small_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
     if isinstance(di, dict) and di.get("rank") is not None and own < 0:
         cols.dq.add(
             "rank_unusable",
@@ -340,7 +334,7 @@ def read_kineto(
             f"{p.name}: the trace says rank {own} (distributedInfo.rank) but rank {r} was given: read as rank {r}",
         )
     base_raw = meta.get("baseTimeNanoseconds")
-    base_ns = _to_int(base_raw) if base_raw is not None else 0
+    base_ns = to_int(base_raw) if base_raw is not None else 0
     if base_raw is not None and (base_ns < 0 or isinstance(base_raw, bool)):
         cols.dq.add(
             "base_time_unusable",

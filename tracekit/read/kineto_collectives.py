@@ -17,8 +17,9 @@ import pandas as pd
 
 from tracekit.model.events import DataQuality
 from tracekit.model.launch import COLLECTIVE_LAUNCH_OP, launch_op_collective
+from tracekit.read.kineto_decode import ANY_DECODER
 from tracekit.read.kineto_events import _cat
-from tracekit.read.kineto_stream import _ANY_DECODER, _to_int
+from tracekit.read.kineto_ints import to_int
 
 if TYPE_CHECKING:
     from tracekit.read.kineto_events import _Columns
@@ -226,12 +227,12 @@ def single_process_group(meta: dict[str, Any]) -> tuple[int, str, str] | None:
     if isinstance(cfg, list):
         if len(cfg) != 1 or not isinstance(cfg[0], dict):
             return None
-        size = _to_int(cfg[0].get("pg_size"))
+        size = to_int(cfg[0].get("pg_size"))
         ranks = cfg[0].get("ranks")
-        ranks_text = "[" + ", ".join(str(_to_int(x)) for x in ranks) + "]" if isinstance(ranks, list) else ""
+        ranks_text = "[" + ", ".join(str(to_int(x)) for x in ranks) + "]" if isinstance(ranks, list) else ""
         return (size, str(cfg[0].get("pg_name", "")), ranks_text) if size > 0 else None
-    if _to_int(di.get("pg_count", 1)) == 1 and _to_int(di.get("world_size")) > 0:
-        return _to_int(di.get("world_size")), "", ""
+    if to_int(di.get("pg_count", 1)) == 1 and to_int(di.get("world_size")) > 0:
+        return to_int(di.get("world_size")), "", ""
     return None
 
 
@@ -296,8 +297,8 @@ def _fill_from_shapes(
         else:
             dims_raw, types_raw = key
             try:
-                dims = _ANY_DECODER.decode(dims_raw)
-                types = _ANY_DECODER.decode(types_raw) if types_raw else []
+                dims = ANY_DECODER.decode(dims_raw)
+                types = ANY_DECODER.decode(types_raw) if types_raw else []
             except (msgspec.DecodeError, RecursionError):
                 dims, types = None, None
             tensors = shape_tensors(dims, types)
