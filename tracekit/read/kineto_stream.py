@@ -1,9 +1,9 @@
 """The Kineto reader's streaming tokenizer (tracekit.read.kineto): the file's decompressed bytes
-(gzip inflated incrementally, in a thread) cut into the header, chunks of whole `traceEvents`
-entries at top-level boundaries, and the tail; each chunk decoded by msgspec into small typed
-Structs (only the fields the event table needs), with a lenient fallback for unexpected types and
-byte offsets in every error; the reading limits (tracekit.read.limits) enforced while streaming.
-Also the coercion of JSON values to int64 columns shared by the event mapping."""
+(`tracekit.read.kineto_blocks`: gzip inflated incrementally, in a thread) cut into the header,
+chunks of whole `traceEvents` entries at top-level boundaries, and the tail; each chunk decoded by
+msgspec into small typed Structs (`tracekit.read.kineto_decode`: only the fields the event table
+needs), with a lenient fallback for unexpected types and byte offsets in every error; the reading
+limits (tracekit.read.limits) enforced while streaming."""
 
 from __future__ import annotations
 
