@@ -49,10 +49,10 @@ from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read.kineto_blocks import FileProgress
 from tracekit.read.kineto_collectives import (
     DTYPE_BYTES,
-    _CollMeta,
-    _fill_from_shapes,
-    _join_enqueued,
+    CollMeta,
     coll_op_from_kernel_name,
+    fill_from_shapes,
+    join_enqueued,
     normalise_coll_op,
 )
 from tracekit.read.kineto_collectives import out_bytes_for as out_bytes_for
@@ -60,7 +60,7 @@ from tracekit.read.kineto_collectives import pair_enqueued as pair_enqueued
 from tracekit.read.kineto_collectives import shape_dtype as shape_dtype
 from tracekit.read.kineto_collectives import shape_tensors as shape_tensors
 from tracekit.read.kineto_collectives import single_process_group as single_process_group
-from tracekit.read.kineto_events import _KIND_CATEGORIES, _cat, _Columns, _str_or_empty
+from tracekit.read.kineto_events import KIND_CATEGORIES, Columns, categorical, str_or_empty
 from tracekit.read.kineto_events import KIND_OF_CAT as KIND_OF_CAT
 from tracekit.read.kineto_events import parse_us_to_ns as parse_us_to_ns
 from tracekit.read.kineto_events import valid_text as valid_text
@@ -77,7 +77,7 @@ CHUNK_BYTES = 4 * 1024 * 1024  # measured (issue 7): 4 MB is as fast as 16 MB on
 
 
 def _build_table(
-    cols: _Columns, rank: int, base_ns: int, meta: dict[str, Any] | None = None, dq: DataQuality | None = None
+    cols: Columns, rank: int, base_ns: int, meta: dict[str, Any] | None = None, dq: DataQuality | None = None
 ) -> pd.DataFrame:
     meta = meta or {}
     dq = dq if dq is not None else cols.dq
@@ -106,17 +106,17 @@ def _build_table(
                 "unit or convention) were skipped",
             )
             drop_far = far
-    kind = _cat(cat_arrays(cols.kind, np.int8), list(_KIND_CATEGORIES))
+    kind = categorical(cat_arrays(cols.kind, np.int8), list(KIND_CATEGORIES))
     name_codes = cat_arrays(cols.name, np.int32)
-    name = _cat(name_codes, list(cols.names))
+    name = categorical(name_codes, list(cols.names))
     device = cat_arrays(cols.device, np.int32)
     stream = cat_arrays(cols.stream, np.int64)
     corr = cat_arrays(cols.corr, np.int64)
 
     # collective columns
-    cm = _CollMeta(n)
+    cm = CollMeta(n)
     for r, v in zip(cols.coll_rows, cols.coll_vals, strict=True):
-        cname, dt = _str_or_empty(v[0]), _str_or_empty(v[3])
+        cname, dt = str_or_empty(v[0]), str_or_empty(v[3])
         size = DTYPE_BYTES.get(dt)
         if size is not None:
             if v[1] is not None and to_int(v[1]) >= 0:
@@ -130,8 +130,8 @@ def _build_table(
         for col, val in (
             ("name", cname),
             ("dtype", dt),
-            ("pg_name", _str_or_empty(v[5])),
-            ("pg_ranks", _str_or_empty(v[6])),
+            ("pg_name", str_or_empty(v[5])),
+            ("pg_ranks", str_or_empty(v[6])),
         ):
             if val:
                 cm.strs[col][r] = val
@@ -139,8 +139,8 @@ def _build_table(
         if op:
             cm.strs["op"][r] = op
     names_list = list(cols.names)
-    _fill_from_shapes(cm, cols, names_list, name_codes, device, meta)
-    _join_enqueued(cm, cols, names_list, name_codes, device, stream, start, end, dq)
+    fill_from_shapes(cm, cols, names_list, name_codes, device, meta)
+    join_enqueued(cm, cols, names_list, name_codes, device, stream, start, end, dq)
     # host comm ranges (gloo:*, nccl:*) without shapes (`ranges`/`cuda` modes): the op from the name
     range_ops = {
         c: normalise_coll_op(nm) for c, nm in enumerate(names_list) if nm.startswith(("gloo:", "nccl:"))
@@ -156,7 +156,7 @@ def _build_table(
         have = np.zeros(n, bool)
         if cm.strs["op"]:
             have[np.fromiter(cm.strs["op"], np.int64)] = True
-        kernel_code = _KIND_CATEGORIES.index("kernel")
+        kernel_code = KIND_CATEGORIES.index("kernel")
         is_kernel = kind.codes == kernel_code
         cand = np.flatnonzero(is_kernel & ~have & np.isin(name_codes, list(name_ops)))
         for r in cand.tolist():
@@ -275,7 +275,7 @@ def read_kineto(
         raise TraceFormatError(p, f"cannot read: {exc.strerror}") from None
     prog = FileProgress()
     stream = Stream(p, chunk_bytes, prog)
-    cols = _Columns()
+    cols = Columns()
     # The decoded events are acyclic (JSON cannot make cycles): the cyclic GC only costs time here.
     gc_was_enabled = gc.isenabled()
     gc.disable()

@@ -18,11 +18,11 @@ import pandas as pd
 from tracekit.model.events import DataQuality
 from tracekit.model.launch import COLLECTIVE_LAUNCH_OP, launch_op_collective
 from tracekit.read.kineto_decode import ANY_DECODER
-from tracekit.read.kineto_events import _cat
+from tracekit.read.kineto_events import categorical
 from tracekit.read.kineto_ints import to_int
 
 if TYPE_CHECKING:
-    from tracekit.read.kineto_events import _Columns
+    from tracekit.read.kineto_events import Columns
 
 
 #: torch dtype names (c10::toString(ScalarType)) -> bytes per element.
@@ -140,7 +140,7 @@ def _sparse_cat(n: int, rows: list[int], values: list[str]) -> pd.Categorical:
     if rows:
         vc = np.array([cats.setdefault(v, len(cats)) for v in values], np.int32)
         codes[np.asarray(rows, np.int64)] = vc
-    return _cat(codes, list(cats))
+    return categorical(codes, list(cats))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -251,7 +251,7 @@ def out_bytes_for(op: str, in_bytes: int, group_size: int) -> int:
     return -1
 
 
-class _CollMeta:
+class CollMeta:
     """The collective columns while they are built: int arrays plus sparse row -> str dicts."""
 
     def __init__(self, n: int):
@@ -268,9 +268,9 @@ class _CollMeta:
         return _sparse_cat(self.n, list(d), list(d.values()))
 
 
-def _fill_from_shapes(
-    cm: _CollMeta,
-    cols: _Columns,
+def fill_from_shapes(
+    cm: CollMeta,
+    cols: Columns,
     names: list[str],
     name_codes: np.ndarray,
     device: np.ndarray,
@@ -393,9 +393,9 @@ def _outermost_rows(rows: list[int], stream: np.ndarray, start: np.ndarray, end:
     return out
 
 
-def _join_enqueued(
-    cm: _CollMeta,
-    cols: _Columns,
+def join_enqueued(
+    cm: CollMeta,
+    cols: Columns,
     names: list[str],
     name_codes: np.ndarray,
     device: np.ndarray,

@@ -227,7 +227,7 @@ class _CatKinds(dict):  # type: ignore[type-arg]
         return code
 
 
-class _Columns:
+class Columns:
     """Accumulates per-chunk numpy columns and interned strings."""
 
     def __init__(self) -> None:
@@ -239,7 +239,7 @@ class _Columns:
         self.stream: list[np.ndarray] = []
         self.corr: list[np.ndarray] = []
         self.names: dict[str, int] = _Interner()
-        self.kind_codes = {k: i for i, k in enumerate(_KIND_CATEGORIES)}
+        self.kind_codes = {k: i for i, k in enumerate(KIND_CATEGORIES)}
         self.cat_codes = _CatKinds(self.kind_codes)
         self.rows = 0
         # sparse collective metadata: global row -> tuple
@@ -463,7 +463,7 @@ class _Columns:
         return [self.kind_codes[k] for k in _GPU_KINDS]
 
 
-_KIND_CATEGORIES: tuple[str, ...] = (
+KIND_CATEGORIES: tuple[str, ...] = (
     "kernel",
     "memcpy",
     "memset",
@@ -491,11 +491,11 @@ _PHASE_KEY = {
 }
 
 
-def _cat(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+def categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
 
 
-def _str_or_empty(v: Any) -> str:
+def str_or_empty(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, str):
