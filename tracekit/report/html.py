@@ -46,9 +46,7 @@ from tracekit.report.html_tables import (
     per_rank_section,
     top_kernels_html,
 )
-from tracekit.report.sections.fmt import (
-    prose,
-)
+from tracekit.report.sections.fmt import prose
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1100px;padding:1em 2em;color:#222}

@@ -9,14 +9,10 @@ from typing import Any
 import plotly.graph_objects as go
 
 from tracekit.model.parts import PARTS, PATH_PARTS
+from tracekit.model.units import fmt_ms, fmt_pct
 from tracekit.report.data import ReportData
 from tracekit.report.html_escape import esc
-from tracekit.report.sections.fmt import (
-    fmt_bytes,
-    fmt_ms,
-    fmt_pct,
-    short_words,
-)
+from tracekit.report.sections.fmt import fmt_bytes, short_words
 
 #: colours per part, shared by every figure so a part has one colour on the page
 #: compute is blue, the link orange, coordination (wait, sync, idle, and host time on the critical

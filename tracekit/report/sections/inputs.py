@@ -13,8 +13,9 @@ from tracekit.model.documents import given, to_builtins
 from tracekit.model.parts import (
     PARTS,
 )
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
 from tracekit.read.manifests import typed_manifest
-from tracekit.report.sections.fmt import fmt_ms, fmt_pct, fmt_x, fmt_x_interval, to_float, to_int
+from tracekit.report.sections.fmt import fmt_x_interval, to_float, to_int
 
 MANIFEST_WORKLOAD_FIELDS = (
     "preset",
