@@ -13,6 +13,7 @@ from typing import Any
 from tracekit.analyse.batch_model import (
     KernelProfile,
 )
+from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
 
 GIB = 1024**3
@@ -114,8 +115,6 @@ class Measured:
 def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: float | None = None) -> Measured:
     """A run's figures from its manifest; `traced_ns` (the trace's steady mean) when the manifest has
     no unprofiled times (the CLI reads the trace only then)."""
-    from tracekit.analyse.dilation import dilation_of
-
     if not manifest:
         raise AdviseError(f"{path}: no manifest.json (the workload's shape, batch and context are needed)")
     wl = manifest.get("workload")

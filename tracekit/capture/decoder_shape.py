@@ -101,6 +101,7 @@ def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[di
     `tracekit.analyse.predict.tp_collectives` (torch-free, so the prediction from a shard run computes
     the same list). Per layer the o_proj and down_proj outputs [batch, 1, hidden] all-reduced in place;
     per step the vocabulary-parallel logits [batch, vocab/tp] (float32) all-gathered. Empty at tp=1."""
+    # here, not at the top: predict brings the analysis (pandas, the replay); the config stays light
     from tracekit.analyse.predict import PredictError, tp_collectives
 
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +91,6 @@ PLOTLYJS_ENV = "TRACEKIT_PLOTLYJS"
 def basic_bundle_path() -> Path:
     """Where `scripts/fetch_plotly_basic.sh` puts the basic bundle: $XDG_CACHE_HOME/tracekit/assets
     (else ~/.cache/tracekit/assets), whatever --cache-dir says (that one holds parsed traces)."""
-    import os
-
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "tracekit" / "assets" / f"plotly-basic-{BASIC_VERSION}.min.js"
 
@@ -100,8 +99,6 @@ def plotly_js() -> tuple[str, str]:
     """The plotly.js inlined in the page and which one it is: $TRACEKIT_PLOTLYJS when set, else the
     basic bundle from the asset cache when plotly.py's own plotly.js is of the same major version
     (the figures' JSON is plotly.py's), else plotly.py's full bundle."""
-    import os
-
     from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
     override = os.environ.get(PLOTLYJS_ENV)

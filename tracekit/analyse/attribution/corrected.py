@@ -13,6 +13,7 @@ from typing import Any
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts, mean_over_ranks
 from tracekit.analyse.attribution.terms import Attribution, attribute, leaf_with_window
+from tracekit.analyse.correction import correct_run
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import LEAF_PARTS
 
@@ -80,8 +81,6 @@ def correct_pair(
                     "the unprofiled rounds: the host's speed moved between rounds; the corrected per-token time is "
                     "the traced pass's",
                 )
-        from tracekit.analyse.correction import correct_run
-
         corr_b, corr_s = correct_run(base, tb), correct_run(sharded, ts)
         corrections: dict[str, Any] = {"baseline": corr_b, "sharded": corr_s}
         pb = mean_over_ranks({r: leaf_with_window(v) for r, v in corr_b.per_rank.items()})

@@ -26,6 +26,7 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.attribution.straggler import straggler_test
 from tracekit.analyse.attribution.terms import Attribution
 from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling
+from tracekit.analyse.display import shortfall_html, shortfall_repr
 from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
@@ -64,13 +65,9 @@ class Shortfall:
         return self.corrected
 
     def __repr__(self) -> str:
-        from tracekit.analyse.display import shortfall_repr
-
         return shortfall_repr(self)
 
     def _repr_html_(self) -> str:
-        from tracekit.analyse.display import shortfall_html
-
         return shortfall_html(self)
 
     def shares(self) -> dict[str, float | None]:
