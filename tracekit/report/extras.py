@@ -21,7 +21,7 @@ from tracekit.analyse.advise import cliff_sentences
 from tracekit.model import units
 from tracekit.model.documents import Advise, Decompose, Diff, DocumentError, Rho, Whatif, convert, given
 from tracekit.model.documents.diff import DiffCompute as DiffPart
-from tracekit.report.sections.fmt import fmt_ms, fmt_pct, fmt_x
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
 
 #: kind -> the command that writes it
 EXTRA_KINDS: dict[str, str] = {
