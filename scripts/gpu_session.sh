@@ -22,6 +22,8 @@
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 #   dask (written, not yet run): benchmarks/bench_scale.py, 64 synthetic ranks local + 16/8/4/1
 #       workers, 256 ranks on 16; the client's share of the wall and peak RSS (issue 27; ~9.5 min)
+#   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
+#       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -126,4 +128,8 @@ if [ "$stage" = dask ]; then
     --workdir /tmp/bench-scale --out $OUT/dask-scale64.json 2>&1 | tee $OUT/dask-scale64.txt
   timeout 250 python3 benchmarks/bench_scale.py --ranks 256 --workers 16 --what shortfall \
     --workdir /tmp/bench-scale --out $OUT/dask-scale256.json 2>&1 | tee $OUT/dask-scale256.txt
+fi
+if [ "$stage" = compile ]; then
+  nproc
+  timeout 500 python3 scripts/compile_check.py 2>&1 | tee $OUT/compile.txt
 fi
