@@ -47,12 +47,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,8 +58,8 @@ import pandas as pd
 
 from tracekit.analyse import graph as G
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.shortfall import RunParts
-from tracekit.errors import TracekitError
+from tracekit.analyse.attribution.run import RunParts
+from tracekit.errors import TracekitError, load_json_file
 
 SCHEMA_VERSION = "1.0"
 
@@ -131,10 +129,7 @@ def load_probe(text: str) -> ProbeTimes:
     """`FILE[@MODE]`: the rows of a `tracekit probe` JSON (a list of rows) or a `compare-links` JSON
     (`rows[]`); each row: op, bytes, time_us, mode, in_place."""
     path, _, mode = text.partition("@")
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ReplayError(f"{path}: cannot read the probe JSON ({exc})") from None
+    doc = load_json_file(path, "probe JSON", ReplayError)
     # `compare-links` JSON: an object with rows[]; `tracekit probe --format json`: the bare list of rows
     rows = doc.get("rows") if isinstance(doc, Mapping) else doc if isinstance(doc, list) else None
     if not isinstance(rows, list) or not rows:
@@ -1133,7 +1128,7 @@ def whatif(
 ) -> WhatIf:
     """Replay both runs, calibrate them to their unprofiled per-token times (as `shortfall` does),
     predict every knob and combination at both rank counts, and split S by Shapley values."""
-    from tracekit.analyse.shortfall import shortfall_from_parts
+    from tracekit.analyse.attribution.pair import shortfall_from_parts
 
     if len(knobs) > MAX_SHAPLEY_KNOBS:
         raise ReplayError(f"at most {MAX_SHAPLEY_KNOBS} knobs (2^k replays), got {len(knobs)}")
