@@ -321,7 +321,7 @@ def _flat_end(means: Any, c0: float, tol: float, limit: float) -> float:
 
 #: points of each rank's cost interval `_identify` reads the corrected figures at first (the ends
 #: included), before it bisects where the figures bend
-IDENTIFY_POINTS = 8
+IDENTIFY_POINTS = 4
 #: the largest cost per call on one rank `_identify` looks at, times the one solved for every rank
 IDENTIFY_MAX_FACTOR = 8
 #: the figures `_identify` holds to one value: a spread beyond max(this, 1%) is not identified
@@ -359,8 +359,9 @@ def refine_splits(
 
     first: list[tuple[int, float]] = []
     pairs: list[tuple[int, float, float]] = []
+    n_pts = IDENTIFY_POINTS
     for r, lo, hi in intervals:
-        cs = [lo + (hi - lo) * i / IDENTIFY_POINTS for i in range(IDENTIFY_POINTS + 1)] if hi > lo else [lo]
+        cs = [lo + (hi - lo) * i / n_pts for i in range(n_pts + 1)] if hi > lo else [lo]
         first += [(r, c) for c in cs]
         pairs += [(r, a, b) for a, b in zip(cs, cs[1:], strict=False)]
     read(first)

@@ -415,13 +415,22 @@ class RunModel:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
         mk = self._masks()
-        lat = g.lat.astype(np.float64)
-        if s.host_scale != 1.0:
-            h = mk["host"]
-            lat[h] = lat[h] * s.host_scale
-        if s.straggler_off and self.n_ranks > 1:
-            idx, f = self._straggler_factors(lat)
-            lat[idx] = lat[idx] * f
+        # the stages before the deduction depend on these two alone: kept for the settings that
+        # differ only in the split of the profiler's cost (`_Setting.rank_costs`)
+        pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
+        pre: dict[tuple[float, bool], np.ndarray] = self.__dict__.setdefault("_pre_lat", {})
+        if pre_key in pre:
+            lat = pre[pre_key].copy()
+        else:
+            lat = g.lat.astype(np.float64)
+            if s.host_scale != 1.0:
+                h = mk["host"]
+                lat[h] = lat[h] * s.host_scale
+            if s.straggler_off and self.n_ranks > 1:
+                idx, f = self._straggler_factors(lat)
+                lat[idx] = lat[idx] * f
+            if s.rank_costs is not None:
+                pre[pre_key] = lat.copy()
         if s.host_deduct or s.deduct_collective or s.rank_costs:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
