@@ -37,7 +37,7 @@ import numpy as np
 from tracekit.analyse import graph as G
 
 if TYPE_CHECKING:
-    from tracekit.analyse.shortfall import RunParts
+    from tracekit.analyse.attribution.run import RunParts
 
 #: JSON / data_quality names of the two methods
 REPLAY = "replay"
@@ -106,7 +106,7 @@ def correct_run(run: RunParts, target: Fraction) -> Correction:
 
 
 def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correction:
-    from tracekit.analyse.shortfall import reconcile, reconcile_path
+    from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
 
     per_rank = {}
     sentence = ""
@@ -122,9 +122,10 @@ def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correcti
 def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None) -> Correction:
     """The correction through the replay; `rank_cost`: a cost per runtime call for each rank
     instead of the calibration or the solved one (`_identify`'s allocations)."""
+    from tracekit.analyse.attribution.reconcile import reconcile_path
     from tracekit.analyse.critical_path import path_of
     from tracekit.analyse.replay import RunModel, calibrate, setting_for
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
+    from tracekit.model.parts import LEAF_PARTS
 
     g = run.graph
     if g is None:
@@ -368,7 +369,9 @@ def refine_splits(
     spent = 0
     while pairs and spent < IDENTIFY_REFINE * len(intervals):
         pairs = [(r, a, b) for r, a, b in pairs if b - a > IDENTIFY_MIN_STEP]
-        pairs = [p for p in pairs if seen.get((p[0], p[1])) is not None and seen.get((p[0], p[2])) is not None]
+        pairs = [
+            p for p in pairs if seen.get((p[0], p[1])) is not None and seen.get((p[0], p[2])) is not None
+        ]
         read([(r, (a + b) / 2) for r, a, b in pairs])
         spent += len(pairs)
         bent: list[tuple[int, float, float]] = []
@@ -478,7 +481,8 @@ def _rest(parts: Mapping[str, Fraction], target: Fraction, timeline: str) -> dic
     """The corrected timeline's parts brought to `target` exactly: time it leaves unexplained (its
     step time short of the target) is idle, the device's parts stay as read; an excess comes out of
     wait, sync and idle in proportion (`shortfall.reconcile`)."""
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile
+    from tracekit.analyse.attribution.reconcile import reconcile
+    from tracekit.model.parts import LEAF_PARTS
 
     total = sum((parts[p] for p in LEAF_PARTS), Fraction(0))
     if total <= target:
@@ -495,7 +499,7 @@ def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     window padded with idle to the step's longest: every row sums to the step time."""
     from tracekit.analyse.intervals import covered as _measure
     from tracekit.analyse.intervals import union as union_intervals
-    from tracekit.analyse.shortfall import LEAF_PARTS
+    from tracekit.model.parts import LEAF_PARTS
 
     ws, we = g.windows(t)
     n_r, n_k = ws.shape

@@ -60,7 +60,7 @@ import pandas as pd
 
 from tracekit.analyse import graph as G
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.shortfall import RunParts
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.errors import TracekitError
 
 SCHEMA_VERSION = "1.0"
@@ -547,7 +547,9 @@ class RunModel:
         elif self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
             by_rank = self.rank_deduct
         if by_rank is not None:
-            costs = np.asarray([by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks])
+            costs = np.asarray(
+                [by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+            )
             at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
             hd, dc = costs[at, 0], costs[at, 1]
         per = hd * g.calls.astype(np.float64) + dc * np.where(mk["is_call"], g.ops, 0)
@@ -1143,7 +1145,9 @@ class WhatIf:
             # the sharded run's profiler cost per rank is not identified: what the data allow
             doc["identified"] = False
             n_s = str(self.sharded.n_ranks)
-            doc["predicted_ranges_ns"] = {spec: {n_s: list(v)} for spec, v in self.ranges["predicted"].items()}
+            doc["predicted_ranges_ns"] = {
+                spec: {n_s: list(v)} for spec, v in self.ranges["predicted"].items()
+            }
             doc["shapley_ranges_ns"] = {k: list(v) for k, v in self.ranges["shapley"].items()}
         if self.accounting is not None:
             doc["accounting"] = self.accounting
@@ -1172,7 +1176,7 @@ def whatif(
 ) -> WhatIf:
     """Replay both runs, calibrate them to their unprofiled per-token times (as `shortfall` does),
     predict every knob and combination at both rank counts, and split S by Shapley values."""
-    from tracekit.analyse.shortfall import shortfall_from_parts
+    from tracekit.analyse.attribution.pair import shortfall_from_parts
 
     if len(knobs) > MAX_SHAPLEY_KNOBS:
         raise ReplayError(f"at most {MAX_SHAPLEY_KNOBS} knobs (2^k replays), got {len(knobs)}")
@@ -1367,10 +1371,15 @@ def _split_ranges(
         predicted[spec] = [math.floor(min(vals)), math.ceil(max(vals))]
     shap: dict[str, list[Fraction]] = {k.spec: [] for k in knobs}
     shap["residual"] = []
-    subs = [frozenset(sub) for size in range(len(knobs) + 1) for sub in itertools.combinations(range(len(knobs)), size)]
+    subs = [
+        frozenset(sub)
+        for size in range(len(knobs) + 1)
+        for sub in itertools.combinations(range(len(knobs)), size)
+    ]
     for sp in splits:
         values = {
-            sub: sp[key_of(shard, [knobs[i] for i in sub])] - f * cached(base, [knobs[i] for i in sub]) for sub in subs
+            sub: sp[key_of(shard, [knobs[i] for i in sub])] - f * cached(base, [knobs[i] for i in sub])
+            for sub in subs
         }
         for k, phi in zip(knobs, shapley(values, len(knobs)), strict=True):
             shap[k.spec].append(phi)

@@ -447,7 +447,9 @@ def _whatif(doc: Whatif) -> _Parts:
     shap_rng = given(doc.shapley_ranges_ns) or {}
     if s_ns is not None and shap and given(doc.identified) is False:
         # which rank paid the profiler's cost is not identified: the split's ranges, no cause named
-        spans = ", ".join(f"{k} {fmt_ms(lo)} to {fmt_ms(hi)}" for k, (lo, hi) in shap_rng.items() if k != "residual")
+        spans = ", ".join(
+            f"{k} {fmt_ms(lo)} to {fmt_ms(hi)}" for k, (lo, hi) in shap_rng.items() if k != "residual"
+        )
         answer = (
             f"Of the shortfall S = {fmt_ms(s_ns)} per token, the replay's Shapley split is not identified: "
             "the profiler's cost was solved from one per-token time (no calibration in the manifest), and "
