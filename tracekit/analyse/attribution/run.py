@@ -370,10 +370,10 @@ def finish_attribution(
             int(sum(int(span[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
         ):
             raise AssertionError(f"{label}: the critical path does not cover its steps' ranges")
-    # a step's path covers its longest window cut at the previous token's end (`Graph.path_spans`),
-    # the partition the whole window: where a window opened before the previous token ended (a
-    # noisy host, an early annotation) the time the previous token's path holds is this one's
-    # offset, so a change of the windows alone moves the offset, never a part of the path
+    # a step's path covers the window of the rank that ends it, cut at the previous token's end
+    # (`Graph.path_spans`), the partition the longest window: another rank's window opened earlier
+    # (a noisy host, an early annotation) or one opened before the previous token ended is this
+    # step's offset, so a change of the windows alone moves the offset, never a part of the path
     window = att.per_token["window"]
     if path_token["step"] != window:
         extra = window - path_token["step"]
