@@ -72,6 +72,9 @@ class Correction:
     #: (ns, parts before the baseline's are subtracted), over the one cost on every rank and the cost
     #: on each rank alone at both ends of the interval that gives the unprofiled time
     ranges: dict[str, dict[str, list[int]]] | None = None
+    #: where not identified: each rank's interval of costs per call that alone give the unprofiled
+    #: time, (rank, lo, hi) ns (the what-if reads its predictions over the same splits)
+    intervals: list[tuple[int, float, float]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"method": self.method}
@@ -166,7 +169,9 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
         return _proportional(run, target, [why])
     lat = model.latencies(setting_for(model, (), None, model.n_ranks))
     t_c = g.times(lat)
-    meas = graph_parts(g, g.t)
+    meas = run.__dict__.get("_measured_graph_parts")
+    if meas is None:  # the graph's reading at the measured times: the same for every correction
+        meas = run.__dict__["_measured_graph_parts"] = graph_parts(g, g.t)
     corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
     r_idx = {r: i for i, r in enumerate(g.ranks)}
@@ -279,8 +284,7 @@ def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, 
 
     ranges: dict[str, dict[str, list[int]]] = {}
     spread = False
-    keys = ("wait", "sync", "idle", *(f"path_{p}" for p in ("host", "compute", "memory", "transfer", "sync")))
-    for key in keys:
+    for key in _KEYS:
         ranges[key] = {}
         for r in ranks if key.startswith("path_") else [*ranks, None]:
             vals = [of(f, key, r) for f in figures]
@@ -291,31 +295,112 @@ def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, 
     return ranges if spread else None
 
 
-def _flat_end(err: Any, c0: float, tol: float, limit: float = 1e6) -> float:
-    """The largest cost c >= c0 with err(c) still within `tol` of 0 (err non-increasing), up to
-    `limit` ns per call: doubling steps, then bisection to max(500 ns, 5% of c0)."""
-    lo, step = c0, max(c0, 1000.0)
-    hi = c0 + step
-    while abs(err(hi)) <= tol:
-        lo, step = hi, step * 2
-        hi = lo + step
-        if hi > limit:
+def _alone(ranks: list[int], r: int, c: float) -> tuple[tuple[int, float], ...]:
+    """The split that puts a cost of `c` per runtime call on rank `r` alone."""
+    return tuple((q, c if q == r else 0.0) for q in ranks)
+
+
+def _flat_end(means: Any, c0: float, tol: float, limit: float) -> float:
+    """The largest cost c in [c0, `limit`] whose replayed mean is still within `tol` of the target
+    (the error non-increasing in c): `means(costs)` gives the error at several costs in one forward
+    pass; a grid of IDENTIFY_GRID costs over the bracket, then over the cell where it leaves `tol`,
+    down to max(500 ns, 5% of c0)."""
+    lo, hi = c0, limit
+    if hi <= lo:
+        return lo
+    while True:
+        grid = [lo + (hi - lo) * i / IDENTIFY_GRID for i in range(1, IDENTIFY_GRID + 1)]
+        errs = means(grid)
+        bad = [i for i, e in enumerate(errs) if abs(e) > tol]
+        if not bad:
+            return hi
+        i = bad[0]
+        lo, hi = (grid[i - 1] if i else lo), grid[i]
+        if hi - lo <= max(500.0, 0.05 * c0):
             return lo
-    while hi - lo > max(500.0, 0.05 * c0):
-        mid = (lo + hi) / 2
-        if abs(err(mid)) <= tol:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
-#: points of each rank's cost interval `_identify` reads the corrected figures at (the ends included)
-IDENTIFY_POINTS = 8
+#: points of each rank's cost interval `_identify` reads the corrected figures at first (the ends
+#: included), before it bisects where the figures bend
+IDENTIFY_POINTS = 4
 #: the largest cost per call on one rank `_identify` looks at, times the one solved for every rank
 IDENTIFY_MAX_FACTOR = 8
 #: the figures `_identify` holds to one value: a spread beyond max(this, 1%) is not identified
 IDENTIFY_NS = 1000
+#: costs per forward pass of the search for the end of a rank's cost interval
+IDENTIFY_GRID = 16
+#: at most this many midpoints per cost interval `refine_splits` reads where the figures bend
+IDENTIFY_REFINE = 48
+#: the narrowest cost interval (ns per call) `refine_splits` still bisects
+IDENTIFY_MIN_STEP = 50.0
+
+
+def refine_splits(
+    intervals: list[tuple[int, float, float]],
+    evaluate: Any,
+    known: dict[tuple[int, float], np.ndarray | None] | None = None,
+) -> dict[tuple[int, float], np.ndarray | None]:
+    """Figures over each rank's cost interval (rank, lo, hi), read where they can reach their extremes.
+
+    Every figure is piecewise linear in the cost (the replay is a longest-path pass: a maximum of
+    sums), so its extremes lie at the ends or where it bends. `evaluate(points)` gives a vector of
+    figures per (rank, cost) point (None: not read). Read at IDENTIFY_POINTS + 1 even points of each
+    interval, then at the midpoint of every two neighbours, and where a midpoint leaves the chord
+    between them by more than half of max(IDENTIFY_NS, 1%) in any figure, both halves again (a bend
+    the midpoints miss moves an extreme by less than max(IDENTIFY_NS, 1%)), down to
+    IDENTIFY_MIN_STEP ns per call, at most IDENTIFY_REFINE midpoints per interval. Returns every
+    point read (with `known`'s)."""
+    seen: dict[tuple[int, float], np.ndarray | None] = dict(known or {})
+
+    def read(points: list[tuple[int, float]]) -> None:
+        todo = [p for p in dict.fromkeys(points) if p not in seen]
+        if todo:
+            for p, v in zip(todo, evaluate(todo), strict=True):
+                seen[p] = None if v is None else np.asarray(v, dtype=np.float64)
+
+    first: list[tuple[int, float]] = []
+    pairs: list[tuple[int, float, float]] = []
+    n_pts = IDENTIFY_POINTS
+    for r, lo, hi in intervals:
+        cs = [lo + (hi - lo) * i / n_pts for i in range(n_pts + 1)] if hi > lo else [lo]
+        first += [(r, c) for c in cs]
+        pairs += [(r, a, b) for a, b in zip(cs, cs[1:], strict=False)]
+    read(first)
+    spent = 0
+    while pairs and spent < IDENTIFY_REFINE * len(intervals):
+        pairs = [(r, a, b) for r, a, b in pairs if b - a > IDENTIFY_MIN_STEP]
+        pairs = [
+            p for p in pairs if seen.get((p[0], p[1])) is not None and seen.get((p[0], p[2])) is not None
+        ]
+        read([(r, (a + b) / 2) for r, a, b in pairs])
+        spent += len(pairs)
+        bent: list[tuple[int, float, float]] = []
+        for r, a, b in pairs:
+            m = (a + b) / 2
+            fa, fb, fm = seen[(r, a)], seen[(r, b)], seen[(r, m)]
+            if fa is None or fb is None or fm is None:
+                continue
+            tol = np.maximum(IDENTIFY_NS, 0.01 * np.maximum(np.abs(fa), np.abs(fb))) / 2
+            if (np.abs(fm - (fa + fb) / 2) > tol).any():
+                bent += [(r, a, m), (r, m, b)]
+        pairs = bent
+    return seen
+
+
+#: the per-rank figures `_identify` holds to one value, in `_figures`' order
+_KEYS = ("wait", "sync", "idle", *(f"path_{p}" for p in ("host", "compute", "memory", "transfer", "sync")))
+
+
+def _figures(f: Correction, ranks: list[int]) -> np.ndarray:
+    """The figures `_spread` ranges over, as one vector (per key, per rank and the mean)."""
+    out: list[float] = []
+    for key in _KEYS:
+        if key.startswith("path_"):
+            out += [float(f.path["by_rank"].get(r, {}).get(key[len("path_") :], 0)) for r in ranks]
+        else:
+            out += [float(f.per_rank[r][key]) for r in ranks]
+            out.append(float(sum(f.per_rank[q][key] for q in ranks) / len(ranks)))
+    return np.asarray(out)
 
 
 def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> None:
@@ -325,51 +410,66 @@ def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> 
     The correction is redone with the cost on each rank alone, at both ends of the interval of costs
     that give the unprofiled time (a rank that alone cannot reach it is left out); where a rank's
     wait, sync, idle or path part then moves by more than max(1 us, 1%), `corr` is marked not
-    identified, with the ranges over these allocations, points between the ends and the one cost on
-    every rank."""
+    identified, with the ranges over these allocations, the one cost on every rank and points
+    between the ends where the figures can reach their extremes (`refine_splits`). The replays of
+    the search run several costs per forward pass (`_Setting.rank_costs`)."""
     from tracekit.analyse.replay import _Setting, _solve_decreasing
 
     ranks = list(model.ranks)
     tgt = float(target)
     tol = max(1e-4 * tgt, 1.0)
     c_all = float(model.host_deduct)
-    figures = [corr]
-    saved = (model.rank_deduct, model.host_deduct, model.correction)
+    limit = IDENTIFY_MAX_FACTOR * c_all
+
+    def errs(splits: list[tuple[tuple[int, float], ...]]) -> list[float]:
+        settings = [_Setting(host_deduct=max(c for _, c in sp), rank_costs=sp) for sp in splits]
+        return [float(p.mean()) - tgt for p in model.replay_many(settings)]
+
+    # removing host time never slows the replay, so one rank alone needs at least the cost the solve
+    # put on every rank, and a rank that cannot reach the target alone at the search's farthest cost
+    # (c_all + 8 c_all: `_solve_decreasing`'s last bracket) reaches it nowhere: both ends for every
+    # rank in one forward pass, the solve only for the ranks that can
+    far = c_all + IDENTIFY_MAX_FACTOR * c_all
+    ends = errs([_alone(ranks, r, c) for r in ranks for c in (c_all, far)])
     intervals: list[tuple[int, float, float]] = []
-    for r in ranks:
+    for i, r in enumerate(ranks):
+        e0, e_far = ends[2 * i], ends[2 * i + 1]
+        if abs(e0) > tol and e_far > 0:
+            continue
 
         def err(c: float, r: int = r) -> float:
-            model.rank_deduct = {q: (c if q == r else 0.0, 0.0) for q in ranks}
-            model.host_deduct = c
-            return float(model.replay(_Setting(host_deduct=c)).mean()) - tgt
+            return errs([_alone(ranks, r, c)])[0]
 
-        # removing host time never slows the replay, so one rank alone needs at least the cost the
-        # solve put on every rank; costs past IDENTIFY_MAX_FACTOR times it are not looked for
-        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, IDENTIFY_MAX_FACTOR * c_all)
+        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, limit)
         if c_r is None or c_r < 0:
             continue
         # the token time stops falling once another rank is last: every cost up to where it
         # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
-        flat = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt), IDENTIFY_MAX_FACTOR * c_all)
+        flat = _flat_end(
+            lambda cs, r=r: errs([_alone(ranks, r, c) for c in cs]), c_r, max(IDENTIFY_NS, 0.01 * tgt), limit
+        )
         intervals.append((r, c_r, flat))
 
-    def read(r: int, c: float) -> None:
-        other = _correct(run, target, {q: (c if q == r else 0.0) for q in ranks})
-        if other.method == REPLAY:
-            figures.append(other)
+    def read(points: list[tuple[int, float]]) -> list[np.ndarray | None]:
+        out: list[np.ndarray | None] = []
+        for r, c in points:
+            other = _correct(run, target, dict(_alone(ranks, r, c)))
+            out.append(_figures(other, ranks) if other.method == REPLAY else None)
+            if other.method == REPLAY:
+                figures.append(other)
+        return out
 
-    for r, lo, hi in intervals:  # the interval's ends
-        for c in (lo, hi) if hi > lo else (lo,):
-            read(r, c)
+    figures = [corr]
+    known: dict[tuple[int, float], np.ndarray | None] = {}
+    ends_read = [(r, c) for r, lo, hi in intervals for c in ((lo, hi) if hi > lo else (lo,))]
+    known.update(zip(ends_read, read(ends_read), strict=True))
     if _spread(figures, ranks) is not None:  # the figures need not be monotone: points between
-        for r, lo, hi in intervals:
-            for i in range(1, IDENTIFY_POINTS):
-                read(r, lo + (hi - lo) * i / IDENTIFY_POINTS)
-    model.rank_deduct, model.host_deduct, model.correction = saved
+        refine_splits(intervals, read, known)
     ranges = _spread(figures, ranks)
     if ranges is not None:
         corr.identified = False
         corr.ranges = ranges
+        corr.intervals = intervals
         corr.notes.append(
             "the profiler's cost per rank is not identified (solved from one per-token time, no "
             "calibration): removed from each rank alone it gives each rank's wait, sync, idle and "

@@ -11,7 +11,8 @@ from tracekit.model.parts import (
     PATH_PARTS,
     TERM_WORDS,
 )
-from tracekit.report.sections.fmt import fmt_ms, fmt_ms_interval, fmt_pct, fmt_us, fmt_x, prose, short_words
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
+from tracekit.report.sections.fmt import fmt_ms_interval, prose, short_words
 
 if TYPE_CHECKING:
     from tracekit.report.data import ReportData
@@ -211,7 +212,7 @@ def _interval_text(data: ReportData) -> str:
     return ""
 
 
-def headline_line(data: ReportData, shortfall: dict[str, Any] | None = None) -> str:
+def headline_line(data: ReportData) -> str:
     """The one line on top of every report: TN against the ideal, S with its interval, the term
     that holds the run back with its share (the shortfall's noise reading decides whether a term is
     a finding: docs/METHOD.md section Noise and the profiler correction), and the cause on the
