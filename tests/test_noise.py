@@ -18,6 +18,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from committed_pairs import committed_shortfall
 
 from tracekit.analyse import noise
 from tracekit.analyse.attribution.pair import shortfall
@@ -348,3 +349,58 @@ def test_diagnosis_follows_the_verdicts_cause_not_a_larger_term_inside_its_noise
     assert "busbw" in dx
     for coordination_clause in ("Idle time grew", "Ranks wait", "synchronisation", "straggler", "host"):
         assert coordination_clause not in dx, dx
+
+
+def _tie_pair(seed: int, transfer: int, gap_s: int) -> dict:
+    # truth (as in _drift_pair): transfer = `transfer`, coordination = gap_s + 10 - 200 / 2;
+    # compute 0; interleaved rounds, so the host's drift falls on both runs alike
+    sp = [0.9, 1.1, 1.0, 0.95, 1.05, 1.0]
+    return _pair(
+        seed,
+        {"compute": 800, "gap": 200, "transfer": 0},
+        {"compute": 400, "gap": gap_s, "transfer": transfer},
+        sd=40,
+        speeds_b=sp,
+        speeds_s=sp,
+        group="study-1",
+    )
+
+
+def test_two_terms_equal_by_construction_are_named_together_not_ranked():
+    # transfer 100 and coordination 190 + 10 - 100 = 100: equal, so neither may be named as the
+    # larger; a 95% interval of their difference covers the true zero about 19 times in 20
+    together = 0
+    for seed in range(4):
+        doc = _tie_pair(seed, transfer=100, gap_s=190)
+        rd = doc["noise"]
+        assert rd["status"] == "attributed"
+        named = {rd["cause"], *(t["term"] for t in rd["tied"])}
+        if named == {"transfer", "coordination"}:
+            together += 1
+            (t,) = rd["tied"]
+            assert t["lead_ns"][0] <= 0 <= t["lead_ns"][1] or t["lead_ns"][0] <= 0
+            assert "hold this run back together" in doc["verdict"]
+            assert "which is larger is within noise" in doc["verdict"]
+            assert "holds this run back" not in doc["verdict"]
+    assert together >= 3
+
+
+def test_a_term_that_leads_beyond_its_noise_is_named_alone():
+    # transfer 300 against coordination 100: the lead (200 ns) is far outside the noise
+    for seed in range(2):
+        doc = _tie_pair(seed, transfer=300, gap_s=190)
+        rd = doc["noise"]
+        assert rd["cause"] == "transfer" and rd["tied"] == []
+        assert doc["verdict"].startswith("Transfer holds this run back")
+
+
+def test_a_loaded_host_study_names_both_terms_its_noise_cannot_order():
+    # traces/cpu-loaded-tp{1,2}: a `tracekit study` beside two busy loops; coordination and the
+    # gloo exchange both clear zero but their difference does not (traces/README.md)
+    doc = committed_shortfall("cpu-loaded-tp1", "cpu-loaded-tp2").to_json()
+    rd = doc["noise"]
+    assert rd["terms"]["coordination"]["reading"] == rd["terms"]["transfer"]["reading"] == "finding"
+    assert {rd["cause"], *(t["term"] for t in rd["tied"])} == {"coordination", "transfer"}
+    (t,) = rd["tied"]
+    assert t["lead_ns"][0] <= 0 <= t["lead_ns"][1]
+    assert doc["verdict"].startswith("Coordination and gloo exchange hold this run back together")

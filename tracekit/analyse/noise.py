@@ -35,7 +35,7 @@ spanning zero means the run is too noisy to attribute.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -89,6 +89,18 @@ class Intervals:
     resamples: int = RESAMPLES
     seed: int = SEED
     level: float = LEVEL
+    #: "a-b" (a before b in TERMS' order) -> the interval of term a minus term b over the same
+    #: resamples: whether the larger of two terms is larger beyond the noise (`reading`'s ties)
+    leads: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def lead(self, a: str, b: str) -> tuple[int, int] | None:
+        """The interval of term `a` minus term `b`, or None where it was not drawn."""
+        if f"{a}-{b}" in self.leads:
+            return self.leads[f"{a}-{b}"]
+        if f"{b}-{a}" in self.leads:
+            lo, hi = self.leads[f"{b}-{a}"]
+            return -hi, -lo
+        return None
 
     @property
     def method(self) -> str:
@@ -281,6 +293,11 @@ def bootstrap(
         shortfall=_q(tn - factor * t1, level),
         terms={k: _q(v, level) for k, v in terms.items()},
         coordination={k: _q(leaf[:, i[k]], level) for k in COORD},
+        leads={
+            f"{a}-{b}": _q(terms[a] - terms[b], level)
+            for j, a in enumerate(terms)
+            for b in list(terms)[j + 1 :]
+        },
         basis=basis,
         paired=paired,
         rounds={"baseline": kb, "sharded": ks},
@@ -317,11 +334,14 @@ class Reading:
     cause: str | None
     terms: dict[str, dict[str, Any]]
     shortfall: dict[str, Any]
+    #: the findings the cause does not lead beyond the noise (its lead's interval reaches zero): [{"term", "lead_ns": [lo, hi]}], largest first; the verdict names them with it
+    tied: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "status": self.status,
             "cause": self.cause,
+            "tied": [dict(t) for t in self.tied],
             "shortfall": dict(self.shortfall),
             "terms": {k: dict(v) for k, v in self.terms.items()},
         }
@@ -344,7 +364,15 @@ def reading(s_ns: int, terms_ns: Mapping[str, int], iv: Intervals) -> Reading:
     if not found:
         return Reading("unattributed", None, terms, shortfall)
     cause = max(found, key=lambda k: (terms[k]["ns"], k))
-    return Reading("attributed", cause, terms, shortfall)
+    # the cause is named alone only where it leads every other finding (a term clear of zero)
+    # beyond the noise (the lead's interval over the same resamples above zero); a finding it
+    # does not lead so is named beside it, the order not claimed (a term within its noise never is)
+    tied = []
+    for k in sorted(terms, key=lambda k: (-terms[k]["ns"], k)):
+        lead = iv.lead(cause, k)
+        if k != cause and terms[k]["reading"] == "finding" and lead is not None and lead[0] <= 0:
+            tied.append({"term": k, "lead_ns": list(lead)})
+    return Reading("attributed", cause, terms, shortfall, tied)
 
 
 #: what a term below zero (its interval clear of zero) means, in words; {n} the TP degree

@@ -96,10 +96,29 @@ def verdict(sf: Shortfall) -> str:
         )
     top = rd.cause
     assert top is not None
-    others = "; ".join(clause(k) for k in shown if k != top)
     # the path sentence names the waiting the path causes; with coordination inside its noise
     # that waiting would be noise passed off as a consequence, so it is left out
     path = path_cause(sf) if rd.terms["coordination"]["reading"] != "within_noise" else ""
+    if rd.tied:  # the cause does not lead them beyond the noise: named together, the order not claimed
+        named = [top, *(t["term"] for t in rd.tied)]
+        others = "; ".join(clause(k) for k in shown if k not in named)
+        lead = "; ".join(f"{names[top]} minus {names[t['term']]} {iv_words(t['lead_ns'])}" for t in rd.tied)
+        title = " and ".join([", ".join(names[k] for k in named[:-1]), names[named[-1]]])
+        shares = " and ".join(
+            [", ".join(f"{terms[k] / s:.0%}" for k in named[:-1]), f"{terms[named[-1]] / s:.0%}"]
+        )
+        what = " and ".join(
+            f"{words[k]} ({_ms(terms[k])} {iv_words(rd.terms[k]['interval'])})" for k in named
+        )
+        return (
+            f"{title[0].upper() + title[1:]} hold this run back together: {shares} of the {_ms(s)} {s_iv} "
+            f"per-token shortfall ({head}) are {what}; which is larger is within noise ({lead})"
+            + (f"; {others}" if others else "")
+            + f" ({basis}). "
+            + (f"{path} " if path else "")
+            + dil
+        )
+    others = "; ".join(clause(k) for k in shown if k != top)
     return (
         f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "
         f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {iv_words(rd.terms[top]['interval'])}); "

@@ -159,9 +159,15 @@ class ShortfallShortfall(Doc, kw_only=True):
     reading: str
 
 
+class ShortfallTied(Doc, kw_only=True):
+    term: str
+    lead_ns: list[int]
+
+
 class ShortfallNoise(Doc, kw_only=True):
     status: str
     cause: str | None
+    tied: list[ShortfallTied]
     shortfall: ShortfallShortfall
     terms: dict[str, ShortfallShortfall]
 
@@ -369,6 +375,9 @@ class Shortfall(Doc, kw_only=True):
                     "coordination_ns": {"wait": [lo, hi], "sync": [...], "idle": [...]}},   # 95% bootstrap
       "noise": {"status": "attributed" | "too_noisy" | "unattributed" | "beats_ideal",
                 "cause": "coordination" | null,        # the term the verdict names (attributed only)
+                "tied": [{"term": "transfer", "lead_ns": [lo, hi]}],   # positive terms the cause does not
+                                                       # lead beyond the noise (cause minus term spans zero):
+                                                       # named beside it, the order not claimed
                 "shortfall": {"ns", "interval", "reading"},
                 "terms": {"compute": {"ns": ..., "interval": [lo, hi],
                                       "reading": "finding" | "within_noise" | "negative"}, ...}},
