@@ -119,30 +119,38 @@ def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correcti
 def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None) -> Correction:
     """The correction through the replay; `rank_cost`: a cost per runtime call for each rank
     instead of the calibration or the solved one (`_identify`'s allocations)."""
-    from tracekit.analyse.critical_path import path_of
-    from tracekit.analyse.replay import RunModel, calibrate, setting_for
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
+    corr, job = correct_first(run, target, rank_cost)
+    if job is not None:
+        _identify(run, job, corr)
+    return corr
 
-    g = run.graph
-    if g is None:
-        return _proportional(run, target, ["the run's dependency graph is not at hand"])
+
+@dataclass(frozen=True)
+class IdentifyJob:
+    """What the identifiability check of a solved cost (`_identify`) needs besides the run and its
+    graph: the corrected per-token time, the cost per call solved for every rank, the graph's
+    ranks. Its per-rank work (`identify_ends`, `identify_between`) is independent rank by rank:
+    a plan runs it as one task per rank (`plans.Fan`)."""
+
+    target: Fraction
+    cost_ns: float
+    ranks: tuple[int, ...]
+
+
+def _run_model(run: RunParts, target: Fraction) -> Any:
+    """The replay model `_correct` corrects `run` with (its steady steps but the first), before
+    any calibration."""
+    from tracekit.analyse.replay import RunModel
+
     steady = run.steady_steps
-    pos = {s: i for i, s in enumerate(g.steps)}
-    if any(s not in pos for s in steady) or not steady:
-        return _proportional(run, target, ["the dependency graph does not hold every steady step"])
-    if run.timeline != "gpu":
-        # a CPU-only run's host ops are dilated like its gaps: one factor on host time, which the
-        # proportional rule already is (the replay's host correction is that same factor)
-        return _proportional(run, target, ["a host timeline: every host-executed part scaled by one factor"])
-    timeline = "gpu"
-    # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
-    # window is missing starts its graph there): it is corrected by the other steps' mean correction
     used = list(steady[1:]) if len(steady) > 1 else list(steady)
-    model = RunModel(
+    g = run.graph
+    assert g is not None
+    return RunModel(
         label="run",
         n_ranks=len(run.ranks),
         ranks=list(g.ranks),
-        timeline=timeline,
+        timeline="gpu",
         steps=used,
         graph=g,
         measured_ns=np.zeros(len(used), dtype=np.int64),
@@ -150,6 +158,38 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
         target_ns=target,
         calibration=run.profiler_calibration,
     )
+
+
+def correct_first(
+    run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None
+) -> tuple[Correction, IdentifyJob | None]:
+    """`_correct` without the identifiability check of a solved cost: the Correction and, where
+    that check applies (a cost solved on several ranks), its `IdentifyJob` (else None); the check
+    is `identify_ends` per rank, `identify_between` per rank where the ends spread
+    (`identify_spread`), then `identify_finish` on the Correction."""
+    from tracekit.analyse.critical_path import path_of
+    from tracekit.analyse.replay import calibrate, setting_for
+    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
+
+    g = run.graph
+    if g is None:
+        return _proportional(run, target, ["the run's dependency graph is not at hand"]), None
+    steady = run.steady_steps
+    pos = {s: i for i, s in enumerate(g.steps)}
+    if any(s not in pos for s in steady) or not steady:
+        return _proportional(run, target, ["the dependency graph does not hold every steady step"]), None
+    if run.timeline != "gpu":
+        # a CPU-only run's host ops are dilated like its gaps: one factor on host time, which the
+        # proportional rule already is (the replay's host correction is that same factor)
+        return (
+            _proportional(run, target, ["a host timeline: every host-executed part scaled by one factor"]),
+            None,
+        )
+    timeline = "gpu"
+    # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
+    # window is missing starts its graph there): it is corrected by the other steps' mean correction
+    used = list(steady[1:]) if len(steady) > 1 else list(steady)
+    model = _run_model(run, target)
     if rank_cost is None:
         calibrate(model)
     else:
@@ -162,7 +202,7 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
             if model.correction == "none"
             else "the device sets this run's time (the correction scales device times, not calls)"
         )
-        return _proportional(run, target, [why])
+        return _proportional(run, target, [why]), None
     lat = model.latencies(setting_for(model, (), None, model.n_ranks))
     t_c = g.times(lat)
     meas = graph_parts(g, g.t)
@@ -172,7 +212,7 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
     ranks = sorted(run.ranks)
     missing = [r for r in ranks if r not in r_idx]
     if missing:
-        return _proportional(run, target, [f"rank(s) {missing} are not in the dependency graph"])
+        return _proportional(run, target, [f"rank(s) {missing} are not in the dependency graph"]), None
     rs = run.rank_steps.sort_values(["step", "rank"])
     cols = [f"{p}_ns" for p in LEAF_PARTS]
     acc = rs[cols].to_numpy(np.int64).reshape(len(steady), len(ranks), len(LEAF_PARTS))
@@ -259,8 +299,8 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
         rows=rows_f,
     )
     if rank_cost is None and model.correction == "solved" and len(g.ranks) > 1 and model.host_deduct > 0:
-        _identify(run, target, model, corr_out)
-    return corr_out
+        return corr_out, IdentifyJob(target, float(model.host_deduct), tuple(int(r) for r in g.ranks))
+    return corr_out, None
 
 
 def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, list[int]]] | None:
@@ -317,7 +357,7 @@ IDENTIFY_MAX_FACTOR = 8
 IDENTIFY_NS = 1000
 
 
-def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> None:
+def _identify(run: RunParts, job: IdentifyJob, corr: Correction) -> None:
     """Whether a solved cost identifies the corrected per-rank figures (docs/METHOD.md section Noise
     and the profiler correction). One unprofiled per-token time is one equation: ranks held together
     by their collectives have one token time, so a cost solved from it cannot say which rank paid it.
@@ -325,47 +365,83 @@ def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> 
     that give the unprofiled time (a rank that alone cannot reach it is left out); where a rank's
     wait, sync, idle or path part then moves by more than max(1 us, 1%), `corr` is marked not
     identified, with the ranges over these allocations, points between the ends and the one cost on
-    every rank."""
+    every rank. Rank by rank here; a plan runs the same functions one task per rank."""
+    ends = [identify_ends(run, job, r) for r in job.ranks]
+    figures = [corr, *(f for _iv, fs in ends for f in fs)]
+    if identify_spread(job, figures):  # the figures need not be monotone: points between
+        for iv, _fs in ends:
+            if iv is not None:
+                figures.extend(identify_between(run, job, iv))
+    identify_finish(job, corr, figures)
+
+
+def identify_interval(run: RunParts, job: IdentifyJob, r: int) -> tuple[int, float, float] | None:
+    """The interval [lo, hi] of costs per call that, on rank `r` alone, give the unprofiled
+    per-token time (as (r, lo, hi)), or None where that rank alone cannot reach it."""
     from tracekit.analyse.replay import _Setting, _solve_decreasing
 
-    ranks = list(model.ranks)
-    tgt = float(target)
+    model = _run_model(run, job.target)
+    ranks = list(job.ranks)
+    tgt = float(job.target)
     tol = max(1e-4 * tgt, 1.0)
-    c_all = float(model.host_deduct)
-    figures = [corr]
-    saved = (model.rank_deduct, model.host_deduct, model.correction)
-    intervals: list[tuple[int, float, float]] = []
-    for r in ranks:
+    c_all = job.cost_ns
 
-        def err(c: float, r: int = r) -> float:
-            model.rank_deduct = {q: (c if q == r else 0.0, 0.0) for q in ranks}
-            model.host_deduct = c
-            return float(model.replay(_Setting(host_deduct=c)).mean()) - tgt
+    def err(c: float) -> float:
+        model.rank_deduct = {q: (c if q == r else 0.0, 0.0) for q in ranks}
+        model.host_deduct = c
+        return float(model.replay(_Setting(host_deduct=c)).mean()) - tgt
 
-        # removing host time never slows the replay, so one rank alone needs at least the cost the
-        # solve put on every rank; costs past IDENTIFY_MAX_FACTOR times it are not looked for
-        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, IDENTIFY_MAX_FACTOR * c_all)
-        if c_r is None or c_r < 0:
-            continue
-        # the token time stops falling once another rank is last: every cost up to where it
-        # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
-        flat = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt), IDENTIFY_MAX_FACTOR * c_all)
-        intervals.append((r, c_r, flat))
+    # removing host time never slows the replay, so one rank alone needs at least the cost the
+    # solve put on every rank; costs past IDENTIFY_MAX_FACTOR times it are not looked for
+    c_r = _solve_decreasing(err, c_all, c_all / 4, tol, IDENTIFY_MAX_FACTOR * c_all)
+    if c_r is None or c_r < 0:
+        return None
+    # the token time stops falling once another rank is last: every cost up to where it
+    # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
+    flat = _flat_end(err, c_r, max(IDENTIFY_NS, 0.01 * tgt), IDENTIFY_MAX_FACTOR * c_all)
+    return r, c_r, flat
 
-    def read(r: int, c: float) -> None:
-        other = _correct(run, target, {q: (c if q == r else 0.0) for q in ranks})
+
+def _read_at(run: RunParts, job: IdentifyJob, r: int, costs: list[float]) -> list[Correction]:
+    """The correction with the cost `c` on rank `r` alone, for each c (those the replay corrects;
+    their per-rank parts and path, what `_spread` reads: not their rows)."""
+    out = []
+    for c in costs:
+        other, _ = correct_first(run, job.target, {q: (c if q == r else 0.0) for q in job.ranks})
         if other.method == REPLAY:
-            figures.append(other)
+            other.rows = None
+            out.append(other)
+    return out
 
-    for r, lo, hi in intervals:  # the interval's ends
-        for c in (lo, hi) if hi > lo else (lo,):
-            read(r, c)
-    if _spread(figures, ranks) is not None:  # the figures need not be monotone: points between
-        for r, lo, hi in intervals:
-            for i in range(1, IDENTIFY_POINTS):
-                read(r, lo + (hi - lo) * i / IDENTIFY_POINTS)
-    model.rank_deduct, model.host_deduct, model.correction = saved
-    ranges = _spread(figures, ranks)
+
+def identify_ends(
+    run: RunParts, job: IdentifyJob, r: int
+) -> tuple[tuple[int, float, float] | None, list[Correction]]:
+    """Rank `r`'s share of `_identify`, first round: its interval (`identify_interval`) and the
+    corrections at the interval's ends (none where the rank alone cannot reach the time)."""
+    iv = identify_interval(run, job, r)
+    if iv is None:
+        return None, []
+    _, lo, hi = iv
+    return iv, _read_at(run, job, r, [lo, hi] if hi > lo else [lo])
+
+
+def identify_between(run: RunParts, job: IdentifyJob, iv: tuple[int, float, float]) -> list[Correction]:
+    """Rank `iv[0]`'s share of `_identify`, second round (where the ends spread): the corrections
+    at IDENTIFY_POINTS - 1 costs between the interval's ends."""
+    r, lo, hi = iv
+    return _read_at(run, job, r, [lo + (hi - lo) * i / IDENTIFY_POINTS for i in range(1, IDENTIFY_POINTS)])
+
+
+def identify_spread(job: IdentifyJob, figures: list[Correction]) -> bool:
+    """Whether the figures so far spread (then the points between the ends are read too)."""
+    return _spread(figures, list(job.ranks)) is not None
+
+
+def identify_finish(job: IdentifyJob, corr: Correction, figures: list[Correction]) -> None:
+    """`corr` marked not identified, with the ranges, where `figures` (it first, then every
+    allocation read) spread beyond max(1 us, 1%)."""
+    ranges = _spread(figures, list(job.ranks))
     if ranges is not None:
         corr.identified = False
         corr.ranges = ranges

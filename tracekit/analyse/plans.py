@@ -13,6 +13,10 @@ A `Plan` is what one analysis of one run needs, said once:
     next to the ranks' values, not on the client), then `then(state, result)`; a Reduce may keep
     a value where it ran (`keeps`: the run's dependency graph) for a later Reduce of the plan
     (`on_kept`: the profiler correction on that graph), so it never reaches the client;
+  - a `Fan`: `fn(value a Reduce kept, a)` for each `a` of its argument (a list), one task each
+    (on Dask spread over the workers, the kept value copied to them), then
+    `then(state, [results, in order])`: independent work on one run-level value (the profiler
+    correction's identifiability check, one task per rank);
 - `finish(state, arg)`: on the client, the analysis result.
 
 A rank stage may keep values for later stages in `RankInput.keep` (its dependency-graph piece,
@@ -49,6 +53,7 @@ __all__ = [
     "RankStage",
     "Reduce",
     "CorrectionInput",
+    "Fan",
     "attribution_plan",
     "breakdown_plan",
     "correction_target",
@@ -102,10 +107,23 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Fan:
+    """`fn(value, a)` for each `a` of the stage's argument (a list; empty: no task), `value` what
+    an earlier Reduce of the plan kept under `key`; each call independent of the others (its own
+    task on Dask, on any worker: `fn` must not change `value`); `then(state, [results in the
+    argument's order])`."""
+
+    name: str
+    key: str
+    fn: Callable[[Any, Any], Any]
+    then: Callable[[Any, list[Any]], Any]
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     start: Callable[[Run], tuple[Any, Any]]
-    stages: tuple[RankStage | Reduce, ...]
+    stages: tuple[RankStage | Reduce | Fan, ...]
     finish: Callable[[Any, Any], Any]
     only_rank: int | None = None  # the plan reads only this rank's events
 
@@ -154,6 +172,8 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
     for stage in plan.stages:
         if isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+        elif isinstance(stage, Fan):
+            arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         else:
             values = None if stage.on_kept else kept(ranks, stage.key)
             arg = stage.then(state, run_reduce(stage, reduced, values, arg))
@@ -198,6 +218,10 @@ class _Attribution:
     att: Any = None
     path: Any = None
     parts: Any = None  # the RunParts (`finish_attribution`)
+    target: Any = None  # the profiler correction's target, its Correction, its IdentifyJob
+    corr: Any = None
+    job: Any = None
+    figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
 
 
 def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
@@ -291,18 +315,40 @@ def correction_target(parts: Any, mode: str | None) -> Any:
     return Fraction(u.mean_ns) if u is not None and u.n else None
 
 
-def _att_correct(graph: Any, arg: tuple[CorrectionInput | None, Any, bool]) -> tuple[Any, Any, Any]:
-    """The profiler correction of the run (`correction.correct_run`) on its graph, where the
-    graph is: (target, Correction or None, the graph when the caller keeps it)."""
-    from tracekit.analyse.correction import correct_run
+def _att_correct(
+    graph: Any, arg: tuple[CorrectionInput | None, Any, bool]
+) -> tuple[tuple[Any, Any, Any, Any], CorrectionInput | None]:
+    """The profiler correction of the run (`correction.correct_first`) on its graph, where the
+    graph is: ((target, Correction or None, the graph when the caller keeps it, the
+    identifiability check's `IdentifyJob` or None), the correction's input with the graph, kept
+    there for that check's tasks (`Fan`s))."""
+    from dataclasses import replace
+
+    from tracekit.analyse.correction import correct_first
 
     inp, target, keep = arg
-    corr = None
+    corr = job = None
+    with_graph = None
     if inp is not None and target is not None:
-        inp.graph = graph
-        corr = correct_run(inp, target)  # type: ignore[arg-type]  # what it reads of a RunParts
-        inp.graph = None
-    return target, corr, (graph if keep else None)
+        with_graph = replace(inp, graph=graph)
+        corr, job = correct_first(with_graph, target)  # type: ignore[arg-type]  # what it reads of a RunParts
+    return (target, corr, (graph if keep else None), job), with_graph
+
+
+def _att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
+    """One rank's first round of the identifiability check (`correction.identify_ends`)."""
+    from tracekit.analyse.correction import identify_ends
+
+    job, r = arg
+    return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
+
+
+def _att_identify_between(inp: CorrectionInput, arg: tuple[Any, tuple[int, float, float]]) -> Any:
+    """One rank's second round (`correction.identify_between`)."""
+    from tracekit.analyse.correction import identify_between
+
+    job, iv = arg
+    return identify_between(inp, job, iv)  # type: ignore[arg-type]  # what it reads of a RunParts
 
 
 def attribution_plan(
@@ -430,12 +476,31 @@ def attribution_plan(
         )
         return inp, target, keep_graph
 
-    def after_correct(st: _Attribution, got: tuple[Any, Any, Any]) -> None:
-        target, corr, graph = got
-        if corr is not None:  # where `correction.correct_run` looks first
-            st.parts.__dict__.setdefault("_corrections", {})[target] = corr
+    def after_correct(st: _Attribution, got: tuple[Any, Any, Any, Any]) -> list[Any]:
+        target, corr, graph, job = got
+        st.target, st.corr, st.job = target, corr, job
         if graph is not None:
             st.parts.graph = graph
+        # the identifiability check of a solved cost, one task per rank
+        return [] if job is None else [(job, r) for r in job.ranks]
+
+    def after_ends(st: _Attribution, got: list[Any]) -> list[Any]:
+        from tracekit.analyse.correction import identify_spread
+
+        if st.job is None:
+            return []
+        st.figures = [st.corr, *(f for _iv, fs in got for f in fs)]
+        if not identify_spread(st.job, st.figures):
+            return []
+        return [(st.job, iv) for iv, _fs in got if iv is not None]  # the points between the ends
+
+    def after_between(st: _Attribution, got: list[Any]) -> None:
+        from tracekit.analyse.correction import identify_finish
+
+        if st.job is not None:
+            identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)])
+        if st.corr is not None:  # where `correction.correct_run` looks first
+            st.parts.__dict__.setdefault("_corrections", {})[st.target] = st.corr
 
     def finish(st: _Attribution, _arg: Any) -> Any:
         return st.parts
@@ -448,7 +513,9 @@ def attribution_plan(
             RankStage("windows", _att_windows, after_windows),
             RankStage("attribute", _att_rank, after_ranks),
             Reduce("path", "graph", _att_path, after_path, keeps="run_graph"),
-            Reduce("correction", "run_graph", _att_correct, after_correct, on_kept=True),
+            Reduce("correction", "run_graph", _att_correct, after_correct, keeps="corr_run", on_kept=True),
+            Fan("identify", "corr_run", _att_identify_ends, after_ends),
+            Fan("identify_between", "corr_run", _att_identify_between, after_between),
         ),
         finish,
     )
