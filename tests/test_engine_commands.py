@@ -158,8 +158,8 @@ def test_the_whatif_on_the_plans_refuses_a_run_without_its_graph(monkeypatch: py
     real = plans._att_correct
 
     def no_graph(graph: Any, arg: Any) -> Any:
-        target, corr, _graph = real(graph, arg)
-        return target, corr, None
+        (target, corr, _graph, job), kept = real(graph, arg)
+        return (target, corr, None, job), kept
 
     monkeypatch.setattr(plans, "_att_correct", no_graph)
     with pytest.raises(EngineError, match="--engine local"):

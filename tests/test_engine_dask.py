@@ -413,5 +413,7 @@ def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_
     serial = correct_run(parts, target)  # recomputed here: the graph came back (keep_graph)
     assert serial is not fanned
     assert serial.to_json() == fanned.to_json()
-    assert serial.ranges == fanned.ranges and serial.per_rank == fanned.per_rank and serial.path == fanned.path
+    assert (
+        serial.ranges == fanned.ranges and serial.per_rank == fanned.per_rank and serial.path == fanned.path
+    )
     assert serial.rows is not None and fanned.rows is not None and (serial.rows == fanned.rows).all()
