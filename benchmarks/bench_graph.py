@@ -35,7 +35,8 @@ import itertools, json, sys, time
 from fractions import Fraction
 from tracekit.read import read_run
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.shortfall import attribute_run, shortfall_from_parts
+from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.attribution.pair import shortfall_from_parts
 from tracekit.analyse import replay as R
 from tracekit.analyse import critical_path as CP
 

@@ -63,7 +63,7 @@ def _warm_rss_mb() -> float:
     resident memory: a worker's idle baseline, without the run's data."""
     import pyarrow.parquet  # noqa: F401
 
-    import tracekit.analyse.shortfall  # noqa: F401
+    import tracekit.analyse.attribution.pair  # noqa: F401
     import tracekit.analyse.timeline.breakdown  # noqa: F401
     import tracekit.read.kineto  # noqa: F401
 
@@ -83,7 +83,7 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
 
     out: dict = {"case": case}
     if case == "local":
-        from tracekit.analyse.shortfall import shortfall
+        from tracekit.analyse.attribution.pair import shortfall
         from tracekit.analyse.timeline.breakdown import breakdown
         from tracekit.read import read_run
 
@@ -99,8 +99,8 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
     else:
         from distributed import Client, LocalCluster
 
+        from tracekit.analyse.attribution.pair import shortfall_of_pair
         from tracekit.analyse.plans import attribution_plan, breakdown_plan
-        from tracekit.analyse.shortfall import shortfall_of_pair
         from tracekit.engine import pair_check
         from tracekit.engine.dask_engine import DaskExecutor
         from tracekit.engine.executor import Job

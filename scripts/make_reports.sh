@@ -3,8 +3,14 @@
 # Every HTML page is self-contained (plotly.js inlined, no --cdn): it opens offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/fetch_plotly_basic.sh  # the pages inline the basic plotly.js build (~1.3 MB a page)
-tk() { tracekit "$@" >/dev/null; }
+if [ -n "${TRACEKIT_RECORD:-}" ]; then
+  # scripts/pin_outputs.py: each command's arguments recorded (NUL-separated, a "\n" argument
+  # ends a command), nothing run; it then runs them itself with the JSON outputs in a temp folder
+  tk() { printf '%s\0' "$@" $'\n' >>"$TRACEKIT_RECORD"; }
+else
+  bash scripts/fetch_plotly_basic.sh  # the pages inline the basic plotly.js build (~1.3 MB a page)
+  tk() { tracekit "$@" >/dev/null; }
+fi
 tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
    -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json
 tk report traces/cpu-tp2-straggler --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=2 with a 20 ms straggler on rank 1 (tiny preset, gloo)" \
@@ -51,10 +57,11 @@ for f in markdown json; do
      --knob transfer=0 --format $f --out reports/whatif/h200x2-graphs-fused.$ext
 done
 # the roofline of the two-H200 CUDA-graph decode (the copy probe and rho measured on the same machine)
-mkdir -p reports/roofline
+[ -n "${TRACEKIT_RECORD:-}" ] || mkdir -p reports/roofline
 for r in h200x2-tp1-b1-graphs h200x2-tp2-b1-graphs; do
   tk roofline traces/$r --copy reports/h200/copy.json --rho reports/rho/h200.json --format json --out reports/roofline/$r.json
   tk roofline traces/$r --copy reports/h200/copy.json --rho reports/rho/h200.json --out reports/roofline/$r.txt
 done
+[ -n "${TRACEKIT_RECORD:-}" ] && exit 0
 find traces reports -name .tracekit-cache -type d -prune -exec rm -rf {} +
 echo "reports regenerated"

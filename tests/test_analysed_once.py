@@ -95,7 +95,7 @@ def test_the_api_and_whatif_share_one_analysis_per_run(tmp_path: Path, calls):
 
 def test_sharing_changes_no_figure():
     """The report's analyses equal breakdown and shortfall of separately read, unshared runs."""
-    from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.attribution.pair import shortfall
     from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
     from tracekit.report.build import _to_json, analyse_dirs

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from gloo_truth import DELAY_MS
 
-from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_from_parts
+from tracekit.analyse.attribution.pair import shortfall_from_parts
+from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.read import read_run
 
 pytestmark = pytest.mark.slow

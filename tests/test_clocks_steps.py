@@ -27,8 +27,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tracekit.analyse.attribution.pair import shortfall_of_pair
+from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.analyse.compare.diff import diff
-from tracekit.analyse.shortfall import RunParts, attribute_run, shortfall_of_pair
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError
 from tracekit.model.events import Run

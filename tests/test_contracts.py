@@ -88,7 +88,7 @@ def test_every_package_has_a_layer() -> None:
         ("analyse/links/curves.py", "from tracekit.analyse.compare import diff", "analyse rooms are layered"),
         (
             "analyse/collectives/select.py",
-            "from tracekit.analyse import shortfall",
+            "from tracekit.analyse.attribution import pair",
             "rooms below the attribution",
         ),
         ("analyse/compute/roofline.py", "from tracekit.analyse import replay", "rooms below the attribution"),

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.shortfall import LEAF_PARTS, attribute_run, shortfall, shortfall_from_parts
+from tracekit.analyse.attribution.pair import shortfall, shortfall_from_parts
+from tracekit.analyse.attribution.run import attribute_run
 from tracekit.model.events import Run, make_events
+from tracekit.model.parts import LEAF_PARTS
 from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -316,7 +318,7 @@ def test_a_share_chance_explains_names_no_straggler() -> None:
     import dataclasses
     import math
 
-    from tracekit.analyse.shortfall import STRAGGLER_ALPHA, last_share_p_value
+    from tracekit.analyse.attribution.straggler import STRAGGLER_ALPHA, last_share_p_value
 
     base = attribute_run(read_run([TRACES / "cpu-tp1"], cache=False), label="baseline")
     rs = base.rank_steps.copy()

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 from gloo_truth import DELAY_MS
 
+from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.compare.diff import diff, diff_sides
 from tracekit.analyse.compare.result import Diff
 from tracekit.analyse.compare.sides import DIFF_PARTS
-from tracekit.analyse.shortfall import AppliedDilation
 from tracekit.cli.main import main
 from tracekit.read import read_run
 

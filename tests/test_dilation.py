@@ -18,8 +18,8 @@ from fractions import Fraction
 import pytest
 from click.testing import CliRunner
 
+from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.dilation import dilation_of, token_times
-from tracekit.analyse.shortfall import shortfall
 from tracekit.cli.dilation import command as dilation_command
 from tracekit.model.events import Run, make_events
 

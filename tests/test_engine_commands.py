@@ -40,9 +40,10 @@ def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
     holds no graph (`correct_run` could not re-time one there: it falls back to the proportional
     rule), yet its correction is the one the in-process attribution's `correct_run` computes on
     the graph it keeps."""
+    from tracekit.analyse.attribution.reconcile import applied_dilation
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.analyse.correction import correct_run
     from tracekit.analyse.plans import attribution_plan
-    from tracekit.analyse.shortfall import applied_dilation, attribute_run
     from tracekit.engine import run_plans
     from tracekit.engine.executor import Job
     from tracekit.read import read_run

@@ -92,7 +92,7 @@ def test_per_rank_breakdown_on_committed_runs(dask: Engine, run: str) -> None:
 def test_a_shortfall_task_holds_one_rank_files_ranks(
     dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, base: str, sharded: str | None
 ) -> None:
-    from tracekit.analyse.shortfall import shortfall_of_pair
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
     from tracekit.engine import pair_check, shortfall_paths
 
     shard = synthetic16 if sharded is None else TRACES / sharded

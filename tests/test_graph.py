@@ -284,8 +284,8 @@ def test_moving_one_ranks_clock_changes_no_path_figure() -> None:
 @pytest.mark.parametrize("trace", ["h200-tp1", "h200-tp2", "h200-tp2-straggler", "cpu-tp2-straggler"])
 def test_the_committed_traces_re_time_exactly_and_the_path_sums_to_the_step(trace: str) -> None:
     from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.analyse.critical_path import path_of_graph
-    from tracekit.analyse.shortfall import attribute_run
     from tracekit.read import read_run
 
     ar = AnalysedRun.of(read_run([TRACES / trace]))
@@ -316,8 +316,8 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     from tests.groundtruth.cases import CASES
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.analyse.replay import build_model, calibrate
-    from tracekit.analyse.shortfall import attribute_run
     from tracekit.read import read_run
 
     case = CASES["profiler_cost_15us"]
@@ -366,8 +366,8 @@ def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     from tests.groundtruth.cases import CASES
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.analyse.replay import _Setting, build_model, calibrate
-    from tracekit.analyse.shortfall import attribute_run
     from tracekit.read import read_run
 
     case = CASES["profiler_cost_15us"]
@@ -391,7 +391,7 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     one 25 us kernel that runs after the annotation ends: [5, 30), [30, 55), [55, 80) us. The GPU
     runs behind the host in every step, so the windows come from the device side: 25 us each; the
     critical path must walk exactly those 25 us per step."""
-    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.model.events import Run, make_events
 
     rows: dict[str, list[Any]] = {

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.compute.kernel_scaling import compute_scaling, kernel_table
-from tracekit.analyse.shortfall import shortfall
 from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"

@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 
 from tracekit.analyse import noise
-from tracekit.analyse.shortfall import LEAF_PARTS, reconcile, shortfall
+from tracekit.analyse.attribution.pair import shortfall
+from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.model.events import Run, make_events
+from tracekit.model.parts import LEAF_PARTS
 
 GEMM = "ampere_sgemm_128x64_nn"
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"

@@ -347,7 +347,7 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
     links, tp2, tp1 = REPO / "reports/h200/links.json", REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
     if not (links.is_file() and tp2.is_dir() and tp1.is_dir()):
         pytest.skip("the H200 results are not in this checkout")
-    from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.attribution.pair import shortfall
     from tracekit.read import read_run
 
     out = tmp_path / "v.json"

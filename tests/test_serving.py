@@ -21,10 +21,10 @@ import pytest
 import serving_traces as st
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.run import attribute_run
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.compare.diff import diff
 from tracekit.analyse.compare.result import CANNOT_JUDGE
-from tracekit.analyse.shortfall import attribute_run
 from tracekit.analyse.timeline.breakdown import breakdown
 from tracekit.analyse.timeline.kinds import step_kind
 from tracekit.classify import classify, classify_name

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.shortfall import LEAF_PARTS, reconcile, shortfall
+from tracekit.analyse.attribution.pair import shortfall
+from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.errors import MatchError, RankError
 from tracekit.model.events import Run, make_events
+from tracekit.model.parts import LEAF_PARTS
 
 GEMM = "ampere_sgemm_128x64_nn"
 COPY = "Memcpy HtoD (Pageable -> Device)"
@@ -228,7 +230,7 @@ def test_h200_diagnosis_names_the_host_bound_baseline() -> None:
     import re
     from pathlib import Path
 
-    from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.attribution.pair import shortfall
     from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
@@ -354,7 +356,7 @@ def test_host_timeline_run_without_collectives_is_refused_in_one_line_not_as_ker
         shortfall(_host_run(1, 600), _host_run(2, 300))
     msg = str(exc.value)
     assert "\n" not in msg and "no collectives matched across ranks" in msg and "kernels missing" not in msg
-    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.analyse.attribution.run import attribute_run
 
     one = attribute_run(_host_run(1, 600))
     assert one.timeline == "host" and one.collectives.n_instances == 0
@@ -385,7 +387,7 @@ def _nsys_without_kernels(tmp_path: Path) -> Path:
 def test_nsys_run_without_kernels_is_refused_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.cli.main import main
     from tracekit.errors import MatchError
     from tracekit.read import read_run
@@ -425,7 +427,7 @@ def test_cpu_transfer_diagnosis_names_gloo_not_a_gpu_link() -> None:
     """On a CPU (gloo) run whose largest term is transfer, the advice is about gloo's exchange, not NVLink."""
     from pathlib import Path
 
-    from tracekit.analyse.shortfall import shortfall
+    from tracekit.analyse.attribution.pair import shortfall
     from tracekit.read import read_run
 
     root = Path(__file__).resolve().parents[1] / "traces"

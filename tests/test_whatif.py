@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.analyse.replay import (
     ReplayError,
     WhatIf,
@@ -28,7 +29,6 @@ from tracekit.analyse.replay import (
     shapley,
     whatif,
 )
-from tracekit.analyse.shortfall import RunParts, attribute_run
 from tracekit.classify import classify
 from tracekit.cli.main import main
 from tracekit.read import read_run

@@ -133,8 +133,8 @@ def h200_graph_model():
     from fractions import Fraction as F
 
     from tracekit.analyse.analysed import AnalysedRun
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.analyse.replay import build_model, calibrate
-    from tracekit.analyse.shortfall import attribute_run
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([str(ROOT / "traces" / "h200x2-tp2-b1-graphs")]))

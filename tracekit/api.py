@@ -11,7 +11,7 @@ steps, its breakdown, and the shortfall of a sharded run against its baseline.
 Every result is a frozen dataclass with `to_json()` (the document `tracekit <command> --format json`
 prints, docs/JSON.md) and `to_frame()` (a pandas table). Nothing here analyses anything: it calls
 `tracekit.read.read_run`, `tracekit.classify.classify`, `tracekit.analyse.timeline.steps.find_steps_detailed`,
-`tracekit.analyse.timeline.breakdown.breakdown` and `tracekit.analyse.shortfall.shortfall`, the functions the
+`tracekit.analyse.timeline.breakdown.breakdown` and `tracekit.analyse.attribution.pair.shortfall`, the functions the
 CLI calls; a loaded run is analysed once (`TraceRun.analysed`, tracekit.analyse.analysed: classified,
 its steps found and partitioned once) and that is shared by its steps, breakdown and shortfall.
 """
@@ -27,8 +27,8 @@ from typing import Any
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
-from tracekit.analyse.shortfall import Shortfall
 from tracekit.analyse.timeline.breakdown import Breakdown
 from tracekit.model.events import DataQuality, Run
 
@@ -188,7 +188,7 @@ def shortfall(
     """`tracekit shortfall`: where the per-token shortfall S = TN - T1/N of `sharded` against
     `baseline` goes (loaded runs or paths). `to_json()` is what `tracekit shortfall --format json`
     prints; `to_frame()` the attribution of S, one row per term."""
-    from tracekit.analyse.shortfall import shortfall as _shortfall
+    from tracekit.analyse.attribution.pair import shortfall as _shortfall
 
     b, s = _as_run(baseline), _as_run(sharded)
     return _shortfall(

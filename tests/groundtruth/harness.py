@@ -52,7 +52,7 @@ def verdict_term(verdict: str) -> int:
 
 def _load(path: Path, label: str) -> tuple[Any, Any]:
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([str(path)], cache=False))
@@ -62,8 +62,8 @@ def _load(path: Path, label: str) -> tuple[Any, Any]:
 @cache
 def tracekit_results(name: str, root: str) -> dict[str, Any]:
     """tracekit's JSON for the case: shortfall, whatif (every knob, Shapley) and diff."""
+    from tracekit.analyse.attribution.pair import shortfall_from_parts
     from tracekit.analyse.replay import parse_knob, whatif
-    from tracekit.analyse.shortfall import shortfall_from_parts
 
     case = CASES[name]
     d = Path(root) / name

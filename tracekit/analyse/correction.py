@@ -37,7 +37,7 @@ import numpy as np
 from tracekit.analyse import graph as G
 
 if TYPE_CHECKING:
-    from tracekit.analyse.shortfall import RunParts
+    from tracekit.analyse.attribution.run import RunParts
 
 #: JSON / data_quality names of the two methods
 REPLAY = "replay"
@@ -103,7 +103,7 @@ def correct_run(run: RunParts, target: Fraction) -> Correction:
 
 
 def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correction:
-    from tracekit.analyse.shortfall import reconcile, reconcile_path
+    from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
 
     per_rank = {}
     sentence = ""
@@ -167,9 +167,10 @@ def correct_first(
     that check applies (a cost solved on several ranks), its `IdentifyJob` (else None); the check
     is `identify_ends` per rank, `identify_between` per rank where the ends spread
     (`identify_spread`), then `identify_finish` on the Correction."""
+    from tracekit.analyse.attribution.reconcile import reconcile_path
     from tracekit.analyse.critical_path import path_of
     from tracekit.analyse.replay import calibrate, setting_for
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile_path
+    from tracekit.model.parts import LEAF_PARTS
 
     g = run.graph
     if g is None:
@@ -458,7 +459,8 @@ def _rest(parts: Mapping[str, Fraction], target: Fraction, timeline: str) -> dic
     """The corrected timeline's parts brought to `target` exactly: time it leaves unexplained (its
     step time short of the target) is idle, the device's parts stay as read; an excess comes out of
     wait, sync and idle in proportion (`shortfall.reconcile`)."""
-    from tracekit.analyse.shortfall import LEAF_PARTS, reconcile
+    from tracekit.analyse.attribution.reconcile import reconcile
+    from tracekit.model.parts import LEAF_PARTS
 
     total = sum((parts[p] for p in LEAF_PARTS), Fraction(0))
     if total <= target:
@@ -475,7 +477,7 @@ def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     window padded with idle to the step's longest: every row sums to the step time."""
     from tracekit.analyse.intervals import covered as _measure
     from tracekit.analyse.intervals import union as union_intervals
-    from tracekit.analyse.shortfall import LEAF_PARTS
+    from tracekit.model.parts import LEAF_PARTS
 
     ws, we = g.windows(t)
     n_r, n_k = ws.shape

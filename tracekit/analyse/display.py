@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tracekit.model import units
 
 if TYPE_CHECKING:
-    from tracekit.analyse.shortfall import Shortfall
+    from tracekit.analyse.attribution.result import Shortfall
     from tracekit.analyse.timeline.breakdown import Breakdown
 
 _STYLE = (

@@ -23,7 +23,7 @@ A rank stage may keep values for later stages in `RankInput.keep` (its dependenc
 for the critical path's `Reduce`): they stay where the rank's events are.
 
 `run_in_process(plan, run)` runs a plan in this process on a `Run` in memory (what
-`tracekit.analyse.shortfall.attribute_run` does); `tracekit.engine` runs the same plans locally
+`tracekit.analyse.attribution.run.attribute_run` does); `tracekit.engine` runs the same plans locally
 (`read_run` and this) or on Dask (`tracekit.engine.dask_engine`: one task per rank file and stage,
 the rank's events held in the worker's memory from the read on).
 
@@ -195,7 +195,7 @@ def run_reduce(stage: Reduce, reduced: dict[str, Any], values: Mapping[int, Any]
 
 
 # ------------------------------------------------------------------------------------------
-# the attribution of one run (tracekit.analyse.shortfall.attribute_run)
+# the attribution of one run (tracekit.analyse.attribution.run.attribute_run)
 
 
 #: collective levels, best first (`select_collective_events` takes the first the run has)
@@ -244,7 +244,7 @@ def _att_windows(inp: RankInput, choice: Any) -> Any:
 
 def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> Any:
     """Per rank: `shortfall.attribute_rank`; its graph piece is kept for the path's Reduce."""
-    from tracekit.analyse.shortfall import attribute_rank
+    from tracekit.analyse.attribution.run import attribute_rank
 
     windows, matched, offset = arg
     piece = attribute_rank(
@@ -305,7 +305,7 @@ def correction_target(parts: Any, mode: str | None) -> Any:
     None: nothing to correct (no unprofiled per-token time)."""
     from fractions import Fraction
 
-    from tracekit.analyse.shortfall import applied_dilation
+    from tracekit.analyse.attribution.reconcile import applied_dilation
 
     if mode is None:
         return None
@@ -377,7 +377,7 @@ def attribution_plan(
     threshold = DEFAULT_THRESHOLD if dilation_threshold is None else dilation_threshold
 
     def start(meta: Run) -> tuple[_Attribution, Any]:
-        from tracekit.analyse.shortfall import attribute_setup
+        from tracekit.analyse.attribution.run import attribute_setup
 
         st = _Attribution(meta, label, skip_first, threshold, allow_partial)
         st.pattern, st.dq = attribute_setup(meta, label, step_pattern)
@@ -395,8 +395,8 @@ def attribution_plan(
         return st.choice
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
+        from tracekit.analyse.attribution.run import join_steps
         from tracekit.analyse.collectives.matching import match_collectives
-        from tracekit.analyse.shortfall import join_steps
         from tracekit.analyse.timeline.steps import assemble_steps
         from tracekit.model.events import empty_events
 
@@ -428,8 +428,8 @@ def attribution_plan(
         )
 
     def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str]:
+        from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.critical_path import path_timeline
-        from tracekit.analyse.shortfall import assemble_attribution
 
         pieces = [got[r] for r in sorted(got)]
         ids: dict[str, int] = {}  # the run's kernel names numbered (`kernel_scaling.canonical`)
@@ -447,7 +447,7 @@ def attribution_plan(
         return offsets, path_timeline(p.timeline for p in pieces)
 
     def after_path(st: _Attribution, path: Any) -> tuple[CorrectionInput | None, Any, bool]:
-        from tracekit.analyse.shortfall import finish_attribution
+        from tracekit.analyse.attribution.run import finish_attribution
 
         st.path = path
         parts = st.parts = finish_attribution(

@@ -1,6 +1,6 @@
 """The prose of a shortfall: its verdict, the diagnosis (what to look at next), the sentence on
 the critical path and the one on the profiler's dilation (docs/METHOD.md section "Shortfall
-attribution"). Functions of a `tracekit.analyse.shortfall.Shortfall`; its methods of the same
+attribution"). Functions of a `tracekit.analyse.attribution.result.Shortfall`; its methods of the same
 names (`Shortfall.verdict`, `.diagnosis`, `.path_cause`) call these, so callers of either keep
 working. Every figure a sentence states is one the attribution measured; a clause is said only
 when its figure was measured so."""
@@ -19,7 +19,7 @@ from tracekit.model.parts import COORDINATION
 from tracekit.model.units import ms_or_us as _ms
 
 if TYPE_CHECKING:
-    from tracekit.analyse.shortfall import Shortfall
+    from tracekit.analyse.attribution.result import Shortfall
 
 #: what the bootstrap resampled, in words (`Intervals.basis`)
 BASIS_WORDS = {

@@ -60,7 +60,7 @@ import pandas as pd
 
 from tracekit.analyse import graph as G
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.shortfall import RunParts
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.errors import TracekitError
 
 SCHEMA_VERSION = "1.0"
@@ -1133,7 +1133,7 @@ def whatif(
 ) -> WhatIf:
     """Replay both runs, calibrate them to their unprofiled per-token times (as `shortfall` does),
     predict every knob and combination at both rank counts, and split S by Shapley values."""
-    from tracekit.analyse.shortfall import shortfall_from_parts
+    from tracekit.analyse.attribution.pair import shortfall_from_parts
 
     if len(knobs) > MAX_SHAPLEY_KNOBS:
         raise ReplayError(f"at most {MAX_SHAPLEY_KNOBS} knobs (2^k replays), got {len(knobs)}")

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
+    from tracekit.analyse.attribution.result import Shortfall
     from tracekit.analyse.command_plans import ReplayInput
     from tracekit.analyse.compare.decompose import Decomposition
     from tracekit.analyse.compare.result import Diff
-    from tracekit.analyse.shortfall import Shortfall
     from tracekit.analyse.timeline.breakdown import Breakdown
     from tracekit.engine.executor import Job, JobResult
     from tracekit.report.build import AnalysedRuns
@@ -136,7 +136,8 @@ def breakdown_paths(
 
 def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     """The shortfall's checks on the two runs' metadata (baseline first), before any analysis."""
-    from tracekit.analyse.shortfall import check_pair, check_ranks
+    from tracekit.analyse.attribution.pair import check_pair
+    from tracekit.analyse.attribution.run import check_ranks
 
     check_ranks(metas[0], "baseline")  # a rank file missing first, as `shortfall` says it
     check_ranks(metas[1], "sharded")
@@ -154,10 +155,10 @@ def shortfall_paths(
     allow_partial: bool = False,
     cache: bool = True,
 ) -> Shortfall:
-    """`tracekit.analyse.shortfall.shortfall` of `sharded` against `baseline`, on the engine
+    """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline`, on the engine
     (`plans.attribution_plan` on each run, `shortfall_of_pair` on the client)."""
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
     from tracekit.analyse.plans import attribution_plan
-    from tracekit.analyse.shortfall import shortfall_of_pair
     from tracekit.engine.executor import Job
 
     def plan(label: str) -> Any:
@@ -289,8 +290,8 @@ def analyse_dirs(
     """The report's analyses on the engine: the breakdown (with its top kernels) of the run and
     the baseline, the shortfall between them; each run read once for all of them; only their
     JSON is kept (`tracekit.report.build.AnalysedRuns`)."""
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
     from tracekit.analyse.plans import attribution_plan, breakdown_plan
-    from tracekit.analyse.shortfall import shortfall_of_pair
     from tracekit.engine.executor import Job
     from tracekit.report import build
 

@@ -140,7 +140,7 @@ def _nested_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, list[str]]:
     """Classified events, and the analysed run (steps with their partition, collectives, critical
     path) or None with a note when the run cannot be attributed (then only steps and classes)."""
-    from tracekit.analyse.shortfall import attribute_run
+    from tracekit.analyse.attribution.run import attribute_run
     from tracekit.classify import classify
 
     classified = run.events if "cls" in run.events.columns else classify(run.events)

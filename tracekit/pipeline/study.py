@@ -32,8 +32,8 @@ from typing import Any
 
 import orjson
 
+from tracekit.analyse.attribution.pair import shortfall_of_pair
 from tracekit.analyse.plans import attribution_plan, breakdown_plan
-from tracekit.analyse.shortfall import shortfall_of_pair
 from tracekit.engine import Engine, pair_check, run_plans
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError

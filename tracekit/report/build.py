@@ -55,7 +55,7 @@ def analyse_dirs(
     out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
     out.top_kernels = top_kernels_json(run, step_pattern)
     if baseline_dir is not None:
-        from tracekit.analyse.shortfall import shortfall
+        from tracekit.analyse.attribution.pair import shortfall
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))

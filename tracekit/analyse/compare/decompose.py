@@ -15,7 +15,7 @@ sync + idle, unknown) the per-token time it saved, `parts_A - parts_B` and `part
 which sum exactly to `tA - tB` and `tB - tC`; a class's share of a part's log contribution is its
 share of that part's saving.
 
-Per-token times and parts are the shortfall's (`tracekit.analyse.shortfall.attribute_run`): the
+Per-token times and parts are the shortfall's (`tracekit.analyse.attribution.run.attribute_run`): the
 steady steps' mean, parts per rank averaged over ranks, and, when the manifests carry unprofiled
 per-token times, the unprofiled means with each rank's traced parts reconciled to them
 (`correction.correct_run`), exactly as the shortfall does; else the traced ones. The compute part is
@@ -36,15 +36,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.attribution.run import RunParts, attribute_run, mean_over_ranks
 from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.resample import boot_means
-from tracekit.analyse.shortfall import LEAF_PARTS, RunParts, attribute_run, mean_over_ranks
 from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.parts import LEAF_PARTS
 
 SCHEMA_VERSION = "1.0"
 

@@ -16,18 +16,14 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse import intervals
+from tracekit.analyse.attribution.reconcile import AppliedDilation, applied_dilation
+from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.analyse.correction import correct_run
-from tracekit.analyse.shortfall import (
-    LEAF_PARTS,
-    AppliedDilation,
-    RunParts,
-    applied_dilation,
-    attribute_run,
-)
 from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.classify import classify
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.model.events import Run
+from tracekit.model.parts import LEAF_PARTS
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0

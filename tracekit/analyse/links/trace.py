@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.collectives.bandwidth import PROBE_OP, algbw_gbps, safe_bus_factor
 from tracekit.analyse.collectives.matching import match_collectives
-from tracekit.analyse.shortfall import shortfall
 from tracekit.analyse.timeline.steps import find_steps
 from tracekit.errors import MatchError, StepError
 from tracekit.read import read_run
@@ -144,7 +144,7 @@ def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
 
 def shortfall_context(baseline_dir: str | Path, sharded_dir: str | Path) -> dict[str, Any]:
     """S and its transfer term for the decode trace against its baseline run
-    (`tracekit.analyse.shortfall.shortfall`): the figures the verdict sets the link bound against."""
+    (`tracekit.analyse.attribution.pair.shortfall`): the figures the verdict sets the link bound against."""
 
     doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).to_json()
     return {
