@@ -334,7 +334,7 @@ def main() -> None:
     one = next((r["wall_s"] for r in rows if r["case"] == "dask:1" and "wall_s" in r), None)
     print(
         "| case | wall s | vs local | vs 1 worker | read tasks s (sum / max) | stage tasks s (sum) | "
-        "Reduce s (path + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
+        "Reduce s (match + path + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
         "worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -351,7 +351,7 @@ def main() -> None:
         vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
         sp = f"{one / r['wall_s']:.2f}x" if one else ""
         # the serial part: the sharded run's Reduces (the baseline's run beside them, on another worker)
-        red = sum(r["stages"].get(k, [0, 0, 0])[1] for k in ("path", "correction"))
+        red = sum(r["stages"].get(k, [0, 0, 0])[1] for k in ("match", "path", "correction"))
         fan = [r["stages"].get(k, [0, 0, 0]) for k in ("identify", "identify_between")]
         fan_s = (
             f"{sum(f[0] for f in fan):.1f} / {max(f[1] for f in fan):.2f}, {sum(f[2] for f in fan)}"

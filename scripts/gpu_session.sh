@@ -20,9 +20,8 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
-#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/4/1 workers, 64
-#       solved (the identifiability check fanned out) on 16, 256 calibrated on 16; the client's share
-#       of the wall and peak RSS (issue 27; ~8.5 min at most)
+#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1 workers, 256
+#       calibrated on 16; the client's share of the wall and peak RSS (issue 27; ~8.5 min at most)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -117,19 +116,17 @@ if [ "$stage" = gemmsweep ]; then  # ~5 min
 fi
 # dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON).
 # (1) the run with a profiler_calibration in its manifest (bench_scale --calibrated: the cost per call
-# removed, nothing solved): the local engine, then LocalClusters of 16, 8, 4 and 1 workers (8 vs 1 is
-# the shape check); (2) the same run without one: the cost solved and checked for identifiability,
-# one task per rank (plans.Fan; ~7 replays of the whole graph per rank, work that grows as ranks x
-# graph): 16 workers (the local engine runs that check rank after rank: minutes, not measured here);
-# (3) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and peak RSS. Inner
-# timeouts per case and per part (a case's JSON row is printed as it ends): 9 min at most.
+# removed, nothing solved): the local engine, then LocalClusters of 16, 8 and 1 workers (8 vs 1 is
+# the shape check); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and
+# peak RSS. The run without a calibration (the cost solved and checked for identifiability, one task
+# per rank: plans.Fan) was measured in the call before (`--ranks 64 --workers 16`, ~80 s; the local
+# engine runs that check rank after rank: minutes). Inner timeouts per case and per part (a case's
+# JSON row is printed as it ends): 8.5 min at most; tables and per-case JSON rows under $OUT.
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
   B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 280 $B --ranks 64 --calibrated --workers 16,8,4,1 --local --case-timeout 90 \
+  timeout 270 $B --ranks 64 --calibrated --workers 16,8,1 --local --case-timeout 110 \
     --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
-  timeout 150 $B --ranks 64 --workers 16 --case-timeout 140 \
-    --out $OUT/dask-scale64-solved.json 2>&1 | tee $OUT/dask-scale64-solved.txt
-  timeout 110 $B --ranks 256 --calibrated --workers 16 --case-timeout 85 \
+  timeout 230 $B --ranks 256 --calibrated --workers 16 --case-timeout 200 \
     --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
 fi

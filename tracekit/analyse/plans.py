@@ -211,7 +211,7 @@ class _Attribution:
     allow_partial: bool
     pattern: str | None = None
     dq: DataQuality = field(default_factory=DataQuality)
-    coll_rows: list[pd.DataFrame] = field(default_factory=list)
+    level: str = "none"  # the run's collective level (the ranks' best)
     choice: Any = None
     found: Any = None
     coll: Any = None
@@ -224,7 +224,7 @@ class _Attribution:
     figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
 
 
-def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
+def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str]:
     """Per rank: which step rules it matches, and its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
@@ -233,7 +233,27 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
-    return rank_step_summary(inp.events, pattern), level, rows
+    inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
+    return rank_step_summary(inp.events, pattern), level
+
+
+def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> Any:
+    """`match_collectives` of the run on its ranks' collective rows at the run's level (the ranks'
+    best), in one task on a worker: the rows never reach the client."""
+    from tracekit.analyse.collectives.matching import match_collectives
+    from tracekit.model.events import empty_events
+
+    level, ranks, rank_info, manifest, allow_partial, steps = arg
+    frames = [rows for lv, rows in values if lv == level and len(rows)]
+    coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
+    return match_collectives(
+        coll_events,
+        ranks=ranks,
+        rank_info=rank_info,
+        manifest=manifest,
+        allow_partial=allow_partial,
+        steps=steps,
+    )
 
 
 def _att_windows(inp: RankInput, choice: Any) -> Any:
@@ -390,31 +410,24 @@ def attribution_plan(
             st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
-        level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
-        st.coll_rows = [got[r][2] for r in sorted(got) if got[r][1] == level]
+        st.level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
         return st.choice
 
-    def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
-        from tracekit.analyse.attribution.run import join_steps
-        from tracekit.analyse.collectives.matching import match_collectives
+    def after_windows(st: _Attribution, got: dict[int, Any]) -> tuple[Any, ...]:
         from tracekit.analyse.timeline.steps import assemble_steps
-        from tracekit.model.events import empty_events
 
         try:
             st.found = assemble_steps(st.choice, [got[r] for r in sorted(got)])
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
         st.dq.merge(st.found.data_quality)
-        frames = [rows for rows in st.coll_rows if len(rows)]
-        coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
-        st.coll = match_collectives(
-            coll_events,
-            ranks=st.meta.ranks,
-            rank_info=st.meta.rank_info,
-            manifest=st.meta.manifest,
-            allow_partial=st.allow_partial,
-            steps=st.found.steps,
-        )
+        m = st.meta
+        return st.level, m.ranks, m.rank_info, m.manifest, st.allow_partial, st.found.steps
+
+    def after_match(st: _Attribution, coll: Any) -> PerRank:
+        from tracekit.analyse.attribution.run import join_steps
+
+        st.coll = coll
         st.dq.merge(st.coll.data_quality)
         windows = join_steps(st.found.steps, st.coll, st.label, st.dq)
         offsets = st.coll.clock.offsets_ns
@@ -511,6 +524,7 @@ def attribution_plan(
         (
             RankStage("rule", _att_rule, after_rule),
             RankStage("windows", _att_windows, after_windows),
+            Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
             Reduce("path", "graph", _att_path, after_path, keeps="run_graph"),
             Reduce("correction", "run_graph", _att_correct, after_correct, keeps="corr_run", on_kept=True),
