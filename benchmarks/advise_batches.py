@@ -3,7 +3,9 @@ per batch (issue 26: `tracekit advise` checked by prediction).
 
     python benchmarks/advise_batches.py --device cuda --preset 7b --layers 8 --cuda-graphs \
         --batches 1,16,64 --tokens 32 --rounds 7 -o runs/advise
-    python benchmarks/advise_batches.py check runs/advise --fit 1 -o reports/advise/check.json \
+    python benchmarks/advise_batches.py check runs/advise --fit 1 -o check.json \
+        --kernels runs/graphs-b1 --gemm-table gemm-table.json
+    python benchmarks/advise_batches.py check runs/advise --fit 1 -o check-b1-b16.json \
         --kernels runs/graphs-b1 --kernels runs/graphs-b16 --compare runs/graphs-b64
     python benchmarks/advise_batches.py gemmsweep --device cuda --preset 7b --layers 8 -o gemm-table.json
 

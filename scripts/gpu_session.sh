@@ -4,12 +4,15 @@
 #        int8 with a row-major B and the old 4x unroll beside it, nvidia-smi clocks logged (issue 26)
 #   advise: batch 1, 16, 64 CUDA-graph decodes in one process, alternating rounds; advise fitted on
 #        batch 1 predicts 16 and 64 (check.json); graph captures at 1/16/64 for the kernels (issue 26)
-#   gemmsweep (written, not yet run): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
+#   gemmsweep (ran at b4c034a; its outputs in reports/advise/gemmsweep/): the decoder's GEMMs (qkv, o, gate_up, down, LM head of the 7b shape,
 #        TP=1, and one rank's shard at TP=2/4/8) timed alone at M = 1, 2, ..., 256 in CUDA graphs (the
 #        tables `advise --gemm-table` reads);
 #        batch 1, 16, 64, 128, 256 CUDA-graph decodes in one process, alternating rounds; traced graph
 #        captures at 1 and 16; then advise given batch 1 + the table, batch 1 + 16 traced, and both,
 #        predicts the other batches (benchmarks/advise_batches.py check; ~5 min)
+#   batchtraces (ran at ed082b4; its outputs in reports/advise/batchtraces/): traced CUDA-graph captures at batch 64, 128, 256 (the 7b shape,
+#        8 layers), then the committed gemmsweep checks with them beside the predictions (--compare):
+#        the per-kind split of what the b1 + table model misses at 128/256 (issue 26; ~2.5 min)
 #   ab: the reference decoder legacy vs fused (issue 26): one process, alternating rounds, CUDA graphs
 #       and eager (scripts/decoder_ab.py); a traced graph capture of each and its roofline (~4 min)
 #   check: legacy vs fused on the GPU, teacher-forced, float32 and bfloat16 (scripts/decoder_check.py; ~2 min)
@@ -113,6 +116,15 @@ if [ "$stage" = gemmsweep ]; then  # ~5 min
   python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 $P -o $OUT/check-b1-b16.json
   python3 benchmarks/advise_batches.py check $G/batches --fit 1 --kernels $G/graphs-b1 --kernels $G/graphs-b16 --gemm-table $OUT/gemm-table-h200.json $P -o $OUT/check-b1-b16-table.json
   tar czf $OUT/gemmsweep-runs.tgz --exclude=.tracekit-cache -C $R gemmsweep
+fi
+if [ "$stage" = batchtraces ]; then  # ~2.5 min
+  G=$R/batchtraces; mkdir -p $G; S=reports/advise/gemmsweep
+  P="--copy reports/h200/copy.json --rho reports/rho/h200.json"
+  for b in 64 128 256; do timeout 100 python3 -m tracekit.cli.main capture $W --tp 1 --tokens 32 --rounds 3 --cuda-graphs --batch $b -o $G/graphs-b$b --quiet; done
+  C="--compare $G/graphs-b64 --compare $G/graphs-b128 --compare $G/graphs-b256"
+  python3 benchmarks/advise_batches.py check $S/batches --fit 1 --kernels $S/graphs-b1 --gemm-table $S/gemm-table-h200.json $P $C -o $OUT/check-b1-table-compare.json
+  python3 benchmarks/advise_batches.py check $S/batches --fit 1 --kernels $S/graphs-b1 --kernels $S/graphs-b16 --kernels $G/graphs-b64 $P --compare $G/graphs-b128 --compare $G/graphs-b256 -o $OUT/check-b1-b16-b64-compare.json
+  tar czf $OUT/batchtraces-runs.tgz --exclude=.tracekit-cache -C $R batchtraces
 fi
 # dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON).
 # (1) the run with a profiler_calibration in its manifest (bench_scale --calibrated: the cost per call

@@ -14,12 +14,16 @@ from tracekit.analyse.batch_model import (
     KernelProfile,
     check_table,
     from_table,
+    kernel_change,
+    kernel_profile,
     line_at,
     load_gemm_table,
     per_kernel,
+    table_step_ns,
 )
-from tracekit.analyse.compute.roofline import Peaks
+from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.cli.main import main
+from tracekit.read import read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ADV = ROOT / "reports" / "advise"
@@ -247,3 +251,133 @@ def test_which_runs_the_batch_model_reads_the_traces_of() -> None:
     assert needs_kernels([b1, b16], [16], table=False) == set()  # nothing to predict
     assert needs_kernels([b1], [64], table=False) == set()  # one run: the band, no trace needed
     assert needs_kernels([b1], [64], table=True) == {b1.path}  # one run + the table: its floors
+
+
+# ------------------------------------------------------------------------------------------
+# the GEMM table measured on the H200 (GPU stage gemmsweep, reports/advise/gemmsweep/)
+
+SWEEP = ADV / "gemmsweep"
+PEAK_FILES = ["--copy", str(ROOT / "reports/h200/copy.json"), "--rho", str(ROOT / "reports/rho/h200.json")]
+
+
+def _rows(table: Path) -> dict[tuple[str, int], int]:
+    return {(r["role"], r["m"]): r["time_ns"] for r in json.loads(table.read_text())["rows"]}
+
+
+def test_h200_table_on_the_batch_1_trace_by_hand(tmp_path: Path) -> None:
+    """Batch 1's graph capture + the H200 GEMM table predict 16 and 64 (the issue's must-show): each
+    kind's added time checked against arithmetic on the table's rows and the KV cache's bytes, and
+    the totals against the one-process means advise never saw (within the issue's 15%)."""
+    out = tmp_path / "a.json"
+    table = SWEEP / "gemm-table-h200.json"
+    args = ["advise", "--tp1", str(SWEEP / "graphs-b1"), "--gemm-table", str(table), *PEAK_FILES]
+    assert main([*args, "--batch", "16", "--batch", "64", "--format", "json", "-o", str(out)]) == 0
+    rows = {r["batch"]: r for r in json.loads(out.read_text())["options"] if r["tp"] == 1}
+    t = _rows(table)
+    # one GEMM by hand: qkv (4096 x 6144) at M = 64 and 1 are table rows, 16,360 and 16,245 ns: each of
+    # the 8 layers' qkv adds 115 ns; the step's GEMMs add the same per role, the LM head once
+    assert (t["qkv", 64], t["qkv", 1]) == (16360, 16245)
+    gemm = (
+        8 * sum(t[r, 64] - t[r, 1] for r in ("qkv", "o", "gate_up", "down"))
+        + t["lm_head", 64]
+        - t["lm_head", 1]
+    )
+    assert gemm == 8 * (115 - 1235 + 94 + 4377) + 1933  # 28,741 ns: down (31,951 -> 36,328) the most
+    # attention by its roofline: per layer and sequence, K and V of 8 KV heads x 128 x 64 cached
+    # positions in bf16 (262,144 bytes) + q and its output, 32 heads x 128 (16,384), at the best local
+    # copy rate of reports/h200/copy.json; 63 more sequences x 8 layers
+    copy = json.loads((ROOT / "reports/h200/copy.json").read_text())
+    bw = max(r["rw_gbps"] for r in copy if r["kind"] == "local")
+    attn = 63 * 8 * (2 * 8 * 128 * 64 * 2 + 2 * 32 * 128 * 2) / bw
+    base = _mean_ns(SWEEP / "graphs-b1")
+    parts = {p["kind"]: p for p in rows[64]["batch_model"]["by_kind"]}
+    assert parts["gemm"]["added_ns"] == pytest.approx(gemm, abs=1)  # no GEMM at its roofline here
+    assert parts["attention"]["added_ns"] == pytest.approx(attn, abs=1)
+    assert parts["other"]["added_ns"] == 0 and "held at batch 1" in parts["other"]["source"]
+    assert rows[64]["per_token_latency_ns"] == pytest.approx(base + gemm + attn, abs=3)
+    for b in (16, 64):
+        measured = _mean_ns(SWEEP / "batches" / f"b{b}")
+        assert abs(rows[b]["per_token_latency_ns"] / measured - 1) <= 0.15, b
+
+
+def test_table_step_by_hand_and_against_a_shard_capture() -> None:
+    doc = json.loads((SWEEP / "gemm-table-h200.json").read_text())
+    t1, shape = load_gemm_table(doc, "t"), doc["shape"]
+    r = _rows(SWEEP / "gemm-table-h200.json")
+    # batch 1: 8 x (qkv 16,245 + o 13,228 + gate_up 61,425 + down 31,951) + the LM head's 63,712
+    assert table_step_ns(t1, shape, 1, 1) == 8 * (16245 + 13228 + 61425 + 31951) + 63712 == 1_046_504
+    assert table_step_ns(t1, shape, 1, 48) == pytest.approx(  # between the rows at 32 and 64
+        8 * sum((r[k, 32] + r[k, 64]) / 2 for k in ("qkv", "o", "gate_up", "down"))
+        + (r["lm_head", 32] + r["lm_head", 64]) / 2
+    )
+    # one rank's shard of TP=4: the table of that shard against the committed shard capture's GEMMs
+    # (another session's process): a micro-benchmark of the same products, within 10%
+    t4 = load_gemm_table(json.loads((SWEEP / "gemm-table-h200-tp4.json").read_text()), "t4")
+    shard = kernel_profile(read_run([ROOT / "traces/h200-shard4-graphs-fused"]), "shard4")
+    traced = sum(x for (role, _), x in zip(shard.roles, shard.times_ns, strict=True) if role != "attention")
+    assert shard.tp == 4 and abs(table_step_ns(t4, shard.shape, 4, 1) / traced - 1) <= 0.10
+    with pytest.raises(BatchModelError, match="another model shape or TP degree"):
+        table_step_ns(t4, shard.shape, 2, 1)
+
+
+def test_the_non_matrix_kernels_change_between_batch_1_and_16_not_16_and_64() -> None:
+    """The traces name the change: at batch 1 the SwiGLU's silu and multiply are vectorised kernels,
+    at 16 and 64 the strided halves run ATen's non-vectorised elementwise kernel and a copy is
+    added (reports/advise/README.md): the line through 1 and 16 is flagged, 16 -> 64 is not."""
+    b1, b16, b64 = (
+        kernel_profile(read_run([d]), str(d))
+        for d in (SWEEP / "graphs-b1", SWEEP / "graphs-b16", ADV / "h200-graphs-b64")
+    )
+    assert any("vectorized_elementwise_kernel" in n and "silu" in n for n in b1.other_names)
+    assert not any("vectorized_elementwise_kernel" in n and "silu" in n for n in b16.other_names)
+    assert b16.other_names == b64.other_names and len(b1.other_names) < len(b16.other_names)
+    said = kernel_change([b1, b16], 64)
+    assert said is not None and "between batch 1 and 16" in said
+    assert kernel_change([b1, b16, b64], 128) is None  # 128 is read off the 16 -> 64 segment
+    assert kernel_change([b16, b64], 8) is None
+    pred = per_kernel([b1, b16], 1.5e6, b16, 64, Peaks())
+    other = next(p for p in pred.parts if p.kind == "other")
+    assert "change of kernels" in other.source
+
+
+def test_three_traced_batches_predict_the_held_out_128_and_256(tmp_path: Path) -> None:
+    """The per-kernel model, unchanged since the b1 + b16 -> b64 check, given traced runs at 1, 16
+    (this stage) and 64 (an earlier session, the same decoder and torch): batch 128 and 256 were
+    never given to it nor used to design it; within the issue's 15% of the one-process means."""
+    out = tmp_path / "a.json"
+    runs = [SWEEP / "graphs-b1", SWEEP / "graphs-b16", ADV / "h200-graphs-b64"]
+    args = ["advise", *(w for d in runs for w in ("--tp1", str(d))), *PEAK_FILES]
+    assert main([*args, "--batch", "128", "--batch", "256", "--format", "json", "-o", str(out)]) == 0
+    rows = {r["batch"]: r for r in json.loads(out.read_text())["options"] if r["tp"] == 1}
+    for b in (128, 256):
+        assert rows[b]["model"] == "per-kernel" and rows[b]["status"] == "predicted from batch 64"
+        measured = _mean_ns(SWEEP / "batches" / f"b{b}")
+        assert abs(rows[b]["per_token_latency_ns"] / measured - 1) <= 0.15, b
+        other = next(p for p in rows[b]["batch_model"]["by_kind"] if p["kind"] == "other")
+        assert "change of kernels" not in other["source"]  # read off 16 -> 64: the same kernels
+
+
+def test_what_the_table_only_model_misses_at_256_is_attention_and_the_non_matrix_kernels() -> None:
+    """reports/advise/README.md: batch 1 + the table misses batch 256 by ~30%; the traced batch-256
+    capture (stage batchtraces) says where: the GEMMs are predicted within 10%, while attention
+    (rounds of work tiles) and the non-matrix kernels (held at batch 1's) come out at less than half
+    of their measured time."""
+    table = load_gemm_table(json.loads((SWEEP / "gemm-table-h200.json").read_text()), "t")
+    b1 = kernel_profile(read_run([SWEEP / "graphs-b1"]), "b1")
+    b256 = kernel_profile(read_run([ADV / "batchtraces" / "graphs-b256"]), "b256")
+    peaks = load_peaks(ROOT / "reports/h200/copy.json", ROOT / "reports/rho/h200.json", "bfloat16")
+    pred = from_table(table, "t", 1.4e6, 1, "b1", 256, b1.shape, 1, b1.kv_len, b1.dtype, peaks, b1)
+    got = {p.kind: float(p.predicted_ns or 0.0) for p in pred.parts}
+    assert all(p.predicted_ns for p in pred.parts)  # the base run has a trace: every kind has a time
+
+    def measured(kind: str) -> float:
+        if kind == "other":
+            return b256.other_ns
+        pick = (lambda r: r == "attention") if kind == "attention" else (lambda r: r != "attention")
+        return sum(t for (r, _), t in zip(b256.roles, b256.times_ns, strict=True) if pick(r))
+
+    assert abs(got["gemm"] / measured("gemm") - 1) <= 0.10
+    assert got["attention"] < measured("attention") / 2 and got["other"] < measured("other") / 2
+    # the non-matrix kernels at 256 are the same kernels as at 16 and 64: a growth, not a change
+    b16 = kernel_profile(read_run([SWEEP / "graphs-b16"]), "b16")
+    assert b256.other_names == b16.other_names

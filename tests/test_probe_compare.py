@@ -306,10 +306,13 @@ def test_verdict_cpu_only_makes_no_link_claim() -> None:
 
 
 def test_verdict_without_trace_compares_modes() -> None:
-    text, d = verdict(ROWS, ["nvlink", "pcie"], None, cpu_only=True)
-    assert text.startswith("CPU only (gloo)")
-    assert "(x4.00)" in text and "--trace" in text
+    text, d = verdict(ROWS, ["nvlink", "pcie"], None, cpu_only=False)
+    assert "nvlink 40.00 GB/s vs pcie 10.00 GB/s (x4.00)" in text and "--trace" in text
     assert d["per_size"][0]["ratio"] == pytest.approx(4.0)
+    # on the CPU the two "modes" are one gloo sweep run twice: no ratio as a finding, no link words
+    text, d = verdict(ROWS, ["nvlink", "pcie"], None, cpu_only=True)
+    assert text.startswith("CPU only (gloo)") and "busbw at 16 KiB 40 / 10 GB/s" in text
+    assert "(x4.00)" not in text and "nvlink" not in text.lower() and "pcie" not in text.lower()
 
 
 def test_trace_mode_from_manifest() -> None:
@@ -324,7 +327,7 @@ def test_trace_mode_from_manifest() -> None:
 def test_load_compare_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "x.json"
     bad.write_text("{not json")
-    with pytest.raises(ProbeError, match="x.json: not valid JSON"):
+    with pytest.raises(ProbeError, match=r"x.json at byte 1: the compare-links result is not valid JSON"):
         load_compare(bad)
     bad.write_text(json.dumps([{"op": "all_reduce"}]))
     with pytest.raises(ProbeError, match="not a compare-links result"):

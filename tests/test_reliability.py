@@ -580,7 +580,7 @@ def test_shortfall_baseline_with_as_many_ranks(tmp_path: Path, capsys: pytest.Ca
     cli_error(
         capsys,
         ["shortfall", "--baseline", str(other), "--sharded", str(CPU_TP2), "--no-cache"],
-        "both have 2",
+        "rank-0.pt.trace.json.gz: the sharded run has 2 rank(s), as many as the baseline",
     )
 
 

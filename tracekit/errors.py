@@ -63,3 +63,30 @@ class OutputError(TracekitError):
 
 class ProbeError(TracekitError):
     """A bandwidth probe failed or gave a wrong result."""
+
+
+def load_json_file(path: Any, what: str, error: type[TracekitError]) -> Any:
+    """The JSON document in `path` (a result tracekit wrote: a probe, a compare-links result), or
+    `error` in one line naming the file and the byte where it stops being one: not UTF-8 (a gzip
+    or binary file given by mistake says which), or not JSON (issue 24: these said "'utf-8' codec
+    can't decode byte 0x8b in position 1")."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise error(f"{p}: cannot read the {what} ({exc.strerror or exc})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        kind = "a gzip file" if raw[:2] == b"\x1f\x8b" else "binary, not UTF-8 text"
+        raise error(f"{p} at byte {exc.start}: not the {what} (the file is {kind})") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        offset = len(text[: exc.pos].encode("utf-8"))
+        raise error(f"{p} at byte {offset}: the {what} is not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise error(f"{p}: the {what} is not valid JSON ({type(exc).__name__})") from None

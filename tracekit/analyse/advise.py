@@ -29,7 +29,8 @@ GPUs (`gpus`, default n):
   with g the sum of the two (no overlap): the range [overlap, no overlap] in
   `per_token_latency_range_ns`. The band needs device figures (`DEVICE_FIGURES`). On one H200 (CUDA
   graphs, 8-layer 8B shape) batch 1 alone gives bands that batch 16 and 64 measured above; batch 1
-  and 16 traced predict batch 64 at 1.035x measured (reports/advise/check.json, README there).
+  with the GEMM table predicts 16 and 64 at 0.945x / 0.874x measured (reports/advise/check.json,
+  README there, which also says what it misses at 128 and 256).
 - **layers** (`layers`): the memory of a model of that many layers when the traces were cut to
   fewer (the 7b-shaped captures run 8 of its 32 layers); the per-token times and the batch
   extrapolation stay those of the traced layers.

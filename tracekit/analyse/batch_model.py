@@ -74,6 +74,8 @@ class KernelProfile:
     kv_len: int
     dtype: str
     static: bool = False  # a serving-style decode (CUDA graphs / compile) over a static KV cache
+    #: the non-matrix kernels' names in launch order (the step's kernels that are no GEMM / attention unit)
+    other_names: tuple[str, ...] = ()
 
     def work_at(self, batch: int) -> list[Work]:
         return decoder_work(self.shape, self.tp, batch, self.kv_len, DTYPE_BYTES[self.dtype])
@@ -93,9 +95,10 @@ def kernel_profile(run: Any, path: str) -> KernelProfile:
         )
     times = [float(t) for t, u in zip(du.canon.mean_ns, du.canon.units, strict=True) if u]
     other = float(sum(t for t, u in zip(du.canon.mean_ns, du.canon.units, strict=True) if not u))
+    names = tuple(n for n, u in zip(du.canon.names, du.canon.units, strict=True) if not u)
     return KernelProfile(
         path, du.tp, du.batch, tuple((w.role, w.layer) for w in du.work), tuple(times), other,
-        du.shape, du.kv_len, du.dtype, du.static,
+        du.shape, du.kv_len, du.dtype, du.static, names,
     )  # fmt: skip
 
 
@@ -158,6 +161,36 @@ def table_at(table: GemmTable, role: str, m: int) -> float:
     """One `role` GEMM's time at batch `m` from the table (piecewise linear in M, extended by the
     end segments)."""
     return line_at([(float(r.m), float(r.time_ns)) for r in table.rows if r.role == role], float(m))
+
+
+def table_step_ns(table: GemmTable, shape: Mapping[str, Any], tp: int, batch: int) -> float:
+    """The step's GEMM time per the table: every layer's qkv, o, gate_up and down and the LM head
+    once, each read at `batch` (the per-rank GEMM time of a TP=`tp` shard when the table is that
+    shard's)."""
+    check_table(table, "the table", shape, tp, table.dtype)
+    per_layer = sum(table_at(table, role, batch) for role in GEMM_ROLES if role != "lm_head")
+    return int(shape["layers"]) * per_layer + table_at(table, "lm_head", batch)
+
+
+def kernel_change(profiles: Sequence[KernelProfile], batch: int) -> str | None:
+    """Where the two runs whose line `line_at` reads at `batch` do not run the same non-matrix
+    kernels (names in order): what changed, else None. Across such a change the line through the
+    two batches is a change of kernels (e.g. a vectorised elementwise kernel at batch 1 and a
+    strided, non-vectorised one above it), not a slope in the batch."""
+    ps = sorted(profiles, key=lambda p: p.batch)
+    if len(ps) < 2:
+        return None
+    i = min(max(bisect.bisect_left([p.batch for p in ps], batch), 1), len(ps) - 1)
+    a, b = ps[i - 1], ps[i]
+    if not (a.other_names and b.other_names) or a.other_names == b.other_names:
+        return None
+    gone = len(set(a.other_names) - set(b.other_names))
+    new = len(set(b.other_names) - set(a.other_names))
+    return (
+        f"the non-matrix kernels change between batch {a.batch} and {b.batch} ({len(a.other_names)} vs "
+        f"{len(b.other_names)} per step; {gone} kernel name(s) only at {a.batch}, {new} only at {b.batch}): "
+        "the line through them is a change of kernels, not a slope"
+    )
 
 
 def table_span(table: GemmTable) -> tuple[int, int]:
@@ -272,6 +305,7 @@ def per_kernel(
     pred[OTHER] = max(0.0, line_at([(float(p.batch), p.other_ns) for p in profiles], float(batch)))
     had[OTHER] = base.other_ns
     runs = ", ".join(str(b) for b in batches)
+    change = kernel_change(profiles, batch)
 
     def src(kind: str) -> str:
         s = (
@@ -281,6 +315,8 @@ def per_kernel(
         )
         if kind == OTHER:
             s = f"all non-matrix kernels together, piecewise linear through batches {runs}"
+            if change is not None:
+                s += f"; {change}"
         if bound[kind]:
             s += f"; {bound[kind]} unit(s) at their roofline"
         return s

@@ -47,12 +47,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -61,7 +59,7 @@ import pandas as pd
 from tracekit.analyse import graph as G
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.run import RunParts
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, load_json_file
 
 SCHEMA_VERSION = "1.0"
 
@@ -131,10 +129,7 @@ def load_probe(text: str) -> ProbeTimes:
     """`FILE[@MODE]`: the rows of a `tracekit probe` JSON (a list of rows) or a `compare-links` JSON
     (`rows[]`); each row: op, bytes, time_us, mode, in_place."""
     path, _, mode = text.partition("@")
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ReplayError(f"{path}: cannot read the probe JSON ({exc})") from None
+    doc = load_json_file(path, "probe JSON", ReplayError)
     # `compare-links` JSON: an object with rows[]; `tracekit probe --format json`: the bare list of rows
     rows = doc.get("rows") if isinstance(doc, Mapping) else doc if isinstance(doc, list) else None
     if not isinstance(rows, list) or not rows:

@@ -12,6 +12,7 @@ from tracekit.cli.options import (
     emit_result,
     engine_options,
     format_option,
+    message,
     no_cache_option,
     out_file_option,
     show_progress,
@@ -30,6 +31,24 @@ def _tp_of(run: Any, partial: bool) -> int | None:
     if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16:
         return tp
     return None if partial else len(run.ranks)
+
+
+#: the manifest's workload fields that make two runs different decodes (the device is not one of
+#: them: the same decode on two machines is a comparison diff is for)
+WORKLOAD_FIELDS = ("preset", "shape", "layers", "batch", "prompt", "dtype")
+
+
+def _workload_change(before: Any, after: Any) -> str:
+    """The workload fields two runs' manifests both give and disagree on, as "batch 1 vs 8; ..."
+    (empty when they agree or a manifest is missing)."""
+    wb, wa = ((r.manifest or {}).get("workload") for r in (before, after))
+    if not isinstance(wb, dict) or not isinstance(wa, dict):
+        return ""
+    return "; ".join(
+        f"{k} {str(wb[k])[:60]} vs {str(wa[k])[:60]}"
+        for k in WORKLOAD_FIELDS
+        if k in wb and k in wa and wb[k] != wa[k]
+    )
 
 
 @click.command("diff", context_settings={"help_option_names": ["-h", "--help"]})
@@ -144,6 +163,12 @@ def command(
             f"{after}: TP={tp_a} against {before}: TP={tp_b}: diff compares runs of one TP degree; "
             "for what sharding costs use `tracekit shortfall --baseline <TP=1 run> --sharded <TP=N run>`, "
             "or give --allow-tp-change"
+        )
+    changed = _workload_change(run_b, run_a)
+    if changed:
+        message(
+            f"warning: {after} is another workload than {before} ({changed}): what moved includes the "
+            "change of model or input, not only of the code"
         )
     doc = result.to_json()
     emit_result(

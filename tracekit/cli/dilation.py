@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from tracekit.cli.options import color_enabled, format_option, out_file_option, write_text
-from tracekit.errors import NoTracesError
+from tracekit.errors import NoTracesError, TraceFormatError
 
 
 def _load_manifest(path: str) -> dict[str, Any]:
@@ -19,9 +19,30 @@ def _load_manifest(path: str) -> dict[str, Any]:
 
     p = Path(path)
     m = p / "manifest.json" if p.is_dir() else p
+    if p.is_file() and p.name != "manifest.json" and (p.parent / "manifest.json").is_file():
+        m = p.parent / "manifest.json"  # a trace file of a run: the run's manifest beside it
     if not m.is_file():
         raise NoTracesError(f"{path}: no manifest.json (dilation needs a run captured by `tracekit capture`)")
-    return load_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
+    try:
+        doc = load_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
+    except TraceFormatError:
+        if "manifest" in m.name:
+            raise
+        raise NoTracesError(  # a trace or any other file given alone: it is not read as a manifest
+            f"{path}: not a manifest and no manifest.json beside it (dilation reads the manifest of a run "
+            "captured by `tracekit capture`: give the run folder)"
+        ) from None
+    if doc.get("kind") != "tracekit.capture" and not any(
+        k in doc for k in ("unprofiled", "profiled", "workload")
+    ):
+        # any JSON object loads as a manifest: one with none of a capture's fields is another file
+        # (a trace of another tool given by mistake printed an empty row and exit 0: issue 24)
+        raise TraceFormatError(
+            m,
+            f"not a capture manifest (kind {str(doc.get('kind'))[:40]!r}, no unprofiled / profiled / workload): "
+            "dilation reads the manifest.json of a run `tracekit capture` wrote; give its folder",
+        )
+    return doc
 
 
 @click.command("dilation", context_settings={"help_option_names": ["-h", "--help"]})

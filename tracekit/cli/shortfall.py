@@ -9,6 +9,7 @@ from tracekit.cli.options import (
     emit_result,
     engine_options,
     format_option,
+    message,
     no_cache_option,
     out_file_option,
     show_progress,
@@ -108,6 +109,14 @@ def command(
         cache=not no_cache,
     )
     doc = result.to_json()
+    dq = doc.get("data_quality") or {}
+    if (dq.get("counts") or {}).get("baseline_workload_differs"):
+        # a pair of two different decodes: said first, on stderr, not only in the data-quality notes
+        # at the end of the table (issue 24: a CPU tiny TP=1 against an H200 7b TP=2 read as a finding)
+        note = next(
+            (n for n in dq.get("notes") or [] if "another workload" in n), "the two runs' workloads differ"
+        )
+        message(f"warning: {note}")
     emit_result(
         out,
         fmt,

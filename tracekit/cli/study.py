@@ -140,6 +140,11 @@ def command(
         click.echo(f"note: {note}")
     for p in result.reports:
         click.echo(f"report: {p}")
+    from tracekit.cli.report import plotly_bundle_note
+
+    bundle_note = plotly_bundle_note(list(result.reports), cdn)
+    if bundle_note:
+        click.echo(f"note: {bundle_note}")
     if result.device != "cuda":
         # on a machine without GPUs the verdict above is about gloo's exchange on a loaded host; the
         # real GPU finding, from the committed two-H200 runs, goes beside it

@@ -72,8 +72,17 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
         p = Path(raw)
         if p.is_dir():
             found = _traces_in(p)
+            subs = sorted(c for c in p.iterdir() if c.is_dir())
+            runs = [c.name for c in subs if (c / "manifest.json").is_file()]
+            if runs and not (p / "manifest.json").is_file():
+                # the folder a user keeps runs in (runs/, traces/, a study's output), not a run: its
+                # own JSON files (results, probes) would be read as traces or its runs as ranks
+                shown = ", ".join(runs[:4]) + (f" and {len(runs) - 4} more" if len(runs) > 4 else "")
+                raise NoTracesError(
+                    f"{p}: a folder of runs ({shown}: each has its manifest.json), not one run: give one of them"
+                )
             if not found:  # HTA's layout: one subfolder per rank (rank-0/, rank-1/, ...)
-                found = [f for sub in sorted(c for c in p.iterdir() if c.is_dir()) for f in _traces_in(sub)]
+                found = [f for sub in subs for f in _traces_in(sub)]
             mf = p / "manifest.json"
             if manifest is None and mf.is_file():
                 manifest = load_manifest(mf)

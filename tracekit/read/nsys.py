@@ -91,6 +91,28 @@ READER_VERSION = "nsys-4"  # nsys-2: ranks are the processes with GPU activity; 
 # public API
 
 
+def _export_version(con: sqlite3.Connection) -> str:
+    """ ", an export of Nsight Systems V (schema S)" from META_DATA_EXPORT, for an error that may be a
+    schema tracekit was not written against (a column renamed by another nsys version); "" without."""
+    try:
+        meta = dict(
+            con.execute(
+                "SELECT name, value FROM META_DATA_EXPORT WHERE name IN "
+                "('EXPORT_PRODUCT_VERSION', 'EXPORT_SCHEMA_VERSION')"
+            ).fetchall()
+        )
+    except sqlite3.Error:
+        return ""
+    if not meta:
+        return ""
+    version = str(meta.get("EXPORT_PRODUCT_VERSION", "?"))[:40]
+    schema = str(meta.get("EXPORT_SCHEMA_VERSION", "?"))[:40]
+    return (
+        f" (an export of Nsight Systems {version}, schema {schema}; the tables and columns tracekit "
+        "reads, and the nsys versions it was tried on: docs/NSYS.md)"
+    )
+
+
 def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
     """Read an Nsight Systems SQLite export (or a `.nsys-rep`, exported first) into a `Run`.
 
@@ -116,7 +138,7 @@ def read_nsys(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:
         try:
             return _read(con, db, given, rank)
         except sqlite3.DatabaseError as exc:
-            raise TraceFormatError(given, f"SQLite error while reading: {exc}") from exc
+            raise TraceFormatError(given, f"SQLite error while reading: {exc}{_export_version(con)}") from exc
         except (TypeError, ValueError, OverflowError) as exc:  # a value of a type no export writes
             raise TraceFormatError(
                 given, f"a column holds a value of the wrong type or range ({exc})"

@@ -19,23 +19,33 @@ def _finite(x: float | None) -> bool:
 
 
 def table(doc: Links) -> str:
-    """Side-by-side table: busbw per mode and the ratio per size; decode sizes marked with *."""
+    """Side-by-side table: busbw per mode and the ratio per size; decode sizes marked with *.
+
+    On the CPU (every mode a gloo sweep) the modes are the same path: they are shown as "run 1",
+    "run 2", without their NCCL names, per-mode transport notes or a ratio column (issue 24)."""
     modes = [m.mode or "" for m in doc.modes]
+    cpu_only = bool(doc.modes) and all(m.device == "cpu" for m in doc.modes)
+    label = {m: (f"run {i + 1}" if cpu_only else m) for i, m in enumerate(modes)}
     out = ["# tracekit compare-links"]
     loaded_from = given(doc.loaded_from)
     if loaded_from:
         out.append(f"# probe results from {loaded_from}")
+    mode_notes = {n for mode in doc.modes for n in mode.notes}
     for mode in doc.modes:
         env = " ".join(f"{k}={v}" for k, v in mode.env.items())
+        where = f"{mode.backend} on {mode.device} {mode.devices or ''} ranks {mode.ranks}"
         out.append(
-            f"# mode {mode.mode}: {mode.backend} on {mode.device} {mode.devices or ''} ranks {mode.ranks}; env {env}"
+            f"# {label[mode.mode or '']}: {where} (the same sweep in every run)"
+            if cpu_only
+            else f"# mode {mode.mode}: {where}; env {env}"
         )
     for note in doc.notes:
-        out.append(f"# note: {note}")
+        if not (cpu_only and note in mode_notes):
+            out.append(f"# note: {note}")
     head = f"# {'op':<15} {'form':<4} {'size(B)':>12}" + "".join(
-        f" {m + ' busbw':>14} {m + ' us':>11}" for m in modes
+        f" {label[m] + ' busbw':>14} {label[m] + ' us':>11}" for m in modes
     )
-    head += f" {'ratio':>7}  decode"
+    head += "  decode" if cpu_only else f" {'ratio':>7}  decode"
     out.append(head)
     for e in doc.side_by_side:
         line = f"  {e.op:<15} {'in' if e.in_place else 'out':<4} {e.bytes:>12}"
@@ -43,7 +53,8 @@ def table(doc: Links) -> str:
             bw, t = e.busbw_gbps.get(m), e.time_us.get(m)
             line += f" {bw:>14.2f}" if bw is not None and _finite(bw) else f" {'-':>14}"
             line += f" {t:>11.2f}" if t is not None and _finite(t) else f" {'-':>11}"
-        line += f" {e.ratio:>7.2f}" if e.ratio is not None else f" {'-':>7}"
+        if not cpu_only:
+            line += f" {e.ratio:>7.2f}" if e.ratio is not None else f" {'-':>7}"
         line += "  *" if e.decode else ""
         out.append(line)
     tr = doc.trace
@@ -69,7 +80,7 @@ def table(doc: Links) -> str:
             line = f"#   {ps.op:<15} {ps.bytes:>12} B x{n}: realised {fmt_gbps(bw if bw is not None else math.nan)} GB/s"
             if given(ps.swept):
                 probe = ", ".join(
-                    f"{m} {fmt_gbps(v if v is not None else math.nan)}"
+                    f"{label.get(m, m)} {fmt_gbps(v if v is not None else math.nan)}"
                     for m, v in (given(ps.probe_busbw_gbps) or {}).items()
                 )
                 k = given(ps.k)

@@ -241,9 +241,10 @@ def check_pair(baseline: Run, sharded: Run) -> list[tuple[str, str]]:
             "fewer ranks (TP=1) as --baseline"
         )
     if len(baseline.ranks) == len(sharded.ranks):
+        b_file, s_file = ((sorted(r.sources.values()) or ["?"])[0] for r in (baseline, sharded))
         raise RankError(
-            f"the baseline and the sharded run both have {len(sharded.ranks)} rank(s): the baseline must be "
-            "the run on fewer ranks (TP=1)"
+            f"{s_file}: the sharded run has {len(sharded.ranks)} rank(s), as many as the baseline "
+            f"({b_file}): the baseline must be the run on fewer ranks (TP=1)"
         )
     wb = (baseline.manifest or {}).get("workload")
     ws = (sharded.manifest or {}).get("workload")
