@@ -115,6 +115,10 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                 dashboard_address=":0",
                 worker_dashboard_address=":0",
                 silence_logs=50,
+                # no per-worker cap (the default is the host's memory / W): the worker of the run's
+                # Reduces holds the assembled graph, its forward pass and its pieces (~7 GB at 256
+                # ranks), which would pause it at 80% of a 16th of 125 GiB
+                memory_limit=0,
             ) as lc,
             Client(lc) as client,
         ):
