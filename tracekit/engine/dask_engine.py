@@ -267,6 +267,9 @@ def open_client(engine: Engine) -> Iterator[Any]:
         processes=engine.processes,
         dashboard_address=":0",
         silence_logs=40,  # logging.ERROR: no worker chatter on the terminal
+        # no per-worker cap (Dask's default, a 1/n share of the host's memory, pauses a worker at
+        # 80% of it): the worker of a run's Reduces holds the whole dependency graph (docs/SCALE.md)
+        memory_limit=0,
     )
     with cluster, distributed.Client(cluster) as client:
         yield client
