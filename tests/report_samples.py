@@ -46,7 +46,11 @@ def _real(kind: str) -> str:
 
 
 def real(kind: str) -> dict[str, Any]:
-    """The real `kind` document ("shortfall" or "breakdown") of the committed pair `REAL_PAIR`."""
+    """The real `kind` document ("shortfall" or "breakdown") of the committed pair `REAL_PAIR`;
+    "links": the committed two-H200 compare-links result (reports/h200/links.json, with the
+    decode trace's sizes)."""
+    if kind == "links":
+        return json.loads((REPO / "reports/h200/links.json").read_text())  # type: ignore[no-any-return]
     return json.loads(_real(kind))
 
 
@@ -90,7 +94,9 @@ def _fill(sample: Any, real: Any, t: msgspec.inspect.Type) -> Any:
 
 def complete(sample: dict[str, Any], kind: str) -> dict[str, Any]:
     """A designed sample of document `kind` made whole from the real document `REAL[kind]`."""
-    struct = {"shortfall": documents.Shortfall, "breakdown": documents.Breakdown}[kind]
+    struct = {"shortfall": documents.Shortfall, "breakdown": documents.Breakdown, "links": documents.Links}[
+        kind
+    ]
     return _fill(sample, real(kind), msgspec.inspect.type_info(struct))
 
 
@@ -404,7 +410,7 @@ def links() -> dict[str, Any]:
         {"op": "allreduce", "coll_op": "all_reduce", "bytes": 8192, "count": 32, "busbw_gbps": 0.5},
         {"op": "allgather", "coll_op": "all_gather", "bytes": 4096, "count": 8, "busbw_gbps": 0.25},
     ]
-    return {  # the shape of tracekit.probe.compare.compare_links()
+    doc = {  # the shape of tracekit.probe.compare.compare_links()
         "schema_version": "1.0",
         "kind": "tracekit.compare_links",
         "rows": rows,
@@ -414,6 +420,7 @@ def links() -> dict[str, Any]:
         "notes": ["pcie: NCCL_P2P_DISABLE=1: SHM through host memory"],
         "verdict": "At the decode's 8 KiB all-reduces both links realise under 15% of their peak: the link does not explain the transfer time.",
     }
+    return complete(doc, "links")  # the fields not designed here: the real one's
 
 
 def full_inputs(**kw: Any) -> dict[str, Any]:
@@ -431,3 +438,36 @@ def full_inputs(**kw: Any) -> dict[str, Any]:
     )
     base.update(kw)
     return copy.deepcopy(base)
+
+
+_TYPED = {
+    "breakdown": documents.Breakdown,
+    "baseline_breakdown": documents.Breakdown,
+    "shortfall": documents.Shortfall,
+    "manifest": documents.Manifest,
+    "baseline_manifest": documents.Manifest,
+    "top_kernels": documents.TopKernels,
+    "baseline_top_kernels": documents.TopKernels,
+}
+
+
+def typed_inputs(**kw: Any) -> dict[str, Any]:
+    """`full_inputs`-style keyword arguments with their documents decoded into the Structs that
+    `build_report_data` takes (a sample that does not fit its Struct fails here)."""
+    out = dict(kw)
+    for key, struct in _TYPED.items():
+        if isinstance(out.get(key), dict):
+            out[key] = documents.convert(out[key], struct)
+    links_in = out.get("links")
+    if isinstance(links_in, dict):
+        out["links"] = documents.convert(links_in, documents.Links)
+    elif isinstance(links_in, list) and links_in and isinstance(links_in[0], dict):
+        out["links"] = documents.convert(links_in, list[documents.ProbeRow])
+    return out
+
+
+def build(**kw: Any) -> Any:
+    """`build_report_data` of the sample inputs (dicts here, so tests can edit them), typed."""
+    from tracekit.report.data import build_report_data
+
+    return build_report_data(**typed_inputs(**kw))

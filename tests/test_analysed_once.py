@@ -97,14 +97,15 @@ def test_sharing_changes_no_figure():
     """The report's analyses equal breakdown and shortfall of separately read, unshared runs."""
     from tracekit.analyse.attribution.pair import shortfall
     from tracekit.analyse.timeline.breakdown import breakdown
+    from tracekit.model.documents import Breakdown, Shortfall
     from tracekit.read import read_run
-    from tracekit.report.build import _to_json, analyse_dirs
+    from tracekit.report.build import analyse_dirs, analysed_document
 
     shared = analyse_dirs(TP2, TP1)
     alone = {
-        "breakdown": _to_json(breakdown(read_run([Path(TP2)]))),
-        "baseline_breakdown": _to_json(breakdown(read_run([Path(TP1)]))),
-        "shortfall": _to_json(shortfall(read_run([Path(TP1)]), read_run([Path(TP2)]))),
+        "breakdown": analysed_document(breakdown(read_run([Path(TP2)])), Breakdown),
+        "baseline_breakdown": analysed_document(breakdown(read_run([Path(TP1)])), Breakdown),
+        "shortfall": analysed_document(shortfall(read_run([Path(TP1)]), read_run([Path(TP2)])), Shortfall),
     }
     assert shared.breakdown == alone["breakdown"]
     assert shared.baseline_breakdown == alone["baseline_breakdown"]

@@ -12,6 +12,7 @@ import pytest
 
 from tracekit.analyse.predict import PredictError, predict, tp_collectives
 from tracekit.cli.main import main
+from tracekit.model.documents import given
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = {"hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336, "layers": 8, "vocab": 32000}
@@ -89,32 +90,33 @@ def test_the_prediction_is_the_shard_plus_each_skipped_collective(tmp_path: Path
     rounds = [[1_000_000, 1_000_100, 999_900], [1_010_000, 990_000, 1_000_000]]
     s4 = _shard(tmp_path, "s4", 4, rounds)
     doc = predict([str(s4)], f"{_probe(tmp_path)}@nvlink")
-    (row,) = doc["predictions"]
-    assert row["tp"] == 4 and row["shard"]["per_token_ns"] == 1_000_000
+    (row,) = doc.predictions
+    assert row.tp == 4 and row.shard.per_token_ns == 1_000_000
     # 16 all-reduces (2 per layer) at the in-place row's 10 us, one all-gather of 32000 float32 at 20 us;
     # the pcie row and the out-of-place row are not used
-    assert row["transfer_ns"]["flat"] == 16 * 10_000 + 20_000
-    assert row["predicted_ns"]["flat"] == 1_000_000 + 180_000
+    assert row.transfer_ns.flat == 16 * 10_000 + 20_000
+    assert row.predicted_ns.flat == 1_000_000 + 180_000
     # the probe ran at 2 ranks: ring scales by (4 - 1) / (2 - 1)
-    assert row["ring_factor"] == 3.0 and row["transfer_ns"]["ring"] == 3 * 180_000
-    lo, hi = row["shard"]["interval_ns"]
-    assert lo < 1_000_000 < hi and row["predicted_ns"]["flat_interval"] == [lo + 180_000, hi + 180_000]
-    assert "prediction" in doc["caveat"]
+    assert row.ring_factor == 3.0 and row.transfer_ns.ring == 3 * 180_000
+    lo, hi = row.shard.interval_ns
+    assert lo < 1_000_000 < hi and row.predicted_ns.flat_interval == [lo + 180_000, hi + 180_000]
+    assert "prediction" in doc.caveat
 
 
 def test_a_probe_at_the_runs_rank_count_is_used_as_it_is(tmp_path: Path) -> None:
     doc = predict([str(_shard(tmp_path, "s4", 4, [[1_000_000]]))], str(_probe(tmp_path, ranks=4)))
-    row = doc["predictions"][0]
-    assert row["ring_factor"] == 1.0 and row["predicted_ns"]["ring"] == row["predicted_ns"]["flat"]
+    row = doc.predictions[0]
+    assert row.ring_factor == 1.0 and row.predicted_ns.ring == row.predicted_ns.flat
 
 
 def test_check_against_a_real_run(tmp_path: Path) -> None:
     s2 = _shard(tmp_path, "s2", 2, [[1_000_000, 1_000_000]])
     real = _shard(tmp_path, "real", 2, [[1_300_000, 1_300_000]], shard=False)
-    row = predict([str(s2)], str(_probe(tmp_path)), checks=[str(real)])["predictions"][0]
-    assert row["check"]["measured_ns"] == 1_300_000
-    assert row["check"]["residual_ns"] == 1_300_000 - 1_180_000
-    assert row["check"]["error"] == pytest.approx(1_180_000 / 1_300_000 - 1)
+    row = predict([str(s2)], str(_probe(tmp_path)), checks=[str(real)]).predictions[0]
+    check = given(row.check)
+    assert check is not None and check.measured_ns == 1_300_000
+    assert check.residual_ns == 1_300_000 - 1_180_000
+    assert check.error == pytest.approx(1_180_000 / 1_300_000 - 1)
     with pytest.raises(PredictError, match="--check wants a real TP=N run"):
         predict([str(s2)], str(_probe(tmp_path)), checks=[str(s2)])
 
@@ -137,11 +139,12 @@ def test_the_h200_shard_of_tp2_predicts_the_real_tp2_run() -> None:
         str(ROOT / "reports" / "h200" / "links-graph.json") + "@nvlink",
         checks=[str(ROOT / "traces" / "h200x2-tp2-b1-graphs")],
     )
-    row = doc["predictions"][0]
-    assert doc["probe"]["graph_timed"] is True and doc["probe"]["ranks"] == 2
-    share = row["transfer_ns"]["flat"] / row["check"]["measured_ns"]
+    row = doc.predictions[0]
+    check = given(row.check)
+    assert doc.probe.graph_timed is True and doc.probe.ranks == 2 and check is not None
+    share = row.transfer_ns.flat / check.measured_ns
     assert share > 0.08  # the collectives matter at this size
-    assert -0.08 < row["check"]["error"] < 0.0, row["check"]
+    assert -0.08 < check.error < 0.0, check
 
 
 def test_cli_refuses_a_run_that_is_not_a_shard(capsys: pytest.CaptureFixture[str]) -> None:
@@ -188,4 +191,4 @@ def test_the_bare_row_list_of_tracekit_probe_is_read(tmp_path: Path) -> None:
     assert load_probe(f"{bare}@nvlink").rows == load_probe(f"{obj}@nvlink").rows
     s4 = str(_shard(tmp_path, "s4", 4, [[1_000_000]]))
     a, b = predict([s4], f"{bare}@nvlink"), predict([s4], f"{obj}@nvlink")
-    assert a["predictions"] == b["predictions"] and a["probe"]["ranks"] == 2
+    assert a.predictions == b.predictions and a.probe.ranks == 2

@@ -15,7 +15,6 @@ import report_samples as rs
 from tracekit.cli.main import main
 from tracekit.model import documents
 from tracekit.report.build import load_links, render, write_report
-from tracekit.report.data import build_report_data
 from tracekit.report.html import render_html, safe_json
 from tracekit.report.markdown import render_markdown
 
@@ -61,7 +60,7 @@ def test_samples_are_whole_documents_with_their_designed_numbers(sample, struct)
 
 
 def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     a = data.attribution
     assert a is not None
     steps = a["waterfall"]
@@ -88,7 +87,7 @@ def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
 
 
 def test_markdown_and_json_carry_the_html_numbers():
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     page, md = render_html(data), render_markdown(data)
     doc = json.loads(render(data, "json"))
     h, m = html_key_figures(page), md_key_figures(md)
@@ -118,7 +117,7 @@ def test_markdown_and_json_carry_the_html_numbers():
 
 
 def test_report_json_is_versioned_and_self_describing():
-    doc = json.loads(render(build_report_data(**rs.full_inputs()), "json"))
+    doc = json.loads(render(rs.build(**rs.full_inputs()), "json"))
     assert list(doc)[:2] == ["kind", "schema_version"]
     assert doc["kind"] == "tracekit.report" and doc["schema_version"] == "1.4"
     for key in ("verdict", "dilation", "per_token_ns", "attribution", "runs", "collectives", "stragglers",
@@ -152,7 +151,7 @@ def test_hostile_trace_names_are_escaped_everywhere(name):
     inputs["shortfall"]["collectives"]["by_op"][0]["op"] = name
     inputs["manifest"]["host"]["hostname"] = name
     inputs["breakdown"]["steps"][0]["name"] = name
-    data = build_report_data(**inputs)
+    data = rs.build(**inputs)
     page = render_html(data)
     md = render_markdown(data)
     assert name not in page and name not in md
@@ -179,7 +178,7 @@ def test_safe_json_round_trips():
 
 @pytest.mark.parametrize(("sharded", "warned"), [(1.05, False), (1.30, True), (1.10, False), (1.11, True)])
 def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(sharded, warned):
-    data = build_report_data(**rs.full_inputs(dilation_sharded=sharded))
+    data = rs.build(**rs.full_inputs(dilation_sharded=sharded))
     page, md = render_html(data), render_markdown(data)
     assert data.dilation["inflated"] is warned
     assert (
@@ -204,17 +203,17 @@ def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(shar
 def test_dilation_below_one_is_a_caution_not_a_warning():
     inputs = rs.full_inputs()
     inputs["shortfall"]["dilation"]["sharded"] = 0.85  # profiled faster than unprofiled: a noisy host
-    data = build_report_data(**inputs)
+    data = rs.build(**inputs)
     assert data.dilation["warning"] is None and not data.dilation["inflated"]
     assert data.dilation["caution"].startswith("Caution: dilation below 1 (sharded 0.85x)")
     assert 'id="dilation-caution"' in render_html(data) and "Caution: dilation below 1" in render_markdown(
         data
     )
-    assert build_report_data(**rs.full_inputs()).dilation["caution"] is None
+    assert rs.build(**rs.full_inputs()).dilation["caution"] is None
 
 
 def test_breakdown_only_report_has_a_verdict_from_the_breakdown_and_no_shortfall():
-    data = build_report_data(breakdown=rs.breakdown(2, 7.0), manifest=rs.manifest(2), run_path="tp2")
+    data = rs.build(breakdown=rs.breakdown(2, 7.0), manifest=rs.manifest(2), run_path="tp2")
     assert data.attribution is None and data.collectives is None
     # step median 7 ms, compute is 50% of the step by construction
     assert data.verdict.startswith("Per token 7.000 ms on 2 rank(s)")
@@ -227,7 +226,7 @@ def test_breakdown_only_report_has_a_verdict_from_the_breakdown_and_no_shortfall
 
 
 def test_missing_manifest_is_said():
-    data = build_report_data(breakdown=rs.breakdown(1, 5.0))
+    data = rs.build(breakdown=rs.breakdown(1, 5.0))
     assert any("no manifest.json" in n for n in data.notes)
     assert "Profiler dilation" in data.dilation["sentence"]  # from the breakdown's own dilation: 1.05
 
@@ -236,7 +235,7 @@ def test_probe_rows_list_is_accepted_as_links(tmp_path: Path):
     rows = rs.links()["rows"]
     p = tmp_path / "probe.json"
     p.write_text(json.dumps(rows))
-    data = build_report_data(**rs.full_inputs(links=load_links(p)))
+    data = rs.build(**rs.full_inputs(links=load_links(p)))
     assert len(data.busbw["probes"]) == 2
     assert all(len(c["points"]) == 11 for c in data.busbw["probes"])
     # points sorted by size, busbw increasing for these rows
@@ -245,7 +244,7 @@ def test_probe_rows_list_is_accepted_as_links(tmp_path: Path):
 
 
 def test_write_report_picks_the_format_by_suffix(tmp_path: Path):
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     out = write_report(data, [tmp_path / "r.html", tmp_path / "r.md", tmp_path / "sub" / "r.json"])
     assert [p.suffix for p in out] == [".html", ".md", ".json"]
     assert out[0].read_text().startswith("<!DOCTYPE html>")
@@ -278,6 +277,13 @@ def test_cli_refuses_bad_suffix_and_bad_links_in_one_line(tmp_path: Path, capsys
     assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
     assert "links.json at byte 15" in err
+    # a links file of the wrong shape is refused naming the place (decoded once, into its Struct)
+    rows = rs.links()["rows"]
+    rows[3]["busbw_gbps"] = "fast"
+    bad.write_text(json.dumps(rows))
+    assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "links.json at $[3].busbw_gbps: not a links file" in err
 
 
 def test_without_plotly_the_other_formats_are_written_and_the_error_is_one_line(
@@ -288,7 +294,7 @@ def test_without_plotly_the_other_formats_are_written_and_the_error_is_one_line(
 
     from tracekit.report.build import ReportError
 
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     monkeypatch.delitem(sys.modules, "tracekit.report.html", raising=False)
@@ -326,7 +332,7 @@ def html_table(page: str, table_id: str) -> list[list[str]]:
 
 
 def test_per_rank_rows_sum_to_s_and_average_to_the_aggregate_in_every_format():
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     doc = json.loads(render(data, "json"))
     pr = {r["rank"]: r for r in doc["per_rank"]}
     # the designed per-rank numbers (report_samples): rank 0 waits 1.4 ms, rank 1 0.2 ms, S = 2 ms
@@ -355,7 +361,7 @@ def h_key(data, key: str) -> str:
 
 
 def test_critical_path_section_adds_up_and_names_the_cause():
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     cp = data.critical_path
     assert cp is not None
     assert sum(r["total_ns"] for r in cp["by_rank"].values()) + cp["offset_ns"] == cp["step_ns"] == 7_000_000
@@ -386,7 +392,7 @@ def test_critical_path_section_adds_up_and_names_the_cause():
 def test_stated_dilation_is_the_applied_factor_not_the_host_clock(applied):
     """report_samples gives the capture's host-clock figure 0.02 above the applied one: the report
     states the applied factor with its interval everywhere, the host clock only as a cross-check."""
-    data = build_report_data(**rs.full_inputs(dilation_sharded=applied))
+    data = rs.build(**rs.full_inputs(dilation_sharded=applied))
     page, md = render_html(data), render_markdown(data)
     doc = json.loads(render(data, "json"))
     stated = f"sharded {applied:.2f}x [{applied - 0.03:.2f}-{applied + 0.03:.2f}]"
@@ -423,7 +429,7 @@ def _transfer_lines(text: str) -> list[str]:
 
 
 def test_cpu_run_never_calls_the_transfer_a_link_in_the_samples():
-    data = build_report_data(**rs.full_inputs(links=None))
+    data = rs.build(**rs.full_inputs(links=None))
     assert data.term_words["transfer"].startswith("gloo's exchange")
     md, page = render_markdown(data), render_html(data)
     for line in _transfer_lines(md) + _transfer_lines(html.unescape(page)):
@@ -434,10 +440,10 @@ def test_cpu_run_never_calls_the_transfer_a_link_in_the_samples():
 def test_transfer_is_named_by_the_timeline_when_the_shortfall_has_no_words():
     inputs = rs.full_inputs()
     del inputs["shortfall"]["term_words"]
-    label = build_report_data(**inputs).attribution["waterfall"][2]["label"]  # a host timeline: gloo
+    label = rs.build(**inputs).attribution["waterfall"][2]["label"]  # a host timeline: gloo
     assert label.startswith("transfer: gloo's exchange") and "bytes on the link" not in label
     inputs["breakdown"]["source"]["timeline"] = "gpu"
-    assert build_report_data(**inputs).attribution["waterfall"][2]["label"].endswith("(collective transfer)")
+    assert rs.build(**inputs).attribution["waterfall"][2]["label"].endswith("(collective transfer)")
 
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -591,7 +597,7 @@ def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():
     manifest's host-clock figure must not stand in for it."""
     inputs = rs.full_inputs()
     inputs["shortfall"]["dilation"]["sharded"] = None
-    data = build_report_data(**inputs)
+    data = rs.build(**inputs)
     run = {r["run"]: r for r in data.dilation["runs"]}["sharded"]
     assert run["dilation"] is None and data.runs[1]["dilation"] is None
     assert "sharded" not in data.dilation["sentence"] and "baseline 1.02x" in data.dilation["sentence"]
@@ -602,7 +608,7 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
     """The samples' numbers (report_samples): T2 7 ms, ideal 5 ms, S 2 ms of which coordination
     0.8 + 0.2 + 0.2 = 1.2 ms (60%); on the path rank 1's host time 2.2 ms is the largest component."""
     inputs = rs.full_inputs()
-    data = build_report_data(**inputs)
+    data = rs.build(**inputs)
     assert data.headline == (
         "TP=2: 7.00 ms per token vs ideal 5.00 ms; S = 2.00 ms, 60% coordination; "
         "cause on the critical path: host time between its ops on rank 1, 2.20 of 7.00 ms."
@@ -610,11 +616,11 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
     # S's interval: the shortfall's own when it gives one, else the spread over steps, labelled
     inputs["shortfall"]["intervals"] = {"shortfall_ns": [1_500_000, 2_600_000]}  # the rest: the real one's
     inputs["shortfall"] = rs.complete(inputs["shortfall"], "shortfall")
-    assert "S = 2.00 ms [95% 1.50-2.60 ms]," in build_report_data(**inputs).headline
+    assert "S = 2.00 ms [95% 1.50-2.60 ms]," in rs.build(**inputs).headline
     del inputs["shortfall"]["intervals"]
     inputs["shortfall"]["spread_ns"]["shortfall"] = {"p10": 1_000_000, "p90": 3_000_000}
     inputs["shortfall"] = rs.complete(inputs["shortfall"], "shortfall")
-    assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in build_report_data(**inputs).headline
+    assert "S = 2.00 ms [p10-p90 over steps 1.00-3.00 ms]," in rs.build(**inputs).headline
     # the headline is the first line under the title in both formats, the JSON carries it on top
     page, md = render_html(data), render_markdown(data)
     assert re.search(r"</h1>\s*<p class=\"headline\" id=\"headline\">TP=2: 7.00 ms", page)
@@ -624,12 +630,12 @@ def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
 
 def test_per_token_chart_says_what_it_plots():
     """Issue 24: the chart plotted the traced times / dilation under a title saying "unprofiled pass"."""
-    data = build_report_data(**rs.full_inputs())
+    data = rs.build(**rs.full_inputs())
     fig = embedded_figures(render_html(data))["fig-per-token"]
     assert "dilation-corrected" in fig["layout"]["title"]["text"]
     inputs = rs.full_inputs()
     inputs["shortfall"]["per_token_source"] = "trace"
-    fig = embedded_figures(render_html(build_report_data(**inputs)))["fig-per-token"]
+    fig = embedded_figures(render_html(rs.build(**inputs)))["fig-per-token"]
     assert "dilation-corrected" not in fig["layout"]["title"]["text"]
     assert fig["layout"]["title"]["text"].startswith("Per-token time (traced")
 
@@ -639,7 +645,7 @@ def test_markdown_prose_has_no_backticks_and_numbers_align_right():
     inputs["shortfall"]["verdict"] = (
         "Coordination holds this run back (see `uncorrected` for the traced figures)."
     )
-    md = render_markdown(build_report_data(**inputs))
+    md = render_markdown(rs.build(**inputs))
     prose_lines = [ln for ln in md.splitlines() if ln and not ln.startswith("|")]
     assert not [ln for ln in prose_lines if "`" in ln and "From `" not in ln and ": `" not in ln]
     assert "see uncorrected for the traced figures" in md
@@ -658,7 +664,7 @@ def test_sub_rows_keep_their_indent_in_markdown_and_html(h200_straggler_diff):
 def h200_straggler_diff():
     from tracekit.report.build import load_extras
 
-    data = build_report_data(
+    data = rs.build(
         **rs.full_inputs(), extras=load_extras([TRACES.parent / "reports/diff/h200-tp2-straggler.json"])
     )
     return render_markdown(data), render_html(data)
@@ -667,9 +673,9 @@ def h200_straggler_diff():
 def test_busbw_chart_only_with_probe_data():
     """Issue 24: without --links the chart was two trace dots on an empty log-log grid; the realised
     busbw is in the collectives table either way."""
-    with_links = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    with_links = embedded_figures(render_html(rs.build(**rs.full_inputs())))
     assert "fig-busbw" in with_links and len(with_links["fig-busbw"]["data"]) >= 3  # probes + trace
-    data = build_report_data(**rs.full_inputs(links=None))
+    data = rs.build(**rs.full_inputs(links=None))
     assert data.busbw["trace"] and not data.busbw["probes"]
     page = render_html(data)
     assert "fig-busbw" not in embedded_figures(page) and 'id="fig-busbw"' not in page
@@ -698,7 +704,7 @@ def test_intervals_and_noise_readings_are_rendered():
         "terms": {t: {"reading": "within_noise" if t == "memory" else "finding"} for t in sf["terms_ns"]},
     }
     inputs["shortfall"] = sf = rs.complete(sf, "shortfall")  # the fields not designed here: the real one's
-    data = build_report_data(**inputs)
+    data = rs.build(**inputs)
     assert data.headline.startswith("TP=2: 7.00 ms [95% 6.80-7.30 ms] per token vs ideal 5.00 ms; ")
     assert "S = 2.00 ms [95% 1.60-2.40 ms], 60% coordination;" in data.headline
     md, page = render_markdown(data), render_html(data)
@@ -712,14 +718,14 @@ def test_intervals_and_noise_readings_are_rendered():
     fig = embedded_figures(page)["fig-waterfall"]["data"][0]
     assert fig["text"][1] == "0.100 ms (within noise)" and fig["text"][0] == "0.400 ms (20%)"
     sf["noise"]["status"] = "too_noisy"
-    assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in build_report_data(**inputs).headline
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in rs.build(**inputs).headline
 
 
 def test_one_colour_per_class_in_every_chart():
     """Issue 24: the waterfall drew every increasing bar the same green. Now a class has one colour on
     the whole page (per-step parts, critical path, collectives, waterfall), and the per-token chart's
     bars (runs, not classes) take none of the class colours."""
-    figs = embedded_figures(render_html(build_report_data(**rs.full_inputs())))
+    figs = embedded_figures(render_html(rs.build(**rs.full_inputs())))
     seen: dict[str, set[str]] = {}
     for fid in ("fig-steps-0", "fig-steps-1", "fig-critical-path", "fig-collectives"):
         for t in figs[fid]["data"]:

@@ -14,9 +14,9 @@ import re
 from pathlib import Path
 
 import pytest
+import report_samples as rs
 
 from tracekit.cli.main import main
-from tracekit.report.data import build_report_data
 from tracekit.report.extras import ExtraSection, extra_section, extra_sections
 from tracekit.report.html import render_html
 from tracekit.report.markdown import render_markdown
@@ -113,7 +113,7 @@ def test_section_numbers_follow_from_the_source_inputs(written):
 
 
 def test_a_report_without_extras_has_no_extras_key(tmp_path: Path):
-    data = build_report_data(breakdown={"steps": [], "source": {"ranks": [0]}})
+    data = rs.build(breakdown=rs.breakdown(1, 5.0))
     assert "extras" not in data.to_json()
     assert "extra" not in render_markdown(data).lower()
 
@@ -130,7 +130,7 @@ def test_names_from_the_files_are_escaped_in_html_and_markdown():
     wi["check"]["knobs"] = evil
     secs = extra_sections([(adv, evil), (rho, None), (wi, None)])
     assert all(isinstance(s, ExtraSection) for s in secs)
-    data = build_report_data(breakdown={"steps": [], "source": {"ranks": [0]}}, extras=secs)
+    data = rs.build(breakdown=rs.breakdown(1, 5.0), extras=secs)
     page, md = render_html(data), render_markdown(data)
     assert "<script>alert(1)" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     # the path is shown in a code span (literal, no markup: md_code); everything else is escaped

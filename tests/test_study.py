@@ -96,10 +96,13 @@ def test_study_verdict_and_numbers_are_the_shortfalls(study):
 def test_report_cli_on_the_study_runs_agrees_with_the_study(study, tmp_path: Path):
     out, _ = study
     links = tmp_path / "links.json"
+    # probe rows of the shape `tracekit probe --format json` writes (a real gloo row's fields)
+    real_row = json.loads((Path(__file__).parent / "data" / "probe-cpu-gloo.json").read_text())[0]
     links.write_text(
         json.dumps(
             [
-                {"op": "all_reduce", "ranks": 2, "bytes": b, "busbw_gbps": b / 1e4, "mode": "default"}
+                real_row
+                | {"op": "all_reduce", "ranks": 2, "bytes": b, "busbw_gbps": b / 1e4, "mode": "default"}
                 for b in (8, 1024, 65536)
             ]
         )

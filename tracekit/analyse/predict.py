@@ -36,6 +36,16 @@ from tracekit.analyse.ab import ab_summary
 from tracekit.analyse.collectives.bandwidth import nccl_tests_size
 from tracekit.analyse.replay import ProbeTimes, load_probe
 from tracekit.errors import TracekitError
+from tracekit.model.documents.predict import (
+    Predict,
+    PredictCheck,
+    PredictCollective,
+    Prediction,
+    PredictProbe,
+    PredictShard,
+    PredictTotal,
+    PredictTransfer,
+)
 
 SCHEMA_VERSION = "1.0"
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -142,7 +152,7 @@ def predict_shard(
     *,
     probe: ProbeTimes | None = None,
     probe_ranks: int | None = None,
-) -> dict[str, Any]:
+) -> Prediction:
     """The TP=N prediction of one `--shard-of N` capture (see the module doc)."""
     m = _manifest(shard_dir)
     wl = m.get("workload")
@@ -176,45 +186,43 @@ def predict_shard(
         flat_total += per * t
         ring_total += per * t * factor
         colls.append(
-            {
-                "op": op,
-                "name": c["name"],
-                "size_bytes": size,
-                "per_token": per,
-                "time_ns_each": round(t),
-                "time_ns_each_ring": round(t * factor),
-                "per_token_ns": round(per * t),
-            }
+            PredictCollective(
+                op=op,
+                name=str(c["name"]),
+                size_bytes=size,
+                per_token=per,
+                time_ns_each=round(t),
+                time_ns_each_ring=round(t * factor),
+                per_token_ns=round(per * t),
+            )
         )
     t_shard = shard["mean_ns"]
     lo, hi = shard["interval_ns"]
     flat, ring = round(flat_total), round(ring_total)
-    return {
-        "tp": n,
-        "shard": {
-            "run": str(shard_dir),
-            "per_token_ns": t_shard,
-            "interval_ns": [lo, hi],
-            "rounds": len(rounds),
-            "source": "unprofiled per-token time (manifest), mean over rounds; interval: the rounds' bootstrap",
-            "cuda_graphs": bool(wl.get("cuda_graphs")) or bool(wl.get("compile")),
-            "decoder_impl": wl.get("decoder_impl", "legacy"),
-        },
-        "collectives": colls,
-        "transfer_ns": {"flat": flat, "ring": ring},
-        "predicted_ns": {
-            "flat": t_shard + flat,
-            "ring": t_shard + ring,
-            "flat_interval": [lo + flat, hi + flat],
-        },
-        "probe_ranks": p,
-        "ring_factor": factor,
-    }
+    return Prediction(
+        tp=n,
+        shard=PredictShard(
+            run=str(shard_dir),
+            per_token_ns=t_shard,
+            interval_ns=[lo, hi],
+            rounds=len(rounds),
+            source="unprofiled per-token time (manifest), mean over rounds; interval: the rounds' bootstrap",
+            cuda_graphs=bool(wl.get("cuda_graphs")) or bool(wl.get("compile")),
+            decoder_impl=str(wl.get("decoder_impl", "legacy")),
+        ),
+        collectives=colls,
+        transfer_ns=PredictTransfer(flat=flat, ring=ring),
+        predicted_ns=PredictTotal(
+            flat=t_shard + flat, ring=t_shard + ring, flat_interval=[lo + flat, hi + flat]
+        ),
+        probe_ranks=p,
+        ring_factor=factor,
+    )
 
 
 def predict(
     shards: Sequence[str], probe_spec: str, *, checks: Sequence[str] = (), probe_ranks: int | None = None
-) -> dict[str, Any]:
+) -> Predict:
     """`tracekit predict`: one prediction per shard run; `checks`: real TP=N runs, each compared with
     the prediction of its TP degree."""
     if not shards:
@@ -222,7 +230,7 @@ def predict(
     probe = load_probe(probe_spec)
     p = probe_ranks if probe_ranks is not None else _probe_ranks(probe_spec)
     rows = [predict_shard(s, probe_spec, probe=probe, probe_ranks=p) for s in shards]
-    by_tp = {r["tp"]: r for r in rows}
+    by_tp = {r.tp: r for r in rows}
     for c in checks:
         m = _manifest(c)
         raw = m.get("workload")
@@ -237,29 +245,24 @@ def predict(
         flat = [t for r in rounds for t in r]
         measured = round(sum(flat) / len(flat))
         row = by_tp[tp]
-        row["check"] = {
-            "run": str(c),
-            "measured_ns": measured,
-            "error": row["predicted_ns"]["flat"] / measured - 1.0,
-            "error_ring": row["predicted_ns"]["ring"] / measured - 1.0,
-            "residual_ns": measured - row["predicted_ns"]["flat"],
-        }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "tracekit.predict",
-        "definition": "T_N = T_shard (one rank's shard alone, unprofiled) + sum over the collectives it skipped "
+        row.check = PredictCheck(
+            run=str(c),
+            measured_ns=measured,
+            error=row.predicted_ns.flat / measured - 1.0,
+            error_ring=row.predicted_ns.ring / measured - 1.0,
+            residual_ns=measured - row.predicted_ns.flat,
+        )
+    return Predict(
+        schema_version=SCHEMA_VERSION,
+        kind="tracekit.predict",
+        definition="T_N = T_shard (one rank's shard alone, unprofiled) + sum over the collectives it skipped "
         "of per_token x probe time at their size; flat: the probe's rank count's time, ring: times (N-1)/(P-1); "
         "docs/METHOD.md section Predicting TP=N from one rank's shard",
-        "probe": {
-            "path": probe.path,
-            "mode": probe.mode,
-            "ranks": p,
-            "graph_timed": _graph_timed(probe_spec),
-        },
-        "predictions": sorted(rows, key=lambda r: r["tp"]),
-        "caveat": "a prediction, not a measurement, until a machine with N devices runs TP=N; it leaves out "
+        probe=PredictProbe(path=probe.path, mode=probe.mode, ranks=p, graph_timed=_graph_timed(probe_spec)),
+        predictions=sorted(rows, key=lambda r: r.tp),
+        caveat="a prediction, not a measurement, until a machine with N devices runs TP=N; it leaves out "
         "coordination (ranks waiting for each other at the collectives)",
-    }
+    )
 
 
 __all__ = ["PredictError", "predict", "predict_shard", "tp_collectives"]

@@ -90,7 +90,7 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def file_entry(path: Path, rank: int | None) -> dict[str, Any]:
+def file_entry(path: Path, rank: int | None) -> dict[str, int | str | None]:
     return {"rank": rank, "sha256": sha256_file(path), "bytes": path.stat().st_size}
 
 
@@ -124,7 +124,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def host_info() -> dict[str, Any]:
+def host_info() -> dict[str, str | int | None]:
     return {
         "hostname": socket.gethostname(),
         "cpu": _cpu_name(),
@@ -133,10 +133,10 @@ def host_info() -> dict[str, Any]:
     }
 
 
-def versions() -> dict[str, Any]:
+def versions() -> dict[str, str | None]:
     from tracekit._version import __version__
 
-    out: dict[str, Any] = {
+    out: dict[str, str | None] = {
         "tracekit": __version__,
         "python": platform.python_version(),
         "torch": None,
@@ -157,7 +157,7 @@ def versions() -> dict[str, Any]:
     return out
 
 
-def devices() -> list[dict[str, Any]]:
+def devices() -> list[dict[str, str | int]]:
     """The CUDA devices this process sees ([] on a CPU-only host)."""
     try:
         import torch
@@ -165,7 +165,7 @@ def devices() -> list[dict[str, Any]]:
         return []
     if not torch.cuda.is_available():
         return []
-    out = []
+    out: list[dict[str, str | int]] = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         out.append(
@@ -180,7 +180,7 @@ def devices() -> list[dict[str, Any]]:
     return out
 
 
-def nvml_links() -> list[dict[str, Any]] | None:
+def nvml_links() -> list[dict[str, int | str]] | None:
     """Per GPU pair: P2P status over NVLink, and active NVLink count per GPU. None without NVML."""
     try:
         import pynvml  # nvidia-ml-py
@@ -193,7 +193,7 @@ def nvml_links() -> list[dict[str, Any]] | None:
     try:
         n = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        rows: list[dict[str, Any]] = []
+        rows: list[dict[str, int | str]] = []
         for i, h in enumerate(handles):
             active = 0
             for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -205,7 +205,7 @@ def nvml_links() -> list[dict[str, Any]] | None:
             rows.append({"gpu": i, "nvlink_active_links": active})
         for i in range(n):
             for j in range(i + 1, n):
-                row: dict[str, Any] = {"gpu_a": i, "gpu_b": j}
+                row: dict[str, int | str] = {"gpu_a": i, "gpu_b": j}
                 for key, idx in (
                     ("p2p_nvlink", getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)),
                     ("p2p_read", getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", None)),
@@ -224,7 +224,7 @@ def nvml_links() -> list[dict[str, Any]] | None:
             pynvml.nvmlShutdown()
 
 
-def topology() -> dict[str, Any]:
+def topology() -> dict[str, str | list[dict[str, int | str]] | None]:
     from tracekit.probe.links import nvidia_smi_topo
 
     return {"nvidia_smi_topo": nvidia_smi_topo(), "nvml_links": nvml_links()}

@@ -55,6 +55,7 @@ from tracekit.capture.environment import (
     trace_name,
 )
 from tracekit.errors import CaptureError, TracekitError
+from tracekit.model.documents.base import JSONObject
 
 MODES: dict[str, str] = {
     "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",
@@ -97,7 +98,7 @@ MARKER_API = "cudaStreamQuery"
 MARKER_SOURCE = "tracekit step markers (cudaStreamQuery at step open/close)"
 
 
-def inject_marker_steps(doc: dict[str, Any], names: list[str], marker: str = MARKER_API) -> int:
+def inject_marker_steps(doc: JSONObject, names: list[str], marker: str = MARKER_API) -> int:
     """Add a `user_annotation` event per step to a Kineto trace document `doc` (in place).
 
     `names` are the step names in the order their markers were made (each step: one marker call
@@ -115,7 +116,7 @@ def inject_marker_steps(doc: dict[str, Any], names: list[str], marker: str = MAR
     ]
     if not marks or not names:
         return 0
-    by_tid: dict[Any, list[dict[str, Any]]] = {}
+    by_tid: dict[Any, list[JSONObject]] = {}
     for e in marks:
         by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     thread = max(by_tid.values(), key=len)

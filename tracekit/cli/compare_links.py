@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -16,6 +15,7 @@ from tracekit.cli.options import (
     sweep_options,
 )
 from tracekit.errors import ProbeError
+from tracekit.model.documents import Links, convert, to_builtins
 from tracekit.probe import spec
 
 
@@ -125,7 +125,7 @@ def command(
         result = recompute(
             load_compare(load_path), trace_dir=trace_dir, baseline_dir=baseline_dir, loaded_from=load_path
         )
-        _emit(result, fmt, out)
+        _emit(convert(result, Links), fmt, out)
         return
 
     if device == "auto" and not _have_cuda_gpus():
@@ -170,8 +170,7 @@ def command(
         log_dir=str(log_dir) if log_dir else None,
         progress=show_progress() if progress is None else progress,
     )
-    result = compare_links(cfg)
-    _emit(result, fmt, out)
+    _emit(convert(compare_links(cfg), Links), fmt, out)
 
 
 def _have_cuda_gpus() -> bool:
@@ -183,13 +182,12 @@ def _have_cuda_gpus() -> bool:
     return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
 
 
-def _emit(result: dict[str, Any], fmt: str, out: Path | None) -> None:
+def _emit(result: Links, fmt: str, out: Path | None) -> None:
     from tracekit.cli.probe import dumps_json
-    from tracekit.model import documents
     from tracekit.render import links as view
 
-    table = view.table(documents.convert(result, documents.Links))
-    text = dumps_json(result).decode() if fmt == "json" else table
+    table = view.table(result)
+    text = dumps_json(to_builtins(result)).decode() if fmt == "json" else table
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

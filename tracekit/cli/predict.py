@@ -4,28 +4,28 @@
 from __future__ import annotations
 
 import io
-from typing import Any
 
 import click
 
 from tracekit.cli.options import emit_result, out_file_option
+from tracekit.model.documents import Predict, given, to_builtins
 
 
 def _ms(ns: float | None) -> str:
     return "-" if ns is None else f"{ns / 1e6:.3f}"
 
 
-def render_table(doc: dict[str, Any], width: int | None = None, color: bool = True) -> str:
+def render_table(doc: Predict, width: int | None = None, color: bool = True) -> str:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(
         record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
     )
-    pr = doc["probe"]
+    pr = doc.probe
     console.print(
-        f"Link: {pr['path']} (mode {pr['mode'] or '-'}, {pr['ranks'] or '?'} ranks, "
-        f"{'CUDA-graph' if pr['graph_timed'] else 'eager' if pr['graph_timed'] is False else 'mixed'} timing)"
+        f"Link: {pr.path} (mode {pr.mode or '-'}, {pr.ranks or '?'} ranks, "
+        f"{'CUDA-graph' if pr.graph_timed else 'eager' if pr.graph_timed is False else 'mixed'} timing)"
     )
     t = Table(
         title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left"
@@ -43,23 +43,23 @@ def render_table(doc: dict[str, Any], width: int | None = None, color: bool = Tr
         "error",
     ):
         t.add_column(c, justify="right")
-    for r in doc["predictions"]:
-        sh, pn, ck = r["shard"], r["predicted_ns"], r.get("check")
-        n_coll = sum(c["per_token"] for c in r["collectives"])
+    for r in doc.predictions:
+        sh, pn, ck = r.shard, r.predicted_ns, given(r.check)
+        n_coll = sum(c.per_token for c in r.collectives)
         t.add_row(
-            str(r["tp"]),
-            _ms(sh["per_token_ns"]),
-            f"{_ms(sh['interval_ns'][0])}-{_ms(sh['interval_ns'][1])}",
+            str(r.tp),
+            _ms(sh.per_token_ns),
+            f"{_ms(sh.interval_ns[0])}-{_ms(sh.interval_ns[1])}",
             str(n_coll),
-            _ms(r["transfer_ns"]["flat"]),
-            _ms(r["transfer_ns"]["ring"]),
-            _ms(pn["flat"]),
-            _ms(pn["ring"]),
-            _ms(ck["measured_ns"]) if ck else "-",
-            f"{ck['error']:+.1%}" if ck else "-",
+            _ms(r.transfer_ns.flat),
+            _ms(r.transfer_ns.ring),
+            _ms(pn.flat),
+            _ms(pn.ring),
+            _ms(ck.measured_ns) if ck else "-",
+            f"{ck.error:+.1%}" if ck else "-",
         )
     console.print(t)
-    console.print(f"[bold]{doc['caveat'][0].upper() + doc['caveat'][1:]}.[/bold]")
+    console.print(f"[bold]{doc.caveat[0].upper() + doc.caveat[1:]}.[/bold]")
     return console.export_text(styles=color)
 
 
@@ -123,4 +123,6 @@ def command(
     from tracekit.analyse.predict import predict
 
     doc = predict(list(shards), link, checks=list(checks), probe_ranks=probe_ranks)
-    emit_result(out, fmt, lambda: doc, lambda width, color: render_table(doc, width=width, color=color))
+    emit_result(
+        out, fmt, lambda: to_builtins(doc), lambda width, color: render_table(doc, width=width, color=color)
+    )

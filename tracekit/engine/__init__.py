@@ -293,6 +293,7 @@ def analyse_dirs(
     from tracekit.analyse.attribution.pair import shortfall_of_pair
     from tracekit.analyse.plans import attribution_plan, breakdown_plan
     from tracekit.engine.executor import Job
+    from tracekit.model.documents import Breakdown, Shortfall, TopKernels
     from tracekit.report import build
 
     bd = breakdown_plan(step_pattern=step_pattern)
@@ -300,9 +301,10 @@ def analyse_dirs(
     if baseline_dir is None:
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
-            breakdown=build._to_json(res.results[0].breakdown), manifest=res.meta.manifest
+            breakdown=build.analysed_document(res.results[0].breakdown, Breakdown),
+            manifest=build.manifest_document(res.meta.manifest),
         )
-        out.top_kernels = build._to_json(res.results[0].top_kernels)
+        out.top_kernels = build.analysed_document(res.results[0].top_kernels, TopKernels)
         return out
     (base, run), notes = run_plans(
         engine,
@@ -312,10 +314,15 @@ def analyse_dirs(
         ],
         pair_check,
     )
-    out = build.AnalysedRuns(breakdown=build._to_json(run.results[0].breakdown), manifest=run.meta.manifest)
-    out.top_kernels = build._to_json(run.results[0].top_kernels)
-    out.baseline_breakdown = build._to_json(base.results[0].breakdown)
-    out.baseline_manifest = base.meta.manifest
-    out.baseline_top_kernels = build._to_json(base.results[0].top_kernels)
-    out.shortfall = build._to_json(shortfall_of_pair(base.results[1], run.results[1], notes))
+    out = build.AnalysedRuns(
+        breakdown=build.analysed_document(run.results[0].breakdown, Breakdown),
+        manifest=build.manifest_document(run.meta.manifest),
+    )
+    out.top_kernels = build.analysed_document(run.results[0].top_kernels, TopKernels)
+    out.baseline_breakdown = build.analysed_document(base.results[0].breakdown, Breakdown)
+    out.baseline_manifest = build.manifest_document(base.meta.manifest)
+    out.baseline_top_kernels = build.analysed_document(base.results[0].top_kernels, TopKernels)
+    out.shortfall = build.analysed_document(
+        shortfall_of_pair(base.results[1], run.results[1], notes), Shortfall
+    )
     return out

@@ -48,6 +48,7 @@ from tracekit.analyse.plans import (
 )
 from tracekit.engine import Engine, EngineError
 from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
+from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality, Run
 
 __all__ = ["DaskExecutor", "FileMeta", "RankFile", "open_client", "prepare_file", "read_rank_file"]
@@ -59,7 +60,7 @@ class FileMeta:
 
     path: str
     sources: dict[int, str]
-    rank_info: dict[int, dict[str, Any]]
+    rank_info: dict[int, JSONObject]
     data_quality: DataQuality
     n_events: int
     file_bytes: int

@@ -22,17 +22,17 @@ import json
 import os
 import random
 from pathlib import Path
-from typing import Any
 
+from tracekit.model.documents.base import JSONObject
 from tracekit.read import find_trace_files
 
 __all__ = ["make_synthetic_run"]
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path) -> JSONObject:
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as fh:
-        doc: dict[str, Any] = json.load(fh)
+        doc: JSONObject = json.load(fh)
     return doc
 
 
@@ -88,10 +88,10 @@ def make_synthetic_run(
     return out_dir
 
 
-_SOURCES: dict[tuple[tuple[str, ...], int | None], list[dict[str, Any]]] = {}
+_SOURCES: dict[tuple[tuple[str, ...], int | None], list[JSONObject]] = {}
 
 
-def _sources(files: tuple[str, ...], max_steps: int | None) -> list[dict[str, Any]]:
+def _sources(files: tuple[str, ...], max_steps: int | None) -> list[JSONObject]:
     """The source rank documents, in rank order (loaded once per process)."""
     key = (files, max_steps)
     if key not in _SOURCES:
@@ -128,7 +128,7 @@ def _write_rank(task: tuple[tuple[str, ...], int | None, int, int, float, int, s
         Path(path).write_bytes(data)
 
 
-def _first_steps(doc: dict[str, Any], max_steps: int) -> dict[str, Any]:
+def _first_steps(doc: JSONObject, max_steps: int) -> JSONObject:
     """`doc` with only the events before its (max_steps + 1)-th `decode_step` annotation."""
     starts = sorted(
         float(e["ts"])

@@ -41,6 +41,7 @@ import orjson
 import pandas as pd
 
 from tracekit.errors import OutputError, TracekitError
+from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, Run
 from tracekit.model.parts import PARTS
 
@@ -160,14 +161,14 @@ def _steps_only(classified: pd.DataFrame, step_pattern: str | None) -> pd.DataFr
     return partition_steps(classified, found.steps)
 
 
-def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dict[str, Any], ExportSummary]:
+def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSONObject, ExportSummary]:
     """The export of `run` as a JSON-ready document (module doc) and its summary (path unset)."""
     classified, parts, notes = _analyse(run, step_pattern)
     ev = classified
     n = len(ev)
     ranks = sorted(int(r) for r in ev["rank"].unique()) if n else []
     base = int(ev["start_ns"].min()) if n else 0
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     summary = ExportSummary(path=Path(), ranks=ranks, events=n)
     view = summary.view
 
@@ -217,7 +218,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
             ("gpu", int(dev_a[i]), int(stream_a[i]), k) if is_gpu_track[i] else ("host", int(stream_a[i]), k)
         )
         tid_a[i] = tracks[r].tid[key]
-        args: dict[str, Any] = {
+        args: JSONObject = {
             "rank": r,
             "device": int(dev_a[i]),
             "stream": int(stream_a[i]),
@@ -245,8 +246,8 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
         )
 
     def slices(
-        r: int, track: str, items: Iterable[tuple[int, int, str, str, dict[str, Any]]], lanes: bool = True
-    ) -> list[dict[str, Any]]:
+        r: int, track: str, items: Iterable[tuple[int, int, str, str, JSONObject]], lanes: bool = True
+    ) -> list[JSONObject]:
         """X events on a tracekit track of rank r (split into lanes where they would overlap)."""
         items = list(items)
         if not items:
@@ -293,7 +294,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
     view["class"] = 0
     for r in ranks:
         sel = np.flatnonzero(gpu & (rank_a == r))
-        by_stream: dict[tuple[int, int], list[tuple[int, int, str, str, dict[str, Any]]]] = {}
+        by_stream: dict[tuple[int, int], list[tuple[int, int, str, str, JSONObject]]] = {}
         for i in sel.tolist():
             by_stream.setdefault((int(dev_a[i]), int(stream_a[i])), []).append(
                 (
@@ -453,7 +454,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[dic
                     view["flows"] += 1
 
     # metadata: process and thread names, sort order
-    meta: list[dict[str, Any]] = []
+    meta: list[JSONObject] = []
     for r in ranks:
         meta.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})

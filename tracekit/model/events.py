@@ -26,6 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.model.documents.base import JSONObject
+
 #: Event kinds (the `kind` column).
 KINDS: tuple[str, ...] = (
     "kernel",  # GPU kernel
@@ -175,7 +177,7 @@ class Run:
 
     events: pd.DataFrame
     sources: dict[int, str] = field(default_factory=dict)
-    rank_info: dict[int, dict[str, Any]] = field(default_factory=dict)
+    rank_info: dict[int, JSONObject] = field(default_factory=dict)
     data_quality: DataQuality = field(default_factory=DataQuality)
     manifest: dict[str, Any] | None = None
 

@@ -37,8 +37,9 @@ from tracekit.analyse.plans import attribution_plan, breakdown_plan
 from tracekit.engine import Engine, pair_check, run_plans
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
+from tracekit.model.documents import Breakdown, Links, Shortfall, TopKernels, convert
 from tracekit.model.events import DataQuality
-from tracekit.report.build import AnalysedRuns, report_from_analyses, write_report
+from tracekit.report.build import AnalysedRuns, manifest_document, report_from_analyses, write_report
 
 #: presets used when --preset is not given
 CPU_PRESET = "tiny"
@@ -343,20 +344,22 @@ def run_study(
             continue
         tell("report", 0, 1, f"TP={tp}")
         base = 1 if (1 in tps and tp > 1) else None
+        # the documents written above, as their typed Structs for the report
+        sf = shortfalls.get(tp)
         analysed = AnalysedRuns(
-            breakdown=breakdowns[tp],
-            manifest=manifests[tp],
-            baseline_breakdown=breakdowns[1] if base else None,
-            baseline_manifest=manifests[1] if base else None,
-            shortfall=shortfalls.get(tp),
-            top_kernels=kernels[tp],
-            baseline_top_kernels=kernels[1] if base else None,
+            breakdown=convert(breakdowns[tp], Breakdown),
+            manifest=manifest_document(manifests[tp]),
+            baseline_breakdown=convert(breakdowns[1], Breakdown) if base else None,
+            baseline_manifest=manifest_document(manifests[1]) if base else None,
+            shortfall=convert(sf, Shortfall) if sf is not None else None,
+            top_kernels=convert(kernels[tp], TopKernels),
+            baseline_top_kernels=convert(kernels[1], TopKernels) if base else None,
         )
         data = report_from_analyses(
             analysed,
             run_path=str(run_dirs[tp]),
             baseline_path=str(run_dirs[1]) if base else None,
-            links=links_doc,
+            links=convert(links_doc, Links) if links_doc is not None else None,
             links_note=links_note,
             title=f"tracekit study: TP=1 vs TP={tp}, preset {preset}, {device}"
             if base

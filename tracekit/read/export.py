@@ -22,6 +22,7 @@ import numpy as np
 import orjson
 
 from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
 READER_VERSION = "tracekit-export-1"
@@ -45,7 +46,7 @@ def is_export(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _load(p: Path) -> dict[str, Any]:
+def _load(p: Path) -> JSONObject:
     try:
         raw = p.read_bytes()
         if raw[:2] == b"\x1f\x8b":  # inflated at most --max-bytes (a gzip bomb is refused, not held)

@@ -44,6 +44,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read.kineto_collectives import (
     DTYPE_BYTES,
@@ -83,7 +84,7 @@ CHUNK_BYTES = 4 * 1024 * 1024  # measured (issue 7): 4 MB is as fast as 16 MB on
 
 
 def _build_table(
-    cols: _Columns, rank: int, base_ns: int, meta: dict[str, Any] | None = None, dq: DataQuality | None = None
+    cols: _Columns, rank: int, base_ns: int, meta: JSONObject | None = None, dq: DataQuality | None = None
 ) -> pd.DataFrame:
     meta = meta or {}
     dq = dq if dq is not None else cols.dq
@@ -230,7 +231,7 @@ def check_rank_argument(rank: Any) -> None:
 
 
 def _resolve_rank(
-    path: Path, meta: dict[str, Any], rank: int | None, default_rank: int | None = None
+    path: Path, meta: JSONObject, rank: int | None, default_rank: int | None = None
 ) -> tuple[int, str]:
     if rank is not None:
         check_rank_argument(rank)
@@ -359,7 +360,7 @@ def read_kineto(
         )
     if cols.rows == 0:
         cols.dq.add("traces_without_complete_events", 1, f"{p.name}: no complete (X) events")
-    info: dict[str, Any] = {k: v for k, v in meta.items() if k != "traceEvents"}
+    info: JSONObject = {k: v for k, v in meta.items() if k != "traceEvents"}
     info.update(
         {
             "source": str(p),

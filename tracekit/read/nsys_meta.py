@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tracekit.errors import RankError
+from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality
 from tracekit.read.nsys_tables import (
     MEMCPY_KIND,
@@ -63,8 +63,8 @@ def memcpy_names(
     return labels[np.asarray(inv).reshape(-1)]
 
 
-def run_meta(con: sqlite3.Connection, tables: set[str], cells: TextCells) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
+def run_meta(con: sqlite3.Connection, tables: set[str], cells: TextCells) -> JSONObject:
+    meta: JSONObject = {}
     if "TARGET_INFO_SESSION_START_TIME" in tables:
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and is_int64(row[0]):  # text or a REAL there: no session start (not aligned)
@@ -103,7 +103,7 @@ def process_names(con: sqlite3.Connection, tables: set[str], cells: TextCells) -
 
 
 def assign_ranks(
-    pids: list[int], rank: int | None, given: Path, meta: dict[str, Any], db: Path, dq: DataQuality
+    pids: list[int], rank: int | None, given: Path, meta: JSONObject, db: Path, dq: DataQuality
 ) -> tuple[list[int], str]:
     if len(pids) > 1:
         if rank is not None:

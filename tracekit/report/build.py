@@ -1,23 +1,38 @@
 """From run folders to a `ReportData`, and from a `ReportData` to files.
 
 `analyse_dirs` is the only place the report layer calls the analyses (reader, breakdown,
-shortfall); it keeps only their JSON dicts, so everything after it works on plain data.
+shortfall); it keeps only their documents, each decoded once into its typed Struct
+(`tracekit.model.documents`: `analysed_document`), so everything after it works on typed data.
 `write_report` picks the format from each output's suffix (.html, .md, .json).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from tracekit.errors import TracekitError
+from tracekit.model.documents import (
+    Breakdown,
+    DocumentError,
+    Links,
+    ProbeRow,
+    Shortfall,
+    TopKernels,
+    convert,
+    decode,
+)
+from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.read.manifests import typed_manifest
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extras import ExtraSection
+
+T = TypeVar("T")
 
 FORMATS = {".html": "html", ".htm": "html", ".md": "markdown", ".json": "json"}
 
@@ -28,16 +43,32 @@ class ReportError(TracekitError):
 
 @dataclass
 class AnalysedRuns:
-    """The analyses' JSON dicts for one report."""
+    """The analyses' documents for one report, typed."""
 
-    breakdown: dict[str, Any]
-    manifest: dict[str, Any] | None
-    baseline_breakdown: dict[str, Any] | None = None
-    baseline_manifest: dict[str, Any] | None = None
-    shortfall: dict[str, Any] | None = None
-    #: per run, the top kernels per class in the steady steps (`tracekit.analyse.kernels.top_kernels`)
-    top_kernels: dict[str, Any] | None = None
-    baseline_top_kernels: dict[str, Any] | None = None
+    breakdown: Breakdown
+    manifest: ManifestDoc | None
+    baseline_breakdown: Breakdown | None = None
+    baseline_manifest: ManifestDoc | None = None
+    shortfall: Shortfall | None = None
+    #: per run, the top kernels per class in the steady steps (`tracekit.analyse.compute.kernels.top_kernels`)
+    top_kernels: TopKernels | None = None
+    baseline_top_kernels: TopKernels | None = None
+
+
+def analysed_document(result: Any, type_: type[T]) -> T:
+    """An analysis' result (an object with `to_json()`, or its JSON dict) as its typed document:
+    through JSON once, so only JSON-able data reaches the report (numpy scalars -> numbers)."""
+    d = result.to_json() if hasattr(result, "to_json") else result
+    return decode(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY), type_)
+
+
+def manifest_document(manifest: Mapping[str, Any] | None) -> ManifestDoc | None:
+    """A run's manifest (the reader's `Manifest`, decoded once when it was read: its `doc`) as
+    its typed document; None without one."""
+    if not manifest:
+        return None
+    doc = getattr(manifest, "doc", None)
+    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
 
 
 def analyse_dirs(
@@ -52,43 +83,50 @@ def analyse_dirs(
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([Path(run_dir)]))
-    out = AnalysedRuns(breakdown=_to_json(breakdown(run, step_pattern=step_pattern)), manifest=run.manifest)
-    out.top_kernels = top_kernels_json(run, step_pattern)
+    out = AnalysedRuns(
+        breakdown=analysed_document(breakdown(run, step_pattern=step_pattern), Breakdown),
+        manifest=manifest_document(run.manifest),
+    )
+    out.top_kernels = top_kernels_document(run, step_pattern)
     if baseline_dir is not None:
         from tracekit.analyse.attribution.pair import shortfall
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
-        out.baseline_breakdown = _to_json(breakdown(base, step_pattern=step_pattern))
-        out.baseline_manifest = base.manifest
-        out.baseline_top_kernels = top_kernels_json(base, step_pattern)
-        out.shortfall = _to_json(shortfall(base, run))
+        out.baseline_breakdown = analysed_document(breakdown(base, step_pattern=step_pattern), Breakdown)
+        out.baseline_manifest = manifest_document(base.manifest)
+        out.baseline_top_kernels = top_kernels_document(base, step_pattern)
+        out.shortfall = analysed_document(shortfall(base, run), Shortfall)
     return out
 
 
-def top_kernels_json(run: Any, step_pattern: str | None) -> dict[str, Any]:
-    """The report's top kernels per class of an analysed run (`tracekit.analyse.kernels`), as JSON."""
+def top_kernels_document(run: Any, step_pattern: str | None) -> TopKernels:
+    """The report's top kernels per class of an analysed run (`tracekit.analyse.compute.kernels`)."""
     from tracekit.analyse.compute.kernels import top_kernels
 
-    return _to_json(top_kernels(run.events, run.steps(step_pattern).steps))
+    return analysed_document(top_kernels(run.events, run.steps(step_pattern).steps), TopKernels)
 
 
-def _to_json(result: Any) -> dict[str, Any]:
-    d = result.to_json() if hasattr(result, "to_json") else result
-    # round-trip through JSON so only JSON-able data reaches the report (numpy scalars -> numbers)
-    return json.loads(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY))  # type: ignore[no-any-return]
-
-
-def load_links(path: str | Path) -> dict[str, Any] | list[dict[str, Any]]:
-    """A compare-links result (dict with `rows`) or a probe JSON (list of rows)."""
+def load_links(path: str | Path) -> Links | list[ProbeRow]:
+    """A compare-links result (an object with `rows`) or a probe JSON (a list of rows), decoded
+    into its Struct; ReportError naming the file and the place where it does not fit."""
     p = Path(path)
     try:
-        obj = json.loads(p.read_text())
+        raw = p.read_bytes()
     except OSError as exc:
         raise ReportError(f"{p}: cannot read the links file: {exc.strerror}") from None
+    try:
+        obj = json.loads(raw)
     except json.JSONDecodeError as exc:
         raise ReportError(f"{p} at byte {exc.pos}: not JSON: {exc.msg}") from None
-    if isinstance(obj, list) or (isinstance(obj, dict) and "rows" in obj):
-        return obj
+    except UnicodeDecodeError as exc:
+        raise ReportError(f"{p} at byte {exc.start}: not UTF-8 text") from None
+    try:
+        if isinstance(obj, list):
+            return convert(obj, list[ProbeRow])
+        if isinstance(obj, dict) and "rows" in obj:
+            return convert(obj, Links)
+    except DocumentError as exc:
+        raise ReportError(f"{p} at {exc.where or '$'}: not a links file: {exc}") from None
     raise ReportError(f"{p}: expected a compare-links result (an object with 'rows') or a list of probe rows")
 
 
@@ -96,7 +134,7 @@ def report_from_dirs(
     run_dir: str | Path,
     baseline_dir: str | Path | None = None,
     *,
-    links: dict[str, Any] | list[dict[str, Any]] | None = None,
+    links: Links | list[ProbeRow] | None = None,
     links_note: str | None = None,
     step_pattern: str | None = None,
     title: str | None = None,
@@ -114,7 +152,7 @@ def report_from_analyses(
     *,
     run_path: str | None,
     baseline_path: str | None,
-    links: dict[str, Any] | list[dict[str, Any]] | None = None,
+    links: Links | list[ProbeRow] | None = None,
     links_note: str | None = None,
     title: str | None = None,
     extras: list[ExtraSection] | None = None,

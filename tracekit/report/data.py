@@ -1,10 +1,10 @@
 """The report's plain data: one JSON-able document built only from what the analyses return.
 
-`build_report_data(...)` takes the breakdown / shortfall / compare-links dicts (docs/JSON.md) and
-the capture manifests, never raw events, and returns a `ReportData` (kind `tracekit.report`,
+`build_report_data(...)` takes the breakdown / shortfall / compare-links / top-kernels documents
+as their typed Structs (`tracekit.model.documents`, docs/JSON.md) and the capture manifests, never
+raw events, and returns a `ReportData` (kind `tracekit.report`,
 schema 1.3, documented in docs/JSON.md#report). The renderers (`html.py`, `markdown.py`) read
-only this; the JSON output *is* this. Figures are not built here. The shortfall is decoded once
-into its typed document (`tracekit.model.documents.Shortfall`) here; the sections are built in
+only this; the JSON output *is* this. Figures are not built here. The sections are built in
 `tracekit.report.sections` (`inputs`: manifests, runs, dilation, probe; `shortfall`: waterfall,
 per rank, critical path, straggler, intervals; `rows`: the tables and sentences of both renderers).
 
@@ -15,13 +15,12 @@ both renderers share so the page and the Markdown carry the same printed numbers
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tracekit._version import __version__
+from tracekit.model.documents import Breakdown, Links, ProbeRow, Shortfall, TopKernels, given, to_builtins
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.model.documents import Shortfall, convert, given
 from tracekit.model.parts import (
     COORDINATION,
     MAIN_TERMS,
@@ -29,7 +28,6 @@ from tracekit.model.parts import (
 from tracekit.report.sections.fmt import to_float, to_int
 from tracekit.report.sections.inputs import (
     dilation_section,
-    manifest_doc,
     manifest_summary,
     probe_curves,
     run_section,
@@ -150,14 +148,14 @@ class ReportData:
 
 def build_report_data(
     *,
-    breakdown: dict[str, Any],
-    baseline_breakdown: dict[str, Any] | None = None,
-    shortfall: dict[str, Any] | None = None,
-    links: dict[str, Any] | list[dict[str, Any]] | None = None,
-    manifest: ManifestDoc | Mapping[str, Any] | None = None,
-    baseline_manifest: ManifestDoc | Mapping[str, Any] | None = None,
-    top_kernels: dict[str, Any] | None = None,
-    baseline_top_kernels: dict[str, Any] | None = None,
+    breakdown: Breakdown,
+    baseline_breakdown: Breakdown | None = None,
+    shortfall: Shortfall | None = None,
+    links: Links | list[ProbeRow] | None = None,
+    manifest: ManifestDoc | None = None,
+    baseline_manifest: ManifestDoc | None = None,
+    top_kernels: TopKernels | None = None,
+    baseline_top_kernels: TopKernels | None = None,
     run_path: str | None = None,
     baseline_path: str | None = None,
     links_note: str | None = None,
@@ -166,34 +164,33 @@ def build_report_data(
     created: str | None = None,
     extras: list[ExtraSection] | None = None,
 ) -> ReportData:
-    """Build the report document from the analyses' JSON dicts and the manifests.
+    """Build the report document from the analyses' typed documents and the manifests.
 
     `breakdown` is the run reported (the sharded run when there is a baseline); `shortfall` is
-    the result of shortfall(baseline, run); `links` a compare-links result dict (with `rows`) or
-    a bare list of probe rows; `extras` the sections of other commands' JSON
+    the result of shortfall(baseline, run); `links` a compare-links result or a bare list of
+    probe rows; `extras` the sections of other commands' JSON
     (`tracekit.report.extras.extra_sections`). Missing inputs make their sections empty and add a note.
     """
     notes: list[str] = []
-    # the shortfall decoded once into its typed document (docs/JSON.md#shortfall); the sections read it
-    sf = convert(shortfall, Shortfall) if shortfall is not None else None
+    sf = shortfall
     role = "sharded" if (shortfall is not None or baseline_breakdown is not None) else "run"
 
     # dilation: with a shortfall, only the factor it applied (null when it applied none: a host-clock
     # figure must not stand in for it); without one, the breakdown's, then the manifest's
-    sf_dil = (shortfall or {}).get("dilation") or {}
-    run_dil = to_float(sf_dil.get("sharded")) if sf_dil else None
-    if run_dil is None and not sf_dil:
-        run_dil = to_float(breakdown.get("dilation"))
-    if run_dil is None and not sf_dil and manifest:
-        run_dil = to_float(given(manifest_doc(manifest).dilation))
+    sf_dil = sf.dilation if sf is not None else None
+    run_dil = to_float(sf_dil.sharded) if sf_dil is not None else None
+    if run_dil is None and sf_dil is None:
+        run_dil = to_float(breakdown.dilation)
+    if run_dil is None and sf_dil is None and manifest is not None:
+        run_dil = to_float(given(manifest.dilation))
     base_dil = None
     if shortfall is not None or baseline_breakdown is not None:
-        base_dil = to_float(sf_dil.get("baseline")) if sf_dil else None
-        if base_dil is None and not sf_dil and baseline_breakdown is not None:
-            base_dil = to_float(baseline_breakdown.get("dilation"))
-        if base_dil is None and not sf_dil and baseline_manifest:
-            base_dil = to_float(given(manifest_doc(baseline_manifest).dilation))
-    threshold = to_float(sf_dil.get("threshold")) if sf_dil else None
+        base_dil = to_float(sf_dil.baseline) if sf_dil is not None else None
+        if base_dil is None and sf_dil is None and baseline_breakdown is not None:
+            base_dil = to_float(baseline_breakdown.dilation)
+        if base_dil is None and sf_dil is None and baseline_manifest is not None:
+            base_dil = to_float(given(baseline_manifest.dilation))
+    threshold = to_float(sf_dil.threshold) if sf_dil is not None else None
     threshold = dilation_threshold if threshold is None else threshold
 
     runs: list[dict[str, Any]] = []
@@ -214,10 +211,9 @@ def build_report_data(
     dilation = dilation_section(
         dil_runs,
         threshold,
-        sf_dil.get("reconciliation") if sf_dil else None,
-        sf_dil.get("runs") if isinstance(sf_dil.get("runs"), dict) else None,
-        sf_dil=sf_dil if isinstance(sf_dil, dict) and sf_dil else None,
-        corrected=(shortfall or {}).get("per_token_source") == "unprofiled",
+        sf_dil.reconciliation if sf_dil is not None else None,
+        sf_dil=sf_dil,
+        corrected=sf is not None and sf.per_token_source == "unprofiled",
     )
     term_words = term_words_of(sf, main.get("timeline"))
     per_rank: list[dict[str, Any]] | None = None
@@ -226,7 +222,7 @@ def build_report_data(
 
     # per-token times and the attribution
     attribution: dict[str, Any] | None = None
-    if sf is not None and shortfall is not None:
+    if sf is not None:
         pt = sf.per_token_ns
         per_token_ns: dict[str, int | None] = {
             "baseline": pt.baseline,
@@ -254,10 +250,10 @@ def build_report_data(
             "waterfall": waterfall,
             "aggregate": given(sf.aggregate),
             "per_token_source": sf.per_token_source,
-            "uncorrected": shortfall.get("uncorrected"),
-            "clock": shortfall.get("clock"),
+            "uncorrected": to_builtins(sf.uncorrected),
+            "clock": to_builtins(sf.clock),
             "intervals": intervals_section(sf),
-            "noise": shortfall.get("noise") if isinstance(shortfall.get("noise"), dict) else None,
+            "noise": to_builtins(given(sf.noise)),
         }
         attach_intervals(attribution)
         verdict = sf.verdict
@@ -293,19 +289,19 @@ def build_report_data(
     collectives = None
     stragglers: list[dict[str, Any]] = []
     trace_points: list[dict[str, Any]] = []
-    if shortfall is not None:
-        coll = shortfall.get("collectives") or {}
+    if sf is not None:
+        coll = sf.collectives
         by_op = []
-        for c in coll.get("by_op") or []:
+        for c in coll.by_op:
             entry = {
-                "op": str(c.get("op", "")),
-                "bytes": to_int(c.get("bytes")),
-                "count": int(c.get("count", 0) or 0),
+                "op": c.op,
+                "bytes": to_int(c.bytes),
+                "count": c.count,
                 # median over instances of the per-instance max wait (shortfall schema >= 1.4)
-                "wait_ns_median": to_int(c.get("wait_ns_median")),
-                "transfer_ns_median": to_int(c.get("transfer_ns_median")),
-                "skew_ns_median": to_int(c.get("skew_ns_median")),
-                "busbw_gbps_median": to_float(c.get("busbw_gbps_median")),
+                "wait_ns_median": to_int(c.wait_ns_median),
+                "transfer_ns_median": to_int(c.transfer_ns_median),
+                "skew_ns_median": to_int(c.skew_ns_median),
+                "busbw_gbps_median": to_float(c.busbw_gbps_median),
             }
             by_op.append(entry)
             if entry["busbw_gbps_median"] is not None and entry["bytes"]:
@@ -318,49 +314,40 @@ def build_report_data(
                     }
                 )
         collectives = {
-            "instances": int(coll.get("instances", 0) or 0),
-            "per_token": to_float(coll.get("per_token")),
+            "instances": coll.instances,
+            "per_token": to_float(coll.per_token),
             "by_op": by_op,
         }
         stragglers = [
-            {
-                "rank": int(s.get("rank", -1)),
-                "last_count": int(s.get("last_count", 0) or 0),
-                "instances": int(s.get("instances", 0) or 0),
-                "share": to_float(s.get("share")),
-            }
-            for s in shortfall.get("stragglers") or []
+            {"rank": s.rank, "last_count": s.last_count, "instances": s.instances, "share": to_float(s.share)}
+            for s in sf.stragglers
         ]
 
     # probes / link comparison
     links_section: dict[str, Any] | None = None
-    probe_rows: list[dict[str, Any]] = []
+    probe_rows: list[ProbeRow] = []
     if isinstance(links, list):
         probe_rows = links
         links_section = {
-            "modes": sorted({str(r.get("mode") or "default") for r in links}),
+            "modes": sorted({r.mode or "default" for r in links}),
             "transports": {},
             "verdict": None,
         }
-    elif isinstance(links, dict):
-        probe_rows = list(links.get("rows") or [])
+    elif links is not None:
+        probe_rows = list(links.rows)
         links_section = {
-            "modes": [
-                str(m.get("mode")) if isinstance(m, dict) else str(m) for m in links.get("modes") or []
-            ],
-            "transports": {str(k): transport_summary(v) for k, v in (links.get("transports") or {}).items()},
-            "verdict": links.get("verdict"),
-            "notes": [str(n) for n in links.get("notes") or []],
+            "modes": [str(m.mode) for m in links.modes],
+            "transports": {k: transport_summary(v) for k, v in links.transports.items()},
+            "verdict": links.verdict,
+            "notes": list(links.notes),
         }
         # the realised busbw compare-links measured in the decode trace, where the shortfall had none
         have = {(p["op"], p["bytes"]) for p in trace_points}
-        for z in (links.get("trace") or {}).get("sizes") or []:
-            op = str(z.get("coll_op") or z.get("op") or "")
-            nbytes, busbw_z = to_int(z.get("bytes")), to_float(z.get("busbw_gbps"))
+        for z in links.trace.sizes if links.trace is not None else []:
+            op = z.coll_op or z.op or ""
+            nbytes, busbw_z = to_int(z.bytes), to_float(z.busbw_gbps)
             if busbw_z is not None and nbytes and (op, nbytes) not in have:
-                trace_points.append(
-                    {"op": op, "bytes": nbytes, "busbw_gbps": busbw_z, "count": int(z.get("count", 0) or 0)}
-                )
+                trace_points.append({"op": op, "bytes": nbytes, "busbw_gbps": busbw_z, "count": z.count or 0})
     if links_section is not None:
         links_section["note"] = links_note
     elif links_note:
@@ -401,6 +388,6 @@ def build_report_data(
         created=created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
     data.key_figures = key_figures(data)
-    data.headline = headline_line(data, shortfall)
+    data.headline = headline_line(data)
     data.per_token_label = per_token_label(data)
     return data

@@ -39,19 +39,15 @@ class BreakdownStep(Doc, kw_only=True):
     timeline: str
 
 
-class BreakdownStepNs(Doc, kw_only=True):
-    median: int
-    p10: int
-    p90: int
-    mean: int
-    n: int
-
-
 class BreakdownPartsNsValue(Doc, kw_only=True):
     median: int
     p10: int
     p90: int
     mean: int
+
+
+class BreakdownStepNs(BreakdownPartsNsValue, kw_only=True):
+    n: int
 
 
 class BreakdownPerToken(Doc, kw_only=True):
@@ -103,15 +99,9 @@ class BreakdownRanksValue(Doc, kw_only=True):
     tracelens_gpu_timeline: BreakdownTracelensGpuTimeline | UnsetType = UNSET
 
 
-class BreakdownTraceTotals(Doc, kw_only=True):
-    span_ns: int
-    busy_ns: int
-    exposed_memcpy_ns: int
-    idle_ns: int
-    exposed_collective_ns: int
-    kernels: int
-    memcpy_memset: int
-    tracelens_gpu_timeline: BreakdownTracelensGpuTimeline | UnsetType = UNSET
+class BreakdownTraceTotals(BreakdownRanksValue, kw_only=True):
+    """The run's GPU totals (the sums of `ranks`), each rank's, and how they were counted."""
+
     ranks: dict[str, BreakdownRanksValue]
     rule: str
     differences_from_tracelens: str | UnsetType = UNSET

@@ -252,6 +252,8 @@ class LinksPerSizeItem(Doc, kw_only=True):
     regime: str | None | UnsetType = UNSET
     realised_vs_probe: dict[str, float | None] | UnsetType = UNSET
     k: float | None | UnsetType = UNSET
+    bound_ratio_ns_per_token: float | None | UnsetType = UNSET
+    bound_per_call_ns_per_token: float | None | UnsetType = UNSET
     bound_ns_per_token: float | None | UnsetType = UNSET
     busbw_gbps: dict[str, float | None] | UnsetType = UNSET
     ratio: float | None | UnsetType = UNSET
@@ -286,9 +288,9 @@ class LinksVerdictDetails(Doc, kw_only=True):
     transfer_share_of_shortfall: float | None | UnsetType = UNSET
     bound_share_of_shortfall: float | None | UnsetType = UNSET
     tuning_in_timed_loop: list[str | None] | UnsetType = UNSET
+    timing: dict[str, str | None] | UnsetType = UNSET
     source: str | None | UnsetType = UNSET
     answer: str | None | UnsetType = UNSET
-    timing: dict[str, str | None] | UnsetType = UNSET
 
 
 class Links(Doc, kw_only=True):

@@ -11,19 +11,24 @@ import inspect
 
 from msgspec import inspect as mi
 
+from tracekit.model.documents.ab import AB
 from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import Breakdown
 from tracekit.model.documents.copy import Copy
 from tracekit.model.documents.decompose import Decompose
 from tracekit.model.documents.diff import Diff
+from tracekit.model.documents.dilation import DilationRow
+from tracekit.model.documents.export import Export
 from tracekit.model.documents.links import Links, ProbeRow
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.documents.modes import AdviseCheck, CaptureModes
+from tracekit.model.documents.predict import Predict
 from tracekit.model.documents.report import Report
 from tracekit.model.documents.rho import Rho
 from tracekit.model.documents.roofline import Roofline
 from tracekit.model.documents.shortfall import Shortfall
+from tracekit.model.documents.steps import Steps
 from tracekit.model.documents.whatif import Whatif
 
 PREAMBLE = """\
@@ -55,6 +60,11 @@ SECTIONS: tuple[tuple[str, tuple[type[Doc], ...]], ...] = (
     ("report", (Report,)),
     ("whatif", (Whatif,)),
     ("roofline", (Roofline,)),
+    ("dilation", (DilationRow,)),
+    ("predict", (Predict,)),
+    ("export", (Export,)),
+    ("steps", (Steps,)),
+    ("ab", (AB,)),
     ("capture-modes", (CaptureModes,)),
     ("advise-check", (AdviseCheck,)),
     ("gemm-table", (GemmTable,)),
@@ -76,7 +86,7 @@ def _type_text(t: mi.Type) -> str:
         mi.StrType: "string",
         mi.BoolType: "boolean",
         mi.NoneType: "null",
-        mi.AnyType: "any",
+        mi.AnyType: "any JSON value",
     }
     return names.get(type(t), type(t).__name__)
 

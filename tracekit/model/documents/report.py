@@ -6,13 +6,14 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
+from tracekit.model.documents.kernels import TopKernels
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
-    ShortfallCheck,
+    ShortfallClock,
+    ShortfallNoise,
     ShortfallPerRankItem,
-    ShortfallResidualNsValue,
-    ShortfallShortfall,
     ShortfallStraggler_,
+    ShortfallUncorrected_,
 )
 
 
@@ -82,28 +83,6 @@ class ReportWaterfallItem(Doc, kw_only=True):
     reading: str
 
 
-class ReportUncorrected(Doc, kw_only=True):
-    per_token_ns: ReportPerTokenNs
-    shortfall_ns: int
-    terms_ns: dict[str, int]
-    coordination_ns: dict[str, int]
-    shares: dict[str, float]
-    per_rank: list[ShortfallPerRankItem] | None
-
-
-class ReportClock(Doc, kw_only=True):
-    aligned: bool
-    estimated: bool
-    offsets_applied: bool
-    offsets_ns: dict[str, int]
-    residual_ns: dict[str, ShortfallResidualNsValue]
-    raw_instances_over: int
-    method: str
-    refusal: str | None
-    hosts: dict[str, str]
-    check: ShortfallCheck
-
-
 class ReportIntervalsPerTokenNs(Doc, kw_only=True):
     baseline: list[float] | None
     sharded: list[float]
@@ -120,13 +99,6 @@ class ReportIntervals(Doc, kw_only=True):
     coordination_ns: dict[str, list[float]]
 
 
-class ReportNoise(Doc, kw_only=True):
-    status: str
-    cause: str
-    shortfall: ShortfallShortfall
-    terms: dict[str, ShortfallShortfall]
-
-
 class ReportAttribution(Doc, kw_only=True):
     shortfall_ns: int
     terms_ns: dict[str, int]
@@ -136,10 +108,10 @@ class ReportAttribution(Doc, kw_only=True):
     waterfall: list[ReportWaterfallItem]
     aggregate: str | None
     per_token_source: str
-    uncorrected: ReportUncorrected
-    clock: ReportClock
+    uncorrected: ShortfallUncorrected_
+    clock: ShortfallClock
     intervals: ReportIntervals
-    noise: ReportNoise
+    noise: ShortfallNoise | None
 
 
 class ReportStepNs(Doc, kw_only=True):
@@ -165,29 +137,6 @@ class ReportRunPerRankItem(Doc, kw_only=True):
     parts_ns_median: dict[str, int]
 
 
-class ReportKernel(Doc, kw_only=True):
-    name: str
-    subclass: str
-    count: float
-    total_ns: float
-    mean_ns: float
-    share: float
-
-
-class ReportClassesValue(Doc, kw_only=True):
-    count: float
-    total_ns: float
-    share: float
-    more: int
-    kernels: list[ReportKernel]
-
-
-class ReportTopKernels(Doc, kw_only=True):
-    windows: int
-    step_ns_mean: float
-    classes: dict[str, ReportClassesValue]
-
-
 class ReportRun_(Doc, kw_only=True):
     role: str
     path: str | None
@@ -203,7 +152,7 @@ class ReportRun_(Doc, kw_only=True):
     unknown_kernels: list[BreakdownUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
-    top_kernels: ReportTopKernels | None
+    top_kernels: TopKernels | None
 
 
 class ReportByOpItem(Doc, kw_only=True):

@@ -6,6 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownDataQuality
+from tracekit.model.documents.dilation import Dilation
 
 
 class ShortfallPerTokenNs(Doc, kw_only=True):
@@ -27,40 +28,38 @@ class ShortfallPerRankItem(Doc, kw_only=True):
     pad_ns: int
 
 
-class ShortfallByRankValue(Doc, kw_only=True):
+class ShortfallPathParts(Doc, kw_only=True):
+    """One rank's time on the critical path per token, by component (the baseline's path)."""
+
     compute_ns: int
     memory_ns: int
     transfer_ns: int
     host_ns: int
     sync_ns: int
     unknown_ns: int
+
+
+class ShortfallByRankValue(ShortfallPathParts, kw_only=True):
+    """The same with its total (the sharded run's path, corrected and uncorrected)."""
+
     total_ns: int
-
-
-class ShortfallBaselineByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
 
 
 class ShortfallBaseline(Doc, kw_only=True):
     step_ns: int
-    by_rank: dict[str, ShortfallBaselineByRankValue]
+    by_rank: dict[str, ShortfallPathParts]
 
 
 class ShortfallUncorrected(Doc, kw_only=True):
+    """The path's figures per token: every rank's time on it, and the offset (the path's time
+    that no rank's component names) so that they sum to the step."""
+
     step_ns: int
     offset_ns: int
     by_rank: dict[str, ShortfallByRankValue]
 
 
-class ShortfallCriticalPath(Doc, kw_only=True):
-    step_ns: int
-    offset_ns: int
-    by_rank: dict[str, ShortfallByRankValue]
+class ShortfallCriticalPath(ShortfallUncorrected, kw_only=True):
     cause: str | None
     hops_per_step_median: float
     baseline: ShortfallBaseline
@@ -191,37 +190,9 @@ class ShortfallApplied(Doc, kw_only=True):
     sharded: ShortfallAppliedBaseline
 
 
-class ShortfallUnprofiled(Doc, kw_only=True):
-    n: int
-    skipped: int
-    rounds: int | UnsetType = UNSET
-    median_ns: int
-    mean_ns: int
-    p10_ns: int
-    p90_ns: int
-    round_mean_ns: list[int] | UnsetType = UNSET
-
-
-class ShortfallRunsBaseline(Doc, kw_only=True):
-    """The capture's own dilation figures of one run (`tracekit.analyse.dilation.Dilation`); null
-    where the manifest has no unprofiled / profiled timing."""
-
-    dilation: float | None
-    definition: str | UnsetType = UNSET
-    interval: list[float] | None | UnsetType = UNSET
-    rounds: dict[str, int] | UnsetType = UNSET
-    threshold: float
-    inflated: bool | None
-    unprofiled: ShortfallUnprofiled | None
-    profiled: ShortfallUnprofiled | None
-    manifest_dilation: float | None
-    source: str
-    notes: list[str] | UnsetType = UNSET
-
-
 class ShortfallRuns(Doc, kw_only=True):
-    baseline: ShortfallRunsBaseline
-    sharded: ShortfallRunsBaseline
+    baseline: Dilation
+    sharded: Dilation
 
 
 class ShortfallCorrection(Doc, kw_only=True):

@@ -3,17 +3,24 @@ breakdown, the dilation stated, the probe curves and transports, the top kernels
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from msgspec import UNSET
 
+from tracekit.model.documents import (
+    Breakdown,
+    Dilation,
+    LinksTransportsValue,
+    ProbeRow,
+    TopKernels,
+    given,
+    to_builtins,
+)
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.model.documents import given, to_builtins
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, ShortfallDilation
 from tracekit.model.parts import (
     PARTS,
 )
-from tracekit.read.manifests import typed_manifest
 from tracekit.report.sections.fmt import fmt_ms, fmt_pct, fmt_x, fmt_x_interval, to_float, to_int
 
 MANIFEST_WORKLOAD_FIELDS = (
@@ -34,22 +41,11 @@ MANIFEST_WORKLOAD_FIELDS = (
 )
 
 
-def manifest_doc(manifest: ManifestDoc | Mapping[str, Any]) -> ManifestDoc:
-    """A manifest as its typed document: the one `load_manifest` decoded (`Manifest.doc`), else
-    decoded here (leniently, as the reader does)."""
-    if isinstance(manifest, ManifestDoc):
-        return manifest
-    doc = getattr(manifest, "doc", None)
-    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
-
-
-def manifest_summary(
-    role: str, path: str | None, manifest: ManifestDoc | Mapping[str, Any] | None
-) -> dict[str, Any]:
+def manifest_summary(role: str, path: str | None, manifest: ManifestDoc | None) -> dict[str, Any]:
     """The manifest fields a reader needs to know what ran, where and with which versions."""
-    if not manifest:
+    if manifest is None:
         return {"role": role, "path": path, "present": False}
-    m = manifest_doc(manifest)
+    m = manifest
     wl = given(m.workload)
     host = given(m.host)
     return {
@@ -81,59 +77,52 @@ def manifest_summary(
     }
 
 
-def run_section(
-    role: str, path: str | None, breakdown: dict[str, Any], dilation: float | None
-) -> dict[str, Any]:
-    src = breakdown.get("source") or {}
-    per_token = breakdown.get("per_token") or {}
-    step_stats = per_token.get("step_ns") or {}
-    parts_stats = per_token.get("parts_ns") or {}
+def run_section(role: str, path: str | None, breakdown: Breakdown, dilation: float | None) -> dict[str, Any]:
+    src = breakdown.source
+    step_stats = breakdown.per_token.step_ns
+    parts_stats = breakdown.per_token.parts_ns
     steps = [
         {
-            "rank": int(s["rank"]),
-            "step": int(s["step"]),
-            "name": str(s.get("name", "")),
-            "window_ns": int(s["window_ns"]),
-            "parts_ns": {p: int((s.get("parts_ns") or {}).get(p, 0)) for p in PARTS},
-            "overlapped_collective_ns": int(s.get("overlapped_collective_ns", 0) or 0),
+            "rank": s.rank,
+            "step": s.step,
+            "name": s.name,
+            "window_ns": s.window_ns,
+            "parts_ns": {p: s.parts_ns.get(p, 0) for p in PARTS},
+            "overlapped_collective_ns": s.overlapped_collective_ns,
         }
-        for s in breakdown.get("steps") or []
+        for s in breakdown.steps
     ]
-    ranks = [int(r) for r in src.get("ranks") or sorted({s["rank"] for s in steps})]
-    unknown = [
-        {
-            "name": str(k.get("name", "")),
-            "count": int(k.get("count", 0)),
-            "total_ns": int(k.get("total_ns", 0)),
-        }
-        for k in breakdown.get("unknown_kernels") or []
-    ]
+    ranks = list(src.ranks) or sorted({s.rank for s in breakdown.steps})
+    unknown = [{"name": k.name, "count": k.count, "total_ns": k.total_ns} for k in breakdown.unknown_kernels]
     return {
         "role": role,
         "path": path,
         "n_ranks": len(ranks) or 1,
         "ranks": ranks,
-        "timeline": src.get("timeline"),
-        "step_pattern": src.get("step_pattern"),
-        "step_ns": {k: to_int(step_stats.get(k)) for k in ("median", "p10", "p90")}
-        | {"n": int(step_stats.get("n", len({s["step"] for s in steps})) or 0)},
-        "parts_ns_median": {p: to_int((parts_stats.get(p) or {}).get("median")) for p in PARTS},
+        "timeline": src.timeline,
+        "step_pattern": src.step_pattern,
+        "step_ns": {
+            "median": step_stats.median,
+            "p10": step_stats.p10,
+            "p90": step_stats.p90,
+            "n": step_stats.n,
+        },
+        "parts_ns_median": {p: parts_stats[p].median if p in parts_stats else None for p in PARTS},
         "steps": steps,
         "per_rank": [
             {
-                "rank": int(r["rank"]),
-                "steps": int(r.get("steps", 0)),
-                "step_ns_median": to_int(r.get("step_ns_median")),
-                "parts_ns_median": {p: to_int((r.get("parts_ns_median") or {}).get(p)) for p in PARTS},
+                "rank": r.rank,
+                "steps": r.steps,
+                "step_ns_median": r.step_ns_median,
+                "parts_ns_median": {p: r.parts_ns_median.get(p) for p in PARTS},
             }
-            for r in breakdown.get("per_rank") or []
+            for r in breakdown.per_rank
         ],
         "kernels_by_class": {
-            str(k): {"count": int(v.get("count", 0)), "total_ns": int(v.get("total_ns", 0))}
-            for k, v in (breakdown.get("kernels_by_class") or {}).items()
+            k: {"count": v.count, "total_ns": v.total_ns} for k, v in breakdown.kernels_by_class.items()
         },
         "unknown_kernels": unknown,
-        "data_quality_notes": [str(n) for n in (breakdown.get("data_quality") or {}).get("notes") or []],
+        "data_quality_notes": list(breakdown.data_quality.notes),
         "dilation": dilation,
     }
 
@@ -142,9 +131,8 @@ def dilation_section(
     runs: list[tuple[str, float | None]],
     threshold: float,
     reconciliation: str | None,
-    details: dict[str, Any] | None = None,
     *,
-    sf_dil: dict[str, Any] | None = None,
+    sf_dil: ShortfallDilation | None = None,
     corrected: bool = False,
 ) -> dict[str, Any]:
     """The dilation stated beside the verdict.
@@ -155,41 +143,38 @@ def dilation_section(
     (`dilation.runs.<run>`) is carried as `host_clock`; the cross-check sentence sets the corrected
     per-token time against the unprofiled rounds' own mean. Without a shortfall the only
     figure is the capture's host-clock one, and the sentence says so."""
-    applied_src = bool(sf_dil)
-    intervals = (sf_dil or {}).get("interval") or {}
-    applied = (sf_dil or {}).get("applied") or {}
+    applied_src = sf_dil is not None
+    intervals = given(sf_dil.interval) if sf_dil is not None else None
+    applied = given(sf_dil.applied) if sf_dil is not None else None
+    details = sf_dil.runs if sf_dil is not None else None
     per_run: list[dict[str, Any]] = []
     for role, d in runs:
-        det = (details or {}).get(role) or {}
-        app = applied.get(role) or {}
-        interval = intervals.get(role) if isinstance(intervals, dict) else None
-        iv = (
-            [float(x) for x in interval]
-            if isinstance(interval, list | tuple) and len(interval) == 2
-            else None
-        )
+        det: Dilation | None = getattr(details, role, None)
+        app: ShortfallAppliedBaseline | None = getattr(applied, role, None)
+        interval = getattr(intervals, role, None)
+        iv = [float(x) for x in interval] if interval is not None and len(interval) == 2 else None
+        unprofiled = det.unprofiled if det is not None else None
+        profiled = det.profiled if det is not None else None
         entry: dict[str, Any] = {
             "run": role,
             "dilation": d,
             "interval": iv,
             "source": "applied" if applied_src else "host_clock",
-            "traced_mean_ns": to_int(app.get("traced_mean_ns")),
-            "corrected_mean_ns": to_int(app.get("corrected_mean_ns")),
-            "unprofiled_mean_ns": to_int(app.get("unprofiled_mean_ns")),
-            "unprofiled_median_ns": to_int((det.get("unprofiled") or {}).get("median_ns")),
-            "profiled_median_ns": to_int((det.get("profiled") or {}).get("median_ns")),
+            "traced_mean_ns": to_int(app.traced_mean_ns) if app is not None else None,
+            "corrected_mean_ns": to_int(app.corrected_mean_ns) if app is not None else None,
+            "unprofiled_mean_ns": to_int(app.unprofiled_mean_ns) if app is not None else None,
+            "unprofiled_median_ns": to_int(unprofiled.median_ns) if unprofiled is not None else None,
+            "profiled_median_ns": to_int(profiled.median_ns) if profiled is not None else None,
             "host_clock": None,
         }
-        if applied_src and det:
-            hc_iv = det.get("interval")
+        if applied_src and det is not None:
+            hc_iv = given(det.interval)
             entry["host_clock"] = {
-                "dilation": to_float(det.get("dilation")),
-                "interval": [float(x) for x in hc_iv]
-                if isinstance(hc_iv, list | tuple) and len(hc_iv) == 2
-                else None,
-                "definition": det.get("definition"),
-                "unprofiled_mean_ns": to_int((det.get("unprofiled") or {}).get("mean_ns")),
-                "profiled_mean_ns": to_int((det.get("profiled") or {}).get("mean_ns")),
+                "dilation": to_float(det.dilation),
+                "interval": [float(x) for x in hc_iv] if hc_iv is not None and len(hc_iv) == 2 else None,
+                "definition": given(det.definition),
+                "unprofiled_mean_ns": to_int(unprofiled.mean_ns) if unprofiled is not None else None,
+                "profiled_mean_ns": to_int(profiled.mean_ns) if profiled is not None else None,
             }
         per_run.append(entry)
     known = [e for e in per_run if e["dilation"] is not None]
@@ -243,7 +228,7 @@ def dilation_section(
         )
     return {
         "runs": per_run,
-        "definition": (sf_dil or {}).get("definition")
+        "definition": (given(sf_dil.definition) if sf_dil is not None else None)
         or "the capture's host-clock figure: profiled / unprofiled per-token time",
         "threshold": threshold,
         "inflated": bool(over),
@@ -255,17 +240,17 @@ def dilation_section(
     }
 
 
-def probe_curves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def probe_curves(rows: list[ProbeRow]) -> list[dict[str, Any]]:
     groups: dict[tuple[str, str, bool, int], dict[str, Any]] = {}
     for r in rows:
-        busbw = to_float(r.get("busbw_gbps"))
-        nbytes = to_int(r.get("bytes"))
+        busbw = to_float(r.busbw_gbps)
+        nbytes = to_int(r.bytes)
         if busbw is None or nbytes is None:
             continue
-        mode = str(r.get("mode") or "default")
-        op = str(r.get("op", ""))
-        in_place = bool(r.get("in_place", False))
-        ranks = int(r.get("ranks", 0) or 0)
+        mode = r.mode or "default"
+        op = str(r.op)
+        in_place = bool(r.in_place)
+        ranks = r.ranks or 0
         key = (mode, op, in_place, ranks)
         g = groups.setdefault(
             key,
@@ -275,31 +260,29 @@ def probe_curves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "op": op,
                 "in_place": in_place,
                 "ranks": ranks,
-                "backend": r.get("backend"),
-                "transport": r.get("transport"),
+                "backend": r.backend,
+                "transport": r.transport,
                 "points": [],
             },
         )
-        g["points"].append({"bytes": nbytes, "busbw_gbps": busbw, "correct": r.get("correct")})
+        g["points"].append({"bytes": nbytes, "busbw_gbps": busbw, "correct": r.correct})
     for g in groups.values():
         g["points"].sort(key=lambda p: p["bytes"])
     return [groups[k] for k in sorted(groups)]
 
 
-def transport_summary(v: Any) -> str:
+def transport_summary(v: LinksTransportsValue) -> str:
     """One line for what a mode's run really used (compare-links `transports[mode]`)."""
-    if not isinstance(v, dict):
-        return "" if v is None else str(v)
     parts = []
-    if v.get("transport"):
-        parts.append(f"transport {v['transport']}")
-    if v.get("wire"):
-        parts.append(f"wire {v['wire']}")
-    if v.get("nvls_used") is not None:
-        parts.append("NVLS used" if v["nvls_used"] else "NVLS off")
-    if v.get("uses_nvlink") is not None:
-        parts.append("uses NVLink" if v["uses_nvlink"] else "no NVLink")
-    parts += [str(n) for n in v.get("notes") or []]
+    if given(v.transport):
+        parts.append(f"transport {given(v.transport)}")
+    if given(v.wire):
+        parts.append(f"wire {given(v.wire)}")
+    if given(v.nvls_used) is not None:
+        parts.append("NVLS used" if given(v.nvls_used) else "NVLS off")
+    if v.uses_nvlink is not None:
+        parts.append("uses NVLink" if v.uses_nvlink else "no NVLink")
+    parts += [str(n) for n in v.notes]
     return "; ".join(parts)
 
 
@@ -316,34 +299,32 @@ def verdict_from_breakdown(run: dict[str, Any]) -> str:
     )
 
 
-def top_kernels_section(tk: dict[str, Any] | None) -> dict[str, Any] | None:
-    """`tracekit.analyse.kernels.top_kernels`' result, its numbers as plain floats (None without one)."""
-    if not isinstance(tk, dict) or not tk.get("classes"):
+def top_kernels_section(tk: TopKernels | None) -> dict[str, Any] | None:
+    """`tracekit.analyse.compute.kernels.top_kernels`' result as the report's section (None
+    without one, or without a class)."""
+    if tk is None or not tk.classes:
         return None
-    classes = {}
-    for c, v in tk["classes"].items():
-        classes[str(c)] = {
-            "count": to_float(v.get("count")),
-            "total_ns": to_float(v.get("total_ns")),
-            "share": to_float(v.get("share")),
-            "more": int(v.get("more", 0) or 0),
+    classes = {
+        c: {
+            "count": to_float(v.count),
+            "total_ns": to_float(v.total_ns),
+            "share": to_float(v.share),
+            "more": v.more,
             "kernels": [
                 {
-                    "name": str(k.get("name", "")),
-                    "subclass": str(k.get("subclass", "")),
-                    "count": to_float(k.get("count")),
-                    "total_ns": to_float(k.get("total_ns")),
-                    "mean_ns": to_float(k.get("mean_ns")),
-                    "share": to_float(k.get("share")),
+                    "name": k.name,
+                    "subclass": k.subclass,
+                    "count": to_float(k.count),
+                    "total_ns": to_float(k.total_ns),
+                    "mean_ns": to_float(k.mean_ns),
+                    "share": to_float(k.share),
                 }
-                for k in v.get("kernels") or []
+                for k in v.kernels
             ],
         }
-    return {
-        "windows": int(tk.get("windows", 0) or 0),
-        "step_ns_mean": to_float(tk.get("step_ns_mean")),
-        "classes": classes,
+        for c, v in tk.classes.items()
     }
+    return {"windows": tk.windows, "step_ns_mean": to_float(tk.step_ns_mean), "classes": classes}
 
 
 #: the critical path's components in words, for the headline (host depends on the timeline)

@@ -211,7 +211,7 @@ def _interval_text(data: ReportData) -> str:
     return ""
 
 
-def headline_line(data: ReportData, shortfall: dict[str, Any] | None = None) -> str:
+def headline_line(data: ReportData) -> str:
     """The one line on top of every report: TN against the ideal, S with its interval, the term
     that holds the run back with its share (the shortfall's noise reading decides whether a term is
     a finding: docs/METHOD.md section Noise and the profiler correction), and the cause on the

@@ -7,7 +7,7 @@ from typing import Any
 
 from tracekit.analyse.prose import chance_clause as _chance_clause
 from tracekit.model.documents import Shortfall, given
-from tracekit.model.documents.shortfall import ShortfallBaselineByRankValue, ShortfallByRankValue
+from tracekit.model.documents.shortfall import ShortfallByRankValue, ShortfallPathParts
 from tracekit.model.parts import (
     COORDINATION,
     PATH_PARTS,
@@ -109,9 +109,7 @@ def per_rank_section(sf: Shortfall, s_ns: int) -> list[dict[str, Any]] | None:
     return sorted(out, key=lambda r: r["rank"])
 
 
-def _path_rank(
-    d: ShortfallByRankValue | ShortfallBaselineByRankValue, step: int | None = None
-) -> dict[str, Any]:
+def _path_rank(d: ShortfallPathParts, step: int | None = None) -> dict[str, Any]:
     """One rank's parts on the path; `total_ns` the document's, else their sum (the baseline's
     rows carry none); `share_of_step` of the per-token time `step` when given."""
     row: dict[str, Any] = {f"{p}_ns": int(getattr(d, f"{p}_ns")) for p in PATH_PARTS}
