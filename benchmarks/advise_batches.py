@@ -211,7 +211,8 @@ def check(
 ) -> dict[str, Any]:
     """advise fitted on batch `fit` only (the roofline band), and with `kernels` / `gemm_table` the
     per-kernel model, predicting every other batch folder under `folder` (module doc)."""
-    from tracekit.analyse.advise import advise, measured_from, run_peaks
+    from tracekit.analyse.advise import advise, run_peaks
+    from tracekit.analyse.advise_inputs import measured_from
     from tracekit.analyse.dilation import dilation_of
     from tracekit.read import load_manifest
 
@@ -303,7 +304,8 @@ def _check_per_kernel(
     and the table, predicting every batch folder it has no traced run of."""
     from dataclasses import replace
 
-    from tracekit.analyse.advise import advise, load_table_file, measured_from
+    from tracekit.analyse.advise import advise, load_table_file
+    from tracekit.analyse.advise_inputs import measured_from
     from tracekit.analyse.batch_model import kernel_profile
     from tracekit.read import load_manifest, read_run
 

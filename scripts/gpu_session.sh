@@ -25,6 +25,12 @@
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
 #   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1 workers, 256
 #       calibrated on 16; the client's share of the wall and peak RSS (issue 27; ~8.5 min at most)
+#   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
+#       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
+#   decompose: the committed CPU set `decompose` (scripts/capture_cpu_test_traces.py decompose: three
+#       TP=2 gloo captures that must run at one host speed, which the loaded 2-core dev VM never holds;
+#       this host's 16 cores are quiet), returned as decompose-traces.tgz to commit under traces/ (~1 min)
+#   suitecap: compile, then decompose (issue 24's two stages in one call)
 # Everything lands under $OUT; NVLink multicast stays off (scripts/gpu_env.sh).
 set -x
 . scripts/gpu_env.sh
@@ -141,4 +147,12 @@ if [ "$stage" = dask ]; then
     --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
   timeout 230 $B --ranks 256 --calibrated --workers 16 --case-timeout 200 \
     --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
+fi
+if [ "$stage" = compile ] || [ "$stage" = suitecap ]; then
+  nproc
+  timeout 300 python3 scripts/compile_check.py 2>&1 | tee $OUT/compile.txt
+fi
+if [ "$stage" = decompose ] || [ "$stage" = suitecap ]; then
+  timeout 240 python3 scripts/capture_cpu_test_traces.py decompose 2>&1 | tee $OUT/decompose.txt
+  tar czf $OUT/decompose-traces.tgz --exclude=.tracekit-cache traces/cpu-decompose-* traces/cpu-decompose-probes.json
 fi

@@ -11,6 +11,22 @@ else
   bash scripts/fetch_plotly_basic.sh  # the pages inline the basic plotly.js build (~1.3 MB a page)
   tk() { tracekit "$@" >/dev/null; }
 fi
+# the what-if documents first: the reports below include two of them (--extra)
+P=reports/h200/links-graph.json
+for f in markdown json; do
+  ext=$([ $f = markdown ] && echo md || echo json)
+  tk whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --knob transfer=0 --knob launch=0 --knob sync=0 \
+     --knob straggler=off --knob compute=/N --knob transfer=probe:$P --knob transfer=probe:$P@pcie \
+     --knob launch=0,transfer=probe:$P --knob launch=0,transfer=probe:$P@pcie --format $f --out reports/whatif/h200-tp2.$ext
+  tk whatif --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --check traces/cpu-tp2 --check-knob straggler=off \
+     --format $f --out reports/whatif/cpu-straggler.$ext
+  tk whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --knob sync=0 --check traces/h200-tp1-graphs \
+     --check-knob launch=0 --format $f --out reports/whatif/h200-tp1-launch0.$ext
+  # issue 26: a one-shot all-reduce (5 us + the probe's bandwidth) and the norm fused into the all-reduce
+  tk whatif --baseline traces/h200x2-tp1-b1-graphs --sharded traces/h200x2-tp2-b1-graphs \
+     --probe reports/multi-gpu/links-decode-sizes.json --knob collective_latency=5 --knob allreduce_norm=fused \
+     --knob transfer=0 --format $f --out reports/whatif/h200x2-graphs-fused.$ext
+done
 tk report traces/cpu-tp2 --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=1 vs TP=2 (tiny preset, gloo, committed traces)" \
    -o reports/cpu-study/report.html -o reports/cpu-study/report.md -o reports/cpu-study/report.json
 tk report traces/cpu-tp2-straggler --baseline traces/cpu-tp1 --title "tracekit CPU study: TP=2 with a 20 ms straggler on rank 1 (tiny preset, gloo)" \
@@ -41,21 +57,6 @@ tk report traces/h200x2-tp2-b1-graphs-pcie --baseline traces/h200x2-tp1-b1-graph
 tk report traces/h200x2-tp2-b1 --baseline traces/h200x2-tp1-b1 --links $L \
    -o reports/multi-gpu/eager-tp2.md -o reports/multi-gpu/eager-tp2.json
 tk report traces/h200x2-tp2-b1-pcie --baseline traces/h200x2-tp1-b1 --links $L -o reports/multi-gpu/eager-tp2-pcie.md
-P=reports/h200/links-graph.json
-for f in markdown json; do
-  ext=$([ $f = markdown ] && echo md || echo json)
-  tk whatif --baseline traces/h200-tp1 --sharded traces/h200-tp2 --knob transfer=0 --knob launch=0 --knob sync=0 \
-     --knob straggler=off --knob compute=/N --knob transfer=probe:$P --knob transfer=probe:$P@pcie \
-     --knob launch=0,transfer=probe:$P --knob launch=0,transfer=probe:$P@pcie --format $f --out reports/whatif/h200-tp2.$ext
-  tk whatif --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --check traces/cpu-tp2 --check-knob straggler=off \
-     --format $f --out reports/whatif/cpu-straggler.$ext
-  tk whatif --baseline traces/h200-tp1-eager-whatif --knob launch=0 --knob sync=0 --check traces/h200-tp1-graphs \
-     --check-knob launch=0 --format $f --out reports/whatif/h200-tp1-launch0.$ext
-  # issue 26: a one-shot all-reduce (5 us + the probe's bandwidth) and the norm fused into the all-reduce
-  tk whatif --baseline traces/h200x2-tp1-b1-graphs --sharded traces/h200x2-tp2-b1-graphs \
-     --probe reports/multi-gpu/links-decode-sizes.json --knob collective_latency=5 --knob allreduce_norm=fused \
-     --knob transfer=0 --format $f --out reports/whatif/h200x2-graphs-fused.$ext
-done
 # the roofline of the two-H200 CUDA-graph decode (the copy probe and rho measured on the same machine)
 [ -n "${TRACEKIT_RECORD:-}" ] || mkdir -p reports/roofline
 for r in h200x2-tp1-b1-graphs h200x2-tp2-b1-graphs; do

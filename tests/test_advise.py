@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.advise import GIB
+from tracekit.analyse.advise_inputs import GIB
 from tracekit.cli.main import main
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"

@@ -240,7 +240,7 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 
 def test_which_runs_the_batch_model_reads_the_traces_of() -> None:
-    from tracekit.analyse.advise import measured_from, needs_kernels
+    from tracekit.analyse.advise_inputs import measured_from, needs_kernels
 
     def run(folder: Path):
         return measured_from(json.loads((folder / "manifest.json").read_text()), str(folder))

@@ -326,14 +326,6 @@ def windows_opened_early(run: Run, parts: RunParts, dt: int) -> tuple[Run, int]:
     return dataclasses.replace(_with_events(run, ev), manifest=None), n
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 23, dependency graph: a step's path covers its longest window cut at the previous "
-    "token's end (Graph.path_spans); a window opened early inside a gap between tokens lengthens that "
-    "range, so the path's host time grows with it instead of its offset. Booking each step by its whole "
-    "period would keep the path still here, but the first step of a graph has no previous end, so a run "
-    "whose warm-up window is missing on one rank would book its first steady step otherwise",
-)
 def test_a_change_in_the_path_offset_is_named_as_such() -> None:
     name = "h200-tp2"
     run = dataclasses.replace(_run(name), manifest=None)  # traced per-token times: no reconciliation

@@ -83,7 +83,7 @@ def test_shard_of_holds_rank_0s_weights_and_runs_without_peers() -> None:
     """`capture --shard-of N`: rank 0's shard of TP=N in one process. Its weights are exactly those a real
     TP=N rank 0 holds (the process group is only touched by collectives, which the shard skips), and a
     decode runs with no process group at all."""
-    from tracekit.capture.decoder import SHARD_BACKEND
+    from tracekit.capture.decoder_ops import SHARD_BACKEND
 
     shard = TPDecoder(PRESETS["tiny"], Comm(2, 0, SHARD_BACKEND), seed=5, max_len=32)
     real = TPDecoder(PRESETS["tiny"], Comm(2, 0, "gloo"), seed=5, max_len=32)

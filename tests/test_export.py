@@ -166,7 +166,7 @@ def test_h200_tp2_view_matches_what_ran(h200):
     nccl = [e for e in classed if e["args"]["kernel"].startswith("ncclDevKernel")]
     assert nccl and all(e["name"] == "collective" for e in nccl)
     # the critical path: per step its pieces tile time without a gap or an overlap, back from the
-    # latest window end of the step for one step time (the longest window, cut at the previous
+    # latest window end of the step for the window of the rank that ends it (cut at the previous
     # step's latest window end), short of it only where the walk reached a rank's origin (the
     # first step), on the aligned clock (docs/METHOD.md section Clocks and step matching): each
     # rank is drawn on its own clock, aligned = raw - the rank's offset (a few ns on this one host)
@@ -192,11 +192,13 @@ def test_h200_tp2_view_matches_what_ran(h200):
         for (_a0, b0, _r0), (a1, _b1, _r1) in zip(pieces, pieces[1:], strict=False):
             assert a1 == b0, (step, pieces)
         assert pieces[-1][1] == max(windows[(step, r)][1] for r in (0, 1))
-        step_ns = max(windows[(step, r)][1] - windows[(step, r)][0] for r in (0, 1))
+        # the range: the window of the rank that ends the step last (ties: the lowest rank)
+        end_r = min((0, 1), key=lambda r: (-windows[(step, r)][1], r))
+        step_ns = windows[(step, end_r)][1] - windows[(step, end_r)][0]
         if step == 1:
             assert pieces[0][0] >= pieces[-1][1] - step_ns
         else:
-            # cut at the previous step's latest window end where the longest window reaches back
+            # cut at the previous step's latest window end where that window reaches back
             # past it (Graph.path_spans: that time is the previous token's and is booked there)
             prev_end = max(windows[(step - 1, r)][1] for r in (0, 1))
             assert pieces[0][0] == max(pieces[-1][1] - step_ns, prev_end), step

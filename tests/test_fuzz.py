@@ -549,7 +549,7 @@ def _number_slots(node: Any, out: list[tuple[Any, Any]]) -> list[tuple[Any, Any]
 def test_fuzz_manifest_numbers(edits: list[tuple[float, Any]]) -> None:
     """Any numeric field of the manifest (per-token times, dilation, workload counts, byte counts)
     set to a hostile value: reading it and every consumer of its numbers raise only our errors."""
-    from tracekit.analyse.advise import AdviseError, measured_from
+    from tracekit.analyse.advise_inputs import AdviseError, measured_from
     from tracekit.analyse.dilation import dilation_of
     from tracekit.analyse.timeline.breakdown import manifest_dilation
     from tracekit.model.events import DataQuality

@@ -14,31 +14,13 @@ from tests.groundtruth.cases import CASES
 from tests.groundtruth.harness import figures, tolerance
 from tests.groundtruth.truth import no_wait
 
-# why the current tracekit fails a comparison (README.md there). profiler_changes_last_rank has no
-# profiler calibration, so which rank paid the profiler's cost is not identified from its one
-# per-token time: tracekit says so (dilation.correction.sharded: identified false, with ranges) and
-# the harness holds wait, idle and the path to the stated ranges and the verdict to naming no rank
-# on the path (`harness._not_identified`); what is left:
-SYNC_RANGE = (
-    "issue 23 items 6/7, not identified without a calibration: the stated range of rank 0's sync term "
-    "(read at 9 points of each rank's cost interval) misses the truth's 3.5 us per token: its corrected "
-    "sync part dips to the true 5.0 us only at the exact cost (12 us per call) and reads 7.0-7.25 us on "
-    "either side"
-)
-WHATIF_NOT_IDENTIFIED = (
-    "issue 23 items 6/7, not identified without a calibration: the what-if predictions under a "
-    "solved cost for every rank still give one value (the replay does not state the range the "
-    "correction's allocations allow)"
-)
-
-#: (case, comparison group) -> why the current tracekit fails it
-XFAIL: dict[tuple[str, str], str] = {
-    ("profiler_changes_last_rank", "terms_per_rank"): SYNC_RANGE,
-    ("profiler_changes_last_rank", "whatif transfer=0"): WHATIF_NOT_IDENTIFIED,
-    ("profiler_changes_last_rank", "whatif launch=0"): WHATIF_NOT_IDENTIFIED,
-    ("profiler_changes_last_rank", "whatif straggler=off"): WHATIF_NOT_IDENTIFIED,
-    ("profiler_changes_last_rank", "shapley"): WHATIF_NOT_IDENTIFIED,
-}
+# why the current tracekit fails a comparison (README.md there); empty: every comparison passes.
+# profiler_changes_last_rank has no profiler calibration, so which rank paid the profiler's cost is
+# not identified from its one per-token time: tracekit says so (dilation.correction.sharded and the
+# what-if: identified false, with ranges), and the harness holds the figures that depend on it to the
+# stated ranges and the text to naming nothing on them (`harness._not_identified`,
+# `harness._whatif_not_identified`)
+XFAIL: dict[tuple[str, str], str] = {}
 
 GROUPS = (
     "per_token",

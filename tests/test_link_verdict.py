@@ -21,32 +21,42 @@ import json, math, sys
 from tracekit.analyse.links.verdict import (
     load_compare, recompute, shortfall_context, trace_collectives, verdict,
 )
-links, tp2, tp1 = sys.argv[1:4]
-saved = load_compare(links)
-modes = [m["mode"] for m in saved["modes"]]
-trace = trace_collectives(tp2)
+tp2, tp1, *links_files = sys.argv[1:]
+trace = trace_collectives(tp2)  # the decode traces' side: the same for every saved probe
 sf = shortfall_context(tp1, tp2)
-text, details = verdict(saved["rows"], modes, trace, False, shortfall=sf, transports=saved["transports"])
-again = recompute(saved, trace_dir=tp2, baseline_dir=tp1)
+out = {}
+for links in links_files:
+    saved = load_compare(links)
+    modes = [m["mode"] for m in saved["modes"]]
+    text, details = verdict(saved["rows"], modes, trace, False, shortfall=sf, transports=saved["transports"])
+    again = recompute(saved, trace_dir=tp2, baseline_dir=tp1)
+    out[links] = {"text": text, "details": details, "again": again["verdict"], "sf": sf, "trace": trace}
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "tracekit.probe",
     "tracekit.capture", "tracekit.cli", "tracekit.pipeline")))
+for v in out.values():
+    v["loaded"] = loaded
 clean = lambda x: None if isinstance(x, float) and not math.isfinite(x) else x
-print(json.dumps({"text": text, "details": details, "again": again["verdict"], "sf": sf,
-    "trace": trace, "loaded": loaded}, default=clean))
+print(json.dumps(out, default=clean))
 """
 
 
-@pytest.fixture(scope="module", params=SAVED, ids=lambda p: p.name)
-def judged(request: pytest.FixtureRequest) -> dict:
-    links: Path = request.param
-    if not (links.is_file() and TP2.is_dir() and TP1.is_dir()):
+@pytest.fixture(scope="module")
+def judged_all() -> dict:
+    """Every saved probe judged in one fresh interpreter (the verdict's inputs from the traces are
+    the same for each; one interpreter start and one read of the traces instead of one per file)."""
+    if not all(p.is_file() for p in SAVED) or not (TP2.is_dir() and TP1.is_dir()):
         pytest.skip("the H200 results are not in this checkout")
     proc = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, str(links), str(TP2), str(TP1)],
+        [sys.executable, "-c", _SCRIPT, str(TP2), str(TP1), *map(str, SAVED)],
         cwd=REPO, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.fixture(params=SAVED, ids=lambda p: p.name)
+def judged(request: pytest.FixtureRequest, judged_all: dict) -> dict:
+    return judged_all[str(request.param)]  # type: ignore[no-any-return]
 
 
 def test_verdict_needs_neither_torch_nor_a_probe_runner(judged: dict) -> None:

@@ -30,7 +30,8 @@ from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.errors import TraceFormatError
 from tracekit.model.events import Run, make_events
 from tracekit.read import concat_runs
-from tracekit.read.kineto import _FileProgress, _iter_blocks, parse_us_to_ns, read_kineto
+from tracekit.read.kineto import parse_us_to_ns, read_kineto
+from tracekit.read.kineto_blocks import FileProgress, iter_blocks
 
 INT64_MAX = 2**63 - 1
 _TsStruct = msgspec.defstruct("_TsStruct", [("ts", msgspec.Raw)])
@@ -223,7 +224,7 @@ def test_gzip_members_and_padding_equal_plain_json(h200: Path, tmp_path: Path) -
 def test_gunzip_thread_stops_when_the_reader_stops(h200: Path) -> None:
     """Closing the block iterator early (an error in the reader) ends the helper thread."""
     before = {t.ident for t in threading.enumerate()}
-    blocks = _iter_blocks(h200, _FileProgress())
+    blocks = iter_blocks(h200, FileProgress())
     first = next(blocks)
     assert first.lstrip().startswith(b"{")
     blocks.close()
@@ -238,6 +239,6 @@ def test_gunzip_thread_raises_in_order(h200: Path, tmp_path: Path) -> None:
     bad.write_bytes(data[: len(data) // 2])
     got = bytearray()
     with pytest.raises(TraceFormatError, match="truncated gzip"):
-        for block in _iter_blocks(bad, _FileProgress()):
+        for block in iter_blocks(bad, FileProgress()):
             got += block
     assert len(got) > 0 and gzip.decompress(data).startswith(bytes(got))

@@ -61,3 +61,24 @@ def test_cpu_and_h200_attribution_and_report_match_their_pins(tmp_path, monkeypa
     assert not failed
     assert len(shas) == 6  # cpu-tp2, -ranges, -straggler; h200-tp2 twice; the CPU report
     assert {n: PINS["pins"][n] for n in shas} == shas
+
+
+def test_make_reports_writes_each_extra_before_the_report_that_includes_it():
+    """A report's `--extra FILE` that make_reports.sh itself regenerates is written by an earlier
+    command: else the committed report carries the previous run's figures (reports/h200/report.json
+    held the what-if's Shapley terms from before its last regeneration)."""
+    written: set[str] = set()
+    later: set[str] = {
+        argv[i + 1]
+        for argv in pins_mod.recorded_commands()
+        for i, a in enumerate(argv[:-1])
+        if a in pins_mod.OUTPUT_OPTS
+    }
+    checked = 0
+    for argv in pins_mod.recorded_commands():
+        for i, a in enumerate(argv[:-1]):
+            if a in ("--extra", "--links") and argv[i + 1] in later:
+                assert argv[i + 1] in written, f"{argv[i + 1]} is read before make_reports.sh writes it"
+                checked += 1
+        written |= {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in pins_mod.OUTPUT_OPTS}
+    assert checked >= 3  # the two what-if extras and the advice

@@ -240,12 +240,13 @@ def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyP
     nothing leaves the zeroed output wrong in every element."""
     import torch.distributed as dist
 
-    from tracekit.probe.sweep import SweepConfig, _Rank
+    from tracekit.probe.sweep import SweepConfig
+    from tracekit.probe.sweep_rank import Rank
 
     cfg = SweepConfig(
         ops=("all_gather",), min_bytes=64, max_bytes=64, iters=2, warmup=1, ranks=1, device="cpu"
     ).resolved()
-    state = _Rank(cfg, 0, 1, f"file://{tmp_path / 'store'}")
+    state = Rank(cfg, 0, 1, f"file://{tmp_path / 'store'}")
     try:
         lay = spec.layout("all_gather", 64, 1, 4)
         pool = state.pool_for("all_gather", [64])

@@ -272,3 +272,21 @@ def test_malformed_manifest_is_one_cli_error_line(tmp_path: Path, capsys: pytest
         err = capsys.readouterr().err
         assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1, err
         assert "manifest.json" in err
+
+
+def test_a_cached_run_names_its_files_as_this_call_spells_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a run read first by its absolute path, then (from the cache) by a relative one: the second
+    # names the relative path, as a fresh read does (breakdown's source.paths followed whichever
+    # spelling filled the cache first, so the same command's JSON depended on the tests' order)
+    d = _sampled(tmp_path)
+    first = read_run([d.resolve()], jobs=1)
+    assert all(Path(s).is_absolute() for s in first.sources.values())
+    assert list(cache_mod.cache_root().rglob("*.parquet")), "the first read filled the cache"
+    monkeypatch.chdir(tmp_path)
+    again = read_run([Path("run")], jobs=1)
+    fresh = read_run([Path("run")], cache=False, jobs=1)
+    assert again.sources == fresh.sources
+    assert all(not Path(s).is_absolute() and s.startswith("run") for s in again.sources.values())
+    pd.testing.assert_frame_equal(again.events, first.events)

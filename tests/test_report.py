@@ -15,7 +15,8 @@ import report_samples as rs
 from tracekit.cli.main import main
 from tracekit.model import documents
 from tracekit.report.build import load_links, render, write_report
-from tracekit.report.html import render_html, safe_json
+from tracekit.report.html import render_html
+from tracekit.report.html_escape import safe_json
 from tracekit.report.markdown import render_markdown
 
 NUM = r"(-?\d+(?:\.\d+)?)"
@@ -298,6 +299,7 @@ def test_without_plotly_the_other_formats_are_written_and_the_error_is_one_line(
     monkeypatch.setitem(sys.modules, "plotly", None)  # import plotly -> ModuleNotFoundError
     monkeypatch.setitem(sys.modules, "plotly.graph_objects", None)
     monkeypatch.delitem(sys.modules, "tracekit.report.html", raising=False)
+    monkeypatch.delitem(sys.modules, "tracekit.report.html_figures", raising=False)
     outs = [tmp_path / "r.html", tmp_path / "r.md", tmp_path / "r.json"]
     with pytest.raises(ReportError, match=r"r\.html: the HTML report needs plotly") as err:
         write_report(data, outs)
@@ -745,7 +747,7 @@ def test_per_step_chart_stays_readable_at_200_steps():
     """Issue 24: the per-step chart put every (rank, step) on a category axis (64 unreadable ticks
     for a 32-step TP=2 run). Now steps are numbers on a shared axis, one row per rank, so the axis
     thins its own ticks; at most 8 ranks are drawn (first, last, evenly between)."""
-    from tracekit.report.html import fig_steps
+    from tracekit.report.html_figures import fig_steps
 
     steps = [
         {"rank": r, "step": k, "name": f"decode_step#{k}", "window_ns": 1_000_000,

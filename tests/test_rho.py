@@ -7,7 +7,8 @@ import json
 import pytest
 
 from tracekit.cli.main import main
-from tracekit.probe.rho import Measurement, Rho, anchors_for, datasheet_for, format_table
+from tracekit.probe.rho import Rho, anchors_for, datasheet_for, format_table
+from tracekit.probe.rho_kernels import Measurement
 
 
 def test_rho_is_matrix_over_fp32_fma_with_datasheet_and_anchor_beside():
@@ -60,7 +61,7 @@ def test_int8_operands_are_in_the_layout_cublaslt_wants_and_multiply_right():
     tensor-core kernels); a row-major B, the first H200 run's layout (126 TOPS), is named as the
     problem; on the CPU `_int_mm` of either layout equals the int32 product."""
     torch = pytest.importorskip("torch")
-    from tracekit.probe.rho import int8_layout_problem, int8_operands
+    from tracekit.probe.rho_kernels import int8_layout_problem, int8_operands
 
     gen = torch.Generator().manual_seed(0)
     a, b = int8_operands(32, 48, 64, device="cpu", generator=gen, layout="col")
@@ -82,7 +83,7 @@ def test_int8_measurement_runs_the_column_major_product(tmp_path):
     torch = pytest.importorskip("torch")
     if not hasattr(torch, "_int_mm"):
         pytest.skip("this torch has no _int_mm")
-    from tracekit.probe.rho import measure_matrix
+    from tracekit.probe.rho_kernels import measure_matrix
 
     col = measure_matrix("int8", 64, device="cpu", iterations=1, repeats=1, warmup=0)
     row = measure_matrix("int8-rowb", 64, device="cpu", iterations=1, repeats=1, warmup=0)
@@ -94,7 +95,7 @@ def test_fma_kernel_unroll_and_the_peak_at_a_clock():
     """The FMA loop is unrolled 32x by default (4x left ~9% of the issue slots to the loop); the peak
     at a clock is SMs x 128 lanes x 2 x clock on Hopper: 132 SMs at the H200's 1980 MHz boost give
     the datasheet's 66.9 TFLOP/s."""
-    from tracekit.probe.rho import FMA_UNROLL, fma_peak_at_clock, fma_source
+    from tracekit.probe.rho_kernels import FMA_UNROLL, fma_peak_at_clock, fma_source
 
     assert FMA_UNROLL == 32 and "#pragma unroll 32" in fma_source("fp32")
     assert "#pragma unroll 4\n" in fma_source("fp32", 4) and "fmaf" in fma_source("fp32", 4)

@@ -319,20 +319,3 @@ def test_cuda_graphs_on_cpu_is_one_clear_error(tmp_path: Path, capsys: pytest.Ca
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["tracekit: error: --cuda-graphs needs CUDA (--device cuda); on a CPU use --compile"]
-
-
-@pytest.mark.slow
-def test_compile_on_cpu_decodes_the_same_tokens() -> None:
-    torch = pytest.importorskip("torch")
-    from tracekit.capture.config import workload
-    from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
-    from tracekit.capture.runner import CaptureConfig, Resolved
-
-    torch.set_num_threads(1)
-    shape = preset("tiny", 1)
-    prompt = make_prompt(shape.vocab, 1, 4, 0)
-    eager, _ = TPDecoder(shape, Comm(), max_len=16).generate(prompt, 3)
-    compiled, _ = TPDecoder(shape, Comm(), max_len=16, compile=True).generate(prompt, 3)
-    assert torch.equal(eager, compiled)
-    doc = workload(CaptureConfig(compile=True), Resolved("cpu", "none", "float32", "cpu"), 1)
-    assert doc["compile"] is True and doc["cuda_graphs"] is False

@@ -166,6 +166,8 @@ def figures(name: str, root: str) -> dict[str, list[tuple[str, float, Fraction |
     ]
     g["shapley"] = [(f"shapley {k}", wi["shapley_ns"][k], tr["shapley"][k]) for k in sim.KNOBS]
     g["shapley"].append(("shapley residual", wi["shapley_ns"]["residual"], tr["shapley_residual"]))
+    if wi.get("identified") is False:
+        _whatif_not_identified(g, wi, tr, n)
     g["clock"] = [
         (f"clock offset rank {r}", sf["clock"]["offsets_ns"].get(str(r), 0), v)
         for r, v in tr["clock"].items()
@@ -252,6 +254,49 @@ def _not_identified(
     g["path host"].append(
         ("range: a rank named on the path it cannot identify is the truth's top", int(ok), 1)
     )
+
+
+def _whatif_not_identified(
+    g: dict[str, list[tuple[str, float, Fraction | int]]], wi: dict[str, Any], tr: dict[str, Any], n: str
+) -> None:
+    """tracekit says the sharded run's profiler cost per rank is not identified (whatif
+    `identified` false): its TP=N predictions and the Shapley values are held to the stated ranges
+    (the truth must lie in each, within max(1 us, 1%) of an end), and the text must print no value
+    of a Shapley split it cannot identify: the table says "not identified" on every ranged row and
+    the report's answer names no knob as the largest."""
+    import json
+
+    from tracekit.model.documents import Whatif
+    from tracekit.model.documents.base import decode
+    from tracekit.render.whatif import table
+    from tracekit.report.extras import _whatif
+
+    pr, sr = wi["predicted_ranges_ns"], wi["shapley_ranges_ns"]
+
+    def inside(label: str, rng: list[int], truth: Fraction | int) -> tuple[str, float, Fraction | int]:
+        lo, hi = rng
+        tol = max(1000.0, 0.01 * abs(float(truth)))
+        ok = lo - tol <= float(truth) <= hi + tol
+        return (f"range: {label} truth {float(truth):.0f} in [{lo}, {hi}] +- {tol:.0f}", int(ok), 1)
+
+    for k in sim.KNOBS:
+        g[f"whatif {k}"] = [row for row in g[f"whatif {k}"] if not row[0].startswith(f"T{n} ")]
+        g[f"whatif {k}"].append(inside(f"T{n} under {k}", pr[k][n], tr["whatif"][k]["N"]))
+    all_key = ",".join(sim.KNOBS)
+    g["whatif all"] = [row for row in g["whatif all"] if not row[0].startswith(f"T{n} ")]
+    g["whatif all"].append(inside(f"T{n} under all knobs", pr[all_key][n], tr["whatif"]["all"]["N"]))
+    g["shapley"] = [inside(f"shapley {k}", sr[k], tr["shapley"][k]) for k in sim.KNOBS]
+    g["shapley"].append(inside("shapley residual", sr["residual"], tr["shapley_residual"]))
+    cli = {**wi, "runs": {k: {**v, "path": None} for k, v in wi["runs"].items()}}  # as the CLI writes it
+    doc = decode(json.dumps(cli), Whatif)
+    text = table(doc, width=200, color=False)
+    ranged = [k for k, (lo, hi) in sr.items() if round(lo / 1e6, 3) != round(hi / 1e6, 3)]
+    cells = [line.replace("\u2502", " ").split() for line in text.splitlines()]  # the table's rows
+    rows = {c[0]: " ".join(c) for c in cells if c and c[0] in sr}
+    ok = all("not identified" in rows.get(k, "") for k in ranged)
+    answer = _whatif(doc).answer
+    ok = ok and "not identified" in answer and "gives" not in answer
+    g["shapley"].append(("range: the what-if text prints no Shapley value it cannot identify", int(ok), 1))
 
 
 def _diff_T(df: dict[str, Any]) -> float:

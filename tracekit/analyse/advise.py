@@ -42,33 +42,26 @@ and the one with the lowest latency when they differ; an option that does not fi
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from tracekit.analyse.advise_inputs import GIB, TORCH_DTYPE, WEIGHT_BYTES, AdviseError, Measured, weight_bytes
 from tracekit.analyse.batch_model import (
     BatchModelError,
     BatchPrediction,
-    KernelProfile,
     check_table,
     from_table,
     load_gemm_table,
     per_kernel,
 )
 from tracekit.analyse.compute.roofline import Peaks, load_peaks
-from tracekit.errors import TracekitError
 from tracekit.model.documents import Advise as AdviseDoc
 from tracekit.model.documents import GemmTable, convert
 
 SCHEMA_VERSION = "1.1"
-GIB = 1024**3
 
-#: Bytes per weight of the linear layers in each weight dtype (int4: 0.5 + an fp16 scale per 128).
-WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
-_RUN_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-_TORCH_DTYPE = {v: k for k, v in _RUN_DTYPE.items()}
 
 #: Device figures for the batch extrapolation (datasheet: HBM bytes/s, dense bf16 FLOP/s), by a
 #: substring of the device name, first match wins.
@@ -78,138 +71,6 @@ DEVICE_FIGURES: tuple[tuple[str, float, float], ...] = (
     ("H100", 3.35e12, 989.4e12),
     ("A100", 2.0e12, 312.0e12),
 )
-
-
-class AdviseError(TracekitError):
-    """The runs cannot be compared (different shapes, no TP=1 run, ...)."""
-
-
-# ------------------------------------------------------------------------------------------
-# the model's memory
-
-
-@dataclass(frozen=True)
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-    @classmethod
-    def from_workload(cls, wl: Mapping[str, Any], where: str) -> Shape:
-        sh = wl.get("shape")
-        if not isinstance(sh, Mapping):
-            raise AdviseError(f"{where}: manifest workload has no 'shape' (captured by an older tracekit?)")
-        try:
-            return cls(
-                *(int(sh[k]) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"))
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AdviseError(f"{where}: manifest workload.shape is incomplete ({exc})") from None
-
-    def linear_params(self, k: int) -> float:
-        """Weights of the linear layers on one of k ranks (attention, MLP, LM head)."""
-        hd = self.head_dim
-        per_layer = (
-            self.hidden * self.heads * hd  # q
-            + 2 * self.hidden * self.kv_heads * hd  # k, v
-            + self.heads * hd * self.hidden  # o
-            + 3 * self.hidden * self.intermediate  # gate, up, down
-        )
-        return (self.layers * per_layer + self.vocab * self.hidden) / k
-
-    def replicated_params(self) -> int:
-        """Embedding and norms: every rank holds them."""
-        return self.vocab * self.hidden + (2 * self.layers + 1) * self.hidden
-
-    def kv_bytes_per_sequence(self, k: int, context: int, act_bytes: float) -> float:
-        kv_heads = math.ceil(self.kv_heads / k)  # a KV head is replicated when k exceeds them
-        return 2 * self.layers * kv_heads * self.head_dim * context * act_bytes
-
-
-def weight_bytes(shape: Shape, k: int, weight_dtype: str, act_bytes: float) -> float:
-    return shape.linear_params(k) * WEIGHT_BYTES[weight_dtype] + shape.replicated_params() * act_bytes
-
-
-# ------------------------------------------------------------------------------------------
-# measured runs
-
-
-@dataclass
-class Measured:
-    """One run: its TP degree, batch and per-token time."""
-
-    path: str
-    tp: int
-    batch: int
-    per_token_ns: float
-    source: str  # "unprofiled" | "trace"
-    shape: Shape
-    dtype: str  # bf16 | fp32 | ...
-    context: int
-    device_name: str | None
-    device_memory_bytes: int | None
-    #: the traced step's kernels (`batch_model.kernel_profile`), when the batch model needs them
-    kernels: KernelProfile | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "tp": self.tp,
-            "batch": self.batch,
-            "per_token_ns": int(round(self.per_token_ns)),
-            "per_token_source": self.source,
-            "dtype": self.dtype,
-            "context": self.context,
-            "device": self.device_name,
-        }
-
-
-def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: float | None = None) -> Measured:
-    """A run's figures from its manifest; `traced_ns` (the trace's steady mean) when the manifest has
-    no unprofiled times (the CLI reads the trace only then)."""
-    from tracekit.analyse.dilation import dilation_of
-
-    if not manifest:
-        raise AdviseError(f"{path}: no manifest.json (the workload's shape, batch and context are needed)")
-    wl = manifest.get("workload")
-    if not isinstance(wl, Mapping):
-        raise AdviseError(f"{path}: manifest.json has no workload")
-    shape = Shape.from_workload(wl, path)
-    try:
-        tp, batch = int(wl["tp"]), int(wl["batch"])
-        context = int(wl["prompt"]) + int(wl["tokens"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AdviseError(f"{path}: manifest workload lacks tp / batch / prompt / tokens ({exc})") from None
-    dil = dilation_of(manifest)
-    u = dil.unprofiled
-    if u is not None and u.n:
-        per_token, source = float(u.mean_ns), "unprofiled"
-    elif traced_ns is not None:
-        per_token, source = float(traced_ns), "trace"
-    else:
-        raise AdviseError(f"{path}: no unprofiled per-token times in the manifest and no trace time given")
-    devices = manifest.get("devices")
-    dev = devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], Mapping) else {}
-    mem = dev.get("memory_bytes")
-    return Measured(
-        path=path,
-        tp=tp,
-        batch=batch,
-        per_token_ns=per_token,
-        source=source,
-        shape=shape,
-        dtype=_RUN_DTYPE.get(str(wl.get("dtype")), str(wl.get("dtype"))),
-        context=context,
-        device_name=str(dev["name"]) if dev.get("name") else None,
-        device_memory_bytes=int(mem) if isinstance(mem, int) and mem > 0 else None,
-    )
 
 
 def device_figures(name: str | None) -> tuple[float, float] | None:
@@ -249,18 +110,6 @@ def device_time_ns(m: Measured, k: int, batch: int, context: int, *, overlap: bo
     return max(bytes_read / bw, flops / peak) * 1e9
 
 
-def needs_kernels(runs: Sequence[Measured], batches: Sequence[int], table: bool) -> set[str]:
-    """The runs whose traced kernels the batch model uses: at each TP degree with a `batches` size
-    not measured, all its runs when there are two or more batch sizes or a GEMM table."""
-    out: set[str] = set()
-    for k in {m.tp for m in runs}:
-        at = [m for m in runs if m.tp == k]
-        measured = {m.batch for m in at}
-        if any(b not in measured for b in batches) and (len(measured) >= 2 or table):
-            out |= {m.path for m in at}
-    return out
-
-
 def load_table_file(path: str | Path) -> GemmTable:
     """`--gemm-table FILE` read and typed (BatchModelError, one line, when it is not one)."""
     try:
@@ -277,7 +126,7 @@ def run_peaks(copy: str | None, rho: str | None, m: Measured) -> Peaks | None:
     device's datasheet figures, `datasheet_peaks`)."""
     if not (copy or rho):
         return None
-    return load_peaks(copy, rho, _TORCH_DTYPE.get(m.dtype, m.dtype))
+    return load_peaks(copy, rho, TORCH_DTYPE.get(m.dtype, m.dtype))
 
 
 def roofline_band(base: Measured, k: int, batch: int) -> tuple[float, float] | None:
@@ -324,7 +173,7 @@ def _batch_model(
         kv_len = prof.kv_len if prof is not None else base.context
         return from_table(
             table, table_name, base.per_token_ns, base.batch, base.path, batch, shape, k, kv_len,
-            _TORCH_DTYPE.get(base.dtype, base.dtype), pk, prof,
+            TORCH_DTYPE.get(base.dtype, base.dtype), pk, prof,
         )  # fmt: skip
     if len({x.batch for x in near}) >= 2:
         msg = (
@@ -334,10 +183,6 @@ def _batch_model(
         if msg not in notes:
             notes.append(msg)
     return None
-
-
-# ------------------------------------------------------------------------------------------
-# advice
 
 
 @dataclass
@@ -461,7 +306,7 @@ def advise(
             )
         check_table(
             gemm_table, gemm_table_name, asdict(traced_shape), gemm_table.tp,
-            _TORCH_DTYPE.get(run_dtype, run_dtype),
+            TORCH_DTYPE.get(run_dtype, run_dtype),
         )  # fmt: skip
     all_degrees = sorted({1, *degrees})
     options = [k for k in all_degrees if gpus % k == 0 and k <= gpus]

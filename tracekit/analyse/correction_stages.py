@@ -1,8 +1,8 @@
 """The profiler correction's stages of the attribution plan (`plans.attribution_plan`): what
 travels into the correction's Reduce (`CorrectionInput`), its target (`correction_target`), the
 Reduce itself on the run's graph (`att_correct`: `correction.correct_first`) and the
-identifiability check's two `plans.Fan`s, one task per rank (`att_identify_ends`,
-`att_identify_between`; docs/SCALE.md)."""
+identifiability check's two `plans.Fan`s: one task per rank (`att_identify_ends`), then one task
+over every rank's interval (`att_identify_between`; docs/SCALE.md)."""
 
 from __future__ import annotations
 
@@ -85,9 +85,10 @@ def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
     return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
 
 
-def att_identify_between(inp: CorrectionInput, arg: tuple[Any, tuple[int, float, float]]) -> Any:
-    """One rank's second round (`correction.identify_between`)."""
+def att_identify_between(inp: CorrectionInput, arg: tuple[Any, list[tuple[int, float, float]], Any]) -> Any:
+    """The second round over every rank's interval (`correction.identify_between`: one task, the
+    refinement's budget is shared by the intervals)."""
     from tracekit.analyse.correction import identify_between
 
-    job, iv = arg
-    return identify_between(inp, job, iv)  # type: ignore[arg-type]  # what it reads of a RunParts
+    job, intervals, known = arg
+    return identify_between(inp, job, intervals, known)  # type: ignore[arg-type]  # what it reads of a RunParts

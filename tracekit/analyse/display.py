@@ -10,7 +10,7 @@ from __future__ import annotations
 import html
 from typing import TYPE_CHECKING, Any
 
-from tracekit.model import units
+from tracekit.model.units import fmt_ms, fmt_pct
 
 if TYPE_CHECKING:
     from tracekit.analyse.attribution.result import Shortfall
@@ -21,14 +21,6 @@ _STYLE = (
     "border-bottom:1px solid #ddd}.tk-result td.num{text-align:right;font-variant-numeric:tabular-nums}"
     ".tk-result td.sub{padding-left:2em}</style>"
 )
-
-
-def _ms(ns: float | int | None, digits: int = 3) -> str:
-    return units.ms(ns, digits, unit=True, missing="n/a")
-
-
-def _pct(x: float | None) -> str:
-    return units.pct(x, missing="n/a")
 
 
 def _esc(x: Any) -> str:
@@ -53,8 +45,8 @@ def shortfall_repr(sf: Shortfall) -> str:
     parts = ", ".join(f"{t} {v / 1e6:.3f}" for t, v in terms.items())
     src = "dilation-corrected" if sf.per_token_source == "unprofiled" else "traced"
     return (
-        f"Shortfall(TP={sf.n_ranks}: {_ms(pt['sharded'])} vs ideal {_ms(pt['ideal'])}, "
-        f"S = {_ms(s)} per token = {parts} ms; {src})"
+        f"Shortfall(TP={sf.n_ranks}: {fmt_ms(pt['sharded'])} vs ideal {fmt_ms(pt['ideal'])}, "
+        f"S = {fmt_ms(s)} per token = {parts} ms; {src})"
     )
 
 
@@ -73,11 +65,11 @@ def shortfall_html(sf: Shortfall) -> str:
     t_iv, c_iv = ivs.get("terms_ns") or {}, ivs.get("coordination_ns") or {}
     rows: list[tuple[str, list[str], bool]] = []
     for term, ns in ints["terms_ns"].items():
-        rows.append((term, [_ms(ns), _iv(t_iv.get(term)), _pct(share[term])], False))
+        rows.append((term, [fmt_ms(ns), _iv(t_iv.get(term)), fmt_pct(share[term])], False))
         if term == "coordination":
             for part, v in ints["coordination_ns"].items():
-                rows.append((part, [_ms(v), _iv(c_iv.get(part)), _pct(v / s if s else None)], True))
-    rows.append(("S", [_ms(s), _iv(ivs.get("shortfall_ns")), _pct(1.0 if s else None)], False))
+                rows.append((part, [fmt_ms(v), _iv(c_iv.get(part)), fmt_pct(v / s if s else None)], True))
+    rows.append(("S", [fmt_ms(s), _iv(ivs.get("shortfall_ns")), fmt_pct(1.0 if s else None)], False))
     pt = ints["per_token_ns"]
     src = (
         "per-token times dilation-corrected (traced / dilation)"
@@ -87,8 +79,8 @@ def shortfall_html(sf: Shortfall) -> str:
     return (
         f'{_STYLE}<div class="tk-result"><p><b>{_esc(sf.verdict())}</b></p>'
         + _table(["term", "per token", "95% interval", "share of S"], rows)
-        + f"<p>T1 {_esc(_ms(pt['baseline']))}, T{sf.n_ranks} {_esc(_ms(pt['sharded']))}, ideal "
-        f"{_esc(_ms(pt['ideal']))}; {_esc(src)}. <code>.to_frame()</code> for the table, "
+        + f"<p>T1 {_esc(fmt_ms(pt['baseline']))}, T{sf.n_ranks} {_esc(fmt_ms(pt['sharded']))}, ideal "
+        f"{_esc(fmt_ms(pt['ideal']))}; {_esc(src)}. <code>.to_frame()</code> for the table, "
         "<code>.to_json()</code> for everything.</p></div>"
     )
 
@@ -120,18 +112,19 @@ def breakdown_repr(b: Breakdown) -> str:
     shown = ", ".join(f"{p} {v / 1e6:.3f}" for p, v in parts.items() if v)
     return (
         f"Breakdown({where}: {len(b.ranks)} rank(s), {len(b.steps)} step windows ({b.step_rule}), "
-        f"median step {_ms(step)} = {shown} ms)"
+        f"median step {fmt_ms(step)} = {shown} ms)"
     )
 
 
 def breakdown_html(b: Breakdown) -> str:
     step, parts = _breakdown_medians(b)
     rows = [
-        (p, [_ms(v), _pct(v / step if (v is not None and step) else None)], False) for p, v in parts.items()
+        (p, [fmt_ms(v), fmt_pct(v / step if (v is not None and step) else None)], False)
+        for p, v in parts.items()
     ]
     where = _where(b.paths)
     return (
-        f'{_STYLE}<div class="tk-result"><p><b>{_esc(where)}: median step {_esc(_ms(step))} on '
+        f'{_STYLE}<div class="tk-result"><p><b>{_esc(where)}: median step {_esc(fmt_ms(step))} on '
         f"{len(b.ranks)} rank(s), {len(b.steps)} step windows (rule {_esc(b.step_rule)}, "
         f"{_esc(b.timeline)} timeline)</b></p>"
         + _table(["part", "median per step", "share of the step"], rows)

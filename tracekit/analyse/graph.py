@@ -991,12 +991,19 @@ class Graph:
         return (we - ws).max(axis=0)
 
     def path_spans(self, t: np.ndarray) -> np.ndarray:
-        """Per step (`t` of shape (nodes,)), how long a range of it the critical path covers: its
-        longest window, cut at the previous step's latest end (its period, when that is shorter:
-        a window opened before the previous token ended holds time of that token, which the walk
-        books there, so the walk stays one chain; docs/METHOD.md section The dependency graph)."""
+        """Per step (`t` of shape (nodes,)), how long a range of it the critical path covers: the
+        window of the rank that ends it last (ties: the lowest rank), the rank the walk starts on,
+        cut at the previous step's latest end (its period, when that is shorter: a window opened
+        before the previous token ended holds time of that token, which the walk books there, so
+        the walk stays one chain; docs/METHOD.md section The dependency graph). Another rank's
+        longer window (one opened early, in a gap between tokens) is the step time's, not the
+        path's: what it adds is the path's offset."""
         ws, we = self.windows(t)
-        span = (we - ws).max(axis=0)
+        if not ws.shape[0]:
+            return (we - ws).max(axis=0)
+        i_end = np.argmax(we, axis=0)
+        cols = np.arange(ws.shape[1])
+        span = we[i_end, cols] - ws[i_end, cols]
         if len(span) > 1:
             per = np.diff(we.max(axis=0))
             span[1:] = np.where(per > 0, np.minimum(per, span[1:]), span[1:])
@@ -1465,9 +1472,9 @@ class PathWalk:
 
 def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = None) -> PathWalk:
     """Walk the path back from the last step's latest window end (ties: the lowest rank) through
-    each node's binding in-edge (the first in-edge reaching its time), for one step time per step
-    (`step_times`): each edge's latency goes to its rank and part, split at the steps' ranges
-    [latest end - step time, latest end]. The walk is one chain across steps: where it reaches a
+    each node's binding in-edge (the first in-edge reaching its time), for one range per step
+    (`path_spans`): each edge's latency goes to its rank and part, split at the steps' ranges
+    [latest end - span, latest end]. The walk is one chain across steps: where it reaches a
     step's latest end it goes on into that step from where it is (so of ranks that end a step
     together, the one the later step's chain runs through); where it cannot (it reached a node with
     no in-edge, or a step's range starts before the previous one's end) that step's walk starts at

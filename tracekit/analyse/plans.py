@@ -230,6 +230,7 @@ class _Attribution:
     corr: Any = None
     job: Any = None
     figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
+    intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
 
 def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str]:
@@ -436,16 +437,20 @@ def attribution_plan(
 
         if st.job is None:
             return []
-        st.figures = [st.corr, *(f for _iv, fs in got for f in fs)]
+        st.figures = [st.corr, *(f for _iv, fs, _kn in got for f in fs)]
+        st.intervals = [iv for iv, _fs, _kn in got if iv is not None]
         if not identify_spread(st.job, st.figures):
             return []
-        return [(st.job, iv) for iv, _fs in got if iv is not None]  # the points between the ends
+        # the points between the ends: one task over every rank's interval (`refine_splits`
+        # shares its budget of midpoints among them)
+        known = {p: v for _iv, _fs, kn in got for p, v in kn.items()}
+        return [(st.job, st.intervals, known)]
 
     def after_between(st: _Attribution, got: list[Any]) -> None:
         from tracekit.analyse.correction import identify_finish
 
         if st.job is not None:
-            identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)])
+            identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)], st.intervals)
         if st.corr is not None:  # where `correction.correct_run` looks first
             st.parts.__dict__.setdefault("_corrections", {})[st.target] = st.corr
 

@@ -291,6 +291,9 @@ class _Setting:
     device_scale: float = 1.0  # factor on device op times and gaps (calibration of a device-bound run)
     coll_latency: Knob | None = None  # collective_latency=US[@GBPS]: every transfer latency + bytes / bw
     fuse_norm: bool = False  # allreduce_norm=fused: the vector kernels after each all-reduce take 0
+    #: a cost per runtime call for each rank, (rank, ns) pairs, in place of `host_deduct` (and of the
+    #: model's `rank_deduct`): one split of a solved cost (`correction._identify`); None: not set
+    rank_costs: tuple[tuple[int, float], ...] | None = None
 
 
 # ------------------------------------------------------------------------------------------
@@ -407,14 +410,23 @@ class RunModel:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
         mk = self._masks()
-        lat = g.lat.astype(np.float64)
-        if s.host_scale != 1.0:
-            h = mk["host"]
-            lat[h] = lat[h] * s.host_scale
-        if s.straggler_off and self.n_ranks > 1:
-            idx, f = self._straggler_factors(lat)
-            lat[idx] = lat[idx] * f
-        if s.host_deduct or s.deduct_collective:
+        # the stages before the deduction depend on these two alone: kept for the settings that
+        # differ only in the split of the profiler's cost (`_Setting.rank_costs`)
+        pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
+        pre: dict[tuple[float, bool], np.ndarray] = self.__dict__.setdefault("_pre_lat", {})
+        if pre_key in pre:
+            lat = pre[pre_key].copy()
+        else:
+            lat = g.lat.astype(np.float64)
+            if s.host_scale != 1.0:
+                h = mk["host"]
+                lat[h] = lat[h] * s.host_scale
+            if s.straggler_off and self.n_ranks > 1:
+                idx, f = self._straggler_factors(lat)
+                lat[idx] = lat[idx] * f
+            if s.rank_costs is not None:
+                pre[pre_key] = lat.copy()
+        if s.host_deduct or s.deduct_collective or s.rank_costs:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
             d = mk["dev"]
@@ -524,9 +536,14 @@ class RunModel:
         lat = lat.copy()
         hd: Any = s.host_deduct
         dc: Any = s.deduct_collective
-        if self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+        by_rank: dict[int, tuple[float, float]] | None = None
+        if s.rank_costs is not None:
+            by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs}
+        elif self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+            by_rank = self.rank_deduct
+        if by_rank is not None:
             costs = np.asarray(
-                [self.rank_deduct.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+                [by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
             )
             at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
             hd, dc = costs[at, 0], costs[at, 1]
@@ -816,6 +833,14 @@ def _solve_decreasing(err: Any, x0: float, step: float, tol: float, limit: float
     if abs(f0) <= tol:
         return x0
     sign = 1.0 if f0 > 0 else -1.0
+    # the farthest bracket end the doubling steps try: where err has not crossed 0 there, it crosses
+    # nowhere before it (non-increasing), so one replay says None instead of one per step
+    d_far = step
+    while d_far * 2 <= limit:
+        d_far *= 2
+    f_far = err(x0 + sign * d_far)
+    if (f_far > 0) if sign > 0 else (f_far < 0):
+        return None
     lo, f_lo = x0, f0
     hi, d = x0, step
     while True:
@@ -1035,6 +1060,9 @@ class WhatIf:
     measured: dict[int, Fraction]  # ranks -> per-token time (unprofiled when corrected)
     accounting: dict[str, Any] | None
     check: dict[str, Any] | None = None
+    #: where the sharded run's profiler cost per rank is not identified: the ranges of its predictions
+    #: and of the Shapley values over the splits the data allow (`_split_ranges`); else None
+    ranges: dict[str, Any] | None = None
 
     def runs(self) -> list[RunModel]:
         return [m for m in (self.baseline, self.sharded) if m is not None]
@@ -1108,11 +1136,26 @@ class WhatIf:
             doc["shapley_ns"] = round_to_sum(self.shapley, s_int)
             doc["residual_parts_ns"] = {k: int(round(v)) for k, v in (self.residual_parts or {}).items()}
             doc["shapley_shares"] = {k: (v / s_int if s_int else None) for k, v in doc["shapley_ns"].items()}
+        if self.ranges is not None and self.sharded is not None:
+            # the sharded run's profiler cost per rank is not identified: what the data allow
+            doc["identified"] = False
+            n_s = str(self.sharded.n_ranks)
+            doc["predicted_ranges_ns"] = {
+                spec: {n_s: list(v)} for spec, v in self.ranges["predicted"].items()
+            }
+            doc["shapley_ranges_ns"] = {k: list(v) for k, v in self.ranges["shapley"].items()}
         if self.accounting is not None:
             doc["accounting"] = self.accounting
         if self.check is not None:
             doc["check"] = self.check
         notes = [n for m in self.runs() for n in m.notes]
+        if self.ranges is not None and self.sharded is not None:
+            notes.append(
+                f"the profiler's cost per rank of the TP={self.sharded.n_ranks} run is not identified (solved from "
+                "one per-token time, no calibration in the manifest): its predictions and the Shapley values "
+                f"are stated over the {self.ranges['splits']} splits of the cost read (`predicted_ranges_ns`, "
+                "`shapley_ranges_ns`); capture with `tracekit capture` to measure each rank's cost"
+            )
         doc["notes"] = notes
         return doc
 
@@ -1199,6 +1242,7 @@ def whatif(
             for size in range(len(knobs) + 1)
             for sub in itertools.combinations(range(len(knobs)), size)
         ]
+    shard_settings: dict[tuple[int, str], _Setting] = {}
     for m in (base, shard):
         if m is None:
             continue
@@ -1207,6 +1251,8 @@ def whatif(
             key = key_of(m, ks)
             if key not in memo and key not in todo:
                 todo[key] = setting(m, ks)
+        if m is shard:
+            shard_settings = dict(todo)
         for key, per in zip(todo, m.replay_many(list(todo.values())), strict=True):
             memo[key] = _mean_int(per)
     predicted: dict[str, dict[int, Fraction]] = {}
@@ -1236,6 +1282,19 @@ def whatif(
         shap["residual"] = after_all + gap
         resid = {"after_all_knobs": after_all, "replay_gap": gap}
         assert sum(shap.values()) == s_ns
+    ranges = None
+    corr_s = sf.corrections.get("sharded") if sf is not None else None
+    if (
+        shard is not None
+        and corr_s is not None
+        and not corr_s.identified
+        and corr_s.intervals
+        and shard.correction == "solved"
+        and s_ns is not None
+    ):
+        ranges = _split_ranges(
+            shard, corr_s.intervals, shard_settings, memo, combos, knobs, key_of, base, cached, f, s_ns
+        )
     check_doc = None
     if check is not None:
         same_n = base_parts if len(check[0].ranks) == base.n_ranks else shard_parts
@@ -1258,7 +1317,73 @@ def whatif(
         measured=measured,
         accounting=accounting,
         check=check_doc,
+        ranges=ranges,
     )
+
+
+def _split_ranges(
+    shard: RunModel,
+    intervals: list[tuple[int, float, float]],
+    settings: Mapping[tuple[int, str], _Setting],
+    memo: Mapping[tuple[int, str], Fraction],
+    combos: Sequence[tuple[Knob, ...]],
+    knobs: Sequence[Knob],
+    key_of: Any,
+    base: RunModel,
+    cached: Any,
+    f: Fraction,
+    s_ns: Fraction,
+) -> dict[str, Any]:
+    """Where the profiler's cost per rank is not identified (`correction._identify`): the sharded
+    run's predictions and the Shapley values over the splits of the cost the data allow, the one
+    cost on every rank and each rank's interval of costs that alone give the unprofiled time (read
+    where the predictions bend: `correction.refine_splits`). {"predicted": {spec: [lo, hi]},
+    "shapley": {knob spec or "residual": [lo, hi]}} (ns, floor / ceil)."""
+    from tracekit.analyse.correction import _alone, refine_splits
+
+    keys = list(settings)
+    ranks = list(shard.ranks)
+    exact: dict[tuple[int, float], dict[tuple[int, str], Fraction]] = {}
+
+    def evaluate(points: list[tuple[int, float]]) -> list[np.ndarray]:
+        todo = [
+            dataclasses.replace(settings[k], rank_costs=_alone(ranks, r, c)) for r, c in points for k in keys
+        ]
+        per = shard.replay_many(todo)
+        out = []
+        for i, p in enumerate(points):
+            vals = {k: _mean_int(per[i * len(keys) + j]) for j, k in enumerate(keys)}
+            exact[p] = vals
+            out.append(np.asarray([float(v) for v in vals.values()]))
+        return out
+
+    refine_splits(intervals, evaluate)
+    splits = [dict(memo), *({**memo, **v} for v in exact.values())]
+    predicted: dict[str, list[int]] = {}
+    for ks in combos:
+        spec = combination_spec(ks)
+        vals = [sp[key_of(shard, ks)] for sp in splits]
+        predicted[spec] = [math.floor(min(vals)), math.ceil(max(vals))]
+    shap: dict[str, list[Fraction]] = {k.spec: [] for k in knobs}
+    shap["residual"] = []
+    subs = [
+        frozenset(sub)
+        for size in range(len(knobs) + 1)
+        for sub in itertools.combinations(range(len(knobs)), size)
+    ]
+    for sp in splits:
+        values = {
+            sub: sp[key_of(shard, [knobs[i] for i in sub])] - f * cached(base, [knobs[i] for i in sub])
+            for sub in subs
+        }
+        for k, phi in zip(knobs, shapley(values, len(knobs)), strict=True):
+            shap[k.spec].append(phi)
+        shap["residual"].append(values[frozenset(range(len(knobs)))] + s_ns - values[frozenset()])
+    return {
+        "predicted": predicted,
+        "shapley": {k: [math.floor(min(v)), math.ceil(max(v))] for k, v in shap.items()},
+        "splits": len(splits),
+    }
 
 
 def _check(

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tracekit.capture.decoder_shape import IMPLS, cache_length, check_tp, collectives, preset
 from tracekit.errors import CaptureError
 
 #: progress(phase, done, total): rank 0's steps of a pass; phase is "warmup", or "unprofiled k/K" /
@@ -114,7 +115,6 @@ def _cuda_count() -> int:
 
 def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
     """Check the config and decide device, backend, dtype and profiler mode. Raises CaptureError."""
-    from tracekit.capture.decoder import check_tp, preset
     from tracekit.capture.profile import resolve_mode
 
     given = os.environ.get(ENV_RESOLVED)
@@ -138,8 +138,6 @@ def resolve(config: CaptureConfig, world: int | None = None) -> Resolved:
         if config.inject_delay is not None:
             raise CaptureError("--shard-of has no other ranks to delay: drop --inject-delay")
         check_tp(preset(config.preset, config.layers), config.shard_of)
-    from tracekit.capture.decoder import IMPLS
-
     if config.decoder_impl not in IMPLS:
         raise CaptureError(f"--decoder-impl must be one of {', '.join(IMPLS)}, got {config.decoder_impl!r}")
     if config.device not in ("auto", "cpu", "cuda"):
@@ -204,8 +202,6 @@ def warmup_steps(config: CaptureConfig) -> int:
 
 
 def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]:
-    from tracekit.capture.decoder import cache_length, collectives, preset
-
     shape = preset(config.preset, config.layers)
     return {
         "preset": config.preset,

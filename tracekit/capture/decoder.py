@@ -32,6 +32,10 @@ model dtype; `legacy` is the decoder as first written (fp32 RMSNorm and RoPE in 
 in float32 the same seed gives the same tokens; in bfloat16 the roundings differ and a greedy choice can
 flip where the top two logits nearly tie (tests/test_decoder_impl.py, scripts/decoder_check.py).
 
+The shapes and choices are in `decoder_shape.py` (torch-free: the capture's config reads them), the
+pieces (Comm, RMSNorm, RoPE, attention, a layer's weights) in `decoder_ops.py`; `__all__` here is the
+decoder's API (examples/my_decode.py imports it from here).
+
 This module imports torch; import it only from capture code.
 """
 
@@ -41,214 +45,34 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
 
 from tracekit.capture import annotate
+from tracekit.capture.decoder_ops import (
+    Comm,
+    Layer,
+    apply_rope,
+    apply_rope_inplace,
+    rms_norm,
+    rms_norm_fused,
+    rope_table,
+    rope_tables,
+    sdpa_gqa,
+)
+from tracekit.capture.decoder_shape import (
+    CAUSES,
+    IMPLS,
+    PRESETS,
+    DecoderShape,
+    cache_length,
+    check_tp,
+    collectives,
+    parse_impl,
+    preset,
+)
 from tracekit.errors import CaptureError
-
-
-@dataclass(frozen=True)
-class DecoderShape:
-    """Model dimensions (Llama naming)."""
-
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
-    rope_theta: float = 10000.0
-    norm_eps: float = 1e-5
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
-
-
-#: Presets. `tiny` runs in seconds on a CPU; `7b` has the per-layer shape of a 7B-class model
-#: (Mistral-7B-like: 32 query heads, 8 KV heads) with a configurable number of layers.
-PRESETS: dict[str, DecoderShape] = {
-    "tiny": DecoderShape(hidden=256, heads=4, kv_heads=2, intermediate=512, layers=2, vocab=1024),
-    "small": DecoderShape(hidden=1024, heads=16, kv_heads=4, intermediate=2816, layers=4, vocab=8192),
-    "7b": DecoderShape(hidden=4096, heads=32, kv_heads=8, intermediate=14336, layers=8, vocab=32000),
-}
-
-
-def preset(name: str, layers: int | None = None) -> DecoderShape:
-    """The shape of preset `name`, with `layers` overriding its layer count."""
-    if name not in PRESETS:
-        raise CaptureError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
-    shape = PRESETS[name]
-    if layers is not None:
-        if layers < 1:
-            raise CaptureError(f"--layers must be at least 1, got {layers}")
-        shape = replace(shape, layers=layers)
-    return shape
-
-
-def check_tp(shape: DecoderShape, tp: int) -> None:
-    """Refuse a TP degree that does not divide the heads, KV heads, intermediate and vocabulary."""
-    for what, n in (
-        ("heads", shape.heads),
-        ("kv_heads", shape.kv_heads),
-        ("intermediate", shape.intermediate),
-        ("vocab", shape.vocab),
-    ):
-        if tp < 1 or n % tp:
-            raise CaptureError(f"tensor-parallel degree {tp} does not divide {what}={n}")
-
-
-#: `Comm.backend` of a shard run (`tracekit capture --shard-of N`): rank 0's shard of a TP=N decoder in
-#: one process, every collective a no-op (all-reduce returns its input; the all-gather repeats this
-#: rank's logits N times, so the shapes and the concatenation stay and the tokens are not the model's).
-SHARD_BACKEND = "shard"
-
-
-@dataclass
-class Comm:
-    """The collectives the decoder needs. World size 1: no communication at all; the backend
-    `SHARD_BACKEND`: no communication either, with the weights split as at `world_size` ranks."""
-
-    world_size: int = 1
-    rank: int = 0
-    backend: str = "none"
-    #: Called on the host right before each all-reduce (the straggler knob: a sleep).
-    before_all_reduce: Callable[[], None] | None = None
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size == 1 or self.backend == SHARD_BACKEND:
-            return t
-        import torch.distributed as dist
-
-        if self.before_all_reduce is not None:
-            self.before_all_reduce()
-        with annotate.region("all_reduce"):
-            dist.all_reduce(t)
-        return t
-
-    def all_gather_last(self, t: torch.Tensor) -> torch.Tensor:
-        """Concatenate every rank's `t` along the last dimension (rank order)."""
-        if self.world_size == 1:
-            return t
-        if self.backend == SHARD_BACKEND:
-            return torch.cat([t] * self.world_size, dim=-1)
-        import torch.distributed as dist
-
-        t = t.contiguous()
-        if self.backend == "nccl":
-            out = torch.empty((self.world_size, *t.shape), dtype=t.dtype, device=t.device)
-            dist.all_gather_into_tensor(out, t)
-            parts = list(out.unbind(0))
-        else:  # gloo: the list form works on every version
-            parts = [torch.empty_like(t) for _ in range(self.world_size)]
-            dist.all_gather(parts, t)
-        return torch.cat(parts, dim=-1)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (xf * weight.float()).to(x.dtype)
-
-
-#: `TPDecoder(impl=...)`: the decoder implementations, the default first.
-IMPLS: tuple[str, ...] = ("fused", "legacy")
-#: For the A/B of each cause (`scripts/decoder_ab.py`): `impl="fused-norm"` (or several, "fused-norm-gqa")
-#: is the fused decoder with that cause put back as the legacy one has it, on the static decode step:
-#: norm (fp32 RMSNorm in five ops and casts), rope (fp32 RoPE on q and k apart, cos/sin selected per
-#: layer, K and V written apart), gqa (the cache expanded by repeat_interleave), mask (a boolean mask
-#: built per layer).
-CAUSES: tuple[str, ...] = ("norm", "rope", "gqa", "mask")
-
-
-def _parse_impl(impl: str) -> tuple[str, frozenset[str]]:
-    base, *kept = impl.split("-")
-    if base not in IMPLS or (kept and base != "fused") or not set(kept) <= set(CAUSES):
-        raise CaptureError(
-            f"unknown decoder implementation {impl!r}; choose one of {', '.join(IMPLS)} "
-            f"(for the A/B: fused-CAUSE[-CAUSE...], causes {', '.join(CAUSES)})"
-        )
-    return base, frozenset(kept)
-
-
-#: The static KV cache length of the fused decoder is rounded up to a multiple of this (positions past
-#: the prompt and decode steps are masked): memory-efficient attention wants an aligned mask row and
-#: otherwise pads it with extra copies on every call.
-CACHE_ALIGN = 16
-
-
-def cache_length(max_len: int, impl: str) -> int:
-    """The KV cache length (positions) a decoder of `max_len` positions allocates: `max_len` for
-    `legacy`, rounded up to a multiple of `CACHE_ALIGN` for `fused`. The static decode attends over all
-    of it (the manifest's workload.kv_cache_len)."""
-    return max_len if _parse_impl(impl)[0] == "legacy" else -(-max_len // CACHE_ALIGN) * CACHE_ALIGN
-
-
-def _rms_norm_fused(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm in one op (`F.rms_norm`, torch >= 2.4; a fused kernel on CUDA), statistics in fp32."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def _rope_table(
-    head_dim: int, max_len: int, theta: float, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """[max_len, 2, head_dim] in the model dtype: row p holds [cos | cos] and [-sin | sin] at position p,
-    so that rotate-half RoPE is x * c + roll(x, head_dim/2) * s (`_apply_rope_inplace`)."""
-    cos, sin = _rope_tables(head_dim, max_len, theta, device)
-    return torch.stack((torch.cat((cos, cos), -1), torch.cat((-sin, sin), -1)), 1).to(dtype).contiguous()
-
-
-def _apply_rope_inplace(x: torch.Tensor, cs: torch.Tensor) -> None:
-    """x [B, S, H, D] (a view of the QKV output; query and key heads together), cs [S, 2, D]: rotate-half
-    RoPE in place, three ops: roll (= [x2 | x1]), multiply by cos, add roll times the signed sin."""
-    rot = x.roll(x.shape[-1] // 2, dims=-1)
-    x.mul_(cs[:, None, 0]).addcmul_(rot, cs[:, None, 1])
-
-
-def _sdpa_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int) -> torch.Tensor:
-    """Causal attention of q [B, H, S, D] over k, v [B, H/group, S', D] (the last S positions of S' are
-    q's): `enable_gqa` where torch has it (>= 2.5), else the KV heads repeated."""
-    causal = q.shape[2] > 1
-    if group == 1:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    try:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
-    except TypeError:  # torch < 2.5
-        return F.scaled_dot_product_attention(
-            q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), is_causal=causal
-        )
-
-
-def _rope_tables(
-    head_dim: int, max_len: int, theta: float, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
-    pos = torch.arange(max_len, dtype=torch.float32, device=device)
-    freqs = torch.outer(pos, inv)  # [max_len, head_dim/2]
-    return freqs.cos(), freqs.sin()
-
-
-def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, H, S, D]; cos/sin: [S, D/2] (rotate-half form)."""
-    d2 = x.shape[-1] // 2
-    x1, x2 = x[..., :d2].float(), x[..., d2:].float()
-    c, s = cos[None, None], sin[None, None]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1).to(x.dtype)
-
-
-@dataclass
-class _Layer:
-    """One layer's weights on this rank."""
-
-    attn_norm: torch.Tensor
-    mlp_norm: torch.Tensor
-    qkv: torch.Tensor  # [local (q+k+v) rows, hidden]: column-parallel
-    o: torch.Tensor  # [hidden, local heads*head_dim]: row-parallel
-    gate_up: torch.Tensor  # [2*local intermediate, hidden]: column-parallel
-    down: torch.Tensor  # [hidden, local intermediate]: row-parallel
 
 
 class TPDecoder:
@@ -269,7 +93,7 @@ class TPDecoder:
         impl: str = IMPLS[0],
     ):
         check_tp(shape, comm.world_size)
-        base, self._kept = _parse_impl(impl)
+        base, self._kept = parse_impl(impl)
         self.impl = base
         self.shape, self.comm = shape, comm
         self.device = torch.device(device)
@@ -300,7 +124,7 @@ class TPDecoder:
             return w.to(self.dtype).contiguous()
 
         self.embed = cast(torch.randn(s.vocab, s.hidden, generator=gen, device=self.device))
-        self.layers: list[_Layer] = []
+        self.layers: list[Layer] = []
         for _ in range(s.layers):
             wq, wk, wv = (
                 full(s.heads * hd, s.hidden),
@@ -320,7 +144,7 @@ class TPDecoder:
             )
             gate_up = rows_of(torch.cat((wg, wu), 0), self.local_inter, k=2)
             self.layers.append(
-                _Layer(
+                Layer(
                     attn_norm=torch.ones(s.hidden, device=self.device, dtype=self.dtype),
                     mlp_norm=torch.ones(s.hidden, device=self.device, dtype=self.dtype),
                     qkv=cast(qkv),  # [local (q+k+v) rows, hidden]: column-parallel
@@ -336,10 +160,10 @@ class TPDecoder:
         head = full(s.vocab, s.hidden)
         self.lm_head = cast(head[r * self.local_vocab : (r + 1) * self.local_vocab])  # vocab-parallel
         del head
-        self.cos, self.sin = _rope_tables(hd, max_len, s.rope_theta, self.device)
+        self.cos, self.sin = rope_tables(hd, max_len, s.rope_theta, self.device)
         # fused: the KV cache length (static decode attends over all of it, masked), the RoPE table
         self.cache_len = cache_length(max_len, impl)
-        self.rope_cs = _rope_table(hd, self.cache_len, s.rope_theta, self.dtype, self.device)
+        self.rope_cs = rope_table(hd, self.cache_len, s.rope_theta, self.dtype, self.device)
         self.k_cache: list[torch.Tensor] = []
         self.v_cache: list[torch.Tensor] = []
         #: fused: per layer one [2, B, local KV heads, cache_len, head_dim] tensor (K, V); k_cache and
@@ -403,7 +227,7 @@ class TPDecoder:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _attention(self, i: int, layer: _Layer, h: torch.Tensor, pos: int) -> torch.Tensor:
+    def _attention(self, i: int, layer: Layer, h: torch.Tensor, pos: int) -> torch.Tensor:
         b, seq, _ = h.shape
         hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
         qkv = h @ layer.qkv.t()
@@ -412,7 +236,7 @@ class TPDecoder:
         k = k.view(b, seq, nkv, hd).transpose(1, 2)
         v = v.view(b, seq, nkv, hd).transpose(1, 2)
         cos, sin = self.cos[pos : pos + seq], self.sin[pos : pos + seq]
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.k_cache[i][:, :, pos : pos + seq] = k
         self.v_cache[i][:, :, pos : pos + seq] = v
         keys = self.k_cache[i][:, :, : pos + seq]
@@ -426,13 +250,13 @@ class TPDecoder:
 
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if self.impl == "legacy" or "norm" in self._kept:
-            return _rms_norm(x, weight, self.shape.norm_eps)
-        return _rms_norm_fused(x, weight, self.shape.norm_eps)
+            return rms_norm(x, weight, self.shape.norm_eps)
+        return rms_norm_fused(x, weight, self.shape.norm_eps)
 
     def _attention_fused(
         self,
         i: int,
-        layer: _Layer,
+        layer: Layer,
         h: torch.Tensor,
         pos: int | torch.Tensor,
         cs: torch.Tensor,
@@ -448,7 +272,7 @@ class TPDecoder:
         qkv = h @ layer.qkv.t()  # [B, S, (nh + 2 nkv) hd]
         if self._kept and not isinstance(pos, int):
             return self._attention_kept(i, layer, qkv, pos, mask)
-        _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, seq, nh + nkv, hd), cs)
+        apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, seq, nh + nkv, hd), cs)
         kv_new = qkv[..., nh * hd :].view(b, seq, 2, nkv, hd).permute(2, 0, 3, 1, 4)  # [2, B, nkv, S, hd]
         cache = self.kv_cache[i]
         if isinstance(pos, int):
@@ -464,11 +288,11 @@ class TPDecoder:
             att = F.scaled_dot_product_attention(q.view(b, nkv, nh // nkv, hd), keys, values, attn_mask=mask)
         else:
             q = q.view(b, seq, nh, hd).transpose(1, 2)
-            att = _sdpa_gqa(q, keys, values, nh // nkv).transpose(1, 2)
+            att = sdpa_gqa(q, keys, values, nh // nkv).transpose(1, 2)
         return att.reshape(b, seq, nh * hd) @ layer.o.t()  # partial sum over this rank's heads
 
     def _attention_kept(
-        self, i: int, layer: _Layer, qkv: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
+        self, i: int, layer: Layer, qkv: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
     ) -> torch.Tensor:
         """The static step's attention of `impl="fused-CAUSE..."`: the fused one with the kept causes
         as the legacy decoder has them (`CAUSES`)."""
@@ -481,13 +305,13 @@ class TPDecoder:
             k = k.view(b, 1, nkv, hd).transpose(1, 2)
             v = v.view(b, 1, nkv, hd).transpose(1, 2)
             cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-            q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             cache[0].index_copy_(2, pos, k)
             cache[1].index_copy_(2, pos, v)
             q = q.reshape(b, nh * hd)
         else:
             cs = self.rope_cs.index_select(0, pos)
-            _apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, 1, nh + nkv, hd), cs)
+            apply_rope_inplace(qkv[..., : (nh + nkv) * hd].view(b, 1, nh + nkv, hd), cs)
             cache.index_copy_(3, pos, qkv[..., nh * hd :].view(b, 1, 2, nkv, hd).permute(2, 0, 3, 1, 4))
             q = qkv[..., : nh * hd]
         if "mask" in self._kept:
@@ -503,7 +327,7 @@ class TPDecoder:
             att = F.scaled_dot_product_attention(q.view(b, nkv, nh // nkv, hd), keys, values, attn_mask=mask)
         return att.reshape(b, 1, nh * hd) @ layer.o.t()
 
-    def _mlp(self, layer: _Layer, h: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, layer: Layer, h: torch.Tensor) -> torch.Tensor:
         gate, up = (h @ layer.gate_up.t()).chunk(2, dim=-1)
         return (F.silu(gate) * up) @ layer.down.t()  # partial sum over this rank's columns
 
@@ -532,7 +356,7 @@ class TPDecoder:
             return self.comm.all_gather_last(local)
 
     # -- serving-engine decode: static KV cache and shapes, masked attention ---------------------
-    def _attention_static(self, i: int, layer: _Layer, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def _attention_static(self, i: int, layer: Layer, h: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """One token's attention against the whole static cache, later positions masked out: the
         shapes do not depend on the position, so one graph (or one compiled kernel set) serves
         every token. `pos` is a [1] long tensor on the device."""
@@ -544,7 +368,7 @@ class TPDecoder:
         k = k.view(b, 1, nkv, hd).transpose(1, 2)
         v = v.view(b, 1, nkv, hd).transpose(1, 2)
         cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         self.k_cache[i].index_copy_(2, pos, k)
         self.v_cache[i].index_copy_(2, pos, v)
         keys, values = self.k_cache[i], self.v_cache[i]
@@ -563,10 +387,10 @@ class TPDecoder:
             eps = self.shape.norm_eps
             for i, layer in enumerate(self.layers):
                 x = x + self.comm.all_reduce(
-                    self._attention_static(i, layer, _rms_norm(x, layer.attn_norm, eps), pos)
+                    self._attention_static(i, layer, rms_norm(x, layer.attn_norm, eps), pos)
                 )
-                x = x + self.comm.all_reduce(self._mlp(layer, _rms_norm(x, layer.mlp_norm, eps)))
-            h = _rms_norm(x[:, -1], self.final_norm, eps)
+                x = x + self.comm.all_reduce(self._mlp(layer, rms_norm(x, layer.mlp_norm, eps)))
+            h = rms_norm(x[:, -1], self.final_norm, eps)
         else:  # once per step, not per layer: the RoPE rows and the additive mask
             cs = self.rope_cs.index_select(0, pos)
             mask = torch.where(self._positions <= pos, self._mask_open, self._mask_shut)[None, None, None]
@@ -655,19 +479,6 @@ class TPDecoder:
 
 
 _NO_RANGE = contextlib.nullcontext()
-
-
-def collectives(shape: DecoderShape, tp: int, batch: int, dtype: str) -> list[dict[str, int | str]]:
-    """The collectives of one decode step on each rank, from the decoder's shapes (not a trace):
-    `tracekit.analyse.predict.tp_collectives` (torch-free, so the prediction from a shard run computes
-    the same list). Per layer the o_proj and down_proj outputs [batch, 1, hidden] all-reduced in place;
-    per step the vocabulary-parallel logits [batch, vocab/tp] (float32) all-gathered. Empty at tp=1."""
-    from tracekit.analyse.predict import PredictError, tp_collectives
-
-    try:
-        return tp_collectives(asdict(shape), tp, batch, dtype)
-    except PredictError as exc:
-        raise CaptureError(str(exc)) from None
 
 
 def make_prompt(vocab: int, batch: int, length: int, seed: int) -> torch.Tensor:

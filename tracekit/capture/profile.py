@@ -272,7 +272,7 @@ class Tracer:
         self.prof = torch.profiler.profile(**kwargs)
         if self.mode == "kernels":
             self._hook()
-        with self._scope():
+        with self._scope(), _inductor_not_imported_to_start():
             self.prof.start()
 
     def step(self) -> None:
@@ -313,6 +313,45 @@ def _check_export_whole(path: Path, rank: int) -> None:
         with contextlib.suppress(OSError):
             p.unlink()
     raise CaptureError(f"rank {rank}: the profiler could not write its trace{space_hint(path.parent)}")
+
+
+@contextlib.contextmanager
+def _inductor_not_imported_to_start() -> Iterator[None]:
+    """Around `torch.profiler.profile.start()`: its `prepare_trace` asks `hasattr(torch, "_inductor")`
+    to read inductor's `triton.cudagraphs` flag, and torch's lazy module attribute answers that by
+    importing inductor and TorchDynamo: ~4.5 CPU-s in every rank process of every capture (on a
+    2-core host most of a tiny CPU capture's cost), for a flag that only compiled code can use.
+    Where inductor is not loaded in this process and TORCHINDUCTOR_CUDAGRAPHS (the flag's default,
+    read when inductor's config is imported) is not "1", the flag would read False: the question
+    is answered "not loaded" without the import, and the profiler keeps its `has_cudagraphs=False`.
+    Otherwise (a compiled decoder has loaded inductor, or the variable is set) torch asks as it
+    always does. Only `hasattr` as seen by torch.profiler's own module changes, for this call."""
+    import builtins
+    import sys
+
+    import torch
+    import torch.profiler.profiler as tpp
+
+    if "torch._inductor" in sys.modules or os.environ.get("TORCHINDUCTOR_CUDAGRAPHS") == "1":
+        yield
+        return
+    real = builtins.hasattr
+
+    def hasattr_without_lazy_inductor(obj: object, name: str) -> bool:
+        if obj is torch and name == "_inductor" and "torch._inductor" not in sys.modules:
+            return False
+        return real(obj, name)
+
+    shadowed = "hasattr" in vars(tpp)
+    before = vars(tpp).get("hasattr")
+    tpp.hasattr = hasattr_without_lazy_inductor  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if shadowed:
+            tpp.hasattr = before  # type: ignore[attr-defined]
+        else:
+            del tpp.hasattr  # type: ignore[attr-defined]
 
 
 def space_hint(folder: Path) -> str:

@@ -46,7 +46,8 @@ def rank_main(
     import torch
 
     from tracekit.capture import annotate
-    from tracekit.capture.decoder import SHARD_BACKEND, Comm, TPDecoder, make_prompt, preset
+    from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
+    from tracekit.capture.decoder_ops import SHARD_BACKEND
     from tracekit.capture.profile import Tracer, write_result
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)

@@ -23,7 +23,7 @@ Examples:
 
 
 def _measured(path: str) -> Any:
-    from tracekit.analyse.advise import measured_from
+    from tracekit.analyse.advise_inputs import measured_from
     from tracekit.analyse.dilation import dilation_of
     from tracekit.read import load_manifest
 
@@ -46,7 +46,7 @@ def _with_kernels(runs: list[Any], batches: tuple[int, ...], table: bool) -> lis
     section Batch scaling of a decode); runs without a trace stay as they are."""
     from dataclasses import replace
 
-    from tracekit.analyse.advise import needs_kernels
+    from tracekit.analyse.advise_inputs import needs_kernels
     from tracekit.analyse.batch_model import kernel_profile
     from tracekit.errors import NoTracesError
     from tracekit.read import find_trace_files, read_run
@@ -77,7 +77,8 @@ def _model_text(r: dict[str, Any]) -> str:
 
 
 def render_text(adv: Any) -> str:
-    from tracekit.analyse.advise import GIB, cliff_sentence
+    from tracekit.analyse.advise import cliff_sentence
+    from tracekit.analyse.advise_inputs import GIB
 
     doc = adv.to_json()
     lines = [r["text"] for r in doc["recommendations"]]

@@ -8,11 +8,8 @@ import io
 import click
 
 from tracekit.cli.options import emit_result, out_file_option
+from tracekit.model import units
 from tracekit.model.documents import Predict, given, to_builtins
-
-
-def _ms(ns: float | None) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f}"
 
 
 def render_table(doc: Predict, width: int | None = None, color: bool = True) -> str:
@@ -48,14 +45,14 @@ def render_table(doc: Predict, width: int | None = None, color: bool = True) -> 
         n_coll = sum(c.per_token for c in r.collectives)
         t.add_row(
             str(r.tp),
-            _ms(sh.per_token_ns),
-            f"{_ms(sh.interval_ns[0])}-{_ms(sh.interval_ns[1])}",
+            units.ms(sh.per_token_ns),
+            f"{units.ms(sh.interval_ns[0])}-{units.ms(sh.interval_ns[1])}",
             str(n_coll),
-            _ms(r.transfer_ns.flat),
-            _ms(r.transfer_ns.ring),
-            _ms(pn.flat),
-            _ms(pn.ring),
-            _ms(ck.measured_ns) if ck else "-",
+            units.ms(r.transfer_ns.flat),
+            units.ms(r.transfer_ns.ring),
+            units.ms(pn.flat),
+            units.ms(pn.ring),
+            units.ms(ck.measured_ns) if ck else "-",
             f"{ck.error:+.1%}" if ck else "-",
         )
     console.print(t)

@@ -79,14 +79,8 @@ def command(
     `tracekit breakdown`.
     """
     from tracekit.cli.probe import dumps_json
-    from tracekit.probe.rho import (
-        FMA_UNROLL,
-        MATRIX_DTYPES,
-        MATRIX_EXTRA,
-        VECTOR_DTYPES,
-        format_table,
-        run_rho,
-    )
+    from tracekit.probe.rho import MATRIX_DTYPES, MATRIX_EXTRA, VECTOR_DTYPES, format_table, run_rho
+    from tracekit.probe.rho_kernels import FMA_UNROLL
 
     md = _dtypes(matrix, MATRIX_DTYPES + MATRIX_EXTRA, "--matrix")
     vd = _dtypes(vector, VECTOR_DTYPES, "--vector")

@@ -53,3 +53,23 @@ def times(ratio: float | None, digits: int = 2, *, missing: str = "-") -> str:
     if ratio is None or _absent(ratio):
         return missing
     return f"{ratio:.{digits}f}x"
+
+
+# the reports' forms: the unit written, "n/a" when missing (tables, HTML, Markdown, the notebook)
+
+
+def fmt_ms(ns: float | int | None, digits: int = 3) -> str:
+    """Nanoseconds as milliseconds with `digits` decimals ("12.345 ms"); "n/a" when missing."""
+    return ms(ns, digits, unit=True, missing="n/a")
+
+
+def fmt_us(ns: float | int | None, digits: int = 1) -> str:
+    return us(ns, digits, unit=True, missing="n/a")
+
+
+def fmt_pct(share: float | None, digits: int = 1) -> str:
+    return pct(share, digits, missing="n/a")
+
+
+def fmt_x(ratio: float | None) -> str:
+    return times(ratio, missing="n/a")

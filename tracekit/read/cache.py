@@ -174,7 +174,9 @@ def load(trace: Path, reader_version: str, rank: int | None = None) -> Run | Non
         )
         return Run(
             events=df,
-            sources={int(k): v for k, v in meta["sources"].items()},
+            # the trace as this call spells it (the key is the file, not its spelling: a run read first
+            # by its absolute path and then by a relative one names the relative one, as a fresh read does)
+            sources={int(k): str(trace) for k in meta["sources"]},
             rank_info={int(k): v for k, v in meta["rank_info"].items()},
             data_quality=dq,
         )

@@ -25,7 +25,8 @@ cuda_runtime/cuda_driver->runtime, cuda_sync->sync, cpu_op->cpu_op, user_annotat
 gpu_user_annotation->gpu_annotation, anything else (python_function, overhead, Trace...)->other.
 
 Modules (this one assembles them and is the public entry, `read_kineto`):
-- `kineto_stream.py`: the streaming tokenizer (blocks, gzip, chunks of whole events, typed decode);
+- `kineto_stream.py`: the streaming tokenizer (chunks of whole events) over `kineto_blocks.py` (blocks,
+  gzip), `kineto_decode.py` (the typed decode) and `kineto_ints.py` (int64 coercion);
 - `kineto_events.py`: the event mapping (chunk -> columns, exact timestamps, kinds from `cat`);
 - `kineto_collectives.py`: collective metadata (op names, dtype sizes, record_shapes bytes, the gloo
   enqueue -> worker join);
@@ -46,12 +47,13 @@ import pandas as pd
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read.kineto_blocks import FileProgress
 from tracekit.read.kineto_collectives import (
     DTYPE_BYTES,
-    _CollMeta,
-    _fill_from_shapes,
-    _join_enqueued,
+    CollMeta,
     coll_op_from_kernel_name,
+    fill_from_shapes,
+    join_enqueued,
     normalise_coll_op,
 )
 from tracekit.read.kineto_collectives import out_bytes_for as out_bytes_for
@@ -59,20 +61,12 @@ from tracekit.read.kineto_collectives import pair_enqueued as pair_enqueued
 from tracekit.read.kineto_collectives import shape_dtype as shape_dtype
 from tracekit.read.kineto_collectives import shape_tensors as shape_tensors
 from tracekit.read.kineto_collectives import single_process_group as single_process_group
-from tracekit.read.kineto_events import _KIND_CATEGORIES, _cat, _Columns, _str_or_empty
+from tracekit.read.kineto_events import KIND_CATEGORIES, Columns, categorical, str_or_empty
 from tracekit.read.kineto_events import KIND_OF_CAT as KIND_OF_CAT
 from tracekit.read.kineto_events import parse_us_to_ns as parse_us_to_ns
 from tracekit.read.kineto_events import valid_text as valid_text
-from tracekit.read.kineto_stream import (
-    _DAY_NS,
-    _INT32_MAX,
-    _INT64_MAX,
-    _FileProgress,
-    _Stream,
-    _to_int,
-    _to_small_int,
-)
-from tracekit.read.kineto_stream import _iter_blocks as _iter_blocks
+from tracekit.read.kineto_ints import DAY_NS, INT32_MAX, INT64_MAX, to_int, to_small_int
+from tracekit.read.kineto_stream import Stream
 
 #: Bumped whenever the reader's output for the same file could change (invalidates the cache).
 READER_VERSION = "kineto-4"  # 2: bytes of gloo:/nccl: ranges from their shapes; enqueue join
@@ -84,7 +78,7 @@ CHUNK_BYTES = 4 * 1024 * 1024  # measured (issue 7): 4 MB is as fast as 16 MB on
 
 
 def _build_table(
-    cols: _Columns, rank: int, base_ns: int, meta: JSONObject | None = None, dq: DataQuality | None = None
+    cols: Columns, rank: int, base_ns: int, meta: JSONObject | None = None, dq: DataQuality | None = None
 ) -> pd.DataFrame:
     meta = meta or {}
     dq = dq if dq is not None else cols.dq
@@ -96,15 +90,15 @@ def _build_table(
     start = cat_arrays(cols.start, np.int64)
     dur = cat_arrays(cols.dur, np.int64)
     # int64 wrap-around: base + ts or start + dur beyond 2**63 - 1 ns (year 2262) is dropped, counted
-    beyond = start > _INT64_MAX - base_ns if base_ns > 0 else np.zeros(n, bool)
+    beyond = start > INT64_MAX - base_ns if base_ns > 0 else np.zeros(n, bool)
     if base_ns:
         start = np.where(beyond, 0, start) + base_ns
-    beyond |= (start > 0) & (dur > _INT64_MAX - np.maximum(start, 0))
+    beyond |= (start > 0) & (dur > INT64_MAX - np.maximum(start, 0))
     end = start + np.where(beyond, 0, dur)
     drop_far = np.zeros(n, bool)
     if n:  # one trace file spans seconds to hours: an event a day away from its median is no time
         med = float(np.median(start[~beyond])) if (~beyond).any() else 0.0
-        far = ~beyond & (np.abs(start.astype(np.float64) - med) > _DAY_NS)
+        far = ~beyond & (np.abs(start.astype(np.float64) - med) > DAY_NS)
         if far.any():
             dq.add(
                 "events_time_outliers",
@@ -113,32 +107,32 @@ def _build_table(
                 "unit or convention) were skipped",
             )
             drop_far = far
-    kind = _cat(cat_arrays(cols.kind, np.int8), list(_KIND_CATEGORIES))
+    kind = categorical(cat_arrays(cols.kind, np.int8), list(KIND_CATEGORIES))
     name_codes = cat_arrays(cols.name, np.int32)
-    name = _cat(name_codes, list(cols.names))
+    name = categorical(name_codes, list(cols.names))
     device = cat_arrays(cols.device, np.int32)
     stream = cat_arrays(cols.stream, np.int64)
     corr = cat_arrays(cols.corr, np.int64)
 
     # collective columns
-    cm = _CollMeta(n)
+    cm = CollMeta(n)
     for r, v in zip(cols.coll_rows, cols.coll_vals, strict=True):
-        cname, dt = _str_or_empty(v[0]), _str_or_empty(v[3])
+        cname, dt = str_or_empty(v[0]), str_or_empty(v[3])
         size = DTYPE_BYTES.get(dt)
         if size is not None:
-            if v[1] is not None and _to_int(v[1]) >= 0:
-                cm.in_b[r] = _to_int(v[1]) * size
-            if v[2] is not None and _to_int(v[2]) >= 0:
-                cm.out_b[r] = _to_int(v[2]) * size
+            if v[1] is not None and to_int(v[1]) >= 0:
+                cm.in_b[r] = to_int(v[1]) * size
+            if v[2] is not None and to_int(v[2]) >= 0:
+                cm.out_b[r] = to_int(v[2]) * size
         if v[4] is not None:
-            cm.gsize[r] = _to_int(v[4])
+            cm.gsize[r] = to_int(v[4])
         if v[7] is not None:
-            cm.seq[r] = _to_int(v[7])
+            cm.seq[r] = to_int(v[7])
         for col, val in (
             ("name", cname),
             ("dtype", dt),
-            ("pg_name", _str_or_empty(v[5])),
-            ("pg_ranks", _str_or_empty(v[6])),
+            ("pg_name", str_or_empty(v[5])),
+            ("pg_ranks", str_or_empty(v[6])),
         ):
             if val:
                 cm.strs[col][r] = val
@@ -146,8 +140,8 @@ def _build_table(
         if op:
             cm.strs["op"][r] = op
     names_list = list(cols.names)
-    _fill_from_shapes(cm, cols, names_list, name_codes, device, meta)
-    _join_enqueued(cm, cols, names_list, name_codes, device, stream, start, end, dq)
+    fill_from_shapes(cm, cols, names_list, name_codes, device, meta)
+    join_enqueued(cm, cols, names_list, name_codes, device, stream, start, end, dq)
     # host comm ranges (gloo:*, nccl:*) without shapes (`ranges`/`cuda` modes): the op from the name
     range_ops = {
         c: normalise_coll_op(nm) for c, nm in enumerate(names_list) if nm.startswith(("gloo:", "nccl:"))
@@ -163,7 +157,7 @@ def _build_table(
         have = np.zeros(n, bool)
         if cm.strs["op"]:
             have[np.fromiter(cm.strs["op"], np.int64)] = True
-        kernel_code = _KIND_CATEGORIES.index("kernel")
+        kernel_code = KIND_CATEGORIES.index("kernel")
         is_kernel = kind.codes == kernel_code
         cand = np.flatnonzero(is_kernel & ~have & np.isin(name_codes, list(name_ops)))
         for r in cand.tolist():
@@ -217,17 +211,17 @@ def rank_from_filename(path: str | os.PathLike[str]) -> int | None:
     SGLang's `1733000000.1-TP-3.trace.json.gz` -> 3 (its TP rank); None if absent."""
     name = Path(path).name
     m = _RANK_RE.search(name) or _SGLANG_TP_RE.search(name)
-    if not m or len(m.group(1)) > 10 or int(m.group(1)) > _INT32_MAX:  # rank-99999999999999999999
+    if not m or len(m.group(1)) > 10 or int(m.group(1)) > INT32_MAX:  # rank-99999999999999999999
         return None
     return int(m.group(1))
 
 
 def check_rank_argument(rank: Any) -> None:
     """RankError unless `rank` (--rank, rank=) is a rank: an integer from 0 to 2**31 - 1."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= _INT32_MAX:
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= INT32_MAX:
         shown = str(rank)
         shown = shown if len(shown) <= 24 else shown[:20] + "..."
-        raise RankError(f"rank {shown} is not a rank (an integer from 0 to {_INT32_MAX})")
+        raise RankError(f"rank {shown} is not a rank (an integer from 0 to {INT32_MAX})")
 
 
 def _resolve_rank(
@@ -238,7 +232,7 @@ def _resolve_rank(
         return int(rank), "argument"
     di = meta.get("distributedInfo")
     if isinstance(di, dict) and di.get("rank") is not None:
-        r = _to_small_int(di.get("rank"))
+        r = to_small_int(di.get("rank"))
         if r >= 0:
             return r, "distributedInfo"
     r2 = rank_from_filename(path)
@@ -280,9 +274,9 @@ def read_kineto(
         size = p.stat().st_size
     except OSError as exc:
         raise TraceFormatError(p, f"cannot read: {exc.strerror}") from None
-    prog = _FileProgress()
-    stream = _Stream(p, chunk_bytes, prog)
-    cols = _Columns()
+    prog = FileProgress()
+    stream = Stream(p, chunk_bytes, prog)
+    cols = Columns()
     # The decoded events are acyclic (JSON cannot make cycles): the cyclic GC only costs time here.
     gc_was_enabled = gc.isenabled()
     gc.disable()
@@ -327,7 +321,7 @@ def read_kineto(
             "(pass --rank N to choose)",
         )
     di = meta.get("distributedInfo")
-    own = _to_small_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
+    own = to_small_int(di.get("rank")) if isinstance(di, dict) and di.get("rank") is not None else -1
     if isinstance(di, dict) and di.get("rank") is not None and own < 0:
         cols.dq.add(
             "rank_unusable",
@@ -341,7 +335,7 @@ def read_kineto(
             f"{p.name}: the trace says rank {own} (distributedInfo.rank) but rank {r} was given: read as rank {r}",
         )
     base_raw = meta.get("baseTimeNanoseconds")
-    base_ns = _to_int(base_raw) if base_raw is not None else 0
+    base_ns = to_int(base_raw) if base_raw is not None else 0
     if base_raw is not None and (base_ns < 0 or isinstance(base_raw, bool)):
         cols.dq.add(
             "base_time_unusable",

@@ -18,11 +18,12 @@ import pandas as pd
 from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality
 from tracekit.model.launch import COLLECTIVE_LAUNCH_OP, launch_op_collective
-from tracekit.read.kineto_events import _cat
-from tracekit.read.kineto_stream import _ANY_DECODER, _to_int
+from tracekit.read.kineto_decode import ANY_DECODER
+from tracekit.read.kineto_events import categorical
+from tracekit.read.kineto_ints import to_int
 
 if TYPE_CHECKING:
-    from tracekit.read.kineto_events import _Columns
+    from tracekit.read.kineto_events import Columns
 
 
 #: torch dtype names (c10::toString(ScalarType)) -> bytes per element.
@@ -140,7 +141,7 @@ def _sparse_cat(n: int, rows: list[int], values: list[str]) -> pd.Categorical:
     if rows:
         vc = np.array([cats.setdefault(v, len(cats)) for v in values], np.int32)
         codes[np.asarray(rows, np.int64)] = vc
-    return _cat(codes, list(cats))
+    return categorical(codes, list(cats))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,12 +228,12 @@ def single_process_group(meta: JSONObject) -> tuple[int, str, str] | None:
     if isinstance(cfg, list):
         if len(cfg) != 1 or not isinstance(cfg[0], dict):
             return None
-        size = _to_int(cfg[0].get("pg_size"))
+        size = to_int(cfg[0].get("pg_size"))
         ranks = cfg[0].get("ranks")
-        ranks_text = "[" + ", ".join(str(_to_int(x)) for x in ranks) + "]" if isinstance(ranks, list) else ""
+        ranks_text = "[" + ", ".join(str(to_int(x)) for x in ranks) + "]" if isinstance(ranks, list) else ""
         return (size, str(cfg[0].get("pg_name", "")), ranks_text) if size > 0 else None
-    if _to_int(di.get("pg_count", 1)) == 1 and _to_int(di.get("world_size")) > 0:
-        return _to_int(di.get("world_size")), "", ""
+    if to_int(di.get("pg_count", 1)) == 1 and to_int(di.get("world_size")) > 0:
+        return to_int(di.get("world_size")), "", ""
     return None
 
 
@@ -251,7 +252,7 @@ def out_bytes_for(op: str, in_bytes: int, group_size: int) -> int:
     return -1
 
 
-class _CollMeta:
+class CollMeta:
     """The collective columns while they are built: int arrays plus sparse row -> str dicts."""
 
     def __init__(self, n: int):
@@ -268,9 +269,9 @@ class _CollMeta:
         return _sparse_cat(self.n, list(d), list(d.values()))
 
 
-def _fill_from_shapes(
-    cm: _CollMeta,
-    cols: _Columns,
+def fill_from_shapes(
+    cm: CollMeta,
+    cols: Columns,
     names: list[str],
     name_codes: np.ndarray,
     device: np.ndarray,
@@ -297,8 +298,8 @@ def _fill_from_shapes(
         else:
             dims_raw, types_raw = key
             try:
-                dims = _ANY_DECODER.decode(dims_raw)
-                types = _ANY_DECODER.decode(types_raw) if types_raw else []
+                dims = ANY_DECODER.decode(dims_raw)
+                types = ANY_DECODER.decode(types_raw) if types_raw else []
             except (msgspec.DecodeError, RecursionError):
                 dims, types = None, None
             tensors = shape_tensors(dims, types)
@@ -393,9 +394,9 @@ def _outermost_rows(rows: list[int], stream: np.ndarray, start: np.ndarray, end:
     return out
 
 
-def _join_enqueued(
-    cm: _CollMeta,
-    cols: _Columns,
+def join_enqueued(
+    cm: CollMeta,
+    cols: Columns,
     names: list[str],
     name_codes: np.ndarray,
     device: np.ndarray,

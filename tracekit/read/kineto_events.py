@@ -19,16 +19,8 @@ import pandas as pd
 
 from tracekit.model.events import DataQuality
 from tracekit.model.launch import COLLECTIVE_LAUNCH_OP
-from tracekit.read.kineto_stream import (
-    _INT32_MAX,
-    _MAX_DUR_US,
-    _PHASE_OF_TYPE,
-    _Args,
-    _Ev,
-    _EvB,
-    _EvE,
-    _int_column,
-)
+from tracekit.read.kineto_decode import PHASE_OF_TYPE, Args, Ev, EvB, EvE
+from tracekit.read.kineto_ints import INT32_MAX, MAX_DUR_US, int_column
 
 KIND_OF_CAT: dict[str, str] = {
     "kernel": "kernel",
@@ -202,7 +194,7 @@ def valid_text(m: np.ndarray) -> np.ndarray:
 # Chunk -> columns
 
 
-_is_complete = _Ev.__instancecheck__
+_is_complete = Ev.__instancecheck__
 _get_ts = operator.attrgetter("ts")
 _get_dur = operator.attrgetter("dur")
 _get_cat = operator.attrgetter("cat")
@@ -235,7 +227,7 @@ class _CatKinds(dict):  # type: ignore[type-arg]
         return code
 
 
-class _Columns:
+class Columns:
     """Accumulates per-chunk numpy columns and interned strings."""
 
     def __init__(self) -> None:
@@ -247,7 +239,7 @@ class _Columns:
         self.stream: list[np.ndarray] = []
         self.corr: list[np.ndarray] = []
         self.names: dict[str, int] = _Interner()
-        self.kind_codes = {k: i for i, k in enumerate(_KIND_CATEGORIES)}
+        self.kind_codes = {k: i for i, k in enumerate(KIND_CATEGORIES)}
         self.cat_codes = _CatKinds(self.kind_codes)
         self.rows = 0
         # sparse collective metadata: global row -> tuple
@@ -287,13 +279,13 @@ class _Columns:
 
     def add(self, evs: list[Any]) -> None:
         self.events_total += len(evs)
-        xs: list[_Ev] = list(filter(_is_complete, evs))
+        xs: list[Ev] = list(filter(_is_complete, evs))
         if len(xs) != len(evs):
             for t, cnt in Counter(map(type, filterfalse(_is_complete, evs))).items():
-                if t is _EvB or t is _EvE:
+                if t is EvB or t is EvE:
                     continue
-                self.dq.add(_PHASE_KEY.get(_PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
-            self.begin_end.extend(e for e in evs if type(e) is _EvB or type(e) is _EvE)
+                self.dq.add(_PHASE_KEY.get(PHASE_OF_TYPE.get(t, "?"), "skipped_other_phase_events"), cnt)
+            self.begin_end.extend(e for e in evs if type(e) is EvB or type(e) is EvE)
         self._add_complete(xs)
 
     def finish_begin_end(self) -> None:
@@ -311,18 +303,18 @@ class _Columns:
                 threads.setdefault((e.pid, e.tid), []).append(i)
         bad_ts = int((~ts_ok).sum())
         unmatched = 0
-        xs: list[_Ev] = []
+        xs: list[Ev] = []
         for idx in threads.values():
             order = sorted(idx, key=lambda i: (int(ts_ns[i]), i))
             open_: list[int] = []
             for i in order:
-                if type(be[i]) is _EvB:
+                if type(be[i]) is EvB:
                     open_.append(i)
                 elif open_:
                     bi = open_.pop()
                     b = be[bi]
                     xs.append(
-                        _Ev(
+                        Ev(
                             cat=b.cat,
                             name=b.name,
                             ts=b.ts,
@@ -344,7 +336,7 @@ class _Columns:
             )
         self._add_complete(xs)
 
-    def _note_rank_labels(self, xs: list[_Ev]) -> None:
+    def _note_rank_labels(self, xs: list[Ev]) -> None:
         """Remember rank labels in string pids ("[TP01] 1234", "rank 3"): several ranks merged
         into one file by a trace-merging tool, which one rank's analysis would mix up."""
         for v in {e.pid for e in xs if isinstance(e.pid, str)}:
@@ -363,7 +355,7 @@ class _Columns:
                 "steps and parts mix those ranks: pass the per-rank trace files instead",
             )
 
-    def _add_complete(self, xs: list[_Ev]) -> None:
+    def _add_complete(self, xs: list[Ev]) -> None:
         if not xs:
             return
         n = len(xs)
@@ -381,13 +373,13 @@ class _Columns:
             )
         dur_us = np.fromiter(map(_get_dur, xs), np.float64, n)
         dur_ok = np.isfinite(dur_us)
-        huge_dur = dur_ok & (np.abs(dur_us) >= _MAX_DUR_US)
+        huge_dur = dur_ok & (np.abs(dur_us) >= MAX_DUR_US)
         if huge_dur.any():  # would not fit int64 ns (or spans centuries): unusable
             dur_ok &= ~huge_dur
             self.dq.add(
                 "events_huge_dur",
                 int(huge_dur.sum()),
-                f"events with a dur of {_MAX_DUR_US:.0e} us or more (beyond int64 ns) were skipped",
+                f"events with a dur of {MAX_DUR_US:.0e} us or more (beyond int64 ns) were skipped",
             )
         dur_ns = np.zeros(n, np.int64)
         dur_ns[dur_ok] = np.rint(dur_us[dur_ok] * 1000.0).astype(np.int64)
@@ -419,19 +411,19 @@ class _Columns:
         name = np.fromiter(map(self.names.__getitem__, map(_get_name, xs)), np.int32, n)
         self._steps_as_annotations(kind, name)
         # device / stream / correlation
-        args: list[_Args] = list(map(_get_args, xs))
+        args: list[Args] = list(map(_get_args, xs))
         is_gpu = np.isin(kind, self._gpu_codes)
         dq = self.dq
-        dev_arg = _int_column(_get_device, args, n, dq, "args.device")
-        pid = _int_column(_get_pid, xs, n, dq, "pid")
+        dev_arg = int_column(_get_device, args, n, dq, "args.device")
+        pid = int_column(_get_pid, xs, n, dq, "pid")
         if (pid == -1).any():  # a pid that is no integer reads as -1: only then look at the strings
             self._note_rank_labels(xs)
         device = np.where(is_gpu, np.where(dev_arg >= 0, dev_arg, pid), -1)
-        device = np.where(device <= _INT32_MAX, device, -1)  # the device column is int32
-        str_arg = _int_column(_get_stream, args, n, dq, "args.stream")
-        tid = _int_column(_get_tid, xs, n, dq, "tid")
+        device = np.where(device <= INT32_MAX, device, -1)  # the device column is int32
+        str_arg = int_column(_get_stream, args, n, dq, "args.stream")
+        tid = int_column(_get_tid, xs, n, dq, "tid")
         stream = np.where(is_gpu & (str_arg >= 0), str_arg, tid)
-        corr = _int_column(_get_corr, args, n, dq, "args.correlation")
+        corr = int_column(_get_corr, args, n, dq, "args.correlation")
         # collective metadata (sparse)
         base = self.rows
         for i, a in enumerate(args):
@@ -471,7 +463,7 @@ class _Columns:
         return [self.kind_codes[k] for k in _GPU_KINDS]
 
 
-_KIND_CATEGORIES: tuple[str, ...] = (
+KIND_CATEGORIES: tuple[str, ...] = (
     "kernel",
     "memcpy",
     "memset",
@@ -499,11 +491,11 @@ _PHASE_KEY = {
 }
 
 
-def _cat(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
+def categorical(codes: np.ndarray, categories: list[str]) -> pd.Categorical:
     return pd.Categorical.from_codes(codes, categories=pd.Index(categories, dtype=str))
 
 
-def _str_or_empty(v: Any) -> str:
+def str_or_empty(v: Any) -> str:
     if v is None:
         return ""
     if isinstance(v, str):

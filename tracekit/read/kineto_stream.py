@@ -1,25 +1,28 @@
 """The Kineto reader's streaming tokenizer (tracekit.read.kineto): the file's decompressed bytes
-(gzip inflated incrementally, in a thread) cut into the header, chunks of whole `traceEvents`
-entries at top-level boundaries, and the tail; each chunk decoded by msgspec into small typed
-Structs (only the fields the event table needs), with a lenient fallback for unexpected types and
-byte offsets in every error; the reading limits (tracekit.read.limits) enforced while streaming.
-Also the coercion of JSON values to int64 columns shared by the event mapping."""
+(`tracekit.read.kineto_blocks`: gzip inflated incrementally, in a thread) cut into the header,
+chunks of whole `traceEvents` entries at top-level boundaries, and the tail; each chunk decoded by
+msgspec into small typed Structs (`tracekit.read.kineto_decode`: only the fields the event table
+needs), with a lenient fallback for unexpected types and byte offsets in every error; the reading
+limits (tracekit.read.limits) enforced while streaming."""
 
 from __future__ import annotations
 
-import queue
 import re
-import threading
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 import msgspec
-import numpy as np
 
 from tracekit.errors import TraceFormatError
-from tracekit.model.events import DataQuality
+from tracekit.read.kineto_blocks import READ_BLOCK, FileProgress, iter_blocks
+from tracekit.read.kineto_decode import (
+    ANY_DECODER,
+    DECODER,
+    DECODER_LENIENT,
+    DECODER_LENIENT_ARGS,
+    coerce_lenient,
+)
 from tracekit.read.limits import (
     ENV_MAX_BYTES,
     ENV_MAX_EVENTS,
@@ -28,220 +31,12 @@ from tracekit.read.limits import (
     describe_bytes,
 )
 
-_READ_BLOCK = 4 * 1024 * 1024
-
-_EMPTY_RAW = msgspec.Raw(b"")
-
-
-# ----------------------------------------------------------------------------------------------
-# Typed decode structs: only the fields we need; msgspec skips the rest without building objects.
-
-
-class _Args(msgspec.Struct, gc=False):
-    device: Any = -1
-    stream: Any = -1
-    correlation: Any = -1
-    coll_name: Any = msgspec.field(default=None, name="Collective name")
-    in_nelems: Any = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: Any = msgspec.field(default=None, name="Out msg nelems")
-    in_size: Any = msgspec.field(default=None, name="In msg size")
-    out_size: Any = msgspec.field(default=None, name="Out msg size")
-    dtype: Any = None
-    group_size: Any = msgspec.field(default=None, name="Group size")
-    pg_name: Any = msgspec.field(default=None, name="Process Group Name")
-    pg_desc: Any = msgspec.field(default=None, name="Process Group Description")
-    pg_ranks: Any = msgspec.field(default=None, name="Process Group Ranks")
-    seq: Any = msgspec.field(default=None, name="Seq")
-    # record_shapes (`cpu`/`full` modes): kept as raw JSON text, parsed only for collective ops
-    in_dims: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input Dims")
-    in_types: msgspec.Raw = msgspec.field(default=_EMPTY_RAW, name="Input type")
-
-
-class _Ev(msgspec.Struct, gc=False, tag_field="ph", tag="X"):
-    """A complete event ("ph": "X"), the only kind that becomes a row."""
-
-    cat: str = ""
-    name: str = ""
-    ts: msgspec.Raw = _EMPTY_RAW
-    dur: float = float("nan")
-    pid: int | str = -1
-    tid: int | str = -1
-    args: _Args = msgspec.field(default_factory=_Args)
-
-
-class _EvB(msgspec.Struct, gc=False, tag_field="ph", tag="B"):
-    """A duration event's begin ("ph": "B"): becomes a row once its "E" on the same thread is found."""
-
-    cat: str = ""
-    name: str = ""
-    ts: msgspec.Raw = _EMPTY_RAW
-    pid: int | str = -1
-    tid: int | str = -1
-    args: _Args = msgspec.field(default_factory=_Args)
-
-
-class _EvE(msgspec.Struct, gc=False, tag_field="ph", tag="E"):
-    """A duration event's end ("ph": "E"): closes the thread's innermost open "B"."""
-
-    ts: msgspec.Raw = _EMPTY_RAW
-    pid: int | str = -1
-    tid: int | str = -1
-
-
-# Every other Chrome-trace phase decodes into an empty struct (its fields are skipped unparsed).
-_OTHER_PHASES = "iICbneNODstfPMVvRc()"
-_OTHER_TYPES: dict[str, type] = {
-    ph: msgspec.defstruct(f"_Ph{ord(ph)}", [], tag_field="ph", tag=ph, gc=False) for ph in _OTHER_PHASES
-}
-_PhUnknown = msgspec.defstruct("_PhUnknown", [], gc=False)
-_PHASE_OF_TYPE: dict[type, str] = {t: ph for ph, t in _OTHER_TYPES.items()}
-_PHASE_OF_TYPE[_PhUnknown] = "?"
-
-
-class _EvLenient(msgspec.Struct, gc=False):
-    """Fallback when a chunk has unexpected types (e.g. a string `dur`): slower, accepts anything."""
-
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    ts: msgspec.Raw = _EMPTY_RAW
-    dur: Any = None
-    pid: Any = -1
-    tid: Any = -1
-    args: _Args | Any = None
-
-
-_EVENT_UNION: Any = Union[(_Ev, _EvB, _EvE, *_OTHER_TYPES.values())]  # noqa: UP007
-_DECODER = msgspec.json.Decoder(list[_EVENT_UNION])
-_DECODER_LENIENT = msgspec.json.Decoder(list[_EvLenient])
-_ANY_DECODER = msgspec.json.Decoder()
-
 _BYTE_RE = re.compile(r"\(byte (\d+)\)")
 
 
 def _error_byte(exc: Exception) -> int | None:
     m = _BYTE_RE.search(str(exc))
     return int(m.group(1)) if m else None
-
-
-# ----------------------------------------------------------------------------------------------
-# Streaming input: decompressed blocks -> header / chunks of whole events / tail
-
-
-class _FileProgress:
-    """Bytes of the file on disk consumed so far (for a progress display)."""
-
-    def __init__(self) -> None:
-        self.done = 0
-
-
-def _iter_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
-    """Decompressed bytes of the file, block by block. Raises TraceFormatError on a bad gzip stream.
-
-    A gzip file is inflated in a helper thread (zlib releases the GIL), so with a second core the
-    decompression overlaps the JSON decoding; at most `_GZ_QUEUE` blocks wait, so memory stays bounded.
-    """
-    with open(path, "rb") as f:
-        gz = f.read(2) == b"\x1f\x8b"
-        if not gz:
-            f.seek(0)
-            while True:
-                block = f.read(_READ_BLOCK)
-                if not block:
-                    return
-                progress.done += len(block)
-                yield block
-    yield from _in_thread(_gunzip_blocks(path, progress))
-
-
-_GZ_READ_BLOCK = 512 * 1024  # compressed bytes per inflate call (a few MB out)
-_GZ_QUEUE = 4
-_INFLATE_OUT = 8 * 1024 * 1024  # decompressed bytes per inflate call (deflate can inflate 1032:1)
-_END = object()
-
-
-def _in_thread(blocks: Iterator[bytes]) -> Iterator[bytes]:
-    """The blocks of `blocks`, produced in a daemon thread; its exception is raised here, in order."""
-    q: queue.Queue[Any] = queue.Queue(maxsize=_GZ_QUEUE)
-    stop = threading.Event()
-
-    def put(item: Any) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for block in blocks:
-                if not put(block):
-                    return
-            put(_END)
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(exc)
-        finally:
-            close = getattr(blocks, "close", None)
-            if close is not None:
-                close()
-
-    t = threading.Thread(target=run, name="tracekit-gunzip", daemon=True)
-    t.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        stop.set()
-        t.join()
-
-
-def _gunzip_blocks(path: Path, progress: _FileProgress) -> Iterator[bytes]:
-    """Inflated blocks of a gzip file (several members allowed, zero padding after the last)."""
-    with open(path, "rb") as f:
-        d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-        member_started = False
-        consumed = 0
-        while True:
-            block = f.read(_GZ_READ_BLOCK)
-            if not block:
-                break
-            progress.done += len(block)
-            data = block
-            while data:
-                member_started = True
-                try:  # at most _INFLATE_OUT bytes out per call: a gzip bomb inflates in bounded blocks
-                    out = d.decompress(data, _INFLATE_OUT)
-                except zlib.error as exc:
-                    raise TraceFormatError(path, f"corrupt gzip stream ({exc})", offset=consumed) from None
-                if d.eof:
-                    consumed += len(data) - len(d.unused_data)
-                    if out:
-                        yield out
-                    data = d.unused_data
-                    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                    member_started = False
-                    if data and not data.strip(b"\x00"):
-                        data = b""  # zero padding after the last member
-                else:
-                    rest = d.unconsumed_tail
-                    consumed += len(data) - len(rest)
-                    if out:
-                        yield out
-                    data = rest
-        if member_started and not d.eof:
-            rest = d.flush()
-            if rest:
-                yield rest
-            raise TraceFormatError(
-                path, "truncated gzip stream (the file ends before the gzip end marker)", offset=consumed
-            )
 
 
 _NOT_WS = re.compile(rb"[^ \t\r\n]")
@@ -263,139 +58,12 @@ def _utf8_error_at(text: bytes | bytearray) -> int:
     return 0
 
 
-#: a dur at or above this (us) is not a duration (2**62 ns: 146 years); skipped and counted
-_MAX_DUR_US = 2.0**62 / 1000.0
-_DAY_NS = 86_400e9
-_INT64_MIN = -(2**63)
-_INT64_MAX = 2**63 - 1
-_INT32_MAX = 2**31 - 1
-
-
-def _to_int(v: Any) -> int:
-    """`v` as an int64 value; -1 (missing) when it is not a number or does not fit an int64
-    ("inf", 1e30, 10**30, "12x")."""
-    if isinstance(v, bool):
-        return int(v)
-    if isinstance(v, int):
-        return v if _INT64_MIN <= v <= _INT64_MAX else -1
-    if isinstance(v, str) and len(v) > 64:  # int() of a long digit string is quadratic
-        return -1
-    try:
-        out = int(v)
-    except (TypeError, ValueError, OverflowError):
-        try:
-            out = int(float(v))
-        except (TypeError, ValueError, OverflowError):
-            return -1
-    return out if _INT64_MIN <= out <= _INT64_MAX else -1
-
-
-def _to_small_int(v: Any) -> int:
-    """`v` as a non-negative int32 value (a rank, a group size); -1 when missing or out of range."""
-    out = _to_int(v)
-    return out if 0 <= out <= _INT32_MAX else -1
-
-
-def _ints(values: list[Any]) -> np.ndarray:
-    try:
-        return np.array(values, dtype=np.int64)
-    except (TypeError, ValueError, OverflowError):
-        return np.array([_to_int(v) for v in values], dtype=np.int64)
-
-
-def _int_column(
-    getter: Any, items: list[Any], n: int, dq: DataQuality | None = None, what: str = ""
-) -> np.ndarray:
-    """getter(item) for every item as int64, straight from the iterator (no list) when all are ints.
-    Integers that do not fit an int64 become -1 (missing), counted in `dq` as `values_out_of_range`."""
-    try:
-        return np.fromiter(map(getter, items), np.int64, n)
-    except (TypeError, ValueError, OverflowError):  # e.g. the one "Trace" span with pid "Spans"
-        vals = list(map(getter, items))
-        huge = sum(1 for v in vals if isinstance(v, (int, float)) and not _INT64_MIN <= v <= _INT64_MAX)
-        if huge and dq is not None:
-            dq.add(
-                "values_out_of_range",
-                huge,
-                f"event fields ({what}) beyond the int64 range (>= 2**63) were read as missing",
-            )
-        return np.array(
-            [v if v.__class__ is int and _INT64_MIN <= v <= _INT64_MAX else _to_int(v) for v in vals],
-            np.int64,
-        )
-
-
-def _to_float(v: Any) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return float("nan")
-
-
-def _coerce_lenient(evs: list[Any], tally: list[int] | None = None) -> list[Any]:
-    """Events decoded leniently, as the typed structs; `tally[0]` counts the complete events that had
-    a field of the wrong JSON type (an object pid, args that are not an object, a string dur...)."""
-    out: list[Any] = []
-    for e in evs:
-        if e.ph not in ("X", "B", "E"):
-            out.append(_OTHER_TYPES.get(str(e.ph), _PhUnknown)())
-            continue
-        args = e.args if isinstance(e.args, _Args) else _Args()
-        pid = e.pid if isinstance(e.pid, (int, str)) and not isinstance(e.pid, bool) else -1
-        tid = e.tid if isinstance(e.tid, (int, str)) and not isinstance(e.tid, bool) else -1
-        if e.ph == "B":
-            out.append(_EvB(cat=str(e.cat), name=str(e.name), ts=e.ts, pid=pid, tid=tid, args=args))
-            continue
-        if e.ph == "E":
-            out.append(_EvE(ts=e.ts, pid=pid, tid=tid))
-            continue
-        if tally is not None and (
-            pid is not e.pid
-            or tid is not e.tid
-            or (e.args is not None and not isinstance(e.args, (_Args, dict)))
-            or not isinstance(e.cat, str)
-            or not isinstance(e.name, str)
-            or not (
-                e.dur is None
-                or isinstance(e.dur, float)
-                or (isinstance(e.dur, int) and not isinstance(e.dur, bool))
-            )
-        ):
-            tally[0] += 1
-        out.append(
-            _Ev(
-                cat=str(e.cat),
-                name=str(e.name),
-                ts=e.ts,
-                dur=_to_float(e.dur) if e.dur is not None else float("nan"),
-                pid=pid,
-                tid=tid,
-                args=args,
-            )
-        )
-    return out
-
-
-class _EvLenientArgs(msgspec.Struct, gc=False):
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    ts: msgspec.Raw = _EMPTY_RAW
-    dur: Any = None
-    pid: Any = -1
-    tid: Any = -1
-    args: Any = None
-
-
-_DECODER_LENIENT_ARGS = msgspec.json.Decoder(list[_EvLenientArgs])
-
-
-class _Stream:
+class Stream:
     """Splits the decompressed byte stream into the header, decoded chunks of whole events and the tail."""
 
-    def __init__(self, path: Path, chunk_bytes: int, progress: _FileProgress):
+    def __init__(self, path: Path, chunk_bytes: int, progress: FileProgress):
         self.path = path
-        self.blocks = _iter_blocks(path, progress)
+        self.blocks = iter_blocks(path, progress)
         self.buf = bytearray()
         self.base = 0  # stream offset of buf[0]
         self.eof = False
@@ -453,7 +121,7 @@ class _Stream:
 
     def _parse_object_text(self, text: bytes, offset: int) -> dict[str, Any]:
         try:
-            obj = _ANY_DECODER.decode(text)
+            obj = ANY_DECODER.decode(text)
         except RecursionError:
             raise TraceFormatError(
                 self.path, "JSON nested too deeply in the trace's metadata", offset=offset
@@ -487,7 +155,7 @@ class _Stream:
         if not text.strip():
             return TraceFormatError(self.path, "empty file (no JSON at all)", offset=0)
         try:
-            obj = _ANY_DECODER.decode(text)
+            obj = ANY_DECODER.decode(text)
         except RecursionError:
             return TraceFormatError(self.path, "JSON nested too deeply", offset=0)
         except msgspec.DecodeError as exc:
@@ -511,7 +179,7 @@ class _Stream:
     def header(self) -> bool:
         """Find `"traceEvents": [` and parse what precedes it. False when not found. A file that
         is a JSON array is the Chrome trace format's other form: the array is the events."""
-        self._fill(_READ_BLOCK)
+        self._fill(READ_BLOCK)
         first = _skip_ws(self.buf, 3 if self.buf.startswith(b"\xef\xbb\xbf") else 0)
         if first < len(self.buf) and self.buf[first] == ord("["):
             self.array_format = True
@@ -526,7 +194,7 @@ class _Stream:
             if self.eof or len(self.buf) > self.limits.max_token_bytes:
                 return False
             searched = len(self.buf)
-            self._fill(len(self.buf) + _READ_BLOCK)
+            self._fill(len(self.buf) + READ_BLOCK)
         self._fill(idx + len(key) + 4096)
         j = _skip_ws(self.buf, idx + len(key))
         if j >= len(self.buf) or self.buf[j] != ord(":"):
@@ -555,15 +223,15 @@ class _Stream:
 
     def _decode_typed(self, doc: bytes) -> list[Any]:
         try:
-            return _DECODER.decode(doc)
+            return DECODER.decode(doc)
         except msgspec.ValidationError:
             pass
         try:
-            return _coerce_lenient(_DECODER_LENIENT.decode(doc), self.coerced)
+            return coerce_lenient(DECODER_LENIENT.decode(doc), self.coerced)
         except msgspec.ValidationError:
             pass
         try:
-            return _coerce_lenient(_DECODER_LENIENT_ARGS.decode(doc), self.coerced)
+            return coerce_lenient(DECODER_LENIENT_ARGS.decode(doc), self.coerced)
         except msgspec.ValidationError as exc:
             raise TraceFormatError(
                 self.path, f"unexpected event layout: {exc}", event_index=self.events_seen

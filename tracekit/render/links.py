@@ -9,7 +9,7 @@ import math
 
 from msgspec import UNSET
 
-from tracekit.analyse.links.verdict import fmt_gbps
+from tracekit.analyse.links.words import fmt_gbps
 from tracekit.model.documents import Links, given
 from tracekit.model.units import ms_or_us as fmt_ns
 

@@ -17,12 +17,18 @@ def _rows(doc: Whatif) -> tuple[list[str], list[list[str]]]:
         head += [f"TP={n} ms", f"TP={n} vs T1"]
     rows = []
     applies = {k.spec: k.applies for k in doc.knobs}
+    ranges = given(doc.predicted_ranges_ns) or {}
     for spec, by_n in doc.predicted_ns.items():
         row = ["none (replay of the trace)" if spec == "none" else spec]
         for n in ns:
             sp = doc.speedup_vs_tp1[spec][n]
             if spec in applies and not applies[spec].get(n, True):
                 row += ["n/a", ""]  # the knob does not apply to this run (docs/METHOD-NOTES.md What-if)
+                continue
+            rng = ranges.get(spec, {}).get(n)
+            if rng is not None and units.ms(rng[0]) != units.ms(rng[1]):
+                # not identified: the range the splits of the profiler's cost allow, not one value
+                row += [f"{units.ms(rng[0])} to {units.ms(rng[1])} (not identified)", ""]
                 continue
             row += [units.ms(by_n[n]), "-" if sp is None else f"{sp:.2f}x"]
         rows.append(row)
@@ -34,7 +40,15 @@ def _shapley_rows(doc: Whatif) -> list[list[str]]:
     acc = accounting.terms_ns if accounting is not None else {}
     acc_sh = accounting.shares if accounting is not None else {}
     shares = given(doc.shapley_shares) or {}
-    out = [[k, units.ms(v), units.pct(shares[k])] for k, v in (given(doc.shapley_ns) or {}).items()]
+    ranges = given(doc.shapley_ranges_ns) or {}
+
+    def value(k: str, v: int | None) -> list[str]:
+        rng = ranges.get(k)
+        if rng is not None and units.ms(rng[0]) != units.ms(rng[1]):  # not identified: no one value
+            return [k, f"{units.ms(rng[0])} to {units.ms(rng[1])} (not identified)", ""]
+        return [k, units.ms(v), units.pct(shares[k])]
+
+    out = [value(k, v) for k, v in (given(doc.shapley_ns) or {}).items()]
     out.append(["S", units.ms(given(doc.shortfall_ns)), "100.0%"])
     acc_rows = [[k, units.ms(v), units.pct(acc_sh.get(k))] for k, v in acc.items()]
     n = max(len(out), len(acc_rows))

@@ -21,7 +21,7 @@ from tracekit.analyse.advise import cliff_sentences
 from tracekit.model import units
 from tracekit.model.documents import Advise, Decompose, Diff, DocumentError, Rho, Whatif, convert, given
 from tracekit.model.documents.diff import DiffCompute as DiffPart
-from tracekit.report.sections.fmt import fmt_ms, fmt_pct, fmt_x
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
 
 #: kind -> the command that writes it
 EXTRA_KINDS: dict[str, str] = {
@@ -444,7 +444,18 @@ def _whatif(doc: Whatif) -> _Parts:
     shap = {k: _f(v) for k, v in (given(doc.shapley_ns) or {}).items()}
     shares = given(doc.shapley_shares) or {}
     check = given(doc.check)
-    if s_ns is not None and shap:
+    shap_rng = given(doc.shapley_ranges_ns) or {}
+    if s_ns is not None and shap and given(doc.identified) is False:
+        # which rank paid the profiler's cost is not identified: the split's ranges, no cause named
+        spans = ", ".join(
+            f"{k} {fmt_ms(lo)} to {fmt_ms(hi)}" for k, (lo, hi) in shap_rng.items() if k != "residual"
+        )
+        answer = (
+            f"Of the shortfall S = {fmt_ms(s_ns)} per token, the replay's Shapley split is not identified: "
+            "the profiler's cost was solved from one per-token time (no calibration in the manifest), and "
+            f"which rank paid it moves the split ({spans}); capture with `tracekit capture` to measure it."
+        )
+    elif s_ns is not None and shap:
         ranked = sorted(
             ((k, v) for k, v in shap.items() if k != "residual" and v is not None), key=lambda kv: -kv[1]
         )
@@ -499,7 +510,12 @@ def _whatif(doc: Whatif) -> _Parts:
     p.tables.append(ExtraTable("Predicted per-token time per knob combination", heads, tuple(rows)))
     if s_ns is not None and shap:
         acc = given(doc.accounting)
-        srows = [(str(k), fmt_ms(v), fmt_pct(_f(shares.get(k)))) for k, v in shap.items()]
+        srows = [
+            (str(k), f"{fmt_ms(shap_rng[k][0])} to {fmt_ms(shap_rng[k][1])}", "not identified")
+            if k in shap_rng and shap_rng[k][0] != shap_rng[k][1]
+            else (str(k), fmt_ms(v), fmt_pct(_f(shares.get(k))))
+            for k, v in shap.items()
+        ]
         srows.append(("S", fmt_ms(s_ns), "100.0%"))
         p.tables.append(
             ExtraTable("Shapley split of S (per token)", ("knob", "per token", "share of S"), tuple(srows))

@@ -13,18 +13,9 @@ import re
 from typing import Any
 
 from tracekit.model.parts import PARTS
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
 from tracekit.report.data import ReportData
-from tracekit.report.sections.fmt import (
-    fmt_bytes,
-    fmt_gbps,
-    fmt_ms,
-    fmt_ms_interval,
-    fmt_pct,
-    fmt_us,
-    fmt_x,
-    fmt_x_interval,
-    prose,
-)
+from tracekit.report.sections.fmt import fmt_bytes, fmt_gbps, fmt_ms_interval, fmt_x_interval, prose
 from tracekit.report.sections.rows import (
     TOP_KERNEL_HEADERS,
     path_note,

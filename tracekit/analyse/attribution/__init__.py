@@ -40,7 +40,8 @@ attribution is kept under `uncorrected`.
 
 The modules: `run.py` (one run attributed: `RunParts`, `attribute_run`, the per-rank stages the
 plans run), `terms.py` (`Attribution`: the terms of S, exact and in integers), `reconcile.py` (the
-dilation applied, the proportional reconciliation), `straggler.py` (the last-rank statistic),
+dilation applied, the proportional reconciliation), `corrected.py` (the profiler correction of a
+pair: `correct_pair`), `straggler.py` (the straggler test and its last-rank statistic),
 `result.py` (`Shortfall`), `document.py` (the JSON pieces beside the terms), `pair.py` (`shortfall`,
 `shortfall_of_pair`, `shortfall_from_parts`, `check_pair`: the entry).
 """

@@ -8,25 +8,18 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.corrected import correct_pair
 from tracekit.analyse.attribution.document import step_spread
 from tracekit.analyse.attribution.reconcile import applied_dilation
 from tracekit.analyse.attribution.result import Shortfall
-from tracekit.analyse.attribution.run import RunParts, attribute_run, check_ranks, mean_over_ranks
-from tracekit.analyse.attribution.terms import attribute
+from tracekit.analyse.attribution.run import RunParts, attribute_run, check_ranks
+from tracekit.analyse.attribution.terms import attribute, leaf_with_window
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.kinds import TokenSteps
 from tracekit.errors import MatchError, RankError
 from tracekit.model.events import DataQuality, Run
-from tracekit.model.parts import LEAF_PARTS
-
-
-def _leaf_with_window(parts: Mapping[str, Fraction]) -> dict[str, Fraction]:
-    out = {p: Fraction(parts[p]) for p in LEAF_PARTS}
-    out["window"] = sum((out[p] for p in LEAF_PARTS), Fraction(0))
-    return out
 
 
 def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
@@ -60,103 +53,13 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     uncorrected = attribute(base.per_token, sharded.per_token, factor)
     ad_b, ad_s = applied_dilation(base), applied_dilation(sharded)
 
-    ub, us = base.dilation.unprofiled, sharded.dilation.unprofiled
-    # a profiler cannot make a run faster: a traced pass clearly faster than the unprofiled one
-    # means the two ran under different conditions (a noisy host), and the unprofiled figure is
-    # then no better a per-token time than the traced one
-    threshold = sharded.dilation.threshold
-    faster = [
-        (lbl, ad.factor)
-        for lbl, ad in (("baseline", ad_b), ("sharded", ad_s))
-        if ad.factor is not None and ad.factor < 1.0 / (1.0 + threshold)
-    ]
-    if faster:
-        dq.add(
-            "unprofiled_slower_than_profiled",
-            len(faster),
-            "the unprofiled pass was slower than the traced one ("
-            + ", ".join(f"{lbl} dilation {d:.2f}x" for lbl, d in faster)
-            + "): the host was noisy; the attribution is not corrected",
-        )
-    per_rank_c: dict[int, dict[str, Fraction]]
-    tb, ts = ad_b.target_ns, ad_s.target_ns
-    if tb is not None and ts is not None and not faster:
-        for lbl, ad in (("baseline", ad_b), ("sharded", ad_s)):
-            if ad.drift is not None and abs(ad.drift) > threshold:
-                dq.add(
-                    "host_drift_between_rounds",
-                    1,
-                    f"{lbl}: the traced pass with the profiler's factor removed is {ad.drift:+.0%} off the mean of "
-                    "the unprofiled rounds: the host's speed moved between rounds; the corrected per-token time is "
-                    "the traced pass's",
-                )
-        from tracekit.analyse.correction import correct_run
-
-        corr_b, corr_s = correct_run(base, tb), correct_run(sharded, ts)
-        corrections: dict[str, Any] = {"baseline": corr_b, "sharded": corr_s}
-        pb = mean_over_ranks({r: _leaf_with_window(v) for r, v in corr_b.per_rank.items()})
-        per_rank_c = {r: _leaf_with_window(v) for r, v in corr_s.per_rank.items()}
-        ps = mean_over_ranks(per_rank_c)
-        corrected = attribute(pb, ps, factor)
-        source = "unprofiled"
-        reconciliation = (
-            f"T1 and TN are the traced per-token times with the measured dilation removed (traced / D: the "
-            f"unprofiled-equivalent of the traced pass); each rank's traced parts were corrected to them, then "
-            f"averaged over ranks; baseline: {corr_b.sentence}; sharded (rank "
-            f"{min(corr_s.per_rank)}): {corr_s.sentence}."
-        )
-        for lbl, c in corrections.items():
-            why = "; ".join(c.notes)
-            if c.method == "replay":
-                dq.add(
-                    "profiler_correction_replay",
-                    0,
-                    f"{lbl}: the profiler's cost per call ({c.cost_source}) was removed call by call in the "
-                    "replay of the dependency graph; wait, sync and idle are read from the corrected timeline"
-                    + (f" ({why})" if why else ""),
-                )
-            else:
-                dq.add(
-                    "profiler_correction_proportional",
-                    1,
-                    f"{lbl}: the profiler's excess was taken out of wait, sync and idle in proportion ({why}); "
-                    "where the profiler changed which rank arrives last, wait and idle are not corrected",
-                )
-        shift = {p: ps[p] - sharded.per_token[p] for p in LEAF_PARTS}
-        # the baseline's reconciliation moves every sharded per-step term by the same amount
-        for p in LEAF_PARTS:
-            shift[p] -= factor * (pb[p] - base.per_token[p])
-        path = corr_s.path
-        base_path = corr_b.path
-    else:
-        corrections = {"baseline": None, "sharded": None}
-        corrected = uncorrected
-        per_rank_c = {r: _leaf_with_window(p) for r, p in sharded.per_rank.items()}
-        pb = base.per_token
-        source = "trace"
-        missing = [lbl for lbl, t in (("baseline", ub), ("sharded", us)) if t is None]
-        if missing:
-            reconciliation = (
-                f"not corrected: no unprofiled per-token times for the {' and '.join(missing)} run "
-                "(capture with `tracekit capture`); T1, TN and the parts are the traced ones"
-            )
-            dq.add(
-                "dilation_unknown",
-                1,
-                "per-token times come from the trace; the profiler's dilation is not removed",
-            )
-        else:
-            reconciliation = (
-                "not corrected: the unprofiled pass was slower than the traced one (a noisy host), so it is no "
-                "better a per-token time than the trace; T1, TN and the parts are the traced ones"
-            )
-        shift = {p: Fraction(0) for p in LEAF_PARTS}
-        path = dict(sharded.path_token)
-        base_path = dict(base.path_token)
+    c = correct_pair(base, sharded, factor, uncorrected, ad_b, ad_s, dq)
+    corrections, pb, per_rank_c, corrected = c.corrections, c.pb, c.per_rank_c, c.corrected
+    source, reconciliation, shift, path, base_path = c.source, c.reconciliation, c.shift, c.path, c.base_path
     spread = step_spread(base, sharded, factor, shift)
     per_rank_att = {r: attribute(pb, p, factor) for r, p in per_rank_c.items()}
     per_rank_unc = {
-        r: attribute(base.per_token, _leaf_with_window(p), factor) for r, p in sharded.per_rank.items()
+        r: attribute(base.per_token, leaf_with_window(p), factor) for r, p in sharded.per_rank.items()
     }
     return Shortfall(
         n_ranks=n,

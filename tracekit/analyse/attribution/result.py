@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from tracekit.analyse import prose
@@ -24,13 +23,13 @@ from tracekit.analyse.attribution.document import (
 )
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts
-from tracekit.analyse.attribution.straggler import STRAGGLER_ALPHA, last_share_p_value
+from tracekit.analyse.attribution.straggler import straggler_test
 from tracekit.analyse.attribution.terms import Attribution
 from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling
+from tracekit.analyse.display import shortfall_html, shortfall_repr
 from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
-from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import term_words
 
@@ -66,13 +65,9 @@ class Shortfall:
         return self.corrected
 
     def __repr__(self) -> str:
-        from tracekit.analyse.display import shortfall_repr
-
         return shortfall_repr(self)
 
     def _repr_html_(self) -> str:
-        from tracekit.analyse.display import shortfall_html
-
         return shortfall_html(self)
 
     def shares(self) -> dict[str, float | None]:
@@ -120,55 +115,8 @@ class Shortfall:
         return path_integers(self.path if corrected else self.path_uncorrected)
 
     def straggler(self) -> dict[str, Any]:
-        """Is one rank late by more than symmetric launch-bound hosts explain? (docs/METHOD-NOTES.md)
-
-        Per collective instance, the lateness of its last rank = last arrival - the arrival before
-        it (how long that rank alone held the collective). The candidate is the rank that is last
-        most often; its median lateness (over the instances where it is last) is compared with a
-        threshold from the baseline: 3 x the baseline's host time per collective interval (its
-        median per-step host gap / the collectives per step: the lead one symmetric launch-bound
-        host can build over another between two collectives) + the baseline's host-gap spread per
-        interval ((p90 - p10) / collectives per step). Both figures are traced ones (the profiler
-        slows both runs' hosts alike)."""
-        coll = self.sharded.collectives
-        out: dict[str, Any] = {"rank": None, "is_straggler": False}
-        pr = coll.per_rank
-        if self.n_ranks < 2 or pr.empty:
-            return out
-        steady = set(self.sharded.steady["step"].tolist())
-        windows = self.sharded.steps[["rank", "step", "start_ns", "end_ns"]]
-        first = pr[pr["rank"] == pr["rank"].min()]
-        inst_step = assign_steps(first.assign(start_ns=first["raw_start_ns"]), windows)
-        per_step = float(inst_step.isin(steady).sum()) / max(len(steady), 1)
-        srt = pr.sort_values(["instance", "start_ns", "rank"], ascending=[True, False, True])
-        top2 = srt.groupby("instance", sort=True).head(2)
-        g = top2.groupby("instance", sort=True)
-        last_rank = g["rank"].first()
-        late = (g["start_ns"].first() - g["start_ns"].last()).astype(np.int64)
-        counts = last_rank.value_counts()
-        cand = int(counts.index[0])
-        share = float(counts.iloc[0]) / len(last_rank)
-        lat = float(np.median(late[last_rank == cand]))
-        base_idle = self.baseline.rank_steps.groupby("step")["idle_ns"].mean().to_numpy(np.float64)
-        if per_step <= 0 or not len(base_idle):
-            return out
-        per_seg = float(np.median(base_idle)) / per_step
-        spread = float(np.quantile(base_idle, 0.9) - np.quantile(base_idle, 0.1)) / per_step
-        threshold = 3.0 * per_seg + spread
-        p_chance = last_share_p_value(int(counts.iloc[0]), len(last_rank), self.n_ranks)
-        out.update(
-            {
-                "rank": cand,
-                "last_share": share,
-                "last_share_p_value": p_chance,
-                "lateness_ns_median": int(round(lat)),
-                "threshold_ns": int(round(threshold)),
-                "baseline_host_per_interval_ns": int(round(per_seg)),
-                "collectives_per_step": per_step,
-                "is_straggler": bool(share >= 0.5 and p_chance < STRAGGLER_ALPHA and lat > threshold),
-            }
-        )
-        return out
+        """Is one rank late by more than symmetric launch-bound hosts explain? (`straggler_test`)"""
+        return straggler_test(self.baseline, self.sharded, self.n_ranks)
 
     def _correction_json(self) -> dict[str, Any]:
         """Each run's correction; where the sharded one is not identified, its ranges of wait, sync

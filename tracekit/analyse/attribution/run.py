@@ -21,8 +21,18 @@ from tracekit.analyse.compute.kernel_scaling import kernel_table
 from tracekit.analyse.critical_path import CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
 from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
+from tracekit.analyse.plans import attribution_plan, run_in_process
+from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
-from tracekit.analyse.timeline.partition import LayerUnions
+from tracekit.analyse.timeline.partition import (
+    LAYERS,
+    LayerUnions,
+    cat_mask,
+    layer_unions,
+    partition_steps,
+    rank_layers,
+)
+from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import RankError, StepError
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
@@ -107,9 +117,6 @@ def check_ranks(run: Run, label: str) -> None:
 
 def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[int]:
     """The ranks with GPU activity (a GPU timeline) but not one kernel: a trace that lost its kernels."""
-    from tracekit.analyse.timeline.partition import cat_mask
-    from tracekit.classify.rules import GPU_KINDS
-
     ev_rank = classified["rank"].to_numpy(np.int64)
     gpu = cat_mask(classified["kind"], GPU_KINDS)
     kern = cat_mask(classified["kind"], {"kernel"})
@@ -124,8 +131,6 @@ def ranks_without_kernels(classified: pd.DataFrame, ranks: list[int]) -> list[in
 def _host_layers(classified: pd.DataFrame, ranks: list[int]) -> tuple[pd.DataFrame, pd.DataFrame, str]:
     """Per rank, the partition's compute+memory intervals (`higher`) and collective intervals,
     from the same timeline the step partition uses."""
-    from tracekit.analyse.timeline.partition import LAYERS, rank_layers
-
     layers = LAYERS
     coll_layer = layers.index("collective")
     hi, co = [], []
@@ -196,8 +201,6 @@ def attribute_rank(
     unions when already built (the AnalysedRun's), else built here; `graph_windows`: its step
     windows as found (with `annotation_end_ns`) to build its share of the dependency graph on,
     `offset` its clock offset (raw = aligned + offset)."""
-    from tracekit.analyse.timeline.partition import layer_unions, partition_steps
-
     if unions is None:
         unions = layer_unions(events)
     if table is None:
@@ -367,10 +370,10 @@ def finish_attribution(
             int(sum(int(span[pos[s]]) for s in att.steady_steps)), len(att.steady_steps)
         ):
             raise AssertionError(f"{label}: the critical path does not cover its steps' ranges")
-    # a step's path covers its longest window cut at the previous token's end (`Graph.path_spans`),
-    # the partition the whole window: where a window opened before the previous token ended (a
-    # noisy host, an early annotation) the time the previous token's path holds is this one's
-    # offset, so a change of the windows alone moves the offset, never a part of the path
+    # a step's path covers the window of the rank that ends it, cut at the previous token's end
+    # (`Graph.path_spans`), the partition the longest window: another rank's window opened earlier
+    # (a noisy host, an early annotation) or one opened before the previous token ended is this
+    # step's offset, so a change of the windows alone moves the offset, never a part of the path
     window = att.per_token["window"]
     if path_token["step"] != window:
         extra = window - path_token["step"]
@@ -418,8 +421,6 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
     after refusing a run of several ranks whose clocks could not be aligned
     (`collectives.require_aligned`); what the matching changed goes into `dq`. Both engines call it
     between the matching and the partition."""
-    from tracekit.analyse.timeline.align import renumber_steps, step_tokens
-
     if len(pd.unique(steps["rank"])) > 1:
         require_aligned(coll, label)
     tokens = step_tokens(steps, coll.per_rank)
@@ -446,8 +447,6 @@ def attribute_run(
     layers, exposed split, ranks without kernels, graph piece) -> `assemble_attribution` (step
     time, per-rank parts, their mean) -> the critical path -> `finish_attribution` (path check,
     dilation)."""
-    from tracekit.analyse.plans import attribution_plan, run_in_process
-
     ar = AnalysedRun.of(run)  # classified once; its partitions and layer unions shared (analysed.py)
     plan = attribution_plan(
         step_pattern=step_pattern,

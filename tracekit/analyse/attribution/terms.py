@@ -68,3 +68,9 @@ def attribute(base: Mapping[str, Fraction], sharded: Mapping[str, Fraction], fac
     att = Attribution(Fraction(tb), Fraction(tn), factor * tb, leaf)
     att.terms()  # asserts the exact sum
     return att
+
+
+def leaf_with_window(parts: Mapping[str, Fraction]) -> dict[str, Fraction]:
+    out = {p: Fraction(parts[p]) for p in LEAF_PARTS}
+    out["window"] = sum((out[p] for p in LEAF_PARTS), Fraction(0))
+    return out

@@ -45,48 +45,28 @@ from tracekit.analyse.links.curves import (
     timing_sentence,
     tuning_in_timed_loop,
 )
+from tracekit.analyse.links.probe_only import iters_of, probe_only_verdict
 from tracekit.analyse.links.trace import shortfall_context, trace_collectives
+from tracekit.analyse.links.words import fmt_bytes, fmt_gbps, fmt_ratio, fmt_share
 from tracekit.errors import ProbeError, load_json_file
 from tracekit.model.units import ms_or_us
 
 SCHEMA_VERSION = "1.1"  # 1.1: verdict from the shortfall (baseline), regimes, bounds; probe_notes, config
+
+
 KIND = "tracekit.compare_links"
+
 
 #: realised / probe busbw at or above which the link's bandwidth is what sets the transfer time
 LINK_BOUND_SHARE = 0.7
+
+
 #: fast / slow busbw within this factor (either way) reads as "similar"
 SIMILAR_RATIO = 1.2
+
+
 #: a share of S below this is "does not explain"
 SMALL_SHARE = 0.10
-
-
-# ---------------------------------------------------------------------------------------------
-# verdict
-
-
-def fmt_bytes(n: int) -> str:
-    for unit, div in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
-        if n >= div:
-            return f"{n / div:.3g} {unit}"
-    return f"{n} B"
-
-
-def fmt_share(x: float) -> str:
-    return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
-
-
-def fmt_gbps(v: float) -> str:
-    if not math.isfinite(v):
-        return "n/a"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 1:
-        return f"{v:.3g}"
-    return f"{v:.2f}" if v >= 0.1 else f"{v:.2g}"
-
-
-def fmt_ratio(k: float) -> str:
-    return f"{k:.0f}x" if k >= 10 else f"{k:.1f}x" if k >= 2 else f"{k:.2f}x"
 
 
 def _order_modes(
@@ -115,96 +95,6 @@ def _order_modes(
     return fast, slow, large
 
 
-def _probe_only_verdict(
-    rows: Sequence[dict[str, Any]],
-    modes: Sequence[str],
-    prefix: str,
-    details: dict[str, Any],
-    cpu_only: bool = False,
-) -> tuple[str, dict[str, Any]]:
-    """Without a decode trace: the ratio of the first two modes at the largest and smallest sizes.
-    On the CPU every mode ran the same gloo sweep: the figures are given as two runs of it, with no
-    link words and no ratio stated as a finding (issue 24)."""
-    if cpu_only:
-        return _cpu_probe_only_verdict(rows, modes, prefix, details)
-    parts = []
-    for op in sorted({r["op"] for r in rows}):
-        if len(modes) < 2:
-            break
-        a, b = curve(rows, op, modes[0]), curve(rows, op, modes[1])
-        if not a or not b:
-            continue
-        big, small = a[-1][0], a[0][0]
-        va, vb = busbw_at(rows, op, modes[0], big)[0], busbw_at(rows, op, modes[1], big)[0]
-        la, lb = time_at(rows, op, modes[0], small), time_at(rows, op, modes[1], small)
-        ratio = va / vb if vb and math.isfinite(vb) and vb > 0 else float("nan")
-        lat = (
-            f"; latency at {fmt_bytes(small)}: {la:.1f} vs {lb:.1f} us"
-            if math.isfinite(la) and math.isfinite(lb)
-            else ""
-        )
-        parts.append(
-            f"{op} busbw at {fmt_bytes(big)}: {modes[0]} {va:.2f} GB/s vs {modes[1]} {vb:.2f} GB/s "
-            f"(x{ratio:.2f}){lat}"
-        )
-        details["per_size"].append(
-            {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
-        )
-    body = "; ".join(parts) if parts else "no two modes to compare"
-    timing = probe_timing(rows, modes)
-    details["timing"] = timing
-    return (
-        prefix
-        + body
-        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time."
-        + timing_sentence(timing, _iters_of(rows)),
-        details,
-    )
-
-
-def _cpu_probe_only_verdict(
-    rows: Sequence[dict[str, Any]], modes: Sequence[str], prefix: str, details: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
-    """The CPU sweep without a trace: each op's busbw at the largest size and time at the smallest,
-    per run of the same gloo sweep ("run 1", "run 2": a mode's name is an NCCL setting gloo ignores)."""
-    parts = []
-    for op in sorted({r["op"] for r in rows}):
-        curves = [(m, curve(rows, op, m)) for m in modes]
-        curves = [(m, c) for m, c in curves if c]
-        if not curves:
-            continue
-        big, small = curves[0][1][-1][0], curves[0][1][0][0]
-        bws = [busbw_at(rows, op, m, big)[0] for m, _ in curves]
-        lats = [time_at(rows, op, m, small) for m, _ in curves]
-        bw_text = " / ".join(fmt_gbps(v) for v in bws)
-        lat_text = " / ".join(f"{v:.1f}" for v in lats) if all(math.isfinite(v) for v in lats) else ""
-        who = "run " + " / ".join(str(i + 1) for i in range(len(curves)))
-        parts.append(
-            f"{op} busbw at {fmt_bytes(big)} {bw_text} GB/s"
-            + (f", time at {fmt_bytes(small)} {lat_text} us" if lat_text else "")
-            + f" ({who})"
-        )
-        details["per_size"].append(
-            {"op": op, "bytes": big, "busbw_gbps": {m: v for (m, _), v in zip(curves, bws, strict=True)}}
-        )
-    body = f"the same gloo sweep ran {len(modes)} times: " + "; ".join(parts) if parts else "no sweep rows"
-    timing = probe_timing(rows, modes)
-    details["timing"] = timing
-    return (
-        prefix
-        + body
-        + " (the runs differ only by the host's noise; this checks the sweep itself, it measures no link)."
-        + timing_sentence(timing, _iters_of(rows)),
-        details,
-    )
-
-
-def _iters_of(rows: Sequence[dict[str, Any]]) -> int | None:
-    its = {r.get("iters") for r in rows if r.get("graph")}
-    it = its.pop() if len(its) == 1 else None
-    return int(it) if it is not None else None
-
-
 def verdict(
     rows: Sequence[dict[str, Any]],
     modes: Sequence[str],
@@ -222,7 +112,7 @@ def verdict(
     details: dict[str, Any] = {"per_size": []}
     prefix = "CPU only (gloo): there are no GPU links to compare; " if cpu_only else ""
     if not trace or not trace.get("sizes"):
-        return _probe_only_verdict(rows, modes, prefix, details, cpu_only)
+        return probe_only_verdict(rows, modes, prefix, details, cpu_only)
 
     swept = {r["op"] for r in rows}
     labels = mode_labels(modes, transports)
@@ -525,7 +415,7 @@ def verdict(
                 f"the probe's {fmt_gbps(pref)} GB/s over {ref_words}: something other than the link's bandwidth "
                 "(e.g. contention with concurrent kernels) slows these transfers."
             )
-    caveats = timing_sentence(timing, _iters_of(rows))
+    caveats = timing_sentence(timing, iters_of(rows))
     if tuning_modes and any(e["regime"] == "latency" for e in per_size if e["swept"]):
         caveats += (
             f" The probe's timed loops ({', '.join(tuning_modes)}) logged NCCL TUNING, a host log line per call, "
@@ -545,10 +435,6 @@ def verdict(
     if prefix:
         lead = lead[0].lower() + lead[1:]
     return prefix + lead + body + tail + caveats, details
-
-
-# ---------------------------------------------------------------------------------------------
-# a saved probe result, judged again
 
 
 def load_compare(path: str | Path) -> dict[str, Any]:

@@ -111,6 +111,12 @@ class Whatif(Doc, kw_only=True):
                                                               # game: v(K) = TN(K) - f T1(K), the shortfall with
                                                               # the knobs K applied to both runs
       "shapley_shares": {...},                                # shapley_ns / S
+      "identified": false,                                    # only where the TP=N run's profiler cost
+                                                              # per rank is not identified (solved, no
+                                                              # calibration): then the ranges over the
+                                                              # splits of the cost the data allow
+      "predicted_ranges_ns": {"launch=0": {"2": [98000, 106700]}, ...},
+      "shapley_ranges_ns": {"launch=0": [160944, 198475], ..., "residual": [13000, 13000]},
       "residual_parts_ns": {"after_all_knobs": 714000,        # v(all knobs): the shortfall no knob removes
                             "replay_gap": 0},                 # S - v(no knob): calibration tolerance
       "accounting": {"shortfall_ns": ..., "terms_ns": {...}, "shares": {...}},   # shortfall's, beside
@@ -132,6 +138,9 @@ class Whatif(Doc, kw_only=True):
     shapley_ns: dict[str, int | None] | UnsetType = UNSET
     residual_parts_ns: WhatifResidualPartsNs | UnsetType = UNSET
     shapley_shares: dict[str, float | None] | UnsetType = UNSET
+    identified: bool | UnsetType = UNSET
+    predicted_ranges_ns: dict[str, dict[str, list[int]]] | UnsetType = UNSET
+    shapley_ranges_ns: dict[str, list[int]] | UnsetType = UNSET
     accounting: WhatifAccounting | UnsetType = UNSET
     check: WhatifCheck | UnsetType = UNSET
     notes: list[str]

@@ -7,27 +7,10 @@ import math
 import re
 from typing import Any
 
-from tracekit.model import units
+from tracekit.model.units import fmt_ms, fmt_x
 
 # ----------------------------------------------------------------------------------------------
 # formatting shared by the renderers
-
-
-def fmt_ms(ns: float | int | None, digits: int = 3) -> str:
-    """Nanoseconds as milliseconds with `digits` decimals ("12.345 ms"); "n/a" when missing."""
-    return units.ms(ns, digits, unit=True, missing="n/a")
-
-
-def fmt_us(ns: float | int | None, digits: int = 1) -> str:
-    return units.us(ns, digits, unit=True, missing="n/a")
-
-
-def fmt_pct(share: float | None, digits: int = 1) -> str:
-    return units.pct(share, digits, missing="n/a")
-
-
-def fmt_x(ratio: float | None) -> str:
-    return units.times(ratio, missing="n/a")
 
 
 def fmt_interval(interval: Any) -> str:

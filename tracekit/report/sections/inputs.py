@@ -21,7 +21,8 @@ from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, Shortfa
 from tracekit.model.parts import (
     PARTS,
 )
-from tracekit.report.sections.fmt import fmt_ms, fmt_pct, fmt_x, fmt_x_interval, to_float, to_int
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
+from tracekit.report.sections.fmt import fmt_x_interval, to_float, to_int
 
 MANIFEST_WORKLOAD_FIELDS = (
     "preset",

@@ -11,7 +11,8 @@ from tracekit.model.parts import (
     PATH_PARTS,
     TERM_WORDS,
 )
-from tracekit.report.sections.fmt import fmt_ms, fmt_ms_interval, fmt_pct, fmt_us, fmt_x, prose, short_words
+from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
+from tracekit.report.sections.fmt import fmt_ms_interval, prose, short_words
 
 if TYPE_CHECKING:
     from tracekit.report.data import ReportData

@@ -13,7 +13,8 @@ from tracekit.model.parts import (
     PATH_PARTS,
     term_words,
 )
-from tracekit.report.sections.fmt import as_pair, fmt_ms, fmt_pct, reading_of, to_float
+from tracekit.model.units import fmt_ms, fmt_pct
+from tracekit.report.sections.fmt import as_pair, reading_of, to_float
 
 
 def waterfall_of(
