@@ -15,9 +15,17 @@ each case in a fresh child process:
   task on a worker, which keeps the run's graph, and the profiler correction's Reduce on it there;
   the combines on the client, which never holds the graph).
 
+With `--calibrated` the run's manifest carries a `profiler_calibration` (traces/h200-tp1-calibrated's
+cost per call, measured on the same H200 host; the rank files are links to the uncalibrated run's):
+the correction then removes that cost and solves nothing. Without it the cost is solved from the
+unprofiled per-token time and checked for identifiability (`correction._identify`: the replay
+redone with the cost on each rank alone, ~7 forward passes of the whole graph per rank, work that
+grows as ranks x graph), which the plan runs as one `identify` task per rank (`plans.Fan`).
+
 Reported per case: wall seconds of the analysis and its JSON (cluster start separately), the
 read tasks' and the stage tasks' seconds, the sharded run's two Reduces (the serial part on the
 workers: `graph.assemble` and the path walk, the correction's calibration and re-timing), the
+identifiability check's tasks (sum / longest / count: one per rank, spread over the workers), the
 client's own serial work (metadata, the plan's
 starts, combines and finishes) and its share of the wall, the client's peak RSS, a worker's idle
 and peak RSS (the whole worker process: interpreter, pandas and dask included), and whether the
@@ -107,6 +115,10 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                 dashboard_address=":0",
                 worker_dashboard_address=":0",
                 silence_logs=50,
+                # no per-worker cap (the default is the host's memory / W): the worker of the run's
+                # Reduces holds the assembled graph, its forward pass and its pieces (~7 GB at 256
+                # ranks), which would pause it at 80% of a 16th of 125 GiB
+                memory_limit=0,
             ) as lc,
             Client(lc) as client,
         ):
@@ -198,6 +210,23 @@ def tile_rank_file(source: Path, out: Path, min_mb: float) -> Path:
     return out
 
 
+def calibrated_copy(run: Path, calibrated_source: Path) -> Path:
+    """`run` with a manifest that carries `calibrated_source`'s profiler_calibration (one cost per
+    call for every rank: its per-rank costs left out), its rank files linked, not copied."""
+    out = run.with_name(run.name + "-cal")
+    if (out / "manifest.json").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    for f in run.iterdir():
+        if f.name != "manifest.json" and not (out / f.name).exists():
+            (out / f.name).symlink_to(f.resolve())
+    man = json.loads((run / "manifest.json").read_text())
+    cal = json.loads((calibrated_source / "manifest.json").read_text())["profiler_calibration"]
+    man["profiler_calibration"] = {k: v for k, v in cal.items() if k != "per_rank_ns"}
+    (out / "manifest.json").write_text(json.dumps(man, indent=1))
+    return out
+
+
 def one_file_child(path: str) -> dict:
     """Stage 1 on one rank file in this process: idle RSS after the imports, peak after the task."""
     sys.path.insert(0, str(ROOT))
@@ -233,6 +262,10 @@ def main() -> None:
         default=None,
         help="instead: stage 1's memory on one rank file of at least this many MB (the source's rank 0 tiled)",
     )
+    ap.add_argument(
+        "--calibrated", action="store_true", help="the run's manifest with a profiler_calibration (see above)"
+    )
+    ap.add_argument("--case-timeout", type=float, default=None, help="seconds per case (then: timed out)")
     ap.add_argument("--child", nargs=2, metavar=("CASE", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child and args.child[0] == "one-file":
@@ -265,6 +298,8 @@ def main() -> None:
         t0 = time.perf_counter()
         make_synthetic_run(args.source, run, args.ranks, compresslevel=0, jobs=os.cpu_count() or 1)
         print(f"built {run} in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    if args.calibrated:
+        run = calibrated_copy(run, ROOT / "traces" / "h200-tp1-calibrated")
     sizes = [p.stat().st_size for p in run.glob("rank-*.pt.trace.json")]
     print(
         f"{args.ranks} ranks, {sum(sizes) / 1e9:.2f} GB of JSON, largest file {max(sizes) / 1e6:.1f} MB, "
@@ -285,7 +320,12 @@ def main() -> None:
             case,
             str(run),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.case_timeout)
+        except subprocess.TimeoutExpired:
+            print(f"{case}: timed out after {args.case_timeout:.0f} s", file=sys.stderr)
+            rows.append({"case": case, "timed_out_s": args.case_timeout})
+            continue
         if proc.returncode != 0:
             print(f"{case}: failed\n{proc.stderr[-3000:]}", file=sys.stderr)
             continue
@@ -293,30 +333,39 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), file=sys.stderr)
     largest_mb = max(sizes) / 1e6
-    ref = next((r["json_sha256"] for r in rows if r["case"] == "local"), None)
-    local_s = next((r["wall_s"] for r in rows if r["case"] == "local"), None)
-    one = next((r["wall_s"] for r in rows if r["case"] == "dask:1"), None)
+    ref = next((r["json_sha256"] for r in rows if r["case"] == "local" and "wall_s" in r), None)
+    local_s = next((r["wall_s"] for r in rows if r["case"] == "local" and "wall_s" in r), None)
+    one = next((r["wall_s"] for r in rows if r["case"] == "dask:1" and "wall_s" in r), None)
     print(
         "| case | wall s | vs local | vs 1 worker | read tasks s (sum / max) | stage tasks s (sum) | "
-        "Reduce s (path + correction) | client s (share of wall) | worker RSS MB idle / peak | "
-        "client peak RSS MB | JSON = local |"
+        "Reduce s (match + path + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
+        "worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        if "timed_out_s" in r:
+            print(f"| {r['case']} | > {r['timed_out_s']:.0f} (timed out) | | | | | | | | | | |")
+            continue
         if r["case"] == "local":
             print(
                 f"| local | {r['wall_s']:.1f} | 1.00x | | {r['stage1_s']:.1f} (read_run) | {r['stage2_s']:.1f} "
-                f"(in process) | | | | {r['client_peak_rss_mb']:.0f} | reference |"
+                f"(in process) | | | | | {r['client_peak_rss_mb']:.0f} | reference |"
             )
             continue
         vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
         sp = f"{one / r['wall_s']:.2f}x" if one else ""
         # the serial part: the sharded run's Reduces (the baseline's run beside them, on another worker)
-        red = sum(r["stages"].get(k, [0, 0, 0])[1] for k in ("path", "correction"))
+        red = sum(r["stages"].get(k, [0, 0, 0])[1] for k in ("match", "path", "correction"))
+        fan = [r["stages"].get(k, [0, 0, 0]) for k in ("identify", "identify_between")]
+        fan_s = (
+            f"{sum(f[0] for f in fan):.1f} / {max(f[1] for f in fan):.2f}, {sum(f[2] for f in fan)}"
+            if any(f[2] for f in fan)
+            else "-"
+        )
         print(
             f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {vs_local} | {sp} | "
             f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_task_s_sum']:.1f} | "
-            f"{red:.1f} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
+            f"{red:.1f} | {fan_s} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
             f"{r['worker_rss_before_mb']:.0f} / {r['worker_peak_rss_mb_at_end']:.0f} | "
             f"{r['client_peak_rss_mb']:.0f} ({r['client_rss_idle_mb']:.0f} idle) | "
             f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"

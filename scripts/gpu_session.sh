@@ -23,8 +23,8 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
-#   dask (written, not yet run): benchmarks/bench_scale.py, 64 synthetic ranks local + 16/8/4/1
-#       workers, 256 ranks on 16; the client's share of the wall and peak RSS (issue 27; ~9.5 min)
+#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1 workers, 256
+#       calibrated on 16; the client's share of the wall and peak RSS (issue 27; ~8.5 min at most)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
 #       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
 #   decompose: the committed CPU set `decompose` (scripts/capture_cpu_test_traces.py decompose: three
@@ -132,18 +132,21 @@ if [ "$stage" = batchtraces ]; then  # ~2.5 min
   python3 benchmarks/advise_batches.py check $S/batches --fit 1 --kernels $S/graphs-b1 --kernels $S/graphs-b16 --kernels $G/graphs-b64 $P --compare $G/graphs-b128 --compare $G/graphs-b256 -o $OUT/check-b1-b16-b64-compare.json
   tar czf $OUT/batchtraces-runs.tgz --exclude=.tracekit-cache -C $R batchtraces
 fi
-# dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON),
-# the profiler correction in the plan's Reduce on a worker (the client never holds the graph): the
-# local engine, then LocalClusters of 16, 8, 4 and 1 workers (8 vs 1 is the shape check); then 256
-# ranks (5.2 GB) on 16 workers, for the client's share of the wall and its peak RSS (the table's
-# columns; the Reduce column is the serial part on the workers). Written this session and not run
-# (no device time left); ~9.5 min at most together; tables and per-case JSON rows under $OUT.
+# dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON).
+# (1) the run with a profiler_calibration in its manifest (bench_scale --calibrated: the cost per call
+# removed, nothing solved): the local engine, then LocalClusters of 16, 8 and 1 workers (8 vs 1 is
+# the shape check); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and
+# peak RSS. The run without a calibration (the cost solved and checked for identifiability, one task
+# per rank: plans.Fan) was measured in the call before (`--ranks 64 --workers 16`, ~80 s; the local
+# engine runs that check rank after rank: minutes). Inner timeouts per case and per part (a case's
+# JSON row is printed as it ends): 8.5 min at most; tables and per-case JSON rows under $OUT.
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
-  timeout 320 python3 benchmarks/bench_scale.py --ranks 64 --workers 16,8,4,1 --local --what shortfall \
-    --workdir /tmp/bench-scale --out $OUT/dask-scale64.json 2>&1 | tee $OUT/dask-scale64.txt
-  timeout 250 python3 benchmarks/bench_scale.py --ranks 256 --workers 16 --what shortfall \
-    --workdir /tmp/bench-scale --out $OUT/dask-scale256.json 2>&1 | tee $OUT/dask-scale256.txt
+  B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
+  timeout 270 $B --ranks 64 --calibrated --workers 16,8,1 --local --case-timeout 110 \
+    --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
+  timeout 230 $B --ranks 256 --calibrated --workers 16 --case-timeout 200 \
+    --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
 fi
 if [ "$stage" = compile ] || [ "$stage" = suitecap ]; then
   nproc

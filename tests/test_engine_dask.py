@@ -388,3 +388,36 @@ def test_a_plan_stage_error_is_the_local_one(dask: Engine) -> None:
         shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask, step_pattern="no-such-step")
     assert str(distributed.value) == str(local.value)
     assert str(local.value).startswith("baseline: ")
+
+
+def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_one(dask: Engine) -> None:
+    """h200-tp2-straggler's cost is solved (no calibration) and not identified: the plan's check
+    runs as one `identify` task per rank, spread over the workers, then (the ends spread) ONE
+    `identify_between` task, `refine_splits` over every rank's interval (its budget of midpoints is
+    shared by the intervals); its Correction, and the cost intervals the what-if reads, are the
+    ones `correct_run` computes rank after rank in this process on the same RunParts
+    (docs/METHOD.md section Noise and the profiler correction)."""
+    from tracekit.analyse.correction import correct_run
+    from tracekit.analyse.plans import attribution_plan, correction_target
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job
+
+    job = Job((TRACES / "h200-tp2-straggler",), (attribution_plan(label="sharded", correct="applied"),))
+    (res,), _ = DaskExecutor(dask).run([job])
+    parts = res.results[0]
+    by_stage: dict[str, int] = {}
+    for t in res.tasks:
+        by_stage[t.stage] = by_stage.get(t.stage, 0) + 1
+    assert by_stage["identify"] == len(parts.ranks) == 2
+    assert by_stage["identify_between"] == 1
+    target = correction_target(parts, "applied")
+    fanned = parts.__dict__.pop("_corrections")[target]
+    assert fanned.identified is False and fanned.ranges  # both rounds ran
+    serial = correct_run(parts, target)  # recomputed here: the graph came back (keep_graph)
+    assert serial is not fanned
+    assert serial.to_json() == fanned.to_json()
+    assert fanned.intervals and serial.intervals == fanned.intervals
+    assert (
+        serial.ranges == fanned.ranges and serial.per_rank == fanned.per_rank and serial.path == fanned.path
+    )
+    assert serial.rows is not None and fanned.rows is not None and (serial.rows == fanned.rows).all()

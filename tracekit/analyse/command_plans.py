@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.plans import PerRank, Plan, RankInput, RankStage, Reduce, attribution_plan
+from tracekit.analyse.plans import Fan, PerRank, Plan, RankInput, RankStage, Reduce, attribution_plan
 from tracekit.model.events import Run
 
 __all__ = ["ReplayInput", "figures_plan", "followed_by", "replay_plan", "side_plan"]
@@ -57,7 +57,7 @@ def followed_by(
         st.result = plan.finish(st.inner, arg)
         return arg_of(st.result)
 
-    def wrap(i: int, stage: RankStage | Reduce) -> RankStage | Reduce:
+    def wrap(i: int, stage: RankStage | Reduce | Fan) -> RankStage | Reduce | Fan:
         if isinstance(stage, RankStage):
             combine = stage.combine
 

@@ -122,31 +122,38 @@ def _proportional(run: RunParts, target: Fraction, notes: list[str]) -> Correcti
 def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None) -> Correction:
     """The correction through the replay; `rank_cost`: a cost per runtime call for each rank
     instead of the calibration or the solved one (`_identify`'s allocations)."""
-    from tracekit.analyse.attribution.reconcile import reconcile_path
-    from tracekit.analyse.critical_path import path_of
-    from tracekit.analyse.replay import RunModel, calibrate, setting_for
-    from tracekit.model.parts import LEAF_PARTS
+    corr, job = correct_first(run, target, rank_cost)
+    if job is not None:
+        _identify(run, job, corr)
+    return corr
 
-    g = run.graph
-    if g is None:
-        return _proportional(run, target, ["the run's dependency graph is not at hand"])
+
+@dataclass(frozen=True)
+class IdentifyJob:
+    """What the identifiability check of a solved cost (`_identify`) needs besides the run and its
+    graph: the corrected per-token time, the cost per call solved for every rank, the graph's
+    ranks. Its per-rank work (`identify_ends`, `identify_between`) is independent rank by rank:
+    a plan runs it as one task per rank (`plans.Fan`)."""
+
+    target: Fraction
+    cost_ns: float
+    ranks: tuple[int, ...]
+
+
+def _run_model(run: RunParts, target: Fraction) -> Any:
+    """The replay model `_correct` corrects `run` with (its steady steps but the first), before
+    any calibration."""
+    from tracekit.analyse.replay import RunModel
+
     steady = run.steady_steps
-    pos = {s: i for i, s in enumerate(g.steps)}
-    if any(s not in pos for s in steady) or not steady:
-        return _proportional(run, target, ["the dependency graph does not hold every steady step"])
-    if run.timeline != "gpu":
-        # a CPU-only run's host ops are dilated like its gaps: one factor on host time, which the
-        # proportional rule already is (the replay's host correction is that same factor)
-        return _proportional(run, target, ["a host timeline: every host-executed part scaled by one factor"])
-    timeline = "gpu"
-    # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
-    # window is missing starts its graph there): it is corrected by the other steps' mean correction
     used = list(steady[1:]) if len(steady) > 1 else list(steady)
-    model = RunModel(
+    g = run.graph
+    assert g is not None
+    return RunModel(
         label="run",
         n_ranks=len(run.ranks),
         ranks=list(g.ranks),
-        timeline=timeline,
+        timeline="gpu",
         steps=used,
         graph=g,
         measured_ns=np.zeros(len(used), dtype=np.int64),
@@ -154,6 +161,39 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
         target_ns=target,
         calibration=run.profiler_calibration,
     )
+
+
+def correct_first(
+    run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None
+) -> tuple[Correction, IdentifyJob | None]:
+    """`_correct` without the identifiability check of a solved cost: the Correction and, where
+    that check applies (a cost solved on several ranks), its `IdentifyJob` (else None); the check
+    is `identify_ends` per rank, `identify_between` per rank where the ends spread
+    (`identify_spread`), then `identify_finish` on the Correction."""
+    from tracekit.analyse.attribution.reconcile import reconcile_path
+    from tracekit.analyse.critical_path import path_of
+    from tracekit.analyse.replay import calibrate, setting_for
+    from tracekit.model.parts import LEAF_PARTS
+
+    g = run.graph
+    if g is None:
+        return _proportional(run, target, ["the run's dependency graph is not at hand"]), None
+    steady = run.steady_steps
+    pos = {s: i for i, s in enumerate(g.steps)}
+    if any(s not in pos for s in steady) or not steady:
+        return _proportional(run, target, ["the dependency graph does not hold every steady step"]), None
+    if run.timeline != "gpu":
+        # a CPU-only run's host ops are dilated like its gaps: one factor on host time, which the
+        # proportional rule already is (the replay's host correction is that same factor)
+        return (
+            _proportional(run, target, ["a host timeline: every host-executed part scaled by one factor"]),
+            None,
+        )
+    timeline = "gpu"
+    # the first steady step's replay depends on what the trace holds before it (a rank whose earlier
+    # window is missing starts its graph there): it is corrected by the other steps' mean correction
+    used = list(steady[1:]) if len(steady) > 1 else list(steady)
+    model = _run_model(run, target)
     if rank_cost is None:
         calibrate(model)
     else:
@@ -166,19 +206,19 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
             if model.correction == "none"
             else "the device sets this run's time (the correction scales device times, not calls)"
         )
-        return _proportional(run, target, [why])
+        return _proportional(run, target, [why]), None
     lat = model.latencies(setting_for(model, (), None, model.n_ranks))
     t_c = g.times(lat)
-    meas = run.__dict__.get("_measured_graph_parts")
-    if meas is None:  # the graph's reading at the measured times: the same for every correction
-        meas = run.__dict__["_measured_graph_parts"] = graph_parts(g, g.t)
+    meas = g.__dict__.get("_measured_parts")  # the same for every correction of this graph
+    if meas is None:
+        meas = g.__dict__["_measured_parts"] = graph_parts(g, g.t)
     corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
     r_idx = {r: i for i, r in enumerate(g.ranks)}
     ranks = sorted(run.ranks)
     missing = [r for r in ranks if r not in r_idx]
     if missing:
-        return _proportional(run, target, [f"rank(s) {missing} are not in the dependency graph"])
+        return _proportional(run, target, [f"rank(s) {missing} are not in the dependency graph"]), None
     rs = run.rank_steps.sort_values(["step", "rank"])
     cols = [f"{p}_ns" for p in LEAF_PARTS]
     acc = rs[cols].to_numpy(np.int64).reshape(len(steady), len(ranks), len(LEAF_PARTS))
@@ -265,8 +305,8 @@ def _correct(run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | N
         rows=rows_f,
     )
     if rank_cost is None and model.correction == "solved" and len(g.ranks) > 1 and model.host_deduct > 0:
-        _identify(run, target, model, corr_out)
-    return corr_out
+        return corr_out, IdentifyJob(target, float(model.host_deduct), tuple(int(r) for r in g.ranks))
+    return corr_out, None
 
 
 def _spread(figures: list[Correction], ranks: list[int]) -> dict[str, dict[str, list[int]]] | None:
@@ -403,7 +443,7 @@ def _figures(f: Correction, ranks: list[int]) -> np.ndarray:
     return np.asarray(out)
 
 
-def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> None:
+def _identify(run: RunParts, job: IdentifyJob, corr: Correction) -> None:
     """Whether a solved cost identifies the corrected per-rank figures (docs/METHOD.md section Noise
     and the profiler correction). One unprofiled per-token time is one equation: ranks held together
     by their collectives have one token time, so a cost solved from it cannot say which rank paid it.
@@ -412,60 +452,132 @@ def _identify(run: RunParts, target: Fraction, model: Any, corr: Correction) -> 
     wait, sync, idle or path part then moves by more than max(1 us, 1%), `corr` is marked not
     identified, with the ranges over these allocations, the one cost on every rank and points
     between the ends where the figures can reach their extremes (`refine_splits`). The replays of
-    the search run several costs per forward pass (`_Setting.rank_costs`)."""
-    from tracekit.analyse.replay import _Setting, _solve_decreasing
+    the search run several costs per forward pass (`_Setting.rank_costs`). Rank by rank here, the
+    refinement over every rank's interval at once; a plan runs the same functions, the per-rank
+    ones one task per rank (`plans.Fan`)."""
+    model = _run_model(run, job.target)
+    ends = [identify_ends(run, job, r, model) for r in job.ranks]
+    figures = [corr, *(f for _iv, fs, _kn in ends for f in fs)]
+    intervals = [iv for iv, _fs, _kn in ends if iv is not None]
+    if identify_spread(job, figures):  # the figures need not be monotone: points between
+        known = {p: v for _iv, _fs, kn in ends for p, v in kn.items()}
+        figures.extend(identify_between(run, job, intervals, known))
+    identify_finish(job, corr, figures, intervals)
 
-    ranks = list(model.ranks)
-    tgt = float(target)
+
+def _errs(model: Any, tgt: float, splits: list[tuple[tuple[int, float], ...]]) -> list[float]:
+    """The replayed mean's error against `tgt` under each split of the cost, in one forward pass."""
+    from tracekit.analyse.replay import _Setting
+
+    settings = [_Setting(host_deduct=max(c for _, c in sp), rank_costs=sp) for sp in splits]
+    return [float(p.mean()) - tgt for p in model.replay_many(settings)]
+
+
+def identify_interval(
+    run: RunParts, job: IdentifyJob, r: int, model: Any = None
+) -> tuple[int, float, float] | None:
+    """The interval [lo, hi] of costs per call that, on rank `r` alone, give the unprofiled
+    per-token time (as (r, lo, hi)), or None where that rank alone cannot reach it. `model`: the
+    run's replay model (`_run_model`; built here when None: a split's replay does not depend on
+    the model's own calibration)."""
+    from tracekit.analyse.replay import _solve_decreasing
+
+    if model is None:
+        model = _run_model(run, job.target)
+    ranks = list(job.ranks)
+    tgt = float(job.target)
     tol = max(1e-4 * tgt, 1.0)
-    c_all = float(model.host_deduct)
+    c_all = job.cost_ns
     limit = IDENTIFY_MAX_FACTOR * c_all
-
-    def errs(splits: list[tuple[tuple[int, float], ...]]) -> list[float]:
-        settings = [_Setting(host_deduct=max(c for _, c in sp), rank_costs=sp) for sp in splits]
-        return [float(p.mean()) - tgt for p in model.replay_many(settings)]
 
     # removing host time never slows the replay, so one rank alone needs at least the cost the solve
     # put on every rank, and a rank that cannot reach the target alone at the search's farthest cost
-    # (c_all + 8 c_all: `_solve_decreasing`'s last bracket) reaches it nowhere: both ends for every
-    # rank in one forward pass, the solve only for the ranks that can
+    # (c_all + 8 c_all: `_solve_decreasing`'s last bracket) reaches it nowhere: both ends in one
+    # forward pass, the solve only where the rank can
     far = c_all + IDENTIFY_MAX_FACTOR * c_all
-    ends = errs([_alone(ranks, r, c) for r in ranks for c in (c_all, far)])
-    intervals: list[tuple[int, float, float]] = []
-    for i, r in enumerate(ranks):
-        e0, e_far = ends[2 * i], ends[2 * i + 1]
-        if abs(e0) > tol and e_far > 0:
-            continue
+    e0, e_far = _errs(model, tgt, [_alone(ranks, r, c) for c in (c_all, far)])
+    if abs(e0) > tol and e_far > 0:
+        return None
 
-        def err(c: float, r: int = r) -> float:
-            return errs([_alone(ranks, r, c)])[0]
+    def err(c: float) -> float:
+        return _errs(model, tgt, [_alone(ranks, r, c)])[0]
 
-        c_r = _solve_decreasing(err, c_all, c_all / 4, tol, limit)
-        if c_r is None or c_r < 0:
-            continue
-        # the token time stops falling once another rank is last: every cost up to where it
-        # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
-        flat = _flat_end(
-            lambda cs, r=r: errs([_alone(ranks, r, c) for c in cs]), c_r, max(IDENTIFY_NS, 0.01 * tgt), limit
-        )
-        intervals.append((r, c_r, flat))
+    c_r = _solve_decreasing(err, c_all, c_all / 4, tol, limit)
+    if c_r is None or c_r < 0:
+        return None
+    # the token time stops falling once another rank is last: every cost up to where it
+    # falls again gives the same time (within max(1 us, 1%)), so the data allow that interval
+    flat = _flat_end(
+        lambda cs: _errs(model, tgt, [_alone(ranks, r, c) for c in cs]),
+        c_r,
+        max(IDENTIFY_NS, 0.01 * tgt),
+        limit,
+    )
+    return r, c_r, flat
 
-    def read(points: list[tuple[int, float]]) -> list[np.ndarray | None]:
-        out: list[np.ndarray | None] = []
-        for r, c in points:
-            other = _correct(run, target, dict(_alone(ranks, r, c)))
-            out.append(_figures(other, ranks) if other.method == REPLAY else None)
-            if other.method == REPLAY:
-                figures.append(other)
-        return out
 
-    figures = [corr]
-    known: dict[tuple[int, float], np.ndarray | None] = {}
-    ends_read = [(r, c) for r, lo, hi in intervals for c in ((lo, hi) if hi > lo else (lo,))]
-    known.update(zip(ends_read, read(ends_read), strict=True))
-    if _spread(figures, ranks) is not None:  # the figures need not be monotone: points between
-        refine_splits(intervals, read, known)
-    ranges = _spread(figures, ranks)
+def _read_at(
+    run: RunParts, job: IdentifyJob, points: list[tuple[int, float]], figures: list[Correction]
+) -> list[np.ndarray | None]:
+    """The correction with the cost `c` on rank `r` alone, for each (r, c): its figures as one
+    vector (`_figures`; None where the replay does not correct it); the corrections the replay
+    makes appended to `figures` (their per-rank parts and path, what `_spread` reads: not their
+    rows)."""
+    ranks = list(job.ranks)
+    out: list[np.ndarray | None] = []
+    for r, c in points:
+        other, _ = correct_first(run, job.target, dict(_alone(ranks, r, c)))
+        if other.method == REPLAY:
+            other.rows = None
+            figures.append(other)
+            out.append(_figures(other, ranks))
+        else:
+            out.append(None)
+    return out
+
+
+def identify_ends(
+    run: RunParts, job: IdentifyJob, r: int, model: Any = None
+) -> tuple[tuple[int, float, float] | None, list[Correction], dict[tuple[int, float], np.ndarray | None]]:
+    """Rank `r`'s share of `_identify`, first round: its interval (`identify_interval`), the
+    corrections at the interval's ends and their figures per (rank, cost) read (what
+    `refine_splits` starts from; none where the rank alone cannot reach the time)."""
+    iv = identify_interval(run, job, r, model)
+    if iv is None:
+        return None, [], {}
+    _, lo, hi = iv
+    points = [(r, c) for c in ((lo, hi) if hi > lo else (lo,))]
+    figures: list[Correction] = []
+    known = dict(zip(points, _read_at(run, job, points, figures), strict=True))
+    return iv, figures, known
+
+
+def identify_between(
+    run: RunParts,
+    job: IdentifyJob,
+    intervals: list[tuple[int, float, float]],
+    known: dict[tuple[int, float], np.ndarray | None],
+) -> list[Correction]:
+    """`_identify`'s second round (where the ends spread): the corrections `refine_splits` reads
+    between the ends of every rank's interval at once (its budget of midpoints is shared by the
+    intervals, so this is one call, not one per rank), from the ends' figures `known`."""
+    figures: list[Correction] = []
+    refine_splits(intervals, lambda pts: _read_at(run, job, pts, figures), known)
+    return figures
+
+
+def identify_spread(job: IdentifyJob, figures: list[Correction]) -> bool:
+    """Whether the figures so far spread (then the points between the ends are read too)."""
+    return _spread(figures, list(job.ranks)) is not None
+
+
+def identify_finish(
+    job: IdentifyJob, corr: Correction, figures: list[Correction], intervals: list[tuple[int, float, float]]
+) -> None:
+    """`corr` marked not identified, with the ranges and each rank's cost interval (what the what-if
+    reads its ranges over), where `figures` (it first, then every allocation read) spread beyond
+    max(1 us, 1%)."""
+    ranges = _spread(figures, list(job.ranks))
     if ranges is not None:
         corr.identified = False
         corr.ranges = ranges
@@ -505,20 +617,26 @@ def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     n_r, n_k = ws.shape
     out = {p: np.zeros((n_r, n_k), dtype=np.int64) for p in LEAF_PARTS}
     step = (we - ws).max(axis=0) if n_r else np.zeros(n_k, dtype=np.int64)
-    role, kind, er, src, dst = g.role, g.kind, g.erank, g.src, g.dst
+    src, dst = g.src, g.dst
+    # each rank's edges once (in edge order), not a mask over every edge per rank: the loop is
+    # linear in the graph, not in ranks x edges
+    by_rank = np.argsort(g.erank, kind="stable")
+    er_sorted = g.erank[by_rank]
     for i, r in enumerate(g.ranks):
         a, b = ws[i], we[i]
-        m = er == r
-        work = m & np.isin(role, (G.ROLE_OP, G.ROLE_WORK))
-        syn = m & (role == G.ROLE_SYNC)
-        xf = np.flatnonzero(m & (role == G.ROLE_XFER))
-        ar = np.flatnonzero(m & (role == G.ROLE_ARRIVE))
+        e = by_rank[np.searchsorted(er_sorted, r, "left") : np.searchsorted(er_sorted, r, "right")]
+        role, kind = g.role[e], g.kind[e]
+        work = np.isin(role, (G.ROLE_OP, G.ROLE_WORK))
+        syn = role == G.ROLE_SYNC
+        xf = e[role == G.ROLE_XFER]
+        ar = e[role == G.ROLE_ARRIVE]
         begin_of = dict(zip(dst[ar].tolist(), src[ar].tolist(), strict=True))  # rendezvous -> arrival
         cb = np.asarray([begin_of.get(int(v), int(v)) for v in src[xf]], dtype=np.int64)
         c_s, c_e, rv = t[cb], t[dst[xf]], t[src[xf]]
 
-        def iv(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            return t[src[mask]], t[dst[mask]]
+        def iv(mask: np.ndarray, e: np.ndarray = e) -> tuple[np.ndarray, np.ndarray]:
+            sel = e[mask]
+            return t[src[sel]], t[dst[sel]]
 
         layers = []  # cumulative unions of the layers in priority order
         pieces: list[tuple[np.ndarray, np.ndarray]] = [
@@ -530,7 +648,7 @@ def graph_parts(g: G.Graph, t: np.ndarray) -> dict[str, np.ndarray]:
         pieces.append(iv(work & (kind == G.K_UNKNOWN)))
         sync_iv = iv(syn)
         if g.timeline == "host":  # host work's sync pieces are edges of the chain too
-            sync_iv = iv(m & (role == G.ROLE_SYNC))
+            sync_iv = iv(role == G.ROLE_SYNC)
         pieces.append(sync_iv)
         acc_s: list[np.ndarray] = []
         acc_e: list[np.ndarray] = []

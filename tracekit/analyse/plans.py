@@ -13,6 +13,10 @@ A `Plan` is what one analysis of one run needs, said once:
     next to the ranks' values, not on the client), then `then(state, result)`; a Reduce may keep
     a value where it ran (`keeps`: the run's dependency graph) for a later Reduce of the plan
     (`on_kept`: the profiler correction on that graph), so it never reaches the client;
+  - a `Fan`: `fn(value a Reduce kept, a)` for each `a` of its argument (a list), one task each
+    (on Dask spread over the workers, the kept value copied to them), then
+    `then(state, [results, in order])`: independent work on one run-level value (the profiler
+    correction's identifiability check, one task per rank);
 - `finish(state, arg)`: on the client, the analysis result.
 
 A rank stage may keep values for later stages in `RankInput.keep` (its dependency-graph piece,
@@ -39,6 +43,14 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.correction_stages import (
+    CORRECT_TARGETS,
+    CorrectionInput,
+    att_correct,
+    att_identify_between,
+    att_identify_ends,
+    correction_target,
+)
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
 
@@ -49,6 +61,7 @@ __all__ = [
     "RankStage",
     "Reduce",
     "CorrectionInput",
+    "Fan",
     "attribution_plan",
     "breakdown_plan",
     "correction_target",
@@ -102,10 +115,23 @@ class Reduce:
 
 
 @dataclass(frozen=True)
+class Fan:
+    """`fn(value, a)` for each `a` of the stage's argument (a list; empty: no task), `value` what
+    an earlier Reduce of the plan kept under `key`; each call independent of the others (its own
+    task on Dask, on any worker: `fn` must not change `value`); `then(state, [results in the
+    argument's order])`."""
+
+    name: str
+    key: str
+    fn: Callable[[Any, Any], Any]
+    then: Callable[[Any, list[Any]], Any]
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     start: Callable[[Run], tuple[Any, Any]]
-    stages: tuple[RankStage | Reduce, ...]
+    stages: tuple[RankStage | Reduce | Fan, ...]
     finish: Callable[[Any, Any], Any]
     only_rank: int | None = None  # the plan reads only this rank's events
 
@@ -154,6 +180,8 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
     for stage in plan.stages:
         if isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+        elif isinstance(stage, Fan):
+            arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         else:
             values = None if stage.on_kept else kept(ranks, stage.key)
             arg = stage.then(state, run_reduce(stage, reduced, values, arg))
@@ -191,16 +219,21 @@ class _Attribution:
     allow_partial: bool
     pattern: str | None = None
     dq: DataQuality = field(default_factory=DataQuality)
-    coll_rows: list[pd.DataFrame] = field(default_factory=list)
+    level: str = "none"  # the run's collective level (the ranks' best)
     choice: Any = None
     found: Any = None
     coll: Any = None
     att: Any = None
     path: Any = None
     parts: Any = None  # the RunParts (`finish_attribution`)
+    target: Any = None  # the profiler correction's target, its Correction, its IdentifyJob
+    corr: Any = None
+    job: Any = None
+    figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
+    intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
 
-def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFrame]:
+def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str]:
     """Per rank: which step rules it matches, and its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level)."""
@@ -209,7 +242,27 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, pd.DataFra
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
-    return rank_step_summary(inp.events, pattern), level, rows
+    inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
+    return rank_step_summary(inp.events, pattern), level
+
+
+def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> Any:
+    """`match_collectives` of the run on its ranks' collective rows at the run's level (the ranks'
+    best), in one task on a worker: the rows never reach the client."""
+    from tracekit.analyse.collectives.matching import match_collectives
+    from tracekit.model.events import empty_events
+
+    level, ranks, rank_info, manifest, allow_partial, steps = arg
+    frames = [rows for lv, rows in values if lv == level and len(rows)]
+    coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
+    return match_collectives(
+        coll_events,
+        ranks=ranks,
+        rank_info=rank_info,
+        manifest=manifest,
+        allow_partial=allow_partial,
+        steps=steps,
+    )
 
 
 def _att_windows(inp: RankInput, choice: Any) -> Any:
@@ -253,58 +306,6 @@ def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, 
     return path_of_graph(graph, timeline), graph
 
 
-#: `attribution_plan(correct=...)`: the target the profiler correction is computed to in the plan
-#: (where the run's graph is): "applied", the traced per-token time / the applied dilation D
-#: (`shortfall.applied_dilation`: what shortfall, diff and whatif correct to); "unprofiled", the
-#: unprofiled rounds' mean (decompose's)
-CORRECT_TARGETS = ("applied", "unprofiled")
-
-
-@dataclass
-class CorrectionInput:
-    """What `correction.correct_run` reads of a run's RunParts, without its tables (what travels
-    into the correction's Reduce, to the run's graph; the graph is set there)."""
-
-    steady_steps: list[int]
-    timeline: str
-    ranks: list[int]
-    profiler_calibration: dict[str, Any] | None
-    rank_steps: pd.DataFrame
-    critical: Any
-    per_rank: dict[int, dict[str, Any]]
-    path_token: dict[str, Any]
-    graph: Any = None
-
-
-def correction_target(parts: Any, mode: str | None) -> Any:
-    """The Fraction the plan corrects `parts` (a RunParts) to under `mode` (CORRECT_TARGETS), or
-    None: nothing to correct (no unprofiled per-token time)."""
-    from fractions import Fraction
-
-    from tracekit.analyse.attribution.reconcile import applied_dilation
-
-    if mode is None:
-        return None
-    if mode == "applied":
-        return applied_dilation(parts).target_ns
-    u = parts.dilation.unprofiled
-    return Fraction(u.mean_ns) if u is not None and u.n else None
-
-
-def _att_correct(graph: Any, arg: tuple[CorrectionInput | None, Any, bool]) -> tuple[Any, Any, Any]:
-    """The profiler correction of the run (`correction.correct_run`) on its graph, where the
-    graph is: (target, Correction or None, the graph when the caller keeps it)."""
-    from tracekit.analyse.correction import correct_run
-
-    inp, target, keep = arg
-    corr = None
-    if inp is not None and target is not None:
-        inp.graph = graph
-        corr = correct_run(inp, target)  # type: ignore[arg-type]  # what it reads of a RunParts
-        inp.graph = None
-    return target, corr, (graph if keep else None)
-
-
 def attribution_plan(
     *,
     step_pattern: str | None = None,
@@ -344,31 +345,24 @@ def attribution_plan(
             st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
-        level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
-        st.coll_rows = [got[r][2] for r in sorted(got) if got[r][1] == level]
+        st.level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
         return st.choice
 
-    def after_windows(st: _Attribution, got: dict[int, Any]) -> PerRank:
-        from tracekit.analyse.attribution.run import join_steps
-        from tracekit.analyse.collectives.matching import match_collectives
+    def after_windows(st: _Attribution, got: dict[int, Any]) -> tuple[Any, ...]:
         from tracekit.analyse.timeline.steps import assemble_steps
-        from tracekit.model.events import empty_events
 
         try:
             st.found = assemble_steps(st.choice, [got[r] for r in sorted(got)])
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
         st.dq.merge(st.found.data_quality)
-        frames = [rows for rows in st.coll_rows if len(rows)]
-        coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
-        st.coll = match_collectives(
-            coll_events,
-            ranks=st.meta.ranks,
-            rank_info=st.meta.rank_info,
-            manifest=st.meta.manifest,
-            allow_partial=st.allow_partial,
-            steps=st.found.steps,
-        )
+        m = st.meta
+        return st.level, m.ranks, m.rank_info, m.manifest, st.allow_partial, st.found.steps
+
+    def after_match(st: _Attribution, coll: Any) -> PerRank:
+        from tracekit.analyse.attribution.run import join_steps
+
+        st.coll = coll
         st.dq.merge(st.coll.data_quality)
         windows = join_steps(st.found.steps, st.coll, st.label, st.dq)
         offsets = st.coll.clock.offsets_ns
@@ -430,12 +424,35 @@ def attribution_plan(
         )
         return inp, target, keep_graph
 
-    def after_correct(st: _Attribution, got: tuple[Any, Any, Any]) -> None:
-        target, corr, graph = got
-        if corr is not None:  # where `correction.correct_run` looks first
-            st.parts.__dict__.setdefault("_corrections", {})[target] = corr
+    def after_correct(st: _Attribution, got: tuple[Any, Any, Any, Any]) -> list[Any]:
+        target, corr, graph, job = got
+        st.target, st.corr, st.job = target, corr, job
         if graph is not None:
             st.parts.graph = graph
+        # the identifiability check of a solved cost, one task per rank
+        return [] if job is None else [(job, r) for r in job.ranks]
+
+    def after_ends(st: _Attribution, got: list[Any]) -> list[Any]:
+        from tracekit.analyse.correction import identify_spread
+
+        if st.job is None:
+            return []
+        st.figures = [st.corr, *(f for _iv, fs, _kn in got for f in fs)]
+        st.intervals = [iv for iv, _fs, _kn in got if iv is not None]
+        if not identify_spread(st.job, st.figures):
+            return []
+        # the points between the ends: one task over every rank's interval (`refine_splits`
+        # shares its budget of midpoints among them)
+        known = {p: v for _iv, _fs, kn in got for p, v in kn.items()}
+        return [(st.job, st.intervals, known)]
+
+    def after_between(st: _Attribution, got: list[Any]) -> None:
+        from tracekit.analyse.correction import identify_finish
+
+        if st.job is not None:
+            identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)], st.intervals)
+        if st.corr is not None:  # where `correction.correct_run` looks first
+            st.parts.__dict__.setdefault("_corrections", {})[st.target] = st.corr
 
     def finish(st: _Attribution, _arg: Any) -> Any:
         return st.parts
@@ -446,9 +463,12 @@ def attribution_plan(
         (
             RankStage("rule", _att_rule, after_rule),
             RankStage("windows", _att_windows, after_windows),
+            Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
             Reduce("path", "graph", _att_path, after_path, keeps="run_graph"),
-            Reduce("correction", "run_graph", _att_correct, after_correct, on_kept=True),
+            Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
+            Fan("identify", "corr_run", att_identify_ends, after_ends),
+            Fan("identify_between", "corr_run", att_identify_between, after_between),
         ),
         finish,
     )

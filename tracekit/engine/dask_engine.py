@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.plans import (
+    Fan,
     PerRank,
     Plan,
     RankInput,
@@ -231,6 +232,14 @@ def reduce_task(stage: Reduce, arg: Any, *parts: Any) -> tuple[Any, TaskRecord, 
     return out, rec, reduced.get(stage.keeps) if stage.keeps else None
 
 
+def fan_task(stage: Fan, arg: Any, full: tuple[Any, TaskRecord, Any]) -> tuple[Any, TaskRecord]:
+    """One call of a plan's Fan on what an earlier Reduce kept (`full`: that Reduce's task
+    result, copied to this worker by Dask): (its result, the task's record)."""
+    t0 = time.perf_counter()
+    out = stage.fn(full[2], arg)
+    return out, TaskRecord(stage.name, "", [], time.perf_counter() - t0, _peak_rss())
+
+
 def reduce_results(full: tuple[Any, TaskRecord, Any]) -> tuple[Any, TaskRecord]:
     """The small part of a Reduce (what the client gathers; what it keeps stays on the worker)."""
     return full[0], full[1]
@@ -259,6 +268,9 @@ def open_client(engine: Engine) -> Iterator[Any]:
         processes=engine.processes,
         dashboard_address=":0",
         silence_logs=40,  # logging.ERROR: no worker chatter on the terminal
+        # no per-worker cap (Dask's default, a 1/n share of the host's memory, pauses a worker at
+        # 80% of it): the worker of a run's Reduces holds the whole dependency graph (docs/SCALE.md)
+        memory_limit=0,
     )
     with cluster, distributed.Client(cluster) as client:
         yield client
@@ -377,6 +389,12 @@ class _Runner:
                 f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
+        elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
+            src = self.reduced[st.key]
+            self.futs = []
+            self.small = [
+                r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
+            ]
         else:
             if st.on_kept:  # on what an earlier Reduce kept: its task's result, on its worker
                 parts = [self.reduced[st.key]]
@@ -408,6 +426,9 @@ class _Runner:
             for n, f in self.futs:
                 r.states[self.j][n] = f
             self.arg = r.client_call(self.j, st.combine, self.state, merged)
+        elif isinstance(st, Fan):
+            r.records[self.j].extend(rec for _out, rec in got)
+            self.arg = r.client_call(self.j, st.then, self.state, [out for out, _rec in got])
         else:
             out, rec = got[0]
             r.records[self.j].append(rec)
@@ -429,10 +450,20 @@ class _Run:
         self.client_s = [0.0 for _ in jobs]
         self.later: list[Any] = []
         self.runners: list[_Runner] = []
+        self.workers: list[str] | None = None  # the cluster's workers (a Fan's calls spread over them)
 
-    def task(self, key: str, fn: Any, *args: Any) -> Any:
+    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None) -> Any:
+        """A task; with `spread` (a Fan's i-th call) placed on the i-th worker (round robin,
+        others allowed): the scheduler would otherwise keep every call next to the large value
+        they share (the run's graph) and run them one after the other there."""
+        kw: dict[str, Any] = {}
+        if spread is not None:
+            if self.workers is None:
+                self.workers = sorted(self.client.scheduler_info().get("workers", {}))
+            if self.workers:
+                kw = {"workers": [self.workers[spread % len(self.workers)]], "allow_other_workers": True}
         return self.client.submit(
-            fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False
+            fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False, **kw
         )
 
     def client_call(self, j: int, fn: Any, *args: Any) -> Any:

@@ -1,0 +1,94 @@
+"""The profiler correction's stages of the attribution plan (`plans.attribution_plan`): what
+travels into the correction's Reduce (`CorrectionInput`), its target (`correction_target`), the
+Reduce itself on the run's graph (`att_correct`: `correction.correct_first`) and the
+identifiability check's two `plans.Fan`s: one task per rank (`att_identify_ends`), then one task
+over every rank's interval (`att_identify_between`; docs/SCALE.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pandas as pd
+
+__all__ = [
+    "CORRECT_TARGETS",
+    "CorrectionInput",
+    "att_correct",
+    "att_identify_between",
+    "att_identify_ends",
+    "correction_target",
+]
+
+
+#: `attribution_plan(correct=...)`: the target the profiler correction is computed to in the plan
+#: (where the run's graph is): "applied", the traced per-token time / the applied dilation D
+#: (`shortfall.applied_dilation`: what shortfall, diff and whatif correct to); "unprofiled", the
+#: unprofiled rounds' mean (decompose's)
+CORRECT_TARGETS = ("applied", "unprofiled")
+
+
+@dataclass
+class CorrectionInput:
+    """What `correction.correct_run` reads of a run's RunParts, without its tables (what travels
+    into the correction's Reduce, to the run's graph; the graph is set there)."""
+
+    steady_steps: list[int]
+    timeline: str
+    ranks: list[int]
+    profiler_calibration: dict[str, Any] | None
+    rank_steps: pd.DataFrame
+    critical: Any
+    per_rank: dict[int, dict[str, Any]]
+    path_token: dict[str, Any]
+    graph: Any = None
+
+
+def correction_target(parts: Any, mode: str | None) -> Any:
+    """The Fraction the plan corrects `parts` (a RunParts) to under `mode` (CORRECT_TARGETS), or
+    None: nothing to correct (no unprofiled per-token time)."""
+    from fractions import Fraction
+
+    from tracekit.analyse.attribution.reconcile import applied_dilation
+
+    if mode is None:
+        return None
+    if mode == "applied":
+        return applied_dilation(parts).target_ns
+    u = parts.dilation.unprofiled
+    return Fraction(u.mean_ns) if u is not None and u.n else None
+
+
+def att_correct(
+    graph: Any, arg: tuple[CorrectionInput | None, Any, bool]
+) -> tuple[tuple[Any, Any, Any, Any], CorrectionInput | None]:
+    """The profiler correction of the run (`correction.correct_first`) on its graph, where the
+    graph is: ((target, Correction or None, the graph when the caller keeps it, the
+    identifiability check's `IdentifyJob` or None), the correction's input with the graph, kept
+    there for that check's tasks (`Fan`s))."""
+    from tracekit.analyse.correction import correct_first
+
+    inp, target, keep = arg
+    corr = job = None
+    with_graph = None
+    if inp is not None and target is not None:
+        with_graph = replace(inp, graph=graph)
+        corr, job = correct_first(with_graph, target)  # type: ignore[arg-type]  # what it reads of a RunParts
+    return (target, corr, (graph if keep else None), job), with_graph
+
+
+def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
+    """One rank's first round of the identifiability check (`correction.identify_ends`)."""
+    from tracekit.analyse.correction import identify_ends
+
+    job, r = arg
+    return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
+
+
+def att_identify_between(inp: CorrectionInput, arg: tuple[Any, list[tuple[int, float, float]], Any]) -> Any:
+    """The second round over every rank's interval (`correction.identify_between`: one task, the
+    refinement's budget is shared by the intervals)."""
+    from tracekit.analyse.correction import identify_between
+
+    job, intervals, known = arg
+    return identify_between(inp, job, intervals, known)  # type: ignore[arg-type]  # what it reads of a RunParts
