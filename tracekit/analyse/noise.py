@@ -367,8 +367,8 @@ def reading(s_ns: int, terms_ns: Mapping[str, int], iv: Intervals) -> Reading:
     # the cause is named alone only where it leads every other finding (a term clear of zero)
     # beyond the noise (the lead's interval over the same resamples above zero); a finding it
     # does not lead so is named beside it, the order not claimed (a term within its noise never is)
-    tied = []
-    for k in sorted(terms, key=lambda k: (-terms[k]["ns"], k)):
+    tied: list[dict[str, Any]] = []
+    for k in sorted(terms, key=lambda k: (-int(terms_ns[k]), k)):
         lead = iv.lead(cause, k)
         if k != cause and terms[k]["reading"] == "finding" and lead is not None and lead[0] <= 0:
             tied.append({"term": k, "lead_ns": list(lead)})
