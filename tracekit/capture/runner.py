@@ -107,6 +107,10 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     teardown_set = res.device == "cuda" and ENV_TEARDOWN_CUPTI not in os.environ
     if teardown_set:  # for the spawned ranks only (see ENV_TEARDOWN_CUPTI)
         os.environ[ENV_TEARDOWN_CUPTI] = "1"
+    # Ctrl-C while the ranks are being started (spawning one takes seconds on a loaded host) must
+    # end the started ones too: left running, a rank waits at the rendezvous for one never started
+    # and the interpreter's exit joins it (a hang, not an exit)
+    interrupted = False
     try:
         for r in range(world):
             p = ctx.Process(
@@ -116,6 +120,8 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
             )
             p.start()
             procs.append(p)
+    except KeyboardInterrupt:
+        interrupted = True
     finally:
         if teardown_set:
             os.environ.pop(ENV_TEARDOWN_CUPTI, None)
@@ -126,11 +132,15 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     errors: list[dict[str, Any]] = []
     stuck: list[int] = []  # ranks that finished their work but did not exit (ended by us)
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         _wait_for_ranks(procs, queue, progress, config, errors, out_dir=out_dir, stuck=stuck)
     except KeyboardInterrupt:  # Ctrl-C: stop the ranks, keep what they finished, say so in the manifest
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                p.terminate()
+        for r in range(world):
+            p = procs[r] if r < len(procs) else None
+            if p is None or p.is_alive():
+                if p is not None:
+                    p.terminate()
                 errors.append(
                     {"rank": r, "message": "interrupted (Ctrl-C) before it finished", "how": "interrupted"}
                 )
