@@ -137,10 +137,10 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         _wait_for_ranks(procs, queue, progress, config, errors, out_dir=out_dir, stuck=stuck)
     except KeyboardInterrupt:  # Ctrl-C: stop the ranks, keep what they finished, say so in the manifest
         for r in range(world):
-            p = procs[r] if r < len(procs) else None
-            if p is None or p.is_alive():
-                if p is not None:
-                    p.terminate()
+            q = procs[r] if r < len(procs) else None  # None: never started
+            if q is None or q.is_alive():
+                if q is not None:
+                    q.terminate()
                 errors.append(
                     {"rank": r, "message": "interrupted (Ctrl-C) before it finished", "how": "interrupted"}
                 )
