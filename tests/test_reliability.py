@@ -1021,6 +1021,10 @@ def test_capture_ctrl_c_ends_with_one_line_and_a_manifest(tmp_path: Path) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a user's terminal delivers Ctrl-C; a suite started in the background (`cmd &` in a
+        # script) ignores SIGINT and its children inherit that, so Python never installs its
+        # handler and the capture runs on: give the capture the terminal's default disposition
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 60
     # the ranks are up once they have opened their rendezvous: wait for them (or for the deadline)
