@@ -37,8 +37,10 @@ from tracekit.read import read_run
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.run import attribute_run
 from tracekit.analyse.attribution.pair import shortfall_from_parts
-from tracekit.analyse import replay as R
-from tracekit.analyse import critical_path as CP
+from tracekit.analyse.retime.calibrate import calibrate
+from tracekit.analyse.whatif.build import build_model
+from tracekit.analyse.whatif.knobs import DEFAULT_KNOBS, parse_knob, setting_for
+from tracekit.analyse.path.critical_path import path_of_graph
 
 base_dir, shard_dir = sys.argv[1], sys.argv[2]
 runs = {}
@@ -54,28 +56,28 @@ t0, c0 = time.perf_counter(), time.process_time()
 models = {}
 for label, (ar, parts) in runs.items():
     tgt = Fraction(sf.corrected.baseline_ns if label == "baseline" else sf.corrected.sharded_ns)
-    models[label] = R.build_model(parts, ar, tgt, label)
+    models[label] = build_model(parts, ar, tgt, label)
 out["build_s"] = time.perf_counter() - t0
 out["build_cpu"] = time.process_time() - c0
 out["nodes"] = int(models["sharded"].graph.n_nodes)
 out["edges"] = int(len(models["sharded"].graph.src))
 t0, c0 = time.perf_counter(), time.process_time()
-path = CP.path_of_graph(models["sharded"].graph)
+path = path_of_graph(models["sharded"].graph)
 out["path_s"] = time.perf_counter() - t0
 out["path_cpu"] = time.process_time() - c0
 out["path_sum"] = int(path.per_step[[c for c in path.per_step.columns if c.endswith("_ns")]].to_numpy().sum())
 t0, c0 = time.perf_counter(), time.process_time()
 for m in models.values():
-    R.calibrate(m)
+    calibrate(m)
 out["calibrate_s"] = time.perf_counter() - t0
 out["calibrate_cpu"] = time.process_time() - c0
-knobs = [R.parse_knob(k) for k in R.DEFAULT_KNOBS]
+knobs = [parse_knob(k) for k in DEFAULT_KNOBS]
 c1 = sum(models["baseline"].compute_per_token.values()) / max(len(models["baseline"].compute_per_token), 1)
 t0, c0 = time.perf_counter(), time.process_time()
 means = {}
 for label, m in models.items():
     subs = [sub for size in range(len(knobs) + 1) for sub in itertools.combinations(knobs, size)]
-    settings = [R.setting_for(m, sub, c1, m.n_ranks) for sub in subs]
+    settings = [setting_for(m, sub, c1, m.n_ranks) for sub in subs]
     if hasattr(m, "replay_many"):
         pers = m.replay_many(settings)
     else:
