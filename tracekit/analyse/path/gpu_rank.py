@@ -20,7 +20,7 @@ from tracekit.analyse.path.rank_graph import (
     coll_lookup,
     edge_columns,
     matched_arrays,
-    name_flags,
+    str_flags,
     str_values,
 )
 from tracekit.analyse.path.roles import (
@@ -109,7 +109,7 @@ def gpu_rank(
         dev = sel[np.argsort(start[sel], kind="stable")]
     is_launching = np.zeros(n_ev, dtype=bool)
     is_launching[call_of[launched]] = True
-    blocking = name_flags(names, _BLOCKING_COPY)
+    blocking = str_flags(ev["name"], _BLOCKING_COPY)
     sync_like = (cls == "sync") | blocking if n_ev else cls
     b = RankBuilder()
     origin = b.node(lo - off)
@@ -232,7 +232,7 @@ def gpu_rank(
     d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
     d_stream = thread[dev]
     d_graph = (
-        (d_call >= 0) & name_flags(names, _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)]
+        (d_call >= 0) & str_flags(ev["name"], _GRAPH_LAUNCH, search=True)[np.maximum(d_call, 0)]
         if nd
         else d_call >= 0
     )

@@ -5,7 +5,7 @@ builders share (`gpu_rank`, `host_rank`)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TypedDict
 
@@ -47,6 +47,8 @@ class RankGraph:
 
 
 class RankBuilder:
+    """A rank's nodes (their times) and edge rows, appended in build order (`host_rank`)."""
+
     def __init__(self) -> None:
         self.t: list[int] = []
         self.e: list[tuple[int, int, int, int, int, int, int, int, int]] = []
@@ -124,16 +126,6 @@ def seg_id(step_i: int, k: int) -> int:
     return step_i * 100_000 + k
 
 
-def name_flags(names: np.ndarray, pattern: re.Pattern[str], search: bool = False) -> np.ndarray:
-    """Per name: whether `pattern` matches it (one regex call per distinct name)."""
-    if not len(names):
-        return np.zeros(0, dtype=bool)
-    codes, uniq = pd.factorize(names)
-    f = pattern.search if search else pattern.match
-    flags = np.asarray([bool(f(str(n))) for n in uniq], dtype=bool)
-    return flags[codes]
-
-
 class EdgeColumns(TypedDict):
     """RankGraph's edge arrays, one entry per edge (`EDGE_COLUMNS`)."""
 
@@ -165,24 +157,32 @@ class MatchedColumns(TypedDict):
     c_bytes: np.ndarray
 
 
-def str_values(col: pd.Series) -> np.ndarray:
-    """`col.astype(str).to_numpy()` with each distinct value converted once (a categorical's
-    categories, else its factorized values): the same object array, missing values NaN as there."""
+def _codes(col: pd.Series) -> tuple[np.ndarray, Sequence[object]]:
+    """Per row the code of its value (-1: missing) and the distinct values: a categorical's codes
+    and categories, else the column factorized."""
     arr = col.array
     if isinstance(arr, pd.Categorical):
-        codes, uniq = np.asarray(arr.codes, dtype=np.int64), arr.categories
-    else:
-        codes, uniq = pd.factorize(col)
-    vals = np.asarray([str(u) for u in uniq] + [np.nan], dtype=object)
-    return vals[codes]
+        return np.asarray(arr.codes, dtype=np.int64), arr.categories
+    codes, uniq = pd.factorize(col)
+    return codes, uniq
+
+
+def str_values(col: pd.Series) -> np.ndarray:
+    """`col.astype(str).to_numpy()` with each distinct value converted once: the same object array,
+    missing values NaN as there (the event table has none)."""
+    codes, uniq = _codes(col)
+    return np.asarray([str(u) for u in uniq] + [np.nan], dtype=object)[codes]
 
 
 def str_isin(col: pd.Series, values: Collection[str]) -> np.ndarray:
     """`col.astype(str).isin(values).to_numpy()`, each distinct value looked up once."""
-    arr = col.array
-    if isinstance(arr, pd.Categorical):
-        codes, uniq = np.asarray(arr.codes, dtype=np.int64), arr.categories
-    else:
-        codes, uniq = pd.factorize(col)
-    hit = np.asarray([str(u) in values for u in uniq] + [False], dtype=bool)
-    return hit[codes]
+    codes, uniq = _codes(col)
+    return np.asarray([str(u) in values for u in uniq] + [False], dtype=bool)[codes]
+
+
+def str_flags(col: pd.Series, pattern: re.Pattern[str], search: bool = False) -> np.ndarray:
+    """Per row: whether `pattern` matches (`search`: anywhere in) the value as a string, one regex
+    call per distinct value; a missing value does not match."""
+    codes, uniq = _codes(col)
+    f = pattern.search if search else pattern.match
+    return np.asarray([bool(f(str(u))) for u in uniq] + [False], dtype=bool)[codes]

@@ -3,16 +3,18 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.rank_graph import str_values
+from tracekit.analyse.path.rank_graph import str_flags, str_values
 from tracekit.analyse.path.roles import K_COMPUTE, ROLE_OP
 
 #: An all-reduce kernel by its name, where the event carries no collective metadata (a graph replay's
 #: NCCL kernel): ncclDevKernel_AllReduce_Sum_bf16_RING_LL, cross_device_reduce_1stage (vLLM)
-_ALL_REDUCE_NAME = r"(?i)all_?reduce|cross_device_reduce|one_?shot|two_?shot"
+_ALL_REDUCE_NAME = re.compile(r"(?i)all_?reduce|cross_device_reduce|one_?shot|two_?shot")
 
 
 def norm_after_all_reduce(g: Graph, events: pd.DataFrame | None) -> np.ndarray | None:
@@ -31,7 +33,7 @@ def norm_after_all_reduce(g: Graph, events: pd.DataFrame | None) -> np.ndarray |
     cls = str_values(ev["cls"])
     sub = str_values(ev["subclass"])
     op = str_values(ev["coll_op"])
-    named = ev["name"].astype(str).str.contains(_ALL_REDUCE_NAME, regex=True).to_numpy()
+    named = str_flags(ev["name"], _ALL_REDUCE_NAME, search=True)
     ar = (cls == "collective") & ((op == "all_reduce") | ((op == "") & named))
     stop = ((cls == "compute") & (sub == "matrix")) | ((cls == "collective") & ~ar)
     vec = (cls == "compute") & (sub != "matrix")
