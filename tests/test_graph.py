@@ -417,3 +417,36 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     assert parts.path_token["step"] == 25_000
     # the kernels run back to back: the device sets every step, so its 25 us are the path's compute
     assert parts.path_token["by_rank"][0]["compute"] == 25_000
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2"])
+def test_the_string_columns_read_once_per_value_are_pandas_own_conversion(trace: str) -> None:
+    """The graph build and the fused-norm mask read string columns through `str_values`,
+    `str_isin` and `str_flags` (one conversion per distinct value): on a committed run's
+    classified events, each gives what pandas' own per-row `astype(str)` (and `isin`,
+    `str.match`, `str.contains`) gives, for every string column, a plain object column and one
+    with missing values."""
+    import re
+
+    from tracekit.analyse.path.rank_graph import str_flags, str_isin, str_values
+    from tracekit.classify import classify
+    from tracekit.classify.rules import GPU_KINDS
+    from tracekit.read import read_run
+
+    ev = classify(read_run([TRACES / trace]).events)
+    cols = {c: ev[c] for c in ("kind", "cls", "subclass", "name", "coll_op", "coll_pg_ranks")}
+    cols["name (object)"] = ev["name"].astype(object)
+    cols["with missing"] = ev["coll_op"].astype(object).where(ev["coll_op"].astype(str) != "", None)
+    assert cols["with missing"].isna().any()
+    pattern = re.compile(r"(?i)^cu(?:da)?Memcpy(?!.*Async)|all_?reduce|Launch")
+    for label, col in cols.items():
+        want = col.astype(str).to_numpy()
+        got = str_values(col)
+        assert got.dtype == want.dtype and len(got) == len(want), label
+        assert pd.Series(got).equals(pd.Series(want)), label  # NaN where pandas keeps it missing
+        assert np.array_equal(str_isin(col, GPU_KINDS), col.astype(str).isin(list(GPU_KINDS)).to_numpy()), (
+            label
+        )
+        text = col.astype(str)
+        for search, ref in ((False, text.str.match(pattern)), (True, text.str.contains(pattern))):
+            assert np.array_equal(str_flags(col, pattern, search), ref.fillna(False).to_numpy(bool)), label
