@@ -3,7 +3,7 @@ what the edge is (`ROLE_*`: the knobs act on roles) and the thresholds the build
 
 from __future__ import annotations
 
-#: The parts an edge's time is (`kind`), in this order (`critical_path.PATH_PARTS` is the report order).
+#: The parts an edge's time is (`kind`), in this order (`tracekit.model.parts.PATH_PARTS` is the report order).
 PARTS: tuple[str, ...] = ("compute", "memory", "transfer", "host", "sync", "unknown")
 K_COMPUTE, K_MEMORY, K_TRANSFER, K_HOST, K_SYNC, K_UNKNOWN = range(6)
 #: an operation's part by its class (`cls`); any other class is unknown

@@ -132,7 +132,7 @@ def calibrate(model: RunModel, rel_tol: float = 2e-5) -> float:
       device sets (a CUDA-graph replay launches nothing per kernel) gets a factor on its device op
       times and gaps instead;
     - host timeline: one factor `host_scale` on every part but transfer, the rule
-      `shortfall.reconcile` uses there.
+      `attribution.reconcile.reconcile` uses there.
 
     Returns the deduction (GPU) or the factor (host)."""
     model.host_scale, model.host_deduct, model.device_scale = 1.0, 0.0, 1.0
