@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -323,8 +323,8 @@ class RunModel:
         g = self.graph
         mk = self._masks()
         lat = lat.copy()
-        hd: Any = s.host_deduct
-        dc: Any = s.deduct_collective
+        hd: float | np.ndarray = s.host_deduct
+        dc: float | np.ndarray = s.deduct_collective
         by_rank: dict[int, tuple[float, float]] | None = None
         if s.rank_costs is not None:
             by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs}
