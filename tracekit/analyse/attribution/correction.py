@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,12 +19,10 @@ from tracekit.analyse.attribution.correction_replay import (
     correct_first,
     run_model,
 )
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.retime.calibrate import solve_decreasing
 from tracekit.analyse.retime.model import RunModel
 from tracekit.analyse.retime.setting import Setting
-
-if TYPE_CHECKING:
-    from tracekit.analyse.attribution.run import RunParts
 
 
 def correct_run(run: RunParts, target: Fraction) -> Correction:

@@ -31,11 +31,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
@@ -54,9 +55,6 @@ from tracekit.analyse.path.walk import walk_path
 from tracekit.analyse.retime.calibrate import calibrate
 from tracekit.analyse.retime.model import RunModel
 from tracekit.model.parts import LEAF_PARTS
-
-if TYPE_CHECKING:
-    from tracekit.analyse.attribution.run import RunParts
 
 #: JSON / data_quality names of the two methods
 REPLAY = "replay"
