@@ -159,45 +159,21 @@ def test_duplicate_step_numbers_are_kept_in_time_order_with_a_note() -> None:
     assert clean.rule == "decode_step" and any("rule 'decode_step'" in n for n in clean.data_quality.notes)
 
 
-def test_nsys_report_with_two_passes_per_rank(tmp_path: Path) -> None:
-    """An nsys report holding two passes (the unprofiled and the traced one, as a capture before
-    the --nsys fix wrote it): decode_step#1..8 twice per rank. Made from the real TP=2 export
-    traces/h200-tp2-nsys (re-captured with one pass, manifest tokens 8): every decode_step range is
-    copied into NVTX_EVENTS once more, after the end of the first pass, with its own rank's thread."""
-    import sqlite3
-
+def test_nsys_report_holds_one_pass_per_rank() -> None:
+    """traces/h200-tp2-nsys was re-captured after the --nsys fix (the report held the unprofiled and
+    the traced pass, decode_step#1..N twice per rank): now decode_step#1..N once per rank, in order,
+    and no "more than one pass" note (the two-pass case itself: test_duplicate_step_numbers_are_kept_in_time_order_with_a_note)."""
     from tracekit.read import read_run
 
     d = Path(__file__).resolve().parents[1] / "traces" / "h200-tp2-nsys"
     tokens = json.loads((d / "manifest.json").read_text())["workload"]["tokens"]
-    db = tmp_path / "two-passes" / "nsys.sqlite"
-    db.parent.mkdir()
-    with gzip.open(d / "nsys.sqlite.gz", "rb") as f:
-        db.write_bytes(f.read())
-    con = sqlite3.connect(db)
-    try:
-        cols = [r[1] for r in con.execute('PRAGMA table_info("NVTX_EVENTS")')]
-        (last,) = con.execute("SELECT MAX(end) FROM NVTX_EVENTS").fetchone()
-        (first,) = con.execute("SELECT MIN(start) FROM NVTX_EVENTS").fetchone()
-        shift = last - first + 1_000_000
-        moved = ", ".join(f"{c} + {shift}" if c in ("start", "end") else c for c in cols)
-        steps = "SELECT id FROM StringIds WHERE value LIKE 'decode_step#%'"
-        n = con.execute(
-            f"INSERT INTO NVTX_EVENTS ({', '.join(cols)}) SELECT {moved} FROM NVTX_EVENTS "
-            f"WHERE textId IN ({steps})"
-        ).rowcount
-        con.commit()
-    finally:
-        con.close()
-    assert n == 2 * tokens  # one pass of both ranks copied
-    res = find_steps_detailed(read_run([db], cache=False).events)
+    res = find_steps_detailed(read_run([d], cache=False).events)
     for r in (0, 1):
         st = res.steps[res.steps["rank"] == r]
-        want = [f"decode_step#{i}" for i in range(1, tokens + 1)] * 2
-        assert list(st["name"]) == want and list(st["step"]) == list(range(2 * tokens))
+        assert list(st["name"]) == [f"decode_step#{i}" for i in range(1, tokens + 1)]
         assert (np.diff(st["start_ns"].to_numpy()) > 0).all()
-    assert res.data_quality.counts["duplicate_step_numbers"] == 2 * tokens
-    assert any("more than one pass" in n for n in res.data_quality.notes)
+    assert "duplicate_step_numbers" not in res.data_quality.counts
+    assert not any("more than one pass" in n for n in res.data_quality.notes)
 
 
 def test_nested_matches_keep_the_outermost() -> None:
