@@ -6,9 +6,11 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
-    emit_result,
+    emit_document,
+    file_option,
     no_cache_option,
     out_file_option,
+    skip_first_option,
     step_pattern_option,
 )
 from tracekit.model import documents
@@ -17,23 +19,13 @@ from tracekit.render import roofline as view
 
 @click.command("roofline", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", metavar="RUN", type=click.Path(exists=True, path_type=str))
-@click.option(
-    "--copy",
-    "copy",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="A `tracekit probe --op copy` JSON: the memory bandwidth (best local read + write rate).",
+@file_option(
+    "copy", "copy", "A `tracekit probe --op copy` JSON: the memory bandwidth (best local read + write rate)."
 )
-@click.option(
-    "--rho",
-    "rho",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="A `tracekit rho` JSON: the matrix rate of the run's dtype.",
-)
+@file_option("rho", "rho", "A `tracekit rho` JSON: the matrix rate of the run's dtype.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @step_pattern_option
-@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
+@skip_first_option()
 @out_file_option
 @no_cache_option
 @cache_dir_option
@@ -67,9 +59,4 @@ def command(
     wl = (run.manifest or {}).get("workload") if isinstance(run.manifest, dict) else None
     dtype = str(wl.get("dtype", "bfloat16")) if isinstance(wl, dict) else "bfloat16"
     doc = roofline(run, load_peaks(copy, rho, dtype), step_pattern=step_pattern, skip_first=skip_first)
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Roofline), width, color),
-    )
+    emit_document(out, fmt, doc, documents.Roofline, view)

@@ -17,7 +17,6 @@ each through the Parquet cache (`tracekit.read.cache`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -33,7 +32,7 @@ from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
-from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker
+from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker, sha256_of
 from tracekit.read.limits import current_limits
 from tracekit.read.manifests import MAX_TP, int_in
 
@@ -111,6 +110,23 @@ def _union_categoricals(parts: Sequence[pd.Series]) -> pd.Categorical:
     return pd.Categorical.from_codes(all_codes, categories=pd.Index(list(index)))
 
 
+def reading_bar(*, transient: bool) -> Any:
+    """The progress display of reading trace files on stderr (a rich Progress: bytes read, rate,
+    time), for read_run and the Dask engine's reads; rich is imported only when one is shown."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=transient,
+    )
+
+
 def read_run(
     paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     *,
@@ -139,19 +155,8 @@ def read_run(
     bar: Any = None
     task: Any = None
     if progress:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
-
         total = sum(f.stat().st_size for f in files)
-        bar = Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        bar = reading_bar(transient=True)
         bar.start()
         task = bar.add_task(f"reading {len(files)} trace file(s)", total=total)
 
@@ -219,15 +224,6 @@ def assemble_run(
     if notes:
         _note_run_problems(run, paths, counts, digests)
     return run
-
-
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _check_checksums(run: Run, digests: Mapping[str, str] | None = None) -> None:
