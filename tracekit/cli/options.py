@@ -564,7 +564,7 @@ def analysis_options(func: Any) -> Any:
 # -- the sweep options of `probe` and `compare-links`, declared once ---------------------------------
 
 #: option -> (its names, its click settings); `sweep_options` applies them in this order
-_SWEEP: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+SWEEP_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "gpus": (
         ("--gpus",),
         {"default": None, "help": "GPUs to use, one per rank, e.g. 0,1 [rank r on GPU r]."},
@@ -667,11 +667,11 @@ def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
     ranks, NCCL logging, CUDA-graph timing, progress), declared once here; `overrides` maps an
     option (a key of the table above) to the settings that differ for one command (its default,
     its help, the choices it takes)."""
-    unknown = set(overrides) - set(_SWEEP)
+    unknown = set(overrides) - set(SWEEP_OPTIONS)
     assert not unknown, unknown
 
     def apply(func: Any) -> Any:
-        for key, (names, settings) in reversed(list(_SWEEP.items())):
+        for key, (names, settings) in reversed(list(SWEEP_OPTIONS.items())):
             func = click.option(*names, **{**settings, **overrides.get(key, {})})(func)
         return func
 
