@@ -10,15 +10,16 @@ import click
 from tracekit.cli import options as opt
 from tracekit.errors import TracekitError
 from tracekit.model import documents
+from tracekit.model.documents import given, to_builtins
+from tracekit.read.manifests import manifest_document, workload_tp
 from tracekit.render import diff as view
 
 
 def _tp_of(run: Any, partial: bool) -> int | None:
     """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks
     (unknown with --allow-partial: ranks are missing on purpose there)."""
-    wl = (run.manifest or {}).get("workload")
-    tp = wl.get("tp") if isinstance(wl, dict) else None
-    if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16:
+    tp = workload_tp(run.manifest)
+    if tp is not None:
         return tp
     return None if partial else len(run.ranks)
 
@@ -31,7 +32,8 @@ WORKLOAD_FIELDS = ("preset", "shape", "layers", "batch", "prompt", "dtype")
 def _workload_change(before: Any, after: Any) -> str:
     """The workload fields two runs' manifests both give and disagree on, as "batch 1 vs 8; ..."
     (empty when they agree or a manifest is missing)."""
-    wb, wa = ((r.manifest or {}).get("workload") for r in (before, after))
+    docs = [manifest_document(r.manifest) for r in (before, after)]
+    wb, wa = (to_builtins(given(d.workload)) if d is not None else None for d in docs)
     if not isinstance(wb, dict) or not isinstance(wa, dict):
         return ""
     return "; ".join(

@@ -14,6 +14,8 @@ from tracekit.cli.options import (
     step_pattern_option,
 )
 from tracekit.model import documents
+from tracekit.model.documents import given
+from tracekit.read.manifests import manifest_document
 from tracekit.render import roofline as view
 
 
@@ -56,7 +58,10 @@ def command(
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)
-    wl = (run.manifest or {}).get("workload") if isinstance(run.manifest, dict) else None
-    dtype = str(wl.get("dtype", "bfloat16")) if isinstance(wl, dict) else "bfloat16"
-    doc = roofline(run, load_peaks(copy, rho, dtype), step_pattern=step_pattern, skip_first=skip_first)
+    doc = manifest_document(run.manifest)
+    wl = given(doc.workload) if doc is not None else None
+    dtype = given(wl.dtype) if wl is not None else None
+    doc = roofline(
+        run, load_peaks(copy, rho, dtype or "bfloat16"), step_pattern=step_pattern, skip_first=skip_first
+    )
     emit_document(out, fmt, doc, documents.Roofline, view)
