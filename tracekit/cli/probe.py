@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
@@ -13,6 +13,9 @@ from tracekit.cli.options import format_option, message, sweep_options, sweep_ou
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
+
+if TYPE_CHECKING:
+    from tracekit.probe.sweep import SweepResult
 
 
 def _json_default(v: Any) -> Any:
@@ -168,17 +171,18 @@ def command(
     _emit(text, out, fmt, result.rows)
 
 
-def _header(result: Any) -> list[str]:
+def _header(result: SweepResult) -> list[str]:
     c = result.config
+    devices = list(c.devices) if c.devices else None
     return [
-        f"tracekit probe: ops {','.join(c['ops'])}, ranks {c['ranks']}, backend {c['backend']}, device {c['device']}"
-        f" {c['devices'] or ''}, dtype {c['dtype']}, iters {c['iters']}, warmup {c['warmup']}",
+        f"tracekit probe: ops {','.join(c.ops)}, ranks {c.ranks}, backend {c.backend}, device {c.device}"
+        f" {devices or ''}, dtype {c.dtype}, iters {c.iters}, warmup {c.warmup}",
         "time = average over ranks of per-iteration time ("
         + (
             "CUDA events around one CUDA-graph replay of the iterations / iters; host clock in JSON/CSV host_time_us"
-            if c.get("graph")
+            if c.graph
             else "CUDA events around the loop; host clock in JSON/CSV host_time_us"
-            if c["device"] == "cuda"
+            if c.device == "cuda"
             else "host clock"
         )
         + "); all_reduce/broadcast/reduce are in-place only in torch.distributed; alltoall/sendrecv out-of-place only",

@@ -58,8 +58,8 @@ def command(
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)
-    doc = manifest_document(run.manifest)
-    wl = given(doc.workload) if doc is not None else None
+    manifest = manifest_document(run.manifest)
+    wl = given(manifest.workload) if manifest is not None else None
     dtype = given(wl.dtype) if wl is not None else None
     doc = roofline(
         run, load_peaks(copy, rho, dtype or "bfloat16"), step_pattern=step_pattern, skip_first=skip_first

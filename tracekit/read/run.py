@@ -232,7 +232,7 @@ def _check_checksums(run: Run, digests: Mapping[str, str] | None = None) -> None
     the capture) is noted in data_quality, naming the file."""
     doc = manifest_document(run.manifest)
     files = given(doc.files) if doc is not None else None
-    if files is None:
+    if doc is None or files is None:
         return
     bad: list[str] = []
     for src in run.sources.values():
