@@ -199,8 +199,8 @@ def test_analysis_options_are_one_declaration_on_every_engine_command() -> None:
 
 def test_probe_and_compare_links_share_their_sweep_options() -> None:
     """`probe` and `compare-links` take the same sweep options under the same parameter names and
-    types (declared once: cli/options.sweep_options); each may change a default or a help text."""
-    from tracekit.cli.options import SWEEP_OPTIONS
+    types (declared once: cli/sweep_options.sweep_options); each may change a default or a help text."""
+    from tracekit.cli.sweep_options import SWEEP_OPTIONS
 
     cmds = _commands()
     probe, links = _options(cmds["probe"]), _options(cmds["compare-links"])

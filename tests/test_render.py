@@ -66,17 +66,17 @@ def test_links_view_keeps_every_mode_of_the_comparison() -> None:
 
 
 def test_probe_and_compare_links_share_their_sweep_options() -> None:
-    """The sweep options are declared once (cli/options.sweep_options): both commands take each
+    """The sweep options are declared once (cli/sweep_options.sweep_options): both commands take each
     of them, with the same type and, where no override says otherwise, the same default."""
     from tracekit.cli.compare_links import command as compare
-    from tracekit.cli.options import _SWEEP
     from tracekit.cli.probe import command as probe
+    from tracekit.cli.sweep_options import SWEEP_OPTIONS
 
     def params(cmd: click.Command) -> dict[str, click.Parameter]:
         return {p.name: p for p in cmd.params if p.name}
 
     pp, cp = params(probe), params(compare)
-    names = {key if key not in ("op", "min", "max") else f"{key}_text" for key in _SWEEP}
+    names = {key if key not in ("op", "min", "max") else f"{key}_text" for key in SWEEP_OPTIONS}
     assert names <= set(pp) and names <= set(cp)
     for name in ("factor", "iters", "warmup", "dtype", "device", "algo_pass", "graph", "progress", "log_dir"):
         assert pp[name].default == cp[name].default, name

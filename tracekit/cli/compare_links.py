@@ -12,9 +12,8 @@ from tracekit.cli.options import (
     message,
     run_option,
     show_progress,
-    sweep_options,
-    sweep_output_option,
 )
+from tracekit.cli.sweep_options import sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
 from tracekit.model.documents import Links, convert, to_builtins
 from tracekit.probe import spec

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import orjson
 
-from tracekit.cli.options import format_option, message, sweep_options, sweep_output_option
+from tracekit.cli.options import format_option, message
 from tracekit.cli.options import show_progress as _show_progress
+from tracekit.cli.sweep_options import sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
