@@ -30,7 +30,8 @@ from typing import Any
 #: (tests/test_reliability_faults.py)
 ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
 
-#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round: the capture's
+#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round, no profiler
+#: calibration (8 of the ~10 s on the loaded 2-core VM; CLI_TP2 calibrates): the capture's
 #: --inject-delay checked as captured now (tests/test_capture.py); the analyses' ground truth
 #: reads the committed injected runs instead (tests/gloo_truth.py)
 INJ_TP2: dict[str, Any] = {
@@ -42,6 +43,7 @@ INJ_TP2: dict[str, Any] = {
     "device": "cpu",
     "rounds": 1,
     "inject_delay": [1, 20.0],
+    "calibrate": False,
 }
 
 #: TP=1, 3 tokens, one round, mode ranges, --inject-sync, as a user runs it: ranges mode's trace

@@ -38,6 +38,7 @@ import signal
 import sys
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from multiprocessing import forkserver, popen_forkserver, reduction, spawn, util
 from multiprocessing.context import ForkServerProcess, set_spawning_popen
@@ -56,6 +57,7 @@ _OWN_VARS = frozenset({"TRACEKIT_SPAWNED", ENV_TEARDOWN_CUPTI, "NCCL_NVLS_ENABLE
 _KEEP = 2
 _servers: OrderedDict[tuple[Any, ...], forkserver.ForkServer] = OrderedDict()
 _ending: list[int] = []  # pids of servers asked to end, reaped once they have
+_started: weakref.WeakSet[RankProcess] = weakref.WeakSet()  # the ranks started here
 _lock = threading.Lock()
 
 
@@ -112,14 +114,18 @@ def wait_ready(srv: forkserver.ForkServer) -> None:
 
 
 def _stop(srv: forkserver.ForkServer) -> None:
-    """Ask a server to end: it does once its alive pipe is closed here and in the ranks it forked
-    (they hold a copy), without waiting for those ranks here."""
+    """End a server. One with no rank of ours still running is terminated (it has nothing left to
+    do, and the interpreter's teardown of torch takes it seconds); another is asked to end, which
+    it does once its ranks (they hold a copy of its alive pipe) have: not waited for here."""
     fd, pid = getattr(srv, "_forkserver_alive_fd", None), getattr(srv, "_forkserver_pid", None)
     if fd is None or pid is None:
         return
+    busy = any(p._server is srv and p.is_alive() for p in list(_started))
     srv._forkserver_alive_fd = srv._forkserver_pid = None  # type: ignore[attr-defined]
     with contextlib.suppress(OSError):
         os.close(fd)
+        if not busy:
+            os.kill(pid, signal.SIGTERM)
     _ending.append(pid)
 
 
@@ -141,9 +147,9 @@ def _reap(wait_s: float = 0.0) -> None:
 
 @atexit.register
 def _end_all() -> None:
-    """At exit, end the servers and collect them (their CPU time, and their ranks', then counts as
-    this process' children's, as a spawned rank's does); a server whose rank is still running (it
-    holds the alive pipe) is left after a few seconds rather than hang the exit."""
+    """At exit, end the servers and collect them: their CPU time, and that of the ranks they
+    collected, then counts as this process' children's, as a spawned rank's does. A server whose
+    rank still runs is left after a few seconds rather than hang the exit."""
     with _lock:
         while _servers:
             _stop(_servers.popitem()[1])
@@ -214,6 +220,7 @@ class RankProcess(ForkServerProcess):
         # a spawned rank ignores Ctrl-C only where this process does (SIG_IGN survives exec)
         self._sigint_ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
         super().start()
+        _started.add(self)
 
     @staticmethod
     def _Popen(process_obj: Any) -> Any:
