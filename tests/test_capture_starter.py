@@ -64,6 +64,9 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
     monkeypatch.setenv("TRACEKIT_SPAWNED", "from-the-test")
     err = tmp_path / "stderr.txt"
     saved = os.dup(2)
+    # Python's own Ctrl-C handler here (a suite started in the background ignores SIGINT: the
+    # other test), so the rank must raise KeyboardInterrupt on Ctrl-C as a spawned one would
+    old_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with open(err, "wb") as f:
             os.dup2(f.fileno(), 2)
@@ -71,6 +74,7 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
         monkeypatch.setenv(var, "set-after-the-server-started")
         also = _run(starter.Starter(), var)
     finally:
+        signal.signal(signal.SIGINT, old_int)
         os.dup2(saved, 2)
         os.close(saved)
     # forked from the server (its parent), which had imported torch before the rank's code ran
