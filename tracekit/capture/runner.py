@@ -203,9 +203,12 @@ def rank_starter(device: str) -> Any:
     """What starts the ranks: the fork server on a CPU (torch imported once, tracekit.capture.starter),
     spawn on CUDA (and where $TRACEKIT_CAPTURE_START is `spawn`)."""
     if device == "cpu" and os.environ.get(ENV_START, "fork-server") != "spawn":
-        from tracekit.capture.starter import Starter
-
-        return Starter()
+        try:
+            from tracekit.capture.starter import Starter
+        except ImportError:  # no fork server where fds cannot be passed between processes (Windows)
+            pass
+        else:
+            return Starter()
     import torch.multiprocessing as mp
 
     return mp.get_context("spawn")
