@@ -25,7 +25,8 @@ environment gets another server (the two most recent are kept). Only torch is pr
 itself is imported by the rank after the fork, from this process' sys.path, as a spawned rank does.
 
 CUDA captures spawn their ranks as before (tracekit.capture.runner): a CUDA rank's start is a small
-part of its run, and the spawn path is the one the GPU runs were taken with.
+part of its run, and the spawn path is the one the GPU runs were taken with. TRACEKIT_CAPTURE_START=
+spawn spawns a CPU capture's ranks too (benchmarks/bench_capture_start.py compares the two).
 """
 
 from __future__ import annotations
