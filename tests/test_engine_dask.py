@@ -15,21 +15,26 @@ import signal
 import sys
 import threading
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("distributed")
-
-from tracekit.engine import (  # noqa: E402
+from tracekit.engine import (
     Engine,
     EngineError,
     breakdown_paths,
     dask_engine,
     shortfall_paths,
 )
-from tracekit.engine.synthetic import make_synthetic_run  # noqa: E402
+from tracekit.engine.synthetic import make_synthetic_run
+
+#: Dask is imported by the tests that run (the cluster fixture), not at collection (0.75 CPU-s in
+#: every xdist worker)
+pytestmark = pytest.mark.skipif(
+    find_spec("distributed") is None, reason="Dask (the dask extra) is not installed"
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
