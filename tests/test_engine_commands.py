@@ -45,9 +45,9 @@ def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
     holds no graph (`correct_run` could not re-time one there: it falls back to the proportional
     rule), yet its correction is the one the in-process attribution's `correct_run` computes on
     the graph it keeps."""
+    from tracekit.analyse.attribution.correction import correct_run
     from tracekit.analyse.attribution.reconcile import applied_dilation
     from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.correction import correct_run
     from tracekit.analyse.plans import attribution_plan
     from tracekit.engine import run_plans
     from tracekit.engine.executor import Job
@@ -90,7 +90,7 @@ def test_the_replay_reads_the_same_device_events_on_dask(dask: Engine) -> None:
     """`allreduce_norm=fused` finds its kernels in the device rows the replay plan brings from
     the workers exactly as in the whole classified run."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.replay import norm_after_all_reduce
+    from tracekit.analyse.retime.norm import norm_after_all_reduce
     from tracekit.engine import whatif_runs
     from tracekit.read import read_run
 

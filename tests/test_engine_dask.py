@@ -402,7 +402,7 @@ def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_
     shared by the intervals); its Correction, and the cost intervals the what-if reads, are the
     ones `correct_run` computes rank after rank in this process on the same RunParts
     (docs/METHOD.md section Noise and the profiler correction)."""
-    from tracekit.analyse.correction import correct_run
+    from tracekit.analyse.attribution.correction import correct_run
     from tracekit.analyse.plans import attribution_plan, correction_target
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job
