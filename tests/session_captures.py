@@ -1,8 +1,9 @@
 """CPU captures taken once per test session and shared by the files that check the same run.
 
-A capture costs about 11 CPU seconds whatever its length (two rank processes that import torch,
-join a gloo group and start the profiler), so files that check different things of one run share
-it: `SessionCaptures.get(name, cfg)` (through the `session_captures` fixture) captures `cfg` with
+A capture costs seconds of CPU whatever its length (two rank processes, forked from the worker's
+fork server once it has imported torch (tracekit.capture.starter), join a gloo group, calibrate and
+start the profiler: the calibration alone ~8 of a warm TP=2 capture's ~10 s wall on the loaded
+2-core VM), so files that check different things of one run share it: `SessionCaptures.get(name, cfg)` (through the `session_captures` fixture) captures `cfg` with
 `tracekit.capture.runner.capture` the first time any worker asks for `name`, recording the progress
 reports, and hands every later caller the same folder; `SessionCaptures.cli(name, argv)` does the
 same for `python -m tracekit capture ARGV -o FOLDER` run as a user runs it, keeping its exit status,
@@ -30,7 +31,8 @@ from typing import Any
 #: (tests/test_reliability_faults.py)
 ROUNDS_TP2 = {"tp": 2, "tokens": 5, "warmup": 1, "device": "cpu", "rounds": 3}
 
-#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round: the capture's
+#: tp=2 on gloo, rank 1 sleeping 20 ms before each all-reduce, 4 tokens, one round, no profiler
+#: calibration (8 of the ~10 s on the loaded 2-core VM; CLI_TP2 calibrates): the capture's
 #: --inject-delay checked as captured now (tests/test_capture.py); the analyses' ground truth
 #: reads the committed injected runs instead (tests/gloo_truth.py)
 INJ_TP2: dict[str, Any] = {
@@ -42,6 +44,7 @@ INJ_TP2: dict[str, Any] = {
     "device": "cpu",
     "rounds": 1,
     "inject_delay": [1, 20.0],
+    "calibrate": False,
 }
 
 #: TP=1, 3 tokens, one round, mode ranges, --inject-sync, as a user runs it: ranges mode's trace

@@ -121,11 +121,20 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     assert m["versions"]["torch"] and m["host"]["cpu_count"] >= 1 and m["devices"] == []
     assert "tracekit capture --tp 2" in m["command"]
     assert not [p.name for p in tp2_run.iterdir() if p.name.startswith(".")]  # no temp/result files left
+    # the profiler's cost per call, measured by each rank (tracekit/capture/calibrate.py): a host op,
+    # a range and (TP > 1) a collective; recording a range costs the profiler more than nothing
+    cal = m["profiler_calibration"]
+    assert set(cal["per_call_ns"]) == {"op", "range", "collective"} and set(cal["per_rank_ns"]) == {"0", "1"}
+    assert cal["per_call_ns"]["range"] > 0 and min(cal["per_call_ns"].values()) >= 0
 
 
 @pytest.mark.slow
 def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
-    cfg = CaptureConfig(tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60, rounds=1)
+    # no profiler calibration (it runs before the passes, the failure after them): 8 of a warm
+    # capture's ~10 s on the loaded 2-core VM; calibrated as captured in tp2_run
+    cfg = CaptureConfig(
+        tp=2, tokens=3, warmup=1, device="cpu", fail_rank=1, timeout_s=60, rounds=1, calibrate=False
+    )
     with pytest.raises(CaptureError, match=r"rank 1: RuntimeError: injected failure on rank 1"):
         capture(cfg, tmp_path)
     m = json.loads((tmp_path / "manifest.json").read_text())

@@ -18,11 +18,21 @@ def test_rank_stuck_in_teardown_is_ended_and_the_run_is_complete(
     from tracekit.capture import runner
     from tracekit.read import read_run
 
-    monkeypatch.setattr(runner, "TEARDOWN_GRACE_S", 2.0)
+    # 8 s, not 2: on a loaded 2-core host the rank that does not hang may take over 2 s from its last
+    # file to its exit (destroy_process_group, the interpreter's teardown) and be ended as stuck too
+    monkeypatch.setattr(runner, "TEARDOWN_GRACE_S", 8.0)
     cfg = runner.CaptureConfig(
-        tp=2, tokens=3, warmup=1, device="cpu", hang_rank=1, hang_at="teardown", timeout_s=120, rounds=1
+        tp=2,
+        tokens=3,
+        warmup=1,
+        device="cpu",
+        hang_rank=1,
+        hang_at="teardown",
+        timeout_s=120,
+        rounds=1,
+        calibrate=False,  # before the passes, the hang after them (tests/test_capture.py calibrates)
     )
-    # no CaptureError: every file was written; the time it takes (the 2 s grace, not the 120 s
+    # no CaptureError: every file was written; the time it takes (the 8 s grace, not the 120 s
     # collective timeout) is measured in benchmarks/bench_refusals.py
     runner.capture(cfg, tmp_path)
     man = json.loads((tmp_path / "manifest.json").read_text())

@@ -44,7 +44,7 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tracekit.capture import annotate as _annotate
 from tracekit.capture.environment import (
@@ -55,7 +55,9 @@ from tracekit.capture.environment import (
     trace_name,
 )
 from tracekit.errors import CaptureError, TracekitError
-from tracekit.model.documents.base import JSONObject
+
+if TYPE_CHECKING:  # a rank imports no pandas (tracekit.model's): ~0.9 CPU-s per rank process
+    from tracekit.model.documents.base import JSONObject
 
 MODES: dict[str, str] = {
     "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",

@@ -35,7 +35,8 @@ plain run, so two unprofiled rounds bracket the traced one (`workload.pass_order
 does not apply: a second profiled round under nsys would put its ranges in the report). The
 manifest is the nsys run's, with the plain runs' `unprofiled` rounds, and says so in
 `workload.nsys`. A user's script under `--nsys` runs the same way (plain, nsys, plain).
-Ranks run as spawned processes on this host, or in-process when launched by torchrun (RANK and
+Ranks run as processes on this host (on a CPU forked from a server that imported torch once,
+tracekit.capture.starter; on CUDA spawned), or in-process when launched by torchrun (RANK and
 WORLD_SIZE set). Each rank writes rank-<r>.pt.trace.json.gz and a small result file; the
 manifest (docs/JSON.md#manifest) is assembled from those. A failing rank: the others' traces are
 kept, the manifest says `complete: false` with the errors, and CaptureError names the rank.
@@ -94,9 +95,7 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
     world = config.tp
     prepare_out_dir(out_dir)
     clear_outputs(out_dir)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
+    ctx = rank_starter(res.device)
     queue = ctx.Queue() if progress is not None else None
     said = ctx.SimpleQueue()  # each failing rank's error, whether or not its result file was written
     init = f"tcp://127.0.0.1:{free_port()}"
@@ -193,6 +192,26 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
             for r in stuck
         ]
     return finish_run(out_dir, manifest)
+
+
+#: `spawn`: a CPU capture spawns its ranks as a CUDA one does, instead of forking them from the
+#: fork server (tracekit.capture.starter)
+ENV_START = "TRACEKIT_CAPTURE_START"
+
+
+def rank_starter(device: str) -> Any:
+    """What starts the ranks: the fork server on a CPU (torch imported once, tracekit.capture.starter),
+    spawn on CUDA (and where $TRACEKIT_CAPTURE_START is `spawn`)."""
+    if device == "cpu" and os.environ.get(ENV_START, "fork-server") != "spawn":
+        try:
+            from tracekit.capture.starter import Starter
+        except ImportError:  # no fork server where fds cannot be passed between processes (Windows)
+            pass
+        else:
+            return Starter()
+    import torch.multiprocessing as mp
+
+    return mp.get_context("spawn")
 
 
 def exit_words(code: int) -> str:
