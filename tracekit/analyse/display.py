@@ -85,11 +85,9 @@ def shortfall_html(sf: Shortfall) -> str:
     )
 
 
-def _breakdown_medians(b: Breakdown) -> tuple[Any, dict[str, Any]]:
-    pt = b.per_token or {}
-    step = (pt.get("step_ns") or {}).get("median")
-    parts = {p: (v or {}).get("median") for p, v in (pt.get("parts_ns") or {}).items()}
-    return step, parts
+def _breakdown_medians(b: Breakdown) -> tuple[int | None, dict[str, int | None]]:
+    pt = b.per_token
+    return pt.step_ns.median, {p: v.median for p, v in pt.parts_ns.items()}
 
 
 def _where(paths: list[str]) -> str:

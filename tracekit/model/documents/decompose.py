@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracekit.model.documents.base import Doc
-from tracekit.model.documents.diff import DiffDataQuality
+from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 
 class DecomposeBaseline(Doc, kw_only=True):
@@ -117,4 +117,4 @@ class Decompose(Doc, kw_only=True):
     moved: DecomposeMoved
     class_words: dict[str, str | None]
     notes: list[str]
-    data_quality: DiffDataQuality
+    data_quality: BreakdownDataQuality
