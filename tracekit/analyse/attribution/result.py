@@ -265,31 +265,31 @@ class Shortfall:
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
+        """The document as plain JSON values (`to_builtins(document())`; cli/shortfall.py still reads
+        it by key)."""
         out: dict[str, Any] = to_builtins(self.document())
         return out
 
     def to_frame(self) -> pd.DataFrame:
-        """The attribution of S as a table, from `to_json()` (so the two agree): one row per term
+        """The attribution of S as a table, from `document()` (so the two agree): one row per term
         (`terms_ns`), then the coordination components (`parent` "coordination"); columns `ns`,
         `share` (of S), `p10_ns`, `median_ns`, `p90_ns` (spread over steps), `uncorrected_ns`."""
-        doc = self.to_json()
-        s = doc["shortfall_ns"]
-        spread, unc = doc["spread_ns"], doc["uncorrected"]
+        doc = self.document()
+        s = doc.shortfall_ns
         rows = []
         for parent, key in (("", "terms_ns"), ("coordination", "coordination_ns")):
-            for term, ns in doc[key].items():
-                sp = spread.get(term, {})
+            for term, ns in getattr(doc, key).items():
+                sp = doc.spread_ns.get(term)
                 rows.append(
                     {
                         "term": term,
                         "parent": parent,
                         "ns": ns,
                         "share": ns / s if s else None,
-                        "p10_ns": sp.get("p10"),
-                        "median_ns": sp.get("median"),
-                        "p90_ns": sp.get("p90"),
-                        "uncorrected_ns": unc[key].get(term),
+                        "p10_ns": sp.p10 if sp else None,
+                        "median_ns": sp.median if sp else None,
+                        "p90_ns": sp.p90 if sp else None,
+                        "uncorrected_ns": getattr(doc.uncorrected, key).get(term),
                     }
                 )
         return pd.DataFrame(rows)
