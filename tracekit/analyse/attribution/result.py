@@ -26,7 +26,6 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.attribution.straggler import straggler_test
 from tracekit.analyse.attribution.terms import Attribution
 from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling
-from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.display import shortfall_html, shortfall_repr
 from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
@@ -34,7 +33,7 @@ from tracekit.analyse.noise import reading as noise_reading
 from tracekit.model.documents import shortfall as sd
 from tracekit.model.documents.base import to_builtins
 from tracekit.model.events import DataQuality
-from tracekit.model.parts import term_words
+from tracekit.model.parts import PATH_PARTS, term_words
 
 
 @dataclass(frozen=True)
@@ -60,7 +59,7 @@ class Shortfall:
     applied: dict[str, AppliedDilation]
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
     #: per run label, how its parts were corrected to its corrected per-token time
-    #: (`tracekit.analyse.correction.Correction`; None: not corrected)
+    #: (`tracekit.analyse.attribution.correction_replay.Correction`; None: not corrected)
     corrections: dict[str, Any] = field(default_factory=dict)
 
     @property
