@@ -136,4 +136,4 @@ def test_per_rank_sums_assemble_to_the_whole_run():
     whole = top_kernels(ev, steps)
     per_rank = [rank_kernel_sums(ev[ev["rank"] == r], steps[steps["rank"] == r], r) for r in (0, 1)]
     assert assemble_top_kernels(per_rank, steps) == whole
-    assert whole["classes"]["compute"]["kernels"][0]["total_ns"] == pytest.approx(350)  # (300 + 400) / 2
+    assert whole.classes["compute"].kernels[0].total_ns == pytest.approx(350)  # (300 + 400) / 2
