@@ -76,7 +76,7 @@ def test_injected_delay_is_coordination_on_the_injected_rank(runs):
     # the diagnosis sends the user to that rank; the uninjected runs have no straggler
     assert results["inj"].diagnosis().startswith("Rank 1 is a straggler"), results["inj"].diagnosis()
     for k in ("a", "b"):
-        assert not results[k].straggler()["is_straggler"], results[k].straggler()
+        assert not results[k].straggler().is_straggler, results[k].straggler()
 
     # the cause on the critical path: rank 1's host time grows by the injected delay, and the
     # consequence: rank 0's own wait grows by it (per rank, not whichever window was longest)
@@ -84,7 +84,7 @@ def test_injected_delay_is_coordination_on_the_injected_rank(runs):
         corrected = block == "corrected"
 
         def path_host(k: str, r: int, corrected: bool = corrected) -> float:
-            return float(results[k].path_ints(corrected)["by_rank"][str(r)]["host_ns"])
+            return float(results[k].path_ints(corrected).by_rank[str(r)].host_ns)
 
         def wait(k: str, r: int, block: str = block) -> float:
             doc = results[k].to_json()

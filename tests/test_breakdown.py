@@ -15,6 +15,7 @@ from tracekit.analyse.timeline.breakdown import CSV_COLUMNS, breakdown
 from tracekit.classify.rules import COMM_LIKE_HINT
 from tracekit.cli.main import main
 from tracekit.errors import StepError
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import DataQuality, Run, make_events
 
 PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
@@ -81,7 +82,7 @@ def test_kernels_by_class_unknown_dq_and_dilation() -> None:
     assert b.kernels_by_class["memory"] == {"count": 0, "total_ns": 0}
     assert b.kernels_by_class["unknown"] == {"count": 2, "total_ns": 14}
     assert b.kernels_by_subclass["matrix"]["count"] == 8 and b.kernels_by_subclass["nccl"]["count"] == 8
-    assert b.unknown_kernels == [
+    assert to_builtins(b.unknown_kernels) == [
         {"name": "weird_allreduce_kernel", "count": 2, "total_ns": 14, "hint": COMM_LIKE_HINT}
     ]
     assert b.data_quality.counts["events_without_ts"] == 3  # merged from the run
@@ -92,7 +93,7 @@ def test_kernels_by_class_unknown_dq_and_dilation() -> None:
 def test_skip_first_and_rank_filter() -> None:
     b = breakdown(_two_rank_run(), skip_first=1)
     assert sorted(b.steps["step"].unique()) == [1, 2, 3]
-    assert b.per_token["step_ns"]["median"] == 170
+    assert b.per_token.step_ns.median == 170
     assert b.data_quality.counts["skipped_warmup_steps"] == 2
     one = breakdown(_two_rank_run(), rank=0)
     assert set(one.steps["rank"]) == {0} and one.ranks == [0] and one.paths == ["rank-0.json"]
@@ -263,7 +264,7 @@ def test_gpu_behind_host_is_not_double_counted() -> None:
     assert list(b.steps["window_ns"]) == [25_000, 25_000, 25_000]
     assert list(b.steps["compute_ns"]) == [25_000, 25_000, 25_000]
     assert int(b.steps["compute_ns"].sum()) == 3 * 25_000
-    assert b.per_token["step_ns"]["mean"] == 25_000  # the device's pace, not the host's 10 us
+    assert b.per_token.step_ns.mean == 25_000  # the device's pace, not the host's 10 us
     assert b.data_quality.counts["step_windows_device_paced"] == 3
     assert "step_windows_clipped" not in b.data_quality.counts
 

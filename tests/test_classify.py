@@ -16,6 +16,7 @@ from conftest import shared_params
 
 from tracekit.classify import RULES, classify, classify_name, matching_rules
 from tracekit.classify.rules import strip_parameters
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import make_events
 
 # (kind, real name as a profiler writes it, cls, subclass, rule). Names marked "trace" are copied
@@ -735,7 +736,7 @@ def test_unnamed_kernel_is_compute_other_not_unknown(shared_traces: Path) -> Non
     evs = [e for e in _json_events(path) if e.get("cat") == "kernel" and e.get("name") == name]
     b = breakdown(read_run([path], cache=False))
     total_ns = sum(int(Decimal(e["dur"]) * 1000) for e in evs)
-    assert b.unknown_kernels == []
+    assert to_builtins(b.unknown_kernels) == []
     assert b.kernels_by_class["unknown"] == {"count": 0, "total_ns": 0}
     assert b.kernels_by_subclass["other"] == {"count": len(evs), "total_ns": total_ns}
     assert "unknown_kernel_events" not in b.data_quality.counts and len(evs) == 4
@@ -757,7 +758,7 @@ def test_comm_like_unknown_listed_with_a_hint() -> None:
         }
     )
     b = breakdown(Run(events=ev, sources={0: "x.json"}))
-    assert b.unknown_kernels == [
+    assert to_builtins(b.unknown_kernels) == [
         {"name": "my_allreduce_kernel", "count": 2, "total_ns": 20, "hint": COMM_LIKE_HINT}
     ]
     assert b.kernels_by_class["compute"] == {"count": 1, "total_ns": 10}

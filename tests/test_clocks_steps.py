@@ -32,6 +32,7 @@ from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.analyse.compare.diff import diff
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run
 from tracekit.read import read_run
 
@@ -138,10 +139,10 @@ def _moved(
 def _assert_no_change(d: Any) -> None:
     """A diff of a run against itself (mutated): nothing moved on the path or in the parts."""
     doc = d.to_json()
-    flat = _figures({"pc": doc["critical_path"]["change"], "parts": d.integers()["leaf"]})
+    flat = _figures({"pc": doc["critical_path"]["change"], "parts": d.integers().leaf})
     big = {k: v for k, v in flat.items() if isinstance(v, (int, float)) and abs(v) > TOL_NS}
     assert not big, big
-    assert abs(d.integers()["change"]) <= TOL_NS
+    assert abs(d.integers().change) <= TOL_NS
 
 
 # ------------------------------------------------------------------------------------------
@@ -334,14 +335,14 @@ def test_a_change_in_the_path_offset_is_named_as_such() -> None:
     dt = 80_000
     after, n = windows_opened_early(run, parts, dt)
     d = diff(run, after)
-    pc = d.path_change()["change"]
+    pc = to_builtins(d.path_change().change)
     steady = len(parts.steady)
     assert n >= steady // 4, n  # premise: a good share of the steps moved
     # premise, measured: the path did not move, its offset did, by the step time's change
     # (integers by largest remainder: a component may read +-1 ns)
     assert all(abs(v) <= 1 for v in pc["by_component_ns"].values()), pc
-    assert abs(pc["offset_ns"] - d.integers()["change"]) <= 1 and pc["offset_ns"] > 0
-    cause = d.cause()
+    assert abs(pc["offset_ns"] - d.integers().change) <= 1 and pc["offset_ns"] > 0
+    cause = to_builtins(d.cause())
     assert cause["component"] == "offset" and cause["rank"] is None
     assert cause["component_change_ns"] == pc["offset_ns"] == cause["offset_change_ns"]
     assert "path offset" in d.cause_sentence() and "compute" not in d.cause_sentence()

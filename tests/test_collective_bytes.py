@@ -20,6 +20,7 @@ import pytest
 
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.collectives.sizes import ManifestCollective, manifest_collectives, step_sequence
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import make_events
 
 REPO = Path(__file__).resolve().parents[1]
@@ -195,7 +196,7 @@ def test_shortfall_json_by_op_carries_the_source():
     m = manifest([entry("all_reduce", "o_proj", 8192, 8192, 1)])
     run = Run(events=ev, sources={0: "r0", 1: "r1"}, manifest=m)
     parts = attribute_run(run, skip_first=0)
-    doc = coll_json(parts)
+    doc = to_builtins(coll_json(parts))
     assert [(o["op"], o["bytes"], o["bytes_source"], o["count"]) for o in doc["by_op"]] == [
         ("all_reduce", 8192, "manifest", 2)
     ]

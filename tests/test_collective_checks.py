@@ -27,6 +27,7 @@ from tracekit.analyse.collectives.checks import END_SPREAD_THRESHOLD_NS
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.classify import classify
 from tracekit.errors import MatchError
+from tracekit.model.documents import to_builtins
 from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -162,7 +163,7 @@ def test_cli_shortfall_refuses_in_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("name", TP2)
 def test_committed_traces_end_together(name):
     ci = _match(name)
-    chk = ci.clock_check
+    chk = to_builtins(ci.clock_check)
     level = "gloo" if name.startswith("cpu") else "gpu_kernel"
     assert ci.level == level and chk["level"] == level
     assert chk["threshold_ns"] == END_SPREAD_THRESHOLD_NS[level]
@@ -202,7 +203,7 @@ def test_shifted_ends_are_counted_and_the_worst_named(name):
     d_off = abs(ci2.clock.offsets_ns[1] - ci.clock.offsets_ns[1])
     assert d_off < thr / 10
     assert (np.abs(ci2.instances["skew_ns"].to_numpy() - ci.instances["skew_ns"].to_numpy()) <= d_off).all()
-    chk = ci2.clock_check
+    chk = to_builtins(ci2.clock_check)
     assert chk["instances_over"] == len(picked)
     over = ci2.instances.loc[ci2.instances["end_spread_ns"] > thr, "instance"].tolist()
     assert sorted(over) == picked
@@ -222,7 +223,7 @@ def test_end_spread_threshold_is_a_parameter():
     ci = _match("h200-tp2", end_spread_threshold_ns=300)
     expected = int((ci.instances["end_spread_ns"] > 300).sum())
     assert 0 < expected < ci.n_instances
-    assert ci.clock_check["instances_over"] == expected == ci.data_quality.counts["collective_end_spread"]
+    assert ci.clock_check.instances_over == expected == ci.data_quality.counts["collective_end_spread"]
 
 
 def test_host_op_ends_are_not_checked():
@@ -232,6 +233,6 @@ def test_host_op_ends_are_not_checked():
     host = ev[~_nccl_kernels(ev)]
     ci = _match("h200-tp2", host)
     assert ci.level == "host_op" and ci.n_instances == 544
-    assert ci.clock_check["threshold_ns"] is None and ci.clock_check["instances_over"] is None
-    assert ci.clock_check["median_ns"] > 100_000
+    assert ci.clock_check.threshold_ns is None and ci.clock_check.instances_over is None
+    assert ci.clock_check.median_ns > 100_000
     assert "collective_end_spread" not in ci.data_quality.counts

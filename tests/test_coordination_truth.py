@@ -19,6 +19,7 @@ from committed_pairs import committed_shortfall
 from tracekit.analyse.attribution.pair import check_pair, shortfall, shortfall_from_parts
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.attribution.run import attribute_run
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
 from tracekit.read import read_run
@@ -191,7 +192,7 @@ def test_no_straggler_on_uninjected_launch_bound_runs(analysed: Analysed, base: 
     """Two launch-bound hosts: whichever is slightly behind arrives last nearly always (rank 1 at
     89% in `full`, 100% under nsys); that is not a straggler."""
     sf = analysed.shortfall(base, sharded)
-    st = sf.straggler()
+    st = to_builtins(sf.straggler())
     assert st["rank"] is not None and not st["is_straggler"], st
     assert "straggler" not in sf.diagnosis()
     if sharded != "h200-tp2":
@@ -340,7 +341,7 @@ def test_per_rank_figures_are_exact_and_symmetric_in_a_built_run() -> None:
     # all-reduce ends at 700). This kernels-only world records no runtime call, so no synchronising
     # call ties that host marker to the device: its one in-edge is the host gap from the window
     # start marker, 1000 ns of rank 0's host, and the walk is done; rank 1 is not on the path
-    cp = sf.path_ints(corrected=False)
+    cp = to_builtins(sf.path_ints(corrected=False))
     assert cp["by_rank"]["0"]["host_ns"] == 1000 and cp["by_rank"]["0"]["total_ns"] == 1000
     assert cp["by_rank"]["1"]["total_ns"] == 0 and cp["offset_ns"] == 0
 
@@ -365,7 +366,7 @@ def test_a_share_chance_explains_names_no_straggler() -> None:
     assert clean["last_share"] <= 0.6 and clean["last_share_p_value"] > STRAGGLER_ALPHA
     assert not clean["is_straggler"], clean
     inj = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2-straggler"], cache=False)))
-    assert inj.straggler()["is_straggler"] and inj.straggler()["rank"] == 1
+    assert inj.straggler().is_straggler and inj.straggler().rank == 1
     # the tail is the binomial one (times the ranks: any could have been the most frequent),
     # computed here exactly in integers
     for k, n, r in [(16, 32, 2), (20, 32, 2), (9, 20, 4), (0, 5, 2)]:

@@ -151,10 +151,7 @@ def test_injected_stage_share_is_recovered_within_10_percent(three_runs):
         assert mv["saved_by_class_ns"]["coordination"] == pytest.approx(injected, rel=0.15)
         compute_moved = abs(mv["saved_by_class_ns"]["matrix"]) + abs(mv["saved_by_class_ns"]["vector"])
         assert compute_moved < 0.1 * injected
-    assert (
-        Fraction(sum(d.moved()["runtime"]["saved_by_class_ns"].values()))
-        == doc["moved"]["runtime"]["saved_ns"]
-    )
+    assert Fraction(sum(d.moved().runtime.saved_by_class_ns.values())) == doc["moved"]["runtime"]["saved_ns"]
     # the shares' truth assumes one host speed for the three captures: the compute part c scales
     # with it and the log shares move with every ms of it (this 2-core VM switches between two
     # speeds, a pure-Python probe taking ~12 or ~21 ms, for minutes at a time; seen: the

@@ -221,7 +221,7 @@ def test_dilation_that_explains_the_change_is_warned(straggler: Diff):
             1.0, (0.98, 1.02), saved[0].traced_mean_ns, saved[0].unprofiled_mean_ns, 1
         )
         a.applied = AppliedDilation(3.0, (2.9, 3.1), saved[1].traced_mean_ns, saved[1].unprofiled_mean_ns, 1)
-        warning = d.dilation()["warning"]
+        warning = d.dilation().warning
         assert warning and warning.startswith("profiler dilation differs: before 1.00x, after 3.00x"), warning
         assert "+200.0%" in warning and "split by part" in warning
     finally:

@@ -126,7 +126,7 @@ def test_json_md_is_generated_from_the_structs():
     assert "| `workload.tp` | integer *(optional)* |" in text
     assert (
         "| `steps[].parts_ns` | object of integer |" in text
-        and "| `per_token.parts_ns{}.median` | integer |" in text
+        and "| `per_token.parts_ns{}.median` | integer \\| null |" in text  # null: a run without steps
     )
 
 

@@ -30,6 +30,7 @@ from tracekit.analyse.timeline.kinds import step_kind
 from tracekit.classify import classify, classify_name
 from tracekit.cli.main import main
 from tracekit.errors import MatchError
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import make_events
 from tracekit.model.launch import graph_replay_mask
 from tracekit.read import read_run
@@ -239,7 +240,7 @@ def test_mixed_steps_reported_per_kind_per_token_from_one_decode_batch(tmp_path:
     assert tok is not None and (tok.kind, tok.batch) == ("decode", 1) and tok.steps == frozenset(range(1, 6))
     assert parts.steady["step"].tolist() == [1, 2, 3, 4, 5]  # step 0 (extend) was the warm-up anyway
     assert parts.per_token["window"] == sum(windows[1:6]) / 5
-    kinds = {(k["kind"], k["batch"]): k for k in parts.step_kinds}
+    kinds = {(k["kind"], k["batch"]): k for k in to_builtins(parts.step_kinds)}
     assert {key: k["steps"] for key, k in kinds.items()} == {
         ("decode", 1): 5,
         ("decode", 2): 3,
@@ -248,8 +249,8 @@ def test_mixed_steps_reported_per_kind_per_token_from_one_decode_batch(tmp_path:
     assert kinds[("prefill", 1)]["tokens"] == 128
     assert kinds[("decode", 2)]["step_ns_mean"] == round(sum(windows[7:]) / 3)
     b = breakdown(ar)
-    assert b.per_token["steps_used"]["batch"] == 1 and b.per_token["step_ns"]["n"] == 5
-    assert {(k["kind"], k["batch"]) for k in b.step_kinds} == set(kinds)
+    assert b.per_token.steps_used.batch == 1 and b.per_token.step_ns.n == 5
+    assert {(k["kind"], k["batch"]) for k in to_builtins(b.step_kinds)} == set(kinds)
     assert any("decode steps of batch size 1" in n for n in b.data_quality.notes)
 
 
@@ -356,8 +357,10 @@ def test_shared_sglang_trace_step_kind(shared_traces: Path) -> None:
     inner = [n for n in run.events["name"].astype(str).unique() if n.startswith("execute_")]
     assert [step_kind(n)[:2] for n in inner] == [("decode", 32)]
     b = breakdown(run)
-    assert [(k["kind"], k["batch"], k["tokens"], k["steps"]) for k in b.step_kinds] == [("decode", 32, 32, 1)]
-    assert b.per_token["steps_used"]["batch"] == 32
+    assert [(k["kind"], k["batch"], k["tokens"], k["steps"]) for k in to_builtins(b.step_kinds)] == [
+        ("decode", 32, 32, 1)
+    ]
+    assert b.per_token.steps_used.batch == 32
 
 
 def test_dask_engine_matches_by_step_as_the_local_engine(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from tracekit.analyse.timeline.trace_totals import rank_tracelens_timeline
 from tracekit.analyse.timeline.windows import RankWindows, empty_step_rows
 from tracekit.cli.main import main
 from tracekit.errors import StepError, TraceFormatError
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import make_events
 from tracekit.read import read_file, read_run
 
@@ -400,7 +401,7 @@ def test_tracelens_definitions_differ_from_tracekits_where_they_should() -> None
             "stream": [7] * n,
         }
     )
-    tl = rank_tracelens_timeline(ev)
+    tl = to_builtins(rank_tracelens_timeline(ev))
     full = tl["include_unlinked_kernels"]
     # computation: A, the memset, B, g0, g1 = [0,150) + [400,500) + [600,700); comm [120,200)
     assert full["computation_ns"] == 150 + 100 + 100
@@ -417,7 +418,7 @@ def test_tracelens_definitions_differ_from_tracekits_where_they_should() -> None
     # [100, 120) outside them is exposed memcpy with the memcpy's 10
     from tracekit.analyse.timeline.trace_totals import rank_trace_totals
 
-    own = rank_trace_totals(ev)
+    own = to_builtins(rank_trace_totals(ev))
     assert own is not None and own["busy_ns"] == 100 + 80 + 100 + 100 and own["exposed_memcpy_ns"] == 20 + 10
 
 

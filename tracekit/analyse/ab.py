@@ -13,12 +13,13 @@ their intervals carry the pairing. No torch here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
 from tracekit.analyse.noise import LEVEL, RESAMPLES, SEED
 from tracekit.errors import TracekitError
+from tracekit.model.documents.ab import AB, ABArm, ABBootstrap
+from tracekit.model.documents.base import to_builtins
 
 
 class ABError(TracekitError):
@@ -56,7 +57,22 @@ def ab_summary(
     resamples: int = RESAMPLES,
     seed: int = SEED,
     level: float = LEVEL,
-) -> dict[str, Any]:
+) -> dict[str, object]:
+    """`ab_document` as plain JSON values (docs/JSON.md#ab)."""
+    out: dict[str, object] = to_builtins(
+        ab_document(arms, baseline=baseline, resamples=resamples, seed=seed, level=level)
+    )
+    return out
+
+
+def ab_document(
+    arms: Mapping[str, Sequence[Sequence[int]]],
+    *,
+    baseline: str,
+    resamples: int = RESAMPLES,
+    seed: int = SEED,
+    level: float = LEVEL,
+) -> AB:
     """Per arm: the mean per-token time (ns), its interval, the p10-p90 of its tokens; per arm other
     than `baseline`: the ratio to it and the difference, each with its paired interval."""
     if baseline not in arms:
@@ -71,35 +87,35 @@ def ab_summary(
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, k, size=(resamples, k))  # the same rounds for every arm: the pairing
     draws = {name: _draw(rounds, picks, rng) for name, rounds in arms.items()}
-    out: dict[str, Any] = {
-        "kind": "tracekit.ab",
-        "baseline": baseline,
-        "rounds": k,
-        "bootstrap": {"resamples": resamples, "seed": seed, "level": level, "paired_by_round": True},
-        "arms": {},
-    }
+    out = AB(
+        kind="tracekit.ab",
+        baseline=baseline,
+        rounds=k,
+        bootstrap=ABBootstrap(resamples=resamples, seed=seed, level=level, paired_by_round=True),
+        arms={},
+    )
     base = draws[baseline]
     for name, rounds in arms.items():
         flat = np.concatenate([np.asarray(r, dtype=np.float64) for r in rounds])
         mean = float(flat.mean())
         lo, hi = _interval(draws[name], level)
-        arm: dict[str, Any] = {
-            "tokens": int(flat.size),
-            "mean_ns": round(mean),
-            "interval_ns": [round(lo), round(hi)],
-            "p10_p90_ns": [round(float(np.percentile(flat, 10))), round(float(np.percentile(flat, 90)))],
-            "round_means_ns": [round(float(np.mean(r))) for r in rounds],
-        }
+        arm = ABArm(
+            tokens=int(flat.size),
+            mean_ns=round(mean),
+            interval_ns=[round(lo), round(hi)],
+            p10_p90_ns=[round(float(np.percentile(flat, 10))), round(float(np.percentile(flat, 90)))],
+            round_means_ns=[round(float(np.mean(r))) for r in rounds],
+        )
         if name != baseline:
             base_mean = float(
                 np.concatenate([np.asarray(r, dtype=np.float64) for r in arms[baseline]]).mean()
             )
-            arm["ratio_to_baseline"] = mean / base_mean
-            arm["ratio_interval"] = list(_interval(draws[name] / base, level))
-            arm["diff_ns"] = round(mean - base_mean)
-            arm["diff_interval_ns"] = [round(v) for v in _interval(draws[name] - base, level)]
-        out["arms"][name] = arm
+            arm.ratio_to_baseline = mean / base_mean
+            arm.ratio_interval = list(_interval(draws[name] / base, level))
+            arm.diff_ns = round(mean - base_mean)
+            arm.diff_interval_ns = [round(v) for v in _interval(draws[name] - base, level)]
+        out.arms[name] = arm
     return out
 
 
-__all__ = ["ABError", "ab_summary"]
+__all__ = ["ABError", "ab_document", "ab_summary"]

@@ -45,7 +45,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from tracekit.analyse.advise_inputs import GIB, TORCH_DTYPE, WEIGHT_BYTES, AdviseError, Measured, weight_bytes
 from tracekit.analyse.batch_model import (
@@ -58,7 +57,8 @@ from tracekit.analyse.batch_model import (
 )
 from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.model.documents import Advise as AdviseDoc
-from tracekit.model.documents import GemmTable, convert
+from tracekit.model.documents import GemmTable, given, to_builtins
+from tracekit.model.documents import advise as ad
 
 SCHEMA_VERSION = "1.1"
 
@@ -196,31 +196,35 @@ class Advice:
     weight_dtype: str
     context: int
     runs: list[Measured]
-    rows: list[dict[str, Any]]  # per (batch, option)
-    cliff: list[dict[str, Any]]  # per option: max concurrent sequences, run dtype vs weight dtype
-    recommendations: list[dict[str, Any]]
+    rows: list[ad.AdviseOption]  # per (batch, option)
+    cliff: list[ad.AdviseMemoryCliffItem]  # per option: max concurrent sequences, run dtype vs weight dtype
+    recommendations: list[ad.AdviseRecommendation]
     notes: list[str] = field(default_factory=list)
     layers: int | None = None  # the layers the memory is for (`layers`, else the traces')
     layers_traced: int | None = None  # the layers of the traced model (manifest workload.shape)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "tracekit.advise",
-            "gpus": self.gpus,
-            "memory_per_gpu_bytes": int(self.memory_bytes) if self.memory_bytes else None,
-            "memory_source": self.memory_source,
-            "reserve_bytes": int(self.reserve_bytes),
-            "weight_dtype": self.weight_dtype,
-            "context": self.context,
-            "layers": self.layers,
-            "layers_traced": self.layers_traced,
-            "runs": [r.to_json() for r in self.runs],
-            "options": self.rows,
-            "memory_cliff": self.cliff,
-            "recommendations": self.recommendations,
-            "notes": list(self.notes),
-        }
+    def document(self) -> AdviseDoc:
+        return AdviseDoc(
+            schema_version=SCHEMA_VERSION,
+            kind="tracekit.advise",
+            gpus=self.gpus,
+            memory_per_gpu_bytes=int(self.memory_bytes) if self.memory_bytes else None,
+            memory_source=self.memory_source,
+            reserve_bytes=int(self.reserve_bytes),
+            weight_dtype=self.weight_dtype,
+            context=self.context,
+            layers=self.layers,
+            layers_traced=self.layers_traced,
+            runs=[r.document() for r in self.runs],
+            options=self.rows,
+            memory_cliff=self.cliff,
+            recommendations=self.recommendations,
+            notes=list(self.notes),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 def _option_name(k: int, n_inst: int) -> str:
@@ -327,22 +331,26 @@ def advise(
         by_key[(m.tp, m.batch)] = m
     all_batches = sorted({m.batch for m in runs} | set(batches))
 
-    def mem_need(k: int, b: int, wd: str) -> dict[str, float]:
+    def mem_need(k: int, b: int, wd: str) -> tuple[ad.AdviseMemoryPerGpuBytes, float]:
+        """Per GPU, in bytes: the weights, the KV cache and their total; and the total unrounded."""
         w = weight_bytes(shape, k, wd, act)
         kv = b * shape.kv_bytes_per_sequence(k, ctx, act)
-        return {"weights": w, "kv_cache": kv, "total": w + kv}
+        need = ad.AdviseMemoryPerGpuBytes(
+            weights=int(round(w)), kv_cache=int(round(kv)), total=int(round(w + kv))
+        )
+        return need, w + kv
 
     def fits(total: float) -> bool | None:
         return None if mem is None else total <= mem - reserve
 
-    rows: list[dict[str, Any]] = []
+    rows: list[ad.AdviseOption] = []
     for b in all_batches:
         for k in options:
             inst = gpus // k
             hit = by_key.get((k, b))
             status, t, t_hi = "measured", None, None
             model: str | None = "measured"
-            detail: dict[str, Any] | None = None
+            detail: ad.AdviseBatchModel | None = None
             if hit is not None:
                 t = hit.per_token_ns
             else:
@@ -355,7 +363,7 @@ def advise(
                             f"predicted from batch {pred.base_batch}",
                             pred.model,
                         )
-                        detail = pred.to_json()
+                        detail = pred.document()
                     else:
                         base = min(near, key=lambda x: (abs(x.batch - b), x.batch))
                         band = roofline_band(base, k, b)
@@ -368,51 +376,58 @@ def advise(
                     status = "not measured"
             if t is None:
                 model = None
-            need = mem_need(k, b, run_dtype)
-            need_low = mem_need(k, b, wdt)
-            row = {
-                "batch": b,
-                "option": _option_name(k, inst),
-                "tp": k,
-                "instances": inst,
-                "status": status,
-                "per_token_latency_ns": int(round(t)) if t is not None else None,
+            need, total = mem_need(k, b, run_dtype)
+            need_low, total_low = mem_need(k, b, wdt)
+            row = ad.AdviseOption(
+                batch=b,
+                option=_option_name(k, inst),
+                tp=k,
+                instances=inst,
+                status=status,
+                per_token_latency_ns=int(round(t)) if t is not None else None,
                 # predicted rows: the same extrapolation with memory and matrix work not overlapping
-                "per_token_latency_no_overlap_ns": int(round(t_hi)) if t_hi is not None else None,
+                per_token_latency_no_overlap_ns=int(round(t_hi)) if t_hi is not None else None,
                 # which batch model (docs/METHOD.md section Batch scaling of a decode); the band's range
-                "model": model if t is not None else None,
-                "per_token_latency_range_ns": [int(round(t)), int(round(t_hi))]
+                model=model if t is not None else None,
+                per_token_latency_range_ns=[int(round(t)), int(round(t_hi))]
                 if (t is not None and t_hi is not None)
                 else None,
-                "batch_model": detail,
-                "tokens_per_s": inst * b * 1e9 / t if t else None,
-                "tokens_per_s_per_instance": b * 1e9 / t if t else None,
-                "memory_per_gpu_bytes": {k2: int(round(v)) for k2, v in need.items()},
-                "fits": fits(need["total"]),
-            }
+                batch_model=detail,
+                tokens_per_s=inst * b * 1e9 / t if t else None,
+                tokens_per_s_per_instance=b * 1e9 / t if t else None,
+                memory_per_gpu_bytes=need,
+                fits=fits(total),
+            )
             if wdt != run_dtype:
-                row["memory_per_gpu_bytes_low_bit"] = {k2: int(round(v)) for k2, v in need_low.items()}
-                row["fits_low_bit"] = fits(need_low["total"])
+                row.memory_per_gpu_bytes_low_bit = need_low
+                row.fits_low_bit = fits(total_low)
             rows.append(row)
 
     cliff = []
     for k in options:
-        entry: dict[str, Any] = {"tp": k, "option": _option_name(k, gpus // k)}
         per_seq = shape.kv_bytes_per_sequence(k, ctx, act)
-        entry["kv_bytes_per_sequence"] = int(round(per_seq))
-        for label, wd in (("run_dtype", run_dtype), ("weight_dtype", wdt)):
-            w = weight_bytes(shape, k, wd, act)
-            entry[f"weights_bytes_{label}"] = int(round(w))
-            if mem is None:
-                entry[f"max_sequences_{label}"] = None
-            else:
-                free = mem - reserve - w
-                entry[f"max_sequences_{label}"] = max(0, int(free // per_seq)) if per_seq > 0 else None
-        a, bb = entry["max_sequences_run_dtype"], entry["max_sequences_weight_dtype"]
-        entry["more_sequences"] = (bb - a) if (a is not None and bb is not None) else None
-        cliff.append(entry)
 
-    recs = [_recommend(b, [r for r in rows if r["batch"] == b], gpus, mem) for b in all_batches]
+        def max_sequences(w: float) -> int | None:
+            if mem is None:
+                return None
+            return max(0, int((mem - reserve - w) // per_seq)) if per_seq > 0 else None  # noqa: B023
+
+        w_run, w_low = weight_bytes(shape, k, run_dtype, act), weight_bytes(shape, k, wdt, act)
+        a, bb = max_sequences(w_run), max_sequences(w_low)
+        cliff.append(
+            ad.AdviseMemoryCliffItem(
+                tp=k,
+                option=_option_name(k, gpus // k),
+                kv_bytes_per_sequence=int(round(per_seq)),
+                weights_bytes_run_dtype=int(round(w_run)),
+                max_sequences_run_dtype=a,
+                weights_bytes_weight_dtype=int(round(w_low)),
+                max_sequences_weight_dtype=bb,
+                more_sequences=(bb - a) if (a is not None and bb is not None) else None,
+            )
+        )
+
+    recs = [_recommend(b, [r for r in rows if r.batch == b], gpus, mem) for b in all_batches]
     return Advice(
         gpus, mem, mem_source, reserve, wdt, ctx, runs, rows, cliff, recs, notes,
         layers=shape.layers, layers_traced=traced_shape.layers,
@@ -423,64 +438,63 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.1f} GiB"
 
 
-def _latency(row: dict[str, Any]) -> str:
+def _latency(row: ad.AdviseOption) -> str:
     """A row's per-token time in words: the band's range when the row has one."""
-    rng = row.get("per_token_latency_range_ns")
+    rng = given(row.per_token_latency_range_ns)
     if rng:
         return f"{rng[0] / 1e6:.2f}-{rng[1] / 1e6:.2f} ms (roofline band)"
-    return f"{row['per_token_latency_ns'] / 1e6:.2f} ms"
+    return f"{(row.per_token_latency_ns or 0) / 1e6:.2f} ms"
 
 
-def _recommend(batch: int, rows: list[dict[str, Any]], gpus: int, mem: float | None) -> dict[str, Any]:
+def _recommend(
+    batch: int, rows: list[ad.AdviseOption], gpus: int, mem: float | None
+) -> ad.AdviseRecommendation:
     """A plain sentence for one batch size."""
     sentences = []
     for r in rows:
-        if r["fits"] is False:
+        if r.fits is False:
+            need = r.memory_per_gpu_bytes
             sentences.append(
-                f"{r['option']} does not fit: each GPU would need {_gib(r['memory_per_gpu_bytes']['total'])} "
-                f"(weights {_gib(r['memory_per_gpu_bytes']['weights'])} + KV cache "
-                f"{_gib(r['memory_per_gpu_bytes']['kv_cache'])}) of {_gib(mem or 0)}."
+                f"{r.option} does not fit: each GPU would need {_gib(need.total)} "
+                f"(weights {_gib(need.weights)} + KV cache {_gib(need.kv_cache)}) of {_gib(mem or 0)}."
             )
-    timed = [r for r in rows if r["tokens_per_s"] is not None and r["fits"] is not False]
+    timed = [(r, r.tokens_per_s) for r in rows if r.tokens_per_s is not None and r.fits is not False]
     if not timed:
         text = f"Batch {batch}: no option both fits and has a per-token time."
-        return {
-            "batch": batch,
-            "best_throughput": None,
-            "best_latency": None,
-            "text": " ".join([text, *sentences]),
-        }
-    best = max(timed, key=lambda r: r["tokens_per_s"])
-    fastest = min(timed, key=lambda r: r["per_token_latency_ns"])
+        return ad.AdviseRecommendation(
+            batch=batch, best_throughput=None, best_latency=None, text=" ".join([text, *sentences])
+        )
+    best, best_tps = max(timed, key=lambda rt: rt[1])
+    fastest, fastest_tps = min(timed, key=lambda rt: rt[0].per_token_latency_ns or 0)
     text = (
-        f"Batch {batch} on {gpus} GPU(s): {best['option']} gives the most tokens/s "
-        f"({best['tokens_per_s']:,.0f} tokens/s, {_latency(best)} per token"
-        + ("" if best["status"] == "measured" else f", {best['status']}")
+        f"Batch {batch} on {gpus} GPU(s): {best.option} gives the most tokens/s "
+        f"({best_tps:,.0f} tokens/s, {_latency(best)} per token"
+        + ("" if best.status == "measured" else f", {best.status}")
         + ")"
     )
-    others = [r for r in timed if r is not best]
+    others = [rt for rt in timed if rt[0] is not best]
     if others:
-        runner = max(others, key=lambda r: r["tokens_per_s"])
-        text += f", {best['tokens_per_s'] / runner['tokens_per_s']:.2f}x {runner['option']}"
+        runner, runner_tps = max(others, key=lambda rt: rt[1])
+        text += f", {best_tps / runner_tps:.2f}x {runner.option}"
     text += "."
     if fastest is not best:
         text += (
-            f" For the lowest latency per token take {fastest['option']} "
-            f"({fastest['per_token_latency_ns'] / 1e6:.2f} ms, {fastest['tokens_per_s']:,.0f} tokens/s)."
+            f" For the lowest latency per token take {fastest.option} "
+            f"({(fastest.per_token_latency_ns or 0) / 1e6:.2f} ms, {fastest_tps:,.0f} tokens/s)."
         )
     else:
         text += " It also has the lowest latency per token."
-    return {
-        "batch": batch,
-        "best_throughput": best["option"],
-        "best_latency": fastest["option"],
-        "text": " ".join([text, *sentences]),
-    }
+    return ad.AdviseRecommendation(
+        batch=batch,
+        best_throughput=best.option,
+        best_latency=fastest.option,
+        text=" ".join([text, *sentences]),
+    )
 
 
 def cliff_sentence(adv: Advice) -> list[str]:
     """How the low-bit weights move the memory cliff, one sentence per option."""
-    return cliff_sentences(convert(adv.to_json(), AdviseDoc))
+    return cliff_sentences(adv.document())
 
 
 def cliff_sentences(doc: AdviseDoc) -> list[str]:

@@ -15,6 +15,7 @@ from tracekit.analyse.batch_model import (
 )
 from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
+from tracekit.model.documents.advise import AdviseRun
 
 GIB = 1024**3
 
@@ -99,17 +100,17 @@ class Measured:
     #: the traced step's kernels (`batch_model.kernel_profile`), when the batch model needs them
     kernels: KernelProfile | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "tp": self.tp,
-            "batch": self.batch,
-            "per_token_ns": int(round(self.per_token_ns)),
-            "per_token_source": self.source,
-            "dtype": self.dtype,
-            "context": self.context,
-            "device": self.device_name,
-        }
+    def document(self) -> AdviseRun:
+        return AdviseRun(
+            path=self.path,
+            tp=self.tp,
+            batch=self.batch,
+            per_token_ns=int(round(self.per_token_ns)),
+            per_token_source=self.source,
+            dtype=self.dtype,
+            context=self.context,
+            device=self.device_name,
+        )
 
 
 def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: float | None = None) -> Measured:

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM
@@ -49,6 +49,8 @@ from tracekit.analyse.compute.roofline import (
 )
 from tracekit.errors import TracekitError
 from tracekit.model.documents import DocumentError, GemmTable, convert
+from tracekit.model.documents import advise as ad
+from tracekit.model.documents.roofline import RooflinePeaks
 
 OTHER = "other"
 #: kernel kinds in report order
@@ -216,15 +218,15 @@ class KindPart:
     def predicted_ns(self) -> float | None:
         return None if self.base_ns is None else self.base_ns + self.added_ns
 
-    def to_json(self) -> dict[str, Any]:
+    def document(self) -> ad.AdviseKindPart:
         p = self.predicted_ns
-        return {
-            "kind": self.kind,
-            "base_ns": None if self.base_ns is None else int(round(self.base_ns)),
-            "predicted_ns": None if p is None else int(round(p)),
-            "added_ns": int(round(self.added_ns)),
-            "source": self.source,
-        }
+        return ad.AdviseKindPart(
+            kind=self.kind,
+            base_ns=None if self.base_ns is None else int(round(self.base_ns)),
+            predicted_ns=None if p is None else int(round(p)),
+            added_ns=int(round(self.added_ns)),
+            source=self.source,
+        )
 
 
 @dataclass
@@ -236,17 +238,17 @@ class BatchPrediction:
     model: str  # "per-kernel" | "gemm-table"
     detail: str
     parts: list[KindPart]
-    floors: dict[str, Any] = field(default_factory=dict)  # the peaks the floors were taken at
+    floors: RooflinePeaks  # the peaks the floors were taken at
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "detail": self.detail,
-            "base_batch": self.base_batch,
-            "base_run": self.base_path,
-            "by_kind": [p.to_json() for p in self.parts],
-            "floors": self.floors,
-        }
+    def document(self) -> ad.AdviseBatchModel:
+        return ad.AdviseBatchModel(
+            model=self.model,
+            detail=self.detail,
+            base_batch=self.base_batch,
+            base_run=self.base_path,
+            by_kind=[p.document() for p in self.parts],
+            floors=self.floors,
+        )
 
 
 def _floors(work: list[Work], peaks: Peaks) -> list[float]:
@@ -329,7 +331,7 @@ def per_kernel(
         + (f", GEMMs from the table {table_name}" if table is not None else "")
         + f"; the time outside kernels held at batch {base.batch}'s"
     )
-    return BatchPrediction(batch, base.batch, base.path, total, model, detail, parts, peaks.to_json())
+    return BatchPrediction(batch, base.batch, base.path, total, model, detail, parts, peaks.document())
 
 
 def from_table(
@@ -385,4 +387,4 @@ def from_table(
         f"GEMMs from the table {table_name} on the run at batch {base_batch}; attention by its roofline, the "
         "non-matrix kernels and the time outside kernels held"
     )
-    return BatchPrediction(batch, base_batch, base_path, total, "gemm-table", detail, parts, peaks.to_json())
+    return BatchPrediction(batch, base_batch, base_path, total, "gemm-table", detail, parts, peaks.document())

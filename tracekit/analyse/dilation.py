@@ -35,6 +35,8 @@ from typing import Any
 
 import numpy as np
 
+from tracekit.model.documents import dilation as dd
+from tracekit.model.documents.base import to_builtins
 from tracekit.read import json_type
 
 #: Default threshold: dilation above 1 + 10% is reported as inflating the coordination share.
@@ -130,35 +132,39 @@ class Dilation:
             s += f" (within the {self.threshold:.0%} threshold)"
         return s
 
-    def to_json(self) -> dict[str, Any]:
-        def tt(t: TokenTimes | None) -> dict[str, Any] | None:
+    def document(self) -> dd.Dilation:
+        def tt(t: TokenTimes | None) -> dd.TokenTimes | None:
             if t is None:
                 return None
-            return {
-                "n": t.n,
-                "skipped": t.skipped,
-                "rounds": len(t.rounds),
-                "median_ns": int(round(t.median_ns)),
-                "mean_ns": int(round(t.mean_ns)),
-                "p10_ns": int(round(t.quantile_ns(0.1))),
-                "p90_ns": int(round(t.quantile_ns(0.9))),
-                "round_mean_ns": [int(round(m)) for m in t.round_means_ns()],
-            }
+            return dd.TokenTimes(
+                n=t.n,
+                skipped=t.skipped,
+                rounds=len(t.rounds),
+                median_ns=int(round(t.median_ns)),
+                mean_ns=int(round(t.mean_ns)),
+                p10_ns=int(round(t.quantile_ns(0.1))),
+                p90_ns=int(round(t.quantile_ns(0.9))),
+                round_mean_ns=[int(round(m)) for m in t.round_means_ns()],
+            )
 
-        return {
-            "dilation": self.dilation,
-            "definition": "mean profiled / mean unprofiled per-token time (slowest rank per token, "
+        return dd.Dilation(
+            dilation=self.dilation,
+            definition="mean profiled / mean unprofiled per-token time (slowest rank per token, "
             "rounds pooled, warm-up skipped per round)",
-            "interval": list(self.interval) if self.interval is not None else None,
-            "rounds": self.rounds,
-            "threshold": self.threshold,
-            "inflated": self.inflated,
-            "unprofiled": tt(self.unprofiled),
-            "profiled": tt(self.profiled),
-            "manifest_dilation": self.manifest_dilation,
-            "source": self.source,
-            "notes": list(self.notes),
-        }
+            interval=list(self.interval) if self.interval is not None else None,
+            rounds=self.rounds,
+            threshold=self.threshold,
+            inflated=self.inflated,
+            unprofiled=tt(self.unprofiled),
+            profiled=tt(self.profiled),
+            manifest_dilation=self.manifest_dilation,
+            source=self.source,
+            notes=list(self.notes),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 class MalformedTimes(ValueError):

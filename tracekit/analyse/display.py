@@ -60,16 +60,15 @@ def shortfall_html(sf: Shortfall) -> str:
     ints = sf.corrected.integers()
     s = ints["shortfall_ns"]
     share = {k: (v / s if s else None) for k, v in ints["terms_ns"].items()}
-    ivs_obj: Any = getattr(sf, "intervals", None)  # the 95% intervals, where the shortfall has them
-    ivs: dict[str, Any] = ivs_obj.to_json() if ivs_obj is not None and hasattr(ivs_obj, "to_json") else {}
-    t_iv, c_iv = ivs.get("terms_ns") or {}, ivs.get("coordination_ns") or {}
+    ivs = sf.intervals.document()  # the 95% intervals
+    t_iv, c_iv = ivs.terms_ns, ivs.coordination_ns
     rows: list[tuple[str, list[str], bool]] = []
     for term, ns in ints["terms_ns"].items():
         rows.append((term, [fmt_ms(ns), _iv(t_iv.get(term)), fmt_pct(share[term])], False))
         if term == "coordination":
             for part, v in ints["coordination_ns"].items():
                 rows.append((part, [fmt_ms(v), _iv(c_iv.get(part)), fmt_pct(v / s if s else None)], True))
-    rows.append(("S", [fmt_ms(s), _iv(ivs.get("shortfall_ns")), fmt_pct(1.0 if s else None)], False))
+    rows.append(("S", [fmt_ms(s), _iv(ivs.shortfall_ns), fmt_pct(1.0 if s else None)], False))
     pt = ints["per_token_ns"]
     src = (
         "per-token times dilation-corrected (traced / dilation)"
@@ -85,11 +84,9 @@ def shortfall_html(sf: Shortfall) -> str:
     )
 
 
-def _breakdown_medians(b: Breakdown) -> tuple[Any, dict[str, Any]]:
-    pt = b.per_token or {}
-    step = (pt.get("step_ns") or {}).get("median")
-    parts = {p: (v or {}).get("median") for p, v in (pt.get("parts_ns") or {}).items()}
-    return step, parts
+def _breakdown_medians(b: Breakdown) -> tuple[int | None, dict[str, int | None]]:
+    pt = b.per_token
+    return pt.step_ns.median, {p: v.median for p, v in pt.parts_ns.items()}
 
 
 def _where(paths: list[str]) -> str:

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
+from tracekit.model.documents import shortfall as sd
+from tracekit.model.documents.base import to_builtins
 from tracekit.model.parts import COORDINATION as COORD
 from tracekit.model.parts import LEAF_PARTS as PARTS
 
@@ -121,20 +122,24 @@ class Intervals:
             "another round's parts are the traced pass's at that round's speed"
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "level": self.level,
-            "resamples": self.resamples,
-            "seed": self.seed,
-            "basis": self.basis,
-            "paired": self.paired,
-            "rounds": dict(self.rounds),
-            "method": self.method,
-            "per_token_ns": {k: list(v) for k, v in self.per_token.items()},
-            "shortfall_ns": list(self.shortfall),
-            "terms_ns": {k: list(v) for k, v in self.terms.items()},
-            "coordination_ns": {k: list(v) for k, v in self.coordination.items()},
-        }
+    def document(self) -> sd.ShortfallIntervals:
+        return sd.ShortfallIntervals(
+            level=self.level,
+            resamples=self.resamples,
+            seed=self.seed,
+            basis=self.basis,
+            paired=self.paired,
+            rounds=dict(self.rounds),
+            method=self.method,
+            per_token_ns=sd.ShortfallIntervalsPerTokenNs(**{k: list(v) for k, v in self.per_token.items()}),
+            shortfall_ns=list(self.shortfall),
+            terms_ns={k: list(v) for k, v in self.terms.items()},
+            coordination_ns={k: list(v) for k, v in self.coordination.items()},
+        )
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -332,46 +337,46 @@ class Reading:
 
     status: str
     cause: str | None
-    terms: dict[str, dict[str, Any]]
-    shortfall: dict[str, Any]
+    terms: dict[str, sd.ShortfallShortfall]
+    shortfall: sd.ShortfallShortfall
     #: the findings the cause does not lead beyond the noise (its lead's interval reaches zero): [{"term", "lead_ns": [lo, hi]}], largest first; the verdict names them with it
-    tied: list[dict[str, Any]] = field(default_factory=list)
+    tied: list[sd.ShortfallTied] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "cause": self.cause,
-            "tied": [dict(t) for t in self.tied],
-            "shortfall": dict(self.shortfall),
-            "terms": {k: dict(v) for k, v in self.terms.items()},
-        }
+    def document(self) -> sd.ShortfallNoise:
+        return sd.ShortfallNoise(
+            status=self.status, cause=self.cause, tied=self.tied, shortfall=self.shortfall, terms=self.terms
+        )
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 def reading(s_ns: int, terms_ns: Mapping[str, int], iv: Intervals) -> Reading:
     """The verdict's reading of the point figures against their intervals (module doc)."""
     terms = {
-        k: {"ns": int(v), "interval": list(iv.terms[k]), "reading": term_reading(iv.terms[k])}
+        k: sd.ShortfallShortfall(ns=int(v), interval=list(iv.terms[k]), reading=term_reading(iv.terms[k]))
         for k, v in terms_ns.items()
         if k in iv.terms
     }
     s_read = term_reading(iv.shortfall)
-    shortfall = {"ns": int(s_ns), "interval": list(iv.shortfall), "reading": s_read}
+    shortfall = sd.ShortfallShortfall(ns=int(s_ns), interval=list(iv.shortfall), reading=s_read)
     if s_read == "within_noise":
         return Reading("too_noisy", None, terms, shortfall)
     if s_read == "negative":
         return Reading("beats_ideal", None, terms, shortfall)
-    found = [k for k, t in terms.items() if t["reading"] == "finding"]
+    found = [k for k, t in terms.items() if t.reading == "finding"]
     if not found:
         return Reading("unattributed", None, terms, shortfall)
-    cause = max(found, key=lambda k: (terms[k]["ns"], k))
+    cause = max(found, key=lambda k: (terms[k].ns, k))
     # the cause is named alone only where it leads every other finding (a term clear of zero)
     # beyond the noise (the lead's interval over the same resamples above zero); a finding it
     # does not lead so is named beside it, the order not claimed (a term within its noise never is)
-    tied: list[dict[str, Any]] = []
+    tied: list[sd.ShortfallTied] = []
     for k in sorted(terms, key=lambda k: (-int(terms_ns[k]), k)):
         lead = iv.lead(cause, k)
-        if k != cause and terms[k]["reading"] == "finding" and lead is not None and lead[0] <= 0:
-            tied.append({"term": k, "lead_ns": list(lead)})
+        if k != cause and terms[k].reading == "finding" and lead is not None and lead[0] <= 0:
+            tied.append(sd.ShortfallTied(term=k, lead_ns=list(lead)))
     return Reading("attributed", cause, terms, shortfall, tied)
 
 

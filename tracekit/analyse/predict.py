@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.analyse.ab import ab_summary
+from tracekit.analyse.ab import ab_document
 from tracekit.analyse.collectives.bandwidth import nccl_tests_size
 from tracekit.analyse.whatif.knobs import ProbeTimes, load_probe
 from tracekit.errors import TracekitError
@@ -172,7 +172,7 @@ def predict_shard(
     probe = probe or load_probe(probe_spec)
     p = probe_ranks if probe_ranks is not None else _probe_ranks(probe_spec)
     rounds = _rounds(m, shard_dir)
-    shard = ab_summary({"shard": rounds}, baseline="shard")["arms"]["shard"]
+    shard = ab_document({"shard": rounds}, baseline="shard").arms["shard"]
     colls = []
     flat_total = ring_total = 0.0
     factor = 1.0 if p is None or p == n or p < 2 else (n - 1) / (p - 1)
@@ -196,8 +196,8 @@ def predict_shard(
                 per_token_ns=round(per * t),
             )
         )
-    t_shard = shard["mean_ns"]
-    lo, hi = shard["interval_ns"]
+    t_shard = shard.mean_ns
+    lo, hi = shard.interval_ns
     flat, ring = round(flat_total), round(ring_total)
     return Prediction(
         tp=n,

@@ -14,6 +14,8 @@ import numpy as np
 
 from tracekit.analyse.exact import round_half_up
 from tracekit.analyse.noise import NEGATIVE_WORDS
+from tracekit.model.documents.base import given
+from tracekit.model.documents.shortfall import ShortfallClasses
 from tracekit.model.parts import COORDINATION, PATH_PARTS
 from tracekit.model.units import ms_or_us as _ms
 
@@ -69,11 +71,11 @@ def verdict(sf: Shortfall) -> str:
 
     def clause(k: str) -> str:
         t = rd.terms[k]
-        if t["reading"] == "finding":
-            return f"{names[k]} is {t['ns'] / s:.0%} ({_ms(t['ns'])} {iv_words(t['interval'])})"
-        if t["reading"] == "negative":
-            return f"{NEGATIVE_WORDS[k].format(n=n)} ({_ms(t['ns'])} {iv_words(t['interval'])})"
-        return f"{names[k]} is within noise {iv_words(t['interval'])}"
+        if t.reading == "finding":
+            return f"{names[k]} is {t.ns / s:.0%} ({_ms(t.ns)} {iv_words(t.interval)})"
+        if t.reading == "negative":
+            return f"{NEGATIVE_WORDS[k].format(n=n)} ({_ms(t.ns)} {iv_words(t.interval)})"
+        return f"{names[k]} is within noise {iv_words(t.interval)}"
 
     # transfer, coordination and compute always; memory and unknown where they are neither
     # noise nor under 1% of S
@@ -83,7 +85,7 @@ def verdict(sf: Shortfall) -> str:
         if k in rd.terms
         and (
             k in ("transfer", "coordination", "compute")
-            or (rd.terms[k]["reading"] != "within_noise" and abs(terms[k]) >= 0.01 * s)
+            or (rd.terms[k].reading != "within_noise" and abs(terms[k]) >= 0.01 * s)
         )
     ]
     if rd.status == "unattributed":
@@ -97,18 +99,16 @@ def verdict(sf: Shortfall) -> str:
     assert top is not None
     # the path sentence names the waiting the path causes; with coordination inside its noise
     # that waiting would be noise passed off as a consequence, so it is left out
-    path = path_cause(sf) if rd.terms["coordination"]["reading"] != "within_noise" else ""
+    path = path_cause(sf) if rd.terms["coordination"].reading != "within_noise" else ""
     if rd.tied:  # the cause does not lead them beyond the noise: named together, the order not claimed
-        named = [top, *(t["term"] for t in rd.tied)]
+        named = [top, *(t.term for t in rd.tied)]
         others = "; ".join(clause(k) for k in shown if k not in named)
-        lead = "; ".join(f"{names[top]} minus {names[t['term']]} {iv_words(t['lead_ns'])}" for t in rd.tied)
+        lead = "; ".join(f"{names[top]} minus {names[t.term]} {iv_words(t.lead_ns)}" for t in rd.tied)
         title = " and ".join([", ".join(names[k] for k in named[:-1]), names[named[-1]]])
         shares = " and ".join(
             [", ".join(f"{terms[k] / s:.0%}" for k in named[:-1]), f"{terms[named[-1]] / s:.0%}"]
         )
-        what = " and ".join(
-            f"{words[k]} ({_ms(terms[k])} {iv_words(rd.terms[k]['interval'])})" for k in named
-        )
+        what = " and ".join(f"{words[k]} ({_ms(terms[k])} {iv_words(rd.terms[k].interval)})" for k in named)
         return (
             f"{title[0].upper() + title[1:]} hold this run back together: {shares} of the {_ms(s)} {s_iv} "
             f"per-token shortfall ({head}) are {what}; which is larger is within noise ({lead})"
@@ -120,7 +120,7 @@ def verdict(sf: Shortfall) -> str:
     others = "; ".join(clause(k) for k in shown if k != top)
     return (
         f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "
-        f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {iv_words(rd.terms[top]['interval'])}); "
+        f"shortfall ({head}) is {words[top]} ({_ms(terms[top])} {iv_words(rd.terms[top].interval)}); "
         f"{others} ({basis}). " + (f"{path} " if path else "") + dil
     )
 
@@ -161,11 +161,11 @@ def robust_path_top(ranges: dict[str, dict[str, list[int]]] | None) -> tuple[str
 def path_cause(sf: Shortfall) -> str:
     """One sentence: what lies on the critical path, and the waiting it causes elsewhere."""
     pi = sf.path_ints()
-    step = pi["step_ns"]
+    step = pi.step_ns
     if step <= 0:
         return ""
     corr = sf.corrections.get("sharded")
-    comp = [(r, p, d[f"{p}_ns"]) for r, d in pi["by_rank"].items() for p in PATH_PARTS]
+    comp = [(r, p, getattr(d, f"{p}_ns")) for r, d in pi.by_rank.items() for p in PATH_PARTS]
     r_top, p_top, v_top = max(comp, key=lambda x: x[2])
     robust = ""
     if corr is not None and not getattr(corr, "identified", True):
@@ -260,15 +260,16 @@ def diagnosis(sf: Shortfall) -> str:
         coord = ints["coordination_ns"]
         lead = max(COORDINATION, key=lambda k: coord[k])
         waits = f"the ranks wait {_ms(wait)} per token at the collectives"
-        st = sf.straggler() if wait > 0 else {"is_straggler": False}
-        if st["is_straggler"]:
-            r = st["rank"]
-            host = sf.path_ints()["by_rank"].get(str(r), {}).get("host_ns", 0)
+        st = sf.straggler() if wait > 0 else None
+        if st is not None and st.is_straggler:
+            r = st.rank
+            on = sf.path_ints().by_rank.get(str(r))
+            host = on.host_ns if on is not None else 0
             on_path = f", and its host time on the critical path is {_ms(host)} per token" if host > 0 else ""
             return (
-                f"Rank {r} is a straggler: it arrives last at {st['last_share']:.0%} of the collectives, "
-                f"{_ms(st['lateness_ns_median'])} after the others on median (symmetric launch-bound hosts "
-                f"explain up to {_ms(st['threshold_ns'])}){on_path}: look at what rank {r} does before "
+                f"Rank {r} is a straggler: it arrives last at {st.last_share:.0%} of the collectives, "
+                f"{_ms(given(st.lateness_ns_median) or 0)} after the others on median (symmetric launch-bound hosts "
+                f"explain up to {_ms(given(st.threshold_ns) or 0)}){on_path}: look at what rank {r} does before "
                 "each collective."
             )
         if host_bound:
@@ -319,10 +320,10 @@ def diagnosis(sf: Shortfall) -> str:
         )
     if top == "compute":
         cs = sf.compute_scaling()
-        if gpu and cs.get("available"):
-            cls = cs["classes"]
-            worst = max(("replicated", "partly_shrank", "added"), key=lambda c: cls[c]["lost_ns"])
-            k = cls[worst]
+        if gpu and cs.available and isinstance(cs.classes, ShortfallClasses):
+            cls = cs.classes
+            worst = max(("replicated", "partly_shrank", "added"), key=lambda c: getattr(cls, c).lost_ns)
+            k = getattr(cls, worst)
             what = {
                 "replicated": "kernels the TP layout repeats on every rank (norms, rotary, casts, copies) that do "
                 "not shrink at all",
@@ -330,8 +331,8 @@ def diagnosis(sf: Shortfall) -> str:
                 "added": "kernels only the sharded run has",
             }[worst]
             where = (
-                f"{k['kernels_per_token']} {what} lose {k['lost_ns'] / 1e6:.2f} ms per token"
-                + (f" (top: {k['top'][0]['name'][:60]})" if k["top"] else "")
+                f"{k.kernels_per_token} {what} lose {k.lost_ns / 1e6:.2f} ms per token"
+                + (f" (top: {k.top[0].name[:60]})" if k.top else "")
                 + "; fuse them or run fewer (`compute_scaling` in the JSON, `tracekit roofline`)"
             )
         else:

@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.model.documents.base import JSONObject
+from tracekit.model.documents.base import JSONObject, to_builtins
+from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 #: Event kinds (the `kind` column).
 KINDS: tuple[str, ...] = (
@@ -159,8 +160,13 @@ class DataQuality:
                 self.notes.append(note)
         return self
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"counts": dict(sorted(self.counts.items())), "notes": list(self.notes)}
+    def document(self) -> BreakdownDataQuality:
+        """The `data_quality` object of a document: counts by key (sorted), the notes in order."""
+        return BreakdownDataQuality(counts=dict(sorted(self.counts.items())), notes=list(self.notes))
+
+    def to_dict(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 @dataclass

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 from tracekit.model import units
 from tracekit.model.documents import Diff
-from tracekit.model.documents.diff import DiffDilationBefore
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
 from tracekit.render.writers import Table, console_text, escape, markdown_table, text_console
 
 #: one rendered table: title, header, rows (strings)
@@ -181,7 +181,7 @@ def sections(doc: Diff) -> list[Section]:
     return out
 
 
-def _dilation_words(d: DiffDilationBefore) -> str:
+def _dilation_words(d: ShortfallAppliedBaseline) -> str:
     if d.factor is None:
         return "unknown"
     text = f"{d.factor:.2f}x"

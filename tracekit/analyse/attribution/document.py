@@ -17,6 +17,7 @@ from tracekit.analyse.attribution.terms import Attribution
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.noise import RunSample
 from tracekit.analyse.timeline.windows import assign_steps
+from tracekit.model.documents import shortfall as sd
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
@@ -25,7 +26,7 @@ from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
 SCHEMA_VERSION = "1.5"
 
 
-def path_integers(path: Mapping[str, Any]) -> dict[str, Any]:
+def path_integers(path: Mapping[str, Any]) -> sd.ShortfallUncorrected:
     """A per-token critical path (by_rank Fractions, offset, step) as integers: by_rank ->
     {<part>_ns, total_ns}, offset_ns, step_ns; the components and the offset are rounded by largest
     remainder to sum to step_ns exactly."""
@@ -35,25 +36,29 @@ def path_integers(path: Mapping[str, Any]) -> dict[str, Any]:
         for p in PATH_PARTS:
             flat[f"{r}:{p}"] = d[p]
     ints = round_to_sum(flat, total)
-    by_rank = {str(r): {f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS} for r in sorted(path["by_rank"])}
-    for d in by_rank.values():
-        d["total_ns"] = sum(d[f"{p}_ns"] for p in PATH_PARTS)
-    return {"step_ns": total, "offset_ns": ints["offset"], "by_rank": by_rank}
+    by_rank = {
+        str(r): sd.ShortfallByRankValue(
+            **{f"{p}_ns": ints[f"{r}:{p}"] for p in PATH_PARTS},
+            total_ns=sum(ints[f"{r}:{p}"] for p in PATH_PARTS),
+        )
+        for r in sorted(path["by_rank"])
+    }
+    return sd.ShortfallUncorrected(step_ns=total, offset_ns=ints["offset"], by_rank=by_rank)
 
 
-def per_rank_json(per_rank: Mapping[int, Attribution], run: RunParts) -> list[dict[str, Any]]:
+def per_rank_json(per_rank: Mapping[int, Attribution], run: RunParts) -> list[sd.ShortfallPerRankItem]:
     out = []
     for r in sorted(per_rank):
         i = per_rank[r].integers()
         pr = run.per_rank[r]
         out.append(
-            {
-                "rank": int(r),
-                "terms_ns": i["terms_ns"],
-                "coordination_ns": i["coordination_ns"],
-                "own_window_ns": round_half_up(pr["own_window"]),
-                "pad_ns": round_half_up(pr["pad"]),
-            }
+            sd.ShortfallPerRankItem(
+                rank=int(r),
+                terms_ns=i["terms_ns"],
+                coordination_ns=i["coordination_ns"],
+                own_window_ns=round_half_up(pr["own_window"]),
+                pad_ns=round_half_up(pr["pad"]),
+            )
         )
     return out
 
@@ -89,24 +94,27 @@ def median_window(run: RunParts, ad: AppliedDilation, source: str) -> int:
     return int(round(med))
 
 
-def steps_json(run: RunParts) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "pattern": run.step_pattern,
-        "total": int(len(run.slowest)),
-        "steady": int(run.slowest["steady"].sum()),
-        "timeline": run.timeline,
-        "slowest_rank_counts": {
+def steps_json(run: RunParts) -> sd.ShortfallStepsBaseline:
+    out = sd.ShortfallStepsBaseline(
+        pattern=run.step_pattern,  # type: ignore[arg-type]
+        total=int(len(run.slowest)),
+        steady=int(run.slowest["steady"].sum()),
+        timeline=run.timeline,
+        slowest_rank_counts={
             str(int(k)): int(v) for k, v in run.steady["rank"].value_counts().sort_index().items()
         },
-    }
+    )
     if run.token_steps is not None:
         # only where the step names say their kind (serving engines): which steps are tokens
-        out["per_token_steps"] = {**run.token_steps.to_json(), "steady": int(run.slowest["steady"].sum())}
-        out["kinds"] = run.step_kinds
+        used = run.token_steps.document()
+        out.per_token_steps = sd.ShortfallPerTokenSteps(
+            kind=used.kind, batch=used.batch, steps=used.steps, rule=used.rule, steady=out.steady
+        )
+        out.kinds = run.step_kinds
     return out
 
 
-def collectives_json(run: RunParts) -> dict[str, Any]:
+def collectives_json(run: RunParts) -> sd.ShortfallCollectives:
     coll = run.collectives
     inst = coll.instances
     pr = coll.per_rank
@@ -133,31 +141,31 @@ def collectives_json(run: RunParts) -> dict[str, Any]:
             ig = inst[(inst["op"] == op) & (inst["size_bytes"] == size) & (inst["bytes_source"] == src)]
             bw = ig["busbw_gbps"].dropna()
             by_op.append(
-                {
-                    "op": str(op),
-                    "bytes": int(size),
-                    "bytes_source": str(src),  # "trace" | "manifest" | "unknown"
-                    "count": int(len(ig)),
+                sd.ShortfallByOpItem(
+                    op=str(op),
+                    bytes=int(size),
+                    bytes_source=str(src),  # "trace" | "manifest" | "unknown"
+                    count=int(len(ig)),
                     # per instance the wait of the ranks that waited (the last arriver waits 0 by
                     # definition), then the median over instances
-                    "wait_ns_median": int(round(float(ig["wait_ns_max"].median()))),
-                    "transfer_ns_median": int(round(float(g["transfer_ns"].median()))),
-                    "skew_ns_median": int(round(float(ig["skew_ns"].median()))),
-                    "busbw_gbps_median": float(bw.median()) if len(bw) else None,
-                }
+                    wait_ns_median=int(round(float(ig["wait_ns_max"].median()))),
+                    transfer_ns_median=int(round(float(g["transfer_ns"].median()))),
+                    skew_ns_median=int(round(float(ig["skew_ns"].median()))),
+                    busbw_gbps_median=float(bw.median()) if len(bw) else None,
+                )
             )
-    return {
-        "instances": int(len(inst)),
-        "per_token": in_steady / n_steady,
-        "level": coll.level,
-        "match_by": coll.match_by,
-        "by_op": by_op,
-    }
+    return sd.ShortfallCollectives(
+        instances=int(len(inst)),
+        per_token=in_steady / n_steady,
+        level=coll.level,
+        match_by=coll.match_by,
+        by_op=by_op,
+    )
 
 
 def step_spread(
     base: RunParts, sharded: RunParts, factor: Fraction, shift: Mapping[str, Fraction]
-) -> dict[str, dict[str, int]]:
+) -> dict[str, sd.ShortfallCompute]:
     """p10 / median / p90 over the sharded run's steady steps of each per-step term
     (PN_step - f * mean P1), shifted by the reconciliation (`shift`: corrected - uncorrected mean)."""
     st = sharded.steady
@@ -174,23 +182,23 @@ def step_spread(
         "idle": ("idle",),
         "unknown": ("unknown",),
     }
-    out: dict[str, dict[str, int]] = {}
+    out: dict[str, sd.ShortfallCompute] = {}
     for name, keys in groups.items():
         vals = sum(per_step[k] for k in keys) + float(sum(shift[k] for k in keys))
         arr = np.asarray(vals, dtype=np.float64)
-        out[name] = {
-            "p10": int(round(float(np.quantile(arr, 0.1)))),
-            "median": int(round(float(np.median(arr)))),
-            "p90": int(round(float(np.quantile(arr, 0.9)))),
-        }
+        out[name] = sd.ShortfallCompute(
+            p10=int(round(float(np.quantile(arr, 0.1)))),
+            median=int(round(float(np.median(arr)))),
+            p90=int(round(float(np.quantile(arr, 0.9)))),
+        )
     shortfall = (
         st["window_ns"].to_numpy(np.float64)
         - float(factor * base.per_token["window"])
         + float(sum(shift[k] for k in LEAF_PARTS))
     )
-    out["shortfall"] = {
-        "p10": int(round(float(np.quantile(shortfall, 0.1)))),
-        "median": int(round(float(np.median(shortfall)))),
-        "p90": int(round(float(np.quantile(shortfall, 0.9)))),
-    }
+    out["shortfall"] = sd.ShortfallCompute(
+        p10=int(round(float(np.quantile(shortfall, 0.1)))),
+        median=int(round(float(np.median(shortfall)))),
+        p90=int(round(float(np.quantile(shortfall, 0.9)))),
+    )
     return out

@@ -11,6 +11,7 @@ from typing import Any
 
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.exact import round_half_up
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
 
 
@@ -158,20 +159,20 @@ class AppliedDilation:
             return None
         return float(t / self.unprofiled_mean_ns) - 1.0
 
-    def to_json(self) -> dict[str, Any]:
+    def document(self) -> ShortfallAppliedBaseline:
         t = self.target_ns
-        return {
-            "factor": self.factor,
-            "interval": list(self.interval) if self.interval else None,
-            "method": self.method,
-            "traced_mean_ns": round_half_up(self.traced_mean_ns),
-            "corrected_mean_ns": round_half_up(t) if t is not None else None,
-            "unprofiled_mean_ns": round_half_up(self.unprofiled_mean_ns)
+        return ShortfallAppliedBaseline(
+            factor=self.factor,
+            interval=list(self.interval) if self.interval else None,
+            method=self.method,
+            traced_mean_ns=round_half_up(self.traced_mean_ns),
+            corrected_mean_ns=round_half_up(t) if t is not None else None,
+            unprofiled_mean_ns=round_half_up(self.unprofiled_mean_ns)
             if self.unprofiled_mean_ns is not None
             else None,
-            "drift": self.drift,
-            "unprofiled_rounds": self.rounds,
-        }
+            drift=self.drift,
+            unprofiled_rounds=self.rounds,
+        )
 
 
 def applied_dilation(run: RunParts) -> AppliedDilation:

@@ -30,8 +30,10 @@ from tracekit.analyse.display import shortfall_html, shortfall_repr
 from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
+from tracekit.model.documents import shortfall as sd
+from tracekit.model.documents.base import to_builtins
 from tracekit.model.events import DataQuality
-from tracekit.model.parts import term_words
+from tracekit.model.parts import PATH_PARTS, term_words
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class Shortfall:
     uncorrected: Attribution
     per_token_source: str  # "unprofiled" | "trace"
     reconciliation: str
-    spread_ns: dict[str, dict[str, int]]
+    spread_ns: dict[str, sd.ShortfallCompute]
     data_quality: DataQuality
     per_rank: dict[int, Attribution]  # each sharded rank's own parts (corrected) against the baseline
     per_rank_uncorrected: dict[int, Attribution]
@@ -109,19 +111,22 @@ class Shortfall:
 
     # ---- the critical path
 
-    def path_ints(self, corrected: bool = True) -> dict[str, Any]:
+    def path_ints(self, corrected: bool = True) -> sd.ShortfallUncorrected:
         """The critical path per token as integers: by_rank -> {<part>_ns}, offset_ns, step_ns; the
         components and the offset are rounded by largest remainder to sum to step_ns exactly."""
         return path_integers(self.path if corrected else self.path_uncorrected)
 
-    def straggler(self) -> dict[str, Any]:
+    def straggler(self) -> sd.ShortfallStraggler:
         """Is one rank late by more than symmetric launch-bound hosts explain? (`straggler_test`)"""
         return straggler_test(self.baseline, self.sharded, self.n_ranks)
 
-    def _correction_json(self) -> dict[str, Any]:
+    def _correction_json(self) -> dict[str, sd.ShortfallCorrection | None]:
         """Each run's correction; where the sharded one is not identified, its ranges of wait, sync
         and idle also as terms (`term_ranges`: less N1/N x the baseline's corrected part)."""
-        out = {k: (c.to_json() if c is not None else None) for k, c in self.corrections.items()}
+        out = {
+            k: (sd.ShortfallCorrection(**c.to_json()) if c is not None else None)
+            for k, c in self.corrections.items()
+        }
         cs, cb = self.corrections.get("sharded"), self.corrections.get("baseline")
         doc = out.get("sharded")
         if doc is not None and cs is not None and cs.ranges is not None and cb is not None:
@@ -130,7 +135,7 @@ class Shortfall:
                 k: sum((p[k] for p in cb.per_rank.values()), Fraction(0)) / max(len(cb.per_rank), 1)
                 for k in ("wait", "sync", "idle")
             }
-            doc["term_ranges"] = {
+            doc.term_ranges = {
                 k: {
                     who: [int(math.floor(lo - f * base[k])), int(math.ceil(hi - f * base[k]))]
                     for who, (lo, hi) in cs.ranges[k].items()
@@ -163,7 +168,7 @@ class Shortfall:
         """`tracekit.analyse.prose.inflated` (the prose lives there)."""
         return prose.inflated(self)
 
-    def compute_scaling(self) -> dict[str, Any]:
+    def compute_scaling(self) -> sd.ShortfallComputeScaling:
         """The compute term split by kernel: replicated, shrank N-fold, partly shrank, added,
         removed (`tracekit.analyse.kernel_scaling`), summing to the printed compute term."""
         empty = pd.DataFrame(columns=list(KERNEL_COLUMNS))
@@ -176,118 +181,124 @@ class Shortfall:
             self.corrected.integers()["terms_ns"]["compute"],
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def document(self) -> sd.Shortfall:
+        """The document of docs/JSON.md#shortfall."""
         ints = self.corrected.integers()
         unc = self.uncorrected.integers()
         s = ints["shortfall_ns"]
         coll = self.sharded.collectives
         d_b, d_s = self.baseline.dilation, self.sharded.dilation
         ad_b, ad_s = self.applied["baseline"], self.applied["sharded"]
-        doc: dict[str, Any] = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "tracekit.shortfall",
-            "n_ranks": self.n_ranks,
-            "baseline_ranks": self.baseline.n_ranks,
-            "per_token_ns": ints["per_token_ns"],
-            "per_token_source": self.per_token_source,
-            "per_token_median_ns": {
-                "baseline": median_window(self.baseline, ad_b, self.per_token_source),
-                "sharded": median_window(self.sharded, ad_s, self.per_token_source),
-            },
-            "shortfall_ns": s,
-            "terms_ns": ints["terms_ns"],
-            "coordination_ns": ints["coordination_ns"],
-            "shares": {k: (v / s if s else None) for k, v in ints["terms_ns"].items()},
-            "term_words": {k: v for k, v in self.term_words().items() if k in ints["terms_ns"]},
-            "aggregate": "mean over ranks of each rank's parts (each rank's window padded to the step time with idle)",
-            "per_rank": per_rank_json(self.per_rank, self.sharded),
-            "critical_path": {
-                **self.path_ints(),
-                "cause": self.path_cause(),
-                "hops_per_step_median": float(
+        path = self.path_ints()
+        return sd.Shortfall(
+            schema_version=SCHEMA_VERSION,
+            kind="tracekit.shortfall",
+            n_ranks=self.n_ranks,
+            baseline_ranks=self.baseline.n_ranks,
+            per_token_ns=sd.ShortfallPerTokenNs(**ints["per_token_ns"]),
+            per_token_source=self.per_token_source,
+            per_token_median_ns=sd.ShortfallPerTokenMedianNs(
+                baseline=median_window(self.baseline, ad_b, self.per_token_source),
+                sharded=median_window(self.sharded, ad_s, self.per_token_source),
+            ),
+            shortfall_ns=s,
+            terms_ns=ints["terms_ns"],
+            coordination_ns=ints["coordination_ns"],
+            shares={k: (v / s if s else None) for k, v in ints["terms_ns"].items()},
+            term_words={k: v for k, v in self.term_words().items() if k in ints["terms_ns"]},
+            aggregate="mean over ranks of each rank's parts (each rank's window padded to the step time with idle)",
+            per_rank=per_rank_json(self.per_rank, self.sharded),
+            critical_path=sd.ShortfallCriticalPath(
+                step_ns=path.step_ns,
+                offset_ns=path.offset_ns,
+                by_rank=path.by_rank,
+                cause=self.path_cause(),
+                hops_per_step_median=float(
                     self.sharded.critical.per_step.drop_duplicates("step")["hops"].median()
                 )
                 if len(self.sharded.critical.per_step)
                 else 0.0,
-                "baseline": self._base_path_ints(),
-                "uncorrected": self.path_ints(corrected=False),
-            },
-            "straggler": self.straggler(),
-            "compute_scaling": self.compute_scaling(),
-            "spread_ns": self.spread_ns,
-            "verdict": self.verdict(),
-            "intervals": self.intervals.to_json(),
-            "noise": self.noise().to_json(),
-            "diagnosis": self._noise_checked_diagnosis(),
-            "dilation": {
-                "definition": "profiled / unprofiled per-token time, measured by the capture's alternating "
+                baseline=self._base_path_ints(),
+                uncorrected=self.path_ints(corrected=False),
+            ),
+            straggler=self.straggler(),
+            compute_scaling=self.compute_scaling(),
+            spread_ns=self.spread_ns,
+            verdict=self.verdict(),
+            intervals=self.intervals.document(),
+            noise=self.noise().document(),
+            diagnosis=self._noise_checked_diagnosis(),
+            dilation=sd.ShortfallDilation(
+                definition="profiled / unprofiled per-token time, measured by the capture's alternating "
                 "rounds (median of per-round ratios; one round: the mean ratio); the corrected per-token time is "
                 "the trace's divided by exactly this factor",
-                "baseline": ad_b.factor,
-                "sharded": ad_s.factor,
-                "interval": {
-                    "baseline": list(ad_b.interval) if ad_b.interval else None,
-                    "sharded": list(ad_s.interval) if ad_s.interval else None,
-                },
-                "applied": {"baseline": ad_b.to_json(), "sharded": ad_s.to_json()},
-                "threshold": d_s.threshold,
-                "inflated": self._inflated(),
-                "reconciliation": self.reconciliation,
-                "correction": self._correction_json(),
-                "runs": {"baseline": d_b.to_json(), "sharded": d_s.to_json()},
-            },
-            "uncorrected": {
-                "per_token_ns": unc["per_token_ns"],
-                "shortfall_ns": unc["shortfall_ns"],
-                "terms_ns": unc["terms_ns"],
-                "coordination_ns": unc["coordination_ns"],
-                "shares": {
+                baseline=ad_b.factor,
+                sharded=ad_s.factor,
+                interval=sd.ShortfallInterval(
+                    baseline=list(ad_b.interval) if ad_b.interval else None,
+                    sharded=list(ad_s.interval) if ad_s.interval else None,
+                ),
+                applied=sd.ShortfallApplied(baseline=ad_b.document(), sharded=ad_s.document()),
+                threshold=d_s.threshold,
+                inflated=self._inflated(),
+                reconciliation=self.reconciliation,
+                correction=self._correction_json(),
+                runs=sd.ShortfallRuns(baseline=d_b.document(), sharded=d_s.document()),
+            ),
+            uncorrected=sd.ShortfallUncorrected_(
+                per_token_ns=sd.ShortfallPerTokenNs(**unc["per_token_ns"]),
+                shortfall_ns=unc["shortfall_ns"],
+                terms_ns=unc["terms_ns"],
+                coordination_ns=unc["coordination_ns"],
+                shares={
                     k: (v / unc["shortfall_ns"] if unc["shortfall_ns"] else None)
                     for k, v in unc["terms_ns"].items()
                 },
-                "per_rank": per_rank_json(self.per_rank_uncorrected, self.sharded),
-            },
-            "stragglers": coll.stragglers_json(),
-            "collectives": collectives_json(self.sharded),
-            "clock": coll.clock.to_json(),
-            "steps": {
-                "baseline": steps_json(self.baseline),
-                "sharded": steps_json(self.sharded),
-            },
-            "data_quality": self.data_quality.to_dict(),
-        }
-        return doc
+                per_rank=per_rank_json(self.per_rank_uncorrected, self.sharded),
+            ),
+            stragglers=coll.stragglers_json(),
+            collectives=collectives_json(self.sharded),
+            clock=coll.clock.document(),
+            steps=sd.ShortfallSteps(baseline=steps_json(self.baseline), sharded=steps_json(self.sharded)),
+            data_quality=self.data_quality.document(),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The document as plain JSON values (`to_builtins(document())`; cli/shortfall.py still reads
+        it by key)."""
+        out: dict[str, Any] = to_builtins(self.document())
+        return out
 
     def to_frame(self) -> pd.DataFrame:
-        """The attribution of S as a table, from `to_json()` (so the two agree): one row per term
+        """The attribution of S as a table, from `document()` (so the two agree): one row per term
         (`terms_ns`), then the coordination components (`parent` "coordination"); columns `ns`,
         `share` (of S), `p10_ns`, `median_ns`, `p90_ns` (spread over steps), `uncorrected_ns`."""
-        doc = self.to_json()
-        s = doc["shortfall_ns"]
-        spread, unc = doc["spread_ns"], doc["uncorrected"]
+        doc = self.document()
+        s = doc.shortfall_ns
         rows = []
         for parent, key in (("", "terms_ns"), ("coordination", "coordination_ns")):
-            for term, ns in doc[key].items():
-                sp = spread.get(term, {})
+            for term, ns in getattr(doc, key).items():
+                sp = doc.spread_ns.get(term)
                 rows.append(
                     {
                         "term": term,
                         "parent": parent,
                         "ns": ns,
                         "share": ns / s if s else None,
-                        "p10_ns": sp.get("p10"),
-                        "median_ns": sp.get("median"),
-                        "p90_ns": sp.get("p90"),
-                        "uncorrected_ns": unc[key].get(term),
+                        "p10_ns": sp.p10 if sp else None,
+                        "median_ns": sp.median if sp else None,
+                        "p90_ns": sp.p90 if sp else None,
+                        "uncorrected_ns": getattr(doc.uncorrected, key).get(term),
                     }
                 )
         return pd.DataFrame(rows)
 
-    def _base_path_ints(self) -> dict[str, Any]:
+    def _base_path_ints(self) -> sd.ShortfallBaseline:
         ints = path_integers(self.base_path)
-        return {
-            "step_ns": ints["step_ns"],
-            "by_rank": {
-                r: {k: v for k, v in d.items() if k != "total_ns"} for r, d in ints["by_rank"].items()
+        return sd.ShortfallBaseline(
+            step_ns=ints.step_ns,
+            by_rank={
+                r: sd.ShortfallPathParts(**{f"{p}_ns": getattr(d, f"{p}_ns") for p in PATH_PARTS})
+                for r, d in ints.by_rank.items()
             },
-        }
+        )

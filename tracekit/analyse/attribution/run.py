@@ -37,6 +37,7 @@ from tracekit.analyse.timeline.partition import (
 )
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import RankError, StepError
+from tracekit.model.documents.breakdown import BreakdownStepKind
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
 
@@ -72,7 +73,7 @@ class RunParts:
     #: the steps the per-token figures use when the step names carry kinds (decode of one batch size)
     token_steps: TokenSteps | None = None
     #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
-    step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    step_kinds: list[BreakdownStepKind] = field(default_factory=list)
     #: the run's dependency graph the critical path was walked on (`path.graph.assemble`): the profiler
     #: correction re-times it (`tracekit.analyse.attribution.correction`); None where it was not kept
     graph: Graph | None = None
@@ -242,7 +243,7 @@ class AttributedSteps:
     timeline: str
     kernels: pd.DataFrame | None = None  # every rank's compute kernels per step, in launch order
     token_steps: TokenSteps | None = None
-    step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    step_kinds: list[BreakdownStepKind] = field(default_factory=list)
 
 
 def assemble_attribution(

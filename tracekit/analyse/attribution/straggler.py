@@ -5,12 +5,12 @@ makes a rank the last one at a share of a run's collectives (`last_share_p_value
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.timeline.windows import assign_steps
+from tracekit.model.documents.shortfall import ShortfallStraggler
 
 STRAGGLER_ALPHA = 0.01
 """A rank is last more often than chance only when `last_share_p_value` is below this."""
@@ -40,7 +40,7 @@ def last_share_p_value(last_count: int, instances: int, n_ranks: int) -> float:
     return float(min(1.0, n_ranks * np.exp(log_pmf).sum()))
 
 
-def straggler_test(baseline: RunParts, sharded: RunParts, n_ranks: int) -> dict[str, Any]:
+def straggler_test(baseline: RunParts, sharded: RunParts, n_ranks: int) -> ShortfallStraggler:
     """Is one rank late by more than symmetric launch-bound hosts explain? (docs/METHOD-NOTES.md)
 
     Per collective instance, the lateness of its last rank = last arrival - the arrival before
@@ -52,7 +52,7 @@ def straggler_test(baseline: RunParts, sharded: RunParts, n_ranks: int) -> dict[
     interval ((p90 - p10) / collectives per step). Both figures are traced ones (the profiler
     slows both runs' hosts alike)."""
     coll = sharded.collectives
-    out: dict[str, Any] = {"rank": None, "is_straggler": False}
+    out = ShortfallStraggler(rank=None, is_straggler=False)
     pr = coll.per_rank
     if n_ranks < 2 or pr.empty:
         return out
@@ -77,16 +77,13 @@ def straggler_test(baseline: RunParts, sharded: RunParts, n_ranks: int) -> dict[
     spread = float(np.quantile(base_idle, 0.9) - np.quantile(base_idle, 0.1)) / per_step
     threshold = 3.0 * per_seg + spread
     p_chance = last_share_p_value(int(counts.iloc[0]), len(last_rank), n_ranks)
-    out.update(
-        {
-            "rank": cand,
-            "last_share": share,
-            "last_share_p_value": p_chance,
-            "lateness_ns_median": int(round(lat)),
-            "threshold_ns": int(round(threshold)),
-            "baseline_host_per_interval_ns": int(round(per_seg)),
-            "collectives_per_step": per_step,
-            "is_straggler": bool(share >= 0.5 and p_chance < STRAGGLER_ALPHA and lat > threshold),
-        }
+    return ShortfallStraggler(
+        rank=cand,
+        is_straggler=bool(share >= 0.5 and p_chance < STRAGGLER_ALPHA and lat > threshold),
+        last_share=share,
+        last_share_p_value=p_chance,
+        lateness_ns_median=int(round(lat)),
+        threshold_ns=int(round(threshold)),
+        baseline_host_per_interval_ns=int(round(per_seg)),
+        collectives_per_step=per_step,
     )
-    return out

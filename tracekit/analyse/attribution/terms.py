@@ -6,10 +6,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TypedDict
 
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.model.parts import COORDINATION, LEAF_PARTS
+
+
+class AttributionIntegers(TypedDict):
+    """An attribution's figures in integer ns, summing exactly: T1, TN and the ideal per token, S,
+    its terms (the leaf terms rounded by largest remainder) and the coordination split."""
+
+    per_token_ns: dict[str, int]
+    shortfall_ns: int
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
 
 
 @dataclass
@@ -36,7 +46,7 @@ class Attribution:
         assert sum(t.values()) == self.shortfall_ns, "terms do not sum to the shortfall"
         return t
 
-    def integers(self) -> dict[str, Any]:
+    def integers(self) -> AttributionIntegers:
         """The JSON figures: ints that sum exactly (largest remainder on the leaf terms)."""
         base = round_half_up(self.baseline_ns)
         sharded = round_half_up(self.sharded_ns)
@@ -52,12 +62,12 @@ class Attribution:
         if self.leaf_terms["unknown"] != 0 or leaf["unknown"] != 0:
             terms["unknown"] = leaf["unknown"]
         assert sum(terms.values()) == s
-        return {
-            "per_token_ns": {"baseline": base, "sharded": sharded, "ideal": ideal},
-            "shortfall_ns": s,
-            "terms_ns": terms,
-            "coordination_ns": {k: leaf[k] for k in COORDINATION},
-        }
+        return AttributionIntegers(
+            per_token_ns={"baseline": base, "sharded": sharded, "ideal": ideal},
+            shortfall_ns=s,
+            terms_ns=terms,
+            coordination_ns={k: leaf[k] for k in COORDINATION},
+        )
 
 
 def attribute(base: Mapping[str, Fraction], sharded: Mapping[str, Fraction], factor: Fraction) -> Attribution:

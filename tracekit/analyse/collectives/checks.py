@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
+from tracekit.model.documents.shortfall import ShortfallCheck, ShortfallWorst
 from tracekit.model.events import DataQuality
 
 #: Default end-spread thresholds of the clock check, per level (`end_spread_check`). A collective
@@ -28,7 +27,7 @@ def end_spread_check(
     level: str,
     dq: DataQuality,
     threshold_ns: int | None = None,
-) -> dict[str, Any]:
+) -> ShortfallCheck:
     """The clock check: matched instances end together on every rank (a collective ends when its
     data has arrived everywhere), so their end spread (max e - min e on the aligned clock,
     `instances.end_spread_ns`) must stay small. Counts the instances of more than one rank whose
@@ -42,18 +41,18 @@ def end_spread_check(
     """
     thr = int(threshold_ns) if threshold_ns is not None else END_SPREAD_THRESHOLD_NS.get(level)
     multi = instances[instances["n_ranks"] > 1] if len(instances) else instances
-    out: dict[str, Any] = {
-        "level": level,
-        "threshold_ns": thr,
-        "instances": len(multi),
-        "instances_over": 0 if thr is not None else None,
-        "median_ns": None,
-        "p99_ns": None,
-        "max_ns": None,
-        "worst": None,
-    }
+    out = ShortfallCheck(
+        level=level,
+        threshold_ns=thr,
+        instances=len(multi),
+        instances_over=0 if thr is not None else None,
+        median_ns=None,
+        p99_ns=None,
+        max_ns=None,
+        worst=None,
+    )
     if thr is None:
-        out["note"] = (
+        out.note = (
             "not checked: host collective ops return once the work is enqueued, so their ends need not agree"
             if level == "host_op"
             else "not checked: no collectives"
@@ -62,32 +61,32 @@ def end_spread_check(
         return out
     spread = multi["end_spread_ns"].to_numpy(np.int64)
     median_ns = int(np.rint(np.median(spread)))
-    out["median_ns"] = median_ns
-    out["p99_ns"] = int(np.rint(np.percentile(spread, 99)))
-    out["max_ns"] = int(spread.max())
+    out.median_ns = median_ns
+    out.p99_ns = int(np.rint(np.percentile(spread, 99)))
+    out.max_ns = int(spread.max())
     w = multi.iloc[int(np.argmax(spread))]
     rows = per_rank[per_rank["instance"] == int(w["instance"])].sort_values(["end_ns", "rank"])
-    worst: dict[str, Any] = {
-        "instance": int(w["instance"]),
-        "op": str(w["op"]),
-        "group": str(w["group"]),
-        "spread_ns": int(w["end_spread_ns"]),
-        "first_rank": int(rows["rank"].iloc[0]),
-        "last_rank": int(rows["rank"].iloc[-1]),
-    }
-    out["worst"] = worst
+    worst = ShortfallWorst(
+        instance=int(w["instance"]),
+        op=str(w["op"]),
+        group=str(w["group"]),
+        spread_ns=int(w["end_spread_ns"]),
+        first_rank=int(rows["rank"].iloc[0]),
+        last_rank=int(rows["rank"].iloc[-1]),
+    )
+    out.worst = worst
     if thr is None:
         return out
     over = int((spread > thr).sum())
-    out["instances_over"] = over
+    out.instances_over = over
     if over:
         dq.add(
             "collective_end_spread",
             over,
             f"{over} of {len(multi)} matched collective instances end more than {thr / 1e3:g} us apart across "
             f"ranks (they should end together: clocks disagree or a trace is inconsistent); worst: "
-            f"{worst['op']} instance {worst['instance']} ({worst['group']}), {worst['spread_ns'] / 1e3:.1f} us "
-            f"(rank {worst['last_rank']} ends after rank {worst['first_rank']}); median spread "
+            f"{worst.op} instance {worst.instance} ({worst.group}), {worst.spread_ns / 1e3:.1f} us "
+            f"(rank {worst.last_rank} ends after rank {worst.first_rank}); median spread "
             f"{median_ns / 1e3:.2f} us",
         )
     return out

@@ -5,10 +5,11 @@ instances, the clock alignment `ClockAlignment`, the bytes source) and its colum
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
+from tracekit.model.documents import shortfall as sd
+from tracekit.model.documents.base import to_builtins
 from tracekit.model.events import DataQuality
 
 #: Where an instance's message size came from (`CollectiveInstances.instances.bytes_source`).
@@ -56,25 +57,31 @@ class ClockAlignment:
     method: str
     hosts: dict[int, str] = field(default_factory=dict)
     #: the end-spread check of the matched instances on the aligned clock (`end_spread_check`)
-    check: dict[str, Any] = field(default_factory=dict)
+    check: sd.ShortfallCheck | None = None
     estimated: bool = False
     refusal: str | None = None
     residual_ns: dict[int, dict[str, int]] = field(default_factory=dict)
     raw_instances_over: int | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "aligned": self.aligned,
-            "estimated": self.estimated,
-            "offsets_applied": self.estimated and any(v != 0 for v in self.offsets_ns.values()),
-            "offsets_ns": {str(r): int(v) for r, v in sorted(self.offsets_ns.items())},
-            "residual_ns": {str(r): dict(v) for r, v in sorted(self.residual_ns.items())},
-            "raw_instances_over": self.raw_instances_over,
-            "method": self.method,
-            "refusal": self.refusal,
-            "hosts": {str(r): h for r, h in sorted(self.hosts.items())},
-            "check": dict(self.check),
-        }
+    def document(self) -> sd.ShortfallClock:
+        return sd.ShortfallClock(
+            aligned=self.aligned,
+            estimated=self.estimated,
+            offsets_applied=self.estimated and any(v != 0 for v in self.offsets_ns.values()),
+            offsets_ns={str(r): int(v) for r, v in sorted(self.offsets_ns.items())},
+            residual_ns={
+                str(r): sd.ShortfallResidualNsValue(**v) for r, v in sorted(self.residual_ns.items())
+            },
+            raw_instances_over=self.raw_instances_over,
+            method=self.method,
+            refusal=self.refusal,
+            hosts={str(r): h for r, h in sorted(self.hosts.items())},
+            check=self.check,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 @dataclass
@@ -105,18 +112,18 @@ class CollectiveInstances:
         return len(self.instances)
 
     @property
-    def clock_check(self) -> dict[str, Any]:
+    def clock_check(self) -> sd.ShortfallCheck | None:
         """threshold_ns, instances, instances_over, median_ns, p99_ns, max_ns, worst (see
         `end_spread_check`); also under "check" in `clock.to_json()`."""
         return self.clock.check
 
-    def stragglers_json(self) -> list[dict[str, Any]]:
+    def stragglers_json(self) -> list[sd.ShortfallStraggler_]:
         return [
-            {
-                "rank": int(r.rank),
-                "last_count": int(r.last_count),
-                "instances": int(r.instances),
-                "share": float(r.share),
-            }
+            sd.ShortfallStraggler_(
+                rank=int(r.rank),
+                last_count=int(r.last_count),
+                instances=int(r.instances),
+                share=float(r.share),
+            )
             for r in self.stragglers.itertuples(index=False)
         ]

@@ -44,6 +44,8 @@ from tracekit.analyse.timeline.compute_split import compute_split
 from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
+from tracekit.model.documents import decompose as dd
+from tracekit.model.documents.base import to_builtins
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
 
@@ -91,20 +93,20 @@ class RunFigures:
     reconciliation: str
     data_quality: DataQuality = field(default_factory=DataQuality)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "path": self.path,
-            "n_ranks": self.n_ranks,
-            "timeline": self.timeline,
-            "per_token_ns": round_half_up(self.per_token_ns),
-            "per_token_source": self.source,
-            "samples": sum(len(r) for r in self.samples_ns),
-            "sample_rounds": len(self.samples_ns),
-            "steady_steps": self.steps,
-            "classes_ns": round_to_sum(self.classes, round_half_up(self.per_token_ns)),
-            "matrix_share_of_compute": self.matrix_share_of_compute,
-            "reconciliation": self.reconciliation,
-        }
+    def document(self) -> dd.DecomposeBaseline:
+        return dd.DecomposeBaseline(
+            path=self.path,
+            n_ranks=self.n_ranks,
+            timeline=self.timeline,
+            per_token_ns=round_half_up(self.per_token_ns),
+            per_token_source=self.source,
+            samples=sum(len(r) for r in self.samples_ns),
+            sample_rounds=len(self.samples_ns),
+            steady_steps=self.steps,
+            classes_ns=round_to_sum(self.classes, round_half_up(self.per_token_ns)),
+            matrix_share_of_compute=self.matrix_share_of_compute,
+            reconciliation=self.reconciliation,
+        )
 
 
 def run_figures(
@@ -276,7 +278,7 @@ class Decomposition:
     def parts(self) -> tuple[float, float] | None:
         return log_shares(*self.times)
 
-    def moved(self) -> dict[str, dict[str, Any]]:
+    def moved(self) -> dd.DecomposeMoved:
         """Per part: the per-token time each class saved (ns; sums to the part's saving) and its
         share of the part's log contribution."""
         ps = self.parts()
@@ -290,16 +292,16 @@ class Decomposition:
             assert sum(saved.values()) == total
             ints = round_to_sum(saved, round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns))
             share = {c: (float(saved[c] / total) if total else None) for c in CLASSES}
-            out[part] = {
-                "saved_ns": round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns),
-                "saved_by_class_ns": ints,
-                "share_of_saving": share,
-                "log_part_by_class": {c: _times(log_part, share[c]) for c in CLASSES},
-                "top": max(CLASSES, key=lambda c: saved[c])
+            out[part] = dd.DecomposeRuntime(
+                saved_ns=round_half_up(x.per_token_ns) - round_half_up(y.per_token_ns),
+                saved_by_class_ns=ints,
+                share_of_saving=share,
+                log_part_by_class={c: _times(log_part, share[c]) for c in CLASSES},
+                top=max(CLASSES, key=lambda c: saved[c])
                 if total > 0
                 else min(CLASSES, key=lambda c: saved[c]),
-            }
-        return out
+            )
+        return dd.DecomposeMoved(**out)
 
     def verdict(self) -> str:
         ta, tb, tc = self.times
@@ -325,11 +327,11 @@ class Decomposition:
         rt, kn = ps
         return (
             f"{lead}: the runtime part (baseline -> intermediate, {ta / tb:.2f}x) is {pct(rt)}{rng('runtime_part')} "
-            f"of it on a log scale, mostly {CLASS_WORDS[mv['runtime']['top']]}; the kernel part (intermediate -> full, "
-            f"{tb / tc:.2f}x) is {pct(kn)}{rng('kernel_part')}, mostly {CLASS_WORDS[mv['kernel']['top']]}."
+            f"of it on a log scale, mostly {CLASS_WORDS[mv.runtime.top]}; the kernel part (intermediate -> full, "
+            f"{tb / tc:.2f}x) is {pct(kn)}{rng('kernel_part')}, mostly {CLASS_WORDS[mv.kernel.top]}."
         )
 
-    def to_json(self) -> dict[str, Any]:
+    def document(self) -> dd.Decompose:
         ta, tb, tc = self.times
         ps = self.parts()
         notes = []
@@ -338,29 +340,36 @@ class Decomposition:
                 "the intermediate is not between the baseline and the full stack: one part is negative and the "
                 "other above 100% (reported as they are, not clipped)"
             )
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "tracekit.decompose",
-            "verdict": self.verdict(),
-            "runs": {
-                "baseline": self.baseline.to_json(),
-                "intermediate": self.intermediate.to_json(),
-                "full": self.full.to_json(),
-            },
-            "speedup": {"total": ta / tc, "runtime": ta / tb, "kernel": tb / tc},
-            "parts": {"runtime": ps[0] if ps else None, "kernel": ps[1] if ps else None},
-            "intervals": {k: (list(v) if v else None) for k, v in self.intervals.items()},
-            "bootstrap": {
-                "resamples": BOOTSTRAP_RESAMPLES,
-                "seed": BOOTSTRAP_SEED,
-                "level": BOOTSTRAP_LEVEL,
-                "levels": "per run: its rounds with replacement, then tokens within each drawn round",
-            },
-            "moved": self.moved(),
-            "class_words": dict(CLASS_WORDS),
-            "notes": notes,
-            "data_quality": self.data_quality.to_dict(),
-        }
+        return dd.Decompose(
+            schema_version=SCHEMA_VERSION,
+            kind="tracekit.decompose",
+            verdict=self.verdict(),
+            runs=dd.DecomposeRuns(
+                baseline=self.baseline.document(),
+                intermediate=self.intermediate.document(),
+                full=self.full.document(),
+            ),
+            speedup=dd.DecomposeSpeedup(total=ta / tc, runtime=ta / tb, kernel=tb / tc),
+            parts=dd.DecomposeParts(runtime=ps[0] if ps else None, kernel=ps[1] if ps else None),
+            intervals=dd.DecomposeIntervals(
+                **{k: (list(v) if v else None) for k, v in self.intervals.items()}
+            ),
+            bootstrap=dd.DecomposeBootstrap(
+                resamples=BOOTSTRAP_RESAMPLES,
+                seed=BOOTSTRAP_SEED,
+                level=BOOTSTRAP_LEVEL,
+                levels="per run: its rounds with replacement, then tokens within each drawn round",
+            ),
+            moved=self.moved(),
+            class_words=dict(CLASS_WORDS),
+            notes=notes,
+            data_quality=self.data_quality.document(),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The document as plain JSON values (`to_builtins(document())`)."""
+        out: dict[str, object] = to_builtins(self.document())
+        return out
 
 
 def decompose_runs(

@@ -32,12 +32,13 @@ import difflib
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import pandas as pd
+from msgspec import UNSET
 
 from tracekit.analyse.exact import round_to_sum
+from tracekit.model.documents import shortfall as sd
 
 #: Relative tolerance of the replicated / shrank classes.
 TOLERANCE = 0.15
@@ -212,6 +213,17 @@ def _class_of(t1: Fraction | None, tn: Fraction | None, n: int, tol: float) -> s
     return "partly_shrank"
 
 
+@dataclass
+class _Named:
+    """One kernel name's units of one class: how many per token, their times and what they lost."""
+
+    count: int = 0
+    t1: Fraction = Fraction(0)
+    tn: Fraction = Fraction(0)
+    lost: Fraction = Fraction(0)
+    changed: bool = False
+
+
 def compute_scaling(
     base_kernels: pd.DataFrame,
     base_steps: list[int],
@@ -221,7 +233,7 @@ def compute_scaling(
     compute_term_ns: int,
     *,
     tol: float = TOLERANCE,
-) -> dict[str, Any]:
+) -> sd.ShortfallComputeScaling:
     """The compute term split by kernel class (see the module doc): the JSON block
     `compute_scaling` of `tracekit shortfall`. `n`: the sharded run's ranks over the baseline's
     (the TP factor); `compute_term_ns`: the integer compute term the shortfall prints, which the
@@ -229,12 +241,12 @@ def compute_scaling(
     cb = canonical(base_kernels, base_steps)
     cs = canonical(shard_kernels, shard_steps)
     if cb is None or cs is None:
-        return {
-            "available": False,
-            "reason": "no GPU compute kernels in the "
+        return sd.ShortfallComputeScaling(
+            available=False,
+            reason="no GPU compute kernels in the "
             + ("baseline" if cb is None else "sharded run")
             + " (a host timeline, or kernels left out of the trace)",
-        }
+        )
     rows: list[_Unit] = []
     for i, j in _align(_keys(cb), _keys(cs)):
         t1 = cb.mean_ns[i] if i is not None else None
@@ -254,52 +266,52 @@ def compute_scaling(
     ints = round_to_sum({**by_class, "residual": residual}, compute_term_ns)
 
     # per kernel name (a name can sit at many positions: one per layer)
-    agg: dict[tuple[str, str], dict[str, Any]] = {}
+    agg: dict[tuple[str, str], _Named] = {}
     for r in rows:
-        a = agg.setdefault(
-            (r.cls, r.name),
-            {"count": 0, "t1": Fraction(0), "tn": Fraction(0), "lost": Fraction(0), "changed": False},
-        )
-        a["count"] += 1
-        a["t1"] += r.t1
-        a["tn"] += r.tn
-        a["lost"] += r.lost(n)
-        a["changed"] |= r.baseline_name is not None and r.baseline_name != r.name
-    classes: dict[str, Any] = {}
+        a = agg.setdefault((r.cls, r.name), _Named())
+        a.count += 1
+        a.t1 += r.t1
+        a.tn += r.tn
+        a.lost += r.lost(n)
+        a.changed |= r.baseline_name is not None and r.baseline_name != r.name
+    classes: dict[str, sd.ShortfallScalingClass] = {}
     for c in CLASSES:
-        items = sorted(((k[1], v) for k, v in agg.items() if k[0] == c), key=lambda kv: -kv[1]["lost"])
-        classes[c] = {
-            "lost_ns": ints[c],
-            "kernels_per_token": sum(v["count"] for _, v in items),
-            "baseline_ns": round(float(sum((v["t1"] for _, v in items), Fraction(0)))),
-            "sharded_ns": round(float(sum((v["tn"] for _, v in items), Fraction(0)))),
-            "top": [
-                {
-                    "name": name[:NAME_CHARS],
-                    "per_token": v["count"],
-                    "baseline_ns": round(float(v["t1"])),
-                    "sharded_ns": round(float(v["tn"])),
-                    "lost_ns": round(float(v["lost"])),
-                    **({"kernel_changed": True} if v["changed"] else {}),
-                }
+        items = sorted(((k[1], v) for k, v in agg.items() if k[0] == c), key=lambda kv: -kv[1].lost)
+        classes[c] = sd.ShortfallScalingClass(
+            lost_ns=ints[c],
+            kernels_per_token=sum(v.count for _, v in items),
+            baseline_ns=round(float(sum((v.t1 for _, v in items), Fraction(0)))),
+            sharded_ns=round(float(sum((v.tn for _, v in items), Fraction(0)))),
+            top=[
+                sd.ShortfallScalingKernel(
+                    name=name[:NAME_CHARS],
+                    per_token=v.count,
+                    baseline_ns=round(float(v.t1)),
+                    sharded_ns=round(float(v.tn)),
+                    lost_ns=round(float(v.lost)),
+                    kernel_changed=True if v.changed else UNSET,
+                )
                 for name, v in items[:TOP_KERNELS]
             ],
-        }
+        )
     assert sum(ints.values()) == compute_term_ns
-    return {
-        "available": True,
-        "definition": "the compute term split by kernel: each compute kernel of a step, aligned by name and "
+
+    def sequence(c: Canonical) -> sd.ShortfallSequencesBaseline:
+        return sd.ShortfallSequencesBaseline(
+            units_per_step=len(c.names), steps_following=c.followed, steps=c.of
+        )
+
+    return sd.ShortfallComputeScaling(
+        available=True,
+        definition="the compute term split by kernel: each compute kernel of a step, aligned by name and "
         "launch order (matrix kernels by their place: a smaller shard may get another GEMM kernel) between the "
         "baseline's and the sharded run's most frequent step sequence, loses "
         f"t_N - t_1/N; replicated: t_N/t_1 >= {1 - tol:.2f}; shrank: t_N/t_1 <= {1 + tol:.2f}/N; partly shrank: "
         "between; added/removed: only in one run; residual: overlap on streams, steps off the sequence, "
         "reconciliation (docs/METHOD.md section Compute that did not shrink)",
-        "tolerance": tol,
-        "compute_term_ns": compute_term_ns,
-        "classes": classes,
-        "residual_ns": ints["residual"],
-        "sequences": {
-            "baseline": {"units_per_step": len(cb.names), "steps_following": cb.followed, "steps": cb.of},
-            "sharded": {"units_per_step": len(cs.names), "steps_following": cs.followed, "steps": cs.of},
-        },
-    }
+        tolerance=tol,
+        compute_term_ns=compute_term_ns,
+        classes=sd.ShortfallClasses(**classes),
+        residual_ns=ints["residual"],
+        sequences=sd.ShortfallSequences(baseline=sequence(cb), sharded=sequence(cs)),
+    )

@@ -16,12 +16,12 @@ thread (a nested op's time is inside its parent's), class `host ops`, and gloo's
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.classify.rules import GPU_KINDS
+from tracekit.model.documents.kernels import TopKernel, TopKernels, TopKernelsClass
 
 #: kernels listed per class
 TOP = 10
@@ -111,53 +111,53 @@ def rank_kernel_sums(
 
 def assemble_top_kernels(
     per_rank: list[RankKernels], steps: pd.DataFrame, *, skip_first: int = 1, top: int = TOP
-) -> dict[str, Any]:
+) -> TopKernels:
     """The run's top kernels per class from its ranks' sums; the step time from `steps` (every
     rank's windows: per step the longest, over the steady steps)."""
     win = steady_windows(steps, skip_first)
     n_windows = sum(x.windows for x in per_rank)
     if n_windows == 0 or not len(win):
-        return {"windows": 0, "step_ns_mean": None, "classes": {}}
+        return TopKernels(windows=0, step_ns_mean=None, classes={})
     step_mean = float((win["end_ns"] - win["start_ns"]).groupby(win["step"]).max().mean())
     tables = [x.table for x in per_rank if len(x.table)]
     if not tables:
-        return {"windows": n_windows, "step_ns_mean": step_mean, "classes": {}}
+        return TopKernels(windows=n_windows, step_ns_mean=step_mean, classes={})
     g = (
         pd.concat(tables, ignore_index=True)
         .groupby(["cls", "name"], sort=False)
         .agg(count=("count", "sum"), total=("total", "sum"), subclass=("subclass", "first"))
         .reset_index()
     )
-    classes: dict[str, Any] = {}
+    classes: dict[str, TopKernelsClass] = {}
     present = set(g["cls"])
     order = [c for c in CLASS_ORDER if c in present] + sorted(present - set(CLASS_ORDER))
     for c in order:
         rows = g[g["cls"] == c].sort_values(["total", "name"], ascending=[False, True])
         total = float(rows["total"].sum()) / n_windows
         kernels = [
-            {
-                "name": str(k.name),
-                "subclass": str(k.subclass),
-                "count": float(k.count) / n_windows,
-                "total_ns": float(k.total) / n_windows,
-                "mean_ns": float(k.total) / float(k.count),
-                "share": (float(k.total) / n_windows) / step_mean if step_mean else None,
-            }
+            TopKernel(
+                name=str(k.name),
+                subclass=str(k.subclass),
+                count=float(k.count) / n_windows,
+                total_ns=float(k.total) / n_windows,
+                mean_ns=float(k.total) / float(k.count),
+                share=(float(k.total) / n_windows) / step_mean if step_mean else None,
+            )
             for k in rows.head(top).itertuples(index=False)
         ]
-        classes[c] = {
-            "count": float(rows["count"].sum()) / n_windows,
-            "total_ns": total,
-            "share": total / step_mean if step_mean else None,
-            "kernels": kernels,
-            "more": max(len(rows) - top, 0),
-        }
-    return {"windows": n_windows, "step_ns_mean": step_mean, "classes": classes}
+        classes[c] = TopKernelsClass(
+            count=float(rows["count"].sum()) / n_windows,
+            total_ns=total,
+            share=total / step_mean if step_mean else None,
+            kernels=kernels,
+            more=max(len(rows) - top, 0),
+        )
+    return TopKernels(windows=n_windows, step_ns_mean=step_mean, classes=classes)
 
 
 def top_kernels(
     events: pd.DataFrame, steps: pd.DataFrame, *, skip_first: int = 1, top: int = TOP
-) -> dict[str, Any]:
+) -> TopKernels:
     """The top `top` kernels per class of a classified run (`events` with `cls`, `subclass`) in the
     steady windows of `steps` (rank, step, start_ns, end_ns).
 

@@ -42,7 +42,8 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM, Canonical, canonical, kernel_table
 from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
-from tracekit.model.documents import Copy, DocumentError, Rho, convert
+from tracekit.model.documents import Copy, DocumentError, Rho, convert, to_builtins
+from tracekit.model.documents import roofline as rd
 from tracekit.model.events import Run
 
 SCHEMA_VERSION = "1.0"
@@ -70,13 +71,13 @@ class Peaks:
     matrix_tflops: float | None = None
     matrix_source: str = "not given (pass --rho FILE from tracekit rho)"
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "memory_gbps": self.bw_gbps,
-            "memory_source": self.bw_source,
-            "matrix_tflops": self.matrix_tflops,
-            "matrix_source": self.matrix_source,
-        }
+    def document(self) -> rd.RooflinePeaks:
+        return rd.RooflinePeaks(
+            memory_gbps=self.bw_gbps,
+            memory_source=self.bw_source,
+            matrix_tflops=self.matrix_tflops,
+            matrix_source=self.matrix_source,
+        )
 
 
 T = TypeVar("T")
@@ -314,9 +315,20 @@ def decode_units(
 
 def roofline(
     run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The roofline of one run's decode step over every rank's steady steps (see the module doc):
-    the JSON document of `tracekit roofline`."""
+    the JSON document of `tracekit roofline` as plain JSON values (`roofline_document`)."""
+    out: dict[str, object] = to_builtins(
+        roofline_document(run, peaks, step_pattern=step_pattern, skip_first=skip_first)
+    )
+    return out
+
+
+def roofline_document(
+    run: Run | AnalysedRun, peaks: Peaks, *, step_pattern: str | None = None, skip_first: int = 1
+) -> rd.Roofline:
+    """The roofline of one run's decode step over every rank's steady steps (see the module doc):
+    the document of `tracekit roofline`."""
     ar = AnalysedRun.of(run)
     du = decode_units(ar, step_pattern=step_pattern, skip_first=skip_first)
     tp, batch, dtype, static, kv_len, kv_source = (
@@ -348,49 +360,49 @@ def roofline(
     unprofiled = _unprofiled_mean_ns(ar.run)
     achieved = unprofiled if unprofiled is not None else step_ns
     by_role = _by_role(units) if assigned else []
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "tracekit.roofline",
-        "definition": "floor = sum over the step's matrix work of max(bytes / memory bandwidth, FLOPs / matrix rate); "
+    return rd.Roofline(
+        schema_version=SCHEMA_VERSION,
+        kind="tracekit.roofline",
+        definition="floor = sum over the step's matrix work of max(bytes / memory bandwidth, FLOPs / matrix rate); "
         "other kernels move activation-sized data (floor ~0); docs/METHOD.md section Roofline of a decode",
-        "workload": {
-            "tp": tp,
-            "shard_of": du.shard_of,
-            "batch": batch,
-            "dtype": dtype,
-            "layers": int(shape["layers"]),
-            "kv_len": kv_len,
-            "kv_len_source": kv_source,
-            "cuda_graphs": static,
-        },
-        "shapes": {
-            "source": "manifest model shape (workload.shape), matched to the step's matrix units by order"
+        workload=rd.RooflineWorkload(
+            tp=tp,
+            shard_of=du.shard_of,
+            batch=batch,
+            dtype=dtype,
+            layers=int(shape["layers"]),
+            kv_len=kv_len,
+            kv_len_source=kv_source,
+            cuda_graphs=static,
+        ),
+        shapes=rd.RooflineShapes(
+            source="manifest model shape (workload.shape), matched to the step's matrix units by order"
             if assigned
             else f"not matched: the step's {matrix_units} matrix units (GEMM / attention) are not the reference "
             f"decoder's {len(work)} in its order (another program): bytes and FLOPs per unit not assigned",
-            "matched": assigned,
-        },
-        "peaks": peaks.to_json(),
-        "per_token": {
-            "bytes": floor[0],
-            "flops": floor[1],
-            "floor_ns": None if floor_ns is None else round(floor_ns),
-            "achieved_ns": round(achieved),
-            "achieved_source": "unprofiled per-token time (manifest)"
+            matched=assigned,
+        ),
+        peaks=peaks.document(),
+        per_token=rd.RooflinePerToken(
+            bytes=floor[0],
+            flops=floor[1],
+            floor_ns=None if floor_ns is None else round(floor_ns),
+            achieved_ns=round(achieved),
+            achieved_source="unprofiled per-token time (manifest)"
             if unprofiled is not None
             else "traced step time",
-            "kernel_ns": round(kernel_ns),
-            "matrix_kernel_ns": round(
+            kernel_ns=round(kernel_ns),
+            matrix_kernel_ns=round(
                 float(sum(t for t, u in zip(canon.mean_ns, canon.units, strict=True) if u))
             ),
-            "efficiency": None if floor_ns is None or not achieved else floor_ns / achieved,
-            "kernels_per_token": len(canon.names),
-        },
-        "by_role": by_role,
-        "verdict": _verdict(by_role, kernel_ns, achieved, floor_ns),
-        "top_lost": _top_lost(units),
-        "steps": {"used": len(steady), "following_sequence": canon.followed, "of": canon.of},
-    }
+            efficiency=None if floor_ns is None or not achieved else floor_ns / achieved,
+            kernels_per_token=len(canon.names),
+        ),
+        by_role=by_role,
+        verdict=_verdict(by_role, kernel_ns, achieved, floor_ns),
+        top_lost=_top_lost(units),
+        steps=rd.RooflineSteps(used=len(steady), following_sequence=canon.followed, of=canon.of),
+    )
 
 
 @dataclass(frozen=True)
@@ -416,7 +428,7 @@ def _units(canon: Canonical, work: list[Work], peaks: Peaks) -> list[_Unit]:
     return out
 
 
-def _by_role(units: list[_Unit]) -> list[dict[str, Any]]:
+def _by_role(units: list[_Unit]) -> list[rd.RooflineByRoleItem]:
     roles: dict[str, list[_Unit]] = {}
     for u in units:
         roles.setdefault(u.role, []).append(u)
@@ -431,37 +443,37 @@ def _by_role(units: list[_Unit]) -> list[dict[str, Any]]:
             else None
         )
         out.append(
-            {
-                "role": role,
-                "units_per_token": len(us),
-                "time_ns": round(t),
-                "bytes": b,
-                "flops": f,
-                "achieved_gbps": None if b is None or not t else b / t,
-                "achieved_tflops": None if f is None or not t else f / t / 1e3,
-                "floor_ns": None if fl is None else round(fl),
-                "lost_ns": None if fl is None else round(t - fl),
-                "efficiency": None if fl is None or not t else fl / t,
-            }
+            rd.RooflineByRoleItem(
+                role=role,
+                units_per_token=len(us),
+                time_ns=round(t),
+                bytes=b,
+                flops=f,
+                achieved_gbps=None if b is None or not t else b / t,
+                achieved_tflops=None if f is None or not t else f / t / 1e3,
+                floor_ns=None if fl is None else round(fl),
+                lost_ns=None if fl is None else round(t - fl),
+                efficiency=None if fl is None or not t else fl / t,
+            )
         )
-    return sorted(out, key=lambda r: -(r["lost_ns"] if r["lost_ns"] is not None else r["time_ns"]))
+    return sorted(out, key=lambda r: -(r.lost_ns if r.lost_ns is not None else r.time_ns))
 
 
 def _verdict(
-    by_role: list[dict[str, Any]], kernel_ns: float, achieved_ns: float, floor_ns: float | None
+    by_role: list[rd.RooflineByRoleItem], kernel_ns: float, achieved_ns: float, floor_ns: float | None
 ) -> str:
     """One sentence: what keeps the step from its floor, with the numbers."""
     if floor_ns is None or not by_role:
         return "No floor: the device's peaks (--copy, --rho) or the step's shapes are missing."
     worst = by_role[0]
-    matrix = [r for r in by_role if r["role"] != "other" and r["floor_ns"] is not None]
-    m_t = sum(r["time_ns"] for r in matrix)
-    m_f = sum(r["floor_ns"] for r in matrix)
+    matrix = [r for r in by_role if r.role != "other" and r.floor_ns is not None]
+    m_t = sum(r.time_ns for r in matrix)
+    m_f = sum(r.floor_ns or 0 for r in matrix)
     what = (
-        f"{worst['units_per_token']} non-matrix kernels (norms, rotary, casts, copies: floor ~0) take "
-        f"{worst['time_ns'] / 1e6:.3f} ms"
-        if worst["role"] == "other"
-        else f"the {worst['role']} work loses {worst['lost_ns'] / 1e6:.3f} ms against its roofline"
+        f"{worst.units_per_token} non-matrix kernels (norms, rotary, casts, copies: floor ~0) take "
+        f"{worst.time_ns / 1e6:.3f} ms"
+        if worst.role == "other"
+        else f"the {worst.role} work loses {(worst.lost_ns or 0) / 1e6:.3f} ms against its roofline"
     )
     return (
         f"The step runs at {floor_ns / achieved_ns:.0%} of its roofline ({floor_ns / 1e6:.3f} ms floor vs "
@@ -475,12 +487,12 @@ def _verdict(
     )
 
 
-def _top_lost(units: list[_Unit]) -> list[dict[str, Any]]:
+def _top_lost(units: list[_Unit]) -> list[rd.RooflineTopLostItem]:
     """Kernels (by name and role) that lose the most time against their own roofline."""
     agg: dict[tuple[str, str], list[_Unit]] = {}
     for u in units:
         agg.setdefault((u.role, u.name), []).append(u)
-    rows: list[dict[str, Any]] = []
+    rows: list[rd.RooflineTopLostItem] = []
     for (role, name), us in agg.items():
         t = float(sum(u.time_ns for u in us))
         fl = (
@@ -490,17 +502,17 @@ def _top_lost(units: list[_Unit]) -> list[dict[str, Any]]:
         )
         b = sum(u.bytes or 0 for u in us) if all(u.bytes is not None for u in us) else None
         rows.append(
-            {
-                "name": name[:160],
-                "role": role,
-                "per_token": len(us),
-                "time_ns": round(t),
-                "floor_ns": None if fl is None else round(fl),
-                "lost_ns": round(t - fl) if fl is not None else None,
-                "achieved_gbps": None if b is None or not t else b / t,
-            }
+            rd.RooflineTopLostItem(
+                name=name[:160],
+                role=role,
+                per_token=len(us),
+                time_ns=round(t),
+                floor_ns=None if fl is None else round(fl),
+                lost_ns=round(t - fl) if fl is not None else None,
+                achieved_gbps=None if b is None or not t else b / t,
+            )
         )
-    rows.sort(key=lambda r: -(r["lost_ns"] if r["lost_ns"] is not None else r["time_ns"]))
+    rows.sort(key=lambda r: -(r.lost_ns if r.lost_ns is not None else r.time_ns))
     return rows[:TOP]
 
 

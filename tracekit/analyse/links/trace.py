@@ -146,16 +146,16 @@ def shortfall_context(baseline_dir: str | Path, sharded_dir: str | Path) -> dict
     """S and its transfer term for the decode trace against its baseline run
     (`tracekit.analyse.attribution.pair.shortfall`): the figures the verdict sets the link bound against."""
 
-    doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).to_json()
+    doc = shortfall(read_run(baseline_dir), read_run(sharded_dir)).document()
     return {
         "baseline": str(baseline_dir),
         "sharded": str(sharded_dir),
-        "n_ranks": doc["n_ranks"],
-        "per_token_ns": doc["per_token_ns"],
-        "per_token_source": doc["per_token_source"],
-        "shortfall_ns": doc["shortfall_ns"],
-        "terms_ns": doc["terms_ns"],
-        "transfer_ns": doc["terms_ns"]["transfer"],  # XN - f X1: what the link's speed acts on
-        "shares": doc["shares"],
-        "verdict": doc["verdict"],
+        "n_ranks": doc.n_ranks,
+        "per_token_ns": doc.per_token_ns.to_json(),
+        "per_token_source": doc.per_token_source,
+        "shortfall_ns": doc.shortfall_ns,
+        "terms_ns": doc.terms_ns,
+        "transfer_ns": doc.terms_ns["transfer"],  # XN - f X1: what the link's speed acts on
+        "shares": doc.shares,
+        "verdict": doc.verdict,
     }

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from msgspec import UNSET
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.dilation import DILATION_BOUNDS, plausible_dilation
@@ -29,6 +30,8 @@ from tracekit.analyse.timeline.trace_totals import assemble_trace_totals, rank_t
 from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
+from tracekit.model.documents import breakdown as doc
+from tracekit.model.documents import to_builtins
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import PARTS
 
@@ -48,22 +51,21 @@ class Breakdown:
 
     steps: pd.DataFrame  # one row per (rank, step): see CSV_COLUMNS
     step_pattern: str  # the pattern that found the steps
-    per_token: dict[
-        str, Any
-    ]  # {"step_ns": {median, p10, p90, mean, n}, "parts_ns": {part: {median, p10, p90, mean}}, ...}
-    per_rank: list[dict[str, Any]]  # per rank: steps, step_ns_median, parts_ns_median, timeline
+    per_token: doc.BreakdownPerToken  # step_ns {median, p10, p90, mean, n}, parts_ns {part: {...}}, ...
+    per_rank: list[doc.BreakdownPerRankItem]  # per rank: steps, step_ns_median, parts_ns_median, timeline
     kernels_by_class: dict[str, dict[str, int]]  # class -> {count, total_ns} over GPU activity
     kernels_by_subclass: dict[str, dict[str, int]]  # subclass -> {count, total_ns}
-    unknown_kernels: list[dict[str, Any]]  # top UNKNOWN_TOP by total_ns: {name, count, total_ns}
+    unknown_kernels: list[doc.BreakdownUnknownKernel]  # top UNKNOWN_TOP by total_ns: {name, count, total_ns}
     data_quality: DataQuality
     dilation: float | None  # from the capture manifest, when there is one
     paths: list[str] = field(default_factory=list)
     ranks: list[int] = field(default_factory=list)
     skipped_steps: int = 0  # per rank, from skip_first
     step_rule: str = "pattern"  # which rule chose the steps (tracekit.analyse.timeline.steps.STEP_RULES)
-    trace_totals: dict[str, Any] = field(default_factory=dict)  # whole-trace busy / idle: see trace_totals()
+    #: whole-trace busy / idle: see trace_totals()
+    trace_totals: doc.BreakdownTraceTotals = field(default_factory=lambda: assemble_trace_totals({}))
     #: per step kind and batch size (serving engines' step names; `steps.kinds_summary`), [] otherwise
-    step_kinds: list[dict[str, Any]] = field(default_factory=list)
+    step_kinds: list[doc.BreakdownStepKind] = field(default_factory=list)
     #: GPU collectives by what classified them: {"launch_op" | "name": {count, total_ns}}
     collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -73,47 +75,51 @@ class Breakdown:
         kinds = sorted(set(self.steps["timeline"])) if len(self.steps) else ["gpu"]
         return kinds[0] if len(kinds) == 1 else "mixed"
 
-    def to_json(self) -> dict[str, Any]:
+    def document(self) -> doc.Breakdown:
         """The document of docs/JSON.md#breakdown."""
-        steps_out = []
-        for row in self.steps.itertuples(index=False):
-            steps_out.append(
-                {
-                    "rank": int(row.rank),
-                    "step": int(row.step),
-                    "name": str(row.name),
-                    "start_ns": int(row.start_ns),
-                    "window_ns": int(row.window_ns),
-                    "parts_ns": {p: int(getattr(row, f"{p}_ns")) for p in PARTS},
-                    "compute_split_ns": {"matrix": int(row.matrix_ns), "vector": int(row.vector_ns)},
-                    "overlapped_collective_ns": int(row.overlapped_collective_ns),
-                    "timeline": str(row.timeline),
-                }
+        steps_out = [
+            doc.BreakdownStep(
+                rank=int(row.rank),
+                step=int(row.step),
+                name=str(row.name),
+                start_ns=int(row.start_ns),
+                window_ns=int(row.window_ns),
+                parts_ns={p: int(getattr(row, f"{p}_ns")) for p in PARTS},
+                compute_split_ns=doc.BreakdownComputeSplitNs(
+                    matrix=int(row.matrix_ns), vector=int(row.vector_ns)
+                ),
+                overlapped_collective_ns=int(row.overlapped_collective_ns),
+                timeline=str(row.timeline),
             )
-        out = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": KIND,
-            "source": {
-                "paths": list(self.paths),
-                "ranks": list(self.ranks),
-                "step_pattern": self.step_pattern,
-                "step_rule": self.step_rule,
-                "timeline": self.timeline,
-                "skipped_steps_per_rank": self.skipped_steps,
-            },
-            "steps": steps_out,
-            "per_token": self.per_token,
-            "per_rank": self.per_rank,
-            "kernels_by_class": self.kernels_by_class,
-            "kernels_by_subclass": self.kernels_by_subclass,
-            "collectives_by_source": self.collectives_by_source,
-            "unknown_kernels": self.unknown_kernels,
-            "trace_totals": self.trace_totals,
-            "data_quality": self.data_quality.to_dict(),
-            "dilation": self.dilation,
-        }
-        if self.step_kinds:
-            out["step_kinds"] = self.step_kinds
+            for row in self.steps.itertuples(index=False)
+        ]
+        return doc.Breakdown(
+            schema_version=SCHEMA_VERSION,
+            kind=KIND,
+            source=doc.BreakdownSource(
+                paths=list(self.paths),
+                ranks=list(self.ranks),
+                step_pattern=self.step_pattern,
+                step_rule=self.step_rule,
+                timeline=self.timeline,
+                skipped_steps_per_rank=self.skipped_steps,
+            ),
+            steps=steps_out,
+            per_token=self.per_token,
+            per_rank=self.per_rank,
+            kernels_by_class=_counted(self.kernels_by_class),
+            kernels_by_subclass=_counted(self.kernels_by_subclass),
+            collectives_by_source=_counted(self.collectives_by_source),
+            unknown_kernels=self.unknown_kernels,
+            trace_totals=self.trace_totals,
+            data_quality=self.data_quality.document(),
+            dilation=self.dilation,
+            step_kinds=self.step_kinds or UNSET,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The document of docs/JSON.md#breakdown as plain JSON values."""
+        out: dict[str, object] = to_builtins(self.document())
         return out
 
     def to_frame(self) -> pd.DataFrame:
@@ -136,6 +142,12 @@ class Breakdown:
         return buf.getvalue()
 
 
+def _counted(by: dict[str, dict[str, int]]) -> dict[str, doc.BreakdownKernelsByClassValue]:
+    return {
+        k: doc.BreakdownKernelsByClassValue(count=v["count"], total_ns=v["total_ns"]) for k, v in by.items()
+    }
+
+
 def with_relative_ms(frame: pd.DataFrame) -> pd.DataFrame:
     """`frame` plus `start_ms` / `end_ms` (ms from the earliest `start_ns` of the frame: a notebook
     reads "12.3 ms into the run", not an epoch in ns) and `window_ms`, for the columns it has."""
@@ -150,36 +162,38 @@ def with_relative_ms(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
-def _stats(values: np.ndarray, with_n: bool = False) -> dict[str, Any]:
+def _stats(values: np.ndarray) -> doc.BreakdownPartsNsValue:
     """median, p10, p90, mean of integer ns values (rounded to integer ns); None when empty."""
     if not len(values):
-        out: dict[str, Any] = {"median": None, "p10": None, "p90": None, "mean": None}
-    else:
-        v = values.astype(np.float64)
-        out = {
-            "median": int(round(float(np.median(v)))),
-            "p10": int(round(float(np.percentile(v, 10)))),
-            "p90": int(round(float(np.percentile(v, 90)))),
-            "mean": int(round(float(v.mean()))),
-        }
-    if with_n:
-        out["n"] = int(len(values))
-    return out
+        return doc.BreakdownPartsNsValue(median=None, p10=None, p90=None, mean=None)
+    v = values.astype(np.float64)
+    return doc.BreakdownPartsNsValue(
+        median=int(round(float(np.median(v)))),
+        p10=int(round(float(np.percentile(v, 10)))),
+        p90=int(round(float(np.percentile(v, 90)))),
+        mean=int(round(float(v.mean()))),
+    )
 
 
-def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
+def _stats_n(values: np.ndarray) -> doc.BreakdownStepNs:
+    """`_stats` and the number of values."""
+    st = _stats(values)
+    return doc.BreakdownStepNs(median=st.median, p10=st.p10, p90=st.p90, mean=st.mean, n=int(len(values)))
+
+
+def per_token_summary(steps: pd.DataFrame) -> doc.BreakdownPerToken:
     """Per step index: the step time is the longest window over ranks; each part is the mean over
     the ranks that have the step of that rank's part, a rank's window padded to the step time with
     idle (docs/METHOD.md section Steps and the partition: a step's parts are never taken from whichever rank had the longest window,
     so a tie of microseconds decides nothing). Stats over step indices; `slowest_rank_counts`
     says how often each rank had the longest window (information only)."""
     if not len(steps):
-        return {
-            "step_ns": _stats(np.empty(0), with_n=True),
-            "parts_ns": {p: _stats(np.empty(0)) for p in PARTS},
-            "overlapped_collective_ns": _stats(np.empty(0)),
-            "slowest_rank_counts": {},
-        }
+        return doc.BreakdownPerToken(
+            step_ns=_stats_n(np.empty(0)),
+            parts_ns={p: _stats(np.empty(0)) for p in PARTS},
+            overlapped_collective_ns=_stats(np.empty(0)),
+            slowest_rank_counts={},
+        )
     order = steps.sort_values(["step", "window_ns", "rank"], ascending=[True, False, True], kind="stable")
     slowest = order.drop_duplicates("step", keep="first")
     counts = slowest["rank"].value_counts().sort_index()
@@ -187,31 +201,27 @@ def per_token_summary(steps: pd.DataFrame) -> dict[str, Any]:
     padded = steps.assign(idle_ns=steps["idle_ns"] + (step_ns - steps["window_ns"]))
     cols = [f"{p}_ns" for p in PARTS] + ["overlapped_collective_ns"]
     mean = padded.groupby("step", sort=True)[cols].mean()
-    return {
-        "step_ns": _stats(slowest["window_ns"].to_numpy(np.int64), with_n=True),
-        "parts_ns": {p: _stats(mean[f"{p}_ns"].to_numpy(np.float64)) for p in PARTS},
-        "overlapped_collective_ns": _stats(mean["overlapped_collective_ns"].to_numpy(np.float64)),
-        "slowest_rank_counts": {str(int(r)): int(c) for r, c in counts.items()},
-        "parts_rule": "mean over ranks, each rank's window padded to the step time with idle",
-    }
+    return doc.BreakdownPerToken(
+        step_ns=_stats_n(slowest["window_ns"].to_numpy(np.int64)),
+        parts_ns={p: _stats(mean[f"{p}_ns"].to_numpy(np.float64)) for p in PARTS},
+        overlapped_collective_ns=_stats(mean["overlapped_collective_ns"].to_numpy(np.float64)),
+        slowest_rank_counts={str(int(r)): int(c) for r, c in counts.items()},
+        parts_rule="mean over ranks, each rank's window padded to the step time with idle",
+    )
 
 
-def per_rank_summary(steps: pd.DataFrame) -> list[dict[str, Any]]:
-    out = []
-    for r, g in steps.groupby("rank", sort=True):
-        out.append(
-            {
-                "rank": int(r),  # type: ignore[call-overload]
-                "steps": int(len(g)),
-                "timeline": str(g["timeline"].iloc[0]),
-                "step_ns_median": _stats(g["window_ns"].to_numpy(np.int64))["median"],
-                "parts_ns_median": {p: _stats(g[f"{p}_ns"].to_numpy(np.int64))["median"] for p in PARTS},
-                "overlapped_collective_ns_median": _stats(g["overlapped_collective_ns"].to_numpy(np.int64))[
-                    "median"
-                ],
-            }
+def per_rank_summary(steps: pd.DataFrame) -> list[doc.BreakdownPerRankItem]:
+    return [
+        doc.BreakdownPerRankItem(
+            rank=int(r),  # type: ignore[call-overload]
+            steps=int(len(g)),
+            timeline=str(g["timeline"].iloc[0]),
+            step_ns_median=_stats(g["window_ns"].to_numpy(np.int64)).median,
+            parts_ns_median={p: _stats(g[f"{p}_ns"].to_numpy(np.int64)).median for p in PARTS},
+            overlapped_collective_ns_median=_stats(g["overlapped_collective_ns"].to_numpy(np.int64)).median,
         )
-    return out
+        for r, g in steps.groupby("rank", sort=True)
+    ]
 
 
 def gpu_time_by(events: pd.DataFrame, column: str) -> dict[str, dict[str, int]]:
@@ -328,7 +338,7 @@ class RankEvents:
     by_class: dict[str, dict[str, int]]
     by_subclass: dict[str, dict[str, int]]
     unknown: pd.DataFrame
-    totals: dict[str, Any] | None
+    totals: doc.BreakdownRanksValue | None
     #: GPU collectives by the source that classified them (`decided_by`: launch_op | name)
     collectives_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -486,7 +496,7 @@ def assemble_breakdown(
     tok = token_steps(table)
     per_token = per_token_summary(table if tok is None else table[table["step"].isin(tok.steps)])
     if tok is not None:
-        per_token["steps_used"] = tok.to_json()
+        per_token.steps_used = tok.document()
         dq.add("per_token_steps", 0, tok.statement)
 
     ranks = sorted(int(r) for r in table["rank"].unique())
@@ -500,12 +510,12 @@ def assemble_breakdown(
         kernels_by_class=_sum_by((x.by_class for x in per_rank), GPU_CLASSES),
         kernels_by_subclass=dict(sorted(_sum_by(x.by_subclass for x in per_rank).items())),
         unknown_kernels=[
-            {
-                "name": str(r.name),
-                "count": int(r.count),  # type: ignore[call-overload]
-                "total_ns": int(r.total_ns),  # type: ignore[call-overload]
-                "hint": COMM_LIKE_HINT,
-            }
+            doc.BreakdownUnknownKernel(
+                name=str(r.name),
+                count=int(r.count),  # type: ignore[call-overload]
+                total_ns=int(r.total_ns),  # type: ignore[call-overload]
+                hint=COMM_LIKE_HINT,
+            )
             for r in unknown.itertuples(index=False)
         ],
         data_quality=dq,

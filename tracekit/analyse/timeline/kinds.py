@@ -11,11 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from tracekit.model.documents.breakdown import BreakdownStepKind, BreakdownStepsUsed
 from tracekit.model.parts import PARTS
 
 # ----------------------------------------------------------------------------- step kinds
@@ -81,8 +81,10 @@ class TokenSteps:
     batch: int  # the decode batch size used (-1 when none)
     statement: str  # one sentence for the data-quality note and the report
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "batch": self.batch, "steps": len(self.steps), "rule": self.statement}
+    def document(self) -> BreakdownStepsUsed:
+        return BreakdownStepsUsed(
+            kind=self.kind, batch=self.batch, steps=len(self.steps), rule=self.statement
+        )
 
 
 def token_steps(steps: pd.DataFrame) -> TokenSteps | None:
@@ -125,7 +127,7 @@ def token_steps(steps: pd.DataFrame) -> TokenSteps | None:
     )
 
 
-def kinds_summary(table: pd.DataFrame) -> list[dict[str, Any]]:
+def kinds_summary(table: pd.DataFrame) -> list[BreakdownStepKind]:
     """Per step kind and batch size of a partition table (rank, step, name, window_ns, parts):
     how many steps, their step time (the longest window over ranks) and each part's mean over
     ranks (a rank's window padded to the step time with idle, as the per-token figures are), in
@@ -142,20 +144,20 @@ def kinds_summary(table: pd.DataFrame) -> list[dict[str, Any]]:
     padded = table.assign(idle_ns=table["idle_ns"].to_numpy(np.int64) + pad)
     cols = [f"{p}_ns" for p in PARTS]
     parts = padded.groupby("step")[cols].mean()
-    out: list[dict[str, Any]] = []
+    out: list[BreakdownStepKind] = []
     for (kind, batch), g in kinds.groupby(["kind", "batch"], sort=True):
         ids = g.index.to_numpy(np.int64)
         times = step_ns.reindex(ids).to_numpy(np.float64)
         toks = sorted(set(int(t) for t in g["tokens"]))
         out.append(
-            {
-                "kind": str(kind) or "unnamed",
-                "batch": int(batch),
-                "tokens": toks[0] if len(toks) == 1 else None,
-                "steps": int(len(ids)),
-                "step_ns_mean": int(round(float(times.mean()))),
-                "step_ns_median": int(round(float(np.median(times)))),
-                "parts_ns_mean": {p: int(round(float(parts.loc[ids, f"{p}_ns"].mean()))) for p in PARTS},
-            }
+            BreakdownStepKind(
+                kind=str(kind) or "unnamed",
+                batch=int(batch),
+                tokens=toks[0] if len(toks) == 1 else None,
+                steps=int(len(ids)),
+                step_ns_mean=int(round(float(times.mean()))),
+                step_ns_median=int(round(float(np.median(times)))),
+                parts_ns_mean={p: int(round(float(parts.loc[ids, f"{p}_ns"].mean()))) for p in PARTS},
+            )
         )
     return out

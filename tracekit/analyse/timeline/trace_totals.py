@@ -6,13 +6,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from tracekit.analyse import intervals
 from tracekit.analyse.timeline.partition import cat_mask, rank_selectors
+from tracekit.model.documents.breakdown import (
+    BreakdownLinkedOnly,
+    BreakdownRanksValue,
+    BreakdownTracelensGpuTimeline,
+    BreakdownTraceTotals,
+)
 
 #: TraceLens's gpu_timeline (TraceLens.TreePerf: `get_df_gpu_timeline` over `GPUEventAnalyser`),
 #: both of its variants, recomputed here by its definitions (docs/JSON.md#breakdown, trace_totals)
@@ -41,7 +46,7 @@ TRACELENS_DIFFERENCES = (
 )
 
 
-def trace_totals(events: pd.DataFrame) -> dict[str, Any]:
+def trace_totals(events: pd.DataFrame) -> BreakdownTraceTotals:
     """Whole-trace GPU busy / idle per rank: over the span from the rank's first to its last GPU
     operation (kernel, memcpy, memset), `busy_ns` = the union of kernel intervals (every kernel:
     compute, collective, unknown), `exposed_memcpy_ns` = memcpy / memset time outside that union,
@@ -64,30 +69,30 @@ def _measure(s: np.ndarray, e: np.ndarray) -> int:
 
 def _tracelens_metrics(
     s: np.ndarray, e: np.ndarray, comp: np.ndarray, comm: np.ndarray, memcpy: np.ndarray
-) -> dict[str, int]:
+) -> BreakdownLinkedOnly:
     """GPUEventAnalyser's metrics of the operations given (masks over s/e), integer ns: computation
     = union of comp; exposed comm = comm outside comp; exposed memcpy = memcpy outside comp and
     comm; busy = union of all; idle = total - busy; total = first start to last end."""
     use = comp | comm | memcpy
     if not use.any():
-        return dict.fromkeys(TRACELENS_KEYS, 0)
+        return BreakdownLinkedOnly(**dict.fromkeys(TRACELENS_KEYS, 0))
     total = int(e[use].max() - s[use].min())
     computation = _measure(s[comp], e[comp])
     comp_comm = _measure(s[comp | comm], e[comp | comm])
     busy = _measure(s[use], e[use])
-    return {
-        "computation_ns": computation,
-        "exposed_comm_ns": comp_comm - computation,
-        "exposed_memcpy_ns": busy - comp_comm,
-        "busy_ns": busy,
-        "idle_ns": total - busy,
-        "total_ns": total,
-        "total_comm_ns": _measure(s[comm], e[comm]),
-        "total_memcpy_ns": _measure(s[memcpy], e[memcpy]),
-    }
+    return BreakdownLinkedOnly(
+        computation_ns=computation,
+        exposed_comm_ns=comp_comm - computation,
+        exposed_memcpy_ns=busy - comp_comm,
+        busy_ns=busy,
+        idle_ns=total - busy,
+        total_ns=total,
+        total_comm_ns=_measure(s[comm], e[comm]),
+        total_memcpy_ns=_measure(s[memcpy], e[memcpy]),
+    )
 
 
-def rank_tracelens_timeline(events: pd.DataFrame) -> dict[str, dict[str, int]]:
+def rank_tracelens_timeline(events: pd.DataFrame) -> BreakdownTracelensGpuTimeline:
     """TraceLens's gpu_timeline of one rank's events, both variants (TRACELENS_VARIANTS). Its
     definitions: GPU operations are kernels, memcpys and memsets; communication = a kernel or memset
     whose name holds 'nccl', computation = the other kernels and memsets, memcpy = the memcpys.
@@ -107,7 +112,7 @@ def rank_tracelens_timeline(events: pd.DataFrame) -> dict[str, dict[str, int]]:
     else:
         nccl = names.astype(str).str.contains("nccl", regex=False).to_numpy()
     comp_all, comm_all = (k | ms) & ~nccl, (k | ms) & nccl
-    out = {"include_unlinked_kernels": _tracelens_metrics(s, e, comp_all, comm_all, mc)}
+    unlinked = _tracelens_metrics(s, e, comp_all, comm_all, mc)
     corr = events["correlation"].to_numpy(np.int64)
     gpu = k | ms | mc
     calls = np.unique(corr[cat_mask(kind, ("runtime",)) & (corr >= 0)])
@@ -118,11 +123,13 @@ def rank_tracelens_timeline(events: pd.DataFrame) -> dict[str, dict[str, int]]:
         last = np.ones(len(o), dtype=bool)
         last[:-1] = corr[o][1:] != corr[o][:-1]
         linked[o[last]] = True
-    out["linked_only"] = _tracelens_metrics(s, e, comp_all & linked, comm_all & linked, mc & linked)
-    return {v: out[v] for v in TRACELENS_VARIANTS}
+    return BreakdownTracelensGpuTimeline(
+        linked_only=_tracelens_metrics(s, e, comp_all & linked, comm_all & linked, mc & linked),
+        include_unlinked_kernels=unlinked,
+    )
 
 
-def rank_trace_totals(events: pd.DataFrame) -> dict[str, Any] | None:
+def rank_trace_totals(events: pd.DataFrame) -> BreakdownRanksValue | None:
     """`trace_totals` of one rank's events (None: no GPU activity)."""
     kind = events["kind"]
     s = events["start_ns"].to_numpy(np.int64)
@@ -139,42 +146,45 @@ def rank_trace_totals(events: pd.DataFrame) -> dict[str, Any] | None:
     busy = _measure(s[k], e[k])
     all_busy = _measure(s[gpu], e[gpu])
     non_coll = _measure(s[k & ~coll], e[k & ~coll])
-    return {
-        "span_ns": span,
-        "busy_ns": busy,
-        "exposed_memcpy_ns": all_busy - busy,
-        "idle_ns": span - all_busy,
-        "exposed_collective_ns": busy - non_coll,
-        "kernels": int(k.sum()),
-        "memcpy_memset": int(c.sum()),
-        "tracelens_gpu_timeline": rank_tracelens_timeline(events),
-    }
+    return BreakdownRanksValue(
+        span_ns=span,
+        busy_ns=busy,
+        exposed_memcpy_ns=all_busy - busy,
+        idle_ns=span - all_busy,
+        exposed_collective_ns=busy - non_coll,
+        kernels=int(k.sum()),
+        memcpy_memset=int(c.sum()),
+        tracelens_gpu_timeline=rank_tracelens_timeline(events),
+    )
 
 
-def assemble_trace_totals(per_rank: Mapping[int, dict[str, Any] | None]) -> dict[str, Any]:
+def _sum_metrics(rows: list[BreakdownLinkedOnly]) -> BreakdownLinkedOnly:
+    return BreakdownLinkedOnly(**{m: sum(getattr(r, m) for r in rows) for m in TRACELENS_KEYS})
+
+
+def assemble_trace_totals(per_rank: Mapping[int, BreakdownRanksValue | None]) -> BreakdownTraceTotals:
     """`trace_totals` from each rank's `rank_trace_totals`."""
     ranks = {str(r): v for r, v in sorted(per_rank.items()) if v is not None}
-    keys = (
-        "span_ns",
-        "busy_ns",
-        "exposed_memcpy_ns",
-        "idle_ns",
-        "exposed_collective_ns",
-        "kernels",
-        "memcpy_memset",
+    timelines = [
+        t for v in ranks.values() if isinstance(t := v.tracelens_gpu_timeline, BreakdownTracelensGpuTimeline)
+    ]
+    return BreakdownTraceTotals(
+        span_ns=sum(v.span_ns for v in ranks.values()),
+        busy_ns=sum(v.busy_ns for v in ranks.values()),
+        exposed_memcpy_ns=sum(v.exposed_memcpy_ns for v in ranks.values()),
+        idle_ns=sum(v.idle_ns for v in ranks.values()),
+        exposed_collective_ns=sum(v.exposed_collective_ns for v in ranks.values()),
+        kernels=sum(v.kernels for v in ranks.values()),
+        memcpy_memset=sum(v.memcpy_memset for v in ranks.values()),
+        tracelens_gpu_timeline=BreakdownTracelensGpuTimeline(
+            linked_only=_sum_metrics([t.linked_only for t in timelines]),
+            include_unlinked_kernels=_sum_metrics([t.include_unlinked_kernels for t in timelines]),
+        ),
+        ranks=ranks,
+        rule=(
+            "busy = union of kernel intervals; exposed memcpy = memcpy/memset outside it; idle = span - busy - "
+            "exposed memcpy; span = first to last GPU operation, per rank (tracekit's definitions; TraceLens's "
+            "gpu_timeline: tracelens_gpu_timeline, and how they differ: differences_from_tracelens)"
+        ),
+        differences_from_tracelens=TRACELENS_DIFFERENCES,
     )
-    out: dict[str, Any] = {key: sum(v[key] for v in ranks.values()) for key in keys}
-    out["tracelens_gpu_timeline"] = {
-        variant: {
-            m: sum(v["tracelens_gpu_timeline"][variant][m] for v in ranks.values()) for m in TRACELENS_KEYS
-        }
-        for variant in TRACELENS_VARIANTS
-    }
-    out["ranks"] = ranks
-    out["rule"] = (
-        "busy = union of kernel intervals; exposed memcpy = memcpy/memset outside it; idle = span - busy - "
-        "exposed memcpy; span = first to last GPU operation, per rank (tracekit's definitions; TraceLens's "
-        "gpu_timeline: tracelens_gpu_timeline, and how they differ: differences_from_tracelens)"
-    )
-    out["differences_from_tracelens"] = TRACELENS_DIFFERENCES
-    return out

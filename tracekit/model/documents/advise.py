@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.roofline import RooflinePeaks
 
 
 class AdviseRun(Doc, kw_only=True):
@@ -19,16 +20,9 @@ class AdviseRun(Doc, kw_only=True):
 
 
 class AdviseMemoryPerGpuBytes(Doc, kw_only=True):
-    weights: int | None
-    kv_cache: int | None
-    total: int | None
-
-
-class AdvisePeaks(Doc, kw_only=True):
-    memory_gbps: float | None
-    memory_source: str
-    matrix_tflops: float | None
-    matrix_source: str
+    weights: int
+    kv_cache: int
+    total: int
 
 
 class AdviseKindPart(Doc, kw_only=True):
@@ -45,15 +39,15 @@ class AdviseBatchModel(Doc, kw_only=True):
     base_batch: int
     base_run: str
     by_kind: list[AdviseKindPart]
-    floors: AdvisePeaks  # the peaks each unit's roofline floor was taken at
+    floors: RooflinePeaks  # the peaks each unit's roofline floor was taken at
 
 
 class AdviseOption(Doc, kw_only=True):
-    batch: int | None
-    option: str | None
-    tp: int | None
-    instances: int | None
-    status: str | None
+    batch: int
+    option: str
+    tp: int
+    instances: int
+    status: str
     per_token_latency_ns: int | None
     #: predicted rows: the no-overlap bound (bytes / bandwidth + flops / matrix peak, summed), beside
     #: the max-of-the-two prediction; null on measured rows (absent in older documents)
@@ -66,14 +60,17 @@ class AdviseOption(Doc, kw_only=True):
     batch_model: AdviseBatchModel | None | UnsetType = UNSET
     tokens_per_s: float | None
     tokens_per_s_per_instance: float | None
-    memory_per_gpu_bytes: AdviseMemoryPerGpuBytes | None
+    memory_per_gpu_bytes: AdviseMemoryPerGpuBytes
     fits: bool | None
+    #: only with --dtype other than the runs': the same with the low-bit weights
+    memory_per_gpu_bytes_low_bit: AdviseMemoryPerGpuBytes | UnsetType = UNSET
+    fits_low_bit: bool | None | UnsetType = UNSET
 
 
 class AdviseMemoryCliffItem(Doc, kw_only=True):
-    tp: int | None
-    option: str | None
-    kv_bytes_per_sequence: int | None
+    tp: int
+    option: str
+    kv_bytes_per_sequence: int
     weights_bytes_run_dtype: int | None
     max_sequences_run_dtype: int | None
     weights_bytes_weight_dtype: int | None
@@ -82,10 +79,10 @@ class AdviseMemoryCliffItem(Doc, kw_only=True):
 
 
 class AdviseRecommendation(Doc, kw_only=True):
-    batch: int | None
+    batch: int
     best_throughput: str | None
     best_latency: str | None
-    text: str | None
+    text: str
 
 
 class Advise(Doc, kw_only=True):

@@ -26,6 +26,11 @@ def given(x: T | UnsetType) -> T | None:
 class Doc(msgspec.Struct, kw_only=True):
     """A JSON object of a tracekit document: keys in the writer's order; UNSET fields absent."""
 
+    def to_json(self) -> dict[str, object]:
+        """The object as plain JSON values (`to_builtins`)."""
+        out: dict[str, object] = msgspec.to_builtins(self)
+        return out
+
 
 class DocumentError(ValueError):
     """A document that is not JSON or not of its Struct's shape: `where` is the JSON path

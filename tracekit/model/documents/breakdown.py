@@ -11,6 +11,7 @@ class BreakdownUnknownKernel(Doc, kw_only=True):
     name: str
     count: int
     total_ns: int
+    hint: str | UnsetType = UNSET
 
 
 class BreakdownSource(Doc, kw_only=True):
@@ -40,14 +41,35 @@ class BreakdownStep(Doc, kw_only=True):
 
 
 class BreakdownPartsNsValue(Doc, kw_only=True):
-    median: int
-    p10: int
-    p90: int
-    mean: int
+    """Statistics over steps, integer ns (null when there is no step)."""
+
+    median: int | None
+    p10: int | None
+    p90: int | None
+    mean: int | None
 
 
 class BreakdownStepNs(BreakdownPartsNsValue, kw_only=True):
     n: int
+
+
+class BreakdownStepsUsed(Doc, kw_only=True):
+    """Which steps the per-token figures use when the step names carry kinds."""
+
+    kind: str
+    batch: int
+    steps: int
+    rule: str
+
+
+class BreakdownStepKind(Doc, kw_only=True):
+    kind: str
+    batch: int
+    tokens: int | None
+    steps: int
+    step_ns_mean: int
+    step_ns_median: int
+    parts_ns_mean: dict[str, int]
 
 
 class BreakdownPerToken(Doc, kw_only=True):
@@ -56,15 +78,16 @@ class BreakdownPerToken(Doc, kw_only=True):
     overlapped_collective_ns: BreakdownPartsNsValue
     slowest_rank_counts: dict[str, int]
     parts_rule: str | UnsetType = UNSET
+    steps_used: BreakdownStepsUsed | UnsetType = UNSET
 
 
 class BreakdownPerRankItem(Doc, kw_only=True):
     rank: int
     steps: int
     timeline: str
-    step_ns_median: int
-    parts_ns_median: dict[str, int]
-    overlapped_collective_ns_median: int
+    step_ns_median: int | None
+    parts_ns_median: dict[str, int | None]
+    overlapped_collective_ns_median: int | None
 
 
 class BreakdownKernelsByClassValue(Doc, kw_only=True):
@@ -216,3 +239,4 @@ class Breakdown(Doc, kw_only=True):
     trace_totals: BreakdownTraceTotals | UnsetType = UNSET
     data_quality: BreakdownDataQuality
     dilation: float | None
+    step_kinds: list[BreakdownStepKind] | UnsetType = UNSET

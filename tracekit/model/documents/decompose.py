@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tracekit.model.documents.base import Doc
-from tracekit.model.documents.diff import DiffDataQuality
+from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 
 class DecomposeBaseline(Doc, kw_only=True):
@@ -15,7 +15,7 @@ class DecomposeBaseline(Doc, kw_only=True):
     samples: int | None
     sample_rounds: int | None
     steady_steps: int | None
-    classes_ns: dict[str, int | None]
+    classes_ns: dict[str, int]
     matrix_share_of_compute: float | None
     reconciliation: str | None
 
@@ -54,10 +54,10 @@ class DecomposeBootstrap(Doc, kw_only=True):
 
 class DecomposeRuntime(Doc, kw_only=True):
     saved_ns: int | None
-    saved_by_class_ns: dict[str, int | None]
+    saved_by_class_ns: dict[str, int]
     share_of_saving: dict[str, float | None]
     log_part_by_class: dict[str, float | None]
-    top: str | None
+    top: str
 
 
 class DecomposeMoved(Doc, kw_only=True):
@@ -117,4 +117,4 @@ class Decompose(Doc, kw_only=True):
     moved: DecomposeMoved
     class_words: dict[str, str | None]
     notes: list[str]
-    data_quality: DiffDataQuality
+    data_quality: BreakdownDataQuality

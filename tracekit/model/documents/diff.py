@@ -5,6 +5,8 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.breakdown import BreakdownDataQuality
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
 
 
 class DiffBefore(Doc, kw_only=True):
@@ -23,13 +25,13 @@ class DiffRuns(Doc, kw_only=True):
 
 
 class DiffPerTokenNs(Doc, kw_only=True):
-    before: int | None
-    after: int | None
+    before: int
+    after: int
 
 
 class DiffPerTokenIntervalNs(Doc, kw_only=True):
-    before: list[int | None]
-    after: list[int | None]
+    before: list[int]
+    after: list[int]
 
 
 class DiffInterval(Doc, kw_only=True):
@@ -40,9 +42,9 @@ class DiffInterval(Doc, kw_only=True):
 
 
 class DiffCompute(Doc, kw_only=True):
-    before_ns: int | None
-    after_ns: int | None
-    change_ns: int | None
+    before_ns: int
+    after_ns: int
+    change_ns: int
     interval_ns: list[int | None] | None
 
 
@@ -52,33 +54,33 @@ class DiffByPart(Doc, kw_only=True):
 
 
 class DiffPerRankItem(Doc, kw_only=True):
-    rank: int | None
-    change_ns: dict[str, int | None]
-    coordination_ns: dict[str, int | None]
-    before_ns: dict[str, int | None]
-    after_ns: dict[str, int | None]
+    rank: int
+    change_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    before_ns: dict[str, int]
+    after_ns: dict[str, int]
 
 
 class DiffByRankValue(Doc, kw_only=True):
-    compute_ns: int | None
-    memory_ns: int | None
-    transfer_ns: int | None
-    host_ns: int | None
-    sync_ns: int | None
-    unknown_ns: int | None
+    compute_ns: int
+    memory_ns: int
+    transfer_ns: int
+    host_ns: int
+    sync_ns: int
+    unknown_ns: int
 
 
 class DiffCriticalPathBefore(Doc, kw_only=True):
     by_rank: dict[str, DiffByRankValue]
-    offset_ns: int | None
-    step_ns: int | None
+    offset_ns: int
+    step_ns: int
 
 
 class DiffChange(Doc, kw_only=True):
     by_rank: dict[str, DiffByRankValue]
-    offset_ns: int | None
-    by_component_ns: dict[str, int | None]
-    step_ns: int | None
+    offset_ns: int
+    by_component_ns: dict[str, int]
+    step_ns: int
 
 
 class DiffCriticalPath(Doc, kw_only=True):
@@ -89,12 +91,12 @@ class DiffCriticalPath(Doc, kw_only=True):
 
 class DiffCause(Doc, kw_only=True):
     component: str | None
-    component_change_ns: int | None
+    component_change_ns: int
     rank: int | None
-    rank_change_ns: int | None
-    by_rank_ns: dict[str, int | None]
-    offset_change_ns: int | None | UnsetType = UNSET
-    wait_change_ns: dict[str, int | None]
+    rank_change_ns: int
+    by_rank_ns: dict[str, int]
+    offset_change_ns: int | UnsetType = UNSET
+    wait_change_ns: dict[str, int]
     sentence: str | None
 
 
@@ -129,30 +131,14 @@ class DiffCollective(Doc, kw_only=True):
     time_ns_change: int | None
 
 
-class DiffDilationBefore(Doc, kw_only=True):
-    factor: float | None
-    interval: list[float | None] | None
-    method: str | None
-    traced_mean_ns: int | None
-    corrected_mean_ns: int | None
-    unprofiled_mean_ns: int | None
-    drift: float | None
-    unprofiled_rounds: int | None
-
-
 class DiffDilation(Doc, kw_only=True):
     definition: str | None
-    before: DiffDilationBefore
-    after: DiffDilationBefore
+    before: ShortfallAppliedBaseline
+    after: ShortfallAppliedBaseline
     ratio: float | None
     traced_change: float | None
     unprofiled_change: float | None
     warning: str | None
-
-
-class DiffDataQuality(Doc, kw_only=True):
-    counts: dict[str, int | None]
-    notes: list[str]
 
 
 class Diff(Doc, kw_only=True):
@@ -248,4 +234,4 @@ class Diff(Doc, kw_only=True):
     kernels: list[DiffKernel]
     collectives: list[DiffCollective]
     dilation: DiffDilation
-    data_quality: DiffDataQuality
+    data_quality: BreakdownDataQuality

@@ -5,7 +5,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
-from tracekit.model.documents.breakdown import BreakdownDataQuality
+from tracekit.model.documents.breakdown import BreakdownDataQuality, BreakdownStepKind, BreakdownStepsUsed
 from tracekit.model.documents.dilation import Dilation
 
 
@@ -217,9 +217,10 @@ class ShortfallCorrection(Doc, kw_only=True):
     identified: bool | UnsetType = UNSET
     #: per figure ("wait", "sync", "idle": parts; "path_<part>"), rank or "mean" -> [lo, hi] ns per token
     ranges: dict[str, dict[str, list[int]]] | UnsetType = UNSET
-    #: the same for the terms: wait, sync, idle less N1/N x the baseline's corrected part
-    term_ranges: dict[str, dict[str, list[int]]] | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
+    #: the same for the terms: wait, sync, idle less N1/N x the baseline's corrected part (written
+    #: after the correction's own keys)
+    term_ranges: dict[str, dict[str, list[int]]] | UnsetType = UNSET
 
 
 class ShortfallDilation(Doc, kw_only=True):
@@ -286,14 +287,17 @@ class ShortfallWorst(Doc, kw_only=True):
 
 
 class ShortfallCheck(Doc, kw_only=True):
+    """The end-spread check of the matched collectives (null figures: not checked, or no instance)."""
+
     level: str
-    threshold_ns: int
+    threshold_ns: int | None
     instances: int
-    instances_over: int
-    median_ns: int
-    p99_ns: int
-    max_ns: int
-    worst: ShortfallWorst
+    instances_over: int | None
+    median_ns: int | None
+    p99_ns: int | None
+    max_ns: int | None
+    worst: ShortfallWorst | None
+    note: str | UnsetType = UNSET
 
 
 class ShortfallClock(Doc, kw_only=True):
@@ -302,11 +306,17 @@ class ShortfallClock(Doc, kw_only=True):
     offsets_applied: bool
     offsets_ns: dict[str, int]
     residual_ns: dict[str, ShortfallResidualNsValue] | UnsetType = UNSET
-    raw_instances_over: int | UnsetType = UNSET
+    raw_instances_over: int | None | UnsetType = UNSET
     method: str
     refusal: str | None | UnsetType = UNSET
     hosts: dict[str, str]
-    check: ShortfallCheck | UnsetType = UNSET
+    check: ShortfallCheck | None | UnsetType = UNSET  # null: not checked
+
+
+class ShortfallPerTokenSteps(BreakdownStepsUsed, kw_only=True):
+    """The steps used as tokens (the breakdown's `steps_used`) and how many of them are steady."""
+
+    steady: int
 
 
 class ShortfallStepsBaseline(Doc, kw_only=True):
@@ -315,6 +325,8 @@ class ShortfallStepsBaseline(Doc, kw_only=True):
     steady: int
     timeline: str
     slowest_rank_counts: dict[str, int]
+    per_token_steps: ShortfallPerTokenSteps | UnsetType = UNSET
+    kinds: list[BreakdownStepKind] | UnsetType = UNSET
 
 
 class ShortfallSteps(Doc, kw_only=True):
