@@ -254,7 +254,7 @@ def whatif_runs(
     skip_first: int = 1,
     cache: bool = True,
 ) -> dict[str, ReplayInput]:
-    """What `tracekit.analyse.replay.whatif` takes of each run (label -> path: baseline, and
+    """What `tracekit.analyse.whatif.pair.whatif` takes of each run (label -> path: baseline, and
     sharded and check when given), on the engine (`command_plans.replay_plan`): per label a
     `ReplayInput` (the RunParts with its dependency graph, the replay's device events)."""
     from tracekit.analyse.command_plans import replay_plan
@@ -270,7 +270,7 @@ def whatif_runs(
         got: ReplayInput = res.results[0]
         g, parts = got.parts.graph, got.parts
         timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
-        # `replay.build_model` builds the graph again from every event otherwise: not at hand here
+        # `whatif.build.build_model` builds the graph again from every event otherwise: not at hand here
         if g is None or g.timeline != timeline or len(g.ranks) != len(parts.ranks):
             raise EngineError(
                 f"{paths[k]}: the replay needs the run's dependency graph, which its attribution did not "
@@ -294,6 +294,7 @@ def analyse_dirs(
     from tracekit.analyse.plans import attribution_plan, breakdown_plan
     from tracekit.engine.executor import Job
     from tracekit.model.documents import Breakdown, Shortfall, TopKernels
+    from tracekit.read.manifests import manifest_document
     from tracekit.report import build
 
     bd = breakdown_plan(step_pattern=step_pattern)
@@ -302,7 +303,7 @@ def analyse_dirs(
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
             breakdown=build.analysed_document(res.results[0].breakdown, Breakdown),
-            manifest=build.manifest_document(res.meta.manifest),
+            manifest=manifest_document(res.meta.manifest),
         )
         out.top_kernels = build.analysed_document(res.results[0].top_kernels, TopKernels)
         return out
@@ -316,11 +317,11 @@ def analyse_dirs(
     )
     out = build.AnalysedRuns(
         breakdown=build.analysed_document(run.results[0].breakdown, Breakdown),
-        manifest=build.manifest_document(run.meta.manifest),
+        manifest=manifest_document(run.meta.manifest),
     )
     out.top_kernels = build.analysed_document(run.results[0].top_kernels, TopKernels)
     out.baseline_breakdown = build.analysed_document(base.results[0].breakdown, Breakdown)
-    out.baseline_manifest = build.manifest_document(base.meta.manifest)
+    out.baseline_manifest = manifest_document(base.meta.manifest)
     out.baseline_top_kernels = build.analysed_document(base.results[0].top_kernels, TopKernels)
     out.shortfall = build.analysed_document(
         shortfall_of_pair(base.results[1], run.results[1], notes), Shortfall
