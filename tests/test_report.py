@@ -721,6 +721,10 @@ def test_intervals_and_noise_readings_are_rendered():
     assert fig["text"][1] == "0.100 ms (within noise)" and fig["text"][0] == "0.400 ms (20%)"
     sf["noise"]["status"] = "too_noisy"
     assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to attribute" in rs.build(**inputs).headline
+    sf["noise"]["status"] = "unsettled"  # S clear of zero, the resamples disagree on the largest term
+    unsettled = rs.build(**inputs).headline
+    assert "S = 2.00 ms [95% 1.60-2.40 ms], too noisy to say which term" in unsettled
+    assert "coordination" not in unsettled
 
 
 def test_one_colour_per_class_in_every_chart():

@@ -29,7 +29,10 @@ only, and `basis` says so.
 
 `reading` turns the intervals into what the verdict may say: a term whose interval excludes zero
 is a finding (positive) or a real negative term; one whose interval spans zero is within noise; S
-spanning zero means the run is too noisy to attribute.
+spanning zero means the run is too noisy to attribute. The largest finding is named as the cause
+only where it is also the largest of the findings in at least STABILITY (95%) of the resamples
+(`Intervals.leaders`: per finding, the share of resamples in which it is the largest of them);
+else the run is `unsettled`: too noisy to say which term holds it back, the candidates listed.
 """
 
 from __future__ import annotations
@@ -48,6 +51,8 @@ from tracekit.model.parts import LEAF_PARTS as PARTS
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
+#: the share of resamples in which the largest finding must also be the largest term to be named
+STABILITY = 0.95
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,17 @@ class Intervals:
     #: "a-b" (a before b in TERMS' order) -> the interval of term a minus term b over the same
     #: resamples: whether the larger of two terms is larger beyond the noise (`reading`'s ties)
     leads: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: term -> its value in each resample ([resamples] floats, ns): `leaders` reads them
+    draws: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+
+    def leaders(self, keys: Sequence[str]) -> dict[str, float]:
+        """Per term of `keys`, the share of the resamples in which it is the largest of `keys`
+        (the shares sum to 1; an exact tie goes to the first of `keys`, a measure-zero event)."""
+        keys = [k for k in keys if k in self.draws]
+        if not keys:
+            return {}
+        top = np.argmax(np.stack([self.draws[k] for k in keys], axis=1), axis=1)
+        return {k: float(np.mean(top == j)) for j, k in enumerate(keys)}
 
     def lead(self, a: str, b: str) -> tuple[int, int] | None:
         """The interval of term `a` minus term `b`, or None where it was not drawn."""
@@ -303,6 +319,7 @@ def bootstrap(
             for j, a in enumerate(terms)
             for b in list(terms)[j + 1 :]
         },
+        draws=terms,
         basis=basis,
         paired=paired,
         rounds={"baseline": kb, "sharded": ks},
@@ -330,21 +347,39 @@ def term_reading(interval: tuple[int, int]) -> str:
 class Reading:
     """What the intervals allow the verdict to say.
 
-    `status`: "attributed" (a positive term stands clear of the noise: `cause`), "unattributed"
-    (S is clear of zero but no positive term is), "too_noisy" (S's interval spans zero),
-    "beats_ideal" (S's interval is below zero). `terms`: per term its point figure, interval and
-    `term_reading`."""
+    `status`: "attributed" (a positive term stands clear of the noise and is the largest of those
+    in at least STABILITY of the resamples: `cause`), "unsettled" (S and several terms are clear
+    of zero, but none is the largest of them in STABILITY of the resamples: `candidates`),
+    "unattributed" (S is clear of zero but no positive term is), "too_noisy" (S's interval spans
+    zero), "beats_ideal" (S's interval is below zero). `terms`: per term its point figure,
+    interval and `term_reading`. `stability`: the share of resamples in which the largest finding
+    (by its point figure) is the largest of the findings; None where there is no finding."""
 
     status: str
     cause: str | None
     terms: dict[str, sd.ShortfallShortfall]
     shortfall: sd.ShortfallShortfall
-    #: the findings the cause does not lead beyond the noise (its lead's interval reaches zero): [{"term", "lead_ns": [lo, hi]}], largest first; the verdict names them with it
-    tied: list[sd.ShortfallTied] = field(default_factory=list)
+    stability: float | None = None
+    #: unsettled: the findings that are the largest of them in at least 1 - STABILITY of the
+    #: resamples (and the largest finding), most often first; lead_ns: the interval of the largest
+    #: finding minus this term (None for the largest finding itself)
+    candidates: list[sd.ShortfallCandidate] = field(default_factory=list)
+
+    @property
+    def named(self) -> bool:
+        """Whether the verdict names a cause."""
+        return self.cause is not None
 
     def document(self) -> sd.ShortfallNoise:
         return sd.ShortfallNoise(
-            status=self.status, cause=self.cause, tied=self.tied, shortfall=self.shortfall, terms=self.terms
+            status=self.status,
+            cause=self.cause,
+            named=self.named,
+            stability=None if self.stability is None else round(self.stability, 4),
+            stability_required=STABILITY,
+            candidates=self.candidates,
+            shortfall=self.shortfall,
+            terms=self.terms,
         )
 
     def to_json(self) -> dict[str, object]:
@@ -368,16 +403,30 @@ def reading(s_ns: int, terms_ns: Mapping[str, int], iv: Intervals) -> Reading:
     found = [k for k, t in terms.items() if t.reading == "finding"]
     if not found:
         return Reading("unattributed", None, terms, shortfall)
-    cause = max(found, key=lambda k: (terms[k].ns, k))
-    # the cause is named alone only where it leads every other finding (a term clear of zero)
-    # beyond the noise (the lead's interval over the same resamples above zero); a finding it
-    # does not lead so is named beside it, the order not claimed (a term within its noise never is)
-    tied: list[sd.ShortfallTied] = []
-    for k in sorted(terms, key=lambda k: (-int(terms_ns[k]), k)):
-        lead = iv.lead(cause, k)
-        if k != cause and terms[k].reading == "finding" and lead is not None and lead[0] <= 0:
-            tied.append(sd.ShortfallTied(term=k, lead_ns=list(lead)))
-    return Reading("attributed", cause, terms, shortfall, tied)
+    top = max(found, key=lambda k: (terms[k].ns, k))
+    # named only where the resamples agree: the largest finding is the largest of the findings in
+    # at least STABILITY of them; two findings within each other's noise trade places between
+    # resamples, and naming either would pass the noise off as a ranking. (A term within its
+    # noise is no finding and no candidate: the verdict already says it is within noise.)
+    shares = iv.leaders(found)
+    stability = shares.get(top, 1.0 if len(found) == 1 else 0.0)
+    if stability >= STABILITY:
+        return Reading("attributed", top, terms, shortfall, stability)
+    floor = 1.0 - STABILITY
+    cands = [
+        k
+        for k in sorted(found, key=lambda k: (-shares.get(k, 0.0), k))
+        if k == top or shares.get(k, 0.0) >= floor
+    ]
+    candidates = [
+        sd.ShortfallCandidate(
+            term=k,
+            leads_share=round(shares.get(k, 0.0), 4),
+            lead_ns=None if k == top or (lead := iv.lead(top, k)) is None else list(lead),
+        )
+        for k in cands
+    ]
+    return Reading("unsettled", None, terms, shortfall, stability, candidates)
 
 
 #: what a term below zero (its interval clear of zero) means, in words; {n} the TP degree

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tracekit.analyse.exact import round_half_up
-from tracekit.analyse.noise import NEGATIVE_WORDS
+from tracekit.analyse.noise import NEGATIVE_WORDS, STABILITY
 from tracekit.model.documents.base import given
 from tracekit.model.documents.shortfall import ShortfallClasses
 from tracekit.model.parts import COORDINATION, PATH_PARTS
@@ -95,28 +95,27 @@ def verdict(sf: Shortfall) -> str:
             f"({head}; {basis}), but {rest}. Capture more rounds (`--rounds`) or on a quieter host "
             f"to attribute it. {dil}"
         )
+    if rd.status == "unsettled":  # the resamples do not agree on the largest term: none is named
+        cands = rd.candidates
+        lead_of = "; ".join(
+            f"{names[cands[0].term]} minus {names[c.term]} {iv_words(c.lead_ns)}"
+            for c in cands[1:]
+            if c.lead_ns is not None
+        )
+        who = ", ".join(f"{names[c.term]} in {c.leads_share:.0%}" for c in cands)
+        rest = "; ".join(clause(k) for k in shown)
+        return (
+            f"Too noisy to say what holds this run back: the per-token shortfall is {_ms(s)} {s_iv} "
+            f"({head}; {basis}), but no term is the largest in {STABILITY:.0%} of the resamples "
+            f"(largest: {who}" + (f"; {lead_of}" if lead_of else "") + f"): {rest}. Capture more rounds "
+            f"(`--rounds`), on a quieter host, or with CUDA graphs (fewer host launches, less host noise), "
+            f"and compare again. {dil}"
+        )
     top = rd.cause
     assert top is not None
     # the path sentence names the waiting the path causes; with coordination inside its noise
     # that waiting would be noise passed off as a consequence, so it is left out
     path = path_cause(sf) if rd.terms["coordination"].reading != "within_noise" else ""
-    if rd.tied:  # the cause does not lead them beyond the noise: named together, the order not claimed
-        named = [top, *(t.term for t in rd.tied)]
-        others = "; ".join(clause(k) for k in shown if k not in named)
-        lead = "; ".join(f"{names[top]} minus {names[t.term]} {iv_words(t.lead_ns)}" for t in rd.tied)
-        title = " and ".join([", ".join(names[k] for k in named[:-1]), names[named[-1]]])
-        shares = " and ".join(
-            [", ".join(f"{terms[k] / s:.0%}" for k in named[:-1]), f"{terms[named[-1]] / s:.0%}"]
-        )
-        what = " and ".join(f"{words[k]} ({_ms(terms[k])} {iv_words(rd.terms[k].interval)})" for k in named)
-        return (
-            f"{title[0].upper() + title[1:]} hold this run back together: {shares} of the {_ms(s)} {s_iv} "
-            f"per-token shortfall ({head}) are {what}; which is larger is within noise ({lead})"
-            + (f"; {others}" if others else "")
-            + f" ({basis}). "
-            + (f"{path} " if path else "")
-            + dil
-        )
     others = "; ".join(clause(k) for k in shown if k != top)
     return (
         f"{top.capitalize()} holds this run back: {terms[top] / s:.0%} of the {_ms(s)} {s_iv} per-token "

@@ -159,15 +159,19 @@ class ShortfallShortfall(Doc, kw_only=True):
     reading: str
 
 
-class ShortfallTied(Doc, kw_only=True):
+class ShortfallCandidate(Doc, kw_only=True):
     term: str
-    lead_ns: list[int]
+    leads_share: float
+    lead_ns: list[int] | None
 
 
 class ShortfallNoise(Doc, kw_only=True):
     status: str
     cause: str | None
-    tied: list[ShortfallTied]
+    named: bool
+    stability: float | None
+    stability_required: float
+    candidates: list[ShortfallCandidate]
     shortfall: ShortfallShortfall
     terms: dict[str, ShortfallShortfall]
 
@@ -385,11 +389,16 @@ class Shortfall(Doc, kw_only=True):
                     "per_token_ns": {"baseline": [lo, hi], "sharded": [lo, hi], "ideal": [lo, hi]},
                     "shortfall_ns": [lo, hi], "terms_ns": {"compute": [lo, hi], ...},
                     "coordination_ns": {"wait": [lo, hi], "sync": [...], "idle": [...]}},   # 95% bootstrap
-      "noise": {"status": "attributed" | "too_noisy" | "unattributed" | "beats_ideal",
+      "noise": {"status": "attributed" | "unsettled" | "too_noisy" | "unattributed" | "beats_ideal",
                 "cause": "coordination" | null,        # the term the verdict names (attributed only)
-                "tied": [{"term": "transfer", "lead_ns": [lo, hi]}],   # positive terms the cause does not
-                                                       # lead beyond the noise (cause minus term spans zero):
-                                                       # named beside it, the order not claimed
+                "named": true,                         # whether the verdict names a cause
+                "stability": 0.998,                    # share of resamples in which the largest finding is
+                                                       # the largest term (null: no finding); named only at
+                "stability_required": 0.95,            # >= this, else "unsettled" (too noisy to say which)
+                "candidates": [{"term": "transfer", "leads_share": 0.61, "lead_ns": null},
+                               {"term": "coordination", "leads_share": 0.39, "lead_ns": [lo, hi]}],
+                                                       # unsettled: the terms largest in >= 5% of resamples;
+                                                       # lead_ns: the largest finding minus this term
                 "shortfall": {"ns", "interval", "reading"},
                 "terms": {"compute": {"ns": ..., "interval": [lo, hi],
                                       "reading": "finding" | "within_noise" | "negative"}, ...}},

@@ -239,6 +239,8 @@ def headline_line(data: ReportData) -> str:
         line += ", too noisy to attribute (S's interval holds zero)"
     elif status == "unattributed":
         line += ", no term clear of the noise"
+    elif status == "unsettled":
+        line += ", too noisy to say which term (no term the largest in 95% of the resamples)"
     else:
         named = noise.get("cause")
         top = str(named) if named in terms else max(terms, key=lambda t: terms[t])
