@@ -30,7 +30,7 @@ from tracekit.model.documents import (
 from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.read.manifests import typed_manifest
 from tracekit.report.data import ReportData, build_report_data
-from tracekit.report.extras import ExtraSection
+from tracekit.report.extra_section import ExtraSection
 
 T = TypeVar("T")
 

@@ -7,6 +7,9 @@ import math
 import re
 from typing import Any
 
+import msgspec
+from msgspec import UNSET
+
 from tracekit.model.units import fmt_ms, fmt_x
 
 # ----------------------------------------------------------------------------------------------
@@ -95,3 +98,11 @@ def reading_of(interval: Any) -> str | None:
     if iv is None:
         return None
     return "finding" if iv[0] > 0 else ("negative" if iv[1] < 0 else "within_noise")
+
+
+def present_fields(doc: msgspec.Struct | msgspec.UnsetType) -> list[tuple[str, object]]:
+    """A document's fields that it holds (UNSET ones left out), in field order: a manifest's
+    workload or host as the renderers list them."""
+    if doc is UNSET:
+        return []
+    return [(k, getattr(doc, k)) for k in doc.__struct_fields__ if getattr(doc, k) is not UNSET]
