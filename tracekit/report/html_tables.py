@@ -20,7 +20,12 @@ from tracekit.report.sections.fmt import (
     prose,
 )
 from tracekit.report.sections.rows import (
+    COLLECTIVE_HEADERS,
+    DILATION_APPLIED_HEADERS,
+    DILATION_HOST_CLOCK_HEADERS,
+    STRAGGLER_HEADERS,
     TOP_KERNEL_HEADERS,
+    attribution_headers,
     corrected,
     dilation_figures,
     host_clock_text,
@@ -68,13 +73,7 @@ def _dilation_table(data: ReportData) -> str:
             for d in applied
         ]
         return _table(
-            [
-                "run",
-                "dilation applied (95% interval)",
-                "per token, traced (mean)",
-                "per token, unprofiled (mean)",
-                "cross-check: capture host clock",
-            ],
+            list(DILATION_APPLIED_HEADERS),
             rows_a,
             ' id="dilation-table"',
         )
@@ -91,7 +90,7 @@ def _dilation_table(data: ReportData) -> str:
         for d in runs
     ]
     return _table(
-        ["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation (host clock)"],
+        list(DILATION_HOST_CLOCK_HEADERS),
         rows,
     )
 
@@ -117,13 +116,7 @@ def attribution_table(data: ReportData) -> str:
     if ivs is not None:
         total.append((esc(fmt_ms_interval(ivs.shortfall_ns, 3)), True))
     rows.append([*total, ("100.0%", True), ("", True)])
-    headers = [
-        "term",
-        "per token",
-        *(["95% interval"] if ivs is not None else []),
-        "share of S",
-        "spread over steps (p10 .. p90)",
-    ]
+    headers = attribution_headers(ivs is not None)
     table = _table(headers, rows, ' id="attribution"')
     method = ivs.method if ivs is not None else None
     return table + (f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else "")
@@ -191,15 +184,7 @@ def collectives_tables(data: ReportData) -> str:
         )
         out.append(
             _table(
-                [
-                    "op",
-                    "message",
-                    "count",
-                    "wait (median of per-collective max)",
-                    "transfer (median)",
-                    "skew (median)",
-                    "busbw (median)",
-                ],
+                list(COLLECTIVE_HEADERS),
                 rows,
             )
         )
@@ -217,7 +202,7 @@ def collectives_tables(data: ReportData) -> str:
             for s in data.stragglers
         ]
         out.append("<h3>Stragglers: how often each rank arrives last</h3>")
-        out.append(_table(["rank", "last", "of instances", "share"], rows, ' id="stragglers"'))
+        out.append(_table(list(STRAGGLER_HEADERS), rows, ' id="stragglers"'))
     return "\n".join(out)
 
 

@@ -25,7 +25,12 @@ from tracekit.report.sections.fmt import (
     prose,
 )
 from tracekit.report.sections.rows import (
+    COLLECTIVE_HEADERS,
+    DILATION_APPLIED_HEADERS,
+    DILATION_HOST_CLOCK_HEADERS,
+    STRAGGLER_HEADERS,
     TOP_KERNEL_HEADERS,
+    attribution_headers,
     corrected,
     dilation_figures,
     host_clock_text,
@@ -185,13 +190,7 @@ def _dilation_table_md(data: ReportData) -> list[str]:
     dil_runs = [r for r in d.runs if r.unprofiled_median_ns is not None]
     if applied:
         return _table(
-            [
-                "run",
-                "dilation applied (95% interval)",
-                "per token, traced (mean)",
-                "per token, unprofiled (mean)",
-                "cross-check: capture host clock",
-            ],
+            list(DILATION_APPLIED_HEADERS),
             [
                 [
                     md_esc(r.run),
@@ -205,12 +204,7 @@ def _dilation_table_md(data: ReportData) -> list[str]:
         )
     if dil_runs:
         return _table(
-            [
-                "run",
-                "per token, unprofiled (median)",
-                "per token, profiled (median)",
-                "dilation (host clock)",
-            ],
+            list(DILATION_HOST_CLOCK_HEADERS),
             [
                 [
                     md_esc(r.run),
@@ -242,13 +236,7 @@ def _attribution_md(data: ReportData) -> list[str]:
     if ivs is not None:
         total.append(fmt_ms_interval(ivs.shortfall_ns, 3))
     rows.append([*total, "100.0%", ""])
-    headers = [
-        "term",
-        "per token",
-        *(["95% interval"] if ivs is not None else []),
-        "share of S",
-        "spread over steps (p10 .. p90)",
-    ]
+    headers = attribution_headers(ivs is not None)
     out = _table(headers, rows)
     method = ivs.method if ivs is not None else None
     return out + ([f"Intervals: {md_esc(prose(method))}.", ""] if method else [])
@@ -323,15 +311,7 @@ def render_markdown(data: ReportData) -> str:
         lines += [f"{c.instances} collective instances matched across ranks{per_tok}.", ""]
         if c.by_op:
             lines += _table(
-                [
-                    "op",
-                    "message",
-                    "count",
-                    "wait (median of per-collective max)",
-                    "transfer (median)",
-                    "skew (median)",
-                    "busbw (median)",
-                ],
+                list(COLLECTIVE_HEADERS),
                 [
                     [
                         md_esc(o.op),
@@ -351,7 +331,7 @@ def render_markdown(data: ReportData) -> str:
     if data.stragglers:
         lines += ["### Stragglers: how often each rank arrives last", ""]
         lines += _table(
-            ["rank", "last", "of instances", "share"],
+            list(STRAGGLER_HEADERS),
             [[str(s.rank), str(s.last_count), str(s.instances), fmt_pct(s.share)] for s in data.stragglers],
         )
 

@@ -27,6 +27,38 @@ if TYPE_CHECKING:
     from tracekit.report.data import ReportData
 
 
+#: the column headers both renderers print (fixed words: neither escapes them)
+DILATION_APPLIED_HEADERS = (
+    "run",
+    "dilation applied (95% interval)",
+    "per token, traced (mean)",
+    "per token, unprofiled (mean)",
+    "cross-check: capture host clock",
+)
+DILATION_HOST_CLOCK_HEADERS = (
+    "run",
+    "per token, unprofiled (median)",
+    "per token, profiled (median)",
+    "dilation (host clock)",
+)
+COLLECTIVE_HEADERS = (
+    "op",
+    "message",
+    "count",
+    "wait (median of per-collective max)",
+    "transfer (median)",
+    "skew (median)",
+    "busbw (median)",
+)
+STRAGGLER_HEADERS = ("rank", "last", "of instances", "share")
+
+
+def attribution_headers(with_intervals: bool) -> list[str]:
+    """The attribution table's headers (the 95% interval column only when the shortfall has them)."""
+    interval = ["95% interval"] if with_intervals else []
+    return ["term", "per token", *interval, "share of S", "spread over steps (p10 .. p90)"]
+
+
 def corrected(data: ReportData) -> bool:
     """Whether the per-token times are dilation-corrected (the shortfall's unprofiled source)."""
     return data.attribution is not None and data.attribution.per_token_source == "unprofiled"
