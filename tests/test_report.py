@@ -275,7 +275,13 @@ def test_cli_refuses_bad_suffix_and_bad_links_in_one_line(tmp_path: Path, capsys
     bad.write_text('{"rows": [1, 2,, 3]}')
     assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
-    assert "links.json at byte 15" in err
+    assert "links.json at byte 15: the links file is not valid JSON" in err and err.count("\n") == 1
+    bad.write_bytes(b"\x1f\x8b\x08\x00 a gzip file given by mistake")
+    assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "links.json at byte 1: not the links file (the file is a gzip file)" in err and err.count("\n") == 1
+    )
     # a links file of the wrong shape is refused naming the place (decoded once, into its Struct)
     rows = rs.links()["rows"]
     rows[3]["busbw_gbps"] = "fast"
