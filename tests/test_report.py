@@ -775,3 +775,19 @@ def test_per_step_chart_stays_readable_at_200_steps():
     assert layout["bargap"] == 0.0 and "8 of 16 ranks" in layout["title"]["text"]
     # one legend entry per part, not one per rank
     assert sorted(t["name"] for t in fig["data"] if t.get("showlegend")) == ["compute", "idle"]
+
+
+def _committed_reports() -> list[Path]:
+    root = Path(__file__).resolve().parents[1] / "reports"
+    return sorted(p for p in root.rglob("*.json") if b'"kind": "tracekit.report"' in p.read_bytes()[:200])
+
+
+@pytest.mark.parametrize("path", _committed_reports(), ids=lambda p: str(p.relative_to(p.parents[2])))
+def test_the_report_structs_hold_a_committed_report_key_for_key_in_its_order(path: Path):
+    """`ReportData` is built from the `Report` document's section Structs and encoded in their
+    field order: a Struct whose fields stand in another order than the writer's (top_kernels'
+    `more` after `kernels` did) or that lacks a field would change the report's bytes."""
+    from tracekit.model.documents.report import Report
+
+    raw = path.read_bytes()
+    assert json.dumps(documents.to_builtins(documents.decode(raw, Report))) == json.dumps(json.loads(raw))

@@ -6,7 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
-from tracekit.model.documents.kernels import TopKernels
+from tracekit.model.documents.kernels import TopKernel
 from tracekit.model.documents.manifest import ManifestInjectDelay
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
@@ -140,6 +140,23 @@ class ReportRunPerRankItem(Doc, kw_only=True):
     parts_ns_median: dict[str, int | None]
 
 
+class ReportTopKernelsClass(Doc, kw_only=True):
+    """A class's top kernels as the report holds them: `more` before `kernels` (the analysis'
+    own `TopKernelsClass` has them the other way round)."""
+
+    count: float
+    total_ns: float
+    share: float | None
+    more: int
+    kernels: list[TopKernel]
+
+
+class ReportTopKernels(Doc, kw_only=True):
+    windows: int
+    step_ns_mean: float | None
+    classes: dict[str, ReportTopKernelsClass]
+
+
 class ReportRun_(Doc, kw_only=True):
     role: str
     path: str | None
@@ -155,7 +172,7 @@ class ReportRun_(Doc, kw_only=True):
     unknown_kernels: list[BreakdownUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
-    top_kernels: TopKernels | None = None
+    top_kernels: ReportTopKernels | None = None
 
 
 class ReportByOpItem(Doc, kw_only=True):

@@ -10,7 +10,6 @@ from tracekit.model.documents import (
     ProbeRow,
     TopKernel,
     TopKernels,
-    TopKernelsClass,
     given,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
@@ -29,6 +28,8 @@ from tracekit.model.documents.report import (
     ReportRunPerRankItem,
     ReportStep,
     ReportStepNs,
+    ReportTopKernels,
+    ReportTopKernelsClass,
     ReportWorkload,
 )
 from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, ShortfallDilation
@@ -301,14 +302,14 @@ def verdict_from_breakdown(run: ReportRun_) -> str:
     )
 
 
-def top_kernels_section(tk: TopKernels | None) -> TopKernels | None:
+def top_kernels_section(tk: TopKernels | None) -> ReportTopKernels | None:
     """`tracekit.analyse.compute.kernels.top_kernels`' result as the report's section (None
     without one, or without a class)."""
     if tk is None or not tk.classes:
         return None
     # counts and times as floats, as the report has always printed them
     classes = {
-        c: TopKernelsClass(
+        c: ReportTopKernelsClass(
             count=float(v.count),
             total_ns=float(v.total_ns),
             share=to_float(v.share),
@@ -327,7 +328,7 @@ def top_kernels_section(tk: TopKernels | None) -> TopKernels | None:
         )
         for c, v in tk.classes.items()
     }
-    return TopKernels(windows=tk.windows, step_ns_mean=to_float(tk.step_ns_mean), classes=classes)
+    return ReportTopKernels(windows=tk.windows, step_ns_mean=to_float(tk.step_ns_mean), classes=classes)
 
 
 #: the critical path's components in words, for the headline (host depends on the timeline)
