@@ -295,11 +295,11 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
 
 
 def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
-    """The run's dependency graph from the ranks' pieces (`graph.assemble`) and the critical path
+    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`) and the critical path
     walked on it (`critical_path.path_of_graph`): the path to the client, the graph kept where the
     task ran for the profiler correction's Reduce."""
-    from tracekit.analyse.critical_path import path_of_graph
-    from tracekit.analyse.graph import assemble
+    from tracekit.analyse.path.critical_path import path_of_graph
+    from tracekit.analyse.path.graph import assemble
 
     offsets, timeline = arg
     graph = assemble(graphs, offsets)
@@ -377,7 +377,7 @@ def attribution_plan(
 
     def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str]:
         from tracekit.analyse.attribution.run import assemble_attribution
-        from tracekit.analyse.critical_path import path_timeline
+        from tracekit.analyse.path.critical_path import path_timeline
 
         pieces = [got[r] for r in sorted(got)]
         ids: dict[str, int] = {}  # the run's kernel names numbered (`kernel_scaling.canonical`)
@@ -433,7 +433,7 @@ def attribution_plan(
         return [] if job is None else [(job, r) for r in job.ranks]
 
     def after_ends(st: _Attribution, got: list[Any]) -> list[Any]:
-        from tracekit.analyse.correction import identify_spread
+        from tracekit.analyse.attribution.correction import identify_spread
 
         if st.job is None:
             return []
@@ -447,7 +447,7 @@ def attribution_plan(
         return [(st.job, st.intervals, known)]
 
     def after_between(st: _Attribution, got: list[Any]) -> None:
-        from tracekit.analyse.correction import identify_finish
+        from tracekit.analyse.attribution.correction import identify_finish
 
         if st.job is not None:
             identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)], st.intervals)
