@@ -82,10 +82,10 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
         links=load_links(ROOT / "reports" / "h200" / "links-graph.json"),
     )
     # names from a trace are data, never markup: put hostile ones where the page prints names
-    data.collectives["by_op"][0]["op"] = HOSTILE_OP
-    compute = data.runs[-1]["top_kernels"]["classes"]["compute"]["kernels"]
-    compute[0]["name"] = HOSTILE_KERNEL
-    data.runs[-1]["steps"][0]["name"] = HOSTILE_KERNEL
+    assert data.collectives is not None and data.runs[-1].top_kernels is not None
+    data.collectives.by_op[0].op = HOSTILE_OP
+    data.runs[-1].top_kernels.classes["compute"].kernels[0].name = HOSTILE_KERNEL
+    data.runs[-1].steps[0].name = HOSTILE_KERNEL
     text = render_html(data, offline=True).replace("</body></html>", PROBE + "</body></html>")
     path = tmp_path_factory.mktemp("report") / "report.html"
     path.write_text(text, encoding="utf-8")
@@ -139,10 +139,10 @@ def test_headline_and_waterfall_fill_the_first_screen(rendered, page):
     assert probe["waterfall"] is not None and probe["waterfall"] <= WINDOW[1], probe
     # the waterfall: one bar per term and S, each in its class's colour (compute unlike wait/idle)
     fills = probe["waterfall_fills"]
-    assert len(fills) == len(data.attribution["waterfall"]) + 1
+    assert len(fills) == len(data.attribution.waterfall) + 1
     rgb = {"compute": "rgb(76, 120, 168)", "wait": "rgb(228, 87, 86)", "idle": "rgb(186, 176, 172)"}
     assert fills[0] == rgb["compute"]
-    terms = [w["term"] for w in data.attribution["waterfall"]]
+    terms = [w.term for w in data.attribution.waterfall]
     assert fills[terms.index("coordination.wait")] == rgb["wait"]
     assert fills[terms.index("coordination.idle")] == rgb["idle"]
 

@@ -439,16 +439,16 @@ def test_the_cause_is_named_at_the_stability_threshold_and_not_below_it():
     assert at.status == "attributed" and at.cause == "transfer" and at.stability == noise.STABILITY
     below = _reading(949)
     assert below.status == "unsettled" and below.cause is None and not below.named
-    assert [c["term"] for c in below.candidates] == ["transfer", "coordination"]
-    assert below.candidates[0]["leads_share"] == 0.949 and below.candidates[0]["lead_ns"] is None
-    assert below.candidates[1]["lead_ns"] == [-40, 120]
-    assert below.candidates[1]["leads_share"] == 0.051
+    assert [c.term for c in below.candidates] == ["transfer", "coordination"]
+    assert below.candidates[0].leads_share == 0.949 and below.candidates[0].lead_ns is None
+    assert below.candidates[1].lead_ns == [-40, 120]
+    assert below.candidates[1].leads_share == 0.051
     # compute a finding, the largest in every resample though not by its point figure (160 < 170):
     # the point-largest finding leads in none, so nothing is named; the candidates, most often
     # first, are compute and the point-largest (coordination leads in no resample: no candidate)
     loud = _reading(1000, compute_reading="finding")
     assert loud.status == "unsettled" and loud.stability == 0.0
-    assert [c["term"] for c in loud.candidates] == ["compute", "transfer"]
+    assert [c.term for c in loud.candidates] == ["compute", "transfer"]
 
 
 def test_leaders_are_the_share_of_resamples_each_term_is_largest():

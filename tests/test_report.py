@@ -64,13 +64,14 @@ def test_waterfall_sums_to_shortfall_exactly_and_in_method_order():
     data = rs.build(**rs.full_inputs())
     a = data.attribution
     assert a is not None
-    steps = a["waterfall"]
-    assert [w["term"] for w in steps] == [
+    steps = a.waterfall
+    assert [w.term for w in steps] == [
         "compute", "memory", "transfer", "coordination.wait", "coordination.sync", "coordination.idle",
     ]  # fmt: skip
     # S = T2 - T1/2 = 7 - 5 = 2 ms, designed in report_samples
-    assert sum(w["ns"] for w in steps) == a["shortfall_ns"] == 2_000_000
-    assert data.per_token_ns == {"baseline": 10_000_000, "sharded": 7_000_000, "ideal": 5_000_000}
+    assert sum(w.ns for w in steps) == a.shortfall_ns == 2_000_000
+    pt = data.per_token_ns
+    assert (pt.baseline, pt.sharded, pt.ideal) == (10_000_000, 7_000_000, 5_000_000)
     # the HTML's waterfall figure: floating bars (each starting where the last ended), then S from 0
     fig = embedded_figures(render_html(data))["fig-waterfall"]["data"][0]
     assert fig["type"] == "bar"
@@ -181,11 +182,8 @@ def test_safe_json_round_trips():
 def test_dilation_is_stated_next_to_the_verdict_and_warned_above_10_percent(sharded, warned):
     data = rs.build(**rs.full_inputs(dilation_sharded=sharded))
     page, md = render_html(data), render_markdown(data)
-    assert data.dilation["inflated"] is warned
-    assert (
-        f"sharded {sharded:.2f}x" in data.dilation["sentence"]
-        and "baseline 1.02x" in data.dilation["sentence"]
-    )
+    assert data.dilation.inflated is warned
+    assert f"sharded {sharded:.2f}x" in data.dilation.sentence and "baseline 1.02x" in data.dilation.sentence
     # the dilation follows the verdict, folded under one line that states the figures (issue 24:
     # dilation and reconciliation in a collapsed section, the answer first)
     m = re.search(
@@ -205,12 +203,12 @@ def test_dilation_below_one_is_a_caution_not_a_warning():
     inputs = rs.full_inputs()
     inputs["shortfall"]["dilation"]["sharded"] = 0.85  # profiled faster than unprofiled: a noisy host
     data = rs.build(**inputs)
-    assert data.dilation["warning"] is None and not data.dilation["inflated"]
-    assert data.dilation["caution"].startswith("Caution: dilation below 1 (sharded 0.85x)")
+    assert data.dilation.warning is None and not data.dilation.inflated
+    assert data.dilation.caution.startswith("Caution: dilation below 1 (sharded 0.85x)")
     assert 'id="dilation-caution"' in render_html(data) and "Caution: dilation below 1" in render_markdown(
         data
     )
-    assert rs.build(**rs.full_inputs()).dilation["caution"] is None
+    assert rs.build(**rs.full_inputs()).dilation.caution is None
 
 
 def test_breakdown_only_report_has_a_verdict_from_the_breakdown_and_no_shortfall():
@@ -222,14 +220,14 @@ def test_breakdown_only_report_has_a_verdict_from_the_breakdown_and_no_shortfall
     assert any("--baseline" in n for n in data.notes)
     page = render_html(data)
     assert "fig-waterfall" not in page and "fig-steps-0" in page
-    assert [d["run"] for d in data.dilation["runs"]] == ["run"]
+    assert [d.run for d in data.dilation.runs] == ["run"]
     assert html_key_figures(page) == md_key_figures(render_markdown(data))
 
 
 def test_missing_manifest_is_said():
     data = rs.build(breakdown=rs.breakdown(1, 5.0))
     assert any("no manifest.json" in n for n in data.notes)
-    assert "Profiler dilation" in data.dilation["sentence"]  # from the breakdown's own dilation: 1.05
+    assert "Profiler dilation" in data.dilation.sentence  # from the breakdown's own dilation: 1.05
 
 
 def test_probe_rows_list_is_accepted_as_links(tmp_path: Path):
@@ -237,11 +235,11 @@ def test_probe_rows_list_is_accepted_as_links(tmp_path: Path):
     p = tmp_path / "probe.json"
     p.write_text(json.dumps(rows))
     data = rs.build(**rs.full_inputs(links=load_links(p)))
-    assert len(data.busbw["probes"]) == 2
-    assert all(len(c["points"]) == 11 for c in data.busbw["probes"])
+    assert len(data.busbw.probes) == 2
+    assert all(len(c.points) == 11 for c in data.busbw.probes)
     # points sorted by size, busbw increasing for these rows
-    pts = data.busbw["probes"][0]["points"]
-    assert [q["bytes"] for q in pts] == sorted(q["bytes"] for q in pts)
+    pts = data.busbw.probes[0].points
+    assert [q.bytes for q in pts] == sorted(q.bytes for q in pts)
 
 
 def test_write_report_picks_the_format_by_suffix(tmp_path: Path):
@@ -277,7 +275,13 @@ def test_cli_refuses_bad_suffix_and_bad_links_in_one_line(tmp_path: Path, capsys
     bad.write_text('{"rows": [1, 2,, 3]}')
     assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err
-    assert "links.json at byte 15" in err
+    assert "links.json at byte 15: the links file is not valid JSON" in err and err.count("\n") == 1
+    bad.write_bytes(b"\x1f\x8b\x08\x00 a gzip file given by mistake")
+    assert main(["report", str(run), "--links", str(bad), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "links.json at byte 1: not the links file (the file is a gzip file)" in err and err.count("\n") == 1
+    )
     # a links file of the wrong shape is refused naming the place (decoded once, into its Struct)
     rows = rs.links()["rows"]
     rows[3]["busbw_gbps"] = "fast"
@@ -366,8 +370,8 @@ def test_critical_path_section_adds_up_and_names_the_cause():
     data = rs.build(**rs.full_inputs())
     cp = data.critical_path
     assert cp is not None
-    assert sum(r["total_ns"] for r in cp["by_rank"].values()) + cp["offset_ns"] == cp["step_ns"] == 7_000_000
-    assert cp["by_rank"]["1"]["host_ns"] == 2_200_000
+    assert sum(r.total_ns for r in cp.by_rank.values()) + cp.offset_ns == cp.step_ns == 7_000_000
+    assert cp.by_rank["1"].host_ns == 2_200_000
     page, md = render_html(data), render_markdown(data)
     assert "## Critical path" in md and "**On the critical path, rank 1's host time is 2.20 ms" in md
     assert 'id="critical-path-cause"' in page
@@ -398,11 +402,11 @@ def test_stated_dilation_is_the_applied_factor_not_the_host_clock(applied):
     page, md = render_html(data), render_markdown(data)
     doc = json.loads(render(data, "json"))
     stated = f"sharded {applied:.2f}x [{applied - 0.03:.2f}-{applied + 0.03:.2f}]"
-    assert stated in data.dilation["sentence"] and "baseline 1.02x [0.98-1.06]" in data.dilation["sentence"]
-    assert f"{applied + 0.02:.2f}x" not in data.dilation["sentence"]
+    assert stated in data.dilation.sentence and "baseline 1.02x [0.98-1.06]" in data.dilation.sentence
+    assert f"{applied + 0.02:.2f}x" not in data.dilation.sentence
     # the cross-check sets the corrected per-token time against the unprofiled rounds' own mean
-    assert data.dilation["cross_check"].startswith("Cross-check, the corrected per-token time")
-    assert "sharded 7.000 vs 7.140 ms (-2.0%)" in data.dilation["cross_check"]
+    assert data.dilation.cross_check.startswith("Cross-check, the corrected per-token time")
+    assert "sharded 7.000 vs 7.140 ms (-2.0%)" in data.dilation.cross_check
     assert html_key_figures(page)["dilation.sharded"] == f"{applied:.2f}x"
     assert md_key_figures(md)["dilation.sharded"] == f"{applied:.2f}x"
     run = {r["run"]: r for r in doc["dilation"]["runs"]}["sharded"]
@@ -410,7 +414,7 @@ def test_stated_dilation_is_the_applied_factor_not_the_host_clock(applied):
     assert run["host_clock"]["dilation"] == pytest.approx(applied + 0.02)
     assert doc["runs"][1]["dilation"] == applied
     # the warning follows the applied factor: 1.10 is within the threshold though the host clock says 1.12
-    assert data.dilation["inflated"] is (applied > 1.10)
+    assert data.dilation.inflated is (applied > 1.10)
     # the manifest's own figure is labelled as the capture's cross-check, not "dilation"
     assert all("dilation" not in m for m in doc["manifests"])
     assert "| capture's host-clock dilation (cross-check, not the factor applied) | 1.05x |" in md
@@ -436,16 +440,16 @@ def test_cpu_run_never_calls_the_transfer_a_link_in_the_samples():
     md, page = render_markdown(data), render_html(data)
     for line in _transfer_lines(md) + _transfer_lines(html.unescape(page)):
         assert "link" not in line.lower(), line
-    assert data.attribution["waterfall"][2]["label"].startswith("transfer: gloo's exchange")
+    assert data.attribution.waterfall[2].label.startswith("transfer: gloo's exchange")
 
 
 def test_transfer_is_named_by_the_timeline_when_the_shortfall_has_no_words():
     inputs = rs.full_inputs()
     del inputs["shortfall"]["term_words"]
-    label = rs.build(**inputs).attribution["waterfall"][2]["label"]  # a host timeline: gloo
+    label = rs.build(**inputs).attribution.waterfall[2].label  # a host timeline: gloo
     assert label.startswith("transfer: gloo's exchange") and "bytes on the link" not in label
     inputs["breakdown"]["source"]["timeline"] = "gpu"
-    assert rs.build(**inputs).attribution["waterfall"][2]["label"].endswith("(collective transfer)")
+    assert rs.build(**inputs).attribution.waterfall[2].label.endswith("(collective transfer)")
 
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -557,10 +561,10 @@ def test_report_dilation_equals_the_factor_applied_on_h200(sharded, h200_straggl
         lo, hi = d["interval"]
         assert lo <= by_hand <= hi
         printed = f"{run['role']} {by_hand:.2f}x [{lo:.2f}-{hi:.2f}]"
-        assert printed in data.dilation["sentence"] and printed in md
+        assert printed in data.dilation.sentence and printed in md
         assert html_key_figures(page)[f"dilation.{run['role']}"] == f"{by_hand:.2f}x"
-    assert data.dilation["sentence"].startswith("Profiler dilation (profiled / unprofiled per-token time")
-    assert data.dilation["sentence"] in md and data.dilation["cross_check"] in md
+    assert data.dilation.sentence.startswith("Profiler dilation (profiled / unprofiled per-token time")
+    assert data.dilation.sentence in md and data.dilation.cross_check in md
 
 
 def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, capsys):
@@ -579,7 +583,7 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
     for line in _transfer_lines(md) + _transfer_lines(page):
         assert "link" not in line.lower(), line
     assert "bytes on the link" not in md and "bytes on the link" not in page
-    wf = {w["term"]: w["label"] for w in data.attribution["waterfall"]}
+    wf = {w.term: w.label for w in data.attribution.waterfall}
     assert wf["transfer"] == f"transfer: {data.term_words['transfer']}"
     # the CLI table
     from tracekit.analyse.attribution.pair import shortfall
@@ -600,10 +604,10 @@ def test_no_applied_factor_means_no_stated_dilation_not_the_host_clock_one():
     inputs = rs.full_inputs()
     inputs["shortfall"]["dilation"]["sharded"] = None
     data = rs.build(**inputs)
-    run = {r["run"]: r for r in data.dilation["runs"]}["sharded"]
-    assert run["dilation"] is None and data.runs[1]["dilation"] is None
-    assert "sharded" not in data.dilation["sentence"] and "baseline 1.02x" in data.dilation["sentence"]
-    assert "dilation.sharded" not in {k["key"] for k in data.key_figures}
+    run = {r.run: r for r in data.dilation.runs}["sharded"]
+    assert run.dilation is None and data.runs[1].dilation is None
+    assert "sharded" not in data.dilation.sentence and "baseline 1.02x" in data.dilation.sentence
+    assert "dilation.sharded" not in {k.key for k in data.key_figures}
 
 
 def test_headline_states_tn_ideal_s_the_top_term_and_the_cause_on_the_path():
@@ -678,7 +682,7 @@ def test_busbw_chart_only_with_probe_data():
     with_links = embedded_figures(render_html(rs.build(**rs.full_inputs())))
     assert "fig-busbw" in with_links and len(with_links["fig-busbw"]["data"]) >= 3  # probes + trace
     data = rs.build(**rs.full_inputs(links=None))
-    assert data.busbw["trace"] and not data.busbw["probes"]
+    assert data.busbw.trace and not data.busbw.probes
     page = render_html(data)
     assert "fig-busbw" not in embedded_figures(page) and 'id="fig-busbw"' not in page
     assert "busbw (median)" in page  # the trace's own busbw, in the collectives table
@@ -751,14 +755,19 @@ def test_per_step_chart_stays_readable_at_200_steps():
     """Issue 24: the per-step chart put every (rank, step) on a category axis (64 unreadable ticks
     for a 32-step TP=2 run). Now steps are numbers on a shared axis, one row per rank, so the axis
     thins its own ticks; at most 8 ranks are drawn (first, last, evenly between)."""
+    from tracekit.model.documents.report import ReportRun_, ReportStep, ReportStepNs
     from tracekit.report.html_figures import fig_steps
 
     steps = [
-        {"rank": r, "step": k, "name": f"decode_step#{k}", "window_ns": 1_000_000,
-         "parts_ns": {"compute": 600_000, "idle": 400_000}, "overlapped_collective_ns": 0}
+        ReportStep(rank=r, step=k, name=f"decode_step#{k}", window_ns=1_000_000,
+                   parts_ns={"compute": 600_000, "idle": 400_000}, overlapped_collective_ns=0)
         for r in range(16) for k in range(200)
     ]  # fmt: skip
-    run = {"role": "sharded", "steps": steps, "ranks": list(range(16))}
+    run = ReportRun_(
+        role="sharded", path=None, n_ranks=16, ranks=list(range(16)), timeline="gpu", step_pattern="decode_step",
+        step_ns=ReportStepNs(median=1_000_000, p10=1_000_000, p90=1_000_000, n=200), parts_ns_median={},
+        steps=steps, per_rank=None, kernels_by_class={}, unknown_kernels=[], data_quality_notes=[], dilation=None,
+    )  # fmt: skip
     fig = fig_steps(run).to_plotly_json()
     layout = fig["layout"]
     yaxes = sorted(k for k in layout if k.startswith("yaxis"))
@@ -770,3 +779,19 @@ def test_per_step_chart_stays_readable_at_200_steps():
     assert layout["bargap"] == 0.0 and "8 of 16 ranks" in layout["title"]["text"]
     # one legend entry per part, not one per rank
     assert sorted(t["name"] for t in fig["data"] if t.get("showlegend")) == ["compute", "idle"]
+
+
+def _committed_reports() -> list[Path]:
+    root = Path(__file__).resolve().parents[1] / "reports"
+    return sorted(p for p in root.rglob("*.json") if b'"kind": "tracekit.report"' in p.read_bytes()[:200])
+
+
+@pytest.mark.parametrize("path", _committed_reports(), ids=lambda p: str(p.relative_to(p.parents[2])))
+def test_the_report_structs_hold_a_committed_report_key_for_key_in_its_order(path: Path):
+    """`ReportData` is built from the `Report` document's section Structs and encoded in their
+    field order: a Struct whose fields stand in another order than the writer's (top_kernels'
+    `more` after `kernels` did) or that lacks a field would change the report's bytes."""
+    from tracekit.model.documents.report import Report
+
+    raw = path.read_bytes()
+    assert json.dumps(documents.to_builtins(documents.decode(raw, Report))) == json.dumps(json.loads(raw))

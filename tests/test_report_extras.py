@@ -155,17 +155,32 @@ def test_layers_note_and_two_results_of_one_kind(tmp_path: Path):
     [
         ('{"kind": "tracekit.report"}', "kind 'tracekit.report'"),
         ("[1, 2]", "no 'kind'"),
-        ('{"kind": "tracekit.rho",', "not JSON"),
+        ('{"kind": "tracekit.rho",', "x.json at byte 24: the --extra file is not valid JSON"),
+        (b"\x1f\x8b\x08 gzip", "x.json at byte 1: not the --extra file (the file is a gzip file)"),
     ],
 )
 def test_cli_refuses_a_file_of_another_kind_in_one_line(tmp_path: Path, capsys, content, says):
     bad = tmp_path / "x.json"
-    bad.write_text(content)
+    bad.write_bytes(content if isinstance(content, bytes) else content.encode())
     run = tmp_path / "run"
     run.mkdir()  # no traces: the refusal comes before any analysis
     assert main(["report", str(run), "--extra", str(bad), "-o", str(tmp_path / "r.md")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("tracekit: error:") and "x.json" in err and says in err and err.count("\n") == 1
+
+
+def test_cli_names_the_file_and_the_place_where_an_extra_does_not_fit(tmp_path: Path, capsys):
+    """Decoded once into its Struct: a field of the wrong type is refused in one line naming the
+    file and the JSON path of the field."""
+    doc = _src("decompose")
+    doc["speedup"]["total"] = "fast"
+    bad = tmp_path / "x.json"
+    bad.write_text(json.dumps(doc))
+    run = tmp_path / "run"
+    run.mkdir()
+    assert main(["report", str(run), "--extra", str(bad), "-o", str(tmp_path / "r.md")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{bad} at $.speedup.total: a tracekit.decompose document" in err
 
 
 def test_a_document_missing_its_fields_is_an_error_naming_it():

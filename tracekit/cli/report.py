@@ -125,11 +125,11 @@ def command(
     )
     written = write_report(data, outputs, offline=not cdn)
     click.echo(data.verdict)
-    click.echo(data.dilation["sentence"])
-    if data.dilation.get("cross_check"):
-        click.echo(data.dilation["cross_check"])
-    if data.dilation.get("warning"):
-        click.echo(data.dilation["warning"])
+    click.echo(data.dilation.sentence)
+    if data.dilation.cross_check:
+        click.echo(data.dilation.cross_check)
+    if data.dilation.warning:
+        click.echo(data.dilation.warning)
     for p in written:
         message(f"wrote {p}")
     bundle_note = plotly_bundle_note(written, cdn)

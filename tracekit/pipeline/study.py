@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -37,9 +37,19 @@ from tracekit.analyse.plans import attribution_plan, breakdown_plan
 from tracekit.engine import Engine, pair_check, run_plans
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
-from tracekit.model.documents import Breakdown, Links, Shortfall, TopKernels, convert
+from tracekit.model.documents import Breakdown, JSONObject, Links, Shortfall, TopKernels, decode
+from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.model.events import DataQuality
-from tracekit.report.build import AnalysedRuns, manifest_document, report_from_analyses, write_report
+from tracekit.report.build import (
+    AnalysedRuns,
+    analysed_document,
+    manifest_document,
+    report_from_analyses,
+    write_report,
+)
+
+T = TypeVar("T")
+
 
 #: presets used when --preset is not given
 CPU_PRESET = "tiny"
@@ -82,7 +92,7 @@ class StudyResult:
     diagnosis: str = ""  # what to look at next (the shortfall's diagnosis), "" without a baseline
     device: str = "cpu"  # where the study's captures ran (cuda | cpu)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, str | None | list[str] | dict[str, str]]:
         """Plain JSON types (paths as strings, TP degrees as string keys)."""
         return {
             "out_dir": str(self.out_dir),
@@ -126,19 +136,18 @@ def plan(config: StudyConfig) -> tuple[str, str, tuple[int, ...], list[str]]:
     return device, preset, tps, notes
 
 
-def _dump(obj: Any, path: Path) -> Path:
-    path.write_bytes(orjson.dumps(obj, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY))
-    return path
-
-
-def _to_json(result: Any) -> dict[str, Any]:
-    d = result.to_json() if hasattr(result, "to_json") else result
-    return json.loads(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY))  # type: ignore[no-any-return]
+def _write_document(result: object, type_: type[T], path: Path) -> T:
+    """An analysis' result (an object with `to_json()`, or its JSON document) written to `path`
+    as its JSON (indented) and returned as its typed document, decoded once from those bytes."""
+    doc = result.to_json() if hasattr(result, "to_json") else result
+    raw = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+    path.write_bytes(raw)
+    return decode(raw, type_)
 
 
 def _compare_links(
     device: str, tps: tuple[int, ...], trace_dir: Path | None, out_dir: Path, baseline_dir: Path | None = None
-) -> tuple[Any, str | None]:
+) -> tuple[Links, str | None]:
     """Run the link comparison (tracekit.probe.compare) against the largest-TP trace; (result, note).
 
     On GPUs: NVLink vs PCIe (P2P disabled), all_reduce and all_gather up to 64 MiB (the decode's
@@ -159,8 +168,7 @@ def _compare_links(
             trace_dir=str(trace_dir) if trace_dir else None,
             baseline_dir=str(baseline_dir) if baseline_dir and trace_dir else None,
         )  # fmt: skip
-    doc = _to_json(compare_links(cfg))
-    _dump(doc, out_dir / "links.json")
+    doc = _write_document(compare_links(cfg), Links, out_dir / "links.json")
     note = (
         None
         if device == "cuda"
@@ -190,7 +198,7 @@ def _capture_interleaved(
     blocks = max(1, config.blocks)
     per_block = max(1, -(-config.rounds // blocks))
     group = f"study-{uuid.uuid4().hex[:12]}" if blocks >= 2 and len(tps) >= 2 else None
-    manifests: dict[int, list[dict[str, Any]]] = {tp: [] for tp in tps}
+    manifests: dict[int, list[JSONObject]] = {tp: [] for tp in tps}
     run_dirs = {tp: out_dir / f"tp{tp}" for tp in tps}
     order: list[str] = []
     for b in range(blocks):
@@ -224,12 +232,14 @@ def _capture_interleaved(
 
 
 def merge_blocks(
-    blocks: list[dict[str, Any]], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
-) -> dict[str, Any]:
+    blocks: list[JSONObject], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
+) -> JSONObject:
     """One manifest from a degree's block captures (in run order): the last block's (its trace is
     the one in the folder), with every block's unprofiled and profiled rounds in run order, the
     traced round the last, the pass order and the dilation over all of them, and
-    `workload.interleaved` = {group, tp, blocks, rounds_per_block, order}."""
+    `workload.interleaved` = {group, tp, blocks, rounds_per_block, order}. The blocks are the
+    capture's manifest.json objects as written, merged key by key, so the merged file keeps the
+    capture's layout and every field it wrote (a `Manifest` Struct would re-order and drop)."""
     from tracekit.capture import environment as env
 
     last = json.loads(json.dumps(blocks[-1]))
@@ -272,9 +282,9 @@ def run_study(
     run_dirs = _capture_interleaved(config, out_dir, device, preset, tps, tell)
 
     analyses: dict[str, Path] = {}
-    breakdowns: dict[int, dict[str, Any]] = {}
-    manifests: dict[int, dict[str, Any] | None] = {}
-    kernels: dict[int, dict[str, Any]] = {}
+    breakdowns: dict[int, Breakdown] = {}
+    manifests: dict[int, ManifestDoc | None] = {}
+    kernels: dict[int, TopKernels] = {}
     sharded = [tp for tp in tps if tp > 1]
     paired = 1 in tps and bool(sharded)
     # every run read once, its plans (breakdown; attribution when there is a pair) on the engine
@@ -297,26 +307,30 @@ def run_study(
     by_tp = dict(zip(tps, results, strict=True))
     for tp in tps:
         res = by_tp[tp]
-        breakdowns[tp] = _to_json(res.results[0].breakdown)
-        kernels[tp] = _to_json(res.results[0].top_kernels)
-        manifests[tp] = res.meta.manifest
-        analyses[f"breakdown-tp{tp}"] = _dump(breakdowns[tp], out_dir / f"breakdown-tp{tp}.json")
+        path = out_dir / f"breakdown-tp{tp}.json"
+        breakdowns[tp] = _write_document(res.results[0].breakdown, Breakdown, path)
+        kernels[tp] = analysed_document(res.results[0].top_kernels, TopKernels)
+        manifests[tp] = manifest_document(res.meta.manifest)
+        analyses[f"breakdown-tp{tp}"] = path
     tell("breakdown", len(tps), len(tps), "done")
 
-    shortfalls: dict[int, dict[str, Any]] = {}
+    shortfalls: dict[int, Shortfall] = {}
     if paired:
         base = by_tp[1].results[1]
         for i, tp in enumerate(sharded):
             tell("shortfall", i, len(sharded), f"TP=1 vs TP={tp}")
             # each pair's notes on its own copy of the baseline's data quality
             own = dataclasses.replace(base, data_quality=DataQuality().merge(base.data_quality))
-            shortfalls[tp] = _to_json(shortfall_of_pair(own, by_tp[tp].results[1], pair_notes[tp]))
-            analyses[f"shortfall-tp{tp}"] = _dump(shortfalls[tp], out_dir / f"shortfall-tp{tp}.json")
+            path = out_dir / f"shortfall-tp{tp}.json"
+            shortfalls[tp] = _write_document(
+                shortfall_of_pair(own, by_tp[tp].results[1], pair_notes[tp]), Shortfall, path
+            )
+            analyses[f"shortfall-tp{tp}"] = path
         tell("shortfall", len(sharded), len(sharded), "done")
     elif sharded:
         notes.append("no TP=1 run: the shortfall needs a TP=1 baseline, so only breakdowns are reported.")
 
-    links_doc = None
+    links_doc: Links | None = None
     links_note: str | None = None
     want_links = config.links if config.links is not None else (device == "cuda" and _gpu_count() >= 2)
     if want_links:
@@ -345,21 +359,20 @@ def run_study(
         tell("report", 0, 1, f"TP={tp}")
         base = 1 if (1 in tps and tp > 1) else None
         # the documents written above, as their typed Structs for the report
-        sf = shortfalls.get(tp)
         analysed = AnalysedRuns(
-            breakdown=convert(breakdowns[tp], Breakdown),
-            manifest=manifest_document(manifests[tp]),
-            baseline_breakdown=convert(breakdowns[1], Breakdown) if base else None,
-            baseline_manifest=manifest_document(manifests[1]) if base else None,
-            shortfall=convert(sf, Shortfall) if sf is not None else None,
-            top_kernels=convert(kernels[tp], TopKernels),
-            baseline_top_kernels=convert(kernels[1], TopKernels) if base else None,
+            breakdown=breakdowns[tp],
+            manifest=manifests[tp],
+            baseline_breakdown=breakdowns[1] if base else None,
+            baseline_manifest=manifests[1] if base else None,
+            shortfall=shortfalls.get(tp),
+            top_kernels=kernels[tp],
+            baseline_top_kernels=kernels[1] if base else None,
         )
         data = report_from_analyses(
             analysed,
             run_path=str(run_dirs[tp]),
             baseline_path=str(run_dirs[1]) if base else None,
-            links=convert(links_doc, Links) if links_doc is not None else None,
+            links=links_doc,
             links_note=links_note,
             title=f"tracekit study: TP=1 vs TP={tp}, preset {preset}, {device}"
             if base
@@ -375,8 +388,8 @@ def run_study(
         if tp == main_tp:
             verdict = data.verdict
             diagnosis = data.diagnosis
-            dil_sentence = data.dilation["sentence"]
-            dil_warning = data.dilation.get("warning")
+            dil_sentence = data.dilation.sentence
+            dil_warning = data.dilation.warning
         tell("report", 1, 1, "done")
     return StudyResult(
         out_dir=out_dir,

@@ -8,7 +8,6 @@ shortfall); it keeps only their documents, each decoded once into its typed Stru
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, load_json_file
 from tracekit.model.documents import (
     Breakdown,
     DocumentError,
@@ -30,7 +29,7 @@ from tracekit.model.documents import (
 from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.read.manifests import manifest_document
 from tracekit.report.data import ReportData, build_report_data
-from tracekit.report.extras import ExtraSection
+from tracekit.report.extra_section import ExtraSection
 
 T = TypeVar("T")
 
@@ -99,18 +98,11 @@ def top_kernels_document(run: Any, step_pattern: str | None) -> TopKernels:
 
 def load_links(path: str | Path) -> Links | list[ProbeRow]:
     """A compare-links result (an object with `rows`) or a probe JSON (a list of rows), decoded
-    into its Struct; ReportError naming the file and the place where it does not fit."""
+    once into its Struct; ReportError in one line naming the file and where it stops fitting: the
+    byte when it is unreadable or not JSON (`errors.load_json_file`), the JSON path when a field is
+    not of its Struct's shape."""
     p = Path(path)
-    try:
-        raw = p.read_bytes()
-    except OSError as exc:
-        raise ReportError(f"{p}: cannot read the links file: {exc.strerror}") from None
-    try:
-        obj = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ReportError(f"{p} at byte {exc.pos}: not JSON: {exc.msg}") from None
-    except UnicodeDecodeError as exc:
-        raise ReportError(f"{p} at byte {exc.start}: not UTF-8 text") from None
+    obj = load_json_file(p, "links file", ReportError)
     try:
         if isinstance(obj, list):
             return convert(obj, list[ProbeRow])

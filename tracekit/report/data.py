@@ -15,16 +15,35 @@ both renderers share so the page and the Markdown carry the same printed numbers
 from __future__ import annotations
 
 import datetime as _dt
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from tracekit._version import __version__
 from tracekit.model.documents import Breakdown, Links, ProbeRow, Shortfall, TopKernels, given, to_builtins
 from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents.report import (
+    ReportAttribution,
+    ReportBusbw,
+    ReportByOpItem,
+    ReportCollectives,
+    ReportCompute,
+    ReportCriticalPath,
+    ReportDilation,
+    ReportKeyFigure,
+    ReportLinks,
+    ReportManifest,
+    ReportPerRankItem_,
+    ReportPerTokenNs,
+    ReportRun_,
+    ReportStraggler_,
+    ReportTraceItem,
+)
+from tracekit.model.documents.shortfall import ShortfallStraggler_
 from tracekit.model.parts import (
     COORDINATION,
     MAIN_TERMS,
 )
+from tracekit.report.extra_section import ExtraSection
 from tracekit.report.sections.fmt import to_float, to_int
 from tracekit.report.sections.inputs import (
     dilation_section,
@@ -46,9 +65,6 @@ from tracekit.report.sections.shortfall import (
     waterfall_of,
 )
 
-if TYPE_CHECKING:
-    from tracekit.report.extras import ExtraSection
-
 KIND = "tracekit.report"
 #: 1.1: diagnosis; 1.2: collectives.by_op[].wait_ns_median is the shortfall's (schema 1.4): the median
 #: over instances of the per-instance max wait, i.e. the wait of the rank(s) that waited
@@ -65,9 +81,9 @@ DEFAULT_DILATION_THRESHOLD = 0.10
 # the document
 
 
-@dataclass
-class ReportData:
-    """Everything a report shows, as plain JSON-able values (see docs/JSON.md#report).
+class ReportData(msgspec.Struct, kw_only=True):
+    """Everything a report shows, typed: the `Report` document's sections
+    (`tracekit.model.documents.report`, docs/JSON.md#report), fields in the JSON's order.
 
     - `headline`: the one line on top: TN vs ideal, S with its interval, the largest term's share, and
       the cause on the critical path (`headline_line`); attribution.intervals / .noise: the
@@ -104,46 +120,42 @@ class ReportData:
       whatif, diff; `tracekit.report.extras`); in the JSON only when there is one.
     """
 
-    verdict: str
-    dilation: dict[str, Any]
-    key_figures: list[dict[str, Any]]
-    per_token_ns: dict[str, int | None]
-    n_ranks: int
-    attribution: dict[str, Any] | None
-    runs: list[dict[str, Any]]
-    collectives: dict[str, Any] | None
-    stragglers: list[dict[str, Any]]
-    busbw: dict[str, Any]
-    links: dict[str, Any] | None
-    manifests: list[dict[str, Any]]
-    notes: list[str] = field(default_factory=list)
-    diagnosis: str = ""
-    per_rank: list[dict[str, Any]] | None = None
-    critical_path: dict[str, Any] | None = None
-    straggler: dict[str, Any] | None = None
-    term_words: dict[str, str] = field(default_factory=dict)
+    kind: str = KIND
+    schema_version: str = SCHEMA_VERSION
     headline: str = ""
+    verdict: str
+    dilation: ReportDilation
+    key_figures: list[ReportKeyFigure] = []
+    per_token_ns: ReportPerTokenNs
+    n_ranks: int
+    attribution: ReportAttribution | None
+    runs: list[ReportRun_]
+    collectives: ReportCollectives | None
+    stragglers: list[ShortfallStraggler_]
+    busbw: ReportBusbw
+    links: ReportLinks | None
+    manifests: list[ReportManifest]
+    notes: list[str] = []
+    diagnosis: str = ""
+    per_rank: list[ReportPerRankItem_] | None = None
+    critical_path: ReportCriticalPath | None = None
+    straggler: ReportStraggler_ | None = None
+    term_words: dict[str, str] = {}
     per_token_label: str = ""
-    extras: list[ExtraSection] = field(default_factory=list)
+    extras: list[ExtraSection] = []
     title: str = "tracekit report"
     created: str = ""
     generator: str = f"tracekit {__version__}"
-    kind: str = KIND
-    schema_version: str = SCHEMA_VERSION
 
-    def to_json(self) -> dict[str, Any]:
-        """The document as a dict, `kind` and `schema_version` first."""
-        d = asdict(self)
-        head = {
-            "kind": d.pop("kind"),
-            "schema_version": d.pop("schema_version"),
-            "headline": d.pop("headline"),
-        }
-        d.pop("extras")
-        extras = {"extras": [e.to_json() for e in self.extras]} if self.extras else {}
-        # the extras (when given) after the report's own sections, before title/created/generator
-        tail = {k: d.pop(k) for k in ("title", "created", "generator")}
-        return {**head, **d, **extras, **tail}
+    def to_json(self) -> dict[str, object]:
+        """The document as plain dicts and lists, in field order (`kind` and `schema_version`
+        first); `extras` only when there is one, each as `ExtraSection.document()`."""
+        d: dict[str, object] = to_builtins(self)
+        if self.extras:
+            d["extras"] = [to_builtins(e.document()) for e in self.extras]
+        else:
+            del d["extras"]
+        return d
 
 
 def build_report_data(
@@ -193,16 +205,16 @@ def build_report_data(
     threshold = to_float(sf_dil.threshold) if sf_dil is not None else None
     threshold = dilation_threshold if threshold is None else threshold
 
-    runs: list[dict[str, Any]] = []
+    runs: list[ReportRun_] = []
     if baseline_breakdown is not None:
         runs.append(run_section("baseline", baseline_path, baseline_breakdown, base_dil))
     runs.append(run_section(role, run_path, breakdown, run_dil))
     main = runs[-1]
-    main["top_kernels"] = top_kernels_section(top_kernels)
+    main.top_kernels = top_kernels_section(top_kernels)
     if baseline_breakdown is not None:
-        runs[0]["top_kernels"] = top_kernels_section(baseline_top_kernels)
+        runs[0].top_kernels = top_kernels_section(baseline_top_kernels)
     for r in runs:
-        notes += [f"{r['role']}: {n}" for n in r["data_quality_notes"]]
+        notes += [f"{r.role}: {n}" for n in r.data_quality_notes]
 
     dil_runs: list[tuple[str, float | None]] = []
     if shortfall is not None or baseline_breakdown is not None:
@@ -215,46 +227,42 @@ def build_report_data(
         sf_dil=sf_dil,
         corrected=sf is not None and sf.per_token_source == "unprofiled",
     )
-    term_words = term_words_of(sf, main.get("timeline"))
-    per_rank: list[dict[str, Any]] | None = None
-    critical_path: dict[str, Any] | None = None
-    straggler: dict[str, Any] | None = None
+    term_words = term_words_of(sf, main.timeline)
+    per_rank: list[ReportPerRankItem_] | None = None
+    critical_path: ReportCriticalPath | None = None
+    straggler: ReportStraggler_ | None = None
 
     # per-token times and the attribution
-    attribution: dict[str, Any] | None = None
+    attribution: ReportAttribution | None = None
     if sf is not None:
         pt = sf.per_token_ns
-        per_token_ns: dict[str, int | None] = {
-            "baseline": pt.baseline,
-            "sharded": pt.sharded,
-            "ideal": pt.ideal,
-        }
-        n_ranks = sf.n_ranks or main["n_ranks"]
+        per_token_ns = ReportPerTokenNs(baseline=pt.baseline, sharded=pt.sharded, ideal=pt.ideal)
+        n_ranks = sf.n_ranks or main.n_ranks
         terms = {t: sf.terms_ns.get(t, 0) for t in MAIN_TERMS}
         if sf.terms_ns.get("unknown"):  # only when not zero (shortfall schema); it is part of S
             terms["unknown"] = sf.terms_ns["unknown"]
         coord = {p: sf.coordination_ns.get(p, 0) for p in COORDINATION}
         s_ns = sf.shortfall_ns
         waterfall = waterfall_of(terms, sf.coordination_ns, term_words)
-        if sum(w["ns"] for w in waterfall) != s_ns:
+        if sum(w.ns for w in waterfall) != s_ns:
             notes.append(
-                f"the shortfall terms sum to {sum(w['ns'] for w in waterfall)} ns, not S = {s_ns} ns (analysis bug)"
+                f"the shortfall terms sum to {sum(w.ns for w in waterfall)} ns, not S = {s_ns} ns (analysis bug)"
             )
         shares = {k: to_float(v) for k, v in sf.shares.items()}
-        attribution = {
-            "shortfall_ns": s_ns,
-            "terms_ns": terms,
-            "coordination_ns": coord,
-            "shares": shares,
-            "spread_ns": {k: {"p10": v.p10, "p90": v.p90} for k, v in sf.spread_ns.items()},
-            "waterfall": waterfall,
-            "aggregate": given(sf.aggregate),
-            "per_token_source": sf.per_token_source,
-            "uncorrected": to_builtins(sf.uncorrected),
-            "clock": to_builtins(sf.clock),
-            "intervals": intervals_section(sf),
-            "noise": to_builtins(given(sf.noise)),
-        }
+        attribution = ReportAttribution(
+            shortfall_ns=s_ns,
+            terms_ns=terms,
+            coordination_ns=coord,
+            shares=shares,
+            spread_ns={k: ReportCompute(p10=v.p10, p90=v.p90) for k, v in sf.spread_ns.items()},
+            waterfall=waterfall,
+            aggregate=given(sf.aggregate),
+            per_token_source=sf.per_token_source,
+            uncorrected=sf.uncorrected,
+            clock=sf.clock,
+            intervals=intervals_section(sf),
+            noise=given(sf.noise),
+        )
         attach_intervals(attribution)
         verdict = sf.verdict
         diagnosis = sf.diagnosis
@@ -262,107 +270,103 @@ def build_report_data(
         critical_path = critical_path_section(sf)
         straggler = straggler_section(sf)
         if per_rank is not None:
-            for r in per_rank:
-                if sum(r["terms_ns"].values()) != s_ns:
+            for pr in per_rank:
+                if sum(pr.terms_ns.values()) != s_ns:
                     notes.append(
-                        f"rank {r['rank']}'s terms sum to {sum(r['terms_ns'].values())} ns, not S = {s_ns} ns (analysis bug)"
+                        f"rank {pr.rank}'s terms sum to {sum(pr.terms_ns.values())} ns, not S = {s_ns} ns (analysis bug)"
                     )
         if critical_path is not None:
-            total = sum(r["total_ns"] for r in critical_path["by_rank"].values()) + critical_path["offset_ns"]
-            if total != critical_path["step_ns"]:
+            total = sum(r.total_ns for r in critical_path.by_rank.values()) + critical_path.offset_ns
+            if total != critical_path.step_ns:
                 notes.append(
-                    f"the critical path sums to {total} ns, not the per-token time {critical_path['step_ns']} ns (analysis bug)"
+                    f"the critical path sums to {total} ns, not the per-token time {critical_path.step_ns} ns (analysis bug)"
                 )
     else:
         diagnosis = ""
-        per_token_ns = {"baseline": None, "sharded": main["step_ns"].get("median"), "ideal": None}
-        n_ranks = main["n_ranks"]
+        per_token_ns = ReportPerTokenNs(baseline=None, sharded=main.step_ns.median, ideal=None)
+        n_ranks = main.n_ranks
         verdict = verdict_from_breakdown(main)
         if baseline_breakdown is None:
             notes.append(
                 "no baseline run given (--baseline): the shortfall and its attribution are not computed."
             )
-    if baseline_breakdown is not None and shortfall is not None and per_token_ns["baseline"] is None:
-        per_token_ns["baseline"] = runs[0]["step_ns"].get("median")
+    if baseline_breakdown is not None and shortfall is not None and per_token_ns.baseline is None:
+        per_token_ns.baseline = runs[0].step_ns.median
 
     # collectives and stragglers (from the shortfall)
     collectives = None
-    stragglers: list[dict[str, Any]] = []
-    trace_points: list[dict[str, Any]] = []
+    stragglers: list[ShortfallStraggler_] = []
+    trace_points: list[ReportTraceItem] = []
     if sf is not None:
         coll = sf.collectives
         by_op = []
         for c in coll.by_op:
-            entry = {
-                "op": c.op,
-                "bytes": to_int(c.bytes),
-                "count": c.count,
+            entry = ReportByOpItem(
+                op=c.op,
+                bytes=to_int(c.bytes),
+                count=c.count,
                 # median over instances of the per-instance max wait (shortfall schema >= 1.4)
-                "wait_ns_median": to_int(c.wait_ns_median),
-                "transfer_ns_median": to_int(c.transfer_ns_median),
-                "skew_ns_median": to_int(c.skew_ns_median),
-                "busbw_gbps_median": to_float(c.busbw_gbps_median),
-            }
+                wait_ns_median=to_int(c.wait_ns_median),
+                transfer_ns_median=to_int(c.transfer_ns_median),
+                skew_ns_median=to_int(c.skew_ns_median),
+                busbw_gbps_median=to_float(c.busbw_gbps_median),
+            )
             by_op.append(entry)
-            if entry["busbw_gbps_median"] is not None and entry["bytes"]:
+            if entry.busbw_gbps_median is not None and entry.bytes:
                 trace_points.append(
-                    {
-                        "op": entry["op"],
-                        "bytes": entry["bytes"],
-                        "busbw_gbps": entry["busbw_gbps_median"],
-                        "count": entry["count"],
-                    }
+                    ReportTraceItem(
+                        op=entry.op, bytes=entry.bytes, busbw_gbps=entry.busbw_gbps_median, count=entry.count
+                    )
                 )
-        collectives = {
-            "instances": coll.instances,
-            "per_token": to_float(coll.per_token),
-            "by_op": by_op,
-        }
+        collectives = ReportCollectives(
+            instances=coll.instances, per_token=to_float(coll.per_token), by_op=by_op
+        )
+        # the document's own rows, copied (a share is a finite number in JSON: to_float is itself)
         stragglers = [
-            {"rank": s.rank, "last_count": s.last_count, "instances": s.instances, "share": to_float(s.share)}
+            ShortfallStraggler_(rank=s.rank, last_count=s.last_count, instances=s.instances, share=s.share)
             for s in sf.stragglers
         ]
 
     # probes / link comparison
-    links_section: dict[str, Any] | None = None
+    links_section: ReportLinks | None = None
     probe_rows: list[ProbeRow] = []
     if isinstance(links, list):
         probe_rows = links
-        links_section = {
-            "modes": sorted({r.mode or "default" for r in links}),
-            "transports": {},
-            "verdict": None,
-        }
+        links_section = ReportLinks(
+            modes=sorted({r.mode or "default" for r in links}), transports={}, verdict=None
+        )
     elif links is not None:
         probe_rows = list(links.rows)
-        links_section = {
-            "modes": [str(m.mode) for m in links.modes],
-            "transports": {k: transport_summary(v) for k, v in links.transports.items()},
-            "verdict": links.verdict,
-            "notes": list(links.notes),
-        }
+        links_section = ReportLinks(
+            modes=[str(m.mode) for m in links.modes],
+            transports={k: transport_summary(v) for k, v in links.transports.items()},
+            verdict=links.verdict,
+            notes=list(links.notes),
+        )
         # the realised busbw compare-links measured in the decode trace, where the shortfall had none
-        have = {(p["op"], p["bytes"]) for p in trace_points}
+        have = {(p.op, p.bytes) for p in trace_points}
         for z in links.trace.sizes if links.trace is not None else []:
             op = z.coll_op or z.op or ""
             nbytes, busbw_z = to_int(z.bytes), to_float(z.busbw_gbps)
             if busbw_z is not None and nbytes and (op, nbytes) not in have:
-                trace_points.append({"op": op, "bytes": nbytes, "busbw_gbps": busbw_z, "count": z.count or 0})
+                trace_points.append(
+                    ReportTraceItem(op=op, bytes=nbytes, busbw_gbps=busbw_z, count=z.count or 0)
+                )
     if links_section is not None:
-        links_section["note"] = links_note
+        links_section.note = links_note
     elif links_note:
         notes.append(links_note)
-    busbw = {"trace": trace_points, "probes": probe_curves(probe_rows)}
+    busbw = ReportBusbw(trace=trace_points, probes=probe_curves(probe_rows))
 
     manifests = []
     if baseline_breakdown is not None or baseline_manifest is not None:
         manifests.append(manifest_summary("baseline", baseline_path, baseline_manifest))
     manifests.append(manifest_summary(role, run_path, manifest))
     for m in manifests:
-        if not m["present"]:
-            notes.append(f"{m['role']}: no manifest.json beside the traces: what ran and where is unknown.")
-        elif m.get("complete") is False:
-            notes.append(f"{m['role']}: the capture is incomplete (a rank failed): {m.get('errors')}")
+        if not m.present:
+            notes.append(f"{m.role}: no manifest.json beside the traces: what ran and where is unknown.")
+        elif m.complete is False:
+            notes.append(f"{m.role}: the capture is incomplete (a rank failed): {to_builtins(m.errors)}")
 
     data = ReportData(
         verdict=verdict,

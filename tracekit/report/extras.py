@@ -10,18 +10,22 @@ the files). The numbers print through `data.fmt_*`, so a section reads the same 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tracekit.analyse.advise import cliff_sentences
+from tracekit.errors import TracekitError, load_json_file
 from tracekit.model import units
 from tracekit.model.documents import Advise, Decompose, Diff, DocumentError, Rho, Whatif, convert, given
 from tracekit.model.documents.diff import DiffCompute as DiffPart
+from tracekit.model.documents.report import ReportKeyFigure
 from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
+from tracekit.report.extra_section import ExtraSection, ExtraTable
 
 #: kind -> the command that writes it
 EXTRA_KINDS: dict[str, str] = {
@@ -47,54 +51,6 @@ class ExtraError(ValueError):
     """A file given with --extra is not a JSON result this report knows (the message says why)."""
 
 
-@dataclass(frozen=True)
-class ExtraTable:
-    """A table of printed cells. `text_columns`: the columns holding names from the file (escaped
-    as text in Markdown); the others hold numbers and fixed words."""
-
-    caption: str
-    headers: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    text_columns: tuple[int, ...] = (0,)
-
-
-@dataclass(frozen=True)
-class ExtraSection:
-    """One command's result as a report section.
-
-    `key` is unique in the report (`decompose`, `advise`, `advise-2`, ...): the section's figures
-    carry keys `extra.<key>.<figure>` in every format. `figures`: ordered {key, label, value, unit,
-    text} like `ReportData.key_figures`."""
-
-    key: str
-    kind: str
-    command: str
-    title: str
-    path: str | None
-    answer: str
-    figures: tuple[dict[str, Any], ...] = ()
-    tables: tuple[ExtraTable, ...] = ()
-    lines: tuple[str, ...] = ()  # further sentences under the tables (the memory cliff, a check)
-    notes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "kind": self.kind,
-            "command": self.command,
-            "title": self.title,
-            "path": self.path,
-            "answer": self.answer,
-            "figures": [dict(f) for f in self.figures],
-            "tables": [
-                {"caption": t.caption, "headers": list(t.headers), "rows": [list(r) for r in t.rows]}
-                for t in self.tables
-            ],
-            "lines": list(self.lines),
-            "notes": list(self.notes),
-        }
-
-
 # ----------------------------------------------------------------------------------------------
 # loading
 
@@ -111,19 +67,20 @@ EXTRA_STRUCTS: dict[str, type[ExtraDoc]] = {
 }
 
 
+class _ExtraFileError(TracekitError):
+    """load_json_file's one-line error, re-raised as ExtraError."""
+
+
 def load_extra(path: str | Path) -> ExtraDoc:
-    """Read one --extra file, decoded once into its document Struct; ExtraError when it is
-    unreadable, not JSON, of another kind or not of its kind's shape (saying where)."""
+    """Read one --extra file, decoded once into its document Struct; ExtraError in one line naming
+    the file and where it stops fitting: the byte when it is unreadable or not JSON
+    (`errors.load_json_file`), its `kind` when of another kind, the JSON path when not of its
+    kind's shape."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
-        obj = json.loads(raw.decode("utf-8"))
-    except OSError as exc:
-        raise ExtraError(f"{p}: cannot read the --extra file: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ExtraError(f"{p}: not UTF-8 text (expected a tracekit JSON result)") from None
-    except json.JSONDecodeError as exc:
-        raise ExtraError(f"{p} at byte {exc.pos}: not JSON: {exc.msg}") from None
+        obj = load_json_file(p, "--extra file", _ExtraFileError)
+    except _ExtraFileError as exc:
+        raise ExtraError(str(exc)) from None
     kind = obj.get("kind") if isinstance(obj, dict) else None
     if kind not in EXTRA_KINDS:
         known = ", ".join(sorted(EXTRA_KINDS))
@@ -134,7 +91,7 @@ def load_extra(path: str | Path) -> ExtraDoc:
     return _typed(obj, str(p))
 
 
-def _typed(doc: ExtraDoc | Mapping[str, Any], where: str | None) -> ExtraDoc:
+def _typed(doc: ExtraDoc | Mapping[str, object], where: str | None) -> ExtraDoc:
     """`doc` as its kind's Struct (a decoded Struct as it is)."""
     if isinstance(doc, Decompose | Advise | Rho | Whatif | Diff):
         return doc
@@ -146,11 +103,11 @@ def _typed(doc: ExtraDoc | Mapping[str, Any], where: str | None) -> ExtraDoc:
     except DocumentError as exc:
         at = f" at {exc.where}" if exc.where else ""
         raise ExtraError(
-            f"{where or 'document'}: a {kind} document without the expected fields ({exc}{at})"
+            f"{where or 'document'}{at}: a {kind} document without the expected fields ({exc})"
         ) from None
 
 
-def extra_sections(docs: Sequence[tuple[ExtraDoc | Mapping[str, Any], str | None]]) -> list[ExtraSection]:
+def extra_sections(docs: Sequence[tuple[ExtraDoc | Mapping[str, object], str | None]]) -> list[ExtraSection]:
     """One section per (document, path), in the order given; keys made unique per command."""
     seen: dict[str, int] = {}
     out = []
@@ -164,7 +121,7 @@ def extra_sections(docs: Sequence[tuple[ExtraDoc | Mapping[str, Any], str | None
 
 
 def extra_section(
-    doc: ExtraDoc | Mapping[str, Any], path: str | None = None, *, key: str | None = None
+    doc: ExtraDoc | Mapping[str, object], path: str | None = None, *, key: str | None = None
 ) -> ExtraSection:
     """The section of one result document (by its `kind`)."""
     typed = _typed(doc, path)
@@ -186,7 +143,7 @@ def extra_section(
             f"{path or 'document'}: a {kind} document without the expected fields ({exc!r})"
         ) from None
     key = key or cmd
-    figures = tuple({**f, "key": f"extra.{key}.{f['key']}"} for f in parts.figures)
+    figures = tuple(msgspec.structs.replace(f, key=f"extra.{key}.{f.key}") for f in parts.figures)
     return ExtraSection(
         key=key,
         kind=kind,
@@ -208,7 +165,7 @@ def extra_section(
 @dataclass
 class _Parts:
     answer: str
-    figures: list[dict[str, Any]] = field(default_factory=list)
+    figures: list[ReportKeyFigure] = field(default_factory=list)
     tables: list[ExtraTable] = field(default_factory=list)
     lines: list[str] = field(default_factory=list)
 
@@ -219,7 +176,7 @@ class _Parts:
             return
         if text is None:
             text = {"ns": fmt_ms, "ratio": fmt_x, "share": fmt_pct}.get(unit, _num)(value)  # type: ignore[operator]
-        self.figures.append({"key": key, "label": label, "value": value, "unit": unit, "text": text})
+        self.figures.append(ReportKeyFigure(key=key, label=label, value=value, unit=unit, text=text))
 
 
 def _f(x: Any) -> float | None:

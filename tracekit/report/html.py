@@ -20,7 +20,6 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any
 
 import plotly.graph_objects as go
 
@@ -65,7 +64,7 @@ td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap} ta
 """
 
 
-def _clean(obj: Any) -> Any:
+def _clean(obj: object) -> object:
     """Replace non-finite floats (not valid JSON) by None, recursively."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return None
@@ -182,9 +181,9 @@ def render_html(data: ReportData, *, offline: bool = True) -> str:
     ]
     if data.attribution is not None:
         parts += ["<h2>Shortfall attribution</h2>", attribution_table(data)]
-        if data.attribution.get("aggregate"):
+        if data.attribution.aggregate:
             parts.append(
-                f'<p class="note">Aggregate over ranks: {esc(prose(data.attribution["aggregate"]))}.</p>'
+                f'<p class="note">Aggregate over ranks: {esc(prose(data.attribution.aggregate))}.</p>'
             )
         parts.append(per_rank_section(data))
     parts.append(critical_path_section(data, div("fig-critical-path")))

@@ -4,10 +4,10 @@ S, the steps, the critical path, the collectives, the bus bandwidth; one colour 
 
 from __future__ import annotations
 
-from typing import Any
-
 import plotly.graph_objects as go
 
+from tracekit.model.documents.report import ReportRun_
+from tracekit.model.documents.shortfall import ShortfallByRankValue
 from tracekit.model.parts import PARTS, PATH_PARTS
 from tracekit.model.units import fmt_ms, fmt_pct
 from tracekit.report.data import ReportData
@@ -40,8 +40,9 @@ PART_COLOURS = {
 RUN_COLOURS = {"baseline": "#8C8C8C", "sharded": "#333333", "ideal": "#54A24B"}
 
 
-def _layout(title: str, **kw: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
+def _layout(title: str, **kw: object) -> dict[str, object]:
+    """plotly layout settings (plotly's own keywords) for a figure titled `title`."""
+    base: dict[str, object] = {
         "title": {"text": title},
         "template": "plotly_white",
         "margin": {"l": 70, "r": 20, "t": 50, "b": 60},
@@ -56,12 +57,12 @@ def fig_per_token(data: ReportData) -> go.Figure | None:
     n = data.n_ranks
     bars: list[tuple[str, int, str]] = []
     # runs in neutral tones and the ideal in green: no bar here takes a class's colour
-    if pt.get("baseline") is not None:
-        bars.append(("TP=1 (T1)", int(pt["baseline"] or 0), RUN_COLOURS["baseline"]))
-    if pt.get("sharded") is not None:
-        bars.append((f"TP={n} (T{n})", int(pt["sharded"] or 0), RUN_COLOURS["sharded"]))
-    if pt.get("ideal") is not None:
-        bars.append((f"ideal T1/{n}", int(pt["ideal"] or 0), RUN_COLOURS["ideal"]))
+    if pt.baseline is not None:
+        bars.append(("TP=1 (T1)", int(pt.baseline), RUN_COLOURS["baseline"]))
+    if pt.sharded is not None:
+        bars.append((f"TP={n} (T{n})", int(pt.sharded), RUN_COLOURS["sharded"]))
+    if pt.ideal is not None:
+        bars.append((f"ideal T1/{n}", int(pt.ideal), RUN_COLOURS["ideal"]))
     if not bars:
         return None
     fig = go.Figure(
@@ -93,22 +94,22 @@ def fig_waterfall(data: ReportData) -> go.Figure | None:
     a = data.attribution
     if a is None:
         return None
-    steps = a["waterfall"]
-    s_ns = a["shortfall_ns"]
+    steps = a.waterfall
+    s_ns = a.shortfall_ns
     labels, bases, heights, colours, texts, words = [], [], [], [], [], []
     at = 0
     for w in steps:
-        labels.append(_WATERFALL_LABELS.get(w["term"], esc(w["term"])))
-        words.append(esc(short_words(w["label"])))
+        labels.append(_WATERFALL_LABELS.get(w.term, esc(w.term)))
+        words.append(esc(short_words(w.label)))
         bases.append(at / 1e6)
-        heights.append(w["ns"] / 1e6)
-        colours.append(_term_colour(w["term"]))
-        if w.get("reading") in ("within_noise", "negative"):
-            share = " (within noise)" if w["reading"] == "within_noise" else ""
+        heights.append(w.ns / 1e6)
+        colours.append(_term_colour(w.term))
+        if w.reading in ("within_noise", "negative"):
+            share = " (within noise)" if w.reading == "within_noise" else ""
         else:
-            share = f" ({fmt_pct(w['ns'] / s_ns, 0)})" if s_ns else ""
-        texts.append(fmt_ms(w["ns"]) + share)
-        at += w["ns"]
+            share = f" ({fmt_pct(w.ns / s_ns, 0)})" if s_ns else ""
+        texts.append(fmt_ms(w.ns) + share)
+        at += w.ns
     labels.append("shortfall S")
     words.append(f"S = T{data.n_ranks} - T1/{data.n_ranks}")
     bases.append(0.0)
@@ -157,13 +158,13 @@ _WATERFALL_LABELS = {
 STEP_CHART_RANKS = 8
 
 
-def fig_steps(run: dict[str, Any]) -> go.Figure | None:
+def fig_steps(run: ReportRun_) -> go.Figure | None:
     """Per-step parts, one row per rank (up to STEP_CHART_RANKS), steps on a numeric axis so the
     ticks thin out by themselves: readable at 200 steps as at 8."""
-    steps = sorted(run["steps"], key=lambda s: (s["rank"], s["step"]))
+    steps = sorted(run.steps, key=lambda s: (s.rank, s.step))
     if not steps:
         return None
-    ranks = sorted({s["rank"] for s in steps})
+    ranks = sorted({s.rank for s in steps})
     if len(ranks) > STEP_CHART_RANKS:  # first, last and evenly spaced between
         idx = sorted({round(i * (len(ranks) - 1) / (STEP_CHART_RANKS - 1)) for i in range(STEP_CHART_RANKS)})
         ranks = [ranks[i] for i in idx]
@@ -171,10 +172,10 @@ def fig_steps(run: dict[str, Any]) -> go.Figure | None:
     gap = 0.06 if rows > 1 else 0.0
     h = (1.0 - gap * (rows - 1)) / rows
     fig = go.Figure()
-    layout_axes: dict[str, Any] = {}
+    layout_axes: dict[str, dict[str, object]] = {}
     shown: set[str] = set()
     for i, rank in enumerate(ranks):
-        mine = [s for s in steps if s["rank"] == rank]
+        mine = [s for s in steps if s.rank == rank]
         ax = "" if i == 0 else str(i + 1)
         top = 1.0 - i * (h + gap)
         layout_axes[f"yaxis{ax}"] = {
@@ -189,7 +190,7 @@ def fig_steps(run: dict[str, Any]) -> go.Figure | None:
             "title": {"text": "step" if i == rows - 1 else ""},
         }
         for part in PARTS:
-            ys = [s["parts_ns"].get(part, 0) / 1e6 for s in mine]
+            ys = [s.parts_ns.get(part, 0) / 1e6 for s in mine]
             if not any(ys):
                 continue
             fig.add_trace(
@@ -197,12 +198,12 @@ def fig_steps(run: dict[str, Any]) -> go.Figure | None:
                     name=part,
                     legendgroup=part,
                     showlegend=part not in shown,
-                    x=[s["step"] for s in mine],
+                    x=[s.step for s in mine],
                     y=ys,
                     xaxis=f"x{ax}",
                     yaxis=f"y{ax}",
                     marker={"color": PART_COLOURS.get(part), "line": {"width": 0}},
-                    customdata=[esc(s["name"]) for s in mine],
+                    customdata=[esc(s.name) for s in mine],
                     hovertemplate=f"rank {rank} step %{{x}}<br>{part} %{{y:.3f}} ms<br>%{{customdata}}<extra></extra>",
                 )
             )
@@ -210,11 +211,11 @@ def fig_steps(run: dict[str, Any]) -> go.Figure | None:
     for v in layout_axes.values():
         if v.get("matches") is None:
             v.pop("matches", None)
-    n_steps = len({s["step"] for s in steps})
+    n_steps = len({s.step for s in steps})
     fig.update_layout(
         **_layout(
-            f"Per-step parts, {esc(run['role'])} run ({n_steps} steps"
-            + (f"; {rows} of {len(run['ranks'])} ranks" if rows < len(run.get("ranks") or ranks) else "")
+            f"Per-step parts, {esc(run.role)} run ({n_steps} steps"
+            + (f"; {rows} of {len(run.ranks)} ranks" if rows < len(run.ranks or ranks) else "")
             + ")",
             barmode="stack",
             bargap=0.1 if n_steps < 60 else 0.0,
@@ -230,19 +231,19 @@ def fig_critical_path(data: ReportData) -> go.Figure | None:
     """Per rank, a stacked bar of what of it lies on the critical path of a token (compute, host,
     sync, transfer, ...), then the offset, and the TP=1 token beside them for comparison."""
     cp = data.critical_path
-    if cp is None or not cp["by_rank"]:
+    if cp is None or not cp.by_rank:
         return None
     words = data.term_words
-    x = [f"rank {r}" for r in cp["by_rank"]]
-    rows = list(cp["by_rank"].values())
-    base = (cp.get("baseline") or {}).get("by_rank") or {}
+    x = [f"rank {r}" for r in cp.by_rank]
+    rows: list[ShortfallByRankValue] = list(cp.by_rank.values())
+    base = cp.baseline.by_rank if cp.baseline is not None else {}
     x += [f"TP=1 token (rank {r})" for r in base]
     rows += list(base.values())
     name = {p: p for p in PATH_PARTS}
     name["transfer"] = esc(short_words(words.get("transfer", "transfer")))
     fig = go.Figure()
     for part in PATH_PARTS:
-        ys = [row[f"{part}_ns"] / 1e6 for row in rows]
+        ys = [getattr(row, f"{part}_ns") / 1e6 for row in rows]
         if not any(ys):
             continue
         fig.add_trace(
@@ -258,14 +259,14 @@ def fig_critical_path(data: ReportData) -> go.Figure | None:
         go.Bar(
             name="offset (step windows open at different times)",
             x=["offset"],
-            y=[cp["offset_ns"] / 1e6],
+            y=[cp.offset_ns / 1e6],
             marker_color=PART_COLOURS["offset"],
             hovertemplate="offset %{y:.3f} ms<extra></extra>",
         )
     )
     fig.update_layout(
         **_layout(
-            f"Critical path of a token, per rank (ranks + offset = T{data.n_ranks} = {fmt_ms(cp['step_ns'])})",
+            f"Critical path of a token, per rank (ranks + offset = T{data.n_ranks} = {fmt_ms(cp.step_ns)})",
             barmode="stack",
             yaxis_title="ms per token",
             legend={"orientation": "h", "y": -0.2},
@@ -276,12 +277,14 @@ def fig_critical_path(data: ReportData) -> go.Figure | None:
 
 def fig_collectives(data: ReportData) -> go.Figure | None:
     c = data.collectives
-    if not c or not c["by_op"]:
+    if not c or not c.by_op:
         return None
-    labels = [f"{esc(o['op'])} {fmt_bytes(o['bytes'])}" for o in c["by_op"]]
+    labels = [f"{esc(o.op)} {fmt_bytes(o.bytes)}" for o in c.by_op]
     fig = go.Figure()
-    for key, name in (("wait_ns_median", "wait"), ("transfer_ns_median", "transfer")):
-        ys = [(o[key] or 0) / 1e3 for o in c["by_op"]]
+    for name, ys in (
+        ("wait", [(o.wait_ns_median or 0) / 1e3 for o in c.by_op]),
+        ("transfer", [(o.transfer_ns_median or 0) / 1e3 for o in c.by_op]),
+    ):
         fig.add_trace(
             go.Bar(
                 name=name,
@@ -304,31 +307,31 @@ def fig_collectives(data: ReportData) -> go.Figure | None:
 
 def fig_busbw(data: ReportData) -> go.Figure | None:
     b = data.busbw
-    if not b["probes"]:  # trace points alone are the collectives table's: no empty log-log grid
+    if not b.probes:  # trace points alone are the collectives table's: no empty log-log grid
         return None
     fig = go.Figure()
-    for curve in b["probes"]:
-        pts = curve["points"]
-        label = esc(curve["label"]) + (f" via {esc(curve['transport'])}" if curve.get("transport") else "")
+    for curve in b.probes:
+        pts = curve.points
+        label = esc(curve.label) + (f" via {esc(curve.transport)}" if curve.transport else "")
         fig.add_trace(
             go.Scatter(
                 name=label,
-                x=[p["bytes"] for p in pts],
-                y=[p["busbw_gbps"] for p in pts],
+                x=[p.bytes for p in pts],
+                y=[p.busbw_gbps for p in pts],
                 mode="lines+markers",
-                line={"dash": "dot" if curve.get("in_place") else "solid"},
+                line={"dash": "dot" if curve.in_place else "solid"},
                 hovertemplate=label + "<br>%{x} B: %{y:.3f} GB/s<extra></extra>",
             )
         )
-    if b["trace"]:
-        ops = sorted({p["op"] for p in b["trace"]})
+    if b.trace:
+        ops = sorted({p.op for p in b.trace})
         for op in ops:
-            pts = [p for p in b["trace"] if p["op"] == op]
+            tps = [p for p in b.trace if p.op == op]
             fig.add_trace(
                 go.Scatter(
                     name=f"trace {esc(op)} (realised)",
-                    x=[p["bytes"] for p in pts],
-                    y=[p["busbw_gbps"] for p in pts],
+                    x=[p.bytes for p in tps],
+                    y=[p.busbw_gbps for p in tps],
                     mode="markers",
                     marker={"size": 13, "symbol": "diamond", "line": {"width": 1, "color": "#000"}},
                     hovertemplate="trace " + esc(op) + "<br>%{x} B: %{y:.3f} GB/s<extra></extra>",

@@ -5,19 +5,35 @@ manifests; every cell escaped (`tracekit.report.html_escape`)."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from tracekit.model.documents import given, to_builtins
 from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
 from tracekit.report.data import ReportData
 from tracekit.report.html_escape import esc
 from tracekit.report.html_figures import PART_COLOURS
-from tracekit.report.sections.fmt import fmt_bytes, fmt_gbps, fmt_ms_interval, fmt_x_interval, prose
+from tracekit.report.sections.fmt import (
+    fmt_bytes,
+    fmt_gbps,
+    fmt_ms_interval,
+    fmt_x_interval,
+    present_fields,
+    prose,
+)
 from tracekit.report.sections.rows import (
+    COLLECTIVE_HEADERS,
+    DILATION_APPLIED_HEADERS,
+    DILATION_HOST_CLOCK_HEADERS,
+    STRAGGLER_HEADERS,
     TOP_KERNEL_HEADERS,
+    attribution_headers,
+    corrected,
+    dilation_figures,
+    host_clock_text,
     path_note,
     path_rows,
     per_rank_rows,
     short_name,
+    spread_text,
     top_kernel_rows,
     top_kernels_caption,
     top_kernels_note,
@@ -37,60 +53,44 @@ def _table(headers: list[str], rows: list[list[tuple[str, bool]]], attrs: str = 
 
 def key_figures_table(data: ReportData) -> str:
     rows = "".join(
-        f'<tr><td>{esc(k["label"])}</td><td class=num data-key="{esc(k["key"])}">{esc(k["text"])}</td></tr>'
+        f'<tr><td>{esc(k.label)}</td><td class=num data-key="{esc(k.key)}">{esc(k.text)}</td></tr>'
         for k in data.key_figures
     )
     return f'<table id="key-figures"><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
 
 
 def _dilation_table(data: ReportData) -> str:
-    applied = [
-        d for d in data.dilation["runs"] if d.get("source") == "applied" and d.get("dilation") is not None
-    ]
+    applied = [d for d in data.dilation.runs if d.source == "applied" and d.dilation is not None]
     if applied:
         rows_a = [
             [
-                (esc(d["run"]), False),
-                (esc(fmt_x_interval(d["dilation"], d.get("interval"))), True),
-                (esc(fmt_ms(d.get("traced_mean_ns"))), True),
-                (esc(fmt_ms(d.get("unprofiled_mean_ns"))), True),
-                (
-                    esc(
-                        fmt_x_interval(
-                            (d.get("host_clock") or {}).get("dilation"),
-                            (d.get("host_clock") or {}).get("interval"),
-                        )
-                    ),
-                    True,
-                ),
+                (esc(d.run), False),
+                (esc(fmt_x_interval(d.dilation, d.interval)), True),
+                (esc(fmt_ms(d.traced_mean_ns)), True),
+                (esc(fmt_ms(d.unprofiled_mean_ns)), True),
+                (esc(host_clock_text(d)), True),
             ]
             for d in applied
         ]
         return _table(
-            [
-                "run",
-                "dilation applied (95% interval)",
-                "per token, traced (mean)",
-                "per token, unprofiled (mean)",
-                "cross-check: capture host clock",
-            ],
+            list(DILATION_APPLIED_HEADERS),
             rows_a,
             ' id="dilation-table"',
         )
-    runs = [d for d in data.dilation["runs"] if d.get("unprofiled_median_ns") is not None]
+    runs = [d for d in data.dilation.runs if d.unprofiled_median_ns is not None]
     if not runs:
         return ""
     rows = [
         [
-            (esc(d["run"]), False),
-            (esc(fmt_ms(d["unprofiled_median_ns"])), True),
-            (esc(fmt_ms(d.get("profiled_median_ns"))), True),
-            (esc(fmt_x(d["dilation"])), True),
+            (esc(d.run), False),
+            (esc(fmt_ms(d.unprofiled_median_ns)), True),
+            (esc(fmt_ms(d.profiled_median_ns)), True),
+            (esc(fmt_x(d.dilation)), True),
         ]
         for d in runs
     ]
     return _table(
-        ["run", "per token, unprofiled (median)", "per token, profiled (median)", "dilation (host clock)"],
+        list(DILATION_HOST_CLOCK_HEADERS),
         rows,
     )
 
@@ -101,33 +101,24 @@ def attribution_table(data: ReportData) -> str:
     a = data.attribution
     if a is None:
         return ""
-    s_ns = a["shortfall_ns"]
-    has_iv = bool(a.get("intervals"))
+    s_ns = a.shortfall_ns
+    ivs = a.intervals
     rows = []
-    for w in a["waterfall"]:
-        term = w["term"]
-        spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-        row = [(esc(w["label"]), False), (esc(fmt_ms(w["ns"])), True)]
-        if has_iv:
-            row.append((esc(fmt_ms_interval(w.get("interval_ns"), 3)), True))
+    for w in a.waterfall:
+        spread = spread_text(a, w)
+        row = [(esc(w.label), False), (esc(fmt_ms(w.ns)), True)]
+        if ivs is not None:
+            row.append((esc(fmt_ms_interval(w.interval_ns, 3)), True))
         row.append((esc(share_text(w, s_ns)), True))
-        row.append(
-            (esc(f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}") if spread else "", True)
-        )
+        row.append((esc(spread), True))
         rows.append(row)
     total = [("<b>shortfall S</b>", False), (f"<b>{esc(fmt_ms(s_ns))}</b>", True)]
-    if has_iv:
-        total.append((esc(fmt_ms_interval((a.get("intervals") or {}).get("shortfall_ns"), 3)), True))
+    if ivs is not None:
+        total.append((esc(fmt_ms_interval(ivs.shortfall_ns, 3)), True))
     rows.append([*total, ("100.0%", True), ("", True)])
-    headers = [
-        "term",
-        "per token",
-        *(["95% interval"] if has_iv else []),
-        "share of S",
-        "spread over steps (p10 .. p90)",
-    ]
+    headers = attribution_headers(ivs is not None)
     table = _table(headers, rows, ' id="attribution"')
-    method = (a.get("intervals") or {}).get("method")
+    method = ivs.method if ivs is not None else None
     return table + (f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else "")
 
 
@@ -160,8 +151,8 @@ def critical_path_section(data: ReportData, fig_div: str) -> str:
         return ""
     headers, rows = path_rows(data)
     out = ["<h2>Critical path</h2>"]
-    if cp.get("cause"):
-        out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(prose(cp["cause"]))}</b></p>')
+    if cp.cause:
+        out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(prose(cp.cause))}</b></p>')
     out += [
         fig_div,
         _text_table(headers, rows, ' id="critical-path"'),
@@ -173,35 +164,27 @@ def critical_path_section(data: ReportData, fig_div: str) -> str:
 def collectives_tables(data: ReportData) -> str:
     out = []
     c = data.collectives
-    if c and c["by_op"]:
+    if c and c.by_op:
         rows = [
             [
-                (esc(o["op"]), False),
-                (esc(fmt_bytes(o["bytes"])), True),
-                (esc(o["count"]), True),
-                (esc(fmt_us(o["wait_ns_median"])), True),
-                (esc(fmt_us(o["transfer_ns_median"])), True),
-                (esc(fmt_us(o["skew_ns_median"])), True),
-                (esc(fmt_gbps(o["busbw_gbps_median"])), True),
+                (esc(o.op), False),
+                (esc(fmt_bytes(o.bytes)), True),
+                (esc(o.count), True),
+                (esc(fmt_us(o.wait_ns_median)), True),
+                (esc(fmt_us(o.transfer_ns_median)), True),
+                (esc(fmt_us(o.skew_ns_median)), True),
+                (esc(fmt_gbps(o.busbw_gbps_median)), True),
             ]
-            for o in c["by_op"]
+            for o in c.by_op
         ]
         out.append(
-            f"<p>{esc(c['instances'])} collective instances matched across ranks"
-            + (f", {esc(round(c['per_token'], 2))} per token" if c.get("per_token") is not None else "")
+            f"<p>{esc(c.instances)} collective instances matched across ranks"
+            + (f", {esc(round(c.per_token, 2))} per token" if c.per_token is not None else "")
             + ".</p>"
         )
         out.append(
             _table(
-                [
-                    "op",
-                    "message",
-                    "count",
-                    "wait (median of per-collective max)",
-                    "transfer (median)",
-                    "skew (median)",
-                    "busbw (median)",
-                ],
+                list(COLLECTIVE_HEADERS),
                 rows,
             )
         )
@@ -211,38 +194,38 @@ def collectives_tables(data: ReportData) -> str:
     if data.stragglers:
         rows = [
             [
-                (esc(s["rank"]), True),
-                (esc(s["last_count"]), True),
-                (esc(s["instances"]), True),
-                (esc(fmt_pct(s["share"])), True),
+                (esc(s.rank), True),
+                (esc(s.last_count), True),
+                (esc(s.instances), True),
+                (esc(fmt_pct(s.share)), True),
             ]
             for s in data.stragglers
         ]
         out.append("<h3>Stragglers: how often each rank arrives last</h3>")
-        out.append(_table(["rank", "last", "of instances", "share"], rows, ' id="stragglers"'))
+        out.append(_table(list(STRAGGLER_HEADERS), rows, ' id="stragglers"'))
     return "\n".join(out)
 
 
 def kernels_tables(data: ReportData) -> str:
     out = []
     for run in data.runs:
-        if any(v["count"] for v in run["kernels_by_class"].values()):
+        if any(v.count for v in run.kernels_by_class.values()):
             rows = [
-                [(esc(k), False), (esc(v["count"]), True), (esc(fmt_ms(v["total_ns"])), True)]
-                for k, v in run["kernels_by_class"].items()
+                [(esc(k), False), (esc(v.count), True), (esc(fmt_ms(v.total_ns)), True)]
+                for k, v in run.kernels_by_class.items()
             ]
-            out.append(f"<h3>{esc(run['role'])} run: GPU activity by class</h3>")
+            out.append(f"<h3>{esc(run.role)} run: GPU activity by class</h3>")
             out.append(_table(["class", "count", "total"], rows))
-        if run["unknown_kernels"]:
+        if run.unknown_kernels:
             rows = [
                 [
-                    (f"<code>{esc(k['name'])}</code>", False),
-                    (esc(k["count"]), True),
-                    (esc(fmt_ms(k["total_ns"])), True),
+                    (f"<code>{esc(k.name)}</code>", False),
+                    (esc(k.count), True),
+                    (esc(fmt_ms(k.total_ns)), True),
                 ]
-                for k in run["unknown_kernels"]
+                for k in run.unknown_kernels
             ]
-            out.append(f"<h3>{esc(run['role'])} run: unclassified kernels (top by time)</h3>")
+            out.append(f"<h3>{esc(run.role)} run: unclassified kernels (top by time)</h3>")
             out.append(_table(["name", "count", "total"], rows, ' class="unknown-kernels"'))
     return "\n".join(out)
 
@@ -283,21 +266,17 @@ def links_section(data: ReportData) -> str:
     if L is None:
         return ""
     out = []
-    if L.get("verdict"):
-        out.append(f'<p class="links-verdict"><b>{esc(prose(L["verdict"]))}</b></p>')
-    if L.get("modes"):
-        out.append(f"<p>Modes: {esc(', '.join(str(m) for m in L['modes']))}</p>")
-    transports = L.get("transports") or {}
-    if isinstance(transports, dict) and transports:
-        rows = [
-            [(esc(k), False), (esc(v if isinstance(v, str) else json.dumps(v)), False)]
-            for k, v in transports.items()
-        ]
+    if L.verdict:
+        out.append(f'<p class="links-verdict"><b>{esc(prose(L.verdict))}</b></p>')
+    if L.modes:
+        out.append(f"<p>Modes: {esc(', '.join(L.modes))}</p>")
+    if L.transports:
+        rows = [[(esc(k), False), (esc(v), False)] for k, v in L.transports.items()]
         out.append(_table(["mode", "what the run used"], rows))
-    for n in L.get("notes") or []:
+    for n in given(L.notes) or []:
         out.append(f'<p class="note">{esc(n)}</p>')
-    if L.get("note"):
-        out.append(f'<p class="note">{esc(L["note"])}</p>')
+    if L.note:
+        out.append(f'<p class="note">{esc(L.note)}</p>')
     return "\n".join(out)
 
 
@@ -318,7 +297,7 @@ def extras_section(data: ReportData) -> str:
         out.append(f'<p class="verdict">{esc(prose(x.answer))}</p>')
         if x.figures:
             rows = "".join(
-                f'<tr><td>{esc(f["label"])}</td><td class=num data-key="{esc(f["key"])}">{esc(f["text"])}</td></tr>'
+                f'<tr><td>{esc(f.label)}</td><td class=num data-key="{esc(f.key)}">{esc(f.text)}</td></tr>'
                 for f in x.figures
             )
             out.append(
@@ -342,37 +321,37 @@ def extras_section(data: ReportData) -> str:
 def manifest_section(data: ReportData) -> str:
     out = []
     for m in data.manifests:
-        out.append(
-            f"<h3>{esc(m['role'])} run{(': <code>' + esc(m['path']) + '</code>') if m.get('path') else ''}</h3>"
-        )
-        if not m["present"]:
+        out.append(f"<h3>{esc(m.role)} run{(': <code>' + esc(m.path) + '</code>') if m.path else ''}</h3>")
+        if not m.present:
             out.append('<p class="note">No manifest.json: what ran and where is unknown.</p>')
             continue
         rows: list[list[tuple[str, bool]]] = []
 
-        def add(k: str, v: Any, rows: list[list[tuple[str, bool]]] = rows) -> None:
+        def add(k: str, v: object, rows: list[list[tuple[str, bool]]] = rows) -> None:
+            v = to_builtins(given(v))
             if v is None or v == {} or v == []:
                 return
             text = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
             rows.append([(esc(k), False), (esc(text), False)])
 
-        for k, v in m["workload"].items():
+        for k, v in present_fields(m.workload):
             add(k, v)
-        add("complete", m.get("complete"))
-        add("errors", m.get("errors"))
-        add("created", m.get("created"))
-        for k, v in m["host"].items():
+        add("complete", m.complete)
+        add("errors", m.errors)
+        add("created", m.created)
+        for k, v in present_fields(m.host):
             add(f"host.{k}", v)
-        for d in m["devices"]:
-            add(f"device {d.get('index')}", f"{d.get('name')} ({fmt_bytes(d.get('memory_bytes'))})")
-        for k, v in m["versions"].items():
+        for d in given(m.devices) or []:
+            add(f"device {d.index}", f"{d.name} ({fmt_bytes(d.memory_bytes)})")
+        for k, v in (given(m.versions) or {}).items():
             add(f"version.{k}", v)
-        add("nccl_env", m.get("nccl_env"))
+        add("nccl_env", m.nccl_env)
+        dil = given(m.capture_dilation)
         add(
             "capture's host-clock dilation (cross-check, not the factor applied)",
-            fmt_x(m.get("capture_dilation")) if m.get("capture_dilation") is not None else None,
+            fmt_x(dil) if dil is not None else None,
         )
-        add("command", m.get("command"))
+        add("command", m.command)
         out.append(_table(["field", "value"], rows, ' class="manifest"'))
     return "\n".join(out)
 
@@ -381,34 +360,28 @@ def dilation_details(data: ReportData) -> str:
     """The profiler's dilation, the cross-check and the reconciliation: collapsed under one line
     (the figures are on the page; the reader opens it for how the traced parts were corrected)."""
     d = data.dilation
-    known = [r for r in d["runs"] if r.get("dilation") is not None]
-    figures = ", ".join(f"{r['run']} {fmt_x_interval(r['dilation'], r.get('interval'))}" for r in known)
-    if known:
-        corrected = (data.attribution or {}).get("per_token_source") == "unprofiled"
-        how = "removed from the per-token times" if corrected else "not removed"
-        summary = f"Profiler dilation {figures} ({how}){'; above the threshold' if d.get('inflated') else ''}: how the traced parts were reconciled"
+    figures = dilation_figures(d)
+    if figures:
+        how = "removed from the per-token times" if corrected(data) else "not removed"
+        summary = f"Profiler dilation {figures} ({how}){'; above the threshold' if d.inflated else ''}: how the traced parts were reconciled"
     else:
         summary = "Profiler dilation unknown (no unprofiled timing)"
-    inner = [f'<p class="dilation" id="dilation">{esc(prose(d["sentence"]))}</p>']
-    if d.get("cross_check"):
-        inner.append(f'<p class="dilation" id="dilation-cross-check">{esc(prose(d["cross_check"]))}</p>')
-    if d.get("warning"):
-        inner.append(f'<p class="warning" id="dilation-warning">{esc(prose(d["warning"]))}</p>')
-    if d.get("reconciliation"):
+    inner = [f'<p class="dilation" id="dilation">{esc(prose(d.sentence))}</p>']
+    if d.cross_check:
+        inner.append(f'<p class="dilation" id="dilation-cross-check">{esc(prose(d.cross_check))}</p>')
+    if d.warning:
+        inner.append(f'<p class="warning" id="dilation-warning">{esc(prose(d.warning))}</p>')
+    if d.reconciliation:
         inner.append(
-            f'<p class="dilation" id="reconciliation">Reconciliation: {esc(prose(d["reconciliation"]))}</p>'
+            f'<p class="dilation" id="reconciliation">Reconciliation: {esc(prose(d.reconciliation))}</p>'
         )
     a = data.attribution
     if a is not None:
-        unc = a.get("uncorrected")
-        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
-            inner.append(
-                f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(unc.get("shortfall_ns")))} per token.</p>'
-            )
+        inner.append(
+            f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(a.uncorrected.shortfall_ns))} per token.</p>'
+        )
     inner.append(_dilation_table(data))
-    caution = (
-        f'<p class="warning" id="dilation-caution">{esc(prose(d["caution"]))}</p>' if d.get("caution") else ""
-    )
+    caution = f'<p class="warning" id="dilation-caution">{esc(prose(d.caution))}</p>' if d.caution else ""
     return (
         f'{caution}<details id="dilation-details"><summary>{esc(summary)}</summary>'
         + "\n".join(x for x in inner if x)

@@ -12,16 +12,33 @@ import json
 import re
 from typing import Any
 
+from tracekit.model.documents import given, to_builtins
 from tracekit.model.parts import PARTS
 from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
 from tracekit.report.data import ReportData
-from tracekit.report.sections.fmt import fmt_bytes, fmt_gbps, fmt_ms_interval, fmt_x_interval, prose
+from tracekit.report.sections.fmt import (
+    fmt_bytes,
+    fmt_gbps,
+    fmt_ms_interval,
+    fmt_x_interval,
+    present_fields,
+    prose,
+)
 from tracekit.report.sections.rows import (
+    COLLECTIVE_HEADERS,
+    DILATION_APPLIED_HEADERS,
+    DILATION_HOST_CLOCK_HEADERS,
+    STRAGGLER_HEADERS,
     TOP_KERNEL_HEADERS,
+    attribution_headers,
+    corrected,
+    dilation_figures,
+    host_clock_text,
     path_note,
     path_rows,
     per_rank_rows,
     short_name,
+    spread_text,
     top_kernel_rows,
     top_kernels_caption,
     top_kernels_note,
@@ -107,8 +124,8 @@ def _critical_path_md(data: ReportData) -> list[str]:
     if cp is None:
         return []
     out = ["## Critical path", ""]
-    if cp.get("cause"):
-        out += [f"**{md_esc(prose(cp['cause']))}**", ""]
+    if cp.cause:
+        out += [f"**{md_esc(prose(cp.cause))}**", ""]
     headers, rows = path_rows(data)
     out += _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
     out += [md_esc(path_note(cp)), ""]
@@ -127,7 +144,7 @@ def _extras_md(data: ReportData) -> list[str]:
         if x.figures:
             out += _table(
                 ["figure", "value", "key"],
-                [[md_esc(f["label"]), md_ours(f["text"]), md_code(f["key"])] for f in x.figures],
+                [[md_esc(f.label), md_ours(f.text), md_code(f.key)] for f in x.figures],
             )
         for t in x.tables:
             out += [f"### {md_esc(t.caption)}", ""]
@@ -146,72 +163,54 @@ def _dilation_md(data: ReportData) -> list[str]:
     """The profiler's dilation, the cross-check, the warning and the reconciliation, collapsed under
     one line (<details>, which GitHub and most renderers fold)."""
     d = data.dilation
-    known = [r for r in d["runs"] if r.get("dilation") is not None]
-    if known:
-        figs = ", ".join(f"{r['run']} {fmt_x_interval(r['dilation'], r.get('interval'))}" for r in known)
-        corrected = (data.attribution or {}).get("per_token_source") == "unprofiled"
-        how = "removed from the per-token times" if corrected else "not removed"
+    figs = dilation_figures(d)
+    if figs:
+        how = "removed from the per-token times" if corrected(data) else "not removed"
         summary = f"Profiler dilation {figs} ({how}): how the traced parts were reconciled"
     else:
         summary = "Profiler dilation unknown (no unprofiled timing)"
     out = ["<details>", f"<summary>{html.escape(summary, quote=False)}</summary>", ""]
-    out += [md_ours(prose(d["sentence"])), ""]
-    if d.get("cross_check"):
-        out += [md_ours(prose(d["cross_check"])), ""]
-    if d.get("warning"):
-        out += [f"> **{md_esc(prose(d['warning']))}**", ""]
-    if d.get("reconciliation"):
-        out += [f"Reconciliation: {md_esc(prose(d['reconciliation']))}", ""]
+    out += [md_ours(prose(d.sentence)), ""]
+    if d.cross_check:
+        out += [md_ours(prose(d.cross_check)), ""]
+    if d.warning:
+        out += [f"> **{md_esc(prose(d.warning))}**", ""]
+    if d.reconciliation:
+        out += [f"Reconciliation: {md_esc(prose(d.reconciliation))}", ""]
     a = data.attribution
     if a is not None:
-        unc = a.get("uncorrected")
-        if isinstance(unc, dict) and unc.get("shortfall_ns") is not None:
-            out += [f"Uncorrected (trace-only) shortfall: {fmt_ms(unc.get('shortfall_ns'))} per token.", ""]
+        out += [f"Uncorrected (trace-only) shortfall: {fmt_ms(a.uncorrected.shortfall_ns)} per token.", ""]
     out += _dilation_table_md(data)
     return out + ["</details>", ""]
 
 
 def _dilation_table_md(data: ReportData) -> list[str]:
     d = data.dilation
-    applied = [r for r in d["runs"] if r.get("source") == "applied" and r.get("dilation") is not None]
-    dil_runs = [r for r in d["runs"] if r.get("unprofiled_median_ns") is not None]
+    applied = [r for r in d.runs if r.source == "applied" and r.dilation is not None]
+    dil_runs = [r for r in d.runs if r.unprofiled_median_ns is not None]
     if applied:
         return _table(
-            [
-                "run",
-                "dilation applied (95% interval)",
-                "per token, traced (mean)",
-                "per token, unprofiled (mean)",
-                "cross-check: capture host clock",
-            ],
+            list(DILATION_APPLIED_HEADERS),
             [
                 [
-                    md_esc(r["run"]),
-                    fmt_x_interval(r["dilation"], r.get("interval")),
-                    fmt_ms(r.get("traced_mean_ns")),
-                    fmt_ms(r.get("unprofiled_mean_ns")),
-                    fmt_x_interval(
-                        (r.get("host_clock") or {}).get("dilation"),
-                        (r.get("host_clock") or {}).get("interval"),
-                    ),
+                    md_esc(r.run),
+                    fmt_x_interval(r.dilation, r.interval),
+                    fmt_ms(r.traced_mean_ns),
+                    fmt_ms(r.unprofiled_mean_ns),
+                    host_clock_text(r),
                 ]
                 for r in applied
             ],
         )
     if dil_runs:
         return _table(
-            [
-                "run",
-                "per token, unprofiled (median)",
-                "per token, profiled (median)",
-                "dilation (host clock)",
-            ],
+            list(DILATION_HOST_CLOCK_HEADERS),
             [
                 [
-                    md_esc(r["run"]),
-                    fmt_ms(r["unprofiled_median_ns"]),
-                    fmt_ms(r.get("profiled_median_ns")),
-                    fmt_x(r["dilation"]),
+                    md_esc(r.run),
+                    fmt_ms(r.unprofiled_median_ns),
+                    fmt_ms(r.profiled_median_ns),
+                    fmt_x(r.dilation),
                 ]
                 for r in dil_runs
             ],
@@ -225,30 +224,21 @@ def _attribution_md(data: ReportData) -> list[str]:
     a = data.attribution
     if a is None:
         return []
-    s_ns = a["shortfall_ns"]
-    has_iv = bool(a.get("intervals"))
+    s_ns = a.shortfall_ns
+    ivs = a.intervals
     rows = []
-    for w in a["waterfall"]:
-        term = w["term"]
-        spread = a["spread_ns"].get(term.split(".")[-1] if term.startswith("coordination.") else term) or {}
-        sp = f"{fmt_ms(spread.get('p10'))} .. {fmt_ms(spread.get('p90'))}" if spread else ""
-        row = [md_esc(w["label"]), fmt_ms(w["ns"])]
-        if has_iv:
-            row.append(fmt_ms_interval(w.get("interval_ns"), 3))
-        rows.append([*row, share_text(w, s_ns), sp])
+    for w in a.waterfall:
+        row = [md_esc(w.label), fmt_ms(w.ns)]
+        if ivs is not None:
+            row.append(fmt_ms_interval(w.interval_ns, 3))
+        rows.append([*row, share_text(w, s_ns), spread_text(a, w)])
     total = ["**shortfall S**", f"**{fmt_ms(s_ns)}**"]
-    if has_iv:
-        total.append(fmt_ms_interval((a.get("intervals") or {}).get("shortfall_ns"), 3))
+    if ivs is not None:
+        total.append(fmt_ms_interval(ivs.shortfall_ns, 3))
     rows.append([*total, "100.0%", ""])
-    headers = [
-        "term",
-        "per token",
-        *(["95% interval"] if has_iv else []),
-        "share of S",
-        "spread over steps (p10 .. p90)",
-    ]
+    headers = attribution_headers(ivs is not None)
     out = _table(headers, rows)
-    method = (a.get("intervals") or {}).get("method")
+    method = ivs.method if ivs is not None else None
     return out + ([f"Intervals: {md_esc(prose(method))}.", ""] if method else [])
 
 
@@ -285,62 +275,54 @@ def render_markdown(data: ReportData) -> str:
     lines += [md_esc(prose(data.verdict)), ""]
     if data.diagnosis:
         lines += [f"Next: {md_esc(prose(data.diagnosis))}", ""]
-    if data.dilation.get("caution"):
-        lines += [f"> **{md_esc(prose(data.dilation['caution']))}**", ""]
+    if data.dilation.caution:
+        lines += [f"> **{md_esc(prose(data.dilation.caution))}**", ""]
     lines += _dilation_md(data)
     a = data.attribution
     if a is not None:
-        if a.get("aggregate"):
-            lines += [f"Aggregate over ranks: {md_esc(prose(a['aggregate']))}.", ""]
+        if a.aggregate:
+            lines += [f"Aggregate over ranks: {md_esc(prose(a.aggregate))}.", ""]
         lines += _per_rank_md(data)
     lines += _critical_path_md(data)
 
     lines += ["## Key figures", ""]
     lines += _table(
         ["figure", "value", "key"],
-        [[md_esc(k["label"]), md_esc(k["text"]), f"`{k['key']}`"] for k in data.key_figures],
+        [[md_esc(k.label), md_esc(k.text), f"`{k.key}`"] for k in data.key_figures],
     )
 
     lines += ["## Per-rank medians", ""]
     for run in data.runs:
         lines += [
-            f"### {md_esc(run['role'])} run ({run['n_ranks']} rank(s), {run['step_ns'].get('n', 0)} steps)",
+            f"### {md_esc(run.role)} run ({run.n_ranks} rank(s), {run.step_ns.n} steps)",
             "",
         ]
         rows = [
-            [str(r["rank"]), str(r["steps"]), fmt_ms(r["step_ns_median"])]
-            + [fmt_ms(r["parts_ns_median"].get(p)) for p in PARTS]
-            for r in run["per_rank"]
+            [str(r.rank), str(r.steps), fmt_ms(r.step_ns_median)]
+            + [fmt_ms(r.parts_ns_median.get(p)) for p in PARTS]
+            for r in run.per_rank or []
         ]
         lines += _table(["rank", "steps", "step (median)"] + list(PARTS), rows)
 
     c = data.collectives
     if c is not None:
         lines += ["## Collectives: wait vs transfer", ""]
-        per_tok = f", {round(c['per_token'], 2)} per token" if c.get("per_token") is not None else ""
-        lines += [f"{c['instances']} collective instances matched across ranks{per_tok}.", ""]
-        if c["by_op"]:
+        per_tok = f", {round(c.per_token, 2)} per token" if c.per_token is not None else ""
+        lines += [f"{c.instances} collective instances matched across ranks{per_tok}.", ""]
+        if c.by_op:
             lines += _table(
-                [
-                    "op",
-                    "message",
-                    "count",
-                    "wait (median of per-collective max)",
-                    "transfer (median)",
-                    "skew (median)",
-                    "busbw (median)",
-                ],
+                list(COLLECTIVE_HEADERS),
                 [
                     [
-                        md_esc(o["op"]),
-                        fmt_bytes(o["bytes"]),
-                        str(o["count"]),
-                        fmt_us(o["wait_ns_median"]),
-                        fmt_us(o["transfer_ns_median"]),
-                        fmt_us(o["skew_ns_median"]),
-                        fmt_gbps(o["busbw_gbps_median"]),
+                        md_esc(o.op),
+                        fmt_bytes(o.bytes),
+                        str(o.count),
+                        fmt_us(o.wait_ns_median),
+                        fmt_us(o.transfer_ns_median),
+                        fmt_us(o.skew_ns_median),
+                        fmt_gbps(o.busbw_gbps_median),
                     ]
-                    for o in c["by_op"]
+                    for o in c.by_op
                 ],
             )
     st_line = straggler_sentence(data.straggler)
@@ -349,39 +331,29 @@ def render_markdown(data: ReportData) -> str:
     if data.stragglers:
         lines += ["### Stragglers: how often each rank arrives last", ""]
         lines += _table(
-            ["rank", "last", "of instances", "share"],
-            [
-                [str(s["rank"]), str(s["last_count"]), str(s["instances"]), fmt_pct(s["share"])]
-                for s in data.stragglers
-            ],
+            list(STRAGGLER_HEADERS),
+            [[str(s.rank), str(s.last_count), str(s.instances), fmt_pct(s.share)] for s in data.stragglers],
         )
 
     b = data.busbw
-    if b["probes"] or data.links is not None:
+    if b.probes or data.links is not None:
         lines += ["## Realised bandwidth and link probes", ""]
-        L = data.links or {}
-        if L.get("verdict"):
-            lines += [f"**{md_esc(prose(L['verdict']))}**", ""]
-        for n in L.get("notes") or []:
-            lines += [f"- {md_esc(n)}"]
-        if L.get("notes"):
-            lines += [""]
-        if L.get("note"):
-            lines += [md_esc(L["note"]), ""]
-        transports = L.get("transports") or {}
-        if isinstance(transports, dict) and transports:
+        L = data.links
+        if L is not None:
+            if L.verdict:
+                lines += [f"**{md_esc(prose(L.verdict))}**", ""]
+            notes = given(L.notes) or []
+            lines += [f"- {md_esc(n)}" for n in notes] + ([""] if notes else [])
+            if L.note:
+                lines += [md_esc(L.note), ""]
+            if L.transports:
+                lines += _table(
+                    ["mode", "what the run used"], [[md_esc(k), md_esc(v)] for k, v in L.transports.items()]
+                )
+        for curve in b.probes:
+            lines += [f"### {md_esc(curve.label)}", ""]
             lines += _table(
-                ["mode", "what the run used"],
-                [
-                    [md_esc(k), md_esc(v if isinstance(v, str) else json.dumps(v))]
-                    for k, v in transports.items()
-                ],
-            )
-        for curve in b["probes"]:
-            lines += [f"### {md_esc(curve['label'])}", ""]
-            lines += _table(
-                ["message", "busbw"],
-                [[fmt_bytes(p["bytes"]), fmt_gbps(p["busbw_gbps"])] for p in curve["points"]],
+                ["message", "busbw"], [[fmt_bytes(p.bytes), fmt_gbps(p.busbw_gbps)] for p in curve.points]
             )
 
     top = _top_kernels_md(data)
@@ -390,43 +362,34 @@ def render_markdown(data: ReportData) -> str:
     lines += _extras_md(data)
 
     for run in data.runs:
-        if run["unknown_kernels"]:
-            lines += [f"## {md_esc(run['role'])} run: unclassified kernels", ""]
+        if run.unknown_kernels:
+            lines += [f"## {md_esc(run.role)} run: unclassified kernels", ""]
             lines += _table(
                 ["name", "count", "total"],
-                [[md_esc(k["name"]), str(k["count"]), fmt_ms(k["total_ns"])] for k in run["unknown_kernels"]],
+                [[md_esc(k.name), str(k.count), fmt_ms(k.total_ns)] for k in run.unknown_kernels],
             )
 
     lines += ["## What ran, where (manifest)", ""]
     for m in data.manifests:
-        lines += [f"### {md_esc(m['role'])} run" + (f": {md_code(m['path'])}" if m.get("path") else ""), ""]
-        if not m["present"]:
+        lines += [f"### {md_esc(m.role)} run" + (f": {md_code(m.path)}" if m.path else ""), ""]
+        if not m.present:
             lines += ["No manifest.json: what ran and where is unknown.", ""]
             continue
         rows = []
-        w = m["workload"]
-        for k, v in w.items():
-            rows.append([md_esc(k), md_esc(v if isinstance(v, str) else json.dumps(v))])
-        for k, v in m["host"].items():
+        for k, v in present_fields(m.workload):
+            rows.append([md_esc(k), md_esc(v if isinstance(v, str) else json.dumps(to_builtins(v)))])
+        for k, v in present_fields(m.host):
             rows.append([f"host.{md_esc(k)}", md_esc(v)])
-        for dev in m["devices"]:
-            rows.append(
-                [
-                    f"device {dev.get('index')}",
-                    md_esc(f"{dev.get('name')} ({fmt_bytes(dev.get('memory_bytes'))})"),
-                ]
-            )
-        for k, v in m["versions"].items():
+        for dev in given(m.devices) or []:
+            rows.append([f"device {dev.index}", md_esc(f"{dev.name} ({fmt_bytes(dev.memory_bytes)})")])
+        for k, v in (given(m.versions) or {}).items():
             rows.append([f"version.{md_esc(k)}", md_esc(v)])
-        if m.get("capture_dilation") is not None:
-            rows.append(
-                [
-                    "capture's host-clock dilation (cross-check, not the factor applied)",
-                    fmt_x(m["capture_dilation"]),
-                ]
-            )
-        if m.get("command"):
-            rows.append(["command", md_esc(m["command"])])
+        dil = given(m.capture_dilation)
+        if dil is not None:
+            rows.append(["capture's host-clock dilation (cross-check, not the factor applied)", fmt_x(dil)])
+        command = given(m.command)
+        if command:
+            rows.append(["command", md_esc(command)])
         lines += _table(["field", "value"], rows)
 
     if data.notes:

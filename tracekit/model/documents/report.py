@@ -6,12 +6,12 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
-from tracekit.model.documents.kernels import TopKernels
+from tracekit.model.documents.kernels import TopKernel
+from tracekit.model.documents.manifest import ManifestInjectDelay
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
     ShortfallClock,
     ShortfallNoise,
-    ShortfallPerRankItem,
     ShortfallStraggler_,
     ShortfallUncorrected_,
 )
@@ -25,23 +25,23 @@ class ReportError(Doc, kw_only=True):
 
 class ReportHostClock(Doc, kw_only=True):
     dilation: float | None
-    interval: list[float]
-    definition: str
-    unprofiled_mean_ns: int
-    profiled_mean_ns: int
+    interval: list[float] | None
+    definition: str | None
+    unprofiled_mean_ns: int | None
+    profiled_mean_ns: int | None
 
 
 class ReportRun(Doc, kw_only=True):
     run: str
     dilation: float | None
-    interval: list[float]
+    interval: list[float] | None
     source: str
-    traced_mean_ns: int
-    corrected_mean_ns: int
-    unprofiled_mean_ns: int
+    traced_mean_ns: int | None
+    corrected_mean_ns: int | None
+    unprofiled_mean_ns: int | None
     unprofiled_median_ns: int | None
     profiled_median_ns: int | None
-    host_clock: ReportHostClock | None
+    host_clock: ReportHostClock | None = None
 
 
 class ReportDilation(Doc, kw_only=True):
@@ -57,6 +57,9 @@ class ReportDilation(Doc, kw_only=True):
 
 
 class ReportKeyFigure(Doc, kw_only=True):
+    """A number every format prints: its raw `value` (ns, ratio or share) and its printed `text`;
+    the HTML marks it with `data-key`, the Markdown lists it by `key` (the extras' figures too)."""
+
     key: str
     label: str
     value: int | float
@@ -66,27 +69,27 @@ class ReportKeyFigure(Doc, kw_only=True):
 
 class ReportPerTokenNs(Doc, kw_only=True):
     baseline: int | None
-    sharded: int
+    sharded: int | None
     ideal: int | None
 
 
 class ReportCompute(Doc, kw_only=True):
-    p10: int
-    p90: int
+    p10: int | None
+    p90: int | None
 
 
 class ReportWaterfallItem(Doc, kw_only=True):
     label: str
     term: str
     ns: int
-    interval_ns: list[float]
-    reading: str
+    interval_ns: tuple[float, float] | None = None
+    reading: str | None = None
 
 
 class ReportIntervalsPerTokenNs(Doc, kw_only=True):
-    baseline: list[float] | None
-    sharded: list[float]
-    ideal: list[float] | None
+    baseline: tuple[float, float] | None
+    sharded: tuple[float, float] | None
+    ideal: tuple[float, float] | None
 
 
 class ReportIntervals(Doc, kw_only=True):
@@ -94,30 +97,30 @@ class ReportIntervals(Doc, kw_only=True):
     basis: str
     method: str
     per_token_ns: ReportIntervalsPerTokenNs
-    shortfall_ns: list[float]
-    terms_ns: dict[str, list[float]]
-    coordination_ns: dict[str, list[float]]
+    shortfall_ns: tuple[float, float] | None
+    terms_ns: dict[str, tuple[float, float] | None]
+    coordination_ns: dict[str, tuple[float, float] | None]
 
 
 class ReportAttribution(Doc, kw_only=True):
     shortfall_ns: int
     terms_ns: dict[str, int]
     coordination_ns: dict[str, int]
-    shares: dict[str, float]
+    shares: dict[str, float | None]
     spread_ns: dict[str, ReportCompute]
     waterfall: list[ReportWaterfallItem]
     aggregate: str | None
     per_token_source: str
     uncorrected: ShortfallUncorrected_
     clock: ShortfallClock
-    intervals: ReportIntervals
+    intervals: ReportIntervals | None
     noise: ShortfallNoise | None
 
 
 class ReportStepNs(Doc, kw_only=True):
-    median: int
-    p10: int
-    p90: int
+    median: int | None
+    p10: int | None
+    p90: int | None
     n: int
 
 
@@ -133,8 +136,25 @@ class ReportStep(Doc, kw_only=True):
 class ReportRunPerRankItem(Doc, kw_only=True):
     rank: int
     steps: int
-    step_ns_median: int
-    parts_ns_median: dict[str, int]
+    step_ns_median: int | None
+    parts_ns_median: dict[str, int | None]
+
+
+class ReportTopKernelsClass(Doc, kw_only=True):
+    """A class's top kernels as the report holds them: `more` before `kernels` (the analysis'
+    own `TopKernelsClass` has them the other way round)."""
+
+    count: float
+    total_ns: float
+    share: float | None
+    more: int
+    kernels: list[TopKernel]
+
+
+class ReportTopKernels(Doc, kw_only=True):
+    windows: int
+    step_ns_mean: float | None
+    classes: dict[str, ReportTopKernelsClass]
 
 
 class ReportRun_(Doc, kw_only=True):
@@ -145,29 +165,29 @@ class ReportRun_(Doc, kw_only=True):
     timeline: str
     step_pattern: str
     step_ns: ReportStepNs
-    parts_ns_median: dict[str, int]
+    parts_ns_median: dict[str, int | None]
     steps: list[ReportStep]
     per_rank: list[ReportRunPerRankItem] | None
     kernels_by_class: dict[str, BreakdownKernelsByClassValue]
     unknown_kernels: list[BreakdownUnknownKernel]
     data_quality_notes: list[str]
     dilation: float | None
-    top_kernels: TopKernels | None
+    top_kernels: ReportTopKernels | None = None
 
 
 class ReportByOpItem(Doc, kw_only=True):
     op: str
-    bytes: int
+    bytes: int | None
     count: int
-    wait_ns_median: int
-    transfer_ns_median: int
-    skew_ns_median: int
-    busbw_gbps_median: float
+    wait_ns_median: int | None
+    transfer_ns_median: int | None
+    skew_ns_median: int | None
+    busbw_gbps_median: float | None
 
 
 class ReportCollectives(Doc, kw_only=True):
     instances: int
-    per_token: float
+    per_token: float | None
     by_op: list[ReportByOpItem]
 
 
@@ -181,7 +201,7 @@ class ReportTraceItem(Doc, kw_only=True):
 class ReportPoint(Doc, kw_only=True):
     bytes: int
     busbw_gbps: float
-    correct: bool
+    correct: bool | None
 
 
 class ReportProbe(Doc, kw_only=True):
@@ -190,8 +210,8 @@ class ReportProbe(Doc, kw_only=True):
     op: str
     in_place: bool
     ranks: int
-    backend: str
-    transport: str
+    backend: str | None
+    transport: str | None
     points: list[ReportPoint]
 
 
@@ -200,87 +220,79 @@ class ReportBusbw(Doc, kw_only=True):
     probes: list[ReportProbe]
 
 
-class ReportTransports(Doc, kw_only=True):
-    nvlink: str
-    pcie: str
-
-
 class ReportLinks(Doc, kw_only=True):
     modes: list[str]
-    transports: ReportTransports
+    #: per mode, what its run really used (one line); {} for a bare list of probe rows
+    transports: dict[str, str]
     verdict: str | None
-    notes: list[str]
-    note: str | None
-
-
-class ReportInjectDelay(Doc, kw_only=True):
-    rank: int
-    ms: float
+    notes: list[str] | UnsetType = UNSET  # absent for a bare list of probe rows
+    note: str | None = None
 
 
 class ReportWorkload(Doc, kw_only=True):
-    preset: str
-    tp: int
-    tokens: int
-    prompt: int
-    batch: int
-    layers: int
-    backend: str
-    device: str
-    dtype: str
-    mode: str
-    seed: int
-    step_pattern: str
-    inject_delay: ReportInjectDelay | None
-    inject_sync: bool
+    """The manifest's workload fields a report shows, in this order (those the manifest has)."""
+
+    preset: str | UnsetType = UNSET
+    tp: int | UnsetType = UNSET
+    tokens: int | UnsetType = UNSET
+    prompt: int | UnsetType = UNSET
+    batch: int | UnsetType = UNSET
+    layers: int | UnsetType = UNSET
+    backend: str | UnsetType = UNSET
+    device: str | UnsetType = UNSET
+    dtype: str | UnsetType = UNSET
+    mode: str | UnsetType = UNSET
+    seed: int | UnsetType = UNSET
+    step_pattern: str | UnsetType = UNSET
+    inject_delay: ManifestInjectDelay | None | UnsetType = UNSET
+    inject_sync: bool | UnsetType = UNSET
 
 
 class ReportHost(Doc, kw_only=True):
-    hostname: str
-    cpu: str
-    cpu_count: int
+    hostname: str | UnsetType = UNSET
+    cpu: str | UnsetType = UNSET
+    cpu_count: int | UnsetType = UNSET
 
 
 class ReportDevice(Doc, kw_only=True):
-    index: int
-    name: str
-    memory_bytes: int
-
-
-class ReportVersions(Doc, kw_only=True):
-    tracekit: str
-    python: str
-    torch: str
-    cuda: str | None
-    nccl: str | None
+    index: int | None
+    name: str | None
+    memory_bytes: int | None
 
 
 class ReportManifest(Doc, kw_only=True):
+    """A run's manifest as the report shows it; without one only role, path and present (false)."""
+
     role: str
     path: str | None
     present: bool
-    complete: bool
-    errors: list[ReportError]
-    created: str
-    workload: ReportWorkload
-    host: ReportHost
-    devices: list[ReportDevice]
-    versions: ReportVersions
-    nccl_env: dict[str, str]
-    capture_dilation: float
-    command: str
+    complete: bool | None | UnsetType = UNSET
+    errors: list[ReportError] | UnsetType = UNSET
+    created: str | None | UnsetType = UNSET
+    workload: ReportWorkload | UnsetType = UNSET
+    host: ReportHost | UnsetType = UNSET
+    devices: list[ReportDevice] | UnsetType = UNSET
+    versions: dict[str, str | None] | UnsetType = UNSET
+    nccl_env: dict[str, str] | UnsetType = UNSET
+    capture_dilation: float | None | UnsetType = UNSET
+    command: str | None | UnsetType = UNSET
 
 
-class ReportPerRankItem_(ShortfallPerRankItem, kw_only=True):
-    """The shortfall's per-rank item, with each term's share of the rank's total."""
+class ReportPerRankItem_(Doc, kw_only=True):
+    """The shortfall's per-rank item, with each term's share of S."""
 
-    shares: dict[str, float]
+    rank: int
+    terms_ns: dict[str, int]
+    coordination_ns: dict[str, int]
+    shares: dict[str, float | None]
+    own_window_ns: int
+    pad_ns: int
 
 
 class ReportByRankValue(ShortfallByRankValue, kw_only=True):
     """The shortfall's path-by-rank value, with its share of the step."""
 
-    share_of_step: float
+    share_of_step: float | None
 
 
 class ReportBaseline(Doc, kw_only=True):
@@ -299,20 +311,12 @@ class ReportCriticalPath(Doc, kw_only=True):
 
 
 class ReportStraggler_(Doc, kw_only=True):
-    rank: int
+    rank: int | None
     is_straggler: bool
-    last_share: float
-    last_share_p_value: float
-    lateness_ns_median: int
-    threshold_ns: int
-
-
-class ReportFigure(Doc, kw_only=True):
-    key: str
-    label: str
-    value: float
-    unit: str
-    text: str
+    last_share: float | None
+    last_share_p_value: float | None
+    lateness_ns_median: int | None
+    threshold_ns: int | None
 
 
 class ReportTable(Doc, kw_only=True):
@@ -328,7 +332,7 @@ class ReportExtra(Doc, kw_only=True):
     title: str
     path: str | None
     answer: str
-    figures: list[ReportFigure]
+    figures: list[ReportKeyFigure]
     tables: list[ReportTable]
     lines: list[str]
     notes: list[str]

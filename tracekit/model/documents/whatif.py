@@ -74,7 +74,7 @@ class WhatifCheck(Doc, kw_only=True):
 
 
 class Whatif(Doc, kw_only=True):
-    r"""`tracekit whatif --format json` (`tracekit/analyse/replay.py`, docs/METHOD-NOTES.md "What-if").
+    r"""`tracekit whatif --format json` (`tracekit/analyse/whatif/`, docs/METHOD-NOTES.md "What-if").
     Ranks are keys as strings ("1", "2"): the baseline's and the sharded run's rank counts.
     ```
     { "schema_version": "1.0", "kind": "tracekit.whatif",
