@@ -128,12 +128,10 @@ def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
     k = k.sort_values(["rank", "step", "pos"], kind="stable")
     r = k["rank"].to_numpy(np.int64)
     s = k["step"].to_numpy(np.int64)
-    names_col = k["name"].to_numpy()
-    if "name_id" in k.columns:  # the names numbered by whoever gathered the ranks' tables
-        codes = k["name_id"].to_numpy(np.int64)
+    if isinstance(k["name"].dtype, pd.CategoricalDtype):  # the names numbered by the gathering
+        codes = k["name"].cat.codes.to_numpy(np.int64)
     else:
         codes = pd.factorize(k["name"].astype(object).to_numpy())[0]
-    unit = k["unit"].astype(str).to_numpy()
     dur = k["dur_ns"].to_numpy(np.int64)
     bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(k)].tolist()
     spans = list(zip(bounds[:-1], bounds[1:], strict=True))
@@ -141,8 +139,9 @@ def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
     common_codes, _ = Counter(seqs).most_common(1)[0]
     hits = [i for i, seq in enumerate(seqs) if seq == common_codes]
     a0, b0 = spans[hits[0]]
-    common = tuple(str(x) for x in names_col[a0:b0])
-    flags = {common: tuple(unit[a0:b0].tolist())}
+    # the names and units of that one sequence only (not a string object per row of the run)
+    common = tuple(str(x) for x in k["name"].iloc[a0:b0])
+    flags = {common: tuple(str(x) for x in k["unit"].iloc[a0:b0])}
     total = np.asarray(np.sum([dur[a:b] for a, b in (spans[i] for i in hits)], axis=0, dtype=np.int64))
     n = len(hits)
     # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split
