@@ -436,3 +436,19 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     assert parts.path_token["step"] == 25_000
     # the kernels run back to back: the device sets every step, so its 25 us are the path's compute
     assert parts.path_token["by_rank"][0]["compute"] == 25_000
+
+
+def test_the_packed_sort_is_lexsorts_order() -> None:
+    """`graph._lexsort` (the forward pass's and the assembly's sorts, packed into one int64 key)
+    gives `np.lexsort`'s order: with ties (stable, by position), with a unique key (unstable sort),
+    with negative and boolean keys, and where the ranges do not fit 62 bits (lexsort itself)."""
+    rng = np.random.default_rng(7)
+    n = 5_000
+    a, b = rng.integers(-3, 4, n), rng.integers(0, 50, n)
+    perm = rng.permutation(n)
+    flag = rng.random(n) < 0.5
+    assert np.array_equal(G._lexsort((b, a)), np.lexsort((b, a)))  # ties
+    assert np.array_equal(G._lexsort((perm, ~flag, a), unique=True), np.lexsort((perm, ~flag, a)))
+    big = rng.integers(0, 1 << 40, n)
+    assert np.array_equal(G._lexsort((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
+    assert len(G._lexsort((np.zeros(0, dtype=np.int64),))) == 0

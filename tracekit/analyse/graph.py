@@ -1056,6 +1056,28 @@ _CHAIN_PRIORITY[[ROLE_XFER, ROLE_ARRIVE]] = 2
 _CHAIN_PRIORITY[ROLE_GRAPH] = 3
 
 
+def _lexsort(keys: Sequence[np.ndarray], unique: bool = False) -> np.ndarray:
+    """`np.lexsort(keys)`'s order (the last key primary) by one argsort of the keys packed into
+    one int64, where the product of their ranges stays under 2**62 (else `np.lexsort` itself);
+    `unique`: no two rows have equal keys (one of them is a permutation), so an unstable sort
+    gives the same order. One sort of one array instead of one stable sort per key."""
+    n = len(keys[0]) if len(keys) else 0
+    if not n:
+        return np.lexsort(keys)
+    cols = [np.asarray(k).astype(np.int64, copy=False) for k in reversed(keys)]  # primary first
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    total = 1
+    for sp in spans:
+        total *= sp
+    if total >= 1 << 62:
+        return np.lexsort(keys)
+    packed = cols[0] - lows[0]
+    for c, lo, sp in zip(cols[1:], lows[1:], spans[1:], strict=True):
+        packed = packed * sp + (c - lo)
+    return np.argsort(packed, kind=None if unique else "stable")
+
+
 def _first_of_runs(keys: np.ndarray) -> np.ndarray:
     """True at the first element of each run of equal keys."""
     out = np.ones(len(keys), dtype=bool)
@@ -1102,9 +1124,9 @@ class _Forward:
         pedge = np.full(n, -1, dtype=np.int64)
         has_child = np.zeros(n, dtype=bool)
         for _ in range(CHAIN_ROUNDS):
-            c = left[np.lexsort((left, prio[left], dst[left]))]
+            c = left[_lexsort((left, prio[left], dst[left]), unique=True)]
             c = c[_first_of_runs(dst[c])]
-            c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+            c = c[_lexsort((tpos[dst[c]], prio[c], src[c]), unique=True)]
             c = c[_first_of_runs(src[c])]
             pedge[dst[c]] = c
             has_child[src[c]] = True
@@ -1123,7 +1145,7 @@ class _Forward:
         n_blk = len(bounds) - 1
         blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
         # a chain piece: one chain's nodes in one block (contiguous along the chain)
-        by_piece = np.lexsort((tpos, root, blk))
+        by_piece = _lexsort((tpos, root, blk), unique=True)
         pb, pr = blk[by_piece], root[by_piece]
         starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
         piece = np.cumsum(starts) - 1
@@ -1144,7 +1166,7 @@ class _Forward:
         sb = p_blk[so]
         rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
         local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
-        final = np.lexsort((np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb))
+        final = _lexsort((np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True)
         self.nodes = by_piece[final]
         pos = np.empty(n, dtype=np.int64)
         pos[self.nodes] = np.arange(n)
@@ -1159,7 +1181,7 @@ class _Forward:
         chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
         outside = b_s < b_d
         ek = np.flatnonzero(~chained)
-        ek = ek[np.lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]))]
+        ek = ek[_lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
         self.eperm = ek
         cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
         j_at = j[final]
@@ -1348,7 +1370,7 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         if np.array_equal(new, level):
             break
         level = new
-    pos_order = np.lexsort((level, t_all))
+    pos_order = _lexsort((level, t_all))
     has_in = np.zeros(len(t_all), dtype=bool)
     has_in[dst] = True
     order = pos_order[has_in[pos_order]]

@@ -120,28 +120,31 @@ class Canonical:
 def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
     """The most frequent per-step name sequence over `steps` (all ranks) and its mean per-position
     time over the (rank, step) pairs that follow it exactly. None when there are no kernels."""
-    k = kernels[kernels["step"].isin(steps)]
-    if not len(k):
-        return None
     # one pass over the rows sorted by (rank, step, pos): each (rank, step) is a run of rows, its
-    # sequence the names' codes (the most frequent, ties: the first in (rank, step) order)
-    k = k.sort_values(["rank", "step", "pos"], kind="stable")
-    r = k["rank"].to_numpy(np.int64)
-    s = k["step"].to_numpy(np.int64)
-    if isinstance(k["name"].dtype, pd.CategoricalDtype):  # the names numbered by the gathering
-        codes = k["name"].cat.codes.to_numpy(np.int64)
+    # sequence the names' codes (the most frequent, ties: the first in (rank, step) order); on
+    # the columns' arrays, not on a filtered and a sorted copy of the table
+    step_all = kernels["step"].to_numpy()
+    sel = np.flatnonzero(np.isin(step_all, np.asarray(steps, dtype=np.int64)))
+    if not len(sel):
+        return None
+    s = step_all[sel]
+    r = kernels["rank"].to_numpy()[sel]
+    sel = sel[np.lexsort((kernels["pos"].to_numpy()[sel], s, r))]  # stable, as sort_values'
+    r, s = kernels["rank"].to_numpy()[sel], step_all[sel]
+    if isinstance(kernels["name"].dtype, pd.CategoricalDtype):  # the names numbered by the gathering
+        codes = kernels["name"].cat.codes.to_numpy()[sel]
     else:
-        codes = pd.factorize(k["name"].astype(object).to_numpy())[0]
-    dur = k["dur_ns"].to_numpy(np.int64)
-    bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(k)].tolist()
+        codes = pd.factorize(kernels["name"].astype(object).to_numpy()[sel])[0]
+    dur = kernels["dur_ns"].to_numpy(np.int64)[sel]
+    bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(sel)].tolist()
     spans = list(zip(bounds[:-1], bounds[1:], strict=True))
     seqs = [tuple(codes[a:b].tolist()) for a, b in spans]
     common_codes, _ = Counter(seqs).most_common(1)[0]
     hits = [i for i, seq in enumerate(seqs) if seq == common_codes]
     a0, b0 = spans[hits[0]]
     # the names and units of that one sequence only (not a string object per row of the run)
-    common = tuple(str(x) for x in k["name"].iloc[a0:b0])
-    flags = {common: tuple(str(x) for x in k["unit"].iloc[a0:b0])}
+    common = tuple(str(x) for x in kernels["name"].iloc[sel[a0:b0]])
+    flags = {common: tuple(str(x) for x in kernels["unit"].iloc[sel[a0:b0]])}
     total = np.asarray(np.sum([dur[a:b] for a, b in (spans[i] for i in hits)], axis=0, dtype=np.int64))
     n = len(hits)
     # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split
