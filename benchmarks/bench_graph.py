@@ -7,7 +7,7 @@ subprocess on the same traces).
 The run is written by the ground-truth simulator (`tests/groundtruth`: faithful Kineto traces and
 a capture manifest): TP=`--ranks` and its TP=1 baseline, `--tokens` tokens, `--layers` layers,
 CUDA mode. Reading and attributing the traces is not timed (both implementations share it);
-timed, for both runs: building the graph once (`replay.build_model` with the graph attribute_run
+timed, for both runs: building the graph once (`whatif.build.build_model` with the graph attribute_run
 kept dropped, so it is built again from the events), the critical path on it, the profiler
 correction (`calibrate`) and the 2^5 coalitions of the default knobs (in one batched forward pass
 where the implementation has `RunModel.replay_many`). Each child is pinned to one core
@@ -37,8 +37,14 @@ from tracekit.read import read_run
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.run import attribute_run
 from tracekit.analyse.attribution.pair import shortfall_from_parts
-from tracekit.analyse import replay as R
-from tracekit.analyse import critical_path as CP
+try:  # the rooms (issue 27)
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.whatif.build import build_model
+    from tracekit.analyse.whatif.knobs import DEFAULT_KNOBS, parse_knob, setting_for
+    from tracekit.analyse.path.critical_path import path_of_graph
+except ImportError:  # a --peer from before them: analyse/replay.py, critical_path.py
+    from tracekit.analyse.replay import DEFAULT_KNOBS, build_model, calibrate, parse_knob, setting_for
+    from tracekit.analyse.critical_path import path_of_graph
 
 base_dir, shard_dir = sys.argv[1], sys.argv[2]
 runs = {}
@@ -54,28 +60,28 @@ t0, c0 = time.perf_counter(), time.process_time()
 models = {}
 for label, (ar, parts) in runs.items():
     tgt = Fraction(sf.corrected.baseline_ns if label == "baseline" else sf.corrected.sharded_ns)
-    models[label] = R.build_model(parts, ar, tgt, label)
+    models[label] = build_model(parts, ar, tgt, label)
 out["build_s"] = time.perf_counter() - t0
 out["build_cpu"] = time.process_time() - c0
 out["nodes"] = int(models["sharded"].graph.n_nodes)
 out["edges"] = int(len(models["sharded"].graph.src))
 t0, c0 = time.perf_counter(), time.process_time()
-path = CP.path_of_graph(models["sharded"].graph)
+path = path_of_graph(models["sharded"].graph)
 out["path_s"] = time.perf_counter() - t0
 out["path_cpu"] = time.process_time() - c0
 out["path_sum"] = int(path.per_step[[c for c in path.per_step.columns if c.endswith("_ns")]].to_numpy().sum())
 t0, c0 = time.perf_counter(), time.process_time()
 for m in models.values():
-    R.calibrate(m)
+    calibrate(m)
 out["calibrate_s"] = time.perf_counter() - t0
 out["calibrate_cpu"] = time.process_time() - c0
-knobs = [R.parse_knob(k) for k in R.DEFAULT_KNOBS]
+knobs = [parse_knob(k) for k in DEFAULT_KNOBS]
 c1 = sum(models["baseline"].compute_per_token.values()) / max(len(models["baseline"].compute_per_token), 1)
 t0, c0 = time.perf_counter(), time.process_time()
 means = {}
 for label, m in models.items():
     subs = [sub for size in range(len(knobs) + 1) for sub in itertools.combinations(knobs, size)]
-    settings = [R.setting_for(m, sub, c1, m.n_ranks) for sub in subs]
+    settings = [setting_for(m, sub, c1, m.n_ranks) for sub in subs]
     if hasattr(m, "replay_many"):
         pers = m.replay_many(settings)
     else:

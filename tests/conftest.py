@@ -48,43 +48,60 @@ def _skip_kind(reason: str) -> str:
     return reason
 
 
-#: the test files that take longest, heaviest first: CPU seconds each took in one run on the
-#: 2-core VM (tracekit's own CPU plus its capture and CLI subprocesses; 2026-12-01, the README's
-#: command with -n 2 on a loaded host; files under 10 s left out; test_diff and test_steps measured
-#: alone on 2026-12-02 after their captures became committed runs, test_attribution_groundtruth and
-#: test_collective_bytes dropping under 10 s then).
+#: the test files that take longest, heaviest first: the seconds each took (setup, call and teardown
+#: of its tests, from `--durations=0`) in one run of the README's command (-n auto: 2 workers) in a
+#: fresh clone without ../shared on the 2-core VM, 2026-12-02 (other jobs shared the cores: longer
+#: than in a quiet run, in about the same order); files under 10 s left out. A file that first asks for a
+#: session capture (tests/session_captures.py) carries its cost.
 #: Only the order of the files comes from it (no test depends on it): `--dist loadfile` sends whole
 #: files to the workers in the order of the collection, so the long files go first and the many short
 #: ones fill in behind them (longest processing time first: the last file to end is a short one). A
 #: file not listed comes after these, in the order pytest collects it.
 HEAVY_FILES: dict[str, float] = {
-    "test_engine_dask.py": 102,
-    "test_whatif.py": 91,
-    "test_capture.py": 90,
-    "test_reliability.py": 67,
-    "test_study.py": 61,
-    "test_reliability_faults.py": 58,
-    "test_coordination_truth.py": 57,
-    "test_fuzz.py": 52,
-    "test_clocks_steps.py": 50,
-    "test_decompose.py": 47,
-    "test_engine_dask_per_rank.py": 40,
-    "test_probe_sweep.py": 34,
-    "test_diff.py": 33,
-    "test_groundtruth.py": 29,
-    "test_multi_gpu_h200x2.py": 25,
-    "test_link_verdict.py": 19,
-    "test_noise.py": 18,
-    "test_capture_rounds.py": 18,
-    "test_report.py": 17,
-    "test_export.py": 15,
-    "test_shortfall.py": 14,
+    "test_capture.py": 116,
+    "test_reliability_faults.py": 104,
+    "test_reliability.py": 102,
+    "test_engine_dask.py": 97,
+    "test_engine_dask_per_rank.py": 68,
+    "test_documents_writers.py": 67,
+    "test_study.py": 60,
+    "test_clocks_steps.py": 54,
+    "test_coordination_truth.py": 52,
+    "test_fuzz.py": 49,
+    "test_whatif.py": 46,
+    "test_report.py": 40,
+    "test_traces_round3.py": 37,
+    "test_groundtruth.py": 37,
+    "test_engine_commands.py": 36,
+    "test_decoder.py": 35,
+    "test_read_run.py": 33,
+    "test_diff.py": 32,
+    "test_probe_sweep.py": 29,
+    "test_pins.py": 28,
+    "test_export.py": 27,
+    "test_contracts.py": 26,
+    "test_first_hour.py": 26,
+    "test_profiler_start.py": 26,
+    "test_decoder_impl.py": 26,
+    "test_collective_checks.py": 25,
+    "test_multi_gpu_h200x2.py": 24,
+    "test_noise.py": 24,
+    "test_link_verdict.py": 23,
+    "test_shortfall.py": 22,
+    "test_whatif_knobs_issue26.py": 20,
+    "test_serving.py": 18,
+    "test_forward.py": 17,
+    "test_probe_compare.py": 17,
+    "test_documents.py": 15,
+    "test_steps.py": 14,
+    "test_notebook.py": 14,
     "test_capture_teardown.py": 13,
-    "test_serving.py": 13,
-    "test_graph.py": 12,
-    "test_collective_checks.py": 11,
-    "test_kernel_scaling.py": 11,
-    "test_steps.py": 10,
+    "test_any_trace.py": 13,
+    "test_read_nsys.py": 13,
+    "test_analysed_once.py": 13,
+    "test_compile_cpu.py": 12,
+    "test_collective_metadata.py": 11,
+    "test_groundtruth_sim.py": 10,
 }
 
 

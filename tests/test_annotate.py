@@ -12,13 +12,19 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tracekit import annotate
+from tracekit.capture import annotate as impl
 
-from tracekit import annotate  # noqa: E402
-from tracekit.capture import annotate as impl  # noqa: E402
+
+@pytest.fixture(scope="module", autouse=True)
+def torch() -> Any:
+    """torch, for every test here (skipped without it); imported when the first one runs, not at
+    collection, where it cost every xdist worker about 2 CPU-s."""
+    return pytest.importorskip("torch")
 
 
 def _trace_names(prof: object, tmp_path: Path) -> list[str]:
@@ -44,7 +50,7 @@ def test_nvtx_push_pop_pair_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
     assert log == ["push decode_step#3", "push mlp", "pop", "pop"]
 
 
-def test_no_record_function_without_profiler(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_record_function_without_profiler(monkeypatch: pytest.MonkeyPatch, torch: Any) -> None:
     impl._resolve()
     entered: list[str] = []
 
@@ -68,7 +74,7 @@ def test_no_record_function_without_profiler(monkeypatch: pytest.MonkeyPatch) ->
     assert entered == ["decode_step#1"]
 
 
-def test_ranges_land_in_a_torch_profiler_trace(tmp_path: Path) -> None:
+def test_ranges_land_in_a_torch_profiler_trace(tmp_path: Path, torch: Any) -> None:
     @annotate.region("mlp")
     def mlp(x: object) -> object:
         return torch.relu(x)  # type: ignore[arg-type]
@@ -84,7 +90,7 @@ def test_ranges_land_in_a_torch_profiler_trace(tmp_path: Path) -> None:
     assert names.count("mlp") == 6  # the decorator opens a fresh range per call
 
 
-def test_profile_session_times_each_step(tmp_path: Path) -> None:
+def test_profile_session_times_each_step(tmp_path: Path, torch: Any) -> None:
     import tracekit
 
     with tracekit.profile(tmp_path, profiled=False, rank=0) as s:

@@ -396,7 +396,7 @@ def _kineto_with_rank(src: Path, dst: Path, rank: int | None) -> None:
     else:
         doc["distributedInfo"] = {**doc.get("distributedInfo", {}), "rank": rank}
     with gzip.open(dst, "wt") as f:
-        json.dump(doc, f)
+        f.write(json.dumps(doc))  # one C-encoded string: json.dump encodes in Python
 
 
 def test_torchrun_profile_folder(shared_traces: Path, tmp_path: Path) -> None:

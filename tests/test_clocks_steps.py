@@ -351,7 +351,8 @@ def test_whatif_of_steps_off_by_one_is_the_whatif_of_the_original() -> None:
     """The replay finds its windows again from the events: it joins them as the attribution did
     (before, rank 1's step k met token k's end: transfer=0 read 0.70 ms for a 2.45 ms replay)."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.replay import parse_knob, whatif
+    from tracekit.analyse.whatif.knobs import parse_knob
+    from tracekit.analyse.whatif.pair import whatif
 
     base = AnalysedRun.of(_run("cpu-tp1"))
     base_parts = attribute_run(base, label="baseline")

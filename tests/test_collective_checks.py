@@ -144,7 +144,7 @@ def test_cli_shortfall_refuses_in_one_line(tmp_path, capsys):
     ]
     assert n - len(doc["traceEvents"]) == 544
     with gzip.open(tmp_path / "rank-1.pt.trace.json.gz", "wt") as f:
-        json.dump(doc, f)
+        f.write(json.dumps(doc))  # one C-encoded string: json.dump encodes in Python
     capsys.readouterr()
     rc = main(["shortfall", "--baseline", str(TRACES / "h200-tp1"), "--sharded", str(tmp_path), "--no-cache"])
     err = capsys.readouterr().err.strip()

@@ -19,9 +19,10 @@ from tests.groundtruth.kineto import write_run
 from tests.groundtruth.sim import RunSpec
 from tests.groundtruth.truth import case_truth
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.correction import correct_run
+from tracekit.analyse.attribution.correction_replay import graph_parts
 from tracekit.analyse.attribution.pair import shortfall_from_parts
 from tracekit.analyse.attribution.run import RunParts, attribute_run
-from tracekit.analyse.correction import correct_run, graph_parts
 from tracekit.model.parts import LEAF_PARTS
 from tracekit.read import read_run
 

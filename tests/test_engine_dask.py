@@ -15,21 +15,26 @@ import signal
 import sys
 import threading
 import time
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-pytest.importorskip("distributed")
-
-from tracekit.engine import (  # noqa: E402
+from tracekit.engine import (
     Engine,
     EngineError,
     breakdown_paths,
     dask_engine,
     shortfall_paths,
 )
-from tracekit.engine.synthetic import make_synthetic_run  # noqa: E402
+from tracekit.engine.synthetic import make_synthetic_run
+
+#: Dask is imported by the tests that run (the cluster fixture), not at collection (0.75 CPU-s in
+#: every xdist worker)
+pytestmark = pytest.mark.skipif(
+    find_spec("distributed") is None, reason="Dask (the dask extra) is not installed"
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
@@ -397,7 +402,7 @@ def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_
     shared by the intervals); its Correction, and the cost intervals the what-if reads, are the
     ones `correct_run` computes rank after rank in this process on the same RunParts
     (docs/METHOD.md section Noise and the profiler correction)."""
-    from tracekit.analyse.correction import correct_run
+    from tracekit.analyse.attribution.correction import correct_run
     from tracekit.analyse.plans import attribution_plan, correction_target
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job

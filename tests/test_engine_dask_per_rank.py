@@ -11,19 +11,24 @@ renumbered and clocks shifted per file).
 from __future__ import annotations
 
 import json
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-pytest.importorskip("distributed")
+from tracekit.analyse.plans import attribution_plan, breakdown_plan
+from tracekit.engine import Engine, breakdown_paths, dask_engine
+from tracekit.engine.dask_engine import DaskExecutor
+from tracekit.engine.executor import Job, JobResult, TaskRecord
+from tracekit.engine.synthetic import make_synthetic_run
 
-from tracekit.analyse.plans import attribution_plan, breakdown_plan  # noqa: E402
-from tracekit.engine import Engine, breakdown_paths, dask_engine  # noqa: E402
-from tracekit.engine.dask_engine import DaskExecutor  # noqa: E402
-from tracekit.engine.executor import Job, JobResult, TaskRecord  # noqa: E402
-from tracekit.engine.synthetic import make_synthetic_run  # noqa: E402
+#: Dask is imported by the tests that run (the cluster fixture), not at collection (0.75 CPU-s in
+#: every xdist worker)
+pytestmark = pytest.mark.skipif(
+    find_spec("distributed") is None, reason="Dask (the dask extra) is not installed"
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"

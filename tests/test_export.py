@@ -133,7 +133,7 @@ def test_h200_tp2_view_matches_what_ran(h200):
     _path, doc = h200
     wl = json.loads((H200_TP2 / "manifest.json").read_text())["workload"]
     tokens, per_token = wl["tokens"], sum(c["per_token"] for c in wl["collectives"])
-    run = read_run([H200_TP2], cache=False)
+    run = read_run([H200_TP2])
     ev = classify(run.events)
     # one step window per decode step on each rank
     assert len(_by_cat(doc, "tracekit.step")) == 2 * tokens
@@ -207,7 +207,7 @@ def test_h200_tp2_view_matches_what_ran(h200):
 
 def test_round_trip_gives_the_same_events_and_classes(h200):
     path, doc = h200
-    orig = read_run([H200_TP2], cache=False)
+    orig = read_run([H200_TP2])
     back = read_run([path], cache=False)
     assert back.ranks == orig.ranks == [0, 1]
     a, b = orig.events, back.events

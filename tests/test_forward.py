@@ -1,4 +1,4 @@
-"""The replay's forward pass (`graph._Forward`, `Graph.times_many`, `Graph.periods_of`,
+"""The replay's forward pass (`path.forward.Forward`, `Graph.times_many`, `Graph.periods_of`,
 `RunModel.replay_many`) against its definition, the node-by-node pass in topological order
 (`graph.times_reference`): the same integers for every node, on generated runs (tests/test_graph.py's
 generator) and on committed traces, under the knobs' latencies and under arbitrary ones, with blocks
@@ -16,46 +16,51 @@ import numpy as np
 import pytest
 
 from tests.test_graph import SPECS, graph_of
-from tracekit.analyse import graph as G
-from tracekit.analyse import replay as R
+from tracekit.analyse.path.forward import FORWARD_BLOCK, FORWARD_BLOCK_NARROW, Forward, times_reference
+from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.roles import NEVER, ROLE_BACKPRESSURE, ROLE_GRAPH, ROLE_SYNC_WAIT
+from tracekit.analyse.retime.model import RunModel
+from tracekit.analyse.retime.setting import Setting
+from tracekit.analyse.whatif.build import build_model
+from tracekit.analyse.whatif.knobs import DEFAULT_KNOBS, parse_knob, setting_for
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 
 
-def _random_latencies(g: G.Graph, seed: int) -> list[np.ndarray]:
+def _random_latencies(g: Graph, seed: int) -> list[np.ndarray]:
     """Arbitrary latencies (negative ones too), and the measured ones with the edges the knobs
     can disable (NEVER) disabled."""
     rng = np.random.default_rng(seed)
     out = [rng.integers(-20_000, 200_000, len(g.lat)), rng.integers(0, 3, len(g.lat)) * g.lat]
     never = g.lat.copy()
-    never[np.isin(g.role, (G.ROLE_SYNC_WAIT, G.ROLE_BACKPRESSURE))] = G.NEVER
+    never[np.isin(g.role, (ROLE_SYNC_WAIT, ROLE_BACKPRESSURE))] = NEVER
     out.append(never)
     return out
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
-@pytest.mark.parametrize("block", [1, 5, 64, G.FORWARD_BLOCK, G.FORWARD_BLOCK_NARROW])
+@pytest.mark.parametrize("block", [1, 5, 64, FORWARD_BLOCK, FORWARD_BLOCK_NARROW])
 def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, block: int) -> None:
     """Every block's running maximum by doubling steps (0), by slices where its pieces are at most
     4 long (the others doubled), and by slices everywhere."""
     g, _ends = graph_of(SPECS[name])
     lats = [g.lat, *_random_latencies(g, seed=block)]
-    want = [G.times_reference(g, lat) for lat in lats]
+    want = [times_reference(g, lat) for lat in lats]
     for slices_up_to in (0, 4, 1 << 30):
-        got = G._Forward(g, block, slices_up_to).run(lats, g.t)
+        got = Forward(g, block, slices_up_to).run(lats, g.t)
         for i in range(len(lats)):
             assert np.array_equal(got[:, i], want[i]), (name, block, slices_up_to, i)
 
 
 @functools.cache
-def _model(trace: str) -> R.RunModel:
+def _model(trace: str) -> RunModel:
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.attribution.run import attribute_run
     from tracekit.read import read_run
 
     ar = AnalysedRun.of(read_run([TRACES / trace]))
     parts = attribute_run(ar, label=trace)
-    return R.build_model(parts, ar, None, trace)
+    return build_model(parts, ar, None, trace)
 
 
 @pytest.mark.parametrize("trace", ["h200-tp2-straggler", "h200x2-tp2-b1-graphs", "cpu-tp2"])
@@ -65,11 +70,11 @@ def test_every_knob_coalition_replayed_at_once_is_each_replayed_node_by_node(tra
     a host timeline)."""
     m = _model(trace)
     g = m.graph
-    knobs = [R.parse_knob(k) for k in R.DEFAULT_KNOBS]
+    knobs = [parse_knob(k) for k in DEFAULT_KNOBS]
     c1 = float(np.mean(list(m.compute_per_token.values()))) * 0.8  # compute=/N does something
     subs = [sub for size in range(len(knobs) + 1) for sub in itertools.combinations(knobs, size)]
-    settings = [R.setting_for(m, sub, c1, m.n_ranks) for sub in subs]
-    settings.append(R._Setting(host_deduct=700.0, deduct_collective=300.0))
+    settings = [setting_for(m, sub, c1, m.n_ranks) for sub in subs]
+    settings.append(Setting(host_deduct=700.0, deduct_collective=300.0))
     got = m.replay_many(settings)
     steady = m._steady_pos
     checked = set()
@@ -81,7 +86,7 @@ def test_every_knob_coalition_replayed_at_once_is_each_replayed_node_by_node(tra
         if key in checked:  # knobs that do not apply give the same latencies
             continue
         checked.add(key)
-        want = g.periods(G.times_reference(g, lat))[steady]
+        want = g.periods(times_reference(g, lat))[steady]
         assert np.array_equal(per, want), s
     assert len(checked) >= 3
     # and one at a time (chunks of one column)
@@ -93,9 +98,9 @@ def test_a_cuda_graph_replay_is_one_chain_of_the_forward_pass() -> None:
     each other one to its in-graph predecessor (the chain parents' later rounds). When each began a
     chain piece of its own (one per two nodes), the pass took one fixpoint iteration per operation."""
     g = _model("h200x2-tp2-b1-graphs").graph
-    fw = G._Forward(g)
+    fw = Forward(g)
     n_pieces = int((fw.pc_edge < 0).sum())
-    n_graph_ops = int((g.role == G.ROLE_GRAPH).sum())
+    n_graph_ops = int((g.role == ROLE_GRAPH).sum())
     assert n_graph_ops > 10_000
     assert n_pieces < n_graph_ops / 20, (n_pieces, n_graph_ops)
 
@@ -112,10 +117,10 @@ def test_the_replay_re_times_the_graph_the_path_was_walked_on(trace: str) -> Non
     parts = attribute_run(ar, label=trace)
     kept = parts.graph
     assert kept is not None
-    m1 = R.build_model(parts, ar, Fraction(1), trace)
+    m1 = build_model(parts, ar, Fraction(1), trace)
     assert m1.graph is kept
     parts.graph = None
-    m2 = R.build_model(parts, ar, Fraction(1), trace)
+    m2 = build_model(parts, ar, Fraction(1), trace)
     assert m2.graph is not kept
     a, b = m1.graph, m2.graph
     for f in ("t", "src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx"):

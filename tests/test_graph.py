@@ -1,4 +1,4 @@
-"""The dependency graph (tracekit.analyse.graph): exact re-timing, the path's causal property, the
+"""The dependency graph (tracekit.analyse.path): exact re-timing, the path's causal property, the
 replay against re-simulation, on generated runs whose truth is known by construction, and on the
 committed traces."""
 
@@ -13,7 +13,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tracekit.analyse import graph as G
+from tracekit.analyse.path.build import build_graph
+from tracekit.analyse.path.forward import lexsort_packed
+from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.roles import PARTS, ROLE_GAP, ROLE_XFER
+from tracekit.analyse.path.walk import PATH_ROW_COLUMNS, binding_edges, walk_path
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 
@@ -152,13 +156,13 @@ def simulate(spec: Spec) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, np.n
     return ev, w, m, np.asarray(ends, dtype=np.int64)
 
 
-def graph_of(spec: Spec) -> tuple[G.Graph, np.ndarray]:
+def graph_of(spec: Spec) -> tuple[Graph, np.ndarray]:
     ev, w, m, ends = simulate(spec)
-    g = G.build_graph(ev, w, m, dict(enumerate(spec.offsets)), "gpu")
+    g = build_graph(ev, w, m, dict(enumerate(spec.offsets)), "gpu")
     return g, ends
 
 
-def token_ends(g: G.Graph, t: np.ndarray) -> np.ndarray:
+def token_ends(g: Graph, t: np.ndarray) -> np.ndarray:
     return g.windows(t)[1].max(axis=0)
 
 
@@ -181,7 +185,7 @@ def test_the_unchanged_graph_gives_back_every_measured_time(name: str) -> None:
     assert np.array_equal(token_ends(g, t), ends)
 
 
-def _binding_chain(g: G.Graph, t: np.ndarray, lat: np.ndarray, n: int) -> list[int]:
+def _binding_chain(g: Graph, t: np.ndarray, lat: np.ndarray, n: int) -> list[int]:
     """The edges of the full backward binding chain from node n (to the origin)."""
     chain = []
     while g.indptr[n] < g.indptr[n + 1]:
@@ -203,7 +207,7 @@ def test_each_nodes_binding_edge_is_its_first_in_edge_reaching_its_time(name: st
     lat[::3] = lat[::3] * 6 // 10
     for lt in (g.lat, lat, np.zeros_like(lat)):
         t = g.times(lt)
-        got = G.binding_edges(g, t, lt)
+        got = binding_edges(g, t, lt)
         ptr, src = g.indptr.tolist(), g.src.tolist()
         want = [
             next((k for k in range(ptr[n], ptr[n + 1]) if t[src[k]] + lt[k] == t[n]), -1)
@@ -215,7 +219,7 @@ def test_each_nodes_binding_edge_is_its_first_in_edge_reaching_its_time(name: st
     late = t.copy()
     n = int(g.order[-1])
     late[n] += 1  # no in-edge reaches it now
-    assert G.binding_edges(g, late, lat)[n] == -2
+    assert binding_edges(g, late, lat)[n] == -2
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -245,12 +249,12 @@ def test_shortening_on_path_work_shortens_the_token_and_off_path_work_does_not(n
         assert g.times(lat)[end_node] == t[end_node], (int(g.role[e]), int(g.kind[e]))
 
 
-def _path_by(g: G.Graph, steps: slice = slice(1, None)) -> dict[tuple[int, str], float]:
-    walk = G.walk_path(g, g.t)
-    df = pd.DataFrame(walk.rows)
+def _path_by(g: Graph, steps: slice = slice(1, None)) -> dict[tuple[int, str], float]:
+    walk = walk_path(g, g.t)
+    df = pd.DataFrame([r.values() for r in walk.rows], columns=list(PATH_ROW_COLUMNS))
     df = df[df["step"].isin(g.steps[steps])]
     n = df["step"].nunique()
-    return {(int(r), p): float(df[df["rank"] == r][f"{p}_ns"].sum()) / n for r in g.ranks for p in G.PARTS}
+    return {(int(r), p): float(df[df["rank"] == r][f"{p}_ns"].sum()) / n for r in g.ranks for p in PARTS}
 
 
 def test_a_host_that_sleeps_before_collectives_holds_the_path_not_the_other_ranks_compute() -> None:
@@ -269,7 +273,7 @@ def test_a_host_that_sleeps_before_collectives_holds_the_path_not_the_other_rank
     # the sleeps taken out of the graph's host gaps: the re-simulation without them, token by token
     _, _, _, ends_nosleep = simulate(replace(spec, sleep=(0, 0)))
     lat = g.lat.copy()
-    sleeps = (g.role == G.ROLE_GAP) & (g.erank == 1) & (lat >= 100_000)
+    sleeps = (g.role == ROLE_GAP) & (g.erank == 1) & (lat >= 100_000)
     assert int(sleeps.sum()) == 4 * len(g.steps)
     lat[sleeps] -= 100_000
     got, want = np.diff(token_ends(g, g.times(lat))), np.diff(ends_nosleep)
@@ -294,7 +298,7 @@ def test_transfer_zero_on_the_graph_is_the_re_simulation_without_transfer(name: 
     spec = SPECS[name]
     g, _ends = graph_of(spec)
     lat = g.lat.copy()
-    lat[g.role == G.ROLE_XFER] = 0
+    lat[g.role == ROLE_XFER] = 0
     got = np.diff(token_ends(g, g.times(lat)))
     _, _, _, ends0 = simulate(replace(spec, no_transfer=True))
     want = np.diff(ends0)
@@ -311,14 +315,14 @@ def test_moving_one_ranks_clock_changes_no_path_figure() -> None:
 def test_the_committed_traces_re_time_exactly_and_the_path_sums_to_the_step(trace: str) -> None:
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.critical_path import path_of_graph
+    from tracekit.analyse.path.critical_path import path_of_graph
     from tracekit.read import read_run
 
     ar = AnalysedRun.of(read_run([TRACES / trace]))
     parts = attribute_run(ar)
     w = ar.steps(parts.step_pattern).steps
     w = w.drop(columns=["end_ns"]).merge(parts.steps[["rank", "step", "end_ns"]], on=["rank", "step"])
-    g = G.build_graph(ar.events, w, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, None)
+    g = build_graph(ar.events, w, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, None)
     t = g.times()
     assert np.array_equal(t, g.t)
     ws, we = g.windows(t)
@@ -343,7 +347,9 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.replay import build_model, calibrate
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.retime.setting import Setting
+    from tracekit.analyse.whatif.build import build_model
     from tracekit.read import read_run
 
     case = CASES["profiler_cost_15us"]
@@ -367,7 +373,7 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     calibrate(model)
     got = float(
         model.replay(
-            __import__("tracekit.analyse.replay", fromlist=["_Setting"])._Setting(
+            Setting(
                 host_deduct=model.host_deduct,
                 deduct_collective=model.deduct_collective,
                 device_scale=model.device_scale,
@@ -393,7 +399,9 @@ def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.replay import _Setting, build_model, calibrate
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.retime.setting import Setting
+    from tracekit.analyse.whatif.build import build_model
     from tracekit.read import read_run
 
     case = CASES["profiler_cost_15us"]
@@ -408,7 +416,7 @@ def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     assert u is not None
     model = build_model(parts, ar, Fraction(u.mean_ns), "sharded")
     calibrate(model)
-    got = float(model.replay(_Setting(host_deduct=model.host_deduct)).mean())
+    got = float(model.replay(Setting(host_deduct=model.host_deduct)).mean())
     assert abs(got - u.mean_ns) <= max(1_000, 0.01 * u.mean_ns)
 
 
@@ -438,8 +446,41 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     assert parts.path_token["by_rank"][0]["compute"] == 25_000
 
 
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2"])
+def test_the_string_columns_read_once_per_value_are_pandas_own_conversion(trace: str) -> None:
+    """The graph build and the fused-norm mask read string columns through `str_values`,
+    `str_isin` and `str_flags` (one conversion per distinct value): on a committed run's
+    classified events, each gives what pandas' own per-row `astype(str)` (and `isin`,
+    `str.match`, `str.contains`) gives, for every string column, a plain object column and one
+    with missing values."""
+    import re
+
+    from tracekit.analyse.path.rank_graph import str_flags, str_isin, str_values
+    from tracekit.classify import classify
+    from tracekit.classify.rules import GPU_KINDS
+    from tracekit.read import read_run
+
+    ev = classify(read_run([TRACES / trace]).events)
+    cols = {c: ev[c] for c in ("kind", "cls", "subclass", "name", "coll_op", "coll_pg_ranks")}
+    cols["name (object)"] = ev["name"].astype(object)
+    cols["with missing"] = ev["coll_op"].astype(object).where(ev["coll_op"].astype(str) != "", None)
+    assert cols["with missing"].isna().any()
+    pattern = re.compile(r"(?i)^cu(?:da)?Memcpy(?!.*Async)|all_?reduce|Launch")
+    for label, col in cols.items():
+        want = col.astype(str).to_numpy()
+        got = str_values(col)
+        assert got.dtype == want.dtype and len(got) == len(want), label
+        assert pd.Series(got).equals(pd.Series(want)), label  # NaN where pandas keeps it missing
+        assert np.array_equal(str_isin(col, GPU_KINDS), col.astype(str).isin(list(GPU_KINDS)).to_numpy()), (
+            label
+        )
+        text = col.astype(str)
+        for search, ref in ((False, text.str.match(pattern)), (True, text.str.contains(pattern))):
+            assert np.array_equal(str_flags(col, pattern, search), ref.fillna(False).to_numpy(bool)), label
+
+
 def test_the_packed_sort_is_lexsorts_order() -> None:
-    """`graph._lexsort` (the forward pass's and the assembly's sorts, packed into one int64 key)
+    """`path.forward.lexsort_packed` (the forward pass's and the assembly's sorts, packed into one int64 key)
     gives `np.lexsort`'s order: with ties (stable, by position), with a unique key (unstable sort),
     with negative and boolean keys, and where the ranges do not fit 62 bits (lexsort itself)."""
     rng = np.random.default_rng(7)
@@ -447,8 +488,8 @@ def test_the_packed_sort_is_lexsorts_order() -> None:
     a, b = rng.integers(-3, 4, n), rng.integers(0, 50, n)
     perm = rng.permutation(n)
     flag = rng.random(n) < 0.5
-    assert np.array_equal(G._lexsort((b, a)), np.lexsort((b, a)))  # ties
-    assert np.array_equal(G._lexsort((perm, ~flag, a), unique=True), np.lexsort((perm, ~flag, a)))
+    assert np.array_equal(lexsort_packed((b, a)), np.lexsort((b, a)))  # ties
+    assert np.array_equal(lexsort_packed((perm, ~flag, a), unique=True), np.lexsort((perm, ~flag, a)))
     big = rng.integers(0, 1 << 40, n)
-    assert np.array_equal(G._lexsort((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
-    assert len(G._lexsort((np.zeros(0, dtype=np.int64),))) == 0
+    assert np.array_equal(lexsort_packed((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
+    assert len(lexsort_packed((np.zeros(0, dtype=np.int64),))) == 0

@@ -175,13 +175,13 @@ def test_baseline_time_per_class_equals_the_kernels_in_the_trace() -> None:
 
 
 def test_compact_gathered_tables_hold_the_same_rows_and_give_the_same_split() -> None:
-    """The ranks' kernel tables as the attribution plan moves them (`plans.compact_kernels` per
-    rank, `plans.gather_kernels` on the client: names and units categorical, one run-level name
+    """The ranks' kernel tables as the attribution plan moves them (`kernel_scaling.compact_kernels` per
+    rank, `gather_kernels` on the client: names and units categorical, one run-level name
     numbering) hold the plain tables' rows, and the split by kernel is the plain tables' split. The
     two ranks run different sequences (rank 1's names partly its own, and it leads with another
     one on two steps), so the names' numbering must agree across the ranks for the most frequent
     sequence to be counted over both."""
-    from tracekit.analyse.plans import compact_kernels, gather_kernels
+    from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kernels
 
     seq = [("norm", "vector", 10_000), ("gemm_b", "matrix", 54_000), ("act", "vector", 4_500)]
     other = [("cat", "vector", 2_000), *seq]

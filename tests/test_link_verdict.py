@@ -17,10 +17,13 @@ SAVED = [REPO / "reports/h200/links.json", REPO / "reports/h200/links-graph.json
 TP2, TP1 = REPO / "traces/h200-tp2", REPO / "traces/h200-tp1"
 
 _SCRIPT = """
-import json, math, sys
-from tracekit.analyse.links.verdict import (
-    load_compare, recompute, shortfall_context, trace_collectives, verdict,
-)
+import functools, json, math, sys
+import tracekit.analyse.links.verdict as lv
+from tracekit.analyse.links.verdict import load_compare, recompute, verdict
+# the traces' side (the decode's collectives, the pair's shortfall) is the same for every saved
+# probe: computed once, and recompute() below gets the same figures from its own calls
+lv.trace_collectives = trace_collectives = functools.cache(lv.trace_collectives)
+lv.shortfall_context = shortfall_context = functools.cache(lv.shortfall_context)
 tp2, tp1, *links_files = sys.argv[1:]
 trace = trace_collectives(tp2)  # the decode traces' side: the same for every saved probe
 sf = shortfall_context(tp1, tp2)

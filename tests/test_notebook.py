@@ -12,23 +12,26 @@ import pytest
 
 from tracekit.cli.main import main
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "api_tour.ipynb"
 
 
 def _text(output: dict) -> str:
+    """An output's text; a multi-line string as the .ipynb file stores it (a list of lines) joined."""
     if output.get("output_type") == "stream":
-        return str(output.get("text", ""))
-    data = output.get("data", {})
-    return str(data.get("text/plain", ""))
+        text = output.get("text", "")
+    else:
+        text = output.get("data", {}).get("text/plain", "")
+    return text if isinstance(text, str) else "".join(text)
 
 
 @pytest.fixture(scope="module")
 def executed() -> list:
+    # imported here, not at collection: nbformat's import (jsonschema's format checkers) cost every
+    # xdist worker about 2 CPU-s
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("ipykernel")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     # run from examples/, as a user opening the notebook would
     nbclient.NotebookClient(
@@ -79,11 +82,12 @@ def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path)
 
 def test_committed_notebook_carries_its_outputs(tmp_path: Path):
     """The notebook is committed executed (issue 24), and its outputs are current: the S it printed
-    is the CLI's on the committed traces (no kernel needed)."""
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and all(c.execution_count and c.outputs for c in code)
-    printed = "".join(_text(o) for c in code for o in c.outputs)
+    is the CLI's on the committed traces (no kernel needed; the notebook read as the JSON it is)."""
+    nb = json.loads(NOTEBOOK.read_text())
+    assert nb["nbformat"] == 4
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(c["execution_count"] and c["outputs"] for c in code)
+    printed = "".join(_text(o) for c in code for o in c["outputs"])
     m = re.search(r"S = (-?\d+) ns per token", printed)
     out = tmp_path / "s.json"
     argv = [
@@ -96,6 +100,11 @@ def test_committed_notebook_carries_its_outputs(tmp_path: Path):
     assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
     assert m and int(m.group(1)) == json.loads(out.read_text())["shortfall_ns"]
     # the shortfall's own display (verdict and terms) is in the notebook, and no absolute path
-    html_out = [o["data"]["text/html"] for c in code for o in c.outputs if "text/html" in o.get("data", {})]
+    html_out = [
+        "".join(o["data"]["text/html"])
+        for c in code
+        for o in c["outputs"]
+        if "text/html" in o.get("data", {})
+    ]
     assert any('class="tk-result"' in h and "coordination" in h for h in html_out)
     assert "/work/" not in json.dumps(nb) and "/home/" not in json.dumps(nb)

@@ -183,7 +183,7 @@ def test_cli_table_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 def test_the_bare_row_list_of_tracekit_probe_is_read(tmp_path: Path) -> None:
     """`tracekit probe --format json` writes a list of rows, `compare-links` an object with rows[]:
     the link model reads both (replay.load_probe refused the probe's own output before)."""
-    from tracekit.analyse.replay import load_probe
+    from tracekit.analyse.whatif.knobs import load_probe
 
     obj = _probe(tmp_path)
     bare = tmp_path / "bare.json"

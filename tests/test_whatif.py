@@ -19,17 +19,12 @@ from pathlib import Path
 import pytest
 
 from tracekit.analyse.attribution.run import RunParts, attribute_run
-from tracekit.analyse.replay import (
-    ReplayError,
-    WhatIf,
-    _Setting,
-    build_model,
-    parse_combination,
-    parse_knob,
-    round_to_sum,
-    shapley,
-    whatif,
-)
+from tracekit.analyse.retime.setting import Setting
+from tracekit.analyse.whatif.build import build_model
+from tracekit.analyse.whatif.knobs import ReplayError, parse_combination, parse_knob
+from tracekit.analyse.whatif.pair import whatif
+from tracekit.analyse.whatif.result import WhatIf
+from tracekit.analyse.whatif.shapley import round_to_sum, shapley
 from tracekit.classify import classify
 from tracekit.cli.main import main
 from tracekit.read import read_run
@@ -74,7 +69,7 @@ def _whatif(
 def test_replay_of_every_committed_trace_is_within_5_percent(name: str) -> None:
     parts, events = _load(TRACES / name, _label(name))
     model = build_model(parts, events, None, name)  # type: ignore[arg-type]
-    replayed = model.replay(_Setting())
+    replayed = model.replay(Setting())
     measured = model.measured_ns
     assert len(measured) >= 1
     assert abs(replayed.mean() - measured.mean()) <= 0.05 * measured.mean()

@@ -13,7 +13,8 @@ from tests.groundtruth import sim
 from tests.groundtruth.harness import _load, tolerance
 from tests.groundtruth.kineto import write_run
 from tests.groundtruth.sim import Coll, Host, Item, Kernel, RankSpec, RunSpec
-from tracekit.analyse.replay import ReplayError, parse_combination, parse_knob, whatif
+from tracekit.analyse.whatif.knobs import ReplayError, parse_combination, parse_knob
+from tracekit.analyse.whatif.pair import whatif
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,7 +135,8 @@ def h200_graph_model():
 
     from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.replay import build_model, calibrate
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.whatif.build import build_model
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([str(ROOT / "traces" / "h200x2-tp2-b1-graphs")]))
@@ -157,8 +159,8 @@ def test_norm_fusion_on_a_committed_graph_trace(h200_graph_model) -> None:
 
     import numpy as np
 
-    from tracekit.analyse import graph as G
-    from tracekit.analyse.replay import setting_for
+    from tracekit.analyse.path.roles import ROLE_XFER
+    from tracekit.analyse.whatif.knobs import setting_for
 
     model, events = h200_graph_model
     g = model.graph
@@ -197,7 +199,7 @@ def test_norm_fusion_on_a_committed_graph_trace(h200_graph_model) -> None:
     assert saved == pytest.approx(removed, rel=0.03)
     # collective_latency: each all-reduce's transfer becomes min(its own, 5 us + 8 KiB at 400 GB/s)
     cl = setting_for(model, [parse_knob("collective_latency=5@400")], None, 2)
-    x = g.role == G.ROLE_XFER
+    x = g.role == ROLE_XFER
     new = model.latencies(cl)[x]
     ops = np.asarray(g.xfer_op)
     ar = ops == "all_reduce"

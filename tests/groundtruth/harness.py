@@ -63,7 +63,8 @@ def _load(path: Path, label: str) -> tuple[Any, Any]:
 def tracekit_results(name: str, root: str) -> dict[str, Any]:
     """tracekit's JSON for the case: shortfall, whatif (every knob, Shapley) and diff."""
     from tracekit.analyse.attribution.pair import shortfall_from_parts
-    from tracekit.analyse.replay import parse_knob, whatif
+    from tracekit.analyse.whatif.knobs import parse_knob
+    from tracekit.analyse.whatif.pair import whatif
 
     case = CASES[name]
     d = Path(root) / name

@@ -11,9 +11,9 @@ each rank's events, where they are (`followed_by`); every engine runs them
   (`correct="unprofiled"`), then per rank `compute_split` of its rank steps; on the client
   `decompose.figures_of`.
 - `replay_plan` (whatif, one run): the attribution with its dependency graph kept (the what-if
-  replays it on the client), then per rank the device events `replay.norm_after_all_reduce`
+  replays it on the client), then per rank the device events `retime.norm.norm_after_all_reduce`
   reads (the `allreduce_norm` knob); on the client an AnalysedRun of those rows and the run's
-  manifest for `replay.build_model`.
+  manifest for `whatif.build.build_model`.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ def figures_plan(label: str, *, path: str = "", step_pattern: str | None = None,
 # whatif
 
 
-#: the event columns `replay.norm_after_all_reduce` reads
+#: the event columns `retime.norm.norm_after_all_reduce` reads
 _NORM_COLUMNS = ["kind", "cls", "subclass", "coll_op", "name", "rank", "start_ns", "end_ns"]
 
 

@@ -1,6 +1,6 @@
 """The profiler correction's stages of the attribution plan (`plans.attribution_plan`): what
 travels into the correction's Reduce (`CorrectionInput`), its target (`correction_target`), the
-Reduce itself on the run's graph (`att_correct`: `correction.correct_first`) and the
+Reduce itself on the run's graph (`att_correct`: `correction_replay.correct_first`) and the
 identifiability check's two `plans.Fan`s: one task per rank (`att_identify_ends`), then one task
 over every rank's interval (`att_identify_between`; docs/SCALE.md)."""
 
@@ -10,6 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import pandas as pd
+
+from tracekit.analyse.retime.calibrate import ProfilerCalibration
 
 __all__ = [
     "CORRECT_TARGETS",
@@ -36,7 +38,7 @@ class CorrectionInput:
     steady_steps: list[int]
     timeline: str
     ranks: list[int]
-    profiler_calibration: dict[str, Any] | None
+    profiler_calibration: ProfilerCalibration | None
     rank_steps: pd.DataFrame
     critical: Any
     per_rank: dict[int, dict[str, Any]]
@@ -62,11 +64,11 @@ def correction_target(parts: Any, mode: str | None) -> Any:
 def att_correct(
     graph: Any, arg: tuple[CorrectionInput | None, Any, bool]
 ) -> tuple[tuple[Any, Any, Any, Any], CorrectionInput | None]:
-    """The profiler correction of the run (`correction.correct_first`) on its graph, where the
+    """The profiler correction of the run (`correction_replay.correct_first`) on its graph, where the
     graph is: ((target, Correction or None, the graph when the caller keeps it, the
     identifiability check's `IdentifyJob` or None), the correction's input with the graph, kept
     there for that check's tasks (`Fan`s))."""
-    from tracekit.analyse.correction import correct_first
+    from tracekit.analyse.attribution.correction_replay import correct_first
 
     inp, target, keep = arg
     corr = job = None
@@ -79,7 +81,7 @@ def att_correct(
 
 def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
     """One rank's first round of the identifiability check (`correction.identify_ends`)."""
-    from tracekit.analyse.correction import identify_ends
+    from tracekit.analyse.attribution.correction import identify_ends
 
     job, r = arg
     return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
@@ -88,7 +90,7 @@ def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
 def att_identify_between(inp: CorrectionInput, arg: tuple[Any, list[tuple[int, float, float]], Any]) -> Any:
     """The second round over every rank's interval (`correction.identify_between`: one task, the
     refinement's budget is shared by the intervals)."""
-    from tracekit.analyse.correction import identify_between
+    from tracekit.analyse.attribution.correction import identify_between
 
     job, intervals, known = arg
     return identify_between(inp, job, intervals, known)  # type: ignore[arg-type]  # what it reads of a RunParts

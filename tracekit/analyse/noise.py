@@ -21,7 +21,7 @@ captured interleaved (`tracekit study`: manifest `workload.interleaved`, the sam
 the same round indices are drawn for both (drift falls on both alike and cancels in S); else each
 run's rounds are drawn on their own. The corrected parts are then reconciled to s* x traced / D*
 by the shortfall's own rule (`reconcile_arrays`, the vectorised `shortfall.reconcile`): when the
-shortfall corrected through the replay (`tracekit.analyse.correction`), the drawn steps' parts on
+shortfall corrected through the replay (`tracekit.analyse.attribution.correction`), the drawn steps' parts on
 the corrected timeline (`RunSample.replayed`) are reconciled, else their traced parts; averaged
 over ranks, and the terms formed as the point figures are. The intervals are the 2.5 and 97.5
 percentiles. A run without rounds in its manifest (or without a manifest) is resampled over steps
@@ -66,7 +66,7 @@ class RunSample:
     corrected: bool = False
     pairing: str | None = None
     #: [steady steps, ranks, PARTS]: the same steps' parts on the profiler-corrected timeline
-    #: (`tracekit.analyse.correction`), each step summing to its corrected step time; None: the
+    #: (`tracekit.analyse.attribution.correction`), each step summing to its corrected step time; None: the
     #: correction is the proportional rule on the traced parts
     replayed: np.ndarray | None = None
 
@@ -233,7 +233,7 @@ def _run_draws(
     target = traced_t / d[:, None]
     if run.replayed is not None:  # the corrected timeline's parts of the same drawn steps
         rep = np.einsum("bn,nrp->brp", w, np.asarray(run.replayed, dtype=np.float64)) * scale[:, None, None]
-        # time the corrected timeline leaves short of the target is idle (`correction._rest`)
+        # time the corrected timeline leaves short of the target is idle (`correction_replay.rest_to_target`)
         rep[..., PARTS.index("idle")] += np.maximum(target - rep.sum(axis=-1), 0.0)
         return reconcile_arrays(rep, target, run.timeline).mean(axis=1)
     return reconcile_arrays(parts, target, run.timeline).mean(axis=1)

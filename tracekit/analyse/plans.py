@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.compute.kernel_scaling import ATTENTION, GEMM
+from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kernels
 from tracekit.analyse.correction_stages import (
     CORRECT_TARGETS,
     CorrectionInput,
@@ -65,8 +65,6 @@ __all__ = [
     "Fan",
     "attribution_plan",
     "breakdown_plan",
-    "compact_kernels",
-    "gather_kernels",
     "correction_target",
     "run_in_process",
     "split_ranks",
@@ -297,51 +295,12 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     return piece
 
 
-#: `compact_kernels`' unit column: the kernel table's units (`kernel_scaling.kernel_table`)
-_UNITS = pd.CategoricalDtype(["", GEMM, ATTENTION])
-
-
-def compact_kernels(table: pd.DataFrame) -> pd.DataFrame:
-    """A rank's kernel table (`kernel_scaling.kernel_table`) as it travels and stays on the
-    client: each kernel name and unit once (categorical), rank, step and position as int32; the
-    same rows and values (~23 bytes a row instead of ~100 with a Python string per unit: at 256
-    h200-tp2 ranks the client's largest holding)."""
-    return table.assign(
-        rank=table["rank"].to_numpy(np.int32),
-        step=table["step"].to_numpy(np.int32),
-        pos=table["pos"].to_numpy(np.int32),
-        name=table["name"].astype("category"),
-        unit=table["unit"].astype(_UNITS),
-    )
-
-
-def gather_kernels(tables: list[pd.DataFrame | None]) -> list[pd.DataFrame | None]:
-    """The ranks' compact kernel tables (rank order) on one categorical of the run's kernel names
-    (numbered in order of first appearance), so that they concatenate without a string per row
-    and the names' codes number the run's kernels (`kernel_scaling.canonical`)."""
-    ids: dict[str, int] = {}
-    for k in tables:
-        if k is not None and isinstance(k["name"].dtype, pd.CategoricalDtype):
-            for c in k["name"].cat.categories:
-                ids.setdefault(str(c), len(ids))
-    names = pd.CategoricalDtype(list(ids))
-    out: list[pd.DataFrame | None] = []
-    for k in tables:
-        if k is not None and isinstance(k["name"].dtype, pd.CategoricalDtype):
-            col = k["name"]
-            to_id = np.asarray([ids[str(c)] for c in col.cat.categories], dtype=np.int64)
-            codes = to_id[col.cat.codes.to_numpy()] if len(to_id) else np.zeros(len(k), dtype=np.int64)
-            k = k.assign(name=pd.Categorical.from_codes(codes, dtype=names))
-        out.append(k)
-    return out
-
-
 def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
-    """The run's dependency graph from the ranks' pieces (`graph.assemble`) and the critical path
+    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`) and the critical path
     walked on it (`critical_path.path_of_graph`): the path to the client, the graph kept where the
     task ran for the profiler correction's Reduce."""
-    from tracekit.analyse.critical_path import path_of_graph
-    from tracekit.analyse.graph import assemble
+    from tracekit.analyse.path.critical_path import path_of_graph
+    from tracekit.analyse.path.graph import assemble
 
     offsets, timeline = arg
     graph = assemble(graphs, offsets)
@@ -419,7 +378,7 @@ def attribution_plan(
 
     def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str]:
         from tracekit.analyse.attribution.run import assemble_attribution
-        from tracekit.analyse.critical_path import path_timeline
+        from tracekit.analyse.path.critical_path import path_timeline
 
         pieces = [got[r] for r in sorted(got)]
         for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
@@ -467,7 +426,7 @@ def attribution_plan(
         return [] if job is None else [(job, r) for r in job.ranks]
 
     def after_ends(st: _Attribution, got: list[Any]) -> list[Any]:
-        from tracekit.analyse.correction import identify_spread
+        from tracekit.analyse.attribution.correction import identify_spread
 
         if st.job is None:
             return []
@@ -481,7 +440,7 @@ def attribution_plan(
         return [(st.job, st.intervals, known)]
 
     def after_between(st: _Attribution, got: list[Any]) -> None:
-        from tracekit.analyse.correction import identify_finish
+        from tracekit.analyse.attribution.correction import identify_finish
 
         if st.job is not None:
             identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)], st.intervals)

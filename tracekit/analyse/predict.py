@@ -9,7 +9,7 @@ per token one all-gather of the logits (`tp_collectives`, the decoder's shapes).
     T_N = T_shard + sum over the collectives of (per token) x t_link(op, size)
 
 with t_link the time a `tracekit probe` / `compare-links` JSON measured for the op at its nccl-tests
-size (log-log interpolation, in-place rows first: `replay.load_probe`). In a decode step every
+size (log-log interpolation, in-place rows first: `whatif.knobs.load_probe`). In a decode step every
 collective sits on the one dependency chain (each layer's output feeds the next), so nothing hides
 it: added, not overlapped. What the sum leaves out is coordination: ranks that arrive at a
 collective at different times (launch skew, a slow rank) wait, and the prediction has no second
@@ -34,7 +34,7 @@ from typing import Any
 
 from tracekit.analyse.ab import ab_summary
 from tracekit.analyse.collectives.bandwidth import nccl_tests_size
-from tracekit.analyse.replay import ProbeTimes, load_probe
+from tracekit.analyse.whatif.knobs import ProbeTimes, load_probe
 from tracekit.errors import TracekitError
 from tracekit.model.documents.predict import (
     Predict,

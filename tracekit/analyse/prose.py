@@ -12,10 +12,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.exact import round_half_up
 from tracekit.analyse.noise import NEGATIVE_WORDS
-from tracekit.model.parts import COORDINATION
+from tracekit.model.parts import COORDINATION, PATH_PARTS
 from tracekit.model.units import ms_or_us as _ms
 
 if TYPE_CHECKING:
@@ -141,7 +140,7 @@ def noise_checked_diagnosis(sf: Shortfall) -> str:
 
 def robust_path_top(ranges: dict[str, dict[str, list[int]]] | None) -> tuple[str, str, int, int] | None:
     """The critical path's top component (rank, part, least, largest ns) when it stays on top in
-    every split of an unidentified profiler cost (`correction._identify`'s `ranges`): its least
+    every split of an unidentified profiler cost (`correction.identify`'s `ranges`): its least
     value over the splits above every other component's largest; else None."""
     if not ranges:
         return None

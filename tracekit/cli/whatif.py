@@ -20,7 +20,7 @@ from tracekit.model import documents
 from tracekit.render import whatif as view
 
 if TYPE_CHECKING:
-    from tracekit.analyse.replay import WhatIf
+    from tracekit.analyse.whatif.result import WhatIf
 
 
 @click.command(
@@ -100,7 +100,8 @@ def command(
     accounting attribution of `tracekit shortfall`. Predictions are corrected to the unprofiled
     per-token times as `shortfall` is; `--check` holds one to a real run not used to make it.
     """
-    from tracekit.analyse.replay import DEFAULT_KNOBS, ReplayError, parse_combination, whatif
+    from tracekit.analyse.whatif.knobs import DEFAULT_KNOBS, ReplayError, parse_combination
+    from tracekit.analyse.whatif.pair import whatif
 
     singles: list[tuple[Any, ...]] = []
     combos: list[tuple[Any, ...]] = []

@@ -254,7 +254,7 @@ def whatif_runs(
     skip_first: int = 1,
     cache: bool = True,
 ) -> dict[str, ReplayInput]:
-    """What `tracekit.analyse.replay.whatif` takes of each run (label -> path: baseline, and
+    """What `tracekit.analyse.whatif.pair.whatif` takes of each run (label -> path: baseline, and
     sharded and check when given), on the engine (`command_plans.replay_plan`): per label a
     `ReplayInput` (the RunParts with its dependency graph, the replay's device events)."""
     from tracekit.analyse.command_plans import replay_plan
@@ -270,7 +270,7 @@ def whatif_runs(
         got: ReplayInput = res.results[0]
         g, parts = got.parts.graph, got.parts
         timeline = parts.timeline if parts.timeline in ("gpu", "host") else "gpu"
-        # `replay.build_model` builds the graph again from every event otherwise: not at hand here
+        # `whatif.build.build_model` builds the graph again from every event otherwise: not at hand here
         if g is None or g.timeline != timeline or len(g.ranks) != len(parts.ranks):
             raise EngineError(
                 f"{paths[k]}: the replay needs the run's dependency graph, which its attribution did not "

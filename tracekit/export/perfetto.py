@@ -15,7 +15,7 @@ One process per rank (`pid` = rank, named "rank R"). Its threads:
   "transfer" (from the arrival to its end), with flow arrows (`ph` s / t / f, one `id` per
   instance, `bp` "e") joining the instance across the ranks;
 - "tracekit: critical path": the pieces of the per-token critical path that run on that rank
-  (tracekit.analyse.critical_path: "work" on the rank, "transfer" of a collective), with flow arrows
+  (tracekit.analyse.path.critical_path: "work" on the rank, "transfer" of a collective), with flow arrows
   where the path hops to another rank.
 A track whose slices would overlap without nesting is split into lanes ("... (2)"), the run's own
 host threads and GPU streams as the tracekit tracks: on every track, slices are disjoint or nested.

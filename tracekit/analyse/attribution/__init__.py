@@ -18,7 +18,7 @@ Per run (`run.attribute_run`):
    ranks, and moved by at most d/N when one rank's part moves by d. Means are additive: the parts
    sum exactly to the per-token time, so the terms below sum exactly to S, for the run and for
    every rank (`per_rank`). Medians and p10/p90 over steps are reported beside (`spread_ns`).
-4. the per-token critical path across ranks (`tracekit.analyse.critical_path`): which rank's
+4. the per-token critical path across ranks (`tracekit.analyse.path.critical_path`): which rank's
    compute, host gaps, sync and transfer the token waited on; the verdict names it, and the other
    ranks' wait as its consequence.
 

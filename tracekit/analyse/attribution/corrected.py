@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from tracekit.analyse.attribution.correction import correct_run
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts, mean_over_ranks
 from tracekit.analyse.attribution.terms import Attribution, attribute, leaf_with_window
-from tracekit.analyse.correction import correct_run
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import LEAF_PARTS
 
@@ -21,7 +21,7 @@ from tracekit.model.parts import LEAF_PARTS
 @dataclass(frozen=True)
 class PairCorrection:
     """What the profiler correction of a pair gives `shortfall_from_parts`: each run's correction
-    (`tracekit.analyse.correction.Correction`, or None), the baseline's per-token parts (`pb`) and
+    (`tracekit.analyse.attribution.correction_replay.Correction`, or None), the baseline's per-token parts (`pb`) and
     the sharded run's per rank (`per_rank_c`) the terms are taken from, the corrected attribution,
     where T1 and TN came from (`source`: unprofiled | trace) and the sentence saying so, the shift of
     every per-step term (corrected - traced mean), and the critical paths."""
@@ -48,7 +48,7 @@ def correct_pair(
 ) -> PairCorrection:
     """The profiler correction's call site (docs/METHOD.md section Dilation): where both runs' applied
     dilations are known and neither unprofiled pass was the slower, each run is corrected to its
-    traced per-token time / D (`tracekit.analyse.correction.correct_run`: the replay, else the
+    traced per-token time / D (`tracekit.analyse.attribution.correction.correct_run`: the replay, else the
     proportional reconciliation) and the terms are taken from the corrected parts; else the traced
     ones are kept and the reason noted in `dq`."""
     ub, us = base.dilation.unprofiled, sharded.dilation.unprofiled

@@ -14,11 +14,10 @@ import pandas as pd
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.attribution.terms import Attribution
-from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.noise import RunSample
 from tracekit.analyse.timeline.windows import assign_steps
-from tracekit.model.parts import COORDINATION, LEAF_PARTS
+from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
 #: median over instances of the per-instance max wait (was: over every (instance, rank) row); 1.5: per_rank,

@@ -1,5 +1,5 @@
 """The dilation a shortfall states and applies, and the proportional reconciliation of traced parts to
-the unprofiled per-token time (docs/METHOD.md section Dilation; `tracekit.analyse.correction` calls
+the unprofiled per-token time (docs/METHOD.md section Dilation; `tracekit.analyse.attribution.correction` calls
 `reconcile` / `reconcile_path` where the replay's correction is not identified)."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from fractions import Fraction
 from typing import Any
 
 from tracekit.analyse.attribution.run import RunParts
-from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.exact import round_half_up
-from tracekit.model.parts import COORDINATION, LEAF_PARTS
+from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
 
 
 def reconcile(

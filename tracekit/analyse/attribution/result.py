@@ -57,7 +57,7 @@ class Shortfall:
     applied: dict[str, AppliedDilation]
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
     #: per run label, how its parts were corrected to its corrected per-token time
-    #: (`tracekit.analyse.correction.Correction`; None: not corrected)
+    #: (`tracekit.analyse.attribution.correction_replay.Correction`; None: not corrected)
     corrections: dict[str, Any] = field(default_factory=dict)
 
     @property

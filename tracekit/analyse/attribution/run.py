@@ -18,10 +18,13 @@ from tracekit.analyse.collectives.clocks import require_aligned
 from tracekit.analyse.collectives.exposed import split_exposed
 from tracekit.analyse.collectives.instances import CollectiveInstances
 from tracekit.analyse.compute.kernel_scaling import kernel_table
-from tracekit.analyse.critical_path import CriticalPath
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
-from tracekit.analyse.graph import Graph, RankGraph, build_rank_graph
+from tracekit.analyse.path.build import build_rank_graph
+from tracekit.analyse.path.critical_path import CriticalPath
+from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.plans import attribution_plan, run_in_process
+from tracekit.analyse.retime.calibrate import ProfilerCalibration, manifest_calibration
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
 from tracekit.analyse.timeline.partition import (
@@ -70,11 +73,11 @@ class RunParts:
     token_steps: TokenSteps | None = None
     #: per step kind and batch size: steps, step time, mean parts (`steps.kinds_summary`); [] without kinds
     step_kinds: list[dict[str, Any]] = field(default_factory=list)
-    #: the run's dependency graph the critical path was walked on (`graph.assemble`): the profiler
-    #: correction re-times it (`tracekit.analyse.correction`); None where it was not kept
+    #: the run's dependency graph the critical path was walked on (`path.graph.assemble`): the profiler
+    #: correction re-times it (`tracekit.analyse.attribution.correction`); None where it was not kept
     graph: Graph | None = None
-    #: the manifest's `profiler_calibration` (`replay._manifest_calibration`), None without one
-    profiler_calibration: dict[str, Any] | None = None
+    #: the manifest's `profiler_calibration` (`retime.calibrate.manifest_calibration`), None without one
+    profiler_calibration: ProfilerCalibration | None = None
 
     @property
     def steady_steps(self) -> list[int]:
@@ -174,7 +177,7 @@ class RankAttribution:
     partition rows with the exposed collective split (`wait_ns`, `transfer_ns`, and the split's
     `collective_ns_split` for the run-level check), the timeline of its layers, whether it has GPU
     activity but no kernel, and (when graph windows were given) its share of the run's
-    dependency graph (`graph.build_rank_graph`), which the critical path is walked on."""
+    dependency graph (`path.build.build_rank_graph`), which the critical path is walked on."""
 
     rank: int
     table: pd.DataFrame
@@ -360,8 +363,6 @@ def finish_attribution(
     """`attribute_run`'s tail: the critical path checked against the step time, the dilation
     (the manifest's unprofiled times), the RunParts. `run`: the run's metadata (no events needed);
     `graph`: the dependency graph the path was walked on (kept for the profiler correction)."""
-    from tracekit.analyse.replay import _manifest_calibration
-
     path_token = path.per_token(att.steady_steps)
     if graph is not None and len(graph.steps):
         pos = {s: i for i, s in enumerate(graph.steps)}
@@ -403,7 +404,7 @@ def finish_attribution(
         token_steps=att.token_steps,
         step_kinds=att.step_kinds,
         graph=graph,
-        profiler_calibration=_manifest_calibration(run.manifest),
+        profiler_calibration=manifest_calibration(run.manifest),
     )
 
 

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.attribution.correction import correct_run
 from tracekit.analyse.attribution.run import RunParts, attribute_run, mean_over_ranks
-from tracekit.analyse.correction import correct_run
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.resample import boot_means
 from tracekit.analyse.timeline.compute_split import compute_split

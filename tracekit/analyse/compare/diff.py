@@ -19,7 +19,7 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    METHOD.md, Serving engines); never "no significant change" without an interval.
 2. **The change by part**, exactly: each run's parts are the mean over ranks of every rank's
    per-token leaf parts (corrected to the corrected time when that is the source, as the shortfall
-   does: `tracekit.analyse.correction.correct_run`), so they sum to T exactly, and their differences sum exactly to the
+   does: `tracekit.analyse.attribution.correction.correct_run`), so they sum to T exactly, and their differences sum exactly to the
    change. On GPU timelines compute is split into matrix (GEMM / attention kernels) and vector
    (everything else the classifier calls compute): per window, the time a matrix kernel covers is
    matrix, the rest of the compute part is vector (matrix > vector, as compute > memory in the
@@ -27,7 +27,7 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
    largest remainder (they sum to the change exactly; so do every rank's and the critical path's).
    Each part's change has an interval: the bootstrap over the traced steady steps of the per-step
    difference of means (mean over ranks), shifted onto the reported figure.
-3. **The cause**, from the critical path (`tracekit.analyse.critical_path`, reconciled like the
+3. **The cause**, from the critical path (`tracekit.analyse.path.critical_path`, reconciled like the
    parts): the path component that moved most in the direction of the change, and the rank it
    moved on; the per-rank parts say which ranks now wait for it.
 4. **What moved**: kernels matched by (kind, name) (the event table carries no shapes) and

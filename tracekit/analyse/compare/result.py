@@ -16,11 +16,10 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.compare.sides import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, DIFF_PARTS, Side
-from tracekit.analyse.critical_path import PATH_PARTS
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.model import units
 from tracekit.model.events import DataQuality
-from tracekit.model.parts import COORDINATION
+from tracekit.model.parts import COORDINATION, PATH_PARTS
 
 _pct_signed = functools.partial(units.pct, sign=True, missing="?")
 

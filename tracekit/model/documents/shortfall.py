@@ -202,7 +202,7 @@ class ShortfallRuns(Doc, kw_only=True):
 
 
 class ShortfallCorrection(Doc, kw_only=True):
-    """How one run's parts were corrected for the profiler (`tracekit.analyse.correction`):
+    """How one run's parts were corrected for the profiler (`tracekit.analyse.attribution.correction`):
     `replay` (the profiler's cost removed call by call through the replay of the dependency graph,
     wait / sync / idle read from the corrected timeline) or `proportional` (every host-side part
     shrunk by one factor: CPU host timelines, device-bound runs, parts without a graph)."""

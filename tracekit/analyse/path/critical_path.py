@@ -1,5 +1,5 @@
 """The per-token critical path across ranks, walked back on the run's dependency graph
-(`tracekit.analyse.graph`; docs/METHOD.md section "The dependency graph").
+(`tracekit.analyse.path.graph`; docs/METHOD.md section "The dependency graph").
 
 Waiting is a consequence, not a cause. Every node of the graph (an instant: a host call's begin or
 end, a device operation's begin or end, a collective's rendezvous) is reached at the latest of its
@@ -30,7 +30,11 @@ from typing import Any
 
 import pandas as pd
 
-from tracekit.analyse.graph import Graph, RankGraph, assemble, build_graph, walk_path
+from tracekit.analyse.path.build import build_graph
+from tracekit.analyse.path.graph import Graph, assemble
+from tracekit.analyse.path.rank_graph import RankGraph, str_isin
+from tracekit.analyse.path.walk import PATH_ROW_COLUMNS, PathRow, Segment, walk_path
+from tracekit.classify.rules import GPU_KINDS
 from tracekit.model.parts import PATH_PARTS
 
 #: Columns of `CriticalPath.segments`.
@@ -94,15 +98,13 @@ def critical_path(
 
 def event_timeline(events: pd.DataFrame) -> str:
     """ "gpu" when the events hold device operations, else "host"."""
-    from tracekit.classify.rules import GPU_KINDS
-
-    return "gpu" if events["kind"].astype(str).isin(list(GPU_KINDS)).any() else "host"
+    return "gpu" if str_isin(events["kind"], GPU_KINDS).any() else "host"
 
 
 def path_of_ranks(
     rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int], timeline: str | None = None
 ) -> CriticalPath:
-    """The path from the ranks' graphs (`graph.build_rank_graph`, e.g. built where each rank's
+    """The path from the ranks' graphs (`build.build_rank_graph`, e.g. built where each rank's
     events are): assembled, then walked; `timeline`: the path's (the graph's when None)."""
     return path_of_graph(assemble(rank_graphs, offsets), timeline)
 
@@ -119,14 +121,10 @@ def path_timeline(timelines: Iterable[str]) -> str:
     return "gpu" if ts == {"gpu"} else ("host" if ts == {"host"} else "mixed")
 
 
-PathRow = dict[str, Any]
-Segment = tuple[int, int, int, int, str, int]
-
-
 def path_of(rows: list[PathRow], segs: list[Segment], ranks: list[int], timeline: str) -> CriticalPath:
     """The CriticalPath of the walk's rows and segments (every step's, in step order)."""
     cols_out = ["step", "rank", *(f"{p}_ns" for p in PATH_PARTS), "step_ns", "offset_ns", "hops"]
-    table = pd.DataFrame(rows, columns=cols_out)
+    table = pd.DataFrame([r.values() for r in rows], columns=list(PATH_ROW_COLUMNS))[cols_out]
     seg = pd.DataFrame(segs, columns=list(SEGMENT_COLUMNS))
     seg = seg[seg["end_ns"] > seg["start_ns"]].reset_index(drop=True)
     return CriticalPath(table, ranks, timeline, seg)

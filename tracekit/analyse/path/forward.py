@@ -1,0 +1,296 @@
+"""The forward pass of the dependency graph (`tracekit.analyse.path`): every node the latest of
+its in-edges (source time + latency), for many latency vectors at once, exact in integer ns
+(`Forward`; `times_reference` is the definition, node by node)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tracekit.analyse.path.roles import (
+    ROLE_ARRIVE,
+    ROLE_CALL,
+    ROLE_GAP,
+    ROLE_GAP_OUT,
+    ROLE_GRAPH,
+    ROLE_LEAD,
+    ROLE_OP,
+    ROLE_QUEUE,
+    ROLE_SYNC,
+    ROLE_WORK,
+    ROLE_XFER,
+)
+
+if TYPE_CHECKING:
+    from tracekit.analyse.path.graph import Graph
+
+#: Lower bound of every replayed time (a node not reached yet in the fixpoint iteration).
+_FLOOR = -(1 << 62)
+#: Nodes per block of the forward pass: per block the pass is a few array operations per
+#: iteration, so larger blocks cost less for one column and more for many (the h200-tp2 graph,
+#: 117k nodes: one column 0.040 s at 512, 0.021 s at 2048; 32 columns 0.32 s at 512, 0.42 s at 2048)
+FORWARD_BLOCK = 512
+FORWARD_BLOCK_NARROW = 2048
+#: at most this many columns take the narrow pass's larger blocks
+FORWARD_NARROW_COLS = 4
+#: in the wide pass, a block whose chain pieces are at most this long takes one slice per index
+#: along them instead of the doubling steps (h200-tp2 at 32 columns: 0.47 s sliced, 0.53 s doubled)
+FORWARD_SLICES_UP_TO = 128
+#: rounds of the chain parents' choice (`Forward`): each gives the nodes whose edge lost
+#: their next one; what is left after them is not chained (exact either way, only slower)
+CHAIN_ROUNDS = 8
+# which edges may chain two nodes (host program order first, then stream order, then through a
+# rendezvous); the edges that can be disabled (NEVER) never chain
+_CHAIN_PRIORITY = np.full(32, 99, dtype=np.int64)
+_CHAIN_PRIORITY[[ROLE_GAP, ROLE_GAP_OUT, ROLE_CALL, ROLE_SYNC, ROLE_WORK, ROLE_LEAD]] = 0
+_CHAIN_PRIORITY[[ROLE_QUEUE, ROLE_OP]] = 1
+_CHAIN_PRIORITY[[ROLE_XFER, ROLE_ARRIVE]] = 2
+_CHAIN_PRIORITY[ROLE_GRAPH] = 3
+
+
+def lexsort_packed(keys: Sequence[np.ndarray], unique: bool = False) -> np.ndarray:
+    """`np.lexsort(keys)`'s order (the last key primary) by one argsort of the keys packed into
+    one int64, where the product of their ranges stays under 2**62 (else `np.lexsort` itself);
+    `unique`: no two rows have equal keys (one of them is a permutation), so an unstable sort
+    gives the same order. One sort of one array instead of one stable sort per key."""
+    n = len(keys[0]) if len(keys) else 0
+    if not n:
+        return np.lexsort(keys)
+    cols = [np.asarray(k).astype(np.int64, copy=False) for k in reversed(keys)]  # primary first
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    total = 1
+    for sp in spans:
+        total *= sp
+    if total >= 1 << 62:
+        return np.lexsort(keys)
+    packed = cols[0] - lows[0]
+    for c, lo, sp in zip(cols[1:], lows[1:], spans[1:], strict=True):
+        packed = packed * sp + (c - lo)
+    return np.argsort(packed, kind=None if unique else "stable")
+
+
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """True at the first element of each run of equal keys."""
+    out = np.ones(len(keys), dtype=bool)
+    out[1:] = keys[1:] != keys[:-1]
+    return out
+
+
+class Forward:
+    """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
+
+    The graph's nodes are split into chains (each node keeps at most one in-edge as its chain
+    parent, each node at most one chain child: host program order, stream order), and its
+    topological order into blocks of `FORWARD_BLOCK` nodes. Along a chain the recurrence
+    t_i = max(t_{i-1} + d_{i-1}, r_i) (r_i the latest of the node's other in-edges) is
+    t_i = D_i + max_{j <= i}(r_j - D_j) with D the chain's prefix sum of latencies: a cumulative
+    maximum. A block's r comes from edges out of earlier blocks (final) and from edges inside the
+    block (not yet known): the block is iterated from below (unknown = `_FLOOR`) until the sources
+    of its inside edges stop changing, the least fixpoint, which on a DAG is the longest-path time
+    of every node; a few iterations (the chain changes along a binding path inside the block).
+    Inside a block each chain piece is one contiguous run of rows, and the cumulative maximum of
+    every piece and every latency column at once is log2(longest piece) doubling steps of whole
+    arrays (`_piece_cummax`). Integer ns; the same numbers as the node-by-node pass
+    (`times_reference`)."""
+
+    def __init__(self, g: Graph, block: int = FORWARD_BLOCK, slices_up_to: int = 0) -> None:
+        n = g.n_nodes
+        src, dst = g.src, g.dst
+        n_e = len(src)
+        has_in = np.zeros(n, dtype=bool)
+        has_in[dst] = True
+        sources = np.flatnonzero(~has_in)
+        topo = np.concatenate([sources, g.order]).astype(np.int64)
+        tpos = np.empty(n, dtype=np.int64)
+        tpos[topo] = np.arange(n)
+        n_src = len(sources)
+        # chain parents: per node its first in-edge of the best priority, then per source node
+        # one chain child (the earliest in topological order); a node whose edge lost to another
+        # child of that source tries its next edge whose source has no child yet, round by round
+        # (a CUDA-graph replay's operations all queue after the operation before the replay: one
+        # of them chains there, each other one to its in-graph predecessor; unchained, every
+        # operation would cost the block one more iteration)
+        prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
+        left = np.flatnonzero(prio < 99)
+        pedge = np.full(n, -1, dtype=np.int64)
+        has_child = np.zeros(n, dtype=bool)
+        for _ in range(CHAIN_ROUNDS):
+            c = left[lexsort_packed((left, prio[left], dst[left]), unique=True)]
+            c = c[_first_of_runs(dst[c])]
+            c = c[lexsort_packed((tpos[dst[c]], prio[c], src[c]), unique=True)]
+            c = c[_first_of_runs(src[c])]
+            pedge[dst[c]] = c
+            has_child[src[c]] = True
+            left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
+            if not len(left):
+                break
+        c = np.flatnonzero(pedge >= 0)
+        root = np.arange(n)
+        root[c] = src[pedge[c]]
+        while True:  # pointer jumping to each chain's head
+            nr = root[root]
+            if np.array_equal(nr, root):
+                break
+            root = nr
+        bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
+        n_blk = len(bounds) - 1
+        blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
+        # a chain piece: one chain's nodes in one block (contiguous along the chain)
+        by_piece = lexsort_packed((tpos, root, blk), unique=True)
+        pb, pr = blk[by_piece], root[by_piece]
+        starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
+        piece = np.cumsum(starts) - 1
+        p_start = np.flatnonzero(starts)
+        j = np.arange(n) - p_start[piece]  # index along its piece
+        # the layout, block by block: a block whose longest piece has at most `slices_up_to`
+        # nodes by index along the piece, longest pieces first (each step of the running maximum
+        # one contiguous slice: fewer operations than the doubling steps' when the pieces are
+        # short and the columns many); any other block its pieces one after the other (each
+        # piece one contiguous run of rows: `_piece_cummax`)
+        p_len = np.diff(np.append(p_start, n))
+        p_blk = pb[p_start]
+        width = np.zeros(n_blk + 1, dtype=np.int64)  # per block (+1: the sources' -1)
+        np.maximum.at(width, p_blk + 1, p_len)
+        sliced = width[pb + 1] <= slices_up_to
+        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
+        rank = np.empty(len(so), dtype=np.int64)
+        sb = p_blk[so]
+        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
+        local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
+        final = lexsort_packed(
+            (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
+        )
+        self.nodes = by_piece[final]
+        pos = np.empty(n, dtype=np.int64)
+        pos[self.nodes] = np.arange(n)
+        self.n, self.n_src, self.pos = n, n_src, pos
+        # the prefix sums D along each piece, in piece order
+        self.pc_pos = pos[by_piece]
+        self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
+        self.pc_start = p_start[piece]
+        # the other edges, grouped per block: from earlier blocks, then inside the block
+        e_d, e_s = pos[dst], pos[src]
+        b_d, b_s = blk[dst], blk[src]
+        chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
+        outside = b_s < b_d
+        ek = np.flatnonzero(~chained)
+        ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
+        self.eperm = ek
+        cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
+        j_at = j[final]
+        self.blocks: list[tuple[Any, ...]] = []
+        for bi in range(n_blk):
+            a, b = int(bounds[bi]), int(bounds[bi + 1])
+            e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
+            jb = j_at[a:b]  # each row's index along its piece
+            w = int(width[bi + 1])
+            steps: list[tuple[int, ...]] = []
+            if w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
+                offs = np.searchsorted(jb, np.arange(w + 1)).tolist()
+                steps = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, w)]
+            else:  # the doubling steps: (k, which rows have a row of their piece k above)
+                k = 1
+                while k < w:
+                    steps.append((k, (jb[k:] >= k)[:, None]))
+                    k *= 2
+            self.blocks.append(
+                (
+                    a,
+                    b,
+                    e0,
+                    e1,
+                    e2,
+                    e_s[ek[e0:e1]],
+                    self._groups(e_d[ek[e0:e1]] - a),
+                    e_s[ek[e1:e2]] - a,
+                    self._groups(e_d[ek[e1:e2]] - a),
+                    steps,
+                )
+            )
+
+    @staticmethod
+    def _groups(d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        if not len(d):
+            return None
+        first = _first_of_runs(d)
+        return np.flatnonzero(first), d[first]
+
+    def run(self, lats: Sequence[np.ndarray], t0: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:
+        """The node times (nodes, C) for the C latency vectors `lats` (each (edges,) int64); only
+        the nodes `at` (rows in that order) when given."""
+        n, n_c = self.n, len(lats)
+        mx, red = np.maximum, np.maximum.reduceat
+        pe = self.pc_edge
+        has_pe = pe >= 0
+        pe0 = np.where(has_pe, pe, 0)
+        cs = np.empty((n_c, n), dtype=np.int64)
+        lp = np.empty((len(self.eperm), n_c), dtype=np.int64)
+        for i, lat in enumerate(lats):
+            np.multiply(lat[pe0], has_pe, out=cs[i])
+            lp[:, i] = lat[self.eperm]
+        np.cumsum(cs, axis=1, out=cs)
+        cs -= cs[:, self.pc_start]
+        d_all = np.empty((n, n_c), dtype=np.int64)
+        d_all[self.pc_pos] = cs.T
+        del cs
+        t = np.empty((n, n_c), dtype=np.int64)
+        t[: self.n_src] = t0[self.nodes[: self.n_src], None]
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, steps in self.blocks:
+            r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
+            if x_grp is not None:
+                r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
+            d = d_all[a:b]
+            r, l_in, seen = r_out, lp[e1:e2], None
+            while True:
+                x = r - d
+                if steps and len(steps[0]) == 3:
+                    for q0, q1, p0 in steps:
+                        mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
+                else:
+                    _piece_cummax(x, steps)
+                x += d
+                mx(x, _FLOOR, out=x)
+                if i_grp is None:
+                    break
+                s_new = x[i_src]
+                if seen is not None and np.array_equal(s_new, seen):
+                    break
+                seen = s_new
+                r = r_out.copy()
+                r[i_grp[1]] = mx(r[i_grp[1]], red(s_new + l_in, i_grp[0], axis=0))
+            t[a:b] = x
+        return t[self.pos if at is None else self.pos[at]]
+
+
+_I64_MIN = np.iinfo(np.int64).min
+
+
+def _piece_cummax(x: np.ndarray, steps: list[tuple[Any, ...]]) -> np.ndarray:
+    """The running maximum of `x` (rows, C) down each chain piece (a piece's rows contiguous),
+    column by column, in place: log2(longest piece) doubling steps, each row taking the larger
+    of itself and the row `k` above when that row is of its piece (`steps`: (k, that mask
+    (rows - k, 1))). Exact on any int64 values."""
+    for k, same in steps:
+        np.maximum(x[k:], np.where(same, x[:-k], _I64_MIN), out=x[k:])
+    return x
+
+
+def times_reference(g: Graph, lat: np.ndarray | None = None) -> np.ndarray:
+    """`Graph.times` node by node in topological order (the definition; tests compare the fast
+    pass with it)."""
+    lat_l = (g.lat if lat is None else lat).tolist()
+    t = g.t.tolist()
+    src = g.src.tolist()
+    ptr = g.indptr.tolist()
+    for n in g.order.tolist():
+        a, b = ptr[n], ptr[n + 1]
+        best = t[src[a]] + lat_l[a]
+        for k in range(a + 1, b):
+            v = t[src[k]] + lat_l[k]
+            if v > best:
+                best = v
+        t[n] = best
+    return np.asarray(t, dtype=np.int64)

@@ -1,0 +1,188 @@
+"""One rank's share of the dependency graph (`tracekit.analyse.path`): `RankGraph`, the builder
+its nodes and edges are appended to, the columns it is made of, and the lookups both timelines'
+builders share (`gpu_rank`, `host_rank`)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class RankGraph:
+    """One rank's share of the graph (local node numbers); `build_rank_graph`."""
+
+    rank: int
+    timeline: str
+    t: np.ndarray  # node times, aligned clock
+    src: np.ndarray
+    dst: np.ndarray
+    lat: np.ndarray
+    role: np.ndarray
+    kind: np.ndarray
+    seg: np.ndarray  # straggler segment: step index * 100000 + collective launches before it; -1
+    calls: np.ndarray  # runtime calls the edge's host time holds (profiler deduction)
+    ops: np.ndarray  # host-timeline ops / annotated ranges the edge's host time holds
+    cidx: np.ndarray  # compute operation: its index among the step's compute operations; -1
+    # windows: per step (in `steps` order), the start marker node and the end nodes
+    steps: list[int]
+    ws_node: np.ndarray
+    end_nodes: list[np.ndarray]
+    # matched collectives: begin (arrival) node, end node, instance, transfer, op, bytes
+    c_begin: np.ndarray
+    c_end: np.ndarray
+    c_inst: np.ndarray
+    c_x: np.ndarray
+    c_op: list[str]
+    c_bytes: np.ndarray
+    origin: int
+    notes: list[str] = field(default_factory=list)
+    rho_typ: int = 5000  # the rank's typical launch latency
+    q_typ: int = 1000  # the rank's typical queued gap between operations
+
+
+class RankBuilder:
+    """A rank's nodes (their times) and edge rows, appended in build order (`host_rank`)."""
+
+    def __init__(self) -> None:
+        self.t: list[int] = []
+        self.e: list[tuple[int, int, int, int, int, int, int, int, int]] = []
+
+    def node(self, t: int) -> int:
+        self.t.append(int(t))
+        return len(self.t) - 1
+
+    def edge(
+        self,
+        s: int,
+        d: int,
+        lat: int,
+        role: int,
+        kind: int,
+        seg: int = -1,
+        calls: int = 0,
+        ops: int = 0,
+        cidx: int = -1,
+    ) -> None:
+        self.e.append((s, d, int(lat), role, kind, seg, calls, ops, cidx))
+
+    def arrays(self) -> BuiltColumns:
+        return BuiltColumns(
+            t=np.asarray(self.t, dtype=np.int64), **edge_columns(np.asarray(self.e, dtype=np.int64))
+        )
+
+
+#: the columns of an edge row (src, dst, lat, role, kind, seg, calls, ops, cidx), as RankGraph holds them
+EDGE_COLUMNS = ("src", "dst", "lat", "role", "kind", "seg", "calls", "ops", "cidx")
+
+
+def edge_columns(e: np.ndarray) -> EdgeColumns:
+    """RankGraph's edge arrays from an [n, 9] table of edge rows."""
+    e = e.reshape(-1, len(EDGE_COLUMNS))
+    return EdgeColumns(**{c: e[:, i].copy() for i, c in enumerate(EDGE_COLUMNS)})  # type: ignore[typeddict-item]
+
+
+def matched_arrays(
+    c_begin: list[int],
+    c_end: list[int],
+    c_inst: list[int],
+    c_x: list[int],
+    c_op: list[str],
+    c_bytes: list[int],
+) -> MatchedColumns:
+    """RankGraph's matched-collective fields from the builders' per-collective lists."""
+    i64 = np.int64
+    return MatchedColumns(
+        c_begin=np.asarray(c_begin, dtype=i64),
+        c_end=np.asarray(c_end, dtype=i64),
+        c_inst=np.asarray(c_inst, dtype=i64),
+        c_x=np.asarray(c_x, dtype=i64),
+        c_op=c_op,
+        c_bytes=np.asarray(c_bytes, dtype=i64),
+    )
+
+
+def coll_lookup(matched: pd.DataFrame) -> dict[tuple[int, int], tuple[int, int, str]]:
+    out: dict[tuple[int, int], tuple[int, int, str]] = {}
+    if len(matched):
+        for inst, s, e, a, op in zip(
+            matched["instance"].to_numpy(np.int64),
+            matched["raw_start_ns"].to_numpy(np.int64),
+            matched["raw_end_ns"].to_numpy(np.int64),
+            matched["arrival_raw_ns"].to_numpy(np.int64),
+            str_values(matched["op"]),
+            strict=True,
+        ):
+            out[(int(s), int(e))] = (int(inst), max(int(e) - max(int(a), int(s)), 0), str(op))
+    return out
+
+
+def seg_id(step_i: int, k: int) -> int:
+    return step_i * 100_000 + k
+
+
+class EdgeColumns(TypedDict):
+    """RankGraph's edge arrays, one entry per edge (`EDGE_COLUMNS`)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    lat: np.ndarray
+    role: np.ndarray
+    kind: np.ndarray
+    seg: np.ndarray
+    calls: np.ndarray
+    ops: np.ndarray
+    cidx: np.ndarray
+
+
+class BuiltColumns(EdgeColumns):
+    """A `RankBuilder`'s nodes (their times) and edges."""
+
+    t: np.ndarray
+
+
+class MatchedColumns(TypedDict):
+    """RankGraph's matched-collective fields, one entry per collective."""
+
+    c_begin: np.ndarray
+    c_end: np.ndarray
+    c_inst: np.ndarray
+    c_x: np.ndarray
+    c_op: list[str]
+    c_bytes: np.ndarray
+
+
+def _codes(col: pd.Series) -> tuple[np.ndarray, Sequence[object]]:
+    """Per row the code of its value (-1: missing) and the distinct values: a categorical's codes
+    and categories, else the column factorized."""
+    arr = col.array
+    if isinstance(arr, pd.Categorical):
+        return np.asarray(arr.codes, dtype=np.int64), arr.categories
+    codes, uniq = pd.factorize(col)
+    return codes, uniq
+
+
+def str_values(col: pd.Series) -> np.ndarray:
+    """`col.astype(str).to_numpy()` with each distinct value converted once: the same object array,
+    missing values NaN as there (the event table has none)."""
+    codes, uniq = _codes(col)
+    return np.asarray([str(u) for u in uniq] + [np.nan], dtype=object)[codes]
+
+
+def str_isin(col: pd.Series, values: Collection[str]) -> np.ndarray:
+    """`col.astype(str).isin(values).to_numpy()`, each distinct value looked up once."""
+    codes, uniq = _codes(col)
+    return np.asarray([str(u) in values for u in uniq] + [False], dtype=bool)[codes]
+
+
+def str_flags(col: pd.Series, pattern: re.Pattern[str], search: bool = False) -> np.ndarray:
+    """Per row: whether `pattern` matches (`search`: anywhere in) the value as a string, one regex
+    call per distinct value; a missing value does not match."""
+    codes, uniq = _codes(col)
+    f = pattern.search if search else pattern.match
+    return np.asarray([bool(f(str(u))) for u in uniq] + [False], dtype=bool)[codes]

@@ -1,0 +1,438 @@
+"""One run's replay model (`tracekit.analyse.retime`): `RunModel`, the dependency graph of its
+steady steps and the edge sets a `Setting` acts on; `latencies` transforms the edges' latencies,
+`replay` / `replay_many` re-time the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+
+from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.roles import (
+    K_COMPUTE,
+    NEVER,
+    ROLE_ARRIVE,
+    ROLE_BACKPRESSURE,
+    ROLE_CALL,
+    ROLE_CROSS,
+    ROLE_GAP,
+    ROLE_GAP_OUT,
+    ROLE_GRAPH,
+    ROLE_LAUNCH,
+    ROLE_LEAD,
+    ROLE_OP,
+    ROLE_ORIGIN,
+    ROLE_QUEUE,
+    ROLE_SYNC,
+    ROLE_SYNC_WAIT,
+    ROLE_WORK,
+    ROLE_XFER,
+)
+from tracekit.analyse.retime.norm import norm_after_all_reduce
+from tracekit.analyse.retime.setting import NamedKnob, Setting
+
+if TYPE_CHECKING:
+    from tracekit.analyse.retime.calibrate import ProfilerCalibration
+
+
+@dataclass(frozen=True)
+class EdgeSets:
+    """The edge subsets the settings act on (fixed per graph, `RunModel._masks`): edge indices, and
+    per launch / queued edge its rank's typical latency."""
+
+    host: np.ndarray  # host time a host-time correction scales
+    dev: np.ndarray  # device op times and gaps (a device-bound run's correction)
+    xfer: np.ndarray  # collective transfers
+    sync: np.ndarray
+    sync_wait: np.ndarray
+    launch_zero: np.ndarray  # host gaps and launch calls launch=0 zeroes
+    launch: np.ndarray
+    launch_rho: np.ndarray  # per `launch` edge: its rank's typical launch latency
+    queue: np.ndarray  # queued and cross-stream gaps
+    queue_typ: np.ndarray  # per `queue` edge: its rank's typical queued gap
+    backpressure: np.ndarray
+    deduct_roles: np.ndarray  # per edge: whether the profiler's cost may come out of it (bool)
+    is_call: np.ndarray  # per edge: a launch call's own time (bool)
+
+
+@dataclass(frozen=True)
+class StragglerGroups:
+    """The host gaps `straggler=off` scales (`idx`), their (segment, rank) group codes, each group's
+    segment code, how many segments, and per group whether every rank has its segment."""
+
+    idx: np.ndarray
+    codes: np.ndarray
+    seg_code: np.ndarray
+    n_seg: int
+    full: np.ndarray
+
+
+@dataclass(frozen=True)
+class KernelGroups:
+    """The compute edges `compute=/N` scales (`idx`), their group codes (the k-th compute operation
+    of a step) and whether every rank has that operation."""
+
+    idx: np.ndarray
+    codes: np.ndarray
+    full: np.ndarray
+
+
+_HOST_GAPS = (ROLE_GAP, ROLE_GAP_OUT, ROLE_LEAD)
+
+
+@dataclass
+class RunModel:
+    """The replay model of one run: the dependency graph of its steady steps, re-timed per knob."""
+
+    label: str
+    n_ranks: int
+    ranks: list[int]
+    timeline: str  # "gpu" | "host"
+    steps: list[int]
+    graph: Graph
+    measured_ns: np.ndarray  # per steady step, the measured step time (longest window)
+    compute_per_token: dict[int, float]  # rank -> mean compute per token
+    target_ns: Fraction | None  # the unprofiled per-token time (None: not corrected)
+    notes: list[str] = field(default_factory=list)
+    host_scale: float = 1.0
+    host_deduct: float = 0.0
+    deduct_collective: float = 0.0
+    device_scale: float = 1.0
+    correction: str = "none"  # "none", "solved", "manifest calibration"
+    calibration: ProfilerCalibration | None = None
+    #: the calibration's own cost per rank (`per_rank_ns`), where it has every rank's: rank -> (per
+    #: runtime call or host op, per collective launch); else None (one cost for every rank)
+    rank_deduct: dict[int, tuple[float, float]] | None = None
+    #: the classified events the graph was built from, for the masks a knob needs (found lazily)
+    events: pd.DataFrame | None = field(default=None, repr=False)
+
+    @property
+    def norm_after_all_reduce(self) -> np.ndarray | None:
+        """Per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
+        all-reduce and the next matrix kernel on its rank); None: none found. Found on first use."""
+        if not hasattr(self, "_norm_mask"):
+            ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
+            self._norm_mask = norm_after_all_reduce(self.graph, self.events) if ok else None
+        return self._norm_mask
+
+    def corrected(self) -> Setting:
+        """The unchanged graph at the model's profiler correction (`calibrate`), no knob."""
+        return Setting(
+            host_scale=self.host_scale,
+            host_deduct=self.host_deduct,
+            deduct_collective=self.deduct_collective,
+            device_scale=self.device_scale,
+        )
+
+    def replay(self, setting: Setting) -> np.ndarray:
+        """Per steady step, the replayed token time (integer ns): from the previous step's end to
+        its own (`path.graph.Graph.periods`), so time between steps counts and nothing is frozen."""
+        return self.replay_many([setting])[0]
+
+    def replay_many(self, settings: Sequence[Setting]) -> list[np.ndarray]:
+        """`replay` of each setting, the graph re-timed for several settings in one forward pass
+        (`path.graph.Graph.periods_of`; in chunks that keep the pass's arrays near 512 MB)."""
+        g = self.graph
+        per_col = 8 * (len(g.src) + 3 * g.n_nodes) + 1
+        chunk = max(1, min(64, (512 << 20) // per_col))
+        steady = self._steady_pos
+        out: list[np.ndarray] = []
+        for i in range(0, len(settings), chunk):
+            lats = [self.latencies(s) for s in settings[i : i + chunk]]
+            per = g.periods_of(lats)
+            out.extend(per[steady, k].copy() for k in range(len(lats)))
+        return out
+
+    @property
+    def _steady_pos(self) -> np.ndarray:
+        pos = {s: i for i, s in enumerate(self.graph.steps)}
+        return np.asarray([pos[s] for s in self.steps], dtype=np.int64)
+
+    def _masks(self) -> EdgeSets:
+        """Edge subsets the knobs act on (fixed per graph), computed once."""
+        got = self.__dict__.get("_mask_cache")
+        if got is not None:
+            return got
+        g = self.graph
+        role = g.role
+        host_part = ~np.isin(role, (ROLE_XFER, ROLE_ORIGIN, ROLE_ARRIVE))
+        if self.timeline == "host":
+            host_part &= role != ROLE_OP
+        else:
+            host_part &= np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_SYNC, ROLE_SYNC_WAIT))
+        dev = (
+            np.isin(role, (ROLE_OP, ROLE_QUEUE, ROLE_CROSS, ROLE_GRAPH))
+            if self.timeline == "gpu"
+            else (role == ROLE_WORK)
+        )
+        rk = g.erank
+        ranks = np.asarray(self.ranks)
+        rpos = np.minimum(np.searchsorted(ranks, rk), len(self.ranks) - 1) if len(ranks) else rk
+        rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
+        qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
+        lm = np.flatnonzero(role == ROLE_LAUNCH)
+        qm = np.flatnonzero((role == ROLE_QUEUE) | (role == ROLE_CROSS))
+        got = EdgeSets(
+            host=np.flatnonzero(host_part),
+            dev=np.flatnonzero(dev),
+            xfer=np.flatnonzero(role == ROLE_XFER),
+            sync=np.flatnonzero(role == ROLE_SYNC),
+            sync_wait=np.flatnonzero(role == ROLE_SYNC_WAIT),
+            launch_zero=np.flatnonzero((role == ROLE_GAP) | (role == ROLE_GAP_OUT) | (role == ROLE_CALL)),
+            launch=lm,
+            launch_rho=rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
+            queue=qm,
+            queue_typ=qt[rpos[qm]] if len(qt) else np.zeros(len(qm), dtype=np.int64),
+            backpressure=np.flatnonzero(role == ROLE_BACKPRESSURE),
+            deduct_roles=np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_WORK, ROLE_SYNC)),
+            is_call=role == ROLE_CALL,
+        )
+        self.__dict__["_mask_cache"] = got
+        return got
+
+    def latencies(self, s: Setting) -> np.ndarray:
+        """The graph's edge latencies under a setting (integer ns)."""
+        g = self.graph
+        mk = self._masks()
+        # the stages before the deduction depend on these two alone: kept for the settings that
+        # differ only in the split of the profiler's cost (`Setting.rank_costs`)
+        pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
+        pre: dict[tuple[float, bool], np.ndarray] = self.__dict__.setdefault("_pre_lat", {})
+        if pre_key in pre:
+            lat = pre[pre_key].copy()
+        else:
+            lat = g.lat.astype(np.float64)
+            if s.host_scale != 1.0:
+                h = mk.host
+                lat[h] = lat[h] * s.host_scale
+            if s.straggler_off and self.n_ranks > 1:
+                idx, f = self._straggler_factors(lat)
+                lat[idx] = lat[idx] * f
+            if s.rank_costs is not None:
+                pre[pre_key] = lat.copy()
+        if s.host_deduct or s.deduct_collective or s.rank_costs:
+            lat = self._deduct(lat, s)
+        if s.device_scale != 1.0:
+            d = mk.dev
+            lat[d] = lat[d] * s.device_scale
+        if s.compute_scale is not None and self.n_ranks > 1:
+            lat = self._per_kernel(lat, s.compute_scale)
+        if s.transfer is not None:
+            xk = mk.xfer
+            if s.transfer == "zero":
+                lat[xk] = 0.0
+            else:
+                assert not isinstance(s.transfer, str)
+                for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
+                    tp = s.transfer.time_ns(op, int(nb))
+                    if tp is not None:
+                        lat[k] = tp
+        if s.coll_latency is not None:
+            xk = mk.xfer
+            for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
+                lat[k] = min(lat[k], s.coll_latency.transfer_ns(op, int(nb), self.n_ranks))
+        if s.fuse_norm and self.norm_after_all_reduce is not None:
+            lat = np.where(self.norm_after_all_reduce, 0.0, lat)
+        out = np.rint(lat).astype(np.int64)
+        if s.sync0:
+            out[mk.sync] = 0
+            out[mk.sync_wait] = NEVER
+        if s.launch0 and self.timeline == "gpu":
+            out[mk.launch_zero] = 0
+            lm, qm = mk.launch, mk.queue
+            out[lm] = np.minimum(out[lm], mk.launch_rho)
+            out[qm] = np.minimum(out[qm], mk.queue_typ)
+            out[mk.backpressure] = NEVER
+        return out
+
+    def _straggler_groups(self) -> StragglerGroups | None:
+        """The (segment, rank) groups of the host gaps `straggler=off` scales, computed once."""
+        if "_strag_cache" in self.__dict__:
+            cached: StragglerGroups | None = self.__dict__["_strag_cache"]
+            return cached
+        g = self.graph
+        gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
+        out: StragglerGroups | None = None
+        if gm.any():
+            idx = np.flatnonzero(gm)
+            seg, rk = g.seg[idx], g.erank[idx]
+            if self.timeline == "gpu":
+                seg = self._across_steps(seg, rk)
+            # group codes in first-appearance order (as groupby(sort=False) keys them)
+            codes, uniq = pd.factorize(pd.MultiIndex.from_arrays([seg, rk]))
+            useg = uniq.get_level_values(0).to_numpy(np.int64)
+            seg_code, seg_uniq = pd.factorize(useg)
+            n_r = np.bincount(seg_code, minlength=len(seg_uniq))
+            out = StragglerGroups(
+                idx=idx,
+                codes=codes.astype(np.int64),
+                seg_code=seg_code.astype(np.int64),
+                n_seg=len(seg_uniq),
+                full=n_r[seg_code] == self.n_ranks,
+            )
+        self.__dict__["_strag_cache"] = out
+        return out
+
+    def _across_steps(self, seg: np.ndarray, rk: np.ndarray) -> np.ndarray:
+        """Segments between consecutive collectives across the step boundary: a step's host time
+        after its last collective launch and the next step's before its first lie between the same
+        two rendezvous, so they are one segment (the later step's first). Split at the boundary,
+        each part was scaled to its own fastest rank, though no collective holds the ranks together
+        there (a rank slow after its last collective and fast before the next step's first is not a
+        straggler between them)."""
+        g = self.graph
+        launches = np.flatnonzero((g.role == ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
+        if not len(launches):
+            return seg
+        # per (rank, step): how many collectives it launched (each launch's segment counts those before)
+        key_l = g.erank[launches] * (1 << 32) + g.seg[launches] // 100_000
+        n_l = g.seg[launches] % 100_000 + 1
+        last = pd.Series(n_l).groupby(key_l).max()
+        key = rk * (1 << 32) + seg // 100_000
+        n_coll = last.reindex(key).to_numpy()
+        tail = ~np.isnan(n_coll.astype(np.float64)) & (seg % 100_000 == np.nan_to_num(n_coll, nan=-1))
+        n_steps = len(g.steps)
+        tail &= seg // 100_000 + 1 < n_steps
+        return np.where(tail, (seg // 100_000 + 1) * 100_000, seg)
+
+    def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
+        rank's (segments every rank has; the others keep 1)."""
+        gr = self._straggler_groups()
+        if gr is None:
+            return np.zeros(0, dtype=np.int64), np.zeros(0)
+        idx = gr.idx
+        sums = pd.Series(lat[idx]).groupby(gr.codes, sort=True).sum().to_numpy()
+        fastest = np.full(gr.n_seg, np.inf)
+        np.minimum.at(fastest, gr.seg_code, sums)
+        ratio = fastest[gr.seg_code] / sums
+        ratio = np.where(sums > 0, ratio, 1.0)
+        ratio = np.where(gr.full, ratio, 1.0)
+        return idx, ratio[gr.codes]
+
+    def _deduct(self, lat: np.ndarray, s: Setting) -> np.ndarray:
+        """The profiler's cost per call taken from the host time it lies in: from the call's own
+        time first (the profiler's runtime callbacks run inside the recorded call, before its
+        effect, so the operation it launched is released that much earlier too), the rest from the
+        gap before the call (docs/METHOD.md section The dependency graph)."""
+        g = self.graph
+        mk = self._masks()
+        lat = lat.copy()
+        hd: float | np.ndarray = s.host_deduct
+        dc: float | np.ndarray = s.deduct_collective
+        by_rank: dict[int, tuple[float, float]] | None = None
+        if s.rank_costs is not None:
+            by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs}
+        elif self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
+            by_rank = self.rank_deduct
+        if by_rank is not None:
+            costs = np.asarray(
+                [by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
+            )
+            at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
+            hd, dc = costs[at, 0], costs[at, 1]
+        per = hd * g.calls.astype(np.float64) + dc * np.where(mk.is_call, g.ops, 0)
+        if self.timeline == "host":
+            per = hd * g.ops.astype(np.float64)
+        call_e, gap_e = self._call_gap
+        need = per.copy()
+        if len(call_e):
+            # a call's own cost from the call first, what its time cannot hold from the gap before it
+            own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+            lat[call_e] -= own
+            need[call_e] = 0.0
+            np.add.at(need, gap_e, per[call_e] - own)
+            if own.any():  # it ran before the call's effect: its operation is released earlier too
+                by_node = np.zeros(len(g.t))
+                by_node[g.src[call_e]] = own
+                lm = np.flatnonzero(g.role == ROLE_LAUNCH)
+                lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+        take = np.minimum(need, np.maximum(lat, 0.0))
+        lat -= np.where(mk.deduct_roles, take, 0.0)
+        # a synchronising call's cost also delays its return when the device was done before the
+        # cost had run (the return latency then holds the cost): it comes off the wait edge's
+        # latency by the part of the cost that ran after the awaited operation's end
+        sw, se = self._sync_wait
+        if len(sw):
+            waited = np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0)
+            cut = np.maximum(per[se] - waited, 0.0)
+            lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
+        return lat
+
+    @property
+    def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
+        cached = getattr(self, "_sw", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        waits = np.flatnonzero(g.role == ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == ROLE_SYNC)
+        by_dst = pd.Series(own, index=g.dst[own])
+        by_dst = by_dst[~by_dst.index.duplicated()]
+        of = by_dst.reindex(g.dst[waits]).to_numpy()
+        ok = ~np.isnan(of.astype(np.float64))
+        out = (waits[ok], of[ok].astype(np.int64))
+        self._sw = out
+        return out
+
+    @property
+    def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
+        """Pairs (call edge, the host gap edge into its begin)."""
+        cached = getattr(self, "_cg", None)
+        if cached is not None:
+            return cached
+        g = self.graph
+        calls = np.flatnonzero(g.role == ROLE_CALL)
+        gaps = np.flatnonzero(np.isin(g.role, (ROLE_GAP, ROLE_GAP_OUT)))
+        into = pd.Series(gaps, index=g.dst[gaps])
+        into = into[~into.index.duplicated()]
+        gap_of = into.reindex(g.src[calls]).to_numpy()
+        ok = ~np.isnan(gap_of.astype(np.float64))
+        out = (calls[ok], gap_of[ok].astype(np.int64))
+        self._cg = out
+        return out
+
+    def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
+        """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
+        ranks' mean of it times `factor` (no per-collective imbalance is kept); operations not on
+        every rank are scaled by the factor alone."""
+        gr = self._kernel_groups()
+        lat = lat.copy()
+        if gr is None:
+            return lat
+        idx = gr.idx
+        mean = pd.Series(lat[idx]).groupby(gr.codes).transform("mean").to_numpy()
+        lat[idx] = np.where(gr.full, mean, lat[idx]) * factor
+        return lat
+
+    def _kernel_groups(self) -> KernelGroups | None:
+        """The compute edges and their groups (the k-th compute operation of a step), once."""
+        if "_kern_cache" in self.__dict__:
+            cached: KernelGroups | None = self.__dict__["_kern_cache"]
+            return cached
+        g = self.graph
+        cm = (g.kind == K_COMPUTE) & np.isin(g.role, (ROLE_OP, ROLE_WORK))
+        out: KernelGroups | None = None
+        if cm.any():
+            idx = np.flatnonzero(cm)
+            key = g.cidx[idx]
+            codes, uniq = pd.factorize(key, sort=True)
+            count = np.bincount(codes)[codes]
+            out = KernelGroups(idx=idx, codes=codes, full=(count == self.n_ranks) & (key >= 0))
+        self.__dict__["_kern_cache"] = out
+        return out
+
+    def applicable(self, knob: NamedKnob) -> bool:
+        if knob.name in ("transfer", "straggler", "compute", "collective_latency"):
+            return self.n_ranks > 1
+        if knob.name == "allreduce_norm":
+            return self.n_ranks > 1 and self.timeline == "gpu"
+        if knob.name == "launch":
+            return self.timeline == "gpu"
+        return True

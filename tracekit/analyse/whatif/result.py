@@ -1,0 +1,147 @@
+"""The what-if's result (`tracekit.analyse.whatif`): `WhatIf`, the predictions of both runs under
+the knobs and the Shapley split of S, and its JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from tracekit.analyse.retime.model import RunModel
+from tracekit.analyse.whatif.knobs import Knob
+from tracekit.analyse.whatif.shapley import round_to_sum
+
+SCHEMA_VERSION = "1.0"
+
+
+@dataclass(frozen=True)
+class SplitRanges:
+    """Where the sharded run's profiler cost per rank is not identified: its predictions and the
+    Shapley values over the splits of the cost the data allow (`pair.split_ranges`; ns, floor /
+    ceil): combination spec -> [lo, hi], knob spec or "residual" -> [lo, hi], how many splits."""
+
+    predicted: dict[str, list[int]]
+    shapley: dict[str, list[int]]
+    splits: int
+
+
+@dataclass
+class WhatIf:
+    """Predictions of the baseline (TP=1) and the sharded run (TP=N) under knobs, with the Shapley
+    split of S. Build with `whatif`."""
+
+    baseline: RunModel
+    sharded: RunModel | None
+    knobs: tuple[Knob, ...]
+    combinations: list[tuple[Knob, ...]]
+    predicted: dict[str, dict[int, Fraction]]  # combination spec -> ranks -> mean ns
+    replayed: dict[str, np.ndarray]  # "baseline"/"sharded": traced replay per step
+    shapley: dict[str, Fraction] | None
+    residual_parts: dict[str, Fraction] | None
+    ideal_ns: Fraction | None
+    shortfall_ns: Fraction | None
+    measured: dict[int, Fraction]  # ranks -> per-token time (unprofiled when corrected)
+    accounting: dict[str, Any] | None
+    check: dict[str, Any] | None = None
+    #: where the sharded run's profiler cost per rank is not identified: the ranges of its predictions
+    #: and of the Shapley values over the splits the data allow (`pair.split_ranges`); else None
+    ranges: SplitRanges | None = None
+
+    def runs(self) -> list[RunModel]:
+        """The runs replayed: the baseline, then the sharded one when there is one."""
+        return [m for m in (self.baseline, self.sharded) if m is not None]
+
+    def replay_error(self, model: RunModel) -> dict[str, Any]:
+        """How far `model`'s unchanged replay is from its measured step times (JSON `replay_error`)."""
+        key = "baseline" if model is self.baseline else "sharded"
+        rep = self.replayed[key]
+        meas = model.measured_ns
+        per_step = (rep - meas) / meas
+        return {
+            "traced_ns": int(round(float(meas.mean()))),
+            "replayed_ns": int(round(float(rep.mean()))),
+            "mean": float((rep.mean() - meas.mean()) / meas.mean()),
+            "max_step": float(np.max(np.abs(per_step))) if len(per_step) else 0.0,
+            "steps": len(meas),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        """The what-if JSON document (`tracekit.model.documents.whatif`)."""
+
+        def run_doc(m: RunModel) -> dict[str, Any]:
+            return {
+                "label": m.label,
+                "ranks": m.n_ranks,
+                "timeline": m.timeline,
+                "per_token_ns": int(round(self.measured[m.n_ranks])),
+                "per_token_source": "unprofiled" if m.target_ns is not None else "trace",
+                "host_cost_per_call_ns": round(m.host_deduct, 1),
+                "profiler_correction": {
+                    "method": m.correction,
+                    **(
+                        {"per_call_ns": m.calibration["per_call_ns"]}
+                        if m.correction == "manifest calibration" and m.calibration is not None
+                        else {}
+                    ),
+                },
+                "host_scale": m.host_scale,
+                "device_scale": m.device_scale,
+                "replay_error": self.replay_error(m),
+            }
+
+        doc: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "kind": "tracekit.whatif",
+            "runs": {"baseline": run_doc(self.baseline)},
+            "knobs": [
+                {
+                    "spec": k.spec,
+                    "definition": k.definition,
+                    "applies": {str(m.n_ranks): m.applicable(k) for m in self.runs()},
+                }
+                for k in self.knobs
+            ],
+            "predicted_ns": {
+                spec: {str(n): int(round(v)) for n, v in by_n.items()}
+                for spec, by_n in self.predicted.items()
+            },
+            "speedup_vs_tp1": {
+                spec: {
+                    str(n): float(self.measured[self.baseline.n_ranks] / v) if v else None
+                    for n, v in by_n.items()
+                }
+                for spec, by_n in self.predicted.items()
+            },
+        }
+        if self.sharded is not None:
+            doc["runs"]["sharded"] = run_doc(self.sharded)
+        if self.shapley is not None and self.shortfall_ns is not None and self.ideal_ns is not None:
+            n = self.sharded.n_ranks if self.sharded else 1
+            s_int = int(round(self.measured[n])) - int(round(self.ideal_ns))
+            doc["ideal_ns"] = int(round(self.ideal_ns))
+            doc["shortfall_ns"] = s_int
+            doc["shapley_ns"] = round_to_sum(self.shapley, s_int)
+            doc["residual_parts_ns"] = {k: int(round(v)) for k, v in (self.residual_parts or {}).items()}
+            doc["shapley_shares"] = {k: (v / s_int if s_int else None) for k, v in doc["shapley_ns"].items()}
+        if self.ranges is not None and self.sharded is not None:
+            # the sharded run's profiler cost per rank is not identified: what the data allow
+            doc["identified"] = False
+            n_s = str(self.sharded.n_ranks)
+            doc["predicted_ranges_ns"] = {spec: {n_s: list(v)} for spec, v in self.ranges.predicted.items()}
+            doc["shapley_ranges_ns"] = {k: list(v) for k, v in self.ranges.shapley.items()}
+        if self.accounting is not None:
+            doc["accounting"] = self.accounting
+        if self.check is not None:
+            doc["check"] = self.check
+        notes = [n for m in self.runs() for n in m.notes]
+        if self.ranges is not None and self.sharded is not None:
+            notes.append(
+                f"the profiler's cost per rank of the TP={self.sharded.n_ranks} run is not identified (solved from "
+                "one per-token time, no calibration in the manifest): its predictions and the Shapley values "
+                f"are stated over the {self.ranges.splits} splits of the cost read (`predicted_ranges_ns`, "
+                "`shapley_ranges_ns`); capture with `tracekit capture` to measure each rank's cost"
+            )
+        doc["notes"] = notes
+        return doc
