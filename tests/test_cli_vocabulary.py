@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
 import pytest
 
 from tracekit.cli.main import COMMANDS, main
@@ -155,3 +156,76 @@ def test_capture_summary_counts_one_file_in_the_singular(
         _summary(tmp_path)
         got = capsys.readouterr()
         assert got.out == "" and f"wrote {tmp_path}: {words}" in got.err, got.err
+
+
+def _commands() -> dict[str, click.Command]:
+    import importlib
+
+    return {name: importlib.import_module(f"tracekit.cli.{mod}").command for name, mod in COMMANDS.items()}
+
+
+def _options(cmd: click.Command) -> dict[str, click.Option]:
+    return {max(p.opts, key=len): p for p in cmd.params if isinstance(p, click.Option)}
+
+
+#: what every command that runs an analysis on an engine takes (cli/options.analysis_options)
+ANALYSIS = (
+    "--engine",
+    "--scheduler",
+    "--workers",
+    "--no-cache",
+    "--cache-dir",
+    "--max-bytes",
+    "--max-events",
+)
+
+
+def test_analysis_options_are_one_declaration_on_every_engine_command() -> None:
+    """Every command with --engine has the whole analysis set and -o/--output, each spelled, typed
+    and explained the same (a command that declared its own copy would drift from the others)."""
+    cmds = {n: c for n, c in _commands().items() if "--engine" in _options(c)}
+    assert {"breakdown", "shortfall", "diff", "decompose", "whatif", "report"} <= set(cmds)
+    for opt in ANALYSIS:
+        seen = {
+            (tuple(o.opts), type(o.type).__name__, o.help, o.default)
+            for o in (_options(c)[opt] for c in cmds.values())
+        }
+        assert len(seen) == 1, (opt, seen)
+    outputs = {n: _options(c)["--output"] for n, c in cmds.items() if n != "report"}  # report: several
+    assert {(tuple(o.opts), o.help) for o in outputs.values()} == {
+        (("-o", "--output", "--out"), outputs["shortfall"].help)
+    }
+
+
+def test_probe_and_compare_links_share_their_sweep_options() -> None:
+    """`probe` and `compare-links` take the same sweep options under the same parameter names and
+    types (declared once: cli/options.sweep_options); each may change a default or a help text."""
+    from tracekit.cli.options import SWEEP_OPTIONS
+
+    cmds = _commands()
+    probe, links = _options(cmds["probe"]), _options(cmds["compare-links"])
+    for names, _settings in SWEEP_OPTIONS.values():
+        opt = names[0].split("/")[0]  # --graph of --graph/--no-graph
+        assert opt in probe and opt in links, opt
+        assert probe[opt].name == links[opt].name and type(probe[opt].type) is type(links[opt].type), opt
+    assert probe["--output"].opts == links["--output"].opts
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["breakdown", str(CPU_TP1)],
+        ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(CPU_TP2)],
+        ["diff", str(CPU_TP1), str(CPU_TP1)],
+        ["decompose", "--baseline", str(CPU_TP1), "--intermediate", str(CPU_TP1), "--full", str(CPU_TP1)],
+        ["whatif", "--baseline", str(CPU_TP1)],
+    ],
+    ids=lambda a: a[0],
+)
+def test_engine_options_reach_the_engine(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    """The analysis options are handed to the engine as given: --workers with --engine local is
+    refused in one line before any run is read (they would be dropped if the option set lost them)."""
+    capsys.readouterr()
+    assert main([*args, "--engine", "local", "--workers", "2", "--no-cache"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--scheduler and --workers apply to --engine dask" in err[0], err

@@ -406,7 +406,7 @@ def test_graph_reaches_the_rank_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake_run(cfg: sweep.SweepConfig) -> sweep.SweepResult:
         seen.append(cfg)
-        return sweep.SweepResult([], {}, None, {}, [], sweep._config_dict(cfg))
+        return sweep.SweepResult([], {}, None, {}, [], cfg)
 
     monkeypatch.setattr(sweep, "run_sweep_detailed", fake_run)
     assert main(["probe", "--device", "cpu", "--no-progress"]) == 0  # no rows: a torchrun rank's path

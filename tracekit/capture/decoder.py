@@ -227,16 +227,23 @@ class TPDecoder:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _attention(self, i: int, layer: Layer, h: torch.Tensor, pos: int) -> torch.Tensor:
-        b, seq, _ = h.shape
+    def _heads(
+        self, qkv: torch.Tensor, seq: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of this rank's projection `qkv` as [batch, heads, seq, head_dim], q and k
+        rotated by RoPE at the positions whose `cos` and `sin` are given."""
+        b = qkv.shape[0]
         hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
-        qkv = h @ layer.qkv.t()
         q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
         q = q.view(b, seq, nh, hd).transpose(1, 2)
         k = k.view(b, seq, nkv, hd).transpose(1, 2)
         v = v.view(b, seq, nkv, hd).transpose(1, 2)
-        cos, sin = self.cos[pos : pos + seq], self.sin[pos : pos + seq]
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def _attention(self, i: int, layer: Layer, h: torch.Tensor, pos: int) -> torch.Tensor:
+        b, seq, _ = h.shape
+        hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
+        q, k, v = self._heads(h @ layer.qkv.t(), seq, self.cos[pos : pos + seq], self.sin[pos : pos + seq])
         self.k_cache[i][:, :, pos : pos + seq] = k
         self.v_cache[i][:, :, pos : pos + seq] = v
         keys = self.k_cache[i][:, :, : pos + seq]
@@ -300,12 +307,7 @@ class TPDecoder:
         hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
         cache = self.kv_cache[i]
         if "rope" in self._kept:
-            q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
-            q = q.view(b, 1, nh, hd).transpose(1, 2)
-            k = k.view(b, 1, nkv, hd).transpose(1, 2)
-            v = v.view(b, 1, nkv, hd).transpose(1, 2)
-            cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            q, k, v = self._heads(qkv, 1, self.cos.index_select(0, pos), self.sin.index_select(0, pos))
             cache[0].index_copy_(2, pos, k)
             cache[1].index_copy_(2, pos, v)
             q = q.reshape(b, nh * hd)
@@ -362,13 +364,9 @@ class TPDecoder:
         every token. `pos` is a [1] long tensor on the device."""
         b = h.shape[0]
         hd, nh, nkv = self.shape.head_dim, self.local_heads, self.local_kv
-        qkv = h @ layer.qkv.t()
-        q, k, v = qkv.split((nh * hd, nkv * hd, nkv * hd), dim=-1)
-        q = q.view(b, 1, nh, hd).transpose(1, 2)
-        k = k.view(b, 1, nkv, hd).transpose(1, 2)
-        v = v.view(b, 1, nkv, hd).transpose(1, 2)
-        cos, sin = self.cos.index_select(0, pos), self.sin.index_select(0, pos)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k, v = self._heads(
+            h @ layer.qkv.t(), 1, self.cos.index_select(0, pos), self.sin.index_select(0, pos)
+        )
         self.k_cache[i].index_copy_(2, pos, k)
         self.v_cache[i].index_copy_(2, pos, v)
         keys, values = self.k_cache[i], self.v_cache[i]

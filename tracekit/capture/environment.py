@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import hashlib
 import json
 import os
 import platform
@@ -18,6 +17,8 @@ import socket
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tracekit.read.files import sha256_of
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = "1.2"  # 1.1: workload.nsys; 1.2: rounds (alternating passes), dilation_interval
@@ -82,16 +83,8 @@ def gzip_file_atomic(src: Path, dest: Path) -> None:
     src.unlink()
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def file_entry(path: Path, rank: int | None) -> dict[str, int | str | None]:
-    return {"rank": rank, "sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return {"rank": rank, "sha256": sha256_of(path), "bytes": path.stat().st_size}
 
 
 # -- statistics ----------------------------------------------------------------------------------

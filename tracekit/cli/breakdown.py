@@ -4,23 +4,14 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import (
-    cache_dir_option,
-    emit_result,
-    engine_options,
-    format_option,
-    no_cache_option,
-    out_file_option,
-    show_progress,
-    step_pattern_option,
-)
+from tracekit.cli import options as opt
 from tracekit.model import documents
 from tracekit.render import breakdown as view
 
 
 @click.command("breakdown", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=str))
-@step_pattern_option
+@opt.step_pattern_option
 @click.option(
     "--rank",
     type=int,
@@ -29,24 +20,18 @@ from tracekit.render import breakdown as view
     help="With one trace file: read it as rank N, overriding the rank the file says (distributedInfo; "
     "a differing one is noted in data quality). With several: show only rank N.",
 )
-@format_option(
+@opt.format_option(
     "table",
     "json",
     "csv",
     help="table for people; json (docs/JSON.md#breakdown) or csv (one row per rank and step) for machines.",
 )
-@out_file_option
-@click.option(
-    "--skip-first",
-    type=int,
-    default=0,
-    show_default=True,
-    help="Drop the first N steps of each rank (warm-up). Default 0 (shortfall's is 1): per-token "
+@opt.skip_first_option(
+    0,
+    "Drop the first N steps of each rank (warm-up). Default 0 (shortfall's is 1): per-token "
     "figures include the first step unless --skip-first 1.",
 )
-@no_cache_option
-@cache_dir_option
-@engine_options
+@opt.analysis_options
 def command(
     paths: tuple[str, ...],
     step_pattern: str | None,
@@ -54,10 +39,7 @@ def command(
     fmt: str,
     out: str | None,
     skip_first: int,
-    no_cache: bool,
-    engine: str | None,
-    scheduler: str | None,
-    workers: int | None,
+    run_on: opt.RunOn,
 ) -> None:
     """Split every step of a run into compute, memory, collective (exposed), unknown, sync and idle
     time, per rank, exactly (the parts sum to the step), with the overlapped collective time, a
@@ -78,18 +60,16 @@ def command(
       tracekit breakdown nsys_export.sqlite --steps whole --cache-dir /tmp/tk-cache
       tracekit breakdown runs/tp64 --engine dask --workers 8 --format json -o b.json
     """
-    from tracekit.engine import Engine, breakdown_paths
+    from tracekit.engine import breakdown_paths
 
-    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
     result = breakdown_paths(
-        list(paths), eng, step_pattern=step_pattern, skip_first=skip_first, rank=rank, cache=not no_cache
+        list(paths),
+        run_on.engine(),
+        step_pattern=step_pattern,
+        skip_first=skip_first,
+        rank=rank,
+        cache=run_on.cache,
     )
 
     doc = result.to_json()
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Breakdown), width, color),
-        others={"csv": result.to_csv},
-    )
+    opt.emit_document(out, fmt, doc, documents.Breakdown, view, csv=result.to_csv)

@@ -7,12 +7,13 @@ from pathlib import Path
 import click
 
 from tracekit.cli.options import (
-    OutputPath,
+    file_option,
     format_option,
     message,
-    output_option,
+    run_option,
     show_progress,
     sweep_options,
+    sweep_output_option,
 )
 from tracekit.errors import ProbeError
 from tracekit.model.documents import Links, convert, to_builtins
@@ -38,36 +39,30 @@ from tracekit.probe import spec
     default=None,
     help="For the pcie mode set NCCL_P2P_LEVEL=<LEVEL> (e.g. PHB) instead of NCCL_P2P_DISABLE=1.",
 )
-@click.option(
-    "--trace",
-    "trace_dir",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="A decode trace run (folder of rank traces): mark its message sizes, compare its realised busbw.",
+@run_option(
+    "trace",
+    "A decode trace run (folder of rank traces): mark its message sizes, compare its realised busbw.",
+    dest="trace_dir",
+    required=False,
+    path_type=Path,
 )
-@click.option(
-    "--baseline",
-    "baseline_dir",
-    type=click.Path(exists=True, path_type=Path),
-    default=None,
-    help="The --trace run's baseline (TP=1 run): the verdict sets the link bound against its shortfall S.",
+@run_option(
+    "baseline",
+    "The --trace run's baseline (TP=1 run): the verdict sets the link bound against its shortfall S.",
+    dest="baseline_dir",
+    required=False,
+    path_type=Path,
 )
-@click.option(
-    "--load",
+@file_option(
+    "load",
     "load_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="Re-use a saved compare-links JSON instead of running sweeps (no GPU needed); the sweep options "
+    "Re-use a saved compare-links JSON instead of running sweeps (no GPU needed); the sweep options "
     "are then ignored, --trace/--baseline recompute the trace part and the verdict.",
+    exists=True,
+    path_type=Path,
 )
 @format_option("table", "json", default=None, help="[table; json when -o/--output ends .json]")
-@output_option(
-    "out",
-    type=OutputPath(path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Write the result to FILE (the table then goes to stderr).",
-)
+@sweep_output_option
 def command(
     gpus: str | None,
     modes: str,
@@ -140,19 +135,10 @@ def command(
     bad = [m for m in mode_list if m not in MODES]
     if bad or not mode_list:
         raise ProbeError(f"unknown mode(s) {bad or modes!r}; known: {', '.join(MODES)}")
-    ops = (
-        spec.COLLECTIVE_OPS
-        if op_text.strip() == "all"
-        else tuple(spec.normalise_op(o) for o in op_text.split(",") if o.strip())
-    )
-    try:
-        gpu_list = tuple(int(g) for g in gpus.split(",") if g.strip()) if gpus else None
-    except ValueError:
-        raise ProbeError(f"--gpus wants GPU indices like 0,1; got {gpus!r}") from None
     cfg = CompareConfig(
-        ops=ops,
+        ops=spec.parse_ops(op_text),
         modes=mode_list,
-        gpus=gpu_list,
+        gpus=spec.parse_gpus(gpus),
         min_bytes=spec.parse_size(min_text),
         max_bytes=spec.parse_size(max_text) if max_text else None,
         factor=factor,

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import (
-    cache_dir_option,
-    engine_options,
-    format_option,
-    no_cache_option,
-    out_file_option,
-    show_progress,
-    step_pattern_option,
-    write_text,
-)
+from tracekit.cli import options as opt
 from tracekit.model import documents
 from tracekit.render import decompose as view
 
@@ -40,15 +31,10 @@ Examples:
     help="Run B: new runtime, old kernels.",
 )
 @click.option("--full", "full", required=True, type=click.Path(exists=True), help="Run C: the full stack.")
-@step_pattern_option
-@click.option(
-    "--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out of each run."
-)
-@format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
-@out_file_option
-@no_cache_option
-@cache_dir_option
-@engine_options
+@opt.step_pattern_option
+@opt.skip_first_option(help="Warm-up steps left out of each run.")
+@opt.format_option("table", "json", help="table for people; json for machines (text: the old name of table).")
+@opt.analysis_options
 def command(
     baseline: str,
     intermediate: str,
@@ -57,10 +43,7 @@ def command(
     skip_first: int,
     fmt: str,
     out: str | None,
-    no_cache: bool,
-    engine: str | None,
-    scheduler: str | None,
-    workers: int | None,
+    run_on: opt.RunOn,
 ) -> None:
     """Split the per-token speedup A/C into runtime (A/B) and kernel (B/C) parts on a log scale.
 
@@ -73,13 +56,14 @@ def command(
     `tracekit shortfall` does), else the traced ones.
     """
     from tracekit.cli.probe import dumps_json
-    from tracekit.engine import Engine, decompose_paths
+    from tracekit.engine import decompose_paths
 
-    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
     paths = {"baseline": baseline, "intermediate": intermediate, "full": full}
-    result = decompose_paths(paths, eng, step_pattern=step_pattern, skip_first=skip_first, cache=not no_cache)
+    result = decompose_paths(
+        paths, run_on.engine(), step_pattern=step_pattern, skip_first=skip_first, cache=run_on.cache
+    )
     doc = result.to_json()
-    write_text(
+    opt.write_text(
         dumps_json(doc).decode() if fmt == "json" else view.text(documents.convert(doc, documents.Decompose)),
         out,
     )

@@ -7,28 +7,19 @@ from typing import Any
 
 import click
 
-from tracekit.cli.options import (
-    cache_dir_option,
-    emit_result,
-    engine_options,
-    format_option,
-    message,
-    no_cache_option,
-    out_file_option,
-    show_progress,
-    step_pattern_option,
-)
+from tracekit.cli import options as opt
 from tracekit.errors import TracekitError
 from tracekit.model import documents
+from tracekit.model.documents import given, to_builtins
+from tracekit.read.manifests import manifest_document, workload_tp
 from tracekit.render import diff as view
 
 
 def _tp_of(run: Any, partial: bool) -> int | None:
     """A run's TP degree: its manifest's workload.tp when that is a sane integer, else its ranks
     (unknown with --allow-partial: ranks are missing on purpose there)."""
-    wl = (run.manifest or {}).get("workload")
-    tp = wl.get("tp") if isinstance(wl, dict) else None
-    if isinstance(tp, int) and not isinstance(tp, bool) and 0 < tp <= 1 << 16:
+    tp = workload_tp(run.manifest)
+    if tp is not None:
         return tp
     return None if partial else len(run.ranks)
 
@@ -41,7 +32,8 @@ WORKLOAD_FIELDS = ("preset", "shape", "layers", "batch", "prompt", "dtype")
 def _workload_change(before: Any, after: Any) -> str:
     """The workload fields two runs' manifests both give and disagree on, as "batch 1 vs 8; ..."
     (empty when they agree or a manifest is missing)."""
-    wb, wa = ((r.manifest or {}).get("workload") for r in (before, after))
+    docs = [manifest_document(r.manifest) for r in (before, after)]
+    wb, wa = (to_builtins(given(d.workload)) if d is not None else None for d in docs)
     if not isinstance(wb, dict) or not isinstance(wa, dict):
         return ""
     return "; ".join(
@@ -54,7 +46,7 @@ def _workload_change(before: Any, after: Any) -> str:
 @click.command("diff", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("before", metavar="BEFORE")
 @click.argument("after", metavar="AFTER")
-@format_option(
+@opt.format_option(
     "table", "json", "md", help="table for people, md for a pull request comment, json per docs/JSON.md#diff."
 )
 @click.option(
@@ -67,8 +59,8 @@ def _workload_change(before: Any, after: Any) -> str:
     "one line on stderr says what moved.",
 )
 @click.option("--top", type=int, default=10, show_default=True, help="Kernels and collectives listed.")
-@step_pattern_option
-@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
+@opt.step_pattern_option
+@opt.skip_first_option()
 @click.option(
     "--dilation-threshold",
     type=float,
@@ -76,21 +68,14 @@ def _workload_change(before: Any, after: Any) -> str:
     show_default=True,
     help="A profiled pass faster than the unprofiled one by more than this: per-token times from the traces.",
 )
-@click.option(
-    "--allow-partial",
-    is_flag=True,
-    help="Match collectives even when their group names ranks that are not in the run.",
-)
+@opt.allow_partial_option
 @click.option(
     "--allow-tp-change",
     is_flag=True,
     help="Compare runs of different TP degrees (refused without it: the change would be the sharding; "
     "`tracekit shortfall --baseline TP1 --sharded TPN` is the analysis of that).",
 )
-@out_file_option
-@no_cache_option
-@cache_dir_option
-@engine_options
+@opt.analysis_options
 def command(
     before: str,
     after: str,
@@ -103,10 +88,7 @@ def command(
     allow_partial: bool,
     allow_tp_change: bool,
     out: str | None,
-    no_cache: bool,
-    engine: str | None,
-    scheduler: str | None,
-    workers: int | None,
+    run_on: opt.RunOn,
 ) -> None:
     """Compare two runs of the same workload (any input tracekit reads, the same TP degree unless
     --allow-tp-change): the per-token time
@@ -126,7 +108,7 @@ def command(
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
       tracekit diff runs/main runs/pr --format json -o diff.json
     """
-    from tracekit.engine import Engine, diff_paths
+    from tracekit.engine import diff_paths
 
     pct: float | None = None
     if fail_pct is not None:
@@ -142,15 +124,14 @@ def command(
         raise TracekitError(f"--top: {top} is negative")
     if skip_first < 0:
         raise TracekitError(f"--skip-first: {skip_first} is negative")
-    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
     result, run_b, run_a = diff_paths(
         before,
         after,
-        eng,
+        run_on.engine(),
         before_path=before,
         after_path=after,
         top=top,
-        cache=not no_cache,
+        cache=run_on.cache,
         step_pattern=step_pattern,
         skip_first=skip_first,
         dilation_threshold=dilation_threshold,
@@ -166,19 +147,12 @@ def command(
         )
     changed = _workload_change(run_b, run_a)
     if changed:
-        message(
+        opt.message(
             f"warning: {after} is another workload than {before} ({changed}): what moved includes the "
             "change of model or input, not only of the code"
         )
     doc = result.to_json()
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Diff), width, color),
-        others={"md": lambda: view.markdown(documents.convert(doc, documents.Diff))},
-        file_width=140,
-    )
+    opt.emit_document(out, fmt, doc, documents.Diff, view, md=True, file_width=140)
     if pct is not None and result.fails(pct):
         click.echo(f"tracekit: {result.gate_line(pct)}", err=True)
         raise click.exceptions.Exit(1)

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from tracekit.engine import Engine
 
 STEP_PATTERN_HELP = (
     "How to find the steps: auto (default: decode_step, then ProfilerStep#N, then a serving engine's "
@@ -18,13 +23,61 @@ STEP_PATTERN_HELP = (
     "window per rank), or a REGEX of the step annotations. --step-pattern is the same option."
 )
 
-step_pattern_option = click.option(
-    "--steps",
-    "--step-pattern",
-    "step_pattern",
-    default=None,
-    metavar="auto|whole|REGEX",
-    help=STEP_PATTERN_HELP,
+
+def steps_option(help: str = STEP_PATTERN_HELP) -> Any:
+    """`--steps` (or `--step-pattern`): how the steps are found."""
+    return click.option(
+        "--steps", "--step-pattern", "step_pattern", default=None, metavar="auto|whole|REGEX", help=help
+    )
+
+
+step_pattern_option = steps_option()
+
+
+def run_option(
+    name: str,
+    help: str,
+    *,
+    dest: str | None = None,
+    required: bool = True,
+    path_type: Any = str,
+    metavar: str | None = None,
+    **settings: Any,
+) -> Any:
+    """An option naming a run to read (`--baseline`, `--sharded`, `--trace` ...): an existing
+    folder of rank files or one trace, passed as `path_type` under `dest` (the option's name)."""
+    return click.option(
+        f"--{name}",
+        dest or name.replace("-", "_"),
+        required=required,
+        type=click.Path(exists=True, path_type=path_type),
+        default=None,
+        metavar=metavar,
+        help=help,
+        **settings,
+    )
+
+
+def file_option(name: str, dest: str, help: str, *, exists: bool = False, path_type: Any = str) -> Any:
+    """An option naming one JSON file a command reads (`--copy`, `--rho`, `--load` ...)."""
+    return click.option(
+        f"--{name}",
+        dest,
+        type=click.Path(exists=exists, dir_okay=False, path_type=path_type),
+        default=None,
+        help=help,
+    )
+
+
+def skip_first_option(default: int = 1, help: str = "Warm-up steps left out.") -> Any:
+    """`--skip-first N`: the warm-up steps left out of the per-token figures."""
+    return click.option("--skip-first", type=int, default=default, show_default=True, help=help)
+
+
+allow_partial_option = click.option(
+    "--allow-partial",
+    is_flag=True,
+    help="Match collectives even when their group names ranks that are not in the run.",
 )
 
 
@@ -295,23 +348,22 @@ def _set_limit(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return value
 
 
-_max_bytes_option = click.option(
+def _limit_option(name: str, metavar: str, help: str) -> Any:
+    """A reading limit (`_set_limit`): put in the environment before the other options are read."""
+    return click.option(
+        name, default=None, expose_value=False, is_eager=True, callback=_set_limit, metavar=metavar, help=help
+    )
+
+
+_max_bytes_option = _limit_option(
     "--max-bytes",
-    default=None,
-    expose_value=False,
-    is_eager=True,
-    callback=_set_limit,
-    metavar="SIZE",
-    help="Refuse a trace file larger than SIZE once decompressed (default 16G; also TRACEKIT_MAX_BYTES).",
+    "SIZE",
+    "Refuse a trace file larger than SIZE once decompressed (default 16G; also TRACEKIT_MAX_BYTES).",
 )
-_max_events_option = click.option(
+_max_events_option = _limit_option(
     "--max-events",
-    default=None,
-    expose_value=False,
-    is_eager=True,
-    callback=_set_limit,
-    metavar="N",
-    help="Refuse a run of more than N events, all its trace files together (default 40M; also "
+    "N",
+    "Refuse a run of more than N events, all its trace files together (default 40M; also "
     "TRACEKIT_MAX_EVENTS).",
 )
 
@@ -414,6 +466,40 @@ def emit_result(
     write_text(text, out)
 
 
+def emit_document(
+    out: str | None,
+    fmt: str,
+    doc: Any,
+    document: type,
+    view: Any,
+    *,
+    csv: Callable[[], str] | None = None,
+    md: bool = False,
+    file_width: int = 120,
+) -> None:
+    """`emit_result` for a result that is the JSON document `doc` of type `document`
+    (tracekit.model.documents) shown by the render module `view`: its `table(typed, width, color)`,
+    with `md` its `markdown(typed)`, with `csv` that text for --format csv."""
+    from tracekit.model.documents import convert
+
+    def typed() -> Any:
+        return convert(doc, document)
+
+    others: dict[str, Callable[[], str]] = {}
+    if md:
+        others["md"] = lambda: str(view.markdown(typed()))
+    if csv is not None:
+        others["csv"] = csv
+    emit_result(
+        out,
+        fmt,
+        lambda: doc,
+        lambda width, color: str(view.table(typed(), width, color)),
+        others=others,
+        file_width=file_width,
+    )
+
+
 def engine_options(func: Any) -> Any:
     """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
     func = click.option(
@@ -439,10 +525,46 @@ def engine_options(func: Any) -> Any:
     return func
 
 
+@dataclass(frozen=True)
+class RunOn:
+    """Where an analysis command runs and how it reads its runs: `--engine`, `--scheduler`,
+    `--workers` (the engine, built by `engine()`) and `--no-cache` (`cache` False)."""
+
+    kind: str | None = None
+    scheduler: str | None = None
+    workers: int | None = None
+    cache: bool = True
+
+    def engine(self, progress: bool | None = None) -> Engine:
+        """The engine the options ask for (EngineError for a contradiction); a progress display
+        on stderr when it is a terminal and not -q/--quiet, unless `progress` says."""
+        from tracekit.engine import Engine
+
+        return Engine.parse(
+            self.kind,
+            self.scheduler,
+            self.workers,
+            progress=show_progress() if progress is None else progress,
+        )
+
+
+def analysis_options(func: Any) -> Any:
+    """The options an analysis command ends with, declared once: -o/--output, --no-cache (with
+    --max-bytes / --max-events), --cache-dir and --engine / --scheduler / --workers. The command
+    receives `out` and `run_on` (a `RunOn`: the engine and the cache) in place of the last four."""
+
+    @functools.wraps(func)
+    def call(**kw: Any) -> Any:
+        run_on = RunOn(kw.pop("engine"), kw.pop("scheduler"), kw.pop("workers"), cache=not kw.pop("no_cache"))
+        return func(run_on=run_on, **kw)
+
+    return out_file_option(no_cache_option(cache_dir_option(engine_options(call))))
+
+
 # -- the sweep options of `probe` and `compare-links`, declared once ---------------------------------
 
 #: option -> (its names, its click settings); `sweep_options` applies them in this order
-_SWEEP: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+SWEEP_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "gpus": (
         ("--gpus",),
         {"default": None, "help": "GPUs to use, one per rank, e.g. 0,1 [rank r on GPU r]."},
@@ -531,16 +653,25 @@ _SWEEP: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
 }
 
 
+sweep_output_option = output_option(
+    "out",
+    type=OutputPath(path_type=Path),
+    default=None,
+    metavar="FILE",
+    help="Write the result to FILE (the table then goes to stderr).",
+)
+
+
 def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
     """The options `probe` and `compare-links` share (the sweep: sizes, iterations, dtype, device,
     ranks, NCCL logging, CUDA-graph timing, progress), declared once here; `overrides` maps an
     option (a key of the table above) to the settings that differ for one command (its default,
     its help, the choices it takes)."""
-    unknown = set(overrides) - set(_SWEEP)
+    unknown = set(overrides) - set(SWEEP_OPTIONS)
     assert not unknown, unknown
 
     def apply(func: Any) -> Any:
-        for key, (names, settings) in reversed(list(_SWEEP.items())):
+        for key, (names, settings) in reversed(list(SWEEP_OPTIONS.items())):
             func = click.option(*names, **{**settings, **overrides.get(key, {})})(func)
         return func
 

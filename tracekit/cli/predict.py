@@ -7,7 +7,7 @@ import io
 
 import click
 
-from tracekit.cli.options import emit_result, out_file_option
+from tracekit.cli.options import emit_result, out_file_option, run_option
 from tracekit.model import units
 from tracekit.model.documents import Predict, given, to_builtins
 
@@ -61,14 +61,12 @@ def render_table(doc: Predict, width: int | None = None, color: bool = True) -> 
 
 
 @click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--shard",
-    "shards",
+@run_option(
+    "shard",
+    "A `tracekit capture --shard-of N` run (repeatable: one prediction each).",
+    dest="shards",
     multiple=True,
-    required=True,
     metavar="RUN",
-    type=click.Path(exists=True, path_type=str),
-    help="A `tracekit capture --shard-of N` run (repeatable: one prediction each).",
 )
 @click.option(
     "--link",
@@ -79,13 +77,13 @@ def render_table(doc: Predict, width: int | None = None, color: bool = True) -> 
     "the rows' mode, e.g. nvlink; default the first). Graph-timed rows (`probe --graph`) for a CUDA-graph "
     "decode.",
 )
-@click.option(
-    "--check",
-    "checks",
+@run_option(
+    "check",
+    "A real TP=N run of a predicted degree: its unprofiled per-token time against the prediction.",
+    dest="checks",
+    required=False,
     multiple=True,
     metavar="RUN",
-    type=click.Path(exists=True, path_type=str),
-    help="A real TP=N run of a predicted degree: its unprofiled per-token time against the prediction.",
 )
 @click.option(
     "--probe-ranks",

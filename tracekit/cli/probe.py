@@ -4,31 +4,18 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import orjson
 
-from tracekit.cli.options import OutputPath, format_option, message, output_option, sweep_options
+from tracekit.cli.options import format_option, message, sweep_options, sweep_output_option
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
-
-def _ops(text: str) -> tuple[str, ...]:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if items == ["all"]:
-        return spec.COLLECTIVE_OPS
-    return tuple(spec.normalise_op(t) for t in items)
-
-
-def _gpus(text: str | None) -> tuple[int, ...] | None:
-    if not text:
-        return None
-    try:
-        return tuple(int(t) for t in text.split(",") if t.strip())
-    except ValueError:
-        raise ProbeError(f"--gpus wants GPU indices like 0,1; got {text!r}") from None
+if TYPE_CHECKING:
+    from tracekit.probe.sweep import SweepResult
 
 
 def _json_default(v: Any) -> Any:
@@ -102,13 +89,7 @@ def _transport_notes(result: Any) -> list[str]:
 @format_option(
     "table", "json", "csv", default=None, help="Output format [table; or from -o/--output's suffix]."
 )
-@output_option(
-    "out",
-    type=OutputPath(path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Write the result to FILE (the table then goes to stderr).",
-)
+@sweep_output_option
 def command(
     op_text: str,
     min_text: str | None,
@@ -165,7 +146,7 @@ def command(
 
     where = resolve_device(device, backend)
     cfg = SweepConfig(
-        ops=_ops(op_text),
+        ops=spec.parse_ops(op_text),
         min_bytes=spec.parse_size(min_text or "8"),
         max_bytes=spec.parse_size(max_text or ("1G" if where == "cuda" else "16M")),
         factor=factor,
@@ -175,7 +156,7 @@ def command(
         ranks=ranks,
         backend=backend,
         device=device,
-        devices=_gpus(gpus),
+        devices=spec.parse_gpus(gpus),
         check=check,
         graph=graph,
         nccl_debug=nccl_debug,
@@ -190,17 +171,18 @@ def command(
     _emit(text, out, fmt, result.rows)
 
 
-def _header(result: Any) -> list[str]:
+def _header(result: SweepResult) -> list[str]:
     c = result.config
+    devices = list(c.devices) if c.devices else None
     return [
-        f"tracekit probe: ops {','.join(c['ops'])}, ranks {c['ranks']}, backend {c['backend']}, device {c['device']}"
-        f" {c['devices'] or ''}, dtype {c['dtype']}, iters {c['iters']}, warmup {c['warmup']}",
+        f"tracekit probe: ops {','.join(c.ops)}, ranks {c.ranks}, backend {c.backend}, device {c.device}"
+        f" {devices or ''}, dtype {c.dtype}, iters {c.iters}, warmup {c.warmup}",
         "time = average over ranks of per-iteration time ("
         + (
             "CUDA events around one CUDA-graph replay of the iterations / iters; host clock in JSON/CSV host_time_us"
-            if c.get("graph")
+            if c.graph
             else "CUDA events around the loop; host clock in JSON/CSV host_time_us"
-            if c["device"] == "cuda"
+            if c.device == "cuda"
             else "host clock"
         )
         + "); all_reduce/broadcast/reduce are in-place only in torch.distributed; alltoall/sendrecv out-of-place only",
@@ -279,7 +261,7 @@ def _copy(
         iters=iters,
         warmup=warmup,
         device=device,
-        devices=_gpus(gpus),
+        devices=spec.parse_gpus(gpus),
     )
     rows = run_copy_probe(cfg)
     if fmt == "json":

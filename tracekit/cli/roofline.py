@@ -6,34 +6,28 @@ import click
 
 from tracekit.cli.options import (
     cache_dir_option,
-    emit_result,
+    emit_document,
+    file_option,
     no_cache_option,
     out_file_option,
+    skip_first_option,
     step_pattern_option,
 )
 from tracekit.model import documents
+from tracekit.model.documents import given
+from tracekit.read.manifests import manifest_document
 from tracekit.render import roofline as view
 
 
 @click.command("roofline", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("run_dir", metavar="RUN", type=click.Path(exists=True, path_type=str))
-@click.option(
-    "--copy",
-    "copy",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="A `tracekit probe --op copy` JSON: the memory bandwidth (best local read + write rate).",
+@file_option(
+    "copy", "copy", "A `tracekit probe --op copy` JSON: the memory bandwidth (best local read + write rate)."
 )
-@click.option(
-    "--rho",
-    "rho",
-    type=click.Path(dir_okay=False, path_type=str),
-    default=None,
-    help="A `tracekit rho` JSON: the matrix rate of the run's dtype.",
-)
+@file_option("rho", "rho", "A `tracekit rho` JSON: the matrix rate of the run's dtype.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @step_pattern_option
-@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
+@skip_first_option()
 @out_file_option
 @no_cache_option
 @cache_dir_option
@@ -64,12 +58,10 @@ def command(
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)
-    wl = (run.manifest or {}).get("workload") if isinstance(run.manifest, dict) else None
-    dtype = str(wl.get("dtype", "bfloat16")) if isinstance(wl, dict) else "bfloat16"
-    doc = roofline(run, load_peaks(copy, rho, dtype), step_pattern=step_pattern, skip_first=skip_first)
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Roofline), width, color),
+    manifest = manifest_document(run.manifest)
+    wl = given(manifest.workload) if manifest is not None else None
+    dtype = given(wl.dtype) if wl is not None else None
+    doc = roofline(
+        run, load_peaks(copy, rho, dtype or "bfloat16"), step_pattern=step_pattern, skip_first=skip_first
     )
+    emit_document(out, fmt, doc, documents.Roofline, view)

@@ -4,53 +4,21 @@ from __future__ import annotations
 
 import click
 
-from tracekit.cli.options import (
-    cache_dir_option,
-    emit_result,
-    engine_options,
-    format_option,
-    message,
-    no_cache_option,
-    out_file_option,
-    show_progress,
-)
+from tracekit.cli import options as opt
 from tracekit.model import documents
 from tracekit.render import shortfall as view
 
 
 @click.command("shortfall", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--baseline",
-    "baseline",
-    required=True,
-    type=click.Path(exists=True, path_type=str),
-    help="TP=1 run: folder of rank files (or one trace).",
-)
-@click.option(
-    "--sharded",
-    "sharded",
-    required=True,
-    type=click.Path(exists=True, path_type=str),
-    help="TP=N run: folder of rank files.",
-)
-@format_option("table", "json", help="table for people; json per docs/JSON.md#shortfall.")
-@click.option(
-    "--steps",
-    "--step-pattern",
-    "step_pattern",
-    default=None,
-    metavar="auto|whole|REGEX",
-    help="How to find the steps (default: the manifest's pattern, else auto: decode_step, ProfilerStep#N, a "
+@opt.run_option("baseline", "TP=1 run: folder of rank files (or one trace).")
+@opt.run_option("sharded", "TP=N run: folder of rank files.")
+@opt.format_option("table", "json", help="table for people; json per docs/JSON.md#shortfall.")
+@opt.steps_option(
+    "How to find the steps (default: the manifest's pattern, else auto: decode_step, ProfilerStep#N, a "
     "serving engine's iteration range, a CUDA-graph launch period, repeated NVTX ranges, else the whole trace); "
-    "whole: one window per rank; or a REGEX of the step annotations. --step-pattern is the same option.",
+    "whole: one window per rank; or a REGEX of the step annotations. --step-pattern is the same option."
 )
-@click.option(
-    "--skip-first",
-    type=int,
-    default=1,
-    show_default=True,
-    help="Warm-up steps left out of the per-token figures.",
-)
+@opt.skip_first_option(help="Warm-up steps left out of the per-token figures.")
 @click.option(
     "--dilation-threshold",
     type=float,
@@ -58,15 +26,8 @@ from tracekit.render import shortfall as view
     show_default=True,
     help="Dilation above 1 + this is reported as inflating the coordination share.",
 )
-@click.option(
-    "--allow-partial",
-    is_flag=True,
-    help="Match collectives even when their group names ranks that are not in the run.",
-)
-@out_file_option
-@no_cache_option
-@cache_dir_option
-@engine_options
+@opt.allow_partial_option
+@opt.analysis_options
 def command(
     baseline: str,
     sharded: str,
@@ -76,10 +37,7 @@ def command(
     dilation_threshold: float,
     allow_partial: bool,
     out: str | None,
-    no_cache: bool,
-    engine: str | None,
-    scheduler: str | None,
-    workers: int | None,
+    run_on: opt.RunOn,
 ) -> None:
     """Attribute the per-token shortfall S = TN - T1/N of a tensor-parallel run to compute that did
     not scale, memory, transfer (bytes on the link on GPUs; gloo's exchange on CPU runs) and
@@ -95,18 +53,17 @@ def command(
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json -o s.json
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
-    from tracekit.engine import Engine, shortfall_paths
+    from tracekit.engine import shortfall_paths
 
-    eng = Engine.parse(engine, scheduler, workers, progress=show_progress())
     result = shortfall_paths(
         [baseline],
         [sharded],
-        eng,
+        run_on.engine(),
         step_pattern=step_pattern,
         skip_first=skip_first,
         dilation_threshold=dilation_threshold,
         allow_partial=allow_partial,
-        cache=not no_cache,
+        cache=run_on.cache,
     )
     doc = result.to_json()
     dq = doc.get("data_quality") or {}
@@ -116,10 +73,5 @@ def command(
         note = next(
             (n for n in dq.get("notes") or [] if "another workload" in n), "the two runs' workloads differ"
         )
-        message(f"warning: {note}")
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Shortfall), width, color),
-    )
+        opt.message(f"warning: {note}")
+    opt.emit_document(out, fmt, doc, documents.Shortfall, view)

@@ -6,16 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from tracekit.cli.options import (
-    cache_dir_option,
-    emit_result,
-    engine_options,
-    format_option,
-    no_cache_option,
-    out_file_option,
-    show_progress,
-    step_pattern_option,
-)
+from tracekit.cli import options as opt
 from tracekit.model import documents
 from tracekit.render import whatif as view
 
@@ -71,13 +62,12 @@ Examples:
 @click.option(
     "--check-knob", default=None, metavar="KNOB[,KNOB...]", help="The prediction --check is held to."
 )
-@format_option("table", "json", "md", help="table for people; json per docs/JSON.md#whatif; md for reports.")
-@click.option("--skip-first", type=int, default=1, show_default=True, help="Warm-up steps left out.")
-@step_pattern_option
-@out_file_option
-@no_cache_option
-@cache_dir_option
-@engine_options
+@opt.format_option(
+    "table", "json", "md", help="table for people; json per docs/JSON.md#whatif; md for reports."
+)
+@opt.skip_first_option()
+@opt.step_pattern_option
+@opt.analysis_options
 def command(
     baseline: str,
     sharded: str | None,
@@ -89,10 +79,7 @@ def command(
     skip_first: int,
     step_pattern: str | None,
     out: str | None,
-    no_cache: bool,
-    engine: str | None,
-    scheduler: str | None,
-    workers: int | None,
+    run_on: opt.RunOn,
 ) -> None:
     """Replay the traces token by token across ranks (host launches, GPU work, syncs, collectives as
     rendezvous) and predict the per-token time at TP=1 and TP=N under counterfactual knobs; split
@@ -116,12 +103,9 @@ def command(
             players.append(ks[0])
     if check_dir and not check_knob:
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
-    from tracekit.engine import Engine
-
-    tty = show_progress()
-    eng = Engine.parse(engine, scheduler, workers, progress=tty)
+    eng = run_on.engine()
     paths = {"baseline": baseline, "sharded": sharded, "check": check_dir if check_knob else None}
-    runs = _load_runs({k: p for k, p in paths.items() if p}, eng, no_cache, skip_first, step_pattern)
+    runs = _load_runs({k: p for k, p in paths.items() if p}, eng, not run_on.cache, skip_first, step_pattern)
     base_parts, base_cl = runs["baseline"]
     shard = runs.get("sharded")
     check = None
@@ -140,13 +124,7 @@ def command(
     doc["runs"]["baseline"]["path"] = baseline
     if sharded:
         doc["runs"]["sharded"]["path"] = sharded
-    emit_result(
-        out,
-        fmt,
-        lambda: doc,
-        lambda width, color: view.table(documents.convert(doc, documents.Whatif), width, color),
-        others={"md": lambda: view.markdown(documents.convert(doc, documents.Whatif))},
-    )
+    opt.emit_document(out, fmt, doc, documents.Whatif, view, md=True)
 
 
 def _load_runs(

@@ -50,6 +50,8 @@ from tracekit.engine import Engine, EngineError
 from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
 from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality, Run
+from tracekit.read.files import sha256_of
+from tracekit.read.run import reading_bar
 
 __all__ = ["DaskExecutor", "FileMeta", "RankFile", "open_client", "prepare_file", "read_rank_file"]
 
@@ -144,14 +146,6 @@ def _peak_rss() -> int:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def read_rank_file(path: str, rank: int | None, cache: bool, env: dict[str, str] | None = None) -> RankFile:
     """Read one trace file, classify its events and hash it; `env`: the client's TRACEKIT_*
     settings (`client_settings`), in force while the file is read."""
@@ -169,7 +163,7 @@ def read_rank_file(path: str, rank: int | None, cache: bool, env: dict[str, str]
         data_quality=run.data_quality,
         n_events=len(events),
         file_bytes=os.path.getsize(path),
-        sha256=_sha256(path),
+        sha256=sha256_of(path),
         stream_counts=tuple(gpu_stream_counts(events)),  # type: ignore[arg-type]
     )
     meta.seconds = time.perf_counter() - t0
@@ -561,25 +555,10 @@ class _Run:
                     f.release()
 
 
-def _bar() -> Any:
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
-
-    return Progress(
-        "[progress.description]{task.description}",
-        BarColumn(),
-        DownloadColumn(),
-        TransferSpeedColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=not sys.stderr.isatty(),
-    )
-
-
 def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) -> None:
     """A rich bar on stderr: bytes of rank files read and classified on all workers. Errors are
     left for the caller to raise."""
-    with _bar() as bar:
+    with reading_bar(transient=not sys.stderr.isatty()) as bar:
         task = bar.add_task(f"dask: reading {len(reads)} rank file(s)", total=sum(sizes.values()))
         for fut in distributed.as_completed(reads):
             bar.advance(task, sizes.get(fut.key, 0))

@@ -181,8 +181,8 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         res = run_sweep_detailed(cfg)
         results[mode] = res
         rows.extend(res.rows)
-        devices = res.config.get("devices")
-        uses_nvlink, tnotes = judge_transport(mode, res.transport, topo, devices, res.config["backend"])
+        devices = list(res.config.devices) if res.config.devices else None
+        uses_nvlink, tnotes = judge_transport(mode, res.transport, topo, devices, res.config.backend or "")
         transports[mode] = {
             **res.transport,
             "uses_nvlink": uses_nvlink,
@@ -193,10 +193,10 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
             {
                 "mode": mode,
                 "env": {**env, "NCCL_NVLS_ENABLE": "0"},
-                "backend": res.config["backend"],
-                "device": res.config["device"],
+                "backend": res.config.backend,
+                "device": res.config.device,
                 "devices": devices,
-                "ranks": res.config["ranks"],
+                "ranks": res.config.ranks,
                 "notes": tnotes,
             }
         )

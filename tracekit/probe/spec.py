@@ -136,6 +136,24 @@ def normalise_op(name: str) -> str:
     return key
 
 
+def parse_ops(text: str) -> tuple[str, ...]:
+    """The ops of a comma list (`--op all_reduce,all_gather`; `all`: every op), normalised."""
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if items == ["all"]:
+        return COLLECTIVE_OPS
+    return tuple(normalise_op(t) for t in items)
+
+
+def parse_gpus(text: str | None) -> tuple[int, ...] | None:
+    """The GPU indices of a comma list (`--gpus 0,1`); None when none are given."""
+    if not text:
+        return None
+    try:
+        return tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ProbeError(f"--gpus wants GPU indices like 0,1; got {text!r}") from None
+
+
 @dataclass(frozen=True)
 class Layout:
     """Buffers of one op at one swept size on one rank (element counts)."""

@@ -139,7 +139,7 @@ class SweepResult:
     log_dir: str | None
     meta: dict[str, Any]
     notes: list[str]
-    config: dict[str, Any]
+    config: SweepConfig  # as resolved: device, backend, ranks and devices filled in
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -148,7 +148,7 @@ class SweepResult:
             "log_dir": self.log_dir,
             "meta": self.meta,
             "notes": self.notes,
-            "config": self.config,
+            "config": config_dict(self.config),
         }
 
 
@@ -408,7 +408,7 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
         meta = _meta(cfg) if rank == 0 else {}
         notes.append(f"ran as torchrun rank {rank} of {world}; NCCL logs read from this host only")
         if rank != 0:
-            return SweepResult([], {}, log_dir, meta, notes, _config_dict(cfg))
+            return SweepResult([], {}, log_dir, meta, notes, cfg)
     else:
         rows, meta = _spawn(cfg, log_dir)
     if cfg.graph:
@@ -452,7 +452,7 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
     elif cfg.backend == "gloo":
         for row in rows:
             row["transport"] = "gloo/tcp"
-    return SweepResult(rows, transport, log_dir, meta, notes, _config_dict(cfg))
+    return SweepResult(rows, transport, log_dir, meta, notes, cfg)
 
 
 def graph_note(iters: int) -> str:
@@ -463,7 +463,8 @@ def graph_note(iters: int) -> str:
     )
 
 
-def _config_dict(cfg: SweepConfig) -> dict[str, Any]:
+def config_dict(cfg: SweepConfig) -> dict[str, Any]:
+    """A sweep's configuration as its JSON object (`config` of the detailed result)."""
     d = asdict(cfg)
     d["ops"] = list(cfg.ops)
     d["devices"] = list(cfg.devices) if cfg.devices else None

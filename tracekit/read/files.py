@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 from collections.abc import Callable, Sequence
@@ -26,6 +27,16 @@ READERS: dict[str, str] = {
 }
 
 _NOT_TRACES = {"manifest.json"}
+
+
+def sha256_of(path: str | os.PathLike[str]) -> str:
+    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks: the digest a manifest records
+    for each file (capture) and checks when it is read (read_run)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def reader_for(path: Path) -> tuple[Callable[..., Run], str] | None:

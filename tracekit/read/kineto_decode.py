@@ -149,14 +149,9 @@ def coerce_lenient(evs: list[Any], tally: list[int] | None = None) -> list[Any]:
     return out
 
 
-class _EvLenientArgs(msgspec.Struct, gc=False):
-    ph: Any = ""
-    cat: Any = ""
-    name: Any = ""
-    ts: msgspec.Raw = _EMPTY_RAW
-    dur: Any = None
-    pid: Any = -1
-    tid: Any = -1
+class _EvLenientArgs(_EvLenient, gc=False):
+    """`_EvLenient` whose args are any JSON value, left as decoded (not an `Args`)."""
+
     args: Any = None
 
 

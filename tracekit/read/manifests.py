@@ -21,6 +21,7 @@ from typing import Any
 from tracekit.errors import TraceFormatError
 from tracekit.model.documents import DocumentError, convert
 from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents.base import given
 
 #: at most this many malformed fields are left out one by one before the manifest is given up
 MAX_DROPPED = 64
@@ -70,6 +71,23 @@ def typed_manifest(doc: Mapping[str, Any], name: str) -> tuple[ManifestDoc, list
                 break
             notes.append(("manifest_field_malformed", f"{name}: {where.removeprefix('$.')} {exc}: ignored"))
     return ManifestDoc(schema_version=str(doc.get("schema_version")), kind=str(doc.get("kind"))), notes
+
+
+def manifest_document(manifest: Mapping[str, Any] | None) -> ManifestDoc | None:
+    """A run's manifest (`Run.manifest`: the reader's `Manifest`, decoded once when it was read, its
+    `doc`; a plain dict is decoded now) as its typed document; None without one."""
+    if not manifest:
+        return None
+    doc = getattr(manifest, "doc", None)
+    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
+
+
+def workload_tp(manifest: Mapping[str, Any] | None) -> int | None:
+    """The TP degree a run's manifest gives (workload.tp, 1 to MAX_TP); None without one."""
+    doc = manifest_document(manifest)
+    wl = given(doc.workload) if doc is not None else None
+    tp = given(wl.tp) if wl is not None else None
+    return tp if tp is not None and int_in(tp, 1, MAX_TP) else None
 
 
 #: a manifest is a few kB; one larger than this is not read

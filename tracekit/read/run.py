@@ -17,7 +17,6 @@ each through the Parquet cache (`tracekit.read.cache`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -30,12 +29,12 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
-from tracekit.model.documents.base import JSONObject
+from tracekit.model.documents.base import JSONObject, given
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
-from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker
+from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker, sha256_of
 from tracekit.read.limits import current_limits
-from tracekit.read.manifests import MAX_TP, int_in
+from tracekit.read.manifests import manifest_document, workload_tp
 
 
 def check_run_events(total: int, path: object, n_files: int) -> None:
@@ -111,6 +110,23 @@ def _union_categoricals(parts: Sequence[pd.Series]) -> pd.Categorical:
     return pd.Categorical.from_codes(all_codes, categories=pd.Index(list(index)))
 
 
+def reading_bar(*, transient: bool) -> Any:
+    """The progress display of reading trace files on stderr (a rich Progress: bytes read, rate,
+    time), for read_run and the Dask engine's reads; rich is imported only when one is shown."""
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=transient,
+    )
+
+
 def read_run(
     paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     *,
@@ -139,19 +155,8 @@ def read_run(
     bar: Any = None
     task: Any = None
     if progress:
-        from rich.console import Console
-        from rich.progress import BarColumn, DownloadColumn, Progress, TimeElapsedColumn, TransferSpeedColumn
-
         total = sum(f.stat().st_size for f in files)
-        bar = Progress(
-            "[progress.description]{task.description}",
-            BarColumn(),
-            DownloadColumn(),
-            TransferSpeedColumn(),
-            TimeElapsedColumn(),
-            console=Console(stderr=True),
-            transient=True,
-        )
+        bar = reading_bar(transient=True)
         bar.start()
         task = bar.add_task(f"reading {len(files)} trace file(s)", total=total)
 
@@ -221,45 +226,34 @@ def assemble_run(
     return run
 
 
-def sha256_of(path: Path) -> str:
-    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _check_checksums(run: Run, digests: Mapping[str, str] | None = None) -> None:
     """Each trace file the manifest lists (`files`: name -> {sha256, bytes}, written by the capture)
     is checked against its size and SHA-256; a mismatch (a file changed, replaced or damaged since
     the capture) is noted in data_quality, naming the file."""
-    files = (run.manifest or {}).get("files")
-    if not isinstance(files, dict):
+    doc = manifest_document(run.manifest)
+    files = given(doc.files) if doc is not None else None
+    if doc is None or files is None:
         return
     bad: list[str] = []
     for src in run.sources.values():
         p = Path(src)
         want = files.get(p.name)
-        if not isinstance(want, dict) or not isinstance(want.get("sha256"), str):
+        sha = given(want.sha256) if want is not None else None
+        if want is None or sha is None:
             continue
         try:
-            size = p.stat().st_size
-            if isinstance(want.get("bytes"), int) and want["bytes"] != size:
-                bad.append(f"{p.name} ({size} bytes, the manifest says {want['bytes']})")
-            elif ((digests or {}).get(str(src)) or sha256_of(p)) != want["sha256"].lower():
+            size, listed = p.stat().st_size, given(want.bytes)
+            if listed is not None and listed != size:
+                bad.append(f"{p.name} ({size} bytes, the manifest says {listed})")
+            elif ((digests or {}).get(str(src)) or sha256_of(p)) != sha.lower():
                 bad.append(f"{p.name} (SHA-256 differs)")
         except OSError as exc:
             bad.append(f"{p.name} ({exc.strerror or exc})")
-    manifest = run.manifest or {}
-    if manifest.get("complete") is False:  # a rank that failed may still have left a whole trace
+    if doc.complete is False:  # a rank that failed may still have left a whole trace
         unlisted = sorted(Path(src).name for src in run.sources.values() if Path(src).name not in files)
         if unlisted:
-            errs = manifest.get("errors")
             said = "; ".join(
-                f"rank {e.get('rank')}: {str(e.get('message'))[:120]}"
-                for e in (errs if isinstance(errs, list) else [])[:4]
-                if isinstance(e, dict)
+                f"rank {given(e.rank)}: {str(given(e.message))[:120]}" for e in (given(doc.errors) or [])[:4]
             )
             run.data_quality.add(
                 "trace_not_in_manifest",
@@ -353,9 +347,8 @@ def _note_run_problems(
         dq.add(key, 1, note)
     _check_checksums(run, digests)
     _check_gpu_streams(run, None if counts is None else (counts[1], counts[2], counts[3]))
-    wl = (run.manifest or {}).get("workload")
-    tp = wl.get("tp") if isinstance(wl, dict) else None
-    if isinstance(tp, int) and int_in(tp, 1, MAX_TP):
+    tp = workload_tp(run.manifest)
+    if tp is not None:
         missing = sorted(set(range(tp)) - set(run.ranks))
         if missing:
             dq.add(

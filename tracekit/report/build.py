@@ -9,7 +9,7 @@ shortfall); it keeps only their documents, each decoded once into its typed Stru
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -28,7 +28,7 @@ from tracekit.model.documents import (
     decode,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.read.manifests import typed_manifest
+from tracekit.read.manifests import manifest_document
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extras import ExtraSection
 
@@ -60,15 +60,6 @@ def analysed_document(result: Any, type_: type[T]) -> T:
     through JSON once, so only JSON-able data reaches the report (numpy scalars -> numbers)."""
     d = result.to_json() if hasattr(result, "to_json") else result
     return decode(orjson.dumps(d, option=orjson.OPT_SERIALIZE_NUMPY), type_)
-
-
-def manifest_document(manifest: Mapping[str, Any] | None) -> ManifestDoc | None:
-    """A run's manifest (the reader's `Manifest`, decoded once when it was read: its `doc`) as
-    its typed document; None without one."""
-    if not manifest:
-        return None
-    doc = getattr(manifest, "doc", None)
-    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
 
 
 def analyse_dirs(
