@@ -14,9 +14,10 @@ import pandas as pd
 import pytest
 
 from tracekit.analyse.path.build import build_graph
+from tracekit.analyse.path.forward import lexsort_packed
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.roles import PARTS, ROLE_GAP, ROLE_XFER
-from tracekit.analyse.path.walk import PATH_ROW_COLUMNS, walk_path
+from tracekit.analyse.path.walk import PATH_ROW_COLUMNS, binding_edges, walk_path
 
 TRACES = Path(__file__).resolve().parent.parent / "traces"
 
@@ -193,6 +194,32 @@ def _binding_chain(g: Graph, t: np.ndarray, lat: np.ndarray, n: int) -> list[int
         chain.append(e)
         n = int(g.src[e])
     return chain
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_each_nodes_binding_edge_is_its_first_in_edge_reaching_its_time(name: str) -> None:
+    """`binding_edges` (one pass over the edges, what `walk_path` follows) against the definition
+    node by node, on the measured times, on a re-timing with every third edge 40% shorter (other
+    edges bind then) and on one with no latency at all (many in-edges tie: the first binds); a node
+    whose time no in-edge reaches is marked, not given an edge."""
+    g, _ends = graph_of(SPECS[name])
+    lat = g.lat.copy()
+    lat[::3] = lat[::3] * 6 // 10
+    for lt in (g.lat, lat, np.zeros_like(lat)):
+        t = g.times(lt)
+        got = binding_edges(g, t, lt)
+        ptr, src = g.indptr.tolist(), g.src.tolist()
+        want = [
+            next((k for k in range(ptr[n], ptr[n + 1]) if t[src[k]] + lt[k] == t[n]), -1)
+            for n in range(g.n_nodes)
+        ]
+        assert got.tolist() == want
+        assert (got >= 0).sum() == (np.diff(g.indptr) > 0).sum() > 0
+    t = g.times(lat)
+    late = t.copy()
+    n = int(g.order[-1])
+    late[n] += 1  # no in-edge reaches it now
+    assert binding_edges(g, late, lat)[n] == -2
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))
@@ -450,3 +477,19 @@ def test_the_string_columns_read_once_per_value_are_pandas_own_conversion(trace:
         text = col.astype(str)
         for search, ref in ((False, text.str.match(pattern)), (True, text.str.contains(pattern))):
             assert np.array_equal(str_flags(col, pattern, search), ref.fillna(False).to_numpy(bool)), label
+
+
+def test_the_packed_sort_is_lexsorts_order() -> None:
+    """`path.forward.lexsort_packed` (the forward pass's and the assembly's sorts, packed into one int64 key)
+    gives `np.lexsort`'s order: with ties (stable, by position), with a unique key (unstable sort),
+    with negative and boolean keys, and where the ranges do not fit 62 bits (lexsort itself)."""
+    rng = np.random.default_rng(7)
+    n = 5_000
+    a, b = rng.integers(-3, 4, n), rng.integers(0, 50, n)
+    perm = rng.permutation(n)
+    flag = rng.random(n) < 0.5
+    assert np.array_equal(lexsort_packed((b, a)), np.lexsort((b, a)))  # ties
+    assert np.array_equal(lexsort_packed((perm, ~flag, a), unique=True), np.lexsort((perm, ~flag, a)))
+    big = rng.integers(0, 1 << 40, n)
+    assert np.array_equal(lexsort_packed((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
+    assert len(lexsort_packed((np.zeros(0, dtype=np.int64),))) == 0

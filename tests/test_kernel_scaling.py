@@ -172,3 +172,36 @@ def test_baseline_time_per_class_equals_the_kernels_in_the_trace() -> None:
     classes = sum(c["baseline_ns"] for c in cs["classes"].values())
     assert classes == pytest.approx(per_token, abs=len(cs["classes"]))
     assert np.isfinite(per_token)
+
+
+def test_compact_gathered_tables_hold_the_same_rows_and_give_the_same_split() -> None:
+    """The ranks' kernel tables as the attribution plan moves them (`kernel_scaling.compact_kernels` per
+    rank, `gather_kernels` on the client: names and units categorical, one run-level name
+    numbering) hold the plain tables' rows, and the split by kernel is the plain tables' split. The
+    two ranks run different sequences (rank 1's names partly its own, and it leads with another
+    one on two steps), so the names' numbering must agree across the ranks for the most frequent
+    sequence to be counted over both."""
+    from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kernels
+
+    seq = [("norm", "vector", 10_000), ("gemm_b", "matrix", 54_000), ("act", "vector", 4_500)]
+    other = [("cat", "vector", 2_000), *seq]
+    plain = [
+        kernel_table(e, r, w)
+        for r, (e, w) in enumerate([_events(0, [seq] * 5), _events(1, [other, seq, other, seq, seq])])
+    ]
+    compact = gather_kernels([compact_kernels(k) for k in plain])
+    assert all(isinstance(k["name"].dtype, pd.CategoricalDtype) for k in compact if k is not None)
+    both = pd.concat(compact, ignore_index=True)
+    assert isinstance(both["name"].dtype, pd.CategoricalDtype)  # one categorical for the run
+    flat = pd.concat(plain, ignore_index=True)
+    assert both.astype({"name": object, "unit": object}).astype(flat.dtypes.to_dict()).equals(flat)
+    e0, w0 = _events(
+        0, [[("norm", "vector", 10_000), ("gemm_a", "matrix", 108_000), ("act", "vector", 6_000)]] * 5
+    )
+    base = kernel_table(e0, 0, w0)
+    term = 9_000
+    want = compute_scaling(base, [1, 2, 3, 4], flat, [1, 2, 3, 4], 2, term)
+    got = compute_scaling(base, [1, 2, 3, 4], both, [1, 2, 3, 4], 2, term)
+    assert got == want
+    # the sequence rank 0's four steps follow and rank 1's steps 1, 3 and 4 (not its step 2)
+    assert got["sequences"]["sharded"]["steps_following"] == 7

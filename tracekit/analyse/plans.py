@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kernels
 from tracekit.analyse.correction_stages import (
     CORRECT_TARGETS,
     CorrectionInput,
@@ -289,8 +290,8 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     if piece.graph is not None:
         inp.keep["graph"] = piece.graph
     piece.graph = None
-    if piece.kernels is not None:  # each kernel name once, not once per step (what travels)
-        piece.kernels = piece.kernels.assign(name=piece.kernels["name"].astype("category"))
+    if piece.kernels is not None:
+        piece.kernels = compact_kernels(piece.kernels)
     return piece
 
 
@@ -380,16 +381,8 @@ def attribution_plan(
         from tracekit.analyse.path.critical_path import path_timeline
 
         pieces = [got[r] for r in sorted(got)]
-        ids: dict[str, int] = {}  # the run's kernel names numbered (`kernel_scaling.canonical`)
-        for p in pieces:
-            if p.kernels is not None and isinstance(p.kernels["name"].dtype, pd.CategoricalDtype):
-                names = p.kernels["name"]
-                to_id = np.asarray(
-                    [ids.setdefault(str(c), len(ids)) for c in names.cat.categories], dtype=np.int64
-                )
-                p.kernels = p.kernels.assign(
-                    name=names.astype(object), name_id=to_id[names.cat.codes.to_numpy()] if len(to_id) else 0
-                )
+        for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
+            p.kernels = k
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces)

@@ -97,6 +97,11 @@ def estimate_offsets(per_rank: pd.DataFrame, ranks: list[int]) -> OffsetEstimate
     residual: dict[int, dict[str, int]] = {
         ref: {"instances": int(ends[ref].notna().sum()), "median": 0, "max": 0}
     }
+    # instances each pair of ranks shares, all pairs at once (a product of the presence matrix:
+    # exact counts in float64), not a pass over the table per pair
+    col = {c: i for i, c in enumerate(ends.columns)}
+    present = ends.notna().to_numpy(np.float64)
+    shared = np.rint(present.T @ present).astype(np.int64)
     frontier = [ref]
     while frontier:
         nxt = []
@@ -105,7 +110,7 @@ def estimate_offsets(per_rank: pd.DataFrame, ranks: list[int]) -> OffsetEstimate
                 continue
             best, best_n = None, 0
             for p in sorted(offsets):
-                n = int((ends[r].notna() & ends[p].notna()).sum())
+                n = int(shared[col[r], col[p]])
                 if n > best_n:
                     best, best_n = p, n
             if best is None:

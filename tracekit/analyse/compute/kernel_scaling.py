@@ -105,6 +105,45 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
     return out[list(KERNEL_COLUMNS)].reset_index(drop=True)
 
 
+#: `compact_kernels`' unit column: the kernel table's units (`kernel_table`)
+_UNITS = pd.CategoricalDtype(["", GEMM, ATTENTION])
+
+
+def compact_kernels(table: pd.DataFrame) -> pd.DataFrame:
+    """A rank's kernel table (`kernel_table`) as it travels and stays on the
+    client: each kernel name and unit once (categorical), rank, step and position as int32; the
+    same rows and values (~23 bytes a row instead of ~100 with a Python string per unit: at 256
+    h200-tp2 ranks the client's largest holding)."""
+    return table.assign(
+        rank=table["rank"].to_numpy(np.int32),
+        step=table["step"].to_numpy(np.int32),
+        pos=table["pos"].to_numpy(np.int32),
+        name=table["name"].astype("category"),
+        unit=table["unit"].astype(_UNITS),
+    )
+
+
+def gather_kernels(tables: list[pd.DataFrame | None]) -> list[pd.DataFrame | None]:
+    """The ranks' compact kernel tables (rank order) on one categorical of the run's kernel names
+    (numbered in order of first appearance), so that they concatenate without a string per row
+    and the names' codes number the run's kernels (`canonical`)."""
+    ids: dict[str, int] = {}
+    for k in tables:
+        if k is not None and isinstance(k["name"].dtype, pd.CategoricalDtype):
+            for c in k["name"].cat.categories:
+                ids.setdefault(str(c), len(ids))
+    names = pd.CategoricalDtype(list(ids))
+    out: list[pd.DataFrame | None] = []
+    for k in tables:
+        if k is not None and isinstance(k["name"].dtype, pd.CategoricalDtype):
+            col = k["name"]
+            to_id = np.asarray([ids[str(c)] for c in col.cat.categories], dtype=np.int64)
+            codes = to_id[col.cat.codes.to_numpy()] if len(to_id) else np.zeros(len(k), dtype=np.int64)
+            k = k.assign(name=pd.Categorical.from_codes(codes, dtype=names))
+        out.append(k)
+    return out
+
+
 @dataclass(frozen=True)
 class Canonical:
     """A run's canonical kernel sequence: names (consecutive GEMM kernels joined as one unit, and
@@ -121,29 +160,31 @@ class Canonical:
 def canonical(kernels: pd.DataFrame, steps: list[int]) -> Canonical | None:
     """The most frequent per-step name sequence over `steps` (all ranks) and its mean per-position
     time over the (rank, step) pairs that follow it exactly. None when there are no kernels."""
-    k = kernels[kernels["step"].isin(steps)]
-    if not len(k):
-        return None
     # one pass over the rows sorted by (rank, step, pos): each (rank, step) is a run of rows, its
-    # sequence the names' codes (the most frequent, ties: the first in (rank, step) order)
-    k = k.sort_values(["rank", "step", "pos"], kind="stable")
-    r = k["rank"].to_numpy(np.int64)
-    s = k["step"].to_numpy(np.int64)
-    names_col = k["name"].to_numpy()
-    if "name_id" in k.columns:  # the names numbered by whoever gathered the ranks' tables
-        codes = k["name_id"].to_numpy(np.int64)
+    # sequence the names' codes (the most frequent, ties: the first in (rank, step) order); on
+    # the columns' arrays, not on a filtered and a sorted copy of the table
+    step_all = kernels["step"].to_numpy()
+    sel = np.flatnonzero(np.isin(step_all, np.asarray(steps, dtype=np.int64)))
+    if not len(sel):
+        return None
+    s = step_all[sel]
+    r = kernels["rank"].to_numpy()[sel]
+    sel = sel[np.lexsort((kernels["pos"].to_numpy()[sel], s, r))]  # stable, as sort_values'
+    r, s = kernels["rank"].to_numpy()[sel], step_all[sel]
+    if isinstance(kernels["name"].dtype, pd.CategoricalDtype):  # the names numbered by the gathering
+        codes = kernels["name"].cat.codes.to_numpy()[sel]
     else:
-        codes = pd.factorize(k["name"].astype(object).to_numpy())[0]
-    unit = k["unit"].astype(str).to_numpy()
-    dur = k["dur_ns"].to_numpy(np.int64)
-    bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(k)].tolist()
+        codes = pd.factorize(kernels["name"].astype(object).to_numpy()[sel])[0]
+    dur = kernels["dur_ns"].to_numpy(np.int64)[sel]
+    bounds = np.r_[0, np.flatnonzero((r[1:] != r[:-1]) | (s[1:] != s[:-1])) + 1, len(sel)].tolist()
     spans = list(zip(bounds[:-1], bounds[1:], strict=True))
     seqs = [tuple(codes[a:b].tolist()) for a, b in spans]
     common_codes, _ = Counter(seqs).most_common(1)[0]
     hits = [i for i, seq in enumerate(seqs) if seq == common_codes]
     a0, b0 = spans[hits[0]]
-    common = tuple(str(x) for x in names_col[a0:b0])
-    flags = {common: tuple(unit[a0:b0].tolist())}
+    # the names and units of that one sequence only (not a string object per row of the run)
+    common = tuple(str(x) for x in kernels["name"].iloc[sel[a0:b0]])
+    flags = {common: tuple(str(x) for x in kernels["unit"].iloc[sel[a0:b0]])}
     total = np.asarray(np.sum([dur[a:b] for a, b in (spans[i] for i in hits)], axis=0, dtype=np.int64))
     n = len(hits)
     # consecutive GEMM kernels are one unit (a GEMM and its split-K reduce; another shard may split

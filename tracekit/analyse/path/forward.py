@@ -50,6 +50,28 @@ _CHAIN_PRIORITY[[ROLE_XFER, ROLE_ARRIVE]] = 2
 _CHAIN_PRIORITY[ROLE_GRAPH] = 3
 
 
+def lexsort_packed(keys: Sequence[np.ndarray], unique: bool = False) -> np.ndarray:
+    """`np.lexsort(keys)`'s order (the last key primary) by one argsort of the keys packed into
+    one int64, where the product of their ranges stays under 2**62 (else `np.lexsort` itself);
+    `unique`: no two rows have equal keys (one of them is a permutation), so an unstable sort
+    gives the same order. One sort of one array instead of one stable sort per key."""
+    n = len(keys[0]) if len(keys) else 0
+    if not n:
+        return np.lexsort(keys)
+    cols = [np.asarray(k).astype(np.int64, copy=False) for k in reversed(keys)]  # primary first
+    lows = [int(c.min()) for c in cols]
+    spans = [int(c.max()) - lo + 1 for c, lo in zip(cols, lows, strict=True)]
+    total = 1
+    for sp in spans:
+        total *= sp
+    if total >= 1 << 62:
+        return np.lexsort(keys)
+    packed = cols[0] - lows[0]
+    for c, lo, sp in zip(cols[1:], lows[1:], spans[1:], strict=True):
+        packed = packed * sp + (c - lo)
+    return np.argsort(packed, kind=None if unique else "stable")
+
+
 def _first_of_runs(keys: np.ndarray) -> np.ndarray:
     """True at the first element of each run of equal keys."""
     out = np.ones(len(keys), dtype=bool)
@@ -96,9 +118,9 @@ class Forward:
         pedge = np.full(n, -1, dtype=np.int64)
         has_child = np.zeros(n, dtype=bool)
         for _ in range(CHAIN_ROUNDS):
-            c = left[np.lexsort((left, prio[left], dst[left]))]
+            c = left[lexsort_packed((left, prio[left], dst[left]), unique=True)]
             c = c[_first_of_runs(dst[c])]
-            c = c[np.lexsort((tpos[dst[c]], prio[c], src[c]))]
+            c = c[lexsort_packed((tpos[dst[c]], prio[c], src[c]), unique=True)]
             c = c[_first_of_runs(src[c])]
             pedge[dst[c]] = c
             has_child[src[c]] = True
@@ -117,7 +139,7 @@ class Forward:
         n_blk = len(bounds) - 1
         blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
         # a chain piece: one chain's nodes in one block (contiguous along the chain)
-        by_piece = np.lexsort((tpos, root, blk))
+        by_piece = lexsort_packed((tpos, root, blk), unique=True)
         pb, pr = blk[by_piece], root[by_piece]
         starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
         piece = np.cumsum(starts) - 1
@@ -138,7 +160,9 @@ class Forward:
         sb = p_blk[so]
         rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
         local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
-        final = np.lexsort((np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb))
+        final = lexsort_packed(
+            (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
+        )
         self.nodes = by_piece[final]
         pos = np.empty(n, dtype=np.int64)
         pos[self.nodes] = np.arange(n)
@@ -153,7 +177,7 @@ class Forward:
         chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
         outside = b_s < b_d
         ek = np.flatnonzero(~chained)
-        ek = ek[np.lexsort((ek, e_d[ek], ~outside[ek], b_d[ek]))]
+        ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
         self.eperm = ek
         cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
         j_at = j[final]

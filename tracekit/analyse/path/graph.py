@@ -214,7 +214,8 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         for k in ("seg", "calls", "ops", "cidx"):
             cols[k].append(np.full(len(e), -1 if k in ("seg", "cidx") else 0, dtype=np.int64))
     arr = {
-        k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)).astype(np.int64) for k, v in cols.items()
+        k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)).astype(np.int64, copy=False)
+        for k, v in cols.items()
     }
     # the rendezvous' measured time is the last arrival; a collective's end is the rendezvous + x
     # a topological order: by measured time, ties by the depth of equal-time chains

@@ -51,6 +51,28 @@ class PathWalk:
     segments: list[Segment]
 
 
+def binding_edges(g: Graph, t: np.ndarray, lat: np.ndarray) -> np.ndarray:
+    """Per node, its binding in-edge at node times `t` and edge latencies `lat`: the first of its
+    in-edges (CSR order) whose source time + latency is the node's time; -1 for a node without
+    in-edges, -2 for one none of whose in-edges reaches its time (an inconsistent `t`). One pass
+    over the edges' arrays (what `walk_path` follows node by node)."""
+    n = len(t)
+    out = np.full(n, -1, dtype=np.int64)
+    if not len(g.src):
+        return out
+    counts = np.diff(g.indptr)
+    dst = np.repeat(np.arange(n, dtype=np.int64), counts)  # node n's in-edges: indptr[n]:indptr[n + 1]
+    ok = np.flatnonzero(t[g.src[: len(dst)]] + np.asarray(lat, dtype=np.int64)[: len(dst)] == t[dst])
+    has_in = counts > 0
+    out[has_in] = -2
+    if len(ok):
+        d = dst[ok]
+        first = np.ones(len(ok), dtype=bool)
+        first[1:] = d[1:] != d[:-1]
+        out[d[first]] = ok[first]
+    return out
+
+
 def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = None) -> PathWalk:
     """Walk the path back from the last step's latest window end (ties: the lowest rank) through
     each node's binding in-edge (the first in-edge reaching its time), for one range per step
@@ -67,19 +89,17 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
     ws, we = g.windows(t)
     step_ns = g.path_spans(t)
     ranks = g.ranks
-    # the walk visits one node at a time: Python lists (numpy's scalar indexing costs ~3x more)
-    t_l, src, ptr, lat_l = t.tolist(), g.src.tolist(), g.indptr.tolist(), np.asarray(lat).tolist()
-    erank, kind, role, node_rank = g.erank.tolist(), g.kind.tolist(), g.role.tolist(), g.node_rank.tolist()
+    bind = binding_edges(g, t, lat)
+    # the walk visits one node at a time, a path's worth of the graph: scalar reads of the arrays
+    # (whole-graph lists would cost the graph's size per walk)
+    t_a, src_a = t, g.src
+    erank_a, kind_a, role_a, node_rank_a = g.erank, g.kind, g.role, g.node_rank
 
     def binding(n: int) -> int:
-        a, b = ptr[n], ptr[n + 1]
-        tn = t_l[n]
-        for kk in range(a, b):
-            if t_l[src[kk]] + lat_l[kk] == tn:
-                return kk
-        if a == b:
-            return -1
-        raise AssertionError("a node's time is reached by none of its in-edges")
+        e = int(bind[n])
+        if e == -2:
+            raise AssertionError("a node's time is reached by none of its in-edges")
+        return e
 
     rows_rev: list[list[PathRow]] = []
     segs_rev: list[list[Segment]] = []
@@ -97,18 +117,18 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
                 if e < 0:
                     n = -1
                     break
-                ts = t_l[src[e]]
+                ts = int(t_a[src_a[e]])
                 if ts < t_end:
                     hi = t_end
                     break
-                n, hi = src[e], ts
+                n, hi = int(src_a[e]), ts
         last_rank = ranks[i_end]
         if n < 0:
             nodes = g.end_nodes[i_end][k]
             n = int(nodes[np.argmax(t[nodes])])
             hi = int(t[n])
-        elif node_rank[n] >= 0:
-            last_rank = node_rank[n]
+        elif node_rank_a[n] >= 0:
+            last_rank = int(node_rank_a[n])
         acc = {r: [0] * len(PARTS) for r in ranks}
         hops = 0
         segs: list[Segment] = []
@@ -118,21 +138,21 @@ def walk_path(g: Graph, t: np.ndarray | None = None, lat: np.ndarray | None = No
             if e < 0:
                 ended = True
                 break
-            ts = t_l[src[e]]
+            ts = int(t_a[src_a[e]])
             piece = hi - max(ts, limit)
-            r = erank[e]
+            r = int(erank_a[e])
             if piece > 0:
-                acc[r][kind[e]] += piece
+                acc[r][int(kind_a[e])] += piece
                 if r != last_rank:
                     hops += 1
                     last_rank = r
                 off = g.offsets.get(r, 0)
-                is_x = role[e] == ROLE_XFER
+                is_x = int(role_a[e]) == ROLE_XFER
                 segs.append((int(st), r, max(ts, limit) + off, hi + off, "transfer" if is_x else "work", -1))
             if ts < limit:
                 hi = limit
                 break
-            n, hi = src[e], ts
+            n, hi = int(src_a[e]), ts
         cursor = None if ended else (n, hi)
         path_len = t_end - max(hi, limit)
         rows_rev.append(

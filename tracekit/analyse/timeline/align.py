@@ -138,24 +138,32 @@ def step_tokens(windows: pd.DataFrame, per_rank: pd.DataFrame) -> StepTokens:
     ref_held = anchors[ref_idx] >= 0
     token = np.full(len(w), -1, dtype=np.int64)
     token[ref_idx] = ref_steps
-    # instance -> the token of the window holding it, on the ranks tokenized so far
+    # instance -> the token of the window holding it, on the ranks tokenized so far; per rank, how
+    # many of its instances that map holds (counted as the map grows, not recounted per rank and
+    # round: that was ranks^2 x instances on the client)
     inst_token: dict[int, int] = {}
+    holders: dict[int, list[int]] = {}
+    for rk, i in zip(pr["rank"].to_numpy(), pr["instance"].to_numpy(), strict=True):
+        holders.setdefault(int(i), []).append(int(rk))
+    shared = dict.fromkeys(ranks, 0)
 
     def learn(idx: np.ndarray) -> None:
         for k in idx:
             if token[k] >= 0:
                 for i in held.get((int(w_rank[k]), int(w_step[k])), []):
-                    inst_token.setdefault(i, int(token[k]))
+                    if i not in inst_token:
+                        inst_token[i] = int(token[k])
+                        for q in holders.get(i, ()):
+                            if q in shared:
+                                shared[q] += 1
 
     learn(ref_idx)
     fresh = int(max(int(w_step.max()), 0)) + 1
     renumbered: dict[int, int] = {}
     unmatched: dict[int, int] = {}
     todo = [r for r in ranks if r != ref]
-    insts = {int(r): g.tolist() for r, g in pr.groupby("rank")["instance"]}
     while todo:
         # the next rank: the one sharing the most instances with the ranks tokenized (ties: lowest)
-        shared = {r: sum(i in inst_token for i in insts.get(r, [])) for r in todo}
         r = max(todo, key=lambda x: (shared[x], -x))
         todo.remove(r)
         idx = np.flatnonzero(w_rank == r)
