@@ -52,6 +52,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracekit.capture import config, rank, runner  # noqa: E402
@@ -229,7 +231,8 @@ def check(
     adv = advise([fit_run], [], batches=others)
     rows = []
     for b in others:
-        pred = next(r for r in adv.rows if r["batch"] == b and r["tp"] == 1)
+        # the row as its JSON (fields a row leaves unset are absent, hence .get)
+        pred = msgspec.to_builtins(next(r for r in adv.rows if r.batch == b and r.tp == 1))
         p = pred["per_token_latency_ns"]
         hi = pred.get("per_token_latency_no_overlap_ns")
         row = {"batch": b, "predicted_per_token_ns": p, **_measured_row(b, p, runs)}
@@ -327,7 +330,8 @@ def _check_per_kernel(
         truth[prof.batch] = (str(d), {"gemm": gemm, "attention": attn, "other": prof.other_ns})
     rows = []
     for b in asked:
-        pred = next(r for r in adv.rows if r["batch"] == b and r["tp"] == 1)
+        # the row as its JSON (fields a row leaves unset are absent, hence .get)
+        pred = msgspec.to_builtins(next(r for r in adv.rows if r.batch == b and r.tp == 1))
         p = pred["per_token_latency_ns"]
         row = {
             "batch": b,
@@ -351,7 +355,7 @@ def _check_per_kernel(
     return {
         "runs": [str(m.path) for m in given],
         "gemm_table": str(gemm_table) if gemm_table else None,
-        "floors": next((r["batch_model"]["floors"] for r in adv.rows if r.get("batch_model")), None),
+        "floors": next((msgspec.to_builtins(r.batch_model)["floors"] for r in adv.rows if r.batch_model), None),
         "designed_after_the_miss": True,
         "what": "tracekit advise given only these runs (and the table), --batch for the other batch folders: "
         "the per-kernel batch model (docs/METHOD.md section Batch scaling of a decode); the measured times are "

@@ -8,6 +8,7 @@ import json
 import statistics
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 
@@ -54,7 +55,7 @@ def _two_rank_run() -> Run:
 def test_per_token_step_is_the_slowest_rank_parts_the_mean_over_ranks() -> None:
     b = breakdown(_two_rank_run())
     assert len(b.steps) == 8
-    pt = b.per_token
+    pt = msgspec.to_builtins(b.per_token)  # as its JSON
     # slowest rank per step: rank 1, windows 150..180
     windows = [150, 160, 170, 180]
     assert pt["step_ns"]["n"] == 4
@@ -70,7 +71,7 @@ def test_per_token_step_is_the_slowest_rank_parts_the_mean_over_ranks() -> None:
     assert pt["parts_ns"]["idle"]["median"] == 114
     assert pt["parts_ns"]["idle"]["p10"] == round(99.5 + 3)  # p10 of 99.5, 109.5, 119.5, 129.5
     assert pt["slowest_rank_counts"] == {"1": 4}
-    per_rank = {r["rank"]: r for r in b.per_rank}
+    per_rank = {r["rank"]: r for r in msgspec.to_builtins(b.per_rank)}
     assert per_rank[0]["step_ns_median"] == 115 and per_rank[1]["step_ns_median"] == 165
     assert per_rank[0]["parts_ns_median"]["compute"] == 20
 

@@ -362,9 +362,9 @@ def test_a_share_chance_explains_names_no_straggler() -> None:
     rs["idle_ns"] = rs["idle_ns"] // 1000
     tiny = dataclasses.replace(base, rank_steps=rs)
     clean = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2"], cache=False))).straggler()
-    assert clean["lateness_ns_median"] > clean["threshold_ns"]  # premise: only the share can decide
-    assert clean["last_share"] <= 0.6 and clean["last_share_p_value"] > STRAGGLER_ALPHA
-    assert not clean["is_straggler"], clean
+    assert clean.lateness_ns_median > clean.threshold_ns  # premise: only the share can decide
+    assert clean.last_share <= 0.6 and clean.last_share_p_value > STRAGGLER_ALPHA
+    assert not clean.is_straggler, clean
     inj = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2-straggler"], cache=False)))
     assert inj.straggler().is_straggler and inj.straggler().rank == 1
     # the tail is the binomial one (times the ranks: any could have been the most frequent),

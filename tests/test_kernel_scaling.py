@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
@@ -81,7 +82,7 @@ def test_classes_match_the_constructed_truth() -> None:
     assert set(k1["name"]) == {"norm", "gemm_a", "splitK", "act"}  # the collective is not compute
     # the compute term of this construction: per rank 70.5 us vs 124 / 2 = 62 us -> 8.5 us
     term = (10_000 + 54_000 + 4_500 + 2_000) - (10_000 + 108_000 + 6_000) // 2
-    cs = compute_scaling(k1, [1, 2, 3], k2, [1, 2, 3], 2, term)
+    cs = msgspec.to_builtins(compute_scaling(k1, [1, 2, 3], k2, [1, 2, 3], 2, term))
     c = cs["classes"]
     assert c["replicated"]["lost_ns"] == 10_000 - 5_000
     assert c["shrank"]["lost_ns"] == 0  # 54 us against 108 / 2
@@ -99,7 +100,7 @@ def test_a_step_off_the_sequence_goes_to_the_residual() -> None:
     e2, w2 = _events(0, [[("norm", "vector", 10_000), ("gemm", "matrix", 50_000)]] * 2 + [odd])
     k1, k2 = kernel_table(e1, 0, w1), kernel_table(e2, 0, w2)
     # compute term over all three steps: mean(60, 60, 90) - 110 / 2 = 15 us; the odd step is not canonical
-    cs = compute_scaling(k1, [0, 1, 2], k2, [0, 1, 2], 2, 15_000)
+    cs = msgspec.to_builtins(compute_scaling(k1, [0, 1, 2], k2, [0, 1, 2], 2, 15_000))
     assert cs["classes"]["replicated"]["lost_ns"] == 5_000
     assert cs["residual_ns"] == 10_000
     assert cs["sequences"]["sharded"] == {"units_per_step": 2, "steps_following": 2, "steps": 3}
@@ -121,7 +122,7 @@ def test_host_timeline_says_it_is_not_available() -> None:
     win = pd.DataFrame({"step": [0], "start_ns": [0], "end_ns": [100]})
     k = kernel_table(ev, 0, win)
     assert k.empty
-    cs = compute_scaling(k, [0], k, [0], 2, 0)
+    cs = msgspec.to_builtins(compute_scaling(k, [0], k, [0], 2, 0))
     assert cs["available"] is False and "host timeline" in cs["reason"]
 
 
@@ -200,8 +201,8 @@ def test_compact_gathered_tables_hold_the_same_rows_and_give_the_same_split() ->
     )
     base = kernel_table(e0, 0, w0)
     term = 9_000
-    want = compute_scaling(base, [1, 2, 3, 4], flat, [1, 2, 3, 4], 2, term)
-    got = compute_scaling(base, [1, 2, 3, 4], both, [1, 2, 3, 4], 2, term)
+    want = msgspec.to_builtins(compute_scaling(base, [1, 2, 3, 4], flat, [1, 2, 3, 4], 2, term))
+    got = msgspec.to_builtins(compute_scaling(base, [1, 2, 3, 4], both, [1, 2, 3, 4], 2, term))
     assert got == want
     # the sequence rank 0's four steps follow and rank 1's steps 1, 3 and 4 (not its step 2)
     assert got["sequences"]["sharded"]["steps_following"] == 7

@@ -162,8 +162,8 @@ def test_partition_and_breakdown_do_not_depend_on_row_order() -> None:
     assert ba.kernels_by_class == bb.kernels_by_class
     assert ba.kernels_by_class["unknown"] == {"count": 2, "total_ns": 20 + 21}
     assert (
-        ba.unknown_kernels
-        == bb.unknown_kernels
+        msgspec.to_builtins(ba.unknown_kernels)
+        == msgspec.to_builtins(bb.unknown_kernels)
         == [{"name": "mystery_allreduce_xyz", "count": 2, "total_ns": 41, "hint": COMM_LIKE_HINT}]
     )
 
