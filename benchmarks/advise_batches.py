@@ -355,7 +355,9 @@ def _check_per_kernel(
     return {
         "runs": [str(m.path) for m in given],
         "gemm_table": str(gemm_table) if gemm_table else None,
-        "floors": next((msgspec.to_builtins(r.batch_model)["floors"] for r in adv.rows if r.batch_model), None),
+        "floors": next(
+            (msgspec.to_builtins(r.batch_model)["floors"] for r in adv.rows if r.batch_model), None
+        ),
         "designed_after_the_miss": True,
         "what": "tracekit advise given only these runs (and the table), --batch for the other batch folders: "
         "the per-kernel batch model (docs/METHOD.md section Batch scaling of a decode); the measured times are "
