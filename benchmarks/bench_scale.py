@@ -23,8 +23,9 @@ redone with the cost on each rank alone, ~7 forward passes of the whole graph pe
 grows as ranks x graph), which the plan runs as one `identify` task per rank (`plans.Fan`).
 
 Reported per case: wall seconds of the analysis and its JSON (cluster start separately), the
-read tasks' and the stage tasks' seconds, the sharded run's two Reduces (the serial part on the
-workers: `graph.assemble` and the path walk, the correction's calibration and re-timing), the
+read tasks' and the stage tasks' seconds, the sharded run's Reduces (the serial part on the
+workers: the matching; the path's walk beside the graph's assembly and its forward pass's build,
+on two workers: "path ∥ graph"; the correction's calibration and re-timing), the
 identifiability check's tasks (sum / longest / count: one per rank, spread over the workers), the
 client's own serial work (metadata, the plan's
 starts, combines and finishes) and its share of the wall, the client's peak RSS, a worker's idle
@@ -338,7 +339,7 @@ def main() -> None:
     one = next((r["wall_s"] for r in rows if r["case"] == "dask:1" and "wall_s" in r), None)
     print(
         "| case | wall s | vs local | vs 1 worker | read tasks s (sum / max) | stage tasks s (sum) | "
-        "Reduce s (match + path + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
+        "Reduce s (match + path ∥ graph + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
         "worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -355,7 +356,10 @@ def main() -> None:
         vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
         sp = f"{one / r['wall_s']:.2f}x" if one else ""
         # the serial part: the sharded run's Reduces (the baseline's run beside them, on another worker)
-        red = sum(r["stages"].get(k, [0, 0, 0])[1] for k in ("match", "path", "correction"))
+        red_m, red_p, red_g, red_c = (
+            r["stages"].get(k, [0, 0, 0])[1] for k in ("match", "path", "graph", "correction")
+        )
+        red = f"{red_m:.1f} + {red_p:.1f} ∥ {red_g:.1f} + {red_c:.1f}"
         fan = [r["stages"].get(k, [0, 0, 0]) for k in ("identify", "identify_between")]
         fan_s = (
             f"{sum(f[0] for f in fan):.1f} / {max(f[1] for f in fan):.2f}, {sum(f[2] for f in fan)}"
@@ -365,7 +369,7 @@ def main() -> None:
         print(
             f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {vs_local} | {sp} | "
             f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_task_s_sum']:.1f} | "
-            f"{red:.1f} | {fan_s} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
+            f"{red} | {fan_s} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
             f"{r['worker_rss_before_mb']:.0f} / {r['worker_peak_rss_mb_at_end']:.0f} | "
             f"{r['client_peak_rss_mb']:.0f} ({r['client_rss_idle_mb']:.0f} idle) | "
             f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"

@@ -124,6 +124,11 @@ def test_a_shortfall_task_holds_one_rank_files_ranks(
         # the critical path: one task, given every rank's graph piece
         (path,) = st["path"]
         assert path.ranks == sorted(res.meta.ranks)
+        # the graph's Reduce (assembled and prepared for the correction) beside the path's, on
+        # the other worker: on the path's it would wait for the walk (the serial part grows)
+        (graph,) = st["graph"]
+        assert graph.ranks == path.ranks
+        assert graph.worker and path.worker and graph.worker != path.worker
 
 
 def test_report_on_dask_puts_no_run_together(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,6 +44,9 @@ class CorrectionInput:
     per_rank: dict[int, dict[str, Any]]
     path_token: dict[str, Any]
     graph: Any = None
+    #: the graph's reading of every (rank, step) at its measured times
+    #: (`correction_replay.measured_parts`), computed beside the path's walk; None: computed here
+    measured: Any = None
 
 
 def correction_target(parts: Any, mode: str | None) -> Any:
@@ -74,7 +77,9 @@ def att_correct(
     corr = job = None
     with_graph = None
     if inp is not None and target is not None:
-        with_graph = replace(inp, graph=graph)
+        if inp.measured is not None:
+            graph.__dict__.setdefault("_measured_parts", inp.measured)
+        with_graph = replace(inp, graph=graph, measured=None)
         corr, job = correct_first(with_graph, target)  # type: ignore[arg-type]  # what it reads of a RunParts
     return (target, corr, (graph if keep else None), job), with_graph
 

@@ -113,6 +113,15 @@ class Reduce:
     then: Callable[[Any, Any], Any]
     keeps: str | None = None
     on_kept: bool = False
+    #: False: a Reduce beside the next one, which it does not hold up: submitted with it over the
+    #: same kept values (on Dask on another worker), its result not gathered (`then` is not
+    #: called; the next stage takes this one's argument), only what it keeps used, by a later
+    #: `on_kept` Reduce (the run's graph prepared for the correction while the path is walked)
+    wait: bool = True
+    #: in one process (`run_in_process`): `fn` takes the value an earlier Reduce kept under this
+    #: key instead of the ranks' values (the run's graph, assembled once there; on Dask each
+    #: Reduce assembles its own from the pieces, on its own worker)
+    in_process: str | None = None
 
 
 @dataclass(frozen=True)
@@ -183,6 +192,10 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
         elif isinstance(stage, Fan):
             arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
+        elif not stage.wait:  # beside the next Reduce: only what it keeps matters
+            run_reduce(stage, reduced, kept(ranks, stage.key), arg)
+        elif stage.in_process is not None:
+            arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
         else:
             values = None if stage.on_kept else kept(ranks, stage.key)
             arg = stage.then(state, run_reduce(stage, reduced, values, arg))
@@ -295,16 +308,38 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     return piece
 
 
-def _att_path(graphs: list[Any], arg: tuple[dict[int, int], str]) -> tuple[Any, Any]:
-    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`) and the critical path
-    walked on it (`critical_path.path_of_graph`): the path to the client, the graph kept where the
-    task ran for the profiler correction's Reduce."""
-    from tracekit.analyse.path.critical_path import path_of_graph
+def _att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool]) -> tuple[None, Any]:
+    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
+    task ran for the profiler correction's Reduce; with a correction to come (`arg[2]`), its
+    graph-only work done here, beside the path's walk (`correction_replay.prepare_graph`: the
+    forward pass's structure)."""
+    from tracekit.analyse.attribution.correction_replay import prepare_graph
     from tracekit.analyse.path.graph import assemble
 
-    offsets, timeline = arg
+    offsets, _timeline, correct = arg
     graph = assemble(graphs, offsets)
-    return path_of_graph(graph, timeline), graph
+    if correct:
+        prepare_graph(graph)
+    return None, graph
+
+
+def _att_path(graphs: Any, arg: tuple[dict[int, int], str, bool]) -> tuple[Any, Any]:
+    """The critical path walked on the run's graph (`critical_path.path_of_graph`; the graph
+    assembled from the ranks' pieces here, or `_att_graph`'s in one process) and, with a
+    correction to come, the graph's reading of every (rank, step) at the measured times
+    (`correction_replay.measured_parts`: small, it travels to the correction's Reduce)."""
+    from tracekit.analyse.attribution.correction_replay import measured_parts
+    from tracekit.analyse.path.critical_path import path_of_graph
+    from tracekit.analyse.path.graph import Graph, assemble
+
+    offsets, timeline, correct = arg
+    graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
+    return path_of_graph(graph, timeline), (measured_parts(graph) if correct else None)
+
+
+def _unused(_state: Any, _got: Any) -> None:
+    """The `then` of a Reduce that is not waited for (never called)."""
+    raise AssertionError("a Reduce with wait=False has no combine")
 
 
 def attribution_plan(
@@ -320,7 +355,9 @@ def attribution_plan(
     """`shortfall.attribute_run` as a plan: per rank the step rule and collective rows, the
     windows, `attribute_rank`; on the client `attribute_setup`, `choose_step_rule`,
     `assemble_steps`, `match_collectives` (on the collective rows only), `join_steps`,
-    `assemble_attribution`; the critical path in one Reduce (the run's graph kept there);
+    `assemble_attribution`; the run's graph in one Reduce (kept there, and with `correct` its
+    forward pass built) beside the critical path's Reduce (its own copy of the graph, walked; with
+    `correct` the graph's reading of each window at the measured times for the correction);
     `finish_attribution`; then a Reduce on the kept graph: with `correct` (CORRECT_TARGETS) the
     profiler correction to that target (`correction.correct_run`, cached on the RunParts: a later
     `correct_run` to the same target finds it), and the graph itself for the RunParts when
@@ -376,7 +413,7 @@ def attribution_plan(
             }
         )
 
-    def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str]:
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str, bool]:
         from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.path.critical_path import path_timeline
 
@@ -385,12 +422,12 @@ def attribution_plan(
             p.kernels = k
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
-        return offsets, path_timeline(p.timeline for p in pieces)
+        return offsets, path_timeline(p.timeline for p in pieces), correct is not None
 
-    def after_path(st: _Attribution, path: Any) -> tuple[CorrectionInput | None, Any, bool]:
+    def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
 
-        st.path = path
+        st.path, measured = got
         parts = st.parts = finish_attribution(
             st.meta,
             st.att,
@@ -414,6 +451,7 @@ def attribution_plan(
             critical=parts.critical,
             per_rank=parts.per_rank,
             path_token=parts.path_token,
+            measured=measured,
         )
         return inp, target, keep_graph
 
@@ -458,7 +496,10 @@ def attribution_plan(
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
-            Reduce("path", "graph", _att_path, after_path, keeps="run_graph"),
+            # the graph assembled and prepared for the correction on one worker while another
+            # walks the path on its own copy (each from the ranks' pieces)
+            Reduce("graph", "graph", _att_graph, _unused, keeps="run_graph", wait=False),
+            Reduce("path", "graph", _att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
             Fan("identify", "corr_run", att_identify_ends, after_ends),
             Fan("identify_between", "corr_run", att_identify_between, after_between),

@@ -146,6 +146,16 @@ def _peak_rss() -> int:
     return int(peak) * (1 if sys.platform == "darwin" else 1024)
 
 
+def _worker() -> str:
+    """The address of the Dask worker running this task ("" outside one)."""
+    from distributed import get_worker
+
+    try:
+        return str(get_worker().address)
+    except ValueError:
+        return ""
+
+
 def read_rank_file(path: str, rank: int | None, cache: bool, env: dict[str, str] | None = None) -> RankFile:
     """Read one trace file, classify its events and hash it; `env`: the client's TRACEKIT_*
     settings (`client_settings`), in force while the file is read."""
@@ -222,7 +232,7 @@ def reduce_task(stage: Reduce, arg: Any, *parts: Any) -> tuple[Any, TaskRecord, 
         for p in parts:
             values.update(p)
     out = run_reduce(stage, reduced, None if stage.on_kept else values, arg)
-    rec = TaskRecord(stage.name, "", sorted(values), time.perf_counter() - t0, _peak_rss())
+    rec = TaskRecord(stage.name, "", sorted(values), time.perf_counter() - t0, _peak_rss(), _worker())
     return out, rec, reduced.get(stage.keeps) if stage.keeps else None
 
 
@@ -354,6 +364,7 @@ class _Runner:
         self.futs: list[Any] = []
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
+        self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
         self.result: Any = None
         self.done = False
 
@@ -390,20 +401,34 @@ class _Runner:
                 r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
             ]
         else:
+            beside = self.beside.pop(st.key, None)  # a Reduce not waited for took these values
             if st.on_kept:  # on what an earlier Reduce kept: its task's result, on its worker
                 parts = [self.reduced[st.key]]
+            elif beside is not None:
+                parts = beside
             else:
                 parts = [
                     r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, only)
                     for n, fut in enumerate(states)
                 ]
                 r.later.extend(parts)
-            full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts)
+            # a Reduce beside the next one and that next one: on two workers (else the scheduler
+            # puts both next to the values they share, one after the other)
+            spread = 0 if not st.wait else (1 if beside is not None else None)
+            full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts, spread=spread)
             if st.keeps:
                 self.reduced[st.keeps] = full
-            self.small = [r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)]
-            self.futs = []
+            small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)
             r.later.append(full)
+            if not st.wait:  # not gathered now: the next stage is submitted with this one
+                if not st.on_kept:
+                    self.beside[st.key] = parts
+                r.side.append((self.j, small))
+                self.stage += 1
+                self.submit()
+                return
+            self.small = [small]
+            self.futs = []
 
     def collect(self) -> None:
         """Gather the stage's small results, combine, advance."""
@@ -443,6 +468,7 @@ class _Run:
         self.records: list[list[TaskRecord]] = [[] for _ in jobs]
         self.client_s = [0.0 for _ in jobs]
         self.later: list[Any] = []
+        self.side: list[tuple[int, Any]] = []  # (job, small result) of the Reduces not waited for
         self.runners: list[_Runner] = []
         self.workers: list[str] | None = None  # the cluster's workers (a Fan's calls spread over them)
 
@@ -530,6 +556,11 @@ class _Run:
                         errors[i] = exc
             if errors:
                 raise errors[min(errors)]
+            for (j, _small), (_out, rec) in zip(
+                self.side, self.client.gather([f for _j, f in self.side]), strict=True
+            ):
+                self.records[j].append(rec)
+            self.later.extend(f for _j, f in self.side)
             out = []
             for j in range(len(self.jobs)):
                 recs = [

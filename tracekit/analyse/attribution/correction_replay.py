@@ -200,9 +200,7 @@ def correct_first(
         return proportional(run, target, [why]), None
     lat = model.latencies(model.corrected())
     t_c = g.times(lat)
-    meas = g.__dict__.get("_measured_parts")  # the same for every correction of this graph
-    if meas is None:
-        meas = g.__dict__["_measured_parts"] = graph_parts(g, g.t)
+    meas = measured_parts(g)
     corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
     r_idx = {r: i for i, r in enumerate(g.ranks)}
@@ -310,6 +308,23 @@ def rest_to_target(parts: Mapping[str, Fraction], target: Fraction, timeline: st
         out["idle"] += target - total
         return out
     return reconcile(parts, target, timeline)[0]
+
+
+def measured_parts(g: Graph) -> dict[str, np.ndarray]:
+    """`graph_parts` at the graph's measured times, kept on the graph (the same for every
+    correction of it; a plan computes it beside the path's walk and hands it over)."""
+    meas = g.__dict__.get("_measured_parts")
+    if meas is None:
+        meas = g.__dict__["_measured_parts"] = graph_parts(g, g.t)
+    return meas
+
+
+def prepare_graph(g: Graph) -> None:
+    """The graph-only work of `correct_first`'s replay done ahead (a plan does it where the
+    graph is assembled, beside the path's walk): the one-column forward pass's structure and the
+    windows' end index, kept on the graph."""
+    g.prepare_forward(1)
+    g.windows(g.t)
 
 
 def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from tracekit.analyse.path.build import build_graph
@@ -68,10 +69,15 @@ class CriticalPath:
         n = len(set(int(s) for s in ps["step"]))
         if n == 0:
             raise ValueError("no steps on the critical path")
+        # every rank's sums in one pass (a filter of the table per rank was ranks x rows)
+        sums = ps.groupby("rank", sort=True)[[f"{p}_ns" for p in PATH_PARTS]].sum()
+        row_of = {int(r): i for i, r in enumerate(sums.index)}
+        arr = sums.to_numpy(np.int64)
+        zero = np.zeros(len(PATH_PARTS), dtype=np.int64)
         by_rank: dict[int, dict[str, Fraction]] = {}
         for r in self.ranks:
-            g = ps[ps["rank"] == r]
-            by_rank[r] = {p: Fraction(int(g[f"{p}_ns"].sum()), n) for p in PATH_PARTS}
+            vals = arr[row_of[r]] if r in row_of else zero
+            by_rank[r] = {p: Fraction(int(v), n) for p, v in zip(PATH_PARTS, vals, strict=True)}
         first = ps.drop_duplicates("step")
         offset = Fraction(int(first["offset_ns"].sum()), n)
         step = Fraction(int(first["step_ns"].sum()), n)

@@ -30,9 +30,12 @@ if TYPE_CHECKING:
 _FLOOR = -(1 << 62)
 #: Nodes per block of the forward pass: per block the pass is a few array operations per
 #: iteration, so larger blocks cost less for one column and more for many (the h200-tp2 graph,
-#: 117k nodes: one column 0.040 s at 512, 0.021 s at 2048; 32 columns 0.32 s at 512, 0.42 s at 2048)
+#: 117k nodes: one column 0.040 s at 512, 0.021 s at 2048; 32 columns 0.32 s at 512, 0.42 s at 2048).
+#: The narrow pass's 8192 (CPU s on the 2-core VM, one column, build + pass): h200-tp2 0.044 +
+#: 0.039 at 2048, 0.039 + 0.023 at 8192; 16 synthetic h200-tp2 ranks (930k nodes, the profiler
+#: correction's one re-timing, a serial task on Dask) 0.61 + 0.21 at 2048, 0.38 + 0.17 at 8192
 FORWARD_BLOCK = 512
-FORWARD_BLOCK_NARROW = 2048
+FORWARD_BLOCK_NARROW = 8192
 #: at most this many columns take the narrow pass's larger blocks
 FORWARD_NARROW_COLS = 4
 #: in the wide pass, a block whose chain pieces are at most this long takes one slice per index

@@ -87,6 +87,11 @@ class Graph:
             out[1:] = np.diff(end, axis=0)
         return out
 
+    def prepare_forward(self, n_cols: int = 1) -> None:
+        """Build the forward pass for `n_cols` latency columns ahead of its first use (where the
+        graph is assembled, beside other work: `correction_replay.prepare_graph`)."""
+        self._forward(n_cols)
+
     def _forward(self, n_cols: int) -> Forward:
         """The forward pass for `n_cols` latency columns: blocks of `FORWARD_BLOCK_NARROW` nodes
         for a few columns (the correction's one-setting replays), `FORWARD_BLOCK` for more."""
