@@ -8,7 +8,8 @@ real captured H200 rank, its clock jittered by up to 200 us and its events shuff
 the read is the parse and not gunzip) under `--workdir` (kept for the next call), then measures
 each case in a fresh child process:
 
-- `local`: `read_run` (its process pool, one process per CPU) + the analysis;
+- `local`: `read_run` (its process pool, one process per CPU) + the analysis; `local:1`
+  (`--local-one`): the same with the rank files read in the one process (the work of `dask:1`);
 - `dask:W`: a LocalCluster of W single-threaded worker processes, `tracekit.engine.dask_engine`
   (`DaskExecutor`: per rank file one read task holding its classified events in its worker's
   memory, then one task per file and rank stage of the plan; the critical path's Reduce in one
@@ -83,18 +84,19 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
     from tracekit.engine import Engine
 
     out: dict = {"case": case}
-    if case == "local":
+    if case in ("local", "local:1"):
         from tracekit.analyse.attribution.pair import shortfall
         from tracekit.analyse.timeline.breakdown import breakdown
         from tracekit.read import read_run
 
+        jobs = 1 if case == "local:1" else None  # local:1: the rank files read in this process too
         t0 = time.perf_counter()
-        r = read_run([run], cache=False)
+        r = read_run([run], cache=False, jobs=jobs)
         t1 = time.perf_counter()
         if what == "breakdown":
             doc = breakdown(r).to_json()
         else:
-            doc = shortfall(read_run([baseline], cache=False), r).to_json()
+            doc = shortfall(read_run([baseline], cache=False, jobs=jobs), r).to_json()
         t2 = time.perf_counter()
         out.update(wall_s=t2 - t0, stage1_s=t1 - t0, stage2_s=t2 - t1, n_events=len(r.events))
     else:
@@ -250,6 +252,12 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--workers", default="1,2,4,8,16", help="comma-separated LocalCluster sizes")
     ap.add_argument("--local", action="store_true", help="also the local engine (the reference JSON)")
+    ap.add_argument(
+        "--local-one",
+        action="store_true",
+        help="also the local engine reading the rank files in its own process (read_run jobs=1: the same "
+        "work as dask:1, without Dask)",
+    )
     ap.add_argument("--what", choices=["breakdown", "shortfall"], default="breakdown")
     ap.add_argument("--source", default=str(ROOT / "traces" / "h200-tp2"))
     ap.add_argument("--baseline", default=str(ROOT / "traces" / "h200-tp1"))
@@ -307,7 +315,8 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, analysis: {args.what}",
         file=sys.stderr,
     )
-    cases = (["local"] if args.local else []) + [f"dask:{w}" for w in args.workers.split(",") if w]
+    cases = (["local"] if args.local else []) + (["local:1"] if args.local_one else [])
+    cases += [f"dask:{w}" for w in args.workers.split(",") if w]
     rows = []
     for case in cases:
         cmd = [
@@ -347,10 +356,12 @@ def main() -> None:
         if "timed_out_s" in r:
             print(f"| {r['case']} | > {r['timed_out_s']:.0f} (timed out) | | | | | | | | | | |")
             continue
-        if r["case"] == "local":
+        if r["case"] in ("local", "local:1"):
+            same = "reference" if r["case"] == "local" else ("yes" if r["json_sha256"] == ref else "no")
+            vs = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
             print(
-                f"| local | {r['wall_s']:.1f} | 1.00x | | {r['stage1_s']:.1f} (read_run) | {r['stage2_s']:.1f} "
-                f"(in process) | | | | | {r['client_peak_rss_mb']:.0f} | reference |"
+                f"| {r['case']} | {r['wall_s']:.1f} | {vs} | | {r['stage1_s']:.1f} "
+                f"(read_run) | {r['stage2_s']:.1f} (in process) | | | | | {r['client_peak_rss_mb']:.0f} | {same} |"
             )
             continue
         vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""

@@ -23,7 +23,7 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
-#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1/8/1 workers, 256
+#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local, local:1 + 16/8/1/8/1 workers, 256
 #       calibrated on 16; the client's share of the wall and peak RSS (issue 27; ~8.5 min at most)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
 #       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
@@ -144,7 +144,7 @@ fi
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
   B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 340 $B --ranks 64 --calibrated --workers 16,8,1,8,1 --local --case-timeout 100 \
+  timeout 370 $B --ranks 64 --calibrated --workers 16,8,1,8,1 --local --local-one --case-timeout 100 \
     --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
   timeout 150 $B --ranks 256 --calibrated --workers 16 --case-timeout 120 \
     --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
