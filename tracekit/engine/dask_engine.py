@@ -10,7 +10,9 @@ per file one task (`prepare_file`) puts its table in the run's frame (ranks renu
 shifted, row labels of the run's table) as per-rank `RankInput`s, and every rank stage of every
 plan is one task per file on that state (`rank_stage`): the stage's per-rank results are small
 and go to the client, which runs the plan's combine; a `Reduce` (the critical path) gathers what
-the ranks kept on one worker (`reduce_task`), not on the client. The per-rank code and the
+the ranks kept on one worker (`reduce_task`), not on the client; a Reduce not waited for
+(`Reduce.wait=False`: the run's graph prepared for the correction) is submitted with the next
+one, the two placed on different workers, so neither holds the other up. The per-rank code and the
 combines are the plan's, the same the local engine runs: the JSON is the same, to the byte.
 
 Every task is a pure function of its inputs, named by a stable key and retried (`retries`): a
