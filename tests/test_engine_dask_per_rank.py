@@ -124,11 +124,22 @@ def test_a_shortfall_task_holds_one_rank_files_ranks(
         # the critical path: one task, given every rank's graph piece
         (path,) = st["path"]
         assert path.ranks == sorted(res.meta.ranks)
-        # the graph's Reduce (assembled and prepared for the correction) beside the path's, on
-        # the other worker: on the path's it would wait for the walk (the serial part grows)
+        # the graph's Reduce (assembled and prepared for the correction) beside the path's
         (graph,) = st["graph"]
         assert graph.ranks == path.ranks
-        assert graph.worker and path.worker and graph.worker != path.worker
+
+
+def test_the_graph_reduce_runs_beside_the_path_reduce_on_another_worker(dask: Engine) -> None:
+    """The run's graph is assembled and its forward pass built for the correction on one worker
+    while another walks the path (`Reduce(wait=False)`): left to itself the scheduler puts both
+    next to the graph pieces they share and runs them one after the other, the serial part of the
+    wall growing by the shorter one (benchmarks/README.md, bench_scale)."""
+    job = Job((TRACES / "cpu-tp2",), (attribution_plan(label="sharded", correct="applied"),))
+    (res,), _ = DaskExecutor(dask).run([job])
+    st = _stages(res)
+    (graph,), (path,) = st["graph"], st["path"]
+    assert graph.ranks == path.ranks == [0, 1]
+    assert graph.worker and path.worker and graph.worker != path.worker
 
 
 def test_report_on_dask_puts_no_run_together(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:

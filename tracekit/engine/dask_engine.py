@@ -415,8 +415,9 @@ class _Runner:
                 ]
                 r.later.extend(parts)
             # a Reduce beside the next one and that next one: on two workers (else the scheduler
-            # puts both next to the values they share, one after the other)
-            spread = 0 if not st.wait else (1 if beside is not None else None)
+            # puts both next to the values they share, one after the other), each job's pair on
+            # its own two (the runs' pairs are submitted at about the same time)
+            spread = 2 * self.j if not st.wait else (2 * self.j + 1 if beside is not None else None)
             full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts, spread=spread)
             if st.keeps:
                 self.reduced[st.keeps] = full
