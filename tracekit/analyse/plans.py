@@ -122,6 +122,10 @@ class Reduce:
     #: key instead of the ranks' values (the run's graph, assembled once there; on Dask each
     #: Reduce assembles its own from the pieces, on its own worker)
     in_process: str | None = None
+    #: with `wait=False`: its argument from the plan's state before the rank stage it follows has
+    #: ended (`early(state)`), so it is submitted with that stage (on Dask its values move to its
+    #: worker as each file's task ends, and it starts without waiting for the stage's combine)
+    early: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +197,9 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
         elif isinstance(stage, Fan):
             arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
-            run_reduce(stage, reduced, kept(ranks, stage.key), arg)
+            run_reduce(
+                stage, reduced, kept(ranks, stage.key), arg if stage.early is None else stage.early(state)
+            )
         elif stage.in_process is not None:
             arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
         else:
@@ -424,6 +430,11 @@ def attribution_plan(
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         return offsets, path_timeline(p.timeline for p in pieces), correct is not None
 
+    def graph_arg(st: _Attribution) -> tuple[dict[int, int], str, bool]:
+        """The graph Reduce's argument, known once the collectives are matched: the clock offsets
+        (the same `after_ranks` gives the path's Reduce)."""
+        return {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}, "", correct is not None
+
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
 
@@ -498,7 +509,7 @@ def attribution_plan(
             RankStage("attribute", _att_rank, after_ranks),
             # the graph assembled and prepared for the correction on one worker while another
             # walks the path on its own copy (each from the ranks' pieces)
-            Reduce("graph", "graph", _att_graph, _unused, keeps="run_graph", wait=False),
+            Reduce("graph", "graph", _att_graph, _unused, keeps="run_graph", wait=False, early=graph_arg),
             Reduce("path", "graph", _att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
             Fan("identify", "corr_run", att_identify_ends, after_ends),

@@ -367,6 +367,7 @@ class _Runner:
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
+        self.early = -1  # the stage submitted early, with the rank stage before it
         self.result: Any = None
         self.done = False
 
@@ -396,42 +397,62 @@ class _Runner:
                 f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
+            nxt = self.plan.stages[self.stage + 1] if self.stage + 1 < len(self.plan.stages) else None
+            if isinstance(nxt, Reduce) and nxt.early is not None:
+                # submitted now, on this stage's states: its values move to its worker as each
+                # file's task ends, and it starts without waiting for the combine
+                done = dict(self.futs)
+                after = [done.get(n, fut) for n, fut in enumerate(states)]
+                early_arg = r.client_call(self.j, nxt.early, self.state)
+                self._reduce(nxt, f"run{self.j}-p{self.p}-s{self.stage + 1}", early_arg, after)
+                self.early = self.stage + 1
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
             self.small = [
                 r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
             ]
+        elif self.early == self.stage:  # submitted with the rank stage before it
+            self.stage += 1
+            self.submit()
         else:
-            beside = self.beside.pop(st.key, None)  # a Reduce not waited for took these values
-            if st.on_kept:  # on what an earlier Reduce kept: its task's result, on its worker
-                parts = [self.reduced[st.key]]
-            elif beside is not None:
-                parts = beside
-            else:
-                parts = [
-                    r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, only)
-                    for n, fut in enumerate(states)
-                ]
-                r.later.extend(parts)
-            # a Reduce beside the next one and that next one: on two workers (else the scheduler
-            # puts both next to the values they share, one after the other), each job's pair on
-            # its own two (the runs' pairs are submitted at about the same time)
-            spread = 2 * self.j if not st.wait else (2 * self.j + 1 if beside is not None else None)
-            full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, self.arg, *parts, spread=spread)
-            if st.keeps:
-                self.reduced[st.keeps] = full
-            small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)
-            r.later.append(full)
+            small = self._reduce(st, tag, self.arg, states)
             if not st.wait:  # not gathered now: the next stage is submitted with this one
-                if not st.on_kept:
-                    self.beside[st.key] = parts
-                r.side.append((self.j, small))
                 self.stage += 1
                 self.submit()
                 return
             self.small = [small]
             self.futs = []
+
+    def _reduce(self, st: Reduce, tag: str, arg: Any, states: list[Any]) -> Any:
+        """Submit a Reduce's task over `states`' kept values (or what a Reduce before it kept, or
+        the values a Reduce beside it took); returns the future of its small part."""
+        r = self.run
+        beside = self.beside.pop(st.key, None)  # a Reduce not waited for took these values
+        if st.on_kept:  # on what an earlier Reduce kept: its task's result, on its worker
+            parts = [self.reduced[st.key]]
+        elif beside is not None:
+            parts = beside
+        else:
+            parts = [
+                r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, self.plan.only_rank)
+                for n, fut in enumerate(states)
+            ]
+            r.later.extend(parts)
+        # a Reduce beside the next one and that next one: on two workers (else the scheduler
+        # puts both next to the values they share, one after the other), each job's pair on
+        # its own two (the runs' pairs are submitted at about the same time)
+        spread = 2 * self.j if not st.wait else (2 * self.j + 1 if beside is not None else None)
+        full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, arg, *parts, spread=spread)
+        if st.keeps:
+            self.reduced[st.keeps] = full
+        small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)
+        r.later.append(full)
+        if not st.wait:
+            if not st.on_kept:
+                self.beside[st.key] = parts
+            r.side.append((self.j, small))
+        return small
 
     def collect(self) -> None:
         """Gather the stage's small results, combine, advance."""
