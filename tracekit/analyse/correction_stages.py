@@ -1,4 +1,6 @@
-"""The profiler correction's stages of the attribution plan (`plans.attribution_plan`): what
+"""The profiler correction's stages of the attribution plan (`plans.attribution_plan`): the run's
+graph assembled and prepared for it beside the path's walk, which also reads the measured window
+parts (`att_graph`, `att_path`: two Reduces on two workers); what
 travels into the correction's Reduce (`CorrectionInput`), its target (`correction_target`), the
 Reduce itself on the run's graph (`att_correct`: `correction_replay.correct_first`) and the
 identifiability check's two `plans.Fan`s: one task per rank (`att_identify_ends`), then one task
@@ -17,8 +19,10 @@ __all__ = [
     "CORRECT_TARGETS",
     "CorrectionInput",
     "att_correct",
+    "att_graph",
     "att_identify_between",
     "att_identify_ends",
+    "att_path",
     "correction_target",
 ]
 
@@ -62,6 +66,35 @@ def correction_target(parts: Any, mode: str | None) -> Any:
         return applied_dilation(parts).target_ns
     u = parts.dilation.unprofiled
     return Fraction(u.mean_ns) if u is not None and u.n else None
+
+
+def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool]) -> tuple[None, Any]:
+    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
+    task ran for the profiler correction's Reduce; with a correction to come (`arg[2]`), its
+    graph-only work done here, beside the path's walk (`correction_replay.prepare_graph`: the
+    forward pass's structure)."""
+    from tracekit.analyse.attribution.correction_replay import prepare_graph
+    from tracekit.analyse.path.graph import assemble
+
+    offsets, _timeline, correct = arg
+    graph = assemble(graphs, offsets)
+    if correct:
+        prepare_graph(graph)
+    return None, graph
+
+
+def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool]) -> tuple[Any, Any]:
+    """The critical path walked on the run's graph (`critical_path.path_of_graph`; the graph
+    assembled from the ranks' pieces here, or `att_graph`'s in one process) and, with a
+    correction to come, the graph's reading of every (rank, step) at the measured times
+    (`correction_replay.measured_parts`: small, it travels to the correction's Reduce)."""
+    from tracekit.analyse.attribution.correction_replay import measured_parts
+    from tracekit.analyse.path.critical_path import path_of_graph
+    from tracekit.analyse.path.graph import Graph, assemble
+
+    offsets, timeline, correct = arg
+    graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
+    return path_of_graph(graph, timeline), (measured_parts(graph) if correct else None)
 
 
 def att_correct(

@@ -48,8 +48,10 @@ from tracekit.analyse.correction_stages import (
     CORRECT_TARGETS,
     CorrectionInput,
     att_correct,
+    att_graph,
     att_identify_between,
     att_identify_ends,
+    att_path,
     correction_target,
 )
 from tracekit.errors import StepError
@@ -314,35 +316,6 @@ def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> An
     return piece
 
 
-def _att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool]) -> tuple[None, Any]:
-    """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
-    task ran for the profiler correction's Reduce; with a correction to come (`arg[2]`), its
-    graph-only work done here, beside the path's walk (`correction_replay.prepare_graph`: the
-    forward pass's structure)."""
-    from tracekit.analyse.attribution.correction_replay import prepare_graph
-    from tracekit.analyse.path.graph import assemble
-
-    offsets, _timeline, correct = arg
-    graph = assemble(graphs, offsets)
-    if correct:
-        prepare_graph(graph)
-    return None, graph
-
-
-def _att_path(graphs: Any, arg: tuple[dict[int, int], str, bool]) -> tuple[Any, Any]:
-    """The critical path walked on the run's graph (`critical_path.path_of_graph`; the graph
-    assembled from the ranks' pieces here, or `_att_graph`'s in one process) and, with a
-    correction to come, the graph's reading of every (rank, step) at the measured times
-    (`correction_replay.measured_parts`: small, it travels to the correction's Reduce)."""
-    from tracekit.analyse.attribution.correction_replay import measured_parts
-    from tracekit.analyse.path.critical_path import path_of_graph
-    from tracekit.analyse.path.graph import Graph, assemble
-
-    offsets, timeline, correct = arg
-    graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
-    return path_of_graph(graph, timeline), (measured_parts(graph) if correct else None)
-
-
 def _unused(_state: Any, _got: Any) -> None:
     """The `then` of a Reduce that is not waited for (never called)."""
     raise AssertionError("a Reduce with wait=False has no combine")
@@ -509,8 +482,8 @@ def attribution_plan(
             RankStage("attribute", _att_rank, after_ranks),
             # the graph assembled and prepared for the correction on one worker while another
             # walks the path on its own copy (each from the ranks' pieces)
-            Reduce("graph", "graph", _att_graph, _unused, keeps="run_graph", wait=False, early=graph_arg),
-            Reduce("path", "graph", _att_path, after_path, in_process="run_graph"),
+            Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False, early=graph_arg),
+            Reduce("path", "graph", att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
             Fan("identify", "corr_run", att_identify_ends, after_ends),
             Fan("identify_between", "corr_run", att_identify_between, after_between),
