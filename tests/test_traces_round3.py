@@ -335,13 +335,16 @@ def test_manifest_numbers_beyond_bounds_are_treated_as_missing(
 
 
 def test_dilation_bounds_the_numbers_it_reads() -> None:
-    """Where the manifest did not pass through load_manifest (a Run built in code): the per-token
-    times and the dilation are bounded where dilation_of reads them."""
+    """A manifest's JSON object built in code goes through the reader's rules (`manifest_from_json`,
+    what read_manifest applies to the file): the number beyond 2**62 is treated as missing there
+    (its per-token list with it), the implausible dilation where dilation_of reads it."""
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.read.manifests import manifest_from_json
 
-    d = dilation_of({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    read = manifest_from_json({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    d = dilation_of(read.manifest)
     assert d.unprofiled is None and d.manifest_dilation is None
-    assert any("2**62" in n for n in d.notes) and any("dilation" in n for n in d.notes)
+    assert any("2**62" in n for _, n in read.notes) and any("dilation" in n for n in d.notes)
 
 
 # ------------------------------------------------------------------ 7. TraceLens's gpu_timeline

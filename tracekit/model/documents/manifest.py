@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, JSONObject, given
 
 
 class ManifestError(Doc, kw_only=True):
@@ -239,10 +239,15 @@ class Manifest(Doc, kw_only=True):
       "marker_steps": {"0": 64},            # mode kernels only: steps rebuilt from markers, per rank
       "command": "tracekit capture --tp 2 ..." }
     ```
+    Read once (`tracekit.read.manifests.read_manifest`) into this Struct, leniently: numbers not
+    finite or beyond +-2**62 and workload counts out of bounds are treated as missing, a field whose
+    value does not fit its type is left out (a list with one bad item as a whole), each noted in the
+    run's data_quality (`manifest_field_malformed`); keys it does not know (another tool's, a user's
+    script's) are kept in `unknown_fields`, which is the reader's and never in the file.
     """
 
-    schema_version: str
-    kind: str
+    schema_version: str | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
     complete: bool | UnsetType = UNSET
     errors: list[ManifestError] | UnsetType = UNSET
     created: str | UnsetType = UNSET
@@ -265,3 +270,14 @@ class Manifest(Doc, kw_only=True):
     files: dict[str, ManifestFilesValue] | UnsetType = UNSET
     command: str | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
+    #: the reader's, never written by tracekit: the keys of a manifest (from another tool, a user's
+    #: script, a later tracekit) that this Struct does not know, as they were
+    #: (`tracekit.read.manifests`); `to_json` puts them back at the top level
+    unknown_fields: JSONObject | UnsetType = UNSET
+
+    def to_json(self) -> dict[str, object]:
+        """The manifest as plain JSON values: its fields, then the unknown keys it was read with."""
+        out = super().to_json()
+        out.pop("unknown_fields", None)
+        out.update(given(self.unknown_fields) or {})
+        return out
