@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 
 from tracekit.analyse.dilation import bootstrap_interval, dilation_of, token_times
+from tracekit.cli.dilation import command as dilation_command
 from tracekit.model.documents import Manifest
 from tracekit.read.manifests import manifest_from_json
-from tracekit.cli.dilation import command as dilation_command
 
 #: tokens per round of the fresh capture (tests/session_captures.py ROUNDS_TP2)
 TOKENS = 5

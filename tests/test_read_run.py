@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from msgspec import UNSET
 from conftest import write_real_tp2_run
+from msgspec import UNSET
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.read import cache as cache_mod
