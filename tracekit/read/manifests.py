@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from tracekit.errors import TraceFormatError
 from tracekit.model.documents import DocumentError, Manifest, convert
 from tracekit.model.documents.base import given
+from tracekit.model.events import Run
 
 #: at most this many malformed fields are left out one by one before the manifest is given up
 MAX_DROPPED = 64
@@ -102,6 +103,19 @@ def manifest_from_json(doc: Mapping[str, Any], name: str = "manifest.json") -> M
     notes = check_manifest(work, name)
     typed, typed_notes = _typed_manifest(work, name)
     return ManifestRead(typed, notes + typed_notes)
+
+
+def attach_manifest(run: Run, manifest: ManifestRead | Mapping[str, Any] | None) -> Run:
+    """`run` (changed in place, and returned) with its manifest as `read_run` attaches manifest.json:
+    the typed document, the reader's notes in the run's data_quality. `manifest`: as read
+    (`read_manifest`), or a manifest's JSON object (a Run built in code: `manifest_from_json`)."""
+    if manifest is None:
+        return run
+    read = manifest if isinstance(manifest, ManifestRead) else manifest_from_json(manifest)
+    run.manifest = read.manifest
+    for key, note in read.notes:
+        run.data_quality.add(key, 1, note)
+    return run
 
 
 def workload_tp(manifest: Manifest | None) -> int | None:
