@@ -157,11 +157,11 @@ def run(args: argparse.Namespace) -> Path:
             command=cfg.command,
             needs_traces=False,
         )
-        manifest["workload"]["batch_rounds_order"] = " ".join(order)
-        manifest["notes"] = [NOTE + f" (batches {','.join(map(str, batches))}, {wall:.1f} s of rounds)"]
+        runner.workload_of(manifest).batch_rounds_order = " ".join(order)
+        manifest.notes = [NOTE + f" (batches {','.join(map(str, batches))}, {wall:.1f} s of rounds)"]
         d = out / f"b{b}"
         d.mkdir(exist_ok=True)
-        env.atomic_write_json(d / env.MANIFEST_NAME, manifest)
+        env.atomic_write_json(d / env.MANIFEST_NAME, manifest.to_json())
         per = [statistics.fmean(r) / 1e6 for r in rounds[b]]
         print(f"batch {b}: round means (ms/token) " + " ".join(f"{x:.3f}" for x in per), flush=True)
     return out

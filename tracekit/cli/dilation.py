@@ -129,7 +129,8 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
             )
 
         wl = given(m.workload)
-        mode = (given(wl.mode) if wl is not None else None) or "?"
+        wl_mode = given(wl.mode) if wl is not None else None
+        mode = "?" if not wl_mode else wl_mode if isinstance(wl_mode, str) else ", ".join(wl_mode)
         iv = dil.interval
         t.add_row(
             d,

@@ -16,7 +16,7 @@ class ManifestError(Doc, kw_only=True):
 class ManifestHost(Doc, kw_only=True):
     hostname: str | UnsetType = UNSET
     cpu: str | UnsetType = UNSET
-    cpu_count: int | UnsetType = UNSET
+    cpu_count: int | None | UnsetType = UNSET  # null: os.cpu_count() could not tell
     platform: str | UnsetType = UNSET
 
 
@@ -70,11 +70,11 @@ class ManifestInjectDelay(Doc, kw_only=True):
 
 class ManifestNsys(Doc, kw_only=True):
     unprofiled: str | UnsetType = UNSET
-    traced: str | UnsetType = UNSET
+    traced: str | None | UnsetType = UNSET  # null: a user's script that failed before nsys
     unprofiled_rank_pids: dict[str, int] | UnsetType = UNSET
     unprofiled_rank_pids_rounds: list[dict[str, int]] | UnsetType = UNSET
     unprofiled_after_error: str | UnsetType = UNSET
-    tokens_match: bool | UnsetType = UNSET
+    tokens_match: bool | None | UnsetType = UNSET  # null: the traced run generated no tokens
 
 
 class ManifestInterleaved(Doc, kw_only=True):
@@ -93,6 +93,7 @@ class ManifestCalibration(Doc, kw_only=True):
 
 
 class ManifestWorkload(Doc, kw_only=True):
+    script: list[str] | UnsetType = UNSET  # `capture -- SCRIPT`: its argv (no preset, no shape)
     preset: str | UnsetType = UNSET
     tp: int | UnsetType = UNSET
     tokens: int | UnsetType = UNSET
@@ -112,7 +113,7 @@ class ManifestWorkload(Doc, kw_only=True):
     inject_sync: bool | UnsetType = UNSET
     cuda_graphs: bool | UnsetType = UNSET
     compile: bool | UnsetType = UNSET
-    mode: str | UnsetType = UNSET
+    mode: str | list[str] | UnsetType = UNSET  # a list: a user's script whose ranks ran in several
     step_pattern: str | UnsetType = UNSET
     cpu_threads_per_rank: int | None | UnsetType = UNSET
     rounds: int | UnsetType = UNSET
@@ -262,13 +263,13 @@ class Manifest(Doc, kw_only=True):
     dilation: float | None | UnsetType = UNSET
     dilation_interval: list[float] | None | UnsetType = UNSET
     profiler_calibration: ManifestCalibration | UnsetType = UNSET
-    tokens_generated: list[list[int]] | UnsetType = UNSET
+    tokens_generated: list[list[int]] | None | UnsetType = UNSET
     nvtx: str | None | UnsetType = UNSET
     inject_sync_count: dict[str, int] | UnsetType = UNSET
     rank_pids: dict[str, int] | UnsetType = UNSET
     marker_steps: dict[str, int] | UnsetType = UNSET
     files: dict[str, ManifestFilesValue] | UnsetType = UNSET
-    command: str | UnsetType = UNSET
+    command: str | None | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
     #: the reader's, never written by tracekit: the keys of a manifest (from another tool, a user's
     #: script, a later tracekit) that this Struct does not know, as they were
