@@ -128,7 +128,8 @@ def as_manifest(doc: JSONObject) -> Manifest:
     """The manifest object the capture assembled as its typed document, decoded as a reader
     decodes the file (`tracekit.read.manifests.manifest_from_json`), so what is written is what
     reads back; a value the document cannot hold (none should) is left out and said in `notes`."""
-    read = manifest_from_json(doc, env.MANIFEST_NAME)
+    # as the JSON it becomes: plain values (torch.__version__ is a str subclass msgspec cannot encode)
+    read = manifest_from_json(json.loads(json.dumps(doc)), env.MANIFEST_NAME)
     if read.notes:
         read.manifest.notes = [*(given(read.manifest.notes) or []), *(n for _, n in read.notes)]
     return read.manifest
