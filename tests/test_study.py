@@ -55,14 +55,28 @@ def _body_children(
     return tree.top
 
 
+#: the configuration of each capture the study below asked for, in the order it asked (the real
+#: captures, recorded on their way: `study` fixture)
+ASKED: list = []
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("study")
     import contextlib
     import io
 
+    import tracekit.capture.runner as runner
+
+    real = runner.capture
+
+    def recorded(config, *args, **kwargs):  # the real capture, its configuration noted
+        ASKED.append(config)
+        return real(config, *args, **kwargs)
+
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "capture", recorded)
         rc = main(["study", "--tokens", "4", "--device", "cpu", "--quiet", "-o", str(out)])
     assert rc == 0, buf.getvalue()
     return out, buf.getvalue()
@@ -227,6 +241,16 @@ def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
         assert m["profiled"]["traced_round"] == 7 and m["workload"]["pass_order"] == "UP" * 8
         assert m["workload"]["rounds"] == 8
     assert m1["workload"]["interleaved"]["group"] == m2["workload"]["interleaved"]["group"]
+    # four captures, in that order; only the last block of each degree calibrates the profiler
+    # (the merged manifest is that block's: an earlier block's calibration would be dropped)
+    assert [(c.tp, c.rounds, c.calibrate) for c in ASKED] == [
+        (1, 4, False),
+        (2, 4, False),
+        (1, 4, True),
+        (2, 4, True),
+    ]
+    for m in (m1, m2):
+        assert set(m["profiler_calibration"]["per_call_ns"]) >= {"op", "range"}
     sf = json.loads((out / "shortfall-tp2.json").read_text())
     assert sf["intervals"]["paired"] is True and sf["intervals"]["rounds"] == {"baseline": 8, "sharded": 8}
     # the verdict names a cause only when its interval excludes zero, or says the run was too noisy
