@@ -279,7 +279,7 @@ def _copy(
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(COPY_FIELDS), lineterminator="\n")
         w.writeheader()
-        for r in rows:
+        for r in to_builtins(rows):
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COPY_FIELDS})
         text = buf.getvalue()
     else:
