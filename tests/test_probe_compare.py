@@ -14,11 +14,11 @@ from msgspec import UNSET, structs
 from tests.conftest import shared_trace
 from tracekit.analyse.links.curves import busbw_at, probe_timing, regime_at, side_by_side, timing_sentence
 from tracekit.analyse.links.trace import trace_collectives, trace_mode
-from tracekit.analyse.links.verdict import load_compare
+from tracekit.analyse.links.verdict import load_compare, recompute
 from tracekit.analyse.links.verdict import verdict as typed_verdict
 from tracekit.cli.main import main
 from tracekit.errors import ProbeError
-from tracekit.model.documents import convert, to_builtins
+from tracekit.model.documents import Links, convert, decode_document, to_builtins
 from tracekit.model.documents.links import (
     LinksShortfall,
     LinksTrace,
@@ -591,3 +591,85 @@ def test_compare_links_without_gpus_is_one_refusal(
     assert got.out == "" and len(lines) == 1, got.err
     assert lines[0].startswith("tracekit: error: ") and "no CUDA GPU" in lines[0]
     assert "tracekit probe --device cpu" in lines[0]
+
+
+def _as_schema_1_0(doc: dict) -> dict:
+    """A 1.1 compare-links result written the way tracekit wrote 1.0: no config, no probe_notes
+    (notes = the sweep's + the trace's), no shortfall, rows without `graph`, the saved trace
+    without its mode and its per-size totals."""
+    old = {k: v for k, v in doc.items() if k not in ("config", "probe_notes", "shortfall")}
+    old["schema_version"] = "1.0"
+    old["rows"] = [{k: v for k, v in r.items() if k != "graph"} for r in doc["rows"]]
+    if doc.get("trace"):
+        gone = ("time_ns_total", "transfer_ns_per_token", "bytes_source")
+        tr = {k: v for k, v in doc["trace"].items() if k not in ("mode", "mode_source")}
+        tr["sizes"] = [{k: v for k, v in s.items() if k not in gone} for s in tr["sizes"]]
+        old["trace"] = tr
+        old["notes"] = doc["probe_notes"] + tr["notes"]
+    else:
+        old["notes"] = list(doc["probe_notes"])
+    return old
+
+
+@pytest.mark.parametrize("name", ["tests/data/links-cpu-gloo.json", "reports/h200/links.json"])
+def test_a_result_an_older_tracekit_wrote_still_loads(tmp_path: Path, name: str) -> None:
+    """--load of a schema 1.0 file (decoded once into the typed probe part, its absent fields
+    optional): the verdict is recomputed, the sweep's notes come back out of `notes`, and the
+    result is a whole Links document. Without its trace's time_ns_total the sizes weigh count x
+    median; without the trace's mode the reference is the faster mode."""
+    if not (REPO / name).is_file():
+        pytest.skip(f"{name} is not in this checkout")
+    doc = json.loads((REPO / name).read_text())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_as_schema_1_0(doc)))
+    out = tmp_path / "again.json"
+    assert main(["compare-links", "--load", str(old), "-o", str(out)]) == 0
+    again = decode_document(out.read_bytes())
+    assert isinstance(again, Links) and again.schema_version == "1.1" and again.config is UNSET
+    assert again.probe_notes == doc["probe_notes"]
+    assert [to_builtins(r) for r in again.rows] == [
+        {k: v for k, v in r.items() if k != "graph"} for r in doc["rows"]
+    ]
+    d = again.verdict_details
+    if doc.get("trace"):
+        assert d.trace_mode is None and d.reference_mode == d.modes.fast == "nvlink"
+        assert again.trace is not None and again.trace.mode is UNSET
+        per_size = {(e.op, e.bytes): e.transfer_weight for e in d.per_size}
+        med = {(s["op"], s["bytes"]): s["count"] * s["time_ns_median"] for s in doc["trace"]["sizes"]}
+        assert per_size == pytest.approx({k: v / sum(med.values()) for k, v in med.items()})
+        assert d.answer == "unknown"  # no shortfall without --baseline
+    else:
+        assert again.trace is None and [e.op for e in d.per_size] == ["all_gather", "all_reduce"]
+
+
+def test_a_damaged_probe_file_is_refused_where_it_is_and_null_reads_as_nan(tmp_path: Path) -> None:
+    doc = json.loads((REPO / "tests/data/links-cpu-gloo.json").read_text())
+    bad = tmp_path / "bad.json"
+    doc["rows"][2]["bytes"] = "8"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProbeError) as err:
+        load_compare(bad)
+    assert (
+        str(err.value) == f"{bad} at $.rows[2].bytes: not a compare-links result (Expected `int`, got `str`)"
+    )
+    doc["rows"][2]["bytes"] = 8
+    doc["modes"][1]["device"] = None
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProbeError, match=r"at \$\.modes\[1\]\.device: not a compare-links result"):
+        load_compare(bad)
+    # JSON null in a number field is how NaN is written: it reads back as NaN, and is judged as one
+    doc = json.loads((REPO / "tests/data/links-cpu-gloo.json").read_text())
+    first = doc["rows"][0]
+    first["busbw_gbps"] = first["time_us"] = None
+    ok = tmp_path / "nan.json"
+    ok.write_text(json.dumps(doc))
+    saved = load_compare(ok)
+    assert math.isnan(saved.rows[0].busbw_gbps) and math.isnan(saved.rows[0].time_us)
+    assert all(math.isfinite(r.busbw_gbps) for r in saved.rows[1:])
+    res = recompute(saved)
+    (entry,) = [
+        e
+        for e in res.side_by_side
+        if (e.op, e.bytes, e.in_place) == (first["op"], first["bytes"], first["in_place"])
+    ]
+    assert math.isnan(entry.busbw_gbps[first["mode"]])
