@@ -7,8 +7,8 @@ transfer term against a baseline run (`shortfall_context`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.collectives.bandwidth import PROBE_OP, algbw_gbps, safe_bus_factor
@@ -122,13 +122,14 @@ def trace_collectives(trace_dir: str | Path) -> LinksTrace:
     )
 
 
-def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
+def trace_mode(manifest: Mapping[str, object] | None) -> tuple[str | None, str]:
     """The compare-links mode a captured run's NCCL ran in, from its manifest (`nccl_env`):
     "pcie" when P2P was disabled or limited, "nvlink" (NCCL's default) otherwise; None for a
     non-NCCL run or without a manifest. The second value says how it was decided."""
     if not manifest:
         return None, "no manifest"
-    backend = str((manifest.get("workload") or {}).get("backend") or "")
+    workload = manifest.get("workload")
+    backend = str(workload.get("backend") or "") if isinstance(workload, Mapping) else ""
     if backend and backend != "nccl":
         return None, f"backend {backend}: no GPU link"
     env = manifest.get("nccl_env")
