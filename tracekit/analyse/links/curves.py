@@ -178,7 +178,7 @@ def probe_timing(rows: Sequence[ProbeRow], modes: Sequence[str]) -> dict[str, st
     return out
 
 
-def timing_sentence(timing: dict[str, str], iters: int | None = None) -> str:
+def timing_sentence(timing: Mapping[str, str], iters: int | None = None) -> str:
     """One sentence on how the probe was timed; for eager timing, the host-launch caveat."""
     kinds = set(timing.values()) - {"none"}
     if not kinds:
