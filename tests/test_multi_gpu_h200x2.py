@@ -41,7 +41,7 @@ def test_link_bound_covers_the_measured_pcie_cost(measured_delta_ms: float) -> N
     out = recompute(
         load_compare(LINKS), trace_dir=T / "h200x2-tp2-b1-graphs", baseline_dir=T / "h200x2-tp1-b1-graphs"
     )
-    d = out["verdict_details"]
+    d = out.verdict_details.to_json()
     bound_ms = d["bound_ns_per_token"] / 1e6
     assert 0.05 < measured_delta_ms < 0.15  # 16 latency-bound 8 KiB all-reduces per token, ~5 us each
     assert measured_delta_ms * 0.95 <= bound_ms <= measured_delta_ms * 1.25
