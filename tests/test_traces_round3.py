@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from msgspec import UNSET
 
 from tests.conftest import shared_trace
 from tests.faithful_traces import (
@@ -308,26 +309,36 @@ def _manifest_runs(tmp_path: Path, edit: Any) -> tuple[Path, Path]:
     return out[0], out[1]
 
 
-@pytest.mark.parametrize(
-    ("where", "value"),
-    [("per_token_ns", 1e30), ("per_token_ns", float("inf")), ("dilation", 1e300), ("tokens", 10**30)],
-)
-def test_manifest_numbers_beyond_bounds_are_treated_as_missing(
-    tmp_path: Path, where: str, value: Any
-) -> None:
+def test_manifest_numbers_beyond_bounds_are_treated_as_missing(tmp_path: Path) -> None:
+    """Four numbers beyond bounds in the TP=2 run's manifest: per-token times of 1e30 and inf, a
+    dilation of 1e300, 10**30 tokens. The bound is applied where the manifest is read, to each
+    number independently of the others: each is dropped (checked one by one), the note counts all
+    four, and the shortfall and `tracekit dilation` of the run end normally and say so. One
+    manifest holds the four (each was a whole shortfall of its own: the four checks are of one rule
+    on independent fields, and each field's removal is asserted at the reading)."""
+
     def edit(m: dict[str, Any]) -> None:
-        if where == "per_token_ns":
-            m["unprofiled"]["per_token_ns"]["0"][1] = value
-            for rnd in m["unprofiled"].get("rounds") or []:
-                rnd["0"][1] = value
-        elif where == "dilation":
-            m["dilation"] = value
-        else:
-            m["workload"][where] = value
+        for rnd in [m["unprofiled"]["per_token_ns"], *(m["unprofiled"].get("rounds") or [])]:
+            rnd["0"][1], rnd["0"][2] = 1e30, float("inf")
+        m["dilation"] = 1e300
+        m["workload"]["tokens"] = 10**30
 
     tp1, tp2 = _manifest_runs(tmp_path, edit)
     run = read_run([str(tp2)])
+    m = run.manifest
+    raw = json.loads((tp2 / "manifest.json").read_text())
+    rounds = [raw["unprofiled"]["per_token_ns"], *(raw["unprofiled"].get("rounds") or [])]
+    assert m is not None and m.workload and m.unprofiled and m.profiled
+    # the typed manifest: a per-token list holding such a number cannot keep its tokens' places, so
+    # the times it is in are left out whole (unprofiled.per_token_ns and rounds), the others kept
+    assert m.unprofiled.per_token_ns is UNSET and m.unprofiled.rounds is UNSET
+    assert m.profiled.per_token_ns == raw["profiled"]["per_token_ns"]
+    assert m.dilation is UNSET and m.workload.tokens is UNSET and m.workload.tp == 2
     assert run.data_quality.counts["manifest_field_malformed"] >= 1
+    n = 2 * len(rounds) + 2
+    assert any(f"{n} number(s) not finite or beyond" in note for note in run.data_quality.notes), (
+        run.data_quality.notes
+    )
     sf = _json(["shortfall", "--baseline", str(tp1), "--sharded", str(tp2), "--no-cache"])
     assert "manifest_field_malformed" in json.dumps(sf["data_quality"])
     rc, _out, err = _cli(["dilation", str(tp2)])
@@ -335,13 +346,16 @@ def test_manifest_numbers_beyond_bounds_are_treated_as_missing(
 
 
 def test_dilation_bounds_the_numbers_it_reads() -> None:
-    """Where the manifest did not pass through load_manifest (a Run built in code): the per-token
-    times and the dilation are bounded where dilation_of reads them."""
+    """A manifest's JSON object built in code goes through the reader's rules (`manifest_from_json`,
+    what read_manifest applies to the file): the number beyond 2**62 is treated as missing there
+    (its per-token list with it), the implausible dilation where dilation_of reads it."""
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.read.manifests import manifest_from_json
 
-    d = dilation_of({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    read = manifest_from_json({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    d = dilation_of(read.manifest)
     assert d.unprofiled is None and d.manifest_dilation is None
-    assert any("2**62" in n for n in d.notes) and any("dilation" in n for n in d.notes)
+    assert any("2**62" in n for _, n in read.notes) and any("dilation" in n for n in d.notes)
 
 
 # ------------------------------------------------------------------ 7. TraceLens's gpu_timeline

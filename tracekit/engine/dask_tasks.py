@@ -19,7 +19,6 @@ import pandas as pd
 
 from tracekit.analyse.plans import Fan, RankInput, RankStage, Reduce, kept, run_rank_stage, run_reduce
 from tracekit.engine.executor import TaskRecord
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality, Run
 from tracekit.read.files import sha256_of
 
@@ -47,7 +46,7 @@ class FileMeta:
 
     path: str
     sources: dict[int, str]
-    rank_info: dict[int, JSONObject]
+    rank_info: dict[int, dict[str, object]]
     data_quality: DataQuality
     n_events: int
     file_bytes: int
