@@ -30,7 +30,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.breakdown import Breakdown
-from tracekit.model.events import DataQuality, Run
+from tracekit.model.events import DataQuality, Run, RunFields
 
 __all__ = ["Breakdown", "Shortfall", "Steps", "TraceRun", "load", "shortfall"]
 
@@ -90,7 +90,7 @@ class Steps:
 
 
 @dataclass(frozen=True, eq=False)
-class TraceRun:
+class TraceRun(RunFields):
     """One loaded run: every rank's events in one table, read once, classified once (on first use).
 
     `run` is the reader's `tracekit.model.events.Run` (sources, rank_info, manifest, data_quality);
@@ -98,23 +98,6 @@ class TraceRun:
 
     run: Run
     paths: tuple[str, ...]
-
-    @property
-    def events(self) -> pd.DataFrame:
-        """The event table as the readers made it (columns `tracekit.model.events.COLUMNS`)."""
-        return self.run.events
-
-    @property
-    def ranks(self) -> list[int]:
-        return self.run.ranks
-
-    @property
-    def manifest(self) -> dict[str, Any] | None:
-        return self.run.manifest
-
-    @property
-    def data_quality(self) -> DataQuality:
-        return self.run.data_quality
 
     @cached_property
     def classified(self) -> pd.DataFrame:
