@@ -16,6 +16,7 @@ from tracekit.analyse.batch_model import (
 from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
 from tracekit.model.documents.advise import AdviseRun
+from tracekit.model.shape import DIMENSIONS, DecoderDims
 
 GIB = 1024**3
 
@@ -35,17 +36,9 @@ class AdviseError(TracekitError):
 
 
 @dataclass(frozen=True)
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+class Shape(DecoderDims):
+    """A run's decoder dimensions (its manifest's `workload.shape`), with the weights and memory
+    they imply."""
 
     @classmethod
     def from_workload(cls, wl: Mapping[str, Any], where: str) -> Shape:
@@ -53,9 +46,7 @@ class Shape:
         if not isinstance(sh, Mapping):
             raise AdviseError(f"{where}: manifest workload has no 'shape' (captured by an older tracekit?)")
         try:
-            return cls(
-                *(int(sh[k]) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"))
-            )
+            return cls(*(int(sh[k]) for k in DIMENSIONS))
         except (KeyError, TypeError, ValueError) as exc:
             raise AdviseError(f"{where}: manifest workload.shape is incomplete ({exc})") from None
 

@@ -45,6 +45,7 @@ from tracekit.errors import TracekitError
 from tracekit.model.documents import Copy, DocumentError, Rho, convert, to_builtins
 from tracekit.model.documents import roofline as rd
 from tracekit.model.events import Run
+from tracekit.model.shape import DIMENSIONS
 
 SCHEMA_VERSION = "1.0"
 #: The matrix work of one decoder layer, in launch order, then the LM head once.
@@ -274,7 +275,7 @@ def decode_units(
     ar = AnalysedRun.of(run)
     wl = _workload(ar.run)
     shape = wl["shape"]
-    for key in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"):
+    for key in DIMENSIONS:
         _bounded_int(shape, key, 0)
     tp = _bounded_int(wl, "tp", 1, 1 << 16)
     if wl.get("shard_of") is not None:  # `capture --shard-of N`: one rank's shard of TP=N in one process
