@@ -6,7 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality
-from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, ShortfallPathParts
 
 
 class DiffBefore(Doc, kw_only=True):
@@ -61,13 +61,9 @@ class DiffPerRankItem(Doc, kw_only=True):
     after_ns: dict[str, int]
 
 
-class DiffByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
+class DiffByRankValue(ShortfallPathParts, kw_only=True):
+    """One rank's critical-path time per token by component (before, after, or their change):
+    the shortfall's parts (`ShortfallPathParts`)."""
 
 
 class DiffCriticalPathBefore(Doc, kw_only=True):
