@@ -53,10 +53,37 @@ TRACES = ROOT / "traces"
 #: with shapes), one Nsight file holding two ranks, two CPU (gloo) ranks, and a straggler on them.
 #: h200-tp2-straggler (h200-tp2's kind of data) is on Dask in the identifiability test below
 MULTI_RANK = ["h200-tp2", "h200-tp2-full", "h200-tp2-nsys", "cpu-tp2", "cpu-tp2-straggler"]
-#: (baseline, sharded): the GPU pair's attribution and replay correction, and the CPU pair's. Two
-#: workloads (the pair's note): tests/test_engine_dask_per_rank.py's shortfall of the synthetic run
-#: against an H200 baseline; a straggler's shortfall on Dask: the CLI test below
-SHORTFALL_PAIRS = [("h200-tp1", "h200-tp2"), ("cpu-tp1", "cpu-tp2")]
+#: (baseline, sharded) on Dask against their pins: the CPU pair here; the GPU pair's attribution and
+#: replay correction (h200-tp1 / h200-tp2-straggler) in `gpu_pair_on_dask`. Two workloads (the
+#: pair's note): tests/test_engine_dask_per_rank.py's shortfall of the synthetic run against an H200
+#: baseline; a CPU straggler's shortfall on Dask: the CLI test below
+SHORTFALL_PAIRS = [("cpu-tp1", "cpu-tp2")]
+GPU_PAIR = ("h200-tp1", "h200-tp2-straggler")
+
+
+@pytest.fixture(scope="module")
+def gpu_pair_on_dask(dask: Engine) -> tuple[str, Any]:
+    """`GPU_PAIR` analysed on Dask once for the tests that read it: both runs' attribution plans
+    (the replay correction applied, the graphs kept), run from the repository root as the pins are
+    made; the shortfall's JSON (made at once: the tests then read the results, one pops the
+    sharded run's correction) and the sharded run's JobResult."""
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
+    from tracekit.analyse.plans import attribution_plan
+    from tracekit.engine import pair_check
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        (b_res, s_res), notes = DaskExecutor(dask).run(
+            [
+                Job((f"traces/{GPU_PAIR[0]}",), (attribution_plan(label="baseline", correct="applied"),)),
+                Job((f"traces/{GPU_PAIR[1]}",), (attribution_plan(label="sharded", correct="applied"),)),
+            ],
+            pair_check,
+        )
+        doc = text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json())
+    return doc, s_res
 
 
 @pytest.fixture
@@ -89,6 +116,15 @@ def test_shortfall_on_dask_is_the_local_json_to_the_byte(
     b, s = f"traces/{base}", f"traces/{sharded}"
     distributed = text(shortfall_paths(b, s, dask).to_json())
     assert_local_json(distributed, shortfall_pin(sharded), lambda: local_shortfall(b, s))
+
+
+def test_a_gpu_pairs_shortfall_on_dask_is_the_local_json_to_the_byte(
+    gpu_pair_on_dask: tuple[str, Any], at_root: None
+) -> None:
+    """Two H200 Kineto runs, the sharded one's replay correction solved on both ranks (its
+    identifiability check on Dask: the last test)."""
+    b, s = (f"traces/{r}" for r in GPU_PAIR)
+    assert_local_json(gpu_pair_on_dask[0], shortfall_pin(GPU_PAIR[1]), lambda: local_shortfall(b, s))
 
 
 @pytest.mark.parametrize(("base", "sharded"), [("cpu-tp2", "cpu-tp2"), ("cpu-tp2-straggler", "cpu-tp2")])
@@ -378,20 +414,19 @@ def test_a_plan_stage_error_is_the_local_one(dask: Engine) -> None:
     assert str(local.value).startswith("baseline: ")
 
 
-def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_one(dask: Engine) -> None:
+def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_one(
+    gpu_pair_on_dask: tuple[str, Any],
+) -> None:
     """h200-tp2-straggler's cost is solved (no calibration) and not identified: the plan's check
     runs as one `identify` task per rank, spread over the workers, then (the ends spread) ONE
     `identify_between` task, `refine_splits` over every rank's interval (its budget of midpoints is
     shared by the intervals); its Correction, and the cost intervals the what-if reads, are the
     ones `correct_run` computes rank after rank in this process on the same RunParts
-    (docs/METHOD.md section Noise and the profiler correction)."""
+    (docs/METHOD.md section Noise and the profiler correction). The sharded run of `GPU_PAIR`."""
     from tracekit.analyse.attribution.correction import correct_run
-    from tracekit.analyse.plans import attribution_plan, correction_target
-    from tracekit.engine.dask_engine import DaskExecutor
-    from tracekit.engine.executor import Job
+    from tracekit.analyse.plans import correction_target
 
-    job = Job((TRACES / "h200-tp2-straggler",), (attribution_plan(label="sharded", correct="applied"),))
-    (res,), _ = DaskExecutor(dask).run([job])
+    res = gpu_pair_on_dask[1]
     parts = res.results[0]
     by_stage: dict[str, int] = {}
     for t in res.tasks:

@@ -80,14 +80,16 @@ def test_a_breakdown_task_holds_one_rank_files_ranks(
     assert all(len(t.ranks) == 1 for t in res.tasks if t.stage.startswith("breakdown."))
 
 
-@pytest.mark.parametrize("kw", [{"skip_first": 2}, {"step_pattern": "whole"}])
-@pytest.mark.parametrize("run", ["h200-tp2-nsys", "h200-tp2"])
+@pytest.mark.parametrize(
+    ("run", "kw"), [("h200-tp2-nsys", {"skip_first": 2}), ("h200-tp2", {"step_pattern": "whole"})]
+)
 def test_per_rank_breakdown_on_committed_runs(
     dask: Engine, run: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Steps chosen otherwise than by default, on GPU runs (two Kineto files; one Nsight file of
-    two ranks): the breakdown and its top kernels are the local engine's, per file one task per
-    stage. The default options on these runs: tests/test_engine_dask.py."""
+    """Steps chosen otherwise than by default (each option on one of the two), on GPU runs (one
+    Nsight file of two ranks; two Kineto files): the breakdown and its top kernels are the local
+    engine's, per file one task per stage. The default options on these runs:
+    tests/test_engine_dask.py."""
     job = Job((TRACES / run,), (breakdown_plan(**kw),))
     (ref,), _ = LocalExecutor().run([job])
     _no_run_table(monkeypatch)
