@@ -33,7 +33,7 @@ PINS: dict[str, str] = json.loads((ROOT / "tests" / "data" / "output_pins.json")
 #: ranks of the synthetic run: more than 10, so rank files ordered by name (rank-10 before rank-2)
 #: and by rank differ, and several per worker; what the tests prove holds at any such count, and
 #: their cost grows with it
-N_SYN = 12
+N_SYN = 11
 
 
 def text(doc: Any) -> str:
