@@ -18,6 +18,12 @@ from typing import Any
 
 import pytest
 
+#: one intra-op thread for torch in the test processes and what they start (CLI subprocesses, probe
+#: ranks; a capture's ranks set their own, tracekit.capture.config.CPU_THREADS_PER_RANK): the tests'
+#: tensors are tiny, and on the 2-core VM a second thread only spins (tests/test_decoder_impl.py's
+#: CPU seconds about halve). Set before anything imports torch; a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 #: $TRACEKIT_SHARED_TRACES moves it (a folder that does not exist: the suite as a clone without ../shared runs it)
 SHARED_TRACES = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or REPO.parent / "shared" / "traces")

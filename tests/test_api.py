@@ -42,12 +42,18 @@ def tp2() -> tk.TraceRun:
     return tk.load(CPU_TP2, cache=False)
 
 
+@pytest.fixture(scope="module")
+def sf(tp1: tk.TraceRun, tp2: tk.TraceRun) -> tk.Shortfall:
+    """`tk.shortfall(tp1, tp2)`, made once for the tests that read it (a frozen result)."""
+    return tk.shortfall(tp1, tp2)
+
+
 def test_load_gives_the_event_table_of_every_rank(tp2: tk.TraceRun):
     assert list(tp2.events.columns) == list(COLUMNS)
     assert tp2.ranks == [0, 1]
     assert sorted(tp2.events["rank"].unique()) == [0, 1]
     # the capture's manifest comes with the run folder: a gloo TP=2 run of the tiny preset
-    assert tp2.manifest is not None and tp2.manifest["workload"]["tp"] == 2
+    assert tp2.manifest is not None and tp2.manifest.workload and tp2.manifest.workload.tp == 2
     assert {"cls", "subclass"} <= set(tp2.classified.columns)
     assert tp2.classified is tp2.classified  # classified once
 
@@ -84,20 +90,20 @@ def test_steps_are_the_breakdown_windows(tp2: tk.TraceRun):
     doc = steps.to_json()
     assert doc["kind"] == "tracekit.steps" and len(doc["steps"]) == len(frame)
     # the manifest says how many decode steps each rank ran
-    tokens = tp2.manifest["workload"]["tokens"]
+    assert tp2.manifest is not None and tp2.manifest.workload
+    tokens = tp2.manifest.workload.tokens
     assert frame.groupby("rank").size().tolist() == [tokens, tokens] == [16, 16]
 
 
-def test_shortfall_json_is_the_cli_json(tmp_path: Path, tp1: tk.TraceRun, tp2: tk.TraceRun):
-    api = tk.shortfall(tp1, tp2)
+def test_shortfall_json_is_the_cli_json(tmp_path: Path, sf: tk.Shortfall):
+    api = sf
     cli = _cli_json(tmp_path, "shortfall", "--baseline", str(CPU_TP1), "--sharded", str(CPU_TP2))
     assert _roundtrip(api.to_json()) == cli
     # paths work as well as loaded runs
     assert _roundtrip(tk.shortfall(CPU_TP1, str(CPU_TP2)).to_json()) == cli
 
 
-def test_shortfall_frame_sums_to_s(tp1: tk.TraceRun, tp2: tk.TraceRun):
-    sf = tk.shortfall(tp1, tp2)
+def test_shortfall_frame_sums_to_s(sf: tk.Shortfall):
     doc, frame = sf.to_json(), sf.to_frame()
     terms = frame[frame["parent"] == ""]
     assert terms.set_index("term")["ns"].to_dict() == doc["terms_ns"]
@@ -132,11 +138,10 @@ def test_load_errors_are_the_readers(tmp_path: Path):
         tk.load()
 
 
-def test_results_show_short_in_a_notebook(tp1: tk.TraceRun, tp2: tk.TraceRun):
+def test_results_show_short_in_a_notebook(sf: tk.Shortfall, tp2: tk.TraceRun):
     """Issue 24: repr() of a Shortfall was 33,642 characters and there was no _repr_html_."""
     import html as _html
 
-    sf = tk.shortfall(tp1, tp2)
     doc = sf.to_json()
     text = repr(sf)
     assert len(text) < 300 and "\n" not in text

@@ -16,6 +16,7 @@ from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.errors import MatchError, RankError
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
+from tracekit.read.manifests import attach_manifest
 
 GEMM = "ampere_sgemm_128x64_nn"
 COPY = "Memcpy HtoD (Pageable -> Device)"
@@ -46,7 +47,7 @@ def baseline_run(manifest=None) -> Run:
             (0, "kernel", GEMM, t + 100, t + 740),
             (0, "memcpy", COPY, t + 750, t + 800),
         ]
-    return Run(events=_events(rows), sources={0: "base-rank0"}, manifest=manifest)
+    return attach_manifest(Run(events=_events(rows), sources={0: "base-rank0"}), manifest)
 
 
 #: rank 1's all-reduce start offset per step: rank 0 starts at +360 every step, so its wait is
@@ -73,7 +74,7 @@ def sharded_run(manifest=None) -> Run:
             (1, "kernel", AR, t + o, t + 560),
             (1, "memcpy", COPY, t + 570, t + 595),
         ]
-    return Run(events=_events(rows), sources={0: "tp2-rank0", 1: "tp2-rank1"}, manifest=manifest)
+    return attach_manifest(Run(events=_events(rows), sources={0: "tp2-rank0", 1: "tp2-rank1"}), manifest)
 
 
 def test_terms_exact_by_hand_and_sum_to_s():
@@ -320,7 +321,7 @@ def test_workload_not_an_object_is_a_note_not_a_crash():
     sf = shortfall(baseline_run(), sharded_run(m))
     dq = sf.to_json()["data_quality"]
     assert dq["counts"]["manifest_field_malformed"] == 1
-    assert any("'workload' is not an object" in n for n in dq["notes"])
+    assert any("field 'workload' does not fit (Expected `object`, got `str`)" in n for n in dq["notes"])
     # the pattern falls back to the default (decode_step) and the figures are those without a manifest
     assert sf.uncorrected.shortfall_ns == 120
 
@@ -331,7 +332,9 @@ def test_malformed_unprofiled_block_is_treated_as_missing():
     doc = shortfall(baseline_run(_manifest(1, [1000] * 4, [1000] * 4)), sharded_run(m)).to_json()
     assert doc["per_token_source"] == "trace" and doc["shortfall_ns"] == 120
     assert doc["data_quality"]["counts"]["manifest_field_malformed"] == 1
-    assert any("'unprofiled'" in n and "treated as missing" in n for n in doc["data_quality"]["notes"])
+    assert any(
+        "'unprofiled.per_token_ns'" in n and "treated as missing" in n for n in doc["data_quality"]["notes"]
+    )
 
 
 def _host_run(n_ranks: int, op_ns: int) -> Run:
@@ -419,19 +422,16 @@ def test_nsys_run_without_kernels_is_refused_and_counted(
     rc = main(["shortfall", "--baseline", str(H200 / "h200-tp1-nsys"), "--sharded", str(nokern)])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1
-    # a TP=1 baseline has no collectives by nature and is still attributed
-    assert shortfall(base, read_run([H200 / "h200-tp2-nsys"])).baseline.collectives.n_instances == 0
+    # a TP=1 baseline has no collectives by nature and is still attributed (as the shortfall
+    # attributes it: `attribute_run`, label baseline; the refusal above is the sharded run's)
+    assert attribute_run(base, label="baseline").collectives.n_instances == 0
 
 
 def test_cpu_transfer_diagnosis_names_gloo_not_a_gpu_link() -> None:
     """On a CPU (gloo) run whose largest term is transfer, the advice is about gloo's exchange, not NVLink."""
-    from pathlib import Path
+    from committed_pairs import committed_shortfall
 
-    from tracekit.analyse.attribution.pair import shortfall
-    from tracekit.read import read_run
-
-    root = Path(__file__).resolve().parents[1] / "traces"
-    sf = shortfall(read_run([root / "cpu-tp1"]), read_run([root / "cpu-tp2"]))
+    sf = committed_shortfall("cpu-tp1", "cpu-tp2")  # the process's one (tests/committed_pairs.py)
     doc = sf.to_json()
     terms = doc["terms_ns"]
     # premise checked, not skipped: the committed CPU run is transfer-dominated (gloo's exchange

@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import TraceFormatError
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read import cache as cache_mod
 from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
@@ -525,12 +524,12 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     events = make_events(merged)
 
     sources = {r: str(given) for r in ranks}
-    rank_info: dict[int, JSONObject] = {}
+    rank_info: dict[int, dict[str, object]] = {}
     for proc_id, r in pid_to_rank.items():
         counts = per_pid.get(proc_id, Counter())
         rank_events = events[events["rank"] == r]
         devices = sorted(int(d) for d in rank_events["device"].unique() if d >= 0)
-        info: JSONObject = {
+        info: dict[str, object] = {
             "source": "nsys",
             "path": str(given),
             "sqlite": str(db),
