@@ -195,3 +195,28 @@ class Run:
     @property
     def ranks(self) -> list[int]:
         return sorted(self.sources) if self.sources else sorted(int(r) for r in self.events["rank"].unique())
+
+
+class RunFields:
+    """The run's own fields read through `self.run`, for a class that wraps a `Run` (the analysed
+    run, the API's `TraceRun`) and reads as that run where only these are needed."""
+
+    run: Run
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """The event table (columns `COLUMNS`; `cls`, `subclass`, `rule` once classified)."""
+        return self.run.events
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.run.ranks
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The capture manifest, typed (docs/JSON.md#manifest); None without one."""
+        return self.run.manifest
+
+    @property
+    def data_quality(self) -> DataQuality:
+        return self.run.data_quality

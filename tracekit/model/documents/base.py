@@ -32,6 +32,14 @@ class Doc(msgspec.Struct, kw_only=True):
         return out
 
 
+class Header(Doc, kw_only=True):
+    """The two fields every command's document opens with, in this order: `schema_version` (the
+    document's version, "1.0", ...) and `kind` (`tracekit.<command>`)."""
+
+    schema_version: str
+    kind: str
+
+
 class DocumentError(ValueError):
     """A document that is not JSON or not of its Struct's shape: `where` is the JSON path
     (`$.steps[3].rank`), `offset` the byte offset when the JSON itself is malformed."""
