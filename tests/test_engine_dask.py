@@ -266,9 +266,9 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(synthet
         import os
         import signal
 
-        from tracekit.engine import dask_engine
+        from tracekit.engine import dask_tasks
 
-        real, calls = dask_engine.read_rank_file, [0]
+        real, calls = dask_tasks.read_rank_file, [0]
 
         def read(path: str, rank: int | None, cache: bool, env: Any = None) -> Any:
             calls[0] += 1
@@ -276,7 +276,7 @@ def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(synthet
                 os.kill(os.getpid(), signal.SIGKILL)
             return real(path, rank, cache, env)
 
-        dask_engine.read_rank_file = read  # the task's function, looked up by name in this process
+        dask_tasks.read_rank_file = read  # the task's function, looked up by name in this process
 
     assert 1 < KILL_AT < N_SYN
     with (
