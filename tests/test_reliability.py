@@ -1045,6 +1045,11 @@ def test_capture_ctrl_c_ends_with_one_line_and_a_manifest(tmp_path: Path) -> Non
             "5000",
             "--rounds",
             "1",
+            # rank 1 sleeps 200 ms before each all-reduce and rank 0 waits in gloo's (blocking)
+            # receive meanwhile: the decode loop the Ctrl-C lands in keeps both ranks nearly idle
+            # instead of burning two cores for the seconds the test waits
+            "--inject-delay",
+            "1:200",
         ]
         + ["--device", "cpu", "--out", str(out)],
         stdout=subprocess.PIPE,
