@@ -113,6 +113,29 @@ def test_profile_session_times_each_step(tmp_path: Path, torch: Any) -> None:
     ]
 
 
+def test_ranges_import_no_torch_and_find_the_profiler_once_torch_is_there() -> None:
+    """A loop that does not use torch: its ranges and a timed block import none (~3 CPU-s); torch
+    imported afterwards, a range under its profiler lands in the trace (record_function looked up
+    then). In a fresh interpreter: this one has imported torch already."""
+    code = (
+        "import sys, tempfile\n"
+        "import tracekit\n"
+        "from tracekit import annotate\n"
+        "with tracekit.profile(tempfile.mkdtemp(), profiled=False, rank=0) as s:\n"
+        "    for i in range(3):\n"
+        "        with annotate.step(i), annotate.region('mlp'):\n"
+        "            pass\n"
+        "print(len(s.step_ns), 'torch' in sys.modules)\n"
+        "import torch\n"
+        "with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:\n"
+        "    with annotate.step(7):\n"
+        "        pass\n"
+        "print([e.name for e in prof.events() if e.name.startswith('decode_step')])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["3 False", "['decode_step#7']"]
+
+
 def test_import_annotate_does_not_import_torch() -> None:
     code = "import sys; from tracekit import annotate; import tracekit.capture.runner, tracekit.cli.capture; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
