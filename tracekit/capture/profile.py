@@ -429,7 +429,7 @@ class Session:
     ):
         # torch as the script has it: a loop without torch does not import it (~3 CPU-s), and CUDA
         # is initialised only where torch was imported; a profiled block's tracer imports it itself
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")
 
         self.out_dir, self.rank, self.profiled, self.sync = out_dir, rank, profiled, sync
         self.recording = recording
