@@ -18,6 +18,12 @@ from typing import Any
 
 import pytest
 
+#: one intra-op thread for torch in the test processes and what they start (CLI subprocesses, probe
+#: ranks; a capture's ranks set their own, tracekit.capture.config.CPU_THREADS_PER_RANK): the tests'
+#: tensors are tiny, and on the 2-core VM a second thread only spins (tests/test_decoder_impl.py's
+#: CPU seconds about halve). Set before anything imports torch; a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parents[1]
 #: $TRACEKIT_SHARED_TRACES moves it (a folder that does not exist: the suite as a clone without ../shared runs it)
 SHARED_TRACES = Path(os.environ.get("TRACEKIT_SHARED_TRACES") or REPO.parent / "shared" / "traces")
@@ -212,13 +218,19 @@ def _real_kineto_text(rank: int = 0) -> str:
     return json.dumps(doc)
 
 
+@functools.lru_cache(maxsize=2)
+def _real_kineto_gz(rank: int) -> bytes:
+    """`_real_kineto_text(rank)` gzipped, once per test process (gzip -9 of its 1.5 MB took ~0.3 s
+    a rank, and test_read_run alone writes the run ten times)."""
+    return gzip.compress(_real_kineto_text(rank).encode())
+
+
 def write_real_tp2_run(folder: Path, name: str = "rank-{r}.json.gz") -> Path:
     """Both ranks of REAL_KINETO's TP=2 run, one step each (`_real_kineto_text`), gzipped into
     `folder` (created) as `name` with {r} the rank; no manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     for r in (0, 1):
-        with gzip.open(folder / name.format(r=r), "wt") as f:
-            f.write(_real_kineto_text(r))
+        (folder / name.format(r=r)).write_bytes(_real_kineto_gz(r))
     return folder
 
 

@@ -37,12 +37,21 @@ PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
 
 
 @functools.cache
-def _real(kind: str) -> str:
-    import tracekit as tk  # the public API: what `tracekit shortfall / breakdown --format json` print
+def real_analyses() -> Any:  # -> tracekit.report.build.AnalysedRuns
+    """The report's analyses of `REAL_PAIR` (`analyse_dirs`: the TP=2 run's breakdown, the pair's
+    shortfall, ...), made once per test process; read, never changed. Their documents are those
+    `tracekit breakdown / shortfall --format json` print (tests/test_analysed_once.py,
+    test_sharing_changes_no_figure)."""
+    from tracekit.report.build import analyse_dirs
 
     tp1, tp2 = REAL_PAIR
-    doc = tk.shortfall(tp1, tp2).to_json() if kind == "shortfall" else tk.load(tp2).breakdown().to_json()
-    return json.dumps(doc)
+    return analyse_dirs(tp2, tp1)
+
+
+@functools.cache
+def _real(kind: str) -> str:
+    a = real_analyses()
+    return json.dumps(documents.to_builtins(a.shortfall if kind == "shortfall" else a.breakdown))
 
 
 def real(kind: str) -> dict[str, Any]:

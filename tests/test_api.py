@@ -42,6 +42,12 @@ def tp2() -> tk.TraceRun:
     return tk.load(CPU_TP2, cache=False)
 
 
+@pytest.fixture(scope="module")
+def sf(tp1: tk.TraceRun, tp2: tk.TraceRun) -> tk.Shortfall:
+    """`tk.shortfall(tp1, tp2)`, made once for the tests that read it (a frozen result)."""
+    return tk.shortfall(tp1, tp2)
+
+
 def test_load_gives_the_event_table_of_every_rank(tp2: tk.TraceRun):
     assert list(tp2.events.columns) == list(COLUMNS)
     assert tp2.ranks == [0, 1]
@@ -88,16 +94,15 @@ def test_steps_are_the_breakdown_windows(tp2: tk.TraceRun):
     assert frame.groupby("rank").size().tolist() == [tokens, tokens] == [16, 16]
 
 
-def test_shortfall_json_is_the_cli_json(tmp_path: Path, tp1: tk.TraceRun, tp2: tk.TraceRun):
-    api = tk.shortfall(tp1, tp2)
+def test_shortfall_json_is_the_cli_json(tmp_path: Path, sf: tk.Shortfall):
+    api = sf
     cli = _cli_json(tmp_path, "shortfall", "--baseline", str(CPU_TP1), "--sharded", str(CPU_TP2))
     assert _roundtrip(api.to_json()) == cli
     # paths work as well as loaded runs
     assert _roundtrip(tk.shortfall(CPU_TP1, str(CPU_TP2)).to_json()) == cli
 
 
-def test_shortfall_frame_sums_to_s(tp1: tk.TraceRun, tp2: tk.TraceRun):
-    sf = tk.shortfall(tp1, tp2)
+def test_shortfall_frame_sums_to_s(sf: tk.Shortfall):
     doc, frame = sf.to_json(), sf.to_frame()
     terms = frame[frame["parent"] == ""]
     assert terms.set_index("term")["ns"].to_dict() == doc["terms_ns"]
@@ -132,11 +137,10 @@ def test_load_errors_are_the_readers(tmp_path: Path):
         tk.load()
 
 
-def test_results_show_short_in_a_notebook(tp1: tk.TraceRun, tp2: tk.TraceRun):
+def test_results_show_short_in_a_notebook(sf: tk.Shortfall, tp2: tk.TraceRun):
     """Issue 24: repr() of a Shortfall was 33,642 characters and there was no _repr_html_."""
     import html as _html
 
-    sf = tk.shortfall(tp1, tp2)
     doc = sf.to_json()
     text = repr(sf)
     assert len(text) < 300 and "\n" not in text

@@ -159,6 +159,7 @@ def _tp_rank(rank: int, world: int, port: int, q: object) -> None:
             tokens.tolist(),
             s.generate(prompt, 8)[0].tolist(),
             logits.tolist(),
+            (m.local_heads, m.local_vocab),
         )  # no tensor: a queue shares its memory
     q.put((rank, out))  # type: ignore[attr-defined]
     dist.destroy_process_group()
@@ -166,15 +167,18 @@ def _tp_rank(rank: int, world: int, port: int, q: object) -> None:
 
 @pytest.mark.slow
 def test_tp2_fused_equals_legacy_and_tp1() -> None:
-    """At TP=2 (gloo) each rank holds its slice of the fused QKV and gate/up weights; both
-    implementations give TP=1's tokens, eager and static, and the same logits (fp32, 1e-4)."""
+    """At TP=2 (gloo) each rank holds its slice of the fused QKV and gate/up weights (half the
+    heads and of the vocabulary); both implementations give TP=1's greedy tokens, eager and static,
+    and the same logits (fp32, 1e-4). (tests/test_decoder.py's TP=2 check, the same tokens as TP=1,
+    is this one: one pair of ranks for both files.)"""
     prompt = make_prompt(TINY.vocab, 2, 8, 0)
     ref = TPDecoder(TINY, Comm(), seed=0, impl="legacy", max_len=32).generate(prompt, 8)[0].tolist()
     got = dict(spawn_ranks(_tp_rank, 2, timeout_s=180))
     for rank in (0, 1):
         for impl in IMPLS:
-            eager, static, _ = got[rank][impl]
+            eager, static, _, (heads, vocab) = got[rank][impl]
             assert eager == ref and static == ref, (rank, impl)
+            assert (heads, vocab) == (TINY.heads // 2, TINY.vocab // 2) == (2, 512)
         diff = torch.tensor(got[rank]["legacy"][2]) - torch.tensor(got[rank]["fused"][2])
         assert diff.abs().max().item() <= 1e-4
 

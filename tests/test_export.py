@@ -9,12 +9,14 @@ import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from tests.conftest import shared_trace
+from tracekit.analyse.timeline.breakdown import breakdown
 from tracekit.classify import classify
 from tracekit.cli.main import main
 from tracekit.model.events import COLUMNS
@@ -205,10 +207,16 @@ def test_h200_tp2_view_matches_what_ran(h200):
     assert {e["pid"] for e in path} == {0, 1}  # the path runs through both ranks
 
 
-def test_round_trip_gives_the_same_events_and_classes(h200):
-    path, doc = h200
-    orig = read_run([H200_TP2])
-    back = read_run([path], cache=False)
+@pytest.fixture(scope="module")
+def h200_back(h200: tuple[Path, dict]) -> Any:  # -> (Run of traces/h200-tp2, Run of its export)
+    """traces/h200-tp2 and its export read back (uncached: the export's own reading), once for the
+    module's round-trip and breakdown tests; read, never changed."""
+    return read_run([H200_TP2]), read_run([h200[0]], cache=False)
+
+
+def test_round_trip_gives_the_same_events_and_classes(h200, h200_back):
+    _path, doc = h200
+    orig, back = h200_back
     assert back.ranks == orig.ranks == [0, 1]
     a, b = orig.events, back.events
     assert list(b.columns) == list(COLUMNS) and len(a) == len(b)
@@ -226,13 +234,10 @@ def test_round_trip_gives_the_same_events_and_classes(h200):
     assert back.data_quality.counts["tracekit_view_events_skipped"] > 0
 
 
-def test_breakdown_of_the_export_is_the_runs(tmp_path: Path, h200):
-    path, _doc = h200
-    outs = []
-    for src in (H200_TP2, path):
-        out = tmp_path / f"b{len(outs)}.json"
-        assert main(["breakdown", str(src), "--format", "json", "--out", str(out), "--no-cache"]) == 0
-        outs.append(json.loads(out.read_text()))
+def test_breakdown_of_the_export_is_the_runs(h200_back):
+    """`tracekit breakdown --format json` of the export (its JSON: `breakdown(run).to_json()`) is the
+    run's, on the two runs read once (h200_back) rather than read again by the CLI."""
+    outs = [json.loads(json.dumps(breakdown(run).to_json())) for run in h200_back]
     for key in ("steps", "per_token", "per_rank", "kernels_by_class", "trace_totals"):
         assert outs[0][key] == outs[1][key], key
 

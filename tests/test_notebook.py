@@ -40,6 +40,22 @@ def executed() -> list:
     return nb.cells
 
 
+@pytest.fixture(scope="module")
+def cli_shortfall(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """`tracekit shortfall --format json` of traces/cpu-tp1 and cpu-tp2 (the figures the notebook
+    must print), run once for the tests that compare with it."""
+    out = tmp_path_factory.mktemp("cli") / "s.json"
+    argv = [
+        "shortfall",
+        "--baseline",
+        str(ROOT / "traces/cpu-tp1"),
+        "--sharded",
+        str(ROOT / "traces/cpu-tp2"),
+    ]
+    assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
+    return json.loads(out.read_text())  # type: ignore[no-any-return]
+
+
 def test_notebook_runs_without_errors(executed):
     code = [c for c in executed if c.cell_type == "code"]
     assert code and all(c.execution_count for c in code)
@@ -47,7 +63,7 @@ def test_notebook_runs_without_errors(executed):
     assert not errors, errors
 
 
-def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path):
+def test_notebook_shows_breakdown_and_shortfall_frames(executed, cli_shortfall: dict):
     src = {i: "".join(c.source) for i, c in enumerate(executed)}
     html = {
         i: [o["data"]["text/html"] for o in c.get("outputs", []) if "text/html" in o.get("data", {})]
@@ -60,16 +76,7 @@ def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path)
     for term in ("compute", "transfer", "coordination", "wait"):
         assert f"<td>{term}</td>" in html[sf_cell][0] or f">{term}<" in html[sf_cell][0]
     # the S the notebook printed is the CLI's
-    out = tmp_path / "s.json"
-    argv = [
-        "shortfall",
-        "--baseline",
-        str(ROOT / "traces/cpu-tp1"),
-        "--sharded",
-        str(ROOT / "traces/cpu-tp2"),
-    ]
-    assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
-    cli = json.loads(out.read_text())
+    cli = cli_shortfall
     printed = "".join(_text(o) for o in executed[sf_cell].outputs)
     m = re.search(r"S = (-?\d+) ns per token", printed)
     assert m and int(m.group(1)) == cli["shortfall_ns"]
@@ -80,7 +87,7 @@ def test_notebook_shows_breakdown_and_shortfall_frames(executed, tmp_path: Path)
     assert re.search(r"<th>0</th>", table) and re.search(r"<th>1</th>", table)
 
 
-def test_committed_notebook_carries_its_outputs(tmp_path: Path):
+def test_committed_notebook_carries_its_outputs(cli_shortfall: dict):
     """The notebook is committed executed (issue 24), and its outputs are current: the S it printed
     is the CLI's on the committed traces (no kernel needed; the notebook read as the JSON it is)."""
     nb = json.loads(NOTEBOOK.read_text())
@@ -89,16 +96,7 @@ def test_committed_notebook_carries_its_outputs(tmp_path: Path):
     assert code and all(c["execution_count"] and c["outputs"] for c in code)
     printed = "".join(_text(o) for c in code for o in c["outputs"])
     m = re.search(r"S = (-?\d+) ns per token", printed)
-    out = tmp_path / "s.json"
-    argv = [
-        "shortfall",
-        "--baseline",
-        str(ROOT / "traces/cpu-tp1"),
-        "--sharded",
-        str(ROOT / "traces/cpu-tp2"),
-    ]
-    assert main([*argv, "--format", "json", "--out", str(out), "--no-cache"]) == 0
-    assert m and int(m.group(1)) == json.loads(out.read_text())["shortfall_ns"]
+    assert m and int(m.group(1)) == cli_shortfall["shortfall_ns"]
     # the shortfall's own display (verdict and terms) is in the notebook, and no absolute path
     html_out = [
         "".join(o["data"]["text/html"])

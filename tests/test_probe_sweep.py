@@ -58,7 +58,16 @@ def check_rows(rows: list[dict], n: int, sizes: list[int]) -> None:
 
 
 @pytest.mark.slow
-def test_probe_cli_gloo_two_ranks_all_ops_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_probe_cli_gloo_two_ranks_all_ops_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracekit.capture.starter import Starter
+    from tracekit.probe import sweep
+
+    # the CLI forks the CPU ranks from the capture's fork server (torch imported once per process,
+    # not once per rank): unset here, so that only this command can set it
+    monkeypatch.setattr(sweep, "cpu_rank_starter", None)
+    monkeypatch.delenv("TRACEKIT_CAPTURE_START", raising=False)
     out = tmp_path / "rows.json"
     rc = main(
         [
@@ -85,6 +94,7 @@ def test_probe_cli_gloo_two_ranks_all_ops_json(tmp_path: Path, capsys: pytest.Ca
         ]
     )
     assert rc == 0
+    assert sweep.cpu_rank_starter is Starter
     rows = json.loads(out.read_text())
     check_rows(rows, 2, [8, 64, 512, 4096])
     assert {r["op"] for r in rows} == set(spec.COLLECTIVE_OPS)

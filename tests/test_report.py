@@ -570,14 +570,18 @@ def test_report_dilation_equals_the_factor_applied_on_h200(sharded, h200_straggl
 def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, capsys):
     """traces/cpu-tp1 + traces/cpu-tp2 (gloo on one host): the transfer term is gloo's exchange after
     the last rank arrives, in the report (JSON words, Markdown, HTML) and in `tracekit shortfall`."""
-    from tracekit.model import documents
     from tracekit.render.shortfall import table as render_table
-    from tracekit.report.build import report_from_dirs
+    from tracekit.report.build import report_from_analyses
 
     for name in ("cpu-tp1", "cpu-tp2"):
         if not (TRACES / name).is_dir():
             pytest.fail(f"traces/{name} is committed and must be in the checkout")
-    data = report_from_dirs(TRACES / "cpu-tp2", TRACES / "cpu-tp1")
+    # report_from_dirs(cpu-tp2, cpu-tp1), on the pair's analyses made once for report_samples' real
+    # documents (analyse_dirs: the same analyses report_from_dirs makes)
+    assert rs.REAL_PAIR == (TRACES / "cpu-tp1", TRACES / "cpu-tp2")
+    data = report_from_analyses(
+        rs.real_analyses(), run_path=str(TRACES / "cpu-tp2"), baseline_path=str(TRACES / "cpu-tp1")
+    )
     assert data.term_words["transfer"].startswith("gloo's exchange after the last rank arrives")
     md, page = render_markdown(data), html.unescape(render_html(data))
     for line in _transfer_lines(md) + _transfer_lines(page):
@@ -585,12 +589,9 @@ def test_cpu_run_report_and_cli_never_call_the_transfer_a_link(tmp_path: Path, c
     assert "bytes on the link" not in md and "bytes on the link" not in page
     wf = {w.term: w.label for w in data.attribution.waterfall}
     assert wf["transfer"] == f"transfer: {data.term_words['transfer']}"
-    # the CLI table
-    from tracekit.analyse.attribution.pair import shortfall
-    from tracekit.read import read_run
-
-    sf = shortfall(read_run([str(TRACES / "cpu-tp1")]), read_run([str(TRACES / "cpu-tp2")]))
-    text = render_table(documents.convert(sf.to_json(), documents.Shortfall), width=200, color=False)
+    # the CLI table of `tracekit shortfall` on the pair: the table of the pair's shortfall document
+    sf = rs.real_analyses().shortfall
+    text = render_table(sf, width=200, color=False)
     assert "transfer (gloo's exchange after the last rank arrives)" in text
     for line in _transfer_lines(text):
         assert "link" not in line.lower(), line

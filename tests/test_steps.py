@@ -326,10 +326,12 @@ def test_cpu_gloo_capture() -> None:
     assert b.to_json()["source"]["timeline"] == "host"
 
 
-def test_partition_of_a_million_events() -> None:
-    """~1M GPU events over 10,000 steps on 2 ranks: classify + find_steps + partition in well under 2 s."""
+def test_partition_of_many_events() -> None:
+    """~200k GPU events over 1,000 steps on 2 ranks: classify + find_steps + partition give one row
+    per step. How fast at a million events and beyond is benchmarks/bench_read.py's (issue 24: speed
+    belongs in benchmarks/; this was 1M events, ~8 CPU-s of the suite, for the same answer)."""
     rng = np.random.default_rng(1)
-    per_rank_steps, per_step = 5000, 100
+    per_rank_steps, per_step = 500, 100
     rows_rank, kinds, names, starts, ends, corrs = [], [], [], [], [], []
     for r in range(2):
         step_start = np.arange(per_rank_steps, dtype=np.int64) * 100_000
@@ -369,7 +371,7 @@ def test_partition_of_a_million_events() -> None:
             "correlation": np.concatenate(corrs),
         }
     )
-    assert len(ev) > 1_000_000
+    assert len(ev) > 200_000
     c = classify(ev)
     steps = find_steps(c)
     p = partition_steps(c, steps)

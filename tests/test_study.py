@@ -55,15 +55,31 @@ def _body_children(
     return tree.top
 
 
+#: the configuration of each capture the study below asked for, in the order it asked (the real
+#: captures, recorded on their way: `study` fixture)
+ASKED: list = []
+
+
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("study")
     import contextlib
     import io
 
+    import tracekit.capture.runner as runner
+
+    real = runner.capture
+
+    def recorded(config, *args, **kwargs):  # the real capture, its configuration noted
+        ASKED.append(config)
+        return real(config, *args, **kwargs)
+
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = main(["study", "--tokens", "4", "--device", "cpu", "--quiet", "-o", str(out)])
+    with contextlib.redirect_stdout(buf), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner, "capture", recorded)
+        # 4 rounds per degree (2 per block): the default 8 (test_the_default_study_is_8_rounds_in_2_blocks)
+        # cost 8 more measured rounds and prove the same interleaving
+        rc = main(["study", "--tokens", "4", "--rounds", "4", "--device", "cpu", "--quiet", "-o", str(out)])
     assert rc == 0, buf.getvalue()
     return out, buf.getvalue()
 
@@ -213,22 +229,43 @@ def test_the_default_study_folder_is_ignored_by_git() -> None:
     assert proc.returncode == 0  # `tracekit study` writes there by default
 
 
+def test_the_default_study_is_8_rounds_in_2_blocks() -> None:
+    """What `tracekit study` runs when not told: 8 measured rounds per degree in 2 alternating
+    blocks (the CLI's defaults are the pipeline's)."""
+    from tracekit.cli.study import command
+    from tracekit.pipeline.study import StudyConfig
+
+    defaults = {p.name: p.default for p in command.params}
+    assert (defaults["rounds"], defaults["blocks"]) == (8, 2)
+    assert (StudyConfig().rounds, StudyConfig().blocks) == (8, 2)
+
+
 def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
-    # the default: 8 rounds per degree in 2 blocks, TP=1, TP=2, TP=1, TP=2; the merged manifests
+    # 4 rounds per degree in the default 2 blocks, TP=1, TP=2, TP=1, TP=2; the merged manifests
     # hold every round in run order (the traced one last) and one interleaving group, and the
     # shortfall's intervals draw the two runs' rounds as pairs
     out, _ = study
     m1, m2 = (json.loads((out / f"tp{tp}" / "manifest.json").read_text()) for tp in (1, 2))
     for m in (m1, m2):
         il = m["workload"]["interleaved"]
-        assert il["blocks"] == 2 and il["rounds_per_block"] == 4
+        assert il["blocks"] == 2 and il["rounds_per_block"] == 2
         assert il["order"] == ["TP=1 block 1", "TP=2 block 1", "TP=1 block 2", "TP=2 block 2"]
-        assert len(m["profiled"]["rounds"]) == len(m["unprofiled"]["rounds"]) == 8
-        assert m["profiled"]["traced_round"] == 7 and m["workload"]["pass_order"] == "UP" * 8
-        assert m["workload"]["rounds"] == 8
+        assert len(m["profiled"]["rounds"]) == len(m["unprofiled"]["rounds"]) == 4
+        assert m["profiled"]["traced_round"] == 3 and m["workload"]["pass_order"] == "UP" * 4
+        assert m["workload"]["rounds"] == 4
     assert m1["workload"]["interleaved"]["group"] == m2["workload"]["interleaved"]["group"]
+    # four captures, in that order; only the last block of each degree calibrates the profiler
+    # (the merged manifest is that block's: an earlier block's calibration would be dropped)
+    assert [(c.tp, c.rounds, c.calibrate) for c in ASKED] == [
+        (1, 2, False),
+        (2, 2, False),
+        (1, 2, True),
+        (2, 2, True),
+    ]
+    for m in (m1, m2):
+        assert set(m["profiler_calibration"]["per_call_ns"]) >= {"op", "range"}
     sf = json.loads((out / "shortfall-tp2.json").read_text())
-    assert sf["intervals"]["paired"] is True and sf["intervals"]["rounds"] == {"baseline": 8, "sharded": 8}
+    assert sf["intervals"]["paired"] is True and sf["intervals"]["rounds"] == {"baseline": 4, "sharded": 4}
     # the verdict names a cause only when its interval excludes zero, or says the run was too noisy
     rd = sf["noise"]
     if rd["status"] == "attributed":

@@ -13,7 +13,7 @@ from tracekit.cli.options import (
     run_option,
     show_progress,
 )
-from tracekit.cli.sweep_options import sweep_options, sweep_output_option
+from tracekit.cli.sweep_options import fork_cpu_ranks, sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
 from tracekit.model.documents import Links, convert, to_builtins
 from tracekit.probe import spec
@@ -155,6 +155,7 @@ def command(
         log_dir=str(log_dir) if log_dir else None,
         progress=show_progress() if progress is None else progress,
     )
+    fork_cpu_ranks()
     _emit(convert(compare_links(cfg), Links), fmt, out)
 
 

@@ -11,7 +11,7 @@ import orjson
 
 from tracekit.cli.options import format_option, message
 from tracekit.cli.options import show_progress as _show_progress
-from tracekit.cli.sweep_options import sweep_options, sweep_output_option
+from tracekit.cli.sweep_options import fork_cpu_ranks, sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
@@ -165,6 +165,7 @@ def command(
         log_dir=str(log_dir) if log_dir else None,
         progress=show_progress,
     )
+    fork_cpu_ranks()
     result = run_sweep_detailed(cfg)
     if not result.rows:  # a torchrun rank other than 0
         return

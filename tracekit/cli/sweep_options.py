@@ -125,3 +125,23 @@ def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
         return func
 
     return apply
+
+
+def fork_cpu_ranks() -> None:
+    """A CPU sweep's ranks forked from the capture's fork server (torch imported once per process,
+    tracekit.capture.starter) rather than spawned, as a CPU capture's ranks are; where the capture
+    spawns ($TRACEKIT_CAPTURE_START=spawn, or no fork server on this OS) the sweep spawns too."""
+    import os
+
+    from tracekit.capture.runner import ENV_START
+    from tracekit.probe import sweep
+
+    if os.environ.get(ENV_START, "fork-server") == "spawn":
+        sweep.cpu_rank_starter = None
+        return
+    try:
+        from tracekit.capture.starter import Starter
+    except ImportError:  # no fork server where fds cannot be passed between processes (Windows)
+        sweep.cpu_rank_starter = None
+    else:
+        sweep.cpu_rank_starter = Starter

@@ -191,7 +191,9 @@ def _capture_interleaved(
     round, and `workload.interleaved` (one group for all degrees: the shortfall's bootstrap draws
     their rounds as pairs, docs/METHOD.md section "Noise and the profiler correction"). The ranks of
     TP=1 and TP=N are different process worlds, so the alternation is between captures, not inside
-    one; the host's drift between blocks then falls on every degree alike."""
+    one; the host's drift between blocks then falls on every degree alike. Only the last block
+    calibrates the profiler (its manifest is the one kept: an earlier block's calibration would be
+    measured and dropped, the largest part of a short CPU capture's time)."""
     from tracekit.capture import environment as env
     from tracekit.capture.runner import CaptureConfig, capture
 
@@ -212,6 +214,9 @@ def _capture_interleaved(
                 mode=config.mode,
                 layers=config.layers,
                 rounds=per_block,
+                # the profiler's cost per call (tracekit.capture.calibrate): measured in the last
+                # block only, the one whose manifest the merge keeps (an earlier block's is dropped)
+                calibrate=b == blocks - 1,
                 command=f"tracekit study (TP={tp}, preset {preset}, {config.tokens} tokens, block {b + 1}/{blocks})",
             )
             stage = f"capture TP={tp}"

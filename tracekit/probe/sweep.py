@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,13 @@ from tracekit.errors import ProbeError
 from tracekit.probe import nccl_log, spec
 from tracekit.probe.results import make_row
 from tracekit.probe.sweep_rank import Rank
+
+#: What starts a CPU sweep's ranks, when set: a callable returning a multiprocessing-like context
+#: (`Process`); None spawns fresh interpreters. The commands above this stage set the capture's fork
+#: server (tracekit.capture.starter.Starter, which this stage may not import: the layers contract):
+#: torch imported once per process instead of once per rank (~2.5 CPU-s a rank on a 2-core VM), as
+#: a CPU capture's ranks are. CUDA ranks are always spawned (each its own CUDA context and environment).
+cpu_rank_starter: Callable[[], Any] | None = None
 
 #: NCCL_DEBUG_SUBSYS per `nccl_debug` setting ("off" sets no NCCL_DEBUG at all).
 NCCL_DEBUG_SUBSYS = {"tuning": "INIT,GRAPH,TUNING", "init": "INIT,GRAPH"}
@@ -315,11 +323,13 @@ def _meta(cfg: SweepConfig) -> dict[str, Any]:
 
 def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Start one process per rank (multiprocessing, spawn: fresh interpreters, so each rank's
-    environment is its own) and wait for them; the parent does not import torch here."""
+    environment is its own; on CPU forked from `cpu_rank_starter` when set) and wait for them; the
+    parent does not import torch here."""
     import multiprocessing as mp
 
     assert cfg.ranks is not None
-    ctx = mp.get_context("spawn")
+    starter = cpu_rank_starter if cfg.device == "cpu" else None
+    ctx = starter() if starter is not None else mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tracekit-probe-") as tmp:
         init_method = f"file://{Path(tmp) / 'store'}"
         result_path = str(Path(tmp) / "result.json")

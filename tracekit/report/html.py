@@ -32,6 +32,7 @@ from tracekit.report.html_figures import (
     fig_per_token,
     fig_steps,
     fig_waterfall,
+    figure_json,
 )
 from tracekit.report.html_tables import (
     attribution_table,
@@ -153,7 +154,7 @@ def render_html(data: ReportData, *, offline: bool = True) -> str:
     figures["fig-critical-path"] = fig_critical_path(data)
     figures["fig-collectives"] = fig_collectives(data)
     figures["fig-busbw"] = fig_busbw(data)
-    fig_json = {k: _clean(f.to_plotly_json()) for k, f in figures.items() if f is not None}
+    fig_json = {k: _clean(figure_json(f)) for k, f in figures.items() if f is not None}
 
     def div(fid: str, cls: str = "fig") -> str:
         return f'<div id="{fid}" class="{cls}"></div>' if fid in fig_json else ""
