@@ -58,6 +58,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracekit.capture import config, rank, runner  # noqa: E402
 from tracekit.capture import environment as env  # noqa: E402
+from tracekit.model.documents.base import given  # noqa: E402
+from tracekit.model.documents.manifest import Manifest  # noqa: E402
 
 NOTE = (
     "unprofiled rounds only, no trace: benchmarks/advise_batches.py ran several batch sizes in one "
@@ -155,11 +157,11 @@ def run(args: argparse.Namespace) -> Path:
             command=cfg.command,
             needs_traces=False,
         )
-        manifest["workload"]["batch_rounds_order"] = " ".join(order)
-        manifest["notes"] = [NOTE + f" (batches {','.join(map(str, batches))}, {wall:.1f} s of rounds)"]
+        runner.workload_of(manifest).batch_rounds_order = " ".join(order)
+        manifest.notes = [NOTE + f" (batches {','.join(map(str, batches))}, {wall:.1f} s of rounds)"]
         d = out / f"b{b}"
         d.mkdir(exist_ok=True)
-        env.atomic_write_json(d / env.MANIFEST_NAME, manifest)
+        env.atomic_write_json(d / env.MANIFEST_NAME, manifest.to_json())
         per = [statistics.fmean(r) / 1e6 for r in rounds[b]]
         print(f"batch {b}: round means (ms/token) " + " ".join(f"{x:.3f}" for x in per), flush=True)
     return out
@@ -177,13 +179,14 @@ def _command(args: argparse.Namespace, b: int) -> str:
     return " ".join(words)
 
 
-def _rounds_means(manifest: dict[str, Any]) -> list[float]:
+def _rounds_means(manifest: Manifest) -> list[float]:
     """The mean per-token time of each unprofiled round (rank 0)."""
-    rounds = (manifest.get("unprofiled") or {}).get("rounds") or []
+    up = given(manifest.unprofiled)
+    rounds = (given(up.rounds) if up is not None else None) or []
     return [statistics.fmean(r["0"]) for r in rounds if r.get("0")]
 
 
-def _measured_row(b: int, p: float | None, runs: dict[int, tuple[Path, dict[str, Any]]]) -> dict[str, Any]:
+def _measured_row(b: int, p: float | None, runs: dict[int, tuple[Path, Manifest]]) -> dict[str, Any]:
     """predicted / measured at batch b: the mean over the rounds and over each round's mean."""
     from tracekit.analyse.dilation import dilation_of
 
@@ -221,7 +224,11 @@ def check(
     runs = {}
     for d in sorted(Path(folder).glob("b*")):
         m = load_manifest(d / env.MANIFEST_NAME)
-        runs[int(m["workload"]["batch"])] = (d, m)
+        wl = given(m.workload)
+        batch = given(wl.batch) if wl is not None else None
+        if batch is None:
+            raise SystemExit(f"advise_batches: error: {d}: its manifest has no workload.batch")
+        runs[batch] = (d, m)
     if fit not in runs:
         raise SystemExit(f"advise_batches: error: {folder}: no b{fit} folder to fit on")
     fit_dir, fit_manifest = runs[fit]
@@ -251,14 +258,15 @@ def check(
         )
         rows.append(row)
     fu = dilation_of(fit_manifest).unprofiled
+    fit_wl, fit_devices = given(fit_manifest.workload), given(fit_manifest.devices)
     doc: dict[str, Any] = {
         "kind": "tracekit.advise-check",
         "fitted_on": {
             "run": str(fit_dir),
             "batch": fit,
             "per_token_ns": int(round(float(fu.mean_ns))) if fu is not None else None,
-            "cuda_graphs": bool(fit_manifest["workload"].get("cuda_graphs")),
-            "device": (fit_manifest.get("devices") or [{}])[0].get("name"),
+            "cuda_graphs": bool(fit_wl is not None and given(fit_wl.cuda_graphs)),
+            "device": given(fit_devices[0].name) if fit_devices else None,
             "what": "tracekit advise with only this TP=1 run (--tp1), --batch for the others: "
             "T(B) = T(fit) + max(0, g(B) - g(fit)), g the device's roofline time per token "
             "(max of bytes / bandwidth and flops / matrix peak; the no-overlap bound: their sum): the band "
@@ -266,7 +274,7 @@ def check(
             "are not given to it",
         },
         "same_process": True,
-        "round_order": fit_manifest["workload"].get("batch_rounds_order"),
+        "round_order": given(fit_wl.batch_rounds_order) if fit_wl is not None else None,
         "rows": rows,
     }
     if kernels or gemm_table:
@@ -296,7 +304,7 @@ def check(
 
 
 def _check_per_kernel(
-    runs: dict[int, tuple[Path, dict[str, Any]]],
+    runs: dict[int, tuple[Path, Manifest]],
     fit_run: Any,
     kernels: list[Path],
     compare: list[Path],
@@ -312,16 +320,16 @@ def _check_per_kernel(
     from tracekit.analyse.batch_model import kernel_profile
     from tracekit.read import load_manifest, read_run
 
-    given = []
+    traced = []
     for d in kernels:
         m = measured_from(load_manifest(Path(d) / env.MANIFEST_NAME), str(d))
-        given.append(replace(m, kernels=kernel_profile(read_run([d]), str(d))))
-    if not given:
-        given = [fit_run]
-    have = {m.batch for m in given}
+        traced.append(replace(m, kernels=kernel_profile(read_run([d]), str(d))))
+    if not traced:
+        traced = [fit_run]
+    have = {m.batch for m in traced}
     asked = sorted(b for b in runs if b not in have)
     table = load_table_file(gemm_table) if gemm_table else None
-    adv = advise(given, [], batches=asked, gemm_table=table, gemm_table_name=str(gemm_table), peaks=peaks)
+    adv = advise(traced, [], batches=asked, gemm_table=table, gemm_table_name=str(gemm_table), peaks=peaks)
     truth = {}
     for d in compare:
         prof = kernel_profile(read_run([d]), str(d))
@@ -353,7 +361,7 @@ def _check_per_kernel(
         row["detail"] = bm.get("detail")
         rows.append(row)
     return {
-        "runs": [str(m.path) for m in given],
+        "runs": [str(m.path) for m in traced],
         "gemm_table": str(gemm_table) if gemm_table else None,
         "floors": next(
             (msgspec.to_builtins(r.batch_model)["floors"] for r in adv.rows if r.batch_model), None

@@ -17,6 +17,7 @@ from pathlib import Path
 from tracekit.capture import runner
 from tracekit.capture.manifest import finish_run
 from tracekit.cli.capture import command as capture_command
+from tracekit.read import load_manifest
 
 
 def main() -> None:
@@ -50,10 +51,10 @@ def main() -> None:
         errors=[],
         needs_traces=True,
     )
-    for key in ("host", "topology", "devices"):
-        man[key] = sib[key]
-    man["created"] = sib["created"]
-    man["notes"] = [
+    sib_m = load_manifest(sibling / "manifest.json")
+    man.host, man.topology, man.devices = sib_m.host, sib_m.topology, sib_m.devices
+    man.created = sib_m.created
+    man.notes = [
         "manifest assembled after the run from the ranks' result files (scripts/assemble_manifest.py): "
         "both ranks wrote every file, then blocked in NCCL's destroy after CUDA graphs "
         "(pytorch/pytorch#115388) until the call's timeout; host, topology and devices are those of "

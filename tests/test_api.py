@@ -53,7 +53,7 @@ def test_load_gives_the_event_table_of_every_rank(tp2: tk.TraceRun):
     assert tp2.ranks == [0, 1]
     assert sorted(tp2.events["rank"].unique()) == [0, 1]
     # the capture's manifest comes with the run folder: a gloo TP=2 run of the tiny preset
-    assert tp2.manifest is not None and tp2.manifest["workload"]["tp"] == 2
+    assert tp2.manifest is not None and tp2.manifest.workload and tp2.manifest.workload.tp == 2
     assert {"cls", "subclass"} <= set(tp2.classified.columns)
     assert tp2.classified is tp2.classified  # classified once
 
@@ -90,7 +90,8 @@ def test_steps_are_the_breakdown_windows(tp2: tk.TraceRun):
     doc = steps.to_json()
     assert doc["kind"] == "tracekit.steps" and len(doc["steps"]) == len(frame)
     # the manifest says how many decode steps each rank ran
-    tokens = tp2.manifest["workload"]["tokens"]
+    assert tp2.manifest is not None and tp2.manifest.workload
+    tokens = tp2.manifest.workload.tokens
     assert frame.groupby("rank").size().tolist() == [tokens, tokens] == [16, 16]
 
 

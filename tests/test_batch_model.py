@@ -23,7 +23,7 @@ from tracekit.analyse.batch_model import (
 )
 from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.cli.main import main
-from tracekit.read import read_run
+from tracekit.read import load_manifest, read_run
 
 ROOT = Path(__file__).resolve().parents[1]
 ADV = ROOT / "reports" / "advise"
@@ -159,7 +159,7 @@ def test_gemm_table_refusals() -> None:
 def _mean_ns(folder: Path) -> float:
     from tracekit.analyse.dilation import dilation_of
 
-    u = dilation_of(json.loads((folder / "manifest.json").read_text())).unprofiled
+    u = dilation_of(load_manifest(folder / "manifest.json")).unprofiled
     assert u is not None
     return float(u.mean_ns)
 
@@ -243,7 +243,9 @@ def test_which_runs_the_batch_model_reads_the_traces_of() -> None:
     from tracekit.analyse.advise_inputs import measured_from, needs_kernels
 
     def run(folder: Path):
-        return measured_from(json.loads((folder / "manifest.json").read_text()), str(folder))
+        from tracekit.read import load_manifest
+
+        return measured_from(load_manifest(folder / "manifest.json"), str(folder))
 
     b1, b16 = run(ADV / "h200-graphs-b1"), run(ADV / "h200-graphs-b16")
     both = {b1.path, b16.path}

@@ -18,6 +18,7 @@ from tracekit.cli.main import main
 from tracekit.errors import StepError
 from tracekit.model.documents import to_builtins
 from tracekit.model.events import DataQuality, Run, make_events
+from tracekit.read.manifests import attach_manifest
 
 PARTS = ("compute", "memory", "collective", "unknown", "sync", "idle")
 GEMM = "ampere_sgemm_32x128_nt"
@@ -44,11 +45,9 @@ def _two_rank_run() -> Run:
         add(r, "kernel", "weird_allreduce_kernel", 5000, 5007)  # looks like communication: unknown
     dq = DataQuality()
     dq.add("events_without_ts", 3, "3 events had no ts")
-    return Run(
-        events=make_events(rows),
-        sources={0: "rank-0.json", 1: "rank-1.json"},
-        data_quality=dq,
-        manifest={"dilation": 1.5},
+    return attach_manifest(
+        Run(events=make_events(rows), sources={0: "rank-0.json", 1: "rank-1.json"}, data_quality=dq),
+        {"dilation": 1.5},
     )
 
 
@@ -277,20 +276,23 @@ def test_gpu_behind_host_is_not_double_counted() -> None:
         ({"dilation": 2}, 2.0, None),
         ({"dilation": None}, None, None),
         ({}, None, None),
-        ({"dilation": "fast"}, None, "manifest_dilation_not_a_number"),
-        ({"dilation": "1.5"}, None, "manifest_dilation_not_a_number"),
-        ({"dilation": True}, None, "manifest_dilation_not_a_number"),
-        ({"dilation": float("nan")}, None, "manifest_dilation_not_a_number"),
-        ({"dilation": [1.5]}, None, "manifest_dilation_not_a_number"),
-        ([1, 2], None, "manifest_not_an_object"),
-        ("x", None, "manifest_not_an_object"),
+        # not a number: left out where the manifest is read (a manifest that is not an object is
+        # not read at all: tests/test_read_run.py)
+        ({"dilation": "fast"}, None, "manifest_field_malformed"),
+        ({"dilation": "1.5"}, None, "manifest_field_malformed"),
+        ({"dilation": True}, None, "manifest_field_malformed"),
+        ({"dilation": float("nan")}, None, "manifest_field_malformed"),
+        ({"dilation": [1.5]}, None, "manifest_field_malformed"),
+        # a number, not a dilation: the breakdown says so
+        ({"dilation": 5000.0}, None, "manifest_dilation_not_a_number"),
+        ({"dilation": 0.0}, None, "manifest_dilation_not_a_number"),
     ],
 )
-def test_manifest_dilation_only_a_real_number(
-    manifest: object, want: float | None, noted: str | None
-) -> None:
+def test_manifest_dilation_only_a_real_number(manifest: dict, want: float | None, noted: str | None) -> None:
     run = _two_rank_run()
-    run.manifest = manifest  # type: ignore[assignment]
+    run.manifest = None
+    run.data_quality = DataQuality()
+    attach_manifest(run, manifest)
     b = breakdown(run)
     assert b.dilation == want
     if noted is None:
@@ -319,8 +321,10 @@ def test_cli_manifest_with_a_string_dilation(tmp_path: Path, capsys: pytest.Capt
     assert main(["breakdown", str(run_dir), "--format", "json", "--no-cache"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["dilation"] is None
-    assert doc["data_quality"]["counts"]["manifest_dilation_not_a_number"] == 1
-    assert any("'fast'" in n for n in doc["data_quality"]["notes"])
+    # not a number: the reader leaves it out, naming the field; the rest of the manifest is read
+    assert doc["data_quality"]["counts"]["manifest_field_malformed"] == 1
+    assert any("field 'dilation' does not fit" in n for n in doc["data_quality"]["notes"])
+    assert "manifest_dilation_not_a_number" not in doc["data_quality"]["counts"]
 
 
 def test_cli_rank_overrides_the_file_and_says_so(capsys: pytest.CaptureFixture[str]) -> None:

@@ -130,8 +130,9 @@ def test_manifest_dilation_is_the_median_pair_ratio_with_an_interval(rounds_run)
     assert 0 < lo <= m["dilation"] <= hi
     # stated = applied: `tracekit dilation` reads the same figure and interval from the rounds
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.read import load_manifest
 
-    d = dilation_of(m)
+    d = dilation_of(load_manifest(out / "manifest.json"))
     assert round(d.dilation, 4) == m["dilation"] and list(d.interval) == [lo, hi]
     assert d.rounds == {"unprofiled": ROUNDS, "profiled": ROUNDS}
 

@@ -158,7 +158,7 @@ def test_moving_one_rank_clock_moves_no_figure(name: str, rank: int, dt: int) ->
     doc = _shortfall_doc(PAIRS[name], moved)
     assert _moved(ref, doc) == []
     # the skew is measured and removed, whatever the manifest says about the host
-    assert run.manifest and run.manifest["host"]["hostname"]
+    assert run.manifest and run.manifest.host and run.manifest.host.hostname
     clk, clk0 = doc["clock"], ref["clock"]
     assert clk["estimated"] and clk["aligned"] and clk["offsets_applied"]
     # rank 1's offset against rank 0 moves by the shift (rank 0 moved: by minus it), exactly

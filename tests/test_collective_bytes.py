@@ -21,7 +21,9 @@ import pytest
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.collectives.sizes import ManifestCollective, manifest_collectives, step_sequence
 from tracekit.model.documents import to_builtins
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import make_events
+from tracekit.read.manifests import manifest_from_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,8 +58,13 @@ def table(kernel_rows: list[tuple[int, int, int, str]], steps: list[tuple[int, i
     return df
 
 
-def manifest(entries: list[dict]) -> dict:
-    return {"workload": {"tp": 2, "step_pattern": "decode_step", "collectives": entries}}
+def manifest(entries: list) -> Manifest:
+    """A manifest with this collectives list, read as manifest.json is (its rules applied)."""
+    return typed({"workload": {"tp": 2, "step_pattern": "decode_step", "collectives": entries}})
+
+
+def typed(doc: dict) -> Manifest:
+    return manifest_from_json(doc).manifest
 
 
 def entry(op: str, name: str, in_b: int, out_b: int, per_token: int) -> dict:
@@ -87,7 +94,7 @@ def test_manifest_list_parsing_and_step_order():
         ("all_reduce", "down_proj", 2),
         ("all_gather", "lm_head", 1),
     ]
-    assert manifest_collectives(None) == [] and manifest_collectives({"workload": {}}) == []
+    assert manifest_collectives(None) == [] and manifest_collectives(typed({"workload": {}})) == []
     a = ManifestCollective("all_reduce", "a", 1, 1, 2)
     b = ManifestCollective("all_reduce", "b", 2, 2, 2)
     c = ManifestCollective("all_reduce", "c", 3, 3, 1)
@@ -242,17 +249,19 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
         pytest.skip("committed traces/cpu-tp2 not found")
     cpu = read_run(cpu_dir, cache=False)
     rng = read_run(ranges_run, cache=False)
-    assert rng.manifest["workload"]["mode"] == "ranges" and cpu.manifest["workload"]["mode"] == "cpu"
+    assert rng.manifest is not None and cpu.manifest is not None
+    rng_m, cpu_m = rng.manifest.to_json(), cpu.manifest.to_json()
+    assert rng_m["workload"]["mode"] == "ranges" and cpu_m["workload"]["mode"] == "cpu"
     for key in ("preset", "tp", "batch", "dtype"):
-        assert rng.manifest["workload"][key] == cpu.manifest["workload"][key]
+        assert rng_m["workload"][key] == cpu_m["workload"][key]
     # ranges mode: no shapes, so the trace has no bytes
-    ci_bare = match_collectives(rng.events, ranks=rng.ranks, manifest={"workload": {}})
+    ci_bare = match_collectives(rng.events, ranks=rng.ranks, manifest=typed({"workload": {}}))
     assert set(ci_bare.instances["bytes_source"]) == {"unknown"}
 
-    lst = _decoder_list(rng.manifest)
-    m = copy.deepcopy(rng.manifest)
+    lst = _decoder_list(rng_m)
+    m = copy.deepcopy(rng_m)
     m["workload"]["collectives"] = lst
-    ci_rng = match_collectives(rng.events, ranks=rng.ranks, manifest=m)
+    ci_rng = match_collectives(rng.events, ranks=rng.ranks, manifest=typed(m))
     assert set(ci_rng.instances["bytes_source"]) == {"manifest"}
     ci_cpu = match_collectives(cpu.events, ranks=cpu.ranks, manifest=cpu.manifest)
     assert set(ci_cpu.instances["bytes_source"]) == {"trace"}
@@ -265,9 +274,9 @@ def test_ranges_capture_filled_from_manifest_equals_cpu_capture_bytes(ranges_run
     assert per_rank_bytes.loc["all_reduce"].tolist() == [[1024], [1024]]
     assert per_rank_bytes.loc["all_gather"].tolist() == [[2048], [4096]]
     # the same list checked against the cpu-mode trace's own bytes: no disagreement
-    m_cpu = copy.deepcopy(cpu.manifest)
+    m_cpu = copy.deepcopy(cpu_m)
     m_cpu["workload"]["collectives"] = lst
-    ci_chk = match_collectives(cpu.events, ranks=cpu.ranks, manifest=m_cpu)
+    ci_chk = match_collectives(cpu.events, ranks=cpu.ranks, manifest=typed(m_cpu))
     assert "collective_bytes_manifest_disagrees" not in ci_chk.data_quality.counts
     assert "collective_manifest_count_mismatch" not in ci_chk.data_quality.counts
     assert json.dumps(lst)  # the list is plain JSON

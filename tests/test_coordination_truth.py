@@ -23,6 +23,7 @@ from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
 from tracekit.read import read_run
+from tracekit.read.manifests import attach_manifest
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 #: rank 1 sleeps 2 ms before each of its 16 all-reduces per token (manifest workload.inject_delay)
@@ -74,18 +75,20 @@ def _relabel(run: Run) -> Run:
     """The same run with ranks 0 and 1 swapped everywhere (events, files, rank metadata, manifest)."""
     ev = run.events.copy()
     ev["rank"] = 1 - ev["rank"]
-    m = dict(run.manifest or {})
+    m = run.manifest.to_json() if run.manifest is not None else {}
     for key in ("unprofiled", "profiled"):
         if isinstance(m.get(key), dict):
             block = dict(m[key])
             block["per_token_ns"] = {str(1 - int(r)): v for r, v in block["per_token_ns"].items()}
             block.pop("rounds", None)
             m[key] = block
-    return Run(
-        events=ev,
-        sources={1 - r: s for r, s in run.sources.items()},
-        rank_info={1 - r: i for r, i in run.rank_info.items()},
-        manifest=m,
+    return attach_manifest(
+        Run(
+            events=ev,
+            sources={1 - r: s for r, s in run.sources.items()},
+            rank_info={1 - r: i for r, i in run.rank_info.items()},
+        ),
+        m if run.manifest is not None else None,
     )
 
 
@@ -267,7 +270,7 @@ def _world(host_gap_r1: int, steps: int = 5, manifest: dict | None = None) -> Ru
             "end_ns": [r[4] for r in rows],
         }
     )
-    return Run(events=ev, sources={0: "r0", 1: "r1"}, manifest=manifest)
+    return attach_manifest(Run(events=ev, sources={0: "r0", 1: "r1"}), manifest)
 
 
 def _base(manifest: dict | None = None) -> Run:
@@ -286,7 +289,7 @@ def _base(manifest: dict | None = None) -> Run:
             "end_ns": [r[4] for r in rows],
         }
     )
-    return Run(events=ev, sources={0: "b0"}, manifest=manifest)
+    return attach_manifest(Run(events=ev, sources={0: "b0"}), manifest)
 
 
 def test_profiler_time_in_the_other_ranks_wait_is_removed_from_wait() -> None:
@@ -307,7 +310,7 @@ def test_profiler_time_in_the_other_ranks_wait_is_removed_from_wait() -> None:
     ev = traced_run.events
     ann = ev["kind"].astype(str) == "annotation"
     ev.loc[ann, "end_ns"] = ev.loc[ann, "end_ns"] + 150
-    traced = Run(events=ev, sources=traced_run.sources, manifest=man)
+    traced = attach_manifest(Run(events=ev, sources=traced_run.sources), man)
     base = _base(
         {
             "workload": {"tp": 1},

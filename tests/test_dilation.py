@@ -13,6 +13,7 @@ rank's wait.
 from __future__ import annotations
 
 import json
+import re
 from fractions import Fraction
 
 import pytest
@@ -21,7 +22,9 @@ from click.testing import CliRunner
 from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.dilation import dilation_of, token_times
 from tracekit.cli.dilation import command as dilation_command
+from tracekit.model.documents import Manifest
 from tracekit.model.events import Run, make_events
+from tracekit.read.manifests import manifest_from_json
 
 GEMM = "ampere_sgemm_128x64_nn"
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -32,6 +35,11 @@ D = 2_000  # injected host delay on rank 1 before its all-reduce
 H_TRUE = 50  # host gap before each launch, unprofiled
 H_PROF = 400  # the same gap under the profiler
 STEPS = 5
+
+
+def _typed(doc: dict | None) -> Manifest | None:
+    """A manifest's JSON object as the reader reads manifest.json (None stays None)."""
+    return None if doc is None else manifest_from_json(doc).manifest
 
 
 def test_token_times_slowest_rank_and_warmup():
@@ -46,10 +54,10 @@ def test_dilation_and_threshold():
         "profiled": {"per_token_ns": {"0": [1, 100, 105, 110]}},
     }
     # means over the steady tokens (the first is warm-up): 105 / 100
-    d = dilation_of(m)
+    d = dilation_of(_typed(m))
     assert d.dilation == pytest.approx(1.05) and d.inflated is False
     m["profiled"] = {"per_token_ns": {"0": [1, 190, 200, 210]}}
-    d = dilation_of(m, threshold=0.10)
+    d = dilation_of(_typed(m), threshold=0.10)
     assert d.dilation == pytest.approx(2.0) and d.inflated is True
     assert "inflated" in d.sentence()
     none = dilation_of(None)
@@ -96,7 +104,7 @@ def sharded(h: int, manifest=None, h1: int | None = None) -> Run:
             rows.append((r, "kernel", AR, ar, end))
             rows.append((r, "annotation", f"decode_step#{k}", t0, end + h))
         rows += r0 + r1
-    return Run(events=_ev(rows), sources={0: "r0", 1: "r1"}, manifest=manifest)
+    return Run(events=_ev(rows), sources={0: "r0", 1: "r1"}, manifest=_typed(manifest))
 
 
 def baseline(h: int, manifest=None) -> Run:
@@ -109,7 +117,7 @@ def baseline(h: int, manifest=None) -> Run:
             rows.append((0, "kernel", GEMM, t, t + C))
             t += C
         rows.append((0, "annotation", f"decode_step#{k}", t0, t + h))
-    return Run(events=_ev(rows), sources={0: "r0"}, manifest=manifest)
+    return Run(events=_ev(rows), sources={0: "r0"}, manifest=_typed(manifest))
 
 
 def _ev(rows):
@@ -221,30 +229,43 @@ GOOD = {"per_token_ns": {"0": [5, 100, 100, 100], "1": [5, 90, 90, 90]}}
 def test_malformed_times_are_missing_with_a_note(block, says):
     from tracekit.analyse.dilation import MalformedTimes
 
-    with pytest.raises(MalformedTimes):
-        token_times(block)
-    d = dilation_of({"unprofiled": block, "profiled": GOOD, "dilation": 1.25})
+    with pytest.raises(MalformedTimes, match=re.escape(says.split(" is a JSON")[-1])):
+        token_times(block)  # the block as JSON: the dilation's own check says what is wrong
+    # read as manifest.json is: a block not of its JSON type the reader leaves out (noted there);
+    # one of the right type but no times (a negative ns) the dilation leaves out (noted there)
+    read = manifest_from_json({"unprofiled": block, "profiled": GOOD, "dilation": 1.25})
+    d = dilation_of(read.manifest)
     assert d.unprofiled is None and d.profiled is not None
     # the capture's own figure is kept when the times cannot be used
     assert d.dilation == 1.25 and d.source == "manifest"
-    (note,) = d.notes
-    assert (
-        note.startswith("manifest.json field 'unprofiled'") and says in note and "treated as missing" in note
-    )
-    assert d.to_json()["notes"] == [note]
+    (note,) = [n for _, n in read.notes] + list(d.notes)
+    assert note.startswith("manifest.json field 'unprofiled") and "treated as missing" in note
+    if d.notes:
+        assert says in note and d.to_json()["notes"] == [note]
+    else:
+        assert read.notes == [("manifest_field_malformed", note)] and "does not fit" in note
 
 
 def test_well_formed_times_have_no_notes_and_empty_blocks_are_just_missing():
-    d = dilation_of({"unprofiled": GOOD, "profiled": GOOD})
+    d = dilation_of(_typed({"unprofiled": GOOD, "profiled": GOOD}))
     assert d.dilation == pytest.approx(1.0) and d.notes == ()
     assert token_times({"per_token_ns": {}}) is None and token_times({"per_token_ns": {"0": []}}) is None
     assert token_times(None) is None and token_times({}) is None
 
 
 def test_manifest_dilation_not_a_number_is_ignored_with_a_note():
-    d = dilation_of({"dilation": "fast"})
+    read = manifest_from_json({"dilation": "fast"})  # not a number: the reader leaves it out
+    d = dilation_of(read.manifest)
+    assert d.dilation is None and d.manifest_dilation is None and d.notes == ()
+    assert read.notes == [
+        (
+            "manifest_field_malformed",
+            "manifest.json field 'dilation' does not fit (Expected `float | null`, got `str`); treated as missing",
+        )
+    ]
+    d = dilation_of(_typed({"dilation": 5000.0}))  # a number, not a dilation: the dilation says so
     assert d.dilation is None and d.manifest_dilation is None
-    assert d.notes == ("manifest.json field 'dilation' is 'fast', not a number from 0.001 to 1000; ignored",)
+    assert d.notes == ("manifest.json field 'dilation' is 5000.0, not a number from 0.001 to 1000; ignored",)
 
 
 @pytest.mark.parametrize(
@@ -261,7 +282,7 @@ def test_dilation_cli_on_malformed_times_runs_clean_with_a_note(tmp_path, unprof
     )
     res = CliRunner().invoke(dilation_command, [str(run)])
     assert res.exit_code == 0 and res.exception is None, res.output
-    assert "manifest.json field 'unprofiled'" in " ".join(res.output.split())
+    assert "manifest.json field 'unprofiled" in " ".join(res.output.split())
     res = CliRunner().invoke(dilation_command, [str(run), "--format", "json"])
     doc = json.loads(res.output)[0]
     assert doc["dilation"] is None and doc["unprofiled"] is None and len(doc["notes"]) == 1

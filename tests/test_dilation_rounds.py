@@ -18,6 +18,8 @@ from click.testing import CliRunner
 
 from tracekit.analyse.dilation import bootstrap_interval, dilation_of, token_times
 from tracekit.cli.dilation import command as dilation_command
+from tracekit.model.documents import Manifest
+from tracekit.read.manifests import manifest_from_json
 
 #: tokens per round of the fresh capture (tests/session_captures.py ROUNDS_TP2)
 TOKENS = 5
@@ -29,6 +31,13 @@ COMMITTED = sorted(
     if (d / "manifest.json").is_file()
     and "rounds" not in json.loads((d / "manifest.json").read_text())["unprofiled"]
 )
+
+
+def _typed(doc: dict[str, Any]) -> Manifest:
+    """A manifest's JSON object read as the reader reads manifest.json (no field left out here)."""
+    read = manifest_from_json(doc)
+    assert read.notes == []
+    return read.manifest
 
 
 def _pooled(block: dict[str, Any], skip: int = 1) -> list[int]:
@@ -53,7 +62,7 @@ def test_there_are_committed_old_manifests() -> None:
 @pytest.mark.parametrize("run", COMMITTED, ids=[d.name for d in COMMITTED])
 def test_old_manifests_are_one_round_and_the_figure_is_the_mean_ratio(run: Path) -> None:
     m = json.loads((run / "manifest.json").read_text())
-    d = dilation_of(m)
+    d = dilation_of(_typed(m))
     tokens = min(len(v) for v in m["profiled"]["per_token_ns"].values())
     assert d.rounds == {"unprofiled": 1, "profiled": 1}
     assert d.unprofiled is not None and d.profiled is not None
@@ -99,7 +108,7 @@ def _slowest_tokens(round_doc: dict) -> list[int]:
 
 def test_fresh_rounds_are_pooled(rounds_manifest) -> None:
     _, m = rounds_manifest
-    d = dilation_of(m)
+    d = dilation_of(_typed(m))
     assert d.rounds == {"unprofiled": 3, "profiled": 3}
     assert d.unprofiled.n == d.profiled.n == 3 * (TOKENS - 1)  # rounds x (tokens - 1)
     assert len(d.unprofiled.rounds) == 3 and all(len(r) == TOKENS - 1 for r in d.unprofiled.rounds)
@@ -116,7 +125,7 @@ def test_fresh_rounds_are_pooled(rounds_manifest) -> None:
     # the capture stated what the analysis applies
     assert m["dilation"] == round(d.dilation, 4) and m["dilation_interval"] == list(d.interval)
     # deterministic: the same manifest gives the same interval
-    assert dilation_of(copy.deepcopy(m)).interval == d.interval
+    assert dilation_of(_typed(copy.deepcopy(m))).interval == d.interval
 
 
 @pytest.mark.slow
@@ -124,7 +133,7 @@ def test_the_cli_shows_the_interval_and_rounds(rounds_manifest) -> None:
     run, m = rounds_manifest
     res = CliRunner().invoke(dilation_command, [str(run)])
     assert res.exit_code == 0, res.output
-    d = dilation_of(m)
+    d = dilation_of(_typed(m))
     text = " ".join(res.output.split())
     assert f"{d.dilation:.2f}x" in text and f"{d.interval[0]:.2f}-{d.interval[1]:.2f}" in text
     assert "3/3" in text and f"{3 * (TOKENS - 1)}/{3 * (TOKENS - 1)}" in text and "median over rounds" in text
@@ -154,7 +163,7 @@ def test_a_drifting_round_widens_the_interval() -> None:
     drifted["unprofiled"]["rounds"][1] = {
         r: [2 * x for x in v] for r, v in drifted["unprofiled"]["rounds"][1].items()
     }
-    a, b = dilation_of(steady), dilation_of(drifted)
+    a, b = dilation_of(_typed(steady)), dilation_of(_typed(drifted))
     assert a.unprofiled.n == 3 * 31 and b.unprofiled.n == 3 * 31
     # the median of the pair ratios does not follow the one drifted pair (the pooled mean would
     # have dropped by ~25%): the point holds still, the interval says a pair disagreed
@@ -175,7 +184,7 @@ def test_a_drift_that_slows_a_whole_pair_cancels_in_the_ratio() -> None:
         slow_pair[kind]["rounds"][1] = {
             r: [2 * x for x in v] for r, v in slow_pair[kind]["rounds"][1].items()
         }
-    a, b = dilation_of(steady), dilation_of(slow_pair)
+    a, b = dilation_of(_typed(steady)), dilation_of(_typed(slow_pair))
     assert b.dilation == pytest.approx(a.dilation, rel=1e-9)
     assert _width(b.interval) < 2 * _width(a.interval)
 
@@ -210,7 +219,7 @@ def test_unequal_round_counts_nsys_style() -> None:
         },
         "profiled": m["profiled"],
     }
-    d = dilation_of(doc)
+    d = dilation_of(_typed(doc))
     assert d.rounds == {"unprofiled": 2, "profiled": 1}
     assert d.unprofiled.n == 2 * d.profiled.n
     assert d.dilation == pytest.approx(

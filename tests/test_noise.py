@@ -25,6 +25,7 @@ from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
+from tracekit.read.manifests import attach_manifest
 
 GEMM = "ampere_sgemm_128x64_nn"
 AR = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
@@ -99,7 +100,9 @@ def _sim(
             "end_ns": [x[4] for x in rows],
         }
     )
-    return Run(events=ev, sources={r: f"sim-{n_ranks}-r{r}" for r in range(n_ranks)}, manifest=manifest)
+    return attach_manifest(
+        Run(events=ev, sources={r: f"sim-{n_ranks}-r{r}" for r in range(n_ranks)}), manifest
+    )
 
 
 def _pair(seed: int, base: dict, shard: dict, *, sd: float, speeds_b: list, speeds_s: list, group=None):

@@ -316,11 +316,17 @@ def test_verdict_without_trace_compares_modes() -> None:
 
 
 def test_trace_mode_from_manifest() -> None:
+    from tracekit.read.manifests import manifest_from_json
+
+    def mode(doc: dict) -> str | None:
+        return trace_mode(manifest_from_json(doc).manifest)[0]
+
     nccl = {"workload": {"backend": "nccl"}}
-    assert trace_mode({**nccl, "nccl_env": {"NCCL_NVLS_ENABLE": "0"}})[0] == "nvlink"
-    assert trace_mode({**nccl, "nccl_env": {"NCCL_P2P_DISABLE": "1"}})[0] == "pcie"
-    assert trace_mode({**nccl, "nccl_env": {"NCCL_P2P_LEVEL": "PHB"}})[0] == "pcie"
-    assert trace_mode({"workload": {"backend": "gloo"}, "nccl_env": {}})[0] is None
+    assert mode({**nccl, "nccl_env": {"NCCL_NVLS_ENABLE": "0"}}) == "nvlink"
+    assert mode({**nccl, "nccl_env": {"NCCL_P2P_DISABLE": "1"}}) == "pcie"
+    assert mode({**nccl, "nccl_env": {"NCCL_P2P_LEVEL": "PHB"}}) == "pcie"
+    assert mode({"workload": {"backend": "gloo"}, "nccl_env": {}}) is None
+    assert mode(nccl) is None  # no NCCL variables recorded
     assert trace_mode(None)[0] is None
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import write_real_tp2_run
+from msgspec import UNSET
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
 from tracekit.read import cache as cache_mod
@@ -41,7 +42,9 @@ def test_two_ranks_one_run(tmp_path: Path) -> None:
     (d / "manifest.json").write_text(json.dumps({"world_size": 2, "note": "test"}))
     run = read_run([d], cache=False, jobs=1)
     assert run.ranks == [0, 1]
-    assert run.manifest == {"world_size": 2, "note": "test"}
+    # a manifest of another tool: read, its keys (none a capture's) kept as they were
+    assert run.manifest is not None and run.manifest.unknown_fields == {"world_size": 2, "note": "test"}
+    assert run.manifest.to_json() == {"world_size": 2, "note": "test"}
     ev = run.events
     for r in (0, 1):
         assert int(((ev["rank"] == r) & (ev["kind"] == "kernel")).sum()) == _x_kernels(
@@ -290,3 +293,45 @@ def test_a_cached_run_names_its_files_as_this_call_spells_them(
     assert again.sources == fresh.sources
     assert all(not Path(s).is_absolute() and s.startswith("run") for s in again.sources.values())
     pd.testing.assert_frame_equal(again.events, first.events)
+
+
+# ------------------------------------------------------------------------------------------
+# the manifest read once into its typed document (issue 27): unknown keys kept, a value of the
+# wrong type left out on its own (the rest of the manifest read), noted in data_quality
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_manifest_unknown_and_wrong_typed_fields_read_as_the_rules_say(tmp_path: Path) -> None:
+    from tracekit.analyse.dilation import dilation_of
+    from tracekit.read.manifests import workload_tp
+
+    d = tmp_path / "cpu-tp2"
+    shutil.copytree(REPO / "traces" / "cpu-tp2", d)
+    original = json.loads((d / "manifest.json").read_text())
+    edited = json.loads(json.dumps(original))
+    edited["other_tool"] = {"run_id": "abc", "tags": [1, "x"]}  # another tool's key
+    edited["host"] = "box-1"  # an object in a capture's manifest
+    edited["rank_pids"] = {"0": "x", "1": 911}  # a value of an object keyed by rank
+    edited["workload"]["decoder_impl"] = 7  # a string
+    (d / "manifest.json").write_text(json.dumps(edited))
+
+    run = read_run([d], cache=False, jobs=1)
+    m = run.manifest
+    assert m is not None
+    assert m.unknown_fields == {"other_tool": {"run_id": "abc", "tags": [1, "x"]}}
+    # each wrong-typed value is left out where it is, nothing else: what is left is the file's
+    back = m.to_json()
+    want = {k: v for k, v in edited.items() if k not in ("host", "rank_pids")}
+    want["workload"] = {k: v for k, v in edited["workload"].items() if k != "decoder_impl"}
+    assert json.dumps(back, sort_keys=True) == json.dumps(want, sort_keys=True)
+    notes = [n for n in run.data_quality.notes if "does not fit" in n]
+    assert run.data_quality.counts["manifest_field_malformed"] == 3 == len(notes)
+    for name in ("'host'", "'rank_pids'", "'workload.decoder_impl'"):
+        assert any(f"manifest.json field {name}" in n and "treated as missing" in n for n in notes), name
+    # the consumers read the rest as from the pristine manifest
+    pristine = read_run([REPO / "traces" / "cpu-tp2"], cache=False, jobs=1).manifest
+    assert pristine is not None and pristine.unknown_fields is UNSET
+    assert workload_tp(m) == workload_tp(pristine) == original["workload"]["tp"]
+    assert dilation_of(m).dilation == dilation_of(pristine).dilation is not None
+    assert m.files == pristine.files and m.unprofiled == pristine.unprofiled

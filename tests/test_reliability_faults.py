@@ -174,11 +174,13 @@ def test_manifest_that_cannot_be_written_is_one_line_and_absent(
     from tracekit.errors import CaptureError
 
     monkeypatch.setattr(env.os, "fsync", _enospc)
-    doc = {"complete": True, "errors": [], "files": {}}
+    from tracekit.model.documents.manifest import Manifest, ManifestError
+
+    doc = Manifest(complete=True, errors=[], files={})
     with pytest.raises(CaptureError) as info:
         finish_run(tmp_path, doc)
     assert "no manifest written: cannot write" in str(info.value) and "No space left" in str(info.value)
-    doc = {"complete": False, "errors": [{"rank": 1, "message": "a\nb"}], "files": {}}
+    doc = Manifest(complete=False, errors=[ManifestError(rank=1, message="a\nb")], files={})
     with pytest.raises(CaptureError) as info:
         finish_run(tmp_path, doc)
     assert "\n" not in str(info.value) and "rank 1: a b" in str(info.value)

@@ -104,9 +104,12 @@ def test_the_static_kv_length_is_the_cache_the_capture_gave_the_decoder() -> Non
     """workload.kv_cache_len when recorded; else the runner's decoder length (prompt + warm-up steps + 1:
     `runner.decoder_max_len`), as for the committed graph runs; else the old default."""
     from tracekit.analyse.compute.roofline import KV_STATIC_LEN, _static_kv_len
+    from tracekit.model.documents.manifest import ManifestWorkload
+    from tracekit.read import load_manifest
 
-    assert _static_kv_len({"kv_cache_len": 64, "prompt": 16, "warmup_tokens": 34})[0] == 64
-    assert _static_kv_len({"prompt": 16, "warmup_tokens": 34})[0] == 51
-    assert _static_kv_len({})[0] == KV_STATIC_LEN
-    wl = json.loads((RUN / "manifest.json").read_text())["workload"]
-    assert "kv_cache_len" not in wl and _static_kv_len(wl)[0] == 51
+    assert _static_kv_len(ManifestWorkload(kv_cache_len=64, prompt=16, warmup_tokens=34))[0] == 64
+    assert _static_kv_len(ManifestWorkload(prompt=16, warmup_tokens=34))[0] == 51
+    assert _static_kv_len(ManifestWorkload())[0] == KV_STATIC_LEN
+    assert "kv_cache_len" not in json.loads((RUN / "manifest.json").read_text())["workload"]
+    wl = load_manifest(RUN / "manifest.json").workload
+    assert isinstance(wl, ManifestWorkload) and _static_kv_len(wl)[0] == 51

@@ -16,6 +16,7 @@ from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.errors import MatchError, RankError
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
+from tracekit.read.manifests import attach_manifest
 
 GEMM = "ampere_sgemm_128x64_nn"
 COPY = "Memcpy HtoD (Pageable -> Device)"
@@ -46,7 +47,7 @@ def baseline_run(manifest=None) -> Run:
             (0, "kernel", GEMM, t + 100, t + 740),
             (0, "memcpy", COPY, t + 750, t + 800),
         ]
-    return Run(events=_events(rows), sources={0: "base-rank0"}, manifest=manifest)
+    return attach_manifest(Run(events=_events(rows), sources={0: "base-rank0"}), manifest)
 
 
 #: rank 1's all-reduce start offset per step: rank 0 starts at +360 every step, so its wait is
@@ -73,7 +74,7 @@ def sharded_run(manifest=None) -> Run:
             (1, "kernel", AR, t + o, t + 560),
             (1, "memcpy", COPY, t + 570, t + 595),
         ]
-    return Run(events=_events(rows), sources={0: "tp2-rank0", 1: "tp2-rank1"}, manifest=manifest)
+    return attach_manifest(Run(events=_events(rows), sources={0: "tp2-rank0", 1: "tp2-rank1"}), manifest)
 
 
 def test_terms_exact_by_hand_and_sum_to_s():
@@ -320,7 +321,7 @@ def test_workload_not_an_object_is_a_note_not_a_crash():
     sf = shortfall(baseline_run(), sharded_run(m))
     dq = sf.to_json()["data_quality"]
     assert dq["counts"]["manifest_field_malformed"] == 1
-    assert any("'workload' is not an object" in n for n in dq["notes"])
+    assert any("field 'workload' does not fit (Expected `object`, got `str`)" in n for n in dq["notes"])
     # the pattern falls back to the default (decode_step) and the figures are those without a manifest
     assert sf.uncorrected.shortfall_ns == 120
 
@@ -331,7 +332,9 @@ def test_malformed_unprofiled_block_is_treated_as_missing():
     doc = shortfall(baseline_run(_manifest(1, [1000] * 4, [1000] * 4)), sharded_run(m)).to_json()
     assert doc["per_token_source"] == "trace" and doc["shortfall_ns"] == 120
     assert doc["data_quality"]["counts"]["manifest_field_malformed"] == 1
-    assert any("'unprofiled'" in n and "treated as missing" in n for n in doc["data_quality"]["notes"])
+    assert any(
+        "'unprofiled.per_token_ns'" in n and "treated as missing" in n for n in doc["data_quality"]["notes"]
+    )
 
 
 def _host_run(n_ranks: int, op_ns: int) -> Run:

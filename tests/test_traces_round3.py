@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from msgspec import UNSET
 
 from tests.conftest import shared_trace
 from tests.faithful_traces import (
@@ -325,10 +326,14 @@ def test_manifest_numbers_beyond_bounds_are_treated_as_missing(tmp_path: Path) -
     tp1, tp2 = _manifest_runs(tmp_path, edit)
     run = read_run([str(tp2)])
     m = run.manifest
-    rounds = [m["unprofiled"]["per_token_ns"], *(m["unprofiled"].get("rounds") or [])]
-    assert all(rnd["0"][1] is None and rnd["0"][2] is None for rnd in rounds)  # list items: null
-    assert all(isinstance(t, int) for rnd in rounds for t in rnd["0"][3:])  # the others kept
-    assert "dilation" not in m and "tokens" not in m["workload"] and m["workload"]["tp"] == 2
+    raw = json.loads((tp2 / "manifest.json").read_text())
+    rounds = [raw["unprofiled"]["per_token_ns"], *(raw["unprofiled"].get("rounds") or [])]
+    assert m is not None and m.workload and m.unprofiled and m.profiled
+    # the typed manifest: a per-token list holding such a number cannot keep its tokens' places, so
+    # the times it is in are left out whole (unprofiled.per_token_ns and rounds), the others kept
+    assert m.unprofiled.per_token_ns is UNSET and m.unprofiled.rounds is UNSET
+    assert m.profiled.per_token_ns == raw["profiled"]["per_token_ns"]
+    assert m.dilation is UNSET and m.workload.tokens is UNSET and m.workload.tp == 2
     assert run.data_quality.counts["manifest_field_malformed"] >= 1
     n = 2 * len(rounds) + 2
     assert any(f"{n} number(s) not finite or beyond" in note for note in run.data_quality.notes), (
@@ -341,13 +346,16 @@ def test_manifest_numbers_beyond_bounds_are_treated_as_missing(tmp_path: Path) -
 
 
 def test_dilation_bounds_the_numbers_it_reads() -> None:
-    """Where the manifest did not pass through load_manifest (a Run built in code): the per-token
-    times and the dilation are bounded where dilation_of reads them."""
+    """A manifest's JSON object built in code goes through the reader's rules (`manifest_from_json`,
+    what read_manifest applies to the file): the number beyond 2**62 is treated as missing there
+    (its per-token list with it), the implausible dilation where dilation_of reads it."""
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.read.manifests import manifest_from_json
 
-    d = dilation_of({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    read = manifest_from_json({"unprofiled": {"per_token_ns": {"0": [100, 1e30]}}, "dilation": 1e-300})
+    d = dilation_of(read.manifest)
     assert d.unprofiled is None and d.manifest_dilation is None
-    assert any("2**62" in n for n in d.notes) and any("dilation" in n for n in d.notes)
+    assert any("2**62" in n for _, n in read.notes) and any("dilation" in n for n in d.notes)
 
 
 # ------------------------------------------------------------------ 7. TraceLens's gpu_timeline

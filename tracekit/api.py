@@ -30,6 +30,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.breakdown import Breakdown
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
 
 __all__ = ["Breakdown", "Shortfall", "Steps", "TraceRun", "load", "shortfall"]
@@ -109,7 +110,8 @@ class TraceRun:
         return self.run.ranks
 
     @property
-    def manifest(self) -> dict[str, Any] | None:
+    def manifest(self) -> Manifest | None:
+        """The capture manifest, typed (docs/JSON.md#manifest); None without one."""
         return self.run.manifest
 
     @property

@@ -6,9 +6,8 @@ manifest; `needs_kernels`). docs/METHOD.md section Batch scaling of a decode."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tracekit.analyse.batch_model import (
     KernelProfile,
@@ -16,6 +15,8 @@ from tracekit.analyse.batch_model import (
 from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
 from tracekit.model.documents.advise import AdviseRun
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest, ManifestWorkload
 
 GIB = 1024**3
 
@@ -48,16 +49,16 @@ class Shape:
         return self.hidden // self.heads
 
     @classmethod
-    def from_workload(cls, wl: Mapping[str, Any], where: str) -> Shape:
-        sh = wl.get("shape")
-        if not isinstance(sh, Mapping):
+    def from_workload(cls, wl: ManifestWorkload, where: str) -> Shape:
+        sh = given(wl.shape)
+        if sh is None:
             raise AdviseError(f"{where}: manifest workload has no 'shape' (captured by an older tracekit?)")
-        try:
-            return cls(
-                *(int(sh[k]) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"))
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AdviseError(f"{where}: manifest workload.shape is incomplete ({exc})") from None
+        names = ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab")
+        values = {k: given(getattr(sh, k)) for k in names}
+        lacking = [k for k, v in values.items() if v is None]
+        if lacking:
+            raise AdviseError(f"{where}: manifest workload.shape is incomplete (no {', '.join(lacking)})")
+        return cls(**{k: int(v) for k, v in values.items() if v is not None})
 
     def linear_params(self, k: int) -> float:
         """Weights of the linear layers on one of k ranks (attention, MLP, LM head)."""
@@ -113,20 +114,24 @@ class Measured:
         )
 
 
-def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: float | None = None) -> Measured:
+def measured_from(manifest: Manifest | None, path: str, traced_ns: float | None = None) -> Measured:
     """A run's figures from its manifest; `traced_ns` (the trace's steady mean) when the manifest has
     no unprofiled times (the CLI reads the trace only then)."""
-    if not manifest:
+    if manifest is None:
         raise AdviseError(f"{path}: no manifest.json (the workload's shape, batch and context are needed)")
-    wl = manifest.get("workload")
-    if not isinstance(wl, Mapping):
+    wl = given(manifest.workload)
+    if wl is None:
         raise AdviseError(f"{path}: manifest.json has no workload")
     shape = Shape.from_workload(wl, path)
-    try:
-        tp, batch = int(wl["tp"]), int(wl["batch"])
-        context = int(wl["prompt"]) + int(wl["tokens"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise AdviseError(f"{path}: manifest workload lacks tp / batch / prompt / tokens ({exc})") from None
+    tp, batch, prompt, tokens = given(wl.tp), given(wl.batch), given(wl.prompt), given(wl.tokens)
+    if tp is None or batch is None or prompt is None or tokens is None:
+        lacking = [
+            k for k, v in (("tp", tp), ("batch", batch), ("prompt", prompt), ("tokens", tokens)) if v is None
+        ]
+        raise AdviseError(
+            f"{path}: manifest workload lacks tp / batch / prompt / tokens (no {', '.join(lacking)})"
+        )
+    context = prompt + tokens
     dil = dilation_of(manifest)
     u = dil.unprofiled
     if u is not None and u.n:
@@ -135,9 +140,9 @@ def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: floa
         per_token, source = float(traced_ns), "trace"
     else:
         raise AdviseError(f"{path}: no unprofiled per-token times in the manifest and no trace time given")
-    devices = manifest.get("devices")
-    dev = devices[0] if isinstance(devices, list) and devices and isinstance(devices[0], Mapping) else {}
-    mem = dev.get("memory_bytes")
+    devices = given(manifest.devices) or []
+    name = given(devices[0].name) if devices else None
+    mem = given(devices[0].memory_bytes) if devices else None
     return Measured(
         path=path,
         tp=tp,
@@ -145,10 +150,10 @@ def measured_from(manifest: Mapping[str, Any] | None, path: str, traced_ns: floa
         per_token_ns=per_token,
         source=source,
         shape=shape,
-        dtype=_RUN_DTYPE.get(str(wl.get("dtype")), str(wl.get("dtype"))),
+        dtype=_RUN_DTYPE.get(str(given(wl.dtype)), str(given(wl.dtype))),
         context=context,
-        device_name=str(dev["name"]) if dev.get("name") else None,
-        device_memory_bytes=int(mem) if isinstance(mem, int) and mem > 0 else None,
+        device_name=name or None,
+        device_memory_bytes=mem if mem is not None and mem > 0 else None,
     )
 
 

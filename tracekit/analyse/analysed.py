@@ -24,6 +24,7 @@ import pandas as pd
 
 from tracekit.analyse.timeline.partition import LayerUnions, rank_layer_unions
 from tracekit.analyse.timeline.steps import StepsResult
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
 
 
@@ -58,7 +59,7 @@ class AnalysedRun:
         return self.run.ranks
 
     @property
-    def manifest(self) -> dict | None:  # type: ignore[type-arg]
+    def manifest(self) -> Manifest | None:
         return self.run.manifest
 
     @property

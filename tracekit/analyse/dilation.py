@@ -36,7 +36,8 @@ from typing import Any
 import numpy as np
 
 from tracekit.model.documents import dilation as dd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import given, to_builtins
+from tracekit.model.documents.manifest import Manifest, ManifestProfiled, ManifestUnprofiled
 from tracekit.read import json_type
 
 #: Default threshold: dilation above 1 + 10% is reported as inflating the coordination share.
@@ -221,16 +222,23 @@ def _slowest(inner: Any, where: str) -> list[int] | None:
     return [int(x) for x in np.array([v[:n] for v in lists], dtype=np.int64).max(axis=0)]
 
 
-def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> TokenTimes | None:
-    """Per token, the slowest rank's time, from a manifest `unprofiled` / `profiled` block
-    (`{"per_token_ns": {"0": [...], ...}, "rounds": [{"0": [...], ...}, ...]}`) or the inner
-    `{rank: [ns, ...]}` mapping itself. With `rounds` (manifest 1.2), every round counts: per round
+def token_times(
+    per_rank: ManifestUnprofiled | ManifestProfiled | Mapping[str, Any] | None, *, skip_first: int = 1
+) -> TokenTimes | None:
+    """Per token, the slowest rank's time, from a manifest `unprofiled` / `profiled` block (typed,
+    or as JSON: `{"per_token_ns": {"0": [...], ...}, "rounds": [{"0": [...], ...}, ...]}`) or the
+    inner `{rank: [ns, ...]}` mapping itself. With `rounds` (manifest 1.2), every round counts: per round
     the slowest rank per token, its first `skip_first` tokens dropped, then the rounds pooled in
     run order; without it, `per_token_ns` is the one round. Tokens missing on some rank are
     dropped (the shortest rank's count is used). None when there is nothing. MalformedTimes (a
     ValueError saying what is wrong) when the block is not that shape."""
     if per_rank is None:
         return None
+    if isinstance(per_rank, (ManifestUnprofiled, ManifestProfiled)):
+        typed_rounds = given(per_rank.rounds)
+        if typed_rounds:
+            return _pooled([_slowest(r, f"rounds[{i}]") for i, r in enumerate(typed_rounds)], skip_first)
+        return _pooled([_slowest(given(per_rank.per_token_ns), "per_token_ns")], skip_first)
     if not isinstance(per_rank, Mapping):
         raise MalformedTimes(f"is a JSON {json_type(per_rank)}, not an object")
     if not per_rank:
@@ -244,6 +252,11 @@ def token_times(per_rank: Mapping[str, Any] | None, *, skip_first: int = 1) -> T
         raw = [_slowest(per_rank.get("per_token_ns"), "per_token_ns")]
     else:  # the inner mapping itself
         raw = [_slowest(per_rank, "per_token_ns")]
+    return _pooled(raw, skip_first)
+
+
+def _pooled(raw: Sequence[list[int] | None], skip_first: int) -> TokenTimes | None:
+    """The rounds' slowest-rank times, each round's first `skip_first` tokens dropped, pooled."""
     rounds: list[tuple[int, ...]] = []
     skip = 0
     for slowest in raw:
@@ -378,30 +391,31 @@ def bootstrap_interval(
 
 
 def dilation_of(
-    manifest: Mapping[str, Any] | None, *, skip_first: int = 1, threshold: float = DEFAULT_THRESHOLD
+    manifest: Manifest | None, *, skip_first: int = 1, threshold: float = DEFAULT_THRESHOLD
 ) -> Dilation:
     """Dilation of one run from its capture manifest (None figures when there is none).
 
     `dilation` = mean profiled / mean unprofiled per-token time, rounds pooled (module docstring),
     with its bootstrap `interval`. A malformed `unprofiled` / `profiled` block (not rank -> list of
     ns) is treated as missing, and `notes` says which field of manifest.json and what is wrong with
-    it; then the capture's own `dilation` figure stands, without an interval."""
-    if not manifest or not isinstance(manifest, Mapping):
+    it; then the capture's own `dilation` figure stands, without an interval. (A block or a figure
+    that is not of its JSON type the reader left out, noting it: `tracekit.read.manifests`.)"""
+    if manifest is None:
         return Dilation(None, threshold, None, None, None, "none")
     notes: list[str] = []
 
-    def times(key: str) -> TokenTimes | None:
+    def times(key: str, block: ManifestUnprofiled | ManifestProfiled | None) -> TokenTimes | None:
         try:
-            return token_times(manifest.get(key), skip_first=skip_first)
+            return token_times(block, skip_first=skip_first)
         except MalformedTimes as exc:
             notes.append(
                 f"manifest.json field {key!r} {exc}; the {key} per-token times are treated as missing"
             )
             return None
 
-    unprof = times("unprofiled")
-    prof = times("profiled")
-    md = manifest.get("dilation")
+    unprof = times("unprofiled", given(manifest.unprofiled))
+    prof = times("profiled", given(manifest.profiled))
+    md = given(manifest.dilation)
     md_f = plausible_dilation(md)
     if md is not None and md_f is None:
         lo, hi = DILATION_BOUNDS

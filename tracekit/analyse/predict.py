@@ -36,6 +36,8 @@ from tracekit.analyse.ab import ab_document
 from tracekit.analyse.collectives.bandwidth import nccl_tests_size
 from tracekit.analyse.whatif.knobs import ProbeTimes, load_probe
 from tracekit.errors import TracekitError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.documents.predict import (
     Predict,
     PredictCheck,
@@ -91,28 +93,28 @@ def tp_collectives(shape: Mapping[str, Any], tp: int, batch: int, dtype: str) ->
     ]
 
 
-def _manifest(run_dir: str) -> dict[str, Any]:
+def _manifest(run_dir: str) -> Manifest:
     from tracekit.read import load_manifest
 
     p = Path(run_dir)
     path = p / "manifest.json" if p.is_dir() else p
-    return dict(load_manifest(path))
+    return load_manifest(path)
 
 
-def _rounds(m: Mapping[str, Any], where: str) -> list[list[int]]:
+def _rounds(m: Manifest, where: str) -> list[list[int]]:
     """Per round, the per-token times (slowest rank per token) of the manifest's unprofiled pass."""
-    up = m.get("unprofiled")
-    rounds = up.get("rounds") if isinstance(up, Mapping) else None
-    if not isinstance(rounds, list) or not rounds:
-        per = up.get("per_token_ns") if isinstance(up, Mapping) else None
-        rounds = [per] if isinstance(per, Mapping) and per else None
+    up = given(m.unprofiled)
+    rounds = given(up.rounds) if up is not None else None
+    if not rounds:
+        per = given(up.per_token_ns) if up is not None else None
+        rounds = [per] if per else None
     if not rounds:
         raise PredictError(f"{where}: no unprofiled per-token times (manifest unprofiled.rounds)")
     out = []
     for k, r in enumerate(rounds):
-        if not isinstance(r, Mapping) or not r:
+        if not r:
             raise PredictError(f"{where} at unprofiled.rounds[{k}]: expected per-rank lists of ns")
-        lists = [v for v in r.values() if isinstance(v, list) and v and all(isinstance(x, int) for x in v)]
+        lists = [v for v in r.values() if v]
         if len(lists) != len(r) or len({len(v) for v in lists}) != 1:
             raise PredictError(
                 f"{where} at unprofiled.rounds[{k}]: per-rank lists of ns of one length expected"
@@ -155,20 +157,22 @@ def predict_shard(
 ) -> Prediction:
     """The TP=N prediction of one `--shard-of N` capture (see the module doc)."""
     m = _manifest(shard_dir)
-    wl = m.get("workload")
-    if not isinstance(wl, Mapping) or not isinstance(wl.get("shard_of"), int) or wl["shard_of"] < 2:
+    wl = given(m.workload)
+    n = given(wl.shard_of) if wl is not None else None
+    if wl is None or n is None or n < 2:
         raise PredictError(
             f"{shard_dir}: not a shard run (manifest workload.shard_of): capture one with "
             "`tracekit capture --shard-of N`"
         )
-    n = int(wl["shard_of"])
-    shape = wl.get("shape")
-    if not isinstance(shape, Mapping) or not all(
-        isinstance(shape.get(k), int) for k in ("hidden", "vocab", "layers")
-    ):
+    sh = given(wl.shape)
+    dims = {k: given(getattr(sh, k)) if sh is not None else None for k in ("hidden", "vocab", "layers")}
+    shape = {k: v for k, v in dims.items() if v is not None}
+    if len(shape) != len(dims):
         raise PredictError(f"{shard_dir}: manifest workload.shape lacks hidden, vocab or layers")
-    batch = int(wl.get("batch", 1))
-    dtype = str(wl.get("dtype", "bfloat16"))
+    batch = given(wl.batch)
+    batch = 1 if batch is None else batch
+    dtype = given(wl.dtype)
+    dtype = "bfloat16" if dtype is None else dtype
     probe = probe or load_probe(probe_spec)
     p = probe_ranks if probe_ranks is not None else _probe_ranks(probe_spec)
     rounds = _rounds(m, shard_dir)
@@ -207,8 +211,8 @@ def predict_shard(
             interval_ns=[lo, hi],
             rounds=len(rounds),
             source="unprofiled per-token time (manifest), mean over rounds; interval: the rounds' bootstrap",
-            cuda_graphs=bool(wl.get("cuda_graphs")) or bool(wl.get("compile")),
-            decoder_impl=str(wl.get("decoder_impl", "legacy")),
+            cuda_graphs=bool(given(wl.cuda_graphs)) or bool(given(wl.compile)),
+            decoder_impl=wl.decoder_impl if isinstance(wl.decoder_impl, str) else "legacy",
         ),
         collectives=colls,
         transfer_ns=PredictTransfer(flat=flat, ring=ring),
@@ -233,10 +237,10 @@ def predict(
     by_tp = {r.tp: r for r in rows}
     for c in checks:
         m = _manifest(c)
-        raw = m.get("workload")
-        wl: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-        tp = wl.get("tp")
-        if wl.get("shard_of") is not None or not isinstance(tp, int) or tp not in by_tp:
+        check_wl = given(m.workload)
+        tp = given(check_wl.tp) if check_wl is not None else None
+        shard_of = given(check_wl.shard_of) if check_wl is not None else None
+        if shard_of is not None or tp is None or tp not in by_tp:
             raise PredictError(
                 f"{c}: --check wants a real TP=N run of a degree a --shard predicts "
                 f"({', '.join(str(t) for t in sorted(by_tp))}); its workload says tp={tp!r}"

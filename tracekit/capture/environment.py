@@ -98,9 +98,16 @@ def dilation(
     The same code as `tracekit dilation` (tracekit.analyse.dilation.dilation_of), so the figure the
     capture states is the one the analysis applies. (None, None) without times of both kinds."""
     from tracekit.analyse.dilation import dilation_of
+    from tracekit.model.documents.manifest import Manifest, ManifestProfiled, ManifestUnprofiled
+
+    def rounds(of: Sequence[Mapping[str, Sequence[int]]]) -> list[dict[str, list[int]]]:
+        return [{str(r): [int(x) for x in v] for r, v in rnd.items()} for rnd in of]
 
     d = dilation_of(
-        {"unprofiled": {"rounds": list(unprofiled_rounds)}, "profiled": {"rounds": list(profiled_rounds)}}
+        Manifest(
+            unprofiled=ManifestUnprofiled(rounds=rounds(unprofiled_rounds)),
+            profiled=ManifestProfiled(rounds=rounds(profiled_rounds)),
+        )
     )
     if d.dilation is None:
         return None, None

@@ -1,7 +1,8 @@
 """The capture's manifest (docs/JSON.md#manifest): the ranks' result files read back
 (`read_results`), assembled into the manifest (`build_manifest`: workload, unprofiled and profiled
 rounds, files with their sha256) and written whole or not at all (`finish_run`: CaptureError when a
-rank failed or the disk is full, the traces kept).
+rank failed or the disk is full, the traces kept). The manifest is its typed document
+(`tracekit.model.documents.Manifest`) from assembly on, encoded once where it is written.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 from tracekit.capture import environment as env
 from tracekit.errors import CaptureError
+from tracekit.model.documents.base import JSONObject, given
+from tracekit.model.documents.manifest import Manifest, ManifestUnprofiled, ManifestWorkload
+from tracekit.read.manifests import manifest_from_json
 
 
 # -- the manifest ----------------------------------------------------------------------------------
@@ -37,7 +41,7 @@ def build_manifest(
     extra_files: dict[str, dict[str, Any]] | None = None,
     needs_traces: bool = True,
     nccl: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest document (docs/JSON.md#manifest) from the per-rank results."""
     errs = [dict(e) for e in errors]
     seen = {e.get("rank") for e in errs}
@@ -70,52 +74,72 @@ def build_manifest(
     from tracekit.capture.calibrate import merge_ranks
 
     calibration = merge_ranks({r: results[r].get("profiler_calibration") or {} for r in results})
-    return {
-        "schema_version": env.SCHEMA_VERSION,
-        "kind": "tracekit.capture",
-        "complete": not errs,
-        "errors": sorted(errs, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)),
-        "created": env.now_utc(),
-        "versions": results.get(0, {}).get("versions") or env.versions(),
-        "host": env.host_info(),
-        "devices": results[0]["devices"] if "devices" in results.get(0, {}) else env.devices(),
-        "topology": env.topology(),
-        "nccl_env": nccl
-        if nccl is not None
-        else next(
-            (results[r]["nccl_env"] for r in sorted(results) if "nccl_env" in results[r]), env.nccl_env()
-        ),
-        "workload": workload_doc,
-        # per_token_ns: the first unprofiled round and the traced profiled round (pre-1.2 readers);
-        # rounds: every round in run order (docs/JSON.md#manifest)
-        "unprofiled": {"per_token_ns": unprof, "rounds": u_rounds},
-        "profiled": {"per_token_ns": prof, "rounds": p_rounds, "traced_round": max(traced_round, 0)},
-        "dilation": dil,
-        "dilation_interval": interval,
-        **({"profiler_calibration": calibration} if calibration else {}),
-        "tokens_generated": results.get(0, {}).get("tokens_generated"),
-        "nvtx": results.get(0, {}).get("nvtx"),
-        "inject_sync_count": {
-            str(r): results[r]["inject_sync_count"]
-            for r in sorted(results)
-            if "inject_sync_count" in results[r]
-        },
-        # OS process id per rank: names the ranks of a one-file multi-process nsys report
-        "rank_pids": {str(r): results[r]["pid"] for r in sorted(results) if "pid" in results[r]},
-        **(
-            {
-                "marker_steps": {
-                    str(r): results[r]["marker_steps"]
-                    for r in sorted(results)
-                    if "marker_steps" in results[r]
+    return as_manifest(
+        {
+            "schema_version": env.SCHEMA_VERSION,
+            "kind": "tracekit.capture",
+            "complete": not errs,
+            "errors": sorted(errs, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)),
+            "created": env.now_utc(),
+            "versions": results.get(0, {}).get("versions") or env.versions(),
+            "host": env.host_info(),
+            "devices": results[0]["devices"] if "devices" in results.get(0, {}) else env.devices(),
+            "topology": env.topology(),
+            "nccl_env": nccl
+            if nccl is not None
+            else next(
+                (results[r]["nccl_env"] for r in sorted(results) if "nccl_env" in results[r]), env.nccl_env()
+            ),
+            "workload": workload_doc,
+            # per_token_ns: the first unprofiled round and the traced profiled round (pre-1.2 readers);
+            # rounds: every round in run order (docs/JSON.md#manifest)
+            "unprofiled": {"per_token_ns": unprof, "rounds": u_rounds},
+            "profiled": {"per_token_ns": prof, "rounds": p_rounds, "traced_round": max(traced_round, 0)},
+            "dilation": dil,
+            "dilation_interval": interval,
+            **({"profiler_calibration": calibration} if calibration else {}),
+            "tokens_generated": results.get(0, {}).get("tokens_generated"),
+            "nvtx": results.get(0, {}).get("nvtx"),
+            "inject_sync_count": {
+                str(r): results[r]["inject_sync_count"]
+                for r in sorted(results)
+                if "inject_sync_count" in results[r]
+            },
+            # OS process id per rank: names the ranks of a one-file multi-process nsys report
+            "rank_pids": {str(r): results[r]["pid"] for r in sorted(results) if "pid" in results[r]},
+            **(
+                {
+                    "marker_steps": {
+                        str(r): results[r]["marker_steps"]
+                        for r in sorted(results)
+                        if "marker_steps" in results[r]
+                    }
                 }
-            }
-            if any("marker_steps" in results[r] for r in results)
-            else {}
-        ),
-        "files": files,
-        "command": command,
-    }
+                if any("marker_steps" in results[r] for r in results)
+                else {}
+            ),
+            "files": files,
+            "command": command,
+        }
+    )
+
+
+def as_manifest(doc: JSONObject) -> Manifest:
+    """The manifest object the capture assembled as its typed document, decoded as a reader
+    decodes the file (`tracekit.read.manifests.manifest_from_json`), so what is written is what
+    reads back; a value the document cannot hold (none should) is left out and said in `notes`."""
+    # as the JSON it becomes: plain values (torch.__version__ is a str subclass msgspec cannot encode)
+    read = manifest_from_json(json.loads(json.dumps(doc)), env.MANIFEST_NAME)
+    if read.notes:
+        read.manifest.notes = [*(given(read.manifest.notes) or []), *(n for _, n in read.notes)]
+    return read.manifest
+
+
+def workload_of(manifest: Manifest) -> ManifestWorkload:
+    """The manifest's workload (a capture always has one; set empty when it has none)."""
+    if not isinstance(manifest.workload, ManifestWorkload):
+        manifest.workload = ManifestWorkload()
+    return manifest.workload
 
 
 def _rounds(results: dict[int, dict[str, Any]], kind: str) -> list[dict[str, list[int]]]:
@@ -132,30 +156,38 @@ def _rounds(results: dict[int, dict[str, Any]], kind: str) -> list[dict[str, lis
     return [{rk: v[i] for rk, v in per_rank.items() if i < len(v) and v[i]} for i in range(k)]
 
 
-def set_unprofiled(manifest: dict[str, Any], rounds: list[dict[str, list[int]]]) -> None:
+def set_unprofiled(manifest: Manifest, rounds: list[dict[str, list[int]]]) -> None:
     """--nsys: the plain runs' unprofiled rounds into the manifest of the run under nsys (in place),
     with the dilation recomputed from them."""
     rounds = [r for r in rounds if r]
-    manifest["unprofiled"] = {"per_token_ns": rounds[0] if rounds else {}, "rounds": rounds}
-    manifest["dilation"], manifest["dilation_interval"] = env.dilation(
-        rounds, manifest["profiled"].get("rounds") or [manifest["profiled"]["per_token_ns"]]
-    )
+    manifest.unprofiled = ManifestUnprofiled(per_token_ns=rounds[0] if rounds else {}, rounds=rounds)
+    prof = given(manifest.profiled)
+    p_rounds = (given(prof.rounds) if prof is not None else None) or [
+        (given(prof.per_token_ns) if prof is not None else None) or {}
+    ]
+    manifest.dilation, manifest.dilation_interval = env.dilation(rounds, p_rounds)
 
 
-def finish_run(out_dir: Path, manifest: dict[str, Any]) -> Path:
+def per_token_of(manifest: Manifest) -> dict[str, list[int]]:
+    """The manifest's first unprofiled round (`unprofiled.per_token_ns`), {} without one."""
+    up = given(manifest.unprofiled)
+    return (given(up.per_token_ns) if up is not None else None) or {}
+
+
+def finish_run(out_dir: Path, manifest: Manifest) -> Path:
     path = out_dir / env.MANIFEST_NAME
     try:
-        env.atomic_write_json(path, manifest)
+        env.atomic_write_json(path, manifest.to_json())
         written = None
     except OSError as exc:  # a full disk: no manifest at all (never half of one)
         written = f"no manifest written: cannot write {path} ({exc.strerror or exc})"
-    if not manifest["complete"]:
+    if not given(manifest.complete):
         parts = "; ".join(
-            f"rank {e['rank']}: {e['message']}" if e.get("rank") is not None else e["message"]
-            for e in manifest["errors"]
+            f"rank {e.rank}: {given(e.message)}" if given(e.rank) is not None else str(given(e.message))
+            for e in given(manifest.errors) or []
         )
         parts = " ".join(parts.split())  # one line, whatever a rank's exception said
-        n = len(manifest.get("files") or {})
+        n = len(given(manifest.files) or {})
         kept = written or f"kept {n} whole trace file(s) and the manifest in {out_dir}"
         raise CaptureError(f"capture incomplete ({parts}); {kept}")
     if written:

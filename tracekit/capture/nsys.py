@@ -13,8 +13,10 @@ from typing import Any
 
 from tracekit.capture import environment as env
 from tracekit.capture.config import ENV_NSYS
-from tracekit.capture.manifest import set_unprofiled
+from tracekit.capture.manifest import per_token_of, set_unprofiled, workload_of
 from tracekit.errors import CaptureError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest, ManifestNsys
 
 
 def find_nsys() -> str:
@@ -93,19 +95,20 @@ NSYS_TRACED = "run under nsys: warm-up and the traced pass only; only its kept s
 PLAIN_AFTER = ".plain-after"
 
 
-def merge_plain_runs(manifest: dict[str, Any], plains: list[dict[str, Any]]) -> None:
+def merge_plain_runs(manifest: Manifest, plains: list[Manifest]) -> None:
     """Put the plain runs' unprofiled times into the nsys run's manifest (in place): one
     unprofiled round per plain run, in run order (before, after the run under nsys)."""
-    set_unprofiled(manifest, [p["unprofiled"]["per_token_ns"] for p in plains])
-    traced_tokens = manifest.get("tokens_generated")
-    manifest["workload"]["pass_order"] = "UPU" if len(plains) > 1 else "UP"
-    manifest["workload"]["nsys"] = {
-        "unprofiled": NSYS_UNPROFILED,
-        "traced": NSYS_TRACED,
-        "unprofiled_rank_pids": plains[0].get("rank_pids", {}),
-        "unprofiled_rank_pids_rounds": [p.get("rank_pids", {}) for p in plains],
+    set_unprofiled(manifest, [per_token_of(p) for p in plains])
+    traced_tokens = given(manifest.tokens_generated)
+    wl = workload_of(manifest)
+    wl.pass_order = "UPU" if len(plains) > 1 else "UP"
+    wl.nsys = ManifestNsys(
+        unprofiled=NSYS_UNPROFILED,
+        traced=NSYS_TRACED,
+        unprofiled_rank_pids=given(plains[0].rank_pids) or {},
+        unprofiled_rank_pids_rounds=[given(p.rank_pids) or {} for p in plains],
         # greedy tokens of the plain runs equal to the traced run's (same weights, prompt, layout)
-        "tokens_match": None
+        tokens_match=None
         if traced_tokens is None
-        else all(p.get("tokens_generated") == traced_tokens for p in plains),
-    }
+        else all(given(p.tokens_generated) == traced_tokens for p in plains),
+    )

@@ -57,6 +57,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tracekit.capture import environment as env
 from tracekit.capture.config import (
     ENV_CONFIG,
@@ -70,12 +72,15 @@ from tracekit.capture.config import (
     resolve,
     workload,
 )
-from tracekit.capture.manifest import build_manifest, finish_run, read_results
+from tracekit.capture.manifest import build_manifest, finish_run, read_results, workload_of
 from tracekit.capture.nsys import PLAIN_AFTER, find_nsys, merge_plain_runs, run_nsys
 from tracekit.capture.outputs import check_out_dir, clear_outputs, free_port, prepare_out_dir, rank_command
 from tracekit.capture.rank import rank_main, spawned_rank
 from tracekit.capture.script import capture_script
 from tracekit.errors import CaptureError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import ManifestFilesValue
+from tracekit.read.manifests import read_manifest
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -186,7 +191,7 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
         needs_traces=res.mode != "nvtx",
     )
     if stuck:
-        manifest["notes"] = [
+        manifest.notes = [
             f"rank {r} wrote all its files but did not exit within {TEARDOWN_GRACE_S:g} s (stuck in "
             "process-group teardown); ended by tracekit, its files are complete"
             for r in stuck
@@ -386,7 +391,7 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
     )
     capture(plain_cfg, out_dir, progress)  # raises CaptureError (its manifest kept) when a rank fails
     manifest_path = out_dir / env.MANIFEST_NAME
-    plain = json.loads(manifest_path.read_text())
+    plain = read_manifest(manifest_path).manifest
     clear_outputs(out_dir)
 
     child_env = dict(
@@ -402,21 +407,26 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
         files = run_nsys(argv, out_dir, child_env)
     finally:  # also when the run under nsys failed: its manifest gets the plain run's times
         if manifest_path.exists():
-            manifest = json.loads(manifest_path.read_text())
+            manifest = read_manifest(manifest_path).manifest
             merge_plain_runs(manifest, [plain])
-            env.atomic_write_json(manifest_path, manifest)
+            env.atomic_write_json(manifest_path, manifest.to_json())
     if not manifest_path.exists():
         raise CaptureError(f"the capture under nsys wrote no manifest in {out_dir}")
-    manifest["files"].update(files)
+    manifest.files = {
+        **(given(manifest.files) or {}),
+        **{name: msgspec.convert(entry, ManifestFilesValue) for name, entry in files.items()},
+    }
     after_dir = out_dir / PLAIN_AFTER
     try:
         capture(plain_cfg, after_dir, progress)
-        merge_plain_runs(manifest, [plain, json.loads((after_dir / env.MANIFEST_NAME).read_text())])
+        merge_plain_runs(manifest, [plain, read_manifest(after_dir / env.MANIFEST_NAME).manifest])
     except (CaptureError, OSError, ValueError) as exc:
-        manifest["workload"]["nsys"]["unprofiled_after_error"] = str(exc)
+        nsys = given(workload_of(manifest).nsys)
+        if nsys is not None:
+            nsys.unprofiled_after_error = str(exc)
     finally:
         shutil.rmtree(after_dir, ignore_errors=True)
-    env.atomic_write_json(manifest_path, manifest)
+    env.atomic_write_json(manifest_path, manifest.to_json())
     return out_dir
 
 

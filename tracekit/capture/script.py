@@ -13,11 +13,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tracekit.capture.manifest import build_manifest, finish_run, read_results, set_unprofiled, unprofiled_of
+from msgspec import UNSET
+
+from tracekit.capture.manifest import (
+    build_manifest,
+    finish_run,
+    read_results,
+    set_unprofiled,
+    unprofiled_of,
+    workload_of,
+)
 from tracekit.capture.nsys import find_nsys, nsys_profile
 from tracekit.capture.outputs import clear_outputs, prepare_out_dir
 from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_PASSES, ENV_WARMUP, MODES
 from tracekit.errors import CaptureError
+from tracekit.model.documents.manifest import Manifest, ManifestNsys
 
 
 def capture_script(
@@ -95,7 +105,7 @@ def _script_manifest(
     *,
     needs_traces: bool,
     extra_files: dict[str, dict[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     world = max(results) + 1 if results else 0
     modes = sorted({str(r.get("mode")) for r in results.values() if r.get("mode")})
     doc: dict[str, Any] = {
@@ -145,7 +155,7 @@ def _capture_script_under_nsys(
             {"rank": None, "message": f"{' '.join(argv)} exited with code {rc} (plain run, before nsys)"}
         ]
         manifest = _script_manifest(argv, plain, command, errors, needs_traces=False)
-        manifest["workload"]["nsys"] = {"unprofiled": NSYS_SCRIPT_UNPROFILED, "traced": None}
+        workload_of(manifest).nsys = ManifestNsys(unprofiled=NSYS_SCRIPT_UNPROFILED, traced=None)
         return finish_run(out_dir, manifest)
     clear_outputs(out_dir)
 
@@ -169,15 +179,16 @@ def _capture_script_under_nsys(
             f.unlink()
     rounds = [u for u in (unprofiled_of(p) for p in plains) if u]
     set_unprofiled(manifest, rounds)
+    wl = workload_of(manifest)
     if rounds:
-        manifest["workload"]["pass_order"] = "UPU" if len(rounds) > 1 else "UP"
-    manifest["workload"]["nsys"] = {
-        "unprofiled": NSYS_SCRIPT_UNPROFILED if rounds else NSYS_SCRIPT_NO_UNPROFILED,
-        "traced": NSYS_SCRIPT_TRACED,
-        "unprofiled_rank_pids": {str(r): plain[r]["pid"] for r in sorted(plain) if "pid" in plain[r]},
-        "unprofiled_rank_pids_rounds": [
+        wl.pass_order = "UPU" if len(rounds) > 1 else "UP"
+    wl.nsys = ManifestNsys(
+        unprofiled=NSYS_SCRIPT_UNPROFILED if rounds else NSYS_SCRIPT_NO_UNPROFILED,
+        traced=NSYS_SCRIPT_TRACED,
+        unprofiled_rank_pids={str(r): plain[r]["pid"] for r in sorted(plain) if "pid" in plain[r]},
+        unprofiled_rank_pids_rounds=[
             {str(r): p[r]["pid"] for r in sorted(p) if "pid" in p[r]} for p in plains
         ],
-        **({"unprofiled_after_error": after_error} if after_error else {}),
-    }
+        unprofiled_after_error=after_error if after_error else UNSET,
+    )
     return finish_run(out_dir, manifest)

@@ -239,20 +239,24 @@ def _canonical_command(ctx: click.Context) -> str:
 
 
 def _summary(run_dir: Path) -> None:
-    import json
     import os
 
     if os.environ.get("RANK", "0") != "0" and os.environ.get("TRACEKIT_SPAWNED") != "1":
         return  # under torchrun only rank 0 writes (and reports) the manifest
 
-    m = json.loads((run_dir / "manifest.json").read_text())
-    w = m["workload"]
-    d = m.get("dilation")
-    iv = m.get("dilation_interval")
+    from tracekit.capture.manifest import workload_of
+    from tracekit.model.documents.base import given
+    from tracekit.read import load_manifest
+
+    m = load_manifest(run_dir / "manifest.json")
+    w = workload_of(m)
+    d = given(m.dilation)
+    iv = given(m.dilation_interval)
     dil = "n/a" if d is None else f"{d:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
-    order = w.get("pass_order")
-    n = len(m["files"])
+    order = given(w.pass_order)
+    n = len(given(m.files) or {})
     message(
-        f"wrote {run_dir}: {n} file{'' if n == 1 else 's'}, tp={w['tp']} {w['device']}/{w['backend']} mode={w['mode']}, "
+        f"wrote {run_dir}: {n} file{'' if n == 1 else 's'}, tp={given(w.tp)} {given(w.device)}/{given(w.backend)} "
+        f"mode={given(w.mode)}, "
         f"dilation={dil}" + (f" over passes {order}" if order else "")
     )

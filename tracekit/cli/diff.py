@@ -11,7 +11,7 @@ from tracekit.cli import options as opt
 from tracekit.errors import TracekitError
 from tracekit.model import documents
 from tracekit.model.documents import given, to_builtins
-from tracekit.read.manifests import manifest_document, workload_tp
+from tracekit.read.manifests import workload_tp
 from tracekit.render import diff as view
 
 
@@ -32,7 +32,7 @@ WORKLOAD_FIELDS = ("preset", "shape", "layers", "batch", "prompt", "dtype")
 def _workload_change(before: Any, after: Any) -> str:
     """The workload fields two runs' manifests both give and disagree on, as "batch 1 vs 8; ..."
     (empty when they agree or a manifest is missing)."""
-    docs = [manifest_document(r.manifest) for r in (before, after)]
+    docs = [r.manifest for r in (before, after)]
     wb, wa = (to_builtins(given(d.workload)) if d is not None else None for d in docs)
     if not isinstance(wb, dict) or not isinstance(wa, dict):
         return ""

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+from msgspec import UNSET
 
 from tracekit.cli.options import color_enabled, format_option, out_file_option, write_text
 from tracekit.errors import NoTracesError, TraceFormatError
+from tracekit.model.documents.base import given
+
+if TYPE_CHECKING:
+    from tracekit.read.manifests import ManifestRead
 
 
-def _load_manifest(path: str) -> dict[str, Any]:
-    from tracekit.read import load_manifest
+def _load_manifest(path: str) -> ManifestRead:
+    from tracekit.read.manifests import read_manifest
 
     p = Path(path)
     m = p / "manifest.json" if p.is_dir() else p
@@ -24,7 +30,7 @@ def _load_manifest(path: str) -> dict[str, Any]:
     if not m.is_file():
         raise NoTracesError(f"{path}: no manifest.json (dilation needs a run captured by `tracekit capture`)")
     try:
-        doc = load_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
+        read = read_manifest(m)  # TraceFormatError naming the file (and byte offset) when malformed
     except TraceFormatError:
         if "manifest" in m.name:
             raise
@@ -32,17 +38,26 @@ def _load_manifest(path: str) -> dict[str, Any]:
             f"{path}: not a manifest and no manifest.json beside it (dilation reads the manifest of a run "
             "captured by `tracekit capture`: give the run folder)"
         ) from None
-    if doc.get("kind") != "tracekit.capture" and not any(
-        k in doc for k in ("unprofiled", "profiled", "workload")
+    doc = read.manifest
+    fields = ("unprofiled", "profiled", "workload")
+    if doc.kind != "tracekit.capture" and not any(
+        getattr(doc, k) is not UNSET or any(f"field '{k}" in n for _, n in read.notes) for k in fields
     ):
         # any JSON object loads as a manifest: one with none of a capture's fields is another file
         # (a trace of another tool given by mistake printed an empty row and exit 0: issue 24)
         raise TraceFormatError(
             m,
-            f"not a capture manifest (kind {str(doc.get('kind'))[:40]!r}, no unprofiled / profiled / workload): "
+            f"not a capture manifest (kind {str(given(doc.kind))[:40]!r}, no unprofiled / profiled / workload): "
             "dilation reads the manifest.json of a run `tracekit capture` wrote; give its folder",
         )
-    return doc
+    return read
+
+
+def _field_notes(read: ManifestRead) -> tuple[str, ...]:
+    """The reader's notes on the fields the dilation reads (left out: not of their JSON type)."""
+    return tuple(
+        n for _, n in read.notes if any(f"field '{k}" in n for k in ("unprofiled", "profiled", "dilation"))
+    )
 
 
 @click.command("dilation", context_settings={"help_option_names": ["-h", "--help"]})
@@ -77,8 +92,10 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
 
     rows = []
     for d in run_dirs:
-        m = _load_manifest(d)
+        read = _load_manifest(d)
+        m = read.manifest
         dil = dilation_of(m, skip_first=skip_first, threshold=threshold)
+        dil = dataclasses.replace(dil, notes=_field_notes(read) + dil.notes)
         rows.append((d, m, dil))
     if fmt == "json":
         write_text(json.dumps([{"run": d, **dil.to_json()} for d, _, dil in rows], indent=1) + "\n", out)
@@ -111,8 +128,9 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
                 f"{x.quantile_ns(0.1) / 1e6:.3f}-{x.quantile_ns(0.9) / 1e6:.3f}",
             )
 
-        wl = m.get("workload")
-        mode = str(wl.get("mode", "?")) if isinstance(wl, dict) else "?"
+        wl = given(m.workload)
+        wl_mode = given(wl.mode) if wl is not None else None
+        mode = "?" if not wl_mode else wl_mode if isinstance(wl_mode, str) else ", ".join(wl_mode)
         iv = dil.interval
         t.add_row(
             d,

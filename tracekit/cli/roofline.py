@@ -15,7 +15,6 @@ from tracekit.cli.options import (
 )
 from tracekit.model import documents
 from tracekit.model.documents import given
-from tracekit.read.manifests import manifest_document
 from tracekit.render import roofline as view
 
 
@@ -58,7 +57,7 @@ def command(
     from tracekit.read import read_run
 
     run = read_run([run_dir], cache=not no_cache)
-    manifest = manifest_document(run.manifest)
+    manifest = run.manifest
     wl = given(manifest.workload) if manifest is not None else None
     dtype = given(wl.dtype) if wl is not None else None
     doc = roofline(

@@ -294,7 +294,6 @@ def analyse_dirs(
     from tracekit.analyse.plans import attribution_plan, breakdown_plan
     from tracekit.engine.executor import Job
     from tracekit.model.documents import Breakdown, Shortfall, TopKernels
-    from tracekit.read.manifests import manifest_document
     from tracekit.report import build
 
     bd = breakdown_plan(step_pattern=step_pattern)
@@ -303,7 +302,7 @@ def analyse_dirs(
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
             breakdown=build.analysed_document(res.results[0].breakdown, Breakdown),
-            manifest=manifest_document(res.meta.manifest),
+            manifest=res.meta.manifest,
         )
         out.top_kernels = build.analysed_document(res.results[0].top_kernels, TopKernels)
         return out
@@ -317,11 +316,11 @@ def analyse_dirs(
     )
     out = build.AnalysedRuns(
         breakdown=build.analysed_document(run.results[0].breakdown, Breakdown),
-        manifest=manifest_document(run.meta.manifest),
+        manifest=run.meta.manifest,
     )
     out.top_kernels = build.analysed_document(run.results[0].top_kernels, TopKernels)
     out.baseline_breakdown = build.analysed_document(base.results[0].breakdown, Breakdown)
-    out.baseline_manifest = manifest_document(base.meta.manifest)
+    out.baseline_manifest = base.meta.manifest
     out.baseline_top_kernels = build.analysed_document(base.results[0].top_kernels, TopKernels)
     out.shortfall = build.analysed_document(
         shortfall_of_pair(base.results[1], run.results[1], notes), Shortfall

@@ -51,6 +51,7 @@ from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
 from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality, Run
 from tracekit.read.files import sha256_of
+from tracekit.read.manifests import ManifestRead
 from tracekit.read.run import reading_bar
 
 __all__ = ["DaskExecutor", "FileMeta", "RankFile", "open_client", "prepare_file", "read_rank_file"]
@@ -276,7 +277,7 @@ def _file_key(job_index: int, path: Path) -> str:
 
 
 def metadata_of(
-    metas: Sequence[FileMeta], manifest: dict[str, Any] | None, paths: Sequence[str | os.PathLike[str]]
+    metas: Sequence[FileMeta], manifest: ManifestRead | None, paths: Sequence[str | os.PathLike[str]]
 ) -> tuple[Run, list[FileView]]:
     """On the client, from the read tasks' metadata alone: the run without events but with the
     run-level notes (`assemble_run` with the files' counts and digests) and, per file, how the

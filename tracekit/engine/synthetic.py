@@ -23,6 +23,9 @@ import os
 import random
 from pathlib import Path
 
+import msgspec
+from msgspec import UNSET
+
 from tracekit.model.documents.base import JSONObject
 from tracekit.read import find_trace_files
 
@@ -78,9 +81,10 @@ def make_synthetic_run(
         for t in sorted(tasks, key=lambda t: t[2])
     }
     if manifest is not None:
-        m = json.loads(json.dumps(manifest))
-        if isinstance(m.get("workload"), dict):
-            m["workload"]["tp"] = n_ranks
+        src = manifest.manifest
+        if src.workload is not UNSET:
+            src = msgspec.structs.replace(src, workload=msgspec.structs.replace(src.workload, tp=n_ranks))
+        m = src.to_json()  # the source's, as read (its unknown keys kept)
         m["files"] = table
         m.pop("rank_pids", None)
         m["synthetic"] = {"source": str(source), "n_ranks": n_ranks, "seed": seed, "jitter_us": jitter_us}

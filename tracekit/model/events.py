@@ -28,6 +28,7 @@ import pandas as pd
 
 from tracekit.model.documents.base import JSONObject, to_builtins
 from tracekit.model.documents.breakdown import BreakdownDataQuality
+from tracekit.model.documents.manifest import Manifest
 
 #: Event kinds (the `kind` column).
 KINDS: tuple[str, ...] = (
@@ -178,14 +179,15 @@ class Run:
     - `rank_info`: rank -> reader metadata (distributedInfo, device properties, trace base time,
       profiler/torch versions...), JSON-serialisable.
     - `data_quality`: counts of skipped / suspicious things, over all files.
-    - `manifest`: the capture manifest (manifest.json beside the traces) when there is one.
+    - `manifest`: the capture manifest (manifest.json beside the traces) when there is one, as its
+      typed document (`tracekit.read.manifests.read_manifest`; a Run built in code: `manifest_from_json`).
     """
 
     events: pd.DataFrame
     sources: dict[int, str] = field(default_factory=dict)
     rank_info: dict[int, JSONObject] = field(default_factory=dict)
     data_quality: DataQuality = field(default_factory=DataQuality)
-    manifest: dict[str, Any] | None = None
+    manifest: Manifest | None = None
 
     @property
     def ranks(self) -> list[int]:

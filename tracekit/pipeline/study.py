@@ -43,7 +43,6 @@ from tracekit.model.events import DataQuality
 from tracekit.report.build import (
     AnalysedRuns,
     analysed_document,
-    manifest_document,
     report_from_analyses,
     write_report,
 )
@@ -315,7 +314,7 @@ def run_study(
         path = out_dir / f"breakdown-tp{tp}.json"
         breakdowns[tp] = _write_document(res.results[0].breakdown, Breakdown, path)
         kernels[tp] = analysed_document(res.results[0].top_kernels, TopKernels)
-        manifests[tp] = manifest_document(res.meta.manifest)
+        manifests[tp] = res.meta.manifest
         analyses[f"breakdown-tp{tp}"] = path
     tell("breakdown", len(tps), len(tps), "done")
 

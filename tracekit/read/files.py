@@ -14,7 +14,7 @@ from typing import Any
 from tracekit.errors import NoTracesError
 from tracekit.model.events import Run
 from tracekit.read import cache as cache_mod
-from tracekit.read.manifests import load_manifest
+from tracekit.read.manifests import ManifestRead, read_manifest
 
 #: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
 READERS: dict[str, str] = {
@@ -75,10 +75,11 @@ def _traces_in(folder: Path) -> list[Path]:
     return [c for c in found if not exported_beside(c.name)]
 
 
-def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], dict[str, Any] | None]:
-    """Expand files and folders into trace files (sorted per folder) and the first manifest found."""
+def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path], ManifestRead | None]:
+    """Expand files and folders into trace files (sorted per folder) and the first manifest found
+    (read: its typed document and the notes on what was left out)."""
     files: list[Path] = []
-    manifest: dict[str, Any] | None = None
+    manifest: ManifestRead | None = None
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
@@ -96,7 +97,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
                 found = [f for sub in subs for f in _traces_in(sub)]
             mf = p / "manifest.json"
             if manifest is None and mf.is_file():
-                manifest = load_manifest(mf)
+                manifest = read_manifest(mf)
             if not found:
                 raise NoTracesError(
                     f"{p}: no trace files in this folder (expected *.json, *.json.gz, *.pt.trace.json.gz, *.sqlite, "
@@ -111,7 +112,7 @@ def find_trace_files(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Path
             files.append(p)
             mf = p.parent / "manifest.json"
             if manifest is None and p.name != "manifest.json" and mf.is_file():
-                manifest = load_manifest(mf)
+                manifest = read_manifest(mf)
         else:
             raise NoTracesError(f"{p}: no such file or folder")
     if not files:

@@ -1,12 +1,14 @@
-"""The capture manifest (`manifest.json` beside a run's traces): loaded with bounds
-(`load_manifest`: at most `MAX_MANIFEST_BYTES`, numbers within `MAX_MANIFEST_NUMBER`, workload
-counts whole and bounded: docs/RELIABILITY.md), checked (`check_manifest`) and kept as the `Manifest`
-dict with its typed document (tracekit.model.documents.Manifest), decoded once where it is read
-(`typed_manifest` sets `Manifest.doc`).
+"""The capture manifest (`manifest.json` beside a run's traces), read ONCE into its typed document
+(`tracekit.model.documents.Manifest`, docs/JSON.md#manifest): loaded with bounds (`read_manifest`:
+at most `MAX_MANIFEST_BYTES`, numbers within `MAX_MANIFEST_NUMBER`, workload counts whole and
+bounded: docs/RELIABILITY.md), checked (`check_manifest`) and decoded (`manifest_from_json`); every
+consumer reads the Struct's attributes.
 
-A manifest comes from captures of every version and from users' own scripts, so the reading is
-lenient as `check_manifest` is: a field whose value does not fit its type (a host that is a string,
-a device index that is text) is left out of the typed document and noted, the rest is kept."""
+A manifest comes from captures of every version, from other tools and from users' own scripts, so
+the reading is lenient: a field whose value does not fit its type (a host that is a string, a
+device index that is text, a per-token list holding a null) is left out of the typed document and
+noted (the object field that holds it: a list with one bad item is left out whole, so no item
+shifts); keys the Struct does not know are kept, as they were, in `Manifest.unknown_fields`."""
 
 from __future__ import annotations
 
@@ -16,78 +18,117 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tracekit.errors import TraceFormatError
-from tracekit.model.documents import DocumentError, convert
-from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents import DocumentError, Manifest, convert
 from tracekit.model.documents.base import given
+from tracekit.model.events import Run
 
 #: at most this many malformed fields are left out one by one before the manifest is given up
 MAX_DROPPED = 64
 
 
-def _drop(doc: Any, where: str) -> bool:
-    """Remove the value at JSON path `where` ($.a.b[3].c) from `doc`; False when it is not there."""
+class ManifestRead(NamedTuple):
+    """A manifest as read: the typed document, and the notes (data_quality key, sentence) for the
+    fields left out because they were malformed or out of bounds (`read_run` adds them to the run's
+    data_quality)."""
+
+    manifest: Manifest
+    notes: list[tuple[str, str]]
+
+
+def _drop(doc: Any, where: str) -> str | None:
+    """Remove from `doc` the object field holding the value at JSON path `where` (`$.a.b[3].c`: the
+    field `c`; `$.a.b[3]` or `$.a.b[...][1]`: the field `b`, a list or a rank's values left out whole);
+    the path removed, None when it is not there."""
     steps: list[str | int] = []
-    for part in where.removeprefix("$").replace("[", ".[").split("."):
+    # `[...]`: a value of an object keyed by data (rank, name): msgspec does not say its key
+    for part in where.removeprefix("$").replace("[...]", ".*").replace("[", ".[").split("."):
         if not part:
             continue
+        if part == "*":
+            break
         steps.append(int(part[1:-1]) if part.startswith("[") and part[1:-1].isdigit() else part)
+    while steps and not isinstance(steps[-1], str):
+        steps.pop()
     if not steps:
-        return False
+        return None
     node = doc
     for s in steps[:-1]:
         try:
             node = node[s]
         except (KeyError, IndexError, TypeError):
-            return False
+            return None
     last = steps[-1]
-    if isinstance(node, dict) and last in node:
-        del node[last]
-        return True
-    if isinstance(node, list) and isinstance(last, int) and last < len(node):
-        del node[last]
-        return True
-    return False
+    if not isinstance(node, dict) or last not in node:
+        return None
+    del node[last]
+    return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps).removeprefix(".")
 
 
-def typed_manifest(doc: Mapping[str, Any], name: str) -> tuple[ManifestDoc, list[tuple[str, str]]]:
-    """`doc` (a manifest's JSON object) as the typed document, and the notes (data_quality key,
-    sentence) for the fields left out because their values do not fit."""
-    work = copy.deepcopy(dict(doc))
+def _typed_manifest(work: dict[str, Any], name: str) -> tuple[Manifest, list[tuple[str, str]]]:
+    """`work` (a manifest's JSON object, changed: the fields that do not fit are removed) as the
+    typed document, and the notes (data_quality key, sentence) for the fields left out because
+    their values do not fit; its keys the Struct does not know kept in `unknown_fields`."""
+    unknown = {k: work.pop(k) for k in list(work) if k not in Manifest.__struct_fields__}
     notes: list[tuple[str, str]] = []
+    out = Manifest()
     for _ in range(MAX_DROPPED):
         try:
-            return convert(work, ManifestDoc), notes
+            out = convert(work, Manifest)
+            break
         except DocumentError as exc:
-            where = exc.where or "$"
-            if where == "$" or not _drop(work, where):
-                # the top level itself (schema_version or kind of another type): keep only the rest
-                work = {k: v for k, v in work.items() if k not in ("schema_version", "kind")}
-                work.update(schema_version=str(doc.get("schema_version")), kind=str(doc.get("kind")))
-                if where == "$":
-                    continue
-                break
-            notes.append(("manifest_field_malformed", f"{name}: {where.removeprefix('$.')} {exc}: ignored"))
-    return ManifestDoc(schema_version=str(doc.get("schema_version")), kind=str(doc.get("kind"))), notes
+            dropped = _drop(work, exc.where or "$")
+            if dropped is None:  # not a field's value (cannot happen for an object): keep none
+                notes.append(("manifest_field_malformed", f"{name}: {exc}: the manifest was ignored"))
+                work = {}
+                continue
+            notes.append(
+                (
+                    "manifest_field_malformed",
+                    f"{name} field {dropped!r} does not fit ({exc}); treated as missing",
+                )
+            )
+    if unknown:
+        out.unknown_fields = unknown
+    return out, notes
 
 
-def manifest_document(manifest: Mapping[str, Any] | None) -> ManifestDoc | None:
-    """A run's manifest (`Run.manifest`: the reader's `Manifest`, decoded once when it was read, its
-    `doc`; a plain dict is decoded now) as its typed document; None without one."""
-    if not manifest:
-        return None
-    doc = getattr(manifest, "doc", None)
-    return doc if isinstance(doc, ManifestDoc) else typed_manifest(manifest, "manifest.json")[0]
+def manifest_from_json(doc: Mapping[str, Any], name: str = "manifest.json") -> ManifestRead:
+    """A manifest's JSON object (as `json.loads` gives it, or a Run built in code) read as
+    `read_manifest` reads the file: numbers and workload fields bounded (`check_manifest`), then
+    decoded leniently (`typed_manifest`). `doc` is not changed."""
+    work = copy.deepcopy(dict(doc))
+    notes = check_manifest(work, name)
+    typed, typed_notes = _typed_manifest(work, name)
+    return ManifestRead(typed, notes + typed_notes)
 
 
-def workload_tp(manifest: Mapping[str, Any] | None) -> int | None:
+def attach_manifest(run: Run, manifest: ManifestRead | Mapping[str, Any] | None) -> Run:
+    """`run` (changed in place, and returned) with its manifest as `read_run` attaches manifest.json:
+    the typed document, the reader's notes in the run's data_quality. `manifest`: as read
+    (`read_manifest`), or a manifest's JSON object (a Run built in code: `manifest_from_json`)."""
+    if manifest is None:
+        return run
+    read = manifest if isinstance(manifest, ManifestRead) else manifest_from_json(manifest)
+    run.manifest = read.manifest
+    for key, note in read.notes:
+        run.data_quality.add(key, 1, note)
+    return run
+
+
+def workload_tp(manifest: Manifest | None) -> int | None:
     """The TP degree a run's manifest gives (workload.tp, 1 to MAX_TP); None without one."""
-    doc = manifest_document(manifest)
-    wl = given(doc.workload) if doc is not None else None
+    wl = given(manifest.workload) if manifest is not None else None
     tp = given(wl.tp) if wl is not None else None
     return tp if tp is not None and int_in(tp, 1, MAX_TP) else None
+
+
+def workload_step_pattern(manifest: Manifest | None) -> str | None:
+    """The step pattern a run's manifest gives (workload.step_pattern, a non-empty string), or None."""
+    wl = given(manifest.workload) if manifest is not None else None
+    return (given(wl.step_pattern) or None) if wl is not None else None
 
 
 #: a manifest is a few kB; one larger than this is not read
@@ -110,21 +151,6 @@ _WORKLOAD_COUNTS = (
     "untimed_tail_steps",
     "rounds",
 )
-
-
-class Manifest(dict):  # type: ignore[type-arg]
-    """A manifest's JSON object; `notes` lists (data_quality key, note) for the fields that were
-    malformed and left out when it was read (`read_run` adds them to the run's data_quality);
-    `doc` the same manifest as its typed document (`tracekit.read.manifests.typed_manifest`,
-    docs/JSON.md#manifest), decoded once when it is read."""
-
-    notes: list[tuple[str, str]]
-    doc: ManifestDoc | None
-
-    def __init__(self, *args: Any, **kw: Any) -> None:
-        super().__init__(*args, **kw)
-        self.notes = []
-        self.doc = None
 
 
 def int_in(v: Any, lo: int, hi: int) -> bool:
@@ -247,11 +273,11 @@ def _drop_unbounded_numbers(doc: dict[str, Any], name: str, notes: list[tuple[st
         )
 
 
-def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A capture manifest (docs/JSON.md#manifest) as a dict (a `Manifest`, its malformed workload
-    fields left out and noted). TraceFormatError naming the file when it cannot be read, is larger
-    than MAX_MANIFEST_BYTES, is not UTF-8 or JSON (with the byte offset), nests too deeply, or its
-    top level is not an object."""
+def read_manifest(path: str | os.PathLike[str]) -> ManifestRead:
+    """A capture manifest (docs/JSON.md#manifest) as its typed document, with the notes on the
+    fields left out (malformed, out of bounds). TraceFormatError naming the file when it cannot be
+    read, is larger than MAX_MANIFEST_BYTES, is not UTF-8 or JSON (with the byte offset), nests too
+    deeply, or its top level is not an object."""
     p = Path(path)
     try:
         if p.stat().st_size > MAX_MANIFEST_BYTES:
@@ -279,11 +305,13 @@ def load_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise TraceFormatError(
             p, f"manifest's top level is a JSON {json_type(doc)}, not an object (docs/JSON.md#manifest)"
         )
-    out = Manifest(doc)
-    out.notes = check_manifest(out, p.name)
-    out.doc, typed_notes = typed_manifest(out, p.name)
-    out.notes += typed_notes
-    return out
+    return manifest_from_json(doc, p.name)
+
+
+def load_manifest(path: str | os.PathLike[str]) -> Manifest:
+    """`read_manifest(path)`'s typed document (the notes left out: a command that reads only the
+    manifest)."""
+    return read_manifest(path).manifest
 
 
 def json_type(x: Any) -> str:

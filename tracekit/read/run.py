@@ -34,7 +34,7 @@ from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
 from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker, sha256_of
 from tracekit.read.limits import current_limits
-from tracekit.read.manifests import manifest_document, workload_tp
+from tracekit.read.manifests import ManifestRead, workload_tp
 
 
 def check_run_events(total: int, path: object, n_files: int) -> None:
@@ -202,7 +202,7 @@ def read_run(
 
 def assemble_run(
     runs: Sequence[Run],
-    manifest: dict[str, Any] | None,
+    manifest: ManifestRead | None,
     paths: Sequence[str | os.PathLike[str]],
     *,
     notes: bool = True,
@@ -220,9 +220,10 @@ def assemble_run(
     runs = _number_default_ranks(list(runs))
     runs = _align_nsys_sessions(runs)
     run = concat_runs(runs)
-    run.manifest = manifest
+    if manifest is not None:
+        run.manifest = manifest.manifest
     if notes:
-        _note_run_problems(run, paths, counts, digests)
+        _note_run_problems(run, paths, counts, digests, manifest.notes if manifest is not None else [])
     return run
 
 
@@ -230,7 +231,7 @@ def _check_checksums(run: Run, digests: Mapping[str, str] | None = None) -> None
     """Each trace file the manifest lists (`files`: name -> {sha256, bytes}, written by the capture)
     is checked against its size and SHA-256; a mismatch (a file changed, replaced or damaged since
     the capture) is noted in data_quality, naming the file."""
-    doc = manifest_document(run.manifest)
+    doc = run.manifest
     files = given(doc.files) if doc is not None else None
     if doc is None or files is None:
         return
@@ -333,8 +334,9 @@ def _note_run_problems(
     paths: Sequence[str | os.PathLike[str]],
     counts: tuple[int, int, int, int] | None = None,
     digests: Mapping[str, str] | None = None,
+    manifest_notes: Sequence[tuple[str, str]] = (),
 ) -> None:
-    """Notes on what the run lacks: manifest fields left out, ranks the manifest names but no file
+    """Notes on what the run lacks: manifest fields left out (`manifest_notes`: the reader's), ranks the manifest names but no file
     holds, names of trace files in a folder that are not files (a directory, a dangling link).
     `counts`: (events, duplicated GPU operations, stream overlaps, overlaps inside one graph replay)
     summed over the files, when the
@@ -343,7 +345,7 @@ def _note_run_problems(
         n_events = len(run.events) if counts is None else counts[0]
         check_run_events(n_events, list(run.sources.values())[-1], len(run.sources))
     dq = run.data_quality
-    for key, note in getattr(run.manifest, "notes", []):
+    for key, note in manifest_notes:
         dq.add(key, 1, note)
     _check_checksums(run, digests)
     _check_gpu_streams(run, None if counts is None else (counts[1], counts[2], counts[3]))

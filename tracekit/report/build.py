@@ -27,7 +27,6 @@ from tracekit.model.documents import (
     decode,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.read.manifests import manifest_document
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extra_section import ExtraSection
 
@@ -75,7 +74,7 @@ def analyse_dirs(
     run = AnalysedRun.of(read_run([Path(run_dir)]))
     out = AnalysedRuns(
         breakdown=analysed_document(breakdown(run, step_pattern=step_pattern), Breakdown),
-        manifest=manifest_document(run.manifest),
+        manifest=run.manifest,
     )
     out.top_kernels = top_kernels_document(run, step_pattern)
     if baseline_dir is not None:
@@ -83,7 +82,7 @@ def analyse_dirs(
 
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = analysed_document(breakdown(base, step_pattern=step_pattern), Breakdown)
-        out.baseline_manifest = manifest_document(base.manifest)
+        out.baseline_manifest = base.manifest
         out.baseline_top_kernels = top_kernels_document(base, step_pattern)
         out.shortfall = analysed_document(shortfall(base, run), Shortfall)
     return out

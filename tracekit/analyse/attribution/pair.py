@@ -6,7 +6,6 @@ like with like."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from fractions import Fraction
 
 from tracekit.analyse.analysed import AnalysedRun
@@ -19,6 +18,7 @@ from tracekit.analyse.attribution.terms import attribute, leaf_with_window
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.kinds import TokenSteps
 from tracekit.errors import MatchError, RankError
+from tracekit.model.documents.base import given, to_builtins
 from tracekit.model.events import DataQuality, Run
 
 
@@ -149,14 +149,18 @@ def check_pair(baseline: Run, sharded: Run) -> list[tuple[str, str]]:
             f"{s_file}: the sharded run has {len(sharded.ranks)} rank(s), as many as the baseline "
             f"({b_file}): the baseline must be the run on fewer ranks (TP=1)"
         )
-    wb = (baseline.manifest or {}).get("workload")
-    ws = (sharded.manifest or {}).get("workload")
-    if not isinstance(wb, Mapping) or not isinstance(ws, Mapping):
+    wb = given(baseline.manifest.workload) if baseline.manifest is not None else None
+    ws = given(sharded.manifest.workload) if sharded.manifest is not None else None
+    if wb is None or ws is None:
         return []
-    differ = [k for k in WORKLOAD_SHAPE_FIELDS if k in wb and k in ws and wb[k] != ws[k]]
+    # as JSON values: a shape shows as the object the manifest holds
+    b_fields, s_fields = to_builtins(wb), to_builtins(ws)
+    differ = [
+        k for k in WORKLOAD_SHAPE_FIELDS if k in b_fields and k in s_fields and b_fields[k] != s_fields[k]
+    ]
     if not differ:
         return []
-    shown = "; ".join(f"{k} {str(wb[k])[:60]} vs {str(ws[k])[:60]}" for k in differ)
+    shown = "; ".join(f"{k} {str(b_fields[k])[:60]} vs {str(s_fields[k])[:60]}" for k in differ)
     return [
         (
             "baseline_workload_differs",

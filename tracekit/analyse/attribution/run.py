@@ -37,9 +37,12 @@ from tracekit.analyse.timeline.partition import (
 )
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import RankError, StepError
+from tracekit.model.documents.base import given
 from tracekit.model.documents.breakdown import BreakdownStepKind
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
+from tracekit.read.manifests import workload_step_pattern, workload_tp
 
 
 @dataclass
@@ -107,9 +110,8 @@ def mean_over_ranks(per_rank: Mapping[int, Mapping[str, Fraction]]) -> dict[str,
 
 def check_ranks(run: Run, label: str) -> None:
     """RankError when the manifest names more ranks than the run has files for."""
-    m = run.manifest or {}
-    tp = (m.get("workload") or {}).get("tp") if isinstance(m.get("workload"), Mapping) else None
-    if isinstance(tp, int) and 0 < tp <= 1 << 16:  # a manifest's tp of 10**30 is not a degree
+    tp = workload_tp(run.manifest)  # a manifest's tp of 10**30 is not a degree: None
+    if tp is not None:
         present = set(run.ranks)
         missing = sorted(set(range(tp)) - present)
         if missing:
@@ -157,18 +159,11 @@ def attribute_setup(run: Run, label: str, step_pattern: str | None) -> tuple[str
     pattern (the manifest's `workload.step_pattern` when none is given)."""
     check_ranks(run, label)
     dq = DataQuality()
-    dq.merge(run.data_quality)  # what the readers counted (values dropped, manifest fields left out)
-    if run.manifest and "workload" in run.manifest and not isinstance(run.manifest["workload"], Mapping):
-        dq.add(
-            "manifest_field_malformed",
-            1,
-            f"{label}: manifest.json field 'workload' is not an object; its tp, step pattern and "
-            "collectives are ignored",
-        )
-    if step_pattern is None and run.manifest:
-        wl = run.manifest.get("workload")
-        sp = wl.get("step_pattern") if isinstance(wl, Mapping) else None
-        step_pattern = sp if isinstance(sp, str) and sp else None
+    # what the readers counted (values dropped, manifest fields left out: a workload that is not an
+    # object, so its tp, step pattern and collectives are not read)
+    dq.merge(run.data_quality)
+    if step_pattern is None:
+        step_pattern = workload_step_pattern(run.manifest)
     return step_pattern, dq
 
 
@@ -409,12 +404,11 @@ def finish_attribution(
     )
 
 
-def interleave_group(manifest: Mapping[str, Any] | None) -> str | None:
+def interleave_group(manifest: Manifest | None) -> str | None:
     """The manifest's `workload.interleaved.group` (a string), or None."""
-    wl = (manifest or {}).get("workload") if isinstance(manifest, Mapping) else None
-    il = wl.get("interleaved") if isinstance(wl, Mapping) else None
-    g = il.get("group") if isinstance(il, Mapping) else None
-    return g if isinstance(g, str) and g else None
+    wl = given(manifest.workload) if manifest is not None else None
+    il = given(wl.interleaved) if wl is not None else None
+    return (given(il.group) or None) if il is not None else None
 
 
 def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: DataQuality) -> pd.DataFrame:

@@ -24,15 +24,15 @@ import pandas as pd
 from tracekit.analyse.collectives.checks import END_SPREAD_THRESHOLD_NS
 from tracekit.analyse.collectives.instances import ClockAlignment, CollectiveInstances
 from tracekit.errors import MatchError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality
 
 # --------------------------------------------------------------------------------------------
 # clocks (docs/METHOD.md section Clocks and step matching)
 
 
-def _hosts(
-    rank_info: Mapping[int, Mapping[str, Any]] | None, manifest: Mapping[str, Any] | None
-) -> dict[int, str]:
+def _hosts(rank_info: Mapping[int, Mapping[str, Any]] | None, manifest: Manifest | None) -> dict[int, str]:
     hosts: dict[int, str] = {}
     for r, info in (rank_info or {}).items():
         for key in ("host_name", "hostname", "host"):
@@ -40,10 +40,11 @@ def _hosts(
             if isinstance(v, str) and v:
                 hosts[int(r)] = v
                 break
-    if not hosts and isinstance((manifest or {}).get("host"), Mapping):
+    host = given(manifest.host) if manifest is not None else None
+    if not hosts and host is not None:
         # one capture writes one manifest, and runs its ranks on the host it names
-        mhost = (manifest or {})["host"].get("hostname")
-        if isinstance(mhost, str) and mhost:
+        mhost = given(host.hostname)
+        if mhost:
             hosts = {int(r): mhost for r in (rank_info or {})}
     return hosts
 
@@ -141,7 +142,7 @@ def align_clocks(
     per_rank: pd.DataFrame,
     ranks: list[int],
     rank_info: Mapping[int, Mapping[str, Any]] | None,
-    manifest: Mapping[str, Any] | None,
+    manifest: Manifest | None,
     dq: DataQuality,
     clock: str = "auto",
     level: str = "none",

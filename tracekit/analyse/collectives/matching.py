@@ -44,6 +44,7 @@ from tracekit.analyse.collectives.select import select_collective_events
 from tracekit.analyse.collectives.sizes import fill_bytes_from_manifest
 from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import MatchError
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality
 
 # --------------------------------------------------------------------------------------------
@@ -61,7 +62,7 @@ def match_collectives(
     *,
     ranks: list[int] | None = None,
     rank_info: Mapping[int, Mapping[str, Any]] | None = None,
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     allow_partial: bool = False,
     clock: str = "auto",
     steps: pd.DataFrame | None = None,
@@ -168,7 +169,7 @@ def matched_collectives(
     *,
     run_ranks: list[int],
     rank_info: Mapping[int, Mapping[str, Any]] | None = None,
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     events: pd.DataFrame | None = None,
     steps: pd.DataFrame | None = None,
     clock: str = "auto",

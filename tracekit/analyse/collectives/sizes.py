@@ -9,9 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -20,7 +18,10 @@ from tracekit.analyse.collectives.select import KNOWN_OPS, normalise_op
 from tracekit.analyse.timeline.steps import find_steps
 from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.errors import StepError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality
+from tracekit.read.manifests import workload_step_pattern
 
 # --------------------------------------------------------------------------------------------
 # message sizes from the capture manifest (the decoder's shapes) where the trace has none
@@ -38,26 +39,22 @@ class ManifestCollective:
     per_token: int
 
 
-def manifest_collectives(manifest: Mapping[str, Any] | None) -> list[ManifestCollective]:
+def manifest_collectives(manifest: Manifest | None) -> list[ManifestCollective]:
     """The `workload.collectives` list of a capture manifest ([] when absent); entries without a
     known op or with no byte count are left out."""
-    wl = (manifest or {}).get("workload")
-    raw = wl.get("collectives") if isinstance(wl, Mapping) else None
+    wl = given(manifest.workload) if manifest is not None else None
     out: list[ManifestCollective] = []
-    for e in raw if isinstance(raw, list) else []:
-        if not isinstance(e, Mapping):
-            continue
-        op = str(e.get("op") or "")
+    for e in (given(wl.collectives) if wl is not None else None) or []:
+        op = given(e.op) or ""
         op = op if op in KNOWN_OPS else normalise_op(pd.Series([op])).tolist()[0]
-        try:
-            in_b, out_b = int(e.get("in_bytes", -1)), int(e.get("out_bytes", -1))
-            per_token = int(e.get("per_token", 1))
-        except (TypeError, ValueError):
-            continue
+        in_b, out_b = given(e.in_bytes), given(e.out_bytes)
+        in_b, out_b = -1 if in_b is None else in_b, -1 if out_b is None else out_b
+        per_token = given(e.per_token)
+        per_token = 1 if per_token is None else per_token
         if (
             op and (in_b >= 0 or out_b >= 0) and 1 <= per_token <= 100_000
         ):  # 1e9 per token: not a list to build
-            out.append(ManifestCollective(op, str(e.get("name") or ""), in_b, out_b, per_token))
+            out.append(ManifestCollective(op, given(e.name) or "", in_b, out_b, per_token))
     return out
 
 
@@ -71,7 +68,7 @@ def step_sequence(entries: list[ManifestCollective]) -> list[ManifestCollective]
 
 def fill_bytes_from_manifest(
     per_rank: pd.DataFrame,
-    manifest: Mapping[str, Any] | None,
+    manifest: Manifest | None,
     events: pd.DataFrame | None,
     steps: pd.DataFrame | None,
     dq: DataQuality,
@@ -96,7 +93,7 @@ def fill_bytes_from_manifest(
     if not entries:
         return source
     if steps is None and events is not None:
-        pattern = ((manifest or {}).get("workload") or {}).get("step_pattern") or None
+        pattern = workload_step_pattern(manifest)
         try:
             steps = find_steps(events, pattern)
         except StepError:

@@ -44,6 +44,8 @@ from tracekit.analyse.dilation import dilation_of
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Copy, DocumentError, Rho, convert, to_builtins
 from tracekit.model.documents import roofline as rd
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import ManifestShape, ManifestWorkload
 from tracekit.model.events import Run
 
 SCHEMA_VERSION = "1.0"
@@ -200,10 +202,9 @@ def unit_floor_ns(w: Work, peaks: Peaks) -> float | None:
     return max(t_mem, t_flop)
 
 
-def _workload(run: Run) -> Mapping[str, Any]:
-    m = run.manifest
-    wl = m.get("workload") if isinstance(m, Mapping) else None
-    if not isinstance(wl, Mapping) or not isinstance(wl.get("shape"), Mapping):
+def _workload(run: Run) -> ManifestWorkload:
+    wl = given(run.manifest.workload) if run.manifest is not None else None
+    if wl is None or given(wl.shape) is None:
         raise RooflineError(
             f"{_name(run)}: no model shape in its manifest (workload.shape): the roofline needs the "
             "capture manifest of a `tracekit capture` run"
@@ -216,21 +217,22 @@ def _name(run: Run) -> str:
     return str(Path(src[0]).parent) if src else "run"
 
 
-def _bounded_int(wl: Mapping[str, Any], key: str, default: int, hi: int = 1 << 40) -> int:
-    v = wl.get(key, default)
+def _bounded_int(wl: ManifestWorkload | ManifestShape, key: str, default: int, hi: int = 1 << 40) -> int:
+    v = given(getattr(wl, key))
+    v = default if v is None else v
     if isinstance(v, bool) or not isinstance(v, int) or not (0 < v <= hi):
         raise RooflineError(f"manifest workload.{key} = {v!r}: expected a positive integer")
     return v
 
 
-def _static_kv_len(wl: Mapping[str, Any]) -> tuple[int, str]:
+def _static_kv_len(wl: ManifestWorkload) -> tuple[int, str]:
     """The positions a serving-style decode's attention reads: the manifest's `kv_cache_len`; else
     (manifests before it was recorded) the runner's decoder length, prompt + warm-up steps + 1; else
     `KV_STATIC_LEN`."""
-    if wl.get("kv_cache_len") is not None:
+    if given(wl.kv_cache_len) is not None:
         n = _bounded_int(wl, "kv_cache_len", 1)
         return n, f"the static KV cache of the serving-style decode (workload.kv_cache_len, {n})"
-    if wl.get("prompt") is not None and wl.get("warmup_tokens") is not None:
+    if given(wl.prompt) is not None and given(wl.warmup_tokens) is not None:
         n = _bounded_int(wl, "prompt", 1) + _bounded_int(wl, "warmup_tokens", 1) + 1
         return n, f"the static KV cache of the serving-style decode (prompt + warm-up steps + 1, {n})"
     return KV_STATIC_LEN, f"the static cache of the serving-style decode (default {KV_STATIC_LEN})"
@@ -255,7 +257,7 @@ class DecodeUnits:
     canon: Canonical
     steady: list[int]
     steps: pd.DataFrame
-    shard_of: Any
+    shard_of: int | None
 
     @property
     def assigned(self) -> bool:
@@ -273,17 +275,19 @@ def decode_units(
     has no model shape or the trace no GPU kernels."""
     ar = AnalysedRun.of(run)
     wl = _workload(ar.run)
-    shape = wl["shape"]
-    for key in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab"):
-        _bounded_int(shape, key, 0)
+    sh = given(wl.shape)
+    assert sh is not None  # _workload
+    shape = {
+        k: _bounded_int(sh, k, 0) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab")
+    }
     tp = _bounded_int(wl, "tp", 1, 1 << 16)
-    if wl.get("shard_of") is not None:  # `capture --shard-of N`: one rank's shard of TP=N in one process
+    if given(wl.shard_of) is not None:  # `capture --shard-of N`: one rank's shard of TP=N in one process
         tp = _bounded_int(wl, "shard_of", 2, 1 << 16)
     batch = _bounded_int(wl, "batch", 1, 1 << 24)
-    dtype = str(wl.get("dtype", "bfloat16"))
+    dtype = wl.dtype if isinstance(wl.dtype, str) else "bfloat16"
     if dtype not in DTYPE_BYTES:
         raise RooflineError(f"manifest workload.dtype = {dtype!r}: one of {', '.join(DTYPE_BYTES)} expected")
-    static = bool(wl.get("cuda_graphs")) or bool(wl.get("compile"))
+    static = bool(given(wl.cuda_graphs)) or bool(given(wl.compile))
     if static:
         kv_len, kv_source = _static_kv_len(wl)
     else:
@@ -309,7 +313,7 @@ def decode_units(
         )
     return DecodeUnits(
         _name(ar.run), shape, tp, batch, dtype, static, kv_len, kv_source, work, canon, steady, steps,
-        wl.get("shard_of"),
+        given(wl.shard_of),
     )  # fmt: skip
 
 

@@ -15,6 +15,8 @@ from tracekit.analyse.collectives.bandwidth import PROBE_OP, algbw_gbps, safe_bu
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.timeline.steps import find_steps
 from tracekit.errors import MatchError, StepError
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 from tracekit.read import read_run
 
 # ---------------------------------------------------------------------------------------------
@@ -119,17 +121,18 @@ def trace_collectives(trace_dir: str | Path) -> dict[str, Any]:
     }
 
 
-def trace_mode(manifest: dict[str, Any] | None) -> tuple[str | None, str]:
+def trace_mode(manifest: Manifest | None) -> tuple[str | None, str]:
     """The compare-links mode a captured run's NCCL ran in, from its manifest (`nccl_env`):
     "pcie" when P2P was disabled or limited, "nvlink" (NCCL's default) otherwise; None for a
     non-NCCL run or without a manifest. The second value says how it was decided."""
-    if not manifest:
+    if manifest is None:
         return None, "no manifest"
-    backend = str((manifest.get("workload") or {}).get("backend") or "")
+    wl = given(manifest.workload)
+    backend = (given(wl.backend) if wl is not None else None) or ""
     if backend and backend != "nccl":
         return None, f"backend {backend}: no GPU link"
-    env = manifest.get("nccl_env")
-    if not isinstance(env, dict):
+    env = given(manifest.nccl_env)
+    if env is None:
         return None, "the manifest records no NCCL variables"
     if str(env.get("NCCL_P2P_DISABLE", "0")).strip() not in ("", "0"):
         return "pcie", "manifest nccl_env NCCL_P2P_DISABLE"

@@ -6,11 +6,13 @@ accounting uses (`calibrate`). A host sleep is one gap: it loses one call's cost
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, NotRequired, TypedDict
+from collections.abc import Callable
+from typing import NotRequired, TypedDict
 
 from tracekit.analyse.retime.model import RunModel
 from tracekit.analyse.retime.setting import Setting
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 
 
 class ProfilerCalibration(TypedDict):
@@ -20,49 +22,29 @@ class ProfilerCalibration(TypedDict):
 
     per_call_ns: dict[str, int]
     method: str
-    calls: Any
+    calls: int | None
     per_rank_ns: NotRequired[dict[int, dict[str, int]]]
 
 
-def manifest_calibration(manifest: Mapping[str, Any] | None) -> ProfilerCalibration | None:
+def manifest_calibration(manifest: Manifest | None) -> ProfilerCalibration | None:
     """The manifest's `profiler_calibration` ({"per_call_ns": {kind: int}, "method", "calls"}) when
-    it is well formed, else None."""
-    if not isinstance(manifest, Mapping):
+    it has a cost of a known kind, else None."""
+    cal = given(manifest.profiler_calibration) if manifest is not None else None
+    per = given(cal.per_call_ns) if cal is not None else None
+    if cal is None or per is None:
         return None
-    cal = manifest.get("profiler_calibration")
-    if not isinstance(cal, Mapping):
-        return None
-    per = cal.get("per_call_ns")
-    if not isinstance(per, Mapping):
-        return None
-    out = {
-        str(k): int(v)
-        for k, v in per.items()
-        if k in ("runtime", "op", "collective")
-        and isinstance(v, int | float)
-        and not isinstance(v, bool)
-        and v >= 0
-    }
+    out = {k: v for k, v in per.items() if k in ("runtime", "op", "collective") and v >= 0}
     if not out:
         return None
     # each rank's own costs (`capture`'s per_rank_ns): the replay removes each rank's where it has all
     per_rank: dict[int, dict[str, int]] = {}
-    pr = cal.get("per_rank_ns")
-    if isinstance(pr, Mapping):
-        for rk, costs in pr.items():
-            if not isinstance(costs, Mapping) or not str(rk).lstrip("-").isdigit():
-                continue
-            got = {
-                str(k): int(v)
-                for k, v in costs.items()
-                if k in ("runtime", "op", "collective")
-                and isinstance(v, int | float)
-                and not isinstance(v, bool)
-                and v >= 0
-            }
-            if got:
-                per_rank[int(rk)] = got
-    found = ProfilerCalibration(per_call_ns=out, method=str(cal.get("method", "")), calls=cal.get("calls"))
+    for rk, costs in (given(cal.per_rank_ns) or {}).items():
+        if not rk.lstrip("-").isdigit():
+            continue
+        got = {k: v for k, v in costs.items() if k in ("runtime", "op", "collective") and v >= 0}
+        if got:
+            per_rank[int(rk)] = got
+    found = ProfilerCalibration(per_call_ns=out, method=given(cal.method) or "", calls=given(cal.calls))
     if per_rank:
         found["per_rank_ns"] = per_rank
     return found

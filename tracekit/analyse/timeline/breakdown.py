@@ -13,7 +13,6 @@ from __future__ import annotations
 import io
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -32,6 +31,8 @@ from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.documents import breakdown as doc
 from tracekit.model.documents import to_builtins
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import PARTS
 
@@ -300,20 +301,11 @@ def _sum_unknown(tables: list[pd.DataFrame]) -> pd.DataFrame:
     return agg.reset_index()
 
 
-def manifest_dilation(manifest: Any, dq: DataQuality) -> float | None:
-    """The manifest's `dilation` when it is a real, finite number; else None, with a data-quality
-    note when the manifest or its `dilation` is there but unusable (never raises)."""
-    if manifest is None:
-        return None
-    if not isinstance(manifest, dict):
-        dq.add(
-            "manifest_not_an_object",
-            1,
-            f"the capture manifest is a JSON {type(manifest).__name__}, not an object: it was ignored "
-            "(no dilation)",
-        )
-        return None
-    value = manifest.get("dilation")
+def manifest_dilation(manifest: Manifest | None, dq: DataQuality) -> float | None:
+    """The manifest's `dilation` when it is a plausible number; else None, with a data-quality note
+    when its `dilation` is a number out of bounds (one that is not a number the reader left out and
+    noted, `manifest_field_malformed`; never raises)."""
+    value = given(manifest.dilation) if manifest is not None else None
     if value is None:
         return None
     d = plausible_dilation(value)

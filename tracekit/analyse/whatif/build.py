@@ -3,9 +3,7 @@ the attribution walked the path on (else built again over the same windows) as a
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,6 +16,7 @@ from tracekit.analyse.retime.calibrate import manifest_calibration
 from tracekit.analyse.retime.model import RunModel
 from tracekit.analyse.timeline.align import as_tokens
 from tracekit.analyse.timeline.steps import find_steps_detailed
+from tracekit.model.documents.manifest import Manifest
 
 
 def build_model(
@@ -26,7 +25,7 @@ def build_model(
     """The replay model of one attributed run (`attribution.run.attribute_run`) over its steady steps."""
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
-    manifest: Mapping[str, Any] | None = None
+    manifest: Manifest | None = None
     if isinstance(classified, AnalysedRun):
         manifest = classified.run.manifest
     events = classified.events if isinstance(classified, AnalysedRun) else classified

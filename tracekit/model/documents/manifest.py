@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, JSONObject, given
 
 
 class ManifestError(Doc, kw_only=True):
@@ -16,7 +16,7 @@ class ManifestError(Doc, kw_only=True):
 class ManifestHost(Doc, kw_only=True):
     hostname: str | UnsetType = UNSET
     cpu: str | UnsetType = UNSET
-    cpu_count: int | UnsetType = UNSET
+    cpu_count: int | None | UnsetType = UNSET  # null: os.cpu_count() could not tell
     platform: str | UnsetType = UNSET
 
 
@@ -70,11 +70,11 @@ class ManifestInjectDelay(Doc, kw_only=True):
 
 class ManifestNsys(Doc, kw_only=True):
     unprofiled: str | UnsetType = UNSET
-    traced: str | UnsetType = UNSET
+    traced: str | None | UnsetType = UNSET  # null: a user's script that failed before nsys
     unprofiled_rank_pids: dict[str, int] | UnsetType = UNSET
     unprofiled_rank_pids_rounds: list[dict[str, int]] | UnsetType = UNSET
     unprofiled_after_error: str | UnsetType = UNSET
-    tokens_match: bool | UnsetType = UNSET
+    tokens_match: bool | None | UnsetType = UNSET  # null: the traced run generated no tokens
 
 
 class ManifestInterleaved(Doc, kw_only=True):
@@ -93,6 +93,7 @@ class ManifestCalibration(Doc, kw_only=True):
 
 
 class ManifestWorkload(Doc, kw_only=True):
+    script: list[str] | UnsetType = UNSET  # `capture -- SCRIPT`: its argv (no preset, no shape)
     preset: str | UnsetType = UNSET
     tp: int | UnsetType = UNSET
     tokens: int | UnsetType = UNSET
@@ -112,7 +113,7 @@ class ManifestWorkload(Doc, kw_only=True):
     inject_sync: bool | UnsetType = UNSET
     cuda_graphs: bool | UnsetType = UNSET
     compile: bool | UnsetType = UNSET
-    mode: str | UnsetType = UNSET
+    mode: str | list[str] | UnsetType = UNSET  # a list: a user's script whose ranks ran in several
     step_pattern: str | UnsetType = UNSET
     cpu_threads_per_rank: int | None | UnsetType = UNSET
     rounds: int | UnsetType = UNSET
@@ -239,10 +240,15 @@ class Manifest(Doc, kw_only=True):
       "marker_steps": {"0": 64},            # mode kernels only: steps rebuilt from markers, per rank
       "command": "tracekit capture --tp 2 ..." }
     ```
+    Read once (`tracekit.read.manifests.read_manifest`) into this Struct, leniently: numbers not
+    finite or beyond +-2**62 and workload counts out of bounds are treated as missing, a field whose
+    value does not fit its type is left out (a list with one bad item as a whole), each noted in the
+    run's data_quality (`manifest_field_malformed`); keys it does not know (another tool's, a user's
+    script's) are kept in `unknown_fields`, which is the reader's and never in the file.
     """
 
-    schema_version: str
-    kind: str
+    schema_version: str | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
     complete: bool | UnsetType = UNSET
     errors: list[ManifestError] | UnsetType = UNSET
     created: str | UnsetType = UNSET
@@ -257,11 +263,22 @@ class Manifest(Doc, kw_only=True):
     dilation: float | None | UnsetType = UNSET
     dilation_interval: list[float] | None | UnsetType = UNSET
     profiler_calibration: ManifestCalibration | UnsetType = UNSET
-    tokens_generated: list[list[int]] | UnsetType = UNSET
+    tokens_generated: list[list[int]] | None | UnsetType = UNSET
     nvtx: str | None | UnsetType = UNSET
     inject_sync_count: dict[str, int] | UnsetType = UNSET
     rank_pids: dict[str, int] | UnsetType = UNSET
     marker_steps: dict[str, int] | UnsetType = UNSET
     files: dict[str, ManifestFilesValue] | UnsetType = UNSET
-    command: str | UnsetType = UNSET
+    command: str | None | UnsetType = UNSET
     notes: list[str] | UnsetType = UNSET
+    #: the reader's, never written by tracekit: the keys of a manifest (from another tool, a user's
+    #: script, a later tracekit) that this Struct does not know, as they were
+    #: (`tracekit.read.manifests`); `to_json` puts them back at the top level
+    unknown_fields: JSONObject | UnsetType = UNSET
+
+    def to_json(self) -> dict[str, object]:
+        """The manifest as plain JSON values: its fields, then the unknown keys it was read with."""
+        out = super().to_json()
+        out.pop("unknown_fields", None)
+        out.update(given(self.unknown_fields) or {})
+        return out

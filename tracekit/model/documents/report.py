@@ -241,7 +241,7 @@ class ReportWorkload(Doc, kw_only=True):
     backend: str | UnsetType = UNSET
     device: str | UnsetType = UNSET
     dtype: str | UnsetType = UNSET
-    mode: str | UnsetType = UNSET
+    mode: str | list[str] | UnsetType = UNSET  # as the manifest's workload.mode
     seed: int | UnsetType = UNSET
     step_pattern: str | UnsetType = UNSET
     inject_delay: ManifestInjectDelay | None | UnsetType = UNSET
@@ -251,7 +251,7 @@ class ReportWorkload(Doc, kw_only=True):
 class ReportHost(Doc, kw_only=True):
     hostname: str | UnsetType = UNSET
     cpu: str | UnsetType = UNSET
-    cpu_count: int | UnsetType = UNSET
+    cpu_count: int | None | UnsetType = UNSET
 
 
 class ReportDevice(Doc, kw_only=True):

@@ -7,7 +7,7 @@ from tracekit.model.documents.base import Doc
 
 class RooflineWorkload(Doc, kw_only=True):
     tp: int
-    shard_of: str | None
+    shard_of: int | None
     batch: int
     dtype: str
     layers: int
