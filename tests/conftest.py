@@ -316,3 +316,12 @@ def dask(cluster: Any) -> Any:  # -> tracekit.engine.Engine
     from tracekit.engine import Engine
 
     return Engine(kind="dask", scheduler=cluster.scheduler_address)
+
+
+@pytest.fixture(scope="session")
+def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The synthetic many-rank run of the Dask engine's tests (tests/engine_refs.py: `N_SYN` ranks
+    of traces/cpu-tp2, clocks jittered, events shuffled), made once per test process."""
+    from engine_refs import make_synthetic
+
+    return make_synthetic(tmp_path_factory.mktemp("syn"))

@@ -27,9 +27,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.pair import shortfall_of_pair
 from tracekit.analyse.attribution.run import RunParts, attribute_run
-from tracekit.analyse.compare.diff import diff
+from tracekit.analyse.compare.diff import diff_sides
+from tracekit.analyse.compare.result import Diff
+from tracekit.analyse.compare.sides import Side, rank_side_tables, side_of, side_windows
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError
 from tracekit.model.documents import to_builtins
@@ -51,8 +54,14 @@ def _run(name: str) -> Run:
 
 
 @cache
+def _analysed(name: str) -> AnalysedRun:
+    """The committed run classified once (`AnalysedRun`): its attribution and its diff side read it."""
+    return AnalysedRun.of(_run(name))
+
+
+@cache
 def _parts(name: str) -> RunParts:
-    return attribute_run(_run(name), label="baseline" if name.endswith("tp1") else "sharded")
+    return attribute_run(_analysed(name), label="baseline" if name.endswith("tp1") else "sharded")
 
 
 @cache
@@ -61,8 +70,33 @@ def _doc(name: str) -> dict[str, Any]:
     return shortfall_of_pair(_parts(PAIRS[name]), _parts(name), []).to_json()
 
 
-def _shortfall_doc(base: str, sharded: Run) -> dict[str, Any]:
-    return shortfall_of_pair(_parts(base), attribute_run(sharded, label="sharded"), []).to_json()
+def _side(ar: AnalysedRun, parts: RunParts, label: str) -> Side:
+    """The diff's side of an attributed run: what `diff` makes of it (`attribute_side` is
+    `attribute_run` and these tables), from the attribution the test already has."""
+    return side_of(parts, label, label, *rank_side_tables(ar.events, side_windows(parts)))
+
+
+def _diff(before: tuple[AnalysedRun, RunParts], after: tuple[AnalysedRun, RunParts]) -> Diff:
+    """`diff(before, after)` from the two runs' attributions (`diff` = `attribute_side` of each +
+    `diff_sides`; each run is attributed once per test, not again inside the diff)."""
+    return diff_sides(_side(*before, "before"), _side(*after, "after"))
+
+
+def _original(name: str) -> tuple[AnalysedRun, RunParts]:
+    return _analysed(name), _parts(name)
+
+
+@cache
+def _mutated(name: str, mutation: str, *args: int) -> tuple[AnalysedRun, RunParts]:
+    """The committed run `name` mutated (`shifted` / `steps_off_by_one`, with `args`), classified and
+    attributed once: its shortfall test and its diff test read the same attribution."""
+    run = {"shifted": shifted, "steps_off_by_one": steps_off_by_one}[mutation](_run(name), *args)
+    ar = AnalysedRun.of(run)
+    return ar, attribute_run(ar, label="sharded")
+
+
+def _shortfall_doc(base: str, sharded: RunParts) -> dict[str, Any]:
+    return shortfall_of_pair(_parts(base), sharded, []).to_json()
 
 
 def _with_events(run: Run, ev: pd.DataFrame) -> Run:
@@ -149,13 +183,22 @@ def _assert_no_change(d: Any) -> None:
 # clocks
 
 
-@pytest.mark.parametrize("name", list(PAIRS))
-@pytest.mark.parametrize(("rank", "dt"), [(1, 5_000_000), (1, -5_000_000), (0, 5_000_000)])
+#: each pair with rank 1's clock 5 ms ahead (its diff test reads the same attribution); the GPU pair
+#: with rank 0's moved instead (the offset moves by minus the shift), the gloo pair with rank 1's
+#: 5 ms behind (a negative shift)
+CLOCK_MOVES = [
+    ("h200-tp2", 1, 5_000_000),
+    ("h200-tp2", 0, 5_000_000),
+    ("cpu-tp2", 1, 5_000_000),
+    ("cpu-tp2", 1, -5_000_000),
+]
+
+
+@pytest.mark.parametrize(("name", "rank", "dt"), CLOCK_MOVES)
 def test_moving_one_rank_clock_moves_no_figure(name: str, rank: int, dt: int) -> None:
     run = _run(name)
     ref = _doc(name)
-    moved = shifted(run, rank, dt)
-    doc = _shortfall_doc(PAIRS[name], moved)
+    doc = _shortfall_doc(PAIRS[name], _mutated(name, "shifted", rank, dt)[1])
     assert _moved(ref, doc) == []
     # the skew is measured and removed, whatever the manifest says about the host
     assert run.manifest and run.manifest.host and run.manifest.host.hostname
@@ -176,8 +219,7 @@ def test_moving_one_rank_clock_moves_no_figure(name: str, rank: int, dt: int) ->
 
 @pytest.mark.parametrize("name", list(PAIRS))
 def test_diff_against_the_same_run_with_one_clock_moved_is_empty(name: str) -> None:
-    run = _run(name)
-    _assert_no_change(diff(run, shifted(run, 1, 5_000_000)))
+    _assert_no_change(_diff(_original(name), _mutated(name, "shifted", 1, 5_000_000)))
 
 
 def _strip(run: Run, keep: Any) -> Run:
@@ -213,13 +255,12 @@ def test_runs_whose_clocks_cannot_be_aligned_are_refused_in_one_line() -> None:
 
 @pytest.mark.parametrize("name", list(PAIRS))
 def test_steps_off_by_one_give_the_figures_of_the_original(name: str) -> None:
-    run = _run(name)
-    off = steps_off_by_one(run, 1)
-    doc = _shortfall_doc(PAIRS[name], off)
+    off = _mutated(name, "steps_off_by_one", 1)
+    doc = _shortfall_doc(PAIRS[name], off[1])
     assert _moved(_doc(name), doc) == []
     assert doc["critical_path"]["offset_ns"] == _doc(name)["critical_path"]["offset_ns"] >= 0
     assert doc["data_quality"]["counts"]["steps_renumbered_by_collectives"] == len(_parts(name).steps) // 2
-    _assert_no_change(diff(run, off))
+    _assert_no_change(_diff(_original(name), off))
 
 
 def test_a_step_the_profiler_missed_on_one_rank_leaves_the_others_joined() -> None:
@@ -240,11 +281,10 @@ def test_a_step_the_profiler_missed_on_one_rank_leaves_the_others_joined() -> No
 def test_step_tokens_map_each_rank_to_the_reference_numbers() -> None:
     """The public mapping: rank 1's window holding the k-th matched collective takes the number of
     rank 0's window holding it."""
-    run = steps_off_by_one(_run("h200-tp2"), 1)
-    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.collectives.matching import match_collectives
 
-    ar = AnalysedRun.of(run)
+    ar = _mutated("h200-tp2", "steps_off_by_one", 1)[0]
+    run = ar.run
     windows = ar.steps("decode_step").steps
     coll = match_collectives(ar.events, ranks=run.ranks, rank_info=run.rank_info, manifest=run.manifest)
     tok = step_tokens(windows, coll.per_rank)
@@ -331,10 +371,12 @@ def windows_opened_early(run: Run, parts: RunParts, dt: int) -> tuple[Run, int]:
 def test_a_change_in_the_path_offset_is_named_as_such() -> None:
     name = "h200-tp2"
     run = dataclasses.replace(_run(name), manifest=None)  # traced per-token times: no reconciliation
-    parts = attribute_run(run)
+    ar = AnalysedRun.of(run)
+    parts = attribute_run(ar)
     dt = 80_000
     after, n = windows_opened_early(run, parts, dt)
-    d = diff(run, after)
+    ar_after = AnalysedRun.of(after)
+    d = _diff((ar, parts), (ar_after, attribute_run(ar_after)))
     pc = to_builtins(d.path_change().change)
     steady = len(parts.steady)
     assert n >= steady // 4, n  # premise: a good share of the steps moved
@@ -351,16 +393,13 @@ def test_a_change_in_the_path_offset_is_named_as_such() -> None:
 def test_whatif_of_steps_off_by_one_is_the_whatif_of_the_original() -> None:
     """The replay finds its windows again from the events: it joins them as the attribution did
     (before, rank 1's step k met token k's end: transfer=0 read 0.70 ms for a 2.45 ms replay)."""
-    from tracekit.analyse.analysed import AnalysedRun
     from tracekit.analyse.whatif.knobs import parse_knob
     from tracekit.analyse.whatif.pair import whatif
 
-    base = AnalysedRun.of(_run("cpu-tp1"))
-    base_parts = attribute_run(base, label="baseline")
+    base, base_parts = _original("cpu-tp1")
     docs = []
-    for run in (_run("cpu-tp2"), steps_off_by_one(_run("cpu-tp2"), 1)):
-        ar = AnalysedRun.of(run)
-        w = whatif(base_parts, base, attribute_run(ar, label="sharded"), ar, [parse_knob("transfer=0")])
+    for ar, parts in (_original("cpu-tp2"), _mutated("cpu-tp2", "steps_off_by_one", 1)):
+        w = whatif(base_parts, base, parts, ar, [parse_knob("transfer=0")])
         docs.append(w.to_json())
     for key in ("predicted_ns", "shapley_ns"):
         assert docs[1][key] == docs[0][key]

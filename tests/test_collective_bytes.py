@@ -288,10 +288,10 @@ def test_compare_links_trace_sizes_from_the_manifest(ranges_run):
     from tracekit.analyse.links.trace import trace_collectives
 
     tr = trace_collectives(ranges_run)
-    got = {(z["coll_op"], z["bytes"], z["bytes_source"], z["count"]) for z in tr["sizes"]}
+    got = {(z.coll_op, z.bytes, z.bytes_source, z.count) for z in tr.sizes}
     # 4 tokens x (2 layers x 2 all-reduces, 1 all-gather)
     assert got == {("all_reduce", 1024, "manifest", 16), ("all_gather", 4096, "manifest", 4)}
-    assert tr["source"] == "transfer" and all(z["busbw_gbps"] > 0 for z in tr["sizes"])
+    assert tr.source == "transfer" and all((z.busbw_gbps or 0) > 0 for z in tr.sizes)
 
 
 # ---------------------------------------------------------------------------------------------

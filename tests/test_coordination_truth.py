@@ -360,15 +360,21 @@ def test_a_share_chance_explains_names_no_straggler() -> None:
 
     from tracekit.analyse.attribution.straggler import STRAGGLER_ALPHA, last_share_p_value
 
-    base = attribute_run(read_run([TRACES / "cpu-tp1"], cache=False), label="baseline")
+    # the committed pairs' attributions (tests/committed_pairs.py: `attribute_run` of each run, made
+    # once per process; this test reads them and changes a copy of the baseline's steps)
+    pair, injected = (
+        committed_shortfall("cpu-tp1", "cpu-tp2"),
+        committed_shortfall("cpu-tp1", "cpu-tp2-straggler"),
+    )
+    base = pair.baseline
     rs = base.rank_steps.copy()
     rs["idle_ns"] = rs["idle_ns"] // 1000
     tiny = dataclasses.replace(base, rank_steps=rs)
-    clean = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2"], cache=False))).straggler()
+    clean = shortfall_from_parts(tiny, pair.sharded).straggler()
     assert clean.lateness_ns_median > clean.threshold_ns  # premise: only the share can decide
     assert clean.last_share <= 0.6 and clean.last_share_p_value > STRAGGLER_ALPHA
     assert not clean.is_straggler, clean
-    inj = shortfall_from_parts(tiny, attribute_run(read_run([TRACES / "cpu-tp2-straggler"], cache=False)))
+    inj = shortfall_from_parts(tiny, injected.sharded)
     assert inj.straggler().is_straggler and inj.straggler().rank == 1
     # the tail is the binomial one (times the ranks: any could have been the most frequent),
     # computed here exactly in integers

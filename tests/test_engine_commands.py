@@ -28,7 +28,8 @@ pytestmark = pytest.mark.skipif(
     find_spec("distributed") is None, reason="Dask (the dask extra) is not installed"
 )
 
-TRACES = Path(__file__).resolve().parents[1] / "traces"
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "traces"
 
 
 def _text(doc: dict[str, Any]) -> str:
@@ -78,12 +79,36 @@ def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
     assert correct_run(parts, target).method == "proportional"
 
 
-def test_whatif_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
-    args = ["whatif", "--baseline", str(TRACES / "cpu-tp1"), "--sharded", str(TRACES / "cpu-tp2")]
-    args += ["--knob", "transfer=0", "--knob", "straggler=off", "--knob", "transfer=0,straggler=off"]
-    local = _cli(args, tmp_path / "local.json")
-    assert json.loads(local)["shapley_ns"]
-    assert _cli([*args, "--scheduler", dask.scheduler or ""], tmp_path / "dask.json") == local
+def _pinned_on_dask(
+    name: str, dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *extra: str
+) -> str:
+    """The pinned command that writes `name` (scripts/pin_outputs.py), run on Dask from the
+    repository root (the document names its inputs by relative path); its document is the local
+    engine's: its pin, else the local engine's document made here (a pin out of date)."""
+    from engine_refs import assert_local_json, pin_module, pinned_command
+
+    monkeypatch.chdir(ROOT)
+    argv = pinned_command(name)
+    moved = pin_module().json_only(argv, tmp_path / "dask")
+    assert moved is not None and moved[1] == [name]
+    assert main([*moved[0], *extra, "--scheduler", dask.scheduler or ""]) == 0
+    got = (tmp_path / "dask" / name).read_text()
+
+    def local() -> str:
+        local_moved = pin_module().json_only(argv, tmp_path / "local")
+        assert local_moved is not None and main(local_moved[0]) == 0
+        return (tmp_path / "local" / name).read_text()
+
+    assert_local_json(got, name, local)
+    return got
+
+
+def test_whatif_on_dask_writes_the_local_json(
+    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU straggler's what-if (its default knobs, their Shapley terms, and a check run)."""
+    doc = json.loads(_pinned_on_dask("reports/whatif/cpu-straggler.json", dask, tmp_path, monkeypatch))
+    assert doc["shapley_ns"]["straggler=off"] > 0 and doc["check"]
 
 
 def test_the_replay_reads_the_same_device_events_on_dask(dask: Engine) -> None:
@@ -97,20 +122,20 @@ def test_the_replay_reads_the_same_device_events_on_dask(dask: Engine) -> None:
     path = str(TRACES / "h200-tp2")
     got = whatif_runs({"sharded": path}, dask)["sharded"]
     g = got.parts.graph
-    whole = norm_after_all_reduce(g, AnalysedRun.of(read_run([path])).events)
+    run = read_run([path])
+    assert got.classified.manifest == run.manifest
+    whole = norm_after_all_reduce(g, AnalysedRun.of(run).events)
     assert whole is not None and whole.sum() > 0
     mine = norm_after_all_reduce(g, got.classified.events)
     assert mine is not None and np.array_equal(mine, whole)
-    assert got.classified.manifest == read_run([path]).manifest
 
 
-def test_decompose_on_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
-    args = ["decompose", "--baseline", str(TRACES / "cpu-tp2-straggler")]
-    args += ["--intermediate", str(TRACES / "cpu-tp2"), "--full", str(TRACES / "cpu-tp1")]
-    local = _cli(args, tmp_path / "local.json")
-    assert (
-        _cli([*args, "--engine", "dask", "--scheduler", dask.scheduler or ""], tmp_path / "d.json") == local
-    )
+def test_decompose_on_dask_writes_the_local_json(
+    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The committed decomposition of eager -> CUDA graphs -> torch.compile on one H200."""
+    name = "reports/decompose/h200-graphs-compile.json"
+    _pinned_on_dask(name, dask, tmp_path, monkeypatch, "--engine", "dask")
 
 
 def test_decompose_figures_on_dask_are_the_in_process_ones(dask: Engine) -> None:

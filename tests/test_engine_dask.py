@@ -1,25 +1,36 @@
 """The Dask engine gives the local engine's JSON, to the byte (issue 19).
 
 A LocalCluster of two workers (threads of this process, `processes=False`, for speed; one test
-uses worker processes and kills one mid-run) runs breakdown, shortfall and report on every
-committed multi-rank run and on a synthetic 24-rank run made from traces/cpu-tp2 (jittered clocks,
-shuffled events; `N_SYN` ranks: what is proved holds at any count above a few, and the run's cost
-grows with it); each document must equal the local engine's byte for byte.
+uses a worker process that is killed mid-run) runs breakdown, shortfall and report on the committed
+multi-rank runs and on a synthetic many-rank run made from traces/cpu-tp2 (conftest's
+`synthetic_run`: jittered clocks, shuffled events, tests/engine_refs.py's `N_SYN` ranks); each
+document must equal the local engine's byte for byte: the committed runs' documents are compared
+with their pins (the sha256 of what the local engine writes, tests/engine_refs.py), the others with
+the local engine's document made once per test process.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
-import time
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import pytest
+from engine_refs import (
+    N_SYN,
+    PINS,
+    assert_local_json,
+    breakdown_pin,
+    local_breakdown,
+    local_shortfall,
+    pin_module,
+    pinned_command,
+    shortfall_pin,
+    text,
+)
 
 from tracekit.engine import (
     Engine,
@@ -28,7 +39,6 @@ from tracekit.engine import (
     dask_engine,
     shortfall_paths,
 )
-from tracekit.engine.synthetic import make_synthetic_run
 
 #: Dask is imported by the tests that run (the cluster fixture), not at collection (0.75 CPU-s in
 #: every xdist worker)
@@ -39,46 +49,48 @@ pytestmark = pytest.mark.skipif(
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
 
-MULTI_RANK = [
-    "h200-tp2",
-    "h200-tp2-straggler",
-    "h200-tp2-full",
-    "h200-tp2-nsys",
-    "cpu-tp2",
-    "cpu-tp2-straggler",
-]
-SHORTFALL_PAIRS = [
-    ("h200-tp1", "h200-tp2"),
-    ("cpu-tp1", "cpu-tp2"),
-    ("h200-tp1", "cpu-tp2"),  # two workloads: the pair's note
-]  # cpu-tp2-straggler: through the CLI below. h200-tp2-straggler is h200-tp2's kind of data (two
-# H200 Kineto ranks, the replay correction solved on both) through the same plan and Reduce: its
-# breakdown is checked on Dask above, a straggler's shortfall on Dask by the CLI test (~7 CPU-s)
-
-
-def _text(doc: dict[str, Any]) -> str:
-    """The document as the CLI writes it (json.dumps, indent=1)."""
-    return json.dumps(doc, indent=1) + "\n"
-
-
-#: ranks of the synthetic run: more than the 2 workers by far (the worker killed mid-run has rank
-#: files done and rank files still to read); the cost of the tests that use it grows with it
-N_SYN = 24
+#: each a kind of data of its own: two H200 Kineto ranks, the same in full profiler mode (CPU ops
+#: with shapes), one Nsight file holding two ranks, two CPU (gloo) ranks, and a straggler on them.
+#: h200-tp2-straggler (h200-tp2's kind of data) is on Dask in the identifiability test below
+MULTI_RANK = ["h200-tp2", "h200-tp2-full", "h200-tp2-nsys", "cpu-tp2", "cpu-tp2-straggler"]
+#: (baseline, sharded) on Dask against their pins: the CPU pair here; the GPU pair's attribution and
+#: replay correction (h200-tp1 / h200-tp2-straggler) in `gpu_pair_on_dask`. Two workloads (the
+#: pair's note): tests/test_engine_dask_per_rank.py's shortfall of the synthetic run against an H200
+#: baseline; a CPU straggler's shortfall on Dask: the CLI test below
+SHORTFALL_PAIRS = [("cpu-tp1", "cpu-tp2")]
+GPU_PAIR = ("h200-tp1", "h200-tp2-straggler")
 
 
 @pytest.fixture(scope="module")
-def synthetic_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`N_SYN` ranks, each a rank of traces/cpu-tp2 (first 3 steps) with its clock jittered by up
-    to 200 us and its events shuffled; one process group of all of them."""
-    return make_synthetic_run(
-        TRACES / "cpu-tp2", tmp_path_factory.mktemp("syn") / f"tp{N_SYN}", N_SYN, max_steps=3
-    )
+def gpu_pair_on_dask(dask: Engine) -> tuple[str, Any]:
+    """`GPU_PAIR` analysed on Dask once for the tests that read it: both runs' attribution plans
+    (the replay correction applied, the graphs kept), run from the repository root as the pins are
+    made; the shortfall's JSON (made at once: the tests then read the results, one pops the
+    sharded run's correction) and the sharded run's JobResult."""
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
+    from tracekit.analyse.plans import attribution_plan
+    from tracekit.engine import pair_check
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ROOT)
+        (b_res, s_res), notes = DaskExecutor(dask).run(
+            [
+                Job((f"traces/{GPU_PAIR[0]}",), (attribution_plan(label="baseline", correct="applied"),)),
+                Job((f"traces/{GPU_PAIR[1]}",), (attribution_plan(label="sharded", correct="applied"),)),
+            ],
+            pair_check,
+        )
+        doc = text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json())
+    return doc, s_res
 
 
-@pytest.fixture(scope="module")
-def synthetic_run_breakdown(synthetic_run: Path) -> str:
-    """The local engine's breakdown JSON of the synthetic run."""
-    return _text(breakdown_paths(synthetic_run).to_json())
+@pytest.fixture
+def at_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned documents name their inputs by path relative to the repository root: run there
+    (the cluster's workers are threads of this process)."""
+    monkeypatch.chdir(ROOT)
 
 
 # ------------------------------------------------------------------------------------------
@@ -86,22 +98,33 @@ def synthetic_run_breakdown(synthetic_run: Path) -> str:
 
 
 @pytest.mark.parametrize("run", MULTI_RANK)
-def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine) -> None:
+def test_breakdown_on_dask_is_the_local_json_to_the_byte(run: str, dask: Engine, at_root: None) -> None:
     from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
-    local = _text(breakdown_paths(TRACES / run).to_json())
-    distributed = _text(breakdown_paths(TRACES / run, dask).to_json())
-    assert distributed == local
+    rel = f"traces/{run}"
+    local = lambda: local_breakdown(rel)  # noqa: E731 - made only where the pin is out of date
+    assert_local_json(text(breakdown_paths(rel, dask).to_json()), breakdown_pin(run), local)
     # the engines run the breakdown plan; the in-memory breakdown is its own code: the same JSON
-    assert _text(breakdown(read_run([TRACES / run])).to_json()) == local
+    assert_local_json(text(breakdown(read_run([rel])).to_json()), breakdown_pin(run), local)
 
 
 @pytest.mark.parametrize(("base", "sharded"), SHORTFALL_PAIRS)
-def test_shortfall_on_dask_is_the_local_json_to_the_byte(base: str, sharded: str, dask: Engine) -> None:
-    local = _text(shortfall_paths(TRACES / base, TRACES / sharded).to_json())
-    distributed = _text(shortfall_paths(TRACES / base, TRACES / sharded, dask).to_json())
-    assert distributed == local
+def test_shortfall_on_dask_is_the_local_json_to_the_byte(
+    base: str, sharded: str, dask: Engine, at_root: None
+) -> None:
+    b, s = f"traces/{base}", f"traces/{sharded}"
+    distributed = text(shortfall_paths(b, s, dask).to_json())
+    assert_local_json(distributed, shortfall_pin(sharded), lambda: local_shortfall(b, s))
+
+
+def test_a_gpu_pairs_shortfall_on_dask_is_the_local_json_to_the_byte(
+    gpu_pair_on_dask: tuple[str, Any], at_root: None
+) -> None:
+    """Two H200 Kineto runs, the sharded one's replay correction solved on both ranks (its
+    identifiability check on Dask: the last test)."""
+    b, s = (f"traces/{r}" for r in GPU_PAIR)
+    assert_local_json(gpu_pair_on_dask[0], shortfall_pin(GPU_PAIR[1]), lambda: local_shortfall(b, s))
 
 
 @pytest.mark.parametrize(("base", "sharded"), [("cpu-tp2", "cpu-tp2"), ("cpu-tp2-straggler", "cpu-tp2")])
@@ -118,68 +141,63 @@ def test_shortfall_refusals_on_dask_are_the_local_ones(base: str, sharded: str, 
 def test_rank_options_and_progress_on_dask(dask: Engine) -> None:
     """One file read as another rank, one rank of several shown, and the progress display on."""
     one = TRACES / "cpu-tp2" / "rank-1.pt.trace.json.gz"
-    assert _text(breakdown_paths(one, dask, rank=5).to_json()) == _text(
-        breakdown_paths(one, rank=5).to_json()
-    )
+    assert text(breakdown_paths(one, dask, rank=5).to_json()) == local_breakdown(one, rank=5)
     with_bar = Engine(kind="dask", scheduler=dask.scheduler, progress=True)
-    local = breakdown_paths(TRACES / "h200-tp2", rank=1, skip_first=2).to_json()
-    assert _text(breakdown_paths(TRACES / "h200-tp2", with_bar, rank=1, skip_first=2).to_json()) == _text(
-        local
-    )
+    got = text(breakdown_paths(TRACES / "cpu-tp2", with_bar, rank=1, skip_first=2).to_json())
+    assert got == local_breakdown(TRACES / "cpu-tp2", rank=1, skip_first=2)
+    assert json.loads(got)["source"]["ranks"] == [1]  # one rank of the two shown
 
 
-def test_cli_engine_dask_writes_the_local_json(dask: Engine, tmp_path: Path) -> None:
+def test_cli_engine_dask_writes_the_local_json(dask: Engine, tmp_path: Path, at_root: None) -> None:
+    """`--scheduler` on breakdown, shortfall and report: each writes the local engine's document
+    (the pinned commands: a straggler's breakdown and shortfall, the CPU study's report)."""
     from tracekit.cli.main import main
 
-    run, base = str(TRACES / "cpu-tp2-straggler"), str(TRACES / "cpu-tp1")
-    for name, args in {
-        "breakdown": ["breakdown", run, "--format", "json"],
-        "shortfall": ["shortfall", "--baseline", base, "--sharded", run, "--format", "json"],
-    }.items():
-        assert main([*args, "--out", str(tmp_path / f"{name}-local.json")]) == 0
-        assert (
-            main([*args, "--scheduler", str(dask.scheduler), "--out", str(tmp_path / f"{name}-dask.json")])
-            == 0
-        )
-        assert (tmp_path / f"{name}-dask.json").read_bytes() == (tmp_path / f"{name}-local.json").read_bytes()
-    # the report: the same document but for its creation time
-    assert main(["report", run, "--baseline", base, "-o", str(tmp_path / "local.json")]) == 0
-    assert (
-        main(
-            [
-                "report",
-                run,
-                "--baseline",
-                base,
-                "--scheduler",
-                str(dask.scheduler),
-                "-o",
-                str(tmp_path / "dask.json"),
-            ]
-        )
-        == 0
-    )
-    docs = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("local", "dask")]
-    for d in docs:
-        d.pop("created")
-    assert docs[0] == docs[1]
+    run, base = "traces/cpu-tp2-straggler", "traces/cpu-tp1"
+    for name, args, pin in [
+        ("breakdown", ["breakdown", run, "--format", "json"], breakdown_pin("cpu-tp2-straggler")),
+        (
+            "shortfall",
+            ["shortfall", "--baseline", base, "--sharded", run, "--format", "json"],
+            shortfall_pin("cpu-tp2-straggler"),
+        ),
+    ]:
+        out = tmp_path / f"{name}-dask.json"
+        assert main([*args, "--scheduler", str(dask.scheduler), "--out", str(out)]) == 0
+
+        def local(args: list[str] = args, name: str = name) -> bytes:
+            assert main([*args, "--out", str(tmp_path / f"{name}-local.json")]) == 0
+            return (tmp_path / f"{name}-local.json").read_bytes()
+
+        assert_local_json(out.read_bytes(), pin, local)
+    # the report: the same document but for its creation time and version (the pin masks them)
+    name = "reports/cpu-study/report.json"
+    argv = pinned_command(name)
+    assert argv[:2] == ["report", "traces/cpu-tp2"] and argv[argv.index("--baseline") + 1] == base
+    moved = pin_module().json_only(argv, tmp_path / "dask")
+    assert moved is not None and moved[1] == [name]
+    assert main([*moved[0], "--scheduler", str(dask.scheduler)]) == 0
+    got = (tmp_path / "dask" / name).read_bytes()
+    if pin_module().masked_sha256(got) != PINS[name]:  # a pin out of date: the local report, made here
+        local_moved = pin_module().json_only(argv, tmp_path / "local")
+        assert local_moved is not None and main(local_moved[0]) == 0
+        docs = [json.loads(p.read_text()) for p in (tmp_path / "dask" / name, tmp_path / "local" / name)]
+        for d in docs:
+            d.pop("created")
+        assert docs[0] == docs[1]
 
 
 # ------------------------------------------------------------------------------------------
 # many ranks
 
 
-def test_synthetic_many_ranks_on_dask_is_the_local_json(
-    synthetic_run: Path, synthetic_run_breakdown: str, dask: Engine
-) -> None:
-    b_local = json.loads(synthetic_run_breakdown)
+def test_synthetic_many_ranks_on_dask_is_the_local_json(synthetic_run: Path, dask: Engine) -> None:
+    """The breakdown of `N_SYN` ranks whose clocks disagree; their shortfall on Dask:
+    tests/test_engine_dask_per_rank.py (test_a_shortfall_task_holds_one_rank_files_ranks)."""
+    b_local = json.loads(local_breakdown(synthetic_run))
     assert b_local["source"]["ranks"] == list(range(N_SYN))
     assert len({s["start_ns"] for s in b_local["steps"] if s["step"] == b_local["steps"][0]["step"]}) > 1
-    assert _text(breakdown_paths(synthetic_run, dask).to_json()) == synthetic_run_breakdown
-
-    s_local = shortfall_paths(TRACES / "cpu-tp1", synthetic_run).to_json()
-    s_dask = shortfall_paths(TRACES / "cpu-tp1", synthetic_run, dask).to_json()
-    assert _text(s_dask) == _text(s_local)
+    assert text(breakdown_paths(synthetic_run, dask).to_json()) == local_breakdown(synthetic_run)
 
 
 def test_synthetic_run_keeps_collectives_consistent(synthetic_run: Path) -> None:
@@ -201,7 +219,7 @@ def test_synthetic_run_keeps_collectives_consistent(synthetic_run: Path) -> None
 
 
 def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
-    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dask: Engine, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, at_root: None
 ) -> None:
     marker = tmp_path / "failed-once"
     real = dask_engine.read_rank_file
@@ -213,9 +231,10 @@ def test_a_task_that_fails_once_is_retried_and_the_result_is_unchanged(
         return real(path, rank, cache, env)
 
     monkeypatch.setattr(dask_engine, "read_rank_file", flaky)
-    local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
-    assert _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask).to_json()) == local
+    b, s = "traces/cpu-tp1", "traces/cpu-tp2"
+    got = text(shortfall_paths(b, s, dask).to_json())
     assert marker.exists()
+    assert_local_json(got, shortfall_pin("cpu-tp2"), lambda: local_shortfall(b, s))
 
 
 def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -229,65 +248,65 @@ def test_without_retries_the_failure_is_one_line(dask: Engine, monkeypatch: pyte
         breakdown_paths(TRACES / "cpu-tp2", Engine(kind="dask", scheduler=dask.scheduler, retries=0))
 
 
+#: the worker process of the test below kills itself as it starts reading its KILL_AT-th rank file
+KILL_AT = 4
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
-def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(
-    synthetic_run: Path, synthetic_run_breakdown: str
-) -> None:
+def test_a_worker_killed_mid_run_is_replaced_and_the_result_is_unchanged(synthetic_run: Path) -> None:
+    """One worker, a process of its own (a Nanny's), kills itself (SIGKILL) as it starts reading
+    its `KILL_AT`-th rank file of the `N_SYN`: killed mid-run by construction, with rank files read
+    (their results lost with it) and rank files still to read. Its nanny starts a new worker
+    process (another pid), the only worker left to finish the run: the result is the local
+    engine's."""
     from distributed import Client, LocalCluster
 
-    local = synthetic_run_breakdown
+    def die_at_a_later_read(k: int) -> None:  # run in the worker process (cloudpickled by value)
+        import os
+        import signal
+
+        from tracekit.engine import dask_engine
+
+        real, calls = dask_engine.read_rank_file, [0]
+
+        def read(path: str, rank: int | None, cache: bool, env: Any = None) -> Any:
+            calls[0] += 1
+            if calls[0] == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(path, rank, cache, env)
+
+        dask_engine.read_rank_file = read  # the task's function, looked up by name in this process
+
+    assert 1 < KILL_AT < N_SYN
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0", silence_logs=50
         ) as lc,
         Client(lc) as client,
     ):
-        pids = client.run(os.getpid)
-        victim = sorted(pids.values())[0]
-        engine = Engine(kind="dask", scheduler=lc.scheduler_address)
-        out: dict[str, Any] = {}
-
-        def go() -> None:
-            try:
-                out["doc"] = breakdown_paths(synthetic_run, engine, cache=False).to_json()
-            except BaseException as exc:  # noqa: BLE001 - reported below
-                out["error"] = exc
-
-        t = threading.Thread(target=go)
-        t.start()
-        # kill one worker once it has read some rank files and others are still to come
-        deadline = time.monotonic() + 60
-        done: list[str] = []
-        while time.monotonic() < deadline:
-            done = [k for k, v in client.run_on_scheduler(_task_states).items() if v == "memory"]
-            if len(done) >= 4:
-                break
-            time.sleep(0.05)
-        os.kill(victim, signal.SIGKILL)
-        assert 4 <= len(done) < N_SYN  # killed mid-run: rank files done and rank files still to read
-        t.join(timeout=300)
-        assert "error" not in out, out.get("error")
-        assert _text(out["doc"]) == local
-
-
-def _task_states(dask_scheduler: Any) -> dict[str, str]:
-    return {str(k): ts.state for k, ts in dask_scheduler.tasks.items() if "tracekit-read" in str(k)}
+        (victim,) = client.run(os.getpid).values()
+        client.run(die_at_a_later_read, KILL_AT)
+        doc = breakdown_paths(synthetic_run, Engine(kind="dask", scheduler=lc.scheduler_address)).to_json()
+        (replacement,) = client.run(os.getpid).values()
+    assert replacement != victim
+    assert text(doc) == local_breakdown(synthetic_run)
 
 
 # ------------------------------------------------------------------------------------------
 # settings and a missing Dask
 
 
-def test_two_analyses_at_once_on_one_cluster(dask: Engine) -> None:
+def test_two_analyses_at_once_on_one_cluster(dask: Engine, at_root: None) -> None:
     """Task keys are per call: two runs analysed at the same time on one cluster each get their
     own result."""
     from concurrent.futures import ThreadPoolExecutor
 
-    runs = [TRACES / "cpu-tp2", TRACES / "cpu-tp2-straggler"]
+    runs = ["cpu-tp2", "cpu-tp2-straggler"]
     with ThreadPoolExecutor(2) as pool:
-        got = list(pool.map(lambda r: _text(breakdown_paths(r, dask).to_json()), runs))
-    assert got == [_text(breakdown_paths(r).to_json()) for r in runs]
+        got = list(pool.map(lambda r: text(breakdown_paths(f"traces/{r}", dask).to_json()), runs))
+    for run, doc in zip(runs, got, strict=True):
+        assert_local_json(doc, breakdown_pin(run), lambda run=run: local_breakdown(f"traces/{run}"))
 
 
 def test_reading_limits_reach_the_workers(
@@ -360,7 +379,7 @@ def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synt
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job, LocalExecutor
 
-    job = Job((synthetic_run,), (breakdown_plan(), attribution_plan(label="sharded")), cache=False)
+    job = Job((synthetic_run,), (breakdown_plan(), attribution_plan(label="sharded")))
     (res,), _ = DaskExecutor(dask).run([job])
     (ref,), _ = LocalExecutor().run([job])
     by_stage: dict[str, list[Any]] = {}
@@ -375,7 +394,7 @@ def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synt
         assert all(len(t.ranks) == 1 for t in by_stage[stage]), stage
     (path,) = by_stage["path"]
     assert path.ranks == list(range(N_SYN))
-    assert _text(res.results[0].breakdown.to_json()) == _text(ref.results[0].breakdown.to_json())
+    assert text(res.results[0].breakdown.to_json()) == text(ref.results[0].breakdown.to_json())
     assert res.results[0].top_kernels == ref.results[0].top_kernels
     assert res.results[1].per_token == ref.results[1].per_token
     assert res.results[1].critical.per_step.equals(ref.results[1].critical.per_step)
@@ -395,20 +414,19 @@ def test_a_plan_stage_error_is_the_local_one(dask: Engine) -> None:
     assert str(local.value).startswith("baseline: ")
 
 
-def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_one(dask: Engine) -> None:
+def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_one(
+    gpu_pair_on_dask: tuple[str, Any],
+) -> None:
     """h200-tp2-straggler's cost is solved (no calibration) and not identified: the plan's check
     runs as one `identify` task per rank, spread over the workers, then (the ends spread) ONE
     `identify_between` task, `refine_splits` over every rank's interval (its budget of midpoints is
     shared by the intervals); its Correction, and the cost intervals the what-if reads, are the
     ones `correct_run` computes rank after rank in this process on the same RunParts
-    (docs/METHOD.md section Noise and the profiler correction)."""
+    (docs/METHOD.md section Noise and the profiler correction). The sharded run of `GPU_PAIR`."""
     from tracekit.analyse.attribution.correction import correct_run
-    from tracekit.analyse.plans import attribution_plan, correction_target
-    from tracekit.engine.dask_engine import DaskExecutor
-    from tracekit.engine.executor import Job
+    from tracekit.analyse.plans import correction_target
 
-    job = Job((TRACES / "h200-tp2-straggler",), (attribution_plan(label="sharded", correct="applied"),))
-    (res,), _ = DaskExecutor(dask).run([job])
+    res = gpu_pair_on_dask[1]
     parts = res.results[0]
     by_stage: dict[str, int] = {}
     for t in res.tasks:

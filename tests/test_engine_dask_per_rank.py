@@ -3,26 +3,26 @@ ranks only (issues 19, 27); the run's table is never put together: no task and n
 calls `read_run`, and the critical path's Reduce is one task on a worker, given every rank's
 graph piece.
 
-On a LocalCluster of threads (`processes=False`, so the tasks run in this process). The JSON is
-the local engine's, to the byte, on a synthetic 16-rank run and on an Nsight pair (ranks
-renumbered and clocks shifted per file).
+On a LocalCluster of threads (conftest's `dask`: `processes=False`, so the tasks run in this
+process). The JSON is the local engine's, to the byte (tests/engine_refs.py: made once per process,
+or a committed pair's pin), on the synthetic many-rank run (conftest's `synthetic_run`) and on
+Nsight runs (two ranks in one file: ranks renumbered and clocks shifted per file).
 """
 
 from __future__ import annotations
 
-import json
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from engine_refs import N_SYN, assert_local_json, local_breakdown, local_shortfall, shortfall_pin, text
 
 from tracekit.analyse.plans import attribution_plan, breakdown_plan
-from tracekit.engine import Engine, breakdown_paths, dask_engine
+from tracekit.engine import Engine, dask_engine
 from tracekit.engine.dask_engine import DaskExecutor
-from tracekit.engine.executor import Job, JobResult, TaskRecord
-from tracekit.engine.synthetic import make_synthetic_run
+from tracekit.engine.executor import Job, JobResult, LocalExecutor, TaskRecord
 
 #: Dask is imported by the tests that run (the cluster fixture), not at collection (0.75 CPU-s in
 #: every xdist worker)
@@ -32,25 +32,6 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces"
-
-
-@pytest.fixture(scope="module")
-def dask() -> Any:
-    from distributed import LocalCluster
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
-    ) as c:
-        yield Engine(kind="dask", scheduler=c.scheduler_address)
-
-
-@pytest.fixture(scope="module")
-def synthetic16(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_synthetic_run(TRACES / "cpu-tp2", tmp_path_factory.mktemp("syn") / "tp16", 16, max_steps=3)
-
-
-def _text(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=1) + "\n"
 
 
 def _no_run_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -70,70 +51,112 @@ def _stages(res: JobResult) -> dict[str, list[TaskRecord]]:
     return out
 
 
-@pytest.mark.parametrize("kw", [{}, {"skip_first": 1}, {"step_pattern": "whole"}, {"rank": 5}])
-def test_a_breakdown_task_holds_one_rank_files_ranks(
-    dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]
-) -> None:
-    local = _text(breakdown_paths(synthetic16, **kw).to_json())
-    _no_run_table(monkeypatch)
-    (res,), _ = DaskExecutor(dask).run([Job((synthetic16,), (breakdown_plan(**kw),))])
-    assert _text(res.results[0].breakdown.to_json()) == local
+def _one_task_per_file(res: JobResult, stages: tuple[str, ...], ranks: list[int] | None = None) -> None:
+    """Every rank file read once; per file one task of each of `stages`, holding that file's ranks
+    (of `ranks`, all the run's by default) only."""
     st = _stages(res)
-    assert len(st["read"]) == 16  # every file read once
-    n_files = 1 if "rank" in kw else 16  # with --rank, only the file holding it runs the stages
-    for name in ("breakdown.rule", "breakdown.ranks"):
-        assert len(st[name]) == n_files
-        assert all(len(t.ranks) == 1 for t in st[name])
-        assert sorted(r for t in st[name] for r in t.ranks) == ([5] if "rank" in kw else list(range(16)))
+    files = {t.file: t.ranks for t in st["read"]}
+    assert len(st["read"]) == len(files) == res.files
+    want = sorted(res.meta.ranks) if ranks is None else ranks
+    for name in stages:
+        held = [t.ranks for t in st[name]]
+        assert sorted(r for rs in held for r in rs) == want, name
+        assert all(any(set(rs) <= set(v) for v in files.values()) for rs in held), name
+        n_files = sum(1 for v in files.values() if set(v) & set(want))
+        assert len(held) == n_files, name
 
 
-@pytest.mark.parametrize("run", ["h200-tp2-nsys", "h200-tp2"])
-def test_per_rank_breakdown_on_committed_runs(dask: Engine, run: str) -> None:
-    for kw in ({}, {"skip_first": 2}, {"step_pattern": "whole"}):
-        local = _text(breakdown_paths(TRACES / run, **kw).to_json())
-        assert _text(breakdown_paths(TRACES / run, dask, **kw).to_json()) == local
-
-
-@pytest.mark.parametrize(("base", "sharded"), [("cpu-tp1", None), ("h200-tp1", "h200-tp2-nsys")])
-def test_a_shortfall_task_holds_one_rank_files_ranks(
-    dask: Engine, synthetic16: Path, monkeypatch: pytest.MonkeyPatch, base: str, sharded: str | None
+@pytest.mark.parametrize("kw", [{}, {"rank": 5}])
+def test_a_breakdown_task_holds_one_rank_files_ranks(
+    dask: Engine, synthetic_run: Path, monkeypatch: pytest.MonkeyPatch, kw: dict[str, Any]
 ) -> None:
-    from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.engine import pair_check, shortfall_paths
+    """`N_SYN` files of one rank each; with `rank`, only the file holding it runs the stages."""
+    local = local_breakdown(synthetic_run, **kw)
+    _no_run_table(monkeypatch)
+    (res,), _ = DaskExecutor(dask).run([Job((synthetic_run,), (breakdown_plan(**kw),))])
+    assert text(res.results[0].breakdown.to_json()) == local
+    assert res.files == N_SYN
+    _one_task_per_file(res, ("breakdown.rule", "breakdown.ranks"), [5] if "rank" in kw else None)
+    assert all(len(t.ranks) == 1 for t in res.tasks if t.stage.startswith("breakdown."))
 
-    shard = synthetic16 if sharded is None else TRACES / sharded
-    local = _text(shortfall_paths(TRACES / base, shard).to_json())
+
+@pytest.mark.parametrize(
+    ("run", "kw"), [("h200-tp2-nsys", {"skip_first": 2}), ("h200-tp2", {"step_pattern": "whole"})]
+)
+def test_per_rank_breakdown_on_committed_runs(
+    dask: Engine, run: str, kw: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps chosen otherwise than by default (each option on one of the two), on GPU runs (one
+    Nsight file of two ranks; two Kineto files): the breakdown and its top kernels are the local
+    engine's, per file one task per stage. The default options on these runs:
+    tests/test_engine_dask.py."""
+    job = Job((TRACES / run,), (breakdown_plan(**kw),))
+    (ref,), _ = LocalExecutor().run([job])
+    _no_run_table(monkeypatch)
+    (res,), _ = DaskExecutor(dask).run([job])
+    assert text(res.results[0].breakdown.to_json()) == text(ref.results[0].breakdown.to_json())
+    assert res.results[0].top_kernels == ref.results[0].top_kernels
+    assert ref.results[0].top_kernels.classes  # GPU kernels ranked
+    _one_task_per_file(res, ("breakdown.rule", "breakdown.ranks"))
+
+
+@pytest.mark.parametrize(
+    ("base", "sharded"), [("h200-tp1-graphs-fused", None), ("h200-tp1-nsys", "h200-tp2-nsys")]
+)
+def test_a_shortfall_task_holds_one_rank_files_ranks(
+    dask: Engine,
+    synthetic_run: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    base: str,
+    sharded: str | None,
+) -> None:
+    """The synthetic run against a one-H200 baseline (CUDA graphs; two workloads: the pair's note,
+    made on the client from the files' metadata), and an Nsight pair (its pin; the sharded file
+    holds two ranks)."""
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
+    from tracekit.engine import pair_check
+
+    if sharded is None:
+        b, shard = TRACES / base, synthetic_run
+        local = lambda: local_shortfall(b, shard)  # noqa: E731
+        assert '"baseline_workload_differs": 1' in local()
+    else:
+        monkeypatch.chdir(ROOT)  # the pin's document names its inputs by relative path
+        b, shard = Path("traces", base), Path("traces", sharded)
+        local = lambda: local_shortfall(str(b), str(shard))  # noqa: E731
     _no_run_table(monkeypatch)
     (b_res, s_res), notes = DaskExecutor(dask).run(
         [
-            Job((TRACES / base,), (attribution_plan(label="baseline"),)),
+            Job((b,), (attribution_plan(label="baseline"),)),
             Job((shard,), (attribution_plan(label="sharded"),)),
         ],
         pair_check,
     )
-    assert _text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json()) == local
+    got = text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json())
+    if sharded is None:
+        assert got == local()
+    else:
+        assert_local_json(got, shortfall_pin(sharded), local)
     for res in (b_res, s_res):
-        st = _stages(res)
-        files = {t.file: t.ranks for t in st["read"]}
-        assert len(files) == res.files
         # per rank file one task per stage, holding that file's ranks (two in the Nsight file)
-        for name in ("attribution.rule", "attribution.windows", "attribution.attribute"):
-            assert len(st[name]) == res.files
-            assert all(len(t.ranks) <= max(len(v) for v in files.values()) for t in st[name])
-            assert sorted(r for t in st[name] for r in t.ranks) == sorted(res.meta.ranks)
+        _one_task_per_file(res, ("attribution.rule", "attribution.windows", "attribution.attribute"))
         # the critical path: one task, given every rank's graph piece
-        (path,) = st["path"]
+        (path,) = _stages(res)["path"]
         assert path.ranks == sorted(res.meta.ranks)
+    assert max(len(t.ranks) for t in s_res.tasks if t.stage == "read") == (2 if sharded else 1)
 
 
 def test_report_on_dask_puts_no_run_together(dask: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The report's analyses of a pair (the CPU pair: what is proved holds for any pair; an H200
+    pair's shortfall on Dask, its replay correction made in the Reduce as here:
+    tests/test_engine_dask.py)."""
     from tracekit.engine import analyse_dirs
     from tracekit.report.build import analyse_dirs as in_memory
 
-    local = analyse_dirs(TRACES / "h200-tp2", TRACES / "h200-tp1")
-    ref = in_memory(TRACES / "h200-tp2", TRACES / "h200-tp1")  # the report layer's own, in memory
+    local = analyse_dirs(TRACES / "cpu-tp2", TRACES / "cpu-tp1")
+    ref = in_memory(TRACES / "cpu-tp2", TRACES / "cpu-tp1")  # the report layer's own, in memory
     _no_run_table(monkeypatch)
-    got = analyse_dirs(TRACES / "h200-tp2", TRACES / "h200-tp1", dask)
+    got = analyse_dirs(TRACES / "cpu-tp2", TRACES / "cpu-tp1", dask)
     for name in ("breakdown", "baseline_breakdown", "shortfall", "top_kernels", "baseline_top_kernels"):
         assert msgspec.json.encode(getattr(got, name)) == msgspec.json.encode(getattr(local, name)), name
         assert msgspec.json.encode(getattr(ref, name)) == msgspec.json.encode(getattr(local, name)), name
@@ -169,7 +192,8 @@ def test_per_rank_and_path_tasks_that_fail_once_are_retried(
     path and correction Reduces) costs a fraction of an H200 pair's replay correction."""
     from tracekit.engine import shortfall_paths
 
-    local = _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2").to_json())
+    monkeypatch.chdir(ROOT)  # the pin's document names its inputs by relative path
+    b, s = "traces/cpu-tp1", "traces/cpu-tp2"
     for name in ("rank_stage", "reduce_task"):
         marker = tmp_path / f"failed-{name}"
         real = getattr(dask_engine, name)
@@ -181,5 +205,6 @@ def test_per_rank_and_path_tasks_that_fail_once_are_retried(
             return _real(*a, **k)
 
         monkeypatch.setattr(dask_engine, name, flaky)
-    assert _text(shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask).to_json()) == local
+    got = text(shortfall_paths(b, s, dask).to_json())
+    assert_local_json(got, shortfall_pin("cpu-tp2"), lambda: local_shortfall(b, s))
     assert (tmp_path / "failed-rank_stage").exists() and (tmp_path / "failed-reduce_task").exists()

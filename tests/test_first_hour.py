@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tracekit.cli.main import main
+from tracekit.model.documents import to_builtins
+from tracekit.model.documents.links import ProbeRow
 from tracekit.probe import spec
 from tracekit.probe.results import make_row
 
@@ -27,7 +29,7 @@ CPU_TP2 = REPO / "traces" / "cpu-tp2"
 LINK_WORDS = re.compile(r"nvlink|pcie|p2p", re.IGNORECASE)
 
 
-def _gloo_rows(mode: str, busbw: dict[int, float]) -> list[dict]:
+def _gloo_rows(mode: str, busbw: dict[int, float]) -> list[ProbeRow]:
     rows = []
     for size, bw in busbw.items():
         lay = spec.layout("all_reduce", size, 2, 4)
@@ -82,7 +84,7 @@ def cpu_compare(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ],
     }
     path = tmp_path_factory.mktemp("links") / "cpu-links.json"
-    path.write_text(json.dumps(doc))
+    path.write_text(json.dumps(to_builtins(doc)))
     return path
 
 

@@ -455,9 +455,9 @@ def test_the_string_columns_read_once_per_value_are_pandas_own_conversion(trace:
     with missing values."""
     import re
 
-    from tracekit.analyse.path.rank_graph import str_flags, str_isin, str_values
     from tracekit.classify import classify
     from tracekit.classify.rules import GPU_KINDS
+    from tracekit.model.strings import str_flags, str_isin, str_values
     from tracekit.read import read_run
 
     ev = classify(read_run([TRACES / trace]).events)

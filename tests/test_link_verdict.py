@@ -28,12 +28,13 @@ tp2, tp1, *links_files = sys.argv[1:]
 trace = trace_collectives(tp2)  # the decode traces' side: the same for every saved probe
 sf = shortfall_context(tp1, tp2)
 out = {}
+from tracekit.model.documents import to_builtins
 for links in links_files:
     saved = load_compare(links)
-    modes = [m["mode"] for m in saved["modes"]]
-    text, details = verdict(saved["rows"], modes, trace, False, shortfall=sf, transports=saved["transports"])
+    modes = [m.mode for m in saved.modes]
+    text, details = verdict(saved.rows, modes, trace, False, shortfall=sf, transports=saved.transports)
     again = recompute(saved, trace_dir=tp2, baseline_dir=tp1)
-    out[links] = {"text": text, "details": details, "again": again["verdict"], "sf": sf, "trace": trace}
+    out[links] = to_builtins({"text": text, "details": details, "again": again.verdict, "sf": sf, "trace": trace})
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith(("torch.", "tracekit.probe",
     "tracekit.capture", "tracekit.cli", "tracekit.pipeline")))
 for v in out.values():

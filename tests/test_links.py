@@ -138,7 +138,15 @@ def test_nvml_direct_nvlink_and_pcie() -> None:
     assert links[(0, 2)].link == "pcie" and links[(0, 2)].nvlinks == 0 and links[(0, 2)].pcie_path == "PHB"
     assert links[(1, 2)].nvlink_p2p is False and links[(1, 2)].pcie_p2p is True
     assert topo.has_nvlink() and topo.pair(1, 0) is links[(0, 1)]
-    assert [g["bus_id"] for g in topo.gpus] == FakeNvml().bus
+    assert [g.bus_id for g in topo.gpus] == FakeNvml().bus
+    # the topology as the compare-links result holds it: each GPU, and each pair with its ends
+    doc = topo.document()
+    assert [(g.index, g.bus_id) for g in doc.gpus] == list(enumerate(FakeNvml().bus))
+    assert [(x.gpu_a, x.gpu_b, x.link) for x in doc.links] == [
+        (0, 1, "nvlink"),
+        (0, 2, "pcie"),
+        (1, 2, "pcie"),
+    ]
 
 
 def test_nvml_nvswitch() -> None:

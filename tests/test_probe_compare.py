@@ -9,20 +9,62 @@ import math
 from pathlib import Path
 
 import pytest
+from msgspec import UNSET, structs
 
 from tests.conftest import shared_trace
 from tracekit.analyse.links.curves import busbw_at, probe_timing, regime_at, side_by_side, timing_sentence
 from tracekit.analyse.links.trace import trace_collectives, trace_mode
-from tracekit.analyse.links.verdict import load_compare, verdict
+from tracekit.analyse.links.verdict import load_compare, recompute
+from tracekit.analyse.links.verdict import verdict as typed_verdict
 from tracekit.cli.main import main
 from tracekit.errors import ProbeError
+from tracekit.model.documents import Links, convert, decode_document, to_builtins
+from tracekit.model.documents.links import (
+    LinksShortfall,
+    LinksTrace,
+    LinksTransportsValue,
+    NcclSummary,
+    ProbeRow,
+)
 from tracekit.probe import spec
 from tracekit.probe.compare import judge_transport, mode_env
 from tracekit.probe.links import Link, Topology
 from tracekit.probe.results import make_row
 
 
-def rows_with(busbw: dict[str, dict[int, float]], op: str = "all_reduce", n: int = 2) -> list[dict]:
+def verdict(
+    rows: list[ProbeRow],
+    modes: list[str],
+    trace: dict | None,
+    cpu_only: bool,
+    *,
+    shortfall: dict | None = None,
+    transports: dict | None = None,
+) -> tuple[str, dict]:
+    """The verdict on the figures these tests write as JSON values (decoded into the typed inputs
+    it takes, the fields a test does not set filled); its details as the JSON they are written as."""
+    tr = None
+    if trace is not None:
+        sizes = [{"coll_op": s["op"], **s} for s in trace["sizes"]]
+        tr = convert(
+            {"path": "t", "ranks": [0, 1], "level": "gpu_kernel", "notes": [], **trace, "sizes": sizes},
+            LinksTrace,
+        )
+    sf = None
+    if shortfall is not None:
+        base = {"sharded": "tp2", "per_token_source": None, "terms_ns": {}, "shares": {}, "verdict": None}
+        sf = convert({**base, **shortfall}, LinksShortfall)
+    tt = {
+        m: convert({"notes": [], "log_dir": None, **x}, LinksTransportsValue)
+        for m, x in (transports or {}).items()
+    }
+    text, details = typed_verdict(
+        rows, modes, tr, cpu_only, shortfall=sf, transports=tt if transports else None
+    )
+    return text, to_builtins(details)
+
+
+def rows_with(busbw: dict[str, dict[int, float]], op: str = "all_reduce", n: int = 2) -> list[ProbeRow]:
     """Probe rows whose busbw is exactly the given value per (mode, size)."""
     rows = []
     f = 2 * (n - 1) / n
@@ -76,7 +118,7 @@ def t_us(mode: str, size: int) -> float:
     return t0 + size / (bw * 1e3)  # bytes / (GB/s) = ns; / 1e3 = us
 
 
-def model_rows() -> list[dict]:
+def model_rows() -> list[ProbeRow]:
     return rows_with({m: {b: b / (t_us(m, b) * 1e3) for b in SIZES} for m in MODEL})
 
 
@@ -128,8 +170,8 @@ def shortfall_of(s_ns: float, transfer_ns: float) -> dict:
     return {
         "baseline": "tp1",
         "n_ranks": 2,
-        "shortfall_ns": s_ns,
-        "transfer_ns": transfer_ns,
+        "shortfall_ns": round(s_ns),  # integer ns, as the shortfall writes them
+        "transfer_ns": round(transfer_ns),
         "per_token_ns": {"baseline": 1, "sharded": 1, "ideal": 1},
     }
 
@@ -341,7 +383,9 @@ def test_load_compare_errors_name_the_file(tmp_path: Path) -> None:
     bad.write_text(
         json.dumps({"kind": "tracekit.compare_links", "modes": [], "rows": [{"op": "all_reduce"}]})
     )
-    with pytest.raises(ProbeError, match="row 0 lacks"):
+    with pytest.raises(
+        ProbeError, match=r"x.json at \$.rows\[0\]: not a compare-links result \(Object missing"
+    ):
         load_compare(bad)
 
 
@@ -400,8 +444,8 @@ def test_h200_links_reloaded_against_the_committed_traces(tmp_path: Path) -> Non
 
 def test_side_by_side_marks_decode_sizes() -> None:
     sbs = side_by_side(ROWS, ["nvlink", "pcie"], {"all_reduce": {16384}})
-    assert [(e["bytes"], e["decode"]) for e in sbs] == [(4096, False), (16384, True)]
-    assert sbs[1]["ratio"] == pytest.approx(4.0)
+    assert [(e.bytes, e.decode) for e in sbs] == [(4096, False), (16384, True)]
+    assert sbs[1].ratio == pytest.approx(4.0)
 
 
 def test_mode_env() -> None:
@@ -410,17 +454,24 @@ def test_mode_env() -> None:
     assert mode_env("nvlink") == {}
 
 
-def _summary(kinds: dict, graph: list, wire: str, transport: str) -> dict:
-    return {
-        "connections": sum(kinds.values()),
-        "kinds": kinds,
-        "p2p": "P2P" in kinds,
-        "wire": wire,
-        "graph_types": graph,
-        "transport": transport,
-        "nvls_used": False,
-        "n_ranks": 2,
-    }
+def _summary(kinds: dict, graph: list, wire: str, transport: str, n_ranks: int = 2) -> NcclSummary:
+    return NcclSummary(
+        connections=sum(kinds.values()),
+        kinds=kinds,
+        p2p="P2P" in kinds,
+        wire=wire,
+        graph_types=graph,
+        transport=transport,
+        transports={transport: sum(kinds.values())} if kinds else {},
+        nvls_available=False,
+        nvls_used=False,
+        collnet=False,
+        rings_connected=bool(kinds),
+        algos={},
+        nccl_version="2.28.9",
+        n_ranks=n_ranks,
+        lines=10,
+    )
 
 
 def test_judge_transport_says_it_plainly() -> None:
@@ -438,8 +489,10 @@ def test_judge_transport_says_it_plainly() -> None:
         "nvlink", _summary({"P2P": 4}, [], "unknown", "P2P/CUMEM"), pcie, [0, 1], "nccl"
     )
     assert used is False and "no NVLink between them" in notes[0]
-    used, notes = judge_transport("nvlink", {"connections": 0, "n_ranks": 1}, nv, [0], "nccl")
+    used, notes = judge_transport("nvlink", _summary({}, [], "unknown", "", n_ranks=1), nv, [0], "nccl")
     assert used is None and "one rank" in notes[0]
+    used, notes = judge_transport("nvlink", None, nv, [0, 1], "nccl")  # no NCCL log read
+    assert used is None and "logged no connection lines" in notes[0]
 
 
 def test_trace_sizes_from_real_nccl_trace(shared_traces: Path) -> None:
@@ -458,27 +511,25 @@ def test_trace_sizes_from_real_nccl_trace(shared_traces: Path) -> None:
             and str(a.get("Collective name")).lower() == "allreduce"
         ):
             want.add(int(a["In msg nelems"]) * sizes[a["dtype"]])
-    got = {s["bytes"] for s in t["sizes"] if s["op"] == "all_reduce"}
+    got = {s.bytes for s in t.sizes if s.op == "all_reduce"}
     assert want and got == want
-    assert t["source"] == "duration"  # rank 0 of 2 only: wait cannot be separated, and it says so
-    assert any("lower bound" in n for n in t["notes"])
-    for s in t["sizes"]:
-        assert s["n_ranks"] == 2
-        assert s["busbw_gbps"] == pytest.approx(
-            s["bytes"] / s["time_ns_median"] * 1.0
-        )  # all_reduce, n=2: factor 1
+    assert t.source == "duration"  # rank 0 of 2 only: wait cannot be separated, and it says so
+    assert any("lower bound" in n for n in t.notes)
+    for s in t.sizes:
+        assert s.n_ranks == 2 and s.bytes and s.time_ns_median
+        assert s.busbw_gbps == pytest.approx(s.bytes / s.time_ns_median * 1.0)  # all_reduce, n=2: factor 1
 
 
 # ---------------------------------------------------------------------------------------------
 # --graph: which timing the probe used, in the verdict
 
 
-def graph_rows(graph_modes: set[str], iters: int = 20) -> list[dict]:
+def graph_rows(graph_modes: set[str], iters: int = 20) -> list[ProbeRow]:
     """model_rows() with `graph`/`iters` set per mode as the sweep writes them."""
     rows = model_rows()
     for r in rows:
-        r["graph"] = r["mode"] in graph_modes
-        r["iters"] = iters
+        r.graph = r.mode in graph_modes
+        r.iters = iters
     return rows
 
 
@@ -488,11 +539,11 @@ def test_probe_timing_per_mode() -> None:
     assert probe_timing(graph_rows(set()), modes) == {"nvlink": "eager", "pcie": "eager"}
     assert probe_timing(graph_rows({"pcie"}), modes) == {"nvlink": "eager", "pcie": "graph"}
     # rows written before the field existed are eager; gloo rows are the host clock
-    old = [{k: v for k, v in r.items() if k != "graph"} for r in model_rows()]
+    old = [structs.replace(r, graph=UNSET) for r in model_rows()]
     assert probe_timing(old, modes) == {"nvlink": "eager", "pcie": "eager"}
-    cpu = [{**r, "device": "cpu", "timer": "host", "graph": False} for r in model_rows()]
+    cpu = [structs.replace(r, device="cpu", timer="host", graph=False) for r in model_rows()]
     assert probe_timing(cpu, modes)["nvlink"] == "host"
-    mixed = graph_rows({"nvlink"}) + [{**graph_rows(set())[0], "mode": "nvlink"}]
+    mixed = graph_rows({"nvlink"}) + [structs.replace(graph_rows(set())[0], mode="nvlink")]
     assert probe_timing(mixed, ["nvlink", "other"]) == {"nvlink": "mixed", "other": "none"}
 
 
@@ -546,3 +597,85 @@ def test_compare_links_without_gpus_is_one_refusal(
     assert got.out == "" and len(lines) == 1, got.err
     assert lines[0].startswith("tracekit: error: ") and "no CUDA GPU" in lines[0]
     assert "tracekit probe --device cpu" in lines[0]
+
+
+def _as_schema_1_0(doc: dict) -> dict:
+    """A 1.1 compare-links result written the way tracekit wrote 1.0: no config, no probe_notes
+    (notes = the sweep's + the trace's), no shortfall, rows without `graph`, the saved trace
+    without its mode and its per-size totals."""
+    old = {k: v for k, v in doc.items() if k not in ("config", "probe_notes", "shortfall")}
+    old["schema_version"] = "1.0"
+    old["rows"] = [{k: v for k, v in r.items() if k != "graph"} for r in doc["rows"]]
+    if doc.get("trace"):
+        gone = ("time_ns_total", "transfer_ns_per_token", "bytes_source")
+        tr = {k: v for k, v in doc["trace"].items() if k not in ("mode", "mode_source")}
+        tr["sizes"] = [{k: v for k, v in s.items() if k not in gone} for s in tr["sizes"]]
+        old["trace"] = tr
+        old["notes"] = doc["probe_notes"] + tr["notes"]
+    else:
+        old["notes"] = list(doc["probe_notes"])
+    return old
+
+
+@pytest.mark.parametrize("name", ["tests/data/links-cpu-gloo.json", "reports/h200/links.json"])
+def test_a_result_an_older_tracekit_wrote_still_loads(tmp_path: Path, name: str) -> None:
+    """--load of a schema 1.0 file (decoded once into the typed probe part, its absent fields
+    optional): the verdict is recomputed, the sweep's notes come back out of `notes`, and the
+    result is a whole Links document. Without its trace's time_ns_total the sizes weigh count x
+    median; without the trace's mode the reference is the faster mode."""
+    if not (REPO / name).is_file():
+        pytest.skip(f"{name} is not in this checkout")
+    doc = json.loads((REPO / name).read_text())
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(_as_schema_1_0(doc)))
+    out = tmp_path / "again.json"
+    assert main(["compare-links", "--load", str(old), "-o", str(out)]) == 0
+    again = decode_document(out.read_bytes())
+    assert isinstance(again, Links) and again.schema_version == "1.1" and again.config is UNSET
+    assert again.probe_notes == doc["probe_notes"]
+    assert [to_builtins(r) for r in again.rows] == [
+        {k: v for k, v in r.items() if k != "graph"} for r in doc["rows"]
+    ]
+    d = again.verdict_details
+    if doc.get("trace"):
+        assert d.trace_mode is None and d.reference_mode == d.modes.fast == "nvlink"
+        assert again.trace is not None and again.trace.mode is UNSET
+        per_size = {(e.op, e.bytes): e.transfer_weight for e in d.per_size}
+        med = {(s["op"], s["bytes"]): s["count"] * s["time_ns_median"] for s in doc["trace"]["sizes"]}
+        assert per_size == pytest.approx({k: v / sum(med.values()) for k, v in med.items()})
+        assert d.answer == "unknown"  # no shortfall without --baseline
+    else:
+        assert again.trace is None and [e.op for e in d.per_size] == ["all_gather", "all_reduce"]
+
+
+def test_a_damaged_probe_file_is_refused_where_it_is_and_null_reads_as_nan(tmp_path: Path) -> None:
+    doc = json.loads((REPO / "tests/data/links-cpu-gloo.json").read_text())
+    bad = tmp_path / "bad.json"
+    doc["rows"][2]["bytes"] = "8"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProbeError) as err:
+        load_compare(bad)
+    assert (
+        str(err.value) == f"{bad} at $.rows[2].bytes: not a compare-links result (Expected `int`, got `str`)"
+    )
+    doc["rows"][2]["bytes"] = 8
+    doc["modes"][1]["device"] = None
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(ProbeError, match=r"at \$\.modes\[1\]\.device: not a compare-links result"):
+        load_compare(bad)
+    # JSON null in a number field is how NaN is written: it reads back as NaN, and is judged as one
+    doc = json.loads((REPO / "tests/data/links-cpu-gloo.json").read_text())
+    first = doc["rows"][0]
+    first["busbw_gbps"] = first["time_us"] = None
+    ok = tmp_path / "nan.json"
+    ok.write_text(json.dumps(doc))
+    saved = load_compare(ok)
+    assert math.isnan(saved.rows[0].busbw_gbps) and math.isnan(saved.rows[0].time_us)
+    assert all(math.isfinite(r.busbw_gbps) for r in saved.rows[1:])
+    res = recompute(saved)
+    (entry,) = [
+        e
+        for e in res.side_by_side
+        if (e.op, e.bytes, e.in_place) == (first["op"], first["bytes"], first["in_place"])
+    ]
+    assert math.isnan(entry.busbw_gbps[first["mode"]])

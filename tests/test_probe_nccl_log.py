@@ -65,26 +65,26 @@ def test_p2p_over_nvlink_from_graph_type() -> None:
     assert (net.channel, net.src_rank, net.dst_rank, net.direction) == (7, 0, 2, "receive")
     assert net.transport == "NET/IB/3/GDRDMA" and net.kind == "NET" and net.short == "NET/IB"
     s = summarize(log)
-    assert s["transports"] == {"NET/IB": 1, "P2P/CUMEM": 2}
-    assert s["transport"] == "P2P/CUMEM"
-    assert s["graph_types"] == ["NVL/PIX"]
-    assert s["p2p"] and s["wire"] == "nvlink"
+    assert s.transports == {"NET/IB": 1, "P2P/CUMEM": 2}
+    assert s.transport == "P2P/CUMEM"
+    assert s.graph_types == ["NVL/PIX"]
+    assert s.p2p and s.wire == "nvlink"
 
 
 def test_shm_is_host_memory() -> None:
     log = parse_lines(NCCL_1609.splitlines())
     s = summarize(log)
-    assert s["transports"] == {"SHM/direct/direct": 3}
-    assert s["kinds"] == {"SHM": 3}
-    assert not s["p2p"] and s["wire"] == "host_memory"
-    assert s["rings_connected"]
+    assert s.transports == {"SHM/direct/direct": 3}
+    assert s.kinds == {"SHM": 3}
+    assert not s.p2p and s.wire == "host_memory"
+    assert s.rings_connected
     c = log.connections[0]
     assert (c.channel, c.src_rank, c.src_dev, c.dst_rank, c.dst_dev) == (7, 2, "6", 3, "7")
 
 
 def test_ipc_read_socket_direct_pointer_and_old_ring() -> None:
     s = summarize(parse_lines(NCCL_952.splitlines()))
-    assert s["transports"] == {"P2P/IPC/read": 2, "NET/Socket": 1}
+    assert s.transports == {"P2P/IPC/read": 2, "NET/Socket": 1}
     log = parse_lines([NCCL_1817])
     assert log.connections[0].transport == "P2P/direct pointer" and log.connections[0].channel == 1
     old = parse_lines(NCCL_385.splitlines())
@@ -104,7 +104,7 @@ def test_tuning_lines_numeric_and_text() -> None:
     assert (t.op, t.bytes, t.algo, t.proto, t.channels) == ("all_reduce", 4, "RING", "SIMPLE", 1)
     assert choice_for(text, "all_reduce", {4}) is not None
     assert choice_for(text, "all_reduce", {8}) is None
-    assert summarize(text)["algos"] == {"all_reduce": {"RING/SIMPLE": 1}}
+    assert summarize(text).algos == {"all_reduce": {"RING/SIMPLE": 1}}
 
 
 def test_nvls_capability_is_not_use_and_old_pattern() -> None:
@@ -122,4 +122,4 @@ def test_files_per_rank(tmp_path: Path) -> None:
     (tmp_path / "nccl-rank1.log").write_text(NCCL_952)
     log = parse_files([tmp_path / "nccl-rank0.log", tmp_path / "nccl-rank1.log", tmp_path / "missing.log"])
     assert len(log.connections) == 6
-    assert summarize(parse_lines([]))["transport"] == ""
+    assert summarize(parse_lines([])).transport == ""

@@ -11,7 +11,7 @@ import pytest
 
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
-from tracekit.probe.results import format_table, make_row, rows_from_csv, rows_to_csv
+from tracekit.probe.results import ROW_FIELDS, format_table, make_row, rows_from_csv, rows_to_csv
 
 NS = (1, 2, 3, 4, 8)
 
@@ -74,15 +74,15 @@ def test_row_bandwidth_is_nccl_tests(op: str, n: int, size: int) -> None:
     )
     avg = sum(times) / len(times)
     alg = nccl_tests_algbw(op, want_param, 4, avg * 1e-6, n)
-    assert row["time_us"] == pytest.approx(avg)
-    assert (row["time_us_min"], row["time_us_max"]) == (min(times), max(times))
-    assert row["algbw_gbps"] == pytest.approx(alg, rel=1e-12)
-    assert row["busbw_gbps"] == pytest.approx(alg * perf_md_factor(op, n), rel=1e-12)
+    assert row.time_us == pytest.approx(avg)
+    assert (row.time_us_min, row.time_us_max) == (min(times), max(times))
+    assert row.algbw_gbps == pytest.approx(alg, rel=1e-12)
+    assert row.busbw_gbps == pytest.approx(alg * perf_md_factor(op, n), rel=1e-12)
     host_avg = avg + 1
-    assert row["host_busbw_gbps"] == pytest.approx(
+    assert row.host_busbw_gbps == pytest.approx(
         nccl_tests_algbw(op, want_param, 4, host_avg * 1e-6, n) * perf_md_factor(op, n)
     )
-    assert row["correct"] is True and row["bytes"] == want_size and row["count"] == want_param
+    assert row.correct is True and row.bytes == want_size and row.count == want_param
 
 
 def _simulate(op: str, inputs: list[np.ndarray], n: int, c: int) -> list[np.ndarray | None]:
@@ -207,8 +207,27 @@ def test_csv_round_trip() -> None:
     back = rows_from_csv(rows_to_csv(rows))
     assert len(back) == len(rows)
     for a, b in zip(rows, back, strict=True):
-        for k, v in a.items():
+        for k in ROW_FIELDS:
+            v, w = getattr(a, k), getattr(b, k)
             if isinstance(v, float):
-                assert math.isclose(v, b[k], rel_tol=0, abs_tol=0) or (math.isnan(v) and math.isnan(b[k]))
+                assert math.isclose(v, w, rel_tol=0, abs_tol=0) or (math.isnan(v) and math.isnan(w))
             else:
-                assert b[k] == v, k
+                assert w == v, k
+
+
+def test_csv_of_another_shape_is_refused_naming_the_row_and_field() -> None:
+    """rows_from_csv decodes into ProbeRow: a cell of the wrong type is refused where it is, not
+    carried into the verdict as text; an empty number cell reads as NaN (how NaN is written)."""
+    from tracekit.model.documents import DocumentError
+
+    text = rows_to_csv(_rows())
+    head, first, *rest = text.splitlines()
+    cells = first.split(",")
+    cells[ROW_FIELDS.index("bytes")] = "eight"
+    with pytest.raises(DocumentError) as err:
+        rows_from_csv("\n".join([head, first, ",".join(cells), *rest]) + "\n")
+    assert err.value.where == "$[1].bytes"
+    cells = first.split(",")
+    cells[ROW_FIELDS.index("busbw_gbps")] = ""
+    (row,) = rows_from_csv("\n".join([head, ",".join(cells)]) + "\n")
+    assert math.isnan(row.busbw_gbps) and row.bytes == _rows()[0].bytes

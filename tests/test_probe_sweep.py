@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import SHARED_TRACES
 from tracekit.cli.main import main
+from tracekit.model.documents import to_builtins
+from tracekit.model.documents.links import LinksMeta, ProbeRow
 from tracekit.probe import spec
 from tracekit.probe.results import rows_from_csv
 
@@ -131,7 +133,7 @@ def test_probe_cli_gloo_three_ranks_csv(tmp_path: Path) -> None:
         ]
     )
     assert rc == 0
-    rows = rows_from_csv(out.read_text())
+    rows = to_builtins(rows_from_csv(out.read_text()))  # the typed rows, as the JSON holds them
     check_rows(rows, 3, [8, 64, 512, 4096])
     # 3 ranks do not divide 64 B of floats: all_gather's size is 5 x 4 x 3 = 60 B, as nccl-tests prints
     assert 60 in {r["bytes"] for r in rows if r["op"] == "all_gather"}
@@ -261,10 +263,10 @@ def test_check_counts_wrong_elements(tmp_path: Path, monkeypatch: pytest.MonkeyP
         lay = spec.layout("all_gather", 64, 1, 4)
         pool = state.pool_for("all_gather", [64])
         ok = state.measure("all_gather", lay, False, pool)
-        assert ok["wrong"] == 0
+        assert ok.wrong == 0
         monkeypatch.setattr(state, "_call", lambda *a, **k: None)
         bad = state.measure("all_gather", lay, False, pool)
-        assert bad["wrong"] == lay.recv_count == 16
+        assert bad.wrong == lay.recv_count == 16
     finally:
         state.close()
         assert not dist.is_initialized()
@@ -330,7 +332,7 @@ def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(
 
     calls: list[tuple[sweep.SweepConfig, str | None]] = []
 
-    def fake_spawn(cfg: sweep.SweepConfig, log_dir: str | None) -> tuple[list[dict], dict]:
+    def fake_spawn(cfg: sweep.SweepConfig, log_dir: str | None) -> tuple[list[ProbeRow], LinksMeta]:
         calls.append((cfg, log_dir))
         env = sweep.rank_env(cfg, 0, log_dir)
         lines = ["host:1:1 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM"]
@@ -358,7 +360,7 @@ def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(
             )
             for b in (1024, 4096)
         ]
-        return rows, {}
+        return rows, LinksMeta(torch="2", python="3", cuda="13")
 
     monkeypatch.setattr(sweep, "_cuda_device_count", lambda: 2)
     monkeypatch.setattr(sweep, "_spawn", fake_spawn)
@@ -371,20 +373,20 @@ def test_nccl_timed_sweep_logs_no_tuning_and_algo_comes_from_an_untimed_pass(
     assert sweep.rank_env(untimed, 0, untimed_dir)["NCCL_DEBUG_SUBSYS"] == "INIT,GRAPH,TUNING"
     assert (untimed.iters, untimed.warmup, untimed.check, untimed.algo_pass) == (1, 0, False, False)
     assert untimed_dir == str(tmp_path / "logs" / "tuning")
-    assert [(r["algo"], r["proto"], r["transport"]) for r in res.rows] == [("RING", "LL", "P2P/CUMEM")] * 2
-    assert res.transport["algo_source"] == "un-timed TUNING pass"
-    assert res.transport["nccl_debug_subsys"] == "INIT,GRAPH"
-    assert res.transport["algos"] == {"all_reduce": {"RING/LL": 2}}
+    assert [(r.algo, r.proto, r.transport) for r in res.rows] == [("RING", "LL", "P2P/CUMEM")] * 2
+    assert res.transport is not None and res.transport.algo_source == "un-timed TUNING pass"
+    assert res.transport.nccl_debug_subsys == "INIT,GRAPH"
+    assert res.transport.algos == {"all_reduce": {"RING/LL": 2}}
 
     calls.clear()  # without the pass: one spawn, no algo
     res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "l2"), algo_pass=False))
-    assert len(calls) == 1 and all(r["algo"] == "" for r in res.rows)
-    assert res.transport["algo_source"] is None
+    assert len(calls) == 1 and all(r.algo == "" for r in res.rows)
+    assert res.transport is not None and res.transport.algo_source is None
 
     calls.clear()  # --nccl-debug tuning: the timed run logs it, no second pass
     res = sweep.run_sweep_detailed(replace(cfg, log_dir=str(tmp_path / "l3"), nccl_debug="tuning"))
-    assert len(calls) == 1 and res.transport["algo_source"] == "timed run"
-    assert all(r["algo"] == "RING" for r in res.rows)
+    assert len(calls) == 1 and res.transport is not None and res.transport.algo_source == "timed run"
+    assert all(r.algo == "RING" for r in res.rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -416,7 +418,7 @@ def test_graph_reaches_the_rank_config(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def fake_run(cfg: sweep.SweepConfig) -> sweep.SweepResult:
         seen.append(cfg)
-        return sweep.SweepResult([], {}, None, {}, [], cfg)
+        return sweep.SweepResult([], None, None, None, [], cfg)
 
     monkeypatch.setattr(sweep, "run_sweep_detailed", fake_run)
     assert main(["probe", "--device", "cpu", "--no-progress"]) == 0  # no rows: a torchrun rank's path
@@ -430,4 +432,4 @@ def test_graph_reaches_the_rank_config(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = compare.CompareConfig(ops=("all_reduce",), gpus=(0, 1), graph=True)
     res = compare.compare_links(cfg, topology=Topology(links=[], gpus=[], source="", notes=[]))
     assert [(c.mode, c.graph) for c in seen] == [("nvlink", True), ("pcie", True)]
-    assert res["config"]["graph"] is True
+    assert res.config and res.config.graph is True

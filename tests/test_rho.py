@@ -7,6 +7,7 @@ import json
 import pytest
 
 from tracekit.cli.main import main
+from tracekit.model.documents.rho import RhoDevice
 from tracekit.probe.rho import Rho, anchors_for, datasheet_for, format_table
 from tracekit.probe.rho_kernels import Measurement
 
@@ -17,7 +18,7 @@ def test_rho_is_matrix_over_fp32_fma_with_datasheet_and_anchor_beside():
     assert datasheet_for("NVIDIA H100 PCIe")["bf16"] == 756.0  # the PCIe part before the SXM one
     assert datasheet_for("Some CPU") == {}
     r = Rho(
-        {"type": "cuda", "name": "NVIDIA H200"},
+        RhoDevice(type="cuda", name="NVIDIA H200", torch="2.13"),
         [
             Measurement(
                 "matrix", "bf16", "torch.mm", "8192^3", 1, 768.0, datasheet_tops=989.4, anchor_tops=777.0
@@ -26,11 +27,11 @@ def test_rho_is_matrix_over_fp32_fma_with_datasheet_and_anchor_beside():
         ],
         [Measurement("vector", "fp32", "kernel", "-", 1, 64.0, datasheet_tops=66.9, anchor_tops=64.0)],
     )
-    rows = {x["dtype"]: x for x in r.rho()}
-    assert rows["bf16"]["rho"] == pytest.approx(12.0)
-    assert rows["bf16"]["datasheet_rho"] == pytest.approx(989.4 / 66.9)
-    assert rows["bf16"]["anchor_rho"] == pytest.approx(777.0 / 64.0)
-    assert rows["int8"]["rho"] is None  # a skipped dtype has no rho, and says why
+    rows = {x.dtype: x for x in r.rho()}
+    assert rows["bf16"].rho == pytest.approx(12.0)
+    assert rows["bf16"].datasheet_rho == pytest.approx(989.4 / 66.9)
+    assert rows["bf16"].anchor_rho == pytest.approx(777.0 / 64.0)
+    assert rows["int8"].rho is None  # a skipped dtype has no rho, and says why
     text = format_table(r)
     assert "skipped" in text and "RuntimeError" in text
     doc = r.to_json()

@@ -422,19 +422,16 @@ def test_nsys_run_without_kernels_is_refused_and_counted(
     rc = main(["shortfall", "--baseline", str(H200 / "h200-tp1-nsys"), "--sharded", str(nokern)])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("tracekit: error:") and err.count("\n") == 1
-    # a TP=1 baseline has no collectives by nature and is still attributed
-    assert shortfall(base, read_run([H200 / "h200-tp2-nsys"])).baseline.collectives.n_instances == 0
+    # a TP=1 baseline has no collectives by nature and is still attributed (as the shortfall
+    # attributes it: `attribute_run`, label baseline; the refusal above is the sharded run's)
+    assert attribute_run(base, label="baseline").collectives.n_instances == 0
 
 
 def test_cpu_transfer_diagnosis_names_gloo_not_a_gpu_link() -> None:
     """On a CPU (gloo) run whose largest term is transfer, the advice is about gloo's exchange, not NVLink."""
-    from pathlib import Path
+    from committed_pairs import committed_shortfall
 
-    from tracekit.analyse.attribution.pair import shortfall
-    from tracekit.read import read_run
-
-    root = Path(__file__).resolve().parents[1] / "traces"
-    sf = shortfall(read_run([root / "cpu-tp1"]), read_run([root / "cpu-tp2"]))
+    sf = committed_shortfall("cpu-tp1", "cpu-tp2")  # the process's one (tests/committed_pairs.py)
     doc = sf.to_json()
     terms = doc["terms_ns"]
     # premise checked, not skipped: the committed CPU run is transfer-dominated (gloo's exchange

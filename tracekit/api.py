@@ -30,8 +30,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.breakdown import Breakdown
-from tracekit.model.documents.manifest import Manifest
-from tracekit.model.events import DataQuality, Run
+from tracekit.model.events import DataQuality, Run, RunFields
 
 __all__ = ["Breakdown", "Shortfall", "Steps", "TraceRun", "load", "shortfall"]
 
@@ -91,7 +90,7 @@ class Steps:
 
 
 @dataclass(frozen=True, eq=False)
-class TraceRun:
+class TraceRun(RunFields):
     """One loaded run: every rank's events in one table, read once, classified once (on first use).
 
     `run` is the reader's `tracekit.model.events.Run` (sources, rank_info, manifest, data_quality);
@@ -99,24 +98,6 @@ class TraceRun:
 
     run: Run
     paths: tuple[str, ...]
-
-    @property
-    def events(self) -> pd.DataFrame:
-        """The event table as the readers made it (columns `tracekit.model.events.COLUMNS`)."""
-        return self.run.events
-
-    @property
-    def ranks(self) -> list[int]:
-        return self.run.ranks
-
-    @property
-    def manifest(self) -> Manifest | None:
-        """The capture manifest, typed (docs/JSON.md#manifest); None without one."""
-        return self.run.manifest
-
-    @property
-    def data_quality(self) -> DataQuality:
-        return self.run.data_quality
 
     @cached_property
     def classified(self) -> pd.DataFrame:

@@ -81,11 +81,13 @@ def tracekit_results(name: str, root: str) -> dict[str, Any]:
     out["whatif"] = whatif(bp, br, sp, sr, knobs, [tuple(knobs)]).to_json()
     if case.after is not None:
         from tracekit.analyse.compare.diff import diff_sides
-        from tracekit.analyse.compare.sides import attribute_side
+        from tracekit.analyse.compare.sides import attribute_side, rank_side_tables, side_of, side_windows
         from tracekit.read import read_run
 
         write_run(case.after, d / "after")
-        before = attribute_side(read_run([str(d / "tpn")], cache=False), label="before", path=str(d / "tpn"))
+        # the before side from the sharded run's attribution above (`attribute_side` is `attribute_run`
+        # and these tables): the TP=N run is read and attributed once
+        before = side_of(sp, "before", str(d / "tpn"), *rank_side_tables(sr.events, side_windows(sp)))
         after = attribute_side(
             read_run([str(d / "after")], cache=False), label="after", path=str(d / "after")
         )

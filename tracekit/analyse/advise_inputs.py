@@ -17,6 +17,7 @@ from tracekit.errors import TracekitError
 from tracekit.model.documents.advise import AdviseRun
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import Manifest, ManifestWorkload
+from tracekit.model.shape import DIMENSIONS, DecoderDims
 
 GIB = 1024**3
 
@@ -36,25 +37,16 @@ class AdviseError(TracekitError):
 
 
 @dataclass(frozen=True)
-class Shape:
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+class Shape(DecoderDims):
+    """A run's decoder dimensions (its manifest's `workload.shape`), with the weights and memory
+    they imply."""
 
     @classmethod
     def from_workload(cls, wl: ManifestWorkload, where: str) -> Shape:
         sh = given(wl.shape)
         if sh is None:
             raise AdviseError(f"{where}: manifest workload has no 'shape' (captured by an older tracekit?)")
-        names = ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab")
-        values = {k: given(getattr(sh, k)) for k in names}
+        values = {k: given(getattr(sh, k)) for k in DIMENSIONS}
         lacking = [k for k, v in values.items() if v is None]
         if lacking:
             raise AdviseError(f"{where}: manifest workload.shape is incomplete (no {', '.join(lacking)})")

@@ -24,12 +24,11 @@ import pandas as pd
 
 from tracekit.analyse.timeline.partition import LayerUnions, rank_layer_unions
 from tracekit.analyse.timeline.steps import StepsResult
-from tracekit.model.documents.manifest import Manifest
-from tracekit.model.events import DataQuality, Run
+from tracekit.model.events import DataQuality, Run, RunFields
 
 
 @dataclass(eq=False)
-class AnalysedRun:
+class AnalysedRun(RunFields):
     """A run whose events are classified (`run.events` has `cls`, `subclass`, `rule`), with the
     analyses that depend only on the run kept once computed. Build with `AnalysedRun.of`."""
 
@@ -48,23 +47,6 @@ class AnalysedRun:
         from tracekit.classify import classify
 
         return cls(run=dataclasses.replace(run, events=classify(run.events)))
-
-    # the run's own fields, so an AnalysedRun reads as its Run where only these are needed
-    @property
-    def events(self) -> pd.DataFrame:
-        return self.run.events
-
-    @property
-    def ranks(self) -> list[int]:
-        return self.run.ranks
-
-    @property
-    def manifest(self) -> Manifest | None:
-        return self.run.manifest
-
-    @property
-    def data_quality(self) -> DataQuality:
-        return self.run.data_quality
 
     def steps(self, pattern: str | None = None) -> StepsResult:
         """`find_steps_detailed(events, pattern)`, once per pattern (StepError is not kept); the

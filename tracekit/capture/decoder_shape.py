@@ -8,24 +8,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 
 from tracekit.errors import CaptureError
+from tracekit.model.shape import DecoderDims
 
 
 @dataclass(frozen=True)
-class DecoderShape:
-    """Model dimensions (Llama naming)."""
+class DecoderShape(DecoderDims):
+    """Model dimensions (Llama naming: `DecoderDims`) and the reference decoder's constants."""
 
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
 
 
 #: Presets. `tiny` runs in seconds on a CPU; `7b` has the per-layer shape of a 7B-class model

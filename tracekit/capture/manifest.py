@@ -14,7 +14,7 @@ from typing import Any
 
 from tracekit.capture import environment as env
 from tracekit.errors import CaptureError
-from tracekit.model.documents.base import JSONObject, given
+from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import Manifest, ManifestUnprofiled, ManifestWorkload
 from tracekit.read.manifests import manifest_from_json
 
@@ -124,7 +124,7 @@ def build_manifest(
     )
 
 
-def as_manifest(doc: JSONObject) -> Manifest:
+def as_manifest(doc: dict[str, object]) -> Manifest:
     """The manifest object the capture assembled as its typed document, decoded as a reader
     decodes the file (`tracekit.read.manifests.manifest_from_json`), so what is written is what
     reads back; a value the document cannot hold (none should) is left out and said in `notes`."""

@@ -58,7 +58,7 @@ from tracekit.capture.environment import (
 from tracekit.errors import CaptureError, TracekitError
 
 if TYPE_CHECKING:  # a rank imports no pandas (tracekit.model's): ~0.9 CPU-s per rank process
-    from tracekit.model.documents.base import JSONObject
+    from tracekit.model.documents.chrome import KinetoEvent, KinetoTrace
 
 MODES: dict[str, str] = {
     "auto": "cuda on a CUDA device, cpu on a CPU-only run (lowest dilation that still marks steps)",
@@ -101,7 +101,7 @@ MARKER_API = "cudaStreamQuery"
 MARKER_SOURCE = "tracekit step markers (cudaStreamQuery at step open/close)"
 
 
-def inject_marker_steps(doc: JSONObject, names: list[str], marker: str = MARKER_API) -> int:
+def inject_marker_steps(doc: KinetoTrace, names: list[str], marker: str = MARKER_API) -> int:
     """Add a `user_annotation` event per step to a Kineto trace document `doc` (in place).
 
     `names` are the step names in the order their markers were made (each step: one marker call
@@ -119,7 +119,7 @@ def inject_marker_steps(doc: JSONObject, names: list[str], marker: str = MARKER_
     ]
     if not marks or not names:
         return 0
-    by_tid: dict[Any, list[JSONObject]] = {}
+    by_tid: dict[tuple[int | str | None, int | str | None], list[KinetoEvent]] = {}
     for e in marks:
         by_tid.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     thread = max(by_tid.values(), key=len)
@@ -128,7 +128,7 @@ def inject_marker_steps(doc: JSONObject, names: list[str], marker: str = MARKER_
         thread = thread[1:]  # a close whose open fell before the recording started
     pairs = [(thread[i], thread[i + 1]) for i in range(0, len(thread), 2)]
     n = min(len(pairs), len(names))
-    added = []
+    added: list[KinetoEvent] = []
     for (a, b), name in zip(pairs[len(pairs) - n :], names[len(names) - n :], strict=True):
         ts = float(a["ts"])
         end = float(b["ts"]) + float(b.get("dur", 0))
@@ -137,8 +137,8 @@ def inject_marker_steps(doc: JSONObject, names: list[str], marker: str = MARKER_
                 "ph": "X",
                 "cat": "user_annotation",
                 "name": name,
-                "pid": a.get("pid"),
-                "tid": a.get("tid"),
+                "pid": a["pid"],
+                "tid": a["tid"],
                 "ts": a["ts"],
                 "dur": round(end - ts, 3),
                 "args": {"source": MARKER_SOURCE},

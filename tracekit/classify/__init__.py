@@ -22,6 +22,7 @@ import pandas as pd
 
 from tracekit.classify.rules import CLASSES, GPU_KINDS, RULES, UNKNOWN, Rule, match, matching_rules
 from tracekit.model.launch import collective_launch_ops, launch_op_collective, launch_op_subclass
+from tracekit.model.strings import str_values
 
 __all__ = [
     "CLASSES",
@@ -102,7 +103,7 @@ def _by_launching_op(out: pd.DataFrame, events: pd.DataFrame, rows: np.ndarray, 
     """Kernels at positions `rows`, launched by the collective host ops at positions `ops`: class
     collective (subclass from the op, rule kept when the name rule says collective too), and the
     op's collective, bytes and dtype where the kernel has none."""
-    op_names = events["name"].astype(str).to_numpy(dtype=object)[ops]
+    op_names = str_values(events["name"])[ops]
     already = out["cls"].to_numpy()[rows] == "collective"
     change = rows[~already]
     if len(change):
@@ -147,7 +148,7 @@ def _by_launching_op(out: pd.DataFrame, events: pd.DataFrame, rows: np.ndarray, 
 def _strs(frame: pd.DataFrame, col: str) -> np.ndarray:
     """Column `col` as strings; a column the table lacks reads as missing ("") everywhere."""
     if col in frame.columns:
-        return frame[col].astype(str).to_numpy(dtype=object)
+        return str_values(frame[col])
     return np.full(len(frame), "", dtype=object)
 
 

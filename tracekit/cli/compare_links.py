@@ -15,7 +15,7 @@ from tracekit.cli.options import (
 )
 from tracekit.cli.sweep_options import fork_cpu_ranks, sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
-from tracekit.model.documents import Links, convert, to_builtins
+from tracekit.model.documents import Links, to_builtins
 from tracekit.probe import spec
 
 
@@ -119,7 +119,7 @@ def command(
         result = recompute(
             load_compare(load_path), trace_dir=trace_dir, baseline_dir=baseline_dir, loaded_from=load_path
         )
-        _emit(convert(result, Links), fmt, out)
+        _emit(result, fmt, out)
         return
 
     if device == "auto" and not _have_cuda_gpus():
@@ -156,7 +156,7 @@ def command(
         progress=show_progress() if progress is None else progress,
     )
     fork_cpu_ranks()
-    _emit(convert(compare_links(cfg), Links), fmt, out)
+    _emit(compare_links(cfg), fmt, out)
 
 
 def _have_cuda_gpus() -> bool:

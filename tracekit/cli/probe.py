@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 import orjson
@@ -13,17 +13,19 @@ from tracekit.cli.options import format_option, message
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.cli.sweep_options import fork_cpu_ranks, sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
+from tracekit.model.documents import to_builtins
 from tracekit.probe import spec
 
 if TYPE_CHECKING:
+    from tracekit.model.documents.links import ProbeRow
     from tracekit.probe.sweep import SweepResult
 
 
-def _json_default(v: Any) -> Any:
+def _json_default(v: object) -> object:
     raise TypeError(f"cannot write {type(v).__name__} as JSON")
 
 
-def _clean(v: Any) -> Any:
+def _clean(v: object) -> object:
     """NaN/inf -> None so the JSON is valid."""
     if isinstance(v, float) and not math.isfinite(v):
         return None
@@ -34,8 +36,9 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def dumps_json(obj: Any) -> bytes:
-    return orjson.dumps(_clean(obj), option=orjson.OPT_INDENT_2, default=_json_default) + b"\n"
+def dumps_json(obj: object) -> bytes:
+    """`obj` (a document, rows, or plain JSON values) as indented JSON, NaN written as null."""
+    return orjson.dumps(_clean(to_builtins(obj)), option=orjson.OPT_INDENT_2, default=_json_default) + b"\n"
 
 
 def _format_from(out: Path | None, fmt: str | None) -> str:
@@ -46,17 +49,17 @@ def _format_from(out: Path | None, fmt: str | None) -> str:
     return "table"
 
 
-def _transport_notes(result: Any) -> list[str]:
+def _transport_notes(result: SweepResult) -> list[str]:
     t = result.transport
     notes = []
-    if t:
+    if t is not None:
         notes.append(
-            f"NCCL {t.get('nccl_version') or '?'}: transport {t.get('transport') or 'none logged'}"
-            f" {dict(t.get('transports') or {})}, planned path {', '.join(t.get('graph_types') or []) or '?'},"
-            f" wire {t.get('wire')}, NVLS used: {'yes' if t.get('nvls_used') else 'no'}"
+            f"NCCL {t.nccl_version or '?'}: transport {t.transport or 'none logged'}"
+            f" {dict(t.transports)}, planned path {', '.join(t.graph_types) or '?'},"
+            f" wire {t.wire}, NVLS used: {'yes' if t.nvls_used else 'no'}"
         )
-        if t.get("algo_source"):
-            notes.append(f"algorithm/protocol per size from the {t['algo_source']}")
+        if t.algo_source:
+            notes.append(f"algorithm/protocol per size from the {t.algo_source}")
     if result.log_dir:
         notes.append(f"NCCL logs: {result.log_dir}")
     return notes
@@ -191,7 +194,7 @@ def _header(result: SweepResult) -> list[str]:
     ]
 
 
-def render_rows(rows: list[dict[str, Any]], fmt: str, notes: list[str]) -> str:
+def render_rows(rows: list[ProbeRow], fmt: str, notes: list[str]) -> str:
     from tracekit.probe.results import format_table, rows_to_csv
 
     if fmt == "json":
@@ -201,7 +204,7 @@ def render_rows(rows: list[dict[str, Any]], fmt: str, notes: list[str]) -> str:
     return format_table(rows, notes)
 
 
-def _emit(text: str, out: Path | None, fmt: str, rows: list[dict[str, Any]]) -> None:
+def _emit(text: str, out: Path | None, fmt: str, rows: list[ProbeRow]) -> None:
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
@@ -220,7 +223,7 @@ def _links(fmt: str, out: Path | None) -> None:
 
     topo = detect_topology()
     if fmt == "json":
-        text = dumps_json(topo.to_dict()).decode()
+        text = dumps_json(topo.document()).decode()
     else:
         lines = [f"# links per GPU pair (source: {topo.source or 'none'})"]
         lines += [f"# note: {n}" for n in topo.notes]
@@ -277,7 +280,7 @@ def _copy(
         buf = io.StringIO()
         w = csv.DictWriter(buf, fieldnames=list(COPY_FIELDS), lineterminator="\n")
         w.writeheader()
-        for r in rows:
+        for r in to_builtins(rows):
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in COPY_FIELDS})
         text = buf.getvalue()
     else:

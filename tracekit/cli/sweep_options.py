@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import click
 
@@ -12,8 +12,18 @@ from tracekit.cli.options import OutputPath, output_option
 
 # -- the sweep options of `probe` and `compare-links`, declared once ---------------------------------
 
+
+class OptionSettings(TypedDict, total=False):
+    """The click settings of one sweep option (`click.option`'s keywords that these use)."""
+
+    type: type | click.ParamType
+    default: object
+    show_default: bool
+    help: str
+
+
 #: option -> (its names, its click settings); `sweep_options` applies them in this order
-SWEEP_OPTIONS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+SWEEP_OPTIONS: dict[str, tuple[tuple[str, ...], OptionSettings]] = {
     "gpus": (
         ("--gpus",),
         {"default": None, "help": "GPUs to use, one per rank, e.g. 0,1 [rank r on GPU r]."},
@@ -111,7 +121,7 @@ sweep_output_option = output_option(
 )
 
 
-def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
+def sweep_options(**overrides: OptionSettings) -> Callable[[Any], Any]:
     """The options `probe` and `compare-links` share (the sweep: sizes, iterations, dtype, device,
     ranks, NCCL logging, CUDA-graph timing, progress), declared once here; `overrides` maps an
     option (a key of the table above) to the settings that differ for one command (its default,
@@ -121,7 +131,8 @@ def sweep_options(**overrides: Mapping[str, Any]) -> Callable[[Any], Any]:
 
     def apply(func: Any) -> Any:
         for key, (names, settings) in reversed(list(SWEEP_OPTIONS.items())):
-            func = click.option(*names, **{**settings, **overrides.get(key, {})})(func)
+            merged: OptionSettings = {**settings, **overrides.get(key, {})}
+            func = click.option(*names, **merged)(func)
         return func
 
     return apply

@@ -48,7 +48,6 @@ from tracekit.analyse.plans import (
 )
 from tracekit.engine import Engine, EngineError
 from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality, Run
 from tracekit.read.files import sha256_of
 from tracekit.read.manifests import ManifestRead
@@ -63,7 +62,7 @@ class FileMeta:
 
     path: str
     sources: dict[int, str]
-    rank_info: dict[int, JSONObject]
+    rank_info: dict[int, dict[str, object]]
     data_quality: DataQuality
     n_events: int
     file_bytes: int
@@ -309,7 +308,7 @@ def metadata_of(
         old = sorted(m.sources)
         new = sorted(by_src.get(str(m.sources[old[0]]), old)) if old else []
         rank_map = dict(zip(old, new, strict=True)) if len(old) == len(new) else {r: r for r in old}
-        shift = next((int(run.rank_info.get(r, {}).get("session_shift_ns", 0)) for r in new), 0)
+        shift = next((_int(run.rank_info.get(r, {}).get("session_shift_ns")) for r in new), 0)
         order.append((min(new) if new else 0, i, FileView(rank_map, shift, 0)))
     views: list[FileView | None] = [None] * len(metas)
     offset = 0
@@ -563,3 +562,8 @@ def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) ->
         task = bar.add_task(f"dask: reading {len(reads)} rank file(s)", total=sum(sizes.values()))
         for fut in distributed.as_completed(reads):
             bar.advance(task, sizes.get(fut.key, 0))
+
+
+def _int(x: object) -> int:
+    """A reader's integer in rank_info (0 when it is not one)."""
+    return x if isinstance(x, int) else 0

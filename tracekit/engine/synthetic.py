@@ -26,16 +26,16 @@ from pathlib import Path
 import msgspec
 from msgspec import UNSET
 
-from tracekit.model.documents.base import JSONObject
+from tracekit.model.documents.chrome import DistributedInfo, KinetoEvent, KinetoTrace
 from tracekit.read import find_trace_files
 
 __all__ = ["make_synthetic_run"]
 
 
-def _load(path: Path) -> JSONObject:
+def _load(path: Path) -> KinetoTrace:
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt") as fh:
-        doc: JSONObject = json.load(fh)
+        doc: KinetoTrace = json.load(fh)
     return doc
 
 
@@ -92,10 +92,10 @@ def make_synthetic_run(
     return out_dir
 
 
-_SOURCES: dict[tuple[tuple[str, ...], int | None], list[JSONObject]] = {}
+_SOURCES: dict[tuple[tuple[str, ...], int | None], list[KinetoTrace]] = {}
 
 
-def _sources(files: tuple[str, ...], max_steps: int | None) -> list[JSONObject]:
+def _sources(files: tuple[str, ...], max_steps: int | None) -> list[KinetoTrace]:
     """The source rank documents, in rank order (loaded once per process)."""
     key = (files, max_steps)
     if key not in _SOURCES:
@@ -112,15 +112,15 @@ def _write_rank(task: tuple[tuple[str, ...], int | None, int, int, float, int, s
     files, max_steps, i, n_ranks, shift_us, shuffle_seed, path, compresslevel = task
     docs = _sources(files, max_steps)
     src = docs[i % len(docs)]
-    events = [
+    events: list[KinetoEvent] = [
         {**ev, "ts": ev["ts"] + shift_us}
         if isinstance(ev.get("ts"), (int, float)) and ev.get("ph") != "M"
         else ev
         for ev in src["traceEvents"]
     ]
     random.Random(shuffle_seed).shuffle(events)
-    info = dict(src.get("distributedInfo") or {})
-    info.update(rank=i, world_size=n_ranks)
+    info: DistributedInfo = {**(src.get("distributedInfo") or {})}
+    info["rank"], info["world_size"] = i, n_ranks
     info["pg_config"] = [
         {**(info.get("pg_config") or [{}])[0], "pg_size": n_ranks, "ranks": list(range(n_ranks))}
     ]
@@ -132,7 +132,7 @@ def _write_rank(task: tuple[tuple[str, ...], int | None, int, int, float, int, s
         Path(path).write_bytes(data)
 
 
-def _first_steps(doc: JSONObject, max_steps: int) -> JSONObject:
+def _first_steps(doc: KinetoTrace, max_steps: int) -> KinetoTrace:
     """`doc` with only the events before its (max_steps + 1)-th `decode_step` annotation."""
     starts = sorted(
         float(e["ts"])

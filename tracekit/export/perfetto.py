@@ -41,7 +41,7 @@ import orjson
 import pandas as pd
 
 from tracekit.errors import OutputError, TracekitError
-from tracekit.model.documents.base import JSONObject
+from tracekit.model.documents.chrome import ChromeEvent, ExportArgs, ExportObject
 from tracekit.model.events import COLUMNS, Run
 from tracekit.model.parts import PARTS
 
@@ -161,14 +161,14 @@ def _steps_only(classified: pd.DataFrame, step_pattern: str | None) -> pd.DataFr
     return partition_steps(classified, found.steps)
 
 
-def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSONObject, ExportSummary]:
+def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[ExportObject, ExportSummary]:
     """The export of `run` as a JSON-ready document (module doc) and its summary (path unset)."""
     classified, parts, notes = _analyse(run, step_pattern)
     ev = classified
     n = len(ev)
     ranks = sorted(int(r) for r in ev["rank"].unique()) if n else []
     base = int(ev["start_ns"].min()) if n else 0
-    out: list[JSONObject] = []
+    out: list[ChromeEvent] = []
     summary = ExportSummary(path=Path(), ranks=ranks, events=n)
     view = summary.view
 
@@ -218,7 +218,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
             ("gpu", int(dev_a[i]), int(stream_a[i]), k) if is_gpu_track[i] else ("host", int(stream_a[i]), k)
         )
         tid_a[i] = tracks[r].tid[key]
-        args: JSONObject = {
+        args: ExportArgs = {
             "rank": r,
             "device": int(dev_a[i]),
             "stream": int(stream_a[i]),
@@ -246,8 +246,8 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
         )
 
     def slices(
-        r: int, track: str, items: Iterable[tuple[int, int, str, str, JSONObject]], lanes: bool = True
-    ) -> list[JSONObject]:
+        r: int, track: str, items: Iterable[tuple[int, int, str, str, ExportArgs]], lanes: bool = True
+    ) -> list[ChromeEvent]:
         """X events on a tracekit track of rank r (split into lanes where they would overlap)."""
         items = list(items)
         if not items:
@@ -255,7 +255,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
         st = np.array([it[0] for it in items], np.int64)
         en = np.array([it[1] for it in items], np.int64)
         lane = _lanes(st, en) if lanes else np.zeros(len(items), np.int64)
-        made = []
+        made: list[ChromeEvent] = []
         for (s, e, name, cat, args), k in zip(items, lane.tolist(), strict=True):
             label = track if k == 0 else f"{track} ({k + 1})"
             made.append(
@@ -277,9 +277,9 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
     view["steps"] = 0
     for r in ranks:
         g = steps_table[steps_table["rank"] == r]
-        items = []
+        items: list[tuple[int, int, str, str, ExportArgs]] = []
         for row in g.itertuples(index=False):
-            a = {"step": int(row.step), "window_ns": int(row.window_ns), "name": str(row.name)}
+            a: ExportArgs = {"step": int(row.step), "window_ns": int(row.window_ns), "name": str(row.name)}
             a.update({f"{p}_ns": int(getattr(row, f"{p}_ns")) for p in PARTS})
             for extra in ("wait_ns", "transfer_ns", "overlapped_collective_ns"):
                 if hasattr(row, extra):
@@ -294,7 +294,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
     view["class"] = 0
     for r in ranks:
         sel = np.flatnonzero(gpu & (rank_a == r))
-        by_stream: dict[tuple[int, int], list[tuple[int, int, str, str, JSONObject]]] = {}
+        by_stream: dict[tuple[int, int], list[tuple[int, int, str, str, ExportArgs]]] = {}
         for i in sel.tolist():
             by_stream.setdefault((int(dev_a[i]), int(stream_a[i])), []).append(
                 (
@@ -347,7 +347,11 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
             for row in g.itertuples(index=False):
                 s, e = int(row.raw_start_ns), int(row.raw_end_ns)
                 a_ = max(min(int(row.arrival_raw_ns), e), s)
-                common = {"instance": int(row.instance), "op": str(row.op), "group": str(row.group)}
+                common: ExportArgs = {
+                    "instance": int(row.instance),
+                    "op": str(row.op),
+                    "group": str(row.group),
+                }
                 items.append(
                     (
                         s,
@@ -359,7 +363,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
                 )
             made = slices(r, "tracekit: collectives", items)
             # the wait / transfer pieces nest inside their collective's slice, on its lane
-            pieces = []
+            pieces: list[ChromeEvent] = []
             for m, row in zip(made, g.itertuples(index=False), strict=True):
                 s, e = int(row.raw_start_ns), int(row.raw_end_ns)
                 a_ = max(min(int(row.arrival_raw_ns), e), s)
@@ -395,7 +399,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
             flow_id += 1
             for k, (ts, r) in enumerate(members):
                 ph = "s" if k == 0 else ("f" if k == len(members) - 1 else "t")
-                fe = {
+                fe: ChromeEvent = {
                     "ph": ph,
                     "cat": "tracekit.flow.collective",
                     "name": f"{g['op'].iloc[0]} #{int(inst)}",
@@ -454,7 +458,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
                     view["flows"] += 1
 
     # metadata: process and thread names, sort order
-    meta: list[JSONObject] = []
+    meta: list[ChromeEvent] = []
     for r in ranks:
         meta.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
@@ -478,7 +482,7 @@ def perfetto_document(run: Run, *, step_pattern: str | None = None) -> tuple[JSO
         for reader_key in reader_keys:
             info.pop(reader_key, None)
     summary.notes = notes
-    doc = {
+    doc: ExportObject = {
         "tracekitExport": {
             "format": FORMAT,
             "version": VERSION,

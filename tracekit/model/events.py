@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.model.documents.base import JSONObject, to_builtins
+from tracekit.model.documents.base import to_builtins
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 from tracekit.model.documents.manifest import Manifest
 
@@ -176,8 +176,11 @@ class Run:
 
     - `events`: the event table (see module doc); all ranks in one table, `rank` column set.
     - `sources`: rank -> the file it came from.
-    - `rank_info`: rank -> reader metadata (distributedInfo, device properties, trace base time,
-      profiler/torch versions...), JSON-serialisable.
+    - `rank_info`: rank -> what the reader learned of its file, JSON-serialisable: the trace's own
+      top-level metadata as the profiler wrote it (Kineto's distributedInfo, deviceProperties,
+      baseTimeNanoseconds, ...; nsys' session start and version) beside the reader's keys (source,
+      reader, rank_source, session_shift_ns, ...). The values are the file's, unchecked (`object`):
+      whatever reads one narrows it (`tracekit.analyse.collectives.groups.world_size`).
     - `data_quality`: counts of skipped / suspicious things, over all files.
     - `manifest`: the capture manifest (manifest.json beside the traces) when there is one, as its
       typed document (`tracekit.read.manifests.read_manifest`; a Run built in code: `manifest_from_json`).
@@ -185,10 +188,35 @@ class Run:
 
     events: pd.DataFrame
     sources: dict[int, str] = field(default_factory=dict)
-    rank_info: dict[int, JSONObject] = field(default_factory=dict)
+    rank_info: dict[int, dict[str, object]] = field(default_factory=dict)
     data_quality: DataQuality = field(default_factory=DataQuality)
     manifest: Manifest | None = None
 
     @property
     def ranks(self) -> list[int]:
         return sorted(self.sources) if self.sources else sorted(int(r) for r in self.events["rank"].unique())
+
+
+class RunFields:
+    """The run's own fields read through `self.run`, for a class that wraps a `Run` (the analysed
+    run, the API's `TraceRun`) and reads as that run where only these are needed."""
+
+    run: Run
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """The event table (columns `COLUMNS`; `cls`, `subclass`, `rule` once classified)."""
+        return self.run.events
+
+    @property
+    def ranks(self) -> list[int]:
+        return self.run.ranks
+
+    @property
+    def manifest(self) -> Manifest | None:
+        """The capture manifest, typed (docs/JSON.md#manifest); None without one."""
+        return self.run.manifest
+
+    @property
+    def data_quality(self) -> DataQuality:
+        return self.run.data_quality

@@ -13,22 +13,27 @@ def _absent(x: float | int | None) -> bool:
     return x is None or (isinstance(x, float) and not math.isfinite(x))
 
 
+def _scaled(
+    ns: float | int | None, per: float, name: str, digits: int, unit: bool, sign: bool, missing: str
+) -> str:
+    """`ns / per` with `digits` decimals (a sign with `sign`, " <name>" with `unit`), `missing` when absent."""
+    if ns is None or _absent(ns):
+        return missing
+    return f"{ns / per:{'+' if sign else ''}.{digits}f}" + (f" {name}" if unit else "")
+
+
 def ms(
     ns: float | int | None, digits: int = 3, *, unit: bool = False, sign: bool = False, missing: str = "-"
 ) -> str:
     """Nanoseconds as milliseconds with `digits` decimals: "12.345" ("12.345 ms" with `unit`)."""
-    if ns is None or _absent(ns):
-        return missing
-    return f"{ns / 1e6:{'+' if sign else ''}.{digits}f}" + (" ms" if unit else "")
+    return _scaled(ns, 1e6, "ms", digits, unit, sign, missing)
 
 
 def us(
     ns: float | int | None, digits: int = 1, *, unit: bool = False, sign: bool = False, missing: str = "-"
 ) -> str:
     """Nanoseconds as microseconds with `digits` decimals: "12.3" ("12.3 us" with `unit`)."""
-    if ns is None or _absent(ns):
-        return missing
-    return f"{ns / 1e3:{'+' if sign else ''}.{digits}f}" + (" us" if unit else "")
+    return _scaled(ns, 1e3, "us", digits, unit, sign, missing)
 
 
 def ms_or_us(ns: float | int) -> str:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import orjson
 
@@ -37,7 +37,7 @@ from tracekit.analyse.plans import attribution_plan, breakdown_plan
 from tracekit.engine import Engine, pair_check, run_plans
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
-from tracekit.model.documents import Breakdown, JSONObject, Links, Shortfall, TopKernels, decode
+from tracekit.model.documents import Breakdown, Links, Shortfall, TopKernels, decode
 from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.model.events import DataQuality
 from tracekit.report.build import (
@@ -199,7 +199,7 @@ def _capture_interleaved(
     blocks = max(1, config.blocks)
     per_block = max(1, -(-config.rounds // blocks))
     group = f"study-{uuid.uuid4().hex[:12]}" if blocks >= 2 and len(tps) >= 2 else None
-    manifests: dict[int, list[JSONObject]] = {tp: [] for tp in tps}
+    manifests: dict[int, list[ManifestBlock]] = {tp: [] for tp in tps}
     run_dirs = {tp: out_dir / f"tp{tp}" for tp in tps}
     order: list[str] = []
     for b in range(blocks):
@@ -235,9 +235,29 @@ def _capture_interleaved(
     return run_dirs
 
 
+class ManifestPass(TypedDict, total=False):
+    """A manifest's `unprofiled` / `profiled` object, the keys `merge_blocks` merges."""
+
+    per_token_ns: dict[str, list[int]]
+    rounds: list[dict[str, list[int]]]
+    traced_round: int
+
+
+class ManifestBlock(TypedDict, total=False):
+    """One block capture's manifest.json object as written (docs/JSON.md#capture), the keys
+    `merge_blocks` reads or sets; every other key stays as the capture wrote it."""
+
+    created: str
+    workload: dict[str, object]
+    unprofiled: ManifestPass
+    profiled: ManifestPass
+    dilation: float | None
+    dilation_interval: list[float] | None
+
+
 def merge_blocks(
-    blocks: list[JSONObject], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
-) -> JSONObject:
+    blocks: list[ManifestBlock], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
+) -> ManifestBlock:
     """One manifest from a degree's block captures (in run order): the last block's (its trace is
     the one in the folder), with every block's unprofiled and profiled rounds in run order, the
     traced round the last, the pass order and the dilation over all of them, and

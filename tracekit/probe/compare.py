@@ -12,8 +12,8 @@ that still used P2P over NVLink, a machine without NVLink).
 
 This module runs the sweeps (`compare_links`); the verdict (docs/METHOD.md section Bandwidth and the link verdict: would a faster
 link shrink the decode's per-token shortfall?), the trace's message sizes and `recompute` of a
-saved result are pure analysis in `tracekit.analyse.link_verdict`, the text table is
-`tracekit.render.links.table`. The result is a plain dict (docs/JSON.md#probe,
+saved result are pure analysis in `tracekit.analyse.links.verdict`, the text table is
+`tracekit.render.links.table`. The result is the `Links` document (docs/JSON.md#probe,
 `tracekit.compare_links`). No torch here except through `run_sweep_detailed`.
 """
 
@@ -22,10 +22,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+
+from msgspec import UNSET, structs
 
 from tracekit.analyse.links.verdict import KIND, SCHEMA_VERSION, recompute
 from tracekit.errors import ProbeError
+from tracekit.model.documents.links import (
+    Links,
+    LinksConfig,
+    LinksMeta,
+    LinksMode,
+    LinksProbe,
+    LinksTransportsValue,
+    NcclSummary,
+    ProbeRow,
+)
 from tracekit.probe.links import Topology, detect_topology
 from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed
 
@@ -68,7 +79,7 @@ def mode_env(mode: str, pcie_p2p_level: str | None = None) -> dict[str, str]:
 
 
 def judge_transport(
-    mode: str, summary: dict[str, Any], topo: Topology, devices: Sequence[int] | None, backend: str
+    mode: str, summary: NcclSummary | None, topo: Topology, devices: Sequence[int] | None, backend: str
 ) -> tuple[bool | None, list[str]]:
     """Did this mode's run use NVLink? Plus plain sentences about what it used."""
     notes: list[str] = []
@@ -81,16 +92,16 @@ def judge_transport(
     pair_nvlink = [p.link == "nvlink" for p in pairs if p is not None]
     topo_nvlink = bool(pair_nvlink) and all(pair_nvlink)
     topo_known = bool(pair_nvlink)
-    p2p, wire = bool(summary.get("p2p")), summary.get("wire", "unknown")
-    if not summary.get("connections"):
-        if summary.get("n_ranks") == 1 or (devices is not None and len(devices) == 1):
+    if summary is None or not summary.connections:
+        if (summary is not None and summary.n_ranks == 1) or (devices is not None and len(devices) == 1):
             notes.append(f"{mode}: one rank: NCCL connected no peer, so no link was used")
         else:
             notes.append(
                 f"{mode}: NCCL logged no connection lines (logging off or an old NCCL): transport unknown"
             )
         return None, notes
-    used = summary.get("transport", "")
+    p2p, wire = summary.p2p, summary.wire
+    used = summary.transport
     uses_nvlink: bool | None
     if p2p and (wire == "nvlink" or (wire == "unknown" and topo_nvlink)):
         uses_nvlink = True
@@ -108,7 +119,7 @@ def judge_transport(
             )
         elif p2p:
             notes.append(f"pcie: GPU peer-to-peer over PCIe ({used})")
-        elif summary.get("kinds", {}).get("SHM"):
+        elif summary.kinds.get("SHM"):
             notes.append(
                 f"pcie: NCCL went through host memory ({used}): GPU -> PCIe -> CPU memory -> PCIe -> GPU, "
                 "not direct PCIe peer-to-peer"
@@ -124,7 +135,7 @@ def judge_transport(
             notes.append(f"nvlink: NCCL did not use P2P ({used})")
     else:
         notes.append(f"{mode}: transport {used}")
-    if summary.get("nvls_used"):
+    if summary.nvls_used:
         notes.append(f"{mode}: NVLS (NVLink multicast) was used although NCCL_NVLS_ENABLE=0 was set")
     return uses_nvlink, notes
 
@@ -133,7 +144,7 @@ def judge_transport(
 # the whole comparison
 
 
-def compare_links(config: CompareConfig, *, topology: Topology | None = None) -> dict[str, Any]:
+def compare_links(config: CompareConfig, *, topology: Topology | None = None) -> Links:
     """Run the sweep once per mode and put the results side by side (see module doc)."""
     from tracekit.probe.sweep import resolve_device
 
@@ -170,9 +181,9 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         progress=config.progress,
         graph=config.graph,
     )
-    rows: list[dict[str, Any]] = []
+    rows: list[ProbeRow] = []
     modes_out = []
-    transports: dict[str, Any] = {}
+    transports: dict[str, LinksTransportsValue] = {}
     results: dict[str, SweepResult] = {}
     for mode in config.modes:
         env = mode_env(mode, config.pcie_p2p_level)
@@ -183,48 +194,47 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         rows.extend(res.rows)
         devices = list(res.config.devices) if res.config.devices else None
         uses_nvlink, tnotes = judge_transport(mode, res.transport, topo, devices, res.config.backend or "")
-        transports[mode] = {
-            **res.transport,
-            "uses_nvlink": uses_nvlink,
-            "notes": tnotes,
-            "log_dir": res.log_dir,
-        }
+        summary = structs.asdict(res.transport) if res.transport is not None else {}
+        transports[mode] = LinksTransportsValue(
+            **summary, uses_nvlink=uses_nvlink, notes=tnotes, log_dir=res.log_dir
+        )
         modes_out.append(
-            {
-                "mode": mode,
-                "env": {**env, "NCCL_NVLS_ENABLE": "0"},
-                "backend": res.config.backend,
-                "device": res.config.device,
-                "devices": devices,
-                "ranks": res.config.ranks,
-                "notes": tnotes,
-            }
+            LinksMode(
+                mode=mode,
+                env={**env, "NCCL_NVLS_ENABLE": "0"},
+                backend=res.config.backend,
+                device=res.config.device,
+                devices=devices,
+                ranks=res.config.ranks,
+                notes=tnotes,
+            )
         )
         notes.extend(tnotes)
         notes.extend(n for n in res.notes if n not in notes)  # the graph note once, not per mode
     first = next(iter(results.values()), None)
-    probed = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": KIND,
-        "config": {
-            "ops": list(config.ops),
-            "modes": list(config.modes),
-            "min_bytes": config.min_bytes,
-            "max_bytes": max_bytes,
-            "factor": config.factor,
-            "iters": config.iters,
-            "warmup": config.warmup,
-            "dtype": config.dtype,
-            "nccl_debug": config.nccl_debug,
-            "algo_pass": config.algo_pass,
-            "graph": config.graph,
-            "pcie_p2p_level": config.pcie_p2p_level,
-        },
-        "modes": modes_out,
-        "rows": rows,
-        "transports": transports,
-        "links": topo.to_dict(),
-        "probe_notes": notes,
-        "meta": first.meta if first else {},
-    }
+    probed = LinksProbe(
+        schema_version=SCHEMA_VERSION,
+        kind=KIND,
+        config=LinksConfig(
+            ops=list(config.ops),
+            modes=list(config.modes),
+            min_bytes=config.min_bytes,
+            max_bytes=max_bytes,
+            factor=config.factor,
+            iters=config.iters,
+            warmup=config.warmup,
+            dtype=config.dtype,
+            nccl_debug=config.nccl_debug,
+            algo_pass=config.algo_pass,
+            graph=config.graph,
+            pcie_p2p_level=config.pcie_p2p_level,
+        ),
+        modes=modes_out,
+        rows=rows,
+        transports=transports,
+        links=topo.document(),
+        probe_notes=notes,
+        meta=(first.meta if first else None) or LinksMeta(torch=None, python=None, cuda=None),
+        trace=UNSET,
+    )
     return recompute(probed, trace_dir=config.trace_dir, baseline_dir=config.baseline_dir)

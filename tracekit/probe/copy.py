@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracekit.errors import ProbeError
+from tracekit.model.documents.copy import Copy
 from tracekit.probe.spec import sweep_sizes
 
 COPY_FIELDS: tuple[str, ...] = (
@@ -71,26 +72,26 @@ def _row(
     host_us: float,
     correct: bool,
     p2p: bool | None = None,
-) -> dict[str, Any]:
+) -> Copy:
     gbps = size / (time_us * 1e3) if time_us > 0 else float("nan")
-    return {
-        "probe": "copy",
-        "kind": kind,
-        "src": src,
-        "dst": dst,
-        "device": device,
-        "bytes": size,
-        "iters": iters,
-        "time_us": time_us,
-        "host_time_us": host_us,
-        "gbps": gbps,
-        "total_gbps": gbps,
-        "rw_gbps": None,
-        "baseline_gbps": None,
-        "ratio": None,
-        "p2p": p2p,
-        "correct": correct,
-    }
+    return Copy(
+        probe="copy",
+        kind=kind,
+        src=src,
+        dst=dst,
+        device=device,
+        bytes=size,
+        iters=iters,
+        time_us=time_us,
+        host_time_us=host_us,
+        gbps=gbps,
+        total_gbps=gbps,
+        rw_gbps=None,
+        baseline_gbps=None,
+        ratio=None,
+        p2p=p2p,
+        correct=correct,
+    )
 
 
 def _pattern(torch: Any, size: int, dev: Any, seed: int) -> Any:
@@ -100,7 +101,7 @@ def _pattern(torch: Any, size: int, dev: Any, seed: int) -> Any:
     return torch.randint(0, 256, (size,), dtype=torch.uint8, device=dev, generator=gen)
 
 
-def _local(torch: Any, dev: Any, size: int, cfg: CopyConfig, cuda: bool) -> dict[str, Any]:
+def _local(torch: Any, dev: Any, size: int, cfg: CopyConfig, cuda: bool) -> Copy:
     src = _pattern(torch, size, dev, 1)
     dst = torch.empty_like(src)
     ref = torch.empty_like(src)
@@ -151,14 +152,16 @@ def _local(torch: Any, dev: Any, size: int, cfg: CopyConfig, cuda: bool) -> dict
         host_us,
         correct and bool(torch.equal(ref, src)),
     )
-    row["rw_gbps"] = 2 * row["gbps"]
-    row["baseline_gbps"] = size / (base_s * 1e9) if base_s > 0 else float("nan")
-    row["ratio"] = row["gbps"] / row["baseline_gbps"] if row["baseline_gbps"] else float("nan")
+    gbps = row.gbps if row.gbps is not None else float("nan")
+    baseline = size / (base_s * 1e9) if base_s > 0 else float("nan")
+    row.rw_gbps = 2 * gbps
+    row.baseline_gbps = baseline
+    row.ratio = gbps / baseline if baseline else float("nan")
     del src, dst, ref
     return row
 
 
-def _peer(torch: Any, a: int, b: int, size: int, cfg: CopyConfig) -> list[dict[str, Any]]:
+def _peer(torch: Any, a: int, b: int, size: int, cfg: CopyConfig) -> list[Copy]:
     da, db = torch.device("cuda", a), torch.device("cuda", b)
     p2p = bool(torch.cuda.can_device_access_peer(a, b))
     src_a = _pattern(torch, size, da, 2)
@@ -222,13 +225,13 @@ def _peer(torch: Any, a: int, b: int, size: int, cfg: CopyConfig) -> list[dict[s
     (t1_, t2_), host_bi = timed([(copy_ab, s_ab), (copy_ba, s_ba)])
     ok = bool(torch.equal(dst_b.to(da), src_a)) and bool(torch.equal(dst_a.to(db), src_b))
     bi = _row("peer_bidir", a, b, "cuda", size, cfg.iters, (t1_ + t2_) / 2, host_bi, ok, p2p)
-    bi["gbps"] = (size / (t1_ * 1e3) + size / (t2_ * 1e3)) / 2
-    bi["total_gbps"] = 2 * size / (host_bi * 1e3) if host_bi > 0 else float("nan")
+    bi.gbps = (size / (t1_ * 1e3) + size / (t2_ * 1e3)) / 2
+    bi.total_gbps = 2 * size / (host_bi * 1e3) if host_bi > 0 else float("nan")
     rows.append(bi)
     return rows
 
 
-def run_copy_probe(config: CopyConfig) -> list[dict[str, Any]]:
+def run_copy_probe(config: CopyConfig) -> list[Copy]:
     """Copy rows for every size: `local` per GPU, `peer` per ordered GPU pair, `peer_bidir` per
     pair (see module doc). On CPU: `local` only."""
     import torch
@@ -239,7 +242,7 @@ def run_copy_probe(config: CopyConfig) -> list[dict[str, Any]]:
         raise ProbeError("--device cuda but no CUDA device is visible")
     if config.iters < 1:
         raise ProbeError("--iters must be >= 1")
-    rows: list[dict[str, Any]] = []
+    rows: list[Copy] = []
     if not cuda:
         if config.local:
             for size in sizes:
@@ -258,7 +261,7 @@ def run_copy_probe(config: CopyConfig) -> list[dict[str, Any]]:
     return rows
 
 
-def format_copy_table(rows: list[dict[str, Any]]) -> str:
+def format_copy_table(rows: list[Copy]) -> str:
     out = [
         "# copy probe: torch copy_ (cudaMemcpyAsync, copy engine). GB/s = bytes copied / time, each byte once;",
         "# rw GB/s (local) counts read + write; bidir total = both directions / host wall time;",
@@ -267,22 +270,23 @@ def format_copy_table(rows: list[dict[str, Any]]) -> str:
         f"{'baseline':>9} {'ratio':>6} {'ok':>3}",
     ]
 
-    def f(v: Any, spec: str = ".2f") -> str:
+    def f(v: float | None, spec: str = ".2f") -> str:
         return "-" if v is None else format(v, spec)
 
     for r in rows:
         out.append(
-            f"  {r['kind']:<10} {r['src']:>4} {r['dst']:>4} {r['bytes']:>12} {r['time_us']:>10.2f} {f(r['gbps']):>9} "
-            f"{f(r['total_gbps']):>9} {f(r['rw_gbps']):>9} {f(r['baseline_gbps']):>9} {f(r['ratio'], '.3f'):>6} "
-            f"{'yes' if r['correct'] else 'NO':>3}"
+            f"  {r.kind:<10} {r.src:>4} {r.dst:>4} {r.bytes:>12} {f(r.time_us):>10} {f(r.gbps):>9} "
+            f"{f(r.total_gbps):>9} {f(r.rw_gbps):>9} {f(r.baseline_gbps):>9} {f(r.ratio, '.3f'):>6} "
+            f"{'yes' if r.correct else 'NO':>3}"
         )
-    local = [r for r in rows if r["kind"] == "local"]
+    local = [r for r in rows if r.kind == "local"]
     if local:
-        big = max(local, key=lambda r: (r["bytes"], -r["src"]))
-        within = abs(big["ratio"] - 1.0) <= 0.05
+        big = max(local, key=lambda r: (r.bytes or 0, -(r.src or 0)))
+        ratio = big.ratio if big.ratio is not None else float("nan")
+        within = abs(ratio - 1.0) <= 0.05
         out.append(
-            f"# check: local D2D copy at {big['bytes']} B on {'GPU ' + str(big['src']) if big['device'] == 'cuda' else 'CPU'}: "
-            f"probe {big['gbps']:.1f} GB/s vs plain torch copy_ {big['baseline_gbps']:.1f} GB/s, ratio {big['ratio']:.3f} "
+            f"# check: local D2D copy at {big.bytes} B on {'GPU ' + str(big.src) if big.device == 'cuda' else 'CPU'}: "
+            f"probe {f(big.gbps, '.1f')} GB/s vs plain torch copy_ {f(big.baseline_gbps, '.1f')} GB/s, ratio {ratio:.3f} "
             f"({'within' if within else 'NOT within'} 5%)"
         )
     return "\n".join(out) + "\n"

@@ -20,8 +20,10 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
+
+from tracekit.model.documents.links import LinksLinksValueItem, LinksTopology
 
 #: NVML topology levels (nvmlGpuTopologyLevel_t) -> nvidia-smi's legend names.
 NVML_TOPOLOGY = {0: "SAME_BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -48,11 +50,33 @@ class Link:
     names: tuple[str, str] = ("", "")
     bus_ids: tuple[str, str] = ("", "")
 
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["names"] = list(self.names)
-        d["bus_ids"] = list(self.bus_ids)
-        return d
+    def document(self) -> LinksLinksValueItem:
+        """The pair as the compare-links result's `links.links[]` entry."""
+        return LinksLinksValueItem(
+            gpu_a=self.gpu_a,
+            gpu_b=self.gpu_b,
+            link=self.link,
+            nvlinks=self.nvlinks,
+            nvlink_p2p=self.nvlink_p2p,
+            nvswitch=self.nvswitch,
+            pcie_path=self.pcie_path,
+            pcie_p2p=self.pcie_p2p,
+            source=self.source,
+            names=list(self.names),
+            bus_ids=list(self.bus_ids),
+        )
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML lists it."""
+
+    index: int
+    name: str
+    bus_id: str
+
+    def document(self) -> LinksLinksValueItem:
+        return LinksLinksValueItem(index=self.index, name=self.name, bus_id=self.bus_id)
 
 
 @dataclass
@@ -60,17 +84,18 @@ class Topology:
     links: list[Link] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     source: str = ""  # "nvml", "nvidia-smi" or "" (nothing found)
-    gpus: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
     nvidia_smi_topo: str | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "gpus": self.gpus,
-            "links": [link.to_dict() for link in self.links],
-            "notes": list(self.notes),
-            "nvidia_smi_topo": self.nvidia_smi_topo,
-        }
+    def document(self) -> LinksTopology:
+        """The machine's links as the compare-links result's `links` (docs/JSON.md#probe)."""
+        return LinksTopology(
+            source=self.source,
+            gpus=[g.document() for g in self.gpus],
+            links=[link.document() for link in self.links],
+            notes=list(self.notes),
+            nvidia_smi_topo=self.nvidia_smi_topo,
+        )
 
     def has_nvlink(self) -> bool:
         return any(link.link == "nvlink" for link in self.links)
@@ -162,13 +187,13 @@ def _norm_bus(bus: str) -> str:
     return bus
 
 
-def nvml_links(nvml: Any) -> tuple[list[Link], list[dict[str, Any]]]:
+def nvml_links(nvml: Any) -> tuple[list[Link], list[Gpu]]:
     """Pairs and GPU list through an initialised pynvml-like module `nvml`."""
     count = nvml.nvmlDeviceGetCount()
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     names = [_text(nvml.nvmlDeviceGetName(h)) for h in handles]
     buses = [_text(nvml.nvmlDeviceGetPciInfo(h).busId) for h in handles]
-    gpus = [{"index": i, "name": names[i], "bus_id": buses[i]} for i in range(count)]
+    gpus = [Gpu(i, names[i], buses[i]) for i in range(count)]
     max_links = int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))
     enabled = int(getattr(nvml, "NVML_FEATURE_ENABLED", 1))
     # per GPU: remote bus id of every active link
@@ -275,7 +300,7 @@ def detect_topology(nvml: Any = None, topo_text: str | None = None) -> Topology:
     return topo
 
 
-def detect_links() -> list[dict[str, Any]]:
-    """Links per GPU pair as dicts (see `Link`); [] on a machine without GPUs (the note is in
-    `detect_topology().notes`)."""
-    return [link.to_dict() for link in detect_topology().links]
+def detect_links() -> list[LinksLinksValueItem]:
+    """Links per GPU pair (see `Link`), as the compare-links result's `links.links`; [] on a
+    machine without GPUs (the note is in `detect_topology().notes`)."""
+    return [link.document() for link in detect_topology().links]

@@ -23,7 +23,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+
+from tracekit.model.documents.links import NcclSummary
 
 _CONN_RE = re.compile(
     r"\b(?:Channel|Ring) (?P<channel>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)\[(?P<srcdev>[0-9a-fA-Fx]+)\] -> "
@@ -200,7 +201,7 @@ def parse_files(paths: Iterable[Path | str]) -> NcclLog:
     return log
 
 
-def summarize(log: NcclLog) -> dict[str, Any]:
+def summarize(log: NcclLog) -> NcclSummary:
     """A JSON-able summary: which transports NCCL connected, the path types it planned on, NVLS,
     algorithms/protocols per (op, bytes), and one `transport` label for probe rows."""
     by_transport = Counter(c.short for c in log.connections)
@@ -226,23 +227,23 @@ def summarize(log: NcclLog) -> dict[str, Any]:
         key = f"{t.algo}/{t.proto}"
         algos.setdefault(t.op or "?", {})
         algos[t.op or "?"][key] = algos[t.op or "?"].get(key, 0) + 1
-    return {
-        "transport": label,
-        "transports": dict(by_transport),
-        "kinds": dict(by_kind),
-        "graph_types": graph,
-        "p2p": p2p,
-        "wire": wire,  # nvlink / pcie / host_memory / network / unknown (from NCCL's own log)
-        "nvls_available": log.nvls_available,
-        "nvls_used": log.nvls_used,
-        "collnet": log.collnet,
-        "rings_connected": log.rings_connected,
-        "algos": algos,
-        "nccl_version": log.version,
-        "n_ranks": log.n_ranks,
-        "connections": len(log.connections),
-        "lines": log.lines,
-    }
+    return NcclSummary(
+        transport=label,
+        transports=dict(by_transport),
+        kinds=dict(by_kind),
+        graph_types=graph,
+        p2p=p2p,
+        wire=wire,  # nvlink / pcie / host_memory / network / unknown (from NCCL's own log)
+        nvls_available=log.nvls_available,
+        nvls_used=log.nvls_used,
+        collnet=log.collnet,
+        rings_connected=log.rings_connected,
+        algos=algos,
+        nccl_version=log.version,
+        n_ranks=log.n_ranks,
+        connections=len(log.connections),
+        lines=log.lines,
+    )
 
 
 def choice_for(log: NcclLog, op: str, sizes: Iterable[int]) -> TuningChoice | None:

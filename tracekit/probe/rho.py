@@ -39,8 +39,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from tracekit.model.documents.rho import Rho as RhoDoc
+from tracekit.model.documents.rho import RhoDevice, RhoRhoItem
 from tracekit.probe.rho_kernels import (
     FMA_UNROLL,
     Measurement,
@@ -98,7 +99,7 @@ def anchors_for(device_name: str) -> dict[str, float]:
 class Rho:
     """The probe's result; `to_json()` per docs/JSON.md#rho."""
 
-    device: dict[str, Any]
+    device: RhoDevice
     matrix: list[Measurement]
     vector: list[Measurement]
     notes: list[str] = field(default_factory=list)
@@ -109,7 +110,7 @@ class Rho:
                 return v.tops
         return None
 
-    def rho(self) -> list[dict[str, Any]]:
+    def rho(self) -> list[RhoRhoItem]:
         """Per matrix dtype: measured rho (matrix / fp32 FMA), datasheet rho, anchor rho."""
         fma = self.vector_tops("fp32")
         ds_fma = next((v.datasheet_tops for v in self.vector if v.dtype == "fp32"), None)
@@ -117,25 +118,29 @@ class Rho:
         out = []
         for m in self.matrix:
             out.append(
-                {
-                    "dtype": m.dtype,
-                    "rho": (m.tops / fma) if (m.tops and fma) else None,
-                    "datasheet_rho": (m.datasheet_tops / ds_fma) if (m.datasheet_tops and ds_fma) else None,
-                    "anchor_rho": (m.anchor_tops / an_fma) if (m.anchor_tops and an_fma) else None,
-                }
+                RhoRhoItem(
+                    dtype=m.dtype,
+                    rho=(m.tops / fma) if (m.tops and fma) else None,
+                    datasheet_rho=(m.datasheet_tops / ds_fma) if (m.datasheet_tops and ds_fma) else None,
+                    anchor_rho=(m.anchor_tops / an_fma) if (m.anchor_tops and an_fma) else None,
+                )
             )
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "tracekit.rho",
-            "device": self.device,
-            "matrix": [m.to_json() for m in self.matrix],
-            "vector": [v.to_json() for v in self.vector],
-            "rho": self.rho(),
-            "notes": list(self.notes),
-        }
+    def document(self) -> RhoDoc:
+        """The result as its document (docs/JSON.md#rho)."""
+        return RhoDoc(
+            schema_version=SCHEMA_VERSION,
+            kind="tracekit.rho",
+            device=self.device,
+            matrix=[m.document() for m in self.matrix],
+            vector=[v.document() for v in self.vector],
+            rho=self.rho(),
+            notes=list(self.notes),
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return self.document().to_json()
 
 
 def run_rho(
@@ -163,14 +168,14 @@ def run_rho(
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
         name = str(props.name)
-        dev = {
-            "type": "cuda",
-            "name": name,
-            "capability": f"{props.major}.{props.minor}",
-            "multiprocessors": int(props.multi_processor_count),
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-        }
+        dev = RhoDevice(
+            type="cuda",
+            name=name,
+            capability=f"{props.major}.{props.minor}",
+            multiprocessors=int(props.multi_processor_count),
+            torch=str(torch.__version__),
+            cuda=torch.version.cuda,
+        )
         size = size or 8192
         iterations = iterations or 10
         warmup = 3
@@ -178,7 +183,7 @@ def run_rho(
         import platform
 
         name = platform.processor() or platform.machine()
-        dev = {"type": "cpu", "name": name, "threads": torch.get_num_threads(), "torch": torch.__version__}
+        dev = RhoDevice(type="cpu", name=name, threads=torch.get_num_threads(), torch=str(torch.__version__))
         size = size or 256
         iterations = iterations or 5
         warmup = 1
@@ -224,7 +229,7 @@ def format_table(result: Rho) -> str:
         return f"{x:,.{nd}f}" if abs(x) >= 10 or nd > 1 else f"{x:.3g}"
 
     d = result.device
-    lines = [f"device: {d.get('name')} ({d.get('type')}, torch {d.get('torch')})", ""]
+    lines = [f"device: {d.name} ({d.type}, torch {d.torch})", ""]
     head = f"{'kind':<7} {'dtype':<6} {'measured':>10} {'best':>10} {'datasheet':>10} {'anchor':>10}  method"
     lines += [head, "-" * len(head)]
     for m in [*result.matrix, *result.vector]:
@@ -245,8 +250,8 @@ def format_table(result: Rho) -> str:
     lines.append(f"{'rho':<14} {'measured':>9} {'datasheet':>10} {'anchor':>8}")
     for r in result.rho():
         lines.append(
-            f"{r['dtype'] + ' / fp32 FMA':<14} {f(r['rho'], 1):>9} {f(r['datasheet_rho'], 1):>10} "
-            f"{f(r['anchor_rho'], 1):>8}"
+            f"{str(r.dtype) + ' / fp32 FMA':<14} {f(r.rho, 1):>9} {f(r.datasheet_rho, 1):>10} "
+            f"{f(r.anchor_rho, 1):>8}"
         )
     for n in result.notes:
         lines.append(f"note: {n}")

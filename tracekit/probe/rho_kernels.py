@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tracekit.model.documents.rho import RhoMatrixItem
+
 
 @dataclass
 class Measurement:
@@ -35,8 +37,9 @@ class Measurement:
     #: fp32 FMA only: the device's FMA peak at that clock (SMs x FP32_LANES_PER_SM x 2 x clock)
     peak_at_clock_tops: float | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+    def document(self) -> RhoMatrixItem:
+        """The measurement as its `matrix[]` / `vector[]` entry (docs/JSON.md#rho)."""
+        return RhoMatrixItem(**asdict(self))
 
 
 def _time_batches(

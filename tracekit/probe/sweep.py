@@ -39,21 +39,23 @@ torch is imported only inside the functions that run ranks.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tracekit.errors import ProbeError
+from tracekit.model.documents.links import LinksGpu, LinksMeta, NcclSummary, ProbeRow
 from tracekit.probe import nccl_log, spec
 from tracekit.probe.results import make_row
-from tracekit.probe.sweep_rank import Rank
+from tracekit.probe.sweep_rank import Buffers, Measured, Rank
 
 #: What starts a CPU sweep's ranks, when set: a callable returning a multiprocessing-like context
 #: (`Process`); None spawns fresh interpreters. The commands above this stage set the capture's fork
@@ -142,22 +144,19 @@ class SweepConfig:
 
 @dataclass
 class SweepResult:
-    rows: list[dict[str, Any]]
-    transport: dict[str, Any]  # nccl_log.summarize(...) of all ranks' logs ({} on gloo)
+    rows: list[ProbeRow]
+    transport: NcclSummary | None  # nccl_log.summarize(...) of all ranks' logs (None: no NCCL log read)
     log_dir: str | None
-    meta: dict[str, Any]
+    meta: LinksMeta | None  # None on a torchrun rank other than 0
     notes: list[str]
     config: SweepConfig  # as resolved: device, backend, ranks and devices filled in
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "transport": self.transport,
-            "log_dir": self.log_dir,
-            "meta": self.meta,
-            "notes": self.notes,
-            "config": config_dict(self.config),
-        }
+
+class _RankZero(msgspec.Struct):
+    """What rank 0 of spawned ranks hands the parent (msgpack: NaN stays NaN)."""
+
+    rows: list[ProbeRow]
+    meta: LinksMeta
 
 
 def _cuda_device_count() -> int:
@@ -217,13 +216,13 @@ def _plan(cfg: SweepConfig, world: int) -> list[tuple[str, spec.Layout, bool]]:
 
 def _rank_main(
     rank: int, world: int, cfg: SweepConfig, init_method: str, log_dir: str | None
-) -> list[dict[str, Any]]:
+) -> list[ProbeRow]:
     """Run the whole sweep on one rank; returns the rows on rank 0, [] elsewhere."""
     os.environ.update(rank_env(cfg, rank, log_dir))
     state = Rank(cfg, rank, world, init_method)
     try:
         plan = _plan(cfg, world)
-        records: list[dict[str, Any]] = []
+        records: list[Measured] = []
         progress = None
         task = None
         if cfg.progress and rank == 0:
@@ -241,10 +240,10 @@ def _rank_main(
             progress.start()
             task = progress.add_task("probe", total=len(plan))
         current_op = None
-        pool: dict[str, Any] = {}
+        pool: Buffers | None = None
         sizes = spec.sweep_sizes(cfg.min_bytes, cfg.max_bytes, cfg.factor)
         for op, lay, in_place in plan:
-            if op != current_op:
+            if op != current_op or pool is None:
                 pool = state.pool_for(op, sizes)
                 current_op = op
             if progress is not None and task is not None:
@@ -257,14 +256,14 @@ def _rank_main(
                 progress.advance(task)
         if progress is not None:
             progress.stop()
-        gathered: list[Any] = [None] * world
+        gathered: list[list[Measured] | None] = [None] * world
         state.dist.all_gather_object(gathered, records)
         if rank != 0:
             return []
         rows = []
         for i, (op, lay, in_place) in enumerate(plan):
-            per_rank = [g[i] for g in gathered]
-            wrongs = [p["wrong"] for p in per_rank]
+            per_rank = [g[i] for g in gathered if g is not None]
+            wrongs = [p.wrong for p in per_rank]
             rows.append(
                 make_row(
                     op=op,
@@ -273,10 +272,10 @@ def _rank_main(
                     device=cfg.device,
                     dtype=cfg.dtype,
                     in_place=in_place,
-                    time_us_per_rank=[p["time_us"] for p in per_rank],
-                    host_time_us_per_rank=[p["host_time_us"] for p in per_rank],
+                    time_us_per_rank=[p.time_us for p in per_rank],
+                    host_time_us_per_rank=[p.host_time_us for p in per_rank],
                     timer="cuda_event" if cfg.device == "cuda" else "host",
-                    wrong=None if any(w is None for w in wrongs) else int(sum(wrongs)),
+                    wrong=None if any(w is None for w in wrongs) else sum(w or 0 for w in wrongs),
                     iters=cfg.iters,
                     warmup=cfg.warmup,
                     mode=cfg.mode,
@@ -295,33 +294,29 @@ def _spawn_entry(
     try:
         rows = _rank_main(rank, world, cfg, init_method, log_dir)
         if rank == 0:
-            Path(result_path).write_text(json.dumps({"rows": rows, "meta": _meta(cfg)}))
+            Path(result_path).write_bytes(msgspec.msgpack.encode(_RankZero(rows, _meta(cfg))))
     except BaseException:
         Path(f"{result_path}.rank{rank}.err").write_text(traceback.format_exc())
         sys.exit(1)
 
 
-def _meta(cfg: SweepConfig) -> dict[str, Any]:
+def _meta(cfg: SweepConfig) -> LinksMeta:
     import torch
 
-    meta: dict[str, Any] = {
-        "torch": torch.__version__,
-        "python": sys.version.split()[0],
-        "cuda": torch.version.cuda,
-    }
+    meta = LinksMeta(torch=str(torch.__version__), python=sys.version.split()[0], cuda=torch.version.cuda)
     if cfg.device == "cuda":
         try:
             v = torch.cuda.nccl.version()
-            meta["nccl"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+            meta.nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
         except Exception:
-            meta["nccl"] = None
-        meta["gpus"] = [
-            {"index": d, "name": torch.cuda.get_device_name(d)} for d in (cfg.devices or ()) if d >= 0
+            meta.nccl = None
+        meta.gpus = [
+            LinksGpu(index=d, name=torch.cuda.get_device_name(d)) for d in (cfg.devices or ()) if d >= 0
         ]
     return meta
 
 
-def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[ProbeRow], LinksMeta]:
     """Start one process per rank (multiprocessing, spawn: fresh interpreters, so each rank's
     environment is its own; on CPU forked from `cpu_rank_starter` when set) and wait for them; the
     parent does not import torch here."""
@@ -332,7 +327,7 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
     ctx = starter() if starter is not None else mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tracekit-probe-") as tmp:
         init_method = f"file://{Path(tmp) / 'store'}"
-        result_path = str(Path(tmp) / "result.json")
+        result_path = str(Path(tmp) / "result.msgpack")
         procs = [
             ctx.Process(
                 target=_spawn_entry, args=(r, cfg.ranks, cfg, init_method, log_dir, result_path), daemon=True
@@ -359,7 +354,7 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
                 if p.is_alive():
                     p.kill()
                     p.join(timeout=5)
-            errs = sorted(Path(tmp).glob("result.json.rank*.err"))
+            errs = sorted(Path(tmp).glob("result.msgpack.rank*.err"))
             if failed == -1:
                 raise ProbeError(
                     f"probe timed out after {cfg.timeout_s:.0f} s ({cfg.ranks} ranks, {cfg.backend})"
@@ -373,8 +368,8 @@ def _spawn(cfg: SweepConfig, log_dir: str | None) -> tuple[list[dict[str, Any]],
         if not Path(result_path).is_file():
             codes = [p.exitcode for p in procs]
             raise ProbeError(f"the probe's rank 0 wrote no result (exit codes {codes})")
-        data = json.loads(Path(result_path).read_text())
-        return data["rows"], data["meta"]
+        data = msgspec.msgpack.decode(Path(result_path).read_bytes(), type=_RankZero)
+        return data.rows, data.meta
 
 
 def algo_pass_config(cfg: SweepConfig) -> SweepConfig:
@@ -415,17 +410,17 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
                 old.unlink()
     if torchrun:
         rows = _rank_main(rank, world, cfg, "env://", log_dir)
-        meta = _meta(cfg) if rank == 0 else {}
+        meta = _meta(cfg) if rank == 0 else None
         notes.append(f"ran as torchrun rank {rank} of {world}; NCCL logs read from this host only")
         if rank != 0:
-            return SweepResult([], {}, log_dir, meta, notes, cfg)
+            return SweepResult([], None, log_dir, meta, notes, cfg)
     else:
         rows, meta = _spawn(cfg, log_dir)
     if cfg.graph:
         notes.append(graph_note(cfg.iters))
     if "sendrecv" in cfg.ops and cfg.ranks == 1:
         notes.append("sendrecv skipped: it needs at least 2 ranks")
-    transport: dict[str, Any] = {}
+    transport: NcclSummary | None = None
     if cfg.backend == "nccl" and log_dir:
         log = nccl_log.parse_files(sorted(Path(log_dir).glob("nccl-rank*.log")))
         transport = nccl_log.summarize(log)
@@ -443,25 +438,25 @@ def run_sweep_detailed(config: SweepConfig) -> SweepResult:
                 _spawn(algo_pass_config(cfg), str(tuning_dir))
                 tuning_log = nccl_log.parse_files(sorted(tuning_dir.glob("nccl-rank*.log")))
                 algo_source = "un-timed TUNING pass"
-                transport["algos"] = nccl_log.summarize(tuning_log)["algos"]
+                transport.algos = nccl_log.summarize(tuning_log).algos
                 if not tuning_log.tuning:
                     notes.append(f"the TUNING pass logged no algorithm choices ({tuning_dir})")
-        transport["nccl_debug_subsys"] = NCCL_DEBUG_SUBSYS.get(cfg.nccl_debug, "")
-        transport["algo_source"] = algo_source
-        label = transport["transport"] or ("none (1 rank)" if cfg.ranks == 1 else "unknown")
+        transport.nccl_debug_subsys = NCCL_DEBUG_SUBSYS.get(cfg.nccl_debug, "")
+        transport.algo_source = algo_source
+        label = transport.transport or ("none (1 rank)" if cfg.ranks == 1 else "unknown")
         for row in rows:
-            row["transport"] = label
+            row.transport = label
             if tuning_log is None:
                 continue
-            lay_sizes = {int(row["bytes"]), int(row["count"]) * spec.DTYPES[cfg.dtype][1]}
-            choice = nccl_log.choice_for(tuning_log, row["op"], lay_sizes)
+            lay_sizes = {row.bytes, row.count * spec.DTYPES[cfg.dtype][1]}
+            choice = nccl_log.choice_for(tuning_log, row.op, lay_sizes)
             if choice is not None:
-                row["algo"], row["proto"] = choice.algo, choice.proto
+                row.algo, row.proto = choice.algo, choice.proto
         if not log.lines:
             notes.append(f"no NCCL log lines found in {log_dir} (NCCL_DEBUG_FILE not honoured?)")
     elif cfg.backend == "gloo":
         for row in rows:
-            row["transport"] = "gloo/tcp"
+            row.transport = "gloo/tcp"
     return SweepResult(rows, transport, log_dir, meta, notes, cfg)
 
 
@@ -473,14 +468,6 @@ def graph_note(iters: int) -> str:
     )
 
 
-def config_dict(cfg: SweepConfig) -> dict[str, Any]:
-    """A sweep's configuration as its JSON object (`config` of the detailed result)."""
-    d = asdict(cfg)
-    d["ops"] = list(cfg.ops)
-    d["devices"] = list(cfg.devices) if cfg.devices else None
-    return d
-
-
-def run_sweep(config: SweepConfig) -> list[dict[str, Any]]:
+def run_sweep(config: SweepConfig) -> list[ProbeRow]:
     """The rows of a sweep (see docs/JSON.md#probe); [] on torchrun ranks other than 0."""
     return run_sweep_detailed(config).rows

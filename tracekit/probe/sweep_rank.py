@@ -6,13 +6,29 @@ CUDA-graph replay), the check iteration. torch is imported when a rank starts.""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from tracekit.errors import ProbeError
 from tracekit.probe import spec
 
 if TYPE_CHECKING:
     from tracekit.probe.sweep import SweepConfig
+
+
+class Buffers(NamedTuple):
+    """One op's send and receive allocations (torch tensors), sliced per iteration."""
+
+    send: Any
+    recv: Any
+
+
+class Measured(NamedTuple):
+    """One rank's record of one (op, size, form): per-iteration times (us) and wrong elements
+    (None: not checked); rank 0 gathers every rank's into the row (`probe.results.make_row`)."""
+
+    time_us: float
+    host_time_us: float
+    wrong: int | None
 
 
 def _torch_dtype(torch: Any, name: str) -> Any:
@@ -35,10 +51,12 @@ class Rank:
             torch.cuda.set_device(self.dev)
         else:
             self.dev = torch.device("cpu")
-        kwargs: dict[str, Any] = {}
         if cfg.backend == "nccl":
-            kwargs["device_id"] = self.dev
-        dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world, **kwargs)
+            dist.init_process_group(
+                cfg.backend, init_method=init_method, rank=rank, world_size=world, device_id=self.dev
+            )
+        else:
+            dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world)
         self.dtype = _torch_dtype(torch, cfg.dtype)
         self.elem = spec.DTYPES[cfg.dtype][1]
         self._capture_stream: Any = None
@@ -84,11 +102,11 @@ class Rank:
         else:  # pragma: no cover - normalise_op guards
             raise ProbeError(f"unknown op {op}")
 
-    def measure(self, op: str, lay: spec.Layout, in_place: bool, pool: dict[str, Any]) -> dict[str, Any]:
+    def measure(self, op: str, lay: spec.Layout, in_place: bool, pool: Buffers) -> Measured:
         """Time one (op, size, form) and check it; returns this rank's record."""
         torch = self.torch
         cfg = self.cfg
-        send_pool, recv_pool = pool["send"], pool["recv"]
+        send_pool, recv_pool = pool
         # nccl-tests rotates buffers: iteration i uses offset (i % steps) * size
         n_iter = max(cfg.iters, cfg.warmup, 1)
         if in_place:
@@ -139,14 +157,7 @@ class Rank:
             time_us = (t1 - t0) / 1e3 / cfg.iters
             host_us = time_us
         wrong = self.check(op, lay, in_place, views[0]) if cfg.check else None
-        return {
-            "op": op,
-            "bytes": lay.size_bytes,
-            "in_place": in_place,
-            "time_us": time_us,
-            "host_time_us": host_us,
-            "wrong": wrong,
-        }
+        return Measured(time_us, host_us, wrong)
 
     def _time_graph(
         self, op: str, lay: spec.Layout, in_place: bool, views: list[tuple[Any, Any, Any]]
@@ -217,15 +228,15 @@ class Rank:
         # the values are small integers, exact in every supported dtype: compare in the buffer's dtype
         return int((out != expected.to(out.dtype)).sum().item())
 
-    def pool_for(self, op: str, sizes: list[int]) -> dict[str, Any]:
+    def pool_for(self, op: str, sizes: list[int]) -> Buffers:
         torch = self.torch
         lays = [spec.layout(op, s, self.world, self.elem) for s in sizes]
         send_n = max(max(lay.send_count, lay.shared_count) for lay in lays)
         recv_n = max(max(lay.recv_count, lay.shared_count) for lay in lays)
-        return {
-            "send": torch.empty(send_n, dtype=self.dtype, device=self.dev),
-            "recv": torch.empty(recv_n, dtype=self.dtype, device=self.dev),
-        }
+        return Buffers(
+            torch.empty(send_n, dtype=self.dtype, device=self.dev),
+            torch.empty(recv_n, dtype=self.dtype, device=self.dev),
+        )
 
     def close(self) -> None:
         try:

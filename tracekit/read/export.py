@@ -16,13 +16,13 @@ import io
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import orjson
 
 from tracekit.errors import RankError, TraceFormatError
-from tracekit.model.documents.base import JSONObject
+from tracekit.model.documents.chrome import ExportObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 
 READER_VERSION = "tracekit-export-1"
@@ -46,7 +46,7 @@ def is_export(path: str | os.PathLike[str]) -> bool:
         return False
 
 
-def _load(p: Path) -> JSONObject:
+def _load(p: Path) -> ExportObject:
     try:
         raw = p.read_bytes()
         if raw[:2] == b"\x1f\x8b":  # inflated at most --max-bytes (a gzip bomb is refused, not held)
@@ -68,7 +68,7 @@ def _load(p: Path) -> JSONObject:
         raise TraceFormatError(p, f"not valid JSON ({exc.msg})", offset=exc.pos) from None
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         raise TraceFormatError(p, "a tracekit export without a traceEvents array")
-    return doc
+    return cast("ExportObject", doc)  # events that are not objects are skipped where they are read
 
 
 def read_export(path: str | os.PathLike[str], *, rank: int | None = None) -> Run:

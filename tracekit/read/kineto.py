@@ -45,7 +45,6 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read.kineto_blocks import FileProgress
 from tracekit.read.kineto_collectives import (
@@ -78,7 +77,11 @@ CHUNK_BYTES = 4 * 1024 * 1024  # measured (issue 7): 4 MB is as fast as 16 MB on
 
 
 def _build_table(
-    cols: Columns, rank: int, base_ns: int, meta: JSONObject | None = None, dq: DataQuality | None = None
+    cols: Columns,
+    rank: int,
+    base_ns: int,
+    meta: dict[str, object] | None = None,
+    dq: DataQuality | None = None,
 ) -> pd.DataFrame:
     meta = meta or {}
     dq = dq if dq is not None else cols.dq
@@ -225,7 +228,7 @@ def check_rank_argument(rank: Any) -> None:
 
 
 def _resolve_rank(
-    path: Path, meta: JSONObject, rank: int | None, default_rank: int | None = None
+    path: Path, meta: dict[str, object], rank: int | None, default_rank: int | None = None
 ) -> tuple[int, str]:
     if rank is not None:
         check_rank_argument(rank)
@@ -354,7 +357,7 @@ def read_kineto(
         )
     if cols.rows == 0:
         cols.dq.add("traces_without_complete_events", 1, f"{p.name}: no complete (X) events")
-    info: JSONObject = {k: v for k, v in meta.items() if k != "traceEvents"}
+    info: dict[str, object] = {k: v for k, v in meta.items() if k != "traceEvents"}
     info.update(
         {
             "source": str(p),

@@ -15,7 +15,6 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality
 from tracekit.model.launch import COLLECTIVE_LAUNCH_OP, launch_op_collective
 from tracekit.read.kineto_decode import ANY_DECODER
@@ -218,7 +217,7 @@ def shape_tensors(dims: Any, types: Any) -> list[tuple[int, str]]:
     return out
 
 
-def single_process_group(meta: JSONObject) -> tuple[int, str, str] | None:
+def single_process_group(meta: dict[str, object]) -> tuple[int, str, str] | None:
     """(size, name, ranks text) of the only process group the trace's distributedInfo names, or
     None when it names several or none (then a gloo op's group cannot be known from this file)."""
     di = meta.get("distributedInfo")
@@ -275,7 +274,7 @@ def fill_from_shapes(
     names: list[str],
     name_codes: np.ndarray,
     device: np.ndarray,
-    meta: JSONObject,
+    meta: dict[str, object],
 ) -> None:
     """Bytes / dtype / op of host `gloo:` and `nccl:` ranges from their own record_shapes, and of
     an engine's collective ops (`tracekit.model.launch.COLLECTIVE_LAUNCH_OP`, e.g.

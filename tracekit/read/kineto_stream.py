@@ -68,7 +68,8 @@ class Stream:
         self.base = 0  # stream offset of buf[0]
         self.eof = False
         self.chunk_bytes = chunk_bytes
-        self.meta: dict[str, Any] = {}
+        #: the trace's top-level metadata as the profiler wrote it (values unchecked)
+        self.meta: dict[str, object] = {}
         self.total_bytes = 0
         self.events_seen = 0
         self.utf8_replaced = 0  # chunks in which invalid UTF-8 was replaced
@@ -119,7 +120,7 @@ class Stream:
         del self.buf[:n]
         self.base += n
 
-    def _parse_object_text(self, text: bytes, offset: int) -> dict[str, Any]:
+    def _parse_object_text(self, text: bytes, offset: int) -> dict[str, object]:
         try:
             obj = ANY_DECODER.decode(text)
         except RecursionError:

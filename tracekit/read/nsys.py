@@ -39,7 +39,6 @@ from pathlib import Path
 import numpy as np
 
 from tracekit.errors import TraceFormatError
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read import cache as cache_mod
 from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
@@ -318,6 +317,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
 
     pid_fill = PidByCorrelation(con, tables)
 
+    def gpu_matrix(sql: str, width: int) -> np.ndarray:
+        """The rows of a device-side query (start, end, device, stream, correlation, pid, ...),
+        each row's missing pid taken from its launch (`PidByCorrelation`)."""
+        return pid_fill.fill(int_matrix(con, sql, width, dq))
+
     # ---- kernels
     if T_KERNEL in tables:
         cols = set(table_columns(con, T_KERNEL))
@@ -325,13 +329,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
         if not name_cols:
             raise TraceFormatError(db, f"table {T_KERNEL} has no demangledName/shortName/mangledName column")
         name_sql = f"COALESCE({', '.join(name_cols)}, -1)"
-        m = int_matrix(
-            con,
-            f"SELECT start, end, {gpu_ids(cols)}, {name_sql} FROM {T_KERNEL}",
-            7,
-            dq,
-        )
-        m = pid_fill.fill(m)
+        m = gpu_matrix(f"SELECT start, end, {gpu_ids(cols)}, {name_sql} FROM {T_KERNEL}", 7)
         names = lookup_strings(strings, m[:, 6], dq, "kernel")
         coll_name, coll_op = nccl_ops_of(names, NCCL_KERNEL)
         parts.append(gpu_part("kernel", m, names, coll_name=coll_name, coll_op=coll_op))
@@ -344,14 +342,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     # joined to its cudaGraphLaunch by correlationId like a kernel to its launch
     if T_GRAPH in tables:
         cols = set(table_columns(con, T_GRAPH))
-        graph_sql = "COALESCE(graphId, -1)" if "graphId" in cols else "-1"
-        m = int_matrix(
-            con,
-            f"SELECT start, end, {gpu_ids(cols)}, {graph_sql} FROM {T_GRAPH} WHERE NOT (start = 0 AND end = 0)",
+        m = gpu_matrix(
+            f"SELECT start, end, {gpu_ids(cols)}, {col_or_default(cols, 'graphId', -1)} FROM {T_GRAPH} "
+            "WHERE NOT (start = 0 AND end = 0)",
             7,
-            dq,
         )
-        m = pid_fill.fill(m)
         if len(m):
             names = np.array([f"CUDA graph {g} (graph-level trace)" for g in m[:, 6].tolist()], dtype=object)
             parts.append(gpu_part("kernel", m, names))
@@ -368,14 +363,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     # ---- memcpy
     if T_MEMCPY in tables:
         cols = set(table_columns(con, T_MEMCPY))
-        m = int_matrix(
-            con,
+        m = gpu_matrix(
             f"SELECT start, end, {gpu_ids(cols)}, {col_or_default(cols, 'bytes', 0)}, {col_or_default(cols, 'copyKind', 0)}, "
             f"{col_or_default(cols, 'srcKind', 7)}, {col_or_default(cols, 'dstKind', 7)} FROM {T_MEMCPY}",
             10,
-            dq,
         )
-        m = pid_fill.fill(m)
         mem_kind = enum_table(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND, cells)
         names = memcpy_names(m[:, 7], m[:, 8], m[:, 9], mem_kind)
         parts.append(gpu_part("memcpy", m, names))
@@ -386,14 +378,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     # ---- memset
     if T_MEMSET in tables:
         cols = set(table_columns(con, T_MEMSET))
-        kind_sql = "COALESCE(memKind, 7)" if "memKind" in cols else "7"
-        m = int_matrix(
-            con,
-            f"SELECT start, end, {gpu_ids(cols)}, {col_or_default(cols, 'bytes', 0)}, {kind_sql} FROM {T_MEMSET}",
+        m = gpu_matrix(
+            f"SELECT start, end, {gpu_ids(cols)}, {col_or_default(cols, 'bytes', 0)}, "
+            f"{col_or_default(cols, 'memKind', 7)} FROM {T_MEMSET}",
             8,
-            dq,
         )
-        m = pid_fill.fill(m)
         mem_kind = enum_table(con, tables, "ENUM_CUDA_MEM_KIND", MEMORY_KIND, cells)
         kinds = np.array([f"Memset ({mem_kind.get(k, 'Unknown')})" for k in range(8)], dtype=object)
         names = kinds[np.clip(m[:, 7], 0, 7)]
@@ -435,14 +424,11 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     if T_SYNC in tables:
         cols = set(table_columns(con, T_SYNC))
         type_col = "syncType" if "syncType" in cols else "deprecatedSyncType"
-        m = int_matrix(
-            con,
+        m = gpu_matrix(
             f"SELECT start, end, {col_or_default(cols, 'deviceId', -1)}, {col_or_default(cols, 'streamId', -1)}, "
             f"{col_or_default(cols, 'correlationId', -1)}, {pid_sql(cols)}, {col_or_default(cols, type_col, 0)} FROM {T_SYNC}",
             7,
-            dq,
         )
-        m = pid_fill.fill(m)
         lut = np.array(["Unknown Sync"] + [SYNC_TYPE[k] for k in (1, 2, 3, 4)], dtype=object)
         t = m[:, 6]
         names = lut[np.where((t >= 1) & (t <= 4), t, 0)]
@@ -525,12 +511,12 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     events = make_events(merged)
 
     sources = {r: str(given) for r in ranks}
-    rank_info: dict[int, JSONObject] = {}
+    rank_info: dict[int, dict[str, object]] = {}
     for proc_id, r in pid_to_rank.items():
         counts = per_pid.get(proc_id, Counter())
         rank_events = events[events["rank"] == r]
         devices = sorted(int(d) for d in rank_events["device"].unique() if d >= 0)
-        info: JSONObject = {
+        info: dict[str, object] = {
             "source": "nsys",
             "path": str(given),
             "sqlite": str(db),

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
 from tracekit.errors import RankError
-from tracekit.model.documents.base import JSONObject
 from tracekit.model.events import DataQuality
 from tracekit.read.nsys_tables import (
     MEMCPY_KIND,
@@ -63,8 +63,18 @@ def memcpy_names(
     return labels[np.asarray(inv).reshape(-1)]
 
 
-def run_meta(con: sqlite3.Connection, tables: set[str], cells: TextCells) -> JSONObject:
-    meta: JSONObject = {}
+class NsysMeta(TypedDict, total=False):
+    """What a report's tables say about its session (`run_meta`)."""
+
+    session_start_utc_ns: int  # TARGET_INFO_SESSION_START_TIME: UTC ns of the session start
+    nsys_version: str | None  # META_DATA_EXPORT EXPORT_PRODUCT_VERSION
+    schema_version: str | None  # META_DATA_EXPORT EXPORT_SCHEMA_VERSION
+    gpus: dict[int, str]  # TARGET_INFO_GPU: device id -> name
+    env_rank: int  # RANK= in TARGET_INFO_SYSTEM_ENV's DeviceEnvironment
+
+
+def run_meta(con: sqlite3.Connection, tables: set[str], cells: TextCells) -> NsysMeta:
+    meta: NsysMeta = {}
     if "TARGET_INFO_SESSION_START_TIME" in tables:
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
         if row and is_int64(row[0]):  # text or a REAL there: no session start (not aligned)
@@ -103,7 +113,7 @@ def process_names(con: sqlite3.Connection, tables: set[str], cells: TextCells) -
 
 
 def assign_ranks(
-    pids: list[int], rank: int | None, given: Path, meta: JSONObject, db: Path, dq: DataQuality
+    pids: list[int], rank: int | None, given: Path, meta: NsysMeta, db: Path, dq: DataQuality
 ) -> tuple[list[int], str]:
     if len(pids) > 1:
         if rank is not None:

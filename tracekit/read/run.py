@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
-from tracekit.model.documents.base import JSONObject, given
+from tracekit.model.documents.base import given
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
 from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker, sha256_of
@@ -58,7 +58,7 @@ def concat_runs(runs: Sequence[Run]) -> Run:
     `COLUMNS` that the first file's table has are kept (categoricals unioned in order of first
     appearance)."""
     sources: dict[int, str] = {}
-    rank_info: dict[int, JSONObject] = {}
+    rank_info: dict[int, dict[str, object]] = {}
     dq = DataQuality()
     for run in runs:
         for r, src in run.sources.items():

@@ -27,6 +27,7 @@ from tracekit.model.documents import (
     decode,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents.links import nan_for_null
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extra_section import ExtraSection
 
@@ -104,9 +105,9 @@ def load_links(path: str | Path) -> Links | list[ProbeRow]:
     obj = load_json_file(p, "links file", ReportError)
     try:
         if isinstance(obj, list):
-            return convert(obj, list[ProbeRow])
+            return convert(nan_for_null(obj), list[ProbeRow])
         if isinstance(obj, dict) and "rows" in obj:
-            return convert(obj, Links)
+            return convert({**obj, "rows": nan_for_null(obj["rows"])}, Links)
     except DocumentError as exc:
         raise ReportError(f"{p} at {exc.where or '$'}: not a links file: {exc}") from None
     raise ReportError(f"{p}: expected a compare-links result (an object with 'rows') or a list of probe rows")

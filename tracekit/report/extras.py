@@ -10,7 +10,6 @@ the files). The numbers print through `data.fmt_*`, so a section reads the same 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ from tracekit.model.documents.diff import DiffCompute as DiffPart
 from tracekit.model.documents.report import ReportKeyFigure
 from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
 from tracekit.report.extra_section import ExtraSection, ExtraTable
+from tracekit.report.sections.fmt import to_float
 
 #: kind -> the command that writes it
 EXTRA_KINDS: dict[str, str] = {
@@ -180,13 +180,8 @@ class _Parts:
 
 
 def _f(x: Any) -> float | None:
-    if x is None or isinstance(x, bool):
-        return None
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
+    """`to_float`, but a bool is not a number here (a flag in another command's JSON)."""
+    return None if isinstance(x, bool) else to_float(x)
 
 
 def _num(x: Any) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.model.events import COLLECTIVE_OPS
+from tracekit.model.strings import str_flags, str_isin
 
 #: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.
 _OP_PATTERNS: tuple[tuple[str, str], ...] = (
@@ -39,6 +40,7 @@ _GPU_COLLECTIVE_NAME = re.compile(
     r"nccl|rccl|cross_device_reduce|multimem_all_reduce|allreduce", re.IGNORECASE
 )
 _HOST_COLLECTIVE_NAME = re.compile(r"^(?:c10d::|record_param_comms$|nccl:|gloo:)")
+_GLOO_RANGE = re.compile(re.escape("gloo:"))
 _GPU_KINDS = ("kernel",)
 KNOWN_OPS = frozenset(COLLECTIVE_OPS)
 
@@ -92,19 +94,16 @@ def select_collective_events(events: pd.DataFrame) -> tuple[pd.DataFrame, str]:
 
     Returns a frame with columns rank, stream, name, op, start_ns, end_ns, coll_* and `event_index`.
     """
-    cls = events["cls"].astype(str) if "cls" in events.columns else None
-    kind = events["kind"].astype(str)
-    name = events["name"].astype(str)
-
+    name = events["name"]
     gpu = events["device"].to_numpy() >= 0
-    gpu &= kind.isin(_GPU_KINDS).to_numpy()
-    if cls is not None:
-        gpu &= (cls == "collective").to_numpy()
+    gpu &= str_isin(events["kind"], _GPU_KINDS)
+    if "cls" in events.columns:
+        gpu &= str_isin(events["cls"], {"collective"})
     else:
-        gpu &= name.str.contains(_GPU_COLLECTIVE_NAME).to_numpy()
+        gpu &= str_flags(name, _GPU_COLLECTIVE_NAME, search=True)
     host = events["device"].to_numpy() < 0
-    gloo = host & name.str.startswith("gloo:").to_numpy()
-    hostop = host & name.str.contains(_HOST_COLLECTIVE_NAME).to_numpy() & ~gloo
+    gloo = host & str_flags(name, _GLOO_RANGE)
+    hostop = host & str_flags(name, _HOST_COLLECTIVE_NAME, search=True) & ~gloo
 
     if gpu.any():
         sel, level = events[gpu], "gpu_kernel"

@@ -24,6 +24,7 @@ from tracekit.classify import classify
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.model.events import Run
 from tracekit.model.parts import LEAF_PARTS
+from tracekit.model.strings import str_isin
 
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
@@ -74,10 +75,11 @@ def _matrix_per_step(classified: pd.DataFrame, windows: pd.DataFrame) -> pd.Data
 
     rows = []
     ev_rank = classified["rank"].to_numpy(np.int64)
-    kind = classified["kind"].astype(str).to_numpy()
-    cls = classified["cls"].astype(str).to_numpy()
-    sub = classified["subclass"].astype(str).to_numpy()
-    mat = np.isin(kind, list(GPU_KINDS)) & (cls == "compute") & (sub == "matrix")
+    mat = (
+        str_isin(classified["kind"], GPU_KINDS)
+        & str_isin(classified["cls"], {"compute"})
+        & str_isin(classified["subclass"], {"matrix"})
+    )
     start = classified["start_ns"].to_numpy(np.int64)
     end = classified["end_ns"].to_numpy(np.int64)
     for r, w in windows.groupby("rank", sort=True):
@@ -99,10 +101,9 @@ def _kernel_table(
     that are not collectives (inclusive durations: a parent op's time contains its children's)."""
 
     ev_rank = classified["rank"].to_numpy(np.int64)
-    kind = classified["kind"].astype(str).to_numpy()
-    gpu = np.isin(kind, list(GPU_KINDS))
-    coll = classified["cls"].astype(str).to_numpy() == "collective"
-    cpu_op = kind == "cpu_op"
+    gpu = str_isin(classified["kind"], GPU_KINDS)
+    coll = str_isin(classified["cls"], {"collective"})
+    cpu_op = str_isin(classified["kind"], {"cpu_op"})
     start = classified["start_ns"].to_numpy(np.int64)
     keep = np.zeros(len(classified), dtype=bool)
     for r, w in windows.sort_values(["rank", "start_ns"]).groupby("rank", sort=True):

@@ -39,6 +39,7 @@ from msgspec import UNSET
 
 from tracekit.analyse.exact import round_to_sum
 from tracekit.model.documents import shortfall as sd
+from tracekit.model.strings import str_isin, str_values
 
 #: Relative tolerance of the replicated / shrank classes.
 TOLERANCE = 0.15
@@ -71,19 +72,17 @@ def kernel_table(events: pd.DataFrame, rank: int, windows: pd.DataFrame) -> pd.D
     empty["unit"] = empty["unit"].astype(object)
     if not len(events) or not len(windows):
         return empty
-    kind = events["kind"].astype(str).to_numpy()
-    cls = events["cls"].astype(str).to_numpy()
-    sel = (kind == "kernel") & (cls == "compute")
+    sel = str_isin(events["kind"], {"kernel"}) & str_isin(events["cls"], {"compute"})
     if not sel.any():
         return empty
     ev = events[sel]
     s = ev["start_ns"].to_numpy(np.int64)
     e = ev["end_ns"].to_numpy(np.int64)
-    names = ev["name"].astype(str).to_numpy()
+    names = str_values(ev["name"])
     unit = np.where(
-        ev["rule"].astype(str).to_numpy() == "attention",
+        str_isin(ev["rule"], {"attention"}),
         ATTENTION,
-        np.where(ev["subclass"].astype(str).to_numpy() == "matrix", GEMM, ""),
+        np.where(str_isin(ev["subclass"], {"matrix"}), GEMM, ""),
     ).astype(object)
     order = np.argsort(s, kind="stable")
     s, e, names, unit = s[order], e[order], names[order], unit[order]

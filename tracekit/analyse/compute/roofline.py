@@ -47,6 +47,7 @@ from tracekit.model.documents import roofline as rd
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import ManifestShape, ManifestWorkload
 from tracekit.model.events import Run
+from tracekit.model.shape import DIMENSIONS
 
 SCHEMA_VERSION = "1.0"
 #: The matrix work of one decoder layer, in launch order, then the LM head once.
@@ -277,9 +278,7 @@ def decode_units(
     wl = _workload(ar.run)
     sh = given(wl.shape)
     assert sh is not None  # _workload
-    shape = {
-        k: _bounded_int(sh, k, 0) for k in ("hidden", "heads", "kv_heads", "intermediate", "layers", "vocab")
-    }
+    shape = {k: _bounded_int(sh, k, 0) for k in DIMENSIONS}
     tp = _bounded_int(wl, "tp", 1, 1 << 16)
     if given(wl.shard_of) is not None:  # `capture --shard-of N`: one rank's shard of TP=N in one process
         tp = _bounded_int(wl, "shard_of", 2, 1 << 16)

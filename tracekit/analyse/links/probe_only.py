@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
 
 from tracekit.analyse.links.curves import (
     busbw_at,
@@ -16,22 +15,23 @@ from tracekit.analyse.links.curves import (
     timing_sentence,
 )
 from tracekit.analyse.links.words import fmt_bytes, fmt_gbps
+from tracekit.model.documents.links import LinksPerSizeItem, LinksVerdictDetails, ProbeRow
 
 
 def probe_only_verdict(
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[ProbeRow],
     modes: Sequence[str],
     prefix: str,
-    details: dict[str, Any],
+    details: LinksVerdictDetails,
     cpu_only: bool = False,
-) -> tuple[str, dict[str, Any]]:
+) -> tuple[str, LinksVerdictDetails]:
     """Without a decode trace: the ratio of the first two modes at the largest and smallest sizes.
     On the CPU every mode ran the same gloo sweep: the figures are given as two runs of it, with no
     link words and no ratio stated as a finding (issue 24)."""
     if cpu_only:
         return _cpu_probe_only_verdict(rows, modes, prefix, details)
     parts = []
-    for op in sorted({r["op"] for r in rows}):
+    for op in sorted({r.op for r in rows}):
         if len(modes) < 2:
             break
         a, b = curve(rows, op, modes[0]), curve(rows, op, modes[1])
@@ -50,12 +50,12 @@ def probe_only_verdict(
             f"{op} busbw at {fmt_bytes(big)}: {modes[0]} {va:.2f} GB/s vs {modes[1]} {vb:.2f} GB/s "
             f"(x{ratio:.2f}){lat}"
         )
-        details["per_size"].append(
-            {"op": op, "bytes": big, "busbw_gbps": {modes[0]: va, modes[1]: vb}, "ratio": ratio}
+        details.per_size.append(
+            LinksPerSizeItem(op=op, bytes=big, busbw_gbps={modes[0]: va, modes[1]: vb}, ratio=ratio)
         )
     body = "; ".join(parts) if parts else "no two modes to compare"
     timing = probe_timing(rows, modes)
-    details["timing"] = timing
+    details.timing = dict(timing)
     return (
         prefix
         + body
@@ -66,12 +66,12 @@ def probe_only_verdict(
 
 
 def _cpu_probe_only_verdict(
-    rows: Sequence[dict[str, Any]], modes: Sequence[str], prefix: str, details: dict[str, Any]
-) -> tuple[str, dict[str, Any]]:
+    rows: Sequence[ProbeRow], modes: Sequence[str], prefix: str, details: LinksVerdictDetails
+) -> tuple[str, LinksVerdictDetails]:
     """The CPU sweep without a trace: each op's busbw at the largest size and time at the smallest,
     per run of the same gloo sweep ("run 1", "run 2": a mode's name is an NCCL setting gloo ignores)."""
     parts = []
-    for op in sorted({r["op"] for r in rows}):
+    for op in sorted({r.op for r in rows}):
         curves = [(m, curve(rows, op, m)) for m in modes]
         curves = [(m, c) for m, c in curves if c]
         if not curves:
@@ -87,12 +87,14 @@ def _cpu_probe_only_verdict(
             + (f", time at {fmt_bytes(small)} {lat_text} us" if lat_text else "")
             + f" ({who})"
         )
-        details["per_size"].append(
-            {"op": op, "bytes": big, "busbw_gbps": {m: v for (m, _), v in zip(curves, bws, strict=True)}}
+        details.per_size.append(
+            LinksPerSizeItem(
+                op=op, bytes=big, busbw_gbps={m: v for (m, _), v in zip(curves, bws, strict=True)}
+            )
         )
     body = f"the same gloo sweep ran {len(modes)} times: " + "; ".join(parts) if parts else "no sweep rows"
     timing = probe_timing(rows, modes)
-    details["timing"] = timing
+    details.timing = dict(timing)
     return (
         prefix
         + body
@@ -102,7 +104,7 @@ def _cpu_probe_only_verdict(
     )
 
 
-def iters_of(rows: Sequence[dict[str, Any]]) -> int | None:
-    its = {r.get("iters") for r in rows if r.get("graph")}
-    it = its.pop() if len(its) == 1 else None
-    return int(it) if it is not None else None
+def iters_of(rows: Sequence[ProbeRow]) -> int | None:
+    """The iterations of the CUDA-graph rows, when they all have the same."""
+    its = {r.iters for r in rows if r.graph is True}
+    return its.pop() if len(its) == 1 else None

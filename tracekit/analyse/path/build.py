@@ -11,9 +11,10 @@ import pandas as pd
 from tracekit.analyse.path.gpu_rank import gpu_rank
 from tracekit.analyse.path.graph import Graph, assemble
 from tracekit.analyse.path.host_rank import host_rank
-from tracekit.analyse.path.rank_graph import RankGraph, str_isin
+from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.timeline.partition import LayerUnions, rank_selectors
 from tracekit.classify.rules import GPU_KINDS
+from tracekit.model.strings import str_isin
 
 
 def build_rank_graph(

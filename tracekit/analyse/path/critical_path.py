@@ -32,10 +32,11 @@ import pandas as pd
 
 from tracekit.analyse.path.build import build_graph
 from tracekit.analyse.path.graph import Graph, assemble
-from tracekit.analyse.path.rank_graph import RankGraph, str_isin
+from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.path.walk import PATH_ROW_COLUMNS, PathRow, Segment, walk_path
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.model.parts import PATH_PARTS
+from tracekit.model.strings import str_isin
 
 #: Columns of `CriticalPath.segments`.
 SEGMENT_COLUMNS: tuple[str, ...] = ("step", "rank", "start_ns", "end_ns", "piece", "instance")

@@ -20,8 +20,6 @@ from tracekit.analyse.path.rank_graph import (
     coll_lookup,
     edge_columns,
     matched_arrays,
-    str_flags,
-    str_values,
 )
 from tracekit.analyse.path.roles import (
     BACKPRESSURE_MIN_NS,
@@ -46,6 +44,7 @@ from tracekit.analyse.path.roles import (
     ROLE_SYNC_WAIT,
 )
 from tracekit.classify.rules import GPU_KINDS
+from tracekit.model.strings import str_flags, str_values
 
 _BLOCKING_COPY = re.compile(r"^cu(da)?Memcpy(?!.*Async)")
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.rank_graph import str_flags, str_values
 from tracekit.analyse.path.roles import K_COMPUTE, ROLE_OP
+from tracekit.model.strings import str_flags, str_values
 
 #: An all-reduce kernel by its name, where the event carries no collective metadata (a graph replay's
 #: NCCL kernel): ncclDevKernel_AllReduce_Sum_bf16_RING_LL, cross_device_reduce_1stage (vLLM)

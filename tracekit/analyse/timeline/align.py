@@ -72,30 +72,30 @@ class StepTokens:
     def notes(self) -> list[tuple[str, int, str]]:
         """(data-quality key, count, note) for what the matching changed or could not match."""
         out = []
-        moved = {r: n for r, n in self.renumbered.items() if n}
-        if moved:
+        if moved := {r: n for r, n in self.renumbered.items() if n}:
             out.append(
                 (
                     "steps_renumbered_by_collectives",
                     sum(moved.values()),
-                    "step numbers differ across ranks for the same collectives ("
-                    + ", ".join(f"rank {r}: {n} window(s)" for r, n in sorted(moved.items()))
-                    + f"): steps are joined by their collective sequence, numbered as rank {self.reference}'s",
+                    f"step numbers differ across ranks for the same collectives ({_per_rank(moved, ' window(s)')}): "
+                    f"steps are joined by their collective sequence, numbered as rank {self.reference}'s",
                 )
             )
-        lost = {r: n for r, n in self.unmatched.items() if n}
-        if lost:
+        if lost := {r: n for r, n in self.unmatched.items() if n}:
             out.append(
                 (
                     "steps_unmatched_across_ranks",
                     sum(lost.values()),
-                    "step windows whose collectives match no window of rank "
-                    f"{self.reference} ("
-                    + ", ".join(f"rank {r}: {n}" for r, n in sorted(lost.items()))
-                    + "): they are steps of their own rank only, left out of the per-token figures",
+                    f"step windows whose collectives match no window of rank {self.reference} ({_per_rank(lost)}): "
+                    "they are steps of their own rank only, left out of the per-token figures",
                 )
             )
         return out
+
+
+def _per_rank(counts: dict[int, int], unit: str = "") -> str:
+    """ "rank 0: 2<unit>, rank 1: 1<unit>", by rank."""
+    return ", ".join(f"rank {r}: {n}{unit}" for r, n in sorted(counts.items()))
 
 
 def _identity(w: pd.DataFrame, method: str, reference: int | None) -> StepTokens:

@@ -12,8 +12,6 @@ from tracekit.model.documents.advise import Advise, GemmTable
 from tracekit.model.documents.base import (
     Doc,
     DocumentError,
-    JSONObject,
-    JSONValue,
     convert,
     decode,
     given,
@@ -116,8 +114,6 @@ __all__ = [
     "Export",
     "FIRST_KEYS",
     "GemmTable",
-    "JSONObject",
-    "JSONValue",
     "Links",
     "LinksTransportsValue",
     "Manifest",

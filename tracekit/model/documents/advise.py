@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.roofline import RooflinePeaks
 
 
@@ -85,7 +85,7 @@ class AdviseRecommendation(Doc, kw_only=True):
     text: str
 
 
-class Advise(Doc, kw_only=True):
+class Advise(Header, kw_only=True):
     r"""`tracekit advise --format json` (`tracekit.analyse.advise.Advice.to_json`). Bytes are bytes (GiB in
     the text only); per-token figures are ns.
     ```
@@ -130,8 +130,6 @@ class Advise(Doc, kw_only=True):
     overlapping (`per_token_latency_ns`) and not (`per_token_latency_no_overlap_ns`): the range.
     """
 
-    schema_version: str
-    kind: str
     gpus: int | None
     memory_per_gpu_bytes: int | None
     memory_source: str | None
@@ -164,7 +162,7 @@ class GemmTableRow(Doc, kw_only=True):
     time_ns: int
 
 
-class GemmTable(Doc, kw_only=True):
+class GemmTable(Header, kw_only=True):
     r"""`benchmarks/advise_batches.py gemmsweep -o FILE`: the decoder's GEMMs timed alone at each batch
     size M, what `tracekit advise --gemm-table FILE` reads
     (docs/METHOD.md section Batch scaling of a decode).
@@ -180,8 +178,6 @@ class GemmTable(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     device: str | None
     dtype: str
     tp: int

@@ -32,6 +32,14 @@ class Doc(msgspec.Struct, kw_only=True):
         return out
 
 
+class Header(Doc, kw_only=True):
+    """The two fields every command's document opens with, in this order: `schema_version` (the
+    document's version, "1.0", ...) and `kind` (`tracekit.<command>`)."""
+
+    schema_version: str
+    kind: str
+
+
 class DocumentError(ValueError):
     """A document that is not JSON or not of its Struct's shape: `where` is the JSON path
     (`$.steps[3].rank`), `offset` the byte offset when the JSON itself is malformed."""
@@ -81,11 +89,3 @@ def to_builtins(doc: Any) -> Any:
     """A document as plain dicts and lists, keys in field order, UNSET fields left out (what the
     writers dump: `json.dumps(..., indent=1)` or orjson, byte for byte the same as before)."""
     return msgspec.to_builtins(doc)
-
-
-#: A JSON value whose shape is the data itself, not tracekit's: a trace's own metadata and event
-#: `args` as the profiler wrote them, metadata the user passes. msgspec decodes it into plain
-#: dicts, lists, str, int, float, bool and None (a recursive alias is not a type msgspec takes).
-JSONValue = Any
-#: an object of such values: a trace event's `args`, a trace's own top-level metadata
-JSONObject = dict[str, JSONValue]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 
 
 class BreakdownUnknownKernel(Doc, kw_only=True):
@@ -135,7 +135,7 @@ class BreakdownDataQuality(Doc, kw_only=True):
     notes: list[str]
 
 
-class Breakdown(Doc, kw_only=True):
+class Breakdown(Header, kw_only=True):
     r"""`tracekit breakdown --format json` (`tracekit.analyse.timeline.breakdown.Breakdown.to_json`).
     ```
     { "schema_version": "1.0", "kind": "tracekit.breakdown",
@@ -226,8 +226,6 @@ class Breakdown(Doc, kw_only=True):
     memory_ns, collective_ns, unknown_ns, sync_ns, idle_ns, overlapped_collective_ns, timeline`.
     """
 
-    schema_version: str
-    kind: str
     source: BreakdownSource
     steps: list[BreakdownStep]
     per_token: BreakdownPerToken

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 
@@ -65,7 +65,7 @@ class DecomposeMoved(Doc, kw_only=True):
     kernel: DecomposeRuntime
 
 
-class Decompose(Doc, kw_only=True):
+class Decompose(Header, kw_only=True):
     r"""`tracekit decompose --format json` (`tracekit.analyse.compare.decompose.Decomposition.to_json`, docs/METHOD.md section Speedup decomposition).
     ```
     { "schema_version": "1.0", "kind": "tracekit.decompose",
@@ -106,8 +106,6 @@ class Decompose(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     verdict: str | None
     runs: DecomposeRuns
     speedup: DecomposeSpeedup

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality
-from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
+from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, ShortfallPathParts
 
 
 class DiffBefore(Doc, kw_only=True):
@@ -61,13 +61,9 @@ class DiffPerRankItem(Doc, kw_only=True):
     after_ns: dict[str, int]
 
 
-class DiffByRankValue(Doc, kw_only=True):
-    compute_ns: int
-    memory_ns: int
-    transfer_ns: int
-    host_ns: int
-    sync_ns: int
-    unknown_ns: int
+class DiffByRankValue(ShortfallPathParts, kw_only=True):
+    """One rank's critical-path time per token by component (before, after, or their change):
+    the shortfall's parts (`ShortfallPathParts`)."""
 
 
 class DiffCriticalPathBefore(Doc, kw_only=True):
@@ -141,7 +137,7 @@ class DiffDilation(Doc, kw_only=True):
     warning: str | None
 
 
-class Diff(Doc, kw_only=True):
+class Diff(Header, kw_only=True):
     r"""`tracekit diff BEFORE AFTER --format json` (issue 20; `tracekit/analyse/compare/diff.py`): two runs of the
     same workload, any input and any TP, each attributed as the shortfall does (`attribute_run`).
     ```
@@ -214,8 +210,6 @@ class Diff(Doc, kw_only=True):
     5%): coordination +35.64 ms (...); critical path: host time on rank 1 +38.28 ms`.
     """
 
-    schema_version: str
-    kind: str
     runs: DiffRuns
     per_token_source: str | None
     per_token_source_reason: str | None

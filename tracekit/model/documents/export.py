@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc, JSONObject
+from tracekit.model.documents.base import Doc
 
 
 class ExportHeader(Doc, kw_only=True):
@@ -15,8 +15,9 @@ class ExportHeader(Doc, kw_only=True):
     base_ns: int
     sources: dict[str, str]
     #: per rank, the trace's own top-level metadata (Kineto's distributedInfo, deviceProperties,
-    #: ...) as the profiler wrote it, less the reader's bookkeeping
-    ranks: dict[str, JSONObject]
+    #: ...) as the profiler wrote it, less the reader's bookkeeping: its values are the profiler's
+    #: own (unchecked, so `object`)
+    ranks: dict[str, dict[str, object]]
     #: how many events of each tracekit view were added (steps, class, wait, transfer, path, flows, ...)
     view: dict[str, int]
     notes: list[str]
@@ -35,7 +36,7 @@ class TraceEvent(Doc, kw_only=True):
     ts: float | UnsetType = UNSET
     dur: float | UnsetType = UNSET
     bp: str | UnsetType = UNSET
-    args: JSONObject | UnsetType = UNSET
+    args: dict[str, int | float | str] | UnsetType = UNSET
 
 
 class Export(Doc, kw_only=True):

@@ -23,10 +23,10 @@ class LinksConfig(Doc, kw_only=True):
 
 
 class LinksMode(Doc, kw_only=True):
-    mode: str | None
+    mode: str
     env: dict[str, str | None]
     backend: str | None
-    device: str | None
+    device: str
     devices: list[int] | None
     ranks: int | None
     notes: list[str]
@@ -71,43 +71,81 @@ class ProbeRow(Doc, kw_only=True):
     ]
     ```
     Bandwidths are decimal GB/s (bytes / ns); times in microseconds (small sizes read as latency).
+    JSON null in a number field is how a non-finite value (NaN: a zero time) is written; a probe
+    file read through `tracekit.read.probe` has NaN there again (`nan_for_null`).
     """
 
-    op: str | None
-    ranks: int | None
-    backend: str | None
-    device: str | None
-    dtype: str | None
-    bytes: int | None
-    count: int | None
-    in_place: bool | None
-    root: int | None
-    iters: int | None
-    warmup: int | None
-    timer: str | None
-    graph: bool | None | UnsetType = UNSET
-    time_us: float | None
-    time_us_min: float | None
-    time_us_max: float | None
-    host_time_us: float | None
-    host_time_us_min: float | None
-    host_time_us_max: float | None
-    algbw_gbps: float | None
-    busbw_gbps: float | None
-    host_algbw_gbps: float | None
-    host_busbw_gbps: float | None
-    bus_factor: float | None
+    op: str
+    ranks: int
+    backend: str
+    device: str
+    dtype: str
+    bytes: int
+    count: int
+    in_place: bool
+    root: int
+    iters: int
+    warmup: int
+    timer: str
+    graph: bool | UnsetType = UNSET  # absent in rows written before --graph (eager timing)
+    time_us: float
+    time_us_min: float
+    time_us_max: float
+    host_time_us: float
+    host_time_us_min: float
+    host_time_us_max: float
+    algbw_gbps: float
+    busbw_gbps: float
+    host_algbw_gbps: float
+    host_busbw_gbps: float
+    bus_factor: float
     correct: bool | None
     wrong: int | None
-    mode: str | None
-    transport: str | None
-    algo: str | None
-    proto: str | None
+    mode: str
+    transport: str
+    algo: str
+    proto: str
 
 
-class LinksAlgos(Doc, kw_only=True):
-    all_reduce: dict[str, int | None] | UnsetType = UNSET
-    all_gather: dict[str, int | None] | UnsetType = UNSET
+#: the number fields of a probe row (JSON null there reads back as NaN)
+ROW_FLOATS: tuple[str, ...] = tuple(f for f, t in ProbeRow.__annotations__.items() if t == "float")
+
+
+def nan_for_null(rows: object) -> object:
+    """Probe rows as JSON values (a list of objects) with NaN for null in their number fields, the
+    way the writers write NaN; anything else as it is (the Struct's decode refuses it)."""
+    if not isinstance(rows, list):
+        return rows
+    return [
+        {k: (float("nan") if v is None and k in ROW_FLOATS else v) for k, v in r.items()}
+        if isinstance(r, dict)
+        else r
+        for r in rows
+    ]
+
+
+class NcclSummary(Doc, kw_only=True):
+    """What NCCL's logs of one sweep say (`tracekit.probe.nccl_log.summarize`): the transports it
+    connected, the path types it planned, NVLS, the algorithm/protocol choices; the sweep adds
+    which logging the timed run had and where the choices came from."""
+
+    transport: str  # the most frequent connection: the rows' `transport`
+    transports: dict[str, int]
+    kinds: dict[str, int]
+    graph_types: list[str]
+    p2p: bool
+    wire: str  # nvlink / pcie / host_memory / network / unknown (from NCCL's own log)
+    nvls_available: bool
+    nvls_used: bool
+    collnet: bool
+    rings_connected: bool
+    algos: dict[str, dict[str, int]]
+    nccl_version: str
+    n_ranks: int | None
+    connections: int
+    lines: int
+    nccl_debug_subsys: str | UnsetType = UNSET
+    algo_source: str | None | UnsetType = UNSET
 
 
 class LinksTransportsValue(Doc, kw_only=True):
@@ -124,7 +162,8 @@ class LinksTransportsValue(Doc, kw_only=True):
     nvls_used: bool | None | UnsetType = UNSET
     collnet: bool | None | UnsetType = UNSET
     rings_connected: bool | None | UnsetType = UNSET
-    algos: LinksAlgos | UnsetType = UNSET
+    #: per op, how often NCCL chose each algorithm/protocol ("RING/LL": 12)
+    algos: dict[str, dict[str, int]] | UnsetType = UNSET
     nccl_version: str | None | UnsetType = UNSET
     n_ranks: int | None | UnsetType = UNSET
     connections: int | None | UnsetType = UNSET
@@ -198,17 +237,17 @@ class LinksSize(Doc, kw_only=True):
     count: int | None
     per_token: float | None
     time_ns_median: float | None
-    time_ns_total: float | None
-    transfer_ns_per_token: float | None
+    time_ns_total: float | None | UnsetType = UNSET  # absent in results written before it
+    transfer_ns_per_token: float | None | UnsetType = UNSET  # absent in results written before it
     busbw_gbps: float | None
-    bytes_source: str | None
+    bytes_source: str | None | UnsetType = UNSET  # absent in results written before it
 
 
 class LinksTrace(Doc, kw_only=True):
     path: str | None
-    ranks: list[int | None]
-    mode: str | None
-    mode_source: str | None
+    ranks: list[int]
+    mode: str | None | UnsetType = UNSET  # absent in results written before it (schema 1.0)
+    mode_source: str | None | UnsetType = UNSET
     level: str | None
     source: str | None
     steps: int | None
@@ -372,7 +411,7 @@ class Links(Doc, kw_only=True):
 
     schema_version: str
     kind: str
-    config: LinksConfig
+    config: LinksConfig | UnsetType = UNSET  # absent in a 1.0 result loaded with --load
     modes: list[LinksMode]
     rows: list[ProbeRow]
     transports: dict[str, LinksTransportsValue]
@@ -386,3 +425,22 @@ class Links(Doc, kw_only=True):
     verdict_details: LinksVerdictDetails
     notes: list[str]
     loaded_from: str | UnsetType = UNSET  # --load: the saved result the verdict was recomputed from
+
+
+class LinksProbe(Doc, kw_only=True):
+    """The probe's part of a compare-links result: what `tracekit.probe.compare.compare_links`
+    measured, and what `tracekit.analyse.links.verdict.recompute` reads from a saved result of any
+    schema (1.0 has no `config` and no `probe_notes`: its `notes` are the sweep's and the trace's);
+    the rest of a saved file (its verdict, side by side, shortfall) is recomputed, not read."""
+
+    schema_version: str
+    kind: str
+    config: LinksConfig | UnsetType = UNSET
+    modes: list[LinksMode]
+    rows: list[ProbeRow]
+    transports: dict[str, LinksTransportsValue]
+    links: LinksTopology
+    probe_notes: list[str] | UnsetType = UNSET
+    meta: LinksMeta
+    trace: LinksTrace | None | UnsetType = UNSET  # a saved trace part, reused without --trace
+    notes: list[str] | UnsetType = UNSET

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc, JSONObject, given
+from tracekit.model.documents.base import Doc, given
 
 
 class ManifestError(Doc, kw_only=True):
@@ -274,7 +274,7 @@ class Manifest(Doc, kw_only=True):
     #: the reader's, never written by tracekit: the keys of a manifest (from another tool, a user's
     #: script, a later tracekit) that this Struct does not know, as they were
     #: (`tracekit.read.manifests`); `to_json` puts them back at the top level
-    unknown_fields: JSONObject | UnsetType = UNSET
+    unknown_fields: dict[str, object] | UnsetType = UNSET
 
     def to_json(self) -> dict[str, object]:
         """The manifest as plain JSON values: its fields, then the unknown keys it was read with."""

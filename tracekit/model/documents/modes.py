@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
+from tracekit.model.documents.roofline import RooflinePeaks
 
 
 class CaptureModesSetup(Doc, kw_only=True):
@@ -110,11 +111,8 @@ class AdviseCheckPerKernelRow(Doc, kw_only=True):
     detail: str | None
 
 
-class AdviseCheckPeaks(Doc, kw_only=True):
-    memory_gbps: float | None
-    memory_source: str
-    matrix_tflops: float | None
-    matrix_source: str
+class AdviseCheckPeaks(RooflinePeaks, kw_only=True):
+    """The peaks of the check's floors (`--copy` / `--rho`): the roofline's `Peaks`, as `RooflinePeaks`."""
 
 
 class AdviseCheckPerKernel(Doc, kw_only=True):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 
 
 class PredictProbe(Doc, kw_only=True):
@@ -64,7 +64,7 @@ class Prediction(Doc, kw_only=True):
     check: PredictCheck | UnsetType = UNSET
 
 
-class Predict(Doc, kw_only=True):
+class Predict(Header, kw_only=True):
     r"""`tracekit predict --format json` (docs/METHOD.md section Predicting TP=N from one rank's shard).
     ```
     {"schema_version": "1.0", "kind": "tracekit.predict", "definition": "T_N = T_shard + ...",
@@ -81,8 +81,6 @@ class Predict(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     definition: str
     probe: PredictProbe
     predictions: list[Prediction]

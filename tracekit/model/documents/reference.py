@@ -80,6 +80,8 @@ def _type_text(t: mi.Type) -> str:
         return f"object of {_type_text(t.value_type)}"
     if isinstance(t, mi.StructType):
         return "object"
+    if isinstance(t, mi.CustomType) and t.cls is object:  # a value the document does not shape
+        return "any JSON value"
     names = {
         mi.IntType: "integer",
         mi.FloatType: "number",

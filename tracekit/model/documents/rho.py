@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 
 
 class RhoDevice(Doc, kw_only=True):
@@ -41,7 +41,7 @@ class RhoRhoItem(Doc, kw_only=True):
     anchor_rho: float | None
 
 
-class Rho(Doc, kw_only=True):
+class Rho(Header, kw_only=True):
     r"""`tracekit rho --format json` (`tracekit.probe.rho.Rho.to_json`). Throughputs in 1e12 operations/s
     (TFLOP/s; TOPS for int8, int32).
     ```
@@ -65,8 +65,6 @@ class Rho(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     device: RhoDevice
     matrix: list[RhoMatrixItem]
     vector: list[RhoMatrixItem]

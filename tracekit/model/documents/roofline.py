@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 
 
 class RooflineWorkload(Doc, kw_only=True):
@@ -69,7 +69,7 @@ class RooflineSteps(Doc, kw_only=True):
     of: int
 
 
-class Roofline(Doc, kw_only=True):
+class Roofline(Header, kw_only=True):
     """`tracekit roofline --format json` (`tracekit.analyse.compute.roofline`; docs/METHOD.md section Roofline
     of a decode): per token of a decode step, the floor its matrix work (weights and KV cache, from
     the manifest's `workload.shape`) has at the measured memory bandwidth (`tracekit probe --op
@@ -77,8 +77,6 @@ class Roofline(Doc, kw_only=True):
     per decoder role (QKV, attention, output, gate/up, down, LM head), `shapes.source` saying
     whether the roles could be assigned, `peaks` the two rates with the files they came from."""
 
-    schema_version: str
-    kind: str
     definition: str
     workload: RooflineWorkload
     shapes: RooflineShapes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality, BreakdownStepKind, BreakdownStepsUsed
 from tracekit.model.documents.dilation import Dilation
 
@@ -338,7 +338,7 @@ class ShortfallSteps(Doc, kw_only=True):
     sharded: ShortfallStepsBaseline
 
 
-class Shortfall(Doc, kw_only=True):
+class Shortfall(Header, kw_only=True):
     r"""`tracekit shortfall --format json` (docs/METHOD.md sections "Wait and transfer", "Shortfall attribution" and "Dilation"; choices in docs/METHOD-NOTES.md).
     ```
     { "schema_version": "1.5", "kind": "tracekit.shortfall",   # 1.2: bytes_source; 1.3: diagnosis; 1.4: wait_ns_median
@@ -460,8 +460,6 @@ class Shortfall(Doc, kw_only=True):
     a TP=1 baseline needs none.
     """
 
-    schema_version: str
-    kind: str
     n_ranks: int
     baseline_ranks: int
     per_token_ns: ShortfallPerTokenNs

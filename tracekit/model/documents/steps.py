@@ -3,7 +3,7 @@ notebook API) (docs/JSON.md#steps)."""
 
 from __future__ import annotations
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 
 
@@ -15,7 +15,7 @@ class StepWindow(Doc, kw_only=True):
     end_ns: int
 
 
-class Steps(Doc, kw_only=True):
+class Steps(Header, kw_only=True):
     r"""`tracekit.load(RUN).steps().to_json()`: the step windows each rank's trace holds, as the
     step finder chose them (docs/METHOD.md section Steps and the partition).
     ```
@@ -27,8 +27,6 @@ class Steps(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     step_pattern: str
     step_rule: str
     steps: list[StepWindow]

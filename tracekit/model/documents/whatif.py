@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, Header
 
 
 class WhatifProfilerCorrection(Doc, kw_only=True):
@@ -73,7 +73,7 @@ class WhatifCheck(Doc, kw_only=True):
     device_work_ns: WhatifDeviceWork | UnsetType = UNSET
 
 
-class Whatif(Doc, kw_only=True):
+class Whatif(Header, kw_only=True):
     r"""`tracekit whatif --format json` (`tracekit/analyse/whatif/`, docs/METHOD-NOTES.md "What-if").
     Ranks are keys as strings ("1", "2"): the baseline's and the sharded run's rank counts.
     ```
@@ -127,8 +127,6 @@ class Whatif(Doc, kw_only=True):
     ```
     """
 
-    schema_version: str
-    kind: str
     runs: WhatifRuns
     knobs: list[WhatifKnob]
     predicted_ns: dict[str, dict[str, int | None]]
