@@ -147,3 +147,64 @@ class SessionCaptures:
             return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr}
 
         return self._once(name, {"argv": argv}, take)
+
+
+# -- added by the capture tests' time pass (issue 24) ----------------------------------------------
+#: the CLI's TP=2 capture of tests/test_capture.py as a user types it, shorter than CLI_TP2: 4 tokens,
+#: the default 7 rounds, no profiler calibration (--no-calibrate: ~4 of its ~9 CPU-s). Its files,
+#: manifest, collectives and stderr are checked there; the calibration on ROUNDS_TP2 (calibrated,
+#: and taken for the rounds files anyway)
+CLI_TP2_SHORT = [
+    "capture",
+    "--tp",
+    "2",
+    "--preset",
+    "tiny",
+    "--tokens",
+    "4",
+    "--warmup",
+    "1",
+    "--device",
+    "cpu",
+    "--no-calibrate",
+]
+
+
+def cli_here(captures: SessionCaptures, name: str, argv: list[str]) -> Captured:
+    """`tracekit ARGV -o FOLDER` once per session as `SessionCaptures.cli` runs it, but in this
+    process (tracekit.cli.main.main) rather than a fresh interpreter: the ranks fork from this
+    process' fork server, which has imported torch already (a fresh interpreter's server imports it
+    again, ~3 CPU-s). Its stdout and stderr are those of the fds 1 and 2 the ranks are started with
+    (tracekit.capture.starter), so what the ranks print is kept too, as a terminal would show it."""
+    import contextlib
+    import io
+    import tempfile
+
+    def take(out: Path) -> dict[str, Any]:
+        from tracekit.cli.main import main
+
+        got: dict[str, Any] = {}
+        with tempfile.TemporaryFile() as fo, tempfile.TemporaryFile() as fe:
+            saved = os.dup(1), os.dup(2)
+            py_out = io.TextIOWrapper(open(os.dup(fo.fileno()), "wb"), write_through=True)
+            py_err = io.TextIOWrapper(open(os.dup(fe.fileno()), "wb"), write_through=True)
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os.dup2(fo.fileno(), 1)
+                os.dup2(fe.fileno(), 2)
+                with contextlib.redirect_stdout(py_out), contextlib.redirect_stderr(py_err):
+                    got["returncode"] = main([*argv, "-o", str(out)])
+            finally:
+                py_out.close()
+                py_err.close()
+                os.dup2(saved[0], 1)
+                os.dup2(saved[1], 2)
+                os.close(saved[0])
+                os.close(saved[1])
+            for key, f in (("stdout", fo), ("stderr", fe)):
+                f.seek(0)
+                got[key] = f.read().decode("utf-8", "replace")
+        return got
+
+    return captures._once(name, {"argv_here": argv}, take)

@@ -113,7 +113,39 @@ def test_profile_session_times_each_step(tmp_path: Path, torch: Any) -> None:
     ]
 
 
+def test_ranges_resolved_before_torch_find_its_profiler_once_it_is_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, torch: Any
+) -> None:
+    """Ranges first used where torch is not imported look up no torch (a loop without torch pays no
+    import: test_import_annotate_does_not_import_torch); torch imported afterwards, a range under its
+    profiler lands in the trace (record_function looked up then). Here torch is hidden from
+    sys.modules while the ranges resolve, then put back."""
+    for name in ("resolved", "push", "pop", "record_function", "profiler_enabled", "nvtx_source"):
+        monkeypatch.setattr(impl._Backend, name, vars(impl._Backend)[name])  # restored after the test
+    impl._Backend.resolved = False
+    with monkeypatch.context() as m:
+        m.delitem(sys.modules, "torch")
+        with annotate.step(0), annotate.region("mlp"):
+            pass
+        assert impl._Backend.resolved and impl._Backend.record_function is impl._torch_later
+    # torch is back (the script imported it): the next range asks its profiler
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with annotate.step(7):
+            pass
+    assert impl._Backend.record_function is torch.profiler.record_function
+    assert "decode_step#7" in _trace_names(prof, tmp_path)
+
+
 def test_import_annotate_does_not_import_torch() -> None:
-    code = "import sys; from tracekit import annotate; import tracekit.capture.runner, tracekit.cli.capture; print('torch' in sys.modules)"
+    """Nor do its ranges and a timed tracekit.profile() block, in a loop that does not use torch."""
+    code = (
+        "import sys, tempfile; import tracekit; from tracekit import annotate; "
+        "import tracekit.capture.runner, tracekit.cli.capture\n"
+        "with tracekit.profile(tempfile.mkdtemp(), profiled=False, rank=0) as s:\n"
+        "    for i in range(3):\n"
+        "        with annotate.step(i), annotate.region('mlp'):\n"
+        "            pass\n"
+        "print(len(s.step_ns), 'torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "3 False"

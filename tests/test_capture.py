@@ -40,14 +40,20 @@ def _steps(events: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+#: tokens of the CLI's TP=2 capture (tests/session_captures.py CLI_TP2_SHORT)
+TP2_TOKENS = 4
+
+
 @pytest.fixture(scope="module")
 def tp2_cli(session_captures: Any) -> Any:
-    """`python -m tracekit capture --tp 2 --preset tiny --tokens 8 --warmup 2 --device cpu -o DIR`,
-    run once per session as a user runs it (tests/session_captures.py CLI_TP2): exit status, stdout,
-    stderr and the folder."""
-    from session_captures import CLI_TP2
+    """`tracekit capture --tp 2 --preset tiny --tokens 4 --warmup 1 --device cpu --no-calibrate -o DIR`
+    (the default 7 rounds), run once per session by the CLI's main in this process, its fds 1 and 2
+    kept as a terminal shows them (tests/session_captures.py CLI_TP2_SHORT, cli_here): exit status,
+    stdout, stderr (the ranks' too) and the folder."""
+    from session_captures import CLI_TP2_SHORT, cli_here
 
-    got = session_captures.cli("cli-tp2", CLI_TP2)
+    assert CLI_TP2_SHORT[CLI_TP2_SHORT.index("--tokens") + 1] == str(TP2_TOKENS)
+    got = cli_here(session_captures, "cli-tp2-short", CLI_TP2_SHORT)
     assert got.returncode == 0, got.stderr[-2000:]
     return got
 
@@ -58,21 +64,24 @@ def tp2_run(tp2_cli: Any) -> Path:
 
 
 @pytest.mark.slow
-def test_tp2_capture_writes_two_kineto_traces_with_8_steps_and_gloo_all_reduces(tp2_run: Path) -> None:
+def test_tp2_capture_writes_two_kineto_traces_with_a_step_per_token_and_gloo_all_reduces(
+    tp2_run: Path,
+) -> None:
+    t = TP2_TOKENS
     for r in (0, 1):
         ev = _events(tp2_run / f"rank-{r}.pt.trace.json.gz")
         steps = _steps(ev)
-        assert len(steps) == 8 and len(set(steps)) == 8
+        assert len(steps) == t and len(set(steps)) == t
         names = Counter(e["name"] for e in ev)
-        # 2 layers x 2 all-reduces x 8 steps, as c10d ops and as gloo's own ranges
-        assert names["c10d::allreduce_"] == 32 and names["gloo:all_reduce"] == 32
-        assert names["c10d::allgather_"] == 8  # the vocabulary-parallel head, once per step
+        # 2 layers x 2 all-reduces x the steps, as c10d ops and as gloo's own ranges
+        assert names["c10d::allreduce_"] == 4 * t and names["gloo:all_reduce"] == 4 * t
+        assert names["c10d::allgather_"] == t  # the vocabulary-parallel head, once per step
         # every all-reduce lies inside a step window on this rank
         wins = [(e["ts"], e["ts"] + e["dur"]) for e in ev if e["name"] in steps]
         inside = [
             e for e in ev if e["name"] == "c10d::allreduce_" and any(a <= e["ts"] <= b for a, b in wins)
         ]
-        assert len(inside) == 32
+        assert len(inside) == 4 * t
 
 
 @pytest.mark.slow
@@ -88,7 +97,7 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     w = m["workload"]
     assert (w["tp"], w["tokens"], w["backend"], w["device"], w["dtype"], w["mode"]) == (
         2,
-        8,
+        TP2_TOKENS,
         "gloo",
         "cpu",
         "float32",
@@ -98,7 +107,7 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     assert w["rounds"] == 7 and w["pass_order"] == "UP" * 7  # the default: 7 alternating rounds
     for part in ("unprofiled", "profiled"):
         per = m[part]["per_token_ns"]
-        assert set(per) == {"0", "1"} and all(len(v) == 8 and min(v) > 0 for v in per.values())
+        assert set(per) == {"0", "1"} and all(len(v) == TP2_TOKENS and min(v) > 0 for v in per.values())
         assert len(m[part]["rounds"]) == 7
     # per_token_ns is the first unprofiled round and the traced (last) profiled round
     assert m["unprofiled"]["per_token_ns"] == m["unprofiled"]["rounds"][0]
@@ -117,13 +126,24 @@ def test_tp2_manifest_matches_files_and_docs(tp2_run: Path) -> None:
     assert m["dilation"] == pytest.approx(statistics.median(pairs), rel=1e-3)
     lo, hi = m["dilation_interval"]
     assert lo <= m["dilation"] <= hi
-    assert len(m["tokens_generated"]) == 1 and len(m["tokens_generated"][0]) == 8
+    assert len(m["tokens_generated"]) == 1 and len(m["tokens_generated"][0]) == TP2_TOKENS
     assert m["versions"]["torch"] and m["host"]["cpu_count"] >= 1 and m["devices"] == []
-    assert "tracekit capture --tp 2" in m["command"]
+    assert "tracekit capture --tp 2" in m["command"] and "--no-calibrate" in m["command"]
     assert not [p.name for p in tp2_run.iterdir() if p.name.startswith(".")]  # no temp/result files left
-    # the profiler's cost per call, measured by each rank (tracekit/capture/calibrate.py): a host op,
-    # a range and (TP > 1) a collective; none negative, and the profiler costs more than nothing
-    # (one kind may read 0: a cost under the timer's resolution on a quiet host, clamped at 0)
+    # --no-calibrate: no rank timed the profiler's cost (test_tp2_capture_calibrates_... : one that did)
+    assert "profiler_calibration" not in m
+
+
+@pytest.mark.slow
+def test_tp2_capture_calibrates_the_profiler_cost_per_call(session_captures: Any) -> None:
+    """The profiler's cost per call, measured by each rank of a capture that calibrates (the default:
+    the session's TP=2 rounds capture, tests/session_captures.py ROUNDS_TP2; tracekit/capture/calibrate.py):
+    a host op, a range and (TP > 1) a collective; none negative, and the profiler costs more than
+    nothing (one kind may read 0: a cost under the timer's resolution on a quiet host, clamped at 0)."""
+    from session_captures import ROUNDS_TP2
+
+    assert "calibrate" not in ROUNDS_TP2  # CaptureConfig's default: calibrated
+    m = json.loads((session_captures.get("rounds-tp2", ROUNDS_TP2).path / "manifest.json").read_text())
     cal = m["profiler_calibration"]
     assert set(cal["per_call_ns"]) == {"op", "range", "collective"} and set(cal["per_rank_ns"]) == {"0", "1"}
     assert max(cal["per_call_ns"].values()) > 0 and min(cal["per_call_ns"].values()) >= 0
@@ -174,11 +194,12 @@ def test_inject_delay_makes_the_other_rank_wait_in_all_reduce(session_captures: 
 
 @pytest.mark.slow
 def test_ranges_mode_keeps_steps_and_drops_op_tracing(session_captures: Any) -> None:
-    """`capture --tp 1 --tokens 3 --mode ranges --inject-sync --rounds 1` (the session's capture,
-    shared with tests/test_capture_rounds.py: tests/session_captures.py CLI_TP1_RANGES_R1)."""
-    from session_captures import CLI_TP1_RANGES_R1
+    """`capture --tp 1 --tokens 3 --mode ranges --inject-sync --rounds 1` (the session's capture by
+    the CLI's main in this process, shared with tests/test_capture_rounds.py: tests/session_captures.py
+    CLI_TP1_RANGES_R1, cli_here)."""
+    from session_captures import CLI_TP1_RANGES_R1, cli_here
 
-    got = session_captures.cli("tp1-ranges-r1", CLI_TP1_RANGES_R1)
+    got = cli_here(session_captures, "tp1-ranges-r1-here", CLI_TP1_RANGES_R1)
     assert got.returncode == 0, got.stderr[-2000:]
     ev = _events(got.path / "rank-0.pt.trace.json.gz")
     assert len(_steps(ev)) == 3
@@ -533,7 +554,9 @@ def test_last_profiled_step_is_not_an_outlier_when_new_kv_lengths_are_slow(
             return _o(self, i, layer, h, pos, *rest)
 
         monkeypatch.setattr(decoder.TPDecoder, meth, slow_first_time)
-    cfg = CaptureConfig(tp=1, tokens=6, warmup=1, device="cpu", mode="cpu")
+    # 2 rounds (U P U P: a pass after a profiled one at the same positions too), not the default 7,
+    # and no calibration (it runs before the passes, at no new position): ~1 CPU-s less
+    cfg = CaptureConfig(tp=1, tokens=6, warmup=1, device="cpu", mode="cpu", rounds=2, calibrate=False)
     res = runner.resolve(cfg)
     rank.rank_main(0, 1, 0, cfg, res, tmp_path, None)
     results = runner.read_results(tmp_path)[0]
@@ -596,7 +619,7 @@ def test_manifest_collectives_agree_with_the_traced_collectives(tp2_run: Path) -
             for e in ev
             if e.get("cat") == "user_annotation" and e["name"].startswith("decode_step#")
         ]
-        assert len(wins) == 8
+        assert len(wins) == TP2_TOKENS
         for a, b in wins:
             got: Counter[tuple[str, int, str]] = Counter()
             for e in ev:
@@ -768,6 +791,8 @@ with tracekit.profile(warmup=1):  # the only block: no unprofiled pass
     for i in range(3):
         with annotate.step(i):
             sum(range(1000))
+with open(sys.argv[1], "a") as f:  # a loop without torch: tracekit imported none for it
+    f.write(f"torch {'torch' in sys.modules}\\n")
 """
 
 
@@ -781,8 +806,11 @@ def test_nsys_user_script_without_an_unprofiled_pass_has_null_dilation(
     script.write_text(_ONLY_PROFILED)
     out = tmp_path / "run"
     assert main(["capture", "--nsys", "--out", str(out), "--", sys.executable, str(script), str(runs)]) == 0
-    # the script ran twice: once plain, once under the stand-in nsys
-    assert sorted(line.split()[1] for line in runs.read_text().splitlines()) == ["0", "1"]
+    # the script ran twice: once plain, once under the stand-in nsys; neither imported torch (the
+    # ranges, the timed blocks and the nvtx-mode tracer need none: tracekit/capture/annotate.py)
+    lines = runs.read_text().splitlines()
+    assert sorted(ln.split()[1] for ln in lines if not ln.startswith("torch")) == ["0", "1"]
+    assert [ln for ln in lines if ln.startswith("torch")] == ["torch False", "torch False"]
     m = json.loads((out / "manifest.json").read_text())
     assert m["complete"] and m["dilation"] is None
     assert m["unprofiled"]["per_token_ns"] == {} and len(m["profiled"]["per_token_ns"]["0"]) == 2

@@ -141,11 +141,11 @@ def test_manifest_dilation_is_the_median_pair_ratio_with_an_interval(rounds_run)
 def test_rounds_1_is_the_old_single_pass_structure(session_captures: Any) -> None:
     """--rounds 1: warm-up, one unprofiled pass, one profiled pass (the structure before rounds):
     --inject-sync counts one sync per layer per forward of exactly 3 passes. The session's
-    `capture --tp 1 --tokens 3 --rounds 1 --mode ranges --inject-sync` (shared with
-    tests/test_capture.py: tests/session_captures.py CLI_TP1_RANGES_R1)."""
-    from session_captures import CLI_TP1_RANGES_R1
+    `capture --tp 1 --tokens 3 --rounds 1 --mode ranges --inject-sync` by the CLI's main in this
+    process (shared with tests/test_capture.py: tests/session_captures.py CLI_TP1_RANGES_R1, cli_here)."""
+    from session_captures import CLI_TP1_RANGES_R1, cli_here
 
-    got = session_captures.cli("tp1-ranges-r1", CLI_TP1_RANGES_R1)
+    got = cli_here(session_captures, "tp1-ranges-r1-here", CLI_TP1_RANGES_R1)
     assert got.returncode == 0, got.stderr[-2000:]
     out, tokens = got.path, 3
     m = json.loads((out / "manifest.json").read_text())

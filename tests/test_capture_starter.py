@@ -57,8 +57,9 @@ def _server_pid(ctx: starter.Starter) -> int:
 def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_start(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    var = "TRACEKIT_STARTER_PROBE"
+    var, own = "STARTER_PROBE", "TRACEKIT_STARTER_PROBE"
     monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv(own, raising=False)
     ctx = starter.Starter()  # the server starts without the variable, its stderr the current one
     # a variable a capture sets for its ranks (not one that decides the server), set after its start
     monkeypatch.setenv("TRACEKIT_SPAWNED", "from-the-test")
@@ -71,6 +72,8 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
         with open(err, "wb") as f:
             os.dup2(f.fileno(), 2)
         got = _run(starter.Starter(), "TRACEKIT_SPAWNED")
+        monkeypatch.setenv(own, "tracekit-own")
+        mine = _run(starter.Starter(), own)
         monkeypatch.setenv(var, "set-after-the-server-started")
         also = _run(starter.Starter(), var)
     finally:
@@ -81,11 +84,15 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
     assert got["ppid"] == _server_pid(ctx) and got["torch_before"] is True
     assert got["var"] == "from-the-test"  # the environment at the rank's start, not the server's
     assert got["sigint"] == "default_int_handler"  # Ctrl-C raises KeyboardInterrupt, as in a spawned rank
-    # a variable that is not the capture's own made another server, whose rank sees it too
+    # one of tracekit's own variables (TRACEKIT_*: the server imports no tracekit) set after the
+    # server's start: the same server, and the rank sees the variable
+    assert mine["ppid"] == got["ppid"] and mine["var"] == "tracekit-own"
+    # a variable that is not tracekit's made another server, whose rank sees it too
     assert also["ppid"] != got["ppid"] and also["var"] == "set-after-the-server-started"
     # what the ranks wrote on fd 2 went to this process' fd 2 of the time, not to the server's
     assert err.read_text().splitlines() == [
         "rank stderr from-the-test",
+        "rank stderr tracekit-own",
         "rank stderr set-after-the-server-started",
     ]
 

@@ -4,8 +4,11 @@
 capture) to read a flag only compiled code uses. Checked in a rank process as a CPU capture starts
 one (forked from the capture's fork server, tracekit.capture.starter: a fresh interpreter that
 imported torch, torch.distributed and torch.profiler; this process may have loaded inductor
-already), with a real trace written; and where inductor is asked for (TORCHINDUCTOR_CUDAGRAPHS=1,
-in the environment of that server and rank), torch reads its flag as it always does."""
+already), with a real trace written; and where inductor is asked for (TORCHINDUCTOR_CUDAGRAPHS=1 in
+the rank's environment, set before its profiler starts: the shim reads it there, and inductor's
+config reads it when the rank imports inductor), torch reads its flag as it always does. Both ranks
+fork from one server (the variable set in this process would start a second server, one more
+import of torch, ~3 CPU-s)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,10 @@ from typing import Any
 import pytest
 
 
-def _profile_three_matmuls(out: str, q: Any) -> None:
+def _profile_three_matmuls(out: str, q: Any, env: dict[str, str]) -> None:
+    import os
+
+    os.environ.update(env)  # before anything here reads it (the server imported no inductor)
     import torch
     import torch.profiler.profiler as tpp
 
@@ -47,12 +53,12 @@ def _profile_three_matmuls(out: str, q: Any) -> None:
     )
 
 
-def _in_a_rank(out: Path) -> dict[str, Any]:
+def _in_a_rank(out: Path, env: dict[str, str]) -> dict[str, Any]:
     from tracekit.capture.starter import Starter
 
     ctx = Starter()
     q = ctx.Queue()
-    p = ctx.Process(target=_profile_three_matmuls, args=(str(out), q))
+    p = ctx.Process(target=_profile_three_matmuls, args=(str(out), q, env))
     p.start()
     got: dict[str, Any] = q.get(timeout=300)
     p.join(timeout=60)
@@ -66,7 +72,7 @@ def test_starting_the_profiler_imports_no_inductor_and_traces_the_ops(
 ) -> None:
     pytest.importorskip("torch")
     monkeypatch.delenv("TORCHINDUCTOR_CUDAGRAPHS", raising=False)
-    got = _in_a_rank(tmp_path / "a")
+    got = _in_a_rank(tmp_path / "a", {})
     # the trace is a real one (the three steps' matmuls), and nothing compiled was loaded for it,
     # neither by the server nor by the profiler's start
     assert got["mm"] == 3
@@ -79,6 +85,6 @@ def test_starting_the_profiler_imports_no_inductor_and_traces_the_ops(
         "mm": 3,
     }
     # inductor's cudagraphs asked for: torch imports inductor and reads the flag, unchanged
-    monkeypatch.setenv("TORCHINDUCTOR_CUDAGRAPHS", "1")
-    on = _in_a_rank(tmp_path / "b")
+    on = _in_a_rank(tmp_path / "b", {"TORCHINDUCTOR_CUDAGRAPHS": "1"})
+    assert on["before"] == {"inductor": False, "dynamo": False}  # the same server: nothing compiled
     assert on["inductor"] is True and on["has_cudagraphs"] is True and on["mm"] == 3

@@ -11,6 +11,7 @@ import gzip
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -198,8 +199,11 @@ def _unshare_tmpfs_works() -> bool:
 
 
 #: the capture the full-disk test runs into a tmpfs: the session's TP=2 rounds capture
-#: (tests/session_captures.py ROUNDS_TP2), whose folder (taken with room) gives the footprint
-DISK_ARGV = ["capture", *[a for k, v in ROUNDS_TP2.items() for a in (f"--{k}", str(v))]]
+#: (tests/session_captures.py ROUNDS_TP2), whose folder (taken with room) gives the footprint, without
+#: the profiler calibration (~4 of its ~10 CPU-s): it runs after the warm-up, before the passes, and
+#: writes no file (its profiler sessions export nothing), so the traces are the same size; the disk
+#: fills at the traces' export or gzip, after it
+DISK_ARGV = ["capture", *[a for k, v in ROUNDS_TP2.items() for a in (f"--{k}", str(v))], "--no-calibrate"]
 PAGE = 4096  # tmpfs charges whole pages
 
 
@@ -232,35 +236,92 @@ def full_disk_sizes(folder: Path) -> dict[str, int]:
     return {"export": export, "gzip": (lo + hi) // 2 // PAGE * PAGE}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("step", ["export", "gzip"])
-def test_capture_into_a_disk_that_fills_up(tmp_path: Path, step: str, session_captures: Any) -> None:
-    """A real full disk: `tracekit capture` (TP=2 on CPU) into a tmpfs mounted in a user namespace,
-    sized (full_disk_sizes) from the same capture taken with room to spare. "export": the
-    profiler's own export fails (its C++ writer only logs it); "gzip": a rank's gzip fails (or,
-    when both ranks export at once, the second export). Either way: one error line saying no space
-    is left, exit 2, and nothing that looks more complete than it is (no temporary, no truncated
-    trace, the manifest complete: false)."""
+#: run in the user namespace: `tracekit capture DISK_ARGV --out OUT` (tracekit.cli.main.main, what
+#: `python -m tracekit.cli.main` runs) once per full disk, in one interpreter, so that one fork server
+#: imports torch for both captures (a fresh interpreter per capture: one more import, ~3 CPU-s); each
+#: capture's fd 2 (its ranks' too: they get the fd 2 of their start) goes to its own file, its exit code
+#: to a record; an exception out of main is a traceback in its stderr, which the test refuses
+_DISK_RUNS = """
+import json, os, sys, traceback
+from tracekit.cli.main import main
+argv, runs, record = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+codes = {}
+for step, out, err in runs:
+    saved = os.dup(2)
+    with open(err, "wb") as f:
+        os.dup2(f.fileno(), 2)
+    try:
+        codes[step] = main([*argv, "--out", out])
+    except BaseException:
+        traceback.print_exc()
+        codes[step] = -1
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+with open(record, "w") as f:
+    json.dump(codes, f)
+"""
+
+
+@pytest.fixture(scope="module")
+def full_disk_runs(tmp_path_factory: pytest.TempPathFactory, session_captures: Any) -> dict[str, Any]:
+    """Both full-disk captures (test_capture_into_a_disk_that_fills_up), each into its own tmpfs
+    mounted in one user namespace and sized (full_disk_sizes) from the session's capture of the same
+    workload taken with room to spare: per step its exit code, its stderr and the folder `seen`
+    (what its tmpfs held when the command ended)."""
     pytest.importorskip("torch")
     if not _unshare_tmpfs_works():
         pytest.skip("cannot mount a tmpfs in a user namespace here")
-    size = full_disk_sizes(session_captures.get("rounds-tp2", ROUNDS_TP2).path)[step]
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    out = mnt / "run"
-    cmd = (
-        f"mount -t tmpfs -o size={size} tracekit-full {mnt} && "
-        f"{sys.executable} -m tracekit.cli.main {' '.join(DISK_ARGV)} --out {out}; rc=$?; "
-        f"mkdir -p {tmp_path}/seen && cp -a {out}/. {tmp_path}/seen/ 2>/dev/null; exit $rc"
+    sizes = full_disk_sizes(session_captures.get("rounds-tp2", ROUNDS_TP2).path)
+    base = tmp_path_factory.mktemp("full-disk")
+    steps = ["export", "gzip"]
+    runs = [(step, str(base / step / "mnt" / "run"), str(base / step / "stderr.txt")) for step in steps]
+    mounts = " && ".join(
+        f"mkdir -p {base / step / 'mnt'} && mount -t tmpfs -o size={sizes[step]} tracekit-full {base / step / 'mnt'}"
+        for step in steps
     )
-    r = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=240)
-    ours = [ln for ln in r.stderr.splitlines() if ln.startswith("tracekit: ")]
-    assert r.returncode == 2, (size, r.stderr[-2000:])
-    assert len(ours) == 1 and "no space left" in ours[0].lower(), r.stderr[-2000:]
-    assert "Traceback" not in r.stderr
+    copies = "; ".join(
+        f"mkdir -p {base / step / 'seen'} && cp -a {base / step / 'mnt' / 'run'}/. {base / step / 'seen'}/ 2>/dev/null"
+        for step in steps
+    )
+    record = base / "codes.json"
+    cmd = (
+        f"{mounts} && {shlex.quote(sys.executable)} -c {shlex.quote(_DISK_RUNS)} "
+        f"{shlex.quote(json.dumps(DISK_ARGV))} {shlex.quote(json.dumps(runs))} {record}; rc=$?; {copies}; exit $rc"
+    )
+    r = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=400)
+    assert r.returncode == 0 and record.exists(), r.stderr[-2000:]
+    codes = json.loads(record.read_text())
+    return {
+        step: {
+            "size": sizes[step],
+            "returncode": codes[step],
+            "stderr": (base / step / "stderr.txt").read_text(),
+            "seen": base / step / "seen",
+        }
+        for step in steps
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["export", "gzip"])
+def test_capture_into_a_disk_that_fills_up(step: str, full_disk_runs: dict[str, Any]) -> None:
+    """A real full disk: `tracekit capture` (TP=2 on CPU) into a tmpfs mounted in a user namespace,
+    sized (full_disk_sizes) from the same capture taken with room to spare (both steps' captures run
+    in one interpreter there: full_disk_runs). "export": the profiler's own export fails (its C++
+    writer only logs it); "gzip": a rank's gzip fails (or, when both ranks export at once, the
+    second export). Either way: one error line saying no space is left, exit 2, and nothing that
+    looks more complete than it is (no temporary, no truncated trace, the manifest complete: false)."""
+    got = full_disk_runs[step]
+    err = got["stderr"]
+    ours = [ln for ln in err.splitlines() if ln.startswith("tracekit: ")]
+    assert got["returncode"] == 2, (got["size"], err[-2000:])
+    assert len(ours) == 1 and "no space left" in ours[0].lower(), err[-2000:]
+    assert "Traceback" not in err
     if step == "export":  # no rank's export fits: no trace written, the profiler's failure said
         assert "the profiler could not write its trace" in ours[0], ours[0]
-    seen = tmp_path / "seen"  # what the namespace's tmpfs held when the command ended
+    seen = got["seen"]  # what the namespace's tmpfs held when the command ended
     m = assert_run_folder_honest(seen)
     assert m is None or m["complete"] is False
     if step == "export":

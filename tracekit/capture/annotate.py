@@ -19,12 +19,18 @@ records it (ISSUE 9: 9-12 us on the H200 host).
 Under a `tracekit.profile()` session, `step(i)` also tells the session where each step begins and
 ends (host wall time per token, and the profiler schedule's step boundary). Under
 `tracekit capture --nsys -- SCRIPT` ranges open only inside the block being recorded (`_muted`).
+
+Ranges import no torch: a loop that does not use torch (timed under `tracekit.profile()`, or NVTX
+ranges under nsys) never pays torch's import (~3 CPU-s). torch's `record_function` and profiler
+state are looked up once torch is imported (by the script, or by a profiled block's tracer): a
+torch profiler cannot be active before that.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -75,6 +81,25 @@ def _resolve() -> None:
         b.nvtx_source = "nvtx"
     except ImportError:
         b.push = b.pop = None
+    if "torch" in sys.modules:
+        _resolve_torch()
+    else:  # no torch here (yet): no torch profiler can be active; looked up again once there is
+        b.record_function = _torch_later
+        b.profiler_enabled = staticmethod(_torch_later)  # type: ignore[assignment]
+    b.resolved = True
+
+
+def _torch_later(*_: Any) -> bool:
+    """The profiler check while torch was not imported: still not, no profiler; imported since, the
+    torch part resolved now (record_function and the real check replace this) and asked."""
+    if "torch" not in sys.modules:
+        return False
+    _resolve_torch()
+    return bool(_Backend.profiler_enabled())
+
+
+def _resolve_torch() -> None:
+    b = _Backend
     try:
         import torch
 
@@ -91,7 +116,7 @@ def _resolve() -> None:
             b.profiler_enabled = enabled  # type: ignore[assignment]
     except ImportError:
         b.record_function = None
-    b.resolved = True
+        b.profiler_enabled = staticmethod(lambda: False)  # type: ignore[assignment]
 
 
 class Range:

@@ -40,6 +40,7 @@ import contextlib
 import errno
 import json
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -398,6 +399,8 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
 def _current_rank() -> int:
     if "RANK" in os.environ:
         return int(os.environ["RANK"])
+    if "torch" not in sys.modules:  # no process group without torch (and no import of it for this)
+        return 0
     with contextlib.suppress(Exception):
         import torch.distributed as dist
 
@@ -424,11 +427,13 @@ class Session:
         sync: bool,
         recording: bool = True,
     ):
-        import torch
+        # torch as the script has it: a loop without torch does not import it (~3 CPU-s), and CUDA
+        # is initialised only where torch was imported; a profiled block's tracer imports it itself
+        torch: Any = sys.modules.get("torch")
 
         self.out_dir, self.rank, self.profiled, self.sync = out_dir, rank, profiled, sync
         self.recording = recording
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self.cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
         self._synchronize: Callable[[], None] | None = (
             torch.cuda.synchronize if (sync and self.cuda and recording) else None
         )

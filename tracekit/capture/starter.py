@@ -20,8 +20,9 @@ not, it is given:
 
 What the server imported may depend on the environment (PYTHONPATH and its sitecustomize, torch's
 import-time variables), so a server is used only while this process' environment (but for the
-variables a capture sets for its own ranks, `_OWN_VARS`) is the one it started with: another
-environment gets another server (the two most recent are kept). Only torch is preloaded: tracekit
+variables a capture sets for its own ranks, `_OWN_VARS`, and tracekit's own `TRACEKIT_*`, which
+nothing the server imports reads) is the one it started with: another environment gets another
+server (the two most recent are kept). Only torch is preloaded: tracekit
 itself is imported by the rank after the fork, from this process' sys.path, as a spawned rank does.
 
 CUDA captures spawn their ranks as before (tracekit.capture.runner): a CUDA rank's start is a small
@@ -62,8 +63,15 @@ _started: weakref.WeakSet[RankProcess] = weakref.WeakSet()  # the ranks started 
 _lock = threading.Lock()
 
 
+#: tracekit's own variables (TRACEKIT_NO_CACHE, TRACEKIT_CACHE_DIR, ...): read by tracekit, which the
+#: server does not import (each rank imports it after the fork, with the environment of its start)
+_OWN_PREFIX = "TRACEKIT_"
+
+
 def _key() -> tuple[Any, ...]:
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k not in _OWN_VARS))
+    env = tuple(
+        sorted((k, v) for k, v in os.environ.items() if k not in _OWN_VARS and not k.startswith(_OWN_PREFIX))
+    )
     return (spawn.get_executable(), os.getcwd(), env)
 
 
