@@ -310,8 +310,10 @@ class RunModel:
         sums = pd.Series(lat[idx]).groupby(gr.codes, sort=True).sum().to_numpy()
         fastest = np.full(gr.n_seg, np.inf)
         np.minimum.at(fastest, gr.seg_code, sums)
-        ratio = fastest[gr.seg_code] / sums
-        ratio = np.where(sums > 0, ratio, 1.0)
+        # a segment whose host gaps sum to 0 keeps factor 1 (nothing to scale; no 0/0)
+        ratio = np.divide(
+            fastest[gr.seg_code], sums, out=np.ones_like(sums, dtype=np.float64), where=sums > 0
+        )
         ratio = np.where(gr.full, ratio, 1.0)
         return idx, ratio[gr.codes]
 
