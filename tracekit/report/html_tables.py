@@ -303,12 +303,12 @@ def extras_section(data: ReportData) -> str:
             out.append(
                 f"<table><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
             )
-        for t in x.tables:
+        for t, text_columns in zip(x.tables, x.text_columns, strict=True):
             out.append(f"<h3>{esc(t.caption)}</h3>")
             out.append(
                 _table(
                     [esc(h) for h in t.headers],
-                    [[(_indented(c), i not in t.text_columns) for i, c in enumerate(r)] for r in t.rows],
+                    [[(_indented(c), i not in text_columns) for i, c in enumerate(r)] for r in t.rows],
                 )
             )
         out += [f'<p class="note">{esc(prose(line))}</p>' for line in x.lines]

@@ -146,11 +146,11 @@ def _extras_md(data: ReportData) -> list[str]:
                 ["figure", "value", "key"],
                 [[md_esc(f.label), md_ours(f.text), md_code(f.key)] for f in x.figures],
             )
-        for t in x.tables:
+        for t, text_columns in zip(x.tables, x.text_columns, strict=True):
             out += [f"### {md_esc(t.caption)}", ""]
             out += _table(
                 [md_esc(h) for h in t.headers],
-                [[md_esc(c) if i in t.text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
+                [[md_esc(c) if i in text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
             )
         for line in x.lines:
             out += [md_esc(prose(line)), ""]

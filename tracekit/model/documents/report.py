@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
@@ -473,7 +475,9 @@ class Report(Doc, kw_only=True):
     straggler: ReportStraggler_ | None
     term_words: dict[str, str]
     per_token_label: str
-    extras: list[ReportExtra] | UnsetType = UNSET
+    #: a Sequence so that the report's own builder (`tracekit.report.data.ReportData`, a subclass)
+    #: holds its sections (`ReportExtra` with the renderers' text columns) here; read back as a list
+    extras: Sequence[ReportExtra] | UnsetType = UNSET
     title: str
     created: str
     generator: str
