@@ -78,7 +78,7 @@ def _type_text(t: mi.Type) -> str:
         return f"array of {_type_text(t.item_type)}"
     if isinstance(t, mi.DictType):
         return f"object of {_type_text(t.value_type)}"
-    if isinstance(t, mi.StructType):
+    if isinstance(t, (mi.StructType, mi.DataclassType)):
         return "object"
     if isinstance(t, mi.CustomType) and t.cls is object:  # a value the document does not shape
         return "any JSON value"
@@ -102,7 +102,7 @@ def _rows(t: mi.Type, path: str, out: list[str]) -> None:
         _rows(t.item_type, f"{path}[]", out)
     elif isinstance(t, mi.DictType):
         _rows(t.value_type, f"{path}{{}}", out)
-    elif isinstance(t, mi.StructType):
+    elif isinstance(t, (mi.StructType, mi.DataclassType)):  # a dataclass: a shape the model shares
         for f in t.fields:
             here = f"{path}.{f.encode_name}" if path else f.encode_name
             optional = "" if f.required else " *(optional)*"
