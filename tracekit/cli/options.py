@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from tracekit.engine import Engine
+
+    C = TypeVar("C", bound=DataclassInstance)
 
 STEP_PATTERN_HELP = (
     "How to find the steps: auto (default: decode_step, then ProfilerStep#N, then a serving engine's "
@@ -500,29 +505,49 @@ def emit_document(
     )
 
 
-def engine_options(func: Any) -> Any:
-    """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
-    func = click.option(
-        "--workers",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="N",
-        help="With --engine dask: start a local Dask cluster of N worker processes (default: the CPU count).",
-    )(func)
-    func = click.option(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="With --engine dask: use the running Dask cluster at ADDRESS (tcp://host:8786).",
-    )(func)
-    func = click.option(
+#: --engine, --scheduler, --workers, in the order --help lists them
+_ENGINE_OPTIONS = (
+    click.option(
         "--engine",
         type=click.Choice(["local", "dask"]),
         default=None,
         help="Where the analysis runs: local (default: this machine, a process pool reads the rank "
         "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
-    )(func)
+    ),
+    click.option(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="With --engine dask: use the running Dask cluster at ADDRESS (tcp://host:8786).",
+    ),
+    click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="With --engine dask: start a local Dask cluster of N worker processes (default: the CPU count).",
+    ),
+)
+
+
+def engine_options(func: Any) -> Any:
+    """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
+    for option in reversed(_ENGINE_OPTIONS):  # as stacked decorators: the last applied lists first
+        func = option(func)
     return func
+
+
+def config_of(cls: type[C], params: Mapping[str, Any], **computed: Any) -> C:
+    """The dataclass of a command's settings (`CaptureConfig`, `SweepConfig`) from the command's
+    parameters of the same names (`click.get_current_context().params`), so that an option is not
+    written out again field by field; `computed`: the fields parsed or renamed from the options.
+    A parameter no field has (an output path, a format) is not passed."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(computed) - names)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no field {', '.join(unknown)}")
+    given = {k: v for k, v in params.items() if k in names and k not in computed}
+    return cls(**given, **computed)
 
 
 @dataclass(frozen=True)
