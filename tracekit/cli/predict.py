@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import io
-
 import click
 
 from tracekit.cli.options import emit_result, out_file_option, run_option
@@ -13,33 +11,29 @@ from tracekit.model.documents import Predict, given, to_builtins
 
 
 def render_table(doc: Predict, width: int | None = None, color: bool = True) -> str:
-    from rich.console import Console
-    from rich.table import Table
+    from tracekit.render.writers import console_text, text_console, titled_table
 
-    console = Console(
-        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
-    )
+    console = text_console(width, color)
     pr = doc.probe
     console.print(
         f"Link: {pr.path} (mode {pr.mode or '-'}, {pr.ranks or '?'} ranks, "
         f"{'CUDA-graph' if pr.graph_timed else 'eager' if pr.graph_timed is False else 'mixed'} timing)"
     )
-    t = Table(
-        title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left"
+    t = titled_table(
+        "Per token, ms (prediction = shard alone + the collectives it skipped)",
+        (
+            "TP",
+            "shard",
+            "shard 95%",
+            "collectives",
+            "link flat",
+            "link ring",
+            "predicted",
+            "ring",
+            "measured",
+            "error",
+        ),
     )
-    for c in (
-        "TP",
-        "shard",
-        "shard 95%",
-        "collectives",
-        "link flat",
-        "link ring",
-        "predicted",
-        "ring",
-        "measured",
-        "error",
-    ):
-        t.add_column(c, justify="right")
     for r in doc.predictions:
         sh, pn, ck = r.shard, r.predicted_ns, given(r.check)
         n_coll = sum(c.per_token for c in r.collectives)
@@ -57,7 +51,7 @@ def render_table(doc: Predict, width: int | None = None, color: bool = True) -> 
         )
     console.print(t)
     console.print(f"[bold]{doc.caveat[0].upper() + doc.caveat[1:]}.[/bold]")
-    return console.export_text(styles=color)
+    return console_text(console, color)
 
 
 @click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
