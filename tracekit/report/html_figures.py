@@ -84,6 +84,11 @@ def _layout(title: str, **kw: object) -> dict[str, object]:
     return base
 
 
+def _stacked_layout(title: str, yaxis_title: str) -> dict[str, object]:
+    """The layout of a figure of stacked bars, the legend in a row below it."""
+    return _layout(title, barmode="stack", yaxis_title=yaxis_title, legend={"orientation": "h", "y": -0.2})
+
+
 def fig_per_token(data: ReportData) -> go.Figure | None:
     pt = data.per_token_ns
     n = data.n_ranks
@@ -297,11 +302,9 @@ def fig_critical_path(data: ReportData) -> go.Figure | None:
         )
     )
     fig.update_layout(
-        **_layout(
+        **_stacked_layout(
             f"Critical path of a token, per rank (ranks + offset = T{data.n_ranks} = {fmt_ms(cp.step_ns)})",
-            barmode="stack",
-            yaxis_title="ms per token",
-            legend={"orientation": "h", "y": -0.2},
+            "ms per token",
         )
     )
     return fig
@@ -327,11 +330,9 @@ def fig_collectives(data: ReportData) -> go.Figure | None:
             )
         )
     fig.update_layout(
-        **_layout(
+        **_stacked_layout(
             "Per collective (op, message size): wait of the rank that waited vs transfer (medians)",
-            barmode="stack",
-            yaxis_title="us per instance",
-            legend={"orientation": "h", "y": -0.2},
+            "us per instance",
         )
     )
     return fig
