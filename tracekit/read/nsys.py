@@ -41,7 +41,7 @@ import numpy as np
 from tracekit.errors import TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read import cache as cache_mod
-from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
+from tracekit.read.limits import OVER_MAX_BYTES, OVER_MAX_EVENTS, current_limits, describe_bytes
 from tracekit.read.nsys_meta import (
     assign_ranks,
     enum_table,
@@ -194,8 +194,7 @@ def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
                 if written > max_bytes:
                     raise TraceFormatError(
                         gz,
-                        f"more than {describe_bytes(max_bytes)} once decompressed: the limit on decompressed "
-                        f"bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)",
+                        f"more than {describe_bytes(max_bytes)} once decompressed: {OVER_MAX_BYTES}",
                         offset=raw.tell(),
                     )
                 try:
@@ -293,8 +292,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     if n_rows > max_events:
         raise TraceFormatError(
             given,
-            f"{n_rows} event rows, more than {max_events}: the limit on events (--max-events or "
-            f"{ENV_MAX_EVENTS}; raise it to read this file)",
+            f"{n_rows} event rows, more than {max_events}: {OVER_MAX_EVENTS}",
         )
     cells = TextCells()
     con.text_factory = cells.decode

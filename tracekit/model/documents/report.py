@@ -9,6 +9,7 @@ from msgspec import UNSET, UnsetType
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
 from tracekit.model.documents.kernels import TopKernel
+from tracekit.model.documents.links import LinksPerTokenNs
 from tracekit.model.documents.manifest import ManifestInjectDelay
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
@@ -69,10 +70,8 @@ class ReportKeyFigure(Doc, kw_only=True):
     text: str
 
 
-class ReportPerTokenNs(Doc, kw_only=True):
-    baseline: int | None
-    sharded: int | None
-    ideal: int | None
+class ReportPerTokenNs(LinksPerTokenNs, kw_only=True):
+    """Per token: the baseline, the sharded run and the ideal (compare-links' own figures)."""
 
 
 class ReportCompute(Doc, kw_only=True):
