@@ -154,6 +154,13 @@ class DataQuality:
         if note and note not in self.notes:
             self.notes.append(note)
 
+    def add_rows(self, key: str, rows: np.ndarray, note: str) -> None:
+        """The rows a boolean mask marks, counted under `key` with `note`, when it marks any (a
+        reader's "these events were skipped")."""
+        n = int(np.count_nonzero(rows))
+        if n:
+            self.add(key, n, note)
+
     def merge(self, other: DataQuality) -> DataQuality:
         self.counts.update(other.counts)
         for note in other.notes:

@@ -489,18 +489,16 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     start = merged["start_ns"].astype(np.int64)
     end = merged["end_ns"].astype(np.int64)
     bad = end < start
-    if bad.any():
-        dq.add("nsys_end_before_start", int(bad.sum()), "events ending before they start were left out")
+    dq.add_rows("nsys_end_before_start", bad, "events ending before they start were left out")
     # nsys times count ns from the session start: one before it, or 146 years after it, is no time
     # (and near 2**63 it would wrap around when the sessions of several reports are aligned)
     odd = ~bad & ((start < 0) | (end > 1 << 62))
-    if odd.any():
-        dq.add(
-            "nsys_times_out_of_range",
-            int(odd.sum()),
-            "events starting before the session start (negative) or ending beyond 2**62 ns were left out",
-        )
-        bad |= odd
+    dq.add_rows(
+        "nsys_times_out_of_range",
+        odd,
+        "events starting before the session start (negative) or ending beyond 2**62 ns were left out",
+    )
+    bad |= odd
     if bad.any():
         merged = {c: v[~bad] for c, v in merged.items()}
         start = start[~bad]
