@@ -10,7 +10,7 @@ document decodes to exactly what it holds, so a writer that changes shape withou
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -38,6 +38,19 @@ class Header(Doc, kw_only=True):
 
     schema_version: str
     kind: str
+
+
+class BaselineSharded(Doc, Generic[T], kw_only=True):
+    """A figure of the baseline run and of the sharded run, of one type (a shortfall compares them so)."""
+
+    baseline: T
+    sharded: T
+
+
+class PerTokenOf(BaselineSharded[T], kw_only=True):
+    """A per-token figure of the baseline, the sharded run and the ideal (T1 / N), of one type."""
+
+    ideal: T
 
 
 class DocumentError(ValueError):

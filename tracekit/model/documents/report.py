@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, PerTokenOf
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
 from tracekit.model.documents.kernels import TopKernel
 from tracekit.model.documents.links import LinksPerTokenNs
@@ -87,10 +87,8 @@ class ReportWaterfallItem(Doc, kw_only=True):
     reading: str | None = None
 
 
-class ReportIntervalsPerTokenNs(Doc, kw_only=True):
-    baseline: tuple[float, float] | None
-    sharded: tuple[float, float] | None
-    ideal: tuple[float, float] | None
+class ReportIntervalsPerTokenNs(PerTokenOf[tuple[float, float] | None], kw_only=True):
+    """The 95% interval of each per-token time (`PerTokenOf`)."""
 
 
 class ReportIntervals(Doc, kw_only=True):
