@@ -54,13 +54,11 @@ def probe_only_verdict(
             LinksPerSizeItem(op=op, bytes=big, busbw_gbps={modes[0]: va, modes[1]: vb}, ratio=ratio)
         )
     body = "; ".join(parts) if parts else "no two modes to compare"
-    timing = probe_timing(rows, modes)
-    details.timing = dict(timing)
-    return (
-        prefix
-        + body
-        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time."
-        + timing_sentence(timing, iters_of(rows)),
+    return _worded(
+        rows,
+        modes,
+        prefix + body + ". Without a decode trace (--trace) the probe cannot say whether the link explains "
+        "a decode's transfer time.",
         details,
     )
 
@@ -93,15 +91,22 @@ def _cpu_probe_only_verdict(
             )
         )
     body = f"the same gloo sweep ran {len(modes)} times: " + "; ".join(parts) if parts else "no sweep rows"
-    timing = probe_timing(rows, modes)
-    details.timing = dict(timing)
-    return (
-        prefix
-        + body
-        + " (the runs differ only by the host's noise; this checks the sweep itself, it measures no link)."
-        + timing_sentence(timing, iters_of(rows)),
+    return _worded(
+        rows,
+        modes,
+        prefix + body + " (the runs differ only by the host's noise; this checks the sweep itself, it "
+        "measures no link).",
         details,
     )
+
+
+def _worded(
+    rows: Sequence[ProbeRow], modes: Sequence[str], text: str, details: LinksVerdictDetails
+) -> tuple[str, LinksVerdictDetails]:
+    """The verdict `text` closed by how the rows were timed (`timing_sentence`), which the details keep."""
+    timing = probe_timing(rows, modes)
+    details.timing = dict(timing)
+    return text + timing_sentence(timing, iters_of(rows)), details
 
 
 def iters_of(rows: Sequence[ProbeRow]) -> int | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -35,6 +36,7 @@ from tracekit.analyse.path.roles import (
 )
 from tracekit.analyse.retime.norm import norm_after_all_reduce
 from tracekit.analyse.retime.setting import NamedKnob, Setting
+from tracekit.model.fields import copy_fields
 
 if TYPE_CHECKING:
     from tracekit.analyse.retime.calibrate import ProfilerCalibration
@@ -85,6 +87,18 @@ class KernelGroups:
 _HOST_GAPS = (ROLE_GAP, ROLE_GAP_OUT, ROLE_LEAD)
 
 
+def _first_at(
+    edges: np.ndarray, at: np.ndarray, others: np.ndarray, others_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `edges` whose node `at` is some other edge's node `others_at`, each with the first such
+    of `others` (edges without one left out)."""
+    by_node = pd.Series(others, index=others_at)
+    by_node = by_node[~by_node.index.duplicated()]
+    of = by_node.reindex(at).to_numpy()
+    ok = ~np.isnan(of.astype(np.float64))
+    return edges[ok], of[ok].astype(np.int64)
+
+
 @dataclass
 class RunModel:
     """The replay model of one run: the dependency graph of its steady steps, re-timed per knob."""
@@ -122,12 +136,7 @@ class RunModel:
 
     def corrected(self) -> Setting:
         """The unchanged graph at the model's profiler correction (`calibrate`), no knob."""
-        return Setting(
-            host_scale=self.host_scale,
-            host_deduct=self.host_deduct,
-            deduct_collective=self.deduct_collective,
-            device_scale=self.device_scale,
-        )
+        return copy_fields(Setting, self)  # host_scale, host_deduct, deduct_collective, device_scale
 
     def replay(self, setting: Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
@@ -366,39 +375,21 @@ class RunModel:
             lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
 
-    @property
+    @cached_property
     def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
-        cached = getattr(self, "_sw", None)
-        if cached is not None:
-            return cached
         g = self.graph
         waits = np.flatnonzero(g.role == ROLE_SYNC_WAIT)
         own = np.flatnonzero(g.role == ROLE_SYNC)
-        by_dst = pd.Series(own, index=g.dst[own])
-        by_dst = by_dst[~by_dst.index.duplicated()]
-        of = by_dst.reindex(g.dst[waits]).to_numpy()
-        ok = ~np.isnan(of.astype(np.float64))
-        out = (waits[ok], of[ok].astype(np.int64))
-        self._sw = out
-        return out
+        return _first_at(waits, g.dst[waits], own, g.dst[own])
 
-    @property
+    @cached_property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (call edge, the host gap edge into its begin)."""
-        cached = getattr(self, "_cg", None)
-        if cached is not None:
-            return cached
         g = self.graph
         calls = np.flatnonzero(g.role == ROLE_CALL)
         gaps = np.flatnonzero(np.isin(g.role, (ROLE_GAP, ROLE_GAP_OUT)))
-        into = pd.Series(gaps, index=g.dst[gaps])
-        into = into[~into.index.duplicated()]
-        gap_of = into.reindex(g.src[calls]).to_numpy()
-        ok = ~np.isnan(gap_of.astype(np.float64))
-        out = (calls[ok], gap_of[ok].astype(np.int64))
-        self._cg = out
-        return out
+        return _first_at(calls, g.src[calls], gaps, g.dst[gaps])
 
     def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
         """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
