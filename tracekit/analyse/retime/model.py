@@ -125,14 +125,12 @@ class RunModel:
     #: the classified events the graph was built from, for the masks a knob needs (found lazily)
     events: pd.DataFrame | None = field(default=None, repr=False)
 
-    @property
+    @cached_property
     def norm_after_all_reduce(self) -> np.ndarray | None:
         """Per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
         all-reduce and the next matrix kernel on its rank); None: none found. Found on first use."""
-        if not hasattr(self, "_norm_mask"):
-            ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
-            self._norm_mask = norm_after_all_reduce(self.graph, self.events) if ok else None
-        return self._norm_mask
+        ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
+        return norm_after_all_reduce(self.graph, self.events) if ok else None
 
     def corrected(self) -> Setting:
         """The unchanged graph at the model's profiler correction (`calibrate`), no knob."""
@@ -162,11 +160,9 @@ class RunModel:
         pos = {s: i for i, s in enumerate(self.graph.steps)}
         return np.asarray([pos[s] for s in self.steps], dtype=np.int64)
 
+    @cached_property
     def _masks(self) -> EdgeSets:
         """Edge subsets the knobs act on (fixed per graph), computed once."""
-        got = self.__dict__.get("_mask_cache")
-        if got is not None:
-            return got
         g = self.graph
         role = g.role
         host_part = ~np.isin(role, (ROLE_XFER, ROLE_ORIGIN, ROLE_ARRIVE))
@@ -186,7 +182,7 @@ class RunModel:
         qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         lm = np.flatnonzero(role == ROLE_LAUNCH)
         qm = np.flatnonzero((role == ROLE_QUEUE) | (role == ROLE_CROSS))
-        got = EdgeSets(
+        return EdgeSets(
             host=np.flatnonzero(host_part),
             dev=np.flatnonzero(dev),
             xfer=np.flatnonzero(role == ROLE_XFER),
@@ -201,13 +197,11 @@ class RunModel:
             deduct_roles=np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_WORK, ROLE_SYNC)),
             is_call=role == ROLE_CALL,
         )
-        self.__dict__["_mask_cache"] = got
-        return got
 
     def latencies(self, s: Setting) -> np.ndarray:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
-        mk = self._masks()
+        mk = self._masks
         # the stages before the deduction depend on these two alone: kept for the settings that
         # differ only in the split of the profiler's cost (`Setting.rank_costs`)
         pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
@@ -259,11 +253,9 @@ class RunModel:
             out[mk.backpressure] = NEVER
         return out
 
+    @cached_property
     def _straggler_groups(self) -> StragglerGroups | None:
         """The (segment, rank) groups of the host gaps `straggler=off` scales, computed once."""
-        if "_strag_cache" in self.__dict__:
-            cached: StragglerGroups | None = self.__dict__["_strag_cache"]
-            return cached
         g = self.graph
         gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
         out: StragglerGroups | None = None
@@ -284,7 +276,6 @@ class RunModel:
                 n_seg=len(seg_uniq),
                 full=n_r[seg_code] == self.n_ranks,
             )
-        self.__dict__["_strag_cache"] = out
         return out
 
     def _across_steps(self, seg: np.ndarray, rk: np.ndarray) -> np.ndarray:
@@ -312,7 +303,7 @@ class RunModel:
     def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
         rank's (segments every rank has; the others keep 1)."""
-        gr = self._straggler_groups()
+        gr = self._straggler_groups
         if gr is None:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         idx = gr.idx
@@ -332,7 +323,7 @@ class RunModel:
         effect, so the operation it launched is released that much earlier too), the rest from the
         gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
-        mk = self._masks()
+        mk = self._masks
         lat = lat.copy()
         hd: float | np.ndarray = s.host_deduct
         dc: float | np.ndarray = s.deduct_collective
@@ -395,7 +386,7 @@ class RunModel:
         """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
         ranks' mean of it times `factor` (no per-collective imbalance is kept); operations not on
         every rank are scaled by the factor alone."""
-        gr = self._kernel_groups()
+        gr = self._kernel_groups
         lat = lat.copy()
         if gr is None:
             return lat
@@ -404,11 +395,9 @@ class RunModel:
         lat[idx] = np.where(gr.full, mean, lat[idx]) * factor
         return lat
 
+    @cached_property
     def _kernel_groups(self) -> KernelGroups | None:
         """The compute edges and their groups (the k-th compute operation of a step), once."""
-        if "_kern_cache" in self.__dict__:
-            cached: KernelGroups | None = self.__dict__["_kern_cache"]
-            return cached
         g = self.graph
         cm = (g.kind == K_COMPUTE) & np.isin(g.role, (ROLE_OP, ROLE_WORK))
         out: KernelGroups | None = None
@@ -418,7 +407,6 @@ class RunModel:
             codes, uniq = pd.factorize(key, sort=True)
             count = np.bincount(codes)[codes]
             out = KernelGroups(idx=idx, codes=codes, full=(count == self.n_ranks) & (key >= 0))
-        self.__dict__["_kern_cache"] = out
         return out
 
     def applicable(self, knob: NamedKnob) -> bool:
