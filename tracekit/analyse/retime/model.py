@@ -13,27 +13,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.path import roles
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.roles import (
-    K_COMPUTE,
-    NEVER,
-    ROLE_ARRIVE,
-    ROLE_BACKPRESSURE,
-    ROLE_CALL,
-    ROLE_CROSS,
-    ROLE_GAP,
-    ROLE_GAP_OUT,
-    ROLE_GRAPH,
-    ROLE_LAUNCH,
-    ROLE_LEAD,
-    ROLE_OP,
-    ROLE_ORIGIN,
-    ROLE_QUEUE,
-    ROLE_SYNC,
-    ROLE_SYNC_WAIT,
-    ROLE_WORK,
-    ROLE_XFER,
-)
 from tracekit.analyse.retime.norm import norm_after_all_reduce
 from tracekit.analyse.retime.setting import NamedKnob, Setting
 from tracekit.model.fields import copy_fields
@@ -84,7 +65,7 @@ class KernelGroups:
     full: np.ndarray
 
 
-_HOST_GAPS = (ROLE_GAP, ROLE_GAP_OUT, ROLE_LEAD)
+_HOST_GAPS = (roles.ROLE_GAP, roles.ROLE_GAP_OUT, roles.ROLE_LEAD)
 
 
 def _first_at(
@@ -165,37 +146,39 @@ class RunModel:
         """Edge subsets the knobs act on (fixed per graph), computed once."""
         g = self.graph
         role = g.role
-        host_part = ~np.isin(role, (ROLE_XFER, ROLE_ORIGIN, ROLE_ARRIVE))
+        host_part = ~np.isin(role, (roles.ROLE_XFER, roles.ROLE_ORIGIN, roles.ROLE_ARRIVE))
         if self.timeline == "host":
-            host_part &= role != ROLE_OP
+            host_part &= role != roles.ROLE_OP
         else:
-            host_part &= np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_SYNC, ROLE_SYNC_WAIT))
+            host_part &= np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_SYNC, roles.ROLE_SYNC_WAIT))
         dev = (
-            np.isin(role, (ROLE_OP, ROLE_QUEUE, ROLE_CROSS, ROLE_GRAPH))
+            np.isin(role, (roles.ROLE_OP, roles.ROLE_QUEUE, roles.ROLE_CROSS, roles.ROLE_GRAPH))
             if self.timeline == "gpu"
-            else (role == ROLE_WORK)
+            else (role == roles.ROLE_WORK)
         )
         rk = g.erank
         ranks = np.asarray(self.ranks)
         rpos = np.minimum(np.searchsorted(ranks, rk), len(self.ranks) - 1) if len(ranks) else rk
         rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
-        lm = np.flatnonzero(role == ROLE_LAUNCH)
-        qm = np.flatnonzero((role == ROLE_QUEUE) | (role == ROLE_CROSS))
+        lm = np.flatnonzero(role == roles.ROLE_LAUNCH)
+        qm = np.flatnonzero((role == roles.ROLE_QUEUE) | (role == roles.ROLE_CROSS))
         return EdgeSets(
             host=np.flatnonzero(host_part),
             dev=np.flatnonzero(dev),
-            xfer=np.flatnonzero(role == ROLE_XFER),
-            sync=np.flatnonzero(role == ROLE_SYNC),
-            sync_wait=np.flatnonzero(role == ROLE_SYNC_WAIT),
-            launch_zero=np.flatnonzero((role == ROLE_GAP) | (role == ROLE_GAP_OUT) | (role == ROLE_CALL)),
+            xfer=np.flatnonzero(role == roles.ROLE_XFER),
+            sync=np.flatnonzero(role == roles.ROLE_SYNC),
+            sync_wait=np.flatnonzero(role == roles.ROLE_SYNC_WAIT),
+            launch_zero=np.flatnonzero(
+                (role == roles.ROLE_GAP) | (role == roles.ROLE_GAP_OUT) | (role == roles.ROLE_CALL)
+            ),
             launch=lm,
             launch_rho=rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
             queue=qm,
             queue_typ=qt[rpos[qm]] if len(qt) else np.zeros(len(qm), dtype=np.int64),
-            backpressure=np.flatnonzero(role == ROLE_BACKPRESSURE),
-            deduct_roles=np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_WORK, ROLE_SYNC)),
-            is_call=role == ROLE_CALL,
+            backpressure=np.flatnonzero(role == roles.ROLE_BACKPRESSURE),
+            deduct_roles=np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)),
+            is_call=role == roles.ROLE_CALL,
         )
 
     def latencies(self, s: Setting) -> np.ndarray:
@@ -244,13 +227,13 @@ class RunModel:
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
             out[mk.sync] = 0
-            out[mk.sync_wait] = NEVER
+            out[mk.sync_wait] = roles.NEVER
         if s.launch0 and self.timeline == "gpu":
             out[mk.launch_zero] = 0
             lm, qm = mk.launch, mk.queue
             out[lm] = np.minimum(out[lm], mk.launch_rho)
             out[qm] = np.minimum(out[qm], mk.queue_typ)
-            out[mk.backpressure] = NEVER
+            out[mk.backpressure] = roles.NEVER
         return out
 
     @cached_property
@@ -286,7 +269,7 @@ class RunModel:
         there (a rank slow after its last collective and fast before the next step's first is not a
         straggler between them)."""
         g = self.graph
-        launches = np.flatnonzero((g.role == ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
+        launches = np.flatnonzero((g.role == roles.ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
         if not len(launches):
             return seg
         # per (rank, step): how many collectives it launched (each launch's segment counts those before)
@@ -352,7 +335,7 @@ class RunModel:
             if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
                 by_node[g.src[call_e]] = own
-                lm = np.flatnonzero(g.role == ROLE_LAUNCH)
+                lm = np.flatnonzero(g.role == roles.ROLE_LAUNCH)
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
         take = np.minimum(need, np.maximum(lat, 0.0))
         lat -= np.where(mk.deduct_roles, take, 0.0)
@@ -370,16 +353,16 @@ class RunModel:
     def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
         g = self.graph
-        waits = np.flatnonzero(g.role == ROLE_SYNC_WAIT)
-        own = np.flatnonzero(g.role == ROLE_SYNC)
+        waits = np.flatnonzero(g.role == roles.ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == roles.ROLE_SYNC)
         return _first_at(waits, g.dst[waits], own, g.dst[own])
 
     @cached_property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (call edge, the host gap edge into its begin)."""
         g = self.graph
-        calls = np.flatnonzero(g.role == ROLE_CALL)
-        gaps = np.flatnonzero(np.isin(g.role, (ROLE_GAP, ROLE_GAP_OUT)))
+        calls = np.flatnonzero(g.role == roles.ROLE_CALL)
+        gaps = np.flatnonzero(np.isin(g.role, (roles.ROLE_GAP, roles.ROLE_GAP_OUT)))
         return _first_at(calls, g.src[calls], gaps, g.dst[gaps])
 
     def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
@@ -399,7 +382,7 @@ class RunModel:
     def _kernel_groups(self) -> KernelGroups | None:
         """The compute edges and their groups (the k-th compute operation of a step), once."""
         g = self.graph
-        cm = (g.kind == K_COMPUTE) & np.isin(g.role, (ROLE_OP, ROLE_WORK))
+        cm = (g.kind == roles.K_COMPUTE) & np.isin(g.role, (roles.ROLE_OP, roles.ROLE_WORK))
         out: KernelGroups | None = None
         if cm.any():
             idx = np.flatnonzero(cm)
