@@ -273,12 +273,3 @@ def test_capture_and_probe_options_reach_their_config_fields(monkeypatch: pytest
     p = seen["probe"]
     assert (p.ops, p.min_bytes, p.max_bytes, p.iters, p.device) == (("all_reduce",), 1024, 4096, 3, "cpu")  # type: ignore[attr-defined]
     assert p.mode == "default" and p.env == {}  # type: ignore[attr-defined]  # no option of those names
-
-
-def test_config_of_refuses_a_computed_field_the_config_lacks() -> None:
-    from tracekit.capture.config import CaptureConfig
-    from tracekit.cli.options import config_of
-
-    assert config_of(CaptureConfig, {"tp": 2, "out_dir": "x"}).tp == 2  # a parameter no field has: left out
-    with pytest.raises(TypeError, match="no field compile_"):
-        config_of(CaptureConfig, {}, compile_=True)

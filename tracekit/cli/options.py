@@ -3,23 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-if TYPE_CHECKING:
-    from _typeshed import DataclassInstance
+from tracekit.model.fields import copy_fields
 
+if TYPE_CHECKING:
     from tracekit.engine import Engine
 
-    C = TypeVar("C", bound=DataclassInstance)
+C = TypeVar("C")
 
 STEP_PATTERN_HELP = (
     "How to find the steps: auto (default: decode_step, then ProfilerStep#N, then a serving engine's "
@@ -530,24 +530,19 @@ _ENGINE_OPTIONS = (
 )
 
 
+def config_of(cls: type[C], params: Mapping[str, Any], **computed: Any) -> C:
+    """The dataclass of a command's settings (`CaptureConfig`, `SweepConfig`) from the command's
+    parameters of the same names (`click.get_current_context().params`), through
+    `model.fields.copy_fields`; `computed`: the fields parsed or renamed from the options. A
+    parameter no field has (an output path, a format) is not passed."""
+    return copy_fields(cls, SimpleNamespace(**params), **computed)
+
+
 def engine_options(func: Any) -> Any:
     """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
     for option in reversed(_ENGINE_OPTIONS):  # as stacked decorators: the last applied lists first
         func = option(func)
     return func
-
-
-def config_of(cls: type[C], params: Mapping[str, Any], **computed: Any) -> C:
-    """The dataclass of a command's settings (`CaptureConfig`, `SweepConfig`) from the command's
-    parameters of the same names (`click.get_current_context().params`), so that an option is not
-    written out again field by field; `computed`: the fields parsed or renamed from the options.
-    A parameter no field has (an output path, a format) is not passed."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(computed) - names)
-    if unknown:
-        raise TypeError(f"{cls.__name__} has no field {', '.join(unknown)}")
-    given = {k: v for k, v in params.items() if k in names and k not in computed}
-    return cls(**given, **computed)
 
 
 @dataclass(frozen=True)
