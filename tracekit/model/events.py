@@ -105,7 +105,7 @@ def make_events(columns: Mapping[str, Any], n: int | None = None) -> pd.DataFram
     if len(lengths) > 1:
         raise ValueError(f"event columns have different lengths: {sorted(lengths)}")
     rows = lengths.pop() if lengths else 0
-    data: dict[str, Any] = {}
+    data: dict[str, pd.Categorical | np.ndarray] = {}
     for col, dtype in COLUMNS.items():
         if col in columns:
             values = columns[col]

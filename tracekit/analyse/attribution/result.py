@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from tracekit.analyse import prose
+from tracekit.analyse.attribution.correction_replay import Correction
 from tracekit.analyse.attribution.document import (
     SCHEMA_VERSION,
     collectives_json,
@@ -60,7 +61,7 @@ class Shortfall:
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
     #: per run label, how its parts were corrected to its corrected per-token time
     #: (`tracekit.analyse.attribution.correction_replay.Correction`; None: not corrected)
-    corrections: dict[str, Any] = field(default_factory=dict)
+    corrections: dict[str, Correction | None] = field(default_factory=dict)
 
     @property
     def attribution(self) -> Attribution:
@@ -263,10 +264,9 @@ class Shortfall:
             data_quality=self.data_quality.document(),
         )
 
-    def to_json(self) -> dict[str, Any]:
-        """The document as plain JSON values (`to_builtins(document())`; cli/shortfall.py still reads
-        it by key)."""
-        out: dict[str, Any] = to_builtins(self.document())
+    def to_json(self) -> dict[str, object]:
+        """The document as plain JSON values (`to_builtins(document())`)."""
+        out: dict[str, object] = to_builtins(self.document())
         return out
 
     def to_frame(self) -> pd.DataFrame:
