@@ -29,7 +29,7 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.breakdown import Breakdown
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.documents.steps import Steps as StepsDoc
 from tracekit.model.documents.steps import StepWindow
 from tracekit.model.events import DataQuality, Run, RunFields
@@ -43,7 +43,7 @@ STEPS_SCHEMA_VERSION = "1.0"
 
 
 @dataclass(frozen=True)
-class Steps:
+class Steps(Documented):
     """The step windows of a run, as `find_steps_detailed` found them.
 
     `table`: one row per (rank, step), columns `tracekit.analyse.timeline.steps.STEP_COLUMNS` (integer ns on
@@ -90,11 +90,6 @@ class Steps:
             ],
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 @dataclass(frozen=True, eq=False)

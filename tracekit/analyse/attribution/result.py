@@ -32,13 +32,13 @@ from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
 from tracekit.model.documents import shortfall as sd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import PATH_PARTS, term_words
 
 
 @dataclass(frozen=True)
-class Shortfall:
+class Shortfall(Documented):
     """The attribution of S for one (baseline, sharded) pair; `to_json()` per docs/JSON.md#shortfall,
     `to_frame()` its attribution as a table."""
 
@@ -263,11 +263,6 @@ class Shortfall:
             steps=sd.ShortfallSteps(baseline=steps_json(self.baseline), sharded=steps_json(self.sharded)),
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
     def to_frame(self) -> pd.DataFrame:
         """The attribution of S as a table, from `document()` (so the two agree): one row per term

@@ -12,7 +12,7 @@ from msgspec import UNSET
 from tracekit.analyse.retime.model import RunModel
 from tracekit.analyse.whatif.knobs import Knob
 from tracekit.analyse.whatif.shapley import round_to_sum
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.documents.whatif import (
     Whatif,
     WhatifAccounting,
@@ -40,7 +40,7 @@ class SplitRanges:
 
 
 @dataclass
-class WhatIf:
+class WhatIf(Documented):
     """Predictions of the baseline (TP=1) and the sharded run (TP=N) under knobs, with the Shapley
     split of S. Build with `whatif`."""
 
@@ -78,11 +78,6 @@ class WhatIf:
             max_step=float(np.max(np.abs(per_step))) if len(per_step) else 0.0,
             steps=len(meas),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The what-if JSON document as plain values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
     def _run_doc(self, m: RunModel) -> WhatifBaseline:
         calibrated = m.correction == "manifest calibration" and m.calibration is not None
