@@ -57,8 +57,9 @@ from tracekit.analyse.batch_model import (
 )
 from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.model.documents import Advise as AdviseDoc
-from tracekit.model.documents import GemmTable, given, to_builtins
+from tracekit.model.documents import GemmTable, given
 from tracekit.model.documents import advise as ad
+from tracekit.model.documents.base import Documented
 from tracekit.model.fields import copy_fields
 
 SCHEMA_VERSION = "1.1"
@@ -187,7 +188,7 @@ def _batch_model(
 
 
 @dataclass
-class Advice:
+class Advice(Documented):
     """The comparison; `to_json()` per docs/JSON.md#advise."""
 
     gpus: int
@@ -218,10 +219,6 @@ class Advice:
             memory_cliff=self.cliff,
             notes=list(self.notes),
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 def _option_name(k: int, n_inst: int) -> str:

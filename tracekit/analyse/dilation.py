@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from tracekit.model.documents import dilation as dd
-from tracekit.model.documents.base import given, to_builtins
+from tracekit.model.documents.base import Documented, given
 from tracekit.model.documents.manifest import Manifest, ManifestProfiled, ManifestUnprofiled
 from tracekit.model.fields import copy_fields
 from tracekit.read import json_type
@@ -86,7 +86,7 @@ class TokenTimes:
 
 
 @dataclass(frozen=True)
-class Dilation:
+class Dilation(Documented):
     """Dilation of one run. `dilation` is None when the run has no manifest / no timings."""
 
     dilation: float | None
@@ -160,10 +160,6 @@ class Dilation:
             profiled=tt(self.profiled),
             notes=list(self.notes),
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 class MalformedTimes(ValueError):

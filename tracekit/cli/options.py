@@ -157,16 +157,23 @@ def format_option(*formats: str, default: str | None = "table", help: str = "") 
 
 # -- -q/--quiet, -v/--verbose, --no-color: every command has them (main.LazyGroup adds them) ------
 
-_STATE: dict[str, Any] = {"quiet": False, "verbose": 0}
+
+@dataclass
+class _State:
+    quiet: bool = False
+    verbose: int = 0
+
+
+_STATE = _State()
 
 
 def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    _STATE["quiet"] = bool(value)
+    _STATE.quiet = bool(value)
     return value
 
 
 def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    _STATE["verbose"] = int(value or 0)
+    _STATE.verbose = int(value or 0)
     return value
 
 
@@ -206,12 +213,12 @@ def common_params() -> list[click.Parameter]:
 
 def quiet() -> bool:
     """-q/--quiet was given to the running command."""
-    return bool(_STATE["quiet"])
+    return _STATE.quiet
 
 
 def verbose() -> int:
     """How many -v the running command was given."""
-    return int(_STATE["verbose"])
+    return _STATE.verbose
 
 
 def color_enabled() -> bool:
@@ -303,8 +310,8 @@ def check_command_outputs(ctx: click.Context) -> None:
     """`check_outputs` for a command about to run: its outputs are the values of its OutputPath
     options, its inputs the values of every other parameter that names a path (tracekit.cli.main
     calls this before each command's body)."""
-    outputs: dict[str, Any] = {}
-    inputs: list[Any] = []
+    outputs: dict[str, object] = {}  # option name -> the path(s) it names
+    inputs: list[object] = []
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if value is None:

@@ -45,7 +45,7 @@ from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.documents import decompose as dd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
 
@@ -258,7 +258,7 @@ def bootstrap(
 
 
 @dataclass
-class Decomposition:
+class Decomposition(Documented):
     """The decomposition of tA/tC through tB; `to_json()` per docs/JSON.md#decompose."""
 
     baseline: RunFigures
@@ -365,11 +365,6 @@ class Decomposition:
             notes=notes,
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 def decompose_runs(

@@ -19,7 +19,7 @@ from tracekit.analyse.compare.sides import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES,
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.model import units
 from tracekit.model.documents import diff as dd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import COORDINATION, PATH_PARTS
 
@@ -58,7 +58,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class Diff:
+class Diff(Documented):
     """Two runs compared; `to_json()` per docs/JSON.md#diff."""
 
     before: Side
@@ -461,11 +461,6 @@ class Diff:
             dilation=self.dilation(),
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,7 @@ from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.documents import breakdown as doc
-from tracekit.model.documents import to_builtins
-from tracekit.model.documents.base import given
+from tracekit.model.documents.base import Documented, given
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.fields import copy_fields
@@ -48,7 +47,7 @@ CSV_COLUMNS: tuple[str, ...] = PARTITION_COLUMNS
 
 
 @dataclass(frozen=True)
-class Breakdown:
+class Breakdown(Documented):
     """Result of `breakdown`. Times are integer ns."""
 
     steps: pd.DataFrame  # one row per (rank, step): see CSV_COLUMNS
@@ -115,11 +114,6 @@ class Breakdown:
             data_quality=self.data_quality.document(),
             step_kinds=self.step_kinds or UNSET,
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document of docs/JSON.md#breakdown as plain JSON values."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute

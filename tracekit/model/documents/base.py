@@ -32,6 +32,20 @@ class Doc(msgspec.Struct, kw_only=True):
         return out
 
 
+class Documented:
+    """A result whose JSON is its typed document: `document()` builds the Struct, `to_json()` is
+    that document as plain JSON values (`to_builtins`), what `--format json` writes. The one place
+    a result becomes a dict."""
+
+    def document(self) -> Doc:
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, object]:
+        """The document as plain JSON values (`to_builtins(document())`)."""
+        out: dict[str, object] = msgspec.to_builtins(self.document())
+        return out
+
+
 class Header(Doc, kw_only=True):
     """The two fields every command's document opens with, in this order: `schema_version` (the
     document's version, "1.0", ...) and `kind` (`tracekit.<command>`)."""
