@@ -153,3 +153,23 @@ def test_ctrl_c_while_the_server_imports_leaves_no_rank(
         kids = [k for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
         time.sleep(0.1)
     assert kids == [] and not list(out.glob(".rank-*.result.json"))
+
+
+def test_a_rank_imports_no_pandas() -> None:
+    """What a CPU rank imports of tracekit (tracekit.capture.rank and what rank_main imports, but
+    the decoder, which needs torch) loads no pandas or pyarrow: the readers' table library, ~0.5-0.9
+    CPU-s per rank process of every capture. It came back twice through shared helpers: the events
+    table in tracekit/model/__init__.py (reached from tracekit.model.shape) and read.files' sha256_of
+    (reached from tracekit.capture.environment, whose file digests now come from model/digest.py).
+    Checked in a fresh interpreter (this one has imported pandas)."""
+    import subprocess
+
+    mods = ["rank", "config", "profile", "calibrate", "environment", "annotate", "decoder_shape"]
+    code = (
+        "import sys\n"
+        + "".join(f"import tracekit.capture.{m}\n" for m in mods)
+        + "print(sorted(m for m in ('pandas', 'pyarrow', 'torch') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"
