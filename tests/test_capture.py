@@ -149,6 +149,33 @@ def test_tp2_capture_calibrates_the_profiler_cost_per_call(session_captures: Any
     assert max(cal["per_call_ns"].values()) > 0 and min(cal["per_call_ns"].values()) >= 0
 
 
+def test_calibration_warms_up_with_a_short_block_and_times_the_documented_calls(tmp_path: Path) -> None:
+    """The calibration's calls per kind (docs/METHOD.md "The profiler's cost per call"): `repeats`
+    rounds of BLOCKS timed blocks of `calls`, plain and profiled, after an untimed warm-up of
+    WARMUP_CALLS plain and WARMUP_CALLS profiled. Counted on the collective kind through a stand-in
+    process group, in this process: the warm-up was BLOCKS blocks of `calls` each, plain and
+    profiled, a quarter of all the calls (on a TP=2 CPU capture ~1 ms of CPU per all-reduce on the
+    loaded 2-core host), timed and thrown away."""
+    from tracekit.capture import calibrate as cal
+
+    class CountingGroup:
+        calls = 0
+
+        def all_reduce(self, t: Any) -> None:
+            self.calls += 1
+
+    group = CountingGroup()
+    barriers: list[int] = []
+    got = cal.calibrate(
+        "cpu", "cpu", tmp_path, 0, dist=group, barrier=lambda: barriers.append(1), calls=30, repeats=2
+    )
+    timed = 2 * cal.BLOCKS * 30  # per pass kind (plain, profiled): repeats x BLOCKS x calls
+    assert got["calls"] == timed and set(got["per_call_ns"]) == {"op", "range", "collective"}
+    assert cal.WARMUP_CALLS < 30
+    assert group.calls == 2 * timed + 2 * cal.WARMUP_CALLS
+    assert len(barriers) == 2 * 2 * cal.BLOCKS + 2  # one before every collective block
+
+
 @pytest.mark.slow
 def test_failing_rank_keeps_the_others_and_marks_the_run_incomplete(tmp_path: Path) -> None:
     # no profiler calibration (it runs before the passes, the failure after them): 8 of a warm

@@ -156,18 +156,21 @@ def test_ctrl_c_while_the_server_imports_leaves_no_rank(
 
 
 def test_a_rank_imports_no_pandas() -> None:
-    """What a CPU rank imports of tracekit (tracekit.capture.rank and what rank_main imports, but
-    the decoder, which needs torch) loads no pandas or pyarrow: the readers' table library, ~0.5-0.9
-    CPU-s per rank process of every capture. It came back twice through shared helpers: the events
-    table in tracekit/model/__init__.py (reached from tracekit.model.shape) and read.files' sha256_of
-    (reached from tracekit.capture.environment, whose file digests now come from model/digest.py).
-    Checked in a fresh interpreter (this one has imported pandas)."""
+    """What a CPU rank of a capture or a probe imports of tracekit (tracekit.capture.rank and what
+    rank_main imports, but the decoder, which needs torch; the probe's sweep and its rank) loads no
+    pandas or pyarrow: the readers' table library, ~0.5-0.9 CPU-s per rank process. It came in
+    through shared helpers: the events table in tracekit/model/__init__.py (reached from
+    tracekit.model.shape), read.files' sha256_of (from tracekit.capture.environment; the digest is in
+    model/digest.py now) and the events table's COLLECTIVE_OPS (from tracekit.probe.spec; now
+    model/ops.py). Checked in a fresh interpreter (this one has imported pandas)."""
     import subprocess
 
-    mods = ["rank", "config", "profile", "calibrate", "environment", "annotate", "decoder_shape"]
+    mods = [f"tracekit.capture.{m}" for m in ("rank", "config", "profile", "calibrate", "environment")]
+    mods += ["tracekit.capture.annotate", "tracekit.capture.decoder_shape", "tracekit.cli.main"]
+    mods += [f"tracekit.probe.{m}" for m in ("sweep", "sweep_rank", "spec", "results", "nccl_log")]
     code = (
         "import sys\n"
-        + "".join(f"import tracekit.capture.{m}\n" for m in mods)
+        + "".join(f"import {m}\n" for m in mods)
         + "print(sorted(m for m in ('pandas', 'pyarrow', 'torch') if m in sys.modules))"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
