@@ -74,6 +74,9 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
         got = _run(starter.Starter(), "TRACEKIT_SPAWNED")
         monkeypatch.setenv(own, "tracekit-own")
         mine = _run(starter.Starter(), own)
+        # inductor's cache folder, which torch sets in this process once inductor asks for it
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+        cache = _run(starter.Starter(), "TORCHINDUCTOR_CACHE_DIR")
         monkeypatch.setenv(var, "set-after-the-server-started")
         also = _run(starter.Starter(), var)
     finally:
@@ -87,12 +90,16 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
     # one of tracekit's own variables (TRACEKIT_*: the server imports no tracekit) set after the
     # server's start: the same server, and the rank sees the variable
     assert mine["ppid"] == got["ppid"] and mine["var"] == "tracekit-own"
+    assert cache["ppid"] == got["ppid"] and cache["var"] == str(
+        tmp_path / "inductor"
+    )  # the same: no torch import
     # a variable that is not tracekit's made another server, whose rank sees it too
     assert also["ppid"] != got["ppid"] and also["var"] == "set-after-the-server-started"
     # what the ranks wrote on fd 2 went to this process' fd 2 of the time, not to the server's
     assert err.read_text().splitlines() == [
         "rank stderr from-the-test",
         "rank stderr tracekit-own",
+        f"rank stderr {tmp_path / 'inductor'}",
         "rank stderr set-after-the-server-started",
     ]
 
