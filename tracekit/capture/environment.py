@@ -25,7 +25,7 @@ from tracekit.model.documents.manifest import (
     ManifestNvmlLink,
     ManifestTopology,
 )
-from tracekit.read.files import sha256_of
+from tracekit.model.digest import sha256_of
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = "1.2"  # 1.1: workload.nsys; 1.2: rounds (alternating passes), dilation_interval
