@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tracekit.capture import config, rank, runner  # noqa: E402
 from tracekit.capture import environment as env  # noqa: E402
+from tracekit.capture.rank_result import RankResult  # noqa: E402
 from tracekit.model.documents.base import given  # noqa: E402
 from tracekit.model.documents.manifest import Manifest  # noqa: E402
 
@@ -137,23 +138,23 @@ def run(args: argparse.Namespace) -> Path:
     for b in batches:
         cfg = replace(base, batch=b, command=_command(args, b))
         results = {
-            0: {
-                "rank": 0,
-                "unprofiled_ns": rounds[b][0],
-                "unprofiled_rounds_ns": rounds[b],
-                "pass_order": "U" * len(rounds[b]),
-                "devices": devices,
-                "versions": versions,
-                "nccl_env": env.nccl_env(),
-                "pid": os.getpid(),
-                "tokens_generated": tokens[b][:, : args.tokens].tolist(),
-                "inject_sync_count": 0,
-            }
+            0: RankResult(
+                rank=0,
+                unprofiled_ns=rounds[b][0],
+                unprofiled_rounds_ns=rounds[b],
+                pass_order="U" * len(rounds[b]),
+                devices=devices,
+                versions=versions,
+                nccl_env=env.nccl_env(),
+                pid=os.getpid(),
+                tokens_generated=tokens[b][:, : args.tokens].tolist(),
+                inject_sync_count=0,
+            )
         }
         manifest = runner.build_manifest(
             world=1,
             results=results,
-            workload_doc=config.workload(cfg, res, 1),
+            workload=config.workload(cfg, res, 1),
             command=cfg.command,
             needs_traces=False,
         )

@@ -63,4 +63,4 @@ def test_compile_on_cpu_decodes_the_same_tokens(monkeypatch: pytest.MonkeyPatch)
     targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert targets.count(torch._C._nn.scaled_dot_product_attention) == shape.layers
     doc = workload(CaptureConfig(compile=True), Resolved("cpu", "none", "float32", "cpu"), 1)
-    assert doc["compile"] is True and doc["cuda_graphs"] is False
+    assert doc.compile is True and doc.cuda_graphs is False

@@ -194,8 +194,8 @@ def test_the_manifest_records_the_impl_and_the_cache_the_decoder_allocates(impl:
     wl = workload(config, resolve(config), 1)
     m = TPDecoder(TINY, Comm(), max_len=decoder_max_len(config), impl=impl)
     m._reset_cache(1)
-    assert wl["decoder_impl"] == impl
-    assert wl["kv_cache_len"] == m.k_cache[0].shape[2] == m.cache_len
+    assert wl.decoder_impl == impl
+    assert wl.kv_cache_len == m.k_cache[0].shape[2] == m.cache_len
     assert m.cache_len >= config.prompt + 5 + 2  # every position a decode reaches
 
 

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from session_captures import ROUNDS_TP2
 
@@ -405,8 +406,8 @@ def test_tampered_cache_entry_is_detected_and_read_from_the_source(
     table = table.set_column(table.schema.get_field_index("end_ns"), "end_ns", ends)
     table = table.replace_schema_metadata(meta)
     pq.write_table(table, entry, compression="zstd")
-    assert json.loads(pq.read_schema(entry).metadata[b"tracekit"])["key"] == cache_mod._key(
-        f, _kineto_version(), None
+    assert json.loads(pq.read_schema(entry).metadata[b"tracekit"])["key"] == msgspec.to_builtins(
+        cache_mod._key(f, _kineto_version(), None)
     )
 
     again = read_run([f])
