@@ -19,8 +19,8 @@ import pandas as pd
 
 from tracekit.analyse.plans import Fan, RankInput, RankStage, Reduce, kept, run_rank_stage, run_reduce
 from tracekit.engine.executor import TaskRecord
+from tracekit.model.digest import sha256_of
 from tracekit.model.events import DataQuality, Run
-from tracekit.read.files import sha256_of
 
 __all__ = [
     "FileMeta",

@@ -13,7 +13,7 @@ Conventions:
   `record_param_comms` / `c10d::` / `gloo:` CPU ops); empty elsewhere.
   `coll_in_bytes` / `coll_out_bytes` are the per-rank input / output message sizes in bytes
   (nelems x dtype size, or the trace's own byte count where only that is given).
-- `coll_op` is the normalised collective: one of COLLECTIVE_OPS, or "" when unknown / not one.
+- `coll_op` is the normalised collective: one of `tracekit.model.ops.COLLECTIVE_OPS`, or "" when unknown / not one.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import pandas as pd
 from tracekit.model.documents.base import Documented
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 from tracekit.model.documents.manifest import Manifest
-from tracekit.model.ops import COLLECTIVE_OPS as COLLECTIVE_OPS  # (the `coll_op` values: ops.py, no pandas)
 
 #: Event kinds (the `kind` column).
 KINDS: tuple[str, ...] = (
@@ -56,7 +55,7 @@ COLUMNS: dict[str, str] = {
     "end_ns": "int64",
     "correlation": "int64",
     "coll_name": "category",  # raw collective name as the trace says it ("allreduce", "_allgather_base")
-    "coll_op": "category",  # normalised, see COLLECTIVE_OPS
+    "coll_op": "category",  # normalised, see tracekit.model.ops.COLLECTIVE_OPS
     "coll_in_bytes": "int64",
     "coll_out_bytes": "int64",
     "coll_dtype": "category",

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import NoTracesError
-from tracekit.model.digest import sha256_of as sha256_of  # (re-exported: read.run, engine.dask_tasks)
 from tracekit.model.events import Run
 from tracekit.read import cache as cache_mod
 from tracekit.read.manifests import ManifestRead, read_manifest

@@ -57,7 +57,7 @@ DTYPE_BYTES: dict[str, int] = {
     "Bits16": 2,
 }
 
-#: Raw collective names (lower-cased) -> normalised op (see tracekit.model.events.COLLECTIVE_OPS).
+#: Raw collective names (lower-cased) -> normalised op (see tracekit.model.ops.COLLECTIVE_OPS).
 _COLL_OP: dict[str, str] = {
     "allreduce": "all_reduce",
     "all_reduce": "all_reduce",

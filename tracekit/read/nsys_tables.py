@@ -71,7 +71,7 @@ MEMORY_KIND = {
 #: CUpti_ActivitySynchronizationType -> Kineto's syncTypeString (the `cuda_sync` event names).
 SYNC_TYPE = {1: "Event Sync", 2: "Stream Wait Event", 3: "Stream Sync", 4: "Context Sync"}
 
-#: NCCL kernel / NVTX op token -> normalised collective (tracekit.model.events.COLLECTIVE_OPS).
+#: NCCL kernel / NVTX op token -> normalised collective (tracekit.model.ops.COLLECTIVE_OPS).
 NCCL_OPS = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",

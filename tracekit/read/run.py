@@ -29,10 +29,11 @@ import numpy as np
 import pandas as pd
 
 from tracekit.errors import RankError, TraceFormatError
+from tracekit.model.digest import sha256_of
 from tracekit.model.documents.base import given
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.model.launch import graph_replay_mask
-from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker, sha256_of
+from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker
 from tracekit.read.limits import current_limits
 from tracekit.read.manifests import ManifestRead, workload_tp
 

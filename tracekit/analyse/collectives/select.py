@@ -14,7 +14,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracekit.model.events import COLLECTIVE_OPS
+from tracekit.model.ops import COLLECTIVE_OPS
 from tracekit.model.strings import str_flags, str_isin
 
 #: Name patterns -> normalised op, tried in order (the first match wins). Used when `coll_op` is empty.

@@ -41,9 +41,8 @@ class Documented:
         raise NotImplementedError
 
     def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = msgspec.to_builtins(self.document())
-        return out
+        """The document as plain JSON values (its `Doc.to_json`)."""
+        return self.document().to_json()
 
 
 class Header(Doc, kw_only=True):
