@@ -65,6 +65,38 @@ def test_parallel_equals_sequential(tmp_path: Path) -> None:
     assert seq.data_quality.to_dict() == par.data_quality.to_dict()
 
 
+def test_small_runs_read_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `jobs`, several files holding less than POOL_MIN_BYTES together are read in this
+    process (a pool's start and the Runs sent back cost more than the reading); from that size on
+    (or with jobs=2) in a process pool, with the same events."""
+    import tracekit.read.run as run_mod
+
+    d = _sampled(tmp_path)
+    size = sum(f.stat().st_size for f in d.glob("*.json.gz"))
+    pools: list[int] = []
+    real = run_mod.ProcessPoolExecutor
+
+    class Counted(real):  # type: ignore[misc, valid-type]
+        def __init__(self, max_workers: int) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(run_mod, "ProcessPoolExecutor", Counted)
+    default = [2] if (os.cpu_count() or 1) >= 2 else []  # min(files, CPUs) workers; 1: this process
+    assert size < run_mod.POOL_MIN_BYTES
+    here = read_run([d], cache=False)
+    assert pools == []
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", size)
+    pooled = read_run([d], cache=False)
+    assert pools == default
+    pd.testing.assert_frame_equal(here.events, pooled.events)
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", size + 1)
+    read_run([d], cache=False)
+    assert pools == default
+    read_run([d], cache=False, jobs=2)  # asked for: a pool whatever the size
+    assert pools == [*default, 2]
+
+
 def test_duplicate_ranks(tmp_path: Path) -> None:
     d = _sampled(tmp_path)
     shutil.copy(d / "rank-0.json.gz", d / "copy_of_rank0.json.gz")

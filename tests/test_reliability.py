@@ -67,6 +67,14 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
+def pool_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_run reads several files in its process pool whatever their size (by default only from
+    POOL_MIN_BYTES on: the runs here are small), so the tests of the pool's errors take that path."""
+    import tracekit.read.run as run_mod
+
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # 1. a bad file among several (read in the process pool) is one error line naming that file
 
@@ -85,8 +93,9 @@ def test_format_error_survives_pickling() -> None:
 
 @pytest.mark.parametrize("damage", ["truncated_gz", "junk_json", "empty_json", "symlink_to_non_trace"])
 def test_bad_file_in_multi_rank_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
+    pool_for_any_size(monkeypatch)
     d = copy_run(CPU_TP2, tmp_path / "run")
     if damage == "truncated_gz":
         bad = d / "rank-1.pt.trace.json.gz"
@@ -105,7 +114,10 @@ def test_bad_file_in_multi_rank_folder(
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], bad.name)
 
 
-def test_gzip_of_the_right_name_but_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gzip_of_the_right_name_but_garbage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool_for_any_size(monkeypatch)
     d = copy_run(CPU_TP2, tmp_path / "run")
     (d / "rank-1.pt.trace.json.gz").write_bytes(gzip.compress(b"\x00\xff" * 1000))
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], "rank-1.pt.trace.json.gz")
@@ -502,6 +514,7 @@ def test_max_events_option_and_environment(
     monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "2000")
     cli_error(capsys, ["breakdown", str(f), "--no-cache"], f.name, "2000 events")
     # several files, read in the process pool: the environment reaches the workers
+    pool_for_any_size(monkeypatch)
     cli_error(capsys, ["breakdown", str(CPU_TP2), "--no-cache"], "2000 events")
 
 
