@@ -38,7 +38,6 @@ from tracekit.read.files import find_trace_files, is_trace_name, read_file, read
 from tracekit.read.limits import current_limits
 from tracekit.read.manifests import ManifestRead, workload_tp
 
-
 #: the bytes on disk (all the run's trace files together) from which several files are read in a
 #: process pool rather than one after another in this process, when `jobs` is not given. Below it
 #: the pool's fixed cost dominates: on the 2-core VM, cpu-tp2 (2 files, 0.45 MB, 16k events) took
