@@ -520,7 +520,7 @@ def engine_options(func: Any) -> Any:
         type=click.Choice(["local", "dask"]),
         default=None,
         help="Where the analysis runs: local (default: this machine, a process pool reads the rank "
-        "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
+        "files of a run of 16 MiB or more) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
     )(func)
     return func
 
