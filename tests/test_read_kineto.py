@@ -10,6 +10,7 @@ import re
 from collections import Counter
 from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -192,6 +193,38 @@ def test_parse_us_to_ns_exact() -> None:
     assert ns[:5].tolist() == [1234567, 1712195495519695800, 1682725898236567000, 1, -2500]
     assert ok.tolist() == [True] * 5 + [False, True]
     assert ns[6] == 1_500_000 and sub == 0
+
+
+def test_parse_us_to_ns_long_texts_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A few texts far longer than a timestamp among many: each value is what it is alone (a
+    100-decimal number read, truncated below 1 ns; a 5,000-digit one and a long string refused),
+    and the many short texts are not parsed in a matrix as wide as the longest (5,000 events with
+    one 5,000-digit ts took ~1 CPU-s and 200 MB temporaries)."""
+    from tracekit.read import kineto_events
+
+    widths: list[tuple[int, int]] = []
+    real = kineto_events._text_matrix
+
+    def recorded(texts: Any, n: int) -> Any:
+        m, same = real(texts, n)
+        widths.append(m.shape)
+        return m, same
+
+    monkeypatch.setattr(kineto_events, "_text_matrix", recorded)
+    long_dec, huge, quoted = b"1." + b"5" * 100, b"1" * 5000, b'"' + b"7" * 300 + b'"'
+    texts = [b"1234.567"] * 3000 + [long_dec, huge, b"-2.5", quoted] + [b"1682725898236567"] * 2000
+    counts: dict[str, int] = {}
+    ns, ok, sub = parse_us_to_ns(texts, counts)
+    assert ok[3000:3004].tolist() == [True, False, True, False]
+    assert (ns[3000], ns[3002]) == (1555, -2500)  # the value of a refused text is not defined
+    assert set(ns[:3000].tolist()) == {1234567} and set(ns[3004:].tolist()) == {1682725898236567000}
+    assert ok[:3000].all() and ok[3004:].all() and sub == 1
+    assert counts == {"strings": 1}  # a number written as a string, counted as such, too long to read
+    assert sum(r * w for r, w in widths) <= len(texts) * 25 + 5000 + 300 + 102, widths
+    # each long text parsed alone gives the same
+    for t, i in ((long_dec, 3000), (huge, 3001), (quoted, 3003)):
+        one = parse_us_to_ns([t])
+        assert one[1][0] == ok[i] and (not ok[i] or one[0][0] == ns[i])
 
 
 def test_chunked_equals_whole(shared_traces: Path) -> None:

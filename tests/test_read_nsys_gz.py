@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from frame_checks import assert_frames_equal
 
 from tracekit.errors import TraceFormatError
 from tracekit.read import read_run
@@ -37,7 +38,7 @@ def pair(real_nsys_sqlite: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> None:
-    pd.testing.assert_frame_equal(a.reset_index(drop=True), b.reset_index(drop=True))
+    assert_frames_equal(a.reset_index(drop=True), b.reset_index(drop=True))
 
 
 def test_gz_reads_as_the_plain_export_and_decompresses_once(

@@ -10,9 +10,9 @@ import os
 import shutil
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from conftest import write_real_tp2_run
+from frame_checks import assert_frames_equal
 from msgspec import UNSET
 
 from tracekit.errors import NoTracesError, RankError, TraceFormatError
@@ -53,7 +53,7 @@ def test_two_ranks_one_run(tmp_path: Path) -> None:
     assert str(ev["name"].dtype) == "category" and str(ev["kind"].dtype) == "category"
     # the same files given one by one
     again = read_run(sorted(d.glob("*.json.gz")), cache=False, jobs=1)
-    pd.testing.assert_frame_equal(run.events, again.events)
+    assert_frames_equal(run.events, again.events)
 
 
 @pytest.mark.slow
@@ -61,8 +61,59 @@ def test_parallel_equals_sequential(tmp_path: Path) -> None:
     d = _sampled(tmp_path)
     seq = read_run([d], cache=False, jobs=1)
     par = read_run([d], cache=False, jobs=2)
-    pd.testing.assert_frame_equal(seq.events, par.events)
+    assert_frames_equal(seq.events, par.events)
     assert seq.data_quality.to_dict() == par.data_quality.to_dict()
+
+
+def test_small_runs_read_in_this_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without `jobs`, several files holding less than POOL_MIN_BYTES together are read in this
+    process (a pool's start and the Runs sent back cost more than the reading); from that size on
+    (or with jobs=2) in a process pool, with the same events."""
+    import tracekit.read.run as run_mod
+
+    d = _sampled(tmp_path)
+    size = sum(f.stat().st_size for f in d.glob("*.json.gz"))
+    pools: list[int] = []
+    real = run_mod.ProcessPoolExecutor
+
+    class Counted(real):  # type: ignore[misc, valid-type]
+        def __init__(self, max_workers: int) -> None:
+            pools.append(max_workers)
+            super().__init__(max_workers=max_workers)
+
+    monkeypatch.setattr(run_mod, "ProcessPoolExecutor", Counted)
+    default = [2] if (os.cpu_count() or 1) >= 2 else []  # min(files, CPUs) workers; 1: this process
+    assert size < run_mod.POOL_MIN_BYTES
+    here = read_run([d], cache=False)
+    assert pools == []
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", size)
+    pooled = read_run([d], cache=False)
+    assert pools == default
+    assert_frames_equal(here.events, pooled.events)
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", size + 1)
+    read_run([d], cache=False)
+    assert pools == default
+    read_run([d], cache=False, jobs=2)  # asked for: a pool whatever the size
+    assert pools == [*default, 2]
+
+
+def test_frame_check_is_exact() -> None:
+    """frame_checks.assert_frames_equal, which these tests compare event tables with, refuses what
+    pandas' assert_frame_equal refuses: another value, dtype, column order, index or order of a
+    categorical's categories."""
+    ev = read_run([REPO / "traces" / "cpu-tp2"], cache=False, jobs=1).events
+    assert_frames_equal(ev, ev.copy())
+    one = ev.copy()
+    one.loc[5, "start_ns"] += 1
+    names = ev.copy()
+    names["name"] = names["name"].cat.reorder_categories(list(names["name"].cat.categories)[::-1])
+    text = ev.copy()
+    text["name"] = text["name"].astype(str)
+    moved = ev.copy()
+    moved.index = moved.index + 1
+    for other in (one, names, text, ev[list(ev.columns)[::-1]], moved):
+        with pytest.raises(AssertionError):
+            assert_frames_equal(ev, other)
 
 
 def test_duplicate_ranks(tmp_path: Path) -> None:
@@ -115,12 +166,12 @@ def test_cache_hit_identical_and_invalidated(tmp_path: Path) -> None:
     stamp = entry.stat().st_mtime_ns
     hit = read_run([f])
     assert entry.stat().st_mtime_ns == stamp  # served from the cache, not rewritten
-    pd.testing.assert_frame_equal(first.events, hit.events)
+    assert_frames_equal(first.events, hit.events)
     for col in ("kind", "name", "coll_op"):
         assert list(first.events[col].cat.categories) == list(hit.events[col].cat.categories)
     assert hit.rank_info == first.rank_info and hit.data_quality.to_dict() == first.data_quality.to_dict()
     uncached = read_run([f], cache=False)
-    pd.testing.assert_frame_equal(first.events, uncached.events)
+    assert_frames_equal(first.events, uncached.events)
 
     # modify the trace: drop the kernels -> the cache must not answer with the old table
     with gzip.open(f, "rt") as fh:
@@ -147,7 +198,7 @@ def test_cache_corrupt_entry_ignored(tmp_path: Path) -> None:
     assert entry is not None
     entry.write_bytes(b"PAR1 this is not parquet")
     again = read_run([f])
-    pd.testing.assert_frame_equal(good.events, again.events)
+    assert_frames_equal(good.events, again.events)
     assert entry.read_bytes()[:4] == b"PAR1" and entry.stat().st_size > 1000  # rewritten
 
 
@@ -292,7 +343,7 @@ def test_a_cached_run_names_its_files_as_this_call_spells_them(
     fresh = read_run([Path("run")], cache=False, jobs=1)
     assert again.sources == fresh.sources
     assert all(not Path(s).is_absolute() and s.startswith("run") for s in again.sources.values())
-    pd.testing.assert_frame_equal(again.events, first.events)
+    assert_frames_equal(again.events, first.events)
 
 
 # ------------------------------------------------------------------------------------------

@@ -18,9 +18,11 @@ from typing import Any
 
 import pytest
 from conftest import real_kineto_doc
+from frame_checks import assert_frames_equal
 
 from tracekit.cli.main import main
 from tracekit.errors import TraceFormatError
+from tracekit.model.documents.base import given
 
 REPO = Path(__file__).resolve().parents[1]
 CPU_TP1 = REPO / "traces" / "cpu-tp1"
@@ -67,6 +69,14 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
+def pool_for_any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """read_run reads several files in its process pool whatever their size (by default only from
+    POOL_MIN_BYTES on: the runs here are small), so the tests of the pool's errors take that path."""
+    import tracekit.read.run as run_mod
+
+    monkeypatch.setattr(run_mod, "POOL_MIN_BYTES", 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # 1. a bad file among several (read in the process pool) is one error line naming that file
 
@@ -85,8 +95,9 @@ def test_format_error_survives_pickling() -> None:
 
 @pytest.mark.parametrize("damage", ["truncated_gz", "junk_json", "empty_json", "symlink_to_non_trace"])
 def test_bad_file_in_multi_rank_folder(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, damage: str
 ) -> None:
+    pool_for_any_size(monkeypatch)
     d = copy_run(CPU_TP2, tmp_path / "run")
     if damage == "truncated_gz":
         bad = d / "rank-1.pt.trace.json.gz"
@@ -105,7 +116,10 @@ def test_bad_file_in_multi_rank_folder(
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], bad.name)
 
 
-def test_gzip_of_the_right_name_but_garbage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_gzip_of_the_right_name_but_garbage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool_for_any_size(monkeypatch)
     d = copy_run(CPU_TP2, tmp_path / "run")
     (d / "rank-1.pt.trace.json.gz").write_bytes(gzip.compress(b"\x00\xff" * 1000))
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], "rank-1.pt.trace.json.gz")
@@ -378,34 +392,66 @@ def test_manifest_deep_nesting(tmp_path: Path, capsys: pytest.CaptureFixture[str
     cli_error(capsys, ["breakdown", str(d), "--no-cache"], "manifest.json", "nested too deeply")
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [
-        ("tp", 10**30),
-        ("tp", "2"),
-        ("tp", 0),
-        ("tp", -1),
-        ("per_token", 1e9),
-        ("per_token", 10**9),
-        ("step_pattern", 123),
-    ],
-)
+MANIFEST_BAD_FIELDS: list[tuple[str, Any]] = [
+    ("tp", 10**30),
+    ("tp", "2"),
+    ("tp", 0),
+    ("tp", -1),
+    ("per_token", 1e9),
+    ("per_token", 10**9),
+    ("step_pattern", 123),
+]
+
+
+def _set_workload(m: dict[str, Any], field: str, value: Any) -> None:
+    if field == "per_token":
+        m["workload"]["collectives"][0]["per_token"] = value
+    else:
+        m["workload"][field] = value
+
+
+@pytest.mark.parametrize(("field", "value"), MANIFEST_BAD_FIELDS)
+def test_manifest_field_out_of_bounds_is_read_as_missing(tmp_path: Path, field: str, value: Any) -> None:
+    """Each malformed workload field: left out of the manifest as read (what the analyses get), with
+    a manifest_field_malformed note; the other collectives entries and fields kept."""
+    from tracekit.read.manifests import read_manifest
+
+    m = json.loads((CPU_TP2 / "manifest.json").read_text())
+    _set_workload(m, field, value)
+    p = tmp_path / "manifest.json"
+    p.write_text(json.dumps(m))
+    got = read_manifest(p)
+    assert [k for k, _ in got.notes] == ["manifest_field_malformed"], got.notes
+    wl = got.manifest.workload
+    if field == "per_token":  # the bad entry left out, the others kept
+        assert len(wl.collectives) == len(m["workload"]["collectives"]) - 1
+    else:
+        assert given(getattr(wl, field)) is None
+        assert len(wl.collectives) == len(m["workload"]["collectives"])
+
+
 @pytest.mark.parametrize("command", ["breakdown", "shortfall"])
 def test_manifest_fields_out_of_bounds(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], field: str, value: Any, command: str
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: str
 ) -> None:
+    """The commands on a run whose manifest has every kind of malformed workload field at once (tp,
+    a collective's per_token, step_pattern): a result that counts them (each value alone is read as
+    missing: test_manifest_field_out_of_bounds_is_read_as_missing, so the analyses see the same
+    missing fields whichever value it was; one command run per value, 14 in all, did the same)."""
+
     def edit(m: dict[str, Any]) -> None:
-        if field == "per_token":
-            m["workload"]["collectives"][0]["per_token"] = value
-        else:
-            m["workload"][field] = value
+        for field, value in [("tp", 0), ("per_token", 1e9), ("step_pattern", 123)]:
+            _set_workload(m, field, value)
 
     d = manifest_run(tmp_path, edit)
     if command == "breakdown":
         doc = cli_ok(capsys, ["breakdown", str(d), "--no-cache"])
     else:
         doc = cli_ok(capsys, ["shortfall", "--baseline", str(CPU_TP1), "--sharded", str(d), "--no-cache"])
-    assert "manifest_field_malformed" in json.dumps(doc)
+    text = json.dumps(doc)
+    assert "manifest_field_malformed" in text
+    for said in ("workload.tp", "workload.collectives", "workload.step_pattern"):
+        assert said in text, said
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,6 +548,7 @@ def test_max_events_option_and_environment(
     monkeypatch.setenv("TRACEKIT_MAX_EVENTS", "2000")
     cli_error(capsys, ["breakdown", str(f), "--no-cache"], f.name, "2000 events")
     # several files, read in the process pool: the environment reaches the workers
+    pool_for_any_size(monkeypatch)
     cli_error(capsys, ["breakdown", str(CPU_TP2), "--no-cache"], "2000 events")
 
 
@@ -779,8 +826,15 @@ JSON_CORPUS: dict[str, tuple[Any, str, str]] = {
 }
 
 
-@pytest.mark.parametrize("case", list(JSON_CORPUS))
-@pytest.mark.parametrize("packing", ["plain", "gzip"])
+#: the corpus cases the CLI also runs gzipped, one that ends in an error and one in a result; every
+#: case's gzip is read by the reader as its plain JSON is (test_json_corpus_gzip_reads_as_plain), which
+#: with the plain case's CLI outcome gives the gzip's
+GZIP_CLI_CASES = ("truncated at 50%", "missing ts")
+
+
+@pytest.mark.parametrize(
+    ("packing", "case"), [("plain", c) for c in JSON_CORPUS] + [("gzip", c) for c in GZIP_CLI_CASES]
+)
 def test_json_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: str, packing: str) -> None:
     make, expect, key = JSON_CORPUS[case]
     data = make(None)
@@ -794,6 +848,42 @@ def test_json_corpus(tmp_path: Path, capsys: pytest.CaptureFixture[str], case: s
         assert p.name in text
     elif key:
         assert key in text
+
+
+def _read_outcome(path: Path) -> tuple[str, Any]:
+    """read_file(path): ('ok', the Run) or ('error', the TraceFormatError); nothing else raised."""
+    from tracekit.read import read_file
+
+    try:
+        return "ok", read_file(path, cache=False)
+    except TraceFormatError as e:
+        return "error", e
+
+
+@pytest.mark.parametrize("case", list(JSON_CORPUS))
+def test_json_corpus_gzip_reads_as_plain(tmp_path: Path, case: str) -> None:
+    """Every corpus case gzipped reads as its plain JSON does (the same events and data_quality, or
+    the same error naming the .gz file): what the CLI makes of a Run does not depend on the packing,
+    so with test_json_corpus's plain outcome this is the gzip's (the CLI runs GZIP_CLI_CASES gzipped
+    too). The CLI on every case gzipped (~0.2 CPU-s of analysis each) did the same at 29 CLI runs."""
+    data = JSON_CORPUS[case][0](None)
+    plain, packed = tmp_path / "t.json", tmp_path / "t.json.gz"
+    plain.write_bytes(data)
+    packed.write_bytes(gzip.compress(data, compresslevel=1))  # level 1: the same stream format as 9
+    (got_p, a), (got_g, b) = _read_outcome(plain), _read_outcome(packed)
+    assert got_p == got_g, (a, b)
+    if got_p == "error":
+        assert b.path == str(packed) and (b.message, b.offset, b.event_index) == (
+            a.message,
+            a.offset,
+            a.event_index,
+        ), (str(a), str(b))
+    else:
+        assert a.ranks == b.ranks
+        assert_frames_equal(a.events, b.events)  # pandas' assert_frame_equal: ~0.4 CPU-s a case
+        assert a.data_quality.counts == b.data_quality.counts
+        # the notes name the file they are about
+        assert [n.replace(packed.name, plain.name) for n in b.data_quality.notes] == a.data_quality.notes
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -1054,6 +1144,9 @@ def test_capture_ctrl_c_ends_with_one_line_and_a_manifest(tmp_path: Path) -> Non
             # instead of burning two cores for the seconds the test waits
             "--inject-delay",
             "1:200",
+            # no profiler calibration (~4 CPU-s of a capture's ~9, before the passes): the ranks are
+            # in the decode loop sooner, where the Ctrl-C is meant to land
+            "--no-calibrate",
         ]
         + ["--device", "cpu", "--out", str(out)],
         stdout=subprocess.PIPE,

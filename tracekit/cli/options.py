@@ -519,7 +519,8 @@ _ENGINE_OPTIONS = (
         type=click.Choice(["local", "dask"]),
         default=None,
         help="Where the analysis runs: local (default: this machine, a process pool reads the rank "
-        "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
+        "files of a run of 16 MiB or more) or dask (per-rank tasks on a Dask cluster; the same JSON). "
+        "Needs tracekit[dask].",
     ),
     click.option(
         "--scheduler",

@@ -11,8 +11,10 @@ times count from each report's own session start), HTA's `rank-N` files. A file 
 is rank 0 when alone; several such files get the ranks no other file claims, in file order
 (data_quality says so). Each file goes to the reader registered for its suffix
 (`READERS`, imported lazily): Kineto JSON -> `tracekit.read.kineto.read_kineto`, Nsight Systems
-SQLite (plain or gzipped) -> `tracekit.read.nsys.read_nsys`. Several files are read in parallel with a process pool,
-each through the Parquet cache (`tracekit.read.cache`).
+SQLite (plain or gzipped) -> `tracekit.read.nsys.read_nsys`. Several files holding together at least
+`POOL_MIN_BYTES` are read in parallel with a process pool, smaller runs in this process (starting the
+workers and sending each Run back costs more than reading a few MB); each file goes through the
+Parquet cache (`tracekit.read.cache`).
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ from tracekit.model.launch import graph_replay_mask
 from tracekit.read.files import find_trace_files, is_trace_name, read_file, read_worker
 from tracekit.read.limits import current_limits
 from tracekit.read.manifests import ManifestRead, workload_tp
+
+#: the bytes on disk (all the run's trace files together) from which several files are read in a
+#: process pool rather than one after another in this process, when `jobs` is not given. Below it
+#: the pool's fixed cost dominates: on the 2-core VM, cpu-tp2 (2 files, 0.45 MB, 16k events) took
+#: 0.23 CPU-s read in this process against 0.35-0.36 in the pool (workers included), h200-tp2 (2
+#: files, 2.8 MB, 81k events) 0.61-0.76 against 0.83-1.04, and neither read faster in wall time.
+POOL_MIN_BYTES = 16 << 20
 
 
 def check_run_events(total: int, path: object, n_files: int) -> None:
@@ -128,6 +137,14 @@ def reading_bar(*, transient: bool) -> Any:
     )
 
 
+def _size(f: Path) -> int:
+    """The bytes of `f` on disk; 0 when it cannot be stat'ed (its reader names the problem)."""
+    try:
+        return f.stat().st_size
+    except OSError:
+        return 0
+
+
 def read_run(
     paths: Sequence[str | os.PathLike[str]] | str | os.PathLike[str],
     *,
@@ -141,7 +158,8 @@ def read_run(
     - `rank` overrides the rank of a single trace file (RankError with several files).
     - `cache`: use the Parquet cache (also off with TRACEKIT_NO_CACHE=1).
     - `progress`: a rich progress bar on stderr.
-    - `jobs`: processes for reading several files (default min(files, CPUs); 1 = in this process).
+    - `jobs`: processes for reading several files (default: min(files, CPUs) when the files hold
+      `POOL_MIN_BYTES` or more together, else 1; 1 = in this process).
     Raises NoTracesError (a path with no traces), RankError (duplicate or unknown ranks),
     TraceFormatError (a bad file: path + byte offset or event index).
     """
@@ -150,13 +168,15 @@ def read_run(
     files, manifest = find_trace_files(paths)
     if rank is not None and len(files) > 1:
         raise RankError(f"--rank applies to one trace file, but {len(files)} were given")
-    n_jobs = jobs if jobs is not None else min(len(files), os.cpu_count() or 1)
-    n_jobs = max(1, min(n_jobs, len(files)))
+    sizes = [_size(f) for f in files]
+    if jobs is None:
+        jobs = min(len(files), os.cpu_count() or 1) if sum(sizes) >= POOL_MIN_BYTES else 1
+    n_jobs = max(1, min(jobs, len(files)))
 
     bar: Any = None
     task: Any = None
     if progress:
-        total = sum(f.stat().st_size for f in files)
+        total = sum(sizes)
         bar = reading_bar(transient=True)
         bar.start()
         task = bar.add_task(f"reading {len(files)} trace file(s)", total=total)
@@ -164,8 +184,7 @@ def read_run(
     runs: list[Run] = []
     try:
         if n_jobs == 1:
-            for f in files:
-                size = f.stat().st_size
+            for f, size in zip(files, sizes, strict=True):
                 done_before = bar.tasks[0].completed if bar is not None else 0
 
                 def _cb(done: int, _total: int, _base: float = done_before) -> None:
