@@ -172,6 +172,28 @@ def test_straggler_off_on_the_committed_cpu_pair_predicts_the_clean_run_within_1
     assert abs(c["error"]) <= 0.10, c
 
 
+def test_a_given_shortfall_is_the_one_whatif_makes_and_another_pairs_is_refused() -> None:
+    """`whatif(..., shortfall=sf)` reuses the pair's shortfall (the ground-truth harness and a
+    report have it already) and gives the document it gives without; the shortfall of another
+    pair is refused, not silently used for the accounting."""
+    from committed_pairs import committed_shortfall
+
+    b, s = _load(TRACES / "cpu-tp1"), _load(TRACES / "cpu-tp2")
+    knobs = [parse_knob("transfer=0"), parse_knob("straggler=off")]
+    sf = committed_shortfall("cpu-tp1", "cpu-tp2")
+    assert sf.baseline is b[0] and sf.sharded is s[0]  # the process's one attribution of each
+    alone = whatif(b[0], b[1], s[0], s[1], knobs).to_json()  # type: ignore[arg-type]
+    given = whatif(b[0], b[1], s[0], s[1], knobs, shortfall=sf).to_json()  # type: ignore[arg-type]
+    assert json.dumps(given) == json.dumps(alone)
+    # the accounting is the shortfall document's own three figures (taken without the document)
+    doc = sf.to_json()
+    assert given["accounting"] == {k: doc[k] for k in ("shortfall_ns", "terms_ns", "shares")}
+    assert given["shortfall_ns"] == doc["shortfall_ns"]
+    other = committed_shortfall("cpu-tp1", "cpu-tp2-straggler")
+    with pytest.raises(ValueError, match="not the one of these two attributed runs"):
+        whatif(b[0], b[1], s[0], s[1], knobs, shortfall=other)  # type: ignore[arg-type]
+
+
 # ------------------------------------------------------------------------------------------
 # Shapley
 
