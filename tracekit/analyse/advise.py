@@ -59,6 +59,7 @@ from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.model.documents import Advise as AdviseDoc
 from tracekit.model.documents import GemmTable, given, to_builtins
 from tracekit.model.documents import advise as ad
+from tracekit.model.fields import copy_fields
 
 SCHEMA_VERSION = "1.1"
 
@@ -204,21 +205,17 @@ class Advice:
     layers_traced: int | None = None  # the layers of the traced model (manifest workload.shape)
 
     def document(self) -> AdviseDoc:
-        return AdviseDoc(
+        # gpus, memory_source, weight_dtype, context, layers, layers_traced, recommendations: its own
+        return copy_fields(
+            AdviseDoc,
+            self,
             schema_version=SCHEMA_VERSION,
             kind="tracekit.advise",
-            gpus=self.gpus,
             memory_per_gpu_bytes=int(self.memory_bytes) if self.memory_bytes else None,
-            memory_source=self.memory_source,
             reserve_bytes=int(self.reserve_bytes),
-            weight_dtype=self.weight_dtype,
-            context=self.context,
-            layers=self.layers,
-            layers_traced=self.layers_traced,
             runs=[r.document() for r in self.runs],
             options=self.rows,
             memory_cliff=self.cliff,
-            recommendations=self.recommendations,
             notes=list(self.notes),
         )
 

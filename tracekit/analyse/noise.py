@@ -44,6 +44,7 @@ import numpy as np
 
 from tracekit.model.documents import shortfall as sd
 from tracekit.model.documents.base import to_builtins
+from tracekit.model.fields import copy_fields
 from tracekit.model.parts import COORDINATION as COORD
 from tracekit.model.parts import LEAF_PARTS as PARTS
 
@@ -139,14 +140,11 @@ class Intervals:
         )
 
     def document(self) -> sd.ShortfallIntervals:
-        return sd.ShortfallIntervals(
-            level=self.level,
-            resamples=self.resamples,
-            seed=self.seed,
-            basis=self.basis,
-            paired=self.paired,
+        # level, resamples, seed, basis, paired, method: the intervals' own
+        return copy_fields(
+            sd.ShortfallIntervals,
+            self,
             rounds=dict(self.rounds),
-            method=self.method,
             per_token_ns=sd.ShortfallIntervalsPerTokenNs(**{k: list(v) for k, v in self.per_token.items()}),
             shortfall_ns=list(self.shortfall),
             terms_ns={k: list(v) for k, v in self.terms.items()},

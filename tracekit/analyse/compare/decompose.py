@@ -51,8 +51,7 @@ from tracekit.model.parts import LEAF_PARTS
 
 SCHEMA_VERSION = "1.0"
 
-#: The classes of the decomposition, in report order.
-CLASSES: tuple[str, ...] = ("matrix", "vector", "memory", "collective", "coordination", "unknown")
+#: The classes of the decomposition, in report order, and what each is in words.
 CLASS_WORDS: dict[str, str] = {
     "matrix": "matrix compute (GEMM, attention)",
     "vector": "vector compute (elementwise, norms, activations, dequantisation)",
@@ -61,6 +60,7 @@ CLASS_WORDS: dict[str, str] = {
     "coordination": "coordination (wait, sync, host gaps)",
     "unknown": "unclassified kernels",
 }
+CLASSES: tuple[str, ...] = tuple(CLASS_WORDS)
 RUNS: tuple[str, ...] = ("baseline", "intermediate", "full")
 
 BOOTSTRAP_RESAMPLES = 2000  # per run: rounds drawn with replacement, then tokens within each

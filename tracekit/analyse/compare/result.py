@@ -398,25 +398,19 @@ class Diff:
     # ---- tables
 
     def kernels(self) -> list[dd.DiffKernel]:
-        return _moved_table(
-            dd.DiffKernel,
-            self.before.kernels,
-            self.after.kernels,
-            ["kind", "name"],
-            ["count", "time_ns"],
-            self.top,
-            extra=["cls"],
-        )
+        return self._moved(dd.DiffKernel, "kernels", ["kind", "name"], ["count", "time_ns"], extra=["cls"])
 
     def collectives(self) -> list[dd.DiffCollective]:
-        return _moved_table(
-            dd.DiffCollective,
-            self.before.collectives,
-            self.after.collectives,
-            ["op", "bytes"],
-            ["count", "wait_ns", "transfer_ns", "time_ns"],
-            self.top,
+        return self._moved(
+            dd.DiffCollective, "collectives", ["op", "bytes"], ["count", "wait_ns", "transfer_ns", "time_ns"]
         )
+
+    def _moved(
+        self, row_type: type[T], table: str, keys: list[str], values: list[str], extra: Sequence[str] = ()
+    ) -> list[T]:
+        """`_moved_table` of the two sides' table `table` (a Side attribute), the top `self.top`."""
+        before, after = getattr(self.before, table), getattr(self.after, table)
+        return _moved_table(row_type, before, after, keys, values, self.top, extra=extra)
 
     def document(self) -> dd.Diff:
         """The document of docs/JSON.md#diff."""

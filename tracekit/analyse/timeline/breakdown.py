@@ -34,6 +34,7 @@ from tracekit.model.documents import to_builtins
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.fields import copy_fields
 from tracekit.model.parts import PARTS
 
 SCHEMA_VERSION = "1.0"
@@ -94,27 +95,24 @@ class Breakdown:
             )
             for row in self.steps.itertuples(index=False)
         ]
-        return doc.Breakdown(
+        # per_token, per_rank, unknown_kernels, trace_totals, dilation: the result's own
+        return copy_fields(
+            doc.Breakdown,
+            self,
             schema_version=SCHEMA_VERSION,
             kind=KIND,
-            source=doc.BreakdownSource(
+            source=copy_fields(
+                doc.BreakdownSource,
+                self,
                 paths=list(self.paths),
                 ranks=list(self.ranks),
-                step_pattern=self.step_pattern,
-                step_rule=self.step_rule,
-                timeline=self.timeline,
                 skipped_steps_per_rank=self.skipped_steps,
             ),
             steps=steps_out,
-            per_token=self.per_token,
-            per_rank=self.per_rank,
             kernels_by_class=_counted(self.kernels_by_class),
             kernels_by_subclass=_counted(self.kernels_by_subclass),
             collectives_by_source=_counted(self.collectives_by_source),
-            unknown_kernels=self.unknown_kernels,
-            trace_totals=self.trace_totals,
             data_quality=self.data_quality.document(),
-            dilation=self.dilation,
             step_kinds=self.step_kinds or UNSET,
         )
 
