@@ -1,19 +1,24 @@
-"""The shortfall of a committed pair (traces/), made once per test process and shared by the tests
-that read it (test_coordination_truth, test_kernel_scaling, test_noise, test_probe_compare,
-test_shortfall): an H200 pair's attribution and profiler correction through the replay cost
-seconds, and the same few pairs are asked for in several files. With `--dist loadfile` a worker
-runs whole files, so files on one worker share; every file still makes what it reads.
+"""The committed runs of traces/ read, classified and attributed once per test process, and the
+shortfall of a committed pair made from those attributions, shared by the tests that read them
+(test_clocks_steps, test_coordination_truth, test_kernel_scaling, test_noise, test_probe_compare,
+test_shortfall, test_whatif): an H200 run's attribution and a pair's profiler correction through the
+replay cost seconds, and the same few runs are asked for in several files, in several roles
+(h200-tp2 is the sharded run of three pairs and the replay test's run). With `--dist loadfile` a
+worker runs whole files, so files on one worker share; every file still makes what it reads.
 
-The objects are shared: a test reads them (`to_json`, `diagnosis`, the attributed runs), never
-changes them. The Run is `read_run`'s, unclassified (the shortfall classifies a copy)."""
+The objects are shared: a test reads them (`to_json`, `diagnosis`, the attributed runs, the
+classified events), never changes them. The Run is `read_run`'s, unclassified (`committed_analysed`
+classifies a copy)."""
 
 from __future__ import annotations
 
 import functools
 from pathlib import Path
 
-from tracekit.analyse.attribution.pair import shortfall
+from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.pair import check_pair, shortfall, shortfall_of_pair
 from tracekit.analyse.attribution.result import Shortfall
+from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.model.events import Run
 from tracekit.read import read_run
 
@@ -29,6 +34,27 @@ def committed_run(name: str) -> Run:
 
 
 @functools.cache
+def committed_analysed(name: str) -> AnalysedRun:
+    """traces/`name` classified once (`AnalysedRun.of`: its step windows and partitions shared)."""
+    return AnalysedRun.of(committed_run(name))
+
+
+@functools.cache
+def committed_parts(name: str, label: str) -> RunParts:
+    """`attribute_run(traces/name, label=label)` with the defaults, once per (run, label): the label
+    names the run in its data-quality notes and errors, and is the role `shortfall` gives it
+    ("baseline", "sharded")."""
+    return attribute_run(committed_analysed(name), label=label)
+
+
+@functools.cache
 def committed_shortfall(base: str, sharded: str) -> Shortfall:
-    """`shortfall(read_run(traces/base), read_run(traces/sharded))` with the defaults, once."""
-    return shortfall(committed_run(base), committed_run(sharded))
+    """`shortfall(read_run(traces/base), read_run(traces/sharded))` with the defaults, once: from the
+    process's attributions of the two runs (`shortfall` is `attribute_run` of each, labels
+    "baseline" and "sharded", then `shortfall_of_pair`). A pair whose workloads differ gets notes on
+    its baseline's data quality: that pair is attributed afresh, so no shared baseline carries them."""
+    b, s = committed_run(base), committed_run(sharded)
+    notes = check_pair(b, s)
+    if notes:
+        return shortfall(b, s)
+    return shortfall_of_pair(committed_parts(base, "baseline"), committed_parts(sharded, "sharded"), [])

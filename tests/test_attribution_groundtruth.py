@@ -26,10 +26,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs(gloo_truth) -> dict[str, RunParts]:  # type: ignore[no-untyped-def]
     """The committed CPU ground-truth captures (tests/gloo_truth.py), each read and attributed."""
-    out = {
-        name: attribute_run(read_run([gloo_truth[name]], cache=False), label=name)
-        for name in ("tp1", "a", "b", "inj")
-    }
+    out = {name: attribute_run(read_run([gloo_truth[name]]), label=name) for name in ("tp1", "a", "b", "inj")}
     out["_paths"] = dict(gloo_truth.paths)  # type: ignore[assignment]
     return out
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from committed_pairs import committed_analysed, committed_parts, committed_run, committed_shortfall
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.pair import shortfall_of_pair
@@ -37,7 +38,6 @@ from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.errors import MatchError
 from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run
-from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 PAIRS = {"h200-tp2": "h200-tp1", "cpu-tp2": "cpu-tp1"}
@@ -46,28 +46,26 @@ STEP = "decode_step#"
 TOL_NS = 1_000
 
 
-@cache
 def _run(name: str) -> Run:
-    path = TRACES / name
-    assert path.is_dir(), f"committed trace {path} is missing"
-    return read_run([path])
+    """The committed run, read once per process (tests/committed_pairs.py; a missing one fails)."""
+    return committed_run(name)
 
 
-@cache
 def _analysed(name: str) -> AnalysedRun:
     """The committed run classified once (`AnalysedRun`): its attribution and its diff side read it."""
-    return AnalysedRun.of(_run(name))
+    return committed_analysed(name)
 
 
-@cache
 def _parts(name: str) -> RunParts:
-    return attribute_run(_analysed(name), label="baseline" if name.endswith("tp1") else "sharded")
+    """The committed run attributed once per process (the pairs of other files read the same)."""
+    return committed_parts(name, "baseline" if name.endswith("tp1") else "sharded")
 
 
 @cache
 def _doc(name: str) -> dict[str, Any]:
-    """The original run's shortfall document, from the one attribution of each run (`_parts`)."""
-    return shortfall_of_pair(_parts(PAIRS[name]), _parts(name), []).to_json()
+    """The original pair's shortfall document: the process's one shortfall of it, made from the one
+    attribution of each run (`_parts`; tests/committed_pairs.py)."""
+    return committed_shortfall(PAIRS[name], name).to_json()
 
 
 def _side(ar: AnalysedRun, parts: RunParts, label: str) -> Side:

@@ -14,7 +14,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from committed_pairs import committed_shortfall
+from committed_pairs import committed_run, committed_shortfall
 
 from tracekit.analyse.attribution.pair import check_pair, shortfall, shortfall_from_parts
 from tracekit.analyse.attribution.result import Shortfall
@@ -22,7 +22,6 @@ from tracekit.analyse.attribution.run import attribute_run
 from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS
-from tracekit.read import read_run
 from tracekit.read.manifests import attach_manifest
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
@@ -35,8 +34,9 @@ def h200() -> dict[str, Run]:
     names = ["h200-tp1", "h200-tp2", "h200-tp2-straggler", "h200-tp1-full", "h200-tp2-full"]
     names += ["h200-tp1-nsys", "h200-tp2-nsys"]
     # through the Parquet cache (read_run's default: the same table as a parse, tests/test_read_run.py):
-    # a parse of these seven runs' JSON and SQLite is ~2 CPU-s, a cache hit a fifth of it
-    return {n: read_run([TRACES / n]) for n in names}
+    # a parse of these seven runs' JSON and SQLite is ~2 CPU-s, a cache hit a fifth of it; read
+    # once per process (tests/committed_pairs.py: the other files' pairs read the same runs)
+    return {n: committed_run(n) for n in names}
 
 
 class Analysed:
@@ -51,7 +51,7 @@ class Analysed:
 
     def run(self, name: str) -> Run:
         if name not in self.runs:
-            self.runs[name] = read_run([TRACES / name])
+            self.runs[name] = committed_run(name)
         return self.runs[name]
 
     def shortfall(self, base: str, sharded: str) -> Shortfall:

@@ -129,7 +129,7 @@ def three_runs():
     for name in ("baseline", "intermediate", "full"):
         folder = f"cpu-decompose-{name}"
         speed.extend(probes[folder])
-        runs[name] = read_run([TRACES / folder], cache=False)
+        runs[name] = read_run([TRACES / folder])
     runs["_speed"] = speed
     return runs
 
@@ -176,7 +176,7 @@ def test_breakdown_shows_matrix_and_vector_compute_per_step(trace):
     from tracekit.analyse.timeline.breakdown import breakdown
     from tracekit.read import read_run
 
-    doc = breakdown(read_run([TRACES / trace], cache=False)).to_json()
+    doc = breakdown(read_run([TRACES / trace])).to_json()
     for st in doc["steps"]:
         split = st["compute_split_ns"]
         assert split["matrix"] + split["vector"] == st["parts_ns"]["compute"]
@@ -203,7 +203,7 @@ def test_h200_eager_to_cuda_graphs_to_compile():
     for n in names.values():
         if not (TRACES / n).is_dir():
             pytest.skip(f"traces/{n} not committed")
-    doc = decompose_runs({k: read_run([TRACES / n], cache=False) for k, n in names.items()}).to_json()
+    doc = decompose_runs({k: read_run([TRACES / n]) for k, n in names.items()}).to_json()
     assert all(r["per_token_source"] == "unprofiled" for r in doc["runs"].values())
     rt, kn = doc["moved"]["runtime"], doc["moved"]["kernel"]
     assert rt["top"] == "coordination" and rt["share_of_saving"]["coordination"] > 0.9

@@ -20,12 +20,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from committed_pairs import committed_analysed, committed_parts
 from gloo_truth import DELAY_MS
 
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.compare.diff import diff, diff_sides
 from tracekit.analyse.compare.result import Diff
-from tracekit.analyse.compare.sides import DIFF_PARTS
+from tracekit.analyse.compare.sides import DIFF_PARTS, Side, rank_side_tables, side_of, side_windows
 from tracekit.cli.main import main
 from tracekit.read import read_run
 
@@ -38,9 +39,19 @@ def _diff(before: Path, after: Path) -> Diff:
     return diff(read_run([before]), read_run([after]), before_path=str(before), after_path=str(after))
 
 
+def _committed_side(name: str, label: str) -> Side:
+    """The diff's side of a committed run from the process's one attribution of it
+    (tests/committed_pairs.py: `attribute_side` is `attribute_run` and these tables; the parts'
+    label, the run's role in the shortfall pairs of other files, only names it in notes)."""
+    parts = committed_parts(name, "sharded")
+    tables = rank_side_tables(committed_analysed(name).events, side_windows(parts))
+    return side_of(parts, label, str(TRACES / name), *tables)
+
+
 @pytest.fixture(scope="module")
 def straggler() -> Diff:
-    return _diff(TRACES / "h200-tp2", TRACES / "h200-tp2-straggler")
+    """`diff` of h200-tp2 and h200-tp2-straggler (each run attributed once per process)."""
+    return diff_sides(_committed_side("h200-tp2", "before"), _committed_side("h200-tp2-straggler", "after"))
 
 
 def _check_exact(d: Diff) -> None:
@@ -259,7 +270,7 @@ def _skip_unless_same_host_speed(captures: dict[str, Any], names: tuple[str, ...
 @pytest.mark.slow
 def test_cpu_injected_delay_is_found_as_coordination_on_rank_1(captures: dict[str, Any]):
     _skip_unless_same_host_speed(captures, ("a", "inj"))
-    d = diff(read_run([captures["a"]], cache=False), read_run([captures["inj"]], cache=False))
+    d = diff(read_run([captures["a"]]), read_run([captures["inj"]]))
     _check_exact(d)
     doc = d.to_json()
     per_token = sum(
@@ -289,7 +300,7 @@ def test_cpu_repeats_have_no_significant_change(captures: dict[str, Any], capsys
     # back at one host speed (scripts/capture_cpu_test_traces.py); still: no change, or a change
     # within the host's noise, never one the size of the injected delay.
     x, y = str(captures["a"]), str(captures["b"])
-    d = diff(read_run([x], cache=False), read_run([y], cache=False))
+    d = diff(read_run([x]), read_run([y]))
     _check_exact(d)
     doc = d.to_json()
     lo, hi = doc["interval"]["relative"]
@@ -318,10 +329,7 @@ def test_nsys_against_kineto_capture_of_one_workload_warns_on_the_dilation(strag
     # any input: the Nsight Systems capture (SQLite) of h200-tp2's workload against the Kineto one.
     # Their dilations differ (nsys 1.32x, Kineto `cuda` mode 1.47x): the profiler alone would move the
     # traced time by +11%, more than the traced change (+7%): warned, with the unprofiled cross-check
-    from tracekit.analyse.compare.sides import attribute_side
-
-    path = TRACES / "h200-tp2-nsys"
-    nsys = attribute_side(read_run([path]), label="before", path=str(path))
+    nsys = _committed_side("h200-tp2-nsys", "before")
     d = diff_sides(nsys, dataclasses.replace(straggler.before, label="after"))
     _check_exact(d)
     doc = d.to_json()

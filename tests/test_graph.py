@@ -313,13 +313,14 @@ def test_moving_one_ranks_clock_changes_no_path_figure() -> None:
 
 @pytest.mark.parametrize("trace", ["h200-tp1", "h200-tp2", "h200-tp2-straggler", "cpu-tp2-straggler"])
 def test_the_committed_traces_re_time_exactly_and_the_path_sums_to_the_step(trace: str) -> None:
-    from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.path.critical_path import path_of_graph
-    from tracekit.read import read_run
+    from committed_pairs import committed_analysed, committed_parts
 
-    ar = AnalysedRun.of(read_run([TRACES / trace]))
-    parts = attribute_run(ar)
+    from tracekit.analyse.path.critical_path import path_of_graph
+
+    # the process's one classification and attribution of the run (tests/committed_pairs.py; the
+    # label, its role in the pairs of other files, only names it in notes)
+    ar = committed_analysed(trace)
+    parts = committed_parts(trace, "baseline" if trace.endswith("tp1") else "sharded")
     w = ar.steps(parts.step_pattern).steps
     w = w.drop(columns=["end_ns"]).merge(parts.steps[["rank", "step", "end_ns"]], on=["rank", "step"])
     g = build_graph(ar.events, w, parts.collectives.per_rank, parts.collectives.clock.offsets_ns, None)
@@ -455,12 +456,12 @@ def test_the_string_columns_read_once_per_value_are_pandas_own_conversion(trace:
     with missing values."""
     import re
 
-    from tracekit.classify import classify
+    from committed_pairs import committed_analysed
+
     from tracekit.classify.rules import GPU_KINDS
     from tracekit.model.strings import str_flags, str_isin, str_values
-    from tracekit.read import read_run
 
-    ev = classify(read_run([TRACES / trace]).events)
+    ev = committed_analysed(trace).events  # `classify` of the read run, once per process
     cols = {c: ev[c] for c in ("kind", "cls", "subclass", "name", "coll_op", "coll_pg_ranks")}
     cols["name (object)"] = ev["name"].astype(object)
     cols["with missing"] = ev["coll_op"].astype(object).where(ev["coll_op"].astype(str) != "", None)

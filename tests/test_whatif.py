@@ -10,37 +10,37 @@ hold against real runs that were not used to make them, and the Shapley split su
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 from fractions import Fraction
 from pathlib import Path
 
+import pandas as pd
 import pytest
+from committed_pairs import committed_analysed, committed_parts
 
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.retime.setting import Setting
 from tracekit.analyse.whatif.build import build_model
 from tracekit.analyse.whatif.knobs import ReplayError, parse_combination, parse_knob
 from tracekit.analyse.whatif.pair import whatif
 from tracekit.analyse.whatif.result import WhatIf
 from tracekit.analyse.whatif.shapley import round_to_sum, shapley
-from tracekit.classify import classify
 from tracekit.cli.main import main
-from tracekit.read import read_run
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 COMMITTED = sorted(p.name for p in TRACES.iterdir() if (p / "manifest.json").is_file())
 
 
-@functools.cache
-def _load(path: Path, label: str = "run") -> tuple[RunParts, object]:
-    """The committed run at `path` read, classified and attributed once per module (the what-if
-    and the replay read its parts and events and change neither): h200-tp1 and h200-tp2 are the
-    baseline and the sharded run of four tests here, and each attribution is a second or more."""
-    run = read_run([path])
-    run.events = run.events if "cls" in run.events.columns else classify(run.events)
-    return attribute_run(run, label=label), run.events
+def _load(path: Path, label: str | None = None) -> tuple[RunParts, pd.DataFrame]:
+    """The committed run at `path` attributed once per process (tests/committed_pairs.py), with its
+    classified events (the what-if and the replay read its parts and events and change neither):
+    h200-tp1 and h200-tp2 are the baseline and the sharded run of four tests here and of pairs in
+    other files, and each attribution is a second or more. One attribution per run, labelled by
+    the role its TP degree gives it (`_label`): a check run's label only names it in notes."""
+    name = path.name
+    assert path.parent == TRACES, path
+    return committed_parts(name, label or _label(name)), committed_analysed(name).events
 
 
 def _label(name: str) -> str:
@@ -57,7 +57,7 @@ def _whatif(
     s = _load(sharded, "sharded") if sharded else (None, None)
     chk = None
     if check is not None:
-        chk = (_load(check[0], "check")[0], parse_combination(check[1]), str(check[0]))
+        chk = (_load(check[0])[0], parse_combination(check[1]), str(check[0]))
     return whatif(b[0], b[1], s[0], s[1], [parse_knob(k) for k in knobs], check=chk)  # type: ignore[arg-type]
 
 
@@ -67,7 +67,7 @@ def _whatif(
 
 @pytest.mark.parametrize("name", COMMITTED)
 def test_replay_of_every_committed_trace_is_within_5_percent(name: str) -> None:
-    parts, events = _load(TRACES / name, _label(name))
+    parts, events = _load(TRACES / name)
     model = build_model(parts, events, None, name)  # type: ignore[arg-type]
     replayed = model.replay(Setting())
     measured = model.measured_ns
@@ -109,7 +109,6 @@ def test_check_states_the_device_work_of_both_runs_as_breakdown_measures_it() ->
     # both, and they are the breakdown's per-token compute + memory kernel time (an independent path:
     # the step partition, not the replay's parts)
     from tracekit.analyse.timeline.breakdown import breakdown
-    from tracekit.read import read_run
 
     w = _whatif(
         TRACES / "h200-tp1-calibrated",
@@ -119,7 +118,8 @@ def test_check_states_the_device_work_of_both_runs_as_breakdown_measures_it() ->
     )
     dw = w.to_json()["check"]["device_work_ns"]
     for key, run in (("predicting_run", "h200-tp1-calibrated"), ("check_run", "h200-tp1-graphs-calibrated")):
-        parts = breakdown(read_run(TRACES / run)).to_json()["per_token"]["parts_ns"]
+        # the run's one classification (its AnalysedRun: the report shares it the same way)
+        parts = breakdown(committed_analysed(run)).to_json()["per_token"]["parts_ns"]
         expect = parts["compute"]["mean"] + parts["memory"]["mean"]
         assert abs(dw[key] - expect) <= 1_000, (key, dw[key], expect)
     assert dw["check_run"] > dw["predicting_run"] * 1.03  # the graph loop's extra attention work
@@ -171,6 +171,28 @@ def test_straggler_off_on_the_committed_cpu_pair_predicts_the_clean_run_within_1
     c = w.to_json()["check"]
     assert c["measured_source"] == "unprofiled"
     assert abs(c["error"]) <= 0.10, c
+
+
+def test_a_given_shortfall_is_the_one_whatif_makes_and_another_pairs_is_refused() -> None:
+    """`whatif(..., shortfall=sf)` reuses the pair's shortfall (the ground-truth harness and a
+    report have it already) and gives the document it gives without; the shortfall of another
+    pair is refused, not silently used for the accounting."""
+    from committed_pairs import committed_shortfall
+
+    b, s = _load(TRACES / "cpu-tp1"), _load(TRACES / "cpu-tp2")
+    knobs = [parse_knob("transfer=0"), parse_knob("straggler=off")]
+    sf = committed_shortfall("cpu-tp1", "cpu-tp2")
+    assert sf.baseline is b[0] and sf.sharded is s[0]  # the process's one attribution of each
+    alone = whatif(b[0], b[1], s[0], s[1], knobs).to_json()  # type: ignore[arg-type]
+    given = whatif(b[0], b[1], s[0], s[1], knobs, shortfall=sf).to_json()  # type: ignore[arg-type]
+    assert json.dumps(given) == json.dumps(alone)
+    # the accounting is the shortfall document's own three figures (taken without the document)
+    doc = sf.to_json()
+    assert given["accounting"] == {k: doc[k] for k in ("shortfall_ns", "terms_ns", "shares")}
+    assert given["shortfall_ns"] == doc["shortfall_ns"]
+    other = committed_shortfall("cpu-tp1", "cpu-tp2-straggler")
+    with pytest.raises(ValueError, match="not the one of these two attributed runs"):
+        whatif(b[0], b[1], s[0], s[1], knobs, shortfall=other)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------
@@ -281,7 +303,7 @@ def test_straggler_off_from_an_injected_capture_predicts_the_clean_capture_withi
     runs = {"tp1": TRACES / "cpu-tp1", "clean": TRACES / "cpu-tp2", "inj": TRACES / "cpu-tp2-straggler"}
     # a 10% check needs a measurement steadier than 10%: on a host loaded by other jobs the clean
     # run's own rounds disagree by tens of percent (seen: 6.5-11.2 ms under a load of 6 on 2 cores)
-    clean = _load(runs["clean"], "clean")[0]
+    clean = _load(runs["clean"])[0]
     rounds = [sum(r) / len(r) for r in clean.dilation.unprofiled.rounds if len(r)]  # type: ignore[union-attr]
     spread = (max(rounds) - min(rounds)) / sorted(rounds)[len(rounds) // 2]
     if spread > 0.2:

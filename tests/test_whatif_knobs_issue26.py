@@ -133,14 +133,14 @@ def h200_graph_model():
     corrected to the unprofiled per-token time as `tracekit whatif` does."""
     from fractions import Fraction as F
 
-    from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from committed_pairs import committed_analysed, committed_parts
+
     from tracekit.analyse.retime.calibrate import calibrate
     from tracekit.analyse.whatif.build import build_model
-    from tracekit.read import read_run
 
-    run = AnalysedRun.of(read_run([str(ROOT / "traces" / "h200x2-tp2-b1-graphs")]))
-    parts = attribute_run(run, label="sharded")
+    # the process's one classification and attribution of the run (tests/committed_pairs.py)
+    run = committed_analysed("h200x2-tp2-b1-graphs")
+    parts = committed_parts("h200x2-tp2-b1-graphs", "sharded")
     u = parts.dilation.unprofiled
     model = build_model(parts, run, F(u.mean_ns), "sharded")
     calibrate(model)

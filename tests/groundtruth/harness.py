@@ -77,8 +77,10 @@ def tracekit_results(name: str, root: str) -> dict[str, Any]:
         return out
     write_run(case.sharded, d / "tpn", drift=case.drift)
     sp, sr = _load(d / "tpn", "sharded")
-    out["shortfall"] = shortfall_from_parts(bp, sp).to_json()
-    out["whatif"] = whatif(bp, br, sp, sr, knobs, [tuple(knobs)]).to_json()
+    sf = shortfall_from_parts(bp, sp)
+    out["shortfall"] = sf.to_json()
+    # the pair's shortfall (its profiler correction) made once, for both documents, as a report does
+    out["whatif"] = whatif(bp, br, sp, sr, knobs, [tuple(knobs)], shortfall=sf).to_json()
     if case.after is not None:
         from tracekit.analyse.compare.diff import diff_sides
         from tracekit.analyse.compare.sides import attribute_side, rank_side_tables, side_of, side_windows

@@ -17,6 +17,7 @@ import pandas as pd
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.correction import alone, refine_splits
 from tracekit.analyse.attribution.pair import shortfall_from_parts
+from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.retime.calibrate import calibrate
 from tracekit.analyse.retime.model import RunModel
@@ -36,12 +37,22 @@ def whatif(
     knobs: Sequence[Knob],
     combinations: Sequence[tuple[Knob, ...]] = (),
     check: tuple[RunParts, tuple[Knob, ...], str] | None = None,
+    *,
+    shortfall: Shortfall | None = None,
 ) -> WhatIf:
     """Replay both runs, calibrate them to their unprofiled per-token times (as `shortfall` does),
-    predict every knob and combination at both rank counts, and split S by Shapley values."""
+    predict every knob and combination at both rank counts, and split S by Shapley values.
+    `shortfall`: the pair's `shortfall_from_parts(base_parts, shard_parts)` where the caller has it
+    already (its profiler correction is a replay of each run: made once, not again here)."""
     if len(knobs) > MAX_SHAPLEY_KNOBS:
         raise ReplayError(f"at most {MAX_SHAPLEY_KNOBS} knobs (2^k replays), got {len(knobs)}")
-    sf = shortfall_from_parts(base_parts, shard_parts) if shard_parts is not None else None
+    if shortfall is not None and (
+        shortfall.baseline is not base_parts or shortfall.sharded is not shard_parts
+    ):
+        raise ValueError("whatif: the shortfall given is not the one of these two attributed runs")
+    sf = shortfall
+    if sf is None and shard_parts is not None:
+        sf = shortfall_from_parts(base_parts, shard_parts)
     corrected = sf is not None and sf.per_token_source == "unprofiled"
     if sf is None:
         u = base_parts.dilation.unprofiled
@@ -167,9 +178,12 @@ def whatif(
         check_doc = check_run(check, predicted, corrected, same_n)
     accounting = None
     if sf is not None:
-        j = sf.document()
+        # the three figures of the shortfall's document (`Shortfall.document` computes them the same
+        # way) without the rest of it: its collectives, steps, straggler test and bootstrap cost more
+        # than a simulated pair's whole replay
+        ints = sf.corrected.integers()
         accounting = WhatifAccounting(
-            shortfall_ns=j.shortfall_ns, terms_ns=dict(j.terms_ns), shares=dict(j.shares)
+            shortfall_ns=ints["shortfall_ns"], terms_ns=dict(ints["terms_ns"]), shares=sf.shares()
         )
     return WhatIf(
         baseline=base,
