@@ -47,11 +47,13 @@ from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kern
 from tracekit.analyse.correction_stages import (
     CORRECT_TARGETS,
     CorrectionInput,
+    RetimeRounds,
     att_correct,
     att_graph,
     att_identify_between,
     att_identify_ends,
     att_path,
+    att_retime,
     correction_target,
 )
 from tracekit.errors import StepError
@@ -100,6 +102,12 @@ class RankStage:
     name: str
     rank: Callable[[RankInput, Any], Any]
     combine: Callable[[Any, dict[int, Any]], Any]
+    #: the stage runs again (on the combine's new argument) while `again(state)` is true: rounds
+    #: of one per-rank exchange (the rendezvous times of the per-rank re-timing)
+    again: Callable[[Any], bool] | None = None
+    #: in one process (`run_in_process`) the stage is not run: its argument for the next stage is
+    #: `skip(state)` (work split per rank for the Dask executor that one process does at once)
+    skip: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,8 +202,12 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
     state, arg = plan.start(run.run if isinstance(run, AnalysedRun) else run)
     reduced: dict[str, Any] = {}  # what the plan's Reduces kept
     for stage in plan.stages:
-        if isinstance(stage, RankStage):
+        if isinstance(stage, RankStage) and stage.skip is not None:
+            arg = stage.skip(state)
+        elif isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+            while stage.again is not None and stage.again(state):
+                arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
         elif isinstance(stage, Fan):
             arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
@@ -251,6 +263,8 @@ class _Attribution:
     target: Any = None  # the profiler correction's target, its Correction, its IdentifyJob
     corr: Any = None
     job: Any = None
+    reduce_arg: Any = None  # the path's and the graph's Reduces' argument
+    retime: Any = None  # the per-rank re-timing's rounds (`RetimeRounds`) while they run
     figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
     intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
@@ -392,7 +406,7 @@ def attribution_plan(
             }
         )
 
-    def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str, bool]:
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Any:
         from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.path.critical_path import path_timeline
 
@@ -401,12 +415,19 @@ def attribution_plan(
             p.kernels = k
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
-        return offsets, path_timeline(p.timeline for p in pieces), correct is not None
+        st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None
+        # the profiler correction's re-timing split per rank, where its latencies are known now
+        # (a manifest calibration on a GPU timeline; a solved cost is solved on the run's graph)
+        st.retime = RetimeRounds.of(
+            st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
+        )
+        return PerRank() if st.retime is None else st.retime.first()
 
-    def graph_arg(st: _Attribution) -> tuple[dict[int, int], str, bool]:
-        """The graph Reduce's argument, known once the collectives are matched: the clock offsets
-        (the same `after_ranks` gives the path's Reduce)."""
-        return {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}, "", correct is not None
+    def after_retime(st: _Attribution, got: dict[int, Any]) -> Any:
+        if st.retime is None or st.retime.combine(got):
+            st.retime = None
+            return st.reduce_arg
+        return st.retime.arg()
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
@@ -480,9 +501,18 @@ def attribution_plan(
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
+            # the correction's re-timing per rank, in rounds of rendezvous times (Dask only: one
+            # process re-times the run's graph at once)
+            RankStage(
+                "retime",
+                att_retime,
+                after_retime,
+                again=lambda st: st.retime is not None,
+                skip=lambda st: st.reduce_arg,
+            ),  # fmt: skip
             # the graph assembled and prepared for the correction on one worker while another
             # walks the path on its own copy (each from the ranks' pieces)
-            Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False, early=graph_arg),
+            Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False),
             Reduce("path", "graph", att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
             Fan("identify", "corr_run", att_identify_ends, after_ends),

@@ -40,6 +40,7 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.rank_forward import retimed_times
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_MEMORY,
@@ -52,7 +53,7 @@ from tracekit.analyse.path.roles import (
     ROLE_XFER,
 )
 from tracekit.analyse.path.walk import walk_path
-from tracekit.analyse.retime.calibrate import calibrate
+from tracekit.analyse.retime.calibrate import ProfilerCalibration, calibrate
 from tracekit.analyse.retime.model import RunModel
 from tracekit.model.parts import LEAF_PARTS
 
@@ -159,6 +160,28 @@ def run_model(run: RunParts, target: Fraction) -> RunModel:
     )
 
 
+def calibrated_latencies(
+    calibration: ProfilerCalibration, ranks: list[int], n_ranks: int, g: Graph
+) -> np.ndarray:
+    """The edge latencies of `g` (the run's graph or a rank's share of it, `rank_forward`) with a
+    manifest calibration's cost removed, as `correct_first`'s model of the run gives them: each
+    edge's from its own rank's edges alone (`RunModel.latencies`), so the same on a rank's share."""
+    model = RunModel(
+        label="run",
+        n_ranks=n_ranks,
+        ranks=list(ranks),
+        timeline="gpu",
+        steps=[],
+        graph=g,
+        measured_ns=np.zeros(0, dtype=np.int64),
+        compute_per_token={},
+        target_ns=None,
+        calibration=calibration,
+    )
+    calibrate(model)
+    return model.latencies(model.corrected())
+
+
 def correct_first(
     run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None
 ) -> tuple[Correction, IdentifyJob | None]:
@@ -199,7 +222,8 @@ def correct_first(
         )
         return proportional(run, target, [why]), None
     lat = model.latencies(model.corrected())
-    t_c = g.times(lat)
+    # the ranks' own re-timing (`rank_forward`, on Dask) where it is this pass' fixpoint, else the pass
+    t_c = retimed_times(g, lat)
     meas = measured_parts(g)
     corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
