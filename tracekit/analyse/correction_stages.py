@@ -114,9 +114,13 @@ class RetimeRounds:
         bounds = [b for r in sorted(have) for b in have[r][1]]
         return bool(self.solve.step(arrivals, bounds) or self.solve.rounds >= self.MAX_ROUNDS)
 
+    def latencies(self) -> tuple[ProfilerCalibration, list[int], int]:
+        """What the ranks' latencies were made from (`correction_replay.calibrated_latencies`)."""
+        return self.calibration, self.ranks, self.n_ranks
+
     def arg(self) -> tuple[Any, ...]:
         if self.solve.rounds == 0:
-            return ("cut", self.measured, self.calibration, self.ranks, self.n_ranks, self.solve.times)
+            return ("cut", self.measured, *self.latencies(), self.solve.times)
         return ("at", self.solve.times)
 
 
@@ -146,27 +150,27 @@ def att_retime(inp: Any, arg: tuple[Any, ...]) -> Any:
     return arrivals, bounds
 
 
-def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool]) -> tuple[None, Any]:
+def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool, Any]) -> tuple[None, Any]:
     """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
     task ran for the profiler correction's Reduce, with the times the ranks re-timed it to
     (`rank_forward.with_retimed`); with a correction to come (`arg[2]`) and no such times, its
     graph-only work done here, beside the path's walk (`correction_replay.prepare_graph`: the
     forward pass's structure)."""
-    from tracekit.analyse.attribution.correction_replay import prepare_graph
+    from tracekit.analyse.attribution.correction_replay import prepare_graph, read_corrected
     from tracekit.analyse.path.graph import assemble
     from tracekit.analyse.path.rank_forward import with_retimed
 
-    offsets, _timeline, correct = arg
+    offsets, _timeline, correct, retimed = arg
     graph = assemble(graphs, offsets)
     with_retimed(graph, graphs)
-    if correct and "_retimed" not in graph.__dict__:
+    if correct and retimed is not None:
+        read_corrected(graph, *retimed)
+    if correct and "_corrected" not in graph.__dict__:
         prepare_graph(graph)
-    elif correct:
-        graph.windows(graph.t)  # the windows' end index
     return None, graph
 
 
-def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool]) -> tuple[Any, Any]:
+def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool, Any]) -> tuple[Any, Any]:
     """The critical path walked on the run's graph (`critical_path.path_of_graph`; the graph
     assembled from the ranks' pieces here, or `att_graph`'s in one process) and, with a
     correction to come, the graph's reading of every (rank, step) at the measured times
@@ -175,7 +179,7 @@ def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool]) -> tuple[Any, A
     from tracekit.analyse.path.critical_path import path_of_graph
     from tracekit.analyse.path.graph import Graph, assemble
 
-    offsets, timeline, correct = arg
+    offsets, timeline, correct, _retimed = arg
     graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
     return path_of_graph(graph, timeline), (measured_parts(graph) if correct else None)
 

@@ -40,7 +40,7 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.rank_forward import retimed_times
+from tracekit.analyse.path.rank_forward import is_fixpoint, retimed_times
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_MEMORY,
@@ -52,7 +52,7 @@ from tracekit.analyse.path.roles import (
     ROLE_WORK,
     ROLE_XFER,
 )
-from tracekit.analyse.path.walk import walk_path
+from tracekit.analyse.path.walk import PathWalk, walk_path
 from tracekit.analyse.retime.calibrate import ProfilerCalibration, calibrate
 from tracekit.analyse.retime.model import RunModel
 from tracekit.model.parts import LEAF_PARTS
@@ -182,6 +182,30 @@ def calibrated_latencies(
     return model.latencies(model.corrected())
 
 
+@dataclass
+class Corrected:
+    """The corrected timeline's readings that need no target (`read_corrected`): the latencies,
+    the node times, the graph's parts of every window (`graph_parts`) and the walk on it."""
+
+    lat: np.ndarray
+    t: np.ndarray
+    parts: dict[str, np.ndarray]
+    walk: PathWalk
+
+
+def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int], n_ranks: int) -> None:
+    """`correct_first`'s work on the corrected timeline that its target does not change, done
+    ahead where the graph is (the plan's graph Reduce, beside the path's walk), when the ranks
+    re-timed it (`rank_forward.with_retimed`) to the fixpoint of the calibration's latencies; kept
+    on the graph, where `correct_first` takes it if its own latencies are these."""
+    t = g.__dict__.get("_retimed")
+    if t is None:
+        return
+    lat = calibrated_latencies(calibration, ranks, n_ranks, g)
+    if is_fixpoint(g, t, lat):
+        g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
+
+
 def correct_first(
     run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None
 ) -> tuple[Correction, IdentifyJob | None]:
@@ -222,10 +246,14 @@ def correct_first(
         )
         return proportional(run, target, [why]), None
     lat = model.latencies(model.corrected())
-    # the ranks' own re-timing (`rank_forward`, on Dask) where it is this pass' fixpoint, else the pass
-    t_c = retimed_times(g, lat)
+    pre = g.__dict__.get("_corrected")
+    if isinstance(pre, Corrected) and np.array_equal(pre.lat, lat):  # read ahead (`read_corrected`)
+        t_c, corr, walk = pre.t, pre.parts, pre.walk
+    else:
+        # the ranks' own re-timing (`rank_forward`, on Dask) where it is this pass' fixpoint, else the pass
+        t_c = retimed_times(g, lat)
+        corr, walk = graph_parts(g, t_c), walk_path(g, t_c, lat)
     meas = measured_parts(g)
-    corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
     r_idx = {r: i for i, r in enumerate(g.ranks)}
     ranks = sorted(run.ranks)
@@ -263,7 +291,6 @@ def correct_first(
     if first:
         rows_f[0] = acc[0] + delta / n_used
     replayed = sum(per_rank[ranks[0]].values(), Fraction(0))
-    walk = walk_path(g, t_c, lat)
     cp = path_of(walk.rows, walk.segments, list(g.ranks), run.critical.timeline)
     path = cp.per_token(list(steady))
     if first:  # the first steady step: its measured path moved by the other steps' mean correction
