@@ -116,13 +116,15 @@ def _counted_retime(inp: plans.RankInput, arg: Any) -> Any:
 
 
 @pytest.mark.skipif(find_spec("distributed") is None, reason="Dask (the dask extra) is not installed")
+@pytest.mark.parametrize("per_rank", [True, False])
 def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
-    dask: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    dask: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, per_rank: bool
 ) -> None:
-    """h200-tp2 with h200-tp1-calibrated's cost in its manifest: on Dask the plan's `retime`
-    stage runs (one task per rank file per round, several rounds) and the correction takes its
-    times (its graph is never re-timed: `Graph.times` fails there); the shortfall's JSON is
-    the local engine's, which re-times the run's graph in one pass."""
+    """h200-tp2 with h200-tp1-calibrated's cost in its manifest: on Dask, asked for
+    (`TRACEKIT_PER_RANK_RETIME=1`), the plan's `retime` stage runs (one task per rank file per
+    round, several rounds) and the correction takes its times (its graph is never re-timed:
+    `Graph.times` fails there); by default no round runs and the graph's Reduce re-times the
+    graph ahead of the correction. Either way the shortfall's JSON is the local engine's."""
     from engine_refs import local_shortfall, text
 
     from tracekit.engine import shortfall_paths
@@ -149,9 +151,14 @@ def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
 
     _ROUNDS.clear()
     monkeypatch.setattr(plans, "att_retime", _counted_retime)  # the plan made below takes it
-    monkeypatch.setattr(Graph, "times", no_pass)
+    if per_rank:
+        monkeypatch.setenv("TRACEKIT_PER_RANK_RETIME", "1")
+        monkeypatch.setattr(Graph, "times", no_pass)
     got = text(shortfall_paths(base, run, dask).to_json())
     assert got == local
+    if not per_rank:
+        assert _ROUNDS == []
+        return
     # the measured arrivals, the cut and its first times, then rounds of times; each rank's
     assert _ROUNDS.count("measure") == _ROUNDS.count("cut") == 2
     assert _ROUNDS.count("at") >= 2

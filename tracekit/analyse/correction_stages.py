@@ -8,6 +8,7 @@ over every rank's interval (`att_identify_between`; docs/SCALE.md)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,11 +90,25 @@ class RetimeRounds:
     @classmethod
     def of(cls, manifest: Any, timeline: str, n_ranks: int, correct: bool) -> RetimeRounds | None:
         """The rounds for a run whose correction's latencies are known before its graph is (a
-        manifest calibration, a GPU timeline, several ranks), else None."""
+        manifest calibration, a GPU timeline, several ranks), else None; only where
+        `TRACEKIT_PER_RANK_RETIME=1` asks for them: at 64 h200-tp2 ranks their 7 rounds cost
+        more than the whole graph's pass they replace (docs/SCALE.md section Left)."""
         cal = manifest_calibration(manifest)
         if not correct or cal is None or timeline != "gpu" or n_ranks < 2:
             return None
+        if os.environ.get("TRACEKIT_PER_RANK_RETIME") != "1":
+            return None
         return cls(cal, n_ranks)
+
+    @staticmethod
+    def read_ahead(manifest: Any, timeline: str, n_ranks: int, correct: bool) -> Any:
+        """What the graph's Reduce reads the corrected timeline ahead with
+        (`correction_replay.read_corrected`: the calibration and the run's rank count), where
+        the correction's latencies need no target (a manifest calibration, a GPU timeline)."""
+        cal = manifest_calibration(manifest)
+        if not correct or cal is None or timeline != "gpu":
+            return None
+        return cal, n_ranks
 
     def first(self) -> tuple[Any, ...]:
         return ("measure",)
@@ -115,7 +130,7 @@ class RetimeRounds:
         return bool(self.solve.step(arrivals, bounds) or self.solve.rounds >= self.MAX_ROUNDS)
 
     def latencies(self) -> tuple[ProfilerCalibration, list[int], int]:
-        """What the ranks' latencies were made from (`correction_replay.calibrated_latencies`)."""
+        """What the ranks' latencies are made from (`correction_replay.calibrated_latencies`)."""
         return self.calibration, self.ranks, self.n_ranks
 
     def arg(self) -> tuple[Any, ...]:
@@ -152,19 +167,21 @@ def att_retime(inp: Any, arg: tuple[Any, ...]) -> Any:
 
 def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool, Any]) -> tuple[None, Any]:
     """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
-    task ran for the profiler correction's Reduce, with the times the ranks re-timed it to
-    (`rank_forward.with_retimed`); with a correction to come (`arg[2]`) and no such times, its
-    graph-only work done here, beside the path's walk (`correction_replay.prepare_graph`: the
-    forward pass's structure)."""
+    task ran for the profiler correction's Reduce, with the times the ranks re-timed it to where
+    they did (`rank_forward.with_retimed`); with a correction to come (`arg[2]`), its work that
+    needs no target done here, beside the path's walk: with a manifest calibration (`arg[3]`)
+    the corrected timeline read ahead (`correction_replay.read_corrected`), else the forward
+    pass's structure (`correction_replay.prepare_graph`)."""
     from tracekit.analyse.attribution.correction_replay import prepare_graph, read_corrected
     from tracekit.analyse.path.graph import assemble
     from tracekit.analyse.path.rank_forward import with_retimed
 
-    offsets, _timeline, correct, retimed = arg
+    offsets, _timeline, correct, ahead = arg
     graph = assemble(graphs, offsets)
     with_retimed(graph, graphs)
-    if correct and retimed is not None:
-        read_corrected(graph, *retimed)
+    if correct and ahead is not None:
+        cal, n_ranks = ahead
+        read_corrected(graph, cal, list(graph.ranks), n_ranks)
     if correct and "_corrected" not in graph.__dict__:
         prepare_graph(graph)
     return None, graph

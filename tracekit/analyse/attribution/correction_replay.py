@@ -40,7 +40,7 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.rank_forward import is_fixpoint, retimed_times
+from tracekit.analyse.path.rank_forward import retimed_times
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_MEMORY,
@@ -195,15 +195,13 @@ class Corrected:
 
 def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int], n_ranks: int) -> None:
     """`correct_first`'s work on the corrected timeline that its target does not change, done
-    ahead where the graph is (the plan's graph Reduce, beside the path's walk), when the ranks
-    re-timed it (`rank_forward.with_retimed`) to the fixpoint of the calibration's latencies; kept
-    on the graph, where `correct_first` takes it if its own latencies are these."""
-    t = g.__dict__.get("_retimed")
-    if t is None:
-        return
+    ahead where the graph is (the plan's graph Reduce, beside the path's walk): the graph
+    re-timed at the calibration's latencies (where the ranks re-timed it, `rank_forward`, their
+    times), each window's parts and the walk on it; kept on the graph, where `correct_first`
+    takes them if its own latencies are these."""
     lat = calibrated_latencies(calibration, ranks, n_ranks, g)
-    if is_fixpoint(g, t, lat):
-        g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
+    t = retimed_times(g, lat)
+    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
 
 
 def correct_first(
