@@ -123,8 +123,8 @@ def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
     """h200-tp2 with h200-tp1-calibrated's cost in its manifest: on Dask, asked for
     (`TRACEKIT_PER_RANK_RETIME=1`), the plan's `retime` stage runs (one task per rank file per
     round, several rounds) and the correction takes its times (its graph is never re-timed:
-    `Graph.times` fails there); by default no round runs and the graph's Reduce re-times the
-    graph ahead of the correction. Either way the shortfall's JSON is the local engine's."""
+    `Graph.times` fails there); by default no round runs. Either way the shortfall's JSON is the
+    local engine's."""
     from engine_refs import local_shortfall, text
 
     from tracekit.engine import shortfall_paths

@@ -92,23 +92,14 @@ class RetimeRounds:
         """The rounds for a run whose correction's latencies are known before its graph is (a
         manifest calibration, a GPU timeline, several ranks), else None; only where
         `TRACEKIT_PER_RANK_RETIME=1` asks for them: at 64 h200-tp2 ranks their 7 rounds cost
-        more than the whole graph's pass they replace (docs/SCALE.md section Left)."""
+        more than the whole graph's pass they replace (docs/SCALE.md section Left). With them the
+        graph's Reduce reads the corrected timeline ahead (`att_graph`)."""
         cal = manifest_calibration(manifest)
         if not correct or cal is None or timeline != "gpu" or n_ranks < 2:
             return None
         if os.environ.get("TRACEKIT_PER_RANK_RETIME") != "1":
             return None
         return cls(cal, n_ranks)
-
-    @staticmethod
-    def read_ahead(manifest: Any, timeline: str, n_ranks: int, correct: bool) -> Any:
-        """What the graph's Reduce reads the corrected timeline ahead with
-        (`correction_replay.read_corrected`: the calibration and the run's rank count), where
-        the correction's latencies need no target (a manifest calibration, a GPU timeline)."""
-        cal = manifest_calibration(manifest)
-        if not correct or cal is None or timeline != "gpu":
-            return None
-        return cal, n_ranks
 
     def first(self) -> tuple[Any, ...]:
         return ("measure",)
@@ -169,9 +160,10 @@ def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool, Any]) -> 
     """The run's dependency graph from the ranks' pieces (`path.graph.assemble`), kept where the
     task ran for the profiler correction's Reduce, with the times the ranks re-timed it to where
     they did (`rank_forward.with_retimed`); with a correction to come (`arg[2]`), its work that
-    needs no target done here, beside the path's walk: with a manifest calibration (`arg[3]`)
-    the corrected timeline read ahead (`correction_replay.read_corrected`), else the forward
-    pass's structure (`correction_replay.prepare_graph`)."""
+    needs no target done here, beside the path's walk: after the ranks' re-timing (`arg[3]`: its
+    calibration and the run's rank count) the corrected timeline read ahead
+    (`correction_replay.read_corrected`), else the forward pass's structure
+    (`correction_replay.prepare_graph`)."""
     from tracekit.analyse.attribution.correction_replay import prepare_graph, read_corrected
     from tracekit.analyse.path.graph import assemble
     from tracekit.analyse.path.rank_forward import with_retimed

@@ -415,9 +415,7 @@ def attribution_plan(
             p.kernels = k
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
-        timeline, n_ranks = path_timeline(p.timeline for p in pieces), len(st.meta.ranks)
-        ahead = RetimeRounds.read_ahead(st.meta.manifest, timeline, n_ranks, correct is not None)
-        st.reduce_arg = offsets, timeline, correct is not None, ahead
+        st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
         # the profiler correction's re-timing split per rank, where its latencies are known now
         # (a manifest calibration on a GPU timeline; a solved cost is solved on the run's graph)
         st.retime = RetimeRounds.of(
@@ -427,6 +425,8 @@ def attribution_plan(
 
     def after_retime(st: _Attribution, got: dict[int, Any]) -> Any:
         if st.retime is None or st.retime.combine(got):
+            if st.retime is not None and st.retime.solve is not None:  # the graph's Reduce reads ahead
+                st.reduce_arg = (*st.reduce_arg[:3], (st.retime.calibration, st.retime.n_ranks))
             st.retime = None
             return st.reduce_arg
         return st.retime.arg()
