@@ -5,7 +5,7 @@ Both decoders (`--impls`, default legacy and fused) are built from the same seed
 tokens, the arms' order flipping every round (L F, F L, ...). The per-token times are the decoder's
 own (host wall from before a step to after its token exists, a device sync on CUDA: what `tracekit
 capture` records as unprofiled), the first step of each round dropped. The summary is
-`tracekit.analyse.ab.ab_summary` (paired bootstrap by round). No profiler runs.
+`tracekit.analyse.ab.ab_document` (paired bootstrap by round). No profiler runs.
 
   python3 scripts/decoder_ab.py --device cuda --preset 7b --layers 8 --graphs -o ab-graphs.json
   python3 scripts/decoder_ab.py --device cpu --preset tiny --tokens 6 --rounds 2 -o ab.json
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from tracekit.analyse.ab import ab_summary
+    from tracekit.analyse.ab import ab_document
     from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
 
     shape = preset(a.preset, a.layers)
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         for impl in impls if r % 2 == 0 else impls[::-1]:
             _, times = models[impl].generate(prompt, a.tokens)
             rounds[impl].append(times[1:])
-    doc = ab_summary(rounds, baseline=impls[0])
+    doc = ab_document(rounds, baseline=impls[0]).to_json()
     doc["workload"] = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tracekit.analyse.ab import ABError, ab_summary
+from tracekit.analyse.ab import ABError, ab_document
 
 
 def _rounds(rng: np.random.Generator, speeds: list[float], base_ns: float, n: int) -> list[list[int]]:
@@ -19,7 +19,7 @@ def test_the_ratio_interval_holds_the_truth_and_pairing_cancels_drift() -> None:
     speeds = [1.0, 1.4, 0.9, 1.2, 1.0, 1.3, 0.95]
     a = _rounds(rng, speeds, 2e6, 31)
     b = _rounds(rng, speeds, 1.6e6, 31)
-    doc = ab_summary({"A": a, "B": b}, baseline="A")
+    doc = ab_document({"A": a, "B": b}, baseline="A").to_json()
     arm = doc["arms"]["B"]
     lo, hi = arm["ratio_interval"]
     assert lo < 0.8 < hi and hi - lo < 0.01  # the pairing: the drift falls on both arms alike
@@ -33,15 +33,17 @@ def test_the_ratio_interval_holds_the_truth_and_pairing_cancels_drift() -> None:
 def test_no_difference_spans_one() -> None:
     rng = np.random.default_rng(2)
     speeds = [1.0, 1.1, 0.9, 1.05]
-    doc = ab_summary({"A": _rounds(rng, speeds, 1e6, 20), "B": _rounds(rng, speeds, 1e6, 20)}, baseline="A")
+    doc = ab_document(
+        {"A": _rounds(rng, speeds, 1e6, 20), "B": _rounds(rng, speeds, 1e6, 20)}, baseline="A"
+    ).to_json()
     lo, hi = doc["arms"]["B"]["ratio_interval"]
     assert lo < 1.0 < hi
 
 
 def test_unpaired_rounds_are_refused() -> None:
     with pytest.raises(ABError, match="same number"):
-        ab_summary({"A": [[1, 2]], "B": [[1], [2]]}, baseline="A")
+        ab_document({"A": [[1, 2]], "B": [[1], [2]]}, baseline="A")
     with pytest.raises(ABError, match="no arm"):
-        ab_summary({"A": [[1, 2]]}, baseline="B")
+        ab_document({"A": [[1, 2]]}, baseline="B")
     with pytest.raises(ABError, match="without tokens"):
-        ab_summary({"A": [[1, 2]], "B": [[]]}, baseline="A")
+        ab_document({"A": [[1, 2]], "B": [[]]}, baseline="A")

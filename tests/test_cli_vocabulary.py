@@ -229,3 +229,47 @@ def test_engine_options_reach_the_engine(capsys: pytest.CaptureFixture[str], arg
     assert main([*args, "--engine", "local", "--workers", "2", "--no-cache"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--scheduler and --workers apply to --engine dask" in err[0], err
+
+
+def test_capture_and_probe_options_reach_their_config_fields(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`capture` and `probe` build their config from the options of the same names
+    (`cli.options.config_of`): every option given a value other than its default arrives in the
+    config's field, and the parsed ones (sizes, GPUs, --no-calibrate) as parsed. A field dropped on
+    the way, or one the helper passed that the command did not mean, fails here."""
+    import tracekit.capture.runner as runner
+    import tracekit.probe.sweep as sweep
+
+    seen: dict[str, object] = {}
+
+    def fake_capture(config: object, out_dir: Path, progress: object = None) -> Path:
+        seen["capture"] = config
+        raise click.exceptions.Exit(0)
+
+    def fake_sweep(config: object) -> object:
+        seen["probe"] = config
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(runner, "capture", fake_capture)
+    monkeypatch.setattr(runner, "check_out_dir", lambda out_dir, force: None)
+    monkeypatch.setattr(sweep, "run_sweep_detailed", fake_sweep)
+    main(
+        ["capture", "--tp", "3", "--tokens", "5", "--rounds", "2", "--seed", "7", "--warmup", "9"]
+        + [
+            "--inject-delay",
+            "1:2.5",
+            "--no-calibrate",
+            "--decoder-impl",
+            "legacy",
+            "--compile",
+            "-o",
+            "/nonexistent",
+        ]
+    )
+    c = seen["capture"]
+    assert (c.tp, c.tokens, c.rounds, c.seed, c.warmup) == (3, 5, 2, 7, 9)  # type: ignore[attr-defined]
+    assert (c.inject_delay, c.calibrate, c.decoder_impl, c.compile) == ((1, 2.5), False, "legacy", True)  # type: ignore[attr-defined]
+    assert c.command.startswith("tracekit capture")  # type: ignore[attr-defined]
+    main(["probe", "--op", "all_reduce", "--min", "1K", "--max", "4K", "--iters", "3", "--device", "cpu"])
+    p = seen["probe"]
+    assert (p.ops, p.min_bytes, p.max_bytes, p.iters, p.device) == (("all_reduce",), 1024, 4096, 3, "cpu")  # type: ignore[attr-defined]
+    assert p.mode == "default" and p.env == {}  # type: ignore[attr-defined]  # no option of those names

@@ -278,19 +278,17 @@ def test_committed_h200_pairs_get_a_verdict_not_too_noisy():
 
 
 def test_merge_ranks_takes_the_median_over_ranks_per_kind():
-    from tracekit.capture.calibrate import merge_ranks
+    from tracekit.capture.manifest import merge_ranks
+    from tracekit.model.documents.manifest import ManifestCalibration
 
-    got = merge_ranks(
-        {
-            0: {"per_call_ns": {"op": 700, "collective": 70_000}, "calls": 2400, "method": "m"},
-            1: {"per_call_ns": {"op": 900, "collective": 90_000}, "calls": 2400, "method": "m"},
-            2: {"per_call_ns": {"op": 800, "collective": 10_000}, "calls": 2400, "method": "m"},
-        }
-    )
+    def cal(op: int, coll: int) -> ManifestCalibration:
+        return ManifestCalibration(per_call_ns={"op": op, "collective": coll}, calls=2400, method="m")
+
+    got = merge_ranks({0: cal(700, 70_000), 1: cal(900, 90_000), 2: cal(800, 10_000)})
     assert got is not None
-    assert got["per_call_ns"] == {"collective": 70_000, "op": 800}
-    assert got["calls"] == 2400 and got["per_rank_ns"]["2"]["op"] == 800
-    assert merge_ranks({0: {}, 1: {}}) is None
+    assert got.per_call_ns == {"collective": 70_000, "op": 800}
+    assert got.calls == 2400 and isinstance(got.per_rank_ns, dict) and got.per_rank_ns["2"]["op"] == 800
+    assert merge_ranks({0: None, 1: ManifestCalibration(per_call_ns={})}) is None
 
 
 @pytest.mark.slow

@@ -80,7 +80,8 @@ def test_replay_of_every_committed_trace_is_within_5_percent(name: str) -> None:
 def test_the_unchanged_replay_reproduces_each_step_not_only_the_mean() -> None:
     w = _whatif(TRACES / "h200-tp1", TRACES / "h200-tp2", ["transfer=0"])
     for m in w.runs():
-        assert w.replay_error(m)["max_step"] <= 0.01
+        worst = w.replay_error(m).max_step
+        assert worst is not None and worst <= 0.01
 
 
 # ------------------------------------------------------------------------------------------

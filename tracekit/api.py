@@ -22,7 +22,6 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
 
 import pandas as pd
 
@@ -30,6 +29,9 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.breakdown import Breakdown
+from tracekit.model.documents.base import Documented
+from tracekit.model.documents.steps import Steps as StepsDoc
+from tracekit.model.documents.steps import StepWindow
 from tracekit.model.events import DataQuality, Run, RunFields
 
 __all__ = ["Breakdown", "Shortfall", "Steps", "TraceRun", "load", "shortfall"]
@@ -41,7 +43,7 @@ STEPS_SCHEMA_VERSION = "1.0"
 
 
 @dataclass(frozen=True)
-class Steps:
+class Steps(Documented):
     """The step windows of a run, as `find_steps_detailed` found them.
 
     `table`: one row per (rank, step), columns `tracekit.analyse.timeline.steps.STEP_COLUMNS` (integer ns on
@@ -69,24 +71,25 @@ class Steps:
             f"pattern {self.step_pattern!r})"
         )
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": STEPS_SCHEMA_VERSION,
-            "kind": STEPS_KIND,
-            "step_pattern": self.step_pattern,
-            "step_rule": self.step_rule,
-            "steps": [
-                {
-                    "rank": int(r.rank),
-                    "step": int(r.step),
-                    "name": str(r.name),
-                    "start_ns": int(r.start_ns),
-                    "end_ns": int(r.end_ns),
-                }
+    def document(self) -> StepsDoc:
+        """The step windows as their document (`tracekit.model.documents.steps`, docs/JSON.md#steps)."""
+        return StepsDoc(
+            schema_version=STEPS_SCHEMA_VERSION,
+            kind=STEPS_KIND,
+            step_pattern=self.step_pattern,
+            step_rule=self.step_rule,
+            steps=[
+                StepWindow(
+                    rank=int(r.rank),
+                    step=int(r.step),
+                    name=str(r.name),
+                    start_ns=int(r.start_ns),
+                    end_ns=int(r.end_ns),
+                )
                 for r in self.table.itertuples(index=False)
             ],
-            "data_quality": self.data_quality.to_dict(),
-        }
+            data_quality=self.data_quality.document(),
+        )
 
 
 @dataclass(frozen=True, eq=False)

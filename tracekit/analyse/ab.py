@@ -17,52 +17,18 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from tracekit.analyse.noise import LEVEL, RESAMPLES, SEED
+from tracekit.analyse.resample import drawn_means
 from tracekit.errors import TracekitError
 from tracekit.model.documents.ab import AB, ABArm, ABBootstrap
-from tracekit.model.documents.base import to_builtins
 
 
 class ABError(TracekitError):
     """Rounds that cannot be compared."""
 
 
-def _draw(rounds: Sequence[Sequence[int]], picks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Per resample (rows of `picks`: round indices), the mean per-token time of the drawn rounds'
-    tokens, each round's tokens drawn with replacement within it."""
-    arrays = [np.asarray(r, dtype=np.float64) for r in rounds]
-    b, k = picks.shape
-    total = np.zeros(b)
-    count = np.zeros(b)
-    for j in range(k):
-        for ri, arr in enumerate(arrays):
-            rows = picks[:, j] == ri
-            n = int(rows.sum())
-            if not n:
-                continue
-            idx = rng.integers(0, len(arr), size=(n, len(arr)))
-            total[rows] += arr[idx].sum(1)
-            count[rows] += len(arr)
-    return total / count
-
-
 def _interval(x: np.ndarray, level: float) -> tuple[float, float]:
     lo, hi = np.percentile(x, [50 * (1 - level), 50 * (1 + level)])
     return float(lo), float(hi)
-
-
-def ab_summary(
-    arms: Mapping[str, Sequence[Sequence[int]]],
-    *,
-    baseline: str,
-    resamples: int = RESAMPLES,
-    seed: int = SEED,
-    level: float = LEVEL,
-) -> dict[str, object]:
-    """`ab_document` as plain JSON values (docs/JSON.md#ab)."""
-    out: dict[str, object] = to_builtins(
-        ab_document(arms, baseline=baseline, resamples=resamples, seed=seed, level=level)
-    )
-    return out
 
 
 def ab_document(
@@ -86,7 +52,7 @@ def ab_document(
     k = next(iter(counts.values()))
     rng = np.random.default_rng(seed)
     picks = rng.integers(0, k, size=(resamples, k))  # the same rounds for every arm: the pairing
-    draws = {name: _draw(rounds, picks, rng) for name, rounds in arms.items()}
+    draws = {name: drawn_means(rounds, picks, rng) for name, rounds in arms.items()}
     out = AB(
         kind="tracekit.ab",
         baseline=baseline,
@@ -118,4 +84,4 @@ def ab_document(
     return out
 
 
-__all__ = ["ABError", "ab_document", "ab_summary"]
+__all__ = ["ABError", "ab_document"]

@@ -57,8 +57,10 @@ from tracekit.analyse.batch_model import (
 )
 from tracekit.analyse.compute.roofline import Peaks, load_peaks
 from tracekit.model.documents import Advise as AdviseDoc
-from tracekit.model.documents import GemmTable, given, to_builtins
+from tracekit.model.documents import GemmTable, given
 from tracekit.model.documents import advise as ad
+from tracekit.model.documents.base import Documented
+from tracekit.model.fields import copy_fields
 
 SCHEMA_VERSION = "1.1"
 
@@ -186,7 +188,7 @@ def _batch_model(
 
 
 @dataclass
-class Advice:
+class Advice(Documented):
     """The comparison; `to_json()` per docs/JSON.md#advise."""
 
     gpus: int
@@ -204,27 +206,19 @@ class Advice:
     layers_traced: int | None = None  # the layers of the traced model (manifest workload.shape)
 
     def document(self) -> AdviseDoc:
-        return AdviseDoc(
+        # gpus, memory_source, weight_dtype, context, layers, layers_traced, recommendations: its own
+        return copy_fields(
+            AdviseDoc,
+            self,
             schema_version=SCHEMA_VERSION,
             kind="tracekit.advise",
-            gpus=self.gpus,
             memory_per_gpu_bytes=int(self.memory_bytes) if self.memory_bytes else None,
-            memory_source=self.memory_source,
             reserve_bytes=int(self.reserve_bytes),
-            weight_dtype=self.weight_dtype,
-            context=self.context,
-            layers=self.layers,
-            layers_traced=self.layers_traced,
             runs=[r.document() for r in self.runs],
             options=self.rows,
             memory_cliff=self.cliff,
-            recommendations=self.recommendations,
             notes=list(self.notes),
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 def _option_name(k: int, n_inst: int) -> str:

@@ -51,6 +51,7 @@ from tracekit.errors import TracekitError
 from tracekit.model.documents import DocumentError, GemmTable, convert
 from tracekit.model.documents import advise as ad
 from tracekit.model.documents.roofline import RooflinePeaks
+from tracekit.model.fields import copy_fields
 
 OTHER = "other"
 #: kernel kinds in report order
@@ -241,13 +242,8 @@ class BatchPrediction:
     floors: RooflinePeaks  # the peaks the floors were taken at
 
     def document(self) -> ad.AdviseBatchModel:
-        return ad.AdviseBatchModel(
-            model=self.model,
-            detail=self.detail,
-            base_batch=self.base_batch,
-            base_run=self.base_path,
-            by_kind=[p.document() for p in self.parts],
-            floors=self.floors,
+        return copy_fields(
+            ad.AdviseBatchModel, self, base_run=self.base_path, by_kind=[p.document() for p in self.parts]
         )
 
 

@@ -36,8 +36,9 @@ from typing import Any
 import numpy as np
 
 from tracekit.model.documents import dilation as dd
-from tracekit.model.documents.base import given, to_builtins
+from tracekit.model.documents.base import Documented, given
 from tracekit.model.documents.manifest import Manifest, ManifestProfiled, ManifestUnprofiled
+from tracekit.model.fields import copy_fields
 from tracekit.read import json_type
 
 #: Default threshold: dilation above 1 + 10% is reported as inflating the coordination share.
@@ -85,7 +86,7 @@ class TokenTimes:
 
 
 @dataclass(frozen=True)
-class Dilation:
+class Dilation(Documented):
     """Dilation of one run. `dilation` is None when the run has no manifest / no timings."""
 
     dilation: float | None
@@ -148,24 +149,17 @@ class Dilation:
                 round_mean_ns=[int(round(m)) for m in t.round_means_ns()],
             )
 
-        return dd.Dilation(
-            dilation=self.dilation,
+        # dilation, rounds, threshold, inflated, manifest_dilation, source: the figure's own
+        return copy_fields(
+            dd.Dilation,
+            self,
             definition="mean profiled / mean unprofiled per-token time (slowest rank per token, "
             "rounds pooled, warm-up skipped per round)",
             interval=list(self.interval) if self.interval is not None else None,
-            rounds=self.rounds,
-            threshold=self.threshold,
-            inflated=self.inflated,
             unprofiled=tt(self.unprofiled),
             profiled=tt(self.profiled),
-            manifest_dilation=self.manifest_dilation,
-            source=self.source,
             notes=list(self.notes),
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 class MalformedTimes(ValueError):

@@ -43,7 +43,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit.model.documents import shortfall as sd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
+from tracekit.model.fields import copy_fields
 from tracekit.model.parts import COORDINATION as COORD
 from tracekit.model.parts import LEAF_PARTS as PARTS
 
@@ -82,7 +83,7 @@ class RunSample:
 
 
 @dataclass(frozen=True)
-class Intervals:
+class Intervals(Documented):
     """95% bootstrap intervals (integer ns, [lo, hi]) of a shortfall's figures."""
 
     per_token: dict[str, tuple[int, int]]  # baseline, sharded, ideal
@@ -139,23 +140,16 @@ class Intervals:
         )
 
     def document(self) -> sd.ShortfallIntervals:
-        return sd.ShortfallIntervals(
-            level=self.level,
-            resamples=self.resamples,
-            seed=self.seed,
-            basis=self.basis,
-            paired=self.paired,
+        # level, resamples, seed, basis, paired, method: the intervals' own
+        return copy_fields(
+            sd.ShortfallIntervals,
+            self,
             rounds=dict(self.rounds),
-            method=self.method,
             per_token_ns=sd.ShortfallIntervalsPerTokenNs(**{k: list(v) for k, v in self.per_token.items()}),
             shortfall_ns=list(self.shortfall),
             terms_ns={k: list(v) for k, v in self.terms.items()},
             coordination_ns={k: list(v) for k, v in self.coordination.items()},
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -344,7 +338,7 @@ def term_reading(interval: tuple[int, int]) -> str:
 
 
 @dataclass(frozen=True)
-class Reading:
+class Reading(Documented):
     """What the intervals allow the verdict to say.
 
     `status`: "attributed" (a positive term stands clear of the noise and is the largest of those
@@ -381,10 +375,6 @@ class Reading:
             shortfall=self.shortfall,
             terms=self.terms,
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 def reading(s_ns: int, terms_ns: Mapping[str, int], iv: Intervals) -> Reading:

@@ -123,28 +123,24 @@ def _rounds(m: Manifest, where: str) -> list[list[int]]:
     return out
 
 
-def _rows(doc: Any) -> list[Any]:
+def _spec_rows(spec: str) -> list[Mapping[str, Any]]:
+    """The row objects of the probe file a `--probe FILE[@MODE]` spec names ([] when it cannot be
+    read: what its rows would say is then unknown)."""
+    try:
+        doc = json.loads(Path(spec.partition("@")[0]).read_text())
+    except (OSError, ValueError):
+        return []
     rows = doc.get("rows") if isinstance(doc, Mapping) else doc
-    return rows if isinstance(rows, list) else []
+    return [r for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
 
 
 def _probe_ranks(spec: str) -> int | None:
-    path = spec.partition("@")[0]
-    try:
-        rows = _rows(json.loads(Path(path).read_text()))
-    except (OSError, ValueError):
-        return None
-    ranks = {r.get("ranks") for r in rows if isinstance(r, Mapping) and isinstance(r.get("ranks"), int)}
+    ranks = {r.get("ranks") for r in _spec_rows(spec) if isinstance(r.get("ranks"), int)}
     return ranks.pop() if len(ranks) == 1 else None
 
 
 def _graph_timed(spec: str) -> bool | None:
-    path = spec.partition("@")[0]
-    try:
-        rows = _rows(json.loads(Path(path).read_text()))
-    except (OSError, ValueError):
-        return None
-    flags = {bool(r.get("graph")) for r in rows if isinstance(r, Mapping)}
+    flags = {bool(r.get("graph")) for r in _spec_rows(spec)}
     return flags.pop() if len(flags) == 1 else None
 
 

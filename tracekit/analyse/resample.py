@@ -12,14 +12,21 @@ import numpy as np
 
 def boot_means(rounds: Sequence[Sequence[int]], rng: np.random.Generator, b: int) -> np.ndarray:
     """b resampled pooled means: rounds with replacement, then each drawn round's tokens."""
-    arrs = [np.asarray(r, dtype=np.float64) for r in rounds if len(r)]
-    k = len(arrs)
-    idx = rng.integers(0, k, size=(b, k))
+    kept = [r for r in rounds if len(r)]
+    return drawn_means(kept, rng.integers(0, len(kept), size=(b, len(kept))), rng)
+
+
+def drawn_means(rounds: Sequence[Sequence[int]], picks: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Per resample (a row of `picks`: the drawn rounds' indices) the mean per-token time of the
+    drawn rounds' tokens, each drawn round's tokens drawn with replacement within it (`boot_means`;
+    `tracekit.analyse.ab` draws the picks once for both arms: the pairing)."""
+    arrs = [np.asarray(r, dtype=np.float64) for r in rounds]
+    b, k = picks.shape
     total = np.zeros(b)
     count = np.zeros(b)
     for slot in range(k):
         for j, r in enumerate(arrs):
-            chosen = idx[:, slot] == j
+            chosen = picks[:, slot] == j
             m = int(chosen.sum())
             if not m:
                 continue

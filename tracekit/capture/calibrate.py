@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tracekit.model.documents.manifest import ManifestCalibration
+
 #: calls per timed block, and rounds of (plain block, profiled block)
 CALLS = 200
 REPEATS = 3
@@ -57,17 +59,18 @@ def calibrate(
     barrier: Callable[[], None] | None = None,
     calls: int = CALLS,
     repeats: int = REPEATS,
-) -> dict[str, Any]:
-    """This rank's per-call profiler cost per kind of call (module doc): {"per_call_ns": {kind:
-    ns}, "calls": calls per kind per block x repeats, "method": one line}. `dist`: torch.distributed
-    when the run has more than one rank (then every rank must call this together)."""
+) -> ManifestCalibration | None:
+    """This rank's per-call profiler cost per kind of call (module doc): `per_call_ns` {kind: ns},
+    `calls` per kind per block x repeats, `method` in one line; None in mode nvtx (no profiler).
+    `dist`: torch.distributed when the run has more than one rank (then every rank must call this
+    together)."""
     import torch
 
     from tracekit.capture.profile import Tracer, resolve_mode
 
     mode = resolve_mode(mode, device)
     if mode == "nvtx":
-        return {}
+        return None
     a = torch.ones(8)
     b = torch.ones(8)
     c = torch.empty(8)
@@ -129,10 +132,10 @@ def calibrate(
     per_call = {k: max(0, int(round((min(prof[k]) - min(plain[k])) / calls))) for k in kinds}
     if "launch" in per_call:  # the aten op around the launch is counted by `op`
         per_call["runtime"] = max(0, per_call.pop("launch") - per_call["op"])
-    return {
-        "per_call_ns": per_call,
-        "calls": calls * repeats * BLOCKS,
-        "method": (
+    return ManifestCalibration(
+        per_call_ns=per_call,
+        calls=calls * repeats * BLOCKS,
+        method=(
             f"(fastest profiled - fastest plain block of {calls} calls) / {calls}, {repeats} x {BLOCKS} blocks "
             f"of each, mode {mode}: "
             "op = torch.add on CPU tensors, range = an empty record_function"
@@ -144,27 +147,4 @@ def calibrate(
             + (", collective = all_reduce of one element" if dist is not None else "")
             + "; clamped at 0"
         ),
-    }
-
-
-def merge_ranks(per_rank: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
-    """The manifest's `profiler_calibration` from the ranks' own: per kind the median over ranks
-    (integer ns), the method and call count of rank 0 (every rank runs the same), and
-    `per_rank_ns`. None when no rank calibrated."""
-    import statistics
-
-    got = {r: d for r, d in per_rank.items() if d and d.get("per_call_ns")}
-    if not got:
-        return None
-    kinds = sorted({k for d in got.values() for k in d["per_call_ns"]})
-    per_call = {
-        k: int(round(statistics.median([d["per_call_ns"][k] for d in got.values() if k in d["per_call_ns"]])))
-        for k in kinds
-    }
-    first = got[min(got)]
-    return {
-        "per_call_ns": per_call,
-        "method": first.get("method", "") + "; per kind the median over ranks",
-        "calls": int(first.get("calls", 0)),
-        "per_rank_ns": {str(r): dict(d["per_call_ns"]) for r, d in sorted(got.items())},
-    }
+    )

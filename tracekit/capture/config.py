@@ -9,10 +9,16 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from tracekit.capture.decoder_shape import IMPLS, cache_length, check_tp, collectives, preset
 from tracekit.errors import CaptureError
+from tracekit.model.documents.base import convert
+from tracekit.model.documents.manifest import (
+    ManifestCollective,
+    ManifestInjectDelay,
+    ManifestShape,
+    ManifestWorkload,
+)
 
 #: progress(phase, done, total): rank 0's steps of a pass; phase is "warmup", or "unprofiled k/K" /
 #: "profiled k/K" for round k of K (`phase_kind` gives the kind), in the order the passes run.
@@ -201,38 +207,39 @@ def warmup_steps(config: CaptureConfig) -> int:
     return max(config.warmup, LEAD_STEPS + config.tokens + TAIL_STEPS)
 
 
-def workload(config: CaptureConfig, res: Resolved, world: int) -> dict[str, Any]:
+def workload(config: CaptureConfig, res: Resolved, world: int) -> ManifestWorkload:
+    """The manifest's `workload` of a capture of the reference decoder."""
     shape = preset(config.preset, config.layers)
-    return {
-        "preset": config.preset,
-        "tp": world,
-        "tokens": config.tokens,
-        "prompt": config.prompt,
-        "batch": config.batch,
-        "backend": res.backend,
-        "device": res.device,
-        "dtype": res.dtype,
-        "seed": config.seed,
-        "layers": shape.layers,
-        "shape": asdict(shape),
-        "warmup_tokens": warmup_steps(config),
-        "profiler_warmup_steps": LEAD_STEPS,
-        "untimed_tail_steps": TAIL_STEPS,
-        "collectives": collectives(shape, world, config.batch, res.dtype),
-        "inject_delay": None
+    return ManifestWorkload(
+        preset=config.preset,
+        tp=world,
+        tokens=config.tokens,
+        prompt=config.prompt,
+        batch=config.batch,
+        backend=res.backend,
+        device=res.device,
+        dtype=res.dtype,
+        seed=config.seed,
+        layers=shape.layers,
+        shape=convert(asdict(shape), ManifestShape),
+        warmup_tokens=warmup_steps(config),
+        profiler_warmup_steps=LEAD_STEPS,
+        untimed_tail_steps=TAIL_STEPS,
+        collectives=convert(collectives(shape, world, config.batch, res.dtype), list[ManifestCollective]),
+        inject_delay=None
         if config.inject_delay is None
-        else {"rank": config.inject_delay[0], "ms": config.inject_delay[1]},
-        "inject_sync": config.inject_sync,
-        "cuda_graphs": config.cuda_graphs,
-        "compile": config.compile,
-        "mode": res.mode,
-        "step_pattern": "decode_step",
-        "cpu_threads_per_rank": CPU_THREADS_PER_RANK if res.device == "cpu" else None,
-        "rounds": rounds_of(config),
-        "shard_of": config.shard_of,
-        "decoder_impl": config.decoder_impl,
-        "kv_cache_len": cache_length(decoder_max_len(config), config.decoder_impl),
-    }
+        else ManifestInjectDelay(rank=config.inject_delay[0], ms=config.inject_delay[1]),
+        inject_sync=config.inject_sync,
+        cuda_graphs=config.cuda_graphs,
+        compile=config.compile,
+        mode=res.mode,
+        step_pattern="decode_step",
+        cpu_threads_per_rank=CPU_THREADS_PER_RANK if res.device == "cpu" else None,
+        rounds=rounds_of(config),
+        shard_of=config.shard_of,
+        decoder_impl=config.decoder_impl,
+        kv_cache_len=cache_length(decoder_max_len(config), config.decoder_impl),
+    )
 
 
 def decoder_max_len(config: CaptureConfig) -> int:

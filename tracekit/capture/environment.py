@@ -18,6 +18,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tracekit.model.documents.manifest import (
+    ManifestDevice,
+    ManifestFilesValue,
+    ManifestHost,
+    ManifestNvmlLink,
+    ManifestTopology,
+)
 from tracekit.read.files import sha256_of
 
 MANIFEST_NAME = "manifest.json"
@@ -83,8 +90,10 @@ def gzip_file_atomic(src: Path, dest: Path) -> None:
     src.unlink()
 
 
-def file_entry(path: Path, rank: int | None) -> dict[str, int | str | None]:
-    return {"rank": rank, "sha256": sha256_of(path), "bytes": path.stat().st_size}
+def file_entry(path: Path, rank: int | None) -> ManifestFilesValue:
+    """A file the capture wrote as the manifest's `files` lists it: its rank (None: every rank's,
+    an nsys report), sha256 and size."""
+    return ManifestFilesValue(rank=rank, sha256=sha256_of(path), bytes=path.stat().st_size)
 
 
 # -- statistics ----------------------------------------------------------------------------------
@@ -124,13 +133,10 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def host_info() -> dict[str, str | int | None]:
-    return {
-        "hostname": socket.gethostname(),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "platform": platform.platform(),
-    }
+def host_info() -> ManifestHost:
+    return ManifestHost(
+        hostname=socket.gethostname(), cpu=_cpu_name(), cpu_count=os.cpu_count(), platform=platform.platform()
+    )
 
 
 def versions() -> dict[str, str | None]:
@@ -146,7 +152,7 @@ def versions() -> dict[str, str | None]:
     try:
         import torch
 
-        out["torch"] = torch.__version__
+        out["torch"] = str(torch.__version__)  # a str subclass, which msgspec does not encode
         out["cuda"] = torch.version.cuda
         if torch.cuda.is_available():
             with contextlib.suppress(Exception):
@@ -157,7 +163,7 @@ def versions() -> dict[str, str | None]:
     return out
 
 
-def devices() -> list[dict[str, str | int]]:
+def devices() -> list[ManifestDevice]:
     """The CUDA devices this process sees ([] on a CPU-only host)."""
     try:
         import torch
@@ -165,22 +171,22 @@ def devices() -> list[dict[str, str | int]]:
         return []
     if not torch.cuda.is_available():
         return []
-    out: list[dict[str, str | int]] = []
+    out: list[ManifestDevice] = []
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
         out.append(
-            {
-                "index": i,
-                "name": p.name,
-                "memory_bytes": int(p.total_memory),
-                "capability": f"{p.major}.{p.minor}",
-                "multiprocessors": int(p.multi_processor_count),
-            }
+            ManifestDevice(
+                index=i,
+                name=str(p.name),
+                memory_bytes=int(p.total_memory),
+                capability=f"{p.major}.{p.minor}",
+                multiprocessors=int(p.multi_processor_count),
+            )
         )
     return out
 
 
-def nvml_links() -> list[dict[str, int | str]] | None:
+def nvml_links() -> list[ManifestNvmlLink] | None:
     """Per GPU pair: P2P status over NVLink, and active NVLink count per GPU. None without NVML."""
     try:
         import pynvml  # nvidia-ml-py
@@ -193,7 +199,7 @@ def nvml_links() -> list[dict[str, int | str]] | None:
     try:
         n = pynvml.nvmlDeviceGetCount()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)]
-        rows: list[dict[str, int | str]] = []
+        rows: list[ManifestNvmlLink] = []
         for i, h in enumerate(handles):
             active = 0
             for link in range(getattr(pynvml, "NVML_NVLINK_MAX_LINKS", 18)):
@@ -202,10 +208,10 @@ def nvml_links() -> list[dict[str, int | str]] | None:
                         active += 1
                 except Exception:
                     break
-            rows.append({"gpu": i, "nvlink_active_links": active})
+            rows.append(ManifestNvmlLink(gpu=i, nvlink_active_links=active))
         for i in range(n):
             for j in range(i + 1, n):
-                row: dict[str, int | str] = {"gpu_a": i, "gpu_b": j}
+                row = ManifestNvmlLink(gpu_a=i, gpu_b=j)
                 for key, idx in (
                     ("p2p_nvlink", getattr(pynvml, "NVML_P2P_CAPS_INDEX_NVLINK", None)),
                     ("p2p_read", getattr(pynvml, "NVML_P2P_CAPS_INDEX_READ", None)),
@@ -214,9 +220,10 @@ def nvml_links() -> list[dict[str, int | str]] | None:
                         continue
                     try:
                         st = pynvml.nvmlDeviceGetP2PStatus(handles[i], handles[j], idx)
-                        row[key] = "ok" if st == pynvml.NVML_P2P_STATUS_OK else f"status {st}"
+                        said = "ok" if st == pynvml.NVML_P2P_STATUS_OK else f"status {st}"
                     except Exception as exc:  # not supported on this driver
-                        row[key] = f"error: {exc}"
+                        said = f"error: {exc}"
+                    setattr(row, key, said)
                 rows.append(row)
         return rows
     finally:
@@ -224,10 +231,10 @@ def nvml_links() -> list[dict[str, int | str]] | None:
             pynvml.nvmlShutdown()
 
 
-def topology() -> dict[str, str | list[dict[str, int | str]] | None]:
+def topology() -> ManifestTopology:
     from tracekit.probe.links import nvidia_smi_topo
 
-    return {"nvidia_smi_topo": nvidia_smi_topo(), "nvml_links": nvml_links()}
+    return ManifestTopology(nvidia_smi_topo=nvidia_smi_topo(), nvml_links=nvml_links())
 
 
 def nccl_env(env: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""The capture's manifest (docs/JSON.md#manifest): the ranks' result files read back
-(`read_results`), assembled into the manifest (`build_manifest`: workload, unprofiled and profiled
+"""The capture's manifest (docs/JSON.md#manifest): the ranks' results (`RankResult`, read back by
+`tracekit.capture.rank_result.read_results`) assembled into the manifest (`build_manifest`: workload, unprofiled and profiled
 rounds, files with their sha256) and written whole or not at all (`finish_run`: CaptureError when a
 rank failed or the disk is full, the traces kept). The manifest is its typed document
 (`tracekit.model.documents.Manifest`) from assembly on, encoded once where it is written.
@@ -8,128 +8,135 @@ rank failed or the disk is full, the traces kept). The manifest is its typed doc
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+
+import msgspec
+from msgspec import UNSET
 
 from tracekit.capture import environment as env
+from tracekit.capture.rank_result import RankResult
 from tracekit.errors import CaptureError
 from tracekit.model.documents.base import given
-from tracekit.model.documents.manifest import Manifest, ManifestUnprofiled, ManifestWorkload
+from tracekit.model.documents.manifest import (
+    Manifest,
+    ManifestCalibration,
+    ManifestError,
+    ManifestFilesValue,
+    ManifestProfiled,
+    ManifestUnprofiled,
+    ManifestWorkload,
+)
 from tracekit.read.manifests import manifest_from_json
 
 
 # -- the manifest ----------------------------------------------------------------------------------
-def read_results(out_dir: Path) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
-    for p in sorted(out_dir.glob(".rank-*.result.json")):
-        try:
-            doc = json.loads(p.read_text())
-            out[int(doc["rank"])] = doc
-        except (ValueError, KeyError, OSError):
-            continue
-    return out
-
-
 def build_manifest(
     *,
     world: int,
-    results: dict[int, dict[str, Any]],
-    workload_doc: dict[str, Any],
+    results: Mapping[int, RankResult],
+    workload: ManifestWorkload,
     command: str | None,
-    errors: Sequence[dict[str, Any]] = (),
-    extra_files: dict[str, dict[str, Any]] | None = None,
+    errors: Sequence[ManifestError] = (),
+    extra_files: Mapping[str, ManifestFilesValue] | None = None,
     needs_traces: bool = True,
     nccl: dict[str, str] | None = None,
 ) -> Manifest:
     """The manifest document (docs/JSON.md#manifest) from the per-rank results."""
-    errs = [dict(e) for e in errors]
-    seen = {e.get("rank") for e in errs}
+    errs = list(errors)
+    seen = {given(e.rank) for e in errs}
     for r in range(world):
-        res = results.get(r, {})
-        if res.get("error") and r not in seen:
-            errs.append({"rank": r, "message": res["error"]["message"], "how": "error"})
+        err = given(results[r].error) if r in results else None
+        if err is not None and r not in seen:
+            errs.append(ManifestError(rank=r, message=err.message, how="error"))
             seen.add(r)
-    files: dict[str, dict[str, Any]] = {}
+    files: dict[str, ManifestFilesValue] = {}
     for r in range(world):
-        fe = results.get(r, {}).get("file")
+        fe = given(results[r].file) if r in results else None
         if fe:
             files[env.trace_name(r)] = fe
         elif needs_traces and r not in seen:
-            errs.append({"rank": r, "message": "no trace written", "how": "no_trace"})
+            errs.append(ManifestError(rank=r, message="no trace written", how="no_trace"))
     files.update(extra_files or {})
-    unprof = {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
-    prof = {str(r): results[r]["profiled_ns"] for r in sorted(results) if results[r].get("profiled_ns")}
-    u_rounds, p_rounds = _rounds(results, "unprofiled"), _rounds(results, "profiled")
+    ranks = [results[r] for r in sorted(results)]
+    u_rounds, p_rounds = _rounds(ranks, "unprofiled"), _rounds(ranks, "profiled")
     traced_round = next(
-        (int(results[r]["traced_round"]) for r in sorted(results) if "traced_round" in results[r]),
-        len(p_rounds) - 1,
+        (t for t in (given(res.traced_round) for res in ranks) if t is not None), len(p_rounds) - 1
     )
-    order = results.get(0, {}).get("pass_order")
-    if order and "rounds" in workload_doc:  # the order rank 0 really ran its passes in
-        workload_doc = dict(workload_doc, pass_order=order)
-    if results.get(0, {}).get("profiler_env"):
-        workload_doc = dict(workload_doc, profiler_env=results[0]["profiler_env"])
+    first = results.get(0, RankResult(rank=0))
+    order = given(first.pass_order)
+    if order and given(workload.rounds) is not None:  # the order rank 0 really ran its passes in
+        workload = msgspec.structs.replace(workload, pass_order=order)
+    if given(first.profiler_env):
+        workload = msgspec.structs.replace(workload, profiler_env=first.profiler_env)
     dil, interval = env.dilation(u_rounds, p_rounds)
-    from tracekit.capture.calibrate import merge_ranks
-
-    calibration = merge_ranks({r: results[r].get("profiler_calibration") or {} for r in results})
+    calibration = merge_ranks({res.rank: given(res.profiler_calibration) for res in ranks})
+    devices = given(first.devices)
+    nccl_env = next((e for e in (given(res.nccl_env) for res in ranks) if e is not None), None)
+    marker_steps = {str(res.rank): m for res in ranks if (m := given(res.marker_steps)) is not None}
     return as_manifest(
-        {
-            "schema_version": env.SCHEMA_VERSION,
-            "kind": "tracekit.capture",
-            "complete": not errs,
-            "errors": sorted(errs, key=lambda e: (e.get("rank") is None, e.get("rank") or 0)),
-            "created": env.now_utc(),
-            "versions": results.get(0, {}).get("versions") or env.versions(),
-            "host": env.host_info(),
-            "devices": results[0]["devices"] if "devices" in results.get(0, {}) else env.devices(),
-            "topology": env.topology(),
-            "nccl_env": nccl
-            if nccl is not None
-            else next(
-                (results[r]["nccl_env"] for r in sorted(results) if "nccl_env" in results[r]), env.nccl_env()
-            ),
-            "workload": workload_doc,
+        Manifest(
+            schema_version=env.SCHEMA_VERSION,
+            kind="tracekit.capture",
+            complete=not errs,
+            errors=sorted(errs, key=lambda e: (given(e.rank) is None, given(e.rank) or 0)),
+            created=env.now_utc(),
+            versions=given(first.versions) or env.versions(),
+            host=env.host_info(),
+            devices=devices if devices is not None else env.devices(),
+            topology=env.topology(),
+            nccl_env=nccl if nccl is not None else nccl_env if nccl_env is not None else env.nccl_env(),
+            workload=workload,
             # per_token_ns: the first unprofiled round and the traced profiled round (pre-1.2 readers);
             # rounds: every round in run order (docs/JSON.md#manifest)
-            "unprofiled": {"per_token_ns": unprof, "rounds": u_rounds},
-            "profiled": {"per_token_ns": prof, "rounds": p_rounds, "traced_round": max(traced_round, 0)},
-            "dilation": dil,
-            "dilation_interval": interval,
-            **({"profiler_calibration": calibration} if calibration else {}),
-            "tokens_generated": results.get(0, {}).get("tokens_generated"),
-            "nvtx": results.get(0, {}).get("nvtx"),
-            "inject_sync_count": {
-                str(r): results[r]["inject_sync_count"]
-                for r in sorted(results)
-                if "inject_sync_count" in results[r]
+            unprofiled=ManifestUnprofiled(per_token_ns=unprofiled_of(results), rounds=u_rounds),
+            profiled=ManifestProfiled(
+                per_token_ns={str(res.rank): ns for res in ranks if (ns := given(res.profiled_ns))},
+                rounds=p_rounds,
+                traced_round=max(traced_round, 0),
+            ),
+            dilation=dil,
+            dilation_interval=interval,
+            profiler_calibration=calibration if calibration is not None else UNSET,
+            tokens_generated=given(first.tokens_generated),
+            nvtx=given(first.nvtx),
+            inject_sync_count={
+                str(res.rank): n for res in ranks if (n := given(res.inject_sync_count)) is not None
             },
             # OS process id per rank: names the ranks of a one-file multi-process nsys report
-            "rank_pids": {str(r): results[r]["pid"] for r in sorted(results) if "pid" in results[r]},
-            **(
-                {
-                    "marker_steps": {
-                        str(r): results[r]["marker_steps"]
-                        for r in sorted(results)
-                        if "marker_steps" in results[r]
-                    }
-                }
-                if any("marker_steps" in results[r] for r in results)
-                else {}
-            ),
-            "files": files,
-            "command": command,
-        }
+            rank_pids=pids_of(results),
+            marker_steps=marker_steps if marker_steps else UNSET,
+            files=files,
+            command=command,
+        )
     )
 
 
-def as_manifest(doc: dict[str, object]) -> Manifest:
-    """The manifest object the capture assembled as its typed document, decoded as a reader
-    decodes the file (`tracekit.read.manifests.manifest_from_json`), so what is written is what
-    reads back; a value the document cannot hold (none should) is left out and said in `notes`."""
-    # as the JSON it becomes: plain values (torch.__version__ is a str subclass msgspec cannot encode)
-    read = manifest_from_json(json.loads(json.dumps(doc)), env.MANIFEST_NAME)
+def merge_ranks(per_rank: Mapping[int, ManifestCalibration | None]) -> ManifestCalibration | None:
+    """The manifest's `profiler_calibration` from the ranks' own: per kind the median over ranks
+    (integer ns), the method and call count of rank 0 (every rank runs the same), and
+    `per_rank_ns`. None when no rank calibrated."""
+    got = {r: per_call for r, d in per_rank.items() if d is not None and (per_call := given(d.per_call_ns))}
+    if not got:
+        return None
+    kinds = sorted({k for d in got.values() for k in d})
+    per_call = {k: int(round(statistics.median([d[k] for d in got.values() if k in d]))) for k in kinds}
+    first = per_rank[min(got)]
+    assert first is not None
+    return ManifestCalibration(
+        per_call_ns=per_call,
+        method=(given(first.method) or "") + "; per kind the median over ranks",
+        calls=int(given(first.calls) or 0),
+        per_rank_ns={str(r): dict(d) for r, d in sorted(got.items())},
+    )
+
+
+def as_manifest(manifest: Manifest) -> Manifest:
+    """The manifest the capture assembled, decoded as a reader decodes the file
+    (`tracekit.read.manifests.manifest_from_json`), so what is written is what reads back; a value
+    the document cannot hold (none should) is left out and said in `notes`."""
+    read = manifest_from_json(json.loads(msgspec.json.encode(manifest)), env.MANIFEST_NAME)
     if read.notes:
         read.manifest.notes = [*(given(read.manifest.notes) or []), *(n for _, n in read.notes)]
     return read.manifest
@@ -142,16 +149,18 @@ def workload_of(manifest: Manifest) -> ManifestWorkload:
     return manifest.workload
 
 
-def _rounds(results: dict[int, dict[str, Any]], kind: str) -> list[dict[str, list[int]]]:
+def _rounds(ranks: Sequence[RankResult], kind: str) -> list[dict[str, list[int]]]:
     """Every round of one kind ("unprofiled" | "profiled") as {rank: [ns, ...]}, in run order, from
     the ranks' `<kind>_rounds_ns` (or their one `<kind>_ns`: a user's script, one round)."""
     per_rank: dict[str, list[list[int]]] = {}
-    for r in sorted(results):
-        lists = results[r].get(f"{kind}_rounds_ns") or (
-            [results[r][f"{kind}_ns"]] if results[r].get(f"{kind}_ns") else []
-        )
+    for res in ranks:
+        if kind == "unprofiled":
+            lists, one = given(res.unprofiled_rounds_ns), given(res.unprofiled_ns)
+        else:
+            lists, one = given(res.profiled_rounds_ns), given(res.profiled_ns)
+        lists = lists or ([one] if one else [])
         if lists:
-            per_rank[str(r)] = lists
+            per_rank[str(res.rank)] = lists
     k = max((len(v) for v in per_rank.values()), default=0)
     return [{rk: v[i] for rk, v in per_rank.items() if i < len(v) and v[i]} for i in range(k)]
 
@@ -197,5 +206,11 @@ def finish_run(out_dir: Path, manifest: Manifest) -> Path:
     return out_dir
 
 
-def unprofiled_of(results: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
-    return {str(r): results[r]["unprofiled_ns"] for r in sorted(results) if results[r].get("unprofiled_ns")}
+def unprofiled_of(results: Mapping[int, RankResult]) -> dict[str, list[int]]:
+    """The ranks' first unprofiled round, {rank: [ns, ...]} (ranks without one left out)."""
+    return {str(r): ns for r in sorted(results) if (ns := given(results[r].unprofiled_ns))}
+
+
+def pids_of(results: Mapping[int, RankResult]) -> dict[str, int]:
+    """The ranks' OS process ids, {rank: pid}."""
+    return {str(r): pid for r in sorted(results) if (pid := given(results[r].pid)) is not None}

@@ -9,14 +9,13 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from tracekit.capture import environment as env
 from tracekit.capture.config import ENV_NSYS
 from tracekit.capture.manifest import per_token_of, set_unprofiled, workload_of
 from tracekit.errors import CaptureError
 from tracekit.model.documents.base import given
-from tracekit.model.documents.manifest import Manifest, ManifestNsys
+from tracekit.model.documents.manifest import Manifest, ManifestFilesValue, ManifestNsys
 
 
 def find_nsys() -> str:
@@ -35,7 +34,7 @@ def find_nsys() -> str:
     return found
 
 
-def run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict[str, dict[str, Any]]:
+def run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict[str, ManifestFilesValue]:
     """Run argv under `nsys profile -t cuda,nvtx`, export SQLite; returns their manifest file entries.
     CaptureError when the command under nsys failed (the nsys files are kept)."""
     files, rc = nsys_profile(argv, out_dir, child_env)
@@ -46,7 +45,7 @@ def run_nsys(argv: list[str], out_dir: Path, child_env: dict[str, str]) -> dict[
 
 def nsys_profile(
     argv: list[str], out_dir: Path, child_env: dict[str, str]
-) -> tuple[dict[str, dict[str, Any]], int]:
+) -> tuple[dict[str, ManifestFilesValue], int]:
     """`nsys profile -t cuda,nvtx` of argv into out_dir/nsys.nsys-rep, then its SQLite export.
     Returns (manifest file entries of both, the command's exit code). CaptureError when nsys wrote
     no report or the export failed."""

@@ -48,13 +48,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracekit.capture import annotate as _annotate
-from tracekit.capture.environment import (
-    atomic_write_json,
-    file_entry,
-    gzip_file_atomic,
-    result_name,
-    trace_name,
-)
+from tracekit.capture.environment import file_entry, gzip_file_atomic, trace_name
+from tracekit.capture.rank_result import RankError, RankResult, write_result
 from tracekit.errors import CaptureError, TracekitError
 
 if TYPE_CHECKING:  # a rank imports no pandas (tracekit.model's): ~0.9 CPU-s per rank process
@@ -261,18 +256,22 @@ class Tracer:
             acts.append(ProfilerActivity.CPU)  # in "cuda"/"ranges": user ranges only (see _user_scope_only)
         if cuda and self.mode in ("full", "cuda", "kernels"):
             acts.append(ProfilerActivity.CUDA)
-        kwargs: dict[str, Any] = {"activities": acts, "record_shapes": self.mode in ("full", "cpu")}
+        experimental = None  # torch.profiler.profile's defaults where these are None
         if self.mode == "full" and cuda and hasattr(torch.profiler, "_ExperimentalConfig"):
             with contextlib.suppress(TypeError):
-                kwargs["experimental_config"] = torch.profiler._ExperimentalConfig(
-                    enable_cuda_sync_events=True
-                )
+                experimental = torch.profiler._ExperimentalConfig(enable_cuda_sync_events=True)
+        schedule = None
         if self.warmup > 0:
             active = self.active if self.active > 0 else 1 << 30
-            kwargs["schedule"] = torch.profiler.schedule(wait=0, warmup=self.warmup, active=active, repeat=1)
-        kwargs["on_trace_ready"] = self._on_ready
+            schedule = torch.profiler.schedule(wait=0, warmup=self.warmup, active=active, repeat=1)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.prof = torch.profiler.profile(**kwargs)
+        self.prof = torch.profiler.profile(
+            activities=acts,
+            record_shapes=self.mode in ("full", "cpu"),
+            experimental_config=experimental,
+            schedule=schedule,
+            on_trace_ready=self._on_ready,
+        )
         if self.mode == "kernels":
             self._hook()
         with self._scope(), _inductor_not_imported_to_start():
@@ -369,31 +368,19 @@ def space_hint(folder: Path) -> str:
     return " (its export is missing or cut short)"
 
 
-# -- per-rank result files -----------------------------------------------------------------------
-def write_result(out_dir: Path, rank: int, **fields: Any) -> None:
-    """Merge `fields` into out_dir/.rank-<r>.result.json (atomically)."""
-    path = Path(out_dir) / result_name(rank)
-    doc: dict[str, Any] = {"rank": rank}
-    if path.exists():
-        with contextlib.suppress(ValueError, OSError):
-            doc.update(json.loads(path.read_text()))
-    doc.update(fields)
-    atomic_write_json(path, doc)
-
-
-def error_fields(exc: BaseException) -> dict[str, Any]:
+# -- per-rank result files (tracekit.capture.rank_result) -----------------------------------------
+def error_result(rank: int, exc: BaseException) -> RankResult:
     """A rank's error for its result file: tracekit's own errors in their words (they name the
     rank already), others as `Type: message`; a full disk says so."""
     if isinstance(exc, TracekitError):
         message = " ".join(str(exc).split())
-        rank = _current_rank()
-        message = message.removeprefix(f"rank {rank}: ")  # the manifest names the rank
+        message = message.removeprefix(f"rank {_current_rank()}: ")  # the manifest names the rank
     else:
         lines = [ln for ln in traceback.format_exception_only(type(exc), exc) if ln.strip()]
         message = lines[-1].strip() if lines else repr(exc)
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         message = f"no space left on the device writing {exc.filename or 'a file'}"
-    return {"error": {"message": message, "traceback": traceback.format_exc()}}
+    return RankResult(rank=rank, error=RankError(message=message, traceback=traceback.format_exc()))
 
 
 def _current_rank() -> int:
@@ -528,7 +515,7 @@ def profile(
     try:
         yield session
     except BaseException as exc:
-        write_result(out, r, **error_fields(exc))
+        write_result(out, error_result(r, exc))
         if session.tracer is not None:
             with contextlib.suppress(Exception):
                 session.tracer.stop()
@@ -543,16 +530,18 @@ def profile(
         entry = file_entry(path, r) if path is not None else None
         write_result(
             out,
-            r,
-            profiled_ns=session.step_ns[session.warmup :],
-            mode=session.mode,
-            trace=path.name if path else None,
-            file=entry,
-            device="cuda" if session.cuda else "cpu",
-            pid=os.getpid(),
+            RankResult(
+                rank=r,
+                profiled_ns=session.step_ns[session.warmup :],
+                mode=session.mode,
+                trace=path.name if path else None,
+                file=entry,
+                device="cuda" if session.cuda else "cpu",
+                pid=os.getpid(),
+            ),
         )
     else:
-        write_result(out, r, unprofiled_ns=session.step_ns, pid=os.getpid())
+        write_result(out, RankResult(rank=r, unprofiled_ns=session.step_ns, pid=os.getpid()))
 
 
 __all__ = [

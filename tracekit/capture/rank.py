@@ -26,6 +26,7 @@ from tracekit.capture.config import (
     rounds_of,
     warmup_steps,
 )
+from tracekit.capture.rank_result import RankError, RankResult, write_result
 
 
 # -- one rank --------------------------------------------------------------------------------------
@@ -39,8 +40,8 @@ def rank_main(
     init_method: str | None,
     progress_queue: Any = None,
     destroy: bool = True,
-) -> dict[str, Any]:
-    """Run one rank; returns its result fields (also written to its result file)."""
+) -> RankResult:
+    """Run one rank; returns its result (also written to its result file)."""
     import datetime
 
     import torch
@@ -48,7 +49,7 @@ def rank_main(
     from tracekit.capture import annotate
     from tracekit.capture.decoder import Comm, TPDecoder, make_prompt, preset
     from tracekit.capture.decoder_ops import SHARD_BACKEND
-    from tracekit.capture.profile import Tracer, write_result
+    from tracekit.capture.profile import Tracer
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # never NVLink multicast (see KINDS.md)
     if res.device == "cuda":  # spawned ranks inherit it; under torchrun, before any profiler runs
@@ -66,10 +67,13 @@ def rank_main(
         import torch.distributed
 
         dist = torch.distributed
-        kwargs: dict[str, Any] = {"timeout": datetime.timedelta(seconds=config.timeout_s)}
-        if init_method is not None:
-            kwargs.update(init_method=init_method, rank=rank, world_size=world)
-        dist.init_process_group(res.backend, **kwargs)
+        timeout = datetime.timedelta(seconds=config.timeout_s)
+        if init_method is None:
+            dist.init_process_group(res.backend, timeout=timeout)
+        else:
+            dist.init_process_group(
+                res.backend, timeout=timeout, init_method=init_method, rank=rank, world_size=world
+            )
 
     steps = LEAD_STEPS + config.tokens + TAIL_STEPS  # per measured pass
     n_warm = warmup_steps(config)
@@ -115,17 +119,17 @@ def rank_main(
     barrier()
     model.generate(prompt, n_warm, on_token=report("warmup"), annotate_step=never_annotate)
     barrier()
-    write_result(out_dir, rank, device=str(device), nvtx=annotate.nvtx_source(), pid=os.getpid())
-    fields: dict[str, Any] = {
-        "inject_sync_count": model.sync_count,
-        "nccl_env": env.nccl_env(),
-        "pid": os.getpid(),
-    }
+    write_result(
+        out_dir, RankResult(rank=rank, device=str(device), nvtx=annotate.nvtx_source(), pid=os.getpid())
+    )
+    fields = RankResult(
+        rank=rank, inject_sync_count=model.sync_count, nccl_env=env.nccl_env(), pid=os.getpid()
+    )
     if config.passes == "both" and config.calibrate:
         from tracekit.capture.calibrate import calibrate
 
         barrier()
-        fields["profiler_calibration"] = calibrate(
+        fields.profiler_calibration = calibrate(
             res.mode, res.device, out_dir, rank, dist=dist if world > 1 else None, barrier=barrier
         )
         barrier()
@@ -145,10 +149,12 @@ def rank_main(
             order.append("U")
             write_result(
                 out_dir,
-                rank,
-                unprofiled_ns=unprofiled[0],
-                unprofiled_rounds_ns=unprofiled,
-                pass_order="".join(order),
+                RankResult(
+                    rank=rank,
+                    unprofiled_ns=unprofiled[0],
+                    unprofiled_rounds_ns=unprofiled,
+                    pass_order="".join(order),
+                ),
             )
             barrier()
         if config.passes == "unprofiled":
@@ -176,32 +182,28 @@ def rank_main(
         if config.hang_rank == rank and config.hang_at == "after_trace":  # only a timeout ends it
             _hang()
         path = tracer.stop()
-        fields.update(
-            {
-                "profiled_ns": profiled[-1],
-                "profiled_rounds_ns": profiled,
-                "traced_round": len(profiled) - 1,
-                "mode": res.mode,
-                "trace": path.name if path else None,
-                "file": env.file_entry(path, rank) if path else None,
-            }
-        )
+        fields.profiled_ns = profiled[-1]
+        fields.profiled_rounds_ns = profiled
+        fields.traced_round = len(profiled) - 1
+        fields.mode = res.mode
+        fields.trace = path.name if path else None
+        fields.file = env.file_entry(path, rank) if path else None
         if tracer.mode == "kernels":
-            fields["marker_steps"] = tracer.injected_steps
-    fields["inject_sync_count"] = model.sync_count
-    fields["pass_order"] = "".join(order)
+            fields.marker_steps = tracer.injected_steps
+    fields.inject_sync_count = model.sync_count
+    fields.pass_order = "".join(order)
     if res.device == "cuda":
-        fields["profiler_env"] = {ENV_TEARDOWN_CUPTI: os.environ.get(ENV_TEARDOWN_CUPTI)}
+        fields.profiler_env = {ENV_TEARDOWN_CUPTI: os.environ.get(ENV_TEARDOWN_CUPTI) or ""}
     if unprofiled:
-        fields.update(unprofiled_ns=unprofiled[0], unprofiled_rounds_ns=unprofiled)
+        fields.unprofiled_ns, fields.unprofiled_rounds_ns = unprofiled[0], unprofiled
     if rank == 0:
-        fields["tokens_generated"] = tokens[:, : config.tokens].tolist() if tokens is not None else None
+        fields.tokens_generated = tokens[:, : config.tokens].tolist() if tokens is not None else None
         # the ranks read versions and devices, so the parent makes no CUDA call (see ENV_RESOLVED)
-        fields["versions"] = env.versions()
+        fields.versions = env.versions()
         # the devices the run used: [] for a CPU run, also on a host that has GPUs
-        fields["devices"] = env.devices() if device.type == "cuda" else []
-    fields["finished"] = True  # all files written: the parent may end a rank stuck in teardown
-    write_result(out_dir, rank, **fields)
+        fields.devices = env.devices() if device.type == "cuda" else []
+    fields.finished = True  # all files written: the parent may end a rank stuck in teardown
+    write_result(out_dir, fields)
     if config.hang_rank == rank and config.hang_at == "teardown":  # as NCCL's destroy after graphs
         _hang()
     if dist is not None and destroy:
@@ -320,7 +322,7 @@ def spawned_rank(
     said: Any = None,
 ) -> None:
     """Entry of a spawned rank process: errors go to its result file and exit code 1."""
-    from tracekit.capture.profile import error_fields, write_result
+    from tracekit.capture.profile import error_result
 
     os.environ.update(
         RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
@@ -329,11 +331,12 @@ def spawned_rank(
         with _stderr_without_usdt():  # Kineto's profiler_start/stop markers kept out of the output
             rank_main(rank, world, rank, config, res, Path(out_dir), init_method, queue)
     except BaseException as exc:
-        fields = error_fields(exc)
+        failed = error_result(rank, exc)
+        message = failed.error.message if isinstance(failed.error, RankError) else repr(exc)
         with contextlib.suppress(Exception):
-            write_result(Path(out_dir), rank, **fields)
+            write_result(Path(out_dir), failed)
         if said is not None:  # also when the result file cannot be written (a full disk)
             with contextlib.suppress(Exception):
-                said.put((rank, fields["error"]["message"]))
-        sys.stderr.write(f"tracekit capture: rank {rank} failed: {fields['error']['message']}\n")
+                said.put((rank, message))
+        sys.stderr.write(f"tracekit capture: rank {rank} failed: {message}\n")
         sys.exit(1)

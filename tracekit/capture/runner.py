@@ -72,14 +72,15 @@ from tracekit.capture.config import (
     resolve,
     workload,
 )
-from tracekit.capture.manifest import build_manifest, finish_run, read_results, workload_of
+from tracekit.capture.manifest import build_manifest, finish_run, workload_of
 from tracekit.capture.nsys import PLAIN_AFTER, find_nsys, merge_plain_runs, run_nsys
 from tracekit.capture.outputs import check_out_dir, clear_outputs, free_port, prepare_out_dir, rank_command
 from tracekit.capture.rank import rank_main, spawned_rank
+from tracekit.capture.rank_result import RankError, RankResult, read_results, write_result
 from tracekit.capture.script import capture_script
 from tracekit.errors import CaptureError
 from tracekit.model.documents.base import given
-from tracekit.model.documents.manifest import ManifestFilesValue
+from tracekit.model.documents.manifest import ManifestError
 from tracekit.read.manifests import read_manifest
 
 
@@ -133,7 +134,7 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
             os.environ.pop("TRACEKIT_SPAWNED", None)
         else:
             os.environ["TRACEKIT_SPAWNED"] = old
-    errors: list[dict[str, Any]] = []
+    errors: list[ManifestError] = []
     stuck: list[int] = []  # ranks that finished their work but did not exit (ended by us)
     try:
         if interrupted:
@@ -146,7 +147,9 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
                 if q is not None:
                     q.terminate()
                 errors.append(
-                    {"rank": r, "message": "interrupted (Ctrl-C) before it finished", "how": "interrupted"}
+                    ManifestError(
+                        rank=r, message="interrupted (Ctrl-C) before it finished", how="interrupted"
+                    )
                 )
     for p in procs:
         p.join(timeout=10)
@@ -165,27 +168,25 @@ def capture(config: CaptureConfig, out_dir: Path, progress: Progress | None = No
             messages[int(r)] = str(msg)
     results = read_results(out_dir)
     for r, msg in messages.items():  # a rank whose result file could not say it (a full disk)
-        if not results.get(r, {}).get("error"):
-            results.setdefault(r, {"rank": r})["error"] = {"message": msg}
+        if r not in results or given(results[r].error) is None:
+            results.setdefault(r, RankResult(rank=r)).error = RankError(message=msg)
     _blame_timeouts(results, errors)
     for r, p in enumerate(procs):
         if (
             p.exitcode not in (0, None)
             and r not in stuck
-            and not results.get(r, {}).get("error")
-            and not any(e["rank"] == r for e in errors)
+            and (r not in results or given(results[r].error) is None)
+            and not any(given(e.rank) == r for e in errors)
         ):
             errors.append(
-                {
-                    "rank": r,
-                    "message": exit_words(p.exitcode),
-                    "how": "killed" if p.exitcode < 0 else "exited",
-                }
+                ManifestError(
+                    rank=r, message=exit_words(p.exitcode), how="killed" if p.exitcode < 0 else "exited"
+                )
             )
     manifest = build_manifest(
         world=world,
         results=results,
-        workload_doc=workload(config, res, world),
+        workload=workload(config, res, world),
         command=rank_command(config),
         errors=errors,
         needs_traces=res.mode != "nvtx",
@@ -241,7 +242,7 @@ TEARDOWN_GRACE_S = 20.0
 def _finished_ranks(out_dir: Path | None) -> set[int]:
     if out_dir is None:
         return set()
-    return {r for r, doc in read_results(out_dir).items() if doc.get("finished") and not doc.get("error")}
+    return {r for r, res in read_results(out_dir).items() if given(res.finished) and given(res.error) is None}
 
 
 def _wait_for_ranks(
@@ -249,7 +250,7 @@ def _wait_for_ranks(
     queue: Any,
     progress: Progress | None,
     config: CaptureConfig,
-    errors: list[dict[str, Any]],
+    errors: list[ManifestError],
     out_dir: Path | None = None,
     stuck: list[int] | None = None,
 ) -> None:
@@ -298,12 +299,12 @@ def _wait_for_ranks(
         for r, p in hung:
             p.terminate()
             errors.append(
-                {
-                    "rank": r,
-                    "message": f"hung: still running {grace:g} s after rank {who} "
+                ManifestError(
+                    rank=r,
+                    message=f"hung: still running {grace:g} s after rank {who} "
                     f"{'failed' if failed else 'finished'} (--timeout {config.timeout_s:g}); terminated",
-                    "how": "hung",
-                }
+                    how="hung",
+                )
             )
         for _, p in hung:
             p.join(timeout=5)
@@ -312,31 +313,32 @@ def _wait_for_ranks(
         break
 
 
-def _blame_timeouts(results: dict[int, dict[str, Any]], errors: list[dict[str, Any]]) -> None:
+def _blame_timeouts(results: dict[int, RankResult], errors: list[ManifestError]) -> None:
     """A rank whose collective timed out was waiting for a rank that hung: say so (in place), so
     the manifest and the message name the rank that hung, not only the one that gave up."""
-    hung = sorted(e["rank"] for e in errors if e.get("how") == "hung")
+    hung = sorted(r for e in errors if given(e.how) == "hung" and (r := given(e.rank)) is not None)
     if not hung:
         return
-    named = {e.get("rank") for e in errors}
+    named = {given(e.rank) for e in errors}
     for r, res in sorted(results.items()):
-        msg = str((res.get("error") or {}).get("message", ""))
+        err = given(res.error)
+        msg = err.message if err is not None else ""
         if r in named or not msg or "timed out" not in msg.lower() and "timeout" not in msg.lower():
             continue
         who = ", ".join(map(str, hung))
         said = re.sub(r"\[[^\]]*\]\s*", "", msg)[:200]  # without gloo's [source/file.cc:78]
         errors.append(
-            {
-                "rank": r,
-                "message": f"collective timed out waiting for rank {who}, which hung ({said})",
-                "how": "collective_timeout",
-            }
+            ManifestError(
+                rank=r,
+                message=f"collective timed out waiting for rank {who}, which hung ({said})",
+                how="collective_timeout",
+            )
         )
 
 
 def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
     """One rank of a torchrun launch; rank 0 gathers the results and writes the manifest."""
-    from tracekit.capture.profile import error_fields, write_result
+    from tracekit.capture.profile import error_result
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
@@ -345,28 +347,30 @@ def _capture_torchrun(config: CaptureConfig, out_dir: Path) -> Path:
     res = resolve(config, world)
     prepare_out_dir(out_dir)
     try:
-        fields = rank_main(
+        mine = rank_main(
             rank, world, local_rank, config, res, out_dir, "env://" if world > 1 else None, destroy=False
         )
     except BaseException as exc:
-        write_result(out_dir, rank, **error_fields(exc))
-        raise CaptureError(f"rank {rank} failed: {error_fields(exc)['error']['message']}") from exc
+        failed = error_result(rank, exc)
+        write_result(out_dir, failed)
+        err = given(failed.error)
+        raise CaptureError(f"rank {rank} failed: {err.message if err is not None else exc}") from exc
     if world > 1:  # the result files may live on other hosts: gather them to rank 0
         import torch.distributed as dist
 
-        gathered: list[Any] = [None] * world if rank == 0 else []
-        mine = dict(fields, rank=rank)
-        dist.gather_object(mine, gathered if rank == 0 else None, dst=0)
+        gathered: list[bytes | None] = [None] * world if rank == 0 else []
+        dist.gather_object(msgspec.json.encode(mine), gathered if rank == 0 else None, dst=0)
         dist.destroy_process_group()
         if rank != 0:
             return out_dir
-        results = {int(g["rank"]): g for g in gathered if g}
+        got = [msgspec.json.decode(g, type=RankResult) for g in gathered if g]
+        results = {g.rank: g for g in got}
     else:
         results = read_results(out_dir)
     manifest = build_manifest(
         world=world,
         results=results,
-        workload_doc=workload(config, res, world),
+        workload=workload(config, res, world),
         command=rank_command(config),
         needs_traces=res.mode != "nvtx",
     )
@@ -414,7 +418,7 @@ def _capture_under_nsys(config: CaptureConfig, out_dir: Path, progress: Progress
         raise CaptureError(f"the capture under nsys wrote no manifest in {out_dir}")
     manifest.files = {
         **(given(manifest.files) or {}),
-        **{name: msgspec.convert(entry, ManifestFilesValue) for name, entry in files.items()},
+        **files,
     }
     after_dir = out_dir / PLAIN_AFTER
     try:

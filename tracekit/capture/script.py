@@ -11,14 +11,13 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from msgspec import UNSET
 
 from tracekit.capture.manifest import (
     build_manifest,
     finish_run,
-    read_results,
+    pids_of,
     set_unprofiled,
     unprofiled_of,
     workload_of,
@@ -26,8 +25,16 @@ from tracekit.capture.manifest import (
 from tracekit.capture.nsys import find_nsys, nsys_profile
 from tracekit.capture.outputs import clear_outputs, prepare_out_dir
 from tracekit.capture.profile import ENV_DIR, ENV_MODE, ENV_PASSES, ENV_WARMUP, MODES
+from tracekit.capture.rank_result import RankResult, read_results
 from tracekit.errors import CaptureError
-from tracekit.model.documents.manifest import Manifest, ManifestNsys
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import (
+    Manifest,
+    ManifestError,
+    ManifestFilesValue,
+    ManifestNsys,
+    ManifestWorkload,
+)
 
 
 def capture_script(
@@ -75,7 +82,7 @@ def capture_script(
         return _capture_script_under_nsys(list(argv), out_dir, child_env, command)
     child_env.pop(ENV_PASSES, None)
     rc = _run_script(list(argv), child_env)
-    errors = [] if rc == 0 else [{"rank": None, "message": f"{' '.join(argv)} exited with code {rc}"}]
+    errors = [] if rc == 0 else [ManifestError(rank=None, message=f"{' '.join(argv)} exited with code {rc}")]
     results = read_results(out_dir)
     _check_script_results(results, rc)
     manifest = _script_manifest(argv, results, command, errors, needs_traces=True)
@@ -89,7 +96,7 @@ def _run_script(argv: list[str], child_env: dict[str, str]) -> int:
         raise CaptureError(f"cannot run {argv[0]!r}: {exc}") from exc
 
 
-def _check_script_results(results: dict[int, dict[str, Any]], rc: int) -> None:
+def _check_script_results(results: dict[int, RankResult], rc: int) -> None:
     if not results and rc == 0:
         raise CaptureError(
             "the script ran but wrote no results: wrap its loop in `with tracekit.profile():` and mark steps "
@@ -99,29 +106,28 @@ def _check_script_results(results: dict[int, dict[str, Any]], rc: int) -> None:
 
 def _script_manifest(
     argv: Sequence[str],
-    results: dict[int, dict[str, Any]],
+    results: dict[int, RankResult],
     command: str,
-    errors: list[dict[str, Any]],
+    errors: list[ManifestError],
     *,
     needs_traces: bool,
-    extra_files: dict[str, dict[str, Any]] | None = None,
+    extra_files: dict[str, ManifestFilesValue] | None = None,
 ) -> Manifest:
     world = max(results) + 1 if results else 0
-    modes = sorted({str(r.get("mode")) for r in results.values() if r.get("mode")})
-    doc: dict[str, Any] = {
-        "script": list(argv),
-        "tp": world,
-        "mode": modes[0] if len(modes) == 1 else modes,
-        "step_pattern": "decode_step",
-    }
+    modes = sorted({m for r in results.values() if (m := given(r.mode))})
     return build_manifest(
         world=world,
         results=results,
-        workload_doc=doc,
+        workload=ManifestWorkload(
+            script=list(argv),
+            tp=world,
+            mode=modes[0] if len(modes) == 1 else modes,
+            step_pattern="decode_step",
+        ),
         command=command,
         errors=errors,
         extra_files=extra_files,
-        needs_traces=needs_traces and any(r.get("mode") for r in results.values()),
+        needs_traces=needs_traces and bool(modes),
     )
 
 
@@ -152,7 +158,9 @@ def _capture_script_under_nsys(
     plain = read_results(out_dir)
     if rc != 0:  # nothing runs under nsys: the manifest of the plain run says why
         errors = [
-            {"rank": None, "message": f"{' '.join(argv)} exited with code {rc} (plain run, before nsys)"}
+            ManifestError(
+                rank=None, message=f"{' '.join(argv)} exited with code {rc} (plain run, before nsys)"
+            )
         ]
         manifest = _script_manifest(argv, plain, command, errors, needs_traces=False)
         workload_of(manifest).nsys = ManifestNsys(unprofiled=NSYS_SCRIPT_UNPROFILED, traced=None)
@@ -161,7 +169,7 @@ def _capture_script_under_nsys(
 
     traced_env = dict(child_env, **{ENV_PASSES: "traced"})
     files, rc = nsys_profile(argv, out_dir, traced_env)
-    errors = [] if rc == 0 else [{"rank": None, "message": f"the command under nsys exited with {rc}"}]
+    errors = [] if rc == 0 else [ManifestError(rank=None, message=f"the command under nsys exited with {rc}")]
     results = read_results(out_dir)
     _check_script_results(results, rc)
     manifest = _script_manifest(argv, results, command, errors, needs_traces=False, extra_files=files)
@@ -185,10 +193,8 @@ def _capture_script_under_nsys(
     wl.nsys = ManifestNsys(
         unprofiled=NSYS_SCRIPT_UNPROFILED if rounds else NSYS_SCRIPT_NO_UNPROFILED,
         traced=NSYS_SCRIPT_TRACED,
-        unprofiled_rank_pids={str(r): plain[r]["pid"] for r in sorted(plain) if "pid" in plain[r]},
-        unprofiled_rank_pids_rounds=[
-            {str(r): p[r]["pid"] for r in sorted(p) if "pid" in p[r]} for p in plains
-        ],
+        unprofiled_rank_pids=pids_of(plain),
+        unprofiled_rank_pids_rounds=[pids_of(p) for p in plains],
         unprofiled_after_error=after_error if after_error else UNSET,
     )
     return finish_run(out_dir, manifest)

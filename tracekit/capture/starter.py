@@ -235,7 +235,7 @@ class RankProcess(ForkServerProcess):
     def _Popen(process_obj: Any) -> Any:
         return _Popen(process_obj, process_obj._server)
 
-    def __getstate__(self) -> dict[str, Any]:  # the server (a lock, a socket address) stays here
+    def __getstate__(self) -> dict[str, object]:  # the server (a lock, a socket address) stays here
         state = dict(self.__dict__)
         state.pop("_server", None)
         return state

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from tracekit.capture.profile import MODES
-from tracekit.cli.options import message, output_option, quiet
+from tracekit.cli.options import config_of, message, output_option, quiet
 
 _MODE_HELP = "; ".join(f"{k}: {v}" for k, v in MODES.items())
 
@@ -171,28 +171,12 @@ def command(
         run_dir = runner.capture_script(list(script), out_dir, mode=mode, nsys=nsys, command=cmdline)
         message(f"wrote {run_dir}/manifest.json")
         return
-    config = runner.CaptureConfig(
-        tp=tp,
-        tokens=tokens,
-        rounds=rounds,
-        prompt=prompt,
-        batch=batch,
-        preset=preset,
-        layers=layers,
-        backend=backend,
-        device=device,
-        mode=mode,
-        seed=seed,
-        warmup=warmup,
+    config = config_of(  # the other fields: the options of the same names
+        runner.CaptureConfig,
+        click.get_current_context().params,
         inject_delay=runner.parse_inject_delay(inject_delay),
-        inject_sync=inject_sync,
-        cuda_graphs=cuda_graphs,
         compile=compile_,
-        nsys=nsys,
-        timeout_s=timeout_s,
         command=cmdline,
-        shard_of=shard_of,
-        decoder_impl=decoder_impl,
         calibrate=not no_calibrate,
     )
     if quiet() or not sys.stderr.isatty():

@@ -9,12 +9,17 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from tracekit.model.fields import copy_fields
+
 if TYPE_CHECKING:
     from tracekit.engine import Engine
+
+C = TypeVar("C")
 
 STEP_PATTERN_HELP = (
     "How to find the steps: auto (default: decode_step, then ProfilerStep#N, then a serving engine's "
@@ -152,16 +157,23 @@ def format_option(*formats: str, default: str | None = "table", help: str = "") 
 
 # -- -q/--quiet, -v/--verbose, --no-color: every command has them (main.LazyGroup adds them) ------
 
-_STATE: dict[str, Any] = {"quiet": False, "verbose": 0}
+
+@dataclass
+class _State:
+    quiet: bool = False
+    verbose: int = 0
+
+
+_STATE = _State()
 
 
 def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-    _STATE["quiet"] = bool(value)
+    _STATE.quiet = bool(value)
     return value
 
 
 def _set_verbose(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    _STATE["verbose"] = int(value or 0)
+    _STATE.verbose = int(value or 0)
     return value
 
 
@@ -201,12 +213,12 @@ def common_params() -> list[click.Parameter]:
 
 def quiet() -> bool:
     """-q/--quiet was given to the running command."""
-    return bool(_STATE["quiet"])
+    return _STATE.quiet
 
 
 def verbose() -> int:
     """How many -v the running command was given."""
-    return int(_STATE["verbose"])
+    return _STATE.verbose
 
 
 def color_enabled() -> bool:
@@ -298,8 +310,8 @@ def check_command_outputs(ctx: click.Context) -> None:
     """`check_outputs` for a command about to run: its outputs are the values of its OutputPath
     options, its inputs the values of every other parameter that names a path (tracekit.cli.main
     calls this before each command's body)."""
-    outputs: dict[str, Any] = {}
-    inputs: list[Any] = []
+    outputs: dict[str, object] = {}  # option name -> the path(s) it names
+    inputs: list[object] = []
     for param in ctx.command.params:
         value = ctx.params.get(param.name or "")
         if value is None:
@@ -500,28 +512,43 @@ def emit_document(
     )
 
 
-def engine_options(func: Any) -> Any:
-    """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
-    func = click.option(
-        "--workers",
-        type=click.IntRange(min=1),
-        default=None,
-        metavar="N",
-        help="With --engine dask: start a local Dask cluster of N worker processes (default: the CPU count).",
-    )(func)
-    func = click.option(
-        "--scheduler",
-        default=None,
-        metavar="ADDRESS",
-        help="With --engine dask: use the running Dask cluster at ADDRESS (tcp://host:8786).",
-    )(func)
-    func = click.option(
+#: --engine, --scheduler, --workers, in the order --help lists them
+_ENGINE_OPTIONS = (
+    click.option(
         "--engine",
         type=click.Choice(["local", "dask"]),
         default=None,
         help="Where the analysis runs: local (default: this machine, a process pool reads the rank "
         "files) or dask (per-rank tasks on a Dask cluster; the same JSON). Needs tracekit[dask].",
-    )(func)
+    ),
+    click.option(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="With --engine dask: use the running Dask cluster at ADDRESS (tcp://host:8786).",
+    ),
+    click.option(
+        "--workers",
+        type=click.IntRange(min=1),
+        default=None,
+        metavar="N",
+        help="With --engine dask: start a local Dask cluster of N worker processes (default: the CPU count).",
+    ),
+)
+
+
+def config_of(cls: type[C], params: Mapping[str, Any], **computed: Any) -> C:
+    """The dataclass of a command's settings (`CaptureConfig`, `SweepConfig`) from the command's
+    parameters of the same names (`click.get_current_context().params`), through
+    `model.fields.copy_fields`; `computed`: the fields parsed or renamed from the options. A
+    parameter no field has (an output path, a format) is not passed."""
+    return copy_fields(cls, SimpleNamespace(**params), **computed)
+
+
+def engine_options(func: Any) -> Any:
+    """--engine, --scheduler, --workers (tracekit.engine): where the analysis runs."""
+    for option in reversed(_ENGINE_OPTIONS):  # as stacked decorators: the last applied lists first
+        func = option(func)
     return func
 
 

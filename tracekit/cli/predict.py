@@ -3,61 +3,11 @@
 
 from __future__ import annotations
 
-import io
-
 import click
 
 from tracekit.cli.options import emit_result, out_file_option, run_option
-from tracekit.model import units
-from tracekit.model.documents import Predict, given, to_builtins
-
-
-def render_table(doc: Predict, width: int | None = None, color: bool = True) -> str:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(
-        record=True, width=width or 120, force_terminal=color, no_color=not color, file=io.StringIO()
-    )
-    pr = doc.probe
-    console.print(
-        f"Link: {pr.path} (mode {pr.mode or '-'}, {pr.ranks or '?'} ranks, "
-        f"{'CUDA-graph' if pr.graph_timed else 'eager' if pr.graph_timed is False else 'mixed'} timing)"
-    )
-    t = Table(
-        title="Per token, ms (prediction = shard alone + the collectives it skipped)", title_justify="left"
-    )
-    for c in (
-        "TP",
-        "shard",
-        "shard 95%",
-        "collectives",
-        "link flat",
-        "link ring",
-        "predicted",
-        "ring",
-        "measured",
-        "error",
-    ):
-        t.add_column(c, justify="right")
-    for r in doc.predictions:
-        sh, pn, ck = r.shard, r.predicted_ns, given(r.check)
-        n_coll = sum(c.per_token for c in r.collectives)
-        t.add_row(
-            str(r.tp),
-            units.ms(sh.per_token_ns),
-            f"{units.ms(sh.interval_ns[0])}-{units.ms(sh.interval_ns[1])}",
-            str(n_coll),
-            units.ms(r.transfer_ns.flat),
-            units.ms(r.transfer_ns.ring),
-            units.ms(pn.flat),
-            units.ms(pn.ring),
-            units.ms(ck.measured_ns) if ck else "-",
-            f"{ck.error:+.1%}" if ck else "-",
-        )
-    console.print(t)
-    console.print(f"[bold]{doc.caveat[0].upper() + doc.caveat[1:]}.[/bold]")
-    return console.export_text(styles=color)
+from tracekit.model.documents import to_builtins
+from tracekit.render import predict as view
 
 
 @click.command("predict", context_settings={"help_option_names": ["-h", "--help"]})
@@ -119,5 +69,5 @@ def command(
 
     doc = predict(list(shards), link, checks=list(checks), probe_ranks=probe_ranks)
     emit_result(
-        out, fmt, lambda: to_builtins(doc), lambda width, color: render_table(doc, width=width, color=color)
+        out, fmt, lambda: to_builtins(doc), lambda width, color: view.table(doc, width=width, color=color)
     )

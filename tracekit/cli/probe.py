@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import click
 import orjson
 
-from tracekit.cli.options import format_option, message
+from tracekit.cli.options import config_of, format_option, message
 from tracekit.cli.options import show_progress as _show_progress
 from tracekit.cli.sweep_options import fork_cpu_ranks, sweep_options, sweep_output_option
 from tracekit.errors import ProbeError
@@ -149,22 +149,13 @@ def command(
     from tracekit.probe.sweep import SweepConfig, resolve_device, run_sweep_detailed
 
     where = resolve_device(device, backend)
-    cfg = SweepConfig(
+    cfg = config_of(  # the other fields: the options of the same names
+        SweepConfig,
+        click.get_current_context().params,
         ops=spec.parse_ops(op_text),
         min_bytes=spec.parse_size(min_text or "8"),
         max_bytes=spec.parse_size(max_text or ("1G" if where == "cuda" else "16M")),
-        factor=factor,
-        iters=iters,
-        warmup=warmup,
-        dtype=dtype,
-        ranks=ranks,
-        backend=backend,
-        device=device,
         devices=spec.parse_gpus(gpus),
-        check=check,
-        graph=graph,
-        nccl_debug=nccl_debug,
-        algo_pass=algo_pass,
         log_dir=str(log_dir) if log_dir else None,
         progress=show_progress,
     )

@@ -65,13 +65,11 @@ def command(
         allow_partial=allow_partial,
         cache=run_on.cache,
     )
-    doc = result.to_json()
-    dq = doc.get("data_quality") or {}
-    if (dq.get("counts") or {}).get("baseline_workload_differs"):
+    doc = result.document()
+    dq = doc.data_quality
+    if dq.counts.get("baseline_workload_differs"):
         # a pair of two different decodes: said first, on stderr, not only in the data-quality notes
         # at the end of the table (issue 24: a CPU tiny TP=1 against an H200 7b TP=2 read as a finding)
-        note = next(
-            (n for n in dq.get("notes") or [] if "another workload" in n), "the two runs' workloads differ"
-        )
+        note = next((n for n in dq.notes if "another workload" in n), "the two runs' workloads differ")
         opt.message(f"warning: {note}")
-    opt.emit_document(out, fmt, doc, documents.Shortfall, view)
+    opt.emit_document(out, fmt, documents.to_builtins(doc), documents.Shortfall, view)

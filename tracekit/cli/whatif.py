@@ -120,11 +120,12 @@ def command(
         combos,
         check=check,
     )
-    doc = result.to_json()
-    doc["runs"]["baseline"]["path"] = baseline
-    if sharded:
-        doc["runs"]["sharded"]["path"] = sharded
-    opt.emit_document(out, fmt, doc, documents.Whatif, view, md=True)
+    doc = result.document()
+    doc.runs.baseline.path = baseline
+    shard_doc = documents.given(doc.runs.sharded)
+    if sharded and shard_doc is not None:
+        shard_doc.path = sharded
+    opt.emit_document(out, fmt, documents.to_builtins(doc), documents.Whatif, view, md=True)
 
 
 def _load_runs(

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 from tracekit.model.documents.manifest import Manifest
 
@@ -105,7 +105,7 @@ def make_events(columns: Mapping[str, Any], n: int | None = None) -> pd.DataFram
     if len(lengths) > 1:
         raise ValueError(f"event columns have different lengths: {sorted(lengths)}")
     rows = lengths.pop() if lengths else 0
-    data: dict[str, Any] = {}
+    data: dict[str, pd.Categorical | np.ndarray] = {}
     for col, dtype in COLUMNS.items():
         if col in columns:
             values = columns[col]
@@ -138,7 +138,7 @@ def check_events(df: pd.DataFrame) -> None:
 
 
 @dataclass
-class DataQuality:
+class DataQuality(Documented):
     """What a reader or analysis skipped or found suspicious, with counts. Nothing is dropped silently.
 
     `counts` maps a short, stable key (e.g. "events_without_ts", "unknown_kernel") to a count;
@@ -154,6 +154,13 @@ class DataQuality:
         if note and note not in self.notes:
             self.notes.append(note)
 
+    def add_rows(self, key: str, rows: np.ndarray, note: str) -> None:
+        """The rows a boolean mask marks, counted under `key` with `note`, when it marks any (a
+        reader's "these events were skipped")."""
+        n = int(np.count_nonzero(rows))
+        if n:
+            self.add(key, n, note)
+
     def merge(self, other: DataQuality) -> DataQuality:
         self.counts.update(other.counts)
         for note in other.notes:
@@ -165,9 +172,7 @@ class DataQuality:
         """The `data_quality` object of a document: counts by key (sorted), the notes in order."""
         return BreakdownDataQuality(counts=dict(sorted(self.counts.items())), notes=list(self.notes))
 
-    def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
+    to_dict = Documented.to_json  # the data_quality object as plain JSON values
 
 
 @dataclass

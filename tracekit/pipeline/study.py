@@ -23,13 +23,13 @@ docs/ARCHITECTURE.md); `tracekit.report` only renders what it is given.
 from __future__ import annotations
 
 import dataclasses
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
+import msgspec
 import orjson
 
 from tracekit.analyse.attribution.pair import shortfall_of_pair
@@ -39,7 +39,15 @@ from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
 from tracekit.model.documents import Breakdown, Links, Shortfall, TopKernels, decode
 from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.model.documents.base import given
+from tracekit.model.documents.manifest import (
+    ManifestInterleaved,
+    ManifestProfiled,
+    ManifestUnprofiled,
+    ManifestWorkload,
+)
 from tracekit.model.events import DataQuality
+from tracekit.read.manifests import read_manifest
 from tracekit.report.build import (
     AnalysedRuns,
     analysed_document,
@@ -199,7 +207,7 @@ def _capture_interleaved(
     blocks = max(1, config.blocks)
     per_block = max(1, -(-config.rounds // blocks))
     group = f"study-{uuid.uuid4().hex[:12]}" if blocks >= 2 and len(tps) >= 2 else None
-    manifests: dict[int, list[ManifestBlock]] = {tp: [] for tp in tps}
+    manifests: dict[int, list[ManifestDoc]] = {tp: [] for tp in tps}
     run_dirs = {tp: out_dir / f"tp{tp}" for tp in tps}
     order: list[str] = []
     for b in range(blocks):
@@ -225,67 +233,51 @@ def _capture_interleaved(
                 tell(stage, b, blocks, f"block {b + 1}/{blocks}: {phase} {done}/{total}")
 
             capture(cc, run_dirs[tp], progress=cap_progress)
-            manifests[tp].append(json.loads((run_dirs[tp] / env.MANIFEST_NAME).read_text()))
+            manifests[tp].append(read_manifest(run_dirs[tp] / env.MANIFEST_NAME).manifest)
             order.append(f"TP={tp} block {b + 1}")
             tell(stage, b + 1, blocks, "done" if b + 1 == blocks else f"block {b + 1}/{blocks} done")
     if blocks > 1:
         for tp in tps:
             merged = merge_blocks(manifests[tp], group=group, tps=tps, order=order, per_block=per_block)
-            env.atomic_write_json(run_dirs[tp] / env.MANIFEST_NAME, merged)
+            env.atomic_write_json(run_dirs[tp] / env.MANIFEST_NAME, merged.to_json())
     return run_dirs
 
 
-class ManifestPass(TypedDict, total=False):
-    """A manifest's `unprofiled` / `profiled` object, the keys `merge_blocks` merges."""
-
-    per_token_ns: dict[str, list[int]]
-    rounds: list[dict[str, list[int]]]
-    traced_round: int
-
-
-class ManifestBlock(TypedDict, total=False):
-    """One block capture's manifest.json object as written (docs/JSON.md#capture), the keys
-    `merge_blocks` reads or sets; every other key stays as the capture wrote it."""
-
-    created: str
-    workload: dict[str, object]
-    unprofiled: ManifestPass
-    profiled: ManifestPass
-    dilation: float | None
-    dilation_interval: list[float] | None
-
-
 def merge_blocks(
-    blocks: list[ManifestBlock], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
-) -> ManifestBlock:
+    blocks: list[ManifestDoc], *, group: str | None, tps: tuple[int, ...], order: list[str], per_block: int
+) -> ManifestDoc:
     """One manifest from a degree's block captures (in run order): the last block's (its trace is
     the one in the folder), with every block's unprofiled and profiled rounds in run order, the
     traced round the last, the pass order and the dilation over all of them, and
     `workload.interleaved` = {group, tp, blocks, rounds_per_block, order}. The blocks are the
-    capture's manifest.json objects as written, merged key by key, so the merged file keeps the
-    capture's layout and every field it wrote (a `Manifest` Struct would re-order and drop)."""
+    capture's manifests as read (`read_manifest`): the capture writes its Struct in field order, so
+    the merged file keeps the capture's layout and every field it wrote."""
     from tracekit.capture import environment as env
 
-    last = json.loads(json.dumps(blocks[-1]))
-    u_rounds = [r for m in blocks for r in (m.get("unprofiled") or {}).get("rounds") or []]
-    p_rounds = [r for m in blocks for r in (m.get("profiled") or {}).get("rounds") or []]
-    last["unprofiled"] = {"per_token_ns": u_rounds[0] if u_rounds else {}, "rounds": u_rounds}
-    last["profiled"] = dict(
-        last.get("profiled") or {}, rounds=p_rounds, traced_round=max(len(p_rounds) - 1, 0)
+    def rounds(p: ManifestUnprofiled | ManifestProfiled | None) -> list[dict[str, list[int]]]:
+        return (given(p.rounds) if p is not None else None) or []
+
+    last = msgspec.structs.replace(blocks[-1])  # its own copy: the fields merged are replaced whole
+    u_rounds = [r for m in blocks for r in rounds(given(m.unprofiled))]
+    p_rounds = [r for m in blocks for r in rounds(given(m.profiled))]
+    last.unprofiled = ManifestUnprofiled(per_token_ns=u_rounds[0] if u_rounds else {}, rounds=u_rounds)
+    last.profiled = msgspec.structs.replace(
+        given(last.profiled) or ManifestProfiled(), rounds=p_rounds, traced_round=max(len(p_rounds) - 1, 0)
     )
-    last["dilation"], last["dilation_interval"] = env.dilation(u_rounds, p_rounds)
-    wl = dict(last.get("workload") or {})
-    wl["rounds"] = len(p_rounds)
-    wl["pass_order"] = "".join(str((m.get("workload") or {}).get("pass_order") or "") for m in blocks)
-    wl["interleaved"] = {
-        "group": group,
-        "tp": list(tps),
-        "blocks": len(blocks),
-        "rounds_per_block": per_block,
-        "order": list(order),
-    }
-    last["workload"] = wl
-    last["created"] = blocks[0].get("created", last.get("created"))
+    last.dilation, last.dilation_interval = env.dilation(u_rounds, p_rounds)
+    last.workload = msgspec.structs.replace(
+        given(last.workload) or ManifestWorkload(),
+        rounds=len(p_rounds),
+        pass_order="".join(
+            given(wl.pass_order) or "" for m in blocks if (wl := given(m.workload)) is not None
+        ),
+        interleaved=ManifestInterleaved(
+            group=group, tp=list(tps), blocks=len(blocks), rounds_per_block=per_block, order=list(order)
+        ),
+    )
+    first_created = given(blocks[0].created)
+    if first_created is not None:
+        last.created = first_created
     return last
 
 

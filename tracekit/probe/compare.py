@@ -37,6 +37,7 @@ from tracekit.model.documents.links import (
     NcclSummary,
     ProbeRow,
 )
+from tracekit.model.fields import copy_fields
 from tracekit.probe.links import Topology, detect_topology
 from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed
 
@@ -165,21 +166,14 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
         notes.append(
             "this machine reports no NVLink between its GPUs: the 'nvlink' mode is whatever NCCL picks by default"
         )
-    base = SweepConfig(
-        ops=config.ops,
-        min_bytes=config.min_bytes,
+    # the sweep's settings are the comparison's of the same names; the mode's env and log folder per mode
+    base = copy_fields(
+        SweepConfig,
+        config,
         max_bytes=max_bytes,
-        factor=config.factor,
-        iters=config.iters,
-        warmup=config.warmup,
-        dtype=config.dtype,
         device=where,
         ranks=config.ranks if cpu_only else (len(config.gpus) if config.gpus else None),
         devices=None if cpu_only else config.gpus,
-        nccl_debug=config.nccl_debug,
-        algo_pass=config.algo_pass,
-        progress=config.progress,
-        graph=config.graph,
     )
     rows: list[ProbeRow] = []
     modes_out = []
@@ -215,19 +209,8 @@ def compare_links(config: CompareConfig, *, topology: Topology | None = None) ->
     probed = LinksProbe(
         schema_version=SCHEMA_VERSION,
         kind=KIND,
-        config=LinksConfig(
-            ops=list(config.ops),
-            modes=list(config.modes),
-            min_bytes=config.min_bytes,
-            max_bytes=max_bytes,
-            factor=config.factor,
-            iters=config.iters,
-            warmup=config.warmup,
-            dtype=config.dtype,
-            nccl_debug=config.nccl_debug,
-            algo_pass=config.algo_pass,
-            graph=config.graph,
-            pcie_p2p_level=config.pcie_p2p_level,
+        config=copy_fields(
+            LinksConfig, config, ops=list(config.ops), modes=list(config.modes), max_bytes=max_bytes
         ),
         modes=modes_out,
         rows=rows,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tracekit.model.documents.links import LinksLinksValueItem, LinksTopology
+from tracekit.model.fields import copy_fields
 
 #: NVML topology levels (nvmlGpuTopologyLevel_t) -> nvidia-smi's legend names.
 NVML_TOPOLOGY = {0: "SAME_BOARD", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -52,19 +53,7 @@ class Link:
 
     def document(self) -> LinksLinksValueItem:
         """The pair as the compare-links result's `links.links[]` entry."""
-        return LinksLinksValueItem(
-            gpu_a=self.gpu_a,
-            gpu_b=self.gpu_b,
-            link=self.link,
-            nvlinks=self.nvlinks,
-            nvlink_p2p=self.nvlink_p2p,
-            nvswitch=self.nvswitch,
-            pcie_path=self.pcie_path,
-            pcie_p2p=self.pcie_p2p,
-            source=self.source,
-            names=list(self.names),
-            bus_ids=list(self.bus_ids),
-        )
+        return copy_fields(LinksLinksValueItem, self, names=list(self.names), bus_ids=list(self.bus_ids))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.model.documents.links import NcclSummary
+from tracekit.model.fields import copy_fields
 
 _CONN_RE = re.compile(
     r"\b(?:Channel|Ring) (?P<channel>\d+)(?:/(?P<sub>\d+))? : (?P<src>\d+)\[(?P<srcdev>[0-9a-fA-Fx]+)\] -> "
@@ -227,22 +228,19 @@ def summarize(log: NcclLog) -> NcclSummary:
         key = f"{t.algo}/{t.proto}"
         algos.setdefault(t.op or "?", {})
         algos[t.op or "?"][key] = algos[t.op or "?"].get(key, 0) + 1
-    return NcclSummary(
+    # nvls_available, nvls_used, collnet, rings_connected, n_ranks, lines: the log's own
+    return copy_fields(
+        NcclSummary,
+        log,
         transport=label,
         transports=dict(by_transport),
         kinds=dict(by_kind),
         graph_types=graph,
         p2p=p2p,
         wire=wire,  # nvlink / pcie / host_memory / network / unknown (from NCCL's own log)
-        nvls_available=log.nvls_available,
-        nvls_used=log.nvls_used,
-        collnet=log.collnet,
-        rings_connected=log.rings_connected,
         algos=algos,
         nccl_version=log.version,
-        n_ranks=log.n_ranks,
         connections=len(log.connections),
-        lines=log.lines,
     )
 
 

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Sequence
 import msgspec
 
 from tracekit.analyse.collectives.bandwidth import algbw_gbps
+from tracekit.analyse.links.words import fmt_magnitude
 from tracekit.model.documents import convert
 from tracekit.model.documents.links import ROW_FLOATS, ProbeRow
 from tracekit.probe.spec import DTYPES, ROOTED, Layout, probe_factor
@@ -94,13 +95,7 @@ def make_row(
 
 def _fmt_time(us: float) -> str:
     # nccl-tests: %7.0f from 10 ms, %7.1f from 100 us, else %7.2f
-    if not math.isfinite(us):
-        return "nan"
-    if us >= 10000.0:
-        return f"{us:.0f}"
-    if us >= 100.0:
-        return f"{us:.1f}"
-    return f"{us:.2f}"
+    return fmt_magnitude(us, ((10000.0, ".0f"), (100.0, ".1f")), below=".2f", nan="nan")
 
 
 def _fmt_bw(v: float) -> str:

@@ -40,6 +40,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tracekit.model.documents.base import Documented
 from tracekit.model.documents.rho import Rho as RhoDoc
 from tracekit.model.documents.rho import RhoDevice, RhoRhoItem
 from tracekit.probe.rho_kernels import (
@@ -96,7 +97,7 @@ def anchors_for(device_name: str) -> dict[str, float]:
 
 
 @dataclass
-class Rho:
+class Rho(Documented):
     """The probe's result; `to_json()` per docs/JSON.md#rho."""
 
     device: RhoDevice
@@ -138,9 +139,6 @@ class Rho:
             rho=self.rho(),
             notes=list(self.notes),
         )
-
-    def to_json(self) -> dict[str, object]:
-        return self.document().to_json()
 
 
 def run_rho(

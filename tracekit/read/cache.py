@@ -35,7 +35,8 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 from tracekit.model.events import COLUMNS, DataQuality, Run, check_events
 
@@ -94,17 +95,37 @@ def cache_dir_for(trace: Path) -> Path | None:
     return d if _writable_dir(d) else None
 
 
-def _key(trace: Path, reader_version: str, rank: int | None) -> dict[str, Any]:
+class CacheKey(msgspec.Struct, frozen=True):
+    """What a cache entry was written from: an entry is used only for the same key (the file by
+    path, size and mtime, the reader's version, the table's columns, the --rank asked for)."""
+
+    format: str
+    path: str
+    size: int
+    mtime_ns: int
+    reader: str
+    columns: str
+    rank_arg: int | None
+
+
+class _DigestRecord(msgspec.Struct):
+    """`<entry>.sha256`: the entry's SHA-256 and the key it was written for."""
+
+    sha256: str
+    key: CacheKey
+
+
+def _key(trace: Path, reader_version: str, rank: int | None) -> CacheKey:
     st = trace.stat()
-    return {
-        "format": _FORMAT,
-        "path": str(trace.resolve()),
-        "size": st.st_size,
-        "mtime_ns": st.st_mtime_ns,
-        "reader": reader_version,
-        "columns": hashlib.sha1(json.dumps(COLUMNS).encode()).hexdigest()[:12],
-        "rank_arg": rank,
-    }
+    return CacheKey(
+        format=_FORMAT,
+        path=str(trace.resolve()),
+        size=st.st_size,
+        mtime_ns=st.st_mtime_ns,
+        reader=reader_version,
+        columns=hashlib.sha1(json.dumps(COLUMNS).encode()).hexdigest()[:12],
+        rank_arg=rank,
+    )
 
 
 def cache_path_for(trace: Path, rank: int | None = None) -> Path | None:
@@ -127,16 +148,14 @@ def digest_path(entry: Path) -> Path:
     return entry.with_name(entry.name + ".sha256")
 
 
-def _verified_bytes(cp: Path, key: dict[str, Any]) -> bytes | None:
+def _verified_bytes(cp: Path, key: CacheKey) -> bytes | None:
     """The entry's bytes when its digest record names this key and their SHA-256, else None."""
     try:
-        record = json.loads(digest_path(cp).read_text())
+        record = msgspec.json.decode(digest_path(cp).read_bytes(), type=_DigestRecord)
         data = cp.read_bytes()
-    except (OSError, ValueError):
+    except (OSError, msgspec.DecodeError):  # a ValidationError is a DecodeError
         return None
-    if not isinstance(record, dict) or record.get("key") != key:
-        return None
-    if record.get("sha256") != hashlib.sha256(data).hexdigest():
+    if record.key != key or record.sha256 != hashlib.sha256(data).hexdigest():
         return None
     return data
 
@@ -163,7 +182,7 @@ def load(trace: Path, reader_version: str, rank: int | None = None) -> Run | Non
         if meta_raw is None:
             return None
         meta = json.loads(meta_raw)
-        if meta.get("key") != key:
+        if meta.get("key") != msgspec.to_builtins(key):
             return None
         # one block per column (no consolidation copy); Arrow buffers are released as they convert
         df = table.to_pandas(split_blocks=True, self_destruct=True)
@@ -195,7 +214,7 @@ def store(trace: Path, reader_version: str, run: Run, rank: int | None = None) -
         import pyarrow.parquet as pq
 
         meta = {
-            "key": _key(trace, reader_version, rank),
+            "key": msgspec.to_builtins(_key(trace, reader_version, rank)),
             "sources": {str(k): v for k, v in run.sources.items()},
             "rank_info": {str(k): v for k, v in run.rank_info.items()},
             "data_quality": run.data_quality.to_dict(),

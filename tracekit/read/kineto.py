@@ -102,14 +102,13 @@ def _build_table(
     if n:  # one trace file spans seconds to hours: an event a day away from its median is no time
         med = float(np.median(start[~beyond])) if (~beyond).any() else 0.0
         far = ~beyond & (np.abs(start.astype(np.float64) - med) > DAY_NS)
-        if far.any():
-            dq.add(
-                "events_time_outliers",
-                int(far.sum()),
-                "events starting more than a day from the trace's median time (a timestamp in another "
-                "unit or convention) were skipped",
-            )
-            drop_far = far
+        dq.add_rows(
+            "events_time_outliers",
+            far,
+            "events starting more than a day from the trace's median time (a timestamp in another "
+            "unit or convention) were skipped",
+        )
+        drop_far = far
     kind = categorical(cat_arrays(cols.kind, np.int8), list(KIND_CATEGORIES))
     name_codes = cat_arrays(cols.name, np.int32)
     name = categorical(name_codes, list(cols.names))
@@ -187,13 +186,12 @@ def _build_table(
     assert list(table) == list(COLUMNS)
     if beyond.any() or drop_far.any():
         keep = ~(beyond | drop_far)
-        if beyond.any():
-            dq.add(
-                "events_time_out_of_range",
-                int(beyond.sum()),
-                "events whose start (baseTimeNanoseconds + ts) or end lies beyond the int64 ns range "
-                "(after the year 2262) were skipped",
-            )
+        dq.add_rows(
+            "events_time_out_of_range",
+            beyond,
+            "events whose start (baseTimeNanoseconds + ts) or end lies beyond the int64 ns range "
+            "(after the year 2262) were skipped",
+        )
         table = {k: v[keep] for k, v in table.items()}
     return make_events(table)
 

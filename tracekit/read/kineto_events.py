@@ -376,9 +376,9 @@ class Columns:
         huge_dur = dur_ok & (np.abs(dur_us) >= MAX_DUR_US)
         if huge_dur.any():  # would not fit int64 ns (or spans centuries): unusable
             dur_ok &= ~huge_dur
-            self.dq.add(
+            self.dq.add_rows(
                 "events_huge_dur",
-                int(huge_dur.sum()),
+                huge_dur,
                 f"events with a dur of {MAX_DUR_US:.0e} us or more (beyond int64 ns) were skipped",
             )
         dur_ns = np.zeros(n, np.int64)

@@ -24,9 +24,9 @@ from tracekit.read.kineto_decode import (
     coerce_lenient,
 )
 from tracekit.read.limits import (
-    ENV_MAX_BYTES,
-    ENV_MAX_EVENTS,
     ENV_MAX_TOKEN_BYTES,
+    OVER_MAX_BYTES,
+    OVER_MAX_EVENTS,
     current_limits,
     describe_bytes,
 )
@@ -92,8 +92,7 @@ class Stream:
             if self.total_bytes > self.limits.max_bytes:
                 raise TraceFormatError(
                     self.path,
-                    f"more than {describe_bytes(self.limits.max_bytes)} of JSON once decompressed: the limit on "
-                    f"decompressed bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)",
+                    f"more than {describe_bytes(self.limits.max_bytes)} of JSON once decompressed: {OVER_MAX_BYTES}",
                     offset=self.limits.max_bytes,
                 )
 
@@ -102,8 +101,7 @@ class Stream:
         if self.events_seen > self.limits.max_events:
             raise TraceFormatError(
                 self.path,
-                f"more than {self.limits.max_events} events: the limit on events "
-                f"(--max-events or {ENV_MAX_EVENTS}; raise it to read this file)",
+                f"more than {self.limits.max_events} events: {OVER_MAX_EVENTS}",
                 event_index=self.limits.max_events,
             )
 

@@ -33,6 +33,11 @@ from tracekit.errors import TracekitError
 ENV_MAX_BYTES = "TRACEKIT_MAX_BYTES"
 ENV_MAX_EVENTS = "TRACEKIT_MAX_EVENTS"
 ENV_MAX_TOKEN_BYTES = "TRACEKIT_MAX_TOKEN_BYTES"
+#: how an error past a limit ends, the same for every reader (Kineto's JSON, an nsys report)
+OVER_MAX_BYTES = (
+    f"the limit on decompressed bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)"
+)
+OVER_MAX_EVENTS = f"the limit on events (--max-events or {ENV_MAX_EVENTS}; raise it to read this file)"
 
 DEFAULT_MAX_BYTES = 16 << 30
 DEFAULT_MAX_EVENTS = 40_000_000

@@ -67,7 +67,7 @@ def _drop(doc: Any, where: str) -> str | None:
     return "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in steps).removeprefix(".")
 
 
-def _typed_manifest(work: dict[str, Any], name: str) -> tuple[Manifest, list[tuple[str, str]]]:
+def _typed_manifest(work: dict[str, object], name: str) -> tuple[Manifest, list[tuple[str, str]]]:
     """`work` (a manifest's JSON object, changed: the fields that do not fit are removed) as the
     typed document, and the notes (data_quality key, sentence) for the fields left out because
     their values do not fit; its keys the Struct does not know kept in `unknown_fields`."""
@@ -168,7 +168,7 @@ def inside_run_folder(name: object) -> bool:
     return not (posix.is_absolute() or win.drive or win.root or ".." in posix.parts or ".." in win.parts)
 
 
-def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
+def check_manifest(doc: dict[str, object], name: str) -> list[tuple[str, str]]:
     """Leave out (in place) the workload fields that are malformed or out of bounds, so that no
     consumer sizes a loop or a set by them (tp 10**30, per_token 1e9); the notes saying so."""
     notes: list[tuple[str, str]] = []
@@ -230,7 +230,7 @@ def check_manifest(doc: dict[str, Any], name: str) -> list[tuple[str, str]]:
     return notes
 
 
-def _drop_unbounded_numbers(doc: dict[str, Any], name: str, notes: list[tuple[str, str]]) -> None:
+def _drop_unbounded_numbers(doc: dict[str, object], name: str, notes: list[tuple[str, str]]) -> None:
     """Every number of the manifest, at any depth: one that is not finite (Python's JSON reads NaN,
     Infinity) or lies beyond +-MAX_MANIFEST_NUMBER is removed where it is (a key of an object is
     deleted, an item of a list becomes null), so no consumer computes with it (unprofiled.per_token_ns

@@ -41,7 +41,7 @@ import numpy as np
 from tracekit.errors import TraceFormatError
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
 from tracekit.read import cache as cache_mod
-from tracekit.read.limits import ENV_MAX_BYTES, ENV_MAX_EVENTS, current_limits, describe_bytes
+from tracekit.read.limits import OVER_MAX_BYTES, OVER_MAX_EVENTS, current_limits, describe_bytes
 from tracekit.read.nsys_meta import (
     assign_ranks,
     enum_table,
@@ -194,8 +194,7 @@ def decompress_sqlite(gz: Path) -> tuple[Path, Path | None]:
                 if written > max_bytes:
                     raise TraceFormatError(
                         gz,
-                        f"more than {describe_bytes(max_bytes)} once decompressed: the limit on decompressed "
-                        f"bytes (--max-bytes or {ENV_MAX_BYTES}; raise it to read this file)",
+                        f"more than {describe_bytes(max_bytes)} once decompressed: {OVER_MAX_BYTES}",
                         offset=raw.tell(),
                     )
                 try:
@@ -293,8 +292,7 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     if n_rows > max_events:
         raise TraceFormatError(
             given,
-            f"{n_rows} event rows, more than {max_events}: the limit on events (--max-events or "
-            f"{ENV_MAX_EVENTS}; raise it to read this file)",
+            f"{n_rows} event rows, more than {max_events}: {OVER_MAX_EVENTS}",
         )
     cells = TextCells()
     con.text_factory = cells.decode
@@ -491,18 +489,16 @@ def _read(con: sqlite3.Connection, db: Path, given: Path, rank: int | None) -> R
     start = merged["start_ns"].astype(np.int64)
     end = merged["end_ns"].astype(np.int64)
     bad = end < start
-    if bad.any():
-        dq.add("nsys_end_before_start", int(bad.sum()), "events ending before they start were left out")
+    dq.add_rows("nsys_end_before_start", bad, "events ending before they start were left out")
     # nsys times count ns from the session start: one before it, or 146 years after it, is no time
     # (and near 2**63 it would wrap around when the sessions of several reports are aligned)
     odd = ~bad & ((start < 0) | (end > 1 << 62))
-    if odd.any():
-        dq.add(
-            "nsys_times_out_of_range",
-            int(odd.sum()),
-            "events starting before the session start (negative) or ending beyond 2**62 ns were left out",
-        )
-        bad |= odd
+    dq.add_rows(
+        "nsys_times_out_of_range",
+        odd,
+        "events starting before the session start (negative) or ending beyond 2**62 ns were left out",
+    )
+    bad |= odd
     if bad.any():
         merged = {c: v[~bad] for c, v in merged.items()}
         start = start[~bad]

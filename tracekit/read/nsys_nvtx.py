@@ -105,23 +105,14 @@ def read_nvtx(
     tally(pid[is_mark], "nvtx_marks")
     is_range = (etype == types["NvtxPushPopRange"]) | (etype == types["NvtxStartEndRange"])
     known = is_range | is_mark | dom_rows | (etype == NVTX_CATEGORY)
-    if (~known).any():
-        dq.add(
-            "nvtx_other_event_types",
-            int((~known).sum()),
-            "NVTX events of other types (not ranges) were skipped",
-        )
+    dq.add_rows("nvtx_other_event_types", (~known), "NVTX events of other types (not ranges) were skipped")
     end_null = np.array([e is None for e in arr[:, 1]])
     unclosed = is_range & end_null
-    if unclosed.any():
-        dq.add("nvtx_unclosed_ranges", int(unclosed.sum()), "NVTX ranges without an end were left out")
+    dq.add_rows("nvtx_unclosed_ranges", unclosed, "NVTX ranges without an end were left out")
     sel = is_range & ~end_null & ~no_tid
-    if (is_range & no_tid).any():
-        dq.add(
-            "nvtx_ranges_without_thread",
-            int((is_range & no_tid).sum()),
-            "NVTX ranges without a thread were left out",
-        )
+    dq.add_rows(
+        "nvtx_ranges_without_thread", (is_range & no_tid), "NVTX ranges without a thread were left out"
+    )
     if not sel.any():
         return
     pid_s = pid[sel]

@@ -357,7 +357,7 @@ def stream_ids(raw: np.ndarray) -> np.ndarray:
 class KindPart:
     """Columns of one event kind, before ranks are assigned (`pid` decides the rank)."""
 
-    def __init__(self, kind: str, pid: np.ndarray, cols: dict[str, Any]):
+    def __init__(self, kind: str, pid: np.ndarray, cols: dict[str, np.ndarray]):
         self.kind = kind
         self.pid = pid
         self.cols = cols

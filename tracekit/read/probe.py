@@ -10,10 +10,13 @@ reads back as NaN (`nan_for_null`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 from tracekit.errors import TracekitError, load_json_file
 from tracekit.model.documents import DocumentError, convert
 from tracekit.model.documents.links import LinksProbe, ProbeRow, nan_for_null
+
+T = TypeVar("T")
 
 
 def read_probe(
@@ -22,6 +25,15 @@ def read_probe(
     """The probe file at `path` typed: a list of rows, or an object with `rows` (the probe's part of
     a compare-links result; `kind`, when given, must be its `kind`). `error` in one line naming the
     file when it is not one (`what` names the file in the message: "compare-links result")."""
+    return read_rows_file(path, LinksProbe, what=what, error=error, kind=kind)
+
+
+def read_rows_file(
+    path: str | Path, doc: type[T], *, what: str, error: type[TracekitError], kind: str | None = None
+) -> T | list[ProbeRow]:
+    """A file of probe rows at `path` typed: a list of rows, or an object with `rows` as `doc`
+    (`LinksProbe`: the probe's part of a compare-links result; `Links`: all of it, for the report).
+    `kind`, `what` and `error` as in `read_probe`."""
     p = Path(path)
     obj = load_json_file(p, what, error)
     if kind is not None and (not isinstance(obj, dict) or obj.get("kind") != kind):
@@ -31,7 +43,7 @@ def read_probe(
         if isinstance(obj, list):
             return convert(nan_for_null(obj), list[ProbeRow])
         if isinstance(obj, dict) and "rows" in obj:
-            return convert({**obj, "rows": nan_for_null(obj["rows"])}, LinksProbe)
+            return convert({**obj, "rows": nan_for_null(obj["rows"])}, doc)
     except DocumentError as exc:
         raise error(f"{p} at {exc.where or '$'}: not a {what} ({exc})") from None
     raise error(f"{p}: not a {what} (a list of probe rows, or an object with 'rows')")

@@ -75,7 +75,7 @@ def concat_runs(runs: Sequence[Run]) -> Run:
     else:
         order = sorted(range(len(runs)), key=lambda i: min(runs[i].sources) if runs[i].sources else 0)
         frames = [runs[i].events for i in order]
-        cols: dict[str, Any] = {}
+        cols: dict[str, pd.Categorical | np.ndarray] = {}
         for col, dtype in COLUMNS.items():
             if dtype == "category":
                 cols[col] = _union_categoricals([f[col] for f in frames])

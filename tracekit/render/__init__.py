@@ -1,7 +1,7 @@
 """Rendering of analysis results: one view per result, built from its typed document
 (`tracekit.model.documents`), and the writers (text, Markdown, CSV, JSON) they all go through.
 
-- `shortfall`, `breakdown`, `diff`, `whatif`, `links` (compare-links): `table(doc, width, color)`
+- `shortfall`, `breakdown`, `diff`, `whatif`, `roofline`, `predict`, `links` (compare-links): `table(doc, width, color)`
   (and `markdown(doc)` where the command writes Markdown), each from the command's document;
 - `writers`: the recording console, Markdown tables, CSV, JSON text;
 - the verdict and diagnosis sentences are analysis output (they are in the JSON), so they live in

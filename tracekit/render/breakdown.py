@@ -6,7 +6,7 @@ from __future__ import annotations
 from tracekit.model import units
 from tracekit.model.documents import Breakdown, given
 from tracekit.model.parts import PARTS
-from tracekit.render.writers import Table, console_text, text_console
+from tracekit.render.writers import Table, console_text, text_console, titled_table
 
 #: Steps listed in the terminal table (the per-rank and per-token summaries cover all of them).
 MAX_STEP_ROWS = 40
@@ -32,9 +32,7 @@ def table(doc: Breakdown, width: int | None = None, color: bool = True) -> str:
         )
     )
 
-    steps = Table(title="Steps (ms)", title_justify="left")
-    for col in ("rank", "step", "window", *PARTS, "overlapped coll."):
-        steps.add_column(col, justify="right")
+    steps = titled_table("Steps (ms)", ("rank", "step", "window", *PARTS, "overlapped coll."))
     shown = doc.steps[:MAX_STEP_ROWS]
     for s in shown:
         steps.add_row(
@@ -50,11 +48,11 @@ def table(doc: Breakdown, width: int | None = None, color: bool = True) -> str:
             f"  ... {len(doc.steps) - len(shown)} more steps (all of them with --format csv or json)"
         )
 
-    per_rank = Table(
-        title="Per rank: median over steps, ms and share of the median step", title_justify="left"
+    per_rank = titled_table(
+        "Per rank: median over steps, ms and share of the median step",
+        ("rank", "steps", "timeline", "step", *PARTS),
+        no_wrap=True,
     )
-    for col in ("rank", "steps", "timeline", "step", *PARTS):
-        per_rank.add_column(col, justify="right", no_wrap=True)
     for r in doc.per_rank:
         total = r.step_ns_median
         med = r.parts_ns_median
@@ -65,11 +63,10 @@ def table(doc: Breakdown, width: int | None = None, color: bool = True) -> str:
     console.print(per_rank)
 
     pt = doc.per_token
-    tok = Table(
-        title="Per token (step: the longest window; parts: mean over ranks), ms", title_justify="left"
+    tok = titled_table(
+        "Per token (step: the longest window; parts: mean over ranks), ms",
+        ("", "median", "p10", "p90", "mean", "share of median step"),
     )
-    for col in ("", "median", "p10", "p90", "mean", "share of median step"):
-        tok.add_column(col, justify="right")
     step_med = pt.step_ns.median
     tok.add_row(
         f"step (n={pt.step_ns.n})",
@@ -100,9 +97,7 @@ def table(doc: Breakdown, width: int | None = None, color: bool = True) -> str:
     )
     console.print(tok)
 
-    kc = Table(title="GPU activity by class (whole trace)", title_justify="left")
-    for col in ("class", "count", "total ms"):
-        kc.add_column(col, justify="right")
+    kc = titled_table("GPU activity by class (whole trace)", ("class", "count", "total ms"))
     for cls, v in doc.kernels_by_class.items():
         kc.add_row(cls, str(v.count), units.ms(v.total_ns))
     kc.add_row("", "", "")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from tracekit.model import units
 from tracekit.model.documents import Diff
 from tracekit.model.documents.shortfall import ShortfallAppliedBaseline
-from tracekit.render.writers import Table, console_text, escape, markdown_table, text_console
+from tracekit.render.writers import console_text, escape, markdown_table, text_console, titled_table
 
 #: one rendered table: title, header, rows (strings)
 Section = tuple[str, list[str], list[list[str]]]
@@ -212,9 +212,7 @@ def table(doc: Diff, width: int | None = None, color: bool = True) -> str:
         console.print(f"[bold]Warning:[/bold] {escape(warning)}")
     console.print()
     for title, header, rows in sections(doc):
-        t = Table(title=escape(title), title_justify="left")
-        for i, h in enumerate(header):
-            t.add_column(escape(h), justify="left" if i == 0 else "right")
+        t = titled_table(escape(title), [escape(h) for h in header], left=[escape(h) for h in header[:1]])
         for r in rows:
             t.add_row(*[escape(c) for c in r])
         console.print(t)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from tracekit.analyse.compute.kernel_scaling import short_kernel_name
 from tracekit.model import units
 from tracekit.model.documents import Roofline
-from tracekit.render.writers import Table, console_text, text_console
+from tracekit.render.writers import console_text, text_console, titled_table
 
 
 def _num(x: float | None) -> str:
@@ -32,9 +32,11 @@ def table(doc: Roofline, width: int | None = None, color: bool = True) -> str:
         f"{_num(pk.matrix_tflops)} TFLOP/s ({pk.matrix_source}). Shapes: {doc.shapes.source}."
     )
     if doc.by_role:
-        t = Table(title="By role (per token, one rank)", title_justify="left")
-        for c in ("role", "units", "ms", "floor ms", "lost ms", "GB/s", "TFLOP/s", "of roofline"):
-            t.add_column(c, justify="left" if c == "role" else "right")
+        t = titled_table(
+            "By role (per token, one rank)",
+            ("role", "units", "ms", "floor ms", "lost ms", "GB/s", "TFLOP/s", "of roofline"),
+            left=("role",),
+        )
         for r in doc.by_role:
             t.add_row(
                 "other kernels (norms, rotary, casts, copies)" if r.role == "other" else r.role,
@@ -47,9 +49,11 @@ def table(doc: Roofline, width: int | None = None, color: bool = True) -> str:
                 "-" if r.efficiency is None else f"{r.efficiency:.0%}",
             )
         console.print(t)
-    t = Table(title="Kernels losing the most time against their own roofline", title_justify="left")
-    for c in ("kernel", "role", "per token", "ms", "floor ms", "lost ms"):
-        t.add_column(c, justify="left" if c in ("kernel", "role") else "right")
+    t = titled_table(
+        "Kernels losing the most time against their own roofline",
+        ("kernel", "role", "per token", "ms", "floor ms", "lost ms"),
+        left=("kernel", "role"),
+    )
     for lost in doc.top_lost:
         t.add_row(
             short_kernel_name(lost.name),

@@ -10,7 +10,7 @@ from tracekit.model import units
 from tracekit.model.documents import Shortfall, given
 from tracekit.model.documents.shortfall import ShortfallComputeScaling
 from tracekit.model.parts import PATH_PARTS
-from tracekit.render.writers import Console, Table, console_text, text_console
+from tracekit.render.writers import Console, Table, console_text, text_console, titled_table
 
 _SCALING_WORDS = {
     "replicated": "replicated (did not shrink)",
@@ -40,13 +40,12 @@ def compute_scaling_table(console: Console, cs: ShortfallComputeScaling | None, 
     classes = given(cs.classes) if cs is not None and cs.available else None
     if cs is None or classes is None:
         return
-    t = Table(
-        title=f"Compute that did not shrink, by kernel: {units.ms(given(cs.compute_term_ns))} ms per token = the "
+    t = titled_table(
+        f"Compute that did not shrink, by kernel: {units.ms(given(cs.compute_term_ns))} ms per token = the "
         f"classes + residual (TP=1 -> TP={n}, per rank)",
-        title_justify="left",
+        ("class", "lost ms", "kernels/token", "TP=1 ms", f"TP={n} ms", "top kernel (lost ms)"),
+        left=("class", "top kernel (lost ms)"),
     )
-    for col in ("class", "lost ms", "kernels/token", "TP=1 ms", f"TP={n} ms", "top kernel (lost ms)"):
-        t.add_column(col, justify="left" if col in ("class", "top kernel (lost ms)") else "right")
     for c in ("replicated", "partly_shrank", "shrank", "added", "removed"):
         v = getattr(classes, c)
         if not v.kernels_per_token:
@@ -88,12 +87,10 @@ def table(doc: Shortfall, width: int | None = None, color: bool = True) -> str:
 
     pt = doc.per_token_ns
     n = doc.n_ranks
-    head = Table(
-        title=f"Per-token time (ms; source: {doc.per_token_source}, mean over steady steps)",
-        title_justify="left",
+    head = titled_table(
+        f"Per-token time (ms; source: {doc.per_token_source}, mean over steady steps)",
+        ("", "ms", "median ms"),
     )
-    for col in ("", "ms", "median ms"):
-        head.add_column(col, justify="right")
     med = doc.per_token_median_ns
     head.add_row(f"T1 (baseline, {doc.baseline_ranks} rank)", units.ms(pt.baseline), units.ms(med.baseline))
     head.add_row(f"TN (sharded, N={n})", units.ms(pt.sharded), units.ms(med.sharded))
@@ -105,21 +102,19 @@ def table(doc: Shortfall, width: int | None = None, color: bool = True) -> str:
     transfer_label = f"transfer ({_short(words['transfer'])})" if words.get("transfer") else "transfer"
     label = {k: k for k in doc.terms_ns} | {"transfer": transfer_label}
     agg = given(doc.aggregate)
-    terms = Table(
-        title="Attribution of S (terms sum to S exactly)" + (f"; aggregate: {agg}" if agg else ""),
-        title_justify="left",
+    terms = titled_table(
+        "Attribution of S (terms sum to S exactly)" + (f"; aggregate: {agg}" if agg else ""),
+        (
+            "term",
+            "ms",
+            "95% interval ms",
+            "share of S",
+            "p10 ms",
+            "median ms",
+            "p90 ms",
+            "uncorrected ms",
+        ),
     )
-    for col in (
-        "term",
-        "ms",
-        "95% interval ms",
-        "share of S",
-        "p10 ms",
-        "median ms",
-        "p90 ms",
-        "uncorrected ms",
-    ):
-        terms.add_column(col, justify="right")
     spread = doc.spread_ns
     unc = doc.uncorrected
     ivs = given(doc.intervals)
@@ -249,30 +244,29 @@ def table(doc: Shortfall, width: int | None = None, color: bool = True) -> str:
             + ("[bold]a straggler[/bold]" if st.is_straggler else "not a straggler")
         )
 
-    stt = Table(title="Stragglers (how often each rank arrived last at a collective)", title_justify="left")
-    for col in ("rank", "last", "of", "share"):
-        stt.add_column(col, justify="right")
+    stt = titled_table(
+        "Stragglers (how often each rank arrived last at a collective)",
+        ("rank", "last", "of", "share"),
+    )
     for s in doc.stragglers:
         stt.add_row(str(s.rank), str(s.last_count), str(s.instances), units.pct(s.share))
     console.print(stt)
 
     coll = doc.collectives
     if coll.instances:
-        ct = Table(
-            title=f"Collectives: {coll.instances} instances, {coll.per_token:.1f} per token "
+        ct = titled_table(
+            f"Collectives: {coll.instances} instances, {coll.per_token:.1f} per token "
             f"({coll.level}, matched by {', '.join(sorted(set(coll.match_by.values())))})",
-            title_justify="left",
+            (
+                "op",
+                "bytes",
+                "count",
+                "wait ms (median of per-collective max)",
+                "transfer ms (median)",
+                "skew ms (median)",
+                "busbw GB/s",
+            ),
         )
-        for col in (
-            "op",
-            "bytes",
-            "count",
-            "wait ms (median of per-collective max)",
-            "transfer ms (median)",
-            "skew ms (median)",
-            "busbw GB/s",
-        ):
-            ct.add_column(col, justify="right")
         for o in coll.by_op:
             ct.add_row(
                 o.op,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from tracekit.model import units
 from tracekit.model.documents import Whatif, given
-from tracekit.render.writers import Table, console_text, markdown_table, text_console
+from tracekit.render.writers import console_text, markdown_table, text_console, titled_table
 
 
 def _rows(doc: Whatif) -> tuple[list[str], list[list[str]]]:
@@ -108,21 +108,18 @@ def table(doc: Whatif, width: int | None = None, color: bool = True) -> str:
     for line in _summary(doc):
         console.print(line)
     head, rows = _rows(doc)
-    t = Table(
-        title="Predicted per-token time under each knob (ms, mean over steady steps)", title_justify="left"
+    t = titled_table(
+        "Predicted per-token time under each knob (ms, mean over steady steps)",
+        head,
     )
-    for h in head:
-        t.add_column(h, justify="right")
     for row in rows:
         t.add_row(*row)
     console.print(t)
     if given(doc.shapley_ns) is not None:
-        s = Table(
-            title="S split by counterfactuals (Shapley values, sum to S) beside the accounting",
-            title_justify="left",
+        s = titled_table(
+            "S split by counterfactuals (Shapley values, sum to S) beside the accounting",
+            ("knob", "ms", "share", "accounting term", "ms", "share"),
         )
-        for h in ("knob", "ms", "share", "accounting term", "ms", "share"):
-            s.add_column(h, justify="right")
         for row in _shapley_rows(doc):
             s.add_row(*row)
         console.print(s)

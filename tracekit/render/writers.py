@@ -7,7 +7,8 @@ from __future__ import annotations
 import io
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,6 +23,7 @@ __all__ = [
     "markdown_cell",
     "markdown_table",
     "text_console",
+    "titled_table",
 ]
 
 
@@ -35,6 +37,15 @@ def text_console(width: int | None, color: bool, default_width: int = 120) -> Co
         no_color=not color,
         file=io.StringIO(),
     )
+
+
+def titled_table(title: str, columns: Iterable[str], *, left: Collection[str] = (), **column: Any) -> Table:
+    """A rich table of every view: its title on the left, then `columns`, right-aligned (numbers)
+    but for those named in `left`; `column`: further settings of every column (`no_wrap=True`)."""
+    t = Table(title=title, title_justify="left")
+    for c in columns:
+        t.add_column(c, justify="left" if c in left else "right", **column)
+    return t
 
 
 def console_text(console: Console, color: bool = False) -> str:

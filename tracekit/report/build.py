@@ -15,19 +15,17 @@ from typing import Any, TypeVar
 
 import orjson
 
-from tracekit.errors import TracekitError, load_json_file
+from tracekit.errors import TracekitError
 from tracekit.model.documents import (
     Breakdown,
-    DocumentError,
     Links,
     ProbeRow,
     Shortfall,
     TopKernels,
-    convert,
     decode,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
-from tracekit.model.documents.links import nan_for_null
+from tracekit.read.probe import read_rows_file
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extra_section import ExtraSection
 
@@ -98,19 +96,10 @@ def top_kernels_document(run: Any, step_pattern: str | None) -> TopKernels:
 
 def load_links(path: str | Path) -> Links | list[ProbeRow]:
     """A compare-links result (an object with `rows`) or a probe JSON (a list of rows), decoded
-    once into its Struct; ReportError in one line naming the file and where it stops fitting: the
-    byte when it is unreadable or not JSON (`errors.load_json_file`), the JSON path when a field is
-    not of its Struct's shape."""
-    p = Path(path)
-    obj = load_json_file(p, "links file", ReportError)
-    try:
-        if isinstance(obj, list):
-            return convert(nan_for_null(obj), list[ProbeRow])
-        if isinstance(obj, dict) and "rows" in obj:
-            return convert({**obj, "rows": nan_for_null(obj["rows"])}, Links)
-    except DocumentError as exc:
-        raise ReportError(f"{p} at {exc.where or '$'}: not a links file: {exc}") from None
-    raise ReportError(f"{p}: expected a compare-links result (an object with 'rows') or a list of probe rows")
+    once into its Struct (`tracekit.read.probe.read_rows_file`); ReportError in one line naming the
+    file and where it stops fitting: the byte when it is unreadable or not JSON, the JSON path when a
+    field is not of its Struct's shape."""
+    return read_rows_file(path, Links, what="links file", error=ReportError)
 
 
 def report_from_dirs(

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import datetime as _dt
 
-import msgspec
-
 from tracekit._version import __version__
 from tracekit.model.documents import Breakdown, Links, ProbeRow, Shortfall, TopKernels, given, to_builtins
 from tracekit.model.documents import Manifest as ManifestDoc
 from tracekit.model.documents.report import (
+    Report,
     ReportAttribution,
     ReportBusbw,
     ReportByOpItem,
@@ -29,9 +28,7 @@ from tracekit.model.documents.report import (
     ReportCompute,
     ReportCriticalPath,
     ReportDilation,
-    ReportKeyFigure,
     ReportLinks,
-    ReportManifest,
     ReportPerRankItem_,
     ReportPerTokenNs,
     ReportRun_,
@@ -81,7 +78,7 @@ DEFAULT_DILATION_THRESHOLD = 0.10
 # the document
 
 
-class ReportData(msgspec.Struct, kw_only=True):
+class ReportData(Report, kw_only=True):
     """Everything a report shows, typed: the `Report` document's sections
     (`tracekit.model.documents.report`, docs/JSON.md#report), fields in the JSON's order.
 
@@ -118,34 +115,14 @@ class ReportData(msgspec.Struct, kw_only=True):
     - `notes`: sentences about what is missing or was skipped.
     - `extras`: one section per other command's JSON given with `--extra` (decompose, advise, rho,
       whatif, diff; `tracekit.report.extras`); in the JSON only when there is one.
+
+    The fields are the `Report` document's (one list, so the JSON's order is the document's);
+    here `verdict` and `dilation` are always set and `extras` hold the renderers' sections.
     """
 
-    kind: str = KIND
-    schema_version: str = SCHEMA_VERSION
-    headline: str = ""
-    verdict: str
-    dilation: ReportDilation
-    key_figures: list[ReportKeyFigure] = []
-    per_token_ns: ReportPerTokenNs
-    n_ranks: int
-    attribution: ReportAttribution | None
-    runs: list[ReportRun_]
-    collectives: ReportCollectives | None
-    stragglers: list[ShortfallStraggler_]
-    busbw: ReportBusbw
-    links: ReportLinks | None
-    manifests: list[ReportManifest]
-    notes: list[str] = []
-    diagnosis: str = ""
-    per_rank: list[ReportPerRankItem_] | None = None
-    critical_path: ReportCriticalPath | None = None
-    straggler: ReportStraggler_ | None = None
-    term_words: dict[str, str] = {}
-    per_token_label: str = ""
-    extras: list[ExtraSection] = []
-    title: str = "tracekit report"
-    created: str = ""
-    generator: str = f"tracekit {__version__}"
+    verdict: str  # always a sentence here (the document allows null)
+    dilation: ReportDilation  # always built here (the document allows null)
+    extras: list[ExtraSection] = []  # the sections with their text columns; `to_json` writes documents
 
     def to_json(self) -> dict[str, object]:
         """The document as plain dicts and lists, in field order (`kind` and `schema_version`
@@ -369,6 +346,9 @@ def build_report_data(
             notes.append(f"{m.role}: the capture is incomplete (a rank failed): {to_builtins(m.errors)}")
 
     data = ReportData(
+        kind=KIND,
+        schema_version=SCHEMA_VERSION,
+        headline="",  # set below, from the data
         verdict=verdict,
         diagnosis=diagnosis,
         dilation=dilation,
@@ -389,7 +369,9 @@ def build_report_data(
         term_words=term_words,
         extras=list(extras or []),
         title=title or "tracekit report",
+        per_token_label="",  # set below, from the data
         created=created or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        generator=f"tracekit {__version__}",
     )
     data.key_figures = key_figures(data)
     data.headline = headline_line(data)

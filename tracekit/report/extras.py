@@ -2,7 +2,7 @@
 
 `tracekit report --extra FILE.json` (repeatable) adds one section per file, chosen by the JSON's
 `kind` (`tracekit.decompose`, `tracekit.advise`, `tracekit.rho`, `tracekit.whatif`,
-`tracekit.diff`; docs/JSON.md). Data before rendering: `extra_section(doc, path)` returns a frozen
+`tracekit.diff`; docs/JSON.md). Data before rendering: `extra_section(doc, path)` returns an
 `ExtraSection` (the one-sentence answer, its key figures, tables of printed cells, notes); the HTML
 and Markdown renderers only lay it out, escaping every cell (names, paths and knob specs come from
 the files). The numbers print through `data.fmt_*`, so a section reads the same in both formats.
@@ -143,7 +143,7 @@ def extra_section(
             f"{path or 'document'}: a {kind} document without the expected fields ({exc!r})"
         ) from None
     key = key or cmd
-    figures = tuple(msgspec.structs.replace(f, key=f"extra.{key}.{f.key}") for f in parts.figures)
+    figures = [msgspec.structs.replace(f, key=f"extra.{key}.{f.key}") for f in parts.figures]
     return ExtraSection(
         key=key,
         kind=kind,
@@ -152,9 +152,10 @@ def extra_section(
         path=path,
         answer=parts.answer,
         figures=figures,
-        tables=tuple(parts.tables),
-        lines=tuple(parts.lines),
-        notes=() if isinstance(typed, Diff) else tuple(str(n) for n in typed.notes),
+        tables=[t.document() for t in parts.tables],
+        lines=list(parts.lines),
+        notes=[] if isinstance(typed, Diff) else [str(n) for n in typed.notes],
+        text_columns=[t.text_columns for t in parts.tables],
     )
 
 

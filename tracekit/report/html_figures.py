@@ -48,20 +48,24 @@ TEMPLATE = "plotly_white"
 
 
 @functools.cache
-def _template_json() -> dict[str, Any]:
+def _template_json() -> dict[str, object]:
     """TEMPLATE as a figure's layout holds it once set (plotly's validation orders its keys)."""
-    template: dict[str, Any] = go.Figure(layout={"template": TEMPLATE}).to_plotly_json()["layout"]["template"]
+    template: dict[str, object] = go.Figure(layout={"template": TEMPLATE}).to_plotly_json()["layout"][
+        "template"
+    ]
     return template
 
 
-def figure_json(fig: go.Figure) -> dict[str, Any]:
+def figure_json(fig: go.Figure) -> dict[str, object]:
     """`fig.to_plotly_json()` with layout.template TEMPLATE's JSON, first in the layout as plotly puts
     it. Setting the template on each figure (`template="plotly_white"`) deep-copied and validated
     it, then copied it again into the JSON: ~25 ms a figure, half of rendering a report page. The
     template dict is shared between calls: copy the result before changing it (html.py's `_clean`
     rebuilds every dict and list)."""
-    j: dict[str, Any] = fig.to_plotly_json()
-    layout = {k: v for k, v in j["layout"].items() if k != "template"}
+    j: dict[str, object] = fig.to_plotly_json()  # plotly's JSON, not a tracekit document
+    fig_layout = j["layout"]
+    assert isinstance(fig_layout, dict)
+    layout = {k: v for k, v in fig_layout.items() if k != "template"}
     j["layout"] = {"template": _template_json(), **layout}
     return j
 
@@ -82,6 +86,11 @@ def _layout(title: str, **kw: object) -> dict[str, object]:
     }
     base.update(kw)
     return base
+
+
+def _stacked_layout(title: str, yaxis_title: str) -> dict[str, object]:
+    """The layout of a figure of stacked bars, the legend in a row below it."""
+    return _layout(title, barmode="stack", yaxis_title=yaxis_title, legend={"orientation": "h", "y": -0.2})
 
 
 def fig_per_token(data: ReportData) -> go.Figure | None:
@@ -297,11 +306,9 @@ def fig_critical_path(data: ReportData) -> go.Figure | None:
         )
     )
     fig.update_layout(
-        **_layout(
+        **_stacked_layout(
             f"Critical path of a token, per rank (ranks + offset = T{data.n_ranks} = {fmt_ms(cp.step_ns)})",
-            barmode="stack",
-            yaxis_title="ms per token",
-            legend={"orientation": "h", "y": -0.2},
+            "ms per token",
         )
     )
     return fig
@@ -327,11 +334,9 @@ def fig_collectives(data: ReportData) -> go.Figure | None:
             )
         )
     fig.update_layout(
-        **_layout(
+        **_stacked_layout(
             "Per collective (op, message size): wait of the rank that waited vs transfer (medians)",
-            barmode="stack",
-            yaxis_title="us per instance",
-            legend={"orientation": "h", "y": -0.2},
+            "us per instance",
         )
     )
     return fig

@@ -7,38 +7,15 @@ from __future__ import annotations
 import json
 
 from tracekit.model.documents import given, to_builtins
-from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
+from tracekit.model.units import fmt_ms, fmt_x
 from tracekit.report.data import ReportData
 from tracekit.report.html_escape import esc
 from tracekit.report.html_figures import PART_COLOURS
-from tracekit.report.sections.fmt import (
-    fmt_bytes,
-    fmt_gbps,
-    fmt_ms_interval,
-    fmt_x_interval,
-    present_fields,
-    prose,
-)
-from tracekit.report.sections.rows import (
-    COLLECTIVE_HEADERS,
-    DILATION_APPLIED_HEADERS,
-    DILATION_HOST_CLOCK_HEADERS,
-    STRAGGLER_HEADERS,
-    TOP_KERNEL_HEADERS,
-    attribution_headers,
-    corrected,
-    dilation_figures,
-    host_clock_text,
-    path_note,
-    path_rows,
-    per_rank_rows,
-    short_name,
-    spread_text,
-    top_kernel_rows,
-    top_kernels_caption,
-    top_kernels_note,
-)
-from tracekit.report.sections.shortfall import share_text, straggler_sentence
+from tracekit.report.sections import tables
+from tracekit.report.sections.fmt import fmt_bytes, present_fields, prose
+from tracekit.report.sections.rows import dilation_summary, path_note, short_name, top_kernels_tables
+from tracekit.report.sections.shortfall import straggler_sentence
+from tracekit.report.sections.tables import Table
 
 
 def _table(headers: list[str], rows: list[list[tuple[str, bool]]], attrs: str = "") -> str:
@@ -59,40 +36,12 @@ def key_figures_table(data: ReportData) -> str:
     return f'<table id="key-figures"><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>'
 
 
-def _dilation_table(data: ReportData) -> str:
-    applied = [d for d in data.dilation.runs if d.source == "applied" and d.dilation is not None]
-    if applied:
-        rows_a = [
-            [
-                (esc(d.run), False),
-                (esc(fmt_x_interval(d.dilation, d.interval)), True),
-                (esc(fmt_ms(d.traced_mean_ns)), True),
-                (esc(fmt_ms(d.unprofiled_mean_ns)), True),
-                (esc(host_clock_text(d)), True),
-            ]
-            for d in applied
-        ]
-        return _table(
-            list(DILATION_APPLIED_HEADERS),
-            rows_a,
-            ' id="dilation-table"',
-        )
-    runs = [d for d in data.dilation.runs if d.unprofiled_median_ns is not None]
-    if not runs:
+def _html(t: Table | None) -> str:
+    """A table of the report's model (`sections.tables`) as HTML: every cell escaped."""
+    if t is None:
         return ""
-    rows = [
-        [
-            (esc(d.run), False),
-            (esc(fmt_ms(d.unprofiled_median_ns)), True),
-            (esc(fmt_ms(d.profiled_median_ns)), True),
-            (esc(fmt_x(d.dilation)), True),
-        ]
-        for d in runs
-    ]
-    return _table(
-        list(DILATION_HOST_CLOCK_HEADERS),
-        rows,
-    )
+    rows = [[(f"<b>{esc(c.text)}</b>" if c.bold else esc(c.text), c.num) for c in r] for r in t.rows]
+    return _table([esc(h) for h in t.headers], rows, f' id="{t.id}"' if t.id else "")
 
 
 def attribution_table(data: ReportData) -> str:
@@ -101,46 +50,22 @@ def attribution_table(data: ReportData) -> str:
     a = data.attribution
     if a is None:
         return ""
-    s_ns = a.shortfall_ns
-    ivs = a.intervals
-    rows = []
-    for w in a.waterfall:
-        spread = spread_text(a, w)
-        row = [(esc(w.label), False), (esc(fmt_ms(w.ns)), True)]
-        if ivs is not None:
-            row.append((esc(fmt_ms_interval(w.interval_ns, 3)), True))
-        row.append((esc(share_text(w, s_ns)), True))
-        row.append((esc(spread), True))
-        rows.append(row)
-    total = [("<b>shortfall S</b>", False), (f"<b>{esc(fmt_ms(s_ns))}</b>", True)]
-    if ivs is not None:
-        total.append((esc(fmt_ms_interval(ivs.shortfall_ns, 3)), True))
-    rows.append([*total, ("100.0%", True), ("", True)])
-    headers = attribution_headers(ivs is not None)
-    table = _table(headers, rows, ' id="attribution"')
-    method = ivs.method if ivs is not None else None
-    return table + (f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else "")
-
-
-def _text_table(headers: list[str], rows: list[list[str]], attrs: str = "") -> str:
-    """A table of text rows (first column a label, the rest numbers), escaped."""
-    return _table(
-        [esc(h) for h in headers],
-        [[(esc(c), i > 0) for i, c in enumerate(r)] for r in rows],
-        attrs,
+    method = a.intervals.method if a.intervals is not None else None
+    return _html(tables.attribution_table(data)) + (
+        f'<p class="note">Intervals: {esc(prose(method))}.</p>' if method else ""
     )
 
 
 def per_rank_section(data: ReportData) -> str:
-    headers, rows = per_rank_rows(data)
-    if not rows:
+    table = tables.per_rank_table(data)
+    if table is None:
         return ""
     return "\n".join(
         [
             "<h3>Per rank</h3>",
             "<p class=\"note\">Each rank's own parts minus the baseline's, each summing to S; the aggregate is "
             "their mean. Cells: per token (share of S).</p>",
-            _text_table(headers, rows, ' id="per-rank"'),
+            _html(table),
         ]
     )
 
@@ -149,13 +74,12 @@ def critical_path_section(data: ReportData, fig_div: str) -> str:
     cp = data.critical_path
     if cp is None:
         return ""
-    headers, rows = path_rows(data)
     out = ["<h2>Critical path</h2>"]
     if cp.cause:
         out.append(f'<p class="verdict-sub" id="critical-path-cause"><b>{esc(prose(cp.cause))}</b></p>')
     out += [
         fig_div,
-        _text_table(headers, rows, ' id="critical-path"'),
+        _html(tables.path_table(data)),
         f'<p class="note">{esc(path_note(cp))}</p>',
     ]
     return "\n".join(o for o in out if o)
@@ -165,44 +89,18 @@ def collectives_tables(data: ReportData) -> str:
     out = []
     c = data.collectives
     if c and c.by_op:
-        rows = [
-            [
-                (esc(o.op), False),
-                (esc(fmt_bytes(o.bytes)), True),
-                (esc(o.count), True),
-                (esc(fmt_us(o.wait_ns_median)), True),
-                (esc(fmt_us(o.transfer_ns_median)), True),
-                (esc(fmt_us(o.skew_ns_median)), True),
-                (esc(fmt_gbps(o.busbw_gbps_median)), True),
-            ]
-            for o in c.by_op
-        ]
         out.append(
             f"<p>{esc(c.instances)} collective instances matched across ranks"
             + (f", {esc(round(c.per_token, 2))} per token" if c.per_token is not None else "")
             + ".</p>"
         )
-        out.append(
-            _table(
-                list(COLLECTIVE_HEADERS),
-                rows,
-            )
-        )
+        out.append(_html(tables.collectives_table(data)))
     st_line = straggler_sentence(data.straggler)
     if st_line:
         out.append(f'<p id="straggler">{esc(st_line)}</p>')
     if data.stragglers:
-        rows = [
-            [
-                (esc(s.rank), True),
-                (esc(s.last_count), True),
-                (esc(s.instances), True),
-                (esc(fmt_pct(s.share)), True),
-            ]
-            for s in data.stragglers
-        ]
         out.append("<h3>Stragglers: how often each rank arrives last</h3>")
-        out.append(_table(list(STRAGGLER_HEADERS), rows, ' id="stragglers"'))
+        out.append(_html(tables.stragglers_table(data)))
     return "\n".join(out)
 
 
@@ -232,12 +130,9 @@ def kernels_tables(data: ReportData) -> str:
 
 def top_kernels_html(data: ReportData) -> str:
     out = []
-    for run in data.runs:
-        rows = top_kernel_rows(run)
-        if not rows:
-            continue
+    for tk in top_kernels_tables(data):
         cells = []
-        for c, name, cnt, tot, mean, share, is_class in rows:
+        for c, name, cnt, tot, mean, share, is_class in tk.rows:
             shown = esc(short_name(name))
             label = f"<b>{shown}</b>" if is_class else f'<span title="{esc(name)}">{shown}</span>'
             swatch = (
@@ -255,9 +150,9 @@ def top_kernels_html(data: ReportData) -> str:
                     (esc(share), True),
                 ]
             )
-        out.append(f"<h3>{esc(top_kernels_caption(run))}</h3>")
-        out.append(f'<p class="note">{esc(top_kernels_note(run))}</p>')
-        out.append(_table([esc(h) for h in TOP_KERNEL_HEADERS], cells, ' class="top-kernels"'))
+        out.append(f"<h3>{esc(tk.caption)}</h3>")
+        out.append(f'<p class="note">{esc(tk.note)}</p>')
+        out.append(_table([esc(h) for h in tk.headers], cells, ' class="top-kernels"'))
     return "\n".join(out)
 
 
@@ -271,8 +166,7 @@ def links_section(data: ReportData) -> str:
     if L.modes:
         out.append(f"<p>Modes: {esc(', '.join(L.modes))}</p>")
     if L.transports:
-        rows = [[(esc(k), False), (esc(v), False)] for k, v in L.transports.items()]
-        out.append(_table(["mode", "what the run used"], rows))
+        out.append(_html(tables.transports_table(data)))
     for n in given(L.notes) or []:
         out.append(f'<p class="note">{esc(n)}</p>')
     if L.note:
@@ -303,12 +197,12 @@ def extras_section(data: ReportData) -> str:
             out.append(
                 f"<table><thead><tr><th>figure</th><th>value</th></tr></thead><tbody>{rows}</tbody></table>"
             )
-        for t in x.tables:
+        for t, text_columns in zip(x.tables, x.text_columns, strict=True):
             out.append(f"<h3>{esc(t.caption)}</h3>")
             out.append(
                 _table(
                     [esc(h) for h in t.headers],
-                    [[(_indented(c), i not in t.text_columns) for i, c in enumerate(r)] for r in t.rows],
+                    [[(_indented(c), i not in text_columns) for i, c in enumerate(r)] for r in t.rows],
                 )
             )
         out += [f'<p class="note">{esc(prose(line))}</p>' for line in x.lines]
@@ -360,12 +254,7 @@ def dilation_details(data: ReportData) -> str:
     """The profiler's dilation, the cross-check and the reconciliation: collapsed under one line
     (the figures are on the page; the reader opens it for how the traced parts were corrected)."""
     d = data.dilation
-    figures = dilation_figures(d)
-    if figures:
-        how = "removed from the per-token times" if corrected(data) else "not removed"
-        summary = f"Profiler dilation {figures} ({how}){'; above the threshold' if d.inflated else ''}: how the traced parts were reconciled"
-    else:
-        summary = "Profiler dilation unknown (no unprofiled timing)"
+    summary = dilation_summary(data, threshold_note=True)
     inner = [f'<p class="dilation" id="dilation">{esc(prose(d.sentence))}</p>']
     if d.cross_check:
         inner.append(f'<p class="dilation" id="dilation-cross-check">{esc(prose(d.cross_check))}</p>')
@@ -380,7 +269,7 @@ def dilation_details(data: ReportData) -> str:
         inner.append(
             f'<p class="note">Uncorrected (trace-only) shortfall: {esc(fmt_ms(a.uncorrected.shortfall_ns))} per token.</p>'
         )
-    inner.append(_dilation_table(data))
+    inner.append(_html(tables.dilation_table(data)))
     caution = f'<p class="warning" id="dilation-caution">{esc(prose(d.caution))}</p>' if d.caution else ""
     return (
         f'{caution}<details id="dilation-details"><summary>{esc(summary)}</summary>'

@@ -14,36 +14,13 @@ from typing import Any
 
 from tracekit.model.documents import given, to_builtins
 from tracekit.model.parts import PARTS
-from tracekit.model.units import fmt_ms, fmt_pct, fmt_us, fmt_x
+from tracekit.model.units import fmt_ms, fmt_x
 from tracekit.report.data import ReportData
-from tracekit.report.sections.fmt import (
-    fmt_bytes,
-    fmt_gbps,
-    fmt_ms_interval,
-    fmt_x_interval,
-    present_fields,
-    prose,
-)
-from tracekit.report.sections.rows import (
-    COLLECTIVE_HEADERS,
-    DILATION_APPLIED_HEADERS,
-    DILATION_HOST_CLOCK_HEADERS,
-    STRAGGLER_HEADERS,
-    TOP_KERNEL_HEADERS,
-    attribution_headers,
-    corrected,
-    dilation_figures,
-    host_clock_text,
-    path_note,
-    path_rows,
-    per_rank_rows,
-    short_name,
-    spread_text,
-    top_kernel_rows,
-    top_kernels_caption,
-    top_kernels_note,
-)
-from tracekit.report.sections.shortfall import share_text, straggler_sentence
+from tracekit.report.sections import tables
+from tracekit.report.sections.fmt import fmt_bytes, fmt_gbps, present_fields, prose
+from tracekit.report.sections.rows import dilation_summary, path_note, short_name, top_kernels_tables
+from tracekit.report.sections.shortfall import straggler_sentence
+from tracekit.report.sections.tables import Cell, Table
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
@@ -104,10 +81,23 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return out + [""]
 
 
+def _md(t: Table | None) -> list[str]:
+    """A table of the report's model (`sections.tables`) in Markdown: names escaped, numbers and
+    fixed words as they are."""
+    if t is None:
+        return []
+
+    def cell(c: Cell) -> str:
+        text = md_esc(c.text) if c.name else c.text
+        return f"**{text}**" if c.bold else text
+
+    return _table([md_esc(h) for h in t.headers], [[cell(c) for c in r] for r in t.rows])
+
+
 def _per_rank_md(data: ReportData) -> list[str]:
     """The "Per rank" table: each rank's own attribution of S beside the aggregate (mean over ranks)."""
-    headers, rows = per_rank_rows(data)
-    if not rows:
+    table = tables.per_rank_table(data)
+    if table is None:
         return []
     out = ["### Per rank", ""]
     out += [
@@ -115,7 +105,7 @@ def _per_rank_md(data: ReportData) -> list[str]:
         "Cells: per token (share of S).",
         "",
     ]
-    return out + _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
+    return out + _md(table)
 
 
 def _critical_path_md(data: ReportData) -> list[str]:
@@ -126,8 +116,7 @@ def _critical_path_md(data: ReportData) -> list[str]:
     out = ["## Critical path", ""]
     if cp.cause:
         out += [f"**{md_esc(prose(cp.cause))}**", ""]
-    headers, rows = path_rows(data)
-    out += _table([md_esc(h) for h in headers], [[md_esc(c) for c in r] for r in rows])
+    out += _md(tables.path_table(data))
     out += [md_esc(path_note(cp)), ""]
     return out
 
@@ -146,11 +135,11 @@ def _extras_md(data: ReportData) -> list[str]:
                 ["figure", "value", "key"],
                 [[md_esc(f.label), md_ours(f.text), md_code(f.key)] for f in x.figures],
             )
-        for t in x.tables:
+        for t, text_columns in zip(x.tables, x.text_columns, strict=True):
             out += [f"### {md_esc(t.caption)}", ""]
             out += _table(
                 [md_esc(h) for h in t.headers],
-                [[md_esc(c) if i in t.text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
+                [[md_esc(c) if i in text_columns else md_ours(c) for i, c in enumerate(r)] for r in t.rows],
             )
         for line in x.lines:
             out += [md_esc(prose(line)), ""]
@@ -163,12 +152,7 @@ def _dilation_md(data: ReportData) -> list[str]:
     """The profiler's dilation, the cross-check, the warning and the reconciliation, collapsed under
     one line (<details>, which GitHub and most renderers fold)."""
     d = data.dilation
-    figs = dilation_figures(d)
-    if figs:
-        how = "removed from the per-token times" if corrected(data) else "not removed"
-        summary = f"Profiler dilation {figs} ({how}): how the traced parts were reconciled"
-    else:
-        summary = "Profiler dilation unknown (no unprofiled timing)"
+    summary = dilation_summary(data, threshold_note=False)
     out = ["<details>", f"<summary>{html.escape(summary, quote=False)}</summary>", ""]
     out += [md_ours(prose(d.sentence)), ""]
     if d.cross_check:
@@ -180,42 +164,8 @@ def _dilation_md(data: ReportData) -> list[str]:
     a = data.attribution
     if a is not None:
         out += [f"Uncorrected (trace-only) shortfall: {fmt_ms(a.uncorrected.shortfall_ns)} per token.", ""]
-    out += _dilation_table_md(data)
+    out += _md(tables.dilation_table(data))
     return out + ["</details>", ""]
-
-
-def _dilation_table_md(data: ReportData) -> list[str]:
-    d = data.dilation
-    applied = [r for r in d.runs if r.source == "applied" and r.dilation is not None]
-    dil_runs = [r for r in d.runs if r.unprofiled_median_ns is not None]
-    if applied:
-        return _table(
-            list(DILATION_APPLIED_HEADERS),
-            [
-                [
-                    md_esc(r.run),
-                    fmt_x_interval(r.dilation, r.interval),
-                    fmt_ms(r.traced_mean_ns),
-                    fmt_ms(r.unprofiled_mean_ns),
-                    host_clock_text(r),
-                ]
-                for r in applied
-            ],
-        )
-    if dil_runs:
-        return _table(
-            list(DILATION_HOST_CLOCK_HEADERS),
-            [
-                [
-                    md_esc(r.run),
-                    fmt_ms(r.unprofiled_median_ns),
-                    fmt_ms(r.profiled_median_ns),
-                    fmt_x(r.dilation),
-                ]
-                for r in dil_runs
-            ],
-        )
-    return []
 
 
 def _attribution_md(data: ReportData) -> list[str]:
@@ -224,33 +174,18 @@ def _attribution_md(data: ReportData) -> list[str]:
     a = data.attribution
     if a is None:
         return []
-    s_ns = a.shortfall_ns
-    ivs = a.intervals
-    rows = []
-    for w in a.waterfall:
-        row = [md_esc(w.label), fmt_ms(w.ns)]
-        if ivs is not None:
-            row.append(fmt_ms_interval(w.interval_ns, 3))
-        rows.append([*row, share_text(w, s_ns), spread_text(a, w)])
-    total = ["**shortfall S**", f"**{fmt_ms(s_ns)}**"]
-    if ivs is not None:
-        total.append(fmt_ms_interval(ivs.shortfall_ns, 3))
-    rows.append([*total, "100.0%", ""])
-    headers = attribution_headers(ivs is not None)
-    out = _table(headers, rows)
-    method = ivs.method if ivs is not None else None
-    return out + ([f"Intervals: {md_esc(prose(method))}.", ""] if method else [])
+    method = a.intervals.method if a.intervals is not None else None
+    return _md(tables.attribution_table(data)) + (
+        [f"Intervals: {md_esc(prose(method))}.", ""] if method else []
+    )
 
 
 def _top_kernels_md(data: ReportData) -> list[str]:
     out: list[str] = []
-    for run in data.runs:
-        rows = top_kernel_rows(run)
-        if not rows:
-            continue
-        out += [f"### {md_esc(top_kernels_caption(run))}", "", md_esc(top_kernels_note(run)), ""]
+    for tk in top_kernels_tables(data):
+        out += [f"### {md_esc(tk.caption)}", "", md_esc(tk.note), ""]
         out += _table(
-            list(TOP_KERNEL_HEADERS),
+            list(tk.headers),
             [
                 [
                     f"**{md_esc(c)}**" if is_class else "",
@@ -260,7 +195,7 @@ def _top_kernels_md(data: ReportData) -> list[str]:
                     mean,
                     share,
                 ]
-                for c, name, cnt, tot, mean, share, is_class in rows
+                for c, name, cnt, tot, mean, share, is_class in tk.rows
             ],
         )
     return out
@@ -309,31 +244,13 @@ def render_markdown(data: ReportData) -> str:
         lines += ["## Collectives: wait vs transfer", ""]
         per_tok = f", {round(c.per_token, 2)} per token" if c.per_token is not None else ""
         lines += [f"{c.instances} collective instances matched across ranks{per_tok}.", ""]
-        if c.by_op:
-            lines += _table(
-                list(COLLECTIVE_HEADERS),
-                [
-                    [
-                        md_esc(o.op),
-                        fmt_bytes(o.bytes),
-                        str(o.count),
-                        fmt_us(o.wait_ns_median),
-                        fmt_us(o.transfer_ns_median),
-                        fmt_us(o.skew_ns_median),
-                        fmt_gbps(o.busbw_gbps_median),
-                    ]
-                    for o in c.by_op
-                ],
-            )
+        lines += _md(tables.collectives_table(data))
     st_line = straggler_sentence(data.straggler)
     if st_line:
         lines += [md_esc(st_line), ""]
     if data.stragglers:
         lines += ["### Stragglers: how often each rank arrives last", ""]
-        lines += _table(
-            list(STRAGGLER_HEADERS),
-            [[str(s.rank), str(s.last_count), str(s.instances), fmt_pct(s.share)] for s in data.stragglers],
-        )
+        lines += _md(tables.stragglers_table(data))
 
     b = data.busbw
     if b.probes or data.links is not None:
@@ -346,10 +263,7 @@ def render_markdown(data: ReportData) -> str:
             lines += [f"- {md_esc(n)}" for n in notes] + ([""] if notes else [])
             if L.note:
                 lines += [md_esc(L.note), ""]
-            if L.transports:
-                lines += _table(
-                    ["mode", "what the run used"], [[md_esc(k), md_esc(v)] for k, v in L.transports.items()]
-                )
+            lines += _md(tables.transports_table(data))
         for curve in b.probes:
             lines += [f"### {md_esc(curve.label)}", ""]
             lines += _table(

@@ -22,15 +22,16 @@ from tracekit.model.parts import LEAF_PARTS
 class PairCorrection:
     """What the profiler correction of a pair gives `shortfall_from_parts`: each run's correction
     (`tracekit.analyse.attribution.correction_replay.Correction`, or None), the baseline's per-token parts (`pb`) and
-    the sharded run's per rank (`per_rank_c`) the terms are taken from, the corrected attribution,
-    where T1 and TN came from (`source`: unprofiled | trace) and the sentence saying so, the shift of
-    every per-step term (corrected - traced mean), and the critical paths."""
+    the sharded run's per rank (`rank_parts`) the terms are taken from, the corrected attribution,
+    where T1 and TN came from (`per_token_source`: unprofiled | trace) and the sentence saying so, the
+    shift of every per-step term (corrected - traced mean), and the critical paths: the fields of
+    the same names of `Shortfall` are these."""
 
     corrections: dict[str, Any]
     pb: Mapping[str, Fraction]
-    per_rank_c: dict[int, dict[str, Fraction]]
+    rank_parts: dict[int, dict[str, Fraction]]
     corrected: Attribution
-    source: str
+    per_token_source: str
     reconciliation: str
     shift: dict[str, Fraction]
     path: dict[str, Any]
@@ -145,9 +146,9 @@ def correct_pair(
     return PairCorrection(
         corrections=corrections,
         pb=pb,
-        per_rank_c=per_rank_c,
+        rank_parts=per_rank_c,
         corrected=corrected,
-        source=source,
+        per_token_source=source,
         reconciliation=reconciliation,
         shift=shift,
         path=path,

@@ -20,6 +20,7 @@ from tracekit.analyse.timeline.kinds import TokenSteps
 from tracekit.errors import MatchError, RankError
 from tracekit.model.documents.base import given, to_builtins
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.fields import copy_fields
 
 
 def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
@@ -54,32 +55,24 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
     ad_b, ad_s = applied_dilation(base), applied_dilation(sharded)
 
     c = correct_pair(base, sharded, factor, uncorrected, ad_b, ad_s, dq)
-    corrections, pb, per_rank_c, corrected = c.corrections, c.pb, c.per_rank_c, c.corrected
-    source, reconciliation, shift, path, base_path = c.source, c.reconciliation, c.shift, c.path, c.base_path
-    spread = step_spread(base, sharded, factor, shift)
-    per_rank_att = {r: attribute(pb, p, factor) for r, p in per_rank_c.items()}
     per_rank_unc = {
         r: attribute(base.per_token, leaf_with_window(p), factor) for r, p in sharded.per_rank.items()
     }
-    return Shortfall(
+    # corrected, per_token_source, reconciliation, path, base_path, rank_parts, corrections: the correction's
+    return copy_fields(
+        Shortfall,
+        c,
         n_ranks=n,
         baseline=base,
         sharded=sharded,
         factor=factor,
-        corrected=corrected,
         uncorrected=uncorrected,
-        per_token_source=source,
-        reconciliation=reconciliation,
-        spread_ns=spread,
+        spread_ns=step_spread(base, sharded, factor, c.shift),
         data_quality=dq,
-        per_rank=per_rank_att,
+        per_rank={r: attribute(c.pb, p, factor) for r, p in c.rank_parts.items()},
         per_rank_uncorrected=per_rank_unc,
-        path=path,
         path_uncorrected=dict(sharded.path_token),
-        base_path=base_path,
         applied={"baseline": ad_b, "sharded": ad_s},
-        rank_parts=per_rank_c,
-        corrections=corrections,
     )
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from tracekit.analyse import prose
+from tracekit.analyse.attribution.correction_replay import Correction
 from tracekit.analyse.attribution.document import (
     SCHEMA_VERSION,
     collectives_json,
@@ -31,13 +32,13 @@ from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
 from tracekit.analyse.noise import reading as noise_reading
 from tracekit.model.documents import shortfall as sd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import PATH_PARTS, term_words
 
 
 @dataclass(frozen=True)
-class Shortfall:
+class Shortfall(Documented):
     """The attribution of S for one (baseline, sharded) pair; `to_json()` per docs/JSON.md#shortfall,
     `to_frame()` its attribution as a table."""
 
@@ -60,7 +61,7 @@ class Shortfall:
     rank_parts: dict[int, dict[str, Fraction]]  # each sharded rank's per-token leaf parts (as attributed)
     #: per run label, how its parts were corrected to its corrected per-token time
     #: (`tracekit.analyse.attribution.correction_replay.Correction`; None: not corrected)
-    corrections: dict[str, Any] = field(default_factory=dict)
+    corrections: dict[str, Correction | None] = field(default_factory=dict)
 
     @property
     def attribution(self) -> Attribution:
@@ -262,12 +263,6 @@ class Shortfall:
             steps=sd.ShortfallSteps(baseline=steps_json(self.baseline), sharded=steps_json(self.sharded)),
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, Any]:
-        """The document as plain JSON values (`to_builtins(document())`; cli/shortfall.py still reads
-        it by key)."""
-        out: dict[str, Any] = to_builtins(self.document())
-        return out
 
     def to_frame(self) -> pd.DataFrame:
         """The attribution of S as a table, from `document()` (so the two agree): one row per term

@@ -41,6 +41,7 @@ from tracekit.model.documents.base import given
 from tracekit.model.documents.breakdown import BreakdownStepKind
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.fields import copy_fields
 from tracekit.model.parts import LEAF_PARTS
 from tracekit.read.manifests import workload_step_pattern, workload_tp
 
@@ -380,15 +381,14 @@ def finish_attribution(
     dil = dilation_of(run.manifest, skip_first=skip_first, threshold=dilation_threshold)
     for note in dil.notes:
         dq.add("manifest_field_malformed", 1, f"{label}: {note}")
-    return RunParts(
+    # timeline, slowest, rank_steps, per_rank, per_token, kernels, token_steps, step_kinds: the
+    # attribution's own
+    return copy_fields(
+        RunParts,
+        att,
         n_ranks=len(run.ranks),
         ranks=list(run.ranks),
-        timeline=att.timeline,
         steps=att.table,
-        slowest=att.slowest,
-        rank_steps=att.rank_steps,
-        per_rank=att.per_rank,
-        per_token=att.per_token,
         critical=path,
         path_token=path_token,
         collectives=coll,
@@ -396,9 +396,6 @@ def finish_attribution(
         step_pattern=step_pattern,
         data_quality=dq,
         pairing=interleave_group(run.manifest),
-        kernels=att.kernels,
-        token_steps=att.token_steps,
-        step_kinds=att.step_kinds,
         graph=graph,
         profiler_calibration=manifest_calibration(run.manifest),
     )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from tracekit.model.documents import shortfall as sd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality
 
 #: Where an instance's message size came from (`CollectiveInstances.instances.bytes_source`).
@@ -40,7 +40,7 @@ PARTIAL_HINT = "pass --allow-partial (allow_partial=True from Python) to match t
 
 
 @dataclass
-class ClockAlignment:
+class ClockAlignment(Documented):
     """How the ranks' clocks were put on one time line (docs/METHOD.md section Clocks and step
     matching).
 
@@ -78,10 +78,6 @@ class ClockAlignment:
             hosts={str(r): h for r, h in sorted(self.hosts.items())},
             check=self.check,
         )
-
-    def to_json(self) -> dict[str, object]:
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 @dataclass

@@ -45,14 +45,13 @@ from tracekit.classify import classify
 from tracekit.errors import TracekitError
 from tracekit.model import units
 from tracekit.model.documents import decompose as dd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality, Run
 from tracekit.model.parts import LEAF_PARTS
 
 SCHEMA_VERSION = "1.0"
 
-#: The classes of the decomposition, in report order.
-CLASSES: tuple[str, ...] = ("matrix", "vector", "memory", "collective", "coordination", "unknown")
+#: The classes of the decomposition, in report order, and what each is in words.
 CLASS_WORDS: dict[str, str] = {
     "matrix": "matrix compute (GEMM, attention)",
     "vector": "vector compute (elementwise, norms, activations, dequantisation)",
@@ -61,6 +60,7 @@ CLASS_WORDS: dict[str, str] = {
     "coordination": "coordination (wait, sync, host gaps)",
     "unknown": "unclassified kernels",
 }
+CLASSES: tuple[str, ...] = tuple(CLASS_WORDS)
 RUNS: tuple[str, ...] = ("baseline", "intermediate", "full")
 
 BOOTSTRAP_RESAMPLES = 2000  # per run: rounds drawn with replacement, then tokens within each
@@ -258,7 +258,7 @@ def bootstrap(
 
 
 @dataclass
-class Decomposition:
+class Decomposition(Documented):
     """The decomposition of tA/tC through tB; `to_json()` per docs/JSON.md#decompose."""
 
     baseline: RunFigures
@@ -365,11 +365,6 @@ class Decomposition:
             notes=notes,
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 def decompose_runs(

@@ -41,8 +41,8 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -247,13 +247,14 @@ def diff(
     top: int = TOP,
 ) -> Diff:
     """Compare two runs of the same workload (module doc)."""
-    kw: dict[str, Any] = {
-        "step_pattern": step_pattern,
-        "skip_first": skip_first,
-        "dilation_threshold": dilation_threshold,
-        "allow_partial": allow_partial,
-    }
-    b = attribute_side(before, label=f"before ({before_path})", path=before_path, **kw)
-    a = attribute_side(after, label=f"after ({after_path})", path=after_path, **kw)
+    side = functools.partial(
+        attribute_side,
+        step_pattern=step_pattern,
+        skip_first=skip_first,
+        dilation_threshold=dilation_threshold,
+        allow_partial=allow_partial,
+    )
+    b = side(before, label=f"before ({before_path})", path=before_path)
+    a = side(after, label=f"after ({after_path})", path=after_path)
     b.label, a.label = "before", "after"
     return diff_sides(b, a, top=top, dilation_threshold=dilation_threshold)

@@ -19,7 +19,7 @@ from tracekit.analyse.compare.sides import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES,
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.model import units
 from tracekit.model.documents import diff as dd
-from tracekit.model.documents.base import to_builtins
+from tracekit.model.documents.base import Documented
 from tracekit.model.events import DataQuality
 from tracekit.model.parts import COORDINATION, PATH_PARTS
 
@@ -58,7 +58,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass
-class Diff:
+class Diff(Documented):
     """Two runs compared; `to_json()` per docs/JSON.md#diff."""
 
     before: Side
@@ -398,25 +398,19 @@ class Diff:
     # ---- tables
 
     def kernels(self) -> list[dd.DiffKernel]:
-        return _moved_table(
-            dd.DiffKernel,
-            self.before.kernels,
-            self.after.kernels,
-            ["kind", "name"],
-            ["count", "time_ns"],
-            self.top,
-            extra=["cls"],
-        )
+        return self._moved(dd.DiffKernel, "kernels", ["kind", "name"], ["count", "time_ns"], extra=["cls"])
 
     def collectives(self) -> list[dd.DiffCollective]:
-        return _moved_table(
-            dd.DiffCollective,
-            self.before.collectives,
-            self.after.collectives,
-            ["op", "bytes"],
-            ["count", "wait_ns", "transfer_ns", "time_ns"],
-            self.top,
+        return self._moved(
+            dd.DiffCollective, "collectives", ["op", "bytes"], ["count", "wait_ns", "transfer_ns", "time_ns"]
         )
+
+    def _moved(
+        self, row_type: type[T], table: str, keys: list[str], values: list[str], extra: Sequence[str] = ()
+    ) -> list[T]:
+        """`_moved_table` of the two sides' table `table` (a Side attribute), the top `self.top`."""
+        before, after = getattr(self.before, table), getattr(self.after, table)
+        return _moved_table(row_type, before, after, keys, values, self.top, extra=extra)
 
     def document(self) -> dd.Diff:
         """The document of docs/JSON.md#diff."""
@@ -467,11 +461,6 @@ class Diff:
             dilation=self.dilation(),
             data_quality=self.data_quality.document(),
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document as plain JSON values (`to_builtins(document())`)."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
 
 @dataclass(frozen=True)

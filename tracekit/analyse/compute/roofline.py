@@ -47,6 +47,7 @@ from tracekit.model.documents import roofline as rd
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import ManifestShape, ManifestWorkload
 from tracekit.model.events import Run
+from tracekit.model.fields import copy_fields
 from tracekit.model.shape import DIMENSIONS
 
 SCHEMA_VERSION = "1.0"
@@ -75,12 +76,7 @@ class Peaks:
     matrix_source: str = "not given (pass --rho FILE from tracekit rho)"
 
     def document(self) -> rd.RooflinePeaks:
-        return rd.RooflinePeaks(
-            memory_gbps=self.bw_gbps,
-            memory_source=self.bw_source,
-            matrix_tflops=self.matrix_tflops,
-            matrix_source=self.matrix_source,
-        )
+        return copy_fields(rd.RooflinePeaks, self, memory_gbps=self.bw_gbps, memory_source=self.bw_source)
 
 
 T = TypeVar("T")

@@ -27,9 +27,25 @@ def probe_only_verdict(
 ) -> tuple[str, LinksVerdictDetails]:
     """Without a decode trace: the ratio of the first two modes at the largest and smallest sizes.
     On the CPU every mode ran the same gloo sweep: the figures are given as two runs of it, with no
-    link words and no ratio stated as a finding (issue 24)."""
+    link words and no ratio stated as a finding (issue 24). Either closes with how the rows were
+    timed (`timing_sentence`), which the details keep."""
     if cpu_only:
-        return _cpu_probe_only_verdict(rows, modes, prefix, details)
+        text = _cpu_runs(rows, modes, details) + (
+            " (the runs differ only by the host's noise; this checks the sweep itself, it measures no link)."
+        )
+    else:
+        text = _mode_ratios(rows, modes, details) + (
+            ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's "
+            "transfer time."
+        )
+    timing = probe_timing(rows, modes)
+    details.timing = dict(timing)
+    return prefix + text + timing_sentence(timing, iters_of(rows)), details
+
+
+def _mode_ratios(rows: Sequence[ProbeRow], modes: Sequence[str], details: LinksVerdictDetails) -> str:
+    """Per op, the first two modes' busbw at the largest size, their ratio and their times at the
+    smallest (each also a `per_size` entry of the details)."""
     parts = []
     for op in sorted({r.op for r in rows}):
         if len(modes) < 2:
@@ -53,21 +69,10 @@ def probe_only_verdict(
         details.per_size.append(
             LinksPerSizeItem(op=op, bytes=big, busbw_gbps={modes[0]: va, modes[1]: vb}, ratio=ratio)
         )
-    body = "; ".join(parts) if parts else "no two modes to compare"
-    timing = probe_timing(rows, modes)
-    details.timing = dict(timing)
-    return (
-        prefix
-        + body
-        + ". Without a decode trace (--trace) the probe cannot say whether the link explains a decode's transfer time."
-        + timing_sentence(timing, iters_of(rows)),
-        details,
-    )
+    return "; ".join(parts) if parts else "no two modes to compare"
 
 
-def _cpu_probe_only_verdict(
-    rows: Sequence[ProbeRow], modes: Sequence[str], prefix: str, details: LinksVerdictDetails
-) -> tuple[str, LinksVerdictDetails]:
+def _cpu_runs(rows: Sequence[ProbeRow], modes: Sequence[str], details: LinksVerdictDetails) -> str:
     """The CPU sweep without a trace: each op's busbw at the largest size and time at the smallest,
     per run of the same gloo sweep ("run 1", "run 2": a mode's name is an NCCL setting gloo ignores)."""
     parts = []
@@ -92,16 +97,7 @@ def _cpu_probe_only_verdict(
                 op=op, bytes=big, busbw_gbps={m: v for (m, _), v in zip(curves, bws, strict=True)}
             )
         )
-    body = f"the same gloo sweep ran {len(modes)} times: " + "; ".join(parts) if parts else "no sweep rows"
-    timing = probe_timing(rows, modes)
-    details.timing = dict(timing)
-    return (
-        prefix
-        + body
-        + " (the runs differ only by the host's noise; this checks the sweep itself, it measures no link)."
-        + timing_sentence(timing, iters_of(rows)),
-        details,
-    )
+    return f"the same gloo sweep ran {len(modes)} times: " + "; ".join(parts) if parts else "no sweep rows"
 
 
 def iters_of(rows: Sequence[ProbeRow]) -> int | None:

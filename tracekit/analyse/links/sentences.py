@@ -9,10 +9,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from msgspec import UNSET
+
 from tracekit.analyse.links.curves import timing_sentence
 from tracekit.analyse.links.probe_only import iters_of
 from tracekit.analyse.links.words import fmt_bytes, fmt_gbps, fmt_ratio, fmt_share
 from tracekit.model.documents.links import LinksLarge, LinksPerSizeItem, ProbeRow
+from tracekit.model.fields import copy_fields
 from tracekit.model.units import ms_or_us
 
 #: realised / probe busbw at or above which the link's bandwidth is what sets the transfer time
@@ -64,29 +67,20 @@ class SizeBound:
     bound_ns_per_token: float | None = None
 
     def item(self) -> LinksPerSizeItem:
-        out = LinksPerSizeItem(
-            op=self.op,
-            bytes=self.bytes,
-            count=self.count,
-            per_token=self.per_token,
-            transfer_weight=self.transfer_weight,
-            transfer_ns_per_token=self.transfer_ns_per_token,
-            realised_busbw_gbps=self.realised_busbw_gbps,
-            swept=self.swept,
-            regime=self.regime,
-            k=self.k,
+        # op, bytes, count, per_token, transfer_*, realised_busbw_gbps, swept, regime, k: its own;
+        # the probe's figures only for a swept op, the bounds only where they were computed
+        swept, bounded = self.swept, self.bounded
+        return copy_fields(
+            LinksPerSizeItem,
+            self,
+            probe_busbw_gbps=dict(self.probe_busbw_gbps or {}) if swept else UNSET,
+            probe_time_us=dict(self.probe_time_us or {}) if swept else UNSET,
+            probe_how=dict(self.probe_how or {}) if swept else UNSET,
+            realised_vs_probe=dict(self.realised_vs_probe or {}) if swept else UNSET,
+            bound_ratio_ns_per_token=self.bound_ratio_ns_per_token if swept and bounded else UNSET,
+            bound_per_call_ns_per_token=self.bound_per_call_ns_per_token if swept and bounded else UNSET,
+            bound_ns_per_token=self.bound_ns_per_token if bounded else UNSET,
         )
-        if self.swept:
-            out.probe_busbw_gbps = dict(self.probe_busbw_gbps or {})
-            out.probe_time_us = dict(self.probe_time_us or {})
-            out.probe_how = dict(self.probe_how or {})
-            out.realised_vs_probe = dict(self.realised_vs_probe or {})
-            if self.bounded:
-                out.bound_ratio_ns_per_token = self.bound_ratio_ns_per_token
-                out.bound_per_call_ns_per_token = self.bound_per_call_ns_per_token
-        if self.bounded:
-            out.bound_ns_per_token = self.bound_ns_per_token
-        return out
 
 
 def lead_sentence(

@@ -70,6 +70,7 @@ from tracekit.model.documents.links import (
     LinksVerdictDetails,
     ProbeRow,
 )
+from tracekit.model.fields import copy_fields
 from tracekit.read.probe import read_probe
 
 SCHEMA_VERSION = "1.1"  # 1.1: verdict from the shortfall (baseline), regimes, bounds; probe_notes, config
@@ -319,16 +320,12 @@ def recompute(
     for s in trace.sizes if trace is not None else []:
         decode_sizes.setdefault(str(s.op), set()).add(int(s.bytes or 0))
     text, details = verdict(saved.rows, modes, trace, cpu_only, shortfall=sf, transports=saved.transports)
-    return Links(
+    # the probe's part as saved (kind, config, modes, rows, transports, links, meta), the rest redone
+    return copy_fields(
+        Links,
+        saved,
         schema_version=SCHEMA_VERSION,
-        kind=saved.kind,
-        config=saved.config,
-        modes=saved.modes,
-        rows=saved.rows,
-        transports=saved.transports,
-        links=saved.links,
         probe_notes=probe_notes,
-        meta=saved.meta,
         side_by_side=side_by_side(saved.rows, modes, decode_sizes),
         trace=trace,
         shortfall=sf,

@@ -4,6 +4,7 @@ share of S, a bus bandwidth in GB/s, a ratio ("2.4x")."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 
 def fmt_bytes(n: int) -> str:
@@ -17,14 +18,16 @@ def fmt_share(x: float) -> str:
     return f"{x * 100:.1f}%" if abs(x) < 0.1 else f"{x * 100:.0f}%"
 
 
-def fmt_gbps(v: float) -> str:
+def fmt_magnitude(v: float, specs: Sequence[tuple[float, str]], *, below: str, nan: str) -> str:
+    """`v` in the format spec of the first (threshold, spec) of `specs` it reaches (`below` under
+    them all), `nan` when it is not finite: a figure's digits chosen by its size."""
     if not math.isfinite(v):
-        return "n/a"
-    if v >= 100:
-        return f"{v:.0f}"
-    if v >= 1:
-        return f"{v:.3g}"
-    return f"{v:.2f}" if v >= 0.1 else f"{v:.2g}"
+        return nan
+    return format(v, next((spec for least, spec in specs if v >= least), below))
+
+
+def fmt_gbps(v: float) -> str:
+    return fmt_magnitude(v, ((100, ".0f"), (1, ".3g"), (0.1, ".2f")), below=".2g", nan="n/a")
 
 
 def fmt_ratio(k: float) -> str:

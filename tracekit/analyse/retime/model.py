@@ -7,34 +7,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.path import roles
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.roles import (
-    K_COMPUTE,
-    NEVER,
-    ROLE_ARRIVE,
-    ROLE_BACKPRESSURE,
-    ROLE_CALL,
-    ROLE_CROSS,
-    ROLE_GAP,
-    ROLE_GAP_OUT,
-    ROLE_GRAPH,
-    ROLE_LAUNCH,
-    ROLE_LEAD,
-    ROLE_OP,
-    ROLE_ORIGIN,
-    ROLE_QUEUE,
-    ROLE_SYNC,
-    ROLE_SYNC_WAIT,
-    ROLE_WORK,
-    ROLE_XFER,
-)
 from tracekit.analyse.retime.norm import norm_after_all_reduce
 from tracekit.analyse.retime.setting import NamedKnob, Setting
+from tracekit.model.fields import copy_fields
 
 if TYPE_CHECKING:
     from tracekit.analyse.retime.calibrate import ProfilerCalibration
@@ -82,7 +65,19 @@ class KernelGroups:
     full: np.ndarray
 
 
-_HOST_GAPS = (ROLE_GAP, ROLE_GAP_OUT, ROLE_LEAD)
+_HOST_GAPS = (roles.ROLE_GAP, roles.ROLE_GAP_OUT, roles.ROLE_LEAD)
+
+
+def _first_at(
+    edges: np.ndarray, at: np.ndarray, others: np.ndarray, others_at: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The `edges` whose node `at` is some other edge's node `others_at`, each with the first such
+    of `others` (edges without one left out)."""
+    by_node = pd.Series(others, index=others_at)
+    by_node = by_node[~by_node.index.duplicated()]
+    of = by_node.reindex(at).to_numpy()
+    ok = ~np.isnan(of.astype(np.float64))
+    return edges[ok], of[ok].astype(np.int64)
 
 
 @dataclass
@@ -111,23 +106,16 @@ class RunModel:
     #: the classified events the graph was built from, for the masks a knob needs (found lazily)
     events: pd.DataFrame | None = field(default=None, repr=False)
 
-    @property
+    @cached_property
     def norm_after_all_reduce(self) -> np.ndarray | None:
         """Per graph edge: an operation `allreduce_norm=fused` zeroes (a vector kernel between an
         all-reduce and the next matrix kernel on its rank); None: none found. Found on first use."""
-        if not hasattr(self, "_norm_mask"):
-            ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
-            self._norm_mask = norm_after_all_reduce(self.graph, self.events) if ok else None
-        return self._norm_mask
+        ok = self.timeline == "gpu" and self.n_ranks > 1 and self.events is not None
+        return norm_after_all_reduce(self.graph, self.events) if ok else None
 
     def corrected(self) -> Setting:
         """The unchanged graph at the model's profiler correction (`calibrate`), no knob."""
-        return Setting(
-            host_scale=self.host_scale,
-            host_deduct=self.host_deduct,
-            deduct_collective=self.deduct_collective,
-            device_scale=self.device_scale,
-        )
+        return copy_fields(Setting, self)  # host_scale, host_deduct, deduct_collective, device_scale
 
     def replay(self, setting: Setting) -> np.ndarray:
         """Per steady step, the replayed token time (integer ns): from the previous step's end to
@@ -153,52 +141,50 @@ class RunModel:
         pos = {s: i for i, s in enumerate(self.graph.steps)}
         return np.asarray([pos[s] for s in self.steps], dtype=np.int64)
 
+    @cached_property
     def _masks(self) -> EdgeSets:
         """Edge subsets the knobs act on (fixed per graph), computed once."""
-        got = self.__dict__.get("_mask_cache")
-        if got is not None:
-            return got
         g = self.graph
         role = g.role
-        host_part = ~np.isin(role, (ROLE_XFER, ROLE_ORIGIN, ROLE_ARRIVE))
+        host_part = ~np.isin(role, (roles.ROLE_XFER, roles.ROLE_ORIGIN, roles.ROLE_ARRIVE))
         if self.timeline == "host":
-            host_part &= role != ROLE_OP
+            host_part &= role != roles.ROLE_OP
         else:
-            host_part &= np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_SYNC, ROLE_SYNC_WAIT))
+            host_part &= np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_SYNC, roles.ROLE_SYNC_WAIT))
         dev = (
-            np.isin(role, (ROLE_OP, ROLE_QUEUE, ROLE_CROSS, ROLE_GRAPH))
+            np.isin(role, (roles.ROLE_OP, roles.ROLE_QUEUE, roles.ROLE_CROSS, roles.ROLE_GRAPH))
             if self.timeline == "gpu"
-            else (role == ROLE_WORK)
+            else (role == roles.ROLE_WORK)
         )
         rk = g.erank
         ranks = np.asarray(self.ranks)
         rpos = np.minimum(np.searchsorted(ranks, rk), len(self.ranks) - 1) if len(ranks) else rk
         rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
-        lm = np.flatnonzero(role == ROLE_LAUNCH)
-        qm = np.flatnonzero((role == ROLE_QUEUE) | (role == ROLE_CROSS))
-        got = EdgeSets(
+        lm = np.flatnonzero(role == roles.ROLE_LAUNCH)
+        qm = np.flatnonzero((role == roles.ROLE_QUEUE) | (role == roles.ROLE_CROSS))
+        return EdgeSets(
             host=np.flatnonzero(host_part),
             dev=np.flatnonzero(dev),
-            xfer=np.flatnonzero(role == ROLE_XFER),
-            sync=np.flatnonzero(role == ROLE_SYNC),
-            sync_wait=np.flatnonzero(role == ROLE_SYNC_WAIT),
-            launch_zero=np.flatnonzero((role == ROLE_GAP) | (role == ROLE_GAP_OUT) | (role == ROLE_CALL)),
+            xfer=np.flatnonzero(role == roles.ROLE_XFER),
+            sync=np.flatnonzero(role == roles.ROLE_SYNC),
+            sync_wait=np.flatnonzero(role == roles.ROLE_SYNC_WAIT),
+            launch_zero=np.flatnonzero(
+                (role == roles.ROLE_GAP) | (role == roles.ROLE_GAP_OUT) | (role == roles.ROLE_CALL)
+            ),
             launch=lm,
             launch_rho=rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
             queue=qm,
             queue_typ=qt[rpos[qm]] if len(qt) else np.zeros(len(qm), dtype=np.int64),
-            backpressure=np.flatnonzero(role == ROLE_BACKPRESSURE),
-            deduct_roles=np.isin(role, (*_HOST_GAPS, ROLE_CALL, ROLE_WORK, ROLE_SYNC)),
-            is_call=role == ROLE_CALL,
+            backpressure=np.flatnonzero(role == roles.ROLE_BACKPRESSURE),
+            deduct_roles=np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)),
+            is_call=role == roles.ROLE_CALL,
         )
-        self.__dict__["_mask_cache"] = got
-        return got
 
     def latencies(self, s: Setting) -> np.ndarray:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
-        mk = self._masks()
+        mk = self._masks
         # the stages before the deduction depend on these two alone: kept for the settings that
         # differ only in the split of the profiler's cost (`Setting.rank_costs`)
         pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
@@ -241,20 +227,18 @@ class RunModel:
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
             out[mk.sync] = 0
-            out[mk.sync_wait] = NEVER
+            out[mk.sync_wait] = roles.NEVER
         if s.launch0 and self.timeline == "gpu":
             out[mk.launch_zero] = 0
             lm, qm = mk.launch, mk.queue
             out[lm] = np.minimum(out[lm], mk.launch_rho)
             out[qm] = np.minimum(out[qm], mk.queue_typ)
-            out[mk.backpressure] = NEVER
+            out[mk.backpressure] = roles.NEVER
         return out
 
+    @cached_property
     def _straggler_groups(self) -> StragglerGroups | None:
         """The (segment, rank) groups of the host gaps `straggler=off` scales, computed once."""
-        if "_strag_cache" in self.__dict__:
-            cached: StragglerGroups | None = self.__dict__["_strag_cache"]
-            return cached
         g = self.graph
         gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
         out: StragglerGroups | None = None
@@ -275,7 +259,6 @@ class RunModel:
                 n_seg=len(seg_uniq),
                 full=n_r[seg_code] == self.n_ranks,
             )
-        self.__dict__["_strag_cache"] = out
         return out
 
     def _across_steps(self, seg: np.ndarray, rk: np.ndarray) -> np.ndarray:
@@ -286,7 +269,7 @@ class RunModel:
         there (a rank slow after its last collective and fast before the next step's first is not a
         straggler between them)."""
         g = self.graph
-        launches = np.flatnonzero((g.role == ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
+        launches = np.flatnonzero((g.role == roles.ROLE_CALL) & (g.ops > 0) & (g.seg >= 0))
         if not len(launches):
             return seg
         # per (rank, step): how many collectives it launched (each launch's segment counts those before)
@@ -303,7 +286,7 @@ class RunModel:
     def _straggler_factors(self, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The host gaps of a (rank, segment) and their factor, scaling their sum to the fastest
         rank's (segments every rank has; the others keep 1)."""
-        gr = self._straggler_groups()
+        gr = self._straggler_groups
         if gr is None:
             return np.zeros(0, dtype=np.int64), np.zeros(0)
         idx = gr.idx
@@ -323,7 +306,7 @@ class RunModel:
         effect, so the operation it launched is released that much earlier too), the rest from the
         gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
-        mk = self._masks()
+        mk = self._masks
         lat = lat.copy()
         hd: float | np.ndarray = s.host_deduct
         dc: float | np.ndarray = s.deduct_collective
@@ -352,7 +335,7 @@ class RunModel:
             if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
                 by_node[g.src[call_e]] = own
-                lm = np.flatnonzero(g.role == ROLE_LAUNCH)
+                lm = np.flatnonzero(g.role == roles.ROLE_LAUNCH)
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
         take = np.minimum(need, np.maximum(lat, 0.0))
         lat -= np.where(mk.deduct_roles, take, 0.0)
@@ -366,45 +349,27 @@ class RunModel:
             lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
 
-    @property
+    @cached_property
     def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (a blocking call's wait edge, the call's own edge): both end at its return."""
-        cached = getattr(self, "_sw", None)
-        if cached is not None:
-            return cached
         g = self.graph
-        waits = np.flatnonzero(g.role == ROLE_SYNC_WAIT)
-        own = np.flatnonzero(g.role == ROLE_SYNC)
-        by_dst = pd.Series(own, index=g.dst[own])
-        by_dst = by_dst[~by_dst.index.duplicated()]
-        of = by_dst.reindex(g.dst[waits]).to_numpy()
-        ok = ~np.isnan(of.astype(np.float64))
-        out = (waits[ok], of[ok].astype(np.int64))
-        self._sw = out
-        return out
+        waits = np.flatnonzero(g.role == roles.ROLE_SYNC_WAIT)
+        own = np.flatnonzero(g.role == roles.ROLE_SYNC)
+        return _first_at(waits, g.dst[waits], own, g.dst[own])
 
-    @property
+    @cached_property
     def _call_gap(self) -> tuple[np.ndarray, np.ndarray]:
         """Pairs (call edge, the host gap edge into its begin)."""
-        cached = getattr(self, "_cg", None)
-        if cached is not None:
-            return cached
         g = self.graph
-        calls = np.flatnonzero(g.role == ROLE_CALL)
-        gaps = np.flatnonzero(np.isin(g.role, (ROLE_GAP, ROLE_GAP_OUT)))
-        into = pd.Series(gaps, index=g.dst[gaps])
-        into = into[~into.index.duplicated()]
-        gap_of = into.reindex(g.src[calls]).to_numpy()
-        ok = ~np.isnan(gap_of.astype(np.float64))
-        out = (calls[ok], gap_of[ok].astype(np.int64))
-        self._cg = out
-        return out
+        calls = np.flatnonzero(g.role == roles.ROLE_CALL)
+        gaps = np.flatnonzero(np.isin(g.role, (roles.ROLE_GAP, roles.ROLE_GAP_OUT)))
+        return _first_at(calls, g.src[calls], gaps, g.dst[gaps])
 
     def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
         """compute=/N per kernel: the k-th compute operation of a step takes, on every rank, the
         ranks' mean of it times `factor` (no per-collective imbalance is kept); operations not on
         every rank are scaled by the factor alone."""
-        gr = self._kernel_groups()
+        gr = self._kernel_groups
         lat = lat.copy()
         if gr is None:
             return lat
@@ -413,13 +378,11 @@ class RunModel:
         lat[idx] = np.where(gr.full, mean, lat[idx]) * factor
         return lat
 
+    @cached_property
     def _kernel_groups(self) -> KernelGroups | None:
         """The compute edges and their groups (the k-th compute operation of a step), once."""
-        if "_kern_cache" in self.__dict__:
-            cached: KernelGroups | None = self.__dict__["_kern_cache"]
-            return cached
         g = self.graph
-        cm = (g.kind == K_COMPUTE) & np.isin(g.role, (ROLE_OP, ROLE_WORK))
+        cm = (g.kind == roles.K_COMPUTE) & np.isin(g.role, (roles.ROLE_OP, roles.ROLE_WORK))
         out: KernelGroups | None = None
         if cm.any():
             idx = np.flatnonzero(cm)
@@ -427,7 +390,6 @@ class RunModel:
             codes, uniq = pd.factorize(key, sort=True)
             count = np.bincount(codes)[codes]
             out = KernelGroups(idx=idx, codes=codes, full=(count == self.n_ranks) & (key >= 0))
-        self.__dict__["_kern_cache"] = out
         return out
 
     def applicable(self, knob: NamedKnob) -> bool:

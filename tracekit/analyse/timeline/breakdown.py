@@ -30,10 +30,10 @@ from tracekit.classify import classify
 from tracekit.classify.rules import COMM_LIKE_HINT, GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.documents import breakdown as doc
-from tracekit.model.documents import to_builtins
-from tracekit.model.documents.base import given
+from tracekit.model.documents.base import Documented, given
 from tracekit.model.documents.manifest import Manifest
 from tracekit.model.events import DataQuality, Run
+from tracekit.model.fields import copy_fields
 from tracekit.model.parts import PARTS
 
 SCHEMA_VERSION = "1.0"
@@ -47,7 +47,7 @@ CSV_COLUMNS: tuple[str, ...] = PARTITION_COLUMNS
 
 
 @dataclass(frozen=True)
-class Breakdown:
+class Breakdown(Documented):
     """Result of `breakdown`. Times are integer ns."""
 
     steps: pd.DataFrame  # one row per (rank, step): see CSV_COLUMNS
@@ -94,34 +94,26 @@ class Breakdown:
             )
             for row in self.steps.itertuples(index=False)
         ]
-        return doc.Breakdown(
+        # per_token, per_rank, unknown_kernels, trace_totals, dilation: the result's own
+        return copy_fields(
+            doc.Breakdown,
+            self,
             schema_version=SCHEMA_VERSION,
             kind=KIND,
-            source=doc.BreakdownSource(
+            source=copy_fields(
+                doc.BreakdownSource,
+                self,
                 paths=list(self.paths),
                 ranks=list(self.ranks),
-                step_pattern=self.step_pattern,
-                step_rule=self.step_rule,
-                timeline=self.timeline,
                 skipped_steps_per_rank=self.skipped_steps,
             ),
             steps=steps_out,
-            per_token=self.per_token,
-            per_rank=self.per_rank,
             kernels_by_class=_counted(self.kernels_by_class),
             kernels_by_subclass=_counted(self.kernels_by_subclass),
             collectives_by_source=_counted(self.collectives_by_source),
-            unknown_kernels=self.unknown_kernels,
-            trace_totals=self.trace_totals,
             data_quality=self.data_quality.document(),
-            dilation=self.dilation,
             step_kinds=self.step_kinds or UNSET,
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The document of docs/JSON.md#breakdown as plain JSON values."""
-        out: dict[str, object] = to_builtins(self.document())
-        return out
 
     def to_frame(self) -> pd.DataFrame:
         """One row per (rank, step): the JSON's `steps` as a table (CSV_COLUMNS, then the compute

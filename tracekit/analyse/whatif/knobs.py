@@ -8,7 +8,6 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -231,26 +230,37 @@ def setting_for(
 ) -> Setting:
     """The re-timing `knobs` ask for on `model` (those that apply to it), at its profiler correction;
     `compute=/N` scales to `baseline_compute` / `n_ranks`."""
+    base = model.corrected()
     transfer: str | ProbeTimes | None = None
-    kw: dict[str, Any] = {}
+    launch0, sync0, straggler_off, fuse_norm = base.launch0, base.sync0, base.straggler_off, base.fuse_norm
+    coll_latency, compute_scale = base.coll_latency, base.compute_scale
     for k in knobs:
         if not model.applicable(k):
             continue
         if k.name == "transfer":
             transfer = k.probe if k.probe is not None else "zero"
         elif k.name == "launch":
-            kw["launch0"] = True
+            launch0 = True
         elif k.name == "sync":
-            kw["sync0"] = True
+            sync0 = True
         elif k.name == "straggler":
-            kw["straggler_off"] = True
+            straggler_off = True
         elif k.name == "collective_latency":
-            kw["coll_latency"] = k
+            coll_latency = k
         elif k.name == "allreduce_norm":
-            kw["fuse_norm"] = True
+            fuse_norm = True
         elif k.name == "compute" and baseline_compute is not None:
             mean_c = (
                 float(np.mean(list(model.compute_per_token.values()))) if model.compute_per_token else 0.0
             )
-            kw["compute_scale"] = (baseline_compute / n_ranks) / mean_c if mean_c > 0 else 1.0
-    return dataclasses.replace(model.corrected(), transfer=transfer, **kw)
+            compute_scale = (baseline_compute / n_ranks) / mean_c if mean_c > 0 else 1.0
+    return dataclasses.replace(
+        base,
+        transfer=transfer,
+        launch0=launch0,
+        sync0=sync0,
+        straggler_off=straggler_off,
+        coll_latency=coll_latency,
+        fuse_norm=fuse_norm,
+        compute_scale=compute_scale,
+    )

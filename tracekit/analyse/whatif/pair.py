@@ -10,7 +10,6 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +25,7 @@ from tracekit.analyse.whatif.build import build_model
 from tracekit.analyse.whatif.knobs import MAX_SHAPLEY_KNOBS, Knob, ReplayError, combination_spec, setting_for
 from tracekit.analyse.whatif.result import SplitRanges, WhatIf
 from tracekit.analyse.whatif.shapley import mean_int, shapley
+from tracekit.model.documents.whatif import WhatifAccounting, WhatifCheck, WhatifDeviceWork
 
 
 def whatif(
@@ -167,8 +167,10 @@ def whatif(
         check_doc = check_run(check, predicted, corrected, same_n)
     accounting = None
     if sf is not None:
-        j = sf.to_json()
-        accounting = {"shortfall_ns": j["shortfall_ns"], "terms_ns": j["terms_ns"], "shares": j["shares"]}
+        j = sf.document()
+        accounting = WhatifAccounting(
+            shortfall_ns=j.shortfall_ns, terms_ns=dict(j.terms_ns), shares=dict(j.shares)
+        )
     return WhatIf(
         baseline=base,
         sharded=shard,
@@ -254,7 +256,7 @@ def check_run(
     predicted: Mapping[str, Mapping[int, Fraction]],
     corrected: bool,
     predicting: RunParts | None = None,
-) -> dict[str, Any]:
+) -> WhatifCheck:
     """A prediction set against a real run that was not used to make it (docs/METHOD.md section Critical path and what-if).
 
     Also the device work per token (compute + memory kernels, per rank, mean) of the check run and
@@ -274,21 +276,21 @@ def check_run(
     u = parts.dilation.unprofiled
     unprof = Fraction(u.mean_ns) if u is not None and u.n > 0 and u.mean_ns > 0 else None
     measured, source = (unprof, "unprofiled") if corrected and unprof is not None else (traced, "trace")
-    return {
-        "run": label,
-        "knobs": spec,
-        "ranks": n,
-        "predicted_ns": int(round(pred)),
-        "measured_ns": int(round(measured)),
-        "measured_source": source,
-        "measured_traced_ns": int(round(traced)),
-        "measured_unprofiled_ns": int(round(unprof)) if unprof is not None else None,
-        "error": float((pred - measured) / measured),
-        "device_work_ns": {
-            "check_run": device_work(parts),
-            "predicting_run": device_work(predicting) if predicting is not None else None,
-        },
-    }
+    return WhatifCheck(
+        run=label,
+        knobs=spec,
+        ranks=n,
+        predicted_ns=int(round(pred)),
+        measured_ns=int(round(measured)),
+        measured_source=source,
+        measured_traced_ns=int(round(traced)),
+        measured_unprofiled_ns=int(round(unprof)) if unprof is not None else None,
+        error=float((pred - measured) / measured),
+        device_work_ns=WhatifDeviceWork(
+            check_run=device_work(parts),
+            predicting_run=device_work(predicting) if predicting is not None else None,
+        ),
+    )
 
 
 def device_work(parts: RunParts) -> int:

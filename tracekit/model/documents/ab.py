@@ -1,5 +1,5 @@
 """The `AB` document: a paired A/B comparison of decode arms by round
-(`tracekit.analyse.ab.ab_summary`, scripts/decoder_ab.py) (docs/JSON.md#ab)."""
+(`tracekit.analyse.ab.ab_document(...).to_json()`, scripts/decoder_ab.py) (docs/JSON.md#ab)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class ABArm(Doc, kw_only=True):
 
 
 class AB(Doc, kw_only=True):
-    r"""`python scripts/decoder_ab.py` (tracekit.analyse.ab.ab_summary): arms that ran in
+    r"""`python scripts/decoder_ab.py` (tracekit.analyse.ab.ab_document(...).to_json()): arms that ran in
     alternating rounds, compared by a bootstrap that resamples the same rounds for every arm.
     ```
     {"kind": "tracekit.ab", "baseline": "legacy", "rounds": 7,

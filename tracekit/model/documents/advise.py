@@ -6,6 +6,7 @@ from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.roofline import RooflinePeaks
+from tracekit.model.shape import DecoderDims
 
 
 class AdviseRun(Doc, kw_only=True):
@@ -145,15 +146,6 @@ class Advise(Header, kw_only=True):
     notes: list[str]
 
 
-class GemmTableShape(Doc, kw_only=True):
-    hidden: int
-    heads: int
-    kv_heads: int
-    intermediate: int
-    layers: int
-    vocab: int
-
-
 class GemmTableRow(Doc, kw_only=True):
     role: str
     k: int
@@ -181,6 +173,6 @@ class GemmTable(Header, kw_only=True):
     device: str | None
     dtype: str
     tp: int
-    shape: GemmTableShape
+    shape: DecoderDims  # the model's dimensions (`tracekit.model.shape`, the one definition)
     timing: str
     rows: list[GemmTableRow]

@@ -10,7 +10,7 @@ document decodes to exactly what it holds, so a writer that changes shape withou
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -32,12 +32,39 @@ class Doc(msgspec.Struct, kw_only=True):
         return out
 
 
+class Documented:
+    """A result whose JSON is its typed document: `document()` builds the Struct, `to_json()` is
+    that document as plain JSON values (`to_builtins`), what `--format json` writes. The one place
+    a result becomes a dict."""
+
+    def document(self) -> Doc:
+        raise NotImplementedError
+
+    def to_json(self) -> dict[str, object]:
+        """The document as plain JSON values (`to_builtins(document())`)."""
+        out: dict[str, object] = msgspec.to_builtins(self.document())
+        return out
+
+
 class Header(Doc, kw_only=True):
     """The two fields every command's document opens with, in this order: `schema_version` (the
     document's version, "1.0", ...) and `kind` (`tracekit.<command>`)."""
 
     schema_version: str
     kind: str
+
+
+class BaselineSharded(Doc, Generic[T], kw_only=True):
+    """A figure of the baseline run and of the sharded run, of one type (a shortfall compares them so)."""
+
+    baseline: T
+    sharded: T
+
+
+class PerTokenOf(BaselineSharded[T], kw_only=True):
+    """A per-token figure of the baseline, the sharded run and the ideal (T1 / N), of one type."""
+
+    ideal: T
 
 
 class DocumentError(ValueError):

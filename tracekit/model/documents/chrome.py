@@ -62,14 +62,17 @@ class ChromeEvent(TypedDict, total=False):
 
 
 class ExportHeaderObject(TypedDict):
-    """The export's `tracekitExport` object (`ExportHeader`)."""
+    """The export's `tracekitExport` object, as written, read and typed in the `Export` Struct."""
 
     format: str
     version: int
     base_ns: int
     sources: dict[str, str]
-    #: per rank, the trace's own top-level metadata as the profiler wrote it (values unchecked)
+    #: per rank, the trace's own top-level metadata (Kineto's distributedInfo, deviceProperties,
+    #: ...) as the profiler wrote it, less the reader's bookkeeping: its values are the profiler's
+    #: own (unchecked, so `object`)
     ranks: dict[str, dict[str, object]]
+    #: how many events of each tracekit view were added (steps, class, wait, transfer, path, flows, ...)
     view: dict[str, int]
     notes: list[str]
 

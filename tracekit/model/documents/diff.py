@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc, Header
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 from tracekit.model.documents.shortfall import ShortfallAppliedBaseline, ShortfallPathParts
+
+T = TypeVar("T")
+
+
+class BeforeAfter(Doc, Generic[T], kw_only=True):
+    """A figure of the run before and of the run after, of one type (the diff compares them all so)."""
+
+    before: T
+    after: T
 
 
 class DiffBefore(Doc, kw_only=True):
@@ -19,19 +30,16 @@ class DiffBefore(Doc, kw_only=True):
     reconciliation: str | None
 
 
-class DiffRuns(Doc, kw_only=True):
-    before: DiffBefore
-    after: DiffBefore
+class DiffRuns(BeforeAfter[DiffBefore], kw_only=True):
+    """Each run's summary."""
 
 
-class DiffPerTokenNs(Doc, kw_only=True):
-    before: int
-    after: int
+class DiffPerTokenNs(BeforeAfter[int], kw_only=True):
+    """Each run's per-token time."""
 
 
-class DiffPerTokenIntervalNs(Doc, kw_only=True):
-    before: list[int]
-    after: list[int]
+class DiffPerTokenIntervalNs(BeforeAfter[list[int]], kw_only=True):
+    """Each run's per-token interval [lo, hi]."""
 
 
 class DiffInterval(Doc, kw_only=True):
@@ -79,9 +87,7 @@ class DiffChange(Doc, kw_only=True):
     step_ns: int
 
 
-class DiffCriticalPath(Doc, kw_only=True):
-    before: DiffCriticalPathBefore
-    after: DiffCriticalPathBefore
+class DiffCriticalPath(BeforeAfter[DiffCriticalPathBefore], kw_only=True):
     change: DiffChange
 
 

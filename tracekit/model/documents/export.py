@@ -7,20 +7,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc
-
-
-class ExportHeader(Doc, kw_only=True):
-    format: str
-    version: int
-    base_ns: int
-    sources: dict[str, str]
-    #: per rank, the trace's own top-level metadata (Kineto's distributedInfo, deviceProperties,
-    #: ...) as the profiler wrote it, less the reader's bookkeeping: its values are the profiler's
-    #: own (unchecked, so `object`)
-    ranks: dict[str, dict[str, object]]
-    #: how many events of each tracekit view were added (steps, class, wait, transfer, path, flows, ...)
-    view: dict[str, int]
-    notes: list[str]
+from tracekit.model.documents.chrome import ExportHeaderObject
 
 
 class TraceEvent(Doc, kw_only=True):
@@ -54,6 +41,6 @@ class Export(Doc, kw_only=True):
     ```
     """
 
-    tracekitExport: ExportHeader
+    tracekitExport: ExportHeaderObject  # the one definition of the header (tracekit.model.documents.chrome)
     displayTimeUnit: str
     traceEvents: list[TraceEvent]

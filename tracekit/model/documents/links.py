@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, PerTokenOf
 
 
 class LinksConfig(Doc, kw_only=True):
@@ -257,10 +257,8 @@ class LinksTrace(Doc, kw_only=True):
     notes: list[str]
 
 
-class LinksPerTokenNs(Doc, kw_only=True):
-    baseline: int | None
-    sharded: int | None
-    ideal: int | None
+class LinksPerTokenNs(PerTokenOf[int | None], kw_only=True):
+    """Per token, the shortfall's figures (`PerTokenOf`)."""
 
 
 class LinksShortfall(Doc, kw_only=True):

@@ -78,7 +78,7 @@ class ManifestNsys(Doc, kw_only=True):
 
 
 class ManifestInterleaved(Doc, kw_only=True):
-    group: str | UnsetType = UNSET
+    group: str | None | UnsetType = UNSET  # null: one degree only (no pairs of degrees to draw)
     tp: list[int] | UnsetType = UNSET
     blocks: int | UnsetType = UNSET
     rounds_per_block: int | UnsetType = UNSET

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
+from tracekit.model.documents.advise import AdviseKindPart
 from tracekit.model.documents.base import Doc
 from tracekit.model.documents.roofline import RooflinePeaks
 
@@ -84,12 +85,9 @@ class AdviseCheckRow(Doc, kw_only=True):
     model: str | None | UnsetType = UNSET
 
 
-class AdviseCheckKind(Doc, kw_only=True):
-    kind: str
-    base_ns: int | None
-    predicted_ns: int | None
-    added_ns: int
-    source: str
+class AdviseCheckKind(AdviseKindPart, kw_only=True):
+    """One kind of the check: the advisor's prediction of it (`AdviseKindPart`) and what was measured."""
+
     measured_ns: int | UnsetType = UNSET  # from a --compare traced run at the predicted batch
     measured_from: str | UnsetType = UNSET
 

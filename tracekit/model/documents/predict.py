@@ -39,9 +39,9 @@ class PredictTransfer(Doc, kw_only=True):
     ring: int
 
 
-class PredictTotal(Doc, kw_only=True):
-    flat: int
-    ring: int
+class PredictTotal(PredictTransfer, kw_only=True):
+    """The prediction, flat and ring (`PredictTransfer`'s pair), and the flat one's interval."""
+
     flat_interval: list[int]
 
 

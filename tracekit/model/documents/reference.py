@@ -78,7 +78,7 @@ def _type_text(t: mi.Type) -> str:
         return f"array of {_type_text(t.item_type)}"
     if isinstance(t, mi.DictType):
         return f"object of {_type_text(t.value_type)}"
-    if isinstance(t, mi.StructType):
+    if isinstance(t, (mi.StructType, mi.DataclassType, mi.TypedDictType)):
         return "object"
     if isinstance(t, mi.CustomType) and t.cls is object:  # a value the document does not shape
         return "any JSON value"
@@ -102,8 +102,16 @@ def _rows(t: mi.Type, path: str, out: list[str]) -> None:
         _rows(t.item_type, f"{path}[]", out)
     elif isinstance(t, mi.DictType):
         _rows(t.value_type, f"{path}{{}}", out)
-    elif isinstance(t, mi.StructType):
-        for f in t.fields:
+    elif isinstance(t, (mi.StructType, mi.DataclassType, mi.TypedDictType)):
+        # a dataclass (the model's shape) or a TypedDict (the export's header) like a Struct: the
+        # fields in declaration order (msgspec lists a TypedDict's by name)
+        order = list(getattr(t.cls, "__annotations__", ()))
+        fields = (
+            sorted(t.fields, key=lambda f: order.index(f.name))
+            if isinstance(t, mi.TypedDictType)
+            else t.fields
+        )
+        for f in fields:
             here = f"{path}.{f.encode_name}" if path else f.encode_name
             optional = "" if f.required else " *(optional)*"
             out.append(f"| `{here}` | {_type_text(f.type)}{optional} |")

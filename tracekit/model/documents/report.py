@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc
+from tracekit.model.documents.base import Doc, PerTokenOf
 from tracekit.model.documents.breakdown import BreakdownKernelsByClassValue, BreakdownUnknownKernel
 from tracekit.model.documents.kernels import TopKernel
+from tracekit.model.documents.links import LinksPerTokenNs
 from tracekit.model.documents.manifest import ManifestInjectDelay
 from tracekit.model.documents.shortfall import (
     ShortfallByRankValue,
@@ -67,10 +70,8 @@ class ReportKeyFigure(Doc, kw_only=True):
     text: str
 
 
-class ReportPerTokenNs(Doc, kw_only=True):
-    baseline: int | None
-    sharded: int | None
-    ideal: int | None
+class ReportPerTokenNs(LinksPerTokenNs, kw_only=True):
+    """Per token: the baseline, the sharded run and the ideal (compare-links' own figures)."""
 
 
 class ReportCompute(Doc, kw_only=True):
@@ -86,10 +87,8 @@ class ReportWaterfallItem(Doc, kw_only=True):
     reading: str | None = None
 
 
-class ReportIntervalsPerTokenNs(Doc, kw_only=True):
-    baseline: tuple[float, float] | None
-    sharded: tuple[float, float] | None
-    ideal: tuple[float, float] | None
+class ReportIntervalsPerTokenNs(PerTokenOf[tuple[float, float] | None], kw_only=True):
+    """The 95% interval of each per-token time (`PerTokenOf`)."""
 
 
 class ReportIntervals(Doc, kw_only=True):
@@ -473,7 +472,9 @@ class Report(Doc, kw_only=True):
     straggler: ReportStraggler_ | None
     term_words: dict[str, str]
     per_token_label: str
-    extras: list[ReportExtra] | UnsetType = UNSET
+    #: a Sequence so that the report's own builder (`tracekit.report.data.ReportData`, a subclass)
+    #: holds its sections (`ReportExtra` with the renderers' text columns) here; read back as a list
+    extras: Sequence[ReportExtra] | UnsetType = UNSET
     title: str
     created: str
     generator: str

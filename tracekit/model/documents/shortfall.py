@@ -4,20 +4,17 @@ from __future__ import annotations
 
 from msgspec import UNSET, UnsetType
 
-from tracekit.model.documents.base import Doc, Header
+from tracekit.model.documents.base import BaselineSharded, Doc, Header, PerTokenOf
 from tracekit.model.documents.breakdown import BreakdownDataQuality, BreakdownStepKind, BreakdownStepsUsed
 from tracekit.model.documents.dilation import Dilation
 
 
-class ShortfallPerTokenNs(Doc, kw_only=True):
-    baseline: int
-    sharded: int
-    ideal: int
+class ShortfallPerTokenNs(PerTokenOf[int], kw_only=True):
+    """Per token, mean over the steady steps (`PerTokenOf`)."""
 
 
-class ShortfallPerTokenMedianNs(Doc, kw_only=True):
-    baseline: int
-    sharded: int
+class ShortfallPerTokenMedianNs(BaselineSharded[int], kw_only=True):
+    """Per token, median over the steady steps (`BaselineSharded`)."""
 
 
 class ShortfallPerRankItem(Doc, kw_only=True):
@@ -111,9 +108,8 @@ class ShortfallSequencesBaseline(Doc, kw_only=True):
     steps: int
 
 
-class ShortfallSequences(Doc, kw_only=True):
-    baseline: ShortfallSequencesBaseline
-    sharded: ShortfallSequencesBaseline
+class ShortfallSequences(BaselineSharded[ShortfallSequencesBaseline], kw_only=True):
+    """Each run's kernel sequences per step (`BaselineSharded`)."""
 
 
 class ShortfallComputeScaling(Doc, kw_only=True):
@@ -133,10 +129,8 @@ class ShortfallCompute(Doc, kw_only=True):
     p90: int
 
 
-class ShortfallIntervalsPerTokenNs(Doc, kw_only=True):
-    baseline: list[int]
-    sharded: list[int]
-    ideal: list[int]
+class ShortfallIntervalsPerTokenNs(PerTokenOf[list[int]], kw_only=True):
+    """The 95% interval [lo, hi] of each per-token time (`PerTokenOf`)."""
 
 
 class ShortfallIntervals(Doc, kw_only=True):
@@ -176,9 +170,8 @@ class ShortfallNoise(Doc, kw_only=True):
     terms: dict[str, ShortfallShortfall]
 
 
-class ShortfallInterval(Doc, kw_only=True):
-    baseline: list[float] | None  # null: no unprofiled rounds to bootstrap
-    sharded: list[float] | None
+class ShortfallInterval(BaselineSharded[list[float] | None], kw_only=True):
+    """Each run's 95% interval (`BaselineSharded`); null: no unprofiled rounds to bootstrap."""
 
 
 class ShortfallAppliedBaseline(Doc, kw_only=True):
@@ -195,14 +188,12 @@ class ShortfallAppliedBaseline(Doc, kw_only=True):
     unprofiled_rounds: int
 
 
-class ShortfallApplied(Doc, kw_only=True):
-    baseline: ShortfallAppliedBaseline
-    sharded: ShortfallAppliedBaseline
+class ShortfallApplied(BaselineSharded[ShortfallAppliedBaseline], kw_only=True):
+    """The dilation correction applied to each run (`BaselineSharded`)."""
 
 
-class ShortfallRuns(Doc, kw_only=True):
-    baseline: Dilation
-    sharded: Dilation
+class ShortfallRuns(BaselineSharded[Dilation], kw_only=True):
+    """Each run's dilation (`BaselineSharded`)."""
 
 
 class ShortfallCorrection(Doc, kw_only=True):
@@ -333,9 +324,8 @@ class ShortfallStepsBaseline(Doc, kw_only=True):
     kinds: list[BreakdownStepKind] | UnsetType = UNSET
 
 
-class ShortfallSteps(Doc, kw_only=True):
-    baseline: ShortfallStepsBaseline
-    sharded: ShortfallStepsBaseline
+class ShortfallSteps(BaselineSharded[ShortfallStepsBaseline], kw_only=True):
+    """Each run's steps (`BaselineSharded`)."""
 
 
 class Shortfall(Header, kw_only=True):

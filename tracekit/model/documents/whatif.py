@@ -9,6 +9,7 @@ from tracekit.model.documents.base import Doc, Header
 
 class WhatifProfilerCorrection(Doc, kw_only=True):
     method: str | None
+    per_call_ns: dict[str, int] | UnsetType = UNSET  # method "manifest calibration" only
 
 
 class WhatifReplayError(Doc, kw_only=True):
@@ -30,7 +31,7 @@ class WhatifBaseline(Doc, kw_only=True):
     host_scale: float | None
     device_scale: float | None
     replay_error: WhatifReplayError
-    path: str | None
+    path: str | None | UnsetType = UNSET  # the CLI's: the run's folder as given
 
 
 class WhatifRuns(Doc, kw_only=True):

@@ -3,6 +3,7 @@ critical-path rows, the top kernels, the headline, the key figures."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tracekit.model.documents.report import (
@@ -27,32 +28,6 @@ if TYPE_CHECKING:
     from tracekit.report.data import ReportData
 
 
-#: the column headers both renderers print (fixed words: neither escapes them)
-DILATION_APPLIED_HEADERS = (
-    "run",
-    "dilation applied (95% interval)",
-    "per token, traced (mean)",
-    "per token, unprofiled (mean)",
-    "cross-check: capture host clock",
-)
-DILATION_HOST_CLOCK_HEADERS = (
-    "run",
-    "per token, unprofiled (median)",
-    "per token, profiled (median)",
-    "dilation (host clock)",
-)
-COLLECTIVE_HEADERS = (
-    "op",
-    "message",
-    "count",
-    "wait (median of per-collective max)",
-    "transfer (median)",
-    "skew (median)",
-    "busbw (median)",
-)
-STRAGGLER_HEADERS = ("rank", "last", "of instances", "share")
-
-
 def attribution_headers(with_intervals: bool) -> list[str]:
     """The attribution table's headers (the 95% interval column only when the shortfall has them)."""
     interval = ["95% interval"] if with_intervals else []
@@ -62,6 +37,19 @@ def attribution_headers(with_intervals: bool) -> list[str]:
 def corrected(data: ReportData) -> bool:
     """Whether the per-token times are dilation-corrected (the shortfall's unprofiled source)."""
     return data.attribution is not None and data.attribution.per_token_source == "unprofiled"
+
+
+def dilation_summary(data: ReportData, *, threshold_note: bool) -> str:
+    """The line the folded dilation section shows: the dilation per run, whether it was removed
+    and, with `threshold_note` (the page; the Markdown prints the caution line instead), that it is
+    above the threshold."""
+    d = data.dilation
+    figures = dilation_figures(d)
+    if not figures:
+        return "Profiler dilation unknown (no unprofiled timing)"
+    how = "removed from the per-token times" if corrected(data) else "not removed"
+    above = "; above the threshold" if threshold_note and d.inflated else ""
+    return f"Profiler dilation {figures} ({how}){above}: how the traced parts were reconciled"
 
 
 def dilation_figures(d: ReportDilation) -> str:
@@ -162,6 +150,25 @@ TOP_KERNEL_HEADERS = [
     "mean per call",
     "share of the step",
 ]
+
+
+@dataclass(frozen=True)
+class TopKernelsTable:
+    """One run's top kernels as both renderers print them: caption, note, then the rows."""
+
+    caption: str
+    note: str
+    rows: list[tuple[str, str, str, str, str, str, bool]]
+    headers: tuple[str, ...] = tuple(TOP_KERNEL_HEADERS)
+
+
+def top_kernels_tables(data: ReportData) -> list[TopKernelsTable]:
+    """Per run with top kernels, its table (`top_kernel_rows`)."""
+    return [
+        TopKernelsTable(top_kernels_caption(run), top_kernels_note(run), rows)
+        for run in data.runs
+        if (rows := top_kernel_rows(run))
+    ]
 
 
 def top_kernels_caption(run: ReportRun_) -> str:
