@@ -72,9 +72,6 @@ def followed_by(
             arg = then(st.inner, got)
             return done(st, arg) if i == last else arg
 
-        if isinstance(stage, Reduce) and stage.early is not None:  # its argument from the inner state
-            early = stage.early
-            return dataclasses.replace(stage, then=then_, early=lambda st: early(st.inner))
         return dataclasses.replace(stage, then=then_)
 
     def start(meta: Run) -> tuple[_Then, Any]:

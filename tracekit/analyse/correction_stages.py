@@ -27,6 +27,9 @@ __all__ = [
     "att_path",
     "att_retime",
     "correction_target",
+    "retime_after",
+    "retime_again",
+    "retime_skip",
 ]
 
 
@@ -128,6 +131,28 @@ class RetimeRounds:
         if self.solve.rounds == 0:
             return ("cut", self.measured, *self.latencies(), self.solve.times)
         return ("at", self.solve.times)
+
+
+def retime_after(st: Any, got: dict[int, Any]) -> Any:
+    """The `retime` stage's combine on the attribution plan's state (`st.retime`, a RetimeRounds
+    while the rounds run; `st.reduce_arg`, the graph's and the path's Reduces' argument): the
+    next round's argument, or, once over, the Reduces' (with what the graph's reads ahead with)."""
+    if st.retime is None or st.retime.combine(got):
+        if st.retime is not None and st.retime.solve is not None:
+            st.reduce_arg = (*st.reduce_arg[:3], (st.retime.calibration, st.retime.n_ranks))
+        st.retime = None
+        return st.reduce_arg
+    return st.retime.arg()
+
+
+def retime_again(st: Any) -> bool:
+    """Whether the `retime` stage runs another round."""
+    return st.retime is not None
+
+
+def retime_skip(st: Any) -> Any:
+    """The `retime` stage in one process: not run (one process re-times the run's graph at once)."""
+    return st.reduce_arg
 
 
 def att_retime(inp: Any, arg: tuple[Any, ...]) -> Any:

@@ -30,8 +30,7 @@ the rank's events held in the worker's memory from the read on).
 The plans: `attribution_plan` (`shortfall.attribute_run`: one run's per-step parts and critical
 path, and with `correct` its profiler correction) and `breakdown_plan` (`breakdown.breakdown`,
 with the report's top kernels); `tracekit.analyse.command_plans` has diff's, decompose's and
-the what-if's (a plan followed by a rank stage: `command_plans.followed_by`).
-"""
+the what-if's (a plan followed by a rank stage: `command_plans.followed_by`)."""
 
 from __future__ import annotations
 
@@ -55,6 +54,9 @@ from tracekit.analyse.correction_stages import (
     att_path,
     att_retime,
     correction_target,
+    retime_after,
+    retime_again,
+    retime_skip,
 )
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
@@ -102,11 +104,9 @@ class RankStage:
     name: str
     rank: Callable[[RankInput, Any], Any]
     combine: Callable[[Any, dict[int, Any]], Any]
-    #: the stage runs again (on the combine's new argument) while `again(state)` is true: rounds
-    #: of one per-rank exchange (the rendezvous times of the per-rank re-timing)
+    #: run again (on the combine's new argument) while `again(state)`: rounds of an exchange
     again: Callable[[Any], bool] | None = None
-    #: in one process (`run_in_process`) the stage is not run: its argument for the next stage is
-    #: `skip(state)` (work split per rank for the Dask executor that one process does at once)
+    #: not run in one process (`run_in_process`): the next stage's argument is `skip(state)`
     skip: Callable[[Any], Any] | None = None
 
 
@@ -132,10 +132,6 @@ class Reduce:
     #: key instead of the ranks' values (the run's graph, assembled once there; on Dask each
     #: Reduce assembles its own from the pieces, on its own worker)
     in_process: str | None = None
-    #: with `wait=False`: its argument from the plan's state before the rank stage it follows has
-    #: ended (`early(state)`), so it is submitted with that stage (on Dask its values move to its
-    #: worker as each file's task ends, and it starts without waiting for the stage's combine)
-    early: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -211,9 +207,7 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
         elif isinstance(stage, Fan):
             arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
-            run_reduce(
-                stage, reduced, kept(ranks, stage.key), arg if stage.early is None else stage.early(state)
-            )
+            run_reduce(stage, reduced, kept(ranks, stage.key), arg)
         elif stage.in_process is not None:
             arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
         else:
@@ -416,20 +410,11 @@ def attribution_plan(
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
-        # the profiler correction's re-timing split per rank, where its latencies are known now
-        # (a manifest calibration on a GPU timeline; a solved cost is solved on the run's graph)
+        # the correction re-timed per rank (its latencies known now; docs/SCALE.md section Left)
         st.retime = RetimeRounds.of(
             st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
         )
         return PerRank() if st.retime is None else st.retime.first()
-
-    def after_retime(st: _Attribution, got: dict[int, Any]) -> Any:
-        if st.retime is None or st.retime.combine(got):
-            if st.retime is not None and st.retime.solve is not None:  # the graph's Reduce reads ahead
-                st.reduce_arg = (*st.reduce_arg[:3], (st.retime.calibration, st.retime.n_ranks))
-            st.retime = None
-            return st.reduce_arg
-        return st.retime.arg()
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
@@ -479,8 +464,7 @@ def attribution_plan(
         st.intervals = [iv for iv, _fs, _kn in got if iv is not None]
         if not identify_spread(st.job, st.figures):
             return []
-        # the points between the ends: one task over every rank's interval (`refine_splits`
-        # shares its budget of midpoints among them)
+        # the points between the ends: one task over every interval (one budget of midpoints)
         known = {p: v for _iv, _fs, kn in got for p, v in kn.items()}
         return [(st.job, st.intervals, known)]
 
@@ -503,17 +487,8 @@ def attribution_plan(
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
-            # the correction's re-timing per rank, in rounds of rendezvous times (Dask only: one
-            # process re-times the run's graph at once)
-            RankStage(
-                "retime",
-                att_retime,
-                after_retime,
-                again=lambda st: st.retime is not None,
-                skip=lambda st: st.reduce_arg,
-            ),  # fmt: skip
-            # the graph assembled and prepared for the correction on one worker while another
-            # walks the path on its own copy (each from the ranks' pieces)
+            RankStage("retime", att_retime, retime_after, again=retime_again, skip=retime_skip),
+            # the graph assembled (and prepared) on one worker, the path walked on another's copy
             Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False),
             Reduce("path", "graph", att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),

@@ -191,7 +191,6 @@ class _Runner:
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
-        self.early = -1  # the stage submitted early, with the rank stage before it
         self.result: Any = None
         self.done = False
 
@@ -221,24 +220,12 @@ class _Runner:
                 f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
-            nxt = self.plan.stages[self.stage + 1] if self.stage + 1 < len(self.plan.stages) else None
-            if isinstance(nxt, Reduce) and nxt.early is not None and st.again is None:
-                # submitted now, on this stage's states: its values move to its worker as each
-                # file's task ends, and it starts without waiting for the combine
-                done = dict(self.futs)
-                after = [done.get(n, fut) for n, fut in enumerate(states)]
-                early_arg = r.client_call(self.j, nxt.early, self.state)
-                self._reduce(nxt, f"run{self.j}-p{self.p}-s{self.stage + 1}", early_arg, after)
-                self.early = self.stage + 1
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
             self.small = [
                 r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
             ]
-        elif self.early == self.stage:  # submitted with the rank stage before it
-            self.stage += 1
-            self.submit()
         else:
             small = self._reduce(st, tag, self.arg, states)
             if not st.wait:  # not gathered now: the next stage is submitted with this one
