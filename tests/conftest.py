@@ -300,9 +300,12 @@ def real_kineto_excerpt_text(n_events: int = 1200) -> str:
     return json.dumps(doc)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def cluster() -> Any:
-    """A two-worker in-process Dask LocalCluster, one per test module (the Dask engine's test files)."""
+    """A two-worker in-process Dask LocalCluster, one per test process (each xdist worker), shared
+    by the Dask engine's test files and tests/test_serving.py: a cluster's start and stop cost
+    ~0.5 CPU-s; no test depends on a fresh one (task keys are per call, the workers hold no data
+    between calls, and what a test patches in tracekit.engine it undoes before the next)."""
     from distributed import LocalCluster
 
     with LocalCluster(
@@ -311,9 +314,9 @@ def cluster() -> Any:
         yield c
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dask(cluster: Any) -> Any:  # -> tracekit.engine.Engine
-    """The dask engine on the module's LocalCluster."""
+    """The dask engine on the session's LocalCluster."""
     from tracekit.engine import Engine
 
     return Engine(kind="dask", scheduler=cluster.scheduler_address)

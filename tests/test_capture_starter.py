@@ -74,6 +74,9 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
         got = _run(starter.Starter(), "TRACEKIT_SPAWNED")
         monkeypatch.setenv(own, "tracekit-own")
         mine = _run(starter.Starter(), own)
+        # inductor's cache folder, which torch sets in this process once inductor asks for it
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+        cache = _run(starter.Starter(), "TORCHINDUCTOR_CACHE_DIR")
         monkeypatch.setenv(var, "set-after-the-server-started")
         also = _run(starter.Starter(), var)
     finally:
@@ -87,12 +90,16 @@ def test_a_rank_is_forked_with_torch_and_gets_the_environment_and_stderr_of_its_
     # one of tracekit's own variables (TRACEKIT_*: the server imports no tracekit) set after the
     # server's start: the same server, and the rank sees the variable
     assert mine["ppid"] == got["ppid"] and mine["var"] == "tracekit-own"
+    assert cache["ppid"] == got["ppid"] and cache["var"] == str(
+        tmp_path / "inductor"
+    )  # the same: no torch import
     # a variable that is not tracekit's made another server, whose rank sees it too
     assert also["ppid"] != got["ppid"] and also["var"] == "set-after-the-server-started"
     # what the ranks wrote on fd 2 went to this process' fd 2 of the time, not to the server's
     assert err.read_text().splitlines() == [
         "rank stderr from-the-test",
         "rank stderr tracekit-own",
+        f"rank stderr {tmp_path / 'inductor'}",
         "rank stderr set-after-the-server-started",
     ]
 
@@ -153,3 +160,26 @@ def test_ctrl_c_while_the_server_imports_leaves_no_rank(
         kids = [k for t in Path(f"/proc/{pid}/task").iterdir() for k in (t / "children").read_text().split()]
         time.sleep(0.1)
     assert kids == [] and not list(out.glob(".rank-*.result.json"))
+
+
+def test_a_rank_imports_no_pandas() -> None:
+    """What a CPU rank of a capture or a probe imports of tracekit (tracekit.capture.rank and what
+    rank_main imports, but the decoder, which needs torch; the probe's sweep and its rank) loads no
+    pandas or pyarrow: the readers' table library, ~0.5-0.9 CPU-s per rank process. It came in
+    through shared helpers: the events table in tracekit/model/__init__.py (reached from
+    tracekit.model.shape), read.files' sha256_of (from tracekit.capture.environment; the digest is in
+    model/digest.py now) and the events table's COLLECTIVE_OPS (from tracekit.probe.spec; now
+    model/ops.py). Checked in a fresh interpreter (this one has imported pandas)."""
+    import subprocess
+
+    mods = [f"tracekit.capture.{m}" for m in ("rank", "config", "profile", "calibrate", "environment")]
+    mods += ["tracekit.capture.annotate", "tracekit.capture.decoder_shape", "tracekit.cli.main"]
+    mods += [f"tracekit.probe.{m}" for m in ("sweep", "sweep_rank", "spec", "results", "nccl_log")]
+    code = (
+        "import sys\n"
+        + "".join(f"import {m}\n" for m in mods)
+        + "print(sorted(m for m in ('pandas', 'pyarrow', 'torch') if m in sys.modules))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

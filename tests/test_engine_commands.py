@@ -1,6 +1,6 @@
 """Every analysis command on every engine, and the profiler correction where the graph is (issue 27).
 
-One LocalCluster for the module (two worker threads of this process). The profiler correction
+One LocalCluster for the session (conftest: two worker threads of this process). The profiler correction
 is computed in the attribution plan's Reduce, next to the run's dependency graph: the RunParts
 that reaches the client has no graph, yet its correction is the one the in-process analysis
 gives (whose `correction.correct_run` re-times the graph on the client). whatif, decompose and

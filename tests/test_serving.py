@@ -363,14 +363,15 @@ def test_shared_sglang_trace_step_kind(shared_traces: Path) -> None:
     assert b.per_token.steps_used.batch == 32
 
 
-def test_dask_engine_matches_by_step_as_the_local_engine(tmp_path: Path) -> None:
+def test_dask_engine_matches_by_step_as_the_local_engine(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """The Dask engine's bucket tasks match before the windows exist: the client re-matches the
     order-matched kernels by step, so its JSON is the local engine's, and a count that disagrees in
-    one step is refused with the same message."""
+    one step is refused with the same message. On the session's two-worker cluster (conftest's
+    `dask`: the Dask engine's tests share it)."""
     pytest.importorskip("distributed")
-    from distributed import LocalCluster
-
-    from tracekit.engine import Engine, shortfall_paths
+    from tracekit.engine import shortfall_paths
 
     run_dir, _, _ = _run(tmp_path, MIXED)
     base_dir, _, _ = _run(tmp_path, MIXED, name="tp1", ranks=1)
@@ -379,13 +380,10 @@ def test_dask_engine_matches_by_step_as_the_local_engine(tmp_path: Path) -> None
     assert local["collectives"]["match_by"] == {"default": "step_order"}
     with pytest.raises(MatchError) as local_exc:
         shortfall_paths(base_dir, bad_dir)
-    with LocalCluster(
-        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
-    ) as c:
-        eng = Engine(kind="dask", scheduler=c.scheduler_address)
-        assert json.dumps(shortfall_paths(base_dir, run_dir, eng).to_json()) == json.dumps(local)
-        with pytest.raises(MatchError) as dask_exc:
-            shortfall_paths(base_dir, bad_dir, eng)
+    eng = request.getfixturevalue("dask")
+    assert json.dumps(shortfall_paths(base_dir, run_dir, eng).to_json()) == json.dumps(local)
+    with pytest.raises(MatchError) as dask_exc:
+        shortfall_paths(base_dir, bad_dir, eng)
     assert str(dask_exc.value) == str(local_exc.value) and "in step window 3" in str(local_exc.value)
 
 

@@ -270,6 +270,12 @@ def test_study_interleaves_the_degrees_and_pairs_their_rounds(study):
     rd = sf["noise"]
     if rd["status"] == "attributed":
         assert rd["terms"][rd["cause"]]["interval"][0] > 0
+    elif rd["status"] == "unsettled":  # S and several terms clear of zero, none the largest in 95% of
+        # the resamples (a noisy host's capture may read so; tracekit/analyse/noise.py): none named,
+        # the candidates listed, each a finding
+        assert rd["cause"] is None and rd["named"] is False and rd["candidates"]
+        assert rd["shortfall"]["interval"][0] > 0
+        assert all(rd["terms"][c["term"]]["interval"][0] > 0 for c in rd["candidates"])
     else:
         assert rd["status"] in ("too_noisy", "unattributed")
 

@@ -15,7 +15,8 @@ and without the profiler, in the capture's profiler mode, right after its warm-u
   cost of the aten op around it: the profiler's cost per CUDA runtime launch. This path runs only
   where CUDA is present and has not been run in this repository's tests (no GPU there).
 
-`repeats` rounds, each BLOCKS blocks of `calls` calls per kind without the profiler, then the
+After an untimed warm-up (WARMUP_CALLS calls of each kind without the profiler, then under a
+first profiler session), `repeats` rounds, each BLOCKS blocks of `calls` calls per kind without the profiler, then the
 same blocks under a fresh profiler session (started before them and stopped after them, outside
 the timing); per kind (fastest profiled block - fastest plain block) / calls, clamped at 0: a
 loaded host only adds time to a block, so the fastest one is the least disturbed. Host wall clock (`time.perf_counter_ns`); a CUDA block ends with a device
@@ -38,6 +39,12 @@ CALLS = 200
 REPEATS = 3
 #: timed blocks of each kind per plain stretch and per profiler session
 BLOCKS = 4
+#: calls of each kind in the untimed warm-up (one block plain, one under the first profiler
+#: session): enough for the first calls' lazy set-up (gloo's pairs, Kineto's start), which the
+#: timed blocks must not pay. It was BLOCKS blocks of CALLS, timed and thrown away: a quarter of
+#: the calibration's calls, on a TP=2 CPU capture most of them all-reduces (~1 ms of CPU each on
+#: the loaded 2-core host)
+WARMUP_CALLS = 20
 
 
 def _timed(fn: Callable[[], None], calls: int, sync: Callable[[], None] | None) -> int:
@@ -105,11 +112,12 @@ def calibrate(
     prof: dict[str, list[int]] = {k: [] for k in kinds}
 
     def blocks(into: dict[str, list[int]] | None) -> None:
-        for _ in range(BLOCKS):
+        n, per_block = (BLOCKS, calls) if into is not None else (1, min(calls, WARMUP_CALLS))
+        for _ in range(n):
             for k, (fn, sync) in kinds.items():
                 if barrier is not None and k == "collective":
                     barrier()
-                ns = _timed(fn, calls, sync)
+                ns = _timed(fn, per_block, sync)
                 if into is not None:
                     into[k].append(ns)
 
@@ -121,8 +129,8 @@ def calibrate(
         finally:
             tracer.stop()
 
-    blocks(None)  # untimed: first calls, lazy init
-    profiled(None)  # untimed: the profiler's first session
+    blocks(None)  # untimed: first calls, lazy init (one short block of each kind)
+    profiled(None)  # untimed: the profiler's first session (the same)
     for _ in range(repeats):
         blocks(plain)
         profiled(prof)

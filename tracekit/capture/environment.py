@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tracekit.model.digest import sha256_of
 from tracekit.model.documents.manifest import (
     ManifestDevice,
     ManifestFilesValue,
@@ -25,7 +26,6 @@ from tracekit.model.documents.manifest import (
     ManifestNvmlLink,
     ManifestTopology,
 )
-from tracekit.read.files import sha256_of
 
 MANIFEST_NAME = "manifest.json"
 SCHEMA_VERSION = "1.2"  # 1.1: workload.nsys; 1.2: rounds (alternating passes), dilation_interval

@@ -51,9 +51,20 @@ from tracekit.capture.config import ENV_TEARDOWN_CUPTI
 #: what the server imports once for all its ranks (each rank imports the rest itself)
 PRELOAD = ["torch", "torch.distributed", "torch.profiler"]
 
-#: variables a capture sets for its own ranks while it starts them, and pytest's name of the test
-#: running now: none of them decides what the server imports
-_OWN_VARS = frozenset({"TRACEKIT_SPAWNED", ENV_TEARDOWN_CUPTI, "NCCL_NVLS_ENABLE", "PYTEST_CURRENT_TEST"})
+#: variables a capture sets for its own ranks while it starts them, pytest's name of the test
+#: running now, and inductor's cache folder (torch sets it in this process the first time inductor
+#: asks for its cache, e.g. a compiled step in a test: the next capture started a second server,
+#: ~3 CPU-s, though the server imports no inductor, tests/test_profiler_start.py): none of them
+#: decides what the server imports
+_OWN_VARS = frozenset(
+    {
+        "TRACEKIT_SPAWNED",
+        ENV_TEARDOWN_CUPTI,
+        "NCCL_NVLS_ENABLE",
+        "PYTEST_CURRENT_TEST",
+        "TORCHINDUCTOR_CACHE_DIR",
+    }
+)
 
 #: servers kept, the most recently used last
 _KEEP = 2

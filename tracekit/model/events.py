@@ -29,6 +29,7 @@ import pandas as pd
 from tracekit.model.documents.base import Documented
 from tracekit.model.documents.breakdown import BreakdownDataQuality
 from tracekit.model.documents.manifest import Manifest
+from tracekit.model.ops import COLLECTIVE_OPS as COLLECTIVE_OPS  # (the `coll_op` values: ops.py, no pandas)
 
 #: Event kinds (the `kind` column).
 KINDS: tuple[str, ...] = (
@@ -42,22 +43,6 @@ KINDS: tuple[str, ...] = (
     "annotation",  # user range on the host: record_function, NVTX push/pop, ProfilerStep#N
     "gpu_annotation",  # user range projected on a GPU stream (Kineto gpu_user_annotation)
     "other",  # anything else the reader kept (python_function, overhead, ...)
-)
-
-#: Normalised collective operations (the `coll_op` column).
-COLLECTIVE_OPS: tuple[str, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "reduce",
-    "all_to_all",
-    "send_recv",
-    "send",
-    "recv",
-    "barrier",
-    "gather",
-    "scatter",
 )
 
 #: Column name -> dtype. The order is the table's column order.

@@ -32,10 +32,10 @@ from typing import Any
 
 from tracekit.analyse.collectives.bandwidth import BANDWIDTH_OP, bus_factor
 from tracekit.errors import ProbeError
-from tracekit.model.events import COLLECTIVE_OPS as EVENT_COLLECTIVE_OPS
+from tracekit.model.ops import COLLECTIVE_OPS as EVENT_COLLECTIVE_OPS
 
 #: Collective probe ops (command-line names, nccl-tests' test names without `_perf`): the event
-#: table's first five (`tracekit.model.events.COLLECTIVE_OPS`), then nccl-tests' spelling of two more.
+#: table's first five (`tracekit.model.ops.COLLECTIVE_OPS`), then nccl-tests' spelling of two more.
 COLLECTIVE_OPS: tuple[str, ...] = EVENT_COLLECTIVE_OPS[:5] + ("alltoall", "sendrecv")
 
 #: dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes).

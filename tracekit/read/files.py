@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import os
 from collections.abc import Callable, Sequence
@@ -12,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tracekit.errors import NoTracesError
+from tracekit.model.digest import sha256_of as sha256_of  # (re-exported: read.run, engine.dask_tasks)
 from tracekit.model.events import Run
 from tracekit.read import cache as cache_mod
 from tracekit.read.manifests import ManifestRead, read_manifest
@@ -27,16 +27,6 @@ READERS: dict[str, str] = {
 }
 
 _NOT_TRACES = {"manifest.json"}
-
-
-def sha256_of(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 of a file's bytes (hex), read in 1 MiB blocks: the digest a manifest records
-    for each file (capture) and checks when it is read (read_run)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def reader_for(path: Path) -> tuple[Callable[..., Run], str] | None:
