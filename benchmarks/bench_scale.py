@@ -348,20 +348,20 @@ def main() -> None:
     one = next((r["wall_s"] for r in rows if r["case"] == "dask:1" and "wall_s" in r), None)
     print(
         "| case | wall s | vs local | vs 1 worker | read tasks s (sum / max) | stage tasks s (sum) | "
-        "Reduce s (match + path ∥ graph + correction) | identify tasks s (sum / max, n) | client s (share of wall) | "
-        "worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
+        "Reduce s (match + path ∥ graph + correction) | retime tasks s (sum / n) | identify tasks s (sum / max, n) | "
+        "client s (share of wall) | worker RSS MB idle / peak | client peak RSS MB | JSON = local |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if "timed_out_s" in r:
-            print(f"| {r['case']} | > {r['timed_out_s']:.0f} (timed out) | | | | | | | | | | |")
+            print(f"| {r['case']} | > {r['timed_out_s']:.0f} (timed out) | | | | | | | | | | | |")
             continue
         if r["case"] in ("local", "local:1"):
             same = "reference" if r["case"] == "local" else ("yes" if r["json_sha256"] == ref else "no")
             vs = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
             print(
                 f"| {r['case']} | {r['wall_s']:.1f} | {vs} | | {r['stage1_s']:.1f} "
-                f"(read_run) | {r['stage2_s']:.1f} (in process) | | | | | {r['client_peak_rss_mb']:.0f} | {same} |"
+                f"(read_run) | {r['stage2_s']:.1f} (in process) | | | | | | {r['client_peak_rss_mb']:.0f} | {same} |"
             )
             continue
         vs_local = f"{local_s / r['wall_s']:.2f}x" if local_s else ""
@@ -371,6 +371,9 @@ def main() -> None:
             r["stages"].get(k, [0, 0, 0])[1] for k in ("match", "path", "graph", "correction")
         )
         red = f"{red_m:.1f} + {red_p:.1f} ∥ {red_g:.1f} + {red_c:.1f}"
+        # the correction's re-timing split per rank: one task per file and round (docs/SCALE.md)
+        rt = r["stages"].get("attribution.retime", [0, 0, 0])
+        rt_s = f"{rt[0]:.1f} / {rt[2]}" if rt[2] else "-"
         fan = [r["stages"].get(k, [0, 0, 0]) for k in ("identify", "identify_between")]
         fan_s = (
             f"{sum(f[0] for f in fan):.1f} / {max(f[1] for f in fan):.2f}, {sum(f[2] for f in fan)}"
@@ -380,7 +383,7 @@ def main() -> None:
         print(
             f"| {r['case']} (+{r['cluster_start_s']:.1f} s start) | {r['wall_s']:.1f} | {vs_local} | {sp} | "
             f"{r['stage1_task_s_sum']:.1f} / {r['stage1_task_s_max']:.2f} | {r['stage2_task_s_sum']:.1f} | "
-            f"{red} | {fan_s} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
+            f"{red} | {rt_s} | {fan_s} | {r['client_s']:.2f} ({100 * r['client_s'] / r['wall_s']:.0f}%) | "
             f"{r['worker_rss_before_mb']:.0f} / {r['worker_peak_rss_mb_at_end']:.0f} | "
             f"{r['client_peak_rss_mb']:.0f} ({r['client_rss_idle_mb']:.0f} idle) | "
             f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"

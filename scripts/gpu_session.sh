@@ -23,8 +23,8 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
-#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local, local:1 + 16/8/1/8/1 workers, 256
-#       calibrated on 16; the client's share of the wall and peak RSS (issue 27; ~8.5 min at most)
+#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1/8/1 workers, 256
+#       calibrated on 16, BEFORE=DIR's 8/1 workers; the client's share and peak RSS (issue 27; ~9.5 min at most)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
 #       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
 #   decompose: the committed CPU set `decompose` (scripts/capture_cpu_test_traces.py decompose: three
@@ -135,19 +135,25 @@ fi
 # dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON).
 # (1) the run with a profiler_calibration in its manifest (bench_scale --calibrated: the cost per call
 # removed, nothing solved): the local engine, then LocalClusters of 16, 8 and 1 workers (8 vs 1 is
-# the shape check); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and
-# peak RSS. The run without a calibration (the cost solved and checked for identifiability, one task
-# per rank: plans.Fan) was measured in the call before (`--ranks 64 --workers 16`, ~80 s; the local
-# engine runs that check rank after rank: minutes). Inner timeouts per case and per part (a case's
-# JSON row is printed as it ends): 8.5 min at most; tables and per-case JSON rows under $OUT.
-# 8 and 1 workers twice (the host drifts 10-15% between calls: the spread of the shape check).
+# the shape check), 8 and 1 twice (the host drifts 10-15% between calls: the spread of the shape
+# check); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and peak RSS;
+# (3) with BEFORE=DIR (a checkout of the code before the change, e.g. the repo root when this tree
+# is a copy under .dev/): its 8 and 1 workers on the same run, for a before/after on one host.
+# The run without a calibration (the cost solved and checked for identifiability, one task per rank:
+# plans.Fan) was measured in an earlier call (`--ranks 64 --workers 16`, ~80 s). Inner timeouts per
+# case and per part (a case's JSON row is printed as it ends): ~9.5 min at most; tables and per-case
+# JSON rows under $OUT.
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
   B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 370 $B --ranks 64 --calibrated --workers 16,8,1,8,1 --local --local-one --case-timeout 100 \
+  timeout 300 $B --ranks 64 --calibrated --workers 16,8,1,8,1 --local --case-timeout 90 \
     --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
-  timeout 150 $B --ranks 256 --calibrated --workers 16 --case-timeout 120 \
+  timeout 150 $B --ranks 256 --calibrated --workers 16 --case-timeout 110 \
     --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
+  if [ -n "${BEFORE:-}" ]; then
+    (cd "$BEFORE" && PYTHONPATH=/tmp/site:$BEFORE timeout 110 $B --ranks 64 --calibrated --workers 8,1 \
+      --case-timeout 80 --out $OUT/dask-scale64-cal-before.json 2>&1 | tee $OUT/dask-scale64-cal-before.txt)
+  fi
 fi
 if [ "$stage" = compile ] || [ "$stage" = suitecap ]; then
   nproc

@@ -65,16 +65,19 @@ def followed_by(
                 arg = combine(st.inner, got)
                 return done(st, arg) if i == last else arg
 
-            return dataclasses.replace(stage, combine=comb)
+            again, skip = stage.again, stage.skip  # on the inner plan's state too
+            return dataclasses.replace(
+                stage,
+                combine=comb,
+                again=None if again is None else (lambda st: again(st.inner)),
+                skip=None if skip is None else (lambda st: skip(st.inner)),
+            )
         then = stage.then
 
         def then_(st: _Then, got: Any) -> Any:
             arg = then(st.inner, got)
             return done(st, arg) if i == last else arg
 
-        if isinstance(stage, Reduce) and stage.early is not None:  # its argument from the inner state
-            early = stage.early
-            return dataclasses.replace(stage, then=then_, early=lambda st: early(st.inner))
         return dataclasses.replace(stage, then=then_)
 
     def start(meta: Run) -> tuple[_Then, Any]:

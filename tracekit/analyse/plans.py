@@ -30,8 +30,7 @@ the rank's events held in the worker's memory from the read on).
 The plans: `attribution_plan` (`shortfall.attribute_run`: one run's per-step parts and critical
 path, and with `correct` its profiler correction) and `breakdown_plan` (`breakdown.breakdown`,
 with the report's top kernels); `tracekit.analyse.command_plans` has diff's, decompose's and
-the what-if's (a plan followed by a rank stage: `command_plans.followed_by`).
-"""
+the what-if's (a plan followed by a rank stage: `command_plans.followed_by`)."""
 
 from __future__ import annotations
 
@@ -47,12 +46,17 @@ from tracekit.analyse.compute.kernel_scaling import compact_kernels, gather_kern
 from tracekit.analyse.correction_stages import (
     CORRECT_TARGETS,
     CorrectionInput,
+    RetimeRounds,
     att_correct,
     att_graph,
     att_identify_between,
     att_identify_ends,
     att_path,
+    att_retime,
     correction_target,
+    retime_after,
+    retime_again,
+    retime_skip,
 )
 from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
@@ -100,6 +104,10 @@ class RankStage:
     name: str
     rank: Callable[[RankInput, Any], Any]
     combine: Callable[[Any, dict[int, Any]], Any]
+    #: run again (on the combine's new argument) while `again(state)`: rounds of an exchange
+    again: Callable[[Any], bool] | None = None
+    #: not run in one process (`run_in_process`): the next stage's argument is `skip(state)`
+    skip: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,10 +132,6 @@ class Reduce:
     #: key instead of the ranks' values (the run's graph, assembled once there; on Dask each
     #: Reduce assembles its own from the pieces, on its own worker)
     in_process: str | None = None
-    #: with `wait=False`: its argument from the plan's state before the rank stage it follows has
-    #: ended (`early(state)`), so it is submitted with that stage (on Dask its values move to its
-    #: worker as each file's task ends, and it starts without waiting for the stage's combine)
-    early: Callable[[Any], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -194,14 +198,16 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
     state, arg = plan.start(run.run if isinstance(run, AnalysedRun) else run)
     reduced: dict[str, Any] = {}  # what the plan's Reduces kept
     for stage in plan.stages:
-        if isinstance(stage, RankStage):
+        if isinstance(stage, RankStage) and stage.skip is not None:
+            arg = stage.skip(state)
+        elif isinstance(stage, RankStage):
             arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+            while stage.again is not None and stage.again(state):
+                arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
         elif isinstance(stage, Fan):
             arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
-            run_reduce(
-                stage, reduced, kept(ranks, stage.key), arg if stage.early is None else stage.early(state)
-            )
+            run_reduce(stage, reduced, kept(ranks, stage.key), arg)
         elif stage.in_process is not None:
             arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
         else:
@@ -251,6 +257,8 @@ class _Attribution:
     target: Any = None  # the profiler correction's target, its Correction, its IdentifyJob
     corr: Any = None
     job: Any = None
+    reduce_arg: Any = None  # the path's and the graph's Reduces' argument
+    retime: Any = None  # the per-rank re-timing's rounds (`RetimeRounds`) while they run
     figures: list[Any] = field(default_factory=list)  # the identifiability check's first round
     intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
@@ -392,7 +400,7 @@ def attribution_plan(
             }
         )
 
-    def after_ranks(st: _Attribution, got: dict[int, Any]) -> tuple[dict[int, int], str, bool]:
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Any:
         from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.path.critical_path import path_timeline
 
@@ -401,12 +409,12 @@ def attribution_plan(
             p.kernels = k
         st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
-        return offsets, path_timeline(p.timeline for p in pieces), correct is not None
-
-    def graph_arg(st: _Attribution) -> tuple[dict[int, int], str, bool]:
-        """The graph Reduce's argument, known once the collectives are matched: the clock offsets
-        (the same `after_ranks` gives the path's Reduce)."""
-        return {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}, "", correct is not None
+        st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
+        # the correction re-timed per rank (its latencies known now; docs/SCALE.md section Left)
+        st.retime = RetimeRounds.of(
+            st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
+        )
+        return PerRank() if st.retime is None else st.retime.first()
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
@@ -456,8 +464,7 @@ def attribution_plan(
         st.intervals = [iv for iv, _fs, _kn in got if iv is not None]
         if not identify_spread(st.job, st.figures):
             return []
-        # the points between the ends: one task over every rank's interval (`refine_splits`
-        # shares its budget of midpoints among them)
+        # the points between the ends: one task over every interval (one budget of midpoints)
         known = {p: v for _iv, _fs, kn in got for p, v in kn.items()}
         return [(st.job, st.intervals, known)]
 
@@ -480,9 +487,9 @@ def attribution_plan(
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
             RankStage("attribute", _att_rank, after_ranks),
-            # the graph assembled and prepared for the correction on one worker while another
-            # walks the path on its own copy (each from the ranks' pieces)
-            Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False, early=graph_arg),
+            RankStage("retime", att_retime, retime_after, again=retime_again, skip=retime_skip),
+            # the graph assembled (and prepared) on one worker, the path walked on another's copy
+            Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False),
             Reduce("path", "graph", att_path, after_path, in_process="run_graph"),
             Reduce("correction", "run_graph", att_correct, after_correct, keeps="corr_run", on_kept=True),
             Fan("identify", "corr_run", att_identify_ends, after_ends),

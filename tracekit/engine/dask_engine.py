@@ -184,13 +184,13 @@ class _Runner:
     def __init__(self, run: _Run, j: int, p: int, plan: Plan, meta: Run) -> None:
         self.run, self.j, self.p, self.plan, self.meta = run, j, p, plan, meta
         self.stage = 0
+        self.round = 0  # of a rank stage run again (`RankStage.again`)
         self.state: Any = None
         self.arg: Any = None
         self.futs: list[Any] = []
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
-        self.early = -1  # the stage submitted early, with the rank stage before it
         self.result: Any = None
         self.done = False
 
@@ -209,7 +209,7 @@ class _Runner:
         name = f"{self.plan.name}.{st.name}"
         only = self.plan.only_rank
         states = r.states[self.j]
-        tag = f"run{self.j}-p{self.p}-s{self.stage}"
+        tag = f"run{self.j}-p{self.p}-s{self.stage}" + (f"-r{self.round}" if self.round else "")
         if isinstance(st, RankStage):
             self.futs, self.small = [], []
             for n, (fut, ranks) in enumerate(zip(states, r.ranks_of[self.j], strict=True)):
@@ -220,24 +220,12 @@ class _Runner:
                 f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
-            nxt = self.plan.stages[self.stage + 1] if self.stage + 1 < len(self.plan.stages) else None
-            if isinstance(nxt, Reduce) and nxt.early is not None:
-                # submitted now, on this stage's states: its values move to its worker as each
-                # file's task ends, and it starts without waiting for the combine
-                done = dict(self.futs)
-                after = [done.get(n, fut) for n, fut in enumerate(states)]
-                early_arg = r.client_call(self.j, nxt.early, self.state)
-                self._reduce(nxt, f"run{self.j}-p{self.p}-s{self.stage + 1}", early_arg, after)
-                self.early = self.stage + 1
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
             self.small = [
                 r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
             ]
-        elif self.early == self.stage:  # submitted with the rank stage before it
-            self.stage += 1
-            self.submit()
         else:
             small = self._reduce(st, tag, self.arg, states)
             if not st.wait:  # not gathered now: the next stage is submitted with this one
@@ -292,6 +280,11 @@ class _Runner:
             for n, f in self.futs:
                 r.states[self.j][n] = f
             self.arg = r.client_call(self.j, st.combine, self.state, merged)
+            if st.again is not None and r.client_call(self.j, st.again, self.state):
+                r.later.extend(self.small)
+                self.round += 1
+                self.submit()  # the same stage again, on the new argument
+                return
         elif isinstance(st, Fan):
             r.records[self.j].extend(rec for _out, rec in got)
             self.arg = r.client_call(self.j, st.then, self.state, [out for out, _rec in got])
@@ -301,6 +294,7 @@ class _Runner:
             self.arg = r.client_call(self.j, st.then, self.state, out)
         r.later.extend(self.small)
         self.stage += 1
+        self.round = 0
         self.submit()
 
 

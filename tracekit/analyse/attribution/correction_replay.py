@@ -40,6 +40,7 @@ from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
+from tracekit.analyse.path.rank_forward import retimed_times
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_MEMORY,
@@ -51,8 +52,8 @@ from tracekit.analyse.path.roles import (
     ROLE_WORK,
     ROLE_XFER,
 )
-from tracekit.analyse.path.walk import walk_path
-from tracekit.analyse.retime.calibrate import calibrate
+from tracekit.analyse.path.walk import PathWalk, walk_path
+from tracekit.analyse.retime.calibrate import ProfilerCalibration, calibrate
 from tracekit.analyse.retime.model import RunModel
 from tracekit.model.parts import LEAF_PARTS
 
@@ -159,6 +160,50 @@ def run_model(run: RunParts, target: Fraction) -> RunModel:
     )
 
 
+def calibrated_latencies(
+    calibration: ProfilerCalibration, ranks: list[int], n_ranks: int, g: Graph
+) -> np.ndarray:
+    """The edge latencies of `g` (the run's graph or a rank's share of it, `rank_forward`) with a
+    manifest calibration's cost removed, as `correct_first`'s model of the run gives them: each
+    edge's from its own rank's edges alone (`RunModel.latencies`), so the same on a rank's share."""
+    model = RunModel(
+        label="run",
+        n_ranks=n_ranks,
+        ranks=list(ranks),
+        timeline="gpu",
+        steps=[],
+        graph=g,
+        measured_ns=np.zeros(0, dtype=np.int64),
+        compute_per_token={},
+        target_ns=None,
+        calibration=calibration,
+    )
+    calibrate(model)
+    return model.latencies(model.corrected())
+
+
+@dataclass
+class Corrected:
+    """The corrected timeline's readings that need no target (`read_corrected`): the latencies,
+    the node times, the graph's parts of every window (`graph_parts`) and the walk on it."""
+
+    lat: np.ndarray
+    t: np.ndarray
+    parts: dict[str, np.ndarray]
+    walk: PathWalk
+
+
+def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int], n_ranks: int) -> None:
+    """`correct_first`'s work on the corrected timeline that its target does not change, done
+    ahead where the graph is (the plan's graph Reduce, beside the path's walk): the graph
+    re-timed at the calibration's latencies (where the ranks re-timed it, `rank_forward`, their
+    times), each window's parts and the walk on it; kept on the graph, where `correct_first`
+    takes them if its own latencies are these."""
+    lat = calibrated_latencies(calibration, ranks, n_ranks, g)
+    t = retimed_times(g, lat)
+    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
+
+
 def correct_first(
     run: RunParts, target: Fraction, rank_cost: Mapping[int, float] | None = None
 ) -> tuple[Correction, IdentifyJob | None]:
@@ -199,9 +244,14 @@ def correct_first(
         )
         return proportional(run, target, [why]), None
     lat = model.latencies(model.corrected())
-    t_c = g.times(lat)
+    pre = g.__dict__.get("_corrected")
+    if isinstance(pre, Corrected) and np.array_equal(pre.lat, lat):  # read ahead (`read_corrected`)
+        t_c, corr, walk = pre.t, pre.parts, pre.walk
+    else:
+        # the ranks' own re-timing (`rank_forward`, on Dask) where it is this pass' fixpoint, else the pass
+        t_c = retimed_times(g, lat)
+        corr, walk = graph_parts(g, t_c), walk_path(g, t_c, lat)
     meas = measured_parts(g)
-    corr = graph_parts(g, t_c)
     k_idx = np.asarray([pos[s] for s in steady], dtype=np.int64)
     r_idx = {r: i for i, r in enumerate(g.ranks)}
     ranks = sorted(run.ranks)
@@ -239,7 +289,6 @@ def correct_first(
     if first:
         rows_f[0] = acc[0] + delta / n_used
     replayed = sum(per_rank[ranks[0]].values(), Fraction(0))
-    walk = walk_path(g, t_c, lat)
     cp = path_of(walk.rows, walk.segments, list(g.ranks), run.critical.timeline)
     path = cp.per_token(list(steady))
     if first:  # the first steady step: its measured path moved by the other steps' mean correction

@@ -171,6 +171,24 @@ class Graph:
         self.__dict__.update(state)
 
 
+def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """The nodes with in-edges in a topological order of edges that run forward in time `t`: by
+    time, ties by the depth of equal-time chains."""
+    level = np.zeros(len(t), dtype=np.int64)
+    tie = t[src] == t[dst]
+    ts, td = src[tie], dst[tie]
+    for _ in range(len(t) + 1):
+        new = level.copy()
+        np.maximum.at(new, td, level[ts] + 1)
+        if np.array_equal(new, level):
+            break
+        level = new
+    pos_order = np.lexsort((level, t))
+    has_in = np.zeros(len(t), dtype=bool)
+    has_in[dst] = True
+    return pos_order[has_in[pos_order]]
+
+
 def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Graph:
     """The run's graph from its ranks' (in rank order): node numbers made global, one rendezvous per
     matched instance (its members' begins -> it -> their ends), a topological order."""
@@ -232,19 +250,7 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         keep = ~bad
         arr = {k: v[keep] for k, v in arr.items()}
         src, dst = arr["src"], arr["dst"]
-    level = np.zeros(len(t_all), dtype=np.int64)
-    tie = t_all[src] == t_all[dst]
-    ts, td = src[tie], dst[tie]
-    for _ in range(len(t_all) + 1):
-        new = level.copy()
-        np.maximum.at(new, td, level[ts] + 1)
-        if np.array_equal(new, level):
-            break
-        level = new
-    pos_order = np.lexsort((level, t_all))
-    has_in = np.zeros(len(t_all), dtype=bool)
-    has_in[dst] = True
-    order = pos_order[has_in[pos_order]]
+    order = topological_order(t_all, src, dst)
     # CSR by destination; within a node, edges in their build order (stream, cross, launch; ranks)
     perm = np.argsort(dst, kind="stable")
     arr = {k: v[perm] for k, v in arr.items()}

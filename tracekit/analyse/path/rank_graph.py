@@ -44,6 +44,9 @@ class RankGraph:
     notes: list[str] = field(default_factory=list)
     rho_typ: int = 5000  # the rank's typical launch latency
     q_typ: int = 1000  # the rank's typical queued gap between operations
+    #: its nodes' times re-timed where the piece is (`rank_forward`: the profiler correction's
+    #: latencies, the rendezvous exchanged with the other ranks); None: not re-timed
+    retimed: np.ndarray | None = None
 
 
 class RankBuilder:
