@@ -15,11 +15,11 @@ import pandas as pd
 
 from tracekit.analyse.path.gpu_waits import event_waits, window_end_nodes
 from tracekit.analyse.path.rank_graph import (
+    MatchedBuilder,
     RankBuilder,
     RankGraph,
     coll_lookup,
     edge_columns,
-    matched_arrays,
 )
 from tracekit.analyse.path.roles import (
     BACKPRESSURE_MIN_NS,
@@ -422,16 +422,12 @@ def gpu_rank(
         rank_in = np.arange(len(ks)) - np.searchsorted(ks, ks, side="left")
         ci[cj[o]] = ks * 100_000 + rank_in
     add(~hit_j, 3, d_begin, de - ds, ROLE_OP, kd, ci, into=d_end)
-    c_begin, c_end, c_inst, c_x, c_op, c_bytes = [], [], [], [], [], []
+    collectives = MatchedBuilder()
     for j in np.flatnonzero(hit_j).tolist():
         hit = hits[j]
         assert hit is not None
-        c_begin.append(int(d_begin[j]))
-        c_end.append(int(d_end[j]))
-        c_inst.append(hit[0])
-        c_x.append(hit[1])
-        c_op.append(hit[2])
-        c_bytes.append(int(inst_bytes.get(hit[0], -1)))
+        inst, x, op = hit
+        collectives.add(d_begin[j], d_end[j], inst, x, op, inst_bytes.get(inst, -1))
     if n_cross:
         notes.append(f"rank {rank}: {n_cross} operation(s) released by another stream's (cross-stream waits)")
     # --- synchronising calls and back-pressure: the host waits for the device
@@ -513,14 +509,14 @@ def gpu_rank(
     return RankGraph(
         rank=rank,
         timeline="gpu",
+        t=t_now,
+        **edge_columns(e),
         steps=steps,
         ws_node=ws_node,
         end_nodes=end_nodes,
-        **matched_arrays(c_begin, c_end, c_inst, c_x, c_op, c_bytes),
+        matched=collectives.done(),
         origin=origin,
         notes=notes,
         rho_typ=rho_typ,
         q_typ=q_typ,
-        t=t_now,
-        **edge_columns(e),
     )

@@ -197,9 +197,8 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
     n_rank_nodes = int(base[-1])
     inst_members: dict[int, list[tuple[int, int, int, int, str, int]]] = {}
     for i, g in enumerate(rgs):
-        for cb, ce, inst, x, op, nb in zip(
-            g.c_begin, g.c_end, g.c_inst, g.c_x, g.c_op, g.c_bytes, strict=True
-        ):
+        m = g.matched
+        for cb, ce, inst, x, op, nb in zip(m.begin, m.end, m.inst, m.x, m.op, m.nbytes, strict=True):
             inst_members.setdefault(int(inst), []).append(
                 (int(cb) + int(base[i]), int(ce) + int(base[i]), int(x), g.rank, op, int(nb))
             )

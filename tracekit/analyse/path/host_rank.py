@@ -8,7 +8,7 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.path.rank_graph import RankBuilder, RankGraph, matched_arrays, seg_id
+from tracekit.analyse.path.rank_graph import MatchedBuilder, RankBuilder, RankGraph, seg_id
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_HOST,
@@ -46,7 +46,7 @@ def host_rank(
     cur, cur_t = origin, lo
     ws_node = np.zeros(len(steps), dtype=np.int64)
     end_nodes: list[np.ndarray] = []
-    c_begin, c_end, c_inst, c_x, c_op, c_bytes = [], [], [], [], [], []
+    collectives = MatchedBuilder()
     coll = matched.sort_values("raw_start_ns") if len(matched) else matched
     cs_all = coll["raw_start_ns"].to_numpy(np.int64) if len(coll) else np.zeros(0, dtype=np.int64)
 
@@ -93,25 +93,21 @@ def host_rank(
                 continue
             chain(cur_t, s, seg_id(k, kk), False)
             inst = int(coll["instance"].iloc[row])
-            c_begin.append(cur)
             ne = b.node(e - off)
-            c_end.append(ne)
-            c_inst.append(inst)
-            c_x.append(max(e - max(a, s), 0))
-            c_op.append(str(coll["op"].iloc[row]))
-            c_bytes.append(int(inst_bytes.get(inst, -1)))
+            collectives.add(
+                cur, ne, inst, max(e - max(a, s), 0), str(coll["op"].iloc[row]), inst_bytes.get(inst, -1)
+            )
             cur, cur_t = ne, e
             kk += 1
         chain(cur_t, we, seg_id(k, kk), False)
         end_nodes.append(np.asarray([cur], dtype=np.int64))
-    arr = b.arrays()
     return RankGraph(
         rank=rank,
         timeline="host",
+        **b.arrays(),
         steps=steps,
         ws_node=ws_node,
         end_nodes=end_nodes,
-        **matched_arrays(c_begin, c_end, c_inst, c_x, c_op, c_bytes),
+        matched=collectives.done(),
         origin=origin,
-        **arr,
     )

@@ -48,7 +48,7 @@ Bound = tuple[int, int, int]
 def measured_arrivals(piece: RankGraph) -> dict[int, int]:
     """Per instance the rank joins, its latest measured arrival (begin node time)."""
     out: dict[int, int] = {}
-    for cb, inst in zip(piece.c_begin.tolist(), piece.c_inst.tolist(), strict=True):
+    for cb, inst in zip(piece.matched.begin.tolist(), piece.matched.inst.tolist(), strict=True):
         t = int(piece.t[cb])
         if out.get(inst, t) <= t:
             out[inst] = t
@@ -73,15 +73,15 @@ def rank_subgraph(piece: RankGraph, rendezvous: Mapping[int, int]) -> tuple[Grap
     run's graph's order (by destination, stable: the rank's, then the transfers). Returns the
     graph and each input's instance."""
     n = len(piece.t)
-    inst = piece.c_inst.astype(np.int64)
+    inst = piece.matched.inst.astype(np.int64)
     r_t = np.asarray([rendezvous[int(i)] for i in inst.tolist()], dtype=np.int64)
     t = np.concatenate((piece.t.astype(np.int64), r_t))
     k = len(inst)
     x_src = np.arange(n, n + k, dtype=np.int64)
     cols = {
         "src": (piece.src, x_src),
-        "dst": (piece.dst, piece.c_end.astype(np.int64)),
-        "lat": (piece.lat, piece.c_x.astype(np.int64)),
+        "dst": (piece.dst, piece.matched.end.astype(np.int64)),
+        "lat": (piece.lat, piece.matched.x.astype(np.int64)),
         "role": (piece.role, np.full(k, ROLE_XFER, dtype=np.int64)),
         "kind": (piece.kind, np.full(k, K_TRANSFER, dtype=np.int64)),
         "seg": (piece.seg, np.full(k, -1, dtype=np.int64)),
@@ -148,7 +148,7 @@ class RankRetime:
         gives its subgraph (the profiler correction's: per edge the same as on the run's graph)."""
         g, inst = rank_subgraph(piece, rendezvous)
         return cls(
-            piece.rank, len(piece.t), inst, piece.c_begin.astype(np.int64), g, latencies(g),
+            piece.rank, len(piece.t), inst, piece.matched.begin.astype(np.int64), g, latencies(g),
             Forward(g, FORWARD_BLOCK_NARROW),
         )  # fmt: skip
 

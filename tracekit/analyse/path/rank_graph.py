@@ -14,6 +14,41 @@ from tracekit.model.strings import str_values
 
 
 @dataclass
+class MatchedCollectives:
+    """A rank's matched collectives, one entry per collective in its builder's order: the begin
+    (arrival) node, the end node, the instance, the transfer, the op, the bytes (-1: unknown)."""
+
+    begin: np.ndarray
+    end: np.ndarray
+    inst: np.ndarray
+    x: np.ndarray
+    op: list[str]
+    nbytes: np.ndarray
+
+
+class MatchedBuilder:
+    """A rank's matched collectives, appended as its builder meets them (`gpu_rank`, `host_rank`)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, int, int, str, int]] = []
+
+    def add(self, begin: int, end: int, inst: int, x: int, op: str, nbytes: int) -> None:
+        self.rows.append((int(begin), int(end), int(inst), int(x), op, int(nbytes)))
+
+    def done(self) -> MatchedCollectives:
+        i64 = np.int64
+        ints = np.asarray([(b, e, i, x, nb) for b, e, i, x, _, nb in self.rows], dtype=i64).reshape(-1, 5)
+        return MatchedCollectives(
+            begin=ints[:, 0].copy(),
+            end=ints[:, 1].copy(),
+            inst=ints[:, 2].copy(),
+            x=ints[:, 3].copy(),
+            op=[r[4] for r in self.rows],
+            nbytes=ints[:, 4].copy(),
+        )
+
+
+@dataclass
 class RankGraph:
     """One rank's share of the graph (local node numbers); `build_rank_graph`."""
 
@@ -33,13 +68,7 @@ class RankGraph:
     steps: list[int]
     ws_node: np.ndarray
     end_nodes: list[np.ndarray]
-    # matched collectives: begin (arrival) node, end node, instance, transfer, op, bytes
-    c_begin: np.ndarray
-    c_end: np.ndarray
-    c_inst: np.ndarray
-    c_x: np.ndarray
-    c_op: list[str]
-    c_bytes: np.ndarray
+    matched: MatchedCollectives
     origin: int
     notes: list[str] = field(default_factory=list)
     rho_typ: int = 5000  # the rank's typical launch latency
@@ -90,26 +119,6 @@ def edge_columns(e: np.ndarray) -> EdgeColumns:
     return EdgeColumns(**{c: e[:, i].copy() for i, c in enumerate(EDGE_COLUMNS)})  # type: ignore[typeddict-item]
 
 
-def matched_arrays(
-    c_begin: list[int],
-    c_end: list[int],
-    c_inst: list[int],
-    c_x: list[int],
-    c_op: list[str],
-    c_bytes: list[int],
-) -> MatchedColumns:
-    """RankGraph's matched-collective fields from the builders' per-collective lists."""
-    i64 = np.int64
-    return MatchedColumns(
-        c_begin=np.asarray(c_begin, dtype=i64),
-        c_end=np.asarray(c_end, dtype=i64),
-        c_inst=np.asarray(c_inst, dtype=i64),
-        c_x=np.asarray(c_x, dtype=i64),
-        c_op=c_op,
-        c_bytes=np.asarray(c_bytes, dtype=i64),
-    )
-
-
 def coll_lookup(matched: pd.DataFrame) -> dict[tuple[int, int], tuple[int, int, str]]:
     out: dict[tuple[int, int], tuple[int, int, str]] = {}
     if len(matched):
@@ -147,14 +156,3 @@ class BuiltColumns(EdgeColumns):
     """A `RankBuilder`'s nodes (their times) and edges."""
 
     t: np.ndarray
-
-
-class MatchedColumns(TypedDict):
-    """RankGraph's matched-collective fields, one entry per collective."""
-
-    c_begin: np.ndarray
-    c_end: np.ndarray
-    c_inst: np.ndarray
-    c_x: np.ndarray
-    c_op: list[str]
-    c_bytes: np.ndarray
