@@ -11,7 +11,7 @@ import pandas as pd
 from tracekit.analyse.path.gpu_rank import gpu_rank
 from tracekit.analyse.path.graph import Graph, assemble
 from tracekit.analyse.path.host_rank import host_rank
-from tracekit.analyse.path.rank_graph import RankGraph
+from tracekit.analyse.path.rank_graph import RankGraph, RankSource
 from tracekit.analyse.timeline.partition import LayerUnions, rank_selectors
 from tracekit.classify.rules import GPU_KINDS
 from tracekit.model.strings import str_isin
@@ -33,9 +33,8 @@ def build_rank_graph(
     (`steps.layer_unions` of these events) when already built, as the AnalysedRun keeps them; a
     host-timeline graph measures its host work with them (else it builds them here)."""
     w = windows.sort_values("start_ns", kind="stable")
-    if timeline == "gpu":
-        return gpu_rank(events, int(rank), w, matched, int(offset), inst_bytes or {})
-    return host_rank(events, int(rank), w, matched, int(offset), inst_bytes or {}, unions)
+    source = RankSource(events, int(rank), w, matched, int(offset), inst_bytes or {})
+    return gpu_rank(source) if timeline == "gpu" else host_rank(source, unions)
 
 
 def build_graph(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -18,6 +17,7 @@ from tracekit.analyse.path.rank_graph import (
     MatchedBuilder,
     RankBuilder,
     RankGraph,
+    RankSource,
     coll_lookup,
     edge_columns,
 )
@@ -50,16 +50,10 @@ _BLOCKING_COPY = re.compile(r"^cu(da)?Memcpy(?!.*Async)")
 _GRAPH_LAUNCH = re.compile(r"GraphLaunch")
 
 
-def gpu_rank(
-    ev: pd.DataFrame,
-    rank: int,
-    w: pd.DataFrame,
-    matched: pd.DataFrame,
-    off: int,
-    inst_bytes: Mapping[int, int],
-) -> RankGraph:
+def gpu_rank(source: RankSource) -> RankGraph:
     """One rank's graph on a GPU timeline (`build.build_rank_graph`; the package doc says what
     its nodes and edges are)."""
+    ev, rank, w, matched, off, inst_bytes = source
     steps = [int(s) for s in w["step"]]
     n_steps = len(steps)
     ws_a = w["start_ns"].to_numpy(np.int64)

@@ -3,12 +3,9 @@ between collectives is a chain of edges of its measured parts)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import numpy as np
-import pandas as pd
 
-from tracekit.analyse.path.rank_graph import MatchedBuilder, RankBuilder, RankGraph, seg_id
+from tracekit.analyse.path.rank_graph import MatchedBuilder, RankBuilder, RankGraph, RankSource, seg_id
 from tracekit.analyse.path.roles import (
     K_COMPUTE,
     K_HOST,
@@ -24,17 +21,10 @@ from tracekit.analyse.path.roles import (
 from tracekit.analyse.timeline.partition import LayerUnions, layer_unions
 
 
-def host_rank(
-    ev: pd.DataFrame,
-    rank: int,
-    w: pd.DataFrame,
-    matched: pd.DataFrame,
-    off: int,
-    inst_bytes: Mapping[int, int],
-    unions: LayerUnions | None = None,
-) -> RankGraph:
+def host_rank(source: RankSource, unions: LayerUnions | None = None) -> RankGraph:
     """One rank's graph on a host (CPU-only) timeline: its host work between collectives a chain of
     edges of its measured parts (`unions`: its layer unions when already built, else built here)."""
+    ev, rank, w, matched, off, inst_bytes = source
     lay = unions if unions is not None else layer_unions(ev[["kind", "cls", "start_ns", "end_ns", "stream"]])
     busy_s, busy_e = lay.cum[-1][0], lay.cum[-1][1]
     steps = [int(s) for s in w["step"]]

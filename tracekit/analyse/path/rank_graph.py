@@ -4,13 +4,27 @@ builders share (`gpu_rank`, `host_rank`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import numpy as np
 import pandas as pd
 
 from tracekit.model.strings import str_values
+
+
+class RankSource(NamedTuple):
+    """What a timeline's builder (`gpu_rank`, `host_rank`; `build.build_rank_graph` picks one) reads
+    of one rank: its classified events, its step windows (sorted by start, own clock), its rows of
+    the matched collectives, its clock offset (aligned = own - offset), the bytes per instance."""
+
+    events: pd.DataFrame
+    rank: int
+    windows: pd.DataFrame
+    matched: pd.DataFrame
+    offset: int
+    inst_bytes: Mapping[int, int]
 
 
 @dataclass
