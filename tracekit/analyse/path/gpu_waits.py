@@ -33,8 +33,13 @@ def event_waits(
     for j, c in enumerate(d_call.tolist()):
         if c >= 0:
             ops_of.setdefault(int(c), []).append(j)
-    is_rec = {int(i) for i in rt if _RECORD.match(str(names[i]))}
-    is_wait = {int(i) for i in rt if _WAIT_EVENT.match(str(names[i]))}
+    # one regex call per distinct name, not per call
+    uniq, inv = np.unique(np.asarray(names[rt]).astype(str), return_inverse=True)
+    rec_u = np.asarray([bool(_RECORD.match(u)) for u in uniq.tolist()] + [False], dtype=bool)
+    wait_u = np.asarray([bool(_WAIT_EVENT.match(u)) for u in uniq.tolist()] + [False], dtype=bool)
+    rt_i = np.asarray(rt).astype(np.int64)
+    is_rec = set(rt_i[rec_u[inv]].tolist())
+    is_wait = set(rt_i[wait_u[inv]].tolist())
     if not is_wait:
         return out
     per_thread: dict[int, list[int]] = {}
