@@ -277,6 +277,23 @@ def test_committed_h200_pairs_get_a_verdict_not_too_noisy():
                 assert f"{k} is {t['ns'] / doc['shortfall_ns']:.0%}" not in doc["verdict"]
 
 
+def test_the_committed_reports_a_cpu_study_prints_carry_a_fresh_analysis_verdict():
+    """A CPU study prints the committed two-H200 verdicts from the pairs' committed reports
+    (tracekit.pipeline.study.gpu_reference_verdicts): each must be the verdict this code gives the
+    pair now, else the report is stale (regenerate it: scripts/make_reports.sh)."""
+    from committed_pairs import TRACES, committed_shortfall
+
+    from tracekit.pipeline.study import GPU_REFERENCE_PAIRS, committed_report_verdict
+
+    for _label, base, shard, report in GPU_REFERENCE_PAIRS:
+        committed = committed_report_verdict(TRACES.parent / report, base, shard)
+        assert committed is not None, report
+        assert committed == committed_shortfall(base, shard).verdict(), report
+        # a report of another pair, or none, is not taken for this one's
+        assert committed_report_verdict(TRACES.parent / report, base, "h200-tp2") is None
+        assert committed_report_verdict(TRACES.parent / "reports" / "missing.json", base, shard) is None
+
+
 def test_merge_ranks_takes_the_median_over_ranks_per_kind():
     from tracekit.capture.manifest import merge_ranks
     from tracekit.model.documents.manifest import ManifestCalibration
