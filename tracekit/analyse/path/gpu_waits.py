@@ -6,6 +6,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
+import pandas as pd
+
+from tracekit.model.strings import str_flags
 
 _RECORD = re.compile(r"^cu(da)?EventRecord")
 _WAIT_EVENT = re.compile(r"^cu(da)?StreamWaitEvent")
@@ -33,13 +36,9 @@ def event_waits(
     for j, c in enumerate(d_call.tolist()):
         if c >= 0:
             ops_of.setdefault(int(c), []).append(j)
-    # one regex call per distinct name, not per call
-    uniq, inv = np.unique(np.asarray(names[rt]).astype(str), return_inverse=True)
-    rec_u = np.asarray([bool(_RECORD.match(u)) for u in uniq.tolist()] + [False], dtype=bool)
-    wait_u = np.asarray([bool(_WAIT_EVENT.match(u)) for u in uniq.tolist()] + [False], dtype=bool)
-    rt_i = np.asarray(rt).astype(np.int64)
-    is_rec = set(rt_i[rec_u[inv]].tolist())
-    is_wait = set(rt_i[wait_u[inv]].tolist())
+    rt_names = pd.Series(names[rt])  # one regex call per distinct name (str_flags), not per call
+    is_rec = set(rt[str_flags(rt_names, _RECORD)].tolist())
+    is_wait = set(rt[str_flags(rt_names, _WAIT_EVENT)].tolist())
     if not is_wait:
         return out
     per_thread: dict[int, list[int]] = {}
