@@ -76,7 +76,38 @@ def _digest(doc: dict) -> str:
     return hashlib.sha256((json.dumps(doc, indent=1) + "\n").encode()).hexdigest()[:16]
 
 
-def child(case: str, run: str, what: str, baseline: str) -> dict:
+def _stream_summary(data: list[dict], t_start: float) -> dict:
+    """The task stream (distributed's `get_task_stream`) as phases: per key group (the task key
+    without its file / round suffix: `tracekit-run1-p0-s3-f7` -> `run1-s3`), the first start, the
+    last stop and the summed compute seconds, relative to the analysis' start; and per worker its
+    busy seconds. Where the groups' spans leave the workers idle is the serial part."""
+    import re
+
+    t0 = time.time() - (time.perf_counter() - t_start)  # wall clock of the analysis' start
+    groups: dict[str, list[float]] = {}
+    busy: dict[str, float] = {}
+    for rec in data:
+        key = str(rec.get("key", ""))
+        name = re.sub(r"^tracekit-", "", key)
+        name = re.sub(r"^(read|prep)-.*", r"\1", name)
+        name = re.sub(r"-(f|x)\d+", "", re.sub(r"-[0-9a-f]{6,}$", "", name))
+        for ss in rec.get("startstops", []):
+            if ss.get("action") != "compute":
+                continue
+            a, b = ss["start"] - t0, ss["stop"] - t0
+            g = groups.setdefault(name, [a, b, 0.0, 0])
+            g[0], g[1], g[2], g[3] = min(g[0], a), max(g[1], b), g[2] + (b - a), g[3] + 1
+            busy[rec.get("worker", "?")] = busy.get(rec.get("worker", "?"), 0.0) + (b - a)
+    return {
+        "groups": {
+            k: [round(v, 3) for v in g[:3]] + [g[3]]
+            for k, g in sorted(groups.items(), key=lambda kv: kv[1][0])
+        },
+        "busy_s": sorted(round(v, 2) for v in busy.values()),
+    }
+
+
+def child(case: str, run: str, what: str, baseline: str, stream: bool = False) -> dict:
     """One case, in this (fresh) process."""
     sys.path.insert(0, str(ROOT))
     import pandas  # noqa: F401 - imports outside the timed part, as a CLI run pays them once
@@ -139,7 +170,14 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                     Job((run,), (attribution_plan(label="sharded", **corrected),), cache=False),
                 ]
                 check = pair_check
-            results, notes = DaskExecutor(engine, client).run(jobs, check)
+            if stream:
+                from distributed import get_task_stream
+
+                with get_task_stream(client) as ts:
+                    results, notes = DaskExecutor(engine, client).run(jobs, check)
+                out["stream"] = _stream_summary(ts.data, t1)
+            else:
+                results, notes = DaskExecutor(engine, client).run(jobs, check)
             t_doc = time.perf_counter()
             doc = (
                 results[0].results[0].breakdown.to_json()
@@ -275,6 +313,12 @@ def main() -> None:
         "--calibrated", action="store_true", help="the run's manifest with a profiler_calibration (see above)"
     )
     ap.add_argument("--case-timeout", type=float, default=None, help="seconds per case (then: timed out)")
+    ap.add_argument(
+        "--stream",
+        action="store_true",
+        help="record the Dask task stream of each dask case: its phases (first start, last stop, compute "
+        "seconds per task group) and each worker's busy seconds, printed after the table",
+    )
     ap.add_argument("--child", nargs=2, metavar=("CASE", "RUN"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child and args.child[0] == "one-file":
@@ -296,7 +340,7 @@ def main() -> None:
         print(json.dumps(r))
         return
     if args.child:
-        print(json.dumps(child(args.child[0], args.child[1], args.what, args.baseline)))
+        print(json.dumps(child(args.child[0], args.child[1], args.what, args.baseline, args.stream)))
         return
 
     sys.path.insert(0, str(ROOT))
@@ -326,6 +370,7 @@ def main() -> None:
             args.what,
             "--baseline",
             args.baseline,
+            *(["--stream"] if args.stream else []),
             "--child",
             case,
             str(run),
@@ -388,6 +433,12 @@ def main() -> None:
             f"{r['client_peak_rss_mb']:.0f} ({r['client_rss_idle_mb']:.0f} idle) | "
             f"{'yes' if ref and r['json_sha256'] == ref else ('no' if ref else '-')} |"
         )
+    for r in rows:
+        if "stream" in r:
+            print(f"\n{r['case']}: task groups (start / stop / compute s / tasks), wall {r['wall_s']:.1f} s")
+            for k, g in r["stream"]["groups"].items():
+                print(f"  {g[0]:7.2f} {g[1]:7.2f} {g[2]:8.2f} {g[3]:5d}  {k}")
+            print(f"  worker busy s: {r['stream']['busy_s']}")
     print(f"largest rank file {largest_mb:.1f} MB", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(
