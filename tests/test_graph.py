@@ -494,3 +494,128 @@ def test_the_packed_sort_is_lexsorts_order() -> None:
     big = rng.integers(0, 1 << 40, n)
     assert np.array_equal(lexsort_packed((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
     assert len(lexsort_packed((np.zeros(0, dtype=np.int64),))) == 0
+
+
+def _walk_node_by_node(g: Graph, t: np.ndarray, lat: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple]]:
+    """The walk `walk_path`'s docstring states, one node at a time (what it did before it read the
+    binding chain a block of nodes at a time): its rows' values and its merged segments."""
+    ws, we = g.windows(t)
+    step_ns = g.path_spans(t)
+    bind = binding_edges(g, t, lat)
+
+    def binding(n: int) -> int:
+        assert bind[n] != -2, "a node's time is reached by none of its in-edges"
+        return int(bind[n])
+
+    rows_rev: list[list[tuple[int, ...]]] = []
+    segs_rev: list[list[tuple]] = []
+    cursor = None
+    for k in range(len(g.steps) - 1, -1, -1):
+        st = int(g.steps[k])
+        i_end = int(np.argmax(we[:, k]))
+        t_end = int(we[i_end, k])
+        limit = t_end - int(step_ns[k])
+        n, hi = -1, t_end
+        if cursor is not None and cursor[1] >= t_end:
+            n, hi = cursor
+            while hi > t_end:
+                e = binding(n)
+                if e < 0:
+                    n = -1
+                    break
+                ts = int(t[g.src[e]])
+                if ts < t_end:
+                    hi = t_end
+                    break
+                n, hi = int(g.src[e]), ts
+        last_rank = g.ranks[i_end]
+        if n < 0:
+            nodes = g.end_nodes[i_end][k]
+            n = int(nodes[np.argmax(t[nodes])])
+            hi = int(t[n])
+        elif g.node_rank[n] >= 0:
+            last_rank = int(g.node_rank[n])
+        acc = {r: [0] * len(PARTS) for r in g.ranks}
+        hops, segs, ended = 0, [], False
+        while hi > limit:
+            e = binding(n)
+            if e < 0:
+                ended = True
+                break
+            ts = int(t[g.src[e]])
+            piece = hi - max(ts, limit)
+            r = int(g.erank[e])
+            if piece > 0:
+                acc[r][int(g.kind[e])] += piece
+                if r != last_rank:
+                    hops, last_rank = hops + 1, r
+                off = g.offsets.get(r, 0)
+                x = "transfer" if int(g.role[e]) == ROLE_XFER else "work"
+                segs.append((st, r, max(ts, limit) + off, hi + off, x, -1))
+            if ts < limit:
+                hi = limit
+                break
+            n, hi = int(g.src[e]), ts
+        cursor = None if ended else (n, hi)
+        path_len = t_end - max(hi, limit)
+        span = int(step_ns[k])
+        rows_rev.append([(st, r, *acc[r], span, span - path_len, hops) for r in g.ranks])
+        segs_rev.append(segs)
+    merged: list[tuple] = []
+    for s in [sg for per in reversed(segs_rev) for sg in per]:
+        p = merged[-1] if merged else None
+        if p and p[:2] == s[:2] and p[4] == s[4] == "work" and p[2] == s[3]:
+            merged[-1] = (p[0], p[1], s[2], p[3], p[4], p[5])
+        else:
+            merged.append(s)
+    return [row for per in reversed(rows_rev) for row in per], merged
+
+
+def _latency_variants(g: Graph) -> list[np.ndarray]:
+    """The measured latencies, every third edge 40% shorter (other edges bind, the path changes
+    rank elsewhere) and no latency at all (every in-edge ties: the first binds; the walk reaches
+    the origin)."""
+    short = g.lat.copy()
+    short[::3] = short[::3] * 6 // 10
+    return [g.lat, short, np.zeros_like(g.lat)]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_walk_is_the_node_by_node_walk_on_generated_runs(name: str) -> None:
+    """`walk_path` (the binding chain read a block of nodes at a time) gives the node-by-node
+    walk's rows and segments exactly, at the measured times and at two re-timings; a time that no
+    in-edge reaches on the path stops both."""
+    g, _ends = graph_of(SPECS[name])
+    for lat in _latency_variants(g):
+        t = g.times(lat)
+        walk = walk_path(g, t, lat)
+        rows, segs = _walk_node_by_node(g, t, lat)
+        assert [r.values() for r in walk.rows] == rows
+        assert walk.segments == segs
+        assert len(segs) >= len(g.steps) or not lat.any()  # a piece per step at least
+    t = g.times()
+    ws, we = g.windows(t)
+    k = len(g.steps) - 1
+    nodes = g.end_nodes[int(np.argmax(we[:, k]))][k]
+    late = t.copy()
+    late[int(nodes[np.argmax(t[nodes])])] += 1  # the walk's first node: no in-edge reaches it now
+    for walk_of in (walk_path, _walk_node_by_node):
+        with pytest.raises(AssertionError, match="reached by none of its in-edges"):
+            walk_of(g, late, g.lat)
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2-straggler"])
+def test_the_walk_is_the_node_by_node_walk_on_the_committed_traces(trace: str) -> None:
+    """The same on the committed runs' graphs (a GPU and a host timeline, two ranks each)."""
+    from committed_pairs import committed_parts
+
+    g = committed_parts(trace, "sharded").graph
+    assert g is not None
+    for lat in _latency_variants(g):
+        t = g.times(lat)
+        walk = walk_path(g, t, lat)
+        rows, segs = _walk_node_by_node(g, t, lat)
+        assert [r.values() for r in walk.rows] == rows
+        assert walk.segments == segs
+        visited = {r[1] for r in rows if sum(r[2 : 2 + len(PARTS)])}
+        assert len(visited) == (2 if lat.any() else 0)  # the path visits both ranks
