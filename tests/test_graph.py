@@ -619,3 +619,175 @@ def test_the_walk_is_the_node_by_node_walk_on_the_committed_traces(trace: str) -
         assert walk.segments == segs
         visited = {r[1] for r in rows if sum(r[2 : 2 + len(PARTS)])}
         assert len(visited) == (2 if lat.any() else 0)  # the path visits both ranks
+
+
+def _deduct_every_edge(m: Any, lat: np.ndarray, s: Any) -> np.ndarray:
+    """`RunModel._deduct`'s deduction over every edge's arrays (as it was before it touched only the
+    edges a cost can be on): the cost per call from the call's own time first, the rest from the
+    gap before it; the launch released earlier; a sync call's cost off its wait edge."""
+    g, mk = m.graph, m._masks
+    lat = lat.copy()
+    hd, dc = s.host_deduct, s.deduct_collective
+    by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs} if s.rank_costs is not None else None
+    if by_rank is None and m.rank_deduct is not None and s.host_deduct == m.host_deduct:
+        by_rank = m.rank_deduct
+    if by_rank is not None:
+        costs = np.asarray([by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in m.ranks])
+        at = np.minimum(np.searchsorted(np.asarray(m.ranks), g.erank), len(m.ranks) - 1)
+        hd, dc = costs[at, 0], costs[at, 1]
+    per = hd * g.calls.astype(np.float64) + dc * np.where(mk.is_call, g.ops, 0)
+    if m.timeline == "host":
+        per = hd * g.ops.astype(np.float64)
+    calls = np.flatnonzero(g.role == 3)
+    gaps = np.flatnonzero((g.role == 1) | (g.role == 2))
+    first_gap = {}
+    for e, n in zip(gaps.tolist(), g.dst[gaps].tolist(), strict=True):
+        first_gap.setdefault(n, e)
+    pairs = [
+        (c, first_gap[n])
+        for c, n in zip(calls.tolist(), g.src[calls].tolist(), strict=True)
+        if n in first_gap
+    ]
+    call_e = np.asarray([c for c, _ in pairs], dtype=np.int64)
+    gap_e = np.asarray([e for _, e in pairs], dtype=np.int64)
+    need = per.copy()
+    own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+    lat[call_e] -= own
+    need[call_e] = 0.0
+    np.add.at(need, gap_e, per[call_e] - own)
+    by_node = np.zeros(len(g.t))
+    by_node[g.src[call_e]] = own
+    lm = np.flatnonzero(g.role == 6)
+    lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+    lat -= np.where(mk.deduct_roles, np.minimum(need, np.maximum(lat, 0.0)), 0.0)
+    waits, syncs = np.flatnonzero(g.role == 5), np.flatnonzero(g.role == 4)
+    sync_at = {}
+    for e, n in zip(syncs.tolist(), g.dst[syncs].tolist(), strict=True):
+        sync_at.setdefault(n, e)
+    sw = [w for w, n in zip(waits.tolist(), g.dst[waits].tolist(), strict=True) if n in sync_at]
+    se = [sync_at[int(g.dst[w])] for w in sw]
+    if sw:
+        cut = np.maximum(per[se] - np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0), 0.0)
+        lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
+    return lat
+
+
+@pytest.mark.parametrize("timeline", ["gpu", "host"])
+def test_the_profilers_cost_comes_off_the_edges_as_over_every_edge(timeline: str) -> None:
+    """`RunModel._deduct` (computed on the edges a cost can be on) is the deduction over every
+    edge's arrays (`_deduct_every_edge`), bit for bit, on the committed h200-tp2 graph: one cost, one
+    per collective too, a cost larger than the calls (the gaps pay), each rank's own and a split
+    between ranks, on the measured latencies and on host time scaled by 0.8."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.retime.model import RunModel
+    from tracekit.analyse.retime.setting import Setting
+
+    g = committed_parts("h200-tp2", "sharded").graph
+    assert g is not None
+    ranks = list(g.ranks)
+    for rank_deduct in (None, {r: (900.0 * (i + 1), 13.0 * i) for i, r in enumerate(ranks)}):
+        m = RunModel(
+            "run", len(ranks), ranks, timeline, list(g.steps), g, np.zeros(0, dtype=np.int64), {}, None
+        )
+        m.rank_deduct, m.host_deduct = rank_deduct, 5134.0
+        for s in (
+            Setting(host_deduct=5134.0),
+            Setting(host_deduct=5134.0, deduct_collective=2929.0),
+            Setting(host_deduct=2e6),
+            Setting(rank_costs=tuple((r, 300.0 + 4000.0 * i) for i, r in enumerate(ranks))),
+        ):
+            for lat in (g.lat.astype(np.float64), g.lat * 0.8):
+                got = m._deduct(lat, s)
+                assert np.array_equal(got, _deduct_every_edge(m, lat, s)), s
+                assert (got <= lat).all() and (got < lat).any()
+
+
+def _parts_by_layers(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
+    """`graph_parts` by its definition: per rank, each layer (compute, memory, collective, unknown,
+    sync) covers the union of its pieces and every higher layer's, made afresh from all of them; a
+    collective's time after the rendezvous (its arrival's begin to its end) is transfer where no
+    compute or memory covers it."""
+    from tracekit.analyse.intervals import covered, union
+    from tracekit.analyse.path.roles import (
+        K_COMPUTE,
+        K_MEMORY,
+        K_TRANSFER,
+        K_UNKNOWN,
+        ROLE_ARRIVE,
+        ROLE_OP,
+        ROLE_SYNC,
+        ROLE_WORK,
+    )
+    from tracekit.model.parts import LEAF_PARTS
+
+    ws, we = g.windows(t)
+    step = (we - ws).max(axis=0)
+    out = {p: np.zeros(ws.shape, dtype=np.int64) for p in LEAF_PARTS}
+    for i, r in enumerate(g.ranks):
+        a, b = ws[i], we[i]
+        mine = g.erank == r
+        work = mine & ((g.role == ROLE_OP) | (g.role == ROLE_WORK))
+        arrival = {
+            int(d): int(s)
+            for s, d in zip(
+                g.src[mine & (g.role == ROLE_ARRIVE)], g.dst[mine & (g.role == ROLE_ARRIVE)], strict=True
+            )
+        }
+        xf = np.flatnonzero(mine & (g.role == ROLE_XFER))
+        c_s = t[[arrival.get(int(v), int(v)) for v in g.src[xf]]].astype(np.int64)
+        c_e, rv = t[g.dst[xf]], t[g.src[xf]]
+
+        def iv(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return t[g.src[mask]], t[g.dst[mask]]
+
+        un = iv(work & (g.kind == K_TRANSFER))
+        pieces = [
+            iv(work & (g.kind == K_COMPUTE)),
+            iv(work & (g.kind == K_MEMORY)),
+            (np.concatenate((c_s, un[0])), np.concatenate((c_e, un[1]))),
+            iv(work & (g.kind == K_UNKNOWN)),
+            iv(mine & (g.role == ROLE_SYNC)),
+        ]
+        cov = [
+            covered(
+                *union(
+                    np.concatenate([p[0] for p in pieces[: j + 1]]),
+                    np.concatenate([p[1] for p in pieces[: j + 1]]),
+                ),
+                a,
+                b,
+            )
+            for j in range(len(pieces))
+        ]
+        hd = (np.concatenate((pieces[0][0], pieces[1][0])), np.concatenate((pieces[0][1], pieces[1][1])))
+        x = covered(*union(np.concatenate((hd[0], np.maximum(c_s, rv))), np.concatenate((hd[1], c_e))), a, b)
+        transfer = x - covered(*union(*hd), a, b)
+        out["compute"][i], out["memory"][i], out["transfer"][i] = cov[0], cov[1] - cov[0], transfer
+        out["wait"][i], out["unknown"][i], out["sync"][i] = (
+            cov[2] - cov[1] - transfer,
+            cov[3] - cov[2],
+            cov[4] - cov[3],
+        )
+        out["idle"][i] = (b - a) - cov[4] + (step - (b - a))
+    return out
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2-straggler"])
+def test_the_graphs_parts_of_each_window_are_its_layers_read_afresh(trace: str) -> None:
+    """`correction_replay.graph_parts` (each layer's union made from the one above it and its own
+    pieces) is the layers' definition (`_parts_by_layers`) on the committed runs' graphs, at the
+    measured times and at a re-timing with every third edge 40% shorter."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.attribution.correction_replay import graph_parts
+
+    g = committed_parts(trace, "sharded").graph
+    assert g is not None
+    for lat in _latency_variants(g)[:2]:
+        t = g.times(lat)
+        got, want = graph_parts(g, t), _parts_by_layers(g, t)
+        assert got.keys() == want.keys()
+        for p in got:
+            assert np.array_equal(got[p], want[p]), p
+        assert (sum(got.values()) == (g.windows(t)[1] - g.windows(t)[0]).max(axis=0)).all()

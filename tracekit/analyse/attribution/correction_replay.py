@@ -394,42 +394,38 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
         a, b = ws[i], we[i]
         e = by_rank[np.searchsorted(er_sorted, r, "left") : np.searchsorted(er_sorted, r, "right")]
         role, kind = g.role[e], g.kind[e]
-        work = np.isin(role, (ROLE_OP, ROLE_WORK))
-        syn = role == ROLE_SYNC
+        work = (role == ROLE_OP) | (role == ROLE_WORK)
         xf = e[role == ROLE_XFER]
         ar = e[role == ROLE_ARRIVE]
-        begin_of = dict(zip(dst[ar].tolist(), src[ar].tolist(), strict=True))  # rendezvous -> arrival
-        cb = np.asarray([begin_of.get(int(v), int(v)) for v in src[xf]], dtype=np.int64)
+        cb = _arrival_of(dst[ar], src[ar], src[xf])
         c_s, c_e, rv = t[cb], t[dst[xf]], t[src[xf]]
 
         def iv(mask: np.ndarray, e: np.ndarray = e) -> tuple[np.ndarray, np.ndarray]:
             sel = e[mask]
             return t[src[sel]], t[dst[sel]]
 
-        layers = []  # cumulative unions of the layers in priority order
+        un_coll = iv(work & (kind == K_TRANSFER))  # a collective the matching did not cover
+        # the layers in priority order; each layer's union is the previous layer's with its own
+        # pieces (a union is one sorted set of disjoint intervals, whatever it was made from)
         pieces: list[tuple[np.ndarray, np.ndarray]] = [
             iv(work & (kind == K_COMPUTE)),
             iv(work & (kind == K_MEMORY)),
+            (np.concatenate((c_s, un_coll[0])), np.concatenate((c_e, un_coll[1]))),
+            iv(work & (kind == K_UNKNOWN)),
+            iv(role == ROLE_SYNC),  # a host timeline's host work's sync pieces are edges of the chain too
         ]
-        un_coll = iv(work & (kind == K_TRANSFER))  # a collective the matching did not cover
-        pieces.append((np.concatenate((c_s, un_coll[0])), np.concatenate((c_e, un_coll[1]))))
-        pieces.append(iv(work & (kind == K_UNKNOWN)))
-        sync_iv = iv(syn)
-        if g.timeline == "host":  # host work's sync pieces are edges of the chain too
-            sync_iv = iv(role == ROLE_SYNC)
-        pieces.append(sync_iv)
-        acc_s: list[np.ndarray] = []
-        acc_e: list[np.ndarray] = []
+        layers = []
+        unions = []
+        us, ue = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         for s_, e_ in pieces:
-            acc_s.append(s_)
-            acc_e.append(e_)
-            us, ue = union(np.concatenate(acc_s), np.concatenate(acc_e))
+            us, ue = union(np.concatenate((us, s_)), np.concatenate((ue, e_)))
+            unions.append((us, ue))
             layers.append(covered(us, ue, a, b))
         compute, mem_c, coll_c, unk_c, sync_c = layers
-        hs, he = union(np.concatenate(acc_s[:2]), np.concatenate(acc_e[:2]))
+        hs, he = unions[1]
         ts_, te_ = np.maximum(c_s, rv), c_e
-        xs, xe = union(np.concatenate((acc_s[0], acc_s[1], ts_)), np.concatenate((acc_e[0], acc_e[1], te_)))
-        transfer = covered(xs, xe, a, b) - covered(hs, he, a, b)
+        xs, xe = union(np.concatenate((hs, ts_)), np.concatenate((he, te_)))
+        transfer = covered(xs, xe, a, b) - mem_c
         out["compute"][i] = compute
         out["memory"][i] = mem_c - compute
         out["transfer"][i] = transfer
@@ -438,6 +434,19 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
         out["sync"][i] = sync_c - unk_c
         out["idle"][i] = (b - a) - sync_c + (step - (b - a))
     return out
+
+
+def _arrival_of(rv_of: np.ndarray, arrival: np.ndarray, rv: np.ndarray) -> np.ndarray:
+    """Per rendezvous node in `rv`, the arrival node whose edge into it (`arrival` -> `rv_of`)
+    comes last (the rendezvous itself where none does)."""
+    if not len(rv_of):
+        return rv.astype(np.int64, copy=True)
+    o = np.argsort(rv_of, kind="stable")
+    keys, vals = rv_of[o], arrival[o]
+    last = np.append(keys[1:] != keys[:-1], True)
+    keys, vals = keys[last], vals[last]
+    at = np.minimum(np.searchsorted(keys, rv), len(keys) - 1)
+    return np.where(keys[at] == rv, vals[at], rv).astype(np.int64)
 
 
 def correction_doc(corrections: Mapping[str, Correction | None]) -> dict[str, Any]:
