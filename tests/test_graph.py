@@ -791,3 +791,40 @@ def test_the_graphs_parts_of_each_window_are_its_layers_read_afresh(trace: str) 
         for p in got:
             assert np.array_equal(got[p], want[p]), p
         assert (sum(got.values()) == (g.windows(t)[1] - g.windows(t)[0]).max(axis=0)).all()
+
+
+def test_the_corrected_timeline_read_ahead_is_the_one_the_correction_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a committed run with a manifest calibration (h200-shard2-graphs), the corrected
+    timeline read ahead (`read_corrected`, the plan's graph Reduce) is made of the latencies the
+    correction's own model gives, so `correct_first` takes it without making them again, and
+    corrects the run to the same figures as without it."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.attribution import correction_replay as cr
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.retime.model import RunModel
+
+    parts = committed_parts("h200-shard2-graphs", "sharded")
+    g, cal = parts.graph, parts.profiler_calibration
+    assert g is not None and cal is not None
+    target = sum(next(iter(parts.per_rank.values())).values()) * 9 / 10
+    assert "_corrected" not in g.__dict__
+    try:
+        fresh, _ = cr.correct_first(parts, target)
+        cr.read_corrected(g, cal, list(g.ranks), len(parts.ranks))
+        model = cr.run_model(parts, target)
+        calibrate(model)
+        assert model.correction == "manifest calibration"
+        assert np.array_equal(g.__dict__["_corrected"].lat, model.latencies(model.corrected()))
+        made = []
+        own = RunModel.latencies
+        monkeypatch.setattr(RunModel, "latencies", lambda m, s: made.append(s) or own(m, s))
+        ahead, _ = cr.correct_first(parts, target)
+        assert made == []  # the read-ahead latencies taken
+        assert ahead.to_json() == fresh.to_json() and ahead.sentence == fresh.sentence
+        assert ahead.per_rank == fresh.per_rank and ahead.path == fresh.path
+        assert ahead.rows is not None and fresh.rows is not None and np.array_equal(ahead.rows, fresh.rows)
+    finally:
+        g.__dict__.pop("_corrected", None)  # the committed run's graph is shared: left as found

@@ -185,12 +185,14 @@ def calibrated_latencies(
 @dataclass
 class Corrected:
     """The corrected timeline's readings that need no target (`read_corrected`): the latencies,
-    the node times, the graph's parts of every window (`graph_parts`) and the walk on it."""
+    the node times, the graph's parts of every window (`graph_parts`) and the walk on it, and
+    what the latencies were made from (`calibrated_latencies`' calibration, ranks and rank count)."""
 
     lat: np.ndarray
     t: np.ndarray
     parts: dict[str, np.ndarray]
     walk: PathWalk
+    made_of: tuple[ProfilerCalibration, list[int], int] | None = None
 
 
 def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int], n_ranks: int) -> None:
@@ -198,10 +200,12 @@ def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int],
     ahead where the graph is (the plan's graph Reduce, beside the path's walk): the graph
     re-timed at the calibration's latencies (where the ranks re-timed it, `rank_forward`, their
     times), each window's parts and the walk on it; kept on the graph, where `correct_first`
-    takes them if its own latencies are these."""
+    takes them if its own latencies are these (its model's, when they were made from its
+    calibration, ranks and rank count: `calibrated_latencies` is `run_model`'s at a calibration)."""
     lat = calibrated_latencies(calibration, ranks, n_ranks, g)
     t = retimed_times(g, lat)
-    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
+    made_of = (calibration, list(ranks), n_ranks)
+    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat), made_of)
 
 
 def correct_first(
@@ -243,8 +247,16 @@ def correct_first(
             else "the device sets this run's time (the correction scales device times, not calls)"
         )
         return proportional(run, target, [why]), None
-    lat = model.latencies(model.corrected())
     pre = g.__dict__.get("_corrected")
+    if (
+        rank_cost is None
+        and isinstance(pre, Corrected)
+        and model.correction == "manifest calibration"
+        and pre.made_of == (run.profiler_calibration, list(g.ranks), len(run.ranks))
+    ):
+        lat = pre.lat  # this model's latencies, made ahead (`calibrated_latencies`)
+    else:
+        lat = model.latencies(model.corrected())
     if isinstance(pre, Corrected) and np.array_equal(pre.lat, lat):  # read ahead (`read_corrected`)
         t_c, corr, walk = pre.t, pre.parts, pre.walk
     else:
