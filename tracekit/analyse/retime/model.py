@@ -66,6 +66,8 @@ class KernelGroups:
 
 
 _HOST_GAPS = (roles.ROLE_GAP, roles.ROLE_GAP_OUT, roles.ROLE_LEAD)
+#: the roles of the edges the profiler's cost may come out of (`EdgeSets.deduct_roles`)
+_DEDUCT_ROLES = (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)
 
 
 def _first_at(
@@ -195,14 +197,14 @@ class RunModel:
             queue=qm,
             queue_typ=qt[rpos(qm)] if len(qt) else np.zeros(len(qm), dtype=np.int64),
             backpressure=np.flatnonzero(role == roles.ROLE_BACKPRESSURE),
-            deduct_roles=roles_in(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)),
+            deduct_roles=roles_in(role, _DEDUCT_ROLES),
             is_call=role == roles.ROLE_CALL,
         )
 
     def latencies(self, s: Setting) -> np.ndarray:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
-        mk = self._masks
+        # the edge sets a knob acts on (`_masks`) made where one does (the deduction has its own)
         # the stages before the deduction depend on these two alone: kept for the settings that
         # differ only in the split of the profiler's cost (`Setting.rank_costs`)
         pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
@@ -212,7 +214,7 @@ class RunModel:
         else:
             lat = g.lat.astype(np.float64)
             if s.host_scale != 1.0:
-                h = mk.host
+                h = self._masks.host
                 lat[h] = lat[h] * s.host_scale
             if s.straggler_off and self.n_ranks > 1:
                 idx, f = self._straggler_factors(lat)
@@ -222,12 +224,12 @@ class RunModel:
         if s.host_deduct or s.deduct_collective or s.rank_costs:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
-            d = mk.dev
+            d = self._masks.dev
             lat[d] = lat[d] * s.device_scale
         if s.compute_scale is not None and self.n_ranks > 1:
             lat = self._per_kernel(lat, s.compute_scale)
         if s.transfer is not None:
-            xk = mk.xfer
+            xk = self._masks.xfer
             if s.transfer == "zero":
                 lat[xk] = 0.0
             else:
@@ -237,16 +239,18 @@ class RunModel:
                     if tp is not None:
                         lat[k] = tp
         if s.coll_latency is not None:
-            xk = mk.xfer
+            xk = self._masks.xfer
             for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
                 lat[k] = min(lat[k], s.coll_latency.transfer_ns(op, int(nb), self.n_ranks))
         if s.fuse_norm and self.norm_after_all_reduce is not None:
             lat = np.where(self.norm_after_all_reduce, 0.0, lat)
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
+            mk = self._masks
             out[mk.sync] = 0
             out[mk.sync_wait] = roles.NEVER
         if s.launch0 and self.timeline == "gpu":
+            mk = self._masks
             out[mk.launch_zero] = 0
             lm, qm = mk.launch, mk.queue
             out[lm] = np.minimum(out[lm], mk.launch_rho)
@@ -324,7 +328,6 @@ class RunModel:
         effect, so the operation it launched is released that much earlier too), the rest from the
         gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
-        mk = self._masks
         lat = lat.copy()
         hd: float | np.ndarray = s.host_deduct
         dc: float | np.ndarray = s.deduct_collective
@@ -335,7 +338,7 @@ class RunModel:
             by_rank = self.rank_deduct
         # the cost per edge (`per`) is 0 but on the edges with calls or operations (`_costed`): it is
         # computed there, and the deduction touches those edges and the gaps before calls alone
-        cost_e, cost_pos, deduct_e = self._costed
+        cost_e, cost_pos, call_ops, deduct_e, lm = self._costed
         if by_rank is not None:
             costs = np.asarray(
                 [by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
@@ -344,9 +347,7 @@ class RunModel:
         if self.timeline == "host":
             per_c = hd * g.ops[cost_e].astype(np.float64)
         else:
-            per_c = hd * g.calls[cost_e].astype(np.float64) + dc * np.where(
-                mk.is_call[cost_e], g.ops[cost_e], 0
-            )
+            per_c = hd * g.calls[cost_e].astype(np.float64) + dc * call_ops
         need = np.zeros(len(lat))
         need[cost_e] = per_c
         call_e, gap_e = self._call_gap
@@ -360,7 +361,6 @@ class RunModel:
             if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
                 by_node[g.src[call_e]] = own
-                lm = mk.launch
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
         take = np.minimum(need[deduct_e], np.maximum(lat[deduct_e], 0.0))
         lat[deduct_e] -= take
@@ -375,22 +375,25 @@ class RunModel:
         return lat
 
     @cached_property
-    def _costed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _costed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """The edges a profiler's cost per call or op can be on (calls, or a call's operations;
-        a host timeline: operations), their ranks' positions in `ranks`, and the edges it can come
-        out of (those and the gaps before calls, of the roles that give it)."""
+        a host timeline: operations), their ranks' positions in `ranks`, their operations where
+        they are calls (a cost per collective launch's count), the edges the cost can come out of
+        (those and the gaps before calls, of the roles that give it) and the launch edges."""
         g = self.graph
-        mk = self._masks
+        is_call = g.role == roles.ROLE_CALL
         if self.timeline == "host":
             cost_e = np.flatnonzero(g.ops != 0)
         else:
-            cost_e = np.flatnonzero((g.calls != 0) | (mk.is_call & (g.ops != 0)))
+            cost_e = np.flatnonzero((g.calls != 0) | (is_call & (g.ops != 0)))
         ranks = np.asarray(self.ranks)
         pos = np.minimum(np.searchsorted(ranks, g.erank[cost_e]), len(self.ranks) - 1)
+        call_ops = np.where(is_call[cost_e], g.ops[cost_e], 0)
         cand = np.zeros(len(g.src), dtype=bool)
         cand[cost_e] = True
         cand[self._call_gap[1]] = True
-        return cost_e, pos, np.flatnonzero(cand & mk.deduct_roles)
+        cand &= roles_in(g.role, _DEDUCT_ROLES)
+        return cost_e, pos, call_ops, np.flatnonzero(cand), np.flatnonzero(g.role == roles.ROLE_LAUNCH)
 
     @cached_property
     def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
