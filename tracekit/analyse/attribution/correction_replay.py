@@ -37,7 +37,7 @@ import numpy as np
 
 from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
 from tracekit.analyse.attribution.run import RunParts
-from tracekit.analyse.intervals import covered, union
+from tracekit.analyse.intervals import covered_before, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.rank_forward import retimed_times
@@ -404,6 +404,12 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     er_sorted = g.erank[by_rank]
     for i, r in enumerate(g.ranks):
         a, b = ws[i], we[i]
+        ab = np.concatenate((b, a))  # `covered` of a union in the windows: covered before b - before a
+
+        def covered(us: np.ndarray, ue: np.ndarray, ab: np.ndarray = ab) -> np.ndarray:
+            c = covered_before(us, ue, ab)
+            return c[:n_k] - c[n_k:]
+
         e = by_rank[np.searchsorted(er_sorted, r, "left") : np.searchsorted(er_sorted, r, "right")]
         role, kind = g.role[e], g.kind[e]
         work = (role == ROLE_OP) | (role == ROLE_WORK)
@@ -432,12 +438,12 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
         for s_, e_ in pieces:
             us, ue = union(np.concatenate((us, s_)), np.concatenate((ue, e_)))
             unions.append((us, ue))
-            layers.append(covered(us, ue, a, b))
+            layers.append(covered(us, ue))
         compute, mem_c, coll_c, unk_c, sync_c = layers
         hs, he = unions[1]
         ts_, te_ = np.maximum(c_s, rv), c_e
         xs, xe = union(np.concatenate((hs, ts_)), np.concatenate((he, te_)))
-        transfer = covered(xs, xe, a, b) - mem_c
+        transfer = covered(xs, xe) - mem_c
         out["compute"][i] = compute
         out["memory"][i] = mem_c - compute
         out["transfer"][i] = transfer
