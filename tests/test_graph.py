@@ -494,3 +494,337 @@ def test_the_packed_sort_is_lexsorts_order() -> None:
     big = rng.integers(0, 1 << 40, n)
     assert np.array_equal(lexsort_packed((big, big[::-1], a)), np.lexsort((big, big[::-1], a)))
     assert len(lexsort_packed((np.zeros(0, dtype=np.int64),))) == 0
+
+
+def _walk_node_by_node(g: Graph, t: np.ndarray, lat: np.ndarray) -> tuple[list[tuple[int, ...]], list[tuple]]:
+    """The walk `walk_path`'s docstring states, one node at a time (what it did before it read the
+    binding chain a block of nodes at a time): its rows' values and its merged segments."""
+    ws, we = g.windows(t)
+    step_ns = g.path_spans(t)
+    bind = binding_edges(g, t, lat)
+
+    def binding(n: int) -> int:
+        assert bind[n] != -2, "a node's time is reached by none of its in-edges"
+        return int(bind[n])
+
+    rows_rev: list[list[tuple[int, ...]]] = []
+    segs_rev: list[list[tuple]] = []
+    cursor = None
+    for k in range(len(g.steps) - 1, -1, -1):
+        st = int(g.steps[k])
+        i_end = int(np.argmax(we[:, k]))
+        t_end = int(we[i_end, k])
+        limit = t_end - int(step_ns[k])
+        n, hi = -1, t_end
+        if cursor is not None and cursor[1] >= t_end:
+            n, hi = cursor
+            while hi > t_end:
+                e = binding(n)
+                if e < 0:
+                    n = -1
+                    break
+                ts = int(t[g.src[e]])
+                if ts < t_end:
+                    hi = t_end
+                    break
+                n, hi = int(g.src[e]), ts
+        last_rank = g.ranks[i_end]
+        if n < 0:
+            nodes = g.end_nodes[i_end][k]
+            n = int(nodes[np.argmax(t[nodes])])
+            hi = int(t[n])
+        elif g.node_rank[n] >= 0:
+            last_rank = int(g.node_rank[n])
+        acc = {r: [0] * len(PARTS) for r in g.ranks}
+        hops, segs, ended = 0, [], False
+        while hi > limit:
+            e = binding(n)
+            if e < 0:
+                ended = True
+                break
+            ts = int(t[g.src[e]])
+            piece = hi - max(ts, limit)
+            r = int(g.erank[e])
+            if piece > 0:
+                acc[r][int(g.kind[e])] += piece
+                if r != last_rank:
+                    hops, last_rank = hops + 1, r
+                off = g.offsets.get(r, 0)
+                x = "transfer" if int(g.role[e]) == ROLE_XFER else "work"
+                segs.append((st, r, max(ts, limit) + off, hi + off, x, -1))
+            if ts < limit:
+                hi = limit
+                break
+            n, hi = int(g.src[e]), ts
+        cursor = None if ended else (n, hi)
+        path_len = t_end - max(hi, limit)
+        span = int(step_ns[k])
+        rows_rev.append([(st, r, *acc[r], span, span - path_len, hops) for r in g.ranks])
+        segs_rev.append(segs)
+    merged: list[tuple] = []
+    for s in [sg for per in reversed(segs_rev) for sg in per]:
+        p = merged[-1] if merged else None
+        if p and p[:2] == s[:2] and p[4] == s[4] == "work" and p[2] == s[3]:
+            merged[-1] = (p[0], p[1], s[2], p[3], p[4], p[5])
+        else:
+            merged.append(s)
+    return [row for per in reversed(rows_rev) for row in per], merged
+
+
+def _latency_variants(g: Graph) -> list[np.ndarray]:
+    """The measured latencies, every third edge 40% shorter (other edges bind, the path changes
+    rank elsewhere) and no latency at all (every in-edge ties: the first binds; the walk reaches
+    the origin)."""
+    short = g.lat.copy()
+    short[::3] = short[::3] * 6 // 10
+    return [g.lat, short, np.zeros_like(g.lat)]
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_walk_is_the_node_by_node_walk_on_generated_runs(name: str) -> None:
+    """`walk_path` (the binding chain read a block of nodes at a time) gives the node-by-node
+    walk's rows and segments exactly, at the measured times and at two re-timings; a time that no
+    in-edge reaches on the path stops both."""
+    g, _ends = graph_of(SPECS[name])
+    for lat in _latency_variants(g):
+        t = g.times(lat)
+        walk = walk_path(g, t, lat)
+        rows, segs = _walk_node_by_node(g, t, lat)
+        assert [r.values() for r in walk.rows] == rows
+        assert walk.segments == segs
+        assert len(segs) >= len(g.steps) or not lat.any()  # a piece per step at least
+    t = g.times()
+    ws, we = g.windows(t)
+    k = len(g.steps) - 1
+    nodes = g.end_nodes[int(np.argmax(we[:, k]))][k]
+    late = t.copy()
+    late[int(nodes[np.argmax(t[nodes])])] += 1  # the walk's first node: no in-edge reaches it now
+    for walk_of in (walk_path, _walk_node_by_node):
+        with pytest.raises(AssertionError, match="reached by none of its in-edges"):
+            walk_of(g, late, g.lat)
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2-straggler"])
+def test_the_walk_is_the_node_by_node_walk_on_the_committed_traces(trace: str) -> None:
+    """The same on the committed runs' graphs (a GPU and a host timeline, two ranks each)."""
+    from committed_pairs import committed_parts
+
+    g = committed_parts(trace, "sharded").graph
+    assert g is not None
+    for lat in _latency_variants(g):
+        t = g.times(lat)
+        walk = walk_path(g, t, lat)
+        rows, segs = _walk_node_by_node(g, t, lat)
+        assert [r.values() for r in walk.rows] == rows
+        assert walk.segments == segs
+        visited = {r[1] for r in rows if sum(r[2 : 2 + len(PARTS)])}
+        assert len(visited) == (2 if lat.any() else 0)  # the path visits both ranks
+
+
+def _deduct_every_edge(m: Any, lat: np.ndarray, s: Any) -> np.ndarray:
+    """`RunModel._deduct`'s deduction over every edge's arrays (as it was before it touched only the
+    edges a cost can be on): the cost per call from the call's own time first, the rest from the
+    gap before it; the launch released earlier; a sync call's cost off its wait edge."""
+    g, mk = m.graph, m._masks
+    lat = lat.copy()
+    hd, dc = s.host_deduct, s.deduct_collective
+    by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs} if s.rank_costs is not None else None
+    if by_rank is None and m.rank_deduct is not None and s.host_deduct == m.host_deduct:
+        by_rank = m.rank_deduct
+    if by_rank is not None:
+        costs = np.asarray([by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in m.ranks])
+        at = np.minimum(np.searchsorted(np.asarray(m.ranks), g.erank), len(m.ranks) - 1)
+        hd, dc = costs[at, 0], costs[at, 1]
+    per = hd * g.calls.astype(np.float64) + dc * np.where(mk.is_call, g.ops, 0)
+    if m.timeline == "host":
+        per = hd * g.ops.astype(np.float64)
+    calls = np.flatnonzero(g.role == 3)
+    gaps = np.flatnonzero((g.role == 1) | (g.role == 2))
+    first_gap = {}
+    for e, n in zip(gaps.tolist(), g.dst[gaps].tolist(), strict=True):
+        first_gap.setdefault(n, e)
+    pairs = [
+        (c, first_gap[n])
+        for c, n in zip(calls.tolist(), g.src[calls].tolist(), strict=True)
+        if n in first_gap
+    ]
+    call_e = np.asarray([c for c, _ in pairs], dtype=np.int64)
+    gap_e = np.asarray([e for _, e in pairs], dtype=np.int64)
+    need = per.copy()
+    own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+    lat[call_e] -= own
+    need[call_e] = 0.0
+    np.add.at(need, gap_e, per[call_e] - own)
+    by_node = np.zeros(len(g.t))
+    by_node[g.src[call_e]] = own
+    lm = np.flatnonzero(g.role == 6)
+    lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
+    lat -= np.where(mk.deduct_roles, np.minimum(need, np.maximum(lat, 0.0)), 0.0)
+    waits, syncs = np.flatnonzero(g.role == 5), np.flatnonzero(g.role == 4)
+    sync_at = {}
+    for e, n in zip(syncs.tolist(), g.dst[syncs].tolist(), strict=True):
+        sync_at.setdefault(n, e)
+    sw = [w for w, n in zip(waits.tolist(), g.dst[waits].tolist(), strict=True) if n in sync_at]
+    se = [sync_at[int(g.dst[w])] for w in sw]
+    if sw:
+        cut = np.maximum(per[se] - np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0), 0.0)
+        lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
+    return lat
+
+
+@pytest.mark.parametrize("timeline", ["gpu", "host"])
+def test_the_profilers_cost_comes_off_the_edges_as_over_every_edge(timeline: str) -> None:
+    """`RunModel._deduct` (computed on the edges a cost can be on) is the deduction over every
+    edge's arrays (`_deduct_every_edge`), bit for bit, on the committed h200-tp2 graph: one cost, one
+    per collective too, a cost larger than the calls (the gaps pay), each rank's own and a split
+    between ranks, on the measured latencies and on host time scaled by 0.8."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.retime.model import RunModel
+    from tracekit.analyse.retime.setting import Setting
+
+    g = committed_parts("h200-tp2", "sharded").graph
+    assert g is not None
+    ranks = list(g.ranks)
+    for rank_deduct in (None, {r: (900.0 * (i + 1), 13.0 * i) for i, r in enumerate(ranks)}):
+        m = RunModel(
+            "run", len(ranks), ranks, timeline, list(g.steps), g, np.zeros(0, dtype=np.int64), {}, None
+        )
+        m.rank_deduct, m.host_deduct = rank_deduct, 5134.0
+        for s in (
+            Setting(host_deduct=5134.0),
+            Setting(host_deduct=5134.0, deduct_collective=2929.0),
+            Setting(host_deduct=2e6),
+            Setting(rank_costs=tuple((r, 300.0 + 4000.0 * i) for i, r in enumerate(ranks))),
+        ):
+            for lat in (g.lat.astype(np.float64), g.lat * 0.8):
+                got = m._deduct(lat, s)
+                assert np.array_equal(got, _deduct_every_edge(m, lat, s)), s
+                assert (got <= lat).all() and (got < lat).any()
+
+
+def _parts_by_layers(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
+    """`graph_parts` by its definition: per rank, each layer (compute, memory, collective, unknown,
+    sync) covers the union of its pieces and every higher layer's, made afresh from all of them; a
+    collective's time after the rendezvous (its arrival's begin to its end) is transfer where no
+    compute or memory covers it."""
+    from tracekit.analyse.intervals import covered, union
+    from tracekit.analyse.path.roles import (
+        K_COMPUTE,
+        K_MEMORY,
+        K_TRANSFER,
+        K_UNKNOWN,
+        ROLE_ARRIVE,
+        ROLE_OP,
+        ROLE_SYNC,
+        ROLE_WORK,
+    )
+    from tracekit.model.parts import LEAF_PARTS
+
+    ws, we = g.windows(t)
+    step = (we - ws).max(axis=0)
+    out = {p: np.zeros(ws.shape, dtype=np.int64) for p in LEAF_PARTS}
+    for i, r in enumerate(g.ranks):
+        a, b = ws[i], we[i]
+        mine = g.erank == r
+        work = mine & ((g.role == ROLE_OP) | (g.role == ROLE_WORK))
+        arrival = {
+            int(d): int(s)
+            for s, d in zip(
+                g.src[mine & (g.role == ROLE_ARRIVE)], g.dst[mine & (g.role == ROLE_ARRIVE)], strict=True
+            )
+        }
+        xf = np.flatnonzero(mine & (g.role == ROLE_XFER))
+        c_s = t[[arrival.get(int(v), int(v)) for v in g.src[xf]]].astype(np.int64)
+        c_e, rv = t[g.dst[xf]], t[g.src[xf]]
+
+        def iv(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return t[g.src[mask]], t[g.dst[mask]]
+
+        un = iv(work & (g.kind == K_TRANSFER))
+        pieces = [
+            iv(work & (g.kind == K_COMPUTE)),
+            iv(work & (g.kind == K_MEMORY)),
+            (np.concatenate((c_s, un[0])), np.concatenate((c_e, un[1]))),
+            iv(work & (g.kind == K_UNKNOWN)),
+            iv(mine & (g.role == ROLE_SYNC)),
+        ]
+        cov = [
+            covered(
+                *union(
+                    np.concatenate([p[0] for p in pieces[: j + 1]]),
+                    np.concatenate([p[1] for p in pieces[: j + 1]]),
+                ),
+                a,
+                b,
+            )
+            for j in range(len(pieces))
+        ]
+        hd = (np.concatenate((pieces[0][0], pieces[1][0])), np.concatenate((pieces[0][1], pieces[1][1])))
+        x = covered(*union(np.concatenate((hd[0], np.maximum(c_s, rv))), np.concatenate((hd[1], c_e))), a, b)
+        transfer = x - covered(*union(*hd), a, b)
+        out["compute"][i], out["memory"][i], out["transfer"][i] = cov[0], cov[1] - cov[0], transfer
+        out["wait"][i], out["unknown"][i], out["sync"][i] = (
+            cov[2] - cov[1] - transfer,
+            cov[3] - cov[2],
+            cov[4] - cov[3],
+        )
+        out["idle"][i] = (b - a) - cov[4] + (step - (b - a))
+    return out
+
+
+@pytest.mark.parametrize("trace", ["h200-tp2", "cpu-tp2-straggler"])
+def test_the_graphs_parts_of_each_window_are_its_layers_read_afresh(trace: str) -> None:
+    """`correction_replay.graph_parts` (each layer's union made from the one above it and its own
+    pieces) is the layers' definition (`_parts_by_layers`) on the committed runs' graphs, at the
+    measured times and at a re-timing with every third edge 40% shorter."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.attribution.correction_replay import graph_parts
+
+    g = committed_parts(trace, "sharded").graph
+    assert g is not None
+    for lat in _latency_variants(g)[:2]:
+        t = g.times(lat)
+        got, want = graph_parts(g, t), _parts_by_layers(g, t)
+        assert got.keys() == want.keys()
+        for p in got:
+            assert np.array_equal(got[p], want[p]), p
+        assert (sum(got.values()) == (g.windows(t)[1] - g.windows(t)[0]).max(axis=0)).all()
+
+
+def test_the_corrected_timeline_read_ahead_is_the_one_the_correction_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a committed run with a manifest calibration (h200-shard2-graphs), the corrected
+    timeline read ahead (`read_corrected`, the plan's graph Reduce) is made of the latencies the
+    correction's own model gives, so `correct_first` takes it without making them again, and
+    corrects the run to the same figures as without it."""
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.attribution import correction_replay as cr
+    from tracekit.analyse.retime.calibrate import calibrate
+    from tracekit.analyse.retime.model import RunModel
+
+    parts = committed_parts("h200-shard2-graphs", "sharded")
+    g, cal = parts.graph, parts.profiler_calibration
+    assert g is not None and cal is not None
+    target = sum(next(iter(parts.per_rank.values())).values()) * 9 / 10
+    assert "_corrected" not in g.__dict__
+    try:
+        fresh, _ = cr.correct_first(parts, target)
+        cr.read_corrected(g, cal, list(g.ranks), len(parts.ranks))
+        model = cr.run_model(parts, target)
+        calibrate(model)
+        assert model.correction == "manifest calibration"
+        assert np.array_equal(g.__dict__["_corrected"].lat, model.latencies(model.corrected()))
+        made = []
+        own = RunModel.latencies
+        monkeypatch.setattr(RunModel, "latencies", lambda m, s: made.append(s) or own(m, s))
+        ahead, _ = cr.correct_first(parts, target)
+        assert made == []  # the read-ahead latencies taken
+        assert ahead.to_json() == fresh.to_json() and ahead.sentence == fresh.sentence
+        assert ahead.per_rank == fresh.per_rank and ahead.path == fresh.path
+        assert ahead.rows is not None and fresh.rows is not None and np.array_equal(ahead.rows, fresh.rows)
+    finally:
+        g.__dict__.pop("_corrected", None)  # the committed run's graph is shared: left as found

@@ -37,7 +37,7 @@ import numpy as np
 
 from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
 from tracekit.analyse.attribution.run import RunParts
-from tracekit.analyse.intervals import covered, union
+from tracekit.analyse.intervals import covered_before, union
 from tracekit.analyse.path.critical_path import path_of
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.rank_forward import retimed_times
@@ -185,12 +185,14 @@ def calibrated_latencies(
 @dataclass
 class Corrected:
     """The corrected timeline's readings that need no target (`read_corrected`): the latencies,
-    the node times, the graph's parts of every window (`graph_parts`) and the walk on it."""
+    the node times, the graph's parts of every window (`graph_parts`) and the walk on it, and
+    what the latencies were made from (`calibrated_latencies`' calibration, ranks and rank count)."""
 
     lat: np.ndarray
     t: np.ndarray
     parts: dict[str, np.ndarray]
     walk: PathWalk
+    made_of: tuple[ProfilerCalibration, list[int], int] | None = None
 
 
 def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int], n_ranks: int) -> None:
@@ -198,10 +200,12 @@ def read_corrected(g: Graph, calibration: ProfilerCalibration, ranks: list[int],
     ahead where the graph is (the plan's graph Reduce, beside the path's walk): the graph
     re-timed at the calibration's latencies (where the ranks re-timed it, `rank_forward`, their
     times), each window's parts and the walk on it; kept on the graph, where `correct_first`
-    takes them if its own latencies are these."""
+    takes them if its own latencies are these (its model's, when they were made from its
+    calibration, ranks and rank count: `calibrated_latencies` is `run_model`'s at a calibration)."""
     lat = calibrated_latencies(calibration, ranks, n_ranks, g)
     t = retimed_times(g, lat)
-    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat))
+    made_of = (calibration, list(ranks), n_ranks)
+    g.__dict__["_corrected"] = Corrected(lat, t, graph_parts(g, t), walk_path(g, t, lat), made_of)
 
 
 def correct_first(
@@ -243,8 +247,16 @@ def correct_first(
             else "the device sets this run's time (the correction scales device times, not calls)"
         )
         return proportional(run, target, [why]), None
-    lat = model.latencies(model.corrected())
     pre = g.__dict__.get("_corrected")
+    if (
+        rank_cost is None
+        and isinstance(pre, Corrected)
+        and model.correction == "manifest calibration"
+        and pre.made_of == (run.profiler_calibration, list(g.ranks), len(run.ranks))
+    ):
+        lat = pre.lat  # this model's latencies, made ahead (`calibrated_latencies`)
+    else:
+        lat = model.latencies(model.corrected())
     if isinstance(pre, Corrected) and np.array_equal(pre.lat, lat):  # read ahead (`read_corrected`)
         t_c, corr, walk = pre.t, pre.parts, pre.walk
     else:
@@ -392,44 +404,46 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
     er_sorted = g.erank[by_rank]
     for i, r in enumerate(g.ranks):
         a, b = ws[i], we[i]
+        ab = np.concatenate((b, a))  # `covered` of a union in the windows: covered before b - before a
+
+        def covered(us: np.ndarray, ue: np.ndarray, ab: np.ndarray = ab) -> np.ndarray:
+            c = covered_before(us, ue, ab)
+            return c[:n_k] - c[n_k:]
+
         e = by_rank[np.searchsorted(er_sorted, r, "left") : np.searchsorted(er_sorted, r, "right")]
         role, kind = g.role[e], g.kind[e]
-        work = np.isin(role, (ROLE_OP, ROLE_WORK))
-        syn = role == ROLE_SYNC
+        work = (role == ROLE_OP) | (role == ROLE_WORK)
         xf = e[role == ROLE_XFER]
         ar = e[role == ROLE_ARRIVE]
-        begin_of = dict(zip(dst[ar].tolist(), src[ar].tolist(), strict=True))  # rendezvous -> arrival
-        cb = np.asarray([begin_of.get(int(v), int(v)) for v in src[xf]], dtype=np.int64)
+        cb = _arrival_of(dst[ar], src[ar], src[xf])
         c_s, c_e, rv = t[cb], t[dst[xf]], t[src[xf]]
 
         def iv(mask: np.ndarray, e: np.ndarray = e) -> tuple[np.ndarray, np.ndarray]:
             sel = e[mask]
             return t[src[sel]], t[dst[sel]]
 
-        layers = []  # cumulative unions of the layers in priority order
+        un_coll = iv(work & (kind == K_TRANSFER))  # a collective the matching did not cover
+        # the layers in priority order; each layer's union is the previous layer's with its own
+        # pieces (a union is one sorted set of disjoint intervals, whatever it was made from)
         pieces: list[tuple[np.ndarray, np.ndarray]] = [
             iv(work & (kind == K_COMPUTE)),
             iv(work & (kind == K_MEMORY)),
+            (np.concatenate((c_s, un_coll[0])), np.concatenate((c_e, un_coll[1]))),
+            iv(work & (kind == K_UNKNOWN)),
+            iv(role == ROLE_SYNC),  # a host timeline's host work's sync pieces are edges of the chain too
         ]
-        un_coll = iv(work & (kind == K_TRANSFER))  # a collective the matching did not cover
-        pieces.append((np.concatenate((c_s, un_coll[0])), np.concatenate((c_e, un_coll[1]))))
-        pieces.append(iv(work & (kind == K_UNKNOWN)))
-        sync_iv = iv(syn)
-        if g.timeline == "host":  # host work's sync pieces are edges of the chain too
-            sync_iv = iv(role == ROLE_SYNC)
-        pieces.append(sync_iv)
-        acc_s: list[np.ndarray] = []
-        acc_e: list[np.ndarray] = []
+        layers = []
+        unions = []
+        us, ue = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         for s_, e_ in pieces:
-            acc_s.append(s_)
-            acc_e.append(e_)
-            us, ue = union(np.concatenate(acc_s), np.concatenate(acc_e))
-            layers.append(covered(us, ue, a, b))
+            us, ue = union(np.concatenate((us, s_)), np.concatenate((ue, e_)))
+            unions.append((us, ue))
+            layers.append(covered(us, ue))
         compute, mem_c, coll_c, unk_c, sync_c = layers
-        hs, he = union(np.concatenate(acc_s[:2]), np.concatenate(acc_e[:2]))
+        hs, he = unions[1]
         ts_, te_ = np.maximum(c_s, rv), c_e
-        xs, xe = union(np.concatenate((acc_s[0], acc_s[1], ts_)), np.concatenate((acc_e[0], acc_e[1], te_)))
-        transfer = covered(xs, xe, a, b) - covered(hs, he, a, b)
+        xs, xe = union(np.concatenate((hs, ts_)), np.concatenate((he, te_)))
+        transfer = covered(xs, xe) - mem_c
         out["compute"][i] = compute
         out["memory"][i] = mem_c - compute
         out["transfer"][i] = transfer
@@ -438,6 +452,19 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
         out["sync"][i] = sync_c - unk_c
         out["idle"][i] = (b - a) - sync_c + (step - (b - a))
     return out
+
+
+def _arrival_of(rv_of: np.ndarray, arrival: np.ndarray, rv: np.ndarray) -> np.ndarray:
+    """Per rendezvous node in `rv`, the arrival node whose edge into it (`arrival` -> `rv_of`)
+    comes last (the rendezvous itself where none does)."""
+    if not len(rv_of):
+        return rv.astype(np.int64, copy=True)
+    o = np.argsort(rv_of, kind="stable")
+    keys, vals = rv_of[o], arrival[o]
+    last = np.append(keys[1:] != keys[:-1], True)
+    keys, vals = keys[last], vals[last]
+    at = np.minimum(np.searchsorted(keys, rv), len(keys) - 1)
+    return np.where(keys[at] == rv, vals[at], rv).astype(np.int64)
 
 
 def correction_doc(corrections: Mapping[str, Correction | None]) -> dict[str, Any]:

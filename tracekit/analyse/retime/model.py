@@ -66,6 +66,8 @@ class KernelGroups:
 
 
 _HOST_GAPS = (roles.ROLE_GAP, roles.ROLE_GAP_OUT, roles.ROLE_LEAD)
+#: the roles of the edges the profiler's cost may come out of (`EdgeSets.deduct_roles`)
+_DEDUCT_ROLES = (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)
 
 
 def _first_at(
@@ -73,11 +75,27 @@ def _first_at(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The `edges` whose node `at` is some other edge's node `others_at`, each with the first such
     of `others` (edges without one left out)."""
-    by_node = pd.Series(others, index=others_at)
-    by_node = by_node[~by_node.index.duplicated()]
-    of = by_node.reindex(at).to_numpy()
-    ok = ~np.isnan(of.astype(np.float64))
-    return edges[ok], of[ok].astype(np.int64)
+    o = np.argsort(others_at, kind="stable")
+    keys, vals = others_at[o], others[o]
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = keys[1:] != keys[:-1]
+    keys, vals = keys[first], vals[first]
+    if not len(keys):
+        return edges[:0], vals.astype(np.int64)
+    pos = np.minimum(np.searchsorted(keys, at), len(keys) - 1)
+    ok = keys[pos] == at
+    return edges[ok], vals[pos[ok]].astype(np.int64)
+
+
+def roles_in(role: np.ndarray, wanted: Sequence[int]) -> np.ndarray:
+    """`np.isin(role, wanted)` for the edges' roles (small non-negative codes) by a table of the
+    codes: one gather instead of a sort of the edges."""
+    hi = int(role.max(initial=0))
+    if int(role.min(initial=0)) < 0 or hi > 1 << 16:
+        return np.isin(role, wanted)
+    table = np.zeros(max(hi, *wanted) + 1, dtype=bool)
+    table[list(wanted)] = True
+    return table[role]
 
 
 @dataclass
@@ -146,19 +164,21 @@ class RunModel:
         """Edge subsets the knobs act on (fixed per graph), computed once."""
         g = self.graph
         role = g.role
-        host_part = ~np.isin(role, (roles.ROLE_XFER, roles.ROLE_ORIGIN, roles.ROLE_ARRIVE))
+        host_part = ~roles_in(role, (roles.ROLE_XFER, roles.ROLE_ORIGIN, roles.ROLE_ARRIVE))
         if self.timeline == "host":
             host_part &= role != roles.ROLE_OP
         else:
-            host_part &= np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_SYNC, roles.ROLE_SYNC_WAIT))
+            host_part &= roles_in(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_SYNC, roles.ROLE_SYNC_WAIT))
         dev = (
-            np.isin(role, (roles.ROLE_OP, roles.ROLE_QUEUE, roles.ROLE_CROSS, roles.ROLE_GRAPH))
+            roles_in(role, (roles.ROLE_OP, roles.ROLE_QUEUE, roles.ROLE_CROSS, roles.ROLE_GRAPH))
             if self.timeline == "gpu"
             else (role == roles.ROLE_WORK)
         )
-        rk = g.erank
         ranks = np.asarray(self.ranks)
-        rpos = np.minimum(np.searchsorted(ranks, rk), len(self.ranks) - 1) if len(ranks) else rk
+
+        def rpos(e: np.ndarray) -> np.ndarray:  # the edges' ranks' positions in `ranks`
+            return np.minimum(np.searchsorted(ranks, g.erank[e]), len(self.ranks) - 1)
+
         rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         lm = np.flatnonzero(role == roles.ROLE_LAUNCH)
@@ -173,18 +193,18 @@ class RunModel:
                 (role == roles.ROLE_GAP) | (role == roles.ROLE_GAP_OUT) | (role == roles.ROLE_CALL)
             ),
             launch=lm,
-            launch_rho=rho[rpos[lm]] if len(rho) else np.zeros(len(lm), dtype=np.int64),
+            launch_rho=rho[rpos(lm)] if len(rho) else np.zeros(len(lm), dtype=np.int64),
             queue=qm,
-            queue_typ=qt[rpos[qm]] if len(qt) else np.zeros(len(qm), dtype=np.int64),
+            queue_typ=qt[rpos(qm)] if len(qt) else np.zeros(len(qm), dtype=np.int64),
             backpressure=np.flatnonzero(role == roles.ROLE_BACKPRESSURE),
-            deduct_roles=np.isin(role, (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)),
+            deduct_roles=roles_in(role, _DEDUCT_ROLES),
             is_call=role == roles.ROLE_CALL,
         )
 
     def latencies(self, s: Setting) -> np.ndarray:
         """The graph's edge latencies under a setting (integer ns)."""
         g = self.graph
-        mk = self._masks
+        # the edge sets a knob acts on (`_masks`) made where one does (the deduction has its own)
         # the stages before the deduction depend on these two alone: kept for the settings that
         # differ only in the split of the profiler's cost (`Setting.rank_costs`)
         pre_key = (s.host_scale, bool(s.straggler_off and self.n_ranks > 1))
@@ -194,7 +214,7 @@ class RunModel:
         else:
             lat = g.lat.astype(np.float64)
             if s.host_scale != 1.0:
-                h = mk.host
+                h = self._masks.host
                 lat[h] = lat[h] * s.host_scale
             if s.straggler_off and self.n_ranks > 1:
                 idx, f = self._straggler_factors(lat)
@@ -204,12 +224,12 @@ class RunModel:
         if s.host_deduct or s.deduct_collective or s.rank_costs:
             lat = self._deduct(lat, s)
         if s.device_scale != 1.0:
-            d = mk.dev
+            d = self._masks.dev
             lat[d] = lat[d] * s.device_scale
         if s.compute_scale is not None and self.n_ranks > 1:
             lat = self._per_kernel(lat, s.compute_scale)
         if s.transfer is not None:
-            xk = mk.xfer
+            xk = self._masks.xfer
             if s.transfer == "zero":
                 lat[xk] = 0.0
             else:
@@ -219,16 +239,18 @@ class RunModel:
                     if tp is not None:
                         lat[k] = tp
         if s.coll_latency is not None:
-            xk = mk.xfer
+            xk = self._masks.xfer
             for k, op, nb in zip(xk, g.xfer_op, g.xfer_bytes, strict=True):
                 lat[k] = min(lat[k], s.coll_latency.transfer_ns(op, int(nb), self.n_ranks))
         if s.fuse_norm and self.norm_after_all_reduce is not None:
             lat = np.where(self.norm_after_all_reduce, 0.0, lat)
         out = np.rint(lat).astype(np.int64)
         if s.sync0:
+            mk = self._masks
             out[mk.sync] = 0
             out[mk.sync_wait] = roles.NEVER
         if s.launch0 and self.timeline == "gpu":
+            mk = self._masks
             out[mk.launch_zero] = 0
             lm, qm = mk.launch, mk.queue
             out[lm] = np.minimum(out[lm], mk.launch_rho)
@@ -240,7 +262,7 @@ class RunModel:
     def _straggler_groups(self) -> StragglerGroups | None:
         """The (segment, rank) groups of the host gaps `straggler=off` scales, computed once."""
         g = self.graph
-        gm = np.isin(g.role, _HOST_GAPS) & (g.seg >= 0)
+        gm = roles_in(g.role, _HOST_GAPS) & (g.seg >= 0)
         out: StragglerGroups | None = None
         if gm.any():
             idx = np.flatnonzero(gm)
@@ -306,7 +328,6 @@ class RunModel:
         effect, so the operation it launched is released that much earlier too), the rest from the
         gap before the call (docs/METHOD.md section The dependency graph)."""
         g = self.graph
-        mk = self._masks
         lat = lat.copy()
         hd: float | np.ndarray = s.host_deduct
         dc: float | np.ndarray = s.deduct_collective
@@ -315,39 +336,64 @@ class RunModel:
             by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs}
         elif self.rank_deduct is not None and s.host_deduct == self.host_deduct:  # the calibration's own
             by_rank = self.rank_deduct
+        # the cost per edge (`per`) is 0 but on the edges with calls or operations (`_costed`): it is
+        # computed there, and the deduction touches those edges and the gaps before calls alone
+        cost_e, cost_pos, call_ops, deduct_e, lm = self._costed
         if by_rank is not None:
             costs = np.asarray(
                 [by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in self.ranks]
             )
-            at = np.minimum(np.searchsorted(np.asarray(self.ranks), g.erank), len(self.ranks) - 1)
-            hd, dc = costs[at, 0], costs[at, 1]
-        per = hd * g.calls.astype(np.float64) + dc * np.where(mk.is_call, g.ops, 0)
+            hd, dc = costs[cost_pos, 0], costs[cost_pos, 1]
         if self.timeline == "host":
-            per = hd * g.ops.astype(np.float64)
+            per_c = hd * g.ops[cost_e].astype(np.float64)
+        else:
+            per_c = hd * g.calls[cost_e].astype(np.float64) + dc * call_ops
+        need = np.zeros(len(lat))
+        need[cost_e] = per_c
         call_e, gap_e = self._call_gap
-        need = per.copy()
         if len(call_e):
             # a call's own cost from the call first, what its time cannot hold from the gap before it
-            own = np.minimum(need[call_e], np.maximum(lat[call_e], 0.0))
+            per_call = need[call_e]
+            own = np.minimum(per_call, np.maximum(lat[call_e], 0.0))
             lat[call_e] -= own
             need[call_e] = 0.0
-            np.add.at(need, gap_e, per[call_e] - own)
+            np.add.at(need, gap_e, per_call - own)
             if own.any():  # it ran before the call's effect: its operation is released earlier too
                 by_node = np.zeros(len(g.t))
                 by_node[g.src[call_e]] = own
-                lm = np.flatnonzero(g.role == roles.ROLE_LAUNCH)
                 lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
-        take = np.minimum(need, np.maximum(lat, 0.0))
-        lat -= np.where(mk.deduct_roles, take, 0.0)
+        take = np.minimum(need[deduct_e], np.maximum(lat[deduct_e], 0.0))
+        lat[deduct_e] -= take
         # a synchronising call's cost also delays its return when the device was done before the
         # cost had run (the return latency then holds the cost): it comes off the wait edge's
         # latency by the part of the cost that ran after the awaited operation's end
         sw, se = self._sync_wait
         if len(sw):
             waited = np.maximum(g.t[g.src[sw]] - g.t[g.src[se]], 0)
-            cut = np.maximum(per[se] - waited, 0.0)
+            cut = np.maximum(need[se] - waited, 0.0)  # a sync call's cost: no call's or gap's
             lat[sw] = np.maximum(lat[sw] - cut, np.minimum(lat[sw], 0.0))
         return lat
+
+    @cached_property
+    def _costed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The edges a profiler's cost per call or op can be on (calls, or a call's operations;
+        a host timeline: operations), their ranks' positions in `ranks`, their operations where
+        they are calls (a cost per collective launch's count), the edges the cost can come out of
+        (those and the gaps before calls, of the roles that give it) and the launch edges."""
+        g = self.graph
+        is_call = g.role == roles.ROLE_CALL
+        if self.timeline == "host":
+            cost_e = np.flatnonzero(g.ops != 0)
+        else:
+            cost_e = np.flatnonzero((g.calls != 0) | (is_call & (g.ops != 0)))
+        ranks = np.asarray(self.ranks)
+        pos = np.minimum(np.searchsorted(ranks, g.erank[cost_e]), len(self.ranks) - 1)
+        call_ops = np.where(is_call[cost_e], g.ops[cost_e], 0)
+        cand = np.zeros(len(g.src), dtype=bool)
+        cand[cost_e] = True
+        cand[self._call_gap[1]] = True
+        cand &= roles_in(g.role, _DEDUCT_ROLES)
+        return cost_e, pos, call_ops, np.flatnonzero(cand), np.flatnonzero(g.role == roles.ROLE_LAUNCH)
 
     @cached_property
     def _sync_wait(self) -> tuple[np.ndarray, np.ndarray]:
@@ -362,7 +408,7 @@ class RunModel:
         """Pairs (call edge, the host gap edge into its begin)."""
         g = self.graph
         calls = np.flatnonzero(g.role == roles.ROLE_CALL)
-        gaps = np.flatnonzero(np.isin(g.role, (roles.ROLE_GAP, roles.ROLE_GAP_OUT)))
+        gaps = np.flatnonzero(roles_in(g.role, (roles.ROLE_GAP, roles.ROLE_GAP_OUT)))
         return _first_at(calls, g.src[calls], gaps, g.dst[gaps])
 
     def _per_kernel(self, lat: np.ndarray, factor: float) -> np.ndarray:
@@ -382,7 +428,7 @@ class RunModel:
     def _kernel_groups(self) -> KernelGroups | None:
         """The compute edges and their groups (the k-th compute operation of a step), once."""
         g = self.graph
-        cm = (g.kind == roles.K_COMPUTE) & np.isin(g.role, (roles.ROLE_OP, roles.ROLE_WORK))
+        cm = (g.kind == roles.K_COMPUTE) & roles_in(g.role, (roles.ROLE_OP, roles.ROLE_WORK))
         out: KernelGroups | None = None
         if cm.any():
             idx = np.flatnonzero(cm)
