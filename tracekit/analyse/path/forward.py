@@ -82,6 +82,62 @@ def _first_of_runs(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+#: the chain priorities' range (`_CHAIN_PRIORITY` below 99)
+_PRIO_SPAN = int(_CHAIN_PRIORITY[_CHAIN_PRIORITY < 99].max()) + 1
+
+
+def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.ndarray) -> np.ndarray:
+    """Per node its chain parent's edge (-1: none), `Forward`'s rounds: per node its first in-edge
+    of the best priority, then per source node one chain child (the earliest in topological
+    order); a node whose edge lost to another child of that source tries its next edge whose
+    source has no child yet, round by round."""
+    n, n_e = len(tpos), len(src)
+    left = np.flatnonzero(prio < 99)
+    pedge = np.full(n, -1, dtype=np.int64)
+    has_child = np.zeros(n, dtype=bool)
+    for _ in range(CHAIN_ROUNDS):
+        if not len(left):
+            break
+        d = dst[left]
+        if (d[1:] >= d[:-1]).all():  # in-edges grouped by destination (a Graph's): no sort
+            first = np.flatnonzero(_first_of_runs(d))
+            c = np.minimum.reduceat(prio[left] * n_e + left, first) % n_e
+        else:
+            c = left[lexsort_packed((left, prio[left], d), unique=True)]
+            c = c[_first_of_runs(dst[c])]
+        s = src[c]
+        if n < 1 << 29:  # (source, priority, topological position) packed: unique, one sort
+            c = c[np.argsort((s * _PRIO_SPAN + prio[c]) * n + tpos[dst[c]], kind="stable")]
+        else:
+            c = c[lexsort_packed((tpos[dst[c]], prio[c], s), unique=True)]
+        c = c[_first_of_runs(src[c])]
+        pedge[dst[c]] = c
+        has_child[src[c]] = True
+        left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
+    return pedge
+
+
+def _chain_heads(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each node's chain head (`par`: each node's chain parent, -1 for none; each node at most one
+    child) and which nodes begin a run, a run being consecutive node numbers each the chain
+    child of the one before (a rank's program and stream order: most nodes). Pointer jumping
+    over the runs, each run's first node to its parent's run, instead of over the nodes."""
+    n = len(par)
+    run = par != np.arange(n) - 1
+    if n:
+        run[0] = True
+    r_first = np.flatnonzero(run)
+    r_id = np.cumsum(run) - 1
+    rp = par[r_first]
+    up = np.where(rp >= 0, r_id[rp], np.arange(len(r_first)))
+    while True:
+        nu = up[up]
+        if np.array_equal(nu, up):
+            break
+        up = nu
+    return r_first[up][r_id], run
+
+
 class Forward:
     """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
 
@@ -117,61 +173,58 @@ class Forward:
         # of them chains there, each other one to its in-graph predecessor; unchained, every
         # operation would cost the block one more iteration)
         prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
-        left = np.flatnonzero(prio < 99)
-        pedge = np.full(n, -1, dtype=np.int64)
-        has_child = np.zeros(n, dtype=bool)
-        for _ in range(CHAIN_ROUNDS):
-            c = left[lexsort_packed((left, prio[left], dst[left]), unique=True)]
-            c = c[_first_of_runs(dst[c])]
-            c = c[lexsort_packed((tpos[dst[c]], prio[c], src[c]), unique=True)]
-            c = c[_first_of_runs(src[c])]
-            pedge[dst[c]] = c
-            has_child[src[c]] = True
-            left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
-            if not len(left):
-                break
+        pedge = _chain_parents(src, dst, prio, tpos)
         c = np.flatnonzero(pedge >= 0)
-        root = np.arange(n)
-        root[c] = src[pedge[c]]
-        while True:  # pointer jumping to each chain's head
-            nr = root[root]
-            if np.array_equal(nr, root):
-                break
-            root = nr
+        par = np.full(n, -1, dtype=np.int64)
+        par[c] = src[pedge[c]]
+        root, run = _chain_heads(par)
         bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
         n_blk = len(bounds) - 1
-        blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
-        # a chain piece: one chain's nodes in one block (contiguous along the chain)
-        by_piece = lexsort_packed((tpos, root, blk), unique=True)
-        pb, pr = blk[by_piece], root[by_piece]
-        starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
-        piece = np.cumsum(starts) - 1
-        p_start = np.flatnonzero(starts)
+        blk = np.maximum((tpos - n_src) // block, -1)  # sources: -1 (final from the start)
+        # a chain piece: one chain's nodes in one block (contiguous along the chain); the nodes
+        # by piece (block, chain head, topological position) are its segments sorted, each
+        # segment a run of consecutive node numbers along one chain inside one block (in
+        # topological order already): one sort of the segments instead of one of the nodes
+        seg = run.copy()
+        seg[1:] |= blk[1:] != blk[:-1]
+        sf = np.flatnonzero(seg)
+        so = lexsort_packed((tpos[sf], root[sf], blk[sf]), unique=True)
+        sf = sf[so]
+        s_len = np.diff(np.append(np.flatnonzero(seg), n))[so]
+        s_row = np.cumsum(s_len) - s_len  # each segment's first row
+        by_piece = np.repeat(sf - s_row, s_len) + np.arange(n)
+        s_new = _first_of_runs(blk[sf] * (n + 1) + root[sf])  # a segment that begins a piece
+        p_start = s_row[s_new]
+        p_len = np.diff(np.append(p_start, n))
+        p_blk = blk[sf[s_new]]
+        piece = np.repeat(np.arange(len(p_start)), p_len)
         j = np.arange(n) - p_start[piece]  # index along its piece
         # the layout, block by block: a block whose longest piece has at most `slices_up_to`
         # nodes by index along the piece, longest pieces first (each step of the running maximum
         # one contiguous slice: fewer operations than the doubling steps' when the pieces are
         # short and the columns many); any other block its pieces one after the other (each
-        # piece one contiguous run of rows: `_piece_cummax`)
-        p_len = np.diff(np.append(p_start, n))
-        p_blk = pb[p_start]
+        # piece one contiguous run of rows: `_piece_cummax`), as they are in `by_piece`
         width = np.zeros(n_blk + 1, dtype=np.int64)  # per block (+1: the sources' -1)
         np.maximum.at(width, p_blk + 1, p_len)
-        sliced = width[pb + 1] <= slices_up_to
-        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
-        rank = np.empty(len(so), dtype=np.int64)
-        sb = p_blk[so]
-        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
-        local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
-        final = lexsort_packed(
-            (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
-        )
-        self.nodes = by_piece[final]
+        p_sliced = width[p_blk + 1] <= slices_up_to
+        final: np.ndarray | None = None
+        if p_sliced.any():
+            pb = np.repeat(p_blk, p_len)
+            sliced = p_sliced[piece]
+            so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
+            rank = np.empty(len(so), dtype=np.int64)
+            sb = p_blk[so]
+            rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
+            local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
+            final = lexsort_packed(
+                (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
+            )
+        self.nodes = by_piece if final is None else by_piece[final]
         pos = np.empty(n, dtype=np.int64)
         pos[self.nodes] = np.arange(n)
         self.n, self.n_src, self.pos = n, n_src, pos
         # the prefix sums D along each piece, in piece order
-        self.pc_pos = pos[by_piece]
+        self.pc_pos = np.arange(n) if final is None else pos[by_piece]
         self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
         self.pc_start = p_start[piece]
         # the other edges, grouped per block: from earlier blocks, then inside the block
@@ -183,7 +236,7 @@ class Forward:
         ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
         self.eperm = ek
         cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
-        j_at = j[final]
+        j_at = j if final is None else j[final]
         self.blocks: list[tuple[Any, ...]] = []
         for bi in range(n_blk):
             a, b = int(bounds[bi]), int(bounds[bi + 1])
