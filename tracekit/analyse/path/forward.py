@@ -95,25 +95,31 @@ def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.
     left = np.flatnonzero(prio < 99)
     pedge = np.full(n, -1, dtype=np.int64)
     has_child = np.zeros(n, dtype=bool)
+    sh = max(n_e, 1).bit_length()
     for _ in range(CHAIN_ROUNDS):
         if not len(left):
             break
         d = dst[left]
         if (d[1:] >= d[:-1]).all():  # in-edges grouped by destination (a Graph's): no sort
             first = np.flatnonzero(_first_of_runs(d))
-            c = np.minimum.reduceat(prio[left] * n_e + left, first) % n_e
+            c = np.minimum.reduceat((prio[left] << sh) | left, first) & ((1 << sh) - 1)
         else:
             c = left[lexsort_packed((left, prio[left], d), unique=True)]
             c = c[_first_of_runs(dst[c])]
         s = src[c]
-        if n < 1 << 29:  # (source, priority, topological position) packed: unique, one sort
-            c = c[np.argsort((s * _PRIO_SPAN + prio[c]) * n + tpos[dst[c]], kind="stable")]
-        else:
-            c = c[lexsort_packed((tpos[dst[c]], prio[c], s), unique=True)]
-        c = c[_first_of_runs(src[c])]
+        dup = np.bincount(s, minlength=n)[s] > 1  # a source with other candidates: sorted
+        if dup.any():
+            cd, sd = c[dup], s[dup]
+            if n < 1 << 29:  # (source, priority, topological position) packed: unique
+                o = np.argsort((sd * _PRIO_SPAN + prio[cd]) * n + tpos[dst[cd]], kind="stable")
+            else:
+                o = lexsort_packed((tpos[dst[cd]], prio[cd], sd), unique=True)
+            win = _first_of_runs(sd[o])
+            c = np.concatenate((c[~dup], cd[o][win]))
+            s = np.concatenate((s[~dup], sd[o][win]))
         pedge[dst[c]] = c
-        has_child[src[c]] = True
-        left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
+        has_child[s] = True
+        left = left[(pedge[d] < 0) & ~has_child[src[left]]]
     return pedge
 
 
