@@ -144,6 +144,46 @@ def _chain_heads(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return r_first[up][r_id], run
 
 
+#: a block's running maximum (`Forward.blocks`): its pieces' groups, slices, doubling steps
+_GROUPS, _SLICES, _DOUBLING = 0, 1, 2
+#: groups of pieces by length (`_piece_groups`): this many per doubling of the length
+_GROUPS_PER_OCTAVE = 4
+
+
+def _piece_groups(
+    p_len: np.ndarray, p_blk: np.ndarray, piece: np.ndarray, j: np.ndarray, n_blk: int
+) -> tuple[np.ndarray, int, np.ndarray, list[list[tuple[int, int, int]]]]:
+    """The rows of the pieces padded into groups: per block its pieces longest first, in groups
+    of about equal length (`_GROUPS_PER_OCTAVE` per doubling), each piece padded to its group's
+    longest, so that a group's rows are a (pieces, length) array whose running maximum along
+    each piece is one `np.maximum.accumulate` (padding rows after each piece's last). Returns
+    each node's row (in piece order), the rows, each block's first row (and the last's end),
+    per block its groups longer than one (first row in the block, pieces, padded length)."""
+    n_p = len(p_len)
+    cls = np.full(n_p, -1, dtype=np.int64)
+    big = p_len > 1
+    cls[big] = (np.log2(p_len[big]) * _GROUPS_PER_OCTAVE).astype(np.int64)
+    po = lexsort_packed((np.arange(n_p), -p_len, -cls, p_blk), unique=True)
+    po_blk = p_blk[po]
+    g_first = np.flatnonzero(_first_of_runs(po_blk * (int(cls.max(initial=0)) + 2) + cls[po]))
+    g_cnt = np.diff(np.append(g_first, n_p))
+    g_w = p_len[po[g_first]]
+    pw = np.repeat(g_w, g_cnt)
+    prow_po = np.cumsum(pw) - pw
+    n_rows = int(pw.sum())
+    prow = np.empty(n_p, dtype=np.int64)
+    prow[po] = prow_po
+    row = prow[piece] + j
+    first = np.searchsorted(po_blk, np.arange(n_blk))
+    row_bounds = np.append(prow_po[first], n_rows) if n_p else np.zeros(n_blk + 1, dtype=np.int64)
+    groups: list[list[tuple[int, int, int]]] = [[] for _ in range(n_blk)]
+    g_blk = po_blk[g_first].tolist()
+    for gb, r0, c, w in zip(g_blk, prow_po[g_first].tolist(), g_cnt.tolist(), g_w.tolist(), strict=True):
+        if gb >= 0 and w > 1:
+            groups[gb].append((r0 - int(row_bounds[gb]), c, w))
+    return row, n_rows, row_bounds, groups
+
+
 class Forward:
     """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
 
@@ -213,11 +253,19 @@ class Forward:
         width = np.zeros(n_blk + 1, dtype=np.int64)  # per block (+1: the sources' -1)
         np.maximum.at(width, p_blk + 1, p_len)
         p_sliced = width[p_blk + 1] <= slices_up_to
-        final: np.ndarray | None = None
-        if p_sliced.any():
+        n_p = len(p_start)
+        grouped = not p_sliced.any()
+        if grouped:  # the pieces padded into groups: `_piece_groups`
+            row, n_rows, row_bounds, groups = _piece_groups(p_len, p_blk, piece, j, n_blk)
+            self.nodes = np.full(n_rows, -1, dtype=np.int64)  # -1: a padding row
+            self.nodes[row] = by_piece
+            pos = np.empty(n, dtype=np.int64)
+            pos[by_piece] = row
+            self.pc_pos = row
+        else:
             pb = np.repeat(p_blk, p_len)
             sliced = p_sliced[piece]
-            so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
+            so = np.lexsort((np.arange(n_p), -p_len, p_blk))
             rank = np.empty(len(so), dtype=np.int64)
             sb = p_blk[so]
             rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
@@ -225,12 +273,14 @@ class Forward:
             final = lexsort_packed(
                 (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
             )
-        self.nodes = by_piece if final is None else by_piece[final]
-        pos = np.empty(n, dtype=np.int64)
-        pos[self.nodes] = np.arange(n)
-        self.n, self.n_src, self.pos = n, n_src, pos
+            n_rows, row_bounds = n, bounds
+            self.nodes = by_piece[final]
+            pos = np.empty(n, dtype=np.int64)
+            pos[self.nodes] = np.arange(n)
+            self.pc_pos = pos[by_piece]
+            j_at = j[final]
+        self.n, self.n_rows, self.n_src, self.pos = n, n_rows, n_src, pos
         # the prefix sums D along each piece, in piece order
-        self.pc_pos = np.arange(n) if final is None else pos[by_piece]
         self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
         self.pc_start = p_start[piece]
         # the other edges, grouped per block: from earlier blocks, then inside the block
@@ -242,18 +292,22 @@ class Forward:
         ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
         self.eperm = ek
         cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
-        j_at = j if final is None else j[final]
         self.blocks: list[tuple[Any, ...]] = []
         for bi in range(n_blk):
-            a, b = int(bounds[bi]), int(bounds[bi + 1])
+            a, b = int(row_bounds[bi]), int(row_bounds[bi + 1])
             e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
-            jb = j_at[a:b]  # each row's index along its piece
             w = int(width[bi + 1])
-            steps: list[tuple[int, ...]] = []
-            if w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
-                offs = np.searchsorted(jb, np.arange(w + 1)).tolist()
+            steps: list[tuple[Any, ...]] = []
+            if grouped:  # per group of pieces: (first row, pieces, padded length)
+                kind = _GROUPS
+                steps = groups[bi]
+            elif w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
+                kind = _SLICES
+                offs = np.searchsorted(j_at[a:b], np.arange(w + 1)).tolist()
                 steps = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, w)]
             else:  # the doubling steps: (k, which rows have a row of their piece k above)
+                kind = _DOUBLING
+                jb = j_at[a:b]  # each row's index along its piece
                 k = 1
                 while k < w:
                     steps.append((k, (jb[k:] >= k)[:, None]))
@@ -269,6 +323,7 @@ class Forward:
                     self._groups(e_d[ek[e0:e1]] - a),
                     e_s[ek[e1:e2]] - a,
                     self._groups(e_d[ek[e1:e2]] - a),
+                    kind,
                     steps,
                 )
             )
@@ -295,12 +350,13 @@ class Forward:
             lp[:, i] = lat[self.eperm]
         np.cumsum(cs, axis=1, out=cs)
         cs -= cs[:, self.pc_start]
-        d_all = np.empty((n, n_c), dtype=np.int64)
+        d_all = np.zeros((self.n_rows, n_c), dtype=np.int64)  # (padding rows: 0)
         d_all[self.pc_pos] = cs.T
         del cs
-        t = np.empty((n, n_c), dtype=np.int64)
+        t = np.empty((self.n_rows, n_c), dtype=np.int64)
         t[: self.n_src] = t0[self.nodes[: self.n_src], None]
-        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, steps in self.blocks:
+        acc = np.maximum.accumulate
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, kind, steps in self.blocks:
             r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
             if x_grp is not None:
                 r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
@@ -308,7 +364,11 @@ class Forward:
             r, l_in, seen = r_out, lp[e1:e2], None
             while True:
                 x = r - d
-                if steps and len(steps[0]) == 3:
+                if kind == _GROUPS:
+                    for o, c, w in steps:
+                        v = x[o : o + c * w].reshape(c, w, n_c)
+                        acc(v, axis=1, out=v)
+                elif kind == _SLICES:
                     for q0, q1, p0 in steps:
                         mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
                 else:
