@@ -106,6 +106,7 @@ def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.
         else:
             c = left[lexsort_packed((left, prio[left], d), unique=True)]
             c = c[_first_of_runs(dst[c])]
+        n_dst = len(c)
         s = src[c]
         dup = np.bincount(s, minlength=n)[s] > 1  # a source with other candidates: sorted
         if dup.any():
@@ -119,29 +120,31 @@ def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.
             s = np.concatenate((s[~dup], sd[o][win]))
         pedge[dst[c]] = c
         has_child[s] = True
+        if len(c) == n_dst:  # every destination chained
+            break
         left = left[(pedge[d] < 0) & ~has_child[src[left]]]
     return pedge
 
 
-def _chain_heads(par: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Each node's chain head (`par`: each node's chain parent, -1 for none; each node at most one
-    child) and which nodes begin a run, a run being consecutive node numbers each the chain
-    child of the one before (a rank's program and stream order: most nodes). Pointer jumping
-    over the runs, each run's first node to its parent's run, instead of over the nodes."""
+def _chain_heads(par: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chains' runs (`par`: each node's chain parent, -1 for none; each node at most one
+    child), a run being consecutive node numbers each the chain child of the one before (a
+    rank's program and stream order: most nodes): which nodes begin one, their first nodes and
+    each run's chain head (node `v`'s: `head[searchsorted(first, v, "right") - 1]`). Pointer
+    jumping over the runs, each run's first node to its parent's run, instead of over the nodes."""
     n = len(par)
     run = par != np.arange(n) - 1
     if n:
         run[0] = True
     r_first = np.flatnonzero(run)
-    r_id = np.cumsum(run) - 1
     rp = par[r_first]
-    up = np.where(rp >= 0, r_id[rp], np.arange(len(r_first)))
+    up = np.where(rp >= 0, np.searchsorted(r_first, rp, side="right") - 1, np.arange(len(r_first)))
     while True:
         nu = up[up]
         if np.array_equal(nu, up):
             break
         up = nu
-    return r_first[up][r_id], run
+    return run, r_first, r_first[up]
 
 
 #: a block's running maximum (`Forward.blocks`): its pieces' groups, slices, doubling steps
@@ -223,7 +226,7 @@ class Forward:
         c = np.flatnonzero(pedge >= 0)
         par = np.full(n, -1, dtype=np.int64)
         par[c] = src[pedge[c]]
-        root, run = _chain_heads(par)
+        run, r_first, r_head = _chain_heads(par)
         bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
         n_blk = len(bounds) - 1
         blk = np.maximum((tpos - n_src) // block, -1)  # sources: -1 (final from the start)
@@ -234,15 +237,17 @@ class Forward:
         seg = run.copy()
         seg[1:] |= blk[1:] != blk[:-1]
         sf = np.flatnonzero(seg)
-        so = lexsort_packed((tpos[sf], root[sf], blk[sf]), unique=True)
-        sf = sf[so]
-        s_len = np.diff(np.append(np.flatnonzero(seg), n))[so]
+        s_len = np.diff(np.append(sf, n))
+        s_root = r_head[np.searchsorted(r_first, sf, side="right") - 1]
+        s_blk = blk[sf]
+        so = lexsort_packed((tpos[sf], s_root, s_blk), unique=True)
+        sf, s_len, s_root, s_blk = sf[so], s_len[so], s_root[so], s_blk[so]
         s_row = np.cumsum(s_len) - s_len  # each segment's first row
         by_piece = np.repeat(sf - s_row, s_len) + np.arange(n)
-        s_new = _first_of_runs(blk[sf] * (n + 1) + root[sf])  # a segment that begins a piece
+        s_new = _first_of_runs(s_blk * (n + 1) + s_root)  # a segment that begins a piece
         p_start = s_row[s_new]
         p_len = np.diff(np.append(p_start, n))
-        p_blk = blk[sf[s_new]]
+        p_blk = s_blk[s_new]
         piece = np.repeat(np.arange(len(p_start)), p_len)
         j = np.arange(n) - p_start[piece]  # index along its piece
         # the layout, block by block: a block whose longest piece has at most `slices_up_to`
