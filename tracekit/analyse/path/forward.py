@@ -286,17 +286,23 @@ class Forward:
             j_at = j[final]
         self.n, self.n_rows, self.n_src, self.pos = n, n_rows, n_src, pos
         # the prefix sums D along each piece, in piece order
-        self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
+        pe_bp = pedge[by_piece]
+        in_piece = j > 0  # its chain parent's edge inside its piece
+        self.pc_edge = np.where(in_piece, pe_bp, -1)
         self.pc_start = p_start[piece]
-        # the other edges, grouped per block: from earlier blocks, then inside the block
-        e_d, e_s = pos[dst], pos[src]
-        b_d, b_s = blk[dst], blk[src]
-        chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
-        outside = b_s < b_d
+        # the other edges, grouped per block: from earlier blocks, then inside the block (by
+        # destination row, then edge: one stable sort, the edges in order)
+        chained = np.zeros(n_e, dtype=bool)
+        chained[pe_bp[in_piece]] = True
         ek = np.flatnonzero(~chained)
-        ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
+        d_k, s_k = dst[ek], src[ek]
+        b_d = blk[d_k]
+        grp = b_d * 2 + (blk[s_k] >= b_d)  # per block: 0 from earlier blocks, 1 inside
+        e_d = pos[d_k]
+        o = np.argsort(grp * max(n_rows, 1) + e_d, kind="stable")
+        ek, grp, e_d, e_s = ek[o], grp[o], e_d[o], pos[s_k[o]]
         self.eperm = ek
-        cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
+        cuts = np.searchsorted(grp, np.arange(2 * n_blk + 1))
         self.blocks: list[tuple[Any, ...]] = []
         for bi in range(n_blk):
             a, b = int(row_bounds[bi]), int(row_bounds[bi + 1])
@@ -324,10 +330,10 @@ class Forward:
                     e0,
                     e1,
                     e2,
-                    e_s[ek[e0:e1]],
-                    self._groups(e_d[ek[e0:e1]] - a),
-                    e_s[ek[e1:e2]] - a,
-                    self._groups(e_d[ek[e1:e2]] - a),
+                    e_s[e0:e1],
+                    self._groups(e_d[e0:e1] - a),
+                    e_s[e1:e2] - a,
+                    self._groups(e_d[e1:e2] - a),
                     kind,
                     steps,
                 )
