@@ -357,7 +357,7 @@ class Forward:
         cs = np.empty((n_c, n), dtype=np.int64)
         lp = np.empty((len(self.eperm), n_c), dtype=np.int64)
         for i, lat in enumerate(lats):
-            np.multiply(lat[pe0], has_pe, out=cs[i])
+            np.multiply((lat if len(lat) else np.zeros(1, dtype=np.int64))[pe0], has_pe, out=cs[i])
             lp[:, i] = lat[self.eperm]
         np.cumsum(cs, axis=1, out=cs)
         cs -= cs[:, self.pc_start]
