@@ -11,6 +11,8 @@ import functools
 import itertools
 from fractions import Fraction
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import numpy as np
 import pytest
@@ -18,7 +20,15 @@ import pytest
 from tests.test_graph import SPECS, graph_of
 from tracekit.analyse.path.forward import FORWARD_BLOCK, FORWARD_BLOCK_NARROW, Forward, times_reference
 from tracekit.analyse.path.graph import Graph
-from tracekit.analyse.path.roles import NEVER, ROLE_BACKPRESSURE, ROLE_GRAPH, ROLE_SYNC_WAIT
+from tracekit.analyse.path.roles import (
+    NEVER,
+    ROLE_BACKPRESSURE,
+    ROLE_GAP,
+    ROLE_GRAPH,
+    ROLE_QUEUE,
+    ROLE_SYNC_WAIT,
+    ROLE_XFER,
+)
 from tracekit.analyse.retime.model import RunModel
 from tracekit.analyse.retime.setting import Setting
 from tracekit.analyse.whatif.build import build_model
@@ -131,3 +141,100 @@ def test_the_replay_re_times_the_graph_the_path_was_walked_on(trace: str) -> Non
     if len(a.xfer_bytes):
         assert (a.xfer_bytes > 0).all()
     assert np.array_equal(m1.measured_ns, m2.measured_ns)
+
+
+hypothesis = pytest.importorskip("hypothesis")
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# chain roles of every priority, and ones that never chain
+_ROLES = np.asarray([ROLE_GAP, ROLE_QUEUE, ROLE_XFER, ROLE_GRAPH, ROLE_SYNC_WAIT, ROLE_BACKPRESSURE])
+
+
+def _random_dag(seed: int, n_streams: int, length: int, extra: float, broken: float) -> SimpleNamespace:
+    """A DAG of `n_streams` streams of consecutive node numbers (each node's edge from the one
+    before, of a chain role, except where `broken`), interleaved in a random topological order
+    (each node a random time, increasing along its stream), with about `extra` more in-edges per
+    node from random earlier nodes of random roles (fan-outs: sources with several chain
+    candidates; nodes whose best edge loses); edges grouped by destination (CSR)."""
+    rng = np.random.default_rng(seed)
+    n = n_streams * length
+    when = np.cumsum(rng.integers(1, 50, (n_streams, length)), axis=1).reshape(-1)
+    topo = np.lexsort((np.arange(n), when))
+    tpos = np.empty(n, dtype=np.int64)
+    tpos[topo] = np.arange(n)
+    v = np.arange(n)
+    keep = (v % length > 0) & (rng.random(n) >= broken)
+    srcs, dsts = [v[keep] - 1], [v[keep]]
+    m = int(extra * n)
+    d = rng.integers(0, n, m)
+    ok = tpos[d] > 0
+    d = d[ok]
+    srcs.append(topo[(rng.random(len(d)) * tpos[d]).astype(np.int64)])  # a random earlier node
+    dsts.append(d)
+    src, dst = np.concatenate(srcs), np.concatenate(dsts)
+    by = np.lexsort((rng.random(len(dst)), dst))
+    src, dst = src[by].astype(np.int64), dst[by].astype(np.int64)
+    role = _ROLES[rng.integers(0, len(_ROLES), len(src))]
+    role[: len(srcs[0])][rng.random(len(srcs[0])) < 0.7] = ROLE_GAP  # (reordered: any edges)
+    has_in = np.zeros(n, dtype=bool)
+    has_in[dst] = True
+    order = topo[has_in[topo]]
+    indptr = np.concatenate(([0], np.cumsum(np.bincount(dst, minlength=n))))
+    lat = rng.integers(-5_000, 100_000, len(src))
+    # the knobs' disabled edges (NEVER): some of the edges that never chain, each node keeping
+    # an edge that is not (its time stays a path's, the pass's floor far below it)
+    never = np.isin(role, (ROLE_SYNC_WAIT, ROLE_BACKPRESSURE)) & (rng.random(len(src)) < 0.5)
+    kept = np.zeros(n, dtype=bool)
+    kept[dst[~never]] = True
+    first = indptr[:-1][np.diff(indptr) > 0]
+    never[first[~kept[dst[first]]]] = False
+    lat[never] = NEVER
+    t = rng.integers(0, 1_000_000, n)
+    return SimpleNamespace(n_nodes=n, src=src, dst=dst, role=role, order=order, indptr=indptr, lat=lat, t=t)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_streams=st.integers(1, 6),
+    length=st.integers(1, 60),
+    extra=st.sampled_from([0.0, 0.3, 1.5]),
+    broken=st.sampled_from([0.0, 0.1, 0.6]),
+    block=st.sampled_from([1, 3, 16, 97]),
+    slices_up_to=st.sampled_from([0, 3, 1 << 30]),
+    shuffled=st.booleans(),
+)
+def test_the_forward_pass_is_the_node_by_node_pass_on_random_dags_with_chains(
+    seed: int,
+    n_streams: int,
+    length: int,
+    extra: float,
+    broken: float,
+    block: int,
+    slices_up_to: int,
+    shuffled: bool,
+) -> None:
+    """On random DAGs of interleaved chains and random edges, the forward pass (its chains found
+    over runs of consecutive node numbers, its pieces padded into groups or sliced or doubled,
+    its edges in order or shuffled: no longer grouped by destination) gives the node-by-node
+    pass's times, and every piece is a path along the graph's edges."""
+    g = _random_dag(seed, n_streams, length, extra, broken)
+    lats = [g.lat, np.random.default_rng(seed + 1).integers(-20_000, 200_000, len(g.lat))]
+    want = [times_reference(cast(Graph, g), lat) for lat in lats]
+    h, hl = g, lats
+    if shuffled:
+        perm = np.random.default_rng(seed + 2).permutation(len(g.src))
+        h = SimpleNamespace(**{**vars(g), "src": g.src[perm], "dst": g.dst[perm], "role": g.role[perm]})
+        hl = [lat[perm] for lat in lats]
+    fw = Forward(cast(Graph, h), block, slices_up_to)
+    got = fw.run(hl, g.t)
+    for i in range(len(lats)):
+        assert np.array_equal(got[:, i], want[i]), i
+    node = fw.nodes[fw.pc_pos]  # in piece order
+    e = fw.pc_edge
+    assert (e[fw.pc_start == np.arange(len(e))] < 0).all()  # a piece's first node: no chain edge
+    on = e >= 0
+    assert np.array_equal(h.dst[e[on]], node[on])
+    assert np.array_equal(h.src[e[on]], node[np.flatnonzero(on) - 1])
+    assert sorted(node.tolist()) == list(range(g.n_nodes))

@@ -82,6 +82,111 @@ def _first_of_runs(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+#: the chain priorities' range (`_CHAIN_PRIORITY` below 99)
+_PRIO_SPAN = int(_CHAIN_PRIORITY[_CHAIN_PRIORITY < 99].max()) + 1
+
+
+def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.ndarray) -> np.ndarray:
+    """Per node its chain parent's edge (-1: none), `Forward`'s rounds: per node its first in-edge
+    of the best priority, then per source node one chain child (the earliest in topological
+    order); a node whose edge lost to another child of that source tries its next edge whose
+    source has no child yet, round by round."""
+    n, n_e = len(tpos), len(src)
+    left = np.flatnonzero(prio < 99)
+    pedge = np.full(n, -1, dtype=np.int64)
+    has_child = np.zeros(n, dtype=bool)
+    sh = max(n_e, 1).bit_length()
+    for _ in range(CHAIN_ROUNDS):
+        if not len(left):
+            break
+        d = dst[left]
+        if (d[1:] >= d[:-1]).all():  # in-edges grouped by destination (a Graph's): no sort
+            first = np.flatnonzero(_first_of_runs(d))
+            c = np.minimum.reduceat((prio[left] << sh) | left, first) & ((1 << sh) - 1)
+        else:
+            c = left[lexsort_packed((left, prio[left], d), unique=True)]
+            c = c[_first_of_runs(dst[c])]
+        n_dst = len(c)
+        s = src[c]
+        dup = np.bincount(s, minlength=n)[s] > 1  # a source with other candidates: sorted
+        if dup.any():
+            cd, sd = c[dup], s[dup]
+            if n < 1 << 29:  # (source, priority, topological position) packed: unique
+                o = np.argsort((sd * _PRIO_SPAN + prio[cd]) * n + tpos[dst[cd]], kind="stable")
+            else:
+                o = lexsort_packed((tpos[dst[cd]], prio[cd], sd), unique=True)
+            win = _first_of_runs(sd[o])
+            c = np.concatenate((c[~dup], cd[o][win]))
+            s = np.concatenate((s[~dup], sd[o][win]))
+        pedge[dst[c]] = c
+        has_child[s] = True
+        if len(c) == n_dst:  # every destination chained
+            break
+        left = left[(pedge[d] < 0) & ~has_child[src[left]]]
+    return pedge
+
+
+def _chain_heads(par: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chains' runs (`par`: each node's chain parent, -1 for none; each node at most one
+    child), a run being consecutive node numbers each the chain child of the one before (a
+    rank's program and stream order: most nodes): which nodes begin one, their first nodes and
+    each run's chain head (node `v`'s: `head[searchsorted(first, v, "right") - 1]`). Pointer
+    jumping over the runs, each run's first node to its parent's run, instead of over the nodes."""
+    n = len(par)
+    run = par != np.arange(n) - 1
+    if n:
+        run[0] = True
+    r_first = np.flatnonzero(run)
+    rp = par[r_first]
+    up = np.where(rp >= 0, np.searchsorted(r_first, rp, side="right") - 1, np.arange(len(r_first)))
+    while True:
+        nu = up[up]
+        if np.array_equal(nu, up):
+            break
+        up = nu
+    return run, r_first, r_first[up]
+
+
+#: a block's running maximum (`Forward.blocks`): its pieces' groups, slices, doubling steps
+_GROUPS, _SLICES, _DOUBLING = 0, 1, 2
+#: groups of pieces by length (`_piece_groups`): this many per doubling of the length
+_GROUPS_PER_OCTAVE = 4
+
+
+def _piece_groups(
+    p_len: np.ndarray, p_blk: np.ndarray, piece: np.ndarray, j: np.ndarray, n_blk: int
+) -> tuple[np.ndarray, int, np.ndarray, list[list[tuple[int, int, int]]]]:
+    """The rows of the pieces padded into groups: per block its pieces longest first, in groups
+    of about equal length (`_GROUPS_PER_OCTAVE` per doubling), each piece padded to its group's
+    longest, so that a group's rows are a (pieces, length) array whose running maximum along
+    each piece is one `np.maximum.accumulate` (padding rows after each piece's last). Returns
+    each node's row (in piece order), the rows, each block's first row (and the last's end),
+    per block its groups longer than one (first row in the block, pieces, padded length)."""
+    n_p = len(p_len)
+    cls = np.full(n_p, -1, dtype=np.int64)
+    big = p_len > 1
+    cls[big] = (np.log2(p_len[big]) * _GROUPS_PER_OCTAVE).astype(np.int64)
+    po = lexsort_packed((np.arange(n_p), -p_len, -cls, p_blk), unique=True)
+    po_blk = p_blk[po]
+    g_first = np.flatnonzero(_first_of_runs(po_blk * (int(cls.max(initial=0)) + 2) + cls[po]))
+    g_cnt = np.diff(np.append(g_first, n_p))
+    g_w = p_len[po[g_first]]
+    pw = np.repeat(g_w, g_cnt)
+    prow_po = np.cumsum(pw) - pw
+    n_rows = int(pw.sum())
+    prow = np.empty(n_p, dtype=np.int64)
+    prow[po] = prow_po
+    row = prow[piece] + j
+    first = np.searchsorted(po_blk, np.arange(n_blk))
+    row_bounds = np.append(prow_po[first], n_rows) if n_p else np.zeros(n_blk + 1, dtype=np.int64)
+    groups: list[list[tuple[int, int, int]]] = [[] for _ in range(n_blk)]
+    g_blk = po_blk[g_first].tolist()
+    for gb, r0, c, w in zip(g_blk, prow_po[g_first].tolist(), g_cnt.tolist(), g_w.tolist(), strict=True):
+        if gb >= 0 and w > 1:
+            groups[gb].append((r0 - int(row_bounds[gb]), c, w))
+    return row, n_rows, row_bounds, groups
+
+
 class Forward:
     """The forward pass of a graph, precomputed once (docs/METHOD.md section "The dependency graph").
 
@@ -117,84 +222,103 @@ class Forward:
         # of them chains there, each other one to its in-graph predecessor; unchained, every
         # operation would cost the block one more iteration)
         prio = _CHAIN_PRIORITY[g.role] if n_e else np.zeros(0, dtype=np.int64)
-        left = np.flatnonzero(prio < 99)
-        pedge = np.full(n, -1, dtype=np.int64)
-        has_child = np.zeros(n, dtype=bool)
-        for _ in range(CHAIN_ROUNDS):
-            c = left[lexsort_packed((left, prio[left], dst[left]), unique=True)]
-            c = c[_first_of_runs(dst[c])]
-            c = c[lexsort_packed((tpos[dst[c]], prio[c], src[c]), unique=True)]
-            c = c[_first_of_runs(src[c])]
-            pedge[dst[c]] = c
-            has_child[src[c]] = True
-            left = left[(pedge[dst[left]] < 0) & ~has_child[src[left]]]
-            if not len(left):
-                break
+        pedge = _chain_parents(src, dst, prio, tpos)
         c = np.flatnonzero(pedge >= 0)
-        root = np.arange(n)
-        root[c] = src[pedge[c]]
-        while True:  # pointer jumping to each chain's head
-            nr = root[root]
-            if np.array_equal(nr, root):
-                break
-            root = nr
+        par = np.full(n, -1, dtype=np.int64)
+        par[c] = src[pedge[c]]
+        run, r_first, r_head = _chain_heads(par)
         bounds = np.asarray([*range(n_src, n, block), n], dtype=np.int64)
         n_blk = len(bounds) - 1
-        blk = np.searchsorted(bounds, tpos, side="right") - 1  # sources: -1 (final from the start)
-        # a chain piece: one chain's nodes in one block (contiguous along the chain)
-        by_piece = lexsort_packed((tpos, root, blk), unique=True)
-        pb, pr = blk[by_piece], root[by_piece]
-        starts = _first_of_runs(pb * (n + 1) + pr) if n else np.zeros(0, dtype=bool)
-        piece = np.cumsum(starts) - 1
-        p_start = np.flatnonzero(starts)
+        blk = np.maximum((tpos - n_src) // block, -1)  # sources: -1 (final from the start)
+        # a chain piece: one chain's nodes in one block (contiguous along the chain); the nodes
+        # by piece (block, chain head, topological position) are its segments sorted, each
+        # segment a run of consecutive node numbers along one chain inside one block (in
+        # topological order already): one sort of the segments instead of one of the nodes
+        seg = run.copy()
+        seg[1:] |= blk[1:] != blk[:-1]
+        sf = np.flatnonzero(seg)
+        s_len = np.diff(np.append(sf, n))
+        s_root = r_head[np.searchsorted(r_first, sf, side="right") - 1]
+        s_blk = blk[sf]
+        so = lexsort_packed((tpos[sf], s_root, s_blk), unique=True)
+        sf, s_len, s_root, s_blk = sf[so], s_len[so], s_root[so], s_blk[so]
+        s_row = np.cumsum(s_len) - s_len  # each segment's first row
+        by_piece = np.repeat(sf - s_row, s_len) + np.arange(n)
+        s_new = _first_of_runs(s_blk * (n + 1) + s_root)  # a segment that begins a piece
+        p_start = s_row[s_new]
+        p_len = np.diff(np.append(p_start, n))
+        p_blk = s_blk[s_new]
+        piece = np.repeat(np.arange(len(p_start)), p_len)
         j = np.arange(n) - p_start[piece]  # index along its piece
         # the layout, block by block: a block whose longest piece has at most `slices_up_to`
         # nodes by index along the piece, longest pieces first (each step of the running maximum
         # one contiguous slice: fewer operations than the doubling steps' when the pieces are
         # short and the columns many); any other block its pieces one after the other (each
-        # piece one contiguous run of rows: `_piece_cummax`)
-        p_len = np.diff(np.append(p_start, n))
-        p_blk = pb[p_start]
+        # piece one contiguous run of rows: `_piece_cummax`), as they are in `by_piece`
         width = np.zeros(n_blk + 1, dtype=np.int64)  # per block (+1: the sources' -1)
         np.maximum.at(width, p_blk + 1, p_len)
-        sliced = width[pb + 1] <= slices_up_to
-        so = np.lexsort((np.arange(len(p_start)), -p_len, p_blk))
-        rank = np.empty(len(so), dtype=np.int64)
-        sb = p_blk[so]
-        rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
-        local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
-        final = lexsort_packed(
-            (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
-        )
-        self.nodes = by_piece[final]
-        pos = np.empty(n, dtype=np.int64)
-        pos[self.nodes] = np.arange(n)
-        self.n, self.n_src, self.pos = n, n_src, pos
+        p_sliced = width[p_blk + 1] <= slices_up_to
+        n_p = len(p_start)
+        grouped = not p_sliced.any()
+        if grouped:  # the pieces padded into groups: `_piece_groups`
+            row, n_rows, row_bounds, groups = _piece_groups(p_len, p_blk, piece, j, n_blk)
+            self.nodes = np.full(n_rows, -1, dtype=np.int64)  # -1: a padding row
+            self.nodes[row] = by_piece
+            pos = np.empty(n, dtype=np.int64)
+            pos[by_piece] = row
+            self.pc_pos = row
+        else:
+            pb = np.repeat(p_blk, p_len)
+            sliced = p_sliced[piece]
+            so = np.lexsort((np.arange(n_p), -p_len, p_blk))
+            rank = np.empty(len(so), dtype=np.int64)
+            sb = p_blk[so]
+            rank[so] = np.arange(len(so)) - np.searchsorted(sb, sb, side="left")
+            local = piece - piece[np.searchsorted(pb, pb, side="left")]  # piece number in its block
+            final = lexsort_packed(
+                (np.where(sliced, rank[piece], j), np.where(sliced, j, local), pb), unique=True
+            )
+            n_rows, row_bounds = n, bounds
+            self.nodes = by_piece[final]
+            pos = np.empty(n, dtype=np.int64)
+            pos[self.nodes] = np.arange(n)
+            self.pc_pos = pos[by_piece]
+            j_at = j[final]
+        self.n, self.n_rows, self.n_src, self.pos = n, n_rows, n_src, pos
         # the prefix sums D along each piece, in piece order
-        self.pc_pos = pos[by_piece]
-        self.pc_edge = np.where(j > 0, pedge[by_piece], -1)
+        pe_bp = pedge[by_piece]
+        in_piece = j > 0  # its chain parent's edge inside its piece
+        self.pc_edge = np.where(in_piece, pe_bp, -1)
         self.pc_start = p_start[piece]
-        # the other edges, grouped per block: from earlier blocks, then inside the block
-        e_d, e_s = pos[dst], pos[src]
-        b_d, b_s = blk[dst], blk[src]
-        chained = (pedge[dst] == np.arange(n_e)) & (b_s == b_d)
-        outside = b_s < b_d
+        # the other edges, grouped per block: from earlier blocks, then inside the block (by
+        # destination row, then edge: one stable sort, the edges in order)
+        chained = np.zeros(n_e, dtype=bool)
+        chained[pe_bp[in_piece]] = True
         ek = np.flatnonzero(~chained)
-        ek = ek[lexsort_packed((ek, e_d[ek], ~outside[ek], b_d[ek]), unique=True)]
+        d_k, s_k = dst[ek], src[ek]
+        b_d = blk[d_k]
+        grp = b_d * 2 + (blk[s_k] >= b_d)  # per block: 0 from earlier blocks, 1 inside
+        e_d = pos[d_k]
+        o = np.argsort(grp * max(n_rows, 1) + e_d, kind="stable")
+        ek, grp, e_d, e_s = ek[o], grp[o], e_d[o], pos[s_k[o]]
         self.eperm = ek
-        cuts = np.searchsorted(b_d[ek] * 2 + (~outside[ek]), np.arange(2 * n_blk + 1))
-        j_at = j[final]
+        cuts = np.searchsorted(grp, np.arange(2 * n_blk + 1))
         self.blocks: list[tuple[Any, ...]] = []
         for bi in range(n_blk):
-            a, b = int(bounds[bi]), int(bounds[bi + 1])
+            a, b = int(row_bounds[bi]), int(row_bounds[bi + 1])
             e0, e1, e2 = int(cuts[2 * bi]), int(cuts[2 * bi + 1]), int(cuts[2 * bi + 2])
-            jb = j_at[a:b]  # each row's index along its piece
             w = int(width[bi + 1])
-            steps: list[tuple[int, ...]] = []
-            if w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
-                offs = np.searchsorted(jb, np.arange(w + 1)).tolist()
+            steps: list[tuple[Any, ...]] = []
+            if grouped:  # per group of pieces: (first row, pieces, padded length)
+                kind = _GROUPS
+                steps = groups[bi]
+            elif w <= slices_up_to:  # per index along the pieces: (rows, rows of the index before)
+                kind = _SLICES
+                offs = np.searchsorted(j_at[a:b], np.arange(w + 1)).tolist()
                 steps = [(offs[q], offs[q + 1], offs[q - 1]) for q in range(1, w)]
             else:  # the doubling steps: (k, which rows have a row of their piece k above)
+                kind = _DOUBLING
+                jb = j_at[a:b]  # each row's index along its piece
                 k = 1
                 while k < w:
                     steps.append((k, (jb[k:] >= k)[:, None]))
@@ -206,10 +330,11 @@ class Forward:
                     e0,
                     e1,
                     e2,
-                    e_s[ek[e0:e1]],
-                    self._groups(e_d[ek[e0:e1]] - a),
-                    e_s[ek[e1:e2]] - a,
-                    self._groups(e_d[ek[e1:e2]] - a),
+                    e_s[e0:e1],
+                    self._groups(e_d[e0:e1] - a),
+                    e_s[e1:e2] - a,
+                    self._groups(e_d[e1:e2] - a),
+                    kind,
                     steps,
                 )
             )
@@ -232,16 +357,17 @@ class Forward:
         cs = np.empty((n_c, n), dtype=np.int64)
         lp = np.empty((len(self.eperm), n_c), dtype=np.int64)
         for i, lat in enumerate(lats):
-            np.multiply(lat[pe0], has_pe, out=cs[i])
+            np.multiply((lat if len(lat) else np.zeros(1, dtype=np.int64))[pe0], has_pe, out=cs[i])
             lp[:, i] = lat[self.eperm]
         np.cumsum(cs, axis=1, out=cs)
         cs -= cs[:, self.pc_start]
-        d_all = np.empty((n, n_c), dtype=np.int64)
+        d_all = np.zeros((self.n_rows, n_c), dtype=np.int64)  # (padding rows: 0)
         d_all[self.pc_pos] = cs.T
         del cs
-        t = np.empty((n, n_c), dtype=np.int64)
+        t = np.empty((self.n_rows, n_c), dtype=np.int64)
         t[: self.n_src] = t0[self.nodes[: self.n_src], None]
-        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, steps in self.blocks:
+        acc = np.maximum.accumulate
+        for a, b, e0, e1, e2, x_src, x_grp, i_src, i_grp, kind, steps in self.blocks:
             r_out = np.full((b - a, n_c), _FLOOR, dtype=np.int64)
             if x_grp is not None:
                 r_out[x_grp[1]] = red(t[x_src] + lp[e0:e1], x_grp[0], axis=0)
@@ -249,7 +375,11 @@ class Forward:
             r, l_in, seen = r_out, lp[e1:e2], None
             while True:
                 x = r - d
-                if steps and len(steps[0]) == 3:
+                if kind == _GROUPS:
+                    for o, c, w in steps:
+                        v = x[o : o + c * w].reshape(c, w, n_c)
+                        acc(v, axis=1, out=v)
+                elif kind == _SLICES:
                     for q0, q1, p0 in steps:
                         mx(x[q0:q1], x[p0 : p0 + q1 - q0], out=x[q0:q1])
                 else:
