@@ -207,3 +207,25 @@ def test_the_topological_order_of_long_equal_time_chains_is_the_references(grain
     rank[order] = np.arange(len(order))
     inner = rank[g.src] >= 0  # an edge between two nodes with in-edges: its source comes first
     assert (rank[g.src][inner] < rank[g.dst][inner]).all()
+
+
+def test_a_cycle_of_equal_time_edges_gets_the_capped_rounds_levels() -> None:
+    rank_graphs, offsets = pieces_of(TRACES / "cpu-tp2-straggler")[-1]
+    g = assemble(rank_graphs, offsets)
+    t = g.t // 1_000_000 * 1_000_000
+    tie = np.flatnonzero(t[g.src] == t[g.dst])
+    # one tie edge doubled back: a two-node cycle, whose levels grow every round
+    s, d = int(g.src[tie[0]]), int(g.dst[tie[0]])
+    src, dst = np.append(g.src, d), np.append(g.dst, s)
+    ties = [(a, b) for a, b in zip(src.tolist(), dst.tolist(), strict=True) if t[a] == t[b]]
+    level = dict.fromkeys((v for e in ties for v in e), 0)
+    for _ in range(len(t) + 1):  # the rule's rounds, each from the last one's levels, at most n + 1
+        new = dict(level)
+        for a, b in ties:
+            new[b] = max(new[b], level[a] + 1)
+        if new == level:
+            break
+        level = new
+    assert level[s] > len(t) - 2
+    want = sorted(set(dst.tolist()), key=lambda v: (int(t[v]), level.get(v, 0), v))
+    assert topological_order(t, src, dst).tolist() == want

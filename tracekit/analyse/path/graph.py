@@ -15,6 +15,7 @@ from tracekit.analyse.path.forward import (
     FORWARD_NARROW_COLS,
     FORWARD_SLICES_UP_TO,
     Forward,
+    lexsort_packed,
 )
 from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.path.roles import K_TRANSFER, ROLE_ARRIVE, ROLE_XFER
@@ -178,34 +179,59 @@ def _first_of_runs(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The indices of the ranges [starts[i], ends[i]), one after the other."""
+    lens = ends - starts
+    offs = np.cumsum(lens) - lens
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - offs, lens)
+
+
 def _tie_levels(n_nodes: int, ts: np.ndarray, td: np.ndarray) -> np.ndarray:
-    """Per node, the depth of the equal-time chains into it over the tie edges `ts` -> `td` (0 for
-    a node on none): rounds of "each destination the latest of its own and its sources' + 1" until
-    nothing moves (at most `n_nodes` + 1 rounds), each round over the tie edges' nodes only."""
+    """Per node, the depth of the equal-time chains into it over the tie edges `ts` -> `td`: the
+    longest chain of tie edges ending at it (0 for a node on none), the fixpoint of "each
+    destination the latest of its own and its sources' + 1". Found by releasing the nodes round by
+    round (a node's round: one after its last tie source's), each edge read once; where the tie
+    edges hold a cycle, the rounds of that rule over every tie edge, at most `n_nodes` + 1."""
     level = np.zeros(n_nodes, dtype=np.int64)
     if not len(ts):
         return level
     nodes, local = np.unique(np.concatenate((ts, td)), return_inverse=True)
-    ls, ld = local[: len(ts)], local[len(ts) :]
-    by_dst = np.argsort(ld, kind="stable")
-    ls, ld = ls[by_dst], ld[by_dst]
-    head = _first_of_runs(ld)
-    heads, starts = ld[head], np.flatnonzero(head)
-    lv = np.zeros(len(nodes), dtype=np.int64)
-    for _ in range(n_nodes + 1):
-        new = lv.copy()
-        new[heads] = np.maximum(lv[heads], np.maximum.reduceat(lv[ls] + 1, starts))
-        if np.array_equal(new, lv):
-            break
-        lv = new
+    by_src = np.argsort(local[: len(ts)], kind="stable")
+    ls, ld = local[: len(ts)][by_src], local[len(ts) :][by_src]
+    n = len(nodes)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ls, minlength=n), out=out_ptr[1:])
+    waiting = np.bincount(ld, minlength=n)  # per node, its tie in-edges not yet read
+    lv = np.zeros(n, dtype=np.int64)
+    seen = np.zeros(n, dtype=np.int64)  # a round's last position of each node released in it
+    ready = np.flatnonzero(waiting == 0)
+    released, r = len(ready), 0
+    while len(ready):
+        r += 1
+        d = ld[_ranges(out_ptr[ready], out_ptr[ready + 1])]
+        np.subtract.at(waiting, d, 1)
+        done = d[waiting[d] == 0]  # each node released as often as it had edges this round: once
+        at = np.arange(len(done), dtype=np.int64)
+        seen[done] = at
+        ready = done[seen[done] == at]
+        lv[ready] = r
+        released += len(ready)
+    if released < n:  # a cycle of equal-time edges: the rule's rounds, as many as it takes or allows
+        lv[:] = 0
+        for _ in range(n_nodes + 1):
+            new = lv.copy()
+            np.maximum.at(new, ld, lv[ls] + 1)
+            if np.array_equal(new, lv):
+                break
+            lv = new
     level[nodes] = lv
     return level
 
 
 def _order_of(t: np.ndarray, level: np.ndarray, has_in: np.ndarray) -> np.ndarray:
-    """The nodes with in-edges (`has_in`) by time, ties by `level`, then by node number (one
-    `np.lexsort` of every node: faster here than sorting the gathered subset or one packed key)."""
-    pos_order = np.lexsort((level, t))
+    """The nodes with in-edges (`has_in`) by time, ties by `level`, then by node number (one sort
+    of every node's packed key: faster than `np.lexsort` where many levels, and than the subset's)."""
+    pos_order = lexsort_packed((level, t))
     return pos_order[has_in[pos_order]]
 
 
