@@ -15,6 +15,7 @@ from tracekit.analyse.path.forward import (
     FORWARD_NARROW_COLS,
     FORWARD_SLICES_UP_TO,
     Forward,
+    lexsort_packed,
 )
 from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.path.roles import K_TRANSFER, ROLE_ARRIVE, ROLE_XFER
@@ -171,112 +172,251 @@ class Graph:
         self.__dict__.update(state)
 
 
+def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+    """True at the first element of each run of equal keys."""
+    out = np.ones(len(keys), dtype=bool)
+    out[1:] = keys[1:] != keys[:-1]
+    return out
+
+
+def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The indices of the ranges [starts[i], ends[i]), one after the other."""
+    lens = ends - starts
+    offs = np.cumsum(lens) - lens
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - offs, lens)
+
+
+def _tie_levels(n_nodes: int, ts: np.ndarray, td: np.ndarray) -> np.ndarray:
+    """Per node, the depth of the equal-time chains into it over the tie edges `ts` -> `td`: the
+    longest chain of tie edges ending at it (0 for a node on none), the fixpoint of "each
+    destination the latest of its own and its sources' + 1". Found by releasing the nodes round by
+    round (a node's round: one after its last tie source's), each edge read once; where the tie
+    edges hold a cycle, the rounds of that rule over every tie edge, at most `n_nodes` + 1."""
+    level = np.zeros(n_nodes, dtype=np.int64)
+    if not len(ts):
+        return level
+    nodes, local = np.unique(np.concatenate((ts, td)), return_inverse=True)
+    by_src = np.argsort(local[: len(ts)], kind="stable")
+    ls, ld = local[: len(ts)][by_src], local[len(ts) :][by_src]
+    n = len(nodes)
+    out_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(ls, minlength=n), out=out_ptr[1:])
+    waiting = np.bincount(ld, minlength=n)  # per node, its tie in-edges not yet read
+    lv = np.zeros(n, dtype=np.int64)
+    seen = np.zeros(n, dtype=np.int64)  # a round's last position of each node released in it
+    ready = np.flatnonzero(waiting == 0)
+    released, r = len(ready), 0
+    while len(ready):
+        r += 1
+        d = ld[_ranges(out_ptr[ready], out_ptr[ready + 1])]
+        np.subtract.at(waiting, d, 1)
+        done = d[waiting[d] == 0]  # each node released as often as it had edges this round: once
+        at = np.arange(len(done), dtype=np.int64)
+        seen[done] = at
+        ready = done[seen[done] == at]
+        lv[ready] = r
+        released += len(ready)
+    if released < n:  # a cycle of equal-time edges: the rule's rounds, as many as it takes or allows
+        lv[:] = 0
+        for _ in range(n_nodes + 1):
+            new = lv.copy()
+            np.maximum.at(new, ld, lv[ls] + 1)
+            if np.array_equal(new, lv):
+                break
+            lv = new
+    level[nodes] = lv
+    return level
+
+
+def _order_of(t: np.ndarray, level: np.ndarray, has_in: np.ndarray) -> np.ndarray:
+    """The nodes with in-edges (`has_in`) by time, ties by `level`, then by node number (one sort
+    of every node's packed key: faster than `np.lexsort` where many levels, and than the subset's)."""
+    pos_order = lexsort_packed((level, t))
+    return pos_order[has_in[pos_order]]
+
+
 def topological_order(t: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """The nodes with in-edges in a topological order of edges that run forward in time `t`: by
     time, ties by the depth of equal-time chains."""
-    level = np.zeros(len(t), dtype=np.int64)
     tie = t[src] == t[dst]
-    ts, td = src[tie], dst[tie]
-    for _ in range(len(t) + 1):
-        new = level.copy()
-        np.maximum.at(new, td, level[ts] + 1)
-        if np.array_equal(new, level):
-            break
-        level = new
-    pos_order = np.lexsort((level, t))
     has_in = np.zeros(len(t), dtype=bool)
     has_in[dst] = True
-    return pos_order[has_in[pos_order]]
+    return _order_of(t, _tie_levels(len(t), src[tie], dst[tie]), has_in)
+
+
+def _cat(parts: Sequence[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts).astype(np.int64, copy=False) if len(parts) else np.zeros(0, dtype=np.int64)
+
+
+@dataclass
+class _Members:
+    """Every rank's matched collectives in one set of arrays (rank order, then each rank's), node
+    numbers global, grouped by instance: `by_inst` the members in instance order (ties: their
+    order), `inst_of` per member its instance's number (in `inst_ids`, sorted), `starts` where
+    each instance's members start in `by_inst`."""
+
+    begin: np.ndarray
+    end: np.ndarray
+    x: np.ndarray
+    rank: np.ndarray
+    op: np.ndarray  # object array of str
+    nbytes: np.ndarray
+    by_inst: np.ndarray
+    inst_of: np.ndarray
+    inst_ids: np.ndarray
+    starts: np.ndarray
+
+    @classmethod
+    def of(cls, rgs: Sequence[RankGraph], base: np.ndarray) -> _Members:
+        mc = [g.matched for g in rgs]
+        n_of = np.asarray([len(m.inst) for m in mc], dtype=np.int64)
+        m_base = np.repeat(base[:-1], n_of)
+        inst = _cat([m.inst for m in mc])
+        by_inst = np.argsort(inst, kind="stable")
+        s_inst = inst[by_inst]
+        head = _first_of_runs(s_inst)
+        inst_of = np.empty(len(inst), dtype=np.int64)
+        inst_of[by_inst] = np.cumsum(head) - 1
+        op = np.empty(len(inst), dtype=object)
+        op[:] = [o for m in mc for o in m.op]
+        return cls(
+            begin=_cat([m.begin for m in mc]) + m_base,
+            end=_cat([m.end for m in mc]) + m_base,
+            x=_cat([m.x for m in mc]),
+            rank=np.repeat(np.asarray([g.rank for g in rgs], dtype=np.int64), n_of),
+            op=op,
+            nbytes=_cat([m.nbytes for m in mc]),
+            by_inst=by_inst,
+            inst_of=inst_of,
+            inst_ids=s_inst[head],
+            starts=np.flatnonzero(head),
+        )
+
+    def rendezvous_edges(self, n_rank_nodes: int) -> tuple[np.ndarray, ...]:
+        """The rendezvous' edges, per instance (in instance order, node `n_rank_nodes` + its number)
+        its members' arrivals, then their transfers (each in member order): src, dst, lat, role,
+        and each edge's member."""
+        n = len(self.by_inst)
+        gid = self.inst_of[self.by_inst]
+        counts = np.diff(np.append(self.starts, n))
+        pa = np.arange(n, dtype=np.int64) + self.starts[gid]  # the k-th member's arrival, its transfer after
+        px = pa + counts[gid]
+        node = n_rank_nodes + gid
+        src, dst, lat, role, member = (np.empty(2 * n, dtype=np.int64) for _ in range(5))
+        src[pa], dst[pa], lat[pa], role[pa] = self.begin[self.by_inst], node, 0, ROLE_ARRIVE
+        src[px], dst[px], lat[px], role[px] = node, self.end[self.by_inst], self.x[self.by_inst], ROLE_XFER
+        member[pa] = member[px] = self.by_inst
+        return src, dst, lat, role, member
+
+    def last_by_end(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per distinct end node (sorted), the member whose op and bytes the end's transfer edges
+        carry: where several members end at one node, the last in instance order of first
+        appearance, then member order. Returns the end nodes and the members."""
+        first = self.by_inst[self.starts]  # per instance, its first member
+        key = np.lexsort((np.arange(len(self.end), dtype=np.int64), first[self.inst_of], self.end))
+        s_end = self.end[key]
+        last = np.ones(len(key), dtype=bool)
+        last[:-1] = s_end[1:] != s_end[:-1]
+        return s_end[last], key[last]
+
+
+#: the edge columns the assembly permutes into CSR order, as Graph holds them
+_EDGE_COLS = ("src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx")
 
 
 def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Graph:
     """The run's graph from its ranks' (in rank order): node numbers made global, one rendezvous per
-    matched instance (its members' begins -> it -> their ends), a topological order."""
+    matched instance (its members' begins -> it -> their ends), a topological order. In arrays:
+    every rank's matched collectives gathered, the edges permuted once into their CSR order (by
+    destination, stable: each rank's in rank order, then the rendezvous')."""
     rgs = sorted(rank_graphs, key=lambda g: g.rank)
-    base = np.cumsum([0] + [len(g.t) for g in rgs])
+    base = np.concatenate(([0], np.cumsum([len(g.t) for g in rgs]))).astype(np.int64)
     n_rank_nodes = int(base[-1])
-    inst_members: dict[int, list[tuple[int, int, int, int, str, int]]] = {}
-    for i, g in enumerate(rgs):
-        m = g.matched
-        for cb, ce, inst, x, op, nb in zip(m.begin, m.end, m.inst, m.x, m.op, m.nbytes, strict=True):
-            inst_members.setdefault(int(inst), []).append(
-                (int(cb) + int(base[i]), int(ce) + int(base[i]), int(x), g.rank, op, int(nb))
-            )
-    t_all = np.concatenate([g.t for g in rgs] + [np.zeros(len(inst_members), dtype=np.int64)])
-    node_rank = np.concatenate(
-        [np.full(len(g.t), g.rank, dtype=np.int64) for g in rgs]
-        + [np.full(len(inst_members), -1, dtype=np.int64)]
-    )
-    cols: dict[str, list[np.ndarray]] = {
-        k: [] for k in ("src", "dst", "lat", "role", "kind", "erank", "seg", "calls", "ops", "cidx")
-    }
-    for i, g in enumerate(rgs):
-        cols["src"].append(g.src + base[i])
-        cols["dst"].append(g.dst + base[i])
-        for k in ("lat", "role", "kind", "seg", "calls", "ops", "cidx"):
-            cols[k].append(getattr(g, k))
-        cols["erank"].append(np.full(len(g.src), g.rank, dtype=np.int64))
-    ex: list[tuple[int, int, int, int, int, int]] = []  # src, dst, lat, role, kind, rank
-    for r_i, inst in enumerate(sorted(inst_members)):
-        node = n_rank_nodes + r_i
-        mem = sorted(inst_members[inst], key=lambda m: m[3])
-        t_all[node] = max(int(t_all[m[0]]) for m in mem)
-        for cb, _ce, _x, rk, _op, _nb in mem:
-            ex.append((cb, node, 0, ROLE_ARRIVE, K_TRANSFER, rk))
-        for _cb, ce, x, rk, _op, _nb in mem:
-            ex.append((node, ce, x, ROLE_XFER, K_TRANSFER, rk))
-    if ex:
-        e = np.asarray(ex, dtype=np.int64)
-        cols["src"].append(e[:, 0])
-        cols["dst"].append(e[:, 1])
-        cols["lat"].append(e[:, 2])
-        cols["role"].append(e[:, 3])
-        cols["kind"].append(e[:, 4])
-        cols["erank"].append(e[:, 5])
-        for k in ("seg", "calls", "ops", "cidx"):
-            cols[k].append(np.full(len(e), -1 if k in ("seg", "cidx") else 0, dtype=np.int64))
-    arr = {
-        k: (np.concatenate(v) if v else np.zeros(0, dtype=np.int64)).astype(np.int64, copy=False)
-        for k, v in cols.items()
-    }
+    mem = _Members.of(rgs, base)
+    n_inst = len(mem.inst_ids)
     # the rendezvous' measured time is the last arrival; a collective's end is the rendezvous + x
-    # a topological order: by measured time, ties by the depth of equal-time chains
-    src, dst = arr["src"], arr["dst"]
-    bad = t_all[src] > t_all[dst]
+    t_all = np.concatenate([g.t for g in rgs] + [np.zeros(n_inst, dtype=np.int64)])
+    if n_inst:
+        t_all[n_rank_nodes:] = np.maximum.reduceat(t_all[mem.begin[mem.by_inst]], mem.starts)
+    node_rank = np.repeat(
+        np.asarray([g.rank for g in rgs] + [-1], dtype=np.int64),
+        np.asarray([len(g.t) for g in rgs] + [n_inst], dtype=np.int64),
+    )
+    x_src, x_dst, x_lat, x_role, x_member = mem.rendezvous_edges(n_rank_nodes)
+    e_lo = np.concatenate(([0], np.cumsum([len(g.src) for g in rgs]))).astype(np.int64)
+    n_rank_edges = int(e_lo[-1])
+    src = _cat([g.src for g in rgs] + [x_src])
+    dst = _cat([g.dst for g in rgs] + [x_dst])
+    for i in range(len(rgs)):
+        src[e_lo[i] : e_lo[i + 1]] += base[i]
+        dst[e_lo[i] : e_lo[i + 1]] += base[i]
+    t_src, t_dst = t_all[src], t_all[dst]
+    bad = t_src > t_dst
+    tie = t_src == t_dst
     notes = [n for g in rgs for n in g.notes]
+    keep: np.ndarray | None = None
     if bad.any():
         notes.append(f"{int(bad.sum())} edge(s) run backwards in the trace's time; left out of the graph")
         keep = ~bad
-        arr = {k: v[keep] for k, v in arr.items()}
-        src, dst = arr["src"], arr["dst"]
-    order = topological_order(t_all, src, dst)
-    # CSR by destination; within a node, edges in their build order (stream, cross, launch; ranks)
-    perm = np.argsort(dst, kind="stable")
-    arr = {k: v[perm] for k, v in arr.items()}
-    indptr = np.zeros(len(t_all) + 1, dtype=np.int64)
-    np.add.at(indptr, arr["dst"] + 1, 1)
-    indptr = np.cumsum(indptr)
-    is_x = arr["role"] == ROLE_XFER
-    # the probe's op / bytes per ROLE_XFER edge, in the permuted order
-    xk = np.flatnonzero(is_x)
-    # rebuild op/bytes by (src rendezvous, dst end)
-    lookup = {}
-    for cb_list in inst_members.values():
-        for _cb, ce, _x, _rk, op, nb in cb_list:
-            lookup[ce] = (op, nb)
-    xo = [lookup[int(d)][0] for d in arr["dst"][xk]]
-    xb = np.asarray([lookup[int(d)][1] for d in arr["dst"][xk]], dtype=np.int64)
-    inst_of_node = np.arange(n_rank_nodes, n_rank_nodes + len(inst_members), dtype=np.int64)
-    inst_ids = np.asarray(sorted(inst_members), dtype=np.int64)
-    xi = inst_ids[np.searchsorted(inst_of_node, arr["src"][xk])] if len(xk) else np.zeros(0, dtype=np.int64)
+        kept = np.flatnonzero(keep)
+        take = kept[np.argsort(dst[kept], kind="stable")]
+    else:
+        take = np.argsort(dst, kind="stable")
+    # CSR by destination; within a node, edges in their build order (stream, cross, launch; ranks):
+    # every column written once, each source piece scattered to its final places
+    n_edges = len(take)
+    at = np.empty(len(src), dtype=np.int64)
+    at[take] = np.arange(n_edges, dtype=np.int64)
+    out = {k: np.empty(n_edges, dtype=np.int64) for k in _EDGE_COLS[2:]}
+    out["src"], out["dst"] = src[take], dst[take]
+
+    def put(col: str, lo: int, hi: int, values: np.ndarray | int) -> None:
+        if keep is None:
+            out[col][at[lo:hi]] = values
+            return
+        k = keep[lo:hi]
+        out[col][at[lo:hi][k]] = values[k] if isinstance(values, np.ndarray) else values
+
+    for i, g in enumerate(rgs):
+        lo, hi = int(e_lo[i]), int(e_lo[i + 1])
+        for col in ("lat", "role", "kind", "seg", "calls", "ops", "cidx"):
+            put(col, lo, hi, getattr(g, col))
+        put("erank", lo, hi, g.rank)
+    lo, hi = n_rank_edges, len(src)
+    put("lat", lo, hi, x_lat)
+    put("role", lo, hi, x_role)
+    put("kind", lo, hi, K_TRANSFER)
+    put("erank", lo, hi, mem.rank[x_member])
+    for col, v in (("seg", -1), ("calls", 0), ("ops", 0), ("cidx", -1)):
+        put(col, lo, hi, v)
+    n_all = len(t_all)
+    in_count = np.bincount(out["dst"], minlength=n_all)
+    indptr = np.zeros(n_all + 1, dtype=np.int64)
+    np.cumsum(in_count, out=indptr[1:])
+    # a topological order: by measured time, ties by the depth of equal-time chains
+    order = _order_of(t_all, _tie_levels(n_all, src[tie], dst[tie]), in_count > 0)
+    # the probe's op / bytes per ROLE_XFER edge (in edge order): the member ending at its destination
+    xk = np.flatnonzero(out["role"] == ROLE_XFER)
+    ends, end_member = mem.last_by_end()
+    x_dst_k = out["dst"][xk]
+    j = np.searchsorted(ends, x_dst_k)
+    if len(xk) and (j.max() >= len(ends) or not np.array_equal(ends[j], x_dst_k)):
+        raise KeyError("a transfer edge ends at no matched collective's end")
+    w = end_member[j]
+    xo = mem.op[w].tolist()
+    xb = mem.nbytes[w]
+    xi = (
+        mem.inst_ids[np.clip(out["src"][xk] - n_rank_nodes, 0, n_inst)]
+        if len(xk)
+        else np.zeros(0, dtype=np.int64)
+    )
     # the steps every rank holds (a rank's other steps stay in its program order, unreported)
-    common = sorted(set.intersection(*(set(g.steps) for g in rgs))) if rgs else []
-    steps = common
+    steps = sorted(set.intersection(*(set(g.steps) for g in rgs))) if rgs else []
     pos = [{st: k for k, st in enumerate(g.steps)} for g in rgs]
     ws_node = (
         np.stack(
             [
-                np.asarray([int(g.ws_node[pos[i][st]]) + int(base[i]) for st in steps], dtype=np.int64)
+                g.ws_node[np.asarray([pos[i][st] for st in steps], dtype=np.int64)].astype(np.int64) + base[i]
                 for i, g in enumerate(rgs)
             ]
         )
@@ -292,16 +432,16 @@ def assemble(rank_graphs: Sequence[RankGraph], offsets: Mapping[int, int]) -> Gr
         offsets={int(k): int(v) for k, v in offsets.items()},
         t=t_all,
         node_rank=node_rank,
-        src=arr["src"],
-        dst=arr["dst"],
-        lat=arr["lat"],
-        role=arr["role"],
-        kind=arr["kind"],
-        erank=arr["erank"],
-        seg=arr["seg"],
-        calls=arr["calls"],
-        ops=arr["ops"],
-        cidx=arr["cidx"],
+        src=out["src"],
+        dst=out["dst"],
+        lat=out["lat"],
+        role=out["role"],
+        kind=out["kind"],
+        erank=out["erank"],
+        seg=out["seg"],
+        calls=out["calls"],
+        ops=out["ops"],
+        cidx=out["cidx"],
         xfer_op=xo,
         xfer_bytes=xb,
         xfer_inst=xi,
