@@ -249,6 +249,7 @@ class _Attribution:
     dq: DataQuality = field(default_factory=DataQuality)
     level: str = "none"  # the run's collective level (the ranks' best)
     choice: Any = None
+    windows: dict[int, Any] = field(default_factory=dict)  # per rank, found in the rule stage
     found: Any = None
     coll: Any = None
     att: Any = None
@@ -263,17 +264,26 @@ class _Attribution:
     intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
 
-def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str]:
-    """Per rank: which step rules it matches, and its collective rows at its best level
+def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
+    """Per rank: which step rules it matches, its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
-    its own best level)."""
+    its own best level), and, speculatively, its windows under its own rule (the rule
+    `choose_step_rule` gives on this rank alone; None where that is a StepError): where the run's
+    rule is the rank's own (every rank of a run with one kind of step marker) the windows stage
+    does not run for it (`after_rule`), one barrier fewer."""
     from tracekit.analyse.collectives.select import select_collective_events
-    from tracekit.analyse.timeline.rules import rank_step_summary
+    from tracekit.analyse.timeline.rules import choose_step_rule, rank_step_summary
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
     inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
-    return rank_step_summary(inp.events, pattern), level
+    summary = rank_step_summary(inp.events, pattern)
+    try:
+        own = choose_step_rule([summary], pattern)
+        windows = _att_windows(inp, own)
+    except StepError:  # the windows stage says it again if the run's rule is this one
+        own = windows = None
+    return summary, level, own, windows
 
 
 def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> Any:
@@ -371,11 +381,17 @@ def attribution_plan(
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
         st.level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
-        return st.choice
+        # the ranks whose own rule is the run's keep the windows the rule stage found; the others
+        # find theirs under the run's rule in the windows stage (the same function on the same
+        # events: the same windows as in two stages)
+        st.windows = {r: g[3] for r, g in got.items() if g[2] == st.choice}
+        return PerRank({r: st.choice for r in sorted(got) if r not in st.windows})
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> tuple[Any, ...]:
         from tracekit.analyse.timeline.steps import assemble_steps
 
+        got = {**st.windows, **got}
+        st.windows = {}
         try:
             st.found = assemble_steps(st.choice, [got[r] for r in sorted(got)])
         except StepError as exc:

@@ -1,0 +1,104 @@
+"""The attribution plan's step rule and windows in one rank stage (issue 27: one barrier fewer).
+
+Each rank's rule task also finds its windows under its own rule (`choose_step_rule` on that rank
+alone); the client keeps them for the ranks whose own rule is the run's, and only the others run
+the windows stage, under the run's rule. The windows must be those of the two stages in turn (the
+run's rule from every rank's summary, then every rank's windows under it), on a real run where
+every rank has the run's markers (traces/h200-tp2: no windows task on Dask) and on the same run
+with rank 1's `decode_step` annotations taken out and no manifest (auto's rule: rank 1's own is
+then `profiler_step`, the run's still `decode_step`: rank 1 alone runs the windows stage, and finds none under the run's rule).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from tracekit.analyse.attribution.run import attribute_setup
+from tracekit.analyse.plans import Plan, attribution_plan, run_in_process, split_ranks
+from tracekit.analyse.timeline.rules import choose_step_rule, rank_step_summary
+from tracekit.analyse.timeline.steps import assemble_steps
+from tracekit.analyse.timeline.windows import rank_step_windows
+from tracekit.read import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ROOT / "traces" / "h200-tp2"
+
+
+def _without_decode_steps(out: Path) -> Path:
+    """traces/h200-tp2's two rank files in `out`, rank 1's `decode_step` annotations taken out
+    (host and device side); no manifest (it pins the files' digests)."""
+    for src in sorted(RUN.glob("rank-*.pt.trace.json.gz")):
+        doc = json.loads(gzip.decompress(src.read_bytes()))
+        if src.name.startswith("rank-1."):
+            n = len(doc["traceEvents"])
+            doc["traceEvents"] = [
+                e for e in doc["traceEvents"] if not str(e.get("name", "")).startswith("decode_step")
+            ]
+            assert len(doc["traceEvents"]) < n
+        (out / src.name).write_bytes(gzip.compress(json.dumps(doc).encode()))
+    return out
+
+
+def _to_windows() -> Plan:
+    """The attribution plan up to its windows' combine; its result the plan's state."""
+    plan = attribution_plan(label="run")
+    assert [s.name for s in plan.stages[:2]] == ["rule", "windows"]
+    return Plan("attribution", plan.start, plan.stages[:2], lambda st, _arg: st)
+
+
+def _two_stages(run: Any) -> tuple[Any, pd.DataFrame, dict[int, Any]]:
+    """The run's rule from every rank's summary, then every rank's windows under it: (the rule,
+    the assembled steps, each rank's own rule)."""
+    pattern, _dq = attribute_setup(run, "run", None)  # the manifest's step pattern, if any
+    ranks = split_ranks(run)
+    summaries = {r: rank_step_summary(inp.events, pattern) for r, inp in ranks.items()}
+    choice = choose_step_rule([summaries[r] for r in sorted(ranks)], pattern)
+    found = assemble_steps(choice, [rank_step_windows(ranks[r].events, choice) for r in sorted(ranks)])
+    return choice, found.steps, {r: choose_step_rule([s], pattern) for r, s in summaries.items()}
+
+
+@pytest.fixture(scope="module")
+def edited(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _without_decode_steps(tmp_path_factory.mktemp("rule"))
+
+
+@pytest.mark.parametrize("which", ["as captured", "rank 1 without decode_step"])
+def test_the_fused_rule_stage_gives_the_two_stages_windows(which: str, edited: Path) -> None:
+    path = RUN if which == "as captured" else edited
+    run = read_run([path], cache=False)
+    choice, steps, own = _two_stages(run)
+    assert choice.pattern == "decode_step"  # the manifest's pattern; without it (edited) auto's rule
+    if which == "as captured":
+        assert set(own.values()) == {choice}
+        assert sorted(steps["rank"].unique().tolist()) == [0, 1]
+    else:  # rank 1's own rule differs: its windows are found again, under the run's rule
+        assert own[0] == choice and own[1].rule == "profiler_step"
+        assert steps["rank"].unique().tolist() == [0]  # none on rank 1 under decode_step
+    st = run_in_process(_to_windows(), run)
+    assert st.choice == choice
+    pd.testing.assert_frame_equal(st.found.steps, steps)
+
+
+@pytest.mark.skipif(find_spec("distributed") is None, reason="Dask (the dask extra) is not installed")
+@pytest.mark.parametrize("which", ["as captured", "rank 1 without decode_step"])
+def test_on_dask_only_a_rank_whose_own_rule_differs_runs_the_windows_stage(
+    which: str, edited: Path, dask: Any
+) -> None:
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job
+
+    path = RUN if which == "as captured" else edited
+    (res,), _ = DaskExecutor(dask).run([Job((path,), (_to_windows(),), cache=False)])
+    _choice, steps, _own = _two_stages(read_run([path], cache=False))
+    pd.testing.assert_frame_equal(res.results[0].found.steps, steps)
+    rule = [t for t in res.tasks if t.stage == "attribution.rule"]
+    windows = [t.ranks for t in res.tasks if t.stage == "attribution.windows"]
+    assert sorted(r for t in rule for r in t.ranks) == [0, 1]
+    assert windows == ([] if which == "as captured" else [[1]])
