@@ -105,6 +105,12 @@ def open_client(engine: Engine) -> Iterator[Any]:
         yield client
 
 
+#: the priority of the tasks that only hand a small part on (a stage's per-rank results, a file's
+#: metadata, what a rank kept for a Reduce): a worker runs them before any other ready task, so a
+#: barrier never waits for them behind another run's long task (a baseline's Reduce)
+_SMALL = 100
+
+
 def _file_key(job_index: int, path: Path) -> str:
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     return f"run{job_index}-{path.name.replace('.', '_')}-{digest}"
@@ -193,6 +199,9 @@ class _Runner:
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
         self.result: Any = None
         self.done = False
+        #: a Reduce not submitted yet (a smaller run's, none of its own rank stages next: its graph,
+        #: path and correction) while the largest run's rank stages are in flight (`_Run.rank_work`)
+        self.held = False
 
     def start(self) -> None:
         self.state, self.arg = self.run.client_call(self.j, self.plan.start, self.meta)
@@ -217,16 +226,27 @@ class _Runner:
                 if not wanted:
                     continue
                 arg = PerRank({x: self.arg[x] for x in wanted}) if isinstance(self.arg, PerRank) else self.arg
-                f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
+                f = r.task(
+                    f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name, priority=r.priority(self.j)
+                )
                 self.futs.append((n, f))
-                self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
+                self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f, priority=_SMALL))
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
             self.small = [
-                r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
+                r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i, priority=r.priority(self.j))
+                for i, a in enumerate(self.arg)
             ]
         else:
+            own_next = self.plan.stages[self.stage + 1 : self.stage + 3]
+            if (
+                r.priority(self.j) == 0
+                and not any(isinstance(x, RankStage) for x in own_next)
+                and r.rank_work()
+            ):
+                self.held, self.small, self.futs = True, [], []  # `_Run.go` submits it later
+                return
             small = self._reduce(st, tag, self.arg, states)
             if not st.wait:  # not gathered now: the next stage is submitted with this one
                 self.stage += 1
@@ -246,18 +266,29 @@ class _Runner:
             parts = beside
         else:
             parts = [
-                r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, self.plan.only_rank)
+                r.task(
+                    f"tracekit-{tag}-f{n}-kept",
+                    kept_values,
+                    fut,
+                    st.key,
+                    self.plan.only_rank,
+                    priority=_SMALL,
+                )
                 for n, fut in enumerate(states)
             ]
             r.later.extend(parts)
         # a Reduce beside the next one and that next one: on two workers (else the scheduler
         # puts both next to the values they share, one after the other), each job's pair on
-        # its own two (the runs' pairs are submitted at about the same time)
-        spread = 2 * self.j if not st.wait else (2 * self.j + 1 if beside is not None else None)
-        full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, arg, *parts, spread=spread)
+        # its own two (`_Run.pair_workers`: the largest run's first, no other run's graph on its)
+        spread = None
+        if not st.wait or beside is not None:
+            spread = r.pair_workers(self.j)[0 if not st.wait else 1]
+        full = r.task(
+            f"tracekit-{tag}-reduce", reduce_task, st, arg, *parts, spread=spread, priority=r.priority(self.j)
+        )
         if st.keeps:
             self.reduced[st.keeps] = full
-        small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)
+        small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full, priority=_SMALL)
         r.later.append(full)
         if not st.wait:
             if not st.on_kept:
@@ -312,20 +343,61 @@ class _Run:
         self.side: list[tuple[int, Any]] = []  # (job, small result) of the Reduces not waited for
         self.runners: list[_Runner] = []
         self.workers: list[str] | None = None  # the cluster's workers (a Fan's calls spread over them)
+        self.sizes: list[int] = [0 for _ in jobs]  # each job's run's rank count (`pair_workers`)
+        self.failed: set[int] = set()  # the jobs of the runners that raised
 
-    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None) -> Any:
+    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None, priority: int = 0) -> Any:
         """A task; with `spread` (a Fan's i-th call) placed on the i-th worker (round robin,
         others allowed): the scheduler would otherwise keep every call next to the large value
-        they share (the run's graph) and run them one after the other there."""
-        kw: dict[str, Any] = {}
+        they share (the run's graph) and run them one after the other there. Of the tasks ready
+        on a worker the one of highest `priority` runs first (`_SMALL`, `priority`)."""
+        kw: dict[str, Any] = {"priority": priority}
         if spread is not None:
             if self.workers is None:
                 self.workers = sorted(self.client.scheduler_info().get("workers", {}))
             if self.workers:
-                kw = {"workers": [self.workers[spread % len(self.workers)]], "allow_other_workers": True}
+                kw.update(workers=[self.workers[spread % len(self.workers)]], allow_other_workers=True)
         return self.client.submit(
             fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False, **kw
         )
+
+    def rank_work(self) -> bool:
+        """Whether a runner of the largest run (`priority`) has a rank stage in flight or next: a
+        smaller run's Reduce waits for the end of those (`_Runner.held`). A rank stage's tasks
+        run where their file's events are, so a long Reduce of the baseline on one of those
+        workers would hold up that worker's share of the stage and the stage's barrier; from the
+        largest run's first Reduces on (its graph and path on two workers) the others are idle."""
+        for rn in self.runners:
+            if rn.done or rn.j in self.failed or self.priority(rn.j) == 0:
+                continue
+            if any(isinstance(st, RankStage) for st in rn.plan.stages[rn.stage : rn.stage + 2]):
+                return True
+        return False
+
+    def priority(self, j: int) -> int:
+        """Job `j`'s tasks' priority: 1 for the run of most ranks (the first of them), whose stages
+        and Reduces are the serial chain, 0 for the others (the baseline's), which fill the
+        workers it leaves idle."""
+        return int(j == min(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i)))
+
+    def pair_workers(self, j: int) -> tuple[int, int]:
+        """The workers (indices into the sorted list) of job `j`'s graph Reduce and the path's
+        beside it. The runs by rank count, largest first (ties in job order): the k-th run's pair
+        on workers 2k and 2k + 1, wrapped round the cluster, a smaller run's never on the largest
+        run's graph worker when there are two workers or more. That graph's worker runs the
+        serial chain after the rank stages (the graph assembled, then the correction on it); a
+        smaller run's Reduces (the baseline's) run beside it, on the other workers."""
+        if self.workers is None:
+            self.workers = sorted(self.client.scheduler_info().get("workers", {}))
+        n = max(len(self.workers), 1)
+        order = sorted(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i))
+        k = order.index(j)
+        graph, path = (2 * k) % n, (2 * k + 1) % n
+        if k and graph == 0 and n > 1:  # not on the largest run's graph worker
+            graph, path = path, graph
+        if k and path == 0:  # its path beside its own graph rather (both small)
+            path = graph
+        return graph, path
 
     def client_call(self, j: int, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
@@ -352,7 +424,9 @@ class _Run:
         try:
             if self.engine.progress:
                 _show_progress(distributed, all_reads, sizes)
-            metas_f = [[self.task(f"{f.key}-meta", file_meta, f) for f in futs] for futs in reads]
+            metas_f = [
+                [self.task(f"{f.key}-meta", file_meta, f, priority=_SMALL) for f in futs] for futs in reads
+            ]
             # a bad rank file is reported as the local engine reports it: the first failing file in
             # file order, not whichever worker failed first
             distributed.wait([f for fs in metas_f for f in fs])
@@ -364,6 +438,7 @@ class _Run:
             runs, views = [], []
             for j, (job, (_files, manifest)) in enumerate(zip(self.jobs, self.expanded, strict=True)):
                 meta, v = self.client_call(j, metadata_of, file_metas[j], manifest, list(job.paths))
+                self.sizes[j] = len(meta.ranks)
                 runs.append(meta)
                 views.append(v)
             checked = check(runs) if check is not None else None
@@ -386,15 +461,35 @@ class _Run:
                     rn.start()
                 except Exception as exc:  # noqa: BLE001 - raised below, in the local engine's order
                     errors[i] = exc
+                    self.failed.add(rn.j)
             while True:
                 active = [i for i, rn in enumerate(runners) if not rn.done and i not in errors]
                 if not active or (errors and min(errors) < min(active)):
                     break
-                for i in active:
+                # each plan advances as soon as its stage is done, not in step with the others:
+                # the baseline's stages and combines run beside the sharded run's, not between
+                # them, and its Reduces once the sharded run's rank stages are over (`rank_work`)
+                held = [i for i in active if runners[i].held]
+                if held and not self.rank_work():
+                    for i in held:
+                        runners[i].held = False
+                        try:
+                            runners[i].submit()
+                        except Exception as exc:  # noqa: BLE001
+                            errors[i] = exc
+                            self.failed.add(runners[i].j)
+                    continue
+                ready = [i for i in active if not runners[i].held and all(f.done() for f in runners[i].small)]
+                if not ready:
+                    waiting = [f for i in active for f in runners[i].small if not f.done()]
+                    distributed.wait(waiting, return_when="FIRST_COMPLETED")
+                    continue
+                for i in ready:
                     try:
                         runners[i].collect()
                     except Exception as exc:  # noqa: BLE001
                         errors[i] = exc
+                        self.failed.add(runners[i].j)
             if errors:
                 raise errors[min(errors)]
             for (j, _small), (_out, rec) in zip(
