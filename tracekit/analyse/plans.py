@@ -108,6 +108,9 @@ class RankStage:
     again: Callable[[Any], bool] | None = None
     #: not run in one process (`run_in_process`): the next stage's argument is `skip(state)`
     skip: Callable[[Any], Any] | None = None
+    #: the keys of `RankInput.keep` this stage sets for a later Reduce: on Dask taken out of each
+    #: file's state as its task ends (unless a later rank stage with tasks comes first)
+    keeps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -499,10 +502,10 @@ def attribution_plan(
         "attribution",
         start,
         (
-            RankStage("rule", _att_rule, after_rule),
+            RankStage("rule", _att_rule, after_rule, keeps=("coll_rows",)),
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
-            RankStage("attribute", _att_rank, after_ranks),
+            RankStage("attribute", _att_rank, after_ranks, keeps=("graph",)),
             RankStage("retime", att_retime, retime_after, again=retime_again, skip=retime_skip),
             # the graph assembled (and prepared) on one worker, the path walked on another's copy
             Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False),

@@ -197,6 +197,7 @@ class _Runner:
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
+        self.prekept: dict[str, list[Any]] = {}  # per key, the files' kept values (`RankStage.keeps`)
         self.result: Any = None
         self.done = False
         #: a Reduce not submitted yet (a smaller run's, none of its own rank stages next: its graph,
@@ -231,6 +232,24 @@ class _Runner:
                 )
                 self.futs.append((n, f))
                 self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f, priority=_SMALL))
+            if self.futs:  # the stage may change what the ranks keep: values taken before are stale
+                self.prekept = {}
+            # what this stage keeps for a later Reduce, taken out as each task ends (not after the
+            # barrier, behind whatever else the worker started meanwhile)
+            new = dict(self.futs)
+            for key in st.keeps:
+                self.prekept[key] = [
+                    r.task(
+                        f"tracekit-{tag}-f{n}-kept-{key}",
+                        kept_values,
+                        new.get(n, fut),
+                        key,
+                        only,
+                        priority=_SMALL,
+                    )
+                    for n, fut in enumerate(states)
+                ]
+                r.later.extend(self.prekept[key])
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
@@ -264,6 +283,8 @@ class _Runner:
             parts = [self.reduced[st.key]]
         elif beside is not None:
             parts = beside
+        elif st.key in self.prekept:  # taken out when the rank stage that keeps them ended
+            parts = self.prekept.pop(st.key)
         else:
             parts = [
                 r.task(
