@@ -62,6 +62,7 @@ from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
 
 __all__ = [
+    "Later",
     "PerRank",
     "Plan",
     "RankInput",
@@ -97,6 +98,25 @@ class RankInput:
 
 class PerRank(dict[int, Any]):
     """A stage argument that differs per rank (a rank not in it is skipped by that stage)."""
+
+
+@dataclass(frozen=True)
+class Later:
+    """What a combine (or a Reduce's `then`) may return instead of the next stage's argument:
+    `arg` that argument, `fn()` client work of the plan's state that the next stages' tasks do
+    not need. An executor submits those tasks first and runs `fn` while they run, before the
+    plan's next combine that has tasks' results to take (in one process: at once)."""
+
+    arg: Any
+    fn: Callable[[], None]
+
+
+def now(got: Any) -> Any:
+    """A combine's result in one process: the argument, with a `Later`'s work done first."""
+    if isinstance(got, Later):
+        got.fn()
+        return got.arg
+    return got
 
 
 @dataclass(frozen=True)
@@ -204,18 +224,18 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
         if isinstance(stage, RankStage) and stage.skip is not None:
             arg = stage.skip(state)
         elif isinstance(stage, RankStage):
-            arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+            arg = now(stage.combine(state, run_rank_stage(stage, ranks, arg)))
             while stage.again is not None and stage.again(state):
-                arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+                arg = now(stage.combine(state, run_rank_stage(stage, ranks, arg)))
         elif isinstance(stage, Fan):
-            arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
+            arg = now(stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg]))
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
             run_reduce(stage, reduced, kept(ranks, stage.key), arg)
         elif stage.in_process is not None:
-            arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
+            arg = now(stage.then(state, stage.fn(reduced[stage.in_process], arg)))
         else:
             values = None if stage.on_kept else kept(ranks, stage.key)
-            arg = stage.then(state, run_reduce(stage, reduced, values, arg))
+            arg = now(stage.then(state, run_reduce(stage, reduced, values, arg)))
     return plan.finish(state, arg)
 
 
@@ -419,21 +439,24 @@ def attribution_plan(
             }
         )
 
-    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Any:
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Later:
         from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.path.critical_path import path_timeline
 
         pieces = [got[r] for r in sorted(got)]
-        for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
-            p.kernels = k
-        st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
         # the correction re-timed per rank (its latencies known now; docs/SCALE.md section Left)
         st.retime = RetimeRounds.of(
             st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
         )
-        return PerRank() if st.retime is None else st.retime.first()
+
+        def assemble() -> None:  # while the graph's and the path's Reduces run (`after_path` reads it)
+            for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
+                p.kernels = k
+            st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
+
+        return Later(PerRank() if st.retime is None else st.retime.first(), assemble)
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution

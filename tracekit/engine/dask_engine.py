@@ -34,6 +34,7 @@ from typing import Any
 
 from tracekit.analyse.plans import (
     Fan,
+    Later,
     PerRank,
     Plan,
     RankStage,
@@ -198,6 +199,7 @@ class _Runner:
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
         self.prekept: dict[str, list[Any]] = {}  # per key, the files' kept values (`RankStage.keeps`)
+        self.deferred: list[Any] = []  # the combines' `Later` work, not run yet
         self.result: Any = None
         self.done = False
         #: a Reduce not submitted yet (a smaller run's, none of its own rank stages next: its graph,
@@ -212,6 +214,7 @@ class _Runner:
         """Submit the next stage's tasks (or finish)."""
         r = self.run
         if self.stage >= len(self.plan.stages):
+            self.catch_up()
             self.result = r.client_call(self.j, self.plan.finish, self.state, self.arg)
             self.done = True
             return
@@ -317,10 +320,24 @@ class _Runner:
             r.side.append((self.j, small))
         return small
 
+    def catch_up(self) -> None:
+        """Run the combines' deferred work (`plans.Later`), in order."""
+        while self.deferred:
+            self.run.client_call(self.j, self.deferred.pop(0))
+
+    def take(self, got: Any) -> Any:
+        """A combine's result: the next stage's argument (a `Later`'s work deferred)."""
+        if isinstance(got, Later):
+            self.deferred.append(got.fn)
+            return got.arg
+        return got
+
     def collect(self) -> None:
         """Gather the stage's small results, combine, advance."""
         r = self.run
         st = self.plan.stages[self.stage]
+        if self.small:  # a combine with tasks' results to take: the deferred work first
+            self.catch_up()
         got = r.client.gather(self.small)
         if isinstance(st, RankStage):
             merged: dict[int, Any] = {}
@@ -331,7 +348,7 @@ class _Runner:
             # the next stage runs on the states this one returned (same worker, same objects)
             for n, f in self.futs:
                 r.states[self.j][n] = f
-            self.arg = r.client_call(self.j, st.combine, self.state, merged)
+            self.arg = self.take(r.client_call(self.j, st.combine, self.state, merged))
             if st.again is not None and r.client_call(self.j, st.again, self.state):
                 r.later.extend(self.small)
                 self.round += 1
@@ -339,11 +356,11 @@ class _Runner:
                 return
         elif isinstance(st, Fan):
             r.records[self.j].extend(rec for _out, rec in got)
-            self.arg = r.client_call(self.j, st.then, self.state, [out for out, _rec in got])
+            self.arg = self.take(r.client_call(self.j, st.then, self.state, [out for out, _rec in got]))
         else:
             out, rec = got[0]
             r.records[self.j].append(rec)
-            self.arg = r.client_call(self.j, st.then, self.state, out)
+            self.arg = self.take(r.client_call(self.j, st.then, self.state, out))
         r.later.extend(self.small)
         self.stage += 1
         self.round = 0
@@ -502,8 +519,17 @@ class _Run:
                     continue
                 ready = [i for i in active if not runners[i].held and all(f.done() for f in runners[i].small)]
                 if not ready:
+                    # the client's deferred work while the workers run the tasks submitted
+                    raised = False
+                    for i in active:
+                        try:
+                            runners[i].catch_up()
+                        except Exception as exc:  # noqa: BLE001
+                            errors[i], raised = exc, True
+                            self.failed.add(runners[i].j)
                     waiting = [f for i in active for f in runners[i].small if not f.done()]
-                    distributed.wait(waiting, return_when="FIRST_COMPLETED")
+                    if waiting and not raised:
+                        distributed.wait(waiting, return_when="FIRST_COMPLETED")
                     continue
                 for i in ready:
                     try:
