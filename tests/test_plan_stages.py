@@ -102,3 +102,25 @@ def test_on_dask_only_a_rank_whose_own_rule_differs_runs_the_windows_stage(
     windows = [t.ranks for t in res.tasks if t.stage == "attribution.windows"]
     assert sorted(r for t in rule for r in t.ranks) == [0, 1]
     assert windows == ([] if which == "as captured" else [[1]])
+
+
+@pytest.mark.parametrize("sizes", [[1, 16], [16, 1], [2, 8, 1], [4, 4]])
+def test_the_largest_runs_graph_worker_takes_no_other_runs_reduce(sizes: list[int]) -> None:
+    """The Reduces' placement on Dask (`_Run.pair_workers`): the run of most ranks (the first of
+    them) has its graph's Reduce (then its correction, on that graph) and its path's on two
+    workers; no smaller run's graph or path Reduce goes to that graph's worker, on any cluster of
+    two workers or more; its tasks alone have the higher priority."""
+    from tracekit.engine import Engine
+    from tracekit.engine.dask_engine import _Run
+
+    for n in range(1, 10):
+        r = _Run(None, Engine(kind="dask"), [None] * len(sizes), [])  # type: ignore[list-item]
+        r.workers, r.sizes = [f"w{i}" for i in range(n)], sizes
+        big = sizes.index(max(sizes))
+        graph, path = r.pair_workers(big)
+        assert {graph, path} <= set(range(n))
+        assert (graph != path) == (n > 1)
+        others = [w for j in range(len(sizes)) if j != big for w in r.pair_workers(j)]
+        if n > 1:
+            assert graph not in others, (n, sizes)
+        assert [r.priority(j) for j in range(len(sizes))] == [int(j == big) for j in range(len(sizes))]
