@@ -301,6 +301,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
     inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
     summary = rank_step_summary(inp.events, pattern)
+    own: Any
     try:
         own = choose_step_rule([summary], pattern)
         windows = _att_windows(inp, own)
