@@ -291,7 +291,8 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
     """Per rank: which step rules it matches, its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
     its own best level), and, speculatively, its windows under its own rule (the rule
-    `choose_step_rule` gives on this rank alone; None where that is a StepError): where the run's
+    `choose_step_rule` gives on this rank alone; None where either raises, so an error is raised
+    only where the two stages raise it, by the windows stage): where the run's
     rule is the rank's own (every rank of a run with one kind of step marker) the windows stage
     does not run for it (`after_rule`), one barrier fewer."""
     from tracekit.analyse.collectives.select import select_collective_events
@@ -305,7 +306,7 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
     try:
         own = choose_step_rule([summary], pattern)
         windows = _att_windows(inp, own)
-    except StepError:  # the windows stage says it again if the run's rule is this one
+    except Exception:  # noqa: BLE001 - speculative: the windows stage raises it again if the run's rule is this one
         own = windows = None
     return summary, level, own, windows
 
