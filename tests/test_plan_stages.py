@@ -124,3 +124,41 @@ def test_the_largest_runs_graph_worker_takes_no_other_runs_reduce(sizes: list[in
         if n > 1:
             assert graph not in others, (n, sizes)
         assert [r.priority(j) for j in range(len(sizes))] == [int(j == big) for j in range(len(sizes))]
+
+
+@pytest.mark.skipif(find_spec("distributed") is None, reason="Dask (the dask extra) is not installed")
+def test_on_four_workers_a_one_rank_baseline_waits_for_the_sharded_runs_rank_stages(
+    synthetic_run: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A one-rank baseline against the synthetic many-rank run on four workers: every stage of
+    the baseline's plan waits (`_Runner.hold`) until the sharded run's rank stages are over, and
+    the shortfall is still the local engine's JSON."""
+    from distributed import LocalCluster
+    from engine_refs import local_shortfall, text
+
+    from tracekit.engine import Engine, shortfall_paths
+    from tracekit.engine.dask_engine import _Runner
+
+    held: list[tuple[int, str, bool, str]] = []  # (job, stage, held, the sharded run's stage)
+    hold = _Runner.hold
+
+    def spy(self: Any, st: Any) -> bool:
+        got = hold(self, st)
+        sharded = next(rn for rn in self.run.runners if rn.j == 1)
+        if self.j == 0:
+            held.append((self.j, st.name, got, sharded.plan.stages[min(sharded.stage, 9)].name))
+        return got
+
+    monkeypatch.setattr(_Runner, "hold", spy)
+    base = ROOT / "traces" / "h200-tp1-graphs-fused"
+    with LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
+    ) as c:
+        doc = shortfall_paths(base, synthetic_run, Engine(kind="dask", scheduler=c.scheduler_address))
+    assert text(doc.to_json()) == local_shortfall(base, synthetic_run)
+    # the baseline's first stage held while the sharded run had rank stages ahead, then run
+    first = [h for h in held if h[1] == "rule"]
+    assert first[0][2] and first[-1][2] is False
+    # no stage of the baseline's submitted while the sharded run was at its first rank stages
+    early = {"rule", "windows", "match", "attribute"}
+    assert all(h[2] for h in held if h[3] in early)

@@ -202,9 +202,29 @@ class _Runner:
         self.deferred: list[Any] = []  # the combines' `Later` work, not run yet
         self.result: Any = None
         self.done = False
-        #: a Reduce not submitted yet (a smaller run's, none of its own rank stages next: its graph,
-        #: path and correction) while the largest run's rank stages are in flight (`_Run.rank_work`)
+        #: a stage not submitted yet while the largest run's rank stages are in flight (`hold`)
         self.held = False
+
+    def hold(self, st: RankStage | Reduce | Fan) -> bool:
+        """Whether this stage waits for the end of the largest run's rank stages
+        (`_Run.rank_work`): on a cluster of four workers or more every stage of a run of at most
+        a quarter of its ranks (a one-GPU baseline: its whole plan then runs beside the largest
+        run's Reduces, on the workers they leave idle, and none of its tasks holds up a worker's
+        share of a rank stage or a Reduce of the largest run); else, and for any other smaller
+        run, the Reduces with none of its own rank stages next (its graph, path and correction:
+        on two workers the baseline's rank stages fill the sharded run's barriers, and its
+        Reduces, after the sharded run's rank stages, do not hold up its attribution stage)."""
+        r = self.run
+        if r.priority(self.j) or isinstance(st, Fan):
+            return False
+        # the whole plan held: a small run, and workers to spare beside the graph's and the path's
+        whole = 4 * r.sizes[self.j] <= max(r.sizes) and len(r.worker_list()) >= 4
+        if not whole and isinstance(st, RankStage):
+            return False
+        own_next = self.plan.stages[self.stage + 1 : self.stage + 3]
+        if not whole and any(isinstance(x, RankStage) for x in own_next):
+            return False
+        return r.rank_work()
 
     def start(self) -> None:
         self.state, self.arg = self.run.client_call(self.j, self.plan.start, self.meta)
@@ -219,6 +239,9 @@ class _Runner:
             self.done = True
             return
         st = self.plan.stages[self.stage]
+        if self.hold(st):
+            self.held, self.small, self.futs = True, [], []  # `_Run.go` submits it later
+            return
         name = f"{self.plan.name}.{st.name}"
         only = self.plan.only_rank
         states = r.states[self.j]
@@ -261,14 +284,6 @@ class _Runner:
                 for i, a in enumerate(self.arg)
             ]
         else:
-            own_next = self.plan.stages[self.stage + 1 : self.stage + 3]
-            if (
-                r.priority(self.j) == 0
-                and not any(isinstance(x, RankStage) for x in own_next)
-                and r.rank_work()
-            ):
-                self.held, self.small, self.futs = True, [], []  # `_Run.go` submits it later
-                return
             small = self._reduce(st, tag, self.arg, states)
             if not st.wait:  # not gathered now: the next stage is submitted with this one
                 self.stage += 1
@@ -390,11 +405,9 @@ class _Run:
         they share (the run's graph) and run them one after the other there. Of the tasks ready
         on a worker the one of highest `priority` runs first (`_SMALL`, `priority`)."""
         kw: dict[str, Any] = {"priority": priority}
-        if spread is not None:
-            if self.workers is None:
-                self.workers = sorted(self.client.scheduler_info().get("workers", {}))
-            if self.workers:
-                kw.update(workers=[self.workers[spread % len(self.workers)]], allow_other_workers=True)
+        if spread is not None and self.worker_list():
+            workers = self.worker_list()
+            kw.update(workers=[workers[spread % len(workers)]], allow_other_workers=True)
         return self.client.submit(
             fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False, **kw
         )
@@ -418,6 +431,12 @@ class _Run:
         workers it leaves idle."""
         return int(j == min(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i)))
 
+    def worker_list(self) -> list[str]:
+        """The cluster's workers' addresses, sorted (read once)."""
+        if self.workers is None:
+            self.workers = sorted(self.client.scheduler_info().get("workers", {}))
+        return self.workers
+
     def pair_workers(self, j: int) -> tuple[int, int]:
         """The workers (indices into the sorted list) of job `j`'s graph Reduce and the path's
         beside it. The runs by rank count, largest first (ties in job order): the k-th run's pair
@@ -425,9 +444,7 @@ class _Run:
         run's graph worker when there are two workers or more. That graph's worker runs the
         serial chain after the rank stages (the graph assembled, then the correction on it); a
         smaller run's Reduces (the baseline's) run beside it, on the other workers."""
-        if self.workers is None:
-            self.workers = sorted(self.client.scheduler_info().get("workers", {}))
-        n = max(len(self.workers), 1)
+        n = max(len(self.worker_list()), 1)
         order = sorted(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i))
         k = order.index(j)
         graph, path = (2 * k) % n, (2 * k + 1) % n
