@@ -62,6 +62,7 @@ from tracekit.errors import StepError
 from tracekit.model.events import DataQuality, Run
 
 __all__ = [
+    "Later",
     "PerRank",
     "Plan",
     "RankInput",
@@ -100,6 +101,25 @@ class PerRank(dict[int, Any]):
 
 
 @dataclass(frozen=True)
+class Later:
+    """What a combine (or a Reduce's `then`) may return instead of the next stage's argument:
+    `arg` that argument, `fn()` client work of the plan's state that the next stages' tasks do
+    not need. An executor submits those tasks first and runs `fn` while they run, before the
+    plan's next combine that has tasks' results to take (in one process: at once)."""
+
+    arg: Any
+    fn: Callable[[], None]
+
+
+def now(got: Any) -> Any:
+    """A combine's result in one process: the argument, with a `Later`'s work done first."""
+    if isinstance(got, Later):
+        got.fn()
+        return got.arg
+    return got
+
+
+@dataclass(frozen=True)
 class RankStage:
     name: str
     rank: Callable[[RankInput, Any], Any]
@@ -108,6 +128,9 @@ class RankStage:
     again: Callable[[Any], bool] | None = None
     #: not run in one process (`run_in_process`): the next stage's argument is `skip(state)`
     skip: Callable[[Any], Any] | None = None
+    #: the keys of `RankInput.keep` this stage sets for a later Reduce: on Dask taken out of each
+    #: file's state as its task ends (unless a later rank stage with tasks comes first)
+    keeps: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -201,18 +224,18 @@ def run_in_process(plan: Plan, run: Run | AnalysedRun, ranks: Mapping[int, RankI
         if isinstance(stage, RankStage) and stage.skip is not None:
             arg = stage.skip(state)
         elif isinstance(stage, RankStage):
-            arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+            arg = now(stage.combine(state, run_rank_stage(stage, ranks, arg)))
             while stage.again is not None and stage.again(state):
-                arg = stage.combine(state, run_rank_stage(stage, ranks, arg))
+                arg = now(stage.combine(state, run_rank_stage(stage, ranks, arg)))
         elif isinstance(stage, Fan):
-            arg = stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg])
+            arg = now(stage.then(state, [stage.fn(reduced[stage.key], a) for a in arg]))
         elif not stage.wait:  # beside the next Reduce: only what it keeps matters
             run_reduce(stage, reduced, kept(ranks, stage.key), arg)
         elif stage.in_process is not None:
-            arg = stage.then(state, stage.fn(reduced[stage.in_process], arg))
+            arg = now(stage.then(state, stage.fn(reduced[stage.in_process], arg)))
         else:
             values = None if stage.on_kept else kept(ranks, stage.key)
-            arg = stage.then(state, run_reduce(stage, reduced, values, arg))
+            arg = now(stage.then(state, run_reduce(stage, reduced, values, arg)))
     return plan.finish(state, arg)
 
 
@@ -249,6 +272,7 @@ class _Attribution:
     dq: DataQuality = field(default_factory=DataQuality)
     level: str = "none"  # the run's collective level (the ranks' best)
     choice: Any = None
+    windows: dict[int, Any] = field(default_factory=dict)  # per rank, found in the rule stage
     found: Any = None
     coll: Any = None
     att: Any = None
@@ -263,17 +287,28 @@ class _Attribution:
     intervals: list[Any] = field(default_factory=list)  # its ranks' cost intervals
 
 
-def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str]:
-    """Per rank: which step rules it matches, and its collective rows at its best level
+def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
+    """Per rank: which step rules it matches, its collective rows at its best level
     (`select_collective_events` on the rank: at the run's level a rank has rows only if that is
-    its own best level)."""
+    its own best level), and, speculatively, its windows under its own rule (the rule
+    `choose_step_rule` gives on this rank alone; None where either raises, so an error is raised
+    only where the two stages raise it, by the windows stage): where the run's
+    rule is the rank's own (every rank of a run with one kind of step marker) the windows stage
+    does not run for it (`after_rule`), one barrier fewer."""
     from tracekit.analyse.collectives.select import select_collective_events
-    from tracekit.analyse.timeline.rules import rank_step_summary
+    from tracekit.analyse.timeline.rules import choose_step_rule, rank_step_summary
 
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
     inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
-    return rank_step_summary(inp.events, pattern), level
+    summary = rank_step_summary(inp.events, pattern)
+    own: Any
+    try:
+        own = choose_step_rule([summary], pattern)
+        windows = _att_windows(inp, own)
+    except Exception:  # noqa: BLE001 - speculative: the windows stage raises it again if the run's rule is this one
+        own = windows = None
+    return summary, level, own, windows
 
 
 def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> Any:
@@ -371,11 +406,17 @@ def attribution_plan(
         except StepError as exc:
             raise StepError(f"{st.label}: {exc}") from None
         st.level = min((got[r][1] for r in got), key=_LEVELS.index, default="none")
-        return st.choice
+        # the ranks whose own rule is the run's keep the windows the rule stage found; the others
+        # find theirs under the run's rule in the windows stage (the same function on the same
+        # events: the same windows as in two stages)
+        st.windows = {r: g[3] for r, g in got.items() if g[2] == st.choice}
+        return PerRank({r: st.choice for r in sorted(got) if r not in st.windows})
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> tuple[Any, ...]:
         from tracekit.analyse.timeline.steps import assemble_steps
 
+        got = {**st.windows, **got}
+        st.windows = {}
         try:
             st.found = assemble_steps(st.choice, [got[r] for r in sorted(got)])
         except StepError as exc:
@@ -400,21 +441,24 @@ def attribution_plan(
             }
         )
 
-    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Any:
+    def after_ranks(st: _Attribution, got: dict[int, Any]) -> Later:
         from tracekit.analyse.attribution.run import assemble_attribution
         from tracekit.analyse.path.critical_path import path_timeline
 
         pieces = [got[r] for r in sorted(got)]
-        for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
-            p.kernels = k
-        st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
         # the correction re-timed per rank (its latencies known now; docs/SCALE.md section Left)
         st.retime = RetimeRounds.of(
             st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
         )
-        return PerRank() if st.retime is None else st.retime.first()
+
+        def assemble() -> None:  # while the graph's and the path's Reduces run (`after_path` reads it)
+            for p, k in zip(pieces, gather_kernels([p.kernels for p in pieces]), strict=True):
+                p.kernels = k
+            st.att = assemble_attribution(pieces, label=st.label, skip_first=st.skip_first, dq=st.dq)
+
+        return Later(PerRank() if st.retime is None else st.retime.first(), assemble)
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
         from tracekit.analyse.attribution.run import finish_attribution
@@ -483,10 +527,10 @@ def attribution_plan(
         "attribution",
         start,
         (
-            RankStage("rule", _att_rule, after_rule),
+            RankStage("rule", _att_rule, after_rule, keeps=("coll_rows",)),
             RankStage("windows", _att_windows, after_windows),
             Reduce("match", "coll_rows", _att_match, after_match),
-            RankStage("attribute", _att_rank, after_ranks),
+            RankStage("attribute", _att_rank, after_ranks, keeps=("graph",)),
             RankStage("retime", att_retime, retime_after, again=retime_again, skip=retime_skip),
             # the graph assembled (and prepared) on one worker, the path walked on another's copy
             Reduce("graph", "graph", att_graph, _unused, keeps="run_graph", wait=False),

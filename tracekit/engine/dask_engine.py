@@ -34,6 +34,7 @@ from typing import Any
 
 from tracekit.analyse.plans import (
     Fan,
+    Later,
     PerRank,
     Plan,
     RankStage,
@@ -103,6 +104,12 @@ def open_client(engine: Engine) -> Iterator[Any]:
     )
     with cluster, distributed.Client(cluster) as client:
         yield client
+
+
+#: the priority of the tasks that only hand a small part on (a stage's per-rank results, a file's
+#: metadata, what a rank kept for a Reduce): a worker runs them before any other ready task, so a
+#: barrier never waits for them behind another run's long task (a baseline's Reduce)
+_SMALL = 100
 
 
 def _file_key(job_index: int, path: Path) -> str:
@@ -191,8 +198,33 @@ class _Runner:
         self.small: list[Any] = []
         self.reduced: dict[str, Any] = {}  # what the plan's Reduces kept: their tasks' futures
         self.beside: dict[str, list[Any]] = {}  # the kept values a Reduce not waited for took
+        self.prekept: dict[str, list[Any]] = {}  # per key, the files' kept values (`RankStage.keeps`)
+        self.deferred: list[Any] = []  # the combines' `Later` work, not run yet
         self.result: Any = None
         self.done = False
+        #: a stage not submitted yet while the largest run's rank stages are in flight (`hold`)
+        self.held = False
+
+    def hold(self, st: RankStage | Reduce | Fan) -> bool:
+        """Whether this stage waits for the end of the largest run's rank stages
+        (`_Run.rank_work`): on a cluster of four workers or more every stage of a run of at most
+        a quarter of its ranks (a one-GPU baseline: its whole plan then runs beside the largest
+        run's Reduces, on the workers they leave idle, and none of its tasks holds up a worker's
+        share of a rank stage or a Reduce of the largest run); else, and for any other smaller
+        run, the Reduces with none of its own rank stages next (its graph, path and correction:
+        on two workers the baseline's rank stages fill the sharded run's barriers, and its
+        Reduces, after the sharded run's rank stages, do not hold up its attribution stage)."""
+        r = self.run
+        if r.priority(self.j) or isinstance(st, Fan):
+            return False
+        # the whole plan held: a small run, and workers to spare beside the graph's and the path's
+        whole = 4 * r.sizes[self.j] <= max(r.sizes) and len(r.worker_list()) >= 4
+        if not whole and isinstance(st, RankStage):
+            return False
+        own_next = self.plan.stages[self.stage + 1 : self.stage + 3]
+        if not whole and any(isinstance(x, RankStage) for x in own_next):
+            return False
+        return r.rank_work()
 
     def start(self) -> None:
         self.state, self.arg = self.run.client_call(self.j, self.plan.start, self.meta)
@@ -202,10 +234,14 @@ class _Runner:
         """Submit the next stage's tasks (or finish)."""
         r = self.run
         if self.stage >= len(self.plan.stages):
+            self.catch_up()
             self.result = r.client_call(self.j, self.plan.finish, self.state, self.arg)
             self.done = True
             return
         st = self.plan.stages[self.stage]
+        if self.hold(st):
+            self.held, self.small, self.futs = True, [], []  # `_Run.go` submits it later
+            return
         name = f"{self.plan.name}.{st.name}"
         only = self.plan.only_rank
         states = r.states[self.j]
@@ -217,14 +253,35 @@ class _Runner:
                 if not wanted:
                     continue
                 arg = PerRank({x: self.arg[x] for x in wanted}) if isinstance(self.arg, PerRank) else self.arg
-                f = r.task(f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name)
+                f = r.task(
+                    f"tracekit-{tag}-f{n}", rank_stage, fut, st, arg, only, name, priority=r.priority(self.j)
+                )
                 self.futs.append((n, f))
-                self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f))
+                self.small.append(r.task(f"tracekit-{tag}-f{n}-small", stage_results, f, priority=_SMALL))
+            if self.futs:  # the stage may change what the ranks keep: values taken before are stale
+                self.prekept = {}
+            # what this stage keeps for a later Reduce, taken out as each task ends (not after the
+            # barrier, behind whatever else the worker started meanwhile)
+            new = dict(self.futs)
+            for key in st.keeps:
+                self.prekept[key] = [
+                    r.task(
+                        f"tracekit-{tag}-f{n}-kept-{key}",
+                        kept_values,
+                        new.get(n, fut),
+                        key,
+                        only,
+                        priority=_SMALL,
+                    )
+                    for n, fut in enumerate(states)
+                ]
+                r.later.extend(self.prekept[key])
         elif isinstance(st, Fan):  # one task per argument, on what an earlier Reduce kept
             src = self.reduced[st.key]
             self.futs = []
             self.small = [
-                r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i) for i, a in enumerate(self.arg)
+                r.task(f"tracekit-{tag}-x{i}", fan_task, st, a, src, spread=i, priority=r.priority(self.j))
+                for i, a in enumerate(self.arg)
             ]
         else:
             small = self._reduce(st, tag, self.arg, states)
@@ -244,20 +301,33 @@ class _Runner:
             parts = [self.reduced[st.key]]
         elif beside is not None:
             parts = beside
+        elif st.key in self.prekept:  # taken out when the rank stage that keeps them ended
+            parts = self.prekept.pop(st.key)
         else:
             parts = [
-                r.task(f"tracekit-{tag}-f{n}-kept", kept_values, fut, st.key, self.plan.only_rank)
+                r.task(
+                    f"tracekit-{tag}-f{n}-kept",
+                    kept_values,
+                    fut,
+                    st.key,
+                    self.plan.only_rank,
+                    priority=_SMALL,
+                )
                 for n, fut in enumerate(states)
             ]
             r.later.extend(parts)
         # a Reduce beside the next one and that next one: on two workers (else the scheduler
         # puts both next to the values they share, one after the other), each job's pair on
-        # its own two (the runs' pairs are submitted at about the same time)
-        spread = 2 * self.j if not st.wait else (2 * self.j + 1 if beside is not None else None)
-        full = r.task(f"tracekit-{tag}-reduce", reduce_task, st, arg, *parts, spread=spread)
+        # its own two (`_Run.pair_workers`: the largest run's first, no other run's graph on its)
+        spread = None
+        if not st.wait or beside is not None:
+            spread = r.pair_workers(self.j)[0 if not st.wait else 1]
+        full = r.task(
+            f"tracekit-{tag}-reduce", reduce_task, st, arg, *parts, spread=spread, priority=r.priority(self.j)
+        )
         if st.keeps:
             self.reduced[st.keeps] = full
-        small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full)
+        small = r.task(f"tracekit-{tag}-reduce-small", reduce_results, full, priority=_SMALL)
         r.later.append(full)
         if not st.wait:
             if not st.on_kept:
@@ -265,10 +335,24 @@ class _Runner:
             r.side.append((self.j, small))
         return small
 
+    def catch_up(self) -> None:
+        """Run the combines' deferred work (`plans.Later`), in order."""
+        while self.deferred:
+            self.run.client_call(self.j, self.deferred.pop(0))
+
+    def take(self, got: Any) -> Any:
+        """A combine's result: the next stage's argument (a `Later`'s work deferred)."""
+        if isinstance(got, Later):
+            self.deferred.append(got.fn)
+            return got.arg
+        return got
+
     def collect(self) -> None:
         """Gather the stage's small results, combine, advance."""
         r = self.run
         st = self.plan.stages[self.stage]
+        if self.small:  # a combine with tasks' results to take: the deferred work first
+            self.catch_up()
         got = r.client.gather(self.small)
         if isinstance(st, RankStage):
             merged: dict[int, Any] = {}
@@ -279,7 +363,7 @@ class _Runner:
             # the next stage runs on the states this one returned (same worker, same objects)
             for n, f in self.futs:
                 r.states[self.j][n] = f
-            self.arg = r.client_call(self.j, st.combine, self.state, merged)
+            self.arg = self.take(r.client_call(self.j, st.combine, self.state, merged))
             if st.again is not None and r.client_call(self.j, st.again, self.state):
                 r.later.extend(self.small)
                 self.round += 1
@@ -287,11 +371,11 @@ class _Runner:
                 return
         elif isinstance(st, Fan):
             r.records[self.j].extend(rec for _out, rec in got)
-            self.arg = r.client_call(self.j, st.then, self.state, [out for out, _rec in got])
+            self.arg = self.take(r.client_call(self.j, st.then, self.state, [out for out, _rec in got]))
         else:
             out, rec = got[0]
             r.records[self.j].append(rec)
-            self.arg = r.client_call(self.j, st.then, self.state, out)
+            self.arg = self.take(r.client_call(self.j, st.then, self.state, out))
         r.later.extend(self.small)
         self.stage += 1
         self.round = 0
@@ -312,20 +396,63 @@ class _Run:
         self.side: list[tuple[int, Any]] = []  # (job, small result) of the Reduces not waited for
         self.runners: list[_Runner] = []
         self.workers: list[str] | None = None  # the cluster's workers (a Fan's calls spread over them)
+        self.sizes: list[int] = [0 for _ in jobs]  # each job's run's rank count (`pair_workers`)
+        self.failed: set[int] = set()  # the jobs of the runners that raised
 
-    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None) -> Any:
+    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None, priority: int = 0) -> Any:
         """A task; with `spread` (a Fan's i-th call) placed on the i-th worker (round robin,
         others allowed): the scheduler would otherwise keep every call next to the large value
-        they share (the run's graph) and run them one after the other there."""
-        kw: dict[str, Any] = {}
-        if spread is not None:
-            if self.workers is None:
-                self.workers = sorted(self.client.scheduler_info().get("workers", {}))
-            if self.workers:
-                kw = {"workers": [self.workers[spread % len(self.workers)]], "allow_other_workers": True}
+        they share (the run's graph) and run them one after the other there. Of the tasks ready
+        on a worker the one of highest `priority` runs first (`_SMALL`, `priority`)."""
+        kw: dict[str, Any] = {"priority": priority}
+        if spread is not None and self.worker_list():
+            workers = self.worker_list()
+            kw.update(workers=[workers[spread % len(workers)]], allow_other_workers=True)
         return self.client.submit(
             fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False, **kw
         )
+
+    def rank_work(self) -> bool:
+        """Whether a runner of the largest run (`priority`) has a rank stage in flight or next: a
+        smaller run's Reduce waits for the end of those (`_Runner.held`). A rank stage's tasks
+        run where their file's events are, so a long Reduce of the baseline on one of those
+        workers would hold up that worker's share of the stage and the stage's barrier; from the
+        largest run's first Reduces on (its graph and path on two workers) the others are idle."""
+        for rn in self.runners:
+            if rn.done or rn.j in self.failed or self.priority(rn.j) == 0:
+                continue
+            if any(isinstance(st, RankStage) for st in rn.plan.stages[rn.stage : rn.stage + 2]):
+                return True
+        return False
+
+    def priority(self, j: int) -> int:
+        """Job `j`'s tasks' priority: 1 for the run of most ranks (the first of them), whose stages
+        and Reduces are the serial chain, 0 for the others (the baseline's), which fill the
+        workers it leaves idle."""
+        return int(j == min(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i)))
+
+    def worker_list(self) -> list[str]:
+        """The cluster's workers' addresses, sorted (read once)."""
+        if self.workers is None:
+            self.workers = sorted(self.client.scheduler_info().get("workers", {}))
+        return self.workers
+
+    def pair_workers(self, j: int) -> tuple[int, int]:
+        """The workers (indices into the sorted list) of job `j`'s graph Reduce and the path's
+        beside it. The runs by rank count, largest first (ties in job order): the k-th run's pair
+        on workers 2k and 2k + 1, wrapped round the cluster, a smaller run's never on the largest
+        run's graph worker when there are two workers or more. That graph's worker runs the
+        serial chain after the rank stages (the graph assembled, then the correction on it); a
+        smaller run's Reduces (the baseline's) run beside it, on the other workers."""
+        n = max(len(self.worker_list()), 1)
+        order = sorted(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i))
+        k = order.index(j)
+        graph, path = (2 * k) % n, (2 * k + 1) % n
+        if k and graph == 0 and n > 1:  # not on the largest run's graph worker
+            graph, path = path, graph
+        if k and path == 0:  # its path beside its own graph rather (both small)
+            path = graph
+        return graph, path
 
     def client_call(self, j: int, fn: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
@@ -352,7 +479,9 @@ class _Run:
         try:
             if self.engine.progress:
                 _show_progress(distributed, all_reads, sizes)
-            metas_f = [[self.task(f"{f.key}-meta", file_meta, f) for f in futs] for futs in reads]
+            metas_f = [
+                [self.task(f"{f.key}-meta", file_meta, f, priority=_SMALL) for f in futs] for futs in reads
+            ]
             # a bad rank file is reported as the local engine reports it: the first failing file in
             # file order, not whichever worker failed first
             distributed.wait([f for fs in metas_f for f in fs])
@@ -364,6 +493,7 @@ class _Run:
             runs, views = [], []
             for j, (job, (_files, manifest)) in enumerate(zip(self.jobs, self.expanded, strict=True)):
                 meta, v = self.client_call(j, metadata_of, file_metas[j], manifest, list(job.paths))
+                self.sizes[j] = len(meta.ranks)
                 runs.append(meta)
                 views.append(v)
             checked = check(runs) if check is not None else None
@@ -386,15 +516,44 @@ class _Run:
                     rn.start()
                 except Exception as exc:  # noqa: BLE001 - raised below, in the local engine's order
                     errors[i] = exc
+                    self.failed.add(rn.j)
             while True:
                 active = [i for i, rn in enumerate(runners) if not rn.done and i not in errors]
                 if not active or (errors and min(errors) < min(active)):
                     break
-                for i in active:
+                # each plan advances as soon as its stage is done, not in step with the others:
+                # the baseline's stages and combines run beside the sharded run's, not between
+                # them, and its Reduces once the sharded run's rank stages are over (`rank_work`)
+                held = [i for i in active if runners[i].held]
+                if held and not self.rank_work():
+                    for i in held:
+                        runners[i].held = False
+                        try:
+                            runners[i].submit()
+                        except Exception as exc:  # noqa: BLE001
+                            errors[i] = exc
+                            self.failed.add(runners[i].j)
+                    continue
+                ready = [i for i in active if not runners[i].held and all(f.done() for f in runners[i].small)]
+                if not ready:
+                    # the client's deferred work while the workers run the tasks submitted
+                    raised = False
+                    for i in active:
+                        try:
+                            runners[i].catch_up()
+                        except Exception as exc:  # noqa: BLE001
+                            errors[i], raised = exc, True
+                            self.failed.add(runners[i].j)
+                    waiting = [f for i in active for f in runners[i].small if not f.done()]
+                    if waiting and not raised:
+                        distributed.wait(waiting, return_when="FIRST_COMPLETED")
+                    continue
+                for i in ready:
                     try:
                         runners[i].collect()
                     except Exception as exc:  # noqa: BLE001
                         errors[i] = exc
+                        self.failed.add(runners[i].j)
             if errors:
                 raise errors[min(errors)]
             for (j, _small), (_out, rec) in zip(
