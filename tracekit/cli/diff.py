@@ -108,6 +108,7 @@ def command(
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
       tracekit diff runs/main runs/pr --format json -o diff.json
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.engine import diff_paths
 
     pct: float | None = None
@@ -131,11 +132,8 @@ def command(
         before_path=before,
         after_path=after,
         top=top,
+        options=AttributionOptions(step_pattern, skip_first, dilation_threshold, allow_partial),
         cache=run_on.cache,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
     )
     # after diff's own refusals (a partial group, no steps ...): those name the problem first
     tp_b, tp_a = _tp_of(run_b, allow_partial), _tp_of(run_a, allow_partial)

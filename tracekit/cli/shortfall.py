@@ -53,18 +53,11 @@ def command(
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json -o s.json
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.engine import shortfall_paths
 
-    result = shortfall_paths(
-        [baseline],
-        [sharded],
-        run_on.engine(),
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
-        cache=run_on.cache,
-    )
+    options = AttributionOptions(step_pattern, skip_first, dilation_threshold, allow_partial)
+    result = shortfall_paths([baseline], [sharded], run_on.engine(), options=options, cache=run_on.cache)
     doc = result.document()
     dq = doc.data_quality
     if dq.counts.get("baseline_workload_differs"):
