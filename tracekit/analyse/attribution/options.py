@@ -10,7 +10,7 @@ decompose, whatif), said once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.plans import Plan, attribution_plan
@@ -35,15 +35,8 @@ class AttributionOptions:
     def plan(self, label: str, *, correct: str | None = None, keep_graph: bool = True) -> Plan:
         """`plans.attribution_plan` of a run labelled `label` with these options (`correct`,
         `keep_graph`: what the caller needs of the result, not an option of the attribution)."""
-        return attribution_plan(
-            step_pattern=self.step_pattern,
-            skip_first=self.skip_first,
-            dilation_threshold=self.dilation_threshold,
-            label=label,
-            allow_partial=self.allow_partial,
-            correct=correct,
-            keep_graph=keep_graph,
-        )
+        # the fields are attribution_plan's keywords, by name
+        return attribution_plan(label=label, correct=correct, keep_graph=keep_graph, **asdict(self))
 
 
 #: the defaults (what a command without flags attributes with)
