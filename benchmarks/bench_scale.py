@@ -103,8 +103,8 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
         from distributed import Client, LocalCluster
 
         from tracekit.analyse.attribution.pair import shortfall_of_pair
-        from tracekit.analyse.plans import attribution_plan, breakdown_plan
-        from tracekit.engine import pair_check
+        from tracekit.analyse.plans import breakdown_plan
+        from tracekit.engine import pair_check, shortfall_plan
         from tracekit.engine.dask_engine import DaskExecutor
         from tracekit.engine.executor import Job
 
@@ -133,10 +133,9 @@ def child(case: str, run: str, what: str, baseline: str) -> dict:
                 jobs = [Job((run,), (breakdown_plan(),), cache=False)]
                 check = None
             else:
-                corrected: dict = {"correct": "applied", "keep_graph": False}  # as shortfall_paths
-                jobs = [
-                    Job((baseline,), (attribution_plan(label="baseline", **corrected),), cache=False),
-                    Job((run,), (attribution_plan(label="sharded", **corrected),), cache=False),
+                jobs = [  # the plans shortfall_paths runs
+                    Job((baseline,), (shortfall_plan(None, "baseline"),), cache=False),
+                    Job((run,), (shortfall_plan(None, "sharded"),), cache=False),
                 ]
                 check = pair_check
             results, notes = DaskExecutor(engine, client).run(jobs, check)

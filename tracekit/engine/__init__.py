@@ -47,6 +47,7 @@ __all__ = [
     "pair_check",
     "run_plans",
     "shortfall_paths",
+    "shortfall_plan",
     "whatif_runs",
 ]
 
@@ -145,7 +146,7 @@ def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     return check_pair(metas[0], metas[1])
 
 
-def _shortfall_plan(options: AttributionOptions | None, label: str) -> Any:
+def shortfall_plan(options: AttributionOptions | None, label: str) -> Any:
     """The attribution the shortfall needs of one run (`options`, default `AttributionOptions()`):
     corrected to the applied dilation, without its graph (the correction, not the graph)."""
     from tracekit.analyse.attribution.options import DEFAULT_OPTIONS
@@ -162,7 +163,7 @@ def shortfall_paths(
     cache: bool = True,
 ) -> Shortfall:
     """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline` (both attributed
-    with `options`), on the engine (`_shortfall_plan` on each run, `shortfall_of_pair` on the
+    with `options`), on the engine (`shortfall_plan` on each run, `shortfall_of_pair` on the
     client)."""
     from tracekit.analyse.attribution.pair import shortfall_of_pair
     from tracekit.engine.executor import Job
@@ -170,8 +171,8 @@ def shortfall_paths(
     (base, shard), notes = run_plans(
         engine,
         [
-            Job(_as_list(baseline), (_shortfall_plan(options, "baseline"),), cache=cache),
-            Job(_as_list(sharded), (_shortfall_plan(options, "sharded"),), cache=cache),
+            Job(_as_list(baseline), (shortfall_plan(options, "baseline"),), cache=cache),
+            Job(_as_list(sharded), (shortfall_plan(options, "sharded"),), cache=cache),
         ],
         pair_check,
     )
@@ -289,8 +290,8 @@ def analyse_dirs(
     (base, run), notes = run_plans(
         engine,
         [
-            Job((baseline_dir,), (bd, _shortfall_plan(None, "baseline"))),
-            Job((run_dir,), (bd, _shortfall_plan(None, "sharded"))),
+            Job((baseline_dir,), (bd, shortfall_plan(None, "baseline"))),
+            Job((run_dir,), (bd, shortfall_plan(None, "sharded"))),
         ],
         pair_check,
     )
