@@ -61,12 +61,8 @@ def _workload_change(before: Any, after: Any) -> str:
 @click.option("--top", type=int, default=10, show_default=True, help="Kernels and collectives listed.")
 @opt.step_pattern_option
 @opt.skip_first_option()
-@click.option(
-    "--dilation-threshold",
-    type=float,
-    default=0.10,
-    show_default=True,
-    help="A profiled pass faster than the unprofiled one by more than this: per-token times from the traces.",
+@opt.dilation_threshold_option(
+    "A profiled pass faster than the unprofiled one by more than this: per-token times from the traces."
 )
 @opt.allow_partial_option
 @click.option(

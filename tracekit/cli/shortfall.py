@@ -19,13 +19,7 @@ from tracekit.render import shortfall as view
     "whole: one window per rank; or a REGEX of the step annotations. --step-pattern is the same option."
 )
 @opt.skip_first_option(help="Warm-up steps left out of the per-token figures.")
-@click.option(
-    "--dilation-threshold",
-    type=float,
-    default=0.10,
-    show_default=True,
-    help="Dilation above 1 + this is reported as inflating the coordination share.",
-)
+@opt.dilation_threshold_option("Dilation above 1 + this is reported as inflating the coordination share.")
 @opt.allow_partial_option
 @opt.analysis_options
 def command(
