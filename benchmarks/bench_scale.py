@@ -134,8 +134,8 @@ def child(case: str, run: str, what: str, baseline: str, stream: bool = False) -
         from distributed import Client, LocalCluster
 
         from tracekit.analyse.attribution.pair import shortfall_of_pair
-        from tracekit.analyse.plans import attribution_plan, breakdown_plan
-        from tracekit.engine import pair_check
+        from tracekit.analyse.plans import breakdown_plan
+        from tracekit.engine import pair_check, shortfall_plan
         from tracekit.engine.dask_engine import DaskExecutor
         from tracekit.engine.executor import Job
 
@@ -164,10 +164,9 @@ def child(case: str, run: str, what: str, baseline: str, stream: bool = False) -
                 jobs = [Job((run,), (breakdown_plan(),), cache=False)]
                 check = None
             else:
-                corrected: dict = {"correct": "applied", "keep_graph": False}  # as shortfall_paths
-                jobs = [
-                    Job((baseline,), (attribution_plan(label="baseline", **corrected),), cache=False),
-                    Job((run,), (attribution_plan(label="sharded", **corrected),), cache=False),
+                jobs = [  # the plans shortfall_paths runs
+                    Job((baseline,), (shortfall_plan(None, "baseline"),), cache=False),
+                    Job((run,), (shortfall_plan(None, "sharded"),), cache=False),
                 ]
                 check = pair_check
             if stream:

@@ -103,6 +103,21 @@ def test_shortfall_json_is_the_cli_json(tmp_path: Path, sf: tk.Shortfall):
     assert _roundtrip(tk.shortfall(CPU_TP1, str(CPU_TP2)).to_json()) == cli
 
 
+def test_shortfall_options_reach_the_attribution_as_the_cli_flags_do(tmp_path: Path):
+    """`tk.shortfall`'s keywords (one `AttributionOptions`, built at the entry) and the CLI's flags
+    (another, through the engine): the same document, and both attributions took the options: the
+    steady steps are the manifest's decode steps less the 3 skipped, the threshold is the one given."""
+    flags = ("--skip-first", "3", "--dilation-threshold", "0.5", "--steps", "decode_step")
+    cli = _cli_json(tmp_path, "shortfall", "--baseline", str(CPU_TP1), "--sharded", str(CPU_TP2), *flags)
+    api = tk.shortfall(CPU_TP1, CPU_TP2, step_pattern="decode_step", skip_first=3, dilation_threshold=0.5)
+    assert _roundtrip(api.to_json()) == cli
+    tokens = json.loads((CPU_TP2 / "manifest.json").read_text())["workload"]["tokens"]
+    for side in ("baseline", "sharded"):
+        assert cli["steps"][side]["pattern"] == "decode_step"
+        assert (cli["steps"][side]["total"], cli["steps"][side]["steady"]) == (tokens, tokens - 3)
+    assert cli["dilation"]["threshold"] == 0.5
+
+
 def test_shortfall_frame_sums_to_s(sf: tk.Shortfall):
     doc, frame = sf.to_json(), sf.to_frame()
     terms = frame[frame["parent"] == ""]

@@ -197,6 +197,26 @@ def test_analysis_options_are_one_declaration_on_every_engine_command() -> None:
     }
 
 
+def test_attributing_commands_default_to_the_attributions_defaults() -> None:
+    """The options `AttributionOptions` holds (built once from a command's flags), as each
+    attributing command declares them: a flag left out attributes as the API's keyword left out
+    (`--dilation-threshold`'s default is not imported by the CLI: the two must stay equal)."""
+    import dataclasses
+
+    from tracekit.analyse.attribution.options import AttributionOptions
+
+    fields = {f.name: f.default for f in dataclasses.fields(AttributionOptions)}
+    cmds = _commands()
+    taken = {}
+    for name in ("shortfall", "diff", "decompose", "whatif"):
+        ctx = click.Context(cmds[name])
+        got = {p.name: p.get_default(ctx) for p in cmds[name].params if p.name in fields}
+        assert got == {k: fields[k] for k in got}, name
+        taken[name] = set(got)
+    assert taken["shortfall"] == taken["diff"] == set(fields)  # every option, on the pair commands
+    assert taken["decompose"] == taken["whatif"] == {"step_pattern", "skip_first"}
+
+
 def test_probe_and_compare_links_share_their_sweep_options() -> None:
     """`probe` and `compare-links` take the same sweep options under the same parameter names and
     types (declared once: cli/sweep_options.sweep_options); each may change a default or a help text."""

@@ -192,6 +192,7 @@ def test_without_steps_nothing_is_filled():
 
 def test_shortfall_json_by_op_carries_the_source():
     from tracekit.analyse.attribution.document import collectives_json as coll_json
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.attribution.run import attribute_run
     from tracekit.model.events import Run
 
@@ -202,7 +203,7 @@ def test_shortfall_json_by_op_carries_the_source():
     ev = ev.drop(columns=["cls"])
     m = manifest([entry("all_reduce", "o_proj", 8192, 8192, 1)])
     run = Run(events=ev, sources={0: "r0", 1: "r1"}, manifest=m)
-    parts = attribute_run(run, skip_first=0)
+    parts = attribute_run(run, AttributionOptions(skip_first=0))
     doc = to_builtins(coll_json(parts))
     assert [(o["op"], o["bytes"], o["bytes_source"], o["count"]) for o in doc["by_op"]] == [
         ("all_reduce", 8192, "manifest", 2)

@@ -412,12 +412,14 @@ def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synt
 
 def test_a_plan_stage_error_is_the_local_one(dask: Engine) -> None:
     """A step pattern no rank matches: the attribution plan's combine refuses it, on Dask as locally."""
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.errors import StepError
 
+    options = AttributionOptions(step_pattern="no-such-step")
     with pytest.raises(StepError) as local:
-        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", step_pattern="no-such-step")
+        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", options=options)
     with pytest.raises(StepError) as distributed:
-        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask, step_pattern="no-such-step")
+        shortfall_paths(TRACES / "cpu-tp1", TRACES / "cpu-tp2", dask, options=options)
     assert str(distributed.value) == str(local.value)
     assert str(local.value).startswith("baseline: ")
 

@@ -426,6 +426,7 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     one 25 us kernel that runs after the annotation ends: [5, 30), [30, 55), [55, 80) us. The GPU
     runs behind the host in every step, so the windows come from the device side: 25 us each; the
     critical path must walk exactly those 25 us per step."""
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.attribution.run import attribute_run
     from tracekit.model.events import Run, make_events
 
@@ -440,7 +441,9 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
         ):
             for k, v in zip(rows, (0, kind, name, s, e, corr, stream), strict=True):
                 rows[k].append(v)
-    parts = attribute_run(Run(events=make_events(rows), sources={0: "rank-0.json"}), skip_first=0)
+    parts = attribute_run(
+        Run(events=make_events(rows), sources={0: "rank-0.json"}), AttributionOptions(skip_first=0)
+    )
     assert parts.per_token["window"] == 25_000
     assert parts.path_token["step"] == 25_000
     # the kernels run back to back: the device sets every step, so its 25 us are the path's compute

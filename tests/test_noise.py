@@ -21,6 +21,7 @@ import pytest
 from committed_pairs import committed_shortfall
 
 from tracekit.analyse import noise
+from tracekit.analyse.attribution.options import AttributionOptions
 from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.model.events import Run, make_events
@@ -109,7 +110,7 @@ def _pair(seed: int, base: dict, shard: dict, *, sd: float, speeds_b: list, spee
     rng = np.random.default_rng(seed)
     b = _sim(rng, 1, sd=sd, speeds=speeds_b, group=group, **base)
     s = _sim(rng, 2, sd=sd, speeds=speeds_s, group=group, **shard)
-    return shortfall(b, s, skip_first=1).to_json()
+    return shortfall(b, s, AttributionOptions(skip_first=1)).to_json()
 
 
 def test_truly_zero_shortfall_says_too_noisy():

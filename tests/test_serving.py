@@ -21,6 +21,7 @@ import pytest
 import serving_traces as st
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.options import AttributionOptions
 from tracekit.analyse.attribution.run import attribute_run
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.compare.diff import diff
@@ -233,7 +234,7 @@ def test_step_kinds_from_engine_range_names() -> None:
 def test_mixed_steps_reported_per_kind_per_token_from_one_decode_batch(tmp_path: Path) -> None:
     _, truth, run = _run(tmp_path, MIXED)
     ar = AnalysedRun.of(run)
-    parts = attribute_run(ar, skip_first=1)
+    parts = attribute_run(ar, AttributionOptions(skip_first=1))
     # by construction every step's window is its annotation: the decode bs=1 steps are steps 1-5
     windows = [e - s for s, e in truth.step_host_window]
     tok = parts.token_steps
@@ -260,7 +261,7 @@ def test_mixed_steps_reported_per_kind_per_token_from_one_decode_batch(tmp_path:
 def test_diff_with_one_or_two_steps_cannot_judge(tmp_path: Path) -> None:
     _, _, before = _run(tmp_path, ["step[DECODE bs=1]"] * 2, name="before")
     _, _, after = _run(tmp_path, ["step[DECODE bs=1]"] * 3, name="after", layers=3)
-    d = diff(before, after, skip_first=0)
+    d = diff(before, after, options=AttributionOptions(skip_first=0))
     doc = d.to_json()
     assert doc["verdict"] == CANNOT_JUDGE and doc["interval"]["relative"] is None
     assert doc["summary"].startswith("Cannot judge: the runs have too few comparable steps")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tracekit.analyse.attribution.options import AttributionOptions
 from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.attribution.reconcile import reconcile
 from tracekit.errors import MatchError, RankError
@@ -78,7 +79,7 @@ def sharded_run(manifest=None) -> Run:
 
 
 def test_terms_exact_by_hand_and_sum_to_s():
-    sf = shortfall(baseline_run(), sharded_run(), skip_first=1)
+    sf = shortfall(baseline_run(), sharded_run(), AttributionOptions(skip_first=1))
     # steady steps 1..3, step time 620 (rank 0's window); rank 1's 600 ns window is padded with
     # 20 ns of idle. Rank 1's all-reduce starts at o = 400, 420, 405.
     #   rank 0: compute 300, wait o-360 (40, 60, 45), transfer 560-o (160, 140, 155), memory 25,
@@ -155,7 +156,7 @@ def test_correction_takes_the_excess_from_every_ranks_coordination_in_proportion
     # 1 - 20 / (430/3) = 37/43; rank 1: idle 95 -> 75. The baseline is already at its unprofiled time.
     base = baseline_run(_manifest(1, [1000] * 4, [1000] * 4))
     shard = sharded_run(_manifest(2, [700, 600, 600, 600], [700, 620, 620, 620]))
-    sf = shortfall(base, shard, skip_first=1)
+    sf = shortfall(base, shard, AttributionOptions(skip_first=1))
     doc = sf.to_json()
     assert doc["per_token_source"] == "unprofiled"
     assert doc["per_token_ns"] == {"baseline": 1000, "sharded": 600, "ideal": 500}
@@ -286,7 +287,7 @@ def _late_rank_run() -> Run:
 
 
 def test_collective_wait_median_is_the_median_of_per_instance_max_wait():
-    doc = shortfall(baseline_run(), _late_rank_run(), skip_first=1).to_json()
+    doc = shortfall(baseline_run(), _late_rank_run(), AttributionOptions(skip_first=1)).to_json()
     assert doc["schema_version"] == "1.5"
     (op,) = doc["collectives"]["by_op"]
     assert op["op"] == "all_reduce" and op["count"] == 4

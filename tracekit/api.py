@@ -174,14 +174,9 @@ def shortfall(
     """`tracekit shortfall`: where the per-token shortfall S = TN - T1/N of `sharded` against
     `baseline` goes (loaded runs or paths). `to_json()` is what `tracekit shortfall --format json`
     prints; `to_frame()` the attribution of S, one row per term."""
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.attribution.pair import shortfall as _shortfall
 
+    options = AttributionOptions(step_pattern, skip_first, dilation_threshold, allow_partial)
     b, s = _as_run(baseline), _as_run(sharded)
-    return _shortfall(
-        b.analysed,
-        s.analysed,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
-    )
+    return _shortfall(b.analysed, s.analysed, options)

@@ -27,7 +27,8 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.plans import Fan, PerRank, Plan, RankInput, RankStage, Reduce, attribution_plan
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
+from tracekit.analyse.plans import Fan, PerRank, Plan, RankInput, RankStage, Reduce
 from tracekit.model.events import Run
 
 __all__ = ["ReplayInput", "figures_plan", "followed_by", "replay_plan", "side_plan"]
@@ -112,11 +113,11 @@ def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.
     return rank_side_tables(inp.events, windows)
 
 
-def side_plan(*, label: str, path: str, **kw: Any) -> Plan:
+def side_plan(*, label: str, path: str, options: AttributionOptions | None = None) -> Plan:
     """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
     from tracekit.analyse.compare.sides import side_of, side_windows
 
-    base = attribution_plan(label=label, correct="applied", keep_graph=False, **kw)
+    base = (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
 
     def finish(_meta: Any, parts: Any, got: dict[int, Any]) -> Any:
         sm = _in_rank_order({r: v[0] for r, v in got.items()}, ["rank", "step", "matrix_ns"])
@@ -135,13 +136,11 @@ def _split_rank(inp: RankInput, steps: pd.DataFrame) -> pd.DataFrame:
     return compute_split(inp.events, steps)
 
 
-def figures_plan(label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1) -> Plan:
+def figures_plan(label: str, *, path: str = "", options: AttributionOptions | None = None) -> Plan:
     """`decompose.run_figures` as a plan: returns the run's `decompose.RunFigures`."""
     from tracekit.analyse.compare.decompose import figures_of, split_windows
 
-    base = attribution_plan(
-        step_pattern=step_pattern, skip_first=skip_first, label=label, correct="unprofiled", keep_graph=False
-    )
+    base = (options or DEFAULT_OPTIONS).plan(label, correct="unprofiled", keep_graph=False)
 
     def finish(_meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> Any:
         split = _in_rank_order(got, ["rank", "step", "matrix_ns", "vector_ns"])
@@ -175,10 +174,10 @@ def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
     return ev.loc[cat_mask(ev["kind"], GPU_KINDS), _NORM_COLUMNS]
 
 
-def replay_plan(*, label: str, step_pattern: str | None = None, skip_first: int = 1) -> Plan:
+def replay_plan(*, label: str, options: AttributionOptions | None = None) -> Plan:
     """`shortfall.attribute_run` with the graph kept, and the device events the what-if's
     masks read: returns a `ReplayInput`."""
-    base = attribution_plan(step_pattern=step_pattern, skip_first=skip_first, label=label, keep_graph=True)
+    base = (options or DEFAULT_OPTIONS).plan(label, keep_graph=True)
 
     def finish(meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> ReplayInput:
         frames = [got[r] for r in sorted(got)]

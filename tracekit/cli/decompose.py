@@ -55,13 +55,13 @@ def command(
     are the unprofiled ones when the manifests carry them (the traced parts reconciled to them, as
     `tracekit shortfall` does), else the traced ones.
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.cli.probe import dumps_json
     from tracekit.engine import decompose_paths
 
     paths = {"baseline": baseline, "intermediate": intermediate, "full": full}
-    result = decompose_paths(
-        paths, run_on.engine(), step_pattern=step_pattern, skip_first=skip_first, cache=run_on.cache
-    )
+    options = AttributionOptions(step_pattern, skip_first)
+    result = decompose_paths(paths, run_on.engine(), options=options, cache=run_on.cache)
     doc = result.to_json()
     opt.write_text(
         dumps_json(doc).decode() if fmt == "json" else view.text(documents.convert(doc, documents.Decompose)),

@@ -61,12 +61,8 @@ def _workload_change(before: Any, after: Any) -> str:
 @click.option("--top", type=int, default=10, show_default=True, help="Kernels and collectives listed.")
 @opt.step_pattern_option
 @opt.skip_first_option()
-@click.option(
-    "--dilation-threshold",
-    type=float,
-    default=0.10,
-    show_default=True,
-    help="A profiled pass faster than the unprofiled one by more than this: per-token times from the traces.",
+@opt.dilation_threshold_option(
+    "A profiled pass faster than the unprofiled one by more than this: per-token times from the traces."
 )
 @opt.allow_partial_option
 @click.option(
@@ -108,6 +104,7 @@ def command(
       tracekit diff runs/main runs/pr --fail-if-slower 5        # CI: exit 1 on a slowdown > 5%
       tracekit diff runs/main runs/pr --format json -o diff.json
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.engine import diff_paths
 
     pct: float | None = None
@@ -131,11 +128,8 @@ def command(
         before_path=before,
         after_path=after,
         top=top,
+        options=AttributionOptions(step_pattern, skip_first, dilation_threshold, allow_partial),
         cache=run_on.cache,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
     )
     # after diff's own refusals (a partial group, no steps ...): those name the problem first
     tp_b, tp_a = _tp_of(run_b, allow_partial), _tp_of(run_a, allow_partial)

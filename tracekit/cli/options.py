@@ -79,6 +79,18 @@ def skip_first_option(default: int = 1, help: str = "Warm-up steps left out.") -
     return click.option("--skip-first", type=int, default=default, show_default=True, help=help)
 
 
+#: `tracekit.analyse.dilation.DEFAULT_THRESHOLD`, not imported (a command's --help loads no analysis);
+#: tests/test_cli_vocabulary.py holds the two equal
+DILATION_THRESHOLD = 0.10
+
+
+def dilation_threshold_option(help: str) -> Any:
+    """`--dilation-threshold X`: the attribution's `dilation_threshold` (`AttributionOptions`)."""
+    return click.option(
+        "--dilation-threshold", type=float, default=DILATION_THRESHOLD, show_default=True, help=help
+    )
+
+
 allow_partial_option = click.option(
     "--allow-partial",
     is_flag=True,

@@ -19,13 +19,7 @@ from tracekit.render import shortfall as view
     "whole: one window per rank; or a REGEX of the step annotations. --step-pattern is the same option."
 )
 @opt.skip_first_option(help="Warm-up steps left out of the per-token figures.")
-@click.option(
-    "--dilation-threshold",
-    type=float,
-    default=0.10,
-    show_default=True,
-    help="Dilation above 1 + this is reported as inflating the coordination share.",
-)
+@opt.dilation_threshold_option("Dilation above 1 + this is reported as inflating the coordination share.")
 @opt.allow_partial_option
 @opt.analysis_options
 def command(
@@ -53,18 +47,11 @@ def command(
       tracekit shortfall --baseline traces/cpu-tp1 --sharded traces/cpu-tp2-straggler --format json -o s.json
       tracekit shortfall --baseline traces/h200-tp1 --sharded traces/h200-tp2-straggler
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.engine import shortfall_paths
 
-    result = shortfall_paths(
-        [baseline],
-        [sharded],
-        run_on.engine(),
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
-        cache=run_on.cache,
-    )
+    options = AttributionOptions(step_pattern, skip_first, dilation_threshold, allow_partial)
+    result = shortfall_paths([baseline], [sharded], run_on.engine(), options=options, cache=run_on.cache)
     doc = result.document()
     dq = doc.data_quality
     if dq.counts.get("baseline_workload_differs"):

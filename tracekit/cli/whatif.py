@@ -11,6 +11,7 @@ from tracekit.model import documents
 from tracekit.render import whatif as view
 
 if TYPE_CHECKING:
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.whatif.result import WhatIf
 
 
@@ -87,6 +88,7 @@ def command(
     accounting attribution of `tracekit shortfall`. Predictions are corrected to the unprofiled
     per-token times as `shortfall` is; `--check` holds one to a real run not used to make it.
     """
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.whatif.knobs import DEFAULT_KNOBS, ReplayError, parse_combination
     from tracekit.analyse.whatif.pair import whatif
 
@@ -105,7 +107,8 @@ def command(
         raise ReplayError("--check needs --check-knob (the prediction to hold to the run)")
     eng = run_on.engine()
     paths = {"baseline": baseline, "sharded": sharded, "check": check_dir if check_knob else None}
-    runs = _load_runs({k: p for k, p in paths.items() if p}, eng, not run_on.cache, skip_first, step_pattern)
+    options = AttributionOptions(step_pattern, skip_first)
+    runs = _load_runs({k: p for k, p in paths.items() if p}, eng, not run_on.cache, options)
     base_parts, base_cl = runs["baseline"]
     shard = runs.get("sharded")
     check = None
@@ -129,7 +132,7 @@ def command(
 
 
 def _load_runs(
-    paths: dict[str, str], eng: Any, no_cache: bool, skip_first: int, step_pattern: str | None
+    paths: dict[str, str], eng: Any, no_cache: bool, options: AttributionOptions
 ) -> dict[str, tuple[Any, Any]]:
     """Per label, the attributed run and what the replay reads of its events: locally the
     analysed run itself (its steps, found for attribute_run, are not found again); on Dask
@@ -140,10 +143,10 @@ def _load_runs(
     from tracekit.read import read_run
 
     if eng.kind == "dask":
-        got = whatif_runs(paths, eng, step_pattern=step_pattern, skip_first=skip_first, cache=not no_cache)
+        got = whatif_runs(paths, eng, options=options, cache=not no_cache)
         return {k: (v.parts, v.classified) for k, v in got.items()}
     out = {}
     for label, path in paths.items():
         run = AnalysedRun.of(read_run([path], cache=not no_cache, progress=eng.progress))  # classified once
-        out[label] = (attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label), run)
+        out[label] = (attribute_run(run, options, label=label), run)
     return out

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tracekit.errors import TracekitError
 
 if TYPE_CHECKING:
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.attribution.result import Shortfall
     from tracekit.analyse.command_plans import ReplayInput
     from tracekit.analyse.compare.decompose import Decomposition
@@ -46,6 +47,7 @@ __all__ = [
     "pair_check",
     "run_plans",
     "shortfall_paths",
+    "shortfall_plan",
     "whatif_runs",
 ]
 
@@ -144,39 +146,33 @@ def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     return check_pair(metas[0], metas[1])
 
 
+def shortfall_plan(options: AttributionOptions | None, label: str) -> Any:
+    """The attribution the shortfall needs of one run (`options`, default `AttributionOptions()`):
+    corrected to the applied dilation, without its graph (the correction, not the graph)."""
+    from tracekit.analyse.attribution.options import DEFAULT_OPTIONS
+
+    return (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
+
+
 def shortfall_paths(
     baseline: Paths,
     sharded: Paths,
     engine: Engine | None = None,
     *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
-    dilation_threshold: float | None = None,
-    allow_partial: bool = False,
+    options: AttributionOptions | None = None,
     cache: bool = True,
 ) -> Shortfall:
-    """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline`, on the engine
-    (`plans.attribution_plan` on each run, `shortfall_of_pair` on the client)."""
+    """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline` (both attributed
+    with `options`), on the engine (`shortfall_plan` on each run, `shortfall_of_pair` on the
+    client)."""
     from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.plans import attribution_plan
     from tracekit.engine.executor import Job
-
-    def plan(label: str) -> Any:
-        return attribution_plan(
-            step_pattern=step_pattern,
-            skip_first=skip_first,
-            dilation_threshold=dilation_threshold,
-            label=label,
-            allow_partial=allow_partial,
-            correct="applied",
-            keep_graph=False,
-        )
 
     (base, shard), notes = run_plans(
         engine,
         [
-            Job(_as_list(baseline), (plan("baseline"),), cache=cache),
-            Job(_as_list(sharded), (plan("sharded"),), cache=cache),
+            Job(_as_list(baseline), (shortfall_plan(options, "baseline"),), cache=cache),
+            Job(_as_list(sharded), (shortfall_plan(options, "sharded"),), cache=cache),
         ],
         pair_check,
     )
@@ -191,32 +187,27 @@ def diff_paths(
     before_path: str = "before",
     after_path: str = "after",
     top: int | None = None,
+    options: AttributionOptions | None = None,
     cache: bool = True,
-    **kw: Any,
 ) -> tuple[Diff, Any, Any]:
-    """`tracekit.analyse.diff.diff` of the two runs on the engine (`command_plans.side_plan` on
-    each, `diff.diff_sides` on the client); `kw`: step_pattern, skip_first, dilation_threshold,
-    allow_partial. Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
+    """`tracekit.analyse.diff.diff` of the two runs (both attributed with `options`, default
+    `AttributionOptions()`) on the engine (`command_plans.side_plan` on each, `diff.diff_sides` on
+    the client). Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
+    from tracekit.analyse.attribution.options import DEFAULT_OPTIONS
     from tracekit.analyse.command_plans import side_plan
     from tracekit.analyse.compare.diff import diff_sides
     from tracekit.analyse.compare.result import TOP
-    from tracekit.analyse.dilation import DEFAULT_THRESHOLD
     from tracekit.engine.executor import Job
 
-    pb = side_plan(label=f"before ({before_path})", path=before_path, **kw)
-    pa = side_plan(label=f"after ({after_path})", path=after_path, **kw)
+    opts = options or DEFAULT_OPTIONS
+    pb = side_plan(label=f"before ({before_path})", path=before_path, options=opts)
+    pa = side_plan(label=f"after ({after_path})", path=after_path, options=opts)
     (rb, ra), _ = run_plans(
         engine, [Job(_as_list(before), (pb,), cache=cache), Job(_as_list(after), (pa,), cache=cache)]
     )
     b, a = rb.results[0], ra.results[0]
     b.label, a.label = "before", "after"
-    threshold = kw.get("dilation_threshold")
-    result = diff_sides(
-        b,
-        a,
-        top=TOP if top is None else top,
-        dilation_threshold=DEFAULT_THRESHOLD if threshold is None else threshold,
-    )
+    result = diff_sides(b, a, top=TOP if top is None else top, dilation_threshold=opts.dilation_threshold)
     return result, rb.meta, ra.meta
 
 
@@ -224,24 +215,17 @@ def decompose_paths(
     paths: dict[str, str],
     engine: Engine | None = None,
     *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
+    options: AttributionOptions | None = None,
     cache: bool = True,
 ) -> Decomposition:
-    """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys) on
-    the engine (`command_plans.figures_plan` on each, `decompose.decomposition_of`)."""
+    """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys; each
+    attributed with `options`) on the engine (`command_plans.figures_plan` on each,
+    `decompose.decomposition_of`)."""
     from tracekit.analyse.command_plans import figures_plan
     from tracekit.analyse.compare.decompose import RUNS, decomposition_of
     from tracekit.engine.executor import Job
 
-    jobs = [
-        Job(
-            (paths[k],),
-            (figures_plan(k, path=paths[k], step_pattern=step_pattern, skip_first=skip_first),),
-            cache=cache,
-        )
-        for k in RUNS
-    ]
+    jobs = [Job((paths[k],), (figures_plan(k, path=paths[k], options=options),), cache=cache) for k in RUNS]
     results, _ = run_plans(engine, jobs)
     return decomposition_of({k: res.results[0] for k, res in zip(RUNS, results, strict=True)})
 
@@ -250,20 +234,17 @@ def whatif_runs(
     paths: dict[str, str],
     engine: Engine | None = None,
     *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
+    options: AttributionOptions | None = None,
     cache: bool = True,
 ) -> dict[str, ReplayInput]:
     """What `tracekit.analyse.whatif.pair.whatif` takes of each run (label -> path: baseline, and
-    sharded and check when given), on the engine (`command_plans.replay_plan`): per label a
-    `ReplayInput` (the RunParts with its dependency graph, the replay's device events)."""
+    sharded and check when given; each attributed with `options`), on the engine
+    (`command_plans.replay_plan`): per label a `ReplayInput` (the RunParts with its dependency
+    graph, the replay's device events)."""
     from tracekit.analyse.command_plans import replay_plan
     from tracekit.engine.executor import Job
 
-    jobs = [
-        Job((p,), (replay_plan(label=k, step_pattern=step_pattern, skip_first=skip_first),), cache=cache)
-        for k, p in paths.items()
-    ]
+    jobs = [Job((p,), (replay_plan(label=k, options=options),), cache=cache) for k, p in paths.items()]
     results, _ = run_plans(engine, jobs)
     out = {}
     for k, res in zip(paths, results, strict=True):
@@ -291,13 +272,12 @@ def analyse_dirs(
     the baseline, the shortfall between them; each run read once for all of them; only their
     JSON is kept (`tracekit.report.build.AnalysedRuns`)."""
     from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.plans import attribution_plan, breakdown_plan
+    from tracekit.analyse.plans import breakdown_plan
     from tracekit.engine.executor import Job
     from tracekit.model.documents import Breakdown, Shortfall, TopKernels
     from tracekit.report import build
 
     bd = breakdown_plan(step_pattern=step_pattern)
-    kw: dict[str, Any] = {"correct": "applied", "keep_graph": False}  # the correction, not the graph
     if baseline_dir is None:
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
@@ -306,11 +286,12 @@ def analyse_dirs(
         )
         out.top_kernels = build.analysed_document(res.results[0].top_kernels, TopKernels)
         return out
+    # the shortfall with the default options, as `report.build.analyse_dirs` makes it
     (base, run), notes = run_plans(
         engine,
         [
-            Job((baseline_dir,), (bd, attribution_plan(label="baseline", **kw))),
-            Job((run_dir,), (bd, attribution_plan(label="sharded", **kw))),
+            Job((baseline_dir,), (bd, shortfall_plan(None, "baseline"))),
+            Job((run_dir,), (bd, shortfall_plan(None, "sharded"))),
         ],
         pair_check,
     )

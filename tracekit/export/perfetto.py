@@ -141,13 +141,14 @@ def _nested_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, list[str]]:
     """Classified events, and the analysed run (steps with their partition, collectives, critical
     path) or None with a note when the run cannot be attributed (then only steps and classes)."""
+    from tracekit.analyse.attribution.options import AttributionOptions
     from tracekit.analyse.attribution.run import attribute_run
     from tracekit.classify import classify
 
     classified = run.events if "cls" in run.events.columns else classify(run.events)
     crun = Run(classified, run.sources, run.rank_info, run.data_quality, run.manifest)
     try:
-        parts = attribute_run(crun, step_pattern=step_pattern, skip_first=0, label="run")
+        parts = attribute_run(crun, AttributionOptions(step_pattern, skip_first=0), label="run")
     except TracekitError as exc:
         return classified, None, [f"no collectives or critical path in the view: {exc}"]
     return classified, parts, []

@@ -112,18 +112,12 @@ def normalise_coll_op(name: str) -> str:
 # NCCL/RCCL kernel names: ncclKernel_AllReduce_RING_LL_Sum_float, ncclDevKernel_AllGather_RING_LL,
 # ncclDevKernel_SendRecv, ncclDevKernel_ReduceScatter_Sum_f32_RING_LL, ncclKernel_Broadcast_...
 _NCCL_KERNEL_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+#: the kernel name's op (lower-cased) -> normalised op: the raw names' table (`_COLL_OP`) for the
+#: ops NCCL/RCCL have kernels of, and the all-to-all pivot kernel
 _NCCL_KERNEL_OP: dict[str, str] = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "reducescatter": "reduce_scatter",
-    "broadcast": "broadcast",
-    "reduce": "reduce",
-    "sendrecv": "send_recv",
-    "send": "send",
-    "recv": "recv",
-    "alltoall": "all_to_all",
-    "alltoallpivot": "all_to_all",
-}
+    k: _COLL_OP[k]
+    for k in "allreduce allgather reducescatter broadcast reduce sendrecv send recv alltoall".split()
+} | {"alltoallpivot": "all_to_all"}
 
 
 def coll_op_from_kernel_name(name: str) -> str:

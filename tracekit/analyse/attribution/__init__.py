@@ -38,8 +38,9 @@ path (`reconcile.reconcile_path`). The dilation stated is the factor applied: tr
 unprofiled per-token mean (`reconcile.applied_dilation`, with a bootstrap interval). The trace-only
 attribution is kept under `uncorrected`.
 
-The modules: `run.py` (one run attributed: `RunParts`, `attribute_run`, the per-rank stages the
-plans run), `terms.py` (`Attribution`: the terms of S, exact and in integers), `reconcile.py` (the
+The modules: `options.py` (`AttributionOptions`: how a run is attributed, one value from the
+entry on), `run.py` (one run attributed: `RunParts`, `attribute_run`, the per-rank stages the plans
+run), `terms.py` (`Attribution`: the terms of S, exact and in integers), `reconcile.py` (the
 dilation applied, the proportional reconciliation), `corrected.py` (the profiler correction of a
 pair: `correct_pair`), `straggler.py` (the straggler test and its last-rank statistic),
 `result.py` (`Shortfall`), `document.py` (the JSON pieces beside the terms), `pair.py` (`shortfall`,

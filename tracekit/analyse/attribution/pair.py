@@ -11,11 +11,11 @@ from fractions import Fraction
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.corrected import correct_pair
 from tracekit.analyse.attribution.document import step_spread
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.attribution.reconcile import applied_dilation
 from tracekit.analyse.attribution.result import Shortfall
 from tracekit.analyse.attribution.run import RunParts, attribute_run, check_ranks
 from tracekit.analyse.attribution.terms import attribute, leaf_with_window
-from tracekit.analyse.dilation import DEFAULT_THRESHOLD
 from tracekit.analyse.timeline.kinds import TokenSteps
 from tracekit.errors import MatchError, RankError
 from tracekit.model.documents.base import given, to_builtins
@@ -79,34 +79,17 @@ def shortfall_from_parts(base: RunParts, sharded: RunParts) -> Shortfall:
 def shortfall(
     baseline: Run | AnalysedRun,
     sharded: Run | AnalysedRun,
-    *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
-    dilation_threshold: float = DEFAULT_THRESHOLD,
-    allow_partial: bool = False,
+    options: AttributionOptions = DEFAULT_OPTIONS,
 ) -> Shortfall:
-    """Attribute the per-token shortfall of `sharded` against `baseline` (module doc)."""
+    """Attribute the per-token shortfall of `sharded` against `baseline`, both runs attributed
+    with `options` (module doc)."""
     baseline, sharded = AnalysedRun.of(baseline), AnalysedRun.of(sharded)  # each classified once
     # a rank file missing is the real problem of a pair that looks wrong because of it: said first
     check_ranks(baseline.run, "baseline")
     check_ranks(sharded.run, "sharded")
     pair_notes = check_pair(baseline.run, sharded.run)
-    base = attribute_run(
-        baseline,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        label="baseline",
-        allow_partial=allow_partial,
-    )
-    shard = attribute_run(
-        sharded,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        label="sharded",
-        allow_partial=allow_partial,
-    )
+    base = attribute_run(baseline, options, label="baseline")
+    shard = attribute_run(sharded, options, label="sharded")
     return shortfall_of_pair(base, shard, pair_notes)
 
 

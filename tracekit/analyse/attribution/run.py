@@ -14,16 +14,17 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.collectives.clocks import require_aligned
 from tracekit.analyse.collectives.exposed import split_exposed
 from tracekit.analyse.collectives.instances import CollectiveInstances
 from tracekit.analyse.compute.kernel_scaling import kernel_table
-from tracekit.analyse.dilation import DEFAULT_THRESHOLD, Dilation, dilation_of
+from tracekit.analyse.dilation import Dilation, dilation_of
 from tracekit.analyse.path.build import build_rank_graph
 from tracekit.analyse.path.critical_path import CriticalPath
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.rank_graph import RankGraph
-from tracekit.analyse.plans import attribution_plan, run_in_process
+from tracekit.analyse.plans import run_in_process
 from tracekit.analyse.retime.calibrate import ProfilerCalibration, manifest_calibration
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
@@ -430,16 +431,10 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
 
 
 def attribute_run(
-    run: Run | AnalysedRun,
-    *,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
-    dilation_threshold: float = DEFAULT_THRESHOLD,
-    label: str = "run",
-    allow_partial: bool = False,
+    run: Run | AnalysedRun, options: AttributionOptions = DEFAULT_OPTIONS, *, label: str = "run"
 ) -> RunParts:
-    """Per-step leaf parts of one run (see the module doc): `tracekit.analyse.plans.attribution_plan`
-    run in this process, the plan every engine runs (`tracekit.engine`: locally, or on Dask with
+    """Per-step leaf parts of one run attributed with `options` (see the module doc):
+    `tracekit.analyse.plans.attribution_plan` (`options.plan(label)`) run in this process, the plan every engine runs (`tracekit.engine`: locally, or on Dask with
     each rank's stages where its events are).
 
     The pieces: `attribute_setup` (run metadata) -> per rank the step rule and its collective rows
@@ -448,12 +443,5 @@ def attribute_run(
     time, per-rank parts, their mean) -> the critical path -> `finish_attribution` (path check,
     dilation)."""
     ar = AnalysedRun.of(run)  # classified once; its partitions and layer unions shared (analysed.py)
-    plan = attribution_plan(
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        label=label,
-        allow_partial=allow_partial,
-    )
-    parts: RunParts = run_in_process(plan, ar)
+    parts: RunParts = run_in_process(options.plan(label), ar)
     return parts

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.attribution.correction import correct_run
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.attribution.run import RunParts, attribute_run, mean_over_ranks
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.resample import boot_means
@@ -110,13 +111,13 @@ class RunFigures:
 
 
 def run_figures(
-    run: Run, label: str, *, path: str = "", step_pattern: str | None = None, skip_first: int = 1
+    run: Run, label: str, *, path: str = "", options: AttributionOptions = DEFAULT_OPTIONS
 ) -> RunFigures:
-    """Per-token time and class parts of one run (module doc)."""
+    """Per-token time and class parts of one run attributed with `options` (module doc)."""
 
     if "cls" not in run.events.columns:
         run = replace(run, events=classify(run.events))
-    rp: RunParts = attribute_run(run, step_pattern=step_pattern, skip_first=skip_first, label=label)
+    rp: RunParts = attribute_run(run, options, label=label)
     return figures_of(rp, compute_split(run.events, split_windows(rp)), label, path=path)
 
 
@@ -371,16 +372,11 @@ def decompose_runs(
     runs: Mapping[str, Run],
     *,
     paths: Mapping[str, str] | None = None,
-    step_pattern: str | None = None,
-    skip_first: int = 1,
+    options: AttributionOptions = DEFAULT_OPTIONS,
 ) -> Decomposition:
-    """Decompose the speedup of runs["baseline"] -> runs["full"] through runs["intermediate"]."""
-    figs = {
-        k: run_figures(
-            runs[k], k, path=(paths or {}).get(k, ""), step_pattern=step_pattern, skip_first=skip_first
-        )
-        for k in RUNS
-    }
+    """Decompose the speedup of runs["baseline"] -> runs["full"] through runs["intermediate"]
+    (each attributed with `options`)."""
+    figs = {k: run_figures(runs[k], k, path=(paths or {}).get(k, ""), options=options) for k in RUNS}
     return decomposition_of(figs)
 
 

@@ -41,12 +41,12 @@ per-token leaf parts, exact Fractions; the critical path; the matched collective
 
 from __future__ import annotations
 
-import functools
 from fractions import Fraction
 
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.compare.result import GROUPS, MIN_TOKENS_TO_JUDGE, TOP, Diff
 from tracekit.analyse.compare.sides import (
     BOOTSTRAP_LEVEL,
@@ -240,21 +240,11 @@ def diff(
     *,
     before_path: str = "before",
     after_path: str = "after",
-    step_pattern: str | None = None,
-    skip_first: int = 1,
-    dilation_threshold: float = DEFAULT_THRESHOLD,
-    allow_partial: bool = False,
+    options: AttributionOptions = DEFAULT_OPTIONS,
     top: int = TOP,
 ) -> Diff:
-    """Compare two runs of the same workload (module doc)."""
-    side = functools.partial(
-        attribute_side,
-        step_pattern=step_pattern,
-        skip_first=skip_first,
-        dilation_threshold=dilation_threshold,
-        allow_partial=allow_partial,
-    )
-    b = side(before, label=f"before ({before_path})", path=before_path)
-    a = side(after, label=f"after ({after_path})", path=after_path)
+    """Compare two runs of the same workload, both attributed with `options` (module doc)."""
+    b = attribute_side(before, label=f"before ({before_path})", path=before_path, options=options)
+    a = attribute_side(after, label=f"after ({after_path})", path=after_path, options=options)
     b.label, a.label = "before", "after"
-    return diff_sides(b, a, top=top, dilation_threshold=dilation_threshold)
+    return diff_sides(b, a, top=top, dilation_threshold=options.dilation_threshold)

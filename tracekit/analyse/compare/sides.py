@@ -17,6 +17,7 @@ import pandas as pd
 
 from tracekit.analyse import intervals
 from tracekit.analyse.attribution.correction import correct_run
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.attribution.reconcile import AppliedDilation, applied_dilation
 from tracekit.analyse.attribution.run import RunParts, attribute_run
 from tracekit.analyse.timeline.windows import assign_steps
@@ -174,11 +175,12 @@ def _collective_table(run: RunParts, steady: set[int]) -> pd.DataFrame:
     return g[cols]
 
 
-def attribute_side(run: Run, *, label: str, path: str, **kw: Any) -> Side:
-    """Attribute one run of the pair (`attribute_run`) and collect what the diff compares."""
+def attribute_side(run: Run, *, label: str, path: str, options: AttributionOptions = DEFAULT_OPTIONS) -> Side:
+    """Attribute one run of the pair (`attribute_run` with `options`) and collect what the diff
+    compares."""
     classified = run.events if "cls" in run.events.columns else classify(run.events)
     run = dataclasses.replace(run, events=classified)
-    parts = attribute_run(run, label=label, **kw)
+    parts = attribute_run(run, options, label=label)
     return side_of(parts, label, path, *rank_side_tables(classified, side_windows(parts)))
 
 
