@@ -134,7 +134,7 @@ def child(case: str, run: str, what: str, baseline: str, stream: bool = False) -
         from distributed import Client, LocalCluster
 
         from tracekit.analyse.attribution.pair import shortfall_of_pair
-        from tracekit.analyse.plans import breakdown_plan
+        from tracekit.analyse.command_plans import breakdown_plan
         from tracekit.engine import pair_check, shortfall_plan
         from tracekit.engine.dask_engine import DaskExecutor
         from tracekit.engine.executor import Job

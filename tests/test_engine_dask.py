@@ -381,7 +381,8 @@ def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synt
     then one task per file for every rank stage of both plans, each holding that file's rank
     only; the critical path's Reduce in one task over all the ranks; the results are the local
     engine's."""
-    from tracekit.analyse.plans import attribution_plan, breakdown_plan
+    from tracekit.analyse.command_plans import breakdown_plan
+    from tracekit.analyse.plans import attribution_plan
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job, LocalExecutor
 

@@ -1,4 +1,6 @@
-"""The plans of diff, decompose and the what-if (issue 27): the attribution plan
+"""The plans of breakdown, diff, decompose and the what-if (issue 27). `breakdown_plan`
+(`timeline.breakdown.breakdown` with the report's top kernels): per rank the step rule's summary,
+then its windows, partition and kernel sums; the others: the attribution plan
 (`plans.attribution_plan`) followed by one rank stage that reads what else the command needs of
 each rank's events, where they are (`followed_by`); every engine runs them
 (`tracekit.engine.diff_paths`, `decompose_paths`, `whatif_paths`), so the commands take
@@ -29,9 +31,18 @@ import pandas as pd
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.plans import Fan, PerRank, Plan, RankInput, RankStage, Reduce
+from tracekit.errors import StepError
 from tracekit.model.events import Run
 
-__all__ = ["ReplayInput", "figures_plan", "followed_by", "replay_plan", "side_plan"]
+__all__ = [
+    "BreakdownResult",
+    "ReplayInput",
+    "breakdown_plan",
+    "figures_plan",
+    "followed_by",
+    "replay_plan",
+    "side_plan",
+]
 
 
 @dataclass
@@ -185,3 +196,104 @@ def replay_plan(*, label: str, options: AttributionOptions | None = None) -> Pla
         return ReplayInput(parts, AnalysedRun(run=dataclasses.replace(meta, events=rows)))
 
     return followed_by(base, "device", lambda _parts: None, _device_rows, finish)
+
+
+# ------------------------------------------------------------------------------------------
+# the breakdown of one run (tracekit.analyse.breakdown.breakdown) and its top kernels
+
+
+@dataclass
+class BreakdownResult:
+    breakdown: Any
+    top_kernels: Any = None
+
+
+@dataclass
+class _Breakdown:
+    meta: Run
+    pattern: str | None
+    skip_first: int
+    rank: int | None
+    choice: Any = None
+
+
+def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
+    from tracekit.analyse.timeline.rules import rank_step_summary
+
+    return rank_step_summary(inp.events, pattern)
+
+
+def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
+    """Per rank: its windows under the run's rule, its partition after the warm-up with the
+    compute split, its event figures and its kernel sums."""
+    from tracekit.analyse.compute.kernels import rank_kernel_sums
+    from tracekit.analyse.timeline.breakdown import rank_breakdown_table, rank_events
+    from tracekit.analyse.timeline.windows import rank_step_windows
+
+    choice, skip_first = arg
+    win = rank_step_windows(inp.events, choice)
+    table, dropped = rank_breakdown_table(inp.analysed, win.rows, skip_first)
+    return (
+        win,
+        table,
+        dropped,
+        rank_events(inp.events, inp.rank),
+        rank_kernel_sums(inp.events, win.rows, inp.rank),
+    )
+
+
+def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank: int | None = None) -> Plan:
+    """`breakdown.breakdown` as a plan (with `kernels.assemble_top_kernels`): per rank the step
+    rule's summary, then windows, partition, compute split and event figures; on the client
+    `choose_step_rule`, `assemble_steps`, `assemble_breakdown`. Returns a `BreakdownResult`."""
+    if skip_first < 0:
+        raise StepError(f"skip_first must be >= 0, not {skip_first}")
+
+    def start(meta: Run) -> tuple[_Breakdown, Any]:
+        if rank is not None and rank not in meta.sources:
+            have = ", ".join(str(r) for r in meta.ranks) or "none"
+            raise StepError(f"rank {rank} is not in this run (ranks: {have})")
+        return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
+
+    def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
+        from tracekit.analyse.timeline.rules import choose_step_rule
+
+        st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
+        return st.choice, st.skip_first
+
+    def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
+        from tracekit.analyse.compute.kernels import assemble_top_kernels
+        from tracekit.analyse.timeline.breakdown import assemble_breakdown
+        from tracekit.analyse.timeline.steps import assemble_steps
+
+        pieces = [got[r] for r in sorted(got)]
+        found = assemble_steps(st.choice, [p[0] for p in pieces])
+        tables = []
+        for _win, table, _d, ev, _k in pieces:  # the run's step numbers on each rank's kept windows
+            final = found.steps.loc[found.steps["rank"] == ev.rank, "step"].to_numpy(np.int64)
+            tables.append(table.assign(step=final[len(final) - len(table) :]))
+        if any(len(t) for t in tables):
+            table = pd.concat(tables, ignore_index=True)
+        elif pieces:
+            table = pieces[0][1]
+        else:
+            raise StepError("the trace holds no timed events: there is no window to break down")
+        bd = assemble_breakdown(
+            st.meta,
+            found,
+            table,
+            [p[3] for p in pieces],
+            skip_first=st.skip_first,
+            dropped=sum(p[2] for p in pieces),
+            rank=st.rank,
+        )
+        top = assemble_top_kernels([p[4] for p in pieces if p[4] is not None], found.steps)
+        return BreakdownResult(bd, top)
+
+    return Plan(
+        "breakdown",
+        start,
+        (RankStage("rule", _bd_rule, after_rule), RankStage("ranks", _bd_rank, after_ranks)),
+        lambda _st, res: res,
+        only_rank=rank,
+    )

@@ -79,8 +79,7 @@ def skip_first_option(default: int = 1, help: str = "Warm-up steps left out.") -
     return click.option("--skip-first", type=int, default=default, show_default=True, help=help)
 
 
-#: `tracekit.analyse.dilation.DEFAULT_THRESHOLD`, not imported (a command's --help loads no analysis);
-#: tests/test_cli_vocabulary.py holds the two equal
+#: `analyse.dilation.DEFAULT_THRESHOLD`, not imported (--help loads no analysis; test_cli_vocabulary)
 DILATION_THRESHOLD = 0.10
 
 

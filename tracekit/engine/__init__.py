@@ -120,11 +120,11 @@ def breakdown_paths(
     cache: bool = True,
 ) -> Breakdown:
     """`tracekit.analyse.breakdown.breakdown` of the run in `paths` (files and/or folders), on the
-    engine (`plans.breakdown_plan`). `rank`: with one trace file, read it as that rank; with
+    engine (`command_plans.breakdown_plan`). `rank`: with one trace file, read it as that rank; with
     several, show only that rank (as the `breakdown` command does)."""
     from pathlib import Path
 
-    from tracekit.analyse.plans import breakdown_plan
+    from tracekit.analyse.command_plans import breakdown_plan
     from tracekit.engine.executor import Job
 
     plist = _as_list(paths)
@@ -272,7 +272,7 @@ def analyse_dirs(
     the baseline, the shortfall between them; each run read once for all of them; only their
     JSON is kept (`tracekit.report.build.AnalysedRuns`)."""
     from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.plans import breakdown_plan
+    from tracekit.analyse.command_plans import breakdown_plan
     from tracekit.engine.executor import Job
     from tracekit.model.documents import Breakdown, Shortfall, TopKernels
     from tracekit.report import build

@@ -33,7 +33,8 @@ import msgspec
 import orjson
 
 from tracekit.analyse.attribution.pair import shortfall_of_pair
-from tracekit.analyse.plans import attribution_plan, breakdown_plan
+from tracekit.analyse.command_plans import breakdown_plan
+from tracekit.analyse.plans import attribution_plan
 from tracekit.engine import Engine, pair_check, run_plans
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
