@@ -162,3 +162,63 @@ def test_on_four_workers_a_one_rank_baseline_waits_for_the_sharded_runs_rank_sta
     # no stage of the baseline's submitted while the sharded run was at its first rank stages
     early = {"rule", "windows", "match", "attribute"}
     assert all(h[2] for h in held if h[3] in early)
+
+
+@pytest.mark.parametrize(
+    ("files", "homed"),
+    [([1, 16], {0}), ([16, 1], {1}), ([4, 4], set()), ([2, 8, 1], {0, 2}), ([5, 16], set())],
+)
+def test_a_small_runs_files_are_read_on_the_last_worker_never_the_graph_worker(
+    files: list[int], homed: set[int]
+) -> None:
+    """`small_run_homes`: a run of at most a quarter of the largest run's files (a one-GPU
+    baseline) is read on the last worker on clusters of three workers or more, which is never the
+    largest run's graph worker (`_Run.pair_workers`): its rank stages there would wait behind the
+    largest run's serial graph and correction Reduces. A run of more than a quarter (5 of 16) and
+    every run on one or two workers is left to the scheduler."""
+    from tracekit.engine import Engine
+    from tracekit.engine.dask_engine import _Run, small_run_homes
+
+    for n in range(1, 10):
+        workers = [f"w{i}" for i in range(n)]
+        homes = small_run_homes(files, workers)
+        assert set(homes) == (homed if n >= 3 else set()), (n, files)
+        r = _Run(None, Engine(kind="dask"), [None] * len(files), [])  # type: ignore[list-item]
+        r.workers, r.sizes = workers, files
+        graph, _path = r.pair_workers(files.index(max(files)))
+        assert all(w == workers[-1] != workers[graph] for w in homes.values())
+
+
+@pytest.mark.skipif(find_spec("distributed") is None, reason="Dask (the dask extra) is not installed")
+def test_on_four_workers_the_baselines_rank_stages_run_off_the_sharded_runs_graph_worker(
+    synthetic_run: Path,
+) -> None:
+    """The real placement on a four-worker cluster: every rank-stage task of a one-rank baseline
+    ran on the last worker (where its file was read), none on the worker of the sharded run's
+    graph Reduce (the 8-worker stream of 2026-12-03 had the baseline's chain wait there for the
+    sharded run's graph and correction); both results are the local engine's."""
+    from distributed import LocalCluster
+
+    from tracekit.engine import Engine
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job, LocalExecutor
+
+    base = ROOT / "traces" / "h200-tp1-graphs-fused"
+    jobs = [
+        Job((base,), (attribution_plan(label="baseline"),)),
+        Job((synthetic_run,), (attribution_plan(label="sharded"),)),
+    ]
+    with LocalCluster(
+        n_workers=4, threads_per_worker=1, processes=False, dashboard_address=":0", silence_logs=40
+    ) as c:
+        got, _ = DaskExecutor(Engine(kind="dask", scheduler=c.scheduler_address)).run(jobs)
+        last = sorted(c.scheduler.workers)[-1]
+    ref, _ = LocalExecutor().run(jobs)
+    graph = {t.worker for t in got[1].tasks if t.stage == "graph"}
+    ranks = [t for t in got[0].tasks if t.stage.startswith("attribution.")]
+    assert ranks and {t.worker for t in ranks} == {last}
+    assert len(graph) == 1 and last not in graph
+    for g, r in zip(got, ref, strict=True):
+        pd.testing.assert_frame_equal(g.results[0].steps, r.results[0].steps)
+        assert g.results[0].per_token == r.results[0].per_token
+        assert g.results[0].path_token == r.results[0].path_token

@@ -44,12 +44,12 @@ from tracekit.analyse.plans import (
 from tracekit.engine import Engine, EngineError
 from tracekit.engine.dask_tasks import (
     FileMeta,
-    FileView,
     RankFile,
     client_settings,
     fan_task,
     file_meta,
     kept_values,
+    metadata_of,
     prepare_file,
     rank_stage,
     read_rank_file,
@@ -58,8 +58,7 @@ from tracekit.engine.dask_tasks import (
     stage_results,
 )
 from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
-from tracekit.model.events import DataQuality, Run
-from tracekit.read.manifests import ManifestRead
+from tracekit.model.events import Run
 from tracekit.read.run import reading_bar
 
 __all__ = ["DaskExecutor", "FileMeta", "RankFile", "open_client", "prepare_file", "read_rank_file"]
@@ -115,50 +114,6 @@ _SMALL = 100
 def _file_key(job_index: int, path: Path) -> str:
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     return f"run{job_index}-{path.name.replace('.', '_')}-{digest}"
-
-
-def metadata_of(
-    metas: Sequence[FileMeta], manifest: ManifestRead | None, paths: Sequence[str | os.PathLike[str]]
-) -> tuple[Run, list[FileView]]:
-    """On the client, from the read tasks' metadata alone: the run without events but with the
-    run-level notes (`assemble_run` with the files' counts and digests) and, per file, how the
-    run sees it (ranks renumbered, Nsight shift, label of its first row in the run's table)."""
-    from tracekit.model.events import empty_events
-    from tracekit.read import assemble_run
-
-    tables = [
-        Run(
-            events=empty_events(),
-            sources=dict(m.sources),
-            rank_info=dict(m.rank_info),
-            data_quality=DataQuality().merge(m.data_quality),
-        )
-        for m in metas
-    ]
-    counts = (
-        sum(m.n_events for m in metas),
-        sum(m.stream_counts[0] for m in metas),
-        sum(m.stream_counts[1] for m in metas),
-        sum(m.stream_counts[2] for m in metas),
-    )
-    run = assemble_run(tables, manifest, paths, counts=counts, digests={m.path: m.sha256 for m in metas})
-    by_src: dict[str, list[int]] = {}
-    for r, src in run.sources.items():
-        by_src.setdefault(str(src), []).append(r)
-    order: list[tuple[int, int, FileView]] = []
-    for i, m in enumerate(metas):
-        old = sorted(m.sources)
-        new = sorted(by_src.get(str(m.sources[old[0]]), old)) if old else []
-        rank_map = dict(zip(old, new, strict=True)) if len(old) == len(new) else {r: r for r in old}
-        shift = next((_int(run.rank_info.get(r, {}).get("session_shift_ns")) for r in new), 0)
-        order.append((min(new) if new else 0, i, FileView(rank_map, shift, 0)))
-    views: list[FileView | None] = [None] * len(metas)
-    offset = 0
-    for _, i, view in sorted(order, key=lambda v: (v[0], v[1])):  # concat_runs' order
-        view.event_offset = offset
-        offset += metas[i].n_events
-        views[i] = view
-    return run, [v for v in views if v is not None]
 
 
 class DaskExecutor:
@@ -399,15 +354,26 @@ class _Run:
         self.sizes: list[int] = [0 for _ in jobs]  # each job's run's rank count (`pair_workers`)
         self.failed: set[int] = set()  # the jobs of the runners that raised
 
-    def task(self, key: str, fn: Any, *args: Any, spread: int | None = None, priority: int = 0) -> Any:
+    def task(
+        self,
+        key: str,
+        fn: Any,
+        *args: Any,
+        spread: int | None = None,
+        priority: int = 0,
+        on: str | None = None,
+    ) -> Any:
         """A task; with `spread` (a Fan's i-th call) placed on the i-th worker (round robin,
         others allowed): the scheduler would otherwise keep every call next to the large value
-        they share (the run's graph) and run them one after the other there. Of the tasks ready
-        on a worker the one of highest `priority` runs first (`_SMALL`, `priority`)."""
+        they share (the run's graph) and run them one after the other there; with `on`, on that
+        worker (others allowed). Of the tasks ready on a worker the one of highest `priority`
+        runs first (`_SMALL`, `priority`)."""
         kw: dict[str, Any] = {"priority": priority}
         if spread is not None and self.worker_list():
             workers = self.worker_list()
             kw.update(workers=[workers[spread % len(workers)]], allow_other_workers=True)
+        elif on is not None:
+            kw.update(workers=[on], allow_other_workers=True)
         return self.client.submit(
             fn, *args, key=f"{key}-{self.token}", retries=self.engine.retries, pure=False, **kw
         )
@@ -466,11 +432,21 @@ class _Run:
         settings = client_settings()
         reads: list[list[Any]] = []
         sizes: dict[Any, int] = {}
+        homes = small_run_homes(
+            [len(files) for files, _m in self.expanded],
+            sorted(self.client.scheduler_info().get("workers", {})),
+        )
         for j, (job, (files, _manifest)) in enumerate(zip(self.jobs, self.expanded, strict=True)):
             futs = []
             for f in files:
                 fut = self.task(
-                    f"tracekit-read-{_file_key(j, f)}", read_rank_file, str(f), job.rank, job.cache, settings
+                    f"tracekit-read-{_file_key(j, f)}",
+                    read_rank_file,
+                    str(f),
+                    job.rank,
+                    job.cache,
+                    settings,
+                    on=homes.get(j),
                 )
                 sizes[fut.key] = f.stat().st_size
                 futs.append(fut)
@@ -586,6 +562,20 @@ class _Run:
                     f.release()
 
 
+def small_run_homes(files: Sequence[int], workers: Sequence[str]) -> dict[int, str]:
+    """The worker each small run's files are read on (job index -> address), by file count: a run
+    of at most a quarter of the largest run's files (a one-GPU baseline) on the last worker, on
+    three workers or more. Its rank stages then run there (where its events are held), never on
+    the first worker, the largest run's graph worker (`_Run.pair_workers`), where they would wait
+    behind that run's serial graph and correction Reduces (the 8-worker stream of 2026-12-03:
+    the baseline's chain ran after them, 0.65 s of tail). Unpinned (the scheduler's choice) on
+    fewer workers, or when the cluster has none yet (an adaptive one)."""
+    if len(workers) < 3 or not files:
+        return {}
+    big = max(files)
+    return {j: workers[-1] for j, n in enumerate(files) if 4 * n <= big}
+
+
 def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) -> None:
     """A rich bar on stderr: bytes of rank files read and classified on all workers. Errors are
     left for the caller to raise."""
@@ -593,8 +583,3 @@ def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) ->
         task = bar.add_task(f"dask: reading {len(reads)} rank file(s)", total=sum(sizes.values()))
         for fut in distributed.as_completed(reads):
             bar.advance(task, sizes.get(fut.key, 0))
-
-
-def _int(x: object) -> int:
-    """A reader's integer in rank_info (0 when it is not one)."""
-    return x if isinstance(x, int) else 0

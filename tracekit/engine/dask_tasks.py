@@ -2,7 +2,8 @@
 rank file read, classified and hashed and its table held there (`read_rank_file`), put in the
 run's frame (`prepare_file`), a plan's rank stage on a file's ranks (`rank_stage`), a Reduce over
 the ranks' kept values or what an earlier Reduce kept (`reduce_task`), a Fan's call
-(`fan_task`), and the small parts the client gathers."""
+(`fan_task`), and the small parts the client gathers; on the client, the run and each file's
+place in it from the read tasks' metadata alone (`metadata_of`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from tracekit.analyse.plans import Fan, RankInput, RankStage, Reduce, kept, run_
 from tracekit.engine.executor import TaskRecord
 from tracekit.model.digest import sha256_of
 from tracekit.model.events import DataQuality, Run
+from tracekit.read.manifests import ManifestRead
 
 __all__ = [
     "FileMeta",
@@ -31,6 +33,7 @@ __all__ = [
     "fan_task",
     "file_meta",
     "kept_values",
+    "metadata_of",
     "prepare_file",
     "rank_stage",
     "read_rank_file",
@@ -175,7 +178,7 @@ def rank_stage(state: FileState, stage: RankStage, arg: Any, only: int | None, n
     t0 = time.perf_counter()
     ranks = state.ranks if only is None else {r: v for r, v in state.ranks.items() if r == only}
     results = run_rank_stage(stage, ranks, arg)
-    rec = TaskRecord(name, "", sorted(results), time.perf_counter() - t0, _peak_rss())
+    rec = TaskRecord(name, "", sorted(results), time.perf_counter() - t0, _peak_rss(), _worker())
     return FileState(state.ranks, results, rec)
 
 
@@ -217,3 +220,52 @@ def fan_task(stage: Fan, arg: Any, full: tuple[Any, TaskRecord, Any]) -> tuple[A
 def reduce_results(full: tuple[Any, TaskRecord, Any]) -> tuple[Any, TaskRecord]:
     """The small part of a Reduce (what the client gathers; what it keeps stays on the worker)."""
     return full[0], full[1]
+
+
+def metadata_of(
+    metas: Sequence[FileMeta], manifest: ManifestRead | None, paths: Sequence[str | os.PathLike[str]]
+) -> tuple[Run, list[FileView]]:
+    """On the client, from the read tasks' metadata alone: the run without events but with the
+    run-level notes (`assemble_run` with the files' counts and digests) and, per file, how the
+    run sees it (ranks renumbered, Nsight shift, label of its first row in the run's table)."""
+    from tracekit.model.events import empty_events
+    from tracekit.read import assemble_run
+
+    tables = [
+        Run(
+            events=empty_events(),
+            sources=dict(m.sources),
+            rank_info=dict(m.rank_info),
+            data_quality=DataQuality().merge(m.data_quality),
+        )
+        for m in metas
+    ]
+    counts = (
+        sum(m.n_events for m in metas),
+        sum(m.stream_counts[0] for m in metas),
+        sum(m.stream_counts[1] for m in metas),
+        sum(m.stream_counts[2] for m in metas),
+    )
+    run = assemble_run(tables, manifest, paths, counts=counts, digests={m.path: m.sha256 for m in metas})
+    by_src: dict[str, list[int]] = {}
+    for r, src in run.sources.items():
+        by_src.setdefault(str(src), []).append(r)
+    order: list[tuple[int, int, FileView]] = []
+    for i, m in enumerate(metas):
+        old = sorted(m.sources)
+        new = sorted(by_src.get(str(m.sources[old[0]]), old)) if old else []
+        rank_map = dict(zip(old, new, strict=True)) if len(old) == len(new) else {r: r for r in old}
+        shift = next((_int(run.rank_info.get(r, {}).get("session_shift_ns")) for r in new), 0)
+        order.append((min(new) if new else 0, i, FileView(rank_map, shift, 0)))
+    views: list[FileView | None] = [None] * len(metas)
+    offset = 0
+    for _, i, view in sorted(order, key=lambda v: (v[0], v[1])):  # concat_runs' order
+        view.event_offset = offset
+        offset += metas[i].n_events
+        views[i] = view
+    return run, [v for v in views if v is not None]
+
+
+def _int(x: object) -> int:
+    """A reader's integer in rank_info (0 when it is not one)."""
+    return x if isinstance(x, int) else 0

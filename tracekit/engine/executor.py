@@ -50,7 +50,7 @@ class TaskRecord:
     ranks: list[int]
     seconds: float
     peak_rss_bytes: int = 0
-    worker: str = ""  # on Dask, a Reduce's: the worker's address
+    worker: str = ""  # on Dask, the address of the worker that ran a rank stage or a Reduce
 
 
 @dataclass
