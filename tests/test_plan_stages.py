@@ -218,6 +218,8 @@ def test_on_four_workers_the_baselines_rank_stages_run_off_the_sharded_runs_grap
     ranks = [t for t in got[0].tasks if t.stage.startswith("attribution.")]
     assert ranks and {t.worker for t in ranks} == {last}
     assert len(graph) == 1 and last not in graph
+    # the sharded run's assembly (`plans.Later`) ran on the client while its Reduces ran
+    assert 0 < got[1].client_beside_s < got[1].client_s
     for g, r in zip(got, ref, strict=True):
         pd.testing.assert_frame_equal(g.results[0].steps, r.results[0].steps)
         assert g.results[0].per_token == r.results[0].per_token

@@ -290,10 +290,14 @@ class _Runner:
             r.side.append((self.j, small))
         return small
 
-    def catch_up(self) -> None:
-        """Run the combines' deferred work (`plans.Later`), in order."""
+    def catch_up(self, beside: bool = False) -> None:
+        """Run the combines' deferred work (`plans.Later`), in order; `beside`: while tasks run
+        (its seconds are also counted in `_Run.beside_s`: client work off the critical path)."""
         while self.deferred:
+            t0 = time.perf_counter()
             self.run.client_call(self.j, self.deferred.pop(0))
+            if beside:
+                self.run.beside_s[self.j] += time.perf_counter() - t0
 
     def take(self, got: Any) -> Any:
         """A combine's result: the next stage's argument (a `Later`'s work deferred)."""
@@ -347,6 +351,7 @@ class _Run:
         self.ranks_of: list[list[list[int]]] = []
         self.records: list[list[TaskRecord]] = [[] for _ in jobs]
         self.client_s = [0.0 for _ in jobs]
+        self.beside_s = [0.0 for _ in jobs]  # of it, run while the workers ran tasks (`catch_up`)
         self.later: list[Any] = []
         self.side: list[tuple[int, Any]] = []  # (job, small result) of the Reduces not waited for
         self.runners: list[_Runner] = []
@@ -516,7 +521,7 @@ class _Run:
                     raised = False
                     for i in active:
                         try:
-                            runners[i].catch_up()
+                            runners[i].catch_up(beside=True)
                         except Exception as exc:  # noqa: BLE001
                             errors[i], raised = exc, True
                             self.failed.add(runners[i].j)
@@ -549,6 +554,7 @@ class _Run:
                         results=[rn.result for rn in runners if rn.j == j],
                         tasks=recs + self.records[j],
                         client_s=self.client_s[j],
+                        client_beside_s=self.beside_s[j],
                         n_events=sum(m.n_events for m in file_metas[j]),
                         files=len(file_metas[j]),
                     )

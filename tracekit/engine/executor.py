@@ -59,6 +59,7 @@ class JobResult:
     results: list[Any]  # per plan, in order
     tasks: list[TaskRecord] = field(default_factory=list)
     client_s: float = 0.0  # the client's own work: metadata, starts, combines, finishes
+    client_beside_s: float = 0.0  # of it, done while the workers ran tasks (Dask: `plans.Later`)
     n_events: int = 0
     files: int = 0
 
