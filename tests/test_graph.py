@@ -583,18 +583,27 @@ def _latency_variants(g: Graph) -> list[np.ndarray]:
     return [g.lat, short, np.zeros_like(g.lat)]
 
 
-@pytest.mark.parametrize("name", sorted(SPECS))
-def test_the_walk_is_the_node_by_node_walk_on_generated_runs(name: str) -> None:
-    """`walk_path` (the binding chain read a block of nodes at a time) gives the node-by-node
-    walk's rows and segments exactly, at the measured times and at two re-timings; a time that no
-    in-edge reaches on the path stops both."""
-    g, _ends = graph_of(SPECS[name])
+def _walks_match(g: Any) -> list[tuple[np.ndarray, list[Any], list[Any]]]:
+    """For each latency set of `_latency_variants`: `walk_path` gives the node-by-node walk's
+    rows and segments exactly; returns (latencies, rows, segments) per set."""
+    out = []
     for lat in _latency_variants(g):
         t = g.times(lat)
         walk = walk_path(g, t, lat)
         rows, segs = _walk_node_by_node(g, t, lat)
         assert [r.values() for r in walk.rows] == rows
         assert walk.segments == segs
+        out.append((lat, rows, segs))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_walk_is_the_node_by_node_walk_on_generated_runs(name: str) -> None:
+    """`walk_path` (the binding chain read a block of nodes at a time) gives the node-by-node
+    walk's rows and segments exactly, at the measured times and at two re-timings; a time that no
+    in-edge reaches on the path stops both."""
+    g, _ends = graph_of(SPECS[name])
+    for lat, _rows, segs in _walks_match(g):
         assert len(segs) >= len(g.steps) or not lat.any()  # a piece per step at least
     t = g.times()
     ws, we = g.windows(t)
@@ -614,12 +623,7 @@ def test_the_walk_is_the_node_by_node_walk_on_the_committed_traces(trace: str) -
 
     g = committed_parts(trace, "sharded").graph
     assert g is not None
-    for lat in _latency_variants(g):
-        t = g.times(lat)
-        walk = walk_path(g, t, lat)
-        rows, segs = _walk_node_by_node(g, t, lat)
-        assert [r.values() for r in walk.rows] == rows
-        assert walk.segments == segs
+    for lat, rows, _segs in _walks_match(g):
         visited = {r[1] for r in rows if sum(r[2 : 2 + len(PARTS)])}
         assert len(visited) == (2 if lat.any() else 0)  # the path visits both ranks
 
