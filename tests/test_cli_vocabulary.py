@@ -184,14 +184,15 @@ def test_analysis_options_are_one_declaration_on_every_engine_command() -> None:
     """Every command with --engine has the whole analysis set and -o/--output, each spelled, typed
     and explained the same (a command that declared its own copy would drift from the others)."""
     cmds = {n: c for n, c in _commands().items() if "--engine" in _options(c)}
-    assert {"breakdown", "shortfall", "diff", "decompose", "whatif", "report"} <= set(cmds)
+    assert {"breakdown", "shortfall", "diff", "decompose", "whatif", "report", "study"} <= set(cmds)
     for opt in ANALYSIS:
         seen = {
             (tuple(o.opts), type(o.type).__name__, o.help, o.default)
             for o in (_options(c)[opt] for c in cmds.values())
         }
         assert len(seen) == 1, (opt, seen)
-    outputs = {n: _options(c)["--output"] for n, c in cmds.items() if n != "report"}  # report: several
+    # report writes several files, study a folder of runs and reports: their -o says so
+    outputs = {n: _options(c)["--output"] for n, c in cmds.items() if n not in ("report", "study")}
     assert {(tuple(o.opts), o.help) for o in outputs.values()} == {
         (("-o", "--output", "--out"), outputs["shortfall"].help)
     }

@@ -298,3 +298,38 @@ def test_a_cpu_study_shows_the_real_gpu_finding_beside_its_own(study):
     assert len(verdicts) == 2
     assert verdicts[0].startswith("Coordination holds this run back")
     assert verdicts[1].startswith("Compute holds this run back")
+
+
+def test_study_takes_the_engine_options_of_every_analysis_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`study --engine / --scheduler / --workers` (cli.options.engine_options, as breakdown and
+    shortfall take them) reach `run_study` as the engine its analyses run on, without the
+    engine's own progress display (the study shows one); a contradiction is a one-line error
+    before anything is captured."""
+    import click
+
+    import tracekit.pipeline.study as pipeline
+    from tracekit.engine import Engine
+
+    got: list[Engine | None] = []
+
+    def recorded(config, out_dir, progress=None, engine=None):  # noqa: ANN001, ANN202
+        got.append(engine)
+        raise click.exceptions.Exit(0)
+
+    monkeypatch.setattr(pipeline, "run_study", recorded)
+    out = tmp_path / "s"
+    assert main(["study", "--quiet", "-o", str(out), "--scheduler", "tcp://127.0.0.1:8786"]) == 0
+    assert main(["study", "--quiet", "-o", str(out), "--engine", "dask", "--workers", "3"]) == 0
+    assert main(["study", "--quiet", "-o", str(out)]) == 0
+    assert got == [
+        Engine(kind="dask", scheduler="tcp://127.0.0.1:8786", progress=False),
+        Engine(kind="dask", workers=3, progress=False),
+        Engine(kind="local", progress=False),
+    ]
+    capsys.readouterr()
+    assert main(["study", "-o", str(out), "--engine", "local", "--workers", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--engine dask" in err[0], err
+    assert len(got) == 3 and not out.exists()

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
-from tracekit.cli.options import output_option, quiet
+from tracekit.cli.options import (
+    RunOn,
+    cache_dir_option,
+    engine_options,
+    no_cache_env_option,
+    output_option,
+    quiet,
+)
 
 
 def _check_out_dir(out_dir: Path, force: bool) -> None:
@@ -75,6 +82,9 @@ def _parse_tp(text: str | None) -> tuple[int, ...] | None:
     help="Captures per TP degree, alternating TP=1, TP=N, TP=1, TP=N ... so the host's drift falls on "
     "every degree alike (their rounds are then paired in the intervals); 1: one capture each.",
 )  # fmt: skip
+@no_cache_env_option
+@cache_dir_option
+@engine_options
 def command(
     tp_text: str | None,
     preset: str | None,
@@ -90,6 +100,9 @@ def command(
     force: bool,
     rounds: int,
     blocks: int,
+    engine: str | None,
+    scheduler: str | None,
+    workers: int | None,
 ) -> None:
     """Capture each TP degree, run breakdown and shortfall (and the link comparison where there
     are GPUs), and write the report. With no arguments on a CPU machine: the tiny preset over
@@ -100,9 +113,12 @@ def command(
       tracekit study                                  # -> reports/study/report.html
       tracekit study --tp 1,2 --tokens 32 -o reports/cpu-study
       tracekit study --tp 1,2,4 --preset 7b --device cuda -o reports/h200-study
+      tracekit study --tp 1,8 --engine dask --workers 16  # the analyses on a local Dask cluster
     """
     if cdn and offline:
         raise click.UsageError("--cdn and --offline contradict each other: give one")
+    # where the analyses run (the captures run here): the study's own progress display, not the engine's
+    eng = RunOn(engine, scheduler, workers).engine(progress=False)
     _check_out_dir(out_dir, force)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
@@ -115,7 +131,7 @@ def command(
     )  # fmt: skip
     console = Console(stderr=True)
     if quiet():
-        result = run_study(config, out_dir)
+        result = run_study(config, out_dir, engine=eng)
     else:
         with Progress(
             TextColumn("[bold]{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
@@ -128,7 +144,7 @@ def command(
                     tasks[stage] = bar.add_task(stage, total=max(total, 1), detail=detail)
                 bar.update(tasks[stage], completed=done, total=max(total, 1), detail=detail)
 
-            result = run_study(config, out_dir, progress=hook)
+            result = run_study(config, out_dir, progress=hook, engine=eng)
     click.echo("")
     click.echo(result.verdict)
     if result.diagnosis:
