@@ -333,3 +333,27 @@ def test_study_takes_the_engine_options_of_every_analysis_command(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--engine dask" in err[0], err
     assert len(got) == 3 and not out.exists()
+
+
+def test_the_study_view_says_verdict_next_dilation_notes_reports_then_the_gpu_finding(tmp_path: Path) -> None:
+    """`render.study.text`, the lines `tracekit study` ends with, in the order a reader acts on
+    them: the verdict, what to look at next (only when there is a diagnosis), the dilation and its
+    warning (only when there is one), the notes, the reports, the plotly note; the committed GPU
+    verdicts last, each under its label, only when given (a CPU machine)."""
+    from tracekit.pipeline.study import StudyResult
+    from tracekit.render.study import text
+
+    res = StudyResult(
+        out_dir=tmp_path, verdict="V.", dilation_sentence="D.", dilation_warning=None, run_dirs={},
+        reports=[tmp_path / "report.html"], notes=["n1"], diagnosis="",
+    )  # fmt: skip
+    assert text(res).splitlines() == ["", "V.", "D.", "note: n1", f"report: {tmp_path / 'report.html'}"]
+    warned = StudyResult(
+        out_dir=tmp_path, verdict="V.", dilation_sentence="D.", dilation_warning="W!", run_dirs={},
+        reports=[], diagnosis="look at X",
+    )  # fmt: skip
+    assert text(warned, "no bundle", [("eager, TP=2", "G1."), ("graphs", "G2.")]).splitlines() == [
+        "", "V.", "Next: look at X", "D.", "W!", "note: no bundle", "",
+        "The verdict above is this machine's CPU (gloo) run. On real GPUs (committed traces):",
+        "- eager, TP=2", "  G1.", "- graphs", "  G2.",
+    ]  # fmt: skip

@@ -145,31 +145,14 @@ def command(
                 bar.update(tasks[stage], completed=done, total=max(total, 1), detail=detail)
 
             result = run_study(config, out_dir, progress=hook, engine=eng)
-    click.echo("")
-    click.echo(result.verdict)
-    if result.diagnosis:
-        click.echo(f"Next: {result.diagnosis}")
-    click.echo(result.dilation_sentence)
-    if result.dilation_warning:
-        click.echo(result.dilation_warning)
-    for note in result.notes:
-        click.echo(f"note: {note}")
-    for p in result.reports:
-        click.echo(f"report: {p}")
     from tracekit.cli.report import plotly_bundle_note
+    from tracekit.render.study import text
 
-    bundle_note = plotly_bundle_note(list(result.reports), cdn)
-    if bundle_note:
-        click.echo(f"note: {bundle_note}")
+    refs: list[tuple[str, str]] = []
     if result.device != "cuda":
-        # on a machine without GPUs the verdict above is about gloo's exchange on a loaded host; the
-        # real GPU finding, from the committed two-H200 runs, goes beside it
+        # on a machine without GPUs the verdict is about gloo's exchange on a loaded host; the real
+        # GPU finding, from the committed two-H200 runs, goes beside it
         from tracekit.pipeline.study import gpu_reference_verdicts
 
         refs = gpu_reference_verdicts()
-        if refs:
-            click.echo("")
-            click.echo("The verdict above is this machine's CPU (gloo) run. On real GPUs (committed traces):")
-            for label, verdict in refs:
-                click.echo(f"- {label}")
-                click.echo(f"  {verdict}")
+    click.echo(text(result, plotly_bundle_note(list(result.reports), cdn), refs), nl=False)
