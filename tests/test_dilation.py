@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import re
 from fractions import Fraction
+from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -296,3 +298,36 @@ def test_dilation_cli_manifest_not_an_object_is_one_error(tmp_path):
     (run / "manifest.json").write_text("[1, 2]")
     res = CliRunner().invoke(dilation_command, [str(run)])
     assert isinstance(res.exception, TraceFormatError) and "manifest.json" in str(res.exception)
+
+
+def test_the_dilation_view_flags_each_run_by_its_figure_and_the_threshold() -> None:
+    """`render.dilation.table` on a committed run's manifest: its row holds the dilation and its
+    interval as the analysis gives them; the flag is INFLATED for an inflated dilation, NOISY for
+    one under 1 / (1 + threshold) (the profiled pass faster), blank between; each note follows the
+    table under the run's name."""
+    import dataclasses
+
+    from tracekit.analyse.dilation import dilation_of
+    from tracekit.read.manifests import read_manifest
+    from tracekit.render.dilation import table
+
+    run = "traces/h200-tp2"
+    m = read_manifest(Path(__file__).resolve().parents[1] / run / "manifest.json").manifest
+    dil = dilation_of(m, skip_first=1, threshold=0.10)
+    assert dil.dilation is not None and dil.interval is not None
+
+    def row(d: Any, threshold: float = 0.10) -> str:
+        return next(
+            ln for ln in table([(run, m, d)], threshold).splitlines() if ln.lstrip("│ ").startswith(run)
+        )
+
+    first = row(dil)
+    assert f"{dil.dilation:.2f}x" in first and f"{dil.interval[0]:.2f}-{dil.interval[1]:.2f}" in first
+    assert ("INFLATED" in first) == bool(dil.inflated)
+    assert "INFLATED" in row(dataclasses.replace(dil, dilation=1.5))  # over 1 + 10%
+    within = row(dataclasses.replace(dil, dilation=1.05))
+    assert "INFLATED" not in within and "NOISY" not in within
+    assert "NOISY" in row(dataclasses.replace(dil, dilation=0.85))  # under 1 / 1.1
+    assert "NOISY" not in row(dataclasses.replace(dil, dilation=0.85, threshold=0.2), 0.2)  # over 1 / 1.2
+    noted = table([(run, m, dataclasses.replace(dil, notes=("a note",)))], 0.10)
+    assert f"{run}: a note" in noted

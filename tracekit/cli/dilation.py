@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import click
 from msgspec import UNSET
@@ -85,9 +84,6 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
       tracekit dilation traces/cpu-tp1 traces/cpu-tp2
       tracekit dilation runs/h200-tp1 --format json -o dilation.json
     """
-    from rich.console import Console
-    from rich.table import Table
-
     from tracekit.analyse.dilation import dilation_of
 
     rows = []
@@ -100,65 +96,7 @@ def command(run_dirs: tuple[str, ...], skip_first: int, threshold: float, fmt: s
     if fmt == "json":
         write_text(json.dumps([{"run": d, **dil.to_json()} for d, _, dil in rows], indent=1) + "\n", out)
         return
+    from tracekit.render.dilation import table
+
     color = out is None and sys.stdout.isatty() and color_enabled()
-    console = Console(record=True, width=160, force_terminal=color, no_color=not color, file=io.StringIO())
-    t = Table(title="Per-token time, ms (each token: the slowest rank; rounds pooled)", title_justify="left")
-    t.add_column("run", overflow="fold")
-    for col in (
-        "mode",
-        "rounds U/P",
-        "tokens U/P",
-        "unprofiled mean",
-        "p10-p90",
-        "profiled mean",
-        "p10-p90",
-        "dilation",
-        "95% interval",
-        "",
-    ):
-        t.add_column(col, justify="right")
-    for d, m, dil in rows:
-        u, p = dil.unprofiled, dil.profiled
-
-        def q(x: Any) -> tuple[str, str]:
-            if x is None:
-                return "-", "-"
-            return (
-                f"{float(x.mean_ns) / 1e6:.3f}",
-                f"{x.quantile_ns(0.1) / 1e6:.3f}-{x.quantile_ns(0.9) / 1e6:.3f}",
-            )
-
-        wl = given(m.workload)
-        wl_mode = given(wl.mode) if wl is not None else None
-        mode = "?" if not wl_mode else wl_mode if isinstance(wl_mode, str) else ", ".join(wl_mode)
-        iv = dil.interval
-        t.add_row(
-            d,
-            mode,
-            f"{dil.rounds['unprofiled']}/{dil.rounds['profiled']}",
-            f"{u.n if u else '-'}/{p.n if p else '-'}",
-            *q(u),
-            *q(p),
-            "-" if dil.dilation is None else f"{dil.dilation:.2f}x",
-            "-" if iv is None else f"{iv[0]:.2f}-{iv[1]:.2f}",
-            "INFLATED"
-            if dil.inflated
-            else ("NOISY" if dil.dilation is not None and dil.dilation < 1 / (1 + threshold) else ""),
-        )
-    console.print(t)
-    for d, _, dil in rows:
-        for note in dil.notes:
-            console.print(f"{d}: {note}")
-        if dil.dilation is not None and dil.interval is None:
-            console.print(
-                f"{d}: no per-token times to resample: the capture's own dilation figure, no interval"
-            )
-    console.print(
-        "dilation = median over rounds of profiled / unprofiled mean per-token time (one round: mean profiled / "
-        "mean unprofiled); tracekit shortfall divides the traced per-token time by exactly this figure. "
-        f"INFLATED: dilation above {threshold:.0%}: the traced coordination share is inflated by the profiler. "
-        "NOISY: the profiled pass was faster than the unprofiled one (a profiler cannot speed a run up: the host "
-        "was loaded); tracekit shortfall then does not correct. A wide interval: the host drifted between rounds "
-        "(capture with more --rounds)."
-    )
-    write_text(console.export_text(styles=color), out)
+    write_text(table(rows, threshold, color), out)
