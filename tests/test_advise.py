@@ -181,3 +181,30 @@ def test_extrapolated_batch_has_the_no_overlap_bound_by_hand(tmp_path):
     g64 = max((weights + 64 * kv_seq) / bw, 2 * linear * 64 / peak)
     assert lo == pytest.approx((g64 - g1) * 1e9, abs=2)
     assert lo < hi
+
+
+def test_the_advise_view_shows_every_option_of_the_json_with_its_figures(tmp_path):
+    """`render.advise.text` of the JSON document `advise --format json` writes (h200-tp1 + tp2,
+    batch 16 predicted): the recommendations first, then one row per option of the document with
+    its latency (ms), tokens/s, GiB per GPU, fit and status; the runs read; every note."""
+    import msgspec
+
+    from tracekit.model.documents.advise import Advise
+    from tracekit.render.advise import text
+
+    js = _advise(
+        tmp_path, "--tp1", str(TRACES / "h200-tp1"), "--tpn", str(TRACES / "h200-tp2"), "--batch", "16"
+    )
+    doc = msgspec.convert(js, Advise)
+    lines = text(doc).splitlines()
+    assert lines[: len(js["recommendations"])] == [r["text"] for r in js["recommendations"]]
+    rows = [ln for ln in lines if ln[:5].strip().isdigit()]
+    assert len(rows) == len(js["options"])
+    for ln, o in zip(rows, js["options"], strict=True):
+        assert ln.split()[0] == str(o["batch"]) and o["option"] in ln and o["status"] in ln
+        lat = o["per_token_latency_ns"]
+        assert ("-" if lat is None else f"{lat / 1e6:.3f}") in ln
+        assert f"{o['memory_per_gpu_bytes']['total'] / GIB:.2f}" in ln
+        assert {True: " yes ", False: " NO ", None: " ? "}[o["fits"]] in ln
+    assert sum(ln.startswith("  TP=") for ln in lines) == len(js["runs"])
+    assert [ln[len("note: ") :] for ln in lines if ln.startswith("note: ")] == js["notes"]

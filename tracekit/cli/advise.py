@@ -8,9 +8,6 @@ from typing import Any
 import click
 
 from tracekit.cli.options import format_option, out_file_option, write_text
-from tracekit.model.documents.advise import Advise as AdviseDoc
-from tracekit.model.documents.advise import AdviseOption
-from tracekit.model.documents.base import given
 
 EXAMPLES = """
 \b
@@ -66,60 +63,6 @@ def _with_kernels(runs: list[Any], batches: tuple[int, ...], table: bool) -> lis
             m = replace(m, kernels=kernel_profile(read_run([m.path]), m.path))
         out.append(m)
     return out
-
-
-def _model_text(r: AdviseOption) -> str:
-    """The batch model of a predicted row, in words (docs/METHOD.md section Batch scaling of a decode)."""
-    rng, bm = given(r.per_token_latency_range_ns), given(r.batch_model)
-    if rng:
-        return f" (roofline band from one run: {rng[0] / 1e6:.3f}-{rng[1] / 1e6:.3f} ms)"
-    if bm:
-        parts = ", ".join(f"{p.kind} {p.added_ns / 1e3:+,.0f} us" for p in bm.by_kind)
-        return f" ({bm.model}: {parts})"
-    return ""
-
-
-def render_text(adv: Any) -> str:
-    from tracekit.analyse.advise import cliff_sentence
-    from tracekit.analyse.advise_inputs import GIB
-
-    doc: AdviseDoc = adv.document()
-    lines = [r.text for r in doc.recommendations]
-    lines.append("")
-    mem = doc.memory_per_gpu_bytes
-    memory = (
-        f"{mem / GIB:.1f} GiB each ({doc.memory_source}, {(doc.reserve_bytes or 0) / GIB:.1f} GiB kept back)"
-        if mem
-        else "memory per GPU unknown (give --memory-gib)"
-    )
-    layers = (
-        f", memory for {given(doc.layers)} layers" if given(doc.layers) != given(doc.layers_traced) else ""
-    )
-    lines.append(
-        f"{doc.gpus} GPU(s), {memory}, context {doc.context} tokens, weights {doc.weight_dtype}{layers}"
-    )
-    head = f"{'batch':>5}  {'option':<38} {'ms/token':>9} {'tokens/s':>10} {'GiB/GPU':>8} {'fits':>5}  status"
-    lines += [head, "-" * len(head)]
-    for r in doc.options:
-        lat = r.per_token_latency_ns
-        tps = r.tokens_per_s
-        fits = {True: "yes", False: "NO", None: "?"}[r.fits]
-        lines.append(
-            f"{r.batch:>5}  {r.option:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
-            f"{'-' if tps is None else f'{tps:,.0f}':>10} {r.memory_per_gpu_bytes.total / GIB:>8.2f} "
-            f"{fits:>5}  {r.status}" + _model_text(r)
-        )
-    lines += ["", "Memory cliff (most concurrent sequences whose KV cache fits beside the weights):"]
-    lines += [f"  {s}" for s in cliff_sentence(adv)]
-    lines += ["", "Runs:"]
-    for run in doc.runs:
-        ms = "?" if run.per_token_ns is None else f"{run.per_token_ns / 1e6:.3f}"
-        lines.append(
-            f"  TP={run.tp} batch {run.batch}: {ms} ms per token ({run.per_token_source}), {run.path}"
-        )
-    for n in doc.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines) + "\n"
 
 
 @click.command(
@@ -209,6 +152,7 @@ def command(
     """
     from tracekit.analyse.advise import advise, load_table_file, run_peaks
     from tracekit.cli.probe import dumps_json
+    from tracekit.render.advise import text
 
     table = load_table_file(gemm_table) if gemm_table else None
     runs = _with_kernels([_measured(p) for p in (*tp1, *tpn)], batches, table is not None)
@@ -226,4 +170,4 @@ def command(
         batches=batches,
         layers=layers,
     )
-    write_text(dumps_json(adv.to_json()).decode() if fmt == "json" else render_text(adv), out)
+    write_text(dumps_json(adv.to_json()).decode() if fmt == "json" else text(adv.document()), out)
