@@ -172,3 +172,27 @@ def test_probe_links_cli_json(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(capsys.readouterr().out)
     assert set(doc) == {"source", "gpus", "links", "notes", "nvidia_smi_topo"}
     assert isinstance(doc["links"], list) and (doc["links"] or doc["notes"])
+
+
+def test_probe_links_text_is_a_row_per_pair_from_the_topology() -> None:
+    """`render.links.topology_text` (`tracekit probe --links`) of the topology's document: the
+    source in the first line, then per pair of the detection its link, NVLink count, NVLink P2P,
+    NVSwitch, PCIe path and PCIe P2P, `?` where unknown; on no GPUs, no row and the note."""
+    from tracekit.render.links import topology_text
+
+    topo = detect_topology(nvml=FakeNvml(), topo_text="")
+    lines = topology_text(topo.document()).splitlines()
+    assert lines[0] == "# links per GPU pair (source: nvml)"
+    rows = [ln.split() for ln in lines if not ln.startswith("#")]
+    assert rows == [
+        [
+            f"{x.gpu_a}-{x.gpu_b}", x.link, str(x.nvlinks if x.nvlinks is not None else "?"), str(x.nvlink_p2p),
+            str(x.nvswitch), x.pcie_path or "?", str(x.pcie_p2p),
+        ]
+        for x in topo.links
+    ]  # fmt: skip
+    none = detect_topology(topo_text="")
+    if not none.links:
+        text = topology_text(none.document())
+        assert "(source: none)" in text and all(ln.startswith("#") for ln in text.splitlines())
+        assert any(ln.startswith("# note: ") for ln in text.splitlines())

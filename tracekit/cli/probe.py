@@ -216,17 +216,9 @@ def _links(fmt: str, out: Path | None) -> None:
     if fmt == "json":
         text = dumps_json(topo.document()).decode()
     else:
-        lines = [f"# links per GPU pair (source: {topo.source or 'none'})"]
-        lines += [f"# note: {n}" for n in topo.notes]
-        lines.append(
-            f"# {'pair':<8} {'link':<7} {'nvlinks':>7} {'nvlink_p2p':>10} {'nvswitch':>8} {'pcie_path':>10} {'pcie_p2p':>8}"
-        )
-        for x in topo.links:
-            lines.append(
-                f"  {x.gpu_a}-{x.gpu_b:<6} {x.link:<7} {x.nvlinks if x.nvlinks is not None else '?':>7} "
-                f"{str(x.nvlink_p2p):>10} {str(x.nvswitch):>8} {x.pcie_path or '?':>10} {str(x.pcie_p2p):>8}"
-            )
-        text = "\n".join(lines) + "\n"
+        from tracekit.render.links import topology_text
+
+        text = topology_text(topo.document())
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)

@@ -11,6 +11,7 @@ from msgspec import UNSET
 
 from tracekit.analyse.links.words import fmt_gbps
 from tracekit.model.documents import Links, given
+from tracekit.model.documents.links import LinksTopology
 from tracekit.model.units import ms_or_us as fmt_ns
 
 
@@ -95,3 +96,22 @@ def table(doc: Links) -> str:
             out.append(line)
     out.append(f"# verdict: {doc.verdict}")
     return "\n".join(out) + "\n"
+
+
+def topology_text(doc: LinksTopology) -> str:
+    """`tracekit probe --links`: the machine's link per GPU pair (where it was read from, its
+    notes, then a row per pair: link, NVLink count, NVLink P2P, NVSwitch, PCIe path, PCIe P2P;
+    `?` where it is not known)."""
+    lines = [f"# links per GPU pair (source: {doc.source or 'none'})"]
+    lines += [f"# note: {n}" for n in doc.notes]
+    lines.append(
+        f"# {'pair':<8} {'link':<7} {'nvlinks':>7} {'nvlink_p2p':>10} {'nvswitch':>8} {'pcie_path':>10} {'pcie_p2p':>8}"
+    )
+    for x in doc.links:
+        nvlinks = given(x.nvlinks)
+        lines.append(
+            f"  {given(x.gpu_a)}-{given(x.gpu_b):<6} {given(x.link):<7} {nvlinks if nvlinks is not None else '?':>7} "
+            f"{str(given(x.nvlink_p2p)):>10} {str(given(x.nvswitch)):>8} {given(x.pcie_path) or '?':>10} "
+            f"{str(given(x.pcie_p2p)):>8}"
+        )
+    return "\n".join(lines) + "\n"
