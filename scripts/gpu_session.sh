@@ -23,8 +23,9 @@
 #       `tracekit predict --check` with the K-rank probe and with the committed 2-rank one (~5 min)
 #   shards: rank-0 shards of TP=2/4/8 with the fused decoder (CUDA graphs), their roofline, and
 #       `tracekit predict` of TP=2/4/8 with the two-H200 graph-timed NVLink probe (~4 min)
-#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 16/8/1/8/1 workers, 256
-#       calibrated on 16, BEFORE=DIR's 8/1 workers; the client's share and peak RSS (issue 27; ~9.5 min at most)
+#   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 8/1/16/8/1 workers with the
+#       task stream, 256 calibrated on 16; with BEFORE=DIR its 8/1/8 workers alternated with this
+#       tree's; the client's share and peak RSS (issue 27; ~8 min at most)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
 #       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
 #   decompose: the committed CPU set `decompose` (scripts/capture_cpu_test_traces.py decompose: three
@@ -134,25 +135,34 @@ if [ "$stage" = batchtraces ]; then  # ~2.5 min
 fi
 # dask (issue 27): the Dask executor on 64 synthetic ranks of traces/h200-tp2 (1.3 GB of JSON).
 # (1) the run with a profiler_calibration in its manifest (bench_scale --calibrated: the cost per call
-# removed, nothing solved): the local engine, then LocalClusters of 16, 8 and 1 workers (8 vs 1 is
-# the shape check), 8 and 1 twice (the host drifts 10-15% between calls: the spread of the shape
-# check); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the client's share and peak RSS;
-# (3) with BEFORE=DIR (a checkout of the code before the change, e.g. the repo root when this tree
-# is a copy under .dev/): its 8 and 1 workers on the same run, for a before/after on one host.
+# removed, nothing solved): the local engine, then LocalClusters of 8, 1, 16, 8 and 1 workers (8 vs
+# 1 is the shape check; 8 and 1 twice: the host drifts 10-15% between calls), with the Dask task
+# stream (`--stream`: where the wall goes); (2) 256 calibrated ranks (5.2 GB) on 16 workers, for the
+# client's share and peak RSS; (3) with BEFORE=DIR (an absolute path: `git archive OLD tracekit
+# benchmarks | tar -x -C .dev/before`, carried): its 8 / 1 / 8 workers alternated with this tree's,
+# one case per invocation, for a before/after on one host.
 # The run without a calibration (the cost solved and checked for identifiability, one task per rank:
 # plans.Fan) was measured in an earlier call (`--ranks 64 --workers 16`, ~80 s). Inner timeouts per
-# case and per part (a case's JSON row is printed as it ends): ~9.5 min at most; tables and per-case
+# case and per part (a case's JSON row is printed as it ends): ~8 min at most; tables and per-case
 # JSON rows under $OUT.
 if [ "$stage" = dask ]; then
   nproc; free -g | head -2
   B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 300 $B --ranks 64 --calibrated --workers 16,8,1,8,1 --local --case-timeout 90 \
-    --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt
-  timeout 150 $B --ranks 256 --calibrated --workers 16 --case-timeout 110 \
-    --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt
+  timeout 260 $B --ranks 64 --calibrated --workers 8,1,16,8,1 --local --stream --case-timeout 100 \
+    --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt | grep -v '^{"case"'
+  timeout 120 $B --ranks 256 --calibrated --workers 16 --case-timeout 100 \
+    --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt | grep -v '^{"case"'
   if [ -n "${BEFORE:-}" ]; then
-    (cd "$BEFORE" && PYTHONPATH=/tmp/site:$BEFORE timeout 110 $B --ranks 64 --calibrated --workers 8,1 \
-      --case-timeout 80 --out $OUT/dask-scale64-cal-before.json 2>&1 | tee $OUT/dask-scale64-cal-before.txt)
+    # before and after alternated, one case per invocation (the host drifts within a call too);
+    # BEFORE is a copy of the older tree's tracekit/ and benchmarks/: its traces are this tree's
+    mkdir -p "$BEFORE/traces"
+    for t in h200-tp1 h200-tp1-calibrated h200-tp2; do ln -sfn "$PWD/traces/$t" "$BEFORE/traces/$t"; done
+    one() {  # $1 after|before, $2 workers, $3 index
+      if [ "$1" = after ]; then d=$PWD; else d=$BEFORE; fi
+      (cd "$d" && PYTHONPATH=/tmp/site:$d timeout 100 $B --ranks 64 --calibrated --workers "$2" --case-timeout 90 \
+        --out "$OUT/alt-$3-$1-w$2.json" 2>&1 | grep "^| dask" | sed "s/^/$3 $1 /")
+    }
+    one after 8 1; one before 8 2; one after 1 3; one before 1 4; one after 8 5; one before 8 6
   fi
 fi
 if [ "$stage" = compile ] || [ "$stage" = suitecap ]; then
