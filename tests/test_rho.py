@@ -8,7 +8,7 @@ import pytest
 
 from tracekit.cli.main import main
 from tracekit.model.documents.rho import RhoDevice
-from tracekit.probe.rho import Rho, anchors_for, datasheet_for, format_table
+from tracekit.probe.rho import Rho, anchors_for, datasheet_for
 from tracekit.probe.rho_kernels import Measurement
 
 
@@ -32,7 +32,9 @@ def test_rho_is_matrix_over_fp32_fma_with_datasheet_and_anchor_beside():
     assert rows["bf16"].datasheet_rho == pytest.approx(989.4 / 66.9)
     assert rows["bf16"].anchor_rho == pytest.approx(777.0 / 64.0)
     assert rows["int8"].rho is None  # a skipped dtype has no rho, and says why
-    text = format_table(r)
+    from tracekit.render.rho import table
+
+    text = table(r.document())
     assert "skipped" in text and "RuntimeError" in text
     doc = r.to_json()
     assert doc["kind"] == "tracekit.rho" and doc["matrix"][1]["skipped"].startswith("RuntimeError")
@@ -111,3 +113,34 @@ def test_fma_kernel_unroll_and_the_peak_at_a_clock():
 
 def test_int8_rowb_is_accepted_and_unroll_checked_by_the_cli():
     assert main(["rho", "--device", "cpu", "--fma-unroll", "0"]) != 0
+
+
+def test_the_rho_view_gives_the_clock_and_the_share_of_the_fma_peak_at_it():
+    """`render.rho.table` of the document: a matrix figure measured with its SM clock under load
+    says the clock beside its method and, on the next line, its share of the FMA peak at that
+    clock (768 of 800 TFLOP/s: 96.0%); rho is the matrix over the fp32 FMA figure (768 / 64 = 12.0)."""
+    from tracekit.render.rho import table
+
+    r = Rho(
+        RhoDevice(type="cuda", name="NVIDIA H200", torch="2.13"),
+        [
+            Measurement(
+                "matrix",
+                "bf16",
+                "torch.mm",
+                "8192^3",
+                1,
+                768.0,
+                sm_clock_mhz=1980.0,
+                peak_at_clock_tops=800.0,
+            )
+        ],
+        [Measurement("vector", "fp32", "kernel", "-", 1, 64.0)],
+        ["a note"],
+    )
+    lines = table(r.document()).splitlines()
+    bf16 = next(i for i, ln in enumerate(lines) if ln.startswith("matrix  bf16"))
+    assert "[8192^3, SM clock 1980 MHz under load]" in lines[bf16]
+    assert lines[bf16 + 1].strip() == "96.0% of the FMA peak at that clock (800.0)"
+    assert next(ln for ln in lines if ln.startswith("bf16 / fp32 FMA")).split()[4] == "12.0"
+    assert lines[-1] == "note: a note"

@@ -79,8 +79,9 @@ def command(
     `tracekit breakdown`.
     """
     from tracekit.cli.probe import dumps_json
-    from tracekit.probe.rho import MATRIX_DTYPES, MATRIX_EXTRA, VECTOR_DTYPES, format_table, run_rho
+    from tracekit.probe.rho import MATRIX_DTYPES, MATRIX_EXTRA, VECTOR_DTYPES, run_rho
     from tracekit.probe.rho_kernels import FMA_UNROLL
+    from tracekit.render.rho import table
 
     md = _dtypes(matrix, MATRIX_DTYPES + MATRIX_EXTRA, "--matrix")
     vd = _dtypes(vector, VECTOR_DTYPES, "--vector")
@@ -107,4 +108,4 @@ def command(
     if fmt == "json":
         write_text(dumps_json(result.to_json()).decode(), out)
     else:
-        write_text(format_table(result), out)
+        write_text(table(result.document()), out)

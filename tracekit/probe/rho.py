@@ -31,12 +31,11 @@ Datasheet figures (dense, no sparsity) are given beside the measured ones when t
 known (`DATASHEETS`); the H200 figures measured earlier in this project are `ANCHORS`.
 
 The micro-benchmarks themselves (matrix, FMA kernel, clock, int8 layout) are in `rho_kernels.py`;
-here the figures, rho, the table and the JSON.
+here the figures, rho and the JSON (the table: `tracekit.render.rho`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -216,41 +215,3 @@ def run_rho(
             notes.append(f"vector {d} skipped: {v.skipped}")
         vector.append(v)
     return Rho(dev, matrix, vector, notes)
-
-
-def format_table(result: Rho) -> str:
-    """A plain-text table of the measurements and rho."""
-
-    def f(x: float | None, nd: int = 1) -> str:
-        if x is None or not math.isfinite(x):
-            return "-"
-        return f"{x:,.{nd}f}" if abs(x) >= 10 or nd > 1 else f"{x:.3g}"
-
-    d = result.device
-    lines = [f"device: {d.name} ({d.type}, torch {d.torch})", ""]
-    head = f"{'kind':<7} {'dtype':<6} {'measured':>10} {'best':>10} {'datasheet':>10} {'anchor':>10}  method"
-    lines += [head, "-" * len(head)]
-    for m in [*result.matrix, *result.vector]:
-        if m.skipped:
-            lines.append(f"{m.kind:<7} {m.dtype:<6} {'skipped':>10}  {m.skipped}")
-            continue
-        clock = f", SM clock {m.sm_clock_mhz:.0f} MHz under load" if m.sm_clock_mhz else ""
-        lines.append(
-            f"{m.kind:<7} {m.dtype:<6} {f(m.tops):>10} {f(m.tops_max):>10} {f(m.datasheet_tops):>10} "
-            f"{f(m.anchor_tops):>10}  {m.method} [{m.shape}{clock}]"
-        )
-        if m.peak_at_clock_tops and m.tops:
-            lines.append(
-                f"{'':<15}{m.tops / m.peak_at_clock_tops:.1%} of the FMA peak at that clock "
-                f"({m.peak_at_clock_tops:,.1f})"
-            )
-    lines += ["", "(TFLOP/s; TOPS for int8 and int32)", ""]
-    lines.append(f"{'rho':<14} {'measured':>9} {'datasheet':>10} {'anchor':>8}")
-    for r in result.rho():
-        lines.append(
-            f"{str(r.dtype) + ' / fp32 FMA':<14} {f(r.rho, 1):>9} {f(r.datasheet_rho, 1):>10} "
-            f"{f(r.anchor_rho, 1):>8}"
-        )
-    for n in result.notes:
-        lines.append(f"note: {n}")
-    return "\n".join(lines) + "\n"

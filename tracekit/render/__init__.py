@@ -4,7 +4,7 @@
 - `shortfall`, `breakdown`, `diff`, `whatif`, `roofline`, `predict`, `links` (compare-links): `table(doc, width, color)`
   (and `markdown(doc)` where the command writes Markdown), each from the command's document;
 - `study`: `text(result, ...)`, what `tracekit study` prints when it is done; `dilation`:
-  `table(rows, threshold, color)`, the dilation command's table; `advise`: `text(doc)`; `links.topology_text`:
+  `table(rows, threshold, color)`, the dilation command's table; `advise`: `text(doc)`; `rho`: `table(doc)`; `links.topology_text`:
   `probe --op links`;
 - `writers`: the recording console, Markdown tables, CSV, JSON text;
 - the verdict and diagnosis sentences are analysis output (they are in the JSON), so they live in
