@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from tracekit.errors import ProbeError
+from tracekit.model.documents.links import ROW_FIELDS
 from tracekit.probe import spec
-from tracekit.probe.results import ROW_FIELDS, format_table, make_row, rows_from_csv, rows_to_csv
+from tracekit.probe.results import make_row, rows_from_csv
+from tracekit.render.probe import format_table, rows_to_csv
 
 NS = (1, 2, 3, 4, 8)
 

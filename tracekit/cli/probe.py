@@ -186,7 +186,7 @@ def _header(result: SweepResult) -> list[str]:
 
 
 def render_rows(rows: list[ProbeRow], fmt: str, notes: list[str]) -> str:
-    from tracekit.probe.results import format_table, rows_to_csv
+    from tracekit.render.probe import format_table, rows_to_csv
 
     if fmt == "json":
         return dumps_json(rows).decode()
@@ -200,7 +200,7 @@ def _emit(text: str, out: Path | None, fmt: str, rows: list[ProbeRow]) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
         if fmt != "table":
-            from tracekit.probe.results import format_table
+            from tracekit.render.probe import format_table
 
             text = format_table(rows)
         message(text.rstrip("\n"))  # what was measured, for the person watching (stderr)

@@ -32,23 +32,15 @@ from typing import Any
 
 from tracekit.analyse.collectives.bandwidth import BANDWIDTH_OP, bus_factor
 from tracekit.errors import ProbeError
+from tracekit.model.documents.links import PROBE_DTYPES
 from tracekit.model.ops import COLLECTIVE_OPS as EVENT_COLLECTIVE_OPS
 
 #: Collective probe ops (command-line names, nccl-tests' test names without `_perf`): the event
 #: table's first five (`tracekit.model.ops.COLLECTIVE_OPS`), then nccl-tests' spelling of two more.
 COLLECTIVE_OPS: tuple[str, ...] = EVENT_COLLECTIVE_OPS[:5] + ("alltoall", "sendrecv")
 
-#: dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes).
-DTYPES: dict[str, tuple[str, int]] = {
-    "float32": ("float", 4),
-    "float16": ("half", 2),
-    "bfloat16": ("bfloat16", 2),
-    "float64": ("double", 8),
-    "int32": ("int32", 4),
-    "int64": ("int64", 8),
-    "int8": ("int8", 1),
-    "uint8": ("uint8", 1),
-}
+#: dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes)
+DTYPES: dict[str, tuple[str, int]] = PROBE_DTYPES
 _DTYPE_ALIASES = {
     "float": "float32",
     "half": "float16",

@@ -35,7 +35,7 @@ class LinksMode(Doc, kw_only=True):
 class ProbeRow(Doc, kw_only=True):
     r"""`tracekit probe --format json` (or `-o rows.json`): a JSON **list of rows**, one per (op, size,
     form); `tracekit.probe.sweep.run_sweep(SweepConfig(...))` returns the same list. CSV has the same
-    fields as columns (`tracekit.probe.results.ROW_FIELDS`, booleans `true`/`false`, null empty).
+    fields as columns (`tracekit.model.documents.links.ROW_FIELDS`, booleans `true`/`false`, null empty).
     ```
     [ {"op": "all_reduce",            # all_reduce | all_gather | reduce_scatter | broadcast | reduce | alltoall | sendrecv
        "ranks": 2, "backend": "nccl"|"gloo", "device": "cuda"|"cpu", "dtype": "float32",
@@ -106,6 +106,21 @@ class ProbeRow(Doc, kw_only=True):
     algo: str
     proto: str
 
+
+#: Row fields in the order JSON objects and CSV columns use (`ProbeRow`'s).
+ROW_FIELDS: tuple[str, ...] = ProbeRow.__struct_fields__
+
+#: a probe's dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes)
+PROBE_DTYPES: dict[str, tuple[str, int]] = {
+    "float32": ("float", 4),
+    "float16": ("half", 2),
+    "bfloat16": ("bfloat16", 2),
+    "float64": ("double", 8),
+    "int32": ("int32", 4),
+    "int64": ("int64", 8),
+    "int8": ("int8", 1),
+    "uint8": ("uint8", 1),
+}
 
 #: the number fields of a probe row (JSON null there reads back as NaN)
 ROW_FLOATS: tuple[str, ...] = tuple(f for f, t in ProbeRow.__annotations__.items() if t == "float")
