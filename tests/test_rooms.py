@@ -46,3 +46,24 @@ def test_the_graph_replay_and_whatif_are_imported_from_their_rooms() -> None:
                 if any(n in gone for n in names):
                     bad.append(f"{p.relative_to(ROOT)}:{node.lineno}")
     assert bad == []
+
+
+def test_the_dtype_sizes_are_one_table() -> None:
+    """The probes', the roofline's and the prediction's dtype sizes are `model.dtypes`' (each keeps
+    its own set of the dtypes it knows, in its order): a stage that wrote its own sizes again
+    could disagree with the others (fp16 at 2 bytes in one, 4 in another)."""
+    from tracekit.analyse.compute.roofline import DTYPE_BYTES as ROOFLINE
+    from tracekit.analyse.predict import DTYPE_BYTES as PREDICT
+    from tracekit.model.dtypes import DTYPE_BYTES, NCCL_TYPE
+    from tracekit.probe.spec import DTYPES as PROBE
+
+    for table in (ROOFLINE, PREDICT, {d: b for d, (_n, b) in PROBE.items()}):
+        assert table == {d: DTYPE_BYTES[d] for d in table}
+    assert {d: n for d, (n, _b) in PROBE.items()} == NCCL_TYPE
+    # the sizes themselves: torch's element sizes (fp8: e4m3 / e5m2, one byte)
+    assert (DTYPE_BYTES["bfloat16"], DTYPE_BYTES["float16"], DTYPE_BYTES["float32"], DTYPE_BYTES["fp8"]) == (
+        2,
+        2,
+        4,
+        1,
+    )

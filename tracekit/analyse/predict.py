@@ -48,9 +48,11 @@ from tracekit.model.documents.predict import (
     PredictTotal,
     PredictTransfer,
 )
+from tracekit.model.dtypes import sizes_of
 
 SCHEMA_VERSION = "1.0"
-DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+#: the model dtypes the prediction knows, and their sizes (`model.dtypes`)
+DTYPE_BYTES: dict[str, int] = sizes_of("float32", "bfloat16", "float16")
 SCALINGS: tuple[str, ...] = ("flat", "ring")
 
 

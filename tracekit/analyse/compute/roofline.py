@@ -46,6 +46,7 @@ from tracekit.model.documents import Copy, DocumentError, Rho, convert, to_built
 from tracekit.model.documents import roofline as rd
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import ManifestShape, ManifestWorkload
+from tracekit.model.dtypes import sizes_of
 from tracekit.model.events import Run
 from tracekit.model.fields import copy_fields
 from tracekit.model.shape import DIMENSIONS
@@ -55,7 +56,8 @@ SCHEMA_VERSION = "1.0"
 DECODER_ROLES: tuple[str, ...] = ("qkv", "attention", "o", "gate_up", "down")
 #: The static KV cache length of the reference decoder's serving-style decode (`decoder.max_len`).
 KV_STATIC_LEN = 512
-DTYPE_BYTES: dict[str, int] = {"bfloat16": 2, "float16": 2, "float32": 4, "fp8": 1, "int8": 1}
+#: the weight dtypes the roofline knows, and their sizes (`model.dtypes`)
+DTYPE_BYTES: dict[str, int] = sizes_of("bfloat16", "float16", "float32", "fp8", "int8")
 #: rho's dtype names for the manifest's.
 RHO_DTYPE: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 #: Kernels listed as losing the most time against their roofline.

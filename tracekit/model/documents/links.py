@@ -5,6 +5,7 @@ from __future__ import annotations
 from msgspec import UNSET, UnsetType
 
 from tracekit.model.documents.base import Doc, PerTokenOf
+from tracekit.model.dtypes import DTYPE_BYTES, NCCL_TYPE
 
 
 class LinksConfig(Doc, kw_only=True):
@@ -111,16 +112,7 @@ class ProbeRow(Doc, kw_only=True):
 ROW_FIELDS: tuple[str, ...] = ProbeRow.__struct_fields__
 
 #: a probe's dtype name (as given on the command line, torch spelling) -> (nccl-tests type name, bytes)
-PROBE_DTYPES: dict[str, tuple[str, int]] = {
-    "float32": ("float", 4),
-    "float16": ("half", 2),
-    "bfloat16": ("bfloat16", 2),
-    "float64": ("double", 8),
-    "int32": ("int32", 4),
-    "int64": ("int64", 8),
-    "int8": ("int8", 1),
-    "uint8": ("uint8", 1),
-}
+PROBE_DTYPES: dict[str, tuple[str, int]] = {d: (name, DTYPE_BYTES[d]) for d, name in NCCL_TYPE.items()}
 
 #: the number fields of a probe row (JSON null there reads back as NaN)
 ROW_FLOATS: tuple[str, ...] = tuple(f for f, t in ProbeRow.__annotations__.items() if t == "float")
