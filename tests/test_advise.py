@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tracekit.analyse.advise_inputs import GIB
 from tracekit.cli.main import main
+from tracekit.model.units import GIB
 
 TRACES = Path(__file__).resolve().parents[1] / "traces"
 

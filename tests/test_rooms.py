@@ -60,6 +60,12 @@ def test_the_dtype_sizes_are_one_table() -> None:
     for table in (ROOFLINE, PREDICT, {d: b for d, (_n, b) in PROBE.items()}):
         assert table == {d: DTYPE_BYTES[d] for d in table}
     assert {d: n for d, (n, _b) in PROBE.items()} == NCCL_TYPE
+    # the short names (rho's, the advice's weight dtypes) too
+    from tracekit.analyse.advise_inputs import TORCH_DTYPE
+    from tracekit.analyse.compute.roofline import RHO_DTYPE
+    from tracekit.model.dtypes import SHORT_NAME
+
+    assert RHO_DTYPE == SHORT_NAME and TORCH_DTYPE == {v: k for k, v in SHORT_NAME.items()}
     # the sizes themselves: torch's element sizes (fp8: e4m3 / e5m2, one byte)
     assert (DTYPE_BYTES["bfloat16"], DTYPE_BYTES["float16"], DTYPE_BYTES["float32"], DTYPE_BYTES["fp8"]) == (
         2,

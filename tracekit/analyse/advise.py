@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from tracekit.analyse.advise_inputs import GIB, TORCH_DTYPE, WEIGHT_BYTES, AdviseError, Measured, weight_bytes
+from tracekit.analyse.advise_inputs import TORCH_DTYPE, WEIGHT_BYTES, AdviseError, Measured, weight_bytes
 from tracekit.analyse.batch_model import (
     BatchModelError,
     BatchPrediction,
@@ -61,6 +61,7 @@ from tracekit.model.documents import GemmTable, given
 from tracekit.model.documents import advise as ad
 from tracekit.model.documents.base import Documented
 from tracekit.model.fields import copy_fields
+from tracekit.model.units import GIB
 
 SCHEMA_VERSION = "1.1"
 

@@ -17,16 +17,14 @@ from tracekit.errors import TracekitError
 from tracekit.model.documents.advise import AdviseRun
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import Manifest, ManifestWorkload
+from tracekit.model.dtypes import SHORT_NAME
 from tracekit.model.shape import DIMENSIONS, DecoderDims
-
-GIB = 1024**3
-
 
 #: Bytes per weight of the linear layers in each weight dtype (int4: 0.5 + an fp16 scale per 128).
 WEIGHT_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int4": 0.5 + 2.0 / 128}
 
 
-_RUN_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+_RUN_DTYPE = SHORT_NAME  # the manifest's dtype -> the weight dtype it is (`model.dtypes`)
 
 
 TORCH_DTYPE = {v: k for k, v in _RUN_DTYPE.items()}

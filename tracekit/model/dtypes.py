@@ -30,6 +30,9 @@ NCCL_TYPE: dict[str, str] = {
     "uint8": "uint8",
 }
 
+#: dtype -> its short name (rho's and the advice's weight dtypes: `bf16`, `fp16`, `fp32`)
+SHORT_NAME: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
 
 def sizes_of(*dtypes: str) -> dict[str, int]:
     """The sizes of `dtypes`, in that order (a stage's own set of the dtypes it knows)."""

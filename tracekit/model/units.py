@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import math
 
+#: bytes in a GiB
+GIB = 1024**3
+
 
 def _absent(x: float | int | None) -> bool:
     return x is None or (isinstance(x, float) and not math.isfinite(x))

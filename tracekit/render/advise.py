@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from tracekit.analyse.advise import cliff_sentences
-from tracekit.analyse.advise_inputs import GIB
 from tracekit.model.documents.advise import Advise as AdviseDoc
 from tracekit.model.documents.advise import AdviseOption
 from tracekit.model.documents.base import given
+from tracekit.model.units import GIB
 
 
 def _model_text(r: AdviseOption) -> str:

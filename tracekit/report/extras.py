@@ -23,7 +23,7 @@ from tracekit.model import units
 from tracekit.model.documents import Advise, Decompose, Diff, DocumentError, Rho, Whatif, convert, given
 from tracekit.model.documents.diff import DiffCompute as DiffPart
 from tracekit.model.documents.report import ReportKeyFigure
-from tracekit.model.units import fmt_ms, fmt_pct, fmt_x
+from tracekit.model.units import GIB, fmt_ms, fmt_pct, fmt_x
 from tracekit.report.extra_section import ExtraSection, ExtraTable
 from tracekit.report.sections.fmt import to_float
 
@@ -43,8 +43,6 @@ TITLES = {
     "whatif": "What-if replay (tracekit whatif)",
     "diff": "Before vs after (tracekit diff)",
 }
-
-GIB = 1024**3
 
 
 class ExtraError(ValueError):

@@ -46,7 +46,7 @@ from tracekit.model.documents import Copy, DocumentError, Rho, convert, to_built
 from tracekit.model.documents import roofline as rd
 from tracekit.model.documents.base import given
 from tracekit.model.documents.manifest import ManifestShape, ManifestWorkload
-from tracekit.model.dtypes import sizes_of
+from tracekit.model.dtypes import SHORT_NAME, sizes_of
 from tracekit.model.events import Run
 from tracekit.model.fields import copy_fields
 from tracekit.model.shape import DIMENSIONS
@@ -59,7 +59,7 @@ KV_STATIC_LEN = 512
 #: the weight dtypes the roofline knows, and their sizes (`model.dtypes`)
 DTYPE_BYTES: dict[str, int] = sizes_of("bfloat16", "float16", "float32", "fp8", "int8")
 #: rho's dtype names for the manifest's.
-RHO_DTYPE: dict[str, str] = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+RHO_DTYPE: dict[str, str] = SHORT_NAME
 #: Kernels listed as losing the most time against their roofline.
 TOP = 10
 
