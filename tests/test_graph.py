@@ -632,7 +632,10 @@ def _deduct_every_edge(m: Any, lat: np.ndarray, s: Any) -> np.ndarray:
     """`RunModel._deduct`'s deduction over every edge's arrays (as it was before it touched only the
     edges a cost can be on): the cost per call from the call's own time first, the rest from the
     gap before it; the launch released earlier; a sync call's cost off its wait edge."""
-    g, mk = m.graph, m._masks
+    from tracekit.analyse.retime.model import _DEDUCT_ROLES
+
+    g = m.graph
+    is_call = g.role == 3
     lat = lat.copy()
     hd, dc = s.host_deduct, s.deduct_collective
     by_rank = {int(r): (float(c), 0.0) for r, c in s.rank_costs} if s.rank_costs is not None else None
@@ -642,7 +645,7 @@ def _deduct_every_edge(m: Any, lat: np.ndarray, s: Any) -> np.ndarray:
         costs = np.asarray([by_rank.get(int(r), (s.host_deduct, s.deduct_collective)) for r in m.ranks])
         at = np.minimum(np.searchsorted(np.asarray(m.ranks), g.erank), len(m.ranks) - 1)
         hd, dc = costs[at, 0], costs[at, 1]
-    per = hd * g.calls.astype(np.float64) + dc * np.where(mk.is_call, g.ops, 0)
+    per = hd * g.calls.astype(np.float64) + dc * np.where(is_call, g.ops, 0)
     if m.timeline == "host":
         per = hd * g.ops.astype(np.float64)
     calls = np.flatnonzero(g.role == 3)
@@ -666,7 +669,7 @@ def _deduct_every_edge(m: Any, lat: np.ndarray, s: Any) -> np.ndarray:
     by_node[g.src[call_e]] = own
     lm = np.flatnonzero(g.role == 6)
     lat[lm] -= np.minimum(by_node[g.src[lm]], np.maximum(lat[lm], 0.0))
-    lat -= np.where(mk.deduct_roles, np.minimum(need, np.maximum(lat, 0.0)), 0.0)
+    lat -= np.where(np.isin(g.role, _DEDUCT_ROLES), np.minimum(need, np.maximum(lat, 0.0)), 0.0)
     waits, syncs = np.flatnonzero(g.role == 5), np.flatnonzero(g.role == 4)
     sync_at = {}
     for e, n in zip(syncs.tolist(), g.dst[syncs].tolist(), strict=True):

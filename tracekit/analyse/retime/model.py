@@ -39,8 +39,6 @@ class EdgeSets:
     queue: np.ndarray  # queued and cross-stream gaps
     queue_typ: np.ndarray  # per `queue` edge: its rank's typical queued gap
     backpressure: np.ndarray
-    deduct_roles: np.ndarray  # per edge: whether the profiler's cost may come out of it (bool)
-    is_call: np.ndarray  # per edge: a launch call's own time (bool)
 
 
 @dataclass(frozen=True)
@@ -66,7 +64,7 @@ class KernelGroups:
 
 
 _HOST_GAPS = (roles.ROLE_GAP, roles.ROLE_GAP_OUT, roles.ROLE_LEAD)
-#: the roles of the edges the profiler's cost may come out of (`EdgeSets.deduct_roles`)
+#: the roles of the edges the profiler's cost may come out of (`RunModel._costed`)
 _DEDUCT_ROLES = (*_HOST_GAPS, roles.ROLE_CALL, roles.ROLE_WORK, roles.ROLE_SYNC)
 
 
@@ -174,11 +172,7 @@ class RunModel:
             if self.timeline == "gpu"
             else (role == roles.ROLE_WORK)
         )
-        ranks = np.asarray(self.ranks)
-
-        def rpos(e: np.ndarray) -> np.ndarray:  # the edges' ranks' positions in `ranks`
-            return np.minimum(np.searchsorted(ranks, g.erank[e]), len(self.ranks) - 1)
-
+        rpos = self._rank_pos
         rho = np.asarray([g.rho_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         qt = np.asarray([g.q_typ.get(int(r), 0) for r in self.ranks], dtype=np.int64)
         lm = np.flatnonzero(role == roles.ROLE_LAUNCH)
@@ -197,9 +191,11 @@ class RunModel:
             queue=qm,
             queue_typ=qt[rpos(qm)] if len(qt) else np.zeros(len(qm), dtype=np.int64),
             backpressure=np.flatnonzero(role == roles.ROLE_BACKPRESSURE),
-            deduct_roles=roles_in(role, _DEDUCT_ROLES),
-            is_call=role == roles.ROLE_CALL,
         )
+
+    def _rank_pos(self, e: np.ndarray) -> np.ndarray:
+        """The edges `e`'s ranks' positions in `ranks`."""
+        return np.minimum(np.searchsorted(np.asarray(self.ranks), self.graph.erank[e]), len(self.ranks) - 1)
 
     def latencies(self, s: Setting) -> np.ndarray:
         """The graph's edge latencies under a setting (integer ns)."""
@@ -386,8 +382,7 @@ class RunModel:
             cost_e = np.flatnonzero(g.ops != 0)
         else:
             cost_e = np.flatnonzero((g.calls != 0) | (is_call & (g.ops != 0)))
-        ranks = np.asarray(self.ranks)
-        pos = np.minimum(np.searchsorted(ranks, g.erank[cost_e]), len(self.ranks) - 1)
+        pos = self._rank_pos(cost_e)
         call_ops = np.where(is_call[cost_e], g.ops[cost_e], 0)
         cand = np.zeros(len(g.src), dtype=bool)
         cand[cost_e] = True
