@@ -39,6 +39,7 @@ from tracekit.analyse.attribution.reconcile import reconcile, reconcile_path
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.intervals import covered_before, union
 from tracekit.analyse.path.critical_path import path_of
+from tracekit.analyse.path.forward import key_lookup
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.rank_forward import retimed_times
 from tracekit.analyse.path.roles import (
@@ -457,14 +458,10 @@ def graph_parts(g: Graph, t: np.ndarray) -> dict[str, np.ndarray]:
 def _arrival_of(rv_of: np.ndarray, arrival: np.ndarray, rv: np.ndarray) -> np.ndarray:
     """Per rendezvous node in `rv`, the arrival node whose edge into it (`arrival` -> `rv_of`)
     comes last (the rendezvous itself where none does)."""
-    if not len(rv_of):
-        return rv.astype(np.int64, copy=True)
-    o = np.argsort(rv_of, kind="stable")
-    keys, vals = rv_of[o], arrival[o]
-    last = np.append(keys[1:] != keys[:-1], True)
-    keys, vals = keys[last], vals[last]
-    at = np.minimum(np.searchsorted(keys, rv), len(keys) - 1)
-    return np.where(keys[at] == rv, vals[at], rv).astype(np.int64)
+    ok, last = key_lookup(rv_of, arrival, rv, last=True)
+    out = rv.astype(np.int64, copy=True)
+    out[ok] = last
+    return out
 
 
 def correction_doc(corrections: Mapping[str, Correction | None]) -> dict[str, Any]:

@@ -75,11 +75,32 @@ def lexsort_packed(keys: Sequence[np.ndarray], unique: bool = False) -> np.ndarr
     return np.argsort(packed, kind=None if unique else "stable")
 
 
-def _first_of_runs(keys: np.ndarray) -> np.ndarray:
+def first_of_runs(keys: np.ndarray) -> np.ndarray:
     """True at the first element of each run of equal keys."""
     out = np.ones(len(keys), dtype=bool)
     out[1:] = keys[1:] != keys[:-1]
     return out
+
+
+def key_lookup(
+    keys: np.ndarray, values: np.ndarray, query: np.ndarray, last: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per `query` element, the value paired with its key in (`keys`, `values`): of several pairs
+    with one key the first in their order (`last`: the last). Returns the mask of the queries
+    whose key is there and, for those, the values (int64)."""
+    o = np.argsort(keys, kind="stable")
+    k, v = keys[o], values[o]
+    one = np.ones(len(k), dtype=bool)  # the first (`last`: the last) pair of each key
+    if last:
+        one[:-1] = k[1:] != k[:-1]
+    else:
+        one[1:] = k[1:] != k[:-1]
+    k, v = k[one], v[one]
+    if not len(k):
+        return np.zeros(len(query), dtype=bool), v.astype(np.int64)
+    pos = np.minimum(np.searchsorted(k, query), len(k) - 1)
+    ok = k[pos] == query
+    return ok, v[pos[ok]].astype(np.int64)
 
 
 #: the chain priorities' range (`_CHAIN_PRIORITY` below 99)
@@ -101,11 +122,11 @@ def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.
             break
         d = dst[left]
         if (d[1:] >= d[:-1]).all():  # in-edges grouped by destination (a Graph's): no sort
-            first = np.flatnonzero(_first_of_runs(d))
+            first = np.flatnonzero(first_of_runs(d))
             c = np.minimum.reduceat((prio[left] << sh) | left, first) & ((1 << sh) - 1)
         else:
             c = left[lexsort_packed((left, prio[left], d), unique=True)]
-            c = c[_first_of_runs(dst[c])]
+            c = c[first_of_runs(dst[c])]
         n_dst = len(c)
         s = src[c]
         dup = np.bincount(s, minlength=n)[s] > 1  # a source with other candidates: sorted
@@ -115,7 +136,7 @@ def _chain_parents(src: np.ndarray, dst: np.ndarray, prio: np.ndarray, tpos: np.
                 o = np.argsort((sd * _PRIO_SPAN + prio[cd]) * n + tpos[dst[cd]], kind="stable")
             else:
                 o = lexsort_packed((tpos[dst[cd]], prio[cd], sd), unique=True)
-            win = _first_of_runs(sd[o])
+            win = first_of_runs(sd[o])
             c = np.concatenate((c[~dup], cd[o][win]))
             s = np.concatenate((s[~dup], sd[o][win]))
         pedge[dst[c]] = c
@@ -168,7 +189,7 @@ def _piece_groups(
     cls[big] = (np.log2(p_len[big]) * _GROUPS_PER_OCTAVE).astype(np.int64)
     po = lexsort_packed((np.arange(n_p), -p_len, -cls, p_blk), unique=True)
     po_blk = p_blk[po]
-    g_first = np.flatnonzero(_first_of_runs(po_blk * (int(cls.max(initial=0)) + 2) + cls[po]))
+    g_first = np.flatnonzero(first_of_runs(po_blk * (int(cls.max(initial=0)) + 2) + cls[po]))
     g_cnt = np.diff(np.append(g_first, n_p))
     g_w = p_len[po[g_first]]
     pw = np.repeat(g_w, g_cnt)
@@ -244,7 +265,7 @@ class Forward:
         sf, s_len, s_root, s_blk = sf[so], s_len[so], s_root[so], s_blk[so]
         s_row = np.cumsum(s_len) - s_len  # each segment's first row
         by_piece = np.repeat(sf - s_row, s_len) + np.arange(n)
-        s_new = _first_of_runs(s_blk * (n + 1) + s_root)  # a segment that begins a piece
+        s_new = first_of_runs(s_blk * (n + 1) + s_root)  # a segment that begins a piece
         p_start = s_row[s_new]
         p_len = np.diff(np.append(p_start, n))
         p_blk = s_blk[s_new]
@@ -343,7 +364,7 @@ class Forward:
     def _groups(d: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
         if not len(d):
             return None
-        first = _first_of_runs(d)
+        first = first_of_runs(d)
         return np.flatnonzero(first), d[first]
 
     def run(self, lats: Sequence[np.ndarray], t0: np.ndarray, at: np.ndarray | None = None) -> np.ndarray:

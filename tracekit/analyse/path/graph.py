@@ -15,6 +15,7 @@ from tracekit.analyse.path.forward import (
     FORWARD_NARROW_COLS,
     FORWARD_SLICES_UP_TO,
     Forward,
+    first_of_runs,
     lexsort_packed,
 )
 from tracekit.analyse.path.rank_graph import RankGraph
@@ -172,13 +173,6 @@ class Graph:
         self.__dict__.update(state)
 
 
-def _first_of_runs(keys: np.ndarray) -> np.ndarray:
-    """True at the first element of each run of equal keys."""
-    out = np.ones(len(keys), dtype=bool)
-    out[1:] = keys[1:] != keys[:-1]
-    return out
-
-
 def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """The indices of the ranges [starts[i], ends[i]), one after the other."""
     lens = ends - starts
@@ -274,7 +268,7 @@ class _Members:
         inst = _cat([m.inst for m in mc])
         by_inst = np.argsort(inst, kind="stable")
         s_inst = inst[by_inst]
-        head = _first_of_runs(s_inst)
+        head = first_of_runs(s_inst)
         inst_of = np.empty(len(inst), dtype=np.int64)
         inst_of[by_inst] = np.cumsum(head) - 1
         op = np.empty(len(inst), dtype=object)

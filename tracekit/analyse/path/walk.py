@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tracekit.analyse.path.forward import first_of_runs
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.roles import PARTS, ROLE_XFER
 
@@ -71,8 +72,7 @@ def _binding_of_nodes(g: Graph, t: np.ndarray, lat: np.ndarray, lo: int, hi: int
     out[counts > 0] = -2
     if len(ok):
         d = dst[ok]
-        first = np.ones(len(ok), dtype=bool)
-        first[1:] = d[1:] != d[:-1]
+        first = first_of_runs(d)
         out[d[first] - lo] = ok[first] + a
     return out
 

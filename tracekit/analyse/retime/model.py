@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from tracekit.analyse.path import roles
+from tracekit.analyse.path.forward import key_lookup
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.retime.norm import norm_after_all_reduce
 from tracekit.analyse.retime.setting import NamedKnob, Setting
@@ -73,16 +74,8 @@ def _first_at(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The `edges` whose node `at` is some other edge's node `others_at`, each with the first such
     of `others` (edges without one left out)."""
-    o = np.argsort(others_at, kind="stable")
-    keys, vals = others_at[o], others[o]
-    first = np.ones(len(keys), dtype=bool)
-    first[1:] = keys[1:] != keys[:-1]
-    keys, vals = keys[first], vals[first]
-    if not len(keys):
-        return edges[:0], vals.astype(np.int64)
-    pos = np.minimum(np.searchsorted(keys, at), len(keys) - 1)
-    ok = keys[pos] == at
-    return edges[ok], vals[pos[ok]].astype(np.int64)
+    ok, first = key_lookup(others_at, others, at)
+    return edges[ok], first
 
 
 def roles_in(role: np.ndarray, wanted: Sequence[int]) -> np.ndarray:
