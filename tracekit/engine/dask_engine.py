@@ -173,7 +173,7 @@ class _Runner:
         if r.priority(self.j) or isinstance(st, Fan):
             return False
         # the whole plan held: a small run, and workers to spare beside the graph's and the path's
-        whole = 4 * r.sizes[self.j] <= max(r.sizes) and len(r.worker_list()) >= 4
+        whole = _small(r.sizes[self.j], max(r.sizes)) and len(r.worker_list()) >= 4
         if not whole and isinstance(st, RankStage):
             return False
         own_next = self.plan.stages[self.stage + 1 : self.stage + 3]
@@ -403,10 +403,14 @@ class _Run:
         return int(j == min(range(len(self.sizes)), key=lambda i: (-self.sizes[i], i)))
 
     def worker_list(self) -> list[str]:
-        """The cluster's workers' addresses, sorted (read once)."""
+        """The cluster's workers' addresses, sorted (read once, when a stage first places a task)."""
         if self.workers is None:
-            self.workers = sorted(self.client.scheduler_info().get("workers", {}))
+            self.workers = self.workers_now()
         return self.workers
+
+    def workers_now(self) -> list[str]:
+        """The cluster's workers' addresses now, sorted (an adaptive cluster's grow)."""
+        return sorted(self.client.scheduler_info().get("workers", {}))
 
     def pair_workers(self, j: int) -> tuple[int, int]:
         """The workers (indices into the sorted list) of job `j`'s graph Reduce and the path's
@@ -437,10 +441,7 @@ class _Run:
         settings = client_settings()
         reads: list[list[Any]] = []
         sizes: dict[Any, int] = {}
-        homes = small_run_homes(
-            [len(files) for files, _m in self.expanded],
-            sorted(self.client.scheduler_info().get("workers", {})),
-        )
+        homes = small_run_homes([len(files) for files, _m in self.expanded], self.workers_now())
         for j, (job, (files, _manifest)) in enumerate(zip(self.jobs, self.expanded, strict=True)):
             futs = []
             for f in files:
@@ -492,12 +493,20 @@ class _Run:
                 for p, plan in enumerate(job.plans)
             ]
             errors: dict[int, BaseException] = {}
-            for i, rn in enumerate(runners):
+
+            def attempt(i: int, step: Any) -> bool:
+                """`step()` of runner `i`; an error is kept (raised below, in the local engine's
+                order: the first runner's) and the runner's job marked failed."""
                 try:
-                    rn.start()
-                except Exception as exc:  # noqa: BLE001 - raised below, in the local engine's order
+                    step()
+                except Exception as exc:  # noqa: BLE001
                     errors[i] = exc
-                    self.failed.add(rn.j)
+                    self.failed.add(runners[i].j)
+                    return False
+                return True
+
+            for i, rn in enumerate(runners):
+                attempt(i, rn.start)
             while True:
                 active = [i for i, rn in enumerate(runners) if not rn.done and i not in errors]
                 if not active or (errors and min(errors) < min(active)):
@@ -509,32 +518,20 @@ class _Run:
                 if held and not self.rank_work():
                     for i in held:
                         runners[i].held = False
-                        try:
-                            runners[i].submit()
-                        except Exception as exc:  # noqa: BLE001
-                            errors[i] = exc
-                            self.failed.add(runners[i].j)
+                        attempt(i, runners[i].submit)
                     continue
                 ready = [i for i in active if not runners[i].held and all(f.done() for f in runners[i].small)]
                 if not ready:
                     # the client's deferred work while the workers run the tasks submitted
                     raised = False
                     for i in active:
-                        try:
-                            runners[i].catch_up(beside=True)
-                        except Exception as exc:  # noqa: BLE001
-                            errors[i], raised = exc, True
-                            self.failed.add(runners[i].j)
+                        raised |= not attempt(i, lambda rn=runners[i]: rn.catch_up(beside=True))
                     waiting = [f for i in active for f in runners[i].small if not f.done()]
                     if waiting and not raised:
                         distributed.wait(waiting, return_when="FIRST_COMPLETED")
                     continue
                 for i in ready:
-                    try:
-                        runners[i].collect()
-                    except Exception as exc:  # noqa: BLE001
-                        errors[i] = exc
-                        self.failed.add(runners[i].j)
+                    attempt(i, runners[i].collect)
             if errors:
                 raise errors[min(errors)]
             for (j, _small), (_out, rec) in zip(
@@ -579,7 +576,13 @@ def small_run_homes(files: Sequence[int], workers: Sequence[str]) -> dict[int, s
     if len(workers) < 3 or not files:
         return {}
     big = max(files)
-    return {j: workers[-1] for j, n in enumerate(files) if 4 * n <= big}
+    return {j: workers[-1] for j, n in enumerate(files) if _small(n, big)}
+
+
+def _small(n: int, largest: int) -> bool:
+    """A run of at most a quarter of the largest run's ranks or files (a one-GPU baseline beside
+    a sharded run): the executor holds its plan (`_Runner.hold`) and homes its files apart."""
+    return 4 * n <= largest
 
 
 def _show_progress(distributed: Any, reads: list[Any], sizes: dict[Any, int]) -> None:
