@@ -82,6 +82,13 @@ def first_of_runs(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def last_of_runs(keys: np.ndarray) -> np.ndarray:
+    """True at the last element of each run of equal keys."""
+    out = np.ones(len(keys), dtype=bool)
+    out[:-1] = keys[1:] != keys[:-1]
+    return out
+
+
 def key_lookup(
     keys: np.ndarray, values: np.ndarray, query: np.ndarray, last: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -90,11 +97,7 @@ def key_lookup(
     whose key is there and, for those, the values (int64)."""
     o = np.argsort(keys, kind="stable")
     k, v = keys[o], values[o]
-    one = np.ones(len(k), dtype=bool)  # the first (`last`: the last) pair of each key
-    if last:
-        one[:-1] = k[1:] != k[:-1]
-    else:
-        one[1:] = k[1:] != k[:-1]
+    one = last_of_runs(k) if last else first_of_runs(k)
     k, v = k[one], v[one]
     if not len(k):
         return np.zeros(len(query), dtype=bool), v.astype(np.int64)

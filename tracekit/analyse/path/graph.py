@@ -16,6 +16,7 @@ from tracekit.analyse.path.forward import (
     FORWARD_SLICES_UP_TO,
     Forward,
     first_of_runs,
+    last_of_runs,
     lexsort_packed,
 )
 from tracekit.analyse.path.rank_graph import RankGraph
@@ -309,8 +310,7 @@ class _Members:
         first = self.by_inst[self.starts]  # per instance, its first member
         key = np.lexsort((np.arange(len(self.end), dtype=np.int64), first[self.inst_of], self.end))
         s_end = self.end[key]
-        last = np.ones(len(key), dtype=bool)
-        last[:-1] = s_end[1:] != s_end[:-1]
+        last = last_of_runs(s_end)
         return s_end[last], key[last]
 
 
