@@ -41,6 +41,7 @@ __all__ = [
     "figures_plan",
     "followed_by",
     "replay_plan",
+    "shortfall_plan",
     "side_plan",
 ]
 
@@ -124,11 +125,18 @@ def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.
     return rank_side_tables(inp.events, windows)
 
 
+def shortfall_plan(options: AttributionOptions | None, label: str) -> Plan:
+    """The attribution the shortfall needs of one run (`options`, default `AttributionOptions()`):
+    corrected to the applied dilation, without its graph (the correction, not the graph); a diff
+    side's first plan too."""
+    return (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
+
+
 def side_plan(*, label: str, path: str, options: AttributionOptions | None = None) -> Plan:
     """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
     from tracekit.analyse.compare.sides import side_of, side_windows
 
-    base = (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
+    base = shortfall_plan(options, label)
 
     def finish(_meta: Any, parts: Any, got: dict[int, Any]) -> Any:
         sm = _in_rank_order({r: v[0] for r, v in got.items()}, ["rank", "step", "matrix_ns"])

@@ -147,11 +147,10 @@ def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
 
 
 def shortfall_plan(options: AttributionOptions | None, label: str) -> Any:
-    """The attribution the shortfall needs of one run (`options`, default `AttributionOptions()`):
-    corrected to the applied dilation, without its graph (the correction, not the graph)."""
-    from tracekit.analyse.attribution.options import DEFAULT_OPTIONS
+    """`command_plans.shortfall_plan`, imported when called (the engine's import stays light)."""
+    from tracekit.analyse.command_plans import shortfall_plan as plan
 
-    return (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
+    return plan(options, label)
 
 
 def shortfall_paths(
