@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tracekit.analyse.attribution.correction_replay as cr
 import tracekit.analyse.plans as plans
 from tracekit.analyse.attribution.correction_replay import calibrated_latencies
 from tracekit.analyse.path.graph import Graph, assemble
@@ -105,6 +106,45 @@ def test_the_fixpoint_check_takes_the_pass_and_nothing_else(monkeypatch: pytest.
     assert not is_fixpoint(g, t[:-1], lat)
 
 
+def test_a_piece_on_the_wire_is_narrowed_and_assembles_into_the_same_graph(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """h200-tp2's pieces through Dask's serialization (as they travel to the graph's Reduces) take
+    under half their bytes in memory (node numbers, roles, kinds and counts in the narrowest type;
+    times and latencies int64), and both readers of a piece build the same int64 graph from them
+    as from the pieces as built: `assemble` (every column, the order, the CSR) and
+    `rank_subgraph` (the per-rank re-timing's cut)."""
+    pytest.importorskip("distributed")
+    from distributed.protocol import deserialize, serialize
+
+    from tracekit.analyse.path.rank_forward import rank_subgraph
+
+    pieces = _pieces("h200-tp2", monkeypatch)
+    header, frames = serialize(pieces, serializers=["pickle"])
+    wire = sum(memoryview(f).nbytes for f in frames)
+    held = sum(v.nbytes for p in pieces for v in vars(p).values() if isinstance(v, np.ndarray))
+    assert wire < held / 2
+    back = deserialize(header, frames)
+    assert {str(back[0].role.dtype), str(back[0].src.dtype)} == {"int8", "int32"}
+    assert back[0].lat.dtype == back[0].t.dtype == np.int64
+    want, got = assemble(pieces, {}), assemble(back, {})
+    for k, v in vars(want).items():
+        if isinstance(v, np.ndarray):
+            assert v.dtype == getattr(got, k).dtype == np.int64 or k == "xfer_bytes", k
+            assert np.array_equal(v, getattr(got, k)), k
+        elif k == "end_nodes":
+            assert [[e.tolist() for e in r] for r in v] == [[e.tolist() for e in r] for r in got.end_nodes]
+        else:
+            assert v == getattr(got, k), k
+    rv = {
+        int(i): int(t) for i, t in zip(want.xfer_inst, want.t[want.src[want.role == ROLE_XFER]], strict=True)
+    }
+    for p, q in zip(pieces, back, strict=True):
+        (a, ia), (b, ib) = rank_subgraph(p, rv), rank_subgraph(q, rv)
+        assert np.array_equal(ia, ib) and np.array_equal(a.order, b.order)
+        assert np.array_equal(a.times(a.lat), b.times(b.lat))
+
+
 #: the rounds `_counted_retime` ran (a module-level function: the Dask tasks pickle it by reference)
 _ROUNDS: list[str] = []
 _RETIME = plans.att_retime
@@ -151,11 +191,35 @@ def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
 
     _ROUNDS.clear()
     monkeypatch.setattr(plans, "att_retime", _counted_retime)  # the plan made below takes it
+    # which re-timings of the sharded run's graph ran inside the correction's Reduce
+    # (`correct_first`) and which before it (the graph's Reduce reading ahead)
+    inside: list[bool] = []
+    own_first, own_retimed = cr.correct_first, cr.retimed_times
+
+    def first(*a: Any, **k: Any) -> Any:
+        inside.append(True)
+        try:
+            return own_first(*a, **k)
+        finally:
+            inside.pop()
+
+    retimed: list[bool] = []
+
+    def retimed_times(g: Graph, lat: Any) -> Any:
+        if len(g.ranks) > 1:
+            retimed.append(bool(inside))
+        return own_retimed(g, lat)
+
+    monkeypatch.setattr(cr, "correct_first", first)
+    monkeypatch.setattr(cr, "retimed_times", retimed_times)
     if per_rank:
         monkeypatch.setenv("TRACEKIT_PER_RANK_RETIME", "1")
         monkeypatch.setattr(Graph, "times", no_pass)
     got = text(shortfall_paths(base, run, dask).to_json())
     assert got == local
+    # the calibrated run's corrected timeline read in the graph's Reduce, beside the path's walk,
+    # once; the correction's Reduce, which waits for the path, takes it (`read_ahead`)
+    assert retimed == [False]
     if not per_rank:
         assert _ROUNDS == []
         return
