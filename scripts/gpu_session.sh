@@ -26,6 +26,8 @@
 #   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 8/1/16/8/1 workers with the
 #       task stream, 256 calibrated on 16; with BEFORE=DIR its 8/1/8 workers alternated with this
 #       tree's; the client's share and peak RSS (issue 27; ~8 min at most)
+#   dask-ab: BEFORE=DIR against this tree and this tree with numpy's huge pages off, 64 calibrated
+#       ranks, 8 / 1 / 8 workers alternated, task streams (issue 27; ~6 min)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
 #       the same greedy tokens as eager (scripts/compile_check.py; the suite checks aot_eager, ~2 min)
 #   decompose: the committed CPU set `decompose` (scripts/capture_cpu_test_traces.py decompose: three
@@ -164,6 +166,26 @@ if [ "$stage" = dask ]; then
     }
     one after 8 1; one before 8 2; one after 1 3; one before 1 4; one after 8 5; one before 8 6
   fi
+fi
+if [ "$stage" = dask-ab ]; then
+  # BEFORE (an older tree's tracekit/ and benchmarks/) against this tree, and this tree with numpy's
+  # transparent huge pages off in every process (NUMPY_MADVISE_HUGEPAGE=0; the workers inherit it):
+  # 64 calibrated ranks, 8 / 1 / 8 workers, the three alternated one case per invocation
+  nproc; free -g | head -2; grep -H . /sys/kernel/mm/transparent_hugepage/enabled /sys/kernel/mm/transparent_hugepage/defrag
+  B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
+  timeout 120 $B --ranks 64 --calibrated --workers "" --local --out $OUT/ab-local.json 2>&1 | grep -v '^{"case"'
+  mkdir -p "$BEFORE/traces"
+  for t in h200-tp1 h200-tp1-calibrated h200-tp2; do ln -sfn "$PWD/traces/$t" "$BEFORE/traces/$t"; done
+  one() {  # $1 after|before|nohuge, $2 workers, $3 index
+    d=$PWD; hp=1
+    if [ "$1" = before ]; then d=$BEFORE; fi
+    if [ "$1" = nohuge ]; then hp=0; fi
+    (cd "$d" && NUMPY_MADVISE_HUGEPAGE=$hp PYTHONPATH=/tmp/site:$d timeout 100 $B --ranks 64 --calibrated --workers "$2" \
+      --case-timeout 90 --stream --out "$OUT/ab-$3-$1-w$2.json" > "$OUT/ab-$3-$1-w$2.txt" 2>&1;
+      grep "^| dask" "$OUT/ab-$3-$1-w$2.txt" | sed "s/^/$3 $1 /")
+  }
+  i=0
+  for w in 8 1 8; do for v in after before nohuge; do i=$((i+1)); one $v $w $i; done; done
 fi
 if [ "$stage" = compile ] || [ "$stage" = suitecap ]; then
   nproc
