@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-import tracekit.analyse.attribution.correction_replay as cr
 import tracekit.analyse.plans as plans
 from tracekit.analyse.attribution.correction_replay import calibrated_latencies
 from tracekit.analyse.path.graph import Graph, assemble
@@ -191,35 +190,11 @@ def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
 
     _ROUNDS.clear()
     monkeypatch.setattr(plans, "att_retime", _counted_retime)  # the plan made below takes it
-    # which re-timings of the sharded run's graph ran inside the correction's Reduce
-    # (`correct_first`) and which before it (the graph's Reduce reading ahead)
-    inside: list[bool] = []
-    own_first, own_retimed = cr.correct_first, cr.retimed_times
-
-    def first(*a: Any, **k: Any) -> Any:
-        inside.append(True)
-        try:
-            return own_first(*a, **k)
-        finally:
-            inside.pop()
-
-    retimed: list[bool] = []
-
-    def retimed_times(g: Graph, lat: Any) -> Any:
-        if len(g.ranks) > 1:
-            retimed.append(bool(inside))
-        return own_retimed(g, lat)
-
-    monkeypatch.setattr(cr, "correct_first", first)
-    monkeypatch.setattr(cr, "retimed_times", retimed_times)
     if per_rank:
         monkeypatch.setenv("TRACEKIT_PER_RANK_RETIME", "1")
         monkeypatch.setattr(Graph, "times", no_pass)
     got = text(shortfall_paths(base, run, dask).to_json())
     assert got == local
-    # the calibrated run's corrected timeline read in the graph's Reduce, beside the path's walk,
-    # once; the correction's Reduce, which waits for the path, takes it (`read_ahead`)
-    assert retimed == [False]
     if not per_rank:
         assert _ROUNDS == []
         return

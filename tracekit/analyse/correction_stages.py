@@ -27,7 +27,6 @@ __all__ = [
     "att_path",
     "att_retime",
     "correction_target",
-    "read_ahead",
     "retime_after",
     "retime_again",
     "retime_skip",
@@ -73,20 +72,6 @@ def correction_target(parts: Any, mode: str | None) -> Any:
         return applied_dilation(parts).target_ns
     u = parts.dilation.unprofiled
     return Fraction(u.mean_ns) if u is not None and u.n else None
-
-
-def read_ahead(
-    manifest: Any, timeline: str, n_ranks: int, correct: bool
-) -> tuple[ProfilerCalibration, int] | None:
-    """What the graph's Reduce reads the corrected timeline ahead with (`att_graph`: the
-    calibration and the run's rank count), or None: a run whose correction's latencies are known
-    before its target is (a manifest calibration, a GPU timeline). The correction's Reduce then
-    takes the replay's times, parts and walk read beside the path's walk (`correct_first` checks
-    they are its own model's), which leaves it the small work that needs the target."""
-    cal = manifest_calibration(manifest)
-    if not correct or cal is None or timeline != "gpu":
-        return None
-    return cal, n_ranks
 
 
 @dataclass

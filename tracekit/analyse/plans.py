@@ -54,7 +54,6 @@ from tracekit.analyse.correction_stages import (
     att_path,
     att_retime,
     correction_target,
-    read_ahead,
     retime_after,
     retime_again,
     retime_skip,
@@ -447,9 +446,7 @@ def attribution_plan(
 
         pieces = [got[r] for r in sorted(got)]
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
-        timeline = path_timeline(p.timeline for p in pieces)
-        ahead = read_ahead(st.meta.manifest, timeline, len(st.meta.ranks), correct is not None)
-        st.reduce_arg = offsets, timeline, correct is not None, ahead
+        st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
         # the correction re-timed per rank (its latencies known now; docs/SCALE.md section Left)
         st.retime = RetimeRounds.of(
             st.meta.manifest, st.reduce_arg[1], len(st.meta.ranks), correct is not None
