@@ -206,3 +206,28 @@ def test_compact_gathered_tables_hold_the_same_rows_and_give_the_same_split() ->
     assert got == want
     # the sequence rank 0's four steps follow and rank 1's steps 1, 3 and 4 (not its step 2)
     assert got["sequences"]["sharded"]["steps_following"] == 7
+
+
+def test_the_canonical_sequence_is_the_most_frequent_ties_to_the_first_and_a_prefix_is_another() -> None:
+    """`canonical` over (rank, step) sequences by construction: two ranks whose steps run A, AB, AB
+    (rank 0) and A, A, AB (rank 1), A a prefix of AB: 3 against 3, a tie, so the first in (rank,
+    step) order (A) is canonical and only the three A steps follow it; with rank 1's last step A
+    too, A is the most frequent (4 of 6); with both ranks AB AB AB, AB, its mean per kernel."""
+    from tracekit.analyse.compute.kernel_scaling import canonical
+
+    a = [("norm", "vector", 10_000)]
+    ab = [("norm", "vector", 20_000), ("gemm", "matrix", 100_000)]
+
+    def kernel_table_of(per_rank: list[list[list[tuple[str, str, int]]]]) -> pd.DataFrame:
+        tables = []
+        for r, steps in enumerate(per_rank):
+            ev, win = _events(r, steps)
+            tables.append(kernel_table(ev, r, win))
+        return pd.concat(tables, ignore_index=True)
+
+    tie = canonical(kernel_table_of([[a, ab, ab], [a, a, ab]]), [0, 1, 2])
+    assert tie is not None and tie.names == ("norm",) and (tie.followed, tie.of) == (3, 6)
+    most = canonical(kernel_table_of([[a, ab, ab], [a, a, a]]), [0, 1, 2])
+    assert most is not None and most.names == ("norm",) and (most.followed, most.of) == (4, 6)
+    full = canonical(kernel_table_of([[ab, ab, ab], [ab, ab, ab]]), [0, 1, 2])
+    assert full is not None and full.followed == 6 and [int(x) for x in full.mean_ns] == [20_000, 100_000]
