@@ -127,6 +127,39 @@ def test_a_gpu_pairs_shortfall_on_dask_is_the_local_json_to_the_byte(
     assert_local_json(gpu_pair_on_dask[0], shortfall_pin(GPU_PAIR[1]), lambda: local_shortfall(b, s))
 
 
+def test_the_documents_readings_of_each_run_are_made_before_the_commands_tail(
+    dask: Engine, at_root: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shortfall document's readings of one run that need no correction (its collectives'
+    table, its canonical kernel sequence) are made by the attribution plan while the correction's
+    Reduce runs (`document.read_ahead`, a `plans.Later`): with both made to fail once the plans are
+    over, the command's tail (`shortfall_of_pair`, `to_json`) still writes the pinned document."""
+    from tracekit.analyse.attribution import document
+    from tracekit.analyse.attribution.pair import shortfall_of_pair
+    from tracekit.analyse.plans import attribution_plan
+    from tracekit.engine import pair_check
+    from tracekit.engine.dask_engine import DaskExecutor
+    from tracekit.engine.executor import Job
+
+    b, s = "traces/cpu-tp1", "traces/cpu-tp2"
+    (b_res, s_res), notes = DaskExecutor(dask).run(
+        [
+            Job((b,), (attribution_plan(label="baseline", correct="applied"),)),
+            Job((s,), (attribution_plan(label="sharded", correct="applied"),)),
+        ],
+        pair_check,
+    )
+
+    def late(*_a: Any, **_k: Any) -> Any:
+        raise AssertionError("made in the command's tail")
+
+    monkeypatch.setattr(document, "collectives_json", late)
+    monkeypatch.setattr(document, "canonical", late)
+    got = text(shortfall_of_pair(b_res.results[0], s_res.results[0], notes).to_json())
+    monkeypatch.undo()
+    assert_local_json(got, shortfall_pin("cpu-tp2"), lambda: local_shortfall(b, s))
+
+
 @pytest.mark.parametrize(("base", "sharded"), [("cpu-tp2", "cpu-tp2"), ("cpu-tp2-straggler", "cpu-tp2")])
 def test_shortfall_refusals_on_dask_are_the_local_ones(base: str, sharded: str, dask: Engine) -> None:
     from tracekit.errors import RankError

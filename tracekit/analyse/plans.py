@@ -34,6 +34,7 @@ what-if's (a plan followed by a rank stage: `command_plans.followed_by`)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -459,7 +460,8 @@ def attribution_plan(
 
         return Later(PerRank() if st.retime is None else st.retime.first(), assemble)
 
-    def after_path(st: _Attribution, got: tuple[Any, Any]) -> tuple[CorrectionInput | None, Any, bool]:
+    def after_path(st: _Attribution, got: tuple[Any, Any]) -> Later:
+        from tracekit.analyse.attribution.document import read_ahead
         from tracekit.analyse.attribution.run import finish_attribution
 
         st.path, measured = got
@@ -475,8 +477,10 @@ def attribution_plan(
             dq=st.dq,
         )
         target = correction_target(parts, correct)
+        # the document's readings of this run that need no correction: while the correction runs
+        ahead = functools.partial(read_ahead, parts)
         if target is None:
-            return None, None, keep_graph
+            return Later((None, None, keep_graph), ahead)
         inp = CorrectionInput(
             steady_steps=parts.steady_steps,
             timeline=parts.timeline,
@@ -488,7 +492,7 @@ def attribution_plan(
             path_token=parts.path_token,
             measured=measured,
         )
-        return inp, target, keep_graph
+        return Later((inp, target, keep_graph), ahead)
 
     def after_correct(st: _Attribution, got: tuple[Any, Any, Any, Any]) -> list[Any]:
         target, corr, graph, job = got

@@ -4,9 +4,9 @@ run samples of the noise bootstrap; `SCHEMA_VERSION`."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from fractions import Fraction
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -14,11 +14,14 @@ import pandas as pd
 from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.attribution.terms import Attribution
+from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, Canonical, canonical
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.noise import RunSample
 from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.model.documents import shortfall as sd
 from tracekit.model.parts import COORDINATION, LEAF_PARTS, PATH_PARTS
+
+T = TypeVar("T")
 
 #: 1.2: collectives.by_op[].bytes_source; 1.3: diagnosis; 1.4: collectives.by_op[].wait_ns_median is the
 #: median over instances of the per-instance max wait (was: over every (instance, rank) row); 1.5: per_rank,
@@ -112,6 +115,34 @@ def steps_json(run: RunParts) -> sd.ShortfallStepsBaseline:
         )
         out.kinds = run.step_kinds
     return out
+
+
+def _kept(run: RunParts, key: str, make: Callable[[], T]) -> T:
+    """A reading of one run that the shortfall's document takes, made once and kept on the run."""
+    got: dict[str, Any] = run.__dict__.setdefault("_readings", {})
+    if key not in got:
+        got[key] = make()
+    return got[key]  # type: ignore[no-any-return]
+
+
+def run_collectives(run: RunParts) -> sd.ShortfallCollectives:
+    """`collectives_json` of the run, made once (`read_ahead`)."""
+    return _kept(run, "collectives", lambda: collectives_json(run))
+
+
+def run_canonical(run: RunParts) -> Canonical | None:
+    """The run's canonical kernel sequence over its steady steps (`kernel_scaling.canonical`,
+    what `compute_scaling` compares), made once (`read_ahead`)."""
+    kernels = run.kernels if run.kernels is not None else pd.DataFrame(columns=list(KERNEL_COLUMNS))
+    return _kept(run, "canonical", lambda: canonical(kernels, run.steady_steps))
+
+
+def read_ahead(run: RunParts) -> None:
+    """The run's readings of the shortfall's document that need neither the profiler correction
+    nor the other run, made ahead: the attribution plan does it on the client while the
+    correction's Reduce runs on a worker (`plans.Later`), so the command's tail does not."""
+    run_collectives(run)
+    run_canonical(run)
 
 
 def collectives_json(run: RunParts) -> sd.ShortfallCollectives:

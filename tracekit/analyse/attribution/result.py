@@ -15,10 +15,11 @@ from tracekit.analyse import prose
 from tracekit.analyse.attribution.correction_replay import Correction
 from tracekit.analyse.attribution.document import (
     SCHEMA_VERSION,
-    collectives_json,
     median_window,
     path_integers,
     per_rank_json,
+    run_canonical,
+    run_collectives,
     run_sample,
     steps_json,
 )
@@ -26,7 +27,7 @@ from tracekit.analyse.attribution.reconcile import AppliedDilation
 from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.attribution.straggler import straggler_test
 from tracekit.analyse.attribution.terms import Attribution
-from tracekit.analyse.compute.kernel_scaling import KERNEL_COLUMNS, compute_scaling
+from tracekit.analyse.compute.kernel_scaling import scaling_of
 from tracekit.analyse.display import shortfall_html, shortfall_repr
 from tracekit.analyse.noise import Intervals, Reading
 from tracekit.analyse.noise import bootstrap as noise_bootstrap
@@ -118,8 +119,12 @@ class Shortfall(Documented):
         return path_integers(self.path if corrected else self.path_uncorrected)
 
     def straggler(self) -> sd.ShortfallStraggler:
-        """Is one rank late by more than symmetric launch-bound hosts explain? (`straggler_test`)"""
-        return straggler_test(self.baseline, self.sharded, self.n_ranks)
+        """Is one rank late by more than symmetric launch-bound hosts explain? (`straggler_test`;
+        made once: the document and the diagnosis both read it)"""
+        got = self.__dict__.get("_straggler")
+        if got is None:
+            got = self.__dict__["_straggler"] = straggler_test(self.baseline, self.sharded, self.n_ranks)
+        return got  # type: ignore[no-any-return]
 
     def _correction_json(self) -> dict[str, sd.ShortfallCorrection | None]:
         """Each run's correction; where the sharded one is not identified, its ranges of wait, sync
@@ -172,12 +177,9 @@ class Shortfall(Documented):
     def compute_scaling(self) -> sd.ShortfallComputeScaling:
         """The compute term split by kernel: replicated, shrank N-fold, partly shrank, added,
         removed (`tracekit.analyse.kernel_scaling`), summing to the printed compute term."""
-        empty = pd.DataFrame(columns=list(KERNEL_COLUMNS))
-        return compute_scaling(
-            self.baseline.kernels if self.baseline.kernels is not None else empty,
-            self.baseline.steady_steps,
-            self.sharded.kernels if self.sharded.kernels is not None else empty,
-            self.sharded.steady_steps,
+        return scaling_of(
+            run_canonical(self.baseline),
+            run_canonical(self.sharded),
             max(1, round(1 / self.factor)),
             self.corrected.integers()["terms_ns"]["compute"],
         )
@@ -258,7 +260,7 @@ class Shortfall(Documented):
                 per_rank=per_rank_json(self.per_rank_uncorrected, self.sharded),
             ),
             stragglers=coll.stragglers_json(),
-            collectives=collectives_json(self.sharded),
+            collectives=run_collectives(self.sharded),
             clock=coll.clock.document(),
             steps=sd.ShortfallSteps(baseline=steps_json(self.baseline), sharded=steps_json(self.sharded)),
             data_quality=self.data_quality.document(),

@@ -278,8 +278,20 @@ def compute_scaling(
     `compute_scaling` of `tracekit shortfall`. `n`: the sharded run's ranks over the baseline's
     (the TP factor); `compute_term_ns`: the integer compute term the shortfall prints, which the
     classes plus the residual sum to exactly."""
-    cb = canonical(base_kernels, base_steps)
-    cs = canonical(shard_kernels, shard_steps)
+    return scaling_of(
+        canonical(base_kernels, base_steps),
+        canonical(shard_kernels, shard_steps),
+        n,
+        compute_term_ns,
+        tol=tol,
+    )
+
+
+def scaling_of(
+    cb: Canonical | None, cs: Canonical | None, n: int, compute_term_ns: int, *, tol: float = TOLERANCE
+) -> sd.ShortfallComputeScaling:
+    """`compute_scaling` from the two runs' canonical sequences (`canonical`), made where the
+    caller has them (the shortfall's: each run's, made once: `attribution.document.run_canonical`)."""
     if cb is None or cs is None:
         return sd.ShortfallComputeScaling(
             available=False,
