@@ -134,7 +134,8 @@ def run_canonical(run: RunParts) -> Canonical | None:
     """The run's canonical kernel sequence over its steady steps (`kernel_scaling.canonical`,
     what `compute_scaling` compares), made once (`read_ahead`)."""
     kernels = run.kernels if run.kernels is not None else pd.DataFrame(columns=list(KERNEL_COLUMNS))
-    return _kept(run, "canonical", lambda: canonical(kernels, run.steady_steps))
+    steps = list(run.steady_steps)
+    return _kept(run, f"canonical {steps}", lambda: canonical(kernels, steps))
 
 
 def read_ahead(run: RunParts) -> None:
