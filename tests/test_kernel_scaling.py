@@ -231,3 +231,27 @@ def test_the_canonical_sequence_is_the_most_frequent_ties_to_the_first_and_a_pre
     assert most is not None and most.names == ("norm",) and (most.followed, most.of) == (4, 6)
     full = canonical(kernel_table_of([[ab, ab, ab], [ab, ab, ab]]), [0, 1, 2])
     assert full is not None and full.followed == 6 and [int(x) for x in full.mean_ns] == [20_000, 100_000]
+
+
+def test_a_runs_kept_canonical_sequence_is_the_one_of_its_steady_steps() -> None:
+    """`document.run_canonical` keeps the run's canonical sequence (made ahead, beside the
+    correction); a copy of the run that holds one steady step fewer (sharing what was kept) gets
+    the sequence of its own steps, not the kept one: on h200-tp2, `of` one step's ranks fewer."""
+    import copy
+
+    from committed_pairs import committed_parts
+
+    from tracekit.analyse.attribution.document import run_canonical
+    from tracekit.analyse.compute.kernel_scaling import canonical
+
+    parts = committed_parts("h200-tp2", "sharded")
+    assert parts.kernels is not None
+    whole = run_canonical(parts)
+    assert whole == canonical(parts.kernels, parts.steady_steps)
+    fewer = copy.copy(parts)  # the same kept readings
+    slowest = parts.slowest.copy()
+    slowest.loc[slowest["step"] == parts.steady_steps[-1], "steady"] = False
+    fewer.slowest = slowest
+    got = run_canonical(fewer)
+    assert got == canonical(parts.kernels, parts.steady_steps[:-1])
+    assert whole is not None and got is not None and got.of == whole.of - parts.n_ranks
