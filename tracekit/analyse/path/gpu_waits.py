@@ -30,42 +30,85 @@ def event_waits(
     record on its own stream adds nothing to stream order). The trace names no event, so this is
     the pairing of eager NCCL's record / wait around each collective."""
     out = np.full(len(d_call), -1, dtype=np.int64)
-    if not len(rt):
+    if not len(rt) or not (d_call >= 0).any():
         return out
-    ops_of: dict[int, list[int]] = {}
-    for j, c in enumerate(d_call.tolist()):
-        if c >= 0:
-            ops_of.setdefault(int(c), []).append(j)
     rt_names = pd.Series(names[rt])  # one regex call per distinct name (str_flags), not per call
-    is_rec = set(rt[str_flags(rt_names, _RECORD)].tolist())
-    is_wait = set(rt[str_flags(rt_names, _WAIT_EVENT)].tolist())
-    if not is_wait:
+    rec = str_flags(rt_names, _RECORD)
+    wait = str_flags(rt_names, _WAIT_EVENT) & ~rec
+    if not wait.any():
         return out
-    per_thread: dict[int, list[int]] = {}
-    for i in rt.tolist():
-        if i in launching or i in is_rec or i in is_wait:
-            per_thread.setdefault(int(thread[i]), []).append(int(i))
-    for calls in per_thread.values():
-        history: list[int] = []  # launched operations in program order
-        rec_at: int | None = None  # len(history) at the last record
-        waits: list[int] = []  # the records the waits since the last launch refer to
-        for i in calls:
-            if i in is_rec:
-                rec_at = len(history)
-            elif i in is_wait:
-                if rec_at is not None:
-                    waits.append(rec_at)
-            else:
-                for j in ops_of.get(i, []):
-                    for at in waits:
-                        for jj in reversed(history[max(at - 64, 0) : at]):
-                            if int(d_stream[jj]) != int(d_stream[j]):
-                                if out[j] < 0 or jj > out[j]:
-                                    out[j] = jj
-                                break
-                history.extend(ops_of.get(i, []))
-                waits = []
+    launch = np.isin(rt, np.fromiter(launching, dtype=np.int64, count=len(launching))) & ~rec & ~wait
+    keep = rec | wait | launch
+    calls, rec, wait = rt[keep], rec[keep], wait[keep]
+    # each call's device operations (in operation order): the ops sorted by their call's place
+    ops = np.flatnonzero(d_call >= 0)
+    place = np.full(int(max(calls.max(), d_call.max())) + 1, -1, dtype=np.int64)
+    place[calls[~rec & ~wait]] = np.flatnonzero(~rec & ~wait)
+    op_place = place[d_call[ops]]
+    ops, op_place = ops[op_place >= 0], op_place[op_place >= 0]
+    by_call = np.argsort(op_place, kind="stable")
+    ops, op_place = ops[by_call], op_place[by_call]
+    th = thread[calls]
+    for t in np.unique(th).tolist():
+        _thread_waits(np.flatnonzero(th == t), rec, wait, ops, op_place, d_stream, out)
     return out
+
+
+#: how far back before a record the pairing looks for the operation the record holds
+_RECORD_LOOKBACK = 64
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The indices starts[i], ..., starts[i] + counts[i] - 1, one range after the other."""
+    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(
+        int(counts.sum()), dtype=np.int64
+    )
+
+
+def _thread_waits(
+    k: np.ndarray,
+    rec: np.ndarray,
+    wait: np.ndarray,
+    ops: np.ndarray,
+    op_place: np.ndarray,
+    d_stream: np.ndarray,
+    out: np.ndarray,
+) -> None:
+    """`event_waits` on one thread's calls (`k`: their places, in program order; `ops` the device
+    operations by their call's place `op_place`), into `out`: the thread's launched operations in
+    order (its history); at each record, how many were launched (`at`); each wait takes the last
+    record's `at` and refers to the thread's next launch; that launch's every operation j waits for
+    the last of history[at - 64 : at] on another stream than j's (the latest over its waits)."""
+    lo_hi = np.searchsorted(op_place, np.stack((k, k + 1)))
+    n_ops = lo_hi[1] - lo_hi[0]
+    hist = ops[_ranges(lo_hi[0], n_ops)]
+    before = np.cumsum(n_ops) - n_ops  # per call, the operations launched before it
+    is_rec, is_wait = rec[k], wait[k]
+    is_launch = ~is_rec & ~is_wait
+    # per call, the history's length at the thread's last record so far (-1: none yet)
+    rec_pos = np.where(is_rec, np.arange(len(k)), -1)
+    last_rec = np.maximum.accumulate(rec_pos) if len(k) else rec_pos
+    at = np.where(last_rec >= 0, before[np.maximum(last_rec, 0)], -1)
+    # per call, the thread's next launch at or after it (len(k): none)
+    launch_pos = np.where(is_launch, np.arange(len(k)), len(k))
+    nxt = np.minimum.accumulate(launch_pos[::-1])[::-1] if len(k) else launch_pos
+    w = np.flatnonzero(is_wait & (at > 0) & (nxt < len(k)))
+    if not len(w) or not len(hist):
+        return
+    w_at, w_launch = at[w], nxt[w]
+    # the (wait, operation of its launch) pairs
+    cnt = n_ops[w_launch]
+    w_at = np.repeat(w_at, cnt)
+    j = ops[_ranges(lo_hi[0][w_launch], cnt)]
+    # the last history entry before `at` on another stream: at - 1, else the one before its run
+    h_stream = d_stream[hist]
+    run_start = np.flatnonzero(np.r_[True, h_stream[1:] != h_stream[:-1]])
+    p = w_at - 1
+    same = h_stream[p] == d_stream[j]
+    q = np.where(same, run_start[np.searchsorted(run_start, p, side="right") - 1] - 1, p)
+    found = q >= np.maximum(w_at - _RECORD_LOOKBACK, 0)
+    if found.any():
+        np.maximum.at(out, j[found], hist[q[found]])
 
 
 def window_end_nodes(
