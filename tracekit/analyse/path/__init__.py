@@ -5,7 +5,8 @@ the same graph under the what-if's knobs (`tracekit.analyse.whatif`) and the pro
 
 Modules: `roles` (the edge roles, the parts an edge's time is, the thresholds), `rank_graph`
 (`RankGraph`: one rank's share, its builder and columns), `gpu_rank` (a GPU timeline's rank graph)
-over `gpu_waits` (event waits, a window's end nodes), `host_rank` (a CPU-only timeline's),
+over `gpu_host` (its host chain: each thread's calls and markers in program order, on arrays) and
+`gpu_waits` (event waits, a window's end nodes), `host_rank` (a CPU-only timeline's),
 `graph` (`Graph`: the run's graph, `assemble`), `forward` (the forward pass re-timing it),
 `build` (`build_rank_graph`, `build_graph`), `walk` (`walk_path`: the path walked on the graph),
 `critical_path` (`CriticalPath`, `critical_path`, `path_of`). Above the collectives and the

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.path.gpu_host import host_chain, program_order
 from tracekit.analyse.path.gpu_waits import event_waits, window_end_nodes
 from tracekit.analyse.path.rank_graph import (
     MatchedBuilder,
@@ -31,16 +32,12 @@ from tracekit.analyse.path.roles import (
     KIND_OF_CLS,
     LAUNCH_LATENCY_CAP_NS,
     ROLE_BACKPRESSURE,
-    ROLE_CALL,
     ROLE_CROSS,
-    ROLE_GAP,
-    ROLE_GAP_OUT,
     ROLE_GRAPH,
     ROLE_LAUNCH,
     ROLE_OP,
     ROLE_ORIGIN,
     ROLE_QUEUE,
-    ROLE_SYNC,
     ROLE_SYNC_WAIT,
 )
 from tracekit.classify.rules import GPU_KINDS
@@ -133,19 +130,7 @@ def gpu_rank(source: RankSource) -> RankGraph:
         if len(rt)
         else (int(thread[0]) if len(thread) else 0)
     )
-    # program order per thread: by start, a step's end before the next step's start and calls at
-    # one instant in their correlation order (zero-length calls share timestamps)
-    items: dict[int, list[tuple[int, int, int, int, int]]] = {}  # thread -> (start, order, corr, type, idx)
-    for th, s_i, c_i, i in zip(
-        thread[keep].tolist(), start[keep].tolist(), corr[keep].tolist(), keep.tolist(), strict=True
-    ):
-        items.setdefault(th, []).append((s_i, 1, c_i, 0, i))
-    for k in range(n_steps):
-        items.setdefault(main, []).append((int(ws_a[k]), 0, 0, 1, k))  # window start marker
-        items.setdefault(main, []).append((int(ae_a[k]), -1, 0, 2, k))  # annotation end marker
-    ws_node = np.zeros(n_steps, dtype=np.int64)
-    ae_node = np.zeros(n_steps, dtype=np.int64)
-    coll_launches = [0] * n_steps
+    threads = program_order(keep, thread, start, corr, main, ws_a, ae_a)
     coll_of = coll_lookup(matched)
     nd = len(dev)
     ds, de = start[dev], end[dev]
@@ -156,70 +141,36 @@ def gpu_rank(source: RankSource) -> RankGraph:
     hit_j = np.asarray([h is not None for h in hits], dtype=bool)
     if nd:
         launches_coll[d_call[hit_j & (d_call >= 0)]] = True
-    call_begin = np.full(n_ev, -1, dtype=np.int64)
-    call_end = np.full(n_ev, -1, dtype=np.int64)
-    call_edge: dict[int, int] = {}
-    tl, el = b.t, b.e
-    for th, its in items.items():
-        its.sort()
-        s_v = np.asarray([x[0] for x in its], dtype=np.int64)
-        typ_v = np.asarray([x[3] for x in its], dtype=np.int64)
-        idx_l = [x[4] for x in its]
+    n_fold, step_of, in_win = [], [], []
+    for th, it in threads:
         starts_th = rt_by_thread.get(th, np.zeros(0, dtype=np.int64))
         # folded calls in (the previous item, this one): counted into this gap
-        prev_fold = np.empty(len(s_v), dtype=np.int64)
+        prev_fold = np.empty(len(it.s), dtype=np.int64)
         prev_fold[:1] = lo
-        prev_fold[1:] = s_v[:-1] + (typ_v[:-1] == 0)
-        n_fold = (
-            np.searchsorted(starts_th, s_v, side="left") - np.searchsorted(starts_th, prev_fold, side="left")
-        ).tolist()
-        k_l = step_index(s_v).tolist()
-        # the time before a window opens is between tokens
-        role_l = np.where((typ_v != 1) & in_window(s_v), ROLE_GAP, ROLE_GAP_OUT).tolist()
-        call_idx = np.asarray(
-            [i if t == 0 else 0 for i, t in zip(idx_l, typ_v.tolist(), strict=True)], dtype=np.int64
+        prev_fold[1:] = it.s[:-1] + (it.typ[:-1] == 0)
+        n_fold.append(
+            np.searchsorted(starts_th, it.s, side="left") - np.searchsorted(starts_th, prev_fold, side="left")
         )
-        ce_l = end[call_idx].tolist()
-        sync_l = sync_like[call_idx].astype(bool).tolist()
-        lc_l = launches_coll[call_idx].tolist()
-        prev_node, prev_t, prev_begin_node, prev_begin_t = origin, lo, origin, lo
-        not_main = th != main
-        for s_i, typ, idx, nf, k, role, ce, is_sync, lc in zip(
-            s_v.tolist(), typ_v.tolist(), idx_l, n_fold, k_l, role_l, ce_l, sync_l, lc_l, strict=True
-        ):
-            seg = k * 100_000 + coll_launches[k]
-            is_first = prev_node == origin
-            if s_i >= prev_t:
-                src, gap = prev_node, s_i - prev_t
-            else:  # nested in the previous call: from its begin
-                src, gap = prev_begin_node, max(s_i - prev_begin_t, 0)
-            tl.append(s_i - off)
-            nb = len(tl) - 1
-            if is_first and not_main:
-                el.append((origin, nb, s_i - lo, ROLE_ORIGIN, K_HOST, -1, nf, 0, -1))
-            else:
-                el.append((src, nb, gap, role, K_HOST, seg, nf, 0, -1))
-            if typ == 0:
-                tl.append(ce - off)
-                ne = len(tl) - 1
-                call_begin[idx], call_end[idx] = nb, ne
-                call_edge[idx] = len(el)
-                if is_sync:
-                    el.append((nb, ne, ce - s_i, ROLE_SYNC, K_SYNC, seg, 1, 0, -1))  # refined below
-                else:
-                    el.append((nb, ne, ce - s_i, ROLE_CALL, K_HOST, seg, 1, int(lc), -1))
-                if lc:
-                    coll_launches[k] += 1
-                prev_begin_node, prev_begin_t = nb, s_i
-                if ce >= prev_t:
-                    prev_node, prev_t = ne, ce
-            else:
-                if typ == 1:
-                    ws_node[idx] = nb
-                else:
-                    ae_node[idx] = nb
-                prev_begin_node, prev_begin_t = nb, s_i
-                prev_node, prev_t = nb, s_i
+        step_of.append(step_index(it.s))
+        in_win.append(in_window(it.s))  # the time before a window opens is between tokens
+    chain = host_chain(
+        threads,
+        main=main,
+        lo=lo,
+        off=off,
+        n_ev=n_ev,
+        n_steps=n_steps,
+        end=end,
+        sync_like=sync_like,
+        launches_coll=launches_coll,
+        n_fold=n_fold,
+        step_of=step_of,
+        in_window=in_win,
+    )
+    call_begin, call_end, call_edge = chain.call_begin, chain.call_end, chain.call_edge
+    ws_node, ae_node = chain.ws_node, chain.ae_node
+    host_e = chain.e
+    tl = [*b.t, *chain.t.tolist()]
     n_host = len(tl)
     # --- device operations
     d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
@@ -458,16 +409,16 @@ def gpu_rank(source: RankSource) -> RankGraph:
         if dj < 0:
             continue
         eps = ce - int(de[dj])
-        nb, ne = int(call_begin[i]), int(call_end[i])
+        ne = int(call_end[i])
         if is_sync:
             if int(de[dj]) > cs:  # it blocked: its time is the wait, then its return latency
-                el[call_edge[i]] = (nb, ne, 0, *el[call_edge[i]][3:])
+                host_e[call_edge[i], 2] = 0
                 sync_edges.append((int(d_end[dj]), ne, eps, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
             else:  # it did not block here: had the device been later, it would have
                 sync_edges.append((int(d_end[dj]), ne, ce - cs, ROLE_SYNC_WAIT, K_SYNC, -1, 0, 0, -1))
         elif int(de[dj]) > cs and eps <= 4 * med_launch + 2000:
             n_bp += 1
-            el[call_edge[i]] = (nb, ne, min(ce - cs, med_launch), *el[call_edge[i]][3:])
+            host_e[call_edge[i], 2] = min(ce - cs, med_launch)
             sync_edges.append((int(d_end[dj]), ne, eps, ROLE_BACKPRESSURE, K_HOST, -1, 0, 0, -1))
     if n_bp:
         notes.append(f"rank {rank}: {n_bp} launch call(s) waited for a launch-queue slot (back-pressure)")
@@ -489,7 +440,6 @@ def gpu_rank(source: RankSource) -> RankGraph:
         )
         for k in range(n_steps)
     ]
-    host_e = np.asarray(el, dtype=np.int64).reshape(-1, 9)
     sync_e = np.asarray(sync_edges, dtype=np.int64).reshape(-1, 9)
     if e_parts:
         jv, sv, srcv, dstv, latv, rolev, kdv, civ = (np.concatenate(x) for x in zip(*e_parts, strict=True))
