@@ -82,6 +82,13 @@ def first_of_runs(keys: np.ndarray) -> np.ndarray:
     return out
 
 
+def index_ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The indices of the ranges [starts[i], ends[i]), one after the other."""
+    lens = ends - starts
+    offs = np.cumsum(lens) - lens
+    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - offs, lens)
+
+
 def last_of_runs(keys: np.ndarray) -> np.ndarray:
     """True at the last element of each run of equal keys."""
     out = np.ones(len(keys), dtype=bool)

@@ -225,9 +225,7 @@ def gpu_rank(source: RankSource) -> RankGraph:
     rho = np.where(d_call >= 0, ds - d_h, ds - lo)
     p0 = np.maximum(pred, 0)
     q = np.where(pred >= 0, ds - de[p0], np.iinfo(np.int64).max)
-    ev_pred = event_waits(
-        rt, set(np.flatnonzero(is_launching).tolist()), names, thread, start, d_call, d_stream
-    )
+    ev_pred = event_waits(rt, is_launching, names, thread, start, d_call, d_stream)
     has_events = bool((ev_pred >= 0).any())
     # an operation waiting for an event queued behind the later of its stream and its event
     ev0 = np.maximum(ev_pred, 0)

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from tracekit.analyse.path.forward import index_ranges
 from tracekit.model.strings import str_flags
 
 _RECORD = re.compile(r"^cu(da)?EventRecord")
@@ -16,7 +17,7 @@ _WAIT_EVENT = re.compile(r"^cu(da)?StreamWaitEvent")
 
 def event_waits(
     rt: np.ndarray,
-    launching: set[int],
+    launching: np.ndarray,
     names: np.ndarray,
     thread: np.ndarray,
     start: np.ndarray,
@@ -28,7 +29,8 @@ def event_waits(
     thread's previous launch) waits for the event of the last `cudaEventRecord` before that wait,
     which holds the operation launched last before the record on another stream than its own (a
     record on its own stream adds nothing to stream order). The trace names no event, so this is
-    the pairing of eager NCCL's record / wait around each collective."""
+    the pairing of eager NCCL's record / wait around each collective. `launching`: per event,
+    whether it is a call that launched device operations."""
     out = np.full(len(d_call), -1, dtype=np.int64)
     if not len(rt) or not (d_call >= 0).any():
         return out
@@ -37,7 +39,7 @@ def event_waits(
     wait = str_flags(rt_names, _WAIT_EVENT) & ~rec
     if not wait.any():
         return out
-    launch = np.isin(rt, np.fromiter(launching, dtype=np.int64, count=len(launching))) & ~rec & ~wait
+    launch = launching[rt] & ~rec & ~wait
     keep = rec | wait | launch
     calls, rec, wait = rt[keep], rec[keep], wait[keep]
     # each call's device operations (in operation order): the ops sorted by their call's place
@@ -58,13 +60,6 @@ def event_waits(
 _RECORD_LOOKBACK = 64
 
 
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """The indices starts[i], ..., starts[i] + counts[i] - 1, one range after the other."""
-    return np.repeat(starts - (np.cumsum(counts) - counts), counts) + np.arange(
-        int(counts.sum()), dtype=np.int64
-    )
-
-
 def _thread_waits(
     k: np.ndarray,
     rec: np.ndarray,
@@ -81,7 +76,7 @@ def _thread_waits(
     the last of history[at - 64 : at] on another stream than j's (the latest over its waits)."""
     lo_hi = np.searchsorted(op_place, np.stack((k, k + 1)))
     n_ops = lo_hi[1] - lo_hi[0]
-    hist = ops[_ranges(lo_hi[0], n_ops)]
+    hist = ops[index_ranges(lo_hi[0], lo_hi[1])]
     before = np.cumsum(n_ops) - n_ops  # per call, the operations launched before it
     is_rec, is_wait = rec[k], wait[k]
     is_launch = ~is_rec & ~is_wait
@@ -99,7 +94,7 @@ def _thread_waits(
     # the (wait, operation of its launch) pairs
     cnt = n_ops[w_launch]
     w_at = np.repeat(w_at, cnt)
-    j = ops[_ranges(lo_hi[0][w_launch], cnt)]
+    j = ops[index_ranges(lo_hi[0][w_launch], lo_hi[1][w_launch])]
     # the last history entry before `at` on another stream: at - 1, else the one before its run
     h_stream = d_stream[hist]
     run_start = np.flatnonzero(np.r_[True, h_stream[1:] != h_stream[:-1]])

@@ -16,6 +16,7 @@ from tracekit.analyse.path.forward import (
     FORWARD_SLICES_UP_TO,
     Forward,
     first_of_runs,
+    index_ranges,
     last_of_runs,
     lexsort_packed,
 )
@@ -174,13 +175,6 @@ class Graph:
         self.__dict__.update(state)
 
 
-def _ranges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """The indices of the ranges [starts[i], ends[i]), one after the other."""
-    lens = ends - starts
-    offs = np.cumsum(lens) - lens
-    return np.arange(int(lens.sum()), dtype=np.int64) + np.repeat(starts - offs, lens)
-
-
 def _tie_levels(n_nodes: int, ts: np.ndarray, td: np.ndarray) -> np.ndarray:
     """Per node, the depth of the equal-time chains into it over the tie edges `ts` -> `td`: the
     longest chain of tie edges ending at it (0 for a node on none), the fixpoint of "each
@@ -203,7 +197,7 @@ def _tie_levels(n_nodes: int, ts: np.ndarray, td: np.ndarray) -> np.ndarray:
     released, r = len(ready), 0
     while len(ready):
         r += 1
-        d = ld[_ranges(out_ptr[ready], out_ptr[ready + 1])]
+        d = ld[index_ranges(out_ptr[ready], out_ptr[ready + 1])]
         np.subtract.at(waiting, d, 1)
         done = d[waiting[d] == 0]  # each node released as often as it had edges this round: once
         at = np.arange(len(done), dtype=np.int64)
