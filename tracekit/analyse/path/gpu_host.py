@@ -119,8 +119,10 @@ def host_chain(
     lc = is_call & launches_coll[call_idx].astype(bool)
     is_sync = sync_like[call_idx].astype(bool)
     role = np.where((typ != 1) & np.concatenate(in_window), ROLE_GAP, ROLE_GAP_OUT)
-    # nodes: per item one, a call two (its begin, its end), after the origin
-    nb = 1 + np.cumsum(1 + is_call) - (1 + is_call)
+    # per item one node and one edge, a call two of each (its begin and end; the edge into it and
+    # its own): an item's first edge row, and its first node after the origin
+    r_in = np.cumsum(1 + is_call) - (1 + is_call)
+    nb = r_in + 1
     ne = nb + 1
     # the matched-collective launches before each item in its step, over the threads in turn
     seg = k * 100_000 + (pd.Series(lc.astype(np.int64)).groupby(k).cumsum().to_numpy() - lc)
@@ -136,11 +138,9 @@ def host_chain(
         np.arange(1, len(sizes) + 1), sizes
     )  # each item's place, virtual ones between
     m = n + len(sizes)
-    virt = np.ones(m, dtype=bool)
-    virt[at] = False
     v = np.full(m, lo, dtype=np.int64)
     v[at] = np.where(is_call, ce, s)
-    opens = virt.copy()
+    opens = np.ones(m, dtype=bool)  # the virtual items and the markers
     opens[at] = ~is_call
     run_max = pd.Series(v).groupby(np.cumsum(opens)).cummax().to_numpy()
     pos = np.arange(m)
@@ -154,11 +154,10 @@ def host_chain(
     after = s >= prev_t
     src = np.where(after, prev_node, prev_bn)
     gap = np.where(after, s - prev_t, np.maximum(s - prev_bt, 0))
-    th_of = np.repeat(np.asarray([th for th, _ in threads], dtype=np.int64), np.diff(bounds))
+    th_of = np.repeat(np.asarray([th for th, _ in threads], dtype=np.int64), sizes)
     from_origin = first & (th_of != main)
     # the edges: per item the one into it, then a call's own
     rows = np.zeros((n + int(is_call.sum()), 9), dtype=np.int64)
-    r_in = np.cumsum(1 + is_call) - (1 + is_call)
     rows[r_in] = np.stack(
         (
             np.where(from_origin, 0, src),

@@ -16,7 +16,6 @@ from tracekit.analyse.path.gpu_host import host_chain, program_order
 from tracekit.analyse.path.gpu_waits import event_waits, window_end_nodes
 from tracekit.analyse.path.rank_graph import (
     MatchedBuilder,
-    RankBuilder,
     RankGraph,
     RankSource,
     coll_lookup,
@@ -101,8 +100,7 @@ def gpu_rank(source: RankSource) -> RankGraph:
     is_launching[call_of[launched]] = True
     blocking = str_flags(ev["name"], _BLOCKING_COPY)
     sync_like = (cls == "sync") | blocking if n_ev else cls
-    b = RankBuilder()
-    origin = b.node(lo - off)
+    origin = 0  # the rank's first node, at `lo` (the host chain's come after it: `host_chain`)
     notes: list[str] = []
 
     def step_index(t: np.ndarray) -> np.ndarray:
@@ -170,8 +168,8 @@ def gpu_rank(source: RankSource) -> RankGraph:
     call_begin, call_end, call_edge = chain.call_begin, chain.call_end, chain.call_edge
     ws_node, ae_node = chain.ws_node, chain.ae_node
     host_e = chain.e
-    tl = [*b.t, *chain.t.tolist()]
-    n_host = len(tl)
+    t_host = np.concatenate(([lo - off], chain.t))
+    n_host = len(t_host)
     # --- device operations
     d_h = np.where(d_call >= 0, start[np.maximum(d_call, 0)], lo) if nd else np.zeros(0, dtype=np.int64)
     d_stream = thread[dev]
@@ -423,7 +421,7 @@ def gpu_rank(source: RankSource) -> RankGraph:
     t_dev = np.empty(2 * nd, dtype=np.int64)
     t_dev[0::2] = ds - off
     t_dev[1::2] = de - off
-    t_now = np.concatenate((np.asarray(tl, dtype=np.int64), t_dev))
+    t_now = np.concatenate((t_host, t_dev))
     # the operations each step launched (in launch order), its end nodes with its annotation's end
     so = np.flatnonzero(in_step)
     so = so[np.argsort(kk[so], kind="stable")]
