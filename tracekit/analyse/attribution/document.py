@@ -133,9 +133,13 @@ def run_collectives(run: RunParts) -> sd.ShortfallCollectives:
 def run_canonical(run: RunParts) -> Canonical | None:
     """The run's canonical kernel sequence over its steady steps (`kernel_scaling.canonical`,
     what `compute_scaling` compares), made once (`read_ahead`)."""
-    kernels = run.kernels if run.kernels is not None else pd.DataFrame(columns=list(KERNEL_COLUMNS))
     steps = list(run.steady_steps)
-    return _kept(run, f"canonical {steps}", lambda: canonical(kernels, steps))
+
+    def make() -> Canonical | None:
+        kernels = run.kernels if run.kernels is not None else pd.DataFrame(columns=list(KERNEL_COLUMNS))
+        return canonical(kernels, steps)
+
+    return _kept(run, f"canonical {steps}", make)
 
 
 def read_ahead(run: RunParts) -> None:

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.path.forward import index_ranges
+from tracekit.analyse.path.forward import first_of_runs, index_ranges
 from tracekit.model.strings import str_flags
 
 _RECORD = re.compile(r"^cu(da)?EventRecord")
@@ -97,7 +97,7 @@ def _thread_waits(
     j = ops[index_ranges(lo_hi[0][w_launch], lo_hi[1][w_launch])]
     # the last history entry before `at` on another stream: at - 1, else the one before its run
     h_stream = d_stream[hist]
-    run_start = np.flatnonzero(np.r_[True, h_stream[1:] != h_stream[:-1]])
+    run_start = np.flatnonzero(first_of_runs(h_stream))
     p = w_at - 1
     same = h_stream[p] == d_stream[j]
     q = np.where(same, run_start[np.searchsorted(run_start, p, side="right") - 1] - 1, p)
