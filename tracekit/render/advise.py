@@ -6,14 +6,14 @@ from tracekit.analyse.advise import cliff_sentences
 from tracekit.model.documents.advise import Advise as AdviseDoc
 from tracekit.model.documents.advise import AdviseOption
 from tracekit.model.documents.base import given
-from tracekit.model.units import GIB
+from tracekit.model.units import GIB, ms
 
 
 def _model_text(r: AdviseOption) -> str:
     """The batch model of a predicted row, in words (docs/METHOD.md section Batch scaling of a decode)."""
     rng, bm = given(r.per_token_latency_range_ns), given(r.batch_model)
     if rng:
-        return f" (roofline band from one run: {rng[0] / 1e6:.3f}-{rng[1] / 1e6:.3f} ms)"
+        return f" (roofline band from one run: {ms(rng[0])}-{ms(rng[1])} ms)"
     if bm:
         parts = ", ".join(f"{p.kind} {p.added_ns / 1e3:+,.0f} us" for p in bm.by_kind)
         return f" ({bm.model}: {parts})"
@@ -45,7 +45,7 @@ def text(doc: AdviseDoc) -> str:
         tps = r.tokens_per_s
         fits = {True: "yes", False: "NO", None: "?"}[r.fits]
         lines.append(
-            f"{r.batch:>5}  {r.option:<38} {'-' if lat is None else f'{lat / 1e6:.3f}':>9} "
+            f"{r.batch:>5}  {r.option:<38} {ms(lat):>9} "
             f"{'-' if tps is None else f'{tps:,.0f}':>10} {r.memory_per_gpu_bytes.total / GIB:>8.2f} "
             f"{fits:>5}  {r.status}" + _model_text(r)
         )
@@ -53,9 +53,8 @@ def text(doc: AdviseDoc) -> str:
     lines += [f"  {s}" for s in cliff_sentences(doc)]
     lines += ["", "Runs:"]
     for run in doc.runs:
-        ms = "?" if run.per_token_ns is None else f"{run.per_token_ns / 1e6:.3f}"
         lines.append(
-            f"  TP={run.tp} batch {run.batch}: {ms} ms per token ({run.per_token_source}), {run.path}"
+            f"  TP={run.tp} batch {run.batch}: {ms(run.per_token_ns, missing='?')} ms per token ({run.per_token_source}), {run.path}"
         )
     for n in doc.notes:
         lines.append(f"note: {n}")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from tracekit.analyse.dilation import Dilation, TokenTimes
 from tracekit.model.documents import given
 from tracekit.model.documents.manifest import Manifest
+from tracekit.model.units import ms
 from tracekit.render.writers import console_text, text_console, titled_table
 
 _COLUMNS = (
@@ -29,7 +30,7 @@ _COLUMNS = (
 def _ms(x: TokenTimes | None) -> tuple[str, str]:
     if x is None:
         return "-", "-"
-    return f"{float(x.mean_ns) / 1e6:.3f}", f"{x.quantile_ns(0.1) / 1e6:.3f}-{x.quantile_ns(0.9) / 1e6:.3f}"
+    return ms(float(x.mean_ns)), f"{ms(x.quantile_ns(0.1))}-{ms(x.quantile_ns(0.9))}"
 
 
 def _mode(m: Manifest) -> str:
