@@ -426,7 +426,7 @@ def test_graph_reaches_the_rank_config(monkeypatch: pytest.MonkeyPatch) -> None:
     assert [c.graph for c in seen] == [False, True]
     assert sweep.algo_pass_config(seen[1]).graph is False
     # compare-links: every mode's sweep gets it, and the result's config records it
-    monkeypatch.setattr(sweep, "resolve_device", lambda device, backend: "cuda")
+    monkeypatch.setattr(compare, "resolve_device", lambda device, backend: "cuda")  # compare's own name
     monkeypatch.setattr(compare, "run_sweep_detailed", fake_run)
     seen.clear()
     cfg = compare.CompareConfig(ops=("all_reduce",), gpus=(0, 1), graph=True)

@@ -67,6 +67,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     import io
 
     import tracekit.capture.runner as runner
+    import tracekit.pipeline.study as pipeline_study
 
     real = runner.capture
 
@@ -77,6 +78,7 @@ def study(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf), pytest.MonkeyPatch.context() as mp:
         mp.setattr(runner, "capture", recorded)
+        mp.setattr(pipeline_study, "capture", recorded)  # the name the study imported at its top
         # 4 rounds per degree (2 per block): the default 8 (test_the_default_study_is_8_rounds_in_2_blocks)
         # cost 8 more measured rounds and prove the same interleaving
         rc = main(["study", "--tokens", "4", "--rounds", "4", "--device", "cpu", "--quiet", "-o", str(out)])

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.timeline.partition import LayerUnions, rank_layer_unions
-from tracekit.analyse.timeline.steps import StepsResult
+from tracekit.analyse.timeline.partition import LayerUnions, partition_steps, rank_layer_unions
+from tracekit.analyse.timeline.steps import StepsResult, find_steps_detailed
+from tracekit.classify import classify
 from tracekit.model.events import DataQuality, Run, RunFields
 
 
@@ -44,7 +45,6 @@ class AnalysedRun(RunFields):
             return run
         if "cls" in run.events.columns:
             return cls(run=run)
-        from tracekit.classify import classify
 
         return cls(run=dataclasses.replace(run, events=classify(run.events)))
 
@@ -53,8 +53,6 @@ class AnalysedRun(RunFields):
         windows and counts handed out are copies of the kept ones."""
         found = self._steps.get(pattern)
         if found is None:
-            from tracekit.analyse.timeline.steps import find_steps_detailed
-
             found = find_steps_detailed(self.events, pattern)
             self._steps[pattern] = found
         return dataclasses.replace(
@@ -72,8 +70,6 @@ class AnalysedRun(RunFields):
     def partition(self, steps: pd.DataFrame) -> pd.DataFrame:
         """`partition_steps(events, steps)`, each rank's rows once per set of that rank's windows
         (so a plan's per-rank stage and a run-wide caller share them); a copy of the kept rows."""
-        from tracekit.analyse.timeline.partition import partition_steps
-
         ranks = sorted(int(x) for x in pd.unique(steps["rank"]))
         if not ranks:
             return partition_steps(self.events, steps, {})

@@ -49,6 +49,7 @@ from tracekit.model.documents.predict import (
     PredictTransfer,
 )
 from tracekit.model.dtypes import sizes_of
+from tracekit.read import load_manifest
 
 SCHEMA_VERSION = "1.0"
 #: the model dtypes the prediction knows, and their sizes (`model.dtypes`)
@@ -96,8 +97,6 @@ def tp_collectives(shape: Mapping[str, Any], tp: int, batch: int, dtype: str) ->
 
 
 def _manifest(run_dir: str) -> Manifest:
-    from tracekit.read import load_manifest
-
     p = Path(run_dir)
     path = p / "manifest.json" if p.is_dir() else p
     return load_manifest(path)

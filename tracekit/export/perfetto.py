@@ -40,10 +40,16 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from tracekit.analyse.attribution.options import AttributionOptions
+from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.timeline.partition import partition_steps
+from tracekit.analyse.timeline.steps import find_steps_detailed
+from tracekit.classify import classify
 from tracekit.errors import OutputError, TracekitError
 from tracekit.model.documents.chrome import ChromeEvent, ExportArgs, ExportObject
 from tracekit.model.events import COLUMNS, Run
 from tracekit.model.parts import PARTS
+from tracekit.read import read_run
 
 FORMAT = "tracekit.perfetto"
 VERSION = 1
@@ -141,10 +147,6 @@ def _nested_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
 def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, list[str]]:
     """Classified events, and the analysed run (steps with their partition, collectives, critical
     path) or None with a note when the run cannot be attributed (then only steps and classes)."""
-    from tracekit.analyse.attribution.options import AttributionOptions
-    from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.classify import classify
-
     classified = run.events if "cls" in run.events.columns else classify(run.events)
     crun = Run(classified, run.sources, run.rank_info, run.data_quality, run.manifest)
     try:
@@ -155,9 +157,6 @@ def _analyse(run: Run, step_pattern: str | None) -> tuple[pd.DataFrame, Any, lis
 
 
 def _steps_only(classified: pd.DataFrame, step_pattern: str | None) -> pd.DataFrame:
-    from tracekit.analyse.timeline.partition import partition_steps
-    from tracekit.analyse.timeline.steps import find_steps_detailed
-
     found = find_steps_detailed(classified, step_pattern)
     return partition_steps(classified, found.steps)
 
@@ -518,8 +517,6 @@ def write_perfetto(
     if isinstance(paths, Run):
         run = paths
     else:
-        from tracekit.read import read_run
-
         run = read_run(list(paths), cache=cache)
     doc, summary = perfetto_document(run, step_pattern=step_pattern)
     data = orjson.dumps(doc)

@@ -35,7 +35,9 @@ import orjson
 from tracekit.analyse.attribution.pair import shortfall_of_pair
 from tracekit.analyse.command_plans import breakdown_plan
 from tracekit.analyse.plans import attribution_plan
-from tracekit.engine import Engine, pair_check, run_plans
+from tracekit.capture import environment as env
+from tracekit.capture.runner import CaptureConfig, capture
+from tracekit.engine import Engine, pair_check, run_plans, shortfall_paths
 from tracekit.engine.executor import Job
 from tracekit.errors import TracekitError
 from tracekit.model.documents import (
@@ -57,6 +59,7 @@ from tracekit.model.documents.manifest import (
     ManifestWorkload,
 )
 from tracekit.model.events import DataQuality
+from tracekit.probe.compare import CompareConfig, compare_links
 from tracekit.read.manifests import read_manifest
 from tracekit.report.build import (
     AnalysedRuns,
@@ -169,8 +172,6 @@ def _compare_links(
 
     On GPUs: NVLink vs PCIe (P2P disabled), all_reduce and all_gather up to 64 MiB (the decode's
     messages are far smaller). On CPU (only with --links): the gloo path, quickly (up to 64 KiB)."""
-    from tracekit.probe.compare import CompareConfig, compare_links
-
     if device == "cuda":
         cfg = CompareConfig(
             ops=("all_reduce", "all_gather"),
@@ -211,9 +212,6 @@ def _capture_interleaved(
     one; the host's drift between blocks then falls on every degree alike. Only the last block
     calibrates the profiler (its manifest is the one kept: an earlier block's calibration would be
     measured and dropped, the largest part of a short CPU capture's time)."""
-    from tracekit.capture import environment as env
-    from tracekit.capture.runner import CaptureConfig, capture
-
     blocks = max(1, config.blocks)
     per_block = max(1, -(-config.rounds // blocks))
     group = f"study-{uuid.uuid4().hex[:12]}" if blocks >= 2 and len(tps) >= 2 else None
@@ -262,7 +260,6 @@ def merge_blocks(
     `workload.interleaved` = {group, tp, blocks, rounds_per_block, order}. The blocks are the
     capture's manifests as read (`read_manifest`): the capture writes its Struct in field order, so
     the merged file keeps the capture's layout and every field it wrote."""
-    from tracekit.capture import environment as env
 
     def rounds(p: ManifestUnprofiled | ManifestProfiled | None) -> list[dict[str, list[int]]]:
         return (given(p.rounds) if p is not None else None) or []
@@ -471,8 +468,6 @@ def gpu_reference_verdicts(traces_dir: Path | None = None) -> list[tuple[str, st
     report (the same verdict, without the ~6 s the two analyses take), else from an analysis of
     the traces; empty when the traces are not there (an installed package without the
     repository's traces/)."""
-    from tracekit.engine import shortfall_paths
-
     root = traces_dir or Path(__file__).resolve().parents[2] / "traces"
     out = []
     for label, base, shard, report in GPU_REFERENCE_PAIRS:

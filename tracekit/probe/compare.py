@@ -39,7 +39,7 @@ from tracekit.model.documents.links import (
 )
 from tracekit.model.fields import copy_fields
 from tracekit.probe.links import Topology, detect_topology
-from tracekit.probe.sweep import SweepConfig, SweepResult, run_sweep_detailed
+from tracekit.probe.sweep import SweepConfig, SweepResult, resolve_device, run_sweep_detailed
 
 MODES = ("nvlink", "pcie", "default")
 
@@ -147,8 +147,6 @@ def judge_transport(
 
 def compare_links(config: CompareConfig, *, topology: Topology | None = None) -> Links:
     """Run the sweep once per mode and put the results side by side (see module doc)."""
-    from tracekit.probe.sweep import resolve_device
-
     if config.baseline_dir and not config.trace_dir:
         raise ProbeError("--baseline needs --trace (the sharded decode run it is the baseline of)")
     where = resolve_device(config.device, None)

@@ -39,6 +39,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from tracekit.errors import ProbeError
 from tracekit.model.documents.base import Documented
 from tracekit.model.documents.rho import Rho as RhoDoc
 from tracekit.model.documents.rho import RhoDevice, RhoRhoItem
@@ -157,8 +158,6 @@ def run_rho(
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        from tracekit.errors import ProbeError
-
         raise ProbeError("--device cuda: torch sees no CUDA device")
     say = progress or (lambda _s: None)
     notes: list[str] = []

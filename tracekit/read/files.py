@@ -13,6 +13,8 @@ from typing import Any
 from tracekit.errors import NoTracesError
 from tracekit.model.events import Run
 from tracekit.read import cache as cache_mod
+from tracekit.read import export
+from tracekit.read.kineto import check_rank_argument
 from tracekit.read.manifests import ManifestRead, read_manifest
 
 #: file-name suffix -> "module:function" of the reader (function(path, rank=None) -> Run).
@@ -31,8 +33,6 @@ _NOT_TRACES = {"manifest.json"}
 def reader_for(path: Path) -> tuple[Callable[..., Run], str] | None:
     name = path.name.lower()
     if name.endswith((".json", ".json.gz")):  # tracekit's own Perfetto export: all its ranks, exactly
-        from tracekit.read import export
-
         if export.is_export(path):
             return export.read_export, export.READER_VERSION
     for suffix, target in READERS.items():
@@ -121,8 +121,6 @@ def read_file(
             f"{p}: not a trace file (expected .json, .json.gz, .sqlite, .sqlite.gz, .nsys-rep or .qdrep)"
         )
     if rank is not None:
-        from tracekit.read.kineto import check_rank_argument
-
         check_rank_argument(rank)
     reader, version = found
     use_cache = cache and cache_mod.cache_enabled()

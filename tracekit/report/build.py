@@ -15,6 +15,9 @@ from typing import Any, TypeVar
 
 import orjson
 
+from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.compute.kernels import top_kernels
+from tracekit.analyse.timeline.breakdown import breakdown
 from tracekit.errors import TracekitError
 from tracekit.model.documents import (
     Breakdown,
@@ -25,9 +28,11 @@ from tracekit.model.documents import (
     decode,
 )
 from tracekit.model.documents import Manifest as ManifestDoc
+from tracekit.read import read_run
 from tracekit.read.probe import read_rows_file
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extra_section import ExtraSection
+from tracekit.report.extras import ExtraError, extra_sections, load_extra
 
 T = TypeVar("T")
 
@@ -66,10 +71,6 @@ def analyse_dirs(
 
     Each run is analysed once (`AnalysedRun`: classified, its steps found and partitioned once),
     and that analysis serves both its breakdown and the shortfall."""
-    from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.timeline.breakdown import breakdown
-    from tracekit.read import read_run
-
     run = AnalysedRun.of(read_run([Path(run_dir)]))
     out = AnalysedRuns(
         breakdown=analysed_document(breakdown(run, step_pattern=step_pattern), Breakdown),
@@ -89,8 +90,6 @@ def analyse_dirs(
 
 def top_kernels_document(run: Any, step_pattern: str | None) -> TopKernels:
     """The report's top kernels per class of an analysed run (`tracekit.analyse.compute.kernels`)."""
-    from tracekit.analyse.compute.kernels import top_kernels
-
     return analysed_document(top_kernels(run.events, run.steps(step_pattern).steps), TopKernels)
 
 
@@ -149,8 +148,6 @@ def report_from_analyses(
 def load_extras(paths: Sequence[str | Path]) -> list[ExtraSection]:
     """The sections of the --extra files (decompose / advise / rho / whatif / diff JSON, by `kind`);
     ReportError naming the file when one is unreadable or of another kind."""
-    from tracekit.report.extras import ExtraError, extra_sections, load_extra
-
     try:
         return extra_sections([(load_extra(p), str(p)) for p in paths])
     except ExtraError as exc:
