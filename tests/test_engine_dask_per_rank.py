@@ -36,13 +36,21 @@ TRACES = ROOT / "traces"
 
 
 def _no_run_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`read_run` (the run's table in one process) fails, wherever it is called from."""
+    """`read_run` (the run's table in one process) fails, wherever it is called from: the package's
+    name and every loaded module's own binding of it (those that import it at their top)."""
+    import sys
+
     import tracekit.read
+
+    real = tracekit.read.read_run
 
     def no_run(*a: Any, **k: Any) -> Any:
         raise AssertionError("the run's table was put together")
 
-    monkeypatch.setattr(tracekit.read, "read_run", no_run)
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("tracekit") and getattr(mod, "read_run", None) is real:
+            monkeypatch.setattr(mod, "read_run", no_run)
+    assert tracekit.read.read_run is no_run
 
 
 def _stages(res: JobResult) -> dict[str, list[TaskRecord]]:

@@ -84,12 +84,11 @@ LAZY_TRACEKIT_IMPORTS: dict[str, str] = {
     "tracekit/model/__init__.py": "module-level __getattr__: the model's names load on first use",
     "tracekit/cli/": "`tracekit --help` imports every command module; a command imports its analysis when it runs",
     "tracekit/capture/": "runs in the ranks' processes beside torch, which import only what a rank uses",
-    "tracekit/report/build.py": "the HTML writer pulls plotly (an optional dependency) only for --format html",
+    "tracekit/report/build.py": "report.html imports plotly (an optional dependency) at its top: only for HTML",
     "tracekit/engine/": "the engine <-> executor <-> analyse.plans cycle (left, issue 27's note)",
     "tracekit/analyse/plans.py": "cycle: attribution.run runs its plan in process (left, issue 27's note)",
     "tracekit/analyse/command_plans.py": "cycle: the plans of every command sit above attribution and compare (left)",
     "tracekit/analyse/correction_stages.py": "cycle: the correction's stages and attribution.correction (left)",
-    "tracekit/read/export.py": "the byte limits are read inside the gzip branch only",
 }
 
 

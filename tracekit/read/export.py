@@ -24,6 +24,7 @@ import orjson
 from tracekit.errors import RankError, TraceFormatError
 from tracekit.model.documents.chrome import ExportObject
 from tracekit.model.events import COLUMNS, DataQuality, Run, make_events
+from tracekit.read.limits import current_limits, describe_bytes
 
 READER_VERSION = "tracekit-export-1"
 MAGIC = b'{"tracekitExport"'
@@ -50,8 +51,6 @@ def _load(p: Path) -> ExportObject:
     try:
         raw = p.read_bytes()
         if raw[:2] == b"\x1f\x8b":  # inflated at most --max-bytes (a gzip bomb is refused, not held)
-            from tracekit.read.limits import current_limits, describe_bytes
-
             limit = current_limits().max_bytes
             with gzip.GzipFile(fileobj=io.BytesIO(raw)) as gz:
                 raw = gz.read(limit + 1)

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import orjson
 
 from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.attribution.pair import shortfall
 from tracekit.analyse.compute.kernels import top_kernels
 from tracekit.analyse.timeline.breakdown import breakdown
 from tracekit.errors import TracekitError
@@ -33,6 +34,7 @@ from tracekit.read.probe import read_rows_file
 from tracekit.report.data import ReportData, build_report_data
 from tracekit.report.extra_section import ExtraSection
 from tracekit.report.extras import ExtraError, extra_sections, load_extra
+from tracekit.report.markdown import render_markdown
 
 T = TypeVar("T")
 
@@ -78,8 +80,6 @@ def analyse_dirs(
     )
     out.top_kernels = top_kernels_document(run, step_pattern)
     if baseline_dir is not None:
-        from tracekit.analyse.attribution.pair import shortfall
-
         base = AnalysedRun.of(read_run([Path(baseline_dir)]))
         out.baseline_breakdown = analysed_document(breakdown(base, step_pattern=step_pattern), Breakdown)
         out.baseline_manifest = base.manifest
@@ -163,12 +163,10 @@ def format_of(path: str | Path) -> str:
 
 def render(data: ReportData, fmt: str, *, offline: bool = True) -> str:
     if fmt == "html":
-        from tracekit.report.html import render_html
+        from tracekit.report.html import render_html  # plotly (imported by report.html) only for HTML
 
         return render_html(data, offline=offline)
     if fmt == "markdown":
-        from tracekit.report.markdown import render_markdown
-
         return render_markdown(data)
     if fmt == "json":
         return (
