@@ -35,7 +35,7 @@ import itertools, json, sys, time
 from fractions import Fraction
 from tracekit.read import read_run
 from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.attribution.pair import shortfall_from_parts
 try:  # the rooms (issue 27)
     from tracekit.analyse.retime.calibrate import calibrate

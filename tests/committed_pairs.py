@@ -17,8 +17,9 @@ from pathlib import Path
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.pair import check_pair, shortfall, shortfall_of_pair
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.attribution.result import Shortfall
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.model.events import Run
 from tracekit.read import read_run
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 import tracekit.analyse.path.build as build_mod
 import tracekit.analyse.path.critical_path as critical_path_mod
 import tracekit.analyse.path.graph as graph_mod
-from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.path.graph import Graph, assemble, topological_order
 from tracekit.analyse.path.rank_graph import RankGraph
 from tracekit.analyse.path.roles import K_TRANSFER, ROLE_ARRIVE, ROLE_XFER
@@ -149,7 +150,14 @@ def pieces_of(run: Path) -> list[tuple[list[RankGraph], dict[int, int]]]:
         got.append((list(rank_graphs), dict(offsets)))
         return assemble(rank_graphs, offsets)
 
-    mods = [m for m in (graph_mod, build_mod, critical_path_mod) if getattr(m, "assemble", None) is assemble]
+    # every module that binds the name at its top (the graph's, the build's, the path's, the
+    # correction's stages since their imports were hoisted): the attribution calls it through them
+    mods = [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("tracekit.") and getattr(m, "assemble", None) is assemble
+    ]
+    assert {graph_mod, build_mod, critical_path_mod} <= set(mods)
     for m in mods:
         m.assemble = keep  # type: ignore[attr-defined]
     try:

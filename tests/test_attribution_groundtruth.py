@@ -17,7 +17,8 @@ import pytest
 from gloo_truth import DELAY_MS
 
 from tracekit.analyse.attribution.pair import shortfall_from_parts
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.read import read_run
 
 pytestmark = pytest.mark.slow

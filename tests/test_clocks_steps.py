@@ -30,7 +30,8 @@ from committed_pairs import committed_analysed, committed_parts, committed_run, 
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.pair import shortfall_of_pair
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.compare.diff import diff_sides
 from tracekit.analyse.compare.result import Diff
 from tracekit.analyse.compare.sides import Side, rank_side_tables, side_of, side_windows

@@ -193,7 +193,7 @@ def test_without_steps_nothing_is_filled():
 def test_shortfall_json_by_op_carries_the_source():
     from tracekit.analyse.attribution.document import collectives_json as coll_json
     from tracekit.analyse.attribution.options import AttributionOptions
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.model.events import Run
 
     ev = table(

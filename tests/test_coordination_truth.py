@@ -17,8 +17,8 @@ import pytest
 from committed_pairs import committed_run, committed_shortfall
 
 from tracekit.analyse.attribution.pair import check_pair, shortfall, shortfall_from_parts
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.attribution.result import Shortfall
-from tracekit.analyse.attribution.run import attribute_run
 from tracekit.model.documents import to_builtins
 from tracekit.model.events import Run, make_events
 from tracekit.model.parts import LEAF_PARTS

@@ -22,7 +22,8 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.correction import correct_run
 from tracekit.analyse.attribution.correction_replay import graph_parts
 from tracekit.analyse.attribution.pair import shortfall_from_parts
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.model.parts import LEAF_PARTS
 from tracekit.read import read_run
 

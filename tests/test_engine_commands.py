@@ -47,9 +47,8 @@ def test_the_correction_is_computed_where_the_graph_is(dask: Engine) -> None:
     rule), yet its correction is the one the in-process attribution's `correct_run` computes on
     the graph it keeps."""
     from tracekit.analyse.attribution.correction import correct_run
+    from tracekit.analyse.attribution.plan import attribute_run, attribution_plan
     from tracekit.analyse.attribution.reconcile import applied_dilation
-    from tracekit.analyse.attribution.run import attribute_run
-    from tracekit.analyse.plans import attribution_plan
     from tracekit.engine import run_plans
     from tracekit.engine.executor import Job
     from tracekit.read import read_run
@@ -183,7 +182,7 @@ def test_the_whatif_on_the_plans_refuses_a_run_without_its_graph(monkeypatch: py
     """`replay.build_model` would build the graph again from every event, which the replay plan
     does not bring back (only the device rows): a run whose attribution kept no graph is refused
     in one line, naming the local engine, instead of being replayed on a partial table."""
-    from tracekit.analyse import plans
+    from tracekit.analyse.attribution import plan as plans
     from tracekit.engine import EngineError, whatif_runs
 
     real = plans.att_correct

@@ -68,7 +68,7 @@ def gpu_pair_on_dask(dask: Engine) -> tuple[str, Any]:
     made; the shortfall's JSON (made at once: the tests then read the results, one pops the
     sharded run's correction) and the sharded run's JobResult."""
     from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.plans import attribution_plan
+    from tracekit.analyse.attribution.plan import attribution_plan
     from tracekit.engine import pair_check
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job
@@ -136,7 +136,7 @@ def test_the_documents_readings_of_each_run_are_made_before_the_commands_tail(
     over, the command's tail (`shortfall_of_pair`, `to_json`) still writes the pinned document."""
     from tracekit.analyse.attribution import document
     from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.plans import attribution_plan
+    from tracekit.analyse.attribution.plan import attribution_plan
     from tracekit.engine import pair_check
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job
@@ -414,8 +414,8 @@ def test_each_rank_file_is_read_once_for_every_plan_of_a_call(dask: Engine, synt
     then one task per file for every rank stage of both plans, each holding that file's rank
     only; the critical path's Reduce in one task over all the ranks; the results are the local
     engine's."""
+    from tracekit.analyse.attribution.plan import attribution_plan
     from tracekit.analyse.command_plans import breakdown_plan
-    from tracekit.analyse.plans import attribution_plan
     from tracekit.engine.dask_engine import DaskExecutor
     from tracekit.engine.executor import Job, LocalExecutor
 
@@ -468,7 +468,7 @@ def test_the_identifiability_check_runs_one_task_per_rank_and_equals_the_serial_
     ones `correct_run` computes rank after rank in this process on the same RunParts
     (docs/METHOD.md section Noise and the profiler correction). The sharded run of `GPU_PAIR`."""
     from tracekit.analyse.attribution.correction import correct_run
-    from tracekit.analyse.plans import correction_target
+    from tracekit.analyse.attribution.correction_stages import correction_target
 
     res = gpu_pair_on_dask[1]
     parts = res.results[0]

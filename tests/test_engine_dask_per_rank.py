@@ -19,8 +19,8 @@ import msgspec
 import pytest
 from engine_refs import N_SYN, assert_local_json, local_breakdown, local_shortfall, shortfall_pin, text
 
+from tracekit.analyse.attribution.plan import attribution_plan
 from tracekit.analyse.command_plans import breakdown_plan
-from tracekit.analyse.plans import attribution_plan
 from tracekit.engine import Engine, dask_engine
 from tracekit.engine.dask_engine import DaskExecutor
 from tracekit.engine.executor import Job, JobResult, LocalExecutor, TaskRecord

@@ -72,7 +72,8 @@ def test_the_pairing_of_whole_runs_is_the_call_by_call_one(
     from groundtruth.cases import CASES
     from groundtruth.kineto import write_run
 
-    from tracekit.analyse.plans import attribution_plan, run_in_process
+    from tracekit.analyse.attribution.plan import attribution_plan
+    from tracekit.analyse.plans import run_in_process
     from tracekit.read import read_run
 
     path = TRACES / run

@@ -65,7 +65,7 @@ def test_the_forward_pass_is_the_node_by_node_pass_on_generated_runs(name: str, 
 @functools.cache
 def _model(trace: str) -> RunModel:
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.read import read_run
 
     ar = AnalysedRun.of(read_run([TRACES / trace]))
@@ -120,7 +120,7 @@ def test_the_replay_re_times_the_graph_the_path_was_walked_on(trace: str) -> Non
     """build_model takes attribute_run's graph (one build per run), equal in every array to the
     graph built again from the events; the probe knob's collective sizes are filled in."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.read import read_run
 
     ar = AnalysedRun.of(read_run([TRACES / trace]))

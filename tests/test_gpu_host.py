@@ -89,7 +89,8 @@ def test_the_chain_of_the_committed_ranks_is_the_item_by_item_one(
     run: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every rank of four committed GPU runs (eager and CUDA graphs, Kineto and Nsight)."""
-    from tracekit.analyse.plans import attribution_plan, run_in_process
+    from tracekit.analyse.attribution.plan import attribution_plan
+    from tracekit.analyse.plans import run_in_process
     from tracekit.read import read_run
 
     seen: list[int] = []

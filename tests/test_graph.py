@@ -347,7 +347,7 @@ def test_the_manifests_profiler_calibration_is_removed_call_by_call(
     from tests.groundtruth.cases import CASES
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.analyse.retime.calibrate import calibrate
     from tracekit.analyse.retime.setting import Setting
     from tracekit.analyse.whatif.build import build_model
@@ -399,7 +399,7 @@ def test_the_calibrated_replay_is_the_unprofiled_run(tmp_path: Path) -> None:
     from tests.groundtruth.cases import CASES
     from tests.groundtruth.kineto import write_run
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.analyse.retime.calibrate import calibrate
     from tracekit.analyse.retime.setting import Setting
     from tracekit.analyse.whatif.build import build_model
@@ -427,7 +427,7 @@ def test_device_paced_windows_give_the_partitions_step_time() -> None:
     runs behind the host in every step, so the windows come from the device side: 25 us each; the
     critical path must walk exactly those 25 us per step."""
     from tracekit.analyse.attribution.options import AttributionOptions
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.model.events import Run, make_events
 
     rows: dict[str, list[Any]] = {

@@ -20,8 +20,9 @@ from typing import Any
 import pandas as pd
 import pytest
 
+from tracekit.analyse.attribution.plan import attribution_plan
 from tracekit.analyse.attribution.run import attribute_setup
-from tracekit.analyse.plans import Plan, attribution_plan, run_in_process, split_ranks
+from tracekit.analyse.plans import Plan, run_in_process, split_ranks
 from tracekit.analyse.timeline.rules import choose_step_rule, rank_step_summary
 from tracekit.analyse.timeline.steps import assemble_steps
 from tracekit.analyse.timeline.windows import rank_step_windows

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import tracekit.analyse.attribution.plan as att_plan
 import tracekit.analyse.plans as plans
 from tracekit.analyse.attribution.correction_replay import calibrated_latencies
 from tracekit.analyse.path.graph import Graph, assemble
@@ -37,15 +38,15 @@ def _calibration() -> ProfilerCalibration:
 def _pieces(run: str, monkeypatch: pytest.MonkeyPatch) -> list[RankGraph]:
     """The run's per-rank graph pieces, as the attribution plan's rank stage keeps them."""
     got: dict[int, RankGraph] = {}
-    rank_fn = plans._att_rank
+    rank_fn = att_plan._att_rank
 
     def keep(inp: plans.RankInput, arg: Any) -> Any:
         out = rank_fn(inp, arg)
         got[inp.rank] = inp.keep["graph"]
         return out
 
-    monkeypatch.setattr(plans, "_att_rank", keep)
-    plans.run_in_process(plans.attribution_plan(), read_run([str(TRACES / run)]))
+    monkeypatch.setattr(att_plan, "_att_rank", keep)
+    plans.run_in_process(att_plan.attribution_plan(), read_run([str(TRACES / run)]))
     return [got[r] for r in sorted(got)]
 
 
@@ -146,7 +147,7 @@ def test_a_piece_on_the_wire_is_narrowed_and_assembles_into_the_same_graph(
 
 #: the rounds `_counted_retime` ran (a module-level function: the Dask tasks pickle it by reference)
 _ROUNDS: list[str] = []
-_RETIME = plans.att_retime
+_RETIME = att_plan.att_retime
 
 
 def _counted_retime(inp: plans.RankInput, arg: Any) -> Any:
@@ -189,7 +190,7 @@ def test_dask_corrects_a_calibrated_run_from_the_ranks_retiming(
         return whole_pass(g, lat)
 
     _ROUNDS.clear()
-    monkeypatch.setattr(plans, "att_retime", _counted_retime)  # the plan made below takes it
+    monkeypatch.setattr(att_plan, "att_retime", _counted_retime)  # the plan made below takes it
     if per_rank:
         monkeypatch.setenv("TRACEKIT_PER_RANK_RETIME", "1")
         monkeypatch.setattr(Graph, "times", no_pass)

@@ -22,7 +22,7 @@ import serving_traces as st
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.options import AttributionOptions
-from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.collectives.matching import match_collectives
 from tracekit.analyse.compare.diff import diff
 from tracekit.analyse.compare.result import CANNOT_JUDGE

@@ -360,7 +360,7 @@ def test_host_timeline_run_without_collectives_is_refused_in_one_line_not_as_ker
         shortfall(_host_run(1, 600), _host_run(2, 300))
     msg = str(exc.value)
     assert "\n" not in msg and "no collectives matched across ranks" in msg and "kernels missing" not in msg
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
 
     one = attribute_run(_host_run(1, 600))
     assert one.timeline == "host" and one.collectives.n_instances == 0
@@ -391,7 +391,7 @@ def _nsys_without_kernels(tmp_path: Path) -> Path:
 def test_nsys_run_without_kernels_is_refused_and_counted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.cli.main import main
     from tracekit.errors import MatchError
     from tracekit.read import read_run

@@ -52,7 +52,7 @@ def verdict_term(verdict: str) -> int:
 
 def _load(path: Path, label: str) -> tuple[Any, Any]:
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.read import read_run
 
     run = AnalysedRun.of(read_run([str(path)], cache=False))

@@ -1,7 +1,7 @@
 """The plans of breakdown, diff, decompose and the what-if (issue 27). `breakdown_plan`
 (`timeline.breakdown.breakdown` with the report's top kernels): per rank the step rule's summary,
 then its windows, partition and kernel sums; the others: the attribution plan
-(`plans.attribution_plan`) followed by one rank stage that reads what else the command needs of
+(`attribution.plan.attribution_plan`) followed by one rank stage that reads what else the command needs of
 each rank's events, where they are (`followed_by`); every engine runs them
 (`tracekit.engine.diff_paths`, `decompose_paths`, `whatif_paths`), so the commands take
 `--engine` and give the same JSON on each.
@@ -30,7 +30,18 @@ import pandas as pd
 
 from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
+from tracekit.analyse.attribution.plan import plan_of
+from tracekit.analyse.compare.decompose import figures_of, split_windows
+from tracekit.analyse.compare.sides import rank_side_tables, side_of, side_windows
+from tracekit.analyse.compute.kernels import assemble_top_kernels, rank_kernel_sums
 from tracekit.analyse.plans import Fan, PerRank, Plan, RankInput, RankStage, Reduce
+from tracekit.analyse.timeline.breakdown import assemble_breakdown, rank_breakdown_table, rank_events
+from tracekit.analyse.timeline.compute_split import compute_split
+from tracekit.analyse.timeline.partition import cat_mask
+from tracekit.analyse.timeline.rules import choose_step_rule, rank_step_summary
+from tracekit.analyse.timeline.steps import assemble_steps
+from tracekit.analyse.timeline.windows import rank_step_windows
+from tracekit.classify.rules import GPU_KINDS
 from tracekit.errors import StepError
 from tracekit.model.events import Run
 
@@ -120,7 +131,6 @@ def _in_rank_order(got: dict[int, pd.DataFrame], columns: list[str]) -> pd.DataF
 
 
 def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    from tracekit.analyse.compare.sides import rank_side_tables
 
     return rank_side_tables(inp.events, windows)
 
@@ -129,12 +139,11 @@ def shortfall_plan(options: AttributionOptions | None, label: str) -> Plan:
     """The attribution the shortfall needs of one run (`options`, default `AttributionOptions()`):
     corrected to the applied dilation, without its graph (the correction, not the graph); a diff
     side's first plan too."""
-    return (options or DEFAULT_OPTIONS).plan(label, correct="applied", keep_graph=False)
+    return plan_of(options or DEFAULT_OPTIONS, label, correct="applied", keep_graph=False)
 
 
 def side_plan(*, label: str, path: str, options: AttributionOptions | None = None) -> Plan:
     """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
-    from tracekit.analyse.compare.sides import side_of, side_windows
 
     base = shortfall_plan(options, label)
 
@@ -150,16 +159,14 @@ def side_plan(*, label: str, path: str, options: AttributionOptions | None = Non
 
 
 def _split_rank(inp: RankInput, steps: pd.DataFrame) -> pd.DataFrame:
-    from tracekit.analyse.timeline.compute_split import compute_split
 
     return compute_split(inp.events, steps)
 
 
 def figures_plan(label: str, *, path: str = "", options: AttributionOptions | None = None) -> Plan:
     """`decompose.run_figures` as a plan: returns the run's `decompose.RunFigures`."""
-    from tracekit.analyse.compare.decompose import figures_of, split_windows
 
-    base = (options or DEFAULT_OPTIONS).plan(label, correct="unprofiled", keep_graph=False)
+    base = plan_of(options or DEFAULT_OPTIONS, label, correct="unprofiled", keep_graph=False)
 
     def finish(_meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> Any:
         split = _in_rank_order(got, ["rank", "step", "matrix_ns", "vector_ns"])
@@ -186,8 +193,6 @@ class ReplayInput:
 
 
 def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
-    from tracekit.analyse.timeline.partition import cat_mask
-    from tracekit.classify.rules import GPU_KINDS
 
     ev = inp.events
     return ev.loc[cat_mask(ev["kind"], GPU_KINDS), _NORM_COLUMNS]
@@ -196,7 +201,7 @@ def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
 def replay_plan(*, label: str, options: AttributionOptions | None = None) -> Plan:
     """`shortfall.attribute_run` with the graph kept, and the device events the what-if's
     masks read: returns a `ReplayInput`."""
-    base = (options or DEFAULT_OPTIONS).plan(label, keep_graph=True)
+    base = plan_of(options or DEFAULT_OPTIONS, label, keep_graph=True)
 
     def finish(meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> ReplayInput:
         frames = [got[r] for r in sorted(got)]
@@ -226,7 +231,6 @@ class _Breakdown:
 
 
 def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
-    from tracekit.analyse.timeline.rules import rank_step_summary
 
     return rank_step_summary(inp.events, pattern)
 
@@ -234,9 +238,6 @@ def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
 def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
     """Per rank: its windows under the run's rule, its partition after the warm-up with the
     compute split, its event figures and its kernel sums."""
-    from tracekit.analyse.compute.kernels import rank_kernel_sums
-    from tracekit.analyse.timeline.breakdown import rank_breakdown_table, rank_events
-    from tracekit.analyse.timeline.windows import rank_step_windows
 
     choice, skip_first = arg
     win = rank_step_windows(inp.events, choice)
@@ -264,15 +265,11 @@ def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank
         return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
 
     def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
-        from tracekit.analyse.timeline.rules import choose_step_rule
 
         st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
         return st.choice, st.skip_first
 
     def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
-        from tracekit.analyse.compute.kernels import assemble_top_kernels
-        from tracekit.analyse.timeline.breakdown import assemble_breakdown
-        from tracekit.analyse.timeline.steps import assemble_steps
 
         pieces = [got[r] for r in sorted(got)]
         found = assemble_steps(st.choice, [p[0] for p in pieces])

@@ -34,7 +34,7 @@ def _measured(path: str) -> Any:
     if manifest is not None:
         u = dilation_of(manifest).unprofiled
         if u is None or not u.n:  # only then is the trace read
-            from tracekit.analyse.attribution.run import attribute_run
+            from tracekit.analyse.attribution.plan import attribute_run
             from tracekit.read import read_run
 
             traced = float(attribute_run(read_run([p]), label=path).per_token["window"])

@@ -138,7 +138,7 @@ def _load_runs(
     analysed run itself (its steps, found for attribute_run, are not found again); on Dask
     `tracekit.engine.whatif_runs` (the graph and the device events from the workers)."""
     from tracekit.analyse.analysed import AnalysedRun
-    from tracekit.analyse.attribution.run import attribute_run
+    from tracekit.analyse.attribution.plan import attribute_run
     from tracekit.engine import whatif_runs
     from tracekit.read import read_run
 

@@ -21,20 +21,30 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tracekit.errors import TracekitError
-
-if TYPE_CHECKING:
-    from tracekit.analyse.attribution.options import AttributionOptions
-    from tracekit.analyse.attribution.result import Shortfall
-    from tracekit.analyse.command_plans import ReplayInput
-    from tracekit.analyse.compare.decompose import Decomposition
-    from tracekit.analyse.compare.result import Diff
-    from tracekit.analyse.timeline.breakdown import Breakdown
-    from tracekit.engine.executor import Job, JobResult
-    from tracekit.report.build import AnalysedRuns
+from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
+from tracekit.analyse.attribution.pair import check_pair, shortfall_of_pair
+from tracekit.analyse.attribution.result import Shortfall
+from tracekit.analyse.attribution.run import check_ranks
+from tracekit.analyse.command_plans import (
+    ReplayInput,
+    breakdown_plan,
+    figures_plan,
+    replay_plan,
+    shortfall_plan,
+    side_plan,
+)
+from tracekit.analyse.compare.decompose import RUNS, Decomposition, decomposition_of
+from tracekit.analyse.compare.diff import diff_sides
+from tracekit.analyse.compare.result import TOP, Diff
+from tracekit.analyse.timeline.breakdown import Breakdown
+from tracekit.engine.config import ENGINES, Engine, EngineError
+from tracekit.engine.executor import execute
+from tracekit.engine.jobs import Job, JobResult
+from tracekit.model import documents
+from tracekit.report import build
+from tracekit.report.build import AnalysedRuns
 
 __all__ = [
     "ENGINES",
@@ -51,51 +61,7 @@ __all__ = [
     "whatif_runs",
 ]
 
-ENGINES: tuple[str, ...] = ("local", "dask")
-
 Paths = Sequence[str | os.PathLike[str]] | str | os.PathLike[str]
-
-
-class EngineError(TracekitError):
-    """The engine cannot run (Dask not installed, scheduler unreachable, a bad setting)."""
-
-
-@dataclass(frozen=True)
-class Engine:
-    """Where the analysis runs."""
-
-    kind: str = "local"  # "local" (this process + the reader's process pool) or "dask"
-    scheduler: str | None = (
-        None  # address of a running Dask scheduler (tcp://host:8786); None: a LocalCluster
-    )
-    workers: int | None = None  # LocalCluster workers (default: the CPU count); ignored with `scheduler`
-    processes: bool = True  # LocalCluster workers as processes; False: threads of this process (tests)
-    threads_per_worker: int = 1  # LocalCluster threads per worker
-    retries: int = 2  # times a task is retried when it fails or its worker is lost
-    progress: bool = False  # a rich progress bar on stderr over the rank files done on all workers
-
-    def __post_init__(self) -> None:
-        if self.kind not in ENGINES:
-            raise EngineError(f"unknown engine {self.kind!r} (choose from {', '.join(ENGINES)})")
-        if self.workers is not None and self.workers < 1:
-            raise EngineError(f"--workers must be at least 1, not {self.workers}")
-
-    @classmethod
-    def parse(
-        cls,
-        kind: str | None = None,
-        scheduler: str | None = None,
-        workers: int | None = None,
-        *,
-        progress: bool = False,
-    ) -> Engine:
-        """The engine the CLI options ask for: `--scheduler` or `--workers` without `--engine`
-        mean dask; `--engine local` with either is refused (EngineError)."""
-        if kind is None:
-            kind = "dask" if (scheduler or workers is not None) else "local"
-        if kind == "local" and (scheduler or workers is not None):
-            raise EngineError("--scheduler and --workers apply to --engine dask, not --engine local")
-        return cls(kind=kind, scheduler=scheduler, workers=workers, progress=progress)
 
 
 def _as_list(paths: Paths) -> tuple[str | os.PathLike[str], ...]:
@@ -105,7 +71,6 @@ def _as_list(paths: Paths) -> tuple[str | os.PathLike[str], ...]:
 def run_plans(engine: Engine | None, jobs: Sequence[Job], check: Any = None) -> tuple[list[JobResult], Any]:
     """`jobs` (`executor.Job`: a run's paths and the plans to run on it) on the engine: each
     run read once, `check(metas)` before any plan (`executor.execute`)."""
-    from tracekit.engine.executor import execute
 
     return execute(engine or Engine(), jobs, check)
 
@@ -124,9 +89,6 @@ def breakdown_paths(
     several, show only that rank (as the `breakdown` command does)."""
     from pathlib import Path
 
-    from tracekit.analyse.command_plans import breakdown_plan
-    from tracekit.engine.executor import Job
-
     plist = _as_list(paths)
     single_file = len(plist) == 1 and Path(plist[0]).is_file()
     read_rank = rank if single_file else None
@@ -138,19 +100,10 @@ def breakdown_paths(
 
 def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     """The shortfall's checks on the two runs' metadata (baseline first), before any analysis."""
-    from tracekit.analyse.attribution.pair import check_pair
-    from tracekit.analyse.attribution.run import check_ranks
 
     check_ranks(metas[0], "baseline")  # a rank file missing first, as `shortfall` says it
     check_ranks(metas[1], "sharded")
     return check_pair(metas[0], metas[1])
-
-
-def shortfall_plan(options: AttributionOptions | None, label: str) -> Any:
-    """`command_plans.shortfall_plan`, imported when called (the engine's import stays light)."""
-    from tracekit.analyse.command_plans import shortfall_plan as plan
-
-    return plan(options, label)
 
 
 def shortfall_paths(
@@ -164,8 +117,6 @@ def shortfall_paths(
     """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline` (both attributed
     with `options`), on the engine (`shortfall_plan` on each run, `shortfall_of_pair` on the
     client)."""
-    from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.engine.executor import Job
 
     (base, shard), notes = run_plans(
         engine,
@@ -192,11 +143,6 @@ def diff_paths(
     """`tracekit.analyse.diff.diff` of the two runs (both attributed with `options`, default
     `AttributionOptions()`) on the engine (`command_plans.side_plan` on each, `diff.diff_sides` on
     the client). Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
-    from tracekit.analyse.attribution.options import DEFAULT_OPTIONS
-    from tracekit.analyse.command_plans import side_plan
-    from tracekit.analyse.compare.diff import diff_sides
-    from tracekit.analyse.compare.result import TOP
-    from tracekit.engine.executor import Job
 
     opts = options or DEFAULT_OPTIONS
     pb = side_plan(label=f"before ({before_path})", path=before_path, options=opts)
@@ -220,9 +166,6 @@ def decompose_paths(
     """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys; each
     attributed with `options`) on the engine (`command_plans.figures_plan` on each,
     `decompose.decomposition_of`)."""
-    from tracekit.analyse.command_plans import figures_plan
-    from tracekit.analyse.compare.decompose import RUNS, decomposition_of
-    from tracekit.engine.executor import Job
 
     jobs = [Job((paths[k],), (figures_plan(k, path=paths[k], options=options),), cache=cache) for k in RUNS]
     results, _ = run_plans(engine, jobs)
@@ -240,8 +183,6 @@ def whatif_runs(
     sharded and check when given; each attributed with `options`), on the engine
     (`command_plans.replay_plan`): per label a `ReplayInput` (the RunParts with its dependency
     graph, the replay's device events)."""
-    from tracekit.analyse.command_plans import replay_plan
-    from tracekit.engine.executor import Job
 
     jobs = [Job((p,), (replay_plan(label=k, options=options),), cache=cache) for k, p in paths.items()]
     results, _ = run_plans(engine, jobs)
@@ -270,20 +211,14 @@ def analyse_dirs(
     """The report's analyses on the engine: the breakdown (with its top kernels) of the run and
     the baseline, the shortfall between them; each run read once for all of them; only their
     JSON is kept (`tracekit.report.build.AnalysedRuns`)."""
-    from tracekit.analyse.attribution.pair import shortfall_of_pair
-    from tracekit.analyse.command_plans import breakdown_plan
-    from tracekit.engine.executor import Job
-    from tracekit.model.documents import Breakdown, Shortfall, TopKernels
-    from tracekit.report import build
-
     bd = breakdown_plan(step_pattern=step_pattern)
     if baseline_dir is None:
         (res,), _ = run_plans(engine, [Job((run_dir,), (bd,))])
         out = build.AnalysedRuns(
-            breakdown=build.analysed_document(res.results[0].breakdown, Breakdown),
+            breakdown=build.analysed_document(res.results[0].breakdown, documents.Breakdown),
             manifest=res.meta.manifest,
         )
-        out.top_kernels = build.analysed_document(res.results[0].top_kernels, TopKernels)
+        out.top_kernels = build.analysed_document(res.results[0].top_kernels, documents.TopKernels)
         return out
     # the shortfall with the default options, as `report.build.analyse_dirs` makes it
     (base, run), notes = run_plans(
@@ -295,14 +230,14 @@ def analyse_dirs(
         pair_check,
     )
     out = build.AnalysedRuns(
-        breakdown=build.analysed_document(run.results[0].breakdown, Breakdown),
+        breakdown=build.analysed_document(run.results[0].breakdown, documents.Breakdown),
         manifest=run.meta.manifest,
     )
-    out.top_kernels = build.analysed_document(run.results[0].top_kernels, TopKernels)
-    out.baseline_breakdown = build.analysed_document(base.results[0].breakdown, Breakdown)
+    out.top_kernels = build.analysed_document(run.results[0].top_kernels, documents.TopKernels)
+    out.baseline_breakdown = build.analysed_document(base.results[0].breakdown, documents.Breakdown)
     out.baseline_manifest = base.meta.manifest
-    out.baseline_top_kernels = build.analysed_document(base.results[0].top_kernels, TopKernels)
+    out.baseline_top_kernels = build.analysed_document(base.results[0].top_kernels, documents.TopKernels)
     out.shortfall = build.analysed_document(
-        shortfall_of_pair(base.results[1], run.results[1], notes), Shortfall
+        shortfall_of_pair(base.results[1], run.results[1], notes), documents.Shortfall
     )
     return out

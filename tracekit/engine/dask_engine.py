@@ -41,7 +41,7 @@ from tracekit.analyse.plans import (
     Reduce,
     arg_for,
 )
-from tracekit.engine import Engine, EngineError
+from tracekit.engine.config import Engine, EngineError
 from tracekit.engine.dask_tasks import (
     FileMeta,
     RankFile,
@@ -57,8 +57,10 @@ from tracekit.engine.dask_tasks import (
     reduce_task,
     stage_results,
 )
-from tracekit.engine.executor import Check, Job, JobResult, TaskRecord
+from tracekit.engine.jobs import Check, Job, JobResult, TaskRecord
+from tracekit.errors import RankError
 from tracekit.model.events import Run
+from tracekit.read import find_trace_files
 from tracekit.read.run import reading_bar
 
 __all__ = ["DaskExecutor", "FileMeta", "RankFile", "open_client", "prepare_file", "read_rank_file"]
@@ -124,8 +126,6 @@ class DaskExecutor:
         self.client = client
 
     def run(self, jobs: Sequence[Job], check: Check | None = None) -> tuple[list[JobResult], Any]:
-        from tracekit.errors import RankError
-        from tracekit.read import find_trace_files
 
         _import_distributed()
         expanded = []

@@ -18,10 +18,21 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.plans import Fan, RankInput, RankStage, Reduce, kept, run_rank_stage, run_reduce
-from tracekit.engine.executor import TaskRecord
+from tracekit.analyse.plans import (
+    Fan,
+    RankInput,
+    RankStage,
+    Reduce,
+    kept,
+    run_rank_stage,
+    run_reduce,
+    split_ranks,
+)
+from tracekit.classify import classify
+from tracekit.engine.jobs import TaskRecord
 from tracekit.model.digest import sha256_of
-from tracekit.model.events import DataQuality, Run
+from tracekit.model.events import DataQuality, Run, empty_events
+from tracekit.read import assemble_run, gpu_stream_counts, read_file
 from tracekit.read.manifests import ManifestRead
 
 __all__ = [
@@ -132,8 +143,6 @@ def _worker() -> str:
 def read_rank_file(path: str, rank: int | None, cache: bool, env: dict[str, str] | None = None) -> RankFile:
     """Read one trace file, classify its events and hash it; `env`: the client's TRACEKIT_*
     settings (`client_settings`), in force while the file is read."""
-    from tracekit.classify import classify
-    from tracekit.read import gpu_stream_counts, read_file
 
     t0 = time.perf_counter()
     with _settings(env if env is not None else client_settings()):
@@ -161,7 +170,6 @@ def file_meta(rf: RankFile) -> FileMeta:
 def prepare_file(rf: RankFile, view: FileView) -> FileState:
     """The file's events as the run's table has them (ranks renumbered, clock shifted, row labels
     from `view.event_offset`), split per rank."""
-    from tracekit.analyse.plans import split_ranks
 
     ev = rf.events.copy(deep=False)
     if view.rank_map and any(k != v for k, v in view.rank_map.items()):
@@ -228,8 +236,6 @@ def metadata_of(
     """On the client, from the read tasks' metadata alone: the run without events but with the
     run-level notes (`assemble_run` with the files' counts and digests) and, per file, how the
     run sees it (ranks renumbered, Nsight shift, label of its first row in the run's table)."""
-    from tracekit.model.events import empty_events
-    from tracekit.read import assemble_run
 
     tables = [
         Run(

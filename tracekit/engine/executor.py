@@ -19,52 +19,18 @@ failing plan in that order.
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
-from tracekit.analyse.plans import Plan
-from tracekit.model.events import Run
+from tracekit.analyse.analysed import AnalysedRun
+from tracekit.analyse.plans import run_in_process, split_ranks
+from tracekit.engine.config import Engine
+from tracekit.engine.dask_engine import DaskExecutor
+from tracekit.engine.jobs import Check, Job, JobResult, TaskRecord
+from tracekit.read import read_run
 
-__all__ = ["Job", "JobResult", "LocalExecutor", "TaskRecord", "execute"]
-
-
-@dataclass(frozen=True)
-class Job:
-    """One run to analyse: its paths (files and/or folders), read settings and plans."""
-
-    paths: tuple[str | os.PathLike[str], ...]
-    plans: tuple[Plan, ...]
-    rank: int | None = None  # read a single trace file as this rank
-    cache: bool = True
-
-
-@dataclass
-class TaskRecord:
-    """What one task did (for the tests and the benchmark)."""
-
-    stage: str  # "read" or "<plan>.<stage>"
-    file: str
-    ranks: list[int]
-    seconds: float
-    peak_rss_bytes: int = 0
-    worker: str = ""  # on Dask, the address of the worker that ran a rank stage or a Reduce
-
-
-@dataclass
-class JobResult:
-    meta: Run  # the run's metadata (events empty on Dask)
-    results: list[Any]  # per plan, in order
-    tasks: list[TaskRecord] = field(default_factory=list)
-    client_s: float = 0.0  # the client's own work: metadata, starts, combines, finishes
-    client_beside_s: float = 0.0  # of it, done while the workers ran tasks (Dask: `plans.Later`)
-    n_events: int = 0
-    files: int = 0
-
-
-Check = Callable[[list[Run]], Any]
+__all__ = ["Check", "Job", "JobResult", "LocalExecutor", "TaskRecord", "execute"]
 
 
 class LocalExecutor:
@@ -74,10 +40,6 @@ class LocalExecutor:
         self.progress = progress
 
     def run(self, jobs: Sequence[Job], check: Check | None = None) -> tuple[list[JobResult], Any]:
-        from tracekit.analyse.analysed import AnalysedRun
-        from tracekit.analyse.plans import run_in_process, split_ranks
-        from tracekit.read import read_run
-
         runs = []
         for job in jobs:
             read = read_run(list(job.paths), rank=job.rank, cache=job.cache, progress=self.progress)
@@ -105,10 +67,8 @@ class LocalExecutor:
         return out, checked
 
 
-def execute(engine: Any, jobs: Sequence[Job], check: Check | None = None) -> tuple[list[JobResult], Any]:
+def execute(engine: Engine, jobs: Sequence[Job], check: Check | None = None) -> tuple[list[JobResult], Any]:
     """Run `jobs` on `engine` (`tracekit.engine.Engine`): locally or on Dask."""
     if engine.kind == "local":
         return LocalExecutor(engine.progress).run(jobs, check)
-    from tracekit.engine.dask_engine import DaskExecutor
-
     return DaskExecutor(engine).run(jobs, check)

@@ -41,7 +41,7 @@ import orjson
 import pandas as pd
 
 from tracekit.analyse.attribution.options import AttributionOptions
-from tracekit.analyse.attribution.run import attribute_run
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.timeline.partition import partition_steps
 from tracekit.analyse.timeline.steps import find_steps_detailed
 from tracekit.classify import classify

@@ -33,8 +33,8 @@ import msgspec
 import orjson
 
 from tracekit.analyse.attribution.pair import shortfall_of_pair
+from tracekit.analyse.attribution.plan import attribution_plan
 from tracekit.analyse.command_plans import breakdown_plan
-from tracekit.analyse.plans import attribution_plan
 from tracekit.capture import environment as env
 from tracekit.capture.runner import CaptureConfig, capture
 from tracekit.engine import Engine, pair_check, run_plans, shortfall_paths

@@ -5,15 +5,14 @@ decompose, whatif), said once.
 `tracekit.api.shortfall`'s keywords) and passed on as one value through the engine
 (`tracekit.engine`), the command plans (`tracekit.analyse.command_plans`) and the analyses
 (`pair.shortfall`, `run.attribute_run`, `compare.diff.diff`, `compare.decompose.decompose_runs`);
-`plan(label)` is the one place they become `plans.attribution_plan`'s keywords.
+`plan.plan_of(options, label)` is the one place they become `plan.attribution_plan`'s keywords.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tracekit.analyse.dilation import DEFAULT_THRESHOLD
-from tracekit.analyse.plans import Plan, attribution_plan
 
 __all__ = ["DEFAULT_OPTIONS", "AttributionOptions"]
 
@@ -31,12 +30,6 @@ class AttributionOptions:
     skip_first: int = 1
     dilation_threshold: float = DEFAULT_THRESHOLD
     allow_partial: bool = False
-
-    def plan(self, label: str, *, correct: str | None = None, keep_graph: bool = True) -> Plan:
-        """`plans.attribution_plan` of a run labelled `label` with these options (`correct`,
-        `keep_graph`: what the caller needs of the result, not an option of the attribution)."""
-        # the fields are attribution_plan's keywords, by name
-        return attribution_plan(label=label, correct=correct, keep_graph=keep_graph, **asdict(self))
 
 
 #: the defaults (what a command without flags attributes with)

@@ -12,9 +12,10 @@ from tracekit.analyse.analysed import AnalysedRun
 from tracekit.analyse.attribution.corrected import correct_pair
 from tracekit.analyse.attribution.document import step_spread
 from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.attribution.reconcile import applied_dilation
 from tracekit.analyse.attribution.result import Shortfall
-from tracekit.analyse.attribution.run import RunParts, attribute_run, check_ranks
+from tracekit.analyse.attribution.run import RunParts, check_ranks
 from tracekit.analyse.attribution.terms import attribute, leaf_with_window
 from tracekit.analyse.timeline.kinds import TokenSteps
 from tracekit.errors import MatchError, RankError

@@ -1,7 +1,7 @@
 """One run attributed (docs/METHOD.md section Shortfall attribution): per rank its step windows, their
 exact partition, the exposed collective split into wait and transfer, its dependency-graph piece; the
 steps joined across ranks, the step time, the per-rank parts and their mean over ranks, the critical
-path and the dilation (`attribute_run`: `tracekit.analyse.plans.attribution_plan` in this process)."""
+path and the dilation: the pieces `plan.attribution_plan` runs (`plan.attribute_run`)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tracekit.analyse.analysed import AnalysedRun
-from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
 from tracekit.analyse.collectives.clocks import require_aligned
 from tracekit.analyse.collectives.exposed import split_exposed
 from tracekit.analyse.collectives.instances import CollectiveInstances
@@ -24,7 +22,6 @@ from tracekit.analyse.path.build import build_rank_graph
 from tracekit.analyse.path.critical_path import CriticalPath
 from tracekit.analyse.path.graph import Graph
 from tracekit.analyse.path.rank_graph import RankGraph
-from tracekit.analyse.plans import run_in_process
 from tracekit.analyse.retime.calibrate import ProfilerCalibration, manifest_calibration
 from tracekit.analyse.timeline.align import renumber_steps, step_tokens
 from tracekit.analyse.timeline.kinds import TokenSteps, kinds_summary, token_steps
@@ -428,20 +425,3 @@ def join_steps(steps: pd.DataFrame, coll: CollectiveInstances, label: str, dq: D
     for key, n, note in tokens.notes():
         dq.add(key, n, f"{label}: {note}")
     return renumber_steps(steps, tokens)
-
-
-def attribute_run(
-    run: Run | AnalysedRun, options: AttributionOptions = DEFAULT_OPTIONS, *, label: str = "run"
-) -> RunParts:
-    """Per-step leaf parts of one run attributed with `options` (see the module doc):
-    `tracekit.analyse.plans.attribution_plan` (`options.plan(label)`) run in this process, the plan every engine runs (`tracekit.engine`: locally, or on Dask with
-    each rank's stages where its events are).
-
-    The pieces: `attribute_setup` (run metadata) -> per rank the step rule and its collective rows
-    -> the step windows -> the matched collectives -> `attribute_rank` per rank (partition, host
-    layers, exposed split, ranks without kernels, graph piece) -> `assemble_attribution` (step
-    time, per-rank parts, their mean) -> the critical path -> `finish_attribution` (path check,
-    dilation)."""
-    ar = AnalysedRun.of(run)  # classified once; its partitions and layer unions shared (analysed.py)
-    parts: RunParts = run_in_process(options.plan(label), ar)
-    return parts

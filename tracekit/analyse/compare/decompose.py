@@ -15,7 +15,7 @@ sync + idle, unknown) the per-token time it saved, `parts_A - parts_B` and `part
 which sum exactly to `tA - tB` and `tB - tC`; a class's share of a part's log contribution is its
 share of that part's saving.
 
-Per-token times and parts are the shortfall's (`tracekit.analyse.attribution.run.attribute_run`): the
+Per-token times and parts are the shortfall's (`tracekit.analyse.attribution.plan.attribute_run`): the
 steady steps' mean, parts per rank averaged over ranks, and, when the manifests carry unprofiled
 per-token times, the unprofiled means with each rank's traced parts reconciled to them
 (`correction.correct_run`), exactly as the shortfall does; else the traced ones. The compute part is
@@ -38,7 +38,8 @@ import pandas as pd
 
 from tracekit.analyse.attribution.correction import correct_run
 from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
-from tracekit.analyse.attribution.run import RunParts, attribute_run, mean_over_ranks
+from tracekit.analyse.attribution.plan import attribute_run
+from tracekit.analyse.attribution.run import RunParts, mean_over_ranks
 from tracekit.analyse.exact import round_half_up, round_to_sum
 from tracekit.analyse.resample import boot_means
 from tracekit.analyse.timeline.compute_split import compute_split

@@ -18,8 +18,9 @@ import pandas as pd
 from tracekit.analyse import intervals
 from tracekit.analyse.attribution.correction import correct_run
 from tracekit.analyse.attribution.options import DEFAULT_OPTIONS, AttributionOptions
+from tracekit.analyse.attribution.plan import attribute_run
 from tracekit.analyse.attribution.reconcile import AppliedDilation, applied_dilation
-from tracekit.analyse.attribution.run import RunParts, attribute_run
+from tracekit.analyse.attribution.run import RunParts
 from tracekit.analyse.timeline.windows import assign_steps
 from tracekit.classify import classify
 from tracekit.classify.rules import GPU_KINDS

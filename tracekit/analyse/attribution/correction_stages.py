@@ -1,4 +1,4 @@
-"""The profiler correction's stages of the attribution plan (`plans.attribution_plan`): the run's
+"""The profiler correction's stages of the attribution plan (`plan.attribution_plan`): the run's
 graph assembled and prepared for it beside the path's walk, which also reads the measured window
 parts (`att_graph`, `att_path`: two Reduces on two workers); what
 travels into the correction's Reduce (`CorrectionInput`), its target (`correction_target`), the
@@ -14,6 +14,24 @@ from typing import Any
 
 import pandas as pd
 
+from tracekit.analyse.attribution.correction import identify_between, identify_ends
+from tracekit.analyse.attribution.correction_replay import (
+    calibrated_latencies,
+    correct_first,
+    measured_parts,
+    prepare_graph,
+    read_corrected,
+)
+from tracekit.analyse.attribution.reconcile import applied_dilation
+from tracekit.analyse.path.critical_path import path_of_graph
+from tracekit.analyse.path.graph import Graph, assemble
+from tracekit.analyse.path.rank_forward import (
+    RankRetime,
+    RendezvousSolve,
+    latest,
+    measured_arrivals,
+    with_retimed,
+)
 from tracekit.analyse.retime.calibrate import ProfilerCalibration, manifest_calibration
 
 __all__ = [
@@ -64,8 +82,6 @@ def correction_target(parts: Any, mode: str | None) -> Any:
     None: nothing to correct (no unprofiled per-token time)."""
     from fractions import Fraction
 
-    from tracekit.analyse.attribution.reconcile import applied_dilation
-
     if mode is None:
         return None
     if mode == "applied":
@@ -109,7 +125,6 @@ class RetimeRounds:
 
     def combine(self, got: dict[int, Any]) -> bool:
         """One round's per-rank results; True when the rounds are over."""
-        from tracekit.analyse.path.rank_forward import RendezvousSolve, latest
 
         have = {r: v for r, v in got.items() if v is not None}
         if not have:
@@ -161,9 +176,6 @@ def att_retime(inp: Any, arg: tuple[Any, ...]) -> Any:
     the times kept on its graph piece (`RankGraph.retimed`) for the graph's Reduce."""
     from functools import partial
 
-    from tracekit.analyse.attribution.correction_replay import calibrated_latencies
-    from tracekit.analyse.path.rank_forward import RankRetime, measured_arrivals
-
     piece = inp.keep.get("graph")
     if piece is None:
         return None
@@ -189,9 +201,6 @@ def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool, Any]) -> 
     calibration and the run's rank count) the corrected timeline read ahead
     (`correction_replay.read_corrected`), else the forward pass's structure
     (`correction_replay.prepare_graph`)."""
-    from tracekit.analyse.attribution.correction_replay import prepare_graph, read_corrected
-    from tracekit.analyse.path.graph import assemble
-    from tracekit.analyse.path.rank_forward import with_retimed
 
     offsets, _timeline, correct, ahead = arg
     graph = assemble(graphs, offsets)
@@ -209,9 +218,6 @@ def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool, Any]) -> tuple[A
     assembled from the ranks' pieces here, or `att_graph`'s in one process) and, with a
     correction to come, the graph's reading of every (rank, step) at the measured times
     (`correction_replay.measured_parts`: small, it travels to the correction's Reduce)."""
-    from tracekit.analyse.attribution.correction_replay import measured_parts
-    from tracekit.analyse.path.critical_path import path_of_graph
-    from tracekit.analyse.path.graph import Graph, assemble
 
     offsets, timeline, correct, _retimed = arg
     graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
@@ -225,7 +231,6 @@ def att_correct(
     graph is: ((target, Correction or None, the graph when the caller keeps it, the
     identifiability check's `IdentifyJob` or None), the correction's input with the graph, kept
     there for that check's tasks (`Fan`s))."""
-    from tracekit.analyse.attribution.correction_replay import correct_first
 
     inp, target, keep = arg
     corr = job = None
@@ -240,7 +245,6 @@ def att_correct(
 
 def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
     """One rank's first round of the identifiability check (`correction.identify_ends`)."""
-    from tracekit.analyse.attribution.correction import identify_ends
 
     job, r = arg
     return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
@@ -249,7 +253,6 @@ def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
 def att_identify_between(inp: CorrectionInput, arg: tuple[Any, list[tuple[int, float, float]], Any]) -> Any:
     """The second round over every rank's interval (`correction.identify_between`: one task, the
     refinement's budget is shared by the intervals)."""
-    from tracekit.analyse.attribution.correction import identify_between
 
     job, intervals, known = arg
     return identify_between(inp, job, intervals, known)  # type: ignore[arg-type]  # what it reads of a RunParts
