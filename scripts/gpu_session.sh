@@ -26,6 +26,8 @@
 #   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 8/1/16/8/1 workers with the
 #       task stream, 256 calibrated on 16; with BEFORE=DIR its 8/1/8 workers alternated with this
 #       tree's; the client's share and peak RSS (issue 27; ~8 min at most)
+#   dask-check: a refactor's same-speed check (issue 27; ~7 min at most): 64 calibrated ranks local +
+#       8/1/16/8 workers, 256 on 16, then with BEFORE=DIR its 8 workers alternated with this tree's
 #   dask-ab: BEFORE=DIR against this tree and this tree with numpy's huge pages off, 64 calibrated
 #       ranks, 8 / 1 / 8 workers alternated, task streams (issue 27; ~6 min)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
@@ -165,6 +167,25 @@ if [ "$stage" = dask ]; then
         --out "$OUT/alt-$3-$1-w$2.json" 2>&1 | grep "^| dask" | sed "s/^/$3 $1 /")
     }
     one after 8 1; one before 8 2; one after 1 3; one before 1 4; one after 8 5; one before 8 6
+  fi
+fi
+if [ "$stage" = dask-check ]; then
+  nproc; free -g | head -2
+  B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
+  timeout 200 $B --ranks 64 --calibrated --workers 8,1,16,8 --local --case-timeout 80 \
+    --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt | grep -v '^{"case"'
+  timeout 110 $B --ranks 256 --calibrated --workers 16 --case-timeout 100 \
+    --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt | grep -v '^{"case"'
+  if [ -n "${BEFORE:-}" ]; then
+    mkdir -p "$BEFORE/traces"
+    for t in h200-tp1 h200-tp1-calibrated h200-tp2; do ln -sfn "$PWD/traces/$t" "$BEFORE/traces/$t"; done
+    for i in 1 2; do
+      for side in after before; do
+        if [ $side = after ]; then d=$PWD; else d=$BEFORE; fi
+        (cd "$d" && PYTHONPATH=/tmp/site:$d timeout 60 $B --ranks 64 --calibrated --workers 8 --case-timeout 50 \
+          --out "$OUT/alt-$i-$side-w8.json" 2>&1 | grep "^| dask" | sed "s/^/$i $side /")
+      done
+    done
   fi
 fi
 if [ "$stage" = dask-ab ]; then
