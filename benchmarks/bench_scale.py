@@ -108,6 +108,71 @@ def _stream_summary(data: list[dict], t_start: float) -> dict:
     }
 
 
+def _union_s(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of the (start, stop) spans."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
+def phase_scaling(rows: list[dict], files: int) -> list[str]:
+    """The per-rank phases' scaling, from the task streams (`--stream`) of dask:1 and each other dask
+    case: per task group of one task per rank file (the reads, each rank stage of the sharded run;
+    not the small hand-on tasks), its span (first start to last stop) at 1 worker, at W and their
+    ratio; then the union of those spans against the rest of the wall (the Reduces, the combines,
+    the gaps between phases: the serial chain). Issue 27's shape check asks 8 workers against 1;
+    this says which part of the run scales and which does not. Markdown lines; none without the
+    streams of dask:1 and another case."""
+    streams = {r["case"]: r for r in rows if "stream" in r and "wall_s" in r}
+    one = streams.get("dask:1")
+    if one is None or len(streams) < 2:
+        return []
+
+    def phases(r: dict) -> dict[str, tuple[float, float, int]]:
+        return {
+            k: (g[0], g[1], g[3])
+            for k, g in r["stream"]["groups"].items()
+            if g[3] >= files - 1 and not k.endswith("-small") and "-kept-" not in k
+        }
+
+    p1 = phases(one)
+    out = []
+    for case, r in streams.items():
+        if case == "dask:1":
+            continue
+        pw = phases(r)
+        out += [
+            "",
+            f"{case} against dask:1, the per-rank phases (task stream; span = first start to last stop)",
+            "| phase | tasks | span s at 1 worker | span s here | speed-up |",
+            "|---|---|---|---|---|",
+        ]
+        for k in [k for k in p1 if k in pw]:
+            a, b = p1[k][1] - p1[k][0], pw[k][1] - pw[k][0]
+            out.append(
+                f"| {k} | {pw[k][2]} | {a:.2f} | {b:.2f} | {a / b:.2f}x |"
+                if b > 0
+                else f"| {k} | {pw[k][2]} | {a:.2f} | {b:.2f} | |"
+            )
+        u1 = _union_s([(a, b) for a, b, _n in p1.values()])
+        uw = _union_s([(a, b) for a, b, _n in pw.values()])
+        r1, rw = one["wall_s"] - u1, r["wall_s"] - uw
+        out.append(
+            f"| all per-rank phases (union) | | {u1:.2f} | {uw:.2f} | {u1 / uw:.2f}x |"
+            if uw > 0
+            else "| all per-rank phases | | | | |"
+        )
+        out.append(
+            f"| the rest of the wall (Reduces, combines, gaps) | | {r1:.2f} | {rw:.2f} | {r1 / rw:.2f}x |"
+            if rw > 0
+            else ""
+        )
+    return out
+
+
 def child(case: str, run: str, what: str, baseline: str, stream: bool = False) -> dict:
     """One case, in this (fresh) process."""
     sys.path.insert(0, str(ROOT))
@@ -444,6 +509,8 @@ def main() -> None:
             for k, g in r["stream"]["groups"].items():
                 print(f"  {g[0]:7.2f} {g[1]:7.2f} {g[2]:8.2f} {g[3]:5d}  {k}")
             print(f"  worker busy s: {r['stream']['busy_s']}")
+    for line in phase_scaling(rows, len(sizes) + 1):
+        print(line)
     print(f"largest rank file {largest_mb:.1f} MB", file=sys.stderr)
     if args.out:
         Path(args.out).write_text(
