@@ -1,7 +1,7 @@
 """One run analysed once: its classified events, step windows, their partition and the layer unions.
 
 A report of a TP pair used to classify each run, find its steps and partition them twice (once in
-`breakdown`, again in `shortfall.attribute_run`), and `critical_path` rebuilt the cumulative layer
+`breakdown`, again in `attribution.plan.attribute_run`), and `critical_path` rebuilt the cumulative layer
 unions the partition had just built. `AnalysedRun.of(run)` classifies once; `steps(pattern)`,
 `partition(steps)` and `layer_unions()` compute on first use and keep the result, so `breakdown`,
 `shortfall` (`attribute_run`), the report and the what-if given the same `AnalysedRun` share them;

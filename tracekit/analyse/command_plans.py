@@ -199,7 +199,7 @@ def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
 
 
 def replay_plan(*, label: str, options: AttributionOptions | None = None) -> Plan:
-    """`shortfall.attribute_run` with the graph kept, and the device events the what-if's
+    """`attribution.plan.attribute_run` with the graph kept, and the device events the what-if's
     masks read: returns a `ReplayInput`."""
     base = plan_of(options or DEFAULT_OPTIONS, label, keep_graph=True)
 

@@ -69,7 +69,7 @@ def _as_list(paths: Paths) -> tuple[str | os.PathLike[str], ...]:
 
 
 def run_plans(engine: Engine | None, jobs: Sequence[Job], check: Any = None) -> tuple[list[JobResult], Any]:
-    """`jobs` (`executor.Job`: a run's paths and the plans to run on it) on the engine: each
+    """`jobs` (`jobs.Job`: a run's paths and the plans to run on it) on the engine: each
     run read once, `check(metas)` before any plan (`executor.execute`)."""
 
     return execute(engine or Engine(), jobs, check)

@@ -4,7 +4,7 @@
 over N ranks goes, against a baseline of the same model on one rank (N_base ranks in general; the
 ideal is then T1 * N_base / N).
 
-Per run (`run.attribute_run`):
+Per run (`plan.attribute_run`):
 1. classify, find the step windows, partition each (rank, step) window exactly
    (`tracekit.analyse.steps`), match the collectives across ranks and split the exposed collective
    part of every window exactly into wait and transfer (`tracekit.analyse.collectives.split_exposed`:
@@ -39,8 +39,9 @@ unprofiled per-token mean (`reconcile.applied_dilation`, with a bootstrap interv
 attribution is kept under `uncorrected`.
 
 The modules: `options.py` (`AttributionOptions`: how a run is attributed, one value from the
-entry on), `run.py` (one run attributed: `RunParts`, `attribute_run`, the per-rank stages the plans
-run), `terms.py` (`Attribution`: the terms of S, exact and in integers), `reconcile.py` (the
+entry on), `run.py` (one run's pieces: `RunParts` and the per-rank and run-level stages the plan
+runs), `plan.py` (`attribution_plan`: those stages as a plan; `attribute_run`: it in this process;
+`plan_of`), `correction_stages.py` (the plan's profiler-correction stages), `terms.py` (`Attribution`: the terms of S, exact and in integers), `reconcile.py` (the
 dilation applied, the proportional reconciliation), `corrected.py` (the profiler correction of a
 pair: `correct_pair`), `straggler.py` (the straggler test and its last-rank statistic),
 `result.py` (`Shortfall`), `document.py` (the JSON pieces beside the terms), `pair.py` (`shortfall`,

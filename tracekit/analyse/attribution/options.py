@@ -4,7 +4,7 @@ decompose, whatif), said once.
 `AttributionOptions` is built once where the options come in (a CLI command's flags,
 `tracekit.api.shortfall`'s keywords) and passed on as one value through the engine
 (`tracekit.engine`), the command plans (`tracekit.analyse.command_plans`) and the analyses
-(`pair.shortfall`, `run.attribute_run`, `compare.diff.diff`, `compare.decompose.decompose_runs`);
+(`pair.shortfall`, `plan.attribute_run`, `compare.diff.diff`, `compare.decompose.decompose_runs`);
 `plan.plan_of(options, label)` is the one place they become `plan.attribution_plan`'s keywords.
 """
 

@@ -22,7 +22,7 @@ from tracekit.model.documents.manifest import Manifest
 def build_model(
     parts: RunParts, classified: pd.DataFrame | AnalysedRun, target_ns: Fraction | None, label: str
 ) -> RunModel:
-    """The replay model of one attributed run (`attribution.run.attribute_run`) over its steady steps."""
+    """The replay model of one attributed run (`attribution.plan.attribute_run`) over its steady steps."""
     steady = parts.steady
     steps = [int(s) for s in steady["step"]]
     manifest: Manifest | None = None
