@@ -26,8 +26,9 @@
 #   dask: benchmarks/bench_scale.py, 64 synthetic ranks calibrated local + 8/1/16/8/1 workers with the
 #       task stream, 256 calibrated on 16; with BEFORE=DIR its 8/1/8 workers alternated with this
 #       tree's; the client's share and peak RSS (issue 27; ~8 min at most)
-#   dask-check: a refactor's same-speed check (issue 27; ~7 min at most): 64 calibrated ranks local +
-#       8/1/16/8 workers, 256 on 16, then with BEFORE=DIR its 8 workers alternated with this tree's
+#   dask-check: dask without the task stream and with one 1-worker case, BEFORE's 8 workers
+#       alternated with this tree's twice: a refactor's same-speed check (issue 27; ~7 min at most);
+#       ALT="before:8 after:8 ..." (side:workers, in order) sets the alternation of either stage
 #   dask-ab: BEFORE=DIR against this tree and this tree with numpy's huge pages off, 64 calibrated
 #       ranks, 8 / 1 / 8 workers alternated, task streams (issue 27; ~6 min)
 #   compile: torch.compile's default backend (inductor) on the decoder's static step, CPU and CUDA:
@@ -149,12 +150,20 @@ fi
 # plans.Fan) was measured in an earlier call (`--ranks 64 --workers 16`, ~80 s). Inner timeouts per
 # case and per part (a case's JSON row is printed as it ends): ~8 min at most; tables and per-case
 # JSON rows under $OUT.
-if [ "$stage" = dask ]; then
+if [ "$stage" = dask ] || [ "$stage" = dask-check ]; then
   nproc; free -g | head -2
   B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 260 $B --ranks 64 --calibrated --workers 8,1,16,8,1 --local --stream --case-timeout 100 \
+  if [ "$stage" = dask ]; then
+    W64=8,1,16,8,1; S64="--stream"; T64=260; C64=100; T256=120; TA=100; CA=90
+    ALT=${ALT:-"after:8 before:8 after:1 before:1 after:8 before:8"}
+  else  # dask-check: no stream, one 1-worker case, 8 workers alternated (ALT: another order)
+    W64=8,1,16,8; S64=""; T64=200; C64=80; T256=110; TA=60; CA=50
+    ALT=${ALT:-"after:8 before:8 after:8 before:8"}
+  fi
+  # T / C: outer and per-case seconds (64 ranks, 256 ranks, an alternated case A)
+  timeout $T64 $B --ranks 64 --calibrated --workers $W64 --local $S64 --case-timeout $C64 \
     --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt | grep -v '^{"case"'
-  timeout 120 $B --ranks 256 --calibrated --workers 16 --case-timeout 100 \
+  timeout $T256 $B --ranks 256 --calibrated --workers 16 --case-timeout 100 \
     --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt | grep -v '^{"case"'
   if [ -n "${BEFORE:-}" ]; then
     # before and after alternated, one case per invocation (the host drifts within a call too);
@@ -163,29 +172,11 @@ if [ "$stage" = dask ]; then
     for t in h200-tp1 h200-tp1-calibrated h200-tp2; do ln -sfn "$PWD/traces/$t" "$BEFORE/traces/$t"; done
     one() {  # $1 after|before, $2 workers, $3 index
       if [ "$1" = after ]; then d=$PWD; else d=$BEFORE; fi
-      (cd "$d" && PYTHONPATH=/tmp/site:$d timeout 100 $B --ranks 64 --calibrated --workers "$2" --case-timeout 90 \
+      (cd "$d" && PYTHONPATH=/tmp/site:$d timeout $TA $B --ranks 64 --calibrated --workers "$2" --case-timeout $CA \
         --out "$OUT/alt-$3-$1-w$2.json" 2>&1 | grep "^| dask" | sed "s/^/$3 $1 /")
     }
-    one after 8 1; one before 8 2; one after 1 3; one before 1 4; one after 8 5; one before 8 6
-  fi
-fi
-if [ "$stage" = dask-check ]; then
-  nproc; free -g | head -2
-  B="python3 benchmarks/bench_scale.py --what shortfall --workdir /tmp/bench-scale"
-  timeout 200 $B --ranks 64 --calibrated --workers 8,1,16,8 --local --case-timeout 80 \
-    --out $OUT/dask-scale64-cal.json 2>&1 | tee $OUT/dask-scale64-cal.txt | grep -v '^{"case"'
-  timeout 110 $B --ranks 256 --calibrated --workers 16 --case-timeout 100 \
-    --out $OUT/dask-scale256-cal.json 2>&1 | tee $OUT/dask-scale256-cal.txt | grep -v '^{"case"'
-  if [ -n "${BEFORE:-}" ]; then
-    mkdir -p "$BEFORE/traces"
-    for t in h200-tp1 h200-tp1-calibrated h200-tp2; do ln -sfn "$PWD/traces/$t" "$BEFORE/traces/$t"; done
-    for i in 1 2; do
-      for side in after before; do
-        if [ $side = after ]; then d=$PWD; else d=$BEFORE; fi
-        (cd "$d" && PYTHONPATH=/tmp/site:$d timeout 60 $B --ranks 64 --calibrated --workers 8 --case-timeout 50 \
-          --out "$OUT/alt-$i-$side-w8.json" 2>&1 | grep "^| dask" | sed "s/^/$i $side /")
-      done
-    done
+    i=0
+    for c in $ALT; do i=$((i+1)); one "${c%%:*}" "${c##*:}" $i; done
   fi
 fi
 if [ "$stage" = dask-ab ]; then
