@@ -109,13 +109,13 @@ def _stream_summary(data: list[dict], t_start: float) -> dict:
 
 
 def _union_s(spans: list[tuple[float, float]]) -> float:
-    """Seconds covered by the union of the (start, stop) spans."""
-    total, end = 0.0, float("-inf")
-    for a, b in sorted(spans):
-        if b > end:
-            total += b - max(a, end)
-            end = b
-    return total
+    """Seconds covered by the union of the (start, stop) spans (tracekit's one interval union)."""
+    import numpy as np
+
+    from tracekit.analyse.intervals import union
+
+    starts, stops = union(np.asarray([a for a, _ in spans], float), np.asarray([b for _, b in spans], float))
+    return float((stops - starts).sum())
 
 
 def phase_scaling(rows: list[dict], files: int) -> list[str]:
