@@ -131,7 +131,6 @@ def _in_rank_order(got: dict[int, pd.DataFrame], columns: list[str]) -> pd.DataF
 
 
 def _side_rank(inp: RankInput, windows: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-
     return rank_side_tables(inp.events, windows)
 
 
@@ -144,7 +143,6 @@ def shortfall_plan(options: AttributionOptions | None, label: str) -> Plan:
 
 def side_plan(*, label: str, path: str, options: AttributionOptions | None = None) -> Plan:
     """One side of `diff.diff` (`diff.attribute_side`) as a plan: returns its `diff.Side`."""
-
     base = shortfall_plan(options, label)
 
     def finish(_meta: Any, parts: Any, got: dict[int, Any]) -> Any:
@@ -159,13 +157,11 @@ def side_plan(*, label: str, path: str, options: AttributionOptions | None = Non
 
 
 def _split_rank(inp: RankInput, steps: pd.DataFrame) -> pd.DataFrame:
-
     return compute_split(inp.events, steps)
 
 
 def figures_plan(label: str, *, path: str = "", options: AttributionOptions | None = None) -> Plan:
     """`decompose.run_figures` as a plan: returns the run's `decompose.RunFigures`."""
-
     base = plan_of(options or DEFAULT_OPTIONS, label, correct="unprofiled", keep_graph=False)
 
     def finish(_meta: Any, parts: Any, got: dict[int, pd.DataFrame]) -> Any:
@@ -193,7 +189,6 @@ class ReplayInput:
 
 
 def _device_rows(inp: RankInput, _arg: Any) -> pd.DataFrame:
-
     ev = inp.events
     return ev.loc[cat_mask(ev["kind"], GPU_KINDS), _NORM_COLUMNS]
 
@@ -231,14 +226,12 @@ class _Breakdown:
 
 
 def _bd_rule(inp: RankInput, pattern: str | None) -> Any:
-
     return rank_step_summary(inp.events, pattern)
 
 
 def _bd_rank(inp: RankInput, arg: tuple[Any, int]) -> Any:
     """Per rank: its windows under the run's rule, its partition after the warm-up with the
     compute split, its event figures and its kernel sums."""
-
     choice, skip_first = arg
     win = rank_step_windows(inp.events, choice)
     table, dropped = rank_breakdown_table(inp.analysed, win.rows, skip_first)
@@ -265,12 +258,10 @@ def breakdown_plan(*, step_pattern: str | None = None, skip_first: int = 0, rank
         return _Breakdown(meta, step_pattern, skip_first, rank), step_pattern
 
     def after_rule(st: _Breakdown, got: dict[int, Any]) -> Any:
-
         st.choice = choose_step_rule([got[r] for r in sorted(got)], st.pattern)
         return st.choice, st.skip_first
 
     def after_ranks(st: _Breakdown, got: dict[int, Any]) -> BreakdownResult:
-
         pieces = [got[r] for r in sorted(got)]
         found = assemble_steps(st.choice, [p[0] for p in pieces])
         tables = []

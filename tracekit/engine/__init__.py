@@ -71,7 +71,6 @@ def _as_list(paths: Paths) -> tuple[str | os.PathLike[str], ...]:
 def run_plans(engine: Engine | None, jobs: Sequence[Job], check: Any = None) -> tuple[list[JobResult], Any]:
     """`jobs` (`jobs.Job`: a run's paths and the plans to run on it) on the engine: each
     run read once, `check(metas)` before any plan (`executor.execute`)."""
-
     return execute(engine or Engine(), jobs, check)
 
 
@@ -100,7 +99,6 @@ def breakdown_paths(
 
 def pair_check(metas: list[Any]) -> list[tuple[str, str]]:
     """The shortfall's checks on the two runs' metadata (baseline first), before any analysis."""
-
     check_ranks(metas[0], "baseline")  # a rank file missing first, as `shortfall` says it
     check_ranks(metas[1], "sharded")
     return check_pair(metas[0], metas[1])
@@ -117,7 +115,6 @@ def shortfall_paths(
     """`tracekit.analyse.attribution.pair.shortfall` of `sharded` against `baseline` (both attributed
     with `options`), on the engine (`shortfall_plan` on each run, `shortfall_of_pair` on the
     client)."""
-
     (base, shard), notes = run_plans(
         engine,
         [
@@ -143,7 +140,6 @@ def diff_paths(
     """`tracekit.analyse.diff.diff` of the two runs (both attributed with `options`, default
     `AttributionOptions()`) on the engine (`command_plans.side_plan` on each, `diff.diff_sides` on
     the client). Returns the diff and the two runs' metadata (before, after: manifest, ranks)."""
-
     opts = options or DEFAULT_OPTIONS
     pb = side_plan(label=f"before ({before_path})", path=before_path, options=opts)
     pa = side_plan(label=f"after ({after_path})", path=after_path, options=opts)
@@ -166,7 +162,6 @@ def decompose_paths(
     """`tracekit.analyse.decompose.decompose_runs` of the three runs (`decompose.RUNS` keys; each
     attributed with `options`) on the engine (`command_plans.figures_plan` on each,
     `decompose.decomposition_of`)."""
-
     jobs = [Job((paths[k],), (figures_plan(k, path=paths[k], options=options),), cache=cache) for k in RUNS]
     results, _ = run_plans(engine, jobs)
     return decomposition_of({k: res.results[0] for k, res in zip(RUNS, results, strict=True)})
@@ -183,7 +178,6 @@ def whatif_runs(
     sharded and check when given; each attributed with `options`), on the engine
     (`command_plans.replay_plan`): per label a `ReplayInput` (the RunParts with its dependency
     graph, the replay's device events)."""
-
     jobs = [Job((p,), (replay_plan(label=k, options=options),), cache=cache) for k, p in paths.items()]
     results, _ = run_plans(engine, jobs)
     out = {}

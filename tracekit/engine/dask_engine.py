@@ -126,7 +126,6 @@ class DaskExecutor:
         self.client = client
 
     def run(self, jobs: Sequence[Job], check: Check | None = None) -> tuple[list[JobResult], Any]:
-
         _import_distributed()
         expanded = []
         for job in jobs:

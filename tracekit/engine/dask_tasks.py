@@ -143,7 +143,6 @@ def _worker() -> str:
 def read_rank_file(path: str, rank: int | None, cache: bool, env: dict[str, str] | None = None) -> RankFile:
     """Read one trace file, classify its events and hash it; `env`: the client's TRACEKIT_*
     settings (`client_settings`), in force while the file is read."""
-
     t0 = time.perf_counter()
     with _settings(env if env is not None else client_settings()):
         run = read_file(path, rank=rank, cache=cache)
@@ -170,7 +169,6 @@ def file_meta(rf: RankFile) -> FileMeta:
 def prepare_file(rf: RankFile, view: FileView) -> FileState:
     """The file's events as the run's table has them (ranks renumbered, clock shifted, row labels
     from `view.event_offset`), split per rank."""
-
     ev = rf.events.copy(deep=False)
     if view.rank_map and any(k != v for k, v in view.rank_map.items()):
         ev["rank"] = ev["rank"].map(view.rank_map).astype(ev["rank"].dtype)
@@ -236,7 +234,6 @@ def metadata_of(
     """On the client, from the read tasks' metadata alone: the run without events but with the
     run-level notes (`assemble_run` with the files' counts and digests) and, per file, how the
     run sees it (ranks renumbered, Nsight shift, label of its first row in the run's table)."""
-
     tables = [
         Run(
             events=empty_events(),

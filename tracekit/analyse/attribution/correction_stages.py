@@ -125,7 +125,6 @@ class RetimeRounds:
 
     def combine(self, got: dict[int, Any]) -> bool:
         """One round's per-rank results; True when the rounds are over."""
-
         have = {r: v for r, v in got.items() if v is not None}
         if not have:
             return True
@@ -201,7 +200,6 @@ def att_graph(graphs: list[Any], arg: tuple[dict[int, int], str, bool, Any]) -> 
     calibration and the run's rank count) the corrected timeline read ahead
     (`correction_replay.read_corrected`), else the forward pass's structure
     (`correction_replay.prepare_graph`)."""
-
     offsets, _timeline, correct, ahead = arg
     graph = assemble(graphs, offsets)
     with_retimed(graph, graphs)
@@ -218,7 +216,6 @@ def att_path(graphs: Any, arg: tuple[dict[int, int], str, bool, Any]) -> tuple[A
     assembled from the ranks' pieces here, or `att_graph`'s in one process) and, with a
     correction to come, the graph's reading of every (rank, step) at the measured times
     (`correction_replay.measured_parts`: small, it travels to the correction's Reduce)."""
-
     offsets, timeline, correct, _retimed = arg
     graph = graphs if isinstance(graphs, Graph) else assemble(graphs, offsets)
     return path_of_graph(graph, timeline), (measured_parts(graph) if correct else None)
@@ -231,7 +228,6 @@ def att_correct(
     graph is: ((target, Correction or None, the graph when the caller keeps it, the
     identifiability check's `IdentifyJob` or None), the correction's input with the graph, kept
     there for that check's tasks (`Fan`s))."""
-
     inp, target, keep = arg
     corr = job = None
     with_graph = None
@@ -245,7 +241,6 @@ def att_correct(
 
 def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
     """One rank's first round of the identifiability check (`correction.identify_ends`)."""
-
     job, r = arg
     return identify_ends(inp, job, r)  # type: ignore[arg-type]  # what it reads of a RunParts
 
@@ -253,6 +248,5 @@ def att_identify_ends(inp: CorrectionInput, arg: tuple[Any, int]) -> Any:
 def att_identify_between(inp: CorrectionInput, arg: tuple[Any, list[tuple[int, float, float]], Any]) -> Any:
     """The second round over every rank's interval (`correction.identify_between`: one task, the
     refinement's budget is shared by the intervals)."""
-
     job, intervals, known = arg
     return identify_between(inp, job, intervals, known)  # type: ignore[arg-type]  # what it reads of a RunParts

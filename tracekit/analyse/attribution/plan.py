@@ -96,7 +96,6 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
     only where the two stages raise it, by the windows stage): where the run's
     rule is the rank's own (every rank of a run with one kind of step marker) the windows stage
     does not run for it (`after_rule`), one barrier fewer."""
-
     sel, level = select_collective_events(inp.events)
     rows = inp.events.loc[sel["event_index"].to_numpy()] if len(sel) else inp.events.iloc[0:0]
     inp.keep["coll_rows"] = (level, rows)  # for the matching's Reduce, where the rank is
@@ -113,7 +112,6 @@ def _att_rule(inp: RankInput, pattern: str | None) -> tuple[Any, str, Any, Any]:
 def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> Any:
     """`match_collectives` of the run on its ranks' collective rows at the run's level (the ranks'
     best), in one task on a worker: the rows never reach the client."""
-
     level, ranks, rank_info, manifest, allow_partial, steps = arg
     frames = [rows for lv, rows in values if lv == level and len(rows)]
     coll_events = pd.concat(frames).sort_index(kind="stable") if frames else empty_events().iloc[0:0]
@@ -128,13 +126,11 @@ def _att_match(values: list[tuple[str, pd.DataFrame]], arg: tuple[Any, ...]) -> 
 
 
 def _att_windows(inp: RankInput, choice: Any) -> Any:
-
     return rank_step_windows(inp.events, choice)
 
 
 def _att_rank(inp: RankInput, arg: tuple[pd.DataFrame, pd.DataFrame, int]) -> Any:
     """Per rank: `run.attribute_rank`; its graph piece is kept for the path's Reduce."""
-
     windows, matched, offset = arg
     piece = attribute_rank(
         inp.events,
@@ -180,19 +176,16 @@ def attribution_plan(
     `correct_run` to the same target finds it), and the graph itself for the RunParts when
     `keep_graph` (the what-if replays it; the shortfall, diff and decompose need only the
     correction, so on Dask the graph need not reach the client)."""
-
     if correct is not None and correct not in CORRECT_TARGETS:
         raise ValueError(f"correct: {correct!r} is not one of {CORRECT_TARGETS}")
     threshold = DEFAULT_THRESHOLD if dilation_threshold is None else dilation_threshold
 
     def start(meta: Run) -> tuple[_Attribution, Any]:
-
         st = _Attribution(meta, label, skip_first, threshold, allow_partial)
         st.pattern, st.dq = attribute_setup(meta, label, step_pattern)
         return st, st.pattern
 
     def after_rule(st: _Attribution, got: dict[int, Any]) -> Any:
-
         try:
             st.choice = choose_step_rule([got[r][0] for r in sorted(got)], st.pattern)
         except StepError as exc:
@@ -205,7 +198,6 @@ def attribution_plan(
         return PerRank({r: st.choice for r in sorted(got) if r not in st.windows})
 
     def after_windows(st: _Attribution, got: dict[int, Any]) -> tuple[Any, ...]:
-
         got = {**st.windows, **got}
         st.windows = {}
         try:
@@ -217,7 +209,6 @@ def attribution_plan(
         return st.level, m.ranks, m.rank_info, m.manifest, st.allow_partial, st.found.steps
 
     def after_match(st: _Attribution, coll: Any) -> PerRank:
-
         st.coll = coll
         st.dq.merge(st.coll.data_quality)
         windows = join_steps(st.found.steps, st.coll, st.label, st.dq)
@@ -232,7 +223,6 @@ def attribution_plan(
         )
 
     def after_ranks(st: _Attribution, got: dict[int, Any]) -> Later:
-
         pieces = [got[r] for r in sorted(got)]
         offsets = {int(k): int(v) for k, v in st.coll.clock.offsets_ns.items()}
         st.reduce_arg = offsets, path_timeline(p.timeline for p in pieces), correct is not None, None
@@ -249,7 +239,6 @@ def attribution_plan(
         return Later(PerRank() if st.retime is None else st.retime.first(), assemble)
 
     def after_path(st: _Attribution, got: tuple[Any, Any]) -> Later:
-
         st.path, measured = got
         parts = st.parts = finish_attribution(
             st.meta,
@@ -289,7 +278,6 @@ def attribution_plan(
         return [] if job is None else [(job, r) for r in job.ranks]
 
     def after_ends(st: _Attribution, got: list[Any]) -> list[Any]:
-
         if st.job is None:
             return []
         st.figures = [st.corr, *(f for _iv, fs, _kn in got for f in fs)]
@@ -301,7 +289,6 @@ def attribution_plan(
         return [(st.job, st.intervals, known)]
 
     def after_between(st: _Attribution, got: list[Any]) -> None:
-
         if st.job is not None:
             identify_finish(st.job, st.corr, [*st.figures, *(f for fs in got for f in fs)], st.intervals)
         if st.corr is not None:  # where `correction.correct_run` looks first
